@@ -1,0 +1,166 @@
+"""Signed heads: one owner signature vouches for a queue's whole state at a version.
+
+Layout (big-endian, 248 bytes signed)::
+
+    namespace   24  b"latticed/queue-head/v1\\n\\0"
+    queue_id    32  BLAKE2b(kind || owner || len(name) || name)
+    version      8  owner's mutation counter, +1 per signed change
+    start        8  first offset present (signed low-watermark: truncation is the owner's act)
+    end          8  next offset to be assigned
+    base_hash   32  chain value at ``start``: a truncated suffix still verifies on its own
+    head_hash   32  chain value at ``end``
+    meta_version 8  version at which metadata last changed
+    meta_hash   32  BLAKE2b of the canonical metadata map
+    timestamp    8  owner's clock (ms) when signing
+    signature   64  Ed25519 over all of the above
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from latticed.crdt.errors import MalformedError, WrongOwnerError
+from latticed.crdt.signing import Identity, blake2b, verify
+
+HEAD_NAMESPACE = b"latticed/queue-head/v1\n\x00"
+_BODY = struct.Struct(">32sQQQ32s32sQ32sQ")
+HEAD_SIZE = len(HEAD_NAMESPACE) + _BODY.size + 64
+MAX_NAME_BYTES = 255
+MAX_META_KEY_BYTES = 1024
+MAX_META_VALUE_BYTES = 64 * 1024
+_U64_LIMIT = 2**64
+KIND_QUEUE = 0
+KIND_KV = 1
+KIND_GROUP = 2
+
+
+def check_name(name: str) -> None:
+    if not isinstance(name, str) or not name or len(name.encode()) > MAX_NAME_BYTES or "/" in name:
+        raise MalformedError(f"a name is 1-{MAX_NAME_BYTES} bytes of text without '/': {name!r}")
+
+
+def queue_id(owner: bytes, name: str, kind: int = KIND_QUEUE) -> bytes:
+    raw = name.encode()
+    return blake2b(bytes([kind]) + owner + bytes([len(raw)]) + raw, b"latticed.qid.v1")
+
+
+def genesis_hash(qid: bytes) -> bytes:
+    """Chain value at offset 0: distinct per queue, so chains of two queues never share a value."""
+    return blake2b(qid, b"latticed.gen.v1")
+
+
+def meta_hash(meta: Mapping[str, str]) -> bytes:
+    parts = []
+    for key in sorted(meta):
+        k, v = key.encode(), meta[key].encode()
+        if len(k) > MAX_META_KEY_BYTES or len(v) > MAX_META_VALUE_BYTES:
+            raise MalformedError("metadata key or value too long")
+        parts.append(struct.pack(">HI", len(k), len(v)) + k + v)
+    return blake2b(b"".join(parts), b"latticed.meta.v1")
+
+
+@dataclass(frozen=True, slots=True)
+class SignedHead:
+    """An owner-signed summary of a queue at one version; totally ordered by version for an honest owner."""
+
+    queue_id: bytes
+    version: int
+    start: int
+    end: int
+    base_hash: bytes
+    head_hash: bytes
+    meta_version: int
+    meta_hash: bytes
+    timestamp: int
+    signature: bytes
+
+    def body(self) -> bytes:
+        return HEAD_NAMESPACE + _BODY.pack(
+            self.queue_id,
+            self.version,
+            self.start,
+            self.end,
+            self.base_hash,
+            self.head_hash,
+            self.meta_version,
+            self.meta_hash,
+            self.timestamp,
+        )
+
+    def to_bytes(self) -> bytes:
+        return self.body() + self.signature
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> SignedHead:
+        if not isinstance(raw, bytes) or len(raw) != HEAD_SIZE or not raw.startswith(HEAD_NAMESPACE):
+            raise MalformedError("not a signed queue head")
+        qid, version, start, end, base, head_hash, meta_version, mhash, timestamp = _BODY.unpack_from(
+            raw, len(HEAD_NAMESPACE)
+        )
+        head = cls(qid, version, start, end, base, head_hash, meta_version, mhash, timestamp, raw[-64:])
+        if head.start > head.end:
+            raise MalformedError("head start is past its end")
+        return head
+
+    @classmethod
+    def sign(
+        cls,
+        identity: Identity,
+        *,
+        queue_id: bytes,
+        version: int,
+        start: int,
+        end: int,
+        base_hash: bytes,
+        head_hash: bytes,
+        meta_version: int,
+        meta_hash: bytes,
+        timestamp: int,
+    ) -> SignedHead:
+        unsigned = cls(
+            queue_id, version, start, end, base_hash, head_hash, meta_version, meta_hash, timestamp, b""
+        )
+        return cls(
+            queue_id,
+            version,
+            start,
+            end,
+            base_hash,
+            head_hash,
+            meta_version,
+            meta_hash,
+            timestamp,
+            identity.sign(unsigned.body()),
+        )
+
+    def check(self) -> None:
+        """Raise :class:`MalformedError` unless every field fits the signed layout exactly.
+
+        ``struct`` would otherwise pad or cut a wrong-length hash silently (so a signature would cover
+        bytes other than the fields) or fail with an untyped error on a wrong type or range.
+        """
+        for value in (self.queue_id, self.base_hash, self.head_hash, self.meta_hash):
+            if not isinstance(value, bytes) or len(value) != 32:
+                raise MalformedError("a head's hashes are 32 bytes")
+        for number in (self.version, self.start, self.end, self.meta_version, self.timestamp):
+            if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number < _U64_LIMIT:
+                raise MalformedError("a head's counters are unsigned 64-bit integers")
+        if self.start > self.end:
+            raise MalformedError("head start is past its end")
+        if not isinstance(self.signature, bytes):
+            raise MalformedError("a head's signature is bytes")
+
+    def verify(self, owner: bytes, expected_queue_id: bytes) -> None:
+        """Check this head is well formed (else :class:`MalformedError`) and is the owner's, for this queue
+        (else an :class:`IntegrityError`)."""
+        self.check()
+        if self.queue_id != expected_queue_id:
+            raise WrongOwnerError("head belongs to another queue (another owner or name)")
+        verify(owner, self.body(), self.signature)
+
+    @property
+    def sort_key(self) -> tuple[int, bytes]:
+        """Total order used by merge: version first; the signature breaks ties between forked heads."""
+        return (self.version, self.signature)

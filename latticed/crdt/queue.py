@@ -1,0 +1,632 @@
+"""The signed single-writer queue lattice (CAD040 + CAD038, single writer).
+
+A :class:`QueueState` is an immutable value:
+
+* ``head``: the newest owner-signed head we know; it vouches for ``start`` (truncation), metadata and
+  the queue's true end.
+* the entries we hold, ``[start, held_end)``, whose chain value at ``held_end`` is vouched by ``tip``
+  (a signed head ending there). A replica that is mid-catch-up holds a verified prefix (``tip`` older than
+  ``head``); an owner or a caught-up replica has ``tip == head``.
+* ``checkpoints``: older signed heads inside the held range, kept so a backlog can be cut into chunks that
+  each verify on their own.
+* ``fork``: a proof that the owner signed two histories, once one is seen.
+
+The join takes the newest head (by version, signature as tie-break), the longest verified prefix, and the
+union of checkpoints; it is commutative, associative and idempotent for every honest history (property
+tested). When the owner equivocates, the join still terminates deterministically (the higher head wins),
+flags the queue forked and keeps a :class:`ForkProof` anyone can check.
+
+Every function here is pure: clocks come in as ``now_ms`` arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from latticed.crdt.errors import GapError, MalformedError, NotOwnerError, TamperedError, WrongOwnerError
+from latticed.crdt.forks import Bridge, ForkProof, better_proof, heads_conflict, two_head_proof
+from latticed.crdt.head import KIND_QUEUE, SignedHead, check_name, genesis_hash, meta_hash, queue_id
+from latticed.crdt.records import Record, blake2b_skip, chain_extend, check_record, record_digest
+from latticed.crdt.signing import HASH_SIZE, Identity
+
+Meta = tuple[tuple[str, str], ...]
+#: Offsets are signed 64-bit, as in Kafka (records and heads encode them as u64, so this always fits).
+MAX_OFFSET = 2**63 - 1
+
+
+class Entries(Protocol):
+    """What the lattice needs from a run of entries; in memory (:class:`EntryView`) or on disk (the
+    store's view reads rows lazily and keeps appended ones in an overlay until they are written)."""
+
+    def __len__(self) -> int: ...
+    def record(self, index: int) -> Record: ...
+    def chain(self, index: int) -> bytes: ...
+    def records(self, lo: int = 0, hi: int | None = None) -> list[Record]: ...
+    def extend(self, records: Sequence[Record], chains: Sequence[bytes]) -> Entries: ...
+    def drop(self, count: int) -> Entries: ...
+
+
+class EntryView:
+    """An immutable window onto append-only shared lists.
+
+    Appending to the newest view extends the shared lists in place (no other view can see past its own
+    end), so a log of n records costs O(n) to build instead of the O(n^2) of copying tuples; appending to
+    an older view copies first, as a forked Go slice would.
+    """
+
+    __slots__ = ("_chains", "_hi", "_lo", "_records")
+
+    def __init__(self, records: list[Record], chains: list[bytes], lo: int = 0, hi: int | None = None):
+        self._records = records
+        self._chains = chains
+        self._lo = lo
+        self._hi = len(records) if hi is None else hi
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    def record(self, index: int) -> Record:
+        return self._records[self._lo + index]
+
+    def chain(self, index: int) -> bytes:
+        return self._chains[self._lo + index]
+
+    def records(self, lo: int = 0, hi: int | None = None) -> list[Record]:
+        end = self._hi if hi is None else self._lo + hi
+        return self._records[self._lo + lo : end]
+
+    def extend(self, records: Sequence[Record], chains: Sequence[bytes]) -> EntryView:
+        if self._hi != len(self._records) or (self._lo > 4096 and self._lo > self._hi - self._lo):
+            base_records = self._records[self._lo : self._hi]
+            base_chains = self._chains[self._lo : self._hi]
+            base_records.extend(records)
+            base_chains.extend(chains)
+            return EntryView(base_records, base_chains)
+        self._records.extend(records)
+        self._chains.extend(chains)
+        return EntryView(self._records, self._chains, self._lo, self._hi + len(records))
+
+    def drop(self, count: int) -> EntryView:
+        """Forget the first ``count`` entries (truncation)."""
+        count = min(max(count, 0), len(self))
+        return EntryView(self._records, self._chains, self._lo + count, self._hi)
+
+    def take(self, count: int) -> EntryView:
+        return EntryView(self._records, self._chains, self._lo, self._lo + min(count, len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EntryView):
+            return _entries_equal(self, other) if hasattr(other, "records") else NotImplemented
+        if len(self) != len(other):
+            return False
+        if self._records is other._records and self._lo == other._lo:
+            return True
+        return self.records() == other.records()
+
+    def __hash__(self) -> int:
+        return hash((len(self), self.chain(len(self) - 1) if len(self) else b""))
+
+    def __repr__(self) -> str:
+        return f"EntryView({len(self)} entries)"
+
+
+def _entries_equal(a: Entries, b: object) -> bool:
+    other: Entries = b  # type: ignore[assignment]
+    return len(a) == len(other) and a.records() == other.records()
+
+
+def _empty_entries() -> EntryView:
+    return EntryView([], [])
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What a replica holds, in a few dozen bytes: enough for a peer to compute the delta it lacks."""
+
+    version: int = 0
+    start: int = 0
+    held_end: int = 0
+    held_hash: bytes = b""
+    meta_version: int = -1  # -1: holds no metadata yet
+    forked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDelta:
+    """A verifiable piece of a queue: the newest head, plus records ``[from_offset, tip.end)`` that fold
+    from ``from_hash`` to ``tip.head_hash``. Joining a delta equals joining the full state it came from."""
+
+    owner: bytes
+    name: str
+    kind: int
+    head: SignedHead | None
+    meta: Meta | None = None
+    tip: SignedHead | None = None
+    from_offset: int = 0
+    from_hash: bytes = b""
+    records: tuple[Record, ...] = ()
+    checkpoints: tuple[SignedHead, ...] = ()
+    fork: ForkProof | None = None
+
+    @property
+    def end_offset(self) -> int:
+        return self.from_offset + len(self.records)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """An immutable, verified replica of one queue (see the module docstring for the fields' roles)."""
+
+    owner: bytes
+    name: str
+    kind: int = KIND_QUEUE
+    head: SignedHead | None = None
+    #: Vouchers (the head at ``held_end`` and older heads inside the held range) are transport aids that
+    #: depend on which deltas arrived; they are not part of the lattice value, so equality ignores them.
+    tip: SignedHead | None = field(default=None, compare=False)
+    entries: Entries = field(default_factory=_empty_entries)
+    meta: Meta = ()
+    checkpoints: tuple[SignedHead, ...] = field(default=(), compare=False)
+    forked: bool = False
+    #: Which proof a replica keeps depends on the evidence it saw first; ``forked`` is what converges.
+    fork: ForkProof | None = field(default=None, compare=False)
+
+    @property
+    def queue_id(self) -> bytes:
+        return queue_id(self.owner, self.name, self.kind)
+
+    @property
+    def start(self) -> int:
+        return self.head.start if self.head else 0
+
+    @property
+    def held_end(self) -> int:
+        return self.start + len(self.entries)
+
+    @property
+    def known_end(self) -> int:
+        """The end the owner has signed; ``known_end - held_end`` is replication lag."""
+        return self.head.end if self.head else 0
+
+    @property
+    def version(self) -> int:
+        return self.head.version if self.head else 0
+
+    @property
+    def meta_dict(self) -> dict[str, str]:
+        return dict(self.meta)
+
+    @property
+    def base_hash(self) -> bytes:
+        return self.head.base_hash if self.head else genesis_hash(self.queue_id)
+
+    @property
+    def complete(self) -> bool:
+        return self.head is None or self.held_end == self.head.end
+
+    def chain_at(self, offset: int) -> bytes | None:
+        """The chain value at ``offset`` if we hold it (``start <= offset <= held_end``)."""
+        if offset == self.start:
+            return self.base_hash
+        if self.start < offset <= self.held_end:
+            return self.entries.chain(offset - self.start - 1)
+        return None
+
+    def record_at(self, offset: int) -> Record | None:
+        if self.start <= offset < self.held_end:
+            return self.entries.record(offset - self.start)
+        return None
+
+    def summary(self) -> Summary:
+        return Summary(
+            version=self.version,
+            start=self.start,
+            held_end=self.held_end,
+            held_hash=self.chain_at(self.held_end) or b"",
+            meta_version=self.head.meta_version if self.head else -1,
+            forked=self.forked,
+        )
+
+
+def empty_state(owner: bytes, name: str, kind: int = KIND_QUEUE) -> QueueState:
+    check_name(name)
+    if not isinstance(owner, bytes) or len(owner) != 32:
+        raise MalformedError("owner must be a 32-byte Ed25519 public key")
+    return QueueState(owner=owner, name=name, kind=kind)
+
+
+# ---------------------------------------------------------------------------------------------- owner ops
+
+
+def commit(
+    state: QueueState,
+    identity: Identity,
+    *,
+    now_ms: int,
+    records: Sequence[Record] = (),
+    new_start: int | None = None,
+    meta_updates: Mapping[str, str | None] | None = None,
+) -> QueueState:
+    """Apply the owner's changes and sign one head over all of them (one signature per batch)."""
+    if identity.public_key != state.owner:
+        raise NotOwnerError(f"not the owner of {state.owner.hex()}/{state.name}")
+    if not state.complete:
+        raise GapError("owner state is missing records; it cannot sign a new head")
+    for record in records:
+        check_record(record)
+    if state.held_end + len(records) > MAX_OFFSET or (new_start is not None and new_start > MAX_OFFSET):
+        raise MalformedError(f"offsets stop at {MAX_OFFSET}")
+    qid = state.queue_id
+    version = state.version + 1
+    start, end = state.start, state.held_end
+    entries = state.entries
+    base_hash = state.base_hash
+    head_hash = state.chain_at(end) or base_hash
+    if records:
+        chains = chain_extend(head_hash, end, records)
+        entries = entries.extend(records, chains)
+        end += len(records)
+        head_hash = chains[-1]
+    if new_start is not None and new_start > start:
+        if new_start >= end:
+            if new_start > end:
+                # Offsets in [end, new_start) are never assigned; the chain records the jump explicitly.
+                head_hash = blake2b_skip(head_hash, new_start)
+                end = new_start
+            entries = _empty_entries()
+            base_hash = head_hash
+        else:
+            base_hash = entries.chain(new_start - start - 1)
+            entries = entries.drop(new_start - start)
+        start = new_start
+    meta = state.meta
+    meta_version = state.head.meta_version if state.head else 0
+    if meta_updates:
+        merged = dict(meta)
+        for key, value in meta_updates.items():
+            if not isinstance(key, str) or not key:
+                raise MalformedError("metadata keys are non-empty strings")
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = str(value)
+        new_meta = tuple(sorted(merged.items()))
+        if new_meta != meta:
+            meta, meta_version = new_meta, version
+    head = SignedHead.sign(
+        identity,
+        queue_id=qid,
+        version=version,
+        start=start,
+        end=end,
+        base_hash=base_hash,
+        head_hash=head_hash,
+        meta_version=meta_version,
+        meta_hash=meta_hash(dict(meta)),
+        timestamp=max(now_ms, state.head.timestamp if state.head else 0),
+    )
+    checkpoints = tuple(c for c in state.checkpoints if c.end > start)
+    if records:
+        checkpoints += (head,)
+    return QueueState(
+        owner=state.owner,
+        name=state.name,
+        kind=state.kind,
+        head=head,
+        tip=head if len(entries) else None,
+        entries=entries,
+        meta=meta,
+        checkpoints=checkpoints,
+        forked=state.forked,
+        fork=state.fork,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ deltas
+
+
+def delta(state: QueueState, since: Summary | None = None, max_records: int | None = None) -> QueueDelta:
+    """What a replica summarised by ``since`` lacks, as one verifiable piece.
+
+    With ``max_records`` the piece ends at a signed checkpoint near that size, so a long backlog streams in
+    chunks that each verify and can be stored on their own; call again with the new summary to resume.
+    """
+    head = state.head
+    if head is None:
+        return QueueDelta(state.owner, state.name, state.kind, None, fork=state.fork)
+    from_offset = state.start
+    if (
+        since is not None
+        and state.start <= since.held_end <= state.held_end
+        and state.chain_at(since.held_end) == since.held_hash
+    ):
+        from_offset = since.held_end
+    end = state.held_end
+    tip = state.tip
+    if max_records is not None and end - from_offset > max_records:
+        cut = _checkpoint_for_chunk(state, from_offset, max_records)
+        if cut is not None:
+            tip, end = cut, cut.end
+    send_meta = since is None or since.meta_version != head.meta_version
+    records: tuple[Record, ...] = ()
+    checkpoints: tuple[SignedHead, ...] = ()
+    if end > from_offset:
+        records = tuple(state.entries.records(from_offset - state.start, end - state.start))
+        checkpoints = tuple(c for c in state.checkpoints if from_offset < c.end <= end and c != tip)
+    else:
+        tip = None
+    return QueueDelta(
+        owner=state.owner,
+        name=state.name,
+        kind=state.kind,
+        head=head,
+        meta=state.meta if send_meta else None,
+        tip=tip,
+        from_offset=from_offset,
+        from_hash=state.chain_at(from_offset) or b"",
+        records=records,
+        checkpoints=checkpoints,
+        fork=state.fork,
+    )
+
+
+def _checkpoint_for_chunk(state: QueueState, from_offset: int, max_records: int) -> SignedHead | None:
+    best: SignedHead | None = None
+    for checkpoint in state.checkpoints:
+        if checkpoint.end <= from_offset:
+            continue
+        if checkpoint.end - from_offset > max_records and best is not None:
+            break
+        best = checkpoint
+    if best is not None and best.end >= state.held_end:
+        return None
+    return best
+
+
+# ------------------------------------------------------------------------------------------------- merge
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedDelta:
+    """A delta whose signatures and hash chain were checked; ``chains`` is our own recomputation."""
+
+    delta: QueueDelta
+    chains: tuple[bytes, ...]
+
+
+def _check_shape(d: QueueDelta) -> None:
+    """Types and layouts first, so that nothing below can fail with anything but a typed error."""
+    if not isinstance(d, QueueDelta):
+        raise MalformedError(f"not a queue delta or state: {type(d).__name__}")
+    if not isinstance(d.owner, bytes) or not isinstance(d.name, str) or type(d.kind) is not int:
+        raise MalformedError("a delta names its queue by owner key, name and kind")
+    if any(h is not None and not isinstance(h, SignedHead) for h in (d.head, d.tip)):
+        raise MalformedError("a delta's head and tip are signed heads")
+    if not isinstance(d.checkpoints, tuple) or not all(isinstance(c, SignedHead) for c in d.checkpoints):
+        raise MalformedError("a delta's checkpoints are signed heads")
+    if not isinstance(d.records, tuple):
+        raise MalformedError("a delta's records are a tuple")
+    if d.fork is not None and not isinstance(d.fork, ForkProof):
+        raise MalformedError("a delta's fork proof is a ForkProof")
+    if type(d.from_offset) is not int or d.from_offset < 0:
+        raise MalformedError("a delta's first offset is a non-negative integer")
+    if d.records and (not isinstance(d.from_hash, bytes) or len(d.from_hash) != HASH_SIZE):
+        raise MalformedError("a delta's starting chain value is a 32-byte hash")
+    if d.meta is not None:
+        if not isinstance(d.meta, tuple) or not all(
+            type(item) is tuple and len(item) == 2 and all(isinstance(x, str) for x in item)
+            for item in d.meta
+        ):
+            raise MalformedError("metadata is a tuple of (str, str) pairs")
+        keys = [key for key, _ in d.meta]
+        if keys != sorted(set(keys)):
+            raise MalformedError("metadata must be sorted by key, each key once")
+
+
+def verify_delta(state: QueueState, d: QueueDelta) -> VerifiedDelta:
+    """Check everything a delta claims before any of it touches the state."""
+    _check_shape(d)
+    if d.owner != state.owner or d.name != state.name or d.kind != state.kind:
+        raise WrongOwnerError("delta belongs to another queue (another owner, name or kind)")
+    qid = state.queue_id
+    if d.fork is not None:
+        d.fork.verify()
+        if (d.fork.owner, d.fork.name, d.fork.kind) != (state.owner, state.name, state.kind):
+            raise WrongOwnerError("fork proof is about another queue")
+    head = d.head
+    if head is None:
+        if d.records or d.tip is not None or d.checkpoints or d.meta is not None:
+            raise MalformedError("records or metadata without a signed head")
+        return VerifiedDelta(d, ())
+    head.verify(state.owner, qid)
+    genesis = genesis_hash(qid)
+    if head.start == 0 and head.base_hash != genesis:
+        raise TamperedError("head's chain does not start at the queue's genesis")
+    if d.meta is not None and meta_hash(dict(d.meta)) != head.meta_hash:
+        raise TamperedError("metadata does not match the signed head")
+    if not d.records:
+        if d.tip is not None or d.checkpoints:
+            raise MalformedError("a vouching head without records")
+        return VerifiedDelta(d, ())
+    tip = d.tip
+    if tip is None:
+        raise MalformedError("records without the head that vouches for them")
+    if tip != head:
+        tip.verify(state.owner, qid)
+    if d.from_offset + len(d.records) != tip.end or d.from_offset < tip.start:
+        raise TamperedError("records do not span the head that vouches for them")
+    for record in d.records:
+        check_record(record)
+    if d.from_offset == tip.start and d.from_hash != tip.base_hash:
+        raise TamperedError("chunk start does not match the signed base hash")
+    if d.from_offset == 0 and d.from_hash != genesis:
+        raise TamperedError("chunk start does not match the queue's genesis")
+    chains = chain_extend(d.from_hash, d.from_offset, d.records)
+    if chains[-1] != tip.head_hash:
+        raise TamperedError("records do not hash to the signed head")
+    for checkpoint in d.checkpoints:
+        checkpoint.verify(state.owner, qid)
+        index = checkpoint.end - d.from_offset - 1
+        if not 0 <= index < len(chains) or chains[index] != checkpoint.head_hash:
+            raise TamperedError("checkpoint does not match the records")
+    return VerifiedDelta(d, tuple(chains))
+
+
+def merge(state: QueueState, incoming: QueueDelta | QueueState) -> QueueState:
+    """Verify, then join. Anything forged raises an :class:`IntegrityError` and leaves ``state`` as it was;
+    an older but valid state joins as a no-op."""
+    if isinstance(incoming, QueueState):
+        for h in (incoming.head, incoming.tip, *incoming.checkpoints):
+            if h is None:
+                continue
+            if not isinstance(h, SignedHead):
+                raise MalformedError("a queue state's heads are signed heads")
+            h.check()
+        d = delta(incoming)
+    else:
+        d = incoming
+    return join_verified(state, verify_delta(state, d))
+
+
+@dataclass(slots=True)
+class _Run:
+    """A contiguous verified run of records ``[start, end)``: chain value ``base`` at ``start``, and ``tip``
+    (when there are records) the signed head that vouches for the chain value at ``end``."""
+
+    start: int
+    base: bytes
+    entries: Entries
+    tip: SignedHead | None
+    checkpoints: tuple[SignedHead, ...]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.entries)
+
+    def chain_at(self, offset: int) -> bytes | None:
+        if offset == self.start:
+            return self.base
+        if self.start < offset <= self.end:
+            return self.entries.chain(offset - self.start - 1)
+        return None
+
+    def witness(self, offset: int, fallback: SignedHead) -> tuple[SignedHead, Bridge | None]:
+        """A signed head and, if needed, a bridge proving this run's chain value at ``offset``."""
+        if self.tip is None:
+            return fallback, None
+        if offset == self.end:
+            return self.tip, None
+        records = self.entries.records(offset - self.start)
+        digests = tuple(record_digest(r, offset + i) for i, r in enumerate(records))
+        start_hash = self.chain_at(offset)
+        assert start_hash is not None
+        return self.tip, Bridge(start_hash, digests)
+
+
+def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
+    """The lattice join of a state and a verified delta."""
+    d = verified.delta
+    proof = better_proof(state.fork, d.fork)
+    if d.head is None:
+        return _replace_fork(state, state.forked or proof is not None, proof)
+    owner, name, kind = state.owner, state.name, state.kind
+
+    # 1. Heads: the newest wins; any contradiction between two heads is a fork.
+    ours = [h for h in (state.head, state.tip) if h is not None]
+    theirs = [h for h in (d.head, d.tip, *d.checkpoints) if h is not None]
+    for x in ours:
+        for y in theirs:
+            if heads_conflict(x, y):
+                proof = better_proof(proof, two_head_proof(owner, name, kind, x, y))
+    if state.head is None or d.head.sort_key > state.head.sort_key:
+        if d.meta is None and (state.head is None or d.head.meta_version != state.head.meta_version):
+            raise GapError("delta lacks metadata this replica does not have")
+        head = d.head
+        meta = d.meta if d.meta is not None else state.meta
+    else:
+        head, meta = state.head, state.meta
+
+    # 2. Runs of records: ours, theirs, and both joined where they meet and agree.
+    runs: list[_Run] = []
+    local = None
+    if state.head is not None:
+        local = _Run(state.start, state.base_hash, state.entries, state.tip, state.checkpoints)
+        runs.append(local)
+    if d.records:
+        chains = list(verified.chains)
+        incoming = _Run(d.from_offset, d.from_hash, EntryView(list(d.records), chains), d.tip, d.checkpoints)
+        runs.append(incoming)
+        if local is not None and state.head is not None and local.start <= d.from_offset <= local.end:
+            meet = min(local.end, incoming.end)
+            if local.chain_at(meet) == incoming.chain_at(meet):
+                both = state.checkpoints + d.checkpoints
+                if incoming.end > local.end:
+                    skip = local.end - d.from_offset
+                    joined = local.entries.extend(incoming.entries.records(skip), chains[skip:])
+                    runs.append(_Run(local.start, local.base, joined, d.tip, both))
+                else:
+                    local.checkpoints = both
+            else:
+                a, bridge_a = local.witness(meet, state.head)
+                b, bridge_b = incoming.witness(meet, d.head)
+                proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
+
+    # 3. Keep the longest run that reaches back to the newest head's start (ties: the higher tip).
+    start = head.start
+    usable = [r for r in runs if r.start <= start]
+    entries: Entries = _empty_entries()
+    tip: SignedHead | None = None
+    checkpoints: tuple[SignedHead, ...] = ()
+    if usable:
+        best = max(usable, key=lambda r: (r.end, r.tip.sort_key if r.tip else (-1, b"")))
+        if best.end > start:
+            value = best.chain_at(start)
+            if value == head.base_hash:
+                entries, tip = best.entries.drop(start - best.start), best.tip
+                checkpoints = _checkpoints(best, start, start + len(entries))
+            else:
+                # The newest head signs the chain value at its start; this run does not pass through it.
+                b, bridge_b = best.witness(start, head)
+                proof = better_proof(proof, ForkProof(owner, name, kind, head, b, start, None, bridge_b))
+    return QueueState(
+        owner,
+        name,
+        kind,
+        head,
+        tip,
+        entries,
+        meta,
+        checkpoints,
+        state.forked or proof is not None,
+        proof,
+    )
+
+
+def _checkpoints(run: _Run, start: int, held_end: int) -> tuple[SignedHead, ...]:
+    """Checkpoints inside the held range. Each run's checkpoints agree with its records by construction
+    (ours were checked when they arrived, the delta's against its recomputed chain), so only the range
+    needs filtering: no chain lookups, which matters when entries live on disk."""
+    seen: dict[bytes, SignedHead] = {}
+    for checkpoint in (*run.checkpoints, *((run.tip,) if run.tip else ())):
+        if start < checkpoint.end <= held_end:
+            seen[checkpoint.signature] = checkpoint
+    return tuple(sorted(seen.values(), key=lambda c: (c.end, c.sort_key)))
+
+
+def _replace_fork(state: QueueState, forked: bool, proof: ForkProof | None) -> QueueState:
+    if forked == state.forked and proof is state.fork:
+        return state
+    return QueueState(
+        state.owner,
+        state.name,
+        state.kind,
+        state.head,
+        state.tip,
+        state.entries,
+        state.meta,
+        state.checkpoints,
+        forked,
+        proof,
+    )

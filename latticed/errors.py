@@ -1,0 +1,98 @@
+"""Public error hierarchy: the pure core's errors plus those of storage, network and API layers."""
+
+from __future__ import annotations
+
+from latticed.crdt.errors import (
+    BadSignatureError,
+    EquivocationError,
+    GapError,
+    IntegrityError,
+    LatticedError,
+    MalformedError,
+    NotOwnerError,
+    TamperedError,
+    WrongOwnerError,
+)
+
+
+class NotFoundError(LatticedError):
+    """An unknown queue, namespace, key, group or lease."""
+
+    code = "not_found"
+
+
+class AlreadyExistsError(LatticedError):
+    """Creating something that already exists."""
+
+    code = "exists"
+
+
+class StorageError(LatticedError):
+    """The store cannot do what was asked: disk full, read-only data dir, corrupt file."""
+
+    code = "storage"
+
+
+class ProtocolError(LatticedError):
+    """A peer or client broke the wire protocol (bad frame, bad state transition, oversized message)."""
+
+    code = "protocol"
+
+
+class LocalProtocolError(ProtocolError):
+    """We were about to break the protocol ourselves: a bug on our side."""
+
+    code = "local_protocol"
+
+
+class RemoteProtocolError(ProtocolError):
+    """The other side broke the protocol; close that connection, keep serving the rest."""
+
+    code = "remote_protocol"
+
+
+class HandshakeError(RemoteProtocolError):
+    """Authentication failed: wrong network key, unexpected identity, or a tampered handshake."""
+
+    code = "handshake"
+
+
+class ConnectionClosedError(LatticedError):
+    """The daemon or peer went away (or never answered)."""
+
+    code = "connection"
+
+
+class ForkedQueueError(LatticedError):
+    """The queue's owner signed two histories; readers that need one history refuse it."""
+
+    code = "forked"
+
+
+class LeaseError(LatticedError):
+    """A stale or unknown lease token (fencing)."""
+
+    code = "lease"
+
+
+__all__ = [
+    "AlreadyExistsError",
+    "BadSignatureError",
+    "ConnectionClosedError",
+    "EquivocationError",
+    "ForkedQueueError",
+    "GapError",
+    "HandshakeError",
+    "IntegrityError",
+    "LatticedError",
+    "LeaseError",
+    "LocalProtocolError",
+    "MalformedError",
+    "NotFoundError",
+    "NotOwnerError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "StorageError",
+    "TamperedError",
+    "WrongOwnerError",
+]

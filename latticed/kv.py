@@ -1,0 +1,123 @@
+"""``KvNamespace``: a signed single-writer KV namespace (CAD037) as a library object.
+
+Writes become ops in the owner's signed op log (one signature per batch, like queue offers); reads come
+from the view, the per-key join of all ops. Replicas merge deltas of the op log and fold the new ops in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Self
+
+from latticed.crdt import kv as kvcore
+from latticed.crdt import queue as core
+from latticed.crdt.head import KIND_KV
+from latticed.crdt.queue import QueueDelta, QueueState, Summary
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.queue import Clock, LatticeQueue, wall_clock_ms
+
+
+class KvNamespace:
+    """One owner's namespace: put/get/delete, hashes, sets and counters, with optional TTLs."""
+
+    def __init__(self, log: LatticeQueue, clock: Clock = wall_clock_ms):
+        self._log = log
+        self._clock = clock
+        self._view: kvcore.View = {}
+        self._hlc = 0
+        self._applied_end = log.start_offset
+        self._fold(log.range_entries(log.start_offset, log.end_offset))
+
+    @classmethod
+    def create(cls, identity: Identity, name: str = "kv", clock: Clock = wall_clock_ms) -> Self:
+        state = core.empty_state(identity.public_key, name, KIND_KV)
+        return cls(LatticeQueue(state, identity, clock), clock)
+
+    @classmethod
+    def replica(cls, owner: bytes, name: str = "kv", clock: Clock = wall_clock_ms) -> Self:
+        return cls(LatticeQueue.replica(core.empty_state(owner, name, KIND_KV), clock), clock)
+
+    # ------------------------------------------------------------------ writes
+    def _write(self, op: str, key: str, value: Any = None, member: bytes | None = None, **kw: Any) -> None:
+        self._hlc = kvcore.hlc_next(self._hlc, self._clock())
+        fresh = False
+        if member is not None:
+            entry = self._view.get(key)
+            wanted = kvcore.HASH if op in ("hset", "hdel") else kvcore.SET
+            fresh = entry is None or entry.kind != wanted
+        item = kvcore.Op(op, self._hlc, key, value, member, kw.get("expires_ms"), fresh)
+        self._log.offer(item.encode(), key=key.encode())
+        self._fold_pending()
+
+    def put(self, key: str, value: bytes, ttl_ms: int | None = None) -> None:
+        expires = None if ttl_ms is None else self._clock() + ttl_ms
+        self._write("put", key, bytes(value), expires_ms=expires)
+
+    def delete(self, key: str) -> None:
+        self._write("del", key)
+
+    def incr(self, key: str, by: int = 1) -> int:
+        current = self.get(key)
+        total = (current if isinstance(current, int) else 0) + by
+        self._write("incr", key, total)
+        return total
+
+    def hset(self, key: str, field: bytes, value: bytes) -> None:
+        self._write("hset", key, bytes(value), member=bytes(field))
+
+    def hdel(self, key: str, field: bytes) -> None:
+        self._write("hdel", key, member=bytes(field))
+
+    def sadd(self, key: str, member: bytes) -> None:
+        self._write("sadd", key, member=bytes(member))
+
+    def srem(self, key: str, member: bytes) -> None:
+        self._write("srem", key, member=bytes(member))
+
+    # ------------------------------------------------------------------ reads
+    def get(self, key: str) -> Any:
+        entry = self._view.get(key)
+        return None if entry is None else kvcore.visible_value(entry, self._clock())
+
+    def items(self, prefix: str = "") -> dict[str, Any]:
+        now = self._clock()
+        out = {}
+        for key in sorted(self._view):
+            if key.startswith(prefix):
+                value = kvcore.visible_value(self._view[key], now)
+                if value is not None:
+                    out[key] = value
+        return out
+
+    @property
+    def view(self) -> dict[str, kvcore.Entry]:
+        return dict(self._view)
+
+    # ------------------------------------------------------------------ lattice
+    @property
+    def state(self) -> QueueState:
+        return self._log.state
+
+    def summary(self) -> Summary:
+        return self._log.summary()
+
+    def delta(self, since: Summary | None = None) -> QueueDelta:
+        return self._log.delta(since)
+
+    def merge(self, incoming: QueueState | QueueDelta) -> None:
+        """Verify and join the op log, then fold the ops that arrived into the view."""
+        self._log.merge(incoming)
+        self._fold_pending()
+
+    def _fold_pending(self) -> None:
+        log = self._log
+        self._applied_end = max(self._applied_end, log.start_offset)
+        self._fold(log.range_entries(self._applied_end, log.end_offset - 1))
+
+    def _fold(self, records: Iterable[Record]) -> None:
+        ops = [kvcore.decode_op(r.value) for r in records]
+        kvcore.apply_ops(self._view, ops)
+        for op in ops:
+            self._hlc = max(self._hlc, op.hlc)
+        self._applied_end = self._log.end_offset

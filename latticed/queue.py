@@ -1,0 +1,238 @@
+"""``LatticeQueue``: CAD040's API over the pure signed queue lattice.
+
+The facade owns two things the pure core must not: a clock (``clock`` returns epoch ms; inject one in
+tests) and a buffer of offered-but-unsigned records, so a burst of ``offer`` calls costs one signature
+when the state is next observed (``state``, ``commit()``, ``sync()``) instead of one per record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Self
+
+from latticed.crdt import queue as core
+from latticed.crdt.errors import NotOwnerError
+from latticed.crdt.forks import ForkProof
+from latticed.crdt.queue import QueueDelta, QueueState, Summary
+from latticed.crdt.records import Record, make_record
+from latticed.crdt.signing import Identity
+
+Clock = Callable[[], int]
+HeadersArg = Mapping[str, bytes | str] | Iterable[tuple[str, bytes | str]] | None
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class LatticeQueue:
+    """A queue you own (``create``) or a read-and-merge replica of someone else's (``replica``)."""
+
+    def __init__(self, state: QueueState, identity: Identity | None = None, clock: Clock = wall_clock_ms):
+        self._state = state
+        self._identity = identity if identity is not None and identity.public_key == state.owner else None
+        self._clock = clock
+        self._pending: list[Record] = []
+        self._parent: LatticeQueue | None = None
+        self._parent_version_at_fork: int | None = None
+        self._base_end_at_fork = 0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, identity: Identity, name: str, clock: Clock = wall_clock_ms) -> Self:
+        return cls(core.empty_state(identity.public_key, name), identity, clock)
+
+    @classmethod
+    def replica(cls, state: QueueState, clock: Clock = wall_clock_ms) -> Self:
+        """A read-and-merge view of a queue whose key we do not hold."""
+        return cls(state, None, clock)
+
+    @classmethod
+    def empty_replica(cls, owner: bytes, name: str, clock: Clock = wall_clock_ms) -> Self:
+        return cls(core.empty_state(owner, name), None, clock)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def owner(self) -> bytes:
+        return self._state.owner
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    @property
+    def is_owner(self) -> bool:
+        return self._identity is not None
+
+    def _require_owner(self, what: str) -> Identity:
+        if self._identity is None:
+            raise NotOwnerError(
+                f"cannot {what}: not the owner of {self._state.owner.hex()}/{self._state.name}"
+            )
+        return self._identity
+
+    # ------------------------------------------------------------------ producer
+    def offer(self, value: bytes | str, key: bytes | str | None = None, headers: HeadersArg = None) -> int:
+        """Append a record (CAD040's three forms by keyword) and return its absolute offset."""
+        self._require_owner("offer")
+        record = make_record(value, key=key, headers=headers, timestamp=self._clock())
+        self._pending.append(record)
+        return self._state.held_end + len(self._pending) - 1
+
+    def offer_many(self, records: Iterable[Record]) -> range:
+        """Append already-built records in one signed batch; returns their offsets."""
+        identity = self._require_owner("offer")
+        self.commit()
+        first = self._state.held_end
+        batch = list(records)
+        self._state = core.commit(self._state, identity, now_ms=self._clock(), records=batch)
+        return range(first, first + len(batch))
+
+    def commit(self) -> QueueState:
+        """Sign a head over everything offered since the last commit (a no-op if nothing is pending)."""
+        if self._pending:
+            identity = self._require_owner("offer")
+            pending, self._pending = self._pending, []
+            self._state = core.commit(self._state, identity, now_ms=self._clock(), records=pending)
+        return self._state
+
+    def truncate(self, new_start: int) -> None:
+        """Advance the start offset (monotone; ``<= start`` is a no-op; may jump past the end)."""
+        identity = self._require_owner("truncate")
+        self.commit()
+        if new_start > self._state.start:
+            self._state = core.commit(self._state, identity, now_ms=self._clock(), new_start=new_start)
+
+    def set_meta(self, key: str, value: str | None) -> None:
+        identity = self._require_owner("set metadata")
+        self.commit()
+        self._state = core.commit(self._state, identity, now_ms=self._clock(), meta_updates={key: value})
+
+    def get_meta(self, key: str) -> str | None:
+        return self._state.meta_dict.get(key)
+
+    # ------------------------------------------------------------------ consumer
+    def peek_entry(self, offset: int) -> Record | None:
+        record = self._state.record_at(offset)
+        if record is None and self._pending:
+            index = offset - self._state.held_end
+            if 0 <= index < len(self._pending):
+                return self._pending[index]
+        return record
+
+    def peek(self, offset: int) -> bytes | None:
+        record = self.peek_entry(offset)
+        return None if record is None else record.value
+
+    def peek_first_entry(self) -> Record | None:
+        return self.peek_entry(self.start_offset)
+
+    def peek_last_entry(self) -> Record | None:
+        return self.peek_entry(self.end_offset - 1) if not self.is_empty else None
+
+    def peek_first(self) -> bytes | None:
+        return self.peek(self.start_offset)
+
+    def peek_last(self) -> bytes | None:
+        return self.peek(self.end_offset - 1) if not self.is_empty else None
+
+    def range_entries(self, from_offset: int, to_offset: int) -> list[Record]:
+        """Records in ``[from, to]`` (inclusive both ends), clamped to what is present."""
+        lo = max(from_offset, self.start_offset)
+        hi = min(to_offset, self.end_offset - 1)
+        out: list[Record] = []
+        for offset in range(lo, hi + 1):
+            record = self.peek_entry(offset)
+            if record is not None:
+                out.append(record)
+        return out
+
+    def range(self, from_offset: int, to_offset: int) -> list[bytes]:
+        return [r.value for r in self.range_entries(from_offset, to_offset)]
+
+    @property
+    def start_offset(self) -> int:
+        return self._state.start
+
+    @property
+    def end_offset(self) -> int:
+        return self._state.held_end + len(self._pending)
+
+    @property
+    def size(self) -> int:
+        return self.end_offset - self.start_offset
+
+    @property
+    def is_empty(self) -> bool:
+        return self.size == 0
+
+    # ------------------------------------------------------------------ lattice
+    @property
+    def state(self) -> QueueState:
+        """The current immutable, signed value (signs pending offers first)."""
+        return self.commit()
+
+    def summary(self) -> Summary:
+        return self.state.summary()
+
+    def delta(self, since: Summary | None = None, max_records: int | None = None) -> QueueDelta:
+        return core.delta(self.state, since, max_records)
+
+    def merge(self, incoming: QueueState | QueueDelta) -> None:
+        """Verify then join a received state or delta; forged input raises and changes nothing."""
+        self.commit()
+        self._state = core.merge(self._state, incoming)
+
+    @property
+    def forked(self) -> bool:
+        return self._state.forked
+
+    @property
+    def equivocation(self) -> ForkProof | None:
+        return self._state.fork
+
+    def fork(self) -> LatticeQueue:
+        """An independent working copy; ``sync()`` brings its changes back (CAD035 cursor semantics)."""
+        state = self.commit()
+        child = LatticeQueue(state, self._identity, self._clock)
+        child._parent = self
+        child._parent_version_at_fork = state.version
+        child._base_end_at_fork = state.held_end
+        return child
+
+    def sync(self) -> None:
+        """Merge this fork back into its parent.
+
+        If the parent did not move since the fork, it adopts the fork's state wholesale. Otherwise: for a
+        replica the two states join; for an owned queue the fork's new records are re-offered on the
+        parent (new offsets) and its truncation and metadata re-applied, because signing two histories
+        with one key would be an equivocation.
+        """
+        parent = self._parent
+        if parent is None:
+            raise NotOwnerError("sync() is for queues made by fork()")
+        state = self.commit()
+        parent_state = parent.commit()
+        if parent_state.version == self._parent_version_at_fork:
+            parent._state = state
+        elif self._identity is None:
+            parent._state = core.merge(parent_state, state)
+        else:
+            identity = self._identity
+            new_records = state.entries.records(max(self._base_end_at_fork - state.start, 0))
+            start = state.start if state.start > parent_state.start else None
+            updates: dict[str, str | None] = {
+                k: v for k, v in state.meta if parent_state.meta_dict.get(k) != v
+            }
+            parent._state = core.commit(
+                parent_state,
+                identity,
+                now_ms=self._clock(),
+                records=new_records,
+                new_start=start,
+                meta_updates=updates,
+            )
+        self._parent_version_at_fork = parent._state.version
+        self._base_end_at_fork = parent._state.held_end
+        self._state = parent._state

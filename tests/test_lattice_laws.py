@@ -1,0 +1,187 @@
+"""Lattice laws of the signed queue and KV lattices, with real signatures in the loop.
+
+States come from an owner's real history (offers, truncations, metadata changes), snapshotted at random
+points and relayed through chunked deltas, so the laws are checked on every shape a replica can hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from latticed.crdt import kv as kvcore
+from latticed.crdt import queue as core
+from latticed.crdt.queue import QueueState
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+
+OWNER = Identity.from_seed(bytes(range(32)))
+SETTINGS = settings(max_examples=60, deadline=None)
+
+step = st.one_of(
+    st.tuples(st.just("offer"), st.integers(1, 6)),
+    st.tuples(st.just("truncate"), st.integers(0, 4)),
+    st.tuples(st.just("meta"), st.sampled_from(["a", "b"])),
+)
+
+
+def history(steps: list[tuple[str, int | str]]) -> list[QueueState]:
+    """The owner's states after each step (the first is the empty queue)."""
+    state = core.empty_state(OWNER.public_key, "q")
+    states = [state]
+    for index, (kind, arg) in enumerate(steps):
+        if kind == "offer":
+            assert isinstance(arg, int)
+            records = [Record(value=b"v%d.%d" % (index, i), timestamp=index) for i in range(arg)]
+            state = core.commit(state, OWNER, now_ms=index, records=records)
+        elif kind == "truncate":
+            assert isinstance(arg, int)
+            state = core.commit(state, OWNER, now_ms=index, new_start=state.start + arg)
+        else:
+            state = core.commit(state, OWNER, now_ms=index, meta_updates={str(arg): str(index)})
+        states.append(state)
+    return states
+
+
+def replica_of(state: QueueState, chunk: int | None) -> QueueState:
+    """A replica that received ``state`` through (possibly chunked) deltas, possibly only partly."""
+    replica = core.empty_state(state.owner, state.name)
+    for _ in range(1000):
+        d = core.delta(state, replica.summary(), max_records=chunk)
+        after = core.merge(replica, d)
+        if after.summary() == replica.summary():
+            break
+        replica = after
+    return replica
+
+
+def merged(a: QueueState, b: QueueState) -> QueueState:
+    return core.merge(a, b)
+
+
+@st.composite
+def three_states(draw: st.DrawFn) -> tuple[QueueState, QueueState, QueueState]:
+    states = history(draw(st.lists(step, min_size=1, max_size=12)))
+    picks = []
+    for _ in range(3):
+        state = draw(st.sampled_from(states))
+        chunk = draw(st.sampled_from([None, 1, 3]))
+        picks.append(replica_of(state, chunk) if draw(st.booleans()) else state)
+    return picks[0], picks[1], picks[2]
+
+
+@SETTINGS
+@given(three_states())
+def test_merge_is_commutative(states: tuple[QueueState, QueueState, QueueState]) -> None:
+    a, b, _ = states
+    assert merged(a, b) == merged(b, a)
+
+
+@SETTINGS
+@given(three_states())
+def test_merge_is_associative(states: tuple[QueueState, QueueState, QueueState]) -> None:
+    a, b, c = states
+    assert merged(merged(a, b), c) == merged(a, merged(b, c))
+
+
+@SETTINGS
+@given(three_states())
+def test_merge_is_idempotent(states: tuple[QueueState, QueueState, QueueState]) -> None:
+    a, _, _ = states
+    assert merged(a, a) == a
+
+
+@SETTINGS
+@given(three_states())
+def test_merge_is_monotone_upper_bound(states: tuple[QueueState, QueueState, QueueState]) -> None:
+    a, b, _ = states
+    joined = merged(a, b)
+    assert merged(joined, a) == joined
+    assert merged(joined, b) == joined
+    assert joined.version >= max(a.version, b.version)
+    assert joined.held_end >= min(a.held_end, b.held_end)
+
+
+@SETTINGS
+@given(three_states())
+def test_delta_join_equals_full_join(states: tuple[QueueState, QueueState, QueueState]) -> None:
+    a, b, _ = states
+    assert core.merge(a, core.delta(b, a.summary())) == merged(a, b)
+
+
+@SETTINGS
+@given(st.lists(step, min_size=1, max_size=12), st.sampled_from([1, 2, 5]))
+def test_chunked_catch_up_converges_to_the_owner(steps: list[tuple[str, int | str]], chunk: int) -> None:
+    owner_state = history(steps)[-1]
+    assert replica_of(owner_state, chunk) == owner_state
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.binary(max_size=3), min_size=1, max_size=4),
+    st.lists(st.binary(max_size=3), min_size=1, max_size=4),
+    st.integers(0, 3),
+)
+def test_equivocation_is_detected_symmetrically(left: list[bytes], right: list[bytes], common: int) -> None:
+    """Two histories signed by one key: every join order flags the fork with a proof that verifies."""
+    shared = [Record(value=b"c%d" % i) for i in range(common)]
+    base = core.commit(core.empty_state(OWNER.public_key, "q"), OWNER, now_ms=1, records=shared)
+    a = core.commit(base, OWNER, now_ms=2, records=[Record(value=b"a" + v) for v in left])
+    b = core.commit(base, OWNER, now_ms=2, records=[Record(value=b"b" + v) for v in right])
+    ab, ba = merged(a, b), merged(b, a)
+    assert ab.forked and ba.forked
+    assert ab == ba
+    for state in (ab, ba):
+        assert state.fork is not None
+        state.fork.verify()
+    c = merged(replica_of(a, 1), base)
+    assert merged(merged(a, b), c) == merged(a, merged(b, c))
+
+
+# -------------------------------------------------------------------------------------------- KV lattice
+
+kv_op = st.builds(
+    lambda op, hlc, key, member, value: kvcore.Op(
+        op,
+        hlc,
+        key,
+        value if op in ("put", "hset") else (len(value) if op == "incr" else None),
+        member if op in ("hset", "hdel", "sadd", "srem") else None,
+        None,
+        op in ("hset", "sadd") and hlc % 2 == 0,
+    ),
+    st.sampled_from(kvcore.OPS),
+    st.integers(0, 6),  # small range: HLC ties are common, and must not break commutativity
+    st.sampled_from(["k1", "k2"]),
+    st.sampled_from([b"f1", b"f2"]),
+    st.binary(max_size=2),
+)
+
+
+def fold(ops: list[kvcore.Op]) -> kvcore.View:
+    return kvcore.apply_ops({}, ops)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(kv_op, max_size=8), st.randoms(use_true_random=False))
+def test_kv_fold_is_order_independent(ops: list[kvcore.Op], rnd: object) -> None:
+    shuffled = list(ops)
+    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    assert fold(ops) == fold(shuffled)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(kv_op, max_size=5), st.lists(kv_op, max_size=5), st.lists(kv_op, max_size=5))
+def test_kv_view_join_laws(a_ops: list[kvcore.Op], b_ops: list[kvcore.Op], c_ops: list[kvcore.Op]) -> None:
+    a, b, c = fold(a_ops), fold(b_ops), fold(c_ops)
+    assert kvcore.join_views(a, b) == kvcore.join_views(b, a)
+    assert kvcore.join_views(kvcore.join_views(a, b), c) == kvcore.join_views(a, kvcore.join_views(b, c))
+    assert kvcore.join_views(a, a) == a
+    assert kvcore.join_views(a, b) == fold(a_ops + b_ops)
+
+
+def test_kv_hlc_never_goes_back() -> None:
+    values = list(itertools.accumulate([5, 3, 3, 9], kvcore.hlc_next, initial=0))
+    assert values == sorted(values) and len(set(values)) == len(values)
