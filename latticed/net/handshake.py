@@ -1,0 +1,447 @@
+"""Sans-IO secret handshake: mutual Ed25519 authentication behind a network key, with forward secrecy.
+
+The design follows Secure Scuttlebutt's secret handshake, reshaped so neither side needs to know the other's
+identity in advance (as in Noise XX). ``docs/protocol.md`` is the specification, with test vectors; in short::
+
+    msg1  I -> R   a_pub ‖ MAC_K(a_pub)                               64 bytes
+    msg2  R -> I   b_pub ‖ MAC_K(a_pub ‖ b_pub)                        64 bytes
+    msg3  I -> R   AEAD_k3(A_pk ‖ sign_A(ctx_I ‖ H_ck(A_pk)))          112 bytes
+    msg4  R -> I   AEAD_k4(B_pk ‖ sign_B(ctx_R ‖ H_ck(A_pk ‖ sig_A ‖ B_pk)))   112 bytes
+
+where ``ck`` (the chaining key) is keyed BLAKE2b under the network key ``K`` of the ephemeral X25519 result
+(libsodium ``crypto_kx``). Consequences, each of which a test checks:
+
+* Without ``K`` nobody gets past msg1/msg2, and the responder answers a bad msg1 with *nothing*.
+* Identities travel only inside msg3/msg4, encrypted under keys that need both ``K`` and an ephemeral secret.
+* The responder reveals its identity only after the initiator proved its own and passed the allow-list.
+* Each signature covers ``ck`` (so both ephemerals, the DH result and ``K``) and a role label, so it cannot be
+  replayed into another session or reflected to the other role.
+* Session keys come from the ephemeral DH only: later theft of ``K`` or of identity keys exposes no past
+  traffic.
+
+No I/O, clock or global randomness is used except ``crypto_kx_keypair`` when no ephemeral key is injected.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+from collections.abc import Callable, Set
+from dataclasses import dataclass, field
+from typing import Final, NoReturn, TypeAlias
+
+import nacl.bindings as sodium
+import nacl.exceptions
+from nacl.signing import SigningKey, VerifyKey
+
+from latticed.errors import HandshakeError, LatticedError, LocalProtocolError, MalformedError
+
+__all__ = [
+    "KEY_SIZE",
+    "MSG1_SIZE",
+    "MSG2_SIZE",
+    "MSG3_SIZE",
+    "MSG4_SIZE",
+    "Allowed",
+    "Handshake",
+    "HandshakeResult",
+    "HandshakeState",
+    "Initiator",
+    "Responder",
+    "Role",
+    "ephemeral_public_key",
+    "public_key_from_seed",
+]
+
+#: Size of every key this module handles: network key, Ed25519 seed and public key, X25519 keys.
+KEY_SIZE: Final = 32
+_MAC_SIZE: Final = 32
+_SIG_SIZE: Final = 64
+_AEAD_TAG: Final = 16
+_HEADER_SIZE: Final = 24  # secretstream header
+
+MSG1_SIZE: Final = KEY_SIZE + _MAC_SIZE
+MSG2_SIZE: Final = KEY_SIZE + _MAC_SIZE
+MSG3_SIZE: Final = KEY_SIZE + _SIG_SIZE + _AEAD_TAG
+MSG4_SIZE: Final = KEY_SIZE + _SIG_SIZE + _AEAD_TAG
+
+# BLAKE2b personalizations: exactly 16 bytes each, one per purpose, so no two derivations can collide.
+# The version lives here: a peer speaking another version fails msg1's MAC like a wrong network key would.
+_P_MAC1: Final = b"latticed/v1/mac1"
+_P_MAC2: Final = b"latticed/v1/mac2"
+_P_CKEY: Final = b"latticed/v1/ckey"
+_P_KEY3: Final = b"latticed/v1/key3"
+_P_KEY4: Final = b"latticed/v1/key4"
+_P_SIGI: Final = b"latticed/v1/sigi"
+_P_SIGR: Final = b"latticed/v1/sigr"
+_P_KI2R: Final = b"latticed/v1/ki2r"
+_P_KR2I: Final = b"latticed/v1/kr2i"
+_P_SESS: Final = b"latticed/v1/sess"
+# Signed bytes are `context (32) ‖ digest (32)`: fixed layout, namespaced, role-specific.
+_CTX_INITIATOR: Final = b"latticed handshake v1 initiator\n"
+_CTX_RESPONDER: Final = b"latticed handshake v1 responder\n"
+_ZERO_NONCE: Final = bytes(24)  # each AEAD key is used exactly once
+
+#: Who may connect: a set of 32-byte Ed25519 public keys, or a predicate over one.
+Allowed: TypeAlias = Callable[[bytes], bool] | Set[bytes]
+
+
+def _b2(key: bytes, person: bytes, data: bytes, size: int = 32) -> bytes:
+    # hashlib's keyed BLAKE2b is libsodium's crypto_generichash_blake2b_salt_personal with a zero salt,
+    # at a fraction of the per-call cost.
+    return hashlib.blake2b(data, digest_size=size, key=key, person=person).digest()
+
+
+def _check_key(name: str, value: bytes) -> bytes:
+    if not isinstance(value, bytes) or len(value) != KEY_SIZE:
+        got = f"{len(value)} bytes" if isinstance(value, bytes | bytearray) else type(value).__name__
+        raise MalformedError(f"{name} must be {KEY_SIZE} bytes, got {got}")
+    return value
+
+
+def public_key_from_seed(seed: bytes) -> bytes:
+    """The Ed25519 public key (32 bytes) of a 32-byte signing seed."""
+    return bytes(SigningKey(_check_key("seed", seed)).verify_key)
+
+
+def ephemeral_public_key(secret: bytes) -> bytes:
+    """The X25519 public key of an injected ephemeral secret (as ``crypto_kx_keypair`` would pair them)."""
+    return sodium.crypto_scalarmult_base(_check_key("ephemeral_secret", secret))
+
+
+class Role(enum.Enum):
+    """Which side of the handshake: the initiator dialled, the responder accepted."""
+
+    INITIATOR = "initiator"
+    RESPONDER = "responder"
+
+
+class HandshakeState(enum.Enum):
+    """Where a handshake is; the name says what it waits for."""
+
+    START = "start"  # initiator before initiate()
+    WAIT_MSG1 = "wait_msg1"
+    WAIT_MSG2 = "wait_msg2"
+    WAIT_MSG3 = "wait_msg3"
+    WAIT_MSG4 = "wait_msg4"
+    DONE = "done"
+    FAILED = "failed"
+
+
+# Bytes each waiting state needs before it can act.
+_MESSAGE_SIZE: Final[dict[HandshakeState, int]] = {
+    HandshakeState.WAIT_MSG1: MSG1_SIZE,
+    HandshakeState.WAIT_MSG2: MSG2_SIZE,
+    HandshakeState.WAIT_MSG3: MSG3_SIZE,
+    HandshakeState.WAIT_MSG4: MSG4_SIZE,
+}
+
+
+@dataclass(frozen=True)
+class HandshakeResult:
+    """What an authenticated handshake yields: who the peer is and the secretstream keys for each direction.
+
+    ``session_id`` is a per-session value both sides share and outsiders cannot compute (channel binding).
+    Keys are excluded from ``repr`` so they do not end up in logs.
+    """
+
+    role: Role
+    local_public_key: bytes
+    remote_public_key: bytes
+    session_id: bytes
+    send_key: bytes = field(repr=False)
+    send_header: bytes = field(repr=False)
+    receive_key: bytes = field(repr=False)
+    receive_header: bytes = field(repr=False)
+
+
+class Handshake:
+    """One side of the secret handshake, as a state machine over bytes.
+
+    The initiator calls :meth:`initiate` and writes what it returns; both sides then pass every received
+    chunk to :meth:`receive_data` and write what it returns, until :attr:`done`. Bytes received past the
+    last handshake message are kept in :attr:`trailing_data` for the secure channel.
+
+    Any :class:`~latticed.errors.HandshakeError` is final: drop the connection without writing anything more.
+    """
+
+    def __init__(
+        self,
+        role: Role,
+        *,
+        seed: bytes,
+        network_key: bytes,
+        public_key: bytes | None = None,
+        allowed: Allowed | None = None,
+        ephemeral_secret: bytes | None = None,
+    ) -> None:
+        self._role = role
+        self._signing_key = SigningKey(_check_key("seed", seed))
+        self._public_key = bytes(self._signing_key.verify_key)
+        if public_key is not None and _check_key("public_key", public_key) != self._public_key:
+            raise MalformedError("public_key does not belong to seed")
+        self._network_key = _check_key("network_key", network_key)
+        if allowed is not None and not callable(allowed):
+            for key in allowed:
+                _check_key("allowed public key", key)
+        self._allowed = allowed
+        if ephemeral_secret is None:
+            self._eph_public, self._eph_secret = sodium.crypto_kx_keypair()
+        else:
+            self._eph_secret = ephemeral_secret
+            self._eph_public = ephemeral_public_key(ephemeral_secret)
+        self._state = HandshakeState.START if role is Role.INITIATOR else HandshakeState.WAIT_MSG1
+        self._buffer = bytearray()
+        self._remote_eph = b""
+        self._chaining_key = b""
+        self._initiator_key = b""  # A_pk
+        self._initiator_sig = b""
+        self._result: HandshakeResult | None = None
+
+    @property
+    def role(self) -> Role:
+        """Initiator or responder."""
+        return self._role
+
+    @property
+    def state(self) -> HandshakeState:
+        """Current state."""
+        return self._state
+
+    @property
+    def local_public_key(self) -> bytes:
+        """Our Ed25519 public key."""
+        return self._public_key
+
+    @property
+    def done(self) -> bool:
+        """Whether the peer is authenticated and :attr:`result` is available."""
+        return self._state is HandshakeState.DONE
+
+    @property
+    def bytes_needed(self) -> int:
+        """How many more bytes the current step needs (0 when not waiting for the peer)."""
+        size = _MESSAGE_SIZE.get(self._state)
+        return 0 if size is None else max(0, size - len(self._buffer))
+
+    @property
+    def result(self) -> HandshakeResult:
+        """The outcome; only once :attr:`done`."""
+        if self._result is None:
+            raise LocalProtocolError(f"handshake not complete (state {self._state.value})")
+        return self._result
+
+    @property
+    def trailing_data(self) -> bytes:
+        """Bytes received after the last handshake message: the start of the encrypted stream."""
+        return bytes(self._buffer) if self._state is HandshakeState.DONE else b""
+
+    def initiate(self) -> bytes:
+        """Initiator only: msg1, the first bytes to write."""
+        if self._role is not Role.INITIATOR or self._state is not HandshakeState.START:
+            raise LocalProtocolError(f"initiate() is for an initiator in state start, not {self._describe()}")
+        self._state = HandshakeState.WAIT_MSG2
+        return self._eph_public + _b2(self._network_key, _P_MAC1, self._eph_public)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> bytes:
+        """Consume received bytes; returns the bytes to write now (often ``b""``)."""
+        if self._state not in _MESSAGE_SIZE:
+            raise LocalProtocolError(f"receive_data() while {self._describe()}")
+        self._buffer += data
+        out = b""
+        while (size := _MESSAGE_SIZE.get(self._state)) is not None and len(self._buffer) >= size:
+            message = bytes(self._buffer[:size])
+            del self._buffer[:size]
+            try:
+                out += self._step(message)
+            except LatticedError:
+                self._state = HandshakeState.FAILED
+                self._buffer.clear()
+                raise
+        return out
+
+    def _describe(self) -> str:
+        return f"{self._role.value} in state {self._state.value}"
+
+    def _step(self, message: bytes) -> bytes:
+        state = self._state
+        if state is HandshakeState.WAIT_MSG1:
+            return self._on_msg1(message)
+        if state is HandshakeState.WAIT_MSG2:
+            return self._on_msg2(message)
+        if state is HandshakeState.WAIT_MSG3:
+            return self._on_msg3(message)
+        return self._on_msg4(message)
+
+    # -- responder -------------------------------------------------------------------------------------
+
+    def _on_msg1(self, msg1: bytes) -> bytes:
+        a_pub, mac = msg1[:KEY_SIZE], msg1[KEY_SIZE:]
+        if not hmac.compare_digest(mac, _b2(self._network_key, _P_MAC1, a_pub)):
+            # Say nothing: whoever sent this may not even learn that a latticed daemon is listening.
+            _fail("msg1 failed authentication: the peer has another network key (or is not latticed v1)")
+        self._remote_eph = a_pub
+        b_pub = self._eph_public
+        self._derive_chaining_key(initiator_eph=a_pub, responder_eph=b_pub)
+        self._state = HandshakeState.WAIT_MSG3
+        return b_pub + _b2(self._network_key, _P_MAC2, a_pub + b_pub)
+
+    def _on_msg3(self, msg3: bytes) -> bytes:
+        ck = self._chaining_key
+        plain = _open(_b2(ck, _P_KEY3, b""), msg3, "msg3")
+        a_pk, sig_a = plain[:KEY_SIZE], plain[KEY_SIZE:]
+        _verify(a_pk, _CTX_INITIATOR + _b2(ck, _P_SIGI, a_pk), sig_a, "initiator")
+        self._check_allowed(a_pk)
+        b_pk = self._public_key
+        sig_b = self._sign(_CTX_RESPONDER + _b2(ck, _P_SIGR, a_pk + sig_a + b_pk))
+        msg4 = sodium.crypto_aead_xchacha20poly1305_ietf_encrypt(
+            b_pk + sig_b, b"", _ZERO_NONCE, _b2(ck, _P_KEY4, b"")
+        )
+        self._finish(initiator_pk=a_pk, responder_pk=b_pk)
+        return msg4
+
+    # -- initiator -------------------------------------------------------------------------------------
+
+    def _on_msg2(self, msg2: bytes) -> bytes:
+        b_pub, mac = msg2[:KEY_SIZE], msg2[KEY_SIZE:]
+        a_pub = self._eph_public
+        if not hmac.compare_digest(mac, _b2(self._network_key, _P_MAC2, a_pub + b_pub)):
+            _fail("msg2 failed authentication: the peer has another network key (or is not latticed v1)")
+        self._remote_eph = b_pub
+        self._derive_chaining_key(initiator_eph=a_pub, responder_eph=b_pub)
+        ck = self._chaining_key
+        a_pk = self._public_key
+        sig_a = self._sign(_CTX_INITIATOR + _b2(ck, _P_SIGI, a_pk))
+        self._initiator_sig = sig_a
+        self._state = HandshakeState.WAIT_MSG4
+        return sodium.crypto_aead_xchacha20poly1305_ietf_encrypt(
+            a_pk + sig_a, b"", _ZERO_NONCE, _b2(ck, _P_KEY3, b"")
+        )
+
+    def _on_msg4(self, msg4: bytes) -> bytes:
+        ck = self._chaining_key
+        plain = _open(_b2(ck, _P_KEY4, b""), msg4, "msg4")
+        b_pk, sig_b = plain[:KEY_SIZE], plain[KEY_SIZE:]
+        a_pk = self._public_key
+        _verify(
+            b_pk, _CTX_RESPONDER + _b2(ck, _P_SIGR, a_pk + self._initiator_sig + b_pk), sig_b, "responder"
+        )
+        self._check_allowed(b_pk)
+        self._finish(initiator_pk=a_pk, responder_pk=b_pk)
+        return b""
+
+    # -- both ------------------------------------------------------------------------------------------
+
+    def _derive_chaining_key(self, *, initiator_eph: bytes, responder_eph: bytes) -> None:
+        # crypto_kx hashes the X25519 result with both public keys: BLAKE2b-512(q ‖ a_pub ‖ b_pub), split
+        # into (client rx, client tx). We use the whole 64 bytes, in the initiator's order, on both sides.
+        try:
+            if self._role is Role.INITIATOR:
+                rx, tx = sodium.crypto_kx_client_session_keys(initiator_eph, self._eph_secret, responder_eph)
+                kx = rx + tx
+            else:
+                rx, tx = sodium.crypto_kx_server_session_keys(responder_eph, self._eph_secret, initiator_eph)
+                kx = tx + rx
+        except nacl.exceptions.CryptoError:
+            _fail("the peer's ephemeral key is a low-order point")
+        self._chaining_key = _b2(self._network_key, _P_CKEY, kx)
+
+    def _sign(self, message: bytes) -> bytes:
+        signature: bytes = self._signing_key.sign(message).signature
+        return signature
+
+    def _check_allowed(self, remote_pk: bytes) -> None:
+        allowed = self._allowed
+        if allowed is None:
+            return
+        ok = allowed(remote_pk) if callable(allowed) else remote_pk in allowed
+        if not ok:
+            _fail(f"peer {remote_pk.hex()} is not in the allow-list")
+
+    def _finish(self, *, initiator_pk: bytes, responder_pk: bytes) -> None:
+        ck = self._chaining_key
+        identities = initiator_pk + responder_pk
+        i2r = _b2(ck, _P_KI2R, identities, 64)
+        r2i = _b2(ck, _P_KR2I, identities, 64)
+        if self._role is Role.INITIATOR:
+            send, receive, remote = i2r, r2i, responder_pk
+        else:
+            send, receive, remote = r2i, i2r, initiator_pk
+        self._result = HandshakeResult(
+            role=self._role,
+            local_public_key=self._public_key,
+            remote_public_key=remote,
+            session_id=_b2(ck, _P_SESS, identities),
+            send_key=send[:KEY_SIZE],
+            send_header=send[KEY_SIZE : KEY_SIZE + _HEADER_SIZE],
+            receive_key=receive[:KEY_SIZE],
+            receive_header=receive[KEY_SIZE : KEY_SIZE + _HEADER_SIZE],
+        )
+        self._state = HandshakeState.DONE
+        # Nothing secret needs to outlive the handshake.
+        self._eph_secret = b""
+        self._chaining_key = b""
+
+
+class Initiator(Handshake):
+    """The dialling side: call :meth:`initiate` first."""
+
+    def __init__(
+        self,
+        *,
+        seed: bytes,
+        network_key: bytes,
+        public_key: bytes | None = None,
+        allowed: Allowed | None = None,
+        ephemeral_secret: bytes | None = None,
+    ) -> None:
+        super().__init__(
+            Role.INITIATOR,
+            seed=seed,
+            network_key=network_key,
+            public_key=public_key,
+            allowed=allowed,
+            ephemeral_secret=ephemeral_secret,
+        )
+
+
+class Responder(Handshake):
+    """The accepting side: feed it what the initiator sends."""
+
+    def __init__(
+        self,
+        *,
+        seed: bytes,
+        network_key: bytes,
+        public_key: bytes | None = None,
+        allowed: Allowed | None = None,
+        ephemeral_secret: bytes | None = None,
+    ) -> None:
+        super().__init__(
+            Role.RESPONDER,
+            seed=seed,
+            network_key=network_key,
+            public_key=public_key,
+            allowed=allowed,
+            ephemeral_secret=ephemeral_secret,
+        )
+
+
+def _fail(reason: str) -> NoReturn:
+    raise HandshakeError(reason)
+
+
+def _open(key: bytes, ciphertext: bytes, what: str) -> bytes:
+    try:
+        plain: bytes = sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(ciphertext, b"", _ZERO_NONCE, key)
+    except nacl.exceptions.CryptoError:
+        _fail(f"{what} failed decryption: tampered, replayed from another session, or another network key")
+    return plain
+
+
+def _verify(public_key: bytes, message: bytes, signature: bytes, who: str) -> None:
+    try:
+        VerifyKey(public_key).verify(message, signature)
+    except nacl.exceptions.CryptoError:
+        _fail(f"the {who}'s signature over the handshake does not verify (claimed key {public_key.hex()})")

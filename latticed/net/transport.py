@@ -1,0 +1,256 @@
+"""The trio shell around the handshake and the secure channel: it only moves bytes and owns the timeout.
+
+``secure_connect`` / ``secure_accept`` turn any ``trio.abc.Stream`` (TCP, or memory streams in tests) into a
+:class:`SecureStream` of authenticated, encrypted messages. Every failure surfaces as a
+:class:`~latticed.errors.LatticedError`: :class:`HandshakeError` when authentication fails (including a peer
+that hangs up mid-handshake, which is how a peer with another network key or allow-list refuses us),
+:class:`ConnectionClosedError` when the peer goes away, never answers or cuts the stream, and
+:class:`RemoteProtocolError` for a forged or malformed frame. A failed handshake closes the stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Final
+
+import trio
+
+from latticed.errors import ConnectionClosedError, HandshakeError, LatticedError
+from latticed.net.handshake import Allowed, Handshake, HandshakeResult, Initiator, Responder, Role
+from latticed.net.secure import DEFAULT_MAX_MESSAGE_SIZE, SecureChannel
+
+__all__ = [
+    "DEFAULT_HANDSHAKE_TIMEOUT",
+    "SecureStream",
+    "open_peer",
+    "secure_accept",
+    "secure_connect",
+]
+
+#: Seconds a peer gets to complete the handshake (connect included, for :func:`open_peer`).
+DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
+_RECEIVE_SIZE: Final = 1 << 16
+# How long aclose() tries to get the final frame out to a peer that is not reading before it just closes.
+_CLOSE_TIMEOUT: Final = 1.0
+
+
+class SecureStream(trio.abc.AsyncResource):
+    """Authenticated, encrypted, ordered messages over a byte stream.
+
+    Tasks may send and receive concurrently: each direction is serialized by a FIFO lock, since frames must
+    hit the wire in the order they were sealed. For a graceful end call
+    :meth:`send_eof`, read until :meth:`receive` returns ``None``, then :meth:`aclose`.
+    """
+
+    def __init__(self, stream: trio.abc.Stream, channel: SecureChannel) -> None:
+        self._stream = stream
+        self._channel = channel
+        self._send_lock = trio.StrictFIFOLock()
+        self._receive_lock = trio.StrictFIFOLock()
+        self._send_broken = False
+        self._closed = False
+
+    @property
+    def remote_public_key(self) -> bytes:
+        """The peer's authenticated Ed25519 public key."""
+        return self._channel.remote_public_key
+
+    @property
+    def handshake(self) -> HandshakeResult:
+        """The handshake outcome (peer identity, ``session_id``)."""
+        return self._channel.handshake
+
+    @property
+    def max_message_size(self) -> int:
+        """Largest message sent or accepted."""
+        return self._channel.max_message_size
+
+    @property
+    def transport_stream(self) -> trio.abc.Stream:
+        """The underlying byte stream."""
+        return self._stream
+
+    async def send(self, message: bytes | bytearray | memoryview) -> None:
+        """Send one message (at most ``max_message_size`` bytes)."""
+        async with self._send_lock:
+            self._check_can_send()
+            await self._write(self._channel.seal(message))
+
+    async def send_eof(self) -> None:
+        """Send the final frame: we will send nothing more, but keep receiving. Idempotent."""
+        async with self._send_lock:
+            if self._channel.local_closed:
+                return
+            self._check_can_send()
+            await self._write(self._channel.close())
+            if isinstance(self._stream, trio.abc.HalfCloseableStream):
+                # The final frame is out; failing to half-close as well loses nothing.
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    await self._stream.send_eof()
+
+    async def receive(self) -> bytes | None:
+        """The next message, or ``None`` once the peer ended cleanly.
+
+        A stream cut off before the peer's final frame raises :class:`ConnectionClosedError`.
+        """
+        async with self._receive_lock:
+            channel = self._channel
+            while True:
+                message = channel.next_message()
+                if message is not None:
+                    return message
+                if channel.remote_closed:
+                    return None
+                if self._closed:
+                    raise ConnectionClosedError("secure stream was closed locally")
+                try:
+                    data = await self._stream.receive_some(_RECEIVE_SIZE)
+                except trio.ClosedResourceError as error:
+                    raise ConnectionClosedError("secure stream was closed locally") from error
+                except (trio.BrokenResourceError, OSError) as error:
+                    raise ConnectionClosedError(f"connection to peer lost: {error}") from error
+                channel.receive_data(data)
+
+    async def aclose(self) -> None:
+        """Send the final frame if we can, then close the underlying stream (always, even if cancelled)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self._send_broken and not self._channel.local_closed and not self._send_lock.locked():
+                with trio.move_on_after(_CLOSE_TIMEOUT):
+                    await self._write(self._channel.close())
+        except LatticedError:
+            pass  # the peer is gone already: it will see a cut-off stream, which is the truth
+        finally:
+            await trio.aclose_forcefully(self._stream)
+
+    def _check_can_send(self) -> None:
+        if self._closed:
+            raise ConnectionClosedError("secure stream was closed locally")
+        if self._send_broken:
+            raise ConnectionClosedError("an earlier send failed midway; the connection is unusable")
+
+    async def _write(self, frame: bytes) -> None:
+        # Any interruption may leave a partial frame on the wire, or a sealed frame unsent (which the peer
+        # would see as a gap): either way the stream is done for.
+        try:
+            await self._stream.send_all(frame)
+        except trio.ClosedResourceError as error:
+            self._send_broken = True
+            raise ConnectionClosedError("secure stream was closed locally") from error
+        except (trio.BrokenResourceError, OSError) as error:
+            self._send_broken = True
+            raise ConnectionClosedError(f"connection to peer lost: {error}") from error
+        except BaseException:
+            self._send_broken = True
+            raise
+
+
+async def _run_handshake(
+    stream: trio.abc.Stream,
+    make_handshake: Callable[[], Handshake],
+    timeout: float | None,
+    max_message_size: int,
+) -> SecureStream:
+    try:
+        handshake = make_handshake()
+        with trio.fail_after(math.inf if timeout is None else timeout):
+            if handshake.role is Role.INITIATOR:
+                await stream.send_all(handshake.initiate())
+            while not handshake.done:
+                data = await stream.receive_some(_RECEIVE_SIZE)
+                if not data:
+                    raise HandshakeError(
+                        f"peer hung up during the handshake (state {handshake.state.value}): it has another "
+                        "network key, refuses our identity, or went away"
+                    )
+                out = handshake.receive_data(data)
+                if out:
+                    await stream.send_all(out)
+        channel = SecureChannel(handshake.result, max_message_size=max_message_size)
+        trailing = handshake.trailing_data  # frames the responder pipelined behind msg4
+        if trailing:
+            channel.receive_data(trailing)
+    except BaseException as error:
+        await trio.aclose_forcefully(stream)
+        if isinstance(error, trio.TooSlowError):
+            raise ConnectionClosedError(f"handshake not completed within {timeout} s") from error
+        if isinstance(error, trio.BrokenResourceError | trio.ClosedResourceError | OSError):
+            raise ConnectionClosedError(f"connection lost during the handshake: {error}") from error
+        raise
+    return SecureStream(stream, channel)
+
+
+async def secure_connect(
+    stream: trio.abc.Stream,
+    *,
+    seed: bytes,
+    network_key: bytes,
+    public_key: bytes | None = None,
+    allowed: Allowed | None = None,
+    timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> SecureStream:
+    """Run the handshake as initiator over ``stream``; the peer must be in ``allowed`` if given."""
+    return await _run_handshake(
+        stream,
+        lambda: Initiator(seed=seed, network_key=network_key, public_key=public_key, allowed=allowed),
+        timeout,
+        max_message_size,
+    )
+
+
+async def secure_accept(
+    stream: trio.abc.Stream,
+    *,
+    seed: bytes,
+    network_key: bytes,
+    public_key: bytes | None = None,
+    allowed: Allowed | None = None,
+    timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> SecureStream:
+    """Run the handshake as responder over ``stream`` (e.g. in a ``trio.serve_tcp`` handler)."""
+    return await _run_handshake(
+        stream,
+        lambda: Responder(seed=seed, network_key=network_key, public_key=public_key, allowed=allowed),
+        timeout,
+        max_message_size,
+    )
+
+
+async def open_peer(
+    host: str,
+    port: int,
+    *,
+    seed: bytes,
+    network_key: bytes,
+    public_key: bytes | None = None,
+    allowed: Allowed | None = None,
+    timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+) -> SecureStream:
+    """Connect over TCP and run the handshake as initiator; ``timeout`` covers both."""
+    deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+    try:
+        with trio.fail_at(deadline):
+            stream = await trio.open_tcp_stream(host, port)
+    except trio.TooSlowError as error:
+        raise ConnectionClosedError(
+            f"cannot connect to {host}:{port}: timed out after {timeout} s"
+        ) from error
+    except OSError as error:
+        raise ConnectionClosedError(f"cannot connect to {host}:{port}: {error}") from error
+    remaining = None if timeout is None else max(0.0, deadline - trio.current_time())
+    return await secure_connect(
+        stream,
+        seed=seed,
+        network_key=network_key,
+        public_key=public_key,
+        allowed=allowed,
+        timeout=remaining,
+        max_message_size=max_message_size,
+    )

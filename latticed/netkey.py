@@ -1,0 +1,104 @@
+"""The network key: 32 random bytes every daemon of one network shares, kept in a file of one hex line.
+
+Without it a peer cannot get past the first handshake message, so it learns nothing, not even which
+identities a daemon has (see ``docs/protocol.md``). It is a shared secret: write it with mode 0600 and hand it
+to other hosts out of band. Hex text, because people copy it between machines, config files and environment
+variables; one line, because that is what ``echo``, ``cat`` and secret stores produce.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from typing import Final
+
+from latticed.errors import AlreadyExistsError, MalformedError, NotFoundError, StorageError
+
+__all__ = [
+    "DEFAULT_NETWORK_KEY",
+    "NETWORK_KEY_SIZE",
+    "decode_network_key",
+    "encode_network_key",
+    "network_key_fingerprint",
+    "new_network_key",
+    "read_network_key",
+    "write_network_key",
+]
+
+NETWORK_KEY_SIZE: Final = 32
+_HEX_DIGITS: Final = frozenset("0123456789abcdefABCDEF")
+
+#: INSECURE, public, fixed: ``BLAKE2b-256(b"latticed default network key -- INSECURE")``. It lets demos and
+#: tests run without setup; anyone can compute it, so a network using it admits everyone.
+DEFAULT_NETWORK_KEY: Final = hashlib.blake2b(
+    b"latticed default network key -- INSECURE", digest_size=32
+).digest()
+
+
+def new_network_key() -> bytes:
+    """32 bytes from the OS CSPRNG."""
+    return secrets.token_bytes(NETWORK_KEY_SIZE)
+
+
+def encode_network_key(key: bytes) -> str:
+    """The file / environment form: 64 lowercase hex digits."""
+    if not isinstance(key, bytes) or len(key) != NETWORK_KEY_SIZE:
+        raise MalformedError(f"a network key is {NETWORK_KEY_SIZE} bytes")
+    return key.hex()
+
+
+def decode_network_key(text: str, *, source: str = "network key") -> bytes:
+    """Parse 64 hex digits (surrounding whitespace allowed); errors never echo the text, which is secret."""
+    stripped = text.strip()
+    if len(stripped) != 2 * NETWORK_KEY_SIZE:
+        raise MalformedError(
+            f"{source}: expected {2 * NETWORK_KEY_SIZE} hex digits ({NETWORK_KEY_SIZE} bytes) on one line, "
+            f"got {len(stripped)} characters"
+        )
+    if not all(c in _HEX_DIGITS for c in stripped):
+        raise MalformedError(f"{source}: not hexadecimal")
+    return bytes.fromhex(stripped)
+
+
+def network_key_fingerprint(key: bytes) -> str:
+    """A short tag of a key (16 hex digits) for logs: tells networks apart without revealing the key."""
+    return hashlib.blake2b(key, digest_size=8, person=b"latticed/v1/nkfp").hexdigest()
+
+
+def write_network_key(path: str | os.PathLike[str], key: bytes | None = None) -> bytes:
+    """Write ``key`` (default: a new one) to a new file with mode 0600; refuses to replace an existing file.
+
+    Refusing matters: overwriting a network key silently cuts a daemon off from its network.
+    """
+    if key is None:
+        key = new_network_key()
+    line = (encode_network_key(key) + "\n").encode("ascii")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except FileExistsError:
+        raise AlreadyExistsError(f"network key file {os.fspath(path)!r} exists; not overwriting it") from None
+    except OSError as error:
+        raise StorageError(f"cannot create network key file {os.fspath(path)!r}: {error}") from error
+    try:
+        os.fchmod(fd, 0o600)  # the umask can only remove bits, but be explicit about the result
+        os.write(fd, line)
+        os.fsync(fd)
+    except OSError as error:
+        os.close(fd)
+        os.unlink(path)
+        raise StorageError(f"cannot write network key file {os.fspath(path)!r}: {error}") from error
+    os.close(fd)
+    return key
+
+
+def read_network_key(path: str | os.PathLike[str]) -> bytes:
+    """Read a key written by :func:`write_network_key` (or by hand: 64 hex digits on one line)."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as file:
+            text = file.read(4096)
+    except FileNotFoundError:
+        raise NotFoundError(f"network key file {os.fspath(path)!r} not found") from None
+    except OSError as error:
+        raise StorageError(f"cannot read network key file {os.fspath(path)!r}: {error}") from error
+    return decode_network_key(text, source=f"network key file {os.fspath(path)!r}")

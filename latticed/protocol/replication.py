@@ -1,0 +1,428 @@
+"""The replication protocol between two daemons, as a sans-IO state machine.
+
+A :class:`ReplicationSession` takes decrypted messages in (:meth:`receive_message`) and commands from its
+host (local updates, deltas it asked for, results of merges), and gives back messages to send
+(:meth:`messages_to_send`) and events for the host (:meth:`next_event`). It never touches storage, sockets
+or clocks: the host (the trio layer) owns those, so every path here runs in tests without either.
+
+What travels (each message a msgpack list whose first item is its type):
+
+* ``HELLO [0, version, subscription]`` — once, first. ``subscription`` is None (everything) or a list of
+  ``OWNER/NAME`` glob patterns the sender wants to receive.
+* ``DIGEST [1, entries]`` — per queue ``[owner, name, kind, summary]``: what the sender holds. The first
+  digest lists what changed since the host's last exchange with this peer; later ones only what changed.
+* ``DELTA [2, seq, delta]`` — a verifiable chunk of a queue (see :func:`latticed.crdt.queue.delta`).
+* ``ACK [3, seq, owner, name, kind, summary]`` — the delta was verified and stored; here is what I hold now.
+  At most ``window`` deltas are unacknowledged per session: a slow peer slows its sender, never fills RAM.
+* ``HAVE [4, owner, name, kind, summary]`` — lazy notification on a pruned link (Plumtree).
+* ``WANT [5, owner, name, kind, summary]`` — graft: make this link eager for the queue and send me the rest.
+* ``PRUNE [6, owner, name, kind]`` — your delta brought nothing new; send me HAVEs instead of data.
+* ``PING [7, nonce]`` / ``PONG [8, nonce]`` — liveness, which the host times.
+
+Eager push with pruning on duplicates means a record crosses each link about once in steady state, while
+HAVE/WANT repairs the tree when an eager parent goes away.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from latticed.crdt.errors import LatticedError
+from latticed.crdt.queue import QueueDelta, Summary
+from latticed.crdt.wire import (
+    delta_from_wire,
+    delta_to_wire,
+    pack,
+    summary_from_wire,
+    summary_to_wire,
+    unpack,
+)
+from latticed.errors import LocalProtocolError, RemoteProtocolError
+
+PROTOCOL_VERSION = 1
+HELLO, DIGEST, DELTA, ACK, HAVE, WANT, PRUNE, PING, PONG = range(9)
+
+QueueKey = tuple[bytes, str, int]  # owner, name, kind
+
+
+def key_label(key: QueueKey) -> str:
+    return f"{key[0].hex()}/{key[1]}"
+
+
+def is_ahead(ours: Summary | None, theirs: Summary | None) -> bool:
+    """Whether we hold something the peer does not (so a delta is worth asking the store for)."""
+    if ours is None or ours.version == 0:
+        return False
+    if theirs is None:
+        return True
+    return (
+        ours.version > theirs.version
+        or ours.held_end > theirs.held_end
+        or (ours.forked and not theirs.forked)
+        or ours.start > theirs.start
+    )
+
+
+# ------------------------------------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True, slots=True)
+class NeedDelta:
+    """Host: compute ``delta(state, since, max_records)`` and call :meth:`provide_delta`."""
+
+    key: QueueKey
+    since: Summary | None
+    max_records: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaReceived:
+    """Host: verify and merge, persist, then call :meth:`delta_applied` (or close on an IntegrityError)."""
+
+    key: QueueKey
+    seq: int
+    delta: QueueDelta
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSummary:
+    """What the peer holds of a queue now (for lag reporting and discovering queues)."""
+
+    key: QueueKey
+    summary: Summary
+
+
+@dataclass(frozen=True, slots=True)
+class PeerHello:
+    version: int
+    subscription: tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    nonce: int
+
+
+Event = NeedDelta | DeltaReceived | PeerSummary | PeerHello | Pong
+
+
+# ------------------------------------------------------------------------------------------------ session
+
+
+@dataclass(slots=True)
+class _Link:
+    """Per-queue state of this link."""
+
+    peer: Summary | None = None  # what the peer holds, as far as we know
+    eager: bool = True
+    asked: bool = False  # a NeedDelta is outstanding
+    inflight: int = 0  # DELTAs sent, not yet acknowledged
+    wanted: bool = False  # the peer grafted: its next duplicate is not a reason to prune
+
+
+@dataclass(slots=True)
+class ReplicationSession:
+    """One peer link. ``window`` bounds unacknowledged deltas; ``max_records`` bounds each chunk."""
+
+    subscription: tuple[str, ...] | None = None
+    window: int = 8
+    max_records: int = 4096
+    max_message_bytes: int = 16 * 1024 * 1024
+    _local: dict[QueueKey, Summary] = field(default_factory=dict)
+    _links: dict[QueueKey, _Link] = field(default_factory=dict)
+    _outbox: list[bytes] = field(default_factory=list)
+    _events: deque[Event] = field(default_factory=deque)
+    _seq: int = 0
+    _inflight_total: int = 0
+    _asked_total: int = 0
+    _pending: deque[QueueKey] = field(default_factory=deque)
+    _received: dict[int, QueueKey] = field(default_factory=dict)
+    _peer_subscription: tuple[str, ...] | None = None
+    _hello_received: bool = False
+    _started: bool = False
+    stats: dict[str, int] = field(default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0})
+
+    # ------------------------------------------------------------------ host → session
+    def start(
+        self,
+        local: Mapping[QueueKey, Summary],
+        digest_keys: Iterable[QueueKey] | None = None,
+        known_peer: Mapping[QueueKey, Summary] | None = None,
+    ) -> None:
+        """Say hello and send the first digest.
+
+        ``local`` is what we hold; ``digest_keys`` limits the first digest to what changed since the last
+        exchange with this peer (None: everything); ``known_peer`` is what the peer held then.
+        """
+        if self._started:
+            raise LocalProtocolError("session already started")
+        self._started = True
+        self._local = dict(local)
+        for key, summary in (known_peer or {}).items():
+            self._link(key).peer = summary
+        keys = list(self._local) if digest_keys is None else list(digest_keys)
+        self._send([HELLO, PROTOCOL_VERSION, list(self.subscription) if self.subscription else None])
+        entries = [[k[0], k[1], k[2], summary_to_wire(self._local[k])] for k in keys if k in self._local]
+        self._send([DIGEST, entries])
+
+    def local_update(self, key: QueueKey, summary: Summary) -> None:
+        """We changed a queue (own write or a merge from another peer): push it or announce it."""
+        self._local[key] = summary
+        if not self._hello_received or not self._peer_wants(key):
+            return
+        link = self._link(key)
+        if link.eager:
+            self._schedule(key)
+        elif is_ahead(summary, link.peer):
+            self._send([HAVE, key[0], key[1], key[2], summary_to_wire(summary)])
+
+    def provide_delta(self, key: QueueKey, delta: QueueDelta | None) -> None:
+        """The answer to a :class:`NeedDelta`; None when there is nothing to send after all."""
+        link = self._link(key)
+        if link.asked:
+            link.asked = False
+            self._asked_total -= 1
+        if delta is None or (delta.head is None and delta.fork is None):
+            self._pump()
+            return
+        self._seq += 1
+        link.inflight += 1
+        self._inflight_total += 1
+        self.stats["deltas_sent"] += 1
+        self._send([DELTA, self._seq, delta_to_wire(delta)])
+        self._pump()
+
+    def delta_applied(self, seq: int, summary: Summary, changed: bool) -> None:
+        """The host verified, merged and stored the delta ``seq``; ``changed`` says if it brought news."""
+        key = self._received.pop(seq, None)
+        if key is None:
+            raise LocalProtocolError(f"no delta {seq} is waiting")
+        self._local[key] = summary
+        link = self._link(key)
+        self._send([ACK, seq, key[0], key[1], key[2], summary_to_wire(summary)])
+        if not changed and link.eager and not link.wanted:
+            self._send([PRUNE, key[0], key[1], key[2]])
+        link.wanted = False
+
+    def ping(self, nonce: int) -> None:
+        self._send([PING, nonce])
+
+    # ------------------------------------------------------------------ peer → session
+    def receive_message(self, payload: bytes) -> None:
+        """Feed one decrypted message; a malformed one raises :class:`RemoteProtocolError`."""
+        try:
+            message = unpack(payload, self.max_message_bytes)
+            self._dispatch(message)
+        except RemoteProtocolError:
+            raise
+        except LatticedError as exc:
+            raise RemoteProtocolError(f"bad message from peer: {exc}") from exc
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
+            raise RemoteProtocolError(f"bad message from peer: {type(exc).__name__}") from exc
+
+    def _dispatch(self, message: Any) -> None:
+        if not isinstance(message, list) or not message or not isinstance(message[0], int):
+            raise RemoteProtocolError("a message is a list starting with its type")
+        kind = message[0]
+        if not self._hello_received and kind != HELLO:
+            raise RemoteProtocolError("the first message must be HELLO")
+        if kind == HELLO:
+            self._on_hello(message)
+        elif kind == DIGEST:
+            self._on_digest(message)
+        elif kind == DELTA:
+            self._on_delta(message)
+        elif kind == ACK:
+            self._on_ack(message)
+        elif kind in (HAVE, WANT):
+            self._on_have_or_want(kind, message)
+        elif kind == PRUNE:
+            _expect(message, 4)
+            self._link(_key(message[1], message[2], message[3])).eager = False
+        elif kind == PING:
+            _expect(message, 2)
+            self._send([PONG, message[1]])
+        elif kind == PONG:
+            _expect(message, 2)
+            if not isinstance(message[1], int):
+                raise RemoteProtocolError("PONG nonce must be an integer")
+            self._events.append(Pong(message[1]))
+        else:
+            raise RemoteProtocolError(f"unknown message type {kind}")
+
+    def _on_hello(self, message: list[Any]) -> None:
+        _expect(message, 3)
+        if self._hello_received:
+            raise RemoteProtocolError("HELLO twice")
+        if message[1] != PROTOCOL_VERSION:
+            raise RemoteProtocolError(f"unsupported protocol version {message[1]!r}")
+        sub = message[2]
+        if sub is not None and (not isinstance(sub, list) or not all(isinstance(p, str) for p in sub)):
+            raise RemoteProtocolError("subscription must be a list of patterns")
+        self._peer_subscription = None if sub is None else tuple(sub)
+        self._hello_received = True
+        self._events.append(PeerHello(message[1], self._peer_subscription))
+        # Everything we hold that the peer may lack goes out once its digest arrives or, if it never
+        # mentions a queue, straight away (the peer's silence means it has nothing of it).
+        for key in self._local:
+            if self._peer_wants(key):
+                self._schedule(key)
+
+    def _on_digest(self, message: list[Any]) -> None:
+        _expect(message, 2)
+        if not isinstance(message[1], list):
+            raise RemoteProtocolError("DIGEST entries must be a list")
+        for entry in message[1]:
+            if not isinstance(entry, list) or len(entry) != 4:
+                raise RemoteProtocolError("a DIGEST entry is [owner, name, kind, summary]")
+            key = _key(entry[0], entry[1], entry[2])
+            summary = summary_from_wire(entry[3])
+            self._link(key).peer = summary
+            self._events.append(PeerSummary(key, summary))
+            if self._peer_wants(key) and is_ahead(self._local.get(key), summary):
+                self._schedule(key)
+
+    def _on_delta(self, message: list[Any]) -> None:
+        _expect(message, 3)
+        seq = message[1]
+        if not isinstance(seq, int) or seq in self._received:
+            raise RemoteProtocolError("DELTA needs a fresh integer sequence number")
+        if len(self._received) >= self.window:
+            raise RemoteProtocolError("peer exceeded the delta window")
+        delta = delta_from_wire(message[2])
+        key = (delta.owner, delta.name, delta.kind)
+        if self.subscription is not None and not _matches(self.subscription, key):
+            raise RemoteProtocolError(f"peer sent {key_label(key)}, which we did not subscribe to")
+        self._received[seq] = key
+        link = self._link(key)
+        implied = _implied_summary(delta, link.peer)
+        if is_ahead(implied, link.peer):
+            link.peer = implied  # the sender holds at least what it sent: never echo it back
+        self.stats["deltas_received"] += 1
+        self._events.append(DeltaReceived(key, seq, delta))
+
+    def _on_ack(self, message: list[Any]) -> None:
+        _expect(message, 6)
+        key = _key(message[2], message[3], message[4])
+        summary = summary_from_wire(message[5])
+        link = self._link(key)
+        if link.inflight <= 0:
+            raise RemoteProtocolError("ACK for a delta we did not send")
+        link.inflight -= 1
+        self._inflight_total -= 1
+        link.peer = summary
+        self._events.append(PeerSummary(key, summary))
+        if is_ahead(self._local.get(key), summary):
+            self._schedule(key)  # the next chunk of a backlog
+        self._pump()
+
+    def _on_have_or_want(self, kind: int, message: list[Any]) -> None:
+        _expect(message, 5)
+        key = _key(message[1], message[2], message[3])
+        summary = summary_from_wire(message[4])
+        link = self._link(key)
+        link.peer = summary
+        self._events.append(PeerSummary(key, summary))
+        if kind == HAVE:
+            if self._wants_key(key) and is_ahead(summary, self._local.get(key)):
+                ours = self._local.get(key)
+                self._send([WANT, key[0], key[1], key[2], summary_to_wire(ours or Summary())])
+            return
+        link.eager = True
+        link.wanted = True
+        if is_ahead(self._local.get(key), summary):
+            self._schedule(key)
+
+    # ------------------------------------------------------------------ session → host
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    def messages_to_send(self) -> list[bytes]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def peer_summaries(self) -> dict[QueueKey, Summary]:
+        return {k: link.peer for k, link in self._links.items() if link.peer is not None}
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight_total
+
+    # ------------------------------------------------------------------ internals
+    def _link(self, key: QueueKey) -> _Link:
+        link = self._links.get(key)
+        if link is None:
+            link = self._links[key] = _Link()
+        return link
+
+    def _peer_wants(self, key: QueueKey) -> bool:
+        return self._peer_subscription is None or _matches(self._peer_subscription, key)
+
+    def _wants_key(self, key: QueueKey) -> bool:
+        return self.subscription is None or _matches(self.subscription, key)
+
+    def _schedule(self, key: QueueKey) -> None:
+        if key not in self._pending:
+            self._pending.append(key)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Ask the host for deltas while the window has room; at most one outstanding ask per queue."""
+        rounds = len(self._pending)
+        while self._pending and rounds > 0 and self._inflight_total + self._asked_total < self.window:
+            rounds -= 1
+            key = self._pending.popleft()
+            link = self._link(key)
+            if link.asked or link.inflight > 0:
+                self._pending.append(key)  # wait for its ACK, keep order fair
+                continue
+            if not is_ahead(self._local.get(key), link.peer):
+                continue
+            link.asked = True
+            self._asked_total += 1
+            self._events.append(NeedDelta(key, link.peer, self.max_records))
+
+    def _send(self, message: list[Any]) -> None:
+        self._outbox.append(pack(message))
+
+
+def _implied_summary(delta: QueueDelta, known: Summary | None) -> Summary:
+    head = delta.head
+    if head is None:
+        return known or Summary()
+    if delta.tip is not None:
+        held_end, held_hash = delta.tip.end, delta.tip.head_hash
+    elif known is not None:
+        held_end, held_hash = known.held_end, known.held_hash
+    else:
+        held_end, held_hash = head.start, head.base_hash
+    return Summary(
+        version=head.version,
+        start=head.start,
+        held_end=max(held_end, head.start),
+        held_hash=held_hash,
+        meta_version=head.meta_version,
+        forked=delta.fork is not None,
+    )
+
+
+def _expect(message: list[Any], length: int) -> None:
+    if len(message) != length:
+        raise RemoteProtocolError(f"message type {message[0]} has {length} fields, got {len(message)}")
+
+
+def _key(owner: Any, name: Any, kind: Any) -> QueueKey:
+    if not isinstance(owner, bytes) or len(owner) != 32:
+        raise RemoteProtocolError("owner must be a 32-byte key")
+    if not isinstance(name, str) or not isinstance(kind, int) or isinstance(kind, bool):
+        raise RemoteProtocolError("queue name must be text and kind an integer")
+    return (owner, name, kind)
+
+
+def _matches(patterns: Iterable[str], key: QueueKey) -> bool:
+    label = key_label(key)
+    return any(fnmatch.fnmatchcase(label, pattern) for pattern in patterns)

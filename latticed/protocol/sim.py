@@ -1,0 +1,131 @@
+"""An in-process network of replication sessions: the protocol simulated without sockets or clocks.
+
+Each :class:`SimNode` is a host as the daemon is one (answering ``NeedDelta`` from its states, verifying
+and merging ``DeltaReceived``, telling its other sessions about what changed), only with in-memory states.
+:class:`SimNetwork` delivers messages in rounds, optionally dropping links (loss is modelled as a link
+dying, as on TCP: the session is torn down and reconnected later, which is what the daemon does).
+Used by the protocol tests and by ``bench/bench_gossip.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from latticed.crdt import queue as core
+from latticed.crdt.queue import QueueState
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.protocol.replication import (
+    DeltaReceived,
+    NeedDelta,
+    QueueKey,
+    ReplicationSession,
+)
+
+
+@dataclass
+class SimNode:
+    name: int
+    states: dict[QueueKey, QueueState] = field(default_factory=dict)
+    sessions: dict[int, ReplicationSession] = field(default_factory=dict)
+    bytes_received: int = 0
+    rejected: int = 0
+
+    def summaries(self) -> dict[QueueKey, core.Summary]:
+        return {k: s.summary() for k, s in self.states.items()}
+
+    def write(self, identity: Identity, name: str, records: list[Record], now_ms: int) -> None:
+        key = (identity.public_key, name, 0)
+        state = self.states.get(key) or core.empty_state(identity.public_key, name)
+        state = core.commit(state, identity, now_ms=now_ms, records=records)
+        self.states[key] = state
+        for session in self.sessions.values():
+            session.local_update(key, state.summary())
+
+    def process(self, peer: int) -> None:
+        """Handle every pending event of the session with ``peer``."""
+        session = self.sessions[peer]
+        while (event := session.next_event()) is not None:
+            if isinstance(event, NeedDelta):
+                state = self.states.get(event.key)
+                delta = None if state is None else core.delta(state, event.since, event.max_records)
+                session.provide_delta(event.key, delta)
+            elif isinstance(event, DeltaReceived):
+                owner, name, kind = event.key
+                before = self.states.get(event.key) or core.empty_state(owner, name, kind)
+                after = core.merge(before, event.delta)
+                changed = after.summary() != before.summary()
+                self.states[event.key] = after
+                session.delta_applied(event.seq, after.summary(), changed)
+                if changed:
+                    for other, other_session in self.sessions.items():
+                        if other != peer:
+                            other_session.local_update(event.key, after.summary())
+
+
+@dataclass
+class SimNetwork:
+    nodes: dict[int, SimNode] = field(default_factory=dict)
+    wires: dict[tuple[int, int], deque[bytes]] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=lambda: random.Random(1))
+    window: int = 8
+    max_records: int = 4096
+
+    def add(self, name: int) -> SimNode:
+        node = self.nodes[name] = SimNode(name)
+        return node
+
+    def connect(self, a: int, b: int) -> None:
+        for x, y in ((a, b), (b, a)):
+            session = ReplicationSession(window=self.window, max_records=self.max_records)
+            self.nodes[x].sessions[y] = session
+            self.wires[(x, y)] = deque()
+        for x, y in ((a, b), (b, a)):
+            self.nodes[x].sessions[y].start(self.nodes[x].summaries())
+            self._flush(x, y)
+
+    def disconnect(self, a: int, b: int) -> None:
+        for x, y in ((a, b), (b, a)):
+            self.nodes[x].sessions.pop(y, None)
+            self.wires.pop((x, y), None)
+
+    def _flush(self, x: int, y: int) -> None:
+        session = self.nodes[x].sessions.get(y)
+        if session is not None and (x, y) in self.wires:
+            self.wires[(x, y)].extend(session.messages_to_send())
+
+    def round(self) -> int:
+        """Deliver everything in flight once (one network hop); returns how many messages moved."""
+        in_flight = [(link, list(queue)) for link, queue in self.wires.items() if queue]
+        for link, _ in in_flight:
+            self.wires[link].clear()
+        moved = 0
+        for (x, y), messages in in_flight:
+            node = self.nodes[y]
+            session = node.sessions.get(x)
+            if session is None:
+                continue
+            for message in messages:
+                moved += 1
+                node.bytes_received += len(message)
+                session.receive_message(message)
+                node.process(x)
+        self.settle()
+        return moved
+
+    def settle(self) -> None:
+        """Let every host handle pending events (e.g. after a local write) and queue what they send."""
+        for x, node in self.nodes.items():
+            for y in node.sessions:
+                node.process(y)
+                self._flush(x, y)
+
+    def run_until_quiet(self, max_rounds: int = 10_000) -> int:
+        rounds = 0
+        self.settle()
+        while rounds < max_rounds and any(self.wires.values()):
+            self.round()
+            rounds += 1
+        return rounds

@@ -1,0 +1,250 @@
+"""The sans-IO replication session, driven pairwise and in small networks, with no sockets or clocks."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from latticed.crdt import queue as core
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.crdt.wire import delta_to_wire, pack
+from latticed.errors import IntegrityError, LatticedError, RemoteProtocolError
+from latticed.protocol.replication import (
+    DELTA,
+    HELLO,
+    PROTOCOL_VERSION,
+    DeltaReceived,
+    NeedDelta,
+    ReplicationSession,
+)
+from latticed.protocol.sim import SimNetwork
+
+ALICE = Identity.from_seed(b"a" * 32)
+MALLORY = Identity.from_seed(b"m" * 32)
+KEY = (ALICE.public_key, "q", 0)
+
+
+def records(n: int, tag: str = "r") -> list[Record]:
+    return [Record(value=f"{tag}{i}".encode()) for i in range(n)]
+
+
+def chain(n: int) -> SimNetwork:
+    net = SimNetwork()
+    for i in range(n):
+        net.add(i)
+    for i in range(n - 1):
+        net.connect(i, i + 1)
+    net.run_until_quiet()
+    return net
+
+
+def test_pair_converges_both_directions() -> None:
+    net = chain(2)
+    net.nodes[0].write(ALICE, "q", records(5), 1)
+    bob = Identity.from_seed(b"b" * 32)
+    net.nodes[1].write(bob, "p", records(3), 1)
+    net.run_until_quiet()
+    assert net.nodes[1].states[KEY] == net.nodes[0].states[KEY]
+    bob_key = (bob.public_key, "p", 0)
+    assert net.nodes[0].states[bob_key].held_end == 3
+
+
+def test_multi_hop_reaches_the_far_end_verified_at_every_hop() -> None:
+    net = chain(4)  # 0 - 1 - 2 - 3: 0 and 3 never meet
+    net.nodes[0].write(ALICE, "q", records(10), 1)
+    net.run_until_quiet()
+    assert all(net.nodes[i].states[KEY] == net.nodes[0].states[KEY] for i in range(4))
+
+
+def test_backlog_streams_in_chunks_within_the_window() -> None:
+    net = SimNetwork(window=2, max_records=100)
+    a, b = net.add(0), net.add(1)
+    for batch in range(30):
+        a.write(ALICE, "q", records(50, f"b{batch}-"), batch)
+    net.connect(0, 1)
+    max_inflight = 0
+    net.settle()
+    while any(net.wires.values()):
+        net.round()
+        max_inflight = max(max_inflight, a.sessions[1].inflight)
+    assert b.states[KEY] == a.states[KEY]
+    assert max_inflight <= 2
+    assert a.sessions[1].stats["deltas_sent"] >= 15  # 1500 records in chunks of <= 100
+
+
+def test_interrupted_transfer_resumes_where_it_stopped() -> None:
+    net = SimNetwork(window=1, max_records=100)
+    a, b = net.add(0), net.add(1)
+    for batch in range(10):
+        a.write(ALICE, "q", records(100, f"b{batch}-"), batch)
+    net.connect(0, 1)
+    for _ in range(6):
+        net.round()
+    partial = b.states[KEY].held_end
+    assert 0 < partial < 1000
+    net.disconnect(0, 1)
+    net.connect(0, 1)
+    sent_before = a.sessions[1].stats["deltas_sent"]
+    net.run_until_quiet()
+    assert b.states[KEY] == a.states[KEY]
+    # Resumed: only the missing chunks crossed the new link.
+    assert a.sessions[1].stats["deltas_sent"] - sent_before <= (1000 - partial) // 100 + 1
+
+
+def test_offline_node_catches_up_both_ways_on_reconnect() -> None:
+    net = chain(3)
+    net.disconnect(1, 2)  # node 2 is a laptop that went offline
+    net.nodes[0].write(ALICE, "q", records(20), 1)
+    bob = Identity.from_seed(b"b" * 32)
+    net.nodes[2].write(bob, "laptop", records(7), 2)
+    net.run_until_quiet()
+    assert KEY not in net.nodes[2].states
+    net.connect(1, 2)
+    net.run_until_quiet()
+    assert net.nodes[2].states[KEY].held_end == 20
+    assert net.nodes[0].states[(bob.public_key, "laptop", 0)].held_end == 7
+
+
+def test_duplicates_prune_redundant_links_to_lazy() -> None:
+    net = SimNetwork()
+    for i in range(3):
+        net.add(i)
+    for a, b in ((0, 1), (1, 2), (0, 2)):  # a triangle: one link is redundant
+        net.connect(a, b)
+    net.run_until_quiet()
+    for n in range(5):
+        net.nodes[0].write(ALICE, "q", records(10, f"w{n}-"), n)
+        net.run_until_quiet()
+    lazy = [
+        (x, y)
+        for x, node in net.nodes.items()
+        for y, session in node.sessions.items()
+        if KEY in session._links and not session._links[KEY].eager
+    ]
+    assert lazy, "some link should have been pruned to lazy"
+    assert all(node.states[KEY] == net.nodes[0].states[KEY] for node in net.nodes.values())
+
+
+def test_lazy_link_repairs_when_the_eager_parent_leaves() -> None:
+    net = SimNetwork()
+    for i in range(3):
+        net.add(i)
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        net.connect(a, b)
+    net.run_until_quiet()
+    for n in range(3):
+        net.nodes[0].write(ALICE, "q", records(5, f"w{n}-"), n)
+        net.run_until_quiet()
+    net.disconnect(0, 1)
+    net.disconnect(0, 2)
+    net.connect(0, 2)
+    net.nodes[0].write(ALICE, "q", records(5, "late"), 9)
+    net.run_until_quiet()
+    assert all(node.states[KEY] == net.nodes[0].states[KEY] for node in net.nodes.values())
+
+
+def _started_pair() -> tuple[ReplicationSession, ReplicationSession]:
+    a, b = ReplicationSession(), ReplicationSession()
+    a.start({})
+    b.start({})
+    for message in a.messages_to_send():
+        b.receive_message(message)
+    for message in b.messages_to_send():
+        a.receive_message(message)
+    return a, b
+
+
+def test_forged_delta_is_surfaced_for_verification_and_rejected() -> None:
+    state = core.commit(core.empty_state(ALICE.public_key, "q"), ALICE, now_ms=1, records=records(3))
+    forged = dataclasses.replace(core.delta(state), records=tuple(records(3, "evil")))
+    _, b = _started_pair()
+    b.receive_message(pack([DELTA, 1, delta_to_wire(forged)]))
+    events = [e for e in iter(b.next_event, None) if isinstance(e, DeltaReceived)]
+    assert len(events) == 1
+    with pytest.raises(IntegrityError):
+        core.merge(core.empty_state(ALICE.public_key, "q"), events[0].delta)
+
+
+def test_impersonating_an_owner_fails_verification() -> None:
+    fake = core.commit(core.empty_state(MALLORY.public_key, "q"), MALLORY, now_ms=1, records=records(1))
+    stolen_name = dataclasses.replace(core.delta(fake), owner=ALICE.public_key)
+    with pytest.raises(IntegrityError):
+        core.merge(core.empty_state(ALICE.public_key, "q"), stolen_name)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pack([HELLO, PROTOCOL_VERSION + 1, None]),
+        pack([DELTA, 1, [1, 2, 3]]),
+        pack(["x"]),
+        pack([99]),
+        pack([HELLO, PROTOCOL_VERSION, None]),  # a second HELLO
+        b"\xc1garbage",
+        pack([3, 1, b"o" * 32, "q", 0, [0, 0, 0, b"", -1, False]]),  # ACK for nothing sent
+    ],
+)
+def test_protocol_violations_raise_remote_protocol_error(message: bytes) -> None:
+    _, b = _started_pair()
+    with pytest.raises(RemoteProtocolError):
+        b.receive_message(message)
+
+
+def test_first_message_must_be_hello() -> None:
+    session = ReplicationSession()
+    session.start({})
+    with pytest.raises(RemoteProtocolError):
+        session.receive_message(pack([7, 1]))
+
+
+def test_window_is_enforced_on_the_receiver() -> None:
+    state = core.commit(core.empty_state(ALICE.public_key, "q"), ALICE, now_ms=1, records=records(1))
+    _, b = _started_pair()
+    wire = delta_to_wire(core.delta(state))
+    for seq in range(b.window):
+        b.receive_message(pack([DELTA, seq + 1, wire]))
+    with pytest.raises(RemoteProtocolError):
+        b.receive_message(pack([DELTA, 999, wire]))
+
+
+def test_subscription_limits_what_is_pushed() -> None:
+    a, b = ReplicationSession(), ReplicationSession(subscription=("*/wanted",))
+    state = core.commit(core.empty_state(ALICE.public_key, "other"), ALICE, now_ms=1, records=records(1))
+    a.start({(ALICE.public_key, "other", 0): state.summary()})
+    b.start({})
+    for message in b.messages_to_send():
+        a.receive_message(message)
+    assert not [e for e in iter(a.next_event, None) if isinstance(e, NeedDelta)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_decoder_fuzz_only_protocol_errors(data: bytes) -> None:
+    _, b = _started_pair()
+    with contextlib.suppress(LatticedError):
+        b.receive_message(data)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(-(2**63), 2**64 - 1),
+            st.binary(max_size=40),
+            st.text(max_size=5),
+            st.none(),
+            st.booleans(),
+        ),
+        max_size=7,
+    )
+)
+def test_structured_fuzz_only_protocol_errors(items: list[object]) -> None:
+    _, b = _started_pair()
+    for kind in range(9):
+        with contextlib.suppress(LatticedError):
+            b.receive_message(pack([kind, *items]))

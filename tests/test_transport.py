@@ -1,0 +1,438 @@
+"""The trio layer: handshake over memory streams and loopback TCP, error mapping, every failure end to end.
+
+No sleeps: tests synchronize on the streams themselves; the timeout test runs on trio's autojump clock.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from latticed.errors import (
+    ConnectionClosedError,
+    HandshakeError,
+    LatticedError,
+    LocalProtocolError,
+    MalformedError,
+    RemoteProtocolError,
+)
+from latticed.net.handshake import MSG2_SIZE, public_key_from_seed
+from latticed.net.transport import SecureStream, open_peer, secure_accept, secure_connect
+
+K = bytes(range(32))
+OTHER_K = bytes(range(1, 33))
+SEED_A, SEED_B, SEED_C = b"\x11" * 32, b"\x22" * 32, b"\x55" * 32
+PK_A, PK_B, PK_C = (public_key_from_seed(s) for s in (SEED_A, SEED_B, SEED_C))
+
+
+def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        trio.run(functools.partial(fn, *args, **kwargs))
+
+    return wrapper
+
+
+class TapStream(trio.abc.HalfCloseableStream):
+    """Wraps a stream: records every ``send_all`` and lets a test rewrite outgoing bytes."""
+
+    def __init__(self, inner: trio.abc.HalfCloseableStream) -> None:
+        self.inner = inner
+        self.sent: list[bytes] = []
+        self.hook: Callable[[bytes], bytes] | None = None
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        data = bytes(data)
+        if self.hook is not None:
+            data = self.hook(data)
+        self.sent.append(data)
+        if data:
+            await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return bytes(await self.inner.receive_some(max_bytes))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def connect_pair(
+    client_kw: dict[str, Any] | None = None, server_kw: dict[str, Any] | None = None
+) -> tuple[SecureStream, SecureStream, TapStream, TapStream]:
+    """Handshake over a memory stream pair; both sides' raw writes are tapped."""
+    left, right = trio.testing.memory_stream_pair()
+    client_tap, server_tap = TapStream(left), TapStream(right)
+    results: dict[str, SecureStream] = {}
+
+    async def client() -> None:
+        results["client"] = await secure_connect(
+            client_tap, **{"seed": SEED_A, "network_key": K, **(client_kw or {})}
+        )
+
+    async def server() -> None:
+        results["server"] = await secure_accept(
+            server_tap, **{"seed": SEED_B, "network_key": K, **(server_kw or {})}
+        )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client)
+        nursery.start_soon(server)
+    return results["client"], results["server"], client_tap, server_tap
+
+
+async def both_outcomes(
+    client_kw: dict[str, Any], server_kw: dict[str, Any]
+) -> tuple[BaseException | SecureStream, BaseException | SecureStream, TapStream, TapStream]:
+    """Run the handshake and return each side's stream or exception."""
+    left, right = trio.testing.memory_stream_pair()
+    client_tap, server_tap = TapStream(left), TapStream(right)
+    outcome: dict[str, BaseException | SecureStream] = {}
+
+    async def side(
+        name: str, fn: Callable[..., Awaitable[SecureStream]], stream: TapStream, **kw: Any
+    ) -> None:
+        try:
+            outcome[name] = await fn(stream, **kw)
+        except LatticedError as error:
+            outcome[name] = error
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(side, "client", secure_connect, client_tap, **client_kw))
+        nursery.start_soon(functools.partial(side, "server", secure_accept, server_tap, **server_kw))
+    return outcome["client"], outcome["server"], client_tap, server_tap
+
+
+# -- success -------------------------------------------------------------------------------------------
+
+
+@trio_test
+async def test_roundtrip_both_directions_and_graceful_close() -> None:
+    client, server, _, _ = await connect_pair()
+    assert client.remote_public_key == PK_B and server.remote_public_key == PK_A
+    assert client.handshake.session_id == server.handshake.session_id
+    await client.send(b"ping")
+    assert await server.receive() == b"ping"
+    await server.send(b"pong" * 10_000)
+    assert await client.receive() == b"pong" * 10_000
+    await client.send_eof()
+    assert await server.receive() is None
+    assert await server.receive() is None  # stays ended
+    await server.send(b"half-closed, still talking")
+    assert await client.receive() == b"half-closed, still talking"
+    await server.aclose()
+    assert await client.receive() is None
+    await client.aclose()
+    with pytest.raises(ConnectionClosedError, match="closed locally"):
+        await client.send(b"late")
+
+
+@trio_test
+async def test_concurrent_send_and_receive() -> None:
+    client, server, _, _ = await connect_pair()
+    count = 200
+
+    async def pump(sender: SecureStream, tag: bytes) -> None:
+        for i in range(count):
+            await sender.send(tag + i.to_bytes(4, "big"))
+        await sender.send_eof()
+
+    async def collect(receiver: SecureStream, tag: bytes) -> None:
+        got = []
+        while (message := await receiver.receive()) is not None:
+            got.append(message)
+        assert got == [tag + i.to_bytes(4, "big") for i in range(count)]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pump, client, b"c")
+        nursery.start_soon(pump, server, b"s")
+        nursery.start_soon(collect, server, b"c")
+        nursery.start_soon(collect, client, b"s")
+    await client.aclose()
+    await server.aclose()
+
+
+@trio_test
+async def test_allow_lists_accept() -> None:
+    client, server, _, _ = await connect_pair({"allowed": {PK_B}}, {"allowed": lambda pk: pk == PK_A})
+    await client.send(b"ok")
+    assert await server.receive() == b"ok"
+
+
+@trio_test
+async def test_loopback_tcp() -> None:
+    received: list[bytes] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        secure = await secure_accept(stream, seed=SEED_B, network_key=K, allowed={PK_A})
+        while (message := await secure.receive()) is not None:
+            received.append(message)
+            await secure.send(message.upper())
+        await secure.send_eof()
+        await secure.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        peer = await open_peer("127.0.0.1", port, seed=SEED_A, public_key=PK_A, network_key=K, allowed={PK_B})
+        assert peer.remote_public_key == PK_B
+        for message in (b"hello", b"x" * 200_000, b""):
+            await peer.send(message)
+            assert await peer.receive() == message.upper()
+        await peer.send_eof()
+        assert await peer.receive() is None
+        await peer.aclose()
+        nursery.cancel_scope.cancel()
+    assert received == [b"hello", b"x" * 200_000, b""]
+
+
+@trio_test
+async def test_loopback_tcp_wrong_network_key() -> None:
+    server_errors: list[BaseException] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        try:
+            await secure_accept(stream, seed=SEED_B, network_key=K)
+        except HandshakeError as error:
+            server_errors.append(error)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        with pytest.raises(HandshakeError, match="hung up during the handshake"):
+            await open_peer("127.0.0.1", port, seed=SEED_A, network_key=OTHER_K)
+        nursery.cancel_scope.cancel()
+    assert len(server_errors) == 1 and "network key" in str(server_errors[0])
+
+
+@trio_test
+async def test_open_peer_connection_refused() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ConnectionClosedError, match="cannot connect"):
+        await open_peer("127.0.0.1", port, seed=SEED_A, network_key=K)
+
+
+# -- handshake failures --------------------------------------------------------------------------------
+
+
+@trio_test
+async def test_wrong_network_key_both_fail_and_responder_reveals_nothing() -> None:
+    client, server, _, server_tap = await both_outcomes(
+        {"seed": SEED_A, "network_key": OTHER_K}, {"seed": SEED_B, "network_key": K}
+    )
+    assert isinstance(client, HandshakeError)
+    assert isinstance(server, HandshakeError) and "network key" in str(server)
+    assert b"".join(server_tap.sent) == b""  # not a single byte, let alone an identity
+
+
+@trio_test
+async def test_unlisted_initiator_is_dropped_before_responder_reveals_itself() -> None:
+    client, server, client_tap, server_tap = await both_outcomes(
+        {"seed": SEED_A, "network_key": K}, {"seed": SEED_B, "network_key": K, "allowed": {PK_C}}
+    )
+    assert isinstance(server, HandshakeError) and PK_A.hex() in str(server)
+    assert isinstance(client, HandshakeError)
+    sent = b"".join(server_tap.sent)
+    assert len(sent) == MSG2_SIZE and PK_B not in sent
+    assert PK_A not in b"".join(client_tap.sent)  # the initiator's identity went encrypted
+
+
+@trio_test
+async def test_initiator_rejects_unlisted_responder() -> None:
+    client, server, _, _ = await both_outcomes(
+        {"seed": SEED_A, "network_key": K, "allowed": {PK_C}}, {"seed": SEED_B, "network_key": K}
+    )
+    assert isinstance(client, HandshakeError) and PK_B.hex() in str(client)
+    # The responder finished its side; it then sees the initiator vanish without a final frame.
+    assert isinstance(server, SecureStream)
+    with pytest.raises(ConnectionClosedError, match="cut off"):
+        await server.receive()
+
+
+@pytest.mark.parametrize("offset", [0, 40, 63, 64 + 5, 64 + 111])
+@trio_test
+async def test_tampered_handshake_in_flight(offset: int) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    client_tap = TapStream(left)
+    position = [0]
+
+    def flip(data: bytes) -> bytes:
+        start = position[0]
+        position[0] += len(data)
+        if start <= offset < start + len(data):
+            i = offset - start
+            data = data[:i] + bytes([data[i] ^ 1]) + data[i + 1 :]
+        return data
+
+    client_tap.hook = flip
+    outcome: list[BaseException] = []
+
+    async def side(fn: Callable[[], Awaitable[SecureStream]]) -> None:
+        try:
+            await fn()
+        except LatticedError as error:
+            outcome.append(error)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(side, functools.partial(secure_connect, client_tap, seed=SEED_A, network_key=K))
+        nursery.start_soon(side, functools.partial(secure_accept, right, seed=SEED_B, network_key=K))
+    assert len(outcome) == 2 and all(isinstance(e, HandshakeError) for e in outcome)
+
+
+@trio_test
+async def test_garbage_instead_of_handshake() -> None:
+    left, right = trio.testing.memory_stream_pair()
+
+    async def send_garbage() -> None:
+        await left.send_all(b"GET / HTTP/1.1\r\nHost: example.org\r\n\r\n" * 3)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_garbage)
+        with pytest.raises(HandshakeError):
+            await secure_accept(right, seed=SEED_B, network_key=K)
+    # The stream was closed on failure.
+    with pytest.raises(trio.BrokenResourceError):
+        await left.send_all(b"more")
+
+
+@trio_test
+async def test_short_garbage_then_hang_up() -> None:
+    left, right = trio.testing.memory_stream_pair()
+    await left.send_all(b"hi")
+    await left.aclose()
+    with pytest.raises(HandshakeError, match="hung up"):
+        await secure_accept(right, seed=SEED_B, network_key=K)
+
+
+def test_handshake_timeout() -> None:
+    async def main() -> None:
+        left, right = trio.testing.memory_stream_pair()
+        start = trio.current_time()
+        with pytest.raises(ConnectionClosedError, match="not completed within 5"):
+            await secure_connect(left, seed=SEED_A, network_key=K, timeout=5)
+        assert trio.current_time() - start == pytest.approx(5)
+        assert await right.receive_some() != b""  # msg1 went out before the silence
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@trio_test
+async def test_bad_local_arguments_close_the_stream() -> None:
+    left, right = trio.testing.memory_stream_pair()
+    with pytest.raises(MalformedError):
+        await secure_connect(left, seed=b"short", network_key=K)
+    assert await right.receive_some() == b""
+
+
+# -- failures after the handshake ----------------------------------------------------------------------
+
+
+@trio_test
+async def test_tampered_frame() -> None:
+    client, server, client_tap, _ = await connect_pair()
+    client_tap.hook = lambda data: data[:-1] + bytes([data[-1] ^ 1])
+    await client.send(b"transfer 10 coins")
+    with pytest.raises(RemoteProtocolError, match="failed authentication"):
+        await server.receive()
+    with pytest.raises(RemoteProtocolError, match="already failed"):
+        await server.receive()
+
+
+@trio_test
+async def test_replayed_frame() -> None:
+    client, server, client_tap, _ = await connect_pair()
+    await client.send(b"transfer 10 coins")
+    assert await server.receive() == b"transfer 10 coins"
+    await client_tap.inner.send_all(client_tap.sent[-1])  # the attacker re-sends the recorded frame
+    with pytest.raises(RemoteProtocolError, match="failed authentication"):
+        await server.receive()
+
+
+@trio_test
+async def test_reordered_frames() -> None:
+    client, server, client_tap, _ = await connect_pair()
+    held: list[bytes] = []
+
+    def swap(data: bytes) -> bytes:
+        if not held:
+            held.append(data)
+            return b""
+        return data + held.pop()
+
+    client_tap.hook = swap
+    await client.send(b"first")
+    await client.send(b"second")
+    with pytest.raises(RemoteProtocolError):
+        await server.receive()
+
+
+@trio_test
+async def test_cut_off_stream_is_not_a_clean_end() -> None:
+    client, server, client_tap, _ = await connect_pair()
+    await client.send(b"partial work")
+    await client_tap.inner.aclose()  # the connection dies: no final frame
+    assert await server.receive() == b"partial work"
+    with pytest.raises(ConnectionClosedError, match="cut off"):
+        await server.receive()
+
+
+@trio_test
+async def test_cut_off_inside_a_frame() -> None:
+    client, server, client_tap, _ = await connect_pair()
+    client_tap.hook = lambda data: data[: len(data) // 2]
+    await client.send(b"x" * 1000)
+    await client_tap.inner.aclose()
+    with pytest.raises(ConnectionClosedError, match="cut off"):
+        await server.receive()
+
+
+@trio_test
+async def test_oversized_frame() -> None:
+    client, server, _, _ = await connect_pair({"max_message_size": 5000}, {"max_message_size": 1000})
+    with pytest.raises(LocalProtocolError):
+        await server.send(b"x" * 1001)
+    await client.send(b"x" * 1001)
+    with pytest.raises(RemoteProtocolError, match="exceeds the limit"):
+        await server.receive()
+
+
+@trio_test
+async def test_garbage_after_handshake() -> None:
+    _, server, client_tap, _ = await connect_pair()
+    await client_tap.inner.send_all(b"\x00\x00\x00\x20" + bytes(32))
+    with pytest.raises(RemoteProtocolError):
+        await server.receive()
+
+
+@trio_test
+async def test_peer_gone_on_send() -> None:
+    client, _, _, server_tap = await connect_pair()
+    await server_tap.inner.aclose()
+    with pytest.raises(ConnectionClosedError):
+        for _ in range(3):  # memory streams may accept a write before noticing
+            await client.send(b"anyone there?")
+    with pytest.raises(ConnectionClosedError):
+        await client.send(b"still?")
+
+
+@trio_test
+async def test_aclose_sends_final_frame() -> None:
+    client, server, _, _ = await connect_pair()
+    await client.send(b"last words")
+    await client.aclose()
+    await client.aclose()  # idempotent
+    assert await server.receive() == b"last words"
+    assert await server.receive() is None
