@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Self
 
 from latticed.crdt import queue as core
-from latticed.crdt.errors import NotOwnerError
+from latticed.crdt.errors import GapError, MalformedError, NotOwnerError
 from latticed.crdt.forks import ForkProof
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record, make_record
@@ -35,8 +35,8 @@ class LatticeQueue:
         self._clock = clock
         self._pending: list[Record] = []
         self._parent: LatticeQueue | None = None
-        self._parent_version_at_fork: int | None = None
-        self._base_end_at_fork = 0
+        #: The parent's state when this fork was made (or last synced): what "the parent moved" is against.
+        self._base: QueueState | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -45,8 +45,13 @@ class LatticeQueue:
 
     @classmethod
     def replica(cls, state: QueueState, clock: Clock = wall_clock_ms) -> Self:
-        """A read-and-merge view of a queue whose key we do not hold."""
-        return cls(state, None, clock)
+        """A read-and-merge view of a queue whose key we do not hold.
+
+        ``state`` is foreign, so it is verified (merged into an empty replica), like any other merge."""
+        if not isinstance(state, QueueState):
+            raise MalformedError(f"not a queue state: {type(state).__name__}")
+        empty = core.empty_state(state.owner, state.name, state.kind)
+        return cls(core.merge(empty, state), None, clock)
 
     @classmethod
     def empty_replica(cls, owner: bytes, name: str, clock: Clock = wall_clock_ms) -> Self:
@@ -76,6 +81,10 @@ class LatticeQueue:
     def offer(self, value: bytes | str, key: bytes | str | None = None, headers: HeadersArg = None) -> int:
         """Append a record (CAD040's three forms by keyword) and return its absolute offset."""
         self._require_owner("offer")
+        if not self._state.complete:
+            # Buffering would hand out offsets the owner already assigned, and the commit would then fail
+            # and lose the record: refuse now, before anything is promised.
+            raise GapError("owner state is missing records (merge the rest first); it cannot offer")
         record = make_record(value, key=key, headers=headers, timestamp=self._clock())
         self._pending.append(record)
         return self._state.held_end + len(self._pending) - 1
@@ -100,6 +109,8 @@ class LatticeQueue:
     def truncate(self, new_start: int) -> None:
         """Advance the start offset (monotone; ``<= start`` is a no-op; may jump past the end)."""
         identity = self._require_owner("truncate")
+        if type(new_start) is not int:
+            raise MalformedError(f"an offset is an integer, not {type(new_start).__name__}")
         self.commit()
         if new_start > self._state.start:
             self._state = core.commit(self._state, identity, now_ms=self._clock(), new_start=new_start)
@@ -197,42 +208,41 @@ class LatticeQueue:
         state = self.commit()
         child = LatticeQueue(state, self._identity, self._clock)
         child._parent = self
-        child._parent_version_at_fork = state.version
-        child._base_end_at_fork = state.held_end
+        child._base = state
         return child
 
     def sync(self) -> None:
         """Merge this fork back into its parent.
 
-        If the parent did not move since the fork, it adopts the fork's state wholesale. Otherwise: for a
-        replica the two states join; for an owned queue the fork's new records are re-offered on the
-        parent (new offsets) and its truncation and metadata re-applied, because signing two histories
-        with one key would be an equivocation.
+        If the parent's value did not change since the fork, it adopts the fork's state wholesale.
+        Otherwise: for a replica the two states join; for an owned queue the fork's changes since the fork
+        are re-applied on the parent, because signing two histories with one key would be an
+        equivocation: its new records are re-offered (new offsets), its truncation is applied to the
+        records it shared with the parent (a skip past the end is not replayed: the parent has assigned
+        those offsets), and the metadata keys it set or deleted are set or deleted.
         """
-        parent = self._parent
-        if parent is None:
+        parent, base = self._parent, self._base
+        if parent is None or base is None:
             raise NotOwnerError("sync() is for queues made by fork()")
         state = self.commit()
         parent_state = parent.commit()
-        if parent_state.version == self._parent_version_at_fork:
+        if parent_state == base:
             parent._state = state
         elif self._identity is None:
             parent._state = core.merge(parent_state, state)
         else:
-            identity = self._identity
-            new_records = state.entries.records(max(self._base_end_at_fork - state.start, 0))
-            start = state.start if state.start > parent_state.start else None
-            updates: dict[str, str | None] = {
-                k: v for k, v in state.meta if parent_state.meta_dict.get(k) != v
-            }
-            parent._state = core.commit(
-                parent_state,
-                identity,
-                now_ms=self._clock(),
-                records=new_records,
-                new_start=start,
-                meta_updates=updates,
-            )
-        self._parent_version_at_fork = parent._state.version
-        self._base_end_at_fork = parent._state.held_end
-        self._state = parent._state
+            shared_end = base.held_end
+            new_records = state.entries.records(max(shared_end - state.start, 0))
+            new_start = min(state.start, shared_end)
+            before, after = base.meta_dict, state.meta_dict
+            updates = {k: after.get(k) for k in before.keys() | after.keys() if after.get(k) != before.get(k)}
+            if new_records or new_start > parent_state.start or updates:
+                parent._state = core.commit(
+                    parent_state,
+                    self._identity,
+                    now_ms=self._clock(),
+                    records=new_records,
+                    new_start=new_start,
+                    meta_updates=updates,
+                )
+        self._base = self._state = parent._state

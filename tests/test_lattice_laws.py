@@ -185,3 +185,19 @@ def test_kv_view_join_laws(a_ops: list[kvcore.Op], b_ops: list[kvcore.Op], c_ops
 def test_kv_hlc_never_goes_back() -> None:
     values = list(itertools.accumulate([5, 3, 3, 9], kvcore.hlc_next, initial=0))
     assert values == sorted(values) and len(set(values)) == len(values)
+
+
+def test_big_batches_get_intermediate_heads_and_byte_bounded_chunks() -> None:
+    big = [Record(value=bytes(1000)) for _ in range(50)]
+    state = core.commit(
+        core.empty_state(OWNER.public_key, "big"), OWNER, now_ms=1, records=big, checkpoint_bytes=10_000
+    )
+    assert len(state.checkpoints) == 5
+    replica = core.empty_state(OWNER.public_key, "big")
+    chunks = 0
+    while replica.held_end < state.held_end:
+        d = core.delta(state, replica.summary(), max_bytes=25_000)
+        assert sum(len(r.value) for r in d.records) <= 25_000
+        replica = core.merge(replica, d)
+        chunks += 1
+    assert replica == state and chunks == 3

@@ -240,6 +240,11 @@ def empty_state(owner: bytes, name: str, kind: int = KIND_QUEUE) -> QueueState:
 # ---------------------------------------------------------------------------------------------- owner ops
 
 
+#: The owner signs a head at least every this many payload bytes, so catch-up chunks (which end at signed
+#: heads) stay small enough for bounded frames even when one batch is huge.
+CHECKPOINT_BYTES = 1 << 20
+
+
 def commit(
     state: QueueState,
     identity: Identity,
@@ -248,8 +253,36 @@ def commit(
     records: Sequence[Record] = (),
     new_start: int | None = None,
     meta_updates: Mapping[str, str | None] | None = None,
+    checkpoint_bytes: int = CHECKPOINT_BYTES,
 ) -> QueueState:
-    """Apply the owner's changes and sign one head over all of them (one signature per batch)."""
+    """Apply the owner's changes and sign one head over them (one signature per batch; a batch larger
+    than ``checkpoint_bytes`` gets a signed head per slice of that size)."""
+    first = 0
+    size = 0
+    for index, record in enumerate(records):
+        size += len(record.value) + (len(record.key) if record.key else 0)
+        if size >= checkpoint_bytes and index + 1 < len(records):
+            state = _commit_once(state, identity, now_ms=now_ms, records=records[first : index + 1])
+            first, size = index + 1, 0
+    return _commit_once(
+        state,
+        identity,
+        now_ms=now_ms,
+        records=records[first:],
+        new_start=new_start,
+        meta_updates=meta_updates,
+    )
+
+
+def _commit_once(
+    state: QueueState,
+    identity: Identity,
+    *,
+    now_ms: int,
+    records: Sequence[Record] = (),
+    new_start: int | None = None,
+    meta_updates: Mapping[str, str | None] | None = None,
+) -> QueueState:
     if identity.public_key != state.owner:
         raise NotOwnerError(f"not the owner of {state.owner.hex()}/{state.name}")
     if not state.complete:
@@ -327,11 +360,17 @@ def commit(
 # ------------------------------------------------------------------------------------------------ deltas
 
 
-def delta(state: QueueState, since: Summary | None = None, max_records: int | None = None) -> QueueDelta:
+def delta(
+    state: QueueState,
+    since: Summary | None = None,
+    max_records: int | None = None,
+    max_bytes: int | None = None,
+) -> QueueDelta:
     """What a replica summarised by ``since`` lacks, as one verifiable piece.
 
-    With ``max_records`` the piece ends at a signed checkpoint near that size, so a long backlog streams in
-    chunks that each verify and can be stored on their own; call again with the new summary to resume.
+    With ``max_records`` / ``max_bytes`` the piece ends at a signed checkpoint within those bounds (or the
+    first one, if even that is larger), so a long backlog streams in chunks that each verify and can be
+    stored on their own; call again with the new summary to resume.
     """
     head = state.head
     if head is None:
@@ -354,6 +393,11 @@ def delta(state: QueueState, since: Summary | None = None, max_records: int | No
     checkpoints: tuple[SignedHead, ...] = ()
     if end > from_offset:
         records = tuple(state.entries.records(from_offset - state.start, end - state.start))
+        if max_bytes is not None:
+            cut = _checkpoint_within_bytes(state, from_offset, end, records, max_bytes)
+            if cut is not None:
+                tip, end = cut, cut.end
+                records = records[: end - from_offset]
         checkpoints = tuple(c for c in state.checkpoints if from_offset < c.end <= end and c != tip)
     else:
         tip = None
@@ -370,6 +414,26 @@ def delta(state: QueueState, since: Summary | None = None, max_records: int | No
         checkpoints=checkpoints,
         fork=state.fork,
     )
+
+
+def _checkpoint_within_bytes(
+    state: QueueState, from_offset: int, end: int, records: Sequence[Record], max_bytes: int
+) -> SignedHead | None:
+    """The last checkpoint before ``end`` whose records fit in ``max_bytes`` (None: keep ``end``)."""
+    total = 0
+    limit_offset = end
+    for index, record in enumerate(records):
+        total += len(record.value) + (len(record.key) if record.key else 0)
+        if total > max_bytes:
+            limit_offset = from_offset + index
+            break
+    else:
+        return None
+    best: SignedHead | None = None
+    for checkpoint in state.checkpoints:
+        if from_offset < checkpoint.end <= limit_offset and checkpoint.end < end:
+            best = checkpoint
+    return best
 
 
 def _checkpoint_for_chunk(state: QueueState, from_offset: int, max_records: int) -> SignedHead | None:

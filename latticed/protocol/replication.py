@@ -341,6 +341,10 @@ class ReplicationSession:
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
 
+    def has_work(self) -> bool:
+        """Whether events or messages are waiting (the host's driver sleeps only when this is False)."""
+        return bool(self._events or self._outbox)
+
     def messages_to_send(self) -> list[bytes]:
         out, self._outbox = self._outbox, []
         return out

@@ -1,0 +1,241 @@
+"""The trio shell around :class:`~latticed.protocol.replication.ReplicationSession`: one task group per
+peer that moves bytes between a :class:`SecureStream` and the session, answers the session's events from
+the :class:`ReplicaHost` (the daemon's store), and owns the timeouts.
+
+Errors stop at the per-peer boundary: a protocol or integrity failure closes that one peer, is logged with
+its identity and counted; the daemon and every other peer carry on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from latticed.crdt.queue import QueueDelta, Summary
+from latticed.errors import ConnectionClosedError, IntegrityError, LatticedError, ProtocolError
+from latticed.logs import get_logger, log_event
+from latticed.net.transport import SecureStream
+from latticed.protocol.replication import (
+    DeltaReceived,
+    NeedDelta,
+    QueueKey,
+    ReplicationSession,
+    key_label,
+)
+
+log = get_logger(__name__)
+
+PING_INTERVAL_S = 5.0
+PEER_TIMEOUT_S = 20.0
+
+
+class ReplicaHost(Protocol):
+    """What replication needs from the daemon: summaries, deltas, and verified merges."""
+
+    def summaries(self) -> Mapping[QueueKey, Summary]: ...
+
+    async def delta_for(
+        self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
+    ) -> QueueDelta | None: ...
+
+    async def merge_delta(self, delta: QueueDelta, peer: bytes) -> tuple[Summary, bool]:
+        """Verify, merge and durably store; returns (new summary, whether anything changed)."""
+        ...
+
+
+@dataclass(slots=True)
+class PeerLink:
+    """A connected peer, as ``latticectl peers`` shows it."""
+
+    public_key: bytes
+    address: str
+    via: str
+    session: ReplicationSession
+    wakeup: trio.Event = field(default_factory=trio.Event)
+    last_heard: float = 0.0
+    connected_at: float = 0.0
+
+    def kick(self) -> None:
+        self.wakeup.set()
+
+
+@dataclass
+class Gossip:
+    """All replication links of one daemon."""
+
+    host: ReplicaHost
+    local_public_key: bytes
+    subscription: tuple[str, ...] | None = None
+    window: int = 8
+    max_records: int = 4096
+    max_message_bytes: int = 1 << 20
+    on_peer_change: Callable[[], None] | None = None
+    links: dict[bytes, PeerLink] = field(default_factory=dict)
+    counters: dict[str, int] = field(
+        default_factory=lambda: {"rejected_deltas": 0, "protocol_errors": 0, "deltas_in": 0, "deltas_out": 0}
+    )
+    _nonces: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    # ------------------------------------------------------------------ the daemon calls these
+    def local_change(self, key: QueueKey, summary: Summary, source: bytes | None = None) -> None:
+        """A queue changed here (own write, or merged from ``source``): tell every other peer."""
+        for public_key, link in self.links.items():
+            if public_key != source:
+                link.session.local_update(key, summary)
+                link.kick()
+
+    def is_connected(self, public_key: bytes) -> bool:
+        return public_key in self.links
+
+    def peer_lag(self) -> dict[str, dict[str, int]]:
+        """Per peer, per queue: how many records the peer is behind us (negative: ahead)."""
+        local = self.host.summaries()
+        out: dict[str, dict[str, int]] = {}
+        for public_key, link in self.links.items():
+            lags = {}
+            for key, theirs in link.session.peer_summaries().items():
+                ours = local.get(key)
+                if ours is not None:
+                    lags[key_label(key)] = ours.held_end - theirs.held_end
+            out[public_key.hex()] = lags
+        return out
+
+    # ------------------------------------------------------------------ one peer
+    async def run_peer(self, stream: SecureStream, address: str, via: str) -> None:
+        """Replicate with one authenticated peer until either side goes away or breaks the protocol."""
+        peer = stream.remote_public_key
+        peer_hex = peer.hex()
+        if peer == self.local_public_key:
+            log_event(log, "peer.self", address=address)
+            await stream.aclose()
+            return
+        if peer in self.links:
+            # Both sides dialled: keep the connection opened by the smaller key, so both pick the same one.
+            initiator_is_us = via != "incoming"
+            keep_new = (self.local_public_key < peer) == initiator_is_us
+            if not keep_new:
+                log_event(log, "peer.duplicate", peer=peer_hex, address=address)
+                await stream.aclose()
+                return
+        session = ReplicationSession(
+            subscription=self.subscription,
+            window=self.window,
+            max_records=self.max_records,
+            max_message_bytes=self.max_message_bytes,
+        )
+        now = trio.current_time()
+        link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
+        old = self.links.get(peer)
+        self.links[peer] = link
+        if old is not None:
+            old.kick()
+        self._changed()
+        log_event(log, "peer.connected", peer=peer_hex, address=address, via=via)
+        session.start(self.host.summaries())
+        reason = "closed"
+        try:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._reader, stream, link, nursery.cancel_scope)
+                    nursery.start_soon(self._driver, stream, link, nursery.cancel_scope)
+                    nursery.start_soon(self._pinger, link, nursery.cancel_scope)
+            except BaseExceptionGroup as group:
+                raise _first_error(group) from group
+        except IntegrityError as exc:
+            self.counters["rejected_deltas"] += 1
+            reason = f"integrity: {exc}"
+            log_event(log, "peer.rejected", level=logging.WARNING, peer=peer_hex, reason=str(exc))
+        except ProtocolError as exc:
+            self.counters["protocol_errors"] += 1
+            reason = f"protocol: {exc}"
+            log_event(log, "peer.protocol_error", level=logging.WARNING, peer=peer_hex, reason=str(exc))
+        except ConnectionClosedError as exc:
+            reason = str(exc)
+        except LatticedError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            log_event(log, "peer.error", level=logging.WARNING, peer=peer_hex, reason=str(exc))
+        except Exception as exc:
+            # A bug on our side must not take the daemon down with one peer: log it loudly, drop the peer.
+            reason = f"internal error: {type(exc).__name__}"
+            log_event(log, "peer.internal_error", level=logging.ERROR, exc_info=exc, peer=peer_hex)
+        finally:
+            if self.links.get(peer) is link:
+                del self.links[peer]
+                self._changed()
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+            log_event(log, "peer.disconnected", peer=peer_hex, address=address, reason=reason)
+
+    async def _reader(self, stream: SecureStream, link: PeerLink, scope: trio.CancelScope) -> None:
+        while True:
+            message = await stream.receive()
+            if message is None:
+                scope.cancel()
+                return
+            link.last_heard = trio.current_time()
+            link.session.receive_message(message)
+            link.kick()
+
+    async def _driver(self, stream: SecureStream, link: PeerLink, scope: trio.CancelScope) -> None:
+        """Answer the session's events and send what it queued; sleeps until kicked (no polling)."""
+        session = link.session
+        while True:
+            if self.links.get(link.public_key) is not link:
+                scope.cancel()  # a newer connection to the same peer replaced this one
+                return
+            link.wakeup = trio.Event()  # reset first: a kick while we work is not lost
+            while (event := session.next_event()) is not None:
+                if isinstance(event, NeedDelta):
+                    delta = await self.host.delta_for(
+                        event.key, event.since, event.max_records, self.max_message_bytes // 2
+                    )
+                    session.provide_delta(event.key, delta)
+                    if delta is not None:
+                        self.counters["deltas_out"] += 1
+                elif isinstance(event, DeltaReceived):
+                    summary, changed = await self.host.merge_delta(event.delta, link.public_key)
+                    self.counters["deltas_in"] += 1
+                    session.delta_applied(event.seq, summary, changed)
+                    if changed:
+                        self.local_change(event.key, summary, source=link.public_key)
+                for message in session.messages_to_send():
+                    await stream.send(message)
+            for message in session.messages_to_send():
+                await stream.send(message)
+            if not session.has_work():
+                await link.wakeup.wait()
+
+    async def _pinger(self, link: PeerLink, scope: trio.CancelScope) -> None:
+        while True:
+            await trio.sleep(PING_INTERVAL_S)
+            if trio.current_time() - link.last_heard > PEER_TIMEOUT_S:
+                raise ConnectionClosedError(f"peer silent for over {PEER_TIMEOUT_S:.0f} s")
+            link.session.ping(next(self._nonces))
+            link.kick()
+
+    def _changed(self) -> None:
+        if self.on_peer_change is not None:
+            self.on_peer_change()
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error that ended a peer's task group (the others are usually its cancellations)."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for leaf in leaves:
+        if not isinstance(leaf, trio.Cancelled):
+            return leaf
+    return leaves[0]

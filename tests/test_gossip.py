@@ -1,0 +1,130 @@
+"""The trio gossip shell over real secure streams (in memory), with in-memory replica hosts."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import trio
+import trio.testing
+
+from latticed.crdt import queue as core
+from latticed.crdt.queue import QueueDelta, QueueState, Summary
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.net.gossip import Gossip
+from latticed.net.transport import secure_accept, secure_connect
+from latticed.netkey import DEFAULT_NETWORK_KEY
+from latticed.protocol.replication import QueueKey
+
+ALICE = Identity.from_seed(b"a" * 32)
+
+
+class MemoryHost:
+    def __init__(self) -> None:
+        self.states: dict[QueueKey, QueueState] = {}
+        self.changed = trio.Event()
+        self.gossip: Gossip | None = None
+        self.forge = False
+
+    def summaries(self) -> Mapping[QueueKey, Summary]:
+        return {k: s.summary() for k, s in self.states.items()}
+
+    async def delta_for(
+        self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
+    ) -> QueueDelta | None:
+        state = self.states.get(key)
+        if state is None:
+            return None
+        delta = core.delta(state, since, max_records, max_bytes)
+        if self.forge and delta.records:
+            delta = dataclasses.replace(delta, records=(Record(value=b"forged"), *delta.records[1:]))
+        return delta
+
+    async def merge_delta(self, delta: QueueDelta, peer: bytes) -> tuple[Summary, bool]:
+        key = (delta.owner, delta.name, delta.kind)
+        before = self.states.get(key) or core.empty_state(*key)
+        after = core.merge(before, delta)
+        self.states[key] = after
+        self.changed.set()
+        self.changed = trio.Event()
+        return after.summary(), after.summary() != before.summary()
+
+    def write(self, n: int) -> None:
+        key = (ALICE.public_key, "q", 0)
+        state = self.states.get(key) or core.empty_state(ALICE.public_key, "q")
+        state = core.commit(state, ALICE, now_ms=1, records=[Record(value=b"%d" % i) for i in range(n)])
+        self.states[key] = state
+        assert self.gossip is not None
+        self.gossip.local_change(key, state.summary())
+
+
+def make(seed: bytes) -> tuple[Identity, MemoryHost, Gossip]:
+    identity = Identity.from_seed(seed)
+    host = MemoryHost()
+    gossip = Gossip(host, identity.public_key)
+    host.gossip = gossip
+    return identity, host, gossip
+
+
+async def link(
+    nursery: trio.Nursery, a: tuple[Identity, MemoryHost, Gossip], b: tuple[Identity, MemoryHost, Gossip]
+) -> None:
+    left, right = trio.testing.memory_stream_pair()
+
+    async def dial() -> None:
+        stream = await secure_connect(left, seed=a[0].seed, network_key=DEFAULT_NETWORK_KEY)
+        await a[2].run_peer(stream, "mem", "static")
+
+    async def accept() -> None:
+        stream = await secure_accept(right, seed=b[0].seed, network_key=DEFAULT_NETWORK_KEY)
+        await b[2].run_peer(stream, "mem", "incoming")
+
+    nursery.start_soon(dial)
+    nursery.start_soon(accept)
+
+
+async def wait_for(host: MemoryHost, end: int) -> None:
+    key = (ALICE.public_key, "q", 0)
+    with trio.fail_after(10):
+        while key not in host.states or host.states[key].held_end < end:
+            await host.changed.wait()
+
+
+async def test_two_daemons_converge_over_secure_streams() -> None:
+    a, b = make(b"1" * 32), make(b"2" * 32)
+    a[1].write(3)
+    async with trio.open_nursery() as nursery:
+        await link(nursery, a, b)
+        await wait_for(b[1], 3)
+        a[1].write(2)  # live push after the initial sync
+        await wait_for(b[1], 5)
+        nursery.cancel_scope.cancel()
+    key = (ALICE.public_key, "q", 0)
+    assert b[1].states[key] == a[1].states[key]
+
+
+async def test_three_hops_relay_verified_records() -> None:
+    a, b, c = make(b"1" * 32), make(b"2" * 32), make(b"3" * 32)
+    async with trio.open_nursery() as nursery:
+        await link(nursery, a, b)
+        await link(nursery, b, c)
+        a[1].write(4)
+        await wait_for(c[1], 4)
+        nursery.cancel_scope.cancel()
+
+
+async def test_forging_peer_is_disconnected_and_nothing_is_stored() -> None:
+    honest, liar = make(b"1" * 32), make(b"6" * 32)
+    liar[1].write(3)
+    liar[1].forge = True
+    dropped = trio.Event()
+    honest[2].on_peer_change = lambda: None if honest[2].links else dropped.set()
+    async with trio.open_nursery() as nursery:
+        await link(nursery, liar, honest)
+        with trio.fail_after(10):
+            await dropped.wait()
+        nursery.cancel_scope.cancel()
+    assert honest[2].counters["rejected_deltas"] == 1
+    assert (ALICE.public_key, "q", 0) not in honest[1].states
+    assert liar[0].public_key not in honest[2].links
