@@ -56,6 +56,14 @@ def _opt_head(raw: Any) -> SignedHead | None:
     return None if raw is None else _head(raw)
 
 
+def _tip(raw: Any, head_raw: Any) -> SignedHead | None:
+    if raw is True:
+        if head_raw is None:
+            raise MalformedError("tip refers to a missing head")
+        return _head(head_raw)
+    return _opt_head(raw)
+
+
 def _bytes(raw: Any, size: int | None, what: str) -> bytes:
     if not isinstance(raw, bytes) or (size is not None and len(raw) != size):
         raise MalformedError(f"{what} must be {size or 'some'} bytes")
@@ -126,7 +134,8 @@ def delta_to_wire(d: QueueDelta) -> list[Any]:
         d.kind,
         d.head.to_bytes() if d.head else None,
         None if d.meta is None else [[k, v] for k, v in d.meta],
-        d.tip.to_bytes() if d.tip else None,
+        # The tip is usually the head itself: say so in one byte instead of repeating 248.
+        True if d.tip is not None and d.tip == d.head else (d.tip.to_bytes() if d.tip else None),
         d.from_offset,
         d.from_hash,
         [record_to_wire(r) for r in d.records],
@@ -160,7 +169,7 @@ def delta_from_wire(raw: Any) -> QueueDelta:
         kind=_int(raw[3], "kind"),
         head=_opt_head(raw[4]),
         meta=meta,
-        tip=_opt_head(raw[6]),
+        tip=_tip(raw[6], raw[4]),
         from_offset=_int(raw[7], "from_offset"),
         from_hash=_bytes(raw[8], None, "from_hash"),
         records=tuple(record_from_wire(r) for r in records_raw),

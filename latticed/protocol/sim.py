@@ -72,6 +72,13 @@ class SimNetwork:
     rng: random.Random = field(default_factory=lambda: random.Random(1))
     window: int = 8
     max_records: int = 4096
+    #: Probability that a message is lost. Sessions run over TCP, so a loss is a broken connection: the
+    #: link goes down and is redialled ``redial_rounds`` later with fresh sessions (as the daemon does).
+    loss: float = 0.0
+    redial_rounds: int = 2
+    round_number: int = 0
+    _redial: list[tuple[int, int, int]] = field(default_factory=list)
+    messages: int = 0
 
     def add(self, name: int) -> SimNode:
         node = self.nodes[name] = SimNode(name)
@@ -86,6 +93,15 @@ class SimNetwork:
             self.nodes[x].sessions[y].start(self.nodes[x].summaries())
             self._flush(x, y)
 
+    def random_graph(self, size: int, degree: int) -> None:
+        """``size`` nodes, each dialling ``degree`` random others (random peer choice, as mDNS gives)."""
+        for name in range(size):
+            self.add(name)
+        for name in range(size):
+            for peer in self.rng.sample(range(size), degree + 1):
+                if peer != name and peer not in self.nodes[name].sessions:
+                    self.connect(name, peer)
+
     def disconnect(self, a: int, b: int) -> None:
         for x, y in ((a, b), (b, a)):
             self.nodes[x].sessions.pop(y, None)
@@ -96,22 +112,40 @@ class SimNetwork:
         if session is not None and (x, y) in self.wires:
             self.wires[(x, y)].extend(session.messages_to_send())
 
+    def churn(self, name: int, peers: list[int]) -> None:
+        """A node leaves (all its links drop) and comes back later connected to ``peers``."""
+        for other in list(self.nodes[name].sessions):
+            self.disconnect(name, other)
+        for peer in peers:
+            self._redial.append((self.round_number + self.redial_rounds, name, peer))
+
     def round(self) -> int:
         """Deliver everything in flight once (one network hop); returns how many messages moved."""
+        self.round_number += 1
+        due = [item for item in self._redial if item[0] <= self.round_number]
+        self._redial = [item for item in self._redial if item[0] > self.round_number]
+        for _, a, b in due:
+            if b not in self.nodes[a].sessions:
+                self.connect(a, b)
         in_flight = [(link, list(queue)) for link, queue in self.wires.items() if queue]
         for link, _ in in_flight:
             self.wires[link].clear()
         moved = 0
         for (x, y), messages in in_flight:
             node = self.nodes[y]
-            session = node.sessions.get(x)
-            if session is None:
-                continue
             for message in messages:
+                session = node.sessions.get(x)
+                if session is None:
+                    break
+                if self.loss and self.rng.random() < self.loss:
+                    self.disconnect(x, y)
+                    self._redial.append((self.round_number + self.redial_rounds, x, y))
+                    break
                 moved += 1
                 node.bytes_received += len(message)
                 session.receive_message(message)
                 node.process(x)
+        self.messages += moved
         self.settle()
         return moved
 
@@ -125,7 +159,7 @@ class SimNetwork:
     def run_until_quiet(self, max_rounds: int = 10_000) -> int:
         rounds = 0
         self.settle()
-        while rounds < max_rounds and any(self.wires.values()):
+        while rounds < max_rounds and (any(self.wires.values()) or self._redial):
             self.round()
             rounds += 1
         return rounds
