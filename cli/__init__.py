@@ -1,1 +1,5 @@
-"""Command-line entry points: ``latticed`` (the daemon) and ``latticectl`` (the client)."""
+"""Command-line entry points: ``latticed`` (:mod:`cli.daemon`) and ``latticectl`` (:mod:`cli.ctl`).
+
+Both turn errors into exit codes at one boundary, :class:`cli.boundary.BoundaryGroup`; the codes are
+listed once, in :class:`cli.boundary.ExitCode`.
+"""

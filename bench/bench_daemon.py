@@ -1,0 +1,267 @@
+"""Benchmarks of a real latticed daemon process over its Unix socket (durable: synchronous=FULL).
+
+    .venv/bin/python bench/bench_daemon.py                 # everything; part 4 stores 10M records
+    .venv/bin/python bench/bench_daemon.py --records 1000000 --parts 1,2,3,4
+
+Parts:
+  1. bulk: ``--bulk`` records of 100 bytes offered in batches of 1000 (one request, one fsync each),
+     from ``--bulk-connections`` concurrent connections (1 is also measured).
+  2. single-record offers from ``--clients`` concurrent client threads: records/s and p50/p99 latency.
+  3. offer -> tail subscriber latency p50/p99 (the subscriber gets records pushed as they commit).
+  4. daemon RSS (VmRSS) with ``--records`` records stored, after storing them and after reading them all.
+
+Figures are printed, never asserted. Each part uses its own queue in one temporary data directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from latticed.api.client import Client
+from latticed.errors import ConnectionClosedError
+
+VALUE = b"x" * 100
+
+
+@contextlib.contextmanager
+def daemon(data_dir: Path, group_commit_ms: float) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    sock = data_dir / "latticed.sock"
+    config = data_dir / "latticed.toml"
+    config.write_text(f'group_commit_ms = {group_commit_ms}\nlog_level = "WARNING"\n')
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "latticed",
+            "run",
+            "--data-dir",
+            str(data_dir / "data"),
+            "--socket",
+            str(sock),
+            "--config",
+            str(config),
+        ],
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with Client(sock) as c:
+                    c.identity()
+                break
+            except ConnectionClosedError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        yield proc, sock
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (robust to other load, unlike wall time)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(int(len(ordered) * p), len(ordered) - 1)]
+
+
+def fill(sock: Path, queue: str, total: int, connections: int, batch: int = 1000) -> float:
+    """Offer ``total`` records in batches from ``connections`` threads; returns records/s."""
+    records = [(VALUE, None, ())] * batch
+    per = total // connections
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            with Client(sock, timeout=120) as c:
+                sent = 0
+                while sent < per:
+                    n = min(batch, per - sent)
+                    c.offer_batch(queue, records[:n])
+                    sent += n
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(connections)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return per * connections / elapsed
+
+
+def part_bulk(pid: int, sock: Path, total: int, connections: int) -> None:
+    with Client(sock) as c:
+        c.queue_create("bulk1")
+        c.queue_create("bulkn")
+    cpu0 = cpu_s(pid)
+    one = fill(sock, "bulk1", total, 1)
+    cpu1 = cpu_s(pid)
+    many = fill(sock, "bulkn", total, connections)
+    cpu2 = cpu_s(pid)
+    print(f"[1] bulk {total:,} x 100 B, batches of 1000, durable:")
+    us_one, us_many = (cpu1 - cpu0) / total * 1e6, (cpu2 - cpu1) / total * 1e6
+    print(f"    1 connection:  {one:,.0f} records/s   (daemon CPU {us_one:.1f} us/record)")
+    print(f"    {connections} connections: {many:,.0f} records/s   (daemon CPU {us_many:.1f} us/record)")
+
+
+def part_single(pid: int, sock: Path, clients: int, seconds: float) -> None:
+    with Client(sock) as c:
+        c.queue_create("single")
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    stop = threading.Event()
+    start_line = threading.Barrier(clients + 1)
+
+    def worker(i: int) -> None:
+        mine = latencies[i]
+        with Client(sock) as c:
+            c.offer("single", VALUE)  # connect first
+            start_line.wait()
+            clock = time.perf_counter
+            while not stop.is_set():
+                t = clock()
+                c.offer("single", VALUE)
+                mine.append(clock() - t)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start_line.wait()
+    t0 = time.perf_counter()
+    cpu0 = cpu_s(pid)
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    cpu = cpu_s(pid) - cpu0
+    flat = [x for xs in latencies for x in xs]
+    print(f"[2] single-record offers, {clients} concurrent clients (threads in one process), {seconds:.0f}s:")
+    print(
+        f"    {len(flat) / elapsed:,.0f} records/s; latency p50 {pct(flat, 0.5) * 1e3:.2f} ms, "
+        f"p99 {pct(flat, 0.99) * 1e3:.2f} ms"
+    )
+    print(f"    daemon CPU {cpu / len(flat) * 1e6:.0f} us/offer")
+
+
+def part_tail(sock: Path, count: int, interval: float) -> None:
+    with Client(sock) as c:
+        c.queue_create("tailq")
+    sent: dict[int, float] = {}
+    received: dict[int, float] = {}
+    ready = threading.Event()
+
+    def subscriber() -> None:
+        with Client(sock) as c:
+            it = c.tail("tailq", None, follow=True)
+            ready.set()
+            for entry in it:
+                received[entry.offset] = time.perf_counter()
+                if len(received) >= count:
+                    break
+
+    t = threading.Thread(target=subscriber)
+    t.start()
+    ready.wait()
+    time.sleep(0.2)
+    with Client(sock) as c:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            offset = c.offer("tailq", VALUE)
+            sent[offset] = t0
+            time.sleep(interval)
+    t.join(30)
+    lat = [received[o] - sent[o] for o in sent if o in received]
+    print(f"[3] offer -> tail push latency ({len(lat)} records, one every {interval * 1e3:.0f} ms):")
+    p50, p99, worst = pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, max(lat) * 1e3
+    print(f"    p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {worst:.2f} ms")
+
+
+def part_rss(proc: subprocess.Popen[bytes], sock: Path, records: int, connections: int) -> None:
+    with Client(sock) as c:
+        c.queue_create("big")
+        before = c.status()["records"]
+    print(f"[4] storing {records:,} records in one queue ({before:,} already stored in other queues)...")
+    t0 = time.perf_counter()
+    rate = fill(sock, "big", records, connections)
+    took = time.perf_counter() - t0
+    with Client(sock) as c:
+        status = c.status()
+    print(
+        f"    stored in {took:.0f}s ({rate:,.0f} records/s); store {status['storage_bytes'] / 2**20:,.0f} MiB"
+    )
+    print(f"    daemon RSS after storing: {rss_mb(proc.pid):.1f} MB (total records {status['records']:,})")
+    t0 = time.perf_counter()
+    with Client(sock, timeout=120) as c:
+        offset, n = 0, 0
+        while True:
+            batch = c.read("big", offset, max_records=10000)
+            if not batch.offsets:
+                break
+            n += len(batch)
+            offset = batch.next_offset
+    took = time.perf_counter() - t0
+    print(
+        f"    read all back: {n / took:,.0f} records/s; daemon RSS after reading: {rss_mb(proc.pid):.1f} MB"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--parts", default="1,2,3,4")
+    parser.add_argument("--bulk", type=int, default=1_000_000)
+    parser.add_argument("--bulk-connections", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--tail-count", type=int, default=2000)
+    parser.add_argument("--records", type=int, default=10_000_000)
+    parser.add_argument("--group-commit-ms", type=float, default=2.0)
+    parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary data directory")
+    args = parser.parse_args()
+    parts = {int(p) for p in args.parts.split(",")}
+    with (
+        tempfile.TemporaryDirectory(prefix="latticed-bench-", dir=args.dir) as tmp,
+        daemon(Path(tmp), args.group_commit_ms) as (proc, sock),
+    ):
+        print(f"daemon pid {proc.pid}, data in {tmp}, group_commit_ms={args.group_commit_ms}")
+        print(f"    cpus={os.cpu_count()}, RSS at start: {rss_mb(proc.pid):.1f} MB")
+        if 1 in parts:
+            part_bulk(proc.pid, sock, args.bulk, args.bulk_connections)
+        if 2 in parts:
+            part_single(proc.pid, sock, args.clients, args.seconds)
+        if 3 in parts:
+            part_tail(sock, args.tail_count, 0.002)
+        if 4 in parts:
+            part_rss(proc, sock, args.records, args.bulk_connections)
+        print(f"    RSS at end: {rss_mb(proc.pid):.1f} MB")
+
+
+if __name__ == "__main__":
+    main()

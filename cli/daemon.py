@@ -1,0 +1,122 @@
+"""``latticed``: run the daemon, make a network key, print the version.
+
+``latticed run`` builds its :class:`~latticed.config.DaemonConfig` with :func:`~latticed.config.load_config`:
+defaults from the environment, then ``--config FILE``, then the options given here (an option left out
+does not override the file). Errors become one line on stderr and an exit code at the boundary
+(:mod:`cli.boundary`); a bad config is exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+from typing import Annotated
+
+import trio
+import typer
+
+from cli.boundary import BoundaryGroup
+from latticed.config import LOG_FORMATS, LOG_LEVELS, load_config
+from latticed.daemon import run_daemon
+from latticed.logs import configure_logging
+from latticed.netkey import network_key_fingerprint, write_network_key
+
+app = typer.Typer(
+    name="latticed",
+    cls=BoundaryGroup,
+    help="latticed: peer-to-peer sync daemon for signed queues and KV state.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+network_key_app = typer.Typer(help="Manage the network key peers share.", no_args_is_help=True)
+app.add_typer(network_key_app, name="network-key")
+
+
+@app.command()
+def run(
+    *,
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", metavar="PATH", help="Where the store and identity live.")
+    ] = None,
+    socket: Annotated[
+        Path | None, typer.Option("--socket", metavar="PATH", help="The local API socket to serve.")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", metavar="FILE", envvar="LATTICED_CONFIG", help="A TOML config file."),
+    ] = None,
+    mdns: Annotated[
+        bool | None, typer.Option("--mdns/--no-mdns", help="Find peers on the LAN with mDNS.")
+    ] = None,
+    listen: Annotated[
+        str | None, typer.Option("--listen", metavar="HOST:PORT", help="Accept peers here (port 0: any).")
+    ] = None,
+    peer: Annotated[
+        list[str] | None, typer.Option("--peer", metavar="HOST:PORT", help="Dial this peer; repeatable.")
+    ] = None,
+    mdns_interface: Annotated[
+        list[str] | None,
+        typer.Option("--mdns-interface", metavar="IP", help="Run mDNS on this interface; repeatable."),
+    ] = None,
+    network_key_file: Annotated[
+        Path | None,
+        typer.Option("--network-key-file", metavar="PATH", help="The network key (see network-key new)."),
+    ] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level",
+            metavar="LEVEL",
+            autocompletion=lambda: LOG_LEVELS,
+            help=f"Lowest level logged: {', '.join(LOG_LEVELS)}.",
+        ),
+    ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            "--log-format",
+            metavar="FORMAT",
+            autocompletion=lambda: LOG_FORMATS,
+            help=f"Log lines as {' or '.join(LOG_FORMATS)}.",
+        ),
+    ] = None,
+) -> None:
+    """Run the daemon in the foreground until SIGINT or SIGTERM."""
+    overrides: dict[str, object] = {
+        "data_dir": data_dir,
+        "socket_path": socket,
+        "mdns": mdns,
+        "listen": listen,
+        "peers": peer or None,
+        "mdns_interfaces": mdns_interface or None,
+        "network_key_file": network_key_file,
+        "log_level": log_level,
+        "log_format": log_format,
+    }
+    daemon_config = load_config(config, overrides)
+    configure_logging(daemon_config.log_level, daemon_config.log_format)
+    trio.run(run_daemon, daemon_config)
+
+
+@network_key_app.command("new")
+def network_key_new(
+    path: Annotated[Path, typer.Argument(help="File to create (mode 0600); an existing file is kept.")],
+) -> None:
+    """Write a new random network key to PATH; copy it to every host of the network."""
+    key = write_network_key(path)
+    typer.echo(f"wrote network key to {path} (fingerprint {network_key_fingerprint(key)})")
+
+
+@app.command()
+def version() -> None:
+    """Print latticed's version."""
+    typer.echo(importlib.metadata.version("latticed"))
+
+
+def main() -> None:
+    """Entry point of the ``latticed`` script."""
+    app(prog_name="latticed")
+
+
+__all__ = ["app", "main"]

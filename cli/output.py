@@ -1,0 +1,154 @@
+"""Everything ``latticectl`` prints to stdout goes through :func:`emit`: JSON or text, one helper.
+
+Bytes (values, keys, header values, hash fields, set members) are shown as follows:
+
+* **text**: the UTF-8 text when the bytes are valid UTF-8, else with ``\\xNN`` escapes for the bad bytes.
+  Where one record must stay on one line (entries, listings), control characters are escaped too
+  (``\\n``, ``\\t``, ``\\x00``...).
+* **JSON**: a JSON string when the bytes are valid UTF-8, else the object ``{"base64": "<standard
+  base64>"}``; the marker cannot be mistaken for a string value. JSON object *keys* must be strings, so a
+  non-UTF-8 hash field becomes the key ``"base64:<standard base64>"``. Sets become sorted arrays,
+  entry headers a list of ``[name, value]`` pairs (names may repeat), and an entry an object with
+  ``queue``, ``offset``, ``key``, ``value``, ``timestamp`` and ``headers``. Streams of entries are JSON
+  Lines: one object per line.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cli.boundary import StdoutClosed
+from latticed.api.client import Entry
+
+#: Control characters that would break the one-record-per-line layout, as escapes.
+_CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]} | {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+}
+
+
+def _utf8(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def text_of_bytes(data: bytes, *, single_line: bool = False) -> str:
+    """Bytes for a human: the text if valid UTF-8, else with ``\\xNN`` escapes for the invalid bytes."""
+    text = data.decode("utf-8", "backslashreplace")
+    return text.translate(_CONTROL_ESCAPES) if single_line else text
+
+
+def _sort_key(value: object) -> bytes:
+    """Order set members by their bytes (members are bytes; anything else by its text)."""
+    if isinstance(value, bytes):
+        return value
+    return (value if isinstance(value, str) else repr(value)).encode("utf-8", "surrogatepass")
+
+
+def _json_key(key: object) -> str:
+    if isinstance(key, bytes):
+        text = _utf8(key)
+        return text if text is not None else "base64:" + base64.b64encode(key).decode("ascii")
+    return str(key)
+
+
+def to_json(value: object) -> Any:
+    """A JSON-ready copy of ``value``: bytes, sets, tuples and dataclasses converted as documented above."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        text = _utf8(raw)
+        return text if text is not None else {"base64": base64.b64encode(raw).decode("ascii")}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {_json_key(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        return [to_json(v) for v in sorted(value, key=_sort_key)]
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    return value
+
+
+def human(value: object) -> str:
+    """One value as a short single line of text (table cells, ``key: value`` lines)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, bytes):
+        return text_of_bytes(value, single_line=True)
+    if isinstance(value, Mapping):
+        return " ".join(f"{human(k)}={human(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=_sort_key) if isinstance(value, set | frozenset) else value
+        return ", ".join(human(v) for v in items) or "-"
+    return str(value).translate(_CONTROL_ESCAPES)
+
+
+def field_lines(fields: Mapping[str, object]) -> list[str]:
+    """``label: value`` lines with the values aligned."""
+    width = max((len(label) for label in fields), default=0) + 1
+    return [f"{label + ':':<{width}} {human(value)}" for label, value in fields.items()]
+
+
+def table_lines(rows: Iterable[Mapping[str, object]], columns: Mapping[str, str]) -> list[str]:
+    """An aligned table: ``columns`` maps each row key to its heading; the last column is not padded."""
+    cells = [list(columns.values())] + [[human(row.get(key)) for key in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in cells]
+
+
+def entry_text(entry: Entry) -> str:
+    """An entry on one line: ``OFFSET [key=KEY] [NAME=VALUE]... VALUE``, tab-separated; value last."""
+    parts = [str(entry.offset)]
+    if entry.key is not None:
+        parts.append("key=" + text_of_bytes(entry.key, single_line=True))
+    parts += [f"{human(name)}={text_of_bytes(value, single_line=True)}" for name, value in entry.headers]
+    parts.append(text_of_bytes(entry.value, single_line=True))
+    return "\t".join(parts)
+
+
+def write(text: str, *, flush: bool = False) -> None:
+    """Write to stdout; a reader that went away becomes :class:`StdoutClosed` (quiet exit at the boundary)."""
+    try:
+        sys.stdout.write(text)
+        if flush:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        raise StdoutClosed from None
+
+
+def emit(data: object, text: str | Iterable[str] | None, *, as_json: bool, flush: bool = False) -> None:
+    """Print ``data`` as one line of JSON, or ``text`` (a line or lines; default: ``human(data)``)."""
+    if as_json:
+        write(json.dumps(to_json(data), ensure_ascii=False) + "\n", flush=flush)
+        return
+    lines = [human(data)] if text is None else [text] if isinstance(text, str) else list(text)
+    write("".join(line + "\n" for line in lines), flush=flush)
+
+
+def emit_entries(entries: Iterable[Entry], *, as_json: bool, live: bool = False) -> None:
+    """Print entries one per line (JSON Lines with ``as_json``); ``live`` flushes each as it arrives."""
+    for entry in entries:
+        emit(entry, entry_text(entry), as_json=as_json, flush=live)
+
+
+__all__ = [
+    "emit",
+    "emit_entries",
+    "entry_text",
+    "field_lines",
+    "human",
+    "table_lines",
+    "text_of_bytes",
+    "to_json",
+    "write",
+]

@@ -1,0 +1,457 @@
+"""Every latticectl command end to end against a real ``latticed run`` process.
+
+One daemon serves the whole module (started through the installed ``latticed`` script); each test uses
+its own queue and key names. Most commands go through ``CliRunner``; exit codes, stderr, pipes and signals
+go through the installed ``latticectl`` script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue as queue_mod
+import re
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+import cli.ctl
+from cli.boundary import ExitCode
+
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 30.0
+WAIT_S = 10.0
+
+runner = CliRunner()
+
+
+@dataclass
+class Daemon:
+    """A running daemon and how to reach it."""
+
+    socket: Path
+    data_dir: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def ctl(self, *args: str, input: str | bytes | None = None) -> Result:
+        """latticectl in-process (CliRunner)."""
+        return runner.invoke(
+            cli.ctl.app, ["--socket", str(self.socket), *args], input=input, prog_name="latticectl"
+        )
+
+    def ok(self, *args: str, input: str | bytes | None = None) -> str:
+        """Run a command that must succeed; its stdout."""
+        result = self.ctl(*args, input=input)
+        assert result.exit_code == 0, (args, result.exit_code, result.output)
+        assert result.stderr == ""
+        return result.stdout
+
+    def fails(self, code: int | tuple[int, ...], *args: str) -> str:
+        """Run a command that must fail with ``code``: one stderr line, no traceback, no stdout."""
+        result = self.ctl(*args)
+        codes = code if isinstance(code, tuple) else (code,)
+        assert result.exit_code in codes, (args, result.exit_code, result.output)
+        assert "Traceback" not in result.output
+        assert result.stdout == ""
+        [line] = result.stderr.splitlines()
+        assert line.startswith("latticectl: error: ")
+        return line
+
+    def script(self, *args: str) -> list[str]:
+        """Argv of the installed latticectl script against this daemon."""
+        return [str(BIN / "latticectl"), "--socket", str(self.socket), *args]
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """``latticed run`` in a fresh data dir; ready when it says READY=1 (sd_notify) or its socket accepts."""
+    base = tmp_path_factory.mktemp("cli")
+    sock, data, log = base / "s.sock", base / "data", base / "daemon.log"
+    notify_path = base / "notify"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path)}
+    env.pop("LATTICED_SOCKET", None)
+    argv = [str(BIN / "latticed"), "run", "--data-dir", str(data), "--socket", str(sock), "--no-mdns"]
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        ready = False
+        while not ready:
+            assert proc.poll() is None, f"latticed exited {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, (
+                f"latticed not ready in {START_TIMEOUT_S}s:\n{log.read_text()}"
+            )
+            # Wake on the READY=1 datagram, else re-check the socket now and then.
+            if select.select([notify], [], [], 0.05)[0]:
+                ready = b"READY=1" in notify.recv(4096).split(b"\n")
+            ready = ready or _accepts(sock)
+        yield Daemon(sock, data, proc, log)
+    finally:
+        notify.close()
+        proc.terminate()
+        try:
+            code = proc.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        assert code == 0, f"latticed exited {code} on SIGTERM:\n{log.read_text()}"  # a clean shutdown
+
+
+@pytest.fixture
+def identity(daemon: Daemon) -> str:
+    return daemon.ok("id").strip()
+
+
+@pytest.fixture
+def qname(daemon: Daemon) -> str:
+    """A new queue of this daemon, with a name no other test uses."""
+    name = f"q{secrets.token_hex(4)}"
+    daemon.ok("queue", "create", name)
+    return name
+
+
+def json_lines(text: str) -> list[Any]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
+    """Poll a cheap condition (a round trip to the daemon) until it holds; bounded."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+class Lines:
+    """Lines of a child's stdout, read by a thread so a test can wait for the next one with a timeout."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._lines: queue_mod.Queue[bytes] = queue_mod.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self._lines.put(line)
+
+    def next(self) -> bytes:
+        return self._lines.get(timeout=WAIT_S)
+
+
+# --- identity and status --------------------------------------------------------------------------
+
+
+def test_id(daemon: Daemon, identity: str) -> None:
+    assert re.fullmatch(r"[0-9a-f]{64}", identity)
+    assert json.loads(daemon.ok("id", "--json")) == {"identity": identity}
+
+
+def test_status(daemon: Daemon, identity: str) -> None:
+    raw = json.loads(daemon.ok("status", "--json"))
+    expected = {"identity", "version", "uptime_s", "queues", "records", "storage_bytes", "data_dir", "socket"}
+    assert expected <= set(raw)
+    assert raw["identity"] == identity
+    text = daemon.ok("status")
+    assert f"identity: {identity}" in text.replace("  ", " ")
+    for label in ("version", "uptime", "queues", "records", "storage"):
+        assert re.search(rf"^{label}:", text, re.MULTILINE), text
+
+
+def test_installed_script(daemon: Daemon, identity: str) -> None:
+    proc = subprocess.run(daemon.script("id"), capture_output=True, text=True, timeout=60, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, identity + "\n", "")
+    proc = subprocess.run(
+        daemon.script("queue", "info", "no-such-queue"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == ExitCode.NOT_FOUND
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1
+    assert proc.stderr.startswith("latticectl: error: ")
+
+
+# --- queues ---------------------------------------------------------------------------------------
+
+
+def test_queue_create_list_info(daemon: Daemon, identity: str) -> None:
+    name = f"q{secrets.token_hex(4)}"
+    full = daemon.ok("queue", "create", name, "--meta", "team=data", "--meta", "expr=a=b").strip()
+    assert full == f"{identity}/{name}"
+
+    listed = json.loads(daemon.ok("queue", "list", "--json"))
+    assert full in {q["queue"] for q in listed}
+    text = daemon.ok("queue", "list")
+    assert text.splitlines()[0].split() == ["QUEUE", "SIZE", "START", "END"]
+    assert any(line.split()[0] == full for line in text.splitlines()[1:])
+
+    info = json.loads(daemon.ok("queue", "info", name, "--json"))
+    assert {"owner", "name", "start_offset", "end_offset", "size", "meta", "forked"} <= set(info)
+    assert (info["owner"], info["name"], info["size"], info["forked"]) == (identity, name, 0, False)
+    assert info["meta"] == {"team": "data", "expr": "a=b"}
+    assert json.loads(daemon.ok("queue", "info", full, "--json")) == info  # OWNER/NAME names the same
+    assert re.search(r"^size:\s+0$", daemon.ok("queue", "info", name), re.MULTILINE)
+
+
+# --- records --------------------------------------------------------------------------------------
+
+
+def test_offer_peek_first_last_range_tail(daemon: Daemon, qname: str) -> None:
+    assert daemon.ok("offer", qname, "hello world") == "0\n"
+    assert daemon.ok("offer", qname, "two\nlines", "--key", "k1", "-H", "ct=text", "-H", "ct=again") == "1\n"
+    # A command-line argument that is not UTF-8 (surrogate-escaped by Python) is stored as the raw bytes.
+    assert json.loads(daemon.ok("offer", qname, "bin\udcff", "--json")) == {"offset": 2}
+
+    assert daemon.ok("peek", qname, "0") == "hello world\n"
+    assert daemon.ok("peek", qname, "1") == "two\nlines\n"
+    assert daemon.ok("peek", qname, "2") == "bin\\xff\n"
+    assert json.loads(daemon.ok("peek", qname, "2", "--json")) == {
+        "offset": 2,
+        "value": {"base64": "Ymlu/w=="},
+    }
+    assert daemon.ok("peek", qname, "1", "--entry") == "1\tkey=k1\tct=text\tct=again\ttwo\\nlines\n"
+    entry = json.loads(daemon.ok("peek", qname, "1", "--entry", "--json"))
+    assert entry["offset"] == 1
+    assert entry["key"] == "k1"
+    assert entry["value"] == "two\nlines"
+    assert entry["headers"] == [["ct", "text"], ["ct", "again"]]
+    assert isinstance(entry["timestamp"], int)
+    daemon.fails(ExitCode.NOT_FOUND, "peek", qname, "99")
+
+    assert daemon.ok("first", qname) == "0\thello world\n"
+    assert json.loads(daemon.ok("last", qname, "--json"))["value"] == {"base64": "Ymlu/w=="}
+
+    assert daemon.ok("range", qname, "0", "1").splitlines() == [
+        "0\thello world",
+        "1\tkey=k1\tct=text\tct=again\ttwo\\nlines",
+    ]
+    assert [e["offset"] for e in json_lines(daemon.ok("range", qname, "1", "2", "--json"))] == [1, 2]
+
+    assert [e["offset"] for e in json_lines(daemon.ok("tail", qname, "--from", "0", "--json"))] == [0, 1, 2]
+    assert daemon.ok("tail", qname, "--from", "2") == "2\tbin\\xff\n"
+
+
+def test_first_of_empty_queue_is_not_found(daemon: Daemon, qname: str) -> None:
+    daemon.fails(ExitCode.NOT_FOUND, "first", qname)
+    daemon.fails(ExitCode.NOT_FOUND, "last", qname)
+
+
+def test_offer_file(daemon: Daemon, qname: str, tmp_path: Path) -> None:
+    lines = [f"line {i}" for i in range(2500)]
+    path = tmp_path / "records.txt"
+    path.write_text("\n".join(lines) + "\n")
+    assert daemon.ok("offer", qname, "--file", str(path), "--header", "src=file") == "0..2499\n"
+    # stdin, through CliRunner's input
+    summary = json.loads(daemon.ok("offer", qname, "--file", "-", "--json", input="x\ny\n"))
+    assert summary == {"first": 2500, "last": 2501, "count": 2}
+    assert daemon.ok("peek", qname, "1234") == "line 1234\n"
+    assert daemon.ok("peek", qname, "2499", "--entry") == "2499\tsrc=file\tline 2499\n"
+    assert daemon.ok("peek", qname, "2501", "--entry") == "2501\ty\n"
+    assert json.loads(daemon.ok("queue", "info", qname, "--json"))["size"] == 2502
+
+
+def test_offer_stdin_of_the_real_script(daemon: Daemon, qname: str) -> None:
+    proc = subprocess.run(
+        daemon.script("offer", qname, "--file", "-"),
+        input=b"a\nb\nc",
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"0..2\n", b"")  # no progress bar on a pipe
+
+
+def test_tail_follow_sees_a_later_record_and_stops_on_ctrl_c(daemon: Daemon, qname: str) -> None:
+    daemon.ok("offer", qname, "before")
+    proc = subprocess.Popen(
+        daemon.script("tail", qname, "--from", "0", "--follow", "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = Lines(proc.stdout)
+        assert json.loads(lines.next())["value"] == "before"  # the tail is running
+        daemon.ok("offer", qname, "after")
+        assert json.loads(lines.next()) | {"timestamp": 0} == {
+            "queue": json.loads(daemon.ok("queue", "info", qname, "--json"))["queue"],
+            "offset": 1,
+            "key": None,
+            "value": "after",
+            "timestamp": 0,
+            "headers": [],
+        }
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=WAIT_S) == ExitCode.INTERRUPTED
+        assert proc.stderr is not None
+        assert proc.stderr.read() == b""
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_tail_into_head_exits_quietly(daemon: Daemon, qname: str) -> None:
+    """``latticectl tail q --follow | head -1``: the next write hits a closed pipe; no traceback."""
+    daemon.ok("offer", qname, "first")
+    tail = subprocess.Popen(
+        daemon.script("tail", qname, "--from", "0", "--follow"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    head = subprocess.Popen(["head", "-n", "1"], stdin=tail.stdout, stdout=subprocess.PIPE)
+    assert tail.stdout is not None
+    tail.stdout.close()  # only head holds the read end now
+    try:
+        assert head.communicate(timeout=WAIT_S)[0] == b"0\tfirst\n"
+        daemon.ok("offer", qname, "second")  # tail writes it, into a pipe nobody reads
+        assert tail.wait(timeout=WAIT_S) == ExitCode.STDOUT_CLOSED
+        assert tail.stderr is not None
+        assert tail.stderr.read() == b""
+    finally:
+        tail.kill()
+        tail.wait()
+
+
+def test_big_listing_into_head_exits_quietly(daemon: Daemon, qname: str, tmp_path: Path) -> None:
+    path = tmp_path / "many.txt"
+    path.write_text("".join(f"record number {i}\n" for i in range(20000)))  # far more than a pipe holds
+    daemon.ok("offer", qname, "--file", str(path))
+    proc = subprocess.run(
+        f"{' '.join(daemon.script('range', qname, '0', '19999'))} | head -n 1; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.stdout == b"0\trecord number 0\n"
+    assert proc.stderr == b""
+    assert proc.returncode == ExitCode.STDOUT_CLOSED
+
+
+def test_truncate(daemon: Daemon, qname: str) -> None:
+    for i in range(5):
+        daemon.ok("offer", qname, f"r{i}")
+    assert daemon.ok("truncate", qname, "3") == ""
+    assert daemon.ok("first", qname) == "3\tr3\n"
+    info = json.loads(daemon.ok("queue", "info", qname, "--json"))
+    assert (info["start_offset"], info["end_offset"], info["size"]) == (3, 5, 2)
+    daemon.fails(ExitCode.NOT_FOUND, "peek", qname, "1")
+
+
+# --- queue metadata -------------------------------------------------------------------------------
+
+
+def test_meta(daemon: Daemon, qname: str) -> None:
+    assert daemon.ok("meta", "set", qname, "schema", "v2") == ""
+    assert daemon.ok("meta", "get", qname, "schema") == "v2\n"
+    assert json.loads(daemon.ok("meta", "get", qname, "schema", "--json")) == {"key": "schema", "value": "v2"}
+    daemon.fails(ExitCode.NOT_FOUND, "meta", "get", qname, "absent")
+    assert json.loads(daemon.ok("queue", "info", qname, "--json"))["meta"]["schema"] == "v2"
+
+
+# --- KV -------------------------------------------------------------------------------------------
+
+
+def test_kv_values(daemon: Daemon, identity: str) -> None:
+    p = f"kv{secrets.token_hex(3)}/"
+    assert daemon.ok("kv", "put", p + "a", "alpha") == ""
+    daemon.ok("kv", "put", p + "b", "beta")
+    assert daemon.ok("kv", "get", p + "a") == "alpha\n"
+    assert daemon.ok("kv", "get", f"{identity}/{p}a") == "alpha\n"  # OWNER/KEY
+    assert json.loads(daemon.ok("kv", "get", p + "a", "--json")) == {"key": p + "a", "value": "alpha"}
+    assert daemon.ok("kv", "list", p) == f"{p}a\talpha\n{p}b\tbeta\n"
+    assert json.loads(daemon.ok("kv", "list", p, "--owner", identity, "--json")) == {
+        p + "a": "alpha",
+        p + "b": "beta",
+    }
+    assert daemon.ok("kv", "del", p + "a") == ""
+    daemon.fails(ExitCode.NOT_FOUND, "kv", "get", p + "a")
+    assert daemon.ok("kv", "list", p) == f"{p}b\tbeta\n"
+
+
+def test_kv_ttl(daemon: Daemon) -> None:
+    key = f"ttl{secrets.token_hex(3)}"
+    daemon.ok("kv", "put", key, "soon gone", "--ttl", "0.2")
+    daemon.ok("kv", "put", key + "-kept", "stays")
+    wait_until(lambda: daemon.ctl("kv", "get", key).exit_code == ExitCode.NOT_FOUND, "the key to expire")
+    daemon.fails(ExitCode.NOT_FOUND, "kv", "get", key)
+    assert daemon.ok("kv", "get", key + "-kept") == "stays\n"
+
+
+def test_kv_hash(daemon: Daemon, identity: str) -> None:
+    key = f"h{secrets.token_hex(3)}"
+    daemon.ok("kv", "hset", key, "name", "ada")
+    daemon.ok("kv", "hset", key, "lang", "en")
+    assert daemon.ok("kv", "hget", key, "name") == "ada\n"
+    assert daemon.ok("kv", "hget", f"{identity}/{key}", "lang") == "en\n"
+    assert daemon.ok("kv", "hgetall", key) == "lang\ten\nname\tada\n"
+    assert json.loads(daemon.ok("kv", "hgetall", key, "--json")) == {"name": "ada", "lang": "en"}
+    daemon.ok("kv", "hdel", key, "name")
+    daemon.fails(ExitCode.NOT_FOUND, "kv", "hget", key, "name")
+    assert json.loads(daemon.ok("kv", "hgetall", key, "--json")) == {"lang": "en"}
+
+
+def test_kv_set(daemon: Daemon, identity: str) -> None:
+    key = f"s{secrets.token_hex(3)}"
+    for member in ("b", "a", "c"):
+        daemon.ok("kv", "sadd", key, member)
+    daemon.ok("kv", "srem", key, "c")
+    assert daemon.ok("kv", "smembers", key) == "a\nb\n"
+    assert json.loads(daemon.ok("kv", "smembers", f"{identity}/{key}", "--json")) == ["a", "b"]
+
+
+def test_kv_counter(daemon: Daemon) -> None:
+    key = f"c{secrets.token_hex(3)}"
+    assert daemon.ok("kv", "incr", key) == "1\n"
+    assert daemon.ok("kv", "incr", key, "--by", "10") == "11\n"
+    assert json.loads(daemon.ok("kv", "incr", key, "--by", "-2", "--json")) == {"key": key, "value": 9}
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def test_unknown_queue(daemon: Daemon) -> None:
+    for args in (
+        ["queue", "info", "nope"],
+        ["peek", "nope", "0"],
+        ["tail", "nope"],
+        ["meta", "get", "nope", "k"],
+    ):
+        assert "nope" in daemon.fails(ExitCode.NOT_FOUND, *args)
+
+
+def test_another_owners_queue(daemon: Daemon) -> None:
+    """A queue of an owner we hold no key for: writes fail with one line, not found or not owner."""
+    other = f"{secrets.token_hex(32)}/theirs"
+    either = (ExitCode.NOT_FOUND, ExitCode.NOT_OWNER)
+    daemon.fails(either, "offer", other, "x")
+    daemon.fails(either, "truncate", other, "1")
+    daemon.fails(either, "meta", "set", other, "k", "v")
+    daemon.fails(ExitCode.NOT_FOUND, "queue", "info", other)

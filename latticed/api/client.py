@@ -1,0 +1,445 @@
+"""The blocking client of the local API (no trio): used by the CLI and by the Spark source.
+
+One :class:`Client` holds one connection, opened on first use; it is not thread-safe (give each thread
+its own). ``tail`` opens a second, dedicated connection, so other calls keep working while a tail runs.
+Errors from the daemon are raised as the :mod:`latticed.errors` class whose ``code`` they carry.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+import msgpack
+
+from latticed import errors
+from latticed.api.protocol import API_VERSION
+from latticed.config import default_socket_path
+from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
+from latticed.framing import FrameDecoder, encode_frame
+
+#: Largest reply the client accepts; the daemon's own limit (``max_frame_bytes``) is normally lower.
+CLIENT_MAX_FRAME: Final = 1 << 30
+_RECEIVE_SIZE: Final = 1 << 18
+
+HeaderPairs = tuple[tuple[str, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One record of a queue, with its absolute offset."""
+
+    queue: str
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp: int
+    headers: HeaderPairs
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatch:
+    """A bulk read as parallel lists (cheap to turn into Arrow arrays).
+
+    ``next_offset`` is where the next read continues; ``start_offset``/``end_offset`` are the queue's
+    bounds when the read ran (a first offset above the requested one means records were truncated)."""
+
+    queue: str
+    offsets: list[int]
+    keys: list[bytes | None]
+    values: list[bytes]
+    timestamps: list[int]
+    headers: list[HeaderPairs]
+    next_offset: int
+    start_offset: int
+    end_offset: int
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def entries(self) -> list[Entry]:
+        columns = {
+            "offsets": self.offsets,
+            "keys": self.keys,
+            "values": self.values,
+            "timestamps": self.timestamps,
+            "headers": self.headers,
+        }
+        return _entries(self.queue, columns)
+
+
+def _error_classes() -> dict[str, type[LatticedError]]:
+    out: dict[str, type[LatticedError]] = {}
+    pending: list[type[LatticedError]] = [LatticedError]
+    while pending:
+        cls = pending.pop()
+        out.setdefault(cls.code, cls)
+        pending.extend(cls.__subclasses__())
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if isinstance(cls, type) and issubclass(cls, LatticedError):
+            out[cls.code] = cls
+    return out
+
+
+def error_from_reply(body: Any) -> LatticedError:
+    """The exception a daemon error reply stands for."""
+    if not isinstance(body, dict):
+        return RemoteProtocolError(f"malformed error reply from latticed: {body!r}")
+    code, message = body.get("code"), body.get("message")
+    cls = _error_classes().get(code) if isinstance(code, str) else None
+    if cls is None:
+        exc = LatticedError(str(message))
+        exc.code = str(code)
+        return exc
+    return cls(str(message))
+
+
+def _headers(raw: Any) -> HeaderPairs:
+    if not raw:
+        return ()
+    return tuple((str(k), bytes(v)) for k, v in raw)
+
+
+def _entries(queue: str, columns: Mapping[str, Any]) -> list[Entry]:
+    """Entries from a reply's columns (offsets, keys, values, timestamps, headers)."""
+    return [
+        Entry(queue, off, key, value, ts, _headers(hdr))
+        for off, key, value, ts, hdr in zip(
+            columns["offsets"],
+            columns["keys"],
+            columns["values"],
+            columns["timestamps"],
+            columns["headers"],
+            strict=True,
+        )
+    ]
+
+
+def _entry(queue: str, raw: Any) -> Entry | None:
+    if raw is None:
+        return None
+    offset, key, value, ts, headers = raw
+    return Entry(queue, offset, key, value, ts, _headers(headers))
+
+
+def _header_list(headers: Mapping[str, bytes] | Sequence[tuple[str, bytes]] | None) -> list[Any] | None:
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return [[k, v] for k, v in items]
+
+
+class _Connection:
+    """One socket speaking frames; raises ConnectionClosedError for anything transport-level."""
+
+    def __init__(self, path: Path, timeout: float | None) -> None:
+        self.path = path
+        self.timeout = timeout
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise ConnectionClosedError(f"latticed is not running at {path}") from exc
+        except TimeoutError as exc:
+            sock.close()
+            raise ConnectionClosedError(f"latticed at {path} did not accept within {timeout}s") from exc
+        except OSError as exc:
+            sock.close()
+            raise ConnectionClosedError(
+                f"cannot connect to latticed at {path}: {exc.strerror or exc}"
+            ) from exc
+        self.sock: socket.socket | None = sock
+        self.decoder = FrameDecoder(CLIENT_MAX_FRAME)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.sock is None:
+            raise ConnectionClosedError("connection to latticed is closed")
+        try:
+            body = msgpack.packb(message, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise MalformedError(f"cannot encode request: {exc}") from exc
+        try:
+            self.sock.sendall(encode_frame(body, CLIENT_MAX_FRAME))
+        except OSError as exc:
+            # The daemon may have refused the request (e.g. a frame over its limit) and hung up while we
+            # were still sending: its error reply is then waiting in our receive buffer.
+            reason = self._parting_error()
+            self.close()
+            if reason is not None:
+                raise reason from exc
+            raise ConnectionClosedError(f"lost the connection to latticed at {self.path}: {exc}") from exc
+
+    def _parting_error(self) -> LatticedError | None:
+        if self.sock is None:
+            return None
+        try:
+            self.sock.settimeout(0.5)
+            reply = self.receive()
+        except LatticedError:
+            return None
+        return error_from_reply(reply.get("error")) if not reply.get("ok") else None
+
+    def receive(self) -> dict[str, Any]:
+        decoder = self.decoder
+        while True:
+            try:
+                frame = decoder.next_frame()
+            except LatticedError:
+                self.close()
+                raise
+            if frame is not None:
+                break
+            if self.sock is None or decoder.eof:
+                self.close()
+                raise ConnectionClosedError(f"latticed at {self.path} closed the connection")
+            try:
+                data = self.sock.recv(_RECEIVE_SIZE)
+            except TimeoutError as exc:
+                self.close()
+                raise ConnectionClosedError(
+                    f"latticed at {self.path} did not answer within {self.timeout}s"
+                ) from exc
+            except OSError as exc:
+                self.close()
+                raise ConnectionClosedError(f"lost the connection to latticed at {self.path}: {exc}") from exc
+            decoder.receive_data(data)
+        try:
+            reply = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        except Exception as exc:
+            self.close()
+            raise RemoteProtocolError("latticed sent an undecodable reply") from exc
+        if not isinstance(reply, dict):
+            self.close()
+            raise RemoteProtocolError("latticed sent a reply that is not a map")
+        return reply
+
+
+class Client:
+    """Blocking access to one latticed daemon over its Unix socket."""
+
+    def __init__(
+        self, socket_path: str | os.PathLike[str] | None = None, timeout: float | None = 30.0
+    ) -> None:
+        self._path = Path(socket_path) if socket_path is not None else default_socket_path()
+        self._timeout = timeout
+        self._conn: _Connection | None = None
+        self._next_id = 1
+
+    @property
+    def socket_path(self) -> Path:
+        return self._path
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one request and return the reply's fields (raises the daemon's error as an exception)."""
+        if self._conn is None or self._conn.sock is None:
+            self._conn = _Connection(self._path, self._timeout)
+        rid = self._next_id
+        self._next_id += 1
+        conn = self._conn
+        conn.send({"v": API_VERSION, "id": rid, "op": op, **args})
+        reply = conn.receive()
+        if not reply.get("ok"):
+            if reply.get("id") is None:
+                # The daemon could not tell which request failed (a framing error): it hangs up next.
+                self.close()
+            raise error_from_reply(reply.get("error"))
+        if reply.get("id") != rid:
+            self.close()
+            raise RemoteProtocolError(f"reply for request {reply.get('id')!r} while waiting for {rid}")
+        return reply
+
+    # ------------------------------------------------------------------ node
+    def identity(self) -> str:
+        return str(self.call("id")["identity"])
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = self.call("status")["status"]
+        return status
+
+    # ------------------------------------------------------------------ queues
+    def queue_create(self, name: str, meta: Mapping[str, str] | None = None) -> str:
+        return str(self.call("queue_create", name=name, meta=dict(meta or {}))["queue"])
+
+    def queue_list(self) -> list[dict[str, Any]]:
+        queues: list[dict[str, Any]] = self.call("queue_list")["queues"]
+        return queues
+
+    def queue_info(self, queue: str) -> dict[str, Any]:
+        info: dict[str, Any] = self.call("queue_info", queue=queue)["info"]
+        return info
+
+    def offer(
+        self,
+        queue: str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: Mapping[str, bytes] | Sequence[tuple[str, bytes]] | None = None,
+    ) -> int:
+        return int(
+            self.call("offer", queue=queue, value=value, key=key, headers=_header_list(headers))["offset"]
+        )
+
+    def offer_batch(
+        self, queue: str, records: Sequence[tuple[bytes, bytes | None, Sequence[tuple[str, bytes]]]]
+    ) -> list[int]:
+        """Many records in one request and one fsync; returns their offsets."""
+        if not records:
+            return []
+        reply = self.call("offer_batch", queue=queue, records=records)
+        first, count = int(reply["first"]), int(reply["count"])
+        return list(range(first, first + count))
+
+    def peek(self, queue: str, offset: int) -> bytes | None:
+        value = self.call("peek", queue=queue, offset=offset)["value"]
+        return None if value is None else bytes(value)
+
+    def peek_entry(self, queue: str, offset: int) -> Entry | None:
+        reply = self.call("peek_entry", queue=queue, offset=offset)
+        return _entry(reply["queue"], reply["entry"])
+
+    def first(self, queue: str) -> Entry | None:
+        reply = self.call("first", queue=queue)
+        return _entry(reply["queue"], reply["entry"])
+
+    def last(self, queue: str) -> Entry | None:
+        reply = self.call("last", queue=queue)
+        return _entry(reply["queue"], reply["entry"])
+
+    def range(self, queue: str, from_offset: int, to_offset: int) -> list[Entry]:
+        """Records ``[from_offset, to_offset]`` (inclusive), clamped to what the queue holds."""
+        r = self.call("range", queue=queue, **{"from": from_offset, "to": to_offset})
+        return _entries(r["queue"], r)
+
+    def read(
+        self, queue: str, from_offset: int, max_records: int = 10000, max_bytes: int = 8 << 20
+    ) -> ReadBatch:
+        r = self.call(
+            "read", queue=queue, max_records=max_records, max_bytes=max_bytes, **{"from": from_offset}
+        )
+        return ReadBatch(
+            queue=r["queue"],
+            offsets=r["offsets"],
+            keys=r["keys"],
+            values=r["values"],
+            timestamps=r["timestamps"],
+            headers=[_headers(h) for h in r["headers"]],
+            next_offset=r["next_offset"],
+            start_offset=r["start_offset"],
+            end_offset=r["end_offset"],
+        )
+
+    def tail(self, queue: str, from_offset: int | None = None, follow: bool = True) -> Iterator[Entry]:
+        """Records from ``from_offset`` (None: the start) as they are committed, on a dedicated
+        connection; ``follow=False`` stops at the end present when the tail began. Close the iterator
+        (or let it be garbage collected) to stop following."""
+        conn = _Connection(self._path, None if follow else self._timeout)
+        try:
+            conn.send(
+                {
+                    "v": API_VERSION,
+                    "id": 1,
+                    "op": "tail",
+                    "queue": queue,
+                    "from": from_offset,
+                    "follow": follow,
+                }
+            )
+            while True:
+                reply = conn.receive()
+                if not reply.get("ok"):
+                    raise error_from_reply(reply.get("error"))
+                if reply.get("done"):
+                    return
+                yield from _entries(reply.get("queue", queue), reply)
+        finally:
+            conn.close()
+
+    def truncate(self, queue: str, new_start: int) -> None:
+        self.call("truncate", queue=queue, new_start=new_start)
+
+    def meta_get(self, queue: str, key: str) -> str | None:
+        value = self.call("meta_get", queue=queue, key=key)["value"]
+        return None if value is None else str(value)
+
+    def meta_set(self, queue: str, key: str, value: str) -> None:
+        self.call("meta_set", queue=queue, key=key, value=value)
+
+    # ------------------------------------------------------------------ KV
+    def kv_put(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        self.call("kv_put", key=key, value=value, ttl=ttl)
+
+    def kv_get(self, key: str, owner: str | None = None) -> Any:
+        """bytes, an int (counter), a dict (hash), a set (set), or None."""
+        reply = self.call("kv_get", key=key, owner=owner)
+        return _kv_value(reply["kind"], reply["value"])
+
+    def kv_del(self, key: str) -> None:
+        self.call("kv_del", key=key)
+
+    def kv_list(self, prefix: str = "", owner: str | None = None) -> dict[str, Any]:
+        items = self.call("kv_list", prefix=prefix, owner=owner)["items"]
+        return {key: _kv_value(kind, value) for key, kind, value in items}
+
+    def kv_hset(self, key: str, field: bytes, value: bytes) -> None:
+        self.call("kv_hset", key=key, field=field, value=value)
+
+    def kv_hget(self, key: str, field: bytes, owner: str | None = None) -> bytes | None:
+        value = self.call("kv_hget", key=key, field=field, owner=owner)["value"]
+        return None if value is None else bytes(value)
+
+    def kv_hgetall(self, key: str, owner: str | None = None) -> dict[bytes, bytes]:
+        value = self.call("kv_hgetall", key=key, owner=owner)["value"]
+        return {bytes(k): bytes(v) for k, v in value.items()}
+
+    def kv_hdel(self, key: str, field: bytes) -> None:
+        self.call("kv_hdel", key=key, field=field)
+
+    def kv_sadd(self, key: str, member: bytes) -> None:
+        self.call("kv_sadd", key=key, member=member)
+
+    def kv_srem(self, key: str, member: bytes) -> None:
+        self.call("kv_srem", key=key, member=member)
+
+    def kv_smembers(self, key: str, owner: str | None = None) -> set[bytes]:
+        return {bytes(m) for m in self.call("kv_smembers", key=key, owner=owner)["value"]}
+
+    def kv_incr(self, key: str, by: int = 1) -> int:
+        return int(self.call("kv_incr", key=key, by=by)["value"])
+
+
+def _kv_value(kind: Any, value: Any) -> Any:
+    if kind == "set":
+        return {bytes(m) for m in value}
+    if kind == "hash":
+        return {bytes(k): bytes(v) for k, v in value.items()}
+    return value
+
+
+__all__ = ["Client", "Entry", "ReadBatch", "error_from_reply"]

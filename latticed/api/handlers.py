@@ -1,0 +1,418 @@
+"""The local API's request/reply operations: check arguments, call the engine, shape the reply.
+
+One async function per op, registered in :data:`HANDLERS`. Handlers raise
+:class:`~latticed.errors.LatticedError` for anything the client got wrong; the server turns that into an
+error reply. ``tail`` is not here: it streams, so the server runs it (:mod:`latticed.api.tail`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from latticed.api.protocol import (
+    FRAME_OVERHEAD,
+    SUPPORTED_VERSIONS,
+    arg_bytes,
+    arg_int,
+    arg_number,
+    arg_str,
+    parse_headers,
+)
+from latticed.crdt import kv
+from latticed.crdt.records import MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, check_record
+from latticed.crdt.signing import parse_public_key
+from latticed.errors import MalformedError
+from latticed.storage.engine import Engine
+from latticed.storage.kvplan import KvRequest, hash_field, visible
+from latticed.storage.reader import Columns, RawRow
+
+Request = dict[str, Any]
+Reply = dict[str, Any]
+
+MAX_READ_RECORDS = 100_000
+
+
+def package_version() -> str:
+    try:
+        from importlib.metadata import version  # noqa: PLC0415 - only needed for status
+
+        return version("latticed")
+    except Exception:  # not installed (running from a source tree)
+        return "0.0.0"
+
+
+@dataclass(slots=True)
+class Context:
+    """What every handler may use: the engine and a few facts about this daemon."""
+
+    engine: Engine
+    data_dir: Path
+    socket_path: Path
+    max_frame_bytes: int
+    started: float = field(default_factory=time.monotonic)
+    version: str = field(default_factory=package_version)
+
+    @property
+    def max_reply_bytes(self) -> int:
+        return max(self.max_frame_bytes - FRAME_OVERHEAD, 1024)
+
+    def queue(self, request: Request) -> int:
+        return self.engine.resolve(arg_str(request, "queue"))
+
+
+Handler = Callable[[Context, Request], Awaitable[Reply]]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handler(name: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        HANDLERS[name] = fn
+        return fn
+
+    return register
+
+
+# ------------------------------------------------------------------ replies
+
+
+def columns_reply(columns: Columns) -> Reply:
+    return {
+        "offsets": columns.offsets,
+        "keys": columns.keys,
+        "values": columns.values,
+        "timestamps": columns.timestamps,
+        "headers": columns.headers,
+    }
+
+
+def entry_wire(offset: int, row: RawRow | None) -> list[Any] | None:
+    if row is None:
+        return None
+    key, value, ts, headers = row
+    return [offset, key, value, ts, headers]
+
+
+def queue_info(ctx: Context, q: int) -> dict[str, Any]:
+    state = ctx.engine.state(q)
+    return {
+        "owner": state.owner.hex(),
+        "name": state.name,
+        "queue": f"{state.owner.hex()}/{state.name}",
+        "start_offset": state.start,
+        "end_offset": state.held_end,
+        "size": state.held_end - state.start,
+        "meta": state.meta_dict,
+        "forked": state.forked,
+        "known_end": state.known_end,
+        "version": state.version,
+        "owned": state.owner == ctx.engine.public_key,
+        "created_ms": ctx.engine.created_ms(q),
+    }
+
+
+# ------------------------------------------------------------------ node
+
+
+@handler("hello")
+async def hello(ctx: Context, request: Request) -> Reply:
+    return {
+        "versions": list(SUPPORTED_VERSIONS),
+        "server": f"latticed/{ctx.version}",
+        "max_frame_bytes": ctx.max_frame_bytes,
+    }
+
+
+@handler("id")
+async def identity(ctx: Context, request: Request) -> Reply:
+    return {"identity": ctx.engine.public_key.hex()}
+
+
+@handler("status")
+async def status(ctx: Context, request: Request) -> Reply:
+    engine = ctx.engine
+    queues = engine.queues()
+    records = 0
+    for q in queues:
+        state = engine.state(q)
+        records += state.held_end - state.start
+    return {
+        "status": {
+            "identity": engine.public_key.hex(),
+            "version": ctx.version,
+            "uptime_s": round(time.monotonic() - ctx.started, 3),
+            "queues": len(queues),
+            "records": records,
+            "storage_bytes": engine.storage_bytes(),
+            "data_dir": str(ctx.data_dir),
+            "socket": str(ctx.socket_path),
+            "listen": None,
+            "transactions": engine.transactions,
+        }
+    }
+
+
+# ------------------------------------------------------------------ queues
+
+
+@handler("queue_create")
+async def queue_create(ctx: Context, request: Request) -> Reply:
+    name = arg_str(request, "name")
+    meta = request.get("meta") or {}
+    if not isinstance(meta, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+    ):
+        raise MalformedError("argument 'meta' must be a map of text to text")
+    q = await ctx.engine.create_queue(name, meta)
+    return {"queue": ctx.engine.address(q)}
+
+
+@handler("queue_list")
+async def queue_list(ctx: Context, request: Request) -> Reply:
+    infos = [queue_info(ctx, q) for q in ctx.engine.queues()]
+    infos.sort(key=lambda i: (not i["owned"], i["owner"], i["name"]))
+    return {"queues": infos}
+
+
+@handler("queue_info")
+async def info_of(ctx: Context, request: Request) -> Reply:
+    return {"info": queue_info(ctx, ctx.queue(request))}
+
+
+HANDLERS["info"] = info_of
+
+
+def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
+    """A record from wire values, checked as :func:`check_record` would (cheaply when it is plain)."""
+    if type(value) is not bytes or (key is not None and type(key) is not bytes):
+        raise MalformedError("record values are bytes and keys bytes or nil")
+    if headers:
+        record = Record(value, key, now, parse_headers(headers))
+        check_record(record)
+        return record
+    if len(value) > MAX_VALUE_BYTES or (key is not None and len(key) > MAX_KEY_BYTES):
+        raise MalformedError(f"record values are at most {MAX_VALUE_BYTES} bytes, keys {MAX_KEY_BYTES}")
+    return Record(value, key, now, ())
+
+
+@handler("offer")
+async def offer(ctx: Context, request: Request) -> Reply:
+    q = ctx.queue(request)
+    record = _record(request.get("value"), request.get("key"), request.get("headers"), ctx.engine.clock())
+    return {"offset": await ctx.engine.append(q, (record,), checked=True)}
+
+
+@handler("offer_batch")
+async def offer_batch(ctx: Context, request: Request) -> Reply:
+    q = ctx.queue(request)
+    raw = request.get("records")
+    if not isinstance(raw, list) or not raw:
+        raise MalformedError("argument 'records' must be a non-empty list of [value, key, headers]")
+    now = ctx.engine.clock()
+    records: list[Record] = []
+    append = records.append
+    for item in raw:
+        if type(item) is not list or len(item) != 3:
+            raise MalformedError("each record is [value, key, headers]")
+        append(_record(item[0], item[1], item[2], now))
+    first = await ctx.engine.append(q, records, checked=True)
+    return {"first": first, "count": len(records)}
+
+
+@handler("peek")
+async def peek(ctx: Context, request: Request) -> Reply:
+    q = ctx.queue(request)
+    row = await ctx.engine.row(q, arg_int(request, "offset"))
+    return {"value": None if row is None else row[1]}
+
+
+@handler("peek_entry")
+async def peek_entry(ctx: Context, request: Request) -> Reply:
+    q = ctx.queue(request)
+    offset = arg_int(request, "offset")
+    return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, await ctx.engine.row(q, offset))}
+
+
+@handler("first")
+async def first(ctx: Context, request: Request) -> Reply:
+    q = ctx.queue(request)
+    state = ctx.engine.state(q)
+    row = await ctx.engine.row(q, state.start) if state.held_end > state.start else None
+    return {"queue": ctx.engine.address(q), "entry": entry_wire(state.start, row)}
+
+
+@handler("last")
+async def last(ctx: Context, request: Request) -> Reply:
+    q = ctx.queue(request)
+    state = ctx.engine.state(q)
+    offset = state.held_end - 1
+    row = await ctx.engine.row(q, offset) if state.held_end > state.start else None
+    return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, row)}
+
+
+@handler("range")
+async def range_(ctx: Context, request: Request) -> Reply:
+    """Records ``[from, to]`` (inclusive), clamped to what the queue holds; all of them or an error."""
+    q = ctx.queue(request)
+    state = ctx.engine.state(q)
+    lo = max(arg_int(request, "from"), state.start)
+    hi = min(arg_int(request, "to") + 1, state.held_end)
+    wanted = max(hi - lo, 0)
+    columns = await ctx.engine.read(q, lo, hi, wanted, ctx.max_reply_bytes)
+    if len(columns) < wanted:
+        raise MalformedError(
+            f"range of {wanted} records does not fit in one reply ({ctx.max_frame_bytes} bytes); use read"
+        )
+    return {"queue": ctx.engine.address(q), **columns_reply(columns)}
+
+
+@handler("read")
+async def read(ctx: Context, request: Request) -> Reply:
+    """Bulk read from an offset, bounded by count and bytes; ``next_offset`` is where to continue."""
+    q = ctx.queue(request)
+    state = ctx.engine.state(q)
+    lo = max(arg_int(request, "from"), state.start)
+    max_records = min(max(arg_int(request, "max_records", default=10_000), 1), MAX_READ_RECORDS)
+    max_bytes = min(max(arg_int(request, "max_bytes", default=8 << 20), 1), ctx.max_reply_bytes)
+    columns = await ctx.engine.read(q, lo, state.held_end, max_records, max_bytes)
+    state = ctx.engine.state(q)
+    return {
+        "queue": ctx.engine.address(q),
+        **columns_reply(columns),
+        "next_offset": columns.offsets[-1] + 1 if columns.offsets else max(lo, state.start),
+        "start_offset": state.start,
+        "end_offset": state.held_end,
+    }
+
+
+@handler("truncate")
+async def truncate(ctx: Context, request: Request) -> Reply:
+    q = ctx.queue(request)
+    await ctx.engine.truncate(q, arg_int(request, "new_start"))
+    return {}
+
+
+@handler("meta_get")
+async def meta_get(ctx: Context, request: Request) -> Reply:
+    q = ctx.queue(request)
+    return {"value": ctx.engine.state(q).meta_dict.get(arg_str(request, "key"))}
+
+
+@handler("meta_set")
+async def meta_set(ctx: Context, request: Request) -> Reply:
+    q = ctx.queue(request)
+    key = arg_str(request, "key")
+    if not key:
+        raise MalformedError("metadata keys are non-empty")
+    await ctx.engine.set_meta(q, {key: arg_str(request, "value", optional=True)})
+    return {}
+
+
+# ------------------------------------------------------------------ KV
+
+
+def _owner(request: Request) -> bytes | None:
+    owner = arg_str(request, "owner", optional=True)
+    return None if owner is None else parse_public_key(owner)
+
+
+def kv_wire(kind: str | None, value: Any) -> Reply:
+    if kind == kv.SET:
+        return {"kind": kind, "value": sorted(value)}
+    return {"kind": kind, "value": value}
+
+
+async def _write(ctx: Context, request: Request, op: str, **fields: Any) -> Any:
+    return await ctx.engine.kv_write(KvRequest(op, arg_str(request, "key"), **fields))
+
+
+@handler("kv_put")
+async def kv_put(ctx: Context, request: Request) -> Reply:
+    ttl = arg_number(request, "ttl")
+    if ttl is not None and not 0 < ttl < 10**10:
+        raise MalformedError("ttl is a positive number of seconds")
+    ttl_ms = None if ttl is None else max(int(ttl * 1000), 1)
+    await _write(ctx, request, "put", value=arg_bytes(request, "value"), ttl_ms=ttl_ms)
+    return {}
+
+
+@handler("kv_get")
+async def kv_get(ctx: Context, request: Request) -> Reply:
+    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    return kv_wire(*visible(entry, ctx.engine.clock()))
+
+
+@handler("kv_del")
+async def kv_del(ctx: Context, request: Request) -> Reply:
+    await _write(ctx, request, "del")
+    return {}
+
+
+@handler("kv_list")
+async def kv_list(ctx: Context, request: Request) -> Reply:
+    prefix = arg_str(request, "prefix", optional=True) or ""
+    now = ctx.engine.clock()
+    items = []
+    for key, entry in await ctx.engine.kv_scan(_owner(request), prefix):
+        kind, value = visible(entry, now)
+        if kind is not None:
+            wire = kv_wire(kind, value)
+            items.append([key, wire["kind"], wire["value"]])
+    return {"items": items}
+
+
+@handler("kv_incr")
+async def kv_incr(ctx: Context, request: Request) -> Reply:
+    by = arg_int(request, "by", default=1)
+    return {"value": await _write(ctx, request, "incr", by=by)}
+
+
+@handler("kv_hset")
+async def kv_hset(ctx: Context, request: Request) -> Reply:
+    await _write(ctx, request, "hset", member=arg_bytes(request, "field"), value=arg_bytes(request, "value"))
+    return {}
+
+
+@handler("kv_hdel")
+async def kv_hdel(ctx: Context, request: Request) -> Reply:
+    await _write(ctx, request, "hdel", member=arg_bytes(request, "field"))
+    return {}
+
+
+@handler("kv_hget")
+async def kv_hget(ctx: Context, request: Request) -> Reply:
+    field_name = arg_bytes(request, "field")
+    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    return {"value": hash_field(entry, field_name, ctx.engine.clock())}
+
+
+@handler("kv_hgetall")
+async def kv_hgetall(ctx: Context, request: Request) -> Reply:
+    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    kind, value = visible(entry, ctx.engine.clock())
+    return {"value": value if kind == kv.HASH else {}}
+
+
+@handler("kv_sadd")
+async def kv_sadd(ctx: Context, request: Request) -> Reply:
+    await _write(ctx, request, "sadd", member=arg_bytes(request, "member"))
+    return {}
+
+
+@handler("kv_srem")
+async def kv_srem(ctx: Context, request: Request) -> Reply:
+    await _write(ctx, request, "srem", member=arg_bytes(request, "member"))
+    return {}
+
+
+@handler("kv_smembers")
+async def kv_smembers(ctx: Context, request: Request) -> Reply:
+    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    kind, value = visible(entry, ctx.engine.clock())
+    return {"value": sorted(value) if kind == kv.SET else []}
+
+
+__all__ = ["HANDLERS", "Context", "Handler", "columns_reply", "entry_wire", "queue_info"]

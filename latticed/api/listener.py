@@ -1,0 +1,91 @@
+"""The API's Unix socket: created 0600, a stale file from a crashed daemon replaced, a live daemon respected.
+
+A socket file outlives the process that bound it. At start-up we connect to an existing one: if someone
+answers, another daemon is serving it and we refuse to start; if the connection is refused, the file is
+stale and is removed. Anything that is not a socket is never deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Final
+
+import trio
+
+from latticed.errors import AlreadyExistsError, StorageError
+from latticed.logs import get_logger, log_event
+
+log = get_logger(__name__)
+
+BACKLOG: Final = 128
+_PROBE_TIMEOUT_S: Final = 1.0
+
+
+def clear_stale_socket(path: Path) -> None:
+    """Remove ``path`` if it is a socket nobody listens on; refuse if a daemon answers on it."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StorageError(f"cannot inspect socket path {path}: {exc.strerror or exc}") from exc
+    if not stat.S_ISSOCK(info.st_mode):
+        raise StorageError(
+            f"{path} exists and is not a socket; refusing to replace it (remove it if it is junk)"
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(_PROBE_TIMEOUT_S)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise StorageError(f"cannot check whether a daemon serves {path}: {exc.strerror or exc}") from exc
+    else:
+        raise AlreadyExistsError(f"another latticed is already serving {path}; stop it first")
+    finally:
+        probe.close()
+    log_event(log, "api.stale_socket_removed", path=str(path))
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+async def bind_unix_socket(path: Path) -> tuple[trio.socket.SocketType, int]:
+    """A listening socket at ``path`` with mode 0600; returns it and the file's inode (to remove only
+    our own file at shutdown)."""
+    clear_stale_socket(path)
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # The umask makes the file private from its creation; chmod then states the intent explicitly.
+        old_umask = os.umask(0o177)
+        try:
+            await sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        sock.listen(BACKLOG)
+        inode = path.stat().st_ino
+    except OSError as exc:
+        sock.close()
+        raise StorageError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
+    return sock, inode
+
+
+def remove_socket(path: Path, inode: int) -> None:
+    """Unlink the socket file if it is still the one we created."""
+    try:
+        if path.lstat().st_ino == inode:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log_event(log, "api.socket_remove_failed", path=str(path), error=str(exc))
+
+
+__all__ = ["bind_unix_socket", "clear_stale_socket", "remove_socket"]

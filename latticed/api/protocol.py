@@ -1,0 +1,152 @@
+"""The local API's messages: msgpack maps in length-prefixed frames (:mod:`latticed.framing`).
+
+Request:  ``{"v": 1, "id": n, "op": "...", ...args}``
+Reply:    ``{"id": n, "ok": true, ...}`` or ``{"id": n, "ok": false, "error": {"code": c, "message": m}}``
+
+``code`` is a :class:`~latticed.errors.LatticedError` ``code``, so the client re-raises the same class.
+Every request names the protocol version it speaks (``v``), so a server can refuse a client from the
+future with a clear error instead of misreading it; ``hello`` tells a client which versions exist.
+
+Records travel as columns (parallel lists of offsets, keys, values, timestamps, headers): one msgpack
+array per field is cheaper to encode and decode than a map per record, and turns into Arrow arrays
+directly. This module is shared by server and client and does no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgpack
+
+from latticed.errors import LatticedError, MalformedError
+
+API_VERSION: Final = 1
+SUPPORTED_VERSIONS: Final = (1,)
+
+#: Default bounds of one pushed tail batch: a slow reader holds at most this much in the server.
+TAIL_BATCH_RECORDS: Final = 1000
+TAIL_BATCH_BYTES: Final = 1 << 20
+#: Room left in a frame for the reply envelope around the records.
+FRAME_OVERHEAD: Final = 64 * 1024
+
+COLUMNS: Final = ("offsets", "keys", "values", "timestamps", "headers")
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack(data: bytes) -> Any:
+    """Decode one message; anything that is not msgpack is a MalformedError."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:  # msgpack raises many unrelated types for bad input
+        raise MalformedError(f"not a msgpack message ({type(exc).__name__})") from exc
+
+
+def error_body(exc: LatticedError) -> dict[str, str]:
+    return {"code": exc.code, "message": str(exc) or type(exc).__name__}
+
+
+def error_reply(request_id: Any, exc: LatticedError) -> dict[str, Any]:
+    return {"id": request_id, "ok": False, "error": error_body(exc)}
+
+
+# ------------------------------------------------------------------ argument checks (server side)
+
+
+def _bad(request: Mapping[str, Any], name: str, expected: str) -> MalformedError:
+    value = request.get(name)
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return MalformedError(f"argument {name!r} must be {expected}, got {type(value).__name__} {shown}")
+
+
+def arg_str(request: Mapping[str, Any], name: str, *, optional: bool = False) -> Any:
+    value = request.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise _bad(request, name, "a string")
+    return value
+
+
+def arg_bytes(request: Mapping[str, Any], name: str, *, optional: bool = False) -> Any:
+    value = request.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, bytes):
+        raise _bad(request, name, "bytes")
+    return value
+
+
+def arg_int(
+    request: Mapping[str, Any], name: str, *, optional: bool = False, default: int | None = None
+) -> Any:
+    value = request.get(name)
+    if value is None and (optional or default is not None):
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not -(2**63) <= value < 2**64:
+        raise _bad(request, name, "an integer")
+    return value
+
+
+def arg_bool(request: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = request.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad(request, name, "true or false")
+    return value
+
+
+def arg_number(request: Mapping[str, Any], name: str) -> float | None:
+    value = request.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise _bad(request, name, "a number")
+    return float(value)
+
+
+def parse_headers(value: Any, name: str = "headers") -> tuple[tuple[str, bytes], ...]:
+    """Headers as a list of ``[name, value]`` pairs or a map; names are text, values bytes."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        value = list(value.items())
+    if not isinstance(value, list):
+        raise MalformedError(f"{name} must be a list of [name, value] pairs or a map")
+    out: list[tuple[str, bytes]] = []
+    item: Any
+    for item in value:
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            raise MalformedError(f"{name}: each header is [name, value]")
+        key, val = item
+        if not isinstance(key, str) or not isinstance(val, bytes):
+            raise MalformedError(f"{name}: header names are text and values bytes")
+        out.append((key, val))
+    return tuple(out)
+
+
+__all__ = [
+    "API_VERSION",
+    "COLUMNS",
+    "FRAME_OVERHEAD",
+    "SUPPORTED_VERSIONS",
+    "TAIL_BATCH_BYTES",
+    "TAIL_BATCH_RECORDS",
+    "arg_bool",
+    "arg_bytes",
+    "arg_int",
+    "arg_number",
+    "arg_str",
+    "error_body",
+    "error_reply",
+    "pack",
+    "parse_headers",
+    "unpack",
+]

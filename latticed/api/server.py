@@ -1,0 +1,133 @@
+"""The local API server: accepts Unix-socket connections and answers requests, one task per connection.
+
+Bad input costs only its own connection: a frame that is not a request gets an error reply, an oversized
+frame or a cut stream closes that connection, and any unexpected exception is logged and closes that
+connection too. Nothing a client sends can raise out of a connection task into the daemon's nursery.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from latticed.api.connection import Connection
+from latticed.api.handlers import HANDLERS, Context
+from latticed.api.listener import bind_unix_socket, remove_socket
+from latticed.api.protocol import SUPPORTED_VERSIONS, error_reply, unpack
+from latticed.api.tail import serve_tail
+from latticed.errors import (
+    ConnectionClosedError,
+    LatticedError,
+    MalformedError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from latticed.logs import get_logger, log_event
+
+log = get_logger(__name__)
+
+_CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosedError)
+
+
+async def serve_api(ctx: Context, *, task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED) -> None:
+    """Listen on ``ctx.socket_path`` until cancelled; reports started once the socket accepts."""
+    sock, inode = await bind_unix_socket(ctx.socket_path)
+    listener = trio.SocketListener(sock)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(trio.serve_listeners, functools.partial(handle_connection, ctx), [listener])
+            )
+            log_event(log, "api.listening", socket=str(ctx.socket_path))
+            task_status.started(ctx.socket_path)
+    finally:
+        remove_socket(ctx.socket_path, inode)
+        with trio.CancelScope(shield=True):
+            await listener.aclose()
+
+
+async def handle_connection(ctx: Context, stream: trio.abc.Stream) -> None:
+    """Serve one client until it leaves or breaks the protocol; never raises (except Cancelled)."""
+    conn = Connection(stream, ctx.max_frame_bytes)
+    try:
+        await _serve(ctx, conn)
+    except _CLOSED:
+        pass
+    except RemoteProtocolError as exc:
+        # Oversized frame or garbage length: say why (best effort), then hang up on this client only.
+        log_event(log, "api.protocol_error", error=str(exc))
+        with trio.move_on_after(1):
+            try:
+                await conn.send(error_reply(None, exc))
+            except (*_CLOSED, OSError):
+                pass
+    except Exception as exc:
+        log_event(log, "api.connection_failed", level=40, exc_info=exc)
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def _serve(ctx: Context, conn: Connection) -> None:
+    while True:
+        frame = await conn.receive_frame()
+        if frame is None:
+            return
+        request, reply = _parse(frame)
+        if reply is None:
+            assert request is not None
+            if request.get("op") == "tail":
+                try:
+                    if not await serve_tail(ctx, conn, request):
+                        return
+                    continue
+                except LatticedError as exc:
+                    reply = error_reply(request.get("id"), exc)
+            else:
+                reply = await dispatch(ctx, request)
+        await conn.send(reply)
+
+
+def _parse(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The request, or the error reply to send instead."""
+    try:
+        request = unpack(frame)
+    except MalformedError as exc:
+        return None, error_reply(None, exc)
+    if not isinstance(request, dict):
+        return None, error_reply(None, MalformedError("a request is a map with 'v', 'id' and 'op'"))
+    rid = request.get("id")
+    if not (rid is None or isinstance(rid, int | str)):
+        return None, error_reply(None, MalformedError("a request 'id' is an integer or a string"))
+    version = request.get("v")
+    op = request.get("op")
+    if version not in SUPPORTED_VERSIONS and op != "hello":
+        return None, error_reply(
+            rid,
+            ProtocolError(
+                f"unsupported API version {version!r}; this daemon speaks {list(SUPPORTED_VERSIONS)}"
+            ),
+        )
+    if not isinstance(op, str) or (op not in HANDLERS and op != "tail"):
+        shown = repr(op)[:60]
+        return None, error_reply(rid, ProtocolError(f"unknown op {shown}"))
+    return request, None
+
+
+async def dispatch(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
+    rid = request.get("id")
+    try:
+        result = await HANDLERS[request["op"]](ctx, request)
+    except LatticedError as exc:
+        return error_reply(rid, exc)
+    except Exception as exc:
+        log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
+        return error_reply(rid, LatticedError(f"internal error: {type(exc).__name__}"))
+    result["id"] = rid
+    result["ok"] = True
+    return result
+
+
+__all__ = ["dispatch", "handle_connection", "serve_api"]

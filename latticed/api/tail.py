@@ -1,0 +1,98 @@
+"""``tail``: the server pushes a queue's records to one connection as they are committed.
+
+No polling: between batches the task waits on the engine's per-queue wakeup, which the storage thread's
+commit callback sets. Flow control is the socket: each push is one bounded batch (``max_records`` /
+``max_bytes``) sent with ``send_all``, so a slow reader stalls only its own task, and the server holds at
+most one batch for it. The client ends a tail by closing the connection or sending any frame (which the
+connection then handles as an ordinary request).
+
+Frames pushed: ``{"id", "ok": true, <columns>, "next_offset"}`` per batch; with ``follow=false`` a final
+``{"id", "ok": true, "done": true, "next_offset"}`` once the end present at the request is reached.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from latticed.api.connection import Connection
+from latticed.api.handlers import Context, columns_reply
+from latticed.api.protocol import TAIL_BATCH_BYTES, TAIL_BATCH_RECORDS, arg_bool, arg_int
+from latticed.errors import StorageError
+
+MAX_TAIL_BATCH_RECORDS = 10_000
+
+
+class _Watch:
+    """Set by the task watching the client; the tail checks it between batches."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self.client_gone = False
+        self.waiting: trio.CancelScope | None = None
+
+    def fire(self, *, gone: bool) -> None:
+        self.stop = True
+        self.client_gone = gone
+        if self.waiting is not None:
+            self.waiting.cancel()
+
+
+async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) -> bool:
+    """Stream records until done (``follow=false``) or the client speaks or leaves.
+
+    Returns False when the client went away (the connection should close)."""
+    rid = request.get("id")
+    q = ctx.queue(request)
+    follow = arg_bool(request, "follow", True)
+    start = arg_int(request, "from", optional=True)
+    max_records = min(
+        max(arg_int(request, "max_records", default=TAIL_BATCH_RECORDS), 1), MAX_TAIL_BATCH_RECORDS
+    )
+    max_bytes = min(max(arg_int(request, "max_bytes", default=TAIL_BATCH_BYTES), 1), ctx.max_reply_bytes)
+    engine = ctx.engine
+    state = engine.state(q)
+    pos = state.start if start is None else max(start, 0)
+    stop_at = None if follow else state.held_end
+    address = engine.address(q)
+    watch = _Watch()
+
+    async def watcher() -> None:
+        speaking = await conn.watch()
+        watch.fire(gone=not speaking)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watcher)
+        while not watch.stop:
+            state = engine.state(q)
+            pos = max(pos, state.start)
+            end = state.held_end if stop_at is None else min(stop_at, state.held_end)
+            if pos < end:
+                columns = await engine.read(q, pos, end, max_records, max_bytes)
+                if columns.offsets:
+                    pos = columns.offsets[-1] + 1
+                    await conn.send(
+                        {
+                            "id": rid,
+                            "ok": True,
+                            "queue": address,
+                            **columns_reply(columns),
+                            "next_offset": pos,
+                        }
+                    )
+                elif engine.state(q).start <= pos:
+                    raise StorageError(f"queue {engine.address(q)} is missing records from offset {pos}")
+                continue
+            if stop_at is not None:
+                await conn.send({"id": rid, "ok": True, "done": True, "next_offset": pos})
+                break
+            with trio.CancelScope() as scope:
+                watch.waiting = scope
+                await engine.wait_past(q, pos)
+            watch.waiting = None
+        nursery.cancel_scope.cancel()
+    return not watch.client_gone
+
+
+__all__ = ["serve_tail"]

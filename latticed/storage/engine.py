@@ -1,0 +1,371 @@
+"""The async face of the store: what the local API (and later replication) calls from trio.
+
+It lives with the store because it is the bridge to the storage thread: writes become jobs for the
+:class:`~latticed.storage.writer.Writer` and the calling task waits on a ``trio.Event`` that the thread
+sets (one ``run_sync_soon`` per group commit, not per job); reads run on a small pool of read connections
+through ``trio.to_thread``, so neither kind ever blocks the event loop. After each commit the engine wakes
+the tails of the queues that changed (one ``trio.Event`` per waited-on queue, no polling) and keeps that
+batch's records in memory so live tails are served without reading them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from latticed.crdt import kv
+from latticed.crdt import queue as core
+from latticed.crdt.head import KIND_KV, KIND_QUEUE, check_name, queue_id
+from latticed.crdt.queue import QueueDelta, QueueState, Summary
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity, parse_public_key
+from latticed.errors import LatticedError, MalformedError, NotFoundError, NotOwnerError
+from latticed.logs import get_logger, log_event
+from latticed.storage.batch import Batch
+from latticed.storage.entries import StoredEntries
+from latticed.storage.jobs import (
+    KV_NAMESPACE,
+    Append,
+    Call,
+    CreateQueue,
+    Job,
+    KvWrite,
+    Merge,
+    SetMeta,
+    Truncate,
+)
+from latticed.storage.kvplan import KvRequest
+from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader
+from latticed.storage.store import db_path
+from latticed.storage.verify import verify_queue
+from latticed.storage.writer import Change, Writer, wall_ms
+
+log = get_logger(__name__)
+
+#: A committed batch larger than this is not kept in memory for tails (they read it back instead).
+RECENT_MAX_RECORDS: Final = 8192
+ADDRESS_CACHE_SIZE: Final = 4096
+
+
+class Engine:
+    """Queues and KV namespaces of one node, backed by the store. Use :meth:`open`."""
+
+    def __init__(self, writer: Writer, pool: ReadPool, identity: Identity, clock: Callable[[], int]) -> None:
+        self._writer = writer
+        self._pool = pool
+        self.identity = identity
+        self.clock = clock
+        self._token = trio.lowlevel.current_trio_token()
+        self._limiter = trio.CapacityLimiter(pool.size)
+        self._waiters: dict[int, trio.Event] = {}
+        self._recent: dict[int, tuple[int, tuple[Record, ...]]] = {}
+        self._closed = False
+        #: Resolved addresses (a queue's number never changes once it exists), so hot requests skip the
+        #: parsing and hashing of ``resolve``.
+        self._addresses: dict[tuple[str, int], int] = {}
+        writer.on_done = self._on_done
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        data_dir: Path,
+        identity: Identity,
+        *,
+        group_commit_ms: float = 0.0,
+        read_connections: int = 2,
+        max_page_count: int | None = None,
+        clock: Callable[[], int] = wall_ms,
+    ) -> AsyncIterator[Engine]:
+        """Open the store (migrating it), start the storage thread; stop it cleanly on exit."""
+        path = db_path(data_dir)
+        writer = Writer(path, identity, clock=clock, linger_ms=group_commit_ms, max_page_count=max_page_count)
+        await trio.to_thread.run_sync(writer.start)
+        try:
+            pool = await trio.to_thread.run_sync(ReadPool, path, read_connections)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(writer.stop)
+            raise
+        engine = cls(writer, pool, identity, clock)
+        log_event(
+            log,
+            "store.opened",
+            path=str(path),
+            queues=len(writer.states),
+            migrated_from=writer.store.migrated_from,
+        )
+        try:
+            yield engine
+        finally:
+            engine._closed = True
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(writer.stop)
+                pool.close()
+            log_event(log, "store.closed", path=str(path), transactions=writer.transactions)
+
+    # ------------------------------------------------------------------ storage thread bridge
+    def _on_done(self, jobs: list[Job], changes: list[Change]) -> None:
+        """Runs on the storage thread after each batch: hand completion to trio in one callback."""
+        self._token.run_sync_soon(self._complete, jobs, changes)
+
+    def _complete(self, jobs: list[Job], changes: list[Change]) -> None:
+        for change in changes:
+            if change.appended and len(change.appended) <= RECENT_MAX_RECORDS:
+                self._recent[change.q] = (change.first, change.appended)
+            else:
+                self._recent.pop(change.q, None)
+            event = self._waiters.pop(change.q, None)
+            if event is not None:
+                event.set()
+        for job in jobs:
+            if job.done is not None:
+                job.done.set()
+
+    async def _run(self, job: Job) -> Any:
+        if self._closed:
+            raise LatticedError("latticed is shutting down")
+        job.done = trio.Event()
+        self._writer.submit(job)
+        await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    async def _read(self, fn: Callable[[StoreReader], Any]) -> Any:
+        def work() -> Any:
+            with self._pool.reader() as reader:
+                return fn(reader)
+
+        return await trio.to_thread.run_sync(work, limiter=self._limiter)
+
+    # ------------------------------------------------------------------ addressing and state
+    @property
+    def public_key(self) -> bytes:
+        return self.identity.public_key
+
+    def resolve(self, address: str, kind: int = KIND_QUEUE) -> int:
+        """``NAME`` (ours) or ``OWNER_HEX/NAME`` to the queue's number; NotFoundError if we hold none."""
+        if not isinstance(address, str):
+            raise MalformedError("a queue is addressed as NAME or OWNER_HEX/NAME")
+        q = self._addresses.get((address, kind))
+        if q is not None:
+            return q
+        owner, name = self.parse_address(address)
+        q = self._writer.lookup(queue_id(owner, name, kind))
+        if q is None:
+            raise NotFoundError(f"no queue {owner.hex()}/{name}")
+        if len(self._addresses) >= ADDRESS_CACHE_SIZE:
+            self._addresses.clear()
+        self._addresses[(address, kind)] = q
+        return q
+
+    def parse_address(self, address: str) -> tuple[bytes, str]:
+        if not isinstance(address, str):
+            raise MalformedError("a queue is addressed as NAME or OWNER_HEX/NAME")
+        owner_hex, sep, name = address.rpartition("/")
+        owner = parse_public_key(owner_hex) if sep else self.public_key
+        check_name(name)
+        return owner, name
+
+    def find(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None:
+        return self._writer.lookup(queue_id(owner, name, kind))
+
+    def state(self, q: int) -> QueueState:
+        """The newest committed value (never includes uncommitted writes).
+
+        Its heads, metadata, bounds and ``summary()`` are in memory; its records are not, and its entries
+        read rows through the storage thread's connection, so do not read records from it here: use
+        :meth:`read`, :meth:`row` or :meth:`delta_for`."""
+        return self._writer.states[q]
+
+    def owned(self, q: int) -> bool:
+        return self._writer.states[q].owner == self.public_key
+
+    def address(self, q: int) -> str:
+        state = self._writer.states[q]
+        return f"{state.owner.hex()}/{state.name}"
+
+    def created_ms(self, q: int) -> int:
+        return self._writer.created_ms.get(q, 0)
+
+    def queues(self, kind: int = KIND_QUEUE) -> list[int]:
+        return [q for q, state in list(self._writer.states.items()) if state.kind == kind]
+
+    def summary(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> Summary | None:
+        q = self.find(owner, name, kind)
+        return None if q is None else self.state(q).summary()
+
+    @property
+    def transactions(self) -> int:
+        return self._writer.transactions
+
+    @property
+    def jobs_committed(self) -> int:
+        return self._writer.jobs_committed
+
+    def storage_bytes(self) -> int:
+        path = self._writer.path
+        total = 0
+        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            with contextlib.suppress(OSError):
+                total += os.stat(name).st_size
+        return total
+
+    def _require_owner(self, q: int, what: str) -> None:
+        if not self.owned(q):
+            raise NotOwnerError(f"cannot {what}: not the owner of {self.address(q)}")
+
+    # ------------------------------------------------------------------ writes
+    async def create_queue(self, name: str, meta: Mapping[str, str] | None = None) -> int:
+        check_name(name)
+        result: int = await self._run(CreateQueue(name, meta))
+        return result
+
+    async def append(self, q: int, records: Sequence[Record], *, checked: bool = False) -> int:
+        """Offer records (one group commit); returns the first offset assigned. ``checked``: the caller
+        already ran :func:`~latticed.crdt.records.check_record` on each."""
+        self._require_owner(q, "offer")
+        first: int = await self._run(Append(q, records, checked=checked))
+        return first
+
+    async def truncate(self, q: int, new_start: int) -> None:
+        self._require_owner(q, "truncate")
+        await self._run(Truncate(q, new_start))
+
+    async def set_meta(self, q: int, updates: Mapping[str, str | None]) -> None:
+        self._require_owner(q, "set metadata")
+        await self._run(SetMeta(q, updates))
+
+    async def kv_write(self, request: KvRequest) -> Any:
+        return await self._run(KvWrite(request))
+
+    async def call_in_writer(self, fn: Callable[[Batch, Writer], Any]) -> Any:
+        """Run ``fn`` on the storage thread (maintenance, tests)."""
+        return await self._run(Call(fn))
+
+    async def merge_delta(self, delta: QueueDelta) -> QueueState:
+        """Verify a peer's delta (off the event loop), then join and persist it; wakes tails.
+
+        Raises IntegrityError for anything forged (nothing is stored), GapError when it does not
+        connect to what we hold."""
+        base = core.empty_state(delta.owner, delta.name, delta.kind)
+        verified = await trio.to_thread.run_sync(core.verify_delta, base, delta)
+        q: int = await self._run(Merge(verified))
+        return self.state(q)
+
+    # ------------------------------------------------------------------ reads
+    async def delta_for(
+        self,
+        owner: bytes,
+        name: str,
+        since: Summary | None,
+        max_records: int | None = None,
+        kind: int = KIND_QUEUE,
+    ) -> QueueDelta:
+        """What a replica summarised by ``since`` lacks (records read from disk, on a reader thread)."""
+        q = self.find(owner, name, kind)
+        if q is None:
+            raise NotFoundError(f"no queue {owner.hex()}/{name}")
+        state = self.state(q)
+
+        def compute(reader: StoreReader) -> QueueDelta:
+            entries = state.entries
+            assert isinstance(entries, StoredEntries)
+            return core.delta(
+                dataclasses.replace(state, entries=entries.rebind(reader.rows)), since, max_records
+            )
+
+        result: QueueDelta = await self._read(compute)
+        return result
+
+    async def verify(self, q: int) -> int:
+        """Re-check a stored queue against its owner's signatures, on a reader (writes go on)."""
+        state = self.state(q)
+        checked: int = await self._read(lambda r: verify_queue(r.conn, q, state))
+        return checked
+
+    async def read(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns:
+        """Committed records in ``[lo, hi)`` clamped to what the queue holds, bounded in count and size."""
+        state = self.state(q)
+        lo, hi = max(lo, state.start), min(hi, state.held_end)
+        if hi <= lo or max_records <= 0:
+            return Columns()
+        recent = self._from_recent(q, lo, hi, max_records, max_bytes)
+        if recent is not None:
+            return recent
+        columns: Columns = await self._read(lambda r: r.columns(q, lo, hi, max_records, max_bytes))
+        return columns
+
+    def _from_recent(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns | None:
+        found = self._recent.get(q)
+        if found is None:
+            return None
+        first, records = found
+        if not first <= lo < first + len(records):
+            return None
+        out = Columns()
+        size = 0
+        stop = min(hi, first + len(records), lo + max_records)
+        for off in range(lo, stop):
+            r = records[off - first]
+            size += len(r.value) + (len(r.key) if r.key else 0) + 16
+            if size > max_bytes and out.offsets:
+                break
+            out.offsets.append(off)
+            out.keys.append(r.key)
+            out.values.append(r.value)
+            out.timestamps.append(r.timestamp)
+            out.headers.append([[k, v] for k, v in r.headers] if r.headers else None)
+        out.nbytes = size
+        return out
+
+    async def row(self, q: int, offset: int) -> RawRow | None:
+        state = self.state(q)
+        if not state.start <= offset < state.held_end:
+            return None
+        found = self._recent.get(q)
+        if found is not None and found[0] <= offset < found[0] + len(found[1]):
+            r = found[1][offset - found[0]]
+            return r.key, r.value, r.timestamp, [[k, v] for k, v in r.headers] if r.headers else None
+        result: RawRow | None = await self._read(lambda reader: reader.row(q, offset))
+        return result
+
+    async def wait_past(self, q: int, end: int) -> None:
+        """Return once the queue holds records at or past ``end`` (or was truncated past it)."""
+        while True:
+            state = self.state(q)
+            if state.held_end > end or state.start > end:
+                return
+            event = self._waiters.get(q)
+            if event is None:
+                event = self._waiters[q] = trio.Event()
+            await event.wait()
+
+    # ------------------------------------------------------------------ KV reads
+    def kv_namespace(self, owner: bytes | None) -> int | None:
+        return self.find(owner or self.public_key, KV_NAMESPACE, KIND_KV)
+
+    async def kv_entry(self, owner: bytes | None, key: str) -> kv.Entry | None:
+        ns = self.kv_namespace(owner)
+        if ns is None:
+            return None
+        entry: kv.Entry | None = await self._read(lambda r: r.kv_entry(ns, key))
+        return entry
+
+    async def kv_scan(self, owner: bytes | None, prefix: str) -> list[tuple[str, kv.Entry]]:
+        ns = self.kv_namespace(owner)
+        if ns is None:
+            return []
+        items: list[tuple[str, kv.Entry]] = await self._read(lambda r: list(r.kv_scan(ns, prefix)))
+        return items
+
+
+__all__ = ["RECENT_MAX_RECORDS", "Engine"]

@@ -1,0 +1,186 @@
+"""Write jobs: what the async side asks the storage thread to do, one small object per request.
+
+Each job validates first and only then changes the :class:`~latticed.storage.batch.Batch`, so a bad job
+fails alone and the rest of its group commit goes ahead. ``result`` is meaningful only once the batch's
+transaction committed (the writer then sets ``error`` to None and signals completion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from latticed.crdt import kv
+from latticed.crdt import queue as core
+from latticed.crdt.head import KIND_KV, queue_id
+from latticed.crdt.queue import VerifiedDelta
+from latticed.crdt.records import Record, check_record
+from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
+from latticed.storage.batch import Batch
+from latticed.storage.kvplan import KvRequest, plan
+
+if TYPE_CHECKING:
+    from latticed.storage.writer import Writer
+
+KV_NAMESPACE = "kv"
+
+
+class Job:
+    """Base of every write job; ``done`` is called (on the writer thread) after commit or failure."""
+
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
+        self.result: Any = None
+        self.error: LatticedError | None = None
+        self.done: Any = None  # set by the submitter: whatever it waits on (a trio.Event)
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        raise NotImplementedError
+
+
+class CreateQueue(Job):
+    """A new queue we own, with its first signed head (version 1) carrying the initial metadata."""
+
+    __slots__ = ("kind", "meta", "name")
+
+    def __init__(self, name: str, meta: Mapping[str, str] | None = None, kind: int = 0) -> None:
+        super().__init__()
+        self.name = name
+        self.meta = dict(meta or {})
+        self.kind = kind
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        owner = batch.identity.public_key
+        state = core.empty_state(owner, self.name, self.kind)
+        for key, value in self.meta.items():
+            if not isinstance(key, str) or not key or not isinstance(value, str):
+                raise MalformedError("metadata is a map of non-empty text keys to text values")
+        qid = state.queue_id
+        if writer.lookup(qid) is not None or qid in batch.created_qids:
+            raise AlreadyExistsError(f"queue {owner.hex()}/{self.name} already exists")
+        q = batch.create(state, writer.store.empty_view)
+        batch.set_meta(q, self.meta, sign=True)  # version 1, even without metadata: the queue has a head
+        self.result = q
+
+
+class Append(Job):
+    """Records for one owned queue; ``result`` is the first offset assigned.
+
+    ``checked=True`` says the caller already enforced :func:`check_record` (the API does, while it builds
+    the records), so the storage thread does not repeat that per-record work."""
+
+    __slots__ = ("checked", "q", "records")
+
+    def __init__(self, q: int, records: Sequence[Record], *, checked: bool = False) -> None:
+        super().__init__()
+        self.q = q
+        self.records = records
+        self.checked = checked
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        batch.require_owner(self.q, "offer")
+        if not self.checked:
+            for record in self.records:
+                check_record(record)
+        self.result = batch.append(self.q, self.records)
+
+
+class Truncate(Job):
+    __slots__ = ("new_start", "q")
+
+    def __init__(self, q: int, new_start: int) -> None:
+        super().__init__()
+        self.q = q
+        self.new_start = new_start
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        batch.require_owner(self.q, "truncate")
+        if self.new_start < 0:
+            raise MalformedError("offsets are non-negative")
+        batch.truncate(self.q, self.new_start)
+
+
+class SetMeta(Job):
+    __slots__ = ("q", "updates")
+
+    def __init__(self, q: int, updates: Mapping[str, str | None]) -> None:
+        super().__init__()
+        self.q = q
+        self.updates = dict(updates)
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        batch.require_owner(self.q, "set metadata")
+        for key, value in self.updates.items():
+            if not isinstance(key, str) or not key or not (value is None or isinstance(value, str)):
+                raise MalformedError("metadata keys are non-empty text; values are text or nil")
+        batch.set_meta(self.q, self.updates)
+
+
+class Merge(Job):
+    """Join a verified delta from a peer (creating the replica if we had none); ``result`` is the q."""
+
+    __slots__ = ("verified",)
+
+    def __init__(self, verified: VerifiedDelta) -> None:
+        super().__init__()
+        self.verified = verified
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        d = self.verified.delta
+        qid = queue_id(d.owner, d.name, d.kind)
+        q = writer.lookup(qid)
+        if q is None:
+            q = batch.created_qids.get(qid)
+        if q is None:
+            empty = core.empty_state(d.owner, d.name, d.kind)
+            core.join_verified(empty, self.verified)  # raises GapError before we create anything
+            q = batch.create(empty, writer.store.empty_view)
+        batch.join(q, self.verified)
+        self.result = q
+
+
+class KvWrite(Job):
+    """A write to our own KV namespace; ``result`` is what the API answers (incr's new total)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: KvRequest) -> None:
+        super().__init__()
+        self.request = request
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        owner = batch.identity.public_key
+        qid = queue_id(owner, KV_NAMESPACE, KIND_KV)
+        ns = writer.lookup(qid)
+        if ns is None:
+            ns = batch.created_qids.get(qid)
+        key = self.request.key
+        current = batch.kv_entry(ns, key)
+        hlc = kv.hlc_next(writer.kv_hlc, batch.now_ms)
+        op, result = plan(self.request, current, batch.now_ms, hlc)
+        self.result = result
+        if op is None:
+            return
+        if ns is None:
+            ns = batch.create(core.empty_state(owner, KV_NAMESPACE, KIND_KV), writer.store.empty_view)
+        writer.kv_hlc = hlc
+        entry = kv.op_entry(op)
+        batch.put_kv(ns, key, entry if current is None else kv.join_entry(current, entry))
+        batch.append(ns, (Record(op.encode(), key.encode(), batch.now_ms),))
+
+
+class Call(Job):
+    """Run a function on the storage thread inside a batch (maintenance, tests)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Batch, Writer], Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        self.result = self.fn(batch, writer)
+
+
+__all__ = ["KV_NAMESPACE", "Append", "Call", "CreateQueue", "Job", "KvWrite", "Merge", "SetMeta", "Truncate"]

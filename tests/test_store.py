@@ -1,0 +1,488 @@
+"""The SQLite store: schema and migrations, persistence of lattice values, lazy stored entries, group
+commit, truncation, and failures (full disk, read-only data directory)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sqlite3
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from latticed.crdt import queue as core
+from latticed.crdt.head import KIND_KV
+from latticed.crdt.records import Record, make_record
+from latticed.crdt.signing import Identity
+from latticed.errors import IntegrityError, NotOwnerError, StorageError
+from latticed.kv import KvNamespace
+from latticed.queue import LatticeQueue
+from latticed.storage import segments
+from latticed.storage.batch import MIN_CHECKPOINT_SPACING, thin_checkpoints
+from latticed.storage.engine import Engine
+from latticed.storage.entries import StoredEntries
+from latticed.storage.jobs import Append, Call, CreateQueue, Job, KvWrite, Merge, SetMeta, Truncate
+from latticed.storage.kvplan import KvRequest, visible
+from latticed.storage.reader import StoreReader
+from latticed.storage.schema import MIGRATIONS, SCHEMA_VERSION
+from latticed.storage.store import Store, checkpoint_changes, db_path
+from latticed.storage.writer import Writer
+
+ALICE = Identity.from_seed(b"a" * 32)
+BOB = Identity.from_seed(b"b" * 32)
+NOW = 1_700_000_000_000
+
+
+def rec(i: int, size: int = 20) -> Record:
+    return make_record(f"v{i}".encode().ljust(size, b"."), key=f"k{i}".encode(), timestamp=NOW + i)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> int:
+        self.now += 1
+        return self.now
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> Iterator[Writer]:
+    w = Writer(db_path(tmp_path), ALICE, clock=Clock())
+    w.open()
+    yield w
+    w.stop()
+
+
+def run(w: Writer, *jobs: Job) -> list[Job]:
+    w.process(list(jobs))
+    return list(jobs)
+
+
+def ok(w: Writer, job: Job) -> object:
+    run(w, job)
+    assert job.error is None, job.error
+    return job.result
+
+
+def create(w: Writer, name: str = "q", meta: dict[str, str] | None = None) -> int:
+    q = ok(w, CreateQueue(name, meta))
+    assert isinstance(q, int)
+    return q
+
+
+def snapshot(state: core.QueueState) -> tuple[object, ...]:
+    """Everything a state holds, read out while its store is open."""
+    return (
+        state.head,
+        state.tip,
+        state.meta,
+        state.checkpoints,
+        state.forked,
+        state.start,
+        state.held_end,
+        state.entries.records(),
+    )
+
+
+def reopen(w: Writer, path: Path, identity: Identity = ALICE) -> Writer:
+    w.stop()
+    fresh = Writer(path, identity, clock=Clock())
+    fresh.open()
+    return fresh
+
+
+# ------------------------------------------------------------------ schema
+
+
+def test_new_store_is_wal_incremental_vacuum_and_current(tmp_path: Path) -> None:
+    store = Store(db_path(tmp_path))
+    try:
+        conn = sqlite3.connect(db_path(tmp_path))
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        conn.close()
+        assert store.migrated_from == 0
+    finally:
+        store.close()
+
+
+def test_opening_an_old_version_migrates_and_keeps_data(tmp_path: Path) -> None:
+    path = db_path(tmp_path)
+    old = Store(path, migrations=MIGRATIONS[:1])  # a store written by the first release
+    state = core.commit(core.empty_state(ALICE.public_key, "q"), ALICE, now_ms=NOW, records=[rec(0)])
+    old.begin()
+    old.insert_queue(1, state, NOW)
+    old.persist(1, old.empty_view(1, core.empty_state(ALICE.public_key, "q")), state)
+    old.commit()
+    old.close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 1
+
+    store = Store(path)
+    try:
+        assert store.migrated_from == 1
+        [loaded] = store.load()
+        assert loaded.state == state
+        assert store.kv_entry(loaded.q, "missing") is None  # the v2 table exists
+    finally:
+        store.close()
+
+
+def test_a_store_from_a_newer_latticed_is_refused(tmp_path: Path) -> None:
+    Store(db_path(tmp_path)).close()
+    conn = sqlite3.connect(db_path(tmp_path))
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(StorageError, match="newer than this latticed"):
+        Store(db_path(tmp_path))
+
+
+# ------------------------------------------------------------------ owner writes and persistence
+
+
+def test_commits_persist_and_reopen_identically(writer: Writer, tmp_path: Path) -> None:
+    q = create(writer, "orders", {"team": "a"})
+    firsts = [ok(writer, Append(q, [rec(i * 10 + j) for j in range(10)])) for i in range(30)]
+    assert firsts == list(range(0, 300, 10))
+    ok(writer, SetMeta(q, {"owner": "bob", "team": None}))
+    ok(writer, Truncate(q, 25))
+    before = writer.states[q]
+    assert (before.start, before.held_end, before.meta_dict) == (25, 300, {"owner": "bob"})
+    expected = snapshot(before)
+
+    writer = reopen(writer, db_path(tmp_path))
+    after = writer.states[q]
+    assert snapshot(after) == expected  # heads, metadata, checkpoints and every record (read lazily)
+    assert after.record_at(25) == rec(25) and after.record_at(24) is None
+    assert writer.store.verify_queue(q, after) == 275
+    ok(writer, Append(q, [rec(300)]))  # and the owner keeps writing where it left off
+    assert writer.states[q].held_end == 301
+    writer.stop()
+
+
+def test_one_signature_per_queue_per_batch(writer: Writer) -> None:
+    q = create(writer)
+    jobs = run(writer, *(Append(q, [rec(i)]) for i in range(20)))
+    assert [j.result for j in jobs] == list(range(20))
+    assert writer.states[q].version == 2  # creation, then one head for all twenty appends
+
+
+def test_a_bad_job_fails_alone(writer: Writer) -> None:
+    q = create(writer)
+    foreign = core.commit(core.empty_state(BOB.public_key, "theirs"), BOB, now_ms=NOW, records=[rec(0)])
+    fq = ok(writer, Merge(core.verify_delta(foreign, core.delta(foreign))))
+    assert isinstance(fq, int)
+    huge = Record(b"x" * (9 << 20))
+    good1, bad, not_owner, good2 = run(
+        writer, Append(q, [rec(0)]), Append(q, [huge]), Append(fq, [rec(1)]), Append(q, [rec(2)])
+    )
+    assert good1.error is None and good2.error is None
+    assert bad.error is not None and bad.error.code == "malformed"
+    assert isinstance(not_owner.error, NotOwnerError)
+    assert writer.states[q].held_end == 2
+
+
+def test_small_commits_are_compacted_and_bulk_is_split(writer: Writer) -> None:
+    q = create(writer)
+    for i in range(0, 400, 10):
+        run(writer, *(Append(q, [rec(i + j)]) for j in range(10)))  # forty small commits of ten records
+    ok(writer, Append(q, [rec(400 + i) for i in range(5000)]))
+    conn = sqlite3.connect(writer.path)
+    counts = [c for (c,) in conn.execute("SELECT count FROM segments WHERE q = ? ORDER BY first", (q,))]
+    assert sum(counts) == 5400
+    assert counts[0] == 10 * segments.COMPACT_EVERY  # 32 small rows were merged into one
+    assert counts[1:9] == [10] * 8  # the next run is not full yet
+    assert max(counts) <= segments.SEGMENT_MAX_RECORDS and len(counts) == 9 + 3
+    assert writer.states[q].entries.records(310, 330) == [rec(i) for i in range(310, 330)]
+    assert writer.states[q].entries.records(4990, 5010) == [rec(i) for i in range(4990, 5010)]
+    conn.close()
+
+
+# ------------------------------------------------------------------ replicas: StoredEntries under core.merge
+
+
+def test_merging_deltas_into_a_stored_replica(writer: Writer, tmp_path: Path) -> None:
+    source = LatticeQueue.create(BOB, "feed", clock=Clock())
+    for batch in range(6):
+        for i in range(700):
+            source.offer(f"r{batch}-{i}".encode(), key=b"k")
+        source.commit()
+    source.set_meta("color", "blue")
+    empty = core.empty_state(BOB.public_key, "feed")
+
+    # Catch up in verifiable chunks, as a peer would send them.
+    q = None
+    while q is None or writer.states[q].held_end < source.end_offset:
+        since = None if q is None else writer.states[q].summary()
+        d = core.delta(source.state, since, max_records=1000)
+        assert len(d.records) <= 1400
+        q = ok(writer, Merge(core.verify_delta(empty, d)))
+        assert isinstance(q, int)
+    replica = writer.states[q]
+    assert isinstance(replica.entries, StoredEntries)
+    assert replica == source.state
+
+    # Live updates and a truncation by the owner arrive as small deltas.
+    source.offer(b"late")
+    source.truncate(1000)
+    ok(writer, Merge(core.verify_delta(empty, core.delta(source.state, writer.states[q].summary()))))
+    assert writer.states[q] == source.state
+
+    # Reopen: the replica comes back from disk equal, and can serve deltas to a third replica.
+    writer = reopen(writer, db_path(tmp_path))
+    stored = writer.states[q]
+    assert stored == source.state
+    assert writer.store.verify_queue(q, stored) == source.size
+    third = LatticeQueue.empty_replica(BOB.public_key, "feed")
+    third.merge(core.delta(stored))
+    assert third.state == source.state
+    writer.stop()
+
+
+def test_forged_deltas_store_nothing(writer: Writer) -> None:
+    source = LatticeQueue.create(BOB, "feed", clock=Clock())
+    source.offer(b"a")
+    d = core.delta(source.state)
+    forged = core.QueueDelta(d.owner, d.name, d.kind, d.head, d.meta, d.tip, 0, d.from_hash, (Record(b"b"),))
+    with pytest.raises(IntegrityError):
+        core.verify_delta(core.empty_state(BOB.public_key, "feed"), forged)
+    assert writer.states == {}
+
+
+def test_kv_writes_and_a_merged_foreign_namespace(writer: Writer, tmp_path: Path) -> None:
+    def kv(op: str, key: str, **fields: object) -> object:
+        return ok(writer, KvWrite(KvRequest(op, key, **fields)))  # type: ignore[arg-type]
+
+    assert kv("incr", "n", by=5) == 5
+    jobs = run(writer, *(KvWrite(KvRequest("incr", "n")) for _ in range(3)))  # one batch sees its own writes
+    assert [j.result for j in jobs] == [6, 7, 8]
+    kv("put", "a", value=b"1")
+    kv("hset", "h", member=b"f", value=b"v")
+    kv("sadd", "s", member=b"m")
+    kv("del", "a")
+    ns = writer.lookup(core.empty_state(ALICE.public_key, "kv", KIND_KV).queue_id)
+    assert ns is not None
+    now = NOW + 10**6
+    assert visible(writer.store.kv_entry(ns, "n"), now) == ("counter", 8)
+    assert visible(writer.store.kv_entry(ns, "a"), now) == (None, None)
+    assert visible(writer.store.kv_entry(ns, "h"), now) == ("hash", {b"f": b"v"})
+
+    bob = KvNamespace.create(BOB, clock=Clock())
+    bob.put("x", b"1")
+    bob.hset("h", b"f", b"v")
+    bob.sadd("s", b"m")
+    bob.incr("c", 3)
+    empty = core.empty_state(BOB.public_key, "kv", KIND_KV)
+    bq = ok(writer, Merge(core.verify_delta(empty, bob.delta())))
+    bob.srem("s", b"m")
+    bob.put("x", b"2")
+    ok(writer, Merge(core.verify_delta(empty, bob.delta(writer.states[bq].summary()))))  # type: ignore[index]
+    writer = reopen(writer, db_path(tmp_path))
+    reader = StoreReader(writer.path)
+    try:
+        assert isinstance(bq, int)
+        view = {k: visible(e, now)[1] for k, e in reader.kv_scan(bq, "")}
+        assert {k: v for k, v in view.items() if v is not None} == bob.items()
+        assert writer.kv_hlc > 0  # our own HLC survives a restart
+    finally:
+        reader.close()
+        writer.stop()
+
+
+# ------------------------------------------------------------------ truncation and checkpoints
+
+
+def test_truncation_deletes_rows_and_reclaims_pages(writer: Writer) -> None:
+    q = create(writer)
+    for i in range(10):
+        ok(writer, Append(q, [rec(i * 1000 + j, size=1000) for j in range(1000)]))
+    conn = sqlite3.connect(writer.path)
+    pages_before = conn.execute("PRAGMA page_count").fetchone()[0]
+    ok(writer, Truncate(q, 6500))
+    while writer.maintain():  # the storage thread runs these steps after batches and when idle
+        pass
+    rows = conn.execute("SELECT first, count FROM segments WHERE q = ? ORDER BY first", (q,)).fetchall()
+    assert rows[0][0] == 6500 and sum(c for _, c in rows) == 3500  # the cut segment was rewritten
+    assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
+    assert conn.execute("PRAGMA page_count").fetchone()[0] < pages_before * 0.5
+    assert writer.states[q].record_at(6500) == rec(6500, size=1000)
+    ok(writer, Truncate(q, 20_000))  # past the end: nothing left, the next offer gets 20000
+    assert conn.execute("SELECT count(*) FROM segments WHERE q = ?", (q,)).fetchone()[0] == 0
+    assert ok(writer, Append(q, [rec(1)])) == 20_000
+    conn.close()
+
+
+def test_checkpoints_are_thinned_and_stay_on_disk_in_step(writer: Writer, tmp_path: Path) -> None:
+    q = create(writer)
+    for i in range(300):
+        ok(writer, Append(q, [rec(i * 10 + j) for j in range(10)]))  # a checkpoint per commit
+    cps = writer.states[q].checkpoints
+    ends = [c.end for c in cps]
+    assert ends[-1] == 3000 and len(cps) <= 5
+    assert all(b - a >= MIN_CHECKPOINT_SPACING for a, b in itertools.pairwise(ends[:-1]))
+    conn = sqlite3.connect(writer.path)
+    stored = [
+        e for (e,) in conn.execute("SELECT end_off FROM checkpoints WHERE q = ? ORDER BY end_off", (q,))
+    ]
+    assert stored == ends[:-1]  # the latest is the tip, kept in the queue row
+    conn.close()
+    writer = reopen(writer, db_path(tmp_path))
+    assert writer.states[q].checkpoints == cps
+    writer.stop()
+
+
+def test_thinning_and_checkpoint_diff_helpers() -> None:
+    state = core.empty_state(ALICE.public_key, "t")
+    heads = []
+    for i in range(2500):
+        state = core.commit(state, ALICE, now_ms=NOW, records=[rec(i)])
+        heads.append(state.head)
+    thinned = thin_checkpoints(tuple(heads), 2500)  # a dense list from a peer: full pass
+    assert thinned[-1] is heads[-1] and [c.end for c in thinned] == [1, 1001, 2001, 2500]
+    old = thinned
+    new = (*old[1:-1], heads[-2], heads[-1])
+    gone, added = checkpoint_changes(old, new)
+    assert gone == [old[0]] and added == [heads[-2]]
+
+
+# ------------------------------------------------------------------ failures
+
+
+def test_full_disk_fails_writes_with_storage_error_and_reads_go_on(tmp_path: Path) -> None:
+    w = Writer(db_path(tmp_path), ALICE, clock=Clock(), max_page_count=64)
+    w.open()
+    try:
+        q = create(w)
+        last_ok = 0
+        error = None
+        for i in range(200):
+            job = run(w, Append(q, [rec(i * 100 + j, size=2000) for j in range(100)]))[0]
+            if job.error is not None:
+                error = job.error
+                break
+            last_ok = w.states[q].held_end
+        assert isinstance(error, StorageError) and "full" in str(error)
+        assert w.states[q].held_end == last_ok  # nothing of the failed batch is visible
+        reader = StoreReader(w.path)
+        try:
+            columns = reader.columns(q, 0, last_ok, 10**6, 1 << 30)
+            assert columns.offsets == list(range(last_ok))
+        finally:
+            reader.close()
+        ok(w, Call(lambda _b, writer: writer.store.set_max_page_count(100_000)))
+        assert ok(w, Append(q, [rec(0)])) == last_ok  # space came back: writes resume
+    finally:
+        w.stop()
+
+
+def _make_read_only(path: Path) -> None:
+    if os.geteuid() == 0:
+        if shutil.which("chattr") is None:
+            pytest.skip("running as root without chattr: cannot make a directory read-only")
+        result = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
+        if result.returncode != 0:
+            pytest.skip(f"chattr +i unsupported here: {result.stderr.decode().strip()}")
+    else:
+        path.chmod(0o500)
+
+
+def _make_writable(path: Path) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+    path.chmod(0o700)
+
+
+def test_read_only_data_dir_is_a_clear_storage_error(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    _make_read_only(data)
+    try:
+        with pytest.raises(
+            StorageError, match=r"cannot open the store .*latticed\.db.*(read-only|unwritable)"
+        ):
+            Store(db_path(data))
+    finally:
+        _make_writable(data)
+
+
+def test_existing_store_in_a_read_only_dir_is_a_clear_storage_error(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    Store(db_path(data)).close()  # clean close removes the WAL: reopening must create it again
+    _make_read_only(data)
+    try:
+        with pytest.raises(StorageError, match=r"latticed\.db.*(read-only|unwritable)"):
+            Store(db_path(data))
+    finally:
+        _make_writable(data)
+
+
+# ------------------------------------------------------------------ group commit (trio + storage thread)
+
+
+async def test_concurrent_writers_share_transactions(tmp_path: Path) -> None:
+    async with Engine.open(tmp_path, ALICE) as engine:
+        q = await engine.create_queue("q")
+        gate = threading.Event()
+        blocked = threading.Event()
+
+        def hold(_batch: object, _writer: object) -> None:
+            blocked.set()
+            gate.wait(10)
+
+        transactions = engine.transactions
+        offsets: list[int] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.call_in_writer, hold)
+            await trio.to_thread.run_sync(blocked.wait)
+
+            async def offer(i: int) -> None:
+                offsets.append(await engine.append(q, [rec(i)]))
+
+            for i in range(50):
+                nursery.start_soon(offer, i)
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+        assert sorted(offsets) == list(range(50))
+        assert engine.transactions - transactions <= 2  # 50 acknowledged writes, one fsync'd commit
+        assert engine.state(q).version == 2
+
+
+async def test_engine_reads_tails_and_merge_delta(tmp_path: Path) -> None:
+    async with Engine.open(tmp_path, ALICE) as engine:
+        q = await engine.create_queue("q")
+        woke = trio.Event()
+
+        async def waiter() -> None:
+            await engine.wait_past(q, 2)
+            woke.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            await engine.append(q, [rec(0), rec(1)])
+            assert not woke.is_set()
+            await engine.append(q, [rec(2)])
+        assert woke.is_set()
+        columns = await engine.read(q, 0, 10, 10, 1 << 20)
+        assert columns.offsets == [0, 1, 2] and columns.values[2] == rec(2).value
+        assert (await engine.row(q, 1)) == (rec(1).key, rec(1).value, rec(1).timestamp, None)
+
+        source = LatticeQueue.create(BOB, "feed", clock=Clock())
+        source.offer(b"x")
+        state = await engine.merge_delta(source.delta())
+        # A published state reads its rows on the storage thread only; compare what it holds in memory.
+        assert (state.head, state.held_end) == (source.state.head, 1)
+        assert await engine.verify(engine.resolve(f"{BOB.public_hex}/feed")) == 1
+        assert await engine.verify(q) == 3
+        again = await engine.delta_for(BOB.public_key, "feed", None)
+        assert again.records == source.delta().records
+        with pytest.raises(NotOwnerError):
+            await engine.append(engine.resolve(f"{BOB.public_hex}/feed"), [rec(0)])
