@@ -193,8 +193,25 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "data dir": info.get("data_dir"),
         "socket": info.get("socket"),
         "listen": info.get("listen") or "not listening (local only)",
+        "replication lag": info.get("replication_lag") or "none",
     }
     emit(info, field_lines(fields), as_json=as_json)
+
+
+_PEER_COLUMNS = {
+    "public_key": "IDENTITY",
+    "address": "ADDRESS",
+    "sources": "FOUND",
+    "connected": "CONNECTED",
+    "lag": "LAG",
+}
+
+
+@app.command()
+def peers(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """List known peers: identity, address, how found, connected?, and lag per queue."""
+    rows = _client(ctx).peers()
+    emit(rows, table_lines(rows, _PEER_COLUMNS) if rows else ["no peers"], as_json=as_json)
 
 
 # --- queues ---------------------------------------------------------------------------------------

@@ -44,10 +44,11 @@ class LatticedProcess:
     proc: subprocess.Popen[bytes] | None = None
     history: list[subprocess.Popen[bytes]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
 
     def start(self, *, wait: bool = True) -> LatticedProcess:
         argv = [sys.executable, "-m", "latticed", "run"]
-        argv += ["--data-dir", str(self.data_dir), "--socket", str(self.socket)]
+        argv += ["--data-dir", str(self.data_dir), "--socket", str(self.socket), *self.args]
         env = {**os.environ, **self.env}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -108,6 +109,7 @@ def latticed_process() -> Iterator[Callable[..., LatticedProcess]]:
         socket_path: Path | None = None,
         start: bool = True,
         env: dict[str, str] | None = None,
+        args: list[str] | None = None,
     ) -> LatticedProcess:
         nonlocal counter
         counter += 1
@@ -116,6 +118,7 @@ def latticed_process() -> Iterator[Callable[..., LatticedProcess]]:
             socket=socket_path or root / f"d{counter}.sock",
             log=root / f"daemon{counter}.log",
             env=dict(env or {}),
+            args=list(args or []),
         )
         made.append(daemon)
         if start:

@@ -176,7 +176,7 @@ def test_status(daemon: Daemon, identity: str) -> None:
     assert expected <= set(raw)
     assert raw["identity"] == identity
     text = daemon.ok("status")
-    assert f"identity: {identity}" in text.replace("  ", " ")
+    assert re.search(rf"^identity:\s+{identity}$", text, re.MULTILINE), text
     for label in ("version", "uptime", "queues", "records", "storage"):
         assert re.search(rf"^{label}:", text, re.MULTILINE), text
 

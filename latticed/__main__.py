@@ -1,10 +1,8 @@
-"""``python -m latticed run --data-dir D --socket S``: run the daemon without the CLI package."""
+"""``python -m latticed ...`` is the ``latticed`` command (run, network-key, version)."""
 
 from __future__ import annotations
 
-import sys
-
-from latticed.daemon import main
+from cli.daemon import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

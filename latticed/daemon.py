@@ -9,24 +9,22 @@ removed, and ``run`` returns 0.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import trio
 
 from latticed.api.handlers import Context
 from latticed.api.server import serve_api
-from latticed.config import DaemonConfig, load_config
+from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
-from latticed.errors import LatticedError
-from latticed.logs import configure_logging, get_logger, log_event
+from latticed.logs import get_logger, log_event
 from latticed.paths import ensure_data_dir, ensure_socket_dir
+from latticed.replication import run_replication
 from latticed.sdnotify import Notifier, watchdog_interval
 from latticed.storage.engine import Engine
 from latticed.storage.keyfile import load_or_create_identity
@@ -34,9 +32,6 @@ from latticed.storage.lockfile import DataDirLock
 
 log = get_logger(__name__)
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
 #: The event loop and the storage thread share the GIL; with CPython's default 5 ms switch interval a
 #: busy storage thread can hold a ready event loop back that long, which is the whole latency budget.
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -78,6 +73,8 @@ async def run_daemon(
                 async with trio.open_nursery() as nursery:
                     if handle_signals:
                         await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
+                    if config.listen is not None or config.peers:
+                        context.replication = await nursery.start(run_replication, engine, identity, config)
                     await nursery.start(serve_api, context)
                     interval = watchdog_interval(env)
                     if interval is not None:
@@ -121,48 +118,4 @@ async def _watchdog(notifier: Notifier, interval: float) -> None:
         await trio.sleep(interval)
 
 
-def run(config: DaemonConfig) -> int:
-    """Run the daemon in this (main) thread until stopped; returns the process exit code."""
-    configure_logging(config.log_level, config.log_format)
-    try:
-        trio.run(run_daemon, config)
-    except LatticedError as exc:
-        log_event(log, "daemon.failed", level=50, error=str(exc), code=exc.code)
-        return EXIT_FAILURE
-    return EXIT_OK
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m latticed", description="latticed peer-to-peer sync daemon"
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    run_cmd = commands.add_parser("run", help="run the daemon in the foreground")
-    run_cmd.add_argument("--config", type=Path, help="TOML config file")
-    run_cmd.add_argument("--data-dir", help="where the store and identity key live")
-    run_cmd.add_argument("--socket", help="local API socket path")
-    run_cmd.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
-    run_cmd.add_argument("--log-format", choices=["json", "text"])
-    run_cmd.add_argument("--no-mdns", action="store_true", help="do not announce or discover peers by mDNS")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m latticed run --data-dir D --socket S``: a minimal entry point (the CLI is the full one)."""
-    args = _parser().parse_args(argv)
-    overrides: dict[str, object] = {
-        "data_dir": args.data_dir,
-        "socket_path": args.socket,
-        "log_level": args.log_level,
-        "log_format": args.log_format,
-        "mdns": False if args.no_mdns else None,
-    }
-    try:
-        config = load_config(args.config, overrides)
-    except LatticedError as exc:
-        print(f"latticed: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    return run(config)
-
-
-__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "RunningDaemon", "main", "run", "run_daemon"]
+__all__ = ["RunningDaemon", "run_daemon"]

@@ -167,6 +167,21 @@ def test_commits_persist_and_reopen_identically(writer: Writer, tmp_path: Path) 
     writer.stop()
 
 
+def test_verification_catches_records_changed_on_disk(writer: Writer) -> None:
+    q = create(writer)
+    ok(writer, Append(q, [rec(i) for i in range(100)]))
+    assert writer.store.verify_queue(q, writer.states[q]) == 100
+    conn = sqlite3.connect(writer.path)
+    first, count, chains, data = conn.execute("SELECT first, count, chains, data FROM segments").fetchone()
+    segment = segments.Segment.decode(first, count, chains, data)
+    segment.values[42] = b"tampered"
+    conn.execute("UPDATE segments SET data = ? WHERE q = ? AND first = ?", (segment.encode()[2], q, first))
+    conn.commit()
+    conn.close()
+    with pytest.raises(StorageError, match="do not match"):
+        writer.store.verify_queue(q, writer.states[q])
+
+
 def test_one_signature_per_queue_per_batch(writer: Writer) -> None:
     q = create(writer)
     jobs = run(writer, *(Append(q, [rec(i)]) for i in range(20)))

@@ -283,6 +283,11 @@ class Client:
         status: dict[str, Any] = self.call("status")["status"]
         return status
 
+    def peers(self) -> list[dict[str, Any]]:
+        """Known peers: identity, address, how found, connected?, lag per queue."""
+        peers: list[dict[str, Any]] = self.call("peers")["peers"]
+        return peers
+
     # ------------------------------------------------------------------ queues
     def queue_create(self, name: str, meta: Mapping[str, str] | None = None) -> str:
         return str(self.call("queue_create", name=name, meta=dict(meta or {}))["queue"])

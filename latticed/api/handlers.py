@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from latticed.api.protocol import (
     FRAME_OVERHEAD,
@@ -45,6 +45,19 @@ def package_version() -> str:
         return "0.0.0"
 
 
+class ReplicationView(Protocol):
+    """What the API shows of replication (the service itself lives in :mod:`latticed.replication`)."""
+
+    @property
+    def listen(self) -> str | None: ...
+
+    def peers(self) -> list[dict[str, Any]]: ...
+
+    def lag(self) -> dict[str, int]: ...
+
+    def counters(self) -> dict[str, int]: ...
+
+
 @dataclass(slots=True)
 class Context:
     """What every handler may use: the engine and a few facts about this daemon."""
@@ -55,6 +68,7 @@ class Context:
     max_frame_bytes: int
     started: float = field(default_factory=time.monotonic)
     version: str = field(default_factory=package_version)
+    replication: ReplicationView | None = None
 
     @property
     def max_reply_bytes(self) -> int:
@@ -149,10 +163,17 @@ async def status(ctx: Context, request: Request) -> Reply:
             "storage_bytes": engine.storage_bytes(),
             "data_dir": str(ctx.data_dir),
             "socket": str(ctx.socket_path),
-            "listen": None,
+            "listen": ctx.replication.listen if ctx.replication else None,
             "transactions": engine.transactions,
+            "replication_lag": ctx.replication.lag() if ctx.replication else {},
+            "replication": ctx.replication.counters() if ctx.replication else None,
         }
     }
+
+
+@handler("peers")
+async def peers(ctx: Context, request: Request) -> Reply:
+    return {"peers": ctx.replication.peers() if ctx.replication else []}
 
 
 # ------------------------------------------------------------------ queues

@@ -70,6 +70,8 @@ class Engine:
         #: Resolved addresses (a queue's number never changes once it exists), so hot requests skip the
         #: parsing and hashing of ``resolve``.
         self._addresses: dict[tuple[str, int], int] = {}
+        #: Called on the trio thread with each committed queue value (replication pushes from here).
+        self._listeners: list[Callable[[QueueState], None]] = []
         writer.on_done = self._on_done
 
     @classmethod
@@ -125,6 +127,8 @@ class Engine:
             event = self._waiters.pop(change.q, None)
             if event is not None:
                 event.set()
+            for listener in self._listeners:
+                listener(change.state)
         for job in jobs:
             if job.done is not None:
                 job.done.set()
@@ -145,6 +149,13 @@ class Engine:
                 return fn(reader)
 
         return await trio.to_thread.run_sync(work, limiter=self._limiter)
+
+    def add_change_listener(self, listener: Callable[[QueueState], None]) -> None:
+        self._listeners.append(listener)
+
+    def remove_change_listener(self, listener: Callable[[QueueState], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
 
     # ------------------------------------------------------------------ addressing and state
     @property
@@ -269,6 +280,8 @@ class Engine:
         since: Summary | None,
         max_records: int | None = None,
         kind: int = KIND_QUEUE,
+        *,
+        max_bytes: int | None = None,
     ) -> QueueDelta:
         """What a replica summarised by ``since`` lacks (records read from disk, on a reader thread)."""
         q = self.find(owner, name, kind)
@@ -280,7 +293,7 @@ class Engine:
             entries = state.entries
             assert isinstance(entries, StoredEntries)
             return core.delta(
-                dataclasses.replace(state, entries=entries.rebind(reader.rows)), since, max_records
+                dataclasses.replace(state, entries=entries.rebind(reader.rows)), since, max_records, max_bytes
             )
 
         result: QueueDelta = await self._read(compute)

@@ -1,0 +1,170 @@
+"""Replication between real daemon processes on loopback: static peers, multi-hop, mDNS, offline
+catch-up both ways, kill -9 mid-transfer, and a malicious peer."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+
+from latticed.api.client import Client
+from latticed.crdt import queue as core
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.crdt.wire import delta_to_wire, pack
+from latticed.errors import ConnectionClosedError
+from latticed.net.transport import open_peer
+from latticed.netkey import DEFAULT_NETWORK_KEY
+from latticed.protocol.replication import DELTA, HELLO, PROTOCOL_VERSION
+
+WAIT_S = 30.0
+LatticedProcess = Any  # integration/conftest.py's daemon handle
+Factory = Callable[..., LatticedProcess]
+
+
+def client(daemon: LatticedProcess) -> Client:
+    return Client(daemon.socket, timeout=10)
+
+
+def listen_port(daemon: LatticedProcess) -> int:
+    with client(daemon) as c:
+        listen = c.status()["listen"]
+    assert listen is not None
+    return int(listen.rsplit(":", 1)[1])
+
+
+def start_peer(factory: Factory, *peers: LatticedProcess, extra: list[str] | None = None) -> LatticedProcess:
+    args = ["--listen", "127.0.0.1:0", "--no-mdns", *(extra or [])]
+    for peer in peers:
+        args += ["--peer", f"127.0.0.1:{listen_port(peer)}"]
+    return factory(args=args)
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
+    """Poll a daemon-side condition (replication has no client-visible event to wait on)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+
+
+def holds(daemon: LatticedProcess, queue: str, end: int) -> bool:
+    with client(daemon) as c:
+        try:
+            return int(c.queue_info(queue)["end_offset"]) >= end
+        except Exception:
+            return False
+
+
+def values(daemon: LatticedProcess, queue: str) -> list[bytes]:
+    with client(daemon) as c:
+        return [e.value for e in c.range(queue, 0, 1 << 40)]
+
+
+def test_three_daemons_converge_across_hops(latticed_process: Factory) -> None:
+    a = start_peer(latticed_process)
+    b = start_peer(latticed_process, a)
+    c = start_peer(latticed_process, b)  # a and c never meet
+    with client(a) as ca:
+        queue = ca.queue_create("events")
+        ca.offer_batch("events", [(b"a%d" % i, None, ()) for i in range(50)])
+    with client(c) as cc:
+        c_queue = cc.queue_create("from-c")
+        cc.offer("from-c", b"hello from c")
+    wait_until(lambda: holds(c, queue, 50), "a's records on c")
+    wait_until(lambda: holds(a, c_queue, 1), "c's record on a")
+    assert values(c, queue) == values(a, queue) == [b"a%d" % i for i in range(50)]
+    with client(b) as cb:
+        listed = {q["queue"] for q in cb.queue_list()}
+        assert {queue, c_queue} <= listed
+        peers = cb.peers()
+        assert sum(1 for p in peers if p["connected"]) == 2
+        with pytest.raises(Exception, match="owner"):
+            cb.offer(queue, b"forged by b")
+
+
+def test_offline_laptop_catches_up_both_ways(latticed_process: Factory) -> None:
+    a = start_peer(latticed_process)
+    laptop = latticed_process(args=["--no-mdns"])  # offline: no peers, not listening
+    with client(a) as ca:
+        office = ca.queue_create("office")
+        ca.offer_batch("office", [(b"o%d" % i, None, ()) for i in range(300)])
+    with client(laptop) as cl:
+        trip = cl.queue_create("trip")
+        cl.offer_batch("trip", [(b"t%d" % i, None, ()) for i in range(120)])
+    laptop.stop()
+    laptop.args = ["--listen", "127.0.0.1:0", "--no-mdns", "--peer", f"127.0.0.1:{listen_port(a)}"]
+    laptop.start()
+    wait_until(lambda: holds(laptop, office, 300), "office records on the laptop")
+    wait_until(lambda: holds(a, trip, 120), "trip records on the office daemon")
+    assert values(a, trip) == [b"t%d" % i for i in range(120)]
+
+
+def test_kill9_mid_transfer_then_converge(latticed_process: Factory) -> None:
+    a = start_peer(latticed_process)
+    with client(a) as ca:
+        queue = ca.queue_create("backlog")
+        for batch in range(20):
+            ca.offer_batch("backlog", [(b"%06d" % (batch * 1000 + i), None, ()) for i in range(1000)])
+    b = start_peer(latticed_process, a)
+    wait_until(lambda: holds(b, queue, 1), "the transfer to start")
+    b.kill9()
+    b.start()
+    wait_until(lambda: holds(b, queue, 20_000), "the backlog after a kill -9")
+    with client(b) as cb:
+        info = cb.queue_info(queue)
+        assert info["end_offset"] == 20_000 and not info["forked"]
+        assert cb.peek(queue, 12_345) == b"%06d" % 12_345
+
+
+def test_discovery_by_mdns_on_loopback(latticed_process: Factory) -> None:
+    mdns = ["--mdns", "--mdns-interface", "127.0.0.1", "--listen", "127.0.0.1:0"]
+    a = latticed_process(args=mdns)
+    b = latticed_process(args=mdns)
+    with client(a) as ca:
+        queue = ca.queue_create("lan")
+        ca.offer("lan", b"found you")
+    wait_until(lambda: holds(b, queue, 1), "replication after mDNS discovery")
+    with client(b) as cb:
+        assert any("mdns" in p.get("sources", []) for p in cb.peers())
+
+
+def test_malicious_peer_is_refused_and_nothing_is_stored(latticed_process: Factory) -> None:
+    victim = start_peer(latticed_process)
+    port = listen_port(victim)
+    owner = Identity.from_seed(b"o" * 32)
+    mallory = Identity.generate()
+    honest = core.commit(
+        core.empty_state(owner.public_key, "ledger"), owner, now_ms=1, records=[Record(value=b"pay 5")]
+    )
+    forged = dataclasses.replace(core.delta(honest), records=(Record(value=b"pay 5000"),))
+    wrong_owner = dataclasses.replace(
+        core.delta(core.commit(core.empty_state(mallory.public_key, "x"), mallory, now_ms=1)),
+        owner=owner.public_key,
+    )
+
+    async def attack(delta: core.QueueDelta) -> None:
+        stream = await open_peer("127.0.0.1", port, seed=mallory.seed, network_key=DEFAULT_NETWORK_KEY)
+        await stream.send(pack([HELLO, PROTOCOL_VERSION, None]))
+        await stream.send(pack([DELTA, 1, delta_to_wire(delta)]))
+        with trio.fail_after(10):
+            while await stream.receive() is not None:  # the daemon hangs up on us
+                pass
+
+    for bad in (forged, wrong_owner, forged):  # the third is a replay
+        with contextlib.suppress(ConnectionClosedError):  # hung up cleanly or cut off: both are a refusal
+            trio.run(attack, bad)
+    with client(victim) as cv:
+        assert all(q["owner"] != owner.public_key.hex() for q in cv.queue_list())
+        counters = cv.status()["replication"]
+        assert counters["rejected_deltas"] == 3
+        assert counters["connected"] == 0
+        assert cv.identity()  # still serving
