@@ -13,6 +13,7 @@ venv: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 
 demo: venv
+	$(BIN)/pip install -q -e '.[spark]'
 	$(BIN)/python -m latticed.demo
 
 lint: venv

@@ -211,7 +211,14 @@ _PEER_COLUMNS = {
 def peers(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """List known peers: identity, address, how found, connected?, and lag per queue."""
     rows = _client(ctx).peers()
-    emit(rows, table_lines(rows, _PEER_COLUMNS) if rows else ["no peers"], as_json=as_json)
+    shown = [{**row, "lag": _lag_text(row.get("lag") or {})} for row in rows]
+    emit(rows, table_lines(shown, _PEER_COLUMNS) if rows else ["no peers"], as_json=as_json)
+
+
+def _lag_text(lags: dict[str, int]) -> str:
+    """Records the peer is behind us, summed over queues (``--json`` has them per queue)."""
+    behind = sum(lag for lag in lags.values() if lag > 0)
+    return "in sync" if behind == 0 else f"{behind} records behind"
 
 
 # --- queues ---------------------------------------------------------------------------------------
