@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import logging
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,8 +29,8 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import LatticedError, NotFoundError
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
-from latticed.net.gossip import Gossip
-from latticed.net.peers import PeerBook
+from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip
+from latticed.net.peers import Backoff, PeerBook
 from latticed.net.transport import open_peer, secure_accept
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
 from latticed.protocol.replication import QueueKey, key_label
@@ -40,6 +41,17 @@ log = get_logger(__name__)
 PEERS_FILE = "peers.json"
 DIAL_TIMEOUT_S = 10.0
 MAX_DIALS_AT_ONCE = 8
+#: On a LAN a peer is usually back within seconds: retry at least this often.
+MAX_BACKOFF_S = 30.0
+#: Let the kernel give up on a stalled TCP link about when the gossip layer would (ms).
+TCP_USER_TIMEOUT_MS = int(PEER_TIMEOUT_S * 1000)
+
+
+def _tune_socket(stream: trio.abc.Stream) -> None:
+    """Bound how long a stalled link lingers in retransmit backoff after a partition."""
+    if isinstance(stream, trio.SocketStream) and hasattr(socket, "TCP_USER_TIMEOUT"):
+        with contextlib.suppress(OSError):
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
 
 
 def queue_key(state: QueueState) -> QueueKey:
@@ -168,10 +180,12 @@ def _load_book(data_dir: Path, own: bytes) -> PeerBook:
     path = data_dir / PEERS_FILE
     with contextlib.suppress(FileNotFoundError):
         try:
-            return PeerBook.from_json(path.read_text(), now=time.time(), own_public_key=own)
+            return PeerBook.from_json(
+                path.read_text(), now=time.time(), own_public_key=own, backoff=Backoff(cap=MAX_BACKOFF_S)
+            )
         except LatticedError as exc:
             log_event(log, "peers.unreadable", level=logging.WARNING, path=str(path), error=str(exc))
-    return PeerBook(own_public_key=own)
+    return PeerBook(own_public_key=own, backoff=Backoff(cap=MAX_BACKOFF_S))
 
 
 async def run_replication(
@@ -185,7 +199,7 @@ async def run_replication(
     network_key = load_network_key(config)
     allowed = frozenset(parse_public_key(p) for p in config.allowed_peers) or None
     host = EngineHost(engine)
-    gossip = Gossip(host, identity.public_key)
+    gossip = Gossip(host, identity.public_key, max_message_bytes=config.max_frame_bytes)
     book = _load_book(config.data_dir, identity.public_key)
     book.add_static(config.peers, now=time.time())
     service = Replication(engine, identity, config, network_key, gossip, book, allowed=allowed)
@@ -227,6 +241,11 @@ async def run_replication(
         service._save_book()
 
 
+def _is_stale(service: Replication, peer: bytes) -> bool:
+    link = service.gossip.links.get(peer)
+    return link is None or trio.current_time() - link.last_heard > STALE_AFTER_S
+
+
 def _fmt(address: HostPort | None) -> str | None:
     return None if address is None else f"{address[0]}:{address[1]}"
 
@@ -240,9 +259,12 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
 
     async def handler(stream: trio.SocketStream) -> None:
         peer_address = "?"
+        remote: HostPort | None = None
         with contextlib.suppress(OSError):
             name = stream.socket.getpeername()
+            remote = (str(name[0]), int(name[1]))
             peer_address = f"{name[0]}:{name[1]}"
+        _tune_socket(stream)
         try:
             secure = await secure_accept(
                 stream,
@@ -255,7 +277,15 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
             log_event(log, "peer.handshake_failed", level=logging.INFO, address=peer_address, error=str(exc))
             await trio.aclose_forcefully(stream)
             return
-        await service.gossip.run_peer(secure, peer_address, "incoming")
+        # Recorded in the book (never dialled) so the dialer does not redial an identity that is connected.
+        if remote is not None:
+            service.book.connected(remote, secure.remote_public_key, time.time(), incoming=True)
+        try:
+            await service.gossip.run_peer(secure, peer_address, "incoming")
+        finally:
+            if remote is not None:
+                service.book.disconnected(remote, time.time())
+                service.wake_dialer.set()
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handler, listeners)
@@ -301,6 +331,13 @@ async def _dial(service: Replication, address: HostPort) -> None:
         service.wake_dialer.set()
         return
     peer = stream.remote_public_key
+    _tune_socket(stream.transport_stream)
+    if peer in service.gossip.links and not _is_stale(service, peer):
+        # Already connected to this identity (it dialled us): this dial only proves the address works.
+        service.book.connected(address, peer, time.time())
+        await stream.aclose()
+        service.book.disconnected(address, time.time())
+        return
     service.book.connected(address, peer, time.time())
     service._save_book()
     try:

@@ -32,6 +32,8 @@ log = get_logger(__name__)
 
 PING_INTERVAL_S = 5.0
 PEER_TIMEOUT_S = 20.0
+#: Both ends ping every PING_INTERVAL_S, so a healthy link is never silent this long.
+STALE_AFTER_S = 2 * PING_INTERVAL_S
 
 
 class ReplicaHost(Protocol):
@@ -114,14 +116,21 @@ class Gossip:
             log_event(log, "peer.self", address=address)
             await stream.aclose()
             return
-        if peer in self.links:
-            # Both sides dialled: keep the connection opened by the smaller key, so both pick the same one.
+        old = self.links.get(peer)
+        if old is not None:
+            # Both sides dialled, or the old link died without either side noticing yet. A link that has
+            # been silent for two ping intervals is stale (a fresh handshake just proved the path works, and
+            # both ends see the same silence, so they agree); otherwise keep the connection opened by the
+            # smaller key, so both sides pick the same one.
+            stale = trio.current_time() - old.last_heard > STALE_AFTER_S
             initiator_is_us = via != "incoming"
-            keep_new = (self.local_public_key < peer) == initiator_is_us
+            keep_new = stale or (self.local_public_key < peer) == initiator_is_us
             if not keep_new:
                 log_event(log, "peer.duplicate", peer=peer_hex, address=address)
                 await stream.aclose()
                 return
+            if stale:
+                log_event(log, "peer.replaced_stale", peer=peer_hex, address=address)
         session = ReplicationSession(
             subscription=self.subscription,
             window=self.window,
@@ -130,7 +139,6 @@ class Gossip:
         )
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
-        old = self.links.get(peer)
         self.links[peer] = link
         if old is not None:
             old.kick()

@@ -24,10 +24,23 @@ from latticed.storage.entries import StoredEntries
 MIN_CHECKPOINT_SPACING = 1000
 #: Keep about this many checkpoints per queue at most: spacing grows with the queue.
 MAX_CHECKPOINTS = 1024
+#: ...but never thin so far that one chunk between kept checkpoints would exceed this many payload bytes,
+#: or catch-up of big records could not fit a frame.
+MAX_CHUNK_BYTES = 4 << 20
 
 
-def thin_checkpoints(checkpoints: tuple[SignedHead, ...], held: int) -> tuple[SignedHead, ...]:
-    """Keep checkpoints at least ``spacing`` records apart, plus the latest.
+def _record_bytes(records: Sequence[Record]) -> float:
+    if not records:
+        return 0.0
+    sample = records[:: max(1, len(records) // 64)]
+    return sum(len(r.value) + len(r.key or b"") for r in sample) / len(sample)
+
+
+def thin_checkpoints(
+    checkpoints: tuple[SignedHead, ...], held: int, record_bytes: float = 0.0
+) -> tuple[SignedHead, ...]:
+    """Keep checkpoints at least ``spacing`` records apart, plus the latest; ``record_bytes`` (the typical
+    record size seen) caps the spacing so chunks stay under :data:`MAX_CHUNK_BYTES`.
 
     Checkpoints only let a long backlog be cut into chunks that verify on their own; they are not part of
     the lattice value, so dropping some changes nothing but chunk sizes, and keeps per-queue memory small.
@@ -38,6 +51,8 @@ def thin_checkpoints(checkpoints: tuple[SignedHead, ...], held: int) -> tuple[Si
     if n <= 2:
         return checkpoints
     spacing = max(MIN_CHECKPOINT_SPACING, held // MAX_CHECKPOINTS)
+    if record_bytes > 0:
+        spacing = max(1, min(spacing, int(MAX_CHUNK_BYTES // record_bytes)))
     if n <= MAX_CHECKPOINTS + 64:
         if checkpoints[-2].end - checkpoints[-3].end < spacing or checkpoints[-2].end == checkpoints[-1].end:
             return checkpoints[:-2] + checkpoints[-1:]
@@ -171,7 +186,7 @@ class Batch:
         joined = core.join_verified(state, verified)
         if joined is not state:
             self.mutations += 1
-            self._set(q, joined)
+            self._set(q, joined, _record_bytes(verified.delta.records))
             self.staged[q].joined = True
         return self.staged[q].state
 
@@ -199,12 +214,13 @@ class Batch:
             except BaseException:
                 self.mutations += 1  # whatever job triggered this cannot fail alone: redo the batch
                 raise
+            size = _record_bytes(staged.appends)
             staged.appends, staged.meta, staged.sign = [], {}, False
-            self._set(q, new)
+            self._set(q, new, size)
         return staged.state
 
-    def _set(self, q: int, state: QueueState) -> None:
-        thinned = thin_checkpoints(state.checkpoints, len(state.entries))
+    def _set(self, q: int, state: QueueState, record_bytes: float = 0.0) -> None:
+        thinned = thin_checkpoints(state.checkpoints, len(state.entries), record_bytes)
         if thinned is not state.checkpoints:
             state = QueueState(
                 state.owner,

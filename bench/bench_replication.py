@@ -1,0 +1,198 @@
+"""Replication between real daemon processes on loopback.
+
+    .venv/bin/python bench/bench_replication.py                       # everything
+    .venv/bin/python bench/bench_replication.py --records 200000 --parts catchup
+
+Parts:
+  catchup  ``--records`` x 100 B records written on A, then a fresh B dials A: records/s until B holds
+           them all (verified and durable on B); then ``--big`` x 64 KiB records: MB/s.
+  live     single-record offers on A every few ms; a tail on B (one hop) and on D (three hops, A-B-C-D)
+           receives each: latency percentiles.
+  handshake  connections/s and ms per connection (TCP connect + authenticated handshake).
+
+Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import trio
+
+from latticed.api.client import Client
+from latticed.crdt.signing import Identity
+from latticed.net.transport import open_peer
+from latticed.netkey import DEFAULT_NETWORK_KEY
+
+BIN = Path(sys.executable).parent
+
+
+class Node:
+    def __init__(self, root: Path, name: str, peers: list[str]) -> None:
+        self.socket = root / f"{name}.sock"
+        args = ["--data-dir", str(root / name), "--socket", str(self.socket)]
+        args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
+        for peer in peers:
+            args += ["--peer", peer]
+        self.proc = subprocess.Popen([str(BIN / "latticed"), "run", *args])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with Client(self.socket) as c:
+                    self.listen = str(c.status()["listen"])
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def client(self) -> Client:
+        return Client(self.socket, timeout=60)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@contextlib.contextmanager
+def cluster() -> Iterator[tuple[Path, list[Node]]]:
+    root = Path(tempfile.mkdtemp(prefix="ld-bench-"))
+    nodes: list[Node] = []
+    try:
+        yield root, nodes
+    finally:
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
+
+
+def wait_end(node: Node, queue: str, end: int, timeout: float = 600) -> float:
+    deadline = time.monotonic() + timeout
+    with node.client() as c:
+        while True:
+            with contextlib.suppress(Exception):
+                if c.queue_info(queue)["end_offset"] >= end:
+                    return time.perf_counter()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{queue} did not reach {end}")
+            time.sleep(0.005)
+
+
+def catchup(records: int, big: int) -> None:
+    for label, count, value, per_batch in (
+        (f"{records:,} x 100 B", records, b"x" * 100, 1000),
+        (f"{big:,} x 64 KiB", big, b"y" * 65536, 16),
+    ):
+        with cluster() as (root, nodes):
+            a = Node(root, "A", [])
+            nodes.append(a)
+            with a.client() as c:
+                queue = c.queue_create("backlog")
+                for start in range(0, count, per_batch):
+                    c.offer_batch("backlog", [(value, None, ())] * min(per_batch, count - start))
+            started = time.perf_counter()
+            b = Node(root, "B", [a.listen])
+            nodes.append(b)
+            elapsed = wait_end(b, queue, count) - started
+            rate = f"{count / elapsed:,.0f} records/s, {count * len(value) / elapsed / 1e6:,.1f} MB/s"
+            print(f"catch-up {label} to a fresh daemon (verified, durable): {rate} ({elapsed:.1f} s)")
+
+
+def live(samples: int, interval: float) -> None:
+    with cluster() as (root, nodes):
+        a = Node(root, "A", [])
+        nodes.append(a)
+        b = Node(root, "B", [a.listen])
+        nodes.append(b)
+        c_node = Node(root, "C", [b.listen])
+        nodes.append(c_node)
+        d = Node(root, "D", [c_node.listen])
+        nodes.append(d)
+        with a.client() as c:
+            queue = c.queue_create("live")
+            c.offer("live", b"warm-up")
+        wait_end(b, queue, 1)
+        wait_end(d, queue, 1)
+        sent: dict[int, float] = {}
+        arrivals: dict[str, dict[int, float]] = {"B": {}, "D": {}}
+
+        def follow(node: Node, label: str) -> None:
+            with node.client() as c:
+                for entry in c.tail(queue, from_offset=1):
+                    arrivals[label][entry.offset] = time.perf_counter()
+                    if entry.offset >= samples:
+                        return
+
+        threads = [
+            threading.Thread(target=follow, args=(n, lbl), daemon=True) for n, lbl in ((b, "B"), (d, "D"))
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        with a.client() as c:
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                offset = c.offer("live", b"ping")
+                sent[offset] = t0
+                time.sleep(interval)
+        for t in threads:
+            t.join(30)
+        for label, hops in (("B", 1), ("D", 3)):
+            lat = sorted((arrivals[label][o] - sent[o]) * 1000 for o in sent if o in arrivals[label])
+            if not lat:
+                print(f"live {hops} hop(s): no samples")
+                continue
+            p50 = statistics.median(lat)
+            p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+            print(f"live propagation, {hops} hop(s): p50 {p50:.2f} ms, p99 {p99:.2f} ms ({len(lat)} samples)")
+
+
+def handshake(count: int) -> None:
+    with cluster() as (root, nodes):
+        a = Node(root, "A", [])
+        nodes.append(a)
+        host, port = a.listen.rsplit(":", 1)
+        me = Identity.generate()
+
+        async def run() -> float:
+            started = time.perf_counter()
+            for _ in range(count):
+                stream = await open_peer(host, int(port), seed=me.seed, network_key=DEFAULT_NETWORK_KEY)
+                await stream.aclose()
+            return time.perf_counter() - started
+
+        elapsed = trio.run(run)
+        each_ms = elapsed / count * 1000
+        print(f"handshake with a daemon over loopback: {count / elapsed:,.0f}/s, {each_ms:.2f} ms each")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--big", type=int, default=2000, help="64 KiB records for the MB/s figure")
+    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--interval", type=float, default=0.005)
+    parser.add_argument("--parts", default="catchup,live,handshake")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if "catchup" in parts:
+        catchup(args.records, args.big)
+    if "live" in parts:
+        live(args.samples, args.interval)
+    if "handshake" in parts:
+        handshake(200)
+
+
+if __name__ == "__main__":
+    main()
