@@ -10,10 +10,9 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 venv: $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,spark]'
 
 demo: venv
-	$(BIN)/pip install -q -e '.[spark]'
 	$(BIN)/python -m latticed.demo
 
 lint: venv

@@ -1,0 +1,281 @@
+"""Spark throughput and latency of ``format("lattice")``, against a ceiling and a peer, in one run.
+
+Usage: python bench/bench_spark.py [--records N] [--socket-rates 5000,10000,20000,40000] [--socket-step S]
+
+One daemon, one SparkSession (``local[2]``). N records of 100 bytes go through:
+
+a. the lattice source -> ``noop`` sink (Trigger.AvailableNow): the source's own throughput;
+b. the lattice source -> Parquet sink;
+c. *ceiling*: Spark streaming the same rows back from the Parquet files written in (b) -> Parquet sink;
+d. *peer*: Spark's built-in ``socket`` source fed the same 100-byte lines by a small Python TCP server,
+   paced at rising rates (2.5 s each, ~10 s in all) -> ``noop``; what it sustains is the best rate it
+   processed while its backlog stayed bounded (it buffers lines on the driver and falls behind beyond);
+e. latency: a record appended while a ``processingTime=0`` query runs, until its micro-batch reaches
+   ``foreachBatch`` on the driver (p50/p90/p99).
+
+Each query time is wall clock from ``start()`` to termination, so query start-up (~1 s) is included;
+a warm-up query (a fifth of N, at most 200k records) runs first so JVM start-up, JIT compilation and
+Python-worker start-up are not. The second figure of each line counts only the micro-batches that moved
+rows (Spark's ``triggerExecution``), i.e. without query start. Targets: (a) >= 300k rows/s,
+(b) >= 100k rows/s and >= 50% of (c), (a) >= 10x (d), p50 <= 300 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+
+from spark_fixtures import start_daemon
+
+RECORD_BYTES = 100
+LOAD_BATCH = 5000
+
+
+def value_of(i: int) -> bytes:
+    head = b"record %09d " % i
+    return head + b"x" * (RECORD_BYTES - len(head))
+
+
+def load(client: Any, queue: str, n: int) -> float:
+    started = time.perf_counter()
+    for lo in range(0, n, LOAD_BATCH):
+        client.offer_batch(
+            queue, [(value_of(i), b"key-%d" % (i % 100), []) for i in range(lo, min(n, lo + LOAD_BATCH))]
+        )
+    return time.perf_counter() - started
+
+
+def session() -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession  # noqa: PLC0415
+
+    from latticed.spark import register  # noqa: PLC0415
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("latticed-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        # On 2 cores G1's concurrent threads compete with the tasks; the serial collector costs ~25% less
+        # JVM CPU here. Every query of the run (the ceiling and the peer too) uses the same JVM.
+        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.numRecentProgressUpdates", "10000")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def timed_query(writer: Any) -> tuple[float, float]:
+    """(wall seconds from start() to termination, seconds spent in micro-batches with rows)."""
+    started = time.perf_counter()
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    return elapsed, sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
+
+
+def lattice(spark: Any, sock: Path, queue: str, per_partition: int = 100_000) -> Any:
+    return (
+        spark.readStream.format("lattice")
+        .option("socket", str(sock))
+        .option("queues", queue)
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerPartition", str(per_partition))
+        .load()
+    )
+
+
+class LineServer:
+    """Serves 100-byte lines to one client at ``rate`` lines/s (changeable while it runs), in 10 ms ticks."""
+
+    def __init__(self) -> None:
+        self.rate = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sent = 0
+        self.connected = threading.Event()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        self.connected.set()
+        with conn:
+            owed, last = 0.0, time.perf_counter()
+            while not self.done.is_set():
+                now = time.perf_counter()
+                owed += (now - last) * self.rate
+                last = now
+                due = int(owed)
+                if due > 0:
+                    conn.sendall(
+                        b"".join(value_of(i)[:-1] + b"\n" for i in range(self.sent, self.sent + due))
+                    )
+                    self.sent += due
+                    owed -= due
+                time.sleep(0.01)
+
+
+def socket_peer(spark: Any, rates: list[int], step_s: float) -> list[tuple[int, float, int]]:
+    """Spark's socket source fed at each rate for ``step_s``: (rate, rows/s processed, backlog at the end).
+
+    One query throughout; what it sustains is the best processed rate with a bounded backlog."""
+    server = LineServer()
+    df = spark.readStream.format("socket").option("host", "127.0.0.1").option("port", server.port).load()
+    query = df.writeStream.format("noop").trigger(processingTime="0 seconds").start()
+
+    def processed() -> int:
+        return sum(progress["numInputRows"] for progress in query.recentProgress)
+
+    steps = []
+    try:
+        server.connected.wait(60)
+        query.processAllAvailable()
+        for rate in rates:
+            server.rate = rate
+            before, started = processed(), time.perf_counter()
+            time.sleep(step_s)
+            done = processed()
+            steps.append((rate, (done - before) / (time.perf_counter() - started), server.sent - done))
+    finally:
+        server.done.set()
+        query.stop()
+    return steps
+
+
+def latency(spark: Any, sock: Path, client: Any, queue: str, seconds: float) -> list[float]:
+    """ms from ``offer`` to the record's micro-batch reaching foreachBatch, processingTime=0."""
+    samples: list[float] = []
+    lock = threading.Lock()
+
+    def on_batch(df: Any, batch_id: int) -> None:
+        values = [bytes(r.value) for r in df.select("value").collect()]
+        now = time.time_ns()
+        with lock:
+            samples.extend((now - int(v.split(b" ")[1])) / 1e6 for v in values if v.startswith(b"lat "))
+
+    df = (
+        spark.readStream.format("lattice").option("socket", str(sock)).option("queues", queue).load()
+    )  # startingOffsets=latest
+    query = df.writeStream.foreachBatch(on_batch).trigger(processingTime="0 seconds").start()
+    try:
+        query.processAllAvailable()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            client.offer(queue, b"lat %d" % time.time_ns())
+            time.sleep(0.05)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    return samples
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--socket-rates", default="5000,10000,20000,40000", help="lines/s, one step each")
+    parser.add_argument("--socket-step", type=float, default=2.5, help="seconds per socket-source step")
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--max-records-per-partition", type=int, default=100_000)
+    args = parser.parse_args()
+    n = args.records
+    per_partition = args.max_records_per_partition
+
+    root = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))
+    daemon = start_daemon(root, "bench")
+    try:
+        client = daemon.client
+        client.queue_create("bench")
+        client.queue_create("warm")
+        client.queue_create("latency")
+        load_s = load(client, "bench", n)
+        load(client, "warm", max(1000, min(n // 5, 200_000)))
+        print(f"loaded {n:,} x {RECORD_BYTES} B into the daemon in {load_s:.1f} s ({n / load_s:,.0f} rec/s)")
+
+        t0 = time.perf_counter()
+        spark = session()
+        print(f"SparkSession up in {time.perf_counter() - t0:.1f} s (local[2])")
+        timed_query(lattice(spark, daemon.socket, "warm").writeStream.format("noop"))  # warm-up
+
+        noop_s = timed_query(lattice(spark, daemon.socket, "bench", per_partition).writeStream.format("noop"))
+        out = root / "parquet"
+        parquet_s = timed_query(
+            lattice(spark, daemon.socket, "bench", per_partition)
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(root / "ck-parquet"))
+        )
+        schema = spark.read.parquet(str(out)).schema
+        ceiling_s = timed_query(
+            spark.readStream.schema(schema)
+            .parquet(str(out))
+            .writeStream.format("parquet")
+            .option("path", str(root / "parquet2"))
+            .option("checkpointLocation", str(root / "ck-ceiling"))
+        )
+        copied = spark.read.parquet(str(root / "parquet2")).count()
+        assert copied == n, (copied, n)
+
+        steps = socket_peer(spark, [int(r) for r in args.socket_rates.split(",")], args.socket_step)
+        samples = latency(spark, daemon.socket, client, "latency", args.latency_seconds)
+        spark.stop()
+    finally:
+        daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    noop, parquet, ceiling = n / noop_s[0], n / parquet_s[0], n / ceiling_s[0]
+    # Kept up: less than a second's worth of lines waiting at the end of the step.
+    kept_up = [done for rate, done, backlog in steps if backlog < rate]
+    socket_rate = max(kept_up or [done for _, done, _ in steps])
+
+    def line(label: str, times: tuple[float, float] | None, rate: float, target: str = "") -> None:
+        batch = f"{n / times[1]:>12,.0f}" if times else " " * 12
+        print(f"  {label:<50} {rate:>12,.0f} {batch}  {target}")
+
+    print(
+        f"\n{n:,} records x {RECORD_BYTES} B, local[2], rows/s (wall incl. query start | in micro-batches):"
+    )
+    line("(a) lattice -> noop", noop_s, noop, "(target >= 300,000)")
+    line("(b) lattice -> parquet", parquet_s, parquet, "(target >= 100,000)")
+    line("(c) ceiling: parquet files -> parquet", ceiling_s, ceiling)
+    line("(d) peer: socket source, best sustained", None, socket_rate)
+    for rate, done, backlog in steps:
+        step = f"fed {rate:>7,}/s for {args.socket_step:g} s"
+        print(f"      {step}: processed {done:>9,.0f}/s, backlog {backlog:,}")
+    print(f"  (b)/(c) parquet vs ceiling:   {parquet / ceiling:6.1%}   (target >= 50%)")
+    print(f"  (a)/(d) lattice vs socket:    {noop / socket_rate:6.1f}x   (target >= 10x)")
+    if samples:
+        p50, p90, p99 = pct(samples, 0.5), pct(samples, 0.9), pct(samples, 0.99)
+        print(
+            f"  (e) append -> visible, processingTime=0: p50 {p50:.0f} ms, p90 {p90:.0f} ms, "
+            f"p99 {p99:.0f} ms over {len(samples)} records   (target p50 <= 300 ms)"
+        )
+
+
+if __name__ == "__main__":
+    main()

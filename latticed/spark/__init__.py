@@ -1,0 +1,33 @@
+"""Spark integration: ``format("lattice")`` reads latticed queues the way ``format("kafka")`` reads topics.
+
+Usage::
+
+    from latticed.spark import register
+    register(spark)
+    df = spark.readStream.format("lattice").option("queues", "events").load()
+
+Needs the ``spark`` extra (``pip install 'latticed[spark]'``). See docs/spark.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from latticed.spark.offsets import DataLossError
+from latticed.spark.reader import ReplicaLagError, lattice_schema
+from latticed.spark.source import SOURCE_NAME, LatticeDataSource
+
+
+def register(spark: Any) -> None:
+    """Make ``format("lattice")`` available in this SparkSession (idempotent)."""
+    spark.dataSource.register(LatticeDataSource)
+
+
+__all__ = [
+    "SOURCE_NAME",
+    "DataLossError",
+    "LatticeDataSource",
+    "ReplicaLagError",
+    "lattice_schema",
+    "register",
+]

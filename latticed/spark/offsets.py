@@ -1,0 +1,286 @@
+"""Offset planning for the lattice source: pure functions over what the daemon reported (no I/O).
+
+An offset is a JSON object ``{"OWNER/NAME": next_offset}`` whose keys are always sorted: Spark stores
+``json.dumps`` of it verbatim and decides "new data?" by comparing that text, so the same offsets in a
+different key order would run empty micro-batches forever.
+
+Two pins make a restarted query deterministic even though the daemon's view moves on:
+
+* ``latest`` is not resolved when the query starts. The initial offset holds the sentinel ``-1`` for the
+  queue and the first micro-batch *pins* it: its end offset is the queue's end at that moment and it reads
+  nothing from that queue. Spark writes a batch's end offset to its offsets log before running it, but not
+  batch 0's start (it calls ``initialOffset()`` again after a crash); a sentinel start is the same on
+  every call, so a query that crashes before batch 0 commits neither skips nor re-reads anything.
+* a queue that appears later (a ``queuePattern`` subscription, replicated in) is pinned the same way at its
+  current start offset ("earliest"), and read from the next batch on.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from latticed.crdt.errors import LatticedError
+from latticed.errors import ForkedQueueError, MalformedError, NotFoundError
+from latticed.logs import get_logger, log_event
+from latticed.spark.options import EARLIEST, LATEST, OffsetSpec
+
+log = get_logger(__name__)
+
+#: queue (``OWNER/NAME``) -> the next offset to read, or LATEST (not pinned yet).
+Offsets = dict[str, int]
+
+#: The checkpoint offset each queue was last reported behind at (logging only).
+_behind: dict[str, int] = {}
+
+
+class DataLossError(LatticedError):
+    """Records the query had not read yet were truncated away (``failOnDataLoss`` is true)."""
+
+    code = "data_loss"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """One queue as the local daemon reported it: ``[start, end)`` is what it holds now."""
+
+    queue: str
+    start: int
+    end: int
+    forked: bool = False
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any]) -> QueueView:
+        """From a ``queue_list``/``queue_info`` entry of the local API."""
+        return cls(
+            queue=str(info["queue"]),
+            start=int(info["start_offset"]),
+            end=int(info["end_offset"]),
+            forked=bool(info.get("forked", False)),
+        )
+
+
+def sorted_offsets(offsets: Mapping[str, int]) -> Offsets:
+    """A copy with keys in sorted order: the JSON text Spark compares must be canonical."""
+    return {queue: int(offsets[queue]) for queue in sorted(offsets)}
+
+
+def forked_error(queue: str) -> ForkedQueueError:
+    return ForkedQueueError(
+        f"queue {queue} is forked: its owner signed two different histories, so there is no single log "
+        f"to read (the daemon holds the fork proof; `latticectl queue info {queue}` shows it). "
+        "Stop subscribing to it, or have the owner start a new queue."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """Which queues a query reads: an explicit list of ``OWNER/NAME`` (already resolved) or a glob."""
+
+    queues: tuple[str, ...] | None = None
+    pattern: str | None = None
+
+    def matches(self, queue: str) -> bool:
+        if self.queues is not None:
+            return queue in self.queues
+        return self.pattern is not None and fnmatch.fnmatchcase(queue, self.pattern)
+
+    def select(self, views: Iterable[QueueView], *, strict: bool) -> dict[str, QueueView]:
+        """The subscribed queues among ``views``, sorted by name.
+
+        A forked subscribed queue is a ForkedQueueError. With ``strict``, an explicitly listed queue the
+        daemon does not know is a NotFoundError (at start; later a vanished queue just keeps its offset).
+        """
+        chosen: dict[str, QueueView] = {}
+        for view in views:
+            if self.matches(view.queue):
+                if view.forked:
+                    raise forked_error(view.queue)
+                chosen[view.queue] = view
+        if strict and self.queues is not None:
+            missing = [q for q in self.queues if q not in chosen]
+            if missing:
+                raise NotFoundError(f"unknown queue(s) on the local daemon: {', '.join(missing)}")
+        return {q: chosen[q] for q in sorted(chosen)}
+
+
+def resolve_spec_keys(spec: Mapping[str, int], resolve: Mapping[str, str], option: str) -> dict[str, int]:
+    """Rewrite the queue specs of an offsets JSON (``NAME`` or ``OWNER/NAME``) to ``OWNER/NAME``."""
+    out: dict[str, int] = {}
+    for key, offset in spec.items():
+        queue = resolve.get(key, key)
+        if "/" not in queue:
+            raise MalformedError(f"lattice option {option!r}: {key!r} is not one of the subscribed queues")
+        out[queue] = offset
+    return out
+
+
+def initial_offsets(views: Mapping[str, QueueView], starting: OffsetSpec) -> Offsets:
+    """Where a new streaming query starts: ``earliest`` is concrete, ``latest`` is the -1 sentinel.
+
+    Queues left out of a JSON spec start at earliest (as new queues do). A JSON key must be a subscribed
+    queue; its offset is taken as given (a too-low one is data loss, found when planning batch 0)."""
+    if isinstance(starting, dict):
+        unknown = sorted(set(starting) - set(views))
+        if unknown:
+            raise MalformedError(
+                f"lattice option 'startingOffsets' names queues that are not subscribed: {', '.join(unknown)}"
+            )
+    out: Offsets = {}
+    for queue, view in views.items():
+        if starting == "latest":
+            out[queue] = LATEST
+        elif starting == "earliest":
+            out[queue] = view.start
+        else:
+            assert isinstance(starting, dict)
+            offset = starting.get(queue, EARLIEST)
+            out[queue] = view.start if offset == EARLIEST else offset
+    return sorted_offsets(out)
+
+
+def allocate(available: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Split ``budget`` records over queues by water-filling: a queue with a small backlog gets all of it,
+    the rest share equally. Unlike a split proportional to backlog (Kafka's), a small queue is never starved
+    behind a big one, and the result is deterministic (ties broken by name)."""
+    grants = {queue: 0 for queue in available}
+    waiting = sorted((n, queue) for queue, n in available.items() if n > 0)
+    remaining = budget
+    for i, (n, queue) in enumerate(waiting):
+        left = len(waiting) - i
+        share = -(-remaining // left)  # ceil: the last queue may take everything still unspent
+        grants[queue] = min(n, share)
+        remaining -= grants[queue]
+    return grants
+
+
+def readable_from(queue: str, offset: int, view: QueueView, *, fail_on_data_loss: bool) -> int:
+    """The first offset that can still be read at or after ``offset``; truncation below it is data loss."""
+    if view.start <= offset:
+        return offset
+    lost = f"records {offset}..{view.start - 1} of queue {queue} were truncated before the query read them"
+    if fail_on_data_loss:
+        raise DataLossError(
+            f"{lost} (failOnDataLoss is true). To skip them and go on, restart with the option "
+            "failOnDataLoss=false; to keep them next time, read faster or truncate less eagerly."
+        )
+    log_event(log, "spark.data_loss", logging.WARNING, queue=queue, lost_from=offset, lost_to=view.start)
+    return view.start
+
+
+def latest_offsets(
+    start: Mapping[str, int],
+    views: Mapping[str, QueueView],
+    *,
+    max_rows: int | None,
+    target: Mapping[str, int] | None = None,
+    fail_on_data_loss: bool = True,
+) -> Offsets:
+    """The end offset of the next micro-batch.
+
+    ``views`` are the subscribed queues now; ``max_rows`` caps the records admitted (``None``: all);
+    ``target`` (Trigger.AvailableNow) caps each queue at its end when the trigger was prepared and hides
+    queues that appeared since. Queues in ``start`` the daemon no longer reports keep their offset.
+    """
+    end: Offsets = dict(start)
+    available: dict[str, int] = {}
+    begin: dict[str, int] = {}
+    for queue, view in views.items():
+        cap = view.end
+        if target is not None:
+            if queue not in target:
+                continue
+            cap = min(cap, target[queue])
+        offset = start.get(queue)
+        if offset is None:
+            end[queue] = view.start  # new queue: pin at earliest, read from the next batch
+        elif offset == LATEST:
+            end[queue] = max(cap, view.start)  # pin "latest" now (see the module docstring)
+        else:
+            if view.end < offset and _behind.get(queue) != offset:
+                _behind[queue] = offset  # once per offset: latestOffset is polled every few ms when idle
+                log_event(
+                    log, "spark.replica_behind", logging.WARNING, queue=queue, checkpoint=offset, end=view.end
+                )
+            first = readable_from(queue, offset, view, fail_on_data_loss=fail_on_data_loss)
+            begin[queue] = first
+            available[queue] = max(0, cap - first)
+    grants = available if max_rows is None else allocate(available, max_rows)
+    for queue, granted in grants.items():
+        # A skipped (truncated) stretch moves the offset even when nothing else is admitted, so the skip
+        # is checkpointed once instead of being found (and logged) again on every poll.
+        if granted > 0 or begin[queue] > start[queue]:
+            end[queue] = begin[queue] + granted
+    return sorted_offsets(end)
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """Records ``[lo, hi)`` of one queue: one Spark partition."""
+
+    queue: str
+    lo: int
+    hi: int
+
+
+def plan_ranges(start: Mapping[str, int], end: Mapping[str, int], max_per_partition: int) -> list[Range]:
+    """Partitions for ``[start, end)``: one per queue with records, big ranges cut every
+    ``max_per_partition`` records so several tasks share a large backlog. Pinned queues read nothing."""
+    out: list[Range] = []
+    for queue in sorted(end):
+        lo = start.get(queue)
+        hi = end[queue]
+        if lo is None or lo < 0:
+            continue
+        for cut in range(lo, hi, max_per_partition):
+            out.append(Range(queue, cut, min(cut + max_per_partition, hi)))
+    return out
+
+
+def batch_bounds(
+    views: Mapping[str, QueueView],
+    starting: OffsetSpec,
+    ending: OffsetSpec,
+    *,
+    fail_on_data_loss: bool = True,
+) -> tuple[Offsets, Offsets]:
+    """Concrete ``[start, end)`` per queue for a batch read (``spark.read``), resolved once at planning."""
+    if isinstance(ending, dict):
+        unknown = sorted(set(ending) - set(views))
+        if unknown:
+            raise MalformedError(
+                f"lattice option 'endingOffsets' names queues that are not subscribed: {', '.join(unknown)}"
+            )
+    start = initial_offsets(views, starting)
+    end: Offsets = {}
+    for queue, view in views.items():
+        offset = ending.get(queue, LATEST) if isinstance(ending, dict) else LATEST
+        end[queue] = view.end if offset == LATEST else offset
+        start[queue] = readable_from(queue, start[queue], view, fail_on_data_loss=fail_on_data_loss)
+        if end[queue] < start[queue]:
+            raise MalformedError(
+                f"lattice source: queue {queue} would be read from {start[queue]} to {end[queue]}: "
+                "endingOffsets is before startingOffsets"
+            )
+    return start, sorted_offsets(end)
+
+
+__all__ = [
+    "DataLossError",
+    "Offsets",
+    "QueueView",
+    "Range",
+    "Subscription",
+    "allocate",
+    "batch_bounds",
+    "forked_error",
+    "initial_offsets",
+    "latest_offsets",
+    "plan_ranges",
+    "readable_from",
+    "resolve_spec_keys",
+    "sorted_offsets",
+]

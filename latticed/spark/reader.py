@@ -1,0 +1,225 @@
+"""The executor side of the lattice source: read one planned range from this host's daemon as Arrow.
+
+Everything here runs in a Spark Python worker after the partition was pickled, so it depends only on the
+:class:`LatticePartition` (options included) and connects lazily, once per partition. Records are fetched
+with bulk ``read`` calls (tens of thousands per round trip) and turned column by column into
+``pyarrow.RecordBatch``es that match ``to_arrow_schema(schema, timezone="UTC")`` exactly, which Spark
+takes without a per-row conversion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket as socket_mod
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from latticed.api.client import Client
+from latticed.crdt.errors import LatticedError
+from latticed.logs import get_logger, log_event
+from latticed.spark.daemon import connect
+from latticed.spark.offsets import DataLossError, QueueView, readable_from
+
+log = get_logger(__name__)
+
+#: Records per ``read`` round trip (the daemon caps one reply at 100k records and ``max_frame_bytes``).
+READ_RECORDS: Final = 50_000
+READ_BYTES: Final = 8 << 20
+
+_HEADER = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+_TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
+_TIMESTAMP_US = pa.timestamp("us", tz="UTC")
+
+
+class ReplicaLagError(LatticedError):
+    """This host's daemon did not receive records the driver's daemon had planned, in time."""
+
+    code = "replica_lag"
+
+
+def lattice_schema(include_headers: bool) -> StructType:
+    """Kafka's shape: queue/owner instead of topic/partition; ``headers`` only with ``includeHeaders``."""
+    fields = [
+        StructField("queue", StringType()),
+        StructField("owner", StringType()),
+        StructField("offset", LongType()),
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("timestamp", TimestampType()),
+    ]
+    if include_headers:
+        fields.append(StructField("headers", ArrayType(_HEADER)))
+    return StructType(fields)
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    """The Arrow schema Spark checks every RecordBatch against (it compares types and nullability)."""
+    from pyspark.sql.pandas.types import to_arrow_schema  # noqa: PLC0415 - pulls in pandas; executors only
+
+    return to_arrow_schema(lattice_schema(include_headers), timezone="UTC")
+
+
+@dataclass(frozen=True)
+class LatticePartition(InputPartition):
+    """Records ``[lo, hi)`` of ``queue`` plus every option ``read()`` needs on the executor."""
+
+    queue: str
+    lo: int
+    hi: int
+    socket: str | None
+    include_headers: bool
+    fail_on_data_loss: bool
+    timeout: float
+    replica_wait: float
+
+
+def record_batch(
+    schema: pa.Schema,
+    columns: Mapping[str, Any],
+    count: int,
+    *,
+    queue: str,
+    owner: str,
+    include_headers: bool,
+) -> pa.RecordBatch:
+    """The first ``count`` records of a ``read`` reply's columns as one RecordBatch, column by column.
+
+    ``columns`` holds the wire columns (``offsets``, ``keys``, ``values``, ``timestamps``, ``headers`` with
+    each record's headers as ``None`` or ``[[name, value], ...]``)."""
+
+    def cut(name: str) -> list[Any]:
+        column: list[Any] = columns[name]
+        return column if count == len(column) else column[:count]
+
+    arrays = [
+        pa.repeat(pa.scalar(queue, pa.string()), count),
+        pa.repeat(pa.scalar(owner, pa.string()), count),
+        pa.array(cut("offsets"), pa.int64()),
+        pa.array(cut("keys"), pa.binary()),
+        pa.array(cut("values"), pa.binary()),
+        pa.array(cut("timestamps"), _TIMESTAMP_MS).cast(_TIMESTAMP_US),
+    ]
+    if include_headers:
+        # Kafka's convention: a record without headers has null, not an empty array. Arrow wants each
+        # struct as a tuple, msgpack gives lists.
+        headers = [[(k, v) for k, v in h] if h else None for h in cut("headers")]
+        arrays.append(pa.array(headers, schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def read_columns(client: Client, queue: str, lo: int, max_records: int) -> dict[str, Any]:
+    """One bulk ``read`` as the daemon's reply: columns plus ``next_offset``/``start_offset``/``end_offset``.
+
+    This takes the reply of ``Client.call("read")`` as it is instead of ``Client.read()``'s ReadBatch,
+    which rebuilds every record's headers as tuples: ~15-20% of the worker's time at 100-byte records."""
+    return client.call("read", queue=queue, max_records=max_records, max_bytes=READ_BYTES, **{"from": lo})
+
+
+def read_partition(part: LatticePartition) -> Iterator[pa.RecordBatch]:
+    """Yield ``[part.lo, part.hi)`` of ``part.queue`` from this host's daemon.
+
+    The next chunk is requested before the current one is converted and handed to Spark, so the daemon
+    reads and packs it meanwhile (one request in flight; the client is only used from the fetch thread).
+    Truncated records are data loss (fail, or skip and log). If this host's replica is behind the range
+    the driver planned (its daemon may be ahead), wait up to ``replica_wait`` seconds for it to catch up.
+    """
+    schema = arrow_schema(part.include_headers)
+    owner = part.queue.partition("/")[0]
+    client = connect(part.socket, part.timeout)
+    fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lattice-read")
+
+    def fetch(lo: int) -> Future[dict[str, Any]]:
+        return fetcher.submit(read_columns, client, part.queue, lo, min(part.hi - lo, READ_RECORDS))
+
+    pending: Future[dict[str, Any]] | None = None
+    try:
+        pos = part.lo
+        waited_since: float | None = None
+        pause = 0.01
+        pending = fetch(pos)
+        while pending is not None:
+            batch = pending.result()
+            pending = None
+            offsets: list[int] = batch["offsets"]
+            end_offset = int(batch["end_offset"])
+            first = offsets[0] if offsets else max(pos, int(batch["start_offset"]))
+            if first > pos:
+                view = QueueView(part.queue, first, end_offset)
+                pos = min(
+                    readable_from(part.queue, pos, view, fail_on_data_loss=part.fail_on_data_loss), part.hi
+                )
+            if offsets:
+                count = max(0, min(len(offsets), part.hi - first))
+                pos = max(pos, first + count)
+                if pos < part.hi:
+                    pending = fetch(pos)
+                if count > 0:
+                    yield record_batch(
+                        schema,
+                        batch,
+                        count,
+                        queue=part.queue,
+                        owner=owner,
+                        include_headers=part.include_headers,
+                    )
+                waited_since = None
+                pause = 0.01
+                continue
+            if pos >= part.hi:
+                break
+            # Nothing at ``pos`` yet: this replica is behind what the driver planned.
+            now = time.monotonic()
+            if waited_since is None:
+                waited_since = now
+                log_event(
+                    log,
+                    "spark.replica_wait",
+                    logging.INFO,
+                    queue=part.queue,
+                    want=part.hi,
+                    have=end_offset,
+                )
+            elif now - waited_since > part.replica_wait:
+                raise ReplicaLagError(
+                    f"the latticed daemon on host {socket_mod.gethostname()} holds queue {part.queue} "
+                    f"only up to offset {end_offset}, but this micro-batch was planned (from the "
+                    f"driver's daemon) to read up to {part.hi}; it did not catch up within "
+                    f"{part.replica_wait:g}s "
+                    "(option replicaWaitSeconds). Check replication between the hosts."
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+            pending = fetch(pos)
+    finally:
+        if pending is not None:  # stopped early: let the request in flight finish before closing
+            with contextlib.suppress(Exception):
+                pending.result()
+        fetcher.shutdown(wait=True)
+        client.close()
+
+
+__all__ = [
+    "DataLossError",
+    "LatticePartition",
+    "ReplicaLagError",
+    "arrow_schema",
+    "lattice_schema",
+    "read_partition",
+    "record_batch",
+]

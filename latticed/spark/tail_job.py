@@ -1,0 +1,279 @@
+"""The tail pipeline: latticed queues -> Parquet, exactly once, plus a windowed count per key.
+
+Run it with ``python -m latticed.spark.tail_job --queues events --output DIR --checkpoint DIR`` (or under
+``spark-submit``, or from systemd/latticed-spark-tail.service). Two streaming queries share the options:
+
+* **archive**: every record into Parquet under ``--output``, partitioned by ``queue`` and ``date``; with
+  ``--json-schema 'a INT, b STRING'`` the JSON values are decoded into those columns. The file sink and
+  the source's checkpointed offsets make it exactly once across restarts.
+* **windows**: records per key in 1-minute tumbling windows (event time = the record timestamp) with a
+  watermark, into Parquet under ``--windows-output`` (a window lands once the watermark passes its end) or
+  to the console (update mode) without it.
+
+``run_demo_tail`` is the short run ``make demo`` ends with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import StructType
+
+from latticed.errors import MalformedError
+from latticed.spark import register
+from latticed.spark.source import SOURCE_NAME
+
+METADATA_COLUMNS = ("queue", "owner", "offset", "key", "timestamp", "date")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours"}
+
+
+def spark_interval(text: str) -> str:
+    """``500ms``/``1s``/``2m``/``1h`` as Spark's interval words; other text is passed through."""
+    match = _DURATION.match(text)
+    return f"{match.group(1)} {_UNITS[match.group(2)]}" if match else text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m latticed.spark.tail_job",
+        description="Tail latticed queues into Parquet with Spark Structured Streaming (exactly once).",
+    )
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--queues", help="comma list of queues: NAME (your own) or OWNER/NAME")
+    which.add_argument("--queue-pattern", help="glob over OWNER/NAME; later queues are tailed too")
+    parser.add_argument("--output", required=True, type=Path, help="Parquet directory of the records")
+    parser.add_argument("--checkpoint", required=True, type=Path, help="checkpoint directory (keep it!)")
+    parser.add_argument("--json-schema", help="decode JSON values into these columns, e.g. 'a INT, b STRING'")
+    parser.add_argument("--windows-output", type=Path, help="Parquet directory of the per-key window counts")
+    parser.add_argument("--window", default="1 minute", help="tumbling window length [1 minute]")
+    parser.add_argument("--watermark", default="1 minute", help="how late a record may arrive [1 minute]")
+    parser.add_argument("--trigger", default="1s", help="micro-batch interval, e.g. 500ms, 1s, 1m [1s]")
+    parser.add_argument("--available-now", action="store_true", help="process what is there, then exit")
+    parser.add_argument("--starting-offsets", default="earliest", help="first run: earliest|latest|JSON")
+    parser.add_argument("--max-records-per-trigger", type=int, help="cap on records per micro-batch")
+    parser.add_argument("--socket", help="latticed socket on each host ({host} and $VAR are expanded there)")
+    parser.add_argument("--master", help="Spark master when not run by spark-submit [local[*]]")
+    return parser
+
+
+def source_options(args: argparse.Namespace) -> dict[str, str]:
+    """The lattice source's options from the command line."""
+    options = {"startingOffsets": args.starting_offsets}
+    if args.queues:
+        options["queues"] = args.queues
+    else:
+        options["queuePattern"] = args.queue_pattern
+    if args.socket:
+        options["socket"] = args.socket
+    if args.max_records_per_trigger:
+        options["maxRecordsPerTrigger"] = str(args.max_records_per_trigger)
+    return options
+
+
+def read_records(spark: SparkSession, options: dict[str, str]) -> DataFrame:
+    return spark.readStream.format(SOURCE_NAME).options(**options).load()
+
+
+def archive_frame(records: DataFrame, json_schema: str | None) -> DataFrame:
+    """Records with a ``date`` partition column; with a schema, the JSON value becomes columns.
+
+    A value that is not valid JSON for the schema gives nulls (Spark's PERMISSIVE mode) rather than
+    stopping the pipeline; the raw value is kept in ``value`` only when no schema is given."""
+    out = records.withColumn("date", F.to_date("timestamp"))
+    if json_schema is None:
+        return out
+    schema = StructType.fromDDL(json_schema)
+    if not isinstance(schema, StructType):
+        raise MalformedError(
+            f"--json-schema: expected column definitions like 'a INT, b STRING', got {json_schema!r}"
+        )
+    clash = sorted(set(schema.fieldNames()) & set(METADATA_COLUMNS))
+    if clash:
+        raise MalformedError(f"--json-schema: columns {', '.join(clash)} clash with the record's own columns")
+    decoded = F.from_json(F.col("value").cast("string"), schema)
+    return out.withColumn("data", decoded).select(*METADATA_COLUMNS, "data.*")
+
+
+def window_counts(records: DataFrame, window: str, watermark: str) -> DataFrame:
+    """Records per (queue, key) in tumbling event-time windows; the watermark bounds the state kept."""
+    return (
+        records.withWatermark("timestamp", watermark)
+        .groupBy(F.window("timestamp", window), "queue", F.col("key").cast("string").alias("key"))
+        .count()
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "queue",
+            "key",
+            "count",
+        )
+    )
+
+
+def start_queries(spark: SparkSession, args: argparse.Namespace) -> list[StreamingQuery]:
+    """Start the archive and window queries (each with its own checkpoint under ``--checkpoint``)."""
+    register(spark)
+    options = source_options(args)
+    trigger: dict[str, Any] = (
+        {"availableNow": True} if args.available_now else {"processingTime": spark_interval(args.trigger)}
+    )
+    archive = (
+        archive_frame(read_records(spark, options), args.json_schema)
+        .writeStream.queryName("lattice_archive")
+        .format("parquet")
+        .partitionBy("queue", "date")
+        .option("path", str(args.output))
+        .option("checkpointLocation", str(args.checkpoint / "archive"))
+        .trigger(**trigger)
+        .start()
+    )
+    counts = window_counts(read_records(spark, options), args.window, args.watermark)
+    if args.windows_output is not None:
+        writer = (
+            counts.writeStream.format("parquet").outputMode("append").option("path", str(args.windows_output))
+        )
+    else:
+        writer = counts.writeStream.format("console").outputMode("update").option("truncate", "false")
+    windows = (
+        writer.queryName("lattice_windows")
+        .option("checkpointLocation", str(args.checkpoint / "windows"))
+        .trigger(**trigger)
+        .start()
+    )
+    return [archive, windows]
+
+
+_LATTICED_ERROR = re.compile(r"^latticed\.[\w.]*?(\w+Error): (.*)$", re.MULTILINE)
+
+
+def summarize(error: str) -> str:
+    """A query failure in one line: the source's own error if there is one, not Spark's plan dump."""
+    found = _LATTICED_ERROR.findall(error)
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message}"
+    return error.strip().splitlines()[0] if error.strip() else error
+
+
+def wait(queries: Sequence[StreamingQuery], stop: threading.Event) -> str | None:
+    """Until every query ends (AvailableNow), one fails, or ``stop`` is set; the first error (one line)
+    or None."""
+    while not stop.is_set() and all(q.isActive for q in queries):
+        queries[0].awaitTermination(1)
+    if stop.is_set() or any(q.exception() is not None for q in queries):
+        for query in queries:
+            query.stop()
+    else:
+        for query in queries:
+            query.awaitTermination()
+    errors = [summarize(str(q.exception())) for q in queries if q.exception() is not None]
+    return errors[0] if errors else None
+
+
+def session(
+    master: str | None, app_name: str = "latticed-tail", extra: Mapping[str, str] | None = None
+) -> SparkSession:
+    """The active session, or a new one. Outside spark-submit the master defaults to ``local[*]``; the
+    window aggregation's state gets 4 shuffle partitions unless configured (Spark's 200 are 200 state
+    stores per micro-batch, and the number is fixed in the checkpoint once the query has run)."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    from pyspark import SparkConf  # noqa: PLC0415 - reads spark-submit's settings
+
+    conf = SparkConf()
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    elif not conf.contains("spark.master"):
+        builder = builder.master("local[*]")
+    if not conf.contains("spark.sql.shuffle.partitions"):
+        builder = builder.config("spark.sql.shuffle.partitions", "4")
+    for key, value in (extra or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    spark = session(args.master)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        error = wait(start_queries(spark, args), stop)
+    except Exception as exc:  # analysis errors: bad options, unknown queue, daemon not running
+        print(f"latticed tail: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if stop.is_set():
+            spark.stop()
+    if error is not None:
+        print(f"latticed tail: a query failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_demo_tail(socket_path: str | Path, queues: Sequence[str], workdir: str | Path) -> list[Row]:
+    """``make demo``'s last step: tail ``queues`` into Parquet once (AvailableNow), print and return what
+    landed (queue name, offset, key, value as text, timestamp), ordered by queue and offset."""
+    work = Path(workdir)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need latticed: use this venv
+    quiet = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+    }
+    spark = session("local[2]", app_name="latticed-demo-tail", extra=quiet)
+    spark.sparkContext.setLogLevel("ERROR")
+    args = build_parser().parse_args(
+        [
+            "--queues",
+            ",".join(queues),
+            "--output",
+            str(work / "records"),
+            "--checkpoint",
+            str(work / "checkpoint"),
+            "--windows-output",
+            str(work / "windows"),
+            "--socket",
+            str(socket_path),
+            "--available-now",
+        ]
+    )
+    error = wait(start_queries(spark, args), threading.Event())
+    if error is not None:
+        raise RuntimeError(f"the demo tail query failed: {error}")
+    landed = spark.read.parquet(str(work / "records")).select(
+        F.element_at(F.split("queue", "/"), 2).alias("name"),
+        "offset",
+        F.col("key").cast("string").alias("key"),
+        F.col("value").cast("string").alias("value"),
+        "timestamp",
+    )
+    ordered = landed.orderBy("name", "offset")
+    rows = ordered.collect()
+    print(f"  Spark tailed {len(rows)} record(s) from {len(queues)} queue(s) into {work / 'records'}:")
+    ordered.show(20, truncate=40)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())
