@@ -63,6 +63,12 @@ def run(
         Path | None,
         typer.Option("--network-key-file", metavar="PATH", help="The network key (see network-key new)."),
     ] = None,
+    replicate: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replicate", metavar="PATTERN", help="Replicate only OWNER/NAME matching this glob; repeatable."
+        ),
+    ] = None,
     log_level: Annotated[
         str | None,
         typer.Option(
@@ -91,6 +97,7 @@ def run(
         "peers": peer or None,
         "mdns_interfaces": mdns_interface or None,
         "network_key_file": network_key_file,
+        "replicate": replicate or None,
         "log_level": log_level,
         "log_format": log_format,
     }

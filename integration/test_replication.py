@@ -168,3 +168,19 @@ def test_malicious_peer_is_refused_and_nothing_is_stored(latticed_process: Facto
         assert counters["rejected_deltas"] == 3
         assert counters["connected"] == 0
         assert cv.identity()  # still serving
+
+
+def test_replicate_patterns_choose_which_queues_a_daemon_takes(latticed_process: Factory) -> None:
+    a = start_peer(latticed_process)
+    with client(a) as ca:
+        public = ca.queue_create("public-news")
+        private = ca.queue_create("private-diary")
+        ca.offer("public-news", b"headline")
+        ca.offer("private-diary", b"secret")
+        marker = ca.queue_create("public-marker")
+        ca.offer("public-marker", b"sent after the others")
+    b = start_peer(latticed_process, a, extra=["--replicate", "*/public-*"])
+    wait_until(lambda: holds(b, public, 1) and holds(b, marker, 1), "the public queues on b")
+    with client(b) as cb:
+        listed = {q["queue"] for q in cb.queue_list()}
+    assert public in listed and private not in listed

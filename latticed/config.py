@@ -8,6 +8,7 @@ names, so an error message names the key exactly as the user wrote it. The file 
     peers = ["192.0.2.10:7000", "[2001:db8::1]:7000"]
     mdns = true
     allowed_peers = ["3b6a27bc..."]      # 64 hex digits each (32-byte public keys)
+    replicate = ["3b6a27bc*/*", "*/shared-*"]   # OWNER/NAME globs; default: everything
     log_format = "json"                  # or "text"
 
 Relative paths in the file are taken relative to the file's directory, relative paths in overrides
@@ -63,6 +64,8 @@ class DaemonConfig:
     network_key_file: Path | None = None
     #: Lower-case hex public keys allowed to connect; empty means any peer holding the network key.
     allowed_peers: tuple[str, ...] = ()
+    #: ``OWNER_HEX/NAME`` glob patterns of the queues to replicate; empty means everything we hear of.
+    replicate: tuple[str, ...] = ()
     log_level: str = "INFO"
     log_format: LogFormat = "json"
     #: How long a write waits for others to share its fsync.
@@ -221,7 +224,7 @@ def _convert(key: str, value: object, parse_path: Callable[[str, object], Path])
         if not isinstance(value, bool):
             raise _type_error(key, "true or false", value)
         return value
-    if key == "mdns_interfaces":
+    if key in ("mdns_interfaces", "replicate"):
         return tuple(_as_str_list(key, value))
     if key == "allowed_peers":
         keys = []

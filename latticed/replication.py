@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import logging
 import socket
 import time
@@ -33,7 +32,7 @@ from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip
 from latticed.net.peers import Backoff, PeerBook
 from latticed.net.transport import open_peer, secure_accept
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
-from latticed.protocol.replication import QueueKey, key_label
+from latticed.protocol.replication import QueueKey
 from latticed.storage.engine import Engine
 
 log = get_logger(__name__)
@@ -59,15 +58,10 @@ def queue_key(state: QueueState) -> QueueKey:
 
 
 class EngineHost:
-    """The engine seen as a replica host; ``patterns`` limits which queues we replicate."""
+    """The engine seen as a replica host (which queues we take is the session's subscription)."""
 
-    def __init__(self, engine: Engine, patterns: tuple[str, ...] | None = None) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.patterns = patterns
-
-    def wants(self, key: QueueKey) -> bool:
-        label = key_label(key)
-        return self.patterns is None or any(fnmatch.fnmatchcase(label, p) for p in self.patterns)
 
     def summaries(self) -> Mapping[QueueKey, Summary]:
         out: dict[QueueKey, Summary] = {}
@@ -198,8 +192,11 @@ async def run_replication(
     """Listen, dial, discover and gossip until cancelled."""
     network_key = load_network_key(config)
     allowed = frozenset(parse_public_key(p) for p in config.allowed_peers) or None
+    patterns = config.replicate or None
     host = EngineHost(engine)
-    gossip = Gossip(host, identity.public_key, max_message_bytes=config.max_frame_bytes)
+    gossip = Gossip(
+        host, identity.public_key, subscription=patterns, max_message_bytes=config.max_frame_bytes
+    )
     book = _load_book(config.data_dir, identity.public_key)
     book.add_static(config.peers, now=time.time())
     service = Replication(engine, identity, config, network_key, gossip, book, allowed=allowed)
