@@ -16,6 +16,9 @@ code   cause                                                               raise
 6      verification failed, or the queue's owner forked it                 IntegrityError, ForkedQueue
 7      the store cannot do it (disk full, read-only, corrupt)              StorageError
 8      creating something that already exists                              AlreadyExistsError
+9      a stale or unknown lease (acked, expired, from before a restart)    LeaseError
+10     ``dequeue`` found no record (within ``--wait``)                     EmptyError
+11     a group's consumer cap or a consumer's in-flight cap is reached     CapacityError
 130    interrupted (Ctrl-C): quiet
 141    stdout was closed early (``latticectl tail q | head -1``): quiet
 =====  ==================================================================  ==============================
@@ -37,10 +40,13 @@ from typer.core import TyperGroup
 
 from latticed.errors import (
     AlreadyExistsError,
+    CapacityError,
     ConnectionClosedError,
+    EmptyError,
     ForkedQueueError,
     IntegrityError,
     LatticedError,
+    LeaseError,
     MalformedError,
     NotFoundError,
     NotOwnerError,
@@ -60,6 +66,9 @@ class ExitCode(enum.IntEnum):
     INTEGRITY = 6
     STORAGE = 7
     EXISTS = 8
+    LEASE = 9
+    EMPTY = 10
+    CAPACITY = 11
     INTERRUPTED = 130
     STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for ``yes | head -1``
 
@@ -75,6 +84,9 @@ _BY_CLASS: dict[type[BaseException], ExitCode] = {
     ForkedQueueError: ExitCode.INTEGRITY,
     StorageError: ExitCode.STORAGE,
     AlreadyExistsError: ExitCode.EXISTS,
+    LeaseError: ExitCode.LEASE,
+    EmptyError: ExitCode.EMPTY,
+    CapacityError: ExitCode.CAPACITY,
     LatticedError: ExitCode.ERROR,
     OSError: ExitCode.ERROR,
 }

@@ -22,6 +22,7 @@ from typing import Annotated, Any, BinaryIO
 import typer
 
 from cli.boundary import BoundaryGroup
+from cli.groups import register as register_work_queues
 from cli.output import (
     emit,
     emit_entries,
@@ -49,7 +50,7 @@ _OWNER_HEX = re.compile(r"[0-9a-fA-F]{64}")
 app = typer.Typer(
     name="latticectl",
     cls=BoundaryGroup,
-    help="Control the local latticed daemon: queues, records and KV state.",
+    help="Control the local latticed daemon: queues, records, KV state and work queues.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -552,6 +553,9 @@ def kv_incr(
     """Add to the counter at KEY; prints the new value."""
     total = _client(ctx).kv_incr(key, by=by)
     emit({"key": key, "value": total}, str(total), as_json=as_json)
+
+
+register_work_queues(app, _client)
 
 
 def main() -> None:

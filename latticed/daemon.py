@@ -22,6 +22,7 @@ from latticed.api.handlers import Context
 from latticed.api.server import serve_api
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
+from latticed.groups.service import run_groups
 from latticed.logs import get_logger, log_event
 from latticed.paths import ensure_data_dir, ensure_socket_dir
 from latticed.replication import run_replication
@@ -75,6 +76,7 @@ async def run_daemon(
                         await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
                     if config.listen is not None or config.peers:
                         context.replication = await nursery.start(run_replication, engine, identity, config)
+                    context.groups = await nursery.start(run_groups, engine)
                     await nursery.start(serve_api, context)
                     interval = watchdog_interval(env)
                     if interval is not None:

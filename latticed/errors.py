@@ -75,10 +75,24 @@ class LeaseError(LatticedError):
     code = "lease"
 
 
+class CapacityError(LatticedError):
+    """The group's consumer cap or a consumer's in-flight cap is reached; settle leases, then retry."""
+
+    code = "capacity"
+
+
+class EmptyError(NotFoundError):
+    """Nothing was available to dequeue before the wait ran out (not a failure: try again later)."""
+
+    code = "empty"
+
+
 __all__ = [
     "AlreadyExistsError",
     "BadSignatureError",
+    "CapacityError",
     "ConnectionClosedError",
+    "EmptyError",
     "EquivocationError",
     "ForkedQueueError",
     "GapError",

@@ -18,6 +18,7 @@ from typing import Any, Final, Self
 import msgpack
 
 from latticed import errors
+from latticed.api.group_client import GroupOps, Lease, Subscription
 from latticed.api.protocol import API_VERSION
 from latticed.config import default_socket_path
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
@@ -165,14 +166,20 @@ class _Connection:
             self.sock = None
 
     def send(self, message: dict[str, Any]) -> None:
+        self.send_many((message,))
+
+    def send_many(self, messages: Sequence[dict[str, Any]]) -> None:
+        """Several requests in one write (pipelining)."""
         if self.sock is None:
             raise ConnectionClosedError("connection to latticed is closed")
         try:
-            body = msgpack.packb(message, use_bin_type=True)
+            data = b"".join(
+                encode_frame(msgpack.packb(m, use_bin_type=True), CLIENT_MAX_FRAME) for m in messages
+            )
         except (TypeError, ValueError, OverflowError) as exc:
             raise MalformedError(f"cannot encode request: {exc}") from exc
         try:
-            self.sock.sendall(encode_frame(body, CLIENT_MAX_FRAME))
+            self.sock.sendall(data)
         except OSError as exc:
             # The daemon may have refused the request (e.g. a frame over its limit) and hung up while we
             # were still sending: its error reply is then waiting in our receive buffer.
@@ -227,8 +234,8 @@ class _Connection:
         return reply
 
 
-class Client:
-    """Blocking access to one latticed daemon over its Unix socket."""
+class Client(GroupOps):
+    """Blocking access to one latticed daemon over its Unix socket (work-queue calls: :class:`GroupOps`)."""
 
     def __init__(
         self, socket_path: str | os.PathLike[str] | None = None, timeout: float | None = 30.0
@@ -274,6 +281,23 @@ class Client:
             self.close()
             raise RemoteProtocolError(f"reply for request {reply.get('id')!r} while waiting for {rid}")
         return reply
+
+    def call_waiting(self, op: str, wait: float, /, **args: Any) -> dict[str, Any]:
+        """``call`` for a request the daemon may hold up to ``wait`` seconds (the timeout grows by it)."""
+        if self._conn is None or self._conn.sock is None:
+            self._conn = _Connection(self._path, self._timeout)
+        sock = self._conn.sock
+        assert sock is not None
+        sock.settimeout(None if self._timeout is None else self._timeout + wait)
+        try:
+            return self.call(op, **args)
+        finally:
+            if self._conn is not None and self._conn.sock is not None:
+                self._conn.sock.settimeout(self._timeout)
+
+    def open_stream(self, timeout: float | None) -> _Connection:
+        """A new, dedicated connection (tails and subscriptions)."""
+        return _Connection(self._path, timeout)
 
     # ------------------------------------------------------------------ node
     def identity(self) -> str:
@@ -447,4 +471,4 @@ def _kv_value(kind: Any, value: Any) -> Any:
     return value
 
 
-__all__ = ["Client", "Entry", "ReadBatch", "error_from_reply"]
+__all__ = ["Client", "Entry", "Lease", "ReadBatch", "Subscription", "error_from_reply"]

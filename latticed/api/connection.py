@@ -50,14 +50,18 @@ class Connection:
                 return False
             decoder.receive_data(await self.stream.receive_some(RECEIVE_SIZE))
 
-    async def send(self, message: dict[str, Any]) -> None:
+    def encode(self, message: dict[str, Any]) -> bytes:
+        """One framed message (an error reply instead if it would exceed the frame limit)."""
         body = pack(message)
         if len(body) > self.max_frame_bytes:
             failure: LatticedError = MalformedError(
                 f"reply of {len(body)} bytes exceeds the frame limit of {self.max_frame_bytes}; ask for less"
             )
             body = pack(error_reply(message.get("id"), failure))
-        await self.stream.send_all(encode_frame(body, self.max_frame_bytes))
+        return encode_frame(body, self.max_frame_bytes)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.stream.send_all(self.encode(message))
 
 
 __all__ = ["Connection"]

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from latticed.api.protocol import (
     FRAME_OVERHEAD,
@@ -29,6 +29,10 @@ from latticed.errors import MalformedError
 from latticed.storage.engine import Engine
 from latticed.storage.kvplan import KvRequest, hash_field, visible
 from latticed.storage.reader import Columns, RawRow
+
+if TYPE_CHECKING:
+    from latticed.api.connection import Connection
+    from latticed.groups.service import GroupService
 
 Request = dict[str, Any]
 Reply = dict[str, Any]
@@ -69,6 +73,7 @@ class Context:
     started: float = field(default_factory=time.monotonic)
     version: str = field(default_factory=package_version)
     replication: ReplicationView | None = None
+    groups: GroupService | None = None
 
     @property
     def max_reply_bytes(self) -> int:
@@ -85,6 +90,20 @@ HANDLERS: dict[str, Handler] = {}
 def handler(name: str) -> Callable[[Handler], Handler]:
     def register(fn: Handler) -> Handler:
         HANDLERS[name] = fn
+        return fn
+
+    return register
+
+
+#: Ops that talk to the connection themselves (push frames, watch for the client leaving): they send their
+#: own replies and return False when the client went away.
+StreamHandler = Callable[[Context, "Connection", Request], Awaitable[bool]]
+STREAMS: dict[str, StreamHandler] = {}
+
+
+def stream(name: str) -> Callable[[StreamHandler], StreamHandler]:
+    def register(fn: StreamHandler) -> StreamHandler:
+        STREAMS[name] = fn
         return fn
 
     return register
@@ -436,4 +455,14 @@ async def kv_smembers(ctx: Context, request: Request) -> Reply:
     return {"value": sorted(value) if kind == kv.SET else []}
 
 
-__all__ = ["HANDLERS", "Context", "Handler", "columns_reply", "entry_wire", "queue_info"]
+__all__ = [
+    "HANDLERS",
+    "STREAMS",
+    "Context",
+    "Handler",
+    "StreamHandler",
+    "columns_reply",
+    "entry_wire",
+    "queue_info",
+    "stream",
+]

@@ -13,11 +13,12 @@ from typing import Any
 
 import trio
 
+from latticed.api import group_handlers, tail  # noqa: F401 - importing them registers their ops
 from latticed.api.connection import Connection
-from latticed.api.handlers import HANDLERS, Context
+from latticed.api.handlers import HANDLERS, STREAMS, Context
 from latticed.api.listener import bind_unix_socket, remove_socket
 from latticed.api.protocol import SUPPORTED_VERSIONS, error_reply, unpack
-from latticed.api.tail import serve_tail
+from latticed.api.session import CONSUMER, new_consumer_id
 from latticed.errors import (
     ConnectionClosedError,
     LatticedError,
@@ -52,6 +53,8 @@ async def serve_api(ctx: Context, *, task_status: trio.TaskStatus[Path] = trio.T
 async def handle_connection(ctx: Context, stream: trio.abc.Stream) -> None:
     """Serve one client until it leaves or breaks the protocol; never raises (except Cancelled)."""
     conn = Connection(stream, ctx.max_frame_bytes)
+    consumer = new_consumer_id(stream)
+    CONSUMER.set(consumer)  # this connection's task (and its children) only
     try:
         await _serve(ctx, conn)
     except _CLOSED:
@@ -67,6 +70,8 @@ async def handle_connection(ctx: Context, stream: trio.abc.Stream) -> None:
     except Exception as exc:
         log_event(log, "api.connection_failed", level=40, exc_info=exc)
     finally:
+        if ctx.groups is not None:
+            ctx.groups.connection_closed(consumer)
         await trio.aclose_forcefully(stream)
 
 
@@ -75,12 +80,13 @@ async def _serve(ctx: Context, conn: Connection) -> None:
         frame = await conn.receive_frame()
         if frame is None:
             return
-        request, reply = _parse(frame)
+        request, reply = parse_request(frame)
         if reply is None:
             assert request is not None
-            if request.get("op") == "tail":
+            streaming = STREAMS.get(request["op"])
+            if streaming is not None:
                 try:
-                    if not await serve_tail(ctx, conn, request):
+                    if not await streaming(ctx, conn, request):
                         return
                     continue
                 except LatticedError as exc:
@@ -90,7 +96,7 @@ async def _serve(ctx: Context, conn: Connection) -> None:
         await conn.send(reply)
 
 
-def _parse(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def parse_request(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The request, or the error reply to send instead."""
     try:
         request = unpack(frame)
@@ -110,7 +116,7 @@ def _parse(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
                 f"unsupported API version {version!r}; this daemon speaks {list(SUPPORTED_VERSIONS)}"
             ),
         )
-    if not isinstance(op, str) or (op not in HANDLERS and op != "tail"):
+    if not isinstance(op, str) or (op not in HANDLERS and op not in STREAMS):
         shown = repr(op)[:60]
         return None, error_reply(rid, ProtocolError(f"unknown op {shown}"))
     return request, None
@@ -130,4 +136,4 @@ async def dispatch(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-__all__ = ["dispatch", "handle_connection", "serve_api"]
+__all__ = ["dispatch", "handle_connection", "parse_request", "serve_api"]

@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from latticed.api.connection import Connection
-from latticed.api.handlers import Context, columns_reply
+from latticed.api.handlers import Context, columns_reply, stream
 from latticed.api.protocol import TAIL_BATCH_BYTES, TAIL_BATCH_RECORDS, arg_bool, arg_int
 from latticed.errors import StorageError
 
@@ -39,6 +39,7 @@ class _Watch:
             self.waiting.cancel()
 
 
+@stream("tail")
 async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) -> bool:
     """Stream records until done (``follow=false``) or the client speaks or leaves.
 

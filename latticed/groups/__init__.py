@@ -2,7 +2,9 @@
 
 The replicated half (progress lattice, ops, group definition, dead-letter records) is pure and lives in
 :mod:`latticed.crdt.group`; this package holds what only the daemon running a group needs: the filter
-language (:mod:`.filters`) and the lease manager (:mod:`.dispatch`).
+language (:mod:`.filters`), the sans-IO lease manager (:mod:`.dispatch`), and the trio service that runs
+groups on the engine (:mod:`.service`, with :mod:`.runtime` per group and :mod:`.committer` for group
+commits). See docs/workqueues.md.
 """
 
 from latticed.groups.dispatch import (

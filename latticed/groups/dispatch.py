@@ -30,7 +30,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from latticed.crdt.errors import LatticedError, MalformedError
+from latticed.crdt.errors import MalformedError
 from latticed.crdt.group import (
     EMPTY,
     MAX_CONSUMER_BYTES,
@@ -47,19 +47,15 @@ from latticed.crdt.group import (
     source_id,
 )
 from latticed.crdt.records import Record
-from latticed.errors import LeaseError, NotFoundError
+
+# CapacityError lives in latticed.errors (one hierarchy); re-exported here for older imports.
+from latticed.errors import CapacityError, LeaseError, NotFoundError
 from latticed.groups.filters import compile_filter
 
 #: Done records kept for inspection are capped whatever the retention, to bound memory.
 MAX_RETAINED_DONE = 100_000
 #: Recently ended lease tokens remembered to say *why* a token is stale.
 _ENDED_TOKENS = 4096
-
-
-class CapacityError(LatticedError):
-    """The group's consumer cap or a consumer's in-flight cap is reached; settle leases, then retry."""
-
-    code = "capacity"
 
 
 # Task states (plain strings: they key the hot-path counters, and an Enum's hash is Python-level).
@@ -470,6 +466,19 @@ class Dispatcher:
             pairs.append((task, task.lease))
         return self._fail_all(pairs, "released", delay_s, now)
 
+    def in_flight(self, consumer: str) -> int:
+        """How many leases ``consumer`` holds (0 if it is not registered)."""
+        tokens = self._consumers.get(consumer)
+        return len(tokens) if tokens else 0
+
+    def has_consumer(self, consumer: str) -> bool:
+        return consumer in self._consumers
+
+    def promote(self, now: float) -> None:
+        """Make failed records whose retry time has come available (dequeue does this lazily; the
+        daemon's timer calls it so :meth:`next_deadline` moves on and waiting consumers can be woken)."""
+        self._promote(now)
+
     def expire(self, now: float) -> Changes:
         """End every lease whose deadline has passed: each counts as a failed attempt."""
         expiry, pairs = self._expiry, []
@@ -734,3 +743,24 @@ class Dispatcher:
             )
         info = DeadLetterInfo(source, offset, attempts, task.correlation_id, reason, _ms(now), history)
         return dead_letter_record(task.record, info)
+
+
+__all__ = [
+    "AVAILABLE",
+    "FAILED",
+    "LEASED",
+    "MAX_RETAINED_DONE",
+    "NO_CHANGES",
+    "PARKED",
+    "SETTLED",
+    "STATES",
+    "CapacityError",
+    "Changes",
+    "DeadLetter",
+    "Dispatcher",
+    "Done",
+    "Failure",
+    "GroupStats",
+    "Lease",
+    "TaskView",
+]

@@ -33,6 +33,7 @@ from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import (
     KV_NAMESPACE,
     Append,
+    AppendMany,
     Call,
     CreateQueue,
     Job,
@@ -235,9 +236,11 @@ class Engine:
             raise NotOwnerError(f"cannot {what}: not the owner of {self.address(q)}")
 
     # ------------------------------------------------------------------ writes
-    async def create_queue(self, name: str, meta: Mapping[str, str] | None = None) -> int:
+    async def create_queue(
+        self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE
+    ) -> int:
         check_name(name)
-        result: int = await self._run(CreateQueue(name, meta))
+        result: int = await self._run(CreateQueue(name, meta, kind))
         return result
 
     async def append(self, q: int, records: Sequence[Record], *, checked: bool = False) -> int:
@@ -246,6 +249,13 @@ class Engine:
         self._require_owner(q, "offer")
         first: int = await self._run(Append(q, records, checked=checked))
         return first
+
+    async def append_many(self, parts: Sequence[tuple[int, Sequence[Record]]]) -> list[int]:
+        """Records for several owned queues in ONE transaction; returns each part's first offset."""
+        for q, _ in parts:
+            self._require_owner(q, "offer")
+        firsts: list[int] = await self._run(AppendMany(parts))
+        return firsts
 
     async def truncate(self, q: int, new_start: int) -> None:
         self._require_owner(q, "truncate")

@@ -86,6 +86,24 @@ class Append(Job):
         self.result = batch.append(self.q, self.records)
 
 
+class AppendMany(Job):
+    """Records for several owned queues in one transaction (a work-queue group commit: dead letters and
+    progress ops land together or not at all); ``result`` is the first offset assigned in each."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: Sequence[tuple[int, Sequence[Record]]]) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        for q, records in self.parts:
+            batch.require_owner(q, "offer")
+            for record in records:
+                check_record(record)
+        self.result = [batch.append(q, records) for q, records in self.parts]
+
+
 class Truncate(Job):
     __slots__ = ("new_start", "q")
 
@@ -183,4 +201,15 @@ class Call(Job):
         self.result = self.fn(batch, writer)
 
 
-__all__ = ["KV_NAMESPACE", "Append", "Call", "CreateQueue", "Job", "KvWrite", "Merge", "SetMeta", "Truncate"]
+__all__ = [
+    "KV_NAMESPACE",
+    "Append",
+    "AppendMany",
+    "Call",
+    "CreateQueue",
+    "Job",
+    "KvWrite",
+    "Merge",
+    "SetMeta",
+    "Truncate",
+]

@@ -1,0 +1,412 @@
+"""``latticectl`` work-queue commands: ``group``, ``dlq``, ``dequeue``, ``ack``, ``nack``, ``extend``,
+``ack-up-to`` and ``work``.
+
+``dequeue`` hands a record to a script the way Lockd's CLI does: with ``--env`` it prints ``export``
+lines (``LATTICE_GROUP``, ``LATTICE_QUEUE``, ``LATTICE_OFFSET``, ``LATTICE_LEASE``, ``LATTICE_ATTEMPT``,
+``LATTICE_CORRELATION_ID``, ``LATTICE_PAYLOAD`` = a file holding the payload), so that
+``lease=$(latticectl dequeue jobs --env) && eval "$lease"`` can be followed by ``latticectl ack
+"$LATTICE_GROUP" "$LATTICE_LEASE"``. Exit codes beyond :mod:`cli.boundary`'s usual ones: 9 when a lease
+is stale or unknown, 10 when ``dequeue`` found nothing (within ``--wait``), 11 when a cap is reached.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.output import emit, field_lines, human, table_lines, text_of_bytes, to_json
+from cli.work import Worker, lease_env
+from latticed.api.client import Client, Lease
+from latticed.errors import EmptyError
+
+ClientFactory = Callable[[typer.Context], Client]
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+GroupArg = Annotated[
+    str, typer.Argument(metavar="GROUP", help="NAME of your group, OWNER/NAME for another's.")
+]
+LeaseArg = Annotated[str, typer.Argument(metavar="LEASE", help="The lease token dequeue printed.")]
+Seconds = Annotated[float | None, typer.Option(metavar="S", min=0.0, help="Seconds.")]
+
+group_app = typer.Typer(help="Consumer groups (work queues) over one or more queues.", no_args_is_help=True)
+dlq_app = typer.Typer(help="A group's dead-letter queue: list, show, redrive, purge.", no_args_is_help=True)
+
+
+def _short(source: str) -> str:
+    """``OWNER/NAME`` with the owner cut to 8 hex digits (tables stay readable)."""
+    owner, sep, name = source.rpartition("/")
+    return f"{owner[:8]}../{name}" if sep else source
+
+
+def _when(epoch_s: float | None) -> str:
+    if epoch_s is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_s)) + f" (in {epoch_s - time.time():.1f}s)"
+
+
+def _lease_fields(lease: Lease) -> dict[str, object]:
+    fields: dict[str, object] = {
+        "group": lease.group,
+        "queue": lease.queue,
+        "offset": lease.offset,
+        "lease": lease.lease,
+        "attempt": lease.attempt,
+        "correlation id": lease.correlation_id,
+        "expires": _when(lease.expires_at),
+    }
+    if lease.key is not None:
+        fields["key"] = lease.key
+    for name, value in lease.headers:
+        fields[f"header {name}"] = value
+    return fields
+
+
+def _write_payload(value: bytes, path: Path | None) -> Path:
+    if path is None:
+        fd, name = tempfile.mkstemp(prefix="lattice-payload-")
+        with os.fdopen(fd, "wb") as out:
+            out.write(value)
+        return Path(name)
+    path.write_bytes(value)
+    return path
+
+
+_factory: list[ClientFactory] = []
+
+
+def _client(ctx: typer.Context) -> Client:
+    return _factory[0](ctx)
+
+
+# --- groups -----------------------------------------------------------------------------------
+@group_app.command("create")
+def group_create(
+    ctx: typer.Context,
+    *,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The new group's name.")],
+    queue: Annotated[
+        list[str], typer.Option("--queue", "-q", metavar="QUEUE", help="A queue to consume; repeatable.")
+    ],
+    filter: Annotated[
+        str | None, typer.Option("--filter", metavar="EXPR", help="Only records matching EXPR.")
+    ] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option(metavar="N", min=0, help="Dead-letter after N failed attempts (0: never)."),
+    ] = None,
+    visibility: Annotated[float | None, typer.Option(metavar="S", min=0.001, help="Lease length.")] = None,
+    retry_backoff: Annotated[
+        float | None, typer.Option(metavar="S", min=0.0, help="First retry delay (doubles).")
+    ] = None,
+    backoff_cap: Annotated[
+        float | None, typer.Option(metavar="S", min=0.0, help="Longest retry delay.")
+    ] = None,
+    retention: Annotated[
+        float | None, typer.Option(metavar="S", min=0.0, help="Keep done records for inspection.")
+    ] = None,
+    max_consumers: Annotated[
+        int | None, typer.Option(metavar="N", min=0, help="Consumer cap (0: none).")
+    ] = None,
+    max_in_flight: Annotated[
+        int | None, typer.Option(metavar="N", min=0, help="Leases per consumer (0: no cap).")
+    ] = None,
+    description: Annotated[str | None, typer.Option(metavar="TEXT")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a consumer group over one or more queues (yours or replicated ones)."""
+    info = _client(ctx).group_create(
+        name,
+        queue,
+        filter=filter,
+        max_attempts=max_attempts,
+        visibility=visibility,
+        retry_backoff=retry_backoff,
+        backoff_cap=backoff_cap,
+        retention=retention,
+        max_consumers=max_consumers,
+        max_in_flight=max_in_flight,
+        description=description,
+    )
+    emit(info, field_lines(info), as_json=as_json)
+
+
+@group_app.command("list")
+def group_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """List groups: those this daemon runs and replicas of others'."""
+    groups = _client(ctx).group_list()
+    rows = [{**g, "sources": [_short(s) for s in g.get("sources", [])], "group": g["group"]} for g in groups]
+    columns = {"group": "GROUP", "running": "RUNNING", "sources": "QUEUES", "filter": "FILTER"}
+    emit(groups, table_lines(rows, columns) if groups else [], as_json=as_json)
+
+
+@group_app.command("stats")
+def group_stats(ctx: typer.Context, group: GroupArg, as_json: JsonFlag = False) -> None:
+    """Counts (available, leased, done, failed, dead), ack floors and the oldest pending age."""
+    stats = _client(ctx).group_stats(group)
+    fields: dict[str, object] = {
+        key: stats.get(key)
+        for key in (
+            "group",
+            "running",
+            "available",
+            "leased",
+            "pending",
+            "done",
+            "failed",
+            "dead",
+            "consumers",
+        )
+        if key in stats
+    }
+    for source, floor in stats.get("ack_floor", {}).items():
+        fields[f"ack floor {_short(source)}"] = f"{floor} of {human(stats.get('ends', {}).get(source))}"
+    if "oldest_age_s" in stats:
+        age = stats["oldest_age_s"]
+        fields["oldest age"] = "-" if age is None else f"{age:.1f}s"
+    emit(stats, field_lines(fields), as_json=as_json)
+
+
+@group_app.command("inspect")
+def group_inspect(
+    ctx: typer.Context,
+    group: GroupArg,
+    queue: Annotated[str, typer.Argument(metavar="QUEUE")],
+    offset: Annotated[int, typer.Argument(metavar="OFFSET", min=0)],
+    as_json: JsonFlag = False,
+) -> None:
+    """One record as the group sees it: state, attempts and their history."""
+    task = _client(ctx).group_inspect(group, queue, offset)
+    history = task.pop("history")
+    lines = field_lines(task) + [
+        f"  attempt {a['attempt']}: {a['outcome']} by {a['consumer']}" for a in history
+    ]
+    emit({**task, "history": history}, lines, as_json=as_json)
+
+
+# --- leases -----------------------------------------------------------------------------------
+def dequeue(
+    ctx: typer.Context,
+    *,
+    group: GroupArg,
+    wait: Annotated[
+        float | None, typer.Option(metavar="S", min=0.0, help="Wait up to S seconds for a record.")
+    ] = None,
+    visibility: Annotated[
+        float | None, typer.Option(metavar="S", min=0.001, help="Lease length (default: the group's).")
+    ] = None,
+    env: Annotated[
+        bool, typer.Option("--env", help="Print shell export lines (LATTICE_*); payload in a file.")
+    ] = False,
+    payload_out: Annotated[
+        Path | None, typer.Option(metavar="PATH", help="With --env: write the payload here.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Lease one record of GROUP; exit 10 if there is none (within --wait)."""
+    lease = _client(ctx).dequeue(group, visibility=visibility, wait=wait)
+    if lease is None:
+        within = f" within {wait:g}s" if wait else ""
+        raise EmptyError(f"no record available in group {group}{within}")
+    if env:
+        variables = lease_env(lease, None)
+        variables["LATTICE_PAYLOAD"] = str(_write_payload(lease.value, payload_out))
+        emit(None, [f"export {k}={shlex.quote(v)}" for k, v in variables.items()], as_json=False)
+        return
+    fields = _lease_fields(lease)
+    fields["value"] = text_of_bytes(lease.value)
+    emit(lease, field_lines(fields), as_json=as_json)
+
+
+def ack(ctx: typer.Context, group: GroupArg, lease: LeaseArg, as_json: JsonFlag = False) -> None:
+    """Settle a leased record as done; prints its correlation id (exit 9 if the lease is stale)."""
+    correlation = _client(ctx).ack(group, lease)
+    emit({"correlation_id": correlation}, correlation, as_json=as_json)
+
+
+def nack(
+    ctx: typer.Context,
+    group: GroupArg,
+    lease: LeaseArg,
+    delay: Annotated[
+        float | None, typer.Option(metavar="S", min=0.0, help="Retry after S (default: backoff).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Give a leased record back for a retry (or to the DLQ on its last attempt)."""
+    reply = _client(ctx).nack(group, lease, delay)
+    text = "dead-lettered" if reply.get("dead_lettered") else f"retry at {_when(reply.get('retry_at'))}"
+    emit(reply, f"{reply.get('correlation_id')}\t{text}", as_json=as_json)
+
+
+def extend(
+    ctx: typer.Context,
+    group: GroupArg,
+    lease: LeaseArg,
+    visibility: Annotated[float, typer.Option(metavar="S", min=0.001, help="Keep it S seconds from now.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Keep a lease longer; prints the new expiry."""
+    expires = _client(ctx).extend(group, lease, visibility)
+    emit({"expires_at": expires}, _when(expires), as_json=as_json)
+
+
+def ack_up_to(
+    ctx: typer.Context,
+    group: GroupArg,
+    queue: Annotated[str, typer.Argument(metavar="QUEUE")],
+    offset: Annotated[int, typer.Argument(metavar="OFFSET", min=0, help="Settle every record below it.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Settle every record of QUEUE below OFFSET at once (leased ones too)."""
+    count = _client(ctx).ack_up_to(group, queue, offset)
+    emit({"acked": count}, str(count), as_json=as_json)
+
+
+def work(
+    ctx: typer.Context,
+    *,
+    group: GroupArg,
+    command: Annotated[list[str], typer.Argument(metavar="-- COMMAND...", help="Run for each record.")],
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, max=1024, help="Commands run at once.")
+    ] = 1,
+    visibility: Annotated[
+        float | None, typer.Option(metavar="S", min=0.001, help="Lease length (renewed while running).")
+    ] = None,
+    max_records: Annotated[
+        int | None, typer.Option("--max", metavar="N", min=1, help="Stop after N.")
+    ] = None,
+    idle: Annotated[
+        float | None, typer.Option(metavar="S", min=0.0, help="Stop once no record came for S seconds.")
+    ] = None,
+    nack_delay: Annotated[
+        float | None, typer.Option(metavar="S", min=0.0, help="Retry delay after a failure.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run COMMAND for each record (payload on stdin, LATTICE_* set): ack on exit 0, nack otherwise."""
+    settings = ctx.find_root().obj
+    worker = Worker(
+        getattr(settings, "socket_path", None),
+        group,
+        command,
+        concurrency=concurrency,
+        visibility=visibility,
+        max_records=max_records,
+        idle=idle,
+        nack_delay=nack_delay,
+    )
+    summary = worker.run().as_dict()
+    if as_json:
+        emit(summary, None, as_json=True)
+    else:
+        sys.stderr.write(" ".join(f"{k}={v}" for k, v in summary.items()) + "\n")
+
+
+# --- dead letters -----------------------------------------------------------------------------
+@dlq_app.command("list")
+def dlq_list(
+    ctx: typer.Context,
+    group: GroupArg,
+    limit: Annotated[int | None, typer.Option(metavar="N", min=1)] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List parked dead letters, oldest first."""
+    letters = _client(ctx).dlq_list(group, limit)
+    rows = [
+        {**d, "queue": _short(d["queue"]), "value": text_of_bytes(d["value"], single_line=True)}
+        for d in letters
+    ]
+    columns = {
+        "dlq_offset": "DLQ",
+        "queue": "QUEUE",
+        "offset": "OFFSET",
+        "attempts": "ATTEMPTS",
+        "reason": "REASON",
+        "correlation_id": "CORRELATION",
+        "value": "VALUE",
+    }
+    emit(letters, table_lines(rows, columns) if letters else [], as_json=as_json)
+
+
+@dlq_app.command("show")
+def dlq_show(
+    ctx: typer.Context,
+    group: GroupArg,
+    offset: Annotated[int, typer.Argument(metavar="DLQ_OFFSET", min=0)],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show one dead letter: origin, attempts with their history, correlation id, payload."""
+    letter = _client(ctx).dlq_show(group, offset)
+    history = letter.pop("history")
+    value = letter.pop("value")
+    lines = field_lines(letter) + [
+        f"  attempt {a['attempt']}: {a['outcome']} by {a['consumer']} "
+        f"({(a['ended_at_ms'] - a['leased_at_ms']) / 1000:.3f}s)"
+        for a in history
+    ]
+    emit(
+        to_json({**letter, "history": history, "value": value}),
+        [*lines, text_of_bytes(value)],
+        as_json=as_json,
+    )
+
+
+def _offsets(ctx: typer.Context, offsets: list[int] | None, everything: bool) -> list[int] | None:
+    if bool(offsets) == everything:
+        raise typer.BadParameter("give DLQ offsets or --all (not both)", ctx=ctx, param_hint="'OFFSET'")
+    return None if everything else offsets
+
+
+Offsets = Annotated[list[int] | None, typer.Argument(metavar="[DLQ_OFFSET]...", min=0)]
+AllFlag = Annotated[bool, typer.Option("--all", help="Every parked dead letter.")]
+
+
+@dlq_app.command("redrive")
+def dlq_redrive(
+    ctx: typer.Context,
+    group: GroupArg,
+    offsets: Offsets = None,
+    everything: AllFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Make dead letters available again (fresh attempts); prints how many."""
+    count = _client(ctx).dlq_redrive(group, _offsets(ctx, offsets, everything))
+    emit({"count": count}, str(count), as_json=as_json)
+
+
+@dlq_app.command("purge")
+def dlq_purge(
+    ctx: typer.Context,
+    group: GroupArg,
+    offsets: Offsets = None,
+    everything: AllFlag = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Drop dead letters for good; prints how many."""
+    count = _client(ctx).dlq_purge(group, _offsets(ctx, offsets, everything))
+    emit({"count": count}, str(count), as_json=as_json)
+
+
+def register(app: typer.Typer, client: ClientFactory) -> None:
+    """Add the work-queue commands to ``latticectl`` (``client`` makes the invocation's client)."""
+    _factory[:] = [client]
+    app.add_typer(group_app, name="group")
+    app.add_typer(dlq_app, name="dlq")
+    app.command()(dequeue)
+    app.command()(ack)
+    app.command()(nack)
+    app.command()(extend)
+    app.command("ack-up-to")(ack_up_to)
+    app.command()(work)
+
+
+__all__ = ["dlq_app", "group_app", "register"]

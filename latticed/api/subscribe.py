@@ -1,0 +1,198 @@
+"""``subscribe``: the server pushes leased records to one connection, keeping at most ``max_in_flight``
+of them unsettled, and takes requests (acks above all) on the same connection meanwhile.
+
+Frames pushed: first ``{"id", "ok": true, "subscribed": true, "consumer", "leases": [...]}``, then
+``{"id", "ok": true, "leases": [...]}`` whenever records are available and the window has room (several
+leases per frame when several are ready). The window frees as leases end, whether acked here or on any
+other connection: every lease end wakes the pusher, nothing polls. Other requests on the connection are
+answered as they complete, each with its own id. ``unsubscribe`` (or the connection closing) ends the
+subscription and gives back the leases it still holds, each counted as a failed attempt ("released");
+the reply to ``unsubscribe`` is ``{"id", "ok": true, "done": true, "released": n}``.
+
+Throughput: an ack on this connection is applied as soon as its frame is read and its reply is queued
+until the group commit carrying it is durable; everything queued goes out in one write. So a worker that
+pipelines acks costs a few syscalls per commit, not per record.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Final
+
+import trio
+
+from latticed.api.connection import Connection
+from latticed.api.handlers import STREAMS, Context, Reply, Request, handler, stream
+from latticed.api.protocol import arg_int, arg_str, error_reply
+from latticed.api.session import consumer_id
+from latticed.errors import LatticedError, MalformedError, ProtocolError
+from latticed.groups.committer import Flight
+
+MAX_SUBSCRIBE_IN_FLIGHT: Final = 10_000
+_CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
+_subscriptions = itertools.count(1)
+
+
+@handler("unsubscribe")
+async def unsubscribe(ctx: Context, request: Request) -> Reply:
+    """Outside a subscription there is nothing to end."""
+    return {"done": True, "released": 0}
+
+
+class _Session:
+    """The connection's outgoing side: frames queued by any task, written together by one sender task.
+
+    ``pending`` counts replies still owed (requests being answered, acks awaiting their commit); once the
+    subscription ends, the sender drains them and stops."""
+
+    def __init__(self, conn: Connection, scope: trio.CancelScope) -> None:
+        self.conn = conn
+        self.scope = scope
+        self.frames: list[bytes] = []
+        self.wake = trio.Event()
+        self.pending = 0
+        self.closing = False
+        self.gone = False
+        self.flights: dict[Flight, list[tuple[Any, Reply]]] = {}
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.frames.append(self.conn.encode(message))
+        self.wake.set()
+
+    async def sender(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake = trio.Event()
+            if self.frames:
+                data, self.frames = b"".join(self.frames), []
+                try:
+                    await self.conn.stream.send_all(data)
+                except _CLOSED:
+                    self.gone = True
+                    self.scope.cancel()
+                    return
+            if self.closing and not self.pending and not self.frames:
+                return
+
+    def finish(self) -> None:
+        self.closing = True
+        self.wake.set()
+
+    def reply_after(self, flight: Flight, rid: Any, reply: Reply, nursery: trio.Nursery) -> None:
+        """Queue ``reply`` once ``flight`` is durable (one waiting task per commit, not per ack)."""
+        waiting = self.flights.get(flight)
+        if waiting is None:
+            waiting = self.flights[flight] = []
+            nursery.start_soon(self._when_durable, flight)
+        waiting.append((rid, reply))
+        self.pending += 1
+
+    async def _when_durable(self, flight: Flight) -> None:
+        await flight.done.wait()
+        for rid, reply in self.flights.pop(flight):
+            if flight.error is not None:
+                self.send(error_reply(rid, flight.error))
+            else:
+                self.send({**reply, "id": rid, "ok": True})
+            self.pending -= 1
+        self.wake.set()
+
+    async def answer(self, ctx: Context, request: Request) -> None:
+        from latticed.api.server import dispatch  # noqa: PLC0415 - the server imports this module
+
+        self.send(await dispatch(ctx, request))
+        self.pending -= 1
+
+
+@stream("subscribe")
+async def subscribe(ctx: Context, conn: Connection, request: Request) -> bool:
+    # The server imports the work-queue ops, so import its request plumbing when first needed.
+    from latticed.api.group_handlers import (  # noqa: PLC0415
+        arg_seconds,
+        lease_wire,
+        runtime_of,
+        service_of,
+        settled_reply,
+    )
+    from latticed.api.server import parse_request  # noqa: PLC0415
+
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    rid, group = request.get("id"), request.get("group")
+    window = arg_int(request, "max_in_flight", default=1)
+    if not 1 <= window <= MAX_SUBSCRIBE_IN_FLIGHT:
+        raise MalformedError(f"argument 'max_in_flight' is an integer in [1, {MAX_SUBSCRIBE_IN_FLIGHT}]")
+    visibility = arg_seconds(request, "visibility", positive=True)
+    consumer = f"{consumer_id()}.s{next(_subscriptions)}"
+    first = service.take(rt, consumer, visibility, window)  # registers the consumer; may hit the cap
+    released: int | None = None
+    unsubscribe_id: Any = None
+
+    async def pusher() -> None:
+        leases = first
+        session.send(
+            {
+                "id": rid,
+                "ok": True,
+                "subscribed": True,
+                "consumer": consumer,
+                "leases": [lease_wire(rt, x) for x in leases],
+            }
+        )
+        while True:
+            room = window - rt.dispatcher.in_flight(consumer)
+            leases = service.take(rt, consumer, visibility, room) if room > 0 else []
+            if leases:
+                session.send({"id": rid, "ok": True, "leases": [lease_wire(rt, x) for x in leases]})
+            await rt.changed.wait()  # set by new records, lease ends, acks: re-check then
+
+    def ack_inline(inner: Request, io: trio.Nursery) -> None:
+        try:
+            target = rt if inner.get("group") == group else runtime_of(ctx, inner)
+            changes, flight = service.ack_submit(target, arg_str(inner, "lease"))
+        except LatticedError as exc:
+            session.send(error_reply(inner.get("id"), exc))
+            return
+        session.reply_after(flight, inner.get("id"), settled_reply(changes), io)
+
+    with trio.CancelScope() as scope:
+        session = _Session(conn, scope)
+        try:
+            async with trio.open_nursery() as io:
+                io.start_soon(session.sender)
+                async with trio.open_nursery() as feed:
+                    feed.start_soon(pusher)
+                    while True:
+                        try:
+                            frame = await conn.receive_frame()
+                        except (LatticedError, *_CLOSED):
+                            frame = None
+                        if frame is None:
+                            session.gone = True
+                            break
+                        inner, reply = parse_request(frame)
+                        if reply is not None:
+                            session.send(reply)
+                        elif inner is not None and inner["op"] == "ack":
+                            ack_inline(inner, io)
+                        elif inner is not None and inner["op"] == "unsubscribe":
+                            unsubscribe_id = inner.get("id")
+                            break
+                        elif inner is not None and inner["op"] in STREAMS:
+                            failure = ProtocolError(f"{inner['op']} is not allowed during a subscription")
+                            session.send(error_reply(inner.get("id"), failure))
+                        elif inner is not None:
+                            session.pending += 1
+                            io.start_soon(session.answer, ctx, inner)
+                    feed.cancel_scope.cancel()
+                if session.gone:
+                    scope.cancel()
+                released = service.drop_consumer(rt, consumer)
+                session.send({"id": unsubscribe_id, "ok": True, "done": True, "released": released})
+                session.finish()
+        finally:
+            if released is None:
+                service.drop_consumer(rt, consumer)
+    return not session.gone
+
+
+__all__ = ["MAX_SUBSCRIBE_IN_FLIGHT", "subscribe"]
