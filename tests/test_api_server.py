@@ -9,21 +9,19 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
-import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from inprocess import InProcessDaemon, start_in_process
 
 from latticed.api.client import Client, Entry
 from latticed.api.handlers import HANDLERS
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
-from latticed.daemon import RunningDaemon, run_daemon
 from latticed.errors import (
     AlreadyExistsError,
     ConnectionClosedError,
@@ -40,60 +38,17 @@ GUARDED = "guarded-queue-7f3a9"
 GUARDED_KEY = "guarded-key-7f3a9"
 
 
-@dataclass
-class InProcessDaemon:
-    config: DaemonConfig
-    handle: RunningDaemon
-    token: trio.lowlevel.TrioToken
-
-    @property
-    def socket(self) -> Path:
-        return self.config.socket_path
-
-    def client(self, timeout: float | None = 10.0) -> Client:
-        return Client(self.socket, timeout=timeout)
-
-    def call(self, fn: Any, *args: Any) -> Any:
-        """Run an async function on the daemon's trio thread."""
-        return trio.from_thread.run(fn, *args, trio_token=self.token)
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
     root = tmp_path_factory.mktemp("api")
     config = DaemonConfig(data_dir=root / "data", socket_path=root / "api.sock", max_frame_bytes=MAX_FRAME)
-    started = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def main() -> None:
-        box["token"] = trio.lowlevel.current_trio_token()
-        async with trio.open_nursery() as nursery:
-            box["handle"] = await nursery.start(run_daemon, config)
-            started.set()
-
-    def thread() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            started.set()
-
-    runner = threading.Thread(target=thread, name="daemon-under-test", daemon=True)
-    runner.start()
-    assert started.wait(30)
-    if "error" in box:
-        raise box["error"]
-    d = InProcessDaemon(config, box["handle"], box["token"])
+    d = start_in_process(config)
     with d.client() as c:
         c.queue_create(GUARDED, {"kept": "yes"})
         c.offer_batch(GUARDED, [(f"g{i}".encode(), b"k", [("h", b"v")]) for i in range(50)])
         c.kv_put(GUARDED_KEY, b"kept")
     yield d
-    trio.from_thread.run_sync(d.handle.stop, trio_token=d.token)
-    runner.join(30)
-    assert "error" not in box, box.get("error")
-    assert not config.socket_path.exists()
+    d.stop()
 
 
 @pytest.fixture

@@ -11,17 +11,15 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
+from inprocess import InProcessDaemon, start_in_process
 
 from cli.boundary import ExitCode, exit_code_for
 from latticed.api.client import Client
 from latticed.config import DaemonConfig
-from latticed.daemon import RunningDaemon, run_daemon
 from latticed.errors import (
     AlreadyExistsError,
     CapacityError,
@@ -35,52 +33,13 @@ from latticed.groups import committer
 _names = itertools.count(1)
 
 
-@dataclass
-class Daemon:
-    config: DaemonConfig
-    handle: RunningDaemon
-    token: trio.lowlevel.TrioToken
-    thread: threading.Thread
-    box: dict[str, Any]
-
-    @property
-    def socket(self) -> Path:
-        return self.config.socket_path
-
-    def client(self, timeout: float | None = 10.0) -> Client:
-        return Client(self.socket, timeout=timeout)
-
-    def stop(self) -> None:
-        trio.from_thread.run_sync(self.handle.stop, trio_token=self.token)
-        self.thread.join(30)
-        assert "error" not in self.box, self.box.get("error")
+Daemon = InProcessDaemon
 
 
 def start_daemon(root: Path) -> Daemon:
-    config = DaemonConfig(data_dir=root / "data", socket_path=root / "api.sock")
-    started = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def main() -> None:
-        box["token"] = trio.lowlevel.current_trio_token()
-        async with trio.open_nursery() as nursery:
-            box["handle"] = await nursery.start(run_daemon, config)
-            started.set()
-
-    def thread() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            started.set()
-
-    runner = threading.Thread(target=thread, name="workqueue-daemon", daemon=True)
-    runner.start()
-    assert started.wait(30)
-    if "error" in box:
-        raise box["error"]
-    return Daemon(config, box["handle"], box["token"], runner, box)
+    return start_in_process(
+        DaemonConfig(data_dir=root / "data", socket_path=root / "api.sock"), "workqueue-daemon"
+    )
 
 
 @pytest.fixture(scope="module")
