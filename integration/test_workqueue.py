@@ -72,7 +72,7 @@ def test_killed_workers_leases_expire_and_records_are_redelivered(
     with client(daemon) as c:
         c.queue_create("jobs")
         c.offer_batch("jobs", [(b"job-%d" % i, None, ()) for i in range(total)])
-        c.group_create("work", ["jobs"], visibility=1.5, retry_backoff=0)
+        c.group_create("work", ["jobs"], visibility=3, retry_backoff=0)
     log, victim = tmp_path / "log", tmp_path / "victim"
     task = (
         f'echo "start $LATTICE_OFFSET $LATTICE_ATTEMPT" >> {log}; '
@@ -107,7 +107,8 @@ def test_killed_workers_leases_expire_and_records_are_redelivered(
     # stalled past its visibility on a very slow machine); normally every record is done exactly once.
     assert all(n == 1 or len(started[offset]) > 1 for offset, n in done.items())
     assert done[7] == 1 and started[7] == [1, 2]  # the killed task's record came back after its lease expired
-    assert all(attempts == list(range(1, len(attempts) + 1)) for attempts in started.values())
+    # Each attempt number once (log lines of concurrent attempts may land in either order).
+    assert all(sorted(attempts) == list(range(1, len(attempts) + 1)) for attempts in started.values())
     with client(daemon) as c:
         stats = c.group_stats("work")
     assert (stats["done"], stats["available"], stats["leased"], stats["dead"]) == (total, 0, 0, 0)
