@@ -248,3 +248,17 @@ def test_structured_fuzz_only_protocol_errors(items: list[object]) -> None:
     for kind in range(9):
         with contextlib.suppress(LatticedError):
             b.receive_message(pack([kind, *items]))
+
+
+def test_a_fork_seen_anywhere_is_flagged_everywhere_with_a_valid_proof() -> None:
+    """The owner signs two histories and hands them to opposite ends of a chain of daemons: the proof
+    travels with the deltas, and every node ends up flagging the queue."""
+    net = chain(5)
+    net.nodes[0].write(ALICE, "q", records(3, "honest"), 1)
+    net.nodes[4].write(ALICE, "q", records(3, "twin"), 1)  # same key, same offsets, other records
+    net.run_until_quiet()
+    for node in net.nodes.values():
+        state = node.states[KEY]
+        assert state.forked
+        assert state.fork is not None
+        state.fork.verify()
