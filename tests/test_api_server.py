@@ -4,6 +4,7 @@ server or change data they do not address."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -208,6 +209,49 @@ def test_error_replies(client: Client) -> None:
     with pytest.raises(ProtocolError, match="unknown op"):
         client.call("launch_missiles")
     assert client.identity()  # the connection is still good after error replies
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [],
+        "not a list",
+        [[b"v", None]],
+        [[b"v", None, None, None]],
+        [(b"v", None, None), "junk"],
+        [[b"v", None, None], [b"w", None, None, None]],
+        [[b"ok", None, None], ["text", None, None]],
+        [[b"ok", None, None], [b"v", 5, None]],
+        [[b"ok", None, None], [b"v", b"k" * (64 * 1024 + 1), None]],
+        [[b"ok", None, None], [b"v", None, [["h", "text"]]]],
+        [[b"ok", None, None], [b"v", None, 7]],
+    ],
+)
+def test_a_malformed_batch_offer_stores_nothing(
+    client: Client, daemon: InProcessDaemon, records: Any
+) -> None:
+    with contextlib.suppress(AlreadyExistsError):
+        client.queue_create("batch-checks")
+    before = client.queue_info("batch-checks")["end_offset"]
+    with pytest.raises(MalformedError):
+        client.call("offer_batch", queue="batch-checks", records=records)
+    assert client.queue_info("batch-checks")["end_offset"] == before
+    assert client.identity()
+
+
+def test_a_batch_offer_keeps_every_field(client: Client) -> None:
+    client.queue_create("batch-fields")
+    records = [
+        (b"v%d" % i, b"k%d" % i if i % 2 else None, [("n", b"%d" % i)] if i % 3 == 0 else ())
+        for i in range(9)
+    ]
+    assert client.offer_batch("batch-fields", records) == list(range(9))
+    got = client.read("batch-fields", 0)
+    assert got.values == [r[0] for r in records] and got.keys == [r[1] for r in records]
+    assert got.headers == [tuple(r[2]) for r in records]
+    assert len(set(got.timestamps)) == 1
+    tail = client.tail("batch-fields", 0, follow=False)
+    assert [(e.value, e.key, e.headers) for e in tail] == [(r[0], r[1], tuple(r[2])) for r in records]
 
 
 def test_range_larger_than_a_frame_is_refused_not_truncated(client: Client) -> None:

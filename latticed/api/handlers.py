@@ -23,7 +23,14 @@ from latticed.api.protocol import (
     parse_headers,
 )
 from latticed.crdt import kv
-from latticed.crdt.records import MAX_KEY_BYTES, MAX_VALUE_BYTES, Record, check_record
+from latticed.crdt.records import (
+    MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+    Record,
+    RecordRun,
+    check_record,
+    check_records,
+)
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError
 from latticed.storage.engine import Engine
@@ -251,15 +258,20 @@ async def offer_batch(ctx: Context, request: Request) -> Reply:
     raw = request.get("records")
     if not isinstance(raw, list) or not raw:
         raise MalformedError("argument 'records' must be a non-empty list of [value, key, headers]")
-    now = ctx.engine.clock()
-    records: list[Record] = []
-    append = records.append
-    for item in raw:
-        if type(item) is not list or len(item) != 3:
-            raise MalformedError("each record is [value, key, headers]")
-        append(_record(item[0], item[1], item[2], now))
+    records = _record_run(raw, ctx.engine.clock())
     first = await ctx.engine.append(q, records, checked=True)
     return {"first": first, "count": len(records)}
+
+
+def _record_run(raw: list[Any], now: int) -> RecordRun:
+    """The records of an ``offer_batch`` as one checked run, built a column at a time (no Record each)."""
+    if set(map(type, raw)) != {list} or set(map(len, raw)) != {3}:
+        raise MalformedError("each record is [value, key, headers]")
+    values, keys, header_items = zip(*raw, strict=True)
+    headers = [parse_headers(h) if h else () for h in header_items] if any(header_items) else None
+    run = RecordRun(values, keys, [now] * len(values), headers)
+    check_records(run)
+    return run
 
 
 @handler("peek")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from latticed.crdt.errors import MalformedError, WrongOwnerError
 from latticed.crdt.signing import Identity, blake2b, verify
@@ -41,7 +42,9 @@ def check_name(name: str) -> None:
         raise MalformedError(f"a name is 1-{MAX_NAME_BYTES} bytes of text without '/': {name!r}")
 
 
+@lru_cache(maxsize=4096)
 def queue_id(owner: bytes, name: str, kind: int = KIND_QUEUE) -> bytes:
+    """A queue's identity (cached: every signed head carries it, so every commit asks for it)."""
     raw = name.encode()
     return blake2b(bytes([kind]) + owner + bytes([len(raw)]) + raw, b"latticed.qid.v1")
 

@@ -28,7 +28,14 @@ from typing import Protocol
 from latticed.crdt.errors import GapError, MalformedError, NotOwnerError, TamperedError, WrongOwnerError
 from latticed.crdt.forks import Bridge, ForkProof, better_proof, heads_conflict, two_head_proof
 from latticed.crdt.head import KIND_QUEUE, SignedHead, check_name, genesis_hash, meta_hash, queue_id
-from latticed.crdt.records import Record, blake2b_skip, chain_extend, check_record, record_digest
+from latticed.crdt.records import (
+    Record,
+    RecordRun,
+    blake2b_skip,
+    chain_extend,
+    check_records,
+    record_digest,
+)
 from latticed.crdt.signing import HASH_SIZE, Identity
 
 Meta = tuple[tuple[str, str], ...]
@@ -258,12 +265,9 @@ def commit(
     """Apply the owner's changes and sign one head over them (one signature per batch; a batch larger
     than ``checkpoint_bytes`` gets a signed head per slice of that size)."""
     first = 0
-    size = 0
-    for index, record in enumerate(records):
-        size += len(record.value) + (len(record.key) if record.key else 0)
-        if size >= checkpoint_bytes and index + 1 < len(records):
-            state = _commit_once(state, identity, now_ms=now_ms, records=records[first : index + 1])
-            first, size = index + 1, 0
+    for cut in _checkpoint_cuts(records, checkpoint_bytes):
+        state = _commit_once(state, identity, now_ms=now_ms, records=records[first:cut])
+        first = cut
     return _commit_once(
         state,
         identity,
@@ -272,6 +276,29 @@ def commit(
         new_start=new_start,
         meta_updates=meta_updates,
     )
+
+
+def _checkpoint_cuts(records: Sequence[Record], checkpoint_bytes: int) -> list[int]:
+    """Where to end a signed slice of ``records``: after each ``checkpoint_bytes`` of payload."""
+    if type(records) is RecordRun:
+        if records.payload_bytes() < checkpoint_bytes:
+            return []
+        sizes = list(map(len, records.values))
+        if records.keys.count(None) != len(sizes):
+            sizes = [size + (len(key) if key else 0) for size, key in zip(sizes, records.keys, strict=True)]
+    else:
+        sizes = [len(r.value) + (len(r.key) if r.key else 0) for r in records]
+    if sum(sizes) < checkpoint_bytes:
+        return []
+    cuts: list[int] = []
+    size = 0
+    last = len(sizes) - 1
+    for index, record_size in enumerate(sizes):
+        size += record_size
+        if size >= checkpoint_bytes and index < last:
+            cuts.append(index + 1)
+            size = 0
+    return cuts
 
 
 def _commit_once(
@@ -287,8 +314,7 @@ def _commit_once(
         raise NotOwnerError(f"not the owner of {state.owner.hex()}/{state.name}")
     if not state.complete:
         raise GapError("owner state is missing records; it cannot sign a new head")
-    for record in records:
-        check_record(record)
+    check_records(records)
     if state.held_end + len(records) > MAX_OFFSET or (new_start is not None and new_start > MAX_OFFSET):
         raise MalformedError(f"offsets stop at {MAX_OFFSET}")
     qid = state.queue_id
@@ -340,7 +366,10 @@ def _commit_once(
         meta_hash=meta_hash(dict(meta)),
         timestamp=max(now_ms, state.head.timestamp if state.head else 0),
     )
-    checkpoints = tuple(c for c in state.checkpoints if c.end > start)
+    checkpoints = state.checkpoints
+    if checkpoints and checkpoints[0].end <= start:
+        # Checkpoints are sorted by end, so only a truncation (past the first one) drops any.
+        checkpoints = tuple(c for c in checkpoints if c.end > start)
     if records:
         checkpoints += (head,)
     return QueueState(
@@ -521,8 +550,7 @@ def verify_delta(state: QueueState, d: QueueDelta) -> VerifiedDelta:
         tip.verify(state.owner, qid)
     if d.from_offset + len(d.records) != tip.end or d.from_offset < tip.start:
         raise TamperedError("records do not span the head that vouches for them")
-    for record in d.records:
-        check_record(record)
+    check_records(d.records)
     if d.from_offset == tip.start and d.from_hash != tip.base_hash:
         raise TamperedError("chunk start does not match the signed base hash")
     if d.from_offset == 0 and d.from_hash != genesis:

@@ -15,7 +15,7 @@ from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV, SignedHead
 from latticed.crdt.queue import QueueState, VerifiedDelta
-from latticed.crdt.records import Record
+from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity
 from latticed.errors import NotOwnerError
 from latticed.storage.entries import StoredEntries
@@ -32,8 +32,21 @@ MAX_CHUNK_BYTES = 4 << 20
 def _record_bytes(records: Sequence[Record]) -> float:
     if not records:
         return 0.0
-    sample = records[:: max(1, len(records) // 64)]
+    step = max(1, len(records) // 64)
+    if type(records) is RecordRun:
+        values, keys = records.values[::step], records.keys[::step]
+        return (sum(map(len, values)) + sum(len(k) for k in keys if k)) / len(values)
+    sample = records[::step]
     return sum(len(r.value) + len(r.key or b"") for r in sample) / len(sample)
+
+
+def _joined(parts: list[Sequence[Record]]) -> Sequence[Record]:
+    """The appends of a batch as one sequence: a run when every part is one (batch offers)."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(type(part) is RecordRun for part in parts):
+        return RecordRun.join(parts)  # type: ignore[arg-type]
+    return [record for part in parts for record in part]
 
 
 def thin_checkpoints(
@@ -82,7 +95,9 @@ class Staged:
 
     before: QueueState
     state: QueueState
-    appends: list[Record] = field(default_factory=list)
+    #: Records staged by each append, in order (joined when the batch signs them), and how many in all.
+    appends: list[Sequence[Record]] = field(default_factory=list)
+    appended: int = 0
     meta: dict[str, str | None] = field(default_factory=dict)
     #: Sign a head even with nothing to apply (a new queue's first head).
     sign: bool = False
@@ -132,7 +147,7 @@ class Batch:
         staged = self.staged.get(q)
         if staged is None:
             return self._states[q].held_end
-        return staged.state.held_end + len(staged.appends)
+        return staged.state.held_end + staged.appended
 
     def require_owner(self, q: int, what: str) -> QueueState:
         state = self.staged[q].state if q in self.staged else self._states[q]
@@ -162,9 +177,11 @@ class Batch:
     def append(self, q: int, records: Sequence[Record]) -> int:
         """Stage records (already checked); returns the first offset they get."""
         staged = self._staged(q)
-        first = staged.state.held_end + len(staged.appends)
+        first = staged.state.held_end + staged.appended
         self.mutations += 1
-        staged.appends.extend(records)
+        if records:
+            staged.appends.append(records)
+            staged.appended += len(records)
         return first
 
     def set_meta(self, q: int, updates: Mapping[str, str | None], *, sign: bool = False) -> None:
@@ -203,19 +220,20 @@ class Batch:
     def _flush(self, q: int) -> QueueState:
         staged = self._staged(q)
         if staged.appends or staged.meta or staged.sign:
+            records = _joined(staged.appends) if staged.appends else ()
             try:
                 new = core.commit(
                     staged.state,
                     self.identity,
                     now_ms=self.now_ms,
-                    records=staged.appends,
+                    records=records,
                     meta_updates=staged.meta or None,
                 )
             except BaseException:
                 self.mutations += 1  # whatever job triggered this cannot fail alone: redo the batch
                 raise
-            size = _record_bytes(staged.appends)
-            staged.appends, staged.meta, staged.sign = [], {}, False
+            size = _record_bytes(records)
+            staged.appends, staged.appended, staged.meta, staged.sign = [], 0, {}, False
             self._set(q, new, size)
         return staged.state
 
@@ -241,8 +259,9 @@ def is_kv(state: QueueState) -> bool:
     return state.kind == KIND_KV
 
 
-def appended_since(before: QueueState, after: QueueState) -> tuple[int, tuple[Record, ...]]:
-    """The records ``after`` appended on top of ``before``'s stored rows (for tails and KV folding)."""
+def appended_since(before: QueueState, after: QueueState) -> tuple[int, Sequence[Record]]:
+    """The records ``after`` appended on top of ``before``'s stored rows (for tails and KV folding); an
+    immutable sequence (a tuple or a :class:`~latticed.crdt.records.RecordRun`)."""
     entries = after.entries
     if isinstance(entries, StoredEntries):
         records, _ = entries.overlay

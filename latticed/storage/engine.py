@@ -24,7 +24,7 @@ from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV, KIND_QUEUE, check_name, queue_id
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
-from latticed.crdt.records import Record
+from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import LatticedError, MalformedError, NotFoundError, NotOwnerError
 from latticed.logs import get_logger, log_event
@@ -66,7 +66,7 @@ class Engine:
         self._token = trio.lowlevel.current_trio_token()
         self._limiter = trio.CapacityLimiter(pool.size)
         self._waiters: dict[int, trio.Event] = {}
-        self._recent: dict[int, tuple[int, tuple[Record, ...]]] = {}
+        self._recent: dict[int, tuple[int, Sequence[Record]]] = {}
         self._closed = False
         #: Resolved addresses (a queue's number never changes once it exists), so hot requests skip the
         #: parsing and hashing of ``resolve``.
@@ -334,21 +334,33 @@ class Engine:
         first, records = found
         if not first <= lo < first + len(records):
             return None
-        out = Columns()
-        size = 0
-        stop = min(hi, first + len(records), lo + max_records)
-        for off in range(lo, stop):
-            r = records[off - first]
-            size += len(r.value) + (len(r.key) if r.key else 0) + 16
-            if size > max_bytes and out.offsets:
-                break
-            out.offsets.append(off)
-            out.keys.append(r.key)
-            out.values.append(r.value)
-            out.timestamps.append(r.timestamp)
-            out.headers.append([[k, v] for k, v in r.headers] if r.headers else None)
-        out.nbytes = size
-        return out
+        a, b = lo - first, min(hi, first + len(records), lo + max_records) - first
+        part = records[a:b]
+        run = part if type(part) is RecordRun else RecordRun.of(part)
+        values, keys = run.values, run.keys
+        size = sum(map(len, values)) + 16 * len(values)
+        if keys.count(None) != len(keys):
+            size += sum(len(k) for k in keys if k)
+        if size > max_bytes:
+            # Take records one by one up to the byte budget (always at least one).
+            size, count = 0, 0
+            for value, key in zip(values, keys, strict=True):
+                size += len(value) + (len(key) if key else 0) + 16
+                if size > max_bytes and count:
+                    break
+                count += 1
+            run = run[:count]
+        headers = run.headers
+        return Columns(
+            offsets=list(range(lo, lo + len(run))),
+            keys=list(run.keys),
+            values=list(run.values),
+            timestamps=list(run.timestamps),
+            headers=[None] * len(run)
+            if headers is None
+            else [[[k, v] for k, v in h] if h else None for h in headers],
+            nbytes=size,
+        )
 
     async def row(self, q: int, offset: int) -> RawRow | None:
         state = self.state(q)

@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Protocol
 
-from latticed.crdt.records import Record
+from latticed.crdt.records import Record, join_records
 from latticed.errors import GapError
 from latticed.storage import segments
 
@@ -65,7 +65,7 @@ class StoredEntries:
         stored: int,
         last_chain: bytes | None = None,
         *,
-        overlay_records: tuple[Record, ...] = (),
+        overlay_records: Sequence[Record] = (),
         overlay_chains: tuple[bytes, ...] = (),
     ) -> None:
         self._source = source
@@ -93,8 +93,9 @@ class StoredEntries:
         return self._source
 
     @property
-    def overlay(self) -> tuple[tuple[Record, ...], tuple[bytes, ...]]:
-        """Appended entries not written yet (records, chains)."""
+    def overlay(self) -> tuple[Sequence[Record], tuple[bytes, ...]]:
+        """Appended entries not written yet (records, chains); the records are immutable (a tuple or a
+        :class:`~latticed.crdt.records.RecordRun`)."""
         return self._overlay_records, self._overlay_chains
 
     def rebind(self, source: RowSource) -> StoredEntries:
@@ -163,7 +164,7 @@ class StoredEntries:
             self._lo,
             self._stored,
             self._last_chain,
-            overlay_records=self._overlay_records + tuple(records),
+            overlay_records=join_records(self._overlay_records, records),
             overlay_chains=self._overlay_chains + tuple(chains),
         )
 

@@ -14,7 +14,7 @@ from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV, queue_id
 from latticed.crdt.queue import VerifiedDelta
-from latticed.crdt.records import Record, check_record
+from latticed.crdt.records import Record, check_records
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
 from latticed.storage.batch import Batch
 from latticed.storage.kvplan import KvRequest, plan
@@ -81,8 +81,7 @@ class Append(Job):
     def apply(self, batch: Batch, writer: Writer) -> None:
         batch.require_owner(self.q, "offer")
         if not self.checked:
-            for record in self.records:
-                check_record(record)
+            check_records(self.records)
         self.result = batch.append(self.q, self.records)
 
 
@@ -99,8 +98,7 @@ class AppendMany(Job):
     def apply(self, batch: Batch, writer: Writer) -> None:
         for q, records in self.parts:
             batch.require_owner(q, "offer")
-            for record in records:
-                check_record(record)
+            check_records(records)
         self.result = [batch.append(q, records) for q, records in self.parts]
 
 

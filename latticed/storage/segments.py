@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import msgpack
 
-from latticed.crdt.records import Record
+from latticed.crdt.records import Record, RecordRun
 
 SEGMENT_MAX_RECORDS: Final = 2048
 SEGMENT_MAX_BYTES: Final = 1 << 20
@@ -65,6 +65,18 @@ class Segment:
 
     @classmethod
     def from_records(cls, first: int, records: Sequence[Record], chains: Sequence[bytes]) -> Segment:
+        if type(records) is RecordRun:
+            headers = records.headers
+            return cls(
+                first,
+                list(records.keys),
+                list(records.values),
+                list(records.timestamps),
+                [None] * len(records)
+                if headers is None
+                else [[[k, v] for k, v in h] if h else None for h in headers],
+                b"".join(chains),
+            )
         return cls(
             first,
             [r.key for r in records],

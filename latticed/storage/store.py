@@ -273,7 +273,7 @@ class Store:
         """Checkpoints other than the tip: the newest checkpoint is normally the tip itself, which the
         queue row holds already, so a commit usually changes no checkpoint row at all."""
         old, new = old_state.checkpoints, new_state.checkpoints
-        if old is new:
+        if old is new and old_state.tip is new_state.tip:
             return
         if old and old[-1] is old_state.tip:
             old = old[:-1]

@@ -19,7 +19,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -54,7 +54,8 @@ class Change:
     q: int
     state: QueueState
     first: int
-    appended: tuple[Record, ...]
+    #: Immutable: a tuple of records or a :class:`~latticed.crdt.records.RecordRun`.
+    appended: Sequence[Record]
 
 
 DoneCallback = Callable[[list[Job], list[Change]], None]
@@ -344,7 +345,7 @@ class Writer:
         return results
 
 
-def _fold_ops(batch: Batch, ns: int, records: tuple[Record, ...]) -> None:
+def _fold_ops(batch: Batch, ns: int, records: Sequence[Record]) -> None:
     """Fold KV ops that arrived by a merge into the namespace's view (the join makes re-folding harmless)."""
     for record in records:
         try:

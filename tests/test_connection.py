@@ -1,0 +1,64 @@
+"""The server side of one API connection on a real socket pair: frames through the descriptor fast path,
+partial writes to a slow reader, pipelined requests, and a peer that goes away."""
+
+from __future__ import annotations
+
+import socket
+
+import msgpack
+import pytest
+import trio
+
+from latticed.api.connection import Connection
+from latticed.framing import FrameDecoder, encode_frame
+
+LIMIT = 1 << 24
+
+
+async def pair() -> tuple[Connection, trio.SocketStream]:
+    a, b = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    server = Connection(trio.SocketStream(a), LIMIT)
+    assert server._fd is not None  # the descriptor fast path is in use
+    return server, trio.SocketStream(b)
+
+
+async def test_a_large_reply_reaches_a_slow_reader_whole() -> None:
+    server, peer = await pair()
+    message = {"id": 1, "ok": True, "blob": bytes(range(256)) * 16_000}  # ~4 MB, far over the socket buffer
+    received = bytearray()
+
+    async def slow_reader() -> None:
+        decoder = FrameDecoder(LIMIT)
+        while True:
+            chunk = await peer.receive_some(50_000)
+            received.extend(chunk)
+            decoder.receive_data(chunk)
+            frame = decoder.next_frame()
+            if frame is not None:
+                assert msgpack.unpackb(frame) == message
+                return
+            await trio.sleep(0.001)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(slow_reader)
+        await server.send(message)
+    assert bytes(received) == encode_frame(msgpack.packb(message, use_bin_type=True), LIMIT)
+
+
+async def test_pipelined_frames_are_read_in_order_then_end_of_stream() -> None:
+    server, peer = await pair()
+    frames = [msgpack.packb({"id": i, "op": "id"}) for i in range(50)]
+    await peer.send_all(b"".join(encode_frame(f, LIMIT) for f in frames))
+    await peer.send_eof()
+    got = []
+    while (frame := await server.receive_frame()) is not None:
+        got.append(frame)
+    assert got == frames
+
+
+async def test_a_peer_that_went_away_breaks_the_connection() -> None:
+    server, peer = await pair()
+    await peer.aclose()
+    with pytest.raises(trio.BrokenResourceError):
+        for _ in range(100):  # the first writes may still land in the socket buffer
+            await server.send({"id": 1, "ok": True, "blob": b"x" * 100_000})
