@@ -4,9 +4,11 @@
     .venv/bin/python bench/bench_daemon.py --records 1000000 --parts 1,2,3,4
 
 Parts:
-  1. bulk: ``--bulk`` records of 100 bytes offered in batches of 1000 (one request, one fsync each),
-     from ``--bulk-connections`` concurrent connections (1 is also measured).
-  2. single-record offers from ``--clients`` concurrent client threads: records/s and p50/p99 latency.
+  1. bulk: ``--bulk`` records of 100 bytes offered in batches of 1000 (one request each), from one
+     connection (waiting for each reply, then with 4 batches in flight) and from ``--bulk-connections``.
+  2. single-record offers from ``--clients`` concurrent client processes: records/s and p50/p99 latency
+     (from the offer call to its acknowledgment), for each ``--windows`` value: 1 = a blocking
+     ``Client.offer`` per record, N = a ``Producer`` with N single-record offers in flight.
   3. offer -> tail subscriber latency p50/p99 (the subscriber gets records pushed as they commit).
   4. daemon RSS (VmRSS) with ``--records`` records stored, after storing them and after reading them all.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -27,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from latticed.api.client import Client
+from latticed.api.producer import Ack, Producer
 from latticed.errors import ConnectionClosedError
 
 VALUE = b"x" * 100
@@ -86,19 +90,20 @@ def pct(samples: list[float], p: float) -> float:
     return ordered[min(int(len(ordered) * p), len(ordered) - 1)]
 
 
-def fill(sock: Path, queue: str, total: int, connections: int, batch: int = 1000) -> float:
-    """Offer ``total`` records in batches from ``connections`` threads; returns records/s."""
+def fill(sock: Path, queue: str, total: int, connections: int, batch: int = 1000, window: int = 1) -> float:
+    """Offer ``total`` records in batches from ``connections`` threads, each with up to ``window`` batches
+    unacknowledged (1: wait for each reply); returns records/s."""
     records = [(VALUE, None, ())] * batch
     per = total // connections
     errors: list[BaseException] = []
 
     def worker() -> None:
         try:
-            with Client(sock, timeout=120) as c:
+            with Client(sock, timeout=120) as c, Producer(c, queue, window) as producer:
                 sent = 0
                 while sent < per:
                     n = min(batch, per - sent)
-                    c.offer_batch(queue, records[:n])
+                    producer.offer_batch(records[:n])
                     sent += n
         except BaseException as exc:
             errors.append(exc)
@@ -116,57 +121,76 @@ def fill(sock: Path, queue: str, total: int, connections: int, batch: int = 1000
 
 
 def part_bulk(pid: int, sock: Path, total: int, connections: int) -> None:
-    with Client(sock) as c:
-        c.queue_create("bulk1")
-        c.queue_create("bulkn")
-    cpu0 = cpu_s(pid)
-    one = fill(sock, "bulk1", total, 1)
-    cpu1 = cpu_s(pid)
-    many = fill(sock, "bulkn", total, connections)
-    cpu2 = cpu_s(pid)
     print(f"[1] bulk {total:,} x 100 B, batches of 1000, durable:")
-    us_one, us_many = (cpu1 - cpu0) / total * 1e6, (cpu2 - cpu1) / total * 1e6
-    print(f"    1 connection:  {one:,.0f} records/s   (daemon CPU {us_one:.1f} us/record)")
-    print(f"    {connections} connections: {many:,.0f} records/s   (daemon CPU {us_many:.1f} us/record)")
-
-
-def part_single(pid: int, sock: Path, clients: int, seconds: float) -> None:
-    with Client(sock) as c:
-        c.queue_create("single")
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    stop = threading.Event()
-    start_line = threading.Barrier(clients + 1)
-
-    def worker(i: int) -> None:
-        mine = latencies[i]
+    for label, conns, window in (
+        ("1 connection, waiting for each reply:", 1, 1),
+        ("1 connection, 4 batches in flight:   ", 1, 4),
+        (f"{connections} connections, waiting for replies:", connections, 1),
+    ):
+        name = f"bulk-{conns}-{window}"
         with Client(sock) as c:
-            c.offer("single", VALUE)  # connect first
-            start_line.wait()
-            clock = time.perf_counter
-            while not stop.is_set():
+            c.queue_create(name)
+        cpu0 = cpu_s(pid)
+        rate = fill(sock, name, total, conns, window=window)
+        us = (cpu_s(pid) - cpu0) / total * 1e6
+        print(f"    {label} {rate:,.0f} records/s   (daemon CPU {us:.1f} us/record)")
+
+
+def _single_client(sock: str, window: int, start: float, stop: float, out: mp.Queue[list[float]]) -> None:
+    """One client process: single-record offers until ``stop`` (time.time()); sends its latencies."""
+    latencies: list[float] = []
+    with Client(sock) as c:
+        c.offer("single", VALUE)  # connect first
+        while time.time() < start:
+            time.sleep(0.001)
+        clock = time.perf_counter
+        if window == 1:
+            while time.time() < stop:
                 t = clock()
                 c.offer("single", VALUE)
-                mine.append(clock() - t)
+                latencies.append(clock() - t)
+        else:
+            sent: list[tuple[float, Ack]] = []
+            with Producer(c, "single", window) as producer:
+                while time.time() < stop:
+                    t = clock()
+                    sent.append((t, producer.offer(VALUE)))
+            latencies = [ack.acked_at - t for t, ack in sent if ack.acked_at is not None]
+    out.put(latencies)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    start_line.wait()
-    t0 = time.perf_counter()
-    cpu0 = cpu_s(pid)
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    cpu = cpu_s(pid) - cpu0
-    flat = [x for xs in latencies for x in xs]
-    print(f"[2] single-record offers, {clients} concurrent clients (threads in one process), {seconds:.0f}s:")
-    print(
-        f"    {len(flat) / elapsed:,.0f} records/s; latency p50 {pct(flat, 0.5) * 1e3:.2f} ms, "
-        f"p99 {pct(flat, 0.99) * 1e3:.2f} ms"
-    )
-    print(f"    daemon CPU {cpu / len(flat) * 1e6:.0f} us/offer")
+
+def part_single(pid: int, sock: Path, clients: int, seconds: float, windows: list[int]) -> None:
+    with Client(sock) as c:
+        c.queue_create("single")
+    print(f"[2] single-record offers, {clients} concurrent client processes, {seconds:.0f}s each:")
+    context = mp.get_context("spawn")
+    for window in windows:
+        with Client(sock) as c:
+            commits0 = c.status()["transactions"]
+        results: mp.Queue[list[float]] = context.Queue()
+        start = time.time() + 2.0  # every client connected and imported by then
+        procs = [
+            context.Process(target=_single_client, args=(str(sock), window, start, start + seconds, results))
+            for _ in range(clients)
+        ]
+        for proc in procs:
+            proc.start()
+        while time.time() < start:
+            time.sleep(0.001)
+        cpu0 = cpu_s(pid)
+        flat = [x for _ in procs for x in results.get()]
+        cpu = cpu_s(pid) - cpu0
+        for proc in procs:
+            proc.join()
+        with Client(sock) as c:
+            commits = c.status()["transactions"] - commits0
+        how = "each waits for its ack" if window == 1 else f"each with {window} offers in flight (Producer)"
+        print(
+            f"    {how}: {len(flat) / seconds:,.0f} records/s; latency p50 {pct(flat, 0.5) * 1e3:.2f} ms, "
+            f"p99 {pct(flat, 0.99) * 1e3:.2f} ms"
+        )
+        per_commit = len(flat) / max(commits, 1)
+        print(f"        daemon CPU {cpu / len(flat) * 1e6:.0f} us/offer, {per_commit:.1f} offers/commit")
 
 
 def part_tail(sock: Path, count: int, interval: float) -> None:
@@ -240,6 +264,7 @@ def main() -> None:
     parser.add_argument("--bulk-connections", type=int, default=4)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--windows", default="1,2", help="part 2: offers in flight per client, comma list")
     parser.add_argument("--tail-count", type=int, default=2000)
     parser.add_argument("--records", type=int, default=10_000_000)
     parser.add_argument("--group-commit-ms", type=float, default=2.0)
@@ -255,7 +280,7 @@ def main() -> None:
         if 1 in parts:
             part_bulk(proc.pid, sock, args.bulk, args.bulk_connections)
         if 2 in parts:
-            part_single(proc.pid, sock, args.clients, args.seconds)
+            part_single(proc.pid, sock, args.clients, args.seconds, [int(w) for w in args.windows.split(",")])
         if 3 in parts:
             part_tail(sock, args.tail_count, 0.002)
         if 4 in parts:

@@ -249,6 +249,10 @@ class Client(GroupOps):
     def socket_path(self) -> Path:
         return self._path
 
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

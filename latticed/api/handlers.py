@@ -7,6 +7,7 @@ error reply. ``tail`` is not here: it streams, so the server runs it (:mod:`latt
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from latticed.crdt.records import (
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError
 from latticed.storage.engine import Engine
+from latticed.storage.jobs import Job
 from latticed.storage.kvplan import KvRequest, hash_field, visible
 from latticed.storage.reader import Columns, RawRow
 
@@ -112,6 +114,27 @@ def stream(name: str) -> Callable[[StreamHandler], StreamHandler]:
     def register(fn: StreamHandler) -> StreamHandler:
         STREAMS[name] = fn
         return fn
+
+    return register
+
+
+#: Write ops a connection may pipeline. ``begin`` checks the request and starts its write job at once, so
+#: jobs commit in request order; the server awaits the job later (while it reads the next requests) and
+#: turns its result into the reply with the function ``begin`` returned.
+Begun = tuple[Job, Callable[[Any], Reply]]
+PipelinedHandler = Callable[[Context, Request], Begun]
+PIPELINED: dict[str, PipelinedHandler] = {}
+
+
+def pipelined(name: str) -> Callable[[PipelinedHandler], PipelinedHandler]:
+    def register(begin: PipelinedHandler) -> PipelinedHandler:
+        async def run(ctx: Context, request: Request) -> Reply:
+            job, build = begin(ctx, request)
+            return build(await ctx.engine.outcome(job))
+
+        PIPELINED[name] = begin
+        HANDLERS[name] = run
+        return begin
 
     return register
 
@@ -245,22 +268,29 @@ def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
     return Record(value, key, now, ())
 
 
-@handler("offer")
-async def offer(ctx: Context, request: Request) -> Reply:
+@pipelined("offer")
+def offer(ctx: Context, request: Request) -> Begun:
     q = ctx.queue(request)
     record = _record(request.get("value"), request.get("key"), request.get("headers"), ctx.engine.clock())
-    return {"offset": await ctx.engine.append(q, (record,), checked=True)}
+    return ctx.engine.start_append(q, (record,), checked=True), _offset_reply
 
 
-@handler("offer_batch")
-async def offer_batch(ctx: Context, request: Request) -> Reply:
+def _offset_reply(offset: int) -> Reply:
+    return {"offset": offset}
+
+
+@pipelined("offer_batch")
+def offer_batch(ctx: Context, request: Request) -> Begun:
     q = ctx.queue(request)
     raw = request.get("records")
     if not isinstance(raw, list) or not raw:
         raise MalformedError("argument 'records' must be a non-empty list of [value, key, headers]")
     records = _record_run(raw, ctx.engine.clock())
-    first = await ctx.engine.append(q, records, checked=True)
-    return {"first": first, "count": len(records)}
+    return ctx.engine.start_append(q, records, checked=True), functools.partial(_batch_reply, len(records))
+
+
+def _batch_reply(count: int, first: int) -> Reply:
+    return {"first": first, "count": count}
 
 
 def _record_run(raw: list[Any], now: int) -> RecordRun:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import trio
 
 from latticed.api import group_handlers, tail  # noqa: F401 - importing them registers their ops
 from latticed.api.connection import Connection
-from latticed.api.handlers import HANDLERS, STREAMS, Context
+from latticed.api.handlers import HANDLERS, PIPELINED, STREAMS, Context, PipelinedHandler
 from latticed.api.listener import bind_unix_socket, remove_socket
 from latticed.api.protocol import SUPPORTED_VERSIONS, error_reply, unpack
 from latticed.api.session import CONSUMER, new_consumer_id
@@ -27,8 +27,12 @@ from latticed.errors import (
     RemoteProtocolError,
 )
 from latticed.logs import get_logger, log_event
+from latticed.storage.jobs import Job
 
 log = get_logger(__name__)
+
+#: Pipelined requests one connection may have waiting for their commit (see :class:`_InOrderReplies`).
+MAX_IN_FLIGHT: Final = 64
 
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosedError)
 
@@ -76,6 +80,25 @@ async def handle_connection(ctx: Context, stream: trio.abc.Stream) -> None:
 
 
 async def _serve(ctx: Context, conn: Connection) -> None:
+    try:
+        async with trio.open_nursery() as nursery:
+            replies = _InOrderReplies(ctx, conn)
+            nursery.start_soon(replies.run)
+            try:
+                await _read_requests(ctx, conn, replies)
+            finally:
+                replies.close()
+    except BaseExceptionGroup as group:
+        # One connection, one cause: the reader's or the replier's failure, as the caller expects it.
+        raise _first_leaf(group) from None
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+async def _read_requests(ctx: Context, conn: Connection, replies: _InOrderReplies) -> None:
     while True:
         frame = await conn.receive_frame()
         if frame is None:
@@ -83,6 +106,13 @@ async def _serve(ctx: Context, conn: Connection) -> None:
         request, reply = parse_request(frame)
         if reply is None:
             assert request is not None
+            begin = PIPELINED.get(request["op"])
+            if begin is not None:
+                await replies.add(request.get("id"), begin, request)
+                continue
+            # Anything else runs alone, after every earlier request of this connection has been answered:
+            # it sees their effects, and its own effects come before those of later requests.
+            await replies.drained()
             streaming = STREAMS.get(request["op"])
             if streaming is not None:
                 try:
@@ -93,7 +123,69 @@ async def _serve(ctx: Context, conn: Connection) -> None:
                     reply = error_reply(request.get("id"), exc)
             else:
                 reply = await dispatch(ctx, request)
+        else:
+            await replies.drained()
         await conn.send(reply)
+
+
+class _InOrderReplies:
+    """A connection's pipelined writes: started when read, answered in request order as each commits.
+
+    A client that sends its next offer before the reply to the last one gets its offers into shared
+    group commits (up to :data:`MAX_IN_FLIGHT` at a time) instead of one commit per round trip; a client
+    that waits for each reply sees no difference. At most ``MAX_IN_FLIGHT`` requests are held: then the
+    connection stops reading, and the client's socket buffer pushes back."""
+
+    def __init__(self, ctx: Context, conn: Connection) -> None:
+        self._ctx = ctx
+        self._conn = conn
+        self._send, self._receive = trio.open_memory_channel[tuple[Any, Job | LatticedError, Any]](
+            MAX_IN_FLIGHT
+        )
+        self._outstanding = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    async def add(self, rid: Any, begin: PipelinedHandler, request: dict[str, Any]) -> None:
+        item: tuple[Any, Job | LatticedError, Any]
+        try:
+            job, build = begin(self._ctx, request)
+        except LatticedError as exc:
+            item = (rid, exc, None)
+        except Exception as exc:
+            log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
+            item = (rid, LatticedError(f"internal error: {type(exc).__name__}"), None)
+        else:
+            item = (rid, job, build)
+        if self._outstanding == 0:
+            self._idle = trio.Event()
+        self._outstanding += 1
+        await self._send.send(item)
+
+    async def drained(self) -> None:
+        """Wait until every pipelined request so far has been answered."""
+        await self._idle.wait()
+
+    def close(self) -> None:
+        self._send.close()
+
+    async def run(self) -> None:
+        engine, conn = self._ctx.engine, self._conn
+        async with self._receive:
+            async for rid, job, build in self._receive:
+                if isinstance(job, LatticedError):
+                    reply = error_reply(rid, job)
+                else:
+                    try:
+                        reply = build(await engine.outcome(job))
+                        reply["id"] = rid
+                        reply["ok"] = True
+                    except LatticedError as exc:
+                        reply = error_reply(rid, exc)
+                await conn.send(reply)
+                self._outstanding -= 1
+                if self._outstanding == 0:
+                    self._idle.set()
 
 
 def parse_request(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -136,4 +228,4 @@ async def dispatch(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-__all__ = ["dispatch", "handle_connection", "parse_request", "serve_api"]
+__all__ = ["MAX_IN_FLIGHT", "dispatch", "handle_connection", "parse_request", "serve_api"]

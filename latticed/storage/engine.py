@@ -134,15 +134,24 @@ class Engine:
             if job.done is not None:
                 job.done.set()
 
-    async def _run(self, job: Job) -> Any:
+    def _start(self, job: Job) -> Job:
+        """Hand ``job`` to the storage thread now; :meth:`outcome` waits for it. Jobs commit in the order
+        they are started, so a connection that pipelines its offers keeps their order."""
         if self._closed:
             raise LatticedError("latticed is shutting down")
         job.done = trio.Event()
         self._writer.submit(job)
+        return job
+
+    async def outcome(self, job: Job) -> Any:
+        """The result of a started job once its transaction committed (its error, raised, if it failed)."""
         await job.done.wait()
         if job.error is not None:
             raise job.error
         return job.result
+
+    async def _run(self, job: Job) -> Any:
+        return await self.outcome(self._start(job))
 
     async def _read(self, fn: Callable[[StoreReader], Any]) -> Any:
         def work() -> Any:
@@ -246,9 +255,14 @@ class Engine:
     async def append(self, q: int, records: Sequence[Record], *, checked: bool = False) -> int:
         """Offer records (one group commit); returns the first offset assigned. ``checked``: the caller
         already ran :func:`~latticed.crdt.records.check_record` on each."""
-        self._require_owner(q, "offer")
-        first: int = await self._run(Append(q, records, checked=checked))
+        first: int = await self.outcome(self.start_append(q, records, checked=checked))
         return first
+
+    def start_append(self, q: int, records: Sequence[Record], *, checked: bool = False) -> Job:
+        """:meth:`append` without waiting: the job is queued for the next group commit and its first
+        offset is ``await outcome(job)``. Lets a connection read its next request meanwhile."""
+        self._require_owner(q, "offer")
+        return self._start(Append(q, records, checked=checked))
 
     async def append_many(self, parts: Sequence[tuple[int, Sequence[Record]]]) -> list[int]:
         """Records for several owned queues in ONE transaction; returns each part's first offset."""

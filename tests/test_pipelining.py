@@ -1,0 +1,185 @@
+"""Pipelined requests on one API connection, raw and through the :class:`Producer`: offers commit and are
+answered in request order, a failing one fails alone and in its place, other requests wait for earlier
+offers, and a client that leaves with offers in flight harms nothing."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+from inprocess import InProcessDaemon, start_in_process
+
+from latticed.api.client import Client
+from latticed.api.producer import Producer
+from latticed.api.server import MAX_IN_FLIGHT
+from latticed.config import DaemonConfig
+from latticed.crdt.signing import Identity
+from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, NotOwnerError
+from latticed.framing import FrameDecoder
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
+    root = tmp_path_factory.mktemp("pipelining")
+    d = start_in_process(DaemonConfig(data_dir=root / "data", socket_path=root / "api.sock"))
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def client(daemon: InProcessDaemon) -> Iterator[Client]:
+    with daemon.client() as c:
+        yield c
+
+
+class Pipe:
+    """A raw connection: send many requests at once, then read the replies."""
+
+    def __init__(self, daemon: InProcessDaemon) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(str(daemon.socket))
+        self.decoder = FrameDecoder(1 << 24)
+        self.next_id = 1
+
+    def send(self, *requests: dict[str, Any]) -> list[int]:
+        ids, data = [], b""
+        for body in requests:
+            ids.append(self.next_id)
+            packed = msgpack.packb({"v": 1, "id": self.next_id, **body}, use_bin_type=True)
+            data += struct.pack(">I", len(packed)) + packed
+            self.next_id += 1
+        self.sock.sendall(data)
+        return ids
+
+    def replies(self, count: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while len(out) < count:
+            frame = self.decoder.next_frame()
+            if frame is None:
+                chunk = self.sock.recv(1 << 16)
+                assert chunk, f"connection closed after {len(out)} of {count} replies"
+                self.decoder.receive_data(chunk)
+                continue
+            out.append(msgpack.unpackb(frame, raw=False))
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_pipelined_offers_commit_and_reply_in_request_order(client: Client, daemon: InProcessDaemon) -> None:
+    client.queue_create("ordered")
+    pipe = Pipe(daemon)
+    count = 3 * MAX_IN_FLIGHT  # more than the server holds at once: it must push back, not drop or stall
+    ids = pipe.send(*({"op": "offer", "queue": "ordered", "value": b"v%d" % i} for i in range(count)))
+    replies = pipe.replies(count)
+    pipe.close()
+    assert [r["id"] for r in replies] == ids
+    assert all(r["ok"] for r in replies)
+    assert [r["offset"] for r in replies] == list(range(count))
+    assert [e.value for e in client.range("ordered", 0, count)] == [b"v%d" % i for i in range(count)]
+
+
+def test_a_failing_pipelined_offer_fails_alone_in_its_place(client: Client, daemon: InProcessDaemon) -> None:
+    client.queue_create("mixed")
+    foreign = f"{Identity.generate().public_key.hex()}/theirs"
+    pipe = Pipe(daemon)
+    pipe.send(
+        {"op": "offer", "queue": "mixed", "value": b"a"},
+        {"op": "offer", "queue": "no-such-queue", "value": b"x"},
+        {"op": "offer_batch", "queue": "mixed", "records": [[b"b", None, None], [b"c", b"k", None]]},
+        {"op": "offer_batch", "queue": "mixed", "records": "not a list"},
+        {"op": "offer", "queue": foreign, "value": b"y"},
+        {"op": "offer", "queue": "mixed", "value": b"d"},
+    )
+    replies = pipe.replies(6)
+    pipe.close()
+    assert [r["ok"] for r in replies] == [True, False, True, False, False, True]
+    assert replies[0]["offset"] == 0
+    assert (replies[2]["first"], replies[2]["count"]) == (1, 2)
+    assert replies[5]["offset"] == 3
+    assert replies[1]["error"]["code"] == NotFoundError.code
+    assert replies[3]["error"]["code"] == MalformedError.code
+    assert replies[4]["error"]["code"] in (NotFoundError.code, NotOwnerError.code)
+    assert [e.value for e in client.range("mixed", 0, 10)] == [b"a", b"b", b"c", b"d"]
+
+
+def test_other_requests_see_every_earlier_offer(client: Client, daemon: InProcessDaemon) -> None:
+    client.queue_create("barrier")
+    pipe = Pipe(daemon)
+    offers = [{"op": "offer", "queue": "barrier", "value": b"%d" % i} for i in range(20)]
+    pipe.send(
+        *offers, {"op": "last", "queue": "barrier"}, *offers[:1], {"op": "queue_info", "queue": "barrier"}
+    )
+    replies = pipe.replies(23)
+    pipe.close()
+    assert all(r["ok"] for r in replies)
+    last = replies[20]
+    assert last["entry"][0] == 19 and last["entry"][2] == b"19"
+    assert replies[21]["offset"] == 20
+    assert replies[22]["info"]["end_offset"] == 21
+
+
+def test_a_client_leaving_with_offers_in_flight_harms_nothing(
+    client: Client, daemon: InProcessDaemon
+) -> None:
+    client.queue_create("abandoned")
+    pipe = Pipe(daemon)
+    pipe.send(*({"op": "offer", "queue": "abandoned", "value": b"%d" % i} for i in range(50)))
+    pipe.sock.shutdown(socket.SHUT_RDWR)
+    pipe.close()
+    # Whatever was committed is a gap-free prefix in order, and the daemon goes on serving.
+    assert client.offer("abandoned", b"after") >= 0
+    values = [e.value for e in client.range("abandoned", 0, 100)]
+    assert values.count(b"after") == 1
+    abandoned = [v for v in values if v != b"after"]  # frames already sent may still commit, in order
+    assert abandoned == [b"%d" % i for i in range(len(abandoned))]
+
+
+def test_producer_keeps_its_window_and_acks_in_order(client: Client) -> None:
+    client.queue_create("produced")
+    acks = []
+    with Producer(client, "produced", window=8) as producer:
+        for i in range(100):
+            acks.append(producer.offer(b"p%d" % i, key=b"k" if i % 2 else None, headers={"n": b"%d" % i}))
+            assert producer.in_flight <= 8
+        acks.append(producer.offer_batch([(b"b0", None, ()), (b"b1", None, [("h", b"v")])]))
+    assert all(ack.done for ack in acks)
+    assert [ack.result() for ack in acks[:100]] == list(range(100))
+    assert list(acks[100].offsets()) == [100, 101]
+    entries = client.range("produced", 0, 200)
+    assert [e.value for e in entries[:3]] == [b"p0", b"p1", b"p2"]
+    assert entries[1].key == b"k" and entries[2].key is None
+    assert entries[5].headers == (("n", b"5"),)
+    assert entries[101].headers == (("h", b"v"),)
+
+
+def test_producer_reports_errors_per_offer_and_on_flush(client: Client) -> None:
+    client.queue_create("partly")
+    producer = Producer(client, "partly", window=4)
+    good = producer.offer(b"fine")
+    bad = producer.offer(12345)  # type: ignore[arg-type]  # not bytes: refused by the daemon
+    later = producer.offer(b"also fine")
+    with pytest.raises(MalformedError):
+        producer.flush()
+    assert good.result() == 0 and later.result() == 1
+    with pytest.raises(MalformedError):
+        bad.result()
+    producer.close()
+    with pytest.raises(MalformedError):
+        Producer(client, "partly", window=0)
+
+
+def test_producer_fails_pending_acks_when_closed(client: Client) -> None:
+    client.queue_create("closed-early")
+    producer = Producer(client, "closed-early", window=4)
+    ack = producer.offer(b"maybe")
+    producer.close()
+    assert ack.done and ack.error is not None
+    with pytest.raises(ConnectionClosedError, match="closed"):
+        ack.result()
