@@ -62,3 +62,16 @@ async def test_a_peer_that_went_away_breaks_the_connection() -> None:
     with pytest.raises(trio.BrokenResourceError):
         for _ in range(100):  # the first writes may still land in the socket buffer
             await server.send({"id": 1, "ok": True, "blob": b"x" * 100_000})
+
+
+async def test_several_replies_go_out_as_consecutive_frames_in_one_write() -> None:
+    server, peer = await pair()
+    replies = [{"id": i, "ok": True, "offset": i} for i in range(5)]
+    await server.send_many(replies)
+    data = await peer.receive_some(1 << 16)  # one write: everything is there at once
+    decoder = FrameDecoder(LIMIT)
+    decoder.receive_data(data)
+    got = []
+    while (frame := decoder.next_frame()) is not None:
+        got.append(msgpack.unpackb(frame))
+    assert got == replies

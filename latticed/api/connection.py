@@ -90,7 +90,13 @@ class Connection:
         return encode_frame(body, self.max_frame_bytes)
 
     async def send(self, message: dict[str, Any]) -> None:
-        data = self.encode(message)
+        await self._write(self.encode(message))
+
+    async def send_many(self, messages: list[dict[str, Any]]) -> None:
+        """Several replies in one write (what one group commit answers at once)."""
+        await self._write(b"".join(map(self.encode, messages)))
+
+    async def _write(self, data: bytes) -> None:
         fd = self._fd
         if fd is None:
             await self.stream.send_all(data)

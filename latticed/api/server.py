@@ -128,6 +128,10 @@ async def _read_requests(ctx: Context, conn: Connection, replies: _InOrderReplie
         await conn.send(reply)
 
 
+#: A pipelined request: its id, its started job (or why it could not start), and its reply builder.
+_Pending = tuple[Any, Job | LatticedError, Any]
+
+
 class _InOrderReplies:
     """A connection's pipelined writes: started when read, answered in request order as each commits.
 
@@ -139,15 +143,13 @@ class _InOrderReplies:
     def __init__(self, ctx: Context, conn: Connection) -> None:
         self._ctx = ctx
         self._conn = conn
-        self._send, self._receive = trio.open_memory_channel[tuple[Any, Job | LatticedError, Any]](
-            MAX_IN_FLIGHT
-        )
+        self._send, self._receive = trio.open_memory_channel[_Pending](MAX_IN_FLIGHT)
         self._outstanding = 0
         self._idle = trio.Event()
         self._idle.set()
 
     async def add(self, rid: Any, begin: PipelinedHandler, request: dict[str, Any]) -> None:
-        item: tuple[Any, Job | LatticedError, Any]
+        item: _Pending
         try:
             job, build = begin(self._ctx, request)
         except LatticedError as exc:
@@ -170,22 +172,45 @@ class _InOrderReplies:
         self._send.close()
 
     async def run(self) -> None:
-        engine, conn = self._ctx.engine, self._conn
+        """Answer in order; replies that are ready together (one group commit) go out in one write."""
+        held: _Pending | None = None
         async with self._receive:
-            async for rid, job, build in self._receive:
-                if isinstance(job, LatticedError):
-                    reply = error_reply(rid, job)
-                else:
+            while True:
+                if held is None:
                     try:
-                        reply = build(await engine.outcome(job))
-                        reply["id"] = rid
-                        reply["ok"] = True
-                    except LatticedError as exc:
-                        reply = error_reply(rid, exc)
-                await conn.send(reply)
-                self._outstanding -= 1
+                        held = await self._receive.receive()
+                    except trio.EndOfChannel:
+                        return
+                rid, job, build = held
+                if not isinstance(job, LatticedError):
+                    await job.done.wait()
+                replies = [_reply(rid, job, build)]
+                held = None
+                while True:
+                    try:
+                        rid, job, build = pending = self._receive.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    if not isinstance(job, LatticedError) and not job.done.is_set():
+                        held = pending
+                        break
+                    replies.append(_reply(rid, job, build))
+                await self._conn.send_many(replies)
+                self._outstanding -= len(replies)
                 if self._outstanding == 0:
                     self._idle.set()
+
+
+def _reply(rid: Any, job: Job | LatticedError, build: Any) -> dict[str, Any]:
+    """The reply to a pipelined request whose job has finished (or that failed before it started)."""
+    if isinstance(job, LatticedError):
+        return error_reply(rid, job)
+    if job.error is not None:
+        return error_reply(rid, job.error)
+    reply: dict[str, Any] = build(job.result)
+    reply["id"] = rid
+    reply["ok"] = True
+    return reply
 
 
 def parse_request(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
