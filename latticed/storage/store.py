@@ -295,6 +295,10 @@ class Store:
         row = self._conn.execute("SELECT entry FROM kv WHERE ns = ? AND key = ?", (ns, key)).fetchone()
         return None if row is None else decode_kv_entry(bytes(row[0]))
 
+    def kv_count(self, ns: int) -> int:
+        """Keys in a namespace's view (tombstones included: their ops are kept too)."""
+        return int(self._conn.execute("SELECT count(*) FROM kv WHERE ns = ?", (ns,)).fetchone()[0])
+
     def put_kv(self, ns: int, entries: Iterable[tuple[str, kv.Entry]]) -> None:
         self._conn.executemany(
             "INSERT OR REPLACE INTO kv (ns, key, entry) VALUES (?, ?, ?)",

@@ -33,6 +33,7 @@ from latticed.errors import LatticedError, MalformedError, StorageError
 from latticed.logs import get_logger, log_event
 from latticed.storage.batch import Batch, appended_since
 from latticed.storage.jobs import KV_NAMESPACE, Job
+from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
 from latticed.storage.store import Store
 
 log = get_logger(__name__)
@@ -96,6 +97,10 @@ class Writer:
         #: (time, size) of recent batches: how many writers have been committing together lately.
         self._recent_sizes: collections.deque[tuple[float, int]] = collections.deque()
         self._reclaim = False
+        #: KV log compaction: the log size at which keys are counted next, and whether a pass is running.
+        self._kv_qid = queue_id(identity.public_key, KV_NAMESPACE, KIND_KV)
+        self._kv_next_check = 0
+        self._kv_compacting = False
         #: Statistics: transactions committed and jobs they carried.
         self.transactions = 0
         self.jobs_committed = 0
@@ -188,7 +193,20 @@ class Writer:
             self._store = None
 
     def maintain(self) -> bool:
-        """One bounded step of reclaiming disk space freed by deletions; True if more remains."""
+        """One bounded step of upkeep: compacting our KV op log, else giving back disk space freed by
+        deletions. True if more remains (the thread then comes back while idle)."""
+        ns = self._kv_compaction_due()
+        if ns is not None:
+            job = CompactKv(ns)
+            self._process_guarded([job])
+            if job.error is not None:
+                # Try again only after as many new writes again: a full disk must not become a busy loop.
+                self._kv_next_check = self._kv_ops(ns) + MIN_OPS
+                log_event(log, "kv.compaction_failed", level=30, error=str(job.error))
+            else:
+                log_event(log, "kv.compacted", dropped=job.result, ops=self._kv_ops(ns))
+            self._kv_compacting = job.error is None
+            return True
         if not self._reclaim:
             return False
         try:
@@ -198,9 +216,29 @@ class Writer:
             log_event(log, "storage.reclaim_failed", level=30, error=str(exc))
         return self._reclaim
 
+    def _kv_ops(self, ns: int) -> int:
+        state = self.states[ns]
+        return state.held_end - state.start
+
+    def _kv_compaction_due(self) -> int | None:
+        """Our KV namespace, if its log is worth a compaction step now. Counting keys costs a query, so
+        it is done only once the log has grown past the last count's threshold."""
+        ns = self._by_qid.get(self._kv_qid)
+        if ns is None:
+            return None
+        ops = self._kv_ops(ns)
+        if ops < max(MIN_OPS, self._kv_next_check) and not self._kv_compacting:
+            return None
+        keys = self.store.kv_count(ns)
+        if worth_compacting(ops, keys):
+            return ns
+        self._kv_compacting = False
+        self._kv_next_check = RATIO * keys
+        return None
+
     def _collect(self) -> list[object]:
         get = self._queue.get_nowait
-        if self._reclaim:
+        if self._reclaim or self._kv_compacting:
             try:
                 first = self._queue.get(timeout=_IDLE_S)
             except queue.Empty:

@@ -1,0 +1,76 @@
+"""Compaction of our own KV namespace's signed op log, so it grows with the keys, not with the writes.
+
+Every KV write is an op appended to an owner-signed log (that log is what replicates). A counter bumped a
+million times would keep a million ops although one decides its value. A compaction step takes the oldest
+ops, appends again, byte for byte, the ones that still decide some key (its last whole-key write, and the
+last write of each hash field or set member, deletions included), then truncates the step away with an
+owner-signed new start. The copies carry the same bytes, so the same HLC stamps: joining them changes no
+view anywhere (the join is idempotent), and a replica that only ever sees the suffix still learns every
+key, tombstones included. Expired TTL entries are copied like any other: dropping one could let an older
+value resurface on a replica that missed it.
+
+Steps are bounded (:data:`STEP_OPS` ops read, one transaction) and run as writer maintenance only while
+the log holds at least :data:`MIN_OPS` ops and :data:`RATIO` times as many ops as keys.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from latticed.crdt import kv
+from latticed.crdt.records import Record
+from latticed.errors import MalformedError
+from latticed.storage.batch import Batch
+from latticed.storage.jobs import Job
+
+if TYPE_CHECKING:
+    from latticed.storage.writer import Writer
+
+MIN_OPS: Final = 4096
+RATIO: Final = 2
+STEP_OPS: Final = 1024
+
+
+def worth_compacting(ops: int, keys: int) -> bool:
+    """Whether a log of ``ops`` ops for ``keys`` keys is mostly superseded writes."""
+    return ops >= MIN_OPS and ops >= RATIO * keys
+
+
+class CompactKv(Job):
+    """One compaction step of KV namespace ``ns`` (ours); ``result`` is the number of ops dropped."""
+
+    __slots__ = ("ns", "step")
+
+    def __init__(self, ns: int, step: int = STEP_OPS) -> None:
+        super().__init__()
+        self.ns = ns
+        self.step = step
+
+    def apply(self, batch: Batch, writer: Writer) -> None:
+        state = batch.require_owner(self.ns, "compact")
+        lo = state.start
+        hi = min(state.held_end, lo + self.step)
+        if hi <= lo:
+            self.result = 0
+            return
+        kept = [r for r in writer.store.rows.records(self.ns, lo, hi) if _decides(batch, self.ns, r)]
+        if kept:
+            batch.append(self.ns, kept)
+        batch.truncate(self.ns, hi)
+        self.result = (hi - lo) - len(kept)
+
+
+def _decides(batch: Batch, ns: int, record: Record) -> bool:
+    """Whether this op's stamp is one the key's joined entry still holds."""
+    try:
+        op = kv.decode_op(record.value)
+    except MalformedError:
+        return False  # never written by us; nothing can depend on it
+    entry = batch.kv_entry(ns, op.key)
+    if entry is None:
+        return False
+    stamp = (op.hlc, op.tiebreak)
+    return entry.reset == stamp or any(held == stamp for held, _ in entry.members.values())
+
+
+__all__ = ["MIN_OPS", "RATIO", "STEP_OPS", "CompactKv", "worth_compacting"]
