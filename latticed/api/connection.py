@@ -34,7 +34,8 @@ class Connection:
         self._fd: int | None = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
 
     async def receive_frame(self) -> bytes | None:
-        """The next frame body, or None at a clean end of stream.
+        """The next frame body, or None at a clean end of stream. Safe to cancel: a frame already taken
+        off the stream is kept for the next call.
 
         Raises RemoteProtocolError (oversized frame) or ConnectionClosedError (cut inside a frame)."""
         if self._pending:
@@ -43,9 +44,10 @@ class Connection:
         frame = decoder.next_frame()
         if frame is not None:
             # Pipelined requests come out of the buffer without waiting: yield anyway, so that one client
-            # cannot keep the loop to itself.
+            # cannot keep the loop to itself (holding the frame, in case the yield is a cancellation).
+            self._pending.append(frame)
             await trio.lowlevel.checkpoint()
-            return frame
+            return self._pending.pop(0)
         while not decoder.eof:
             decoder.receive_data(await self._receive_some())
             frame = decoder.next_frame()

@@ -7,6 +7,7 @@ connection too. Nothing a client sends can raise out of a connection task into t
 
 from __future__ import annotations
 
+import collections
 import functools
 from pathlib import Path
 from typing import Any, Final
@@ -80,39 +81,22 @@ async def handle_connection(ctx: Context, stream: trio.abc.Stream) -> None:
 
 
 async def _serve(ctx: Context, conn: Connection) -> None:
-    try:
-        async with trio.open_nursery() as nursery:
-            replies = _InOrderReplies(ctx, conn)
-            nursery.start_soon(replies.run)
-            try:
-                await _read_requests(ctx, conn, replies)
-            finally:
-                replies.close()
-    except BaseExceptionGroup as group:
-        # One connection, one cause: the reader's or the replier's failure, as the caller expects it.
-        raise _first_leaf(group) from None
-
-
-def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
-
-
-async def _read_requests(ctx: Context, conn: Connection, replies: _InOrderReplies) -> None:
+    pipeline = _Pipeline(ctx, conn)
     while True:
-        frame = await conn.receive_frame()
+        frame = await pipeline.next_frame()
         if frame is None:
+            await pipeline.drain()
             return
         request, reply = parse_request(frame)
         if reply is None:
             assert request is not None
             begin = PIPELINED.get(request["op"])
             if begin is not None:
-                await replies.add(request.get("id"), begin, request)
+                await pipeline.start(request.get("id"), begin, request)
                 continue
             # Anything else runs alone, after every earlier request of this connection has been answered:
             # it sees their effects, and its own effects come before those of later requests.
-            await replies.drained()
+            await pipeline.drain()
             streaming = STREAMS.get(request["op"])
             if streaming is not None:
                 try:
@@ -124,7 +108,7 @@ async def _read_requests(ctx: Context, conn: Connection, replies: _InOrderReplie
             else:
                 reply = await dispatch(ctx, request)
         else:
-            await replies.drained()
+            await pipeline.drain()
         await conn.send(reply)
 
 
@@ -132,73 +116,87 @@ async def _read_requests(ctx: Context, conn: Connection, replies: _InOrderReplie
 _Pending = tuple[Any, Job | LatticedError, Any]
 
 
-class _InOrderReplies:
-    """A connection's pipelined writes: started when read, answered in request order as each commits.
+class _Pipeline:
+    """A connection's pipelined writes: started as they are read, answered in request order as they commit.
 
-    A client that sends its next offer before the reply to the last one gets its offers into shared
-    group commits (up to :data:`MAX_IN_FLIGHT` at a time) instead of one commit per round trip; a client
-    that waits for each reply sees no difference. At most ``MAX_IN_FLIGHT`` requests are held: then the
-    connection stops reading, and the client's socket buffer pushes back."""
+    A client that sends its next offer before the reply to the last one gets its offers into shared group
+    commits (up to :data:`MAX_IN_FLIGHT` at a time; then the connection stops reading and the client's
+    socket buffer pushes back) instead of one commit per round trip. One task does it all: while offers
+    of a pipelining client are in flight it waits for the next request *or* a commit (a commit cancels
+    the wait, which is safe: :meth:`Connection.receive_frame` loses nothing when cancelled); for a client
+    that waits for each reply it waits for the commit alone, as if there were no pipelining."""
 
     def __init__(self, ctx: Context, conn: Connection) -> None:
         self._ctx = ctx
         self._conn = conn
-        self._send, self._receive = trio.open_memory_channel[_Pending](MAX_IN_FLIGHT)
-        self._outstanding = 0
-        self._idle = trio.Event()
-        self._idle.set()
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._waiting: trio.CancelScope | None = None
+        #: Set once the client had two requests in flight: from then on, wait for input and commits alike.
+        self._pipelining = False
 
-    async def add(self, rid: Any, begin: PipelinedHandler, request: dict[str, Any]) -> None:
-        item: _Pending
+    def _committed(self) -> None:
+        """Called on the event loop when one of our jobs finished: stop waiting for input, answer it."""
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def start(self, rid: Any, begin: PipelinedHandler, request: dict[str, Any]) -> None:
         try:
             job, build = begin(self._ctx, request)
         except LatticedError as exc:
-            item = (rid, exc, None)
+            self._pending.append((rid, exc, None))
         except Exception as exc:
             log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
-            item = (rid, LatticedError(f"internal error: {type(exc).__name__}"), None)
+            self._pending.append((rid, LatticedError(f"internal error: {type(exc).__name__}"), None))
         else:
-            item = (rid, job, build)
-        if self._outstanding == 0:
-            self._idle = trio.Event()
-        self._outstanding += 1
-        await self._send.send(item)
+            job.notify = self._committed  # no checkpoint since it started: it cannot have finished yet
+            self._pending.append((rid, job, build))
+        if len(self._pending) > 1:
+            self._pipelining = True
+        if len(self._pending) >= MAX_IN_FLIGHT:
+            await self._answer_head()
 
-    async def drained(self) -> None:
-        """Wait until every pipelined request so far has been answered."""
-        await self._idle.wait()
+    async def next_frame(self) -> bytes | None:
+        """The next request, answering finished ones meanwhile."""
+        while True:
+            await self._answer_finished()
+            if not self._pending:
+                return await self._conn.receive_frame()
+            if not self._pipelining:
+                # A client that waits for each reply: wait for the commit alone (cheaper than also
+                # watching the socket, and nothing more can come until we answer).
+                await self._answer_head()
+                continue
+            with trio.CancelScope() as waiting:
+                self._waiting = waiting
+                try:
+                    return await self._conn.receive_frame()
+                finally:
+                    self._waiting = None
 
-    def close(self) -> None:
-        self._send.close()
+    async def drain(self) -> None:
+        """Answer every pipelined request so far."""
+        while self._pending:
+            await self._answer_head()
 
-    async def run(self) -> None:
-        """Answer in order; replies that are ready together (one group commit) go out in one write."""
-        held: _Pending | None = None
-        async with self._receive:
-            while True:
-                if held is None:
-                    try:
-                        held = await self._receive.receive()
-                    except trio.EndOfChannel:
-                        return
-                rid, job, build = held
-                if not isinstance(job, LatticedError):
-                    await job.done.wait()
-                replies = [_reply(rid, job, build)]
-                held = None
-                while True:
-                    try:
-                        rid, job, build = pending = self._receive.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                    if not isinstance(job, LatticedError) and not job.done.is_set():
-                        held = pending
-                        break
-                    replies.append(_reply(rid, job, build))
-                await self._conn.send_many(replies)
-                self._outstanding -= len(replies)
-                if self._outstanding == 0:
-                    self._idle.set()
+    async def _answer_head(self) -> None:
+        job = self._pending[0][1]
+        if not isinstance(job, LatticedError):
+            await job.done.wait()
+        await self._answer_finished()
+
+    async def _answer_finished(self) -> None:
+        """Send the replies of the finished requests at the head, in one write (one group commit
+        usually finishes several)."""
+        pending = self._pending
+        replies = []
+        while pending:
+            rid, job, build = pending[0]
+            if not isinstance(job, LatticedError) and not job.done.is_set():
+                break
+            pending.popleft()
+            replies.append(_reply(rid, job, build))
+        if replies:
+            await self._conn.send_many(replies)
 
 
 def _reply(rid: Any, job: Job | LatticedError, build: Any) -> dict[str, Any]:

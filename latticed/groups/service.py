@@ -275,10 +275,24 @@ class GroupService:
             if lease is not None:
                 self._deadline_moved(rt)
                 return lease
+            if await self._feed_now(rt):
+                continue
             if wait is None or trio.current_time() >= deadline:
                 return None
             with trio.move_on_at(deadline):
                 await rt.changed.wait()
+
+    async def _feed_now(self, rt: GroupRuntime) -> bool:
+        """Offer what the group's sources committed and the feeder has not offered yet (True if any source
+        was behind; the feeder may be the one that catches it up): an empty answer must not come from a
+        record acknowledged to its writer a moment ago."""
+        behind = False
+        for sid in rt.sources:
+            q = rt.source_queue(sid)
+            if q is not None and rt.cursors[sid] < self.engine.state(q).held_end:
+                behind = True
+                await rt.catch_up(sid, self._background)
+        return behind
 
     def take(self, rt: GroupRuntime, consumer: str, visibility: float | None, n: int) -> list[Lease]:
         """Lease up to ``n`` available records at once (a subscription filling its window), never past the

@@ -133,6 +133,8 @@ class Engine:
         for job in jobs:
             if job.done is not None:
                 job.done.set()
+                if job.notify is not None:
+                    job.notify()
 
     def _start(self, job: Job) -> Job:
         """Hand ``job`` to the storage thread now; :meth:`outcome` waits for it. Jobs commit in the order

@@ -28,12 +28,15 @@ KV_NAMESPACE = "kv"
 class Job:
     """Base of every write job; ``done`` is called (on the writer thread) after commit or failure."""
 
-    __slots__ = ("done", "error", "result")
+    __slots__ = ("done", "error", "notify", "result")
 
     def __init__(self) -> None:
         self.result: Any = None
         self.error: LatticedError | None = None
         self.done: Any = None  # set by the submitter: whatever it waits on (a trio.Event)
+        #: Called (on the event loop) right after ``done`` is set, for a waiter that waits on more than
+        #: this job (an API connection waits for its next request or any of its commits).
+        self.notify: Callable[[], None] | None = None
 
     def apply(self, batch: Batch, writer: Writer) -> None:
         raise NotImplementedError
