@@ -199,6 +199,15 @@ def test_filter_takes_matching_records_only(client: Client) -> None:
     assert next(iter(client.group_stats(f"fg{n}")["ack_floor"].values())) == 4
 
 
+def test_a_dequeue_right_after_an_acknowledged_offer_gets_it(client: Client) -> None:
+    queue, group = fresh(client)
+    for i in range(30):  # no wait: the record must not depend on how fast the group's feeder runs
+        client.offer(queue, b"now%d" % i)
+        lease = client.dequeue(group)
+        assert lease is not None and lease.value == b"now%d" % i
+        client.ack(group, lease)
+
+
 def test_blocking_dequeue_is_woken_by_an_append(client: Client, daemon: Daemon) -> None:
     queue, group = fresh(client)
     got: dict[str, Any] = {}
