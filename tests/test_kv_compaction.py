@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clocks import TickingClock
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
@@ -26,18 +27,9 @@ BOB = Identity.from_seed(b"d" * 32)
 NOW = 1_700_000_000_000
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> int:
-        self.now += 1
-        return self.now
-
-
 def open_writer(path: Path, identity: Identity) -> Writer:
     path.mkdir(parents=True, exist_ok=True)
-    w = Writer(db_path(path), identity, clock=Clock())
+    w = Writer(db_path(path), identity, clock=TickingClock(NOW))
     w.open()
     return w
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from clocks import TickingClock
 
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
@@ -43,18 +44,9 @@ def rec(i: int, size: int = 20) -> Record:
     return make_record(f"v{i}".encode().ljust(size, b"."), key=f"k{i}".encode(), timestamp=NOW + i)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> int:
-        self.now += 1
-        return self.now
-
-
 @pytest.fixture
 def writer(tmp_path: Path) -> Iterator[Writer]:
-    w = Writer(db_path(tmp_path), ALICE, clock=Clock())
+    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW))
     w.open()
     yield w
     w.stop()
@@ -93,7 +85,7 @@ def snapshot(state: core.QueueState) -> tuple[object, ...]:
 
 def reopen(w: Writer, path: Path, identity: Identity = ALICE) -> Writer:
     w.stop()
-    fresh = Writer(path, identity, clock=Clock())
+    fresh = Writer(path, identity, clock=TickingClock(NOW))
     fresh.open()
     return fresh
 
@@ -224,7 +216,7 @@ def test_small_commits_are_compacted_and_bulk_is_split(writer: Writer) -> None:
 
 
 def test_merging_deltas_into_a_stored_replica(writer: Writer, tmp_path: Path) -> None:
-    source = LatticeQueue.create(BOB, "feed", clock=Clock())
+    source = LatticeQueue.create(BOB, "feed", clock=TickingClock(NOW))
     for batch in range(6):
         for i in range(700):
             source.offer(f"r{batch}-{i}".encode(), key=b"k")
@@ -262,7 +254,7 @@ def test_merging_deltas_into_a_stored_replica(writer: Writer, tmp_path: Path) ->
 
 
 def test_forged_deltas_store_nothing(writer: Writer) -> None:
-    source = LatticeQueue.create(BOB, "feed", clock=Clock())
+    source = LatticeQueue.create(BOB, "feed", clock=TickingClock(NOW))
     source.offer(b"a")
     d = core.delta(source.state)
     forged = core.QueueDelta(d.owner, d.name, d.kind, d.head, d.meta, d.tip, 0, d.from_hash, (Record(b"b"),))
@@ -289,7 +281,7 @@ def test_kv_writes_and_a_merged_foreign_namespace(writer: Writer, tmp_path: Path
     assert visible(writer.store.kv_entry(ns, "a"), now) == (None, None)
     assert visible(writer.store.kv_entry(ns, "h"), now) == ("hash", {b"f": b"v"})
 
-    bob = KvNamespace.create(BOB, clock=Clock())
+    bob = KvNamespace.create(BOB, clock=TickingClock(NOW))
     bob.put("x", b"1")
     bob.hset("h", b"f", b"v")
     bob.sadd("s", b"m")
@@ -371,7 +363,7 @@ def test_thinning_and_checkpoint_diff_helpers() -> None:
 
 
 def test_full_disk_fails_writes_with_storage_error_and_reads_go_on(tmp_path: Path) -> None:
-    w = Writer(db_path(tmp_path), ALICE, clock=Clock(), max_page_count=64)
+    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW), max_page_count=64)
     w.open()
     try:
         q = create(w)
@@ -490,7 +482,7 @@ async def test_engine_reads_tails_and_merge_delta(tmp_path: Path) -> None:
         assert columns.offsets == [0, 1, 2] and columns.values[2] == rec(2).value
         assert (await engine.row(q, 1)) == (rec(1).key, rec(1).value, rec(1).timestamp, None)
 
-        source = LatticeQueue.create(BOB, "feed", clock=Clock())
+        source = LatticeQueue.create(BOB, "feed", clock=TickingClock(NOW))
         source.offer(b"x")
         state = await engine.merge_delta(source.delta())
         # A published state reads its rows on the storage thread only; compare what it holds in memory.
