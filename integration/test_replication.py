@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -184,3 +185,39 @@ def test_replicate_patterns_choose_which_queues_a_daemon_takes(latticed_process:
     with client(b) as cb:
         listed = {q["queue"] for q in cb.queue_list()}
     assert public in listed and private not in listed
+
+
+def test_a_compacted_kv_namespace_replicates_whole(latticed_process: Factory) -> None:
+    a = start_peer(latticed_process)
+    b = start_peer(latticed_process, a)
+    with client(a) as c:
+        owner = c.identity()
+
+    def bump(times: int) -> None:
+        with client(a) as c:
+            for _ in range(times):
+                c.kv_incr("hits")
+
+    workers = [threading.Thread(target=bump, args=(1100,)) for _ in range(4)]  # 4400 ops: past the threshold
+    for worker in workers:
+        worker.start()
+    with client(a) as c:
+        c.kv_put("name", b"ada")
+        c.kv_hset("user", b"lang", b"en")
+        c.kv_put("tmp", b"x")
+        c.kv_del("tmp")
+    for worker in workers:
+        worker.join()
+    wait_until(lambda: '"kv.compacted"' in a.log.read_text(errors="replace"), "a compaction step on A")
+    with client(a) as c:
+        c.kv_put("after", b"compaction")
+    late = start_peer(latticed_process, a)  # sees only the compacted log
+
+    def replica_view(daemon: LatticedProcess) -> dict[str, Any]:
+        with client(daemon) as c:
+            return {key: c.kv_get(key, owner=owner) for key in ("hits", "name", "user", "tmp", "after")}
+
+    expected = {"hits": 4400, "name": b"ada", "user": {b"lang": b"en"}, "tmp": None, "after": b"compaction"}
+    assert replica_view(a) == expected
+    for replica in (b, late):
+        wait_until(lambda r=replica: replica_view(r) == expected, "the KV view on a replica")
