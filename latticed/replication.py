@@ -23,17 +23,18 @@ from typing import Any
 import trio
 
 from latticed.config import DaemonConfig, HostPort
-from latticed.crdt.queue import QueueDelta, QueueState, Summary
+from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import LatticedError, NotFoundError
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
-from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip
+from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, PendingMerge
 from latticed.net.peers import Backoff, PeerBook
 from latticed.net.transport import open_peer, secure_accept
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
 from latticed.protocol.replication import QueueKey
 from latticed.storage.engine import Engine
+from latticed.storage.jobs import Merge
 
 log = get_logger(__name__)
 
@@ -81,11 +82,26 @@ class EngineHost:
         except NotFoundError:
             return None
 
-    async def merge_delta(self, delta: QueueDelta, peer: bytes) -> tuple[Summary, bool]:
-        before = self.engine.summary(delta.owner, delta.name, delta.kind)
-        state = await self.engine.merge_delta(delta)
-        after = state.summary()
-        return after, after != before
+    async def verify_delta(self, delta: QueueDelta) -> VerifiedDelta:
+        return await self.engine.verify_delta(delta)
+
+    def submit_merge(self, verified: VerifiedDelta, peer: bytes) -> PendingMerge:
+        return _EngineMerge(self.engine, self.engine.submit_merge(verified, origin=peer))
+
+
+class _EngineMerge:
+    """A merge job on the storage thread, awaited once its transaction committed."""
+
+    __slots__ = ("engine", "job")
+
+    def __init__(self, engine: Engine, job: Merge) -> None:
+        self.engine = engine
+        self.job = job
+
+    async def result(self) -> tuple[Summary, bool]:
+        job = await self.engine.merged(self.job)
+        assert job.summary is not None
+        return job.summary, job.changed
 
 
 @dataclass

@@ -20,6 +20,15 @@ from latticed.protocol.replication import QueueKey
 ALICE = Identity.from_seed(b"a" * 32)
 
 
+@dataclasses.dataclass
+class Applied:
+    summary: Summary
+    changed: bool
+
+    async def result(self) -> tuple[Summary, bool]:
+        return self.summary, self.changed
+
+
 class MemoryHost:
     def __init__(self) -> None:
         self.states: dict[QueueKey, QueueState] = {}
@@ -41,14 +50,18 @@ class MemoryHost:
             delta = dataclasses.replace(delta, records=(Record(value=b"forged"), *delta.records[1:]))
         return delta
 
-    async def merge_delta(self, delta: QueueDelta, peer: bytes) -> tuple[Summary, bool]:
+    async def verify_delta(self, delta: QueueDelta) -> core.VerifiedDelta:
+        return core.verify_delta(core.empty_state(delta.owner, delta.name, delta.kind), delta)
+
+    def submit_merge(self, verified: core.VerifiedDelta, peer: bytes) -> Applied:
+        delta = verified.delta
         key = (delta.owner, delta.name, delta.kind)
         before = self.states.get(key) or core.empty_state(*key)
-        after = core.merge(before, delta)
+        after = core.join_verified(before, verified)
         self.states[key] = after
         self.changed.set()
         self.changed = trio.Event()
-        return after.summary(), after.summary() != before.summary()
+        return Applied(after.summary(), after.summary() != before.summary())
 
     def write(self, n: int) -> None:
         key = (ALICE.public_key, "q", 0)

@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -493,3 +494,27 @@ async def test_engine_reads_tails_and_merge_delta(tmp_path: Path) -> None:
         assert again.records == source.delta().records
         with pytest.raises(NotOwnerError):
             await engine.append(engine.resolve(f"{BOB.public_hex}/feed"), [rec(0)])
+
+
+def test_group_commit_waits_for_other_writers_not_for_one_that_pipelines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("latticed.storage.writer._RECENT_S", 60.0)  # the estimate stays put during the test
+    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW), linger_ms=1000)
+
+    def collect_after(jobs: list[Job]) -> tuple[int, float]:
+        for job in jobs:
+            w._queue.put(job)
+        t0 = time.monotonic()
+        return len(w._collect()), time.monotonic() - t0
+
+    pipelining = object()
+    burst = [Call(lambda b, wr: None) for _ in range(10)]
+    for job in burst:
+        job.origin = pipelining
+    assert collect_after(burst)[0] == 10
+    count, waited = collect_after([Call(lambda b, wr: None)])
+    assert count == 1 and waited < 0.5  # one writer was busy: a lone commit does not wait for company
+    assert collect_after([Call(lambda b, wr: None) for _ in range(10)])[0] == 10  # ten writers
+    count, waited = collect_after([Call(lambda b, wr: None)])
+    assert count == 1 and waited >= 0.9  # now it waits (up to the linger) for the others

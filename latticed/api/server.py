@@ -149,6 +149,7 @@ class _Pipeline:
             self._pending.append((rid, LatticedError(f"internal error: {type(exc).__name__}"), None))
         else:
             job.notify = self._committed  # no checkpoint since it started: it cannot have finished yet
+            job.origin = self
             self._pending.append((rid, job, build))
         if len(self._pending) > 1:
             self._pipelining = True

@@ -21,7 +21,7 @@ Every function here is pure: clocks come in as ``now_ms`` arguments.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -124,6 +124,39 @@ def _entries_equal(a: Entries, b: object) -> bool:
     return len(a) == len(other) and a.records() == other.records()
 
 
+class _DeltaEntries:
+    """A verified delta's records and chain values as :class:`Entries`, without building a Record per
+    entry: the join only reads chain values and slices of it, unless it keeps this run as the new state
+    (then :meth:`extend` / :meth:`drop` turn it into an :class:`EntryView`)."""
+
+    __slots__ = ("_chains", "_records")
+
+    def __init__(self, records: Sequence[Record], chains: list[bytes]) -> None:
+        self._records = records
+        self._chains = chains
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def record(self, index: int) -> Record:
+        return self._records[index]
+
+    def chain(self, index: int) -> bytes:
+        return self._chains[index]
+
+    def records(self, lo: int = 0, hi: int | None = None) -> list[Record]:
+        return list(self._records[lo:hi])
+
+    def _view(self) -> EntryView:
+        return EntryView(list(self._records), self._chains)
+
+    def extend(self, records: Sequence[Record], chains: Sequence[bytes]) -> EntryView:
+        return self._view().extend(records, chains)
+
+    def drop(self, count: int) -> EntryView:
+        return self._view().drop(count)
+
+
 def _empty_entries() -> EntryView:
     return EntryView([], [])
 
@@ -153,7 +186,8 @@ class QueueDelta:
     tip: SignedHead | None = None
     from_offset: int = 0
     from_hash: bytes = b""
-    records: tuple[Record, ...] = ()
+    #: A tuple of records, or a :class:`RecordRun` (how deltas are read from the store and off the wire).
+    records: Sequence[Record] = ()
     checkpoints: tuple[SignedHead, ...] = ()
     fork: ForkProof | None = None
 
@@ -389,17 +423,24 @@ def _commit_once(
 # ------------------------------------------------------------------------------------------------ deltas
 
 
+#: Reads the records ``[lo, hi)`` (absolute offsets) of the state a delta is cut from.
+RecordReader = Callable[[int, int], Sequence[Record]]
+
+
 def delta(
     state: QueueState,
     since: Summary | None = None,
     max_records: int | None = None,
     max_bytes: int | None = None,
+    *,
+    read: RecordReader | None = None,
 ) -> QueueDelta:
     """What a replica summarised by ``since`` lacks, as one verifiable piece.
 
     With ``max_records`` / ``max_bytes`` the piece ends at a signed checkpoint within those bounds (or the
     first one, if even that is larger), so a long backlog streams in chunks that each verify and can be
-    stored on their own; call again with the new summary to resume.
+    stored on their own; call again with the new summary to resume. ``read`` reads records (default: from
+    ``state.entries``); under ``max_bytes`` only about what fits is read, never the whole backlog.
     """
     head = state.head
     if head is None:
@@ -418,15 +459,21 @@ def delta(
         if cut is not None:
             tip, end = cut, cut.end
     send_meta = since is None or since.meta_version != head.meta_version
-    records: tuple[Record, ...] = ()
+    records: Sequence[Record] = ()
     checkpoints: tuple[SignedHead, ...] = ()
     if end > from_offset:
-        records = tuple(state.entries.records(from_offset - state.start, end - state.start))
-        if max_bytes is not None:
-            cut = _checkpoint_within_bytes(state, from_offset, end, records, max_bytes)
+        if read is None:
+            entries, start = state.entries, state.start
+
+            def read(lo: int, hi: int) -> Sequence[Record]:
+                return tuple(entries.records(lo - start, hi - start))
+
+        if max_bytes is None:
+            records = read(from_offset, end)
+        else:
+            records, cut = _read_within_bytes(state, from_offset, end, max_bytes, read)
             if cut is not None:
                 tip, end = cut, cut.end
-                records = records[: end - from_offset]
         checkpoints = tuple(c for c in state.checkpoints if from_offset < c.end <= end and c != tip)
     else:
         tip = None
@@ -445,24 +492,77 @@ def delta(
     )
 
 
-def _checkpoint_within_bytes(
-    state: QueueState, from_offset: int, end: int, records: Sequence[Record], max_bytes: int
-) -> SignedHead | None:
-    """The last checkpoint before ``end`` whose records fit in ``max_bytes`` (None: keep ``end``)."""
+def payload_bytes(records: Sequence[Record]) -> int:
+    """Bytes of values and keys of ``records`` (what delta sizes are bounded by)."""
+    if type(records) is RecordRun:
+        return records.payload_bytes()
+    return sum(len(r.value) + (len(r.key) if r.key else 0) for r in records)
+
+
+def _payload_sizes(records: Sequence[Record]) -> list[int]:
+    if type(records) is RecordRun:
+        sizes = list(map(len, records.values))
+        if records.keys.count(None) != len(sizes):
+            sizes = [size + (len(k) if k else 0) for size, k in zip(sizes, records.keys, strict=True)]
+        return sizes
+    return [len(r.value) + (len(r.key) if r.key else 0) for r in records]
+
+
+def _read_within_bytes(
+    state: QueueState, from_offset: int, end: int, max_bytes: int, read: RecordReader
+) -> tuple[Sequence[Record], SignedHead | None]:
+    """Records from ``from_offset`` up to the last checkpoint (or ``end``) whose payload fits in
+    ``max_bytes``; the first checkpoint when even that is larger. Returns them and the checkpoint they
+    end at (None: they end at ``end``).
+
+    Reads piece by piece between checkpoints, guessing from the sizes seen so far how many pieces still
+    fit, so a long backlog of big records costs about one chunk of reading, not the whole backlog."""
+    by_end = {c.end: c for c in state.checkpoints if from_offset < c.end < end}
+    bounds = [*sorted(by_end), end]
+    pieces: list[Sequence[Record]] = []
     total = 0
-    limit_offset = end
-    for index, record in enumerate(records):
-        total += len(record.value) + (len(record.key) if record.key else 0)
-        if total > max_bytes:
-            limit_offset = from_offset + index
-            break
+    pos = from_offset
+    index = 0
+    while index < len(bounds):
+        target = index
+        if total:
+            room = (max_bytes - total) * (pos - from_offset) // total  # records that likely still fit
+            while target + 1 < len(bounds) and bounds[target + 1] - pos <= room:
+                target += 1
+        piece = read(pos, bounds[target])
+        size = payload_bytes(piece)
+        if total + size <= max_bytes:
+            pieces.append(piece)
+            total += size
+            pos = bounds[target]
+            index = target + 1
+            continue
+        # Over budget inside this piece: keep its longest prefix that ends at a boundary and fits.
+        cumulative = total
+        sizes = _payload_sizes(piece)
+        fit = None
+        k = index
+        for i, record_size in enumerate(sizes, pos + 1):
+            cumulative += record_size
+            if cumulative > max_bytes:
+                break
+            while k <= target and bounds[k] < i:
+                k += 1
+            if k <= target and bounds[k] == i:
+                fit = i
+        if fit is None and not pieces:
+            fit = bounds[index]  # not even the first checkpoint fits: send up to it anyway
+        if fit is not None:
+            pieces.append(piece[: fit - pos])
+            pos = fit
+        break
+    if len(pieces) == 1:
+        records = pieces[0]
+    elif all(type(p) is RecordRun for p in pieces):
+        records = RecordRun.join(pieces)  # type: ignore[arg-type]
     else:
-        return None
-    best: SignedHead | None = None
-    for checkpoint in state.checkpoints:
-        if from_offset < checkpoint.end <= limit_offset and checkpoint.end < end:
-            best = checkpoint
-    return best
+        records = tuple(r for p in pieces for r in p)
+    return records, (None if pos == end else by_end[pos])
 
 
 def _checkpoint_for_chunk(state: QueueState, from_offset: int, max_records: int) -> SignedHead | None:
@@ -499,8 +599,8 @@ def _check_shape(d: QueueDelta) -> None:
         raise MalformedError("a delta's head and tip are signed heads")
     if not isinstance(d.checkpoints, tuple) or not all(isinstance(c, SignedHead) for c in d.checkpoints):
         raise MalformedError("a delta's checkpoints are signed heads")
-    if not isinstance(d.records, tuple):
-        raise MalformedError("a delta's records are a tuple")
+    if not isinstance(d.records, tuple) and type(d.records) is not RecordRun:
+        raise MalformedError("a delta's records are a tuple or a record run")
     if d.fork is not None and not isinstance(d.fork, ForkProof):
         raise MalformedError("a delta's fork proof is a ForkProof")
     if type(d.from_offset) is not int or d.from_offset < 0:
@@ -648,7 +748,7 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
         runs.append(local)
     if d.records:
         chains = list(verified.chains)
-        incoming = _Run(d.from_offset, d.from_hash, EntryView(list(d.records), chains), d.tip, d.checkpoints)
+        incoming = _Run(d.from_offset, d.from_hash, _DeltaEntries(d.records, chains), d.tip, d.checkpoints)
         runs.append(incoming)
         if local is not None and state.head is not None and local.start <= d.from_offset <= local.end:
             meet = min(local.end, incoming.end)
@@ -656,7 +756,8 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
                 both = state.checkpoints + d.checkpoints
                 if incoming.end > local.end:
                     skip = local.end - d.from_offset
-                    joined = local.entries.extend(incoming.entries.records(skip), chains[skip:])
+                    # The delta's records as they came (a run stays columnar into the store).
+                    joined = local.entries.extend(d.records[skip:] if skip else d.records, chains[skip:])
                     runs.append(_Run(local.start, local.base, joined, d.tip, both))
                 else:
                     local.checkpoints = both

@@ -7,6 +7,8 @@ Decoding checks every type and length and raises :class:`MalformedError`, never 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import msgpack
@@ -15,7 +17,7 @@ from latticed.crdt.errors import MalformedError
 from latticed.crdt.forks import Bridge, ForkProof
 from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueDelta, Summary
-from latticed.crdt.records import Record
+from latticed.crdt.records import Headers, Record, RecordRun, check_records
 
 WIRE_VERSION = 1
 
@@ -38,12 +40,61 @@ def record_from_wire(raw: Any) -> Record:
         raise MalformedError("a record is [key (bytes|nil), value (bytes), timestamp (int), headers (list)]")
     if not headers:
         return Record(value, key, timestamp, ())
+    return Record(value, key, timestamp, _headers_from_wire(headers))
+
+
+def _headers_from_wire(raw: list[Any]) -> Headers:
     pairs = []
-    for item in headers:
-        if type(item) is not list or len(item) != 2 or type(item[0]) is not str or type(item[1]) is not bytes:
+    for item in raw:
+        if (
+            type(item) not in _ARRAY
+            or len(item) != 2
+            or type(item[0]) is not str
+            or type(item[1]) is not bytes
+        ):
             raise MalformedError("a header is [name (str), value (bytes)]")
         pairs.append((item[0], item[1]))
-    return Record(value, key, timestamp, tuple(pairs))
+    return tuple(pairs)
+
+
+#: msgpack decodes arrays as lists; rows built in memory (``records_to_wire`` of a run) are tuples.
+_ARRAY = (list, tuple)
+_ARRAY_TYPES = frozenset(_ARRAY)
+_RECORD_SHAPE_ERROR = "a record is [key (bytes|nil), value (bytes), timestamp (int), headers (list)]"
+
+
+def records_to_wire(records: Sequence[Record]) -> list[Any]:
+    """Records as ``[key, value, timestamp, headers]`` rows; a run is zipped from its columns (msgpack
+    writes a tuple as the same array a list makes, so no row is built in Python)."""
+    if type(records) is not RecordRun:
+        return [record_to_wire(r) for r in records]
+    headers: Any = records.headers
+    if headers is None:
+        headers = repeat((), len(records.values))
+    else:
+        headers = [[[k, v] for k, v in h] for h in headers]
+    return list(zip(records.keys, records.values, records.timestamps, headers, strict=True))
+
+
+def records_from_wire(raw: Any) -> RecordRun:
+    """Rows of ``[key, value, timestamp, headers]`` straight into the columns of a :class:`RecordRun`:
+    the rows are transposed and checked a column at a time (no Record object is built), types and size
+    limits by :func:`check_records`, which marks the run checked so verification does not repeat it."""
+    if type(raw) is not list:
+        raise MalformedError("records must be a list")
+    if not raw:
+        return RecordRun((), (), ())
+    if not set(map(type, raw)) <= _ARRAY_TYPES or set(map(len, raw)) != {4}:
+        raise MalformedError("a record is [key, value, timestamp, headers]")
+    keys, values, timestamps, headers = zip(*raw, strict=True)
+    if not set(map(type, headers)) <= _ARRAY_TYPES:
+        raise MalformedError(_RECORD_SHAPE_ERROR)
+    header_column = None
+    if any(headers):
+        header_column = [_headers_from_wire(h) if h else () for h in headers]
+    records = RecordRun(values, keys, timestamps, header_column)
+    check_records(records)  # value, key and timestamp types and limits, for every record
+    return records
 
 
 def _head(raw: Any) -> SignedHead:
@@ -138,7 +189,7 @@ def delta_to_wire(d: QueueDelta) -> list[Any]:
         True if d.tip is not None and d.tip == d.head else (d.tip.to_bytes() if d.tip else None),
         d.from_offset,
         d.from_hash,
-        [record_to_wire(r) for r in d.records],
+        records_to_wire(d.records),
         [c.to_bytes() for c in d.checkpoints],
         proof_to_wire(d.fork) if d.fork else None,
     ]
@@ -163,6 +214,8 @@ def delta_from_wire(raw: Any) -> QueueDelta:
     records_raw, checkpoints_raw = raw[9], raw[10]
     if not isinstance(records_raw, list | tuple) or not isinstance(checkpoints_raw, list | tuple):
         raise MalformedError("records and checkpoints must be lists")
+    if type(records_raw) is not list:
+        records_raw = list(records_raw)
     return QueueDelta(
         owner=_bytes(raw[1], 32, "owner"),
         name=_str(raw[2], "name"),
@@ -172,7 +225,7 @@ def delta_from_wire(raw: Any) -> QueueDelta:
         tip=_tip(raw[6], raw[4]),
         from_offset=_int(raw[7], "from_offset"),
         from_hash=_bytes(raw[8], None, "from_hash"),
-        records=tuple(record_from_wire(r) for r in records_raw),
+        records=records_from_wire(records_raw),
         checkpoints=tuple(_head(c) for c in checkpoints_raw),
         fork=None if raw[11] is None else proof_from_wire(raw[11]),
     )

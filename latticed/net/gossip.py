@@ -8,15 +8,17 @@ its identity and counted; the daemon and every other peer carry on.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import trio
 
-from latticed.crdt.queue import QueueDelta, Summary
+from latticed.crdt.queue import QueueDelta, Summary, VerifiedDelta
 from latticed.errors import ConnectionClosedError, IntegrityError, LatticedError, ProtocolError
 from latticed.logs import get_logger, log_event
 from latticed.net.transport import SecureStream
@@ -32,8 +34,18 @@ log = get_logger(__name__)
 
 PING_INTERVAL_S = 5.0
 PEER_TIMEOUT_S = 20.0
+#: A received delta of at most this many records is stored after the previous one (see ``_verifier``).
+SERIAL_MERGE_RECORDS = 64
 #: Both ends ping every PING_INTERVAL_S, so a healthy link is never silent this long.
 STALE_AFTER_S = 2 * PING_INTERVAL_S
+
+
+class PendingMerge(Protocol):
+    """A verified delta on its way into the store."""
+
+    async def result(self) -> tuple[Summary, bool]:
+        """Wait until it is durably stored; returns (what we hold now, whether it changed anything)."""
+        ...
 
 
 class ReplicaHost(Protocol):
@@ -45,8 +57,13 @@ class ReplicaHost(Protocol):
         self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
     ) -> QueueDelta | None: ...
 
-    async def merge_delta(self, delta: QueueDelta, peer: bytes) -> tuple[Summary, bool]:
-        """Verify, merge and durably store; returns (new summary, whether anything changed)."""
+    async def verify_delta(self, delta: QueueDelta) -> VerifiedDelta:
+        """Check the owner's signatures and the hash chain (IntegrityError if forged); stores nothing."""
+        ...
+
+    def submit_merge(self, verified: VerifiedDelta, peer: bytes) -> PendingMerge:
+        """Start joining and durably storing a verified delta, without waiting; merges submitted one
+        after the other are applied in that order."""
         ...
 
 
@@ -146,11 +163,16 @@ class Gossip:
         log_event(log, "peer.connected", peer=peer_hex, address=address, via=via)
         session.start(self.host.summaries())
         reason = "closed"
+        # The session admits at most ``window`` unacknowledged deltas, which bounds both channels.
+        to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](math.inf)
+        to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](math.inf)
         try:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._reader, stream, link, nursery.cancel_scope)
-                    nursery.start_soon(self._driver, stream, link, nursery.cancel_scope)
+                    nursery.start_soon(self._driver, stream, link, nursery.cancel_scope, to_verify)
+                    nursery.start_soon(self._verifier, link, verify_queue, to_ack)
+                    nursery.start_soon(self._acker, link, ack_queue)
                     nursery.start_soon(self._pinger, link, nursery.cancel_scope)
             except BaseExceptionGroup as group:
                 raise _first_error(group) from group
@@ -189,8 +211,15 @@ class Gossip:
             link.session.receive_message(message)
             link.kick()
 
-    async def _driver(self, stream: SecureStream, link: PeerLink, scope: trio.CancelScope) -> None:
-        """Answer the session's events and send what it queued; sleeps until kicked (no polling)."""
+    async def _driver(
+        self,
+        stream: SecureStream,
+        link: PeerLink,
+        scope: trio.CancelScope,
+        to_verify: trio.MemorySendChannel[DeltaReceived],
+    ) -> None:
+        """Answer the session's events and send what it queued; sleeps until kicked (no polling).
+        Received deltas go down the ingest pipeline (:meth:`_verifier`, :meth:`_acker`)."""
         session = link.session
         while True:
             if self.links.get(link.public_key) is not link:
@@ -206,17 +235,46 @@ class Gossip:
                     if delta is not None:
                         self.counters["deltas_out"] += 1
                 elif isinstance(event, DeltaReceived):
-                    summary, changed = await self.host.merge_delta(event.delta, link.public_key)
-                    self.counters["deltas_in"] += 1
-                    session.delta_applied(event.seq, summary, changed)
-                    if changed:
-                        self.local_change(event.key, summary, source=link.public_key)
+                    to_verify.send_nowait(event)
                 for message in session.messages_to_send():
                     await stream.send(message)
             for message in session.messages_to_send():
                 await stream.send(message)
             if not session.has_work():
                 await link.wakeup.wait()
+
+    async def _verifier(
+        self,
+        link: PeerLink,
+        deltas: trio.MemoryReceiveChannel[DeltaReceived],
+        to_ack: trio.MemorySendChannel[tuple[DeltaReceived, PendingMerge]],
+    ) -> None:
+        """Verify received deltas in order and hand each to the store as soon as it passed, so the next
+        one is checked while the store writes this one (a forged delta ends the link right here).
+
+        A small delta (a live push) waits until the previous one is stored: a burst of merges from one link
+        looks like several writers to the storage thread's group commit, which would then linger for
+        company on every later push for a while. Backlog chunks go in at once and share commits."""
+        previous: PendingMerge | None = None
+        async for event in deltas:
+            verified = await self.host.verify_delta(event.delta)
+            if previous is not None and len(event.delta.records) <= SERIAL_MERGE_RECORDS:
+                with contextlib.suppress(LatticedError):
+                    await previous.result()  # a failure ends the link in the acker
+            previous = self.host.submit_merge(verified, link.public_key)
+            to_ack.send_nowait((event, previous))
+
+    async def _acker(
+        self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[DeltaReceived, PendingMerge]]
+    ) -> None:
+        """Acknowledge each delta, in order, once it is durable (never before: an ACK says we hold it)."""
+        async for event, pending in merges:
+            summary, changed = await pending.result()
+            self.counters["deltas_in"] += 1
+            link.session.delta_applied(event.seq, summary, changed)
+            if changed:
+                self.local_change(event.key, summary, source=link.public_key)
+            link.kick()
 
     async def _pinger(self, link: PeerLink, scope: trio.CancelScope) -> None:
         while True:

@@ -14,6 +14,9 @@ What travels (each message a msgpack list whose first item is its type):
 * ``DELTA [2, seq, delta]`` — a verifiable chunk of a queue (see :func:`latticed.crdt.queue.delta`).
 * ``ACK [3, seq, owner, name, kind, summary]`` — the delta was verified and stored; here is what I hold now.
   At most ``window`` deltas are unacknowledged per session: a slow peer slows its sender, never fills RAM.
+  A queue's backlog streams up to ``depth`` chunks ahead of the ACKs (each chunk starts where the previous
+  one ended), so sender and receiver work at the same time; once nothing is in flight, the peer's ACKed
+  summary is again where the next chunk starts (a chunk that did not apply is simply sent again).
 * ``HAVE [4, owner, name, kind, summary]`` — lazy notification on a pruned link (Plumtree).
 * ``WANT [5, owner, name, kind, summary]`` — graft: make this link eager for the queue and send me the rest.
 * ``PRUNE [6, owner, name, kind]`` — your delta brought nothing new; send me HAVEs instead of data.
@@ -118,18 +121,24 @@ class _Link:
     """Per-queue state of this link."""
 
     peer: Summary | None = None  # what the peer holds, as far as we know
+    #: What the peer will hold once it applied every DELTA in flight (None: nothing in flight); the
+    #: next chunk starts there, so a backlog streams without waiting for each ACK.
+    sent: Summary | None = None
     eager: bool = True
     asked: bool = False  # a NeedDelta is outstanding
+    asked_since: Summary | None = None  # the ``since`` of that NeedDelta
     inflight: int = 0  # DELTAs sent, not yet acknowledged
     wanted: bool = False  # the peer grafted: its next duplicate is not a reason to prune
 
 
 @dataclass(slots=True)
 class ReplicationSession:
-    """One peer link. ``window`` bounds unacknowledged deltas; ``max_records`` bounds each chunk."""
+    """One peer link. ``window`` bounds unacknowledged deltas, ``depth`` those of one queue (a backlog
+    streams up to ``depth`` chunks ahead of the peer's ACKs); ``max_records`` bounds each chunk."""
 
     subscription: tuple[str, ...] | None = None
     window: int = 8
+    depth: int = 4
     max_records: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
     _local: dict[QueueKey, Summary] = field(default_factory=dict)
@@ -183,18 +192,26 @@ class ReplicationSession:
     def provide_delta(self, key: QueueKey, delta: QueueDelta | None) -> None:
         """The answer to a :class:`NeedDelta`; None when there is nothing to send after all."""
         link = self._link(key)
+        since = link.asked_since
         if link.asked:
             link.asked = False
+            link.asked_since = None
             self._asked_total -= 1
         if delta is None or (delta.head is None and delta.fork is None):
             self._pump()
             return
         self._seq += 1
+        implied = _implied_summary(delta, since)
+        if link.sent is None or is_ahead(implied, link.sent):
+            link.sent = implied
         link.inflight += 1
         self._inflight_total += 1
         self.stats["deltas_sent"] += 1
         self._send([DELTA, self._seq, delta_to_wire(delta)])
-        self._pump()
+        if is_ahead(self._local.get(key), self._since(link)):
+            self._schedule(key)  # the next chunk goes out before this one is acknowledged
+        else:
+            self._pump()
 
     def delta_applied(self, seq: int, summary: Summary, changed: bool) -> None:
         """The host verified, merged and stored the delta ``seq``; ``changed`` says if it brought news."""
@@ -315,8 +332,10 @@ class ReplicationSession:
         link.inflight -= 1
         self._inflight_total -= 1
         link.peer = summary
+        if link.inflight == 0:
+            link.sent = None  # from now on, what the peer says it holds is the whole truth
         self._events.append(PeerSummary(key, summary))
-        if is_ahead(self._local.get(key), summary):
+        if is_ahead(self._local.get(key), self._since(link)):
             self._schedule(key)  # the next chunk of a backlog
         self._pump()
 
@@ -381,14 +400,25 @@ class ReplicationSession:
             rounds -= 1
             key = self._pending.popleft()
             link = self._link(key)
-            if link.asked or link.inflight > 0:
+            if link.asked or link.inflight >= self.depth:
                 self._pending.append(key)  # wait for its ACK, keep order fair
                 continue
-            if not is_ahead(self._local.get(key), link.peer):
+            since = self._since(link)
+            if not is_ahead(self._local.get(key), since):
                 continue
             link.asked = True
+            link.asked_since = since
             self._asked_total += 1
-            self._events.append(NeedDelta(key, link.peer, self.max_records))
+            self._events.append(NeedDelta(key, since, self.max_records))
+
+    @staticmethod
+    def _since(link: _Link) -> Summary | None:
+        """Where the next delta for the peer starts: past what is in flight, unless the peer has told us
+        (by digest, HAVE or its own deltas) that it holds more than that already."""
+        sent = link.sent
+        if sent is None or (link.peer is not None and is_ahead(link.peer, sent)):
+            return link.peer
+        return sent
 
     def _send(self, message: list[Any]) -> None:
         self._outbox.append(pack(message))

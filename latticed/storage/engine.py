@@ -16,18 +16,19 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import trio
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
-from latticed.crdt.head import KIND_KV, KIND_QUEUE, check_name, queue_id
+from latticed.crdt.head import KIND_KV, KIND_QUEUE, SignedHead, check_name, queue_id
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity, parse_public_key
-from latticed.errors import LatticedError, MalformedError, NotFoundError, NotOwnerError
+from latticed.errors import GapError, LatticedError, MalformedError, NotFoundError, NotOwnerError
 from latticed.logs import get_logger, log_event
+from latticed.storage import segments
 from latticed.storage.batch import Batch
 from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import (
@@ -50,9 +51,16 @@ from latticed.storage.writer import Change, Writer, wall_ms
 
 log = get_logger(__name__)
 
+AnyJob = TypeVar("AnyJob", bound=Job)
+
 #: A committed batch larger than this is not kept in memory for tails (they read it back instead).
 RECENT_MAX_RECORDS: Final = 8192
 ADDRESS_CACHE_SIZE: Final = 4096
+#: A peer's delta this small is verified on the event loop (see :meth:`Engine.verify_delta`).
+INLINE_VERIFY_RECORDS: Final = 64
+INLINE_VERIFY_BYTES: Final = 64 * 1024
+#: Chain values remembered per queue for serving live pushes from memory.
+KNOWN_CHAINS: Final = 8
 
 
 class Engine:
@@ -67,6 +75,9 @@ class Engine:
         self._limiter = trio.CapacityLimiter(pool.size)
         self._waiters: dict[int, trio.Event] = {}
         self._recent: dict[int, tuple[int, Sequence[Record]]] = {}
+        #: Per queue, our chain values at a few recent ends (``delta_for`` checks a peer's ``since``
+        #: against them to serve a live push from ``_recent`` without reading the store).
+        self._known_chains: dict[int, dict[int, bytes]] = {}
         self._closed = False
         #: Resolved addresses (a queue's number never changes once it exists), so hot requests skip the
         #: parsing and hashing of ``resolve``.
@@ -136,7 +147,7 @@ class Engine:
                 if job.notify is not None:
                     job.notify()
 
-    def _start(self, job: Job) -> Job:
+    def _start(self, job: AnyJob) -> AnyJob:
         """Hand ``job`` to the storage thread now; :meth:`outcome` waits for it. Jobs commit in the order
         they are started, so a connection that pipelines its offers keeps their order."""
         if self._closed:
@@ -293,10 +304,39 @@ class Engine:
 
         Raises IntegrityError for anything forged (nothing is stored), GapError when it does not
         connect to what we hold."""
-        base = core.empty_state(delta.owner, delta.name, delta.kind)
-        verified = await trio.to_thread.run_sync(core.verify_delta, base, delta)
-        q: int = await self._run(Merge(verified))
+        job = await self.merged(self.submit_merge(await self.verify_delta(delta)))
+        q: int = job.result
         return self.state(q)
+
+    async def verify_delta(self, delta: QueueDelta) -> core.VerifiedDelta:
+        """Check a peer's delta against its owner's signatures and hash chain, before anything of it is
+        stored. A small one (a live push) is checked right here: a thread hop costs more than its one
+        signature; anything bigger on a worker thread, off the event loop."""
+        base = core.empty_state(delta.owner, delta.name, delta.kind)
+        if (
+            len(delta.records) <= INLINE_VERIFY_RECORDS
+            and len(delta.checkpoints) <= 1
+            and delta.fork is None
+            and core.payload_bytes(delta.records) <= INLINE_VERIFY_BYTES
+        ):
+            return core.verify_delta(base, delta)
+        verified: core.VerifiedDelta = await trio.to_thread.run_sync(core.verify_delta, base, delta)
+        return verified
+
+    def submit_merge(self, verified: core.VerifiedDelta, origin: object = None) -> Merge:
+        """Queue the join and write of a verified delta right now; :meth:`merged` waits for it.
+
+        The storage thread takes jobs in the order they were submitted, several per transaction, so a
+        caller that submits deltas in order without waiting between them gets them joined in that order
+        while it verifies the next ones (a catch-up pipeline)."""
+        job = Merge(verified)
+        job.origin = origin
+        return self._start(job)
+
+    async def merged(self, job: Merge) -> Merge:
+        """Wait until ``job``'s transaction committed (so its records are durable); raises its error."""
+        await self.outcome(job)
+        return job
 
     # ------------------------------------------------------------------ reads
     async def delta_for(
@@ -314,16 +354,81 @@ class Engine:
         if q is None:
             raise NotFoundError(f"no queue {owner.hex()}/{name}")
         state = self.state(q)
+        pushed = self._delta_from_recent(q, state, since, max_records, max_bytes)
+        if pushed is not None:
+            return pushed
 
         def compute(reader: StoreReader) -> QueueDelta:
             entries = state.entries
             assert isinstance(entries, StoredEntries)
             return core.delta(
-                dataclasses.replace(state, entries=entries.rebind(reader.rows)), since, max_records, max_bytes
+                dataclasses.replace(state, entries=entries.rebind(reader.rows)),
+                since,
+                max_records,
+                max_bytes,
+                read=lambda lo, hi: _read_run(reader, q, lo, hi),
             )
 
         result: QueueDelta = await self._read(compute)
+        if result.tip is not None:
+            self._remember_chain(q, result.tip.end, result.tip.head_hash)
         return result
+
+    def _remember_chain(self, q: int, end: int, chain: bytes) -> None:
+        known = self._known_chains.get(q)
+        if known is None:
+            known = self._known_chains[q] = {}
+        elif end not in known and len(known) >= KNOWN_CHAINS:
+            del known[next(iter(known))]  # the oldest
+        known[end] = chain
+
+    def _delta_from_recent(
+        self, q: int, state: QueueState, since: Summary | None, max_records: int | None, max_bytes: int | None
+    ) -> QueueDelta | None:
+        """``core.delta(state, since, ...)`` computed on the event loop when it needs no read: the peer
+        lacks only the head, or only records of the last commit (kept in ``_recent``), and ``since`` names
+        a chain value we know is ours. None: compute it from the store (anything else, or any doubt)."""
+        head, tip = state.head, state.tip
+        if head is None or since is None or state.fork is not None:
+            return None
+        held = state.summary()  # in memory: the chain value at the end is cached with the entries
+        self._remember_chain(q, held.held_end, held.held_hash)
+        from_offset = since.held_end
+        records: Sequence[Record] = ()
+        checkpoints: tuple[SignedHead, ...] = ()
+        if from_offset == held.held_end:
+            if since.held_hash != held.held_hash:
+                return None
+            tip = None
+        else:
+            found = self._recent.get(q)
+            if found is None or tip is None:
+                return None
+            first, appended = found
+            end = held.held_end
+            if first + len(appended) != end or not max(first, state.start) <= from_offset < end:
+                return None
+            if self._known_chains[q].get(from_offset) != since.held_hash:
+                return None
+            records = appended[from_offset - first :]
+            if (max_records is not None and len(records) > max_records) or (
+                max_bytes is not None and core.payload_bytes(records) > max_bytes
+            ):
+                return None
+            checkpoints = tuple(c for c in state.checkpoints if from_offset < c.end <= end and c != tip)
+        return QueueDelta(
+            owner=state.owner,
+            name=state.name,
+            kind=state.kind,
+            head=head,
+            meta=state.meta if since.meta_version != head.meta_version else None,
+            tip=tip,
+            from_offset=from_offset,
+            from_hash=since.held_hash,
+            records=records,
+            checkpoints=checkpoints,
+            fork=None,
+        )
 
     async def verify(self, q: int) -> int:
         """Re-check a stored queue against its owner's signatures, on a reader (writes go on)."""
@@ -417,6 +522,28 @@ class Engine:
             return []
         items: list[tuple[str, kv.Entry]] = await self._read(lambda r: list(r.kv_scan(ns, prefix)))
         return items
+
+
+def _read_run(reader: StoreReader, q: int, lo: int, hi: int) -> RecordRun:
+    """Committed records ``[lo, hi)`` of queue ``q`` as a run: the segments' columns, concatenated (what
+    a delta sends; no Record object is built)."""
+    keys: list[bytes | None] = []
+    values: list[bytes] = []
+    timestamps: list[int] = []
+    headers: list[Any] = []
+    for segment in segments.scan(reader.conn, q, lo, hi):
+        part = segment if lo <= segment.first and segment.end <= hi else segment.slice(lo, hi)
+        keys += part.keys
+        values += part.values
+        timestamps += part.timestamps
+        headers += part.headers
+    if len(values) != hi - lo:
+        # Only a reader racing a truncation can see this: the rows it was promised are gone.
+        raise GapError(f"records [{lo}, {hi}) of queue #{q} are no longer all stored (truncated); retry")
+    header_column = None
+    if headers.count(None) != len(headers):
+        header_column = [tuple((k, v) for k, v in h) if h else () for h in headers]
+    return RecordRun(values, keys, timestamps, header_column)
 
 
 __all__ = ["RECENT_MAX_RECORDS", "Engine"]

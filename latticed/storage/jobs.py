@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV, queue_id
-from latticed.crdt.queue import VerifiedDelta
+from latticed.crdt.queue import Summary, VerifiedDelta
 from latticed.crdt.records import Record, check_records
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
 from latticed.storage.batch import Batch
@@ -28,7 +28,7 @@ KV_NAMESPACE = "kv"
 class Job:
     """Base of every write job; ``done`` is called (on the writer thread) after commit or failure."""
 
-    __slots__ = ("done", "error", "notify", "result")
+    __slots__ = ("done", "error", "notify", "origin", "result")
 
     def __init__(self) -> None:
         self.result: Any = None
@@ -37,6 +37,9 @@ class Job:
         #: Called (on the event loop) right after ``done`` is set, for a waiter that waits on more than
         #: this job (an API connection waits for its next request or any of its commits).
         self.notify: Callable[[], None] | None = None
+        #: Who submitted it (a connection, a peer), if it may have more jobs in flight: the group commit
+        #: counts concurrent writers, and one that pipelines is still one writer.
+        self.origin: object = None
 
     def apply(self, batch: Batch, writer: Writer) -> None:
         raise NotImplementedError
@@ -137,13 +140,17 @@ class SetMeta(Job):
 
 
 class Merge(Job):
-    """Join a verified delta from a peer (creating the replica if we had none); ``result`` is the q."""
+    """Join a verified delta from a peer (creating the replica if we had none); ``result`` is the q,
+    ``summary`` what the replica holds right after this join and ``changed`` whether the join changed it
+    (both meaningful once committed: several merges of one queue may share a transaction)."""
 
-    __slots__ = ("verified",)
+    __slots__ = ("changed", "summary", "verified")
 
     def __init__(self, verified: VerifiedDelta) -> None:
         super().__init__()
         self.verified = verified
+        self.summary: Summary | None = None
+        self.changed = False
 
     def apply(self, batch: Batch, writer: Writer) -> None:
         d = self.verified.delta
@@ -155,8 +162,13 @@ class Merge(Job):
             empty = core.empty_state(d.owner, d.name, d.kind)
             core.join_verified(empty, self.verified)  # raises GapError before we create anything
             q = batch.create(empty, writer.store.empty_view)
-        batch.join(q, self.verified)
+            before = Summary()
+        else:
+            before = batch.state(q).summary()
+        after = batch.join(q, self.verified).summary()
         self.result = q
+        self.summary = after
+        self.changed = after != before
 
 
 class KvWrite(Job):

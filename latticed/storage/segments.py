@@ -201,13 +201,16 @@ def chain_at(conn: sqlite3.Connection, q: int, offset: int) -> bytes | None:
 def scan(conn: sqlite3.Connection, q: int, lo: int, hi: int) -> Iterator[Segment]:
     """Segments overlapping ``[lo, hi)``, in order (decoded lazily, one at a time).
 
-    One statement, so it reads one snapshot even beside a concurrent compaction; no segment holds more
-    than SEGMENT_MAX_RECORDS records, so one overlapping ``lo`` starts after ``lo - SEGMENT_MAX_RECORDS``.
+    One statement, so it reads one snapshot even beside a concurrent compaction. It starts at the last
+    segment that begins at or before ``lo`` (an index seek), never earlier: with big records, every
+    segment read before ``lo`` would be a blob read for nothing.
     """
     if hi <= lo:
         return
     cursor = conn.execute(
-        f"{_SELECT} WHERE q = ? AND first > ? AND first < ? ORDER BY first", (q, lo - SEGMENT_MAX_RECORDS, hi)
+        f"{_SELECT} WHERE q = ?1 AND first < ?3 AND first >= "
+        "coalesce((SELECT max(first) FROM segments WHERE q = ?1 AND first <= ?2), ?2) ORDER BY first",
+        (q, lo, hi),
     )
     for first, count, chains, data in cursor:
         if first + count > lo:

@@ -257,9 +257,10 @@ class Writer:
         while recent and recent[0][0] < now - _RECENT_S:
             recent.popleft()
         target = max((size for _, size in recent), default=1)
-        if self._linger > 0 and target > 1 and len(items) < target:
+        writers = _writers(items)
+        if self._linger > 0 and target > 1 and writers < target:
             deadline = time.monotonic() + self._linger
-            while len(items) < target:
+            while writers < target:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -267,7 +268,8 @@ class Writer:
                     items.append(self._queue.get(timeout=remaining))
                 except queue.Empty:
                     break
-        recent.append((time.monotonic(), len(items)))
+                writers = _writers(items)
+        recent.append((time.monotonic(), writers))
         return items
 
     # ------------------------------------------------------------------ one group commit
@@ -381,6 +383,13 @@ class Writer:
             self.created_ms[new.q] = new.created_ms
             self._by_qid[state.queue_id] = new.q
         return results
+
+
+def _writers(items: list[object]) -> int:
+    """How many writers submitted these jobs: jobs of one origin (a pipelining connection, a peer's
+    catch-up) count once, so that one busy writer does not make later lone commits wait for company."""
+    jobs = [item for item in items if isinstance(item, Job)]
+    return len({id(job) if job.origin is None else id(job.origin) for job in jobs})
 
 
 def _fold_ops(batch: Batch, ns: int, records: Sequence[Record]) -> None:

@@ -1,0 +1,290 @@
+"""The replication fast paths: columnar records on the wire, byte-bounded chunk reads, pipelined chunks
+per queue, and the engine's pipelined merge and in-memory live push. Each must give exactly what the
+plain path gives, and must keep rejecting what it rejects."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+
+from latticed.crdt import queue as core
+from latticed.crdt.errors import MalformedError
+from latticed.crdt.records import Record, RecordRun
+from latticed.crdt.signing import Identity
+from latticed.crdt.wire import decode_delta, encode_delta, records_from_wire, records_to_wire, unpack
+from latticed.errors import TamperedError
+from latticed.net.gossip import Gossip, PeerLink
+from latticed.protocol.replication import DELTA, DeltaReceived, NeedDelta, ReplicationSession
+from latticed.protocol.sim import SimNetwork
+from latticed.storage.engine import Engine
+
+ALICE = Identity.from_seed(b"a" * 32)
+KEY = (ALICE.public_key, "q", 0)
+
+
+def run(n: int, tag: str = "r", size: int = 0) -> RecordRun:
+    return RecordRun(
+        [f"{tag}{i}".encode().ljust(size, b".") for i in range(n)],
+        [None if i % 3 else b"k%d" % i for i in range(n)],
+        [1000 + i for i in range(n)],
+        [(("h", b"%d" % i),) if i % 5 == 0 else () for i in range(n)],
+    )
+
+
+def owner_state(batches: int, per: int, size: int = 0) -> core.QueueState:
+    state = core.empty_state(ALICE.public_key, "q")
+    for b in range(batches):
+        state = core.commit(state, ALICE, now_ms=b + 1, records=run(per, f"b{b}-", size))
+    return state
+
+
+# ------------------------------------------------------------------ wire
+
+
+def test_records_cross_the_wire_as_a_run_and_equal_the_rows() -> None:
+    records = run(50)
+    rows = msgpack.unpackb(msgpack.packb(records_to_wire(records), use_bin_type=True), raw=False)
+    assert rows == [[r.key, r.value, r.timestamp, [[k, v] for k, v in r.headers]] for r in records]
+    decoded = records_from_wire(rows)
+    assert type(decoded) is RecordRun and decoded == records and list(decoded) == list(records)
+    assert records_from_wire(unpack(msgpack.packb(records_to_wire(tuple(records))))) == records
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [[None, b"v", 1]],  # three fields
+        [[None, b"v", 1, [], 5]],  # five
+        [[None, b"v", 1, []], [None, b"v", 1]],  # ragged
+        [[None, "v", 1, []]],  # text value
+        [[None, b"v", True, []]],  # bool timestamp
+        [[None, b"v", 1.5, []]],
+        [["k", b"v", 1, []]],  # text key
+        [[None, b"v", 1, {}]],
+        [[None, b"v", 1, [["h"]]]],
+        [[None, b"v", 1, [[b"h", b"x"]]]],
+        [b"abcd"],
+        ["abcd"],
+        [None],
+        "rows",
+    ],
+)
+def test_malformed_rows_are_malformed_errors(rows: Any) -> None:
+    with pytest.raises(MalformedError):
+        records_from_wire(rows)
+
+
+def test_a_decoded_delta_verifies_and_merges_like_the_original() -> None:
+    source = owner_state(3, 40)
+    d = core.delta(source)
+    wire = decode_delta(encode_delta(d))
+    assert type(wire.records) is RecordRun
+    replica = core.merge(core.empty_state(ALICE.public_key, "q"), wire)
+    assert replica == core.merge(core.empty_state(ALICE.public_key, "q"), d) == source
+    # Joining a second chunk onto the first keeps it columnar all the way into the entries.
+    first = core.merge(core.empty_state(ALICE.public_key, "q"), core.delta(source, None, 40))
+    assert first.held_end == 40
+    rest = decode_delta(encode_delta(core.delta(source, first.summary())))
+    assert rest.from_offset == 40 and type(rest.records) is RecordRun
+    assert core.merge(first, rest) == source
+    forged = dataclasses.replace(wire, records=RecordRun.of([Record(b"x"), *wire.records[1:]]))
+    with pytest.raises(TamperedError):
+        core.verify_delta(core.empty_state(ALICE.public_key, "q"), forged)
+    with pytest.raises(MalformedError):
+        core.verify_delta(core.empty_state(ALICE.public_key, "q"), dataclasses.replace(wire, records=[]))
+
+
+# ------------------------------------------------------------------ byte-bounded chunks
+
+
+def test_a_byte_bounded_chunk_reads_about_one_chunk_not_the_backlog() -> None:
+    state = owner_state(40, 10, size=1000)  # a checkpoint every 10 records of ~1 kB
+    reads: list[tuple[int, int]] = []
+    entries = state.entries
+
+    def read(lo: int, hi: int) -> list[Record]:
+        reads.append((lo, hi))
+        return entries.records(lo, hi)
+
+    d = core.delta(state, None, None, 35_000, read=read)
+    assert d.tip is not None and d.end_offset == d.tip.end == 30  # the last checkpoint that fits
+    assert sum(len(r.value) + len(r.key or b"") for r in d.records) <= 35_000
+    assert sum(hi - lo for lo, hi in reads) <= 40  # at most one piece more than it sends
+    assert d == core.delta(state, None, None, 35_000)  # the default reader gives the same chunk
+    replica = core.merge(core.empty_state(ALICE.public_key, "q"), d)
+    assert replica.held_end == 30
+    # Not even the first checkpoint fits: the chunk ends at it anyway (a frame-sized piece, not all).
+    tiny = core.delta(state, None, None, 100)
+    assert tiny.end_offset == 10 and core.merge(core.empty_state(ALICE.public_key, "q"), tiny).held_end == 10
+    # Everything fits: up to the end, vouched by the newest head.
+    whole = core.delta(state, replica.summary(), None, 10**9)
+    assert whole.end_offset == 400 and whole.tip == state.head
+
+
+# ------------------------------------------------------------------ pipelined chunks of one queue
+
+
+def test_a_backlog_streams_several_chunks_ahead_of_the_acks() -> None:
+    state = owner_state(20, 100)
+    sender = ReplicationSession(window=8, depth=3, max_records=100)
+    receiver = ReplicationSession()
+    sender.start({KEY: state.summary()})
+    receiver.start({})
+    for message in receiver.messages_to_send():
+        sender.receive_message(message)
+    sent: list[core.QueueDelta] = []
+    while (event := sender.next_event()) is not None:
+        if isinstance(event, NeedDelta):
+            d = core.delta(state, event.since, event.max_records)
+            sent.append(d)
+            sender.provide_delta(KEY, d)
+    assert len(sent) == 3 and sender.inflight == 3  # no ACK yet, three chunks out
+    assert [d.from_offset for d in sent] == [0, 100, 200]  # each starts where the previous ends
+    replica = core.empty_state(ALICE.public_key, "q")
+    for d in sent:
+        replica = core.merge(replica, d)
+    assert replica.held_end == 300
+    deltas = [m for m in sender.messages_to_send() if unpack(m)[0] == DELTA]
+    assert len(deltas) == 3
+
+
+def test_pipelined_chunks_reach_the_same_state_in_the_simulator() -> None:
+    net = SimNetwork(window=4, max_records=50)
+    a, b = net.add(0), net.add(1)
+    for batch in range(20):
+        a.write(ALICE, "q", list(run(50, f"b{batch}-")), batch)
+    net.connect(0, 1)
+    peak = 0
+    net.settle()
+    while any(net.wires.values()):
+        net.round()
+        peak = max(peak, a.sessions[1].inflight)
+    assert b.states[KEY] == a.states[KEY]
+    assert 1 < peak <= 4  # several chunks in flight, never more than the window
+
+
+# ------------------------------------------------------------------ the engine
+
+
+async def test_pipelined_merges_report_what_each_changed(tmp_path: Path) -> None:
+    source = owner_state(5, 100)
+    chunks = []
+    since = None
+    replica = core.empty_state(ALICE.public_key, "q")
+    while True:
+        d = core.delta(source, since, 100)
+        if not d.records:
+            break
+        chunks.append(d)
+        replica = core.merge(replica, d)
+        since = replica.summary()
+    async with Engine.open(tmp_path, Identity.from_seed(b"b" * 32)) as engine:
+        # Submitted back to back, verified first: joined in order, in as few transactions as it takes.
+        jobs = [engine.submit_merge(await engine.verify_delta(d)) for d in chunks]
+        done = [await engine.merged(job) for job in jobs]
+        assert [job.summary.held_end for job in done if job.summary] == [100, 200, 300, 400, 500]
+        assert all(job.changed for job in done)
+        again = await engine.merged(engine.submit_merge(await engine.verify_delta(chunks[2])))
+        assert not again.changed and again.summary == replica.summary()
+        q = engine.find(ALICE.public_key, "q")
+        assert q is not None and engine.state(q).summary() == source.summary()
+
+
+async def test_a_live_push_is_served_from_memory_and_equals_the_stored_answer(tmp_path: Path) -> None:
+    async with Engine.open(tmp_path, ALICE) as engine:
+        q = await engine.create_queue("q")
+        await engine.append(q, run(30))
+        first = await engine.delta_for(ALICE.public_key, "q", None)  # from the store
+        peer = core.merge(core.empty_state(ALICE.public_key, "q"), first).summary()
+        await engine.append(q, run(5, "live"))
+        state = engine.state(q)
+        pushed = engine._delta_from_recent(q, state, peer, 4096, 1 << 20)
+        assert pushed is not None and pushed.from_offset == 30 and len(pushed.records) == 5
+        stored = await _stored_delta(engine, q, peer)
+        assert pushed == stored
+        # A since we cannot vouch for (not our chain value), or one the last commit does not cover:
+        # the store answers.
+        bogus = dataclasses.replace(peer, held_hash=b"\x00" * 32)
+        assert engine._delta_from_recent(q, state, bogus, 4096, 1 << 20) is None
+        assert engine._delta_from_recent(q, state, core.Summary(), 4096, 1 << 20) is None
+        assert engine._delta_from_recent(q, state, peer, 2, 1 << 20) is None  # over max_records
+        # Caught up on records: only the head (nothing to read either way).
+        caught_up = core.merge(core.empty_state(ALICE.public_key, "q"), first)
+        caught_up = core.merge(caught_up, pushed)
+        assert engine._delta_from_recent(q, state, caught_up.summary(), 4096, 1 << 20) is not None
+        replica = core.merge(core.merge(core.empty_state(ALICE.public_key, "q"), first), pushed)
+        assert replica.summary() == state.summary()
+
+
+async def _stored_delta(engine: Engine, q: int, since: core.Summary) -> core.QueueDelta:
+    engine._recent.pop(q, None)  # force the read from the store
+    return await engine.delta_for(ALICE.public_key, "q", since, 4096, max_bytes=1 << 20)
+
+
+# ------------------------------------------------------------------ the gossip ingest pipeline
+
+
+class _SlowHost:
+    """Merges finish only when the test says so; records the order of submissions."""
+
+    def __init__(self) -> None:
+        self.submitted: list[int] = []
+        self.release: dict[int, trio.Event] = {}
+
+    async def verify_delta(self, delta: core.QueueDelta) -> core.VerifiedDelta:
+        return core.verify_delta(core.empty_state(ALICE.public_key, "q"), delta)
+
+    def submit_merge(self, verified: core.VerifiedDelta, peer: bytes) -> _Slow:
+        offset = verified.delta.from_offset
+        self.submitted.append(offset)
+        self.release[offset] = trio.Event()
+        return _Slow(self.release[offset], verified)
+
+
+class _Slow:
+    def __init__(self, event: trio.Event, verified: core.VerifiedDelta) -> None:
+        self.event = event
+        self.verified = verified
+
+    async def result(self) -> tuple[core.Summary, bool]:
+        await self.event.wait()
+        return core.join_verified(core.empty_state(ALICE.public_key, "q"), self.verified).summary(), True
+
+
+@pytest.mark.parametrize(("per_chunk", "at_once"), [(1, 1), (100, 3)])
+async def test_live_pushes_are_stored_one_at_a_time_and_chunks_back_to_back(
+    per_chunk: int, at_once: int
+) -> None:
+    state = owner_state(3, per_chunk)
+    since = None
+    replica = core.empty_state(ALICE.public_key, "q")
+    chunks = []
+    for _ in range(3):
+        d = core.delta(state, since, per_chunk)
+        chunks.append(d)
+        replica = core.merge(replica, d)
+        since = replica.summary()
+    host = _SlowHost()
+    gossip = Gossip(host, b"\x01" * 32)  # type: ignore[arg-type]
+    link = PeerLink(b"\x02" * 32, "mem", "static", ReplicationSession())
+    to_verify, deltas = trio.open_memory_channel[DeltaReceived](10)
+    to_ack, acks = trio.open_memory_channel[tuple[DeltaReceived, Any]](10)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gossip._verifier, link, deltas, to_ack)
+        for seq, d in enumerate(chunks, 1):
+            to_verify.send_nowait(DeltaReceived(KEY, seq, d))
+        await trio.testing.wait_all_tasks_blocked()
+        # Backlog chunks all reach the store before any is stored; live pushes wait for each other.
+        assert len(host.submitted) == at_once
+        for _ in range(3):
+            host.release[host.submitted[-1]].set()
+            await trio.testing.wait_all_tasks_blocked()
+        assert host.submitted == [d.from_offset for d in chunks]
+        assert [acks.receive_nowait()[0].seq for _ in range(3)] == [1, 2, 3]
+        nursery.cancel_scope.cancel()
