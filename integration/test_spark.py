@@ -290,7 +290,7 @@ def test_batch_read_start_end_offsets_and_partitions(spark: Any, lattice_daemon:
         endingOffsets=json.dumps({queue: 15}),
         maxRecordsPerPartition="4",
     )
-    assert df.rdd.getNumPartitions() == 3  # [5,9) [9,13) [13,15)
+    assert df.rdd.getNumPartitions() == 3  # [5,8) [8,11) [11,15): equal pieces of at most 4
     rows = df.orderBy("offset").collect()
     assert [r.offset for r in rows] == list(range(5, 15))
     assert [r.value for r in rows] == [b"value-%d" % i for i in range(5, 15)]
@@ -480,3 +480,36 @@ def test_executor_sees_truncation_after_planning(lattice_daemon: Daemon) -> None
     assert [o for b in skipped for o in b.column("offset").to_pylist()] == list(range(4, 10))
     beyond = list(read_partition(partition(lattice_daemon, queue, 0, 3, fail_on_data_loss=False)))
     assert beyond == []  # the whole range is gone
+
+
+def test_packed_and_lists_layouts_read_the_same(lattice_daemon: Daemon, monkeypatch: Any) -> None:
+    """The executor reads the daemon's ``packed`` layout; a daemon answering in lists (one that predates
+    it) gives the same RecordBatches, across read chunks and partition ends."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    from latticed.errors import MalformedError  # noqa: PLC0415
+    from latticed.spark import reader  # noqa: PLC0415
+
+    name = qname("layout")
+    queue = lattice_daemon.client.queue_create(name)
+    records: list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]] = [
+        (b"v%d" % i * (i % 7), None if i % 3 == 0 else b"k%d" % i, [("h", b"%d" % i)] if i % 5 == 0 else [])
+        for i in range(2500)
+    ]
+    lattice_daemon.client.offer_batch(name, records)
+    monkeypatch.setattr(reader, "READ_RECORDS", 1000)  # several round trips per partition
+    for lo, hi, headers in ((0, 2500, True), (3, 2222, False), (999, 1001, True)):
+        tables = []
+        for packed in (True, False):
+            monkeypatch.setattr(reader, "PACKED", packed)
+            batches = list(
+                reader.read_partition(partition(lattice_daemon, queue, lo, hi, include_headers=headers))
+            )
+            tables.append(pa.Table.from_batches(batches))
+        assert tables[0].equals(tables[1])
+        assert tables[0].column("offset").to_pylist() == list(range(lo, hi))
+        assert tables[0].column("key").to_pylist() == [records[i][1] for i in range(lo, hi)]
+    reply = lattice_daemon.client.call("read", queue=name, max_records=3, **{"from": 0})
+    assert reply["values"] == [b"", b"v1", b"v2v2"] and "layout" not in reply  # the default stays lists
+    with pytest.raises(MalformedError, match="'layout' must be one of lists, packed"):
+        lattice_daemon.client.call("read", queue=name, layout="arrow", **{"from": 0})

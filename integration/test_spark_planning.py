@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from latticed.errors import ForkedQueueError, MalformedError, NotFoundError
 from latticed.spark.daemon import resolve_socket
 from latticed.spark.offsets import (
+    MIN_SPLIT_RECORDS,
     DataLossError,
     QueueView,
     Range,
@@ -48,7 +50,8 @@ def test_option_defaults_follow_kafka() -> None:
     assert streaming.fail_on_data_loss is True
     assert streaming.include_headers is False
     assert streaming.max_records_per_trigger is None
-    assert streaming.max_records_per_partition == 100_000
+    assert streaming.max_records_per_partition == 1_000_000
+    assert streaming.min_partitions is None
     assert parse_options({"queues": "events"}, streaming=False).starting == "earliest"
 
 
@@ -60,10 +63,12 @@ def test_options_are_case_insensitive_and_typed() -> None:
             "FailOnDataLoss": "false",
             "includeHeaders": "TRUE",
             "startingOffsets": '{"a": -2, "bb/b": 7}',
+            "MINPARTITIONS": "8",
         },
         streaming=True,
     )
     assert opts.queues == ("a", "bb/b")
+    assert opts.min_partitions == 8
     assert opts.max_records_per_trigger == 500
     assert opts.fail_on_data_loss is False
     assert opts.include_headers is True
@@ -83,6 +88,7 @@ def test_options_are_case_insensitive_and_typed() -> None:
         ({"queues": "a", "startingOffsets": '{"a": -3}'}, True, "use >= 0"),
         ({"queues": "a", "endingOffsets": '{"a": -2}'}, False, "use >= 0, -1"),
         ({"queues": "a", "maxRecordsPerTrigger": "0"}, True, "positive integer"),
+        ({"queues": "a", "minPartitions": "0"}, True, "'minPartitions': expected a positive integer"),
         ({"queues": "a", "failOnDataLoss": "maybe"}, True, "true or false"),
         ({"queues": "a/b/c"}, True, "neither NAME nor OWNER/NAME"),
     ],
@@ -191,11 +197,54 @@ def test_truncation_fails_or_skips() -> None:
 
 
 def test_plan_ranges_splits_large_ranges() -> None:
+    # Equal pieces of at most 100 records: no short last task left running alone.
     assert plan_ranges({A: 0, B: 5}, {A: 250, B: 5}, 100) == [
-        Range(A, 0, 100),
-        Range(A, 100, 200),
-        Range(A, 200, 250),
+        Range(A, 0, 83),
+        Range(A, 83, 166),
+        Range(A, 166, 250),
     ]
+    assert plan_ranges({A: 0}, {A: 200}, 100) == [Range(A, 0, 100), Range(A, 100, 200)]
+
+
+def test_min_partitions_spreads_a_backlog_over_the_cores() -> None:
+    big = MIN_SPLIT_RECORDS * 100
+    assert plan_ranges({A: 0}, {A: big}, 10 * big, 2) == [Range(A, 0, big // 2), Range(A, big // 2, big)]
+    # Shares go by the batch's total: the big queue is cut, the small one stays whole.
+    assert plan_ranges({A: 0, B: 0}, {A: 9 * big, B: big}, 10 * big, 2) == [
+        Range(A, 0, 4 * big + big // 2),
+        Range(A, 4 * big + big // 2, 9 * big),
+        Range(B, 0, big),
+    ]
+    # maxRecordsPerPartition still caps a piece.
+    assert len(plan_ranges({A: 0}, {A: big}, big // 4, 2)) == 4
+    # No piece below MIN_SPLIT_RECORDS: a small batch (a low-latency tail) stays one task.
+    assert plan_ranges({A: 0}, {A: 5}, 10 * big, 2) == [Range(A, 0, 5)]
+    small = MIN_SPLIT_RECORDS * 3 // 2
+    assert plan_ranges({A: 0}, {A: small}, 10 * big, 4) == [Range(A, 0, small)]
+    assert len(plan_ranges({A: 0}, {A: 4 * MIN_SPLIT_RECORDS}, 10 * big, 8)) == 4
+
+
+@given(
+    st.dictionaries(st.sampled_from([A, B, C]), st.tuples(st.integers(0, 50), st.integers(0, 300_000))),
+    st.integers(1_000, 200_000),
+    st.one_of(st.none(), st.integers(1, 64)),
+)
+def test_plan_ranges_cover_each_range_exactly_once(
+    spans: dict[str, tuple[int, int]], max_per_partition: int, min_partitions: int | None
+) -> None:
+    start = {q: lo for q, (lo, n) in spans.items()}
+    end = {q: lo + n for q, (lo, n) in spans.items()}
+    ranges = plan_ranges(start, end, max_per_partition, min_partitions)
+    for queue in spans:
+        mine = [r for r in ranges if r.queue == queue]
+        bounds = [start[queue]] + [r.hi for r in mine]
+        assert [r.lo for r in mine] == bounds[:-1]  # consecutive pieces, no gap, no overlap
+        assert bounds[-1] == end[queue]
+        sizes = [r.hi - r.lo for r in mine]
+        assert all(0 < size <= max_per_partition for size in sizes)
+        assert not sizes or max(sizes) - min(sizes) <= 1  # equal pieces
+        if min_partitions is not None and len(sizes) > -(-(end[queue] - start[queue]) // max_per_partition):
+            assert min(sizes) >= MIN_SPLIT_RECORDS  # cut for minPartitions, never into tiny tasks
 
 
 def test_batch_bounds() -> None:
@@ -255,3 +304,90 @@ def test_record_batches_match_the_schema_spark_checks() -> None:
         assert rb.column("timestamp").to_pylist()[0].timestamp() == 1_700_000_000.123
         if include_headers:
             assert rb.column("headers").to_pylist() == [[{"key": "h", "value": b"1"}], None]
+
+
+def packed_reply(columns: dict[str, Any]) -> dict[str, Any]:
+    """The daemon's ``packed`` layout of a ``read`` reply, built by the daemon's own function."""
+    from latticed.api.handlers import packed_columns_reply  # noqa: PLC0415
+    from latticed.storage.reader import Columns  # noqa: PLC0415
+
+    return packed_columns_reply(
+        Columns(
+            offsets=columns["offsets"],
+            keys=columns["keys"],
+            values=columns["values"],
+            timestamps=columns["timestamps"],
+            headers=columns["headers"],
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [[b"k", None, b"", b"key"], [None, None, None, None], [b"a", b"bb", b"", b"ccc"]],
+    ids=["some-keys", "no-keys", "all-keys"],
+)
+@pytest.mark.parametrize("offsets", [[7, 8, 9, 10], [7, 9, 10, 12]], ids=["consecutive", "gaps"])
+def test_packed_record_batches_equal_the_lists_ones(keys: list[bytes | None], offsets: list[int]) -> None:
+    """The packed layout (buffers, no per-record Python) gives exactly the RecordBatch of the lists one."""
+    pytest.importorskip("pyspark")
+    from latticed.spark.reader import (  # noqa: PLC0415
+        arrow_schema,
+        constant_strings,
+        packed_record_batch,
+        record_batch,
+        reply_offsets,
+    )
+
+    for headers in ([None] * 4, [[["h", b"1"]], None, [["x", b"\x00"], ["x", b"y"]], None]):
+        columns = {
+            "offsets": offsets,
+            "keys": keys,
+            "values": [b"a", b"", b"\xff" * 300, b"d"],
+            "timestamps": [1_700_000_000_123, 1_700_000_000_124, 0, 5],
+            "headers": headers,
+        }
+        reply = packed_reply(columns)
+        assert list(reply_offsets(reply)) == offsets
+        for include_headers in (False, True):
+            schema = arrow_schema(include_headers)
+            for count in (4, 3, 1):
+                want = record_batch(
+                    schema, columns, count, queue=A, owner="aa", include_headers=include_headers
+                )
+                got = packed_record_batch(
+                    schema,
+                    reply,
+                    count,
+                    queue=constant_strings(A, 4),
+                    owner=constant_strings("aa", 4),
+                    include_headers=include_headers,
+                )
+                assert got.schema.equals(schema)
+                assert got.equals(want), (count, include_headers, got.to_pylist(), want.to_pylist())
+
+
+def test_the_source_keeps_pandas_out_of_spark_python_processes() -> None:
+    """Importing pandas costs Spark's per-query planner process ~0.3 s more start-up and every Python
+    worker ~35k more objects for the gc.collect() it runs after each task; the source must not pull it in
+    (pyarrow imports it on the first pa.array()/pa.scalar() of Python objects)."""
+    pytest.importorskip("pyspark")
+    columns = {"offsets": [3, 4], "keys": [b"k", None], "values": [b"v", b"w"], "timestamps": [1, 2]}
+    columns["headers"] = [None, None]
+    script = (
+        "import sys; import pyspark.sql.worker.plan_data_source_read\n"
+        "from latticed.spark.reader import arrow_schema, constant_strings, packed_record_batch\n"
+        "import latticed.spark.source\n"
+        f"reply = {packed_reply(columns)!r}\n"
+        "schema = arrow_schema(False)\n"
+        "q = constant_strings('aa/a', 2)\n"
+        "packed_record_batch(schema, reply, 2, queue=q, owner=q, include_headers=False)\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "False", out.stderr

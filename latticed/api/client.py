@@ -388,6 +388,21 @@ class Client(GroupOps):
             end_offset=r["end_offset"],
         )
 
+    def read_packed(
+        self, queue: str, from_offset: int, max_records: int = 10000, max_bytes: int = 8 << 20
+    ) -> dict[str, Any]:
+        """A bulk read in the ``packed`` layout: each column as one buffer (see the ``read`` handler's
+        ``packed_columns_reply``), for readers that build Arrow arrays without per-record work. A daemon
+        that predates the layout answers with lists: check ``reply.get("layout") == "packed"``."""
+        return self.call(
+            "read",
+            queue=queue,
+            layout="packed",
+            max_records=max_records,
+            max_bytes=max_bytes,
+            **{"from": from_offset},
+        )
+
     def tail(self, queue: str, from_offset: int | None = None, follow: bool = True) -> Iterator[Entry]:
         """Records from ``from_offset`` (None: the start) as they are committed, on a dedicated
         connection; ``follow=False`` stops at the end present when the tail began. Close the iterator

@@ -8,6 +8,7 @@ error reply. ``tail`` is not here: it streams, so the server runs it (:mod:`latt
 from __future__ import annotations
 
 import functools
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -351,10 +352,53 @@ async def range_(ctx: Context, request: Request) -> Reply:
     return {"queue": ctx.engine.address(q), **columns_reply(columns)}
 
 
+#: ``read``'s reply layouts: ``lists`` (the default: one msgpack array per column) and ``packed``.
+READ_LAYOUTS = ("lists", "packed")
+
+
+def packed_columns_reply(columns: Columns) -> Reply:
+    """The ``packed`` layout of ``read``: each column as one buffer, so a reader builds Arrow arrays from
+    them without touching single records (little-endian throughout).
+
+    ``first``/``count``: the records are offsets ``first .. first + count - 1`` (``offsets``, int64 each, is
+    sent only if they are not consecutive); ``values``: the values concatenated, ``value_lengths`` their
+    lengths (int32 each); ``keys``/``key_lengths`` likewise (-1 = no key; ``key_lengths`` is null when no
+    record has a key); ``timestamps``: int64 ms each; ``headers``: as in ``lists``, or null when no record
+    has headers."""
+    n = len(columns)
+    offsets, keys, headers = columns.offsets, columns.keys, columns.headers
+    key_lengths: bytes | None = None
+    key_data = b""
+    try:  # every record has a key (the common case): no per-record step in Python
+        key_lengths = struct.pack(f"<{n}i", *map(len, keys))  # type: ignore[arg-type]
+        key_data = b"".join(keys)  # type: ignore[arg-type]
+    except TypeError:  # some have none
+        if keys.count(None) < n:
+            key_lengths = struct.pack(f"<{n}i", *[-1 if k is None else len(k) for k in keys])
+            key_data = b"".join([k for k in keys if k])
+    return {
+        "layout": "packed",
+        "first": offsets[0] if n else 0,
+        "count": n,
+        "offsets": None if n == 0 or offsets[-1] - offsets[0] == n - 1 else struct.pack(f"<{n}q", *offsets),
+        "values": b"".join(columns.values),
+        "value_lengths": struct.pack(f"<{n}i", *map(len, columns.values)),
+        "keys": key_data,
+        "key_lengths": key_lengths,
+        "timestamps": struct.pack(f"<{n}q", *columns.timestamps),
+        "headers": headers if any(headers) else None,
+    }
+
+
 @handler("read")
 async def read(ctx: Context, request: Request) -> Reply:
-    """Bulk read from an offset, bounded by count and bytes; ``next_offset`` is where to continue."""
+    """Bulk read from an offset, bounded by count and bytes; ``next_offset`` is where to continue.
+
+    ``layout`` (optional): ``lists`` (default) or ``packed`` (:func:`packed_columns_reply`)."""
     q = ctx.queue(request)
+    layout = arg_str(request, "layout", optional=True) or "lists"
+    if layout not in READ_LAYOUTS:
+        raise MalformedError(f"argument 'layout' must be one of {', '.join(READ_LAYOUTS)}, got {layout!r}")
     state = ctx.engine.state(q)
     lo = max(arg_int(request, "from"), state.start)
     max_records = min(max(arg_int(request, "max_records", default=10_000), 1), MAX_READ_RECORDS)
@@ -363,7 +407,7 @@ async def read(ctx: Context, request: Request) -> Reply:
     state = ctx.engine.state(q)
     return {
         "queue": ctx.engine.address(q),
-        **columns_reply(columns),
+        **(packed_columns_reply(columns) if layout == "packed" else columns_reply(columns)),
         "next_offset": columns.offsets[-1] + 1 if columns.offsets else max(lo, state.start),
         "start_offset": state.start,
         "end_offset": state.held_end,

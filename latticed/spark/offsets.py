@@ -18,10 +18,11 @@ Two pins make a restarted query deterministic even though the daemon's view move
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from latticed.crdt.errors import LatticedError
 from latticed.errors import ForkedQueueError, MalformedError, NotFoundError
@@ -226,17 +227,37 @@ class Range:
     hi: int
 
 
-def plan_ranges(start: Mapping[str, int], end: Mapping[str, int], max_per_partition: int) -> list[Range]:
-    """Partitions for ``[start, end)``: one per queue with records, big ranges cut every
-    ``max_per_partition`` records so several tasks share a large backlog. Pinned queues read nothing."""
+#: ``minPartitions`` does not cut pieces smaller than this: a task costs more than reading them.
+MIN_SPLIT_RECORDS: Final = 10_000
+
+
+def plan_ranges(
+    start: Mapping[str, int],
+    end: Mapping[str, int],
+    max_per_partition: int,
+    min_partitions: int | None = None,
+) -> list[Range]:
+    """Partitions for ``[start, end)``: one per queue with records, a big range cut into equal pieces of at
+    most ``max_per_partition`` records so several tasks share a backlog (equal, so no short last task is
+    left running alone). With ``min_partitions``, the pieces are also small enough that the batch has at
+    least that many partitions, but not below MIN_SPLIT_RECORDS records. Pinned queues read nothing."""
+    spans = {
+        queue: (lo, end[queue])
+        for queue in sorted(end)
+        if (lo := start.get(queue)) is not None and lo >= 0 and end[queue] > lo
+    }
+    share = None
+    if min_partitions is not None and spans:
+        total = sum(hi - lo for lo, hi in spans.values())
+        share = max(MIN_SPLIT_RECORDS, -(-total // min_partitions))
     out: list[Range] = []
-    for queue in sorted(end):
-        lo = start.get(queue)
-        hi = end[queue]
-        if lo is None or lo < 0:
-            continue
-        for cut in range(lo, hi, max_per_partition):
-            out.append(Range(queue, cut, min(cut + max_per_partition, hi)))
+    for queue, (lo, hi) in spans.items():
+        n = hi - lo
+        pieces = -(-n // max_per_partition)
+        if share is not None:
+            pieces = max(pieces, min(-(-n // share), n // MIN_SPLIT_RECORDS))
+        cuts = [lo + n * i // pieces for i in range(pieces + 1)]
+        out.extend(Range(queue, a, b) for a, b in itertools.pairwise(cuts))
     return out
 
 
@@ -279,6 +300,7 @@ __all__ = [
     "forked_error",
     "initial_offsets",
     "latest_offsets",
+    "MIN_SPLIT_RECORDS",
     "plan_ranges",
     "readable_from",
     "resolve_spec_keys",

@@ -19,7 +19,9 @@ from latticed.errors import MalformedError
 LATEST: Final = -1
 EARLIEST: Final = -2
 
-DEFAULT_MAX_RECORDS_PER_PARTITION: Final = 100_000
+#: A task costs Spark ~0.1 s of fixed work (launch, the Python worker's gc.collect() after it), so big
+#: partitions; ``minPartitions`` spreads a backlog over the cluster's cores.
+DEFAULT_MAX_RECORDS_PER_PARTITION: Final = 1_000_000
 DEFAULT_TIMEOUT_S: Final = 30.0
 DEFAULT_REPLICA_WAIT_S: Final = 60.0
 
@@ -33,6 +35,7 @@ KNOWN: Final = frozenset(
         "endingoffsets",
         "maxrecordspertrigger",
         "maxrecordsperpartition",
+        "minpartitions",
         "failondataloss",
         "includeheaders",
         "timeout",
@@ -58,6 +61,7 @@ class SourceOptions:
     ending: OffsetSpec
     max_records_per_trigger: int | None
     max_records_per_partition: int
+    min_partitions: int | None
     fail_on_data_loss: bool
     include_headers: bool
     timeout: float
@@ -170,6 +174,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
             "lattice option 'startingOffsets': 'latest' (-1) makes no sense for a batch query"
         )
     max_per_trigger = opts.get("maxrecordspertrigger")
+    min_partitions = opts.get("minpartitions")
     return SourceOptions(
         socket=opts.get("socket") or None,
         queues=queues,
@@ -182,6 +187,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         max_records_per_partition=_positive_int(
             "maxRecordsPerPartition",
             opts.get("maxrecordsperpartition", str(DEFAULT_MAX_RECORDS_PER_PARTITION)),
+        ),
+        min_partitions=(
+            _positive_int("minPartitions", min_partitions) if min_partitions is not None else None
         ),
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
         include_headers=_bool("includeHeaders", opts.get("includeheaders", "false")),

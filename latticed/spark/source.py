@@ -176,7 +176,8 @@ class LatticeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = sorted_offsets({queue: view.end for queue, view in views.items()})
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        ranges = plan_ranges(start, end, self._planner.options.max_records_per_partition)
+        o = self._planner.options
+        ranges = plan_ranges(start, end, o.max_records_per_partition, o.min_partitions)
         return self._planner.partitions(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -205,7 +206,8 @@ class LatticeBatchReader(DataSourceReader):
             start, end = batch_bounds(
                 views, starting, ending, fail_on_data_loss=planner.options.fail_on_data_loss
             )
-            return planner.partitions(plan_ranges(start, end, planner.options.max_records_per_partition))
+            o = planner.options
+            return planner.partitions(plan_ranges(start, end, o.max_records_per_partition, o.min_partitions))
         finally:
             planner.close()
 

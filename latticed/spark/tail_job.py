@@ -127,6 +127,8 @@ def start_queries(spark: SparkSession, args: argparse.Namespace) -> list[Streami
     """Start the archive and window queries (each with its own checkpoint under ``--checkpoint``)."""
     register(spark)
     options = source_options(args)
+    # A backlog (a first run, a restart after downtime) is spread over every core (docs/spark.md).
+    options["minPartitions"] = str(max(1, int(spark.sparkContext.defaultParallelism)))
     trigger: dict[str, Any] = (
         {"availableNow": True} if args.available_now else {"processingTime": spark_interval(args.trigger)}
     )
