@@ -183,3 +183,15 @@ def test_producer_fails_pending_acks_when_closed(client: Client) -> None:
     assert ack.done and ack.error is not None
     with pytest.raises(ConnectionClosedError, match="closed"):
         ack.result()
+
+
+def test_pipelined_offers_share_group_commits(client: Client, daemon: InProcessDaemon) -> None:
+    client.queue_create("shared")
+    before = client.status()["transactions"]
+    pipe = Pipe(daemon)
+    pipe.send(*({"op": "offer", "queue": "shared", "value": b"%d" % i} for i in range(40)))
+    replies = pipe.replies(40)
+    pipe.close()
+    assert all(r["ok"] for r in replies)
+    # Sent together, started together: a handful of commits, not one per offer.
+    assert client.status()["transactions"] - before <= 10

@@ -55,6 +55,21 @@ class Connection:
                 return frame
         return None
 
+    def frame_ready(self) -> bool:
+        """Whether a whole frame is already here (no I/O): :meth:`receive_frame` then returns at once."""
+        if self._pending:
+            return True
+        frame = self.decoder.next_frame()
+        if frame is None:
+            return False
+        self._pending.append(frame)
+        return True
+
+    @property
+    def partly_received(self) -> bool:
+        """Whether part of a next frame is already here."""
+        return self.decoder.buffered > 0
+
     async def watch(self) -> bool:
         """Wait until the client sends a whole frame (kept for :meth:`receive_frame`: True) or ends the
         stream (False). A task uses this to notice a client while the server streams to it."""

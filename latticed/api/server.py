@@ -131,7 +131,8 @@ class _Pipeline:
         self._conn = conn
         self._pending: collections.deque[_Pending] = collections.deque()
         self._waiting: trio.CancelScope | None = None
-        #: Set once the client had two requests in flight: from then on, wait for input and commits alike.
+        #: Set once the client sent a request before the last was answered: from then on, wait for input
+        #: and commits alike.
         self._pipelining = False
 
     def _committed(self) -> None:
@@ -158,10 +159,13 @@ class _Pipeline:
 
     async def next_frame(self) -> bytes | None:
         """The next request, answering finished ones meanwhile."""
+        conn = self._conn
         while True:
             await self._answer_finished()
-            if not self._pending:
-                return await self._conn.receive_frame()
+            if not self._pending or conn.frame_ready():
+                return await conn.receive_frame()
+            if conn.partly_received:
+                self._pipelining = True  # the next request is on its way before this one was answered
             if not self._pipelining:
                 # A client that waits for each reply: wait for the commit alone (cheaper than also
                 # watching the socket, and nothing more can come until we answer).
@@ -170,7 +174,7 @@ class _Pipeline:
             with trio.CancelScope() as waiting:
                 self._waiting = waiting
                 try:
-                    return await self._conn.receive_frame()
+                    return await conn.receive_frame()
                 finally:
                     self._waiting = None
 
