@@ -43,11 +43,10 @@ class Connection:
         decoder = self.decoder
         frame = decoder.next_frame()
         if frame is not None:
-            # Pipelined requests come out of the buffer without waiting: yield anyway, so that one client
-            # cannot keep the loop to itself (holding the frame, in case the yield is a cancellation).
-            self._pending.append(frame)
-            await trio.lowlevel.checkpoint()
-            return self._pending.pop(0)
+            # Pipelined requests come out of the buffer without a scheduler round each: at most one read's
+            # worth (RECEIVE_SIZE) is taken this way before the next real wait, and yielding per frame
+            # would split the burst (a group of acks, of offers) over many group commits.
+            return frame
         while not decoder.eof:
             decoder.receive_data(await self._receive_some())
             frame = decoder.next_frame()
