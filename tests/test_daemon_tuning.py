@@ -13,23 +13,29 @@ from latticed.config import DaemonConfig
 from latticed.daemon import GC_GEN0_THRESHOLD, run_daemon
 
 
-def test_a_daemon_that_owns_its_process_tunes_the_collector(tmp_path: Path) -> None:
+def collector_while_running(tmp_path: Path, *, tune_gc: bool) -> dict[str, int]:
+    """The collector's first threshold and frozen count seen while a daemon runs in this process."""
     config = DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock")
-    saved = gc.get_threshold()
     seen: dict[str, int] = {}
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             running = await nursery.start(
-                functools.partial(run_daemon, config, handle_signals=False, tune_gc=True, env={})
+                functools.partial(run_daemon, config, handle_signals=False, tune_gc=tune_gc, env={})
             )
             seen["threshold"] = gc.get_threshold()[0]
             seen["frozen"] = gc.get_freeze_count()
             running.stop()
 
+    trio.run(main)
+    return seen
+
+
+def test_a_daemon_that_owns_its_process_tunes_the_collector(tmp_path: Path) -> None:
+    saved = gc.get_threshold()
     try:
         gc.set_threshold(700, *saved[1:])
-        trio.run(main)
+        seen = collector_while_running(tmp_path, tune_gc=True)
     finally:
         gc.unfreeze()
         gc.set_threshold(*saved)
@@ -38,17 +44,6 @@ def test_a_daemon_that_owns_its_process_tunes_the_collector(tmp_path: Path) -> N
 
 
 def test_an_embedded_daemon_leaves_the_collector_alone(tmp_path: Path) -> None:
-    config = DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock")
     saved = gc.get_threshold()
-    seen: dict[str, int] = {}
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            running = await nursery.start(
-                functools.partial(run_daemon, config, handle_signals=False, tune_gc=False, env={})
-            )
-            seen["threshold"] = gc.get_threshold()[0]
-            running.stop()
-
-    trio.run(main)
+    seen = collector_while_running(tmp_path, tune_gc=False)
     assert seen["threshold"] == saved[0]
