@@ -34,8 +34,8 @@ class Connection:
         self._fd: int | None = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
 
     async def receive_frame(self) -> bytes | None:
-        """The next frame body, or None at a clean end of stream. Safe to cancel: a frame already taken
-        off the stream is kept for the next call.
+        """The next frame body, or None at a clean end of stream. Safe to cancel: it only ever waits before
+        a read, and whatever a read brought stays in the decoder for the next call.
 
         Raises RemoteProtocolError (oversized frame) or ConnectionClosedError (cut inside a frame)."""
         if self._pending:
