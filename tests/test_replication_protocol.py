@@ -10,16 +10,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticed.crdt import queue as core
+from latticed.crdt.queue import Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.crdt.wire import delta_to_wire, pack
+from latticed.crdt.wire import delta_to_wire, pack, unpack
 from latticed.errors import IntegrityError, LatticedError, RemoteProtocolError
 from latticed.protocol.replication import (
     DELTA,
+    DIGEST,
     HELLO,
     PROTOCOL_VERSION,
     DeltaReceived,
     NeedDelta,
+    PeerMemory,
     ReplicationSession,
 )
 from latticed.protocol.sim import SimNetwork
@@ -262,3 +265,100 @@ def test_a_fork_seen_anywhere_is_flagged_everywhere_with_a_valid_proof() -> None
         assert state.forked
         assert state.fork is not None
         state.fork.verify()
+
+
+# ------------------------------------------------------------------ reconnecting: digests of changes only
+
+
+def _summary(end: int) -> Summary:
+    return Summary(version=end, start=0, held_end=end, held_hash=bytes([end]) * 32, meta_version=0)
+
+
+def _keys(n: int) -> list[tuple[bytes, str, int]]:
+    return [(ALICE.public_key, f"q{i}", 0) for i in range(n)]
+
+
+def _connect(
+    a: ReplicationSession,
+    b: ReplicationSession,
+    local_a: dict[tuple[bytes, str, int], Summary],
+    local_b: dict[tuple[bytes, str, int], Summary],
+    memory_a: PeerMemory | None = None,
+    memory_b: PeerMemory | None = None,
+) -> tuple[set[str], set[str]]:
+    """Start both sessions and trade messages until quiet; returns the queue names each put in DIGESTs."""
+    a.start(local_a, memory=memory_a)
+    b.start(local_b, memory=memory_b)
+    digested: tuple[set[str], set[str]] = (set(), set())
+    for _ in range(4):
+        for sender, receiver, names in ((a, b, digested[0]), (b, a, digested[1])):
+            for payload in sender.messages_to_send():
+                message = unpack(payload)
+                if message[0] == DIGEST:
+                    names.update(entry[1] for entry in message[1])
+                receiver.receive_message(payload)
+    return digested
+
+
+def _asked(session: ReplicationSession) -> list[tuple[tuple[bytes, str, int], Summary | None]]:
+    """Every (queue, since) the session asks its host for, answering each with "nothing to send"."""
+    asked = []
+    while (event := session.next_event()) is not None:
+        if isinstance(event, NeedDelta):
+            asked.append((event.key, event.since))
+            session.provide_delta(event.key, None)
+    return asked
+
+
+def test_a_reconnect_digest_lists_only_what_changed_since_the_last_exchange() -> None:
+    keys = _keys(50)
+    local = {key: _summary(5) for key in keys}
+    a1, b1 = ReplicationSession(incarnation=b"A" * 16), ReplicationSession(incarnation=b"B" * 16)
+    first = _connect(a1, b1, local, {})
+    assert first[0] == {name for _, name, _ in keys}  # the first time: everything
+    memory_a, memory_b = a1.memory(), b1.memory()
+    assert memory_a is not None and memory_a.incarnation == b"B" * 16
+    assert memory_b is not None and memory_b.incarnation == b"A" * 16
+    local[keys[7]] = _summary(9)  # one queue moved while the link was down
+    a2, b2 = ReplicationSession(incarnation=b"A" * 16), ReplicationSession(incarnation=b"B" * 16)
+    second = _connect(a2, b2, local, {}, memory_a, memory_b)
+    assert second == ({"q7"}, set())
+
+
+def test_a_restarted_peer_gets_everything_again() -> None:
+    keys = _keys(20)
+    local = {key: _summary(3) for key in keys}
+    a1, b1 = ReplicationSession(incarnation=b"A" * 16), ReplicationSession(incarnation=b"B" * 16)
+    _connect(a1, b1, local, {})
+    memory_a = a1.memory()
+    # B restarted (new incarnation, and it may have lost what it held): A must not trust its memory of B.
+    a2, b2 = ReplicationSession(incarnation=b"A" * 16), ReplicationSession(incarnation=b"C" * 16)
+    digested, _ = _connect(a2, b2, local, {}, memory_a, None)
+    assert digested == {name for _, name, _ in keys}
+    assert {key for key, _ in _asked(a2)} == set(keys)  # and it offers every queue to the restarted peer
+
+
+def test_remembered_holdings_keep_unchanged_queues_from_being_resent() -> None:
+    keys = _keys(10)
+    local = {key: _summary(4) for key in keys}
+    a1, b1 = ReplicationSession(incarnation=b"A" * 16), ReplicationSession(incarnation=b"B" * 16)
+    _connect(a1, b1, local, dict(local))  # B already holds the same
+    memory_a = a1.memory()
+    assert memory_a is not None and dict(memory_a.held) == local
+    local[keys[3]] = _summary(8)
+    a2, b2 = ReplicationSession(incarnation=b"A" * 16), ReplicationSession(incarnation=b"B" * 16)
+    _connect(a2, b2, local, dict(memory_a.held), memory_a, b1.memory())
+    asked = _asked(a2)
+    # Only the queue that moved is offered, from what B is known to hold; the rest B already has.
+    assert asked == [(keys[3], _summary(4))]
+
+
+def test_hello_without_incarnation_is_still_understood() -> None:
+    a, b = ReplicationSession(incarnation=b"A" * 16), ReplicationSession()  # b: an older peer
+    digested = _connect(a, b, {KEY: _summary(2)}, {})
+    assert digested[0] == {"q"}
+    assert a.memory() is None and b.memory() is not None  # nothing to remember of a peer with none
+    bad = ReplicationSession()
+    bad.start({})
+    with pytest.raises(RemoteProtocolError):
+        bad.receive_message(pack([HELLO, PROTOCOL_VERSION, None, b"short"]))

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -25,6 +26,7 @@ from latticed.net.transport import SecureStream
 from latticed.protocol.replication import (
     DeltaReceived,
     NeedDelta,
+    PeerMemory,
     QueueKey,
     ReplicationSession,
     key_label,
@@ -99,6 +101,10 @@ class Gossip:
         default_factory=lambda: {"rejected_deltas": 0, "protocol_errors": 0, "deltas_in": 0, "deltas_out": 0}
     )
     _nonces: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    #: Random per run: a peer that sees it change knows we may have forgotten, or lost, anything.
+    incarnation: bytes = field(default_factory=lambda: os.urandom(16))
+    #: What we remember of each peer from its last connection (digests then carry only changes).
+    memories: dict[bytes, PeerMemory] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ the daemon calls these
     def local_change(self, key: QueueKey, summary: Summary, source: bytes | None = None) -> None:
@@ -153,6 +159,7 @@ class Gossip:
             window=self.window,
             max_records=self.max_records,
             max_message_bytes=self.max_message_bytes,
+            incarnation=self.incarnation,
         )
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
@@ -161,7 +168,7 @@ class Gossip:
             old.kick()
         self._changed()
         log_event(log, "peer.connected", peer=peer_hex, address=address, via=via)
-        session.start(self.host.summaries())
+        session.start(self.host.summaries(), memory=self.memories.get(peer))
         reason = "closed"
         # The session admits at most ``window`` unacknowledged deltas, which bounds both channels.
         to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](math.inf)
@@ -194,6 +201,9 @@ class Gossip:
             reason = f"internal error: {type(exc).__name__}"
             log_event(log, "peer.internal_error", level=logging.ERROR, exc_info=exc, peer=peer_hex)
         finally:
+            remembered = session.memory()
+            if remembered is not None:
+                self.memories[peer] = remembered
             if self.links.get(peer) is link:
                 del self.links[peer]
                 self._changed()

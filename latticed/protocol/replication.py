@@ -7,10 +7,15 @@ or clocks: the host (the trio layer) owns those, so every path here runs in test
 
 What travels (each message a msgpack list whose first item is its type):
 
-* ``HELLO [0, version, subscription]`` — once, first. ``subscription`` is None (everything) or a list of
-  ``OWNER/NAME`` glob patterns the sender wants to receive.
-* ``DIGEST [1, entries]`` — per queue ``[owner, name, kind, summary]``: what the sender holds. The first
-  digest lists what changed since the host's last exchange with this peer; later ones only what changed.
+* ``HELLO [0, version, subscription, incarnation]`` — once, first. ``subscription`` is None (everything)
+  or a list of ``OWNER/NAME`` glob patterns the sender wants to receive. ``incarnation`` (16 random bytes
+  per run of the sending daemon; may be absent) tells the peer whether what it remembers of us from an
+  earlier connection still holds.
+* ``DIGEST [1, entries]`` — per queue ``[owner, name, kind, summary]``: what the sender holds. A host that
+  remembers the peer from an earlier connection *in the same runs of both daemons* (the peer's incarnation
+  is the one it remembers) sends, after the peer's HELLO, only the queues that changed since it last told
+  the peer about them, and takes what the peer held then as the starting point; otherwise the first digest
+  lists everything. Later digests list only what changed.
 * ``DELTA [2, seq, delta]`` — a verifiable chunk of a queue (see :func:`latticed.crdt.queue.delta`).
 * ``ACK [3, seq, owner, name, kind, summary]`` — the delta was verified and stored; here is what I hold now.
   At most ``window`` deltas are unacknowledged per session: a slow peer slows its sender, never fills RAM.
@@ -100,6 +105,15 @@ class PeerSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerMemory:
+    """What a host keeps of a peer between connections (in memory: it is only good for one run of each)."""
+
+    incarnation: bytes  # the peer's, when we last talked
+    announced: Mapping[QueueKey, Summary]  # what we last told it we hold
+    held: Mapping[QueueKey, Summary]  # what it held, as far as we knew
+
+
+@dataclass(frozen=True, slots=True)
 class PeerHello:
     version: int
     subscription: tuple[str, ...] | None
@@ -153,6 +167,12 @@ class ReplicationSession:
     _peer_subscription: tuple[str, ...] | None = None
     _hello_received: bool = False
     _started: bool = False
+    #: Our incarnation (sent in HELLO), the peer's, and what we remember of the peer (see PeerMemory).
+    incarnation: bytes | None = None
+    _peer_incarnation: bytes | None = None
+    _memory: PeerMemory | None = None
+    _digest_deferred: bool = False
+    _announced: dict[QueueKey, Summary] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0})
 
     # ------------------------------------------------------------------ host → session
@@ -161,11 +181,14 @@ class ReplicationSession:
         local: Mapping[QueueKey, Summary],
         digest_keys: Iterable[QueueKey] | None = None,
         known_peer: Mapping[QueueKey, Summary] | None = None,
+        memory: PeerMemory | None = None,
     ) -> None:
         """Say hello and send the first digest.
 
         ``local`` is what we hold; ``digest_keys`` limits the first digest to what changed since the last
-        exchange with this peer (None: everything); ``known_peer`` is what the peer held then.
+        exchange with this peer (None: everything); ``known_peer`` is what the peer held then. With
+        ``memory`` (from :meth:`memory` of an earlier session with this peer) the first digest waits for
+        the peer's HELLO: it is cut down only if the peer's incarnation is still the remembered one.
         """
         if self._started:
             raise LocalProtocolError("session already started")
@@ -173,9 +196,31 @@ class ReplicationSession:
         self._local = dict(local)
         for key, summary in (known_peer or {}).items():
             self._link(key).peer = summary
-        keys = list(self._local) if digest_keys is None else list(digest_keys)
-        self._send([HELLO, PROTOCOL_VERSION, list(self.subscription) if self.subscription else None])
-        entries = [[k[0], k[1], k[2], summary_to_wire(self._local[k])] for k in keys if k in self._local]
+        subscription = list(self.subscription) if self.subscription else None
+        if self.incarnation is None:
+            self._send([HELLO, PROTOCOL_VERSION, subscription])
+        else:
+            self._send([HELLO, PROTOCOL_VERSION, subscription, self.incarnation])
+        if memory is not None:
+            self._memory = memory
+            self._digest_deferred = True
+            return
+        self._send_digest(list(self._local) if digest_keys is None else list(digest_keys))
+
+    def memory(self) -> PeerMemory | None:
+        """What to remember of this peer for the next connection (None: it gave no incarnation)."""
+        if self._peer_incarnation is None:
+            return None
+        held = {key: link.peer for key, link in self._links.items() if link.peer is not None}
+        return PeerMemory(self._peer_incarnation, dict(self._announced), held)
+
+    def _send_digest(self, keys: Iterable[QueueKey]) -> None:
+        entries = []
+        for key in keys:
+            summary = self._local.get(key)
+            if summary is not None:
+                entries.append([key[0], key[1], key[2], summary_to_wire(summary)])
+                self._announced[key] = summary
         self._send([DIGEST, entries])
 
     def local_update(self, key: QueueKey, summary: Summary) -> None:
@@ -188,6 +233,7 @@ class ReplicationSession:
             self._schedule(key)
         elif is_ahead(summary, link.peer):
             self._send([HAVE, key[0], key[1], key[2], summary_to_wire(summary)])
+            self._announced[key] = summary
 
     def provide_delta(self, key: QueueKey, delta: QueueDelta | None) -> None:
         """The answer to a :class:`NeedDelta`; None when there is nothing to send after all."""
@@ -272,7 +318,8 @@ class ReplicationSession:
             raise RemoteProtocolError(f"unknown message type {kind}")
 
     def _on_hello(self, message: list[Any]) -> None:
-        _expect(message, 3)
+        if len(message) not in (3, 4):
+            raise RemoteProtocolError(f"HELLO has 3 or 4 fields, not {len(message)}")
         if self._hello_received:
             raise RemoteProtocolError("HELLO twice")
         if message[1] != PROTOCOL_VERSION:
@@ -280,9 +327,26 @@ class ReplicationSession:
         sub = message[2]
         if sub is not None and (not isinstance(sub, list) or not all(isinstance(p, str) for p in sub)):
             raise RemoteProtocolError("subscription must be a list of patterns")
+        incarnation = message[3] if len(message) == 4 else None
+        if incarnation is not None and (not isinstance(incarnation, bytes) or len(incarnation) != 16):
+            raise RemoteProtocolError("an incarnation is 16 bytes")
         self._peer_subscription = None if sub is None else tuple(sub)
+        self._peer_incarnation = incarnation
         self._hello_received = True
         self._events.append(PeerHello(message[1], self._peer_subscription))
+        if self._digest_deferred:
+            self._digest_deferred = False
+            memory = self._memory
+            if memory is not None and incarnation is not None and memory.incarnation == incarnation:
+                # Same runs of both daemons as last time: the peer still knows what we told it, and holds
+                # at least what it held then.
+                for key, summary in memory.held.items():
+                    link = self._link(key)
+                    if link.peer is None or is_ahead(summary, link.peer):
+                        link.peer = summary
+                self._send_digest(k for k, s in self._local.items() if memory.announced.get(k) != s)
+            else:
+                self._send_digest(list(self._local))
         # Everything we hold that the peer may lack goes out once its digest arrives or, if it never
         # mentions a queue, straight away (the peer's silence means it has nothing of it).
         for key in self._local:
