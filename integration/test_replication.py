@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import trio
+from polling import wait_until
 
 from latticed.api.client import Client
 from latticed.crdt import queue as core
@@ -23,7 +23,6 @@ from latticed.net.transport import open_peer
 from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import DELTA, HELLO, PROTOCOL_VERSION
 
-WAIT_S = 30.0
 LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
 
@@ -44,17 +43,6 @@ def start_peer(factory: Factory, *peers: LatticedProcess, extra: list[str] | Non
     for peer in peers:
         args += ["--peer", f"127.0.0.1:{listen_port(peer)}"]
     return factory(args=args)
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    """Poll a daemon-side condition (replication has no client-visible event to wait on)."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
 
 
 def holds(daemon: LatticedProcess, queue: str, end: int) -> bool:

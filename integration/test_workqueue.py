@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_until
 
 from cli.boundary import ExitCode
 from latticed.api.client import Client
@@ -40,17 +41,6 @@ def ctl(daemon: LatticedProcess, *args: str, **kwargs: Any) -> subprocess.Comple
         timeout=60,
         **kwargs,
     )
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    """Poll something only another process can tell (a file a worker writes, a replica catching up)."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
 
 
 def kill_group(proc: subprocess.Popen[Any]) -> None:
