@@ -58,10 +58,11 @@ def load(client: Any, queue: str, n: int) -> float:
 
 
 def session() -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
-    from latticed.spark import register  # noqa: PLC0415
+    from latticed.spark import register, use_local_checkpoint_manager, worker_python  # noqa: PLC0415
+
+    os.environ["PYSPARK_PYTHON"] = os.environ.get("BENCH_PYSPARK_PYTHON") or worker_python()
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -79,6 +80,8 @@ def session() -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    if not os.environ.get("BENCH_DEFAULT_CHECKPOINTS"):
+        use_local_checkpoint_manager(spark)
     return spark
 
 

@@ -153,11 +153,12 @@ def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs a JDK (17): java is not on PATH and JAVA_HOME is unset")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession  # noqa: PLC0415 - keeps collection fast without Spark
 
-    from latticed.spark import register  # noqa: PLC0415
+    from latticed.spark import register, use_local_checkpoint_manager, worker_python  # noqa: PLC0415
+
+    os.environ["PYSPARK_PYTHON"] = worker_python()
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
     session = (
         SparkSession.builder.master("local[2]")
@@ -173,6 +174,7 @@ def spark() -> Iterator[Any]:
     )
     session.sparkContext.setLogLevel("ERROR")
     register(session)
+    use_local_checkpoint_manager(session)
     yield session
     for query in session.streams.active:
         query.stop()

@@ -513,3 +513,26 @@ def test_packed_and_lists_layouts_read_the_same(lattice_daemon: Daemon, monkeypa
     assert reply["values"] == [b"", b"v1", b"v2v2"] and "layout" not in reply  # the default stays lists
     with pytest.raises(MalformedError, match="'layout' must be one of lists, packed"):
         lattice_daemon.client.call("read", queue=name, layout="arrow", **{"from": 0})
+
+
+def test_session_tuning_reaches_spark(spark: Any) -> None:
+    """The shared session runs the tuning docs/spark.md recommends: checkpoint logs written without
+    Hadoop's chmod forks, and Python workers that import the installed pyspark, not Spark's zip."""
+    from latticed.spark.tuning import (  # noqa: PLC0415
+        CHECKPOINT_MANAGER_KEY,
+        FILE_SYSTEM_MANAGERS,
+        is_local_path,
+        use_local_checkpoint_manager,
+    )
+
+    assert spark.conf.get(CHECKPOINT_MANAGER_KEY) == FILE_SYSTEM_MANAGERS[0]  # the pinned Spark's class
+    assert use_local_checkpoint_manager(spark) == FILE_SYSTEM_MANAGERS[0]  # a configured one is kept
+    assert is_local_path("/var/lib/x") and is_local_path("file:///x") and not is_local_path("hdfs://nn/x")
+
+    def where_pyspark(_: Any) -> str:
+        import pyspark  # noqa: PLC0415
+
+        return str(pyspark.__file__)
+
+    seen = spark.sparkContext.parallelize([0], 1).map(where_pyspark).collect()
+    assert len(seen) == 1 and ".zip" not in seen[0], seen

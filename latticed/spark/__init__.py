@@ -14,8 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from latticed.spark.offsets import DataLossError
+from latticed.spark.python_workers import use_worker_python, worker_python
 from latticed.spark.reader import ReplicaLagError, lattice_schema
 from latticed.spark.source import SOURCE_NAME, LatticeDataSource
+from latticed.spark.tuning import use_local_checkpoint_manager
 
 
 def register(spark: Any) -> None:
@@ -30,4 +32,7 @@ __all__ = [
     "ReplicaLagError",
     "lattice_schema",
     "register",
+    "use_local_checkpoint_manager",
+    "use_worker_python",
+    "worker_python",
 ]
