@@ -14,7 +14,11 @@ d. *peer*: Spark's built-in ``socket`` source fed the same 100-byte lines by a s
 e. latency: a record appended while a ``processingTime=0`` query runs, until its micro-batch reaches
    ``foreachBatch`` on the driver (p50/p90/p99).
 
-Each query time is wall clock from ``start()`` to termination, so query start-up (~1 s) is included;
+The session runs Python workers through ``latticed.spark.worker_python()`` and writes checkpoint logs
+with ``use_local_checkpoint_manager()``, as docs/spark.md recommends; for an A/B against Spark's defaults
+set ``BENCH_PYSPARK_PYTHON`` to an interpreter and ``BENCH_DEFAULT_CHECKPOINTS=1``.
+
+Each query time is wall clock from ``start()`` to termination, so query start-up (~0.5 s) is included;
 warm-up queries run first on a fifth of N (at most 200k records) so JVM start-up, JIT compilation and
 Python-worker start-up are not: every measured path, (a), (b) and (c), once each (before, only (a)'s
 was warmed, so (b) compiled the Parquet writer that (c) then found warm). The second figure of each
