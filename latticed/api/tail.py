@@ -1,10 +1,11 @@
 """``tail``: the server pushes a queue's records to one connection as they are committed.
 
 No polling: between batches the task waits on the engine's per-queue wakeup, which the storage thread's
-commit callback sets. Flow control is the socket: each push is one bounded batch (``max_records`` /
-``max_bytes``) sent with ``send_all``, so a slow reader stalls only its own task, and the server holds at
-most one batch for it. The client ends a tail by closing the connection or sending any frame (which the
-connection then handles as an ordinary request).
+commit callback sets (and, on a replica, a verified delta on its way to the store: storage/ahead.py).
+Flow control is the socket: each push is one bounded batch (``max_records`` / ``max_bytes``) sent with
+``send_all``, so a slow reader stalls only its own task, and the server holds at most one batch for it.
+The client ends a tail by closing the connection or sending any frame (which the connection then handles
+as an ordinary request).
 
 Frames pushed: ``{"id", "ok": true, <columns>, "next_offset"}`` per batch; with ``follow=false`` a final
 ``{"id", "ok": true, "done": true, "next_offset"}`` once the end present at the request is reached.
@@ -68,9 +69,11 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
         while not watch.stop:
             state = engine.state(q)
             pos = max(pos, state.start)
-            end = state.held_end if stop_at is None else min(stop_at, state.held_end)
+            # Following, a replica streams verified records while they are still being committed here
+            # (storage/ahead.py); a bounded tail ends at what was committed when it began.
+            end = engine.visible_end(q) if stop_at is None else min(stop_at, state.held_end)
             if pos < end:
-                columns = await engine.read(q, pos, end, max_records, max_bytes)
+                columns = await engine.read_visible(q, pos, end, max_records, max_bytes)
                 if columns.offsets:
                     pos = columns.offsets[-1] + 1
                     await conn.send(
@@ -82,7 +85,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
                             "next_offset": pos,
                         }
                     )
-                elif engine.state(q).start <= pos:
+                elif engine.state(q).start <= pos < engine.state(q).held_end:
                     raise StorageError(f"queue {engine.address(q)} is missing records from offset {pos}")
                 continue
             if stop_at is not None:
@@ -90,7 +93,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
                 break
             with trio.CancelScope() as scope:
                 watch.waiting = scope
-                await engine.wait_past(q, pos)
+                await engine.wait_visible_past(q, pos)
             watch.waiting = None
         nursery.cancel_scope.cancel()
     return not watch.client_gone

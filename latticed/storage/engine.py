@@ -29,6 +29,7 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import GapError, LatticedError, MalformedError, NotFoundError, NotOwnerError
 from latticed.logs import get_logger, log_event
 from latticed.storage import segments
+from latticed.storage.ahead import VerifiedAhead
 from latticed.storage.batch import Batch
 from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import (
@@ -75,6 +76,8 @@ class Engine:
         self._limiter = trio.CapacityLimiter(pool.size)
         self._waiters: dict[int, trio.Event] = {}
         self._recent: dict[int, tuple[int, Sequence[Record]]] = {}
+        #: Per replicated queue, verified records on their way to the store (live tails only: ahead.py).
+        self._ahead: dict[int, VerifiedAhead] = {}
         #: Per queue, our chain values at a few recent ends (``delta_for`` checks a peer's ``since``
         #: against them to serve a live push from ``_recent`` without reading the store).
         self._known_chains: dict[int, dict[int, bytes]] = {}
@@ -132,6 +135,9 @@ class Engine:
 
     def _complete(self, jobs: list[Job], changes: list[Change]) -> None:
         for change in changes:
+            ahead = self._ahead.get(change.q)
+            if ahead is not None and (change.state.held_end >= ahead.end or change.state.forked):
+                del self._ahead[change.q]
             if change.appended and len(change.appended) <= RECENT_MAX_RECORDS:
                 self._recent[change.q] = (change.first, change.appended)
             else:
@@ -142,6 +148,11 @@ class Engine:
             for listener in self._listeners:
                 listener(change.state)
         for job in jobs:
+            if job.error is not None and isinstance(job, Merge) and self._ahead:
+                d = job.verified.delta
+                failed = self.find(d.owner, d.name, d.kind)
+                if failed is not None and self._ahead.pop(failed, None) is not None:
+                    self._wake(failed)  # a tail waiting on the dropped records looks again
             if job.done is not None:
                 job.done.set()
                 if job.notify is not None:
@@ -331,7 +342,40 @@ class Engine:
         while it verifies the next ones (a catch-up pipeline)."""
         job = Merge(verified)
         job.origin = origin
-        return self._start(job)
+        self._start(job)
+        self._note_ahead(verified)
+        return job
+
+    def _note_ahead(self, verified: core.VerifiedDelta) -> None:
+        """Show a live tail the records of a verified delta that extends exactly what we hold (or what is
+        already ahead), before its commit (see ahead.py)."""
+        d = verified.delta
+        if d.kind != KIND_QUEUE or not d.records or d.fork is not None:
+            return
+        if len(verified.chains) != len(d.records):
+            return
+        q = self.find(d.owner, d.name, d.kind)
+        if q is None:
+            return
+        state = self.state(q)
+        if state.forked or state.head is None or (d.head is not None and d.head.start > d.from_offset):
+            return
+        ahead = self._ahead.get(q)
+        if ahead is not None and ahead.end > state.held_end:
+            if d.from_offset != ahead.end or d.from_hash != ahead.end_hash:
+                return
+            self._ahead[q] = ahead.extended(d.from_offset, d.records, verified.chains[-1])
+        else:
+            held = state.summary()  # in memory (the chain value at the end is cached)
+            if d.from_offset != held.held_end or d.from_hash != held.held_hash:
+                return
+            self._ahead[q] = VerifiedAhead.of(d.from_offset, d.records, verified.chains[-1])
+        self._wake(q)
+
+    def _wake(self, q: int) -> None:
+        event = self._waiters.pop(q, None)
+        if event is not None:
+            event.set()
 
     async def merged(self, job: Merge) -> Merge:
         """Wait until ``job``'s transaction committed (so its records are durable); raises its error."""
@@ -493,6 +537,34 @@ class Engine:
             return r.key, r.value, r.timestamp, [[k, v] for k, v in r.headers] if r.headers else None
         result: RawRow | None = await self._read(lambda reader: reader.row(q, offset))
         return result
+
+    def visible_end(self, q: int) -> int:
+        """Where a live tail may read up to: the committed end, or past it the verified records of a
+        replicated queue still being committed (ahead.py)."""
+        held_end = self.state(q).held_end
+        ahead = self._ahead.get(q)
+        return ahead.end if ahead is not None and ahead.end > held_end else held_end
+
+    async def read_visible(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns:
+        """:meth:`read` for a live tail: past the committed end, the verified records ahead of it."""
+        state = self.state(q)
+        if lo < state.held_end:
+            return await self.read(q, lo, min(hi, state.held_end), max_records, max_bytes)
+        ahead = self._ahead.get(q)
+        if ahead is None or not ahead.first <= lo < ahead.end or max_records <= 0:
+            return Columns()
+        return ahead.columns(lo, hi, max_records, max_bytes)
+
+    async def wait_visible_past(self, q: int, end: int) -> None:
+        """:meth:`wait_past` for a live tail: also returns once verified records reach past ``end``."""
+        while True:
+            state = self.state(q)
+            if self.visible_end(q) > end or state.start > end:
+                return
+            event = self._waiters.get(q)
+            if event is None:
+                event = self._waiters[q] = trio.Event()
+            await event.wait()
 
     async def wait_past(self, q: int, end: int) -> None:
         """Return once the queue holds records at or past ``end`` (or was truncated past it)."""

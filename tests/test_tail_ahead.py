@@ -1,0 +1,213 @@
+"""A live tail on a replica streams a peer's verified records while their commit is still under way
+(storage/ahead.py), and nothing else sees them early: every other read, and the store, waits for the
+commit. The storage thread is held inside a batch (a ``Call`` job) so "not yet committed" is certain."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from inprocess import start_in_process
+
+from latticed.config import DaemonConfig
+from latticed.crdt import queue as core
+from latticed.crdt.records import RecordRun
+from latticed.crdt.signing import Identity
+from latticed.errors import StorageError
+from latticed.storage.engine import Engine
+from latticed.storage.jobs import Call
+
+ALICE = Identity.from_seed(b"a" * 32)
+BOB = Identity.from_seed(b"b" * 32)
+
+
+def records(n: int, tag: str, size: int = 8) -> RecordRun:
+    return RecordRun(
+        [f"{tag}{i}".encode().ljust(size, b".") for i in range(n)],
+        [b"k%d" % i if i % 2 else None for i in range(n)],
+        [1000 + i for i in range(n)],
+        [(("h", b"%d" % i),) if i % 3 == 0 else () for i in range(n)],
+    )
+
+
+def alice_chunks(*sizes: int, size: int = 8) -> list[core.QueueDelta]:
+    """Alice's queue written in commits of these sizes, as the deltas a peer pushes one by one."""
+    state = core.empty_state(ALICE.public_key, "q")
+    deltas = []
+    for i, n in enumerate(sizes):
+        before = state.summary() if i else None
+        state = core.commit(state, ALICE, now_ms=i + 1, records=records(n, f"c{i}-", size))
+        deltas.append(core.delta(state, before, None))
+    return deltas
+
+
+@contextmanager
+def storage_held(engine: Engine) -> Iterator[threading.Event]:
+    """Keep the storage thread busy inside a batch until the block ends (or the event is set)."""
+    release, entered = threading.Event(), threading.Event()
+
+    def hold(batch: Any, writer: Any) -> None:
+        entered.set()
+        release.wait(30)
+
+    engine._start(Call(hold))
+    assert entered.wait(30)
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+async def replica_with_first_chunk(engine: Engine, deltas: list[core.QueueDelta]) -> int:
+    await engine.merged(engine.submit_merge(await engine.verify_delta(deltas[0])))
+    q = engine.find(ALICE.public_key, "q")
+    assert q is not None
+    return q
+
+
+async def test_a_tail_sees_verified_records_before_their_commit(tmp_path: Path) -> None:
+    deltas = alice_chunks(10, 5, 7)
+    async with Engine.open(tmp_path, BOB) as engine:
+        q = await replica_with_first_chunk(engine, deltas)
+        verified = [await engine.verify_delta(d) for d in deltas[1:]]
+        with storage_held(engine):
+            jobs = [engine.submit_merge(v) for v in verified]
+            assert engine.state(q).held_end == 10  # nothing committed
+            assert engine.visible_end(q) == 22
+            shown = await engine.read_visible(q, 10, 100, 1000, 1 << 20)
+            assert shown.offsets == list(range(10, 22))
+            assert shown.values == [r.value for r in deltas[1].records + deltas[2].records]
+            assert shown.keys == [r.key for r in deltas[1].records + deltas[2].records]
+            assert shown.headers[0] == [["h", b"0"]] and shown.headers[1] is None
+            # Bounded like any read, in records and in bytes (always at least one).
+            assert (await engine.read_visible(q, 12, 100, 3, 1 << 20)).offsets == [12, 13, 14]
+            assert (await engine.read_visible(q, 12, 100, 1000, 1)).offsets == [12]
+            # Everyone else sees only what is durable.
+            assert len(await engine.read(q, 0, 100, 1000, 1 << 20)) == 10
+            assert engine.state(q).summary().held_end == 10
+            with trio.move_on_after(0) as waiting:
+                await engine.wait_visible_past(q, 20)
+            assert not waiting.cancelled_caught
+        for job in jobs:
+            await engine.merged(job)
+        assert engine.state(q).held_end == 22 and not engine._ahead  # committed: nothing left ahead
+        stored = await engine.read(q, 10, 100, 1000, 1 << 20)
+        assert stored == shown
+
+
+async def test_a_tail_waiting_at_the_end_wakes_for_records_ahead(tmp_path: Path) -> None:
+    deltas = alice_chunks(4, 3)
+    async with Engine.open(tmp_path, BOB) as engine:
+        q = await replica_with_first_chunk(engine, deltas)
+        woke: list[int] = []
+
+        async def tail_waits() -> None:
+            await engine.wait_visible_past(q, 4)
+            woke.append(engine.visible_end(q))
+
+        async def committed_waits() -> None:
+            await engine.wait_past(q, 4)
+            woke.append(-engine.state(q).held_end)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tail_waits)
+            nursery.start_soon(committed_waits)
+            await trio.testing.wait_all_tasks_blocked()
+            verified = await engine.verify_delta(deltas[1])
+            with storage_held(engine):
+                job = engine.submit_merge(verified)
+                await trio.testing.wait_all_tasks_blocked()
+                assert woke == [7]  # the tail woke; a committed-only waiter did not
+            await engine.merged(job)
+        assert woke == [7, -7]
+
+
+async def test_only_a_delta_that_extends_what_we_hold_is_shown(tmp_path: Path) -> None:
+    deltas = alice_chunks(4, 3, 2)
+    async with Engine.open(tmp_path, BOB) as engine:
+        q = await replica_with_first_chunk(engine, deltas)
+        gap = await engine.verify_delta(deltas[2])  # starts at 7: we hold 4
+        whole = await engine.verify_delta(core.delta(_alice_state(deltas), None, None))  # from 0
+        with storage_held(engine):
+            gap_job = engine.submit_merge(gap)
+            whole_job = engine.submit_merge(whole)
+            assert engine.visible_end(q) == 4 and not engine._ahead
+        await engine.merged(gap_job)  # joins what connects (the head), not the records past the gap
+        await engine.merged(whole_job)
+        assert engine.state(q).held_end == 9 and engine.visible_end(q) == 9
+
+
+def _alice_state(deltas: list[core.QueueDelta]) -> core.QueueState:
+    state = core.empty_state(ALICE.public_key, "q")
+    for d in deltas:
+        state = core.merge(state, d)
+    return state
+
+
+async def test_a_failed_merge_takes_back_what_it_showed(tmp_path: Path) -> None:
+    deltas = alice_chunks(2, 64, size=32 * 1024)  # the second is 2 MiB
+    async with Engine.open(tmp_path, BOB) as engine:
+        q = await replica_with_first_chunk(engine, deltas)
+        await engine._run(Call(lambda batch, writer: writer.store.set_max_page_count(1)))  # disk "full"
+        verified = await engine.verify_delta(deltas[1])
+        with storage_held(engine):
+            job = engine.submit_merge(verified)
+            assert engine.visible_end(q) == 66
+        with pytest.raises(StorageError):
+            await engine.merged(job)
+        assert engine.visible_end(q) == 2 and not engine._ahead
+        assert (await engine.read_visible(q, 2, 100, 1000, 1 << 20)).offsets == []
+
+
+def test_a_tail_on_a_replica_streams_records_ahead_of_the_commit(tmp_path: Path) -> None:
+    """End to end through the API: the tail's client gets the records while the storage thread is
+    still held, then the same offsets are durable."""
+    deltas = alice_chunks(3, 4)
+    daemon = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
+    try:
+        engine: Engine = daemon.handle.engine
+
+        async def merge_first() -> None:
+            await replica_with_first_chunk(engine, deltas)
+
+        daemon.call(merge_first)
+        address = f"{ALICE.public_key.hex()}/q"
+        with daemon.client() as c:
+            tail = c.tail(address, from_offset=3)
+            got: list[tuple[int, bytes]] = []
+            release = threading.Event()
+
+            async def submit_held() -> None:
+                verified = await engine.verify_delta(deltas[1])
+
+                def hold(batch: Any, writer: Any) -> None:
+                    release.wait(30)
+
+                engine._start(Call(hold))
+                daemon.box["job"] = engine.submit_merge(verified)
+
+            try:
+                daemon.call(submit_held)
+                for entry in tail:
+                    got.append((entry.offset, entry.value))
+                    if entry.offset == 6:
+                        break
+                assert c.queue_info(address)["end_offset"] == 3  # still not committed
+            finally:
+                release.set()
+                tail.close()
+
+            async def committed() -> None:
+                await engine.merged(daemon.box.pop("job"))
+
+            daemon.call(committed)
+            assert got == [(3 + i, v) for i, v in enumerate(r.value for r in deltas[1].records)]
+            assert c.queue_info(address)["end_offset"] == 7
+    finally:
+        daemon.stop()
