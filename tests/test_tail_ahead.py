@@ -211,3 +211,27 @@ def test_a_tail_on_a_replica_streams_records_ahead_of_the_commit(tmp_path: Path)
             assert c.queue_info(address)["end_offset"] == 7
     finally:
         daemon.stop()
+
+
+async def test_only_live_pushes_wait_ahead_and_only_so_many(tmp_path: Path) -> None:
+    """A catch-up chunk is not latency-bound: it is not copied ahead. Nor is anything past the cap."""
+    from latticed.storage.ahead import AHEAD_DELTA_RECORDS, AHEAD_MAX_RECORDS  # noqa: PLC0415
+
+    per = AHEAD_DELTA_RECORDS
+    pushes = AHEAD_MAX_RECORDS // per
+    deltas = alice_chunks(1, per + 1, *([per] * (pushes + 1)))
+    async with Engine.open(tmp_path, BOB) as engine:
+        q = await replica_with_first_chunk(engine, deltas)
+        big = await engine.verify_delta(deltas[1])
+        with storage_held(engine):
+            job = engine.submit_merge(big)
+            assert engine.visible_end(q) == 1 and not engine._ahead
+        await engine.merged(job)
+        held = engine.state(q).held_end
+        verified = [await engine.verify_delta(d) for d in deltas[2:]]
+        with storage_held(engine):
+            jobs = [engine.submit_merge(v) for v in verified]
+            assert engine.visible_end(q) == held + pushes * per == held + AHEAD_MAX_RECORDS
+        for job in jobs:
+            await engine.merged(job)
+        assert engine.state(q).held_end == held + (pushes + 1) * per and not engine._ahead

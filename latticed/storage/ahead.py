@@ -14,53 +14,40 @@ that reaches its end, a failed merge, or a fork drops it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Final
 
 from latticed.crdt.records import Record, RecordRun
-from latticed.storage.reader import Columns
+from latticed.storage.reader import Columns, columns_of
+
+#: Only live pushes are shown ahead (a catch-up chunk is not latency-bound and would cost a copy).
+AHEAD_DELTA_RECORDS: Final = 64
+#: At most this many records per queue wait ahead of their commit; past it, tails wait for the commit.
+AHEAD_MAX_RECORDS: Final = 1024
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class VerifiedAhead:
-    """Contiguous verified records ``[first, end)`` of one queue, in the deltas they came in."""
+    """Contiguous verified records ``[first, end)`` of one queue; ``end_hash`` is the chain value at
+    ``end``, which the next delta must start from."""
 
     first: int
-    end: int
+    records: RecordRun
     end_hash: bytes
-    chunks: list[tuple[int, Sequence[Record]]] = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.records)
 
     @classmethod
     def of(cls, first: int, records: Sequence[Record], end_hash: bytes) -> VerifiedAhead:
-        return cls(first, first + len(records), end_hash, [(first, records)])
+        return cls(first, RecordRun.of(records), end_hash)
 
     def extended(self, first: int, records: Sequence[Record], end_hash: bytes) -> VerifiedAhead:
         """These records appended (``first`` must be our end)."""
         assert first == self.end
-        return VerifiedAhead(self.first, first + len(records), end_hash, [*self.chunks, (first, records)])
+        return VerifiedAhead(self.first, RecordRun.join([self.records, RecordRun.of(records)]), end_hash)
 
     def columns(self, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns:
-        """Records from ``lo`` (which must be held here) below ``hi``: at most ``max_records``, about
-        ``max_bytes`` (at least one)."""
-        out = Columns()
-        hi = min(hi, self.end, lo + max_records)
-        for first, records in self.chunks:
-            end = first + len(records)
-            if end <= lo or first >= hi:
-                continue
-            a, b = max(lo, first) - first, min(hi, end) - first
-            part = records[a:b]
-            run = part if type(part) is RecordRun else RecordRun.of(part)
-            headers = run.headers
-            columns = zip(run.values, run.keys, run.timestamps, strict=True)
-            for i, (value, key, timestamp) in enumerate(columns):
-                size = len(value) + (len(key) if key else 0) + 16
-                if out.offsets and out.nbytes + size > max_bytes:
-                    return out
-                out.offsets.append(first + a + i)
-                out.keys.append(key)
-                out.values.append(value)
-                out.timestamps.append(timestamp)
-                h = headers[i] if headers is not None else ()
-                out.headers.append([[k, v] for k, v in h] if h else None)
-                out.nbytes += size
-        return out
+        """Records from ``lo`` (which must be held here) below ``hi``, bounded like any read."""
+        return columns_of(self.first, self.records, lo, hi, max_records=max_records, max_bytes=max_bytes)

@@ -29,7 +29,7 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import GapError, LatticedError, MalformedError, NotFoundError, NotOwnerError
 from latticed.logs import get_logger, log_event
 from latticed.storage import segments
-from latticed.storage.ahead import VerifiedAhead
+from latticed.storage.ahead import AHEAD_DELTA_RECORDS, AHEAD_MAX_RECORDS, VerifiedAhead
 from latticed.storage.batch import Batch
 from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import (
@@ -45,7 +45,7 @@ from latticed.storage.jobs import (
     Truncate,
 )
 from latticed.storage.kvplan import KvRequest
-from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader
+from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader, columns_of
 from latticed.storage.store import db_path
 from latticed.storage.verify import verify_queue
 from latticed.storage.writer import Change, Writer, wall_ms
@@ -350,7 +350,7 @@ class Engine:
         """Show a live tail the records of a verified delta that extends exactly what we hold (or what is
         already ahead), before its commit (see ahead.py)."""
         d = verified.delta
-        if d.kind != KIND_QUEUE or not d.records or d.fork is not None:
+        if d.kind != KIND_QUEUE or not 0 < len(d.records) <= AHEAD_DELTA_RECORDS or d.fork is not None:
             return
         if len(verified.chains) != len(d.records):
             return
@@ -363,6 +363,8 @@ class Engine:
         ahead = self._ahead.get(q)
         if ahead is not None and ahead.end > state.held_end:
             if d.from_offset != ahead.end or d.from_hash != ahead.end_hash:
+                return
+            if len(ahead.records) + len(d.records) > AHEAD_MAX_RECORDS:
                 return
             self._ahead[q] = ahead.extended(d.from_offset, d.records, verified.chains[-1])
         else:
@@ -499,33 +501,7 @@ class Engine:
         first, records = found
         if not first <= lo < first + len(records):
             return None
-        a, b = lo - first, min(hi, first + len(records), lo + max_records) - first
-        part = records[a:b]
-        run = part if type(part) is RecordRun else RecordRun.of(part)
-        values, keys = run.values, run.keys
-        size = sum(map(len, values)) + 16 * len(values)
-        if keys.count(None) != len(keys):
-            size += sum(len(k) for k in keys if k)
-        if size > max_bytes:
-            # Take records one by one up to the byte budget (always at least one).
-            size, count = 0, 0
-            for value, key in zip(values, keys, strict=True):
-                size += len(value) + (len(key) if key else 0) + 16
-                if size > max_bytes and count:
-                    break
-                count += 1
-            run = run[:count]
-        headers = run.headers
-        return Columns(
-            offsets=list(range(lo, lo + len(run))),
-            keys=list(run.keys),
-            values=list(run.values),
-            timestamps=list(run.timestamps),
-            headers=[None] * len(run)
-            if headers is None
-            else [[[k, v] for k, v in h] if h else None for h in headers],
-            nbytes=size,
-        )
+        return columns_of(first, records, lo, hi, max_records=max_records, max_bytes=max_bytes)
 
     async def row(self, q: int, offset: int) -> RawRow | None:
         state = self.state(q)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import queue
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from latticed.crdt import kv
+from latticed.crdt.records import Record, RecordRun
 from latticed.storage import segments
 from latticed.storage.codec import decode_kv_entry
 from latticed.storage.entries import SqlRows
@@ -107,6 +108,40 @@ class StoreReader:
             if not key.startswith(prefix):
                 break
             yield key, decode_kv_entry(bytes(raw))
+
+
+def columns_of(
+    first: int, records: Sequence[Record], lo: int, hi: int, *, max_records: int, max_bytes: int
+) -> Columns:
+    """In-memory records ``[first, first + len)`` as a read would return them from ``lo`` (which they
+    must hold) below ``hi``: at most ``max_records``, about ``max_bytes`` (always at least one)."""
+    a, b = lo - first, min(hi, first + len(records), lo + max_records) - first
+    part = records[a:b]
+    run = part if type(part) is RecordRun else RecordRun.of(part)
+    values, keys = run.values, run.keys
+    size = sum(map(len, values)) + 16 * len(values)
+    if keys.count(None) != len(keys):
+        size += sum(len(k) for k in keys if k)
+    if size > max_bytes:
+        # Take records one by one up to the byte budget (always at least one).
+        size, count = 0, 0
+        for value, key in zip(values, keys, strict=True):
+            size += len(value) + (len(key) if key else 0) + 16
+            if size > max_bytes and count:
+                break
+            count += 1
+        run = run[:count]
+    headers = run.headers
+    return Columns(
+        offsets=list(range(lo, lo + len(run))),
+        keys=list(run.keys),
+        values=list(run.values),
+        timestamps=list(run.timestamps),
+        headers=[None] * len(run)
+        if headers is None
+        else [[[k, v] for k, v in h] if h else None for h in headers],
+        nbytes=size,
+    )
 
 
 def _nbytes(part: segments.Segment) -> int:
