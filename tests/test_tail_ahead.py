@@ -92,7 +92,7 @@ async def test_a_tail_sees_verified_records_before_their_commit(tmp_path: Path) 
             assert len(await engine.read(q, 0, 100, 1000, 1 << 20)) == 10
             assert engine.state(q).summary().held_end == 10
             with trio.move_on_after(0) as waiting:
-                await engine.wait_visible_past(q, 20)
+                await engine.wait_past(q, 20, ahead=True)
             assert not waiting.cancelled_caught
         for job in jobs:
             await engine.merged(job)
@@ -108,7 +108,7 @@ async def test_a_tail_waiting_at_the_end_wakes_for_records_ahead(tmp_path: Path)
         woke: list[int] = []
 
         async def tail_waits() -> None:
-            await engine.wait_visible_past(q, 4)
+            await engine.wait_past(q, 4, ahead=True)
             woke.append(engine.visible_end(q))
 
         async def committed_waits() -> None:

@@ -93,7 +93,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
                 break
             with trio.CancelScope() as scope:
                 watch.waiting = scope
-                await engine.wait_visible_past(q, pos)
+                await engine.wait_past(q, pos, ahead=True)
             watch.waiting = None
         nursery.cancel_scope.cancel()
     return not watch.client_gone

@@ -142,9 +142,7 @@ class Engine:
                 self._recent[change.q] = (change.first, change.appended)
             else:
                 self._recent.pop(change.q, None)
-            event = self._waiters.pop(change.q, None)
-            if event is not None:
-                event.set()
+            self._wake(change.q)
             for listener in self._listeners:
                 listener(change.state)
         for job in jobs:
@@ -531,22 +529,12 @@ class Engine:
             return Columns()
         return ahead.columns(lo, hi, max_records, max_bytes)
 
-    async def wait_visible_past(self, q: int, end: int) -> None:
-        """:meth:`wait_past` for a live tail: also returns once verified records reach past ``end``."""
+    async def wait_past(self, q: int, end: int, *, ahead: bool = False) -> None:
+        """Return once the queue holds records at or past ``end`` (or was truncated past it); with
+        ``ahead`` (a live tail), also once verified records on their way to the store do (ahead.py)."""
         while True:
             state = self.state(q)
-            if self.visible_end(q) > end or state.start > end:
-                return
-            event = self._waiters.get(q)
-            if event is None:
-                event = self._waiters[q] = trio.Event()
-            await event.wait()
-
-    async def wait_past(self, q: int, end: int) -> None:
-        """Return once the queue holds records at or past ``end`` (or was truncated past it)."""
-        while True:
-            state = self.state(q)
-            if state.held_end > end or state.start > end:
+            if (self.visible_end(q) if ahead else state.held_end) > end or state.start > end:
                 return
             event = self._waiters.get(q)
             if event is None:
