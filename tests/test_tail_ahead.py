@@ -235,3 +235,62 @@ async def test_only_live_pushes_wait_ahead_and_only_so_many(tmp_path: Path) -> N
         for job in jobs:
             await engine.merged(job)
         assert engine.state(q).held_end == held + (pushes + 1) * per and not engine._ahead
+
+
+def test_a_replica_tail_gets_every_record_once_in_order_however_commits_interleave(tmp_path: Path) -> None:
+    """Pushes arrive while the storage thread is sometimes held (records shown ahead), sometimes free
+    (committed first), and a late duplicate arrives too: the tail sees each offset once, in order."""
+    import random  # noqa: PLC0415
+
+    rng = random.Random(7)
+    sizes = [rng.randint(1, 9) for _ in range(40)]
+    deltas = alice_chunks(*sizes)
+    total = sum(sizes)
+    daemon = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
+    try:
+        engine: Engine = daemon.handle.engine
+
+        async def merge_first() -> None:
+            await replica_with_first_chunk(engine, deltas)
+
+        daemon.call(merge_first)
+        got: list[tuple[int, bytes]] = []
+        done = threading.Event()
+
+        def follow() -> None:
+            with daemon.client() as c:
+                for entry in c.tail(f"{ALICE.public_key.hex()}/q", from_offset=0):
+                    got.append((entry.offset, entry.value))
+                    if entry.offset == total - 1:
+                        done.set()
+                        return
+
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+
+        async def push_all() -> None:
+            jobs = []
+            for i, d in enumerate(deltas[1:], start=1):
+                verified = await engine.verify_delta(d)
+                if rng.random() < 0.5:
+                    release = threading.Event()
+                    engine._start(Call(lambda batch, writer, ev=release: ev.wait(30)))
+                    jobs.append(engine.submit_merge(verified))
+                    if i % 7 == 0:  # a redundant link delivers an earlier push again
+                        jobs.append(engine.submit_merge(await engine.verify_delta(deltas[i - 1])))
+                    await trio.sleep(0)
+                    release.set()
+                else:
+                    jobs.append(engine.submit_merge(verified))
+                if rng.random() < 0.3:
+                    await engine.merged(jobs[-1])
+            for job in jobs:
+                await engine.merged(job)
+
+        daemon.call(push_all)
+        assert done.wait(30)
+        reader.join(10)
+        expected = [(o, r.value) for o, r in enumerate(r for d in deltas for r in d.records)]
+        assert got == expected
+    finally:
+        daemon.stop()
