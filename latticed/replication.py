@@ -77,6 +77,10 @@ class EngineHost:
         self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
     ) -> QueueDelta | None:
         owner, name, kind = key
+        ahead = self.engine.ahead_for(owner, name, kind, since)
+        if ahead is not None and since is not None:
+            # Relayed as it came, before our own commit; None: wait for the commit (it pushes again).
+            return ahead.delta_from(since)
         try:
             return await self.engine.delta_for(owner, name, since, max_records, kind, max_bytes=max_bytes)
         except NotFoundError:
@@ -97,6 +101,10 @@ class _EngineMerge:
     def __init__(self, engine: Engine, job: Merge) -> None:
         self.engine = engine
         self.job = job
+
+    @property
+    def ahead(self) -> Summary | None:
+        return self.job.ahead
 
     async def result(self) -> tuple[Summary, bool]:
         job = await self.engine.merged(self.job)

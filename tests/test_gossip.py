@@ -24,6 +24,7 @@ ALICE = Identity.from_seed(b"a" * 32)
 class Applied:
     summary: Summary
     changed: bool
+    ahead: Summary | None = None
 
     async def result(self) -> tuple[Summary, bool]:
         return self.summary, self.changed

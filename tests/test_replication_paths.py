@@ -248,6 +248,8 @@ class _SlowHost:
 
 
 class _Slow:
+    ahead: core.Summary | None = None
+
     def __init__(self, event: trio.Event, verified: core.VerifiedDelta) -> None:
         self.event = event
         self.verified = verified
@@ -287,4 +289,43 @@ async def test_live_pushes_are_stored_one_at_a_time_and_chunks_back_to_back(
             await trio.testing.wait_all_tasks_blocked()
         assert host.submitted == [d.from_offset for d in chunks]
         assert [acks.receive_nowait()[0].seq for _ in range(3)] == [1, 2, 3]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_relay_announces_a_push_before_it_is_stored_but_acks_it_after() -> None:
+    """The host serves a verified live push ahead of its commit (``ahead``): the other peers hear of it
+    at once; the sender's ACK still waits until it is durable."""
+    state = owner_state(2, 3)
+    replica = core.merge(core.empty_state(ALICE.public_key, "q"), core.delta(state, None, 3))
+    push = core.delta(state, replica.summary(), 3)
+    ahead = core.merge(replica, push).summary()
+    stored = trio.Event()
+
+    class Pending:
+        def __init__(self) -> None:
+            self.ahead = ahead
+
+        async def result(self) -> tuple[core.Summary, bool]:
+            await stored.wait()
+            return ahead, True
+
+    class Host(_SlowHost):
+        def submit_merge(self, verified: core.VerifiedDelta, peer: bytes) -> Pending:  # type: ignore[override]
+            return Pending()
+
+    gossip = Gossip(Host(), b"\x01" * 32)  # type: ignore[arg-type]
+    source = PeerLink(b"\x02" * 32, "mem", "static", ReplicationSession())
+    other = PeerLink(b"\x03" * 32, "mem", "static", ReplicationSession())
+    gossip.links = {source.public_key: source, other.public_key: other}
+    to_verify, deltas = trio.open_memory_channel[DeltaReceived](10)
+    to_ack, acks = trio.open_memory_channel[tuple[DeltaReceived, Any]](10)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gossip._verifier, source, deltas, to_ack)
+        to_verify.send_nowait(DeltaReceived(KEY, 1, push))
+        await trio.testing.wait_all_tasks_blocked()
+        assert other.wakeup.is_set() and not source.wakeup.is_set()  # told the other peer, not the sender
+        assert other.session._local[KEY] == ahead
+        # The ACK is the acker's, and it waits on the store: here the merge is still pending.
+        event, pending = acks.receive_nowait()
+        assert event.seq == 1 and pending.ahead == ahead and not stored.is_set()
         nursery.cancel_scope.cancel()

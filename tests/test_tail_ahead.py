@@ -4,6 +4,7 @@ commit. The storage thread is held inside a batch (a ``Call`` job) so "not yet c
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from latticed.crdt import queue as core
 from latticed.crdt.records import RecordRun
 from latticed.crdt.signing import Identity
 from latticed.errors import StorageError
+from latticed.storage.ahead import summary_after
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Call
 
@@ -294,3 +296,48 @@ def test_a_replica_tail_gets_every_record_once_in_order_however_commits_interlea
         assert got == expected
     finally:
         daemon.stop()
+
+
+# ------------------------------------------------------------------ relaying ahead of the commit
+
+
+async def test_a_relay_serves_a_verified_push_as_it_came_before_its_commit(tmp_path: Path) -> None:
+    deltas = alice_chunks(4, 3, 2)
+    async with Engine.open(tmp_path, BOB) as engine:
+        q = await replica_with_first_chunk(engine, deltas)
+        at_base = engine.state(q).summary()
+        key = (ALICE.public_key, "q", 0)
+        assert engine.ahead_for(*key, at_base) is None  # nothing ahead
+        verified = [await engine.verify_delta(d) for d in deltas[1:]]
+        with storage_held(engine):
+            jobs = [engine.submit_merge(v) for v in verified]
+            ahead = engine.ahead_for(*key, at_base)
+            assert ahead is not None
+            assert ahead.delta_from(at_base) is deltas[1]  # relayed as it came
+            assert jobs[0].ahead is not None
+            assert ahead.delta_from(jobs[0].ahead) is deltas[2]  # then the next, from where that ends
+            assert ahead.delta_from(jobs[1].ahead) is None  # a peer that has it all: nothing to send
+            forked_since = dataclasses.replace(at_base, held_hash=b"\x00" * 32)
+            assert ahead.delta_from(forked_since) is None  # not our chain: wait for the commit
+            assert engine.ahead_for(*key, None) is None and engine.ahead_for(*key, core.Summary()) is None
+        for job in jobs:
+            await engine.merged(job)
+        # What each job said we would hold is what we hold once it is stored.
+        assert [job.ahead for job in jobs] == [job.summary for job in jobs]
+        assert jobs[-1].ahead == engine.state(q).summary()
+        assert engine.ahead_for(*key, at_base) is None
+
+
+def test_summary_after_refuses_what_could_change_more_than_the_end() -> None:
+    deltas = alice_chunks(4, 3)
+    base = core.merge(core.empty_state(ALICE.public_key, "q"), deltas[0]).summary()
+    d = deltas[1]
+    assert d.head is not None
+    end_hash = b"\x01" * 32
+    after = summary_after(base, d, end_hash)
+    assert after is not None and (after.held_end, after.held_hash) == (7, end_hash)
+    truncating = dataclasses.replace(d, head=dataclasses.replace(d.head, start=5))
+    assert summary_after(base, truncating, end_hash) is None
+    new_meta = dataclasses.replace(d, meta=None, head=dataclasses.replace(d.head, meta_version=9))
+    assert summary_after(base, new_meta, end_hash) is None
+    assert summary_after(base, dataclasses.replace(d, head=None), end_hash) is None

@@ -49,6 +49,12 @@ class PendingMerge(Protocol):
         """Wait until it is durably stored; returns (what we hold now, whether it changed anything)."""
         ...
 
+    @property
+    def ahead(self) -> Summary | None:
+        """What we will hold once it is stored, if the host already serves its records to peers (a
+        verified live push relayed before its commit); None otherwise."""
+        ...
+
 
 class ReplicaHost(Protocol):
     """What replication needs from the daemon: summaries, deltas, and verified merges."""
@@ -262,6 +268,9 @@ class Gossip:
         """Verify received deltas in order and hand each to the store as soon as it passed, so the next
         one is checked while the store writes this one (a forged delta ends the link right here).
 
+        A live push the host serves ahead of its commit (``ahead``: storage/ahead.py) is relayed to the
+        other peers at once; its ACK still waits for durability in the acker.
+
         A small delta (a live push) waits until the previous one is stored: a burst of merges from one link
         looks like several writers to the storage thread's group commit, which would then linger for
         company on every later push for a while. Backlog chunks go in at once and share commits."""
@@ -273,6 +282,9 @@ class Gossip:
                     await previous.result()  # a failure ends the link in the acker
             previous = self.host.submit_merge(verified, link.public_key)
             to_ack.send_nowait((event, previous))
+            if previous.ahead is not None:
+                # Relay it now (the host serves it before its commit); the ACK still waits for durability.
+                self.local_change(event.key, previous.ahead, source=link.public_key)
 
     async def _acker(
         self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[DeltaReceived, PendingMerge]]

@@ -29,7 +29,7 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import GapError, LatticedError, MalformedError, NotFoundError, NotOwnerError
 from latticed.logs import get_logger, log_event
 from latticed.storage import segments
-from latticed.storage.ahead import AHEAD_DELTA_RECORDS, AHEAD_MAX_RECORDS, VerifiedAhead
+from latticed.storage.ahead import AHEAD_DELTA_RECORDS, AHEAD_MAX_RECORDS, VerifiedAhead, summary_after
 from latticed.storage.batch import Batch
 from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import (
@@ -76,7 +76,7 @@ class Engine:
         self._limiter = trio.CapacityLimiter(pool.size)
         self._waiters: dict[int, trio.Event] = {}
         self._recent: dict[int, tuple[int, Sequence[Record]]] = {}
-        #: Per replicated queue, verified records on their way to the store (live tails only: ahead.py).
+        #: Per replicated queue, verified records on their way to the store (for live tails and relaying).
         self._ahead: dict[int, VerifiedAhead] = {}
         #: Per queue, our chain values at a few recent ends (``delta_for`` checks a peer's ``since``
         #: against them to serve a live push from ``_recent`` without reading the store).
@@ -341,12 +341,13 @@ class Engine:
         job = Merge(verified)
         job.origin = origin
         self._start(job)
-        self._note_ahead(verified)
+        self._note_ahead(job)
         return job
 
-    def _note_ahead(self, verified: core.VerifiedDelta) -> None:
-        """Show a live tail the records of a verified delta that extends exactly what we hold (or what is
-        already ahead), before its commit (see ahead.py)."""
+    def _note_ahead(self, job: Merge) -> None:
+        """Serve the records of a verified live push that extends exactly what we hold (or what is
+        already ahead) to live tails and to peers, before its commit (see ahead.py); sets ``job.ahead``."""
+        verified = job.verified
         d = verified.delta
         if d.kind != KIND_QUEUE or not 0 < len(d.records) <= AHEAD_DELTA_RECORDS or d.fork is not None:
             return
@@ -356,21 +357,35 @@ class Engine:
         if q is None:
             return
         state = self.state(q)
-        if state.forked or state.head is None or (d.head is not None and d.head.start > d.from_offset):
+        if state.forked or state.head is None:
             return
         ahead = self._ahead.get(q)
         if ahead is not None and ahead.end > state.held_end:
-            if d.from_offset != ahead.end or d.from_hash != ahead.end_hash:
-                return
+            base = ahead.summary
             if len(ahead.records) + len(d.records) > AHEAD_MAX_RECORDS:
                 return
-            self._ahead[q] = ahead.extended(d.from_offset, d.records, verified.chains[-1])
         else:
-            held = state.summary()  # in memory (the chain value at the end is cached)
-            if d.from_offset != held.held_end or d.from_hash != held.held_hash:
-                return
-            self._ahead[q] = VerifiedAhead.of(d.from_offset, d.records, verified.chains[-1])
+            ahead = None
+            base = state.summary()  # in memory (the chain value at the end is cached)
+        if d.from_offset != base.held_end or d.from_hash != base.held_hash:
+            return
+        summary = summary_after(base, d, verified.chains[-1])
+        if summary is None:
+            return
+        self._ahead[q] = VerifiedAhead.of(d, summary) if ahead is None else ahead.extended(d, summary)
+        job.ahead = summary
         self._wake(q)
+
+    def ahead_for(self, owner: bytes, name: str, kind: int, since: Summary | None) -> VerifiedAhead | None:
+        """The records ahead of our commit (ahead.py), if a peer summarised by ``since`` is to be served
+        from them: it holds at least what we have committed, and we have more on its way to the store."""
+        q = self.find(owner, name, kind)
+        if q is None or since is None:
+            return None
+        ahead = self._ahead.get(q)
+        if ahead is None or ahead.end <= self.state(q).held_end or since.held_end < self.state(q).held_end:
+            return None
+        return ahead
 
     def _wake(self, q: int) -> None:
         event = self._waiters.pop(q, None)

@@ -144,13 +144,16 @@ class Merge(Job):
     ``summary`` what the replica holds right after this join and ``changed`` whether the join changed it
     (both meaningful once committed: several merges of one queue may share a transaction)."""
 
-    __slots__ = ("changed", "summary", "verified")
+    __slots__ = ("ahead", "changed", "summary", "verified")
 
     def __init__(self, verified: VerifiedDelta) -> None:
         super().__init__()
         self.verified = verified
         self.summary: Summary | None = None
         self.changed = False
+        #: Set when submitted, if its records are served ahead of the commit (ahead.py): what the replica
+        #: will hold once it commits.
+        self.ahead: Summary | None = None
 
     def apply(self, batch: Batch, writer: Writer) -> None:
         d = self.verified.delta
