@@ -18,6 +18,7 @@ from latticed.errors import IntegrityError, LatticedError, RemoteProtocolError
 from latticed.protocol.replication import (
     DELTA,
     DIGEST,
+    HAVE,
     HELLO,
     PROTOCOL_VERSION,
     DeltaReceived,
@@ -362,3 +363,21 @@ def test_hello_without_incarnation_is_still_understood() -> None:
     bad.start({})
     with pytest.raises(RemoteProtocolError):
         bad.receive_message(pack([HELLO, PROTOCOL_VERSION, None, b"short"]))
+
+
+def test_a_lazy_link_hears_each_summary_once() -> None:
+    """A relay reports a push ahead of its commit and again once it is durable, with the same summary:
+    a lazy link gets one HAVE for it, and one for each later change."""
+    a, b = ReplicationSession(), ReplicationSession()
+    a.start({})
+    b.start({})
+    for message in b.messages_to_send():
+        a.receive_message(message)
+    a.messages_to_send()
+    a._link(KEY).eager = False
+    summary = Summary(version=1, start=0, held_end=3, held_hash=b"\x01" * 32, meta_version=0)
+    a.local_update(KEY, summary)
+    a.local_update(KEY, summary)
+    assert [unpack(m)[0] for m in a.messages_to_send()] == [HAVE]
+    a.local_update(KEY, dataclasses.replace(summary, version=2, held_end=4))
+    assert [unpack(m)[0] for m in a.messages_to_send()] == [HAVE]

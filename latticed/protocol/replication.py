@@ -231,7 +231,9 @@ class ReplicationSession:
         link = self._link(key)
         if link.eager:
             self._schedule(key)
-        elif is_ahead(summary, link.peer):
+        elif is_ahead(summary, link.peer) and self._announced.get(key) != summary:
+            # Once per summary: a relay reports a push both when it serves it ahead of its commit and
+            # when the commit is done, with the same summary.
             self._send([HAVE, key[0], key[1], key[2], summary_to_wire(summary)])
             self._announced[key] = summary
 
