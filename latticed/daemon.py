@@ -25,6 +25,7 @@ from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.groups.service import run_groups
 from latticed.logs import get_logger, log_event
+from latticed.malloc import keep_large_buffers
 from latticed.paths import ensure_data_dir, ensure_socket_dir
 from latticed.replication import run_replication
 from latticed.sdnotify import Notifier, watchdog_interval
@@ -68,8 +69,9 @@ async def run_daemon(
     env: Mapping[str, str] = os.environ,
 ) -> None:
     """Run until SIGTERM/SIGINT (or cancellation). ``handle_signals`` defaults to "on the main thread", and
-    so does ``tune_gc`` (raise the collector's first threshold, freeze what start-up built): both are
-    process-wide, so they are for a daemon that owns its process."""
+    so does ``tune_gc`` (raise the collector's first threshold, freeze what start-up built, keep large
+    freed buffers for reuse: latticed/malloc.py): both are process-wide, so they are for a daemon that
+    owns its process."""
     on_main_thread = threading.current_thread() is threading.main_thread()
     if handle_signals is None:
         handle_signals = on_main_thread
@@ -78,6 +80,7 @@ async def run_daemon(
     sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
     if tune_gc:
         _tune_gc_threshold()
+        keep_large_buffers()
     notifier = Notifier.from_env(env)
     ensure_data_dir(config.data_dir)
     ensure_socket_dir(config.socket_path)
