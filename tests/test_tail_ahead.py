@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from inprocess import start_in_process
+from inprocess import InProcessDaemon, start_in_process
 
 from latticed.config import DaemonConfig
 from latticed.crdt import queue as core
@@ -167,10 +167,9 @@ async def test_a_failed_merge_takes_back_what_it_showed(tmp_path: Path) -> None:
         assert (await engine.read_visible(q, 2, 100, 1000, 1 << 20)).offsets == []
 
 
-def test_a_tail_on_a_replica_streams_records_ahead_of_the_commit(tmp_path: Path) -> None:
-    """End to end through the API: the tail's client gets the records while the storage thread is
-    still held, then the same offsets are durable."""
-    deltas = alice_chunks(3, 4)
+@contextmanager
+def replica_daemon(tmp_path: Path, deltas: list[core.QueueDelta]) -> Iterator[tuple[InProcessDaemon, Engine]]:
+    """A daemon in this process holding Alice's first chunk as a replica; stopped at the end."""
     daemon = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
     try:
         engine: Engine = daemon.handle.engine
@@ -179,6 +178,16 @@ def test_a_tail_on_a_replica_streams_records_ahead_of_the_commit(tmp_path: Path)
             await replica_with_first_chunk(engine, deltas)
 
         daemon.call(merge_first)
+        yield daemon, engine
+    finally:
+        daemon.stop()
+
+
+def test_a_tail_on_a_replica_streams_records_ahead_of_the_commit(tmp_path: Path) -> None:
+    """End to end through the API: the tail's client gets the records while the storage thread is
+    still held, then the same offsets are durable."""
+    deltas = alice_chunks(3, 4)
+    with replica_daemon(tmp_path, deltas) as (daemon, engine):
         address = f"{ALICE.public_key.hex()}/q"
         with daemon.client() as c:
             tail = c.tail(address, from_offset=3)
@@ -211,8 +220,6 @@ def test_a_tail_on_a_replica_streams_records_ahead_of_the_commit(tmp_path: Path)
             daemon.call(committed)
             assert got == [(3 + i, v) for i, v in enumerate(r.value for r in deltas[1].records)]
             assert c.queue_info(address)["end_offset"] == 7
-    finally:
-        daemon.stop()
 
 
 async def test_only_live_pushes_wait_ahead_and_only_so_many(tmp_path: Path) -> None:
@@ -248,14 +255,7 @@ def test_a_replica_tail_gets_every_record_once_in_order_however_commits_interlea
     sizes = [rng.randint(1, 9) for _ in range(40)]
     deltas = alice_chunks(*sizes)
     total = sum(sizes)
-    daemon = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
-    try:
-        engine: Engine = daemon.handle.engine
-
-        async def merge_first() -> None:
-            await replica_with_first_chunk(engine, deltas)
-
-        daemon.call(merge_first)
+    with replica_daemon(tmp_path, deltas) as (daemon, engine):
         got: list[tuple[int, bytes]] = []
         done = threading.Event()
 
@@ -294,8 +294,6 @@ def test_a_replica_tail_gets_every_record_once_in_order_however_commits_interlea
         reader.join(10)
         expected = [(o, r.value) for o, r in enumerate(r for d in deltas for r in d.records)]
         assert got == expected
-    finally:
-        daemon.stop()
 
 
 # ------------------------------------------------------------------ relaying ahead of the commit
