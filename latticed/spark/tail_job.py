@@ -198,13 +198,16 @@ def session(
         return active
     from pyspark import SparkConf  # noqa: PLC0415 - reads spark-submit's settings
 
-    use_worker_python()  # workers need latticed: this venv's interpreter, started without pyspark.zip
     conf = SparkConf()
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
     elif not conf.contains("spark.master"):
         builder = builder.master("local[*]")
+    if (master or conf.get("spark.master", "local[*]")).startswith("local"):
+        # Workers need latticed: this venv's interpreter, started without pyspark.zip. Only for a local
+        # master: on a cluster the wrapper would not exist on the executors' hosts.
+        use_worker_python()
     if not conf.contains("spark.sql.shuffle.partitions"):
         builder = builder.config("spark.sql.shuffle.partitions", "4")
     for key, value in (extra or {}).items():
