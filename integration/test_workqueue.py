@@ -97,8 +97,11 @@ def test_killed_workers_leases_expire_and_records_are_redelivered(
     # stalled past its visibility on a very slow machine); normally every record is done exactly once.
     assert all(n == 1 or len(started[offset]) > 1 for offset, n in done.items())
     assert done[7] == 1 and started[7] == [1, 2]  # the killed task's record came back after its lease expired
-    # Each attempt number once (log lines of concurrent attempts may land in either order).
-    assert all(sorted(attempts) == list(range(1, len(attempts) + 1)) for attempts in started.values())
+    # Each attempt number at most once (log lines of concurrent attempts may land in either order). One
+    # may be missing from the log: the killed worker may have leased a second record and died before that
+    # task wrote its "start"; the record then comes back as attempt 2.
+    assert all(len(set(attempts)) == len(attempts) for attempts in started.values())
+    assert all(max(attempts) <= len(attempts) + 1 for attempts in started.values())
     with client(daemon) as c:
         stats = c.group_stats("work")
     assert (stats["done"], stats["available"], stats["leased"], stats["dead"]) == (total, 0, 0, 0)
