@@ -2,8 +2,11 @@
 
 Usage::
 
-    from latticed.spark import register
+    from latticed.spark import register, use_local_checkpoint_manager, use_worker_python
+    use_worker_python()  # before the session: workers start ~1 s sooner (local masters)
+    spark = SparkSession.builder.master("local[2]").getOrCreate()
     register(spark)
+    use_local_checkpoint_manager(spark)  # ~90 ms less per micro-batch for local checkpoints
     df = spark.readStream.format("lattice").option("queues", "events").load()
 
 Needs the ``spark`` extra (``pip install 'latticed[spark]'``). See docs/spark.md.
