@@ -160,11 +160,7 @@ def test_pipelined_chunks_reach_the_same_state_in_the_simulator() -> None:
     for batch in range(20):
         a.write(ALICE, "q", list(run(50, f"b{batch}-")), batch)
     net.connect(0, 1)
-    peak = 0
-    net.settle()
-    while any(net.wires.values()):
-        net.round()
-        peak = max(peak, a.sessions[1].inflight)
+    peak = net.peak_until_quiet(lambda: a.sessions[1].inflight)
     assert b.states[KEY] == a.states[KEY]
     assert 1 < peak <= 4  # several chunks in flight, never more than the window
 

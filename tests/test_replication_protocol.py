@@ -71,11 +71,7 @@ def test_backlog_streams_in_chunks_within_the_window() -> None:
     for batch in range(30):
         a.write(ALICE, "q", records(50, f"b{batch}-"), batch)
     net.connect(0, 1)
-    max_inflight = 0
-    net.settle()
-    while any(net.wires.values()):
-        net.round()
-        max_inflight = max(max_inflight, a.sessions[1].inflight)
+    max_inflight = net.peak_until_quiet(lambda: a.sessions[1].inflight)
     assert b.states[KEY] == a.states[KEY]
     assert max_inflight <= 2
     assert a.sessions[1].stats["deltas_sent"] >= 15  # 1500 records in chunks of <= 100

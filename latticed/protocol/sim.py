@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from latticed.crdt import queue as core
@@ -163,3 +164,14 @@ class SimNetwork:
             self.round()
             rounds += 1
         return rounds
+
+    def peak_until_quiet(self, measure: Callable[[], int], max_rounds: int = 10_000) -> int:
+        """Run until quiet; the largest ``measure()`` seen after any round (e.g. deltas in flight)."""
+        peak = 0
+        self.settle()
+        for _ in range(max_rounds):
+            if not (any(self.wires.values()) or self._redial):
+                break
+            self.round()
+            peak = max(peak, measure())
+        return peak
