@@ -1,24 +1,67 @@
 """latticed: signed single-writer lattice queues and KV state, replicated peer to peer.
 
-The public library surface is re-exported here; everything else is internal.
+The public library surface is re-exported here; everything else is internal. The re-exports load on
+first use: every ``import latticed.…`` runs this file, and a process that only talks to the daemon (the
+CLI, Spark's per-query source process) should not pay ~45 ms for the lattice core and libsodium.
 """
 
-from latticed.crdt.errors import (
-    BadSignatureError,
-    EquivocationError,
-    GapError,
-    IntegrityError,
-    LatticedError,
-    MalformedError,
-    NotOwnerError,
-    TamperedError,
-    WrongOwnerError,
-)
-from latticed.crdt.forks import ForkProof
-from latticed.crdt.queue import QueueDelta, QueueState, Summary
-from latticed.crdt.records import Record
-from latticed.crdt.signing import Identity
-from latticed.queue import LatticeQueue
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from latticed.crdt.errors import (
+        BadSignatureError,
+        EquivocationError,
+        GapError,
+        IntegrityError,
+        LatticedError,
+        MalformedError,
+        NotOwnerError,
+        TamperedError,
+        WrongOwnerError,
+    )
+    from latticed.crdt.forks import ForkProof
+    from latticed.crdt.queue import QueueDelta, QueueState, Summary
+    from latticed.crdt.records import Record
+    from latticed.crdt.signing import Identity
+    from latticed.queue import LatticeQueue
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    **dict.fromkeys(
+        (
+            "BadSignatureError",
+            "EquivocationError",
+            "GapError",
+            "IntegrityError",
+            "LatticedError",
+            "MalformedError",
+            "NotOwnerError",
+            "TamperedError",
+            "WrongOwnerError",
+        ),
+        "latticed.crdt.errors",
+    ),
+    "ForkProof": "latticed.crdt.forks",
+    "QueueDelta": "latticed.crdt.queue",
+    "QueueState": "latticed.crdt.queue",
+    "Summary": "latticed.crdt.queue",
+    "Record": "latticed.crdt.records",
+    "Identity": "latticed.crdt.signing",
+    "LatticeQueue": "latticed.queue",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'latticed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
 
 __all__ = [
     "BadSignatureError",
@@ -38,3 +81,7 @@ __all__ = [
     "TamperedError",
     "WrongOwnerError",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import (
     ArrayType,
@@ -152,8 +151,17 @@ def constant_strings(text: str, count: int) -> pa.Array:
     return pa.repeat(one[0], count)
 
 
+def _compute() -> Any:
+    """``pyarrow.compute``, imported on first use: only executors build arrays, and the import costs
+    ~40 ms, which the planner process every streaming query starts would pay for nothing."""
+    import pyarrow.compute  # noqa: PLC0415
+
+    return pyarrow.compute
+
+
 def _binary(lengths: bytes, data: bytes, count: int) -> pa.Array:
     """A binary array from the ``packed`` layout: ``count`` int32 lengths (-1 = null) and the bytes."""
+    pc = _compute()
     sizes = pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(b"\0\0\0\0" + lengths)])
     valid = None
     if pc.min(sizes).as_py() < 0:
@@ -179,7 +187,7 @@ def packed_record_batch(
     n = int(reply["count"])
     if reply["offsets"] is None:
         before = _scalar(pa.int64(), struct.pack("=q", int(reply["first"]) - 1))
-        offsets = pc.cumulative_sum(pa.repeat(_ONE64, n), start=before)
+        offsets = _compute().cumulative_sum(pa.repeat(_ONE64, n), start=before)
     else:
         offsets = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(reply["offsets"])])
     if reply["key_lengths"] is None:
