@@ -10,18 +10,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# The errors load with anything that imports latticed (every layer raises them), so only the rest is lazy.
+from latticed.crdt.errors import (
+    BadSignatureError,
+    EquivocationError,
+    GapError,
+    IntegrityError,
+    LatticedError,
+    MalformedError,
+    NotOwnerError,
+    TamperedError,
+    WrongOwnerError,
+)
+
 if TYPE_CHECKING:
-    from latticed.crdt.errors import (
-        BadSignatureError,
-        EquivocationError,
-        GapError,
-        IntegrityError,
-        LatticedError,
-        MalformedError,
-        NotOwnerError,
-        TamperedError,
-        WrongOwnerError,
-    )
     from latticed.crdt.forks import ForkProof
     from latticed.crdt.queue import QueueDelta, QueueState, Summary
     from latticed.crdt.records import Record
@@ -30,20 +32,6 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    **dict.fromkeys(
-        (
-            "BadSignatureError",
-            "EquivocationError",
-            "GapError",
-            "IntegrityError",
-            "LatticedError",
-            "MalformedError",
-            "NotOwnerError",
-            "TamperedError",
-            "WrongOwnerError",
-        ),
-        "latticed.crdt.errors",
-    ),
     "ForkProof": "latticed.crdt.forks",
     "QueueDelta": "latticed.crdt.queue",
     "QueueState": "latticed.crdt.queue",
