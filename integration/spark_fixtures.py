@@ -155,9 +155,15 @@ def spark() -> Iterator[Any]:
         pytest.skip("Spark needs a JDK (17): java is not on PATH and JAVA_HOME is unset")
     from pyspark.sql import SparkSession  # noqa: PLC0415 - keeps collection fast without Spark
 
-    from latticed.spark import register, use_local_checkpoint_manager, worker_python  # noqa: PLC0415
+    from latticed.spark import (  # noqa: PLC0415
+        register,
+        start_prefork,
+        use_local_checkpoint_manager,
+        worker_python,
+    )
 
     os.environ["PYSPARK_PYTHON"] = worker_python()
+    assert start_prefork() is not None  # the tests' queries run through it
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
     session = (
