@@ -8,7 +8,8 @@ Parts:
      connection (waiting for each reply, then with 4 batches in flight) and from ``--bulk-connections``.
   2. single-record offers from ``--clients`` concurrent client processes: records/s and p50/p99 latency
      (from the offer call to its acknowledgment), for each ``--windows`` value: 1 = a blocking
-     ``Client.offer`` per record, N = a ``Producer`` with N single-record offers in flight.
+     ``Client.offer`` per record, N = a ``Producer`` with N single-record offers in flight, 0 = the
+     same clients sending a no-op request (``id``) instead: the baseline of what the box allows.
   3. offer -> tail subscriber latency p50/p99 (the subscriber gets records pushed as they commit).
   4. daemon RSS (VmRSS) with ``--records`` records stored, after storing them and after reading them all.
 
@@ -136,15 +137,24 @@ def part_bulk(pid: int, sock: Path, total: int, connections: int) -> None:
         print(f"    {label} {rate:,.0f} records/s   (daemon CPU {us:.1f} us/record)")
 
 
-def _single_client(sock: str, window: int, start: float, stop: float, out: mp.Queue[list[float]]) -> None:
-    """One client process: single-record offers until ``stop`` (time.time()); sends its latencies."""
+def _single_client(
+    sock: str, window: int, start: float, stop: float, out: mp.Queue[tuple[list[float], float]]
+) -> None:
+    """One client process: single-record offers until ``stop`` (time.time()); sends its latencies and
+    the CPU seconds it used meanwhile."""
     latencies: list[float] = []
     with Client(sock) as c:
         c.offer("single", VALUE)  # connect first
         while time.time() < start:
             time.sleep(0.001)
+        cpu0 = time.process_time()
         clock = time.perf_counter
-        if window == 1:
+        if window == 0:  # the baseline: a request the daemon answers without its store
+            while time.time() < stop:
+                t = clock()
+                c.identity()
+                latencies.append(clock() - t)
+        elif window == 1:
             while time.time() < stop:
                 t = clock()
                 c.offer("single", VALUE)
@@ -156,7 +166,8 @@ def _single_client(sock: str, window: int, start: float, stop: float, out: mp.Qu
                     t = clock()
                     sent.append((t, producer.offer(VALUE)))
             latencies = [ack.acked_at - t for t, ack in sent if ack.acked_at is not None]
-    out.put(latencies)
+        cpu = time.process_time() - cpu0
+    out.put((latencies, cpu))
 
 
 def part_single(pid: int, sock: Path, clients: int, seconds: float, windows: list[int]) -> None:
@@ -167,7 +178,7 @@ def part_single(pid: int, sock: Path, clients: int, seconds: float, windows: lis
     for window in windows:
         with Client(sock) as c:
             commits0 = c.status()["transactions"]
-        results: mp.Queue[list[float]] = context.Queue()
+        results: mp.Queue[tuple[list[float], float]] = context.Queue()
         start = time.time() + 2.0  # every client connected and imported by then
         procs = [
             context.Process(target=_single_client, args=(str(sock), window, start, start + seconds, results))
@@ -178,19 +189,31 @@ def part_single(pid: int, sock: Path, clients: int, seconds: float, windows: lis
         while time.time() < start:
             time.sleep(0.001)
         cpu0 = cpu_s(pid)
-        flat = [x for _ in procs for x in results.get()]
+        reports = [results.get() for _ in procs]
         cpu = cpu_s(pid) - cpu0
+        flat = [x for latencies, _ in reports for x in latencies]
+        client_cpu = sum(used for _, used in reports)
         for proc in procs:
             proc.join()
         with Client(sock) as c:
             commits = c.status()["transactions"] - commits0
-        how = "each waits for its ack" if window == 1 else f"each with {window} offers in flight (Producer)"
+        how = (
+            "baseline, a no-op request (id) instead, each waits for its reply"
+            if window == 0
+            else "each waits for its ack"
+            if window == 1
+            else f"each with {window} offers in flight (Producer)"
+        )
+        unit = "request" if window == 0 else "offer"
         print(
-            f"    {how}: {len(flat) / seconds:,.0f} records/s; latency p50 {pct(flat, 0.5) * 1e3:.2f} ms, "
+            f"    {how}: {len(flat) / seconds:,.0f} {unit}s/s; latency p50 {pct(flat, 0.5) * 1e3:.2f} ms, "
             f"p99 {pct(flat, 0.99) * 1e3:.2f} ms"
         )
-        per_commit = len(flat) / max(commits, 1)
-        print(f"        daemon CPU {cpu / len(flat) * 1e6:.0f} us/offer, {per_commit:.1f} offers/commit")
+        per_commit = f", {len(flat) / max(commits, 1):.1f} offers/commit" if window else ""
+        print(
+            f"        daemon CPU {cpu / len(flat) * 1e6:.0f} us/{unit}, clients' CPU "
+            f"{client_cpu / len(flat) * 1e6:.0f} us/{unit}{per_commit}"
+        )
 
 
 def part_tail(sock: Path, count: int, interval: float) -> None:
@@ -264,7 +287,11 @@ def main() -> None:
     parser.add_argument("--bulk-connections", type=int, default=4)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--windows", default="1,2", help="part 2: offers in flight per client, comma list")
+    parser.add_argument(
+        "--windows",
+        default="0,1,4",
+        help="part 2: offers in flight per client, comma list (0: the no-op baseline, same clients)",
+    )
     parser.add_argument("--tail-count", type=int, default=2000)
     parser.add_argument("--records", type=int, default=10_000_000)
     parser.add_argument("--group-commit-ms", type=float, default=2.0)
