@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
+import select
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -536,3 +538,47 @@ def test_session_tuning_reaches_spark(spark: Any) -> None:
 
     seen = spark.sparkContext.parallelize([0], 1).map(where_pyspark).collect()
     assert len(seen) == 1 and ".zip" not in seen[0], seen
+
+
+def test_a_querys_source_runs_in_a_fork_of_the_prefork_server(
+    spark: Any, lattice_daemon: Daemon, memory_query: Any
+) -> None:
+    """Spark's per-query source process comes warm from the prefork server (not a cold interpreter), and
+    goes away with the query."""
+    from latticed.spark.python_workers import _Prefork  # noqa: PLC0415
+
+    server = _Prefork.process
+    assert server is not None and server.poll() is None
+    before = children_of(server.pid)
+    name = qname("prefork")
+    lattice_daemon.client.queue_create(name)
+    offer_n(lattice_daemon, name, 3)
+    query = memory_query(stream(spark, lattice_daemon, queues=name, startingOffsets="earliest"), "prefork")
+    query.processAllAvailable()
+    assert len(table(spark, "prefork")) == 3
+    runners = children_of(server.pid) - before
+    assert runners, "the query's source did not start through the prefork server"
+    pidfds = [os.pidfd_open(pid) for pid in runners]
+    try:
+        query.stop()
+        for fd in pidfds:
+            assert select.select([fd], [], [], 60)[0] == [fd]  # exits with its query
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+
+
+def children_of(pid: int) -> set[int]:
+    """Live processes whose parent is ``pid`` (from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry.name))
+    return found
