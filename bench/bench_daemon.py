@@ -7,9 +7,12 @@ Parts:
   1. bulk: ``--bulk`` records of 100 bytes offered in batches of 1000 (one request each), from one
      connection (waiting for each reply, then with 4 batches in flight) and from ``--bulk-connections``.
   2. single-record offers from ``--clients`` concurrent client processes: records/s and p50/p99 latency
-     (from the offer call to its acknowledgment), for each ``--windows`` value: 1 = a blocking
-     ``Client.offer`` per record, N = a ``Producer`` with N single-record offers in flight, 0 = the
-     same clients sending a no-op request (``id``) instead: the baseline of what the box allows.
+     (from the offer call, or from when an open-loop offer was due, to its acknowledgment), for each
+     ``--windows`` row: 0 = the same clients sending a no-op request (``id``) instead, the baseline of
+     what the box allows; 1 = a blocking ``Client.offer`` per record; N = a ``Producer`` with N
+     single-record requests in flight, as fast as it goes; rN = open loop at ``--rate`` records/s in
+     all (each client on a fixed schedule), through a ``Producer`` with N requests in flight that sends
+     the records waiting behind them as one request, as a Kafka producer batches.
   3. offer -> tail subscriber latency p50/p99 (the subscriber gets records pushed as they commit).
   4. daemon RSS (VmRSS) with ``--records`` records stored, after storing them and after reading them all.
 
@@ -28,7 +31,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from latticed.api.client import Client
 from latticed.api.producer import Ack, Producer
@@ -137,51 +142,109 @@ def part_bulk(pid: int, sock: Path, total: int, connections: int) -> None:
         print(f"    {label} {rate:,.0f} records/s   (daemon CPU {us:.1f} us/record)")
 
 
+@dataclass(frozen=True)
+class Mode:
+    """One row of part 2: ``noop`` (the baseline), ``block`` (``Client.offer``, each waits), ``window``
+    (a ``Producer`` with ``window`` single-record requests in flight, no batching: closed loop, as fast as
+    it goes) or ``rate`` (open loop: each client offers on a fixed schedule, ``rate`` records/s in all,
+    through a ``Producer`` with ``window`` requests in flight that batches what waits behind them)."""
+
+    kind: str
+    window: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        if text == "0":
+            return cls("noop")
+        if text == "1":
+            return cls("block")
+        if text.startswith("r"):
+            return cls("rate", int(text[1:] or 1))
+        return cls("window", int(text))
+
+    def describe(self, rate: float) -> str:
+        if self.kind == "noop":
+            return "baseline, a no-op request (id) instead, each waits for its reply"
+        if self.kind == "block":
+            return "each waits for its ack"
+        if self.kind == "window":
+            return f"each with {self.window} offers in flight (Producer, batch_records=1)"
+        return (
+            f"open loop, {rate:,.0f} offered/s in all, each client a Producer (window {self.window}, "
+            "batching what waits)"
+        )
+
+
 def _single_client(
-    sock: str, window: int, start: float, stop: float, out: mp.Queue[tuple[list[float], float]]
+    sock: str, mode: Mode, rate: float, clients: int, start: float, stop: float, out: mp.Queue[Any]
 ) -> None:
-    """One client process: single-record offers until ``stop`` (time.time()); sends its latencies and
-    the CPU seconds it used meanwhile."""
+    """One client process: single-record offers until ``stop`` (time.time()); sends its latencies, the
+    CPU seconds it used meanwhile and the requests it sent."""
     latencies: list[float] = []
+    requests = 0
     with Client(sock) as c:
         c.offer("single", VALUE)  # connect first
         while time.time() < start:
             time.sleep(0.001)
         cpu0 = time.process_time()
         clock = time.perf_counter
-        if window == 0:  # the baseline: a request the daemon answers without its store
+        if mode.kind == "noop":  # the baseline: a request the daemon answers without its store
             while time.time() < stop:
                 t = clock()
                 c.identity()
                 latencies.append(clock() - t)
-        elif window == 1:
+        elif mode.kind == "block":
             while time.time() < stop:
                 t = clock()
                 c.offer("single", VALUE)
                 latencies.append(clock() - t)
-        else:
+        elif mode.kind == "window":
             sent: list[tuple[float, Ack]] = []
-            with Producer(c, "single", window) as producer:
+            with Producer(c, "single", mode.window, batch_records=1) as producer:
                 while time.time() < stop:
                     t = clock()
                     sent.append((t, producer.offer(VALUE)))
+                requests = producer.requests_sent
+            latencies = [ack.acked_at - t for t, ack in sent if ack.acked_at is not None]
+        else:
+            # Open loop: offer i is due at start + i * interval whatever happened before, and its latency
+            # runs from when it was due (a client that falls behind pays for it: no coordinated omission).
+            interval = clients / rate
+            due = clock() + (start - time.time())
+            end = clock() + (stop - time.time())
+            sent = []
+            with Producer(c, "single", mode.window) as producer:
+                while due < end:
+                    now = clock()
+                    if now < due:
+                        if producer.in_flight:
+                            producer.poll(due - now)  # read acks as they come, not at the next offer
+                        else:
+                            time.sleep(due - now)
+                        continue
+                    sent.append((due, producer.offer(VALUE)))
+                    due += interval
+                producer.flush()
+                requests = producer.requests_sent
             latencies = [ack.acked_at - t for t, ack in sent if ack.acked_at is not None]
         cpu = time.process_time() - cpu0
-    out.put((latencies, cpu))
+    out.put((latencies, cpu, requests))
 
 
-def part_single(pid: int, sock: Path, clients: int, seconds: float, windows: list[int]) -> None:
+def part_single(pid: int, sock: Path, clients: int, seconds: float, modes: list[Mode], rate: float) -> None:
     with Client(sock) as c:
         c.queue_create("single")
     print(f"[2] single-record offers, {clients} concurrent client processes, {seconds:.0f}s each:")
     context = mp.get_context("spawn")
-    for window in windows:
+    for mode in modes:
         with Client(sock) as c:
             commits0 = c.status()["transactions"]
-        results: mp.Queue[tuple[list[float], float]] = context.Queue()
+        results: mp.Queue[Any] = context.Queue()
         start = time.time() + 2.0  # every client connected and imported by then
         procs = [
-            context.Process(target=_single_client, args=(str(sock), window, start, start + seconds, results))
+            context.Process(
+                target=_single_client, args=(str(sock), mode, rate, clients, start, start + seconds, results)
+            )
             for _ in range(clients)
         ]
         for proc in procs:
@@ -191,28 +254,24 @@ def part_single(pid: int, sock: Path, clients: int, seconds: float, windows: lis
         cpu0 = cpu_s(pid)
         reports = [results.get() for _ in procs]
         cpu = cpu_s(pid) - cpu0
-        flat = [x for latencies, _ in reports for x in latencies]
-        client_cpu = sum(used for _, used in reports)
+        flat = [x for latencies, _, _ in reports for x in latencies]
+        client_cpu = sum(used for _, used, _ in reports)
+        requests = sum(sent for _, _, sent in reports)
         for proc in procs:
             proc.join()
         with Client(sock) as c:
             commits = c.status()["transactions"] - commits0
-        how = (
-            "baseline, a no-op request (id) instead, each waits for its reply"
-            if window == 0
-            else "each waits for its ack"
-            if window == 1
-            else f"each with {window} offers in flight (Producer)"
-        )
-        unit = "request" if window == 0 else "offer"
+        unit = "request" if mode.kind == "noop" else "offer"
         print(
-            f"    {how}: {len(flat) / seconds:,.0f} {unit}s/s; latency p50 {pct(flat, 0.5) * 1e3:.2f} ms, "
-            f"p99 {pct(flat, 0.99) * 1e3:.2f} ms"
+            f"    {mode.describe(rate)}: {len(flat) / seconds:,.0f} {unit}s/s; latency p50 "
+            f"{pct(flat, 0.5) * 1e3:.2f} ms, p99 {pct(flat, 0.99) * 1e3:.2f} ms"
         )
-        per_commit = f", {len(flat) / max(commits, 1):.1f} offers/commit" if window else ""
+        extra = "" if mode.kind == "noop" else f", {len(flat) / max(commits, 1):.1f} offers/commit"
+        if requests:
+            extra += f", {len(flat) / requests:.1f} offers/request"
         print(
             f"        daemon CPU {cpu / len(flat) * 1e6:.0f} us/{unit}, clients' CPU "
-            f"{client_cpu / len(flat) * 1e6:.0f} us/{unit}{per_commit}"
+            f"{client_cpu / len(flat) * 1e6:.0f} us/{unit}{extra}"
         )
 
 
@@ -289,9 +348,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument(
         "--windows",
-        default="0,1,4",
-        help="part 2: offers in flight per client, comma list (0: the no-op baseline, same clients)",
+        default="0,1,4,r1",
+        help="part 2 rows, comma list: 0 the no-op baseline, 1 blocking offers, N a Producer with N in "
+        "flight (closed loop), rN open loop at --rate through a batching Producer with N in flight",
     )
+    parser.add_argument("--rate", type=float, default=20_000.0, help="part 2: offered records/s (rN rows)")
     parser.add_argument("--tail-count", type=int, default=2000)
     parser.add_argument("--records", type=int, default=10_000_000)
     parser.add_argument("--group-commit-ms", type=float, default=2.0)
@@ -307,7 +368,8 @@ def main() -> None:
         if 1 in parts:
             part_bulk(proc.pid, sock, args.bulk, args.bulk_connections)
         if 2 in parts:
-            part_single(proc.pid, sock, args.clients, args.seconds, [int(w) for w in args.windows.split(",")])
+            modes = [Mode.parse(w) for w in args.windows.split(",")]
+            part_single(proc.pid, sock, args.clients, args.seconds, modes, args.rate)
         if 3 in parts:
             part_tail(sock, args.tail_count, 0.002)
         if 4 in parts:

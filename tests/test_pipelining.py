@@ -4,8 +4,10 @@ offers, and a client that leaves with offers in flight harms nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, NotOwnerError
 from latticed.framing import FrameDecoder
+from latticed.storage.jobs import Call
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +176,92 @@ def test_producer_reports_errors_per_offer_and_on_flush(client: Client) -> None:
     producer.close()
     with pytest.raises(MalformedError):
         Producer(client, "partly", window=0)
+
+
+def test_producer_sends_what_waits_behind_a_full_window_as_one_request(client: Client) -> None:
+    client.queue_create("coalesced")
+    acks = []
+    with Producer(client, "coalesced", window=1, batch_records=8) as producer:
+        for i in range(200):
+            acks.append(producer.offer(b"c%d" % i, key=b"k%d" % i, headers={"i": b"%d" % i}))
+            assert producer.in_flight <= 1 and producer.waiting < 8
+        sent = producer.requests_sent
+    assert producer.records_sent == 200
+    assert 200 // 8 <= sent < 200  # batched: never more than 8 records a request, far fewer requests
+    assert [ack.result() for ack in acks] == list(range(200))  # each record its own offset, in order
+    assert all(ack.count == 1 for ack in acks)
+    entries = client.range("coalesced", 0, 199)
+    assert [(e.value, e.key, e.headers) for e in entries] == [
+        (b"c%d" % i, b"k%d" % i, (("i", b"%d" % i),)) for i in range(200)
+    ]
+
+
+@contextlib.contextmanager
+def storage_held(daemon: InProcessDaemon) -> Iterator[None]:
+    """Keep the daemon's storage thread inside a batch (so nothing commits) until the block ends."""
+    release, entered = threading.Event(), threading.Event()
+
+    def hold(batch: Any, writer: Any) -> None:
+        entered.set()
+        release.wait(30)
+
+    async def start() -> None:
+        daemon.handle.engine._start(Call(hold))
+
+    daemon.call(start)
+    assert entered.wait(30)
+    try:
+        yield
+    finally:
+        release.set()
+
+
+def test_records_batched_together_fail_together_and_alone(client: Client, daemon: InProcessDaemon) -> None:
+    client.queue_create("batched-fail")
+    producer = Producer(client, "batched-fail", window=1)
+    with storage_held(daemon):
+        first = producer.offer(b"first")  # sent at once: the window was empty
+        bad = producer.offer(12345)  # type: ignore[arg-type]  # waits behind it (nothing commits now)...
+        mate = producer.offer(b"mate")  # ...with this one: one request, refused as a whole
+        assert (producer.in_flight, producer.waiting, first.done) == (1, 2, False)
+    with pytest.raises(MalformedError):
+        producer.flush()
+    assert producer.requests_sent == 2
+    later = producer.offer(b"later")
+    producer.flush()
+    assert first.result() == 0 and later.result() == 1
+    for ack in (bad, mate):
+        with pytest.raises(MalformedError):
+            ack.result()
+    assert [e.value for e in client.range("batched-fail", 0, 10)] == [b"first", b"later"]
+    producer.close()
+
+
+def test_producer_poll_reads_acks_and_sends_what_waits(client: Client) -> None:
+    client.queue_create("polled")
+    producer = Producer(client, "polled", window=1)
+    acks = [producer.offer(b"%d" % i) for i in range(5)]
+    answered = 0
+    while not all(ack.done for ack in acks):
+        answered += producer.poll(timeout=10)  # returns as replies arrive, sending the rest meanwhile
+    assert answered == producer.requests_sent >= 2
+    assert [ack.result() for ack in acks] == list(range(5))
+    assert producer.poll() == 0  # nothing in flight: returns at once
+    producer.close()
+
+
+def test_closing_a_producer_fails_what_still_waits_unsent(client: Client, daemon: InProcessDaemon) -> None:
+    client.queue_create("unsent")
+    producer = Producer(client, "unsent", window=1)
+    with storage_held(daemon):
+        producer.offer(b"sent")
+        waiting = producer.offer(b"never sent")
+        assert producer.waiting == 1
+        producer.close()
+    with pytest.raises(ConnectionClosedError):
+        waiting.result()
+    client.offer("unsent", b"after")  # commits after whatever the closed connection had sent
+    assert b"never sent" not in [e.value for e in client.range("unsent", 0, 10)]
 
 
 def test_producer_fails_pending_acks_when_closed(client: Client) -> None:

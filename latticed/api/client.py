@@ -8,6 +8,7 @@ Errors from the daemon are raised as the :mod:`latticed.errors` class whose ``co
 from __future__ import annotations
 
 import os
+import select
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -159,6 +160,8 @@ class _Connection:
             ) from exc
         self.sock: socket.socket | None = sock
         self.decoder = FrameDecoder(CLIENT_MAX_FRAME)
+        #: A whole reply taken from the decoder by :meth:`reply_ready`, for the next :meth:`receive`.
+        self._ready: bytes | None = None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -199,7 +202,36 @@ class _Connection:
             return None
         return error_from_reply(reply.get("error")) if not reply.get("ok") else None
 
+    def reply_ready(self) -> bool:
+        """Whether :meth:`receive` would return (or fail) without waiting: takes what the socket holds
+        now, never blocks."""
+        if self._ready is not None:
+            return True
+        decoder = self.decoder
+        while True:
+            try:
+                frame = decoder.next_frame()
+            except LatticedError:
+                return True  # receive() reports it
+            if frame is not None:
+                self._ready = frame
+                return True
+            sock = self.sock
+            if sock is None or decoder.eof:
+                return True
+            try:
+                if not select.select([sock], [], [], 0)[0]:
+                    return False
+                data = sock.recv(_RECEIVE_SIZE)
+            except OSError:
+                return True  # receive() meets it again and reports it
+            decoder.receive_data(data)
+
     def receive(self) -> dict[str, Any]:
+        frame = self._ready
+        if frame is not None:
+            self._ready = None
+            return self._decode(frame)
         decoder = self.decoder
         while True:
             try:
@@ -223,6 +255,9 @@ class _Connection:
                 self.close()
                 raise ConnectionClosedError(f"lost the connection to latticed at {self.path}: {exc}") from exc
             decoder.receive_data(data)
+        return self._decode(frame)
+
+    def _decode(self, frame: bytes) -> dict[str, Any]:
         try:
             reply = msgpack.unpackb(frame, raw=False, strict_map_key=False)
         except Exception as exc:

@@ -1,14 +1,20 @@
-"""Pipelined offers to one queue, the way a Kafka producer sends: many requests in flight on one connection.
+"""Pipelined offers to one queue, the way a Kafka producer sends: many requests in flight on one connection,
+and what queues up behind them goes out as one batch.
 
 A blocking ``Client.offer`` waits a whole round trip, durable commit included, before it may send the
-next record, so one client gets one record per commit. A :class:`Producer` keeps up to ``window`` offers
-in flight: the daemon starts each as it arrives and answers them in order as their group commits land,
-so one client's records share commits and the socket never sits idle. Each offer returns an :class:`Ack`
-that resolves when the daemon acknowledged it (the record is durable then, as with ``Client.offer``).
+next record, so one client gets one record per commit. A :class:`Producer` keeps up to ``window``
+requests in flight: the daemon starts each as it arrives and answers them in order as their group
+commits land, so one client's records share commits and the socket never sits idle. Records offered
+while the window is full wait in the producer and leave together, as one ``offer_batch``, as soon as a
+request is answered (up to ``batch_records`` records or ``batch_bytes`` bytes): the daemon then pays
+for one request where it would have paid for many, which is what lets single-record offers approach
+the bulk path's rate. Each offer returns an :class:`Ack` that resolves when the daemon acknowledged its
+record (durable then, as with ``Client.offer``).
 """
 
 from __future__ import annotations
 
+import select
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -19,8 +25,13 @@ from latticed.api.client import Client, _header_list, error_from_reply
 from latticed.api.protocol import API_VERSION
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
 
-#: Offers in flight by default: enough to fill a group commit, few enough to bound the wait for an ack.
+#: Requests in flight by default: enough to fill a group commit, few enough to bound the wait for an ack.
 DEFAULT_WINDOW: Final = 16
+#: Records that wait behind a full window and leave as one request, at most (Kafka's ``batch.size``).
+DEFAULT_BATCH_RECORDS: Final = 512
+DEFAULT_BATCH_BYTES: Final = 1 << 20
+
+RawRecord = tuple[bytes, bytes | None, list[Any] | None]
 
 
 class Ack:
@@ -43,7 +54,7 @@ class Ack:
     def result(self) -> int:
         """The first offset assigned (waits for the acknowledgment; raises the daemon's error)."""
         while self.acked_at is None:
-            self._producer._receive_one()
+            self._producer._await_one()
         if self.error is not None:
             raise self.error
         assert self.first is not None
@@ -54,22 +65,42 @@ class Ack:
 
 
 class Producer:
-    """Offers to ``queue`` with up to ``window`` unacknowledged at once, over a connection of its own.
+    """Offers to ``queue`` with up to ``window`` requests unacknowledged at once, over a connection of its
+    own; records offered meanwhile wait and leave as one request.
 
-    Offers are committed, and acknowledged, in the order they were made. One that fails (a bad record,
-    a full disk) fails alone: offers already sent after it may still commit, as with a Kafka producer
-    that has several requests in flight; use ``window=1`` where a failure must stop everything after it.
-    Not thread-safe. Leaving the ``with`` block normally waits for every acknowledgment (and raises the
-    first error among them)."""
+    Records are committed, and acknowledged, in the order they were offered. A request that fails (a bad
+    record, a full disk) fails alone, with every record in it: records that waited together behind a full
+    window form one request, so they commit or fail together, as in a Kafka producer batch. Requests
+    already sent after a failed one may still commit. Use ``window=1, batch_records=1`` where a failure
+    must stop everything after it. Not thread-safe. Leaving the ``with`` block normally waits for every
+    acknowledgment (and raises the first error among them)."""
 
-    def __init__(self, client: Client, queue: str, window: int = DEFAULT_WINDOW) -> None:
-        if window < 1:
-            raise MalformedError("a producer's window is at least 1")
+    def __init__(
+        self,
+        client: Client,
+        queue: str,
+        window: int = DEFAULT_WINDOW,
+        *,
+        batch_records: int = DEFAULT_BATCH_RECORDS,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+    ) -> None:
+        if window < 1 or batch_records < 1 or batch_bytes < 1:
+            raise MalformedError("a producer's window and batch limits are at least 1")
         self.queue = queue
         self.window = window
+        self.batch_records = batch_records
+        self.batch_bytes = batch_bytes
         self._conn = client.open_stream(client.timeout)
-        self._pending: deque[tuple[int, Ack]] = deque()
+        #: Requests sent and not answered yet: (request id, the acks it answers, one per record or batch).
+        self._pending: deque[tuple[int, list[Ack]]] = deque()
+        #: Records waiting for a free slot in the window, and their acks.
+        self._waiting: list[RawRecord] = []
+        self._waiting_acks: list[Ack] = []
+        self._waiting_bytes = 0
         self._next_id = 1
+        #: Requests sent and records in them, since the producer was made (a Kafka-like ``metrics()``).
+        self.requests_sent = 0
+        self.records_sent = 0
 
     def offer(
         self,
@@ -77,40 +108,102 @@ class Producer:
         key: bytes | None = None,
         headers: Mapping[str, bytes] | Sequence[tuple[str, bytes]] | None = None,
     ) -> Ack:
-        """Send one record; waits only while ``window`` offers are unacknowledged."""
-        return self._send({"op": "offer", "value": value, "key": key, "headers": _header_list(headers)}, 1)
+        """Send one record, or queue it behind a full window; waits only while the records queued there
+        reach ``batch_records`` or ``batch_bytes``."""
+        ack = Ack(self, 1)
+        record = (value, key, _header_list(headers))
+        if not self._waiting and len(self._pending) < self.window:
+            self._send({"op": "offer", "value": value, "key": key, "headers": record[2]}, [ack], 1)
+            return ack
+        self._waiting.append(record)
+        self._waiting_acks.append(ack)
+        self._waiting_bytes += (len(value) if isinstance(value, bytes | bytearray) else 0) + len(key or b"")
+        self._collect_ready()
+        while self._waiting and (
+            len(self._waiting) >= self.batch_records or self._waiting_bytes >= self.batch_bytes
+        ):
+            self._await_one()  # the window is full and so is the batch: wait for room
+        return ack
 
     def offer_batch(self, records: Sequence[tuple[bytes, bytes | None, Sequence[tuple[str, bytes]]]]) -> Ack:
-        """Send many records as one request (one commit, one ack)."""
+        """Send many records as one request (one commit, one ack), after the records already waiting."""
         if not records:
             raise MalformedError("an offer batch holds at least one record")
-        return self._send({"op": "offer_batch", "records": records}, len(records))
+        while self._waiting or len(self._pending) >= self.window:
+            self._await_one()
+        ack = Ack(self, len(records))
+        self._send({"op": "offer_batch", "records": records}, [ack], len(records))
+        return ack
 
-    def _send(self, request: dict[str, Any], count: int) -> Ack:
-        while len(self._pending) >= self.window:
-            self._receive_one()
+    def poll(self, timeout: float = 0.0) -> int:
+        """Read the acknowledgments that arrive within ``timeout`` seconds (sending what waits as room
+        frees up); returns how many requests were answered. A producer reads acknowledgments only inside
+        its calls: a caller that pauses between offers and wants ``Ack.acked_at`` exact polls meanwhile."""
+        answered = self._collect_ready()
+        if self._pending and timeout > 0 and not answered:
+            sock = self._conn.sock
+            if sock is not None and select.select([sock], [], [], timeout)[0]:
+                answered = self._collect_ready()
+        return answered
+
+    def _send(self, request: dict[str, Any], acks: list[Ack], records: int) -> None:
         rid = self._next_id
         self._next_id += 1
         self._conn.send({"v": API_VERSION, "id": rid, "queue": self.queue, **request})
-        ack = Ack(self, count)
-        self._pending.append((rid, ack))
-        return ack
+        self._pending.append((rid, acks))
+        self.requests_sent += 1
+        self.records_sent += records
+
+    def _send_waiting(self) -> None:
+        """Send the waiting records as one request if the window has room."""
+        if not self._waiting or len(self._pending) >= self.window:
+            return
+        records, acks = self._waiting, self._waiting_acks
+        self._waiting, self._waiting_acks, self._waiting_bytes = [], [], 0
+        if len(records) == 1:
+            value, key, headers = records[0]
+            self._send({"op": "offer", "value": value, "key": key, "headers": headers}, acks, 1)
+        else:
+            self._send({"op": "offer_batch", "records": records}, acks, len(records))
 
     @property
     def in_flight(self) -> int:
+        """Requests sent and not yet answered."""
         return len(self._pending)
 
+    @property
+    def waiting(self) -> int:
+        """Records queued behind a full window."""
+        return len(self._waiting)
+
     def flush(self) -> None:
-        """Wait for every acknowledgment; raises the first error among the offers still in flight."""
+        """Send what waits and wait for every acknowledgment; raises the first error among the offers
+        not yet acknowledged."""
         failed: LatticedError | None = None
-        while self._pending:
-            ack = self._receive_one()
-            if failed is None and ack.error is not None:
-                failed = ack.error
+        while self._pending or self._waiting:
+            for ack in self._await_one():
+                if failed is None and ack.error is not None:
+                    failed = ack.error
         if failed is not None:
             raise failed
 
-    def _receive_one(self) -> Ack:
+    def _collect_ready(self) -> int:
+        """Answer the requests whose replies are already here, without waiting."""
+        answered = 0
+        while self._pending and self._conn.reply_ready():
+            self._receive_one()
+            answered += 1
+        self._send_waiting()
+        return answered
+
+    def _await_one(self) -> list[Ack]:
+        """Wait for the oldest request's answer (sending waiting records first if there is room)."""
+        self._send_waiting()
+        acks = self._receive_one()
+        self._send_waiting()
+        return acks
+
+    def _receive_one(self) -> list[Ack]:
         if not self._pending:
             raise LatticedError("no offer is waiting for an acknowledgment")
         try:
@@ -118,32 +211,39 @@ class Producer:
         except LatticedError as exc:
             self._fail_all(exc)
             raise
-        rid, ack = self._pending.popleft()
+        rid, acks = self._pending.popleft()
         if reply.get("id") != rid:
             problem = RemoteProtocolError(f"reply for request {reply.get('id')!r} while waiting for {rid}")
-            self._resolve(ack, None, problem)
+            self._resolve(acks, None, problem)
             self._fail_all(problem)
             self._conn.close()
             raise problem
         if reply.get("ok"):
             first: Any = reply["offset"] if "offset" in reply else reply.get("first")
-            self._resolve(ack, int(first), None)
+            self._resolve(acks, int(first), None)
         else:
-            self._resolve(ack, None, error_from_reply(reply.get("error")))
-        return ack
+            self._resolve(acks, None, error_from_reply(reply.get("error")))
+        return acks
 
     @staticmethod
-    def _resolve(ack: Ack, first: int | None, error: LatticedError | None) -> None:
-        ack.first, ack.error, ack.acked_at = first, error, time.perf_counter()
+    def _resolve(acks: list[Ack], first: int | None, error: LatticedError | None) -> None:
+        now = time.perf_counter()
+        for ack in acks:
+            ack.first, ack.error, ack.acked_at = first, error, now
+            if first is not None:
+                first += ack.count
 
     def _fail_all(self, error: LatticedError) -> None:
         lost = ConnectionClosedError(f"no acknowledgment: {error}")
         while self._pending:
-            _, ack = self._pending.popleft()
-            self._resolve(ack, None, lost)
+            _, acks = self._pending.popleft()
+            self._resolve(acks, None, lost)
+        acks, self._waiting, self._waiting_acks, self._waiting_bytes = self._waiting_acks, [], [], 0
+        self._resolve(acks, None, lost)
 
     def close(self) -> None:
-        """Close the connection; offers still unacknowledged may or may not have been committed."""
+        """Close the connection; offers still unacknowledged may or may not have been committed (those
+        still waiting in the producer were not sent)."""
         self._fail_all(ConnectionClosedError("the producer was closed"))
         self._conn.close()
 
@@ -160,4 +260,4 @@ class Producer:
             self.close()
 
 
-__all__ = ["DEFAULT_WINDOW", "Ack", "Producer"]
+__all__ = ["DEFAULT_BATCH_BYTES", "DEFAULT_BATCH_RECORDS", "DEFAULT_WINDOW", "Ack", "Producer"]
