@@ -237,6 +237,26 @@ def test_records_batched_together_fail_together_and_alone(client: Client, daemon
     producer.close()
 
 
+def test_a_waiting_record_that_cannot_be_encoded_fails_its_batch_not_the_producer(
+    client: Client, daemon: InProcessDaemon
+) -> None:
+    client.queue_create("unencodable")
+    producer = Producer(client, "unencodable", window=1)
+    with storage_held(daemon):
+        first = producer.offer(b"first")
+        odd = producer.offer(object())  # type: ignore[arg-type]  # msgpack cannot encode it
+        mate = producer.offer(b"mate")
+    with pytest.raises(MalformedError):
+        producer.flush()
+    for ack in (odd, mate):
+        with pytest.raises(MalformedError, match="encode"):
+            ack.result()
+    assert first.result() == 0
+    assert producer.offer(b"later").result() == 1  # the connection is fine
+    producer.close()
+    assert [e.value for e in client.range("unencodable", 0, 10)] == [b"first", b"later"]
+
+
 def test_producer_poll_reads_acks_and_sends_what_waits(client: Client) -> None:
     client.queue_create("polled")
     producer = Producer(client, "polled", window=1)

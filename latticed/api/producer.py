@@ -97,6 +97,8 @@ class Producer:
         self._waiting: list[RawRecord] = []
         self._waiting_acks: list[Ack] = []
         self._waiting_bytes = 0
+        #: Why waiting records could not be sent (not encodable), for :meth:`flush` to raise.
+        self._unsent_error: LatticedError | None = None
         self._next_id = 1
         #: Requests sent and records in them, since the producer was made (a Kafka-like ``metrics()``).
         self.requests_sent = 0
@@ -146,13 +148,29 @@ class Producer:
                 answered = self._collect_ready()
         return answered
 
-    def _send(self, request: dict[str, Any], acks: list[Ack], records: int) -> None:
+    def _send(self, request: dict[str, Any], acks: list[Ack], records: int, *, queued: bool = False) -> bool:
+        """Send one request; False if it could not be encoded. That fails its records (raised to the
+        caller who offered them, or, for records that had been waiting, kept for their acks and
+        :meth:`flush`). A broken connection fails every record not yet acknowledged, and is raised."""
         rid = self._next_id
         self._next_id += 1
-        self._conn.send({"v": API_VERSION, "id": rid, "queue": self.queue, **request})
+        try:
+            self._conn.send({"v": API_VERSION, "id": rid, "queue": self.queue, **request})
+        except MalformedError as exc:
+            self._resolve(acks, None, exc)
+            if not queued:
+                raise
+            if self._unsent_error is None:
+                self._unsent_error = exc
+            return False
+        except LatticedError as exc:
+            self._resolve(acks, None, exc)
+            self._fail_all(exc)
+            raise
         self._pending.append((rid, acks))
         self.requests_sent += 1
         self.records_sent += records
+        return True
 
     def _send_waiting(self) -> None:
         """Send the waiting records as one request if the window has room."""
@@ -162,9 +180,10 @@ class Producer:
         self._waiting, self._waiting_acks, self._waiting_bytes = [], [], 0
         if len(records) == 1:
             value, key, headers = records[0]
-            self._send({"op": "offer", "value": value, "key": key, "headers": headers}, acks, 1)
+            request = {"op": "offer", "value": value, "key": key, "headers": headers}
         else:
-            self._send({"op": "offer_batch", "records": records}, acks, len(records))
+            request = {"op": "offer_batch", "records": records}
+        self._send(request, acks, len(records), queued=True)
 
     @property
     def in_flight(self) -> int:
@@ -184,8 +203,10 @@ class Producer:
             for ack in self._await_one():
                 if failed is None and ack.error is not None:
                     failed = ack.error
-        if failed is not None:
-            raise failed
+        unsent, self._unsent_error = self._unsent_error, None
+        problem = failed if failed is not None else unsent
+        if problem is not None:
+            raise problem
 
     def _collect_ready(self) -> int:
         """Answer the requests whose replies are already here, without waiting."""
@@ -199,6 +220,8 @@ class Producer:
     def _await_one(self) -> list[Ack]:
         """Wait for the oldest request's answer (sending waiting records first if there is room)."""
         self._send_waiting()
+        if not self._pending:
+            return []  # what waited could not be sent (its acks say why): nothing to wait for
         acks = self._receive_one()
         self._send_waiting()
         return acks
