@@ -98,6 +98,25 @@ def test_a_served_module_runs_in_a_fork_with_the_clients_world(
     assert out.returncode == 7
 
 
+def test_concurrent_starts_each_get_their_own_child(
+    server: tuple[subprocess.Popen[bytes], str], toy: Path, tmp_path: Path
+) -> None:
+    proc, path = server
+    clients = [
+        subprocess.Popen(
+            [sys.executable, "-I", "-S", CLIENT, path, sys.executable, "-m", "toymod", str(code)],
+            env=base_env(toy),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for code in range(8)
+    ]
+    outputs = [client.communicate(timeout=60)[0] for client in clients]
+    assert [client.returncode for client in clients] == list(range(8))
+    assert all(int(out.split()[0]) == proc.pid for out in outputs)
+
+
 def test_declined_requests_start_cold_as_the_same_command(
     server: tuple[subprocess.Popen[bytes], str], toy: Path, tmp_path: Path
 ) -> None:

@@ -96,7 +96,8 @@ def decode_request(body: bytes) -> Request:
 
 
 def thread_count() -> int:
-    """Threads of this process (Linux); 1 where that cannot be read is not assumed: then 2."""
+    """Threads of this process, from /proc; 2 where that cannot be read, so that an unknown count never
+    passes for safe to fork."""
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
