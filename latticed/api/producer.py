@@ -115,7 +115,7 @@ class Producer:
         ack = Ack(self, 1)
         record = (value, key, _header_list(headers))
         if not self._waiting and len(self._pending) < self.window:
-            self._send({"op": "offer", "value": value, "key": key, "headers": record[2]}, [ack], 1)
+            self._send(_single_offer(record), [ack], 1)
             return ack
         self._waiting.append(record)
         self._waiting_acks.append(ack)
@@ -148,10 +148,10 @@ class Producer:
                 answered = self._collect_ready()
         return answered
 
-    def _send(self, request: dict[str, Any], acks: list[Ack], records: int, *, queued: bool = False) -> bool:
-        """Send one request; False if it could not be encoded. That fails its records (raised to the
-        caller who offered them, or, for records that had been waiting, kept for their acks and
-        :meth:`flush`). A broken connection fails every record not yet acknowledged, and is raised."""
+    def _send(self, request: dict[str, Any], acks: list[Ack], records: int, *, queued: bool = False) -> None:
+        """Send one request. One that cannot be encoded fails its records: raised to the caller who
+        offered them, or, for records that had been waiting (``queued``), kept for their acks and
+        :meth:`flush`. A broken connection fails every record not yet acknowledged, and is raised."""
         rid = self._next_id
         self._next_id += 1
         try:
@@ -162,7 +162,7 @@ class Producer:
                 raise
             if self._unsent_error is None:
                 self._unsent_error = exc
-            return False
+            return
         except LatticedError as exc:
             self._resolve(acks, None, exc)
             self._fail_all(exc)
@@ -170,7 +170,6 @@ class Producer:
         self._pending.append((rid, acks))
         self.requests_sent += 1
         self.records_sent += records
-        return True
 
     def _send_waiting(self) -> None:
         """Send the waiting records as one request if the window has room."""
@@ -178,11 +177,9 @@ class Producer:
             return
         records, acks = self._waiting, self._waiting_acks
         self._waiting, self._waiting_acks, self._waiting_bytes = [], [], 0
-        if len(records) == 1:
-            value, key, headers = records[0]
-            request = {"op": "offer", "value": value, "key": key, "headers": headers}
-        else:
-            request = {"op": "offer_batch", "records": records}
+        request = (
+            _single_offer(records[0]) if len(records) == 1 else {"op": "offer_batch", "records": records}
+        )
         self._send(request, acks, len(records), queued=True)
 
     @property
@@ -281,6 +278,11 @@ class Producer:
                 self.flush()
         finally:
             self.close()
+
+
+def _single_offer(record: RawRecord) -> dict[str, Any]:
+    value, key, headers = record
+    return {"op": "offer", "value": value, "key": key, "headers": headers}
 
 
 __all__ = ["DEFAULT_BATCH_BYTES", "DEFAULT_BATCH_RECORDS", "DEFAULT_WINDOW", "Ack", "Producer"]
