@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hostjitter import WakeProbe
+
 from latticed.api.client import Client
 from latticed.api.producer import Ack, Producer
 from latticed.errors import ConnectionClosedError
@@ -295,7 +297,7 @@ def part_tail(sock: Path, count: int, interval: float) -> None:
     t.start()
     ready.wait()
     time.sleep(0.2)
-    with Client(sock) as c:
+    with WakeProbe() as probe, Client(sock) as c:
         for _ in range(count):
             t0 = time.perf_counter()
             offset = c.offer("tailq", VALUE)
@@ -306,6 +308,7 @@ def part_tail(sock: Path, count: int, interval: float) -> None:
     print(f"[3] offer -> tail push latency ({len(lat)} records, one every {interval * 1e3:.0f} ms):")
     p50, p99, worst = pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, max(lat) * 1e3
     print(f"    p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {worst:.2f} ms")
+    print(f"    {probe.summary()}")
 
 
 def part_rss(proc: subprocess.Popen[bytes], sock: Path, records: int, connections: int) -> None:

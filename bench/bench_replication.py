@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import trio
+from hostjitter import WakeProbe
 
 from latticed.api.client import Client
 from latticed.crdt.signing import Identity
@@ -160,7 +161,7 @@ def live(samples: int, interval: float) -> None:
         for t in threads:
             t.start()
         time.sleep(0.5)
-        with a.client() as c:
+        with WakeProbe() as probe, a.client() as c:
             for _ in range(samples):
                 t0 = time.perf_counter()
                 offset = c.offer("live", b"ping")
@@ -186,6 +187,7 @@ def live(samples: int, interval: float) -> None:
                 if label in figures:
                     add50, add99 = figures[label][0] - base[0], figures[label][1] - base[1]
                     print(f"    {name} over the baseline: p50 +{add50:.2f} ms, p99 {add99:+.2f} ms")
+        print(f"    {probe.summary()}")
 
 
 def handshake(count: int) -> None:
