@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from latticed.spark.prefork_client import HEADER, STATUS
+from latticed.spark.prefork_client import HEADER, STATUS, receive_exactly
 
 #: The modules Spark starts cold per query or per planning step; these are what the server forks.
 SERVED: Final = (
@@ -184,7 +184,10 @@ class Server:
             (size,) = HEADER.unpack(header)
             if size > MAX_REQUEST_BYTES:
                 raise ValueError("request too large")
-            request = decode_request(_receive_exactly(conn, size))
+            body = receive_exactly(conn, size)
+            if len(body) != size:
+                raise ValueError("cut-off request")
+            request = decode_request(body)
             reason = self.decline_reason(request)
             if reason is not None:
                 conn.sendall(STATUS.pack(0))
@@ -295,17 +298,6 @@ def _run_module(module: str) -> int:
         traceback.print_exc()
         return 1
     return 0
-
-
-def _receive_exactly(conn: socket.socket, size: int) -> bytes:
-    chunks = []
-    while size:
-        chunk = conn.recv(min(size, 1 << 16))
-        if not chunk:
-            raise ValueError("cut-off request")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
 
 
 def warm_up(modules: Iterable[str]) -> None:

@@ -31,14 +31,16 @@ def encode_request(argv: list[str], env: dict[bytes, bytes], cwd: bytes) -> byte
     return b"\0".join(fields)
 
 
-def _receive_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
+def receive_exactly(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes, or fewer if the other end closed first (the caller checks)."""
+    chunks = []
+    while size:
+        chunk = sock.recv(min(size, 1 << 16))
         if not chunk:
             break
-        data += chunk
-    return data
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 def _start(path: str, argv: list[str]) -> tuple[socket.socket, int] | None:
@@ -49,7 +51,7 @@ def _start(path: str, argv: list[str]) -> tuple[socket.socket, int] | None:
         body = encode_request(argv, dict(os.environb), os.getcwdb())
         socket.send_fds(sock, [HEADER.pack(len(body))], [0, 1, 2])
         sock.sendall(body)
-        reply = _receive_exactly(sock, STATUS.size)
+        reply = receive_exactly(sock, STATUS.size)
     except OSError:
         sock.close()
         return None
@@ -76,7 +78,7 @@ def main() -> None:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     try:
-        reply = _receive_exactly(sock, STATUS.size)  # a signal handled meanwhile does not interrupt it
+        reply = receive_exactly(sock, STATUS.size)  # a signal handled meanwhile does not interrupt it
     except OSError:
         reply = b""
     if len(reply) < STATUS.size:

@@ -122,7 +122,6 @@ def use_worker_python(*, prefork: bool = True) -> str:
 
 class _Prefork:
     process: subprocess.Popen[bytes] | None = None
-    directory: str | None = None
 
 
 def start_prefork(timeout: float = 60.0) -> str | None:
@@ -159,7 +158,7 @@ def start_prefork(timeout: float = 60.0) -> str | None:
     if not ready.startswith(b"ready"):
         _stop(process, directory)
         return None
-    _Prefork.process, _Prefork.directory = process, directory
+    _Prefork.process = process
     atexit.register(_stop, process, directory)
     os.environ[PREFORK_ENV] = path
     return path
