@@ -10,10 +10,14 @@ Parts:
      (from the offer call, or from when an open-loop offer was due, to its acknowledgment), for each
      ``--windows`` row: 0 = the same clients sending a no-op request (``id``) instead, the baseline of
      what the box allows; 1 = a blocking ``Client.offer`` per record; N = a ``Producer`` with N
-     single-record requests in flight, as fast as it goes; rN = open loop at ``--rate`` records/s in
+     single-record requests in flight, as fast as it goes; bK = a ``Producer`` with one request in
+     flight and up to K records waiting behind it (they leave as one request), as fast as it goes;
+     rN = open loop at ``--rate`` records/s in
      all (each client on a fixed schedule), through a ``Producer`` with N requests in flight that sends
      the records waiting behind them as one request, as a Kafka producer batches.
-  3. offer -> tail subscriber latency p50/p99 (the subscriber gets records pushed as they commit).
+  3. offer -> tail subscriber latency p50/p99 (the subscriber gets records pushed as they commit),
+     beside the host's own floors over the same run: how late a sleeping process wakes, and how long
+     a bare fdatasync of 8 KiB takes on the same filesystem (bench/hostjitter.py).
   4. daemon RSS (VmRSS) with ``--records`` records stored, after storing them and after reading them all.
 
 Figures are printed, never asserted. Each part uses its own queue in one temporary data directory.
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hostjitter import WakeProbe
+from hostjitter import FsyncProbe, WakeProbe
 
 from latticed.api.client import Client
 from latticed.api.producer import Ack, Producer
@@ -148,8 +152,10 @@ def part_bulk(pid: int, sock: Path, total: int, connections: int) -> None:
 class Mode:
     """One row of part 2: ``noop`` (the baseline), ``block`` (``Client.offer``, each waits), ``window``
     (a ``Producer`` with ``window`` single-record requests in flight, no batching: closed loop, as fast as
-    it goes) or ``rate`` (open loop: each client offers on a fixed schedule, ``rate`` records/s in all,
-    through a ``Producer`` with ``window`` requests in flight that batches what waits behind them)."""
+    it goes), ``batch`` (closed loop too: a ``Producer`` with one request in flight and up to ``window``
+    records waiting behind it, which leave as one request) or ``rate`` (open loop: each client offers on
+    a fixed schedule, ``rate`` records/s in all, through a ``Producer`` with ``window`` requests in flight
+    that batches what waits behind them)."""
 
     kind: str
     window: int = 1
@@ -162,6 +168,8 @@ class Mode:
             return cls("block")
         if text.startswith("r"):
             return cls("rate", int(text[1:] or 1))
+        if text.startswith("b"):
+            return cls("batch", int(text[1:] or 1))
         return cls("window", int(text))
 
     def describe(self, rate: float) -> str:
@@ -171,6 +179,11 @@ class Mode:
             return "each waits for its ack"
         if self.kind == "window":
             return f"each with {self.window} offers in flight (Producer, batch_records=1)"
+        if self.kind == "batch":
+            return (
+                f"closed loop, each a Producer with 1 request in flight and up to {self.window} records "
+                "waiting behind it"
+            )
         return (
             f"open loop, {rate:,.0f} offered/s in all, each client a Producer (window {self.window}, "
             "batching what waits)"
@@ -200,9 +213,10 @@ def _single_client(
                 t = clock()
                 c.offer("single", VALUE)
                 latencies.append(clock() - t)
-        elif mode.kind == "window":
+        elif mode.kind in ("window", "batch"):
             sent: list[tuple[float, Ack]] = []
-            with Producer(c, "single", mode.window, batch_records=1) as producer:
+            window, batch = (mode.window, 1) if mode.kind == "window" else (1, mode.window)
+            with Producer(c, "single", window, batch_records=batch) as producer:
                 while time.time() < stop:
                     t = clock()
                     sent.append((t, producer.offer(VALUE)))
@@ -297,7 +311,7 @@ def part_tail(sock: Path, count: int, interval: float) -> None:
     t.start()
     ready.wait()
     time.sleep(0.2)
-    with WakeProbe() as probe, Client(sock) as c:
+    with WakeProbe() as probe, FsyncProbe(sock.parent) as disk, Client(sock) as c:
         for _ in range(count):
             t0 = time.perf_counter()
             offset = c.offer("tailq", VALUE)
@@ -309,6 +323,7 @@ def part_tail(sock: Path, count: int, interval: float) -> None:
     p50, p99, worst = pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, max(lat) * 1e3
     print(f"    p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {worst:.2f} ms")
     print(f"    {probe.summary()}")
+    print(f"    {disk.summary()}")
 
 
 def part_rss(proc: subprocess.Popen[bytes], sock: Path, records: int, connections: int) -> None:
@@ -351,9 +366,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument(
         "--windows",
-        default="0,1,4,r1",
+        default="0,1,4,b8,r1",
         help="part 2 rows, comma list: 0 the no-op baseline, 1 blocking offers, N a Producer with N in "
-        "flight (closed loop), rN open loop at --rate through a batching Producer with N in flight",
+        "flight (closed loop), bK a Producer with 1 in flight and up to K records batched behind it "
+        "(closed loop), rN open loop at --rate through a batching Producer with N in flight",
     )
     parser.add_argument("--rate", type=float, default=20_000.0, help="part 2: offered records/s (rN rows)")
     parser.add_argument("--tail-count", type=int, default=2000)

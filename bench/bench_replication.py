@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import trio
-from hostjitter import WakeProbe
+from hostjitter import FsyncProbe, WakeProbe
 
 from latticed.api.client import Client
 from latticed.crdt.signing import Identity
@@ -161,7 +161,7 @@ def live(samples: int, interval: float) -> None:
         for t in threads:
             t.start()
         time.sleep(0.5)
-        with WakeProbe() as probe, a.client() as c:
+        with WakeProbe() as probe, FsyncProbe(root) as disk, a.client() as c:
             for _ in range(samples):
                 t0 = time.perf_counter()
                 offset = c.offer("live", b"ping")
@@ -188,6 +188,7 @@ def live(samples: int, interval: float) -> None:
                     add50, add99 = figures[label][0] - base[0], figures[label][1] - base[1]
                     print(f"    {name} over the baseline: p50 +{add50:.2f} ms, p99 {add99:+.2f} ms")
         print(f"    {probe.summary()}")
+        print(f"    {disk.summary()}")
 
 
 def handshake(count: int) -> None:
