@@ -7,11 +7,14 @@ Why these settings:
 * Connections run in autocommit mode (``isolation_level=None``); the writer opens its own
   ``BEGIN IMMEDIATE`` transactions, one per group commit.
 * Page caches are small and ``mmap`` is off: the daemon's memory must not grow with the store.
+* The WAL file is given its working size up front (:func:`preallocate_wal`), so commits overwrite it
+  in place instead of growing it.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 from pathlib import Path
 from typing import Final
@@ -23,6 +26,9 @@ DB_NAME: Final = "latticed.db"
 WAL_AUTOCHECKPOINT_PAGES: Final = 4096
 #: After a checkpoint the WAL file is cut back to this size, so a burst does not keep its disk space.
 JOURNAL_SIZE_LIMIT: Final = 64 << 20
+#: A WAL file's own header, and each frame's header before its page (SQLite's file format).
+WAL_HEADER_BYTES: Final = 32
+WAL_FRAME_HEADER_BYTES: Final = 24
 WRITER_CACHE_KIB: Final = 8192
 READER_CACHE_KIB: Final = 2048
 BUSY_TIMEOUT_MS: Final = 10_000
@@ -103,4 +109,48 @@ def _writer_pragmas(conn: sqlite3.Connection, cache_kib: int) -> None:
     conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
 
 
-__all__ = ["DB_NAME", "connect", "storage_error"]
+def wal_path(path: Path) -> Path:
+    return path.with_name(path.name + "-wal")
+
+
+def preallocate_wal(conn: sqlite3.Connection, path: Path, pages: int = WAL_AUTOCHECKPOINT_PAGES) -> int:
+    """Write the empty WAL file of the store at ``path`` out to the size ``pages`` frames take (what it
+    reaches between automatic checkpoints); returns the bytes written, 0 when it leaves the file alone.
+
+    Why: a commit that appends to the WAL grows the file, so its ``fdatasync`` must also push the new
+    size through the filesystem's journal; a commit that overwrites needs only the data flush. On this
+    kind of VM that is ~2-3x the cost per durable commit (bench/RESULTS.md, session 5). SQLite reuses its
+    WAL from the start after each checkpoint, so a store that has run a while overwrites anyway, but it
+    deletes the WAL at every clean close: without this every start, and every new store, pays the growing
+    cost for its first ~16 MiB of commits. The bytes must really be written: ``fallocate`` or a sparse
+    ``ftruncate`` leave extents that the first write converts, through the journal again.
+
+    Safe because only an empty WAL is touched: a ``TRUNCATE`` checkpoint first moves every frame into the
+    database (durably) and cuts the file to zero, and if it cannot (another connection still reads the
+    WAL) nothing is written. Zeros are not a valid WAL header, so until SQLite writes its own, a crash
+    leaves a WAL that recovery ignores. Run it on the writer connection, before anything else uses the
+    store. A full or read-only disk leaves the file empty and raises ``OSError`` (the caller carries on).
+    """
+    busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+    wal = wal_path(path)
+    if busy or not wal.exists() or wal.stat().st_size != 0:
+        return 0
+    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    target = WAL_HEADER_BYTES + pages * (WAL_FRAME_HEADER_BYTES + page_size)
+    fd = os.open(wal, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        chunk = bytes(1 << 20)
+        written = 0
+        try:
+            while written < target:
+                written += os.pwrite(fd, chunk[: target - written], written)
+            os.fdatasync(fd)
+        except OSError:
+            os.ftruncate(fd, 0)  # give the space back: the disk may be full
+            raise
+        return written
+    finally:
+        os.close(fd)
+
+
+__all__ = ["DB_NAME", "connect", "preallocate_wal", "storage_error", "wal_path"]

@@ -30,7 +30,7 @@ from latticed.storage.codec import (
 )
 from latticed.storage.entries import SqlRows, StoredEntries
 from latticed.storage.schema import MIGRATIONS, Migration, migrate
-from latticed.storage.sqlite import DB_NAME, connect, storage_error
+from latticed.storage.sqlite import DB_NAME, connect, preallocate_wal, storage_error
 from latticed.storage.verify import verify_queue
 
 log = get_logger(__name__)
@@ -72,6 +72,11 @@ class Store:
         except BaseException:
             self._conn.close()
             raise
+        try:
+            preallocate_wal(self._conn, path)
+        except (OSError, sqlite3.Error) as exc:
+            # Only speed is lost: commits then grow the WAL as they would without this.
+            log_event(log, "store.wal_preallocation_failed", level=30, error=str(exc))
         self.rows = SqlRows(self._conn)
         #: Per queue, the run of small segments written since its last compaction: (first offset, count).
         self._small: dict[int, tuple[int, int]] = {}
