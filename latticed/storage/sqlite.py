@@ -109,6 +109,10 @@ def _writer_pragmas(conn: sqlite3.Connection, cache_kib: int) -> None:
     conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
 
 
+#: ``fdatasync`` where the platform has it (not macOS), else ``fsync``.
+_flush_data = getattr(os, "fdatasync", os.fsync)
+
+
 def wal_path(path: Path) -> Path:
     return path.with_name(path.name + "-wal")
 
@@ -144,7 +148,7 @@ def preallocate_wal(conn: sqlite3.Connection, path: Path, pages: int = WAL_AUTOC
         try:
             while written < target:
                 written += os.pwrite(fd, chunk[: target - written], written)
-            os.fdatasync(fd)
+            _flush_data(fd)
         except OSError:
             os.ftruncate(fd, 0)  # give the space back: the disk may be full
             raise
