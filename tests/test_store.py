@@ -18,6 +18,7 @@ import trio
 import trio.testing
 from clocks import TickingClock
 
+from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
 from latticed.crdt.records import Record, make_record
@@ -30,7 +31,7 @@ from latticed.storage.batch import MIN_CHECKPOINT_SPACING, thin_checkpoints
 from latticed.storage.engine import Engine
 from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import Append, Call, CreateQueue, Job, KvWrite, Merge, SetMeta, Truncate
-from latticed.storage.kvplan import KvRequest, visible
+from latticed.storage.kvplan import KvRequest, plan, visible
 from latticed.storage.reader import StoreReader
 from latticed.storage.schema import MIGRATIONS, SCHEMA_VERSION
 from latticed.storage.store import Store, checkpoint_changes, db_path
@@ -262,6 +263,16 @@ def test_forged_deltas_store_nothing(writer: Writer) -> None:
     with pytest.raises(IntegrityError):
         core.verify_delta(core.empty_state(BOB.public_key, "feed"), forged)
     assert writer.states == {}
+
+
+def test_a_ttl_counts_from_the_next_millisecond_so_a_key_never_expires_early() -> None:
+    """The store's clock is cut down to the millisecond (up to 1 ms behind the true time): a put at
+    ``now_ms`` may really have happened up to 1 ms later, so the key must still read at now_ms + TTL."""
+    op, _ = plan(KvRequest("put", "session", value=b"tok", ttl_ms=500), None, now_ms=1_000, hlc=1)
+    assert op is not None and op.expires_ms == 1_501
+    entry = kv.op_entry(op)
+    assert visible(entry, 1_500) == (kv.PLAIN, b"tok")
+    assert visible(entry, 1_501) == (None, None)
 
 
 def test_kv_writes_and_a_merged_foreign_namespace(writer: Writer, tmp_path: Path) -> None:

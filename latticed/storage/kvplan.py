@@ -40,7 +40,9 @@ def plan(request: KvRequest, current: kv.Entry | None, now_ms: int, hlc: int) ->
         case "put":
             if request.value is None:
                 raise MalformedError("put needs a value")
-            expires = None if request.ttl_ms is None else now_ms + request.ttl_ms
+            # now_ms is the wall clock cut down to the millisecond, up to 1 ms behind the true time: counting
+            # from the next millisecond keeps a key readable for its whole TTL, never a fraction less.
+            expires = None if request.ttl_ms is None else now_ms + 1 + request.ttl_ms
             return kv.Op("put", hlc, key, request.value, expires_ms=expires), None
         case "del":
             return (kv.Op("del", hlc, key) if kind is not None else None), None
