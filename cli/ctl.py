@@ -217,9 +217,12 @@ def peers(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 
 
 def _lag_text(lags: dict[str, int]) -> str:
-    """Records the peer is behind us, summed over queues (``--json`` has them per queue)."""
+    """Summed over queues: records the peer lacks ("behind"), and records it holds that we lack ("ahead":
+    this daemon is still catching up, e.g. after a restore). ``--json`` has them per queue."""
     behind = sum(lag for lag in lags.values() if lag > 0)
-    return "in sync" if behind == 0 else f"{behind} records behind"
+    ahead = -sum(lag for lag in lags.values() if lag < 0)
+    parts = [f"{count} records {word}" for count, word in ((behind, "behind"), (ahead, "ahead")) if count]
+    return ", ".join(parts) or "in sync"
 
 
 # --- queues ---------------------------------------------------------------------------------------

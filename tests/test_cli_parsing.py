@@ -465,3 +465,17 @@ def test_log_level_completion() -> None:
     }
     result = daemon(env=env)
     assert result.stdout.split() == ["WARNING"]
+
+
+@pytest.mark.parametrize(
+    ("lags", "text"),
+    [
+        ({}, "in sync"),
+        ({"o/a": 0, "o/b": 0}, "in sync"),
+        ({"o/a": 3, "o/b": 2}, "5 records behind"),
+        ({"o/a": -4}, "4 records ahead"),  # the peer holds records we lack: we are catching up
+        ({"o/a": 3, "o/b": -4}, "3 records behind, 4 records ahead"),
+    ],
+)
+def test_peer_lag_says_which_side_lacks_records(lags: dict[str, int], text: str) -> None:
+    assert cli.ctl._lag_text(lags) == text
