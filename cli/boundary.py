@@ -13,7 +13,8 @@ code   cause                                                               raise
 3      the daemon is not running, or the connection to it broke            ConnectionClosedError
 4      no such queue, record, key or field                                 NotFoundError
 5      a write to a queue or key owned by another identity                 NotOwnerError
-6      verification failed, or the queue's owner forked it                 IntegrityError, ForkedQueue
+6      verification failed, the queue's owner forked it, or a write to     IntegrityError, ForkedQueue,
+       our own queue would fork it (a peer holds records of it we lack)    BehindPeersError
 7      the store cannot do it (disk full, read-only, corrupt)              StorageError
 8      creating something that already exists                              AlreadyExistsError
 9      a stale or unknown lease (acked, expired, from before a restart)    LeaseError
@@ -40,6 +41,7 @@ from typer.core import TyperGroup
 
 from latticed.errors import (
     AlreadyExistsError,
+    BehindPeersError,
     CapacityError,
     ConnectionClosedError,
     EmptyError,
@@ -82,6 +84,7 @@ _BY_CLASS: dict[type[BaseException], ExitCode] = {
     NotOwnerError: ExitCode.NOT_OWNER,
     IntegrityError: ExitCode.INTEGRITY,
     ForkedQueueError: ExitCode.INTEGRITY,
+    BehindPeersError: ExitCode.INTEGRITY,
     StorageError: ExitCode.STORAGE,
     AlreadyExistsError: ExitCode.EXISTS,
     LeaseError: ExitCode.LEASE,

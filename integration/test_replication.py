@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +20,7 @@ from latticed.crdt import queue as core
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import delta_to_wire, pack
-from latticed.errors import ConnectionClosedError
+from latticed.errors import BehindPeersError, ConnectionClosedError
 from latticed.net.transport import open_peer
 from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import DELTA, HELLO, PROTOCOL_VERSION
@@ -95,6 +97,58 @@ def test_offline_laptop_catches_up_both_ways(latticed_process: Factory) -> None:
     wait_until(lambda: holds(laptop, office, 300), "office records on the laptop")
     wait_until(lambda: holds(a, trip, 120), "trip records on the office daemon")
     assert values(a, trip) == [b"t%d" % i for i in range(120)]
+
+
+def test_a_restored_stale_store_may_not_write_until_it_caught_up(latticed_process: Factory) -> None:
+    """A daemon restored from an old copy of its data directory holds less of its own queue than its peer.
+    A write then would sign a second history at offsets the peer holds (a fork for good): it is refused
+    while the catch-up runs, and lands after the true end once it is done."""
+    home = start_peer(latticed_process)
+    laptop = start_peer(latticed_process, home)
+    with client(laptop) as c:
+        queue = c.queue_create("diary")
+        c.offer_batch("diary", [(b"old%d" % i, None, ()) for i in range(10)])
+    wait_until(lambda: holds(home, queue, 10), "the first records at home")
+    laptop.stop()
+    backup = laptop.data_dir.with_name(laptop.data_dir.name + "-backup")
+    shutil.copytree(laptop.data_dir, backup)
+    laptop.start()
+    end = 10 + 100 * 1000  # a catch-up that takes a while (~0.5 s here), so a write can come during it
+    with client(laptop) as c:
+        for batch in range(100):
+            c.offer_batch("diary", [(b"new%d" % (batch * 1000 + i), None, ()) for i in range(1000)])
+    wait_until(lambda: holds(home, queue, end), "the later records at home")
+    laptop.stop()
+    shutil.rmtree(laptop.data_dir)
+    shutil.copytree(backup, laptop.data_dir)  # the stale restore
+    laptop.start()
+
+    def sees_home_ahead() -> bool:
+        with client(laptop) as c:
+            return any(lag < 0 for peer in c.peers() for lag in (peer.get("lag") or {}).values())
+
+    deadline = time.monotonic() + 30
+    while not sees_home_ahead():  # polled tightly: the window is the catch-up's duration
+        assert not holds(laptop, queue, end), "caught up before the laptop was seen behind"
+        assert time.monotonic() < deadline, "the laptop never heard from home"
+        time.sleep(0.002)
+    with client(laptop) as c:
+        refused = 0
+        while True:
+            try:
+                offset = c.offer("diary", b"after the restore")
+                break
+            except BehindPeersError as exc:
+                assert "restored from an older copy" in str(exc)
+                refused += 1
+                wait_until(lambda: holds(laptop, queue, end), "the catch-up")
+        assert offset == end, "the write continues the one true history"
+        assert not c.queue_info(queue)["forked"]
+    assert refused == 1, "the write came while the laptop was behind, and was refused"
+    wait_until(lambda: holds(home, queue, end + 1), "the new record at home")
+    with client(home) as c:
+        assert not c.queue_info(queue)["forked"]
+        assert c.peek(queue, end) == b"after the restore"
 
 
 def test_kill9_mid_transfer_then_converge(latticed_process: Factory) -> None:

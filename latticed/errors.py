@@ -69,6 +69,14 @@ class ForkedQueueError(LatticedError):
     code = "forked"
 
 
+class BehindPeersError(LatticedError):
+    """A peer holds records of one of our own queues that we lack (a store restored from an older copy):
+    a write now would sign a second history at offsets the peer already holds, a fork that can never be
+    undone. Refused until the catch-up from that peer has landed; retry then."""
+
+    code = "behind_peers"
+
+
 class LeaseError(LatticedError):
     """A stale or unknown lease token (fencing)."""
 
@@ -90,6 +98,7 @@ class EmptyError(NotFoundError):
 __all__ = [
     "AlreadyExistsError",
     "BadSignatureError",
+    "BehindPeersError",
     "CapacityError",
     "ConnectionClosedError",
     "EmptyError",

@@ -230,6 +230,7 @@ async def run_replication(
             gossip.local_change(queue_key(state), state.summary())
 
     engine.add_change_listener(on_change)
+    engine.owner_fence = lambda state: gossip.behind_reason(queue_key(state), state.held_end)
     try:
         async with trio.open_nursery() as nursery:
             if config.listen is not None:
@@ -258,6 +259,7 @@ async def run_replication(
             )
             task_status.started(service)
     finally:
+        engine.owner_fence = None
         engine.remove_change_listener(on_change)
         service._save_book()
 

@@ -26,6 +26,7 @@ from latticed.config import DaemonConfig
 from latticed.errors import (
     AlreadyExistsError,
     BadSignatureError,
+    BehindPeersError,
     ConnectionClosedError,
     ForkedQueueError,
     LatticedError,
@@ -226,6 +227,7 @@ def with_fake(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> None:
         (NotOwnerError("not yours"), ExitCode.NOT_OWNER),
         (BadSignatureError("bad sig"), ExitCode.INTEGRITY),
         (ForkedQueueError("forked"), ExitCode.INTEGRITY),
+        (BehindPeersError("a peer holds more of it"), ExitCode.INTEGRITY),
         (StorageError("disk full\nreally"), ExitCode.STORAGE),
         (AlreadyExistsError("exists"), ExitCode.EXISTS),
         (MalformedError("bad name"), ExitCode.USAGE),

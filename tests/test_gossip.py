@@ -12,7 +12,7 @@ from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.net.gossip import Gossip
+from latticed.net.gossip import OWN_CATCH_UP_S, Gossip, PeerLink
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import QueueKey
@@ -142,3 +142,51 @@ async def test_forging_peer_is_disconnected_and_nothing_is_stored() -> None:
     assert honest[2].counters["rejected_deltas"] == 1
     assert (ALICE.public_key, "q", 0) not in honest[1].states
     assert liar[0].public_key not in honest[2].links
+
+
+# ------------------------------------------------------------------ the own-queue fence (restored stores)
+
+
+@dataclasses.dataclass
+class ClaimingSession:
+    """Stands in for a link's session: what the peer says it holds of each queue."""
+
+    held: dict[QueueKey, Summary]
+
+    def peer_summary(self, key: QueueKey) -> Summary | None:
+        return self.held.get(key)
+
+
+def _claiming_gossip(held_end: int) -> tuple[Gossip, QueueKey]:
+    state = core.empty_state(ALICE.public_key, "mine")
+    for i in range(held_end):
+        state = core.commit(state, ALICE, now_ms=1, records=[Record(b"%d" % i)])
+    key = (ALICE.public_key, "mine", state.kind)
+    gossip = Gossip(MemoryHost(), ALICE.public_key)
+    session = ClaimingSession({key: state.summary()})
+    gossip.links[b"p" * 32] = PeerLink(b"p" * 32, "peer", "static", session)  # type: ignore[arg-type]
+    return gossip, key
+
+
+async def test_writes_to_our_own_queue_wait_while_a_peer_holds_more_of_it() -> None:
+    gossip, key = _claiming_gossip(held_end=10)
+    reason = gossip.behind_reason(key, held_end=5)  # our store is older than what we once signed
+    assert reason is not None and "5 more record(s)" in reason and "latticectl peers" in reason
+    assert gossip.behind_reason(key, held_end=10) is None  # caught up
+    assert gossip.behind_reason(key, held_end=12) is None  # the peer is behind us: the normal case
+    assert gossip.behind_reason((ALICE.public_key, "other", key[2]), held_end=0) is None
+
+
+async def test_a_peer_that_claims_records_it_never_sends_stops_fencing_after_a_while(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gossip, key = _claiming_gossip(held_end=10)
+    assert gossip.behind_reason(key, held_end=5) is not None
+    await trio.sleep(OWN_CATCH_UP_S * 0.8)
+    assert gossip.behind_reason(key, held_end=7) is not None  # records arrive: the wait starts over
+    await trio.sleep(OWN_CATCH_UP_S * 0.8)
+    assert gossip.behind_reason(key, held_end=7) is not None  # still within its time since progress
+    await trio.sleep(OWN_CATCH_UP_S * 0.3)
+    assert gossip.behind_reason(key, held_end=7) is None  # nothing for too long: ignored from now on
+    await trio.sleep(1)
+    assert gossip.behind_reason(key, held_end=7) is None

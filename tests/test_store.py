@@ -23,7 +23,7 @@ from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
-from latticed.errors import IntegrityError, NotOwnerError, StorageError
+from latticed.errors import BehindPeersError, IntegrityError, NotOwnerError, StorageError
 from latticed.kv import KvNamespace
 from latticed.queue import LatticeQueue
 from latticed.storage import segments
@@ -444,6 +444,32 @@ def test_existing_store_in_a_read_only_dir_is_a_clear_storage_error(tmp_path: Pa
 
 
 # ------------------------------------------------------------------ group commit (trio + storage thread)
+
+
+async def test_the_owner_fence_holds_back_every_kind_of_write_to_our_own_data(tmp_path: Path) -> None:
+    """Replication sets the fence while a peer holds records of our queue that we lack (a restored
+    store): offers, batches, truncation, metadata, KV writes and re-creating a queue all wait for it."""
+    async with Engine.open(tmp_path, ALICE) as engine:
+        q = await engine.create_queue("q")
+        await engine.kv_write(KvRequest("put", "k", value=b"v"))
+        fenced: set[str] = set()
+        engine.owner_fence = lambda state: "a peer holds more" if state.name in fenced else None
+        fenced.update({"q", "kv", "gone"})
+        for attempt in (
+            engine.append(q, [rec(0)]),
+            engine.append_many([(q, [rec(1)])]),
+            engine.truncate(q, 0),
+            engine.set_meta(q, {"a": "b"}),
+            engine.kv_write(KvRequest("put", "k", value=b"w")),
+            engine.create_queue("gone"),
+        ):
+            with pytest.raises(BehindPeersError, match="a peer holds more"):
+                await attempt
+        assert engine.state(q).held_end == 0  # nothing was written
+        fenced.clear()  # caught up
+        assert await engine.append(q, [rec(0)]) == 0
+        assert await engine.kv_write(KvRequest("put", "k", value=b"w")) is None
+        assert await engine.create_queue("gone") > q
 
 
 async def test_concurrent_writers_share_transactions(tmp_path: Path) -> None:

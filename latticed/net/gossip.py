@@ -40,6 +40,10 @@ PEER_TIMEOUT_S = 20.0
 SERIAL_MERGE_RECORDS = 64
 #: Both ends ping every PING_INTERVAL_S, so a healthy link is never silent this long.
 STALE_AFTER_S = 2 * PING_INTERVAL_S
+#: A peer that claims records of one of our own queues, while we catch up nothing of them for this long,
+#: stops holding back our writes to it (see :meth:`Gossip.behind_reason`).
+OWN_CATCH_UP_S = 30.0
+_IGNORED = -1
 
 
 class PendingMerge(Protocol):
@@ -111,6 +115,8 @@ class Gossip:
     incarnation: bytes = field(default_factory=lambda: os.urandom(16))
     #: What we remember of each peer from its last connection (digests then carry only changes).
     memories: dict[bytes, PeerMemory] = field(default_factory=dict)
+    #: (peer, our queue) -> when the peer was first seen holding more of it than we do, and our end then.
+    _claims: dict[tuple[bytes, QueueKey], tuple[float, int]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ the daemon calls these
     def local_change(self, key: QueueKey, summary: Summary, source: bytes | None = None) -> None:
@@ -119,6 +125,47 @@ class Gossip:
             if public_key != source:
                 link.session.local_update(key, summary)
                 link.kick()
+
+    def behind_reason(self, key: QueueKey, held_end: int) -> str | None:
+        """Why we must not write our own queue ``key`` yet (None: go ahead).
+
+        A connected peer holding records of our own queue past ``held_end`` means our store is older than
+        what we once signed: restored from a backup, or an old disk image. A write now would sign a second
+        history at offsets that peer holds, a fork that can never be undone, while the catch-up from it
+        (which runs on its own) would continue the one true history. So writes wait for it. A peer that
+        claims more but sends none of it for :data:`OWN_CATCH_UP_S`, while our end does not move, is
+        ignored from then on (and logged): a lying peer cannot hold our writes back for longer."""
+        now = trio.current_time()
+        for public_key, link in self.links.items():
+            theirs = link.session.peer_summary(key)
+            claim = (public_key, key)
+            if theirs is None or theirs.held_end <= held_end:
+                self._claims.pop(claim, None)
+                continue
+            since, end_then = self._claims.setdefault(claim, (now, held_end))
+            if end_then == _IGNORED:
+                continue
+            if held_end > end_then:  # records are arriving: the claim is being made good
+                self._claims[claim] = since, end_then = now, held_end
+            if now - since > OWN_CATCH_UP_S:
+                log_event(
+                    log,
+                    "peer.claim_not_sent",
+                    level=logging.WARNING,
+                    peer=public_key.hex(),
+                    queue=key_label(key),
+                    claimed_end=theirs.held_end,
+                    held_end=held_end,
+                )
+                self._claims[claim] = (since, _IGNORED)  # until the peer stops claiming it
+                continue
+            missing = theirs.held_end - held_end
+            return (
+                f"peer {public_key.hex()[:16]} holds {missing} more record(s) of it than this daemon (a "
+                "store restored from an older copy?), and this daemon is catching them up; a write now "
+                "would sign a second history. Retry once `latticectl peers` shows that peer in sync"
+            )
+        return None
 
     def is_connected(self, public_key: bytes) -> bool:
         return public_key in self.links

@@ -437,6 +437,11 @@ class ReplicationSession:
     def peer_summaries(self) -> dict[QueueKey, Summary]:
         return {k: link.peer for k, link in self._links.items() if link.peer is not None}
 
+    def peer_summary(self, key: QueueKey) -> Summary | None:
+        """What the peer last told us it holds of ``key`` (None: nothing yet)."""
+        link = self._links.get(key)
+        return None if link is None else link.peer
+
     @property
     def inflight(self) -> int:
         return self._inflight_total

@@ -26,7 +26,14 @@ from latticed.crdt.head import KIND_KV, KIND_QUEUE, SignedHead, check_name, queu
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity, parse_public_key
-from latticed.errors import GapError, LatticedError, MalformedError, NotFoundError, NotOwnerError
+from latticed.errors import (
+    BehindPeersError,
+    GapError,
+    LatticedError,
+    MalformedError,
+    NotFoundError,
+    NotOwnerError,
+)
 from latticed.logs import get_logger, log_event
 from latticed.storage import segments
 from latticed.storage.ahead import AHEAD_DELTA_RECORDS, AHEAD_MAX_RECORDS, VerifiedAhead, summary_after
@@ -87,6 +94,9 @@ class Engine:
         self._addresses: dict[tuple[str, int], int] = {}
         #: Called on the trio thread with each committed queue value (replication pushes from here).
         self._listeners: list[Callable[[QueueState], None]] = []
+        #: Set by replication: why our own queue must not be written right now (a peer holds records of
+        #: it that we lack), or None. Checked before every write to a queue or KV namespace we own.
+        self.owner_fence: Callable[[QueueState], str | None] | None = None
         writer.on_done = self._on_done
 
     @classmethod
@@ -265,12 +275,21 @@ class Engine:
     def _require_owner(self, q: int, what: str) -> None:
         if not self.owned(q):
             raise NotOwnerError(f"cannot {what}: not the owner of {self.address(q)}")
+        self._check_fence(q, what)
+
+    def _check_fence(self, q: int, what: str) -> None:
+        fence = self.owner_fence
+        if fence is not None and (reason := fence(self._writer.states[q])) is not None:
+            raise BehindPeersError(f"cannot {what} {self.address(q)} yet: {reason}")
 
     # ------------------------------------------------------------------ writes
     async def create_queue(
         self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE
     ) -> int:
         check_name(name)
+        fence = self.owner_fence
+        if fence is not None and (reason := fence(core.empty_state(self.public_key, name, kind))) is not None:
+            raise BehindPeersError(f"cannot create {self.public_key.hex()}/{name} yet: {reason}")
         result: int = await self._run(CreateQueue(name, meta, kind))
         return result
 
@@ -302,6 +321,9 @@ class Engine:
         await self._run(SetMeta(q, updates))
 
     async def kv_write(self, request: KvRequest) -> Any:
+        ns = self.kv_namespace(None)
+        if ns is not None:
+            self._check_fence(ns, "write")
         return await self._run(KvWrite(request))
 
     async def call_in_writer(self, fn: Callable[[Batch, Writer], Any]) -> Any:
