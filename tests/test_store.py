@@ -450,10 +450,13 @@ async def test_the_owner_fence_holds_back_every_kind_of_write_to_our_own_data(tm
     """Replication sets the fence while a peer holds records of our queue that we lack (a restored
     store): offers, batches, truncation, metadata, KV writes and re-creating a queue all wait for it."""
     async with Engine.open(tmp_path, ALICE) as engine:
+        fenced: set[str] = {"kv"}
+        engine.owner_fence = lambda state: "a peer holds more" if state.name in fenced else None
+        with pytest.raises(BehindPeersError):  # our first KV write would create the namespace a peer holds
+            await engine.kv_write(KvRequest("put", "k", value=b"v"))
+        fenced.clear()
         q = await engine.create_queue("q")
         await engine.kv_write(KvRequest("put", "k", value=b"v"))
-        fenced: set[str] = set()
-        engine.owner_fence = lambda state: "a peer holds more" if state.name in fenced else None
         fenced.update({"q", "kv", "gone"})
         for attempt in (
             engine.append(q, [rec(0)]),

@@ -277,6 +277,12 @@ class Engine:
             raise NotOwnerError(f"cannot {what}: not the owner of {self.address(q)}")
         self._check_fence(q, what)
 
+    def _check_new(self, name: str, kind: int, what: str) -> None:
+        """The fence for one of our queues that does not exist here (yet)."""
+        fence = self.owner_fence
+        if fence is not None and (reason := fence(core.empty_state(self.public_key, name, kind))) is not None:
+            raise BehindPeersError(f"cannot {what} {self.public_key.hex()}/{name} yet: {reason}")
+
     def _check_fence(self, q: int, what: str) -> None:
         fence = self.owner_fence
         if fence is not None and (reason := fence(self._writer.states[q])) is not None:
@@ -287,9 +293,7 @@ class Engine:
         self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE
     ) -> int:
         check_name(name)
-        fence = self.owner_fence
-        if fence is not None and (reason := fence(core.empty_state(self.public_key, name, kind))) is not None:
-            raise BehindPeersError(f"cannot create {self.public_key.hex()}/{name} yet: {reason}")
+        self._check_new(name, kind, "create")
         result: int = await self._run(CreateQueue(name, meta, kind))
         return result
 
@@ -324,6 +328,8 @@ class Engine:
         ns = self.kv_namespace(None)
         if ns is not None:
             self._check_fence(ns, "write")
+        else:  # the first write creates the namespace: a peer may hold one we lost
+            self._check_new(KV_NAMESPACE, KIND_KV, "write")
         return await self._run(KvWrite(request))
 
     async def call_in_writer(self, fn: Callable[[Batch, Writer], Any]) -> Any:
