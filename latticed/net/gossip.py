@@ -116,6 +116,7 @@ class Gossip:
     #: What we remember of each peer from its last connection (digests then carry only changes).
     memories: dict[bytes, PeerMemory] = field(default_factory=dict)
     #: (peer, our queue) -> when the peer was first seen holding more of it than we do, and our end then.
+    #: Kept across reconnects, so a peer cannot restart its :data:`OWN_CATCH_UP_S` by dialling again.
     _claims: dict[tuple[bytes, QueueKey], tuple[float, int]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ the daemon calls these
@@ -135,13 +136,14 @@ class Gossip:
         (which runs on its own) would continue the one true history. So writes wait for it. A peer that
         claims more but sends none of it for :data:`OWN_CATCH_UP_S`, while our end does not move, is
         ignored from then on (and logged): a lying peer cannot hold our writes back for longer."""
-        now = trio.current_time()
         for public_key, link in self.links.items():
             theirs = link.session.peer_summary(key)
             claim = (public_key, key)
-            if theirs is None or theirs.held_end <= held_end:
-                self._claims.pop(claim, None)
+            if theirs is None or theirs.held_end <= held_end:  # every write passes here: keep it cheap
+                if self._claims:
+                    self._claims.pop(claim, None)
                 continue
+            now = trio.current_time()
             since, end_then = self._claims.setdefault(claim, (now, held_end))
             if end_then == _IGNORED:
                 continue

@@ -53,6 +53,7 @@ from latticed.storage.jobs import (
 )
 from latticed.storage.kvplan import KvRequest
 from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader, columns_of
+from latticed.storage.sqlite import wal_path
 from latticed.storage.store import db_path
 from latticed.storage.verify import verify_queue
 from latticed.storage.writer import Change, Writer, wall_ms
@@ -267,7 +268,7 @@ class Engine:
     def storage_bytes(self) -> int:
         path = self._writer.path
         total = 0
-        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        for name in (path, wal_path(path), Path(f"{path}-shm")):
             with contextlib.suppress(OSError):
                 total += os.stat(name).st_size
         return total

@@ -143,7 +143,7 @@ def preallocate_wal(conn: sqlite3.Connection, path: Path, pages: int = WAL_AUTOC
     target = WAL_HEADER_BYTES + pages * (WAL_FRAME_HEADER_BYTES + page_size)
     fd = os.open(wal, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        chunk = bytes(1 << 20)
+        chunk = memoryview(bytes(1 << 20))
         written = 0
         try:
             while written < target:
