@@ -171,6 +171,36 @@ def test_signals_reach_the_child_and_a_vanished_client_takes_it_along(
             os.close(child)
 
 
+def test_a_signal_sent_before_the_child_pid_is_known_still_reaches_the_child(tmp_path: Path) -> None:
+    """The server's child may run before its pid reaches the stand-in, and Spark may stop the query right
+    then: the stand-in must hold the signal and pass it on, not die of it and leave the child behind."""
+    path = str(tmp_path / "fake.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    client = subprocess.Popen([sys.executable, "-I", "-S", CLIENT, path, sys.executable, "-m", "toymod"])
+    child: subprocess.Popen[bytes] | None = None
+    try:
+        conn, _ = listener.accept()
+        header, fds, _, _ = socket.recv_fds(conn, prefork_client.HEADER.size, 3)
+        for fd in fds:
+            os.close(fd)
+        (size,) = prefork_client.HEADER.unpack(header)
+        assert len(prefork_client.receive_exactly(conn, size)) == size
+        client.send_signal(signal.SIGTERM)  # the stand-in is waiting for the pid
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        conn.sendall(prefork_client.STATUS.pack(child.pid))
+        assert child.wait(timeout=30) == -signal.SIGTERM  # passed on once the pid was known
+        conn.sendall(prefork_client.STATUS.pack(child.returncode))
+        assert client.wait(timeout=30) == 128 + signal.SIGTERM  # and it exits as the child did
+    finally:
+        for proc in (client, child):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        listener.close()
+
+
 def test_the_wrapper_hands_module_starts_to_the_server(
     server: tuple[subprocess.Popen[bytes], str], toy: Path, tmp_path: Path
 ) -> None:

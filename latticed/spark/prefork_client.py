@@ -64,19 +64,34 @@ def _start(path: str, argv: list[str]) -> tuple[socket.socket, int] | None:
 
 def main() -> None:
     path, python, *argv = sys.argv[1:]
-    started = _start(path, argv) if argv[:1] == ["-m"] else None
-    if started is None:
+    if argv[:1] != ["-m"]:
         os.execv(python, [python, *argv])
-    sock, pid = started
+    # Handlers go in before the request: the child may be running before its pid reaches us, and a
+    # signal Spark sends meanwhile must still reach it (held here until the pid is known).
+    child = 0
+    held: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
+        if not child:
+            held.append(signum)
+            return
         try:  # noqa: SIM105 - no contextlib: this process imports as little as it can
-            os.kill(pid, signum)
+            os.kill(child, signum)
         except ProcessLookupError:
             pass
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    started = _start(path, argv)
+    if started is None:
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL)
+        for early in held:  # what the program would have met, had it been started right away
+            os.kill(os.getpid(), early)
+        os.execv(python, [python, *argv])
+    sock, child = started
+    for early in held:
+        forward(early, None)
     try:
         reply = receive_exactly(sock, STATUS.size)  # a signal handled meanwhile does not interrupt it
     except OSError:
