@@ -82,26 +82,30 @@ def test_killed_workers_leases_expire_and_records_are_redelivered(
         kill_group(killed)  # the worker and its task, mid-task
         for worker in workers:
             if worker is not killed:
-                assert worker.wait(60) == 0
+                code = worker.wait(60)
+                assert worker.stderr is not None
+                assert code == 0, f"worker exited {code}: {worker.stderr.read().decode(errors='replace')}"
     finally:
         for worker in workers:
             kill_group(worker)
-    lines = [line.split() for line in log.read_text().splitlines()]
+    text = log.read_text()
+    lines = [line.split() for line in text.splitlines()]
     done = Counter(int(parts[1]) for parts in lines if parts[0] == "done")
     started: dict[int, list[int]] = {}
     for parts in lines:
         if parts[0] == "start":
             started.setdefault(int(parts[1]), []).append(int(parts[2]))
-    assert set(done) == set(range(total)), "no record lost"
+    assert set(done) == set(range(total)), f"no record lost; the task log:\n{text}"
     # Done twice only if it was delivered again, i.e. a lease ended without an ack in between (a worker
     # stalled past its visibility on a very slow machine); normally every record is done exactly once.
-    assert all(n == 1 or len(started[offset]) > 1 for offset, n in done.items())
-    assert done[7] == 1 and started[7] == [1, 2]  # the killed task's record came back after its lease expired
+    assert all(n == 1 or len(started[offset]) > 1 for offset, n in done.items()), text
+    # The killed task's record came back after its lease expired.
+    assert done[7] == 1 and started[7] == [1, 2], text
     # Each attempt number at most once (log lines of concurrent attempts may land in either order). One
     # may be missing from the log: the killed worker may have leased a second record and died before that
     # task wrote its "start"; the record then comes back as attempt 2.
-    assert all(len(set(attempts)) == len(attempts) for attempts in started.values())
-    assert all(max(attempts) <= len(attempts) + 1 for attempts in started.values())
+    assert all(len(set(attempts)) == len(attempts) for attempts in started.values()), text
+    assert all(max(attempts) <= len(attempts) + 1 for attempts in started.values()), text
     with client(daemon) as c:
         stats = c.group_stats("work")
     assert (stats["done"], stats["available"], stats["leased"], stats["dead"]) == (total, 0, 0, 0)
