@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -169,6 +170,38 @@ def test_signals_reach_the_child_and_a_vanished_client_takes_it_along(
             assert select.select([child], [], [], 30)[0] == [child]
         finally:
             os.close(child)
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as listing:
+        return [int(child) for child in listing.read().split()]
+
+
+def test_a_client_gone_before_it_hears_the_pid_takes_its_child_along(
+    server: tuple[subprocess.Popen[bytes], str], toy: Path, tmp_path: Path
+) -> None:
+    """The child may run before the server has answered with its pid, and the client may be killed right
+    then: the answer then fails, and the child must not outlive its client."""
+    proc, path = server
+    argv = ["-m", "toymod", "wait", str(tmp_path / "pid")]
+    env = {key.encode(): value.encode() for key, value in base_env(toy).items()}
+    body = prefork_client.encode_request(argv, env, b"/")
+    null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        socket.send_fds(sock, [prefork_client.HEADER.pack(len(body))], null)
+        sock.sendall(body)
+    finally:
+        sock.close()  # gone before the server's answer
+        for fd in null:
+            os.close(fd)
+    # The server takes requests one at a time: once a later one is answered, ours has been handled.
+    assert run_client(path, ["-m", "toymod", "0"], base_env(toy), tmp_path).returncode == 0
+    deadline = time.monotonic() + 30
+    while _children(proc.pid):  # our child sleeps 60 s unless the server ends it with its client
+        assert time.monotonic() < deadline, "a child outlived its client"
+        time.sleep(0.05)
 
 
 def test_a_signal_sent_before_the_child_pid_is_known_still_reaches_the_child(tmp_path: Path) -> None:

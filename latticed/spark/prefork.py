@@ -199,7 +199,14 @@ class Server:
             if pid == 0:
                 self._become(request, fds, conn)  # never returns
             self.children[pid] = conn
-            conn.sendall(STATUS.pack(pid))
+            try:
+                conn.sendall(STATUS.pack(pid))
+            except OSError:
+                # The client went away between its request and our answer (the child may well have run
+                # first): its child goes with it, and is reaped, and its connection closed, as any other.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                return
             self.selector.register(conn, selectors.EVENT_READ, pid)
         except (OSError, ValueError):
             conn.close()
