@@ -134,12 +134,15 @@ def fill(sock: Path, queue: str, total: int, connections: int, batch: int = 1000
 
 def part_bulk(pid: int, sock: Path, total: int, connections: int) -> None:
     print(f"[1] bulk {total:,} x 100 B, batches of 1000, durable:")
-    for label, conns, window in (
-        ("1 connection, waiting for each reply:", 1, 1),
-        ("1 connection, 4 batches in flight:   ", 1, 4),
-        (f"{connections} connections, waiting for replies:", connections, 1),
+    for row, (label, conns, window) in enumerate(
+        (
+            ("1 connection, waiting for each reply:", 1, 1),
+            ("1 connection, 4 batches in flight:   ", 1, 4),
+            (f"{connections} connections, waiting for replies:", connections, 1),
+        )
     ):
-        name = f"bulk-{conns}-{window}"
+        # One queue per row: with --bulk-connections 1 two rows have the same (conns, window).
+        name = f"bulk-{row}-{conns}-{window}"
         with Client(sock) as c:
             c.queue_create(name)
         cpu0 = cpu_s(pid)
