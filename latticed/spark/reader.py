@@ -35,8 +35,9 @@ from pyspark.sql.types import (
 
 from latticed.api.client import Client
 from latticed.crdt.errors import LatticedError
+from latticed.errors import NotFoundError
 from latticed.logs import get_logger, log_event
-from latticed.spark.daemon import connect
+from latticed.spark.daemon import connect, resolve_socket
 from latticed.spark.offsets import DataLossError, QueueView, readable_from
 
 log = get_logger(__name__)
@@ -246,7 +247,8 @@ def read_partition(part: LatticePartition) -> Iterator[pa.RecordBatch]:
     The next chunk is requested before the current one is converted and handed to Spark, so the daemon
     reads and packs it meanwhile (one request in flight; the client is only used from the fetch thread).
     Truncated records are data loss (fail, or skip and log). If this host's replica is behind the range
-    the driver planned (its daemon may be ahead), wait up to ``replica_wait`` seconds for it to catch up.
+    the driver planned (its daemon may be ahead), or does not hold the queue yet (it has not replicated
+    here), poll with backoff for up to ``replica_wait`` seconds, then fail with :class:`ReplicaLagError`.
     """
     schema = arrow_schema(part.include_headers)
     owner = part.queue.partition("/")[0]
@@ -260,11 +262,19 @@ def read_partition(part: LatticePartition) -> Iterator[pa.RecordBatch]:
     pending: Future[dict[str, Any]] | None = None
     try:
         pos = part.lo
-        waited_since: float | None = None
+        deadline: float | None = None  # set while waiting for the replica
         pause = 0.01
         pending = fetch(pos)
         while pending is not None:
-            batch = pending.result()
+            try:
+                batch = pending.result()
+            except NotFoundError as exc:
+                # The queue has not reached this host's daemon yet: the replica-lag case, not a typo
+                # (the driver's daemon resolved the name), so wait as for missing records.
+                pending = None
+                deadline, pause = _wait_for_replica(part, None, deadline, pause, missing=exc)
+                pending = fetch(pos)
+                continue
             pending = None
             offsets = reply_offsets(batch)
             end_offset = int(batch["end_offset"])
@@ -302,33 +312,13 @@ def read_partition(part: LatticePartition) -> Iterator[pa.RecordBatch]:
                         owner=owner,
                         include_headers=part.include_headers,
                     )
-                waited_since = None
+                deadline = None
                 pause = 0.01
                 continue
             if pos >= part.hi:
                 break
             # Nothing at ``pos`` yet: this replica is behind what the driver planned.
-            now = time.monotonic()
-            if waited_since is None:
-                waited_since = now
-                log_event(
-                    log,
-                    "spark.replica_wait",
-                    logging.INFO,
-                    queue=part.queue,
-                    want=part.hi,
-                    have=end_offset,
-                )
-            elif now - waited_since > part.replica_wait:
-                raise ReplicaLagError(
-                    f"the latticed daemon on host {socket_mod.gethostname()} holds queue {part.queue} "
-                    f"only up to offset {end_offset}, but this micro-batch was planned (from the "
-                    f"driver's daemon) to read up to {part.hi}; it did not catch up within "
-                    f"{part.replica_wait:g}s "
-                    "(option replicaWaitSeconds). Check replication between the hosts."
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.5)
+            deadline, pause = _wait_for_replica(part, end_offset, deadline, pause)
             pending = fetch(pos)
     finally:
         if pending is not None:  # stopped early: let the request in flight finish before closing
@@ -336,6 +326,51 @@ def read_partition(part: LatticePartition) -> Iterator[pa.RecordBatch]:
                 pending.result()
         fetcher.shutdown(wait=True)
         client.close()
+
+
+def _wait_for_replica(
+    part: LatticePartition,
+    have: int | None,
+    deadline: float | None,
+    pause: float,
+    *,
+    missing: NotFoundError | None = None,
+) -> tuple[float, float]:
+    """One backoff step of waiting for this host's replica to catch up (``have``: its end offset; None
+    with ``missing``: it holds no such queue yet). Sleeps at most until the deadline, so the last poll
+    lands on it; raises :class:`ReplicaLagError` once the deadline has passed. Returns the deadline and
+    the next pause."""
+    now = time.monotonic()
+    if deadline is None:
+        deadline = now + part.replica_wait
+        log_event(
+            log,
+            "spark.replica_wait",
+            logging.INFO,
+            queue=part.queue,
+            want=part.hi,
+            have=have,
+            missing=missing is not None,
+        )
+    elif now >= deadline:
+        where = (
+            f"the latticed daemon on host {socket_mod.gethostname()} (socket {resolve_socket(part.socket)})"
+        )
+        waited = (
+            f"within {part.replica_wait:g}s (option replicaWaitSeconds). Check replication between the hosts."
+        )
+        if missing is not None:
+            raise ReplicaLagError(
+                f"{where} does not hold queue {part.queue}, but this micro-batch was planned (from the "
+                f"driver's daemon) to read offsets {part.lo}..{part.hi - 1} of it; the queue did not "
+                f"arrive {waited}"
+            ) from missing
+        raise ReplicaLagError(
+            f"{where} holds queue {part.queue} only up to offset {have}, but this micro-batch was "
+            f"planned (from the driver's daemon) to read up to {part.hi}; it did not catch up {waited}"
+        )
+    time.sleep(max(0.0, min(pause, deadline - now)))
+    return deadline, min(pause * 2, 0.5)
 
 
 __all__ = [

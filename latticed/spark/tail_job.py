@@ -16,14 +16,16 @@ Run it with ``python -m latticed.spark.tail_job --queues events --output DIR --c
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -187,30 +189,92 @@ def wait(queries: Sequence[StreamingQuery], stop: threading.Event) -> str | None
     return errors[0] if errors else None
 
 
+#: Spark's default retries of a failed task may all land on the executor it failed on. A host without a
+#: daemon (or with a socket elsewhere) fails a task within milliseconds, so on a cluster every attempt
+#: can go there and fail the job while healthy hosts stand by; exclusion sends the retry elsewhere.
+CLUSTER_DEFAULTS: Final = {"spark.excludeOnFailure.enabled": "true"}
+#: The same setting under its name before Spark 3.1, which Spark still honours.
+_LEGACY_EXCLUDE = "spark.blacklist.enabled"
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """How :func:`session` builds the SparkSession, decided without a JVM."""
+
+    #: To set on the builder; None when spark-submit's ``--master`` stands.
+    master: str | None
+    #: A ``local[...]`` master: the worker wrapper and prefork server apply (python_workers.py).
+    local: bool
+    #: Settings to add, none of which was configured already.
+    config: dict[str, str]
+    #: Lines for stderr: a likely mistake in the set-up.
+    warnings: tuple[str, ...]
+
+
+def plan_session(master: str | None, submitted: Mapping[str, str], env: Mapping[str, str]) -> SessionPlan:
+    """``master`` from ``--master``; ``submitted``: spark-submit's settings (``--master``, ``--conf``,
+    spark-defaults.conf), empty outside spark-submit; ``env``: the driver's environment.
+
+    Outside spark-submit the master defaults to ``local[*]``. The window aggregation's state gets 4
+    shuffle partitions unless configured (Spark's 200 are 200 state stores per micro-batch, and the
+    number is fixed in the checkpoint once the query has run). On a cluster, failed tasks are retried on
+    other executors (:data:`CLUSTER_DEFAULTS`) unless configured otherwise."""
+    effective = master or submitted.get("spark.master") or "local[*]"
+    local = effective.startswith("local")
+    config: dict[str, str] = {}
+    if "spark.sql.shuffle.partitions" not in submitted:
+        config["spark.sql.shuffle.partitions"] = "4"
+    warnings: list[str] = []
+    if not local:
+        if _LEGACY_EXCLUDE not in submitted:
+            config.update({k: v for k, v in CLUSTER_DEFAULTS.items() if k not in submitted})
+        if not env.get("PYSPARK_PYTHON"):
+            # Executors start the interpreter the driver names (PYSPARK_PYTHON, which spark-submit sets
+            # from spark.pyspark.python), not one of their own host's choosing.
+            warnings.append(
+                "latticed tail: PYSPARK_PYTHON is not set here, so the executors run `python3` from their "
+                "PATH, which needs latticed installed; set PYSPARK_PYTHON on the driver (or "
+                "spark.pyspark.python with spark-submit) to an interpreter with latticed that exists on "
+                "every host (docs/spark.md, Cluster deployment)"
+            )
+    return SessionPlan(
+        master=master or (None if "spark.master" in submitted else effective),
+        local=local,
+        config=config,
+        warnings=tuple(warnings),
+    )
+
+
+def submitted_conf(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """spark-submit's settings, when it started this process. They live in its JVM (already running), so a
+    SparkConf made before connecting to it is empty; connect first (the session would anyway). Outside
+    spark-submit: empty, and no JVM is started here (the worker wrapper must be set up before that)."""
+    if "PYSPARK_GATEWAY_PORT" not in env:
+        return {}
+    from pyspark import SparkConf, SparkContext  # noqa: PLC0415
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's gateway
+    return dict(SparkConf().getAll())
+
+
 def session(
     master: str | None, app_name: str = "latticed-tail", extra: Mapping[str, str] | None = None
 ) -> SparkSession:
-    """The active session, or a new one. Outside spark-submit the master defaults to ``local[*]``; the
-    window aggregation's state gets 4 shuffle partitions unless configured (Spark's 200 are 200 state
-    stores per micro-batch, and the number is fixed in the checkpoint once the query has run)."""
+    """The active session, or a new one as :func:`plan_session` decides."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    from pyspark import SparkConf  # noqa: PLC0415 - reads spark-submit's settings
-
-    conf = SparkConf()
+    plan = plan_session(master, submitted_conf(), os.environ)
     builder = SparkSession.builder.appName(app_name)
-    if master:
-        builder = builder.master(master)
-    elif not conf.contains("spark.master"):
-        builder = builder.master("local[*]")
-    if (master or conf.get("spark.master", "local[*]")).startswith("local"):
+    if plan.master is not None:
+        builder = builder.master(plan.master)
+    if plan.local:
         # Workers need latticed: this venv's interpreter, started without pyspark.zip. Only for a local
         # master: on a cluster the wrapper would not exist on the executors' hosts.
         use_worker_python()
-    if not conf.contains("spark.sql.shuffle.partitions"):
-        builder = builder.config("spark.sql.shuffle.partitions", "4")
-    for key, value in (extra or {}).items():
+    for line in plan.warnings:
+        print(line, file=sys.stderr)
+    for key, value in {**plan.config, **(extra or {})}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
