@@ -1,9 +1,13 @@
 """One KV write planner, two paths: every case runs through the library (``KvNamespace``) and through the
 daemon (the API handlers over a real storage engine), and both must answer alike. A rule about KV writes
-lives in :mod:`latticed.crdt.kvplan` alone; these cases fail on whichever path does not use it."""
+lives in :mod:`latticed.crdt.kvplan` alone; these cases fail on whichever path does not use it.
+
+The KV operation table (:mod:`latticed.api.kvops`) is checked here too: the handlers, the client, the CLI
+and the library must offer exactly its operations, with its arguments."""
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,8 +15,14 @@ from typing import Any, Protocol
 
 import pytest
 import trio
+import typer
+from typer.core import TyperArgument, TyperGroup
 
+import cli.ctl
+from latticed.api.client import Client
 from latticed.api.handlers import HANDLERS, Context
+from latticed.api.kvops import KV_OPERATIONS, KvOperation
+from latticed.crdt.kvplan import WRITE_OPS
 from latticed.crdt.signing import Identity
 from latticed.errors import MalformedError, WrongTypeError
 from latticed.kv import KvNamespace
@@ -105,33 +115,33 @@ class DaemonKv:
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return trio.from_thread.run(fn, *args, trio_token=self._box["token"])
 
-    def _call(self, op: str, **args: Any) -> dict[str, Any]:
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
         reply: dict[str, Any] = self._run(HANDLERS[op], self.ctx, {"op": op, **args})
         return reply
 
     def put(self, key: str, value: bytes, ttl_ms: int | None = None) -> None:
-        self._call("kv_put", key=key, value=value, ttl=None if ttl_ms is None else ttl_ms / 1000)
+        self.call("kv_put", key=key, value=value, ttl=None if ttl_ms is None else ttl_ms / 1000)
 
     def delete(self, key: str) -> None:
-        self._call("kv_del", key=key)
+        self.call("kv_del", key=key)
 
     def incr(self, key: str, by: int = 1) -> int:
-        return int(self._call("kv_incr", key=key, by=by)["value"])
+        return int(self.call("kv_incr", key=key, by=by)["value"])
 
     def hset(self, key: str, field: bytes, value: bytes) -> None:
-        self._call("kv_hset", key=key, field=field, value=value)
+        self.call("kv_hset", key=key, field=field, value=value)
 
     def hdel(self, key: str, field: bytes) -> None:
-        self._call("kv_hdel", key=key, field=field)
+        self.call("kv_hdel", key=key, field=field)
 
     def sadd(self, key: str, member: bytes) -> None:
-        self._call("kv_sadd", key=key, member=member)
+        self.call("kv_sadd", key=key, member=member)
 
     def srem(self, key: str, member: bytes) -> None:
-        self._call("kv_srem", key=key, member=member)
+        self.call("kv_srem", key=key, member=member)
 
     def get(self, key: str) -> Any:
-        reply = self._call("kv_get", key=key)
+        reply = self.call("kv_get", key=key)
         return set(reply["value"]) if reply["kind"] == "set" else reply["value"]
 
     def log(self) -> list[bytes]:
@@ -248,5 +258,71 @@ def test_both_paths_sign_the_same_ops(tmp_path: Path) -> None:
         assert library.log() == daemon.log() and len(library.log()) == 7
         for key in ("a", "n", "k", "missing"):
             assert library.get(key) == daemon.get(key)
+    finally:
+        daemon.close()
+
+
+# ------------------------------------------------------------------ the KV operation table
+
+#: A well-typed value for each request argument, and an ill-typed one the handler must refuse.
+GOOD: dict[str, Any] = {
+    "key": "table-key",
+    "value": b"v",
+    "field": b"f",
+    "member": b"m",
+    "ttl": 60.0,
+    "by": 1,
+    "owner": ALICE.public_key.hex(),
+    "prefix": "table-",
+}
+BAD: dict[str, Any] = {"key": 5, "value": "text", "field": 5, "member": 5, "ttl": "x", "by": "x", "owner": 5}
+BAD["prefix"] = 5
+OPS = {op.name: op for op in KV_OPERATIONS}
+
+
+def test_the_table_names_every_kv_handler_and_every_planner_write() -> None:
+    assert {name for name in HANDLERS if name.startswith("kv_")} == {op.api_op for op in KV_OPERATIONS}
+    assert sorted(op.write for op in KV_OPERATIONS if op.write) == sorted(WRITE_OPS)
+    library = {"del": "delete"}
+    for op in KV_OPERATIONS:
+        if op.write:
+            assert callable(getattr(KvNamespace, library.get(op.name, op.name))), op.name
+
+
+@pytest.mark.parametrize("op", KV_OPERATIONS, ids=lambda op: op.name)
+def test_the_client_takes_the_tables_arguments(op: KvOperation) -> None:
+    params = list(inspect.signature(getattr(Client, op.api_op)).parameters.values())[1:]
+    assert [p.name for p in params] == [*op.args, *op.options]
+    assert [p.name for p in params if p.default is inspect.Parameter.empty] == list(op.args)
+
+
+def test_the_cli_has_a_command_per_operation_with_its_arity() -> None:
+    group = typer.main.get_command(cli.ctl.app)
+    assert isinstance(group, TyperGroup)
+    kv_group = group.commands["kv"]
+    assert isinstance(kv_group, TyperGroup)
+    assert set(kv_group.commands) == set(OPS)
+    for name, command in kv_group.commands.items():
+        required = [p for p in command.params if isinstance(p, TyperArgument) and p.required]
+        assert len(required) == len(OPS[name].args), name
+
+
+def test_the_handlers_read_the_tables_arguments(tmp_path: Path) -> None:
+    daemon = DaemonKv(tmp_path / "data")
+    try:
+        for op in KV_OPERATIONS:
+            names = (*op.args, *op.options)
+            full = {name: GOOD[name] for name in names}
+            full["key"] = f"table-{op.name}"
+            daemon.call(op.api_op, **{k: v for k, v in full.items() if k in names})
+            for name in names:
+                args = {k: v for k, v in full.items() if k in names}
+                if name in op.args:
+                    del args[name]
+                    with pytest.raises(MalformedError, match=f"argument {name!r}"):
+                        daemon.call(op.api_op, **args)
+                args[name] = BAD[name]
+                with pytest.raises(MalformedError, match=f"argument {name!r}|hex public key"):
+                    daemon.call(op.api_op, **args)
     finally:
         daemon.close()

@@ -26,7 +26,7 @@ from typing import Any
 from latticed.crdt import kv
 from latticed.crdt.errors import MalformedError, WrongTypeError
 
-WRITE_OPS = ("put", "del", "incr", "hset", "hdel", "sadd", "srem")
+WRITE_OPS = kv.OPS  # one list: what the planner writes is what the log decodes
 #: A TTL is 1 ms up to (not including) 10**10 s, the bound the daemon's API puts on ``--ttl``.
 MAX_TTL_MS = 10**13
 #: Counters are signed 64-bit, like Redis's.
