@@ -20,6 +20,8 @@ code   cause                                                               raise
 9      a stale or unknown lease (acked, expired, from before a restart)    LeaseError
 10     ``dequeue`` found no record (within ``--wait``)                     EmptyError
 11     a group's consumer cap or a consumer's in-flight cap is reached     CapacityError
+12     a KV write on a key that holds another kind (``kv incr`` on a       WrongTypeError
+       plain value, hash or set; Redis's WRONGTYPE)
 130    interrupted (Ctrl-C): quiet
 141    stdout was closed early (``latticectl tail q | head -1``): quiet
 =====  ==================================================================  ==============================
@@ -53,6 +55,7 @@ from latticed.errors import (
     NotFoundError,
     NotOwnerError,
     StorageError,
+    WrongTypeError,
 )
 
 
@@ -71,6 +74,7 @@ class ExitCode(enum.IntEnum):
     LEASE = 9
     EMPTY = 10
     CAPACITY = 11
+    WRONG_TYPE = 12
     INTERRUPTED = 130
     STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for ``yes | head -1``
 
@@ -90,6 +94,7 @@ _BY_CLASS: dict[type[BaseException], ExitCode] = {
     LeaseError: ExitCode.LEASE,
     EmptyError: ExitCode.EMPTY,
     CapacityError: ExitCode.CAPACITY,
+    WrongTypeError: ExitCode.WRONG_TYPE,
     LatticedError: ExitCode.ERROR,
     OSError: ExitCode.ERROR,
 }

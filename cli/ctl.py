@@ -553,7 +553,9 @@ def kv_incr(
     by: Annotated[int, typer.Option("--by", help="Amount to add (may be negative).")] = 1,
     as_json: JsonFlag = False,
 ) -> None:
-    """Add to the counter at KEY; prints the new value."""
+    """Add to the counter at KEY (a missing key counts as 0); prints the new value.
+
+    Exits 12 if KEY holds a plain value, a hash or a set (nothing is written)."""
     total = _client(ctx).kv_incr(key, by=by)
     emit({"key": key, "value": total}, str(total), as_json=as_json)
 

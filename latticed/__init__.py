@@ -21,6 +21,7 @@ from latticed.crdt.errors import (
     NotOwnerError,
     TamperedError,
     WrongOwnerError,
+    WrongTypeError,
 )
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ __all__ = [
     "Summary",
     "TamperedError",
     "WrongOwnerError",
+    "WrongTypeError",
 ]
 
 

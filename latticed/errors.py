@@ -12,6 +12,7 @@ from latticed.crdt.errors import (
     NotOwnerError,
     TamperedError,
     WrongOwnerError,
+    WrongTypeError,
 )
 
 
@@ -118,4 +119,5 @@ __all__ = [
     "StorageError",
     "TamperedError",
     "WrongOwnerError",
+    "WrongTypeError",
 ]

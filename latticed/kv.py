@@ -10,8 +10,11 @@ from collections.abc import Iterable
 from typing import Any, Self
 
 from latticed.crdt import kv as kvcore
+from latticed.crdt import kvplan
 from latticed.crdt import queue as core
+from latticed.crdt.errors import NotOwnerError
 from latticed.crdt.head import KIND_KV
+from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
@@ -39,41 +42,44 @@ class KvNamespace:
         return cls(LatticeQueue.replica(core.empty_state(owner, name, KIND_KV), clock), clock)
 
     # ------------------------------------------------------------------ writes
-    def _write(self, op: str, key: str, value: Any = None, member: bytes | None = None, **kw: Any) -> None:
-        self._hlc = kvcore.hlc_next(self._hlc, self._clock())
-        fresh = False
-        if member is not None:
-            entry = self._view.get(key)
-            wanted = kvcore.HASH if op in ("hset", "hdel") else kvcore.SET
-            fresh = entry is None or entry.kind != wanted
-        item = kvcore.Op(op, self._hlc, key, value, member, kw.get("expires_ms"), fresh)
-        self._log.offer(item.encode(), key=key.encode())
-        self._fold_pending()
+    def _write(self, request: KvRequest) -> Any:
+        """Plan the write with the daemon's planner (:mod:`latticed.crdt.kvplan`) and log its op, if any."""
+        if not self._log.is_owner:
+            raise NotOwnerError(f"cannot write: not the owner of the namespace {self._log.owner.hex()}")
+        now = self._clock()
+        hlc = kvcore.hlc_next(self._hlc, now)
+        op, result = kvplan.plan(request, self._view.get(request.key), now, hlc)
+        if op is not None:
+            self._log.offer(op.encode(), key=request.key.encode())
+            self._fold_pending()
+        return result
 
     def put(self, key: str, value: bytes, ttl_ms: int | None = None) -> None:
-        expires = None if ttl_ms is None else self._clock() + ttl_ms
-        self._write("put", key, bytes(value), expires_ms=expires)
+        """Set a plain value; a TTL counts from the next millisecond (the clock reads whole ms)."""
+        self._write(KvRequest("put", key, value=_as_bytes(value), ttl_ms=ttl_ms))
 
     def delete(self, key: str) -> None:
-        self._write("del", key)
+        self._write(KvRequest("del", key))
 
     def incr(self, key: str, by: int = 1) -> int:
-        current = self.get(key)
-        total = (current if isinstance(current, int) else 0) + by
-        self._write("incr", key, total)
+        """Add to a counter (a missing key counts as 0) and return the new total.
+
+        Raises WrongTypeError if the key holds a plain value, a hash or a set, MalformedError if the total
+        would leave the signed 64-bit range; either way nothing is written."""
+        total: int = self._write(KvRequest("incr", key, by=by))
         return total
 
     def hset(self, key: str, field: bytes, value: bytes) -> None:
-        self._write("hset", key, bytes(value), member=bytes(field))
+        self._write(KvRequest("hset", key, value=_as_bytes(value), member=_as_bytes(field)))
 
     def hdel(self, key: str, field: bytes) -> None:
-        self._write("hdel", key, member=bytes(field))
+        self._write(KvRequest("hdel", key, member=_as_bytes(field)))
 
     def sadd(self, key: str, member: bytes) -> None:
-        self._write("sadd", key, member=bytes(member))
+        self._write(KvRequest("sadd", key, member=_as_bytes(member)))
 
     def srem(self, key: str, member: bytes) -> None:
-        self._write("srem", key, member=bytes(member))
+        self._write(KvRequest("srem", key, member=_as_bytes(member)))
 
     # ------------------------------------------------------------------ reads
     def get(self, key: str) -> Any:
@@ -121,3 +127,8 @@ class KvNamespace:
         for op in ops:
             self._hlc = max(self._hlc, op.hlc)
         self._applied_end = self._log.end_offset
+
+
+def _as_bytes(value: Any) -> Any:
+    """A bytes-like value as bytes; anything else goes to the planner as it is, to be refused there."""
+    return bytes(value) if isinstance(value, bytearray | memoryview) else value

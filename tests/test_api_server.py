@@ -18,7 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from inprocess import InProcessDaemon, start_in_process
+from typer.testing import CliRunner
 
+import cli.ctl
+from cli.boundary import ExitCode
 from latticed.api.client import Client, Entry
 from latticed.api.handlers import HANDLERS
 from latticed.config import DaemonConfig
@@ -31,6 +34,7 @@ from latticed.errors import (
     NotOwnerError,
     ProtocolError,
     StorageError,
+    WrongTypeError,
 )
 from latticed.queue import LatticeQueue
 
@@ -176,11 +180,20 @@ def test_kv_ops(client: Client) -> None:
     assert listed["n"] == 6 and listed["h"] == {b"f": b"v"} and listed["s"] == {b"y"} and "a" not in listed
     assert client.kv_list("h") == {"h": {b"f": b"v"}}
     assert client.kv_get("n", owner=client.identity()) == 6
-    with pytest.raises(MalformedError):
-        client.kv_incr("h")  # a hash is not a counter
+    with pytest.raises(WrongTypeError, match="hash"):
+        client.kv_incr("h")  # a hash is not a counter: the typed error crosses the wire
     with pytest.raises(MalformedError, match="64-bit"):
         client.kv_incr("n", 2**63 - 1)
     assert client.kv_incr("n", 0) == 6
+
+
+def test_incr_on_a_value_exits_with_the_wrong_type_code(client: Client, daemon: InProcessDaemon) -> None:
+    """The typed error crosses the wire and becomes the documented exit code (README, cli/boundary.py)."""
+    client.kv_put("wrongtype-n", b"5")
+    result = CliRunner().invoke(cli.ctl.app, ["--socket", str(daemon.socket), "kv", "incr", "wrongtype-n"])
+    assert result.exit_code == ExitCode.WRONG_TYPE == 12, result.output
+    assert result.stderr == "latticectl: error: key 'wrongtype-n' holds a plain value, not a counter\n"
+    assert client.kv_get("wrongtype-n") == b"5"
 
 
 def test_foreign_queues_read_but_not_written(client: Client, daemon: InProcessDaemon) -> None:

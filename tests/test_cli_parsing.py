@@ -34,6 +34,7 @@ from latticed.errors import (
     NotFoundError,
     NotOwnerError,
     StorageError,
+    WrongTypeError,
 )
 
 runner = CliRunner()
@@ -231,6 +232,7 @@ def with_fake(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> None:
         (StorageError("disk full\nreally"), ExitCode.STORAGE),
         (AlreadyExistsError("exists"), ExitCode.EXISTS),
         (MalformedError("bad name"), ExitCode.USAGE),
+        (WrongTypeError("key 'n' holds a plain value, not a counter"), ExitCode.WRONG_TYPE),
         (LatticedError("other"), ExitCode.ERROR),
         (ExceptionGroup("nursery", [NotFoundError("deep")]), ExitCode.NOT_FOUND),
         (ConnectionResetError(104, "Connection reset by peer"), ExitCode.NOT_RUNNING),

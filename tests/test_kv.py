@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
-from latticed import Identity, IntegrityError, NotOwnerError
+from latticed import Identity, IntegrityError, MalformedError, NotOwnerError
 from latticed.crdt import kv as kvcore
 from latticed.crdt.records import Record
 from latticed.kv import KvNamespace
@@ -56,7 +57,7 @@ def test_ttl_expires_by_the_injected_clock() -> None:
     ns = KvNamespace.create(ALICE, clock=clock)
     ns.put("session", b"tok", ttl_ms=500)
     assert ns.get("session") == b"tok"
-    clock.now += 499
+    clock.now += 500  # a TTL counts from the next millisecond (test_kv_planner.py)
     assert ns.get("session") == b"tok"
     clock.now += 1
     assert ns.get("session") is None
@@ -76,6 +77,8 @@ def test_replica_converges_through_deltas_and_refuses_writes() -> None:
     assert replica.view == ns.view
     with pytest.raises(NotOwnerError):
         replica.put("x", b"y")
+    with pytest.raises(NotOwnerError):
+        replica.delete("missing")  # a write that would change nothing is still not the replica's to make
 
 
 def test_forged_ops_are_rejected_and_change_nothing() -> None:
@@ -100,3 +103,28 @@ def test_hlc_orders_writes_even_when_the_wall_clock_steps_back() -> None:
     clock.now -= 10_000
     ns.put("k", b"second")
     assert ns.get("k") == b"second"
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda ns: ns.incr("n", 1.5),
+        lambda ns: ns.incr("n", True),
+        lambda ns: ns.put("k", "text"),
+        lambda ns: ns.put("k", b"v", ttl_ms=0),
+        lambda ns: ns.put("k", b"v", ttl_ms=2.5),
+        lambda ns: ns.hset("h", "field", b"v"),
+        lambda ns: ns.sadd("s", 7),
+    ],
+    ids=["incr-float", "incr-bool", "put-str", "ttl-0", "ttl-float", "hset-str-field", "sadd-int"],
+)
+def test_a_write_of_the_wrong_type_is_refused_before_it_is_signed(write: Any) -> None:
+    """An op the log could not decode would be signed for good and wedge every later fold."""
+    ns = KvNamespace.create(ALICE, clock=Clock())
+    ns.incr("n")
+    before = ns.state
+    with pytest.raises(MalformedError):
+        write(ns)
+    assert ns.state == before
+    ns.put("a", b"1")
+    assert ns.items() == {"a": b"1", "n": 1}

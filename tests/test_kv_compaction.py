@@ -13,11 +13,11 @@ from clocks import TickingClock
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
+from latticed.crdt.kvplan import KvRequest, visible
 from latticed.crdt.signing import Identity
 from latticed.storage import kvcompact
 from latticed.storage.jobs import Job, KvWrite, Merge
 from latticed.storage.kvcompact import CompactKv, worth_compacting
-from latticed.storage.kvplan import KvRequest, visible
 from latticed.storage.reader import StoreReader
 from latticed.storage.store import db_path
 from latticed.storage.writer import Writer

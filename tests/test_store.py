@@ -21,6 +21,7 @@ from clocks import TickingClock
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
+from latticed.crdt.kvplan import KvRequest, plan, visible
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import BehindPeersError, IntegrityError, NotOwnerError, StorageError
@@ -31,7 +32,6 @@ from latticed.storage.batch import MIN_CHECKPOINT_SPACING, thin_checkpoints
 from latticed.storage.engine import Engine
 from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import Append, Call, CreateQueue, Job, KvWrite, Merge, SetMeta, Truncate
-from latticed.storage.kvplan import KvRequest, plan, visible
 from latticed.storage.reader import StoreReader
 from latticed.storage.schema import MIGRATIONS, SCHEMA_VERSION
 from latticed.storage.store import Store, checkpoint_changes, db_path

@@ -25,6 +25,7 @@ from latticed.api.protocol import (
     parse_headers,
 )
 from latticed.crdt import kv
+from latticed.crdt.kvplan import KvRequest, hash_field, visible
 from latticed.crdt.records import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
@@ -37,7 +38,6 @@ from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job
-from latticed.storage.kvplan import KvRequest, hash_field, visible
 from latticed.storage.reader import Columns, RawRow
 
 if TYPE_CHECKING:

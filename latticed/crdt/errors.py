@@ -60,3 +60,10 @@ class GapError(LatticedError):
     """A delta that does not connect to what the replica holds; ask for an earlier suffix."""
 
     code = "gap"
+
+
+class WrongTypeError(LatticedError):
+    """A KV write that needs the key to hold one kind of value finds another: ``incr`` on a key holding a
+    plain value, a hash or a set (Redis's WRONGTYPE). Nothing is written; the key keeps its value."""
+
+    code = "wrong_type"

@@ -23,6 +23,7 @@ import trio
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV, KIND_QUEUE, SignedHead, check_name, queue_id
+from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity, parse_public_key
@@ -51,7 +52,6 @@ from latticed.storage.jobs import (
     SetMeta,
     Truncate,
 )
-from latticed.storage.kvplan import KvRequest
 from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader, columns_of
 from latticed.storage.sqlite import wal_path
 from latticed.storage.store import db_path

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV, queue_id
+from latticed.crdt.kvplan import KvRequest, plan
 from latticed.crdt.queue import Summary, VerifiedDelta
 from latticed.crdt.records import Record, check_records
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
 from latticed.storage.batch import Batch
-from latticed.storage.kvplan import KvRequest, plan
 
 if TYPE_CHECKING:
     from latticed.storage.writer import Writer
