@@ -18,9 +18,8 @@ from typing import Any, Final, Self
 
 import msgpack
 
-from latticed import errors
 from latticed.api.group_client import GroupOps, Lease, Subscription
-from latticed.api.protocol import API_VERSION
+from latticed.api.protocol import API_VERSION, error_from_reply
 from latticed.config import default_socket_path
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
 from latticed.framing import FrameDecoder, encode_frame
@@ -73,33 +72,6 @@ class ReadBatch:
             "headers": self.headers,
         }
         return _entries(self.queue, columns)
-
-
-def _error_classes() -> dict[str, type[LatticedError]]:
-    out: dict[str, type[LatticedError]] = {}
-    pending: list[type[LatticedError]] = [LatticedError]
-    while pending:
-        cls = pending.pop()
-        out.setdefault(cls.code, cls)
-        pending.extend(cls.__subclasses__())
-    for name in errors.__all__:
-        cls = getattr(errors, name)
-        if isinstance(cls, type) and issubclass(cls, LatticedError):
-            out[cls.code] = cls
-    return out
-
-
-def error_from_reply(body: Any) -> LatticedError:
-    """The exception a daemon error reply stands for."""
-    if not isinstance(body, dict):
-        return RemoteProtocolError(f"malformed error reply from latticed: {body!r}")
-    code, message = body.get("code"), body.get("message")
-    cls = _error_classes().get(code) if isinstance(code, str) else None
-    if cls is None:
-        exc = LatticedError(str(message))
-        exc.code = str(code)
-        return exc
-    return cls(str(message))
 
 
 def _headers(raw: Any) -> HeaderPairs:

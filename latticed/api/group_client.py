@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from latticed.api.protocol import API_VERSION
+from latticed.api.protocol import API_VERSION, error_from_reply
 from latticed.errors import LatticedError, RemoteProtocolError
 
 HeaderPairs = tuple[tuple[str, bytes], ...]
@@ -66,8 +66,6 @@ def lease_from_wire(raw: dict[str, Any]) -> Lease:
 
 
 def _raise(reply: dict[str, Any]) -> LatticedError:
-    from latticed.api.client import error_from_reply  # noqa: PLC0415 - client.py imports this module
-
     return error_from_reply(reply.get("error"))
 
 

@@ -20,7 +20,8 @@ from typing import Any, Final
 
 import msgpack
 
-from latticed.errors import LatticedError, MalformedError
+from latticed import errors
+from latticed.errors import LatticedError, MalformedError, RemoteProtocolError
 
 API_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final = (1,)
@@ -48,6 +49,33 @@ def unpack(data: bytes) -> Any:
 
 def error_body(exc: LatticedError) -> dict[str, str]:
     return {"code": exc.code, "message": str(exc) or type(exc).__name__}
+
+
+def _error_classes() -> dict[str, type[LatticedError]]:
+    out: dict[str, type[LatticedError]] = {}
+    pending: list[type[LatticedError]] = [LatticedError]
+    while pending:
+        cls = pending.pop()
+        out.setdefault(cls.code, cls)
+        pending.extend(cls.__subclasses__())
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if isinstance(cls, type) and issubclass(cls, LatticedError):
+            out[cls.code] = cls
+    return out
+
+
+def error_from_reply(body: Any) -> LatticedError:
+    """The exception a daemon error reply stands for (the inverse of :func:`error_body`)."""
+    if not isinstance(body, dict):
+        return RemoteProtocolError(f"malformed error reply from latticed: {body!r}")
+    code, message = body.get("code"), body.get("message")
+    cls = _error_classes().get(code) if isinstance(code, str) else None
+    if cls is None:
+        exc = LatticedError(str(message))
+        exc.code = str(code)
+        return exc
+    return cls(str(message))
 
 
 def error_reply(request_id: Any, exc: LatticedError) -> dict[str, Any]:

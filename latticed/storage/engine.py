@@ -51,6 +51,7 @@ from latticed.storage.jobs import (
     Merge,
     SetMeta,
     Truncate,
+    WriterView,
 )
 from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader, columns_of
 from latticed.storage.sqlite import wal_path
@@ -333,7 +334,7 @@ class Engine:
             self._check_new(KV_NAMESPACE, KIND_KV, "write")
         return await self._run(KvWrite(request))
 
-    async def call_in_writer(self, fn: Callable[[Batch, Writer], Any]) -> Any:
+    async def call_in_writer(self, fn: Callable[[Batch, WriterView], Any]) -> Any:
         """Run ``fn`` on the storage thread (maintenance, tests)."""
         return await self._run(Call(fn))
 

@@ -8,7 +8,7 @@ transaction committed (the writer then sets ``error`` to None and signals comple
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
@@ -18,11 +18,24 @@ from latticed.crdt.queue import Summary, VerifiedDelta
 from latticed.crdt.records import Record, check_records
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
 from latticed.storage.batch import Batch
-
-if TYPE_CHECKING:
-    from latticed.storage.writer import Writer
+from latticed.storage.store import Store
 
 KV_NAMESPACE = "kv"
+
+
+class WriterView(Protocol):
+    """What a job may use of the storage thread's writer (it runs there, inside its transaction). A
+    Protocol, so jobs do not import the writer that imports them."""
+
+    @property
+    def store(self) -> Store: ...
+
+    #: The newest HLC our own KV writes used (the next one must be later).
+    kv_hlc: int
+
+    def lookup(self, qid: bytes) -> int | None:
+        """The local number of the queue with this id, if we hold it."""
+        ...
 
 
 class Job:
@@ -41,7 +54,7 @@ class Job:
         #: counts concurrent writers, and one that pipelines is still one writer.
         self.origin: object = None
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         raise NotImplementedError
 
 
@@ -56,7 +69,7 @@ class CreateQueue(Job):
         self.meta = dict(meta or {})
         self.kind = kind
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         owner = batch.identity.public_key
         state = core.empty_state(owner, self.name, self.kind)
         for key, value in self.meta.items():
@@ -84,7 +97,7 @@ class Append(Job):
         self.records = records
         self.checked = checked
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         batch.require_owner(self.q, "offer")
         if not self.checked:
             check_records(self.records)
@@ -101,7 +114,7 @@ class AppendMany(Job):
         super().__init__()
         self.parts = parts
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         for q, records in self.parts:
             batch.require_owner(q, "offer")
             check_records(records)
@@ -116,7 +129,7 @@ class Truncate(Job):
         self.q = q
         self.new_start = new_start
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         batch.require_owner(self.q, "truncate")
         if self.new_start < 0:
             raise MalformedError("offsets are non-negative")
@@ -131,7 +144,7 @@ class SetMeta(Job):
         self.q = q
         self.updates = dict(updates)
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         batch.require_owner(self.q, "set metadata")
         for key, value in self.updates.items():
             if not isinstance(key, str) or not key or not (value is None or isinstance(value, str)):
@@ -155,7 +168,7 @@ class Merge(Job):
         #: will hold once it commits.
         self.ahead: Summary | None = None
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         d = self.verified.delta
         qid = queue_id(d.owner, d.name, d.kind)
         q = writer.lookup(qid)
@@ -183,7 +196,7 @@ class KvWrite(Job):
         super().__init__()
         self.request = request
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         owner = batch.identity.public_key
         qid = queue_id(owner, KV_NAMESPACE, KIND_KV)
         ns = writer.lookup(qid)
@@ -209,11 +222,11 @@ class Call(Job):
 
     __slots__ = ("fn",)
 
-    def __init__(self, fn: Callable[[Batch, Writer], Any]) -> None:
+    def __init__(self, fn: Callable[[Batch, WriterView], Any]) -> None:
         super().__init__()
         self.fn = fn
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         self.result = self.fn(batch, writer)
 
 

@@ -15,16 +15,13 @@ the log holds at least :data:`MIN_OPS` ops and :data:`RATIO` times as many ops a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from latticed.crdt import kv
 from latticed.crdt.records import Record
 from latticed.errors import MalformedError
 from latticed.storage.batch import Batch
-from latticed.storage.jobs import Job
-
-if TYPE_CHECKING:
-    from latticed.storage.writer import Writer
+from latticed.storage.jobs import Job, WriterView
 
 MIN_OPS: Final = 4096
 RATIO: Final = 2
@@ -46,7 +43,7 @@ class CompactKv(Job):
         self.ns = ns
         self.step = step
 
-    def apply(self, batch: Batch, writer: Writer) -> None:
+    def apply(self, batch: Batch, writer: WriterView) -> None:
         state = batch.require_owner(self.ns, "compact")
         lo = state.start
         hi = min(state.held_end, lo + self.step)
