@@ -8,7 +8,6 @@ commits). See docs/workqueues.md.
 """
 
 from latticed.groups.dispatch import (
-    CapacityError,
     Changes,
     DeadLetter,
     Dispatcher,
@@ -21,7 +20,6 @@ from latticed.groups.dispatch import (
 from latticed.groups.filters import FilterSyntaxError, compile_filter, parse_filter
 
 __all__ = [
-    "CapacityError",
     "Changes",
     "DeadLetter",
     "Dispatcher",

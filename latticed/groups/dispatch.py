@@ -47,8 +47,6 @@ from latticed.crdt.group import (
     source_id,
 )
 from latticed.crdt.records import Record
-
-# CapacityError lives in latticed.errors (one hierarchy); re-exported here for older imports.
 from latticed.errors import CapacityError, LeaseError, NotFoundError
 from latticed.groups.filters import compile_filter
 
@@ -754,7 +752,6 @@ __all__ = [
     "PARKED",
     "SETTLED",
     "STATES",
-    "CapacityError",
     "Changes",
     "DeadLetter",
     "Dispatcher",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
-from latticed.crdt.head import KIND_KV, SignedHead
+from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueState, VerifiedDelta
 from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity
@@ -253,10 +253,6 @@ class Batch:
                 state.fork,
             )
         self._staged(q).state = state
-
-
-def is_kv(state: QueueState) -> bool:
-    return state.kind == KIND_KV
 
 
 def appended_since(before: QueueState, after: QueueState) -> tuple[int, Sequence[Record]]:

@@ -125,14 +125,6 @@ class Store:
     def error(self, exc: BaseException, what: str) -> StorageError:
         return storage_error(exc, what, self.path)
 
-    # ------------------------------------------------------------------ settings
-    def get_setting(self, name: str) -> bytes | None:
-        row = self._conn.execute("SELECT value FROM settings WHERE name = ?", (name,)).fetchone()
-        return None if row is None else bytes(row[0])
-
-    def put_setting(self, name: str, value: bytes) -> None:
-        self._conn.execute("INSERT OR REPLACE INTO settings (name, value) VALUES (?, ?)", (name, value))
-
     # ------------------------------------------------------------------ queues
     def load(self) -> list[StoredQueue]:
         """Every queue's small state (heads, meta, thinned checkpoints); no record is read."""
