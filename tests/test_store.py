@@ -315,6 +315,27 @@ def test_kv_writes_and_a_merged_foreign_namespace(writer: Writer, tmp_path: Path
         writer.stop()
 
 
+def test_a_foreign_kv_log_with_an_entry_that_is_not_an_op_merges_whole(writer: Writer) -> None:
+    """The daemon's fold keeps the signed log whole and skips the entry, as the library does: later
+    merges go on applying (apply whole or not at all, never a log ahead of its view)."""
+    clock = TickingClock(NOW)
+    log = LatticeQueue(core.empty_state(BOB.public_key, "kv", KIND_KV), BOB, clock)
+    bob = KvNamespace(log, clock)
+    bob.put("a", b"1")
+    log.offer(b"\xc1 not an op", key=b"junk")
+    bob.put("b", b"2")
+    empty = core.empty_state(BOB.public_key, "kv", KIND_KV)
+    ns = ok(writer, Merge(core.verify_delta(empty, bob.delta())))
+    assert isinstance(ns, int)
+    bob.put("c", b"3")
+    bob.delete("a")
+    ok(writer, Merge(core.verify_delta(empty, bob.delta(writer.states[ns].summary()))))
+    assert writer.states[ns] == bob.state
+    now = NOW + 10**6
+    stored = {key: visible(writer.store.kv_entry(ns, key), now)[1] for key in ("a", "b", "c", "junk")}
+    assert {k: v for k, v in stored.items() if v is not None} == bob.items() == {"b": b"2", "c": b"3"}
+
+
 # ------------------------------------------------------------------ truncation and checkpoints
 
 
