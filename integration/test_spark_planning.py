@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from latticed.crdt.records import MAX_OFFSET
 from latticed.errors import ForkedQueueError, MalformedError, NotFoundError
 from latticed.spark.daemon import resolve_socket
 from latticed.spark.offsets import (
@@ -91,6 +92,8 @@ def test_options_are_case_insensitive_and_typed() -> None:
         ({"queues": "a", "minPartitions": "0"}, True, "'minPartitions': expected a positive integer"),
         ({"queues": "a", "failOnDataLoss": "maybe"}, True, "true or false"),
         ({"queues": "a/b/c"}, True, "neither NAME nor OWNER/NAME"),
+        ({"queues": "a", "startingOffsets": '{"a": 9223372036854775813}'}, True, "past the last offset"),
+        ({"queues": "a", "endingOffsets": '{"a": 9223372036854775808}'}, False, "past the last offset"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, str], streaming: bool, message: str) -> None:
@@ -109,6 +112,27 @@ def test_socket_option_resolves_on_the_host_that_reads(tmp_path: Path) -> None:
     assert resolve_socket("${NODE_DIR}/{host}/s", env, host="w") == Path("/srv/lattice/w/s")
     assert resolve_socket("~/s.sock", env) == Path("/home/me/s.sock")
     assert resolve_socket("$UNSET/s", env) == Path("$UNSET/s")
+
+
+def test_offsets_up_to_the_last_one_are_accepted() -> None:
+    opts = parse_options({"queues": "a", "endingOffsets": f'{{"a": {MAX_OFFSET}}}'}, streaming=False)
+    assert opts.ending == {"a": MAX_OFFSET}
+
+
+def test_offsets_past_the_last_one_are_a_clear_error_wherever_they_come_from() -> None:
+    """From a corrupt checkpoint, or a daemon reporting a queue it should have refused: no queue can
+    reach them, so the query fails naming the queue instead of waiting for them forever."""
+    past = MAX_OFFSET + 6
+    with pytest.raises(MalformedError, match=f"offset {past} for queue {A}.*past the last offset"):
+        latest_offsets({A: past}, views(a=(0, 5)), max_rows=None)
+    with pytest.raises(MalformedError, match="past the last offset"):
+        plan_ranges({A: 0}, {A: past}, 100)
+    with pytest.raises(MalformedError, match="past the last offset"):
+        plan_ranges({A: past}, {A: past + 1}, 100)
+    found = [QueueView(A, 0, 5), QueueView(B, past, past)]
+    with pytest.raises(MalformedError, match=f"local daemon has offset {past} for queue {B}"):
+        Subscription(pattern="*").select(found, strict=False)
+    assert list(Subscription(queues=(A,)).select(found, strict=True)) == [A]  # others are not our concern
 
 
 # ------------------------------------------------------------------ subscription

@@ -6,6 +6,7 @@ from the view, the per-key join of all ops. Replicas merge deltas of the op log 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any, Self
 
@@ -18,7 +19,10 @@ from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
+from latticed.logs import get_logger, log_event
 from latticed.queue import Clock, LatticeQueue, wall_clock_ms
+
+log = get_logger(__name__)
 
 
 class KvNamespace:
@@ -122,7 +126,18 @@ class KvNamespace:
         self._fold(log.range_entries(self._applied_end, log.end_offset - 1))
 
     def _fold(self, records: Iterable[Record]) -> None:
-        ops = [kvcore.decode_op(r.value) for r in records]
+        # Undecodable entries are skipped (see decode_ops): a merge applies whole, and never leaves the
+        # log ahead of the view, which would make every later fold raise again.
+        ops, skipped = kvcore.decode_ops(r.value for r in records)
+        if skipped:
+            log_event(
+                log,
+                "kv.bad_op",
+                logging.WARNING,
+                owner=self._log.owner.hex(),
+                name=self._log.name,
+                skipped=skipped,
+            )
         kvcore.apply_ops(self._view, ops)
         for op in ops:
             self._hlc = max(self._hlc, op.hlc)

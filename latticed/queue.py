@@ -8,14 +8,14 @@ when the state is next observed (``state``, ``commit()``, ``sync()``) instead of
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Self
 
 from latticed.crdt import queue as core
 from latticed.crdt.errors import GapError, MalformedError, NotOwnerError
 from latticed.crdt.forks import ForkProof
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
-from latticed.crdt.records import Record, make_record
+from latticed.crdt.records import MAX_OFFSET, Record, RecordRun, check_records, make_record
 from latticed.crdt.signing import Identity
 
 Clock = Callable[[], int]
@@ -86,24 +86,52 @@ class LatticeQueue:
             # and lose the record: refuse now, before anything is promised.
             raise GapError("owner state is missing records (merge the rest first); it cannot offer")
         record = make_record(value, key=key, headers=headers, timestamp=self._clock())
+        self._check_room(1)
         self._pending.append(record)
         return self._state.held_end + len(self._pending) - 1
 
     def offer_many(self, records: Iterable[Record]) -> range:
-        """Append already-built records in one signed batch; returns their offsets."""
+        """Append already-built records in one signed batch; returns their offsets.
+
+        The batch is checked whole before anything is signed (a bad record raises
+        :class:`MalformedError` and changes nothing); an empty batch is a no-op, not a new head."""
         identity = self._require_owner("offer")
+        if type(records) is RecordRun:
+            batch: Sequence[Record] = records
+        else:
+            try:
+                batch = list(records)
+            except TypeError as exc:
+                raise MalformedError(
+                    f"records must be an iterable of Record, not {type(records).__name__}"
+                ) from exc
+        check_records(batch)
+        if not batch:
+            return range(self.end_offset, self.end_offset)
+        self._check_room(len(batch))
         self.commit()
         first = self._state.held_end
-        batch = list(records)
         self._state = core.commit(self._state, identity, now_ms=self._clock(), records=batch)
         return range(first, first + len(batch))
 
+    def _check_room(self, count: int) -> None:
+        """Refuse records that would pass the last offset before promising them an offset: a buffered
+        offer the commit then refused would be lost after it was acknowledged."""
+        if self.end_offset + count > MAX_OFFSET:
+            raise MalformedError(
+                f"queue {self._state.owner.hex()}/{self._state.name} is full: offsets stop at {MAX_OFFSET} "
+                f"and it ends at {self.end_offset}; {count} more record(s) do not fit"
+            )
+
     def commit(self) -> QueueState:
-        """Sign a head over everything offered since the last commit (a no-op if nothing is pending)."""
+        """Sign a head over everything offered since the last commit (a no-op if nothing is pending).
+
+        The pending records are dropped only once signed: a commit that raises keeps them, so an offset
+        :meth:`offer` returned still holds its record."""
         if self._pending:
             identity = self._require_owner("offer")
-            pending, self._pending = self._pending, []
-            self._state = core.commit(self._state, identity, now_ms=self._clock(), records=pending)
+            self._state = core.commit(self._state, identity, now_ms=self._clock(), records=self._pending)
+            self._pending = []
         return self._state
 
     def truncate(self, new_start: int) -> None:

@@ -255,6 +255,16 @@ def test_a_malformed_batch_offer_stores_nothing(
     assert client.identity()
 
 
+def test_an_empty_batch_offer_signs_nothing(client: Client) -> None:
+    client.queue_create("empty-batch")
+    version = client.queue_info("empty-batch")["version"]
+    assert client.offer_batch("empty-batch", []) == []  # the client sends nothing
+    with pytest.raises(MalformedError, match="non-empty"):
+        client.call("offer_batch", queue="empty-batch", records=[])  # the server signs nothing
+    info = client.queue_info("empty-batch")
+    assert (info["version"], info["end_offset"]) == (version, 0)
+
+
 def test_a_batch_offer_keeps_every_field(client: Client) -> None:
     client.queue_create("batch-fields")
     records = [

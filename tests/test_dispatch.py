@@ -29,9 +29,8 @@ from latticed.crdt.group import (
 )
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.errors import LeaseError, NotFoundError
+from latticed.errors import CapacityError, LeaseError, NotFoundError
 from latticed.groups import (
-    CapacityError,
     Changes,
     Dispatcher,
     FilterSyntaxError,

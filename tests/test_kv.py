@@ -5,12 +5,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from latticed import Identity, IntegrityError, MalformedError, NotOwnerError
 from latticed.crdt import kv as kvcore
+from latticed.crdt import queue as core
+from latticed.crdt.head import KIND_KV
 from latticed.crdt.records import Record
 from latticed.kv import KvNamespace
+from latticed.queue import LatticeQueue
 
 ALICE = Identity.from_seed(b"a" * 32)
 
@@ -128,3 +134,72 @@ def test_a_write_of_the_wrong_type_is_refused_before_it_is_signed(write: Any) ->
     assert ns.state == before
     ns.put("a", b"1")
     assert ns.items() == {"a": b"1", "n": 1}
+
+
+#: Entries an owner's signed op log may hold that are not ops this version can decode.
+NOT_OPS = [
+    b"\xc1",  # not msgpack
+    b"",
+    msgpack.packb(["put", 1, "k"]),  # too few fields
+    msgpack.packb(["zap", 1, "k", None, None, None, False]),  # an op kind from a newer writer
+    msgpack.packb(["put", 1, "k", "text, not bytes", None, None, False]),
+]
+
+
+def op_log(clock: Clock) -> LatticeQueue:
+    """An owned namespace's op log, so a test can sign entries that are not ops into it."""
+    return LatticeQueue(core.empty_state(ALICE.public_key, "kv", KIND_KV), ALICE, clock)
+
+
+@pytest.mark.parametrize("junk", NOT_OPS)
+def test_a_signed_entry_that_is_not_an_op_is_skipped_and_later_merges_still_apply(junk: bytes) -> None:
+    """The owner signed it, so the log keeps it; it changes no key, on every replica (as the daemon's
+    fold does). Refusing it left the log ahead of the view and every later merge raising."""
+    clock = Clock()
+    log = op_log(clock)
+    ns = KvNamespace(log, clock)
+    ns.put("a", b"1")
+    log.offer(junk, key=b"junk")
+    ns.put("b", b"2")
+    replica = KvNamespace.replica(ALICE.public_key, clock=clock)
+    replica.merge(ns.delta(replica.summary()))
+    assert replica.items() == ns.items() == {"a": b"1", "b": b"2"}
+    assert replica.state == ns.state  # the whole log merged, the entry included
+    ns.put("c", b"3")
+    ns.delete("a")
+    replica.merge(ns.delta(replica.summary()))
+    assert replica.items() == ns.items() == {"b": b"2", "c": b"3"}
+    assert replica.view == ns.view
+    reloaded = KvNamespace(LatticeQueue.replica(replica.state, clock), clock)  # a fold from scratch
+    assert reloaded.view == ns.view
+
+
+OPS = st.builds(
+    lambda op, key, value: kvcore.Op(op, 0, key, value, None if op in ("put", "del", "incr") else b"m"),
+    st.sampled_from(["put", "del", "hset", "sadd"]),
+    st.sampled_from(["a", "b", "c"]),
+    st.binary(max_size=4),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(entries=st.lists(st.one_of(OPS, st.sampled_from(NOT_OPS), st.binary(max_size=12)), max_size=12))
+def test_a_replica_of_any_signed_log_merges_whole_and_matches_the_owner(entries: list[object]) -> None:
+    clock = Clock()
+    log = op_log(clock)
+    replica = KvNamespace.replica(ALICE.public_key, clock=clock)
+    for i, entry in enumerate(entries):
+        if isinstance(entry, kvcore.Op):
+            clock.now += 1
+            log.offer(dataclasses.replace(entry, hlc=clock.now << kvcore.HLC_LOGICAL_BITS).encode())
+        else:
+            assert isinstance(entry, bytes)
+            log.offer(entry)
+        if i % 3 == 2:
+            replica.merge(log.delta(replica.summary()))
+    replica.merge(log.delta(replica.summary()))
+    owner = KvNamespace(log, clock)
+    assert replica.state == log.state
+    assert replica.view == owner.view
+    decoded, _ = kvcore.decode_ops(r.value for r in log.range_entries(0, log.end_offset))
+    assert replica.view == kvcore.apply_ops({}, decoded)

@@ -8,6 +8,8 @@ import itertools
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from latticed import (
     GapError,
@@ -20,7 +22,7 @@ from latticed import (
     Record,
 )
 from latticed.crdt import queue as core
-from latticed.crdt.records import record_digest
+from latticed.crdt.records import MAX_OFFSET, record_digest
 
 OWNER = Identity.from_seed(bytes(range(32)))
 OTHER = Identity.from_seed(bytes([9]) * 32)
@@ -162,6 +164,94 @@ def test_offer_many_appends_prebuilt_records_in_one_signed_batch() -> None:
     with pytest.raises(MalformedError):
         q.offer_many([Record(value="not bytes")])  # type: ignore[arg-type]
     assert q.end_offset == 4
+
+
+#: Things that are not valid records, as a caller might pass them to offer_many.
+NOT_RECORDS = st.one_of(
+    st.none(),
+    st.integers(),
+    st.text(max_size=3),
+    st.binary(max_size=3),
+    st.lists(st.text(max_size=3), max_size=2),
+    st.builds(Record, value=st.one_of(st.none(), st.text(max_size=3), st.integers())),
+    st.builds(Record, value=st.just(b"v"), key=st.one_of(st.text(max_size=3), st.integers())),
+    st.builds(
+        Record, value=st.just(b"v"), timestamp=st.one_of(st.none(), st.just(2**63), st.text(max_size=1))
+    ),
+    st.builds(Record, value=st.just(b"v"), headers=st.one_of(st.just((("h", "text"),)), st.just((("h",),)))),
+)
+GOOD_RECORDS = st.lists(
+    st.builds(Record, value=st.binary(max_size=8), timestamp=st.integers(0, 10)), max_size=3
+)
+
+
+@given(good=GOOD_RECORDS, bad=NOT_RECORDS, where=st.integers(0, 3))
+def test_offer_many_refuses_a_batch_with_anything_but_records_and_changes_nothing(
+    good: list[Record], bad: object, where: int
+) -> None:
+    q = filled(2)
+    version = q.state.version
+    q.offer("pending")
+    batch: list[object] = [*good]
+    batch.insert(min(where, len(batch)), bad)
+    with pytest.raises(MalformedError):
+        q.offer_many(batch)  # type: ignore[arg-type]
+    assert q.end_offset == 3 and q.range(0, 10) == [b"v0", b"v1", b"pending"]
+    assert q.state.version == version + 1  # one head for the pending offer, none for the refused batch
+
+
+@pytest.mark.parametrize("records", [None, 5, Record(b"not a list")])
+def test_offer_many_of_something_not_iterable_is_malformed(records: object) -> None:
+    q = filled(1)
+    version = q.state.version
+    with pytest.raises(MalformedError):
+        q.offer_many(records)  # type: ignore[arg-type]
+    assert q.state.version == version and q.end_offset == 1
+
+
+def test_offer_many_of_nothing_signs_nothing() -> None:
+    q = filled(2)
+    state = q.state
+    assert q.offer_many([]) == range(2, 2)
+    assert q.offer_many(iter(())) == range(2, 2)
+    assert q.state is state and q.state.version == state.version
+    q.offer("p")
+    assert q.offer_many([]) == range(3, 3)
+
+
+def test_offers_past_the_last_offset_are_refused_before_they_get_an_offset() -> None:
+    q = owned()
+    q.truncate(MAX_OFFSET - 2)
+    assert q.offer("a") == MAX_OFFSET - 2
+    # The last offset a record can take is MAX_OFFSET - 1: offered, shown, and then signed.
+    assert q.offer("b") == MAX_OFFSET - 1
+    with pytest.raises(MalformedError, match="full"):
+        q.offer("c")
+    with pytest.raises(MalformedError, match="full"):
+        q.offer_many([Record(b"c")])
+    assert q.peek(MAX_OFFSET - 1) == b"b" and q.peek(MAX_OFFSET) is None
+    assert q.summary().held_end == MAX_OFFSET  # what was acknowledged is signed, nothing lost
+    assert q.range(MAX_OFFSET - 2, MAX_OFFSET) == [b"a", b"b"]
+    assert replica_of(q).range(MAX_OFFSET - 2, MAX_OFFSET) == [b"a", b"b"]
+    with pytest.raises(MalformedError, match="full"):
+        q.offer("c")
+    assert q.end_offset == MAX_OFFSET
+
+
+def test_a_commit_that_fails_keeps_the_offers_it_did_not_sign(monkeypatch: pytest.MonkeyPatch) -> None:
+    q = filled(2)
+    real = core.commit
+
+    def failing(*args: object, **kwargs: object) -> QueueState:
+        raise MalformedError("injected")
+
+    monkeypatch.setattr(core, "commit", failing)
+    with pytest.raises(MalformedError):
+        q.commit()
+    assert q.end_offset == 2 and q.range(0, 1) == [b"v0", b"v1"]
+    monkeypatch.setattr(core, "commit", real)
+    assert q.summary().held_end == 2
+    assert replica_of(q).range(0, 1) == [b"v0", b"v1"]
 
 
 def test_pending_offers_are_visible_to_the_owner_before_they_are_signed() -> None:

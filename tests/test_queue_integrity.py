@@ -14,6 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from latticed import (
     BadSignatureError,
@@ -33,8 +35,9 @@ from latticed import (
 )
 from latticed.crdt import queue as core
 from latticed.crdt.forks import Bridge
-from latticed.crdt.head import SignedHead
-from latticed.crdt.records import record_digest
+from latticed.crdt.head import KIND_QUEUE, SignedHead
+from latticed.crdt.records import MAX_OFFSET, record_digest
+from latticed.crdt.wire import decode_delta, encode_delta, pack, summary_from_wire, summary_to_wire, unpack
 
 OWNER = Identity.from_seed(bytes(range(32)))
 OTHER = Identity.from_seed(bytes([9]) * 32)
@@ -368,6 +371,58 @@ def test_malformed_heads_are_rejected(change: dict[str, Any]) -> None:
     state = source().state
     assert state.head is not None
     assert_rejected(replace(state, head=replace(state.head, **change)), MalformedError)
+
+
+PAST_THE_END = st.integers(MAX_OFFSET + 1, 2**64 - 1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(start=PAST_THE_END, extra=st.integers(0, 10))
+def test_an_owner_signed_head_past_the_last_offset_is_refused(start: int, extra: int) -> None:
+    """The owner's own commit refuses offsets past MAX_OFFSET, so no replica may accept (and then store
+    or serve) a head that has them, even under the owner's valid signature."""
+    state = source().state
+    assert state.head is not None
+    end = min(start + extra, 2**64 - 1)
+    head = resigned(state.head, OWNER, version=state.head.version + 1, start=start, end=end)
+    bare = QueueDelta(OWNER.public_key, NAME, KIND_QUEUE, head, meta=state.meta)
+    assert_rejected(bare, MalformedError)
+    assert_rejected(replace(state, head=head), MalformedError)
+    with pytest.raises(MalformedError):
+        decode_delta(encode_delta(bare))
+
+
+def test_a_checkpoint_or_tip_past_the_last_offset_is_refused() -> None:
+    d = full_delta()
+    assert d.tip is not None
+    past = resigned(d.tip, OWNER, end=MAX_OFFSET + 1)
+    assert_rejected(replace(d, checkpoints=(past,)), MalformedError)
+    assert_rejected(replace(d, tip=past), MalformedError)
+    with pytest.raises(MalformedError):
+        decode_delta(encode_delta(replace(d, checkpoints=(past,))))
+
+
+def test_offsets_past_the_last_one_are_refused_on_the_wire() -> None:
+    d = full_delta()
+    raw = unpack(encode_delta(d))
+    raw[7] = MAX_OFFSET + 1
+    with pytest.raises(MalformedError):
+        decode_delta(pack(raw))
+    assert_rejected(replace(d, from_offset=MAX_OFFSET + 1), MalformedError)
+    summary = summary_to_wire(source().summary())
+    for index in (1, 2):
+        bad = list(summary)
+        bad[index] = MAX_OFFSET + 1
+        with pytest.raises(MalformedError):
+            summary_from_wire(bad)
+
+
+def test_a_queue_truncated_to_the_last_offset_still_replicates() -> None:
+    q = source()
+    q.truncate(MAX_OFFSET)
+    r = LatticeQueue.empty_replica(OWNER.public_key, NAME)
+    r.merge(decode_delta(encode_delta(q.delta())))
+    assert r.state == q.state and (r.start_offset, r.end_offset) == (MAX_OFFSET, MAX_OFFSET)
 
 
 def test_a_head_hash_with_extra_bytes_is_not_accepted_under_a_valid_signature() -> None:

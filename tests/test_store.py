@@ -20,11 +20,11 @@ from clocks import TickingClock
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
-from latticed.crdt.head import KIND_KV
+from latticed.crdt.head import KIND_KV, SignedHead
 from latticed.crdt.kvplan import KvRequest, plan, visible
-from latticed.crdt.records import Record, make_record
+from latticed.crdt.records import MAX_OFFSET, Record, make_record
 from latticed.crdt.signing import Identity
-from latticed.errors import BehindPeersError, IntegrityError, NotOwnerError, StorageError
+from latticed.errors import BehindPeersError, IntegrityError, MalformedError, NotOwnerError, StorageError
 from latticed.kv import KvNamespace
 from latticed.queue import LatticeQueue
 from latticed.storage import segments
@@ -312,6 +312,89 @@ def test_kv_writes_and_a_merged_foreign_namespace(writer: Writer, tmp_path: Path
         assert writer.kv_hlc > 0  # our own HLC survives a restart
     finally:
         reader.close()
+        writer.stop()
+
+
+def test_a_foreign_kv_log_with_an_entry_that_is_not_an_op_merges_whole(writer: Writer) -> None:
+    """The daemon's fold keeps the signed log whole and skips the entry, as the library does: later
+    merges go on applying (apply whole or not at all, never a log ahead of its view)."""
+    clock = TickingClock(NOW)
+    log = LatticeQueue(core.empty_state(BOB.public_key, "kv", KIND_KV), BOB, clock)
+    bob = KvNamespace(log, clock)
+    bob.put("a", b"1")
+    log.offer(b"\xc1 not an op", key=b"junk")
+    bob.put("b", b"2")
+    empty = core.empty_state(BOB.public_key, "kv", KIND_KV)
+    ns = ok(writer, Merge(core.verify_delta(empty, bob.delta())))
+    assert isinstance(ns, int)
+    bob.put("c", b"3")
+    bob.delete("a")
+    ok(writer, Merge(core.verify_delta(empty, bob.delta(writer.states[ns].summary()))))
+    assert writer.states[ns] == bob.state
+    now = NOW + 10**6
+    stored = {key: visible(writer.store.kv_entry(ns, key), now)[1] for key in ("a", "b", "c", "junk")}
+    assert {k: v for k, v in stored.items() if v is not None} == bob.items() == {"b": b"2", "c": b"3"}
+
+
+def test_an_empty_append_signs_no_head(writer: Writer) -> None:
+    q = create(writer)
+    version = writer.states[q].version
+    assert ok(writer, Append(q, [])) == 0
+    assert writer.states[q].version == version
+
+
+def test_an_offer_past_the_last_offset_fails_alone_not_its_group_commit(writer: Writer) -> None:
+    full, other = create(writer, "full"), create(writer, "other")
+    ok(writer, Truncate(full, MAX_OFFSET - 1))
+    fits, too_many, bystander = Append(full, [rec(0)]), Append(full, [rec(1)]), Append(other, [rec(2)])
+    run(writer, fits, too_many, bystander)
+    assert (fits.error, fits.result) == (None, MAX_OFFSET - 1)
+    assert isinstance(too_many.error, MalformedError) and "full" in str(too_many.error)
+    assert (bystander.error, bystander.result) == (None, 0)
+    assert writer.states[full].held_end == MAX_OFFSET and writer.states[other].held_end == 1
+
+
+def past_the_end_delta() -> core.QueueDelta:
+    """A head BOB really signed, but with offsets his own commit would refuse."""
+    empty = core.empty_state(BOB.public_key, "feed")
+    past = MAX_OFFSET + 6
+    head = SignedHead.sign(
+        BOB,
+        queue_id=empty.queue_id,
+        version=1,
+        start=past,
+        end=past,
+        base_hash=b"\1" * 32,
+        head_hash=b"\1" * 32,
+        meta_version=0,
+        meta_hash=core.meta_hash({}),
+        timestamp=NOW,
+    )
+    return core.QueueDelta(BOB.public_key, "feed", empty.kind, head, meta=())
+
+
+async def test_a_head_past_the_last_offset_is_refused_before_storage(tmp_path: Path) -> None:
+    async with Engine.open(tmp_path, ALICE) as engine:
+        with pytest.raises(MalformedError, match="offsets stop at"):
+            await engine.merge_delta(past_the_end_delta())
+        assert engine.find(BOB.public_key, "feed") is None and engine.queues() == []
+
+
+def test_a_store_that_took_such_a_head_before_still_opens_and_verify_flags_it(
+    writer: Writer, tmp_path: Path
+) -> None:
+    d = past_the_end_delta()
+    ok(writer, Merge(core.VerifiedDelta(d, ())))  # as an older latticed stored it, unverified today
+    q = create(writer)
+    ok(writer, Append(q, [rec(0)]))
+    writer = reopen(writer, db_path(tmp_path))
+    try:
+        bad = writer.lookup(core.empty_state(BOB.public_key, "feed").queue_id)
+        assert bad is not None and writer.states[bad].start == MAX_OFFSET + 6
+        with pytest.raises(MalformedError, match="offsets stop at"):
+            writer.store.verify_queue(bad, writer.states[bad])
+        assert writer.store.verify_queue(q, writer.states[q]) == 1
+    finally:
         writer.stop()
 
 

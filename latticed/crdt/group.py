@@ -40,10 +40,9 @@ from latticed.crdt import queue as core
 from latticed.crdt.errors import MalformedError
 from latticed.crdt.head import KIND_GROUP, MAX_NAME_BYTES, check_name
 from latticed.crdt.queue import QueueState
-from latticed.crdt.records import MAX_HEADERS, Record, check_record
+from latticed.crdt.records import MAX_HEADERS, MAX_OFFSET, Record, check_record
 from latticed.crdt.signing import PUBLIC_KEY_SIZE, Identity
 
-MAX_OFFSET = core.MAX_OFFSET
 MAX_ATTEMPTS = 2**32 - 1
 #: Attempt history kept per record (and written into its dead letter): the newest this many.
 MAX_HISTORY = 32

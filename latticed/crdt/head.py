@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from latticed.crdt.errors import MalformedError, WrongOwnerError
+from latticed.crdt.records import MAX_OFFSET
 from latticed.crdt.signing import Identity, blake2b, verify
 
 HEAD_NAMESPACE = b"latticed/queue-head/v1\n\x00"
@@ -97,6 +98,8 @@ class SignedHead:
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> SignedHead:
+        """The layout only: the store reloads with this what it once accepted. Foreign heads also pass
+        :meth:`check` (wire decoding, :meth:`verify`), which holds them to :data:`MAX_OFFSET`."""
         if not isinstance(raw, bytes) or len(raw) != HEAD_SIZE or not raw.startswith(HEAD_NAMESPACE):
             raise MalformedError("not a signed queue head")
         qid, version, start, end, base, head_hash, meta_version, mhash, timestamp = _BODY.unpack_from(
@@ -152,6 +155,10 @@ class SignedHead:
                 raise MalformedError("a head's counters are unsigned 64-bit integers")
         if self.start > self.end:
             raise MalformedError("head start is past its end")
+        if self.end > MAX_OFFSET:
+            # The owner's commit never signs one: a replica must not hold (nor store, nor serve) offsets
+            # its own owner could not have written.
+            raise MalformedError(f"a head's offsets stop at {MAX_OFFSET}, this one ends at {self.end}")
         if not isinstance(self.signature, bytes):
             raise MalformedError("a head's signature is bytes")
 

@@ -84,6 +84,23 @@ def decode_op(raw: bytes) -> Op:
     return Op(op, hlc, key, value, member, expires, fresh)
 
 
+def decode_ops(raws: Iterable[bytes]) -> tuple[list[Op], int]:
+    """The ops among signed op-log entries, and how many entries are not ops.
+
+    An entry the owner signed that does not decode (a newer writer's op, a bug) stays in the log, which
+    is the owner's to vouch for, but changes no key. Skipping it on every replica keeps the views equal
+    and a merge whole; refusing it would stall every replica at that entry for good, since every later
+    delta carries it again (the daemon's fold skips it the same way)."""
+    ops: list[Op] = []
+    skipped = 0
+    for raw in raws:
+        try:
+            ops.append(decode_op(raw))
+        except MalformedError:
+            skipped += 1
+    return ops, skipped
+
+
 Stamp = tuple[int, bytes]  # (hlc, tiebreak): a total order on writes
 NO_STAMP: Stamp = (-1, b"")
 

@@ -29,6 +29,7 @@ from latticed.crdt.errors import GapError, MalformedError, NotOwnerError, Tamper
 from latticed.crdt.forks import Bridge, ForkProof, better_proof, heads_conflict, two_head_proof
 from latticed.crdt.head import KIND_QUEUE, SignedHead, check_name, genesis_hash, meta_hash, queue_id
 from latticed.crdt.records import (
+    MAX_OFFSET,
     Record,
     RecordRun,
     blake2b_skip,
@@ -39,8 +40,6 @@ from latticed.crdt.records import (
 from latticed.crdt.signing import HASH_SIZE, Identity
 
 Meta = tuple[tuple[str, str], ...]
-#: Offsets are signed 64-bit, as in Kafka (records and heads encode them as u64, so this always fits).
-MAX_OFFSET = 2**63 - 1
 
 
 class Entries(Protocol):
@@ -297,7 +296,13 @@ def commit(
     checkpoint_bytes: int = CHECKPOINT_BYTES,
 ) -> QueueState:
     """Apply the owner's changes and sign one head over them (one signature per batch; a batch larger
-    than ``checkpoint_bytes`` gets a signed head per slice of that size)."""
+    than ``checkpoint_bytes`` gets a signed head per slice of that size).
+
+    Everything is checked before anything is computed from the records (their sizes cut the slices),
+    so bad input is a :class:`MalformedError`, never some other exception."""
+    check_records(records)
+    if state.held_end + len(records) > MAX_OFFSET or (new_start is not None and new_start > MAX_OFFSET):
+        raise MalformedError(f"offsets stop at {MAX_OFFSET}")
     first = 0
     for cut in _checkpoint_cuts(records, checkpoint_bytes):
         state = _commit_once(state, identity, now_ms=now_ms, records=records[first:cut])
@@ -344,13 +349,11 @@ def _commit_once(
     new_start: int | None = None,
     meta_updates: Mapping[str, str | None] | None = None,
 ) -> QueueState:
+    """One signed head over ``records`` (checked by :func:`commit`) and the other changes."""
     if identity.public_key != state.owner:
         raise NotOwnerError(f"not the owner of {state.owner.hex()}/{state.name}")
     if not state.complete:
         raise GapError("owner state is missing records; it cannot sign a new head")
-    check_records(records)
-    if state.held_end + len(records) > MAX_OFFSET or (new_start is not None and new_start > MAX_OFFSET):
-        raise MalformedError(f"offsets stop at {MAX_OFFSET}")
     qid = state.queue_id
     version = state.version + 1
     start, end = state.start, state.held_end
@@ -603,8 +606,8 @@ def _check_shape(d: QueueDelta) -> None:
         raise MalformedError("a delta's records are a tuple or a record run")
     if d.fork is not None and not isinstance(d.fork, ForkProof):
         raise MalformedError("a delta's fork proof is a ForkProof")
-    if type(d.from_offset) is not int or d.from_offset < 0:
-        raise MalformedError("a delta's first offset is a non-negative integer")
+    if type(d.from_offset) is not int or not 0 <= d.from_offset <= MAX_OFFSET:
+        raise MalformedError(f"a delta's first offset is an integer from 0 to {MAX_OFFSET}")
     if d.records and (not isinstance(d.from_hash, bytes) or len(d.from_hash) != HASH_SIZE):
         raise MalformedError("a delta's starting chain value is a 32-byte hash")
     if d.meta is not None:

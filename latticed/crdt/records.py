@@ -23,6 +23,10 @@ MAX_VALUE_BYTES = 8 * 1024 * 1024
 MAX_HEADERS = 256
 MAX_HEADER_KEY_BYTES = 1024
 MAX_HEADER_VALUE_BYTES = 64 * 1024
+#: Offsets are signed 64-bit, as in Kafka (records and heads encode them as u64, so this always fits):
+#: the last offset a record can have is ``MAX_OFFSET - 1``, and no signed head's start or end lies past it.
+#: Here, in a module without crypto, so the Spark planner can check offsets against it cheaply.
+MAX_OFFSET = 2**63 - 1
 
 _RECORD_PERSON = b"latticed.rec.v1"
 _CHAIN_PERSON = b"latticed.chain1"

@@ -17,7 +17,7 @@ from latticed.crdt.errors import MalformedError
 from latticed.crdt.forks import Bridge, ForkProof
 from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueDelta, Summary
-from latticed.crdt.records import Headers, Record, RecordRun, check_records
+from latticed.crdt.records import MAX_OFFSET, Headers, Record, RecordRun, check_records
 
 WIRE_VERSION = 1
 
@@ -100,7 +100,9 @@ def records_from_wire(raw: Any) -> RecordRun:
 def _head(raw: Any) -> SignedHead:
     if not isinstance(raw, bytes):
         raise MalformedError("a signed head is bytes")
-    return SignedHead.from_bytes(raw)
+    head = SignedHead.from_bytes(raw)
+    head.check()  # offsets past MAX_OFFSET are refused as early as they arrive
+    return head
 
 
 def _opt_head(raw: Any) -> SignedHead | None:
@@ -124,6 +126,12 @@ def _bytes(raw: Any, size: int | None, what: str) -> bytes:
 def _int(raw: Any, what: str) -> int:
     if not isinstance(raw, int) or isinstance(raw, bool) or raw < -1 or raw >= 2**64:
         raise MalformedError(f"{what} must be an unsigned integer")
+    return raw
+
+
+def _offset(raw: Any, what: str) -> int:
+    if type(raw) is not int or not 0 <= raw <= MAX_OFFSET:
+        raise MalformedError(f"{what} must be an offset, 0 to {MAX_OFFSET}")
     return raw
 
 
@@ -223,7 +231,7 @@ def delta_from_wire(raw: Any) -> QueueDelta:
         head=_opt_head(raw[4]),
         meta=meta,
         tip=_tip(raw[6], raw[4]),
-        from_offset=_int(raw[7], "from_offset"),
+        from_offset=_offset(raw[7], "from_offset"),
         from_hash=_bytes(raw[8], None, "from_hash"),
         records=records_from_wire(records_raw),
         checkpoints=tuple(_head(c) for c in checkpoints_raw),
@@ -240,8 +248,8 @@ def summary_from_wire(raw: Any) -> Summary:
         raise MalformedError("a summary has 6 fields")
     return Summary(
         version=_int(raw[0], "version"),
-        start=_int(raw[1], "start"),
-        held_end=_int(raw[2], "held_end"),
+        start=_offset(raw[1], "start"),
+        held_end=_offset(raw[2], "held_end"),
         held_hash=_bytes(raw[3], None, "held_hash"),
         meta_version=_int(raw[4], "meta_version"),
         forked=raw[5],

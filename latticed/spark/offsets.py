@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from latticed.crdt.errors import LatticedError
+from latticed.crdt.records import MAX_OFFSET
 from latticed.errors import ForkedQueueError, MalformedError, NotFoundError
 from latticed.logs import get_logger, log_event
 from latticed.spark.options import EARLIEST, LATEST, OffsetSpec
@@ -64,6 +65,18 @@ class QueueView:
         )
 
 
+def check_offsets(offsets: Mapping[str, int], what: str) -> None:
+    """Raise MalformedError for an offset past :data:`MAX_OFFSET` (no queue reaches one; the daemon
+    refuses them), so a bad checkpoint or a bad report fails the query clearly instead of stalling it or
+    overflowing the 64-bit offset column of a batch."""
+    for queue, offset in offsets.items():
+        if offset > MAX_OFFSET:
+            raise MalformedError(
+                f"lattice source: {what} has offset {offset} for queue {queue}, past the last offset a "
+                f"queue can reach ({MAX_OFFSET}); the offsets are corrupt"
+            )
+
+
 def sorted_offsets(offsets: Mapping[str, int]) -> Offsets:
     """A copy with keys in sorted order: the JSON text Spark compares must be canonical."""
     return {queue: int(offsets[queue]) for queue in sorted(offsets)}
@@ -100,6 +113,7 @@ class Subscription:
             if self.matches(view.queue):
                 if view.forked:
                     raise forked_error(view.queue)
+                check_offsets({view.queue: view.end}, "the local daemon")
                 chosen[view.queue] = view
         if strict and self.queues is not None:
             missing = [q for q in self.queues if q not in chosen]
@@ -186,6 +200,7 @@ def latest_offsets(
     ``target`` (Trigger.AvailableNow) caps each queue at its end when the trigger was prepared and hides
     queues that appeared since. Queues in ``start`` the daemon no longer reports keep their offset.
     """
+    check_offsets(start, "the start of the micro-batch")
     end: Offsets = dict(start)
     available: dict[str, int] = {}
     begin: dict[str, int] = {}
@@ -241,6 +256,8 @@ def plan_ranges(
     most ``max_per_partition`` records so several tasks share a backlog (equal, so no short last task is
     left running alone). With ``min_partitions``, the pieces are also small enough that the batch has at
     least that many partitions, but not below MIN_SPLIT_RECORDS records. Pinned queues read nothing."""
+    check_offsets(start, "the start of the batch")
+    check_offsets(end, "the end of the batch")
     spans = {
         queue: (lo, end[queue])
         for queue in sorted(end)
@@ -297,6 +314,7 @@ __all__ = [
     "Subscription",
     "allocate",
     "batch_bounds",
+    "check_offsets",
     "forked_error",
     "initial_offsets",
     "latest_offsets",

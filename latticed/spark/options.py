@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from latticed.crdt.records import MAX_OFFSET
 from latticed.errors import MalformedError
 
 #: Offset sentinels inside ``startingOffsets``/``endingOffsets`` JSON, as in Kafka.
@@ -145,6 +146,11 @@ def parse_offset_spec(name: str, text: str, *, allow_earliest: bool = True) -> O
             raise MalformedError(
                 f"lattice option {name!r}: offset of {queue!r} is {offset}; use >= 0, -1 (latest)"
                 + (" or -2 (earliest)" if allow_earliest else "")
+            )
+        if offset > MAX_OFFSET:
+            raise MalformedError(
+                f"lattice option {name!r}: offset of {queue!r} is {offset}, past the last offset a queue "
+                f"can reach ({MAX_OFFSET})"
             )
         out[queue] = offset
     return out

@@ -15,9 +15,9 @@ from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueState, VerifiedDelta
-from latticed.crdt.records import Record, RecordRun
+from latticed.crdt.records import MAX_OFFSET, Record, RecordRun
 from latticed.crdt.signing import Identity
-from latticed.errors import NotOwnerError
+from latticed.errors import MalformedError, NotOwnerError
 from latticed.storage.entries import StoredEntries
 
 #: Checkpoints closer than this (in records) are thinned out, except the latest.
@@ -175,9 +175,18 @@ class Batch:
         return q
 
     def append(self, q: int, records: Sequence[Record]) -> int:
-        """Stage records (already checked); returns the first offset they get."""
+        """Stage records (already checked); returns the first offset they get.
+
+        Records past the last offset are refused here, so that job fails alone: staged, they would fail
+        the signing of the whole group commit, and every other job in it."""
         staged = self._staged(q)
         first = staged.state.held_end + staged.appended
+        if first + len(records) > MAX_OFFSET:
+            state = staged.state
+            raise MalformedError(
+                f"queue {state.owner.hex()}/{state.name} is full: offsets stop at {MAX_OFFSET} and it "
+                f"ends at {first}; {len(records)} more record(s) do not fit"
+            )
         self.mutations += 1
         if records:
             staged.appends.append(records)
