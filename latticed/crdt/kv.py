@@ -32,10 +32,6 @@ def hlc_next(last: int, now_ms: int) -> int:
     return max(last + 1, now_ms << HLC_LOGICAL_BITS)
 
 
-def hlc_ms(hlc: int) -> int:
-    return hlc >> HLC_LOGICAL_BITS
-
-
 @dataclass(frozen=True, slots=True)
 class Op:
     """One owner write. ``hlc`` orders it; ``tiebreak`` (a digest of the op) makes equal HLCs total.

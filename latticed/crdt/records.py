@@ -422,10 +422,6 @@ def chain_fold(base: bytes, digests: Iterable[bytes]) -> bytes:
     return current
 
 
-def offset_bytes(offset: int) -> bytes:
-    return _U64.pack(offset)
-
-
 def blake2b_skip(previous: bytes, new_start: int) -> bytes:
     """Chain value after truncating past the end: offsets below ``new_start`` are never assigned."""
     data = previous + _U64.pack(new_start)

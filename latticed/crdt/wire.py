@@ -26,23 +26,6 @@ def record_to_wire(record: Record) -> list[Any]:
     return [record.key, record.value, record.timestamp, [[k, v] for k, v in record.headers]]
 
 
-def record_from_wire(raw: Any) -> Record:
-    # Hot path of catch-up: exact type checks first, the header loop only when there are headers.
-    if type(raw) is not list or len(raw) != 4:
-        raise MalformedError("a record is [key, value, timestamp, headers]")
-    key, value, timestamp, headers = raw
-    if (
-        (key is not None and type(key) is not bytes)
-        or type(value) is not bytes
-        or type(timestamp) is not int
-        or type(headers) is not list
-    ):
-        raise MalformedError("a record is [key (bytes|nil), value (bytes), timestamp (int), headers (list)]")
-    if not headers:
-        return Record(value, key, timestamp, ())
-    return Record(value, key, timestamp, _headers_from_wire(headers))
-
-
 def _headers_from_wire(raw: list[Any]) -> Headers:
     pairs = []
     for item in raw:
