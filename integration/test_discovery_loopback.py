@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import trio
 
+from latticed.clock import wall_ms
 from latticed.errors import IntegrityError, MalformedError
 from latticed.logs import EVENT_ATTR, record_fields
 from latticed.net import discovery
@@ -76,7 +77,7 @@ class Node:
                         found=send,
                         task_status=task_status,
                         reannounce_interval=self.reannounce_interval,
-                        clock=lambda: discovery.wall_clock_ms() + self.clock_offset_ms,
+                        clock=lambda: wall_ms() + self.clock_offset_ms,
                     )
             finally:
                 self.stopped.set()

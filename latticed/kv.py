@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Self
 
+from latticed.clock import Clock, wall_ms
 from latticed.crdt import kv as kvcore
 from latticed.crdt import kvplan
 from latticed.crdt import queue as core
@@ -20,7 +21,7 @@ from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.logs import get_logger, log_event
-from latticed.queue import Clock, LatticeQueue, wall_clock_ms
+from latticed.queue import LatticeQueue
 
 log = get_logger(__name__)
 
@@ -28,7 +29,7 @@ log = get_logger(__name__)
 class KvNamespace:
     """One owner's namespace: put/get/delete, hashes, sets and counters, with optional TTLs."""
 
-    def __init__(self, log: LatticeQueue, clock: Clock = wall_clock_ms):
+    def __init__(self, log: LatticeQueue, clock: Clock = wall_ms):
         self._log = log
         self._clock = clock
         self._view: kvcore.View = {}
@@ -37,12 +38,12 @@ class KvNamespace:
         self._fold(log.range_entries(log.start_offset, log.end_offset))
 
     @classmethod
-    def create(cls, identity: Identity, name: str = "kv", clock: Clock = wall_clock_ms) -> Self:
+    def create(cls, identity: Identity, name: str = "kv", clock: Clock = wall_ms) -> Self:
         state = core.empty_state(identity.public_key, name, KIND_KV)
         return cls(LatticeQueue(state, identity, clock), clock)
 
     @classmethod
-    def replica(cls, owner: bytes, name: str = "kv", clock: Clock = wall_clock_ms) -> Self:
+    def replica(cls, owner: bytes, name: str = "kv", clock: Clock = wall_ms) -> Self:
         return cls(LatticeQueue.replica(core.empty_state(owner, name, KIND_KV), clock), clock)
 
     # ------------------------------------------------------------------ writes

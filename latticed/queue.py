@@ -7,10 +7,10 @@ when the state is next observed (``state``, ``commit()``, ``sync()``) instead of
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Self
 
+from latticed.clock import Clock, wall_ms
 from latticed.crdt import queue as core
 from latticed.crdt.errors import GapError, MalformedError, NotOwnerError
 from latticed.crdt.forks import ForkProof
@@ -18,18 +18,13 @@ from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import MAX_OFFSET, Record, RecordRun, check_records, make_record
 from latticed.crdt.signing import Identity
 
-Clock = Callable[[], int]
 HeadersArg = Mapping[str, bytes | str] | Iterable[tuple[str, bytes | str]] | None
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class LatticeQueue:
     """A queue you own (``create``) or a read-and-merge replica of someone else's (``replica``)."""
 
-    def __init__(self, state: QueueState, identity: Identity | None = None, clock: Clock = wall_clock_ms):
+    def __init__(self, state: QueueState, identity: Identity | None = None, clock: Clock = wall_ms):
         self._state = state
         self._identity = identity if identity is not None and identity.public_key == state.owner else None
         self._clock = clock
@@ -40,11 +35,11 @@ class LatticeQueue:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def create(cls, identity: Identity, name: str, clock: Clock = wall_clock_ms) -> Self:
+    def create(cls, identity: Identity, name: str, clock: Clock = wall_ms) -> Self:
         return cls(core.empty_state(identity.public_key, name), identity, clock)
 
     @classmethod
-    def replica(cls, state: QueueState, clock: Clock = wall_clock_ms) -> Self:
+    def replica(cls, state: QueueState, clock: Clock = wall_ms) -> Self:
         """A read-and-merge view of a queue whose key we do not hold.
 
         ``state`` is foreign, so it is verified (merged into an empty replica), like any other merge."""
@@ -54,7 +49,7 @@ class LatticeQueue:
         return cls(core.merge(empty, state), None, clock)
 
     @classmethod
-    def empty_replica(cls, owner: bytes, name: str, clock: Clock = wall_clock_ms) -> Self:
+    def empty_replica(cls, owner: bytes, name: str, clock: Clock = wall_ms) -> Self:
         return cls(core.empty_state(owner, name), None, clock)
 
     # ------------------------------------------------------------------ identity

@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from latticed.config import DaemonConfig, HostPort
+from latticed.crdt.head import QueueKind
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import LatticedError, NotFoundError
@@ -66,7 +67,7 @@ class EngineHost:
 
     def summaries(self) -> Mapping[QueueKey, Summary]:
         out: dict[QueueKey, Summary] = {}
-        for kind in (0, 1, 2):
+        for kind in QueueKind:
             for q in self.engine.queues(kind):
                 state = self.engine.state(q)
                 if state.head is not None:
@@ -164,7 +165,7 @@ class Replication:
     def lag(self) -> dict[str, int]:
         """Per queue we hold: how far behind the owner's signed end we are (records)."""
         out = {}
-        for kind in (0, 1, 2):
+        for kind in QueueKind:
             for q in self.engine.queues(kind):
                 state = self.engine.state(q)
                 behind = state.known_end - state.held_end

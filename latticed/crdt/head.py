@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import IntEnum
 from functools import lru_cache
 
 from latticed.crdt.errors import MalformedError, WrongOwnerError
@@ -33,9 +34,19 @@ MAX_NAME_BYTES = 255
 MAX_META_KEY_BYTES = 1024
 MAX_META_VALUE_BYTES = 64 * 1024
 _U64_LIMIT = 2**64
-KIND_QUEUE = 0
-KIND_KV = 1
-KIND_GROUP = 2
+
+
+class QueueKind(IntEnum):
+    """What a signed log holds; part of its id and of every signed head (a ``u8`` there)."""
+
+    QUEUE = 0  #: records offered by the owner
+    KV = 1  #: the owner's KV ops, folded into a view
+    GROUP = 2  #: a consumer group's definition and progress
+
+
+KIND_QUEUE = QueueKind.QUEUE
+KIND_KV = QueueKind.KV
+KIND_GROUP = QueueKind.GROUP
 
 
 def check_name(name: str) -> None:

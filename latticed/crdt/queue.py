@@ -592,11 +592,16 @@ class VerifiedDelta:
     chains: tuple[bytes, ...]
 
 
+def _is_kind(kind: object) -> bool:
+    """An int (a :class:`~latticed.crdt.head.QueueKind` or one a newer peer uses), never a bool."""
+    return isinstance(kind, int) and not isinstance(kind, bool)
+
+
 def _check_shape(d: QueueDelta) -> None:
     """Types and layouts first, so that nothing below can fail with anything but a typed error."""
     if not isinstance(d, QueueDelta):
         raise MalformedError(f"not a queue delta or state: {type(d).__name__}")
-    if not isinstance(d.owner, bytes) or not isinstance(d.name, str) or type(d.kind) is not int:
+    if not isinstance(d.owner, bytes) or not isinstance(d.name, str) or not _is_kind(d.kind):
         raise MalformedError("a delta names its queue by owner key, name and kind")
     if any(h is not None and not isinstance(h, SignedHead) for h in (d.head, d.tip)):
         raise MalformedError("a delta's head and tip are signed heads")

@@ -22,7 +22,6 @@ import ipaddress
 import logging
 import math
 import socket
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -31,6 +30,7 @@ import ifaddr
 import trio
 from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
 
+from latticed.clock import wall_ms
 from latticed.config import HostPort
 from latticed.errors import IntegrityError, MalformedError
 from latticed.logs import get_logger, log_event
@@ -52,7 +52,6 @@ __all__ = [
     "DiscoveredPeer",
     "mdns_addresses",
     "run_discovery",
-    "wall_clock_ms",
 ]
 
 log = get_logger(__name__)
@@ -90,11 +89,6 @@ class DiscoveredPeer:
     def address(self) -> HostPort:
         """``(host, port)``, the key of :class:`~latticed.net.peers.PeerBook`."""
         return self.host, self.port
-
-
-def wall_clock_ms() -> int:
-    """Unix time in milliseconds: announcements are compared across hosts, so a wall clock it must be."""
-    return time.time_ns() // 1_000_000
 
 
 def mdns_addresses(interfaces: Sequence[str]) -> list[str]:
@@ -163,7 +157,7 @@ async def run_discovery(
     interfaces: Sequence[str],
     found: trio.MemorySendChannel[DiscoveredPeer],
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    clock: Callable[[], int] = wall_clock_ms,
+    clock: Callable[[], int] = wall_ms,
     addresses: Sequence[str] | None = None,
     reannounce_interval: float = DEFAULT_REANNOUNCE_INTERVAL,
     resolve_timeout: float = DEFAULT_RESOLVE_TIMEOUT,

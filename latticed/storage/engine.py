@@ -20,6 +20,7 @@ from typing import Any, Final, TypeVar
 
 import trio
 
+from latticed.clock import wall_ms
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV, KIND_QUEUE, SignedHead, check_name, queue_id
@@ -57,7 +58,7 @@ from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader, colu
 from latticed.storage.sqlite import wal_path
 from latticed.storage.store import db_path
 from latticed.storage.verify import verify_queue
-from latticed.storage.writer import Change, Writer, wall_ms
+from latticed.storage.writer import Change, Writer
 
 log = get_logger(__name__)
 

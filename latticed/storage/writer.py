@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from latticed.clock import wall_ms
 from latticed.crdt import kv
 from latticed.crdt.head import KIND_KV, queue_id
 from latticed.crdt.queue import QueueState
@@ -60,10 +61,6 @@ class Change:
 
 
 DoneCallback = Callable[[list[Job], list[Change]], None]
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Writer:
@@ -406,4 +403,4 @@ def _fold_ops(batch: Batch, ns: int, records: Sequence[Record]) -> None:
         batch.put_kv(ns, op.key, entry if current is None else kv.join_entry(current, entry))
 
 
-__all__ = ["Change", "DoneCallback", "Writer", "wall_ms"]
+__all__ = ["Change", "DoneCallback", "Writer"]
