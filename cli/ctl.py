@@ -1,28 +1,39 @@
 """``latticectl``: talk to the local latticed daemon over its unix socket.
 
-``QUEUE`` is ``NAME`` for one of your own queues or ``OWNER/NAME`` for another identity's. KV keys take
-the same ``[OWNER/]KEY`` form where reading another's key makes sense; the part before the first ``/``
-counts as an owner only when it is a 64-hex-digit public key, so ``config/db`` is an ordinary key.
-Command-line values are stored as their UTF-8 bytes. Output rules are in :mod:`cli.output`; exit codes in
-:mod:`cli.boundary`.
+``QUEUE`` is ``NAME`` for one of your own queues or ``OWNER/NAME`` for another identity's; KV keys of
+another identity are ``OWNER/KEY`` the same way (:mod:`cli.kv`). Command-line values are stored as their
+UTF-8 bytes. ``--socket`` and ``--json`` go before or after the command (:mod:`cli.common`). Output rules
+are in :mod:`cli.output`; exit codes in :mod:`cli.boundary`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
 
 import typer
+from typer.core import TyperGroup
 
 from cli.boundary import BoundaryGroup
+from cli.common import (
+    SOCKET_HELP,
+    JsonFlag,
+    QueueArg,
+    Settings,
+    found,
+    note,
+    pairs,
+    settings,
+    to_bytes,
+)
+from cli.common import client as _client
 from cli.groups import register as register_work_queues
+from cli.kv import kv_app
 from cli.output import (
     emit,
     emit_entries,
@@ -31,9 +42,8 @@ from cli.output import (
     human,
     table_lines,
     text_of_bytes,
+    write_bytes,
 )
-from latticed.api.client import Client
-from latticed.errors import NotFoundError
 
 #: Lines sent per ``offer_batch`` round trip by ``offer --file``.
 OFFER_BATCH_LINES = 1000
@@ -45,107 +55,89 @@ _ENTRY_FORMAT = (
     'are not UTF-8 appear as {"base64": "..."}.'
 )
 
-_OWNER_HEX = re.compile(r"[0-9a-fA-F]{64}")
+
+def _take_socket(ctx: typer.Context, value: Path | None) -> None:
+    """``--socket`` after the command: it overrides one given before it (or ``LATTICED_SOCKET``)."""
+    if value is not None:
+        settings(ctx).socket_path = value
+
+
+def _socket_option() -> Any:
+    """The ``--socket`` option as a click parameter, made by typer once for every command to share."""
+    holder = typer.Typer()
+
+    @holder.command()
+    def hold(
+        socket: Annotated[
+            Path | None,
+            typer.Option(
+                "--socket", metavar="PATH", help=SOCKET_HELP, callback=_take_socket, expose_value=False
+            ),
+        ] = None,
+    ) -> None:
+        """Never run."""
+
+    [param] = [p for p in typer.main.get_command(holder).params if p.name == "socket"]
+    return param
+
+
+class _CtlGroup(BoundaryGroup):
+    """The root group: every command under it also takes ``--socket`` after its own name."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        param = _socket_option()
+        pending: list[Any] = list(self.commands.values())
+        while pending:
+            command = pending.pop()
+            if isinstance(command, TyperGroup):
+                pending.extend(command.commands.values())
+            elif all(p.name != "socket" for p in command.params):
+                command.params.append(param)
+
+
+def _json_defaults(command: Any) -> dict[str, Any]:
+    """A click ``default_map`` turning on ``--json`` for every command below ``command`` that has it."""
+    if isinstance(command, TyperGroup):
+        return {name: _json_defaults(sub) for name, sub in command.commands.items()}
+    return {"as_json": True} if any(p.name == "as_json" for p in command.params) else {}
+
 
 app = typer.Typer(
     name="latticectl",
-    cls=BoundaryGroup,
+    cls=_CtlGroup,
     help="Control the local latticed daemon: queues, records, KV state and work queues.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 queue_app = typer.Typer(help="Create, list and inspect queues.", no_args_is_help=True)
-meta_app = typer.Typer(help="Read and write a queue's metadata.", no_args_is_help=True)
-kv_app = typer.Typer(help="Signed key-value state: values, hashes, sets and counters.", no_args_is_help=True)
+meta_app = typer.Typer(help="Read, write, list and delete a queue's metadata.", no_args_is_help=True)
 app.add_typer(queue_app, name="queue")
 app.add_typer(meta_app, name="meta")
 app.add_typer(kv_app, name="kv")
 
 # --- shared parameters ----------------------------------------------------------------------------
 
-JsonFlag = Annotated[
-    bool, typer.Option("--json", help="Print JSON (one object per line for records) instead of text.")
-]
-QueueArg = Annotated[
-    str, typer.Argument(metavar="QUEUE", help="NAME for your own queue, OWNER/NAME for another's.")
-]
-OwnKey = Annotated[str, typer.Argument(metavar="KEY", help="One of your own keys.")]
-AnyKey = Annotated[
-    str, typer.Argument(metavar="[OWNER/]KEY", help="Your key, or OWNER/KEY for another identity's.")
-]
 Offset = Annotated[int, typer.Argument(metavar="OFFSET", min=0, help="Record offset.")]
 MetaKey = Annotated[str, typer.Argument(metavar="KEY", help="Metadata key.")]
-Value = Annotated[str, typer.Argument(metavar="VALUE", help="Stored as its UTF-8 bytes.")]
-Field = Annotated[str, typer.Argument(metavar="FIELD", help="Hash field.")]
-Member = Annotated[str, typer.Argument(metavar="MEMBER", help="Set member.")]
-
-
-@dataclass(frozen=True)
-class _Settings:
-    socket_path: Path | None
+MetaValue = Annotated[str, typer.Argument(metavar="VALUE", help="Metadata values are text.")]
 
 
 @app.callback()
 def _root(
     ctx: typer.Context,
     socket: Annotated[
-        Path | None,
-        typer.Option(
-            "--socket",
-            envvar="LATTICED_SOCKET",
-            metavar="PATH",
-            help="The daemon's socket (default: where latticed puts it).",
-        ),
+        Path | None, typer.Option("--socket", envvar="LATTICED_SOCKET", metavar="PATH", help=SOCKET_HELP)
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print JSON, as --json after the command does (where it prints data)."),
+    ] = False,
 ) -> None:
-    ctx.obj = _Settings(socket)
-
-
-def _client(ctx: typer.Context) -> Client:
-    """A client for this invocation, closed when the command ends."""
-    settings = ctx.find_object(_Settings)
-    socket_path = settings.socket_path if settings is not None else None
-    return ctx.find_root().with_resource(Client(socket_path))
-
-
-def _bytes(text: str) -> bytes:
-    """A command-line string as the bytes the user typed (undecodable argv bytes survive)."""
-    return text.encode("utf-8", "surrogateescape")
-
-
-def _pairs(ctx: typer.Context, option: str, items: Sequence[str] | None) -> list[tuple[str, str]]:
-    """Parse repeated ``KEY=VALUE`` options; the value may be empty and may contain ``=``."""
-    pairs = []
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"expected KEY=VALUE, got {item!r}", ctx=ctx, param_hint=f"'{option}'")
-        pairs.append((key, value))
-    return pairs
-
-
-def _split_owner(text: str) -> tuple[str | None, str]:
-    """``OWNER/KEY`` to ``(owner, key)`` when OWNER is a public key in hex, else ``(None, text)``."""
-    owner, sep, key = text.partition("/")
-    if sep and key and _OWNER_HEX.fullmatch(owner):
-        return owner.lower(), key
-    return None, text
-
-
-def _check_owner(ctx: typer.Context, owner: str | None) -> str | None:
-    if owner is not None and not _OWNER_HEX.fullmatch(owner):
-        raise typer.BadParameter(
-            f"{owner!r} is not a public key (64 hex digits)", ctx=ctx, param_hint="'--owner'"
-        )
-    return owner.lower() if owner is not None else None
-
-
-def _found(value: Any, what: str) -> Any:
-    """``value``, or NotFoundError (exit 4) when the daemon answered None."""
-    if value is None:
-        raise NotFoundError(what)
-    return value
+    ctx.obj = Settings(socket, as_json)
+    if as_json:
+        ctx.default_map = _json_defaults(ctx.command)
 
 
 # --- identity and status --------------------------------------------------------------------------
@@ -240,8 +232,8 @@ def queue_create(
     as_json: JsonFlag = False,
 ) -> None:
     """Create a queue; prints its full name, OWNER/NAME."""
-    pairs = _pairs(ctx, "--meta", meta)
-    full = _client(ctx).queue_create(name, dict(pairs) if pairs else None)
+    entries = pairs(ctx, "--meta", meta)
+    full = _client(ctx).queue_create(name, dict(entries) if entries else None)
     emit({"queue": full}, full, as_json=as_json)
 
 
@@ -253,6 +245,8 @@ def queue_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """List the queues this daemon holds (its own and replicated ones)."""
     queues = _client(ctx).queue_list()
     emit(queues, table_lines(queues, _QUEUE_COLUMNS) if queues else [], as_json=as_json)
+    if not queues and not as_json:
+        note("no queues yet (latticectl queue create NAME)")
 
 
 @queue_app.command("info")
@@ -306,7 +300,8 @@ def offer(
     *,
     queue: QueueArg,
     value: Annotated[
-        str | None, typer.Argument(metavar="VALUE", help="The record's value (or use --file).")
+        str | None,
+        typer.Argument(metavar="VALUE", help="The record's value (or use --file or --value-file)."),
     ] = None,
     key: Annotated[str | None, typer.Option("--key", "-k", help="The record's key.")] = None,
     header: Annotated[
@@ -322,19 +317,30 @@ def offer(
             "--key and --header apply to every record.",
         ),
     ] = None,
+    value_file: Annotated[
+        str | None,
+        typer.Option(
+            "--value-file",
+            metavar="PATH|-",
+            help="Offer ONE record whose value is the whole of PATH (- for stdin), byte for byte: "
+            "binary data, several lines.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Append a record to one of your queues; prints its offset (FIRST..LAST with --file)."""
-    if (value is None) == (file is None):
-        raise typer.BadParameter("give either VALUE or --file, not both", ctx=ctx, param_hint="'VALUE'")
-    headers = [(name, _bytes(text)) for name, text in _pairs(ctx, "--header", header)]
-    record_key = _bytes(key) if key is not None else None
+    if sum(given is not None for given in (value, file, value_file)) != 1:
+        raise typer.BadParameter(
+            "give exactly one of VALUE, --file or --value-file", ctx=ctx, param_hint="'VALUE'"
+        )
+    headers = [(name, to_bytes(text)) for name, text in pairs(ctx, "--header", header)]
+    record_key = to_bytes(key) if key is not None else None
     client = _client(ctx)
-    if value is not None:
-        offset = client.offer(queue, _bytes(value), key=record_key, headers=headers or None)
+    if file is None:
+        data = to_bytes(value) if value is not None else _open_input(ctx, value_file or "-").read()
+        offset = client.offer(queue, data, key=record_key, headers=headers or None)
         emit({"offset": offset}, str(offset), as_json=as_json)
         return
-    assert file is not None
     stream = _open_input(ctx, file)
     first_offset: int | None = None
     last_offset: int | None = None
@@ -349,39 +355,57 @@ def offer(
             advance(consumed)
     summary = {"first": first_offset, "last": last_offset, "count": count}
     emit(summary, [f"{first_offset}..{last_offset}"] if count else [], as_json=as_json)
+    if not count and not as_json:
+        note(f"no lines in {file}: nothing offered")
 
 
 @app.command(epilog=_ENTRY_FORMAT)
 def peek(
     ctx: typer.Context,
+    *,
     queue: QueueArg,
     offset: Offset,
     entry: Annotated[bool, typer.Option("--entry", help="Show the whole entry, not just the value.")] = False,
+    raw: Annotated[
+        bool,
+        typer.Option("--raw", help="Write the value's bytes to stdout exactly as stored (no newline added)."),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Print the value (or, with --entry, the entry) at OFFSET."""
+    """Print the value (or, with --entry, the entry) at OFFSET.
+
+    The value prints as text; bytes that are not UTF-8 show as \\xNN escapes and control characters
+    other than newline and tab as escapes too. --raw gives the exact bytes (e.g. into a file)."""
     missing = f"no record at offset {offset} in queue {queue!r}"
     client = _client(ctx)
     if entry:
-        found = _found(client.peek_entry(queue, offset), missing)
-        emit(found, entry_text(found), as_json=as_json)
+        found_entry = found(client.peek_entry(queue, offset), missing)
+        emit(found_entry, entry_text(found_entry), as_json=as_json)
+        return
+    value = found(client.peek(queue, offset), missing)
+    if raw:
+        write_bytes(value)
     else:
-        value = _found(client.peek(queue, offset), missing)
         emit({"offset": offset, "value": value}, text_of_bytes(value), as_json=as_json)
 
 
 @app.command(epilog=_ENTRY_FORMAT)
 def first(ctx: typer.Context, queue: QueueArg, as_json: JsonFlag = False) -> None:
     """Print the queue's first (oldest retained) entry."""
-    found = _found(_client(ctx).first(queue), f"queue {queue!r} is empty")
-    emit(found, entry_text(found), as_json=as_json)
+    found_entry = found(_client(ctx).first(queue), f"queue {queue!r} is empty")
+    emit(found_entry, entry_text(found_entry), as_json=as_json)
 
 
 @app.command(epilog=_ENTRY_FORMAT)
 def last(ctx: typer.Context, queue: QueueArg, as_json: JsonFlag = False) -> None:
     """Print the queue's last entry."""
-    found = _found(_client(ctx).last(queue), f"queue {queue!r} is empty")
-    emit(found, entry_text(found), as_json=as_json)
+    found_entry = found(_client(ctx).last(queue), f"queue {queue!r} is empty")
+    emit(found_entry, entry_text(found_entry), as_json=as_json)
+
+
+def _holds(info: dict[str, Any]) -> str:
+    start, end = info.get("start_offset"), info.get("end_offset")
+    return "it is empty" if start == end else f"it holds {start}..{end - 1 if isinstance(end, int) else end}"
 
 
 @app.command("range", epilog=_ENTRY_FORMAT)
@@ -392,8 +416,31 @@ def range_(
     to_offset: Annotated[int, typer.Argument(metavar="TO", min=0, help="Last offset (included).")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Print the entries at offsets FROM..TO (both included), one a line."""
-    emit_entries(_client(ctx).range(queue, from_offset, to_offset), as_json=as_json)
+    """Print the entries at offsets FROM..TO (both included, clamped to what the queue holds)."""
+    if from_offset > to_offset:
+        raise typer.BadParameter(f"FROM {from_offset} is after TO {to_offset}", ctx=ctx, param_hint="'FROM'")
+    client = _client(ctx)
+    entries = client.range(queue, from_offset, to_offset)
+    emit_entries(entries, as_json=as_json)
+    if not entries and not as_json:
+        note(f"no records in {from_offset}..{to_offset} of {queue}: {_holds(client.queue_info(queue))}")
+
+
+def _tail_start(ctx: typer.Context, text: str | None) -> tuple[int | None, int | None]:
+    """``--from`` as (offset, last): ``N`` an offset, ``-N`` the last N records, ``end`` only new ones."""
+    if text is None:
+        return None, None
+    if text == "end":
+        return None, 0
+    try:
+        number = int(text)
+    except ValueError:
+        number = None
+    if number is None or text.strip() != text:
+        raise typer.BadParameter(
+            f"expected an offset, -N or 'end', got {text!r}", ctx=ctx, param_hint="'--from'"
+        )
+    return (number, None) if number >= 0 and not text.startswith("-") else (None, -number)
 
 
 @app.command(epilog=_ENTRY_FORMAT)
@@ -401,8 +448,14 @@ def tail(
     ctx: typer.Context,
     queue: QueueArg,
     from_offset: Annotated[
-        int | None,
-        typer.Option("--from", metavar="N", min=0, help="Start at offset N (default: the first record)."),
+        str | None,
+        typer.Option(
+            "--from",
+            metavar="N|-N|end",
+            help="Start at offset N, at the last N records (-N), or after the last record (end: only "
+            "records appended from now on).",
+            show_default="the first record",
+        ),
     ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep waiting for new records (Ctrl-C to stop).")
@@ -410,7 +463,13 @@ def tail(
     as_json: JsonFlag = False,
 ) -> None:
     """Print entries one per line; with --follow, also those appended later, as they arrive."""
-    emit_entries(_client(ctx).tail(queue, from_offset, follow=follow), as_json=as_json, live=follow)
+    offset, last_n = _tail_start(ctx, from_offset)
+    entries = _client(ctx).tail(queue, offset, follow=follow, last=last_n)
+    emit_entries(entries, as_json=as_json, live=follow)
+
+
+def _records(count: int) -> str:
+    return f"{count} record{'' if count == 1 else 's'}"
 
 
 @app.command()
@@ -420,9 +479,21 @@ def truncate(
     new_start: Annotated[
         int, typer.Argument(metavar="NEW_START", min=0, help="The new first offset; older records go.")
     ],
+    as_json: JsonFlag = False,
 ) -> None:
-    """Drop the records of one of your queues before NEW_START."""
-    _client(ctx).truncate(queue, new_start)
+    """Drop the records of one of your queues before NEW_START (past the end: all of them, and the next
+    record gets offset NEW_START)."""
+    result = _client(ctx).truncate(queue, new_start)
+    if as_json:
+        emit(result, None, as_json=True)
+        return
+    dropped, start, end = result["dropped"], result["start_offset"], result["end_offset"]
+    if not dropped and start != new_start:
+        note(f"nothing dropped: {queue} already starts at {start}")
+    elif start == end:
+        note(f"dropped {_records(dropped)}; {queue} is empty and its next record gets offset {end}")
+    else:
+        note(f"dropped {_records(dropped)}; {queue} now holds {start}..{end - 1}")
 
 
 # --- queue metadata -------------------------------------------------------------------------------
@@ -431,133 +502,35 @@ def truncate(
 @meta_app.command("get")
 def meta_get(ctx: typer.Context, queue: QueueArg, key: MetaKey, as_json: JsonFlag = False) -> None:
     """Print one metadata value of a queue."""
-    value = _found(_client(ctx).meta_get(queue, key), f"queue {queue!r} has no metadata key {key!r}")
+    value = found(_client(ctx).meta_get(queue, key), f"queue {queue!r} has no metadata key {key!r}")
     emit({"key": key, "value": value}, value, as_json=as_json)
 
 
 @meta_app.command("set")
-def meta_set(ctx: typer.Context, queue: QueueArg, key: MetaKey, value: Value) -> None:
+def meta_set(ctx: typer.Context, queue: QueueArg, key: MetaKey, value: MetaValue) -> None:
     """Set one metadata value of one of your queues."""
     _client(ctx).meta_set(queue, key, value)
+    note(f"set metadata {key!r} of {queue}")
 
 
-# --- KV -------------------------------------------------------------------------------------------
+@meta_app.command("list")
+def meta_list(ctx: typer.Context, queue: QueueArg, as_json: JsonFlag = False) -> None:
+    """Print a queue's metadata, one KEY<TAB>VALUE a line, sorted by key."""
+    meta = _client(ctx).meta_list(queue)
+    emit(meta, [f"{k}\t{human(v)}" for k, v in sorted(meta.items())], as_json=as_json)
+    if not meta and not as_json:
+        note(f"{queue} has no metadata")
 
 
-def _value_lines(value: object) -> list[str]:
-    """A KV value as text: bytes as is, a set one member a line, a hash ``FIELD<TAB>VALUE`` lines."""
-    if isinstance(value, bytes):
-        return [text_of_bytes(value)]
-    if isinstance(value, dict):
-        return [f"{human(k)}\t{human(v)}" for k, v in sorted(value.items())]
-    if isinstance(value, set | frozenset):
-        return [human(m) for m in sorted(value)]
-    return [human(value)]
-
-
-@kv_app.command("put")
-def kv_put(
-    ctx: typer.Context,
-    key: OwnKey,
-    value: Value,
-    ttl: Annotated[
-        float | None, typer.Option("--ttl", metavar="SECONDS", help="Expire the key after SECONDS.")
-    ] = None,
-) -> None:
-    """Set a key to VALUE."""
-    if ttl is not None and ttl <= 0:
-        raise typer.BadParameter("must be > 0", ctx=ctx, param_hint="'--ttl'")
-    _client(ctx).kv_put(key, _bytes(value), ttl=ttl)
-
-
-@kv_app.command("get")
-def kv_get(ctx: typer.Context, key: AnyKey, as_json: JsonFlag = False) -> None:
-    """Print a key's value (a counter, hash or set is printed as such)."""
-    owner, name = _split_owner(key)
-    value = _found(_client(ctx).kv_get(name, owner=owner), f"no key {key!r}")
-    emit({"key": key, "value": value}, _value_lines(value), as_json=as_json)
-
-
-@kv_app.command("del")
-def kv_del(ctx: typer.Context, key: OwnKey) -> None:
-    """Delete one of your keys."""
-    _client(ctx).kv_del(key)
-
-
-@kv_app.command("list")
-def kv_list(
-    ctx: typer.Context,
-    prefix: Annotated[str, typer.Argument(metavar="PREFIX", help="Only keys starting with PREFIX.")] = "",
-    owner: Annotated[
-        str | None, typer.Option("--owner", metavar="OWNER", help="Another identity's keys (hex).")
-    ] = None,
-    as_json: JsonFlag = False,
-) -> None:
-    """List keys and values, one KEY<TAB>VALUE a line."""
-    items = _client(ctx).kv_list(prefix, owner=_check_owner(ctx, owner))
-    emit(items, [f"{k}\t{human(v)}" for k, v in sorted(items.items())], as_json=as_json)
-
-
-@kv_app.command("hset")
-def kv_hset(ctx: typer.Context, key: OwnKey, field: Field, value: Value) -> None:
-    """Set FIELD of the hash at KEY."""
-    _client(ctx).kv_hset(key, _bytes(field), _bytes(value))
-
-
-@kv_app.command("hget")
-def kv_hget(ctx: typer.Context, key: AnyKey, field: Field, as_json: JsonFlag = False) -> None:
-    """Print FIELD of the hash at KEY."""
-    owner, name = _split_owner(key)
-    value = _found(_client(ctx).kv_hget(name, _bytes(field), owner=owner), f"no field {field!r} in {key!r}")
-    emit({"key": key, "field": field, "value": value}, text_of_bytes(value), as_json=as_json)
-
-
-@kv_app.command("hgetall")
-def kv_hgetall(ctx: typer.Context, key: AnyKey, as_json: JsonFlag = False) -> None:
-    """Print every field of the hash at KEY, one FIELD<TAB>VALUE a line."""
-    owner, name = _split_owner(key)
-    fields = _client(ctx).kv_hgetall(name, owner=owner)
-    emit(fields, _value_lines(fields), as_json=as_json)
-
-
-@kv_app.command("hdel")
-def kv_hdel(ctx: typer.Context, key: OwnKey, field: Field) -> None:
-    """Delete FIELD from the hash at KEY."""
-    _client(ctx).kv_hdel(key, _bytes(field))
-
-
-@kv_app.command("sadd")
-def kv_sadd(ctx: typer.Context, key: OwnKey, member: Member) -> None:
-    """Add MEMBER to the set at KEY."""
-    _client(ctx).kv_sadd(key, _bytes(member))
-
-
-@kv_app.command("srem")
-def kv_srem(ctx: typer.Context, key: OwnKey, member: Member) -> None:
-    """Remove MEMBER from the set at KEY."""
-    _client(ctx).kv_srem(key, _bytes(member))
-
-
-@kv_app.command("smembers")
-def kv_smembers(ctx: typer.Context, key: AnyKey, as_json: JsonFlag = False) -> None:
-    """Print the members of the set at KEY, one a line, sorted."""
-    owner, name = _split_owner(key)
-    members = _client(ctx).kv_smembers(name, owner=owner)
-    emit(members, _value_lines(members), as_json=as_json)
-
-
-@kv_app.command("incr")
-def kv_incr(
-    ctx: typer.Context,
-    key: OwnKey,
-    by: Annotated[int, typer.Option("--by", help="Amount to add (may be negative).")] = 1,
-    as_json: JsonFlag = False,
-) -> None:
-    """Add to the counter at KEY (a missing key counts as 0); prints the new value.
-
-    Exits 12 if KEY holds a plain value, a hash or a set (nothing is written)."""
-    total = _client(ctx).kv_incr(key, by=by)
-    emit({"key": key, "value": total}, str(total), as_json=as_json)
+@meta_app.command("del")
+def meta_del(ctx: typer.Context, queue: QueueArg, key: MetaKey) -> None:
+    """Delete one metadata key of one of your queues (a key that is not set is not an error)."""
+    existed = _client(ctx).meta_del(queue, key)
+    note(
+        f"deleted metadata {key!r} of {queue}"
+        if existed
+        else f"{queue} has no metadata {key!r}: nothing deleted"
+    )
 
 
 register_work_queues(app, _client)

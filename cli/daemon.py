@@ -8,6 +8,7 @@ does not override the file). Errors become one line on stderr and an exit code a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 from pathlib import Path
 from typing import Annotated
@@ -16,7 +17,14 @@ import trio
 import typer
 
 from cli.boundary import BoundaryGroup
-from latticed.config import LOG_FORMATS, LOG_LEVELS, load_config
+from latticed.config import (
+    LOG_FORMATS,
+    LOG_LEVELS,
+    DaemonConfig,
+    default_data_dir,
+    default_socket_path,
+    load_config,
+)
 from latticed.daemon import run_daemon
 from latticed.logs import configure_logging
 from latticed.netkey import network_key_fingerprint, write_network_key
@@ -29,6 +37,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+#: DaemonConfig's defaults, shown in ``run --help`` (its options default to None: "not given, keep the
+#: config file's value").
+_DEFAULTS: dict[str, object] = {f.name: f.default for f in dataclasses.fields(DaemonConfig)}
+
 network_key_app = typer.Typer(help="Manage the network key peers share.", no_args_is_help=True)
 app.add_typer(network_key_app, name="network-key")
 
@@ -37,36 +49,73 @@ app.add_typer(network_key_app, name="network-key")
 def run(
     *,
     data_dir: Annotated[
-        Path | None, typer.Option("--data-dir", metavar="PATH", help="Where the store and identity live.")
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            metavar="PATH",
+            help="Where the store and identity live ($STATE_DIRECTORY under systemd).",
+            show_default=str(default_data_dir()),
+        ),
     ] = None,
     socket: Annotated[
-        Path | None, typer.Option("--socket", metavar="PATH", help="The local API socket to serve.")
+        Path | None,
+        typer.Option(
+            "--socket",
+            metavar="PATH",
+            help="The local API socket to serve ($LATTICED_SOCKET).",
+            show_default=str(default_socket_path()),
+        ),
     ] = None,
     config: Annotated[
         Path | None,
         typer.Option("--config", metavar="FILE", envvar="LATTICED_CONFIG", help="A TOML config file."),
     ] = None,
     mdns: Annotated[
-        bool | None, typer.Option("--mdns/--no-mdns", help="Find peers on the LAN with mDNS.")
+        bool | None,
+        typer.Option(
+            "--mdns/--no-mdns",
+            help="Find peers on the LAN with mDNS.",
+            show_default="--mdns" if _DEFAULTS["mdns"] else "--no-mdns",
+        ),
     ] = None,
     listen: Annotated[
-        str | None, typer.Option("--listen", metavar="HOST:PORT", help="Accept peers here (port 0: any).")
+        str | None,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help="Accept peers here (port 0: any).",
+            show_default="none (local only)",
+        ),
     ] = None,
     peer: Annotated[
-        list[str] | None, typer.Option("--peer", metavar="HOST:PORT", help="Dial this peer; repeatable.")
+        list[str] | None,
+        typer.Option("--peer", metavar="HOST:PORT", help="Dial this peer; repeatable.", show_default="none"),
     ] = None,
     mdns_interface: Annotated[
         list[str] | None,
-        typer.Option("--mdns-interface", metavar="IP", help="Run mDNS on this interface; repeatable."),
+        typer.Option(
+            "--mdns-interface",
+            metavar="IP",
+            help="Run mDNS on this interface; repeatable.",
+            show_default="every interface",
+        ),
     ] = None,
     network_key_file: Annotated[
         Path | None,
-        typer.Option("--network-key-file", metavar="PATH", help="The network key (see network-key new)."),
+        typer.Option(
+            "--network-key-file",
+            metavar="PATH",
+            help="The network key (see network-key new).",
+            show_default="the documented public key: anyone can join",
+        ),
     ] = None,
     replicate: Annotated[
         list[str] | None,
         typer.Option(
-            "--replicate", metavar="PATTERN", help="Replicate only OWNER/NAME matching this glob; repeatable."
+            "--replicate",
+            metavar="PATTERN",
+            help="Replicate only OWNER/NAME matching this glob; repeatable.",
+            show_default="every queue",
         ),
     ] = None,
     log_level: Annotated[
@@ -76,6 +125,7 @@ def run(
             metavar="LEVEL",
             autocompletion=lambda: LOG_LEVELS,
             help=f"Lowest level logged: {', '.join(LOG_LEVELS)}.",
+            show_default=str(_DEFAULTS["log_level"]),
         ),
     ] = None,
     log_format: Annotated[
@@ -85,6 +135,7 @@ def run(
             metavar="FORMAT",
             autocompletion=lambda: LOG_FORMATS,
             help=f"Log lines as {' or '.join(LOG_FORMATS)}.",
+            show_default=str(_DEFAULTS["log_format"]),
         ),
     ] = None,
 ) -> None:

@@ -3,8 +3,9 @@
 Bytes (values, keys, header values, hash fields, set members) are shown as follows:
 
 * **text**: the UTF-8 text when the bytes are valid UTF-8, else with ``\\xNN`` escapes for the bad bytes.
-  Where one record must stay on one line (entries, listings), control characters are escaped too
-  (``\\n``, ``\\t``, ``\\x00``...).
+  Control characters are escaped too (``\\x00``, ``\\x1b``...: a value never drives the terminal),
+  except newline and tab in a value shown alone; where one record must stay on one line (entries,
+  listings) those are escaped as well (``\\n``, ``\\t``). ``peek --raw`` writes the exact bytes.
 * **JSON**: a JSON string when the bytes are valid UTF-8, else the object ``{"base64": "<standard
   base64>"}``; the marker cannot be mistaken for a string value. JSON object *keys* must be strings, so a
   non-UTF-8 hash field becomes the key ``"base64:<standard base64>"``. Sets become sorted arrays,
@@ -40,10 +41,15 @@ def _utf8(data: bytes) -> str | None:
         return None
 
 
+#: The same, but newline and tab kept: a value shown on its own keeps its lines.
+_CONTROL_ESCAPES_MULTILINE = {c: e for c, e in _CONTROL_ESCAPES.items() if c not in (ord("\n"), ord("\t"))}
+
+
 def text_of_bytes(data: bytes, *, single_line: bool = False) -> str:
-    """Bytes for a human: the text if valid UTF-8, else with ``\\xNN`` escapes for the invalid bytes."""
+    """Bytes for a human: the text if valid UTF-8, else with ``\\xNN`` escapes for the invalid bytes;
+    control characters escaped (newline and tab too with ``single_line``)."""
     text = data.decode("utf-8", "backslashreplace")
-    return text.translate(_CONTROL_ESCAPES) if single_line else text
+    return text.translate(_CONTROL_ESCAPES if single_line else _CONTROL_ESCAPES_MULTILINE)
 
 
 def _sort_key(value: object) -> bytes:
@@ -126,6 +132,16 @@ def write(text: str, *, flush: bool = False) -> None:
         raise StdoutClosed from None
 
 
+def write_bytes(data: bytes) -> None:
+    """Write bytes to stdout unchanged (``peek --raw``); a closed pipe as :func:`write`."""
+    try:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        raise StdoutClosed from None
+
+
 def emit(data: object, text: str | Iterable[str] | None, *, as_json: bool, flush: bool = False) -> None:
     """Print ``data`` as one line of JSON, or ``text`` (a line or lines; default: ``human(data)``)."""
     if as_json:
@@ -151,4 +167,5 @@ __all__ = [
     "text_of_bytes",
     "to_json",
     "write",
+    "write_bytes",
 ]

@@ -7,6 +7,7 @@ go through the installed ``latticectl`` script.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue as queue_mod
@@ -58,6 +59,15 @@ class Daemon:
         assert result.exit_code == 0, (args, result.exit_code, result.output)
         assert result.stderr == ""
         return result.stdout
+
+    def write(self, *args: str) -> str:
+        """Run a command that prints no result: it must succeed and say what it did in one stderr line."""
+        result = self.ctl(*args)
+        assert result.exit_code == 0, (args, result.exit_code, result.output)
+        assert result.stdout == ""
+        [line] = result.stderr.splitlines()
+        assert not line.startswith("latticectl: error")
+        return line
 
     def fails(self, code: int | tuple[int, ...], *args: str) -> str:
         """Run a command that must fail with ``code``: one stderr line, no traceback, no stdout."""
@@ -160,6 +170,10 @@ class Lines:
 
     def next(self) -> bytes:
         return self._lines.get(timeout=WAIT_S)
+
+    def next_within(self, timeout: float) -> bytes:
+        """The next line, or queue.Empty after ``timeout``."""
+        return self._lines.get(timeout=timeout)
 
 
 # --- identity and status --------------------------------------------------------------------------
@@ -358,18 +372,106 @@ def test_big_listing_into_head_exits_quietly(daemon: Daemon, qname: str, tmp_pat
 def test_truncate(daemon: Daemon, qname: str) -> None:
     for i in range(5):
         daemon.ok("offer", qname, f"r{i}")
-    assert daemon.ok("truncate", qname, "3") == ""
+    assert daemon.write("truncate", qname, "3") == f"dropped 3 records; {qname} now holds 3..4"
     assert daemon.ok("first", qname) == "3\tr3\n"
     info = json.loads(daemon.ok("queue", "info", qname, "--json"))
     assert (info["start_offset"], info["end_offset"], info["size"]) == (3, 5, 2)
     daemon.fails(ExitCode.NOT_FOUND, "peek", qname, "1")
+    assert daemon.write("truncate", qname, "2") == f"nothing dropped: {qname} already starts at 3"
+    note = daemon.write("truncate", qname, "100")  # past the end
+    assert note == f"dropped 2 records; {qname} is empty and its next record gets offset 100"
+    assert daemon.ok("offer", qname, "next") == "100\n"
+    assert json.loads(daemon.ok("truncate", qname, "101", "--json")) == {
+        "dropped": 1,
+        "start_offset": 101,
+        "end_offset": 101,
+    }
+
+
+def test_range_says_why_it_is_empty_and_refuses_a_reversed_one(daemon: Daemon, qname: str) -> None:
+    daemon.ok("offer", qname, "only")
+    result = daemon.ctl("range", qname, "5", "9")
+    assert (result.exit_code, result.stdout) == (0, "")
+    assert result.stderr == f"no records in 5..9 of {qname}: it holds 0..0\n"
+    assert "FROM 9 is after TO 5" in daemon.fails(ExitCode.USAGE, "range", qname, "9", "5")
+
+
+def test_tail_from_the_end_and_the_last_n(daemon: Daemon, qname: str) -> None:
+    for i in range(5):
+        daemon.ok("offer", qname, f"old {i}")
+    assert daemon.ok("tail", qname, "--from", "-2") == "3\told 3\n4\told 4\n"
+    assert daemon.ok("tail", qname, "--from=-9") == "".join(f"{i}\told {i}\n" for i in range(5))
+    assert daemon.ok("tail", qname, "--from", "end") == ""
+    proc = subprocess.Popen(
+        daemon.script("tail", qname, "--from", "end", "--follow"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = Lines(proc.stdout)
+        # The tail has started once a record offered after it shows; keep offering until one does.
+        deadline = time.monotonic() + WAIT_S
+        first = b""
+        while not first:
+            assert time.monotonic() < deadline, "the tail printed nothing"
+            daemon.ok("offer", qname, "new")
+            with contextlib.suppress(queue_mod.Empty):
+                first = lines.next_within(0.2)
+        offset, value = first.decode().rstrip("\n").split("\t")
+        assert int(offset) >= 5 and value == "new"  # nothing from before the tail began
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_binary_and_multi_line_values_round_trip(daemon: Daemon, qname: str, tmp_path: Path) -> None:
+    payload = b"line one\r\nline two\n\x00\xff\xfe\x1b[2J binary\n"
+    path = tmp_path / "blob.bin"
+    path.write_bytes(payload)
+    assert daemon.ok("offer", qname, "--value-file", str(path)) == "0\n"
+    proc = subprocess.run(
+        daemon.script("offer", qname, "--value-file", "-"),
+        input=payload,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert (proc.returncode, proc.stdout) == (0, b"1\n")
+    for offset in ("0", "1"):
+        raw = subprocess.run(
+            daemon.script("peek", qname, offset, "--raw"), capture_output=True, timeout=60, check=False
+        )
+        assert (raw.returncode, raw.stdout, raw.stderr) == (0, payload, b"")
+    assert daemon.ok("peek", qname, "0") == "line one\\r\nline two\n\\x00\\xff\\xfe\\x1b[2J binary\n\n"
+    assert json.loads(daemon.ok("queue", "info", qname, "--json"))["size"] == 2
+
+
+def test_socket_and_json_before_or_after_the_command(daemon: Daemon, identity: str) -> None:
+    """The installed script, as the README promises: ``--socket`` after the command works too."""
+    for argv in (
+        [str(BIN / "latticectl"), "id", "--socket", str(daemon.socket)],
+        [str(BIN / "latticectl"), "--json", "id", "--socket", str(daemon.socket)],
+        [
+            str(BIN / "latticectl"),
+            "--socket",
+            "/nonexistent/x.sock",
+            "id",
+            "--json",
+            "--socket",
+            str(daemon.socket),
+        ],
+    ):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, (argv, proc.stderr)
+        assert proc.stdout in (identity + "\n", json.dumps({"identity": identity}) + "\n"), proc.stdout
 
 
 # --- queue metadata -------------------------------------------------------------------------------
 
 
 def test_meta(daemon: Daemon, qname: str) -> None:
-    assert daemon.ok("meta", "set", qname, "schema", "v2") == ""
+    assert daemon.write("meta", "set", qname, "schema", "v2") == f"set metadata 'schema' of {qname}"
     assert daemon.ok("meta", "get", qname, "schema") == "v2\n"
     assert json.loads(daemon.ok("meta", "get", qname, "schema", "--json")) == {"key": "schema", "value": "v2"}
     daemon.fails(ExitCode.NOT_FOUND, "meta", "get", qname, "absent")
@@ -381,8 +483,8 @@ def test_meta(daemon: Daemon, qname: str) -> None:
 
 def test_kv_values(daemon: Daemon, identity: str) -> None:
     p = f"kv{secrets.token_hex(3)}/"
-    assert daemon.ok("kv", "put", p + "a", "alpha") == ""
-    daemon.ok("kv", "put", p + "b", "beta")
+    assert daemon.write("kv", "put", p + "a", "alpha") == f"set '{p}a' (5 bytes)"
+    daemon.write("kv", "put", p + "b", "beta")
     assert daemon.ok("kv", "get", p + "a") == "alpha\n"
     assert daemon.ok("kv", "get", f"{identity}/{p}a") == "alpha\n"  # OWNER/KEY
     assert json.loads(daemon.ok("kv", "get", p + "a", "--json")) == {"key": p + "a", "value": "alpha"}
@@ -391,15 +493,21 @@ def test_kv_values(daemon: Daemon, identity: str) -> None:
         p + "a": "alpha",
         p + "b": "beta",
     }
-    assert daemon.ok("kv", "del", p + "a") == ""
+    assert daemon.write("kv", "del", p + "a") == f"deleted '{p}a' (if it was set)"
     daemon.fails(ExitCode.NOT_FOUND, "kv", "get", p + "a")
     assert daemon.ok("kv", "list", p) == f"{p}b\tbeta\n"
+    # Another identity's namespace is OWNER/...: here our own, named the way another's would be.
+    assert daemon.ok("kv", "list", f"{identity}/{p}") == f"{p}b\tbeta\n"
+    assert f"{p}b\tbeta\n" in daemon.ok("kv", "list", f"{identity}/")
+    empty = daemon.ctl("kv", "list", f"{identity}/{p}zz")
+    assert (empty.exit_code, empty.stdout) == (0, "")
+    assert empty.stderr == f"no keys starting with '{p}zz' in the namespace of {identity}\n"
 
 
 def test_kv_ttl(daemon: Daemon) -> None:
     key = f"ttl{secrets.token_hex(3)}"
-    daemon.ok("kv", "put", key, "soon gone", "--ttl", "0.2")
-    daemon.ok("kv", "put", key + "-kept", "stays")
+    daemon.write("kv", "put", key, "soon gone", "--ttl", "0.2")
+    daemon.write("kv", "put", key + "-kept", "stays")
     wait_until(lambda: daemon.ctl("kv", "get", key).exit_code == ExitCode.NOT_FOUND, "the key to expire")
     daemon.fails(ExitCode.NOT_FOUND, "kv", "get", key)
     assert daemon.ok("kv", "get", key + "-kept") == "stays\n"
@@ -407,13 +515,13 @@ def test_kv_ttl(daemon: Daemon) -> None:
 
 def test_kv_hash(daemon: Daemon, identity: str) -> None:
     key = f"h{secrets.token_hex(3)}"
-    daemon.ok("kv", "hset", key, "name", "ada")
-    daemon.ok("kv", "hset", key, "lang", "en")
+    daemon.write("kv", "hset", key, "name", "ada")
+    daemon.write("kv", "hset", key, "lang", "en")
     assert daemon.ok("kv", "hget", key, "name") == "ada\n"
     assert daemon.ok("kv", "hget", f"{identity}/{key}", "lang") == "en\n"
     assert daemon.ok("kv", "hgetall", key) == "lang\ten\nname\tada\n"
     assert json.loads(daemon.ok("kv", "hgetall", key, "--json")) == {"name": "ada", "lang": "en"}
-    daemon.ok("kv", "hdel", key, "name")
+    daemon.write("kv", "hdel", key, "name")
     daemon.fails(ExitCode.NOT_FOUND, "kv", "hget", key, "name")
     assert json.loads(daemon.ok("kv", "hgetall", key, "--json")) == {"lang": "en"}
 
@@ -421,8 +529,8 @@ def test_kv_hash(daemon: Daemon, identity: str) -> None:
 def test_kv_set(daemon: Daemon, identity: str) -> None:
     key = f"s{secrets.token_hex(3)}"
     for member in ("b", "a", "c"):
-        daemon.ok("kv", "sadd", key, member)
-    daemon.ok("kv", "srem", key, "c")
+        daemon.write("kv", "sadd", key, member)
+    daemon.write("kv", "srem", key, "c")
     assert daemon.ok("kv", "smembers", key) == "a\nb\n"
     assert json.loads(daemon.ok("kv", "smembers", f"{identity}/{key}", "--json")) == ["a", "b"]
 

@@ -1,7 +1,8 @@
 """The composition root: the only module that knows every component and wires them together.
 
-Start-up order (each step fails early with a clear LatticedError): directories, the data directory's
-lock, the identity key, the store (migrated), the API socket; then READY=1 to systemd. One root nursery
+Start-up order (each step fails early with a clear LatticedError): no other daemon serves the socket
+(checked before anything is created), directories, the data directory's lock, the identity key, the
+store (migrated), the API socket; then READY=1 to systemd. One root nursery
 holds every service, each started with ``nursery.start`` so "ready" means ready. SIGTERM or SIGINT
 cancels that nursery: connections close, the storage thread finishes the jobs it has, the socket file is
 removed, and ``run`` returns 0.
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import trio
 
 from latticed.api.handlers import Context
+from latticed.api.listener import refuse_if_served
 from latticed.api.server import serve_api
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
@@ -72,6 +74,9 @@ async def run_daemon(
     so does ``tune_gc`` (raise the collector's first threshold, freeze what start-up built, keep large
     freed buffers for reuse: latticed/malloc.py): both are process-wide, so they are for a daemon that
     owns its process."""
+    # First, before anything is created or tuned: a socket another daemon serves means we would only
+    # refuse later, after making a data directory and an identity nobody asked for.
+    refuse_if_served(config.socket_path)
     on_main_thread = threading.current_thread() is threading.main_thread()
     if handle_signals is None:
         handle_signals = on_main_thread

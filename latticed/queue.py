@@ -139,12 +139,27 @@ class LatticeQueue:
             self._state = core.commit(self._state, identity, now_ms=self._clock(), new_start=new_start)
 
     def set_meta(self, key: str, value: str | None) -> None:
+        """Set a metadata value; values are strings (anything else is a MalformedError, never converted),
+        None deletes the key."""
         identity = self._require_owner("set metadata")
         self.commit()
         self._state = core.commit(self._state, identity, now_ms=self._clock(), meta_updates={key: value})
 
+    def del_meta(self, key: str) -> bool:
+        """Delete a metadata key; returns whether it was set (a key that is not set signs nothing)."""
+        self._require_owner("set metadata")
+        if key not in self._state.meta_dict:
+            return False
+        self.set_meta(key, None)
+        return True
+
     def get_meta(self, key: str) -> str | None:
         return self._state.meta_dict.get(key)
+
+    @property
+    def meta(self) -> dict[str, str]:
+        """All metadata, as a new dict (changing it changes nothing: use set_meta and del_meta)."""
+        return self._state.meta_dict
 
     # ------------------------------------------------------------------ consumer
     def peek_entry(self, offset: int) -> Record | None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
+import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +20,12 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
+import cli.common
 import cli.ctl
 import cli.daemon
+import cli.groups
 from cli.boundary import ExitCode, exit_code_for
-from cli.output import entry_text, to_json
+from cli.output import entry_text, text_of_bytes, to_json
 from latticed.api.client import Entry
 from latticed.config import DaemonConfig
 from latticed.errors import (
@@ -80,7 +85,8 @@ DAEMON_COMMANDS = [" ".join(p) for p in command_paths(cli.daemon.app)]
 def test_every_command_is_there() -> None:
     expected = {
         "id", "status", "queue create", "queue list", "queue info", "offer", "peek", "first", "last",
-        "range", "tail", "truncate", "meta get", "meta set", "kv put", "kv get", "kv del", "kv list",
+        "range", "tail", "truncate", "meta get", "meta set", "meta list", "meta del", "kv put", "kv get",
+        "kv del", "kv list",
         "kv hset", "kv hget", "kv hgetall", "kv hdel", "kv sadd", "kv srem", "kv smembers", "kv incr",
     }  # fmt: skip
     assert expected <= set(CTL_COMMANDS)
@@ -122,8 +128,12 @@ def test_socket_option_shows_its_environment_variable() -> None:
         (["queue", "create", "q", "--meta", "novalue"], "KEY=VALUE"),
         (["queue", "create", "q", "--meta", "=v"], "KEY=VALUE"),
         (["offer", "q", "v", "--header", "x"], "KEY=VALUE"),
-        (["offer", "q"], "either VALUE or --file"),
-        (["offer", "q", "v", "--file", "-"], "either VALUE or --file"),
+        (["offer", "q"], "exactly one of VALUE, --file or --value-file"),
+        (["offer", "q", "v", "--file", "-"], "exactly one of VALUE, --file or --value-file"),
+        (["offer", "q", "--file", "a", "--value-file", "b"], "exactly one of VALUE, --file or --value-file"),
+        (["range", "q", "5", "2"], "FROM 5 is after TO 2"),
+        (["tail", "q", "--from", "soon"], "-N or 'end'"),
+        (["kv", "list", "--owner", "a" * 64, "b" * 64 + "/x"], "two owners"),
         (["kv", "list", "--owner", "bob"], "64 hex digits"),
         (["kv", "put", "k", "v", "--ttl", "0"], "> 0"),
         (["peek", "q", "minus-one"], "OFFSET"),
@@ -218,7 +228,7 @@ class FakeClient:
 
 
 def with_fake(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> None:
-    monkeypatch.setattr(cli.ctl, "Client", lambda *a, **k: FakeClient(outcome))
+    monkeypatch.setattr(cli.common, "Client", lambda *a, **k: FakeClient(outcome))
 
 
 @pytest.mark.parametrize(
@@ -290,7 +300,7 @@ def test_offer_file_batches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
             calls.append(records)
             return list(range(start, start + len(records)))
 
-    monkeypatch.setattr(cli.ctl, "Client", lambda *a, **k: Batching(None))
+    monkeypatch.setattr(cli.common, "Client", lambda *a, **k: Batching(None))
     monkeypatch.setattr(cli.ctl, "OFFER_BATCH_LINES", 2)
     path = tmp_path / "lines.txt"
     path.write_bytes(b"a\r\nb\nc\n\nlast-without-newline")
@@ -483,3 +493,268 @@ def test_log_level_completion() -> None:
 )
 def test_peer_lag_says_which_side_lacks_records(lags: dict[str, int], text: str) -> None:
     assert cli.ctl._lag_text(lags) == text
+
+
+# --- --socket and --json before or after the command ----------------------------------------------
+
+
+def leaf_paths(app: typer.Typer) -> Iterator[list[str]]:
+    """Every command (not group) of an app, as argument lists."""
+
+    def walk(command: Any, path: list[str]) -> Iterator[list[str]]:
+        subcommands = getattr(command, "commands", None)
+        if subcommands is None:
+            yield path
+        for name, sub in (subcommands or {}).items():
+            yield from walk(sub, [*path, name])
+
+    return walk(typer.main.get_command(app), [])
+
+
+CTL_LEAVES = [" ".join(p) for p in leaf_paths(cli.ctl.app)]
+
+
+def test_every_command_takes_socket_after_its_name() -> None:
+    assert {"status", "queue list", "kv get", "group create", "dlq list", "work"} <= set(CTL_LEAVES)
+    for command in CTL_LEAVES:
+        assert "--socket" in ctl(*command.split(), "--help").stdout, command
+
+
+def test_socket_after_the_command(tmp_path: Path) -> None:
+    sock = tmp_path / "after.sock"
+    line = assert_one_line_error(ctl("status", "--socket", str(sock)), ExitCode.NOT_RUNNING)
+    assert str(sock) in line
+
+
+def test_socket_after_the_command_wins_over_before_and_environment(tmp_path: Path) -> None:
+    before, after, env = (tmp_path / f"{n}.sock" for n in ("before", "after", "env"))
+    result = ctl(
+        "--socket", str(before), "kv", "get", "k", "--socket", str(after), env={"LATTICED_SOCKET": str(env)}
+    )
+    line = assert_one_line_error(result, ExitCode.NOT_RUNNING)
+    assert str(after) in line and str(before) not in line
+
+
+def test_json_before_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    with_fake(monkeypatch, b"\x80bin")
+    assert json.loads(ctl("--json", "peek", "q", "0").stdout) == {
+        "offset": 0,
+        "value": {"base64": "gGJpbg=="},
+    }
+    with_fake(monkeypatch, [])
+    result = ctl("--json", "queue", "list")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "[]\n", "")  # JSON says it: no note
+    assert ctl("--json", "group", "list").stdout == "[]\n"  # a nested group's command too
+
+
+# --- defaults in --help ---------------------------------------------------------------------------
+
+WIDE = {"COLUMNS": "250"}  # so rich does not wrap the help text
+
+
+def test_group_create_help_shows_the_defaults_the_daemon_applies() -> None:
+    from latticed.crdt.group import GroupSpec  # noqa: PLC0415 - heavy, and only this test needs it
+
+    spec = GroupSpec("g", ("a/b",))
+    assert {
+        "max_attempts": spec.max_attempts,
+        "visibility_s": spec.visibility_s,
+        "backoff_base_s": spec.backoff_base_s,
+        "backoff_cap_s": spec.backoff_cap_s,
+        "retention_s": spec.retention_s,
+        "max_consumers": spec.max_consumers,
+        "max_in_flight": spec.max_in_flight,
+    } == cli.groups.GROUP_DEFAULTS
+    text = " ".join(ctl("group", "create", "--help", env=WIDE).stdout.split())
+    for option, default in [
+        ("--max-attempts", "5"),
+        ("--visibility", "30s"),
+        ("--retry-backoff", "1s"),
+        ("--backoff-cap", "300s"),
+        ("--retention", "60s"),
+    ]:
+        assert option in text and f"[default: ({default})]" in text, (option, text)
+
+
+def test_run_help_shows_the_defaults() -> None:
+    text = " ".join(daemon("run", "--help", env=WIDE).stdout.split())
+    for default in ("INFO", "json", "--mdns", "none (local only)", "every queue"):
+        assert f"[default: ({default})]" in text, default
+    assert str(cli.daemon.default_data_dir()) in text
+
+
+# --- what commands say ----------------------------------------------------------------------------
+
+
+@dataclass
+class Recorder(FakeClient):
+    """A fake client that records each call (method, args, kwargs) and answers ``outcome``."""
+
+    calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: object, **kwargs: object) -> Any:
+            self.calls.append((name, args, kwargs))
+            return self.outcome
+
+        return call
+
+
+def record(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> Recorder:
+    recorder = Recorder(outcome)
+    monkeypatch.setattr(cli.common, "Client", lambda *a, **k: recorder)
+    return recorder
+
+
+@pytest.mark.parametrize(
+    ("args", "note"),
+    [
+        (["kv", "put", "k", "v"], "set 'k' (1 byte)"),
+        (["kv", "put", "k", "vv", "--ttl", "60"], "set 'k' (2 bytes, expires in 60s)"),
+        (["kv", "hset", "user", "name", "ada"], "set field 'name' of hash 'user'"),
+        (["kv", "del", "k"], "deleted 'k' (if it was set)"),
+        (["meta", "set", "q", "a", "1"], "set metadata 'a' of q"),
+    ],
+)
+def test_writes_say_what_they_did_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], note: str
+) -> None:
+    record(monkeypatch, None)
+    result = ctl(*args)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", note + "\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "note"),
+    [
+        (["dlq", "list", "g"], "no dead letters in group g"),
+        (["queue", "list"], "no queues yet"),
+        (["group", "list"], "no groups yet"),
+        (["kv", "list", "pre"], "no keys starting with 'pre'"),
+        (["meta", "list", "q"], "q has no metadata"),
+    ],
+)
+def test_empty_listings_say_so_on_stderr(monkeypatch: pytest.MonkeyPatch, args: list[str], note: str) -> None:
+    record(monkeypatch, {} if args[0] in ("kv", "meta") else [])
+    result = ctl(*args)
+    assert result.exit_code == 0 and result.stdout == ""
+    assert result.stderr.startswith(note), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("reply", "note"),
+    [
+        ({"dropped": 3, "start_offset": 3, "end_offset": 5}, "dropped 3 records; q now holds 3..4"),
+        ({"dropped": 0, "start_offset": 7, "end_offset": 9}, "nothing dropped: q already starts at 7"),
+        ({"dropped": 5, "start_offset": 100, "end_offset": 100}, "dropped 5 records; q is empty and its next "
+         "record gets offset 100"),
+    ],
+)  # fmt: skip
+def test_truncate_says_what_it_dropped(
+    monkeypatch: pytest.MonkeyPatch, reply: dict[str, int], note: str
+) -> None:
+    record(monkeypatch, reply)
+    result = ctl("truncate", "q", "100" if reply["start_offset"] == 100 else "3")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", note + "\n")
+    assert json.loads(ctl("truncate", "q", "3", "--json").stdout) == reply
+
+
+def test_nack_retry_time_is_never_negative_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.groups._when(100.0, now=100.02).endswith("(now)")
+    assert cli.groups._when(100.0, now=99.96).endswith("(now)")  # was "(in 0.0s)" / "(in -0.0s)"
+    assert cli.groups._when(100.0, now=97.5).endswith("(in 2.5s)")
+    assert cli.groups._when(100.0, now=101.0).endswith("(1.0s ago)")
+    record(monkeypatch, {"correlation_id": "c1", "retry_at": time.time()})
+    out = ctl("nack", "g", "lease.1").stdout
+    assert out.startswith("c1\tretry at ") and "-0.0" not in out
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (None, (None, None)),
+        ("7", (7, None)),
+        ("0", (0, None)),
+        ("-3", (None, 3)),
+        ("end", (None, 0)),
+        ("-0", (None, 0)),
+    ],
+)
+def test_tail_from(monkeypatch: pytest.MonkeyPatch, option: str | None, expected: tuple[Any, Any]) -> None:
+    recorder = record(monkeypatch, [])
+    result = ctl("tail", "q", *([] if option is None else ["--from", option]))
+    assert result.exit_code == 0, result.output
+    [(name, args, kwargs)] = recorder.calls
+    assert name == "tail" and (args[1], kwargs["last"]) == expected
+
+
+def test_offer_value_file_is_one_record_byte_for_byte(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    payload = b"line one\r\nline two\n\x00\xff\xfe binary\n"
+    path = tmp_path / "blob.bin"
+    path.write_bytes(payload)
+    recorder = record(monkeypatch, 7)
+    result = ctl("offer", "q", "--value-file", str(path), "--key", "k")
+    assert (result.exit_code, result.stdout) == (0, "7\n")
+    [(name, args, kwargs)] = recorder.calls
+    assert (name, args, kwargs["key"]) == ("offer", ("q", payload), b"k")
+    recorder.calls.clear()
+    assert ctl("offer", "q", "--value-file", "-", input=payload).stdout == "7\n"
+    assert recorder.calls[0][1] == ("q", payload)
+
+
+def test_peek_raw_writes_the_exact_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = b"\x00\xffbin\nary\x1b[31m"
+    record(monkeypatch, value)
+    assert ctl("peek", "q", "0", "--raw").stdout_bytes == value
+    # As text: readable and harmless to a terminal, lines kept.
+    assert ctl("peek", "q", "0").stdout == "\\x00\\xffbin\nary\\x1b[31m\n"
+
+
+def test_text_of_bytes_escapes_control_characters() -> None:
+    assert text_of_bytes(b"a\x1b[2J\nb\tc\x00\x7f") == "a\\x1b[2J\nb\tc\\x00\\x7f"
+    assert text_of_bytes(b"a\nb\t", single_line=True) == "a\\nb\\t"
+
+
+def test_kv_list_of_another_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    owner = "ab" * 32
+    recorder = record(monkeypatch, {})
+    for args in (
+        [f"{owner}/pre"],
+        ["pre", "--owner", owner],
+        [f"{owner.upper()}/pre", "--owner", owner],
+    ):
+        recorder.calls.clear()
+        assert ctl("kv", "list", *args).exit_code == 0
+        assert recorder.calls == [("kv_list", ("pre",), {"owner": owner})], args
+    recorder.calls.clear()
+    ctl("kv", "list", f"{owner}/")
+    assert recorder.calls == [("kv_list", ("",), {"owner": owner})]
+    recorder.calls.clear()
+    ctl("kv", "list", "config/db")  # not a public key: an ordinary prefix
+    assert recorder.calls == [("kv_list", ("config/db",), {"owner": None})]
+
+
+# --- README ---------------------------------------------------------------------------------------
+
+
+def test_readme_lists_every_exit_code() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    table = re.findall(r"^\| (\d+) \| ", readme, re.MULTILINE)
+    assert [int(code) for code in table] == sorted(int(code) for code in ExitCode)
+
+
+# --- latticed run on a socket already served ------------------------------------------------------
+
+
+def test_run_on_a_served_socket_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli.daemon, "configure_logging", lambda *args: None)
+    sock_path, data = tmp_path / "busy.sock", tmp_path / "data"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as busy:
+        busy.bind(str(sock_path))
+        busy.listen()
+        result = daemon("run", "--data-dir", str(data), "--socket", str(sock_path), "--no-mdns")
+        line = assert_one_line_error(result, ExitCode.EXISTS, "latticed")
+    assert "already serving" in line
+    assert not data.exists()  # no data directory, so no identity either

@@ -7,8 +7,10 @@ dead letters to a DLQ list and offers them back, rebuilds the dispatcher from th
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -581,6 +583,20 @@ def test_bad_group_filter_is_refused_when_the_dispatcher_starts() -> None:
         Dispatcher(spec(filter="key=="), DAEMON.public_key)
     with pytest.raises(MalformedError):
         parse_filter("x" * 5000)
+
+
+def test_the_documented_filter_examples_parse_and_mean_what_the_docs_say() -> None:
+    """docs/workqueues.md is where users learn the grammar: every example there must parse."""
+    doc = (Path(__file__).parent.parent / "docs" / "workqueues.md").read_text()
+    examples = re.findall(r"^--filter '([^']*)'", doc, re.MULTILINE)
+    assert len(examples) >= 5
+    for text in examples:
+        parse_filter(text)
+    email = Record(b"v", b"user:1", 0, (("type", b"email"), ("subject", b"the quarterly report")))
+    assert compile_filter(examples[0])(email)
+    assert compile_filter(examples[1])(email)
+    assert compile_filter(examples[4])(email)
+    assert not compile_filter(examples[2])(email)
 
 
 # --------------------------------------------------------------------------- deadlines, stats, validation

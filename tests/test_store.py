@@ -4,6 +4,7 @@ commit, truncation, and failures (full disk, read-only data directory)."""
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
 import sqlite3
@@ -26,6 +27,7 @@ from latticed.crdt.records import MAX_OFFSET, Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import BehindPeersError, IntegrityError, MalformedError, NotOwnerError, StorageError
 from latticed.kv import KvNamespace
+from latticed.logs import EVENT_ATTR, record_fields
 from latticed.queue import LatticeQueue
 from latticed.storage import segments
 from latticed.storage.batch import MIN_CHECKPOINT_SPACING, thin_checkpoints
@@ -524,6 +526,39 @@ def test_existing_store_in_a_read_only_dir_is_a_clear_storage_error(tmp_path: Pa
             Store(db_path(data))
     finally:
         _make_writable(data)
+
+
+async def test_start_up_logs_count_as_status_does_and_name_only_real_migrations(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``store.opened`` counted every stored log (queues, KV namespace, groups) as "queues", so it
+    disagreed with ``daemon.ready``; and every start logged ``migrated_from`` though nothing migrated."""
+    caplog.set_level(logging.INFO, logger="latticed")
+
+    def events(name: str) -> list[dict[str, object]]:
+        return [record_fields(r) for r in caplog.records if getattr(r, EVENT_ATTR, None) == name]
+
+    async with Engine.open(tmp_path, ALICE) as engine:
+        await engine.create_queue("q")
+        await engine.kv_write(KvRequest("put", "k", value=b"v"))
+    caplog.clear()
+    async with Engine.open(tmp_path, ALICE) as engine:
+        assert len(engine.queues()) == 1
+    [opened] = events("store.opened")
+    assert (opened["queues"], opened["kv_namespaces"], opened["groups"]) == (1, 1, 0)
+    assert opened["schema_version"] == SCHEMA_VERSION and "migrated_from" not in opened
+    assert events("store.migrated") == []
+
+
+async def test_an_upgraded_store_logs_its_migration(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    Store(db_path(tmp_path), migrations=MIGRATIONS[:1]).close()
+    caplog.set_level(logging.INFO, logger="latticed")
+    async with Engine.open(tmp_path, ALICE):
+        pass
+    [migrated] = [
+        record_fields(r) for r in caplog.records if getattr(r, EVENT_ATTR, None) == "store.migrated"
+    ]
+    assert (migrated["from_version"], migrated["to_version"]) == (1, SCHEMA_VERSION)
 
 
 # ------------------------------------------------------------------ group commit (trio + storage thread)

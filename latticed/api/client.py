@@ -410,22 +410,26 @@ class Client(GroupOps):
             **{"from": from_offset},
         )
 
-    def tail(self, queue: str, from_offset: int | None = None, follow: bool = True) -> Iterator[Entry]:
+    def tail(
+        self, queue: str, from_offset: int | None = None, follow: bool = True, *, last: int | None = None
+    ) -> Iterator[Entry]:
         """Records from ``from_offset`` (None: the start) as they are committed, on a dedicated
-        connection; ``follow=False`` stops at the end present when the tail began. Close the iterator
-        (or let it be garbage collected) to stop following."""
+        connection; ``follow=False`` stops at the end present when the tail began. ``last=N`` instead
+        starts N records before the end present when the tail begins (0: only records appended from
+        then on). Close the iterator (or let it be garbage collected) to stop following."""
+        request: dict[str, Any] = {
+            "v": API_VERSION,
+            "id": 1,
+            "op": "tail",
+            "queue": queue,
+            "from": from_offset,
+            "follow": follow,
+        }
+        if last is not None:
+            request["last"] = last
         conn = _Connection(self._path, None if follow else self._timeout)
         try:
-            conn.send(
-                {
-                    "v": API_VERSION,
-                    "id": 1,
-                    "op": "tail",
-                    "queue": queue,
-                    "from": from_offset,
-                    "follow": follow,
-                }
-            )
+            conn.send(request)
             while True:
                 reply = conn.receive()
                 if not reply.get("ok"):
@@ -436,15 +440,28 @@ class Client(GroupOps):
         finally:
             conn.close()
 
-    def truncate(self, queue: str, new_start: int) -> None:
-        self.call("truncate", queue=queue, new_start=new_start)
+    def truncate(self, queue: str, new_start: int) -> dict[str, Any]:
+        """Drop records before ``new_start``; returns ``dropped`` (how many) and the queue's
+        ``start_offset`` and ``end_offset`` after it."""
+        reply = self.call("truncate", queue=queue, new_start=new_start)
+        return {k: reply.get(k) for k in ("dropped", "start_offset", "end_offset")}
 
     def meta_get(self, queue: str, key: str) -> str | None:
         value = self.call("meta_get", queue=queue, key=key)["value"]
         return None if value is None else str(value)
 
     def meta_set(self, queue: str, key: str, value: str) -> None:
+        """Metadata values are text: anything else is refused (MalformedError), never converted."""
         self.call("meta_set", queue=queue, key=key, value=value)
+
+    def meta_list(self, queue: str) -> dict[str, str]:
+        """A queue's whole metadata map."""
+        meta: dict[str, str] = self.call("meta_list", queue=queue)["meta"]
+        return meta
+
+    def meta_del(self, queue: str, key: str) -> bool:
+        """Delete one metadata key of one of your queues; returns whether it was set."""
+        return bool(self.call("meta_del", queue=queue, key=key)["existed"])
 
     # ------------------------------------------------------------------ KV
     def kv_put(self, key: str, value: bytes, ttl: float | None = None) -> None:

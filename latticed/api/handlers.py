@@ -35,7 +35,7 @@ from latticed.crdt.records import (
     check_records,
 )
 from latticed.crdt.signing import parse_public_key
-from latticed.errors import MalformedError
+from latticed.errors import MalformedError, NotOwnerError
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
@@ -416,15 +416,38 @@ async def read(ctx: Context, request: Request) -> Reply:
 
 @handler("truncate")
 async def truncate(ctx: Context, request: Request) -> Reply:
+    """Drop records before ``new_start``; answers how many went and the offsets the queue has after."""
     q = ctx.queue(request)
-    await ctx.engine.truncate(q, arg_int(request, "new_start"))
-    return {}
+    before = ctx.engine.state(q)
+    new_start = arg_int(request, "new_start")
+    await ctx.engine.truncate(q, new_start)
+    after = ctx.engine.state(q)
+    dropped = max(min(after.start, before.held_end) - before.start, 0)
+    return {"dropped": dropped, "start_offset": after.start, "end_offset": after.held_end}
 
 
 @handler("meta_get")
 async def meta_get(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     return {"value": ctx.engine.state(q).meta_dict.get(arg_str(request, "key"))}
+
+
+@handler("meta_list")
+async def meta_list(ctx: Context, request: Request) -> Reply:
+    return {"meta": ctx.engine.state(ctx.queue(request)).meta_dict}
+
+
+@handler("meta_del")
+async def meta_del(ctx: Context, request: Request) -> Reply:
+    """Delete one metadata key of our own queue; a key that is not set signs nothing."""
+    q = ctx.queue(request)
+    key = arg_str(request, "key")
+    if not ctx.engine.owned(q):
+        raise NotOwnerError(f"cannot delete metadata: not the owner of {ctx.engine.address(q)}")
+    existed = key in ctx.engine.state(q).meta_dict
+    if existed:
+        await ctx.engine.set_meta(q, {key: None})
+    return {"existed": existed}
 
 
 @handler("meta_set")

@@ -26,12 +26,14 @@ BACKLOG: Final = 128
 _PROBE_TIMEOUT_S: Final = 1.0
 
 
-def clear_stale_socket(path: Path) -> None:
-    """Remove ``path`` if it is a socket nobody listens on; refuse if a daemon answers on it."""
+def refuse_if_served(path: Path) -> bool:
+    """Raise AlreadyExistsError if a daemon answers on ``path``; returns whether a socket file is there.
+
+    Changes nothing, so start-up runs it before it creates the data directory or the identity."""
     try:
         info = path.lstat()
     except FileNotFoundError:
-        return
+        return False
     except OSError as exc:
         raise StorageError(f"cannot inspect socket path {path}: {exc.strerror or exc}") from exc
     if not stat.S_ISSOCK(info.st_mode):
@@ -51,6 +53,13 @@ def clear_stale_socket(path: Path) -> None:
         raise AlreadyExistsError(f"another latticed is already serving {path}; stop it first")
     finally:
         probe.close()
+    return True
+
+
+def clear_stale_socket(path: Path) -> None:
+    """Remove ``path`` if it is a socket nobody listens on; refuse if a daemon answers on it."""
+    if not refuse_if_served(path):
+        return
     log_event(log, "api.stale_socket_removed", path=str(path))
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -88,4 +97,4 @@ def remove_socket(path: Path, inode: int) -> None:
         log_event(log, "api.socket_remove_failed", path=str(path), error=str(exc))
 
 
-__all__ = ["bind_unix_socket", "clear_stale_socket", "remove_socket"]
+__all__ = ["bind_unix_socket", "clear_stale_socket", "refuse_if_served", "remove_socket"]

@@ -7,6 +7,9 @@ Flow control is the socket: each push is one bounded batch (``max_records`` / ``
 The client ends a tail by closing the connection or sending any frame (which the connection then handles
 as an ordinary request).
 
+The start is ``from`` (an offset; nil: the first record) or ``last`` (the last N records present when the
+request arrives; 0: only records appended from then on).
+
 Frames pushed: ``{"id", "ok": true, <columns>, "next_offset"}`` per batch; with ``follow=false`` a final
 ``{"id", "ok": true, "done": true, "next_offset"}`` once the end present at the request is reached.
 """
@@ -53,9 +56,13 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
         max(arg_int(request, "max_records", default=TAIL_BATCH_RECORDS), 1), MAX_TAIL_BATCH_RECORDS
     )
     max_bytes = min(max(arg_int(request, "max_bytes", default=TAIL_BATCH_BYTES), 1), ctx.max_reply_bytes)
+    last = arg_int(request, "last", optional=True)
     engine = ctx.engine
     state = engine.state(q)
-    pos = state.start if start is None else max(start, 0)
+    if last is not None:  # the last N records present now (0: only those appended from now on)
+        pos = max(state.held_end - max(last, 0), state.start)
+    else:
+        pos = state.start if start is None else max(start, 0)
     stop_at = None if follow else state.held_end
     address = engine.address(q)
     watch = _Watch()

@@ -386,8 +386,12 @@ def _commit_once(
                 raise MalformedError("metadata keys are non-empty strings")
             if value is None:
                 merged.pop(key, None)
-            else:
-                merged[key] = str(value)
+            elif isinstance(value, str):
+                merged[key] = value
+            else:  # never converted: a 5 stored as "5" would come back as another type
+                raise MalformedError(
+                    f"metadata values are strings (or None to delete), not {type(value).__name__}"
+                )
         new_meta = tuple(sorted(merged.items()))
         if new_meta != meta:
             meta, meta_version = new_meta, version

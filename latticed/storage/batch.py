@@ -17,7 +17,7 @@ from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueState, VerifiedDelta
 from latticed.crdt.records import MAX_OFFSET, Record, RecordRun
 from latticed.crdt.signing import Identity
-from latticed.errors import MalformedError, NotOwnerError
+from latticed.errors import BehindPeersError, ForkedQueueError, LatticedError, MalformedError, NotOwnerError
 from latticed.storage.entries import StoredEntries
 
 #: Checkpoints closer than this (in records) are thinned out, except the latest.
@@ -150,9 +150,12 @@ class Batch:
         return staged.state.held_end + staged.appended
 
     def require_owner(self, q: int, what: str) -> QueueState:
+        """The state of queue ``q`` if we may sign a new head of it; refused before the batch changes."""
         state = self.staged[q].state if q in self.staged else self._states[q]
         if state.owner != self.identity.public_key:
             raise NotOwnerError(f"cannot {what}: not the owner of {state.owner.hex()}/{state.name}")
+        if not state.complete:
+            raise _unsignable(state, what)
         return state
 
     def kv_entry(self, ns: int | None, key: str) -> kv.Entry | None:
@@ -262,6 +265,20 @@ class Batch:
                 state.fork,
             )
         self._staged(q).state = state
+
+
+def _unsignable(state: QueueState, what: str) -> LatticedError:
+    """Why we cannot sign on our own queue: a newer head of ours came from a peer without (all) its records.
+    Signing now would reuse offsets that head covers. Raised here, before the batch changes, so only this
+    job fails (the signing step would fail the whole batch) and the CLI shows exit 6, not a bare gap."""
+    address = f"{state.owner.hex()}/{state.name}"
+    missing = f"the records of its newest head from offset {state.held_end} to {state.known_end} are not here"
+    if state.forked:
+        return ForkedQueueError(
+            f"cannot {what} {address}: it is forked (this identity signed two histories of it; see "
+            f"docs/operations.md) and {missing}; writes resume once they have arrived"
+        )
+    return BehindPeersError(f"cannot {what} {address} yet: {missing}; retry once the catch-up has landed")
 
 
 def appended_since(before: QueueState, after: QueueState) -> tuple[int, Sequence[Record]]:

@@ -10,6 +10,7 @@ batch's records in memory so live tails are served without reading them back.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -23,7 +24,7 @@ import trio
 from latticed.clock import wall_ms
 from latticed.crdt import kv
 from latticed.crdt import queue as core
-from latticed.crdt.head import KIND_KV, KIND_QUEUE, SignedHead, check_name, queue_id
+from latticed.crdt.head import KIND_GROUP, KIND_KV, KIND_QUEUE, SignedHead, check_name, queue_id
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record, RecordRun
@@ -55,6 +56,7 @@ from latticed.storage.jobs import (
     WriterView,
 )
 from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader, columns_of
+from latticed.storage.schema import SCHEMA_VERSION
 from latticed.storage.sqlite import wal_path
 from latticed.storage.store import db_path
 from latticed.storage.verify import verify_queue
@@ -125,12 +127,23 @@ class Engine:
                 await trio.to_thread.run_sync(writer.stop)
             raise
         engine = cls(writer, pool, identity, clock)
+        if 0 < writer.store.migrated_from < SCHEMA_VERSION:  # an older store was upgraded (0: a new one)
+            log_event(
+                log,
+                "store.migrated",
+                path=str(path),
+                from_version=writer.store.migrated_from,
+                to_version=SCHEMA_VERSION,
+            )
+        kinds = collections.Counter(state.kind for state in writer.states.values())
         log_event(
             log,
             "store.opened",
             path=str(path),
-            queues=len(writer.states),
-            migrated_from=writer.store.migrated_from,
+            queues=kinds[KIND_QUEUE],  # what status and daemon.ready count
+            kv_namespaces=kinds[KIND_KV],
+            groups=kinds[KIND_GROUP],
+            schema_version=SCHEMA_VERSION,
         )
         try:
             yield engine
