@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from inprocess import InProcessDaemon, start_in_process
@@ -15,6 +16,8 @@ from typer.testing import CliRunner, Result
 import cli.ctl
 from cli.boundary import ExitCode
 from latticed.config import DaemonConfig
+from latticed.crdt import queue as core
+from latticed.crdt.head import KIND_KV
 from latticed.crdt.queue import QueueDelta
 from latticed.crdt.records import Record
 from latticed.errors import BehindPeersError, LatticedError
@@ -113,3 +116,25 @@ def test_other_writes_in_the_same_commit_are_not_refused_with_it(daemon: InProce
     ok, refused = daemon.call(both)
     assert ok == 0
     assert isinstance(refused, BehindPeersError)
+
+
+def test_a_kv_write_while_the_own_namespace_lacks_its_newest_records_is_exit_6(tmp_path: Path) -> None:
+    """The same refusal for our KV namespace (its op log is a queue of kind KV): before the batch changes,
+    so the write exits 6 and nothing else in its group commit fails with it."""
+    d = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
+    try:
+        assert ctl(d, "kv", "put", "a", "1").exit_code == 0
+        other = LatticeQueue(core.empty_state(d.handle.identity.public_key, "kv", KIND_KV), d.handle.identity)
+        for _ in range(3):
+            other.offer(b"an op of a second history")
+            other.commit()
+        head_only = dataclasses.replace(other.delta(), records=(), tip=None, checkpoints=())
+        state = d.call(d.handle.engine.merge_delta, head_only)
+        assert not state.complete
+        line = one_error_line(ctl(d, "kv", "put", "b", "2"), ExitCode.INTEGRITY)
+        assert "yet" in line, line
+        one_error_line(ctl(d, "kv", "incr", "n"), ExitCode.INTEGRITY)
+        assert ctl(d, "kv", "get", "a").stdout == "1\n"
+        assert ctl(d, "kv", "get", "b").exit_code == ExitCode.NOT_FOUND
+    finally:
+        d.stop()

@@ -202,6 +202,8 @@ class KvWrite(Job):
         ns = writer.lookup(qid)
         if ns is None:
             ns = batch.created_qids.get(qid)
+        else:
+            batch.require_owner(ns, "write to")  # refused before anything changes: only this job fails
         key = self.request.key
         current = batch.kv_entry(ns, key)
         hlc = kv.hlc_next(writer.kv_hlc, batch.now_ms)
