@@ -23,6 +23,7 @@ import typer
 
 from cli.boundary import BoundaryGroup
 from cli.groups import register as register_work_queues
+from cli.join import register as register_membership
 from cli.output import (
     emit,
     emit_entries,
@@ -559,6 +560,7 @@ def kv_incr(
 
 
 register_work_queues(app, _client)
+register_membership(app, _client)
 
 
 def main() -> None:
