@@ -228,11 +228,23 @@ def shipped_file(key: str) -> str:
     return (resources.files("latticed") / "units" / SHIPPED[key]).read_text(encoding="utf-8")
 
 
+def _make_parents(path: Path) -> None:
+    """Missing parent directories, each 0755 whatever the umask: the service user must read the config."""
+    missing = []
+    parent = path.parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    for directory in reversed(missing):
+        directory.mkdir()
+        directory.chmod(0o755)
+
+
 def write_file(path: Path, text: str, mode: int) -> None:
     """Write ``text`` atomically (temporary file, fsync, rename) with ``mode``, creating parents (0755)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         with os.fdopen(fd, "wb") as file:
             os.fchmod(fd, mode)  # the umask may have taken bits away
