@@ -131,6 +131,8 @@ def init(
         replace_network_key(key_path, key)
     else:
         key = old_key
+    for secret in (layout.identity_file, layout.network_key_file):
+        _owned_like_its_directory(layout.target(secret))
     for _, path, text in files:
         if status[path] != "same":
             write_file(layout.target(path), text, 0o644)
@@ -148,6 +150,17 @@ def init(
     for line in _warnings(layout, command, systemd):
         typer.echo(f"latticed: warning: {line}", err=True)
     typer.echo("\n".join(_next_steps(layout, systemd)))
+
+
+def _owned_like_its_directory(path: Path) -> None:
+    """Give a key file root just made to the owner of its data directory (the ``latticed`` user, once the
+    service has run), or the daemon could not read it. A directory root just made is left to systemd, which
+    hands a ``StateDirectory=`` owned by someone else to the service user, with everything in it."""
+    if os.geteuid() != 0:
+        return
+    owner = path.parent.stat()
+    if path.stat().st_uid != owner.st_uid or path.stat().st_gid != owner.st_gid:
+        os.chown(path, owner.st_uid, owner.st_gid)
 
 
 def _state(path: Path, text: str) -> str:

@@ -3,6 +3,7 @@ units use; files that are never overwritten without --force, an identity and a p
 
 from __future__ import annotations
 
+import os
 import stat
 import tomllib
 from pathlib import Path
@@ -223,3 +224,18 @@ def test_system_init_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_root_is_only_for_the_system_layout(tmp_path: Path) -> None:
     one_line_error(init(tmp_path, "--root", str(tmp_path)), ExitCode.USAGE)
     assert not (tmp_path / "cfg").exists()
+
+
+def test_keys_made_by_root_belong_to_the_owner_of_the_data_directory(tmp_path: Path) -> None:
+    """A service that already ran owns /var/lib/latticed; a key root adds there must be readable by it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to hand files to another user")
+    root = tmp_path / "image"
+    data = root / "var/lib/latticed"
+    data.mkdir(parents=True, mode=0o700)
+    os.chown(data, 4321, 4321)
+    result = runner.invoke(cli.daemon.app, ["init", "--root", str(root)], prog_name="latticed")
+    assert result.exit_code == 0, result.output
+    for name in ("identity.key", "network.key"):
+        info = (data / name).stat()
+        assert (info.st_uid, info.st_gid) == (4321, 4321), name
