@@ -33,6 +33,7 @@ from cli.common import (
 )
 from cli.common import client as _client
 from cli.groups import register as register_work_queues
+from cli.join import register as register_membership
 from cli.kv import kv_app
 from cli.output import (
     emit,
@@ -534,6 +535,7 @@ def meta_del(ctx: typer.Context, queue: QueueArg, key: MetaKey) -> None:
 
 
 register_work_queues(app, _client)
+register_membership(app, _client)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ import trio
 import typer
 
 from cli.boundary import BoundaryGroup
+from cli.init import register as register_init
 from latticed.config import (
     LOG_FORMATS,
     LOG_LEVELS,
@@ -109,6 +110,13 @@ def run(
             show_default="the documented public key: anyone can join",
         ),
     ] = None,
+    insecure_public_network_key: Annotated[
+        bool | None,
+        typer.Option(
+            "--insecure-public-network-key",
+            help="Listen beyond loopback without a network key: anyone can join. Never for real data.",
+        ),
+    ] = None,
     replicate: Annotated[
         list[str] | None,
         typer.Option(
@@ -148,6 +156,7 @@ def run(
         "peers": peer or None,
         "mdns_interfaces": mdns_interface or None,
         "network_key_file": network_key_file,
+        "insecure_public_network_key": insecure_public_network_key,
         "replicate": replicate or None,
         "log_level": log_level,
         "log_format": log_format,
@@ -164,6 +173,9 @@ def network_key_new(
     """Write a new random network key to PATH; copy it to every host of the network."""
     key = write_network_key(path)
     typer.echo(f"wrote network key to {path} (fingerprint {network_key_fingerprint(key)})")
+
+
+register_init(app)
 
 
 @app.command()

@@ -30,6 +30,7 @@ import netns  # noqa: E402
 
 from latticed.api.client import Client  # noqa: E402
 from latticed.errors import ConnectionClosedError  # noqa: E402
+from latticed.netkey import write_network_key  # noqa: E402
 
 PORT = 7464
 START_TIMEOUT_S = 20.0
@@ -184,8 +185,17 @@ def make_lan(hosts: int) -> netns.Lan:
 def lan_daemons() -> Iterator[Net]:
     lan = make_lan(3)
     root = Path(tempfile.mkdtemp(prefix="ld-lan-"))
+    # A private network, as on a real LAN: the public default key is refused beyond loopback.
+    key_file = root / "network.key"
+    write_network_key(key_file)
     daemons = {
-        name: LanDaemon(host, root / f"data-{name}", root / f"{name}.sock", root / f"{name}.log")
+        name: LanDaemon(
+            host,
+            root / f"data-{name}",
+            root / f"{name}.sock",
+            root / f"{name}.log",
+            extra=["--network-key-file", str(key_file)],
+        )
         for name, host in lan.members.items()
     }
     try:

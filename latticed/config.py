@@ -62,6 +62,8 @@ class DaemonConfig:
     mdns_interfaces: tuple[str, ...] = ()
     #: Shared secret that keeps other latticed networks out of the handshake; None means none.
     network_key_file: Path | None = None
+    #: Accept peers beyond loopback although there is no private network key (anyone may join).
+    insecure_public_network_key: bool = False
     #: Lower-case hex public keys allowed to connect; empty means any peer holding the network key.
     allowed_peers: tuple[str, ...] = ()
     #: ``OWNER_HEX/NAME`` glob patterns of the queues to replicate; empty means everything we hear of.
@@ -220,7 +222,7 @@ def _convert(key: str, value: object, parse_path: Callable[[str, object], Path])
         if not isinstance(value, list | tuple):
             raise _type_error(key, "a list of 'HOST:PORT' strings", value)
         return tuple(_host_port(f"{key}[{i}]", v, allow_port_zero=False) for i, v in enumerate(value))
-    if key == "mdns":
+    if key in ("mdns", "insecure_public_network_key"):
         if not isinstance(value, bool):
             raise _type_error(key, "true or false", value)
         return value
@@ -274,6 +276,8 @@ def read_config_file(path: Path) -> dict[str, object]:
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
+    except FileNotFoundError:
+        raise MalformedError(f"config file {path} not found (`latticed init` writes one)") from None
     except OSError as exc:
         raise MalformedError(f"config file {path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:

@@ -1,8 +1,10 @@
 """The composition root: the only module that knows every component and wires them together.
 
-Start-up order (each step fails early with a clear LatticedError): no other daemon serves the socket
-(checked before anything is created), directories, the data directory's lock, the identity key, the
-store (migrated), the API socket; then READY=1 to systemd. One root nursery
+Start-up order (each step fails early with a clear LatticedError): no other daemon serves the socket and
+the network key is fit for the listen address (the public default key is refused beyond loopback), both
+checked before anything is created; directories, the data directory's lock, the identity key, the store
+(migrated), replication (owned by :mod:`latticed.membership`, which restarts it under a new key on
+``latticectl join``), the API socket; then READY=1 to systemd. One root nursery
 holds every service, each started with ``nursery.start`` so "ready" means ready. SIGTERM or SIGINT
 cancels that nursery: connections close, the storage thread finishes the jobs it has, the socket file is
 removed, and ``run`` returns 0.
@@ -15,11 +17,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import trio
 
+from latticed.api import member_handlers  # noqa: F401 - importing it registers invite and join
 from latticed.api.handlers import Context
 from latticed.api.listener import refuse_if_served
 from latticed.api.server import serve_api
@@ -28,8 +31,10 @@ from latticed.crdt.signing import Identity
 from latticed.groups.service import run_groups
 from latticed.logs import get_logger, log_event
 from latticed.malloc import keep_large_buffers
+from latticed.membership import run_membership
+from latticed.netkey import check_listen_key
 from latticed.paths import ensure_data_dir, ensure_socket_dir
-from latticed.replication import run_replication
+from latticed.replication import Replication, load_network_key
 from latticed.sdnotify import Notifier, watchdog_interval
 from latticed.storage.engine import Engine
 from latticed.storage.keyfile import load_or_create_identity
@@ -87,6 +92,9 @@ async def run_daemon(
         _tune_gc_threshold()
         keep_large_buffers()
     notifier = Notifier.from_env(env)
+    # Before anything is created: a refused key or a missing key file leaves no trace.
+    network_key = load_network_key(config)
+    check_listen_key(config.listen, network_key, insecure_ok=config.insecure_public_network_key)
     ensure_data_dir(config.data_dir)
     ensure_socket_dir(config.socket_path)
     with DataDirLock(config.data_dir):
@@ -97,8 +105,9 @@ async def run_daemon(
                 async with trio.open_nursery() as nursery:
                     if handle_signals:
                         await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
-                    if config.listen is not None or config.peers:
-                        context.replication = await nursery.start(run_replication, engine, identity, config)
+                    context.membership = await nursery.start(
+                        run_membership, engine, identity, config, network_key, _publisher(context)
+                    )
                     context.groups = await nursery.start(run_groups, engine)
                     await nursery.start(serve_api, context)
                     interval = watchdog_interval(env)
@@ -123,6 +132,15 @@ async def run_daemon(
                 log_event(log, "daemon.stopping")
     notifier.close()
     log_event(log, "daemon.stopped")
+
+
+def _publisher(context: Context) -> Callable[[Replication | None], None]:
+    """Lets the membership swap the replication service the API shows (it restarts it on a join)."""
+
+    def publish(service: Replication | None) -> None:
+        context.replication = service
+
+    return publish
 
 
 def _tune_gc_threshold() -> None:

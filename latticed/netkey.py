@@ -8,7 +8,9 @@ variables; one line, because that is what ``echo``, ``cat`` and secret stores pr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import ipaddress
 import os
 import secrets
 from typing import Final
@@ -18,11 +20,14 @@ from latticed.errors import AlreadyExistsError, MalformedError, NotFoundError, S
 __all__ = [
     "DEFAULT_NETWORK_KEY",
     "NETWORK_KEY_SIZE",
+    "check_listen_key",
     "decode_network_key",
     "encode_network_key",
     "network_key_fingerprint",
     "new_network_key",
+    "is_loopback_host",
     "read_network_key",
+    "replace_network_key",
     "write_network_key",
 ]
 
@@ -102,3 +107,65 @@ def read_network_key(path: str | os.PathLike[str]) -> bytes:
     except OSError as error:
         raise StorageError(f"cannot read network key file {os.fspath(path)!r}: {error}") from error
     return decode_network_key(text, source=f"network key file {os.fspath(path)!r}")
+
+
+def replace_network_key(path: str | os.PathLike[str], key: bytes) -> None:
+    """Atomically put ``key`` in ``path``, replacing what is there (``latticectl join``, a rotation).
+
+    Temporary file, fsync, rename, fsync of the directory: a crash leaves the old key or the new one, never
+    a half-written file that would cut the daemon off from both networks.
+    """
+    line = (encode_network_key(key) + "\n").encode("ascii")
+    target = os.fspath(path)
+    tmp = f"{target}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        dir_fd = os.open(os.path.dirname(os.path.abspath(target)), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise StorageError(f"cannot write network key file {target!r}: {error.strerror or error}") from error
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listen host only accepts connections from this machine: ``localhost``, 127.0.0.0/8, ``::1``.
+
+    Any other name counts as beyond loopback: it may resolve to anything.
+    """
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen_key(listen: tuple[str, int] | None, key: bytes, *, insecure_ok: bool) -> None:
+    """Refuse to accept peers from the network under the public default key, unless explicitly allowed.
+
+    The default key admits anyone who has read our documentation; on loopback (demos, tests) only this
+    machine can connect, so it stays usable there without set-up.
+    """
+    if listen is None or insecure_ok or key != DEFAULT_NETWORK_KEY or is_loopback_host(listen[0]):
+        return
+    host, port = listen
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    raise MalformedError(
+        f"refusing to listen on {where} with the public default network key, which lets anyone join: make "
+        "a private one with `latticed network-key new PATH` and pass --network-key-file PATH (config key "
+        "network_key_file), or run `latticed init`; --insecure-public-network-key (config key "
+        "insecure_public_network_key) overrides this"
+    )

@@ -173,6 +173,12 @@ class Replication:
                     out[f"{state.owner.hex()}/{state.name}"] = behind
         return out
 
+    def remember(self, address: HostPort, public_key: bytes) -> None:
+        """Keep a peer vouched for out of band (an invite), save the book, and dial it now."""
+        self.book.remember(address, public_key, now=time.time())
+        self._save_book()
+        self.wake_dialer.set()
+
     def _save_book(self) -> None:
         path = self.config.data_dir / PEERS_FILE
         tmp = path.with_suffix(".tmp")
@@ -184,18 +190,14 @@ class Replication:
 
 
 def load_network_key(config: DaemonConfig) -> bytes:
+    """The configured key, or the public default when none is configured."""
     if config.network_key_file is None:
-        log_event(
-            log,
-            "replication.insecure_network_key",
-            level=logging.WARNING,
-            hint="using the documented default network key: anyone can join; use --network-key-file",
-        )
         return DEFAULT_NETWORK_KEY
     return read_network_key(config.network_key_file)
 
 
-def _load_book(data_dir: Path, own: bytes) -> PeerBook:
+def load_peer_book(data_dir: Path, own: bytes) -> PeerBook:
+    """The peers saved by an earlier run (an unreadable file is logged and ignored: they come back)."""
     path = data_dir / PEERS_FILE
     with contextlib.suppress(FileNotFoundError):
         try:
@@ -212,17 +214,26 @@ async def run_replication(
     identity: Identity,
     config: DaemonConfig,
     *,
+    network_key: bytes | None = None,
     task_status: trio.TaskStatus[Replication] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen, dial, discover and gossip until cancelled."""
-    network_key = load_network_key(config)
+    """Listen, dial, discover and gossip until cancelled; under ``network_key`` (default: the config's)."""
+    if network_key is None:
+        network_key = load_network_key(config)
+    if network_key == DEFAULT_NETWORK_KEY:
+        log_event(
+            log,
+            "replication.insecure_network_key",
+            level=logging.WARNING,
+            hint="using the documented default network key: anyone can join; use --network-key-file",
+        )
     allowed = frozenset(parse_public_key(p) for p in config.allowed_peers) or None
     patterns = config.replicate or None
     host = EngineHost(engine)
     gossip = Gossip(
         host, identity.public_key, subscription=patterns, max_message_bytes=config.max_frame_bytes
     )
-    book = _load_book(config.data_dir, identity.public_key)
+    book = load_peer_book(config.data_dir, identity.public_key)
     book.add_static(config.peers, now=time.time())
     service = Replication(engine, identity, config, network_key, gossip, book, allowed=allowed)
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from latticed.install import DROP_IN_NAME, latticed_command, render_drop_in
+
 SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
 SYSTEM_UNIT = SYSTEMD_DIR / "latticed.service"
 USER_UNIT = SYSTEMD_DIR / "latticed-user.service"
@@ -112,7 +114,7 @@ COMMON = {
     "SystemCallArchitectures": "native",
 }
 SYSTEM_ONLY = {
-    "ExecStart": "/usr/bin/latticed run",
+    "ExecStart": "latticed run --config %E/latticed/latticed.toml",
     "User": "latticed",
     "Group": "latticed",
     "DynamicUser": "no",
@@ -192,14 +194,19 @@ def require_tool(name: str) -> str:
     return path
 
 
-def verify(unit_text: str, tmp_path: Path, *, user: bool) -> list[str]:
-    """Run ``systemd-analyze verify``; return its complaints about our unit (it exits 0 on most of them)."""
+def verify(unit_text: str, tmp_path: Path, *, user: bool, drop_in: str | None = None) -> list[str]:
+    """Run ``systemd-analyze verify``; return its complaints about our unit (it exits 0 on most of them).
+
+    ``drop_in`` goes where systemd looks for drop-ins of the unit (verify reads them too)."""
     analyze = require_tool("systemd-analyze")
     unit_dir = tmp_path / "units"
     unit_dir.mkdir()
     unit = unit_dir / "latticed.service"
     # The real binary is not installed here; any existing absolute executable satisfies verify.
     unit.write_text(re.sub(r"^ExecStart=\S+", f"ExecStart={sys.executable}", unit_text, flags=re.MULTILINE))
+    if drop_in is not None:
+        (unit_dir / "latticed.service.d").mkdir()
+        (unit_dir / "latticed.service.d" / DROP_IN_NAME).write_text(drop_in)
     runtime = tmp_path / "xdg-runtime"
     runtime.mkdir(mode=0o700)
     env = {
@@ -221,6 +228,20 @@ def verify(unit_text: str, tmp_path: Path, *, user: bool) -> list[str]:
 @pytest.mark.parametrize(("unit", "user"), [(SYSTEM_UNIT, False), (USER_UNIT, True)], ids=["system", "user"])
 def test_systemd_analyze_verify(unit: Path, user: bool, tmp_path: Path) -> None:
     assert verify(unit.read_text(), tmp_path, user=user) == []
+
+
+@pytest.mark.parametrize(("unit", "user"), [(SYSTEM_UNIT, False), (USER_UNIT, True)], ids=["system", "user"])
+def test_unit_with_the_drop_in_latticed_init_writes_verifies(unit: Path, user: bool, tmp_path: Path) -> None:
+    """The drop-in starts this installation's latticed (a venv here), quoted as systemd wants it."""
+    drop_in = render_drop_in(latticed_command(), tmp_path / "my config" / "latticed.toml")
+    assert verify(unit.read_text(), tmp_path, user=user, drop_in=drop_in) == []
+
+
+def test_verify_reads_the_drop_in(tmp_path: Path) -> None:
+    """Guards the check above: a drop-in naming a missing program is reported."""
+    drop_in = render_drop_in(["/nonexistent/latticed"], Path("/etc/latticed/latticed.toml"))
+    complaints = verify(SYSTEM_UNIT.read_text(), tmp_path, user=False, drop_in=drop_in)
+    assert any("/nonexistent/latticed" in c for c in complaints), complaints
 
 
 def test_systemd_analyze_verify_catches_mistakes(tmp_path: Path) -> None:

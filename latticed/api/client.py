@@ -323,6 +323,16 @@ class Client(GroupOps):
         peers: list[dict[str, Any]] = self.call("peers")["peers"]
         return peers
 
+    def invite(self, addresses: Sequence[str] = ()) -> str:
+        """A one-line invite token (a secret: it holds the network key); ``addresses``: HOST:PORT to put
+        in it instead of the daemon's listen addresses."""
+        return str(self.call("invite", addresses=list(addresses))["token"])
+
+    def join(self, token: str, *, force: bool = False) -> dict[str, Any]:
+        """Join an invite token's network; replication restarts under its key (latticed.membership)."""
+        joined: dict[str, Any] = self.call("join", token=token, force=force)["joined"]
+        return joined
+
     # ------------------------------------------------------------------ queues
     def queue_create(self, name: str, meta: Mapping[str, str] | None = None) -> str:
         return str(self.call("queue_create", name=name, meta=dict(meta or {}))["queue"])

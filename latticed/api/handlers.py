@@ -43,6 +43,7 @@ from latticed.storage.reader import Columns, RawRow
 if TYPE_CHECKING:
     from latticed.api.connection import Connection
     from latticed.groups.service import GroupService
+    from latticed.membership import Membership
 
 Request = dict[str, Any]
 Reply = dict[str, Any]
@@ -84,6 +85,7 @@ class Context:
     version: str = field(default_factory=package_version)
     replication: ReplicationView | None = None
     groups: GroupService | None = None
+    membership: Membership | None = None
 
     @property
     def max_reply_bytes(self) -> int:

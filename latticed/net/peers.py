@@ -226,6 +226,15 @@ class PeerBook:
         for address in addresses:
             self.add(address, "static", now=now)
 
+    def remember(self, address: HostPort, public_key: bytes, *, now: float) -> None:
+        """Add a peer vouched for out of band (an invite) as if we had just seen it: it is persisted at once
+        and, like a peer we were connected to, retried for ``forget_after`` before it may be forgotten."""
+        self.add(address, "remembered", now=now, public_key=public_key)
+        entry = self._entries[address]
+        entry.last_seen = now if entry.last_seen is None else max(entry.last_seen, now)
+        if entry.state is PeerState.IDLE:
+            entry.next_attempt = min(entry.next_attempt, now)
+
     def forget(self, address: HostPort) -> None:
         """Drop an address (an operator's decision); unknown addresses are ignored."""
         self._entries.pop(address, None)
