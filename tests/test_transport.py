@@ -22,7 +22,7 @@ from latticed.errors import (
     MalformedError,
     RemoteProtocolError,
 )
-from latticed.net.handshake import MSG2_SIZE, public_key_from_seed
+from latticed.net.handshake import MSG1_SIZE, MSG2_SIZE, ReplayCache, public_key_from_seed
 from latticed.net.transport import SecureStream, open_peer, secure_accept, secure_connect
 
 K = bytes(range(32))
@@ -304,6 +304,26 @@ async def test_garbage_instead_of_handshake() -> None:
         with pytest.raises(HandshakeError):
             await secure_accept(right, seed=SEED_B, network_key=K)
     # The stream was closed on failure.
+    with pytest.raises(trio.BrokenResourceError):
+        await left.send_all(b"more")
+
+
+@trio_test
+async def test_a_recorded_opening_replayed_to_the_same_daemon_gets_no_answer() -> None:
+    """An eavesdropper records msg1 of a real connection and replays it: the responder writes nothing
+    and hangs up, so the replay does not reveal that it shares the initiator's network key."""
+    cache = ReplayCache()
+    client, server, client_tap, _ = await connect_pair(server_kw={"replay_cache": cache})
+    await client.aclose()
+    await server.aclose()
+    recorded_msg1 = client_tap.sent[0]
+    assert len(recorded_msg1) == MSG1_SIZE
+    left, right = trio.testing.memory_stream_pair()
+    tap = TapStream(right)
+    await left.send_all(recorded_msg1)
+    with pytest.raises(HandshakeError, match="seen before"):
+        await secure_accept(tap, seed=SEED_B, network_key=K, replay_cache=cache)
+    assert tap.sent == []
     with pytest.raises(trio.BrokenResourceError):
         await left.send_all(b"more")
 

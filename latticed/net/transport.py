@@ -12,13 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable
 from typing import Final
 
 import trio
 
 from latticed.errors import ConnectionClosedError, HandshakeError, LatticedError
-from latticed.net.handshake import Allowed, Handshake, HandshakeResult, Initiator, Responder, Role
+from latticed.net.handshake import (
+    FRESHNESS_WINDOW_MS,
+    Allowed,
+    Handshake,
+    HandshakeResult,
+    Initiator,
+    ReplayCache,
+    Responder,
+    Role,
+)
 from latticed.net.secure import DEFAULT_MAX_MESSAGE_SIZE, SecureChannel
 
 __all__ = [
@@ -34,6 +44,13 @@ DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
 _RECEIVE_SIZE: Final = 1 << 16
 # How long aclose() tries to get the final frame out to a peer that is not reading before it just closes.
 _CLOSE_TIMEOUT: Final = 1.0
+# Openings already answered, for responders not given a cache of their own (one per process).
+_SHARED_REPLAY_CACHE: Final = ReplayCache()
+
+
+def _wall_clock_ms() -> int:
+    """msg1's time is compared across hosts: Unix time, not trio's clock."""
+    return time.time_ns() // 1_000_000
 
 
 class SecureStream(trio.abc.AsyncResource):
@@ -165,7 +182,9 @@ async def _run_handshake(
                 if not data:
                     raise HandshakeError(
                         f"peer hung up during the handshake (state {handshake.state.value}): it has another "
-                        "network key, refuses our identity, or went away"
+                        "network key, refuses our identity, runs an older latticed (handshake v1), its "
+                        f"clock differs from ours by more than {FRESHNESS_WINDOW_MS // 1000} s, or it went "
+                        "away"
                     )
                 out = handshake.receive_data(data)
                 if out:
@@ -197,7 +216,13 @@ async def secure_connect(
     """Run the handshake as initiator over ``stream``; the peer must be in ``allowed`` if given."""
     return await _run_handshake(
         stream,
-        lambda: Initiator(seed=seed, network_key=network_key, public_key=public_key, allowed=allowed),
+        lambda: Initiator(
+            seed=seed,
+            network_key=network_key,
+            now_ms=_wall_clock_ms(),
+            public_key=public_key,
+            allowed=allowed,
+        ),
         timeout,
         max_message_size,
     )
@@ -212,11 +237,23 @@ async def secure_accept(
     allowed: Allowed | None = None,
     timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    replay_cache: ReplayCache | None = None,
 ) -> SecureStream:
-    """Run the handshake as responder over ``stream`` (e.g. in a ``trio.serve_tcp`` handler)."""
+    """Run the handshake as responder over ``stream`` (e.g. in a ``trio.serve_tcp`` handler).
+
+    ``replay_cache`` holds the openings already answered (default: one shared by the whole process), so
+    a recorded msg1 replayed to us gets no answer."""
+    cache = _SHARED_REPLAY_CACHE if replay_cache is None else replay_cache
     return await _run_handshake(
         stream,
-        lambda: Responder(seed=seed, network_key=network_key, public_key=public_key, allowed=allowed),
+        lambda: Responder(
+            seed=seed,
+            network_key=network_key,
+            now_ms=_wall_clock_ms(),
+            public_key=public_key,
+            allowed=allowed,
+            replay_cache=cache,
+        ),
         timeout,
         max_message_size,
     )
