@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 
+import pytest
 import trio
 import trio.testing
 
@@ -12,10 +14,12 @@ from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
+from latticed.crdt.wire import pack
+from latticed.errors import LatticedError
 from latticed.net.gossip import OWN_CATCH_UP_S, Gossip, PeerLink
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY
-from latticed.protocol.replication import QueueKey
+from latticed.protocol.replication import HELLO, PING, PROTOCOL_VERSION, QueueKey
 
 ALICE = Identity.from_seed(b"a" * 32)
 
@@ -190,3 +194,56 @@ async def test_a_peer_that_claims_records_it_never_sends_stops_fencing_after_a_w
     assert gossip.behind_reason(key, held_end=7) is None  # nothing for too long: ignored from now on
     await trio.sleep(1)
     assert gossip.behind_reason(key, held_end=7) is None
+
+
+# ---------------------------------------------------------------- a peer that never reads (issue 13, item 9)
+
+
+async def test_a_peer_that_never_reads_is_throttled_then_dropped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A key holder sends PINGs and never reads the PONGs: what waits for it stays under the bound (the
+    daemon stops reading it), and the link is dropped once a send makes no progress for the timeout,
+    although the peer keeps sending."""
+    identity, _, daemon = make(b"1" * 32)
+    daemon.max_outbox_bytes = 4096
+    daemon.send_timeout = 7.0
+    attacker = Identity.from_seed(b"9" * 32)
+    ours, theirs = trio.testing.lockstep_stream_pair()  # a send waits until the other side reads
+    burst = 5000
+    sent = 0
+    flooding = trio.Event()
+
+    async def flood() -> None:
+        nonlocal sent
+        stream = await secure_connect(theirs, seed=attacker.seed, network_key=DEFAULT_NETWORK_KEY)
+        with contextlib.suppress(LatticedError):
+            await stream.send(pack([HELLO, PROTOCOL_VERSION, None]))
+            flooding.set()
+            for nonce in range(burst):
+                await stream.send(pack([PING, nonce]))
+                sent += 1
+            while True:  # then one message a second: enough to look alive
+                await trio.sleep(1)
+                await stream.send(pack([PING, 0]))
+
+    async def serve() -> None:
+        stream = await secure_accept(ours, seed=identity.seed, network_key=DEFAULT_NETWORK_KEY)
+        await daemon.run_peer(stream, "mem", "incoming")
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(flood)
+        nursery.start_soon(serve)
+        await flooding.wait()
+        await trio.testing.wait_all_tasks_blocked()  # the flood has gone as far as it can
+        link = daemon.links[attacker.public_key]
+        assert link.session.outbox_bytes <= daemon.max_outbox_bytes + 8  # the bound, plus one PONG
+        assert sent < burst  # the daemon stopped reading it
+        with trio.fail_after(60):
+            while daemon.links:
+                await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    assert trio.current_time() - start == pytest.approx(daemon.send_timeout, abs=1)
+    assert daemon.counters["stalled_peers"] == 1
+    assert daemon.counters["protocol_errors"] == 0

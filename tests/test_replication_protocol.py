@@ -13,13 +13,14 @@ from latticed.crdt import queue as core
 from latticed.crdt.queue import Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.crdt.wire import delta_to_wire, pack, unpack
+from latticed.crdt.wire import delta_to_wire, pack, summary_from_wire, summary_to_wire, unpack
 from latticed.errors import IntegrityError, LatticedError, RemoteProtocolError
 from latticed.protocol.replication import (
     DELTA,
     DIGEST,
     HAVE,
     HELLO,
+    PING,
     PROTOCOL_VERSION,
     DeltaReceived,
     NeedDelta,
@@ -377,3 +378,52 @@ def test_a_lazy_link_hears_each_summary_once() -> None:
     assert [unpack(m)[0] for m in a.messages_to_send()] == [HAVE]
     a.local_update(KEY, dataclasses.replace(summary, version=2, held_end=4))
     assert [unpack(m)[0] for m in a.messages_to_send()] == [HAVE]
+
+
+# ------------------------------------------------------------------ bounded queues (issue 13, items 9 and 10)
+
+
+def test_a_peer_whose_answers_pile_up_is_no_longer_read() -> None:
+    """PONGs for a peer that does not read them: past ``max_outbox_bytes`` the host is told to stop
+    reading it, and may go on once its driver took the messages."""
+    _, b = _started_pair()
+    b.max_outbox_bytes = 64
+    b.messages_to_send()
+    pings = 0
+    while b.accepts_input():
+        b.receive_message(pack([PING, pings]))
+        pings += 1
+    assert pings < 64 and 64 <= b.outbox_bytes <= 64 + 3
+    assert len(b.messages_to_send()) == pings
+    assert b.accepts_input() and b.outbox_bytes == 0
+
+
+def test_events_waiting_for_the_host_stop_reading_too() -> None:
+    _, b = _started_pair()
+    b.max_events = 10
+    while b.next_event() is not None:
+        pass
+    entries = [[ALICE.public_key, f"q{i}", 0, summary_to_wire(_summary(1))] for i in range(20)]
+    b.receive_message(pack([DIGEST, entries[:9]]))
+    assert b.accepts_input()
+    b.receive_message(pack([DIGEST, entries[9:]]))
+    assert not b.accepts_input()
+    while b.next_event() is not None:
+        pass
+    assert b.accepts_input()
+
+
+def test_haves_for_a_stalled_lazy_link_are_coalesced() -> None:
+    """While nothing is taken from a lazy link, a queue changing 250 times leaves one HAVE (the latest
+    summary), not 250."""
+    a, _ = _started_pair()
+    a.messages_to_send()
+    while a.next_event() is not None:
+        pass
+    a._link(KEY).eager = False
+    for end in range(1, 251):
+        a.local_update(KEY, _summary(end))
+    assert a.has_work()
+    (message,) = a.messages_to_send()
+    assert unpack(message)[0] == HAVE and summary_from_wire(unpack(message)[4]) == _summary(250)
+    assert not a.has_work()

@@ -456,3 +456,44 @@ async def test_aclose_sends_final_frame() -> None:
     await client.aclose()  # idempotent
     assert await server.receive() == b"last words"
     assert await server.receive() is None
+
+
+def test_send_timeout_gives_up_on_a_stalled_peer_not_on_a_slow_one() -> None:
+    async def main() -> None:
+        left, right = trio.testing.lockstep_stream_pair()  # a send returns once the other side read it
+        streams: dict[str, SecureStream] = {}
+
+        async def side(
+            name: str, fn: Callable[..., Awaitable[SecureStream]], stream: Any, seed: bytes
+        ) -> None:
+            streams[name] = await fn(stream, seed=seed, network_key=K)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(side, "client", secure_connect, left, SEED_A)
+            nursery.start_soon(side, "server", secure_accept, right, SEED_B)
+        client, server = streams["client"], streams["server"]
+        client.send_timeout = 5.0
+        raw = server.transport_stream
+
+        async def slow_reader(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                while True:
+                    await trio.sleep(4)  # one piece every 4 s: slow, but within the 5 s timeout
+                    await raw.receive_some(1 << 16)
+
+        async with trio.open_nursery() as nursery:
+            reader = await nursery.start(slow_reader)
+            start = trio.current_time()
+            await client.send(b"x" * 300_000)  # five pieces, ~4 s each: slow, never stalled
+            assert trio.current_time() - start >= 16
+            reader.cancel()
+        start = trio.current_time()
+        with pytest.raises(ConnectionClosedError, match="stopped reading"):
+            await client.send(b"nobody reads this")
+        assert trio.current_time() - start == pytest.approx(5)
+        assert client.send_stalled
+        with pytest.raises(ConnectionClosedError, match="unusable"):
+            await client.send(b"more")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -4,6 +4,12 @@ the :class:`ReplicaHost` (the daemon's store), and owns the timeouts.
 
 Errors stop at the per-peer boundary: a protocol or integrity failure closes that one peer, is logged with
 its identity and counted; the daemon and every other peer carry on.
+
+Every per-link queue is bounded: received deltas by the session's window (the verify and ack channels
+hold at most that many), what waits to be sent by the session (the reader stops reading a peer while its
+answers pile up, see :meth:`ReplicationSession.accepts_input`), and a peer that stops reading altogether
+is dropped once a send makes no progress for :data:`SEND_TIMEOUT_S` (its messages alone would otherwise
+keep it "alive").
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +41,10 @@ log = get_logger(__name__)
 
 PING_INTERVAL_S = 5.0
 PEER_TIMEOUT_S = 20.0
+#: A peer that takes none of what we send for this long is dropped (see :class:`SecureStream`).
+SEND_TIMEOUT_S = PEER_TIMEOUT_S
+#: The reader stops reading a peer while this much of our answers to it waits to be sent.
+MAX_OUTBOX_BYTES = 1 << 20
 #: A received delta of at most this many records is stored after the previous one (see ``_verifier``).
 SERIAL_MERGE_RECORDS = 64
 #: Both ends ping every PING_INTERVAL_S, so a healthy link is never silent this long.
@@ -88,6 +97,8 @@ class PeerLink:
     via: str
     session: ReplicationSession
     wakeup: trio.Event = field(default_factory=trio.Event)
+    #: Set when the driver took what waited to be sent: a reader paused by backpressure may go on.
+    drained: trio.Event = field(default_factory=trio.Event)
     last_heard: float = 0.0
     connected_at: float = 0.0
 
@@ -105,10 +116,18 @@ class Gossip:
     window: int = 8
     max_records: int = 4096
     max_message_bytes: int = 1 << 20
+    max_outbox_bytes: int = MAX_OUTBOX_BYTES
+    send_timeout: float = SEND_TIMEOUT_S
     on_peer_change: Callable[[], None] | None = None
     links: dict[bytes, PeerLink] = field(default_factory=dict)
     counters: dict[str, int] = field(
-        default_factory=lambda: {"rejected_deltas": 0, "protocol_errors": 0, "deltas_in": 0, "deltas_out": 0}
+        default_factory=lambda: {
+            "rejected_deltas": 0,
+            "protocol_errors": 0,
+            "deltas_in": 0,
+            "deltas_out": 0,
+            "stalled_peers": 0,
+        }
     )
     _nonces: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     #: Random per run: a peer that sees it change knows we may have forgotten, or lost, anything.
@@ -209,11 +228,13 @@ class Gossip:
                 return
             if stale:
                 log_event(log, "peer.replaced_stale", peer=peer_hex, address=address)
+        stream.send_timeout = self.send_timeout
         session = ReplicationSession(
             subscription=self.subscription,
             window=self.window,
             max_records=self.max_records,
             max_message_bytes=self.max_message_bytes,
+            max_outbox_bytes=self.max_outbox_bytes,
             incarnation=self.incarnation,
         )
         now = trio.current_time()
@@ -225,9 +246,10 @@ class Gossip:
         log_event(log, "peer.connected", peer=peer_hex, address=address, via=via)
         session.start(self.host.summaries(), memory=self.memories.get(peer))
         reason = "closed"
-        # The session admits at most ``window`` unacknowledged deltas, which bounds both channels.
-        to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](math.inf)
-        to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](math.inf)
+        # The session admits at most ``window`` unacknowledged deltas (a peer sending more breaks the
+        # protocol), and each is in one of these channels or in the hands of the task between them.
+        to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](self.window)
+        to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](self.window)
         try:
             try:
                 async with trio.open_nursery() as nursery:
@@ -248,6 +270,9 @@ class Gossip:
             log_event(log, "peer.protocol_error", level=logging.WARNING, peer=peer_hex, reason=str(exc))
         except ConnectionClosedError as exc:
             reason = str(exc)
+            if stream.send_stalled:
+                self.counters["stalled_peers"] += 1
+                log_event(log, "peer.stalled", level=logging.WARNING, peer=peer_hex, reason=reason)
         except LatticedError as exc:
             reason = f"{type(exc).__name__}: {exc}"
             log_event(log, "peer.error", level=logging.WARNING, peer=peer_hex, reason=str(exc))
@@ -267,7 +292,13 @@ class Gossip:
             log_event(log, "peer.disconnected", peer=peer_hex, address=address, reason=reason)
 
     async def _reader(self, stream: SecureStream, link: PeerLink, scope: trio.CancelScope) -> None:
+        session = link.session
         while True:
+            while not session.accepts_input():
+                # Our answers pile up (the peer is not reading them, or we cannot keep up): read no more
+                # until the driver took them, so the peer's own socket slows it down.
+                link.drained = trio.Event()
+                await link.drained.wait()
             message = await stream.receive()
             if message is None:
                 scope.cancel()
@@ -301,12 +332,19 @@ class Gossip:
                         self.counters["deltas_out"] += 1
                 elif isinstance(event, DeltaReceived):
                     to_verify.send_nowait(event)
-                for message in session.messages_to_send():
-                    await stream.send(message)
-            for message in session.messages_to_send():
-                await stream.send(message)
+                await self._flush(stream, link)
+            await self._flush(stream, link)
             if not session.has_work():
                 await link.wakeup.wait()
+
+    @staticmethod
+    async def _flush(stream: SecureStream, link: PeerLink) -> None:
+        """Send what the session queued; the reader may read on meanwhile (what it adds waits for the
+        next flush, and stops it reading again once there is too much)."""
+        messages = link.session.messages_to_send()
+        link.drained.set()
+        for message in messages:
+            await stream.send(message)
 
     async def _verifier(
         self,

@@ -44,6 +44,8 @@ DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
 _RECEIVE_SIZE: Final = 1 << 16
 # How long aclose() tries to get the final frame out to a peer that is not reading before it just closes.
 _CLOSE_TIMEOUT: Final = 1.0
+# With a send timeout, a frame goes out in pieces of this size, each of which must get through in time.
+_SEND_CHUNK: Final = 1 << 16
 # Openings already answered, for responders not given a cache of their own (one per process).
 _SHARED_REPLAY_CACHE: Final = ReplayCache()
 
@@ -59,15 +61,25 @@ class SecureStream(trio.abc.AsyncResource):
     Tasks may send and receive concurrently: each direction is serialized by a FIFO lock, since frames must
     hit the wire in the order they were sealed. For a graceful end call
     :meth:`send_eof`, read until :meth:`receive` returns ``None``, then :meth:`aclose`.
+
+    With a ``send_timeout`` (seconds), a send that makes no progress for that long (not one piece of
+    :data:`_SEND_CHUNK` bytes got through: the peer stopped reading) fails with
+    :class:`ConnectionClosedError` and leaves the stream unusable (:attr:`send_stalled`); a slow but moving
+    peer is not cut off, however long a large message takes.
     """
 
-    def __init__(self, stream: trio.abc.Stream, channel: SecureChannel) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, channel: SecureChannel, *, send_timeout: float | None = None
+    ) -> None:
         self._stream = stream
         self._channel = channel
         self._send_lock = trio.StrictFIFOLock()
         self._receive_lock = trio.StrictFIFOLock()
         self._send_broken = False
+        self._send_stalled = False
         self._closed = False
+        #: Seconds a send may go without progress before the peer is given up (None: forever).
+        self.send_timeout = send_timeout
 
     @property
     def remote_public_key(self) -> bytes:
@@ -88,6 +100,11 @@ class SecureStream(trio.abc.AsyncResource):
     def transport_stream(self) -> trio.abc.Stream:
         """The underlying byte stream."""
         return self._stream
+
+    @property
+    def send_stalled(self) -> bool:
+        """Whether a send failed because the peer took nothing for ``send_timeout`` seconds."""
+        return self._send_stalled
 
     async def send(self, message: bytes | bytearray | memoryview) -> None:
         """Send one message (at most ``max_message_size`` bytes)."""
@@ -153,8 +170,19 @@ class SecureStream(trio.abc.AsyncResource):
     async def _write(self, frame: bytes) -> None:
         # Any interruption may leave a partial frame on the wire, or a sealed frame unsent (which the peer
         # would see as a gap): either way the stream is done for.
+        timeout = self.send_timeout
         try:
-            await self._stream.send_all(frame)
+            if timeout is None:
+                await self._stream.send_all(frame)
+                return
+            for piece in _pieces(frame):
+                with trio.move_on_after(timeout) as waited:
+                    await self._stream.send_all(piece)
+                if waited.cancelled_caught:
+                    self._send_stalled = True
+                    raise ConnectionClosedError(
+                        f"peer stopped reading: nothing could be sent to it for {timeout:g} s"
+                    )
         except trio.ClosedResourceError as error:
             self._send_broken = True
             raise ConnectionClosedError("secure stream was closed locally") from error
@@ -164,6 +192,13 @@ class SecureStream(trio.abc.AsyncResource):
         except BaseException:
             self._send_broken = True
             raise
+
+
+def _pieces(frame: bytes) -> list[bytes] | list[memoryview]:
+    if len(frame) <= _SEND_CHUNK:
+        return [frame]
+    view = memoryview(frame)
+    return [view[start : start + _SEND_CHUNK] for start in range(0, len(view), _SEND_CHUNK)]
 
 
 async def _run_handshake(

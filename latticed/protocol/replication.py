@@ -29,6 +29,12 @@ What travels (each message a msgpack list whose first item is its type):
 
 Eager push with pruning on duplicates means a record crosses each link about once in steady state, while
 HAVE/WANT repairs the tree when an eager parent goes away.
+
+Memory per link is bounded whatever the peer does: DELTAs by ``window``; what waits to be sent by
+:meth:`ReplicationSession.accepts_input` (the host stops reading a peer while ``max_outbox_bytes`` of
+answers or ``max_events`` events wait, so a peer that sends PINGs and never reads the PONGs is throttled
+by its own socket, and the host drops it when a send makes no progress); HAVEs, which we originate, are
+coalesced to the latest summary per queue.
 """
 
 from __future__ import annotations
@@ -155,9 +161,16 @@ class ReplicationSession:
     depth: int = 4
     max_records: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
+    #: The host reads no more from the peer while this many bytes of messages wait to be sent...
+    max_outbox_bytes: int = 1 << 20
+    #: ... or this many events wait to be handled (see :meth:`accepts_input`).
+    max_events: int = 4096
     _local: dict[QueueKey, Summary] = field(default_factory=dict)
     _links: dict[QueueKey, _Link] = field(default_factory=dict)
     _outbox: list[bytes] = field(default_factory=list)
+    _outbox_bytes: int = 0
+    #: HAVEs not sent yet, latest summary per queue: a stalled link does not pile up one per change.
+    _haves: dict[QueueKey, Summary] = field(default_factory=dict)
     _events: deque[Event] = field(default_factory=deque)
     _seq: int = 0
     _inflight_total: int = 0
@@ -233,8 +246,8 @@ class ReplicationSession:
             self._schedule(key)
         elif is_ahead(summary, link.peer) and self._announced.get(key) != summary:
             # Once per summary: a relay reports a push both when it serves it ahead of its commit and
-            # when the commit is done, with the same summary.
-            self._send([HAVE, key[0], key[1], key[2], summary_to_wire(summary)])
+            # when the commit is done, with the same summary. Only the latest waiting one goes out.
+            self._haves[key] = summary
             self._announced[key] = summary
 
     def provide_delta(self, key: QueueKey, delta: QueueDelta | None) -> None:
@@ -428,10 +441,28 @@ class ReplicationSession:
 
     def has_work(self) -> bool:
         """Whether events or messages are waiting (the host's driver sleeps only when this is False)."""
-        return bool(self._events or self._outbox)
+        return bool(self._events or self._outbox or self._haves)
+
+    def accepts_input(self) -> bool:
+        """Whether the host should read the peer's next message now.
+
+        False while ``max_outbox_bytes`` of messages wait to be sent or ``max_events`` events to be
+        handled: the host then waits for its driver to catch up (:meth:`messages_to_send`,
+        :meth:`next_event`) before reading on. Everything the peer can make us queue comes from its
+        messages, so this bounds it; a peer that does not read what we send stops being read too."""
+        return self._outbox_bytes < self.max_outbox_bytes and len(self._events) < self.max_events
+
+    @property
+    def outbox_bytes(self) -> int:
+        """Bytes of messages waiting for :meth:`messages_to_send` (HAVEs not counted: one per queue)."""
+        return self._outbox_bytes
 
     def messages_to_send(self) -> list[bytes]:
         out, self._outbox = self._outbox, []
+        self._outbox_bytes = 0
+        if self._haves:
+            haves, self._haves = self._haves, {}
+            out.extend(pack([HAVE, k[0], k[1], k[2], summary_to_wire(s)]) for k, s in haves.items())
         return out
 
     def peer_summaries(self) -> dict[QueueKey, Summary]:
@@ -492,7 +523,9 @@ class ReplicationSession:
         return sent
 
     def _send(self, message: list[Any]) -> None:
-        self._outbox.append(pack(message))
+        packed = pack(message)
+        self._outbox.append(packed)
+        self._outbox_bytes += len(packed)
 
 
 def _implied_summary(delta: QueueDelta, known: Summary | None) -> Summary:
