@@ -134,7 +134,7 @@ class Replication:
         return _fmt(self.listen_address)
 
     def counters(self) -> dict[str, int]:
-        return {**self.gossip.counters, "connected": len(self.gossip.links)}
+        return {**self.gossip.stats(), "connected": len(self.gossip.links)}
 
     def peers(self) -> list[dict[str, Any]]:
         """Every known peer: identity, address, how found, connected, and lag per queue."""
