@@ -179,5 +179,13 @@ class FrameDecoder:
         return frames
 
     def _fail(self, error: LatticedError) -> NoReturn:
-        self._error = error
-        raise error
+        # No reference cycle through the error's traceback (which holds this decoder and the caller's
+        # frames, a large buffer among their locals): such a cycle lives until the garbage collector, which
+        # the daemon runs rarely, gets to it. So keep a copy without a traceback, and let go of ``error``.
+        self._error = type(error)(str(error))
+        self._buf = b""  # nothing more comes out of it
+        self._pos = 0
+        try:
+            raise error
+        finally:
+            del error

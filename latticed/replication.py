@@ -30,6 +30,7 @@ from latticed.errors import LatticedError, NotFoundError
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, PendingMerge
+from latticed.net.handshake import ReplayCache
 from latticed.net.peers import Backoff, PeerBook
 from latticed.net.transport import open_peer, secure_accept
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
@@ -126,13 +127,15 @@ class Replication:
     listen_address: HostPort | None = None
     wake_dialer: trio.Event = field(default_factory=trio.Event)
     allowed: frozenset[bytes] | None = None
+    #: Handshake openings answered recently: a recorded one replayed to us gets no answer.
+    replay_cache: ReplayCache = field(default_factory=ReplayCache)
 
     @property
     def listen(self) -> str | None:
         return _fmt(self.listen_address)
 
     def counters(self) -> dict[str, int]:
-        return {**self.gossip.counters, "connected": len(self.gossip.links)}
+        return {**self.gossip.stats(), "connected": len(self.gossip.links)}
 
     def peers(self) -> list[dict[str, Any]]:
         """Every known peer: identity, address, how found, connected, and lag per queue."""
@@ -307,6 +310,7 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
                 network_key=service.network_key,
                 allowed=service.allowed,
                 max_message_size=service.gossip.max_message_bytes,
+                replay_cache=service.replay_cache,
             )
         except LatticedError as exc:
             log_event(log, "peer.handshake_failed", level=logging.INFO, address=peer_address, error=str(exc))

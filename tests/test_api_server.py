@@ -9,6 +9,7 @@ import socket
 import struct
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -507,3 +508,45 @@ def test_fuzzed_frames_never_crash_the_server_or_touch_other_data(
     finally:
         raw.close()
     assert guarded_snapshot(daemon) == before
+
+
+# -------------------------------------------------------------- what a connection holds (issue 13, item 12)
+
+
+def test_an_oversized_request_is_refused_clearly_and_the_daemon_carries_on(daemon: InProcessDaemon) -> None:
+    raw = Raw(daemon.socket)
+    try:
+        raw.send(struct.pack(">I", 64 * MAX_FRAME) + b"x" * 1000)
+        reply = raw.reply()
+        assert reply is not None and reply["ok"] is False
+        message = reply["error"]["message"]
+        assert f"exceeds the limit of {MAX_FRAME} bytes" in message and "max_frame_bytes" in message
+        assert raw.reply() is None
+    finally:
+        raw.close()
+    with daemon.client() as c:
+        assert c.identity() and c.queue_info(GUARDED)
+
+
+def test_an_idle_connection_does_not_keep_its_last_large_request(daemon: InProcessDaemon) -> None:
+    """A client that sent a large request and then idles (here: with the first byte of the next one)
+    must not make the server hold that request for as long as it stays connected."""
+    body = b"\xc1" * (MAX_FRAME - 16)  # never valid msgpack: an error reply, then the next request
+    data = frame(body) + b"\x00"
+    raw = Raw(daemon.socket)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        raw.send(data)
+        reply = raw.reply()
+        assert reply is not None and reply["error"]["code"] == "malformed"
+
+        async def nothing() -> None:  # runs once the connection's task waits for its next request
+            pass
+
+        daemon.call(nothing)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        raw.close()
+    assert held < MAX_FRAME // 4, held

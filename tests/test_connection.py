@@ -9,7 +9,8 @@ import msgpack
 import pytest
 import trio
 
-from latticed.api.connection import Connection
+from latticed.api.connection import LARGE_FRAME_BYTES, Connection
+from latticed.errors import ConnectionClosedError
 from latticed.framing import FrameDecoder, encode_frame
 
 LIMIT = 1 << 24
@@ -75,3 +76,32 @@ async def test_several_replies_go_out_as_consecutive_frames_in_one_write() -> No
     while (frame := decoder.next_frame()) is not None:
         got.append(msgpack.unpackb(frame))
     assert got == replies
+
+
+async def test_large_frames_are_reported_and_remembered() -> None:
+    """The server gives memory back after large requests: a connection reports each one, and remembers
+    having held one even if it was cut off (issue 13, item 12)."""
+    a, b = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    reports: list[bool] = []
+    server = Connection(trio.SocketStream(a), LIMIT, on_large_frame=lambda: reports.append(True))
+    peer = trio.SocketStream(b)
+    small, large = b"s" * 100, b"L" * LARGE_FRAME_BYTES
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer.send_all, encode_frame(small, LIMIT) + encode_frame(large, LIMIT))
+        assert await server.receive_frame() == small
+        assert reports == [] and not server.held_large_frame
+        assert await server.receive_frame() == large
+    assert reports == [True] and server.held_large_frame
+    cut_a, cut_b = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    cut = Connection(trio.SocketStream(cut_a), LIMIT)
+    cut_peer = trio.SocketStream(cut_b)
+
+    async def send_part_and_hang_up() -> None:
+        await cut_peer.send_all(encode_frame(large, LIMIT)[: LARGE_FRAME_BYTES + 2])
+        await cut_peer.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_part_and_hang_up)
+        with pytest.raises(ConnectionClosedError):
+            await cut.receive_frame()
+    assert cut.held_large_frame

@@ -14,10 +14,13 @@ from pathlib import Path
 import msgpack
 import pytest
 import trio
+import trio.testing
 
 from latticed import daemon as daemon_module
+from latticed.api.server import MemoryGiveBack
 from latticed.config import DaemonConfig
 from latticed.daemon import GC_GEN0_THRESHOLD, run_daemon
+from latticed.malloc import SPIKE_BYTES, TRIM_THRESHOLD, give_back_after_spike
 
 
 def collector_while_running(tmp_path: Path, *, tune_gc: bool) -> dict[str, int]:
@@ -116,3 +119,68 @@ def test_large_freed_buffers_stay_in_the_heap() -> None:
 
     default, tuned = faults("default"), faults("tuned")
     assert tuned < 100 < 20 * 500 < default, (default, tuned)
+
+
+# ------------------------------------------------------ memory given back after a spike (issue 13, item 12)
+
+
+def test_give_back_only_what_a_spike_left_idle() -> None:
+    released: list[int] = []
+
+    def release(keep: int) -> bool:
+        released.append(keep)
+        return True
+
+    steady = TRIM_THRESHOLD + SPIKE_BYTES
+    assert not give_back_after_spike(free_bytes=lambda: steady, release=release)  # kept warm for reuse
+    assert not give_back_after_spike(free_bytes=lambda: None, release=release)  # not glibc: nothing to do
+    assert released == []
+    assert give_back_after_spike(free_bytes=lambda: steady + 1, release=release)
+    assert released == [TRIM_THRESHOLD]  # what is kept on purpose stays
+
+
+async def test_large_requests_are_followed_by_one_check_per_burst(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    checks: list[int] = []
+    give_back = MemoryGiveBack(lambda: checks.append(len(checks)) or True, delay=1.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(give_back.run)
+        await trio.sleep(5)
+        assert checks == []  # nothing large: never a check
+        for _ in range(5):  # a burst, from t=5.0 to 5.4
+            give_back.note()
+            await trio.sleep(0.1)
+        await trio.sleep(0.3)
+        assert checks == []  # one delay after the first note has not passed
+        await trio.sleep(1)
+        assert len(checks) == 1 and give_back.released == 1  # one check for the whole burst
+        await trio.sleep(5)
+        assert len(checks) == 1
+        give_back.note()
+        await trio.sleep(2)
+        assert len(checks) == 2
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_memory_a_spike_left_in_the_heap_is_given_back() -> None:
+    """With large buffers kept in the heap (as the daemon does), 160 MB freed between small survivors stays
+    resident; giving it back returns it to the kernel."""
+    script = (
+        "from latticed.malloc import give_back_after_spike, keep_large_buffers\n"
+        "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20\n"
+        "assert keep_large_buffers()\n"
+        "big, small = [], []\n"
+        "for i in range(40):\n"
+        "    big.append(b'x' * (4 << 20)); small.append(b'y' * 2000 + bytes([i]))\n"
+        "del big\n"
+        "retained = rss()\n"
+        "assert give_back_after_spike()\n"
+        "print(retained, rss())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    retained, after = map(int, out.stdout.split())
+    assert after < retained - 100, (retained, after)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -181,3 +182,41 @@ def test_accepts_bytearray_and_memoryview_chunks() -> None:
     assert decoder.feed(memoryview(data)[7:12]) == [b"first"]
     assert decoder.feed(memoryview(data)[12:]) == [b"second"]
     assert decoder.feed(memoryview(data)) == [b"first", b"second"]
+
+
+def test_a_large_frame_leaves_no_large_buffer_behind() -> None:
+    """An idle connection that once received a large frame (and the start of the next) holds only what it
+    still needs, not the large frame's room (issue 13, item 12: CPython reallocates a bytearray whose
+    front is deleted once less than half of it remains, which the lazy compaction relies on)."""
+    decoder = FrameDecoder(8 << 20)
+    big = encode_frame(b"x" * (4 << 20), 8 << 20)
+    tail = b"\x00\x00"  # the first half of the next frame's header
+    data = big + tail
+    for i in range(0, len(data), 1 << 16):  # as reads deliver it
+        decoder.receive_data(data[i : i + (1 << 16)])
+    assert sys.getsizeof(decoder._buf) > 4 << 20
+    assert decoder.next_frame() == b"x" * (4 << 20)
+    assert decoder.next_frame() is None and decoder.buffered == len(tail)
+    assert sys.getsizeof(decoder._buf) < 1024
+    decoder.receive_data(b"\x00\x02ok")
+    assert decoder.next_frame() == b"ok"
+
+
+def test_a_failed_decoder_lets_go_of_its_buffer_at_once() -> None:
+    """A stream cut inside a large frame: the buffer goes with the failure, and the error leaves no
+    reference cycle through its traceback (which would keep the decoder, and the buffer in its callers'
+    frames, until the garbage collector runs; the daemon runs it rarely)."""
+    decoder = FrameDecoder(8 << 20)
+    decoder.receive_data(frame_header(4 << 20, 8 << 20) + b"x" * (1 << 20))
+    decoder.receive_data(b"")
+    references = sys.getrefcount(decoder)
+    try:
+        decoder.next_frame()
+    except ConnectionClosedError:
+        pass
+    else:  # pragma: no cover - would be a bug
+        pytest.fail("a cut frame must raise")
+    assert sys.getrefcount(decoder) == references  # nothing holds it from a traceback
+    assert decoder.buffered == 0 and sys.getsizeof(decoder._buf) < 1024
+    with pytest.raises(ConnectionClosedError, match="already failed"):
+        decoder.next_frame()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 
+import pytest
 import trio
 import trio.testing
 
@@ -12,10 +14,12 @@ from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.net.gossip import OWN_CATCH_UP_S, Gossip, PeerLink
+from latticed.crdt.wire import pack, summary_to_wire, unpack
+from latticed.errors import LatticedError
+from latticed.net.gossip import MEMORY_TTL_S, OWN_CATCH_UP_S, Gossip, PeerLink
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY
-from latticed.protocol.replication import QueueKey
+from latticed.protocol.replication import DIGEST, HELLO, PING, PONG, PROTOCOL_VERSION, QueueKey
 
 ALICE = Identity.from_seed(b"a" * 32)
 
@@ -190,3 +194,122 @@ async def test_a_peer_that_claims_records_it_never_sends_stops_fencing_after_a_w
     assert gossip.behind_reason(key, held_end=7) is None  # nothing for too long: ignored from now on
     await trio.sleep(1)
     assert gossip.behind_reason(key, held_end=7) is None
+
+
+# ---------------------------------------------------------------- a peer that never reads (issue 13, item 9)
+
+
+async def test_a_peer_that_never_reads_is_throttled_then_dropped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A key holder sends PINGs and never reads the PONGs: what waits for it stays under the bound (the
+    daemon stops reading it), and the link is dropped once a send makes no progress for the timeout,
+    although the peer keeps sending."""
+    identity, _, daemon = make(b"1" * 32)
+    daemon.max_outbox_bytes = 4096
+    daemon.send_timeout = 7.0
+    attacker = Identity.from_seed(b"9" * 32)
+    ours, theirs = trio.testing.lockstep_stream_pair()  # a send waits until the other side reads
+    burst = 5000
+    sent = 0
+    flooding = trio.Event()
+
+    async def flood() -> None:
+        nonlocal sent
+        stream = await secure_connect(theirs, seed=attacker.seed, network_key=DEFAULT_NETWORK_KEY)
+        with contextlib.suppress(LatticedError):
+            await stream.send(pack([HELLO, PROTOCOL_VERSION, None]))
+            flooding.set()
+            for nonce in range(burst):
+                await stream.send(pack([PING, nonce]))
+                sent += 1
+            while True:  # then one message a second: enough to look alive
+                await trio.sleep(1)
+                await stream.send(pack([PING, 0]))
+
+    async def serve() -> None:
+        stream = await secure_accept(ours, seed=identity.seed, network_key=DEFAULT_NETWORK_KEY)
+        await daemon.run_peer(stream, "mem", "incoming")
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(flood)
+        nursery.start_soon(serve)
+        await flooding.wait()
+        await trio.testing.wait_all_tasks_blocked()  # the flood has gone as far as it can
+        link = daemon.links[attacker.public_key]
+        assert link.session.outbox_bytes <= daemon.max_outbox_bytes + 8  # the bound, plus one PONG
+        assert sent < burst  # the daemon stopped reading it
+        with trio.fail_after(60):
+            while daemon.links:
+                await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    assert trio.current_time() - start == pytest.approx(daemon.send_timeout, abs=1)
+    assert daemon.counters["stalled_peers"] == 1
+    assert daemon.counters["protocol_errors"] == 0
+
+
+# -------------------------------------------------------------- digests of made-up queues (issue 13, item 10)
+
+
+async def _visit(daemon: tuple[Identity, MemoryHost, Gossip], seed: bytes, made_up: int) -> dict[str, int]:
+    """A key holder connects, names ``made_up`` queues that do not exist, waits until the daemon has taken
+    them in (its PONG comes after), and leaves; returns the daemon's stats while it was connected."""
+    identity, _, gossip = daemon
+    left, right = trio.testing.memory_stream_pair()
+    gone = trio.Event()
+    gossip.on_peer_change = lambda: None if gossip.links else gone.set()
+    while_connected: dict[str, int] = {}
+
+    async def peer() -> None:
+        stream = await secure_connect(left, seed=seed, network_key=DEFAULT_NETWORK_KEY)
+        entries = [
+            [seed, f"fake{i}", 0, summary_to_wire(Summary(version=1, held_end=1))] for i in range(made_up)
+        ]
+        await stream.send(pack([HELLO, PROTOCOL_VERSION, None, seed[:16]]))
+        await stream.send(pack([DIGEST, entries]))
+        await stream.send(pack([PING, 42]))
+        while (message := await stream.receive()) is not None and unpack(message) != [PONG, 42]:
+            pass
+        while_connected.update(gossip.stats())
+        await stream.aclose()
+
+    async def serve() -> None:
+        stream = await secure_accept(right, seed=identity.seed, network_key=DEFAULT_NETWORK_KEY)
+        await gossip.run_peer(stream, "mem", "incoming")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer)
+        nursery.start_soon(serve)
+        with trio.fail_after(10):
+            await gone.wait()
+    return while_connected
+
+
+async def test_made_up_queues_are_bounded_and_forgotten_when_the_peer_leaves() -> None:
+    daemon = make(b"1" * 32)
+    gossip = daemon[2]
+    gossip.max_peer_keys = 1000
+    gossip.max_memories = 2
+    daemon[1].write(3)  # one queue of our own, which memories may keep
+    seen = await _visit(daemon, b"m" * 32, made_up=5000)
+    assert seen["peer_keys"] == 1000 and seen["peer_keys_refused"] == 4000
+    after = gossip.stats()
+    assert after["peer_keys"] == 0  # forgotten on disconnect
+    (remembered,) = (memory for _, memory in gossip.memories.values())
+    assert set(remembered.held) <= {(ALICE.public_key, "q", 0)}  # nothing made up is kept
+    for n in range(4):  # fresh identities do not stack up
+        await _visit(daemon, bytes([n]) * 32, made_up=2000)
+    stats = gossip.stats()
+    assert stats["peer_keys"] == 0 and stats["peer_memories"] == 2
+    assert stats["peer_memory_entries"] <= 2 * 2  # two memories of at most our one queue, twice
+
+
+async def test_memories_are_forgotten_by_age(autojump_clock: trio.testing.MockClock) -> None:
+    daemon = make(b"1" * 32)
+    daemon[1].write(1)
+    await _visit(daemon, b"m" * 32, made_up=0)
+    assert daemon[2].stats()["peer_memories"] == 1
+    await trio.sleep(MEMORY_TTL_S + 1)
+    await _visit(daemon, b"n" * 32, made_up=0)  # the next connection ages the old one out
+    assert set(daemon[2].memories) == {Identity.from_seed(b"n" * 32).public_key}

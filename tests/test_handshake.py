@@ -22,6 +22,7 @@ from nacl.signing import SigningKey
 
 from latticed.errors import HandshakeError, LatticedError, LocalProtocolError, MalformedError
 from latticed.net.handshake import (
+    FRESHNESS_WINDOW_MS,
     MSG1_SIZE,
     MSG2_SIZE,
     MSG3_SIZE,
@@ -30,6 +31,7 @@ from latticed.net.handshake import (
     HandshakeResult,
     HandshakeState,
     Initiator,
+    ReplayCache,
     Responder,
     Role,
     ephemeral_public_key,
@@ -49,6 +51,7 @@ SEED_C = b"\x55" * 32
 PK_A = public_key_from_seed(SEED_A)
 PK_B = public_key_from_seed(SEED_B)
 PK_C = public_key_from_seed(SEED_C)
+NOW = 1_700_000_000_000  # Unix ms, the handshakes' clock
 
 
 def b2(key: bytes, person: bytes, data: bytes, size: int = 32) -> bytes:
@@ -56,8 +59,8 @@ def b2(key: bytes, person: bytes, data: bytes, size: int = 32) -> bytes:
 
 
 def make_pair(**overrides: Any) -> tuple[Initiator, Responder]:
-    i_kw: dict[str, Any] = {"seed": SEED_A, "network_key": K}
-    r_kw: dict[str, Any] = {"seed": SEED_B, "network_key": K}
+    i_kw: dict[str, Any] = {"seed": SEED_A, "network_key": K, "now_ms": NOW}
+    r_kw: dict[str, Any] = {"seed": SEED_B, "network_key": K, "now_ms": NOW}
     for name, value in overrides.items():
         side, _, arg = name.partition("_")
         (i_kw if side == "i" else r_kw)[arg] = value
@@ -144,19 +147,21 @@ def test_allow_list_set_and_callable_accept() -> None:
 
 
 def test_public_key_checked_against_seed() -> None:
-    Initiator(seed=SEED_A, public_key=PK_A, network_key=K)
+    Initiator(seed=SEED_A, public_key=PK_A, network_key=K, now_ms=NOW)
     with pytest.raises(MalformedError, match="does not belong"):
-        Initiator(seed=SEED_A, public_key=PK_B, network_key=K)
+        Initiator(seed=SEED_A, public_key=PK_B, network_key=K, now_ms=NOW)
 
 
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"seed": b"short", "network_key": K},
-        {"seed": SEED_A, "network_key": K[:31]},
-        {"seed": SEED_A, "network_key": K, "ephemeral_secret": b"x"},
-        {"seed": SEED_A, "network_key": K, "allowed": {b"not a key"}},
-        {"seed": "11" * 32, "network_key": K},
+        {"seed": b"short", "network_key": K, "now_ms": NOW},
+        {"seed": SEED_A, "network_key": K[:31], "now_ms": NOW},
+        {"seed": SEED_A, "network_key": K, "ephemeral_secret": b"x", "now_ms": NOW},
+        {"seed": SEED_A, "network_key": K, "allowed": {b"not a key"}, "now_ms": NOW},
+        {"seed": "11" * 32, "network_key": K, "now_ms": NOW},
+        {"seed": SEED_A, "network_key": K, "now_ms": -1},
+        {"seed": SEED_A, "network_key": K, "now_ms": 1.5},
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any]) -> None:
@@ -195,10 +200,10 @@ def test_wrong_network_key_responder_says_nothing() -> None:
 def test_wrong_network_key_initiator_rejects_msg2() -> None:
     # A responder with another key that answered anyway (a probe, or a buggy peer): the initiator stops
     # before revealing its identity in msg3.
-    initiator = Initiator(seed=SEED_A, network_key=K)
+    initiator = Initiator(seed=SEED_A, network_key=K, now_ms=NOW)
     msg1 = initiator.initiate()
     b_pub, _ = sodium.crypto_kx_keypair()
-    msg2 = b_pub + b2(OTHER_K, b"latticed/v1/mac2", msg1[:32] + b_pub)
+    msg2 = b_pub + b2(OTHER_K, b"latticed/v2/mac2", msg1[:40] + b_pub)
     with pytest.raises(HandshakeError, match="msg2"):
         initiator.receive_data(msg2)
     assert initiator.state is HandshakeState.FAILED
@@ -254,16 +259,99 @@ def test_every_flipped_bit_of_every_message_is_caught(which: int) -> None:
 def test_replayed_handshake_fails_at_msg3() -> None:
     initiator, responder = make_pair()
     recorded = run(initiator, responder)
-    fresh = Responder(seed=SEED_B, network_key=K)
-    fresh.receive_data(recorded[0])  # msg1 replays fine: it proves nothing but knowledge of K
+    # A responder that does not remember the opening (no cache: a restarted daemon, within the window)
+    # answers msg1, but the replay goes no further: msg3 is bound to the responder's new ephemeral key.
+    fresh = Responder(seed=SEED_B, network_key=K, now_ms=NOW)
+    fresh.receive_data(recorded[0])
     with pytest.raises(HandshakeError, match="msg3"):
         fresh.receive_data(recorded[2])
+
+
+def test_replayed_opening_draws_no_answer() -> None:
+    """An eavesdropper replaying a recorded msg1 to the daemon it was sent to learns nothing: not even that
+    the daemon shares the initiator's network key (issue 13, item 11)."""
+    cache = ReplayCache()
+    initiator, responder = make_pair(r_replay_cache=cache)
+    msg1 = initiator.initiate()
+    assert len(responder.receive_data(msg1)) == MSG2_SIZE  # the genuine opening is answered
+    for later in (NOW, NOW + 1, NOW + FRESHNESS_WINDOW_MS):
+        replayed = Responder(seed=SEED_B, network_key=K, now_ms=later, replay_cache=cache)
+        with pytest.raises(HandshakeError, match="seen before"):
+            replayed.receive_data(msg1)
+        assert replayed.state is HandshakeState.FAILED
+    # Long after, the window refuses it, although the cache has forgotten it by then.
+    much_later = NOW + 10 * FRESHNESS_WINDOW_MS
+    late = Responder(seed=SEED_B, network_key=K, now_ms=much_later, replay_cache=cache)
+    with pytest.raises(HandshakeError, match="not fresh"):
+        late.receive_data(msg1)
+    assert cache.admit(b"x" * 32, much_later, much_later) and len(cache) == 1
+
+
+@pytest.mark.parametrize("skew", [FRESHNESS_WINDOW_MS + 1, -FRESHNESS_WINDOW_MS - 1])
+def test_stale_or_future_opening_draws_no_answer(skew: int) -> None:
+    initiator = Initiator(seed=SEED_A, network_key=K, now_ms=NOW + skew)
+    responder = Responder(seed=SEED_B, network_key=K, now_ms=NOW, replay_cache=ReplayCache())
+    with pytest.raises(HandshakeError, match="not fresh"):
+        responder.receive_data(initiator.initiate())
+    assert responder.state is HandshakeState.FAILED
+
+
+@pytest.mark.parametrize("skew", [FRESHNESS_WINDOW_MS, -FRESHNESS_WINDOW_MS, 0])
+def test_clocks_within_the_window_complete(skew: int) -> None:
+    initiator, responder = make_pair(i_now_ms=NOW + skew, r_replay_cache=ReplayCache())
+    run(initiator, responder)
+    assert initiator.done and responder.done
+
+
+def test_msg2_is_bound_to_the_opening_time() -> None:
+    """A key holder in the middle cannot re-date msg1 and pass the answer to the original initiator."""
+    initiator = Initiator(seed=SEED_A, network_key=K, now_ms=NOW)
+    msg1 = initiator.initiate()
+    redated = msg1[:32] + (NOW + 1).to_bytes(8, "big")
+    responder = Responder(seed=SEED_B, network_key=K, now_ms=NOW)
+    msg2 = responder.receive_data(redated + b2(K, b"latticed/v2/mac1", redated, 24))
+    with pytest.raises(HandshakeError, match="msg2"):
+        initiator.receive_data(msg2)
+
+
+def test_a_version_1_opening_is_recognised_and_not_answered() -> None:
+    a_pub = ephemeral_public_key(b"\x33" * 32)
+    v1_msg1 = a_pub + b2(K, b"latticed/v1/mac1", a_pub)
+    responder = Responder(seed=SEED_B, network_key=K, now_ms=NOW, replay_cache=ReplayCache())
+    with pytest.raises(HandshakeError, match=r"version 1 .* must be upgraded"):
+        responder.receive_data(v1_msg1)
+    # Under another network key it is just noise.
+    stranger = Responder(seed=SEED_B, network_key=OTHER_K, now_ms=NOW)
+    with pytest.raises(HandshakeError, match="another network key"):
+        stranger.receive_data(v1_msg1)
+
+
+def test_replay_cache_is_bounded_and_never_answers_a_replay() -> None:
+    cache = ReplayCache(capacity=4)
+    openings = [(bytes([i]) * 32, NOW + i) for i in range(10)]
+    admitted = [cache.admit(key, at, NOW + 9) for key, at in openings]
+    assert all(admitted) and len(cache) == 4
+    assert cache.floor_ms == NOW + 5  # the six oldest left; their times are refused from now on
+    assert not any(cache.admit(key, at, NOW + 9) for key, at in openings)
+    assert not cache.admit(b"n" * 32, NOW + 5, NOW + 9)  # a new opening no newer than the floor
+    assert not cache.admit(b"n" * 32, NOW + 6, NOW + 9)  # older than all it remembers, cache full
+    assert cache.admit(b"n" * 32, NOW + 10, NOW + 9) and len(cache) == 4
+
+
+def test_replay_cache_survives_a_clock_jumping_back() -> None:
+    cache = ReplayCache(window_ms=1000)
+    assert cache.admit(b"a" * 32, NOW, NOW)
+    assert cache.admit(b"b" * 32, NOW + 5000, NOW + 5000)  # the clock moved on: "a" is forgotten...
+    assert len(cache) == 1
+    assert not cache.admit(b"a" * 32, NOW, NOW)  # ...but its replay is refused after a jump back
+    with pytest.raises(MalformedError):
+        ReplayCache(capacity=0)
 
 
 def test_replayed_msg2_from_another_session_is_caught() -> None:
     old_i, old_r = make_pair()
     old = run(old_i, old_r)
-    initiator = Initiator(seed=SEED_A, network_key=K)
+    initiator = Initiator(seed=SEED_A, network_key=K, now_ms=NOW)
     initiator.initiate()
     with pytest.raises(HandshakeError, match="msg2"):
         initiator.receive_data(old[1])
@@ -271,10 +359,10 @@ def test_replayed_msg2_from_another_session_is_caught() -> None:
 
 def test_signature_is_bound_to_role_and_session() -> None:
     """A man in the middle holding K but not B's key cannot splice two sessions together."""
-    initiator = Initiator(seed=SEED_A, network_key=K)
-    mitm_to_a = Responder(seed=SEED_C, network_key=K)
-    mitm_to_b = Initiator(seed=SEED_C, network_key=K)
-    responder = Responder(seed=SEED_B, network_key=K)
+    initiator = Initiator(seed=SEED_A, network_key=K, now_ms=NOW)
+    mitm_to_a = Responder(seed=SEED_C, network_key=K, now_ms=NOW)
+    mitm_to_b = Initiator(seed=SEED_C, network_key=K, now_ms=NOW)
+    responder = Responder(seed=SEED_B, network_key=K, now_ms=NOW)
     msg3_from_a = initiator.receive_data(mitm_to_a.receive_data(initiator.initiate()))
     mitm_to_b.receive_data(responder.receive_data(mitm_to_b.initiate()))
     with pytest.raises(HandshakeError):
@@ -283,9 +371,9 @@ def test_signature_is_bound_to_role_and_session() -> None:
 
 def test_low_order_ephemeral_is_rejected() -> None:
     initiator, _ = make_pair()
-    a_pub = initiator.initiate()[:32]
+    opening = initiator.initiate()[:40]
     zero = bytes(32)
-    msg2 = zero + b2(K, b"latticed/v1/mac2", a_pub + zero)
+    msg2 = zero + b2(K, b"latticed/v2/mac2", opening + zero)
     with pytest.raises(HandshakeError, match="low-order"):
         initiator.receive_data(msg2)
 
@@ -294,16 +382,17 @@ def test_identity_with_forged_signature_is_rejected() -> None:
     """A K holder claiming someone else's identity (valid msg3 encryption, bad signature)."""
     a_sec = b"\x33" * 32
     a_pub = ephemeral_public_key(a_sec)
-    responder = Responder(seed=SEED_B, network_key=K)
-    msg2 = responder.receive_data(a_pub + b2(K, b"latticed/v1/mac1", a_pub))
+    responder = Responder(seed=SEED_B, network_key=K, now_ms=NOW)
+    opening = a_pub + NOW.to_bytes(8, "big")
+    msg2 = responder.receive_data(opening + b2(K, b"latticed/v2/mac1", opening, 24))
     b_pub = msg2[:32]
     kx = hashlib.blake2b(sodium.crypto_scalarmult(a_sec, b_pub) + a_pub + b_pub, digest_size=64).digest()
-    ck = b2(K, b"latticed/v1/ckey", kx)
+    ck = b2(K, b"latticed/v2/ckey", kx)
     # A real signature by C, but over the wrong bytes (no context label): must not verify.
-    bad_sig = SigningKey(SEED_C).sign(b2(ck, b"latticed/v1/sigi", PK_C)).signature
+    bad_sig = SigningKey(SEED_C).sign(b2(ck, b"latticed/v2/sigi", PK_C)).signature
     plain = PK_C + bad_sig
     forged = sodium.crypto_aead_xchacha20poly1305_ietf_encrypt(
-        plain, b"", bytes(24), b2(ck, b"latticed/v1/key3", b"")
+        plain, b"", bytes(24), b2(ck, b"latticed/v2/key3", b"")
     )
     with pytest.raises(HandshakeError, match="signature"):
         responder.receive_data(forged)
@@ -315,7 +404,7 @@ def test_identity_with_forged_signature_is_rejected() -> None:
 @settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=400), st.integers(min_value=1, max_value=64))
 def test_responder_fuzz_only_raises_handshake_errors(data: bytes, chunk: int) -> None:
-    responder = Responder(seed=SEED_B, network_key=K)
+    responder = Responder(seed=SEED_B, network_key=K, now_ms=NOW)
     try:
         for i in range(0, len(data), chunk):
             responder.receive_data(data[i : i + chunk])
@@ -344,14 +433,17 @@ def test_initiator_fuzz_only_raises_handshake_errors(data: bytes, valid_msg2: bo
 def compute_vectors(inputs: dict[str, str]) -> dict[str, str]:
     """Everything derived from the fixed inputs, as hex."""
     h = {name: bytes.fromhex(value) for name, value in inputs.items() if not name.startswith("message_")}
+    now_ms = int.from_bytes(h["time"], "big")
     initiator = Initiator(
         seed=h["initiator_seed"],
         network_key=h["network_key"],
+        now_ms=now_ms,
         ephemeral_secret=h["initiator_ephemeral_secret"],
     )
     responder = Responder(
         seed=h["responder_seed"],
         network_key=h["network_key"],
+        now_ms=now_ms,
         ephemeral_secret=h["responder_ephemeral_secret"],
     )
     msg1, msg2, msg3, msg4 = run(initiator, responder)
@@ -377,7 +469,7 @@ def compute_vectors(inputs: dict[str, str]) -> dict[str, str]:
         "msg2": msg2.hex(),
         "shared_secret": q.hex(),
         "kx": kx.hex(),
-        "chaining_key": b2(h["network_key"], b"latticed/v1/ckey", kx).hex(),
+        "chaining_key": b2(h["network_key"], b"latticed/v2/ckey", kx).hex(),
         "msg3": msg3.hex(),
         "msg4": msg4.hex(),
         "key_i2r": result.send_key.hex(),
@@ -419,31 +511,32 @@ def test_vector_derivations_by_hand() -> None:
     out = {k: bytes.fromhex(v) for k, v in vectors["outputs"].items()}
     net = inp["network_key"]
     a_pub, b_pub = out["initiator_ephemeral_public"], out["responder_ephemeral_public"]
-    assert out["msg1"] == a_pub + b2(net, b"latticed/v1/mac1", a_pub)
-    assert out["msg2"] == b_pub + b2(net, b"latticed/v1/mac2", a_pub + b_pub)
+    opening = a_pub + inp["time"]
+    assert out["msg1"] == opening + b2(net, b"latticed/v2/mac1", opening, 24)
+    assert out["msg2"] == b_pub + b2(net, b"latticed/v2/mac2", opening + b_pub)
     q = sodium.crypto_scalarmult(inp["responder_ephemeral_secret"], a_pub)  # the responder's view
     assert q == out["shared_secret"]
     kx = hashlib.blake2b(q + a_pub + b_pub, digest_size=64).digest()
-    ck = b2(net, b"latticed/v1/ckey", kx)
+    ck = b2(net, b"latticed/v2/ckey", kx)
     assert (kx, ck) == (out["kx"], out["chaining_key"])
     a_pk, b_pk = out["initiator_public_key"], out["responder_public_key"]
     plain3 = sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(
-        out["msg3"], b"", bytes(24), b2(ck, b"latticed/v1/key3", b"")
+        out["msg3"], b"", bytes(24), b2(ck, b"latticed/v2/key3", b"")
     )
     assert plain3[:32] == a_pk
-    signed3 = b"latticed handshake v1 initiator\n" + b2(ck, b"latticed/v1/sigi", a_pk)
+    signed3 = b"latticed handshake v2 initiator\n" + b2(ck, b"latticed/v2/sigi", a_pk)
     sodium.crypto_sign_open(plain3[32:] + signed3, a_pk)
     plain4 = sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(
-        out["msg4"], b"", bytes(24), b2(ck, b"latticed/v1/key4", b"")
+        out["msg4"], b"", bytes(24), b2(ck, b"latticed/v2/key4", b"")
     )
     assert plain4[:32] == b_pk
-    signed4 = b"latticed handshake v1 responder\n" + b2(ck, b"latticed/v1/sigr", a_pk + plain3[32:] + b_pk)
+    signed4 = b"latticed handshake v2 responder\n" + b2(ck, b"latticed/v2/sigr", a_pk + plain3[32:] + b_pk)
     sodium.crypto_sign_open(plain4[32:] + signed4, b_pk)
-    i2r = b2(ck, b"latticed/v1/ki2r", a_pk + b_pk, 64)
-    r2i = b2(ck, b"latticed/v1/kr2i", a_pk + b_pk, 64)
+    i2r = b2(ck, b"latticed/v2/ki2r", a_pk + b_pk, 64)
+    r2i = b2(ck, b"latticed/v2/kr2i", a_pk + b_pk, 64)
     assert (out["key_i2r"], out["header_i2r"]) == (i2r[:32], i2r[32:56])
     assert (out["key_r2i"], out["header_r2i"]) == (r2i[:32], r2i[32:56])
-    assert out["session_id"] == b2(ck, b"latticed/v1/sess", a_pk + b_pk)
+    assert out["session_id"] == b2(ck, b"latticed/v2/sess", a_pk + b_pk)
     # The first frame decrypts with a plain secretstream pull over the derived header.
     state = sodium.crypto_secretstream_xchacha20poly1305_state()
     sodium.crypto_secretstream_xchacha20poly1305_init_pull(state, out["header_i2r"], out["key_i2r"])
@@ -465,8 +558,8 @@ def test_kx_matches_libsodium_definition() -> None:
 
 
 def test_handshake_class_roles() -> None:
-    assert Initiator(seed=SEED_A, network_key=K).role is Role.INITIATOR
-    assert Handshake(Role.RESPONDER, seed=SEED_A, network_key=K).state is HandshakeState.WAIT_MSG1
+    assert Initiator(seed=SEED_A, network_key=K, now_ms=NOW).role is Role.INITIATOR
+    assert Handshake(Role.RESPONDER, seed=SEED_A, network_key=K, now_ms=NOW).state is HandshakeState.WAIT_MSG1
 
 
 if __name__ == "__main__":

@@ -13,8 +13,11 @@ from typing import Any
 
 import msgpack
 import pytest
+import trio
+import trio.testing
 from inprocess import InProcessDaemon, start_in_process
 
+from latticed.api import server as server_module
 from latticed.api.client import Client
 from latticed.api.producer import Producer
 from latticed.api.server import MAX_IN_FLIGHT
@@ -22,7 +25,7 @@ from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, NotOwnerError
 from latticed.framing import FrameDecoder
-from latticed.storage.jobs import Call
+from latticed.storage.jobs import Call, Job
 
 
 @pytest.fixture(scope="module")
@@ -306,3 +309,42 @@ def test_pipelined_offers_share_group_commits(client: Client, daemon: InProcessD
     assert all(r["ok"] for r in replies)
     # Sent together, started together: a handful of commits, not one per offer.
     assert client.status()["transactions"] - before <= 10
+
+
+async def test_pipelined_requests_in_flight_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client pipelining large batches: the next one is read only once the earlier ones fit the
+    connection's byte budget again (issue 13, item 12)."""
+    monkeypatch.setattr(server_module, "MAX_IN_FLIGHT_BYTES", 1000)
+    jobs: list[Job] = []
+
+    def begin(ctx: Any, request: dict[str, Any]) -> tuple[Job, Any]:
+        job = Job()
+        job.done = trio.Event()
+        jobs.append(job)
+        return job, lambda result: {}
+
+    class Replies:
+        def __init__(self) -> None:
+            self.sent: list[dict[str, Any]] = []
+
+        async def send_many(self, replies: list[dict[str, Any]]) -> None:
+            self.sent.extend(replies)
+
+    conn = Replies()
+    pipeline = server_module._Pipeline(None, conn)  # type: ignore[arg-type]
+    await pipeline.start(1, begin, {}, 400)
+    await pipeline.start(2, begin, {}, 400)
+    assert pipeline.in_flight == (2, 800)
+    third_started = trio.Event()
+
+    async def third() -> None:
+        await pipeline.start(3, begin, {}, 400)  # 1200 bytes in flight: waits for the first
+        third_started.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(third)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not third_started.is_set() and pipeline.in_flight == (3, 1200)
+        jobs[0].done.set()
+        await third_started.wait()
+    assert pipeline.in_flight == (2, 800) and [r["id"] for r in conn.sent] == [1]

@@ -13,17 +13,20 @@ from latticed.crdt import queue as core
 from latticed.crdt.queue import Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.crdt.wire import delta_to_wire, pack, unpack
+from latticed.crdt.wire import delta_to_wire, pack, summary_from_wire, summary_to_wire, unpack
 from latticed.errors import IntegrityError, LatticedError, RemoteProtocolError
 from latticed.protocol.replication import (
     DELTA,
     DIGEST,
     HAVE,
     HELLO,
+    PING,
     PROTOCOL_VERSION,
     DeltaReceived,
+    KeyBudget,
     NeedDelta,
     PeerMemory,
+    PeerSummary,
     ReplicationSession,
 )
 from latticed.protocol.sim import SimNetwork
@@ -377,3 +380,103 @@ def test_a_lazy_link_hears_each_summary_once() -> None:
     assert [unpack(m)[0] for m in a.messages_to_send()] == [HAVE]
     a.local_update(KEY, dataclasses.replace(summary, version=2, held_end=4))
     assert [unpack(m)[0] for m in a.messages_to_send()] == [HAVE]
+
+
+# ------------------------------------------------------------------ bounded queues (issue 13, items 9 and 10)
+
+
+def test_a_peer_whose_answers_pile_up_is_no_longer_read() -> None:
+    """PONGs for a peer that does not read them: past ``max_outbox_bytes`` the host is told to stop
+    reading it, and may go on once its driver took the messages."""
+    _, b = _started_pair()
+    b.max_outbox_bytes = 64
+    b.messages_to_send()
+    pings = 0
+    while b.accepts_input():
+        b.receive_message(pack([PING, pings]))
+        pings += 1
+    assert pings < 64 and 64 <= b.outbox_bytes <= 64 + 3
+    assert len(b.messages_to_send()) == pings
+    assert b.accepts_input() and b.outbox_bytes == 0
+
+
+def test_events_waiting_for_the_host_stop_reading_too() -> None:
+    _, b = _started_pair()
+    b.max_events = 10
+    while b.next_event() is not None:
+        pass
+    entries = [[ALICE.public_key, f"q{i}", 0, summary_to_wire(_summary(1))] for i in range(20)]
+    b.receive_message(pack([DIGEST, entries[:9]]))
+    assert b.accepts_input()
+    b.receive_message(pack([DIGEST, entries[9:]]))
+    assert not b.accepts_input()
+    while b.next_event() is not None:
+        pass
+    assert b.accepts_input()
+
+
+def test_haves_for_a_stalled_lazy_link_are_coalesced() -> None:
+    """While nothing is taken from a lazy link, a queue changing 250 times leaves one HAVE (the latest
+    summary), not 250."""
+    a, _ = _started_pair()
+    a.messages_to_send()
+    while a.next_event() is not None:
+        pass
+    a._link(KEY).eager = False
+    for end in range(1, 251):
+        a.local_update(KEY, _summary(end))
+    assert a.has_work()
+    (message,) = a.messages_to_send()
+    assert unpack(message)[0] == HAVE and summary_from_wire(unpack(message)[4]) == _summary(250)
+    assert not a.has_work()
+
+
+def _greeted(**kwargs: object) -> ReplicationSession:
+    """A session that holds KEY and got the HELLO of a peer with an incarnation."""
+    session = ReplicationSession(**kwargs)  # type: ignore[arg-type]
+    session.start({KEY: _summary(3)})
+    session.receive_message(pack([HELLO, PROTOCOL_VERSION, None, b"M" * 16]))
+    session.messages_to_send()
+    return session
+
+
+def _made_up(n: int, tag: str) -> list[list[object]]:
+    return [[MALLORY.public_key, f"{tag}{i}", 0, summary_to_wire(_summary(1))] for i in range(n)]
+
+
+def test_queues_a_peer_makes_up_are_bounded_per_peer_and_in_total_and_forgotten_when_it_leaves() -> None:
+    budget = KeyBudget(limit=150)
+    first = _greeted(max_peer_keys=100, key_budget=budget)
+    first.receive_message(pack([DIGEST, [*_made_up(1000, "fake"), [*KEY, summary_to_wire(_summary(2))]]]))
+    assert first.peer_keys == 100 and budget.used == 100
+    assert first.stats["peer_keys_refused"] == 900
+    assert first.peer_summary(KEY) == _summary(2)  # a queue we hold is always tracked
+    summaries = [e for e in iter(first.next_event, None) if isinstance(e, PeerSummary)]
+    assert len(summaries) == 101  # events only for what is tracked
+    second = _greeted(max_peer_keys=100, key_budget=budget)  # another identity: the total still holds
+    second.receive_message(pack([DIGEST, _made_up(1000, "other")]))
+    assert second.peer_keys == 50 and budget.used == 150 and budget.refused == 900 + 950
+    memory = first.memory()
+    assert memory is not None and set(memory.held) == {KEY}  # nothing made up outlives the link
+    first.release()
+    assert budget.used == 50 and first.peer_keys == 0
+    assert first.peer_summary((MALLORY.public_key, "fake0", 0)) is None
+    second.release()
+    assert budget.used == 0
+
+
+def test_a_queue_we_do_not_subscribe_to_is_not_remembered() -> None:
+    session = _greeted(subscription=("*/wanted",), key_budget=KeyBudget(limit=10))
+    session.receive_message(pack([DIGEST, _made_up(50, "x")]))
+    assert session.peer_keys == 0 and session.stats["peer_keys_refused"] == 0
+
+
+def test_a_queue_the_peer_sends_is_tracked_until_stored_then_ours() -> None:
+    budget = KeyBudget(limit=1)
+    session = _greeted(max_peer_keys=1, key_budget=budget)
+    session.receive_message(pack([DIGEST, _made_up(1, "fake")]))  # the budget is full
+    state = core.commit(core.empty_state(MALLORY.public_key, "real"), MALLORY, now_ms=1, records=records(2))
+    session.receive_message(pack([DELTA, 1, delta_to_wire(core.delta(state))]))
+    assert session.peer_keys == 2 and budget.used == 2  # tracked whatever the bound: the window limits it
+    session.delta_applied(1, state.summary(), True)
+    assert session.peer_keys == 1 and budget.used == 1  # stored: ours, no longer counted

@@ -12,11 +12,12 @@ from latticed.net.handshake import HandshakeResult, Initiator, Responder
 from latticed.net.secure import ABYTES, DEFAULT_MAX_MESSAGE_SIZE, SecureChannel
 
 K = bytes(range(32))
+NOW = 1_700_000_000_000
 
 
 def handshake() -> tuple[HandshakeResult, HandshakeResult]:
-    initiator = Initiator(seed=b"\x11" * 32, network_key=K)
-    responder = Responder(seed=b"\x22" * 32, network_key=K)
+    initiator = Initiator(seed=b"\x11" * 32, network_key=K, now_ms=NOW)
+    responder = Responder(seed=b"\x22" * 32, network_key=K, now_ms=NOW)
     initiator.receive_data(
         responder.receive_data(initiator.receive_data(responder.receive_data(initiator.initiate())))
     )

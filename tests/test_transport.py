@@ -22,7 +22,7 @@ from latticed.errors import (
     MalformedError,
     RemoteProtocolError,
 )
-from latticed.net.handshake import MSG2_SIZE, public_key_from_seed
+from latticed.net.handshake import MSG1_SIZE, MSG2_SIZE, ReplayCache, public_key_from_seed
 from latticed.net.transport import SecureStream, open_peer, secure_accept, secure_connect
 
 K = bytes(range(32))
@@ -309,6 +309,26 @@ async def test_garbage_instead_of_handshake() -> None:
 
 
 @trio_test
+async def test_a_recorded_opening_replayed_to_the_same_daemon_gets_no_answer() -> None:
+    """An eavesdropper records msg1 of a real connection and replays it: the responder writes nothing
+    and hangs up, so the replay does not reveal that it shares the initiator's network key."""
+    cache = ReplayCache()
+    client, server, client_tap, _ = await connect_pair(server_kw={"replay_cache": cache})
+    await client.aclose()
+    await server.aclose()
+    recorded_msg1 = client_tap.sent[0]
+    assert len(recorded_msg1) == MSG1_SIZE
+    left, right = trio.testing.memory_stream_pair()
+    tap = TapStream(right)
+    await left.send_all(recorded_msg1)
+    with pytest.raises(HandshakeError, match="seen before"):
+        await secure_accept(tap, seed=SEED_B, network_key=K, replay_cache=cache)
+    assert tap.sent == []
+    with pytest.raises(trio.BrokenResourceError):
+        await left.send_all(b"more")
+
+
+@trio_test
 async def test_short_garbage_then_hang_up() -> None:
     left, right = trio.testing.memory_stream_pair()
     await left.send_all(b"hi")
@@ -436,3 +456,44 @@ async def test_aclose_sends_final_frame() -> None:
     await client.aclose()  # idempotent
     assert await server.receive() == b"last words"
     assert await server.receive() is None
+
+
+def test_send_timeout_gives_up_on_a_stalled_peer_not_on_a_slow_one() -> None:
+    async def main() -> None:
+        left, right = trio.testing.lockstep_stream_pair()  # a send returns once the other side read it
+        streams: dict[str, SecureStream] = {}
+
+        async def side(
+            name: str, fn: Callable[..., Awaitable[SecureStream]], stream: Any, seed: bytes
+        ) -> None:
+            streams[name] = await fn(stream, seed=seed, network_key=K)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(side, "client", secure_connect, left, SEED_A)
+            nursery.start_soon(side, "server", secure_accept, right, SEED_B)
+        client, server = streams["client"], streams["server"]
+        client.send_timeout = 5.0
+        raw = server.transport_stream
+
+        async def slow_reader(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                while True:
+                    await trio.sleep(4)  # one piece every 4 s: slow, but within the 5 s timeout
+                    await raw.receive_some(1 << 16)
+
+        async with trio.open_nursery() as nursery:
+            reader = await nursery.start(slow_reader)
+            start = trio.current_time()
+            await client.send(b"x" * 300_000)  # five pieces, ~4 s each: slow, never stalled
+            assert trio.current_time() - start >= 16
+            reader.cancel()
+        start = trio.current_time()
+        with pytest.raises(ConnectionClosedError, match="stopped reading"):
+            await client.send(b"nobody reads this")
+        assert trio.current_time() - start == pytest.approx(5)
+        assert client.send_stalled
+        with pytest.raises(ConnectionClosedError, match="unusable"):
+            await client.send(b"more")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

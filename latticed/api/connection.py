@@ -11,6 +11,7 @@ that does not keep up makes ``send`` wait, as ``send_all`` would.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Final
 
 import trio
@@ -20,15 +21,27 @@ from latticed.errors import LatticedError, MalformedError
 from latticed.framing import FrameDecoder, encode_frame
 
 RECEIVE_SIZE: Final = 1 << 16
+#: A request frame this large is reported to ``on_large_frame`` (the server then gives memory back once
+#: such requests are over: latticed/malloc.py).
+LARGE_FRAME_BYTES: Final = 1 << 20
 
 
 class Connection:
     """Frames over a stream. ``receive_frame`` from one task at a time; ``send`` from one task at a time."""
 
-    def __init__(self, stream: trio.abc.Stream, max_frame_bytes: int) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        max_frame_bytes: int,
+        *,
+        on_large_frame: Callable[[], None] | None = None,
+    ) -> None:
         self.stream = stream
         self.max_frame_bytes = max_frame_bytes
         self.decoder = FrameDecoder(max_frame_bytes)
+        self.on_large_frame = on_large_frame
+        #: Whether a frame of LARGE_FRAME_BYTES or more was buffered here (complete or not).
+        self.held_large_frame = False
         self._pending: list[bytes] = []
         #: The socket's descriptor when ``stream`` is a trio SocketStream (else the stream's own methods).
         self._fd: int | None = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
@@ -41,7 +54,7 @@ class Connection:
         if self._pending:
             return self._pending.pop(0)
         decoder = self.decoder
-        frame = decoder.next_frame()
+        frame = self._next_frame()
         if frame is not None:
             # Pipelined requests come out of the buffer without a scheduler round each: at most one read's
             # worth (RECEIVE_SIZE) is taken this way before the next real wait, and yielding per frame
@@ -49,16 +62,25 @@ class Connection:
             return frame
         while not decoder.eof:
             decoder.receive_data(await self._receive_some())
-            frame = decoder.next_frame()
+            frame = self._next_frame()
             if frame is not None:
                 return frame
         return None
+
+    def _next_frame(self) -> bytes | None:
+        decoder = self.decoder
+        if decoder.buffered >= LARGE_FRAME_BYTES:
+            self.held_large_frame = True
+        frame = decoder.next_frame()
+        if frame is not None and len(frame) >= LARGE_FRAME_BYTES and self.on_large_frame is not None:
+            self.on_large_frame()
+        return frame
 
     def frame_ready(self) -> bool:
         """Whether a whole frame is already here (no I/O): :meth:`receive_frame` then returns at once."""
         if self._pending:
             return True
-        frame = self.decoder.next_frame()
+        frame = self._next_frame()
         if frame is None:
             return False
         self._pending.append(frame)
@@ -74,7 +96,7 @@ class Connection:
         stream (False). A task uses this to notice a client while the server streams to it."""
         decoder = self.decoder
         while True:
-            frame = decoder.next_frame()
+            frame = self._next_frame()
             if frame is not None:
                 self._pending.append(frame)
                 return True
@@ -131,4 +153,4 @@ class Connection:
                 await trio.lowlevel.wait_writable(fd)
 
 
-__all__ = ["Connection"]
+__all__ = ["LARGE_FRAME_BYTES", "Connection"]

@@ -3,12 +3,20 @@
 Bad input costs only its own connection: a frame that is not a request gets an error reply, an oversized
 frame or a cut stream closes that connection, and any unexpected exception is logged and closes that
 connection too. Nothing a client sends can raise out of a connection task into the daemon's nursery.
+
+Memory: one request is at most ``max_frame_bytes`` on the wire (a longer one is refused as soon as its
+length is read, before its body is buffered); one connection holds at most one frame being received plus
+:data:`MAX_IN_FLIGHT` pipelined requests of at most :data:`MAX_IN_FLIGHT_BYTES` together. A request's
+decoded form is larger than its frame (Python objects: up to tens of times for a frame of nothing but
+tiny containers), which is why the frame limit is the knob. Freed buffers stay in the C heap for reuse
+(latticed/malloc.py); after large requests :class:`MemoryGiveBack` hands back what a burst left idle.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,24 +36,71 @@ from latticed.errors import (
     RemoteProtocolError,
 )
 from latticed.logs import get_logger, log_event
+from latticed.malloc import give_back_after_spike
 from latticed.storage.jobs import Job
 
 log = get_logger(__name__)
 
-#: Pipelined requests one connection may have waiting for their commit (see :class:`_InOrderReplies`).
+#: Pipelined requests one connection may have waiting for their commit (see :class:`_Pipeline`)...
 MAX_IN_FLIGHT: Final = 64
+#: ... and their frames' bytes together: a client pipelining large batches has the next one read only
+#: once earlier ones are answered (its socket pushes back meanwhile).
+MAX_IN_FLIGHT_BYTES: Final = 32 << 20
+#: How long after a large request the heap is checked for memory to give back (one check per burst).
+GIVE_BACK_DELAY_S: Final = 1.0
 
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosedError)
 
 
-async def serve_api(ctx: Context, *, task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED) -> None:
+class MemoryGiveBack:
+    """Hands idle heap memory back to the system after large requests (latticed/malloc.py).
+
+    Connections :meth:`note` each large request (and a large frame cut off with its connection); a check
+    follows :data:`GIVE_BACK_DELAY_S` later, one for all the notes of a burst, and releases memory only
+    if much more than the amount kept on purpose lies free."""
+
+    def __init__(
+        self, release: Callable[[], bool] = give_back_after_spike, *, delay: float = GIVE_BACK_DELAY_S
+    ) -> None:
+        self._release = release
+        self._delay = delay
+        self._noted = trio.Event()
+        #: How many checks released memory.
+        self.released = 0
+
+    def note(self) -> None:
+        self._noted.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._noted.wait()
+            await trio.sleep(self._delay)  # let the burst end: the notes meanwhile share this check
+            self._noted = trio.Event()
+            # On the event loop: ~10 ms per 100 MB released, and only after a burst left that much idle.
+            if self._release():
+                self.released += 1
+                log_event(log, "api.memory_released")
+
+
+async def serve_api(
+    ctx: Context,
+    *,
+    give_back: MemoryGiveBack | None = None,
+    task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Listen on ``ctx.socket_path`` until cancelled; reports started once the socket accepts."""
+    give_back = MemoryGiveBack() if give_back is None else give_back
     sock, inode = await bind_unix_socket(ctx.socket_path)
     listener = trio.SocketListener(sock)
     try:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(give_back.run)
             await nursery.start(
-                functools.partial(trio.serve_listeners, functools.partial(handle_connection, ctx), [listener])
+                functools.partial(
+                    trio.serve_listeners,
+                    functools.partial(handle_connection, ctx, give_back=give_back),
+                    [listener],
+                )
             )
             log_event(log, "api.listening", socket=str(ctx.socket_path))
             task_status.started(ctx.socket_path)
@@ -55,9 +110,11 @@ async def serve_api(ctx: Context, *, task_status: trio.TaskStatus[Path] = trio.T
             await listener.aclose()
 
 
-async def handle_connection(ctx: Context, stream: trio.abc.Stream) -> None:
+async def handle_connection(
+    ctx: Context, stream: trio.abc.Stream, *, give_back: MemoryGiveBack | None = None
+) -> None:
     """Serve one client until it leaves or breaks the protocol; never raises (except Cancelled)."""
-    conn = Connection(stream, ctx.max_frame_bytes)
+    conn = Connection(stream, ctx.max_frame_bytes, on_large_frame=give_back.note if give_back else None)
     consumer = new_consumer_id(stream)
     CONSUMER.set(consumer)  # this connection's task (and its children) only
     try:
@@ -67,9 +124,10 @@ async def handle_connection(ctx: Context, stream: trio.abc.Stream) -> None:
     except RemoteProtocolError as exc:
         # Oversized frame or garbage length: say why (best effort), then hang up on this client only.
         log_event(log, "api.protocol_error", error=str(exc))
+        refusal = RemoteProtocolError(f"{exc} (the daemon's max_frame_bytes); closing the connection")
         with trio.move_on_after(1):
             try:
-                await conn.send(error_reply(None, exc))
+                await conn.send(error_reply(None, refusal))
             except (*_CLOSED, OSError):
                 pass
     except Exception as exc:
@@ -77,6 +135,8 @@ async def handle_connection(ctx: Context, stream: trio.abc.Stream) -> None:
     finally:
         if ctx.groups is not None:
             ctx.groups.connection_closed(consumer)
+        if give_back is not None and conn.held_large_frame:
+            give_back.note()  # a large frame cut off with the connection: its buffer is freed now
         await trio.aclose_forcefully(stream)
 
 
@@ -87,33 +147,43 @@ async def _serve(ctx: Context, conn: Connection) -> None:
         if frame is None:
             await pipeline.drain()
             return
-        request, reply = parse_request(frame)
-        if reply is None:
-            assert request is not None
-            begin = PIPELINED.get(request["op"])
-            if begin is not None:
-                await pipeline.start(request.get("id"), begin, request)
-                continue
-            # Anything else runs alone, after every earlier request of this connection has been answered:
-            # it sees their effects, and its own effects come before those of later requests.
-            await pipeline.drain()
-            streaming = STREAMS.get(request["op"])
-            if streaming is not None:
-                try:
-                    if not await streaming(ctx, conn, request):
-                        return
-                    continue
-                except LatticedError as exc:
-                    reply = error_reply(request.get("id"), exc)
-            else:
-                reply = await dispatch(ctx, request)
+        go_on = await _serve_one(ctx, conn, pipeline, frame)
+        # Not kept while waiting for the next request: an idle client must not hold its last large
+        # frame (or, through _serve_one's locals, its decoded request) for as long as it stays connected.
+        del frame
+        if not go_on:
+            return
+
+
+async def _serve_one(ctx: Context, conn: Connection, pipeline: _Pipeline, frame: bytes) -> bool:
+    """Handle one request; False when the connection is done (a stream ended it)."""
+    request, reply = parse_request(frame)
+    if reply is None:
+        assert request is not None
+        begin = PIPELINED.get(request["op"])
+        if begin is not None:
+            await pipeline.start(request.get("id"), begin, request, len(frame))
+            return True
+        # Anything else runs alone, after every earlier request of this connection has been answered:
+        # it sees their effects, and its own effects come before those of later requests.
+        await pipeline.drain()
+        streaming = STREAMS.get(request["op"])
+        if streaming is not None:
+            try:
+                return await streaming(ctx, conn, request)
+            except LatticedError as exc:
+                reply = error_reply(request.get("id"), exc)
         else:
-            await pipeline.drain()
-        await conn.send(reply)
+            reply = await dispatch(ctx, request)
+    else:
+        await pipeline.drain()
+    await conn.send(reply)
+    return True
 
 
-#: A pipelined request: its id, its started job (or why it could not start), and its reply builder.
-_Pending = tuple[Any, Job | LatticedError, Any]
+#: A pipelined request: its id, its started job (or why it could not start), its reply builder, and the
+#: size of its frame.
+_Pending = tuple[Any, Job | LatticedError, Any, int]
 
 
 class _Pipeline:
@@ -130,6 +200,7 @@ class _Pipeline:
         self._ctx = ctx
         self._conn = conn
         self._pending: collections.deque[_Pending] = collections.deque()
+        self._pending_bytes = 0
         self._waiting: trio.CancelScope | None = None
         #: Set once the client sent a request before the last was answered: from then on, wait for input
         #: and commits alike.
@@ -140,21 +211,31 @@ class _Pipeline:
         if self._waiting is not None:
             self._waiting.cancel()
 
-    async def start(self, rid: Any, begin: PipelinedHandler, request: dict[str, Any]) -> None:
+    @property
+    def in_flight(self) -> tuple[int, int]:
+        """Pipelined requests not answered yet, and their frames' bytes."""
+        return len(self._pending), self._pending_bytes
+
+    async def start(self, rid: Any, begin: PipelinedHandler, request: dict[str, Any], size: int) -> None:
+        """Start one pipelined request (``size``: its frame's length); waits for earlier ones while the
+        connection has :data:`MAX_IN_FLIGHT` requests or :data:`MAX_IN_FLIGHT_BYTES` in flight."""
         try:
             job, build = begin(self._ctx, request)
         except LatticedError as exc:
-            self._pending.append((rid, exc, None))
+            self._pending.append((rid, exc, None, size))
         except Exception as exc:
             log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
-            self._pending.append((rid, LatticedError(f"internal error: {type(exc).__name__}"), None))
+            self._pending.append((rid, LatticedError(f"internal error: {type(exc).__name__}"), None, size))
         else:
             job.notify = self._committed  # no checkpoint since it started: it cannot have finished yet
             job.origin = self
-            self._pending.append((rid, job, build))
+            self._pending.append((rid, job, build, size))
+        self._pending_bytes += size
         if len(self._pending) > 1:
             self._pipelining = True
-        if len(self._pending) >= MAX_IN_FLIGHT:
+        while self._pending and (
+            len(self._pending) >= MAX_IN_FLIGHT or self._pending_bytes >= MAX_IN_FLIGHT_BYTES
+        ):
             await self._answer_head()
 
     async def next_frame(self) -> bytes | None:
@@ -195,10 +276,11 @@ class _Pipeline:
         pending = self._pending
         replies = []
         while pending:
-            rid, job, build = pending[0]
+            rid, job, build, size = pending[0]
             if not isinstance(job, LatticedError) and not job.done.is_set():
                 break
             pending.popleft()
+            self._pending_bytes -= size
             replies.append(_reply(rid, job, build))
         if replies:
             await self._conn.send_many(replies)
@@ -256,4 +338,12 @@ async def dispatch(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-__all__ = ["MAX_IN_FLIGHT", "dispatch", "handle_connection", "parse_request", "serve_api"]
+__all__ = [
+    "MAX_IN_FLIGHT",
+    "MAX_IN_FLIGHT_BYTES",
+    "MemoryGiveBack",
+    "dispatch",
+    "handle_connection",
+    "parse_request",
+    "serve_api",
+]

@@ -4,6 +4,17 @@ the :class:`ReplicaHost` (the daemon's store), and owns the timeouts.
 
 Errors stop at the per-peer boundary: a protocol or integrity failure closes that one peer, is logged with
 its identity and counted; the daemon and every other peer carry on.
+
+Every per-link queue is bounded: received deltas by the session's window (the verify and ack channels
+hold at most that many), what waits to be sent by the session (the reader stops reading a peer while its
+answers pile up, see :meth:`ReplicationSession.accepts_input`), and a peer that stops reading altogether
+is dropped once a send makes no progress for :data:`SEND_TIMEOUT_S` (its messages alone would otherwise
+keep it "alive").
+
+What peers make us remember is bounded as well: per link and in total, queues a peer names that we do not
+hold (:class:`KeyBudget`, forgotten when the link ends), and between connections a :class:`PeerMemory` of
+our own queues for at most :data:`MAX_PEER_MEMORIES` peers, :data:`MAX_MEMORY_ENTRIES` queue entries and
+:data:`MEMORY_TTL_S` seconds. :meth:`Gossip.stats` counts both.
 """
 
 from __future__ import annotations
@@ -11,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +34,9 @@ from latticed.errors import ConnectionClosedError, IntegrityError, LatticedError
 from latticed.logs import get_logger, log_event
 from latticed.net.transport import SecureStream
 from latticed.protocol.replication import (
+    DEFAULT_MAX_PEER_KEYS,
     DeltaReceived,
+    KeyBudget,
     NeedDelta,
     PeerMemory,
     QueueKey,
@@ -36,6 +48,17 @@ log = get_logger(__name__)
 
 PING_INTERVAL_S = 5.0
 PEER_TIMEOUT_S = 20.0
+#: A peer that takes none of what we send for this long is dropped (see :class:`SecureStream`).
+SEND_TIMEOUT_S = PEER_TIMEOUT_S
+#: The reader stops reading a peer while this much of our answers to it waits to be sent.
+MAX_OUTBOX_BYTES = 1 << 20
+#: What we remember of peers between their connections (digests then carry only changes): at most this
+#: many peers, the most recent...
+MAX_PEER_MEMORIES = 256
+#: ... holding at most this many queue entries together (each lists at most twice the queues we hold)...
+MAX_MEMORY_ENTRIES = 1 << 17
+#: ... for at most this long: a peer away longer gets a full digest, as after a restart.
+MEMORY_TTL_S = 3600.0
 #: A received delta of at most this many records is stored after the previous one (see ``_verifier``).
 SERIAL_MERGE_RECORDS = 64
 #: Both ends ping every PING_INTERVAL_S, so a healthy link is never silent this long.
@@ -88,6 +111,8 @@ class PeerLink:
     via: str
     session: ReplicationSession
     wakeup: trio.Event = field(default_factory=trio.Event)
+    #: Set when the driver took what waited to be sent: a reader paused by backpressure may go on.
+    drained: trio.Event = field(default_factory=trio.Event)
     last_heard: float = 0.0
     connected_at: float = 0.0
 
@@ -105,16 +130,30 @@ class Gossip:
     window: int = 8
     max_records: int = 4096
     max_message_bytes: int = 1 << 20
+    max_outbox_bytes: int = MAX_OUTBOX_BYTES
+    send_timeout: float = SEND_TIMEOUT_S
     on_peer_change: Callable[[], None] | None = None
     links: dict[bytes, PeerLink] = field(default_factory=dict)
     counters: dict[str, int] = field(
-        default_factory=lambda: {"rejected_deltas": 0, "protocol_errors": 0, "deltas_in": 0, "deltas_out": 0}
+        default_factory=lambda: {
+            "rejected_deltas": 0,
+            "protocol_errors": 0,
+            "deltas_in": 0,
+            "deltas_out": 0,
+            "stalled_peers": 0,
+        }
     )
     _nonces: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     #: Random per run: a peer that sees it change knows we may have forgotten, or lost, anything.
     incarnation: bytes = field(default_factory=lambda: os.urandom(16))
-    #: What we remember of each peer from its last connection (digests then carry only changes).
-    memories: dict[bytes, PeerMemory] = field(default_factory=dict)
+    #: Queues we do not hold that all links together track for their peers (see :class:`KeyBudget`).
+    key_budget: KeyBudget = field(default_factory=KeyBudget)
+    max_peer_keys: int = DEFAULT_MAX_PEER_KEYS
+    #: What we remember of each peer from its last connection, and since when (trio time), oldest first.
+    memories: dict[bytes, tuple[float, PeerMemory]] = field(default_factory=dict)
+    max_memories: int = MAX_PEER_MEMORIES
+    max_memory_entries: int = MAX_MEMORY_ENTRIES
+    _memory_entries: int = 0
     #: (peer, our queue) -> when the peer was first seen holding more of it than we do, and our end then.
     #: Kept across reconnects, so a peer cannot restart its :data:`OWN_CATCH_UP_S` by dialling again.
     _claims: dict[tuple[bytes, QueueKey], tuple[float, int]] = field(default_factory=dict)
@@ -172,6 +211,18 @@ class Gossip:
     def is_connected(self, public_key: bytes) -> bool:
         return public_key in self.links
 
+    def stats(self) -> dict[str, int]:
+        """The counters, and what peers make us remember now: ``peer_keys`` (queues we do not hold,
+        tracked for connected peers), ``peer_keys_refused`` (not tracked: a bound was reached, since
+        start), ``peer_memories`` and ``peer_memory_entries`` (kept between connections)."""
+        return {
+            **self.counters,
+            "peer_keys": self.key_budget.used,
+            "peer_keys_refused": self.key_budget.refused,
+            "peer_memories": len(self.memories),
+            "peer_memory_entries": self._memory_entries,
+        }
+
     def peer_lag(self) -> dict[str, dict[str, int]]:
         """Per peer, per queue: how many records the peer is behind us (negative: ahead)."""
         local = self.host.summaries()
@@ -209,11 +260,15 @@ class Gossip:
                 return
             if stale:
                 log_event(log, "peer.replaced_stale", peer=peer_hex, address=address)
+        stream.send_timeout = self.send_timeout
         session = ReplicationSession(
             subscription=self.subscription,
             window=self.window,
             max_records=self.max_records,
             max_message_bytes=self.max_message_bytes,
+            max_outbox_bytes=self.max_outbox_bytes,
+            max_peer_keys=self.max_peer_keys,
+            key_budget=self.key_budget,
             incarnation=self.incarnation,
         )
         now = trio.current_time()
@@ -223,11 +278,12 @@ class Gossip:
             old.kick()
         self._changed()
         log_event(log, "peer.connected", peer=peer_hex, address=address, via=via)
-        session.start(self.host.summaries(), memory=self.memories.get(peer))
+        session.start(self.host.summaries(), memory=self._recall(peer))
         reason = "closed"
-        # The session admits at most ``window`` unacknowledged deltas, which bounds both channels.
-        to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](math.inf)
-        to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](math.inf)
+        # The session admits at most ``window`` unacknowledged deltas (a peer sending more breaks the
+        # protocol), and each is in one of these channels or in the hands of the task between them.
+        to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](self.window)
+        to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](self.window)
         try:
             try:
                 async with trio.open_nursery() as nursery:
@@ -248,6 +304,9 @@ class Gossip:
             log_event(log, "peer.protocol_error", level=logging.WARNING, peer=peer_hex, reason=str(exc))
         except ConnectionClosedError as exc:
             reason = str(exc)
+            if stream.send_stalled:
+                self.counters["stalled_peers"] += 1
+                log_event(log, "peer.stalled", level=logging.WARNING, peer=peer_hex, reason=reason)
         except LatticedError as exc:
             reason = f"{type(exc).__name__}: {exc}"
             log_event(log, "peer.error", level=logging.WARNING, peer=peer_hex, reason=str(exc))
@@ -257,8 +316,9 @@ class Gossip:
             log_event(log, "peer.internal_error", level=logging.ERROR, exc_info=exc, peer=peer_hex)
         finally:
             remembered = session.memory()
+            session.release()
             if remembered is not None:
-                self.memories[peer] = remembered
+                self._remember(peer, remembered)
             if self.links.get(peer) is link:
                 del self.links[peer]
                 self._changed()
@@ -267,7 +327,13 @@ class Gossip:
             log_event(log, "peer.disconnected", peer=peer_hex, address=address, reason=reason)
 
     async def _reader(self, stream: SecureStream, link: PeerLink, scope: trio.CancelScope) -> None:
+        session = link.session
         while True:
+            while not session.accepts_input():
+                # Our answers pile up (the peer is not reading them, or we cannot keep up): read no more
+                # until the driver took them, so the peer's own socket slows it down.
+                link.drained = trio.Event()
+                await link.drained.wait()
             message = await stream.receive()
             if message is None:
                 scope.cancel()
@@ -301,12 +367,19 @@ class Gossip:
                         self.counters["deltas_out"] += 1
                 elif isinstance(event, DeltaReceived):
                     to_verify.send_nowait(event)
-                for message in session.messages_to_send():
-                    await stream.send(message)
-            for message in session.messages_to_send():
-                await stream.send(message)
+                await self._flush(stream, link)
+            await self._flush(stream, link)
             if not session.has_work():
                 await link.wakeup.wait()
+
+    @staticmethod
+    async def _flush(stream: SecureStream, link: PeerLink) -> None:
+        """Send what the session queued; the reader may read on meanwhile (what it adds waits for the
+        next flush, and stops it reading again once there is too much)."""
+        messages = link.session.messages_to_send()
+        link.drained.set()
+        for message in messages:
+            await stream.send(message)
 
     async def _verifier(
         self,
@@ -355,9 +428,44 @@ class Gossip:
             link.session.ping(next(self._nonces))
             link.kick()
 
+    def _recall(self, peer: bytes) -> PeerMemory | None:
+        """What we remember of ``peer`` (taken: its session remembers anew when it ends)."""
+        entry = self.memories.pop(peer, None)
+        if entry is not None:
+            self._memory_entries -= _entry_count(entry[1])
+        self._forget_memories()
+        return None if entry is None or trio.current_time() - entry[0] > MEMORY_TTL_S else entry[1]
+
+    def _remember(self, peer: bytes, memory: PeerMemory) -> None:
+        old = self.memories.pop(peer, None)
+        if old is not None:
+            self._memory_entries -= _entry_count(old[1])
+        self.memories[peer] = (trio.current_time(), memory)
+        self._memory_entries += _entry_count(memory)
+        self._forget_memories()
+
+    def _forget_memories(self) -> None:
+        """Forget the oldest memories while there are too many, they hold too much, or are too old."""
+        memories = self.memories
+        now = trio.current_time()
+        while memories:
+            peer, (since, memory) = next(iter(memories.items()))
+            if (
+                len(memories) <= self.max_memories
+                and self._memory_entries <= self.max_memory_entries
+                and now - since <= MEMORY_TTL_S
+            ):
+                break
+            del memories[peer]
+            self._memory_entries -= _entry_count(memory)
+
     def _changed(self) -> None:
         if self.on_peer_change is not None:
             self.on_peer_change()
+
+
+def _entry_count(memory: PeerMemory) -> int:
+    return len(memory.announced) + len(memory.held)
 
 
 def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

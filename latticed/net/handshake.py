@@ -3,8 +3,8 @@
 The design follows Secure Scuttlebutt's secret handshake, reshaped so neither side needs to know the other's
 identity in advance (as in Noise XX). ``docs/protocol.md`` is the specification, with test vectors; in short::
 
-    msg1  I -> R   a_pub ‖ MAC_K(a_pub)                               64 bytes
-    msg2  R -> I   b_pub ‖ MAC_K(a_pub ‖ b_pub)                        64 bytes
+    msg1  I -> R   a_pub ‖ time ‖ MAC_K(a_pub ‖ time)                 64 bytes
+    msg2  R -> I   b_pub ‖ MAC_K(a_pub ‖ time ‖ b_pub)                 64 bytes
     msg3  I -> R   AEAD_k3(A_pk ‖ sign_A(ctx_I ‖ H_ck(A_pk)))          112 bytes
     msg4  R -> I   AEAD_k4(B_pk ‖ sign_B(ctx_R ‖ H_ck(A_pk ‖ sig_A ‖ B_pk)))   112 bytes
 
@@ -12,6 +12,9 @@ where ``ck`` (the chaining key) is keyed BLAKE2b under the network key ``K`` of 
 (libsodium ``crypto_kx``). Consequences, each of which a test checks:
 
 * Without ``K`` nobody gets past msg1/msg2, and the responder answers a bad msg1 with *nothing*.
+* msg1 is fresh: its sealed time must lie within :data:`FRESHNESS_WINDOW_MS` of the responder's clock,
+  and a :class:`ReplayCache` refuses an opening seen before, so a recorded msg1 replayed to the daemon it
+  was sent to draws nothing either (else an eavesdropper would learn which daemons share ``K``).
 * Identities travel only inside msg3/msg4, encrypted under keys that need both ``K`` and an ephemeral secret.
 * The responder reveals its identity only after the initiator proved its own and passed the allow-list.
 * Each signature covers ``ck`` (so both ephemerals, the DH result and ``K``) and a role label, so it cannot be
@@ -19,14 +22,17 @@ where ``ck`` (the chaining key) is keyed BLAKE2b under the network key ``K`` of 
 * Session keys come from the ephemeral DH only: later theft of ``K`` or of identity keys exposes no past
   traffic.
 
-No I/O, clock or global randomness is used except ``crypto_kx_keypair`` when no ephemeral key is injected.
+No I/O, clock or global randomness is used except ``crypto_kx_keypair`` when no ephemeral key is injected:
+the time comes in as an argument (``now_ms``, Unix milliseconds).
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
+import heapq
 import hmac
+import struct
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from typing import Final, NoReturn, TypeAlias
@@ -38,6 +44,8 @@ from nacl.signing import SigningKey, VerifyKey
 from latticed.errors import HandshakeError, LatticedError, LocalProtocolError, MalformedError
 
 __all__ = [
+    "DEFAULT_REPLAY_CAPACITY",
+    "FRESHNESS_WINDOW_MS",
     "KEY_SIZE",
     "MSG1_SIZE",
     "MSG2_SIZE",
@@ -48,6 +56,7 @@ __all__ = [
     "HandshakeResult",
     "HandshakeState",
     "Initiator",
+    "ReplayCache",
     "Responder",
     "Role",
     "ephemeral_public_key",
@@ -60,27 +69,37 @@ _MAC_SIZE: Final = 32
 _SIG_SIZE: Final = 64
 _AEAD_TAG: Final = 16
 _HEADER_SIZE: Final = 24  # secretstream header
+_TIME = struct.Struct(">Q")  # msg1's time: Unix milliseconds
+_MAC1_SIZE: Final = 24  # msg1 keeps v1's 64 bytes: 32 key + 8 time + 24 MAC
 
-MSG1_SIZE: Final = KEY_SIZE + _MAC_SIZE
+#: How far msg1's time may lie from the responder's clock, either way (ms): clock skew plus latency.
+FRESHNESS_WINDOW_MS: Final = 120_000
+#: Openings a :class:`ReplayCache` remembers by default (they are forgotten after the window anyway).
+DEFAULT_REPLAY_CAPACITY: Final = 8192
+
+MSG1_SIZE: Final = KEY_SIZE + _TIME.size + _MAC1_SIZE
 MSG2_SIZE: Final = KEY_SIZE + _MAC_SIZE
 MSG3_SIZE: Final = KEY_SIZE + _SIG_SIZE + _AEAD_TAG
 MSG4_SIZE: Final = KEY_SIZE + _SIG_SIZE + _AEAD_TAG
 
 # BLAKE2b personalizations: exactly 16 bytes each, one per purpose, so no two derivations can collide.
 # The version lives here: a peer speaking another version fails msg1's MAC like a wrong network key would.
-_P_MAC1: Final = b"latticed/v1/mac1"
-_P_MAC2: Final = b"latticed/v1/mac2"
-_P_CKEY: Final = b"latticed/v1/ckey"
-_P_KEY3: Final = b"latticed/v1/key3"
-_P_KEY4: Final = b"latticed/v1/key4"
-_P_SIGI: Final = b"latticed/v1/sigi"
-_P_SIGR: Final = b"latticed/v1/sigr"
-_P_KI2R: Final = b"latticed/v1/ki2r"
-_P_KR2I: Final = b"latticed/v1/kr2i"
-_P_SESS: Final = b"latticed/v1/sess"
+_P_MAC1: Final = b"latticed/v2/mac1"
+_P_MAC2: Final = b"latticed/v2/mac2"
+_P_CKEY: Final = b"latticed/v2/ckey"
+_P_KEY3: Final = b"latticed/v2/key3"
+_P_KEY4: Final = b"latticed/v2/key4"
+_P_SIGI: Final = b"latticed/v2/sigi"
+_P_SIGR: Final = b"latticed/v2/sigr"
+_P_KI2R: Final = b"latticed/v2/ki2r"
+_P_KR2I: Final = b"latticed/v2/kr2i"
+_P_SESS: Final = b"latticed/v2/sess"
+# Only to recognise (and log) a peer still on version 1, which is never answered: v1's msg1 was
+# `a_pub ‖ B2(32, K, "latticed/v1/mac1", a_pub)`, with no time, so anyone could replay it.
+_P_MAC1_V1: Final = b"latticed/v1/mac1"
 # Signed bytes are `context (32) ‖ digest (32)`: fixed layout, namespaced, role-specific.
-_CTX_INITIATOR: Final = b"latticed handshake v1 initiator\n"
-_CTX_RESPONDER: Final = b"latticed handshake v1 responder\n"
+_CTX_INITIATOR: Final = b"latticed handshake v2 initiator\n"
+_CTX_RESPONDER: Final = b"latticed handshake v2 responder\n"
 _ZERO_NONCE: Final = bytes(24)  # each AEAD key is used exactly once
 
 #: Who may connect: a set of 32-byte Ed25519 public keys, or a predicate over one.
@@ -108,6 +127,80 @@ def public_key_from_seed(seed: bytes) -> bytes:
 def ephemeral_public_key(secret: bytes) -> bytes:
     """The X25519 public key of an injected ephemeral secret (as ``crypto_kx_keypair`` would pair them)."""
     return sodium.crypto_scalarmult_base(_check_key("ephemeral_secret", secret))
+
+
+def _check_time(now_ms: int) -> int:
+    if isinstance(now_ms, bool) or not isinstance(now_ms, int) or not 0 <= now_ms < 1 << 64:
+        raise MalformedError(f"now_ms must be Unix milliseconds (an integer >= 0), got {now_ms!r}")
+    return now_ms
+
+
+class ReplayCache:
+    """The openings (msg1) a responder answered recently, so a recorded one replayed is not answered again.
+
+    Only openings that passed the MAC (that is, made by a holder of ``K``) are added, so a stranger cannot
+    fill it. Memory is bounded by ``capacity``; nothing is ever forgotten unsafely, because whatever leaves
+    the cache raises a *floor*: an opening whose time is at or below it is refused. Entries leave when
+    their time falls out of the freshness window (the window refuses them anyway) or, when the cache is
+    full, oldest first, in which case openings up to that time are refused from then on (under a flood of
+    fresh openings by a key holder, a delayed honest one may be refused too: its initiator redials).
+    The floor also keeps a responder whose clock jumps back from answering an opening it forgot.
+
+    Sans-IO and not thread-safe: one per daemon, used from its event loop. What a restart forgets is
+    documented in ``docs/protocol.md`` §4.3.
+    """
+
+    __slots__ = ("_capacity", "_floor", "_heap", "_seen", "_window")
+
+    def __init__(
+        self, *, window_ms: int = FRESHNESS_WINDOW_MS, capacity: int = DEFAULT_REPLAY_CAPACITY
+    ) -> None:
+        if window_ms < 0 or capacity < 1:
+            raise MalformedError(
+                f"replay cache needs window_ms >= 0 and capacity >= 1, got {window_ms}, {capacity}"
+            )
+        self._window = window_ms
+        self._capacity = capacity
+        self._seen: set[bytes] = set()
+        self._heap: list[tuple[int, bytes]] = []  # (time, opening key), oldest first
+        self._floor = -1
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    @property
+    def window_ms(self) -> int:
+        """How far an opening's time may lie from ``now_ms``, either way."""
+        return self._window
+
+    @property
+    def floor_ms(self) -> int:
+        """Openings with a time at or below this are refused (-1: none yet)."""
+        return self._floor
+
+    def is_fresh(self, time_ms: int, now_ms: int) -> bool:
+        """Whether ``time_ms`` lies within the window around ``now_ms``."""
+        return abs(time_ms - now_ms) <= self._window
+
+    def admit(self, key: bytes, time_ms: int, now_ms: int) -> bool:
+        """Record an opening and say whether it may be answered: fresh, above the floor, never seen."""
+        heap = self._heap
+        while heap and heap[0][0] < now_ms - self._window:
+            self._forget()
+        if not self.is_fresh(time_ms, now_ms) or time_ms <= self._floor or key in self._seen:
+            return False
+        if len(heap) >= self._capacity:
+            if time_ms <= heap[0][0]:
+                return False  # older than everything we still remember: cannot be told from a replay
+            self._forget()
+        heapq.heappush(heap, (time_ms, key))
+        self._seen.add(key)
+        return True
+
+    def _forget(self) -> None:
+        time_ms, key = heapq.heappop(self._heap)
+        self._seen.discard(key)
+        self._floor = max(self._floor, time_ms)
 
 
 class Role(enum.Enum):
@@ -164,6 +257,11 @@ class Handshake:
     last handshake message are kept in :attr:`trailing_data` for the secure channel.
 
     Any :class:`~latticed.errors.HandshakeError` is final: drop the connection without writing anything more.
+
+    ``now_ms`` is the wall clock (Unix milliseconds) when the handshake starts: the initiator seals it into
+    msg1, the responder checks msg1's time against it. A responder given a ``replay_cache`` (one per
+    daemon, shared by all its handshakes) also refuses an opening it has seen before; without one only
+    the freshness window protects it.
     """
 
     def __init__(
@@ -172,11 +270,15 @@ class Handshake:
         *,
         seed: bytes,
         network_key: bytes,
+        now_ms: int,
         public_key: bytes | None = None,
         allowed: Allowed | None = None,
         ephemeral_secret: bytes | None = None,
+        replay_cache: ReplayCache | None = None,
     ) -> None:
         self._role = role
+        self._now_ms = _check_time(now_ms)
+        self._replay_cache = replay_cache
         self._signing_key = SigningKey(_check_key("seed", seed))
         self._public_key = bytes(self._signing_key.verify_key)
         if public_key is not None and _check_key("public_key", public_key) != self._public_key:
@@ -194,6 +296,7 @@ class Handshake:
         self._state = HandshakeState.START if role is Role.INITIATOR else HandshakeState.WAIT_MSG1
         self._buffer = bytearray()
         self._remote_eph = b""
+        self._opening = b""  # a_pub ‖ time, which msg2's MAC covers
         self._chaining_key = b""
         self._initiator_key = b""  # A_pk
         self._initiator_sig = b""
@@ -242,7 +345,8 @@ class Handshake:
         if self._role is not Role.INITIATOR or self._state is not HandshakeState.START:
             raise LocalProtocolError(f"initiate() is for an initiator in state start, not {self._describe()}")
         self._state = HandshakeState.WAIT_MSG2
-        return self._eph_public + _b2(self._network_key, _P_MAC1, self._eph_public)
+        self._opening = self._eph_public + _TIME.pack(self._now_ms)
+        return self._opening + _b2(self._network_key, _P_MAC1, self._opening, _MAC1_SIZE)
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> bytes:
         """Consume received bytes; returns the bytes to write now (often ``b""``)."""
@@ -277,15 +381,33 @@ class Handshake:
     # -- responder -------------------------------------------------------------------------------------
 
     def _on_msg1(self, msg1: bytes) -> bytes:
-        a_pub, mac = msg1[:KEY_SIZE], msg1[KEY_SIZE:]
-        if not hmac.compare_digest(mac, _b2(self._network_key, _P_MAC1, a_pub)):
-            # Say nothing: whoever sent this may not even learn that a latticed daemon is listening.
-            _fail("msg1 failed authentication: the peer has another network key (or is not latticed v1)")
+        # Every failure here says nothing: whoever sent this may not even learn that a latticed daemon is
+        # listening, let alone that it shares the network key of whoever made the opening.
+        opening, mac = msg1[: KEY_SIZE + _TIME.size], msg1[KEY_SIZE + _TIME.size :]
+        a_pub = opening[:KEY_SIZE]
+        (sent_ms,) = _TIME.unpack_from(opening, KEY_SIZE)
+        if not hmac.compare_digest(mac, _b2(self._network_key, _P_MAC1, opening, _MAC1_SIZE)):
+            if hmac.compare_digest(msg1[KEY_SIZE:], _b2(self._network_key, _P_MAC1_V1, a_pub)):
+                _fail(
+                    "msg1 is a version 1 opening under our network key: the peer runs an older latticed "
+                    "(handshake v1) and must be upgraded, or someone replays one recorded from it; "
+                    "not answered"
+                )
+            _fail("msg1 failed authentication: the peer has another network key (or is not latticed v2)")
+        cache = self._replay_cache
+        if abs(sent_ms - self._now_ms) > (FRESHNESS_WINDOW_MS if cache is None else cache.window_ms):
+            _fail(
+                f"msg1 is not fresh: sealed at {sent_ms} ms, our clock says {self._now_ms} ms (a replay, or "
+                "the two hosts' clocks differ by more than the freshness window); not answered"
+            )
+        if cache is not None and not cache.admit(a_pub, sent_ms, self._now_ms):
+            _fail("msg1 was seen before (a replayed opening); not answered")
         self._remote_eph = a_pub
+        self._opening = opening
         b_pub = self._eph_public
         self._derive_chaining_key(initiator_eph=a_pub, responder_eph=b_pub)
         self._state = HandshakeState.WAIT_MSG3
-        return b_pub + _b2(self._network_key, _P_MAC2, a_pub + b_pub)
+        return b_pub + _b2(self._network_key, _P_MAC2, opening + b_pub)
 
     def _on_msg3(self, msg3: bytes) -> bytes:
         ck = self._chaining_key
@@ -306,8 +428,8 @@ class Handshake:
     def _on_msg2(self, msg2: bytes) -> bytes:
         b_pub, mac = msg2[:KEY_SIZE], msg2[KEY_SIZE:]
         a_pub = self._eph_public
-        if not hmac.compare_digest(mac, _b2(self._network_key, _P_MAC2, a_pub + b_pub)):
-            _fail("msg2 failed authentication: the peer has another network key (or is not latticed v1)")
+        if not hmac.compare_digest(mac, _b2(self._network_key, _P_MAC2, self._opening + b_pub)):
+            _fail("msg2 failed authentication: the peer has another network key (or is not latticed v2)")
         self._remote_eph = b_pub
         self._derive_chaining_key(initiator_eph=a_pub, responder_eph=b_pub)
         ck = self._chaining_key
@@ -382,6 +504,7 @@ class Handshake:
         # Nothing secret needs to outlive the handshake.
         self._eph_secret = b""
         self._chaining_key = b""
+        self._replay_cache = None
 
 
 class Initiator(Handshake):
@@ -392,6 +515,7 @@ class Initiator(Handshake):
         *,
         seed: bytes,
         network_key: bytes,
+        now_ms: int,
         public_key: bytes | None = None,
         allowed: Allowed | None = None,
         ephemeral_secret: bytes | None = None,
@@ -400,6 +524,7 @@ class Initiator(Handshake):
             Role.INITIATOR,
             seed=seed,
             network_key=network_key,
+            now_ms=now_ms,
             public_key=public_key,
             allowed=allowed,
             ephemeral_secret=ephemeral_secret,
@@ -407,24 +532,28 @@ class Initiator(Handshake):
 
 
 class Responder(Handshake):
-    """The accepting side: feed it what the initiator sends."""
+    """The accepting side: feed it what the initiator sends (give it the daemon's :class:`ReplayCache`)."""
 
     def __init__(
         self,
         *,
         seed: bytes,
         network_key: bytes,
+        now_ms: int,
         public_key: bytes | None = None,
         allowed: Allowed | None = None,
         ephemeral_secret: bytes | None = None,
+        replay_cache: ReplayCache | None = None,
     ) -> None:
         super().__init__(
             Role.RESPONDER,
             seed=seed,
             network_key=network_key,
+            now_ms=now_ms,
             public_key=public_key,
             allowed=allowed,
             ephemeral_secret=ephemeral_secret,
+            replay_cache=replay_cache,
         )
 
 

@@ -187,5 +187,9 @@ class SecureChannel:
             raise type(self._error)(f"secure channel already failed: {self._error}")
 
     def _fail(self, error: LatticedError) -> NoReturn:
-        self._error = error
-        raise error
+        # No reference cycle through the error's traceback (see FrameDecoder._fail): keep a copy.
+        self._error = type(error)(str(error))
+        try:
+            raise error
+        finally:
+            del error

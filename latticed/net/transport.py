@@ -12,13 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable
 from typing import Final
 
 import trio
 
 from latticed.errors import ConnectionClosedError, HandshakeError, LatticedError
-from latticed.net.handshake import Allowed, Handshake, HandshakeResult, Initiator, Responder, Role
+from latticed.net.handshake import (
+    FRESHNESS_WINDOW_MS,
+    Allowed,
+    Handshake,
+    HandshakeResult,
+    Initiator,
+    ReplayCache,
+    Responder,
+    Role,
+)
 from latticed.net.secure import DEFAULT_MAX_MESSAGE_SIZE, SecureChannel
 
 __all__ = [
@@ -34,6 +44,15 @@ DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
 _RECEIVE_SIZE: Final = 1 << 16
 # How long aclose() tries to get the final frame out to a peer that is not reading before it just closes.
 _CLOSE_TIMEOUT: Final = 1.0
+# With a send timeout, a frame goes out in pieces of this size, each of which must get through in time.
+_SEND_CHUNK: Final = 1 << 16
+# Openings already answered, for responders not given a cache of their own (one per process).
+_SHARED_REPLAY_CACHE: Final = ReplayCache()
+
+
+def _wall_clock_ms() -> int:
+    """msg1's time is compared across hosts: Unix time, not trio's clock."""
+    return time.time_ns() // 1_000_000
 
 
 class SecureStream(trio.abc.AsyncResource):
@@ -42,15 +61,25 @@ class SecureStream(trio.abc.AsyncResource):
     Tasks may send and receive concurrently: each direction is serialized by a FIFO lock, since frames must
     hit the wire in the order they were sealed. For a graceful end call
     :meth:`send_eof`, read until :meth:`receive` returns ``None``, then :meth:`aclose`.
+
+    With a ``send_timeout`` (seconds), a send that makes no progress for that long (not one piece of
+    :data:`_SEND_CHUNK` bytes got through: the peer stopped reading) fails with
+    :class:`ConnectionClosedError` and leaves the stream unusable (:attr:`send_stalled`); a slow but moving
+    peer is not cut off, however long a large message takes.
     """
 
-    def __init__(self, stream: trio.abc.Stream, channel: SecureChannel) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, channel: SecureChannel, *, send_timeout: float | None = None
+    ) -> None:
         self._stream = stream
         self._channel = channel
         self._send_lock = trio.StrictFIFOLock()
         self._receive_lock = trio.StrictFIFOLock()
         self._send_broken = False
+        self._send_stalled = False
         self._closed = False
+        #: Seconds a send may go without progress before the peer is given up (None: forever).
+        self.send_timeout = send_timeout
 
     @property
     def remote_public_key(self) -> bytes:
@@ -71,6 +100,11 @@ class SecureStream(trio.abc.AsyncResource):
     def transport_stream(self) -> trio.abc.Stream:
         """The underlying byte stream."""
         return self._stream
+
+    @property
+    def send_stalled(self) -> bool:
+        """Whether a send failed because the peer took nothing for ``send_timeout`` seconds."""
+        return self._send_stalled
 
     async def send(self, message: bytes | bytearray | memoryview) -> None:
         """Send one message (at most ``max_message_size`` bytes)."""
@@ -136,8 +170,19 @@ class SecureStream(trio.abc.AsyncResource):
     async def _write(self, frame: bytes) -> None:
         # Any interruption may leave a partial frame on the wire, or a sealed frame unsent (which the peer
         # would see as a gap): either way the stream is done for.
+        timeout = self.send_timeout
         try:
-            await self._stream.send_all(frame)
+            if timeout is None:
+                await self._stream.send_all(frame)
+                return
+            for piece in _pieces(frame):
+                with trio.move_on_after(timeout) as waited:
+                    await self._stream.send_all(piece)
+                if waited.cancelled_caught:
+                    self._send_stalled = True
+                    raise ConnectionClosedError(
+                        f"peer stopped reading: nothing could be sent to it for {timeout:g} s"
+                    )
         except trio.ClosedResourceError as error:
             self._send_broken = True
             raise ConnectionClosedError("secure stream was closed locally") from error
@@ -147,6 +192,13 @@ class SecureStream(trio.abc.AsyncResource):
         except BaseException:
             self._send_broken = True
             raise
+
+
+def _pieces(frame: bytes) -> list[bytes] | list[memoryview]:
+    if len(frame) <= _SEND_CHUNK:
+        return [frame]
+    view = memoryview(frame)
+    return [view[start : start + _SEND_CHUNK] for start in range(0, len(view), _SEND_CHUNK)]
 
 
 async def _run_handshake(
@@ -165,7 +217,9 @@ async def _run_handshake(
                 if not data:
                     raise HandshakeError(
                         f"peer hung up during the handshake (state {handshake.state.value}): it has another "
-                        "network key, refuses our identity, or went away"
+                        "network key, refuses our identity, runs an older latticed (handshake v1), its "
+                        f"clock differs from ours by more than {FRESHNESS_WINDOW_MS // 1000} s, or it went "
+                        "away"
                     )
                 out = handshake.receive_data(data)
                 if out:
@@ -197,7 +251,13 @@ async def secure_connect(
     """Run the handshake as initiator over ``stream``; the peer must be in ``allowed`` if given."""
     return await _run_handshake(
         stream,
-        lambda: Initiator(seed=seed, network_key=network_key, public_key=public_key, allowed=allowed),
+        lambda: Initiator(
+            seed=seed,
+            network_key=network_key,
+            now_ms=_wall_clock_ms(),
+            public_key=public_key,
+            allowed=allowed,
+        ),
         timeout,
         max_message_size,
     )
@@ -212,11 +272,23 @@ async def secure_accept(
     allowed: Allowed | None = None,
     timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    replay_cache: ReplayCache | None = None,
 ) -> SecureStream:
-    """Run the handshake as responder over ``stream`` (e.g. in a ``trio.serve_tcp`` handler)."""
+    """Run the handshake as responder over ``stream`` (e.g. in a ``trio.serve_tcp`` handler).
+
+    ``replay_cache`` holds the openings already answered (default: one shared by the whole process), so
+    a recorded msg1 replayed to us gets no answer."""
+    cache = _SHARED_REPLAY_CACHE if replay_cache is None else replay_cache
     return await _run_handshake(
         stream,
-        lambda: Responder(seed=seed, network_key=network_key, public_key=public_key, allowed=allowed),
+        lambda: Responder(
+            seed=seed,
+            network_key=network_key,
+            now_ms=_wall_clock_ms(),
+            public_key=public_key,
+            allowed=allowed,
+            replay_cache=cache,
+        ),
         timeout,
         max_message_size,
     )

@@ -29,6 +29,16 @@ What travels (each message a msgpack list whose first item is its type):
 
 Eager push with pruning on duplicates means a record crosses each link about once in steady state, while
 HAVE/WANT repairs the tree when an eager parent goes away.
+
+Memory per link is bounded whatever the peer does: DELTAs by ``window``; what waits to be sent by
+:meth:`ReplicationSession.accepts_input` (the host stops reading a peer while ``max_outbox_bytes`` of
+answers or ``max_events`` events wait, so a peer that sends PINGs and never reads the PONGs is throttled
+by its own socket, and the host drops it when a send makes no progress); HAVEs, which we originate, are
+coalesced to the latest summary per queue. What a peer can make us *remember* is bounded too: a queue it
+names that we do not hold takes one of ``max_peer_keys`` places per session and one of a
+:class:`KeyBudget` shared by all sessions; beyond those it is not tracked (and counted), which costs only
+efficiency (the peer pushes what we lack anyway). :meth:`ReplicationSession.release` gives the places
+back when the link ends, and :meth:`ReplicationSession.memory` keeps only queues we hold.
 """
 
 from __future__ import annotations
@@ -53,6 +63,11 @@ from latticed.errors import LocalProtocolError, RemoteProtocolError
 
 PROTOCOL_VERSION = 1
 HELLO, DIGEST, DELTA, ACK, HAVE, WANT, PRUNE, PING, PONG = range(9)
+
+#: Queues we do not hold that one peer may make us remember (its summaries of them).
+DEFAULT_MAX_PEER_KEYS = 16_384
+#: ... and all peers together (see :class:`KeyBudget`).
+DEFAULT_MAX_PEER_KEYS_TOTAL = 65_536
 
 QueueKey = tuple[bytes, str, int]  # owner, name, kind
 
@@ -127,6 +142,29 @@ class Pong:
 Event = NeedDelta | DeltaReceived | PeerSummary | PeerHello | Pong
 
 
+@dataclass(slots=True)
+class KeyBudget:
+    """How many queues we do not hold all sessions together may track for their peers (a made-up queue a
+    peer names costs a few hundred bytes; a fresh identity per connection must not add up to more).
+
+    ``used`` may exceed ``limit`` by at most the delta window per session: a DELTA for a queue we lack is
+    always tracked until it is stored (then it is ours and its place is given back)."""
+
+    limit: int = DEFAULT_MAX_PEER_KEYS_TOTAL
+    used: int = 0
+    #: Queues not tracked because a per-session or the total bound was reached, since start.
+    refused: int = 0
+
+    def take(self) -> bool:
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def release(self, count: int = 1) -> None:
+        self.used = max(0, self.used - count)
+
+
 # ------------------------------------------------------------------------------------------------ session
 
 
@@ -155,9 +193,20 @@ class ReplicationSession:
     depth: int = 4
     max_records: int = 4096
     max_message_bytes: int = 16 * 1024 * 1024
+    #: The host reads no more from the peer while this many bytes of messages wait to be sent...
+    max_outbox_bytes: int = 1 << 20
+    #: ... or this many events wait to be handled (see :meth:`accepts_input`).
+    max_events: int = 4096
+    #: Queues we do not hold whose peer summaries this session tracks at most; shared bound in ``key_budget``.
+    max_peer_keys: int = DEFAULT_MAX_PEER_KEYS
+    key_budget: KeyBudget | None = None
+    _foreign: set[QueueKey] = field(default_factory=set)  # keys of _links we do not hold
     _local: dict[QueueKey, Summary] = field(default_factory=dict)
     _links: dict[QueueKey, _Link] = field(default_factory=dict)
     _outbox: list[bytes] = field(default_factory=list)
+    _outbox_bytes: int = 0
+    #: HAVEs not sent yet, latest summary per queue: a stalled link does not pile up one per change.
+    _haves: dict[QueueKey, Summary] = field(default_factory=dict)
     _events: deque[Event] = field(default_factory=deque)
     _seq: int = 0
     _inflight_total: int = 0
@@ -173,7 +222,9 @@ class ReplicationSession:
     _memory: PeerMemory | None = None
     _digest_deferred: bool = False
     _announced: dict[QueueKey, Summary] = field(default_factory=dict)
-    stats: dict[str, int] = field(default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0})
+    stats: dict[str, int] = field(
+        default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0, "peer_keys_refused": 0}
+    )
 
     # ------------------------------------------------------------------ host → session
     def start(
@@ -195,7 +246,9 @@ class ReplicationSession:
         self._started = True
         self._local = dict(local)
         for key, summary in (known_peer or {}).items():
-            self._link(key).peer = summary
+            link = self._peer_link(key)
+            if link is not None:
+                link.peer = summary
         subscription = list(self.subscription) if self.subscription else None
         if self.incarnation is None:
             self._send([HELLO, PROTOCOL_VERSION, subscription])
@@ -208,11 +261,29 @@ class ReplicationSession:
         self._send_digest(list(self._local) if digest_keys is None else list(digest_keys))
 
     def memory(self) -> PeerMemory | None:
-        """What to remember of this peer for the next connection (None: it gave no incarnation)."""
+        """What to remember of this peer for the next connection (None: it gave no incarnation).
+
+        Only queues we hold: what the peer said of others is its to repeat, and would let it make us keep
+        anything it names after it left."""
         if self._peer_incarnation is None:
             return None
-        held = {key: link.peer for key, link in self._links.items() if link.peer is not None}
+        local = self._local
+        held = {key: link.peer for key, link in self._links.items() if link.peer is not None and key in local}
         return PeerMemory(self._peer_incarnation, dict(self._announced), held)
+
+    def release(self) -> None:
+        """The link is gone: forget what the peer told us of queues we do not hold, and give their places
+        back to the :class:`KeyBudget` (call once, after :meth:`memory`)."""
+        for key in self._foreign:
+            self._links.pop(key, None)
+        if self.key_budget is not None:
+            self.key_budget.release(len(self._foreign))
+        self._foreign.clear()
+
+    @property
+    def peer_keys(self) -> int:
+        """How many queues we do not hold this session tracks for its peer."""
+        return len(self._foreign)
 
     def _send_digest(self, keys: Iterable[QueueKey]) -> None:
         entries = []
@@ -225,7 +296,7 @@ class ReplicationSession:
 
     def local_update(self, key: QueueKey, summary: Summary) -> None:
         """We changed a queue (own write or a merge from another peer): push it or announce it."""
-        self._local[key] = summary
+        self._set_local(key, summary)
         if not self._hello_received or not self._peer_wants(key):
             return
         link = self._link(key)
@@ -233,8 +304,8 @@ class ReplicationSession:
             self._schedule(key)
         elif is_ahead(summary, link.peer) and self._announced.get(key) != summary:
             # Once per summary: a relay reports a push both when it serves it ahead of its commit and
-            # when the commit is done, with the same summary.
-            self._send([HAVE, key[0], key[1], key[2], summary_to_wire(summary)])
+            # when the commit is done, with the same summary. Only the latest waiting one goes out.
+            self._haves[key] = summary
             self._announced[key] = summary
 
     def provide_delta(self, key: QueueKey, delta: QueueDelta | None) -> None:
@@ -266,7 +337,7 @@ class ReplicationSession:
         key = self._received.pop(seq, None)
         if key is None:
             raise LocalProtocolError(f"no delta {seq} is waiting")
-        self._local[key] = summary
+        self._set_local(key, summary)
         link = self._link(key)
         self._send([ACK, seq, key[0], key[1], key[2], summary_to_wire(summary)])
         if not changed and link.eager and not link.wanted:
@@ -307,7 +378,9 @@ class ReplicationSession:
             self._on_have_or_want(kind, message)
         elif kind == PRUNE:
             _expect(message, 4)
-            self._link(_key(message[1], message[2], message[3])).eager = False
+            pruned = self._peer_link(_key(message[1], message[2], message[3]))
+            if pruned is not None:
+                pruned.eager = False
         elif kind == PING:
             _expect(message, 2)
             self._send([PONG, message[1]])
@@ -343,8 +416,8 @@ class ReplicationSession:
                 # Same runs of both daemons as last time: the peer still knows what we told it, and holds
                 # at least what it held then.
                 for key, summary in memory.held.items():
-                    link = self._link(key)
-                    if link.peer is None or is_ahead(summary, link.peer):
+                    link = self._peer_link(key)
+                    if link is not None and (link.peer is None or is_ahead(summary, link.peer)):
                         link.peer = summary
                 self._send_digest(k for k, s in self._local.items() if memory.announced.get(k) != s)
             else:
@@ -364,7 +437,10 @@ class ReplicationSession:
                 raise RemoteProtocolError("a DIGEST entry is [owner, name, kind, summary]")
             key = _key(entry[0], entry[1], entry[2])
             summary = summary_from_wire(entry[3])
-            self._link(key).peer = summary
+            link = self._peer_link(key)
+            if link is None:
+                continue
+            link.peer = summary
             self._events.append(PeerSummary(key, summary))
             if self._peer_wants(key) and is_ahead(self._local.get(key), summary):
                 self._schedule(key)
@@ -381,7 +457,14 @@ class ReplicationSession:
         if self.subscription is not None and not _matches(self.subscription, key):
             raise RemoteProtocolError(f"peer sent {key_label(key)}, which we did not subscribe to")
         self._received[seq] = key
-        link = self._link(key)
+        link = self._links.get(key)
+        if link is None:
+            # Tracked whatever the bounds (the window limits these): once stored, the queue is ours.
+            link = self._link(key)
+            if key not in self._local:
+                self._foreign.add(key)
+                if self.key_budget is not None:
+                    self.key_budget.used += 1
         implied = _implied_summary(delta, link.peer)
         if is_ahead(implied, link.peer):
             link.peer = implied  # the sender holds at least what it sent: never echo it back
@@ -392,8 +475,8 @@ class ReplicationSession:
         _expect(message, 6)
         key = _key(message[2], message[3], message[4])
         summary = summary_from_wire(message[5])
-        link = self._link(key)
-        if link.inflight <= 0:
+        link = self._links.get(key)
+        if link is None or link.inflight <= 0:
             raise RemoteProtocolError("ACK for a delta we did not send")
         link.inflight -= 1
         self._inflight_total -= 1
@@ -409,14 +492,17 @@ class ReplicationSession:
         _expect(message, 5)
         key = _key(message[1], message[2], message[3])
         summary = summary_from_wire(message[4])
-        link = self._link(key)
-        link.peer = summary
-        self._events.append(PeerSummary(key, summary))
+        link = self._peer_link(key)
+        if link is not None:
+            link.peer = summary
+            self._events.append(PeerSummary(key, summary))
         if kind == HAVE:
             if self._wants_key(key) and is_ahead(summary, self._local.get(key)):
                 ours = self._local.get(key)
                 self._send([WANT, key[0], key[1], key[2], summary_to_wire(ours or Summary())])
             return
+        if link is None:
+            return  # a WANT for a queue we do not hold: nothing to send
         link.eager = True
         link.wanted = True
         if is_ahead(self._local.get(key), summary):
@@ -428,10 +514,28 @@ class ReplicationSession:
 
     def has_work(self) -> bool:
         """Whether events or messages are waiting (the host's driver sleeps only when this is False)."""
-        return bool(self._events or self._outbox)
+        return bool(self._events or self._outbox or self._haves)
+
+    def accepts_input(self) -> bool:
+        """Whether the host should read the peer's next message now.
+
+        False while ``max_outbox_bytes`` of messages wait to be sent or ``max_events`` events to be
+        handled: the host then waits for its driver to catch up (:meth:`messages_to_send`,
+        :meth:`next_event`) before reading on. Everything the peer can make us queue comes from its
+        messages, so this bounds it; a peer that does not read what we send stops being read too."""
+        return self._outbox_bytes < self.max_outbox_bytes and len(self._events) < self.max_events
+
+    @property
+    def outbox_bytes(self) -> int:
+        """Bytes of messages waiting for :meth:`messages_to_send` (HAVEs not counted: one per queue)."""
+        return self._outbox_bytes
 
     def messages_to_send(self) -> list[bytes]:
         out, self._outbox = self._outbox, []
+        self._outbox_bytes = 0
+        if self._haves:
+            haves, self._haves = self._haves, {}
+            out.extend(pack([HAVE, k[0], k[1], k[2], summary_to_wire(s)]) for k, s in haves.items())
         return out
 
     def peer_summaries(self) -> dict[QueueKey, Summary]:
@@ -452,6 +556,30 @@ class ReplicationSession:
         if link is None:
             link = self._links[key] = _Link()
         return link
+
+    def _peer_link(self, key: QueueKey) -> _Link | None:
+        """The link state of a queue the peer named: always for a queue we hold; for one we do not, only
+        if we want it and the per-session and total bounds allow (None otherwise)."""
+        link = self._links.get(key)
+        if link is not None or key in self._local:
+            return link if link is not None else self._link(key)
+        if not self._wants_key(key):
+            return None  # nothing we would ever do with it
+        budget = self.key_budget
+        if len(self._foreign) >= self.max_peer_keys or (budget is not None and not budget.take()):
+            self.stats["peer_keys_refused"] += 1
+            if budget is not None:
+                budget.refused += 1
+            return None
+        self._foreign.add(key)
+        return self._link(key)
+
+    def _set_local(self, key: QueueKey, summary: Summary) -> None:
+        self._local[key] = summary
+        if self._foreign and key in self._foreign:
+            self._foreign.discard(key)  # ours now: no longer counted against the peer
+            if self.key_budget is not None:
+                self.key_budget.release()
 
     def _peer_wants(self, key: QueueKey) -> bool:
         return self._peer_subscription is None or _matches(self._peer_subscription, key)
@@ -492,7 +620,9 @@ class ReplicationSession:
         return sent
 
     def _send(self, message: list[Any]) -> None:
-        self._outbox.append(pack(message))
+        packed = pack(message)
+        self._outbox.append(packed)
+        self._outbox_bytes += len(packed)
 
 
 def _implied_summary(delta: QueueDelta, known: Summary | None) -> Summary:
