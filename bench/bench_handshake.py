@@ -18,9 +18,9 @@ import time
 import nacl.bindings as sodium
 import trio
 
-from latticed.net.handshake import Initiator, Responder
-from latticed.net.secure import SecureChannel
 from latticed.net.transport import open_peer, secure_accept
+from latticed.protocol.handshake import Initiator, Responder
+from latticed.protocol.secure import SecureChannel
 
 K = bytes(range(32))
 SEED_A, SEED_B = b"\x11" * 32, b"\x22" * 32

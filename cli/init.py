@@ -15,7 +15,6 @@ from typing import Annotated
 
 import typer
 
-from latticed.config import parse_host_port
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
 from latticed.install import (
     DEFAULT_LISTEN,
@@ -36,6 +35,7 @@ from latticed.netkey import (
     write_network_key,
 )
 from latticed.paths import ensure_data_dir
+from latticed.protocol.addresses import parse_host_port
 from latticed.storage.keyfile import load_or_create_identity
 
 #: Hidden from the system unit by ProtectHome=yes: a latticed installed there cannot start as a service.

@@ -14,8 +14,8 @@ import typer
 
 from cli.output import emit
 from latticed.api.client import Client
-from latticed.config import parse_host_port
 from latticed.invite import decode_invite
+from latticed.protocol.addresses import parse_host_port
 
 ClientFactory = Callable[[typer.Context], Client]
 _factory: list[ClientFactory] = []

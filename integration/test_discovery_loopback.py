@@ -26,8 +26,8 @@ from latticed.clock import wall_ms
 from latticed.errors import IntegrityError, MalformedError
 from latticed.logs import EVENT_ATTR, record_fields
 from latticed.net import discovery
-from latticed.net.announce import open_announcement
 from latticed.net.discovery import DiscoveredPeer, run_discovery
+from latticed.protocol.announce import open_announcement
 
 LOOPBACK = ["127.0.0.1"]
 DISCOVERY_TIMEOUT = 15.0

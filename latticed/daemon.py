@@ -32,9 +32,9 @@ from latticed.groups.service import run_groups
 from latticed.logs import get_logger, log_event
 from latticed.malloc import keep_large_buffers
 from latticed.membership import run_membership
+from latticed.net.replication import Replication, load_network_key
 from latticed.netkey import check_listen_key
 from latticed.paths import ensure_data_dir, ensure_socket_dir
-from latticed.replication import Replication, load_network_key
 from latticed.sdnotify import Notifier, watchdog_interval
 from latticed.storage.engine import Engine
 from latticed.storage.keyfile import load_or_create_identity

@@ -33,9 +33,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from latticed.config import HostPort
 from latticed.errors import StorageError
 from latticed.paths import identity_key_path
+from latticed.protocol.addresses import HostPort
 
 Scope = Literal["system", "user"]
 

@@ -27,9 +27,9 @@ from typing import Final
 
 import msgpack
 
-from latticed.config import HostPort
 from latticed.errors import MalformedError
 from latticed.netkey import NETWORK_KEY_SIZE
+from latticed.protocol.addresses import HostPort
 
 __all__ = ["MAX_ADDRESSES", "PREFIX", "VERSION", "Invite", "decode_invite", "encode_invite"]
 

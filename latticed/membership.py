@@ -1,6 +1,6 @@
 """Which network this daemon is in, and changing it while it runs (``latticectl invite`` and ``join``).
 
-The replication service (:mod:`latticed.replication`) lives under one network key: the handshake, the mDNS
+The replication service (:mod:`latticed.net.replication`) lives under one network key: the handshake, the mDNS
 announcements and every link depend on it. :class:`Membership` owns that service for the composition root.
 It starts it when there is anything to replicate with (a listen address, static peers, or peers saved by an
 earlier run), and :meth:`Membership.join` stores the invite's key in the configured key file, stops the
@@ -24,14 +24,15 @@ from typing import Any
 import ifaddr
 import trio
 
-from latticed.config import DaemonConfig, HostPort
+from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.errors import AlreadyExistsError, MalformedError
 from latticed.invite import MAX_ADDRESSES, Invite, encode_invite
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import mdns_addresses
+from latticed.net.replication import Replication, load_peer_book, run_replication
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, replace_network_key
-from latticed.replication import Replication, load_peer_book, run_replication
+from latticed.protocol.addresses import HostPort
 from latticed.storage.engine import Engine
 
 log = get_logger(__name__)

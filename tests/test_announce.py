@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from latticed.errors import IntegrityError, LatticedError, MalformedError
-from latticed.net.announce import (
+from latticed.protocol.announce import (
     ANNOUNCEMENT_SIZE,
     DEFAULT_MAX_AGE_MS,
     DEFAULT_MAX_FUTURE_MS,

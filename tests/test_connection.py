@@ -11,7 +11,7 @@ import trio
 
 from latticed.api.connection import LARGE_FRAME_BYTES, Connection
 from latticed.errors import ConnectionClosedError
-from latticed.framing import FrameDecoder, encode_frame
+from latticed.protocol.framing import FrameDecoder, encode_frame
 
 LIMIT = 1 << 24
 

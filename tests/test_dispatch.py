@@ -32,7 +32,7 @@ from latticed.crdt.group import (
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import CapacityError, LeaseError, NotFoundError
-from latticed.groups import (
+from latticed.leases import (
     Changes,
     Dispatcher,
     FilterSyntaxError,
@@ -40,7 +40,7 @@ from latticed.groups import (
     compile_filter,
     parse_filter,
 )
-from latticed.groups.filters import And, Check, Not, Or
+from latticed.leases.filters import And, Check, Not, Or
 
 DAEMON = Identity.from_seed(bytes(range(32)))
 PRODUCER = Identity.from_seed(bytes(range(1, 33)))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticed.errors import ConnectionClosedError, LatticedError, LocalProtocolError, RemoteProtocolError
-from latticed.framing import (
+from latticed.protocol.framing import (
     DEFAULT_MAX_FRAME_SIZE,
     HEADER_SIZE,
     FrameDecoder,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
 from latticed.errors import HandshakeError, LatticedError, LocalProtocolError, MalformedError
-from latticed.net.handshake import (
+from latticed.protocol.handshake import (
     FRESHNESS_WINDOW_MS,
     MSG1_SIZE,
     MSG2_SIZE,
@@ -37,7 +37,7 @@ from latticed.net.handshake import (
     ephemeral_public_key,
     public_key_from_seed,
 )
-from latticed.net.secure import SecureChannel
+from latticed.protocol.secure import SecureChannel
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = Path(__file__).resolve().parent / "vectors" / "handshake.json"

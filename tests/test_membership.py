@@ -19,7 +19,6 @@ from latticed.config import DaemonConfig, load_config
 from latticed.daemon import run_daemon
 from latticed.errors import AlreadyExistsError, MalformedError
 from latticed.invite import decode_invite
-from latticed.net.peers import PeerBook
 from latticed.netkey import (
     DEFAULT_NETWORK_KEY,
     check_listen_key,
@@ -29,6 +28,7 @@ from latticed.netkey import (
     replace_network_key,
     write_network_key,
 )
+from latticed.protocol.peerbook import PeerBook
 
 PRIVATE = bytes(range(32))
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from latticed.errors import MalformedError, NotFoundError
 from latticed.net.discovery import DiscoveredPeer
-from latticed.net.peers import Backoff, PeerBook, PeerStatus
+from latticed.protocol.peerbook import Backoff, PeerBook, PeerStatus
 
 A = ("192.0.2.10", 7000)
 B = ("192.0.2.11", 7000)

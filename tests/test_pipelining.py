@@ -24,7 +24,7 @@ from latticed.api.server import MAX_IN_FLIGHT
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, NotOwnerError
-from latticed.framing import FrameDecoder
+from latticed.protocol.framing import FrameDecoder
 from latticed.storage.jobs import Call, Job
 
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticed.errors import ConnectionClosedError, LatticedError, LocalProtocolError, RemoteProtocolError
-from latticed.net.handshake import HandshakeResult, Initiator, Responder
-from latticed.net.secure import ABYTES, DEFAULT_MAX_MESSAGE_SIZE, SecureChannel
+from latticed.protocol.handshake import HandshakeResult, Initiator, Responder
+from latticed.protocol.secure import ABYTES, DEFAULT_MAX_MESSAGE_SIZE, SecureChannel
 
 K = bytes(range(32))
 NOW = 1_700_000_000_000

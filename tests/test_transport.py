@@ -22,8 +22,8 @@ from latticed.errors import (
     MalformedError,
     RemoteProtocolError,
 )
-from latticed.net.handshake import MSG1_SIZE, MSG2_SIZE, ReplayCache, public_key_from_seed
 from latticed.net.transport import SecureStream, open_peer, secure_accept, secure_connect
+from latticed.protocol.handshake import MSG1_SIZE, MSG2_SIZE, ReplayCache, public_key_from_seed
 
 K = bytes(range(32))
 OTHER_K = bytes(range(1, 33))

@@ -16,9 +16,9 @@ from typing import Any, Final
 
 import trio
 
-from latticed.api.protocol import error_reply, pack
+from latticed.api.wire import error_reply, pack
 from latticed.errors import LatticedError, MalformedError
-from latticed.framing import FrameDecoder, encode_frame
+from latticed.protocol.framing import FrameDecoder, encode_frame
 
 RECEIVE_SIZE: Final = 1 << 16
 #: A request frame this large is reported to ``on_large_frame`` (the server then gives memory back once

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from latticed.api.protocol import API_VERSION, error_from_reply
+from latticed.api.wire import API_VERSION, error_from_reply
 from latticed.errors import LatticedError, RemoteProtocolError
 
 HeaderPairs = tuple[tuple[str, bytes], ...]

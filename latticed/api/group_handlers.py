@@ -2,7 +2,7 @@
 
 Every op names its group as ``group`` (``NAME`` or ``OWNER/NAME``); only the daemon that owns a group
 serves its consumers, any daemon holding a replica answers ``group_stats`` from the replicated progress.
-The consumer is the connection (:mod:`latticed.api.session`). ``dequeue`` is a stream op so that a client
+The consumer is the connection (:mod:`latticed.api.consumer_id`). ``dequeue`` is a stream op so that a client
 that hangs up while waiting is noticed (it does not get a lease it cannot receive); ``subscribe`` lives in
 :mod:`latticed.api.subscribe`. Replies that settle or return a record echo its ``correlation_id``.
 """
@@ -14,17 +14,16 @@ from typing import Any, Final
 
 import trio
 
-from latticed.api import subscribe  # noqa: F401 - importing it registers the subscribe stream
 from latticed.api.connection import Connection
+from latticed.api.consumer_id import consumer_id
 from latticed.api.handlers import Context, Reply, Request, handler, stream
-from latticed.api.protocol import arg_int, arg_number, arg_str
-from latticed.api.session import consumer_id
+from latticed.api.wire import arg_int, arg_number, arg_str
 from latticed.crdt.group import AttemptRecord, GroupProgress, parse_source_id
 from latticed.crdt.head import KIND_GROUP
 from latticed.errors import LatticedError, MalformedError
-from latticed.groups.dispatch import Changes, DeadLetter, Lease
 from latticed.groups.runtime import GroupRuntime
 from latticed.groups.service import GroupService
+from latticed.leases.dispatch import Changes, DeadLetter, Lease
 
 #: Longest accepted duration argument (a day): longer is almost surely a unit mistake.
 MAX_SECONDS: Final = 86_400.0

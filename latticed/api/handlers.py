@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from latticed.api.protocol import (
+from latticed.api.wire import (
     FRAME_OVERHEAD,
     SUPPORTED_VERSIONS,
     arg_bytes,
@@ -61,7 +61,7 @@ def package_version() -> str:
 
 
 class ReplicationView(Protocol):
-    """What the API shows of replication (the service itself lives in :mod:`latticed.replication`)."""
+    """What the API shows of replication (the service itself lives in :mod:`latticed.net.replication`)."""
 
     @property
     def listen(self) -> str | None: ...

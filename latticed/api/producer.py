@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from latticed.api.client import Client, _header_list
-from latticed.api.protocol import API_VERSION, error_from_reply
+from latticed.api.wire import API_VERSION, error_from_reply
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
 
 #: Requests in flight by default: enough to fill a group commit, few enough to bound the wait for an ack.

@@ -22,17 +22,16 @@ from typing import Any, Final
 
 import trio
 
-from latticed.api import group_handlers, tail  # noqa: F401 - importing them registers their ops
+from latticed.api import group_handlers, subscribe, tail  # noqa: F401 - importing them registers their ops
 from latticed.api.connection import Connection
-from latticed.api.handlers import HANDLERS, PIPELINED, STREAMS, Context, PipelinedHandler
+from latticed.api.consumer_id import CONSUMER, new_consumer_id
+from latticed.api.dispatch import dispatch, parse_request
+from latticed.api.handlers import PIPELINED, STREAMS, Context, PipelinedHandler
 from latticed.api.listener import bind_unix_socket, remove_socket
-from latticed.api.protocol import SUPPORTED_VERSIONS, error_reply, unpack
-from latticed.api.session import CONSUMER, new_consumer_id
+from latticed.api.wire import error_reply
 from latticed.errors import (
     ConnectionClosedError,
     LatticedError,
-    MalformedError,
-    ProtocolError,
     RemoteProtocolError,
 )
 from latticed.logs import get_logger, log_event
@@ -296,46 +295,6 @@ def _reply(rid: Any, job: Job | LatticedError, build: Any) -> dict[str, Any]:
     reply["id"] = rid
     reply["ok"] = True
     return reply
-
-
-def parse_request(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The request, or the error reply to send instead."""
-    try:
-        request = unpack(frame)
-    except MalformedError as exc:
-        return None, error_reply(None, exc)
-    if not isinstance(request, dict):
-        return None, error_reply(None, MalformedError("a request is a map with 'v', 'id' and 'op'"))
-    rid = request.get("id")
-    if not (rid is None or isinstance(rid, int | str)):
-        return None, error_reply(None, MalformedError("a request 'id' is an integer or a string"))
-    version = request.get("v")
-    op = request.get("op")
-    if version not in SUPPORTED_VERSIONS and op != "hello":
-        return None, error_reply(
-            rid,
-            ProtocolError(
-                f"unsupported API version {version!r}; this daemon speaks {list(SUPPORTED_VERSIONS)}"
-            ),
-        )
-    if not isinstance(op, str) or (op not in HANDLERS and op not in STREAMS):
-        shown = repr(op)[:60]
-        return None, error_reply(rid, ProtocolError(f"unknown op {shown}"))
-    return request, None
-
-
-async def dispatch(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
-    rid = request.get("id")
-    try:
-        result = await HANDLERS[request["op"]](ctx, request)
-    except LatticedError as exc:
-        return error_reply(rid, exc)
-    except Exception as exc:
-        log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
-        return error_reply(rid, LatticedError(f"internal error: {type(exc).__name__}"))
-    result["id"] = rid
-    result["ok"] = True
-    return result
 
 
 __all__ = [

@@ -22,9 +22,11 @@ from typing import Any, Final
 import trio
 
 from latticed.api.connection import Connection
+from latticed.api.consumer_id import consumer_id
+from latticed.api.dispatch import dispatch, parse_request
+from latticed.api.group_handlers import arg_seconds, lease_wire, runtime_of, service_of, settled_reply
 from latticed.api.handlers import STREAMS, Context, Reply, Request, handler, stream
-from latticed.api.protocol import arg_int, arg_str, error_reply
-from latticed.api.session import consumer_id
+from latticed.api.wire import arg_int, arg_str, error_reply
 from latticed.errors import LatticedError, MalformedError, ProtocolError
 from latticed.groups.committer import Flight
 
@@ -98,24 +100,12 @@ class _Session:
         self.wake.set()
 
     async def answer(self, ctx: Context, request: Request) -> None:
-        from latticed.api.server import dispatch  # noqa: PLC0415 - the server imports this module
-
         self.send(await dispatch(ctx, request))
         self.pending -= 1
 
 
 @stream("subscribe")
 async def subscribe(ctx: Context, conn: Connection, request: Request) -> bool:
-    # The server imports the work-queue ops, so import its request plumbing when first needed.
-    from latticed.api.group_handlers import (  # noqa: PLC0415
-        arg_seconds,
-        lease_wire,
-        runtime_of,
-        service_of,
-        settled_reply,
-    )
-    from latticed.api.server import parse_request  # noqa: PLC0415
-
     service, rt = service_of(ctx), runtime_of(ctx, request)
     rid, group = request.get("id"), request.get("group")
     window = arg_int(request, "max_in_flight", default=1)

@@ -22,7 +22,7 @@ import trio
 
 from latticed.api.connection import Connection
 from latticed.api.handlers import Context, columns_reply, stream
-from latticed.api.protocol import TAIL_BATCH_BYTES, TAIL_BATCH_RECORDS, arg_bool, arg_int
+from latticed.api.wire import TAIL_BATCH_BYTES, TAIL_BATCH_RECORDS, arg_bool, arg_int
 from latticed.errors import StorageError
 
 MAX_TAIL_BATCH_RECORDS = 10_000

@@ -9,7 +9,7 @@ failed-attempts count per unsettled offset. Join is union, union, max, then forg
 commutative, associative and idempotent. :class:`GroupProgress` stores S as ``ack_floor`` (every offset
 below is settled) plus ``acked`` and ``dead`` above it; contiguous runs fold into the floor.
 
-Decisions (see also :mod:`latticed.groups.dispatch`):
+Decisions (see also :mod:`latticed.leases.dispatch`):
 
 * **Dead letters settle their offset**: the floor advances over them, so one poison record cannot pin the
   floor (and grow ``acked``) for as long as it sits in the DLQ. The dead letter itself, payload included,
@@ -308,7 +308,7 @@ class GroupSpec:
 
     Durations are seconds. ``max_attempts`` 0 never dead-letters; ``max_consumers`` and ``max_in_flight``
     (per consumer) 0 mean no cap; ``retention_s`` 0 keeps no done records (they are kept in memory, for
-    inspection, at most that long). ``filter`` "" takes every record (see :mod:`latticed.groups.filters`).
+    inspection, at most that long). ``filter`` "" takes every record (see :mod:`latticed.leases.filters`).
     """
 
     name: str

@@ -30,8 +30,8 @@ from latticed.crdt.group import (
 )
 from latticed.crdt.records import MAX_VALUE_BYTES, Record
 from latticed.errors import LatticedError
-from latticed.groups.dispatch import Changes
 from latticed.groups.runtime import GroupRuntime
+from latticed.leases.dispatch import Changes
 from latticed.logs import get_logger, log_event
 from latticed.storage.engine import Engine
 

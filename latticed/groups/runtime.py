@@ -18,7 +18,7 @@ from latticed.crdt.group import GroupProgress, GroupSpec, ProgressOp, dlq_name, 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError
-from latticed.groups.dispatch import Changes, Dispatcher
+from latticed.leases.dispatch import Changes, Dispatcher
 from latticed.logs import get_logger, log_event
 from latticed.storage.engine import Engine
 from latticed.storage.reader import Columns

@@ -2,7 +2,7 @@
 
 * **Start-up**: every group log (a ``KIND_GROUP`` queue) we own is loaded: its definition from the
   signed metadata, its progress by folding its ops, then its sources (and DLQ) are read from their ack
-  floors in bounded batches into a fresh :class:`~latticed.groups.dispatch.Dispatcher`. Leases were local,
+  floors in bounded batches into a fresh :class:`~latticed.leases.dispatch.Dispatcher`. Leases were local,
   so everything unsettled is available again.
 * **Intake**: the engine's change listener marks sources that changed (our appends and replicated
   arrivals alike); one feeder task reads their new records from the store and offers them, then wakes
@@ -46,9 +46,9 @@ from latticed.errors import (
     NotOwnerError,
 )
 from latticed.groups.committer import Committer, Flight
-from latticed.groups.dispatch import Changes, DeadLetter, Lease
-from latticed.groups.filters import compile_filter
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime
+from latticed.leases.dispatch import Changes, DeadLetter, Lease
+from latticed.leases.filters import compile_filter
 from latticed.logs import get_logger, log_event
 from latticed.storage.engine import Engine
 

@@ -1,6 +1,6 @@
 """LAN discovery over mDNS: advertise ``_latticed._tcp.local.`` and report other members of our network.
 
-The TXT record carries a sealed announcement (:mod:`latticed.net.announce`, ``docs/discovery.md``): a
+The TXT record carries a sealed announcement (:mod:`latticed.protocol.announce`, ``docs/discovery.md``): a
 stranger on the LAN learns that a latticed daemon listens on some host:port, nothing else, and cannot forge
 one. Instance and host names are random per run for the same reason.
 
@@ -11,7 +11,7 @@ shielded ``finally`` so goodbyes go out even when we are cancelled.
 
 What is reported is a sighting, not liveness: python-zeroconf keeps a vanished peer's records for ~19
 minutes, so whether a peer is up is for the connection and gossip layers to find out (see
-:mod:`latticed.net.peers`).
+:mod:`latticed.protocol.peerbook`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ import trio
 from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
 
 from latticed.clock import wall_ms
-from latticed.config import HostPort
 from latticed.errors import IntegrityError, MalformedError
 from latticed.logs import get_logger, log_event
-from latticed.net.announce import (
+from latticed.netkey import network_key_fingerprint
+from latticed.protocol.addresses import HostPort
+from latticed.protocol.announce import (
     DEFAULT_MAX_AGE_MS,
     DEFAULT_MAX_FUTURE_MS,
     KEY_SIZE,
@@ -44,7 +45,6 @@ from latticed.net.announce import (
     open_announcement,
     seal_announcement,
 )
-from latticed.netkey import network_key_fingerprint
 
 __all__ = [
     "DEFAULT_REANNOUNCE_INTERVAL",
@@ -87,7 +87,7 @@ class DiscoveredPeer:
 
     @property
     def address(self) -> HostPort:
-        """``(host, port)``, the key of :class:`~latticed.net.peers.PeerBook`."""
+        """``(host, port)``, the key of :class:`~latticed.protocol.peerbook.PeerBook`."""
         return self.host, self.port
 
 

@@ -19,7 +19,7 @@ from typing import Final
 import trio
 
 from latticed.errors import ConnectionClosedError, HandshakeError, LatticedError
-from latticed.net.handshake import (
+from latticed.protocol.handshake import (
     FRESHNESS_WINDOW_MS,
     Allowed,
     Handshake,
@@ -29,7 +29,7 @@ from latticed.net.handshake import (
     Responder,
     Role,
 )
-from latticed.net.secure import DEFAULT_MAX_MESSAGE_SIZE, SecureChannel
+from latticed.protocol.secure import DEFAULT_MAX_MESSAGE_SIZE, SecureChannel
 
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",

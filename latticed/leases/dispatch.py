@@ -48,7 +48,7 @@ from latticed.crdt.group import (
 )
 from latticed.crdt.records import Record
 from latticed.errors import CapacityError, LeaseError, NotFoundError
-from latticed.groups.filters import compile_filter
+from latticed.leases.filters import compile_filter
 
 #: Done records kept for inspection are capped whatever the retention, to bound memory.
 MAX_RETAINED_DONE = 100_000

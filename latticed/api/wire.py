@@ -1,4 +1,4 @@
-"""The local API's messages: msgpack maps in length-prefixed frames (:mod:`latticed.framing`).
+"""The local API's messages: msgpack maps in length-prefixed frames (:mod:`latticed.protocol.framing`).
 
 Request:  ``{"v": 1, "id": n, "op": "...", ...args}``
 Reply:    ``{"id": n, "ok": true, ...}`` or ``{"id": n, "ok": false, "error": {"code": c, "message": m}}``

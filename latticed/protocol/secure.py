@@ -1,7 +1,8 @@
 """Sans-IO encrypted channel over the keys of a completed handshake.
 
 Each direction is one libsodium secretstream (XChaCha20-Poly1305). A message travels as one frame of
-:mod:`latticed.framing`: ``u32 length ‖ secretstream ciphertext`` (plaintext + 17 bytes). Why this is enough:
+:mod:`latticed.protocol.framing`: ``u32 length ‖ secretstream ciphertext`` (plaintext + 17 bytes).
+Why this is enough:
 
 * secretstream authenticates every message *and its position* (an internal counter), so a tampered,
   replayed, dropped or reordered frame fails to decrypt; a tampered length prefix shifts frame boundaries
@@ -25,8 +26,8 @@ import nacl.bindings as sodium
 import nacl.exceptions
 
 from latticed.errors import ConnectionClosedError, LatticedError, LocalProtocolError, RemoteProtocolError
-from latticed.framing import MAX_FRAME_SIZE_LIMIT, FrameDecoder
-from latticed.net.handshake import HandshakeResult
+from latticed.protocol.framing import MAX_FRAME_SIZE_LIMIT, FrameDecoder
+from latticed.protocol.handshake import HandshakeResult
 
 __all__ = ["ABYTES", "DEFAULT_MAX_MESSAGE_SIZE", "SecureChannel"]
 

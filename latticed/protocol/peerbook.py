@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
-from latticed.config import HostPort
 from latticed.errors import MalformedError, NotFoundError
+from latticed.protocol.addresses import HostPort
 
 __all__ = [
     "DEFAULT_FORGET_AFTER",

@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from latticed.config import DaemonConfig, HostPort
+from latticed.config import DaemonConfig
 from latticed.crdt.head import QueueKind
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.signing import Identity, parse_public_key
@@ -30,10 +30,11 @@ from latticed.errors import LatticedError, NotFoundError
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, PendingMerge
-from latticed.net.handshake import ReplayCache
-from latticed.net.peers import Backoff, PeerBook
 from latticed.net.transport import open_peer, secure_accept
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
+from latticed.protocol.addresses import HostPort
+from latticed.protocol.handshake import ReplayCache
+from latticed.protocol.peerbook import Backoff, PeerBook
 from latticed.protocol.replication import QueueKey
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Merge

@@ -1,8 +1,8 @@
 """Sans-IO length-prefixed framing: ``u32 big-endian length ‖ body``, with a hard size limit.
 
-Shared by the peer transport (:mod:`latticed.net.secure`) and the local Unix-socket API, so it knows nothing
-about what a body means. It never touches a socket: callers feed received bytes in and take whole frames out,
-h11-style.
+Shared by the peer transport (:mod:`latticed.protocol.secure`) and the local Unix-socket API, so it
+knows nothing about what a body means. It never touches a socket: callers feed received bytes in and take
+whole frames out, h11-style.
 
 Why these choices:
 

@@ -1,0 +1,34 @@
+"""Work-queue leases, sans-IO: the lease manager (:mod:`.dispatch`: leases, ack/nack, retries with
+backoff, dead letters, consumer caps) and the record filter language (:mod:`.filters`).
+
+Pure: time comes in as arguments and no module here does I/O, so the lease rules are tested without
+sockets, threads or sleeps. The replicated half (progress lattice, ops, group definition, dead-letter
+records) is :mod:`latticed.crdt.group`; the trio service that runs groups on the engine is
+:mod:`latticed.groups`. See docs/workqueues.md.
+"""
+
+from latticed.leases.dispatch import (
+    Changes,
+    DeadLetter,
+    Dispatcher,
+    Done,
+    Failure,
+    GroupStats,
+    Lease,
+    TaskView,
+)
+from latticed.leases.filters import FilterSyntaxError, compile_filter, parse_filter
+
+__all__ = [
+    "Changes",
+    "DeadLetter",
+    "Dispatcher",
+    "Done",
+    "Failure",
+    "FilterSyntaxError",
+    "GroupStats",
+    "Lease",
+    "TaskView",
+    "compile_filter",
+    "parse_filter",
+]
