@@ -69,6 +69,14 @@ def run(
             "--replicate", metavar="PATTERN", help="Replicate only OWNER/NAME matching this glob; repeatable."
         ),
     ] = None,
+    metrics_listen: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-listen",
+            metavar="[HOST:]PORT",
+            help="Serve Prometheus metrics over HTTP here (a bare port: loopback; 0: any). Default: off.",
+        ),
+    ] = None,
     log_level: Annotated[
         str | None,
         typer.Option(
@@ -98,6 +106,7 @@ def run(
         "mdns_interfaces": mdns_interface or None,
         "network_key_file": network_key_file,
         "replicate": replicate or None,
+        "metrics_listen": metrics_listen,
         "log_level": log_level,
         "log_format": log_format,
     }

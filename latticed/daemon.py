@@ -16,16 +16,20 @@ import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 
-from latticed.api.handlers import Context
+from latticed.api.handlers import Context, package_version
 from latticed.api.server import serve_api
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.groups.service import run_groups
 from latticed.logs import get_logger, log_event
 from latticed.malloc import keep_large_buffers
+from latticed.metrics.collector import StateCollector
+from latticed.metrics.live import DaemonMetrics
+from latticed.metrics.server import serve_metrics
 from latticed.paths import ensure_data_dir, ensure_socket_dir
 from latticed.replication import run_replication
 from latticed.sdnotify import Notifier, watchdog_interval
@@ -86,15 +90,43 @@ async def run_daemon(
     ensure_socket_dir(config.socket_path)
     with DataDirLock(config.data_dir):
         identity = load_or_create_identity(config.identity_key_path)
-        async with Engine.open(config.data_dir, identity, group_commit_ms=config.group_commit_ms) as engine:
-            context = Context(engine, config.data_dir, config.socket_path, config.max_frame_bytes)
+        # Off unless asked for: then storage and replication get nothing to report to, and pay nothing.
+        metrics = DaemonMetrics(identity.public_key) if config.metrics_listen is not None else None
+        async with Engine.open(
+            config.data_dir, identity, group_commit_ms=config.group_commit_ms, metrics=metrics
+        ) as engine:
             try:
                 async with trio.open_nursery() as nursery:
                     if handle_signals:
                         await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
+                    replication = None
                     if config.listen is not None or config.peers:
-                        context.replication = await nursery.start(run_replication, engine, identity, config)
-                    context.groups = await nursery.start(run_groups, engine)
+                        replication = await nursery.start(
+                            partial(run_replication, engine, identity, config, metrics=metrics)
+                        )
+                    groups = await nursery.start(run_groups, engine)
+                    metrics_listen = None
+                    if metrics is not None and config.metrics_listen is not None:
+                        metrics.registry.register(
+                            StateCollector(
+                                engine,
+                                config.data_dir,
+                                version=package_version(),
+                                replication=replication,
+                                groups=groups,
+                            )
+                        )
+                        endpoint = await nursery.start(serve_metrics, config.metrics_listen, metrics.registry)
+                        metrics_listen = str(endpoint)
+                    context = Context(
+                        engine,
+                        config.data_dir,
+                        config.socket_path,
+                        config.max_frame_bytes,
+                        replication=replication,
+                        groups=groups,
+                        metrics_listen=metrics_listen,
+                    )
                     await nursery.start(serve_api, context)
                     interval = watchdog_interval(env)
                     if interval is not None:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -35,6 +35,9 @@ from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_n
 from latticed.protocol.replication import QueueKey
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Merge
+
+if TYPE_CHECKING:
+    from latticed.metrics.hooks import PeerMetrics
 
 log = get_logger(__name__)
 
@@ -125,6 +128,7 @@ class Replication:
     listen_address: HostPort | None = None
     wake_dialer: trio.Event = field(default_factory=trio.Event)
     allowed: frozenset[bytes] | None = None
+    metrics: PeerMetrics | None = None
 
     @property
     def listen(self) -> str | None:
@@ -211,9 +215,11 @@ async def run_replication(
     identity: Identity,
     config: DaemonConfig,
     *,
+    metrics: PeerMetrics | None = None,
     task_status: trio.TaskStatus[Replication] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen, dial, discover and gossip until cancelled."""
+    """Listen, dial, discover and gossip until cancelled; ``metrics`` (off when None) hears of
+    connections and failed handshakes."""
     network_key = load_network_key(config)
     allowed = frozenset(parse_public_key(p) for p in config.allowed_peers) or None
     patterns = config.replicate or None
@@ -223,7 +229,9 @@ async def run_replication(
     )
     book = _load_book(config.data_dir, identity.public_key)
     book.add_static(config.peers, now=time.time())
-    service = Replication(engine, identity, config, network_key, gossip, book, allowed=allowed)
+    service = Replication(
+        engine, identity, config, network_key, gossip, book, allowed=allowed, metrics=metrics
+    )
 
     def on_change(state: QueueState) -> None:
         if state.head is not None:
@@ -298,8 +306,12 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
             )
         except LatticedError as exc:
             log_event(log, "peer.handshake_failed", level=logging.INFO, address=peer_address, error=str(exc))
+            if service.metrics is not None:
+                service.metrics.handshake_failed("incoming", exc)
             await trio.aclose_forcefully(stream)
             return
+        if service.metrics is not None:
+            service.metrics.connected("incoming")
         # Recorded in the book (never dialled) so the dialer does not redial an identity that is connected.
         if remote is not None:
             service.book.connected(remote, secure.remote_public_key, time.time(), incoming=True)
@@ -351,8 +363,12 @@ async def _dial(service: Replication, address: HostPort) -> None:
     except LatticedError as exc:
         service.book.failed(address, time.time())
         log_event(log, "peer.dial_failed", level=logging.DEBUG, address=f"{host}:{port}", error=str(exc))
+        if service.metrics is not None:
+            service.metrics.handshake_failed("outgoing", exc)
         service.wake_dialer.set()
         return
+    if service.metrics is not None:
+        service.metrics.connected("outgoing")
     peer = stream.remote_public_key
     _tune_socket(stream.transport_stream)
     if peer in service.gossip.links and not _is_stale(service, peer):

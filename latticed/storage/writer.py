@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from latticed.crdt import kv
 from latticed.crdt.head import KIND_KV, queue_id
@@ -35,6 +35,9 @@ from latticed.storage.batch import Batch, appended_since
 from latticed.storage.jobs import KV_NAMESPACE, Job
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
 from latticed.storage.store import Store
+
+if TYPE_CHECKING:
+    from latticed.metrics.hooks import StorageMetrics
 
 log = get_logger(__name__)
 
@@ -79,6 +82,7 @@ class Writer:
         linger_ms: float = 0.0,
         max_page_count: int | None = None,
         on_done: DoneCallback | None = None,
+        metrics: StorageMetrics | None = None,
     ) -> None:
         self.path = path
         self.identity = identity
@@ -86,6 +90,7 @@ class Writer:
         self._linger = linger_ms / 1000.0
         self._max_page_count = max_page_count
         self.on_done = on_done
+        self._metrics = metrics
         self.states: dict[int, QueueState] = {}
         self.created_ms: dict[int, int] = {}
         self._by_qid: dict[bytes, int] = {}
@@ -312,6 +317,7 @@ class Writer:
         """One try at a batch: (a job that failed after changing the batch, or None; what changed)."""
         changes: list[Change] = []
         next_q = self._next_q
+        started = time.perf_counter()
         batch = Batch(self.states, self.identity, self._clock(), self._allocate_q, self.store.kv_entry)
         for job in jobs:
             before = batch.mutations
@@ -329,7 +335,7 @@ class Writer:
         try:
             if batch.staged:
                 batch.commit_pending()
-                changes = self._write(batch)
+                changes = self._write(batch, started)
                 self.transactions += 1
                 self.jobs_committed += len(jobs)
         except LatticedError as exc:
@@ -352,7 +358,9 @@ class Writer:
         self._next_q += 1
         return q
 
-    def _write(self, batch: Batch) -> list[Change]:
+    def _write(self, batch: Batch, started: float) -> list[Change]:
+        """Write ``batch`` in one transaction; ``started`` (``perf_counter``) is when the batch began, for
+        the commit latency metric."""
         store = self.store
         results: list[Change] = []
         reclaim = False
@@ -371,10 +379,14 @@ class Writer:
                 results.append(Change(q, persisted, first, appended))
             for ns, entries in batch.kv.items():
                 store.put_kv(ns, entries.items())
-            store.commit()
+            syncing = time.perf_counter()
+            store.commit()  # WAL mode, synchronous=FULL: the WAL frames are written and fsynced here
+            done = time.perf_counter()
         except BaseException:
             store.rollback()
             raise
+        if self._metrics is not None:
+            self._metrics.observe_commit(done - started, done - syncing)
         self._reclaim = self._reclaim or reclaim
         for change in results:
             self.states[change.q] = change.state
