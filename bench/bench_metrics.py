@@ -1,25 +1,31 @@
 """Does scraping the metrics endpoint slow the write path? A same-run A/B of two daemon processes.
 
-    .venv/bin/python bench/bench_metrics.py                          # 6 rounds of 3 s per arm and workload
-    .venv/bin/python bench/bench_metrics.py --rounds 10 --seconds 5 --scrape-interval 0.25
+    .venv/bin/python bench/bench_metrics.py                     # 12 rounds of 2 s per arm and workload
+    .venv/bin/python bench/bench_metrics.py --rounds 30 --seconds 2 --scrape-interval 0.25
 
-Two daemons on the same disk, started together: A without metrics, B with ``--metrics-listen`` and a
-scraper (its own process, so it takes no GIL from the clients) fetching ``/metrics`` every
-``--scrape-interval`` seconds while B is measured. Only one daemon is loaded at a time; the arms alternate
-A B B A A B ..., so drift (other load, the disk) falls on both. Each daemon holds ``--queues`` extra queues
-and a consumer group, so a scrape has something to read. Workloads, each for ``--seconds`` per round:
+Two daemons on the same disk, started together: A without metrics, B with ``--metrics-listen``. Arms:
+A; B with a scraper (its own process, so it takes no GIL from the clients) fetching ``/metrics`` every
+``--scrape-interval`` seconds; and B0, the same daemon B not scraped, which separates the cost of the
+scrapes from the differences between two daemon processes. One arm runs at a time, in a rotating order
+(every permutation in turn), so drift (other load, the disk) falls on all of them. Each daemon holds
+``--queues`` extra queues and a consumer group, so a scrape has something to read. Workloads, each for
+``--seconds`` per arm and round:
 
   bulk:   1 connection offering batches of 1000 x 100 B, waiting for each reply: records/s.
   single: 1 connection offering one 100 B record at a time, waiting for each ack: offers/s, p50/p99.
 
-Reported per arm: the median over rounds, and the daemon's CPU per record (user + system, from /proc: robust
-to other load). Ratios are B / A. Figures are printed, never asserted.
+Reported per arm: the median over rounds, and the daemon's CPU per record (user + system, from /proc:
+less sensitive to other load than the rate). Ratios are B / A (metrics on and scraped against off) and
+B / B0 (the scrapes alone): of the medians, and the median of the per-round ratios, whose arms ran
+seconds apart (on a shared box the rate drifts far more between rounds than within one). Figures are
+printed, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import multiprocessing as mp
 import statistics
 import subprocess
@@ -29,7 +35,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from multiprocessing.synchronize import Event as MpEvent
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from bench_daemon import cpu_s, pct
@@ -84,18 +90,22 @@ def populate(d: Daemon, queues: int) -> None:
         c.group_create("workers", ["extra-0"] if queues else [])
 
 
-def scraper(url: str, interval: float, stop: MpEvent, out: mp.Queue[list[float]]) -> None:
-    """Fetch ``url`` every ``interval`` s until ``stop``; report each scrape's duration."""
-    took: list[float] = []
-    next_at = time.monotonic()
-    while not stop.is_set():
-        t0 = time.perf_counter()
-        with urllib.request.urlopen(url, timeout=10) as response:
-            response.read()
-        took.append(time.perf_counter() - t0)
-        next_at += interval
-        stop.wait(max(0.0, next_at - time.monotonic()))
-    out.put(took)
+def scraper(url: str, interval: float, conn: Connection) -> None:
+    """A process that fetches ``url`` every ``interval`` s between "start" and "stop" (then answers with
+    each scrape's duration), until "quit". It lives for the whole run: no process starts inside an arm."""
+    while conn.recv() == "start":
+        took: list[float] = []
+        next_at = time.monotonic()
+        while True:
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(url, timeout=10) as response:
+                response.read()
+            took.append(time.perf_counter() - t0)
+            next_at += interval
+            if conn.poll(max(0.0, next_at - time.monotonic())):
+                conn.recv()  # "stop"
+                break
+        conn.send(took)
 
 
 def bulk(sock: Path, seconds: float) -> tuple[int, list[float]]:
@@ -132,21 +142,17 @@ def measure(
     d: Daemon,
     work: Callable[[Path, float], tuple[int, list[float]]],
     seconds: float,
-    interval: float,
     arm: Arm,
+    scrapes: Connection | None = None,
 ) -> None:
-    stop, out, proc = None, None, None
-    if d.metrics_url is not None:
-        stop, out = mp.Event(), mp.Queue()
-        proc = mp.Process(target=scraper, args=(d.metrics_url, interval, stop, out))
-        proc.start()
+    if scrapes is not None:
+        scrapes.send("start")
     cpu0, t0 = cpu_s(d.proc.pid), time.perf_counter()
     n, latencies = work(d.sock, seconds)
     elapsed, cpu = time.perf_counter() - t0, cpu_s(d.proc.pid) - cpu0
-    if proc is not None and stop is not None and out is not None:
-        stop.set()
-        arm.scrapes += out.get(timeout=30)
-        proc.join(30)
+    if scrapes is not None:
+        scrapes.send("stop")
+        arm.scrapes += scrapes.recv()
     arm.rate.append(n / elapsed)
     arm.cpu_us.append(cpu / n * 1e6)
     if latencies:
@@ -158,15 +164,22 @@ def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def report(name: str, a: Arm, b: Arm) -> None:
-    print(f"\n{name}: per round (A without metrics, B scraped), then medians and B/A")
-    print(f"  A rate/s: {' '.join(f'{v:,.0f}' for v in a.rate)}")
+def report(name: str, a: Arm, b: Arm, base: str = "A") -> None:
+    print(f"\n{name}: per round ({base}, then B scraped), then medians and B/{base}")
+    print(f"  {base} rate/s: {' '.join(f'{v:,.0f}' for v in a.rate)}")
     print(f"  B rate/s: {' '.join(f'{v:,.0f}' for v in b.rate)}")
     rows = [("rate/s", a.rate, b.rate), ("daemon CPU µs/record", a.cpu_us, b.cpu_us)]
     if a.p50_ms:
         rows += [("p50 ms", a.p50_ms, b.p50_ms), ("p99 ms", a.p99_ms, b.p99_ms)]
     for label, xa, xb in rows:
-        print(f"  {label:22} A {med(xa):>10,.3f}   B {med(xb):>10,.3f}   B/A {med(xb) / med(xa):.3f}")
+        # Each round's arms ran seconds apart: their ratio cancels the drift between rounds.
+        paired = sorted(y / x for x, y in zip(xa, xb, strict=True))
+        quartiles = f"{pct(paired, 0.25):.3f}-{pct(paired, 0.75):.3f}"
+        ratio = med(xb) / med(xa)
+        print(
+            f"  {label:22} {base} {med(xa):>10,.3f}  B {med(xb):>10,.3f}  ratio of medians {ratio:.3f},"
+            f" median of paired ratios {med(paired):.3f} (quartiles {quartiles})"
+        )
     if b.scrapes:
         print(
             f"  scrapes during B: {len(b.scrapes)}, each p50 {pct(b.scrapes, 0.5) * 1e3:.2f} ms, "
@@ -178,8 +191,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--scrape-interval", type=float, default=0.5)
     parser.add_argument("--queues", type=int, default=100)
     parser.add_argument("--workloads", default="bulk,single")
@@ -195,15 +208,23 @@ def main() -> None:
                 f"{args.rounds} rounds x {args.seconds:g} s per arm and workload; B scraped every "
                 f"{args.scrape_interval:g} s at {b.metrics_url} ({args.queues} extra queues, 1 group each)"
             )
-            for name in args.workloads.split(","):
-                arms = {"a": Arm(), "b": Arm()}
-                for r in range(args.rounds):
-                    order = ("a", "b") if r % 2 == 0 else ("b", "a")
-                    for key in order:
-                        measure(
-                            a if key == "a" else b, works[name], args.seconds, args.scrape_interval, arms[key]
-                        )
-                report(name, arms["a"], arms["b"])
+            control, conn = mp.Pipe()
+            scraping = mp.Process(target=scraper, args=(b.metrics_url, args.scrape_interval, conn))
+            scraping.start()
+            targets = {"a": (a, None), "b": (b, control), "b0": (b, None)}
+            orders = list(itertools.permutations(targets))
+            try:
+                for name in args.workloads.split(","):
+                    arms = {key: Arm() for key in targets}
+                    for r in range(args.rounds):
+                        for key in orders[r % len(orders)]:
+                            d, scrapes = targets[key]
+                            measure(d, works[name], args.seconds, arms[key], scrapes)
+                    report(name, arms["a"], arms["b"])
+                    report(f"{name}, daemon B unscraped (B0) against scraped", arms["b0"], arms["b"], "B0")
+            finally:
+                control.send("quit")
+                scraping.join(30)
 
 
 if __name__ == "__main__":
