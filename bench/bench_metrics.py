@@ -152,6 +152,8 @@ def measure(
     elapsed, cpu = time.perf_counter() - t0, cpu_s(d.proc.pid) - cpu0
     if scrapes is not None:
         scrapes.send("stop")
+        if not scrapes.poll(30):
+            raise RuntimeError("the scraper did not answer (its traceback is above)")
         arm.scrapes += scrapes.recv()
     arm.rate.append(n / elapsed)
     arm.cpu_us.append(cpu / n * 1e6)
@@ -187,6 +189,20 @@ def report(name: str, a: Arm, b: Arm, base: str = "A") -> None:
         )
 
 
+def scrape_cost(d: Daemon, n: int = 200) -> None:
+    """Daemon CPU per scrape, ``n`` back to back on the otherwise idle daemon."""
+    assert d.metrics_url is not None
+    cpu0, t0 = cpu_s(d.proc.pid), time.perf_counter()
+    for _ in range(n):
+        with urllib.request.urlopen(d.metrics_url, timeout=10) as response:
+            size = len(response.read())
+    cpu, elapsed = cpu_s(d.proc.pid) - cpu0, time.perf_counter() - t0
+    print(
+        f"a scrape ({size:,} bytes): {cpu / n * 1e3:.2f} ms of daemon CPU, {elapsed / n * 1e3:.2f} ms"
+        f" round trip ({n} back to back, daemon otherwise idle)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -208,13 +224,14 @@ def main() -> None:
                 f"{args.rounds} rounds x {args.seconds:g} s per arm and workload; B scraped every "
                 f"{args.scrape_interval:g} s at {b.metrics_url} ({args.queues} extra queues, 1 group each)"
             )
+            scrape_cost(b)
             control, conn = mp.Pipe()
             scraping = mp.Process(target=scraper, args=(b.metrics_url, args.scrape_interval, conn))
             scraping.start()
             targets = {"a": (a, None), "b": (b, control), "b0": (b, None)}
             orders = list(itertools.permutations(targets))
             try:
-                for name in args.workloads.split(","):
+                for name in [w for w in args.workloads.split(",") if w]:
                     arms = {key: Arm() for key in targets}
                     for r in range(args.rounds):
                         for key in orders[r % len(orders)]:
