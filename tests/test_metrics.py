@@ -169,10 +169,15 @@ def test_handshake_reasons_are_a_closed_set(error: Exception, reason: str) -> No
 
 
 def test_a_bug_in_counting_costs_the_metric_not_the_caller(caplog: pytest.LogCaptureFixture) -> None:
+    """The hooks run right after a commit on the storage thread, in the engine's completion callback and
+    in a peer's handshake: none may raise into them."""
     metrics = DaemonMetrics(ALICE.public_key)
     metrics.committed([], [object()])  # type: ignore[list-item]
     metrics.committed([], [object()])  # type: ignore[list-item]
-    assert sum("metrics.count_failed" in r.getMessage() for r in caplog.records) == 1
+    metrics.observe_commit("slow", 0.1)  # type: ignore[arg-type]
+    metrics.handshake_failed("incoming", object())  # type: ignore[arg-type]
+    metrics.verification_failed(object())  # type: ignore[arg-type]
+    assert sum("metrics.count_failed" in r.getMessage() for r in caplog.records) == 1  # logged once
 
 
 # ---------------------------------------------------------------------------------------------- the endpoint

@@ -110,10 +110,17 @@ class DaemonMetrics:
         self._reported_bug = False
         self.registry.register(self)
 
+    # Every hook runs inside something that must not fail because of a metric (the storage thread right
+    # after a commit, the engine's completion callback, a peer's handshake): a bug in one costs that
+    # metric and one log line, never the daemon.
+
     # ------------------------------------------------------------------ StorageMetrics
     def observe_commit(self, commit_s: float, fsync_s: float) -> None:
-        self.commit_seconds.observe(commit_s)
-        self.fsync_seconds.observe(fsync_s)
+        try:
+            self.commit_seconds.observe(commit_s)
+            self.fsync_seconds.observe(fsync_s)
+        except Exception as exc:
+            self._bug(exc)
 
     def committed(self, jobs: Sequence[Job], changes: Sequence[Change]) -> None:
         try:
@@ -127,24 +134,35 @@ class DaemonMetrics:
                     self.replicated_records[peer] += job.added
                     self.replicated_bytes[peer] += _added_bytes(job)
         except Exception as exc:
-            # Runs in the engine's completion callback: a bug here must cost a metric, never the daemon.
-            if not self._reported_bug:
-                self._reported_bug = True
-                log_event(log, "metrics.count_failed", level=logging.ERROR, exc_info=exc)
+            self._bug(exc)
 
     def verification_failed(self, error: LatticedError) -> None:
-        self.verification_failures[error.code] += 1
+        try:
+            self.verification_failures[error.code] += 1
+        except Exception as exc:
+            self._bug(exc)
 
     # ------------------------------------------------------------------ PeerMetrics
     def connected(self, direction: Direction) -> None:
-        self.connections[direction] += 1
+        try:
+            self.connections[direction] += 1
+        except Exception as exc:
+            self._bug(exc)
 
     def handshake_failed(self, direction: Direction, error: LatticedError) -> None:
-        reason = handshake_reason(error)
-        if reason == "unreachable":
-            self.dial_failures += 1  # no connection at all: not a handshake that failed
-        else:
-            self.handshake_failures[direction, reason] += 1
+        try:
+            reason = handshake_reason(error)
+            if reason == "unreachable":
+                self.dial_failures += 1  # no connection at all: not a handshake that failed
+            else:
+                self.handshake_failures[direction, reason] += 1
+        except Exception as exc:
+            self._bug(exc)
+
+    def _bug(self, exc: Exception) -> None:
+        if not self._reported_bug:  # once: a hook runs per commit
+            self._reported_bug = True
+            log_event(log, "metrics.count_failed", level=logging.ERROR, exc_info=exc)
 
     # ------------------------------------------------------------------ export
     def collect(self) -> Iterator[Metric]:

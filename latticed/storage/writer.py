@@ -385,8 +385,6 @@ class Writer:
         except BaseException:
             store.rollback()
             raise
-        if self._metrics is not None:
-            self._metrics.observe_commit(done - started, done - syncing)
         self._reclaim = self._reclaim or reclaim
         for change in results:
             self.states[change.q] = change.state
@@ -394,6 +392,8 @@ class Writer:
             state = self.states.setdefault(new.q, batch.staged[new.q].before)
             self.created_ms[new.q] = new.created_ms
             self._by_qid[state.queue_id] = new.q
+        if self._metrics is not None:  # last, once everything is published (it must not raise anyway)
+            self._metrics.observe_commit(done - started, done - syncing)
         return results
 
 
