@@ -187,6 +187,7 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "data dir": info.get("data_dir"),
         "socket": info.get("socket"),
         "listen": info.get("listen") or "not listening (local only)",
+        "metrics": info.get("metrics") or "off",
         "replication lag": info.get("replication_lag") or "none",
     }
     emit(info, field_lines(fields), as_json=as_json)

@@ -126,6 +126,14 @@ def run(
             show_default="every queue",
         ),
     ] = None,
+    metrics_listen: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-listen",
+            metavar="[HOST:]PORT",
+            help="Serve Prometheus metrics over HTTP here (a bare port: loopback; 0: any). Default: off.",
+        ),
+    ] = None,
     log_level: Annotated[
         str | None,
         typer.Option(
@@ -158,6 +166,7 @@ def run(
         "network_key_file": network_key_file,
         "insecure_public_network_key": insecure_public_network_key,
         "replicate": replicate or None,
+        "metrics_listen": metrics_listen,
         "log_level": log_level,
         "log_format": log_format,
     }

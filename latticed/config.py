@@ -9,6 +9,7 @@ names, so an error message names the key exactly as the user wrote it. The file 
     mdns = true
     allowed_peers = ["3b6a27bc..."]      # 64 hex digits each (32-byte public keys)
     replicate = ["3b6a27bc*/*", "*/shared-*"]   # OWNER/NAME globs; default: everything
+    metrics_listen = "127.0.0.1:9464"    # Prometheus endpoint; a bare port means loopback; default: off
     log_format = "json"                  # or "text"
 
 Relative paths in the file are taken relative to the file's directory, relative paths in overrides
@@ -40,6 +41,9 @@ LOG_FORMATS: tuple[LogFormat, ...] = ("json", "text")
 #: does not see ``$RUNTIME_DIRECTORY`` and may try this after :func:`default_socket_path`.
 SYSTEM_SOCKET_PATH = Path("/run/latticed/latticed.sock")
 SOCKET_NAME = "latticed.sock"
+
+#: Where a metrics endpoint given as a bare port listens.
+LOOPBACK = "127.0.0.1"
 
 _PUBLIC_KEY_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -74,6 +78,8 @@ class DaemonConfig:
     group_commit_ms: float = 2.0
     #: Largest frame accepted from a peer or client; bigger ones are a protocol error.
     max_frame_bytes: int = 16 * 1024 * 1024
+    #: Where to serve Prometheus/OpenMetrics metrics over HTTP (port 0: any); None (the default): off.
+    metrics_listen: HostPort | None = None
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -170,6 +176,16 @@ def _host_port(key: str, value: object, *, allow_port_zero: bool) -> HostPort:
         raise MalformedError(f"config key {key!r}: {exc}") from None
 
 
+def _metrics_address(key: str, value: object) -> HostPort:
+    """``HOST:PORT``, or a bare port (text or integer) meaning loopback: the endpoint is unauthenticated,
+    so it is reachable from elsewhere only when an address says so."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = f"{LOOPBACK}:{value}"
+    return _host_port(key, value, allow_port_zero=True)
+
+
 def _path_parser(base: Path | None, env: Mapping[str, str]) -> Callable[[str, object], Path]:
     def parse(key: str, value: object) -> Path:
         if not isinstance(value, str | os.PathLike):
@@ -193,6 +209,8 @@ def _convert(key: str, value: object, parse_path: Callable[[str, object], Path])
         return parse_path(key, value)
     if key == "listen":
         return _host_port(key, value, allow_port_zero=True)
+    if key == "metrics_listen":
+        return _metrics_address(key, value)
     if key == "peers":
         if not isinstance(value, list | tuple):
             raise _type_error(key, "a list of 'HOST:PORT' strings", value)

@@ -19,11 +19,12 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 
 from latticed.api import member_handlers  # noqa: F401 - importing it registers invite and join
-from latticed.api.handlers import Context
+from latticed.api.handlers import Context, package_version
 from latticed.api.listener import refuse_if_served
 from latticed.api.server import serve_api
 from latticed.config import DaemonConfig
@@ -32,6 +33,9 @@ from latticed.groups.service import run_groups
 from latticed.logs import get_logger, log_event
 from latticed.malloc import keep_large_buffers
 from latticed.membership import run_membership
+from latticed.metrics.collector import StateCollector
+from latticed.metrics.live import DaemonMetrics
+from latticed.metrics.server import serve_metrics
 from latticed.net.replication import Replication, load_network_key
 from latticed.netkey import check_listen_key
 from latticed.paths import ensure_data_dir, ensure_socket_dir
@@ -99,16 +103,41 @@ async def run_daemon(
     ensure_socket_dir(config.socket_path)
     with DataDirLock(config.data_dir):
         identity = load_or_create_identity(config.identity_key_path)
-        async with Engine.open(config.data_dir, identity, group_commit_ms=config.group_commit_ms) as engine:
+        # Off unless asked for: then storage and replication get nothing to report to, and pay nothing.
+        metrics = DaemonMetrics(identity.public_key) if config.metrics_listen is not None else None
+        async with Engine.open(
+            config.data_dir, identity, group_commit_ms=config.group_commit_ms, metrics=metrics
+        ) as engine:
             context = Context(engine, config.data_dir, config.socket_path, config.max_frame_bytes)
             try:
                 async with trio.open_nursery() as nursery:
                     if handle_signals:
                         await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
-                    context.membership = await nursery.start(
-                        run_membership, engine, identity, config, network_key, _publisher(context)
+                    membership = await nursery.start(
+                        partial(
+                            run_membership,
+                            engine,
+                            identity,
+                            config,
+                            network_key,
+                            _publisher(context),
+                            metrics=metrics,
+                        )
                     )
-                    context.groups = await nursery.start(run_groups, engine)
+                    groups = await nursery.start(run_groups, engine)
+                    context.membership, context.groups = membership, groups
+                    if metrics is not None and config.metrics_listen is not None:
+                        metrics.registry.register(
+                            StateCollector(
+                                engine,
+                                config.data_dir,
+                                version=package_version(),
+                                replication=lambda: membership.service,
+                                groups=groups,
+                            )
+                        )
+                        endpoint = await nursery.start(serve_metrics, config.metrics_listen, metrics.registry)
+                        context.metrics_listen = str(endpoint)
                     await nursery.start(serve_api, context)
                     interval = watchdog_interval(env)
                     if interval is not None:

@@ -31,6 +31,7 @@ from latticed.invite import MAX_ADDRESSES, Invite, encode_invite
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import mdns_addresses
 from latticed.net.replication import Replication, load_peer_book, run_replication
+from latticed.net.reports import PeerMetrics
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, replace_network_key
 from latticed.protocol.addresses import HostPort
 from latticed.storage.engine import Engine
@@ -87,8 +88,10 @@ class Membership:
         *,
         publish: Callable[[Replication | None], None],
         nursery: trio.Nursery,
+        metrics: PeerMetrics | None = None,
     ) -> None:
         self._engine = engine
+        self._metrics = metrics
         self._identity = identity
         self._config = config
         self._key = network_key
@@ -116,7 +119,12 @@ class Membership:
             try:
                 with scope:
                     await run_replication(
-                        self._engine, self._identity, config, network_key=key, task_status=task_status
+                        self._engine,
+                        self._identity,
+                        config,
+                        network_key=key,
+                        metrics=self._metrics,
+                        task_status=task_status,
                     )
             finally:
                 done.set()
@@ -242,11 +250,14 @@ async def run_membership(
     network_key: bytes,
     publish: Callable[[Replication | None], None],
     *,
+    metrics: PeerMetrics | None = None,
     task_status: trio.TaskStatus[Membership] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Own the replication service until cancelled (see the module docstring)."""
     async with trio.open_nursery() as nursery:
-        membership = Membership(engine, identity, config, network_key, publish=publish, nursery=nursery)
+        membership = Membership(
+            engine, identity, config, network_key, publish=publish, nursery=nursery, metrics=metrics
+        )
         saved = load_peer_book(config.data_dir, identity.public_key)
         if config.listen is not None or config.peers or len(saved):
             await membership.start()

@@ -74,6 +74,7 @@ def test_defaults_without_file(tmp_path: Path) -> None:
     assert cfg.group_commit_ms == 2.0
     assert cfg.max_frame_bytes == 16 * 1024 * 1024
     assert cfg.log_format == "json"
+    assert cfg.metrics_listen is None  # the metrics endpoint is off unless asked for
     assert cfg.identity_key_path == tmp_path / "state" / "identity.key" == identity_key_path(cfg.data_dir)
 
 
@@ -114,6 +115,28 @@ def test_port_zero_only_for_listen() -> None:
     assert load_config(None, {"listen": "127.0.0.1:0"}, HOME_ENV).listen == ("127.0.0.1", 0)
     with pytest.raises(MalformedError, match=r"peers\[0\]"):
         load_config(None, {"peers": ["127.0.0.1:0"]}, HOME_ENV)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ('"127.0.0.1:9464"', ("127.0.0.1", 9464)),
+        ('"9464"', ("127.0.0.1", 9464)),  # a bare port: loopback, never every interface
+        ("9464", ("127.0.0.1", 9464)),
+        ('"[::1]:0"', ("::1", 0)),
+        ('"0.0.0.0:9464"', ("0.0.0.0", 9464)),  # explicitly everywhere
+    ],
+)
+def test_metrics_listen_key(tmp_path: Path, raw: str, expected: tuple[str, int]) -> None:
+    assert load_config(write(tmp_path, f"metrics_listen = {raw}\n"), {}, HOME_ENV).metrics_listen == expected
+
+
+def test_metrics_listen_override_wins_and_bad_values_name_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, 'metrics_listen = "127.0.0.1:9464"\n')
+    assert load_config(path, {"metrics_listen": "127.0.0.1:0"}, HOME_ENV).metrics_listen == ("127.0.0.1", 0)
+    for bad in ('"host:"', '"70000"', "true", '""'):
+        with pytest.raises(MalformedError, match="'metrics_listen'"):
+            load_config(write(tmp_path, f"metrics_listen = {bad}\n"), {}, HOME_ENV)
 
 
 # --- file + overrides -----------------------------------------------------------------------------

@@ -86,6 +86,7 @@ class Context:
     replication: ReplicationView | None = None
     groups: GroupService | None = None
     membership: Membership | None = None
+    metrics_listen: str | None = None
 
     @property
     def max_reply_bytes(self) -> int:
@@ -216,6 +217,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "data_dir": str(ctx.data_dir),
             "socket": str(ctx.socket_path),
             "listen": ctx.replication.listen if ctx.replication else None,
+            "metrics": ctx.metrics_listen,
             "transactions": engine.transactions,
             "replication_lag": ctx.replication.lag() if ctx.replication else {},
             "replication": ctx.replication.counters() if ctx.replication else None,

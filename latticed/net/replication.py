@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,6 +38,9 @@ from latticed.protocol.peerbook import Backoff, PeerBook
 from latticed.protocol.replication import QueueKey
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Merge
+
+if TYPE_CHECKING:
+    from latticed.net.reports import PeerMetrics
 
 log = get_logger(__name__)
 
@@ -130,6 +133,7 @@ class Replication:
     allowed: frozenset[bytes] | None = None
     #: Handshake openings answered recently: a recorded one replayed to us gets no answer.
     replay_cache: ReplayCache = field(default_factory=ReplayCache)
+    metrics: PeerMetrics | None = None
 
     @property
     def listen(self) -> str | None:
@@ -219,9 +223,11 @@ async def run_replication(
     config: DaemonConfig,
     *,
     network_key: bytes | None = None,
+    metrics: PeerMetrics | None = None,
     task_status: trio.TaskStatus[Replication] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen, dial, discover and gossip until cancelled; under ``network_key`` (default: the config's)."""
+    """Listen, dial, discover and gossip until cancelled; under ``network_key`` (default: the config's).
+    ``metrics`` (off when None) hears of connections and failed handshakes."""
     if network_key is None:
         network_key = load_network_key(config)
     if network_key == DEFAULT_NETWORK_KEY:
@@ -239,7 +245,9 @@ async def run_replication(
     )
     book = load_peer_book(config.data_dir, identity.public_key)
     book.add_static(config.peers, now=time.time())
-    service = Replication(engine, identity, config, network_key, gossip, book, allowed=allowed)
+    service = Replication(
+        engine, identity, config, network_key, gossip, book, allowed=allowed, metrics=metrics
+    )
 
     def on_change(state: QueueState) -> None:
         if state.head is not None:
@@ -315,8 +323,12 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
             )
         except LatticedError as exc:
             log_event(log, "peer.handshake_failed", level=logging.INFO, address=peer_address, error=str(exc))
+            if service.metrics is not None:
+                service.metrics.handshake_failed("incoming", exc)
             await trio.aclose_forcefully(stream)
             return
+        if service.metrics is not None:
+            service.metrics.connected("incoming")
         # Recorded in the book (never dialled) so the dialer does not redial an identity that is connected.
         if remote is not None:
             service.book.connected(remote, secure.remote_public_key, time.time(), incoming=True)
@@ -368,8 +380,12 @@ async def _dial(service: Replication, address: HostPort) -> None:
     except LatticedError as exc:
         service.book.failed(address, time.time())
         log_event(log, "peer.dial_failed", level=logging.DEBUG, address=f"{host}:{port}", error=str(exc))
+        if service.metrics is not None:
+            service.metrics.handshake_failed("outgoing", exc)
         service.wake_dialer.set()
         return
+    if service.metrics is not None:
+        service.metrics.connected("outgoing")
     peer = stream.remote_public_key
     _tune_socket(stream.transport_stream)
     if peer in service.gossip.links and not _is_stale(service, peer):

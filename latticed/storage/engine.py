@@ -32,10 +32,12 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import (
     BehindPeersError,
     GapError,
+    IntegrityError,
     LatticedError,
     MalformedError,
     NotFoundError,
     NotOwnerError,
+    StorageError,
 )
 from latticed.logs import get_logger, log_event
 from latticed.storage import segments
@@ -60,7 +62,7 @@ from latticed.storage.schema import SCHEMA_VERSION
 from latticed.storage.sqlite import wal_path
 from latticed.storage.store import db_path
 from latticed.storage.verify import verify_queue
-from latticed.storage.writer import Change, Writer
+from latticed.storage.writer import Change, StorageMetrics, Writer
 
 log = get_logger(__name__)
 
@@ -79,7 +81,14 @@ KNOWN_CHAINS: Final = 8
 class Engine:
     """Queues and KV namespaces of one node, backed by the store. Use :meth:`open`."""
 
-    def __init__(self, writer: Writer, pool: ReadPool, identity: Identity, clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        writer: Writer,
+        pool: ReadPool,
+        identity: Identity,
+        clock: Callable[[], int],
+        metrics: StorageMetrics | None = None,
+    ) -> None:
         self._writer = writer
         self._pool = pool
         self.identity = identity
@@ -102,6 +111,7 @@ class Engine:
         #: Set by replication: why our own queue must not be written right now (a peer holds records of
         #: it that we lack), or None. Checked before every write to a queue or KV namespace we own.
         self.owner_fence: Callable[[QueueState], str | None] | None = None
+        self._metrics = metrics
         writer.on_done = self._on_done
 
     @classmethod
@@ -115,10 +125,19 @@ class Engine:
         read_connections: int = 2,
         max_page_count: int | None = None,
         clock: Callable[[], int] = wall_ms,
+        metrics: StorageMetrics | None = None,
     ) -> AsyncIterator[Engine]:
-        """Open the store (migrating it), start the storage thread; stop it cleanly on exit."""
+        """Open the store (migrating it), start the storage thread; stop it cleanly on exit. ``metrics``
+        (off when None) hears of every group commit and verification failure."""
         path = db_path(data_dir)
-        writer = Writer(path, identity, clock=clock, linger_ms=group_commit_ms, max_page_count=max_page_count)
+        writer = Writer(
+            path,
+            identity,
+            clock=clock,
+            linger_ms=group_commit_ms,
+            max_page_count=max_page_count,
+            metrics=metrics,
+        )
         await trio.to_thread.run_sync(writer.start)
         try:
             pool = await trio.to_thread.run_sync(ReadPool, path, read_connections)
@@ -126,7 +145,7 @@ class Engine:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(writer.stop)
             raise
-        engine = cls(writer, pool, identity, clock)
+        engine = cls(writer, pool, identity, clock, metrics)
         if 0 < writer.store.migrated_from < SCHEMA_VERSION:  # an older store was upgraded (0: a new one)
             log_event(
                 log,
@@ -181,6 +200,8 @@ class Engine:
                 job.done.set()
                 if job.notify is not None:
                     job.notify()
+        if self._metrics is not None:
+            self._metrics.committed(jobs, changes)
 
     def _start(self, job: AnyJob) -> AnyJob:
         """Hand ``job`` to the storage thread now; :meth:`outcome` waits for it. Jobs commit in the order
@@ -365,15 +386,20 @@ class Engine:
         """Check a peer's delta against its owner's signatures and hash chain, before anything of it is
         stored. A small one (a live push) is checked right here: a thread hop costs more than its one
         signature; anything bigger on a worker thread, off the event loop."""
-        base = core.empty_state(delta.owner, delta.name, delta.kind)
-        if (
-            len(delta.records) <= INLINE_VERIFY_RECORDS
-            and len(delta.checkpoints) <= 1
-            and delta.fork is None
-            and core.payload_bytes(delta.records) <= INLINE_VERIFY_BYTES
-        ):
-            return core.verify_delta(base, delta)
-        verified: core.VerifiedDelta = await trio.to_thread.run_sync(core.verify_delta, base, delta)
+        try:
+            base = core.empty_state(delta.owner, delta.name, delta.kind)
+            if (
+                len(delta.records) <= INLINE_VERIFY_RECORDS
+                and len(delta.checkpoints) <= 1
+                and delta.fork is None
+                and core.payload_bytes(delta.records) <= INLINE_VERIFY_BYTES
+            ):
+                return core.verify_delta(base, delta)
+            verified: core.VerifiedDelta = await trio.to_thread.run_sync(core.verify_delta, base, delta)
+        except (IntegrityError, MalformedError) as exc:
+            if self._metrics is not None:
+                self._metrics.verification_failed(exc)
+            raise
         return verified
 
     def submit_merge(self, verified: core.VerifiedDelta, origin: object = None) -> Merge:
@@ -536,7 +562,12 @@ class Engine:
     async def verify(self, q: int) -> int:
         """Re-check a stored queue against its owner's signatures, on a reader (writes go on)."""
         state = self.state(q)
-        checked: int = await self._read(lambda r: verify_queue(r.conn, q, state))
+        try:
+            checked: int = await self._read(lambda r: verify_queue(r.conn, q, state))
+        except (IntegrityError, StorageError) as exc:
+            if self._metrics is not None:
+                self._metrics.verification_failed(exc)
+            raise
         return checked
 
     async def read(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns:

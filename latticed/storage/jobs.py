@@ -157,13 +157,15 @@ class Merge(Job):
     ``summary`` what the replica holds right after this join and ``changed`` whether the join changed it
     (both meaningful once committed: several merges of one queue may share a transaction)."""
 
-    __slots__ = ("ahead", "changed", "summary", "verified")
+    __slots__ = ("added", "ahead", "changed", "summary", "verified")
 
     def __init__(self, verified: VerifiedDelta) -> None:
         super().__init__()
         self.verified = verified
         self.summary: Summary | None = None
         self.changed = False
+        #: Records this join added to what the replica holds (for the per-peer replication metrics).
+        self.added = 0
         #: Set when submitted, if its records are served ahead of the commit (ahead.py): what the replica
         #: will hold once it commits.
         self.ahead: Summary | None = None
@@ -185,6 +187,7 @@ class Merge(Job):
         self.result = q
         self.summary = after
         self.changed = after != before
+        self.added = max(0, after.held_end - max(before.held_end, after.start))
 
 
 class KvWrite(Job):

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from latticed.clock import wall_ms
 from latticed.crdt import kv
@@ -63,6 +63,25 @@ class Change:
 DoneCallback = Callable[[list[Job], list[Change]], None]
 
 
+class StorageMetrics(Protocol):
+    """What the storage thread and the engine report (the daemon's metrics implement it; given None, storage
+    reports nothing and pays nothing). Declared here, by the reporting layer, so storage imports nothing
+    above it."""
+
+    def observe_commit(self, commit_s: float, fsync_s: float) -> None:
+        """On the storage thread, once per group commit that wrote something: the whole commit (apply,
+        sign, write, fsync) and SQLite's ``COMMIT`` alone (where the WAL is written and fsynced)."""
+        ...
+
+    def committed(self, jobs: Sequence[Job], changes: Sequence[Change]) -> None:
+        """On the event loop, once per group commit, after its waiters were woken."""
+        ...
+
+    def verification_failed(self, error: LatticedError) -> None:
+        """On the event loop: a peer's delta (or a stored queue) failed verification."""
+        ...
+
+
 class Writer:
     """Owns the store's writer connection; use :meth:`start` (thread) or :meth:`open` + :meth:`process`
     from one thread (tests)."""
@@ -76,6 +95,7 @@ class Writer:
         linger_ms: float = 0.0,
         max_page_count: int | None = None,
         on_done: DoneCallback | None = None,
+        metrics: StorageMetrics | None = None,
     ) -> None:
         self.path = path
         self.identity = identity
@@ -83,6 +103,7 @@ class Writer:
         self._linger = linger_ms / 1000.0
         self._max_page_count = max_page_count
         self.on_done = on_done
+        self._metrics = metrics
         self.states: dict[int, QueueState] = {}
         self.created_ms: dict[int, int] = {}
         self._by_qid: dict[bytes, int] = {}
@@ -309,6 +330,7 @@ class Writer:
         """One try at a batch: (a job that failed after changing the batch, or None; what changed)."""
         changes: list[Change] = []
         next_q = self._next_q
+        started = time.perf_counter()
         batch = Batch(self.states, self.identity, self._clock(), self._allocate_q, self.store.kv_entry)
         for job in jobs:
             before = batch.mutations
@@ -326,7 +348,7 @@ class Writer:
         try:
             if batch.staged:
                 batch.commit_pending()
-                changes = self._write(batch)
+                changes = self._write(batch, started)
                 self.transactions += 1
                 self.jobs_committed += len(jobs)
         except LatticedError as exc:
@@ -349,7 +371,9 @@ class Writer:
         self._next_q += 1
         return q
 
-    def _write(self, batch: Batch) -> list[Change]:
+    def _write(self, batch: Batch, started: float) -> list[Change]:
+        """Write ``batch`` in one transaction; ``started`` (``perf_counter``) is when the batch began, for
+        the commit latency metric."""
         store = self.store
         results: list[Change] = []
         reclaim = False
@@ -368,7 +392,9 @@ class Writer:
                 results.append(Change(q, persisted, first, appended))
             for ns, entries in batch.kv.items():
                 store.put_kv(ns, entries.items())
-            store.commit()
+            syncing = time.perf_counter()
+            store.commit()  # WAL mode, synchronous=FULL: the WAL frames are written and fsynced here
+            done = time.perf_counter()
         except BaseException:
             store.rollback()
             raise
@@ -379,6 +405,8 @@ class Writer:
             state = self.states.setdefault(new.q, batch.staged[new.q].before)
             self.created_ms[new.q] = new.created_ms
             self._by_qid[state.queue_id] = new.q
+        if self._metrics is not None:  # last, once everything is published (it must not raise anyway)
+            self._metrics.observe_commit(done - started, done - syncing)
         return results
 
 
