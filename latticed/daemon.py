@@ -22,13 +22,17 @@ from dataclasses import dataclass
 
 import trio
 
-from latticed.api import member_handlers  # noqa: F401 - importing it registers invite and join
+from latticed.api import (
+    member_handlers,  # noqa: F401 - importing it registers invite and join
+    peer_handlers,  # noqa: F401 - importing it registers peer management and doctor
+)
 from latticed.api.handlers import Context
 from latticed.api.listener import refuse_if_served
 from latticed.api.server import serve_api
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.groups.service import run_groups
+from latticed.health import Health
 from latticed.logs import get_logger, log_event
 from latticed.malloc import keep_large_buffers
 from latticed.membership import run_membership
@@ -101,10 +105,15 @@ async def run_daemon(
         identity = load_or_create_identity(config.identity_key_path)
         async with Engine.open(config.data_dir, identity, group_commit_ms=config.group_commit_ms) as engine:
             context = Context(engine, config.data_dir, config.socket_path, config.max_frame_bytes)
+            health = Health(engine, config.data_dir)
+            engine.add_change_listener(health.on_change)
+            health.scan_forks()
+            context.health = health
             try:
                 async with trio.open_nursery() as nursery:
                     if handle_signals:
                         await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
+                    await nursery.start(health.run)
                     context.membership = await nursery.start(
                         run_membership, engine, identity, config, network_key, _publisher(context)
                     )
