@@ -149,9 +149,9 @@ class PeerFaults:
             self.failures.pop(address, None)
 
     # ------------------------------------------------------------------ accepting
-    def incoming_failed(self, host: str, error: LatticedError, refused_key: bytes | None) -> None:
-        """A handshake opened to us failed: remember the reason by host; an authentic opening refused as
-        stale also tells us that host's clock offset."""
+    def incoming_failed(self, host: str, error: LatticedError, refused_key: bytes | None) -> str:
+        """A handshake opened to us failed: remember the reason by host (and return it); an authentic
+        opening refused as stale also tells us that host's clock offset."""
         now = time.time()
         if refused_key is not None:
             why = "on our block list" if refused_key in self.rules.blocked else "not in our allowed_peers"
@@ -163,6 +163,7 @@ class PeerFaults:
         self.incoming.refused(host, reason, now, refused_key)
         if isinstance(error, HandshakeError) and error.clock_offset_ms is not None:
             self.clock_observed(host, error.clock_offset_ms, host, None, now)
+        return reason
 
     def incoming_succeeded(
         self, host: str, public_key: bytes, clock_offset_ms: int | None, address: str

@@ -187,6 +187,7 @@ class Replication:
                 rows.append(self._row(row, "connected", None, lags.get(public_key.hex(), {}), now))
         for key_bytes in sorted(blocked):
             if key_bytes.hex() not in seen:
+                seen.add(key_bytes.hex())
                 row = {"public_key": key_bytes.hex(), "address": None, "sources": [], "state": "blocked"}
                 rows.append(self._row(row, "blocked", "on our block list", {}, now))
         for refusal in self.faults.incoming.recent(now):
@@ -476,8 +477,15 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
                 replay_cache=service.replay_cache,
             )
         except LatticedError as exc:
-            log_event(log, "peer.handshake_failed", level=logging.INFO, address=peer_address, error=str(exc))
-            service.faults.incoming_failed(remote_host, exc, refused[0] if refused else None)
+            reason = service.faults.incoming_failed(remote_host, exc, refused[0] if refused else None)
+            log_event(
+                log,
+                "peer.handshake_failed",
+                level=logging.INFO,
+                address=peer_address,
+                error=str(exc),
+                reason=reason,
+            )
             await trio.aclose_forcefully(stream)
             return
         peer = secure.remote_public_key
