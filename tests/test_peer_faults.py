@@ -13,8 +13,11 @@ from typing import Any, cast
 import pytest
 import trio
 import trio.testing
+from typer.testing import CliRunner
 
+import cli.daemon
 import cli.peers
+from latticed.config import DaemonConfig
 from latticed.diskspace import LOW_DISK_BYTES, DiskUsage, disk_is_low
 from latticed.doctor import (
     Check,
@@ -406,3 +409,22 @@ def test_check_is_plain_data() -> None:
     check = Check("disk", False, "low", "free space")
     assert Check.from_wire(check.to_wire()) == check
     assert dataclasses.asdict(check) == check.to_wire()
+
+
+def test_allow_peer_is_a_flag_as_well_as_a_config_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    started: list[DaemonConfig] = []
+
+    async def fake_run_daemon(config: DaemonConfig, **_: object) -> None:
+        started.append(config)
+
+    monkeypatch.setattr(cli.daemon, "run_daemon", fake_run_daemon)
+    monkeypatch.setattr(cli.daemon, "configure_logging", lambda *args: None)
+    base = ["run", "--data-dir", str(tmp_path / "d"), "--socket", str(tmp_path / "s")]
+    allow = ["--allow-peer", PK_A.hex().upper(), "--allow-peer", PK_B.hex()]
+    result = CliRunner().invoke(cli.daemon.app, [*base, *allow])
+    assert result.exit_code == 0, result.output
+    assert started[0].allowed_peers == (PK_A.hex(), PK_B.hex())
+    bad = CliRunner().invoke(cli.daemon.app, [*base, "--allow-peer", "nope"])
+    assert bad.exit_code == 2 and "allowed_peers" in bad.output
