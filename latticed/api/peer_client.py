@@ -26,15 +26,20 @@ class PeerOps:
         return removed
 
     def peers_block(self, peer: str) -> dict[str, Any]:
-        """Refuse identity ``peer`` at the handshake and never dial it (kept across restarts)."""
-        return self.call("peers_block", peer=peer)
+        """Refuse identity ``peer`` at the handshake and never dial it (kept across restarts). Returns
+        ``peer``, ``blocked`` and ``changed`` (False: it was blocked already)."""
+        return _block_reply(self.call("peers_block", peer=peer))
 
     def peers_unblock(self, peer: str) -> dict[str, Any]:
-        """Undo :meth:`peers_block`."""
-        return self.call("peers_unblock", peer=peer)
+        """Undo :meth:`peers_block` (``changed`` False: it was not blocked)."""
+        return _block_reply(self.call("peers_unblock", peer=peer))
 
     def doctor(self) -> list[dict[str, Any]]:
         """The daemon's checks of itself: ``check``, ``ok`` (True, False, or None: not applicable),
         ``detail`` and ``fix``."""
         checks: list[dict[str, Any]] = self.call("doctor")["checks"]
         return checks
+
+
+def _block_reply(reply: dict[str, Any]) -> dict[str, Any]:
+    return {key: reply[key] for key in ("peer", "blocked", "changed")}
