@@ -32,6 +32,7 @@ from cli.common import (
     to_bytes,
 )
 from cli.common import client as _client
+from cli.doctor import register as register_doctor
 from cli.groups import register as register_work_queues
 from cli.join import register as register_membership
 from cli.kv import kv_app
@@ -45,6 +46,7 @@ from cli.output import (
     text_of_bytes,
     write_bytes,
 )
+from cli.peers import register as register_peers
 
 #: Lines sent per ``offer_batch`` round trip by ``offer --file``.
 OFFER_BATCH_LINES = 1000
@@ -189,34 +191,33 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "listen": info.get("listen") or "not listening (local only)",
         "metrics": info.get("metrics") or "off",
         "replication lag": info.get("replication_lag") or "none",
+        "disk": _disk_text(info.get("disk")),
+        "forked queues": [
+            f"{f.get('queue')} (proof {str(f.get('proof') or '?')[:16]})"
+            for f in info.get("forked_queues") or []
+        ]
+        or "none",
+        "clock skew": [_skew_text(r) for r in info.get("clock_skew") or []] or "none",
     }
     emit(info, field_lines(fields), as_json=as_json)
 
 
-_PEER_COLUMNS = {
-    "public_key": "IDENTITY",
-    "address": "ADDRESS",
-    "sources": "FOUND",
-    "connected": "CONNECTED",
-    "lag": "LAG",
-}
+def _disk_text(disk: object) -> str:
+    """Free space of the data directory's file system, LOW when under 5 % or 1 GiB."""
+    if not isinstance(disk, dict):
+        return "-"
+    if "free_bytes" not in disk:
+        return f"unknown ({disk.get('error')})"
+    free, total = disk["free_bytes"], disk["total_bytes"]
+    percent = 100 * free / total if total else 0
+    low = "LOW: " if disk.get("low") else ""
+    return f"{low}{_size(free)} free of {_size(total)} ({percent:.0f} %)"
 
 
-@app.command()
-def peers(ctx: typer.Context, as_json: JsonFlag = False) -> None:
-    """List known peers: identity, address, how found, connected?, and lag per queue."""
-    rows = _client(ctx).peers()
-    shown = [{**row, "lag": _lag_text(row.get("lag") or {})} for row in rows]
-    emit(rows, table_lines(shown, _PEER_COLUMNS) if rows else ["no peers"], as_json=as_json)
-
-
-def _lag_text(lags: dict[str, int]) -> str:
-    """Summed over queues: records the peer lacks ("behind"), and records it holds that we lack ("ahead":
-    this daemon is still catching up, e.g. after a restore). ``--json`` has them per queue."""
-    behind = sum(lag for lag in lags.values() if lag > 0)
-    ahead = -sum(lag for lag in lags.values() if lag < 0)
-    parts = [f"{count} records {word}" for count, word in ((behind, "behind"), (ahead, "ahead")) if count]
-    return ", ".join(parts) or "in sync"
+def _skew_text(reading: dict[str, Any]) -> str:
+    offset = int(reading.get("offset_ms") or 0)
+    who = reading.get("peer") or reading.get("address")
+    return f"{str(who)[:16]} {abs(offset) / 1000:.1f} s {'ahead' if offset > 0 else 'behind'}"
 
 
 # --- queues ---------------------------------------------------------------------------------------
@@ -239,7 +240,13 @@ def queue_create(
     emit({"queue": full}, full, as_json=as_json)
 
 
-_QUEUE_COLUMNS = {"queue": "QUEUE", "size": "SIZE", "start_offset": "START", "end_offset": "END"}
+_QUEUE_COLUMNS = {
+    "queue": "QUEUE",
+    "size": "SIZE",
+    "start_offset": "START",
+    "end_offset": "END",
+    "forked": "FORKED",
+}
 
 
 @queue_app.command("list")
@@ -537,6 +544,8 @@ def meta_del(ctx: typer.Context, queue: QueueArg, key: MetaKey) -> None:
 
 register_work_queues(app, _client)
 register_membership(app, _client)
+register_peers(app)
+register_doctor(app)
 
 
 def main() -> None:

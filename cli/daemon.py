@@ -117,6 +117,16 @@ def run(
             help="Listen beyond loopback without a network key: anyone can join. Never for real data.",
         ),
     ] = None,
+    allow_peer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-peer",
+            metavar="ID",
+            help="Accept only peers with these identities (64 hex digits, `latticectl id`); repeatable. "
+            "A blocked peer stays refused (latticectl peers block).",
+            show_default="any peer holding the network key",
+        ),
+    ] = None,
     replicate: Annotated[
         list[str] | None,
         typer.Option(
@@ -165,6 +175,7 @@ def run(
         "mdns_interfaces": mdns_interface or None,
         "network_key_file": network_key_file,
         "insecure_public_network_key": insecure_public_network_key,
+        "allowed_peers": allow_peer or None,
         "replicate": replicate or None,
         "metrics_listen": metrics_listen,
         "log_level": log_level,

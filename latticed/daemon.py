@@ -23,13 +23,17 @@ from functools import partial
 
 import trio
 
-from latticed.api import member_handlers  # noqa: F401 - importing it registers invite and join
+from latticed.api import (
+    member_handlers,  # noqa: F401 - importing it registers invite and join
+    peer_handlers,  # noqa: F401 - importing it registers peer management and doctor
+)
 from latticed.api.handlers import Context, package_version
 from latticed.api.listener import refuse_if_served
 from latticed.api.server import serve_api
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.groups.service import run_groups
+from latticed.health import Health
 from latticed.logs import get_logger, log_event
 from latticed.malloc import keep_large_buffers
 from latticed.membership import run_membership
@@ -109,10 +113,15 @@ async def run_daemon(
             config.data_dir, identity, group_commit_ms=config.group_commit_ms, metrics=metrics
         ) as engine:
             context = Context(engine, config.data_dir, config.socket_path, config.max_frame_bytes)
+            health = Health(engine, config.data_dir)
+            engine.add_change_listener(health.on_change)
+            health.scan_forks()
+            context.health = health
             try:
                 async with trio.open_nursery() as nursery:
                     if handle_signals:
                         await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
+                    await nursery.start(health.run)
                     membership = await nursery.start(
                         partial(
                             run_membership,

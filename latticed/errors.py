@@ -53,9 +53,21 @@ class RemoteProtocolError(ProtocolError):
 
 
 class HandshakeError(RemoteProtocolError):
-    """Authentication failed: wrong network key, unexpected identity, or a tampered handshake."""
+    """Authentication failed: wrong network key, unexpected identity, or a tampered handshake.
+
+    ``waiting_for`` names the peer's message we waited for when the peer hung up ("msg2": it never
+    answered our opening, as a peer with another network key does; "msg4": it refused our identity), and
+    ``clock_offset_ms`` how far an authentic opening's clock was from ours when it was refused as stale,
+    so the daemon can say which fault it was without parsing the message."""
 
     code = "handshake"
+
+    def __init__(
+        self, *args: object, waiting_for: str | None = None, clock_offset_ms: int | None = None
+    ) -> None:
+        super().__init__(*args)
+        self.waiting_for = waiting_for
+        self.clock_offset_ms = clock_offset_ms
 
 
 class ConnectionClosedError(LatticedError):

@@ -210,7 +210,7 @@ def render_config(
         f"peers = [{peer_list}]" if peers else '# peers = ["192.0.2.10:7464"]',
         "",
         "# Accept only these identities (64 hex digits each, `latticectl id` on each); empty: any peer",
-        "# holding the network key.",
+        "# holding the network key. A peer blocked with `latticectl peers block ID` is refused either way.",
         "# allowed_peers = []",
         "",
         "# Replicate only the queues matching these OWNER/NAME globs; empty: everything we hear of.",

@@ -30,6 +30,7 @@ from latticed.errors import AlreadyExistsError, MalformedError
 from latticed.invite import MAX_ADDRESSES, Invite, encode_invite
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import mdns_addresses
+from latticed.net.peerstate import load_rules
 from latticed.net.replication import Replication, load_peer_book, run_replication
 from latticed.net.reports import PeerMetrics
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, replace_network_key
@@ -107,6 +108,22 @@ class Membership:
     @property
     def network_fingerprint(self) -> str:
         return network_key_fingerprint(self._key)
+
+    @property
+    def config(self) -> DaemonConfig:
+        """The config replication runs under (``join`` may have pinned its listen port)."""
+        return self._config
+
+    @property
+    def uses_public_key(self) -> bool:
+        """Whether the network key is the documented public default (anyone can join)."""
+        return self._key == DEFAULT_NETWORK_KEY
+
+    async def ensure_started(self) -> Replication:
+        """The replication service, started if it is not running (``latticectl peers add``: a daemon
+        with nothing to replicate with until now)."""
+        async with self._lock:
+            return self.service if self.service is not None else await self.start()
 
     async def start(self) -> Replication:
         """Start the replication service under the current key (it must not be running)."""
@@ -259,7 +276,7 @@ async def run_membership(
             engine, identity, config, network_key, publish=publish, nursery=nursery, metrics=metrics
         )
         saved = load_peer_book(config.data_dir, identity.public_key)
-        if config.listen is not None or config.peers or len(saved):
+        if config.listen is not None or config.peers or len(saved) or load_rules(config.data_dir).added:
             await membership.start()
         task_status.started(membership)
         await trio.sleep_forever()

@@ -24,6 +24,7 @@ import cli.common
 import cli.ctl
 import cli.daemon
 import cli.groups
+import cli.peers
 from cli.boundary import ExitCode, exit_code_for
 from cli.output import entry_text, text_of_bytes, to_json
 from latticed.api.client import Entry
@@ -492,7 +493,7 @@ def test_log_level_completion() -> None:
     ],
 )
 def test_peer_lag_says_which_side_lacks_records(lags: dict[str, int], text: str) -> None:
-    assert cli.ctl._lag_text(lags) == text
+    assert cli.peers.lag_text(lags) == text
 
 
 # --- --socket and --json before or after the command ----------------------------------------------

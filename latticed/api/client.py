@@ -19,6 +19,7 @@ from typing import Any, Final, Self
 import msgpack
 
 from latticed.api.group_client import GroupOps, Lease, Subscription
+from latticed.api.peer_client import PeerOps
 from latticed.api.wire import API_VERSION, error_from_reply
 from latticed.config import default_socket_path
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
@@ -241,8 +242,9 @@ class _Connection:
         return reply
 
 
-class Client(GroupOps):
-    """Blocking access to one latticed daemon over its Unix socket (work-queue calls: :class:`GroupOps`)."""
+class Client(GroupOps, PeerOps):
+    """Blocking access to one latticed daemon over its Unix socket (work-queue calls: :class:`GroupOps`;
+    peer management and the checklist: :class:`PeerOps`)."""
 
     def __init__(
         self, socket_path: str | os.PathLike[str] | None = None, timeout: float | None = 30.0

@@ -43,6 +43,7 @@ from latticed.storage.reader import Columns, RawRow
 if TYPE_CHECKING:
     from latticed.api.connection import Connection
     from latticed.groups.service import GroupService
+    from latticed.health import Health
     from latticed.membership import Membership
 
 Request = dict[str, Any]
@@ -72,6 +73,8 @@ class ReplicationView(Protocol):
 
     def counters(self) -> dict[str, int]: ...
 
+    def clock_skew(self) -> list[dict[str, Any]]: ...
+
 
 @dataclass(slots=True)
 class Context:
@@ -87,6 +90,7 @@ class Context:
     groups: GroupService | None = None
     membership: Membership | None = None
     metrics_listen: str | None = None
+    health: Health | None = None
 
     @property
     def max_reply_bytes(self) -> int:
@@ -174,6 +178,7 @@ def queue_info(ctx: Context, q: int) -> dict[str, Any]:
         "size": state.held_end - state.start,
         "meta": state.meta_dict,
         "forked": state.forked,
+        "fork_proof": state.fork.digest().hex() if state.fork is not None else None,
         "known_end": state.known_end,
         "version": state.version,
         "owned": state.owner == ctx.engine.public_key,
@@ -221,6 +226,9 @@ async def status(ctx: Context, request: Request) -> Reply:
             "transactions": engine.transactions,
             "replication_lag": ctx.replication.lag() if ctx.replication else {},
             "replication": ctx.replication.counters() if ctx.replication else None,
+            "forked_queues": ctx.health.forked_queues() if ctx.health else [],
+            "disk": ctx.health.disk_status() if ctx.health else None,
+            "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
         }
     }
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from latticed.crdt.errors import EquivocationError, IntegrityError, MalformedError
 from latticed.crdt.head import SignedHead, check_name, queue_id
 from latticed.crdt.records import chain_fold
-from latticed.crdt.signing import HASH_SIZE
+from latticed.crdt.signing import HASH_SIZE, blake2b
+
+_PROOF_PERSON = b"latticed.fork.v1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,11 @@ class ForkProof:
                 parts.append(bridge.start_hash)
                 parts.extend(bridge.digests)
         return b"".join(parts)
+
+    def digest(self) -> bytes:
+        """A name for this proof in logs and status (BLAKE2b-256 of :meth:`canonical`): an operator can
+        tell whether two daemons flagged a queue on the same evidence."""
+        return blake2b(self.canonical(), _PROOF_PERSON)
 
 
 def _is_hash(value: object) -> bool:

@@ -15,10 +15,10 @@ import dataclasses
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
@@ -26,15 +26,17 @@ from latticed.config import DaemonConfig
 from latticed.crdt.head import QueueKind
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.signing import Identity, parse_public_key
-from latticed.errors import LatticedError, NotFoundError
+from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, PendingMerge
-from latticed.net.transport import open_peer, secure_accept
+from latticed.net.peerstate import PeerFaults
+from latticed.net.transport import secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.handshake import ReplayCache
-from latticed.protocol.peerbook import Backoff, PeerBook
+from latticed.protocol.peerbook import Backoff, PeerBook, Source
+from latticed.protocol.peerstate import format_host_port, peer_status
 from latticed.protocol.replication import QueueKey
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Merge
@@ -128,12 +130,16 @@ class Replication:
     network_key: bytes
     gossip: Gossip
     book: PeerBook
+    #: Why peers fail, whom we refused, clock skew, and the operator's added and blocked peers.
+    faults: PeerFaults
     listen_address: HostPort | None = None
     wake_dialer: trio.Event = field(default_factory=trio.Event)
     allowed: frozenset[bytes] | None = None
     #: Handshake openings answered recently: a recorded one replayed to us gets no answer.
     replay_cache: ReplayCache = field(default_factory=ReplayCache)
     metrics: PeerMetrics | None = None
+    #: Identities removed with ``latticectl peers remove`` in this run: their mDNS sightings are ignored.
+    removed: set[bytes] = field(default_factory=set)
 
     @property
     def listen(self) -> str | None:
@@ -143,32 +149,106 @@ class Replication:
         return {**self.gossip.stats(), "connected": len(self.gossip.links)}
 
     def peers(self) -> list[dict[str, Any]]:
-        """Every known peer: identity, address, how found, connected, and lag per queue."""
+        """Every known peer: identity, address, how found, its state (connected, dialling, refused,
+        blocked, self) with the reason, and lag per queue (only a connected peer can be in sync); then
+        blocked identities not in the book and hosts whose handshakes we refused lately."""
         lags = self.gossip.peer_lag()
+        now = time.time()
+        blocked = self.faults.rules.blocked
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
         for status in self.book.snapshot():
             row = dataclasses.asdict(status)
             key = status.public_key
+            key_bytes = bytes.fromhex(key) if key else None
             row["address"] = f"{status.host}:{status.port}"
-            row["connected"] = key is not None and bytes.fromhex(key) in self.gossip.links
-            row["lag"] = lags.get(key or "", {})
-            rows.append(row)
+            link = self.gossip.links.get(key_bytes) if key_bytes is not None else None
+            row["connected"] = link is not None
+            failure = self.faults.failures.get((status.host, status.port))
+            state, reason = peer_status(
+                book_state=status.state, public_key=key_bytes, blocked=blocked, failure=failure
+            )
+            if link is not None and state != "blocked":
+                # One identity, several addresses (multi-homed, or it dialled us): one of them is the link.
+                reason = None if status.state == "connected" else f"through {link.address}"
+                state, failure = "connected", None
+            elif state == "connected":
+                state, reason = "dialling", "connected a moment ago; the link is closing"
+            kind = failure.kind if failure is not None else None
+            rows.append(self._row(row, state, reason, lags.get(key or "", {}), now, kind))
             if key:
                 seen.add(key)
         for public_key, link in self.gossip.links.items():
             if public_key.hex() not in seen:
-                rows.append(
-                    {
-                        "public_key": public_key.hex(),
-                        "address": link.address,
-                        "sources": [link.via],
-                        "state": "connected",
-                        "connected": True,
-                        "lag": lags.get(public_key.hex(), {}),
-                    }
-                )
+                seen.add(public_key.hex())
+                row = {
+                    "public_key": public_key.hex(),
+                    "address": link.address,
+                    "sources": [link.via],
+                    "state": "connected",
+                    "connected": True,
+                }
+                rows.append(self._row(row, "connected", None, lags.get(public_key.hex(), {}), now))
+        for key_bytes in sorted(blocked):
+            if key_bytes.hex() not in seen:
+                seen.add(key_bytes.hex())
+                row = {"public_key": key_bytes.hex(), "address": None, "sources": [], "state": "blocked"}
+                rows.append(self._row(row, "blocked", "on our block list", {}, now))
+        for refusal in self.faults.incoming.recent(now):
+            if refusal.public_key is not None and refusal.public_key.hex() in seen:
+                continue
+            row = {
+                "public_key": refusal.public_key.hex() if refusal.public_key else None,
+                "address": refusal.host,
+                "sources": ["incoming"],
+                "state": "refused",
+                "refused_count": refusal.count,
+                "last_refused": refusal.at,
+            }
+            rows.append(self._row(row, "refused", refusal.reason, {}, now, "incoming"))
         return rows
+
+    def _row(  # noqa: PLR0917 - one row's facts, private
+        self,
+        row: dict[str, Any],
+        state: str,
+        reason: str | None,
+        lag: dict[str, int],
+        now: float,
+        failure: str | None = None,
+    ) -> dict[str, Any]:
+        """``status``/``reason``: what ``latticectl peers`` shows; ``failure``: the kind of the last
+        failure (latticed/protocol/peerstate.py's FailureKind, or "incoming" for a handshake we refused);
+        ``next_try_s``: when a dialling or refused peer is tried again; ``in_sync``: connected and no
+        records apart in any queue."""
+        row.setdefault("connected", False)
+        row.setdefault("failures", 0)
+        next_attempt = row.get("next_attempt")
+        connected = bool(row["connected"]) and state == "connected"
+        key = row.get("public_key")
+        reading = self.faults.skew.reading(key, now) if key else None
+        row.update(
+            lag=lag if connected else {},
+            status=state,
+            reason=reason,
+            failure=failure,
+            next_try_s=(
+                round(max(0.0, next_attempt - now), 1)
+                if isinstance(next_attempt, float) and state in ("dialling", "refused")
+                else None
+            ),
+            in_sync=connected and all(v == 0 for v in lag.values()),
+            blocked=state == "blocked",
+            clock_offset_ms=reading.offset_ms if reading is not None else None,
+        )
+        return row
+
+    def clock_skew(self) -> list[dict[str, Any]]:
+        """Peers whose clocks are off ours by more than the threshold (latticed/protocol/peerstate.py)."""
+        return [
+            {"peer": r.public_key, "address": r.address, "offset_ms": r.offset_ms, "measured_at": r.at}
+            for r in self.faults.clock_skew()
+        ]
 
     def lag(self) -> dict[str, int]:
         """Per queue we hold: how far behind the owner's signed end we are (records)."""
@@ -183,9 +263,74 @@ class Replication:
 
     def remember(self, address: HostPort, public_key: bytes) -> None:
         """Keep a peer vouched for out of band (an invite), save the book, and dial it now."""
+        self.removed.discard(public_key)
         self.book.remember(address, public_key, now=time.time())
         self._save_book()
         self.wake_dialer.set()
+
+    # ------------------------------------------------------------------ the operator's peer management
+    def add_peer(self, address: HostPort) -> dict[str, Any]:
+        """Dial ``address`` now and for ever (kept in the rules file across restarts)."""
+        self.faults.update_rules(self.faults.rules.with_added(address))
+        new = self.book.add(address, "added", now=time.time())
+        self.wake_dialer.set()
+        return {"address": format_host_port(address), "new": new}
+
+    def remove_peer(self, target: bytes | HostPort) -> dict[str, Any]:
+        """Forget an identity (all its addresses) or one address: not redialled, its link closed. Returns
+        what went; ``static`` lists addresses from the config, which come back at the next start."""
+        if isinstance(target, bytes):
+            addresses = self.book.addresses_of(target)
+            key: bytes | None = target
+        else:
+            addresses = [target] if target in self.book else []
+            key = None
+            if addresses:
+                found = self.book.status(target).public_key
+                key = bytes.fromhex(found) if found else None
+        added = [a for a in self.faults.rules.added if a in addresses or a == target]
+        link = self.gossip.links.get(key) if key is not None else None
+        if not addresses and not added and link is None:
+            raise NotFoundError(f"no peer {_label(target)} in the peer book")
+        static = [a for a in addresses if "static" in self.book.status(a).sources]
+        self.faults.update_rules(self.faults.rules.without_added(added))
+        for address in addresses:
+            self.book.forget(address)
+        self.faults.forget(addresses)
+        if key is not None and not self.book.addresses_of(key):
+            # Its last address is gone: close the link, and ignore its mDNS sightings from now on.
+            self.removed.add(key)
+            self._close_link(key)
+        self._save_book()
+        log_event(
+            log, "peer.removed", target=_label(target), addresses=[format_host_port(a) for a in addresses]
+        )
+        return {
+            "removed": [format_host_port(a) for a in addresses],
+            "public_key": key.hex() if key is not None else None,
+            "static": [format_host_port(a) for a in static],
+        }
+
+    def set_blocked(self, public_key: bytes, blocked: bool) -> bool:
+        """Block (refused at the handshake, never dialled, its link closed) or unblock an identity; the
+        block list is saved before this returns. Returns whether anything changed."""
+        rules = self.faults.rules
+        new = rules.with_blocked(public_key) if blocked else rules.without_blocked(public_key)
+        self.faults.update_rules(new)
+        self.book.blocked = new.blocked
+        if blocked:
+            self._close_link(public_key)
+        else:
+            self.wake_dialer.set()
+        changed = new != rules
+        if changed:
+            log_event(log, "peer.blocked" if blocked else "peer.unblocked", peer=public_key.hex())
+        return changed
+
+    def _close_link(self, public_key: bytes) -> None:
+        link = self.gossip.links.pop(public_key, None)
+        if link is not None:
+            link.kick()  # its driver sees it is no longer the link and ends it
 
     def _save_book(self) -> None:
         path = self.config.data_dir / PEERS_FILE
@@ -238,6 +383,7 @@ async def run_replication(
             hint="using the documented default network key: anyone can join; use --network-key-file",
         )
     allowed = frozenset(parse_public_key(p) for p in config.allowed_peers) or None
+    faults = PeerFaults.load(config.data_dir, allowed)
     patterns = config.replicate or None
     host = EngineHost(engine)
     gossip = Gossip(
@@ -245,8 +391,11 @@ async def run_replication(
     )
     book = load_peer_book(config.data_dir, identity.public_key)
     book.add_static(config.peers, now=time.time())
+    for address in faults.rules.added:
+        book.add(address, "added", now=time.time())
+    book.blocked = faults.rules.blocked
     service = Replication(
-        engine, identity, config, network_key, gossip, book, allowed=allowed, metrics=metrics
+        engine, identity, config, network_key, gossip, book, faults, allowed=allowed, metrics=metrics
     )
 
     def on_change(state: QueueState) -> None:
@@ -297,6 +446,18 @@ def _fmt(address: HostPort | None) -> str | None:
     return None if address is None else f"{address[0]}:{address[1]}"
 
 
+def _why(error: OSError) -> str:
+    """The causes behind trio's "all attempts to connect ... failed" (connection refused, no route...)."""
+    cause = error.__cause__
+    leaves = cause.exceptions if isinstance(cause, BaseExceptionGroup) else ()
+    reasons = [e.strerror for e in leaves if isinstance(e, OSError) and e.strerror]
+    return ", ".join(dict.fromkeys(reasons)) or error.strerror or str(error)
+
+
+def _label(target: bytes | HostPort) -> str:
+    return target.hex() if isinstance(target, bytes) else format_host_port(target)
+
+
 async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort]) -> None:
     assert service.config.listen is not None
     host, port = service.config.listen
@@ -311,32 +472,50 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
             name = stream.socket.getpeername()
             remote = (str(name[0]), int(name[1]))
             peer_address = f"{name[0]}:{name[1]}"
+        remote_host = remote[0] if remote is not None else "?"
         _tune_socket(stream)
+        refused: list[bytes] = []
         try:
             secure = await secure_accept(
                 stream,
                 seed=service.identity.seed,
                 network_key=service.network_key,
-                allowed=service.allowed,
+                allowed=_admits(service, refused),
                 max_message_size=service.gossip.max_message_bytes,
                 replay_cache=service.replay_cache,
             )
         except LatticedError as exc:
-            log_event(log, "peer.handshake_failed", level=logging.INFO, address=peer_address, error=str(exc))
+            reason = service.faults.incoming_failed(remote_host, exc, refused[0] if refused else None)
+            log_event(
+                log,
+                "peer.handshake_failed",
+                level=logging.INFO,
+                address=peer_address,
+                error=str(exc),
+                reason=reason,
+            )
             if service.metrics is not None:
                 service.metrics.handshake_failed("incoming", exc)
             await trio.aclose_forcefully(stream)
             return
         if service.metrics is not None:
             service.metrics.connected("incoming")
+        peer = secure.remote_public_key
+        service.faults.incoming_succeeded(
+            remote_host, peer, secure.handshake.peer_clock_offset_ms, peer_address
+        )
+        if not service.faults.admits(peer):  # blocked while its handshake ran
+            await secure.aclose()
+            return
         # Recorded in the book (never dialled) so the dialer does not redial an identity that is connected.
         if remote is not None:
-            service.book.connected(remote, secure.remote_public_key, time.time(), incoming=True)
+            service.book.connected(remote, peer, time.time(), incoming=True)
         try:
             await service.gossip.run_peer(secure, peer_address, "incoming")
         finally:
             if remote is not None:
-                service.book.disconnected(remote, time.time())
+                with contextlib.suppress(NotFoundError):  # removed meanwhile (latticectl peers remove)
+                    service.book.disconnected(remote, time.time())
                 service.wake_dialer.set()
 
     async with trio.open_nursery() as nursery:
@@ -346,6 +525,8 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
 
 async def _discovered(service: Replication, receive: trio.MemoryReceiveChannel[DiscoveredPeer]) -> None:
     async for peer in receive:
+        if peer.public_key in service.removed:
+            continue  # the operator removed it in this run (a block keeps it out for good)
         if service.book.add(peer.address, "mdns", now=time.time(), public_key=peer.public_key):
             log_event(log, "peer.discovered", peer=peer.public_key.hex(), address=f"{peer.host}:{peer.port}")
         service.wake_dialer.set()
@@ -365,29 +546,69 @@ async def _dial_loop(service: Replication) -> None:
                 await service.wake_dialer.wait()
 
 
+def _admits(service: Replication, refused: list[bytes]) -> Callable[[bytes], bool]:
+    """The handshake's allow check for one connection, noting the identity it refused (if any)."""
+
+    def admits(public_key: bytes) -> bool:
+        if service.faults.admits(public_key):
+            return True
+        refused.append(public_key)
+        return False
+
+    return admits
+
+
 async def _dial(service: Replication, address: HostPort) -> None:
     host, port = address
+    refused: list[bytes] = []
+    reached = False
     try:
-        stream = await open_peer(
-            host,
-            port,
+        # TCP first, then the handshake, each with its own timeout: a failure to connect (nothing listens,
+        # no route) and a failed handshake (another network key...) are different faults for the operator.
+        with trio.fail_after(DIAL_TIMEOUT_S):
+            try:
+                tcp = await trio.open_tcp_stream(host, port)
+            except OSError as exc:
+                raise ConnectionClosedError(f"cannot connect to {host}:{port}: {_why(exc)}") from exc
+        reached = True
+        _tune_socket(tcp)
+        stream = await secure_connect(
+            tcp,
             seed=service.identity.seed,
             network_key=service.network_key,
-            allowed=service.allowed,
+            allowed=_admits(service, refused),
             timeout=DIAL_TIMEOUT_S,
             max_message_size=service.gossip.max_message_bytes,
         )
-    except LatticedError as exc:
-        service.book.failed(address, time.time())
-        log_event(log, "peer.dial_failed", level=logging.DEBUG, address=f"{host}:{port}", error=str(exc))
+    except (LatticedError, trio.TooSlowError) as exc:
+        error = (
+            exc
+            if isinstance(exc, LatticedError)
+            else ConnectionClosedError(f"cannot connect to {host}:{port}: timed out after {DIAL_TIMEOUT_S} s")
+        )
+        if address in service.book:
+            we_refused = refused[0] if refused else None
+            if we_refused is not None and we_refused in service.faults.rules.blocked:
+                # Now we know whose address it is: the book dials a blocked identity no more.
+                source = cast(Source, service.book.status(address).sources[0])
+                service.book.add(address, source, now=time.time(), public_key=we_refused)
+            service.book.failed(address, time.time())
+            service.faults.dial_failed(address, error, reached=reached, we_refused=we_refused)
+        log_event(log, "peer.dial_failed", level=logging.DEBUG, address=f"{host}:{port}", error=str(error))
         if service.metrics is not None:
-            service.metrics.handshake_failed("outgoing", exc)
+            service.metrics.handshake_failed("outgoing", error)
         service.wake_dialer.set()
         return
     if service.metrics is not None:
         service.metrics.connected("outgoing")
     peer = stream.remote_public_key
-    _tune_socket(stream.transport_stream)
+    if address not in service.book or not service.faults.admits(peer):
+        # Removed or blocked while we dialled it.
+        await stream.aclose()
+        with contextlib.suppress(NotFoundError):
+            service.book.failed(address, time.time())
+        return
+    service.faults.dial_succeeded(address)
     if peer in service.gossip.links and not _is_stale(service, peer):
         # Already connected to this identity (it dialled us): this dial only proves the address works.
         service.book.connected(address, peer, time.time())
@@ -401,5 +622,6 @@ async def _dial(service: Replication, address: HostPort) -> None:
         via = "static" if "static" in sources else (sources[0] if sources else "static")
         await service.gossip.run_peer(stream, f"{host}:{port}", via)
     finally:
-        service.book.disconnected(address, time.time())
+        with contextlib.suppress(NotFoundError):  # removed meanwhile (latticectl peers remove)
+            service.book.disconnected(address, time.time())
         service.wake_dialer.set()

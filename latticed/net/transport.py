@@ -24,6 +24,7 @@ from latticed.protocol.handshake import (
     Allowed,
     Handshake,
     HandshakeResult,
+    HandshakeState,
     Initiator,
     ReplayCache,
     Responder,
@@ -48,6 +49,13 @@ _CLOSE_TIMEOUT: Final = 1.0
 _SEND_CHUNK: Final = 1 << 16
 # Openings already answered, for responders not given a cache of their own (one per process).
 _SHARED_REPLAY_CACHE: Final = ReplayCache()
+# The message a hang-up interrupted (HandshakeError.waiting_for).
+_WAITING_FOR: Final = {
+    HandshakeState.WAIT_MSG1: "msg1",
+    HandshakeState.WAIT_MSG2: "msg2",
+    HandshakeState.WAIT_MSG3: "msg3",
+    HandshakeState.WAIT_MSG4: "msg4",
+}
 
 
 def _wall_clock_ms() -> int:
@@ -219,7 +227,8 @@ async def _run_handshake(
                         f"peer hung up during the handshake (state {handshake.state.value}): it has another "
                         "network key, refuses our identity, runs an older latticed (handshake v1), its "
                         f"clock differs from ours by more than {FRESHNESS_WINDOW_MS // 1000} s, or it went "
-                        "away"
+                        "away",
+                        waiting_for=_WAITING_FOR.get(handshake.state),
                     )
                 out = handshake.receive_data(data)
                 if out:

@@ -247,6 +247,8 @@ class HandshakeResult:
     send_header: bytes = field(repr=False)
     receive_key: bytes = field(repr=False)
     receive_header: bytes = field(repr=False)
+    #: Responder only: the initiator's clock (sealed in msg1) minus ours, in ms; None on the initiator.
+    peer_clock_offset_ms: int | None = None
 
 
 class Handshake:
@@ -300,6 +302,7 @@ class Handshake:
         self._chaining_key = b""
         self._initiator_key = b""  # A_pk
         self._initiator_sig = b""
+        self._peer_clock_offset_ms: int | None = None
         self._result: HandshakeResult | None = None
 
     @property
@@ -316,6 +319,12 @@ class Handshake:
     def local_public_key(self) -> bytes:
         """Our Ed25519 public key."""
         return self._public_key
+
+    @property
+    def peer_clock_offset_ms(self) -> int | None:
+        """Responder: msg1's sealed time minus ``now_ms``, once msg1 passed its MAC (only then is it the
+        initiator's clock and not a stranger's number); None before that and on the initiator."""
+        return self._peer_clock_offset_ms
 
     @property
     def done(self) -> bool:
@@ -394,11 +403,14 @@ class Handshake:
                     "not answered"
                 )
             _fail("msg1 failed authentication: the peer has another network key (or is not latticed v2)")
+        offset = sent_ms - self._now_ms
+        self._peer_clock_offset_ms = offset
         cache = self._replay_cache
-        if abs(sent_ms - self._now_ms) > (FRESHNESS_WINDOW_MS if cache is None else cache.window_ms):
-            _fail(
+        if abs(offset) > (FRESHNESS_WINDOW_MS if cache is None else cache.window_ms):
+            raise HandshakeError(
                 f"msg1 is not fresh: sealed at {sent_ms} ms, our clock says {self._now_ms} ms (a replay, or "
-                "the two hosts' clocks differ by more than the freshness window); not answered"
+                "the two hosts' clocks differ by more than the freshness window); not answered",
+                clock_offset_ms=offset,
             )
         if cache is not None and not cache.admit(a_pub, sent_ms, self._now_ms):
             _fail("msg1 was seen before (a replayed opening); not answered")
@@ -499,6 +511,7 @@ class Handshake:
             send_header=send[KEY_SIZE : KEY_SIZE + _HEADER_SIZE],
             receive_key=receive[:KEY_SIZE],
             receive_header=receive[KEY_SIZE : KEY_SIZE + _HEADER_SIZE],
+            peer_clock_offset_ms=self._peer_clock_offset_ms,
         )
         self._state = HandshakeState.DONE
         # Nothing secret needs to outlive the handshake.

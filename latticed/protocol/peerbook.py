@@ -1,8 +1,10 @@
 """Which peers to dial and when: a sans-IO address book with exponential backoff.
 
-Addresses come from four places: ``static`` (``--peer`` / config), ``mdns`` (LAN discovery), ``remembered``
-(persisted from earlier runs) and ``incoming`` (a peer that connected to us; its source port is not a listen
-port, so such an entry is shown but never dialled). The daemon's dial loop is::
+Addresses come from five places: ``static`` (``--peer`` / config), ``added`` (``latticectl peers add``),
+``mdns`` (LAN discovery), ``remembered`` (persisted from earlier runs) and ``incoming`` (a peer that connected
+to us; its source port is not a listen port, so such an entry is shown but never dialled). Static and added
+addresses are the operator's: they are retried for ever, never forgotten for failing. Identities in
+:attr:`PeerBook.blocked` are never dialled. The daemon's dial loop is::
 
     for address in book.due(now):          # claims them: they are "dialing" until reported back
         start dialing address → book.connected(address, public_key, now) or book.failed(address, now)
@@ -44,7 +46,7 @@ __all__ = [
     "Source",
 ]
 
-Source = Literal["static", "mdns", "remembered", "incoming"]
+Source = Literal["static", "added", "mdns", "remembered", "incoming"]
 _SOURCES: Final[tuple[str, ...]] = get_args(Source)
 
 #: A connection that ends sooner than this (seconds) does not reset the backoff: a peer that accepts and
@@ -118,7 +120,7 @@ class PeerStatus:
     public_key: str | None
     host: str
     port: int
-    #: How it was found, sorted: any of static, mdns, remembered, incoming.
+    #: How it was found, sorted: any of static, added, mdns, remembered, incoming.
     sources: tuple[str, ...]
     state: str
     connected: bool
@@ -188,6 +190,8 @@ class PeerBook:
         self._forget_after = forget_after
         self._max_remembered = max_remembered
         self._entries: dict[HostPort, _Entry] = {}
+        #: Identities never dialled (``latticectl peers block``); their entries stay, shown as blocked.
+        self.blocked: frozenset[bytes] = frozenset()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -239,6 +243,10 @@ class PeerBook:
         """Drop an address (an operator's decision); unknown addresses are ignored."""
         self._entries.pop(address, None)
 
+    def addresses_of(self, public_key: bytes) -> list[HostPort]:
+        """Every address known to belong to ``public_key``, sorted."""
+        return sorted(a for a, e in self._entries.items() if e.public_key == public_key)
+
     # --- dialing ------------------------------------------------------------------------------------
 
     def _busy_identities(self) -> set[bytes]:
@@ -260,7 +268,7 @@ class PeerBook:
                 for e in self._entries.values()
                 if e.state is PeerState.IDLE
                 and e.dialable
-                and (e.public_key is None or e.public_key not in busy)
+                and (e.public_key is None or (e.public_key not in busy and e.public_key not in self.blocked))
             ),
             key=lambda e: (e.next_attempt, e.address),
         )
@@ -336,7 +344,7 @@ class PeerBook:
         entry.failures += 1
         entry.next_attempt = now + self.backoff.delay(entry.failures, self._rng)
         if not entry.dialable or (
-            "static" not in entry.sources
+            not (entry.sources & {"static", "added"})
             and entry.failures >= self._forget_failures
             and (entry.last_seen is None or now - entry.last_seen > self._forget_after)
         ):
