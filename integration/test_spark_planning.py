@@ -19,9 +19,9 @@ from latticed.spark.daemon import resolve_socket
 from latticed.spark.offsets import (
     MIN_SPLIT_RECORDS,
     DataLossError,
+    QueueSelection,
     QueueView,
     Range,
-    Subscription,
     allocate,
     batch_bounds,
     initial_offsets,
@@ -131,8 +131,8 @@ def test_offsets_past_the_last_one_are_a_clear_error_wherever_they_come_from() -
         plan_ranges({A: past}, {A: past + 1}, 100)
     found = [QueueView(A, 0, 5), QueueView(B, past, past)]
     with pytest.raises(MalformedError, match=f"local daemon has offset {past} for queue {B}"):
-        Subscription(pattern="*").select(found, strict=False)
-    assert list(Subscription(queues=(A,)).select(found, strict=True)) == [A]  # others are not our concern
+        QueueSelection(pattern="*").select(found, strict=False)
+    assert list(QueueSelection(queues=(A,)).select(found, strict=True)) == [A]  # others are not our concern
 
 
 # ------------------------------------------------------------------ subscription
@@ -140,15 +140,15 @@ def test_offsets_past_the_last_one_are_a_clear_error_wherever_they_come_from() -
 
 def test_subscription_refuses_forked_and_unknown_queues() -> None:
     found = [QueueView(A, 0, 5), QueueView(B, 0, 5, forked=True), QueueView(C, 0, 1)]
-    assert list(Subscription(queues=(A, C)).select(found, strict=True)) == [A, C]
+    assert list(QueueSelection(queues=(A, C)).select(found, strict=True)) == [A, C]
     with pytest.raises(ForkedQueueError, match=f"queue {B} is forked"):
-        Subscription(queues=(A, B)).select(found, strict=True)
+        QueueSelection(queues=(A, B)).select(found, strict=True)
     with pytest.raises(ForkedQueueError, match=f"queue {B} is forked"):
-        Subscription(pattern="*").select(found, strict=False)
+        QueueSelection(pattern="*").select(found, strict=False)
     with pytest.raises(NotFoundError, match="dd/d"):
-        Subscription(queues=(A, "dd/d")).select(found, strict=True)
-    assert list(Subscription(queues=(A, "dd/d")).select(found, strict=False)) == [A]
-    assert list(Subscription(pattern="cc/*").select(found, strict=False)) == [C]
+        QueueSelection(queues=(A, "dd/d")).select(found, strict=True)
+    assert list(QueueSelection(queues=(A, "dd/d")).select(found, strict=False)) == [A]
+    assert list(QueueSelection(pattern="cc/*").select(found, strict=False)) == [C]
 
 
 # ------------------------------------------------------------------ offsets

@@ -36,7 +36,7 @@ from latticed.leases import (
     Changes,
     Dispatcher,
     FilterSyntaxError,
-    Lease,
+    Grant,
     compile_filter,
     parse_filter,
 )
@@ -119,7 +119,7 @@ class Harness:
 
     def dequeue(
         self, consumer: str = "c1", now: float = 0.0, visibility: float | None = None
-    ) -> Lease | None:
+    ) -> Grant | None:
         return self.d.dequeue(consumer, visibility, now)
 
     def ack(self, token: str, now: float = 0.0) -> Changes:
@@ -135,7 +135,7 @@ class Harness:
         return self.persist(self.d.release_consumer(consumer, now, delay))
 
 
-def lease_of(h: Harness, consumer: str = "c1", now: float = 0.0, visibility: float | None = None) -> Lease:
+def lease_of(h: Harness, consumer: str = "c1", now: float = 0.0, visibility: float | None = None) -> Grant:
     lease = h.dequeue(consumer, now, visibility)
     assert lease is not None
     return lease

@@ -23,7 +23,7 @@ from latticed.crdt.head import KIND_GROUP
 from latticed.errors import LatticedError, MalformedError
 from latticed.groups.runtime import GroupRuntime
 from latticed.groups.service import GroupService
-from latticed.leases.dispatch import Changes, DeadLetter, Lease
+from latticed.leases.dispatch import Changes, DeadLetter, Grant
 
 #: Longest accepted duration argument (a day): longer is almost surely a unit mistake.
 MAX_SECONDS: Final = 86_400.0
@@ -77,7 +77,7 @@ def headers_wire(headers: tuple[tuple[str, bytes], ...]) -> list[list[Any]] | No
     return [[k, v] for k, v in headers] if headers else None
 
 
-def lease_wire(rt: GroupRuntime, lease: Lease) -> dict[str, Any]:
+def lease_wire(rt: GroupRuntime, lease: Grant) -> dict[str, Any]:
     record = lease.record
     return {
         "group": rt.name,
@@ -316,7 +316,7 @@ async def dequeue(ctx: Context, conn: Connection, request: Request) -> bool:
     visibility = arg_seconds(request, "visibility", positive=True)
     wait = arg_seconds(request, "wait")
     consumer = consumer_id()
-    lease: Lease | None = None
+    lease: Grant | None = None
     failure: LatticedError | None = None
     gone = False
     if not wait:

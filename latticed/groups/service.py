@@ -47,7 +47,7 @@ from latticed.errors import (
 )
 from latticed.groups.committer import Committer, Flight
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime
-from latticed.leases.dispatch import Changes, DeadLetter, Lease
+from latticed.leases.dispatch import Changes, DeadLetter, Grant
 from latticed.leases.filters import compile_filter
 from latticed.logs import get_logger, log_event
 from latticed.storage.engine import Engine
@@ -267,7 +267,7 @@ class GroupService:
     # ------------------------------------------------------------------ consumers
     async def dequeue(
         self, rt: GroupRuntime, consumer: str, visibility: float | None, wait: float | None
-    ) -> Lease | None:
+    ) -> Grant | None:
         """Lease the next available record; with ``wait``, block up to that many seconds for one."""
         deadline = trio.current_time() + (wait or 0.0)
         while True:
@@ -294,10 +294,10 @@ class GroupService:
                 await rt.catch_up(sid, self._background)
         return behind
 
-    def take(self, rt: GroupRuntime, consumer: str, visibility: float | None, n: int) -> list[Lease]:
+    def take(self, rt: GroupRuntime, consumer: str, visibility: float | None, n: int) -> list[Grant]:
         """Lease up to ``n`` available records at once (a subscription filling its window), never past the
         group's per-consumer cap; CapacityError only if the consumer cannot join the group."""
-        leases: list[Lease] = []
+        leases: list[Grant] = []
         cap = rt.spec.max_in_flight
         if cap and rt.dispatcher.has_consumer(consumer):
             n = min(n, cap - rt.dispatcher.in_flight(consumer))
@@ -355,7 +355,7 @@ class GroupService:
         await self.committer.persist(rt, changes)
         return changes
 
-    def extend(self, rt: GroupRuntime, token: str, visibility: float) -> Lease:
+    def extend(self, rt: GroupRuntime, token: str, visibility: float) -> Grant:
         return rt.dispatcher.extend(token, visibility, self.now())
 
     async def ack_up_to(self, rt: GroupRuntime, queue: str, up_to: int) -> Changes:

@@ -13,8 +13,8 @@ from latticed.leases.dispatch import (
     Dispatcher,
     Done,
     Failure,
+    Grant,
     GroupStats,
-    Lease,
     TaskView,
 )
 from latticed.leases.filters import FilterSyntaxError, compile_filter, parse_filter
@@ -27,7 +27,7 @@ __all__ = [
     "Failure",
     "FilterSyntaxError",
     "GroupStats",
-    "Lease",
+    "Grant",
     "TaskView",
     "compile_filter",
     "parse_filter",

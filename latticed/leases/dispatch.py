@@ -60,17 +60,18 @@ _ENDED_TOKENS = 4096
 AVAILABLE = "available"
 LEASED = "leased"
 FAILED = "failed"  # nacked or expired, waiting for its retry time
-PARKED = "dead"  # a dead letter in the DLQ, waiting for redrive or purge
+DEAD = "dead"  # a dead letter in the DLQ, waiting for redrive or purge
 SETTLED = "settled"  # done, dead-lettered or purged: no longer held (marks heap entries stale)
-STATES = (AVAILABLE, LEASED, FAILED, PARKED, SETTLED)
+STATES = (AVAILABLE, LEASED, FAILED, DEAD, SETTLED)
 
 
 # ------------------------------------------------------------------------------------------------ events
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
-    """A record handed to a consumer until ``expires_at``; ``token`` fences every later call.
+class Grant:
+    """A lease as the dispatcher grants it: a record handed to a consumer until ``expires_at``; ``token``
+    fences every later call. (The client's view of it is :class:`latticed.api.group_client.Lease`.)
 
     ``attempt`` counts from 1 (failed attempts so far + 1). ``queue``/``offset`` name what is leased: a
     source record, or a redriven DLQ record (whose ``x-dlq`` header names the original)."""
@@ -98,7 +99,7 @@ class Done:
 class Failure:
     """A lease that ended without an ack; ``retry_at`` None means it was dead-lettered."""
 
-    lease: Lease
+    lease: Grant
     reason: str  # "nack" | "expired" | "released"
     attempts: int
     retry_at: float | None
@@ -148,7 +149,7 @@ class TaskView:
     attempts: int
     correlation_id: str
     history: tuple[AttemptRecord, ...]
-    lease: Lease | None = None
+    lease: Grant | None = None
     retry_at: float | None = None
     done_at: float | None = None
 
@@ -199,7 +200,7 @@ class _Task:
         self.record = record
         self.attempts = attempts
         self.state: str = AVAILABLE
-        self.lease: Lease | None = None
+        self.lease: Grant | None = None
         self.ready_at = 0.0
         self.history: list[AttemptRecord] = []
         self.correlation: str | None = None
@@ -276,7 +277,7 @@ class Dispatcher:
         self._seq = 0
         self._ready: list[tuple[int, _Task]] = []
         self._retry: list[tuple[float, int, _Task]] = []
-        self._expiry: list[tuple[float, int, Lease]] = []
+        self._expiry: list[tuple[float, int, Grant]] = []
         self._leases: dict[str, _Task] = {}
         self._consumers: dict[str, set[str]] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()
@@ -333,7 +334,7 @@ class Dispatcher:
             src.tasks[offset] = task
             heapq.heappush(src.offsets, offset)
             if src.is_dlq and offset not in hint.released:
-                task.state = PARKED
+                task.state = DEAD
             else:
                 heapq.heappush(ready, (task.seq, task))
             self._counts[task.state] += 1
@@ -344,7 +345,7 @@ class Dispatcher:
         return NO_CHANGES
 
     # ------------------------------------------------------------------ consumers
-    def dequeue(self, consumer: str, visibility_s: float | None, now: float) -> Lease | None:
+    def dequeue(self, consumer: str, visibility_s: float | None, now: float) -> Grant | None:
         """Lease the oldest available record whose retry time has come, or None if there is none.
 
         Raises :class:`CapacityError` past the group's consumer cap or this consumer's in-flight cap. A
@@ -372,7 +373,7 @@ class Dispatcher:
             return None
         self._counter += 1
         token = f"{self._prefix}.{self._counter:x}"
-        lease = Lease(
+        lease = Grant(
             token,
             task.source.id,
             task.offset,
@@ -390,7 +391,7 @@ class Dispatcher:
         heapq.heappush(self._expiry, (lease.expires_at, self._counter, lease))
         return lease
 
-    def _live(self, token: str, now: float) -> tuple[_Task, Lease]:
+    def _live(self, token: str, now: float) -> tuple[_Task, Grant]:
         if not isinstance(token, str):
             raise LeaseError(f"a lease token is text, not {type(token).__name__}")
         task = self._leases.get(token)
@@ -406,7 +407,7 @@ class Dispatcher:
             )
         return task, lease
 
-    def _end_lease(self, task: _Task, lease: Lease, why: str) -> None:
+    def _end_lease(self, task: _Task, lease: Grant, why: str) -> None:
         del self._leases[lease.token]
         task.lease = None
         tokens = self._consumers.get(lease.consumer)
@@ -431,11 +432,11 @@ class Dispatcher:
         task, lease = self._live(token, now)
         return self._fail_all([(task, lease)], "nack", delay, now)
 
-    def extend(self, token: str, visibility_s: float, now: float) -> Lease:
+    def extend(self, token: str, visibility_s: float, now: float) -> Grant:
         """Keep a lease for ``visibility_s`` from now; returns the lease with its new deadline."""
         visibility = _seconds(visibility_s, "visibility", positive=True)
         task, lease = self._live(token, now)
-        new = Lease(
+        new = Grant(
             lease.token,
             lease.queue,
             lease.offset,
@@ -518,12 +519,12 @@ class Dispatcher:
     def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
         """Parked dead letters, oldest first."""
         src = self._sources[self.dlq]
-        parked = sorted(o for o, t in src.tasks.items() if t.state == PARKED)
+        parked = sorted(o for o, t in src.tasks.items() if t.state == DEAD)
         return [self._dead_letter_view(src.tasks[o]) for o in parked[:limit]]
 
     def inspect_dead_letter(self, dlq_offset: int) -> DeadLetter:
         task = self._sources[self.dlq].tasks.get(dlq_offset)
-        if task is None or task.state != PARKED:
+        if task is None or task.state != DEAD:
             raise NotFoundError(f"no parked dead letter at offset {dlq_offset} of {self.dlq}")
         return self._dead_letter_view(task)
 
@@ -535,11 +536,11 @@ class Dispatcher:
     def _parked(self, offsets: Iterable[int] | None) -> list[_Task]:
         src = self._sources[self.dlq]
         if offsets is None:
-            return sorted((t for t in src.tasks.values() if t.state == PARKED), key=lambda t: t.offset)
+            return sorted((t for t in src.tasks.values() if t.state == DEAD), key=lambda t: t.offset)
         tasks = []
         for offset in offsets:
             task = src.tasks.get(offset)
-            if task is None or task.state != PARKED:
+            if task is None or task.state != DEAD:
                 raise NotFoundError(f"no parked dead letter at offset {offset} of {self.dlq}")
             tasks.append(task)
         return tasks
@@ -596,7 +597,7 @@ class Dispatcher:
             leased=counts[LEASED],
             done=len(self._done_index),
             failed=counts[FAILED],
-            dead=counts[PARKED],
+            dead=counts[DEAD],
             ack_floor=floors,
             oldest_age_s=oldest,
             consumers=len(self._consumers),
@@ -689,7 +690,7 @@ class Dispatcher:
         )
 
     def _fail_all(
-        self, pairs: list[tuple[_Task, Lease]], reason: str, delay: float | None, now: float
+        self, pairs: list[tuple[_Task, Grant]], reason: str, delay: float | None, now: float
     ) -> Changes:
         spec, failures, dead_letters = self.spec, [], []
         by_source: dict[_Source, tuple[list[int], list[tuple[int, int]]]] = {}
@@ -749,7 +750,7 @@ __all__ = [
     "LEASED",
     "MAX_RETAINED_DONE",
     "NO_CHANGES",
-    "PARKED",
+    "DEAD",
     "SETTLED",
     "STATES",
     "Changes",
@@ -758,6 +759,6 @@ __all__ = [
     "Done",
     "Failure",
     "GroupStats",
-    "Lease",
+    "Grant",
     "TaskView",
 ]

@@ -91,7 +91,7 @@ def forked_error(queue: str) -> ForkedQueueError:
 
 
 @dataclass(frozen=True, slots=True)
-class Subscription:
+class QueueSelection:
     """Which queues a query reads: an explicit list of ``OWNER/NAME`` (already resolved) or a glob."""
 
     queues: tuple[str, ...] | None = None
@@ -311,7 +311,7 @@ __all__ = [
     "Offsets",
     "QueueView",
     "Range",
-    "Subscription",
+    "QueueSelection",
     "allocate",
     "batch_bounds",
     "check_offsets",

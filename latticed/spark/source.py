@@ -28,9 +28,9 @@ from latticed.errors import ConnectionClosedError, MalformedError
 from latticed.spark.daemon import connect, list_views, resolve_queues
 from latticed.spark.offsets import (
     Offsets,
+    QueueSelection,
     QueueView,
     Range,
-    Subscription,
     batch_bounds,
     initial_offsets,
     latest_offsets,
@@ -62,7 +62,7 @@ class _Planner:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._client: Client | None = None
-        self._subscription: Subscription | None = None
+        self._selection: QueueSelection | None = None
         self._names: dict[str, str] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -80,26 +80,26 @@ class _Planner:
             self._client.close()
             self._client = None
 
-    def subscription(self) -> Subscription:
-        if self._subscription is None:
+    def selection(self) -> QueueSelection:
+        if self._selection is None:
             if self.options.queues is not None:
                 self._names = resolve_queues(self.client(), self.options.queues)
-                self._subscription = Subscription(queues=tuple(dict.fromkeys(self._names.values())))
+                self._selection = QueueSelection(queues=tuple(dict.fromkeys(self._names.values())))
             else:
-                self._subscription = Subscription(pattern=self.options.queue_pattern)
-        return self._subscription
+                self._selection = QueueSelection(pattern=self.options.queue_pattern)
+        return self._selection
 
     def views(self, *, strict: bool) -> dict[str, QueueView]:
         """The subscribed queues now. A dropped connection (the daemon restarted) is retried once, after
         a pause, so a routine daemon restart does not fail a long-running query."""
-        subscription = self.subscription()
+        selection = self.selection()
         try:
             found = list_views(self.client())
         except ConnectionClosedError:
             self.close()
             time.sleep(RECONNECT_PAUSE_S)
             found = list_views(self.client())
-        return subscription.select(found, strict=strict)
+        return selection.select(found, strict=strict)
 
     def spec(self, spec: OffsetSpec, option: str) -> OffsetSpec:
         """An offsets JSON with its keys (``NAME`` or ``OWNER/NAME``) rewritten to ``OWNER/NAME``."""
