@@ -39,6 +39,7 @@ from latticed.errors import MalformedError, NotOwnerError
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
+from latticed.storage.sealer import check_user_meta, sealer_of
 
 if TYPE_CHECKING:
     from latticed.api.connection import Connection
@@ -177,6 +178,7 @@ def queue_info(ctx: Context, q: int) -> dict[str, Any]:
         "version": state.version,
         "owned": state.owner == ctx.engine.public_key,
         "created_ms": ctx.engine.created_ms(q),
+        "sealed": sealer_of(ctx.engine).describe(q),
     }
 
 
@@ -239,8 +241,20 @@ async def queue_create(ctx: Context, request: Request) -> Reply:
         isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
     ):
         raise MalformedError("argument 'meta' must be a map of text to text")
-    q = await ctx.engine.create_queue(name, meta)
+    check_user_meta(meta)
+    readers = request.get("readers")  # a list (maybe empty) of reader identities: a sealed queue
+    if readers is not None:
+        q = await sealer_of(ctx.engine).create_queue(name, meta, parse_readers(readers))
+    else:
+        q = await ctx.engine.create_queue(name, meta)
     return {"queue": ctx.engine.address(q)}
+
+
+def parse_readers(raw: Any) -> list[bytes]:
+    """Reader identities from the wire: a list of hex public keys."""
+    if not isinstance(raw, list) or not all(isinstance(r, str) for r in raw):
+        raise MalformedError("argument 'readers' must be a list of hex public keys")
+    return [parse_public_key(r) for r in raw]
 
 
 @handler("queue_list")
@@ -275,7 +289,7 @@ def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
 def offer(ctx: Context, request: Request) -> Begun:
     q = ctx.queue(request)
     record = _record(request.get("value"), request.get("key"), request.get("headers"), ctx.engine.clock())
-    return ctx.engine.start_append(q, (record,), checked=True), _offset_reply
+    return sealer_of(ctx.engine).start_append(q, (record,)), _offset_reply
 
 
 def _offset_reply(offset: int) -> Reply:
@@ -289,7 +303,7 @@ def offer_batch(ctx: Context, request: Request) -> Begun:
     if not isinstance(raw, list) or not raw:
         raise MalformedError("argument 'records' must be a non-empty list of [value, key, headers]")
     records = _record_run(raw, ctx.engine.clock())
-    return ctx.engine.start_append(q, records, checked=True), functools.partial(_batch_reply, len(records))
+    return sealer_of(ctx.engine).start_append(q, records), functools.partial(_batch_reply, len(records))
 
 
 def _batch_reply(count: int, first: int) -> Reply:
@@ -310,7 +324,8 @@ def _record_run(raw: list[Any], now: int) -> RecordRun:
 @handler("peek")
 async def peek(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
-    row = await ctx.engine.row(q, arg_int(request, "offset"))
+    offset = arg_int(request, "offset")
+    row = sealer_of(ctx.engine).open_row(q, offset, await ctx.engine.row(q, offset))
     return {"value": None if row is None else row[1]}
 
 
@@ -318,7 +333,8 @@ async def peek(ctx: Context, request: Request) -> Reply:
 async def peek_entry(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     offset = arg_int(request, "offset")
-    return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, await ctx.engine.row(q, offset))}
+    row = sealer_of(ctx.engine).open_row(q, offset, await ctx.engine.row(q, offset))
+    return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, row)}
 
 
 @handler("first")
@@ -326,6 +342,7 @@ async def first(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     state = ctx.engine.state(q)
     row = await ctx.engine.row(q, state.start) if state.held_end > state.start else None
+    row = sealer_of(ctx.engine).open_row(q, state.start, row)
     return {"queue": ctx.engine.address(q), "entry": entry_wire(state.start, row)}
 
 
@@ -335,6 +352,7 @@ async def last(ctx: Context, request: Request) -> Reply:
     state = ctx.engine.state(q)
     offset = state.held_end - 1
     row = await ctx.engine.row(q, offset) if state.held_end > state.start else None
+    row = sealer_of(ctx.engine).open_row(q, offset, row)
     return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, row)}
 
 
@@ -347,6 +365,7 @@ async def range_(ctx: Context, request: Request) -> Reply:
     hi = min(arg_int(request, "to") + 1, state.held_end)
     wanted = max(hi - lo, 0)
     columns = await ctx.engine.read(q, lo, hi, wanted, ctx.max_reply_bytes)
+    columns = sealer_of(ctx.engine).open_columns(q, columns)
     if len(columns) < wanted:
         raise MalformedError(
             f"range of {wanted} records does not fit in one reply ({ctx.max_frame_bytes} bytes); use read"
@@ -406,6 +425,7 @@ async def read(ctx: Context, request: Request) -> Reply:
     max_records = min(max(arg_int(request, "max_records", default=10_000), 1), MAX_READ_RECORDS)
     max_bytes = min(max(arg_int(request, "max_bytes", default=8 << 20), 1), ctx.max_reply_bytes)
     columns = await ctx.engine.read(q, lo, state.held_end, max_records, max_bytes)
+    columns = sealer_of(ctx.engine).open_columns(q, columns, partial=True)
     state = ctx.engine.state(q)
     return {
         "queue": ctx.engine.address(q),
@@ -444,6 +464,7 @@ async def meta_del(ctx: Context, request: Request) -> Reply:
     """Delete one metadata key of our own queue; a key that is not set signs nothing."""
     q = ctx.queue(request)
     key = arg_str(request, "key")
+    check_user_meta({key: None})
     if not ctx.engine.owned(q):
         raise NotOwnerError(f"cannot delete metadata: not the owner of {ctx.engine.address(q)}")
     existed = key in ctx.engine.state(q).meta_dict
@@ -458,6 +479,7 @@ async def meta_set(ctx: Context, request: Request) -> Reply:
     key = arg_str(request, "key")
     if not key:
         raise MalformedError("metadata keys are non-empty")
+    check_user_meta({key: None})
     await ctx.engine.set_meta(q, {key: arg_str(request, "value", optional=True)})
     return {}
 

@@ -24,6 +24,7 @@ from latticed.api.connection import Connection
 from latticed.api.handlers import Context, columns_reply, stream
 from latticed.api.wire import TAIL_BATCH_BYTES, TAIL_BATCH_RECORDS, arg_bool, arg_int
 from latticed.errors import StorageError
+from latticed.storage.sealer import sealer_of
 
 MAX_TAIL_BATCH_RECORDS = 10_000
 
@@ -81,6 +82,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
             end = engine.visible_end(q) if stop_at is None else min(stop_at, state.held_end)
             if pos < end:
                 columns = await engine.read_visible(q, pos, end, max_records, max_bytes)
+                columns = sealer_of(engine).open_columns(q, columns, partial=True)
                 if columns.offsets:
                     pos = columns.offsets[-1] + 1
                     await conn.send(
