@@ -291,3 +291,54 @@ def test_a_sealed_record_that_does_not_decrypt_is_an_integrity_error(daemon: InP
     result = ctl(daemon, "peek", address, "1")
     assert result.exit_code == ExitCode.INTEGRITY and "does not decrypt" in result.stderr
     assert ctl(daemon, "peek", address, "0").stdout == "fine\n"
+
+
+# ------------------------------------------------------------------ consumer groups
+
+
+def test_a_group_over_a_sealed_queue_leases_plaintext_and_seals_its_dead_letters(
+    daemon: InProcessDaemon,
+) -> None:
+    name, group = qname(), qname()
+    secret = b"group-plaintext-" + secrets.token_bytes(8)
+    with daemon.client() as c:
+        c.queue_create(name, readers=[])
+        c.offer(name, secret, key=b"gk", headers={"gh": b"gv"})
+        c.group_create(group, [name], max_attempts=1)
+        lease = c.dequeue(group)
+        assert lease is not None and (lease.value, lease.key, lease.headers) == (
+            secret,
+            b"gk",
+            (("gh", b"gv"),),
+        )
+        c.nack(group, lease)  # its one attempt: dead-lettered
+        [letter] = c.dlq_list(group)
+        assert (letter["value"], letter["key"], letter["offset"]) == (secret, b"gk", 0)
+        dlq = c.queue_info(f"{group}.dlq")
+        assert dlq["sealed"]["readers"] == [c.identity()] and dlq["end_offset"] == 1
+        assert c.peek(f"{group}.dlq", 0) is not None
+    assert secret not in store_bytes(daemon)  # neither the source nor the dead letter, in plaintext
+
+
+def test_a_group_needs_to_read_its_sealed_sources(daemon: InProcessDaemon) -> None:
+    me = daemon.handle.engine.public_key
+    unreadable, _, _ = foreign_sealed([], [b"x"])
+    readable, owner, _ = foreign_sealed([me], [b"old-0", b"old-1"])
+    with daemon.client() as c:
+        with pytest.raises(NotReaderError):
+            c.group_create(qname(), [deliver(daemon, unreadable)])
+        address = deliver(daemon, readable)
+        group = qname()
+        c.group_create(group, [address])
+        # Removed at offset 2: the group delivers what it can open, then says why it stops.
+        sealing = sealed_meta.parse(readable.meta, owner.public_key)
+        assert sealing is not None
+        new_key = secrets.token_bytes(32)
+        for key, value in sealed_meta.rotate(sealing, new_key, [], 2, secrets.token_bytes).items():
+            readable.set_meta(key, value)
+        seal(readable, new_key, 1, [b"new-0"])
+        deliver(daemon, readable)
+        leased = [c.dequeue(group), c.dequeue(group)]
+        assert [lease.value for lease in leased if lease is not None] == [b"old-0", b"old-1"]
+        with pytest.raises(NotReaderError, match="key epoch 1"):
+            c.dequeue(group)

@@ -30,7 +30,7 @@ import trio
 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue import Meta
-from latticed.crdt.records import Record
+from latticed.crdt.records import Record, check_records
 from latticed.errors import MalformedError, NotReaderError
 from latticed.privacy import meta as sealed_meta
 from latticed.privacy.crypto import (
@@ -122,6 +122,24 @@ class Sealer:
         engine._require_owner(q, "offer")
         sealed = self._seal(q, sealing, records)
         return engine._start(SealedAppend(self, q, records, sealed, sealing.current.number))
+
+    async def append_many(self, parts: Sequence[tuple[int, Sequence[Record]]]) -> list[int]:
+        """:meth:`Engine.append_many <latticed.storage.engine.Engine.append_many>` (one transaction), with
+        the parts of sealed queues sealed."""
+        engine = self.engine
+        sealed: list[Part] = []
+        for q, records in parts:
+            sealing = self.sealing(q)
+            if sealing is None:
+                sealed.append((q, records, None, -1))
+            else:
+                sealed.append((q, records, self._seal(q, sealing, records), sealing.current.number))
+        if all(part[2] is None for part in sealed):
+            return await engine.append_many(parts)
+        for q, _ in parts:
+            engine._require_owner(q, "offer")
+        firsts: list[int] = await engine.outcome(engine._start(SealedAppendMany(self, sealed)))
+        return firsts
 
     def _seal(self, q: int, sealing: Sealing, records: Sequence[Record]) -> Sequence[Record]:
         epoch = sealing.current.number
@@ -261,13 +279,47 @@ class SealedAppend(Job):
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         batch.require_owner(self.q, "offer")
-        sealing = self.sealer._staged_sealing(batch, self.q)
-        records = self.sealed
-        if sealing is None:
-            raise MalformedError("the queue is no longer sealed")  # never, through the API
-        if sealing.current.number != self.epoch:
-            records = self.sealer._seal(self.q, sealing, self.plain)
+        records = _current(self.sealer, batch, self.q, self.plain, self.sealed, epoch=self.epoch)
         self.result = batch.append(self.q, records)
+
+
+#: One part of a :class:`SealedAppendMany`: queue, records, their envelopes and epoch (None, -1: not sealed).
+Part = tuple[int, Sequence[Record], Sequence[Record] | None, int]
+
+
+class SealedAppendMany(Job):
+    """:class:`~latticed.storage.jobs.AppendMany` with the parts of sealed queues sealed: records for
+    several owned queues in one transaction; ``result`` is each part's first offset."""
+
+    __slots__ = ("parts", "sealer")
+
+    def __init__(self, sealer: Sealer, parts: Sequence[Part]) -> None:
+        super().__init__()
+        self.sealer = sealer
+        self.parts = parts
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        staged: list[tuple[int, Sequence[Record]]] = []
+        for q, plain, sealed, epoch in self.parts:  # everything checked before the batch changes
+            batch.require_owner(q, "offer")
+            if sealed is None:
+                check_records(plain)
+                staged.append((q, plain))
+            else:
+                staged.append((q, _current(self.sealer, batch, q, plain, sealed, epoch=epoch)))
+        self.result = [batch.append(q, records) for q, records in staged]
+
+
+def _current(
+    sealer: Sealer, batch: Batch, q: int, plain: Sequence[Record], sealed: Sequence[Record], *, epoch: int
+) -> Sequence[Record]:
+    """The envelopes to append: as sealed, or sealed again if the epoch changed since (storage thread)."""
+    sealing = sealer._staged_sealing(batch, q)
+    if sealing is None:
+        raise MalformedError("the queue is no longer sealed")  # never, through the API
+    if sealing.current.number != epoch:
+        return sealer._seal(q, sealing, plain)
+    return sealed
 
 
 def check_user_meta(meta: Mapping[str, Any]) -> None:
@@ -302,4 +354,4 @@ def sealer_of(engine: Engine) -> Sealer:
     return sealer
 
 
-__all__ = ["SealedAppend", "Sealer", "check_user_meta", "sealer_of"]
+__all__ = ["SealedAppend", "SealedAppendMany", "Sealer", "check_user_meta", "sealer_of"]
