@@ -302,6 +302,8 @@ def queue_info(ctx: typer.Context, queue: QueueArg, as_json: JsonFlag = False) -
 def _sealed_text(sealed: Any) -> str:
     if not sealed:
         return "no"
+    if "error" in sealed:
+        return f"yes, but its sealing metadata is broken: {sealed['error']}"
     readable = "this daemon reads it" if sealed["readable"] else "NOT readable here"
     epoch = sealed["epochs"][-1]
     return (

@@ -342,3 +342,19 @@ def test_a_group_needs_to_read_its_sealed_sources(daemon: InProcessDaemon) -> No
         assert [lease.value for lease in leased if lease is not None] == [b"old-0", b"old-1"]
         with pytest.raises(NotReaderError, match="key epoch 1"):
             c.dequeue(group)
+
+
+def test_broken_sealing_metadata_of_one_queue_does_not_break_listing_the_others(
+    daemon: InProcessDaemon,
+) -> None:
+    owner = Identity.generate()
+    queue = LatticeQueue.create(owner, qname())
+    queue.set_meta("sealed.epoch", "0")  # a broken owner: no start, no wraps
+    queue.offer(b"x")
+    queue.commit()
+    address = deliver(daemon, queue)
+    with daemon.client() as c:
+        listed = {q["queue"]: q for q in c.queue_list()}
+        assert "no start offset" in listed[address]["sealed"]["error"]  # shown, not raised
+        with pytest.raises(MalformedError, match="no start offset"):
+            c.peek(address, 0)

@@ -90,8 +90,12 @@ class Sealer:
         return sealed_meta.parse(merged, state.owner)
 
     def describe(self, q: int) -> dict[str, Any] | None:
-        """``queue info``'s view of the sealing (None: not sealed)."""
-        sealing = self.sealing(q)
+        """``queue info``'s view of the sealing (None: not sealed). Broken sealing metadata (signed by a
+        broken owner) is shown, not raised, so it cannot stop ``queue list`` of every other queue."""
+        try:
+            sealing = self.sealing(q)
+        except MalformedError as exc:
+            return {"error": str(exc), "readable": False}
         return None if sealing is None else sealing.describe(self.identity.public_key)
 
     def content_key(self, q: int, sealing: Sealing, epoch: int) -> bytes:
