@@ -39,6 +39,7 @@ from latticed.sdnotify import Notifier, watchdog_interval
 from latticed.storage.engine import Engine
 from latticed.storage.keyfile import load_or_create_identity
 from latticed.storage.lockfile import DataDirLock
+from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)
 
@@ -100,6 +101,7 @@ async def run_daemon(
     with DataDirLock(config.data_dir):
         identity = load_or_create_identity(config.identity_key_path)
         async with Engine.open(config.data_dir, identity, group_commit_ms=config.group_commit_ms) as engine:
+            sealer_of(engine).install()  # sealed KV ops open for folding before any peer sends some
             context = Context(engine, config.data_dir, config.socket_path, config.max_frame_bytes)
             try:
                 async with trio.open_nursery() as nursery:

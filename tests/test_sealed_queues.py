@@ -18,13 +18,17 @@ from typer.testing import CliRunner, Result
 import cli.ctl
 from cli.boundary import ExitCode
 from latticed.config import DaemonConfig
+from latticed.crdt import kv
+from latticed.crdt import queue as core
+from latticed.crdt.head import KIND_KV
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.errors import MalformedError, NotReaderError
+from latticed.errors import AlreadyExistsError, MalformedError, NotReaderError
 from latticed.privacy import crypto
 from latticed.privacy import meta as sealed_meta
 from latticed.queue import LatticeQueue
 from latticed.storage.jobs import Call
+from latticed.storage.kvcompact import CompactKv
 from latticed.storage.sealer import sealer_of
 
 runner = CliRunner()
@@ -358,3 +362,114 @@ def test_broken_sealing_metadata_of_one_queue_does_not_break_listing_the_others(
         assert "no start offset" in listed[address]["sealed"]["error"]  # shown, not raised
         with pytest.raises(MalformedError, match="no start offset"):
             c.peek(address, 0)
+
+
+# ------------------------------------------------------------------ KV namespaces
+
+
+def test_the_owners_sealed_kv_namespace_reads_plaintext_and_logs_only_envelopes(
+    daemon: InProcessDaemon,
+) -> None:
+    reader = Identity.generate()
+    secret = b"kv-plaintext-" + secrets.token_bytes(8)
+    with daemon.client() as c:
+        done = c.kv_seal([reader.public_hex])
+        assert set(done["sealed"]["readers"]) == {reader.public_hex, c.identity()}
+        with pytest.raises(AlreadyExistsError):
+            c.kv_seal([])
+        c.kv_put("k", secret)
+        c.kv_hset("h", b"f", b"hv-" + secret)
+        assert c.kv_incr("n", 5) == 5 and c.kv_incr("n") == 6
+        assert c.kv_get("k") == secret and c.kv_hget("h", b"f") == b"hv-" + secret
+        assert c.kv_list("") == {"h": {b"f": b"hv-" + secret}, "k": secret, "n": 6}
+        assert c.kv_unshare(reader.public_hex)["removed"] is True
+        c.kv_put("after", b"unshare")
+        assert c.kv_get("after") == b"unshare" and c.kv_get("n") == 6
+    engine = daemon.handle.engine
+    ns = engine.kv_namespace(None)
+    log = daemon.call(engine.read, ns, 0, 2**62, 10**6, 1 << 30)
+    assert len(log) == 5 and all(k is None for k in log.keys)
+    assert [crypto.envelope_epoch(v) for v in log.values] == [0, 0, 0, 0, 1]
+    assert not any(secret in v for v in log.values)
+
+
+def foreign_kv(readers: list[bytes]) -> tuple[LatticeQueue, Identity, bytes]:
+    """Another identity's sealed KV namespace, written with the library: (its log, owner, epoch 0 key)."""
+    owner = Identity.generate()
+    log = LatticeQueue(core.empty_state(owner.public_key, "kv", KIND_KV), owner)
+    content_key = secrets.token_bytes(32)
+    for key, value in sealed_meta.seal_new(
+        owner.public_key, readers, content_key, secrets.token_bytes
+    ).items():
+        log.set_meta(key, value)
+    log.commit()
+    return log, owner, content_key
+
+
+def put_ops(log: LatticeQueue, content_key: bytes, epoch: int, items: dict[str, bytes], hlc: int) -> None:
+    ops = [kv.Op("put", hlc + i, key, value) for i, (key, value) in enumerate(items.items())]
+    records = [Record(op.encode(), op.key.encode(), 1) for op in ops]
+    log.offer_many(
+        crypto.seal_run(content_key, log.state.queue_id, epoch, records, secrets.token_bytes(24 * len(ops)))
+    )
+    log.commit()
+
+
+def test_another_identitys_sealed_kv_namespace_on_a_reader_and_a_non_reader(daemon: InProcessDaemon) -> None:
+    me = daemon.handle.engine.public_key
+    hidden, _, hidden_key = foreign_kv([])
+    put_ops(hidden, hidden_key, 0, {"a": b"secret a"}, 100)
+    deliver(daemon, hidden)
+    with daemon.client() as c, pytest.raises(NotReaderError, match="not a reader"):
+        c.kv_get("a", owner=hidden.owner.hex())
+    result = ctl(daemon, "kv", "get", f"{hidden.owner.hex()}/a")
+    assert result.exit_code == ExitCode.NOT_READER, result.output
+
+    log, owner, key0 = foreign_kv([me])
+    put_ops(log, key0, 0, {"a": b"one", "b": b"two"}, 100)
+    deliver(daemon, log)
+    with daemon.client() as c:
+        assert c.kv_list("", owner=log.owner.hex()) == {"a": b"one", "b": b"two"}
+    # Removed: ops of the new epoch do not open here, so no value can be trusted as current.
+    sealing = sealed_meta.parse(log.meta, owner.public_key)
+    assert sealing is not None
+    key1 = secrets.token_bytes(32)
+    for k, v in sealed_meta.rotate(sealing, key1, [], log.end_offset, secrets.token_bytes).items():
+        log.set_meta(k, v)
+    put_ops(log, key1, 1, {"a": b"changed while away"}, 200)
+    deliver(daemon, log)
+    with daemon.client() as c, pytest.raises(NotReaderError, match="key epoch 1"):
+        c.kv_get("a", owner=log.owner.hex())
+    # Shared again (a metadata change only): the whole log is folded again, the missed op included.
+    sealing = sealed_meta.parse(log.meta, owner.public_key)
+    assert sealing is not None
+    for k, v in sealed_meta.share(sealing, me, {1: key1}, secrets.token_bytes).items():
+        log.set_meta(k, v)
+    log.commit()
+    deliver(daemon, log)
+    with daemon.client() as c:
+        assert c.kv_list("", owner=log.owner.hex()) == {"a": b"changed while away", "b": b"two"}
+
+
+def test_compacting_a_sealed_kv_log_keeps_the_ops_that_decide_a_key(daemon: InProcessDaemon) -> None:
+    """Compaction judges ops by their plaintext: a sealed op that did not decode would look droppable."""
+    engine = daemon.handle.engine
+    with daemon.client() as c:
+        if engine.kv_namespace(None) is None:
+            c.kv_seal([])
+        for i in range(30):
+            c.kv_put(f"churn{i % 3}", b"v%d" % i)
+        before = c.kv_list("")
+    ns = engine.kv_namespace(None)
+    assert ns is not None
+
+    async def compact() -> int:
+        dropped: int = await engine.outcome(engine._start(CompactKv(ns, step=100_000)))
+        return dropped
+
+    assert daemon.call(compact) > 0
+    log = daemon.call(engine.read, ns, 0, 2**62, 10**6, 1 << 30)
+    assert len(log) == len(before)  # one deciding op per key is left, each still sealed
+    assert all(crypto.envelope_epoch(v) >= 0 for v in log.values)
+    with daemon.client() as c:
+        assert c.kv_list("") == before

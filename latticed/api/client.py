@@ -534,6 +534,22 @@ class Client(GroupOps):
     def kv_incr(self, key: str, by: int = 1) -> int:
         return int(self.call("kv_incr", key=key, by=by)["value"])
 
+    def kv_seal(self, readers: Sequence[str] = ()) -> dict[str, Any]:
+        """Create this daemon's KV namespace sealed to ``readers`` (hex identities) and itself; only
+        before its first write (docs/privacy.md). Returns its address and sealing."""
+        reply = self.call("kv_seal", readers=list(readers))
+        return {"namespace": reply["namespace"], "sealed": reply["sealed"]}
+
+    def kv_share(self, reader: str) -> list[int]:
+        """Give ``reader`` every key epoch of this daemon's sealed KV namespace; returns the new ones."""
+        epochs: list[int] = self.call("kv_share", reader=reader)["epochs"]
+        return epochs
+
+    def kv_unshare(self, reader: str) -> dict[str, Any]:
+        """Remove ``reader`` from this daemon's sealed KV namespace (a new key epoch)."""
+        reply = self.call("kv_unshare", reader=reader)
+        return {k: reply[k] for k in ("removed", "epoch", "start")}
+
 
 def _kv_value(kind: Any, value: Any) -> Any:
     if kind == "set":

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from latticed.api.wire import (
     FRAME_OVERHEAD,
     SUPPORTED_VERSIONS,
+    arg_bool,
     arg_bytes,
     arg_int,
     arg_number,
@@ -35,7 +36,7 @@ from latticed.crdt.records import (
     check_records,
 )
 from latticed.crdt.signing import parse_public_key
-from latticed.errors import MalformedError, NotOwnerError
+from latticed.errors import MalformedError, NotFoundError, NotOwnerError
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
@@ -499,7 +500,14 @@ def kv_wire(kind: str | None, value: Any) -> Reply:
 
 
 async def _write(ctx: Context, request: Request, op: str, **fields: Any) -> Any:
-    return await ctx.engine.kv_write(KvRequest(op, arg_str(request, "key"), **fields))
+    return await sealer_of(ctx.engine).kv_write(KvRequest(op, arg_str(request, "key"), **fields))
+
+
+def _readable_owner(ctx: Context, request: Request) -> bytes | None:
+    """``_owner``, once this daemon may read that namespace (a sealed one: it opens every epoch of it)."""
+    owner = _owner(request)
+    sealer_of(ctx.engine).check_kv(owner)
+    return owner
 
 
 @handler("kv_put")
@@ -514,7 +522,7 @@ async def kv_put(ctx: Context, request: Request) -> Reply:
 
 @handler("kv_get")
 async def kv_get(ctx: Context, request: Request) -> Reply:
-    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     return kv_wire(*visible(entry, ctx.engine.clock()))
 
 
@@ -529,7 +537,7 @@ async def kv_list(ctx: Context, request: Request) -> Reply:
     prefix = arg_str(request, "prefix", optional=True) or ""
     now = ctx.engine.clock()
     items = []
-    for key, entry in await ctx.engine.kv_scan(_owner(request), prefix):
+    for key, entry in await ctx.engine.kv_scan(_readable_owner(ctx, request), prefix):
         kind, value = visible(entry, now)
         if kind is not None:
             wire = kv_wire(kind, value)
@@ -558,13 +566,13 @@ async def kv_hdel(ctx: Context, request: Request) -> Reply:
 @handler("kv_hget")
 async def kv_hget(ctx: Context, request: Request) -> Reply:
     field_name = arg_bytes(request, "field")
-    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     return {"value": hash_field(entry, field_name, ctx.engine.clock())}
 
 
 @handler("kv_hgetall")
 async def kv_hgetall(ctx: Context, request: Request) -> Reply:
-    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     kind, value = visible(entry, ctx.engine.clock())
     return {"value": value if kind == kv.HASH else {}}
 
@@ -583,9 +591,67 @@ async def kv_srem(ctx: Context, request: Request) -> Reply:
 
 @handler("kv_smembers")
 async def kv_smembers(ctx: Context, request: Request) -> Reply:
-    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     kind, value = visible(entry, ctx.engine.clock())
     return {"value": sorted(value) if kind == kv.SET else []}
+
+
+# ------------------------------------------------------------------ sealed queues and KV namespaces
+# (docs/privacy.md; creating a sealed queue is queue_create with readers)
+
+
+@handler("queue_share")
+async def queue_share(ctx: Context, request: Request) -> Reply:
+    """Give a reader the current key epoch (``history``: every earlier one too)."""
+    q = ctx.queue(request)
+    reader = parse_public_key(arg_str(request, "reader"))
+    given = await sealer_of(ctx.engine).share(q, reader, history=arg_bool(request, "history", False))
+    return {"epochs": given, "sealed": sealer_of(ctx.engine).describe(q)}
+
+
+@handler("queue_unshare")
+async def queue_unshare(ctx: Context, request: Request) -> Reply:
+    """Remove a reader: a new key epoch from the queue's next offset, without it."""
+    q = ctx.queue(request)
+    reader = parse_public_key(arg_str(request, "reader"))
+    removed, epoch, start = await sealer_of(ctx.engine).unshare(q, reader)
+    return {"removed": removed, "epoch": epoch, "start": start}
+
+
+# ------------------------------------------------------------------ this daemon's KV namespace
+
+
+def _namespace(ctx: Context) -> int:
+    ns = ctx.engine.kv_namespace(None)
+    if ns is None:
+        raise NotFoundError("this daemon has no KV namespace yet (kv seal creates it sealed)")
+    return ns
+
+
+@handler("kv_seal")
+async def kv_seal(ctx: Context, request: Request) -> Reply:
+    """Create this daemon's KV namespace sealed to ``readers`` (before its first write)."""
+    raw = request.get("readers")
+    readers = parse_readers([] if raw is None else raw)
+    ns = await sealer_of(ctx.engine).seal_kv(readers)
+    return {"namespace": ctx.engine.address(ns), "sealed": sealer_of(ctx.engine).describe(ns)}
+
+
+@handler("kv_share")
+async def kv_share(ctx: Context, request: Request) -> Reply:
+    """Give a reader every key epoch of the namespace: a KV view is the fold of all its ops."""
+    reader = parse_public_key(arg_str(request, "reader"))
+    ns = _namespace(ctx)
+    given = await sealer_of(ctx.engine).share(ns, reader, history=True)
+    return {"epochs": given, "sealed": sealer_of(ctx.engine).describe(ns)}
+
+
+@handler("kv_unshare")
+async def kv_unshare(ctx: Context, request: Request) -> Reply:
+    """Remove a reader: a new key epoch for the ops written from now on."""
+    reader = parse_public_key(arg_str(request, "reader"))
+    removed, epoch, start = await sealer_of(ctx.engine).unshare(_namespace(ctx), reader)
+    return {"removed": removed, "epoch": epoch, "start": start}
 
 
 __all__ = [

@@ -35,6 +35,11 @@ def is_reserved(key: str) -> bool:
     return key.startswith(PREFIX)
 
 
+def is_sealed(meta: Mapping[str, str]) -> bool:
+    """Whether metadata says its queue or namespace is sealed."""
+    return EPOCH_KEY in meta
+
+
 def start_key(epoch: int) -> str:
     return f"{_START}{epoch}"
 
@@ -205,6 +210,7 @@ __all__ = [
     "Random",
     "Sealing",
     "is_reserved",
+    "is_sealed",
     "parse",
     "rotate",
     "seal_new",

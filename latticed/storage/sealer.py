@@ -23,15 +23,17 @@ from __future__ import annotations
 import base64
 import os
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import trio
 
-from latticed.crdt.head import KIND_QUEUE
-from latticed.crdt.queue import Meta
+from latticed.crdt import kv
+from latticed.crdt.head import KIND_KV, KIND_QUEUE
+from latticed.crdt.kvplan import KvRequest
+from latticed.crdt.queue import Meta, QueueState
 from latticed.crdt.records import Record, check_records
-from latticed.errors import MalformedError, NotReaderError
+from latticed.errors import AlreadyExistsError, LatticedError, MalformedError, NotReaderError
 from latticed.privacy import meta as sealed_meta
 from latticed.privacy.crypto import (
     NONCE_SIZE,
@@ -44,7 +46,7 @@ from latticed.privacy.crypto import (
 from latticed.privacy.meta import Sealing
 from latticed.storage.batch import Batch
 from latticed.storage.engine import Engine
-from latticed.storage.jobs import Job, WriterView
+from latticed.storage.jobs import KV_NAMESPACE, Job, KvWrite, WriterView
 from latticed.storage.reader import Columns, RawRow
 
 
@@ -59,6 +61,9 @@ class Sealer:
         #: Wrapped key -> content key, for the wraps to this identity that were opened.
         self._opened: dict[bytes, bytes] = {}
         self._locks: dict[int, trio.Lock] = {}
+        #: Per sealed KV namespace held here: the epochs this identity could open when its view was last
+        #: folded (storage thread). Unknown after a start, so the first join then folds the whole log.
+        self._kv_folded: dict[int, frozenset[int]] = {}
 
     # ------------------------------------------------------------------ what a queue's metadata states
     def _parse(self, q: int, meta: Meta, owner: bytes) -> Sealing | None:
@@ -223,6 +228,86 @@ class Sealer:
         result: tuple[int, int] = await self.engine.call_in_writer(rotate_in_writer)
         return result
 
+    # ------------------------------------------------------------------ KV namespaces
+    def install(self) -> None:
+        """Let the storage thread open sealed KV ops (fold them on a reader, judge them when compacting).
+        Called once by the daemon, before replication starts."""
+        self.engine._writer.kv_sealing = self
+
+    async def seal_kv(self, readers: Iterable[bytes]) -> int:
+        """Create this daemon's KV namespace sealed (only before its first write: its ops so far, in
+        plaintext, could not be taken back)."""
+        if self.engine.kv_namespace(None) is not None:
+            raise AlreadyExistsError(
+                "this daemon's KV namespace exists already; a namespace is sealed when it is created, "
+                "before its first write"
+            )
+        return await self.create_queue(KV_NAMESPACE, {}, readers, KIND_KV)
+
+    async def kv_write(self, request: KvRequest) -> Any:
+        """:meth:`Engine.kv_write <latticed.storage.engine.Engine.kv_write>`, sealed if our namespace is."""
+        engine = self.engine
+        ns = engine.kv_namespace(None)
+        sealing = None if ns is None else self.sealing(ns)
+        if ns is None or sealing is None:
+            return await engine.kv_write(request)
+        engine._check_fence(ns, "write")
+        self.content_key(ns, sealing, sealing.current.number)  # opened here, not on the storage thread
+        return await engine.outcome(engine._start(SealedKvWrite(self, ns, request)))
+
+    def check_kv(self, owner: bytes | None) -> None:
+        """Refuse to read a sealed KV namespace unless this daemon opens every epoch of it: its view is the
+        fold of every op, so one epoch it cannot open makes every value suspect (NotReaderError)."""
+        ns = self.engine.kv_namespace(owner)
+        if ns is None:
+            return
+        sealing = self.sealing(ns)
+        if sealing is None:
+            return
+        for epoch in sealing.epochs:
+            if self.identity.public_key not in epoch.wraps:
+                self.content_key(ns, sealing, epoch.number)  # raises NotReaderError
+
+    def fold_ops(
+        self, ns: int, state: QueueState, appended: Sequence[Record], read: Callable[[int, int], list[Record]]
+    ) -> Sequence[Record]:
+        """:class:`~latticed.storage.jobs.KvSealing`: the ops of a join to fold, opened (storage thread)."""
+        sealing = self._parse(ns, state.meta, state.owner)
+        if sealing is None:
+            return appended
+        me = self.identity.public_key
+        readable = frozenset(e.number for e in sealing.epochs if me in e.wraps)
+        folded = self._kv_folded.get(ns)
+        if folded is None or not readable <= folded:
+            # Keys this view was not folded with (given since, or not known since the start): fold the
+            # whole log again; the join makes the ops already in the view harmless.
+            appended = read(state.start, state.held_end)
+        self._kv_folded[ns] = readable
+        return [op for op in self.open_ops(ns, state, appended) if op is not None]
+
+    def open_ops(self, ns: int, state: QueueState, records: Sequence[Record]) -> list[Record | None]:
+        """:class:`~latticed.storage.jobs.KvSealing`: each record opened, None where this identity cannot."""
+        sealing = self._parse(ns, state.meta, state.owner)
+        if sealing is None:
+            return list(records)
+        me = self.identity.public_key
+        readable = {e.number for e in sealing.epochs if me in e.wraps}
+        qid = state.queue_id
+        out: list[Record | None] = []
+        for record in records:
+            try:
+                epoch = envelope_epoch(record.value)
+                if epoch not in readable:
+                    out.append(None)
+                    continue
+                (inner,) = open_values(qid, (record.value,), lambda e: self.content_key(ns, sealing, e))
+                op_key, value, headers = decode_inner(inner)
+            except LatticedError:  # signed by the owner, yet not an envelope that opens: a broken writer
+                out.append(None)
+                continue
+            out.append(Record(value, op_key, record.timestamp, headers))
+        return out
+
     # ------------------------------------------------------------------ reads
     def open_columns(self, q: int, columns: Columns, *, partial: bool = False) -> Columns:
         """``columns`` with their records opened (unchanged if the queue is not sealed). ``partial``: stop
@@ -263,6 +348,51 @@ class Sealer:
         _, value, timestamp, _ = row
         opened = self.open_columns(q, Columns([offset], [None], [value], [timestamp], [None]))
         return opened.keys[0], opened.values[0], timestamp, opened.headers[0]
+
+
+class SealedKvWrite(KvWrite):
+    """A write to our own sealed KV namespace: planned like any (the owner's view is in plaintext), its
+    op appended sealed under the namespace's epoch as the group commit sees it."""
+
+    __slots__ = ("ns", "sealer")
+
+    def __init__(self, sealer: Sealer, ns: int, request: KvRequest) -> None:
+        super().__init__(request)
+        self.sealer = sealer
+        self.ns = ns
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        # Stamps must grow per key. The writer recovers its last stamp from the log's last op at start, and
+        # a sealed op does not decode there, so start above what this key holds (what its join compares).
+        writer.kv_hlc = max(writer.kv_hlc, _newest_hlc(batch.kv_entry(self.ns, self.request.key)))
+        super().apply(cast(Batch, _SealingBatch(batch, self.sealer, self.ns)), writer)
+
+
+class _SealingBatch:
+    """A :class:`Batch` whose appends to one sealed namespace are sealed first (everything else is the
+    batch's own)."""
+
+    def __init__(self, batch: Batch, sealer: Sealer, ns: int) -> None:
+        self._batch = batch
+        self._sealer = sealer
+        self._ns = ns
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
+
+    def append(self, q: int, records: Sequence[Record]) -> int:
+        if q == self._ns:
+            sealing = self._sealer._staged_sealing(self._batch, q)
+            if sealing is None:
+                raise MalformedError("the KV namespace is no longer sealed")  # never, through the API
+            records = self._sealer._seal(q, sealing, records)
+        return self._batch.append(q, records)
+
+
+def _newest_hlc(entry: kv.Entry | None) -> int:
+    if entry is None:
+        return 0
+    return max([entry.reset[0], *(stamp[0] for stamp, _ in entry.members.values())])
 
 
 class SealedAppend(Job):
@@ -358,4 +488,4 @@ def sealer_of(engine: Engine) -> Sealer:
     return sealer
 
 
-__all__ = ["SealedAppend", "SealedAppendMany", "Sealer", "check_user_meta", "sealer_of"]
+__all__ = ["SealedAppend", "SealedAppendMany", "SealedKvWrite", "Sealer", "check_user_meta", "sealer_of"]
