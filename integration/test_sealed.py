@@ -91,13 +91,22 @@ def test_a_reader_reads_through_a_relay_that_cannot(latticed_process: Factory) -
     reader = start_peer(latticed_process, relay)
     b_id, r_id, a_id = identity(reader), identity(relay), identity(owner)
     secrets = [b"diary entry %d: the plaintext" % i for i in range(20)]
+    kv_secret = b"kv value nobody else reads"
     with client(owner) as c:
+        c.kv_seal([b_id])
+        c.kv_put("password", kv_secret)
+        c.kv_hset("profile", b"email", b"a@example.org")
         queue = c.queue_create("diary", readers=[b_id])
         c.offer("diary", b"with a key and a header", key=b"private-key-123", headers={"x-secret": b"hdr-456"})
         c.offer_batch("diary", [(s, None, ()) for s in secrets])
     wait_until(lambda: held_end(reader, queue) == 21, "the sealed records at B, through R")
     wait_until(lambda: held_end(relay, queue) == 21, "the sealed records at R")
 
+    wait_until(lambda: _kv(reader, "password", a_id) == kv_secret, "A's sealed KV value at B")
+    with client(reader) as c:
+        assert c.kv_hget("profile", b"email", owner=a_id) == b"a@example.org"
+    with client(relay) as c, pytest.raises(NotReaderError):
+        c.kv_get("password", owner=a_id)
     with client(reader) as c:
         first = c.peek_entry(queue, 0)
         assert (
@@ -120,7 +129,15 @@ def test_a_reader_reads_through_a_relay_that_cannot(latticed_process: Factory) -
     assert b_id not in connected(owner) and a_id not in connected(reader)
     on_relay = store_files(relay)
     assert on_relay
-    for plain in (*secrets, b"private-key-123", b"hdr-456", b"the plaintext", b"with a key"):
+    for plain in (
+        *secrets,
+        b"private-key-123",
+        b"hdr-456",
+        b"the plaintext",
+        b"with a key",
+        kv_secret,
+        b"a@example",
+    ):
         assert plain not in on_relay
 
     # B removed: a new key epoch from offset 21; B keeps the old records, not the new ones.
@@ -140,6 +157,14 @@ def test_a_reader_reads_through_a_relay_that_cannot(latticed_process: Factory) -
     wait_until(lambda: _reads(reader, queue, 23), "the re-shared epoch at B")
     with client(reader) as c:
         assert [e.value for e in c.range(queue, 21, 23)] == [b"after B left %d" % i for i in range(3)]
+
+
+def _kv(daemon: LatticedProcess, key: str, owner: str) -> Any:
+    with client(daemon) as c:
+        try:
+            return c.kv_get(key, owner=owner)
+        except NotReaderError:
+            return None
 
 
 def _reads(daemon: LatticedProcess, queue: str, offset: int) -> bool:
