@@ -137,6 +137,7 @@ def test_a_reader_reads_through_a_relay_that_cannot(latticed_process: Factory) -
         b"with a key",
         kv_secret,
         b"a@example",
+        b"password",  # a KV key: inside the sealed op too
     ):
         assert plain not in on_relay
 
