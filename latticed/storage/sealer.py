@@ -16,6 +16,9 @@ below the API (store, replication, truncation, relaying) only ever sees envelope
 * **Epochs.** ``unshare`` starts a new epoch from the queue's end as the storage thread sees it (inside the
   group commit that signs it), wrapped to the remaining readers; ``share`` wraps the current epoch's key
   (optionally every earlier one too) to a new reader. Both run one at a time per queue.
+* **KV namespaces.** The owner's ops are sealed in the group commit that plans them (:class:`SealedKvWrite`);
+  the storage thread opens a join's ops before folding them into a reader's view, and the ops it compacts
+  (:meth:`Sealer.install` hooks both in, see :class:`~latticed.storage.jobs.KvSealing`).
 """
 
 from __future__ import annotations
@@ -111,10 +114,13 @@ class Sealer:
         if wrapped is None:
             start = sealing.epochs[epoch].start if 0 <= epoch < len(sealing.epochs) else None
             where = f" (its records from offset {start})" if start is not None else ""
+            what, how = "queue", "queue share"
+            if self.engine.state(q).kind == KIND_KV:
+                what, how = "KV namespace", "kv share"
             raise NotReaderError(
-                f"queue {self.engine.address(q)} is sealed and this daemon's identity "
+                f"{what} {self.engine.address(q)} is sealed and this daemon's identity "
                 f"{self.identity.public_key.hex()} is not a reader of its key epoch {epoch}{where}: "
-                "its owner can share it with this identity (latticectl queue share)"
+                f"its owner can share it with this identity (latticectl {how})"
             )
         key = self._opened.get(wrapped)
         if key is None:
