@@ -22,6 +22,8 @@ code   cause                                                               raise
 11     a group's consumer cap or a consumer's in-flight cap is reached     CapacityError
 12     a KV write on a key that holds another kind (``kv incr`` on a       WrongTypeError
        plain value, hash or set; Redis's WRONGTYPE)
+13     reading a sealed queue this daemon's identity is not a reader of    NotReaderError
+       (for the key epoch of the records asked for)
 130    interrupted (Ctrl-C): quiet
 141    stdout was closed early (``latticectl tail q | head -1``): quiet
 =====  ==================================================================  ==============================
@@ -54,6 +56,7 @@ from latticed.errors import (
     MalformedError,
     NotFoundError,
     NotOwnerError,
+    NotReaderError,
     StorageError,
     WrongTypeError,
 )
@@ -75,6 +78,7 @@ class ExitCode(enum.IntEnum):
     EMPTY = 10
     CAPACITY = 11
     WRONG_TYPE = 12
+    NOT_READER = 13
     INTERRUPTED = 130
     STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for ``yes | head -1``
 
@@ -95,6 +99,7 @@ _BY_CLASS: dict[type[BaseException], ExitCode] = {
     EmptyError: ExitCode.EMPTY,
     CapacityError: ExitCode.CAPACITY,
     WrongTypeError: ExitCode.WRONG_TYPE,
+    NotReaderError: ExitCode.NOT_READER,
     LatticedError: ExitCode.ERROR,
     OSError: ExitCode.ERROR,
 }

@@ -232,12 +232,54 @@ def queue_create(
     meta: Annotated[
         list[str] | None, typer.Option("--meta", metavar="K=V", help="Metadata entry; repeatable.")
     ] = None,
+    readers: Annotated[
+        str | None,
+        typer.Option(
+            "--readers",
+            metavar="ID,ID",
+            help="Seal the queue: only these identities (latticectl id) and this daemon's read its records; "
+            "'' for this daemon alone. Other daemons store and relay them encrypted (docs/privacy.md).",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Create a queue; prints its full name, OWNER/NAME."""
     entries = pairs(ctx, "--meta", meta)
-    full = _client(ctx).queue_create(name, dict(entries) if entries else None)
+    ids = None if readers is None else [r.strip() for r in readers.split(",") if r.strip()]
+    full = _client(ctx).queue_create(name, dict(entries) if entries else None, readers=ids)
     emit({"queue": full}, full, as_json=as_json)
+
+
+ReaderArg = Annotated[str, typer.Argument(metavar="ID", help="A reader's identity (latticectl id on it).")]
+
+
+@queue_app.command("share")
+def queue_share(
+    ctx: typer.Context,
+    queue: QueueArg,
+    reader: ReaderArg,
+    history: Annotated[
+        bool, typer.Option("--history", help="Also give it every earlier key epoch (all older records).")
+    ] = False,
+) -> None:
+    """Let another identity read a sealed queue of yours, from the current key epoch on."""
+    epochs = _client(ctx).queue_share(queue, reader, history=history)
+    if epochs:
+        note(f"shared key epoch(s) {', '.join(map(str, epochs))} of {queue} with {reader}")
+    else:
+        note(f"{reader} already reads those key epochs of {queue}")
+
+
+@queue_app.command("unshare")
+def queue_unshare(ctx: typer.Context, queue: QueueArg, reader: ReaderArg) -> None:
+    """Stop an identity reading a sealed queue: a new key from the next offset on (it keeps what it could
+    read before)."""
+    done = _client(ctx).queue_unshare(queue, reader)
+    if done["removed"]:
+        start, epoch = done["start"], done["epoch"]
+        note(f"removed {reader}: records of {queue} from offset {start} on use key epoch {epoch}")
+    else:
+        note(f"{reader} is not a reader of {queue}; nothing changed")
 
 
 _QUEUE_COLUMNS = {
@@ -262,7 +304,20 @@ def queue_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 def queue_info(ctx: typer.Context, queue: QueueArg, as_json: JsonFlag = False) -> None:
     """Show a queue's owner, offsets, size, metadata and whether it is forked."""
     info = _client(ctx).queue_info(queue)
-    emit(info, field_lines(info), as_json=as_json)
+    emit(info, field_lines({**info, "sealed": _sealed_text(info.get("sealed"))}), as_json=as_json)
+
+
+def _sealed_text(sealed: Any) -> str:
+    if not sealed:
+        return "no"
+    if "error" in sealed:
+        return f"yes, but its sealing metadata is broken: {sealed['error']}"
+    readable = "this daemon reads it" if sealed["readable"] else "NOT readable here"
+    epoch = sealed["epochs"][-1]
+    return (
+        f"key epoch {sealed['epoch']} from offset {epoch['start']}, {readable}; "
+        f"readers {', '.join(sealed['readers'])}"
+    )
 
 
 # --- records --------------------------------------------------------------------------------------

@@ -174,4 +174,40 @@ def kv_incr(
     emit({"key": key, "value": total}, str(total), as_json=as_json)
 
 
+Reader = Annotated[str, typer.Argument(metavar="ID", help="A reader's identity (latticectl id on it).")]
+
+
+@kv_app.command("seal")
+def kv_seal(
+    ctx: typer.Context,
+    readers: Annotated[
+        str,
+        typer.Option("--readers", metavar="ID,ID", help="Identities that may read it besides this daemon."),
+    ] = "",
+) -> None:
+    """Make your KV namespace sealed: only its readers read its keys and values, other daemons relay its
+    ops encrypted (docs/privacy.md). Only before your first KV write; exits 8 after it."""
+    ids = [r.strip() for r in readers.split(",") if r.strip()]
+    done = client(ctx).kv_seal(ids)
+    note(f"sealed KV namespace {done['namespace']} (readers: this daemon{''.join(', ' + r for r in ids)})")
+
+
+@kv_app.command("share")
+def kv_share(ctx: typer.Context, reader: Reader) -> None:
+    """Let another identity read your sealed KV namespace (all of it: a view needs every op)."""
+    epochs = client(ctx).kv_share(reader)
+    note(
+        f"shared key epoch(s) {', '.join(map(str, epochs))} with {reader}"
+        if epochs
+        else f"{reader} reads it already"
+    )
+
+
+@kv_app.command("unshare")
+def kv_unshare(ctx: typer.Context, reader: Reader) -> None:
+    """Stop an identity reading your sealed KV namespace: writes from now on use a new key."""
+    done = client(ctx).kv_unshare(reader)
+    note(f"removed {reader}: key epoch {done['epoch']}" if done["removed"] else f"{reader} is not a reader")
+
+
 __all__ = ["kv_app"]

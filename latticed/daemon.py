@@ -47,6 +47,7 @@ from latticed.sdnotify import Notifier, watchdog_interval
 from latticed.storage.engine import Engine
 from latticed.storage.keyfile import load_or_create_identity
 from latticed.storage.lockfile import DataDirLock
+from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)
 
@@ -112,6 +113,7 @@ async def run_daemon(
         async with Engine.open(
             config.data_dir, identity, group_commit_ms=config.group_commit_ms, metrics=metrics
         ) as engine:
+            sealer_of(engine).install()  # sealed KV ops open for folding before any peer sends some
             context = Context(engine, config.data_dir, config.socket_path, config.max_frame_bytes)
             health = Health(engine, config.data_dir)
             engine.add_change_listener(health.on_change)

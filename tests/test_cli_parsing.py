@@ -39,6 +39,7 @@ from latticed.errors import (
     MalformedError,
     NotFoundError,
     NotOwnerError,
+    NotReaderError,
     StorageError,
     WrongTypeError,
 )
@@ -244,6 +245,7 @@ def with_fake(monkeypatch: pytest.MonkeyPatch, outcome: Any) -> None:
         (AlreadyExistsError("exists"), ExitCode.EXISTS),
         (MalformedError("bad name"), ExitCode.USAGE),
         (WrongTypeError("key 'n' holds a plain value, not a counter"), ExitCode.WRONG_TYPE),
+        (NotReaderError("not a reader of its key epoch 0"), ExitCode.NOT_READER),
         (LatticedError("other"), ExitCode.ERROR),
         (ExceptionGroup("nursery", [NotFoundError("deep")]), ExitCode.NOT_FOUND),
         (ConnectionResetError(104, "Connection reset by peer"), ExitCode.NOT_RUNNING),

@@ -274,9 +274,13 @@ GOOD: dict[str, Any] = {
     "by": 1,
     "owner": ALICE.public_key.hex(),
     "prefix": "table-",
+    "readers": [Identity.from_seed(b"r" * 32).public_key.hex()],
+    "reader": Identity.from_seed(b"s" * 32).public_key.hex(),
 }
 BAD: dict[str, Any] = {"key": 5, "value": "text", "field": 5, "member": 5, "ttl": "x", "by": "x", "owner": 5}
 BAD["prefix"] = 5
+BAD["readers"] = ["not hex"]
+BAD["reader"] = "zz"
 OPS = {op.name: op for op in KV_OPERATIONS}
 
 

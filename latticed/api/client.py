@@ -336,8 +336,27 @@ class Client(GroupOps, PeerOps):
         return joined
 
     # ------------------------------------------------------------------ queues
-    def queue_create(self, name: str, meta: Mapping[str, str] | None = None) -> str:
-        return str(self.call("queue_create", name=name, meta=dict(meta or {}))["queue"])
+    def queue_create(
+        self, name: str, meta: Mapping[str, str] | None = None, readers: Sequence[str] | None = None
+    ) -> str:
+        """Create a queue; with ``readers`` (hex identities, maybe none) a sealed one: only they and this
+        daemon's identity read its records (docs/privacy.md)."""
+        args: dict[str, Any] = {"name": name, "meta": dict(meta or {})}
+        if readers is not None:
+            args["readers"] = list(readers)
+        return str(self.call("queue_create", **args)["queue"])
+
+    def queue_share(self, queue: str, reader: str, *, history: bool = False) -> list[int]:
+        """Give ``reader`` the sealed queue's current key epoch (``history``: the earlier ones too);
+        returns the epochs it was newly given."""
+        epochs: list[int] = self.call("queue_share", queue=queue, reader=reader, history=history)["epochs"]
+        return epochs
+
+    def queue_unshare(self, queue: str, reader: str) -> dict[str, Any]:
+        """Remove ``reader``: a new key epoch from the queue's next offset (``removed``, ``epoch``,
+        ``start``)."""
+        reply = self.call("queue_unshare", queue=queue, reader=reader)
+        return {k: reply[k] for k in ("removed", "epoch", "start")}
 
     def queue_list(self) -> list[dict[str, Any]]:
         queues: list[dict[str, Any]] = self.call("queue_list")["queues"]
@@ -516,6 +535,22 @@ class Client(GroupOps, PeerOps):
 
     def kv_incr(self, key: str, by: int = 1) -> int:
         return int(self.call("kv_incr", key=key, by=by)["value"])
+
+    def kv_seal(self, readers: Sequence[str] = ()) -> dict[str, Any]:
+        """Create this daemon's KV namespace sealed to ``readers`` (hex identities) and itself; only
+        before its first write (docs/privacy.md). Returns its address and sealing."""
+        reply = self.call("kv_seal", readers=list(readers))
+        return {"namespace": reply["namespace"], "sealed": reply["sealed"]}
+
+    def kv_share(self, reader: str) -> list[int]:
+        """Give ``reader`` every key epoch of this daemon's sealed KV namespace; returns the new ones."""
+        epochs: list[int] = self.call("kv_share", reader=reader)["epochs"]
+        return epochs
+
+    def kv_unshare(self, reader: str) -> dict[str, Any]:
+        """Remove ``reader`` from this daemon's sealed KV namespace (a new key epoch)."""
+        reply = self.call("kv_unshare", reader=reader)
+        return {k: reply[k] for k in ("removed", "epoch", "start")}
 
 
 def _kv_value(kind: Any, value: Any) -> Any:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from latticed.api.wire import (
     FRAME_OVERHEAD,
     SUPPORTED_VERSIONS,
+    arg_bool,
     arg_bytes,
     arg_int,
     arg_number,
@@ -35,10 +36,11 @@ from latticed.crdt.records import (
     check_records,
 )
 from latticed.crdt.signing import parse_public_key
-from latticed.errors import MalformedError, NotOwnerError
+from latticed.errors import MalformedError, NotFoundError, NotOwnerError
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
+from latticed.storage.sealer import check_user_meta, sealer_of
 
 if TYPE_CHECKING:
     from latticed.api.connection import Connection
@@ -183,6 +185,7 @@ def queue_info(ctx: Context, q: int) -> dict[str, Any]:
         "version": state.version,
         "owned": state.owner == ctx.engine.public_key,
         "created_ms": ctx.engine.created_ms(q),
+        "sealed": sealer_of(ctx.engine).describe(q),
     }
 
 
@@ -249,8 +252,20 @@ async def queue_create(ctx: Context, request: Request) -> Reply:
         isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
     ):
         raise MalformedError("argument 'meta' must be a map of text to text")
-    q = await ctx.engine.create_queue(name, meta)
+    check_user_meta(meta)
+    readers = request.get("readers")  # a list (maybe empty) of reader identities: a sealed queue
+    if readers is not None:
+        q = await sealer_of(ctx.engine).create_queue(name, meta, parse_readers(readers))
+    else:
+        q = await ctx.engine.create_queue(name, meta)
     return {"queue": ctx.engine.address(q)}
+
+
+def parse_readers(raw: Any) -> list[bytes]:
+    """Reader identities from the wire: a list of hex public keys."""
+    if not isinstance(raw, list) or not all(isinstance(r, str) for r in raw):
+        raise MalformedError("argument 'readers' must be a list of hex public keys")
+    return [parse_public_key(r) for r in raw]
 
 
 @handler("queue_list")
@@ -285,7 +300,7 @@ def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
 def offer(ctx: Context, request: Request) -> Begun:
     q = ctx.queue(request)
     record = _record(request.get("value"), request.get("key"), request.get("headers"), ctx.engine.clock())
-    return ctx.engine.start_append(q, (record,), checked=True), _offset_reply
+    return sealer_of(ctx.engine).start_append(q, (record,)), _offset_reply
 
 
 def _offset_reply(offset: int) -> Reply:
@@ -299,7 +314,7 @@ def offer_batch(ctx: Context, request: Request) -> Begun:
     if not isinstance(raw, list) or not raw:
         raise MalformedError("argument 'records' must be a non-empty list of [value, key, headers]")
     records = _record_run(raw, ctx.engine.clock())
-    return ctx.engine.start_append(q, records, checked=True), functools.partial(_batch_reply, len(records))
+    return sealer_of(ctx.engine).start_append(q, records), functools.partial(_batch_reply, len(records))
 
 
 def _batch_reply(count: int, first: int) -> Reply:
@@ -320,7 +335,8 @@ def _record_run(raw: list[Any], now: int) -> RecordRun:
 @handler("peek")
 async def peek(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
-    row = await ctx.engine.row(q, arg_int(request, "offset"))
+    offset = arg_int(request, "offset")
+    row = sealer_of(ctx.engine).open_row(q, offset, await ctx.engine.row(q, offset))
     return {"value": None if row is None else row[1]}
 
 
@@ -328,7 +344,8 @@ async def peek(ctx: Context, request: Request) -> Reply:
 async def peek_entry(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     offset = arg_int(request, "offset")
-    return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, await ctx.engine.row(q, offset))}
+    row = sealer_of(ctx.engine).open_row(q, offset, await ctx.engine.row(q, offset))
+    return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, row)}
 
 
 @handler("first")
@@ -336,6 +353,7 @@ async def first(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     state = ctx.engine.state(q)
     row = await ctx.engine.row(q, state.start) if state.held_end > state.start else None
+    row = sealer_of(ctx.engine).open_row(q, state.start, row)
     return {"queue": ctx.engine.address(q), "entry": entry_wire(state.start, row)}
 
 
@@ -345,6 +363,7 @@ async def last(ctx: Context, request: Request) -> Reply:
     state = ctx.engine.state(q)
     offset = state.held_end - 1
     row = await ctx.engine.row(q, offset) if state.held_end > state.start else None
+    row = sealer_of(ctx.engine).open_row(q, offset, row)
     return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, row)}
 
 
@@ -357,6 +376,7 @@ async def range_(ctx: Context, request: Request) -> Reply:
     hi = min(arg_int(request, "to") + 1, state.held_end)
     wanted = max(hi - lo, 0)
     columns = await ctx.engine.read(q, lo, hi, wanted, ctx.max_reply_bytes)
+    columns = sealer_of(ctx.engine).open_columns(q, columns)
     if len(columns) < wanted:
         raise MalformedError(
             f"range of {wanted} records does not fit in one reply ({ctx.max_frame_bytes} bytes); use read"
@@ -416,6 +436,7 @@ async def read(ctx: Context, request: Request) -> Reply:
     max_records = min(max(arg_int(request, "max_records", default=10_000), 1), MAX_READ_RECORDS)
     max_bytes = min(max(arg_int(request, "max_bytes", default=8 << 20), 1), ctx.max_reply_bytes)
     columns = await ctx.engine.read(q, lo, state.held_end, max_records, max_bytes)
+    columns = sealer_of(ctx.engine).open_columns(q, columns, partial=True)
     state = ctx.engine.state(q)
     return {
         "queue": ctx.engine.address(q),
@@ -454,6 +475,7 @@ async def meta_del(ctx: Context, request: Request) -> Reply:
     """Delete one metadata key of our own queue; a key that is not set signs nothing."""
     q = ctx.queue(request)
     key = arg_str(request, "key")
+    check_user_meta({key: None})
     if not ctx.engine.owned(q):
         raise NotOwnerError(f"cannot delete metadata: not the owner of {ctx.engine.address(q)}")
     existed = key in ctx.engine.state(q).meta_dict
@@ -468,6 +490,7 @@ async def meta_set(ctx: Context, request: Request) -> Reply:
     key = arg_str(request, "key")
     if not key:
         raise MalformedError("metadata keys are non-empty")
+    check_user_meta({key: None})
     await ctx.engine.set_meta(q, {key: arg_str(request, "value", optional=True)})
     return {}
 
@@ -487,7 +510,14 @@ def kv_wire(kind: str | None, value: Any) -> Reply:
 
 
 async def _write(ctx: Context, request: Request, op: str, **fields: Any) -> Any:
-    return await ctx.engine.kv_write(KvRequest(op, arg_str(request, "key"), **fields))
+    return await sealer_of(ctx.engine).kv_write(KvRequest(op, arg_str(request, "key"), **fields))
+
+
+def _readable_owner(ctx: Context, request: Request) -> bytes | None:
+    """``_owner``, once this daemon may read that namespace (a sealed one: it opens every epoch of it)."""
+    owner = _owner(request)
+    sealer_of(ctx.engine).check_kv(owner)
+    return owner
 
 
 @handler("kv_put")
@@ -502,7 +532,7 @@ async def kv_put(ctx: Context, request: Request) -> Reply:
 
 @handler("kv_get")
 async def kv_get(ctx: Context, request: Request) -> Reply:
-    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     return kv_wire(*visible(entry, ctx.engine.clock()))
 
 
@@ -517,7 +547,7 @@ async def kv_list(ctx: Context, request: Request) -> Reply:
     prefix = arg_str(request, "prefix", optional=True) or ""
     now = ctx.engine.clock()
     items = []
-    for key, entry in await ctx.engine.kv_scan(_owner(request), prefix):
+    for key, entry in await ctx.engine.kv_scan(_readable_owner(ctx, request), prefix):
         kind, value = visible(entry, now)
         if kind is not None:
             wire = kv_wire(kind, value)
@@ -546,13 +576,13 @@ async def kv_hdel(ctx: Context, request: Request) -> Reply:
 @handler("kv_hget")
 async def kv_hget(ctx: Context, request: Request) -> Reply:
     field_name = arg_bytes(request, "field")
-    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     return {"value": hash_field(entry, field_name, ctx.engine.clock())}
 
 
 @handler("kv_hgetall")
 async def kv_hgetall(ctx: Context, request: Request) -> Reply:
-    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     kind, value = visible(entry, ctx.engine.clock())
     return {"value": value if kind == kv.HASH else {}}
 
@@ -571,9 +601,67 @@ async def kv_srem(ctx: Context, request: Request) -> Reply:
 
 @handler("kv_smembers")
 async def kv_smembers(ctx: Context, request: Request) -> Reply:
-    entry = await ctx.engine.kv_entry(_owner(request), arg_str(request, "key"))
+    entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     kind, value = visible(entry, ctx.engine.clock())
     return {"value": sorted(value) if kind == kv.SET else []}
+
+
+# ------------------------------------------------------------------ sealed queues and KV namespaces
+# (docs/privacy.md; creating a sealed queue is queue_create with readers)
+
+
+@handler("queue_share")
+async def queue_share(ctx: Context, request: Request) -> Reply:
+    """Give a reader the current key epoch (``history``: every earlier one too)."""
+    q = ctx.queue(request)
+    reader = parse_public_key(arg_str(request, "reader"))
+    given = await sealer_of(ctx.engine).share(q, reader, history=arg_bool(request, "history", False))
+    return {"epochs": given, "sealed": sealer_of(ctx.engine).describe(q)}
+
+
+@handler("queue_unshare")
+async def queue_unshare(ctx: Context, request: Request) -> Reply:
+    """Remove a reader: a new key epoch from the queue's next offset, without it."""
+    q = ctx.queue(request)
+    reader = parse_public_key(arg_str(request, "reader"))
+    removed, epoch, start = await sealer_of(ctx.engine).unshare(q, reader)
+    return {"removed": removed, "epoch": epoch, "start": start}
+
+
+# ------------------------------------------------------------------ this daemon's KV namespace
+
+
+def _namespace(ctx: Context) -> int:
+    ns = ctx.engine.kv_namespace(None)
+    if ns is None:
+        raise NotFoundError("this daemon has no KV namespace yet (kv seal creates it sealed)")
+    return ns
+
+
+@handler("kv_seal")
+async def kv_seal(ctx: Context, request: Request) -> Reply:
+    """Create this daemon's KV namespace sealed to ``readers`` (before its first write)."""
+    raw = request.get("readers")
+    readers = parse_readers([] if raw is None else raw)
+    ns = await sealer_of(ctx.engine).seal_kv(readers)
+    return {"namespace": ctx.engine.address(ns), "sealed": sealer_of(ctx.engine).describe(ns)}
+
+
+@handler("kv_share")
+async def kv_share(ctx: Context, request: Request) -> Reply:
+    """Give a reader every key epoch of the namespace: a KV view is the fold of all its ops."""
+    reader = parse_public_key(arg_str(request, "reader"))
+    ns = _namespace(ctx)
+    given = await sealer_of(ctx.engine).share(ns, reader, history=True)
+    return {"epochs": given, "sealed": sealer_of(ctx.engine).describe(ns)}
+
+
+@handler("kv_unshare")
+async def kv_unshare(ctx: Context, request: Request) -> Reply:
+    """Remove a reader: a new key epoch for the ops written from now on."""
+    reader = parse_public_key(arg_str(request, "reader"))
+    removed, epoch, start = await sealer_of(ctx.engine).unshare(_namespace(ctx), reader)
+    return {"removed": removed, "epoch": epoch, "start": start}
 
 
 __all__ = [

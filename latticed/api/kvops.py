@@ -30,6 +30,8 @@ class KvOperation:
 
 
 KV_OPERATIONS: Final = (
+    # Sealing comes first: a namespace is sealed when it is created, before its first write.
+    KvOperation("seal", (), ("readers",)),
     KvOperation("put", ("key", "value"), ("ttl",), write="put"),
     KvOperation("get", ("key",), ("owner",)),
     KvOperation("del", ("key",), write="del"),
@@ -42,6 +44,8 @@ KV_OPERATIONS: Final = (
     KvOperation("srem", ("key", "member"), write="srem"),
     KvOperation("smembers", ("key",), ("owner",)),
     KvOperation("incr", ("key",), ("by",), write="incr"),
+    KvOperation("share", ("reader",)),
+    KvOperation("unshare", ("reader",)),
 )
 
 __all__ = ["KV_OPERATIONS", "KvOperation"]

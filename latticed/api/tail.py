@@ -23,7 +23,8 @@ import trio
 from latticed.api.connection import Connection
 from latticed.api.handlers import Context, columns_reply, stream
 from latticed.api.wire import TAIL_BATCH_BYTES, TAIL_BATCH_RECORDS, arg_bool, arg_int
-from latticed.errors import StorageError
+from latticed.errors import LatticedError, StorageError
+from latticed.storage.sealer import sealer_of
 
 MAX_TAIL_BATCH_RECORDS = 10_000
 
@@ -71,6 +72,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
         speaking = await conn.watch()
         watch.fire(gone=not speaking)
 
+    failure: LatticedError | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watcher)
         while not watch.stop:
@@ -81,6 +83,11 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
             end = engine.visible_end(q) if stop_at is None else min(stop_at, state.held_end)
             if pos < end:
                 columns = await engine.read_visible(q, pos, end, max_records, max_bytes)
+                try:
+                    columns = sealer_of(engine).open_columns(q, columns, partial=True)
+                except LatticedError as exc:  # raised past the nursery, so it is one error, not a group
+                    failure = exc
+                    break
                 if columns.offsets:
                     pos = columns.offsets[-1] + 1
                     await conn.send(
@@ -103,6 +110,8 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
                 await engine.wait_past(q, pos, ahead=True)
             watch.waiting = None
         nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
     return not watch.client_gone
 
 

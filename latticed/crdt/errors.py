@@ -67,3 +67,10 @@ class WrongTypeError(LatticedError):
     plain value, a hash or a set (Redis's WRONGTYPE). Nothing is written; the key keeps its value."""
 
     code = "wrong_type"
+
+
+class NotReaderError(LatticedError):
+    """A sealed queue or KV namespace whose content key this identity was not given (for the key epoch
+    that sealed the records asked for): its records verify and replicate here, but do not decrypt."""
+
+    code = "not_reader"

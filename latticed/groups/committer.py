@@ -34,6 +34,7 @@ from latticed.groups.runtime import GroupRuntime
 from latticed.leases.dispatch import Changes
 from latticed.logs import get_logger, log_event
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)
 
@@ -143,7 +144,7 @@ class Committer:
         now_ms = self._engine.clock()
         parts: list[tuple[int, list[Record]]] = [(rt.dlq_q, records) for rt, records in dead.items()]
         parts += [(rt.q, _records(rt_ops, now_ms)) for rt, rt_ops in ops.items() if rt_ops]
-        await self._engine.append_many(parts)
+        await sealer_of(self._engine).append_many(parts)  # a sealed DLQ's dead letters are sealed
         self.commits += 1
         for rt, rt_ops in ops.items():
             rt.progress = apply_progress_ops(rt.progress, rt_ops)

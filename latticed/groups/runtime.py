@@ -17,11 +17,12 @@ import trio
 from latticed.crdt.group import GroupProgress, GroupSpec, ProgressOp, dlq_name, parse_source_id
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
-from latticed.errors import LatticedError
+from latticed.errors import LatticedError, NotReaderError
 from latticed.leases.dispatch import Changes, Dispatcher
 from latticed.logs import get_logger, log_event
 from latticed.storage.engine import Engine
 from latticed.storage.reader import Columns
+from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)
 
@@ -66,6 +67,8 @@ class GroupRuntime:
         self._queues: dict[str, int] = {self.dlq: dlq_q}
         #: Consumers whose connection closed while they held leases: unregistered once those end.
         self.detached: set[str] = set()
+        #: Sealed sources whose next record this daemon cannot open (not a reader of its key epoch): why.
+        self.unreadable: dict[str, NotReaderError] = {}
         self.changed = trio.Event()
 
     @property
@@ -101,6 +104,21 @@ class GroupRuntime:
                 if lo >= state.held_end:
                     return read
                 columns = await engine.read(q, lo, state.held_end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
+                try:  # a sealed source: what this daemon can open, up to the first record it cannot
+                    columns = sealer_of(engine).open_columns(q, columns, partial=True)
+                except NotReaderError as exc:
+                    if sid not in self.unreadable:
+                        log_event(
+                            log,
+                            "group.source_unreadable",
+                            level=30,
+                            group=self.name,
+                            source=sid,
+                            error=str(exc),
+                        )
+                    self.unreadable[sid] = exc
+                    return read
+                self.unreadable.pop(sid, None)
                 if not columns.offsets:
                     return read
                 records = records_of(columns)

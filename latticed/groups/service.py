@@ -51,6 +51,7 @@ from latticed.leases.dispatch import Changes, DeadLetter, Grant
 from latticed.leases.filters import compile_filter
 from latticed.logs import get_logger, log_event
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)
 
@@ -140,15 +141,22 @@ class GroupService:
             dead=stats.dead,
         )
 
-    async def _dlq_queue(self, group: str) -> int:
-        """The group's DLQ: ours if it exists (and is this group's, or empty), else a new one."""
+    async def _dlq_queue(self, group: str, *, sealed: bool = False) -> int:
+        """The group's DLQ: ours if it exists (and is this group's, or empty), else a new one. Dead letters
+        carry their records, so a group with a sealed source gets a DLQ sealed to this daemon alone."""
         engine, name = self.engine, dlq_name(group)
         q = engine.find(engine.public_key, name, KIND_QUEUE)
         if q is None:
+            if sealed:
+                return await sealer_of(engine).create_queue(name, {DLQ_META_KEY: group}, ())
             return await engine.create_queue(name, {DLQ_META_KEY: group})
         state = engine.state(q)
         if state.meta_dict.get(DLQ_META_KEY) != group and state.held_end > 0:
             raise AlreadyExistsError(f"queue {name} exists and is not the dead-letter queue of group {group}")
+        if sealed and sealer_of(engine).sealing(q) is None:
+            raise MalformedError(
+                f"queue {name} is not sealed: it cannot hold the dead letters of a group with a sealed source"
+            )
         return q
 
     # ------------------------------------------------------------------ intake
@@ -245,11 +253,18 @@ class GroupService:
     async def create(self, name: str, queues: Iterable[str], **settings: Any) -> GroupRuntime:
         """Define and start a group over ``queues`` (addresses of queues this daemon holds)."""
         engine, me = self.engine, self.engine.public_key
+        sealer = sealer_of(engine)
         sources = []
+        sealed = False
         for address in queues:
             owner, qname = engine.parse_address(address)
-            if engine.find(owner, qname, KIND_QUEUE) is None:
+            found = engine.find(owner, qname, KIND_QUEUE)
+            if found is None:
                 raise NotFoundError(f"no queue {address} here (create it, or wait for it to replicate)")
+            sealing = sealer.sealing(found)
+            if sealing is not None:  # its records reach consumers here in plaintext: we must read them
+                sealer.content_key(found, sealing, sealing.current.number)
+                sealed = True
             if owner == me and qname == dlq_name(name):
                 raise MalformedError("a group cannot read its own dead-letter queue")
             sources.append(source_id(owner, qname))
@@ -258,7 +273,7 @@ class GroupService:
         compile_filter(spec.filter)
         if engine.find(me, name, KIND_GROUP) is not None:
             raise AlreadyExistsError(f"group {name} already exists")
-        dlq_q = await self._dlq_queue(name)
+        dlq_q = await self._dlq_queue(name, sealed=sealed)
         q = await engine.create_queue(name, meta, KIND_GROUP)
         await self._start(q, dlq_q, spec, {})
         log_event(log, "group.created", group=name, sources=list(spec.sources), filter=spec.filter)
@@ -277,6 +292,8 @@ class GroupService:
                 return lease
             if await self._feed_now(rt):
                 continue
+            if rt.unreadable:  # nothing to lease, and records wait that this daemon cannot open
+                raise next(iter(rt.unreadable.values()))
             if wait is None or trio.current_time() >= deadline:
                 return None
             with trio.move_on_at(deadline):
@@ -289,7 +306,7 @@ class GroupService:
         behind = False
         for sid in rt.sources:
             q = rt.source_queue(sid)
-            if q is not None and rt.cursors[sid] < self.engine.state(q).held_end:
+            if q is not None and rt.cursors[sid] < self.engine.state(q).held_end and sid not in rt.unreadable:
                 behind = True
                 await rt.catch_up(sid, self._background)
         return behind

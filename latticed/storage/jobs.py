@@ -14,13 +14,28 @@ from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV, queue_id
 from latticed.crdt.kvplan import KvRequest, plan
-from latticed.crdt.queue import Summary, VerifiedDelta
+from latticed.crdt.queue import QueueState, Summary, VerifiedDelta
 from latticed.crdt.records import Record, check_records
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
 from latticed.storage.batch import Batch
 from latticed.storage.store import Store
 
 KV_NAMESPACE = "kv"
+
+
+class KvSealing(Protocol):
+    """How the storage thread opens the ops of sealed KV namespaces (set by latticed/storage/sealer.py)."""
+
+    def fold_ops(
+        self, ns: int, state: QueueState, appended: Sequence[Record], read: Callable[[int, int], list[Record]]
+    ) -> Sequence[Record]:
+        """The ops to fold after a join: ``appended`` opened, or the whole log (``read(lo, hi)``) opened
+        when this daemon was given keys it lacked; ops it cannot open are left out."""
+        ...
+
+    def open_ops(self, ns: int, state: QueueState, records: Sequence[Record]) -> list[Record | None]:
+        """Each record opened (None: it cannot be); records of a namespace that is not sealed as they are."""
+        ...
 
 
 class WriterView(Protocol):
@@ -32,6 +47,9 @@ class WriterView(Protocol):
 
     #: The newest HLC our own KV writes used (the next one must be later).
     kv_hlc: int
+
+    #: Opens sealed KV ops (None: no sealer installed; a sealed namespace is then not compacted).
+    kv_sealing: KvSealing | None
 
     def lookup(self, qid: bytes) -> int | None:
         """The local number of the queue with this id, if we hold it."""
@@ -242,6 +260,7 @@ __all__ = [
     "Call",
     "CreateQueue",
     "Job",
+    "KvSealing",
     "KvWrite",
     "Merge",
     "SetMeta",

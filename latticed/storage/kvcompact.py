@@ -19,7 +19,8 @@ from typing import Final
 
 from latticed.crdt import kv
 from latticed.crdt.records import Record
-from latticed.errors import MalformedError
+from latticed.errors import LatticedError, MalformedError
+from latticed.privacy.meta import is_sealed
 from latticed.storage.batch import Batch
 from latticed.storage.jobs import Job, WriterView
 
@@ -50,7 +51,17 @@ class CompactKv(Job):
         if hi <= lo:
             self.result = 0
             return
-        kept = [r for r in writer.store.rows.records(self.ns, lo, hi) if _decides(batch, self.ns, r)]
+        records = writer.store.rows.records(self.ns, lo, hi)
+        if writer.kv_sealing is not None:
+            opened = writer.kv_sealing.open_ops(self.ns, state, records)
+        elif is_sealed(state.meta_dict):  # its ops would not decode: every one would look droppable
+            raise LatticedError("a sealed KV namespace is compacted only by a daemon that can open its ops")
+        else:
+            opened = list(records)
+        # An op that does not open (never, for its owner) is kept: what cannot be judged is not dropped.
+        kept = [
+            r for r, op in zip(records, opened, strict=True) if op is None or _decides(batch, self.ns, op)
+        ]
         if kept:
             batch.append(self.ns, kept)
         batch.truncate(self.ns, hi)

@@ -15,6 +15,7 @@ The thread also holds the authoritative :class:`QueueState` of every queue. It p
 from __future__ import annotations
 
 import collections
+import functools
 import queue
 import sqlite3
 import threading
@@ -33,7 +34,7 @@ from latticed.crdt.signing import Identity
 from latticed.errors import LatticedError, MalformedError, StorageError
 from latticed.logs import get_logger, log_event
 from latticed.storage.batch import Batch, appended_since
-from latticed.storage.jobs import KV_NAMESPACE, Job
+from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
 from latticed.storage.store import Store
 
@@ -108,6 +109,8 @@ class Writer:
         self.created_ms: dict[int, int] = {}
         self._by_qid: dict[bytes, int] = {}
         self.kv_hlc = 0
+        #: Opens the ops of sealed KV namespaces for folding and compaction (latticed/storage/sealer.py).
+        self.kv_sealing: KvSealing | None = None
         self._next_q = 1
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -388,7 +391,12 @@ class Writer:
                 persisted, deleted = store.persist(q, staged.before, staged.state)
                 reclaim = reclaim or deleted
                 if persisted.kind == KIND_KV and staged.joined:
-                    _fold_ops(batch, q, appended)
+                    ops = appended
+                    if self.kv_sealing is not None:
+                        ops = self.kv_sealing.fold_ops(
+                            q, persisted, appended, functools.partial(store.rows.records, q)
+                        )
+                    _fold_ops(batch, q, ops)
                 results.append(Change(q, persisted, first, appended))
             for ns, entries in batch.kv.items():
                 store.put_kv(ns, entries.items())
