@@ -11,6 +11,7 @@ which has latticed installed, so executors can import the source.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import socket
@@ -131,14 +132,18 @@ def lattice_daemon(lattice_root: Path) -> Iterator[Daemon]:
     daemon.stop()
 
 
+_EXTRA_DAEMONS = itertools.count()
+
+
 @pytest.fixture
 def daemon_factory(lattice_root: Path) -> Iterator[Callable[..., Daemon]]:
     """Extra daemons for one test (replication), stopped when it ends."""
     started: list[Daemon] = []
-    counter = iter(range(1_000_000))
 
     def make(*extra: str, listen: tuple[str, int] | None = None) -> Daemon:
-        daemon = start_daemon(lattice_root, f"extra{next(counter)}-{os.getpid()}", *extra, listen=listen)
+        # One counter for the whole session: every test's daemons share lattice_root.
+        name = f"extra{next(_EXTRA_DAEMONS)}-{os.getpid()}"
+        daemon = start_daemon(lattice_root, name, *extra, listen=listen)
         started.append(daemon)
         return daemon
 

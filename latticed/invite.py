@@ -127,6 +127,11 @@ def decode_invite(text: str) -> Invite:
             "invite token is damaged: it has characters or a length base32 cannot have (a typo or a "
             "truncated copy?)"
         ) from None
+    if base64.b32encode(raw).decode().rstrip("=") != body:
+        # The last character's unused low bits decode to nothing: a typo there would pass the checksum.
+        raise MalformedError(
+            "invite token is damaged: its last characters are not what latticed writes (a typo?)"
+        )
     payload, checksum = raw[:-_CHECKSUM_SIZE], raw[-_CHECKSUM_SIZE:]
     if len(raw) <= _CHECKSUM_SIZE or not hmac.compare_digest(checksum, _checksum(payload)):
         raise MalformedError(
