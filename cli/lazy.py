@@ -29,12 +29,11 @@ from typing import TYPE_CHECKING, Any, get_args, get_origin
 
 import typer
 import typer.main
-from typer._click import Context
 from typer.core import TyperGroup
 from typer.models import CommandInfo, TyperInfo
 
 if TYPE_CHECKING:
-    from typer._click import Command, Parameter
+    from typer._click import Command, Context, Parameter
 
 #: A module whose commands are registered only when it is imported: the names it registers, and how to
 #: register them on the app (given the imported module).
@@ -218,7 +217,7 @@ _DECIMAL = re.compile(r"[0-9]{1,15}(\.[0-9]{1,15})?")
 #: What :func:`_plain` returns when it leaves a value to typer.
 _TYPER: Any = object()
 
-try:  # typer's conversion through pydantic (typer >= 0.2x); older typers convert with click's types
+try:  # typer's own conversion, through pydantic (typer 0.2x); older typers convert with click's types
     from typer._coercion import RuntimeParam, build_runtime_param
     from typer._param_types import coerce_cli_path
     from typer.core import _TyperParameter
@@ -295,7 +294,8 @@ def lighten_command(command: Command, help_option_names: Sequence[str]) -> None:
     """:func:`lighten` a command's parameters and its ``--help`` option, which has no value unless given
     (so typer would convert that ``None`` too). Click makes the help option once, from the context's
     option names: ``help_option_names`` must be the ones the command runs with."""
-    lighten(command.get_params(Context(command, help_option_names=list(help_option_names))))
+    if _LIGHT:
+        lighten(command.get_params(typer.Context(command, help_option_names=list(help_option_names))))
 
 
 __all__ = [
