@@ -19,6 +19,7 @@ from typing import Annotated, Any, BinaryIO
 import typer
 from typer.core import TyperGroup
 
+from cli import lazy
 from cli.boundary import BoundaryGroup
 from cli.common import (
     SOCKET_HELP,
@@ -32,10 +33,6 @@ from cli.common import (
     to_bytes,
 )
 from cli.common import client as _client
-from cli.doctor import register as register_doctor
-from cli.groups import register as register_work_queues
-from cli.join import register as register_membership
-from cli.kv import kv_app
 from cli.output import (
     emit,
     emit_entries,
@@ -46,7 +43,6 @@ from cli.output import (
     text_of_bytes,
     write_bytes,
 )
-from cli.peers import register as register_peers
 
 #: Lines sent per ``offer_batch`` round trip by ``offer --file``.
 OFFER_BATCH_LINES = 1000
@@ -85,25 +81,28 @@ def _socket_option() -> Any:
 
 
 class _CtlGroup(BoundaryGroup):
-    """The root group: every command under it also takes ``--socket`` after its own name."""
+    """The root group: its commands are built on first use (:mod:`cli.lazy`), and each of them also takes
+    ``--socket`` after its own name."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
-        param = _socket_option()
-        pending: list[Any] = list(self.commands.values())
-        while pending:
-            command = pending.pop()
-            if isinstance(command, TyperGroup):
-                pending.extend(command.commands.values())
-            elif all(p.name != "socket" for p in command.params):
-                command.params.append(param)
+        self._socket_param: Any = None
+        self.commands = lazy.LazyCommands(_COMMANDS, self._prepare)
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        lazy.lighten(self.get_params(ctx))  # here: typer adds its completion options after __init__
+        return super().parse_args(ctx, args)
 
-def _json_defaults(command: Any) -> dict[str, Any]:
-    """A click ``default_map`` turning on ``--json`` for every command below ``command`` that has it."""
-    if isinstance(command, TyperGroup):
-        return {name: _json_defaults(sub) for name, sub in command.commands.items()}
-    return {"as_json": True} if any(p.name == "as_json" for p in command.params) else {}
+    def _prepare(self, command: Any) -> None:
+        """Give a newly built command (each below it, for a group) ``--socket`` and the light conversion."""
+        if self._socket_param is None:
+            self._socket_param = _socket_option()
+            lazy.lighten([self._socket_param])
+        help_names = self.context_settings.get("help_option_names", ["--help"])
+        for sub in lazy.subcommands(command):
+            if not isinstance(sub, TyperGroup) and all(p.name != "socket" for p in sub.params):
+                sub.params.append(self._socket_param)
+            lazy.lighten_command(sub, help_names)
 
 
 app = typer.Typer(
@@ -118,7 +117,6 @@ queue_app = typer.Typer(help="Create, list and inspect queues.", no_args_is_help
 meta_app = typer.Typer(help="Read, write, list and delete a queue's metadata.", no_args_is_help=True)
 app.add_typer(queue_app, name="queue")
 app.add_typer(meta_app, name="meta")
-app.add_typer(kv_app, name="kv")
 
 # --- shared parameters ----------------------------------------------------------------------------
 
@@ -140,7 +138,7 @@ def _root(
 ) -> None:
     ctx.obj = Settings(socket, as_json)
     if as_json:
-        ctx.default_map = _json_defaults(ctx.command)
+        ctx.default_map = lazy.FlagDefaults(ctx.command, "as_json")
 
 
 # --- identity and status --------------------------------------------------------------------------
@@ -597,10 +595,20 @@ def meta_del(ctx: typer.Context, queue: QueueArg, key: MetaKey) -> None:
     )
 
 
-register_work_queues(app, _client)
-register_membership(app, _client)
-register_peers(app)
-register_doctor(app)
+#: The commands other modules define, by module: each module is imported only when one of its commands
+#: runs (or when --help lists them all), so that e.g. ``latticectl id`` loads nothing of ``work``.
+#: tests/test_cli_lazy.py checks that these names are exactly what each module registers.
+_ELSEWHERE: dict[str, lazy.Registrar] = {
+    "cli.kv": (["kv"], lambda module: app.add_typer(module.kv_app, name="kv")),
+    "cli.groups": (
+        ["group", "dlq", "dequeue", "ack", "nack", "extend", "ack-up-to", "work"],
+        lambda module: module.register(app, _client),
+    ),
+    "cli.join": (["invite", "join"], lambda module: module.register(app, _client)),
+    "cli.peers": (["peers"], lambda module: module.register(app)),
+    "cli.doctor": (["doctor"], lambda module: module.register(app)),
+}
+_COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -145,6 +144,8 @@ def write_bytes(data: bytes) -> None:
 def emit(data: object, text: str | Iterable[str] | None, *, as_json: bool, flush: bool = False) -> None:
     """Print ``data`` as one line of JSON, or ``text`` (a line or lines; default: ``human(data)``)."""
     if as_json:
+        import json  # noqa: PLC0415 - only --json needs it: a short command does not pay for the import
+
         write(json.dumps(to_json(data), ensure_ascii=False) + "\n", flush=flush)
         return
     lines = [human(data)] if text is None else [text] if isinstance(text, str) else list(text)

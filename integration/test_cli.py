@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pty
 import queue as queue_mod
 import re
 import secrets
@@ -299,6 +300,43 @@ def test_offer_stdin_of_the_real_script(daemon: Daemon, qname: str) -> None:
         check=False,
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"0..2\n", b"")  # no progress bar on a pipe
+
+
+def _read_all(fd: int, into: bytearray) -> None:
+    """Read a pseudo-terminal until its other end is closed everywhere (EIO), so the writer never blocks."""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(fd, 65536):
+            into += chunk
+
+
+def test_offer_file_shows_a_progress_bar_on_a_terminal_only(
+    daemon: Daemon, qname: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "records.txt"
+    path.write_bytes(b"".join(b"record %d\n" % i for i in range(3000)))
+    argv = daemon.script("offer", qname, "--file", str(path))
+    leader, follower = pty.openpty()
+    drawn = bytearray()
+    reader = threading.Thread(target=_read_all, args=(leader, drawn))
+    reader.start()
+    try:
+        proc = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower, timeout=60, check=False
+        )
+    finally:
+        os.close(follower)
+        reader.join(30)
+        os.close(leader)
+    assert (proc.returncode, proc.stdout) == (0, b"0..2999\n")  # stdout stays exactly the result
+    assert b"offering" in drawn and b"100%" in drawn, drawn
+    # stderr not a terminal (stdout is): no bar, not even its label
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(argv, stdout=follower, stderr=subprocess.PIPE, timeout=60, check=False)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert (proc.returncode, proc.stderr) == (0, b"")
 
 
 def test_tail_follow_sees_a_later_record_and_stops_on_ctrl_c(daemon: Daemon, qname: str) -> None:

@@ -31,6 +31,7 @@ from typing import Literal, cast
 from latticed.errors import MalformedError
 from latticed.paths import MAX_SOCKET_PATH_BYTES, identity_key_path
 from latticed.protocol.addresses import HostPort, parse_host_port
+from latticed.socket_path import SOCKET_NAME, default_socket_path
 
 LogFormat = Literal["json", "text"]
 
@@ -40,7 +41,6 @@ LOG_FORMATS: tuple[LogFormat, ...] = ("json", "text")
 #: Where the system unit (``RuntimeDirectory=latticed``) puts the socket; a client run outside the unit
 #: does not see ``$RUNTIME_DIRECTORY`` and may try this after :func:`default_socket_path`.
 SYSTEM_SOCKET_PATH = Path("/run/latticed/latticed.sock")
-SOCKET_NAME = "latticed.sock"
 
 #: Where a metrics endpoint given as a bare port listens.
 LOOPBACK = "127.0.0.1"
@@ -124,24 +124,6 @@ def default_data_dir(env: Mapping[str, str] = os.environ) -> Path:
     if xdg and Path(xdg).is_absolute():
         return Path(xdg) / "latticed"
     return _home(env) / ".local" / "state" / "latticed"
-
-
-def default_socket_path(env: Mapping[str, str] = os.environ) -> Path:
-    """The local API socket; the daemon and the CLI client resolve it the same way.
-
-    ``$LATTICED_SOCKET``, else ``$RUNTIME_DIRECTORY/latticed.sock`` (systemd), else
-    ``$XDG_RUNTIME_DIR/latticed/latticed.sock``, else ``/tmp/latticed-$UID/latticed.sock``.
-    """
-    explicit = _get(env, "LATTICED_SOCKET")
-    if explicit:
-        return Path(explicit)
-    runtime = _get(env, "RUNTIME_DIRECTORY")
-    if runtime:
-        return Path(runtime.split(":")[0]) / SOCKET_NAME
-    xdg = _get(env, "XDG_RUNTIME_DIR")
-    if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "latticed" / SOCKET_NAME
-    return Path(f"/tmp/latticed-{os.getuid()}") / SOCKET_NAME
 
 
 # --- value parsing --------------------------------------------------------------------------------

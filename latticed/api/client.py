@@ -21,9 +21,9 @@ import msgpack
 from latticed.api.group_client import GroupOps, Lease, Subscription
 from latticed.api.peer_client import PeerOps
 from latticed.api.wire import API_VERSION, error_from_reply
-from latticed.config import default_socket_path
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
 from latticed.protocol.framing import FrameDecoder, encode_frame
+from latticed.socket_path import default_socket_path
 
 #: Largest reply the client accepts; the daemon's own limit (``max_frame_bytes``) is normally lower.
 CLIENT_MAX_FRAME: Final = 1 << 30
