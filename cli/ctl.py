@@ -45,6 +45,15 @@ from cli.output import (
     text_of_bytes,
     write_bytes,
 )
+from cli.retention import (
+    KeepUnsettled,
+    MaxAge,
+    MaxBytes,
+    MaxRecords,
+    policy_of,
+    policy_options,
+)
+from cli.retention import register as register_retention
 
 #: Lines sent per ``offer_batch`` round trip by ``offer --file``.
 OFFER_BATCH_LINES = 1000
@@ -224,17 +233,24 @@ def _lag_text(lags: dict[str, int]) -> str:
 @queue_app.command("create")
 def queue_create(
     ctx: typer.Context,
+    *,
     name: Annotated[
         str, typer.Argument(metavar="NAME", help="Name of the new queue (owned by this daemon).")
     ],
     meta: Annotated[
         list[str] | None, typer.Option("--meta", metavar="K=V", help="Metadata entry; repeatable.")
     ] = None,
+    max_age: MaxAge = None,
+    max_bytes: MaxBytes = None,
+    max_records: MaxRecords = None,
+    keep_unsettled: KeepUnsettled = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Create a queue; prints its full name, OWNER/NAME."""
+    """Create a queue; prints its full name, OWNER/NAME. The retention options set its policy (see
+    queue retention)."""
     entries = pairs(ctx, "--meta", meta)
-    full = _client(ctx).queue_create(name, dict(entries) if entries else None)
+    retention = policy_of(policy_options(ctx, max_age, max_bytes, max_records, keep_unsettled))
+    full = _client(ctx).queue_create(name, dict(entries) if entries else None, retention=retention)
     emit({"queue": full}, full, as_json=as_json)
 
 
@@ -536,6 +552,7 @@ def meta_del(ctx: typer.Context, queue: QueueArg, key: MetaKey) -> None:
 
 register_work_queues(app, _client)
 register_membership(app, _client)
+register_retention(queue_app, _client)
 
 
 def main() -> None:

@@ -126,6 +126,36 @@ def run(
             show_default="every queue",
         ),
     ] = None,
+    replica_max_bytes: Annotated[
+        str | None,
+        typer.Option(
+            "--replica-max-bytes",
+            metavar="SIZE",
+            help="Keep at most this much of each replicated queue (50MB, 20MiB): its oldest records are "
+            "dropped here only, and what stays still verifies.",
+            show_default="no cap",
+        ),
+    ] = None,
+    replica_queue_cap: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replica-queue-cap",
+            metavar="PATTERN=SIZE",
+            help="The cap of replicated queues whose OWNER/NAME matches this glob (none: no cap); "
+            "repeatable, the first match wins over --replica-max-bytes.",
+            show_default="none",
+        ),
+    ] = None,
+    retention_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--retention-interval",
+            metavar="SECONDS",
+            help="How often retention checks record ages and purges expired KV keys (byte and record "
+            "limits are also checked as commits cross them).",
+            show_default=str(_DEFAULTS["retention_interval_s"]),
+        ),
+    ] = None,
     log_level: Annotated[
         str | None,
         typer.Option(
@@ -158,6 +188,9 @@ def run(
         "network_key_file": network_key_file,
         "insecure_public_network_key": insecure_public_network_key,
         "replicate": replicate or None,
+        "replica_max_bytes": replica_max_bytes,
+        "replica_queue_caps": replica_queue_cap or None,
+        "retention_interval_s": retention_interval,
         "log_level": log_level,
         "log_format": log_format,
     }

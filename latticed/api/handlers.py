@@ -36,6 +36,7 @@ from latticed.crdt.records import (
 )
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError, NotOwnerError
+from latticed.retention import check_meta, check_meta_entry
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
@@ -73,6 +74,14 @@ class ReplicationView(Protocol):
     def counters(self) -> dict[str, int]: ...
 
 
+class RetentionView(Protocol):
+    """What the API shows of retention (the service lives in :mod:`latticed.retention_service`)."""
+
+    def cap(self, q: int) -> int | None: ...
+
+    def counters_dict(self) -> dict[str, int]: ...
+
+
 @dataclass(slots=True)
 class Context:
     """What every handler may use: the engine and a few facts about this daemon."""
@@ -86,6 +95,7 @@ class Context:
     replication: ReplicationView | None = None
     groups: GroupService | None = None
     membership: Membership | None = None
+    retention: RetentionView | None = None
 
     @property
     def max_reply_bytes(self) -> int:
@@ -177,6 +187,7 @@ def queue_info(ctx: Context, q: int) -> dict[str, Any]:
         "version": state.version,
         "owned": state.owner == ctx.engine.public_key,
         "created_ms": ctx.engine.created_ms(q),
+        **({"floor": state.floor} if state.floor else {}),  # this replica dropped the records below
     }
 
 
@@ -219,6 +230,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "transactions": engine.transactions,
             "replication_lag": ctx.replication.lag() if ctx.replication else {},
             "replication": ctx.replication.counters() if ctx.replication else None,
+            "retention": ctx.retention.counters_dict() if ctx.retention else None,
         }
     }
 
@@ -239,6 +251,7 @@ async def queue_create(ctx: Context, request: Request) -> Reply:
         isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
     ):
         raise MalformedError("argument 'meta' must be a map of text to text")
+    check_meta(meta)
     q = await ctx.engine.create_queue(name, meta)
     return {"queue": ctx.engine.address(q)}
 
@@ -458,7 +471,9 @@ async def meta_set(ctx: Context, request: Request) -> Reply:
     key = arg_str(request, "key")
     if not key:
         raise MalformedError("metadata keys are non-empty")
-    await ctx.engine.set_meta(q, {key: arg_str(request, "value", optional=True)})
+    value = arg_str(request, "value", optional=True)
+    check_meta_entry(key, value)
+    await ctx.engine.set_meta(q, {key: value})
     return {}
 
 
