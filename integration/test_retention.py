@@ -111,6 +111,25 @@ def test_an_owner_policy_bounds_the_store_under_writes_and_replicas_follow(latti
         assert verified["records"] == end - held["start_offset"]
     policy = info(replica, queue)["policy"]
     assert policy["max_bytes"] == cap  # every replica sees the policy: it is in the signed metadata
+    # Expired KV keys are purged on the same schedule, from the owner's view and the replica's.
+    with client(owner) as c:
+        me = c.identity()
+        c.kv_put("session", b"short-lived", ttl=0.3)
+        c.kv_put("config", b"kept")
+    wait_until(lambda: _kv(replica, me, "config") == b"kept", "the KV namespace to replicate")
+    for daemon in (owner, replica):
+        wait_until(lambda d=daemon: _purged(d) >= 1, "the expired key to be purged")
+        assert _kv(daemon, me, "session") is None and _kv(daemon, me, "config") == b"kept"
+
+
+def _kv(daemon: LatticedProcess, owner: str, key: str) -> Any:
+    with client(daemon) as c:
+        return c.kv_get(key, owner=owner)
+
+
+def _purged(daemon: LatticedProcess) -> int:
+    with client(daemon) as c:
+        return int(c.status()["retention"]["kv_keys_purged"])
 
 
 def test_a_replica_cap_drops_locally_and_never_serves_its_suffix_as_whole(latticed_process: Factory) -> None:
