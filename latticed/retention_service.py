@@ -197,7 +197,18 @@ class RetentionService:
     async def _timer(self) -> None:
         while True:
             self.check_all()
-            await self.purge_kv()
+            try:
+                await self.purge_kv()
+            except Exception as exc:  # as in enforce: logged, and tried again at the next round
+                self.counters.failures += 1
+                expected = isinstance(exc, LatticedError | sqlite3.Error)
+                log_event(
+                    log,
+                    "retention.kv_purge_failed",
+                    level=logging.WARNING if expected else logging.ERROR,
+                    exc_info=False if expected else exc,
+                    error=str(exc),
+                )
             await trio.sleep(self.interval_s)
 
     async def _worker(self) -> None:
@@ -216,12 +227,14 @@ class RetentionService:
             return 0
         try:
             dropped = await self._enforce(q, watch)
-        except LatticedError as exc:
+        except Exception as exc:  # a full disk, a fenced write, or a bug: never the daemon's end
             self.counters.failures += 1
+            expected = isinstance(exc, LatticedError | sqlite3.Error)
             log_event(
                 log,
                 "retention.failed",
-                level=logging.WARNING,
+                level=logging.WARNING if expected else logging.ERROR,
+                exc_info=False if expected else exc,
                 queue=self.engine.address(q),
                 error=str(exc),
                 hint="tried again at the next check",
@@ -336,8 +349,8 @@ class RetentionService:
                 log_event(
                     log, "retention.kv_purged", level=logging.DEBUG, namespace=engine.address(ns), keys=count
                 )
-            if engine.owned(ns):
-                await self._compact_kv(ns)
+            if count and engine.owned(ns):
+                await self._compact_kv(ns)  # else the writer's own upkeep keeps the log in check
         self.counters.kv_keys_purged += purged
         return purged
 
