@@ -34,40 +34,37 @@ retention_app = typer.Typer(
     no_args_is_help=True,
 )
 
+_AGE_HELP = "Drop records older than this: 7d, 12h, 30m, 90s, 500ms or seconds; none: no limit."
+_BYTES_HELP = "Keep at most this many bytes of records, as stored: 50MB, 20MiB or bytes; none: no limit."
+_RECORDS_HELP = "Keep at most this many records; none: no limit."
+_KEEP_HELP = "Never drop a record a consumer group on the owner's daemon has not settled."
+_KEEP_FLAGS = "--keep-unsettled/--no-keep-unsettled"
+
+# For ``queue create`` (left out: no limit)...
 MaxAge = Annotated[
-    str | None,
-    typer.Option(
-        "--max-age",
-        metavar="DURATION",
-        help="Drop records older than this: 7d, 12h, 30m, 90s, 500ms or seconds; none: no limit.",
-        show_default="no limit",
-    ),
+    str | None, typer.Option("--max-age", metavar="DURATION", help=_AGE_HELP, show_default="no limit")
 ]
 MaxBytes = Annotated[
-    str | None,
-    typer.Option(
-        "--max-bytes",
-        metavar="SIZE",
-        help="Keep at most this many bytes of records, as stored: 50MB, 20MiB or bytes; none: no limit.",
-        show_default="no limit",
-    ),
+    str | None, typer.Option("--max-bytes", metavar="SIZE", help=_BYTES_HELP, show_default="no limit")
 ]
 MaxRecords = Annotated[
-    str | None,
-    typer.Option(
-        "--max-records",
-        metavar="N",
-        help="Keep at most this many records; none: no limit.",
-        show_default="no limit",
-    ),
+    str | None, typer.Option("--max-records", metavar="N", help=_RECORDS_HELP, show_default="no limit")
 ]
 KeepUnsettled = Annotated[
-    bool | None,
-    typer.Option(
-        "--keep-unsettled/--no-keep-unsettled",
-        help="Never drop a record a consumer group on the owner's daemon has not settled.",
-        show_default="--no-keep-unsettled",
-    ),
+    bool | None, typer.Option(_KEEP_FLAGS, help=_KEEP_HELP, show_default="--no-keep-unsettled")
+]
+# ...and for ``queue retention set`` (left out: as it is).
+SetMaxAge = Annotated[
+    str | None, typer.Option("--max-age", metavar="DURATION", help=_AGE_HELP, show_default="unchanged")
+]
+SetMaxBytes = Annotated[
+    str | None, typer.Option("--max-bytes", metavar="SIZE", help=_BYTES_HELP, show_default="unchanged")
+]
+SetMaxRecords = Annotated[
+    str | None, typer.Option("--max-records", metavar="N", help=_RECORDS_HELP, show_default="unchanged")
+]
+SetKeepUnsettled = Annotated[
+    bool | None, typer.Option(_KEEP_FLAGS, help=_KEEP_HELP, show_default="unchanged")
 ]
 
 
@@ -159,10 +156,10 @@ def set_(
     ctx: typer.Context,
     *,
     queue: QueueArg,
-    max_age: MaxAge = None,
-    max_bytes: MaxBytes = None,
-    max_records: MaxRecords = None,
-    keep_unsettled: KeepUnsettled = None,
+    max_age: SetMaxAge = None,
+    max_bytes: SetMaxBytes = None,
+    max_records: SetMaxRecords = None,
+    keep_unsettled: SetKeepUnsettled = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Change the retention of one of your queues (options left out stay as they are; none removes a
