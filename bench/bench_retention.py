@@ -22,6 +22,7 @@ working size (what the store preallocates, ``latticed/storage/sqlite.py``).
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import subprocess
 import sys
@@ -165,12 +166,28 @@ def baseline(root: Path, args: argparse.Namespace, seconds: float, tag: str) -> 
     return latencies
 
 
+def window_p99(writer: Writer, first: int, until: float) -> tuple[float, int]:
+    """p99 of the offers from index ``first`` that were due before ``until``, and where the next window
+    starts (offers are appended in due order, so each window costs only its own offers)."""
+    sent = writer.sent
+    end = bisect.bisect_left(sent, until, lo=first, hi=len(sent), key=lambda item: item[0])
+    window = [ack.acked_at - t for t, ack in sent[first:end] if ack.acked_at is not None]
+    return pct(window, 99), end
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=float, default=900.0, help="seconds of writes with retention")
-    parser.add_argument("--baseline", type=float, default=120.0, help="seconds of writes without, in all")
+    parser.add_argument(
+        "--mode",
+        choices=("concurrent", "back-to-back"),
+        default="concurrent",
+        help="the baseline pair is written at the same time (its latency then sees the same box load), "
+        "or for --baseline seconds, half before and half after",
+    )
+    parser.add_argument("--baseline", type=float, default=120.0, help="back-to-back: seconds without, in all")
     parser.add_argument("--rate", type=float, default=5000.0, help="records per second")
     parser.add_argument("--size", type=int, default=200, help="bytes per record value")
     parser.add_argument("--max-bytes", default="50MB", help="the owner's policy")
@@ -185,65 +202,85 @@ def main() -> None:
     print(
         f"retention: {args.rate:.0f} records/s of {args.size} B for {args.duration:.0f}s, owner --max-bytes "
         f"{format_size(cap)} (bound {format_size(int(owner_bound))}), replica cap {format_size(replica_cap)} "
-        f"(bound {format_size(int(replica_bound))}); WAL working size {format_size(WAL_WORKING_BYTES)}",
+        f"(bound {format_size(int(replica_bound))}); WAL working size {format_size(WAL_WORKING_BYTES)}; "
+        f"baseline {args.mode}",
         flush=True,
     )
-    with tempfile.TemporaryDirectory(prefix="bench-retention-") as tmp:
+    concurrent = args.mode == "concurrent"
+    with tempfile.TemporaryDirectory(prefix="bench-retention-") as tmp, contextlib.ExitStack() as stack:
         root = Path(tmp)
-        before = baseline(root, args, args.baseline / 2, "before")
-        with pair(root, "retention", replica_cap) as (owner, replica):
-            with Client(owner.socket) as c:
-                queue = c.queue_create("stream", retention=RetentionPolicy(max_bytes=cap))
-            writer = Writer(owner.socket, "stream", args.rate, b"r" * args.size)
-            thread = threading.Thread(target=writer.run, daemon=True)
-            started = time.perf_counter()
+        before = [] if concurrent else baseline(root, args, args.baseline / 2, "before")
+        owner, replica = stack.enter_context(pair(root, "retention", replica_cap))
+        writers = []
+        with Client(owner.socket) as c:
+            queue = c.queue_create("stream", retention=RetentionPolicy(max_bytes=cap))
+        writers.append(Writer(owner.socket, "stream", args.rate, b"r" * args.size))
+        if concurrent:
+            base_owner, _ = stack.enter_context(pair(root, "baseline", None))
+            with Client(base_owner.socket) as c:
+                c.queue_create("stream")
+            writers.append(Writer(base_owner.socket, "stream", args.rate, b"b" * args.size))
+        threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+        started = time.perf_counter()
+        for thread in threads:
             thread.start()
-            samples: list[tuple[float, int, int, int, int]] = []
-            pruning_since: float | None = None
-            print(
-                "   t  owner dir  (wal)   held     replica dir (wal)   held   truncations  drops", flush=True
-            )
-            with Client(owner.socket) as oc, Client(replica.socket) as rc:
-                while time.perf_counter() - started < args.duration:
-                    time.sleep(min(args.sample, max(args.duration - (time.perf_counter() - started), 0)))
-                    if writer.error is not None:
-                        raise writer.error
-                    t = time.perf_counter() - started
-                    counters = oc.status()["retention"] or {}
-                    if pruning_since is None and counters.get("truncations"):
-                        pruning_since = time.perf_counter()
-                    held = oc.retention_get("stream")["bytes"]
-                    replica_counters = rc.status()["retention"] or {}
-                    try:
-                        replica_held = rc.retention_get(queue)["bytes"]
-                    except Exception:
-                        replica_held = 0
-                    o_dir, r_dir = owner.dir_bytes(), replica.dir_bytes()
-                    o_wal, r_wal = owner.wal_bytes(), replica.wal_bytes()
-                    samples.append((t, o_dir, o_wal, r_dir, r_wal))
-                    print(
-                        f"{t:4.0f}  {format_size(o_dir):>9} ({format_size(o_wal)})  {format_size(held):>7}   "
-                        f"{format_size(r_dir):>9} ({format_size(r_wal)})  {format_size(replica_held):>7}  "
-                        f"{counters.get('truncations', 0):>5}  {replica_counters.get('local_drops', 0):>5}",
-                        flush=True,
-                    )
-            writer.stop.set()
+        writer = writers[0]
+        samples: list[tuple[float, int, int, int, int]] = []
+        pruning_since: float | None = None
+        print(
+            "   t  owner dir  (wal)    held    replica dir (wal)    held   cuts drops  p99 ret / base",
+            flush=True,
+        )
+        marks = [0] * len(writers)
+        with Client(owner.socket) as oc, Client(replica.socket) as rc:
+            while time.perf_counter() - started < args.duration:
+                time.sleep(min(args.sample, max(args.duration - (time.perf_counter() - started), 0)))
+                for w in writers:
+                    if w.error is not None:
+                        raise w.error
+                now = time.perf_counter()
+                t = now - started
+                counters = oc.status()["retention"] or {}
+                if pruning_since is None and counters.get("truncations"):
+                    pruning_since = now
+                held = oc.retention_get("stream")["bytes"]
+                drops = (rc.status()["retention"] or {}).get("local_drops", 0)
+                try:
+                    replica_held = rc.retention_get(queue)["bytes"]
+                except Exception:
+                    replica_held = 0
+                o_dir, r_dir = owner.dir_bytes(), replica.dir_bytes()
+                o_wal, r_wal = owner.wal_bytes(), replica.wal_bytes()
+                samples.append((t, o_dir, o_wal, r_dir, r_wal))
+                windows = []
+                for i, w in enumerate(writers):  # offers due up to 1 s ago: acknowledged by now
+                    p99, marks[i] = window_p99(w, marks[i], now - 1.0)
+                    windows.append(ms(p99))
+                p99s = " / ".join(windows)
+                print(
+                    f"{t:4.0f}  {format_size(o_dir):>9} ({format_size(o_wal)})  {format_size(held):>7}   "
+                    f"{format_size(r_dir):>9} ({format_size(r_wal)})  {format_size(replica_held):>7}  "
+                    f"{counters.get('truncations', 0):>4} {drops:>5}  {p99s}",
+                    flush=True,
+                )
+        for w in writers:
+            w.stop.set()
+        for thread in threads:
             thread.join(120)
-            with Client(owner.socket) as c:
-                end = c.queue_info("stream")
-            print(
-                f"owner: {end['end_offset']} records written, holds {end['size']} from {end['start_offset']}"
-            )
-        after = baseline(root, args, args.baseline / 2, "after")
+        with Client(owner.socket) as c:
+            end = c.queue_info("stream")
+        print(f"owner: {end['end_offset']} records written, holds {end['size']} from {end['start_offset']}")
+        stack.close()
+        after = [] if concurrent else baseline(root, args, args.baseline / 2, "after")
     offered = len(writer.sent)
-    rate = offered / args.duration
     all_lat = writer.latencies()
-    pruning = writer.latencies(pruning_since or float("inf"))
-    base = before + after
+    since = pruning_since or float("inf")
+    pruning = writer.latencies(since)
+    base = writers[1].latencies(since) if concurrent else before + after
     max_owner = max(s[1] for s in samples)
     max_replica = max(s[3] for s in samples)
     print()
-    print(f"offered {offered} records ({rate:.0f}/s)")
+    print(f"offered {offered} records ({offered / args.duration:.0f}/s)")
     for name, largest, bound, wal in (
         ("owner", max_owner, owner_bound, max(s[2] for s in samples)),
         ("replica", max_replica, replica_bound, max(s[4] for s in samples)),
@@ -263,8 +300,10 @@ def main() -> None:
         f"offer latency while pruning ({len(pruning)} offers): p50 {ms(pct(pruning, 50))}, "
         f"p99 {ms(pct(pruning, 99))}"
     )
+    what = "same minutes" if concurrent else "before and after"
     print(
-        f"baseline without retention ({len(base)} offers): p50 {ms(pct(base, 50))}, p99 {ms(pct(base, 99))}"
+        f"baseline without retention ({what}, {len(base)} offers): p50 {ms(pct(base, 50))}, "
+        f"p99 {ms(pct(base, 99))}"
     )
     print(f"p99 ratio (pruning / baseline): {pct(pruning, 99) / pct(base, 99):.2f} (target <= 2)")
 
