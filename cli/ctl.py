@@ -43,6 +43,15 @@ from cli.output import (
     text_of_bytes,
     write_bytes,
 )
+from cli.retention import (
+    KeepUnsettled,
+    MaxAge,
+    MaxBytes,
+    MaxRecords,
+    policy_of,
+    policy_options,
+)
+from cli.retention import register as register_retention
 
 #: Lines sent per ``offer_batch`` round trip by ``offer --file``.
 OFFER_BATCH_LINES = 1000
@@ -224,6 +233,7 @@ def _skew_text(reading: dict[str, Any]) -> str:
 @queue_app.command("create")
 def queue_create(
     ctx: typer.Context,
+    *,
     name: Annotated[
         str, typer.Argument(metavar="NAME", help="Name of the new queue (owned by this daemon).")
     ],
@@ -239,12 +249,20 @@ def queue_create(
             "'' for this daemon alone. Other daemons store and relay them encrypted (docs/privacy.md).",
         ),
     ] = None,
+    max_age: MaxAge = None,
+    max_bytes: MaxBytes = None,
+    max_records: MaxRecords = None,
+    keep_unsettled: KeepUnsettled = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Create a queue; prints its full name, OWNER/NAME."""
+    """Create a queue; prints its full name, OWNER/NAME. The retention options set its policy (see
+    queue retention)."""
     entries = pairs(ctx, "--meta", meta)
     ids = None if readers is None else [r.strip() for r in readers.split(",") if r.strip()]
-    full = _client(ctx).queue_create(name, dict(entries) if entries else None, readers=ids)
+    retention = policy_of(policy_options(ctx, max_age, max_bytes, max_records, keep_unsettled))
+    full = _client(ctx).queue_create(
+        name, dict(entries) if entries else None, readers=ids, retention=retention
+    )
     emit({"queue": full}, full, as_json=as_json)
 
 
@@ -609,6 +627,7 @@ _ELSEWHERE: dict[str, lazy.Registrar] = {
     "cli.doctor": (["doctor"], lambda module: module.register(app)),
 }
 _COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
+register_retention(queue_app, _client)
 
 
 def main() -> None:

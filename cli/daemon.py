@@ -144,6 +144,36 @@ def run(
             help="Serve Prometheus metrics over HTTP here (a bare port: loopback; 0: any). Default: off.",
         ),
     ] = None,
+    replica_max_bytes: Annotated[
+        str | None,
+        typer.Option(
+            "--replica-max-bytes",
+            metavar="SIZE",
+            help="Keep at most this much of each replicated queue (50MB, 20MiB): its oldest records are "
+            "dropped here only, and what stays still verifies.",
+            show_default="no cap",
+        ),
+    ] = None,
+    replica_queue_cap: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replica-queue-cap",
+            metavar="PATTERN=SIZE",
+            help="The cap of replicated queues whose OWNER/NAME matches this glob (none: no cap); "
+            "repeatable, the first match wins over --replica-max-bytes.",
+            show_default="none",
+        ),
+    ] = None,
+    retention_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--retention-interval",
+            metavar="SECONDS",
+            help="How often retention checks record ages and purges expired KV keys (byte and record "
+            "limits are also checked as commits cross them).",
+            show_default=str(_DEFAULTS["retention_interval_s"]),
+        ),
+    ] = None,
     log_level: Annotated[
         str | None,
         typer.Option(
@@ -178,6 +208,9 @@ def run(
         "allowed_peers": allow_peer or None,
         "replicate": replicate or None,
         "metrics_listen": metrics_listen,
+        "replica_max_bytes": replica_max_bytes,
+        "replica_queue_caps": replica_queue_cap or None,
+        "retention_interval_s": retention_interval,
         "log_level": log_level,
         "log_format": log_format,
     }

@@ -10,6 +10,8 @@ names, so an error message names the key exactly as the user wrote it. The file 
     allowed_peers = ["3b6a27bc..."]      # 64 hex digits each (32-byte public keys)
     replicate = ["3b6a27bc*/*", "*/shared-*"]   # OWNER/NAME globs; default: everything
     metrics_listen = "127.0.0.1:9464"    # Prometheus endpoint; a bare port means loopback; default: off
+    replica_max_bytes = "20MB"           # keep at most this much of each replicated queue
+    replica_queue_caps = ["*/logs-*=100MB", "3b6a27bc*/audit=none"]   # per queue; first match wins
     log_format = "json"                  # or "text"
 
 Relative paths in the file are taken relative to the file's directory, relative paths in overrides
@@ -31,6 +33,7 @@ from typing import Literal, cast
 from latticed.errors import MalformedError
 from latticed.paths import MAX_SOCKET_PATH_BYTES, identity_key_path
 from latticed.protocol.addresses import HostPort, parse_host_port
+from latticed.retention import parse_queue_cap, parse_size
 from latticed.socket_path import SOCKET_NAME, default_socket_path
 
 LogFormat = Literal["json", "text"]
@@ -80,6 +83,15 @@ class DaemonConfig:
     max_frame_bytes: int = 16 * 1024 * 1024
     #: Where to serve Prometheus/OpenMetrics metrics over HTTP (port 0: any); None (the default): off.
     metrics_listen: HostPort | None = None
+    #: Bytes of each replicated queue kept here at most (its oldest records are dropped locally); None:
+    #: as much as the owner keeps.
+    replica_max_bytes: int | None = None
+    #: Per replicated queue, ``(OWNER/NAME glob, cap or None for no cap)``; the first match wins over
+    #: ``replica_max_bytes``.
+    replica_queue_caps: tuple[tuple[str, int | None], ...] = ()
+    #: How often retention checks ages (and purges expired KV keys); byte and record limits are also
+    #: checked as commits cross them.
+    retention_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -90,6 +102,12 @@ class DaemonConfig:
             raise MalformedError(f"config key 'group_commit_ms': must be >= 0, got {self.group_commit_ms}")
         if self.max_frame_bytes <= 0:
             raise MalformedError(f"config key 'max_frame_bytes': must be > 0, got {self.max_frame_bytes}")
+        if self.replica_max_bytes is not None and self.replica_max_bytes <= 0:
+            raise MalformedError(f"config key 'replica_max_bytes': must be > 0, got {self.replica_max_bytes}")
+        if not 0.01 <= self.retention_interval_s <= 86_400:
+            raise MalformedError(
+                f"config key 'retention_interval_s': {self.retention_interval_s} not in 0.01..86400 s"
+            )
 
     @property
     def identity_key_path(self) -> Path:
@@ -233,6 +251,27 @@ def _convert(key: str, value: object, parse_path: Callable[[str, object], Path])
         if not 1 <= value <= 2**31 - 1:
             raise MalformedError(f"config key {key!r}: {value} not in 1..{2**31 - 1}")
         return value
+    if key == "replica_max_bytes":
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        try:
+            return parse_size(_as_str(key, value), f"config key {key!r}")
+        except MalformedError as exc:
+            raise MalformedError(str(exc)) from None
+    if key == "replica_queue_caps":
+        if isinstance(value, tuple) and all(isinstance(v, tuple) for v in value):
+            return value
+        caps = []
+        for i, item in enumerate(_as_str_list(key, value)):
+            try:
+                caps.append(parse_queue_cap(item))
+            except MalformedError as exc:
+                raise MalformedError(f"config key '{key}[{i}]': {exc}") from None
+        return tuple(caps)
+    if key == "retention_interval_s":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _type_error(key, "a number of seconds", value)
+        return float(value)
     raise _unknown_key(key)
 
 

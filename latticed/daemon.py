@@ -4,8 +4,9 @@ Start-up order (each step fails early with a clear LatticedError): no other daem
 the network key is fit for the listen address (the public default key is refused beyond loopback), both
 checked before anything is created; directories, the data directory's lock, the identity key, the store
 (migrated), replication (owned by :mod:`latticed.membership`, which restarts it under a new key on
-``latticectl join``), the API socket; then READY=1 to systemd. One root nursery
-holds every service, each started with ``nursery.start`` so "ready" means ready. SIGTERM or SIGINT
+``latticectl join``), work queues, retention (it reads the groups' ack floors), the API socket; then
+READY=1 to systemd. One root nursery holds every service, each started with ``nursery.start`` so
+"ready" means ready. SIGTERM or SIGINT
 cancels that nursery: connections close, the storage thread finishes the jobs it has, the socket file is
 removed, and ``run`` returns 0.
 """
@@ -26,6 +27,7 @@ import trio
 from latticed.api import (
     member_handlers,  # noqa: F401 - importing it registers invite and join
     peer_handlers,  # noqa: F401 - importing it registers peer management and doctor
+    retention_handlers,  # noqa: F401 - importing it registers retention_get/set
 )
 from latticed.api.handlers import Context, package_version
 from latticed.api.listener import refuse_if_served
@@ -43,6 +45,8 @@ from latticed.metrics.server import serve_metrics
 from latticed.net.replication import Replication, load_network_key
 from latticed.netkey import check_listen_key
 from latticed.paths import ensure_data_dir, ensure_socket_dir
+from latticed.retention import ReplicaCaps
+from latticed.retention_service import run_retention
 from latticed.sdnotify import Notifier, watchdog_interval
 from latticed.storage.engine import Engine
 from latticed.storage.keyfile import load_or_create_identity
@@ -149,6 +153,13 @@ async def run_daemon(
                         )
                         endpoint = await nursery.start(serve_metrics, config.metrics_listen, metrics.registry)
                         context.metrics_listen = str(endpoint)
+                    context.retention = await nursery.start(
+                        run_retention,
+                        engine,
+                        ReplicaCaps(config.replica_max_bytes, config.replica_queue_caps),
+                        config.retention_interval_s,
+                        groups.unsettled_floor,
+                    )
                     await nursery.start(serve_api, context)
                     interval = watchdog_interval(env)
                     if interval is not None:

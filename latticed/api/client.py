@@ -23,6 +23,7 @@ from latticed.api.peer_client import PeerOps
 from latticed.api.wire import API_VERSION, error_from_reply
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
 from latticed.protocol.framing import FrameDecoder, encode_frame
+from latticed.retention import UNCHANGED, RetentionPolicy, Unchanged, policy_meta
 from latticed.socket_path import default_socket_path
 
 #: Largest reply the client accepts; the daemon's own limit (``max_frame_bytes``) is normally lower.
@@ -337,11 +338,18 @@ class Client(GroupOps, PeerOps):
 
     # ------------------------------------------------------------------ queues
     def queue_create(
-        self, name: str, meta: Mapping[str, str] | None = None, readers: Sequence[str] | None = None
+        self,
+        name: str,
+        meta: Mapping[str, str] | None = None,
+        readers: Sequence[str] | None = None,
+        *,
+        retention: RetentionPolicy | None = None,
     ) -> str:
-        """Create a queue; with ``readers`` (hex identities, maybe none) a sealed one: only they and this
-        daemon's identity read its records (docs/privacy.md)."""
-        args: dict[str, Any] = {"name": name, "meta": dict(meta or {})}
+        """Create one of our queues. With ``readers`` (hex identities, maybe none) a sealed one: only they
+        and this daemon's identity read its records (docs/privacy.md); ``retention`` puts its policy in
+        the first signed metadata."""
+        entries = {**(meta or {}), **(policy_meta(retention) if retention is not None else {})}
+        args: dict[str, Any] = {"name": name, "meta": entries}
         if readers is not None:
             args["readers"] = list(readers)
         return str(self.call("queue_create", **args)["queue"])
@@ -476,6 +484,41 @@ class Client(GroupOps, PeerOps):
         ``start_offset`` and ``end_offset`` after it."""
         reply = self.call("truncate", queue=queue, new_start=new_start)
         return {k: reply.get(k) for k in ("dropped", "start_offset", "end_offset")}
+
+    def retention_get(self, queue: str) -> dict[str, Any]:
+        """A queue's retention policy (``policy``: ``max_age_ms``, ``max_bytes``, ``max_records``,
+        ``keep_unsettled``) and what this daemon holds of it (``start_offset``, ``records``, ``bytes``,
+        ``floor`` if it dropped records locally, ``replica_max_bytes`` on a replica)."""
+        return {k: v for k, v in self.call("retention_get", queue=queue).items() if k not in ("ok", "id")}
+
+    def retention_set(
+        self,
+        queue: str,
+        *,
+        max_age_ms: int | Unchanged | None = UNCHANGED,
+        max_bytes: int | Unchanged | None = UNCHANGED,
+        max_records: int | Unchanged | None = UNCHANGED,
+        keep_unsettled: bool | Unchanged = UNCHANGED,
+    ) -> dict[str, Any]:
+        """Change parts of one of our queues' policy: a number sets a limit, None (or 0) removes it, and
+        what is not given stays; returns what :meth:`retention_get` does."""
+        args: dict[str, Any] = {}
+        for name, value in (
+            ("max_age_ms", max_age_ms),
+            ("max_bytes", max_bytes),
+            ("max_records", max_records),
+            ("keep_unsettled", keep_unsettled),
+        ):
+            if not isinstance(value, Unchanged):
+                args[name] = value
+        reply = self.call("retention_set", queue=queue, **args)
+        return {k: v for k, v in reply.items() if k not in ("ok", "id")}
+
+    def queue_verify(self, queue: str) -> dict[str, Any]:
+        """Re-check the stored queue against its owner's signatures (raises IntegrityError/StorageError
+        if anything is off); returns ``records`` checked and the offsets held."""
+        reply = self.call("queue_verify", queue=queue)
+        return {k: reply.get(k) for k in ("queue", "records", "start_offset", "end_offset")}
 
     def meta_get(self, queue: str, key: str) -> str | None:
         value = self.call("meta_get", queue=queue, key=key)["value"]

@@ -37,6 +37,7 @@ from latticed.crdt.records import (
 )
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError, NotFoundError, NotOwnerError
+from latticed.retention import check_meta, check_meta_entry
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
@@ -78,6 +79,14 @@ class ReplicationView(Protocol):
     def clock_skew(self) -> list[dict[str, Any]]: ...
 
 
+class RetentionView(Protocol):
+    """What the API shows of retention (the service lives in :mod:`latticed.retention_service`)."""
+
+    def cap(self, q: int) -> int | None: ...
+
+    def counters_dict(self) -> dict[str, int]: ...
+
+
 @dataclass(slots=True)
 class Context:
     """What every handler may use: the engine and a few facts about this daemon."""
@@ -93,6 +102,7 @@ class Context:
     membership: Membership | None = None
     metrics_listen: str | None = None
     health: Health | None = None
+    retention: RetentionView | None = None
 
     @property
     def max_reply_bytes(self) -> int:
@@ -186,6 +196,7 @@ def queue_info(ctx: Context, q: int) -> dict[str, Any]:
         "owned": state.owner == ctx.engine.public_key,
         "created_ms": ctx.engine.created_ms(q),
         "sealed": sealer_of(ctx.engine).describe(q),
+        **({"floor": state.floor} if state.floor else {}),  # this replica dropped the records below
     }
 
 
@@ -232,6 +243,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "forked_queues": ctx.health.forked_queues() if ctx.health else [],
             "disk": ctx.health.disk_status() if ctx.health else None,
             "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
+            "retention": ctx.retention.counters_dict() if ctx.retention else None,
         }
     }
 
@@ -253,6 +265,7 @@ async def queue_create(ctx: Context, request: Request) -> Reply:
     ):
         raise MalformedError("argument 'meta' must be a map of text to text")
     check_user_meta(meta)
+    check_meta(meta)
     readers = request.get("readers")  # a list (maybe empty) of reader identities: a sealed queue
     if readers is not None:
         q = await sealer_of(ctx.engine).create_queue(name, meta, parse_readers(readers))
@@ -491,7 +504,9 @@ async def meta_set(ctx: Context, request: Request) -> Reply:
     if not key:
         raise MalformedError("metadata keys are non-empty")
     check_user_meta({key: None})
-    await ctx.engine.set_meta(q, {key: arg_str(request, "value", optional=True)})
+    value = arg_str(request, "value", optional=True)
+    check_meta_entry(key, value)
+    await ctx.engine.set_meta(q, {key: value})
     return {}
 
 

@@ -10,6 +10,14 @@ A :class:`QueueState` is an immutable value:
 * ``checkpoints``: older signed heads inside the held range, kept so a backlog can be cut into chunks that
   each verify on their own.
 * ``fork``: a proof that the owner signed two histories, once one is seen.
+* ``floor``: a replica's own low-watermark (0: none). A replica that keeps less than the owner drops its
+  oldest records locally (:func:`drop_local`); it then holds ``[floor, held_end)``, which still verifies
+  on its own: the chain value at ``floor`` (``floor_hash``) folds through the kept records to the signed
+  head at ``held_end``. The floor is this replica's choice, not the owner's: no head says it, no delta
+  carries it, and a join never brings back records below it. A delta cut from such a replica never
+  passes the kept suffix off as the whole queue: it starts at the floor, and a peer it cannot extend gets
+  the head without records (it must find them where they are whole). Summaries say where the records
+  start (``Summary.floor``).
 
 The join takes the newest head (by version, signature as tie-break), the longest verified prefix, and the
 union of checkpoints; it is commutative, associative and idempotent for every honest history (property
@@ -170,6 +178,14 @@ class Summary:
     held_hash: bytes = b""
     meta_version: int = -1  # -1: holds no metadata yet
     forked: bool = False
+    #: This replica dropped the records below this offset by its own choice (0: it dropped none); it
+    #: holds ``[held_start, held_end)``.
+    floor: int = 0
+
+    @property
+    def held_start(self) -> int:
+        """Where the records this replica holds begin (the owner's start, or its own floor above it)."""
+        return self.floor if self.floor > self.start else self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +228,10 @@ class QueueState:
     forked: bool = False
     #: Which proof a replica keeps depends on the evidence it saw first; ``forked`` is what converges.
     fork: ForkProof | None = field(default=None, compare=False)
+    #: This replica's own low-watermark (see the module docstring): 0, or above the signed start with at
+    #: least one record held; ``floor_hash`` is the chain value there (a function of the history).
+    floor: int = 0
+    floor_hash: bytes = field(default=b"", compare=False)
 
     @property
     def queue_id(self) -> bytes:
@@ -219,6 +239,9 @@ class QueueState:
 
     @property
     def start(self) -> int:
+        """The first offset held: the owner's signed start, or this replica's floor above it."""
+        if self.floor:
+            return self.floor
         return self.head.start if self.head else 0
 
     @property
@@ -240,6 +263,9 @@ class QueueState:
 
     @property
     def base_hash(self) -> bytes:
+        """The chain value at :attr:`start`."""
+        if self.floor:
+            return self.floor_hash
         return self.head.base_hash if self.head else genesis_hash(self.queue_id)
 
     @property
@@ -262,11 +288,12 @@ class QueueState:
     def summary(self) -> Summary:
         return Summary(
             version=self.version,
-            start=self.start,
+            start=self.head.start if self.head else 0,
             held_end=self.held_end,
             held_hash=self.chain_at(self.held_end) or b"",
             meta_version=self.head.meta_version if self.head else -1,
             forked=self.forked,
+            floor=self.floor,
         )
 
 
@@ -427,6 +454,43 @@ def _commit_once(
     )
 
 
+# ------------------------------------------------------------------------------------------- local drops
+
+
+def drop_local(state: QueueState, floor: int) -> QueueState:
+    """This replica's records below ``floor`` dropped (it keeps less than the owner), leaving a suffix that
+    still verifies on its own; the newest record is always kept, so a signed head (``tip``) vouches for
+    the kept run and ``floor_hash`` stays provable.
+
+    Nothing is signed and nothing travels: the owner's head and ``start`` are unchanged, and later joins
+    never bring the dropped records back (see :func:`join_verified`). A floor at or below what is held
+    already changes nothing (the same value is returned)."""
+    if state.head is None or state.tip is None:
+        return state
+    floor = min(floor, state.held_end - 1)
+    if floor <= state.start:
+        return state
+    floor_hash = state.chain_at(floor)
+    assert floor_hash is not None
+    checkpoints = state.checkpoints
+    if checkpoints and checkpoints[0].end <= floor:
+        checkpoints = tuple(c for c in checkpoints if c.end > floor)
+    return QueueState(
+        state.owner,
+        state.name,
+        state.kind,
+        state.head,
+        state.tip,
+        state.entries.drop(floor - state.start),
+        state.meta,
+        checkpoints,
+        state.forked,
+        state.fork,
+        floor,
+        floor_hash,
+    )
+
+
 # ------------------------------------------------------------------------------------------------ deltas
 
 
@@ -453,13 +517,17 @@ def delta(
     if head is None:
         return QueueDelta(state.owner, state.name, state.kind, None, fork=state.fork)
     from_offset = state.start
+    end = state.held_end
     if (
         since is not None
         and state.start <= since.held_end <= state.held_end
         and state.chain_at(since.held_end) == since.held_hash
     ):
         from_offset = since.held_end
-    end = state.held_end
+    elif state.floor:
+        # We dropped the records below our floor: a peer we cannot extend could not use our suffix (a run
+        # must reach back to the signed start), so it gets the head and finds the records elsewhere.
+        end = from_offset
     tip = state.tip
     if max_records is not None and end - from_offset > max_records:
         cut = _checkpoint_for_chunk(state, from_offset, max_records)
@@ -777,10 +845,29 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
                 a, bridge_a = local.witness(meet, state.head)
                 b, bridge_b = incoming.witness(meet, d.head)
                 proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
+        elif (
+            state.head is not None
+            and local is not None
+            and state.floor
+            and d.from_offset < local.start <= incoming.end
+        ):
+            # Records from below our floor (a peer that holds more than we keep): they may only decide
+            # what we hold from the floor on, and only if they pass through our chain value there.
+            meet = min(local.end, incoming.end)
+            if local.chain_at(meet) != incoming.chain_at(meet):
+                a, bridge_a = local.witness(meet, state.head)
+                b, bridge_b = incoming.witness(meet, d.head)
+                proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
 
-    # 3. Keep the longest run that reaches back to the newest head's start (ties: the higher tip).
+    # 3. Keep the longest run that reaches back to the newest head's start (ties: the higher tip), or to
+    # our own floor above it: a join never brings back what this replica dropped.
     start = head.start
-    usable = [r for r in runs if r.start <= start]
+    floor = state.floor if state.floor > start else 0
+    if floor:
+        start = floor
+        usable = [r for r in runs if r.start <= floor and r.chain_at(floor) == state.floor_hash]
+    else:
+        usable = [r for r in runs if r.start <= start]
     entries: Entries = _empty_entries()
     tip: SignedHead | None = None
     checkpoints: tuple[SignedHead, ...] = ()
@@ -788,7 +875,7 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
         best = max(usable, key=lambda r: (r.end, r.tip.sort_key if r.tip else (-1, b"")))
         if best.end > start:
             value = best.chain_at(start)
-            if value == head.base_hash:
+            if floor or value == head.base_hash:
                 entries, tip = best.entries.drop(start - best.start), best.tip
                 checkpoints = _checkpoints(best, start, start + len(entries))
             else:
@@ -806,6 +893,8 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
         checkpoints,
         state.forked or proof is not None,
         proof,
+        floor,
+        state.floor_hash if floor else b"",
     )
 
 
@@ -834,4 +923,6 @@ def _replace_fork(state: QueueState, forked: bool, proof: ForkProof | None) -> Q
         state.checkpoints,
         forked,
         proof,
+        state.floor,
+        state.floor_hash,
     )

@@ -223,12 +223,17 @@ def delta_from_wire(raw: Any) -> QueueDelta:
 
 
 def summary_to_wire(s: Summary) -> list[Any]:
-    return [s.version, s.start, s.held_end, s.held_hash, s.meta_version, s.forked]
+    """Six fields, and a seventh (the replica's own floor) only when it dropped records locally, so a
+    peer of an earlier version still reads every other summary."""
+    fields = [s.version, s.start, s.held_end, s.held_hash, s.meta_version, s.forked]
+    if s.floor:
+        fields.append(s.floor)
+    return fields
 
 
 def summary_from_wire(raw: Any) -> Summary:
-    if not isinstance(raw, list | tuple) or len(raw) != 6 or not isinstance(raw[5], bool):
-        raise MalformedError("a summary has 6 fields")
+    if not isinstance(raw, list | tuple) or len(raw) not in (6, 7) or not isinstance(raw[5], bool):
+        raise MalformedError("a summary has 6 fields (7 with a floor)")
     return Summary(
         version=_int(raw[0], "version"),
         start=_offset(raw[1], "start"),
@@ -236,6 +241,7 @@ def summary_from_wire(raw: Any) -> Summary:
         held_hash=_bytes(raw[3], None, "held_hash"),
         meta_version=_int(raw[4], "meta_version"),
         forked=raw[5],
+        floor=_offset(raw[6], "floor") if len(raw) == 7 else 0,
     )
 
 

@@ -279,6 +279,19 @@ class GroupService:
         log_event(log, "group.created", group=name, sources=list(spec.sources), filter=spec.filter)
         return self._groups[name]
 
+    def unsettled_floor(self, sid: str) -> int | None:
+        """The lowest offset of source ``sid`` (``OWNER/NAME``) some group here has not settled, durably
+        (None: no group here reads it). Retention's ``keep_unsettled`` cuts no further: below the durable
+        ack floor every group settled everything, and a crash cannot bring an in-memory ack back."""
+        floors = []
+        for rt in self._by_source.get(sid, ()):
+            floor = rt.dispatcher.unsettled_floor(sid)
+            if floor is None:
+                continue
+            durable = rt.progress[sid].ack_floor if sid in rt.progress else 0
+            floors.append(min(floor, durable))
+        return min(floors) if floors else None
+
     # ------------------------------------------------------------------ consumers
     async def dequeue(
         self, rt: GroupRuntime, consumer: str, visibility: float | None, wait: float | None

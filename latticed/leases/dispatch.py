@@ -310,6 +310,12 @@ class Dispatcher:
             raise NotFoundError(f"queue {queue} is not a source of group {self.spec.name}")
         return src
 
+    def unsettled_floor(self, queue: str) -> int | None:
+        """The lowest offset of ``queue`` this group may still deliver (everything below is settled, as
+        far as this process knows); None if the queue is not one of its sources."""
+        src = self._sources.get(queue)
+        return None if src is None else src.floor()
+
     def offer_candidates(self, queue: str, records: Iterable[tuple[int, Record]]) -> Changes:
         """Take in records appended to (or replicated into) a source: members become available.
 

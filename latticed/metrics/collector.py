@@ -27,12 +27,12 @@ _GOSSIP_COUNTERS = {
     "rejected_deltas": ("latticed_deltas_rejected", "Peer links closed because a delta failed verification."),
     "protocol_errors": ("latticed_peer_protocol_errors", "Peer links closed for breaking the protocol."),
 }
-#: Consumer-group counts exported, as :class:`~latticed.groups.dispatch.GroupStats` names them.
+#: Consumer-group counts exported, as :class:`~latticed.leases.dispatch.GroupStats` names them.
 _GROUP_STATES = ("available", "leased", "failed", "dead")
 
 
 class ReplicationSource(Protocol):
-    """What the collector reads of the replication service (:class:`latticed.replication.Replication`)."""
+    """What the collector reads of the replication service (:class:`latticed.net.replication.Replication`)."""
 
     def counters(self) -> dict[str, int]: ...
 

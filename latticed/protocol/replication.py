@@ -84,7 +84,9 @@ def is_ahead(ours: Summary | None, theirs: Summary | None) -> bool:
         return True
     return (
         ours.version > theirs.version
-        or ours.held_end > theirs.held_end
+        # Records past theirs, which we can send only if we hold where theirs end (a replica that dropped
+        # its oldest records has nothing for a peer below its floor: it would be asked again and again).
+        or (ours.held_end > theirs.held_end and theirs.held_end >= ours.held_start)
         or (ours.forked and not theirs.forked)
         or ours.start > theirs.start
     )

@@ -77,11 +77,13 @@ def summary_after(base: Summary, delta: QueueDelta, end_hash: bytes) -> Summary 
         return None
     if delta.meta is None and head.meta_version != base.meta_version:
         return None
+    start = max(base.start, head.start)
     return Summary(
         version=max(base.version, head.version),
-        start=max(base.start, head.start),
+        start=start,
         held_end=delta.from_offset + len(delta.records),
         held_hash=end_hash,
         meta_version=max(base.meta_version, head.meta_version),
         forked=False,
+        floor=base.floor if base.floor > start else 0,
     )

@@ -219,6 +219,19 @@ class Batch:
             self.staged[q].joined = True
         return self.staged[q].state
 
+    def drop_local(self, q: int, floor: int) -> QueueState:
+        """Drop a replica's records below ``floor`` here only (:func:`~latticed.crdt.queue.drop_local`);
+        refused on our own queues, whose records go only by a signed truncation."""
+        current = self.staged[q].state if q in self.staged else self._states[q]
+        if current.owner == self.identity.public_key:
+            raise NotOwnerError("our own queues are truncated by a signed head, never dropped locally")
+        state = self._flush(q)
+        dropped = core.drop_local(state, floor)
+        if dropped is not state:
+            self.mutations += 1
+            self._set(q, dropped)
+        return dropped
+
     def put_kv(self, ns: int, key: str, entry: kv.Entry) -> None:
         self.mutations += 1
         self.kv.setdefault(ns, {})[key] = entry
@@ -263,6 +276,8 @@ class Batch:
                 thinned,
                 state.forked,
                 state.fork,
+                state.floor,
+                state.floor_hash,
             )
         self._staged(q).state = state
 

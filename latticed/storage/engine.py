@@ -50,6 +50,7 @@ from latticed.storage.jobs import (
     AppendMany,
     Call,
     CreateQueue,
+    DropLocal,
     Job,
     KvWrite,
     Merge,
@@ -67,6 +68,7 @@ from latticed.storage.writer import Change, StorageMetrics, Writer
 log = get_logger(__name__)
 
 AnyJob = TypeVar("AnyJob", bound=Job)
+T = TypeVar("T")
 
 #: A committed batch larger than this is not kept in memory for tails (they read it back instead).
 RECENT_MAX_RECORDS: Final = 8192
@@ -357,6 +359,14 @@ class Engine:
         self._require_owner(q, "truncate")
         await self._run(Truncate(q, new_start))
 
+    async def drop_local(self, q: int, floor: int) -> int:
+        """Drop a replicated queue's records below ``floor`` on this daemon only (they stay wherever
+        else they are held); returns the first offset held now. Nothing is signed."""
+        if self.owned(q):
+            raise NotOwnerError(f"cannot drop records of {self.address(q)} locally: truncate it instead")
+        start: int = await self._run(DropLocal(q, floor))
+        return start
+
     async def set_meta(self, q: int, updates: Mapping[str, str | None]) -> None:
         self._require_owner(q, "set metadata")
         await self._run(SetMeta(q, updates))
@@ -558,6 +568,12 @@ class Engine:
             checkpoints=checkpoints,
             fork=None,
         )
+
+    async def inspect(self, fn: Callable[[StoreReader], T]) -> T:
+        """Run a read-only ``fn`` on a reader connection, off the event loop and the storage thread
+        (maintenance that measures the store, such as retention)."""
+        result: T = await self._read(fn)
+        return result
 
     async def verify(self, q: int) -> int:
         """Re-check a stored queue against its owner's signatures, on a reader (writes go on)."""

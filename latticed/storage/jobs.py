@@ -154,6 +154,21 @@ class Truncate(Job):
         batch.truncate(self.q, self.new_start)
 
 
+class DropLocal(Job):
+    """Drop a replica's records below ``floor`` here only (retention's replica cap); ``result`` is the
+    first offset held afterwards."""
+
+    __slots__ = ("floor", "q")
+
+    def __init__(self, q: int, floor: int) -> None:
+        super().__init__()
+        self.q = q
+        self.floor = floor
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        self.result = batch.drop_local(self.q, self.floor).start
+
+
 class SetMeta(Job):
     __slots__ = ("q", "updates")
 
@@ -259,6 +274,7 @@ __all__ = [
     "AppendMany",
     "Call",
     "CreateQueue",
+    "DropLocal",
     "Job",
     "KvSealing",
     "KvWrite",

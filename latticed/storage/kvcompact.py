@@ -6,8 +6,14 @@ ops, appends again, byte for byte, the ones that still decide some key (its last
 last write of each hash field or set member, deletions included), then truncates the step away with an
 owner-signed new start. The copies carry the same bytes, so the same HLC stamps: joining them changes no
 view anywhere (the join is idempotent), and a replica that only ever sees the suffix still learns every
-key, tombstones included. Expired TTL entries are copied like any other: dropping one could let an older
-value resurface on a replica that missed it.
+key, tombstones included.
+
+A plain value whose TTL has passed decides nothing any more (every reader sees the key absent), so its op
+is dropped, not copied, and retention purges the key from the view (:mod:`latticed.retention_service`).
+A replica that missed that op may still hold the older value it replaced; the log it receives next then
+starts past what it held (the truncation jumped over its end), and a replica folds its view again from
+the log whenever that happens (:meth:`latticed.storage.writer.Writer._write`), so the older value cannot
+resurface. Tombstones are kept: which writes they hide is not known without a horizon.
 
 Steps are bounded (:data:`STEP_OPS` ops read, one transaction) and run as writer maintenance only while
 the log holds at least :data:`MIN_OPS` ops and :data:`RATIO` times as many ops as keys.
@@ -75,8 +81,8 @@ def _decides(batch: Batch, ns: int, record: Record) -> bool:
     except MalformedError:
         return False  # never written by us; nothing can depend on it
     entry = batch.kv_entry(ns, op.key)
-    if entry is None:
-        return False
+    if entry is None or (entry.kind == kv.PLAIN and not entry.live(batch.now_ms)):
+        return False  # gone, or a value whose TTL has passed
     stamp = (op.hlc, op.tiebreak)
     return entry.reset == stamp or any(held == stamp for held, _ in entry.members.values())
 

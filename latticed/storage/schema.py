@@ -14,7 +14,10 @@ Layout notes (why it looks like this):
 * ``chains`` holds the hash-chain value after every record, so any suffix can be re-verified against a
   signed head and the lattice reads a chain value without hashing.
 * ``checkpoints`` keeps a thinned list of older signed heads (transport aids for chunked deltas).
-* ``kv`` is the materialized view of KV namespaces: one joined entry per key.
+* ``kv`` is the materialized view of KV namespaces: one joined entry per key; ``expires`` (a plain value's
+  expiry, else NULL) is indexed so expired keys are purged without reading the others.
+* ``queues.floor``/``floor_hash``: a replica's own low-watermark after it dropped its oldest records
+  (retention's replica cap; 0 when it dropped none) and the chain value there.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from latticed.crdt import kv
 from latticed.errors import StorageError
+from latticed.storage.codec import decode_kv_entry
 from latticed.storage.sqlite import storage_error
 
 Migration = Callable[[sqlite3.Connection], None]
@@ -82,7 +87,25 @@ def _v2_kv_view(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_queues_and_records, _v2_kv_view)
+def _v3_retention(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE queues ADD COLUMN floor INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE queues ADD COLUMN floor_hash BLOB")
+    conn.execute("ALTER TABLE kv ADD COLUMN expires INTEGER")
+    update = []
+    for ns, key, raw in conn.execute("SELECT ns, key, entry FROM kv"):
+        expires = entry_expiry(decode_kv_entry(bytes(raw)))
+        if expires is not None:
+            update.append((expires, ns, key))
+    conn.executemany("UPDATE kv SET expires = ? WHERE ns = ? AND key = ?", update)
+    conn.execute("CREATE INDEX kv_expiry ON kv (ns, expires) WHERE expires IS NOT NULL")
+
+
+def entry_expiry(entry: kv.Entry) -> int | None:
+    """When a key's joined entry stops being visible by itself (a plain value with a TTL), else None."""
+    return entry.expires_ms if entry.kind == kv.PLAIN else None
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_queues_and_records, _v2_kv_view, _v3_retention)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -114,4 +137,4 @@ def migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[Migration
     return before
 
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "migrate", "user_version"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "entry_expiry", "migrate", "user_version"]

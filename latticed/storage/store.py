@@ -29,7 +29,7 @@ from latticed.storage.codec import (
     encode_proof,
 )
 from latticed.storage.entries import SqlRows, StoredEntries
-from latticed.storage.schema import MIGRATIONS, Migration, migrate
+from latticed.storage.schema import MIGRATIONS, Migration, entry_expiry, migrate
 from latticed.storage.sqlite import DB_NAME, connect, preallocate_wal, storage_error
 from latticed.storage.verify import verify_queue
 
@@ -114,12 +114,16 @@ class Store:
                 # SQLite may have rolled back on its own (e.g. after SQLITE_FULL); nothing is left to undo.
                 log_event(log, "store.rollback_failed", error=str(exc))
 
-    def reclaim(self, pages: int) -> int:
+    def reclaim(self, pages: int, keep: int = 0) -> int:
         """Give up to ``pages`` free pages back to the file system (auto_vacuum=INCREMENTAL), outside any
-        transaction; returns how many free pages remain.
+        transaction, but leave ``keep`` free for the next writes; returns how many free pages remain.
 
         ``executescript`` steps the pragma to completion (``execute`` frees one page per call)."""
-        self._conn.executescript(f"PRAGMA incremental_vacuum({int(pages)});")
+        free = int(self._conn.execute("PRAGMA freelist_count").fetchone()[0])
+        step = min(int(pages), free - int(keep))
+        if step <= 0:
+            return free
+        self._conn.executescript(f"PRAGMA incremental_vacuum({step});")
         return int(self._conn.execute("PRAGMA freelist_count").fetchone()[0])
 
     def error(self, exc: BaseException, what: str) -> StorageError:
@@ -131,20 +135,24 @@ class Store:
         out: list[StoredQueue] = []
         try:
             rows = self._conn.execute(
-                "SELECT q, owner, name, kind, head, tip, meta, forked, proof, created_ms "
+                "SELECT q, owner, name, kind, head, tip, meta, forked, proof, floor, floor_hash, created_ms "
                 "FROM queues ORDER BY q"
             ).fetchall()
             for row in rows:
-                out.append(StoredQueue(row[0], self._load_state(row[:9]), row[9]))
+                out.append(StoredQueue(row[0], self._load_state(row[:11]), row[11]))
         except sqlite3.Error as exc:
             raise self.error(exc, "load the queues from") from exc
         return out
 
     def _load_state(self, row: tuple[Any, ...]) -> QueueState:
-        q, owner, name, kind, head_raw, tip_raw, meta, forked, proof = row
+        q, owner, name, kind, head_raw, tip_raw, meta, forked, proof, floor, floor_hash = row
         head = None if head_raw is None else SignedHead.from_bytes(bytes(head_raw))
         tip = None if tip_raw is None else SignedHead.from_bytes(bytes(tip_raw))
         start = head.start if head else 0
+        if head is None or floor <= start or floor_hash is None:
+            floor, floor_hash = 0, b""
+        else:
+            start, floor_hash = floor, bytes(floor_hash)
         stored = segments.bounds(self._conn, q)
         held_end = start
         last_chain = None
@@ -177,6 +185,8 @@ class Store:
             checkpoints=checkpoints,
             forked=bool(forked),
             fork=decode_proof(proof),
+            floor=floor,
+            floor_hash=floor_hash,
         )
 
     def next_queue_number(self) -> int:
@@ -249,6 +259,11 @@ class Store:
                 )
         elif new.forked != old.forked:
             conn.execute("UPDATE queues SET forked = ? WHERE q = ?", (int(new.forked), q))
+        if new.floor != old.floor:
+            conn.execute(
+                "UPDATE queues SET floor = ?, floor_hash = ? WHERE q = ?",
+                (new.floor, new.floor_hash or None, q),
+            )
         self._persist_checkpoints(q, old, new)
         return with_entries(new, stored), deleted
 
@@ -298,9 +313,27 @@ class Store:
 
     def put_kv(self, ns: int, entries: Iterable[tuple[str, kv.Entry]]) -> None:
         self._conn.executemany(
-            "INSERT OR REPLACE INTO kv (ns, key, entry) VALUES (?, ?, ?)",
-            ((ns, key, encode_kv_entry(entry)) for key, entry in entries),
+            "INSERT OR REPLACE INTO kv (ns, key, entry, expires) VALUES (?, ?, ?, ?)",
+            ((ns, key, encode_kv_entry(entry), entry_expiry(entry)) for key, entry in entries),
         )
+
+    def clear_kv(self, ns: int) -> None:
+        """Forget a namespace's view (inside the caller's transaction), to fold it again from its log."""
+        self._conn.execute("DELETE FROM kv WHERE ns = ?", (ns,))
+
+    def purge_expired_kv(self, ns: int, now_ms: int) -> int:
+        """Delete the keys whose plain value expired by ``now_ms`` (a reader sees them absent already), in a
+        transaction of its own; returns how many. Run between batches, never inside one."""
+        self.begin()
+        try:
+            cursor = self._conn.execute(
+                "DELETE FROM kv WHERE ns = ? AND expires IS NOT NULL AND expires <= ?", (ns, now_ms)
+            )
+            self.commit()
+        except BaseException:
+            self.rollback()
+            raise
+        return int(cursor.rowcount)
 
     # ------------------------------------------------------------------ verification
     def verify_queue(self, q: int, state: QueueState) -> int:
@@ -321,6 +354,8 @@ def with_entries(state: QueueState, entries: Entries) -> QueueState:
         state.checkpoints,
         state.forked,
         state.fork,
+        state.floor,
+        state.floor_hash,
     )
 
 

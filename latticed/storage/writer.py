@@ -44,6 +44,8 @@ _STOP: Final = object()
 #: Free pages given back per maintenance step (4 KiB pages: 8 MiB), so reclaiming the space of a big
 #: truncation never stalls writes for long; steps run after each batch and while the thread is idle.
 RECLAIM_PAGES: Final = 2048
+#: The share of the file's pages left free (for the next writes) while writes keep coming.
+RECLAIM_SLACK: Final = 0.125
 _IDLE_S: Final = 0.05
 #: How far back (seconds) the estimate of concurrent writers looks: after a burst ends, a lone writer
 #: stops waiting for company this soon.
@@ -208,14 +210,18 @@ class Writer:
                     self._process_guarded(jobs)
                 if stop:
                     break
-                self.maintain()
+                self.maintain(idle=not jobs)
         finally:
             self.store.close()
             self._store = None
 
-    def maintain(self) -> bool:
+    def maintain(self, idle: bool = True) -> bool:
         """One bounded step of upkeep: compacting our KV op log, else giving back disk space freed by
-        deletions. True if more remains (the thread then comes back while idle)."""
+        deletions. True if more remains (the thread then comes back while idle).
+
+        While writes keep coming (``idle`` False) up to :data:`RECLAIM_SLACK` of the file stays free: under
+        retention's steady state, space freed by one truncation is soon written again, and handing it to
+        the file system only to grow the file back would cost writes I/O for nothing."""
         ns = self._kv_compaction_due()
         if ns is not None:
             job = CompactKv(ns)
@@ -231,7 +237,8 @@ class Writer:
         if not self._reclaim:
             return False
         try:
-            self._reclaim = self.store.reclaim(RECLAIM_PAGES) > 0
+            keep = 0 if idle else max(RECLAIM_PAGES, int(self.store.page_count() * RECLAIM_SLACK))
+            self._reclaim = self.store.reclaim(RECLAIM_PAGES, keep=keep) > 0
         except sqlite3.Error as exc:
             self._reclaim = False
             log_event(log, "storage.reclaim_failed", level=30, error=str(exc))
@@ -391,6 +398,11 @@ class Writer:
                 persisted, deleted = store.persist(q, staged.before, staged.state)
                 reclaim = reclaim or deleted
                 if persisted.kind == KIND_KV and staged.joined:
+                    if staged.before.head is not None and persisted.start > staged.before.held_end:
+                        # The log jumped past ops we never saw (compacted away, or purged as expired):
+                        # fold the view again from the log, which holds every op that still decides a key.
+                        store.clear_kv(q)
+                        batch.kv.pop(q, None)
                     ops = appended
                     if self.kv_sealing is not None:
                         ops = self.kv_sealing.fold_ops(
