@@ -177,9 +177,23 @@ def group_create(
         typer.Option(metavar="N", min=0, help="Leases per consumer (0: no cap).", show_default="0"),
     ] = None,
     description: Annotated[str | None, typer.Option(metavar="TEXT")] = None,
+    allow_remote: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-remote",
+            metavar="ID",
+            help="Only this daemon identity's workers may consume it remotely; repeatable.",
+            show_default="any peer with the network key",
+        ),
+    ] = None,
+    no_remote: Annotated[
+        bool, typer.Option("--no-remote", help="Only workers of this daemon may consume it.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Create a consumer group over one or more queues (yours or replicated ones)."""
+    if no_remote and allow_remote:
+        raise typer.BadParameter("--no-remote and --allow-remote exclude each other", ctx=ctx)
     info = _client(ctx).group_create(
         name,
         queue,
@@ -192,6 +206,7 @@ def group_create(
         max_consumers=max_consumers,
         max_in_flight=max_in_flight,
         description=description,
+        remote_consumers=[] if no_remote else allow_remote or None,
     )
     emit(info, field_lines(info), as_json=as_json)
 
@@ -200,11 +215,28 @@ def group_create(
 def group_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """List groups: those this daemon runs and replicas of others'."""
     groups = _client(ctx).group_list()
-    rows = [{**g, "sources": [_short(s) for s in g.get("sources", [])], "group": g["group"]} for g in groups]
-    columns = {"group": "GROUP", "running": "RUNNING", "sources": "QUEUES", "filter": "FILTER"}
+    rows = [
+        {
+            **g,
+            "sources": [_short(s) for s in g.get("sources", [])],
+            "group": g["group"],
+            "counts": _counts(g),
+        }
+        for g in groups
+    ]
+    columns = {"group": "GROUP", "running": "RUNNING", "sources": "QUEUES", "counts": "LIVE COUNTS"}
     emit(groups, table_lines(rows, columns) if groups else [], as_json=as_json)
     if not groups and not as_json:
         note("no groups yet (latticectl group create NAME --queue QUEUE)")
+
+
+def _counts(group: dict[str, object]) -> str:
+    """A replica's live counts from its owner ("stale" when the owner is not connected)."""
+    if group.get("running"):
+        return "here"
+    if not group.get("live"):
+        return "stale: owner not connected"
+    return " ".join(f"{k}={group.get(k)}" for k in ("available", "leased", "done", "failed", "dead"))
 
 
 @group_app.command("stats")
@@ -216,6 +248,8 @@ def group_stats(ctx: typer.Context, group: GroupArg, as_json: JsonFlag = False) 
         for key in (
             "group",
             "running",
+            "live",
+            "stale",
             "available",
             "leased",
             "pending",
@@ -294,15 +328,22 @@ def ack(ctx: typer.Context, group: GroupArg, lease: LeaseArg, as_json: JsonFlag 
 
 def nack(
     ctx: typer.Context,
+    *,
     group: GroupArg,
     lease: LeaseArg,
     delay: Annotated[
         float | None, typer.Option(metavar="S", min=0.0, help="Retry after S (default: backoff).")
     ] = None,
+    reason: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TEXT", help="Why it failed (kept in its attempt history, and its dead letter)."
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Give a leased record back for a retry (or to the DLQ on its last attempt)."""
-    reply = _client(ctx).nack(group, lease, delay)
+    reply = _client(ctx).nack(group, lease, delay, reason)
     text = "dead-lettered" if reply.get("dead_lettered") else f"retry at {_when(reply.get('retry_at'))}"
     emit(reply, f"{reply.get('correlation_id')}\t{text}", as_json=as_json)
 

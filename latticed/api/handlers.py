@@ -44,6 +44,7 @@ from latticed.storage.sealer import check_user_meta, sealer_of
 
 if TYPE_CHECKING:
     from latticed.api.connection import Connection
+    from latticed.groups.remote import RemoteGroups
     from latticed.groups.service import GroupService
     from latticed.health import Health
     from latticed.membership import Membership
@@ -90,6 +91,8 @@ class Context:
     version: str = field(default_factory=package_version)
     replication: ReplicationView | None = None
     groups: GroupService | None = None
+    #: Forwards lease operations on groups other daemons own (latticed/groups/remote.py).
+    remote_groups: RemoteGroups | None = None
     membership: Membership | None = None
     metrics_listen: str | None = None
     health: Health | None = None

@@ -56,7 +56,12 @@ _DLQ_SUFFIX = ".dlq"
 SPEC_META_KEY = "group"
 DLQ_HEADER = "x-dlq"
 CORRELATION_HEADER = "correlation-id"
-OUTCOMES = ("nack", "expired", "released")
+#: How a failed attempt ended (a claimed one was handed to another consumer by ``claim``).
+OUTCOMES = ("nack", "expired", "released", "claimed")
+#: How a successful one did (in the attempt history only: dead letters record failures).
+ACKED = "acked"
+#: A nack's reason is kept up to this many characters.
+MAX_ERROR_CHARS = 1024
 
 
 # ----------------------------------------------------------------------------------------------- sources
@@ -420,13 +425,15 @@ def read_group(state: QueueState) -> tuple[GroupSpec, dict[str, GroupProgress]]:
 
 @dataclass(frozen=True, slots=True)
 class AttemptRecord:
-    """One delivery attempt that failed: who held it, when, and how it ended (``OUTCOMES``)."""
+    """One delivery attempt: who held it, when, how it ended (``OUTCOMES``, or ``"acked"``) and, for a
+    nack, the reason its consumer gave (``error``, at most :data:`MAX_ERROR_CHARS`)."""
 
     number: int
     consumer: str
     leased_at_ms: int
     ended_at_ms: int
     outcome: str
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,8 +476,36 @@ def _short_text(name: str, value: Any, limit: int) -> str:
     return value
 
 
+def _attempt_to_wire(a: AttemptRecord) -> list[Any]:
+    """``[number, consumer, leased_at, ended_at, outcome]``, plus the error text when there is one."""
+    item: list[Any] = [a.number, a.consumer, a.leased_at_ms, a.ended_at_ms, a.outcome]
+    if a.error:
+        item.append(a.error)
+    return item
+
+
+def attempt_from_wire(item: Any, outcomes: tuple[str, ...] = OUTCOMES) -> AttemptRecord:
+    """Strict inverse of :func:`_attempt_to_wire` (``outcomes``: which endings are allowed)."""
+    if type(item) is not list or len(item) not in (5, 6):
+        raise MalformedError("an attempt is [number, consumer, leased_at, ended_at, outcome, error?]")
+    number, consumer, leased_at, ended_at, outcome = item[:5]
+    error = item[5] if len(item) == 6 else ""
+    if type(number) is not int or not 0 < number <= MAX_ATTEMPTS or outcome not in outcomes:
+        raise MalformedError("bad attempt number or outcome")
+    if not isinstance(error, str) or len(error) > MAX_ERROR_CHARS:
+        raise MalformedError(f"an attempt's error is text of at most {MAX_ERROR_CHARS} characters")
+    return AttemptRecord(
+        number,
+        _short_text("consumer", consumer, MAX_CONSUMER_BYTES),
+        _ms("leased_at", leased_at),
+        _ms("ended_at", ended_at),
+        outcome,
+        error,
+    )
+
+
 def _info_to_wire(info: DeadLetterInfo) -> bytes:
-    history = [[a.number, a.consumer, a.leased_at_ms, a.ended_at_ms, a.outcome] for a in info.history]
+    history = [_attempt_to_wire(a) for a in info.history]
     body = [
         _DLQ_VERSION,
         info.source,
@@ -503,24 +538,10 @@ def _info_from_wire(raw: bytes) -> DeadLetterInfo:
         raise MalformedError(f"dead letter: unknown reason {reason!r}")
     if type(history) is not list or len(history) > MAX_HISTORY:
         raise MalformedError(f"dead letter: history is a list of at most {MAX_HISTORY} attempts")
-    attempts_out = []
-    for item in history:
-        if type(item) is not list or len(item) != 5:
-            raise MalformedError(
-                "dead letter: an attempt is [number, consumer, leased_at, ended_at, outcome]"
-            )
-        number, consumer, leased_at, ended_at, outcome = item
-        if type(number) is not int or not 0 < number <= MAX_ATTEMPTS or outcome not in OUTCOMES:
-            raise MalformedError("dead letter: bad attempt number or outcome")
-        attempts_out.append(
-            AttemptRecord(
-                number,
-                _short_text("consumer", consumer, MAX_CONSUMER_BYTES),
-                _ms("leased_at", leased_at),
-                _ms("ended_at", ended_at),
-                outcome,
-            )
-        )
+    try:
+        attempts_out = [attempt_from_wire(item) for item in history]
+    except MalformedError as exc:
+        raise MalformedError(f"dead letter: {exc}") from exc
     return DeadLetterInfo(
         source,
         offset,

@@ -20,7 +20,7 @@ keeps its ``dequeue`` leases (a script may ack them from another process) and is
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import trio
@@ -250,8 +250,16 @@ class GroupService:
     def running(self) -> list[GroupRuntime]:
         return sorted(self._groups.values(), key=lambda rt: rt.name)
 
-    async def create(self, name: str, queues: Iterable[str], **settings: Any) -> GroupRuntime:
-        """Define and start a group over ``queues`` (addresses of queues this daemon holds)."""
+    async def create(
+        self,
+        name: str,
+        queues: Iterable[str],
+        *,
+        extra_meta: Mapping[str, str] | None = None,
+        **settings: Any,
+    ) -> GroupRuntime:
+        """Define and start a group over ``queues`` (addresses of queues this daemon holds); ``extra_meta``
+        goes into its log's metadata beside the definition (the remote-consumer allow-list)."""
         engine, me = self.engine, self.engine.public_key
         sealer = sealer_of(engine)
         sources = []
@@ -274,7 +282,7 @@ class GroupService:
         if engine.find(me, name, KIND_GROUP) is not None:
             raise AlreadyExistsError(f"group {name} already exists")
         dlq_q = await self._dlq_queue(name, sealed=sealed)
-        q = await engine.create_queue(name, meta, KIND_GROUP)
+        q = await engine.create_queue(name, {**(extra_meta or {}), **meta}, KIND_GROUP)
         await self._start(q, dlq_q, spec, {})
         log_event(log, "group.created", group=name, sources=list(spec.sources), filter=spec.filter)
         return self._groups[name]
@@ -333,6 +341,35 @@ class GroupService:
             self._deadline_moved(rt)
         return leases
 
+    async def take_waiting(
+        self, rt: GroupRuntime, consumer: str, visibility: float | None, n: int, wait: float | None
+    ) -> list[Grant]:
+        """:meth:`take`, blocking up to ``wait`` seconds while nothing is available (a remote
+        subscription's long poll)."""
+        deadline = trio.current_time() + (wait or 0.0)
+        while True:
+            leases = self.take(rt, consumer, visibility, n)
+            if leases or n <= 0:
+                return leases
+            if await self._feed_now(rt):
+                continue
+            if rt.unreadable:
+                raise next(iter(rt.unreadable.values()))
+            if not wait or trio.current_time() >= deadline:
+                return []
+            with trio.move_on_at(deadline):
+                await rt.changed.wait()
+
+    def detach(self, rt: GroupRuntime, consumer: str) -> None:
+        """The consumer is not connected (a remote one between its calls, or a closed connection): its
+        leases stay until acked, nacked or expired, and it is unregistered once they have ended."""
+        dispatcher = rt.dispatcher
+        if dispatcher.has_consumer(consumer):
+            if dispatcher.in_flight(consumer):
+                rt.detached.add(consumer)
+            else:
+                dispatcher.release_consumer(consumer, self.now())
+
     def drop_consumer(self, rt: GroupRuntime, consumer: str) -> int:
         """Like :meth:`release` without waiting for the commit (safe while being cancelled); returns how
         many leases were given back."""
@@ -355,8 +392,8 @@ class GroupService:
         await flight.wait()
         return changes
 
-    async def nack(self, rt: GroupRuntime, token: str, delay: float | None) -> Changes:
-        changes = rt.dispatcher.nack(token, delay, self.now())
+    async def nack(self, rt: GroupRuntime, token: str, delay: float | None, reason: str = "") -> Changes:
+        changes = rt.dispatcher.nack(token, delay, self.now(), reason)
         return await self._returned(rt, changes)
 
     async def release(self, rt: GroupRuntime, consumer: str) -> Changes:
@@ -385,13 +422,8 @@ class GroupService:
 
     def connection_closed(self, consumer: str) -> None:
         """A client connection ended: forget it as a consumer, at once if it holds no leases."""
-        now = self.now()
         for rt in self._groups.values():
-            if rt.dispatcher.has_consumer(consumer):
-                if rt.dispatcher.in_flight(consumer):
-                    rt.detached.add(consumer)
-                else:
-                    rt.dispatcher.release_consumer(consumer, now)
+            self.detach(rt, consumer)
 
     # ------------------------------------------------------------------ dead letters
     def dead_letters(self, rt: GroupRuntime, limit: int | None) -> list[DeadLetter]:

@@ -34,6 +34,7 @@ from latticed.crdt.errors import MalformedError
 from latticed.crdt.group import (
     EMPTY,
     MAX_CONSUMER_BYTES,
+    MAX_ERROR_CHARS,
     MAX_HISTORY,
     AttemptRecord,
     DeadLetterInfo,
@@ -152,6 +153,7 @@ class TaskView:
     lease: Grant | None = None
     retry_at: float | None = None
     done_at: float | None = None
+    dlq_offset: int | None = None  # a dead record: where its dead letter is
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,12 +427,14 @@ class Dispatcher:
         done = self._settle_done(task, lease.attempt, now)
         return Changes(ops=(self._op(task.source, acked=(task.offset,)),), done=(done,))
 
-    def nack(self, token: str, delay_s: float | None, now: float) -> Changes:
+    def nack(self, token: str, delay_s: float | None, now: float, reason: str = "") -> Changes:
         """Give a leased record back: retry after ``delay_s`` (None: exponential backoff), or dead-letter
-        it if this was its last attempt."""
+        it if this was its last attempt. ``reason`` (the consumer's error text) goes into its history."""
         delay = None if delay_s is None else _seconds(delay_s, "nack delay", positive=False)
+        if not isinstance(reason, str) or len(reason) > MAX_ERROR_CHARS:
+            raise MalformedError(f"a nack reason is text of at most {MAX_ERROR_CHARS} characters")
         task, lease = self._live(token, now)
-        return self._fail_all([(task, lease)], "nack", delay, now)
+        return self._fail_all([(task, lease)], "nack", delay, now, reason)
 
     def extend(self, token: str, visibility_s: float, now: float) -> Grant:
         """Keep a lease for ``visibility_s`` from now; returns the lease with its new deadline."""
@@ -472,6 +476,20 @@ class Dispatcher:
 
     def has_consumer(self, consumer: str) -> bool:
         return consumer in self._consumers
+
+    def consumers(self) -> list[str]:
+        """The registered consumers."""
+        return list(self._consumers)
+
+    def lease_record(self, token: str) -> tuple[str, Record] | None:
+        """The source and record of a live lease (None: no such live lease)."""
+        task = self._leases.get(token) if isinstance(token, str) else None
+        return (task.source.id, task.record) if task is not None else None
+
+    def holder(self, token: str) -> str | None:
+        """The consumer a live lease was granted to (None: no such live lease)."""
+        task = self._leases.get(token) if isinstance(token, str) else None
+        return task.lease.consumer if task is not None and task.lease is not None else None
 
     def promote(self, now: float) -> None:
         """Make failed records whose retry time has come available (dequeue does this lazily; the
@@ -690,7 +708,7 @@ class Dispatcher:
         )
 
     def _fail_all(
-        self, pairs: list[tuple[_Task, Grant]], reason: str, delay: float | None, now: float
+        self, pairs: list[tuple[_Task, Grant]], reason: str, delay: float | None, now: float, error: str = ""
     ) -> Changes:
         spec, failures, dead_letters = self.spec, [], []
         by_source: dict[_Source, tuple[list[int], list[tuple[int, int]]]] = {}
@@ -698,7 +716,7 @@ class Dispatcher:
             self._end_lease(task, lease, f"the lease ended ({reason}) and the record will be redelivered")
             task.attempts += 1
             task.history.append(
-                AttemptRecord(lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), reason)
+                AttemptRecord(lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), reason, error)
             )
             del task.history[:-MAX_HISTORY]
             dead, counts = by_source.setdefault(task.source, ([], []))
