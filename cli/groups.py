@@ -18,10 +18,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from cli.boundary import one_line
 from cli.common import note, settings
 from cli.output import emit, field_lines, human, table_lines, text_of_bytes, to_json
 from cli.work import Worker, lease_env
@@ -279,10 +280,23 @@ def group_inspect(
     """One record as the group sees it: state, attempts and their history."""
     task = _client(ctx).group_inspect(group, queue, offset)
     history = task.pop("history")
-    lines = field_lines(task) + [
-        f"  attempt {a['attempt']}: {a['outcome']} by {a['consumer']}" for a in history
-    ]
+    shown = {k: v for k, v in task.items() if v is not None}
+    for name in ("expires_at", "retry_at", "done_at"):
+        if name in shown:
+            shown[name] = _when(shown[name])
+    lines = field_lines(shown) + [_attempt_line(a) for a in history]
     emit({**task, "history": history}, lines, as_json=as_json)
+
+
+def _attempt_line(attempt: dict[str, Any]) -> str:
+    """``  attempt 2: nack by pid42.c3 at 2026-... (1.250s): why``"""
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(attempt["leased_at_ms"] / 1000))
+    took = (attempt["ended_at_ms"] - attempt["leased_at_ms"]) / 1000
+    error = attempt.get("error")
+    return (
+        f"  attempt {attempt['attempt']}: {attempt['outcome']} by {attempt['consumer']} at {started} "
+        f"({took:.3f}s)" + (f": {one_line(error)}" if error else "")
+    )
 
 
 # --- leases -----------------------------------------------------------------------------------
@@ -453,11 +467,7 @@ def dlq_show(
     letter = _client(ctx).dlq_show(group, offset)
     history = letter.pop("history")
     value = letter.pop("value")
-    lines = field_lines(letter) + [
-        f"  attempt {a['attempt']}: {a['outcome']} by {a['consumer']} "
-        f"({(a['ended_at_ms'] - a['leased_at_ms']) / 1000:.3f}s)"
-        for a in history
-    ]
+    lines = field_lines(letter) + [_attempt_line(a) for a in history]
     emit(
         to_json({**letter, "history": history, "value": value}),
         [*lines, text_of_bytes(value)],

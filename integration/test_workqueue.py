@@ -268,3 +268,47 @@ def test_stale_lease_empty_wait_and_json(latticed_process: Factory) -> None:
     assert empty.returncode == ExitCode.EMPTY == 10 and time.monotonic() - t0 >= 0.3
     assert empty.stderr == "latticectl: error: no record available in group g within 0.3s\n"
     assert ctl(daemon, "nack", "g", "nope.1").returncode == ExitCode.LEASE
+
+
+# ------------------------------------------------------------------ durable attempt history
+
+
+def test_attempt_history_survives_a_restart_for_pending_done_and_dead_records(
+    latticed_process: Factory,
+) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        c.queue_create("jobs")
+        c.offer_batch("jobs", [(b"%d" % i, None, ()) for i in range(3)])
+        c.group_create("g", ["jobs"], max_attempts=2, retry_backoff=0, retention=3600)
+        done = c.dequeue("g")
+        assert done is not None and done.offset == 0
+        c.nack("g", done, 0, reason="flaky: exit 75")
+        done = c.dequeue("g")
+        assert done is not None and done.offset == 0
+        c.ack("g", done)
+        pending = c.dequeue("g")
+        assert pending is not None and pending.offset == 1
+        c.nack("g", pending, 3600, reason="bad input")  # retried in an hour
+        for _ in range(2):  # offset 2 fails twice: dead-lettered
+            lease = c.dequeue("g")
+            assert lease is not None and lease.offset == 2
+            c.nack("g", lease, 0, reason="poison")
+    daemon.stop()  # a clean stop; leases were local, the history is in the group log
+    daemon.start()
+    with client(daemon) as c:
+
+        def history(offset: int) -> tuple[str, list[tuple[int, str, str]]]:
+            task = c.group_inspect("g", "jobs", offset)
+            return task["state"], [(h["attempt"], h["outcome"], h["error"]) for h in task["history"]]
+
+        assert history(0) == ("done", [(1, "nack", "flaky: exit 75"), (2, "acked", "")])
+        assert history(1) == ("available", [(1, "nack", "bad input")])  # retry timers were local
+        assert history(2) == ("dead", [(1, "nack", "poison"), (2, "nack", "poison")])
+        assert c.group_inspect("g", "jobs", 0)["correlation_id"] == done.correlation_id
+    shown = ctl(daemon, "group", "inspect", "g", "jobs", "0")
+    assert (
+        shown.returncode == 0
+        and "attempt 1: nack by pid" in shown.stdout
+        and "flaky: exit 75" in shown.stdout
+    )

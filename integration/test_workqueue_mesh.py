@@ -131,6 +131,9 @@ def test_workers_on_another_daemon_consume_a_group_with_the_same_calls(
     with client(a) as c:
         stats = c.group_stats("g")
         assert (stats["done"], stats["leased"], stats["available"]) == (7, 0, 3)
+        [nacked] = c.group_inspect("g", "jobs", 1)["history"]  # then settled by ack_up_to, unleased
+        assert (nacked["outcome"], nacked["error"]) == ("nack", "boom")
+        assert nacked["consumer"].startswith(b_id[:16] + "/")
     # ``latticectl work`` on B runs a command per record
     out = tmp_path / "out"
     task_sh = f'echo "$LATTICE_OFFSET $(cat)" >> {out}'

@@ -316,7 +316,7 @@ async def group_inspect(ctx: Context, request: Request) -> Reply:
         answer = await remote.call(target, "inspect", {"queue": f"{owner.hex()}/{name}", "offset": offset})
         return {"task": answer.get("task")}
     rt = runtime_of(ctx, request)
-    view = rt.dispatcher.inspect(f"{owner.hex()}/{name}", offset, service.now())
+    view = await service.inspect(rt, f"{owner.hex()}/{name}", offset)
     return {"task": task_wire(view)}
 
 

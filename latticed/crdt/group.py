@@ -40,7 +40,7 @@ from latticed.crdt import queue as core
 from latticed.crdt.errors import MalformedError
 from latticed.crdt.head import KIND_GROUP, MAX_NAME_BYTES, check_name
 from latticed.crdt.queue import QueueState
-from latticed.crdt.records import MAX_HEADERS, MAX_OFFSET, Record, check_record
+from latticed.crdt.records import MAX_HEADERS, MAX_OFFSET, MAX_VALUE_BYTES, Record, check_record
 from latticed.crdt.signing import PUBLIC_KEY_SIZE, Identity
 
 MAX_ATTEMPTS = 2**32 - 1
@@ -551,6 +551,93 @@ def _info_from_wire(raw: bytes) -> DeadLetterInfo:
         _ms("dead_at", dead_at),
         tuple(attempts_out),
     )
+
+
+# --------------------------------------------------------------------------------------- attempt history
+
+#: Key of the group log's attempt-history records (progress ops are keyed by their source id, which cannot
+#: start with "~", so folding tells them apart without decoding).
+HISTORY_KEY = b"~history"
+HISTORY_OUTCOMES = (*OUTCOMES, ACKED)
+_HISTORY_VERSION = 1
+_MAX_HISTORY_ENTRIES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEntry:
+    """One ended attempt of one record, as the group log keeps it (durable attempt history)."""
+
+    source: str
+    offset: int
+    attempt: AttemptRecord
+
+
+def encode_history(entries: Iterable[AttemptEntry]) -> bytes:
+    """``[1, sources, consumers, [[source#, offset, number, consumer#, leased_ms, ended_ms, outcome#,
+    error?], ...]]``: sources and consumers listed once per record (they repeat across entries)."""
+    sources: dict[str, int] = {}
+    consumers: dict[str, int] = {}
+    rows = []
+    for entry in entries:
+        a = entry.attempt
+        row: list[Any] = [
+            sources.setdefault(entry.source, len(sources)),
+            entry.offset,
+            a.number,
+            consumers.setdefault(a.consumer, len(consumers)),
+            a.leased_at_ms,
+            a.ended_at_ms,
+            HISTORY_OUTCOMES.index(a.outcome),
+        ]
+        if a.error:
+            row.append(a.error)
+        rows.append(row)
+    body = [_HISTORY_VERSION, list(sources), list(consumers), rows]
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_history(raw: bytes) -> list[AttemptEntry]:
+    """Strict inverse of :func:`encode_history`; anything else raises :class:`MalformedError`."""
+    try:
+        items = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise MalformedError("undecodable attempt history") from exc
+    if type(items) is not list or len(items) != 4 or items[0] != _HISTORY_VERSION:
+        raise MalformedError("attempt history is [1, sources, consumers, entries]")
+    _, sources, consumers, rows = items
+    if type(sources) is not list or type(consumers) is not list or type(rows) is not list:
+        raise MalformedError("attempt history: sources, consumers and entries are lists")
+    if len(rows) > _MAX_HISTORY_ENTRIES:
+        raise MalformedError("attempt history: too many entries")
+    for source in sources:
+        parse_source_id(source)
+    out = []
+    for row in rows:
+        if type(row) is not list or len(row) not in (7, 8):
+            raise MalformedError("attempt history: an entry has 7 or 8 fields")
+        src, offset, number, consumer, leased, ended, outcome = row[:7]
+        if not (type(src) is int and 0 <= src < len(sources)):
+            raise MalformedError("attempt history: bad source index")
+        if not (type(consumer) is int and 0 <= consumer < len(consumers)):
+            raise MalformedError("attempt history: bad consumer index")
+        if not (type(outcome) is int and 0 <= outcome < len(HISTORY_OUTCOMES)):
+            raise MalformedError("attempt history: bad outcome")
+        if type(offset) is not int or not 0 <= offset <= MAX_OFFSET:
+            raise MalformedError("attempt history: bad offset")
+        wire = [number, consumers[consumer], leased, ended, HISTORY_OUTCOMES[outcome], *row[7:]]
+        out.append(AttemptEntry(sources[src], offset, attempt_from_wire(wire, HISTORY_OUTCOMES)))
+    return out
+
+
+def history_records(entries: list[AttemptEntry], timestamp_ms: int) -> list[Record]:
+    """The group-log records holding ``entries`` (split so that each fits in a record)."""
+    if not entries:
+        return []
+    value = encode_history(entries)
+    if len(value) <= MAX_VALUE_BYTES // 2 or len(entries) == 1:
+        return [Record(value=value, key=HISTORY_KEY, timestamp=timestamp_ms)]
+    half = len(entries) // 2
+    return history_records(entries[:half], timestamp_ms) + history_records(entries[half:], timestamp_ms)
 
 
 def dead_letter_record(original: Record, info: DeadLetterInfo) -> Record:

@@ -22,9 +22,11 @@ from typing import Final
 import trio
 
 from latticed.crdt.group import (
+    AttemptEntry,
     ProgressOp,
     apply_progress_ops,
     coalesce_ops,
+    history_records,
     progress_record,
     snapshot_ops,
 )
@@ -89,7 +91,7 @@ class Committer:
     def submit(self, rt: GroupRuntime, changes: Changes) -> Flight:
         """Queue changes for the next commit (nothing to write: nothing queued)."""
         flight = self._flight
-        if changes.ops or changes.dead_letters:
+        if changes.ops or changes.dead_letters or changes.attempts:
             self._pending.append((rt, changes))
             self._wake.set()
         else:
@@ -137,13 +139,19 @@ class Committer:
     async def _commit(self, batch: list[tuple[GroupRuntime, Changes]]) -> None:
         ops: dict[GroupRuntime, list[ProgressOp]] = {}
         dead: dict[GroupRuntime, list[Record]] = {}
+        history: dict[GroupRuntime, list[AttemptEntry]] = {}
         for rt, changes in batch:
             ops.setdefault(rt, []).extend(changes.ops)
             if changes.dead_letters:
                 dead.setdefault(rt, []).extend(changes.dead_letters)
+            if changes.attempts:
+                history.setdefault(rt, []).extend(changes.attempts)
         now_ms = self._engine.clock()
         parts: list[tuple[int, list[Record]]] = [(rt.dlq_q, records) for rt, records in dead.items()]
-        parts += [(rt.q, _records(rt_ops, now_ms)) for rt, rt_ops in ops.items() if rt_ops]
+        for rt, rt_ops in ops.items():
+            records = _records(rt_ops, now_ms) + history_records(history.get(rt, []), now_ms)
+            if records:
+                parts.append((rt.q, records))
         await sealer_of(self._engine).append_many(parts)  # a sealed DLQ's dead letters are sealed
         self.commits += 1
         for rt, rt_ops in ops.items():
@@ -157,7 +165,10 @@ class Committer:
         state = self._engine.state(rt.q)
         if state.held_end - state.start < COMPACT_AT:
             return
-        records = [progress_record(op, self._engine.clock()) for op in snapshot_ops(rt.progress)]
+        now_ms = self._engine.clock()
+        records = [progress_record(op, now_ms) for op in snapshot_ops(rt.progress)]
+        # The attempt history still needed (pending records', done ones' within the retention) moves up too.
+        records += history_records(rt.dispatcher.live_history(now_ms / 1000), now_ms)
         if any(len(r.value) > MAX_VALUE_BYTES for r in records):
             log_event(log, "group.snapshot_too_large", level=30, group=rt.name)
             return

@@ -389,9 +389,7 @@ class RemoteLeaseServer:
 
     async def _inspect(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
         owner, name = parse_source_id(_text(body, "queue"))
-        view = rt.dispatcher.inspect(
-            f"{owner.hex()}/{name}", _count(body, "offset", 2**63 - 1), self.service.now()
-        )
+        view = await self.service.inspect(rt, f"{owner.hex()}/{name}", _count(body, "offset", 2**63 - 1))
         return {"task": task_wire(view)}
 
 

@@ -19,16 +19,22 @@ keeps its ``dequeue`` leases (a script may ack them from another process) and is
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import trio
 
 from latticed.crdt.group import (
+    HISTORY_KEY,
+    AttemptEntry,
     GroupProgress,
     GroupSpec,
     apply_progress_ops,
+    correlation_id,
+    decode_history,
     decode_progress_op,
     dlq_name,
     source_id,
@@ -37,6 +43,7 @@ from latticed.crdt.group import (
 )
 from latticed.crdt.head import KIND_GROUP, KIND_QUEUE
 from latticed.crdt.queue import QueueState
+from latticed.crdt.records import Record
 from latticed.errors import (
     AlreadyExistsError,
     CapacityError,
@@ -46,8 +53,8 @@ from latticed.errors import (
     NotOwnerError,
 )
 from latticed.groups.committer import Committer, Flight
-from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime
-from latticed.leases.dispatch import Changes, DeadLetter, Grant
+from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
+from latticed.leases.dispatch import Changes, DeadLetter, Grant, TaskView
 from latticed.leases.filters import compile_filter
 from latticed.logs import get_logger, log_event
 from latticed.storage.engine import Engine
@@ -98,34 +105,46 @@ class GroupService:
             spec = spec_from_meta(state.meta_dict)
             if spec.name != state.name:
                 raise MalformedError("the group definition names another group")
-            progress = await self._fold(q)
+            progress, history = await self._fold(q)
             dlq_q = await self._dlq_queue(spec.name)
-            await self._start(q, dlq_q, spec, progress)
+            await self._start(q, dlq_q, spec, progress, history)
         except LatticedError as exc:
             log_event(log, "group.load_failed", level=40, group=state.name, error=str(exc))
 
-    async def _fold(self, q: int) -> dict[str, GroupProgress]:
-        """The progress a group log holds: the join of its ops (read in bounded batches)."""
+    async def _fold(self, q: int) -> tuple[dict[str, GroupProgress], list[AttemptEntry]]:
+        """The progress a group log holds (the join of its ops) and its attempt history (read in bounded
+        batches)."""
         engine, progress = self.engine, dict[str, GroupProgress]()
+        history: list[AttemptEntry] = []
         pos = engine.state(q).start
         while pos < engine.state(q).held_end:
             columns = await engine.read(q, pos, engine.state(q).held_end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
             if not columns.offsets:
                 break
             ops = []
-            for offset, value in zip(columns.offsets, columns.values, strict=True):
+            for offset, key, value in zip(columns.offsets, columns.keys, columns.values, strict=True):
                 try:
-                    ops.append(decode_progress_op(value))
+                    if key == HISTORY_KEY:
+                        history.extend(decode_history(value))
+                    else:
+                        ops.append(decode_progress_op(value))
                 except MalformedError as exc:
                     log_event(
                         log, "group.bad_op", level=30, queue=engine.address(q), offset=offset, error=str(exc)
                     )
             progress = apply_progress_ops(progress, ops)
             pos = columns.offsets[-1] + 1
-        return progress
+        return progress, history
 
-    async def _start(self, q: int, dlq_q: int, spec: GroupSpec, progress: dict[str, GroupProgress]) -> None:
-        rt = GroupRuntime(self.engine, q, dlq_q, spec, progress)
+    async def _start(
+        self,
+        q: int,
+        dlq_q: int,
+        spec: GroupSpec,
+        progress: dict[str, GroupProgress],
+        history: list[AttemptEntry] | None = None,
+    ) -> None:
+        rt = GroupRuntime(self.engine, q, dlq_q, spec, progress, history=history or ())
         self._groups[spec.name] = rt
         for sid in rt.sources:
             self._by_source.setdefault(sid, []).append(rt)
@@ -409,6 +428,22 @@ class GroupService:
         await self.committer.persist(rt, changes)
         return changes
 
+    async def inspect(self, rt: GroupRuntime, queue: str, offset: int) -> TaskView:
+        """One record as the group sees it (a done record rebuilt from the durable history after a
+        restart gets its correlation id from the record, if the source still holds it)."""
+        view = rt.dispatcher.inspect(queue, offset, self.now())
+        if view.correlation_id:
+            return view
+        record = None
+        q = rt.source_queue(queue)
+        if q is not None:
+            columns = await self.engine.read(q, offset, offset + 1, 1, CATCH_UP_BYTES)
+            with contextlib.suppress(LatticedError):
+                records = records_of(sealer_of(self.engine).open_columns(q, columns))
+                record = records[0][1] if records else None
+        fallback = Record(b"") if record is None else record
+        return replace(view, correlation_id=correlation_id(fallback, queue, offset))
+
     def extend(self, rt: GroupRuntime, token: str, visibility: float) -> Grant:
         return rt.dispatcher.extend(token, visibility, self.now())
 
@@ -446,7 +481,8 @@ class GroupService:
         """Any group log this daemon holds (its own or a replica): definition and folded progress."""
         q = self.engine.resolve(address, KIND_GROUP)
         state = self.engine.state(q)
-        return state, spec_from_meta(state.meta_dict), await self._fold(q)
+        progress, _ = await self._fold(q)
+        return state, spec_from_meta(state.meta_dict), progress
 
 
 async def run_groups(

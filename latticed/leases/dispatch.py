@@ -32,10 +32,12 @@ from dataclasses import dataclass, field, replace
 
 from latticed.crdt.errors import MalformedError
 from latticed.crdt.group import (
+    ACKED,
     EMPTY,
     MAX_CONSUMER_BYTES,
     MAX_ERROR_CHARS,
     MAX_HISTORY,
+    AttemptEntry,
     AttemptRecord,
     DeadLetterInfo,
     GroupProgress,
@@ -90,10 +92,15 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class Done:
+    """A record settled as done; ``history`` is every attempt it had, the successful one last (empty for
+    one settled by ``ack_up_to`` without a lease). ``correlation_id`` is "" when rebuilt from the
+    durable history after a restart (the caller derives it from the record)."""
+
     queue: str
     offset: int
     attempt: int
     correlation_id: str
+    history: tuple[AttemptRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +130,8 @@ class Changes:
     dead_letters: tuple[Record, ...] = ()
     done: tuple[Done, ...] = ()
     failed: tuple[Failure, ...] = ()
+    #: Attempts that ended (acked or failed): appended to the group log's durable history.
+    attempts: tuple[AttemptEntry, ...] = ()
 
     @property
     def correlation_id(self) -> str | None:
@@ -134,7 +143,7 @@ class Changes:
         return None
 
     def __bool__(self) -> bool:
-        return bool(self.ops or self.dead_letters or self.done or self.failed)
+        return bool(self.ops or self.dead_letters or self.done or self.failed or self.attempts)
 
 
 NO_CHANGES = Changes()
@@ -219,13 +228,25 @@ class _Task:
 
 
 class _Source:
-    __slots__ = ("floor_sent", "hint", "hint_attempts", "id", "is_dlq", "next_offset", "offsets", "tasks")
+    __slots__ = (
+        "floor_sent",
+        "hint",
+        "hint_attempts",
+        "hint_history",
+        "id",
+        "is_dlq",
+        "next_offset",
+        "offsets",
+        "tasks",
+    )
 
     def __init__(self, sid: str, is_dlq: bool, hint: GroupProgress):
         self.id = sid
         self.is_dlq = is_dlq
         self.hint = hint  # durable progress at start-up: settles offsets we have not seen yet
         self.hint_attempts = hint.attempts_map()
+        #: Durable attempt history of unsettled records, taken by each as it is offered.
+        self.hint_history: dict[int, list[AttemptRecord]] = {}
         self.tasks: dict[int, _Task] = {}  # every unsettled member we hold
         self.offsets: list[int] = []  # heap of member offsets; settled ones are dropped lazily
         self.next_offset = hint.ack_floor
@@ -241,6 +262,10 @@ class _Source:
 
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)
+
+
+def _order(attempt: AttemptRecord) -> tuple[int, int]:
+    return attempt.ended_at_ms, attempt.number
 
 
 def _seconds(value: float | None, what: str, *, positive: bool) -> float:
@@ -264,6 +289,7 @@ class Dispatcher:
         *,
         progress: Mapping[str, GroupProgress] | None = None,
         token_prefix: str | None = None,
+        history: Iterable[AttemptEntry] = (),
     ):
         spec.check()
         self.spec = spec
@@ -285,7 +311,10 @@ class Dispatcher:
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._done: deque[tuple[float, Done]] = deque()
         self._done_index: dict[tuple[str, int], tuple[float, Done]] = {}
+        #: Parked or redriven dead letters by where they came from (``inspect`` of a dead record).
+        self._dead_by_origin: dict[tuple[str, int], int] = {}
         self._counts = dict.fromkeys(STATES, 0)
+        self._load_history(history)
 
     @classmethod
     def recover(
@@ -296,14 +325,38 @@ class Dispatcher:
         source_records: Mapping[str, Iterable[tuple[int, Record]]],
         *,
         token_prefix: str | None = None,
+        history: Iterable[AttemptEntry] = (),
     ) -> Dispatcher:
         """Rebuild after a restart from the durable progress (folded group log) and the records each
         source (and the DLQ) still holds from its floor on: settled records stay settled, everything else
-        is available again at once (leases and retry timers were local), failed-attempt counts kept."""
-        dispatcher = cls(spec, owner, progress=progress, token_prefix=token_prefix)
+        is available again at once (leases and retry timers were local), failed-attempt counts kept.
+        ``history`` (the group log's attempt history) gives pending records their past attempts back, and
+        done ones their history for the retention period."""
+        dispatcher = cls(spec, owner, progress=progress, token_prefix=token_prefix, history=history)
         for source, records in source_records.items():
             dispatcher.offer_candidates(source, records)
         return dispatcher
+
+    def _load_history(self, history: Iterable[AttemptEntry]) -> None:
+        """Sort the durable history: pending records' attempts wait for them to be offered; done records'
+        go to the retained done set (pruned to the retention period on the next call with a time)."""
+        done: list[tuple[float, Done]] = []
+        by_record: dict[tuple[str, int], list[AttemptRecord]] = {}
+        for entry in history:
+            if entry.source in self._sources:
+                by_record.setdefault((entry.source, entry.offset), []).append(entry.attempt)
+        for (sid, offset), attempts in by_record.items():
+            src = self._sources[sid]
+            unique = sorted({(a.number, a.ended_at_ms, a.outcome): a for a in attempts}.values(), key=_order)
+            if not src.hint.is_settled(offset):
+                src.hint_history[offset] = unique[-MAX_HISTORY:]
+            elif unique[-1].outcome == ACKED and self.spec.retention_s > 0:
+                last = unique[-1]
+                done.append((last.ended_at_ms / 1000, Done(sid, offset, last.number, "", tuple(unique))))
+        done.sort(key=lambda item: item[0])
+        for kept in done[-MAX_RETAINED_DONE:]:
+            self._done.append(kept)
+            self._done_index[(kept[1].queue, kept[1].offset)] = kept
 
     # ------------------------------------------------------------------ intake
     def _source(self, queue: str) -> _Source:
@@ -333,6 +386,10 @@ class Dispatcher:
             self._seq += 1
             task = _Task(src, offset, self._seq, record, src.hint_attempts.get(offset, 0))
             task.origin = origin
+            if src.hint_history:
+                task.history = src.hint_history.pop(offset, [])
+            if origin is not None:
+                self._dead_by_origin[(origin.source, origin.offset)] = offset
             src.tasks[offset] = task
             heapq.heappush(src.offsets, offset)
             if src.is_dlq and offset not in hint.released:
@@ -424,8 +481,13 @@ class Dispatcher:
         """Settle a leased record as done."""
         task, lease = self._live(token, now)
         self._end_lease(task, lease, "the record was already acked")
-        done = self._settle_done(task, lease.attempt, now)
-        return Changes(ops=(self._op(task.source, acked=(task.offset,)),), done=(done,))
+        ended = AttemptRecord(lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), ACKED)
+        done = self._settle_done(task, lease.attempt, now, ended)
+        return Changes(
+            ops=(self._op(task.source, acked=(task.offset,)),),
+            done=(done,),
+            attempts=(AttemptEntry(task.source.id, task.offset, ended),),
+        )
 
     def nack(self, token: str, delay_s: float | None, now: float, reason: str = "") -> Changes:
         """Give a leased record back: retry after ``delay_s`` (None: exponential backoff), or dead-letter
@@ -517,21 +579,26 @@ class Dispatcher:
             raise MalformedError("ack_up_to takes an offset")
         if up_to > src.next_offset:
             raise MalformedError(f"ack_up_to({up_to}) is past the end the group has seen ({src.next_offset})")
-        heap, done = src.offsets, []
+        heap, done, attempts = src.offsets, [], []
         while heap and heap[0] < up_to:
             task = src.tasks.get(heapq.heappop(heap))
             if task is None:
                 continue
-            attempt = task.attempts
-            if task.lease is not None:
-                attempt = task.lease.attempt
-                self._end_lease(task, task.lease, f"the record was acked by ack_up_to({up_to})")
-            done.append(self._settle_done(task, attempt, now))
+            attempt, ended = task.attempts, None
+            lease = task.lease
+            if lease is not None:
+                attempt = lease.attempt
+                self._end_lease(task, lease, f"the record was acked by ack_up_to({up_to})")
+                ended = AttemptRecord(lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), ACKED)
+                attempts.append(AttemptEntry(src.id, task.offset, ended))
+            done.append(self._settle_done(task, attempt, now, ended))
         floor = src.floor()
         if floor <= src.floor_sent and not done:
             return NO_CHANGES
         src.floor_sent = max(src.floor_sent, floor)
-        return Changes(ops=(ProgressOp(src.id, GroupProgress(floor)),), done=tuple(done))
+        return Changes(
+            ops=(ProgressOp(src.id, GroupProgress(floor)),), done=tuple(done), attempts=tuple(attempts)
+        )
 
     # ------------------------------------------------------------------ dead-letter queue
     def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
@@ -583,6 +650,24 @@ class Dispatcher:
             self._settle(task)
         return Changes(ops=(self._op(self._sources[self.dlq], acked=tuple(t.offset for t in tasks)),))
 
+    def live_history(self, now: float) -> list[AttemptEntry]:
+        """The attempt history still needed: unsettled records' and done ones' within the retention
+        period (what a compacted group log must carry over; dead letters carry their own)."""
+        self._prune_done(now)
+        out = [
+            AttemptEntry(src.id, task.offset, attempt)
+            for src in self._sources.values()
+            for task in src.tasks.values()
+            for attempt in task.history
+        ]
+        for src in self._sources.values():  # not offered yet (a source that has not replicated here)
+            for offset, attempts in src.hint_history.items():
+                out.extend(AttemptEntry(src.id, offset, a) for a in attempts)
+        for _, done in self._done:
+            if self._done_index.get((done.queue, done.offset), (0.0, None))[1] is done:
+                out.extend(AttemptEntry(done.queue, done.offset, a) for a in done.history)
+        return out
+
     # ------------------------------------------------------------------ time and introspection
     def next_deadline(self) -> float | None:
         """When something is due: the earliest lease expiry or retry time (so the daemon never polls)."""
@@ -622,16 +707,36 @@ class Dispatcher:
         )
 
     def inspect(self, queue: str, offset: int, now: float) -> TaskView:
-        """One record's state, attempts and history; NotFoundError if settled (and not retained) or unseen."""
+        """One record's state, attempts and history: pending, done (within the retention period) or dead
+        (then its dead letter's history; a redriven one's attempts since follow). NotFoundError if
+        settled and not retained, or unseen."""
         src = self._source(queue)
         task = src.tasks.get(offset)
         if task is None:
             self._prune_done(now)
             kept = self._done_index.get((queue, offset))
-            if kept is None:
+            if kept is not None:
+                done_at, done = kept
+                return TaskView(
+                    queue, offset, "done", done.attempt, done.correlation_id, done.history, done_at=done_at
+                )
+            dlq_offset = self._dead_by_origin.get((queue, offset))
+            dead = self._sources[self.dlq].tasks.get(dlq_offset) if dlq_offset is not None else None
+            if dead is None or dead.origin is None:
                 raise NotFoundError(f"{queue} offset {offset} is not pending in group {self.spec.name}")
-            done_at, done = kept
-            return TaskView(queue, offset, "done", done.attempt, done.correlation_id, (), done_at=done_at)
+            origin = dead.origin
+            later = tuple(replace(a, number=origin.attempts + a.number) for a in dead.history)
+            return TaskView(
+                queue,
+                offset,
+                dead.state,
+                origin.attempts + dead.attempts,
+                dead.correlation_id,
+                (*origin.history, *later),
+                lease=dead.lease,
+                retry_at=dead.ready_at if dead.state == FAILED else None,
+                dlq_offset=dlq_offset,
+            )
         return TaskView(
             queue,
             offset,
@@ -654,10 +759,14 @@ class Dispatcher:
         self._counts[task.state] -= 1
         task.state = SETTLED
         del task.source.tasks[task.offset]
+        origin = task.origin
+        if origin is not None and self._dead_by_origin.get((origin.source, origin.offset)) == task.offset:
+            del self._dead_by_origin[(origin.source, origin.offset)]
 
-    def _settle_done(self, task: _Task, attempt: int, now: float) -> Done:
+    def _settle_done(self, task: _Task, attempt: int, now: float, ended: AttemptRecord | None) -> Done:
         self._settle(task)
-        done = Done(task.source.id, task.offset, attempt, task.correlation_id)
+        history = (*task.history, ended) if ended is not None else tuple(task.history)
+        done = Done(task.source.id, task.offset, attempt, task.correlation_id, history)
         if self.spec.retention_s > 0:
             entry = (now, done)
             self._done.append(entry)
@@ -710,15 +819,17 @@ class Dispatcher:
     def _fail_all(
         self, pairs: list[tuple[_Task, Grant]], reason: str, delay: float | None, now: float, error: str = ""
     ) -> Changes:
-        spec, failures, dead_letters = self.spec, [], []
+        spec, failures, dead_letters, attempts = self.spec, [], [], []
         by_source: dict[_Source, tuple[list[int], list[tuple[int, int]]]] = {}
         for task, lease in pairs:
             self._end_lease(task, lease, f"the lease ended ({reason}) and the record will be redelivered")
             task.attempts += 1
-            task.history.append(
-                AttemptRecord(lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), reason, error)
+            ended = AttemptRecord(
+                lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), reason, error
             )
+            task.history.append(ended)
             del task.history[:-MAX_HISTORY]
+            attempts.append(AttemptEntry(task.source.id, task.offset, ended))
             dead, counts = by_source.setdefault(task.source, ([], []))
             if spec.max_attempts and task.attempts >= spec.max_attempts:
                 record = self._dead_letter(task, reason, now)
@@ -742,7 +853,9 @@ class Dispatcher:
             self._op(src, dead=tuple(dead), attempts=tuple(sorted(counts)))
             for src, (dead, counts) in by_source.items()
         )
-        return Changes(ops=ops, dead_letters=tuple(dead_letters), failed=tuple(failures))
+        return Changes(
+            ops=ops, dead_letters=tuple(dead_letters), failed=tuple(failures), attempts=tuple(attempts)
+        )
 
     def _dead_letter(self, task: _Task, reason: str, now: float) -> Record:
         origin = task.origin

@@ -198,12 +198,14 @@ class LeaseLinks:
             raise OwnerUnreachableError(f"no link to {peer.hex()} is up")
         deadline = trio.current_time() + within
         while endpoint is None:
-            if not self._dial(peer):
-                raise OwnerUnreachableError(
-                    f"no link to {peer.hex()} is up and no address of it is known to dial (add it with "
-                    "`latticectl peers add HOST:PORT`)"
-                )
+            # Without an address to dial, it may still dial us: wait all the same.
+            dialling = self._dial(peer)
             if trio.current_time() >= deadline:
+                if not dialling:
+                    raise OwnerUnreachableError(
+                        f"no link to {peer.hex()} came up within {within:g}s, and no address of it is known "
+                        "to dial (add one with `latticectl peers add HOST:PORT`, or it is blocked)"
+                    )
                 raise OwnerUnreachableError(f"could not reach {peer.hex()} within {within:g}s")
             change = self._link_change
             with trio.move_on_at(min(deadline, trio.current_time() + REDIAL_S)):
