@@ -212,6 +212,66 @@ def group_create(
     emit(info, field_lines(info), as_json=as_json)
 
 
+@group_app.command("edit")
+def group_edit(
+    ctx: typer.Context,
+    *,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Your group.")],
+    filter: Annotated[str | None, typer.Option("--filter", metavar="EXPR", help="A new filter.")] = None,
+    max_attempts: Annotated[int | None, typer.Option(metavar="N", min=0)] = None,
+    visibility: Annotated[float | None, typer.Option(metavar="S", min=0.001)] = None,
+    retry_backoff: Annotated[float | None, typer.Option(metavar="S", min=0.0)] = None,
+    backoff_cap: Annotated[float | None, typer.Option(metavar="S", min=0.0)] = None,
+    retention: Annotated[float | None, typer.Option(metavar="S", min=0.0)] = None,
+    max_consumers: Annotated[int | None, typer.Option(metavar="N", min=0)] = None,
+    max_in_flight: Annotated[int | None, typer.Option(metavar="N", min=0)] = None,
+    description: Annotated[str | None, typer.Option(metavar="TEXT")] = None,
+    allow_remote: Annotated[
+        list[str] | None,
+        typer.Option("--allow-remote", metavar="ID", help="Only these identities consume it remotely."),
+    ] = None,
+    no_remote: Annotated[bool, typer.Option("--no-remote", help="No remote consumers.")] = False,
+    any_remote: Annotated[
+        bool, typer.Option("--any-remote", help="Any peer with the network key may consume it.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Change a group's settings (those given); see docs/workqueues.md for leases in flight."""
+    if sum((bool(allow_remote), no_remote, any_remote)) > 1:
+        raise typer.BadParameter("give one of --allow-remote, --no-remote, --any-remote", ctx=ctx)
+    remote: list[str] | str | None = "any" if any_remote else [] if no_remote else allow_remote or None
+    info = _client(ctx).group_edit(
+        name,
+        filter=filter,
+        max_attempts=max_attempts,
+        visibility=visibility,
+        retry_backoff=retry_backoff,
+        backoff_cap=backoff_cap,
+        retention=retention,
+        max_consumers=max_consumers,
+        max_in_flight=max_in_flight,
+        description=description,
+        remote_consumers=remote,
+    )
+    emit(info, field_lines(info), as_json=as_json)
+
+
+@group_app.command("delete")
+def group_delete(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Your group.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete a group: its leases in flight become unknown, its dead letters are dropped."""
+    reply = _client(ctx).group_delete(name)
+    emit(reply, [], as_json=as_json)
+    if not as_json:
+        note(
+            f"deleted group {name} ({reply.get('leases_voided')} lease(s) in flight voided, "
+            f"{reply.get('dead_letters_dropped')} dead letter(s) dropped)"
+        )
+
+
 @group_app.command("list")
 def group_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """List groups: those this daemon runs and replicas of others'."""
@@ -332,6 +392,32 @@ def dequeue(
     fields = _lease_fields(lease)
     fields["value"] = text_of_bytes(lease.value)
     emit(lease, field_lines(fields), as_json=as_json)
+
+
+def claim(
+    ctx: typer.Context,
+    *,
+    group: GroupArg,
+    min_idle: Annotated[
+        float, typer.Option(metavar="S", min=0.0, help="Take leases whose holder was idle at least S.")
+    ],
+    count: Annotated[int, typer.Option(metavar="N", min=1, max=10_000, help="At most N leases.")] = 1,
+    visibility: Annotated[
+        float | None, typer.Option(metavar="S", min=0.001, help="Lease length (default: the group's).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Take over leases idle at least --min-idle seconds (each costs its record an attempt); exit 10 if
+    there is none."""
+    leases = _client(ctx).claim(group, min_idle, count, visibility)
+    if not leases:
+        raise EmptyError(f"no lease of group {group} has been idle for {min_idle:g}s")
+    lines: list[str] = []
+    for lease in leases:
+        fields = _lease_fields(lease)
+        fields["value"] = text_of_bytes(lease.value)
+        lines += [*field_lines(fields), ""]
+    emit(leases, lines[:-1], as_json=as_json)
 
 
 def ack(ctx: typer.Context, group: GroupArg, lease: LeaseArg, as_json: JsonFlag = False) -> None:
@@ -521,6 +607,7 @@ def register(app: typer.Typer, client: ClientFactory) -> None:
     app.command()(nack)
     app.command()(extend)
     app.command("ack-up-to")(ack_up_to)
+    app.command()(claim)
     app.command()(work)
 
 

@@ -312,3 +312,69 @@ def test_attempt_history_survives_a_restart_for_pending_done_and_dead_records(
         and "attempt 1: nack by pid" in shown.stdout
         and "flaky: exit 75" in shown.stdout
     )
+
+
+# ------------------------------------------------------------------ claim, edit, delete
+
+
+def test_claim_hands_idle_leases_to_the_caller(latticed_process: Factory) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        c.queue_create("jobs")
+        c.offer_batch("jobs", [(b"a", None, ()), (b"b", None, ())])
+        c.group_create("g", ["jobs"], visibility=300)
+        stuck = c.dequeue("g")  # a worker that went quiet
+        assert stuck is not None
+    assert ctl(daemon, "claim", "g", "--min-idle", "60").returncode == ExitCode.EMPTY  # not idle that long
+    time.sleep(0.3)  # idleness is measured in time: let some pass
+    got = ctl(daemon, "claim", "g", "--min-idle", "0.2", "--count", "5", "--json")
+    assert got.returncode == 0, got.stderr
+    [claimed] = json.loads(got.stdout)
+    assert (claimed["offset"], claimed["attempt"], claimed["value"]) == (0, 2, "a")
+    assert ctl(daemon, "ack", "g", stuck.lease).returncode == ExitCode.LEASE  # the quiet worker lost it
+    assert ctl(daemon, "ack", "g", claimed["lease"]).returncode == 0
+    with client(daemon) as c:
+        history = c.group_inspect("g", "jobs", 0)["history"]
+    assert [h["outcome"] for h in history] == ["claimed", "acked"]
+
+
+def test_edit_and_delete_and_what_they_do_to_leases_in_flight(latticed_process: Factory) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        c.queue_create("jobs")
+        c.offer_batch("jobs", [(b"%d" % i, None, ()) for i in range(4)])
+        c.group_create("g", ["jobs"], visibility=300, max_attempts=5)
+        old = c.dequeue("g")
+        assert old is not None
+    edited = ctl(daemon, "group", "edit", "g", "--visibility", "7", "--max-attempts", "2", "--json")
+    assert edited.returncode == 0, edited.stderr
+    assert (json.loads(edited.stdout)["visibility_s"], json.loads(edited.stdout)["max_attempts"]) == (7, 2)
+    with client(daemon) as c:
+        assert c.group_inspect("g", "jobs", old.offset)["expires_at"] == old.expires_at  # unchanged
+        new = c.dequeue("g")
+        assert new is not None and new.expires_at - time.time() < 8  # the new visibility
+        assert c.group_list()[0]["visibility_s"] == 7  # in the signed definition too
+        assert c.dequeue("g") is not None and c.dequeue("g") is not None  # all four leased now
+    assert ctl(daemon, "group", "edit", "g").returncode == ExitCode.USAGE  # nothing to change
+    assert ctl(daemon, "group", "edit", "g", "--filter", "key=(").returncode == ExitCode.USAGE
+    # a consumer blocked on the group when it is deleted is told so
+    with client(daemon) as c:
+        before = c.group_stats("g")["consumers"]  # the one holding the leases (its connection closed)
+    waiter = subprocess.Popen(
+        [LATTICECTL, "--socket", str(daemon.socket), "dequeue", "g", "--wait", "30"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with client(daemon) as c:
+        wait_until(lambda: c.group_stats("g")["consumers"] > before, "the waiter to block")
+    deleted = ctl(daemon, "group", "delete", "g")
+    assert deleted.returncode == 0 and "4 lease(s) in flight voided" in deleted.stderr
+    assert waiter.wait(30) == ExitCode.NOT_FOUND and "deleted" in (
+        waiter.stderr.read() if waiter.stderr else ""
+    )
+    assert ctl(daemon, "ack", "g", old.lease).returncode == ExitCode.NOT_FOUND
+    assert ctl(daemon, "group", "stats", "g").returncode == ExitCode.NOT_FOUND
+    with client(daemon) as c:
+        assert c.group_list() == []
+        c.group_create("g", ["jobs"])  # the name is free again: a new group, from the start
+        assert c.group_stats("g")["available"] == 4

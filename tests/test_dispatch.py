@@ -1003,3 +1003,51 @@ def test_history_encoding_round_trips_and_refuses_garbage() -> None:
         h = Harness(spec())
         h.produce(rec("x"))
         h.d.nack(lease_of(h).token, None, 1.0, "x" * 1025)
+
+
+# ------------------------------------------------------------------ claim and edits
+
+
+def test_claim_takes_over_idle_leases_and_counts_the_attempt() -> None:
+    h = Harness(spec(max_attempts=3, backoff_base_s=0.0))
+    h.produce(rec("a"), rec("b"), rec("c"))
+    stuck = lease_of(h, "c1", now=0.0)
+    busy = lease_of(h, "c1", now=0.0)
+    h.d.extend(busy.token, 30.0, 5.0)  # c1 showed life on this one at t=5
+    mine = lease_of(h, "c2", now=1.0)
+    leases, changes = h.d.claim("c2", 6.0, 10, None, 8.0)
+    h.persist(changes)
+    assert [(g.offset, g.attempt, g.consumer) for g in leases] == [(stuck.offset, 2, "c2")]
+    assert mine.token not in {g.token for g in leases}  # its own leases are not claimed
+    view = h.d.inspect(SRC, stuck.offset, 8.0)
+    assert view.lease is not None and view.lease.consumer == "c2" and view.attempts == 1
+    assert [(a.outcome, a.consumer, a.error) for a in view.history] == [("claimed", "c1", "claimed by c2")]
+    with pytest.raises(LeaseError, match="claimed"):
+        h.ack(stuck.token, now=9.0)
+    assert h.d.claim("c3", 100.0, 10, None, 9.0) == ([], Changes())
+    assert h.progress()[SRC].attempts_map() == {stuck.offset: 1}
+
+
+def test_a_claim_on_a_last_attempt_dead_letters_the_record_instead() -> None:
+    h = Harness(spec(max_attempts=1))
+    h.produce(rec("a"))
+    lease_of(h, "c1", now=0.0)
+    leases, changes = h.d.claim("c2", 1.0, 1, None, 2.0)
+    h.persist(changes)
+    assert leases == [] and len(changes.dead_letters) == 1
+    assert h.d.inspect(SRC, 0, 3.0).state == "dead"
+
+
+def test_an_edit_applies_from_now_on() -> None:
+    h = Harness(spec(visibility_s=10.0, max_attempts=5))
+    h.produce(rec("a", key="x"), rec("b", key="x"))
+    before = lease_of(h, "c1", now=0.0)
+    h.d.update_spec(spec(visibility_s=2.0, max_attempts=1, filter="key=y"))
+    assert h.d.inspect(SRC, before.offset, 1.0).lease == before  # its deadline stays
+    after = lease_of(h, "c1", now=1.0)
+    assert after.offset == 1 and after.expires_at == 3.0  # taken in before the filter changed
+    h.produce(rec("c", key="x"), rec("d", key="y"))
+    assert lease_of(h, "c1", now=1.0).offset == 3  # the new filter skips offset 2
+    assert h.expire(4.0).dead_letters  # offset 1 failed once: the new max_attempts dead-letters it
+    with pytest.raises(MalformedError):
+        h.d.update_spec(spec(sources=(SRC2,)))

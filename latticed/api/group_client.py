@@ -261,6 +261,56 @@ class GroupOps:
         )["group"]
         return group
 
+    def group_edit(
+        self,
+        name: str,
+        *,
+        filter: str | None = None,
+        max_attempts: int | None = None,
+        visibility: float | None = None,
+        retry_backoff: float | None = None,
+        backoff_cap: float | None = None,
+        retention: float | None = None,
+        max_consumers: int | None = None,
+        max_in_flight: int | None = None,
+        description: str | None = None,
+        remote_consumers: Sequence[str] | str | None = None,
+    ) -> dict[str, Any]:
+        """Change a group's settings (those given); ``remote_consumers`` "any" lifts the allow-list.
+        Returns the new definition (what it does to leases in flight: docs/workqueues.md)."""
+        group: dict[str, Any] = self.call(
+            "group_edit",
+            group=name,
+            filter=filter,
+            max_attempts=max_attempts,
+            visibility_s=visibility,
+            retry_backoff_s=retry_backoff,
+            backoff_cap_s=backoff_cap,
+            retention_s=retention,
+            max_consumers=max_consumers,
+            max_in_flight=max_in_flight,
+            description=description,
+            remote_consumers=(
+                remote_consumers
+                if remote_consumers is None or isinstance(remote_consumers, str)
+                else list(remote_consumers)
+            ),
+        )["group"]
+        return group
+
+    def group_delete(self, name: str) -> dict[str, Any]:
+        """Delete a group: leases in flight become unknown, dead letters are dropped. Returns counts."""
+        reply = self.call("group_delete", group=name)
+        return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+
+    def claim(
+        self, group: str, min_idle: float, count: int = 1, visibility: float | None = None
+    ) -> list[Lease]:
+        """Take over leases whose holders have been idle at least ``min_idle`` seconds (at most
+        ``count``, the longest idle first); each costs its record an attempt."""
+        reply = self.call("claim", group=group, min_idle=min_idle, count=count, visibility=visibility)
+        return [lease_from_wire(raw) for raw in reply.get("leases") or ()]
+
     def group_list(self) -> list[dict[str, Any]]:
         groups: list[dict[str, Any]] = self.call("group_list")["groups"]
         return groups

@@ -34,7 +34,7 @@ from latticed.groups.remote import (
     remote_policy,
 )
 from latticed.groups.runtime import GroupRuntime
-from latticed.groups.service import GroupService
+from latticed.groups.service import DELETED_META_KEY, GroupService
 from latticed.groups.views import (
     attempt_wire,
     headers_wire,
@@ -51,6 +51,7 @@ from latticed.protocol.leasing import error_for
 MAX_SECONDS: Final = 86_400.0
 MAX_DLQ_LIST: Final = 10_000
 MAX_REASON_CHARS: Final = 1024
+MAX_CLAIM: Final = 10_000
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
@@ -169,12 +170,8 @@ def arg_identities(request: Request, name: str) -> list[str] | None:
 # ------------------------------------------------------------------ groups
 
 
-@handler("group_create")
-async def group_create(ctx: Context, request: Request) -> Reply:
-    service = service_of(ctx)
-    queues = request.get("queues")
-    if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
-        raise MalformedError("argument 'queues' must be a non-empty list of queue names")
+def _settings(request: Request) -> dict[str, Any]:
+    """The group settings a request gives (``GroupSpec`` field names), those left out omitted."""
     settings: dict[str, Any] = {}
     for wire, field in (
         ("visibility_s", "visibility_s"),
@@ -192,10 +189,43 @@ async def group_create(ctx: Context, request: Request) -> Reply:
         text = arg_str(request, name, optional=True)
         if text is not None:
             settings[name] = text
+    return settings
+
+
+@handler("group_create")
+async def group_create(ctx: Context, request: Request) -> Reply:
+    service = service_of(ctx)
+    queues = request.get("queues")
+    if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
+        raise MalformedError("argument 'queues' must be a non-empty list of queue names")
     allowed = arg_identities(request, "remote_consumers")
     meta = {k: v for k, v in policy_meta(allowed).items() if v is not None}
-    rt = await service.create(arg_str(request, "name"), queues, extra_meta=meta, **settings)
+    rt = await service.create(arg_str(request, "name"), queues, extra_meta=meta, **_settings(request))
     return {"group": group_info(service, rt)}
+
+
+@handler("group_edit")
+async def group_edit(ctx: Context, request: Request) -> Reply:
+    """Change a group's settings; ``remote_consumers``: a list of identities, or "any" (left out: as
+    it is). What happens to leases in flight: docs/workqueues.md."""
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    settings = _settings(request)
+    meta: dict[str, str | None] | None = None
+    if request.get("remote_consumers") == "any":
+        meta = policy_meta(None)
+    elif request.get("remote_consumers") is not None:
+        meta = policy_meta(arg_identities(request, "remote_consumers"))
+    if not settings and meta is None:
+        raise MalformedError("nothing to change: give at least one setting")
+    await service.edit(rt, settings, meta)
+    return {"group": group_info(service, rt)}
+
+
+@handler("group_delete")
+async def group_delete(ctx: Context, request: Request) -> Reply:
+    """Delete a group: its leases in flight become unknown, its dead letters are dropped."""
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    return {"group": rt.name, **await service.delete(rt)}
 
 
 @handler("group_list")
@@ -206,7 +236,7 @@ async def group_list(ctx: Context, request: Request) -> Reply:
     engine = service.engine
     replicas: list[dict[str, Any]] = []
     for q in engine.queues(KIND_GROUP):  # replicas of groups other daemons run
-        if not engine.owned(q):
+        if not engine.owned(q) and DELETED_META_KEY not in engine.state(q).meta_dict:
             state = engine.state(q)
             replicas.append(
                 {
@@ -472,6 +502,25 @@ async def ack_up_to(ctx: Context, request: Request) -> Reply:
     service, rt = service_of(ctx), runtime_of(ctx, request)
     changes = await service.ack_up_to(rt, queue, offset)
     return {"acked": len(changes.done)}
+
+
+@handler("claim")
+async def claim(ctx: Context, request: Request) -> Reply:
+    """Take over leases idle at least ``min_idle`` seconds (at most ``count``): ``{"leases": [...]}``."""
+    min_idle = arg_seconds(request, "min_idle")
+    if min_idle is None:
+        raise MalformedError("argument 'min_idle' (seconds) is required")
+    count = arg_int(request, "count", default=1)
+    if not 1 <= count <= MAX_CLAIM:
+        raise MalformedError(f"argument 'count' is an integer in [1, {MAX_CLAIM}]")
+    visibility = arg_seconds(request, "visibility", positive=True)
+    found = remote_of(ctx, request)
+    if found is not None:
+        remote, target = found
+        return {"leases": await remote.claim(target, consumer_id(), min_idle, count, visibility)}
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    leases = await service.claim(rt, consumer_id(), min_idle, count, visibility)
+    return {"leases": [lease_wire(rt.name, lease) for lease in leases]}
 
 
 # ------------------------------------------------------------------ dead letters

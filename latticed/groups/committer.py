@@ -84,6 +84,7 @@ class Committer:
         self._caught_up = caught_up
         self._pending: list[tuple[GroupRuntime, Changes]] = []
         self._flight = Flight()
+        self._writing: Flight | None = None
         self._wake = trio.Event()
         self._recent: deque[tuple[float, int]] = deque()
         self.commits = 0
@@ -91,12 +92,20 @@ class Committer:
     def submit(self, rt: GroupRuntime, changes: Changes) -> Flight:
         """Queue changes for the next commit (nothing to write: nothing queued)."""
         flight = self._flight
-        if changes.ops or changes.dead_letters or changes.attempts:
+        if rt.deleted:
+            flight = _DONE  # its log is a tombstone now: nothing more goes into it
+        elif changes.ops or changes.dead_letters or changes.attempts:
             self._pending.append((rt, changes))
             self._wake.set()
         else:
             flight = _DONE
         return flight
+
+    async def flush(self) -> None:
+        """Return once everything submitted so far has been committed (or has failed)."""
+        for flight in (self._writing, self._flight if self._pending else None):
+            if flight is not None:
+                await flight.done.wait()
 
     async def persist(self, rt: GroupRuntime, changes: Changes) -> None:
         """Return once ``changes`` are durable; raises the storage error if the commit failed."""
@@ -111,6 +120,7 @@ class Committer:
             batch, self._pending = self._pending, []
             self._recent.append((trio.current_time(), len(batch)))
             flight, self._flight = self._flight, Flight()
+            self._writing = flight
             try:
                 await self._commit(batch)
             except LatticedError as exc:
@@ -120,6 +130,7 @@ class Committer:
                 flight.error = LatticedError(f"internal error committing work-queue changes: {exc!r}")
                 log_event(log, "group.commit_crashed", level=50, exc_info=exc, changes=len(batch))
             finally:
+                self._writing = None
                 flight.done.set()
 
     async def _linger(self) -> None:

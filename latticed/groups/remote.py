@@ -183,6 +183,7 @@ class RemoteLeaseServer:
             "fetch": self._fetch,
             "stats": self._stats,
             "inspect": self._inspect,
+            "claim": self._claim,
         }
 
     def add_op(self, name: str, op: Op) -> None:
@@ -384,6 +385,20 @@ class RemoteLeaseServer:
             )
         return {"record": record_wire(record.key, record.value, record.timestamp, record.headers)}
 
+    async def _claim(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
+        consumer = self._consumer(peer, body)
+        min_idle = _seconds(body, "min_idle")
+        if min_idle is None:
+            raise MalformedError("'min_idle' (seconds) is required")
+        visibility = _seconds(body, "visibility", positive=True)
+        try:
+            leases = await self.service.claim(
+                rt, consumer, min_idle, _count(body, "count", 10_000), visibility
+            )
+        finally:
+            self.service.detach(rt, consumer)
+        return {"leases": self._grants(rt, leases, _have(body))}
+
     async def _stats(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
         return {"stats": live_stats(self.engine, rt, self.service.now())}
 
@@ -508,6 +523,21 @@ class RemoteGroups:
             if failures and not leases and op == "dequeue":
                 raise failures[0]
             return leases
+
+    async def claim(
+        self, group: RemoteGroup, consumer: str, min_idle: float, count: int, visibility: float | None
+    ) -> list[dict[str, Any]]:
+        """Take over idle leases of the group at its owner (see ``claim`` there)."""
+        body = {
+            "consumer": consumer,
+            "min_idle": min_idle,
+            "count": count,
+            "visibility": visibility,
+            "have": self._have(group),
+        }
+        answer = await self.call(group, "claim", body, give_back=True)
+        leases, _ = await self.materialize(group, answer.get("leases") or [])
+        return leases
 
     async def settle(self, group: RemoteGroup, op: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """An ack or nack (or any op safe to repeat): sent again over the next link when the link drops

@@ -79,6 +79,8 @@ class GroupRuntime:
         #: Sealed sources whose next record this daemon cannot open (not a reader of its key epoch): why.
         self.unreadable: dict[str, NotReaderError] = {}
         self.changed = trio.Event()
+        #: Set by ``group delete``: every later call on it fails, waiters wake to find out.
+        self.deleted = False
 
     @property
     def dlq_name(self) -> str:

@@ -63,6 +63,9 @@ from latticed.storage.sealer import sealer_of
 log = get_logger(__name__)
 
 DLQ_META_KEY = "dlq_of"
+#: Metadata of a deleted group's log (when, ms): a tombstone, since a signed queue cannot be unmade on
+#: the peers holding it; its ops and its DLQ's dead letters are truncated away.
+DELETED_META_KEY = "deleted"
 
 
 class GroupService:
@@ -101,6 +104,8 @@ class GroupService:
 
     async def _load(self, q: int) -> None:
         state = self.engine.state(q)
+        if DELETED_META_KEY in state.meta_dict:
+            return
         try:
             spec = spec_from_meta(state.meta_dict)
             if spec.name != state.name:
@@ -259,7 +264,7 @@ class GroupService:
         if rt is not None:
             return rt
         owner, name = self.engine.parse_address(address)
-        if self.engine.find(owner, name, KIND_GROUP) is not None:
+        if owner != self.engine.public_key and self.engine.find(owner, name, KIND_GROUP) is not None:
             raise NotOwnerError(
                 f"group {owner.hex()}/{name} is run by the daemon that owns it; this one holds a replica "
                 "(ask that daemon, or use group stats here for its replicated progress)"
@@ -298,10 +303,16 @@ class GroupService:
         spec = GroupSpec(name=name, sources=tuple(sources), **settings)
         meta = spec_to_meta(spec)  # checks the spec
         compile_filter(spec.filter)
-        if engine.find(me, name, KIND_GROUP) is not None:
+        old = engine.find(me, name, KIND_GROUP)
+        if old is not None and DELETED_META_KEY not in engine.state(old).meta_dict:
             raise AlreadyExistsError(f"group {name} already exists")
         dlq_q = await self._dlq_queue(name, sealed=sealed)
-        q = await engine.create_queue(name, {**(extra_meta or {}), **meta}, KIND_GROUP)
+        if old is None:
+            q = await engine.create_queue(name, {**(extra_meta or {}), **meta}, KIND_GROUP)
+        else:  # a deleted group's log (emptied when it was deleted) carries the new one
+            q = old
+            updates: dict[str, str | None] = {key: None for key in engine.state(q).meta_dict}
+            await engine.set_meta(q, {**updates, **(extra_meta or {}), **meta})
         await self._start(q, dlq_q, spec, {})
         log_event(log, "group.created", group=name, sources=list(spec.sources), filter=spec.filter)
         return self._groups[name]
@@ -313,6 +324,7 @@ class GroupService:
         """Lease the next available record; with ``wait``, block up to that many seconds for one."""
         deadline = trio.current_time() + (wait or 0.0)
         while True:
+            _check(rt)
             lease = rt.dispatcher.dequeue(consumer, visibility, self.now())
             if lease is not None:
                 self._deadline_moved(rt)
@@ -341,6 +353,7 @@ class GroupService:
     def take(self, rt: GroupRuntime, consumer: str, visibility: float | None, n: int) -> list[Grant]:
         """Lease up to ``n`` available records at once (a subscription filling its window), never past the
         group's per-consumer cap; CapacityError only if the consumer cannot join the group."""
+        _check(rt)
         leases: list[Grant] = []
         cap = rt.spec.max_in_flight
         if cap and rt.dispatcher.has_consumer(consumer):
@@ -367,6 +380,7 @@ class GroupService:
         subscription's long poll)."""
         deadline = trio.current_time() + (wait or 0.0)
         while True:
+            _check(rt)
             leases = self.take(rt, consumer, visibility, n)
             if leases or n <= 0:
                 return leases
@@ -401,6 +415,7 @@ class GroupService:
 
     def ack_submit(self, rt: GroupRuntime, token: str) -> tuple[Changes, Flight]:
         """Settle at once in memory; the flight says when it is durable (reply only after that)."""
+        _check(rt)
         changes = rt.dispatcher.ack(token, self.now())
         rt.notify()  # a subscriber at its in-flight cap may take another
         self._sweep_detached(rt)
@@ -412,6 +427,7 @@ class GroupService:
         return changes
 
     async def nack(self, rt: GroupRuntime, token: str, delay: float | None, reason: str = "") -> Changes:
+        _check(rt)
         changes = rt.dispatcher.nack(token, delay, self.now(), reason)
         return await self._returned(rt, changes)
 
@@ -445,9 +461,24 @@ class GroupService:
         return replace(view, correlation_id=correlation_id(fallback, queue, offset))
 
     def extend(self, rt: GroupRuntime, token: str, visibility: float) -> Grant:
+        _check(rt)
         return rt.dispatcher.extend(token, visibility, self.now())
 
+    async def claim(
+        self, rt: GroupRuntime, consumer: str, min_idle: float, count: int, visibility: float | None
+    ) -> list[Grant]:
+        """Take over leases idle at least ``min_idle`` seconds (see :meth:`Dispatcher.claim`); replies
+        once the attempts they cost are durable."""
+        _check(rt)
+        leases, changes = rt.dispatcher.claim(consumer, min_idle, count, visibility, self.now())
+        if changes:
+            self._deadline_moved(rt)
+            rt.notify()
+            await self.committer.persist(rt, changes)
+        return leases
+
     async def ack_up_to(self, rt: GroupRuntime, queue: str, up_to: int) -> Changes:
+        _check(rt)
         owner, name = self.engine.parse_address(queue)
         changes = rt.dispatcher.ack_up_to(source_id(owner, name), up_to, self.now())
         rt.notify()
@@ -465,24 +496,77 @@ class GroupService:
         return rt.dispatcher.dead_letters(limit)
 
     async def redrive(self, rt: GroupRuntime, offsets: list[int] | None) -> int:
+        _check(rt)
         changes = rt.dispatcher.redrive(offsets, self.now())
         await self.committer.persist(rt, changes)
         rt.notify()
         return sum(len(op.progress.released) for op in changes.ops)
 
     async def purge(self, rt: GroupRuntime, offsets: list[int] | None) -> int:
+        _check(rt)
         count = len(rt.dispatcher.dead_letters() if offsets is None else set(offsets))
         changes = rt.dispatcher.purge(offsets, self.now())
         await self.committer.persist(rt, changes)
         return count if changes else 0
+
+    # ------------------------------------------------------------------ lifecycle of a group
+    async def edit(
+        self,
+        rt: GroupRuntime,
+        settings: Mapping[str, Any],
+        extra_meta: Mapping[str, str | None] | None = None,
+    ) -> GroupRuntime:
+        """Change a running group's settings (not its name or sources); see
+        :meth:`~latticed.leases.dispatch.Dispatcher.update_spec` for what happens to leases in flight. The
+        new definition is signed into its log's metadata (replicas see it) before it applies here."""
+        _check(rt)
+        spec = replace(rt.spec, **settings)
+        meta = spec_to_meta(spec)  # checks it
+        compile_filter(spec.filter)
+        await self.engine.set_meta(rt.q, {**(extra_meta or {}), **meta})
+        rt.dispatcher.update_spec(spec)
+        rt.spec = spec
+        self._deadline_moved(rt)
+        rt.notify()
+        log_event(log, "group.edited", group=rt.name, changed=sorted(settings))
+        return rt
+
+    async def delete(self, rt: GroupRuntime) -> dict[str, int]:
+        """Stop a group for good: its leases in flight become unknown (an ack of one fails as no such
+        group), waiting consumers are told, its log keeps only a tombstone and its DLQ's dead letters
+        are truncated away (on replicas too). Its sources are untouched; the name may be reused."""
+        _check(rt)
+        stats = rt.dispatcher.stats(self.now())
+        self._groups.pop(rt.name, None)
+        for sid in rt.sources:
+            runtimes = self._by_source.get(sid, [])
+            if rt in runtimes:
+                runtimes.remove(rt)
+        rt.deleted = True
+        rt.notify()
+        await self.committer.flush()  # what was queued for it lands first (then goes with the rest)
+        engine = self.engine
+        await engine.set_meta(rt.q, {DELETED_META_KEY: str(engine.clock())})
+        await engine.truncate(rt.q, engine.state(rt.q).held_end)
+        dead = engine.state(rt.dlq_q).held_end - engine.state(rt.dlq_q).start
+        await engine.truncate(rt.dlq_q, engine.state(rt.dlq_q).held_end)
+        log_event(log, "group.deleted", group=rt.name, leases=stats.leased, dead_letters=stats.dead)
+        return {"leases_voided": stats.leased, "dead_letters_dropped": stats.dead, "dlq_records": dead}
 
     # ------------------------------------------------------------------ replicas
     async def replica_progress(self, address: str) -> tuple[QueueState, GroupSpec, dict[str, GroupProgress]]:
         """Any group log this daemon holds (its own or a replica): definition and folded progress."""
         q = self.engine.resolve(address, KIND_GROUP)
         state = self.engine.state(q)
+        if DELETED_META_KEY in state.meta_dict:
+            raise NotFoundError(f"group {self.engine.address(q)} was deleted")
         progress, _ = await self._fold(q)
         return state, spec_from_meta(state.meta_dict), progress
+
+
+def _check(rt: GroupRuntime) -> None:
+    if rt.deleted:
+        raise NotFoundError(f"group {rt.name} was deleted")
 
 
 async def run_groups(
@@ -492,4 +576,4 @@ async def run_groups(
     await GroupService(engine).run(task_status=task_status)
 
 
-__all__ = ["DLQ_META_KEY", "GroupService", "run_groups"]
+__all__ = ["DELETED_META_KEY", "DLQ_META_KEY", "GroupService", "run_groups"]

@@ -88,6 +88,8 @@ class Grant:
     record: Record
     leased_at: float
     expires_at: float
+    #: When its holder last showed life (leased or extended it): ``claim`` measures idleness from here.
+    active_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,17 +411,9 @@ class Dispatcher:
 
         Raises :class:`CapacityError` past the group's consumer cap or this consumer's in-flight cap. A
         consumer is registered by its first dequeue and leaves with :meth:`release_consumer`."""
-        if not isinstance(consumer, str) or not consumer or len(consumer.encode()) > MAX_CONSUMER_BYTES:
-            raise MalformedError(f"a consumer id is text of 1-{MAX_CONSUMER_BYTES} bytes")
+        visibility = self._visibility(visibility_s)
+        tokens = self._join(consumer)
         spec = self.spec
-        visibility = (
-            spec.visibility_s if visibility_s is None else _seconds(visibility_s, "visibility", positive=True)
-        )
-        tokens = self._consumers.get(consumer)
-        if tokens is None:
-            if spec.max_consumers and len(self._consumers) >= spec.max_consumers:
-                raise CapacityError(f"group {spec.name} has its maximum of {spec.max_consumers} consumers")
-            tokens = self._consumers[consumer] = set()
         if spec.max_in_flight and len(tokens) >= spec.max_in_flight:
             raise CapacityError(f"consumer {consumer} already holds {spec.max_in_flight} leases (the cap)")
         self._promote(now)
@@ -430,6 +424,67 @@ class Dispatcher:
                 break
         else:
             return None
+        return self._grant(task, consumer, tokens, visibility, now)
+
+    def claim(
+        self, consumer: str, min_idle_s: float, count: int, visibility_s: float | None, now: float
+    ) -> tuple[list[Grant], Changes]:
+        """Take over leases whose holders have been idle at least ``min_idle_s`` (since they leased or
+        last extended them), the longest idle first, at most ``count`` (Redis's XAUTOCLAIM). Each one's
+        attempt ends as failed ("claimed", counted like an expiry); unless that was its last attempt (then
+        it is dead-lettered), the record is leased to ``consumer`` at once, as its next attempt."""
+        min_idle = _seconds(min_idle_s, "min idle", positive=False)
+        if type(count) is not int or count < 1:
+            raise MalformedError("claim takes a count of at least 1")
+        visibility = self._visibility(visibility_s)
+        tokens = self._join(consumer)
+        spec = self.spec
+        if spec.max_in_flight:
+            count = min(count, spec.max_in_flight - len(tokens))
+            if count <= 0:
+                raise CapacityError(
+                    f"consumer {consumer} already holds {spec.max_in_flight} leases (the cap)"
+                )
+        idle = sorted(
+            (lease.active_at or lease.leased_at, lease.token)
+            for task in self._leases.values()
+            if (lease := task.lease) is not None
+            and lease.consumer != consumer
+            and now - (lease.active_at or lease.leased_at) >= min_idle
+        )[:count]
+        pairs = []
+        for _, token in idle:
+            task = self._leases[token]
+            assert task.lease is not None
+            pairs.append((task, task.lease))
+        if not pairs:
+            return [], NO_CHANGES
+        changes = self._fail_all(pairs, "claimed", 0.0, now, f"claimed by {consumer}"[:MAX_ERROR_CHARS])
+        grants = [
+            self._grant(task, consumer, tokens, visibility, now)
+            for task, _ in pairs
+            if task.state == AVAILABLE
+        ]
+        return grants, changes
+
+    def _visibility(self, visibility_s: float | None) -> float:
+        if visibility_s is None:
+            return self.spec.visibility_s
+        return _seconds(visibility_s, "visibility", positive=True)
+
+    def _join(self, consumer: str) -> set[str]:
+        """The consumer's lease tokens, registering it (within the group's consumer cap) if new."""
+        if not isinstance(consumer, str) or not consumer or len(consumer.encode()) > MAX_CONSUMER_BYTES:
+            raise MalformedError(f"a consumer id is text of 1-{MAX_CONSUMER_BYTES} bytes")
+        tokens = self._consumers.get(consumer)
+        if tokens is None:
+            spec = self.spec
+            if spec.max_consumers and len(self._consumers) >= spec.max_consumers:
+                raise CapacityError(f"group {spec.name} has its maximum of {spec.max_consumers} consumers")
+            tokens = self._consumers[consumer] = set()
+        return tokens
+
+    def _grant(self, task: _Task, consumer: str, tokens: set[str], visibility: float, now: float) -> Grant:
         self._counter += 1
         token = f"{self._prefix}.{self._counter:x}"
         lease = Grant(
@@ -442,6 +497,7 @@ class Dispatcher:
             task.record,
             now,
             now + visibility,
+            now,
         )
         self._set_state(task, LEASED)
         task.lease = lease
@@ -512,6 +568,7 @@ class Dispatcher:
             lease.record,
             lease.leased_at,
             now + visibility,
+            now,
         )
         task.lease = new
         self._counter += 1
@@ -530,6 +587,18 @@ class Dispatcher:
             assert task.lease is not None
             pairs.append((task, task.lease))
         return self._fail_all(pairs, "released", delay_s, now)
+
+    def update_spec(self, spec: GroupSpec) -> None:
+        """An edited definition (same name and sources): it applies from now on. Leases in flight keep
+        their deadlines, scheduled retries their times, records already taken in stay even if the new
+        filter would not take them (and records skipped before are not taken in); new failures count
+        against the new ``max_attempts`` and wait the new backoff, new leases get the new visibility, and
+        the caps apply to the next lease (consumers and leases over a lowered cap are not cut off)."""
+        spec.check()
+        if spec.name != self.spec.name or spec.sources != self.spec.sources:
+            raise MalformedError("a group's name and sources cannot be edited (create another group)")
+        match = compile_filter(spec.filter)
+        self.spec, self._match = spec, match
 
     def in_flight(self, consumer: str) -> int:
         """How many leases ``consumer`` holds (0 if it is not registered)."""
