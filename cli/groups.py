@@ -534,6 +534,7 @@ def dlq_list(
         "offset": "OFFSET",
         "attempts": "ATTEMPTS",
         "reason": "REASON",
+        "last_error": "LAST ERROR",
         "correlation_id": "CORRELATION",
         "value": "VALUE",
     }

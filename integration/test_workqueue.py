@@ -378,3 +378,58 @@ def test_edit_and_delete_and_what_they_do_to_leases_in_flight(latticed_process: 
         assert c.group_list() == []
         c.group_create("g", ["jobs"])  # the name is free again: a new group, from the start
         assert c.group_stats("g")["available"] == 4
+
+
+# ------------------------------------------------------------------ the DLQ as people read it
+
+
+def test_range_and_dlq_show_print_the_dead_letter_header_as_fields(latticed_process: Factory) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        owner = c.identity()
+        c.queue_create("jobs")
+        c.offer("jobs", b"poison", headers={"trace": b"t1"})
+        c.group_create("g", ["jobs"], max_attempts=1)
+        lease = c.dequeue("g")
+        assert lease is not None
+        c.nack("g", lease, reason="parse error: line 1")
+    text = ctl(daemon, "range", "g.dlq", "0", "0")
+    assert text.returncode == 0, text.stderr
+    fields = dict(part.split("=", 1) for part in text.stdout.rstrip("\n").split("\t")[1:-1])
+    assert fields["trace"] == "t1"
+    assert (fields["dlq.queue"], fields["dlq.offset"], fields["dlq.attempts"]) == (f"{owner}/jobs", "0", "1")
+    assert (fields["dlq.reason"], fields["dlq.last_error"]) == ("nack", "parse error: line 1")
+    assert "x-dlq" not in text.stdout and "\\x" not in text.stdout  # never the raw msgpack
+    [entry] = [
+        json.loads(line) for line in ctl(daemon, "range", "g.dlq", "0", "0", "--json").stdout.splitlines()
+    ]
+    dlq = dict(entry["headers"])["x-dlq"]
+    assert (dlq["queue"], dlq["offset"], dlq["attempts"], dlq["last_error"]) == (
+        f"{owner}/jobs",
+        0,
+        1,
+        "parse error: line 1",
+    )
+    shown = ctl(daemon, "dlq", "show", "g", "0")
+    assert shown.returncode == 0 and "last_error:" in shown.stdout and "parse error: line 1" in shown.stdout
+    assert "x-dlq" not in shown.stdout
+    assert ctl(daemon, "offer", "g.dlq", "forged").returncode == ExitCode.NOT_OWNER
+    assert ctl(daemon, "queue", "create", "x.dlq").returncode == ExitCode.USAGE
+
+
+def test_work_with_a_command_that_does_not_exist_fails_cleanly_and_leases_nothing(
+    latticed_process: Factory,
+) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        c.queue_create("jobs")
+        c.offer("jobs", b"x")
+        c.group_create("g", ["jobs"])
+    result = ctl(daemon, "work", "g", "--idle", "1", "--", "/does/not/exist", "--flag")
+    assert result.returncode == ExitCode.ERROR, result.stderr
+    assert result.stderr.count("\n") == 1 and "/does/not/exist" in result.stderr
+    assert result.stderr.startswith("latticectl: error: cannot run the command")
+    with client(daemon) as c:
+        stats = c.group_stats("g")
+        assert (stats["available"], stats["leased"]) == (1, 0)
+        assert c.group_inspect("g", "jobs", 0)["history"] == []

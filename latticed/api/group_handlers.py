@@ -122,6 +122,7 @@ def dead_letter_wire(letter: DeadLetter) -> dict[str, Any]:
         "attempts": info.attempts,
         "correlation_id": info.correlation_id,
         "reason": info.reason,
+        "last_error": next((a.error for a in reversed(info.history) if a.error), None),
         "dead_at_ms": info.dead_at_ms,
         "history": [attempt_wire(a) for a in info.history],
         "key": record.key,

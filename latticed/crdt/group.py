@@ -94,6 +94,16 @@ def dlq_name(group: str) -> str:
     return group + _DLQ_SUFFIX
 
 
+#: Metadata of a group's DLQ naming its group (set when the group creates it; reserved otherwise).
+DLQ_META_KEY = "dlq_of"
+
+
+def is_dlq_name(name: str) -> bool:
+    """Whether ``name`` is in the namespace reserved for dead-letter queues (``<group>.dlq``): users
+    cannot create such queues, so a group never adopts one by accident."""
+    return name.endswith(_DLQ_SUFFIX)
+
+
 # ---------------------------------------------------------------------------------------------- progress
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import trio
 
 from latticed.crdt.group import (
+    DLQ_META_KEY,
     HISTORY_KEY,
     AttemptEntry,
     GroupProgress,
@@ -62,7 +63,6 @@ from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)
 
-DLQ_META_KEY = "dlq_of"
 #: Metadata of a deleted group's log (when, ms): a tombstone, since a signed queue cannot be unmade on
 #: the peers holding it; its ops and its DLQ's dead letters are truncated away.
 DELETED_META_KEY = "deleted"
@@ -175,8 +175,11 @@ class GroupService:
                 return await sealer_of(engine).create_queue(name, {DLQ_META_KEY: group}, ())
             return await engine.create_queue(name, {DLQ_META_KEY: group})
         state = engine.state(q)
-        if state.meta_dict.get(DLQ_META_KEY) != group and state.held_end > 0:
-            raise AlreadyExistsError(f"queue {name} exists and is not the dead-letter queue of group {group}")
+        if state.meta_dict.get(DLQ_META_KEY) != group:  # a queue made before .dlq names were reserved
+            raise AlreadyExistsError(
+                f"queue {name} exists and is not the dead-letter queue of group {group}: a group's DLQ is "
+                f"always <group>.dlq, so choose another group name"
+            )
         if sealed and sealer_of(engine).sealing(q) is None:
             raise MalformedError(
                 f"queue {name} is not sealed: it cannot hold the dead letters of a group with a sealed source"
