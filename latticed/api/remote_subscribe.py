@@ -48,15 +48,16 @@ class _Acks:
         self.remote = remote
         self.target = target
         self.session = session
-        self.waiting: list[tuple[Any, str]] = []
+        #: (request id, lease, the reply the owner would give when it is known here: the lease's facts)
+        self.waiting: list[tuple[Any, str, dict[str, Any] | None]] = []
         self.in_flight = 0
         self.wake = trio.Event()
         self.idle = trio.Event()
         self.idle.set()
         self.closed = False
 
-    def add(self, rid: Any, token: str) -> None:
-        self.waiting.append((rid, token))
+    def add(self, rid: Any, token: str, reply: dict[str, Any] | None) -> None:
+        self.waiting.append((rid, token, reply))
         self.session.pending += 1
         if self.idle.is_set():
             self.idle = trio.Event()
@@ -80,27 +81,35 @@ class _Acks:
                 self.wake = trio.Event()
                 await self.wake.wait()
 
-    async def _send(self, batch: list[tuple[Any, str]]) -> None:
+    async def _send(self, batch: list[tuple[Any, str, dict[str, Any] | None]]) -> None:
+        try:
+            known = [item for item in batch if item[2] is not None]
+            unknown = [item for item in batch if item[2] is None]
+            for items, brief in ((known, True), (unknown, False)):
+                if items:
+                    await self._forward(items, brief)
+        finally:
+            self.session.pending -= len(batch)
+            self.session.wake.set()
+            self.in_flight -= 1
+            self.wake.set()
+
+    async def _forward(self, batch: list[tuple[Any, str, dict[str, Any] | None]], brief: bool) -> None:
         session = self.session
         try:
-            results = await self.remote.ack_many(self.target, [token for _, token in batch])
+            results = await self.remote.ack_many(self.target, [token for _, token, _ in batch], brief=brief)
         except LatticedError as exc:
-            for rid, _ in batch:
+            for rid, _, _ in batch:
                 session.send(error_reply(rid, exc))
         else:
-            for (rid, _), result in zip(batch, results, strict=True):
+            for (rid, _, known), result in zip(batch, results, strict=True):
                 if isinstance(result, dict) and result.get("ok"):
-                    session.send({**result, "id": rid})
+                    session.send({**(known or {}), **result, "id": rid})
                 else:
                     error = result.get("error") if isinstance(result, dict) else None
                     error = error if isinstance(error, dict) else {}
                     failure = error_for(str(error.get("code", "error")), str(error.get("message", "")))
                     session.send(error_reply(rid, failure))
-        finally:
-            session.pending -= len(batch)
-            session.wake.set()
-            self.in_flight -= 1
-            self.wake.set()
 
 
 async def subscribe_remote(
@@ -120,13 +129,16 @@ async def subscribe_remote(
     # One that expires at the owner frees its place here too (an extend elsewhere is not seen: the
     # window may then briefly hold one more).
     held: dict[str, float] = {lease["lease"]: lease["expires_at"] for lease in first}
+    #: What an ack of each pushed lease answers (as the owner would): kept so acks go to it brief.
+    facts: dict[str, dict[str, Any]] = {lease["lease"]: _facts(lease) for lease in first}
     room = trio.Event()
     released: int | None = None
     unsubscribe_id: Any = None
 
-    def settled(token: Any) -> None:
+    def settled(token: Any) -> dict[str, Any] | None:
         if held.pop(token, None) is not None:
             room.set()
+        return facts.pop(token, None)
 
     async def pusher() -> None:
         nonlocal room
@@ -135,8 +147,11 @@ async def subscribe_remote(
             now = time.time()
             for token in [t for t, expires in held.items() if expires <= now]:
                 del held[token]
+                facts.pop(token, None)
             free = window - len(held)
-            if free <= 0:
+            # Ask for leases a quarter window at a time (all at once when it runs dry): each ask is a
+            # round trip to the owner, and asking per freed place would cost one per record.
+            if free <= 0 or (held and free < max(1, window // 2)):
                 room = trio.Event()
                 with trio.move_on_after(max(min(held.values()) - now, 0.0)):
                     await room.wait()
@@ -152,7 +167,9 @@ async def subscribe_remote(
                 session.send(error_reply(rid, exc))
                 return
             if leases:
-                held.update((lease["lease"], lease["expires_at"]) for lease in leases)
+                for lease in leases:
+                    held[lease["lease"]] = lease["expires_at"]
+                    facts[lease["lease"]] = _facts(lease)
                 session.send({"id": rid, "ok": True, "leases": leases})
 
     with trio.CancelScope() as scope:
@@ -180,8 +197,7 @@ async def subscribe_remote(
                         op = inner["op"]
                         same_group = inner.get("group") == group
                         if op == "ack" and same_group and isinstance(inner.get("lease"), str):
-                            settled(inner["lease"])
-                            acks.add(inner.get("id"), inner["lease"])
+                            acks.add(inner.get("id"), inner["lease"], settled(inner["lease"]))
                         elif op == "unsubscribe":
                             unsubscribe_id = inner.get("id")
                             break
@@ -206,6 +222,16 @@ async def subscribe_remote(
                 acks.close()
                 remote.spawn(_release_later, remote, target, consumer, acks)
     return not session.gone
+
+
+def _facts(lease: dict[str, Any]) -> dict[str, Any]:
+    """What the owner's reply to an ack of ``lease`` says (``settled_reply``), known from the lease."""
+    return {
+        "correlation_id": lease["correlation_id"],
+        "queue": lease["queue"],
+        "offset": lease["offset"],
+        "attempt": lease["attempt"],
+    }
 
 
 async def _release(remote: RemoteGroups, target: RemoteGroup, consumer: str) -> int:

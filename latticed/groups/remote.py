@@ -48,6 +48,7 @@ from latticed.errors import (
     NotFoundError,
     NotReaderError,
 )
+from latticed.groups.committer import Flight
 from latticed.groups.runtime import GroupRuntime
 from latticed.groups.service import GroupService
 from latticed.groups.views import live_stats, settled_reply, task_wire
@@ -74,6 +75,9 @@ STATS_WITHIN_S: Final = 2.0
 REPLICA_WAIT_S: Final = 5.0
 #: Payload bytes the owner puts in one answer (leases past it are fetched one by one).
 MAX_INLINE_BYTES: Final = 256 * 1024
+#: Records read at once when a lease's record is read here (the next leases' usually follow it).
+READ_AHEAD_RECORDS: Final = 1024
+READ_AHEAD_BYTES: Final = 4 << 20
 #: Settlements remembered per owner to answer a retried one as it was first answered.
 MAX_REMEMBERED_SETTLEMENTS: Final = 65_536
 #: Longest wait a remote caller may ask for (as the local API's).
@@ -250,6 +254,7 @@ class RemoteLeaseServer:
 
     def _grants(self, rt: GroupRuntime, leases: list[Grant], have: Mapping[str, int]) -> list[dict[str, Any]]:
         out, budget = [], MAX_INLINE_BYTES
+        sealed: dict[str, bool] = {}
         for lease in leases:
             wire: dict[str, Any] = {
                 "queue": lease.queue,
@@ -261,7 +266,10 @@ class RemoteLeaseServer:
                 "leased_at": lease.leased_at,
                 "expires_at": lease.expires_at,
             }
-            if self._is_sealed(lease.queue, rt):
+            is_sealed = sealed.get(lease.queue)
+            if is_sealed is None:
+                is_sealed = sealed[lease.queue] = self._is_sealed(lease.queue, rt)
+            if is_sealed:
                 wire["sealed"] = True
             elif lease.offset >= have.get(lease.queue, 0):
                 record = lease.record
@@ -286,10 +294,9 @@ class RemoteLeaseServer:
         consumer = self._consumer(peer, body)
         visibility = _seconds(body, "visibility", positive=True)
         n = _count(body, "n", 10_000)
-        try:
-            leases = await self.service.take_waiting(rt, consumer, visibility, n, _seconds(body, "wait"))
-        finally:
-            self.service.detach(rt, consumer)
+        # A subscription's consumer stays registered between its takes: it ends with ``release``, or is
+        # detached when its link goes (then unregistered once its leases have ended).
+        leases = await self.service.take_waiting(rt, consumer, visibility, n, _seconds(body, "wait"))
         return {"leases": self._grants(rt, leases, _have(body))}
 
     def _remembered(self, peer: bytes, op: str, token: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -303,6 +310,9 @@ class RemoteLeaseServer:
             self._settled.popitem(last=False)
 
     async def _ack(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
+        """Ack leases; per lease the reply (``results``), or with ``brief`` only the failures (``failed``:
+        ``[index, code, message]``: a subscription's daemon knows the rest of each reply already)."""
+        brief = body.get("brief") is True
         results: list[dict[str, Any] | None] = []
         flights = []
         for token in _tokens(body):
@@ -318,15 +328,29 @@ class RemoteLeaseServer:
                 continue
             results.append(None)
             flights.append((len(results) - 1, token, changes, flight))
+        outcome: dict[Flight, LatticedError | None] = {}
         for index, token, changes, flight in flights:
-            try:
-                await flight.wait()
-            except LatticedError as exc:
-                results[index] = _failed(exc)
+            if flight not in outcome:  # the acks of one request mostly share a commit
+                try:
+                    await flight.wait()
+                    outcome[flight] = None
+                except LatticedError as exc:
+                    outcome[flight] = exc
+            failure = outcome[flight]
+            if failure is not None:
+                results[index] = _failed(failure)
                 continue
-            reply = settled_reply(changes)
+            reply = {} if brief else settled_reply(changes)
             self._remember(peer, "ack", token, reply)
             results[index] = {"ok": True, **reply}
+        if brief:
+            return {
+                "failed": [
+                    [i, r["error"]["code"], r["error"]["message"]]
+                    for i, r in enumerate(results)
+                    if r is not None and not r["ok"]
+                ]
+            }
         return {"results": results}
 
     async def _nack(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
@@ -445,6 +469,8 @@ class RemoteGroups:
         self.links = links
         self._sources: dict[str, set[str]] = {}
         self._spec_versions: dict[str, int] = {}
+        #: Per source, the last records read ahead: (first offset, records; None where unreadable).
+        self._ahead: dict[str, tuple[int, list[list[Any] | None]]] = {}
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -553,10 +579,23 @@ class RemoteGroups:
                     raise
                 retry = True
 
-    async def ack_many(self, group: RemoteGroup, tokens: list[str]) -> list[dict[str, Any]]:
+    async def ack_many(
+        self, group: RemoteGroup, tokens: list[str], *, brief: bool = False
+    ) -> list[dict[str, Any]]:
         """Ack several leases in one request; per lease ``{"ok": True, ...}`` or ``{"ok": False,
-        "error": {...}}``."""
-        answer = await self.settle(group, "ack", {"leases": tokens})
+        "error": {...}}`` (``brief``: successes are only ``{"ok": True}``, the caller knows the rest)."""
+        answer = await self.settle(group, "ack", {"leases": tokens, "brief": brief})
+        if brief:
+            out: list[dict[str, Any]] = [{"ok": True} for _ in tokens]
+            failed = answer.get("failed")
+            if type(failed) is not list:
+                raise MalformedError("the owner's answer to ack is malformed")
+            for item in failed:
+                if type(item) is not list or len(item) != 3 or type(item[0]) is not int:
+                    raise MalformedError("the owner's answer to ack is malformed")
+                if 0 <= item[0] < len(tokens):
+                    out[item[0]] = {"ok": False, "error": {"code": str(item[1]), "message": str(item[2])}}
+            return out
         results = answer.get("results")
         if type(results) is not list or len(results) != len(tokens):
             raise MalformedError("the owner's answer to ack does not match the request")
@@ -650,36 +689,44 @@ class RemoteGroups:
         return [lease for lease in out if lease is not None], failures
 
     async def _read_local(self, sid: str, offsets: list[int]) -> dict[int, list[Any]]:
-        """The records at ``offsets`` of ``sid`` this daemon holds (and can open), by offset."""
+        """The records at ``offsets`` of ``sid`` this daemon holds (and can open), by offset.
+
+        Reads run ahead (:data:`READ_AHEAD_RECORDS`) and the last run per source is kept: leases come in
+        offset order a few at a time, and the store decodes a whole segment for each read."""
         owner, name = parse_source_id(sid)
         q = self.engine.find(owner, name, KIND_QUEUE)
         if q is None or not all(type(o) is int and o >= 0 for o in offsets):
             return {}
-        wanted = sorted(set(offsets))
-        spans: list[tuple[int, int]] = []
-        for offset in wanted:  # contiguous runs: one read each
-            if spans and spans[-1][1] == offset:
-                spans[-1] = (spans[-1][0], offset + 1)
-            else:
-                spans.append((offset, offset + 1))
         found: dict[int, list[Any]] = {}
-        sealer = sealer_of(self.engine)
-        for lo, hi in spans:
-            columns: Columns = await self.engine.read(q, lo, hi, hi - lo, 64 << 20)
-            try:
-                columns = sealer.open_columns(q, columns)
-            except NotReaderError:
-                continue
-            for off, key, value, ts, hdr in zip(
-                columns.offsets,
-                columns.keys,
-                columns.values,
-                columns.timestamps,
-                columns.headers,
-                strict=True,
-            ):
-                found[off] = [key, value, ts, hdr or None]
+        for offset in sorted(set(offsets)):
+            ahead = self._ahead.get(sid)
+            if ahead is None or not ahead[0] <= offset < ahead[0] + len(ahead[1]):
+                ahead = await self._read_ahead(q, sid, offset)
+            record = ahead[1][offset - ahead[0]] if ahead[0] <= offset < ahead[0] + len(ahead[1]) else None
+            if record is not None:
+                found[offset] = record
         return found
+
+    async def _read_ahead(self, q: int, sid: str, lo: int) -> tuple[int, list[list[Any] | None]]:
+        columns: Columns = await self.engine.read(
+            q, lo, lo + READ_AHEAD_RECORDS, READ_AHEAD_RECORDS, READ_AHEAD_BYTES
+        )
+        try:  # a sealed queue: what this identity can open, up to the first record it cannot
+            columns = sealer_of(self.engine).open_columns(q, columns, partial=True)
+        except NotReaderError:
+            columns = Columns()
+        records: list[list[Any] | None] = [
+            [key, value, ts, hdr or None]
+            for key, value, ts, hdr in zip(
+                columns.keys, columns.values, columns.timestamps, columns.headers, strict=True
+            )
+        ]
+        first = columns.offsets[0] if columns.offsets else lo
+        if columns.offsets and columns.offsets[-1] - first + 1 != len(records):  # not contiguous: by offset
+            by_offset = dict(zip(columns.offsets, records, strict=True))
+            records = [by_offset.get(o) for o in range(first, columns.offsets[-1] + 1)]
+        ahead = self._ahead[sid] = (first, records)
+        return ahead
 
     async def _missing(self, group: RemoteGroup, sid: str, grant: dict[str, Any]) -> tuple[list[Any], str]:
         """A record this daemon lacks: the owner sends it, or (sealed) it must replicate here first."""
@@ -715,6 +762,10 @@ _GRANT_FIELDS: Final = {
 }
 
 
+#: Source ids already checked (grants name the same few over and over).
+_CHECKED_SOURCES: set[str] = set()
+
+
 def _check_grant(grant: Any) -> None:
     """An owner's grant has the fields a client lease needs, with the right types."""
     if not isinstance(grant, dict):
@@ -728,7 +779,11 @@ def _check_grant(grant: Any) -> None:
         )
         if not ok:
             raise MalformedError(f"a grant from the owner lacks a proper {name!r}")
-    parse_source_id(grant["queue"])
+    queue = grant["queue"]
+    if queue not in _CHECKED_SOURCES:
+        parse_source_id(queue)
+        if len(_CHECKED_SOURCES) < 4096:
+            _CHECKED_SOURCES.add(queue)
 
 
 def _client_lease(group: RemoteGroup, grant: dict[str, Any], record: Any, source: str) -> dict[str, Any]:

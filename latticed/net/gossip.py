@@ -409,8 +409,7 @@ class Gossip:
             messages += link.extra_out
             link.extra_out = []
         link.drained.set()
-        for message in messages:
-            await stream.send(message)
+        await stream.send_many(messages)  # one write for all of them (each its own frame)
 
     async def _verifier(
         self,
