@@ -569,6 +569,7 @@ def _info_from_wire(raw: bytes) -> DeadLetterInfo:
 #: start with "~", so folding tells them apart without decoding).
 HISTORY_KEY = b"~history"
 HISTORY_OUTCOMES = (*OUTCOMES, ACKED)
+_OUTCOME_INDEX = {outcome: i for i, outcome in enumerate(HISTORY_OUTCOMES)}
 _HISTORY_VERSION = 1
 _MAX_HISTORY_ENTRIES = 1 << 20
 
@@ -588,16 +589,23 @@ def encode_history(entries: Iterable[AttemptEntry]) -> bytes:
     sources: dict[str, int] = {}
     consumers: dict[str, int] = {}
     rows = []
+    outcome_index = _OUTCOME_INDEX
     for entry in entries:
         a = entry.attempt
+        source = sources.get(entry.source)
+        if source is None:
+            source = sources[entry.source] = len(sources)
+        consumer = consumers.get(a.consumer)
+        if consumer is None:
+            consumer = consumers[a.consumer] = len(consumers)
         row: list[Any] = [
-            sources.setdefault(entry.source, len(sources)),
+            source,
             entry.offset,
             a.number,
-            consumers.setdefault(a.consumer, len(consumers)),
+            consumer,
             a.leased_at_ms,
             a.ended_at_ms,
-            HISTORY_OUTCOMES.index(a.outcome),
+            outcome_index[a.outcome],
         ]
         if a.error:
             row.append(a.error)
