@@ -184,3 +184,25 @@ async def test_without_any_address_the_error_says_so(autojump_clock: trio.testin
         with pytest.raises(OwnerUnreachableError, match="no address of it is known"):
             await worker.call(OWNER, "take", {}, timeout=5, connect_within=1)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_new_connection_to_the_same_peer_ends_the_calls_waiting_on_the_old_one() -> None:
+    async with trio.open_nursery() as nursery:
+        _, worker, _, wire, _ = await setup(nursery)
+        wire.up()
+        failure: list[BaseException] = []
+
+        async def caller() -> None:
+            try:
+                await worker.call(OWNER, "slow", {}, timeout=60, connect_within=0)
+            except LinkLostError as exc:
+                failure.append(exc)
+
+        nursery.start_soon(caller)
+        await trio.testing.wait_all_tasks_blocked()
+        worker.link_up(PeerLink(OWNER, "mem2", "static", ReplicationSession()))  # replaces the old link
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(failure) == 1
+        worker.link_down(wire.worker_end)  # the old link's end, reported late: changes nothing
+        assert worker.connected(OWNER)
+        nursery.cancel_scope.cancel()

@@ -119,6 +119,9 @@ class LeaseLinks:
         return is_leasing_message(message)
 
     def link_up(self, link: PeerLink) -> None:
+        old = self._endpoints.get(link.public_key)
+        if old is not None:  # a new connection replaces the old one: what waited on that is lost with it
+            self._close(old)
         self._endpoints[link.public_key] = _Endpoint(
             link, LeasingSession(max_message_bytes=self._max_message_bytes)
         )
@@ -136,10 +139,7 @@ class LeaseLinks:
         if endpoint is None or endpoint.link is not link:
             return
         del self._endpoints[link.public_key]
-        endpoint.session.close()
-        for scope in endpoint.serving.values():
-            scope.cancel()
-        self._drain(endpoint)
+        self._close(endpoint)
         if self._server is not None:
             self._server.peer_gone(link.public_key)
         self._link_changed()
@@ -218,6 +218,13 @@ class LeaseLinks:
         await self._link_change.wait()
 
     # ------------------------------------------------------------------ internals
+    def _close(self, endpoint: _Endpoint) -> None:
+        """End an endpoint: its callers get LinkLostError, the requests it was answering stop."""
+        endpoint.session.close()
+        for scope in endpoint.serving.values():
+            scope.cancel()
+        self._drain(endpoint)
+
     def _link_changed(self) -> None:
         self._link_change.set()
         self._link_change = trio.Event()
