@@ -285,7 +285,13 @@ def group_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         }
         for g in groups
     ]
-    columns = {"group": "GROUP", "running": "RUNNING", "sources": "QUEUES", "counts": "LIVE COUNTS"}
+    columns = {
+        "group": "GROUP",
+        "running": "RUNNING",
+        "sources": "QUEUES",
+        "filter": "FILTER",
+        "counts": "COUNTS",
+    }
     emit(groups, table_lines(rows, columns) if groups else [], as_json=as_json)
     if not groups and not as_json:
         note("no groups yet (latticectl group create NAME --queue QUEUE)")
@@ -294,7 +300,7 @@ def group_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 def _counts(group: dict[str, object]) -> str:
     """A replica's live counts from its owner ("stale" when the owner is not connected)."""
     if group.get("running"):
-        return "here"
+        return "group stats NAME"
     if not group.get("live"):
         return "stale: owner not connected"
     return " ".join(f"{k}={group.get(k)}" for k in ("available", "leased", "done", "failed", "dead"))
