@@ -298,10 +298,8 @@ def group_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 
 
 def _counts(group: dict[str, object]) -> str:
-    """A replica's live counts from its owner ("stale" when the owner is not connected)."""
-    if group.get("running"):
-        return "group stats NAME"
-    if not group.get("live"):
+    """A group's live counts (a replica's from its owner; "stale" when the owner is not connected)."""
+    if not group.get("running") and not group.get("live"):
         return "stale: owner not connected"
     return " ".join(f"{k}={group.get(k)}" for k in ("available", "leased", "done", "failed", "dead"))
 

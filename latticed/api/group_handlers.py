@@ -233,7 +233,20 @@ async def group_delete(ctx: Context, request: Request) -> Reply:
 async def group_list(ctx: Context, request: Request) -> Reply:
     """Groups run here, then replicas of others' (with their owner's live counts when it is connected)."""
     service = service_of(ctx)
-    groups = [group_info(service, rt) for rt in service.running()]
+    groups = []
+    for rt in service.running():
+        stats = rt.dispatcher.stats(service.now())
+        groups.append(
+            {
+                **group_info(service, rt),
+                "available": stats.available,
+                "leased": stats.leased,
+                "done": stats.done,
+                "failed": stats.failed,
+                "dead": stats.dead,
+                "consumers": stats.consumers,
+            }
+        )
     engine = service.engine
     replicas: list[dict[str, Any]] = []
     for q in engine.queues(KIND_GROUP):  # replicas of groups other daemons run
