@@ -75,6 +75,8 @@ STATS_WITHIN_S: Final = 2.0
 REPLICA_WAIT_S: Final = 5.0
 #: Payload bytes the owner puts in one answer (leases past it are fetched one by one).
 MAX_INLINE_BYTES: Final = 256 * 1024
+#: Leases one answer carries at most (a caller wanting more asks again).
+MAX_TAKE: Final = 1000
 #: Records read at once when a lease's record is read here (the next leases' usually follow it).
 READ_AHEAD_RECORDS: Final = 1024
 READ_AHEAD_BYTES: Final = 4 << 20
@@ -293,7 +295,7 @@ class RemoteLeaseServer:
     async def _take(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
         consumer = self._consumer(peer, body)
         visibility = _seconds(body, "visibility", positive=True)
-        n = _count(body, "n", 10_000)
+        n = min(_count(body, "n", 10_000), MAX_TAKE)  # one answer stays well inside a message
         # A subscription's consumer stays registered between its takes: it ends with ``release``, or is
         # detached when its link goes (then unregistered once its leases have ended).
         leases = await self.service.take_waiting(rt, consumer, visibility, n, _seconds(body, "wait"))
@@ -416,9 +418,8 @@ class RemoteLeaseServer:
             raise MalformedError("'min_idle' (seconds) is required")
         visibility = _seconds(body, "visibility", positive=True)
         try:
-            leases = await self.service.claim(
-                rt, consumer, min_idle, _count(body, "count", 10_000), visibility
-            )
+            count = min(_count(body, "count", 10_000), MAX_TAKE)
+            leases = await self.service.claim(rt, consumer, min_idle, count, visibility)
         finally:
             self.service.detach(rt, consumer)
         return {"leases": self._grants(rt, leases, _have(body))}
