@@ -367,6 +367,11 @@ def test_restart_keeps_acks_and_redelivers_the_rest(tmp_path: Path, monkeypatch:
         with d.client() as c:
             with pytest.raises(LeaseError, match="unknown"):
                 c.ack("work", leases[26])  # type: ignore[arg-type]
+            # attempt histories outlive compaction and the restart: a pending record's, a done one's
+            assert [h["outcome"] for h in c.group_inspect("work", "jobs", 25)["history"]] == ["nack"]
+            early = c.group_inspect("work", "jobs", 0)  # acked before the log was compacted, repeatedly
+            assert early["state"] == "done" and [h["outcome"] for h in early["history"]] == ["acked"]
+            assert early["correlation_id"] == leases[0].correlation_id  # type: ignore[union-attr]
             got = {}
             while (lease := c.dequeue("work")) is not None:
                 got[lease.value] = lease.attempt
