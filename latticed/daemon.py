@@ -32,7 +32,8 @@ from latticed.api.listener import refuse_if_served
 from latticed.api.server import serve_api
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
-from latticed.groups.remote import RemoteGroups, RemoteLeaseServer
+from latticed.groups.lease_server import RemoteLeaseServer
+from latticed.groups.remote import RemoteGroups
 from latticed.groups.service import run_groups
 from latticed.health import Health
 from latticed.logs import get_logger, log_event

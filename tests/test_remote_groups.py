@@ -16,7 +16,8 @@ import trio
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import LeaseError, MalformedError, NotAllowedError, NotFoundError
-from latticed.groups.remote import RemoteLeaseServer, policy_meta
+from latticed.groups.lease_server import RemoteLeaseServer
+from latticed.groups.remote import policy_meta
 from latticed.groups.service import GroupService, run_groups
 from latticed.storage.engine import Engine
 
