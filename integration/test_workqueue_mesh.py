@@ -234,7 +234,7 @@ def test_owner_restart_mid_run_loses_nothing_and_repeats_only_redeliveries(
         # each earlier delivery's lease ended without its ack counting (lost in the restart): only then
         # does the owner hand the record out again
         assert all(outcome.get(t) != "acked" for t in tokens[:-1]), f"offset {offset} done twice:\n{text}"
-    assert len(duplicates) <= sum(v != "acked" for v in outcome.values()) + 3 * 2, text
+    assert len(duplicates) <= sum(v != "acked" for v in outcome.values()), text
     with client(a) as c:
         stats = c.group_stats("g")
     assert stats["ack_floor"][f"{a_id}/jobs"] == total and stats["leased"] == 0
