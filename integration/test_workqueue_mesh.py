@@ -210,6 +210,7 @@ def test_owner_restart_mid_run_loses_nothing_and_repeats_only_redeliveries(
 
     try:
         wait_until(lambda: sum(p[0] == "acked" for p in lines()) >= total // 4, "a quarter to be done")
+        assert _done(a) < total
         a.kill9()  # mid-run: leases out, acks on their way
         a.start()
         wait_until(lambda: _done(a) == total, "every record to be done at the owner", timeout=60)
