@@ -49,10 +49,13 @@ VALUE = b"x" * 100
 
 
 @contextlib.contextmanager
-def daemon(data_dir: Path, group_commit_ms: float) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+def daemon(
+    data_dir: Path, group_commit_ms: float, extra_config: str = ""
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A daemon process on ``data_dir``; ``extra_config``: more TOML lines for its config file."""
     sock = data_dir / "latticed.sock"
     config = data_dir / "latticed.toml"
-    config.write_text(f'group_commit_ms = {group_commit_ms}\nlog_level = "WARNING"\n')
+    config.write_text(f'group_commit_ms = {group_commit_ms}\nlog_level = "WARNING"\n{extra_config}')
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_workqueue.py                       # 100k records, 8 workers
     .venv/bin/python bench/bench_workqueue.py --records 20000 --parts 1,3
+    .venv/bin/python bench/bench_workqueue.py --parts 2,4,5         # local vs remote consumers
 
 Parts:
   1. ``--records`` records through one group, ``--workers`` worker processes each looping
@@ -12,12 +13,21 @@ Parts:
      bench appends one record and measures until the consumer has it (p50/p99 over ``--samples``).
      Reported from the append's request (includes its fsync) and from its reply.
 
-Figures are printed, never asserted. Targets: >= 10k tasks/s (part 1), p99 <= 10 ms (part 3).
+  4. remote consumers: a second daemon on loopback (replicating from the first, which owns the group),
+     ``--workers`` worker processes subscribed to the group through it, acks pipelined and durable at
+     the owner; payloads read from the second daemon's replica (the source is replicated first). Its
+     rate against part 2's, measured in the same run.
+  5. dequeue -> ack round trip of one consumer, one record at a time (``--samples``), against the
+     owner directly and through the second daemon: p50/p99 each.
+
+Figures are printed, never asserted. Targets: >= 10k tasks/s (part 1), p99 <= 10 ms (part 3), remote
+subscribe >= 0.5x local (part 4), remote round trip p50 <= local p50 + 2 ms (part 5).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import tempfile
@@ -28,6 +38,7 @@ from pathlib import Path
 from bench_daemon import cpu_s, daemon, pct  # bench/ is on sys.path when this runs as a script
 
 from latticed.api.client import Client
+from latticed.errors import NotFoundError
 
 VALUE = b"t" * 100
 
@@ -39,6 +50,13 @@ def fill(sock: Path, queue: str, total: int, batch: int = 1000) -> None:
             n = min(batch, total - sent)
             c.offer_batch(queue, [(VALUE, None, ())] * n)
             sent += n
+
+
+def box_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine so far (/proc/stat): how saturated a part ran it."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
 
 
 def rate(done: int, elapsed: float, cpu: float) -> str:
@@ -121,18 +139,94 @@ def part_sync(pid: int, sock: Path, total: int, workers: int) -> None:
     print(f"    {done / tx:.1f} acks per commit; after: done={stats['done']} available={stats['available']}")
 
 
-def part_subscribe(pid: int, sock: Path, total: int, workers: int, window: int) -> None:
+def part_subscribe(pid: int, sock: Path, total: int, workers: int, window: int) -> float:
     with Client(sock) as c:
         c.queue_create("subs")
         fill(sock, "subs", total)
         c.offer_batch("subs", [(b"stop", None, ())] * workers)
         c.group_create("subs-g", ["subs"], visibility=120, retry_backoff=0, max_attempts=0)
-    cpu0, tx0 = cpu_s(pid), transactions(sock)
+    cpu0, tx0, box0 = cpu_s(pid), transactions(sock), box_busy()
     elapsed, done = run_workers(worker_subscribe, (str(sock), "subs-g", window), workers)
-    cpu, tx = cpu_s(pid) - cpu0, transactions(sock) - tx0
+    cpu, tx, box1 = cpu_s(pid) - cpu0, transactions(sock) - tx0, box_busy()
     print(f"[2] {total:,} records, {workers} worker processes, subscribe (window {window}) + pipelined acks:")
     print(rate(done, elapsed, cpu))
     print(f"    {done / tx:.1f} acks per commit")
+    print(f"    the machine was {(box1[0] - box0[0]) / (box1[1] - box0[1]):.0%} busy meanwhile")
+    return done / elapsed
+
+
+def replicated(sock: Path, queue: str, end: int) -> None:
+    deadline = time.monotonic() + 300
+    while True:
+        with Client(sock) as c:
+            try:
+                if c.queue_info(queue)["end_offset"] >= end:
+                    return
+            except NotFoundError:
+                pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{queue} did not replicate")
+        time.sleep(0.1)
+
+
+def part_remote_subscribe(
+    owner: tuple[int, Path],
+    worker: tuple[int, Path],
+    total: int,
+    workers: int,
+    window: int,
+    local: float | None,
+) -> None:
+    (pid, sock), (wpid, wsock) = owner, worker
+    with Client(sock) as c:
+        me = c.identity()
+        c.queue_create("rsubs")
+        fill(sock, "rsubs", total)
+        c.offer_batch("rsubs", [(b"stop", None, ())] * workers)
+        c.group_create("rsubs-g", ["rsubs"], visibility=120, retry_backoff=0, max_attempts=0)
+    replicated(wsock, f"{me}/rsubs", total + workers)  # payloads from the worker's daemon's replica
+    cpu0, wcpu0, tx0, box0 = cpu_s(pid), cpu_s(wpid), transactions(sock), box_busy()
+    elapsed, done = run_workers(worker_subscribe, (str(wsock), f"{me}/rsubs-g", window), workers)
+    cpu, wcpu, tx, box1 = cpu_s(pid) - cpu0, cpu_s(wpid) - wcpu0, transactions(sock) - tx0, box_busy()
+    print(
+        f"[4] {total:,} records, {workers} worker processes on a second daemon, subscribe (window {window}) "
+        "to the first's group, pipelined acks:"
+    )
+    print(rate(done, elapsed, cpu))
+    print(f"    worker's daemon CPU {wcpu / done * 1e6:.0f} us/task; {done / tx:.1f} acks per commit")
+    print(f"    the machine was {(box1[0] - box0[0]) / (box1[1] - box0[1]):.0%} busy meanwhile")
+    if local:
+        print(f"    {done / elapsed / local:.2f}x the local subscribe rate of part 2 (target >= 0.5x)")
+
+
+def round_trips(sock: Path, group: str, samples: int) -> list[float]:
+    out = []
+    with Client(sock, timeout=60) as c:
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            lease = c.dequeue(group)
+            assert lease is not None
+            c.ack(group, lease)
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def part_round_trip(owner: Path, worker: Path, samples: int) -> None:
+    with Client(owner) as c:
+        me = c.identity()
+        c.queue_create("rt")
+        fill(owner, "rt", 2 * samples + 100)
+        c.group_create("rt-g", ["rt"])
+    replicated(worker, f"{me}/rt", 2 * samples + 100)
+    round_trips(owner, "rt-g", 50)  # warm both paths up
+    round_trips(worker, f"{me}/rt-g", 50)
+    local = round_trips(owner, "rt-g", samples // 2)
+    remote = round_trips(worker, f"{me}/rt-g", samples // 2)
+    print(f"[5] dequeue -> ack round trip, one record at a time, {samples // 2} samples each (acks durable):")
+    for label, got in (("at the owner            ", local), ("through a second daemon", remote)):
+        print(f"    {label}: p50 {pct(got, 0.5) * 1000:.2f} ms, p99 {pct(got, 0.99) * 1000:.2f} ms")
+    gap = (pct(remote, 0.5) - pct(local, 0.5)) * 1000
+    print(f"    remote p50 - local p50 = {gap:.2f} ms (target <= 2 ms)")
 
 
 def consumer(sock: str, group: str, ready: mp.synchronize.Event, out: Connection) -> None:
@@ -180,7 +274,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--parts", default="1,2,3")
+    parser.add_argument("--parts", default="1,2,3,4,5")
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--window", type=int, default=32)
@@ -189,17 +283,33 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary data directory")
     args = parser.parse_args()
     parts = {int(p) for p in args.parts.split(",")}
-    with (
-        tempfile.TemporaryDirectory(prefix="latticed-wq-bench-", dir=args.dir) as tmp,
-        daemon(Path(tmp), args.group_commit_ms) as (proc, sock),
-    ):
+    mesh = 'listen = "127.0.0.1:0"\nmdns = false\n'
+    with contextlib.ExitStack() as stack:
+        tmp = Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="latticed-wq-bench-", dir=args.dir))
+        )
+        (tmp / "a").mkdir()
+        proc, sock = stack.enter_context(daemon(tmp / "a", args.group_commit_ms, mesh))
         print(f"daemon pid {proc.pid}, cpus={os.cpu_count()}, group_commit_ms={args.group_commit_ms}")
+        local = None
         if 1 in parts:
             part_sync(proc.pid, sock, args.records, args.workers)
         if 2 in parts:
-            part_subscribe(proc.pid, sock, args.records, args.workers, args.window)
+            local = part_subscribe(proc.pid, sock, args.records, args.workers, args.window)
         if 3 in parts:
             part_latency(sock, args.samples)
+        if parts & {4, 5}:
+            with Client(sock) as c:
+                port = c.status()["listen"].rsplit(":", 1)[1]
+            (tmp / "b").mkdir()
+            peer = f'peers = ["127.0.0.1:{port}"]\n'
+            wproc, wsock = stack.enter_context(daemon(tmp / "b", args.group_commit_ms, mesh + peer))
+            if 4 in parts:
+                part_remote_subscribe(
+                    (proc.pid, sock), (wproc.pid, wsock), args.records, args.workers, args.window, local
+                )
+            if 5 in parts:
+                part_round_trip(sock, wsock, args.samples)
 
 
 if __name__ == "__main__":

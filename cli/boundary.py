@@ -12,7 +12,8 @@ code   cause                                                               raise
 2      bad command line or input that does not parse (bad config too)      typer usage error, Malformed
 3      the daemon is not running, or the connection to it broke            ConnectionClosedError
 4      no such queue, record, key or field                                 NotFoundError
-5      a write to a queue or key owned by another identity                 NotOwnerError
+5      a write to a queue or key owned by another identity; a group's      NotOwnerError,
+       owner does not take remote consumers from this daemon               NotAllowedError
 6      verification failed, the queue's owner forked it, or a write to     IntegrityError, ForkedQueue,
        our own queue would fork it (a peer holds records of it we lack)    BehindPeersError
 7      the store cannot do it (disk full, read-only, corrupt)              StorageError
@@ -24,6 +25,8 @@ code   cause                                                               raise
        plain value, hash or set; Redis's WRONGTYPE)
 13     reading a sealed queue this daemon's identity is not a reader of    NotReaderError
        (for the key epoch of the records asked for)
+14     the daemon that owns a group (another one) could not be reached     OwnerUnreachableError
+       in time: no link and none could be dialled, or it did not answer
 130    interrupted (Ctrl-C): quiet
 141    stdout was closed early (``latticectl tail q | head -1``): quiet
 =====  ==================================================================  ==============================
@@ -57,6 +60,7 @@ from latticed.errors import (
     NotFoundError,
     NotOwnerError,
     NotReaderError,
+    OwnerUnreachableError,
     StorageError,
     WrongTypeError,
 )
@@ -79,6 +83,7 @@ class ExitCode(enum.IntEnum):
     CAPACITY = 11
     WRONG_TYPE = 12
     NOT_READER = 13
+    OWNER_UNREACHABLE = 14
     INTERRUPTED = 130
     STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for ``yes | head -1``
 
@@ -100,6 +105,7 @@ _BY_CLASS: dict[type[BaseException], ExitCode] = {
     CapacityError: ExitCode.CAPACITY,
     WrongTypeError: ExitCode.WRONG_TYPE,
     NotReaderError: ExitCode.NOT_READER,
+    OwnerUnreachableError: ExitCode.OWNER_UNREACHABLE,
     LatticedError: ExitCode.ERROR,
     OSError: ExitCode.ERROR,
 }

@@ -18,10 +18,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from cli.boundary import one_line
 from cli.common import note, settings
 from cli.output import emit, field_lines, human, table_lines, text_of_bytes, to_json
 from cli.work import Worker, lease_env
@@ -177,9 +178,23 @@ def group_create(
         typer.Option(metavar="N", min=0, help="Leases per consumer (0: no cap).", show_default="0"),
     ] = None,
     description: Annotated[str | None, typer.Option(metavar="TEXT")] = None,
+    allow_remote: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-remote",
+            metavar="ID",
+            help="Only this daemon identity's workers may consume it remotely; repeatable.",
+            show_default="any peer with the network key",
+        ),
+    ] = None,
+    no_remote: Annotated[
+        bool, typer.Option("--no-remote", help="Only workers of this daemon may consume it.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Create a consumer group over one or more queues (yours or replicated ones)."""
+    if no_remote and allow_remote:
+        raise typer.BadParameter("--no-remote and --allow-remote exclude each other", ctx=ctx)
     info = _client(ctx).group_create(
         name,
         queue,
@@ -192,19 +207,101 @@ def group_create(
         max_consumers=max_consumers,
         max_in_flight=max_in_flight,
         description=description,
+        remote_consumers=[] if no_remote else allow_remote or None,
     )
     emit(info, field_lines(info), as_json=as_json)
+
+
+@group_app.command("edit")
+def group_edit(
+    ctx: typer.Context,
+    *,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Your group.")],
+    filter: Annotated[str | None, typer.Option("--filter", metavar="EXPR", help="A new filter.")] = None,
+    max_attempts: Annotated[int | None, typer.Option(metavar="N", min=0)] = None,
+    visibility: Annotated[float | None, typer.Option(metavar="S", min=0.001)] = None,
+    retry_backoff: Annotated[float | None, typer.Option(metavar="S", min=0.0)] = None,
+    backoff_cap: Annotated[float | None, typer.Option(metavar="S", min=0.0)] = None,
+    retention: Annotated[float | None, typer.Option(metavar="S", min=0.0)] = None,
+    max_consumers: Annotated[int | None, typer.Option(metavar="N", min=0)] = None,
+    max_in_flight: Annotated[int | None, typer.Option(metavar="N", min=0)] = None,
+    description: Annotated[str | None, typer.Option(metavar="TEXT")] = None,
+    allow_remote: Annotated[
+        list[str] | None,
+        typer.Option("--allow-remote", metavar="ID", help="Only these identities consume it remotely."),
+    ] = None,
+    no_remote: Annotated[bool, typer.Option("--no-remote", help="No remote consumers.")] = False,
+    any_remote: Annotated[
+        bool, typer.Option("--any-remote", help="Any peer with the network key may consume it.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Change a group's settings (those given); see docs/workqueues.md for leases in flight."""
+    if sum((bool(allow_remote), no_remote, any_remote)) > 1:
+        raise typer.BadParameter("give one of --allow-remote, --no-remote, --any-remote", ctx=ctx)
+    remote: list[str] | str | None = "any" if any_remote else [] if no_remote else allow_remote or None
+    info = _client(ctx).group_edit(
+        name,
+        filter=filter,
+        max_attempts=max_attempts,
+        visibility=visibility,
+        retry_backoff=retry_backoff,
+        backoff_cap=backoff_cap,
+        retention=retention,
+        max_consumers=max_consumers,
+        max_in_flight=max_in_flight,
+        description=description,
+        remote_consumers=remote,
+    )
+    emit(info, field_lines(info), as_json=as_json)
+
+
+@group_app.command("delete")
+def group_delete(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Your group.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete a group: its leases in flight become unknown, its dead letters are dropped."""
+    reply = _client(ctx).group_delete(name)
+    emit(reply, [], as_json=as_json)
+    if not as_json:
+        note(
+            f"deleted group {name} ({reply.get('leases_voided')} lease(s) in flight voided, "
+            f"{reply.get('dead_letters_dropped')} dead letter(s) dropped)"
+        )
 
 
 @group_app.command("list")
 def group_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """List groups: those this daemon runs and replicas of others'."""
     groups = _client(ctx).group_list()
-    rows = [{**g, "sources": [_short(s) for s in g.get("sources", [])], "group": g["group"]} for g in groups]
-    columns = {"group": "GROUP", "running": "RUNNING", "sources": "QUEUES", "filter": "FILTER"}
+    rows = [
+        {
+            **g,
+            "sources": [_short(s) for s in g.get("sources", [])],
+            "group": g["group"],
+            "counts": _counts(g),
+        }
+        for g in groups
+    ]
+    columns = {
+        "group": "GROUP",
+        "running": "RUNNING",
+        "sources": "QUEUES",
+        "filter": "FILTER",
+        "counts": "COUNTS",
+    }
     emit(groups, table_lines(rows, columns) if groups else [], as_json=as_json)
     if not groups and not as_json:
         note("no groups yet (latticectl group create NAME --queue QUEUE)")
+
+
+def _counts(group: dict[str, object]) -> str:
+    """A group's live counts (a replica's from its owner; "stale" when the owner is not connected)."""
+    if not group.get("running") and not group.get("live"):
+        return "stale: owner not connected"
+    return " ".join(f"{k}={group.get(k)}" for k in ("available", "leased", "done", "failed", "dead"))
 
 
 @group_app.command("stats")
@@ -216,6 +313,8 @@ def group_stats(ctx: typer.Context, group: GroupArg, as_json: JsonFlag = False) 
         for key in (
             "group",
             "running",
+            "live",
+            "stale",
             "available",
             "leased",
             "pending",
@@ -245,10 +344,23 @@ def group_inspect(
     """One record as the group sees it: state, attempts and their history."""
     task = _client(ctx).group_inspect(group, queue, offset)
     history = task.pop("history")
-    lines = field_lines(task) + [
-        f"  attempt {a['attempt']}: {a['outcome']} by {a['consumer']}" for a in history
-    ]
+    shown = {k: v for k, v in task.items() if v is not None}
+    for name in ("expires_at", "retry_at", "done_at"):
+        if name in shown:
+            shown[name] = _when(shown[name])
+    lines = field_lines(shown) + [_attempt_line(a) for a in history]
     emit({**task, "history": history}, lines, as_json=as_json)
+
+
+def _attempt_line(attempt: dict[str, Any]) -> str:
+    """``  attempt 2: nack by pid42.c3 at 2026-... (1.250s): why``"""
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(attempt["leased_at_ms"] / 1000))
+    took = (attempt["ended_at_ms"] - attempt["leased_at_ms"]) / 1000
+    error = attempt.get("error")
+    return (
+        f"  attempt {attempt['attempt']}: {attempt['outcome']} by {attempt['consumer']} at {started} "
+        f"({took:.3f}s)" + (f": {one_line(error)}" if error else "")
+    )
 
 
 # --- leases -----------------------------------------------------------------------------------
@@ -286,6 +398,32 @@ def dequeue(
     emit(lease, field_lines(fields), as_json=as_json)
 
 
+def claim(
+    ctx: typer.Context,
+    *,
+    group: GroupArg,
+    min_idle: Annotated[
+        float, typer.Option(metavar="S", min=0.0, help="Take leases whose holder was idle at least S.")
+    ],
+    count: Annotated[int, typer.Option(metavar="N", min=1, max=10_000, help="At most N leases.")] = 1,
+    visibility: Annotated[
+        float | None, typer.Option(metavar="S", min=0.001, help="Lease length (default: the group's).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Take over leases idle at least --min-idle seconds (each costs its record an attempt); exit 10 if
+    there is none."""
+    leases = _client(ctx).claim(group, min_idle, count, visibility)
+    if not leases:
+        raise EmptyError(f"no lease of group {group} has been idle for {min_idle:g}s")
+    lines: list[str] = []
+    for lease in leases:
+        fields = _lease_fields(lease)
+        fields["value"] = text_of_bytes(lease.value)
+        lines += [*field_lines(fields), ""]
+    emit(leases, lines[:-1], as_json=as_json)
+
+
 def ack(ctx: typer.Context, group: GroupArg, lease: LeaseArg, as_json: JsonFlag = False) -> None:
     """Settle a leased record as done; prints its correlation id (exit 9 if the lease is stale)."""
     correlation = _client(ctx).ack(group, lease)
@@ -294,15 +432,22 @@ def ack(ctx: typer.Context, group: GroupArg, lease: LeaseArg, as_json: JsonFlag 
 
 def nack(
     ctx: typer.Context,
+    *,
     group: GroupArg,
     lease: LeaseArg,
     delay: Annotated[
         float | None, typer.Option(metavar="S", min=0.0, help="Retry after S (default: backoff).")
     ] = None,
+    reason: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TEXT", help="Why it failed (kept in its attempt history, and its dead letter)."
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Give a leased record back for a retry (or to the DLQ on its last attempt)."""
-    reply = _client(ctx).nack(group, lease, delay)
+    reply = _client(ctx).nack(group, lease, delay, reason)
     text = "dead-lettered" if reply.get("dead_lettered") else f"retry at {_when(reply.get('retry_at'))}"
     emit(reply, f"{reply.get('correlation_id')}\t{text}", as_json=as_json)
 
@@ -393,6 +538,7 @@ def dlq_list(
         "offset": "OFFSET",
         "attempts": "ATTEMPTS",
         "reason": "REASON",
+        "last_error": "LAST ERROR",
         "correlation_id": "CORRELATION",
         "value": "VALUE",
     }
@@ -412,11 +558,7 @@ def dlq_show(
     letter = _client(ctx).dlq_show(group, offset)
     history = letter.pop("history")
     value = letter.pop("value")
-    lines = field_lines(letter) + [
-        f"  attempt {a['attempt']}: {a['outcome']} by {a['consumer']} "
-        f"({(a['ended_at_ms'] - a['leased_at_ms']) / 1000:.3f}s)"
-        for a in history
-    ]
+    lines = field_lines(letter) + [_attempt_line(a) for a in history]
     emit(
         to_json({**letter, "history": history, "value": value}),
         [*lines, text_of_bytes(value)],
@@ -470,6 +612,7 @@ def register(app: typer.Typer, client: ClientFactory) -> None:
     app.command()(nack)
     app.command()(extend)
     app.command("ack-up-to")(ack_up_to)
+    app.command()(claim)
     app.command()(work)
 
 

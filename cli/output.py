@@ -12,6 +12,10 @@ Bytes (values, keys, header values, hash fields, set members) are shown as follo
   entry headers a list of ``[name, value]`` pairs (names may repeat), and an entry an object with
   ``queue``, ``offset``, ``key``, ``value``, ``timestamp`` and ``headers``. Streams of entries are JSON
   Lines: one object per line.
+
+The ``x-dlq`` header of a dead letter (msgpack, written by its group) is shown as readable fields, never
+as its bytes: where the record came from (``queue``, ``offset``), ``attempts``, ``reason``, ``last_error``
+(text: ``dlq.queue=... dlq.offset=...``; JSON: an object as the header's value).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import msgpack
+
 from cli.boundary import StdoutClosed
 from latticed.api.client import Entry
 
@@ -31,6 +37,41 @@ _CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]} | {
     ord("\r"): "\\r",
     ord("\t"): "\\t",
 }
+
+
+#: The dead-letter header (``DLQ_HEADER`` of latticed/crdt/group.py, not imported from there: that would
+#: load the signing stack into every latticectl start).
+DLQ_HEADER = "x-dlq"
+
+
+def dead_letter_fields(raw: bytes) -> dict[str, Any]:
+    """A dead letter's ``x-dlq`` header as fields (display only: the daemon validates it when it reads
+    it). Layout: ``[1, source, offset, attempts, correlation id, reason, dead at ms, history]``, each
+    history item ``[number, consumer, leased ms, ended ms, outcome, error?]``."""
+    try:
+        items = msgpack.unpackb(raw, raw=False)
+    except Exception:
+        items = None
+    if type(items) is not list or len(items) != 8 or items[0] != 1 or type(items[7]) is not list:
+        return {"unreadable": f"{len(raw)} bytes that are not a dead-letter header"}
+    _, source, offset, attempts, correlation, reason, dead_at, history = items
+    errors = [h[5] for h in history if type(h) is list and len(h) > 5 and isinstance(h[5], str) and h[5]]
+    return {
+        "queue": source,
+        "offset": offset,
+        "attempts": attempts,
+        "reason": reason,
+        "last_error": errors[-1] if errors else None,
+        "correlation_id": correlation,
+        "dead_at_ms": dead_at,
+    }
+
+
+def _header_text(name: str, value: bytes) -> str:
+    if name == DLQ_HEADER:
+        fields = dead_letter_fields(value)
+        return "\t".join(f"dlq.{k}={human(v)}" for k, v in fields.items() if k != "dead_at_ms")
+    return f"{human(name)}={text_of_bytes(value, single_line=True)}"
 
 
 def _utf8(data: bytes) -> str | None:
@@ -71,6 +112,12 @@ def to_json(value: object) -> Any:
         raw = bytes(value)
         text = _utf8(raw)
         return text if text is not None else {"base64": base64.b64encode(raw).decode("ascii")}
+    if isinstance(value, Entry):
+        headers = [[n, dead_letter_fields(v) if n == DLQ_HEADER else to_json(v)] for n, v in value.headers]
+        return {
+            **{f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)},
+            "headers": headers,
+        }
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
@@ -116,7 +163,7 @@ def entry_text(entry: Entry) -> str:
     parts = [str(entry.offset)]
     if entry.key is not None:
         parts.append("key=" + text_of_bytes(entry.key, single_line=True))
-    parts += [f"{human(name)}={text_of_bytes(value, single_line=True)}" for name, value in entry.headers]
+    parts += [_header_text(name, value) for name, value in entry.headers]
     parts.append(text_of_bytes(entry.value, single_line=True))
     return "\t".join(parts)
 

@@ -10,7 +10,9 @@ long; otherwise it runs until interrupted.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from latticed.api.client import Client, Lease
-from latticed.errors import ConnectionClosedError, LeaseError
+from latticed.errors import ConnectionClosedError, LeaseError, OwnerUnreachableError
 
 #: How long one dequeue waits when no ``--idle`` is given (then it simply asks again).
 LONG_WAIT_S = 60.0
@@ -93,7 +95,20 @@ class Worker:
         self._errors: list[BaseException] = []
         self._busy = 0
 
+    def check_command(self) -> None:
+        """Refuse at once a command that cannot be run (before anything is leased for it)."""
+        program = self.command[0] if self.command else ""
+        if not program:
+            raise OSError(errno.ENOENT, "no command to run", "")
+        if os.sep in program:
+            found = os.path.isfile(program) and os.access(program, os.X_OK)
+        else:
+            found = shutil.which(program, path=self.env.get("PATH", os.defpath)) is not None
+        if not found:
+            raise OSError(errno.ENOENT, "cannot run the command (not found, or not executable)", program)
+
     def run(self) -> WorkSummary:
+        self.check_command()
         threads = [
             threading.Thread(target=self._thread, name=f"work-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -138,8 +153,9 @@ class Worker:
                     with self._lock:
                         self._busy += 1
                     try:
-                        if self._stop.is_set():  # interrupted while it waited: give it straight back
-                            client.nack(self.group, lease, 0.0)
+                        if self._stop.is_set():  # stopped while it waited: give it straight back
+                            with contextlib.suppress(LeaseError, OwnerUnreachableError):
+                                client.nack(self.group, lease, 0.0, reason="the worker stopped")
                             return
                         self._process(client, lease)
                     finally:
@@ -151,7 +167,12 @@ class Worker:
 
     def _process(self, client: Client, lease: Lease) -> None:
         env = {**self.env, **lease_env(lease, self.socket_path)}
-        proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, env=env)
+        try:
+            proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, env=env)
+        except OSError as exc:  # gone or changed since the check: give the record back, then stop
+            with contextlib.suppress(LeaseError, ConnectionClosedError, OwnerUnreachableError):
+                client.nack(self.group, lease, 0.0, reason=f"cannot run {self.command[0]}: {exc.strerror}")
+            raise OSError(exc.errno, f"cannot run the command ({exc.strerror})", self.command[0]) from exc
         payload: bytes | None = lease.value
         # Renew the lease when a third of its visibility is left, for as long as the command runs.
         visibility = max(lease.expires_at - time.time(), 0.003)
@@ -169,10 +190,11 @@ class Worker:
                 client.ack(self.group, lease)
                 outcome = "acked"
             else:
-                client.nack(self.group, lease, self.nack_delay)
+                reason = f"command exited with status {proc.returncode}"
+                client.nack(self.group, lease, self.nack_delay, reason=reason)
                 outcome = "nacked"
-        except (LeaseError, ConnectionClosedError):
-            outcome = "lost"
+        except (LeaseError, ConnectionClosedError, OwnerUnreachableError):
+            outcome = "lost"  # redelivered once its lease ends (an unreachable owner may still count it)
         with self.summary.lock:
             setattr(self.summary, outcome, getattr(self.summary, outcome) + 1)
 

@@ -20,7 +20,7 @@ from polling import wait_until
 
 from cli.boundary import ExitCode
 from latticed.api.client import Client
-from latticed.errors import LeaseError, NotOwnerError
+from latticed.errors import LeaseError
 
 WAIT_S = 30.0
 LATTICECTL = str(Path(sys.executable).parent / "latticectl")
@@ -176,17 +176,15 @@ def test_group_progress_and_dead_letters_replicate(latticed_process: Factory) ->
     wait_until(lambda: replica_floor() == 7, "the replica to see the ack floor")
     with client(b) as c:
         wait_until(lambda: c.queue_info(f"{owner}/work.dlq")["end_offset"] == 1, "the DLQ to replicate")
-        stats = c.group_stats(f"{owner}/work")
-        assert stats["running"] is False and stats["dead"] == 1 and stats["ack_floor"] == expected
-        assert stats["pending"] == 3
+        stats = c.group_stats(f"{owner}/work")  # the owner is connected: its live counts
+        assert stats["running"] is False and stats["live"] is True
+        assert stats["dead"] == 1 and stats["ack_floor"] == expected and stats["available"] == 3
         [dead] = c.range(f"{owner}/work.dlq", 0, 0)
         assert (
             dead.value == poison.value
             and dict(dead.headers)["correlation-id"] == poison.correlation_id.encode()
         )
         assert any(g["group"] == f"{owner}/work" and not g["running"] for g in c.group_list())
-        with pytest.raises(NotOwnerError):
-            c.dequeue(f"{owner}/work")
         # b runs a group of its own over a's (replicated) queue; a blocked dequeue wakes on arrivals
         wait_until(lambda: c.queue_info(source)["end_offset"] == 10, "the source to replicate")
         c.group_create("mirror", [source])
@@ -270,3 +268,168 @@ def test_stale_lease_empty_wait_and_json(latticed_process: Factory) -> None:
     assert empty.returncode == ExitCode.EMPTY == 10 and time.monotonic() - t0 >= 0.3
     assert empty.stderr == "latticectl: error: no record available in group g within 0.3s\n"
     assert ctl(daemon, "nack", "g", "nope.1").returncode == ExitCode.LEASE
+
+
+# ------------------------------------------------------------------ durable attempt history
+
+
+def test_attempt_history_survives_a_restart_for_pending_done_and_dead_records(
+    latticed_process: Factory,
+) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        c.queue_create("jobs")
+        c.offer_batch("jobs", [(b"%d" % i, None, ()) for i in range(3)])
+        c.group_create("g", ["jobs"], max_attempts=2, retry_backoff=0, retention=3600)
+        done = c.dequeue("g")
+        assert done is not None and done.offset == 0
+        c.nack("g", done, 0, reason="flaky: exit 75")
+        done = c.dequeue("g")
+        assert done is not None and done.offset == 0
+        c.ack("g", done)
+        pending = c.dequeue("g")
+        assert pending is not None and pending.offset == 1
+        c.nack("g", pending, 3600, reason="bad input")  # retried in an hour
+        for _ in range(2):  # offset 2 fails twice: dead-lettered
+            lease = c.dequeue("g")
+            assert lease is not None and lease.offset == 2
+            c.nack("g", lease, 0, reason="poison")
+    daemon.stop()  # a clean stop; leases were local, the history is in the group log
+    daemon.start()
+    with client(daemon) as c:
+
+        def history(offset: int) -> tuple[str, list[tuple[int, str, str]]]:
+            task = c.group_inspect("g", "jobs", offset)
+            return task["state"], [(h["attempt"], h["outcome"], h["error"]) for h in task["history"]]
+
+        assert history(0) == ("done", [(1, "nack", "flaky: exit 75"), (2, "acked", "")])
+        assert history(1) == ("available", [(1, "nack", "bad input")])  # retry timers were local
+        assert history(2) == ("dead", [(1, "nack", "poison"), (2, "nack", "poison")])
+        assert c.group_inspect("g", "jobs", 0)["correlation_id"] == done.correlation_id
+    shown = ctl(daemon, "group", "inspect", "g", "jobs", "0")
+    assert (
+        shown.returncode == 0
+        and "attempt 1: nack by pid" in shown.stdout
+        and "flaky: exit 75" in shown.stdout
+    )
+
+
+# ------------------------------------------------------------------ claim, edit, delete
+
+
+def test_claim_hands_idle_leases_to_the_caller(latticed_process: Factory) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        c.queue_create("jobs")
+        c.offer_batch("jobs", [(b"a", None, ()), (b"b", None, ())])
+        c.group_create("g", ["jobs"], visibility=300)
+        stuck = c.dequeue("g")  # a worker that went quiet
+        assert stuck is not None
+    assert ctl(daemon, "claim", "g", "--min-idle", "60").returncode == ExitCode.EMPTY  # not idle that long
+    time.sleep(0.3)  # idleness is measured in time: let some pass
+    got = ctl(daemon, "claim", "g", "--min-idle", "0.2", "--count", "5", "--json")
+    assert got.returncode == 0, got.stderr
+    [claimed] = json.loads(got.stdout)
+    assert (claimed["offset"], claimed["attempt"], claimed["value"]) == (0, 2, "a")
+    assert ctl(daemon, "ack", "g", stuck.lease).returncode == ExitCode.LEASE  # the quiet worker lost it
+    assert ctl(daemon, "ack", "g", claimed["lease"]).returncode == 0
+    with client(daemon) as c:
+        history = c.group_inspect("g", "jobs", 0)["history"]
+    assert [h["outcome"] for h in history] == ["claimed", "acked"]
+
+
+def test_edit_and_delete_and_what_they_do_to_leases_in_flight(latticed_process: Factory) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        c.queue_create("jobs")
+        c.offer_batch("jobs", [(b"%d" % i, None, ()) for i in range(4)])
+        c.group_create("g", ["jobs"], visibility=300, max_attempts=5)
+        old = c.dequeue("g")
+        assert old is not None
+    edited = ctl(daemon, "group", "edit", "g", "--visibility", "7", "--max-attempts", "2", "--json")
+    assert edited.returncode == 0, edited.stderr
+    assert (json.loads(edited.stdout)["visibility_s"], json.loads(edited.stdout)["max_attempts"]) == (7, 2)
+    with client(daemon) as c:
+        assert c.group_inspect("g", "jobs", old.offset)["expires_at"] == old.expires_at  # unchanged
+        new = c.dequeue("g")
+        assert new is not None and new.expires_at - time.time() < 8  # the new visibility
+        assert c.group_list()[0]["visibility_s"] == 7  # in the signed definition too
+        assert c.dequeue("g") is not None and c.dequeue("g") is not None  # all four leased now
+    assert ctl(daemon, "group", "edit", "g").returncode == ExitCode.USAGE  # nothing to change
+    assert ctl(daemon, "group", "edit", "g", "--filter", "key=(").returncode == ExitCode.USAGE
+    # a consumer blocked on the group when it is deleted is told so
+    with client(daemon) as c:
+        before = c.group_stats("g")["consumers"]  # the one holding the leases (its connection closed)
+    waiter = subprocess.Popen(
+        [LATTICECTL, "--socket", str(daemon.socket), "dequeue", "g", "--wait", "30"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with client(daemon) as c:
+        wait_until(lambda: c.group_stats("g")["consumers"] > before, "the waiter to block")
+    deleted = ctl(daemon, "group", "delete", "g")
+    assert deleted.returncode == 0 and "4 lease(s) in flight voided" in deleted.stderr
+    assert waiter.wait(30) == ExitCode.NOT_FOUND and "deleted" in (
+        waiter.stderr.read() if waiter.stderr else ""
+    )
+    assert ctl(daemon, "ack", "g", old.lease).returncode == ExitCode.NOT_FOUND
+    assert ctl(daemon, "group", "stats", "g").returncode == ExitCode.NOT_FOUND
+    with client(daemon) as c:
+        assert c.group_list() == []
+        c.group_create("g", ["jobs"])  # the name is free again: a new group, from the start
+        assert c.group_stats("g")["available"] == 4
+
+
+# ------------------------------------------------------------------ the DLQ as people read it
+
+
+def test_range_and_dlq_show_print_the_dead_letter_header_as_fields(latticed_process: Factory) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        owner = c.identity()
+        c.queue_create("jobs")
+        c.offer("jobs", b"poison", headers={"trace": b"t1"})
+        c.group_create("g", ["jobs"], max_attempts=1)
+        lease = c.dequeue("g")
+        assert lease is not None
+        c.nack("g", lease, reason="parse error: line 1")
+    text = ctl(daemon, "range", "g.dlq", "0", "0")
+    assert text.returncode == 0, text.stderr
+    fields = dict(part.split("=", 1) for part in text.stdout.rstrip("\n").split("\t")[1:-1])
+    assert fields["trace"] == "t1"
+    assert (fields["dlq.queue"], fields["dlq.offset"], fields["dlq.attempts"]) == (f"{owner}/jobs", "0", "1")
+    assert (fields["dlq.reason"], fields["dlq.last_error"]) == ("nack", "parse error: line 1")
+    assert "x-dlq" not in text.stdout and "\\x" not in text.stdout  # never the raw msgpack
+    [entry] = [
+        json.loads(line) for line in ctl(daemon, "range", "g.dlq", "0", "0", "--json").stdout.splitlines()
+    ]
+    dlq = dict(entry["headers"])["x-dlq"]
+    assert (dlq["queue"], dlq["offset"], dlq["attempts"], dlq["last_error"]) == (
+        f"{owner}/jobs",
+        0,
+        1,
+        "parse error: line 1",
+    )
+    shown = ctl(daemon, "dlq", "show", "g", "0")
+    assert shown.returncode == 0 and "last_error:" in shown.stdout and "parse error: line 1" in shown.stdout
+    assert "x-dlq" not in shown.stdout
+    assert ctl(daemon, "offer", "g.dlq", "forged").returncode == ExitCode.NOT_OWNER
+    assert ctl(daemon, "queue", "create", "x.dlq").returncode == ExitCode.USAGE
+
+
+def test_work_with_a_command_that_does_not_exist_fails_cleanly_and_leases_nothing(
+    latticed_process: Factory,
+) -> None:
+    daemon = latticed_process()
+    with client(daemon) as c:
+        c.queue_create("jobs")
+        c.offer("jobs", b"x")
+        c.group_create("g", ["jobs"])
+    result = ctl(daemon, "work", "g", "--idle", "1", "--", "/does/not/exist", "--flag")
+    assert result.returncode == ExitCode.ERROR, result.stderr
+    assert result.stderr.count("\n") == 1 and "/does/not/exist" in result.stderr
+    assert result.stderr.startswith("latticectl: error: cannot run the command")
+    with client(daemon) as c:
+        stats = c.group_stats("g")
+        assert (stats["available"], stats["leased"]) == (1, 0)
+        assert c.group_inspect("g", "jobs", 0)["history"] == []

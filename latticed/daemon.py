@@ -34,6 +34,8 @@ from latticed.api.listener import refuse_if_served
 from latticed.api.server import serve_api
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
+from latticed.groups.lease_server import RemoteLeaseServer
+from latticed.groups.remote import RemoteGroups
 from latticed.groups.service import run_groups
 from latticed.health import Health
 from latticed.logs import get_logger, log_event
@@ -42,6 +44,7 @@ from latticed.membership import run_membership
 from latticed.metrics.collector import StateCollector
 from latticed.metrics.live import DaemonMetrics
 from latticed.metrics.server import serve_metrics
+from latticed.net.leasing import LeaseLinks
 from latticed.net.replication import Replication, load_network_key
 from latticed.netkey import check_listen_key
 from latticed.paths import ensure_data_dir, ensure_socket_dir
@@ -128,6 +131,10 @@ async def run_daemon(
                     if handle_signals:
                         await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
                     await nursery.start(health.run)
+                    # Lease forwarding rides on the replication links (whichever key they run under).
+                    links = LeaseLinks(
+                        dial=partial(_dial_owner, context), max_message_bytes=config.max_frame_bytes
+                    )
                     membership = await nursery.start(
                         partial(
                             run_membership,
@@ -137,10 +144,15 @@ async def run_daemon(
                             network_key,
                             _publisher(context),
                             metrics=metrics,
+                            extension=links,
                         )
                     )
                     groups = await nursery.start(run_groups, engine)
+                    remote_groups = RemoteGroups(engine, links)
+                    await nursery.start(remote_groups.run)
+                    await nursery.start(links.run, RemoteLeaseServer(groups))
                     context.membership, context.groups = membership, groups
+                    context.remote_groups = remote_groups
                     if metrics is not None and config.metrics_listen is not None:
                         metrics.registry.register(
                             StateCollector(
@@ -192,6 +204,12 @@ def _publisher(context: Context) -> Callable[[Replication | None], None]:
         context.replication = service
 
     return publish
+
+
+def _dial_owner(context: Context, peer: bytes) -> bool:
+    """Dial a group's owner now (lease forwarding); False if no address of it is known."""
+    service = context.membership.service if context.membership is not None else None
+    return service.dial_now(peer) if service is not None else False
 
 
 def _tune_gc_threshold() -> None:

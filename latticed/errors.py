@@ -103,6 +103,20 @@ class CapacityError(LatticedError):
     code = "capacity"
 
 
+class OwnerUnreachableError(LatticedError):
+    """A group run by another daemon, whose daemon could not be reached (no link, none could be dialled,
+    or it did not answer) within the time the call allows. Nothing was leased or settled by this call,
+    unless the owner says so later: a lease it holds is still good when the link comes back."""
+
+    code = "owner_unreachable"
+
+
+class NotAllowedError(NotOwnerError):
+    """The owner of a group does not let this daemon's identity consume it remotely (its allow-list)."""
+
+    code = "not_allowed"
+
+
 class EmptyError(NotFoundError):
     """Nothing was available to dequeue before the wait ran out (not a failure: try again later)."""
 
@@ -125,9 +139,11 @@ __all__ = [
     "LeaseError",
     "LocalProtocolError",
     "MalformedError",
+    "NotAllowedError",
     "NotFoundError",
     "NotOwnerError",
     "NotReaderError",
+    "OwnerUnreachableError",
     "ProtocolError",
     "RemoteProtocolError",
     "StorageError",

@@ -30,6 +30,7 @@ from latticed.errors import AlreadyExistsError, MalformedError
 from latticed.invite import MAX_ADDRESSES, Invite, encode_invite
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import mdns_addresses
+from latticed.net.gossip import LinkExtension
 from latticed.net.peerstate import load_rules
 from latticed.net.replication import Replication, load_peer_book, run_replication
 from latticed.net.reports import PeerMetrics
@@ -90,9 +91,11 @@ class Membership:
         publish: Callable[[Replication | None], None],
         nursery: trio.Nursery,
         metrics: PeerMetrics | None = None,
+        extension: LinkExtension | None = None,
     ) -> None:
         self._engine = engine
         self._metrics = metrics
+        self._extension = extension
         self._identity = identity
         self._config = config
         self._key = network_key
@@ -141,6 +144,7 @@ class Membership:
                         config,
                         network_key=key,
                         metrics=self._metrics,
+                        extension=self._extension,
                         task_status=task_status,
                     )
             finally:
@@ -268,12 +272,21 @@ async def run_membership(
     publish: Callable[[Replication | None], None],
     *,
     metrics: PeerMetrics | None = None,
+    extension: LinkExtension | None = None,
     task_status: trio.TaskStatus[Membership] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Own the replication service until cancelled (see the module docstring)."""
+    """Own the replication service until cancelled (see the module docstring); ``extension`` (lease
+    forwarding) rides on its links, across restarts."""
     async with trio.open_nursery() as nursery:
         membership = Membership(
-            engine, identity, config, network_key, publish=publish, nursery=nursery, metrics=metrics
+            engine,
+            identity,
+            config,
+            network_key,
+            publish=publish,
+            nursery=nursery,
+            metrics=metrics,
+            extension=extension,
         )
         saved = load_peer_book(config.data_dir, identity.public_key)
         if config.listen is not None or config.peers or len(saved) or load_rules(config.data_dir).added:

@@ -20,11 +20,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from latticed.crdt.errors import MalformedError
 from latticed.crdt.group import (
     CORRELATION_HEADER,
+    AttemptEntry,
+    AttemptRecord,
     GroupProgress,
     GroupSpec,
     apply_progress_ops,
     correlation_id,
+    decode_history,
     decode_progress_op,
+    encode_history,
     encode_progress_op,
     parse_dead_letter,
     source_id,
@@ -77,6 +81,7 @@ class Harness:
         self.spec = group
         self.records: dict[str, list[Record]] = {s: [] for s in group.sources}
         self.log: list[bytes] = []
+        self.history: list[bytes] = []  # the group log's attempt-history records
         self.crashes = 0
         self.d = Dispatcher(group, DAEMON.public_key, token_prefix="e0")
         self.records[self.d.dlq] = []
@@ -88,6 +93,8 @@ class Harness:
 
     def persist(self, changes: Changes) -> Changes:
         self.log.extend(encode_progress_op(op) for op in changes.ops)  # through bytes, as on disk
+        if changes.attempts:
+            self.history.append(encode_history(changes.attempts))
         if changes.dead_letters:
             dlq = self.records[self.dlq]
             self.new_dlq = list(range(len(dlq), len(dlq) + len(changes.dead_letters)))
@@ -113,8 +120,9 @@ class Harness:
             s: [(o, r) for o, r in enumerate(rs) if o >= progress.get(s, GroupProgress()).ack_floor]
             for s, rs in self.records.items()
         }
+        history = [entry for raw in self.history for entry in decode_history(raw)]
         self.d = Dispatcher.recover(
-            self.spec, DAEMON.public_key, progress, held, token_prefix=f"e{self.crashes}"
+            self.spec, DAEMON.public_key, progress, held, token_prefix=f"e{self.crashes}", history=history
         )
 
     def dequeue(
@@ -125,8 +133,8 @@ class Harness:
     def ack(self, token: str, now: float = 0.0) -> Changes:
         return self.persist(self.d.ack(token, now))
 
-    def nack(self, token: str, now: float = 0.0, delay: float | None = None) -> Changes:
-        return self.persist(self.d.nack(token, delay, now))
+    def nack(self, token: str, now: float = 0.0, delay: float | None = None, reason: str = "") -> Changes:
+        return self.persist(self.d.nack(token, delay, now, reason))
 
     def expire(self, now: float) -> Changes:
         return self.persist(self.d.expire(now))
@@ -864,7 +872,14 @@ class AtLeastOnce(RuleBasedStateMachine):
     def dispatcher_agrees_with_the_model(self) -> None:
         d = self.h.d
         for (queue, offset), unit in self.units.items():
-            if unit.state in ("done", "dead", "purged"):
+            if unit.state == "dead":  # its dead letter answers for it while the DLQ holds one
+                try:
+                    dead = d.inspect(queue, offset, self.now)
+                except NotFoundError:
+                    continue
+                assert dead.dlq_offset is not None and dead.queue == queue
+                continue
+            if unit.state in ("done", "purged"):
                 with pytest.raises(NotFoundError):
                     d.inspect(queue, offset, self.now)
                 continue
@@ -911,3 +926,128 @@ def test_recovery_preserves_spec_filter_after_replacement() -> None:
     h.crash()
     lease = lease_of(h)
     assert lease.offset == 1 and h.dequeue() is None
+
+
+# ------------------------------------------------------------------ durable attempt history
+
+
+def outcomes(view_history: tuple[AttemptRecord, ...]) -> list[tuple[int, str, str, str]]:
+    return [(a.number, a.consumer, a.outcome, a.error) for a in view_history]
+
+
+def test_attempt_history_is_durable_and_done_records_keep_it_for_the_retention() -> None:
+    h = Harness(spec(retention_s=60.0, backoff_base_s=0.0))
+    h.produce(rec("a"), rec("b"), rec("c"))
+    first = lease_of(h, "c1", now=1.0)
+    h.nack(first.token, now=2.0, reason="boom: exit 3")
+    assert h.d.inspect(SRC, 0, 2.0).history[0].error == "boom: exit 3"
+    again = lease_of(h, "c2", now=3.0)
+    assert again.offset == 0 and again.attempt == 2
+    h.ack(again.token, now=4.0)
+    pending = lease_of(h, "c1", now=5.0)
+    assert lease_of(h, "c3", now=5.0).offset == 2  # left to expire
+    h.nack(pending.token, now=6.0, reason="bad input")
+    h.expire(20.0)
+    live = h.d.inspect(SRC, 0, 8.0)
+    assert live.state == "done" and live.done_at == 4.0
+    assert outcomes(live.history) == [(1, "c1", "nack", "boom: exit 3"), (2, "c2", "acked", "")]
+    h.crash()
+    done = h.d.inspect(SRC, 0, 21.0)
+    assert done.state == "done" and outcomes(done.history) == outcomes(live.history)
+    assert done.correlation_id == ""  # rebuilt: the daemon derives it from the record
+    failed = h.d.inspect(SRC, 1, 21.0)
+    assert failed.state == "available" and outcomes(failed.history) == [(1, "c1", "nack", "bad input")]
+    expired = h.d.inspect(SRC, 2, 21.0)
+    assert [(a.number, a.outcome) for a in expired.history] == [(1, "expired")]
+    # the history of a pending record keeps growing after the crash, and is not duplicated
+    lease = lease_of(h, "c4", now=22.0)
+    assert lease.offset == 1 and lease.attempt == 2
+    h.ack(lease.token, now=23.0)
+    assert [a.outcome for a in h.d.inspect(SRC, 1, 24.0).history] == ["nack", "acked"]
+    # past the retention period a done record is forgotten, in memory and in what a compaction keeps
+    with pytest.raises(NotFoundError):
+        h.d.inspect(SRC, 0, 65.0)
+    kept = {(e.offset, e.attempt.outcome) for e in h.d.live_history(65.0)}
+    assert kept == {(1, "nack"), (1, "acked"), (2, "expired")}
+
+
+def test_a_dead_records_history_comes_from_its_dead_letter_also_after_redrive() -> None:
+    h = Harness(spec(max_attempts=2, backoff_base_s=0.0))
+    h.produce(rec("poison"))
+    h.nack(lease_of(h, "c1").token, now=1.0, reason="first")
+    h.nack(lease_of(h, "c2", now=2.0).token, now=3.0, reason="second")
+    dead = h.d.inspect(SRC, 0, 4.0)
+    assert (dead.state, dead.dlq_offset, dead.attempts) == ("dead", 0, 2)
+    assert outcomes(dead.history) == [(1, "c1", "nack", "first"), (2, "c2", "nack", "second")]
+    assert [a.error for a in parse_dead_letter(h.records[h.dlq][0]).history] == ["first", "second"]
+    h.persist(h.d.redrive(None, 5.0))
+    h.nack(lease_of(h, "c3", now=6.0).token, now=7.0, reason="third")
+    again = h.d.inspect(SRC, 0, 8.0)
+    assert again.state == "available" and again.dlq_offset == 0
+    assert [(a.number, a.error) for a in again.history] == [(1, "first"), (2, "second"), (3, "third")]
+    h.crash()
+    assert [a.error for a in h.d.inspect(SRC, 0, 9.0).history] == ["first", "second", "third"]
+
+
+def test_history_encoding_round_trips_and_refuses_garbage() -> None:
+    entries = [
+        AttemptEntry(SRC, 7, AttemptRecord(1, "c1", 1000, 2000, "nack", "why")),
+        AttemptEntry(SRC2, 8, AttemptRecord(2, "peer/c2", 3000, 4000, "acked")),
+        AttemptEntry(SRC, 9, AttemptRecord(1, "c1", 5000, 6000, "claimed")),
+    ]
+    assert decode_history(encode_history(entries)) == entries
+    for bad in (b"\xc1", b"\x90", encode_history(entries)[:-3]):
+        with pytest.raises(MalformedError):
+            decode_history(bad)
+    with pytest.raises(MalformedError):
+        h = Harness(spec())
+        h.produce(rec("x"))
+        h.d.nack(lease_of(h).token, None, 1.0, "x" * 1025)
+
+
+# ------------------------------------------------------------------ claim and edits
+
+
+def test_claim_takes_over_idle_leases_and_counts_the_attempt() -> None:
+    h = Harness(spec(max_attempts=3, backoff_base_s=0.0))
+    h.produce(rec("a"), rec("b"), rec("c"))
+    stuck = lease_of(h, "c1", now=0.0)
+    busy = lease_of(h, "c1", now=0.0)
+    h.d.extend(busy.token, 30.0, 5.0)  # c1 showed life on this one at t=5
+    mine = lease_of(h, "c2", now=1.0)
+    leases, changes = h.d.claim("c2", 6.0, 10, None, 8.0)
+    h.persist(changes)
+    assert [(g.offset, g.attempt, g.consumer) for g in leases] == [(stuck.offset, 2, "c2")]
+    assert mine.token not in {g.token for g in leases}  # its own leases are not claimed
+    view = h.d.inspect(SRC, stuck.offset, 8.0)
+    assert view.lease is not None and view.lease.consumer == "c2" and view.attempts == 1
+    assert [(a.outcome, a.consumer, a.error) for a in view.history] == [("claimed", "c1", "claimed by c2")]
+    with pytest.raises(LeaseError, match="claimed"):
+        h.ack(stuck.token, now=9.0)
+    assert h.d.claim("c3", 100.0, 10, None, 9.0) == ([], Changes())
+    assert h.progress()[SRC].attempts_map() == {stuck.offset: 1}
+
+
+def test_a_claim_on_a_last_attempt_dead_letters_the_record_instead() -> None:
+    h = Harness(spec(max_attempts=1))
+    h.produce(rec("a"))
+    lease_of(h, "c1", now=0.0)
+    leases, changes = h.d.claim("c2", 1.0, 1, None, 2.0)
+    h.persist(changes)
+    assert leases == [] and len(changes.dead_letters) == 1
+    assert h.d.inspect(SRC, 0, 3.0).state == "dead"
+
+
+def test_an_edit_applies_from_now_on() -> None:
+    h = Harness(spec(visibility_s=10.0, max_attempts=5))
+    h.produce(rec("a", key="x"), rec("b", key="x"))
+    before = lease_of(h, "c1", now=0.0)
+    h.d.update_spec(spec(visibility_s=2.0, max_attempts=1, filter="key=y"))
+    assert h.d.inspect(SRC, before.offset, 1.0).lease == before  # its deadline stays
+    after = lease_of(h, "c1", now=1.0)
+    assert after.offset == 1 and after.expires_at == 3.0  # taken in before the filter changed
+    h.produce(rec("c", key="x"), rec("d", key="y"))
+    assert lease_of(h, "c1", now=1.0).offset == 3  # the new filter skips offset 2
+    assert h.expire(4.0).dead_letters  # offset 1 failed once: the new max_attempts dead-letters it
+    with pytest.raises(MalformedError):
+        h.d.update_spec(spec(sources=(SRC2,)))

@@ -139,6 +139,22 @@ async def test_roundtrip_both_directions_and_graceful_close() -> None:
 
 
 @trio_test
+async def test_send_many_shares_writes_and_keeps_every_frame_and_the_order() -> None:
+    client, server, tap, _ = await connect_pair()
+    tap.sent.clear()
+    small = [b"m%d" % i for i in range(50)]
+    await client.send_many(small)
+    assert len(tap.sent) == 1  # a burst of small messages: one write
+    big = [b"x" * 700_000, b"y" * 700_000, b"z"]
+    tap.sent.clear()
+    await client.send_many(big)
+    assert len(tap.sent) == 2  # joined only up to about 1 MiB a write
+    await client.send_many([])
+    got = [await server.receive() for _ in range(len(small) + len(big))]
+    assert got == small + big
+
+
+@trio_test
 async def test_concurrent_send_and_receive() -> None:
     client, server, _, _ = await connect_pair()
     count = 200

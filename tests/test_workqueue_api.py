@@ -27,6 +27,7 @@ from latticed.errors import (
     LeaseError,
     MalformedError,
     NotFoundError,
+    NotOwnerError,
 )
 from latticed.groups import committer
 
@@ -117,9 +118,8 @@ def test_group_create_refusals(client: Client) -> None:
         client.group_create("nope-g", ["no-such-queue"])
     with pytest.raises(MalformedError, match="filter"):
         client.group_create("badfilter-g", [queue], filter="header.=x")
-    client.queue_create("selfish.dlq")
     with pytest.raises(MalformedError, match="dead-letter"):
-        client.group_create("selfish", [queue, "selfish.dlq"])
+        client.group_create(group, [queue, f"{group}.dlq"])  # its own DLQ (it exists: the group made it)
     with pytest.raises(MalformedError):
         client.group_create("neg-g", [queue], visibility=-1)
     with pytest.raises(NotFoundError):
@@ -367,6 +367,11 @@ def test_restart_keeps_acks_and_redelivers_the_rest(tmp_path: Path, monkeypatch:
         with d.client() as c:
             with pytest.raises(LeaseError, match="unknown"):
                 c.ack("work", leases[26])  # type: ignore[arg-type]
+            # attempt histories outlive compaction and the restart: a pending record's, a done one's
+            assert [h["outcome"] for h in c.group_inspect("work", "jobs", 25)["history"]] == ["nack"]
+            early = c.group_inspect("work", "jobs", 0)  # acked before the log was compacted, repeatedly
+            assert early["state"] == "done" and [h["outcome"] for h in early["history"]] == ["acked"]
+            assert early["correlation_id"] == leases[0].correlation_id  # type: ignore[union-attr]
             got = {}
             while (lease := c.dequeue("work")) is not None:
                 got[lease.value] = lease.attempt
@@ -384,3 +389,34 @@ def test_exit_codes_of_work_queue_errors() -> None:
     assert exit_code_for(LeaseError("stale")) == ExitCode.LEASE == 9
     assert exit_code_for(EmptyError("nothing")) == ExitCode.EMPTY == 10
     assert exit_code_for(CapacityError("full")) == ExitCode.CAPACITY == 11
+
+
+def test_the_dlq_namespace_is_reserved_and_only_the_group_writes_its_dlq(
+    daemon: Daemon, client: Client
+) -> None:
+    queue, group = fresh(client, 1, max_attempts=1)
+    with pytest.raises(MalformedError, match="reserved"):
+        client.queue_create(f"{group}-x.dlq")
+    with pytest.raises(MalformedError, match="reserved"):
+        client.queue_create(f"{group}-y", meta={"dlq_of": f"{group}-y"})
+    with pytest.raises(MalformedError, match="reserved"):
+        client.meta_set(queue, "dlq_of", group)
+    # a queue of such a name from before the rule (an older store) is never adopted by a group
+    engine = daemon.handle.engine
+    daemon.call(engine.create_queue, f"{group}-old.dlq", {})
+    with pytest.raises(AlreadyExistsError, match="not the dead-letter queue"):
+        client.group_create(f"{group}-old", [queue])
+    lease = client.dequeue(group)
+    assert lease is not None and client.nack(group, lease, reason="no")["dead_lettered"]
+    dlq = f"{group}.dlq"
+    for write in (
+        lambda: client.offer(dlq, b"forged"),
+        lambda: client.offer_batch(dlq, [(b"forged", None, ())]),
+        lambda: client.truncate(dlq, 1),
+        lambda: client.meta_set(dlq, "team", "x"),
+    ):
+        with pytest.raises(NotOwnerError, match="only the group writes"):
+            write()
+    [letter] = client.dlq_list(group)
+    assert (letter["last_error"], letter["attempts"]) == ("no", 1)
+    assert client.queue_info(dlq)["end_offset"] == 1

@@ -174,8 +174,10 @@ class Subscription:
         reply = self._request("ack", wait, lease=_token(lease))
         return None if reply is None else reply.get("correlation_id")
 
-    def nack(self, lease: Lease | str, delay: float | None = None, *, wait: bool = True) -> None:
-        self._request("nack", wait, lease=_token(lease), delay=delay)
+    def nack(
+        self, lease: Lease | str, delay: float | None = None, *, reason: str | None = None, wait: bool = True
+    ) -> None:
+        self._request("nack", wait, lease=_token(lease), delay=delay, reason=reason)
 
     def extend(self, lease: Lease | str, visibility: float) -> float:
         reply = self._request("extend", True, lease=_token(lease), visibility=visibility)
@@ -237,8 +239,11 @@ class GroupOps:
         max_consumers: int | None = None,
         max_in_flight: int | None = None,
         description: str | None = None,
+        remote_consumers: Sequence[str] | None = None,
     ) -> dict[str, Any]:
-        """Define a consumer group over ``queues`` (NAME or OWNER/NAME each); returns its definition."""
+        """Define a consumer group over ``queues`` (NAME or OWNER/NAME each); returns its definition.
+        ``remote_consumers``: the only daemon identities whose workers may consume it remotely ([]: none;
+        None: any peer with the network key)."""
         group: dict[str, Any] = self.call(
             "group_create",
             name=name,
@@ -252,8 +257,59 @@ class GroupOps:
             max_consumers=max_consumers,
             max_in_flight=max_in_flight,
             description=description,
+            remote_consumers=None if remote_consumers is None else list(remote_consumers),
         )["group"]
         return group
+
+    def group_edit(
+        self,
+        name: str,
+        *,
+        filter: str | None = None,
+        max_attempts: int | None = None,
+        visibility: float | None = None,
+        retry_backoff: float | None = None,
+        backoff_cap: float | None = None,
+        retention: float | None = None,
+        max_consumers: int | None = None,
+        max_in_flight: int | None = None,
+        description: str | None = None,
+        remote_consumers: Sequence[str] | str | None = None,
+    ) -> dict[str, Any]:
+        """Change a group's settings (those given); ``remote_consumers`` "any" lifts the allow-list.
+        Returns the new definition (what it does to leases in flight: docs/workqueues.md)."""
+        group: dict[str, Any] = self.call(
+            "group_edit",
+            group=name,
+            filter=filter,
+            max_attempts=max_attempts,
+            visibility_s=visibility,
+            retry_backoff_s=retry_backoff,
+            backoff_cap_s=backoff_cap,
+            retention_s=retention,
+            max_consumers=max_consumers,
+            max_in_flight=max_in_flight,
+            description=description,
+            remote_consumers=(
+                remote_consumers
+                if remote_consumers is None or isinstance(remote_consumers, str)
+                else list(remote_consumers)
+            ),
+        )["group"]
+        return group
+
+    def group_delete(self, name: str) -> dict[str, Any]:
+        """Delete a group: leases in flight become unknown, dead letters are dropped. Returns counts."""
+        reply = self.call("group_delete", group=name)
+        return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+
+    def claim(
+        self, group: str, min_idle: float, count: int = 1, visibility: float | None = None
+    ) -> list[Lease]:
+        """Take over leases whose holders have been idle at least ``min_idle`` seconds (at most
+        ``count``, the longest idle first); each costs its record an attempt."""
+        reply = self.call("claim", group=group, min_idle=min_idle, count=count, visibility=visibility)
+        return [lease_from_wire(raw) for raw in reply.get("leases") or ()]
 
     def group_list(self) -> list[dict[str, Any]]:
         groups: list[dict[str, Any]] = self.call("group_list")["groups"]
@@ -281,10 +337,13 @@ class GroupOps:
         """Settle a leased record as done; returns its correlation id. LeaseError if the lease ended."""
         return str(self.call("ack", group=group, lease=_token(lease))["correlation_id"])
 
-    def nack(self, group: str, lease: Lease | str, delay: float | None = None) -> dict[str, Any]:
+    def nack(
+        self, group: str, lease: Lease | str, delay: float | None = None, reason: str | None = None
+    ) -> dict[str, Any]:
         """Give a record back: retried after ``delay`` (None: the group's backoff), or dead-lettered on
-        its last attempt. Returns ``correlation_id``, ``attempts``, ``retry_at``, ``dead_lettered``."""
-        reply = self.call("nack", group=group, lease=_token(lease), delay=delay)
+        its last attempt; ``reason`` (why it failed) is kept in its attempt history. Returns
+        ``correlation_id``, ``attempts``, ``retry_at``, ``dead_lettered``."""
+        reply = self.call("nack", group=group, lease=_token(lease), delay=delay, reason=reason)
         return {k: v for k, v in reply.items() if k not in ("id", "ok")}
 
     def extend(self, group: str, lease: Lease | str, visibility: float) -> float:

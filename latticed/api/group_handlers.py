@@ -1,7 +1,10 @@
 """The work-queue ops of the local API (consumer groups, leases, dead letters).
 
-Every op names its group as ``group`` (``NAME`` or ``OWNER/NAME``); only the daemon that owns a group
-serves its consumers, any daemon holding a replica answers ``group_stats`` from the replicated progress.
+Every op names its group as ``group`` (``NAME`` or ``OWNER/NAME``). Only the daemon that owns a group
+grants its leases: the lease ops on another daemon's group (``dequeue``, ``subscribe``, ``ack``, ``nack``,
+``extend``, ``ack_up_to``, ``group_inspect``) are forwarded to its owner (:mod:`latticed.groups.remote`).
+``group_stats`` on a replica shows the owner's live counts when a link to it is up, else what the
+replicated group log says (marked ``stale``).
 The consumer is the connection (:mod:`latticed.api.consumer_id`). ``dequeue`` is a stream op so that a client
 that hangs up while waiting is noticed (it does not get a lease it cannot receive); ``subscribe`` lives in
 :mod:`latticed.api.subscribe`. Replies that settle or return a record echo its ``correlation_id``.
@@ -18,16 +21,37 @@ from latticed.api.connection import Connection
 from latticed.api.consumer_id import consumer_id
 from latticed.api.handlers import Context, Reply, Request, handler, stream
 from latticed.api.wire import arg_int, arg_number, arg_str
-from latticed.crdt.group import AttemptRecord, GroupProgress, parse_source_id
+from latticed.crdt.group import GroupProgress
 from latticed.crdt.head import KIND_GROUP
+from latticed.crdt.signing import parse_public_key
 from latticed.errors import LatticedError, MalformedError
+from latticed.groups.remote import (
+    STATS_WITHIN_S,
+    RemoteGroup,
+    RemoteGroups,
+    describe_policy,
+    policy_meta,
+    remote_policy,
+)
 from latticed.groups.runtime import GroupRuntime
-from latticed.groups.service import GroupService
-from latticed.leases.dispatch import Changes, DeadLetter, Grant
+from latticed.groups.service import DELETED_META_KEY, GroupService
+from latticed.groups.views import (
+    attempt_wire,
+    headers_wire,
+    lease_wire,
+    live_stats,
+    settled_reply,
+    source_ends,
+    task_wire,
+)
+from latticed.leases.dispatch import DeadLetter, Grant
+from latticed.protocol.leasing import error_for
 
 #: Longest accepted duration argument (a day): longer is almost surely a unit mistake.
 MAX_SECONDS: Final = 86_400.0
 MAX_DLQ_LIST: Final = 10_000
+MAX_REASON_CHARS: Final = 1024
+MAX_CLAIM: Final = 10_000
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
@@ -42,6 +66,22 @@ def service_of(ctx: Context) -> GroupService:
 
 def runtime_of(ctx: Context, request: Request) -> GroupRuntime:
     return service_of(ctx).runtime(arg_str(request, "group"))
+
+
+def remote_of(ctx: Context, request: Request) -> tuple[RemoteGroups, RemoteGroup] | None:
+    """The group's owner when another daemon owns it (its lease ops are forwarded there)."""
+    remote = ctx.remote_groups
+    if remote is None:
+        return None
+    target = remote.target(arg_str(request, "group"))
+    return None if target is None else (remote, target)
+
+
+def arg_reason(request: Request) -> str:
+    reason = arg_str(request, "reason", optional=True) or ""
+    if len(reason) > MAX_REASON_CHARS:
+        raise MalformedError(f"argument 'reason' is text of at most {MAX_REASON_CHARS} characters")
+    return str(reason)
 
 
 def arg_seconds(request: Request, name: str, *, positive: bool = False) -> float | None:
@@ -73,39 +113,6 @@ def _count(request: Request, name: str, limit: int) -> int:
 # ------------------------------------------------------------------ replies
 
 
-def headers_wire(headers: tuple[tuple[str, bytes], ...]) -> list[list[Any]] | None:
-    return [[k, v] for k, v in headers] if headers else None
-
-
-def lease_wire(rt: GroupRuntime, lease: Grant) -> dict[str, Any]:
-    record = lease.record
-    return {
-        "group": rt.name,
-        "queue": lease.queue,
-        "offset": lease.offset,
-        "lease": lease.token,
-        "attempt": lease.attempt,
-        "consumer": lease.consumer,
-        "correlation_id": lease.correlation_id,
-        "key": record.key,
-        "value": record.value,
-        "timestamp": record.timestamp,
-        "headers": headers_wire(record.headers),
-        "leased_at": lease.leased_at,
-        "expires_at": lease.expires_at,
-    }
-
-
-def attempt_wire(attempt: AttemptRecord) -> dict[str, Any]:
-    return {
-        "attempt": attempt.number,
-        "consumer": attempt.consumer,
-        "leased_at_ms": attempt.leased_at_ms,
-        "ended_at_ms": attempt.ended_at_ms,
-        "outcome": attempt.outcome,
-    }
-
-
 def dead_letter_wire(letter: DeadLetter) -> dict[str, Any]:
     info, record = letter.info, letter.record
     return {
@@ -115,6 +122,7 @@ def dead_letter_wire(letter: DeadLetter) -> dict[str, Any]:
         "attempts": info.attempts,
         "correlation_id": info.correlation_id,
         "reason": info.reason,
+        "last_error": next((a.error for a in reversed(info.history) if a.error), None),
         "dead_at_ms": info.dead_at_ms,
         "history": [attempt_wire(a) for a in info.history],
         "key": record.key,
@@ -126,6 +134,10 @@ def dead_letter_wire(letter: DeadLetter) -> dict[str, Any]:
 
 def group_info(service: GroupService, rt: GroupRuntime) -> dict[str, Any]:
     spec, owner = rt.spec, service.engine.public_key.hex()
+    try:
+        remote: str | list[str] = describe_policy(remote_policy(service.engine.state(rt.q).meta_dict))
+    except LatticedError:
+        remote = []
     return {
         "group": rt.name,
         "address": f"{owner}/{rt.name}",
@@ -142,35 +154,25 @@ def group_info(service: GroupService, rt: GroupRuntime) -> dict[str, Any]:
         "max_consumers": spec.max_consumers,
         "max_in_flight": spec.max_in_flight,
         "description": spec.description,
+        "remote_consumers": remote,
     }
 
 
-def settled_reply(changes: Changes) -> Reply:
-    reply: Reply = {"correlation_id": changes.correlation_id}
-    if changes.done:
-        done = changes.done[0]
-        reply.update(queue=done.queue, offset=done.offset, attempt=done.attempt)
-    if changes.failed:
-        failed = changes.failed[0]
-        reply.update(
-            queue=failed.lease.queue,
-            offset=failed.lease.offset,
-            attempts=failed.attempts,
-            retry_at=failed.retry_at,
-            dead_lettered=failed.dead_letter is not None,
-        )
-    return reply
+def arg_identities(request: Request, name: str) -> list[str] | None:
+    """A list of identities (hex), or None."""
+    value = request.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise MalformedError(f"argument {name!r} is a list of identities (64 hex digits each)")
+    return [parse_public_key(v).hex() for v in value]
 
 
 # ------------------------------------------------------------------ groups
 
 
-@handler("group_create")
-async def group_create(ctx: Context, request: Request) -> Reply:
-    service = service_of(ctx)
-    queues = request.get("queues")
-    if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
-        raise MalformedError("argument 'queues' must be a non-empty list of queue names")
+def _settings(request: Request) -> dict[str, Any]:
+    """The group settings a request gives (``GroupSpec`` field names), those left out omitted."""
     settings: dict[str, Any] = {}
     for wire, field in (
         ("visibility_s", "visibility_s"),
@@ -188,19 +190,69 @@ async def group_create(ctx: Context, request: Request) -> Reply:
         text = arg_str(request, name, optional=True)
         if text is not None:
             settings[name] = text
-    rt = await service.create(arg_str(request, "name"), queues, **settings)
+    return settings
+
+
+@handler("group_create")
+async def group_create(ctx: Context, request: Request) -> Reply:
+    service = service_of(ctx)
+    queues = request.get("queues")
+    if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
+        raise MalformedError("argument 'queues' must be a non-empty list of queue names")
+    allowed = arg_identities(request, "remote_consumers")
+    meta = {k: v for k, v in policy_meta(allowed).items() if v is not None}
+    rt = await service.create(arg_str(request, "name"), queues, extra_meta=meta, **_settings(request))
     return {"group": group_info(service, rt)}
+
+
+@handler("group_edit")
+async def group_edit(ctx: Context, request: Request) -> Reply:
+    """Change a group's settings; ``remote_consumers``: a list of identities, or "any" (left out: as
+    it is). What happens to leases in flight: docs/workqueues.md."""
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    settings = _settings(request)
+    meta: dict[str, str | None] | None = None
+    if request.get("remote_consumers") == "any":
+        meta = policy_meta(None)
+    elif request.get("remote_consumers") is not None:
+        meta = policy_meta(arg_identities(request, "remote_consumers"))
+    if not settings and meta is None:
+        raise MalformedError("nothing to change: give at least one setting")
+    await service.edit(rt, settings, meta)
+    return {"group": group_info(service, rt)}
+
+
+@handler("group_delete")
+async def group_delete(ctx: Context, request: Request) -> Reply:
+    """Delete a group: its leases in flight become unknown, its dead letters are dropped."""
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    return {"group": rt.name, **await service.delete(rt)}
 
 
 @handler("group_list")
 async def group_list(ctx: Context, request: Request) -> Reply:
+    """Groups run here, then replicas of others' (with their owner's live counts when it is connected)."""
     service = service_of(ctx)
-    groups = [group_info(service, rt) for rt in service.running()]
+    groups = []
+    for rt in service.running():
+        stats = rt.dispatcher.stats(service.now())
+        groups.append(
+            {
+                **group_info(service, rt),
+                "available": stats.available,
+                "leased": stats.leased,
+                "done": stats.done,
+                "failed": stats.failed,
+                "dead": stats.dead,
+                "consumers": stats.consumers,
+            }
+        )
     engine = service.engine
+    replicas: list[dict[str, Any]] = []
     for q in engine.queues(KIND_GROUP):  # replicas of groups other daemons run
-        if not engine.owned(q):
+        if not engine.owned(q) and DELETED_META_KEY not in engine.state(q).meta_dict:
             state = engine.state(q)
-            groups.append(
+            replicas.append(
                 {
                     "group": engine.address(q),
                     "address": engine.address(q),
@@ -208,7 +260,37 @@ async def group_list(ctx: Context, request: Request) -> Reply:
                     "running": False,
                 }
             )
-    return {"groups": groups}
+    remote = ctx.remote_groups
+    if remote is not None and replicas:
+        async with trio.open_nursery() as nursery:
+            for row in replicas:
+                nursery.start_soon(_add_live_counts, remote, row)
+    return {"groups": groups + replicas}
+
+
+async def _add_live_counts(remote: RemoteGroups, row: dict[str, Any]) -> None:
+    target = remote.target(row["address"])
+    assert target is not None
+    stats = await _owner_stats(remote, target)
+    if stats is None:
+        row.update(live=False, stale="the owner is not connected: no live counts")
+        return
+    row["live"] = True
+    for key in ("available", "leased", "done", "failed", "dead", "consumers"):
+        row[key] = stats.get(key)
+
+
+async def _owner_stats(remote: RemoteGroups, target: RemoteGroup) -> dict[str, Any] | None:
+    """The owner's live stats if a link to it is up and it answers in time (never dials for them)."""
+    if not remote.connected(target):
+        return None
+    try:
+        with trio.fail_after(STATS_WITHIN_S):
+            answer = await remote.call(target, "stats", {}, connect_within=0)
+    except (LatticedError, trio.TooSlowError):
+        return None
+    stats = answer.get("stats")
+    return stats if isinstance(stats, dict) else None
 
 
 @handler("group_stats")
@@ -217,39 +299,21 @@ async def group_stats(ctx: Context, request: Request) -> Reply:
     address = arg_str(request, "group")
     rt = service.find_running(address)
     if rt is not None:
-        stats = rt.dispatcher.stats(service.now())
+        return {"stats": live_stats(service.engine, rt, service.now())}
+    found = remote_of(ctx, request)
+    live = await _owner_stats(*found) if found is not None else None
+    if live is not None:
+        target = found[1] if found is not None else None
         return {
-            "stats": {
-                "group": rt.name,
-                "running": True,
-                "available": stats.available,
-                "leased": stats.leased,
-                "done": stats.done,
-                "failed": stats.failed,
-                "dead": stats.dead,
-                "consumers": stats.consumers,
-                "ack_floor": dict(stats.ack_floor),
-                "oldest_age_s": stats.oldest_age_s,
-                "ends": _ends(service, rt.sources),
-                "log": _log(service, rt.q),
-            }
+            "stats": {**live, "group": target.address if target else address, "running": False, "live": True}
         }
-    return {"stats": await _replica_stats(service, address)}
-
-
-def _ends(service: GroupService, sources: tuple[str, ...]) -> dict[str, int | None]:
-    engine, ends = service.engine, {}
-    for sid in sources:
-        owner, name = parse_source_id(sid)
-        q = engine.find(owner, name)
-        ends[sid] = engine.state(q).held_end if q is not None else None
-    return ends
-
-
-def _log(service: GroupService, q: int) -> dict[str, int]:
-    """Where the group log stands (its start moves up when it is compacted to a snapshot)."""
-    state = service.engine.state(q)
-    return {"start": state.start, "end": state.held_end, "version": state.version}
+    stats = await _replica_stats(service, address)
+    stats["live"] = False
+    stats["stale"] = (
+        "the owner is not connected: counts are from this daemon's copy of the group log (acks, dead "
+        "letters and attempt counts as of its last update; leases live on the owner only)"
+    )
+    return {"stats": stats}
 
 
 def _unsettled(progress: GroupProgress, end: int | None) -> int | None:
@@ -263,7 +327,7 @@ async def _replica_stats(service: GroupService, address: str) -> dict[str, Any]:
     state, spec, progress = await service.replica_progress(address)
     dlq = f"{state.owner.hex()}/{spec.name}.dlq"
     sources = (*spec.sources, dlq)
-    ends = _ends(service, sources)
+    ends = source_ends(service.engine, sources)
     empty = GroupProgress()
     floors = {sid: progress.get(sid, empty).ack_floor for sid in sources}
     pending = [_unsettled(progress.get(sid, empty), ends[sid]) for sid in spec.sources]
@@ -288,22 +352,16 @@ async def _replica_stats(service: GroupService, address: str) -> dict[str, Any]:
 async def group_inspect(ctx: Context, request: Request) -> Reply:
     """One record as the group sees it: state, attempts so far, their history, the live lease."""
     service = service_of(ctx)
-    rt = runtime_of(ctx, request)
     owner, name = service.engine.parse_address(arg_str(request, "queue"))
-    view = rt.dispatcher.inspect(f"{owner.hex()}/{name}", arg_int(request, "offset"), service.now())
-    return {
-        "task": {
-            "queue": view.queue,
-            "offset": view.offset,
-            "state": view.state,
-            "attempts": view.attempts,
-            "correlation_id": view.correlation_id,
-            "history": [attempt_wire(a) for a in view.history],
-            "lease": view.lease.token if view.lease else None,
-            "expires_at": view.lease.expires_at if view.lease else None,
-            "retry_at": view.retry_at,
-        }
-    }
+    offset = arg_int(request, "offset")
+    found = remote_of(ctx, request)
+    if found is not None:
+        remote, target = found
+        answer = await remote.call(target, "inspect", {"queue": f"{owner.hex()}/{name}", "offset": offset})
+        return {"task": answer.get("task")}
+    rt = runtime_of(ctx, request)
+    view = await service.inspect(rt, f"{owner.hex()}/{name}", offset)
+    return {"task": task_wire(view)}
 
 
 # ------------------------------------------------------------------ leases
@@ -312,6 +370,9 @@ async def group_inspect(ctx: Context, request: Request) -> Reply:
 @stream("dequeue")
 async def dequeue(ctx: Context, conn: Connection, request: Request) -> bool:
     """Lease one record (``wait``: block up to that long for one); reply ``{"lease": ... | None}``."""
+    found = remote_of(ctx, request)
+    if found is not None:
+        return await _dequeue_remote(conn, request, *found)
     service, rt = service_of(ctx), runtime_of(ctx, request)
     visibility = arg_seconds(request, "visibility", positive=True)
     wait = arg_seconds(request, "wait")
@@ -340,7 +401,9 @@ async def dequeue(ctx: Context, conn: Connection, request: Request) -> bool:
         raise failure
     if not gone:
         try:
-            await conn.send({"id": request.get("id"), "ok": True, "lease": lease and lease_wire(rt, lease)})
+            await conn.send(
+                {"id": request.get("id"), "ok": True, "lease": lease and lease_wire(rt.name, lease)}
+            )
             return True
         except _CLOSED:
             pass
@@ -349,34 +412,129 @@ async def dequeue(ctx: Context, conn: Connection, request: Request) -> bool:
     return False
 
 
+async def _dequeue_remote(
+    conn: Connection, request: Request, remote: RemoteGroups, target: RemoteGroup
+) -> bool:
+    """``dequeue`` of another daemon's group: the owner leases, the record is read here if it is here.
+    The owner unreachable: wait up to ``wait`` for it, then OwnerUnreachableError."""
+    visibility = arg_seconds(request, "visibility", positive=True)
+    wait = arg_seconds(request, "wait")
+    consumer = consumer_id()
+    leases: list[dict[str, Any]] = []
+    failure: LatticedError | None = None
+    gone = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal gone
+            if not await conn.watch():
+                gone = True
+                nursery.cancel_scope.cancel()
+
+        if wait:
+            nursery.start_soon(watch)
+        try:
+            leases = await remote.take(target, consumer, 1, visibility, wait, op="dequeue")
+        except LatticedError as exc:
+            failure = exc
+        nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    if not gone:
+        try:
+            await conn.send({"id": request.get("id"), "ok": True, "lease": leases[0] if leases else None})
+            return True
+        except _CLOSED:
+            pass
+    remote.give_back(target, [lease["lease"] for lease in leases])
+    return False
+
+
+def _result(result: Any) -> Reply:
+    """One per-lease result of a forwarded ack: the reply, or its typed error raised."""
+    if not isinstance(result, dict):
+        raise MalformedError("the owner's answer to ack is malformed")
+    if not result.get("ok"):
+        error = result.get("error") or {}
+        raise error_for(str(error.get("code", "error")), str(error.get("message", "")))
+    return {k: v for k, v in result.items() if k != "ok"}
+
+
 @handler("ack")
 async def ack(ctx: Context, request: Request) -> Reply:
+    token = arg_str(request, "lease")
+    found = remote_of(ctx, request)
+    if found is not None:
+        remote, target = found
+        [result] = await remote.ack_many(target, [token])
+        return _result(result)
     service, rt = service_of(ctx), runtime_of(ctx, request)
-    return settled_reply(await service.ack(rt, arg_str(request, "lease")))
+    return settled_reply(await service.ack(rt, token))
 
 
 @handler("nack")
 async def nack(ctx: Context, request: Request) -> Reply:
-    service, rt = service_of(ctx), runtime_of(ctx, request)
+    token = arg_str(request, "lease")
     delay = arg_seconds(request, "delay")
-    return settled_reply(await service.nack(rt, arg_str(request, "lease"), delay))
+    reason = arg_reason(request)
+    found = remote_of(ctx, request)
+    if found is not None:
+        remote, target = found
+        answer = await remote.settle(target, "nack", {"lease": token, "delay": delay, "reason": reason})
+        return dict(answer)
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    return settled_reply(await service.nack(rt, token, delay, reason))
 
 
 @handler("extend")
 async def extend(ctx: Context, request: Request) -> Reply:
-    service, rt = service_of(ctx), runtime_of(ctx, request)
     visibility = arg_seconds(request, "visibility", positive=True)
     if visibility is None:
         raise MalformedError("argument 'visibility' (seconds) is required")
-    lease = service.extend(rt, arg_str(request, "lease"), visibility)
+    token = arg_str(request, "lease")
+    found = remote_of(ctx, request)
+    if found is not None:
+        remote, target = found
+        answer = await remote.settle(target, "extend", {"lease": token, "visibility": visibility})
+        return {"correlation_id": answer.get("correlation_id"), "expires_at": answer.get("expires_at")}
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    lease = service.extend(rt, token, visibility)
     return {"correlation_id": lease.correlation_id, "expires_at": lease.expires_at}
 
 
 @handler("ack_up_to")
 async def ack_up_to(ctx: Context, request: Request) -> Reply:
+    queue, offset = arg_str(request, "queue"), arg_int(request, "offset")
+    found = remote_of(ctx, request)
+    if found is not None:
+        remote, target = found
+        owner, name = remote.engine.parse_address(queue)
+        answer = await remote.settle(
+            target, "ack_up_to", {"queue": f"{owner.hex()}/{name}", "offset": offset}
+        )
+        return {"acked": answer.get("acked")}
     service, rt = service_of(ctx), runtime_of(ctx, request)
-    changes = await service.ack_up_to(rt, arg_str(request, "queue"), arg_int(request, "offset"))
+    changes = await service.ack_up_to(rt, queue, offset)
     return {"acked": len(changes.done)}
+
+
+@handler("claim")
+async def claim(ctx: Context, request: Request) -> Reply:
+    """Take over leases idle at least ``min_idle`` seconds (at most ``count``): ``{"leases": [...]}``."""
+    min_idle = arg_seconds(request, "min_idle")
+    if min_idle is None:
+        raise MalformedError("argument 'min_idle' (seconds) is required")
+    count = arg_int(request, "count", default=1)
+    if not 1 <= count <= MAX_CLAIM:
+        raise MalformedError(f"argument 'count' is an integer in [1, {MAX_CLAIM}]")
+    visibility = arg_seconds(request, "visibility", positive=True)
+    found = remote_of(ctx, request)
+    if found is not None:
+        remote, target = found
+        return {"leases": await remote.claim(target, consumer_id(), min_idle, count, visibility)}
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    leases = await service.claim(rt, consumer_id(), min_idle, count, visibility)
+    return {"leases": [lease_wire(rt.name, lease) for lease in leases]}
 
 
 # ------------------------------------------------------------------ dead letters
@@ -408,4 +566,13 @@ async def dlq_purge(ctx: Context, request: Request) -> Reply:
     return {"count": await service.purge(rt, arg_offsets(request))}
 
 
-__all__ = ["arg_seconds", "dead_letter_wire", "lease_wire", "runtime_of", "service_of", "settled_reply"]
+__all__ = [
+    "arg_reason",
+    "arg_seconds",
+    "dead_letter_wire",
+    "lease_wire",
+    "remote_of",
+    "runtime_of",
+    "service_of",
+    "settled_reply",
+]

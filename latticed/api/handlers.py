@@ -26,6 +26,7 @@ from latticed.api.wire import (
     parse_headers,
 )
 from latticed.crdt import kv
+from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
 from latticed.crdt.kvplan import KvRequest, hash_field, visible
 from latticed.crdt.records import (
     MAX_KEY_BYTES,
@@ -45,6 +46,7 @@ from latticed.storage.sealer import check_user_meta, sealer_of
 
 if TYPE_CHECKING:
     from latticed.api.connection import Connection
+    from latticed.groups.remote import RemoteGroups
     from latticed.groups.service import GroupService
     from latticed.health import Health
     from latticed.membership import Membership
@@ -99,6 +101,8 @@ class Context:
     version: str = field(default_factory=package_version)
     replication: ReplicationView | None = None
     groups: GroupService | None = None
+    #: Forwards lease operations on groups other daemons own (latticed/groups/remote.py).
+    remote_groups: RemoteGroups | None = None
     membership: Membership | None = None
     metrics_listen: str | None = None
     health: Health | None = None
@@ -256,6 +260,28 @@ async def peers(ctx: Context, request: Request) -> Reply:
 # ------------------------------------------------------------------ queues
 
 
+def _not_reserved(name: str | None, meta: dict[str, Any]) -> None:
+    """Queue names ending in .dlq and the dlq_of metadata key belong to groups' dead-letter queues."""
+    if name is not None and is_dlq_name(name):
+        raise MalformedError(
+            f"queue names ending in .dlq are reserved for the dead-letter queues of groups ({name!r})"
+        )
+    if DLQ_META_KEY in meta:
+        raise MalformedError(
+            f"metadata key {DLQ_META_KEY!r} is reserved for the dead-letter queues of groups"
+        )
+
+
+def _not_a_dlq(ctx: Context, q: int) -> None:
+    """Only a group writes its dead-letter queue (``latticectl dlq`` manages it)."""
+    state = ctx.engine.state(q)
+    if is_dlq_name(state.name) and DLQ_META_KEY in state.meta_dict:
+        raise NotOwnerError(
+            f"{ctx.engine.address(q)} is the dead-letter queue of group {state.meta_dict[DLQ_META_KEY]}: "
+            "only the group writes to it (see latticectl dlq)"
+        )
+
+
 @handler("queue_create")
 async def queue_create(ctx: Context, request: Request) -> Reply:
     name = arg_str(request, "name")
@@ -266,6 +292,7 @@ async def queue_create(ctx: Context, request: Request) -> Reply:
         raise MalformedError("argument 'meta' must be a map of text to text")
     check_user_meta(meta)
     check_meta(meta)
+    _not_reserved(name, meta)
     readers = request.get("readers")  # a list (maybe empty) of reader identities: a sealed queue
     if readers is not None:
         q = await sealer_of(ctx.engine).create_queue(name, meta, parse_readers(readers))
@@ -312,6 +339,7 @@ def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
 @pipelined("offer")
 def offer(ctx: Context, request: Request) -> Begun:
     q = ctx.queue(request)
+    _not_a_dlq(ctx, q)
     record = _record(request.get("value"), request.get("key"), request.get("headers"), ctx.engine.clock())
     return sealer_of(ctx.engine).start_append(q, (record,)), _offset_reply
 
@@ -323,6 +351,7 @@ def _offset_reply(offset: int) -> Reply:
 @pipelined("offer_batch")
 def offer_batch(ctx: Context, request: Request) -> Begun:
     q = ctx.queue(request)
+    _not_a_dlq(ctx, q)
     raw = request.get("records")
     if not isinstance(raw, list) or not raw:
         raise MalformedError("argument 'records' must be a non-empty list of [value, key, headers]")
@@ -464,6 +493,7 @@ async def read(ctx: Context, request: Request) -> Reply:
 async def truncate(ctx: Context, request: Request) -> Reply:
     """Drop records before ``new_start``; answers how many went and the offsets the queue has after."""
     q = ctx.queue(request)
+    _not_a_dlq(ctx, q)
     before = ctx.engine.state(q)
     new_start = arg_int(request, "new_start")
     await ctx.engine.truncate(q, new_start)
@@ -489,6 +519,8 @@ async def meta_del(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     key = arg_str(request, "key")
     check_user_meta({key: None})
+    _not_reserved(None, {key: None})
+    _not_a_dlq(ctx, q)
     if not ctx.engine.owned(q):
         raise NotOwnerError(f"cannot delete metadata: not the owner of {ctx.engine.address(q)}")
     existed = key in ctx.engine.state(q).meta_dict
@@ -504,6 +536,8 @@ async def meta_set(ctx: Context, request: Request) -> Reply:
     if not key:
         raise MalformedError("metadata keys are non-empty")
     check_user_meta({key: None})
+    _not_reserved(None, {key: None})
+    _not_a_dlq(ctx, q)
     value = arg_str(request, "value", optional=True)
     check_meta_entry(key, value)
     await ctx.engine.set_meta(q, {key: value})

@@ -23,12 +23,20 @@ import trio
 
 from latticed.api.connection import Connection
 from latticed.api.consumer_id import consumer_id
-from latticed.api.dispatch import dispatch, parse_request
-from latticed.api.group_handlers import arg_seconds, lease_wire, runtime_of, service_of, settled_reply
+from latticed.api.dispatch import parse_request
+from latticed.api.group_handlers import (
+    arg_seconds,
+    lease_wire,
+    remote_of,
+    runtime_of,
+    service_of,
+    settled_reply,
+)
 from latticed.api.handlers import STREAMS, Context, Reply, Request, handler, stream
+from latticed.api.push import PushSession
+from latticed.api.remote_subscribe import subscribe_remote
 from latticed.api.wire import arg_int, arg_str, error_reply
 from latticed.errors import LatticedError, MalformedError, ProtocolError
-from latticed.groups.committer import Flight
 
 MAX_SUBSCRIBE_IN_FLIGHT: Final = 10_000
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
@@ -41,78 +49,20 @@ async def unsubscribe(ctx: Context, request: Request) -> Reply:
     return {"done": True, "released": 0}
 
 
-class _Session:
-    """The connection's outgoing side: frames queued by any task, written together by one sender task.
-
-    ``pending`` counts replies still owed (requests being answered, acks awaiting their commit); once the
-    subscription ends, the sender drains them and stops."""
-
-    def __init__(self, conn: Connection, scope: trio.CancelScope) -> None:
-        self.conn = conn
-        self.scope = scope
-        self.frames: list[bytes] = []
-        self.wake = trio.Event()
-        self.pending = 0
-        self.closing = False
-        self.gone = False
-        self.flights: dict[Flight, list[tuple[Any, Reply]]] = {}
-
-    def send(self, message: dict[str, Any]) -> None:
-        self.frames.append(self.conn.encode(message))
-        self.wake.set()
-
-    async def sender(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake = trio.Event()
-            if self.frames:
-                data, self.frames = b"".join(self.frames), []
-                try:
-                    await self.conn.stream.send_all(data)
-                except _CLOSED:
-                    self.gone = True
-                    self.scope.cancel()
-                    return
-            if self.closing and not self.pending and not self.frames:
-                return
-
-    def finish(self) -> None:
-        self.closing = True
-        self.wake.set()
-
-    def reply_after(self, flight: Flight, rid: Any, reply: Reply, nursery: trio.Nursery) -> None:
-        """Queue ``reply`` once ``flight`` is durable (one waiting task per commit, not per ack)."""
-        waiting = self.flights.get(flight)
-        if waiting is None:
-            waiting = self.flights[flight] = []
-            nursery.start_soon(self._when_durable, flight)
-        waiting.append((rid, reply))
-        self.pending += 1
-
-    async def _when_durable(self, flight: Flight) -> None:
-        await flight.done.wait()
-        for rid, reply in self.flights.pop(flight):
-            if flight.error is not None:
-                self.send(error_reply(rid, flight.error))
-            else:
-                self.send({**reply, "id": rid, "ok": True})
-            self.pending -= 1
-        self.wake.set()
-
-    async def answer(self, ctx: Context, request: Request) -> None:
-        self.send(await dispatch(ctx, request))
-        self.pending -= 1
-
-
 @stream("subscribe")
 async def subscribe(ctx: Context, conn: Connection, request: Request) -> bool:
-    service, rt = service_of(ctx), runtime_of(ctx, request)
-    rid, group = request.get("id"), request.get("group")
     window = arg_int(request, "max_in_flight", default=1)
     if not 1 <= window <= MAX_SUBSCRIBE_IN_FLIGHT:
         raise MalformedError(f"argument 'max_in_flight' is an integer in [1, {MAX_SUBSCRIBE_IN_FLIGHT}]")
     visibility = arg_seconds(request, "visibility", positive=True)
     consumer = f"{consumer_id()}.s{next(_subscriptions)}"
+    found = remote_of(ctx, request)
+    if found is not None:  # another daemon's group: its owner leases, acks are forwarded in batches
+        return await subscribe_remote(
+            ctx, conn, request, found[0], found[1], window=window, visibility=visibility, consumer=consumer
+        )
+    service, rt = service_of(ctx), runtime_of(ctx, request)
+    rid, group = request.get("id"), request.get("group")
     first = service.take(rt, consumer, visibility, window)  # registers the consumer; may hit the cap
     released: int | None = None
     unsubscribe_id: Any = None
@@ -125,14 +75,14 @@ async def subscribe(ctx: Context, conn: Connection, request: Request) -> bool:
                 "ok": True,
                 "subscribed": True,
                 "consumer": consumer,
-                "leases": [lease_wire(rt, x) for x in leases],
+                "leases": [lease_wire(rt.name, x) for x in leases],
             }
         )
         while True:
             room = window - rt.dispatcher.in_flight(consumer)
             leases = service.take(rt, consumer, visibility, room) if room > 0 else []
             if leases:
-                session.send({"id": rid, "ok": True, "leases": [lease_wire(rt, x) for x in leases]})
+                session.send({"id": rid, "ok": True, "leases": [lease_wire(rt.name, x) for x in leases]})
             await rt.changed.wait()  # set by new records, lease ends, acks: re-check then
 
     def ack_inline(inner: Request, io: trio.Nursery) -> None:
@@ -145,7 +95,7 @@ async def subscribe(ctx: Context, conn: Connection, request: Request) -> bool:
         session.reply_after(flight, inner.get("id"), settled_reply(changes), io)
 
     with trio.CancelScope() as scope:
-        session = _Session(conn, scope)
+        session = PushSession(conn, scope)
         try:
             async with trio.open_nursery() as io:
                 io.start_soon(session.sender)

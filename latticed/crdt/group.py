@@ -40,7 +40,7 @@ from latticed.crdt import queue as core
 from latticed.crdt.errors import MalformedError
 from latticed.crdt.head import KIND_GROUP, MAX_NAME_BYTES, check_name
 from latticed.crdt.queue import QueueState
-from latticed.crdt.records import MAX_HEADERS, MAX_OFFSET, Record, check_record
+from latticed.crdt.records import MAX_HEADERS, MAX_OFFSET, MAX_VALUE_BYTES, Record, check_record
 from latticed.crdt.signing import PUBLIC_KEY_SIZE, Identity
 
 MAX_ATTEMPTS = 2**32 - 1
@@ -56,7 +56,12 @@ _DLQ_SUFFIX = ".dlq"
 SPEC_META_KEY = "group"
 DLQ_HEADER = "x-dlq"
 CORRELATION_HEADER = "correlation-id"
-OUTCOMES = ("nack", "expired", "released")
+#: How a failed attempt ended (a claimed one was handed to another consumer by ``claim``).
+OUTCOMES = ("nack", "expired", "released", "claimed")
+#: How a successful one did (in the attempt history only: dead letters record failures).
+ACKED = "acked"
+#: A nack's reason is kept up to this many characters.
+MAX_ERROR_CHARS = 1024
 
 
 # ----------------------------------------------------------------------------------------------- sources
@@ -87,6 +92,16 @@ def parse_source_id(text: object) -> tuple[bytes, str]:
 def dlq_name(group: str) -> str:
     """The dead-letter queue of a group: an ordinary signed queue owned by the group's daemon."""
     return group + _DLQ_SUFFIX
+
+
+#: Metadata of a group's DLQ naming its group (set when the group creates it; reserved otherwise).
+DLQ_META_KEY = "dlq_of"
+
+
+def is_dlq_name(name: str) -> bool:
+    """Whether ``name`` is in the namespace reserved for dead-letter queues (``<group>.dlq``): users
+    cannot create such queues, so a group never adopts one by accident."""
+    return name.endswith(_DLQ_SUFFIX)
 
 
 # ---------------------------------------------------------------------------------------------- progress
@@ -420,13 +435,15 @@ def read_group(state: QueueState) -> tuple[GroupSpec, dict[str, GroupProgress]]:
 
 @dataclass(frozen=True, slots=True)
 class AttemptRecord:
-    """One delivery attempt that failed: who held it, when, and how it ended (``OUTCOMES``)."""
+    """One delivery attempt: who held it, when, how it ended (``OUTCOMES``, or ``"acked"``) and, for a
+    nack, the reason its consumer gave (``error``, at most :data:`MAX_ERROR_CHARS`)."""
 
     number: int
     consumer: str
     leased_at_ms: int
     ended_at_ms: int
     outcome: str
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,8 +486,36 @@ def _short_text(name: str, value: Any, limit: int) -> str:
     return value
 
 
+def _attempt_to_wire(a: AttemptRecord) -> list[Any]:
+    """``[number, consumer, leased_at, ended_at, outcome]``, plus the error text when there is one."""
+    item: list[Any] = [a.number, a.consumer, a.leased_at_ms, a.ended_at_ms, a.outcome]
+    if a.error:
+        item.append(a.error)
+    return item
+
+
+def attempt_from_wire(item: Any, outcomes: tuple[str, ...] = OUTCOMES) -> AttemptRecord:
+    """Strict inverse of :func:`_attempt_to_wire` (``outcomes``: which endings are allowed)."""
+    if type(item) is not list or len(item) not in (5, 6):
+        raise MalformedError("an attempt is [number, consumer, leased_at, ended_at, outcome, error?]")
+    number, consumer, leased_at, ended_at, outcome = item[:5]
+    error = item[5] if len(item) == 6 else ""
+    if type(number) is not int or not 0 < number <= MAX_ATTEMPTS or outcome not in outcomes:
+        raise MalformedError("bad attempt number or outcome")
+    if not isinstance(error, str) or len(error) > MAX_ERROR_CHARS:
+        raise MalformedError(f"an attempt's error is text of at most {MAX_ERROR_CHARS} characters")
+    return AttemptRecord(
+        number,
+        _short_text("consumer", consumer, MAX_CONSUMER_BYTES),
+        _ms("leased_at", leased_at),
+        _ms("ended_at", ended_at),
+        outcome,
+        error,
+    )
+
+
 def _info_to_wire(info: DeadLetterInfo) -> bytes:
-    history = [[a.number, a.consumer, a.leased_at_ms, a.ended_at_ms, a.outcome] for a in info.history]
+    history = [_attempt_to_wire(a) for a in info.history]
     body = [
         _DLQ_VERSION,
         info.source,
@@ -503,24 +548,10 @@ def _info_from_wire(raw: bytes) -> DeadLetterInfo:
         raise MalformedError(f"dead letter: unknown reason {reason!r}")
     if type(history) is not list or len(history) > MAX_HISTORY:
         raise MalformedError(f"dead letter: history is a list of at most {MAX_HISTORY} attempts")
-    attempts_out = []
-    for item in history:
-        if type(item) is not list or len(item) != 5:
-            raise MalformedError(
-                "dead letter: an attempt is [number, consumer, leased_at, ended_at, outcome]"
-            )
-        number, consumer, leased_at, ended_at, outcome = item
-        if type(number) is not int or not 0 < number <= MAX_ATTEMPTS or outcome not in OUTCOMES:
-            raise MalformedError("dead letter: bad attempt number or outcome")
-        attempts_out.append(
-            AttemptRecord(
-                number,
-                _short_text("consumer", consumer, MAX_CONSUMER_BYTES),
-                _ms("leased_at", leased_at),
-                _ms("ended_at", ended_at),
-                outcome,
-            )
-        )
+    try:
+        attempts_out = [attempt_from_wire(item) for item in history]
+    except MalformedError as exc:
+        raise MalformedError(f"dead letter: {exc}") from exc
     return DeadLetterInfo(
         source,
         offset,
@@ -530,6 +561,101 @@ def _info_from_wire(raw: bytes) -> DeadLetterInfo:
         _ms("dead_at", dead_at),
         tuple(attempts_out),
     )
+
+
+# --------------------------------------------------------------------------------------- attempt history
+
+#: Key of the group log's attempt-history records (progress ops are keyed by their source id, which cannot
+#: start with "~", so folding tells them apart without decoding).
+HISTORY_KEY = b"~history"
+HISTORY_OUTCOMES = (*OUTCOMES, ACKED)
+_OUTCOME_INDEX = {outcome: i for i, outcome in enumerate(HISTORY_OUTCOMES)}
+_HISTORY_VERSION = 1
+_MAX_HISTORY_ENTRIES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEntry:
+    """One ended attempt of one record, as the group log keeps it (durable attempt history)."""
+
+    source: str
+    offset: int
+    attempt: AttemptRecord
+
+
+def encode_history(entries: Iterable[AttemptEntry]) -> bytes:
+    """``[1, sources, consumers, [[source#, offset, number, consumer#, leased_ms, ended_ms, outcome#,
+    error?], ...]]``: sources and consumers listed once per record (they repeat across entries)."""
+    sources: dict[str, int] = {}
+    consumers: dict[str, int] = {}
+    rows = []
+    outcome_index = _OUTCOME_INDEX
+    for entry in entries:
+        a = entry.attempt
+        source = sources.get(entry.source)
+        if source is None:
+            source = sources[entry.source] = len(sources)
+        consumer = consumers.get(a.consumer)
+        if consumer is None:
+            consumer = consumers[a.consumer] = len(consumers)
+        row: list[Any] = [
+            source,
+            entry.offset,
+            a.number,
+            consumer,
+            a.leased_at_ms,
+            a.ended_at_ms,
+            outcome_index[a.outcome],
+        ]
+        if a.error:
+            row.append(a.error)
+        rows.append(row)
+    body = [_HISTORY_VERSION, list(sources), list(consumers), rows]
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_history(raw: bytes) -> list[AttemptEntry]:
+    """Strict inverse of :func:`encode_history`; anything else raises :class:`MalformedError`."""
+    try:
+        items = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise MalformedError("undecodable attempt history") from exc
+    if type(items) is not list or len(items) != 4 or items[0] != _HISTORY_VERSION:
+        raise MalformedError("attempt history is [1, sources, consumers, entries]")
+    _, sources, consumers, rows = items
+    if type(sources) is not list or type(consumers) is not list or type(rows) is not list:
+        raise MalformedError("attempt history: sources, consumers and entries are lists")
+    if len(rows) > _MAX_HISTORY_ENTRIES:
+        raise MalformedError("attempt history: too many entries")
+    for source in sources:
+        parse_source_id(source)
+    out = []
+    for row in rows:
+        if type(row) is not list or len(row) not in (7, 8):
+            raise MalformedError("attempt history: an entry has 7 or 8 fields")
+        src, offset, number, consumer, leased, ended, outcome = row[:7]
+        if not (type(src) is int and 0 <= src < len(sources)):
+            raise MalformedError("attempt history: bad source index")
+        if not (type(consumer) is int and 0 <= consumer < len(consumers)):
+            raise MalformedError("attempt history: bad consumer index")
+        if not (type(outcome) is int and 0 <= outcome < len(HISTORY_OUTCOMES)):
+            raise MalformedError("attempt history: bad outcome")
+        if type(offset) is not int or not 0 <= offset <= MAX_OFFSET:
+            raise MalformedError("attempt history: bad offset")
+        wire = [number, consumers[consumer], leased, ended, HISTORY_OUTCOMES[outcome], *row[7:]]
+        out.append(AttemptEntry(sources[src], offset, attempt_from_wire(wire, HISTORY_OUTCOMES)))
+    return out
+
+
+def history_records(entries: list[AttemptEntry], timestamp_ms: int) -> list[Record]:
+    """The group-log records holding ``entries`` (split so that each fits in a record)."""
+    if not entries:
+        return []
+    value = encode_history(entries)
+    if len(value) <= MAX_VALUE_BYTES // 2 or len(entries) == 1:
+        return [Record(value=value, key=HISTORY_KEY, timestamp=timestamp_ms)]
+    half = len(entries) // 2
+    return history_records(entries[:half], timestamp_ms) + history_records(entries[half:], timestamp_ms)
 
 
 def dead_letter_record(original: Record, info: DeadLetterInfo) -> Record:

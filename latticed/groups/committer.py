@@ -22,9 +22,11 @@ from typing import Final
 import trio
 
 from latticed.crdt.group import (
+    AttemptEntry,
     ProgressOp,
     apply_progress_ops,
     coalesce_ops,
+    history_records,
     progress_record,
     snapshot_ops,
 )
@@ -82,6 +84,7 @@ class Committer:
         self._caught_up = caught_up
         self._pending: list[tuple[GroupRuntime, Changes]] = []
         self._flight = Flight()
+        self._writing: Flight | None = None
         self._wake = trio.Event()
         self._recent: deque[tuple[float, int]] = deque()
         self.commits = 0
@@ -89,12 +92,20 @@ class Committer:
     def submit(self, rt: GroupRuntime, changes: Changes) -> Flight:
         """Queue changes for the next commit (nothing to write: nothing queued)."""
         flight = self._flight
-        if changes.ops or changes.dead_letters:
+        if rt.deleted:
+            flight = _DONE  # its log is a tombstone now: nothing more goes into it
+        elif changes.ops or changes.dead_letters or changes.attempts:
             self._pending.append((rt, changes))
             self._wake.set()
         else:
             flight = _DONE
         return flight
+
+    async def flush(self) -> None:
+        """Return once everything submitted so far has been committed (or has failed)."""
+        for flight in (self._writing, self._flight if self._pending else None):
+            if flight is not None:
+                await flight.done.wait()
 
     async def persist(self, rt: GroupRuntime, changes: Changes) -> None:
         """Return once ``changes`` are durable; raises the storage error if the commit failed."""
@@ -109,6 +120,7 @@ class Committer:
             batch, self._pending = self._pending, []
             self._recent.append((trio.current_time(), len(batch)))
             flight, self._flight = self._flight, Flight()
+            self._writing = flight
             try:
                 await self._commit(batch)
             except LatticedError as exc:
@@ -118,6 +130,7 @@ class Committer:
                 flight.error = LatticedError(f"internal error committing work-queue changes: {exc!r}")
                 log_event(log, "group.commit_crashed", level=50, exc_info=exc, changes=len(batch))
             finally:
+                self._writing = None
                 flight.done.set()
 
     async def _linger(self) -> None:
@@ -137,13 +150,19 @@ class Committer:
     async def _commit(self, batch: list[tuple[GroupRuntime, Changes]]) -> None:
         ops: dict[GroupRuntime, list[ProgressOp]] = {}
         dead: dict[GroupRuntime, list[Record]] = {}
+        history: dict[GroupRuntime, list[AttemptEntry]] = {}
         for rt, changes in batch:
             ops.setdefault(rt, []).extend(changes.ops)
             if changes.dead_letters:
                 dead.setdefault(rt, []).extend(changes.dead_letters)
+            if changes.attempts:
+                history.setdefault(rt, []).extend(changes.attempts)
         now_ms = self._engine.clock()
         parts: list[tuple[int, list[Record]]] = [(rt.dlq_q, records) for rt, records in dead.items()]
-        parts += [(rt.q, _records(rt_ops, now_ms)) for rt, rt_ops in ops.items() if rt_ops]
+        for rt, rt_ops in ops.items():
+            records = _records(rt_ops, now_ms) + history_records(history.get(rt, []), now_ms)
+            if records:
+                parts.append((rt.q, records))
         await sealer_of(self._engine).append_many(parts)  # a sealed DLQ's dead letters are sealed
         self.commits += 1
         for rt, rt_ops in ops.items():
@@ -157,7 +176,10 @@ class Committer:
         state = self._engine.state(rt.q)
         if state.held_end - state.start < COMPACT_AT:
             return
-        records = [progress_record(op, self._engine.clock()) for op in snapshot_ops(rt.progress)]
+        now_ms = self._engine.clock()
+        records = [progress_record(op, now_ms) for op in snapshot_ops(rt.progress)]
+        # The attempt history still needed (pending records', done ones' within the retention) moves up too.
+        records += history_records(rt.dispatcher.live_history(now_ms / 1000), now_ms)
         if any(len(r.value) > MAX_VALUE_BYTES for r in records):
             log_event(log, "group.snapshot_too_large", level=30, group=rt.name)
             return

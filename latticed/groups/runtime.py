@@ -9,12 +9,19 @@ catch up the same source at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import trio
 
-from latticed.crdt.group import GroupProgress, GroupSpec, ProgressOp, dlq_name, parse_source_id
+from latticed.crdt.group import (
+    AttemptEntry,
+    GroupProgress,
+    GroupSpec,
+    ProgressOp,
+    dlq_name,
+    parse_source_id,
+)
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError, NotReaderError
@@ -52,13 +59,15 @@ class GroupRuntime:
         dlq_q: int,
         spec: GroupSpec,
         progress: dict[str, GroupProgress],
+        *,
+        history: Iterable[AttemptEntry] = (),
     ) -> None:
         self.engine = engine
         self.q = q
         self.dlq_q = dlq_q
         self.spec = spec
         self.name = spec.name
-        self.dispatcher = Dispatcher(spec, engine.public_key, progress=progress)
+        self.dispatcher = Dispatcher(spec, engine.public_key, progress=progress, history=history)
         self.dlq = self.dispatcher.dlq
         self.progress = progress
         self.sources = (*spec.sources, self.dlq)
@@ -70,6 +79,8 @@ class GroupRuntime:
         #: Sealed sources whose next record this daemon cannot open (not a reader of its key epoch): why.
         self.unreadable: dict[str, NotReaderError] = {}
         self.changed = trio.Event()
+        #: Set by ``group delete``: every later call on it fails, waiters wake to find out.
+        self.deleted = False
 
     @property
     def dlq_name(self) -> str:

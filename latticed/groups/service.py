@@ -19,16 +19,23 @@ keeps its ``dequeue`` leases (a script may ack them from another process) and is
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import trio
 
 from latticed.crdt.group import (
+    DLQ_META_KEY,
+    HISTORY_KEY,
+    AttemptEntry,
     GroupProgress,
     GroupSpec,
     apply_progress_ops,
+    correlation_id,
+    decode_history,
     decode_progress_op,
     dlq_name,
     source_id,
@@ -37,6 +44,7 @@ from latticed.crdt.group import (
 )
 from latticed.crdt.head import KIND_GROUP, KIND_QUEUE
 from latticed.crdt.queue import QueueState
+from latticed.crdt.records import Record
 from latticed.errors import (
     AlreadyExistsError,
     CapacityError,
@@ -46,8 +54,8 @@ from latticed.errors import (
     NotOwnerError,
 )
 from latticed.groups.committer import Committer, Flight
-from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime
-from latticed.leases.dispatch import Changes, DeadLetter, Grant
+from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
+from latticed.leases.dispatch import Changes, DeadLetter, Grant, TaskView
 from latticed.leases.filters import compile_filter
 from latticed.logs import get_logger, log_event
 from latticed.storage.engine import Engine
@@ -55,7 +63,9 @@ from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)
 
-DLQ_META_KEY = "dlq_of"
+#: Metadata of a deleted group's log (when, ms): a tombstone, since a signed queue cannot be unmade on
+#: the peers holding it; its ops and its DLQ's dead letters are truncated away.
+DELETED_META_KEY = "deleted"
 
 
 class GroupService:
@@ -94,38 +104,52 @@ class GroupService:
 
     async def _load(self, q: int) -> None:
         state = self.engine.state(q)
+        if DELETED_META_KEY in state.meta_dict:
+            return
         try:
             spec = spec_from_meta(state.meta_dict)
             if spec.name != state.name:
                 raise MalformedError("the group definition names another group")
-            progress = await self._fold(q)
+            progress, history = await self._fold(q)
             dlq_q = await self._dlq_queue(spec.name)
-            await self._start(q, dlq_q, spec, progress)
+            await self._start(q, dlq_q, spec, progress, history)
         except LatticedError as exc:
             log_event(log, "group.load_failed", level=40, group=state.name, error=str(exc))
 
-    async def _fold(self, q: int) -> dict[str, GroupProgress]:
-        """The progress a group log holds: the join of its ops (read in bounded batches)."""
+    async def _fold(self, q: int) -> tuple[dict[str, GroupProgress], list[AttemptEntry]]:
+        """The progress a group log holds (the join of its ops) and its attempt history (read in bounded
+        batches)."""
         engine, progress = self.engine, dict[str, GroupProgress]()
+        history: list[AttemptEntry] = []
         pos = engine.state(q).start
         while pos < engine.state(q).held_end:
             columns = await engine.read(q, pos, engine.state(q).held_end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
             if not columns.offsets:
                 break
             ops = []
-            for offset, value in zip(columns.offsets, columns.values, strict=True):
+            for offset, key, value in zip(columns.offsets, columns.keys, columns.values, strict=True):
                 try:
-                    ops.append(decode_progress_op(value))
+                    if key == HISTORY_KEY:
+                        history.extend(decode_history(value))
+                    else:
+                        ops.append(decode_progress_op(value))
                 except MalformedError as exc:
                     log_event(
                         log, "group.bad_op", level=30, queue=engine.address(q), offset=offset, error=str(exc)
                     )
             progress = apply_progress_ops(progress, ops)
             pos = columns.offsets[-1] + 1
-        return progress
+        return progress, history
 
-    async def _start(self, q: int, dlq_q: int, spec: GroupSpec, progress: dict[str, GroupProgress]) -> None:
-        rt = GroupRuntime(self.engine, q, dlq_q, spec, progress)
+    async def _start(
+        self,
+        q: int,
+        dlq_q: int,
+        spec: GroupSpec,
+        progress: dict[str, GroupProgress],
+        history: list[AttemptEntry] | None = None,
+    ) -> None:
+        rt = GroupRuntime(self.engine, q, dlq_q, spec, progress, history=history or ())
         self._groups[spec.name] = rt
         for sid in rt.sources:
             self._by_source.setdefault(sid, []).append(rt)
@@ -151,8 +175,11 @@ class GroupService:
                 return await sealer_of(engine).create_queue(name, {DLQ_META_KEY: group}, ())
             return await engine.create_queue(name, {DLQ_META_KEY: group})
         state = engine.state(q)
-        if state.meta_dict.get(DLQ_META_KEY) != group and state.held_end > 0:
-            raise AlreadyExistsError(f"queue {name} exists and is not the dead-letter queue of group {group}")
+        if state.meta_dict.get(DLQ_META_KEY) != group:  # a queue made before .dlq names were reserved
+            raise AlreadyExistsError(
+                f"queue {name} exists and is not the dead-letter queue of group {group}: a group's DLQ is "
+                f"always <group>.dlq, so choose another group name"
+            )
         if sealed and sealer_of(engine).sealing(q) is None:
             raise MalformedError(
                 f"queue {name} is not sealed: it cannot hold the dead letters of a group with a sealed source"
@@ -240,7 +267,7 @@ class GroupService:
         if rt is not None:
             return rt
         owner, name = self.engine.parse_address(address)
-        if self.engine.find(owner, name, KIND_GROUP) is not None:
+        if owner != self.engine.public_key and self.engine.find(owner, name, KIND_GROUP) is not None:
             raise NotOwnerError(
                 f"group {owner.hex()}/{name} is run by the daemon that owns it; this one holds a replica "
                 "(ask that daemon, or use group stats here for its replicated progress)"
@@ -250,8 +277,16 @@ class GroupService:
     def running(self) -> list[GroupRuntime]:
         return sorted(self._groups.values(), key=lambda rt: rt.name)
 
-    async def create(self, name: str, queues: Iterable[str], **settings: Any) -> GroupRuntime:
-        """Define and start a group over ``queues`` (addresses of queues this daemon holds)."""
+    async def create(
+        self,
+        name: str,
+        queues: Iterable[str],
+        *,
+        extra_meta: Mapping[str, str] | None = None,
+        **settings: Any,
+    ) -> GroupRuntime:
+        """Define and start a group over ``queues`` (addresses of queues this daemon holds); ``extra_meta``
+        goes into its log's metadata beside the definition (the remote-consumer allow-list)."""
         engine, me = self.engine, self.engine.public_key
         sealer = sealer_of(engine)
         sources = []
@@ -271,10 +306,16 @@ class GroupService:
         spec = GroupSpec(name=name, sources=tuple(sources), **settings)
         meta = spec_to_meta(spec)  # checks the spec
         compile_filter(spec.filter)
-        if engine.find(me, name, KIND_GROUP) is not None:
+        old = engine.find(me, name, KIND_GROUP)
+        if old is not None and DELETED_META_KEY not in engine.state(old).meta_dict:
             raise AlreadyExistsError(f"group {name} already exists")
         dlq_q = await self._dlq_queue(name, sealed=sealed)
-        q = await engine.create_queue(name, meta, KIND_GROUP)
+        if old is None:
+            q = await engine.create_queue(name, {**(extra_meta or {}), **meta}, KIND_GROUP)
+        else:  # a deleted group's log (emptied when it was deleted) carries the new one
+            q = old
+            updates: dict[str, str | None] = {key: None for key in engine.state(q).meta_dict}
+            await engine.set_meta(q, {**updates, **(extra_meta or {}), **meta})
         await self._start(q, dlq_q, spec, {})
         log_event(log, "group.created", group=name, sources=list(spec.sources), filter=spec.filter)
         return self._groups[name]
@@ -299,6 +340,7 @@ class GroupService:
         """Lease the next available record; with ``wait``, block up to that many seconds for one."""
         deadline = trio.current_time() + (wait or 0.0)
         while True:
+            _check(rt)
             lease = rt.dispatcher.dequeue(consumer, visibility, self.now())
             if lease is not None:
                 self._deadline_moved(rt)
@@ -327,6 +369,7 @@ class GroupService:
     def take(self, rt: GroupRuntime, consumer: str, visibility: float | None, n: int) -> list[Grant]:
         """Lease up to ``n`` available records at once (a subscription filling its window), never past the
         group's per-consumer cap; CapacityError only if the consumer cannot join the group."""
+        _check(rt)
         leases: list[Grant] = []
         cap = rt.spec.max_in_flight
         if cap and rt.dispatcher.has_consumer(consumer):
@@ -346,6 +389,36 @@ class GroupService:
             self._deadline_moved(rt)
         return leases
 
+    async def take_waiting(
+        self, rt: GroupRuntime, consumer: str, visibility: float | None, n: int, wait: float | None
+    ) -> list[Grant]:
+        """:meth:`take`, blocking up to ``wait`` seconds while nothing is available (a remote
+        subscription's long poll)."""
+        deadline = trio.current_time() + (wait or 0.0)
+        while True:
+            _check(rt)
+            leases = self.take(rt, consumer, visibility, n)
+            if leases or n <= 0:
+                return leases
+            if await self._feed_now(rt):
+                continue
+            if rt.unreadable:
+                raise next(iter(rt.unreadable.values()))
+            if not wait or trio.current_time() >= deadline:
+                return []
+            with trio.move_on_at(deadline):
+                await rt.changed.wait()
+
+    def detach(self, rt: GroupRuntime, consumer: str) -> None:
+        """The consumer is not connected (a remote one between its calls, or a closed connection): its
+        leases stay until acked, nacked or expired, and it is unregistered once they have ended."""
+        dispatcher = rt.dispatcher
+        if dispatcher.has_consumer(consumer):
+            if dispatcher.in_flight(consumer):
+                rt.detached.add(consumer)
+            else:
+                dispatcher.release_consumer(consumer, self.now())
+
     def drop_consumer(self, rt: GroupRuntime, consumer: str) -> int:
         """Like :meth:`release` without waiting for the commit (safe while being cancelled); returns how
         many leases were given back."""
@@ -358,6 +431,7 @@ class GroupService:
 
     def ack_submit(self, rt: GroupRuntime, token: str) -> tuple[Changes, Flight]:
         """Settle at once in memory; the flight says when it is durable (reply only after that)."""
+        _check(rt)
         changes = rt.dispatcher.ack(token, self.now())
         rt.notify()  # a subscriber at its in-flight cap may take another
         self._sweep_detached(rt)
@@ -368,8 +442,9 @@ class GroupService:
         await flight.wait()
         return changes
 
-    async def nack(self, rt: GroupRuntime, token: str, delay: float | None) -> Changes:
-        changes = rt.dispatcher.nack(token, delay, self.now())
+    async def nack(self, rt: GroupRuntime, token: str, delay: float | None, reason: str = "") -> Changes:
+        _check(rt)
+        changes = rt.dispatcher.nack(token, delay, self.now(), reason)
         return await self._returned(rt, changes)
 
     async def release(self, rt: GroupRuntime, consumer: str) -> Changes:
@@ -385,10 +460,41 @@ class GroupService:
         await self.committer.persist(rt, changes)
         return changes
 
+    async def inspect(self, rt: GroupRuntime, queue: str, offset: int) -> TaskView:
+        """One record as the group sees it (a done record rebuilt from the durable history after a
+        restart gets its correlation id from the record, if the source still holds it)."""
+        view = rt.dispatcher.inspect(queue, offset, self.now())
+        if view.correlation_id:
+            return view
+        record = None
+        q = rt.source_queue(queue)
+        if q is not None:
+            columns = await self.engine.read(q, offset, offset + 1, 1, CATCH_UP_BYTES)
+            with contextlib.suppress(LatticedError):
+                records = records_of(sealer_of(self.engine).open_columns(q, columns))
+                record = records[0][1] if records else None
+        fallback = Record(b"") if record is None else record
+        return replace(view, correlation_id=correlation_id(fallback, queue, offset))
+
     def extend(self, rt: GroupRuntime, token: str, visibility: float) -> Grant:
+        _check(rt)
         return rt.dispatcher.extend(token, visibility, self.now())
 
+    async def claim(
+        self, rt: GroupRuntime, consumer: str, min_idle: float, count: int, visibility: float | None
+    ) -> list[Grant]:
+        """Take over leases idle at least ``min_idle`` seconds (see :meth:`Dispatcher.claim`); replies
+        once the attempts they cost are durable."""
+        _check(rt)
+        leases, changes = rt.dispatcher.claim(consumer, min_idle, count, visibility, self.now())
+        if changes:
+            self._deadline_moved(rt)
+            rt.notify()
+            await self.committer.persist(rt, changes)
+        return leases
+
     async def ack_up_to(self, rt: GroupRuntime, queue: str, up_to: int) -> Changes:
+        _check(rt)
         owner, name = self.engine.parse_address(queue)
         changes = rt.dispatcher.ack_up_to(source_id(owner, name), up_to, self.now())
         rt.notify()
@@ -398,36 +504,85 @@ class GroupService:
 
     def connection_closed(self, consumer: str) -> None:
         """A client connection ended: forget it as a consumer, at once if it holds no leases."""
-        now = self.now()
         for rt in self._groups.values():
-            if rt.dispatcher.has_consumer(consumer):
-                if rt.dispatcher.in_flight(consumer):
-                    rt.detached.add(consumer)
-                else:
-                    rt.dispatcher.release_consumer(consumer, now)
+            self.detach(rt, consumer)
 
     # ------------------------------------------------------------------ dead letters
     def dead_letters(self, rt: GroupRuntime, limit: int | None) -> list[DeadLetter]:
         return rt.dispatcher.dead_letters(limit)
 
     async def redrive(self, rt: GroupRuntime, offsets: list[int] | None) -> int:
+        _check(rt)
         changes = rt.dispatcher.redrive(offsets, self.now())
         await self.committer.persist(rt, changes)
         rt.notify()
         return sum(len(op.progress.released) for op in changes.ops)
 
     async def purge(self, rt: GroupRuntime, offsets: list[int] | None) -> int:
+        _check(rt)
         count = len(rt.dispatcher.dead_letters() if offsets is None else set(offsets))
         changes = rt.dispatcher.purge(offsets, self.now())
         await self.committer.persist(rt, changes)
         return count if changes else 0
+
+    # ------------------------------------------------------------------ lifecycle of a group
+    async def edit(
+        self,
+        rt: GroupRuntime,
+        settings: Mapping[str, Any],
+        extra_meta: Mapping[str, str | None] | None = None,
+    ) -> GroupRuntime:
+        """Change a running group's settings (not its name or sources); see
+        :meth:`~latticed.leases.dispatch.Dispatcher.update_spec` for what happens to leases in flight. The
+        new definition is signed into its log's metadata (replicas see it) before it applies here."""
+        _check(rt)
+        spec = replace(rt.spec, **settings)
+        meta = spec_to_meta(spec)  # checks it
+        compile_filter(spec.filter)
+        await self.engine.set_meta(rt.q, {**(extra_meta or {}), **meta})
+        rt.dispatcher.update_spec(spec)
+        rt.spec = spec
+        self._deadline_moved(rt)
+        rt.notify()
+        log_event(log, "group.edited", group=rt.name, changed=sorted(settings))
+        return rt
+
+    async def delete(self, rt: GroupRuntime) -> dict[str, int]:
+        """Stop a group for good: its leases in flight become unknown (an ack of one fails as no such
+        group), waiting consumers are told, its log keeps only a tombstone and its DLQ's dead letters
+        are truncated away (on replicas too). Its sources are untouched; the name may be reused."""
+        _check(rt)
+        stats = rt.dispatcher.stats(self.now())
+        self._groups.pop(rt.name, None)
+        for sid in rt.sources:
+            runtimes = self._by_source.get(sid, [])
+            if rt in runtimes:
+                runtimes.remove(rt)
+        rt.deleted = True
+        rt.notify()
+        await self.committer.flush()  # what was queued for it lands first (then goes with the rest)
+        engine = self.engine
+        await engine.set_meta(rt.q, {DELETED_META_KEY: str(engine.clock())})
+        await engine.truncate(rt.q, engine.state(rt.q).held_end)
+        dead = engine.state(rt.dlq_q).held_end - engine.state(rt.dlq_q).start
+        await engine.truncate(rt.dlq_q, engine.state(rt.dlq_q).held_end)
+        log_event(log, "group.deleted", group=rt.name, leases=stats.leased, dead_letters=stats.dead)
+        return {"leases_voided": stats.leased, "dead_letters_dropped": stats.dead, "dlq_records": dead}
 
     # ------------------------------------------------------------------ replicas
     async def replica_progress(self, address: str) -> tuple[QueueState, GroupSpec, dict[str, GroupProgress]]:
         """Any group log this daemon holds (its own or a replica): definition and folded progress."""
         q = self.engine.resolve(address, KIND_GROUP)
         state = self.engine.state(q)
-        return state, spec_from_meta(state.meta_dict), await self._fold(q)
+        if DELETED_META_KEY in state.meta_dict:
+            raise NotFoundError(f"group {self.engine.address(q)} was deleted")
+        progress, _ = await self._fold(q)
+        return state, spec_from_meta(state.meta_dict), progress
+
+
+def _check(rt: GroupRuntime) -> None:
+    if rt.deleted:
+        raise NotFoundError(f"group {rt.name} was deleted")
 
 
 async def run_groups(
@@ -437,4 +592,4 @@ async def run_groups(
     await GroupService(engine).run(task_status=task_status)
 
 
-__all__ = ["DLQ_META_KEY", "GroupService", "run_groups"]
+__all__ = ["DELETED_META_KEY", "DLQ_META_KEY", "GroupService", "run_groups"]

@@ -32,9 +32,12 @@ from dataclasses import dataclass, field, replace
 
 from latticed.crdt.errors import MalformedError
 from latticed.crdt.group import (
+    ACKED,
     EMPTY,
     MAX_CONSUMER_BYTES,
+    MAX_ERROR_CHARS,
     MAX_HISTORY,
+    AttemptEntry,
     AttemptRecord,
     DeadLetterInfo,
     GroupProgress,
@@ -85,14 +88,21 @@ class Grant:
     record: Record
     leased_at: float
     expires_at: float
+    #: When its holder last showed life (leased or extended it): ``claim`` measures idleness from here.
+    active_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Done:
+    """A record settled as done; ``history`` is every attempt it had, the successful one last (empty for
+    one settled by ``ack_up_to`` without a lease). ``correlation_id`` is "" when rebuilt from the
+    durable history after a restart (the caller derives it from the record)."""
+
     queue: str
     offset: int
     attempt: int
     correlation_id: str
+    history: tuple[AttemptRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +132,8 @@ class Changes:
     dead_letters: tuple[Record, ...] = ()
     done: tuple[Done, ...] = ()
     failed: tuple[Failure, ...] = ()
+    #: Attempts that ended (acked or failed): appended to the group log's durable history.
+    attempts: tuple[AttemptEntry, ...] = ()
 
     @property
     def correlation_id(self) -> str | None:
@@ -133,7 +145,7 @@ class Changes:
         return None
 
     def __bool__(self) -> bool:
-        return bool(self.ops or self.dead_letters or self.done or self.failed)
+        return bool(self.ops or self.dead_letters or self.done or self.failed or self.attempts)
 
 
 NO_CHANGES = Changes()
@@ -152,6 +164,7 @@ class TaskView:
     lease: Grant | None = None
     retry_at: float | None = None
     done_at: float | None = None
+    dlq_offset: int | None = None  # a dead record: where its dead letter is
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,13 +230,25 @@ class _Task:
 
 
 class _Source:
-    __slots__ = ("floor_sent", "hint", "hint_attempts", "id", "is_dlq", "next_offset", "offsets", "tasks")
+    __slots__ = (
+        "floor_sent",
+        "hint",
+        "hint_attempts",
+        "hint_history",
+        "id",
+        "is_dlq",
+        "next_offset",
+        "offsets",
+        "tasks",
+    )
 
     def __init__(self, sid: str, is_dlq: bool, hint: GroupProgress):
         self.id = sid
         self.is_dlq = is_dlq
         self.hint = hint  # durable progress at start-up: settles offsets we have not seen yet
         self.hint_attempts = hint.attempts_map()
+        #: Durable attempt history of unsettled records, taken by each as it is offered.
+        self.hint_history: dict[int, list[AttemptRecord]] = {}
         self.tasks: dict[int, _Task] = {}  # every unsettled member we hold
         self.offsets: list[int] = []  # heap of member offsets; settled ones are dropped lazily
         self.next_offset = hint.ack_floor
@@ -239,6 +264,10 @@ class _Source:
 
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)
+
+
+def _order(attempt: AttemptRecord) -> tuple[int, int]:
+    return attempt.ended_at_ms, attempt.number
 
 
 def _seconds(value: float | None, what: str, *, positive: bool) -> float:
@@ -262,6 +291,7 @@ class Dispatcher:
         *,
         progress: Mapping[str, GroupProgress] | None = None,
         token_prefix: str | None = None,
+        history: Iterable[AttemptEntry] = (),
     ):
         spec.check()
         self.spec = spec
@@ -283,7 +313,10 @@ class Dispatcher:
         self._ended: OrderedDict[str, str] = OrderedDict()
         self._done: deque[tuple[float, Done]] = deque()
         self._done_index: dict[tuple[str, int], tuple[float, Done]] = {}
+        #: Parked or redriven dead letters by where they came from (``inspect`` of a dead record).
+        self._dead_by_origin: dict[tuple[str, int], int] = {}
         self._counts = dict.fromkeys(STATES, 0)
+        self._load_history(history)
 
     @classmethod
     def recover(
@@ -294,14 +327,38 @@ class Dispatcher:
         source_records: Mapping[str, Iterable[tuple[int, Record]]],
         *,
         token_prefix: str | None = None,
+        history: Iterable[AttemptEntry] = (),
     ) -> Dispatcher:
         """Rebuild after a restart from the durable progress (folded group log) and the records each
         source (and the DLQ) still holds from its floor on: settled records stay settled, everything else
-        is available again at once (leases and retry timers were local), failed-attempt counts kept."""
-        dispatcher = cls(spec, owner, progress=progress, token_prefix=token_prefix)
+        is available again at once (leases and retry timers were local), failed-attempt counts kept.
+        ``history`` (the group log's attempt history) gives pending records their past attempts back, and
+        done ones their history for the retention period."""
+        dispatcher = cls(spec, owner, progress=progress, token_prefix=token_prefix, history=history)
         for source, records in source_records.items():
             dispatcher.offer_candidates(source, records)
         return dispatcher
+
+    def _load_history(self, history: Iterable[AttemptEntry]) -> None:
+        """Sort the durable history: pending records' attempts wait for them to be offered; done records'
+        go to the retained done set (pruned to the retention period on the next call with a time)."""
+        done: list[tuple[float, Done]] = []
+        by_record: dict[tuple[str, int], list[AttemptRecord]] = {}
+        for entry in history:
+            if entry.source in self._sources:
+                by_record.setdefault((entry.source, entry.offset), []).append(entry.attempt)
+        for (sid, offset), attempts in by_record.items():
+            src = self._sources[sid]
+            unique = sorted({(a.number, a.ended_at_ms, a.outcome): a for a in attempts}.values(), key=_order)
+            if not src.hint.is_settled(offset):
+                src.hint_history[offset] = unique[-MAX_HISTORY:]
+            elif unique[-1].outcome == ACKED and self.spec.retention_s > 0:
+                last = unique[-1]
+                done.append((last.ended_at_ms / 1000, Done(sid, offset, last.number, "", tuple(unique))))
+        done.sort(key=lambda item: item[0])
+        for kept in done[-MAX_RETAINED_DONE:]:
+            self._done.append(kept)
+            self._done_index[(kept[1].queue, kept[1].offset)] = kept
 
     # ------------------------------------------------------------------ intake
     def _source(self, queue: str) -> _Source:
@@ -337,6 +394,10 @@ class Dispatcher:
             self._seq += 1
             task = _Task(src, offset, self._seq, record, src.hint_attempts.get(offset, 0))
             task.origin = origin
+            if src.hint_history:
+                task.history = src.hint_history.pop(offset, [])
+            if origin is not None:
+                self._dead_by_origin[(origin.source, origin.offset)] = offset
             src.tasks[offset] = task
             heapq.heappush(src.offsets, offset)
             if src.is_dlq and offset not in hint.released:
@@ -356,17 +417,9 @@ class Dispatcher:
 
         Raises :class:`CapacityError` past the group's consumer cap or this consumer's in-flight cap. A
         consumer is registered by its first dequeue and leaves with :meth:`release_consumer`."""
-        if not isinstance(consumer, str) or not consumer or len(consumer.encode()) > MAX_CONSUMER_BYTES:
-            raise MalformedError(f"a consumer id is text of 1-{MAX_CONSUMER_BYTES} bytes")
+        visibility = self._visibility(visibility_s)
+        tokens = self._join(consumer)
         spec = self.spec
-        visibility = (
-            spec.visibility_s if visibility_s is None else _seconds(visibility_s, "visibility", positive=True)
-        )
-        tokens = self._consumers.get(consumer)
-        if tokens is None:
-            if spec.max_consumers and len(self._consumers) >= spec.max_consumers:
-                raise CapacityError(f"group {spec.name} has its maximum of {spec.max_consumers} consumers")
-            tokens = self._consumers[consumer] = set()
         if spec.max_in_flight and len(tokens) >= spec.max_in_flight:
             raise CapacityError(f"consumer {consumer} already holds {spec.max_in_flight} leases (the cap)")
         self._promote(now)
@@ -377,6 +430,67 @@ class Dispatcher:
                 break
         else:
             return None
+        return self._grant(task, consumer, tokens, visibility, now)
+
+    def claim(
+        self, consumer: str, min_idle_s: float, count: int, visibility_s: float | None, now: float
+    ) -> tuple[list[Grant], Changes]:
+        """Take over leases whose holders have been idle at least ``min_idle_s`` (since they leased or
+        last extended them), the longest idle first, at most ``count`` (Redis's XAUTOCLAIM). Each one's
+        attempt ends as failed ("claimed", counted like an expiry); unless that was its last attempt (then
+        it is dead-lettered), the record is leased to ``consumer`` at once, as its next attempt."""
+        min_idle = _seconds(min_idle_s, "min idle", positive=False)
+        if type(count) is not int or count < 1:
+            raise MalformedError("claim takes a count of at least 1")
+        visibility = self._visibility(visibility_s)
+        tokens = self._join(consumer)
+        spec = self.spec
+        if spec.max_in_flight:
+            count = min(count, spec.max_in_flight - len(tokens))
+            if count <= 0:
+                raise CapacityError(
+                    f"consumer {consumer} already holds {spec.max_in_flight} leases (the cap)"
+                )
+        idle = sorted(
+            (lease.active_at or lease.leased_at, lease.token)
+            for task in self._leases.values()
+            if (lease := task.lease) is not None
+            and lease.consumer != consumer
+            and now - (lease.active_at or lease.leased_at) >= min_idle
+        )[:count]
+        pairs = []
+        for _, token in idle:
+            task = self._leases[token]
+            assert task.lease is not None
+            pairs.append((task, task.lease))
+        if not pairs:
+            return [], NO_CHANGES
+        changes = self._fail_all(pairs, "claimed", 0.0, now, f"claimed by {consumer}"[:MAX_ERROR_CHARS])
+        grants = [
+            self._grant(task, consumer, tokens, visibility, now)
+            for task, _ in pairs
+            if task.state == AVAILABLE
+        ]
+        return grants, changes
+
+    def _visibility(self, visibility_s: float | None) -> float:
+        if visibility_s is None:
+            return self.spec.visibility_s
+        return _seconds(visibility_s, "visibility", positive=True)
+
+    def _join(self, consumer: str) -> set[str]:
+        """The consumer's lease tokens, registering it (within the group's consumer cap) if new."""
+        if not isinstance(consumer, str) or not consumer or len(consumer.encode()) > MAX_CONSUMER_BYTES:
+            raise MalformedError(f"a consumer id is text of 1-{MAX_CONSUMER_BYTES} bytes")
+        tokens = self._consumers.get(consumer)
+        if tokens is None:
+            spec = self.spec
+            if spec.max_consumers and len(self._consumers) >= spec.max_consumers:
+                raise CapacityError(f"group {spec.name} has its maximum of {spec.max_consumers} consumers")
+            tokens = self._consumers[consumer] = set()
+        return tokens
+
+    def _grant(self, task: _Task, consumer: str, tokens: set[str], visibility: float, now: float) -> Grant:
         self._counter += 1
         token = f"{self._prefix}.{self._counter:x}"
         lease = Grant(
@@ -389,6 +503,7 @@ class Dispatcher:
             task.record,
             now,
             now + visibility,
+            now,
         )
         self._set_state(task, LEASED)
         task.lease = lease
@@ -428,15 +543,22 @@ class Dispatcher:
         """Settle a leased record as done."""
         task, lease = self._live(token, now)
         self._end_lease(task, lease, "the record was already acked")
-        done = self._settle_done(task, lease.attempt, now)
-        return Changes(ops=(self._op(task.source, acked=(task.offset,)),), done=(done,))
+        ended = AttemptRecord(lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), ACKED)
+        done = self._settle_done(task, lease.attempt, now, ended)
+        return Changes(
+            ops=(self._op(task.source, acked=(task.offset,)),),
+            done=(done,),
+            attempts=(AttemptEntry(task.source.id, task.offset, ended),),
+        )
 
-    def nack(self, token: str, delay_s: float | None, now: float) -> Changes:
+    def nack(self, token: str, delay_s: float | None, now: float, reason: str = "") -> Changes:
         """Give a leased record back: retry after ``delay_s`` (None: exponential backoff), or dead-letter
-        it if this was its last attempt."""
+        it if this was its last attempt. ``reason`` (the consumer's error text) goes into its history."""
         delay = None if delay_s is None else _seconds(delay_s, "nack delay", positive=False)
+        if not isinstance(reason, str) or len(reason) > MAX_ERROR_CHARS:
+            raise MalformedError(f"a nack reason is text of at most {MAX_ERROR_CHARS} characters")
         task, lease = self._live(token, now)
-        return self._fail_all([(task, lease)], "nack", delay, now)
+        return self._fail_all([(task, lease)], "nack", delay, now, reason)
 
     def extend(self, token: str, visibility_s: float, now: float) -> Grant:
         """Keep a lease for ``visibility_s`` from now; returns the lease with its new deadline."""
@@ -452,6 +574,7 @@ class Dispatcher:
             lease.record,
             lease.leased_at,
             now + visibility,
+            now,
         )
         task.lease = new
         self._counter += 1
@@ -471,6 +594,18 @@ class Dispatcher:
             pairs.append((task, task.lease))
         return self._fail_all(pairs, "released", delay_s, now)
 
+    def update_spec(self, spec: GroupSpec) -> None:
+        """An edited definition (same name and sources): it applies from now on. Leases in flight keep
+        their deadlines, scheduled retries their times, records already taken in stay even if the new
+        filter would not take them (and records skipped before are not taken in); new failures count
+        against the new ``max_attempts`` and wait the new backoff, new leases get the new visibility, and
+        the caps apply to the next lease (consumers and leases over a lowered cap are not cut off)."""
+        spec.check()
+        if spec.name != self.spec.name or spec.sources != self.spec.sources:
+            raise MalformedError("a group's name and sources cannot be edited (create another group)")
+        match = compile_filter(spec.filter)
+        self.spec, self._match = spec, match
+
     def in_flight(self, consumer: str) -> int:
         """How many leases ``consumer`` holds (0 if it is not registered)."""
         tokens = self._consumers.get(consumer)
@@ -478,6 +613,20 @@ class Dispatcher:
 
     def has_consumer(self, consumer: str) -> bool:
         return consumer in self._consumers
+
+    def consumers(self) -> list[str]:
+        """The registered consumers."""
+        return list(self._consumers)
+
+    def lease_record(self, token: str) -> tuple[str, Record] | None:
+        """The source and record of a live lease (None: no such live lease)."""
+        task = self._leases.get(token) if isinstance(token, str) else None
+        return (task.source.id, task.record) if task is not None else None
+
+    def holder(self, token: str) -> str | None:
+        """The consumer a live lease was granted to (None: no such live lease)."""
+        task = self._leases.get(token) if isinstance(token, str) else None
+        return task.lease.consumer if task is not None and task.lease is not None else None
 
     def promote(self, now: float) -> None:
         """Make failed records whose retry time has come available (dequeue does this lazily; the
@@ -505,21 +654,26 @@ class Dispatcher:
             raise MalformedError("ack_up_to takes an offset")
         if up_to > src.next_offset:
             raise MalformedError(f"ack_up_to({up_to}) is past the end the group has seen ({src.next_offset})")
-        heap, done = src.offsets, []
+        heap, done, attempts = src.offsets, [], []
         while heap and heap[0] < up_to:
             task = src.tasks.get(heapq.heappop(heap))
             if task is None:
                 continue
-            attempt = task.attempts
-            if task.lease is not None:
-                attempt = task.lease.attempt
-                self._end_lease(task, task.lease, f"the record was acked by ack_up_to({up_to})")
-            done.append(self._settle_done(task, attempt, now))
+            attempt, ended = task.attempts, None
+            lease = task.lease
+            if lease is not None:
+                attempt = lease.attempt
+                self._end_lease(task, lease, f"the record was acked by ack_up_to({up_to})")
+                ended = AttemptRecord(lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), ACKED)
+                attempts.append(AttemptEntry(src.id, task.offset, ended))
+            done.append(self._settle_done(task, attempt, now, ended))
         floor = src.floor()
         if floor <= src.floor_sent and not done:
             return NO_CHANGES
         src.floor_sent = max(src.floor_sent, floor)
-        return Changes(ops=(ProgressOp(src.id, GroupProgress(floor)),), done=tuple(done))
+        return Changes(
+            ops=(ProgressOp(src.id, GroupProgress(floor)),), done=tuple(done), attempts=tuple(attempts)
+        )
 
     # ------------------------------------------------------------------ dead-letter queue
     def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
@@ -571,6 +725,24 @@ class Dispatcher:
             self._settle(task)
         return Changes(ops=(self._op(self._sources[self.dlq], acked=tuple(t.offset for t in tasks)),))
 
+    def live_history(self, now: float) -> list[AttemptEntry]:
+        """The attempt history still needed: unsettled records' and done ones' within the retention
+        period (what a compacted group log must carry over; dead letters carry their own)."""
+        self._prune_done(now)
+        out = [
+            AttemptEntry(src.id, task.offset, attempt)
+            for src in self._sources.values()
+            for task in src.tasks.values()
+            for attempt in task.history
+        ]
+        for src in self._sources.values():  # not offered yet (a source that has not replicated here)
+            for offset, attempts in src.hint_history.items():
+                out.extend(AttemptEntry(src.id, offset, a) for a in attempts)
+        for _, done in self._done:
+            if self._done_index.get((done.queue, done.offset), (0.0, None))[1] is done:
+                out.extend(AttemptEntry(done.queue, done.offset, a) for a in done.history)
+        return out
+
     # ------------------------------------------------------------------ time and introspection
     def next_deadline(self) -> float | None:
         """When something is due: the earliest lease expiry or retry time (so the daemon never polls)."""
@@ -610,16 +782,36 @@ class Dispatcher:
         )
 
     def inspect(self, queue: str, offset: int, now: float) -> TaskView:
-        """One record's state, attempts and history; NotFoundError if settled (and not retained) or unseen."""
+        """One record's state, attempts and history: pending, done (within the retention period) or dead
+        (then its dead letter's history; a redriven one's attempts since follow). NotFoundError if
+        settled and not retained, or unseen."""
         src = self._source(queue)
         task = src.tasks.get(offset)
         if task is None:
             self._prune_done(now)
             kept = self._done_index.get((queue, offset))
-            if kept is None:
+            if kept is not None:
+                done_at, done = kept
+                return TaskView(
+                    queue, offset, "done", done.attempt, done.correlation_id, done.history, done_at=done_at
+                )
+            dlq_offset = self._dead_by_origin.get((queue, offset))
+            dead = self._sources[self.dlq].tasks.get(dlq_offset) if dlq_offset is not None else None
+            if dead is None or dead.origin is None:
                 raise NotFoundError(f"{queue} offset {offset} is not pending in group {self.spec.name}")
-            done_at, done = kept
-            return TaskView(queue, offset, "done", done.attempt, done.correlation_id, (), done_at=done_at)
+            origin = dead.origin
+            later = tuple(replace(a, number=origin.attempts + a.number) for a in dead.history)
+            return TaskView(
+                queue,
+                offset,
+                dead.state,
+                origin.attempts + dead.attempts,
+                dead.correlation_id,
+                (*origin.history, *later),
+                lease=dead.lease,
+                retry_at=dead.ready_at if dead.state == FAILED else None,
+                dlq_offset=dlq_offset,
+            )
         return TaskView(
             queue,
             offset,
@@ -642,10 +834,14 @@ class Dispatcher:
         self._counts[task.state] -= 1
         task.state = SETTLED
         del task.source.tasks[task.offset]
+        origin = task.origin
+        if origin is not None and self._dead_by_origin.get((origin.source, origin.offset)) == task.offset:
+            del self._dead_by_origin[(origin.source, origin.offset)]
 
-    def _settle_done(self, task: _Task, attempt: int, now: float) -> Done:
+    def _settle_done(self, task: _Task, attempt: int, now: float, ended: AttemptRecord | None) -> Done:
         self._settle(task)
-        done = Done(task.source.id, task.offset, attempt, task.correlation_id)
+        history = (*task.history, ended) if ended is not None else tuple(task.history)
+        done = Done(task.source.id, task.offset, attempt, task.correlation_id, history)
         if self.spec.retention_s > 0:
             entry = (now, done)
             self._done.append(entry)
@@ -696,17 +892,19 @@ class Dispatcher:
         )
 
     def _fail_all(
-        self, pairs: list[tuple[_Task, Grant]], reason: str, delay: float | None, now: float
+        self, pairs: list[tuple[_Task, Grant]], reason: str, delay: float | None, now: float, error: str = ""
     ) -> Changes:
-        spec, failures, dead_letters = self.spec, [], []
+        spec, failures, dead_letters, attempts = self.spec, [], [], []
         by_source: dict[_Source, tuple[list[int], list[tuple[int, int]]]] = {}
         for task, lease in pairs:
             self._end_lease(task, lease, f"the lease ended ({reason}) and the record will be redelivered")
             task.attempts += 1
-            task.history.append(
-                AttemptRecord(lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), reason)
+            ended = AttemptRecord(
+                lease.attempt, lease.consumer, _ms(lease.leased_at), _ms(now), reason, error
             )
+            task.history.append(ended)
             del task.history[:-MAX_HISTORY]
+            attempts.append(AttemptEntry(task.source.id, task.offset, ended))
             dead, counts = by_source.setdefault(task.source, ([], []))
             if spec.max_attempts and task.attempts >= spec.max_attempts:
                 record = self._dead_letter(task, reason, now)
@@ -730,7 +928,9 @@ class Dispatcher:
             self._op(src, dead=tuple(dead), attempts=tuple(sorted(counts)))
             for src, (dead, counts) in by_source.items()
         )
-        return Changes(ops=ops, dead_letters=tuple(dead_letters), failed=tuple(failures))
+        return Changes(
+            ops=ops, dead_letters=tuple(dead_letters), failed=tuple(failures), attempts=tuple(attempts)
+        )
 
     def _dead_letter(self, task: _Task, reason: str, now: float) -> Record:
         origin = task.origin

@@ -102,6 +102,22 @@ class ReplicaHost(Protocol):
         ...
 
 
+class LinkExtension(Protocol):
+    """Another sub-protocol multiplexed on the replication links (lease forwarding:
+    :mod:`latticed.net.leasing`): the reader hands it the messages it ``accepts``, and the driver sends
+    what it puts in :attr:`PeerLink.extra_out` (then it kicks the link)."""
+
+    def accepts(self, message: bytes) -> bool: ...
+
+    def link_up(self, link: PeerLink) -> None: ...
+
+    def receive(self, link: PeerLink, message: bytes) -> None:
+        """One of its messages; raising a ProtocolError closes the link."""
+        ...
+
+    def link_down(self, link: PeerLink) -> None: ...
+
+
 @dataclass(slots=True)
 class PeerLink:
     """A connected peer, as ``latticectl peers`` shows it."""
@@ -115,6 +131,8 @@ class PeerLink:
     drained: trio.Event = field(default_factory=trio.Event)
     last_heard: float = 0.0
     connected_at: float = 0.0
+    #: Messages of the :class:`LinkExtension`, sent by the driver after the session's.
+    extra_out: list[bytes] = field(default_factory=list)
 
     def kick(self) -> None:
         self.wakeup.set()
@@ -133,6 +151,8 @@ class Gossip:
     max_outbox_bytes: int = MAX_OUTBOX_BYTES
     send_timeout: float = SEND_TIMEOUT_S
     on_peer_change: Callable[[], None] | None = None
+    #: Lease forwarding on the same links (None: replication only).
+    extension: LinkExtension | None = None
     links: dict[bytes, PeerLink] = field(default_factory=dict)
     counters: dict[str, int] = field(
         default_factory=lambda: {
@@ -279,6 +299,8 @@ class Gossip:
         self._changed()
         log_event(log, "peer.connected", peer=peer_hex, address=address, via=via)
         session.start(self.host.summaries(), memory=self._recall(peer))
+        if self.extension is not None:
+            self.extension.link_up(link)
         reason = "closed"
         # The session admits at most ``window`` unacknowledged deltas (a peer sending more breaks the
         # protocol), and each is in one of these channels or in the hands of the task between them.
@@ -315,6 +337,8 @@ class Gossip:
             reason = f"internal error: {type(exc).__name__}"
             log_event(log, "peer.internal_error", level=logging.ERROR, exc_info=exc, peer=peer_hex)
         finally:
+            if self.extension is not None:
+                self.extension.link_down(link)
             remembered = session.memory()
             session.release()
             if remembered is not None:
@@ -339,6 +363,10 @@ class Gossip:
                 scope.cancel()
                 return
             link.last_heard = trio.current_time()
+            # Hook: messages of the lease-forwarding sub-protocol go to the extension, not the session.
+            if self.extension is not None and self.extension.accepts(message):
+                self.extension.receive(link, message)
+                continue
             link.session.receive_message(message)
             link.kick()
 
@@ -377,9 +405,11 @@ class Gossip:
         """Send what the session queued; the reader may read on meanwhile (what it adds waits for the
         next flush, and stops it reading again once there is too much)."""
         messages = link.session.messages_to_send()
+        if link.extra_out:
+            messages += link.extra_out
+            link.extra_out = []
         link.drained.set()
-        for message in messages:
-            await stream.send(message)
+        await stream.send_many(messages)  # one write for all of them (each its own frame)
 
     async def _verifier(
         self,

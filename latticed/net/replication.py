@@ -29,7 +29,7 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
-from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, PendingMerge
+from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExtension, PendingMerge
 from latticed.net.peerstate import PeerFaults
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
@@ -268,6 +268,16 @@ class Replication:
         self._save_book()
         self.wake_dialer.set()
 
+    def dial_now(self, public_key: bytes) -> bool:
+        """Dial ``public_key`` now if no link to it is up (lease forwarding needs its group's owner);
+        False if the peer book knows no address of it to dial."""
+        if public_key in self.gossip.links:
+            return True
+        if not self.book.hurry(public_key, time.time()):
+            return False
+        self.wake_dialer.set()
+        return True
+
     # ------------------------------------------------------------------ the operator's peer management
     def add_peer(self, address: HostPort) -> dict[str, Any]:
         """Dial ``address`` now and for ever (kept in the rules file across restarts)."""
@@ -369,10 +379,12 @@ async def run_replication(
     *,
     network_key: bytes | None = None,
     metrics: PeerMetrics | None = None,
+    extension: LinkExtension | None = None,
     task_status: trio.TaskStatus[Replication] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen, dial, discover and gossip until cancelled; under ``network_key`` (default: the config's).
-    ``metrics`` (off when None) hears of connections and failed handshakes."""
+    ``metrics`` (off when None) hears of connections and failed handshakes; ``extension`` (lease
+    forwarding) shares the links."""
     if network_key is None:
         network_key = load_network_key(config)
     if network_key == DEFAULT_NETWORK_KEY:
@@ -387,7 +399,11 @@ async def run_replication(
     patterns = config.replicate or None
     host = EngineHost(engine)
     gossip = Gossip(
-        host, identity.public_key, subscription=patterns, max_message_bytes=config.max_frame_bytes
+        host,
+        identity.public_key,
+        subscription=patterns,
+        max_message_bytes=config.max_frame_bytes,
+        extension=extension,
     )
     book = load_peer_book(config.data_dir, identity.public_key)
     book.add_static(config.peers, now=time.time())

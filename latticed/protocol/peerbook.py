@@ -247,6 +247,19 @@ class PeerBook:
         """Every address known to belong to ``public_key``, sorted."""
         return sorted(a for a, e in self._entries.items() if e.public_key == public_key)
 
+    def hurry(self, public_key: bytes, now: float) -> bool:
+        """Make the idle addresses of ``public_key`` due now (a caller needs a link to it: lease forwarding
+        to a group's owner), keeping their failure counts; False if no dialable address of it is known."""
+        if public_key in self.blocked:
+            return False
+        found = False
+        for entry in self._entries.values():
+            if entry.public_key == public_key and entry.dialable:
+                found = True
+                if entry.state is PeerState.IDLE:
+                    entry.next_attempt = min(entry.next_attempt, now)
+        return found
+
     # --- dialing ------------------------------------------------------------------------------------
 
     def _busy_identities(self) -> set[bytes]:
