@@ -619,7 +619,7 @@ def meta_del(ctx: typer.Context, queue: QueueArg, key: MetaKey) -> None:
 _ELSEWHERE: dict[str, lazy.Registrar] = {
     "cli.kv": (["kv"], lambda module: app.add_typer(module.kv_app, name="kv")),
     "cli.groups": (
-        ["group", "dlq", "dequeue", "ack", "nack", "extend", "ack-up-to", "work"],
+        ["group", "dlq", "dequeue", "ack", "nack", "extend", "ack-up-to", "claim", "work"],
         lambda module: module.register(app, _client),
     ),
     "cli.join": (["invite", "join"], lambda module: module.register(app, _client)),
