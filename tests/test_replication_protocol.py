@@ -14,7 +14,7 @@ from latticed.crdt.queue import Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import delta_to_wire, pack, summary_from_wire, summary_to_wire, unpack
-from latticed.errors import IntegrityError, LatticedError, RemoteProtocolError
+from latticed.errors import IntegrityError, RemoteProtocolError
 from latticed.protocol.replication import (
     DELTA,
     DIGEST,
@@ -229,7 +229,7 @@ def test_subscription_limits_what_is_pushed() -> None:
 @given(st.binary(max_size=200))
 def test_decoder_fuzz_only_protocol_errors(data: bytes) -> None:
     _, b = _started_pair()
-    with contextlib.suppress(LatticedError):
+    with contextlib.suppress(RemoteProtocolError):
         b.receive_message(data)
 
 
@@ -249,7 +249,7 @@ def test_decoder_fuzz_only_protocol_errors(data: bytes) -> None:
 def test_structured_fuzz_only_protocol_errors(items: list[object]) -> None:
     _, b = _started_pair()
     for kind in range(9):
-        with contextlib.suppress(LatticedError):
+        with contextlib.suppress(RemoteProtocolError):
             b.receive_message(pack([kind, *items]))
 
 
