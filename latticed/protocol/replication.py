@@ -45,6 +45,7 @@ every handler touches; the wire format and the session's life cycle already live
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -103,6 +104,7 @@ __all__ = [
     "QueueKey",
     "ReplicationSession",
     "SessionState",
+    "has_news",
     "is_ahead",
     "key_label",
 ]
@@ -118,7 +120,8 @@ def key_label(key: QueueKey) -> str:
 
 
 def is_ahead(ours: Summary | None, theirs: Summary | None) -> bool:
-    """Whether we hold something the peer does not (so a delta is worth asking the store for)."""
+    """Whether we hold something the peer does not, along one history (newer, longer, later start, or
+    flagged forked): the order in which a session tracks what the peer holds."""
     if ours is None or ours.version == 0:
         return False
     if theirs is None:
@@ -129,6 +132,30 @@ def is_ahead(ours: Summary | None, theirs: Summary | None) -> bool:
         or (ours.forked and not theirs.forked)
         or ours.start > theirs.start
     )
+
+
+def _other_history(ours: Summary, theirs: Summary) -> bool:
+    """Records up to the same end with another chain value there: the owner signed two histories, each
+    side holds records the other lacks, and the join keeps one of them everywhere."""
+    return ours.held_end == theirs.held_end and ours.held_hash != theirs.held_hash
+
+
+def _fork_unsettled(ours: Summary, theirs: Summary) -> bool:
+    """Both flag a fork and hold the same version, yet differ: the two heads of that version may differ
+    too, and which one the join keeps (the higher signature) no summary tells, nor whose records go with
+    it. So each side offers its own head (see ReplicationSession._pump)."""
+    return ours.forked and theirs.forked and ours.version == theirs.version and ours != theirs
+
+
+def has_news(ours: Summary | None, theirs: Summary | None) -> bool:
+    """Whether we may hold something the peer lacks, so a delta is worth asking the store for: what
+    :func:`is_ahead` says, and for a forked queue also another history or an unsettled fork. A delta
+    that changes nothing for the peer is not sent again while both summaries stay the same."""
+    if is_ahead(ours, theirs):
+        return True
+    if ours is None or theirs is None or ours.version == 0:
+        return False
+    return _other_history(ours, theirs) or _fork_unsettled(ours, theirs)
 
 
 # ------------------------------------------------------------------------------------------------ events
@@ -217,6 +244,11 @@ class _Link:
     asked_since: Summary | None = None  # the ``since`` of that NeedDelta
     inflight: int = 0  # DELTAs sent, not yet acknowledged
     wanted: bool = False  # the peer grafted: its next duplicate is not a reason to prune
+    #: (ours, the peer's) summaries when the peer acknowledged a DELTA of ours that changed nothing for
+    #: it: no more are sent while both still hold exactly that (see :meth:`ReplicationSession._pump`).
+    futile: tuple[Summary | None, Summary] | None = None
+    #: The same pair once our last offer for it went out (the whole of our run, see _pump).
+    whole: tuple[Summary | None, Summary] | None = None
 
 
 @dataclass(slots=True)
@@ -336,7 +368,7 @@ class ReplicationSession:
         link = self._link(key)
         if link.eager:
             self._schedule(key)
-        elif is_ahead(summary, link.peer) and self._announced.get(key) != summary:
+        elif has_news(summary, link.peer) and self._announced.get(key) != summary:
             # Once per summary: a relay reports a push both when it serves it ahead of its commit and
             # when the commit is done, with the same summary. Only the latest waiting one goes out.
             self._haves[key] = summary
@@ -362,7 +394,7 @@ class ReplicationSession:
         self._inflight_total += 1
         self.stats["deltas_sent"] += 1
         self._send(Delta(self._seq, delta))
-        if is_ahead(self._local.get(key), self._since(link)):
+        if has_news(self._local.get(key), self._since(link)):
             self._schedule(key)  # the next chunk goes out before this one is acknowledged
         else:
             self._pump()
@@ -379,6 +411,10 @@ class ReplicationSession:
         if not changed and link.eager and not link.wanted:
             self._send(Prune(key))
         link.wanted = False
+        if changed and self._peer_wants(key) and has_news(summary, link.peer):
+            # The join holds more than the sender sent: its delta and what we held are two histories
+            # of a forked owner, which only we know of yet. Tell the sender too.
+            self._schedule(key)
 
     def ping(self, nonce: int) -> None:
         self._state = transition(self._state, Command.PING)
@@ -443,7 +479,7 @@ class ReplicationSession:
                 continue
             link.peer = summary
             self._events.append(PeerSummary(key, summary))
-            if self._peer_wants(key) and is_ahead(self._local.get(key), summary):
+            if self._peer_wants(key) and has_news(self._local.get(key), summary):
                 self._schedule(key)
 
     def _on_delta(self, message: Delta) -> None:
@@ -478,11 +514,13 @@ class ReplicationSession:
             raise RemoteProtocolError("ACK for a delta we did not send")
         link.inflight -= 1
         self._inflight_total -= 1
+        if summary == link.peer:
+            link.futile = (self._local.get(key), summary)  # our delta brought the peer nothing
         link.peer = summary
         if link.inflight == 0:
             link.sent = None  # from now on, what the peer says it holds is the whole truth
         self._events.append(PeerSummary(key, summary))
-        if is_ahead(self._local.get(key), self._since(link)):
+        if has_news(self._local.get(key), self._since(link)):
             self._schedule(key)  # the next chunk of a backlog
         self._pump()
 
@@ -497,7 +535,7 @@ class ReplicationSession:
     def _on_have(self, have: Have) -> None:
         key, summary = have.key, have.summary
         self._heard_of(key, summary)
-        if self._wants_key(key) and is_ahead(summary, self._local.get(key)):
+        if self._wants_key(key) and has_news(summary, self._local.get(key)):
             self._send(Want(key, self._local.get(key) or Summary()))
 
     def _on_want(self, want: Want) -> None:
@@ -507,7 +545,7 @@ class ReplicationSession:
             return  # a WANT for a queue we do not hold: nothing to send
         link.eager = True
         link.wanted = True
-        if is_ahead(self._local.get(key), summary):
+        if has_news(self._local.get(key), summary):
             self._schedule(key)
 
     # ------------------------------------------------------------------ session → host
@@ -605,12 +643,30 @@ class ReplicationSession:
                 self._pending.append(key)  # wait for its ACK, keep order fair
                 continue
             since = self._since(link)
-            if not is_ahead(self._local.get(key), since):
+            ours = self._local.get(key)
+            if ours is None or not has_news(ours, since):
                 continue
+            max_records = self.max_records
+            records = is_ahead(ours, since) or (since is not None and _other_history(ours, since))
+            pair = (ours, link.peer)
+            if link.futile == pair:
+                # What we sent from here changed nothing at the peer: its records are another history
+                # (the owner forked), which a chunk shorter than its own run does not displace in the
+                # join. Offer our whole run once, from its start (the host still bounds the bytes);
+                # then stop, until either side changes, rather than send the same chunks for ever.
+                if link.whole == pair or not records:
+                    continue
+                link.whole = pair
+                since = None
+                max_records = max(max_records, ours.held_end - ours.start)
+            if not records:
+                # Only the fork is unsettled: our head (with its metadata and the proof) is what the
+                # peer may lack; it has at least our records.
+                since = dataclasses.replace(ours, meta_version=-1)
             link.asked = True
             link.asked_since = since
             self._asked_total += 1
-            self._events.append(NeedDelta(key, since, self.max_records))
+            self._events.append(NeedDelta(key, since, max_records))
 
     @staticmethod
     def _since(link: _Link) -> Summary | None:
