@@ -60,6 +60,13 @@ def values(daemon: LatticedProcess, queue: str) -> list[bytes]:
         return [e.value for e in c.range(queue, 0, 1 << 40)]
 
 
+def replica_state(daemon: LatticedProcess, queue: str) -> dict[str, Any]:
+    """What a replica holds of a queue beyond its records: offsets, the owner's version, metadata, fork."""
+    with client(daemon) as c:
+        info = c.queue_info(queue)
+    return {k: info[k] for k in ("start_offset", "end_offset", "known_end", "version", "meta", "forked")}
+
+
 def test_three_daemons_converge_across_hops(latticed_process: Factory) -> None:
     a = start_peer(latticed_process)
     b = start_peer(latticed_process, a)
@@ -72,7 +79,9 @@ def test_three_daemons_converge_across_hops(latticed_process: Factory) -> None:
         cc.offer("from-c", b"hello from c")
     wait_until(lambda: holds(c, queue, 50), "a's records on c")
     wait_until(lambda: holds(a, c_queue, 1), "c's record on a")
-    assert values(c, queue) == values(a, queue) == [b"a%d" % i for i in range(50)]
+    assert values(c, queue) == values(b, queue) == values(a, queue) == [b"a%d" % i for i in range(50)]
+    assert replica_state(c, queue) == replica_state(b, queue) == replica_state(a, queue)
+    assert replica_state(a, c_queue) == replica_state(c, c_queue)
     with client(b) as cb:
         listed = {q["queue"] for q in cb.queue_list()}
         assert {queue, c_queue} <= listed

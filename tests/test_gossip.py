@@ -130,6 +130,12 @@ async def test_three_hops_relay_verified_records() -> None:
         a[1].write(4)
         await wait_for(c[1], 4)
         nursery.cancel_scope.cancel()
+    key = (ALICE.public_key, "q", 0)
+    # The same state at every hop, verified and relayed as it came: records, heads, metadata, no fork.
+    assert b[1].states[key] == a[1].states[key]
+    assert c[1].states[key] == a[1].states[key]
+    assert [r.value for r in c[1].states[key].entries.records()] == [b"0", b"1", b"2", b"3"]
+    assert not c[1].states[key].forked
 
 
 async def test_forging_peer_is_disconnected_and_nothing_is_stored() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from latticed.crdt import kv as kvcore
@@ -201,3 +201,40 @@ def test_big_batches_get_intermediate_heads_and_byte_bounded_chunks() -> None:
         replica = core.merge(replica, d)
         chunks += 1
     assert replica == state and chunks == 3
+
+
+def _continue(state: QueueState, steps: list[tuple[str, int | str]], tag: bytes) -> QueueState:
+    """The owner's old copy at ``state`` signs ``steps`` again, with other records: a second history."""
+    for index, (kind, arg) in enumerate(steps):
+        now = 1000 + index
+        if kind == "offer":
+            assert isinstance(arg, int)
+            records = [Record(value=tag + b"%d.%d" % (index, i), timestamp=now) for i in range(arg)]
+            state = core.commit(state, OWNER, now_ms=now, records=records)
+        elif kind == "truncate":
+            assert isinstance(arg, int)
+            state = core.commit(state, OWNER, now_ms=now, new_start=state.start + arg)
+        else:
+            state = core.commit(state, OWNER, now_ms=now, meta_updates={str(arg): "twin"})
+    return state
+
+
+@SETTINGS
+@given(st.lists(step, min_size=1, max_size=8), st.lists(step, min_size=1, max_size=8), st.integers(0, 8))
+@example(first=[("offer", 4), ("offer", 1), ("truncate", 4)], second=[("offer", 6)], fork_at=0)
+def test_two_histories_join_without_losing_what_the_kept_head_vouches_for(
+    first: list[tuple[str, int | str]], second: list[tuple[str, int | str]], fork_at: int
+) -> None:
+    """A forked owner: an old copy of its state signs a second history. The join keeps at least the records
+    the side whose head it keeps held (it used to drop them for a longer run of the other history, which
+    does not pass through that head's start), in either order. (Whether one join alone already flags the
+    fork may depend on the order: which heads each side still holds; replication then passes the flag.)"""
+    states = history(first)
+    a = states[-1]
+    b = _continue(states[fork_at % (len(states) - 1)], second, b"twin")
+    expected = merged(a, b)
+    for joined in (expected, merged(b, a)):
+        assert (joined.head, joined.entries, joined.meta) == (expected.head, expected.entries, expected.meta)
+        for side in (a, b):
+            if joined.head == side.head:
+                assert joined.held_end >= side.held_end

@@ -14,7 +14,7 @@ from latticed.crdt.queue import Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import delta_to_wire, pack, summary_from_wire, summary_to_wire, unpack
-from latticed.errors import IntegrityError, LatticedError, RemoteProtocolError
+from latticed.errors import IntegrityError, RemoteProtocolError
 from latticed.protocol.replication import (
     DELTA,
     DIGEST,
@@ -229,7 +229,7 @@ def test_subscription_limits_what_is_pushed() -> None:
 @given(st.binary(max_size=200))
 def test_decoder_fuzz_only_protocol_errors(data: bytes) -> None:
     _, b = _started_pair()
-    with contextlib.suppress(LatticedError):
+    with contextlib.suppress(RemoteProtocolError):
         b.receive_message(data)
 
 
@@ -249,7 +249,7 @@ def test_decoder_fuzz_only_protocol_errors(data: bytes) -> None:
 def test_structured_fuzz_only_protocol_errors(items: list[object]) -> None:
     _, b = _started_pair()
     for kind in range(9):
-        with contextlib.suppress(LatticedError):
+        with contextlib.suppress(RemoteProtocolError):
             b.receive_message(pack([kind, *items]))
 
 
@@ -480,3 +480,81 @@ def test_a_queue_the_peer_sends_is_tracked_until_stored_then_ours() -> None:
     assert session.peer_keys == 2 and budget.used == 2  # tracked whatever the bound: the window limits it
     session.delta_applied(1, state.summary(), True)
     assert session.peer_keys == 1 and budget.used == 1  # stored: ours, no longer counted
+
+
+# ------------------------------------------------------------------ an owner that signs two histories
+
+
+def _history(*batches: int, tag: str, base: core.QueueState | None = None) -> core.QueueState:
+    state = base or core.empty_state(ALICE.public_key, "q")
+    for n, size in enumerate(batches):
+        state = core.commit(state, ALICE, now_ms=n, records=records(size, f"{tag}{n}-"))
+    return state
+
+
+def _pair(a_state: core.QueueState, b_state: core.QueueState, **kwargs: int) -> SimNetwork:
+    net = SimNetwork(**kwargs)
+    net.add(0).states[KEY] = a_state
+    net.add(1).states[KEY] = b_state
+    net.connect(0, 1)
+    return net
+
+
+def _greeted_pair(
+    a_state: core.QueueState, b_state: core.QueueState
+) -> tuple[ReplicationSession, ReplicationSession]:
+    """Two sessions past HELLO and DIGEST, each knowing what the other holds, nothing sent yet."""
+    a, b = ReplicationSession(), ReplicationSession()
+    a.start({KEY: a_state.summary()})
+    b.start({KEY: b_state.summary()})
+    for message in a.messages_to_send():
+        b.receive_message(message)
+    for message in b.messages_to_send():
+        a.receive_message(message)
+    return a, b
+
+
+def _needs(session: ReplicationSession) -> list[NeedDelta]:
+    return [e for e in iter(session.next_event, None) if isinstance(e, NeedDelta)]
+
+
+def test_a_fork_the_receiver_finds_goes_back_to_the_sender() -> None:
+    """The sender is ahead; the receiver holds a shorter other history, so only the receiver's join shows
+    the fork. It used to tell only its other peers: the sender, not ahead of anyone, never learnt it."""
+    x, y = _history(3, tag="x"), _history(1, tag="y")
+    a, b = _greeted_pair(x, y)
+    assert [need.since for need in _needs(b)] == [None]  # asked on the HELLO; b has nothing for a
+    b.provide_delta(KEY, None)
+    assert not _needs(b)
+    (need,) = _needs(a)
+    a.provide_delta(KEY, core.delta(x, need.since, need.max_records))
+    for message in a.messages_to_send():
+        b.receive_message(message)
+    received = [e for e in iter(b.next_event, None) if isinstance(e, DeltaReceived)]
+    joined = core.merge(y, received[0].delta)
+    assert joined.forked
+    b.delta_applied(received[0].seq, joined.summary(), True)
+    assert [need.key for need in _needs(b)] == [KEY]
+
+
+def test_two_histories_of_the_same_length_are_offered() -> None:
+    """Same version, same end, another chain value there: neither summary is ahead of the other, so once
+    each side knew what the other held, neither sent anything and the fork went unnoticed."""
+    x, y = _history(2, tag="x"), _history(2, tag="y")
+    a, _ = _greeted_pair(x, y)
+    first = _needs(a)  # asked on the HELLO, before the digest said what the peer holds
+    assert [need.since for need in first] == [None]
+    a.provide_delta(KEY, None)  # (the host had nothing to send after all)
+    assert [need.since for need in _needs(a)] == [y.summary()]
+
+
+def test_another_history_longer_than_a_chunk_is_sent_whole_and_the_link_goes_quiet() -> None:
+    """The sender's history (signed heads at 1 and 4) is longer than the receiver's other one (2), but its
+    chunks (up to 3 records, so [0, 1)) are shorter, and the join keeps the longer run: the same chunk
+    used to go out for ever. Now it goes once, then the whole run once, and the link is quiet."""
+    net = _pair(_history(1, 3, tag="x"), _history(2, tag="y"), window=3, max_records=3)
+    rounds = net.run_until_quiet(max_rounds=100)
+    assert net.quiet() and rounds < 20
+    a, b = net.nodes[0].states[KEY], net.nodes[1].states[KEY]
+    assert a.forked and b.forked and a == b and a.held_end == 4
+    assert net.nodes[0].sessions[1].stats["deltas_sent"] < 10

@@ -859,29 +859,31 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
                 b, bridge_b = incoming.witness(meet, d.head)
                 proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
 
-    # 3. Keep the longest run that reaches back to the newest head's start (ties: the higher tip), or to
-    # our own floor above it: a join never brings back what this replica dropped.
+    # 3. Keep the longest run through the newest head's start, with the chain value that head signs
+    #    there (ties: the higher tip), or through our own floor above it: a join never brings back what
+    #    this replica dropped. A run past that start with another value there is another history: a proof
+    #    of the fork, never a reason to keep fewer records than either side held.
     start = head.start
     floor = state.floor if state.floor > start else 0
+    through: list[_Run] = []
     if floor:
         start = floor
-        usable = [r for r in runs if r.start <= floor and r.chain_at(floor) == state.floor_hash]
+        through = [r for r in runs if r.start <= floor < r.end and r.chain_at(floor) == state.floor_hash]
     else:
-        usable = [r for r in runs if r.start <= start]
+        for run in runs:
+            if run.start <= start < run.end:
+                if run.chain_at(start) == head.base_hash:
+                    through.append(run)
+                else:
+                    b, bridge_b = run.witness(start, head)
+                    proof = better_proof(proof, ForkProof(owner, name, kind, head, b, start, None, bridge_b))
     entries: Entries = _empty_entries()
     tip: SignedHead | None = None
     checkpoints: tuple[SignedHead, ...] = ()
-    if usable:
-        best = max(usable, key=lambda r: (r.end, r.tip.sort_key if r.tip else (-1, b"")))
-        if best.end > start:
-            value = best.chain_at(start)
-            if floor or value == head.base_hash:
-                entries, tip = best.entries.drop(start - best.start), best.tip
-                checkpoints = _checkpoints(best, start, start + len(entries))
-            else:
-                # The newest head signs the chain value at its start; this run does not pass through it.
-                b, bridge_b = best.witness(start, head)
-                proof = better_proof(proof, ForkProof(owner, name, kind, head, b, start, None, bridge_b))
+    if through:
+        best = max(through, key=lambda r: (r.end, r.tip.sort_key if r.tip else (-1, b"")))
+        entries, tip = best.entries.drop(start - best.start), best.tip
+        checkpoints = _checkpoints(best, start, start + len(entries))
     return QueueState(
         owner,
         name,

@@ -5,27 +5,25 @@ host (local updates, deltas it asked for, results of merges), and gives back mes
 (:meth:`messages_to_send`) and events for the host (:meth:`next_event`). It never touches storage, sockets
 or clocks: the host (the trio layer) owns those, so every path here runs in tests without either.
 
-What travels (each message a msgpack list whose first item is its type):
+What travels is in :mod:`latticed.protocol.replication_messages` (one frozen dataclass per message, one
+table that encodes and decodes them strictly), and where a session is in its life in
+:mod:`latticed.protocol.replication_state` (a state enum and the table of what may happen in each).
+What the messages mean here:
 
-* ``HELLO [0, version, subscription, incarnation]`` — once, first. ``subscription`` is None (everything)
-  or a list of ``OWNER/NAME`` glob patterns the sender wants to receive. ``incarnation`` (16 random bytes
-  per run of the sending daemon; may be absent) tells the peer whether what it remembers of us from an
-  earlier connection still holds.
-* ``DIGEST [1, entries]`` — per queue ``[owner, name, kind, summary]``: what the sender holds. A host that
-  remembers the peer from an earlier connection *in the same runs of both daemons* (the peer's incarnation
-  is the one it remembers) sends, after the peer's HELLO, only the queues that changed since it last told
-  the peer about them, and takes what the peer held then as the starting point; otherwise the first digest
-  lists everything. Later digests list only what changed.
-* ``DELTA [2, seq, delta]`` — a verifiable chunk of a queue (see :func:`latticed.crdt.queue.delta`).
-* ``ACK [3, seq, owner, name, kind, summary]`` — the delta was verified and stored; here is what I hold now.
+* ``HELLO`` — once, first (see :class:`~latticed.protocol.replication_messages.Hello`).
+* ``DIGEST`` — what the sender holds. A host that remembers the peer from an earlier connection *in the
+  same runs of both daemons* (the peer's incarnation is the one it remembers) sends, after the peer's
+  HELLO, only the queues that changed since it last told the peer about them, and takes what the peer held
+  then as the starting point; otherwise the first digest lists everything. Later digests list only what
+  changed.
+* ``DELTA`` — a verifiable chunk of a queue; ``ACK`` — it was verified and stored, here is what I hold now.
   At most ``window`` deltas are unacknowledged per session: a slow peer slows its sender, never fills RAM.
   A queue's backlog streams up to ``depth`` chunks ahead of the ACKs (each chunk starts where the previous
   one ended), so sender and receiver work at the same time; once nothing is in flight, the peer's ACKed
   summary is again where the next chunk starts (a chunk that did not apply is simply sent again).
-* ``HAVE [4, owner, name, kind, summary]`` — lazy notification on a pruned link (Plumtree).
-* ``WANT [5, owner, name, kind, summary]`` — graft: make this link eager for the queue and send me the rest.
-* ``PRUNE [6, owner, name, kind]`` — your delta brought nothing new; send me HAVEs instead of data.
-* ``PING [7, nonce]`` / ``PONG [8, nonce]`` — liveness, which the host times.
+* ``HAVE`` — lazy notification on a pruned link (Plumtree); ``WANT`` — graft: make this link eager for the
+  queue and send me the rest; ``PRUNE`` — your delta brought nothing new, send me HAVEs instead of data.
+* ``PING`` / ``PONG`` — liveness, which the host times.
 
 Eager push with pruning on duplicates means a record crosses each link about once in steady state, while
 HAVE/WANT repairs the tree when an eager parent goes away.
@@ -39,37 +37,82 @@ names that we do not hold takes one of ``max_peer_keys`` places per session and 
 :class:`KeyBudget` shared by all sessions; beyond those it is not tracked (and counted), which costs only
 efficiency (the peer pushes what we lack anyway). :meth:`ReplicationSession.release` gives the places
 back when the link ends, and :meth:`ReplicationSession.memory` keeps only queues we hold.
+
+Why this module is longer than the project's ~400 lines: it is one class, and its per-link bookkeeping
+(window and depth, eager and lazy links, key budgets, the memory of a peer) is one set of invariants that
+every handler touches; the wire format and the session's life cycle already live apart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from latticed.crdt.errors import LatticedError
 from latticed.crdt.queue import QueueDelta, Summary
-from latticed.crdt.wire import (
-    delta_from_wire,
-    delta_to_wire,
-    pack,
-    summary_from_wire,
-    summary_to_wire,
-    unpack,
-)
 from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.protocol.replication_messages import (
+    ACK,
+    DELTA,
+    DIGEST,
+    HAVE,
+    HELLO,
+    PING,
+    PONG,
+    PROTOCOL_VERSION,
+    PRUNE,
+    WANT,
+    Ack,
+    Delta,
+    Digest,
+    Have,
+    Hello,
+    Message,
+    Ping,
+    Pong,
+    Prune,
+    QueueKey,
+    Want,
+    decode_message,
+    encode_message,
+)
+from latticed.protocol.replication_state import Command, SessionState, transition
 
-PROTOCOL_VERSION = 1
-HELLO, DIGEST, DELTA, ACK, HAVE, WANT, PRUNE, PING, PONG = range(9)
+__all__ = [
+    "ACK",
+    "DEFAULT_MAX_PEER_KEYS",
+    "DEFAULT_MAX_PEER_KEYS_TOTAL",
+    "DELTA",
+    "DIGEST",
+    "HAVE",
+    "HELLO",
+    "PING",
+    "PONG",
+    "PROTOCOL_VERSION",
+    "PRUNE",
+    "WANT",
+    "DeltaReceived",
+    "Event",
+    "KeyBudget",
+    "NeedDelta",
+    "PeerHello",
+    "PeerMemory",
+    "PeerSummary",
+    "Pong",
+    "QueueKey",
+    "ReplicationSession",
+    "SessionState",
+    "has_news",
+    "is_ahead",
+    "key_label",
+]
 
 #: Queues we do not hold that one peer may make us remember (its summaries of them).
 DEFAULT_MAX_PEER_KEYS = 16_384
 #: ... and all peers together (see :class:`KeyBudget`).
 DEFAULT_MAX_PEER_KEYS_TOTAL = 65_536
-
-QueueKey = tuple[bytes, str, int]  # owner, name, kind
 
 
 def key_label(key: QueueKey) -> str:
@@ -77,7 +120,8 @@ def key_label(key: QueueKey) -> str:
 
 
 def is_ahead(ours: Summary | None, theirs: Summary | None) -> bool:
-    """Whether we hold something the peer does not (so a delta is worth asking the store for)."""
+    """Whether we hold something the peer does not, along one history (newer, longer, later start, or
+    flagged forked): the order in which a session tracks what the peer holds."""
     if ours is None or ours.version == 0:
         return False
     if theirs is None:
@@ -90,6 +134,30 @@ def is_ahead(ours: Summary | None, theirs: Summary | None) -> bool:
         or (ours.forked and not theirs.forked)
         or ours.start > theirs.start
     )
+
+
+def _other_history(ours: Summary, theirs: Summary) -> bool:
+    """Records up to the same end with another chain value there: the owner signed two histories, each
+    side holds records the other lacks, and the join keeps one of them everywhere."""
+    return ours.held_end == theirs.held_end and ours.held_hash != theirs.held_hash
+
+
+def _fork_unsettled(ours: Summary, theirs: Summary) -> bool:
+    """Both flag a fork and hold the same version, yet differ: the two heads of that version may differ
+    too, and which one the join keeps (the higher signature) no summary tells, nor whose records go with
+    it. So each side offers its own head (see ReplicationSession._pump)."""
+    return ours.forked and theirs.forked and ours.version == theirs.version and ours != theirs
+
+
+def has_news(ours: Summary | None, theirs: Summary | None) -> bool:
+    """Whether we may hold something the peer lacks, so a delta is worth asking the store for: what
+    :func:`is_ahead` says, and for a forked queue also another history or an unsettled fork. A delta
+    that changes nothing for the peer is not sent again while both summaries stay the same."""
+    if is_ahead(ours, theirs):
+        return True
+    if ours is None or theirs is None or ours.version == 0:
+        return False
+    return _other_history(ours, theirs) or _fork_unsettled(ours, theirs)
 
 
 # ------------------------------------------------------------------------------------------------ events
@@ -136,11 +204,6 @@ class PeerHello:
     subscription: tuple[str, ...] | None
 
 
-@dataclass(frozen=True, slots=True)
-class Pong:
-    nonce: int
-
-
 Event = NeedDelta | DeltaReceived | PeerSummary | PeerHello | Pong
 
 
@@ -183,6 +246,11 @@ class _Link:
     asked_since: Summary | None = None  # the ``since`` of that NeedDelta
     inflight: int = 0  # DELTAs sent, not yet acknowledged
     wanted: bool = False  # the peer grafted: its next duplicate is not a reason to prune
+    #: (ours, the peer's) summaries when the peer acknowledged a DELTA of ours that changed nothing for
+    #: it: no more are sent while both still hold exactly that (see :meth:`ReplicationSession._pump`).
+    futile: tuple[Summary | None, Summary] | None = None
+    #: The same pair once our last offer for it went out (the whole of our run, see _pump).
+    whole: tuple[Summary | None, Summary] | None = None
 
 
 @dataclass(slots=True)
@@ -216,13 +284,12 @@ class ReplicationSession:
     _pending: deque[QueueKey] = field(default_factory=deque)
     _received: dict[int, QueueKey] = field(default_factory=dict)
     _peer_subscription: tuple[str, ...] | None = None
-    _hello_received: bool = False
-    _started: bool = False
+    #: Where the session is in its life; changes only through :func:`transition` (replication_state.py).
+    _state: SessionState = SessionState.IDLE
     #: Our incarnation (sent in HELLO), the peer's, and what we remember of the peer (see PeerMemory).
     incarnation: bytes | None = None
     _peer_incarnation: bytes | None = None
     _memory: PeerMemory | None = None
-    _digest_deferred: bool = False
     _announced: dict[QueueKey, Summary] = field(default_factory=dict)
     stats: dict[str, int] = field(
         default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0, "peer_keys_refused": 0}
@@ -243,24 +310,22 @@ class ReplicationSession:
         ``memory`` (from :meth:`memory` of an earlier session with this peer) the first digest waits for
         the peer's HELLO: it is cut down only if the peer's incarnation is still the remembered one.
         """
-        if self._started:
-            raise LocalProtocolError("session already started")
-        self._started = True
+        command = Command.START if memory is None else Command.START_REMEMBERING
+        self._state = transition(self._state, command)
         self._local = dict(local)
         for key, summary in (known_peer or {}).items():
             link = self._peer_link(key)
             if link is not None:
                 link.peer = summary
-        subscription = list(self.subscription) if self.subscription else None
-        if self.incarnation is None:
-            self._send([HELLO, PROTOCOL_VERSION, subscription])
-        else:
-            self._send([HELLO, PROTOCOL_VERSION, subscription, self.incarnation])
+        self._send(Hello(PROTOCOL_VERSION, self.subscription or None, self.incarnation))
         if memory is not None:
-            self._memory = memory
-            self._digest_deferred = True
+            self._memory = memory  # the first digest goes out on the peer's HELLO (DIGEST_DEFERRED)
             return
         self._send_digest(list(self._local) if digest_keys is None else list(digest_keys))
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
 
     def memory(self) -> PeerMemory | None:
         """What to remember of this peer for the next connection (None: it gave no incarnation).
@@ -292,19 +357,20 @@ class ReplicationSession:
         for key in keys:
             summary = self._local.get(key)
             if summary is not None:
-                entries.append([key[0], key[1], key[2], summary_to_wire(summary)])
+                entries.append((key, summary))
                 self._announced[key] = summary
-        self._send([DIGEST, entries])
+        self._send(Digest(tuple(entries)))
 
     def local_update(self, key: QueueKey, summary: Summary) -> None:
         """We changed a queue (own write or a merge from another peer): push it or announce it."""
+        self._state = state = transition(self._state, Command.LOCAL_UPDATE)
         self._set_local(key, summary)
-        if not self._hello_received or not self._peer_wants(key):
+        if state is not SessionState.OPEN or not self._peer_wants(key):
             return
         link = self._link(key)
         if link.eager:
             self._schedule(key)
-        elif is_ahead(summary, link.peer) and self._announced.get(key) != summary:
+        elif has_news(summary, link.peer) and self._announced.get(key) != summary:
             # Once per summary: a relay reports a push both when it serves it ahead of its commit and
             # when the commit is done, with the same summary. Only the latest waiting one goes out.
             self._haves[key] = summary
@@ -312,6 +378,7 @@ class ReplicationSession:
 
     def provide_delta(self, key: QueueKey, delta: QueueDelta | None) -> None:
         """The answer to a :class:`NeedDelta`; None when there is nothing to send after all."""
+        self._state = transition(self._state, Command.PROVIDE_DELTA)
         link = self._link(key)
         since = link.asked_since
         if link.asked:
@@ -328,93 +395,70 @@ class ReplicationSession:
         link.inflight += 1
         self._inflight_total += 1
         self.stats["deltas_sent"] += 1
-        self._send([DELTA, self._seq, delta_to_wire(delta)])
-        if is_ahead(self._local.get(key), self._since(link)):
+        self._send(Delta(self._seq, delta))
+        if has_news(self._local.get(key), self._since(link)):
             self._schedule(key)  # the next chunk goes out before this one is acknowledged
         else:
             self._pump()
 
     def delta_applied(self, seq: int, summary: Summary, changed: bool) -> None:
         """The host verified, merged and stored the delta ``seq``; ``changed`` says if it brought news."""
+        self._state = transition(self._state, Command.DELTA_APPLIED)
         key = self._received.pop(seq, None)
         if key is None:
             raise LocalProtocolError(f"no delta {seq} is waiting")
         self._set_local(key, summary)
         link = self._link(key)
-        self._send([ACK, seq, key[0], key[1], key[2], summary_to_wire(summary)])
+        self._send(Ack(seq, key, summary))
         if not changed and link.eager and not link.wanted:
-            self._send([PRUNE, key[0], key[1], key[2]])
+            self._send(Prune(key))
         link.wanted = False
+        if changed and self._peer_wants(key) and has_news(summary, link.peer):
+            # The join holds more than the sender sent: its delta and what we held are two histories
+            # of a forked owner, which only we know of yet. Tell the sender too.
+            self._schedule(key)
 
     def ping(self, nonce: int) -> None:
-        self._send([PING, nonce])
+        self._state = transition(self._state, Command.PING)
+        self._send(Ping(nonce))
 
     # ------------------------------------------------------------------ peer → session
     def receive_message(self, payload: bytes) -> None:
-        """Feed one decrypted message; a malformed one raises :class:`RemoteProtocolError`."""
-        try:
-            message = unpack(payload, self.max_message_bytes)
-            self._dispatch(message)
-        except RemoteProtocolError:
-            raise
-        except LatticedError as exc:
-            raise RemoteProtocolError(f"bad message from peer: {exc}") from exc
-        except (TypeError, ValueError, IndexError, KeyError) as exc:
-            raise RemoteProtocolError(f"bad message from peer: {type(exc).__name__}") from exc
+        """Feed one decrypted message; a malformed one, or one the session's state does not allow, raises
+        :class:`RemoteProtocolError` (and a message fed before :meth:`start` a LocalProtocolError)."""
+        message = decode_message(payload, self.max_message_bytes)
+        self._state = transition(self._state, type(message))
+        match message:
+            case Delta():
+                self._on_delta(message)
+            case Ack():
+                self._on_ack(message)
+            case Have():
+                self._on_have(message)
+            case Want():
+                self._on_want(message)
+            case Digest():
+                self._on_digest(message)
+            case Prune():
+                pruned = self._peer_link(message.key)
+                if pruned is not None:
+                    pruned.eager = False
+            case Ping():
+                self._send(Pong(message.nonce))
+            case Pong():
+                self._events.append(message)
+            case Hello():
+                self._on_hello(message)
 
-    def _dispatch(self, message: Any) -> None:
-        if not isinstance(message, list) or not message or not isinstance(message[0], int):
-            raise RemoteProtocolError("a message is a list starting with its type")
-        kind = message[0]
-        if not self._hello_received and kind != HELLO:
-            raise RemoteProtocolError("the first message must be HELLO")
-        if kind == HELLO:
-            self._on_hello(message)
-        elif kind == DIGEST:
-            self._on_digest(message)
-        elif kind == DELTA:
-            self._on_delta(message)
-        elif kind == ACK:
-            self._on_ack(message)
-        elif kind in (HAVE, WANT):
-            self._on_have_or_want(kind, message)
-        elif kind == PRUNE:
-            _expect(message, 4)
-            pruned = self._peer_link(_key(message[1], message[2], message[3]))
-            if pruned is not None:
-                pruned.eager = False
-        elif kind == PING:
-            _expect(message, 2)
-            self._send([PONG, message[1]])
-        elif kind == PONG:
-            _expect(message, 2)
-            if not isinstance(message[1], int):
-                raise RemoteProtocolError("PONG nonce must be an integer")
-            self._events.append(Pong(message[1]))
-        else:
-            raise RemoteProtocolError(f"unknown message type {kind}")
-
-    def _on_hello(self, message: list[Any]) -> None:
-        if len(message) not in (3, 4):
-            raise RemoteProtocolError(f"HELLO has 3 or 4 fields, not {len(message)}")
-        if self._hello_received:
-            raise RemoteProtocolError("HELLO twice")
-        if message[1] != PROTOCOL_VERSION:
-            raise RemoteProtocolError(f"unsupported protocol version {message[1]!r}")
-        sub = message[2]
-        if sub is not None and (not isinstance(sub, list) or not all(isinstance(p, str) for p in sub)):
-            raise RemoteProtocolError("subscription must be a list of patterns")
-        incarnation = message[3] if len(message) == 4 else None
-        if incarnation is not None and (not isinstance(incarnation, bytes) or len(incarnation) != 16):
-            raise RemoteProtocolError("an incarnation is 16 bytes")
-        self._peer_subscription = None if sub is None else tuple(sub)
+    def _on_hello(self, hello: Hello) -> None:
+        incarnation = hello.incarnation
+        self._peer_subscription = hello.subscription
         self._peer_incarnation = incarnation
-        self._hello_received = True
-        self._events.append(PeerHello(message[1], self._peer_subscription))
-        if self._digest_deferred:
-            self._digest_deferred = False
-            memory = self._memory
-            if memory is not None and incarnation is not None and memory.incarnation == incarnation:
+        self._events.append(PeerHello(hello.version, hello.subscription))
+        memory = self._memory
+        if memory is not None:  # the session started remembering the peer: its first digest goes out now
+            self._memory = None
+            if incarnation is not None and memory.incarnation == incarnation:
                 # Same runs of both daemons as last time: the peer still knows what we told it, and holds
                 # at least what it held then.
                 for key, summary in memory.held.items():
@@ -430,31 +474,23 @@ class ReplicationSession:
             if self._peer_wants(key):
                 self._schedule(key)
 
-    def _on_digest(self, message: list[Any]) -> None:
-        _expect(message, 2)
-        if not isinstance(message[1], list):
-            raise RemoteProtocolError("DIGEST entries must be a list")
-        for entry in message[1]:
-            if not isinstance(entry, list) or len(entry) != 4:
-                raise RemoteProtocolError("a DIGEST entry is [owner, name, kind, summary]")
-            key = _key(entry[0], entry[1], entry[2])
-            summary = summary_from_wire(entry[3])
+    def _on_digest(self, digest: Digest) -> None:
+        for key, summary in digest.entries:
             link = self._peer_link(key)
             if link is None:
                 continue
             link.peer = summary
             self._events.append(PeerSummary(key, summary))
-            if self._peer_wants(key) and is_ahead(self._local.get(key), summary):
+            if self._peer_wants(key) and has_news(self._local.get(key), summary):
                 self._schedule(key)
 
-    def _on_delta(self, message: list[Any]) -> None:
-        _expect(message, 3)
-        seq = message[1]
-        if not isinstance(seq, int) or seq in self._received:
+    def _on_delta(self, message: Delta) -> None:
+        seq = message.seq
+        if seq in self._received:
             raise RemoteProtocolError("DELTA needs a fresh integer sequence number")
         if len(self._received) >= self.window:
             raise RemoteProtocolError("peer exceeded the delta window")
-        delta = delta_from_wire(message[2])
+        delta = message.delta
         key = (delta.owner, delta.name, delta.kind)
         if self.subscription is not None and not _matches(self.subscription, key):
             raise RemoteProtocolError(f"peer sent {key_label(key)}, which we did not subscribe to")
@@ -473,41 +509,45 @@ class ReplicationSession:
         self.stats["deltas_received"] += 1
         self._events.append(DeltaReceived(key, seq, delta))
 
-    def _on_ack(self, message: list[Any]) -> None:
-        _expect(message, 6)
-        key = _key(message[2], message[3], message[4])
-        summary = summary_from_wire(message[5])
+    def _on_ack(self, ack: Ack) -> None:
+        key, summary = ack.key, ack.summary
         link = self._links.get(key)
         if link is None or link.inflight <= 0:
             raise RemoteProtocolError("ACK for a delta we did not send")
         link.inflight -= 1
         self._inflight_total -= 1
+        if summary == link.peer:
+            link.futile = (self._local.get(key), summary)  # our delta brought the peer nothing
         link.peer = summary
         if link.inflight == 0:
             link.sent = None  # from now on, what the peer says it holds is the whole truth
         self._events.append(PeerSummary(key, summary))
-        if is_ahead(self._local.get(key), self._since(link)):
+        if has_news(self._local.get(key), self._since(link)):
             self._schedule(key)  # the next chunk of a backlog
         self._pump()
 
-    def _on_have_or_want(self, kind: int, message: list[Any]) -> None:
-        _expect(message, 5)
-        key = _key(message[1], message[2], message[3])
-        summary = summary_from_wire(message[4])
+    def _heard_of(self, key: QueueKey, summary: Summary) -> _Link | None:
+        """A HAVE or WANT told us what the peer holds of ``key``."""
         link = self._peer_link(key)
         if link is not None:
             link.peer = summary
             self._events.append(PeerSummary(key, summary))
-        if kind == HAVE:
-            if self._wants_key(key) and is_ahead(summary, self._local.get(key)):
-                ours = self._local.get(key)
-                self._send([WANT, key[0], key[1], key[2], summary_to_wire(ours or Summary())])
-            return
+        return link
+
+    def _on_have(self, have: Have) -> None:
+        key, summary = have.key, have.summary
+        self._heard_of(key, summary)
+        if self._wants_key(key) and has_news(summary, self._local.get(key)):
+            self._send(Want(key, self._local.get(key) or Summary()))
+
+    def _on_want(self, want: Want) -> None:
+        key, summary = want.key, want.summary
+        link = self._heard_of(key, summary)
         if link is None:
             return  # a WANT for a queue we do not hold: nothing to send
         link.eager = True
         link.wanted = True
-        if is_ahead(self._local.get(key), summary):
+        if has_news(self._local.get(key), summary):
             self._schedule(key)
 
     # ------------------------------------------------------------------ session → host
@@ -537,7 +577,7 @@ class ReplicationSession:
         self._outbox_bytes = 0
         if self._haves:
             haves, self._haves = self._haves, {}
-            out.extend(pack([HAVE, k[0], k[1], k[2], summary_to_wire(s)]) for k, s in haves.items())
+            out.extend(encode_message(Have(k, s)) for k, s in haves.items())
         return out
 
     def peer_summaries(self) -> dict[QueueKey, Summary]:
@@ -605,12 +645,30 @@ class ReplicationSession:
                 self._pending.append(key)  # wait for its ACK, keep order fair
                 continue
             since = self._since(link)
-            if not is_ahead(self._local.get(key), since):
+            ours = self._local.get(key)
+            if ours is None or not has_news(ours, since):
                 continue
+            max_records = self.max_records
+            records = is_ahead(ours, since) or (since is not None and _other_history(ours, since))
+            pair = (ours, link.peer)
+            if link.futile == pair:
+                # What we sent from here changed nothing at the peer: its records are another history
+                # (the owner forked), which a chunk shorter than its own run does not displace in the
+                # join. Offer our whole run once, from its start (the host still bounds the bytes);
+                # then stop, until either side changes, rather than send the same chunks for ever.
+                if link.whole == pair or not records:
+                    continue
+                link.whole = pair
+                since = None
+                max_records = max(max_records, ours.held_end - ours.start)
+            if not records:
+                # Only the fork is unsettled: our head (with its metadata and the proof) is what the
+                # peer may lack; it has at least our records.
+                since = dataclasses.replace(ours, meta_version=-1)
             link.asked = True
             link.asked_since = since
             self._asked_total += 1
-            self._events.append(NeedDelta(key, since, self.max_records))
+            self._events.append(NeedDelta(key, since, max_records))
 
     @staticmethod
     def _since(link: _Link) -> Summary | None:
@@ -621,8 +679,8 @@ class ReplicationSession:
             return link.peer
         return sent
 
-    def _send(self, message: list[Any]) -> None:
-        packed = pack(message)
+    def _send(self, message: Message) -> None:
+        packed = encode_message(message)
         self._outbox.append(packed)
         self._outbox_bytes += len(packed)
 
@@ -645,19 +703,6 @@ def _implied_summary(delta: QueueDelta, known: Summary | None) -> Summary:
         meta_version=head.meta_version,
         forked=delta.fork is not None,
     )
-
-
-def _expect(message: list[Any], length: int) -> None:
-    if len(message) != length:
-        raise RemoteProtocolError(f"message type {message[0]} has {length} fields, got {len(message)}")
-
-
-def _key(owner: Any, name: Any, kind: Any) -> QueueKey:
-    if not isinstance(owner, bytes) or len(owner) != 32:
-        raise RemoteProtocolError("owner must be a 32-byte key")
-    if not isinstance(name, str) or not isinstance(kind, int) or isinstance(kind, bool):
-        raise RemoteProtocolError("queue name must be text and kind an integer")
-    return (owner, name, kind)
 
 
 def _matches(patterns: Iterable[str], key: QueueKey) -> bool:
