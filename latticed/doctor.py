@@ -46,7 +46,6 @@ __all__ = [
     "check_secret_file",
     "check_spark",
     "daemon_checks",
-    "mdns_interfaces",
     "offline_checks",
 ]
 
@@ -200,43 +199,6 @@ def check_disk(usage: DiskUsage | None, *, error: str | None = None) -> Check:
 # --- network ----------------------------------------------------------------------------------------------
 
 
-def mdns_interfaces(interfaces: Sequence[str]) -> list[tuple[str, str]]:
-    """``(IPv4 address, interface name)`` mDNS runs on for ``mdns_interfaces``: the rules of
-    :func:`latticed.net.discovery.mdns_addresses` (a test keeps the two in step), with names, and without
-    importing trio and zeroconf into ``latticectl``."""
-    import ifaddr  # noqa: PLC0415 - only the doctor needs interfaces
-
-    adapters = ifaddr.get_adapters()
-    out: list[tuple[str, str]] = []
-    if not interfaces:
-        for adapter in adapters:
-            for ip in adapter.ips:
-                if isinstance(ip.ip, str) and not ipaddress.IPv4Address(ip.ip).is_loopback:
-                    out.append((ip.ip, adapter.nice_name))
-        return list(dict.fromkeys(out)) or [("127.0.0.1", "loopback")]
-    for entry in interfaces:
-        try:
-            literal = ipaddress.ip_address(entry)
-        except ValueError:
-            literal = None
-        if literal is not None:
-            if literal.version != 4:
-                raise MalformedError(
-                    f"config key 'mdns_interfaces': {entry!r}: IPv6 mDNS is not supported yet"
-                )
-            names = [a.nice_name for a in adapters for ip in a.ips if ip.ip == str(literal)]
-            out.append((str(literal), names[0] if names else "?"))
-            continue
-        matches = [a for a in adapters if entry in (a.name, a.nice_name)]
-        if not matches:
-            raise MalformedError(f"config key 'mdns_interfaces': no interface or IPv4 address {entry!r}")
-        ipv4 = [(ip.ip, a.nice_name) for a in matches for ip in a.ips if isinstance(ip.ip, str)]
-        if not ipv4:
-            raise MalformedError(f"config key 'mdns_interfaces': interface {entry!r} has no IPv4 address")
-        out.extend(ipv4)
-    return list(dict.fromkeys(out))
-
-
 def check_mdns(enabled: bool, *, listening: bool, interfaces: Sequence[str]) -> Check:
     """Whether mDNS runs, and on which interfaces."""
     if not enabled:
@@ -249,6 +211,8 @@ def check_mdns(enabled: bool, *, listening: bool, interfaces: Sequence[str]) -> 
             'set listen = "0.0.0.0:7464" in the config (or mdns = false)',
         )
     try:
+        from latticed.mdns_interfaces import mdns_interfaces  # noqa: PLC0415 - ifaddr only for this check
+
         found = mdns_interfaces(interfaces)
     except MalformedError as exc:
         return Check("mdns", False, str(exc), "fix mdns_interfaces in the config (`ip -br addr` lists them)")

@@ -24,11 +24,10 @@ from latticed.doctor import (
     check_network_key,
     check_peer_rows,
     check_secret_file,
-    mdns_interfaces,
 )
 from latticed.errors import HandshakeError, LatticedError, MalformedError
 from latticed.health import Health
-from latticed.net.discovery import mdns_addresses
+from latticed.mdns_interfaces import mdns_addresses, mdns_interfaces
 from latticed.net.peerstate import PeerFaults, load_rules, save_rules
 from latticed.net.transport import SecureStream, secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY

@@ -26,13 +26,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-import ifaddr
 import trio
 from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
 
 from latticed.clock import wall_ms
 from latticed.errors import IntegrityError, MalformedError
 from latticed.logs import get_logger, log_event
+from latticed.mdns_interfaces import mdns_addresses
 from latticed.netkey import network_key_fingerprint
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.announce import (
@@ -89,43 +89,6 @@ class DiscoveredPeer:
     def address(self) -> HostPort:
         """``(host, port)``, the key of :class:`~latticed.protocol.peerbook.PeerBook`."""
         return self.host, self.port
-
-
-def mdns_addresses(interfaces: Sequence[str]) -> list[str]:
-    """The IPv4 addresses to run mDNS on (and advertise) for ``mdns_interfaces``.
-
-    Each entry is an IPv4 address or an interface name (``eth0``). Empty means every non-loopback IPv4
-    address; if there is none (a container with only ``lo``), loopback, so daemons on one host still find
-    each other. IPv6 is not supported yet: its link-local addresses need scope ids end to end.
-    """
-    adapters = ifaddr.get_adapters()
-    out: list[str] = []
-    if not interfaces:
-        for adapter in adapters:
-            for ip in adapter.ips:
-                if isinstance(ip.ip, str) and not ipaddress.IPv4Address(ip.ip).is_loopback:
-                    out.append(ip.ip)
-        return list(dict.fromkeys(out)) or ["127.0.0.1"]
-    for entry in interfaces:
-        try:
-            literal = ipaddress.ip_address(entry)
-        except ValueError:
-            literal = None
-        if literal is not None:
-            if literal.version != 4:
-                raise MalformedError(
-                    f"config key 'mdns_interfaces': {entry!r}: IPv6 mDNS is not supported yet"
-                )
-            out.append(str(literal))
-            continue
-        matches = [a for a in adapters if entry in (a.name, a.nice_name)]
-        if not matches:
-            raise MalformedError(f"config key 'mdns_interfaces': no interface or IPv4 address {entry!r}")
-        ipv4 = [ip.ip for a in matches for ip in a.ips if isinstance(ip.ip, str)]
-        if not ipv4:
-            raise MalformedError(f"config key 'mdns_interfaces': interface {entry!r} has no IPv4 address")
-        out.extend(ipv4)
-    return list(dict.fromkeys(out))
 
 
 def _open_zeroconf(
