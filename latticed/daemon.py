@@ -4,10 +4,16 @@ Start-up order (each step fails early with a clear LatticedError): no other daem
 the network key is fit for the listen address (the public default key is refused beyond loopback), both
 checked before anything is created; directories, the data directory's lock, the identity key, the store
 (migrated), replication (owned by :mod:`latticed.membership`, which restarts it under a new key on
-``latticectl join``), the API socket; then READY=1 to systemd. One root nursery
+``latticectl join``), the work-queue groups, the API socket; then READY=1 to systemd. One root nursery
 holds every service, each started with ``nursery.start`` so "ready" means ready. SIGTERM or SIGINT
 cancels that nursery: connections close, the storage thread finishes the jobs it has, the socket file is
 removed, and ``run`` returns 0.
+
+Wiring happens here and only here, through constructor arguments: a
+:class:`~latticed.storage.wiring.ChangeFanout` (each commit, to the services listening) and an
+:class:`~latticed.storage.wiring.OwnerFence` (held by replication while it runs) are made first and given
+to the engine and to the services; the services are built before they start, so the API's ``Context`` is
+complete when it is made (the replication service it shows is whichever the membership runs now).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import trio
@@ -28,17 +34,18 @@ from latticed.api.listener import refuse_if_served
 from latticed.api.server import serve_api
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
-from latticed.groups.service import run_groups
+from latticed.groups.service import GroupService
 from latticed.logs import get_logger, log_event
 from latticed.malloc import keep_large_buffers
-from latticed.membership import run_membership
-from latticed.net.replication import Replication, load_network_key
+from latticed.membership import Membership
+from latticed.net.replication import load_network_key
 from latticed.netkey import check_listen_key
 from latticed.paths import ensure_data_dir, ensure_socket_dir
 from latticed.sdnotify import Notifier, watchdog_interval
 from latticed.storage.engine import Engine
 from latticed.storage.keyfile import load_or_create_identity
 from latticed.storage.lockfile import DataDirLock
+from latticed.storage.wiring import ChangeFanout, OwnerFence
 
 log = get_logger(__name__)
 
@@ -99,16 +106,31 @@ async def run_daemon(
     ensure_socket_dir(config.socket_path)
     with DataDirLock(config.data_dir):
         identity = load_or_create_identity(config.identity_key_path)
-        async with Engine.open(config.data_dir, identity, group_commit_ms=config.group_commit_ms) as engine:
-            context = Context(engine, config.data_dir, config.socket_path, config.max_frame_bytes)
+        # The seams between the store and the services, made first so each gets them at construction.
+        changes, fence = ChangeFanout(), OwnerFence()
+        async with Engine.open(
+            config.data_dir,
+            identity,
+            group_commit_ms=config.group_commit_ms,
+            changes=changes,
+            fence=fence,
+        ) as engine:
+            membership = Membership(engine, identity, config, network_key, changes=changes, fence=fence)
+            groups = GroupService(engine, changes)
+            context = Context(
+                engine,
+                config.data_dir,
+                config.socket_path,
+                config.max_frame_bytes,
+                groups=groups,
+                membership=membership,
+            )
             try:
                 async with trio.open_nursery() as nursery:
                     if handle_signals:
                         await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
-                    context.membership = await nursery.start(
-                        run_membership, engine, identity, config, network_key, _publisher(context)
-                    )
-                    context.groups = await nursery.start(run_groups, engine)
+                    await nursery.start(membership.run)
+                    await nursery.start(groups.run)
                     await nursery.start(serve_api, context)
                     interval = watchdog_interval(env)
                     if interval is not None:
@@ -132,15 +154,6 @@ async def run_daemon(
                 log_event(log, "daemon.stopping")
     notifier.close()
     log_event(log, "daemon.stopped")
-
-
-def _publisher(context: Context) -> Callable[[Replication | None], None]:
-    """Lets the membership swap the replication service the API shows (it restarts it on a join)."""
-
-    def publish(service: Replication | None) -> None:
-        context.replication = service
-
-    return publish
 
 
 def _tune_gc_threshold() -> None:

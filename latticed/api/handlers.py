@@ -13,8 +13,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from latticed.api.ports import ApiStore, MembershipView, ReplicationView
 from latticed.api.wire import (
     FRAME_OVERHEAD,
     SUPPORTED_VERSIONS,
@@ -36,14 +37,12 @@ from latticed.crdt.records import (
 )
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError, NotOwnerError
-from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
 
 if TYPE_CHECKING:
     from latticed.api.connection import Connection
     from latticed.groups.service import GroupService
-    from latticed.membership import Membership
 
 Request = dict[str, Any]
 Reply = dict[str, Any]
@@ -60,32 +59,24 @@ def package_version() -> str:
         return "0.0.0"
 
 
-class ReplicationView(Protocol):
-    """What the API shows of replication (the service itself lives in :mod:`latticed.net.replication`)."""
-
-    @property
-    def listen(self) -> str | None: ...
-
-    def peers(self) -> list[dict[str, Any]]: ...
-
-    def lag(self) -> dict[str, int]: ...
-
-    def counters(self) -> dict[str, int]: ...
-
-
 @dataclass(slots=True)
 class Context:
-    """What every handler may use: the engine and a few facts about this daemon."""
+    """What every handler may use: the store, the services and a few facts about this daemon; complete
+    when built (the composition root makes the services first and starts them before the API)."""
 
-    engine: Engine
+    engine: ApiStore
     data_dir: Path
     socket_path: Path
     max_frame_bytes: int
     started: float = field(default_factory=time.monotonic)
     version: str = field(default_factory=package_version)
-    replication: ReplicationView | None = None
     groups: GroupService | None = None
-    membership: Membership | None = None
+    membership: MembershipView | None = None
+
+    @property
+    def replication(self) -> ReplicationView | None:
+        """The replication service running now (it is restarted under a new key on ``join``)."""
+        return None if self.membership is None else self.membership.service
 
     @property
     def max_reply_bytes(self) -> int:

@@ -18,9 +18,9 @@ from latticed.crdt.group import GroupProgress, GroupSpec, ProgressOp, dlq_name, 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError
+from latticed.groups.ports import GroupStore
 from latticed.leases.dispatch import Changes, Dispatcher
 from latticed.logs import get_logger, log_event
-from latticed.storage.engine import Engine
 from latticed.storage.reader import Columns
 
 log = get_logger(__name__)
@@ -46,7 +46,7 @@ class GroupRuntime:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: GroupStore,
         q: int,
         dlq_q: int,
         spec: GroupSpec,

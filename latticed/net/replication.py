@@ -30,14 +30,15 @@ from latticed.errors import LatticedError, NotFoundError
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, PendingMerge
+from latticed.net.ports import ReplicaStore
 from latticed.net.transport import open_peer, secure_accept
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook
 from latticed.protocol.replication import QueueKey
-from latticed.storage.engine import Engine
 from latticed.storage.jobs import Merge
+from latticed.storage.wiring import ChangeFanout, OwnerFence
 
 log = get_logger(__name__)
 
@@ -64,7 +65,7 @@ def queue_key(state: QueueState) -> QueueKey:
 class EngineHost:
     """The engine seen as a replica host (which queues we take is the session's subscription)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: ReplicaStore) -> None:
         self.engine = engine
 
     def summaries(self) -> Mapping[QueueKey, Summary]:
@@ -101,7 +102,7 @@ class _EngineMerge:
 
     __slots__ = ("engine", "job")
 
-    def __init__(self, engine: Engine, job: Merge) -> None:
+    def __init__(self, engine: ReplicaStore, job: Merge) -> None:
         self.engine = engine
         self.job = job
 
@@ -119,7 +120,7 @@ class _EngineMerge:
 class Replication:
     """The running replication service, for status, ``latticectl peers`` and tests."""
 
-    engine: Engine
+    engine: ReplicaStore
     identity: Identity
     config: DaemonConfig
     network_key: bytes
@@ -214,14 +215,18 @@ def load_peer_book(data_dir: Path, own: bytes) -> PeerBook:
 
 
 async def run_replication(
-    engine: Engine,
+    engine: ReplicaStore,
     identity: Identity,
     config: DaemonConfig,
     *,
+    changes: ChangeFanout,
+    fence: OwnerFence,
     network_key: bytes | None = None,
     task_status: trio.TaskStatus[Replication] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen, dial, discover and gossip until cancelled; under ``network_key`` (default: the config's)."""
+    """Listen, dial, discover and gossip until cancelled; under ``network_key`` (default: the config's).
+
+    While it runs it pushes every commit it hears of from ``changes`` and holds the owner ``fence``."""
     if network_key is None:
         network_key = load_network_key(config)
     if network_key == DEFAULT_NETWORK_KEY:
@@ -245,9 +250,13 @@ async def run_replication(
         if state.head is not None:
             gossip.local_change(queue_key(state), state.summary())
 
-    engine.add_change_listener(on_change)
-    engine.owner_fence = lambda state: gossip.behind_reason(queue_key(state), state.held_end)
+    def behind(state: QueueState) -> str | None:
+        return gossip.behind_reason(queue_key(state), state.held_end)
+
+    wiring = contextlib.ExitStack()
     try:
+        wiring.enter_context(changes.subscribed(on_change))
+        wiring.enter_context(fence.held_by(behind))
         async with trio.open_nursery() as nursery:
             if config.listen is not None:
                 service.listen_address = await nursery.start(_listen, service)
@@ -275,8 +284,7 @@ async def run_replication(
             )
             task_status.started(service)
     finally:
-        engine.owner_fence = None
-        engine.remove_change_listener(on_change)
+        wiring.close()
         service._save_book()
 
 
