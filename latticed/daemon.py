@@ -9,6 +9,12 @@ READY=1 to systemd. One root nursery holds every service, each started with ``nu
 "ready" means ready. SIGTERM or SIGINT
 cancels that nursery: connections close, the storage thread finishes the jobs it has, the socket file is
 removed, and ``run`` returns 0.
+
+Wiring happens here and only here, through constructor arguments: a
+:class:`~latticed.storage.wiring.ChangeFanout` (each commit, to the services listening) and an
+:class:`~latticed.storage.wiring.OwnerFence` (held by replication while it runs) are made first and given
+to the engine and to the services; the services are built before they start, so the API's ``Context`` is
+complete when it is made (the replication service it shows is whichever the membership runs now).
 """
 
 from __future__ import annotations
@@ -18,9 +24,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 
 import trio
 
@@ -36,16 +41,16 @@ from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.groups.lease_server import RemoteLeaseServer
 from latticed.groups.remote import RemoteGroups
-from latticed.groups.service import run_groups
+from latticed.groups.service import GroupService
 from latticed.health import Health
 from latticed.logs import get_logger, log_event
 from latticed.malloc import keep_large_buffers
-from latticed.membership import run_membership
+from latticed.membership import Membership
 from latticed.metrics.collector import StateCollector
 from latticed.metrics.live import DaemonMetrics
 from latticed.metrics.server import serve_metrics
 from latticed.net.leasing import LeaseLinks
-from latticed.net.replication import Replication, load_network_key
+from latticed.net.replication import load_network_key
 from latticed.netkey import check_listen_key
 from latticed.paths import ensure_data_dir, ensure_socket_dir
 from latticed.retention import ReplicaCaps
@@ -55,6 +60,7 @@ from latticed.storage.engine import Engine
 from latticed.storage.keyfile import load_or_create_identity
 from latticed.storage.lockfile import DataDirLock
 from latticed.storage.sealer import sealer_of
+from latticed.storage.wiring import ChangeFanout, OwnerFence
 
 log = get_logger(__name__)
 
@@ -76,6 +82,8 @@ class RunningDaemon:
     config: DaemonConfig
     identity: Identity
     engine: Engine
+    #: Every commit, to whoever subscribes (tests wait on commits through it).
+    changes: ChangeFanout
     _scope: trio.CancelScope
 
     def stop(self) -> None:
@@ -117,98 +125,107 @@ async def run_daemon(
         identity = load_or_create_identity(config.identity_key_path)
         # Off unless asked for: then storage and replication get nothing to report to, and pay nothing.
         metrics = DaemonMetrics(identity.public_key) if config.metrics_listen is not None else None
+        # The seams between the store and the services, made first so each gets them at construction.
+        changes, fence = ChangeFanout(), OwnerFence()
         async with Engine.open(
-            config.data_dir, identity, group_commit_ms=config.group_commit_ms, metrics=metrics
+            config.data_dir,
+            identity,
+            group_commit_ms=config.group_commit_ms,
+            changes=changes,
+            fence=fence,
+            metrics=metrics,
         ) as engine:
             sealer_of(engine).install()  # sealed KV ops open for folding before any peer sends some
-            context = Context(engine, config.data_dir, config.socket_path, config.max_frame_bytes)
             health = Health(engine, config.data_dir)
-            engine.add_change_listener(health.on_change)
             health.scan_forks()
-            context.health = health
-            try:
-                async with trio.open_nursery() as nursery:
-                    if handle_signals:
-                        await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
-                    await nursery.start(health.run)
-                    # Lease forwarding rides on the replication links (whichever key they run under).
-                    links = LeaseLinks(
-                        dial=partial(_dial_owner, context), max_message_bytes=config.max_frame_bytes
-                    )
-                    membership = await nursery.start(
-                        partial(
-                            run_membership,
-                            engine,
-                            identity,
-                            config,
-                            network_key,
-                            _publisher(context),
-                            metrics=metrics,
-                            extension=links,
-                        )
-                    )
-                    groups = await nursery.start(run_groups, engine)
-                    remote_groups = RemoteGroups(engine, links)
-                    await nursery.start(remote_groups.run)
-                    await nursery.start(links.run, RemoteLeaseServer(groups))
-                    context.membership, context.groups = membership, groups
-                    context.remote_groups = remote_groups
-                    if metrics is not None and config.metrics_listen is not None:
-                        metrics.registry.register(
-                            StateCollector(
-                                engine,
-                                config.data_dir,
-                                version=package_version(),
-                                replication=lambda: membership.service,
-                                groups=groups,
+            # Lease forwarding rides on the replication links (whichever key they run under).
+            links = LeaseLinks(
+                dial=lambda peer: _dial_owner(membership, peer), max_message_bytes=config.max_frame_bytes
+            )
+            membership = Membership(
+                engine,
+                identity,
+                config,
+                network_key,
+                changes=changes,
+                fence=fence,
+                metrics=metrics,
+                extension=links,
+            )
+            groups = GroupService(engine, changes)
+            remote_groups = RemoteGroups(engine, links)
+            context = Context(
+                engine,
+                config.data_dir,
+                config.socket_path,
+                config.max_frame_bytes,
+                groups=groups,
+                remote_groups=remote_groups,
+                membership=membership,
+                health=health,
+            )
+            with changes.subscribed(health.on_change):  # health hears of forks as they commit
+                try:
+                    async with trio.open_nursery() as nursery:
+                        if handle_signals:
+                            await nursery.start(_stop_on_signal, nursery.cancel_scope, notifier)
+                        await nursery.start(health.run)
+                        await nursery.start(membership.run)
+                        await nursery.start(groups.run)
+                        await nursery.start(remote_groups.run)
+                        await nursery.start(links.run, RemoteLeaseServer(groups))
+                        if metrics is not None and config.metrics_listen is not None:
+                            metrics.registry.register(
+                                StateCollector(
+                                    engine,
+                                    config.data_dir,
+                                    version=package_version(),
+                                    replication=lambda: membership.service,
+                                    groups=groups,
+                                )
                             )
+                            endpoint = await nursery.start(
+                                serve_metrics, config.metrics_listen, metrics.registry
+                            )
+                            context.metrics_listen = str(endpoint)
+                        context.retention = await nursery.start(
+                            run_retention,
+                            engine,
+                            changes,
+                            ReplicaCaps(config.replica_max_bytes, config.replica_queue_caps),
+                            config.retention_interval_s,
+                            groups.unsettled_floor,
                         )
-                        endpoint = await nursery.start(serve_metrics, config.metrics_listen, metrics.registry)
-                        context.metrics_listen = str(endpoint)
-                    context.retention = await nursery.start(
-                        run_retention,
-                        engine,
-                        ReplicaCaps(config.replica_max_bytes, config.replica_queue_caps),
-                        config.retention_interval_s,
-                        groups.unsettled_floor,
-                    )
-                    await nursery.start(serve_api, context)
-                    interval = watchdog_interval(env)
-                    if interval is not None:
-                        nursery.start_soon(_watchdog, notifier, interval)
-                    if tune_gc:
-                        # Everything built at start-up lives as long as the daemon: take it out of the
-                        # collector's full passes, which then cost what the working set costs.
-                        gc.freeze()
-                    notifier.ready(f"serving {config.socket_path}")
-                    log_event(
-                        log,
-                        "daemon.ready",
-                        identity=identity.public_hex,
-                        socket=str(config.socket_path),
-                        data_dir=str(config.data_dir),
-                        queues=len(engine.queues()),
-                    )
-                    task_status.started(RunningDaemon(config, identity, engine, nursery.cancel_scope))
-            finally:
-                notifier.stopping()
-                log_event(log, "daemon.stopping")
+                        await nursery.start(serve_api, context)
+                        interval = watchdog_interval(env)
+                        if interval is not None:
+                            nursery.start_soon(_watchdog, notifier, interval)
+                        if tune_gc:
+                            # Everything built at start-up lives as long as the daemon: take it out of the
+                            # collector's full passes, which then cost what the working set costs.
+                            gc.freeze()
+                        notifier.ready(f"serving {config.socket_path}")
+                        log_event(
+                            log,
+                            "daemon.ready",
+                            identity=identity.public_hex,
+                            socket=str(config.socket_path),
+                            data_dir=str(config.data_dir),
+                            queues=len(engine.queues()),
+                        )
+                        task_status.started(
+                            RunningDaemon(config, identity, engine, changes, nursery.cancel_scope)
+                        )
+                finally:
+                    notifier.stopping()
+                    log_event(log, "daemon.stopping")
     notifier.close()
     log_event(log, "daemon.stopped")
 
 
-def _publisher(context: Context) -> Callable[[Replication | None], None]:
-    """Lets the membership swap the replication service the API shows (it restarts it on a join)."""
-
-    def publish(service: Replication | None) -> None:
-        context.replication = service
-
-    return publish
-
-
-def _dial_owner(context: Context, peer: bytes) -> bool:
+def _dial_owner(membership: Membership, peer: bytes) -> bool:
     """Dial a group's owner now (lease forwarding); False if no address of it is known."""
-    service = context.membership.service if context.membership is not None else None
+    service = membership.service
     return service.dial_now(peer) if service is not None else False
 
 

@@ -14,19 +14,31 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import trio
 
-from latticed.crdt.head import QueueKind
+from latticed.crdt.head import KIND_QUEUE, QueueKind
 from latticed.crdt.queue import QueueState
 from latticed.diskspace import DiskUsage, disk_is_low, disk_usage
 from latticed.logs import get_logger, log_event
-from latticed.storage.engine import Engine
 
 log = get_logger(__name__)
 
-__all__ = ["DISK_CHECK_INTERVAL_S", "Health", "fork_label"]
+
+class HealthStore(Protocol):
+    """What fault visibility reads of the store (:class:`~latticed.storage.engine.Engine`); a Protocol,
+    so the API, which shows it, does not import the engine."""
+
+    @property
+    def public_key(self) -> bytes: ...
+
+    def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
+
+    def state(self, q: int) -> QueueState: ...
+
+
+__all__ = ["DISK_CHECK_INTERVAL_S", "Health", "HealthStore", "fork_label"]
 
 DISK_CHECK_INTERVAL_S: Final = 30.0
 
@@ -47,7 +59,7 @@ def _proof_hash(state: QueueState) -> str | None:
 class Health:
     """Fork and disk watch of one daemon, for the log and ``status``."""
 
-    engine: Engine
+    engine: HealthStore
     data_dir: Path
     usage: Callable[[Path], DiskUsage] = disk_usage
     interval: float = DISK_CHECK_INTERVAL_S

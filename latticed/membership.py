@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,21 +26,22 @@ import trio
 
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
-from latticed.errors import AlreadyExistsError, MalformedError
+from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
 from latticed.invite import MAX_ADDRESSES, Invite, encode_invite
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import mdns_addresses
 from latticed.net.gossip import LinkExtension
 from latticed.net.peerstate import load_rules
+from latticed.net.ports import ReplicaStore
 from latticed.net.replication import Replication, load_peer_book, run_replication
 from latticed.net.reports import PeerMetrics
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, replace_network_key
 from latticed.protocol.addresses import HostPort
-from latticed.storage.engine import Engine
+from latticed.storage.wiring import ChangeFanout, OwnerFence
 
 log = get_logger(__name__)
 
-__all__ = ["Membership", "advertised_addresses", "run_membership"]
+__all__ = ["Membership", "advertised_addresses"]
 
 
 @dataclass(slots=True)
@@ -79,17 +80,21 @@ def advertised_addresses(listen: HostPort) -> list[HostPort]:
 
 
 class Membership:
-    """The replication service under the current network key; restarts it when the key changes."""
+    """The replication service under the current network key; restarts it when the key changes.
+
+    Built by the composition root before anything runs (the API's context holds it from the start);
+    :meth:`run` owns the service until cancelled. ``changes`` and ``fence`` are handed to each replication
+    service it starts."""
 
     def __init__(
         self,
-        engine: Engine,
+        engine: ReplicaStore,
         identity: Identity,
         config: DaemonConfig,
         network_key: bytes,
         *,
-        publish: Callable[[Replication | None], None],
-        nursery: trio.Nursery,
+        changes: ChangeFanout,
+        fence: OwnerFence,
         metrics: PeerMetrics | None = None,
         extension: LinkExtension | None = None,
     ) -> None:
@@ -99,14 +104,36 @@ class Membership:
         self._identity = identity
         self._config = config
         self._key = network_key
-        self._publish = publish
-        self._nursery = nursery
+        self._changes = changes
+        self._fence = fence
+        self._nursery: trio.Nursery | None = None
         self._running: _Running | None = None
         self._lock = trio.Lock()
 
     @property
     def service(self) -> Replication | None:
+        """The replication service running now (None before :meth:`run` starts one, between a key
+        change's stop and start, or when there is nothing to replicate with)."""
         return self._running.service if self._running is not None else None
+
+    async def run(self, *, task_status: trio.TaskStatus[Membership] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the replication service until cancelled (see the module docstring)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                config = self._config
+                saved = load_peer_book(config.data_dir, self._identity.public_key)
+                if (
+                    config.listen is not None
+                    or config.peers
+                    or len(saved)
+                    or load_rules(config.data_dir).added
+                ):
+                    await self.start()
+                task_status.started(self)
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
 
     @property
     def network_fingerprint(self) -> str:
@@ -131,6 +158,9 @@ class Membership:
     async def start(self) -> Replication:
         """Start the replication service under the current key (it must not be running)."""
         assert self._running is None
+        nursery = self._nursery
+        if nursery is None:
+            raise LatticedError("network membership is not running (the daemon is starting or stopping)")
         done = trio.Event()
         scope = trio.CancelScope()
         config, key = self._config, self._key
@@ -142,6 +172,8 @@ class Membership:
                         self._engine,
                         self._identity,
                         config,
+                        changes=self._changes,
+                        fence=self._fence,
                         network_key=key,
                         metrics=self._metrics,
                         extension=self._extension,
@@ -150,9 +182,8 @@ class Membership:
             finally:
                 done.set()
 
-        service: Replication = await self._nursery.start(run)
+        service: Replication = await nursery.start(run)
         self._running = _Running(service, scope, done)
-        self._publish(service)
         return service
 
     async def stop(self) -> None:
@@ -160,7 +191,6 @@ class Membership:
         running, self._running = self._running, None
         if running is None:
             return
-        self._publish(None)
         running.scope.cancel()
         await running.done.wait()
 
@@ -262,34 +292,3 @@ class Membership:
         self._key = invite.network_key
         log_event(log, "network.key_replaced", path=str(path), network=new, previous=old)
         await self.start()
-
-
-async def run_membership(
-    engine: Engine,
-    identity: Identity,
-    config: DaemonConfig,
-    network_key: bytes,
-    publish: Callable[[Replication | None], None],
-    *,
-    metrics: PeerMetrics | None = None,
-    extension: LinkExtension | None = None,
-    task_status: trio.TaskStatus[Membership] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Own the replication service until cancelled (see the module docstring); ``extension`` (lease
-    forwarding) rides on its links, across restarts."""
-    async with trio.open_nursery() as nursery:
-        membership = Membership(
-            engine,
-            identity,
-            config,
-            network_key,
-            publish=publish,
-            nursery=nursery,
-            metrics=metrics,
-            extension=extension,
-        )
-        saved = load_peer_book(config.data_dir, identity.public_key)
-        if config.listen is not None or config.peers or len(saved) or load_rules(config.data_dir).added:
-            await membership.start()
-        task_status.started(membership)
-        await trio.sleep_forever()

@@ -38,6 +38,7 @@ from latticed.storage.batch import Batch
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import WriterView
 from latticed.storage.kvcompact import CompactKv, worth_compacting
+from latticed.storage.wiring import ChangeFanout
 
 log = get_logger(__name__)
 
@@ -177,9 +178,14 @@ class RetentionService:
                 self._mark(watch)
 
     # ------------------------------------------------------------------ running
-    async def run(self, *, task_status: trio.TaskStatus[RetentionService] = trio.TASK_STATUS_IGNORED) -> None:
-        self.engine.add_change_listener(self.on_change)
-        try:
+    async def run(
+        self,
+        changes: ChangeFanout,
+        *,
+        task_status: trio.TaskStatus[RetentionService] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Until cancelled; hears of every commit through ``changes`` (a limit crossed is cut at once)."""
+        with changes.subscribed(self.on_change):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._worker)
                 nursery.start_soon(self._timer)
@@ -191,8 +197,6 @@ class RetentionService:
                     replica_queue_caps=len(self.caps.patterns),
                 )
                 task_status.started(self)
-        finally:
-            self.engine.remove_change_listener(self.on_change)
 
     async def _timer(self) -> None:
         while True:
@@ -394,6 +398,7 @@ def _compact_step(batch: Batch, writer: WriterView, *, ns: int) -> int:
 
 async def run_retention(
     engine: Engine,
+    changes: ChangeFanout,
     caps: ReplicaCaps,
     interval_s: float,
     unsettled_floor: UnsettledFloor | None = None,
@@ -402,7 +407,7 @@ async def run_retention(
 ) -> None:
     """Run the retention service until cancelled (started: the service, for status and the API)."""
     service = RetentionService(engine, caps, interval_s, unsettled_floor)
-    await service.run(task_status=task_status)
+    await service.run(changes, task_status=task_status)
 
 
 __all__ = ["Counters", "RetentionService", "UnsettledFloor", "run_retention"]

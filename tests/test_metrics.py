@@ -23,12 +23,13 @@ from latticed.errors import (
     LatticedError,
     MalformedError,
 )
-from latticed.groups.service import run_groups
+from latticed.groups.service import GroupService
 from latticed.metrics.collector import StateCollector
 from latticed.metrics.live import DaemonMetrics, handshake_reason
 from latticed.metrics.server import MAX_REQUEST_BYTES, serve_metrics
 from latticed.queue import LatticeQueue
 from latticed.storage.engine import Engine
+from latticed.storage.wiring import ChangeFanout
 
 ALICE = Identity.from_seed(b"a" * 32)
 BOB = Identity.from_seed(b"b" * 32)
@@ -66,7 +67,11 @@ class FakeReplication:
 
 async def test_commits_merges_and_state_read_through_the_text_parser(tmp_path: Path) -> None:
     metrics = DaemonMetrics(ALICE.public_key)
-    async with Engine.open(tmp_path, ALICE, metrics=metrics) as engine, trio.open_nursery() as nursery:
+    changes = ChangeFanout()
+    async with (
+        Engine.open(tmp_path, ALICE, metrics=metrics, changes=changes) as engine,
+        trio.open_nursery() as nursery,
+    ):
         q = await engine.create_queue("events")
         await engine.append(q, [Record(b"v%d" % i, b"k") for i in range(10)])  # 10 x (2 + 1) bytes
         await engine.append(q, [Record(b"hello")])
@@ -84,7 +89,7 @@ async def test_commits_merges_and_state_read_through_the_text_parser(tmp_path: P
         fork.offer(b"xyz")
         fork.offer(b"other")
         await engine.merged(engine.submit_merge(await engine.verify_delta(fork.delta()), origin=OTHER))
-        groups = await nursery.start(run_groups, engine)
+        groups = await nursery.start(GroupService(engine, changes).run)
         rt = await groups.create("mailer", ["events"])
         groups.take(rt, "consumer-1", None, 2)
         metrics.registry.register(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +24,8 @@ from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, NotOwnerError
 from latticed.protocol.framing import FrameDecoder
-from latticed.storage.jobs import Call, Job
+from latticed.storage.bridge import StorageHold
+from latticed.storage.jobs import Job
 
 
 @pytest.fixture(scope="module")
@@ -202,21 +202,12 @@ def test_producer_sends_what_waits_behind_a_full_window_as_one_request(client: C
 @contextlib.contextmanager
 def storage_held(daemon: InProcessDaemon) -> Iterator[None]:
     """Keep the daemon's storage thread inside a batch (so nothing commits) until the block ends."""
-    release, entered = threading.Event(), threading.Event()
 
-    def hold(batch: Any, writer: Any) -> None:
-        entered.set()
-        release.wait(30)
+    async def start() -> StorageHold:
+        return daemon.handle.engine.bridge.hold()
 
-    async def start() -> None:
-        daemon.handle.engine._start(Call(hold))
-
-    daemon.call(start)
-    assert entered.wait(30)
-    try:
+    with daemon.call(start):
         yield
-    finally:
-        release.set()
 
 
 def test_records_batched_together_fail_together_and_alone(client: Client, daemon: InProcessDaemon) -> None:

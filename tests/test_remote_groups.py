@@ -18,8 +18,9 @@ from latticed.crdt.signing import Identity
 from latticed.errors import LeaseError, MalformedError, NotAllowedError, NotFoundError
 from latticed.groups.lease_server import RemoteLeaseServer
 from latticed.groups.remote import policy_meta
-from latticed.groups.service import GroupService, run_groups
+from latticed.groups.service import GroupService
 from latticed.storage.engine import Engine
+from latticed.storage.wiring import ChangeFanout
 
 OWNER = Identity.from_seed(b"o" * 32)
 PEER, OTHER = b"\x05" * 32, b"\x06" * 32
@@ -27,8 +28,9 @@ PEER, OTHER = b"\x05" * 32, b"\x06" * 32
 
 @asynccontextmanager
 async def owner(tmp_path: Path, records: int = 4) -> AsyncIterator[tuple[GroupService, RemoteLeaseServer]]:
-    async with Engine.open(tmp_path, OWNER) as engine, trio.open_nursery() as nursery:
-        groups: GroupService = await nursery.start(run_groups, engine)
+    changes = ChangeFanout()
+    async with Engine.open(tmp_path, OWNER, changes=changes) as engine, trio.open_nursery() as nursery:
+        groups: GroupService = await nursery.start(GroupService(engine, changes).run)
         q = await engine.create_queue("jobs", {})
         await engine.append(q, [Record(b"r%d" % i) for i in range(records)])
         yield groups, RemoteLeaseServer(groups)

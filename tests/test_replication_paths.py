@@ -200,26 +200,26 @@ async def test_a_live_push_is_served_from_memory_and_equals_the_stored_answer(tm
         peer = core.merge(core.empty_state(ALICE.public_key, "q"), first).summary()
         await engine.append(q, run(5, "live"))
         state = engine.state(q)
-        pushed = engine._delta_from_recent(q, state, peer, 4096, 1 << 20)
+        pushed = engine.live.pushed_delta(q, state, peer, 4096, 1 << 20)
         assert pushed is not None and pushed.from_offset == 30 and len(pushed.records) == 5
         stored = await _stored_delta(engine, q, peer)
         assert pushed == stored
         # A since we cannot vouch for (not our chain value), or one the last commit does not cover:
         # the store answers.
         bogus = dataclasses.replace(peer, held_hash=b"\x00" * 32)
-        assert engine._delta_from_recent(q, state, bogus, 4096, 1 << 20) is None
-        assert engine._delta_from_recent(q, state, core.Summary(), 4096, 1 << 20) is None
-        assert engine._delta_from_recent(q, state, peer, 2, 1 << 20) is None  # over max_records
+        assert engine.live.pushed_delta(q, state, bogus, 4096, 1 << 20) is None
+        assert engine.live.pushed_delta(q, state, core.Summary(), 4096, 1 << 20) is None
+        assert engine.live.pushed_delta(q, state, peer, 2, 1 << 20) is None  # over max_records
         # Caught up on records: only the head (nothing to read either way).
         caught_up = core.merge(core.empty_state(ALICE.public_key, "q"), first)
         caught_up = core.merge(caught_up, pushed)
-        assert engine._delta_from_recent(q, state, caught_up.summary(), 4096, 1 << 20) is not None
+        assert engine.live.pushed_delta(q, state, caught_up.summary(), 4096, 1 << 20) is not None
         replica = core.merge(core.merge(core.empty_state(ALICE.public_key, "q"), first), pushed)
         assert replica.summary() == state.summary()
 
 
 async def _stored_delta(engine: Engine, q: int, since: core.Summary) -> core.QueueDelta:
-    engine._recent.pop(q, None)  # force the read from the store
+    engine.live.forget(q)  # force the read from the store
     return await engine.delta_for(ALICE.public_key, "q", since, 4096, max_bytes=1 << 20)
 
 

@@ -53,14 +53,11 @@ def test_a_commit_over_a_limit_is_cut_without_the_timer(daemon: InProcessDaemon)
             await cut.wait()
         return engine.state(engine.resolve("q")).start
 
-    engine.add_change_listener(listener)
-    try:
+    with daemon.handle.changes.subscribed(listener):
         with daemon.client() as c:
             c.queue_create("q", retention=RetentionPolicy(max_records=50))
             c.offer_batch("q", [(b"x", None, ())] * 200)
         assert daemon.call(until_cut) == 200 - 47  # 95 % of the limit is kept
-    finally:
-        engine.remove_change_listener(listener)
     with daemon.client() as c:
         assert c.retention_get("q")["records"] == 47
         assert c.status()["retention"]["truncations"] == 1

@@ -157,7 +157,7 @@ def test_a_write_racing_an_unshare_is_sealed_under_the_new_epoch(daemon: InProce
     gate = threading.Event()
 
     async def race() -> tuple[int, int]:
-        hold = engine._start(Call(lambda batch, writer: gate.wait(10)))  # the storage thread waits
+        hold = engine.start_job(Call(lambda batch, writer: gate.wait(10)))  # the storage thread waits
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sealer.unshare, q, bob.public_key)
             await trio.testing.wait_all_tasks_blocked()  # its rotation job is queued behind the gate
@@ -464,7 +464,7 @@ def test_compacting_a_sealed_kv_log_keeps_the_ops_that_decide_a_key(daemon: InPr
     assert ns is not None
 
     async def compact() -> int:
-        dropped: int = await engine.outcome(engine._start(CompactKv(ns, step=100_000)))
+        dropped: int = await engine.outcome(engine.start_job(CompactKv(ns, step=100_000)))
         return dropped
 
     assert daemon.call(compact) > 0

@@ -37,6 +37,7 @@ from latticed.storage.jobs import Append, Call, CreateQueue, Job, KvWrite, Merge
 from latticed.storage.reader import StoreReader
 from latticed.storage.schema import MIGRATIONS, SCHEMA_VERSION
 from latticed.storage.store import Store, checkpoint_changes, db_path
+from latticed.storage.wiring import ChangeFanout, OwnerFence
 from latticed.storage.writer import Writer
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -565,32 +566,59 @@ async def test_an_upgraded_store_logs_its_migration(tmp_path: Path, caplog: pyte
 
 
 async def test_the_owner_fence_holds_back_every_kind_of_write_to_our_own_data(tmp_path: Path) -> None:
-    """Replication sets the fence while a peer holds records of our queue that we lack (a restored
+    """Replication holds the fence while a peer holds records of our queue that we lack (a restored
     store): offers, batches, truncation, metadata, KV writes and re-creating a queue all wait for it."""
-    async with Engine.open(tmp_path, ALICE) as engine:
-        fenced: set[str] = {"kv"}
-        engine.owner_fence = lambda state: "a peer holds more" if state.name in fenced else None
-        with pytest.raises(BehindPeersError):  # our first KV write would create the namespace a peer holds
+    fence = OwnerFence()
+    fenced: set[str] = {"kv"}
+    async with Engine.open(tmp_path, ALICE, fence=fence) as engine:
+        with fence.held_by(lambda state: "a peer holds more" if state.name in fenced else None):
+            # Our first KV write would create the namespace a peer holds.
+            with pytest.raises(BehindPeersError):
+                await engine.kv_write(KvRequest("put", "k", value=b"v"))
+            fenced.clear()
+            q = await engine.create_queue("q")
             await engine.kv_write(KvRequest("put", "k", value=b"v"))
-        fenced.clear()
-        q = await engine.create_queue("q")
-        await engine.kv_write(KvRequest("put", "k", value=b"v"))
-        fenced.update({"q", "kv", "gone"})
-        for attempt in (
-            engine.append(q, [rec(0)]),
-            engine.append_many([(q, [rec(1)])]),
-            engine.truncate(q, 0),
-            engine.set_meta(q, {"a": "b"}),
-            engine.kv_write(KvRequest("put", "k", value=b"w")),
-            engine.create_queue("gone"),
-        ):
-            with pytest.raises(BehindPeersError, match="a peer holds more"):
-                await attempt
-        assert engine.state(q).held_end == 0  # nothing was written
-        fenced.clear()  # caught up
+            fenced.update({"q", "kv", "gone"})
+            for attempt in (
+                engine.append(q, [rec(0)]),
+                engine.append_many([(q, [rec(1)])]),
+                engine.truncate(q, 0),
+                engine.set_meta(q, {"a": "b"}),
+                engine.kv_write(KvRequest("put", "k", value=b"w")),
+                engine.create_queue("gone"),
+            ):
+                with pytest.raises(BehindPeersError, match="a peer holds more"):
+                    await attempt
+            assert engine.state(q).held_end == 0  # nothing was written
+        # Replication stopped (the fence is let go): writes go through again.
         assert await engine.append(q, [rec(0)]) == 0
         assert await engine.kv_write(KvRequest("put", "k", value=b"w")) is None
         assert await engine.create_queue("gone") > q
+
+
+def test_the_owner_fence_is_held_by_one_service_at_a_time() -> None:
+    fence = OwnerFence()
+    state = core.empty_state(ALICE.public_key, "q")
+    assert fence.reason(state) is None  # nobody holds it: never fenced
+    with fence.held_by(lambda s: "behind"):
+        assert fence.reason(state) == "behind"
+        with pytest.raises(AssertionError), fence.held_by(lambda s: None):
+            pass
+    assert fence.reason(state) is None
+
+
+async def test_the_change_fanout_reaches_each_subscriber_while_subscribed(tmp_path: Path) -> None:
+    changes = ChangeFanout()
+    first: list[int] = []
+    second: list[int] = []
+    async with Engine.open(tmp_path, ALICE, changes=changes) as engine:
+        q = await engine.create_queue("q")
+        with changes.subscribed(lambda s: first.append(s.held_end)):
+            await engine.append(q, [rec(0)])
+            with changes.subscribed(lambda s: second.append(s.held_end)):
+                await engine.append(q, [rec(1)])
+        await engine.append(q, [rec(2)])
+    assert first == [1, 2] and second == [2]
 
 
 async def test_concurrent_writers_share_transactions(tmp_path: Path) -> None:

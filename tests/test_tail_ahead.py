@@ -1,6 +1,7 @@
 """A live tail on a replica streams a peer's verified records while their commit is still under way
 (storage/ahead.py), and nothing else sees them early: every other read, and the store, waits for the
-commit. The storage thread is held inside a batch (a ``Call`` job) so "not yet committed" is certain."""
+commit. The storage thread is held inside a batch (``engine.bridge.hold()``) so "not yet committed" is
+certain."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -22,8 +22,8 @@ from latticed.crdt.records import RecordRun
 from latticed.crdt.signing import Identity
 from latticed.errors import StorageError
 from latticed.storage.ahead import summary_after
+from latticed.storage.bridge import StorageHold
 from latticed.storage.engine import Engine
-from latticed.storage.jobs import Call
 
 ALICE = Identity.from_seed(b"a" * 32)
 BOB = Identity.from_seed(b"b" * 32)
@@ -49,23 +49,6 @@ def alice_chunks(*sizes: int, size: int = 8) -> list[core.QueueDelta]:
     return deltas
 
 
-@contextmanager
-def storage_held(engine: Engine) -> Iterator[threading.Event]:
-    """Keep the storage thread busy inside a batch until the block ends (or the event is set)."""
-    release, entered = threading.Event(), threading.Event()
-
-    def hold(batch: Any, writer: Any) -> None:
-        entered.set()
-        release.wait(30)
-
-    engine._start(Call(hold))
-    assert entered.wait(30)
-    try:
-        yield release
-    finally:
-        release.set()
-
-
 async def replica_with_first_chunk(engine: Engine, deltas: list[core.QueueDelta]) -> int:
     await engine.merged(engine.submit_merge(await engine.verify_delta(deltas[0])))
     q = engine.find(ALICE.public_key, "q")
@@ -78,7 +61,7 @@ async def test_a_tail_sees_verified_records_before_their_commit(tmp_path: Path) 
     async with Engine.open(tmp_path, BOB) as engine:
         q = await replica_with_first_chunk(engine, deltas)
         verified = [await engine.verify_delta(d) for d in deltas[1:]]
-        with storage_held(engine):
+        with engine.bridge.hold():
             jobs = [engine.submit_merge(v) for v in verified]
             assert engine.state(q).held_end == 10  # nothing committed
             assert engine.visible_end(q) == 22
@@ -98,7 +81,8 @@ async def test_a_tail_sees_verified_records_before_their_commit(tmp_path: Path) 
             assert not waiting.cancelled_caught
         for job in jobs:
             await engine.merged(job)
-        assert engine.state(q).held_end == 22 and not engine._ahead  # committed: nothing left ahead
+        # Committed: nothing left ahead.
+        assert engine.state(q).held_end == 22 and engine.live.ahead(q) is None
         stored = await engine.read(q, 10, 100, 1000, 1 << 20)
         assert stored == shown
 
@@ -122,7 +106,7 @@ async def test_a_tail_waiting_at_the_end_wakes_for_records_ahead(tmp_path: Path)
             nursery.start_soon(committed_waits)
             await trio.testing.wait_all_tasks_blocked()
             verified = await engine.verify_delta(deltas[1])
-            with storage_held(engine):
+            with engine.bridge.hold():
                 job = engine.submit_merge(verified)
                 await trio.testing.wait_all_tasks_blocked()
                 assert woke == [7]  # the tail woke; a committed-only waiter did not
@@ -136,10 +120,10 @@ async def test_only_a_delta_that_extends_what_we_hold_is_shown(tmp_path: Path) -
         q = await replica_with_first_chunk(engine, deltas)
         gap = await engine.verify_delta(deltas[2])  # starts at 7: we hold 4
         whole = await engine.verify_delta(core.delta(_alice_state(deltas), None, None))  # from 0
-        with storage_held(engine):
+        with engine.bridge.hold():
             gap_job = engine.submit_merge(gap)
             whole_job = engine.submit_merge(whole)
-            assert engine.visible_end(q) == 4 and not engine._ahead
+            assert engine.visible_end(q) == 4 and engine.live.ahead(q) is None
         await engine.merged(gap_job)  # joins what connects (the head), not the records past the gap
         await engine.merged(whole_job)
         assert engine.state(q).held_end == 9 and engine.visible_end(q) == 9
@@ -156,14 +140,14 @@ async def test_a_failed_merge_takes_back_what_it_showed(tmp_path: Path) -> None:
     deltas = alice_chunks(2, 64, size=32 * 1024)  # the second is 2 MiB
     async with Engine.open(tmp_path, BOB) as engine:
         q = await replica_with_first_chunk(engine, deltas)
-        await engine._run(Call(lambda batch, writer: writer.store.set_max_page_count(1)))  # disk "full"
+        await engine.call_in_writer(lambda batch, writer: writer.store.set_max_page_count(1))  # disk "full"
         verified = await engine.verify_delta(deltas[1])
-        with storage_held(engine):
+        with engine.bridge.hold():
             job = engine.submit_merge(verified)
             assert engine.visible_end(q) == 66
         with pytest.raises(StorageError):
             await engine.merged(job)
-        assert engine.visible_end(q) == 2 and not engine._ahead
+        assert engine.visible_end(q) == 2 and engine.live.ahead(q) is None
         assert (await engine.read_visible(q, 2, 100, 1000, 1 << 20)).offsets == []
 
 
@@ -192,26 +176,22 @@ def test_a_tail_on_a_replica_streams_records_ahead_of_the_commit(tmp_path: Path)
         with daemon.client() as c:
             tail = c.tail(address, from_offset=3)
             got: list[tuple[int, bytes]] = []
-            release = threading.Event()
 
-            async def submit_held() -> None:
+            async def submit_held() -> StorageHold:
                 verified = await engine.verify_delta(deltas[1])
-
-                def hold(batch: Any, writer: Any) -> None:
-                    release.wait(30)
-
-                engine._start(Call(hold))
+                hold = engine.bridge.hold()
                 daemon.box["job"] = engine.submit_merge(verified)
+                return hold
 
+            hold = daemon.call(submit_held)
             try:
-                daemon.call(submit_held)
                 for entry in tail:
                     got.append((entry.offset, entry.value))
                     if entry.offset == 6:
                         break
                 assert c.queue_info(address)["end_offset"] == 3  # still not committed
             finally:
-                release.set()
+                hold.release()
                 tail.close()
 
             async def committed() -> None:
@@ -232,18 +212,18 @@ async def test_only_live_pushes_wait_ahead_and_only_so_many(tmp_path: Path) -> N
     async with Engine.open(tmp_path, BOB) as engine:
         q = await replica_with_first_chunk(engine, deltas)
         big = await engine.verify_delta(deltas[1])
-        with storage_held(engine):
+        with engine.bridge.hold():
             job = engine.submit_merge(big)
-            assert engine.visible_end(q) == 1 and not engine._ahead
+            assert engine.visible_end(q) == 1 and engine.live.ahead(q) is None
         await engine.merged(job)
         held = engine.state(q).held_end
         verified = [await engine.verify_delta(d) for d in deltas[2:]]
-        with storage_held(engine):
+        with engine.bridge.hold():
             jobs = [engine.submit_merge(v) for v in verified]
             assert engine.visible_end(q) == held + pushes * per == held + AHEAD_MAX_RECORDS
         for job in jobs:
             await engine.merged(job)
-        assert engine.state(q).held_end == held + (pushes + 1) * per and not engine._ahead
+        assert engine.state(q).held_end == held + (pushes + 1) * per and engine.live.ahead(q) is None
 
 
 def test_a_replica_tail_gets_every_record_once_in_order_however_commits_interleave(tmp_path: Path) -> None:
@@ -275,13 +255,12 @@ def test_a_replica_tail_gets_every_record_once_in_order_however_commits_interlea
             for i, d in enumerate(deltas[1:], start=1):
                 verified = await engine.verify_delta(d)
                 if rng.random() < 0.5:
-                    release = threading.Event()
-                    engine._start(Call(lambda batch, writer, ev=release: ev.wait(30)))
+                    hold = engine.bridge.hold()
                     jobs.append(engine.submit_merge(verified))
                     if i % 7 == 0:  # a redundant link delivers an earlier push again
                         jobs.append(engine.submit_merge(await engine.verify_delta(deltas[i - 1])))
                     await trio.sleep(0)
-                    release.set()
+                    hold.release()
                 else:
                     jobs.append(engine.submit_merge(verified))
                 if rng.random() < 0.3:
@@ -307,7 +286,7 @@ async def test_a_relay_serves_a_verified_push_as_it_came_before_its_commit(tmp_p
         key = (ALICE.public_key, "q", 0)
         assert engine.ahead_for(*key, at_base) is None  # nothing ahead
         verified = [await engine.verify_delta(d) for d in deltas[1:]]
-        with storage_held(engine):
+        with engine.bridge.hold():
             jobs = [engine.submit_merge(v) for v in verified]
             ahead = engine.ahead_for(*key, at_base)
             assert ahead is not None

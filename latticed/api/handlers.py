@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from latticed.api.ports import ApiStore, ReplicationView
 from latticed.api.wire import (
     FRAME_OVERHEAD,
     SUPPORTED_VERSIONS,
@@ -39,7 +40,6 @@ from latticed.crdt.records import (
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError, NotFoundError, NotOwnerError
 from latticed.retention import check_meta, check_meta_entry
-from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
 from latticed.storage.sealer import check_user_meta, sealer_of
@@ -66,21 +66,6 @@ def package_version() -> str:
         return "0.0.0"
 
 
-class ReplicationView(Protocol):
-    """What the API shows of replication (the service itself lives in :mod:`latticed.net.replication`)."""
-
-    @property
-    def listen(self) -> str | None: ...
-
-    def peers(self) -> list[dict[str, Any]]: ...
-
-    def lag(self) -> dict[str, int]: ...
-
-    def counters(self) -> dict[str, int]: ...
-
-    def clock_skew(self) -> list[dict[str, Any]]: ...
-
-
 class RetentionView(Protocol):
     """What the API shows of retention (the service lives in :mod:`latticed.retention_service`)."""
 
@@ -91,15 +76,15 @@ class RetentionView(Protocol):
 
 @dataclass(slots=True)
 class Context:
-    """What every handler may use: the engine and a few facts about this daemon."""
+    """What every handler may use: the store, the services and a few facts about this daemon; complete
+    when built (the composition root makes the services first and starts them before the API)."""
 
-    engine: Engine
+    engine: ApiStore
     data_dir: Path
     socket_path: Path
     max_frame_bytes: int
     started: float = field(default_factory=time.monotonic)
     version: str = field(default_factory=package_version)
-    replication: ReplicationView | None = None
     groups: GroupService | None = None
     #: Forwards lease operations on groups other daemons own (latticed/groups/remote.py).
     remote_groups: RemoteGroups | None = None
@@ -107,6 +92,11 @@ class Context:
     metrics_listen: str | None = None
     health: Health | None = None
     retention: RetentionView | None = None
+
+    @property
+    def replication(self) -> ReplicationView | None:
+        """The replication service running now (it is restarted under a new key on ``join``)."""
+        return None if self.membership is None else self.membership.service
 
     @property
     def max_reply_bytes(self) -> int:

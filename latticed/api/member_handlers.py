@@ -8,13 +8,13 @@ unit). The work is :class:`latticed.membership.Membership`'s; these only check a
 from __future__ import annotations
 
 from latticed.api.handlers import Context, Reply, Request, handler
+from latticed.api.ports import MembershipView
 from latticed.errors import LatticedError, MalformedError
 from latticed.invite import MAX_ADDRESSES, decode_invite
-from latticed.membership import Membership
 from latticed.protocol.addresses import HostPort, parse_host_port
 
 
-def _membership(ctx: Context) -> Membership:
+def _membership(ctx: Context) -> MembershipView:
     if ctx.membership is None:
         raise LatticedError("network membership is not managed by this daemon")
     return ctx.membership

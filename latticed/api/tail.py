@@ -1,7 +1,7 @@
 """``tail``: the server pushes a queue's records to one connection as they are committed.
 
-No polling: between batches the task waits on the engine's per-queue wakeup, which the storage thread's
-commit callback sets (and, on a replica, a verified delta on its way to the store: storage/ahead.py).
+No polling: between batches the task waits on the store's per-queue wakeup (storage/live.py), which each
+commit sets (and, on a replica, a verified delta on its way to the store: storage/ahead.py).
 Flow control is the socket: each push is one bounded batch (``max_records`` / ``max_bytes``) sent with
 ``send_all``, so a slow reader stalls only its own task, and the server holds at most one batch for it.
 The client ends a tail by closing the connection or sending any frame (which the connection then handles
@@ -22,6 +22,7 @@ import trio
 
 from latticed.api.connection import Connection
 from latticed.api.handlers import Context, columns_reply, stream
+from latticed.api.ports import TailStore
 from latticed.api.wire import TAIL_BATCH_BYTES, TAIL_BATCH_RECORDS, arg_bool, arg_int
 from latticed.errors import LatticedError, StorageError
 from latticed.storage.sealer import sealer_of
@@ -58,7 +59,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
     )
     max_bytes = min(max(arg_int(request, "max_bytes", default=TAIL_BATCH_BYTES), 1), ctx.max_reply_bytes)
     last = arg_int(request, "last", optional=True)
-    engine = ctx.engine
+    engine: TailStore = ctx.engine
     state = engine.state(q)
     if last is not None:  # the last N records present now (0: only those appended from now on)
         pos = max(state.held_end - max(last, 0), state.start)

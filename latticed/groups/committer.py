@@ -32,10 +32,10 @@ from latticed.crdt.group import (
 )
 from latticed.crdt.records import MAX_VALUE_BYTES, Record
 from latticed.errors import LatticedError
+from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
 from latticed.leases.dispatch import Changes
 from latticed.logs import get_logger, log_event
-from latticed.storage.engine import Engine
 from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)
@@ -79,7 +79,7 @@ def _records(ops: list[ProgressOp], now_ms: int) -> list[Record]:
 class Committer:
     """Coalesces groups' :class:`Changes` into storage jobs; run :meth:`run` in a nursery."""
 
-    def __init__(self, engine: Engine, caught_up: Callable[[GroupRuntime], Awaitable[None]]) -> None:
+    def __init__(self, engine: GroupStore, caught_up: Callable[[GroupRuntime], Awaitable[None]]) -> None:
         self._engine = engine
         self._caught_up = caught_up
         self._pending: list[tuple[GroupRuntime, Changes]] = []

@@ -41,9 +41,9 @@ from latticed.errors import (
     MalformedError,
     NotReaderError,
 )
+from latticed.groups.ports import GroupStore
 from latticed.logs import get_logger, log_event
 from latticed.net.leasing import LeaseLinks, LinkLostError
-from latticed.storage.engine import Engine
 from latticed.storage.reader import Columns
 from latticed.storage.sealer import sealer_of
 
@@ -129,7 +129,7 @@ class RemoteGroups:
     """Forwards lease operations on other daemons' groups to their owners (see the module docstring).
     Run :meth:`run` in a nursery: leases granted to callers that left are given back from there."""
 
-    def __init__(self, engine: Engine, links: LeaseLinks) -> None:
+    def __init__(self, engine: GroupStore, links: LeaseLinks) -> None:
         self.engine = engine
         self.links = links
         self._sources: dict[str, set[str]] = {}

@@ -25,9 +25,9 @@ from latticed.crdt.group import (
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError, NotReaderError
+from latticed.groups.ports import GroupStore
 from latticed.leases.dispatch import Changes, Dispatcher
 from latticed.logs import get_logger, log_event
-from latticed.storage.engine import Engine
 from latticed.storage.reader import Columns
 from latticed.storage.sealer import sealer_of
 
@@ -54,7 +54,7 @@ class GroupRuntime:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: GroupStore,
         q: int,
         dlq_q: int,
         spec: GroupSpec,

@@ -1,12 +1,14 @@
-"""The work-queue service: runs the consumer groups this daemon owns, on top of the engine.
+"""The work-queue service: runs the consumer groups this daemon owns, on top of the store (a
+:class:`~latticed.groups.ports.GroupStore`).
 
 * **Start-up**: every group log (a ``KIND_GROUP`` queue) we own is loaded: its definition from the
   signed metadata, its progress by folding its ops, then its sources (and DLQ) are read from their ack
   floors in bounded batches into a fresh :class:`~latticed.leases.dispatch.Dispatcher`. Leases were local,
   so everything unsettled is available again.
-* **Intake**: the engine's change listener marks sources that changed (our appends and replicated
-  arrivals alike); one feeder task reads their new records from the store and offers them, then wakes
-  the group's waiting consumers (a ``trio.Event`` per group, no polling).
+* **Intake**: while it runs, the service listens to the daemon's change fan-out (given at construction)
+  and marks sources that changed (our appends and replicated arrivals alike); one feeder task reads their
+  new records from the store and offers them, then wakes the group's waiting consumers (a ``trio.Event``
+  per group, no polling).
 * **Durability**: ack, nack, redrive, purge and ``ack_up_to`` reply only after their changes are
   committed (:class:`~latticed.groups.committer.Committer`); intake floor moves and expiries are written
   in the background (losing one to a crash only redelivers).
@@ -54,12 +56,13 @@ from latticed.errors import (
     NotOwnerError,
 )
 from latticed.groups.committer import Committer, Flight
+from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
 from latticed.leases.dispatch import Changes, DeadLetter, Grant, TaskView
 from latticed.leases.filters import compile_filter
 from latticed.logs import get_logger, log_event
-from latticed.storage.engine import Engine
 from latticed.storage.sealer import sealer_of
+from latticed.storage.wiring import ChangeFanout
 
 log = get_logger(__name__)
 
@@ -71,8 +74,9 @@ DELETED_META_KEY = "deleted"
 class GroupService:
     """Every group this daemon runs; all methods run on the daemon's trio thread."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: GroupStore, changes: ChangeFanout) -> None:
         self.engine = engine
+        self._changes = changes
         self._groups: dict[str, GroupRuntime] = {}
         self._by_source: dict[str, list[GroupRuntime]] = {}
         self._dirty: set[str] = set()
@@ -88,8 +92,7 @@ class GroupService:
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: trio.TaskStatus[GroupService] = trio.TASK_STATUS_IGNORED) -> None:
         engine = self.engine
-        engine.add_change_listener(self._on_change)
-        try:
+        with self._changes.subscribed(self._on_change):
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.committer.run)
                 for q in engine.queues(KIND_GROUP):
@@ -99,8 +102,6 @@ class GroupService:
                 nursery.start_soon(self._timer)
                 log_event(log, "groups.started", groups=len(self._groups))
                 task_status.started(self)
-        finally:
-            engine.remove_change_listener(self._on_change)
 
     async def _load(self, q: int) -> None:
         state = self.engine.state(q)
@@ -188,7 +189,7 @@ class GroupService:
 
     # ------------------------------------------------------------------ intake
     def _on_change(self, state: QueueState) -> None:
-        """Engine listener (trio thread, after each commit): note sources with new records."""
+        """Change listener (trio thread, after each commit): note sources with new records."""
         if state.kind != KIND_QUEUE or not self._by_source:
             return
         sid = f"{state.owner.hex()}/{state.name}"
@@ -585,11 +586,4 @@ def _check(rt: GroupRuntime) -> None:
         raise NotFoundError(f"group {rt.name} was deleted")
 
 
-async def run_groups(
-    engine: Engine, *, task_status: trio.TaskStatus[GroupService] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """Run the groups service until cancelled; reports started (with the service) once groups are loaded."""
-    await GroupService(engine).run(task_status=task_status)
-
-
-__all__ = ["DELETED_META_KEY", "DLQ_META_KEY", "GroupService", "run_groups"]
+__all__ = ["DELETED_META_KEY", "DLQ_META_KEY", "GroupService"]

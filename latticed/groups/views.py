@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from latticed.crdt.group import AttemptRecord, parse_source_id
+from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
 from latticed.leases.dispatch import Changes, Grant, TaskView
-from latticed.storage.engine import Engine
 
 
 def headers_wire(headers: tuple[tuple[str, bytes], ...]) -> list[list[Any]] | None:
@@ -80,7 +80,7 @@ def task_wire(view: TaskView) -> dict[str, Any]:
     }
 
 
-def source_ends(engine: Engine, sources: tuple[str, ...]) -> dict[str, int | None]:
+def source_ends(engine: GroupStore, sources: tuple[str, ...]) -> dict[str, int | None]:
     """How far this daemon holds each source (None: not here)."""
     ends = {}
     for sid in sources:
@@ -90,13 +90,13 @@ def source_ends(engine: Engine, sources: tuple[str, ...]) -> dict[str, int | Non
     return ends
 
 
-def log_position(engine: Engine, q: int) -> dict[str, int]:
+def log_position(engine: GroupStore, q: int) -> dict[str, int]:
     """Where the group log stands (its start moves up when it is compacted to a snapshot)."""
     state = engine.state(q)
     return {"start": state.start, "end": state.held_end, "version": state.version}
 
 
-def live_stats(engine: Engine, rt: GroupRuntime, now: float) -> dict[str, Any]:
+def live_stats(engine: GroupStore, rt: GroupRuntime, now: float) -> dict[str, Any]:
     """The counts of a group this daemon runs (leases included: they live here only)."""
     stats = rt.dispatcher.stats(now)
     return {

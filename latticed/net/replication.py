@@ -31,6 +31,7 @@ from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExtension, PendingMerge
 from latticed.net.peerstate import PeerFaults
+from latticed.net.ports import ReplicaStore
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
 from latticed.protocol.addresses import HostPort
@@ -38,8 +39,8 @@ from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
 from latticed.protocol.replication import QueueKey
-from latticed.storage.engine import Engine
 from latticed.storage.jobs import Merge
+from latticed.storage.wiring import ChangeFanout, OwnerFence
 
 if TYPE_CHECKING:
     from latticed.net.reports import PeerMetrics
@@ -69,7 +70,7 @@ def queue_key(state: QueueState) -> QueueKey:
 class EngineHost:
     """The engine seen as a replica host (which queues we take is the session's subscription)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: ReplicaStore) -> None:
         self.engine = engine
 
     def summaries(self) -> Mapping[QueueKey, Summary]:
@@ -106,7 +107,7 @@ class _EngineMerge:
 
     __slots__ = ("engine", "job")
 
-    def __init__(self, engine: Engine, job: Merge) -> None:
+    def __init__(self, engine: ReplicaStore, job: Merge) -> None:
         self.engine = engine
         self.job = job
 
@@ -124,7 +125,7 @@ class _EngineMerge:
 class Replication:
     """The running replication service, for status, ``latticectl peers`` and tests."""
 
-    engine: Engine
+    engine: ReplicaStore
     identity: Identity
     config: DaemonConfig
     network_key: bytes
@@ -373,10 +374,12 @@ def load_peer_book(data_dir: Path, own: bytes) -> PeerBook:
 
 
 async def run_replication(
-    engine: Engine,
+    engine: ReplicaStore,
     identity: Identity,
     config: DaemonConfig,
     *,
+    changes: ChangeFanout,
+    fence: OwnerFence,
     network_key: bytes | None = None,
     metrics: PeerMetrics | None = None,
     extension: LinkExtension | None = None,
@@ -384,7 +387,9 @@ async def run_replication(
 ) -> None:
     """Listen, dial, discover and gossip until cancelled; under ``network_key`` (default: the config's).
     ``metrics`` (off when None) hears of connections and failed handshakes; ``extension`` (lease
-    forwarding) shares the links."""
+    forwarding) shares the links.
+
+    While it runs it pushes every commit it hears of from ``changes`` and holds the owner ``fence``."""
     if network_key is None:
         network_key = load_network_key(config)
     if network_key == DEFAULT_NETWORK_KEY:
@@ -418,9 +423,13 @@ async def run_replication(
         if state.head is not None:
             gossip.local_change(queue_key(state), state.summary())
 
-    engine.add_change_listener(on_change)
-    engine.owner_fence = lambda state: gossip.behind_reason(queue_key(state), state.held_end)
+    def behind(state: QueueState) -> str | None:
+        return gossip.behind_reason(queue_key(state), state.held_end)
+
+    wiring = contextlib.ExitStack()
     try:
+        wiring.enter_context(changes.subscribed(on_change))
+        wiring.enter_context(fence.held_by(behind))
         async with trio.open_nursery() as nursery:
             if config.listen is not None:
                 service.listen_address = await nursery.start(_listen, service)
@@ -448,8 +457,7 @@ async def run_replication(
             )
             task_status.started(service)
     finally:
-        engine.owner_fence = None
-        engine.remove_change_listener(on_change)
+        wiring.close()
         service._save_book()
 
 

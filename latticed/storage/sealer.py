@@ -27,7 +27,7 @@ import base64
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import trio
 
@@ -36,6 +36,7 @@ from latticed.crdt.head import KIND_KV, KIND_QUEUE
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.queue import Meta, QueueState
 from latticed.crdt.records import Record, check_records
+from latticed.crdt.signing import Identity
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError, NotReaderError
 from latticed.privacy import meta as sealed_meta
 from latticed.privacy.crypto import (
@@ -48,15 +49,55 @@ from latticed.privacy.crypto import (
 )
 from latticed.privacy.meta import Sealing
 from latticed.storage.batch import Batch
-from latticed.storage.engine import Engine
-from latticed.storage.jobs import KV_NAMESPACE, Job, KvWrite, WriterView
+from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing, KvWrite, WriterView
 from latticed.storage.reader import Columns, RawRow
+
+
+class SealableStore(Protocol):
+    """What the sealer uses of the engine (:class:`~latticed.storage.engine.Engine`): its plain writes and
+    reads, and the owner's seams (ownership and fence checks, starting a sealed job, the storage thread's
+    hook for sealed KV ops). A Protocol, so services that seal see no engine class."""
+
+    @property
+    def identity(self) -> Identity: ...
+
+    def state(self, q: int) -> QueueState: ...
+
+    def address(self, q: int) -> str: ...
+
+    def kv_namespace(self, owner: bytes | None) -> int | None: ...
+
+    def start_append(self, q: int, records: Sequence[Record], *, checked: bool = False) -> Job: ...
+
+    async def append_many(self, parts: Sequence[tuple[int, Sequence[Record]]]) -> list[int]: ...
+
+    async def outcome(self, job: Job) -> Any: ...
+
+    async def create_queue(
+        self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE
+    ) -> int: ...
+
+    async def set_meta(self, q: int, updates: Mapping[str, str | None]) -> None: ...
+
+    async def call_in_writer(self, fn: Callable[[Batch, WriterView], Any]) -> Any: ...
+
+    async def kv_write(self, request: KvRequest) -> Any: ...
+
+    async def row(self, q: int, offset: int) -> RawRow | None: ...
+
+    def require_owner(self, q: int, what: str) -> None: ...
+
+    def check_fence(self, q: int, what: str) -> None: ...
+
+    def start_job(self, job: Job) -> Job: ...
+
+    def install_kv_sealing(self, sealing: KvSealing) -> None: ...
 
 
 class Sealer:
     """This daemon's sealing state: parsed metadata per queue, opened content keys. Use :func:`sealer_of`."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: SealableStore) -> None:
         self.engine = engine
         self.identity = engine.identity
         #: Per queue: the metadata tuple last parsed and what it states (compared by identity: cheap).
@@ -134,9 +175,9 @@ class Sealer:
         sealing = self.sealing(q)
         if sealing is None:
             return engine.start_append(q, records, checked=True)
-        engine._require_owner(q, "offer")
+        engine.require_owner(q, "offer")
         sealed = self._seal(q, sealing, records)
-        return engine._start(SealedAppend(self, q, records, sealed, sealing.current.number))
+        return engine.start_job(SealedAppend(self, q, records, sealed, sealing.current.number))
 
     async def append_many(self, parts: Sequence[tuple[int, Sequence[Record]]]) -> list[int]:
         """:meth:`Engine.append_many <latticed.storage.engine.Engine.append_many>` (one transaction), with
@@ -152,8 +193,8 @@ class Sealer:
         if all(part[2] is None for part in sealed):
             return await engine.append_many(parts)
         for q, _ in parts:
-            engine._require_owner(q, "offer")
-        firsts: list[int] = await engine.outcome(engine._start(SealedAppendMany(self, sealed)))
+            engine.require_owner(q, "offer")
+        firsts: list[int] = await engine.outcome(engine.start_job(SealedAppendMany(self, sealed)))
         return firsts
 
     def _seal(self, q: int, sealing: Sealing, records: Sequence[Record]) -> Sequence[Record]:
@@ -181,7 +222,7 @@ class Sealer:
         return lock
 
     def _require_sealing(self, q: int, what: str) -> Sealing:
-        self.engine._require_owner(q, what)
+        self.engine.require_owner(q, what)
         sealing = self.sealing(q)
         if sealing is None:
             raise MalformedError(f"cannot {what} {self.engine.address(q)}: it is not sealed")
@@ -238,7 +279,7 @@ class Sealer:
     def install(self) -> None:
         """Let the storage thread open sealed KV ops (fold them on a reader, judge them when compacting).
         Called once by the daemon, before replication starts."""
-        self.engine._writer.kv_sealing = self
+        self.engine.install_kv_sealing(self)
 
     async def seal_kv(self, readers: Iterable[bytes]) -> int:
         """Create this daemon's KV namespace sealed (only before its first write: its ops so far, in
@@ -257,9 +298,9 @@ class Sealer:
         sealing = None if ns is None else self.sealing(ns)
         if ns is None or sealing is None:
             return await engine.kv_write(request)
-        engine._check_fence(ns, "write")
+        engine.check_fence(ns, "write")
         self.content_key(ns, sealing, sealing.current.number)  # opened here, not on the storage thread
-        return await engine.outcome(engine._start(SealedKvWrite(self, ns, request)))
+        return await engine.outcome(engine.start_job(SealedKvWrite(self, ns, request)))
 
     def check_kv(self, owner: bytes | None) -> None:
         """Refuse to read a sealed KV namespace unless this daemon opens every epoch of it: its view is the
@@ -483,10 +524,10 @@ def _own_wrap(updates: Mapping[str, str], epoch: int, me: bytes) -> bytes:
     return _decoded(updates[sealed_meta.wrap_key(epoch, me)])
 
 
-_SEALERS: weakref.WeakKeyDictionary[Engine, Sealer] = weakref.WeakKeyDictionary()
+_SEALERS: weakref.WeakKeyDictionary[SealableStore, Sealer] = weakref.WeakKeyDictionary()
 
 
-def sealer_of(engine: Engine) -> Sealer:
+def sealer_of(engine: SealableStore) -> Sealer:
     """The one :class:`Sealer` of an engine (made on first use)."""
     sealer = _SEALERS.get(engine)
     if sealer is None:
@@ -494,4 +535,12 @@ def sealer_of(engine: Engine) -> Sealer:
     return sealer
 
 
-__all__ = ["SealedAppend", "SealedAppendMany", "SealedKvWrite", "Sealer", "check_user_meta", "sealer_of"]
+__all__ = [
+    "SealableStore",
+    "SealedAppend",
+    "SealedAppendMany",
+    "SealedKvWrite",
+    "Sealer",
+    "check_user_meta",
+    "sealer_of",
+]

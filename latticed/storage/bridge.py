@@ -1,0 +1,175 @@
+"""The bridge between trio and the storage thread: jobs go out, completions come back, reads run on a pool.
+
+Writes become jobs for the :class:`~latticed.storage.writer.Writer`; the calling task waits on a
+``trio.Event`` that the event loop sets when the job's transaction committed (one ``run_sync_soon`` per
+group commit, not per job). Before it does, the owner of the bridge hears of the batch's changes
+(``on_commit``), so whatever a woken waiter looks at already shows them. Reads run on a small pool of read
+connections through ``trio.to_thread``, so neither kind ever blocks the event loop.
+
+This module knows nothing of queues, caches or replication; it changes only if the way trio talks to the
+storage thread does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import trio
+
+from latticed.errors import LatticedError, StorageError
+from latticed.storage.batch import Batch
+from latticed.storage.jobs import Call, Job, WriterView
+from latticed.storage.reader import ReadPool, StoreReader
+from latticed.storage.sqlite import wal_path
+from latticed.storage.writer import Change, Writer
+
+AnyJob = TypeVar("AnyJob", bound=Job)
+T = TypeVar("T")
+
+#: What the bridge's owner does with each committed batch, on the event loop, before any waiter wakes.
+CommitHandler = Callable[[list[Job], list[Change]], None]
+
+#: How long a :class:`StorageHold` keeps the storage thread at most (a test that forgets to release it
+#: must not wedge the thread for ever).
+HOLD_TIMEOUT_S: Final = 30.0
+
+
+class StorageBridge:
+    """Job submission to the storage thread and its completion on the event loop; reads on the pool.
+
+    Built on the trio thread (it captures that loop's token)."""
+
+    def __init__(self, writer: Writer, pool: ReadPool, on_commit: CommitHandler) -> None:
+        self._writer = writer
+        self._pool = pool
+        self._on_commit = on_commit
+        self._token = trio.lowlevel.current_trio_token()
+        self._limiter = trio.CapacityLimiter(pool.size)
+        self._closed = False
+        writer.on_done = self._on_done
+
+    # ------------------------------------------------------------------ writes
+    def _on_done(self, jobs: list[Job], changes: list[Change]) -> None:
+        """Runs on the storage thread after each batch: hand completion to trio in one callback."""
+        self._token.run_sync_soon(self._complete, jobs, changes)
+
+    def _complete(self, jobs: list[Job], changes: list[Change]) -> None:
+        self._on_commit(jobs, changes)
+        for job in jobs:
+            if job.done is not None:
+                job.done.set()
+                if job.notify is not None:
+                    job.notify()
+
+    def start(self, job: AnyJob) -> AnyJob:
+        """Hand ``job`` to the storage thread now; :meth:`outcome` waits for it. Jobs commit in the order
+        they are started, so a connection that pipelines its offers keeps their order."""
+        if self._closed:
+            raise LatticedError("latticed is shutting down")
+        job.done = trio.Event()
+        self._writer.submit(job)
+        return job
+
+    async def outcome(self, job: Job) -> Any:
+        """The result of a started job once its transaction committed (its error, raised, if it failed)."""
+        await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    async def run(self, job: Job) -> Any:
+        """:meth:`start` and :meth:`outcome` in one."""
+        return await self.outcome(self.start(job))
+
+    async def call(self, fn: Callable[[Batch, WriterView], Any]) -> Any:
+        """Run ``fn`` on the storage thread inside a batch (maintenance, tests)."""
+        return await self.run(Call(fn))
+
+    def hold(self) -> StorageHold:
+        """Test seam: keep the storage thread inside a batch, so nothing commits, until the hold is
+        released. Submitted now (call it on the event loop); see :class:`StorageHold`."""
+        hold = StorageHold()
+        self.start(Call(hold.job))
+        return hold
+
+    # ------------------------------------------------------------------ reads
+    async def read(self, fn: Callable[[StoreReader], T]) -> T:
+        """``fn`` with a reader inside one read transaction, on a worker thread (at most one per reader)."""
+
+        def work() -> T:
+            with self._pool.reader() as reader:
+                return fn(reader)
+
+        return await trio.to_thread.run_sync(work, limiter=self._limiter)
+
+    # ------------------------------------------------------------------ facts and lifecycle
+    @property
+    def transactions(self) -> int:
+        return self._writer.transactions
+
+    @property
+    def jobs_committed(self) -> int:
+        return self._writer.jobs_committed
+
+    def storage_bytes(self) -> int:
+        """The database, its WAL and its shared-memory index, on disk."""
+        path = self._writer.path
+        total = 0
+        for name in (path, wal_path(path), Path(f"{path}-shm")):
+            with contextlib.suppress(OSError):
+                total += os.stat(name).st_size
+        return total
+
+    async def stop(self) -> None:
+        """Refuse new jobs, let the storage thread finish the ones it has, close the readers."""
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._writer.stop)
+            self._pool.close()
+
+
+class StorageHold:
+    """The storage thread held inside one batch until :meth:`release` (at most :data:`HOLD_TIMEOUT_S`).
+
+    A test seam for what happens between a job's submission and its commit: records verified but not
+    yet stored, requests pipelined behind a commit. As a context manager it waits (blocking the calling
+    thread) until the storage thread is inside the batch, and releases it on leaving."""
+
+    def __init__(self) -> None:
+        self._entered = threading.Event()
+        self._released = threading.Event()
+
+    def job(self, batch: Batch, writer: WriterView) -> None:
+        """The batch's body, on the storage thread."""
+        self._entered.set()
+        self._released.wait(HOLD_TIMEOUT_S)
+
+    def wait_entered(self, timeout: float = HOLD_TIMEOUT_S) -> None:
+        """Block until the storage thread is inside the batch; StorageError if it is not in time."""
+        if not self._entered.wait(timeout):
+            raise StorageError(f"the storage thread did not reach the hold within {timeout} s")
+
+    def release(self) -> None:
+        self._released.set()
+
+    def __enter__(self) -> StorageHold:
+        try:
+            self.wait_entered()
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+__all__ = ["HOLD_TIMEOUT_S", "CommitHandler", "StorageBridge", "StorageHold"]

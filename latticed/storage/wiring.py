@@ -1,0 +1,73 @@
+"""The two seams through which services react to the engine and hold it back, built before either.
+
+The composition root (:mod:`latticed.daemon`) makes one :class:`ChangeFanout` and one :class:`OwnerFence`
+and passes them to the engine and to the services that use them, so no service reaches into the engine to
+wire itself up. A service whose life is shorter than the engine's (replication is restarted under a new
+network key on ``join``) subscribes or holds the fence for exactly as long as it runs, in a ``with``
+block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from latticed.crdt.queue import QueueState
+
+ChangeListener = Callable[[QueueState], None]
+#: Why our own queue (its committed value given) must not be written right now, or None.
+FenceReason = Callable[[QueueState], str | None]
+
+
+class ChangeFanout:
+    """Hands each committed queue value to every subscriber, on the event loop, in commit order.
+
+    The engine calls it once per queue changed by a group commit, after the tails of that queue were
+    woken; the groups service (new records in a source) and replication (pushes to peers) subscribe."""
+
+    def __init__(self) -> None:
+        self._listeners: tuple[ChangeListener, ...] = ()
+
+    def __call__(self, state: QueueState) -> None:
+        for listener in self._listeners:
+            listener(state)
+
+    @contextmanager
+    def subscribed(self, listener: ChangeListener) -> Iterator[None]:
+        """``listener`` hears of every commit while the block runs."""
+        self._listeners = (*self._listeners, listener)
+        try:
+            yield
+        finally:
+            listeners = list(self._listeners)
+            listeners.remove(listener)
+            self._listeners = tuple(listeners)
+
+
+class OwnerFence:
+    """Whether a write to one of our own queues must wait: checked by the engine before every write to a
+    queue or KV namespace we own.
+
+    Replication holds it while it runs: a peer may hold records of our queue that we lack (a store
+    restored from a backup), and signing new ones at those offsets would fork our own queue."""
+
+    def __init__(self) -> None:
+        self._reason: FenceReason | None = None
+
+    def reason(self, state: QueueState) -> str | None:
+        """Why ``state``'s queue must not be written now, or None (also when nobody holds the fence)."""
+        reason = self._reason
+        return None if reason is None else reason(state)
+
+    @contextmanager
+    def held_by(self, reason: FenceReason) -> Iterator[None]:
+        """``reason`` answers for the fence while the block runs (one holder at a time)."""
+        assert self._reason is None, "the owner fence is already held"
+        self._reason = reason
+        try:
+            yield
+        finally:
+            self._reason = None
+
+
+__all__ = ["ChangeFanout", "ChangeListener", "FenceReason", "OwnerFence"]
