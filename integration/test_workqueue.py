@@ -76,7 +76,10 @@ def test_killed_workers_leases_expire_and_records_are_redelivered(
         for _ in range(3)
     ]
     try:
-        wait_until(victim.exists, "a worker to start the long task")
+        # The shell creates the file before it writes the pid into it: wait for the whole line.
+        wait_until(
+            lambda: victim.exists() and victim.read_text().endswith("\n"), "a worker to start the long task"
+        )
         pid = int(victim.read_text())
         [killed] = [w for w in workers if w.pid == pid]
         kill_group(killed)  # the worker and its task, mid-task
