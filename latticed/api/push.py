@@ -8,9 +8,10 @@ from typing import Any
 import trio
 
 from latticed.api.connection import Connection
-from latticed.api.dispatch import dispatch
+from latticed.api.dispatch import dispatch, parse_request
 from latticed.api.handlers import Context, Reply, Request
 from latticed.api.wire import error_reply
+from latticed.errors import LatticedError
 from latticed.groups.committer import Flight
 
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
@@ -31,6 +32,23 @@ class PushSession:
         self.closing = False
         self.gone = False
         self.flights: dict[Flight, list[tuple[Any, Reply]]] = {}
+
+    async def next_request(self) -> Request | None:
+        """The next well-formed request on the connection (one that does not parse is answered with its
+        error here); None once the client is gone (``gone`` is then set)."""
+        while True:
+            try:
+                frame = await self.conn.receive_frame()
+            except (LatticedError, *_CLOSED):
+                frame = None
+            if frame is None:
+                self.gone = True
+                return None
+            request, reply = parse_request(frame)
+            if reply is None:
+                assert request is not None
+                return request
+            self.send(reply)
 
     def send(self, message: dict[str, Any]) -> None:
         self.frames.append(self.conn.encode(message))

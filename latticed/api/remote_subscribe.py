@@ -22,7 +22,6 @@ from typing import Any, Final
 import trio
 
 from latticed.api.connection import Connection
-from latticed.api.dispatch import parse_request
 from latticed.api.handlers import STREAMS, Context, Request
 from latticed.api.push import PushSession
 from latticed.api.wire import error_reply
@@ -37,7 +36,6 @@ log = get_logger(__name__)
 LONG_POLL_S: Final = 20.0
 #: Ack batches in flight to the owner at once, per subscription.
 ACK_BATCHES: Final = 4
-_CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 class _Acks:
@@ -181,19 +179,7 @@ async def subscribe_remote(
                 io.start_soon(session.sender)
                 async with trio.open_nursery() as feed:
                     feed.start_soon(pusher)
-                    while True:
-                        try:
-                            frame = await conn.receive_frame()
-                        except (LatticedError, *_CLOSED):
-                            frame = None
-                        if frame is None:
-                            session.gone = True
-                            break
-                        inner, reply = parse_request(frame)
-                        if reply is not None:
-                            session.send(reply)
-                            continue
-                        assert inner is not None
+                    while (inner := await session.next_request()) is not None:
                         op = inner["op"]
                         same_group = inner.get("group") == group
                         if op == "ack" and same_group and isinstance(inner.get("lease"), str):

@@ -23,7 +23,6 @@ import trio
 
 from latticed.api.connection import Connection
 from latticed.api.consumer_id import consumer_id
-from latticed.api.dispatch import parse_request
 from latticed.api.group_handlers import (
     arg_seconds,
     lease_wire,
@@ -39,7 +38,6 @@ from latticed.api.wire import arg_int, arg_str, error_reply
 from latticed.errors import LatticedError, MalformedError, ProtocolError
 
 MAX_SUBSCRIBE_IN_FLIGHT: Final = 10_000
-_CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
 _subscriptions = itertools.count(1)
 
 
@@ -101,26 +99,16 @@ async def subscribe(ctx: Context, conn: Connection, request: Request) -> bool:
                 io.start_soon(session.sender)
                 async with trio.open_nursery() as feed:
                     feed.start_soon(pusher)
-                    while True:
-                        try:
-                            frame = await conn.receive_frame()
-                        except (LatticedError, *_CLOSED):
-                            frame = None
-                        if frame is None:
-                            session.gone = True
-                            break
-                        inner, reply = parse_request(frame)
-                        if reply is not None:
-                            session.send(reply)
-                        elif inner is not None and inner["op"] == "ack":
+                    while (inner := await session.next_request()) is not None:
+                        if inner["op"] == "ack":
                             ack_inline(inner, io)
-                        elif inner is not None and inner["op"] == "unsubscribe":
+                        elif inner["op"] == "unsubscribe":
                             unsubscribe_id = inner.get("id")
                             break
-                        elif inner is not None and inner["op"] in STREAMS:
+                        elif inner["op"] in STREAMS:
                             failure = ProtocolError(f"{inner['op']} is not allowed during a subscription")
                             session.send(error_reply(inner.get("id"), failure))
-                        elif inner is not None:
+                        else:
                             session.pending += 1
                             io.start_soon(session.answer, ctx, inner)
                     feed.cancel_scope.cancel()
