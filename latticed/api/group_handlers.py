@@ -44,7 +44,7 @@ from latticed.groups.views import (
     source_ends,
     task_wire,
 )
-from latticed.leases.dispatch import DeadLetter, Grant
+from latticed.leases.outcomes import DeadLetter, Grant
 from latticed.protocol.leasing import error_for
 
 #: Longest accepted duration argument (a day): longer is almost surely a unit mistake.

@@ -34,7 +34,7 @@ from latticed.crdt.records import MAX_VALUE_BYTES, Record
 from latticed.errors import LatticedError
 from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
-from latticed.leases.dispatch import Changes
+from latticed.leases.outcomes import Changes
 from latticed.logs import get_logger, log_event
 from latticed.storage.sealer import sealer_of
 

@@ -31,7 +31,7 @@ from latticed.groups.remote import MAX_TAKE, consumer_prefix, record_wire, remot
 from latticed.groups.runtime import GroupRuntime
 from latticed.groups.service import GroupService
 from latticed.groups.views import live_stats, settled_reply, task_wire
-from latticed.leases.dispatch import Grant
+from latticed.leases.outcomes import Grant
 from latticed.storage.sealer import sealer_of
 
 #: Payload bytes the owner puts in one answer (leases past it are fetched one by one).

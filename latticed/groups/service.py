@@ -58,8 +58,8 @@ from latticed.errors import (
 from latticed.groups.committer import Committer, Flight
 from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
-from latticed.leases.dispatch import Changes, DeadLetter, Grant, TaskView
 from latticed.leases.filters import compile_filter
+from latticed.leases.outcomes import Changes, DeadLetter, Grant, TaskView
 from latticed.logs import get_logger, log_event
 from latticed.storage.sealer import sealer_of
 from latticed.storage.wiring import ChangeFanout

@@ -8,7 +8,7 @@ from typing import Any
 from latticed.crdt.group import AttemptRecord, parse_source_id
 from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
-from latticed.leases.dispatch import Changes, Grant, TaskView
+from latticed.leases.outcomes import Changes, Grant, TaskView
 
 
 def headers_wire(headers: tuple[tuple[str, bytes], ...]) -> list[list[Any]] | None:

@@ -1,5 +1,6 @@
 """Work-queue leases, sans-IO: the lease manager (:mod:`.dispatch`: leases, ack/nack, retries with
-backoff, dead letters, consumer caps) and the record filter language (:mod:`.filters`).
+backoff, dead letters, consumer caps), what it hands back (:mod:`.outcomes`) and the record filter
+language (:mod:`.filters`).
 
 Pure: time comes in as arguments and no module here does I/O, so the lease rules are tested without
 sockets, threads or sleeps. The replicated half (progress lattice, ops, group definition, dead-letter
@@ -7,17 +8,9 @@ records) is :mod:`latticed.crdt.group`; the trio service that runs groups on the
 :mod:`latticed.groups`. See docs/workqueues.md.
 """
 
-from latticed.leases.dispatch import (
-    Changes,
-    DeadLetter,
-    Dispatcher,
-    Done,
-    Failure,
-    Grant,
-    GroupStats,
-    TaskView,
-)
+from latticed.leases.dispatch import Dispatcher
 from latticed.leases.filters import FilterSyntaxError, compile_filter, parse_filter
+from latticed.leases.outcomes import Changes, DeadLetter, Done, Failure, Grant, GroupStats, TaskView
 
 __all__ = [
     "Changes",
