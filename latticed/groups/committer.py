@@ -21,15 +21,8 @@ from typing import Final
 
 import trio
 
-from latticed.crdt.group import (
-    AttemptEntry,
-    ProgressOp,
-    apply_progress_ops,
-    coalesce_ops,
-    history_records,
-    progress_record,
-    snapshot_ops,
-)
+from latticed.crdt.attempts import AttemptEntry, history_records
+from latticed.crdt.group import ProgressOp, apply_progress_ops, coalesce_ops, progress_record, snapshot_ops
 from latticed.crdt.records import MAX_VALUE_BYTES, Record
 from latticed.errors import LatticedError
 from latticed.groups.ports import GroupStore

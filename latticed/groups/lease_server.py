@@ -17,7 +17,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-from latticed.crdt.group import MAX_CONSUMER_BYTES, parse_source_id
+from latticed.crdt.attempts import MAX_CONSUMER_BYTES
+from latticed.crdt.group import parse_source_id
 from latticed.errors import (
     LatticedError,
     LeaseError,

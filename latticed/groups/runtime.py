@@ -14,14 +14,9 @@ from typing import Final
 
 import trio
 
-from latticed.crdt.group import (
-    AttemptEntry,
-    GroupProgress,
-    GroupSpec,
-    ProgressOp,
-    dlq_name,
-    parse_source_id,
-)
+from latticed.crdt.attempts import AttemptEntry
+from latticed.crdt.group import GroupProgress, ProgressOp, dlq_name, parse_source_id
+from latticed.crdt.group_spec import GroupSpec
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError, NotReaderError

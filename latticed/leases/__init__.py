@@ -3,8 +3,9 @@ backoff, dead letters, consumer caps), what it hands back (:mod:`.outcomes`) and
 language (:mod:`.filters`).
 
 Pure: time comes in as arguments and no module here does I/O, so the lease rules are tested without
-sockets, threads or sleeps. The replicated half (progress lattice, ops, group definition, dead-letter
-records) is :mod:`latticed.crdt.group`; the trio service that runs groups on the engine is
+sockets, threads or sleeps. The replicated half (progress lattice and ops, group definition, attempt
+history and dead letters) is :mod:`latticed.crdt.group`, :mod:`~latticed.crdt.group_spec` and
+:mod:`~latticed.crdt.attempts`; the trio service that runs groups on the engine is
 :mod:`latticed.groups`. See docs/workqueues.md.
 """
 

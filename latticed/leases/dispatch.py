@@ -19,6 +19,11 @@ crash is not held against the record.
 
 Every hot operation is O(log n): heaps with lazy deletion for ready records (by arrival order, which is
 offset order within a source), retry timers, lease expiries and each source's lowest unsettled offset.
+
+Why one module: the :class:`Dispatcher` is one state machine: every operation updates the same task table,
+heaps and counters, and its invariants (each unsettled record in exactly one state, the heaps lazily
+consistent with it) can only be checked with all of it in view. What it hands back is
+:mod:`latticed.leases.outcomes`.
 """
 
 from __future__ import annotations
@@ -30,25 +35,21 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from latticed.crdt.errors import MalformedError
-from latticed.crdt.group import (
+from latticed.crdt.attempts import (
     ACKED,
-    EMPTY,
     MAX_CONSUMER_BYTES,
     MAX_ERROR_CHARS,
     MAX_HISTORY,
     AttemptEntry,
     AttemptRecord,
     DeadLetterInfo,
-    GroupProgress,
-    GroupSpec,
-    ProgressOp,
     correlation_id,
     dead_letter_record,
-    dlq_name,
     parse_dead_letter,
-    source_id,
 )
+from latticed.crdt.errors import MalformedError
+from latticed.crdt.group import EMPTY, GroupProgress, ProgressOp, dlq_name, source_id
+from latticed.crdt.group_spec import GroupSpec
 from latticed.crdt.records import Record
 from latticed.errors import CapacityError, LeaseError, NotFoundError
 from latticed.leases.filters import compile_filter

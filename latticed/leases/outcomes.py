@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from latticed.crdt.group import AttemptEntry, AttemptRecord, DeadLetterInfo, ProgressOp
+from latticed.crdt.attempts import AttemptEntry, AttemptRecord, DeadLetterInfo
+from latticed.crdt.group import ProgressOp
 from latticed.crdt.records import Record
 
 

@@ -24,6 +24,10 @@ where ``ck`` (the chaining key) is keyed BLAKE2b under the network key ``K`` of 
 
 No I/O, clock or global randomness is used except ``crypto_kx_keypair`` when no ephemeral key is injected:
 the time comes in as an argument (``now_ms``, Unix milliseconds).
+
+Why one module: it is one protocol: the four messages, the key schedule and the replay cache are specified
+together (docs/protocol.md, with test vectors), and a change to one step changes the transcript the others
+sign.
 """
 
 from __future__ import annotations
