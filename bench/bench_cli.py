@@ -37,13 +37,12 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from bench_daemon import pct  # bench/ is on sys.path when this runs as a script
+from _daemons import BIN, run_argv, start, stop  # bench/ is on sys.path when this runs as a script
+from bench_daemon import pct
 
 from latticed.api.client import Client
 from latticed.api.producer import Producer
-from latticed.errors import ConnectionClosedError
 
-BIN = Path(sys.executable).parent
 VALUE_BYTES = 100
 
 
@@ -53,23 +52,14 @@ def daemon(root: Path, env: Mapping[str, str]) -> Iterator[Path]:
     sock = root / "latticed.sock"
     config = root / "latticed.toml"
     config.write_text('log_level = "WARNING"\n')
-    argv = [str(BIN / "latticed"), "run", "--data-dir", str(root / "data"), "--socket", str(sock)]
-    proc = subprocess.Popen([*argv, "--no-mdns", "--config", str(config)], env=dict(env))
+    argv = run_argv(
+        "--data-dir", str(root / "data"), "--socket", str(sock), "--no-mdns", "--config", str(config)
+    )
+    proc, _ = start(argv, sock, Client.identity, env=env)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with Client(sock) as c:
-                    c.identity()
-                break
-            except ConnectionClosedError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
         yield sock
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
 
 
 def timed(

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _daemons import cpu_s, rss_mb, start, stop
 from hostjitter import FsyncProbe, WakeProbe
 
 from latticed.api.client import Client
 from latticed.api.producer import Ack, Producer
-from latticed.errors import ConnectionClosedError
 
 VALUE = b"x" * 100
 
@@ -56,48 +56,12 @@ def daemon(
     sock = data_dir / "latticed.sock"
     config = data_dir / "latticed.toml"
     config.write_text(f'group_commit_ms = {group_commit_ms}\nlog_level = "WARNING"\n{extra_config}')
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "latticed",
-            "run",
-            "--data-dir",
-            str(data_dir / "data"),
-            "--socket",
-            str(sock),
-            "--config",
-            str(config),
-        ],
-    )
+    argv = [sys.executable, "-m", "latticed", "run", "--data-dir", str(data_dir / "data")]
+    proc, _ = start([*argv, "--socket", str(sock), "--config", str(config)], sock, Client.identity)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with Client(sock) as c:
-                    c.identity()
-                break
-            except ConnectionClosedError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
         yield proc, sock
     finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (robust to other load, unlike wall time)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        stop(proc)
 
 
 def pct(samples: list[float], p: float) -> float:

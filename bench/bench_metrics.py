@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from bench_daemon import cpu_s, pct
+from _daemons import cpu_s, start, stop
+from bench_daemon import pct
 
 from latticed.api.client import Client
-from latticed.errors import ConnectionClosedError
 
 VALUE = b"x" * 100
 BATCH = [(VALUE, None, ())] * 1000
@@ -63,22 +63,13 @@ def daemon(root: Path, name: str, metrics: bool) -> Iterator[Daemon]:
         text += 'metrics_listen = "127.0.0.1:0"\n'
     config.write_text(text)
     argv = [sys.executable, "-m", "latticed", "run", "--data-dir", str(root / name), "--socket", str(sock)]
-    proc = subprocess.Popen([*argv, "--config", str(config), "--no-mdns"])
+    proc, address = start(
+        [*argv, "--config", str(config), "--no-mdns"], sock, lambda c: c.status().get("metrics")
+    )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with Client(sock) as c:
-                    address = c.status().get("metrics")
-                break
-            except ConnectionClosedError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
         yield Daemon(proc, sock, f"http://{address}/metrics" if address else None)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
 
 
 def populate(d: Daemon, queues: int) -> None:

@@ -18,25 +18,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import trio
+from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
 from hostjitter import FsyncProbe, WakeProbe
 
 from latticed.api.client import Client
 from latticed.crdt.signing import Identity
 from latticed.net.transport import open_peer
 from latticed.netkey import DEFAULT_NETWORK_KEY
-
-BIN = Path(sys.executable).parent
 
 
 class Node:
@@ -46,62 +40,17 @@ class Node:
         args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
         for peer in peers:
             args += ["--peer", peer]
-        self.proc = subprocess.Popen([str(BIN / "latticed"), "run", *args])
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with Client(self.socket) as c:
-                    self.listen = str(c.status()["listen"])
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        self.proc, self.listen = start(run_argv(*args), self.socket, listen_address)
 
     def client(self) -> Client:
         return Client(self.socket, timeout=60)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
+        stop(self.proc)
 
 
-@contextlib.contextmanager
-def cluster() -> Iterator[tuple[Path, list[Node]]]:
-    root = Path(tempfile.mkdtemp(prefix="ld-bench-"))
-    nodes: list[Node] = []
-    try:
-        yield root, nodes
-    finally:
-        for node in nodes:
-            with contextlib.suppress(Exception):
-                node.stop()
-
-
-def wait_end(node: Node, queue: str, end: int, timeout: float = 600) -> float:
-    """When ``node`` serves the record at ``end - 1`` (so holds it durably): a tail from there is pushed
-    the record as its commit lands. Polling the end offset every few ms instead would compete with the
-    daemon for the CPU it is being measured on; it is only done until the queue exists there."""
-    deadline = time.monotonic() + timeout
-    with node.client() as c:
-        while True:
-            with contextlib.suppress(Exception):
-                c.queue_info(queue)
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{queue} never reached {node.socket}")
-            time.sleep(0.005)
-        for entry in c.tail(queue, from_offset=end - 1):
-            if entry.offset >= end - 1:
-                return time.perf_counter()
-    raise TimeoutError(f"{queue} did not reach {end}")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cluster() -> contextlib.AbstractContextManager[tuple[Path, list[Node]]]:
+    return scratch("ld-bench-")
 
 
 def catchup(records: int, big: int) -> None:
@@ -116,14 +65,14 @@ def catchup(records: int, big: int) -> None:
                 queue = c.queue_create("backlog")
                 for start in range(0, count, per_batch):
                     c.offer_batch("backlog", [(value, None, ())] * min(per_batch, count - start))
-            a_cpu = cpu_seconds(a.proc.pid)
+            a_cpu = cpu_s(a.proc.pid)
             started = time.perf_counter()
             b = Node(root, "B", [a.listen])
             nodes.append(b)
-            b_started = cpu_seconds(b.proc.pid)
+            b_started = cpu_s(b.proc.pid)
             elapsed = wait_end(b, queue, count) - started
-            b_cpu = cpu_seconds(b.proc.pid) - b_started
-            a_cpu = cpu_seconds(a.proc.pid) - a_cpu
+            b_cpu = cpu_s(b.proc.pid) - b_started
+            a_cpu = cpu_s(a.proc.pid) - a_cpu
             rate = f"{count / elapsed:,.0f} records/s, {count * len(value) / elapsed / 1e6:,.1f} MB/s"
             cpu = f"CPU/record: receiver {b_cpu / count * 1e6:.2f} us, sender {a_cpu / count * 1e6:.2f} us"
             print(f"catch-up {label} to a fresh daemon (verified, durable): {rate} ({elapsed:.1f} s; {cpu})")

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -33,12 +31,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _daemons import listen_address, run_argv, start, stop
+
 from latticed.api.client import Client
 from latticed.api.producer import Ack, Producer
 from latticed.retention import RetentionPolicy, format_size, parse_size
 from latticed.storage.sqlite import WAL_AUTOCHECKPOINT_PAGES, WAL_FRAME_HEADER_BYTES, WAL_HEADER_BYTES
 
-BIN = Path(sys.executable).parent
 PAGE = 4096
 WAL_WORKING_BYTES = WAL_HEADER_BYTES + WAL_AUTOCHECKPOINT_PAGES * (WAL_FRAME_HEADER_BYTES + PAGE)
 #: Records are offered in bursts every this many seconds (each timed wake-up costs the client ~0.1 ms).
@@ -53,17 +52,7 @@ class Node:
         self.socket = root / f"{name}.sock"
         args = ["--data-dir", str(self.data_dir), "--socket", str(self.socket), "--no-mdns"]
         args += ["--listen", "127.0.0.1:0", "--log-level", "ERROR", *extra]
-        self.proc = subprocess.Popen([str(BIN / "latticed"), "run", *args])
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with Client(self.socket) as c:
-                    self.listen = str(c.status()["listen"])
-                return
-            except Exception:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
+        self.proc, self.listen = start(run_argv(*args), self.socket, listen_address)
 
     def dir_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.data_dir.rglob("*") if p.is_file())
@@ -74,8 +63,7 @@ class Node:
         return 0
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
+        stop(self.proc, 60)
 
 
 @contextlib.contextmanager

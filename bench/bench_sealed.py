@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import shutil
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
 
 from latticed.api.client import Client
 from latticed.api.producer import Producer
 
-BIN = Path(sys.executable).parent
 VALUE = b"x" * 100
 BATCH = 1000
 
@@ -52,44 +48,19 @@ class Node:
         args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
         for peer in peers:
             args += ["--peer", peer]
-        self.proc = subprocess.Popen([str(BIN / "latticed"), "run", *args])
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with self.client() as c:
-                    self.listen = str(c.status()["listen"])
-                return self
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        self.proc, self.listen = start(run_argv(*args), self.socket, listen_address)
+        return self
 
     def client(self) -> Client:
         return Client(self.socket, timeout=120)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
+        if self.proc is not None:
+            stop(self.proc)
 
 
-@contextlib.contextmanager
-def workspace() -> Iterator[tuple[Path, list[Node]]]:
-    root = Path(tempfile.mkdtemp(prefix="ld-sealed-"))
-    nodes: list[Node] = []
-    try:
-        yield root, nodes
-    finally:
-        for node in nodes:
-            with contextlib.suppress(Exception):
-                node.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far: robust to other load on a shared box."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def workspace() -> contextlib.AbstractContextManager[tuple[Path, list[Node]]]:
+    return scratch("ld-sealed-", remove=True)
 
 
 def fill(node: Node, queue: str, records: int, window: int) -> tuple[float, float]:
@@ -144,23 +115,6 @@ def offer_part(records: int, rounds: int, window: int) -> None:
             for kind in ("plain", "sealed") if r % 2 == 0 else ("sealed", "plain"):
                 (plain if kind == "plain" else sealed).append(fill(node, f"{kind}{r}", records, window))
         report(f"batched offer, {records:,} x 100 B, batches of {BATCH}, window {window}", plain, sealed)
-
-
-def wait_end(node: Node, queue: str, end: int, timeout: float = 600) -> float:
-    """When ``node`` serves the record at ``end - 1`` (pushed to a tail as its commit lands)."""
-    deadline = time.monotonic() + timeout
-    with node.client() as c:
-        while True:
-            with contextlib.suppress(Exception):
-                c.queue_info(queue)
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{queue} never reached {node.socket}")
-            time.sleep(0.005)
-        for entry in c.tail(queue, from_offset=end - 1):
-            if entry.offset >= end - 1:
-                return time.perf_counter()
-    raise TimeoutError(f"{queue} did not reach {end}")
 
 
 def catchup_part(records: int, rounds: int) -> None:

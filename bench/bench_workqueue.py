@@ -35,7 +35,8 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from bench_daemon import cpu_s, daemon, pct  # bench/ is on sys.path when this runs as a script
+from _daemons import cpu_s  # bench/ is on sys.path when this runs as a script
+from bench_daemon import daemon, pct
 
 from latticed.api.client import Client
 from latticed.errors import NotFoundError

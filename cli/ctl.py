@@ -4,6 +4,10 @@
 another identity are ``OWNER/KEY`` the same way (:mod:`cli.kv`). Command-line values are stored as their
 UTF-8 bytes. ``--socket`` and ``--json`` go before or after the command (:mod:`cli.common`). Output rules
 are in :mod:`cli.output`; exit codes in :mod:`cli.boundary`.
+
+Why one module: it is ``latticectl``'s root command table: the queue and record commands every invocation
+may need, and the lazy table of the command groups that live in their own modules (``_ELSEWHERE``);
+``latticectl id`` and ``status`` import only this, so it holds just what they and their neighbours need.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ lines (``LATTICE_GROUP``, ``LATTICE_QUEUE``, ``LATTICE_OFFSET``, ``LATTICE_LEASE
 ``lease=$(latticectl dequeue jobs --env) && eval "$lease"`` can be followed by ``latticectl ack
 "$LATTICE_GROUP" "$LATTICE_LEASE"``. Exit codes beyond :mod:`cli.boundary`'s usual ones: 9 when a lease
 is stale or unknown, 10 when ``dequeue`` found nothing (within ``--wait``), 11 when a cap is reached.
+
+Why one module: it is the work-queue command group (``group``, ``dlq``, the lease commands and ``work``):
+the typer declarations are long (an option and its help per setting), and the commands share their option
+types, the lease output and the ``--env`` export for scripts. It is loaded lazily, only for these commands.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ def _write_payload(value: bytes, path: Path | None) -> Path:
 
 
 #: What a group gets for an option left out; the daemon applies them (``GroupSpec`` in
-#: latticed/crdt/group.py, which tests hold these to). Not imported from there: that would load the
+#: latticed/crdt/group_spec.py, which tests hold these to). Not imported from there: that would load the
 #: signing stack into every latticectl start just to print help.
 GROUP_DEFAULTS: dict[str, float] = {
     "max_attempts": 5,

@@ -39,7 +39,7 @@ _CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]} | {
 }
 
 
-#: The dead-letter header (``DLQ_HEADER`` of latticed/crdt/group.py, not imported from there: that would
+#: The dead-letter header (``DLQ_HEADER`` of latticed/crdt/attempts.py, not imported from there: that would
 #: load the signing stack into every latticectl start).
 DLQ_HEADER = "x-dlq"
 

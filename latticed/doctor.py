@@ -9,6 +9,10 @@ remembered peer accepts TCP connections. The client adds the socket and whether 
 
 A check is ``ok`` (✔), not (✘, with a one-line ``fix``), or None (-: not applicable, or optional).
 Nothing here uses trio; it runs in the CLI or in a worker thread of the daemon.
+
+Why one module: it is one checklist, a short function per check with its fix text, in the order ``latticectl
+doctor`` prints them; the daemon-side and the offline checks share the row type and the address and key
+helpers.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@
 
 A failed step (a full disk, a fenced write) is logged and tried again at the next check; bad input never
 stops the service.
+
+Why one module: it is one service loop: the three kinds of enforcement (owners' truncations, replica caps,
+KV expiry) share the watch list, its wake-ups and the counters they report; the policy itself is pure and
+lives in :mod:`latticed.retention`.
 """
 
 from __future__ import annotations

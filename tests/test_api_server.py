@@ -5,8 +5,10 @@ server or change data they do not address."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import socket
 import struct
+import termios
 import threading
 import time
 import tracemalloc
@@ -105,6 +107,24 @@ class Raw:
             if not data:
                 return None
             self.buf += data
+
+    def pending(self) -> int:
+        """Bytes the server sent that sit unread in our receive queue."""
+        out = bytearray(4)
+        fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, out)
+        return int.from_bytes(out, "little")
+
+    def wait_sender_blocked(self, timeout: float = 10.0) -> int:
+        """Wait until the server's pushes start and then stop arriving while we read nothing (the socket
+        buffers are full: the server waits on us); returns the bytes queued then."""
+        self.sock.recv(1, socket.MSG_PEEK)  # blocks until the first push arrives
+        deadline = time.monotonic() + timeout
+        last = -1
+        while (queued := self.pending()) != last:
+            assert time.monotonic() < deadline, "the server never stopped sending"
+            last = queued
+            time.sleep(0.01)
+        return queued
 
     def close(self) -> None:
         self.sock.close()
@@ -338,7 +358,8 @@ def test_slow_tail_reader_does_not_stop_the_daemon(client: Client, daemon: InPro
     raw = Raw(daemon.socket)
     try:
         raw.send(request("tail", queue="firehose", follow=True))
-        time.sleep(0.2)  # the server fills the socket buffer and then waits for us
+        queued = raw.wait_sender_blocked()
+        assert 0 < queued < 10_000_000  # it waits on us with most of the queue still to send
         assert client.offer("firehose", b"still writable") == 1000
         n = 0
         while n < 1001:

@@ -556,7 +556,7 @@ WIDE = {"COLUMNS": "250"}  # so rich does not wrap the help text
 
 
 def test_group_create_help_shows_the_defaults_the_daemon_applies() -> None:
-    from latticed.crdt.group import GroupSpec  # noqa: PLC0415 - heavy, and only this test needs it
+    from latticed.crdt.group_spec import GroupSpec  # noqa: PLC0415 - heavy, and only this test needs it
 
     spec = GroupSpec("g", ("a/b",))
     assert {

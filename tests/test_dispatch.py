@@ -17,22 +17,24 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from latticed.crdt.errors import MalformedError
-from latticed.crdt.group import (
+from latticed.crdt.attempts import (
     CORRELATION_HEADER,
     AttemptEntry,
     AttemptRecord,
-    GroupProgress,
-    GroupSpec,
-    apply_progress_ops,
     correlation_id,
     decode_history,
-    decode_progress_op,
     encode_history,
-    encode_progress_op,
     parse_dead_letter,
+)
+from latticed.crdt.errors import MalformedError
+from latticed.crdt.group import (
+    GroupProgress,
+    apply_progress_ops,
+    decode_progress_op,
+    encode_progress_op,
     source_id,
 )
+from latticed.crdt.group_spec import GroupSpec
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import CapacityError, LeaseError, NotFoundError

@@ -12,34 +12,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticed.crdt import queue as core
-from latticed.crdt.errors import MalformedError
-from latticed.crdt.group import (
+from latticed.crdt.attempts import (
     CORRELATION_HEADER,
     DLQ_HEADER,
-    EMPTY,
     AttemptRecord,
     DeadLetterInfo,
+    correlation_id,
+    dead_letter_record,
+    parse_dead_letter,
+)
+from latticed.crdt.errors import MalformedError
+from latticed.crdt.group import (
+    EMPTY,
     GroupProgress,
-    GroupSpec,
     ProgressOp,
     apply_progress_ops,
     coalesce_ops,
-    correlation_id,
-    create_group,
-    dead_letter_record,
     decode_progress_op,
     dlq_name,
     encode_progress_op,
     join,
-    parse_dead_letter,
     parse_source_id,
     progress_record,
-    read_group,
     snapshot_ops,
     source_id,
-    spec_from_meta,
-    spec_to_meta,
 )
+from latticed.crdt.group_spec import GroupSpec, create_group, read_group, spec_from_meta, spec_to_meta
 from latticed.crdt.head import KIND_GROUP
 from latticed.crdt.records import MAX_HEADERS, Record
 from latticed.crdt.signing import Identity

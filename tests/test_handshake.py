@@ -562,6 +562,15 @@ def test_handshake_class_roles() -> None:
     assert Handshake(Role.RESPONDER, seed=SEED_A, network_key=K, now_ms=NOW).state is HandshakeState.WAIT_MSG1
 
 
+def test_each_side_takes_only_its_own_arguments() -> None:
+    keys = {"seed": SEED_A, "network_key": K, "now_ms": NOW}
+    assert Responder(**keys, replay_cache=ReplayCache()).role is Role.RESPONDER  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Initiator(**keys, replay_cache=ReplayCache())  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Responder(**keys, role=Role.INITIATOR)  # type: ignore[arg-type]
+
+
 if __name__ == "__main__":
     vectors = load_vectors()
     vectors["outputs"] = compute_vectors(vectors["inputs"])

@@ -19,6 +19,7 @@ from inprocess import InProcessDaemon, start_in_process
 
 from cli.boundary import ExitCode, exit_code_for
 from latticed.api.client import Client
+from latticed.api.group_client import GroupOps
 from latticed.config import DaemonConfig
 from latticed.errors import (
     AlreadyExistsError,
@@ -219,7 +220,9 @@ def test_blocking_dequeue_is_woken_by_an_append(client: Client, daemon: Daemon) 
 
     thread = threading.Thread(target=consumer)
     thread.start()
-    time.sleep(0.2)  # let it block (it is a waiter, not a poller: nothing to wait on from here)
+    # Its first dequeue registers the consumer and, with nothing to feed, parks on the group's event with
+    # no checkpoint between: once stats count it, it is blocked (an append before that would not wake it).
+    wait_until(lambda: client.group_stats(group)["consumers"] == 1, "the dequeue to block")
     sent = time.monotonic()
     client.offer(queue, b"wake")
     thread.join(20)
@@ -420,3 +423,51 @@ def test_the_dlq_namespace_is_reserved_and_only_the_group_writes_its_dlq(
     [letter] = client.dlq_list(group)
     assert (letter["last_error"], letter["attempts"]) == ("no", 1)
     assert client.queue_info(dlq)["end_offset"] == 1
+
+
+class _Recorder(GroupOps):
+    """Records what the client would put on the wire instead of sending it."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        self.sent.append((op, args))
+        return {"group": {}}
+
+
+def test_group_create_and_edit_put_every_setting_on_the_wire_under_its_wire_name() -> None:
+    rec = _Recorder()
+    rec.group_create("g", ["q"], visibility=3.0, retry_backoff=0.5, remote_consumers=("aa",))
+    rec.group_edit("g", backoff_cap=9.0, retention=60.0, max_in_flight=4, remote_consumers="any")
+    rec.group_edit("g", description="d")
+    unset = dict.fromkeys(
+        ("filter", "max_attempts", "visibility_s", "retry_backoff_s", "backoff_cap_s", "retention_s"), None
+    ) | dict.fromkeys(("max_consumers", "max_in_flight", "description", "remote_consumers"), None)
+    assert rec.sent == [
+        (
+            "group_create",
+            {
+                "name": "g",
+                "queues": ["q"],
+                **unset,
+                "visibility_s": 3.0,
+                "retry_backoff_s": 0.5,
+                "remote_consumers": ["aa"],
+            },
+        ),
+        (
+            "group_edit",
+            {
+                "group": "g",
+                **unset,
+                "backoff_cap_s": 9.0,
+                "retention_s": 60.0,
+                "max_in_flight": 4,
+                "remote_consumers": "any",
+            },
+        ),
+        ("group_edit", {"group": "g", **unset, "description": "d"}),
+    ]
+    with pytest.raises(TypeError, match="visibility_s"):
+        rec.group_create("g", ["q"], visibility_s=3.0)  # type: ignore[call-arg]

@@ -3,6 +3,10 @@
 One :class:`Client` holds one connection, opened on first use; it is not thread-safe (give each thread
 its own). ``tail`` opens a second, dedicated connection, so other calls keep working while a tail runs.
 Errors from the daemon are raised as the :mod:`latticed.errors` class whose ``code`` they carry.
+
+Why one module: :class:`Client` is the library's one blocking API, a method per op over the connection class
+beside it; split, one class would span files. The work-queue half already lives apart
+(:mod:`latticed.api.group_client`, mixed in), so what remains is one job.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypedDict, Unpack
 
 from latticed.api.wire import API_VERSION, error_from_reply
 from latticed.errors import LatticedError, RemoteProtocolError
@@ -213,6 +213,58 @@ class Subscription:
         self.close()
 
 
+class _Settings(TypedDict, total=False):
+    """A group's settings as the client names them (seconds as floats); left out: default or unchanged."""
+
+    filter: str | None
+    max_attempts: int | None
+    visibility: float | None
+    retry_backoff: float | None
+    backoff_cap: float | None
+    retention: float | None
+    max_consumers: int | None
+    max_in_flight: int | None
+    description: str | None
+
+
+class GroupSettings(_Settings, total=False):
+    """``group_create``'s settings; ``remote_consumers`` [] means none, None any peer with the network key."""
+
+    remote_consumers: Sequence[str] | None
+
+
+class GroupEdit(_Settings, total=False):
+    """``group_edit``'s settings; ``remote_consumers`` may also be "any" (lifts the allow-list)."""
+
+    remote_consumers: Sequence[str] | str | None
+
+
+#: Client name -> wire name of each setting, written once for create and edit (the wire says its units).
+_WIRE_NAMES = {
+    "filter": "filter",
+    "max_attempts": "max_attempts",
+    "visibility": "visibility_s",
+    "retry_backoff": "retry_backoff_s",
+    "backoff_cap": "backoff_cap_s",
+    "retention": "retention_s",
+    "max_consumers": "max_consumers",
+    "max_in_flight": "max_in_flight",
+    "description": "description",
+}
+
+
+def _settings_to_wire(settings: GroupSettings | GroupEdit) -> dict[str, Any]:
+    """Every setting goes on the wire, None where not given, as the daemon reads "not given"."""
+    given: dict[str, Any] = dict(settings)
+    unknown = given.keys() - _WIRE_NAMES.keys() - {"remote_consumers"}
+    if unknown:  # what a plain keyword signature would refuse (the TypedDict only checks typed callers)
+        raise TypeError(f"unexpected group setting(s): {', '.join(sorted(unknown))}")
+    wire = {wire_name: given.get(name) for name, wire_name in _WIRE_NAMES.items()}
+    remote = given.get("remote_consumers")
+    wire["remote_consumers"] = remote if remote is None or isinstance(remote, str) else list(remote)
+    return wire
+
+
 class GroupOps:
     """The work-queue methods of :class:`~latticed.api.client.Client`."""
 
@@ -226,76 +278,20 @@ class GroupOps:
         raise NotImplementedError
 
     def group_create(
-        self,
-        name: str,
-        queues: Sequence[str],
-        *,
-        filter: str | None = None,
-        max_attempts: int | None = None,
-        visibility: float | None = None,
-        retry_backoff: float | None = None,
-        backoff_cap: float | None = None,
-        retention: float | None = None,
-        max_consumers: int | None = None,
-        max_in_flight: int | None = None,
-        description: str | None = None,
-        remote_consumers: Sequence[str] | None = None,
+        self, name: str, queues: Sequence[str], **settings: Unpack[GroupSettings]
     ) -> dict[str, Any]:
         """Define a consumer group over ``queues`` (NAME or OWNER/NAME each); returns its definition.
         ``remote_consumers``: the only daemon identities whose workers may consume it remotely ([]: none;
         None: any peer with the network key)."""
         group: dict[str, Any] = self.call(
-            "group_create",
-            name=name,
-            queues=list(queues),
-            filter=filter,
-            max_attempts=max_attempts,
-            visibility_s=visibility,
-            retry_backoff_s=retry_backoff,
-            backoff_cap_s=backoff_cap,
-            retention_s=retention,
-            max_consumers=max_consumers,
-            max_in_flight=max_in_flight,
-            description=description,
-            remote_consumers=None if remote_consumers is None else list(remote_consumers),
+            "group_create", name=name, queues=list(queues), **_settings_to_wire(settings)
         )["group"]
         return group
 
-    def group_edit(
-        self,
-        name: str,
-        *,
-        filter: str | None = None,
-        max_attempts: int | None = None,
-        visibility: float | None = None,
-        retry_backoff: float | None = None,
-        backoff_cap: float | None = None,
-        retention: float | None = None,
-        max_consumers: int | None = None,
-        max_in_flight: int | None = None,
-        description: str | None = None,
-        remote_consumers: Sequence[str] | str | None = None,
-    ) -> dict[str, Any]:
+    def group_edit(self, name: str, **settings: Unpack[GroupEdit]) -> dict[str, Any]:
         """Change a group's settings (those given); ``remote_consumers`` "any" lifts the allow-list.
         Returns the new definition (what it does to leases in flight: docs/workqueues.md)."""
-        group: dict[str, Any] = self.call(
-            "group_edit",
-            group=name,
-            filter=filter,
-            max_attempts=max_attempts,
-            visibility_s=visibility,
-            retry_backoff_s=retry_backoff,
-            backoff_cap_s=backoff_cap,
-            retention_s=retention,
-            max_consumers=max_consumers,
-            max_in_flight=max_in_flight,
-            description=description,
-            remote_consumers=(
-                remote_consumers
-                if remote_consumers is None or isinstance(remote_consumers, str)
-                else list(remote_consumers)
-            ),
-        )["group"]
+        group: dict[str, Any] = self.call("group_edit", group=name, **_settings_to_wire(settings))["group"]
         return group
 
     def group_delete(self, name: str) -> dict[str, Any]:

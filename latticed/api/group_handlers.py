@@ -8,6 +8,11 @@ replicated group log says (marked ``stale``).
 The consumer is the connection (:mod:`latticed.api.consumer_id`). ``dequeue`` is a stream op so that a client
 that hangs up while waiting is noticed (it does not get a lease it cannot receive); ``subscribe`` lives in
 :mod:`latticed.api.subscribe`. Replies that settle or return a record echo its ``correlation_id``.
+
+Why one module: it is the work-queue part of the op table, a short handler per op, and the handlers share
+the argument readers and the one local-or-forwarded routing (``remote_of``/``service_of``) that decides
+where each op runs; read side by side they show that every op routes the same way. Subscriptions, the
+long-lived streams, are their own modules.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from latticed.groups.views import (
     source_ends,
     task_wire,
 )
-from latticed.leases.dispatch import DeadLetter, Grant
+from latticed.leases.outcomes import DeadLetter, Grant
 from latticed.protocol.leasing import error_for
 
 #: Longest accepted duration argument (a day): longer is almost surely a unit mistake.

@@ -3,6 +3,10 @@
 One async function per op, registered in :data:`HANDLERS`. Handlers raise
 :class:`~latticed.errors.LatticedError` for anything the client got wrong; the server turns that into an
 error reply. ``tail`` is not here: it streams, so the server runs it (:mod:`latticed.api.tail`).
+
+Why one module: it is the request/reply op table (one short function per op, registered in
+:data:`HANDLERS`), which reads best whole: every op's argument checks and reply shape sit next to the
+:class:`Context` they share. Work-queue ops and streams already live in their own modules.
 """
 
 from __future__ import annotations

@@ -25,6 +25,11 @@ tested). When the owner equivocates, the join still terminates deterministically
 flags the queue forked and keeps a :class:`ForkProof` anyone can check.
 
 Every function here is pure: clocks come in as ``now_ms`` arguments.
+
+Why one module: the lattice's value (:class:`QueueState`), commit, delta, verify and join all keep the same
+invariants (``start``/``held_end``/``tip``/``head``, chain checkpoints, fork proofs), and the join's
+correctness argument runs through all of them; the record and chain primitives they build on are
+:mod:`latticed.crdt.records`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@
 moved. ``chain_next(c, d) = H(c || d)`` links digests: a signed head that commits to the chain value at
 its end vouches for every record before it, and a verified chain value at any offset lets a replica check
 a suffix that starts there without holding anything older.
+
+Why one module: a record, its canonical bytes and the hash chain over them are one definition that must
+change together (the test vectors pin the digest layout and the chain fold at once); :class:`RecordRun` is
+the same records in columns, the hot path of both.
 """
 
 from __future__ import annotations

@@ -21,20 +21,13 @@ from typing import Final
 
 import trio
 
-from latticed.crdt.group import (
-    AttemptEntry,
-    ProgressOp,
-    apply_progress_ops,
-    coalesce_ops,
-    history_records,
-    progress_record,
-    snapshot_ops,
-)
+from latticed.crdt.attempts import AttemptEntry, history_records
+from latticed.crdt.group import ProgressOp, apply_progress_ops, coalesce_ops, progress_record, snapshot_ops
 from latticed.crdt.records import MAX_VALUE_BYTES, Record
 from latticed.errors import LatticedError
 from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
-from latticed.leases.dispatch import Changes
+from latticed.leases.outcomes import Changes
 from latticed.logs import get_logger, log_event
 from latticed.storage.sealer import sealer_of
 

@@ -17,7 +17,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-from latticed.crdt.group import MAX_CONSUMER_BYTES, parse_source_id
+from latticed.crdt.attempts import MAX_CONSUMER_BYTES
+from latticed.crdt.group import parse_source_id
 from latticed.errors import (
     LatticedError,
     LeaseError,
@@ -31,7 +32,7 @@ from latticed.groups.remote import MAX_TAKE, consumer_prefix, record_wire, remot
 from latticed.groups.runtime import GroupRuntime
 from latticed.groups.service import GroupService
 from latticed.groups.views import live_stats, settled_reply, task_wire
-from latticed.leases.dispatch import Grant
+from latticed.leases.outcomes import Grant
 from latticed.storage.sealer import sealer_of
 
 #: Payload bytes the owner puts in one answer (leases past it are fetched one by one).

@@ -20,6 +20,10 @@ blocking ``dequeue`` waits its ``wait`` for the owner first). A link that drops 
 on its way: the call is sent again over the next link, flagged as a retry, and the owner answers a
 retried settlement it already made with the answer it gave (so an ack is not reported stale because its
 first answer was lost); a lease the owner no longer holds fails as stale (:class:`LeaseError`).
+
+Why one module: :class:`RemoteGroups` is one object whose state (the links to owners, the leases forwarded
+through them and who holds each) every forwarded op reads and updates; its helpers only convert the owner's
+answers.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from typing import Any, Final
 
 import trio
 
-from latticed.crdt.group import dlq_name, parse_source_id, source_id, spec_from_meta
+from latticed.crdt.group import dlq_name, parse_source_id, source_id
+from latticed.crdt.group_spec import spec_from_meta
 from latticed.crdt.head import KIND_GROUP, KIND_QUEUE
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import (

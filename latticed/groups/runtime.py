@@ -14,19 +14,15 @@ from typing import Final
 
 import trio
 
-from latticed.crdt.group import (
-    AttemptEntry,
-    GroupProgress,
-    GroupSpec,
-    ProgressOp,
-    dlq_name,
-    parse_source_id,
-)
+from latticed.crdt.attempts import AttemptEntry
+from latticed.crdt.group import GroupProgress, ProgressOp, dlq_name, parse_source_id
+from latticed.crdt.group_spec import GroupSpec
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError, NotReaderError
 from latticed.groups.ports import GroupStore
-from latticed.leases.dispatch import Changes, Dispatcher
+from latticed.leases.dispatch import Dispatcher
+from latticed.leases.outcomes import Changes
 from latticed.logs import get_logger, log_event
 from latticed.storage.reader import Columns
 from latticed.storage.sealer import sealer_of

@@ -17,6 +17,10 @@
 
 Consumers are identified by the API (one id per client connection). A consumer whose connection closes
 keeps its ``dequeue`` leases (a script may ack them from another process) and is forgotten once they end.
+
+Why one module: :class:`GroupService` is one job, running this daemon's groups, whose parts (start-up,
+feeding, lease ops, commits, edit and delete) share the runtimes and the committer and must keep one
+ordering rule: durable before the reply. Reads, the runtime and the committer already live apart.
 """
 
 from __future__ import annotations
@@ -29,21 +33,16 @@ from typing import Any
 
 import trio
 
+from latticed.crdt.attempts import HISTORY_KEY, AttemptEntry, correlation_id, decode_history
 from latticed.crdt.group import (
     DLQ_META_KEY,
-    HISTORY_KEY,
-    AttemptEntry,
     GroupProgress,
-    GroupSpec,
     apply_progress_ops,
-    correlation_id,
-    decode_history,
     decode_progress_op,
     dlq_name,
     source_id,
-    spec_from_meta,
-    spec_to_meta,
 )
+from latticed.crdt.group_spec import GroupSpec, spec_from_meta, spec_to_meta
 from latticed.crdt.head import KIND_GROUP, KIND_QUEUE
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
@@ -58,8 +57,8 @@ from latticed.errors import (
 from latticed.groups.committer import Committer, Flight
 from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
-from latticed.leases.dispatch import Changes, DeadLetter, Grant, TaskView
 from latticed.leases.filters import compile_filter
+from latticed.leases.outcomes import Changes, DeadLetter, Grant, TaskView
 from latticed.logs import get_logger, log_event
 from latticed.storage.sealer import sealer_of
 from latticed.storage.wiring import ChangeFanout

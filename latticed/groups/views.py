@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from latticed.crdt.group import AttemptRecord, parse_source_id
+from latticed.crdt.attempts import AttemptRecord
+from latticed.crdt.group import parse_source_id
 from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
-from latticed.leases.dispatch import Changes, Grant, TaskView
+from latticed.leases.outcomes import Changes, Grant, TaskView
 
 
 def headers_wire(headers: tuple[tuple[str, bytes], ...]) -> list[list[Any]] | None:

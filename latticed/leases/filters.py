@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from latticed.crdt.errors import MalformedError
-from latticed.crdt.group import MAX_FILTER_CHARS
+from latticed.crdt.group_spec import MAX_FILTER_CHARS
 from latticed.crdt.records import Record
 
 Predicate = Callable[[Record], bool]

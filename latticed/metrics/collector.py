@@ -27,7 +27,7 @@ _GOSSIP_COUNTERS = {
     "rejected_deltas": ("latticed_deltas_rejected", "Peer links closed because a delta failed verification."),
     "protocol_errors": ("latticed_peer_protocol_errors", "Peer links closed for breaking the protocol."),
 }
-#: Consumer-group counts exported, as :class:`~latticed.leases.dispatch.GroupStats` names them.
+#: Consumer-group counts exported, as :class:`~latticed.leases.outcomes.GroupStats` names them.
 _GROUP_STATES = ("available", "leased", "failed", "dead")
 
 

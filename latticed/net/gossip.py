@@ -15,6 +15,10 @@ What peers make us remember is bounded as well: per link and in total, queues a 
 hold (:class:`KeyBudget`, forgotten when the link ends), and between connections a :class:`PeerMemory` of
 our own queues for at most :data:`MAX_PEER_MEMORIES` peers, :data:`MAX_MEMORY_ENTRIES` queue entries and
 :data:`MEMORY_TTL_S` seconds. :meth:`Gossip.stats` counts both.
+
+Why one module: :class:`Gossip` is the one trio shell of a peer link: its tasks (reader, writer, the
+session's events, keepalive and timeouts) share the session and the stream, and their cancellation rules
+only make sense read together.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ Discovery only yields addresses (mDNS sightings, static and remembered peers go 
 accepted, becomes a :class:`Gossip` link. The engine is the :class:`ReplicaHost`: summaries come from its
 in-memory heads, deltas are read on reader threads, and merges are verified off the event loop before the
 storage thread joins and stores them.
+
+Why one module: the service's parts (listener, dialer, the discovery feed and the set of live links) share
+the peer book and that set, and the daemon starts, restarts (on ``join``) and stops them as one.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ where ``ck`` (the chaining key) is keyed BLAKE2b under the network key ``K`` of 
 
 No I/O, clock or global randomness is used except ``crypto_kx_keypair`` when no ephemeral key is injected:
 the time comes in as an argument (``now_ms``, Unix milliseconds).
+
+Why one module: it is one protocol: the four messages, the key schedule and the replay cache are specified
+together (docs/protocol.md, with test vectors), and a change to one step changes the transcript the others
+sign.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import hmac
 import struct
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import Final, NoReturn, TypeAlias
+from typing import Final, NoReturn, NotRequired, TypeAlias, TypedDict, Unpack
 
 import nacl.bindings as sodium
 import nacl.exceptions
@@ -53,6 +57,7 @@ __all__ = [
     "MSG4_SIZE",
     "Allowed",
     "Handshake",
+    "HandshakeKeys",
     "HandshakeResult",
     "HandshakeState",
     "Initiator",
@@ -520,54 +525,30 @@ class Handshake:
         self._replay_cache = None
 
 
+class HandshakeKeys(TypedDict):
+    """What either side is built from besides its role (see :class:`Handshake`); the last three may be
+    left out. Written once so the two sides' constructors cannot drift apart."""
+
+    seed: bytes
+    network_key: bytes
+    now_ms: int
+    public_key: NotRequired[bytes | None]
+    allowed: NotRequired[Allowed | None]
+    ephemeral_secret: NotRequired[bytes | None]
+
+
 class Initiator(Handshake):
     """The dialling side: call :meth:`initiate` first."""
 
-    def __init__(
-        self,
-        *,
-        seed: bytes,
-        network_key: bytes,
-        now_ms: int,
-        public_key: bytes | None = None,
-        allowed: Allowed | None = None,
-        ephemeral_secret: bytes | None = None,
-    ) -> None:
-        super().__init__(
-            Role.INITIATOR,
-            seed=seed,
-            network_key=network_key,
-            now_ms=now_ms,
-            public_key=public_key,
-            allowed=allowed,
-            ephemeral_secret=ephemeral_secret,
-        )
+    def __init__(self, **keys: Unpack[HandshakeKeys]) -> None:
+        super().__init__(Role.INITIATOR, replay_cache=None, **keys)  # an initiator is never replayed to
 
 
 class Responder(Handshake):
     """The accepting side: feed it what the initiator sends (give it the daemon's :class:`ReplayCache`)."""
 
-    def __init__(
-        self,
-        *,
-        seed: bytes,
-        network_key: bytes,
-        now_ms: int,
-        public_key: bytes | None = None,
-        allowed: Allowed | None = None,
-        ephemeral_secret: bytes | None = None,
-        replay_cache: ReplayCache | None = None,
-    ) -> None:
-        super().__init__(
-            Role.RESPONDER,
-            seed=seed,
-            network_key=network_key,
-            now_ms=now_ms,
-            public_key=public_key,
-            allowed=allowed,
-            ephemeral_secret=ephemeral_secret,
-            replay_cache=replay_cache,
-        )
+    def __init__(self, *, replay_cache: ReplayCache | None = None, **keys: Unpack[HandshakeKeys]) -> None:
+        super().__init__(Role.RESPONDER, replay_cache=replay_cache, **keys)
 
 
 def _fail(reason: str) -> NoReturn:

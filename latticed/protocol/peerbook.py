@@ -19,6 +19,9 @@ other until it keeps failing.
 Times are seconds on the caller's clock. Use Unix time (``time.time()``) so ``last_seen`` means something
 after a restart; a clock that jumps backwards cannot stall dialing, because no attempt is ever scheduled
 further than ``Backoff.cap`` ahead.
+
+Why one module: :class:`PeerBook` is one state machine over one table of entries: the address sources,
+backoff, identities and what is persisted all read and update the same entries.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ names that we do not hold takes one of ``max_peer_keys`` places per session and 
 efficiency (the peer pushes what we lack anyway). :meth:`ReplicationSession.release` gives the places
 back when the link ends, and :meth:`ReplicationSession.memory` keeps only queues we hold.
 
-Why this module is longer than the project's ~400 lines: it is one class, and its per-link bookkeeping
+Why one module: it is one class, and its per-link bookkeeping
 (window and depth, eager and lazy links, key budgets, the memory of a peer) is one set of invariants that
 every handler touches; the wire format and the session's life cycle already live apart.
 """

@@ -19,6 +19,10 @@ below the API (store, replication, truncation, relaying) only ever sees envelope
 * **KV namespaces.** The owner's ops are sealed in the group commit that plans them (:class:`SealedKvWrite`);
   the storage thread opens a join's ops before folding them into a reader's view, and the ops it compacts
   (:meth:`Sealer.install` hooks both in, see :class:`~latticed.storage.jobs.KvSealing`).
+
+Why one module: :class:`Sealer` binds one identity's keys to the store: sealing writes, opening reads,
+``share`` and ``unshare`` all consult the same epoch keys and must agree on which epoch a record belongs to;
+the cryptography is pure and lives in :mod:`latticed.privacy`.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ then share one fsync more often (each costs ~0.3 ms of CPU here), and a lone cli
 
 The thread also holds the authoritative :class:`QueueState` of every queue. It publishes a new value into
 ``states`` after its transaction commits; readers on other threads only ever see committed values.
+
+Why one module: the :class:`Writer` is the storage thread: taking jobs, applying them to a batch, the one
+transaction and its failure handling run on one thread over one connection, and the group-commit rule (all
+of a moment's jobs, one fsync) is only visible with all of it together.
 """
 
 from __future__ import annotations

@@ -1,0 +1,135 @@
+"""Starting, waiting for and measuring ``latticed run`` processes: the part every bench that drives real
+daemons shares (each bench keeps its own command line and its own notion of "ready").
+
+The benches run as scripts, so bench/ is on ``sys.path`` and they import this as ``_daemons``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from latticed.api.client import Client
+from latticed.errors import ConnectionClosedError
+
+BIN = Path(sys.executable).parent
+T = TypeVar("T")
+
+
+def run_argv(*args: str) -> list[str]:
+    """``latticed run ARGS`` through the installed script (the venv's scripts honour PYTHONPATH)."""
+    return [str(BIN / "latticed"), "run", *args]
+
+
+def listen_address(client: Client) -> str:
+    """The peer address the daemon listens on (it was started with ``--listen 127.0.0.1:0``)."""
+    return str(client.status()["listen"])
+
+
+def start(
+    argv: list[str],
+    sock: Path,
+    ready: Callable[[Client], T],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[subprocess.Popen[bytes], T]:
+    """Start ``argv`` and wait until its API socket answers ``ready`` (returned with the process).
+
+    There is nothing to wait on but the socket, so this polls it; a daemon that exits, or stays silent for
+    ``timeout`` seconds, fails the bench rather than hanging it."""
+    proc = subprocess.Popen(argv, env=None if env is None else dict(env))
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                with Client(sock) as c:
+                    return proc, ready(c)
+            except ConnectionClosedError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+    except BaseException:
+        stop(proc)
+        raise
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Terminate the daemon (a clean shutdown) and reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+    proc.wait(timeout)
+
+
+class Node(Protocol):
+    """A bench's daemon: its API socket and a client on it."""
+
+    @property
+    def socket(self) -> Path: ...
+
+    def client(self) -> Client: ...
+
+
+def wait_end(node: Node, queue: str, end: int, timeout: float = 600) -> float:
+    """When ``node`` serves the record at ``end - 1`` (so holds it durably): a tail from there is pushed
+    the record as its commit lands. Polling the end offset every few ms instead would compete with the
+    daemon for the CPU it is being measured on; it is only done until the queue exists there."""
+    deadline = time.monotonic() + timeout
+    with node.client() as c:
+        while True:
+            with contextlib.suppress(Exception):
+                c.queue_info(queue)
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{queue} never reached {node.socket}")
+            time.sleep(0.005)
+        for entry in c.tail(queue, from_offset=end - 1):
+            if entry.offset >= end - 1:
+                return time.perf_counter()
+    raise TimeoutError(f"{queue} did not reach {end}")
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Stoppable)
+
+
+@contextlib.contextmanager
+def scratch(prefix: str, *, remove: bool = False) -> Iterator[tuple[Path, list[S]]]:
+    """A temporary root and a list the bench adds its nodes to: every node is stopped on the way out
+    (one that fails to stop does not keep the others running); ``remove`` deletes the root too."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    nodes: list[S] = []
+    try:
+        yield root, nodes
+    finally:
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
+        if remove:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux): robust to other load on a shared box,
+    unlike wall time."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process (Linux), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
