@@ -6,9 +6,9 @@
 Parts:
   catchup  ``--records`` x 100 B records written on A, then a fresh B dials A: records/s until B holds
            them all (verified and durable on B); then ``--big`` x 64 KiB records: MB/s.
-  live     single-record offers on A every few ms; a tail on B (one hop) and on D (three hops, A-B-C-D)
-           receives each: latency percentiles, and against a baseline in the same run, a tail on A
-           itself (the writer's own durable commit, no network), what replication adds.
+  live     single-record offers on A every few ms; a tail on B (one hop) and on D (three hops, A-B-C-D;
+           ``--hops``) receives each: latency percentiles, and against a baseline in the same run, a tail
+           on A itself (the writer's own durable commit, no network), what replication adds.
   handshake  connections/s and ms per connection (TCP connect + authenticated handshake).
 
 Figures are printed, never asserted.
@@ -35,6 +35,7 @@ from latticed.netkey import DEFAULT_NETWORK_KEY
 
 class Node:
     def __init__(self, root: Path, name: str, peers: list[str]) -> None:
+        self.name = name
         self.socket = root / f"{name}.sock"
         args = ["--data-dir", str(root / name), "--socket", str(self.socket)]
         args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
@@ -78,23 +79,21 @@ def catchup(records: int, big: int) -> None:
             print(f"catch-up {label} to a fresh daemon (verified, durable): {rate} ({elapsed:.1f} s; {cpu})")
 
 
-def live(samples: int, interval: float) -> None:
+def live(samples: int, interval: float, hops: int = 3) -> dict[str, list[float]]:
+    """Returns each tail's latencies in ms, sorted, by label: "A" (the writer's own), "B" (1 hop) and, with
+    ``hops`` > 1, the last daemon of the chain's (``hops`` = 1 runs only A and B)."""
     with cluster() as (root, nodes):
-        a = Node(root, "A", [])
-        nodes.append(a)
-        b = Node(root, "B", [a.listen])
-        nodes.append(b)
-        c_node = Node(root, "C", [b.listen])
-        nodes.append(c_node)
-        d = Node(root, "D", [c_node.listen])
-        nodes.append(d)
+        for name in "ABCDEFGH"[: hops + 1]:
+            nodes.append(Node(root, name, [nodes[-1].listen] if nodes else []))
+        a, b, d = nodes[0], nodes[1], nodes[-1]
         with a.client() as c:
             queue = c.queue_create("live")
             c.offer("live", b"warm-up")
         wait_end(b, queue, 1)
         wait_end(d, queue, 1)
         sent: dict[int, float] = {}
-        arrivals: dict[str, dict[int, float]] = {"A": {}, "B": {}, "D": {}}
+        ends = {"A": a, "B": b, d.name: d}
+        arrivals: dict[str, dict[int, float]] = {label: {} for label in ends}
 
         def follow(node: Node, label: str) -> None:
             with node.client() as c:
@@ -103,10 +102,7 @@ def live(samples: int, interval: float) -> None:
                     if entry.offset >= samples:
                         return
 
-        threads = [
-            threading.Thread(target=follow, args=(n, lbl), daemon=True)
-            for n, lbl in ((a, "A"), (b, "B"), (d, "D"))
-        ]
+        threads = [threading.Thread(target=follow, args=(n, lbl), daemon=True) for lbl, n in ends.items()]
         for t in threads:
             t.start()
         time.sleep(0.5)
@@ -121,8 +117,13 @@ def live(samples: int, interval: float) -> None:
         # Baseline in the same run: a tail on the writer itself (its commit, no network, no peer), so a
         # noisy host shows in both figures and the difference is what replication adds.
         figures: dict[str, tuple[float, float]] = {}
-        for label, name in (("A", "baseline: tail on the writer itself"), ("B", "1 hop"), ("D", "3 hops")):
+        latencies: dict[str, list[float]] = {}
+        names = {"A": "baseline: tail on the writer itself", "B": "1 hop"}
+        if hops > 1:
+            names[d.name] = f"{hops} hops"
+        for label, name in names.items():
             lat = sorted((arrivals[label][o] - sent[o]) * 1000 for o in sent if o in arrivals[label])
+            latencies[label] = lat
             if not lat:
                 print(f"live {name}: no samples")
                 continue
@@ -132,12 +133,13 @@ def live(samples: int, interval: float) -> None:
             print(f"live propagation, {name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms ({len(lat)} samples)")
         if "A" in figures:
             base = figures["A"]
-            for label, name in (("B", "1 hop"), ("D", "3 hops")):
+            for label, name in list(names.items())[1:]:
                 if label in figures:
                     add50, add99 = figures[label][0] - base[0], figures[label][1] - base[1]
                     print(f"    {name} over the baseline: p50 +{add50:.2f} ms, p99 {add99:+.2f} ms")
         print(f"    {probe.summary()}")
         print(f"    {disk.summary()}")
+        return latencies
 
 
 def handshake(count: int) -> None:
@@ -167,13 +169,16 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=2000, help="64 KiB records for the MB/s figure")
     parser.add_argument("--samples", type=int, default=500)
     parser.add_argument("--interval", type=float, default=0.005)
+    parser.add_argument(
+        "--hops", type=int, default=3, choices=range(1, 8), help="live: daemons in the chain after the writer"
+    )
     parser.add_argument("--parts", default="catchup,live,handshake")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     if "catchup" in parts:
         catchup(args.records, args.big)
     if "live" in parts:
-        live(args.samples, args.interval)
+        live(args.samples, args.interval, args.hops)
     if "handshake" in parts:
         handshake(200)
 
