@@ -133,3 +133,32 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class CpuSplit:
+    """CPU and wake-ups of a process between two points, split into its main thread (the daemon's event
+    loop) and all other threads (the storage thread, worker threads): read from /proc (Linux)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._start = self._read()
+
+    def _read(self) -> tuple[float, float, int]:
+        tick = os.sysconf("SC_CLK_TCK")
+        loop = rest = 0.0
+        wakeups = 0
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                seconds = (int(fields[11]) + int(fields[12])) / tick
+                wakeups += int((task / "schedstat").read_text().split()[2])
+                if task.name == str(self.pid):
+                    loop += seconds
+                else:
+                    rest += seconds
+        return loop, rest, wakeups
+
+    def since(self) -> tuple[float, float, int]:
+        """(event-loop CPU s, other threads' CPU s, wake-ups) since this was made."""
+        loop, rest, wakeups = self._read()
+        return loop - self._start[0], rest - self._start[1], wakeups - self._start[2]

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import trio
-from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
+from _daemons import CpuSplit, cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
 from hostjitter import FsyncProbe, WakeProbe
 
 from latticed.api.client import Client
@@ -51,7 +51,7 @@ class Node:
 
 
 def cluster() -> contextlib.AbstractContextManager[tuple[Path, list[Node]]]:
-    return scratch("ld-bench-")
+    return scratch("ld-bench-", remove=True)
 
 
 def catchup(records: int, big: int) -> None:
@@ -106,6 +106,7 @@ def live(samples: int, interval: float, hops: int = 3) -> dict[str, list[float]]
         for t in threads:
             t.start()
         time.sleep(0.5)
+        cpu = {node.name: CpuSplit(node.proc.pid) for node in nodes}
         with WakeProbe() as probe, FsyncProbe(root) as disk, a.client() as c:
             for _ in range(samples):
                 t0 = time.perf_counter()
@@ -114,6 +115,7 @@ def live(samples: int, interval: float, hops: int = 3) -> dict[str, list[float]]
                 time.sleep(interval)
         for t in threads:
             t.join(30)
+        spent = {name: split.since() for name, split in cpu.items()}
         # Baseline in the same run: a tail on the writer itself (its commit, no network, no peer), so a
         # noisy host shows in both figures and the difference is what replication adds.
         figures: dict[str, tuple[float, float]] = {}
@@ -139,6 +141,18 @@ def live(samples: int, interval: float, hops: int = 3) -> dict[str, list[float]]
                     print(f"    {name} over the baseline: p50 +{add50:.2f} ms, p99 {add99:+.2f} ms")
         print(f"    {probe.summary()}")
         print(f"    {disk.summary()}")
+        # Per daemon, from /proc: what each record cost it (the relays' figure is the per-hop cost).
+        for node in nodes:
+            role = "writer" if node is a else "leaf" if node is d else "relay"
+            if node.name in ends:
+                role += ", a tail on it"
+            loop_s, rest_s, woke = spent[node.name]
+            loop_us, rest_us = loop_s / samples * 1e6, rest_s / samples * 1e6
+            print(
+                f"    daemon {node.name} ({role}): CPU/record {loop_us + rest_us:,.0f} us (event loop "
+                f"{loop_us:,.0f} us, storage and other threads {rest_us:,.0f} us), "
+                f"{woke / samples:.1f} wake-ups/record"
+            )
         return latencies
 
 

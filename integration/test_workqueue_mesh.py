@@ -81,6 +81,17 @@ def replicated(daemon: LatticedProcess, queue: str, end: int) -> Callable[[], bo
     return check
 
 
+def group_replicated(daemon: LatticedProcess, group: str) -> Callable[[], bool]:
+    """``daemon`` holds its copy of ``group`` (so it knows the group's sources, and tells the owner how
+    far it holds them: the owner then sends no payload it already has)."""
+
+    def check() -> bool:
+        with client(daemon) as c:
+            return any(entry["group"] == group for entry in c.group_list())
+
+    return check
+
+
 # ------------------------------------------------------------------ the same calls, remotely
 
 
@@ -98,6 +109,7 @@ def test_workers_on_another_daemon_consume_a_group_with_the_same_calls(
         c.offer("unshared", b"from the owner", key=b"k", headers={"h": b"v"})
         c.group_create("u", ["unshared"])
     wait_until(replicated(b, f"{a_id}/jobs", 10), "the source to replicate to B")
+    wait_until(group_replicated(b, group), "the group to replicate to B")
     with client(b) as c:
         # dequeue + ack: the owner leases, B reads the payload from its own replica
         reply = c.call("dequeue", group=group)

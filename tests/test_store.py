@@ -704,3 +704,32 @@ def test_group_commit_waits_for_other_writers_not_for_one_that_pipelines(
     assert collect_after([Call(lambda b, wr: None) for _ in range(10)])[0] == 10  # ten writers
     count, waited = collect_after([Call(lambda b, wr: None)])
     assert count == 1 and waited >= 0.9  # now it waits (up to the linger) for the others
+
+
+def test_pushes_served_ahead_wait_for_company_and_nothing_else_waits_on_them(tmp_path: Path) -> None:
+    """A batch of nothing but merges already served ahead (only a peer's ACK waits for them) lingers for
+    more, up to a bound on time and on count; any other job ends the wait at once."""
+    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW), merge_linger_s=60.0)
+
+    def lingering() -> Job:
+        job = Call(lambda b, wr: None)
+        job.may_linger = True
+        return job
+
+    def collect(jobs: list[Job], later: Job | None = None) -> tuple[int, float]:
+        for job in jobs:
+            w._queue.put(job)
+        if later is not None:
+            threading.Timer(0.05, w._queue.put, args=(later,)).start()
+        t0 = time.monotonic()
+        return len(w._collect()), time.monotonic() - t0
+
+    count, waited = collect([lingering() for _ in range(4)])
+    assert count == 4 and waited < 5  # as many as the sender's window allows: commit now
+    count, waited = collect([lingering()], later=Call(lambda b, wr: None))
+    assert count == 2 and waited < 5  # a job someone waits on ends the linger
+    count, waited = collect([Call(lambda b, wr: None)])
+    assert count == 1 and waited < 5  # other jobs never linger on this account
+    w._merge_linger = 0.2
+    count, waited = collect([lingering()], later=lingering())
+    assert count == 2 and 0.15 <= waited < 5  # lingered for the second, then until the deadline

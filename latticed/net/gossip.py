@@ -413,7 +413,8 @@ class Gossip:
             messages += link.extra_out
             link.extra_out = []
         link.drained.set()
-        await stream.send_many(messages)  # one write for all of them (each its own frame)
+        if messages:
+            await stream.send_many(messages)  # one write for all of them (each its own frame)
 
     async def _verifier(
         self,
@@ -429,11 +430,16 @@ class Gossip:
 
         A small delta (a live push) waits until the previous one is stored: a burst of merges from one link
         looks like several writers to the storage thread's group commit, which would then linger for
-        company on every later push for a while. Backlog chunks go in at once and share commits."""
+        company on every later push for a while. Backlog chunks go in at once and share commits, and so do
+        pushes served ahead (their commits linger for company anyway: storage/writer.py)."""
         previous: PendingMerge | None = None
         async for event in deltas:
             verified = await self.host.verify_delta(event.delta)
-            if previous is not None and len(event.delta.records) <= SERIAL_MERGE_RECORDS:
+            if (
+                previous is not None
+                and previous.ahead is None
+                and len(event.delta.records) <= SERIAL_MERGE_RECORDS
+            ):
                 with contextlib.suppress(LatticedError):
                     await previous.result()  # a failure ends the link in the acker
             previous = self.host.submit_merge(verified, link.public_key)

@@ -124,7 +124,10 @@ class SecureStream(trio.abc.AsyncResource):
 
     async def send_many(self, messages: list[bytes]) -> None:
         """Send several messages, each sealed as its own frame, in order: small ones share a write (one
-        syscall for a burst of answers), at most :data:`_SEND_BATCH` bytes each."""
+        syscall for a burst of answers), at most :data:`_SEND_BATCH` bytes each. Nothing to send is
+        not a checkpoint: callers flush after every event, most of the time with nothing queued."""
+        if not messages:
+            return
         async with self._send_lock:
             self._check_can_send()
             seal, batch, size = self._channel.seal, list[bytes](), 0

@@ -59,7 +59,7 @@ class WriterView(Protocol):
 class Job:
     """Base of every write job; ``done`` is called (on the writer thread) after commit or failure."""
 
-    __slots__ = ("done", "error", "notify", "origin", "result")
+    __slots__ = ("done", "error", "may_linger", "notify", "origin", "result")
 
     def __init__(self) -> None:
         self.result: Any = None
@@ -71,6 +71,9 @@ class Job:
         #: Who submitted it (a connection, a peer), if it may have more jobs in flight: the group commit
         #: counts concurrent writers, and one that pipelines is still one writer.
         self.origin: object = None
+        #: Nobody but a peer's ACK waits for this commit (a live push already served ahead of it), so it
+        #: may wait a little for company: see :data:`latticed.storage.writer.MERGE_LINGER_S`.
+        self.may_linger = False
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         raise NotImplementedError

@@ -143,15 +143,18 @@ class ReplicaView:
         The storage thread takes jobs in the order they were submitted, several per transaction, so a
         caller that submits deltas in order without waiting between them gets them joined in that order
         while it verifies the next ones (a catch-up pipeline). A live push that extends what we hold is
-        shown to live tails and relayed before its commit (:meth:`LiveCache.note_ahead`)."""
+        shown to live tails and relayed before its commit (:meth:`LiveCache.note_ahead`), and its commit
+        may then wait a few milliseconds for the next pushes, so that several share one transaction."""
         job = Merge(verified)
         job.origin = origin
-        self.bridge.start(job)
         if self.live.may_go_ahead(verified):
             d = verified.delta
             q = self.find(d.owner, d.name, d.kind)
             if q is not None:
                 self.live.note_ahead(q, self.state(q), job)
+                # Served ahead: tails and relays have it, only the sender's ACK waits for the commit.
+                job.may_linger = job.ahead is not None
+        self.bridge.start(job)
         return job
 
     async def merged(self, job: Merge) -> Merge:
