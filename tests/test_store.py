@@ -733,3 +733,25 @@ def test_pushes_served_ahead_wait_for_company_and_nothing_else_waits_on_them(tmp
     w._merge_linger = 0.2
     count, waited = collect([lingering()], later=lingering())
     assert count == 2 and 0.15 <= waited < 5  # lingered for the second, then until the deadline
+
+
+def test_a_lingering_batch_goes_as_soon_as_the_writers_it_waits_for_are_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The storage thread is woken once, when the jobs it lingers for are all queued, not by each one (a
+    context switch per offer) and not only at the end of the linger."""
+    monkeypatch.setattr("latticed.storage.writer._RECENT_S", 60.0)
+    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW), linger_ms=30_000)
+    for _ in range(10):
+        w._queue.put(Call(lambda b, wr: None))
+    assert len(w._collect()) == 10  # ten writers were seen together: the next batch waits for ten
+
+    def nine_more() -> None:
+        for _ in range(9):
+            w.submit(Call(lambda b, wr: None))
+
+    w.submit(Call(lambda b, wr: None))
+    threading.Timer(0.05, nine_more).start()
+    t0 = time.monotonic()
+    assert len(w._collect()) == 10
+    assert time.monotonic() - t0 < 10  # far less than the 30 s linger: the last submit woke it
