@@ -720,7 +720,7 @@ def test_pushes_served_ahead_wait_for_company_and_nothing_else_waits_on_them(tmp
         for job in jobs:
             w._queue.put(job)
         if later is not None:
-            threading.Timer(0.05, w._queue.put, args=(later,)).start()
+            threading.Timer(0.05, w.submit, args=(later,)).start()
         t0 = time.monotonic()
         return len(w._collect()), time.monotonic() - t0
 

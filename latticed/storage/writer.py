@@ -136,6 +136,8 @@ class Writer:
         #: event :meth:`submit` sets once that many are queued.
         self._awaiting = 0
         self._enough = threading.Event()
+        #: ... and whether it holds only pushes served ahead (then any other job wakes it at once).
+        self._merges_only = False
         self._reclaim = False
         #: KV log compaction: the log size at which keys are counted next, and whether a pass is running.
         self._kv_qid = queue_id(identity.public_key, KV_NAMESPACE, KIND_KV)
@@ -207,7 +209,7 @@ class Writer:
         """Queue a job (thread-safe, never blocks); wakes a lingering batch once it has what it waits for."""
         self._queue.put(job)
         awaiting = self._awaiting
-        if awaiting and self._queue.qsize() >= awaiting:
+        if awaiting and (self._queue.qsize() >= awaiting or (self._merges_only and not job.may_linger)):
             self._awaiting = 0
             self._enough.set()
 
@@ -333,18 +335,27 @@ class Writer:
 
     def _linger_merges(self, items: list[object]) -> list[object]:
         """Wait for more pushes to join ``items`` (all of them lingering merges), up to the linger; any
-        other job ends the wait at once, so it never waits on our account."""
+        other job ends the wait at once, so it never waits on our account. As in :meth:`_collect`, the
+        thread is woken once (enough pushes, or another job, or the deadline), not by every push."""
         deadline = time.monotonic() + self._merge_linger
+        get = self._queue.get_nowait
         while len(items) < MERGE_LINGER_JOBS:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            self._enough.clear()
+            self._merges_only = True
+            self._awaiting = MERGE_LINGER_JOBS - len(items)
+            if self._queue.qsize() < self._awaiting:
+                self._enough.wait(remaining)
+            self._awaiting = 0
+            self._merges_only = False
             try:
-                item = self._queue.get(timeout=remaining)
+                while True:
+                    items.append(get())
             except queue.Empty:
-                break
-            items.append(item)
-            if not (isinstance(item, Job) and item.may_linger):
+                pass
+            if not _all_may_linger(items):
                 break
         return items
 
