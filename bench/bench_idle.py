@@ -1,0 +1,172 @@
+"""What an idle daemon costs: CPU and wake-ups of a daemon with three connected peers and nothing written.
+
+    .venv/bin/python bench/bench_idle.py                        # both variants, 60 s each
+    .venv/bin/python bench/bench_idle.py --variants static --seconds 30
+
+Four daemons on loopback (a fresh random network key, so no other daemon on this host joins), fully
+meshed, each with one queue of one record written before the measurement (so "caught up" means every
+peer holds the others' queues). Once every daemon shows its three peers connected and in sync, nothing
+is written for ``--seconds`` while this script reads, for each daemon, ``/proc/PID/stat`` (utime +
+stime, every thread, dead ones included) and ``/proc/PID/task/*/schedstat`` (third field: how many times
+a thread was put on a CPU, i.e. its wake-ups) with each thread's ``comm`` (the daemon names its threads).
+
+Variants:
+  static  peers from ``--peer`` only, mDNS off.
+  mdns    no static peers: the daemons find each other with mDNS on 127.0.0.1 only (``--mdns-interface
+          127.0.0.1``, as the tests do), so nothing goes out on a real interface.
+
+Figures are printed, never asserted: CPU as % of one core, wake-ups per second in total and per thread
+name, for the daemon measured (D, the last one started) and each daemon's totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import time
+from pathlib import Path
+
+from bench_replication import Node, cluster, cpu_seconds
+
+from latticed.netkey import write_network_key
+
+NAMES = ("A", "B", "C", "D")
+#: Threads are read this often, so one that ends during the window (trio's idle workers end after 10 s)
+#: loses at most this much of its count.
+SAMPLE_S = 0.5
+
+
+def thread_counts(pid: int) -> dict[int, tuple[str, int]]:
+    """Per thread id: its name and how many times it has been put on a CPU so far."""
+    out: dict[int, tuple[str, int]] = {}
+    task_dir = Path(f"/proc/{pid}/task")
+    for task in task_dir.iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            slices = int((task / "schedstat").read_text().split()[2])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue  # ended meanwhile
+        name = "main (event loop)" if int(task.name) == pid else comm
+        out[int(task.name)] = (name, slices)
+    return out
+
+
+class Sampler:
+    """Wake-ups per thread over a window: first and last count seen of every thread id."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.first: dict[int, tuple[str, int]] = thread_counts(pid)
+        self.last: dict[int, tuple[str, int]] = dict(self.first)
+        self.born: set[int] = set()
+        self.cpu0 = cpu_seconds(pid)
+        self.cpu = 0.0
+
+    def sample(self) -> None:
+        for tid, (name, count) in thread_counts(self.pid).items():
+            if tid not in self.first:
+                self.first[tid] = (name, 0)
+                self.born.add(tid)
+            self.last[tid] = (name, count)
+
+    def finish(self) -> None:
+        self.sample()
+        self.cpu = cpu_seconds(self.pid) - self.cpu0
+
+    def wakeups(self) -> dict[str, tuple[int, int]]:
+        """Per thread name (trailing numbers folded): (threads, wake-ups in the window)."""
+        totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+        for tid, (name, count) in self.last.items():
+            row = totals[re.sub(r"\d+$", "N", name)]
+            row[0] += 1
+            row[1] += count - self.first[tid][1]
+        return {name: (threads, woke) for name, (threads, woke) in totals.items()}
+
+
+def wait_meshed(nodes: list[Node], timeout: float = 120) -> float:
+    """Until every daemon has the three others connected and in sync (read from ``peers``); seconds."""
+    started = time.monotonic()
+    clients = [node.client() for node in nodes]
+    try:
+        while True:
+            ready = 0
+            for client in clients:
+                rows = client.peers()
+                ready += sum(1 for row in rows if row.get("in_sync")) >= len(nodes) - 1
+            if ready == len(nodes):
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"only {ready} of {len(nodes)} daemons saw every peer in sync")
+            time.sleep(0.1)
+    finally:
+        for client in clients:
+            client.close()
+
+
+def run(variant: str, seconds: float, settle: float) -> None:
+    with cluster() as (root, nodes):
+        key_file = root / "network.key"
+        write_network_key(key_file)
+        common = ["--network-key-file", str(key_file)]
+        if variant == "mdns":
+            common += ["--mdns", "--mdns-interface", "127.0.0.1"]
+        for name in NAMES:
+            peers = [n.listen for n in nodes] if variant == "static" else []
+            node = Node(root, name, peers, extra=common)
+            nodes.append(node)
+            with node.client() as c:
+                c.queue_create(f"q-{name}")
+                c.offer(f"q-{name}", b"written before the window")
+        meshed = wait_meshed(nodes)
+        # The dials, handshakes and first digests are over; let the one-off work after them end too.
+        time.sleep(settle)
+        samplers = [Sampler(node.proc.pid) for node in nodes]
+        started = time.monotonic()
+        deadline = started + seconds
+        while (now := time.monotonic()) < deadline:
+            time.sleep(min(SAMPLE_S, deadline - now))
+            for sampler in samplers:
+                sampler.sample()
+        for sampler in samplers:
+            sampler.finish()
+        elapsed = time.monotonic() - started
+        # Still meshed at the end: a window in which a link dropped measures something else.
+        wait_meshed(nodes, timeout=10)
+        print(
+            f"idle, {variant} ({'mDNS on 127.0.0.1' if variant == 'mdns' else 'static peers, no mDNS'}):"
+            f" meshed after {meshed:.1f} s, measured {elapsed:.0f} s after {settle:.0f} s to settle"
+        )
+        for name, sampler in zip(NAMES, samplers, strict=True):
+            woke = sum(count for _, count in sampler.wakeups().values())
+            print(
+                f"    daemon {name}: CPU {sampler.cpu / elapsed * 100:.3f} % of a core, "
+                f"{woke / elapsed:.2f} wake-ups/s"
+            )
+        measured = samplers[-1]
+        print("    daemon D by thread (threads, wake-ups/s):")
+        for name, (threads, woke) in sorted(measured.wakeups().items(), key=lambda kv: -kv[1][1]):
+            print(f"        {name:<22} {threads:>3} {woke / elapsed:8.2f}")
+        cpus = [s.cpu / elapsed * 100 for s in samplers]
+        wakes = [sum(c for _, c in s.wakeups().values()) / elapsed for s in samplers]
+        print(
+            f"    mean of the four: CPU {sum(cpus) / 4:.3f} %, {sum(wakes) / 4:.2f} wake-ups/s;"
+            f" load average {os.getloadavg()[0]:.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of the measured window")
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds between meshed and measuring")
+    parser.add_argument("--variants", default="static,mdns")
+    args = parser.parse_args()
+    for variant in args.variants.split(","):
+        run(variant, args.seconds, args.settle)
+
+
+if __name__ == "__main__":
+    main()
