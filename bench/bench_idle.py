@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
+import socket
+import threading
 import time
 from pathlib import Path
 
 from bench_replication import Node, cluster, cpu_seconds
+from zeroconf import DNSIncoming
 
 from latticed.netkey import write_network_key
+from latticed.protocol.announce import SERVICE_TYPE
 
 NAMES = ("A", "B", "C", "D")
 #: Threads are read this often, so one that ends during the window (trio's idle workers end after 10 s)
@@ -85,6 +90,44 @@ class Sampler:
         return {name: (threads, woke) for name, (threads, woke) in totals.items()}
 
 
+class MdnsTraffic:
+    """Counts the mDNS packets multicast on loopback during the window, and the latticed instances they
+    name: other daemons or tests on this host that announce on loopback (under other network keys) make
+    ours resolve and reject them, which shows in the figures. Bound to the group address, so it never
+    takes a unicast answer meant for a daemon."""
+
+    def __init__(self) -> None:
+        self.packets = 0
+        self.instances: set[str] = set()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self._sock.bind(("224.0.0.251", 5353))
+        group = socket.inet_aton("224.0.0.251") + socket.inet_aton("127.0.0.1")
+        self._sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, group)
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(9000)
+            except TimeoutError:
+                continue
+            self.packets += 1
+            with contextlib.suppress(Exception):  # a packet it cannot parse still counts
+                for record in DNSIncoming(data).answers():
+                    if record.name.lower() == SERVICE_TYPE.lower() and hasattr(record, "alias"):
+                        self.instances.add(record.alias.lower())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()
+
+
 def wait_meshed(nodes: list[Node], timeout: float = 120) -> float:
     """Until every daemon has the three others connected and in sync (read from ``peers``); seconds."""
     started = time.monotonic()
@@ -122,6 +165,7 @@ def run(variant: str, seconds: float, settle: float) -> None:
         meshed = wait_meshed(nodes)
         # The dials, handshakes and first digests are over; let the one-off work after them end too.
         time.sleep(settle)
+        mdns = MdnsTraffic() if variant == "mdns" else None
         samplers = [Sampler(node.proc.pid) for node in nodes]
         started = time.monotonic()
         deadline = started + seconds
@@ -132,6 +176,8 @@ def run(variant: str, seconds: float, settle: float) -> None:
         for sampler in samplers:
             sampler.finish()
         elapsed = time.monotonic() - started
+        if mdns is not None:
+            mdns.stop()
         # Still meshed at the end: a window in which a link dropped measures something else.
         wait_meshed(nodes, timeout=10)
         print(
@@ -148,6 +194,12 @@ def run(variant: str, seconds: float, settle: float) -> None:
         print("    daemon D by thread (threads, wake-ups/s):")
         for name, (threads, woke) in sorted(measured.wakeups().items(), key=lambda kv: -kv[1][1]):
             print(f"        {name:<22} {threads:>3} {woke / elapsed:8.2f}")
+        if mdns is not None:
+            print(
+                f"    mDNS multicast on loopback in the window: {mdns.packets} packets naming"
+                f" {len(mdns.instances)} latticed instance(s) ({len(nodes)} are ours; more: other"
+                " daemons on this host announce on loopback too)"
+            )
         cpus = [s.cpu / elapsed * 100 for s in samplers]
         wakes = [sum(c for _, c in s.wakeups().values()) / elapsed for s in samplers]
         print(

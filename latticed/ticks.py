@@ -9,7 +9,12 @@ timers would wake it once each. The period stays what each job asks for; only it
 
 from __future__ import annotations
 
+from typing import Final
+
 import trio
+
+#: The daemon's base tick (seconds): keep-alives run on it, and other periodic jobs on multiples of it.
+TICK_S: Final = 10.0
 
 
 def next_tick(now: float, period: float) -> float:
@@ -17,9 +22,15 @@ def next_tick(now: float, period: float) -> float:
     return (now // period + 1) * period
 
 
+def shared_period(limit: float, tick: float = TICK_S) -> float:
+    """The longest multiple of ``tick`` that is at most ``limit`` (``limit`` itself when shorter than a
+    tick): for a job that must run at least every ``limit`` seconds and would rather share the tick."""
+    return limit if limit < tick else (limit // tick) * tick
+
+
 async def sleep_until_tick(period: float) -> None:
     """Sleep until the next multiple of ``period`` seconds on trio's clock (between 0 and ``period``)."""
     await trio.sleep_until(next_tick(trio.current_time(), period))
 
 
-__all__ = ["next_tick", "sleep_until_tick"]
+__all__ = ["TICK_S", "next_tick", "shared_period", "sleep_until_tick"]

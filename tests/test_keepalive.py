@@ -14,13 +14,14 @@ from test_gossip import link, make
 
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
+from latticed.daemon import _watchdog
 from latticed.net.gossip import PEER_TIMEOUT_S, PING_INTERVAL_S, Gossip
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import HELLO, PROTOCOL_VERSION, ReplicationSession
 from latticed.storage.engine import Engine
 from latticed.threadname import name_os_thread
-from latticed.ticks import next_tick, sleep_until_tick
+from latticed.ticks import next_tick, shared_period, sleep_until_tick
 
 Pings = list[tuple[float, ReplicationSession]]
 
@@ -63,6 +64,32 @@ async def test_jobs_on_the_shared_tick_wake_together(autojump_clock: trio.testin
             nursery.start_soon(job, "disk", 30.0)
     assert sorted(woke) == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]  # each period kept, one instant each
     assert sorted(woke[30.0]) == sorted(woke[60.0]) == ["disk", "keep-alive", "retention"]
+
+
+class _Notifier:
+    def __init__(self) -> None:
+        self.pings: list[float] = []
+
+    def watchdog(self) -> bool:
+        self.pings.append(trio.current_time())
+        return True
+
+
+async def test_the_watchdog_pings_in_time_on_the_shared_tick(autojump_clock: trio.testing.MockClock) -> None:
+    """systemd's WatchdogSec=30 gives an interval of 15 s: the pings go on the 10 s tick, never further
+    apart than 15 s (an interval shorter than a tick is kept as it is)."""
+    assert shared_period(15.0) == 10.0
+    assert shared_period(30.0) == 30.0
+    assert shared_period(4.0) == 4.0
+    notifier = _Notifier()
+    await trio.sleep(7.3)
+    with trio.move_on_after(100):
+        await _watchdog(notifier, 15.0)  # type: ignore[arg-type]
+    gaps = [b - a for a, b in zip(notifier.pings, notifier.pings[1:], strict=False)]
+    assert notifier.pings[0] == 7.3  # at once
+    assert all(at % 10.0 == 0 for at in notifier.pings[1:])
+    assert max(gaps) <= 15.0
+    assert len(notifier.pings) >= 100 / 15
 
 
 def _session(gossip: Gossip, peer: Identity) -> ReplicationSession:

@@ -48,7 +48,7 @@ from latticed.protocol.replication import (
     ReplicationSession,
     key_label,
 )
-from latticed.ticks import sleep_until_tick
+from latticed.ticks import TICK_S, sleep_until_tick
 
 log = get_logger(__name__)
 
@@ -56,7 +56,7 @@ log = get_logger(__name__)
 #: idle daemon wakes once per tick for all its links. The side that dialled sends a PING unless the link
 #: carried messages both ways within the last half tick; the side that accepted only answers. Either way
 #: each end of a healthy link hears the other at least every 1.5 ticks (docs/operations.md, "Dead peers").
-PING_INTERVAL_S = 10.0
+PING_INTERVAL_S = TICK_S
 #: A link silent for longer is closed at the next tick: a dead peer is noticed 30-40 s after its last word.
 PEER_TIMEOUT_S = 30.0
 #: A peer that takes none of what we send for this long is dropped (see :class:`SecureStream`).
