@@ -43,51 +43,58 @@ NAMES = ("A", "B", "C", "D")
 SAMPLE_S = 0.5
 
 
-def thread_counts(pid: int) -> dict[int, tuple[str, int]]:
-    """Per thread id: its name and how many times it has been put on a CPU so far."""
-    out: dict[int, tuple[str, int]] = {}
+def thread_counts(pid: int) -> dict[int, tuple[str, int, int]]:
+    """Per thread id: its name, how many times it has been put on a CPU so far, and its CPU time (ns)."""
+    out: dict[int, tuple[str, int, int]] = {}
     task_dir = Path(f"/proc/{pid}/task")
     for task in task_dir.iterdir():
         try:
             comm = (task / "comm").read_text().strip()
-            slices = int((task / "schedstat").read_text().split()[2])
+            ran_ns, _, slices = (int(f) for f in (task / "schedstat").read_text().split()[:3])
         except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
             continue  # ended meanwhile
         name = "main (event loop)" if int(task.name) == pid else comm
-        out[int(task.name)] = (name, slices)
+        out[int(task.name)] = (name, slices, ran_ns)
     return out
 
 
 class Sampler:
-    """Wake-ups per thread over a window: first and last count seen of every thread id."""
+    """Wake-ups and CPU time per thread over a window: first and last counts seen of every thread id
+    (``/proc/PID/stat`` has the whole process's CPU, dead threads included, but only in clock ticks)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.first: dict[int, tuple[str, int]] = thread_counts(pid)
-        self.last: dict[int, tuple[str, int]] = dict(self.first)
+        self.first: dict[int, tuple[str, int, int]] = thread_counts(pid)
+        self.last: dict[int, tuple[str, int, int]] = dict(self.first)
         self.born: set[int] = set()
         self.cpu0 = cpu_seconds(pid)
         self.cpu = 0.0
 
     def sample(self) -> None:
-        for tid, (name, count) in thread_counts(self.pid).items():
+        for tid, counts in thread_counts(self.pid).items():
             if tid not in self.first:
-                self.first[tid] = (name, 0)
+                self.first[tid] = (counts[0], 0, 0)
                 self.born.add(tid)
-            self.last[tid] = (name, count)
+            self.last[tid] = counts
 
     def finish(self) -> None:
         self.sample()
         self.cpu = cpu_seconds(self.pid) - self.cpu0
 
-    def wakeups(self) -> dict[str, tuple[int, int]]:
-        """Per thread name (trailing numbers folded): (threads, wake-ups in the window)."""
-        totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-        for tid, (name, count) in self.last.items():
+    def wakeups(self) -> dict[str, tuple[int, int, int]]:
+        """Per thread name (trailing numbers folded): (threads, wake-ups, CPU ns in the window)."""
+        totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+        for tid, (name, count, ran_ns) in self.last.items():
             row = totals[re.sub(r"\d+$", "N", name)]
             row[0] += 1
             row[1] += count - self.first[tid][1]
-        return {name: (threads, woke) for name, (threads, woke) in totals.items()}
+            row[2] += ran_ns - self.first[tid][2]
+        return {name: (threads, woke, ran) for name, (threads, woke, ran) in totals.items()}
+
+    def totals(self) -> tuple[int, int]:
+        """Wake-ups and CPU ns of every thread seen in the window."""
+        rows = self.wakeups().values()
+        return sum(r[1] for r in rows), sum(r[2] for r in rows)
 
 
 class MdnsTraffic:
@@ -184,26 +191,30 @@ def run(variant: str, seconds: float, settle: float) -> None:
             f"idle, {variant} ({'mDNS on 127.0.0.1' if variant == 'mdns' else 'static peers, no mDNS'}):"
             f" meshed after {meshed:.1f} s, measured {elapsed:.0f} s after {settle:.0f} s to settle"
         )
+        # CPU two ways: /proc/PID/stat (every thread, dead ones too, in 10 ms clock ticks: coarse over a
+        # minute of idling) and the sum of the threads' schedstat run times (ns).
         for name, sampler in zip(NAMES, samplers, strict=True):
-            woke = sum(count for _, count in sampler.wakeups().values())
+            woke, ran_ns = sampler.totals()
             print(
-                f"    daemon {name}: CPU {sampler.cpu / elapsed * 100:.3f} % of a core, "
-                f"{woke / elapsed:.2f} wake-ups/s"
+                f"    daemon {name}: CPU {ran_ns / 1e9 / elapsed * 100:.4f} % of a core (stat:"
+                f" {sampler.cpu / elapsed * 100:.3f} %), {woke / elapsed:.2f} wake-ups/s"
             )
-        measured = samplers[-1]
-        print("    daemon D by thread (threads, wake-ups/s):")
-        for name, (threads, woke) in sorted(measured.wakeups().items(), key=lambda kv: -kv[1][1]):
-            print(f"        {name:<22} {threads:>3} {woke / elapsed:8.2f}")
+        print("    daemon D by thread (threads, wake-ups/s, CPU % of a core):")
+        rows = sorted(samplers[-1].wakeups().items(), key=lambda kv: -kv[1][1])
+        for name, (threads, woke, ran_ns) in rows:
+            share = ran_ns / 1e9 / elapsed * 100
+            print(f"        {name:<22} {threads:>3} {woke / elapsed:8.2f} {share:9.4f}")
         if mdns is not None:
             print(
                 f"    mDNS multicast on loopback in the window: {mdns.packets} packets naming"
                 f" {len(mdns.instances)} latticed instance(s) ({len(nodes)} are ours; more: other"
                 " daemons on this host announce on loopback too)"
             )
-        cpus = [s.cpu / elapsed * 100 for s in samplers]
-        wakes = [sum(c for _, c in s.wakeups().values()) / elapsed for s in samplers]
+        totals = [s.totals() for s in samplers]
+        cpu = sum(ran for _, ran in totals) / 1e9 / elapsed * 100 / len(nodes)
+        wakes = sum(woke for woke, _ in totals) / elapsed / len(nodes)
         print(
-            f"    mean of the four: CPU {sum(cpus) / 4:.3f} %, {sum(wakes) / 4:.2f} wake-ups/s;"
+            f"    mean of the four: CPU {cpu:.4f} %, {wakes:.2f} wake-ups/s;"
             f" load average {os.getloadavg()[0]:.2f}"
         )
 
