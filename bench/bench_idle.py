@@ -31,9 +31,10 @@ import threading
 import time
 from pathlib import Path
 
-from bench_replication import Node, cluster, cpu_seconds
+from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop
 from zeroconf import DNSIncoming
 
+from latticed.api.client import Client
 from latticed.netkey import write_network_key
 from latticed.protocol.announce import SERVICE_TYPE
 
@@ -41,6 +42,24 @@ NAMES = ("A", "B", "C", "D")
 #: Threads are read this often, so one that ends during the window (trio's idle workers end after 10 s)
 #: loses at most this much of its count.
 SAMPLE_S = 0.5
+
+
+class Node:
+    """One ``latticed run`` on loopback; ``extra`` options come after the defaults (later ones win)."""
+
+    def __init__(self, root: Path, name: str, peers: list[str], extra: list[str]) -> None:
+        self.socket = root / f"{name}.sock"
+        args = ["--data-dir", str(root / name), "--socket", str(self.socket)]
+        args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
+        for peer in peers:
+            args += ["--peer", peer]
+        self.proc, self.listen = start(run_argv(*args, *extra), self.socket, listen_address)
+
+    def client(self) -> Client:
+        return Client(self.socket, timeout=60)
+
+    def stop(self) -> None:
+        stop(self.proc)
 
 
 def thread_counts(pid: int) -> dict[int, tuple[str, int, int]]:
@@ -67,7 +86,7 @@ class Sampler:
         self.first: dict[int, tuple[str, int, int]] = thread_counts(pid)
         self.last: dict[int, tuple[str, int, int]] = dict(self.first)
         self.born: set[int] = set()
-        self.cpu0 = cpu_seconds(pid)
+        self.cpu0 = cpu_s(pid)
         self.cpu = 0.0
 
     def sample(self) -> None:
@@ -79,7 +98,7 @@ class Sampler:
 
     def finish(self) -> None:
         self.sample()
-        self.cpu = cpu_seconds(self.pid) - self.cpu0
+        self.cpu = cpu_s(self.pid) - self.cpu0
 
     def wakeups(self) -> dict[str, tuple[int, int, int]]:
         """Per thread name (trailing numbers folded): (threads, wake-ups, CPU ns in the window)."""
@@ -156,7 +175,8 @@ def wait_meshed(nodes: list[Node], timeout: float = 120) -> float:
 
 
 def run(variant: str, seconds: float, settle: float) -> None:
-    with cluster() as (root, nodes):
+    nodes: list[Node]
+    with scratch("ld-bench-idle-", remove=True) as (root, nodes):
         key_file = root / "network.key"
         write_network_key(key_file)
         common = ["--network-key-file", str(key_file)]
