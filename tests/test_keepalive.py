@@ -19,6 +19,7 @@ from latticed.net.gossip import PEER_TIMEOUT_S, PING_INTERVAL_S, Gossip
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import HELLO, PROTOCOL_VERSION, ReplicationSession
+from latticed.retention_service import RetentionService
 from latticed.storage.engine import Engine
 from latticed.threadname import name_os_thread
 from latticed.ticks import next_tick, shared_period, sleep_until_tick
@@ -195,3 +196,27 @@ async def test_the_storage_thread_is_named(tmp_path: Path) -> None:
     assert "ld-storage" not in comms()
     async with Engine.open(tmp_path, Identity.from_seed(b"s" * 32)):
         assert "ld-storage" in comms()
+
+
+class _Rounds(RetentionService):
+    """Retention's timer with its work replaced by noting when each round ran."""
+
+    def __init__(self, interval_s: float) -> None:
+        super().__init__(engine=None, interval_s=interval_s)  # type: ignore[arg-type]
+        self.rounds: list[float] = []
+
+    def check_all(self) -> None:
+        self.rounds.append(trio.current_time())
+
+    async def purge_kv(self) -> int:
+        return 0
+
+
+async def test_retention_checks_every_interval_on_the_shared_tick(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    service = _Rounds(10.0)
+    await trio.sleep(3.7)
+    with trio.move_on_after(60):
+        await service._timer()
+    assert service.rounds == [3.7, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0]  # at once, then on the tick
