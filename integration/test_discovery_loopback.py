@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -322,3 +323,15 @@ async def test_run_discovery_rejects_bad_arguments_before_touching_the_network(
     args.update(overrides)
     with pytest.raises(MalformedError):
         await run_discovery(**args)
+
+
+@trio_test
+async def test_zeroconf_threads_are_named() -> None:
+    """``top -H`` and bench/bench_idle.py tell zeroconf's threads from the daemon's by their names."""
+    node = Node("a", secrets.token_bytes(32))
+    with trio.fail_after(DISCOVERY_TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await start_all(nursery, [node])
+            comms = [p.read_text().strip() for p in Path("/proc/self/task").glob("*/comm")]
+            nursery.cancel_scope.cancel()
+    assert comms.count("ld-zeroconf") >= 2  # its event loop and the browser's thread

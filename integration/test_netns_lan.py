@@ -39,8 +39,8 @@ REPLICATION_TIMEOUT_S = 15.0
 #: How long h3 stays cut off while we check that h1's new records do not reach it.
 PARTITION_HOLD_S = 3.0
 #: Bound for convergence after the heal (measured: 0.3-0.5 s). Links survive a partition this short (gossip
-#: gives a silent peer 20-25 s), so this is TCP retransmission, not a reconnect. Known limitation: after a
-#: 13-25 s partition the stalled link is kept until gossip's silence timeout while fresh connections are
+#: gives a silent peer 30-40 s), so this is TCP retransmission, not a reconnect. Known limitation: after a
+#: 20-40 s partition the stalled link is kept until gossip's silence timeout while fresh connections are
 #: closed as ``peer.duplicate``, so convergence took ~11 s after the heal; after long ones, dial backoff
 #: (up to 300 s) decides.
 HEAL_TIMEOUT_S = 20.0

@@ -61,6 +61,7 @@ from latticed.storage.keyfile import load_or_create_identity
 from latticed.storage.lockfile import DataDirLock
 from latticed.storage.sealer import sealer_of
 from latticed.storage.wiring import ChangeFanout, OwnerFence
+from latticed.ticks import shared_period, sleep_until_tick
 
 log = get_logger(__name__)
 
@@ -250,10 +251,13 @@ async def _stop_on_signal(
 
 
 async def _watchdog(notifier: Notifier, interval: float) -> None:
-    """Ping systemd while the event loop runs; a wedged loop stops the pings and gets us restarted."""
+    """Ping systemd while the event loop runs; a wedged loop stops the pings and gets us restarted. At
+    least every ``interval`` seconds, on the shared tick where it allows (``WatchdogSec=30``: every 10 s),
+    so the pings cost no wake-up of their own."""
+    period = shared_period(interval)
     while True:
         notifier.watchdog()
-        await trio.sleep(interval)
+        await sleep_until_tick(period)
 
 
 __all__ = ["RunningDaemon", "run_daemon"]

@@ -22,6 +22,7 @@ from latticed.crdt.head import KIND_QUEUE, QueueKind
 from latticed.crdt.queue import QueueState
 from latticed.diskspace import DiskUsage, disk_is_low, disk_usage
 from latticed.logs import get_logger, log_event
+from latticed.ticks import sleep_until_tick
 
 log = get_logger(__name__)
 
@@ -150,7 +151,7 @@ class Health:
         self.record(await trio.to_thread.run_sync(self._sample))
         task_status.started()
         while True:
-            await trio.sleep(self.interval)
+            await sleep_until_tick(self.interval)  # with the daemon's other periodic jobs
             self.record(await trio.to_thread.run_sync(self._sample))
 
     def disk_status(self) -> dict[str, Any] | None:

@@ -43,6 +43,7 @@ from latticed.storage.engine import Engine
 from latticed.storage.jobs import WriterView
 from latticed.storage.kvcompact import CompactKv, worth_compacting
 from latticed.storage.wiring import ChangeFanout
+from latticed.ticks import sleep_until_tick
 
 log = get_logger(__name__)
 
@@ -217,7 +218,7 @@ class RetentionService:
                     exc_info=False if expected else exc,
                     error=str(exc),
                 )
-            await trio.sleep(self.interval_s)
+            await sleep_until_tick(self.interval_s)  # with the daemon's other periodic jobs
 
     async def _worker(self) -> None:
         while True:

@@ -185,7 +185,10 @@ async def run_discovery(
             trio.from_thread.run_sync(forward, state_change, name, trio_token=token)
 
     try:
-        zc, browser = await trio.to_thread.run_sync(_open_zeroconf, bind, on_change)
+        # Zeroconf's own threads (its event loop, the browser's) inherit this name from the worker.
+        zc, browser = await trio.to_thread.run_sync(
+            _open_zeroconf, bind, on_change, thread_name="ld-zeroconf"
+        )
     except OSError as error:
         raise MalformedError(f"config key 'mdns_interfaces': cannot run mDNS on {bind}: {error}") from error
     registered: ServiceInfo | None = None

@@ -37,6 +37,7 @@ from latticed.crdt.queue import QueueDelta, Summary, VerifiedDelta
 from latticed.errors import ConnectionClosedError, IntegrityError, LatticedError, ProtocolError
 from latticed.logs import get_logger, log_event
 from latticed.net.transport import SecureStream
+from latticed.protocol.handshake import Role
 from latticed.protocol.replication import (
     DEFAULT_MAX_PEER_KEYS,
     DeltaReceived,
@@ -47,13 +48,19 @@ from latticed.protocol.replication import (
     ReplicationSession,
     key_label,
 )
+from latticed.ticks import TICK_S, sleep_until_tick
 
 log = get_logger(__name__)
 
-PING_INTERVAL_S = 5.0
-PEER_TIMEOUT_S = 20.0
+#: Keep-alive tick: every link of the daemon is looked at on the same tick (:mod:`latticed.ticks`), so an
+#: idle daemon wakes once per tick for all its links. The side that dialled sends a PING unless the link
+#: carried messages both ways within the last half tick; the side that accepted only answers. Either way
+#: each end of a healthy link hears the other at least every 1.5 ticks (docs/operations.md, "Dead peers").
+PING_INTERVAL_S = TICK_S
+#: A link silent for longer is closed at the next tick: a dead peer is noticed 30-40 s after its last word.
+PEER_TIMEOUT_S = 30.0
 #: A peer that takes none of what we send for this long is dropped (see :class:`SecureStream`).
-SEND_TIMEOUT_S = PEER_TIMEOUT_S
+SEND_TIMEOUT_S = 20.0
 #: The reader stops reading a peer while this much of our answers to it waits to be sent.
 MAX_OUTBOX_BYTES = 1 << 20
 #: What we remember of peers between their connections (digests then carry only changes): at most this
@@ -65,7 +72,7 @@ MAX_MEMORY_ENTRIES = 1 << 17
 MEMORY_TTL_S = 3600.0
 #: A received delta of at most this many records is stored after the previous one (see ``_verifier``).
 SERIAL_MERGE_RECORDS = 64
-#: Both ends ping every PING_INTERVAL_S, so a healthy link is never silent this long.
+#: A healthy link is never silent this long (see :data:`PING_INTERVAL_S`).
 STALE_AFTER_S = 2 * PING_INTERVAL_S
 #: A peer that claims records of one of our own queues, while we catch up nothing of them for this long,
 #: stops holding back our writes to it (see :meth:`Gossip.behind_reason`).
@@ -134,6 +141,8 @@ class PeerLink:
     #: Set when the driver took what waited to be sent: a reader paused by backpressure may go on.
     drained: trio.Event = field(default_factory=trio.Event)
     last_heard: float = 0.0
+    #: When we last sent it something (trio time): traffic makes a keep-alive unnecessary.
+    last_sent: float = 0.0
     connected_at: float = 0.0
     #: Messages of the :class:`LinkExtension`, sent by the driver after the session's.
     extra_out: list[bytes] = field(default_factory=list)
@@ -317,7 +326,7 @@ class Gossip:
                     nursery.start_soon(self._driver, stream, link, nursery.cancel_scope, to_verify)
                     nursery.start_soon(self._verifier, link, verify_queue, to_ack)
                     nursery.start_soon(self._acker, link, ack_queue)
-                    nursery.start_soon(self._pinger, link, nursery.cancel_scope)
+                    nursery.start_soon(self._pinger, link, stream.handshake.role is Role.INITIATOR)
             except BaseExceptionGroup as group:
                 raise _first_error(group) from group
         except IntegrityError as exc:
@@ -414,6 +423,7 @@ class Gossip:
             link.extra_out = []
         link.drained.set()
         if messages:
+            link.last_sent = trio.current_time()
             await stream.send_many(messages)  # one write for all of them (each its own frame)
 
     async def _verifier(
@@ -460,13 +470,19 @@ class Gossip:
                 self.local_change(event.key, summary, source=link.public_key)
             link.kick()
 
-    async def _pinger(self, link: PeerLink, scope: trio.CancelScope) -> None:
+    async def _pinger(self, link: PeerLink, dialled: bool) -> None:
+        """Keep-alive and dead-peer check of one link, on the daemon's shared tick (see
+        :data:`PING_INTERVAL_S`). Only the dialling side pings: both doing so would double the messages
+        and the wake-ups at each end for no better detection."""
         while True:
-            await trio.sleep(PING_INTERVAL_S)
-            if trio.current_time() - link.last_heard > PEER_TIMEOUT_S:
+            await sleep_until_tick(PING_INTERVAL_S)
+            now = trio.current_time()
+            if now - link.last_heard > PEER_TIMEOUT_S:
                 raise ConnectionClosedError(f"peer silent for over {PEER_TIMEOUT_S:.0f} s")
-            link.session.ping(next(self._nonces))
-            link.kick()
+            quiet = PING_INTERVAL_S / 2
+            if dialled and (now - link.last_sent >= quiet or now - link.last_heard >= quiet):
+                link.session.ping(next(self._nonces))
+                link.kick()
 
     def _recall(self, peer: bytes) -> PeerMemory | None:
         """What we remember of ``peer`` (taken: its session remembers anew when it ends)."""

@@ -41,6 +41,7 @@ from latticed.storage.batch import Batch, appended_since
 from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
 from latticed.storage.store import Store
+from latticed.threadname import name_os_thread
 
 log = get_logger(__name__)
 
@@ -217,6 +218,7 @@ class Writer:
         return self._by_qid.get(qid)
 
     def _main(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        name_os_thread("ld-storage")  # else it shows under the name of the trio worker that started it
         try:
             self.open()
         except BaseException as exc:
