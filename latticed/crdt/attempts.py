@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -269,15 +269,7 @@ def dead_letter_record(original: Record, info: DeadLetterInfo) -> Record:
     A previous ``x-dlq`` header (a redriven dead letter failing again) is replaced; if the original
     already has the maximum number of headers, the last ones are dropped to make room.
     """
-    info = DeadLetterInfo(
-        info.source,
-        info.offset,
-        info.attempts,
-        info.correlation_id,
-        info.reason,
-        info.dead_at_ms,
-        tuple(info.history[-MAX_HISTORY:]),
-    )
+    info = replace(info, history=tuple(info.history[-MAX_HISTORY:]))
     kept = [h for h in original.headers if h[0] not in (DLQ_HEADER, CORRELATION_HEADER)]
     del kept[MAX_HEADERS - 2 :]
     headers = (*kept, (CORRELATION_HEADER, info.correlation_id.encode()), (DLQ_HEADER, _info_to_wire(info)))
