@@ -238,3 +238,48 @@ def test_two_histories_join_without_losing_what_the_kept_head_vouches_for(
         for side in (a, b):
             if joined.head == side.head:
                 assert joined.held_end >= side.held_end
+
+
+def follower(states: list[QueueState], chunk: int | None) -> QueueState:
+    """A replica that caught up (in chunks) after each of the owner's ``states`` in turn: it holds what the
+    owner holds, but its records may be vouched by an older head than the owner's (say, the head they
+    came with, when a truncation arrived later as a head alone)."""
+    replica = core.empty_state(OWNER.public_key, "q")
+    for state in states:
+        for _ in range(1000):
+            after = core.merge(replica, core.delta(state, replica.summary(), max_records=chunk))
+            if after.summary() == replica.summary():
+                break
+            replica = after
+    return replica
+
+
+@SETTINGS
+@given(
+    st.lists(step, min_size=1, max_size=8),
+    st.lists(step, min_size=1, max_size=4),
+    st.integers(0, 8),
+    st.sampled_from([None, 1, 3]),
+)
+@example(first=[("offer", 1), ("offer", 1), ("truncate", 0)], second=[("offer", 1)], fork_at=1, chunk=None)
+def test_a_join_depends_on_values_not_on_which_heads_vouch_for_them(
+    first: list[tuple[str, int | str]], second: list[tuple[str, int | str]], fork_at: int, chunk: int | None
+) -> None:
+    """The owner and a replica that followed it hold the same value, each with its own vouching heads (a
+    transport aid, not part of the value). Joined with a second history of a forked owner, they must
+    still agree: when both histories reach the same end, which records are kept may not hang on the
+    heads (it did: the owner's newer truncation head kept its records, the replica's older head lost to
+    the other history's, and two honest replicas kept different records for good). Whether the join
+    flags the fork may differ: the evidence is a pair of heads, and only a side that still holds one of
+    them sees it (replication then passes the flag on)."""
+    states = history(first)
+    owner = states[-1]
+    replica = follower(states, chunk)
+    assert replica == owner
+    other = _continue(states[fork_at % len(states)], second, b"twin")
+
+    def value(state: QueueState) -> tuple[object, ...]:
+        return (state.head, state.entries, state.meta, state.start)
+
+    assert value(merged(owner, other)) == value(merged(replica, other))
+    assert value(merged(other, owner)) == value(merged(other, replica))

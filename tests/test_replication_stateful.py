@@ -215,3 +215,26 @@ def test_a_fork_of_one_version_settles_whichever_head_has_fewer_records() -> Non
     ]:
         step()
     machine.teardown()
+
+
+def test_a_fork_that_reaches_the_same_end_settles_on_the_same_records_everywhere() -> None:
+    """A run hypothesis found: Alice's old copy at version 3 signs two records at 2 and 3 and hands them to
+    node 1, where every node holds the main history's 2 and 3 under her truncation head (version 5). Both
+    runs end at 4; the join kept the one whose vouching head was newer, and the owner's node vouches for
+    its records with the truncation head while the others hold the older head they came with, so node 0
+    kept the main history and every other node the second one, for good."""
+    machine = Replication()
+    quiet = machine.network_goes_quiet
+    for step in [
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_truncates(ALICE, "q", 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_writes(ALICE, "q", 1),
+        lambda: machine.owner_writes(ALICE, "q", 2),
+        quiet,
+        lambda: machine.owner_truncates(ALICE, "q", 1),
+        quiet,
+        lambda: machine.owner_forks(_Drawn(4), "q", 1, 2),
+    ]:
+        step()
+    machine.teardown()

@@ -865,9 +865,12 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
                 proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
 
     # 3. Keep the longest run through the newest head's start, with the chain value that head signs
-    #    there (ties: the higher tip), or through our own floor above it: a join never brings back what
-    #    this replica dropped. A run past that start with another value there is another history: a proof
-    #    of the fork, never a reason to keep fewer records than either side held.
+    #    there, or through our own floor above it: a join never brings back what this replica dropped. A
+    #    run past that start with another value there is another history: a proof of the fork, never a
+    #    reason to keep fewer records than either side held. Two histories of one length: the higher chain
+    #    value at their end, which the records alone decide. Not the higher tip: which head vouches for
+    #    the same records differs between replicas (the owner's truncation head, a replica's older one),
+    #    so replicas holding one value would keep different histories (the tip only breaks exact ties).
     start = head.start
     floor = state.floor if state.floor > start else 0
     through: list[_Run] = []
@@ -886,7 +889,10 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
     tip: SignedHead | None = None
     checkpoints: tuple[SignedHead, ...] = ()
     if through:
-        best = max(through, key=lambda r: (r.end, r.tip.sort_key if r.tip else (-1, b"")))
+        best = max(
+            through,
+            key=lambda r: (r.end, r.chain_at(r.end) or b"", r.tip.sort_key if r.tip else (-1, b"")),
+        )
         entries, tip = best.entries.drop(start - best.start), best.tip
         checkpoints = _checkpoints(best, start, start + len(entries))
     return QueueState(
