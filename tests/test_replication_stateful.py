@@ -238,3 +238,26 @@ def test_a_fork_that_reaches_the_same_end_settles_on_the_same_records_everywhere
     ]:
         step()
     machine.teardown()
+
+
+def test_a_forked_queue_streams_in_chunks_every_peer_accepts() -> None:
+    """A run hypothesis found: node 3 holds Alice's second history (versions 2 and 3 start at 0) while the
+    others hold her truncated main one, whose head 2 starts at 1. Node 0 came to hold that head among
+    its checkpoints inside a run from 0, and cut a chunk of 3 records from 0 ending at it; the chunk does
+    not verify (the head vouches for records from 1 on), so node 1 refused it as tampered."""
+    machine = Replication()
+    quiet = machine.network_goes_quiet
+    for step in [
+        lambda: machine.owner_writes(ALICE, "r", 3),
+        lambda: machine.daemon_restarts(3),
+        lambda: machine.owner_writes(BOB, "q", 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_truncates(ALICE, "r", 1),
+        lambda: machine.owner_forks(_Drawn(1), "r", 3, 1),
+        quiet,
+        lambda: machine.daemon_restarts(1),
+        lambda: machine.daemon_restarts(0),
+        lambda: machine.owner_forks(_Drawn(3), "r", 3, 1),
+    ]:
+        step()
+    machine.teardown()

@@ -597,7 +597,7 @@ def _read_within_bytes(
 
     Reads piece by piece between checkpoints, guessing from the sizes seen so far how many pieces still
     fit, so a long backlog of big records costs about one chunk of reading, not the whole backlog."""
-    by_end = {c.end: c for c in state.checkpoints if from_offset < c.end < end}
+    by_end = {c.end: c for c in state.checkpoints if from_offset < c.end < end and c.start <= from_offset}
     bounds = [*sorted(by_end), end]
     pieces: list[Sequence[Record]] = []
     total = 0
@@ -646,9 +646,12 @@ def _read_within_bytes(
 
 
 def _checkpoint_for_chunk(state: QueueState, from_offset: int, max_records: int) -> SignedHead | None:
+    """The checkpoint a chunk from ``from_offset`` ends at. Only one that starts at or before it: a head
+    vouches for records from its own start on (:func:`verify_delta` insists), and a forked queue can hold
+    a truncation head of one history inside a run that the other history's head starts lower."""
     best: SignedHead | None = None
     for checkpoint in state.checkpoints:
-        if checkpoint.end <= from_offset:
+        if checkpoint.end <= from_offset or checkpoint.start > from_offset:
             continue
         if checkpoint.end - from_offset > max_records and best is not None:
             break
