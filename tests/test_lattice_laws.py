@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from latticed.crdt import kv as kvcore
 from latticed.crdt import queue as core
+from latticed.crdt.head import meta_hash
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
@@ -285,20 +286,12 @@ def test_a_join_depends_on_values_not_on_which_heads_vouch_for_them(
     assert value(merged(other, owner)) == value(merged(other, replica))
 
 
-#: The second history changes no metadata: two histories that set it at one metadata version are
-#: test_metadata_of_two_histories_at_one_version below.
-records_step = st.one_of(
-    st.tuples(st.just("offer"), st.integers(1, 6)),
-    st.tuples(st.just("truncate"), st.integers(0, 4)),
-)
-
-
 @st.composite
 def forked_joins(draw: st.DrawFn) -> QueueState:
     """What a replica of a forked owner can hold: owner states and followers of two histories, joined in
     any shape (joins of joins: a replica's delta carries the heads its own joins kept)."""
     states = history(draw(st.lists(step, min_size=1, max_size=8)))
-    second = draw(st.lists(records_step, min_size=1, max_size=4))
+    second = draw(st.lists(step, min_size=1, max_size=4))
     base = states[draw(st.integers(0, len(states) - 1))]
     others = [base] + [_continue(base, second[:n], b"twin") for n in range(1, len(second) + 1)]
     pool: list[QueueState] = []
@@ -357,3 +350,19 @@ def test_a_chunk_of_a_forked_join_never_ends_at_a_head_that_starts_past_it() -> 
     for chunk, max_bytes in ((3, None), (None, 8), (2, 5)):
         fresh = catch_up(core.empty_state(OWNER.public_key, "q"), joined, chunk, max_bytes)
         assert (fresh.head, fresh.entries) == (joined.head, joined.entries)
+
+
+def test_a_head_whose_metadata_a_delta_left_out_is_not_kept() -> None:
+    """Two histories set metadata at one version. A delta cut from the replica's summary leaves the
+    metadata out (the summary names its version, not its hash); the join took the newer head with the
+    replica's own metadata, a state whose every delta failed verification at every peer. Now it keeps
+    its own head, flags the fork, and serves deltas that verify; given the metadata, it takes the head."""
+    main = history([("offer", 1), ("meta", "a")])
+    twin = _continue(main[1], [("meta", "a")], b"twin")
+    for ours, theirs in ((main[-1], twin), (twin, main[-1])):
+        replica = catch_up(ours, theirs, None)
+        assert replica.forked and replica.head is not None
+        assert meta_hash(dict(replica.meta)) == replica.head.meta_hash
+        fresh = catch_up(core.empty_state(OWNER.public_key, "q"), replica, None)
+        assert (fresh.head, fresh.meta) == (replica.head, replica.meta)
+        assert merged(replica, theirs) == merged(ours, theirs)  # the whole state carries its metadata

@@ -261,3 +261,30 @@ def test_a_forked_queue_streams_in_chunks_every_peer_accepts() -> None:
     ]:
         step()
     machine.teardown()
+
+
+def test_two_histories_that_set_metadata_at_one_version_leave_no_replica_unservable() -> None:
+    """Alice's two copies set metadata at one version. A replica took the newer head with its own
+    metadata (a delta leaves out metadata of the version the peer's summary names) and then served
+    deltas no peer could verify. Now every replica flags the fork, holds the same records, and keeps a
+    head with its own metadata (which of the two heads of that version may differ: docs/lattice.md)."""
+    base = core.commit(core.empty_state(ALICE.public_key, "q"), ALICE, now_ms=1, records=[Record(value=b"x")])
+    for n in range(4):
+        one = core.commit(base, ALICE, now_ms=2, meta_updates={"k": f"one {n}"})
+        two = core.commit(base, ALICE, now_ms=2, meta_updates={"k": f"two {n}"})
+        net = SimNetwork(window=3, depth=2, max_records=3, remember=True)
+        for name in range(3):
+            net.add(name)
+        net.nodes[0].inject(one)
+        net.nodes[2].inject(two)
+        net.connect(0, 1)
+        net.connect(1, 2)
+        net.run_until_quiet(max_rounds=200)
+        assert net.quiet()
+        held = [node.states[(ALICE.public_key, "q", 0)] for node in net.nodes.values()]
+        for state in held:
+            assert state.forked and state.head is not None
+            assert core.meta_hash(dict(state.meta)) == state.head.meta_hash
+            assert (state.summary(), state.entries) == (held[0].summary(), held[0].entries)
+            for other in held:
+                core.merge(other, core.delta(state, other.summary()))  # verifies, or raises

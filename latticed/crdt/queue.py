@@ -820,13 +820,14 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
         for y in theirs:
             if heads_conflict(x, y):
                 proof = better_proof(proof, two_head_proof(owner, name, kind, x, y))
-    if state.head is None or d.head.sort_key > state.head.sort_key:
-        if d.meta is None and (state.head is None or d.head.meta_version != state.head.meta_version):
+    ours_head = state.head
+    if ours_head is not None and (d.head.sort_key <= ours_head.sort_key or _withheld_meta(ours_head, d)):
+        head, meta = ours_head, state.meta
+    else:
+        if d.meta is None and (ours_head is None or d.head.meta_version != ours_head.meta_version):
             raise GapError("delta lacks metadata this replica does not have")
         head = d.head
         meta = d.meta if d.meta is not None else state.meta
-    else:
-        head, meta = state.head, state.meta
 
     # 2. Runs of records: ours, theirs, and both joined where they meet and agree.
     runs: list[_Run] = []
@@ -912,6 +913,16 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
         floor,
         state.floor_hash if floor else b"",
     )
+
+
+def _withheld_meta(ours: SignedHead, d: QueueDelta) -> bool:
+    """A newer head whose metadata the delta left out though ours is not it: the other history's metadata
+    of the same version, left out by a sender that took ours for its own (a summary names the version,
+    not the hash). A head whose metadata we lack is not ours to keep: the join keeps our head, the two
+    heads prove the fork, and the sender then offers its head with its metadata (replication.py: an
+    unsettled fork, or its whole run once a delta changed nothing)."""
+    assert d.head is not None
+    return d.meta is None and d.head.meta_version == ours.meta_version and d.head.meta_hash != ours.meta_hash
 
 
 def _checkpoints(run: _Run, start: int, held_end: int) -> tuple[SignedHead, ...]:
