@@ -366,3 +366,18 @@ def test_a_head_whose_metadata_a_delta_left_out_is_not_kept() -> None:
         fresh = catch_up(core.empty_state(OWNER.public_key, "q"), replica, None)
         assert (fresh.head, fresh.meta) == (replica.head, replica.meta)
         assert merged(replica, theirs) == merged(ours, theirs)  # the whole state carries its metadata
+
+
+def test_a_chunk_ends_at_a_head_that_vouches_for_it_from_its_first_record() -> None:
+    """The shape of a run hypothesis found in tests/test_replication_stateful.py: a replica of the main
+    history (head 5 starts at 0) takes the next record of a second history that truncated to 2 (its head
+    4 starts there). The joined run [0, 5) ends at that head, which vouches for records from 2 on only,
+    and every delta cut from 0 ended at it: every peer refused it as tampered and never caught up."""
+    main = history([("offer", 3), ("offer", 1), ("truncate", 0), ("truncate", 0), ("truncate", 0)])
+    twin = _continue(main[2], [("truncate", 2), ("offer", 1)], b"twin")
+    joined = catch_up(follower(main, None), twin, None)
+    assert joined.head == main[-1].head and joined.start == 0 and joined.held_end == 5
+    assert joined.tip is not None and joined.tip.start == 2
+    for chunk in (None, 1, 3):
+        fresh = catch_up(core.empty_state(OWNER.public_key, "q"), joined, chunk)
+        assert (fresh.head, fresh.entries) == (joined.head, joined.entries)

@@ -538,6 +538,8 @@ def delta(
         cut = _checkpoint_for_chunk(state, from_offset, max_records)
         if cut is not None:
             tip, end = cut, cut.end
+    if tip is not None and tip.start > from_offset and end > from_offset:
+        tip, end = _voucher_from(state, from_offset, end, tip)
     send_meta = since is None or since.meta_version != head.meta_version
     records: Sequence[Record] = ()
     checkpoints: tuple[SignedHead, ...] = ()
@@ -643,6 +645,19 @@ def _read_within_bytes(
     else:
         records = tuple(r for p in pieces for r in p)
     return records, (None if pos == end else by_end[pos])
+
+
+def _voucher_from(state: QueueState, from_offset: int, end: int, tip: SignedHead) -> tuple[SignedHead, int]:
+    """A head that vouches for a chunk from ``from_offset``, for a ``tip`` that starts past it: a head
+    vouches for records from its own start on (:func:`verify_delta` insists), and a forked queue's run
+    can end at a head of the other history that starts higher (its records joined onto ours). Another
+    head at ``end`` that starts low enough, else the chunk ends at the last one before it (the next
+    chunk starts there); none: ``tip`` as it is."""
+    fits = [c for c in state.checkpoints if c.start <= from_offset < c.end <= end]
+    if not fits:
+        return tip, end
+    best = max(fits, key=lambda c: (c.end, c.sort_key))
+    return best, best.end
 
 
 def _checkpoint_for_chunk(state: QueueState, from_offset: int, max_records: int) -> SignedHead | None:
