@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from latticed.crdt import kv as kvcore
 from latticed.crdt import queue as core
+from latticed.crdt.head import meta_hash
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
@@ -238,3 +239,145 @@ def test_two_histories_join_without_losing_what_the_kept_head_vouches_for(
         for side in (a, b):
             if joined.head == side.head:
                 assert joined.held_end >= side.held_end
+
+
+def follower(states: list[QueueState], chunk: int | None) -> QueueState:
+    """A replica that caught up (in chunks) after each of the owner's ``states`` in turn: it holds what the
+    owner holds, but its records may be vouched by an older head than the owner's (say, the head they
+    came with, when a truncation arrived later as a head alone)."""
+    replica = core.empty_state(OWNER.public_key, "q")
+    for state in states:
+        for _ in range(1000):
+            after = core.merge(replica, core.delta(state, replica.summary(), max_records=chunk))
+            if after.summary() == replica.summary():
+                break
+            replica = after
+    return replica
+
+
+@SETTINGS
+@given(
+    st.lists(step, min_size=1, max_size=8),
+    st.lists(step, min_size=1, max_size=4),
+    st.integers(0, 8),
+    st.sampled_from([None, 1, 3]),
+)
+@example(first=[("offer", 1), ("offer", 1), ("truncate", 0)], second=[("offer", 1)], fork_at=1, chunk=None)
+def test_a_join_depends_on_values_not_on_which_heads_vouch_for_them(
+    first: list[tuple[str, int | str]], second: list[tuple[str, int | str]], fork_at: int, chunk: int | None
+) -> None:
+    """The owner and a replica that followed it hold the same value, each with its own vouching heads (a
+    transport aid, not part of the value). Joined with a second history of a forked owner, they must
+    still agree: when both histories reach the same end, which records are kept may not hang on the
+    heads (it did: the owner's newer truncation head kept its records, the replica's older head lost to
+    the other history's, and two honest replicas kept different records for good). Whether the join
+    flags the fork may differ: the evidence is a pair of heads, and only a side that still holds one of
+    them sees it (replication then passes the flag on)."""
+    states = history(first)
+    owner = states[-1]
+    replica = follower(states, chunk)
+    assert replica == owner
+    other = _continue(states[fork_at % len(states)], second, b"twin")
+
+    def value(state: QueueState) -> tuple[object, ...]:
+        return (state.head, state.entries, state.meta, state.start)
+
+    assert value(merged(owner, other)) == value(merged(replica, other))
+    assert value(merged(other, owner)) == value(merged(other, replica))
+
+
+@st.composite
+def forked_joins(draw: st.DrawFn) -> QueueState:
+    """What a replica of a forked owner can hold: owner states and followers of two histories, joined in
+    any shape (joins of joins: a replica's delta carries the heads its own joins kept)."""
+    states = history(draw(st.lists(step, min_size=1, max_size=8)))
+    second = draw(st.lists(step, min_size=1, max_size=4))
+    base = states[draw(st.integers(0, len(states) - 1))]
+    others = [base] + [_continue(base, second[:n], b"twin") for n in range(1, len(second) + 1)]
+    pool: list[QueueState] = []
+    for _ in range(draw(st.integers(2, 4))):
+        line = draw(st.sampled_from([states, others]))
+        upto = draw(st.integers(1, len(line)))
+        since = draw(st.integers(0, upto - 1))  # a replica that started following there
+        chunk = draw(st.sampled_from([None, 1, 3]))
+        pool.append(line[upto - 1] if draw(st.booleans()) else follower(line[since:upto], chunk))
+    while len(pool) > 1:
+        a = pool.pop(draw(st.integers(0, len(pool) - 1)))
+        b = pool.pop(draw(st.integers(0, len(pool) - 1)))
+        pool.append(catch_up(a, b, draw(st.sampled_from([None, 1, 3]))))
+    return pool[0]
+
+
+def catch_up(
+    replica: QueueState, state: QueueState, chunk: int | None, max_bytes: int | None = None
+) -> QueueState:
+    """``replica`` after taking what it lacks of ``state`` in deltas cut from its summary, as a peer
+    sends them (a delta that extends the replica's run adds the heads it carries to the replica's)."""
+    for _ in range(1000):
+        piece = core.delta(state, replica.summary(), max_records=chunk, max_bytes=max_bytes)
+        after = core.merge(replica, piece)
+        if after.summary() == replica.summary():
+            break
+        replica = after
+    return replica
+
+
+@SETTINGS
+@given(forked_joins(), st.sampled_from([1, 2, 3]), st.sampled_from([None, 1, 8]))
+def test_a_forked_join_streams_in_chunks_that_verify(
+    joined: QueueState, chunk: int, max_bytes: int | None
+) -> None:
+    """Whatever a replica of a forked owner holds, a replica catching up from nothing in chunks (by
+    records and by bytes) gets it, every chunk verifying (the next test is a case this did not find)."""
+    replica = catch_up(core.empty_state(OWNER.public_key, "q"), joined, chunk, max_bytes)
+    assert (replica.head, replica.entries, replica.meta) == (joined.head, joined.entries, joined.meta)
+
+
+def test_a_chunk_of_a_forked_join_never_ends_at_a_head_that_starts_past_it() -> None:
+    """A run hypothesis found in tests/test_replication_stateful.py: a replica of the truncated main
+    history (head 2 starts at 1) takes the second history's version 2 (which starts at 0) and keeps head
+    2 of the main one, with both heads among its checkpoints; the second history's version 3 then takes
+    its records and checkpoints. Both version-2 heads end at 3, and a chunk of 3 records from 0 ended at
+    the one that starts at 1: it vouches for records from 1 on only, so every peer refused the chunk as
+    tampered and never caught up."""
+    main = history([("offer", 3), ("truncate", 1)])
+    second = _continue(main[1], [("offer", 1)], b"twin")
+    third = _continue(main[1], [("offer", 1), ("offer", 1)], b"twin")
+    replica = catch_up(follower(main[2:], None), second, None)
+    assert replica.head == main[2].head and main[2].head in replica.checkpoints
+    joined = catch_up(third, replica, None)
+    assert main[2].head in joined.checkpoints and joined.start == 0
+    for chunk, max_bytes in ((3, None), (None, 8), (2, 5)):
+        fresh = catch_up(core.empty_state(OWNER.public_key, "q"), joined, chunk, max_bytes)
+        assert (fresh.head, fresh.entries) == (joined.head, joined.entries)
+
+
+def test_a_head_whose_metadata_a_delta_left_out_is_not_kept() -> None:
+    """Two histories set metadata at one version. A delta cut from the replica's summary leaves the
+    metadata out (the summary names its version, not its hash); the join took the newer head with the
+    replica's own metadata, a state whose every delta failed verification at every peer. Now it keeps
+    its own head, flags the fork, and serves deltas that verify; given the metadata, it takes the head."""
+    main = history([("offer", 1), ("meta", "a")])
+    twin = _continue(main[1], [("meta", "a")], b"twin")
+    for ours, theirs in ((main[-1], twin), (twin, main[-1])):
+        replica = catch_up(ours, theirs, None)
+        assert replica.forked and replica.head is not None
+        assert meta_hash(dict(replica.meta)) == replica.head.meta_hash
+        fresh = catch_up(core.empty_state(OWNER.public_key, "q"), replica, None)
+        assert (fresh.head, fresh.meta) == (replica.head, replica.meta)
+        assert merged(replica, theirs) == merged(ours, theirs)  # the whole state carries its metadata
+
+
+def test_a_chunk_ends_at_a_head_that_vouches_for_it_from_its_first_record() -> None:
+    """The shape of a run hypothesis found in tests/test_replication_stateful.py: a replica of the main
+    history (head 5 starts at 0) takes the next record of a second history that truncated to 2 (its head
+    4 starts there). The joined run [0, 5) ends at that head, which vouches for records from 2 on only,
+    and every delta cut from 0 ended at it: every peer refused it as tampered and never caught up."""
+    main = history([("offer", 3), ("offer", 1), ("truncate", 0), ("truncate", 0), ("truncate", 0)])
+    twin = _continue(main[2], [("truncate", 2), ("offer", 1)], b"twin")
+    joined = catch_up(follower(main, None), twin, None)
+    assert joined.head == main[-1].head and joined.start == 0 and joined.held_end == 5
+    assert joined.tip is not None and joined.tip.start == 2
+    for chunk in (None, 1, 3):
+        fresh = catch_up(core.empty_state(OWNER.public_key, "q"), joined, chunk)
+        assert (fresh.head, fresh.entries) == (joined.head, joined.entries)

@@ -215,3 +215,76 @@ def test_a_fork_of_one_version_settles_whichever_head_has_fewer_records() -> Non
     ]:
         step()
     machine.teardown()
+
+
+def test_a_fork_that_reaches_the_same_end_settles_on_the_same_records_everywhere() -> None:
+    """A run hypothesis found: Alice's old copy at version 3 signs two records at 2 and 3 and hands them to
+    node 1, where every node holds the main history's 2 and 3 under her truncation head (version 5). Both
+    runs end at 4; the join kept the one whose vouching head was newer, and the owner's node vouches for
+    its records with the truncation head while the others hold the older head they came with, so node 0
+    kept the main history and every other node the second one, for good."""
+    machine = Replication()
+    quiet = machine.network_goes_quiet
+    for step in [
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_truncates(ALICE, "q", 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_writes(ALICE, "q", 1),
+        lambda: machine.owner_writes(ALICE, "q", 2),
+        quiet,
+        lambda: machine.owner_truncates(ALICE, "q", 1),
+        quiet,
+        lambda: machine.owner_forks(_Drawn(4), "q", 1, 2),
+    ]:
+        step()
+    machine.teardown()
+
+
+def test_a_forked_queue_streams_in_chunks_every_peer_accepts() -> None:
+    """A run hypothesis found: node 3 holds Alice's second history (versions 2 and 3 start at 0) while the
+    others hold her truncated main one, whose head 2 starts at 1. Node 0 came to hold that head among
+    its checkpoints inside a run from 0, and cut a chunk of 3 records from 0 ending at it; the chunk does
+    not verify (the head vouches for records from 1 on), so node 1 refused it as tampered."""
+    machine = Replication()
+    quiet = machine.network_goes_quiet
+    for step in [
+        lambda: machine.owner_writes(ALICE, "r", 3),
+        lambda: machine.daemon_restarts(3),
+        lambda: machine.owner_writes(BOB, "q", 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_truncates(ALICE, "r", 1),
+        lambda: machine.owner_forks(_Drawn(1), "r", 3, 1),
+        quiet,
+        lambda: machine.daemon_restarts(1),
+        lambda: machine.daemon_restarts(0),
+        lambda: machine.owner_forks(_Drawn(3), "r", 3, 1),
+    ]:
+        step()
+    machine.teardown()
+
+
+def test_two_histories_that_set_metadata_at_one_version_leave_no_replica_unservable() -> None:
+    """Alice's two copies set metadata at one version. A replica took the newer head with its own
+    metadata (a delta leaves out metadata of the version the peer's summary names) and then served
+    deltas no peer could verify. Now every replica flags the fork, holds the same records, and keeps a
+    head with its own metadata (which of the two heads of that version may differ: docs/lattice.md)."""
+    base = core.commit(core.empty_state(ALICE.public_key, "q"), ALICE, now_ms=1, records=[Record(value=b"x")])
+    for n in range(4):
+        one = core.commit(base, ALICE, now_ms=2, meta_updates={"k": f"one {n}"})
+        two = core.commit(base, ALICE, now_ms=2, meta_updates={"k": f"two {n}"})
+        net = SimNetwork(window=3, depth=2, max_records=3, remember=True)
+        for name in range(3):
+            net.add(name)
+        net.nodes[0].inject(one)
+        net.nodes[2].inject(two)
+        net.connect(0, 1)
+        net.connect(1, 2)
+        net.run_until_quiet(max_rounds=200)
+        assert net.quiet()
+        held = [node.states[(ALICE.public_key, "q", 0)] for node in net.nodes.values()]
+        for state in held:
+            assert state.forked and state.head is not None
+            assert core.meta_hash(dict(state.meta)) == state.head.meta_hash
+            assert (state.summary(), state.entries) == (held[0].summary(), held[0].entries)
+            for other in held:
+                core.merge(other, core.delta(state, other.summary()))  # verifies, or raises

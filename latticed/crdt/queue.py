@@ -538,6 +538,8 @@ def delta(
         cut = _checkpoint_for_chunk(state, from_offset, max_records)
         if cut is not None:
             tip, end = cut, cut.end
+    if tip is not None and tip.start > from_offset and end > from_offset:
+        tip, end = _voucher_from(state, from_offset, end, tip)
     send_meta = since is None or since.meta_version != head.meta_version
     records: Sequence[Record] = ()
     checkpoints: tuple[SignedHead, ...] = ()
@@ -597,7 +599,7 @@ def _read_within_bytes(
 
     Reads piece by piece between checkpoints, guessing from the sizes seen so far how many pieces still
     fit, so a long backlog of big records costs about one chunk of reading, not the whole backlog."""
-    by_end = {c.end: c for c in state.checkpoints if from_offset < c.end < end}
+    by_end = {c.end: c for c in state.checkpoints if from_offset < c.end < end and c.start <= from_offset}
     bounds = [*sorted(by_end), end]
     pieces: list[Sequence[Record]] = []
     total = 0
@@ -645,10 +647,26 @@ def _read_within_bytes(
     return records, (None if pos == end else by_end[pos])
 
 
+def _voucher_from(state: QueueState, from_offset: int, end: int, tip: SignedHead) -> tuple[SignedHead, int]:
+    """A head that vouches for a chunk from ``from_offset``, for a ``tip`` that starts past it: a head
+    vouches for records from its own start on (:func:`verify_delta` insists), and a forked queue's run
+    can end at a head of the other history that starts higher (its records joined onto ours). Another
+    head at ``end`` that starts low enough, else the chunk ends at the last one before it (the next
+    chunk starts there); none: ``tip`` as it is."""
+    fits = [c for c in state.checkpoints if c.start <= from_offset < c.end <= end]
+    if not fits:
+        return tip, end
+    best = max(fits, key=lambda c: (c.end, c.sort_key))
+    return best, best.end
+
+
 def _checkpoint_for_chunk(state: QueueState, from_offset: int, max_records: int) -> SignedHead | None:
+    """The checkpoint a chunk from ``from_offset`` ends at. Only one that starts at or before it: a head
+    vouches for records from its own start on (:func:`verify_delta` insists), and a forked queue can hold
+    a truncation head of one history inside a run that the other history's head starts lower."""
     best: SignedHead | None = None
     for checkpoint in state.checkpoints:
-        if checkpoint.end <= from_offset:
+        if checkpoint.end <= from_offset or checkpoint.start > from_offset:
             continue
         if checkpoint.end - from_offset > max_records and best is not None:
             break
@@ -817,13 +835,14 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
         for y in theirs:
             if heads_conflict(x, y):
                 proof = better_proof(proof, two_head_proof(owner, name, kind, x, y))
-    if state.head is None or d.head.sort_key > state.head.sort_key:
-        if d.meta is None and (state.head is None or d.head.meta_version != state.head.meta_version):
+    ours_head = state.head
+    if ours_head is not None and (d.head.sort_key <= ours_head.sort_key or _withheld_meta(ours_head, d)):
+        head, meta = ours_head, state.meta
+    else:
+        if d.meta is None and (ours_head is None or d.head.meta_version != ours_head.meta_version):
             raise GapError("delta lacks metadata this replica does not have")
         head = d.head
         meta = d.meta if d.meta is not None else state.meta
-    else:
-        head, meta = state.head, state.meta
 
     # 2. Runs of records: ours, theirs, and both joined where they meet and agree.
     runs: list[_Run] = []
@@ -865,9 +884,12 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
                 proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
 
     # 3. Keep the longest run through the newest head's start, with the chain value that head signs
-    #    there (ties: the higher tip), or through our own floor above it: a join never brings back what
-    #    this replica dropped. A run past that start with another value there is another history: a proof
-    #    of the fork, never a reason to keep fewer records than either side held.
+    #    there, or through our own floor above it: a join never brings back what this replica dropped. A
+    #    run past that start with another value there is another history: a proof of the fork, never a
+    #    reason to keep fewer records than either side held. Two histories of one length: the higher chain
+    #    value at their end, which the records alone decide. Not the higher tip: which head vouches for
+    #    the same records differs between replicas (the owner's truncation head, a replica's older one),
+    #    so replicas holding one value would keep different histories (the tip only breaks exact ties).
     start = head.start
     floor = state.floor if state.floor > start else 0
     through: list[_Run] = []
@@ -886,7 +908,10 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
     tip: SignedHead | None = None
     checkpoints: tuple[SignedHead, ...] = ()
     if through:
-        best = max(through, key=lambda r: (r.end, r.tip.sort_key if r.tip else (-1, b"")))
+        best = max(
+            through,
+            key=lambda r: (r.end, r.chain_at(r.end) or b"", r.tip.sort_key if r.tip else (-1, b"")),
+        )
         entries, tip = best.entries.drop(start - best.start), best.tip
         checkpoints = _checkpoints(best, start, start + len(entries))
     return QueueState(
@@ -903,6 +928,16 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
         floor,
         state.floor_hash if floor else b"",
     )
+
+
+def _withheld_meta(ours: SignedHead, d: QueueDelta) -> bool:
+    """A newer head whose metadata the delta left out though ours is not it: the other history's metadata
+    of the same version, left out by a sender that took ours for its own (a summary names the version,
+    not the hash). A head whose metadata we lack is not ours to keep: the join keeps our head, the two
+    heads prove the fork, and the sender then offers its head with its metadata (replication.py: an
+    unsettled fork, or its whole run once a delta changed nothing)."""
+    assert d.head is not None
+    return d.meta is None and d.head.meta_version == ours.meta_version and d.head.meta_hash != ours.meta_hash
 
 
 def _checkpoints(run: _Run, start: int, held_end: int) -> tuple[SignedHead, ...]:
