@@ -908,9 +908,13 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
     tip: SignedHead | None = None
     checkpoints: tuple[SignedHead, ...] = ()
     if through:
-        best = max(
-            through,
-            key=lambda r: (r.end, r.chain_at(r.end) or b"", r.tip.sort_key if r.tip else (-1, b"")),
+        longest = max(r.end for r in through)
+        tied = [r for r in through if r.end == longest]
+        # The chain value is only looked at when two runs tie on length (it may cost hashing a run).
+        best = (
+            tied[0]
+            if len(tied) == 1
+            else max(tied, key=lambda r: (r.chain_at(r.end) or b"", r.tip.sort_key if r.tip else (-1, b"")))
         )
         entries, tip = best.entries.drop(start - best.start), best.tip
         checkpoints = _checkpoints(best, start, start + len(entries))
