@@ -33,6 +33,9 @@ class Applied:
     async def result(self) -> tuple[Summary, bool]:
         return self.summary, self.changed
 
+    def settled(self) -> tuple[Summary, bool] | None:
+        return self.summary, self.changed
+
 
 class MemoryHost:
     def __init__(self) -> None:

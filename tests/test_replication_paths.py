@@ -17,10 +17,18 @@ from latticed.crdt import queue as core
 from latticed.crdt.errors import MalformedError
 from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity
-from latticed.crdt.wire import decode_delta, encode_delta, records_from_wire, records_to_wire, unpack
+from latticed.crdt.wire import (
+    decode_delta,
+    delta_to_wire,
+    encode_delta,
+    pack,
+    records_from_wire,
+    records_to_wire,
+    unpack,
+)
 from latticed.errors import TamperedError
 from latticed.net.gossip import Gossip, PeerLink
-from latticed.protocol.replication import DELTA, DeltaReceived, NeedDelta, ReplicationSession
+from latticed.protocol.replication import ACK, DELTA, DeltaReceived, NeedDelta, ReplicationSession
 from latticed.protocol.sim import SimNetwork
 from latticed.storage.engine import Engine
 
@@ -254,6 +262,9 @@ class _Slow:
         await self.event.wait()
         return core.join_verified(core.empty_state(ALICE.public_key, "q"), self.verified).summary(), True
 
+    def settled(self) -> tuple[core.Summary, bool] | None:
+        return None
+
 
 @pytest.mark.parametrize(("per_chunk", "at_once"), [(1, 1), (100, 3)])
 async def test_live_pushes_are_stored_one_at_a_time_and_chunks_back_to_back(
@@ -305,6 +316,9 @@ async def test_a_relay_announces_a_push_before_it_is_stored_but_acks_it_after() 
             await stored.wait()
             return ahead, True
 
+        def settled(self) -> tuple[core.Summary, bool] | None:
+            return (ahead, True) if stored.is_set() else None
+
     class Host(_SlowHost):
         def submit_merge(self, verified: core.VerifiedDelta, peer: bytes) -> Pending:  # type: ignore[override]
             return Pending()
@@ -325,3 +339,68 @@ async def test_a_relay_announces_a_push_before_it_is_stored_but_acks_it_after() 
         event, pending = acks.receive_nowait()
         assert event.seq == 1 and pending.ahead == ahead and not stored.is_set()
         nursery.cancel_scope.cancel()
+
+
+class _Writes:
+    """A peer stream that records each write (its frames) and never blocks."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[bytes]] = []
+
+    async def send_many(self, messages: list[bytes]) -> None:
+        self.writes.append(list(messages))
+
+
+class _Stored:
+    """A merge already durable (its commit has landed)."""
+
+    ahead: core.Summary | None = None
+
+    def __init__(self, summary: core.Summary) -> None:
+        self.summary = summary
+
+    async def result(self) -> tuple[core.Summary, bool]:
+        return self.summary, True
+
+    def settled(self) -> tuple[core.Summary, bool] | None:
+        return self.summary, True
+
+
+async def test_deltas_stored_by_one_commit_are_acknowledged_in_one_write() -> None:
+    """A replica's commit often stores several pushes of one link (their commits wait for company): their
+    ACKs leave together, one write and one wake-up of the sender, not one each, and without waiting for
+    the next commit."""
+    sender, receiver = ReplicationSession(), ReplicationSession()
+    sender.start({})
+    receiver.start({})
+    for message in sender.messages_to_send():
+        receiver.receive_message(message)
+    receiver.messages_to_send()
+    list(iter(receiver.next_event, None))
+    states = [owner_state(n, 1) for n in (1, 2, 3)]
+    since: core.Summary | None = None
+    for seq, state in enumerate(states, 1):
+        receiver.receive_message(pack([DELTA, seq, delta_to_wire(core.delta(state, since))]))
+        since = state.summary()
+    received = [e for e in iter(receiver.next_event, None) if isinstance(e, DeltaReceived)]
+    assert [e.seq for e in received] == [1, 2, 3]
+
+    gossip = Gossip(_SlowHost(), b"\x01" * 32)  # type: ignore[arg-type]
+    link = PeerLink(b"\x02" * 32, "mem", "static", receiver)
+    gossip.links = {link.public_key: link}
+    stream = _Writes()
+    to_verify, _ = trio.open_memory_channel[DeltaReceived](10)
+    to_ack, acks = trio.open_memory_channel[tuple[DeltaReceived, Any]](10)
+    for event, state in zip(received, states, strict=True):
+        to_ack.send_nowait((event, _Stored(state.summary())))
+    later = DeltaReceived(received[-1].key, 4, received[-1].delta)  # a delta of the next commit, pending
+    to_ack.send_nowait(
+        (later, _Slow(trio.Event(), core.verify_delta(core.empty_state(ALICE.public_key, "q"), later.delta)))
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gossip._acker, link, acks)
+        nursery.start_soon(gossip._driver, stream, link, nursery.cancel_scope, to_verify)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    acked = [[unpack(m)[1] for m in write if unpack(m)[0] == ACK] for write in stream.writes]
+    assert [seqs for seqs in acked if seqs] == [[1, 2, 3]]

@@ -87,6 +87,10 @@ class PendingMerge(Protocol):
         """Wait until it is durably stored; returns (what we hold now, whether it changed anything)."""
         ...
 
+    def settled(self) -> tuple[Summary, bool] | None:
+        """:meth:`result` without waiting, if it is durably stored already (None: not yet, or failed)."""
+        ...
+
     @property
     def ahead(self) -> Summary | None:
         """What we will hold once it is stored, if the host already serves its records to peers (a
@@ -462,13 +466,28 @@ class Gossip:
         self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[DeltaReceived, PendingMerge]]
     ) -> None:
         """Acknowledge each delta, in order, once it is durable (never before: an ACK says we hold it)."""
-        async for event, pending in merges:
-            summary, changed = await pending.result()
-            self.counters["deltas_in"] += 1
-            link.session.delta_applied(event.seq, summary, changed)
-            if changed:
-                self.local_change(event.key, summary, source=link.public_key)
+        async for first, first_pending in merges:
+            event, outcome = first, await first_pending.result()
+            while True:
+                self._acknowledge(link, event, *outcome)
+                # Merges stored by the same commit are durable too: acknowledged in this pass, their
+                # ACKs leave in one write (one wake-up of the peer, not one per delta).
+                try:
+                    event, pending = merges.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                settled = pending.settled()
+                if settled is None:  # a later commit's: what is acknowledged so far goes out first
+                    link.kick()
+                    settled = await pending.result()
+                outcome = settled
             link.kick()
+
+    def _acknowledge(self, link: PeerLink, event: DeltaReceived, summary: Summary, changed: bool) -> None:
+        self.counters["deltas_in"] += 1
+        link.session.delta_applied(event.seq, summary, changed)
+        if changed:
+            self.local_change(event.key, summary, source=link.public_key)
 
     async def _pinger(self, link: PeerLink, dialled: bool) -> None:
         """Keep-alive and dead-peer check of one link, on the daemon's shared tick (see

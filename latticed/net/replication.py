@@ -123,6 +123,12 @@ class _EngineMerge:
         assert job.summary is not None
         return job.summary, job.changed
 
+    def settled(self) -> tuple[Summary, bool] | None:
+        job = self.job
+        if job.done is None or not job.done.is_set() or job.error is not None or job.summary is None:
+            return None
+        return job.summary, job.changed
+
 
 @dataclass
 class Replication:
