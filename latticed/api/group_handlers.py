@@ -18,7 +18,8 @@ long-lived streams, are their own modules.
 from __future__ import annotations
 
 import math
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
 
 import trio
 
@@ -42,6 +43,7 @@ from latticed.groups.runtime import GroupRuntime
 from latticed.groups.service import DELETED_META_KEY, GroupService
 from latticed.groups.views import (
     attempt_wire,
+    counts,
     headers_wire,
     lease_wire,
     live_stats,
@@ -49,7 +51,7 @@ from latticed.groups.views import (
     source_ends,
     task_wire,
 )
-from latticed.leases.outcomes import DeadLetter, Grant
+from latticed.leases.outcomes import DeadLetter
 from latticed.protocol.leasing import error_for
 
 #: Longest accepted duration argument (a day): longer is almost surely a unit mistake.
@@ -58,6 +60,7 @@ MAX_DLQ_LIST: Final = 10_000
 MAX_REASON_CHARS: Final = 1024
 MAX_CLAIM: Final = 10_000
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError)
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ arguments
@@ -240,18 +243,7 @@ async def group_list(ctx: Context, request: Request) -> Reply:
     service = service_of(ctx)
     groups = []
     for rt in service.running():
-        stats = rt.dispatcher.stats(service.now())
-        groups.append(
-            {
-                **group_info(service, rt),
-                "available": stats.available,
-                "leased": stats.leased,
-                "done": stats.done,
-                "failed": stats.failed,
-                "dead": stats.dead,
-                "consumers": stats.consumers,
-            }
-        )
+        groups.append({**group_info(service, rt), **counts(rt.dispatcher.stats(service.now()))})
     engine = service.engine
     replicas: list[dict[str, Any]] = []
     for q in engine.queues(KIND_GROUP):  # replicas of groups other daemons run
@@ -382,28 +374,9 @@ async def dequeue(ctx: Context, conn: Connection, request: Request) -> bool:
     visibility = arg_seconds(request, "visibility", positive=True)
     wait = arg_seconds(request, "wait")
     consumer = consumer_id()
-    lease: Grant | None = None
-    failure: LatticedError | None = None
-    gone = False
-    if not wait:
-        lease = await service.dequeue(rt, consumer, visibility, None)
-    else:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                nonlocal gone
-                if not await conn.watch():
-                    gone = True
-                    nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
-            try:
-                lease = await service.dequeue(rt, consumer, visibility, wait)
-            except LatticedError as exc:
-                failure = exc
-            nursery.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
+    lease, gone = await _unless_client_leaves(
+        conn, bool(wait), lambda: service.dequeue(rt, consumer, visibility, wait), None
+    )
     if not gone:
         try:
             await conn.send(
@@ -425,26 +398,10 @@ async def _dequeue_remote(
     visibility = arg_seconds(request, "visibility", positive=True)
     wait = arg_seconds(request, "wait")
     consumer = consumer_id()
-    leases: list[dict[str, Any]] = []
-    failure: LatticedError | None = None
-    gone = False
-    async with trio.open_nursery() as nursery:
-
-        async def watch() -> None:
-            nonlocal gone
-            if not await conn.watch():
-                gone = True
-                nursery.cancel_scope.cancel()
-
-        if wait:
-            nursery.start_soon(watch)
-        try:
-            leases = await remote.take(target, consumer, 1, visibility, wait, op="dequeue")
-        except LatticedError as exc:
-            failure = exc
-        nursery.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
+    none: list[dict[str, Any]] = []
+    leases, gone = await _unless_client_leaves(
+        conn, bool(wait), lambda: remote.take(target, consumer, 1, visibility, wait, op="dequeue"), none
+    )
     if not gone:
         try:
             await conn.send({"id": request.get("id"), "ok": True, "lease": leases[0] if leases else None})
@@ -453,6 +410,33 @@ async def _dequeue_remote(
             pass
     remote.give_back(target, [lease["lease"] for lease in leases])
     return False
+
+
+async def _unless_client_leaves(
+    conn: Connection, watch: bool, call: Callable[[], Awaitable[T]], default: T
+) -> tuple[T, bool]:
+    """``call()``; with ``watch``, cancelled when the client hangs up meanwhile (a blocking dequeue must
+    not lease to nobody): then ``(default, True)``. Its error is raised as it is, not in a group."""
+    result, gone = default, False
+    failure: LatticedError | None = None
+    async with trio.open_nursery() as nursery:
+
+        async def watcher() -> None:
+            nonlocal gone
+            if not await conn.watch():
+                gone = True
+                nursery.cancel_scope.cancel()
+
+        if watch:
+            nursery.start_soon(watcher)
+        try:
+            result = await call()
+        except LatticedError as exc:
+            failure = exc
+        nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return result, gone
 
 
 def _result(result: Any) -> Reply:

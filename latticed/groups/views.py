@@ -9,7 +9,7 @@ from latticed.crdt.attempts import AttemptRecord
 from latticed.crdt.group import parse_source_id
 from latticed.groups.ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
-from latticed.leases.outcomes import Changes, Grant, TaskView
+from latticed.leases.outcomes import Changes, Grant, GroupStats, TaskView
 
 
 def headers_wire(headers: tuple[tuple[str, bytes], ...]) -> list[list[Any]] | None:
@@ -97,18 +97,25 @@ def log_position(engine: GroupStore, q: int) -> dict[str, int]:
     return {"start": state.start, "end": state.held_end, "version": state.version}
 
 
-def live_stats(engine: GroupStore, rt: GroupRuntime, now: float) -> dict[str, Any]:
-    """The counts of a group this daemon runs (leases included: they live here only)."""
-    stats = rt.dispatcher.stats(now)
+def counts(stats: GroupStats) -> dict[str, int]:
+    """A running group's counts as ``group list`` and ``group stats`` show them."""
     return {
-        "group": rt.name,
-        "running": True,
         "available": stats.available,
         "leased": stats.leased,
         "done": stats.done,
         "failed": stats.failed,
         "dead": stats.dead,
         "consumers": stats.consumers,
+    }
+
+
+def live_stats(engine: GroupStore, rt: GroupRuntime, now: float) -> dict[str, Any]:
+    """The counts of a group this daemon runs (leases included: they live here only)."""
+    stats = rt.dispatcher.stats(now)
+    return {
+        "group": rt.name,
+        "running": True,
+        **counts(stats),
         "ack_floor": dict(stats.ack_floor),
         "oldest_age_s": stats.oldest_age_s,
         "ends": source_ends(engine, rt.sources),
@@ -118,6 +125,7 @@ def live_stats(engine: GroupStore, rt: GroupRuntime, now: float) -> dict[str, An
 
 __all__ = [
     "attempt_wire",
+    "counts",
     "headers_wire",
     "lease_wire",
     "live_stats",
