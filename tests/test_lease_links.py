@@ -137,19 +137,25 @@ async def test_a_caller_that_leaves_gets_what_was_granted_given_back() -> None:
         nursery.cancel_scope.cancel()
 
 
+def start_slow_call(nursery: trio.Nursery, worker: LeaseLinks) -> list[BaseException]:
+    """Start a call the owner never answers; the list gets the LinkLostError that ends it."""
+    failure: list[BaseException] = []
+
+    async def caller() -> None:
+        try:
+            await worker.call(OWNER, "slow", {}, timeout=60, connect_within=0)
+        except LinkLostError as exc:
+            failure.append(exc)
+
+    nursery.start_soon(caller)
+    return failure
+
+
 async def test_a_dropped_link_fails_pending_calls_and_tells_the_owner() -> None:
     async with trio.open_nursery() as nursery:
         _, worker, server, wire, _ = await setup(nursery)
         wire.up()
-        failure: list[BaseException] = []
-
-        async def caller() -> None:
-            try:
-                await worker.call(OWNER, "slow", {}, timeout=60, connect_within=0)
-            except LinkLostError as exc:
-                failure.append(exc)
-
-        nursery.start_soon(caller)
+        failure = start_slow_call(nursery, worker)
         await trio.testing.wait_all_tasks_blocked()
         wire.down()
         await trio.testing.wait_all_tasks_blocked()
@@ -190,15 +196,7 @@ async def test_a_new_connection_to_the_same_peer_ends_the_calls_waiting_on_the_o
     async with trio.open_nursery() as nursery:
         _, worker, _, wire, _ = await setup(nursery)
         wire.up()
-        failure: list[BaseException] = []
-
-        async def caller() -> None:
-            try:
-                await worker.call(OWNER, "slow", {}, timeout=60, connect_within=0)
-            except LinkLostError as exc:
-                failure.append(exc)
-
-        nursery.start_soon(caller)
+        failure = start_slow_call(nursery, worker)
         await trio.testing.wait_all_tasks_blocked()
         worker.link_up(PeerLink(OWNER, "mem2", "static", ReplicationSession()))  # replaces the old link
         await trio.testing.wait_all_tasks_blocked()
