@@ -290,7 +290,6 @@ class Writer:
         return None
 
     def _collect(self) -> list[object]:
-        get = self._queue.get_nowait
         if self._reclaim or self._kv_compacting:
             try:
                 first = self._queue.get(timeout=_IDLE_S)
@@ -299,11 +298,7 @@ class Writer:
         else:
             first = self._queue.get()
         items = [first]
-        try:
-            while True:
-                items.append(get())
-        except queue.Empty:
-            pass
+        self._drain(items)
         if self._merge_linger > 0 and _all_may_linger(items):
             return self._linger_merges(items)
         # Writers seen together recently: a batch may wait (at most the linger) for that many.
@@ -319,47 +314,48 @@ class Writer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                # Woken once the jobs it waits for are queued (see submit), not by each of them: every
-                # wake-up is a context switch, and with 16 writers there were ~15 per commit.
-                self._enough.clear()
-                self._awaiting = target - writers
-                if self._queue.qsize() < self._awaiting:
-                    self._enough.wait(remaining)
-                self._awaiting = 0
-                try:
-                    while True:
-                        items.append(get())
-                except queue.Empty:
-                    pass
+                self._wait_for_more(items, target - writers, remaining)
                 writers = _writers(items)
         recent.append((time.monotonic(), writers))
         return items
 
     def _linger_merges(self, items: list[object]) -> list[object]:
         """Wait for more pushes to join ``items`` (all of them lingering merges), up to the linger; any
-        other job ends the wait at once, so it never waits on our account. As in :meth:`_collect`, the
-        thread is woken once (enough pushes, or another job, or the deadline), not by every push."""
+        other job ends the wait at once, so it never waits on our account."""
         deadline = time.monotonic() + self._merge_linger
-        get = self._queue.get_nowait
         while len(items) < MERGE_LINGER_JOBS:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            self._enough.clear()
-            self._merges_only = True
-            self._awaiting = MERGE_LINGER_JOBS - len(items)
-            if self._queue.qsize() < self._awaiting:
-                self._enough.wait(remaining)
-            self._awaiting = 0
-            self._merges_only = False
-            try:
-                while True:
-                    items.append(get())
-            except queue.Empty:
-                pass
+            self._wait_for_more(items, MERGE_LINGER_JOBS - len(items), remaining, merges_only=True)
             if not _all_may_linger(items):
                 break
         return items
+
+    def _wait_for_more(
+        self, items: list[object], wanted: int, timeout: float, *, merges_only: bool = False
+    ) -> None:
+        """Sleep until ``wanted`` more jobs are queued (with ``merges_only``: or any job that is not a
+        lingering merge), at most ``timeout`` seconds, then add what is queued to ``items``. :meth:`submit`
+        wakes the thread once, when that is so, not at each job: every wake-up is a context switch, and
+        with 16 writers there were ~15 per commit."""
+        self._enough.clear()
+        self._merges_only = merges_only
+        self._awaiting = wanted
+        if self._queue.qsize() < wanted:
+            self._enough.wait(timeout)
+        self._awaiting = 0
+        self._merges_only = False
+        self._drain(items)
+
+    def _drain(self, items: list[object]) -> None:
+        """Add every job queued right now to ``items``."""
+        get = self._queue.get_nowait
+        try:
+            while True:
+                items.append(get())
+        except queue.Empty:
+            pass
 
     # ------------------------------------------------------------------ one group commit
     def _process_guarded(self, jobs: list[Job]) -> None:
