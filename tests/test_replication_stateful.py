@@ -312,3 +312,34 @@ def test_a_replica_whose_head_no_peer_knows_offers_it_when_a_peer_moves_to_anoth
     ]:
         step()
     machine.teardown()
+
+
+def test_a_chunk_of_another_history_from_inside_the_run_a_replica_holds_can_win_there() -> None:
+    """A run hypothesis found: node 0 holds records 0-2 of Alice's history and takes 3-5 of her truncated
+    copy's (a chunk from 3 vouched by a head that starts at 2); the other nodes hold 3-5 of another
+    history, whose run ends at the same offset with a lower chain value. Their join saw node 0's chunk
+    pass through their chain value at 3 and end elsewhere: proof of the fork, but never a run through the
+    head's start (no single head vouches for node 0's run from 0), so they kept theirs and node 0 kept
+    its own, for good."""
+    machine = Replication()
+    quiet = machine.network_goes_quiet
+    for step in [
+        lambda: machine.owner_forks(_Drawn(0), "r", 0, 3),
+        quiet,
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(1), "r", 0, 1),
+        lambda: machine.owner_truncates(ALICE, "r", 2),
+        lambda: machine.daemon_restarts(3),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
+        lambda: machine.owner_forks(_Drawn(3), "r", 2, 2),
+        lambda: machine.owner_truncates(ALICE, "q", 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(2), "r", 0, 1),
+        lambda: machine.owner_forks(_Drawn(6), "r", 1, 1),
+    ]:
+        step()
+    machine.teardown()

@@ -65,6 +65,7 @@ class Entries(Protocol):
     def records(self, lo: int = 0, hi: int | None = None) -> list[Record]: ...
     def extend(self, records: Sequence[Record], chains: Sequence[bytes]) -> Entries: ...
     def drop(self, count: int) -> Entries: ...
+    def take(self, count: int) -> Entries: ...
 
 
 class EntryView:
@@ -167,6 +168,9 @@ class _DeltaEntries:
 
     def drop(self, count: int) -> EntryView:
         return self._view().drop(count)
+
+    def take(self, count: int) -> EntryView:
+        return self._view().take(count)
 
 
 def _empty_entries() -> EntryView:
@@ -869,6 +873,9 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
                 a, bridge_a = local.witness(meet, state.head)
                 b, bridge_b = incoming.witness(meet, d.head)
                 proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
+                spliced = _spliced(local, d, chains)
+                if spliced is not None:
+                    runs.append(spliced)
         elif (
             state.head is not None
             and local is not None
@@ -932,6 +939,25 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
         floor,
         state.floor_hash if floor else b"",
     )
+
+
+def _spliced(local: _Run, d: QueueDelta, chains: list[bytes]) -> _Run | None:
+    """Our records up to where the delta starts, then the delta's: the other history's run, when the delta
+    passes through our chain value there and reaches at least our end (else ours is longer). A peer
+    relays such a run in chunks (no single head need vouch for it from its start), so a join that only
+    compared whole runs kept ours where the peer that assembled that run kept it, for good.
+
+    Only a run this replica can serve again: a head of the delta must vouch from one of our heads at or
+    below the junction (or our start) on, since our heads past it vouch for the other history."""
+    tip = d.tip
+    if tip is None or d.end_offset < local.end or local.chain_at(d.from_offset) != d.from_hash:
+        return None
+    kept = tuple(c for c in local.checkpoints if c.end <= d.from_offset)
+    anchor = max((c.end for c in kept), default=local.start)
+    if min(h.start for h in (tip, *d.checkpoints)) > anchor:
+        return None
+    entries = local.entries.take(d.from_offset - local.start).extend(d.records, chains)
+    return _Run(local.start, local.base, entries, tip, kept + d.checkpoints)
 
 
 def _withheld_meta(ours: SignedHead, d: QueueDelta) -> bool:

@@ -251,6 +251,10 @@ class _Link:
     futile: tuple[Summary | None, Summary] | None = None
     #: The same pair once our last offer for it went out (the whole of our run, see _pump).
     whole: tuple[Summary | None, Summary] | None = None
+    #: Where the rest of that offer follows on, when one delta could not carry our whole run (None: it
+    #: did, or it is done); ``offering``: the delta asked for is part of it.
+    onward: Summary | None = None
+    offering: bool = False
 
 
 @dataclass(slots=True)
@@ -381,6 +385,7 @@ class ReplicationSession:
         self._state = transition(self._state, Command.PROVIDE_DELTA)
         link = self._link(key)
         since = link.asked_since
+        offering, link.offering, link.onward = link.offering, False, None
         if link.asked:
             link.asked = False
             link.asked_since = None
@@ -390,13 +395,16 @@ class ReplicationSession:
             return
         self._seq += 1
         implied = _implied_summary(delta, since)
+        ours = self._local.get(key)
+        if offering and delta.records and is_ahead(ours, implied):
+            link.onward = implied
         if link.sent is None or is_ahead(implied, link.sent):
             link.sent = implied
         link.inflight += 1
         self._inflight_total += 1
         self.stats["deltas_sent"] += 1
         self._send(Delta(self._seq, delta))
-        if has_news(self._local.get(key), self._since(link)):
+        if link.onward is not None or has_news(ours, self._since(link)):
             self._schedule(key)  # the next chunk goes out before this one is acknowledged
         else:
             self._pump()
@@ -658,11 +666,19 @@ class ReplicationSession:
                 # (the owner forked), which a chunk shorter than its own run does not displace in the
                 # join. Offer our whole run once, from its start (the host still bounds the bytes);
                 # then stop, until either side changes, rather than send the same chunks for ever.
-                if link.whole == pair or not records:
+                # When no head of ours vouches for the run from its start (a fork's run joined from
+                # chunks of two heads), the offer goes on chunk by chunk to our end.
+                if not records:
                     continue
-                link.whole = pair
-                since = None
-                max_records = max(max_records, ours.held_end - ours.start)
+                if link.whole != pair:
+                    link.whole = pair
+                    since = None
+                    max_records = max(max_records, ours.held_end - ours.start)
+                elif link.onward is not None:
+                    since = link.onward
+                else:
+                    continue
+                link.offering = True
             if not records:
                 # Only the fork is unsettled: our head (with its metadata and the proof) is what the
                 # peer may lack; it has at least our records.
