@@ -343,3 +343,35 @@ def test_a_chunk_of_another_history_from_inside_the_run_a_replica_holds_can_win_
     ]:
         step()
     machine.teardown()
+
+
+def test_a_replica_on_another_history_takes_a_run_no_head_vouches_for_from_its_start() -> None:
+    """A run hypothesis found (once chunks that leave a replica's history partway could join it): the
+    others hold 2-7 of Alice's history, vouched by a head from 2 up to 5 and one from 3 on; node 3 holds
+    2-4 of another, whose records leave theirs at 4. Offered the whole run, it got a chunk up to 5 (the
+    same length as its own, and it kept its own) and then one from 5, where its records are another
+    history's: it never saw a chunk it could join, and held other records for good. The offer now goes
+    on from the last head inside each chunk (here from 4), where such a replica still agrees."""
+    machine = Replication()
+    quiet = machine.network_goes_quiet
+    for step in [
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        quiet,
+        lambda: machine.link_breaks((0, 1)),
+        lambda: machine.owner_forks(_Drawn(1), "q", 0, 3),
+        quiet,
+        lambda: machine.daemon_restarts(0),
+        lambda: machine.owner_truncates(ALICE, "q", 2),
+        lambda: machine.owner_forks(_Drawn(3), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_truncates(ALICE, "q", 1),
+        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
+        lambda: machine.owner_forks(_Drawn(4), "q", 1, 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(2), "q", 2, 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(7), "q", 1, 1),
+        lambda: machine.owner_writes(ALICE, "q", 3),
+    ]:
+        step()
+    machine.teardown()

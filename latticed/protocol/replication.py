@@ -252,8 +252,9 @@ class _Link:
     #: The same pair once our last offer for it went out (the whole of our run, see _pump).
     whole: tuple[Summary | None, Summary] | None = None
     #: Where the rest of that offer follows on, when one delta could not carry our whole run (None: it
-    #: did, or it is done); ``offering``: the delta asked for is part of it.
+    #: did, or it is done), and how far it has reached; ``offering``: the delta asked for is part of it.
     onward: Summary | None = None
+    reach: Summary | None = None
     offering: bool = False
 
 
@@ -396,8 +397,8 @@ class ReplicationSession:
         self._seq += 1
         implied = _implied_summary(delta, since)
         ours = self._local.get(key)
-        if offering and delta.records and is_ahead(ours, implied):
-            link.onward = implied
+        if offering and delta.records:
+            link.onward = _onward(link, delta, implied, ours)
         if link.sent is None or is_ahead(implied, link.sent):
             link.sent = implied
         link.inflight += 1
@@ -671,7 +672,7 @@ class ReplicationSession:
                 if not records:
                     continue
                 if link.whole != pair:
-                    link.whole = pair
+                    link.whole, link.reach = pair, None
                     since = None
                     max_records = max(max_records, ours.held_end - ours.start)
                 elif link.onward is not None:
@@ -701,6 +702,24 @@ class ReplicationSession:
         packed = encode_message(message)
         self._outbox.append(packed)
         self._outbox_bytes += len(packed)
+
+
+def _onward(link: _Link, delta: QueueDelta, implied: Summary, ours: Summary | None) -> Summary | None:
+    """Where a whole-run offer goes on after ``delta`` (None: it is done). A chunk that reached further
+    than the offer had is followed by one from the last head inside it, not from its end: a peer whose
+    records leave ours inside that last span still agrees with us there, and can take the rest of our run
+    from there in one piece (a chunk from our end would not join its records). One that did not reach
+    further is followed from the furthest end, so every chunk of the offer gets further."""
+    reach = link.reach
+    if reach is not None and implied.held_end <= reach.held_end:
+        onward = reach
+    else:
+        link.reach = reach = onward = implied
+        inner = [c for c in delta.checkpoints if delta.from_offset < c.end < implied.held_end]
+        if inner:
+            last = max(inner, key=lambda c: c.end)
+            onward = dataclasses.replace(implied, held_end=last.end, held_hash=last.head_hash)
+    return onward if is_ahead(ours, reach) else None
 
 
 def _implied_summary(delta: QueueDelta, known: Summary | None) -> Summary:
