@@ -674,12 +674,12 @@ class ReplicationSession:
                 if link.whole != pair:
                     link.whole, link.reach = pair, None
                     since = None
-                    max_records = max(max_records, ours.held_end - ours.start)
                 elif link.onward is not None:
                     since = link.onward
                 else:
                     continue
                 link.offering = True
+                max_records = max(max_records, ours.held_end - ours.start)
             if not records:
                 # Only the fork is unsettled: our head (with its metadata and the proof) is what the
                 # peer may lack; it has at least our records.
