@@ -223,6 +223,11 @@ def _continue(state: QueueState, steps: list[tuple[str, int | str]], tag: bytes)
 @SETTINGS
 @given(st.lists(step, min_size=1, max_size=8), st.lists(step, min_size=1, max_size=8), st.integers(0, 8))
 @example(first=[("offer", 4), ("offer", 1), ("truncate", 4)], second=[("offer", 6)], fork_at=0)
+# Our records from 1 on take the other history's first record as theirs (the join keeps the longer
+# run made of both, whichever side came as the delta):
+@example(
+    first=[("offer", 1), ("offer", 1), ("truncate", 1)], second=[("offer", 1), ("truncate", 0)], fork_at=1
+)
 def test_two_histories_join_without_losing_what_the_kept_head_vouches_for(
     first: list[tuple[str, int | str]], second: list[tuple[str, int | str]], fork_at: int
 ) -> None:

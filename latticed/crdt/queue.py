@@ -889,6 +889,10 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
                 a, bridge_a = local.witness(meet, state.head)
                 b, bridge_b = incoming.witness(meet, d.head)
                 proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
+        elif local is not None and d.from_offset < local.start <= incoming.end and head.start < local.start:
+            spliced = _spliced_below(local, d, chains)
+            if spliced is not None:
+                runs.append(spliced)
 
     # 3. Keep the longest run through the newest head's start, with the chain value that head signs
     #    there, or through our own floor above it: a join never brings back what this replica dropped. A
@@ -958,6 +962,26 @@ def _spliced(local: _Run, d: QueueDelta, chains: list[bytes]) -> _Run | None:
         return None
     entries = local.entries.take(d.from_offset - local.start).extend(d.records, chains)
     return _Run(local.start, local.base, entries, tip, kept + d.checkpoints)
+
+
+def _spliced_below(local: _Run, d: QueueDelta, chains: list[bytes]) -> _Run | None:
+    """The delta's records up to where ours start, then ours: the mirror of :func:`_spliced` (a join may
+    not hang on which side's records came as the delta), when the delta passes through our chain value
+    at our start and we reach at least its end. Only needed when the newest head starts below ours (else
+    our own run is this one from there), so only a forked queue gets here; our run is read whole."""
+    junction, tip = local.start, local.tip
+    cut = junction - d.from_offset
+    if tip is None or local.end < d.end_offset or chains[cut - 1] != local.base:
+        return None
+    if local.end == d.end_offset and local.chain_at(local.end) == chains[-1]:
+        return None  # the delta's own run holds the same records
+    kept = tuple(c for c in (*d.checkpoints, d.tip) if c is not None and c.end <= junction)
+    anchor = max((c.end for c in kept), default=d.from_offset)
+    if min(h.start for h in (tip, *local.checkpoints)) > anchor:
+        return None  # a peer could not be served our part: no head of ours vouches from the delta's on
+    ours = local.entries.records()
+    entries = EntryView([*d.records[:cut], *ours], [*chains[:cut], *chain_extend(local.base, junction, ours)])
+    return _Run(d.from_offset, d.from_hash, entries, tip, kept + local.checkpoints)
 
 
 def _withheld_meta(ours: SignedHead, d: QueueDelta) -> bool:
