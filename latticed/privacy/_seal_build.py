@@ -4,9 +4,6 @@ Why it exists: sealing a batch from Python costs one libsodium call per record t
 argument conversion and GIL release each) plus the Python that builds each envelope; this seals a whole
 batch, or opens one, in one call with the GIL released. The envelopes are byte for byte those of the
 pure-Python path in :mod:`latticed.privacy.crypto`, which stays the fallback when this is not built.
-libsodium's own work (~0.55 us per short record: a subkey and three ChaCha20 blocks per nonce) is what is
-left, so a large batch is sealed in two halves, the second on a short-lived thread: the event loop that
-waits for it is blocked half as long, and the storage thread is idle meanwhile when one batch is in flight.
 
 It neither includes nor links libsodium (a machine may have no headers or no system library): the caller
 passes the address of PyNaCl's own ``crypto_aead_xchacha20poly1305_ietf_encrypt`` / ``_decrypt`` as an
@@ -25,14 +22,13 @@ int latticed_seal_batch(uintptr_t encrypt, const unsigned char *key, const unsig
                         const unsigned char *head, const unsigned char *prefix, size_t prefix_len,
                         const unsigned char *parts, size_t parts_size, const uint32_t *lengths, size_t n,
                         size_t max_inner, const unsigned char *nonces, size_t nonces_size,
-                        unsigned char *out, size_t out_size, uint64_t *bounds, size_t split_from);
+                        unsigned char *out, size_t out_size, uint64_t *bounds);
 long latticed_open_batch(uintptr_t decrypt, const unsigned char *key, const unsigned char *ad,
                          size_t adlen, const unsigned char *envelopes, size_t envelopes_size,
                          const uint32_t *lengths, size_t n, unsigned char *out, size_t out_size);
 """
 
 SOURCE = r"""
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -51,62 +47,22 @@ typedef int (*aead_decrypt_fn)(unsigned char *m, unsigned long long *mlen_p, uns
 #define TAG_SIZE 16
 #define OVERHEAD (HEAD_SIZE + NONCE_SIZE + TAG_SIZE)
 
-/* A run of records to seal: envelope i goes to out + bounds[i] - bounds[0]. */
-struct seal_run {
-    aead_encrypt_fn seal;
-    const unsigned char *key, *ad, *head, *prefix, *parts, *nonces;
-    size_t adlen, prefix_len, n;
-    const uint32_t *lengths;
-    unsigned char *out;
-    int status;
-};
-
-/* Each inner record is copied to its place and encrypted there: libsodium's XChaCha20-Poly1305 XORs the
-   stream block by block and MACs the ciphertext after, so c == m is allowed. */
-static void *seal_records(void *arg)
-{
-    struct seal_run *run = arg;
-    const unsigned char *parts = run->parts, *nonces = run->nonces;
-    unsigned char *out = run->out;
-    size_t i;
-    for (i = 0; i < run->n; i++) {
-        size_t size = run->prefix_len + run->lengths[i];
-        unsigned char *body = out + HEAD_SIZE + NONCE_SIZE;
-        memcpy(out, run->head, HEAD_SIZE);
-        memcpy(out + HEAD_SIZE, nonces, NONCE_SIZE);
-        memcpy(body, run->prefix, run->prefix_len);
-        memcpy(body + run->prefix_len, parts, run->lengths[i]);
-        if (run->seal(body, NULL, body, size, run->ad, run->adlen, NULL, nonces, run->key) != 0) {
-            run->status = -2;
-            return NULL;
-        }
-        parts += run->lengths[i];
-        nonces += NONCE_SIZE;
-        out += OVERHEAD + size;
-    }
-    return NULL;
-}
-
 /* Envelope i = head | nonce i | AEAD(prefix | part i), one after the other in out; bounds[i] and
-   bounds[i + 1] are where envelope i starts and ends in out (n + 1 entries). From split_from records on
-   (0: never) the second half is sealed on a thread of its own meanwhile (each half writes only its own
-   part of out). Returns 0; -1 if the sizes disagree or -3 if an inner record is over max_inner (both
-   before anything is written); -2 if libsodium refused. */
+   bounds[i + 1] are where envelope i starts and ends in out (n + 1 entries). Each inner record is copied
+   to its place and encrypted there: libsodium's XChaCha20-Poly1305 XORs the stream block by block and
+   MACs the ciphertext after, so c == m is allowed. Returns 0; -1 if the sizes disagree or -3 if an inner
+   record is over max_inner (both before anything is written); -2 if libsodium refused. */
 int latticed_seal_batch(uintptr_t encrypt, const unsigned char *key, const unsigned char *ad, size_t adlen,
                         const unsigned char *head, const unsigned char *prefix, size_t prefix_len,
                         const unsigned char *parts, size_t parts_size, const uint32_t *lengths, size_t n,
                         size_t max_inner, const unsigned char *nonces, size_t nonces_size,
-                        unsigned char *out, size_t out_size, uint64_t *bounds, size_t split_from)
+                        unsigned char *out, size_t out_size, uint64_t *bounds)
 {
-    struct seal_run first, second;
-    pthread_t helper;
-    size_t i, total = 0, half = (split_from && n >= split_from) ? n / 2 : 0, half_parts = 0;
+    aead_encrypt_fn seal = (aead_encrypt_fn) encrypt;
+    size_t i, total = 0;
     for (i = 0; i < n; i++) {
         if (prefix_len + lengths[i] > max_inner) {
             return -3;
-        }
-        if (i == half) {
-            half_parts = total;
         }
         total += lengths[i];
     }
@@ -116,37 +72,21 @@ int latticed_seal_batch(uintptr_t encrypt, const unsigned char *key, const unsig
     }
     bounds[0] = 0;
     for (i = 0; i < n; i++) {
-        bounds[i + 1] = bounds[i] + OVERHEAD + prefix_len + lengths[i];
-    }
-    first.seal = (aead_encrypt_fn) encrypt;
-    first.key = key;
-    first.ad = ad;
-    first.adlen = adlen;
-    first.head = head;
-    first.prefix = prefix;
-    first.prefix_len = prefix_len;
-    first.status = 0;
-    second = first;
-    first.parts = parts;
-    first.nonces = nonces;
-    first.lengths = lengths;
-    first.out = out;
-    first.n = n;
-    if (half) {
-        second.parts = parts + half_parts;
-        second.nonces = nonces + half * NONCE_SIZE;
-        second.lengths = lengths + half;
-        second.out = out + bounds[half];
-        second.n = n - half;
-        if (pthread_create(&helper, NULL, seal_records, &second) == 0) {
-            first.n = half;
-            seal_records(&first);
-            pthread_join(helper, NULL);
-            return first.status ? first.status : second.status;
+        size_t size = prefix_len + lengths[i];
+        unsigned char *body = out + HEAD_SIZE + NONCE_SIZE;
+        memcpy(out, head, HEAD_SIZE);
+        memcpy(out + HEAD_SIZE, nonces, NONCE_SIZE);
+        memcpy(body, prefix, prefix_len);
+        memcpy(body + prefix_len, parts, lengths[i]);
+        if (seal(body, NULL, body, size, ad, adlen, NULL, nonces, key) != 0) {
+            return -2;
         }
+        parts += lengths[i];
+        nonces += NONCE_SIZE;
+        out += OVERHEAD + size;
+        bounds[i + 1] = bounds[i] + OVERHEAD + size;
     }
-    seal_records(&first); /* small, or no thread to be had: all of it here */
-    return first.status;
+    return 0;
 }
 
 /* The inner records of n envelopes (one after the other in envelopes, all of one key and AD), one after
@@ -183,7 +123,7 @@ long latticed_open_batch(uintptr_t decrypt, const unsigned char *key, const unsi
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
-ffibuilder.set_source(MODULE, SOURCE, extra_compile_args=["-pthread"], extra_link_args=["-pthread"])
+ffibuilder.set_source(MODULE, SOURCE)
 
 if __name__ == "__main__":  # by hand: build in a scratch directory, keep only the module, next to this file
     import shutil

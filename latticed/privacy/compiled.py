@@ -15,9 +15,6 @@ from typing import Any, Final, NamedTuple
 
 #: What an envelope adds to its inner record: version 1, epoch 4, nonce 24, tag 16 (the C code's OVERHEAD).
 OVERHEAD: Final = 45
-#: A batch of at least this many records is sealed in two halves at once (0: never): below it, starting
-#: a thread costs more than sealing half the batch elsewhere saves.
-SPLIT_FROM = 256
 
 
 class Compiled(NamedTuple):
@@ -63,7 +60,7 @@ def seal(
     status = c.lib.latticed_seal_batch(
         c.encrypt, key, ad, len(ad), head, prefix, len(prefix), joined, len(joined),
         ffi.from_buffer("uint32_t[]", lengths), n, max_inner, nonces, len(nonces),
-        ffi.from_buffer(out), len(out), ffi.from_buffer("uint64_t[]", bounds), SPLIT_FROM,
+        ffi.from_buffer(out), len(out), ffi.from_buffer("uint64_t[]", bounds),
     )  # fmt: skip
     if status == -3:
         return None
@@ -92,4 +89,4 @@ def open_run(c: Compiled, key: bytes, ad: bytes, envelopes: Sequence[bytes]) -> 
     return [data[start:end] for start, end in pairwise([0, *ends])]
 
 
-__all__ = ["OVERHEAD", "SPLIT_FROM", "Compiled", "load", "open_run", "seal"]
+__all__ = ["OVERHEAD", "Compiled", "load", "open_run", "seal"]
