@@ -288,3 +288,27 @@ def test_two_histories_that_set_metadata_at_one_version_leave_no_replica_unserva
             assert (state.summary(), state.entries) == (held[0].summary(), held[0].entries)
             for other in held:
                 core.merge(other, core.delta(state, other.summary()))  # verifies, or raises
+
+
+def test_a_replica_whose_head_no_peer_knows_offers_it_when_a_peer_moves_to_another_history() -> None:
+    """A run hypothesis found: node 1 joins a version-3 head of Alice's old copy whose signature is higher
+    than that of the version 3 it holds, and keeps its records (the longest run from 0); its summary is
+    unchanged, so no peer hears of that head. Alice's truncated copy then signs another version 3 (from 1)
+    with a signature between the two, which every other node takes with its records. Node 1 keeps its
+    higher head and records, so each delta sent to it changed nothing there, and it only ever answered
+    deltas that changed its state: it never offered its head, and it held other records for good."""
+    machine = Replication()
+    quiet = machine.network_goes_quiet
+    for step in [
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
+        lambda: machine.owner_forks(_Drawn(1), "q", 1, 1),
+        lambda: machine.owner_truncates(ALICE, "q", 1),
+        lambda: machine.owner_forks(_Drawn(2), "q", 0, 2),
+        lambda: machine.owner_writes(ALICE, "q", 1),
+        quiet,
+        lambda: machine.owner_forks(_Drawn(3), "q", 1, 1),
+        lambda: machine.owner_forks(_Drawn(4), "q", 0, 1),
+    ]:
+        step()
+    machine.teardown()

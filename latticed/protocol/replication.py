@@ -413,9 +413,11 @@ class ReplicationSession:
         if not changed and link.eager and not link.wanted:
             self._send(Prune(key))
         link.wanted = False
-        if changed and self._peer_wants(key) and has_news(summary, link.peer):
+        if (changed or summary.forked) and self._peer_wants(key) and has_news(summary, link.peer):
             # The join holds more than the sender sent: its delta and what we held are two histories
-            # of a forked owner, which only we know of yet. Tell the sender too.
+            # of a forked owner, which only we know of yet. Tell the sender too. Also when the join kept
+            # ours unchanged: the sender moved to another history, and what we hold (say a head that
+            # won here without changing our summary, so no peer heard of it) goes out on no other path.
             self._schedule(key)
 
     def ping(self, nonce: int) -> None:
