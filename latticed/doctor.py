@@ -47,6 +47,7 @@ __all__ = [
     "check_mdns",
     "check_network_key",
     "check_peer_rows",
+    "check_sealer",
     "check_secret_file",
     "check_spark",
     "daemon_checks",
@@ -382,6 +383,19 @@ def check_spark() -> Check:
     return Check("spark", True, f"pyspark {getattr(pyspark, '__version__', '?')} imports")
 
 
+def check_sealer(accelerated: bool) -> Check:
+    """Whether the daemon seals and opens sealed queues' batches with the compiled sealer (optional: the
+    pure-Python one writes the same bytes, only more slowly)."""
+    if accelerated:
+        return Check("sealer", True, "compiled batch sealer (sealed queues)")
+    return Check(
+        "sealer",
+        None,
+        "pure-Python sealer: sealed offers run slower (optional: reinstall latticed where a C compiler "
+        "and the Python headers are, e.g. `apt install gcc python3-dev`, to build the compiled one)",
+    )
+
+
 # --- the two lists -------------------------------------------------------------------------------------
 
 
@@ -396,6 +410,7 @@ def daemon_checks(
     skew: Sequence[Mapping[str, Any]],
     disk: DiskUsage | None,
     disk_error: str | None = None,
+    sealer_accelerated: bool | None = None,
 ) -> list[Check]:
     """What the running daemon checks of itself (from a worker thread: it stats files and interfaces)."""
     checks = [
@@ -409,6 +424,8 @@ def daemon_checks(
     ]
     checks += check_clock(skew)
     checks += check_forks(forks)
+    if sealer_accelerated is not None:
+        checks.append(check_sealer(sealer_accelerated))
     return checks
 
 

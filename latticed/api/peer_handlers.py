@@ -20,6 +20,7 @@ from latticed.doctor import daemon_checks
 from latticed.errors import LatticedError, MalformedError
 from latticed.membership import Membership, advertised_addresses
 from latticed.net.replication import Replication
+from latticed.privacy.crypto import accelerated
 from latticed.protocol.addresses import HostPort, parse_host_port
 from latticed.protocol.peerstate import format_host_port
 
@@ -104,6 +105,7 @@ async def doctor(ctx: Context, request: Request) -> Reply:
         "peers": service.peers() if service is not None else [],
         "forks": ctx.health.forked_queues() if ctx.health is not None else [],
         "skew": service.clock_skew() if service is not None else [],
+        "sealer_accelerated": accelerated(),
     }
     config = membership.config
 
