@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import floor_offers
 from _daemons import cpu_s, rss_mb, start, stop
 from hostjitter import FsyncProbe, WakeProbe
 
@@ -217,7 +218,10 @@ def _single_client(
     out.put((latencies, cpu, requests))
 
 
-def part_single(pid: int, sock: Path, clients: int, seconds: float, modes: list[Mode], rate: float) -> None:
+def part_single(
+    pid: int, sock: Path, clients: int, seconds: float, modes: list[Mode], rate: float, *, floor: bool = True
+) -> None:
+    rates: dict[str, float] = {}
     with Client(sock) as c:
         c.queue_create("single")
     print(f"[2] single-record offers, {clients} concurrent client processes, {seconds:.0f}s each:")
@@ -258,6 +262,15 @@ def part_single(pid: int, sock: Path, clients: int, seconds: float, modes: list[
         print(
             f"        daemon CPU {cpu / len(flat) * 1e6:.0f} us/{unit}, clients' CPU "
             f"{client_cpu / len(flat) * 1e6:.0f} us/{unit}{extra}"
+        )
+        rates[mode.kind] = len(flat) / seconds
+    if floor and "noop" in rates and "block" in rates:
+        # Same minutes: the most any server of this shape reaches here (floor_offers.py).
+        bare_noop, bare_durable = floor_offers.report(clients, seconds)
+        print(
+            f"    blocking offers / no-op: latticed {rates['block'] / rates['noop']:.2f}, the bare floor "
+            f"{bare_durable / bare_noop:.2f}; latticed's offers ÷ the floor's "
+            f"{rates['block'] / bare_durable:.2f}"
         )
 
 

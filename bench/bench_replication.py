@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+import floor_relay
 import trio
 from _daemons import CpuSplit, cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
 from hostjitter import FsyncProbe, WakeProbe
@@ -79,7 +80,7 @@ def catchup(records: int, big: int) -> None:
             print(f"catch-up {label} to a fresh daemon (verified, durable): {rate} ({elapsed:.1f} s; {cpu})")
 
 
-def live(samples: int, interval: float, hops: int = 3) -> dict[str, list[float]]:
+def live(samples: int, interval: float, hops: int = 3, *, floor: bool = True) -> dict[str, list[float]]:
     """Returns each tail's latencies in ms, sorted, by label: "A" (the writer's own), "B" (1 hop) and, with
     ``hops`` > 1, the last daemon of the chain's (``hops`` = 1 runs only A and B)."""
     with cluster() as (root, nodes):
@@ -142,18 +143,30 @@ def live(samples: int, interval: float, hops: int = 3) -> dict[str, list[float]]
         print(f"    {probe.summary()}")
         print(f"    {disk.summary()}")
         # Per daemon, from /proc: what each record cost it (the relays' figure is the per-hop cost).
+        relays: list[tuple[str, float]] = []
         for node in nodes:
             role = "writer" if node is a else "leaf" if node is d else "relay"
             if node.name in ends:
                 role += ", a tail on it"
             loop_s, rest_s, woke = spent[node.name]
             loop_us, rest_us = loop_s / samples * 1e6, rest_s / samples * 1e6
+            if node is not a and node is not d:
+                relays.append((node.name, loop_us + rest_us))
             print(
                 f"    daemon {node.name} ({role}): CPU/record {loop_us + rest_us:,.0f} us (event loop "
                 f"{loop_us:,.0f} us, storage and other threads {rest_us:,.0f} us), "
                 f"{woke / samples:.1f} wake-ups/record"
             )
-        return latencies
+    if floor and relays:
+        # Same minutes, same rate: what a bare trio relay that only verifies, passes on, flushes (4
+        # records a flush, as ours) and acknowledges costs this host. See floor_relay.py.
+        bare = floor_relay.measure(samples, interval, hops, durable=True, verify=True)[:-1]
+        print(
+            f"    floor, bare trio relays (verify + pass on + fdatasync + ACK): CPU/record "
+            f"{', '.join(f'{us:,.0f}' for us in bare)} us; latticed's relays ÷ floor "
+            f"{', '.join(f'{name} {us / statistics.mean(bare):.2f}' for name, us in relays)}"
+        )
+    return latencies
 
 
 def handshake(count: int) -> None:

@@ -126,7 +126,7 @@ def main() -> None:
                 keep(f"hc-{variant}-durable", f"hypercore {variant}: append -> WAL durable", hc["durable_ms"])
                 keep(f"hc-{variant}-held", f"hypercore {variant}: max(reader, durable)", hc["held_ms"])
         print(f"  latticed ({args.hops} hop{'s' if args.hops > 1 else ''}, bench_replication.live):")
-        ours = live(args.samples, args.interval, args.hops)
+        ours = live(args.samples, args.interval, args.hops, floor=False)
         keep("ld-base", "latticed: offer -> tail on the writer (baseline)", ours["A"])
         keep("ld-1hop", "latticed: offer -> tail on the peer (1 hop)", ours["B"])
         for variant in variants:
