@@ -506,3 +506,21 @@ def test_a_splice_does_not_hang_on_which_checkpoints_a_replica_kept() -> None:
     assert thinned == [ours, other]
     assert merged(ours, other).held_end == 7  # the twin's run, through our records up to 2
     assert _value(merged(*thinned)) == _value(merged(ours, other))
+
+
+def test_a_state_whose_run_no_one_head_vouches_for_from_its_start_merges_whole() -> None:
+    """Found by 20000 examples of the law tests above. The twin's head (version 6, from 0) wins over the
+    first history's (version 6, from 1), and the first history's records [1, 8) joined under it pass
+    through the twin's chain value at 1 and end higher: the join keeps them, vouched for from 0 to 7 by
+    shared heads and from 1 to 8 by the first history's head only. No one delta carries that run, so
+    merging that state into the twin took a chunk up to 7 (which changed nothing) and kept the twin's
+    records: ``merge(twin, joined) != merge(joined, twin)``. A whole state is now merged run and all."""
+    main = history([("offer", 1), ("offer", 4), ("offer", 1), ("offer", 1), ("truncate", 1), ("offer", 1)])
+    twin = _continue(main[4], [("truncate", 0), ("offer", 1)], b"twin")
+    joined = merged(main[-1], twin)
+    assert joined.head == twin.head and joined.tip == main[-1].head
+    assert joined.entries.records() == [*main[4].entries.records(), main[-1].entries.record(6)]
+    assert core.delta(joined).end_offset == 7  # one delta: up to the last shared head
+    assert _value(merged(twin, joined)) == _value(joined) == _value(merged(joined, twin))
+    fresh = catch_up(core.empty_state(OWNER.public_key, "q"), joined, None)
+    assert _value(merged(core.empty_state(OWNER.public_key, "q"), joined)) == _value(fresh) == _value(joined)

@@ -784,9 +784,40 @@ def merge(state: QueueState, incoming: QueueDelta | QueueState) -> QueueState:
                 raise MalformedError("a queue state's heads are signed heads")
             h.check()
         d = delta(incoming)
-    else:
-        d = incoming
-    return join_verified(state, verify_delta(state, d))
+        joined = join_verified(state, verify_delta(state, d))
+        # A fork's run spliced from two histories: no one head vouches for it from its start, so one
+        # delta carries a prefix only, and a merge of the whole state hung on which side came as the
+        # state. The rest follows piece by piece, each from as low as its head vouches (where our
+        # records may still agree with it), so a whole state joins whole.
+        covered = d.end_offset if d.records else incoming.held_end
+        while (piece := _piece(incoming, covered)) is not None:
+            joined = join_verified(joined, verify_delta(joined, piece))
+            covered = piece.end_offset
+        return joined
+    return join_verified(state, verify_delta(state, incoming))
+
+
+def _piece(state: QueueState, covered: int) -> QueueDelta | None:
+    """The longest piece of ``state``'s run that one head vouches for and that reaches past ``covered``
+    from at or below it (None: the run is covered, or no head does)."""
+    heads = [h for h in (*state.checkpoints, state.tip) if h is not None and h.start <= covered < h.end]
+    if not heads or covered >= state.held_end:
+        return None
+    tip = max(heads, key=lambda h: (h.end, h.sort_key))
+    lo, start = max(tip.start, state.start), state.start
+    return QueueDelta(
+        owner=state.owner,
+        name=state.name,
+        kind=state.kind,
+        head=state.head,
+        meta=state.meta,
+        tip=tip,
+        from_offset=lo,
+        from_hash=state.chain_at(lo) or b"",
+        records=tuple(state.entries.records(lo - start, tip.end - start)),
+        checkpoints=tuple(c for c in state.checkpoints if lo < c.end <= tip.end and c != tip),
+        fork=state.fork,
+    )
 
 
 @dataclass(slots=True)
