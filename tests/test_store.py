@@ -258,6 +258,34 @@ def test_merging_deltas_into_a_stored_replica(writer: Writer, tmp_path: Path) ->
     writer.stop()
 
 
+def test_a_stored_replica_takes_a_longer_history_that_joins_its_records_partway(
+    writer: Writer, tmp_path: Path
+) -> None:
+    """Bob's old copy signs a second history after his first 3 records; a replica holding 6 records of the
+    first takes a chunk of the second from 3 on (4 records): the join keeps its own 3 and the chunk's, so
+    the store deletes the rows past 3 and appends the chunk's, and the replica serves the result whole."""
+    base = core.commit(
+        core.empty_state(BOB.public_key, "feed"), BOB, now_ms=NOW, records=[rec(i) for i in range(3)]
+    )
+    first = core.commit(base, BOB, now_ms=NOW + 1, records=[rec(i) for i in range(10, 13)])
+    second = core.commit(base, BOB, now_ms=NOW + 1, records=[rec(i) for i in range(20, 24)])
+    empty = core.empty_state(BOB.public_key, "feed")
+    q = ok(writer, Merge(core.verify_delta(empty, core.delta(first))))
+    assert isinstance(q, int)
+    chunk = core.delta(second, base.summary())
+    assert chunk.from_offset == 3
+    expected = core.merge(first, chunk)
+    ok(writer, Merge(core.verify_delta(empty, chunk)))
+    for state in (expected, writer.states[q]):
+        assert state.forked and state.entries.records() == second.entries.records()
+    writer = reopen(writer, db_path(tmp_path))
+    stored = writer.states[q]
+    assert stored.entries.records() == second.entries.records() and stored.forked
+    assert writer.store.verify_queue(q, stored) == 7
+    assert core.merge(empty, core.delta(stored)).entries.records() == second.entries.records()
+    writer.stop()
+
+
 def test_forged_deltas_store_nothing(writer: Writer) -> None:
     source = LatticeQueue.create(BOB, "feed", clock=TickingClock(NOW))
     source.offer(b"a")

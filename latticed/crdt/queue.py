@@ -65,6 +65,7 @@ class Entries(Protocol):
     def records(self, lo: int = 0, hi: int | None = None) -> list[Record]: ...
     def extend(self, records: Sequence[Record], chains: Sequence[bytes]) -> Entries: ...
     def drop(self, count: int) -> Entries: ...
+    def take(self, count: int) -> Entries: ...
 
 
 class EntryView:
@@ -167,6 +168,9 @@ class _DeltaEntries:
 
     def drop(self, count: int) -> EntryView:
         return self._view().drop(count)
+
+    def take(self, count: int) -> EntryView:
+        return self._view().take(count)
 
 
 def _empty_entries() -> EntryView:
@@ -780,9 +784,40 @@ def merge(state: QueueState, incoming: QueueDelta | QueueState) -> QueueState:
                 raise MalformedError("a queue state's heads are signed heads")
             h.check()
         d = delta(incoming)
-    else:
-        d = incoming
-    return join_verified(state, verify_delta(state, d))
+        joined = join_verified(state, verify_delta(state, d))
+        # A fork's run spliced from two histories: no one head vouches for it from its start, so one
+        # delta carries a prefix only, and a merge of the whole state hung on which side came as the
+        # state. The rest follows piece by piece, each from as low as its head vouches (where our
+        # records may still agree with it), so a whole state joins whole.
+        covered = d.end_offset if d.records else incoming.held_end
+        while (piece := _piece(incoming, covered)) is not None:
+            joined = join_verified(joined, verify_delta(joined, piece))
+            covered = piece.end_offset
+        return joined
+    return join_verified(state, verify_delta(state, incoming))
+
+
+def _piece(state: QueueState, covered: int) -> QueueDelta | None:
+    """The longest piece of ``state``'s run that one head vouches for and that reaches past ``covered``
+    from at or below it (None: the run is covered, or no head does)."""
+    heads = [h for h in (*state.checkpoints, state.tip) if h is not None and h.start <= covered < h.end]
+    if not heads or covered >= state.held_end:
+        return None
+    tip = max(heads, key=lambda h: (h.end, h.sort_key))
+    lo, start = max(tip.start, state.start), state.start
+    return QueueDelta(
+        owner=state.owner,
+        name=state.name,
+        kind=state.kind,
+        head=state.head,
+        meta=state.meta,
+        tip=tip,
+        from_offset=lo,
+        from_hash=state.chain_at(lo) or b"",
+        records=tuple(state.entries.records(lo - start, tip.end - start)),
+        checkpoints=tuple(c for c in state.checkpoints if lo < c.end <= tip.end and c != tip),
+        fork=state.fork,
+    )
 
 
 @dataclass(slots=True)
@@ -869,6 +904,9 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
                 a, bridge_a = local.witness(meet, state.head)
                 b, bridge_b = incoming.witness(meet, d.head)
                 proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
+                spliced = _spliced(local, d, chains)
+                if spliced is not None:
+                    runs.append(spliced)
         elif (
             state.head is not None
             and local is not None
@@ -882,6 +920,10 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
                 a, bridge_a = local.witness(meet, state.head)
                 b, bridge_b = incoming.witness(meet, d.head)
                 proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
+        elif local is not None and d.from_offset < local.start <= incoming.end and head.start < local.start:
+            spliced = _spliced_below(local, d, chains)
+            if spliced is not None:
+                runs.append(spliced)
 
     # 3. Keep the longest run through the newest head's start, with the chain value that head signs
     #    there, or through our own floor above it: a join never brings back what this replica dropped. A
@@ -932,6 +974,45 @@ def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
         floor,
         state.floor_hash if floor else b"",
     )
+
+
+def _spliced(local: _Run, d: QueueDelta, chains: list[bytes]) -> _Run | None:
+    """Our records up to where the delta starts, then the delta's: the other history's run, when the delta
+    passes through our chain value there and reaches at least our end (else ours is longer). A peer
+    relays such a run in chunks (no single head need vouch for it from its start), so a join that only
+    compared whole runs kept ours where the peer that assembled that run kept it, for good.
+
+    Only a run this replica can serve again: a head of the delta must vouch from one of our heads at or
+    below the junction (or our start) on, since our heads past it vouch for the other history."""
+    tip = d.tip
+    if tip is None or d.end_offset < local.end or local.chain_at(d.from_offset) != d.from_hash:
+        return None
+    kept = tuple(c for c in local.checkpoints if c.end <= d.from_offset)
+    anchor = max((c.end for c in kept), default=local.start)
+    if min(h.start for h in (tip, *d.checkpoints)) > anchor:
+        return None
+    entries = local.entries.take(d.from_offset - local.start).extend(d.records, chains)
+    return _Run(local.start, local.base, entries, tip, kept + d.checkpoints)
+
+
+def _spliced_below(local: _Run, d: QueueDelta, chains: list[bytes]) -> _Run | None:
+    """The delta's records up to where ours start, then ours: the mirror of :func:`_spliced` (a join may
+    not hang on which side's records came as the delta), when the delta passes through our chain value
+    at our start and we reach at least its end. Only needed when the newest head starts below ours (else
+    our own run is this one from there), so only a forked queue gets here; our run is read whole."""
+    junction, tip = local.start, local.tip
+    cut = junction - d.from_offset
+    if tip is None or local.end < d.end_offset or chains[cut - 1] != local.base:
+        return None
+    if local.end == d.end_offset and local.chain_at(local.end) == chains[-1]:
+        return None  # the delta's own run holds the same records
+    kept = tuple(c for c in (*d.checkpoints, d.tip) if c is not None and c.end <= junction)
+    anchor = max((c.end for c in kept), default=d.from_offset)
+    if min(h.start for h in (tip, *local.checkpoints)) > anchor:
+        return None  # a peer could not be served our part: no head of ours vouches from the delta's on
+    ours = local.entries.records()
+    entries = EntryView([*d.records[:cut], *ours], [*chains[:cut], *chain_extend(local.base, junction, ours)])
+    return _Run(d.from_offset, d.from_hash, entries, tip, kept + local.checkpoints)
 
 
 def _withheld_meta(ours: SignedHead, d: QueueDelta) -> bool:

@@ -251,6 +251,11 @@ class _Link:
     futile: tuple[Summary | None, Summary] | None = None
     #: The same pair once our last offer for it went out (the whole of our run, see _pump).
     whole: tuple[Summary | None, Summary] | None = None
+    #: Where the rest of that offer follows on, when one delta could not carry our whole run (None: it
+    #: did, or it is done), and how far it has reached; ``offering``: the delta asked for is part of it.
+    onward: Summary | None = None
+    reach: Summary | None = None
+    offering: bool = False
 
 
 @dataclass(slots=True)
@@ -381,6 +386,7 @@ class ReplicationSession:
         self._state = transition(self._state, Command.PROVIDE_DELTA)
         link = self._link(key)
         since = link.asked_since
+        offering, link.offering, link.onward = link.offering, False, None
         if link.asked:
             link.asked = False
             link.asked_since = None
@@ -390,13 +396,16 @@ class ReplicationSession:
             return
         self._seq += 1
         implied = _implied_summary(delta, since)
+        ours = self._local.get(key)
+        if offering and delta.records:
+            link.onward = _onward(link, delta, implied, ours)
         if link.sent is None or is_ahead(implied, link.sent):
             link.sent = implied
         link.inflight += 1
         self._inflight_total += 1
         self.stats["deltas_sent"] += 1
         self._send(Delta(self._seq, delta))
-        if has_news(self._local.get(key), self._since(link)):
+        if link.onward is not None or has_news(ours, self._since(link)):
             self._schedule(key)  # the next chunk goes out before this one is acknowledged
         else:
             self._pump()
@@ -658,10 +667,18 @@ class ReplicationSession:
                 # (the owner forked), which a chunk shorter than its own run does not displace in the
                 # join. Offer our whole run once, from its start (the host still bounds the bytes);
                 # then stop, until either side changes, rather than send the same chunks for ever.
-                if link.whole == pair or not records:
+                # When no head of ours vouches for the run from its start (a fork's run joined from
+                # chunks of two heads), the offer goes on chunk by chunk to our end.
+                if not records:
                     continue
-                link.whole = pair
-                since = None
+                if link.whole != pair:
+                    link.whole, link.reach = pair, None
+                    since = None
+                elif link.onward is not None:
+                    since = link.onward
+                else:
+                    continue
+                link.offering = True
                 max_records = max(max_records, ours.held_end - ours.start)
             if not records:
                 # Only the fork is unsettled: our head (with its metadata and the proof) is what the
@@ -685,6 +702,24 @@ class ReplicationSession:
         packed = encode_message(message)
         self._outbox.append(packed)
         self._outbox_bytes += len(packed)
+
+
+def _onward(link: _Link, delta: QueueDelta, implied: Summary, ours: Summary | None) -> Summary | None:
+    """Where a whole-run offer goes on after ``delta`` (None: it is done). A chunk that reached further
+    than the offer had is followed by one from the last head inside it, not from its end: a peer whose
+    records leave ours inside that last span still agrees with us there, and can take the rest of our run
+    from there in one piece (a chunk from our end would not join its records). One that did not reach
+    further is followed from the furthest end, so every chunk of the offer gets further."""
+    reach = link.reach
+    if reach is not None and implied.held_end <= reach.held_end:
+        onward = reach
+    else:
+        link.reach = reach = onward = implied
+        inner = [c for c in delta.checkpoints if delta.from_offset < c.end < implied.held_end]
+        if inner:
+            last = max(inner, key=lambda c: c.end)
+            onward = dataclasses.replace(implied, held_end=last.end, held_hash=last.head_hash)
+    return onward if is_ahead(ours, reach) else None
 
 
 def _implied_summary(delta: QueueDelta, known: Summary | None) -> Summary:

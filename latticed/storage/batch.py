@@ -56,7 +56,9 @@ def thin_checkpoints(
     record size seen) caps the spacing so chunks stay under :data:`MAX_CHUNK_BYTES`.
 
     Checkpoints only let a long backlog be cut into chunks that verify on their own; they are not part of
-    the lattice value, so dropping some changes nothing but chunk sizes, and keeps per-queue memory small.
+    the lattice value, so dropping some changes nothing but chunk sizes (and, for a forked queue, whether
+    a join can keep a spliced run it could not serve without them: docs/lattice.md, "Known gap"), and
+    keeps per-queue memory small.
     A commit adds one checkpoint at the end, so usually only the previous latest needs a look; a full
     pass runs when the list has grown past its bound (the spacing grows with the queue).
     """

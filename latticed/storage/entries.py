@@ -191,6 +191,23 @@ class StoredEntries:
             overlay_chains=self._overlay_chains[skip:],
         )
 
+    def take(self, count: int) -> StoredEntries:
+        """The first ``count`` entries (a join that keeps ours up to where another history's run takes
+        over); the store deletes the rows past them when it writes the state."""
+        count = min(max(count, 0), len(self))
+        if count >= self._stored:
+            keep = count - self._stored
+            return StoredEntries(
+                self._source,
+                self.q,
+                self._lo,
+                self._stored,
+                self._last_chain,
+                overlay_records=self._overlay_records[:keep],
+                overlay_chains=self._overlay_chains[:keep],
+            )
+        return StoredEntries(self._source, self.q, self._lo, count)
+
     def __eq__(self, other: object) -> bool:
         if not hasattr(other, "records") or not hasattr(other, "__len__"):
             return NotImplemented
