@@ -161,10 +161,12 @@ def live(samples: int, interval: float, hops: int = 3, *, floor: bool = True) ->
         # Same minutes, same rate: what a bare trio relay that only verifies, passes on, flushes (4
         # records a flush, as ours) and acknowledges costs this host. See floor_relay.py.
         bare = floor_relay.measure(samples, interval, hops, durable=True, verify=True)[:-1]
+        mean = statistics.mean(us for us, _ in bare)
         print(
             f"    floor, bare trio relays (verify + pass on + fdatasync + ACK): CPU/record "
-            f"{', '.join(f'{us:,.0f}' for us in bare)} us; latticed's relays ÷ floor "
-            f"{', '.join(f'{name} {us / statistics.mean(bare):.2f}' for name, us in relays)}"
+            f"{', '.join(f'{us:,.0f}' for us, _ in bare)} us, wake-ups/record "
+            f"{', '.join(f'{woke:.1f}' for _, woke in bare)}; latticed's relays ÷ floor "
+            f"{', '.join(f'{name} {us / mean:.2f}' for name, us in relays)}"
         )
     return latencies
 

@@ -190,14 +190,16 @@ def drive(port: int, key: SigningKey, samples: int, interval: float) -> None:
             got += len(data)
 
 
-def measure(samples: int, interval: float, hops: int, durable: bool, verify: bool) -> list[float]:
-    """CPU per record (µs) of each relay and the leaf, in chain order."""
+def measure(
+    samples: int, interval: float, hops: int, durable: bool, verify: bool
+) -> list[tuple[float, float]]:
+    """(CPU µs, wake-ups) per record of each relay and the leaf, in chain order."""
     with chain(hops, durable, verify) as (port, procs, key):
         splits = [CpuSplit(p.pid) for p in procs]
         drive(port, key, samples, interval)
         # The last ACK has reached the writer, so every process has done its part for every record.
         spent = [s.since() for s in splits]
-    return [(loop + rest) / samples * 1e6 for loop, rest, _ in spent]
+    return [((loop + rest) / samples * 1e6, woke / samples) for loop, rest, woke in spent]
 
 
 VARIANTS = (
@@ -208,13 +210,17 @@ VARIANTS = (
 )
 
 
-def report(samples: int, interval: float, hops: int = 3) -> dict[str, list[float]]:
-    figures: dict[str, list[float]] = {}
+def report(samples: int, interval: float, hops: int = 3) -> dict[str, list[tuple[float, float]]]:
+    figures: dict[str, list[tuple[float, float]]] = {}
     for label, durable, verify in VARIANTS:
         per = measure(samples, interval, hops, durable, verify)
         figures[label] = per
-        shown = ", ".join(f"{us:,.0f}" for us in per)
-        print(f"floor, bare trio relays ({label}): CPU/record {shown} us ({hops} processes after the writer)")
+        shown = ", ".join(f"{us:,.0f}" for us, _ in per)
+        woke = ", ".join(f"{w:.1f}" for _, w in per)
+        print(
+            f"floor, bare trio relays ({label}): CPU/record {shown} us, wake-ups/record {woke} "
+            f"({hops} processes after the writer)"
+        )
     return figures
 
 
