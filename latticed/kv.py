@@ -117,8 +117,17 @@ class KvNamespace:
         return self._log.delta(since)
 
     def merge(self, incoming: QueueState | QueueDelta) -> None:
-        """Verify and join the op log, then fold the ops that arrived into the view."""
-        self._log.merge(incoming)
+        """Verify and join the op log, then fold the ops that arrived into the view.
+
+        A join that no longer extends the log the view was folded from (a fork's other history replaced
+        our ops, or the log jumped past them) folds the view again from the log, as the daemon does: else
+        replicas holding the same ops would keep different views for good."""
+        log, end = self._log, self._applied_end
+        folded = log.state.chain_at(end)
+        log.merge(incoming)
+        if log.state.chain_at(end) != folded:
+            self._view = {}
+            self._applied_end = log.start_offset
         self._fold_pending()
 
     def _fold_pending(self) -> None:

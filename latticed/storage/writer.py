@@ -37,7 +37,7 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import LatticedError, MalformedError, StorageError
 from latticed.logs import get_logger, log_event
-from latticed.storage.batch import Batch, appended_since
+from latticed.storage.batch import Batch, Staged, appended_since
 from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
 from latticed.storage.store import Store
@@ -452,18 +452,21 @@ class Writer:
                 if staged.state is staged.before:
                     continue
                 first, appended = appended_since(staged.before, staged.state)
+                refold = staged.joined and staged.state.kind == KIND_KV and _view_stale(staged)
                 persisted, deleted = store.persist(q, staged.before, staged.state)
                 reclaim = reclaim or deleted
                 if persisted.kind == KIND_KV and staged.joined:
-                    if staged.before.head is not None and persisted.start > staged.before.held_end:
-                        # The log jumped past ops we never saw (compacted away, or purged as expired):
-                        # fold the view again from the log, which holds every op that still decides a key.
+                    ops = appended
+                    if refold:
+                        # The view holds ops the kept log no longer does (the log jumped past ops we never
+                        # saw, or a fork's join replaced our records): fold it again from the log, which
+                        # holds every op that still decides a key.
                         store.clear_kv(q)
                         batch.kv.pop(q, None)
-                    ops = appended
+                        ops = persisted.entries.records()
                     if self.kv_sealing is not None:
                         ops = self.kv_sealing.fold_ops(
-                            q, persisted, appended, functools.partial(store.rows.records, q)
+                            q, persisted, ops, functools.partial(store.rows.records, q)
                         )
                     _fold_ops(batch, q, ops)
                 results.append(Change(q, persisted, first, appended))
@@ -496,6 +499,17 @@ def _writers(items: list[object]) -> int:
     catch-up) count once, so that one busy writer does not make later lone commits wait for company."""
     jobs = [item for item in items if isinstance(item, Job)]
     return len({id(job) if job.origin is None else id(job.origin) for job in jobs})
+
+
+def _view_stale(staged: Staged) -> bool:
+    """Whether the join left a log that no longer extends the one the view was folded from: its chain
+    value where our records ended changed (a fork's join kept the other history's records there) or is
+    not held (the log jumped past our end). Both lookups are cached or in memory, so the check is O(1)."""
+    before, after = staged.before, staged.state
+    if before.head is None:
+        return False  # nothing folded yet
+    end = before.held_end
+    return after.chain_at(end) != before.chain_at(end)
 
 
 def _fold_ops(batch: Batch, ns: int, records: Sequence[Record]) -> None:
