@@ -4,8 +4,10 @@ they diverge for good (records converge, views would not)."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 from clocks import TickingClock
@@ -13,12 +15,16 @@ from clocks import TickingClock
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
+from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.kv import KvNamespace
+from latticed.privacy import crypto
+from latticed.privacy import meta as sealed_meta
 from latticed.queue import LatticeQueue
 from latticed.storage.entries import SqlRows
 from latticed.storage.jobs import Merge
 from latticed.storage.reader import StoreReader
+from latticed.storage.sealer import SealableStore, Sealer
 from latticed.storage.store import db_path
 from latticed.storage.writer import Writer
 
@@ -167,3 +173,109 @@ def test_the_library_namespace_follows_a_replaced_run_too() -> None:
     y.merge(b.delta())
     assert x.state.entries.records() == y.state.entries.records()
     assert x.view == y.view == b.view
+
+
+# ------------------------------------------------------------------ a sealed namespace through a fork
+
+
+class _Node:
+    """What a :class:`Sealer` reads of its engine on the storage thread: the identity and a queue's state."""
+
+    def __init__(self, writer: Writer) -> None:
+        self.identity = writer.identity
+        self._writer = writer
+
+    def state(self, q: int) -> core.QueueState:
+        return self._writer.states[q]
+
+    def address(self, q: int) -> str:
+        return f"{BOB.public_key.hex()}/kv#{q}"
+
+
+def install_sealer(w: Writer) -> None:
+    """As the daemon does at start (``Sealer.install``): one sealer per writer, so what it remembers of
+    the epochs a view was folded with carries from one join to the next."""
+    w.kv_sealing = Sealer(cast(SealableStore, _Node(w)))
+
+
+class SealedHistory:
+    """A history of Bob's sealed namespace, written with the library (ops sealed under epoch 0), with
+    its plaintext ops kept to compute the view a reader must fold."""
+
+    def __init__(self, log: LatticeQueue, content_key: bytes, ops: list[kv.Op]) -> None:
+        self.log, self.content_key, self.ops = log, content_key, ops
+
+    def put(self, key: str, value: bytes) -> None:
+        op = kv.Op("put", self.ops[-1].hlc + 1 if self.ops else 1, key, value)
+        records = [Record(op.encode(), op.key.encode(), 1)]
+        nonce = secrets.token_bytes(crypto.NONCE_SIZE)
+        self.log.offer_many(crypto.seal_run(self.content_key, self.log.state.queue_id, 0, records, nonce))
+        self.log.commit()
+        self.ops.append(op)
+
+    @property
+    def view(self) -> dict[str, kv.Entry]:
+        return kv.apply_ops({}, self.ops)
+
+
+def sealed_histories(
+    readers: list[bytes], a_ops: int, b_ops: int
+) -> tuple[SealedHistory, SealedHistory, core.QueueState]:
+    """``histories`` for a namespace sealed to ``readers`` when it was created: A writes a key B never
+    writes, and both overwrite the shared key."""
+    content_key = secrets.token_bytes(32)
+    base = LatticeQueue(EMPTY, BOB, TickingClock(NOW))
+    for key, value in sealed_meta.seal_new(BOB.public_key, readers, content_key, secrets.token_bytes).items():
+        base.set_meta(key, value)
+    a = SealedHistory(base, content_key, [])
+    a.put("shared", b"base")
+    a.put("junction", b"j")  # nobody writes it again: only a fold of the whole log holds it
+    junction = base.state
+    b = SealedHistory(LatticeQueue(junction, BOB, TickingClock(NOW + 10)), content_key, list(a.ops))
+    a.put("only-a", b"a")
+    for i in range(a_ops - 1):
+        a.put("shared", b"a%d" % i)
+    for i in range(b_ops):
+        b.put("shared", b"b%d" % i)
+    return a, b, junction
+
+
+def test_a_reader_of_a_sealed_namespace_folds_a_spliced_join_from_the_whole_log(
+    replicas: tuple[Writer, Writer],
+) -> None:
+    """X and Y are readers. X takes B's chunk from the junction on: the ops it keeps below the chunk
+    (the junction's) are not among the join's appended records, so the view, cleared, is folded again
+    from the whole kept log, each op opened with the reader key."""
+    x, y = replicas
+    install_sealer(x)
+    install_sealer(y)
+    a, b, junction = sealed_histories([x.identity.public_key, y.identity.public_key], a_ops=2, b_ops=4)
+    ns_x = merge(x, a.log.delta())
+    assert view(x, ns_x) == a.view and "only-a" in a.view
+    chunk = b.log.delta(junction.summary())
+    assert chunk.from_offset == junction.held_end
+    merge(x, chunk)
+    ns_y = merge(y, b.log.delta())
+    assert x.states[ns_x].forked
+    records = b.log.state.entries.records()
+    assert x.states[ns_x].entries.records() == y.states[ns_y].entries.records() == records
+    assert view(x, ns_x) == view(y, ns_y) == b.view
+    assert "junction" in b.view and "only-a" not in b.view  # not vacuous: below the chunk, and A's alone
+
+
+def test_a_relay_of_a_sealed_namespace_folds_nothing_through_a_fork(replicas: tuple[Writer, Writer]) -> None:
+    """Neither X nor Y holds the key: X's join, which folds the view again from the whole log, opens
+    nothing and folds nothing, and both hold B's records."""
+    x, y = replicas
+    install_sealer(x)
+    install_sealer(y)
+    a, b, junction = sealed_histories([], a_ops=2, b_ops=4)
+    ns_x = merge(x, a.log.delta())
+    assert view(x, ns_x) == {}
+    merge(x, b.log.delta(junction.summary()))
+    ns_y = merge(y, b.log.delta())
+    assert x.states[ns_x].forked
+    records = b.log.state.entries.records()
+    assert x.states[ns_x].entries.records() == y.states[ns_y].entries.records() == records
+    assert view(x, ns_x) == view(y, ns_y) == {}
+    assert b.view  # not vacuous: a reader would fold these
