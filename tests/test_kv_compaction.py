@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from clocks import TickingClock
+from kvviews import view
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
@@ -18,7 +19,6 @@ from latticed.crdt.signing import Identity
 from latticed.storage import kvcompact
 from latticed.storage.jobs import Job, KvWrite, Merge
 from latticed.storage.kvcompact import CompactKv, worth_compacting
-from latticed.storage.reader import StoreReader
 from latticed.storage.store import db_path
 from latticed.storage.writer import Writer
 
@@ -62,14 +62,6 @@ def namespace(w: Writer, owner: Identity) -> int:
     ns = w.lookup(core.empty_state(owner.public_key, "kv", KIND_KV).queue_id)
     assert ns is not None
     return ns
-
-
-def view(w: Writer, ns: int) -> dict[str, kv.Entry]:
-    reader = StoreReader(w.path)
-    try:
-        return dict(reader.kv_scan(ns, ""))
-    finally:
-        reader.close()
 
 
 def visible_view(w: Writer, ns: int) -> dict[str, object]:

@@ -11,6 +11,7 @@ from typing import cast
 
 import pytest
 from clocks import TickingClock
+from kvviews import view
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
@@ -23,7 +24,6 @@ from latticed.privacy import meta as sealed_meta
 from latticed.queue import LatticeQueue
 from latticed.storage.entries import SqlRows
 from latticed.storage.jobs import Merge
-from latticed.storage.reader import StoreReader
 from latticed.storage.sealer import SealableStore, Sealer
 from latticed.storage.store import db_path
 from latticed.storage.writer import Writer
@@ -55,14 +55,6 @@ def merge(w: Writer, d: core.QueueDelta) -> int:
     assert job.error is None, job.error
     assert isinstance(job.result, int)
     return job.result
-
-
-def view(w: Writer, ns: int) -> dict[str, kv.Entry]:
-    reader = StoreReader(w.path)
-    try:
-        return dict(reader.kv_scan(ns, ""))
-    finally:
-        reader.close()
 
 
 def histories(a_ops: int, b_ops: int) -> tuple[KvNamespace, KvNamespace, core.QueueState]:
