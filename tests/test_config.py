@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -319,12 +321,54 @@ def test_unwritable_data_dir_explains(
         ensure_data_dir(tmp_path / "d")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions; covered by the errno test")
+NOBODY = 65534
+
+
+def _refused_as(uid: int, data_dir: Path) -> str:
+    """What ``ensure_data_dir`` says in a forked child that runs as ``uid`` (no exec: the child keeps the
+    loaded interpreter, and giving up root drops every capability, so mode bits apply again)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            ensure_data_dir(data_dir)
+            said = "created"
+        except StorageError as e:
+            said = str(e)
+        except BaseException as e:  # anything else is a failure the parent reports
+            said = f"unexpected {type(e).__name__}: {e}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
 def test_unwritable_data_dir_for_real(tmp_path: Path) -> None:
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    with pytest.raises(StorageError, match="permission denied"):
-        ensure_data_dir(locked / "data")
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(StorageError, match="permission denied"):
+            ensure_data_dir(locked / "data")
+        return
+    # Root ignores mode bits: the same check from a child that gave up root. It must reach the locked
+    # directory, so that lives in a directory of its own that others may enter (pytest's is 0700).
+    base = Path(tempfile.mkdtemp(prefix="latticed-test-"))
+    try:
+        base.chmod(0o711)
+        locked = base / "locked"
+        locked.mkdir(mode=0o555)
+        said = _refused_as(NOBODY, locked / "data")
+        assert "permission denied" in said, said
+        assert not (locked / "data").exists()
+    finally:
+        shutil.rmtree(base)
 
 
 def test_ensure_socket_dir(tmp_path: Path) -> None:
