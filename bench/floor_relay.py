@@ -10,8 +10,8 @@ wake-ups and syscalls alone.
 
     .venv/bin/python bench/floor_relay.py --samples 1000 --interval 0.005
 
-Run as ``floor_relay.py node --listen-only|--upstream PORT [--durable DIR] [--verify]``, a process prints
-its port and serves; the writer is driven from the parent through ``chain()``.
+Run as ``floor_relay.py node --upstream PORT [--durable DIR] [--verify-key HEX]``, a process prints its
+port and serves; the writer is this process (``chain()``, ``measure()``).
 """
 
 from __future__ import annotations
@@ -131,16 +131,16 @@ def node_main(argv: list[str]) -> None:
 @contextlib.contextmanager
 def chain(
     hops: int, durable: bool, verify: bool
-) -> Iterator[tuple[int, list[subprocess.Popen[str]], SigningKey]]:
-    """Start relays and a leaf behind a listening writer port of our own; yields (writer port, processes
-    [relays..., leaf], signing key). The caller connects to nothing: the first relay dials the writer."""
+) -> Iterator[tuple[socket.socket, list[subprocess.Popen[str]], SigningKey]]:
+    """Start relays and a leaf behind a listening socket of the writer (this process); yields (that
+    socket, processes [relays..., leaf], signing key). The first relay dials the writer."""
     key = SigningKey.generate()
     with tempfile.TemporaryDirectory(prefix="ld-floor-", dir=os.environ.get("LATTICED_BENCH_DIR")) as root:
         procs: list[subprocess.Popen[str]] = []
+        listener = socket.create_server(("127.0.0.1", 0))
         try:
-            # The writer (this process) listens; each next process dials the previous one.
-            writer_port = _writer_port()
-            upstream = writer_port
+            # The writer listens; each next process dials the previous one.
+            upstream = int(listener.getsockname()[1])
             for _ in range(hops):
                 argv = [sys.executable, __file__, "node", "--upstream", str(upstream)]
                 if durable:
@@ -151,54 +151,47 @@ def chain(
                 procs.append(proc)
                 assert proc.stdout is not None
                 upstream = int(proc.stdout.readline())
-            yield writer_port, procs, key
+            yield listener, procs, key
         finally:
+            listener.close()
             for proc in procs:
                 proc.kill()
                 proc.wait()
 
 
-_WRITER: dict[int, socket.socket] = {}
+WARM_UP = 50
 
 
-def _writer_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1)
-    _WRITER[sock.getsockname()[1]] = sock
-    return int(sock.getsockname()[1])
-
-
-def drive(port: int, key: SigningKey, samples: int, interval: float) -> None:
-    """Be the writer: sign and send one record every ``interval`` s, then wait for every ACK."""
-    listener = _WRITER.pop(port)
-    conn, _ = listener.accept()
-    listener.close()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    with conn:
-        for offset in range(1, samples + 1):
-            body = OFFSET.pack(offset) + VALUE
-            conn.sendall(_frame(key.sign(body)))
-            time.sleep(interval)
-        want = samples * (4 + OFFSET.size)
-        got = 0
-        conn.settimeout(60)
-        while got < want:
-            data = conn.recv(65536)
-            if not data:
-                raise RuntimeError("the first relay closed before acknowledging every record")
-            got += len(data)
+def _send(conn: socket.socket, key: SigningKey, first: int, count: int, interval: float) -> None:
+    """Sign and send records ``first`` .. ``first + count - 1``, one every ``interval`` s, then wait for
+    the first relay's ACKs of all of them."""
+    for offset in range(first, first + count):
+        conn.sendall(_frame(key.sign(OFFSET.pack(offset) + VALUE)))
+        time.sleep(interval)
+    want, got = count * (4 + OFFSET.size), 0
+    while got < want:
+        data = conn.recv(want - got)
+        if not data:
+            raise RuntimeError("the first relay closed before acknowledging every record")
+        got += len(data)
 
 
 def measure(
     samples: int, interval: float, hops: int, durable: bool, verify: bool
 ) -> list[tuple[float, float]]:
-    """(CPU µs, wake-ups) per record of each relay and the leaf, in chain order."""
-    with chain(hops, durable, verify) as (port, procs, key):
-        splits = [CpuSplit(p.pid) for p in procs]
-        drive(port, key, samples, interval)
-        # The last ACK has reached the writer, so every process has done its part for every record.
-        spent = [s.since() for s in splits]
+    """(CPU µs, wake-ups) per record of each relay and the leaf, in chain order, after a warm-up (the
+    daemons it is compared with have been running too: first calls, imports and caches are not counted)."""
+    with chain(hops, durable, verify) as (listener, procs, key):
+        conn, _ = listener.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(60)
+            _send(conn, key, 1, WARM_UP, interval)
+            splits = [CpuSplit(p.pid) for p in procs]
+            _send(conn, key, WARM_UP + 1, samples, interval)
+            # The first relay has acknowledged every record; the processes behind it may still be
+            # flushing their last few (one linger's worth, within the noise of a thousand records).
+            spent = [s.since() for s in splits]
     return [((loop + rest) / samples * 1e6, woke / samples) for loop, rest, woke in spent]
 
 
