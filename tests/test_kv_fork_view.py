@@ -7,7 +7,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import pytest
 from clocks import TickingClock
@@ -57,6 +57,19 @@ def merge(w: Writer, d: core.QueueDelta) -> int:
     return job.result
 
 
+class _Writes(Protocol):
+    def put(self, key: str, value: bytes) -> None: ...
+
+
+def _diverge(a: _Writes, b: _Writes, a_ops: int, b_ops: int) -> None:
+    """After the junction: A writes a key B never writes, then both overwrite the shared key."""
+    a.put("only-a", b"a")
+    for i in range(a_ops - 1):
+        a.put("shared", b"a%d" % i)
+    for i in range(b_ops):
+        b.put("shared", b"b%d" % i)
+
+
 def histories(a_ops: int, b_ops: int) -> tuple[KvNamespace, KvNamespace, core.QueueState]:
     """Bob's namespace with one op, then two histories from there: A (an old copy of his store) writes a
     key B never writes, and both overwrite the shared key."""
@@ -66,11 +79,7 @@ def histories(a_ops: int, b_ops: int) -> tuple[KvNamespace, KvNamespace, core.Qu
     a = base
     b_clock = TickingClock(NOW + 10)
     b = KvNamespace(LatticeQueue(junction, BOB, b_clock), b_clock)
-    a.put("only-a", b"a")
-    for i in range(a_ops - 1):
-        a.put("shared", b"a%d" % i)
-    for i in range(b_ops):
-        b.put("shared", b"b%d" % i)
+    _diverge(a, b, a_ops, b_ops)
     return a, b, junction
 
 
@@ -224,11 +233,7 @@ def sealed_histories(
     a.put("junction", b"j")  # nobody writes it again: only a fold of the whole log holds it
     junction = base.state
     b = SealedHistory(LatticeQueue(junction, BOB, TickingClock(NOW + 10)), content_key, list(a.ops))
-    a.put("only-a", b"a")
-    for i in range(a_ops - 1):
-        a.put("shared", b"a%d" % i)
-    for i in range(b_ops):
-        b.put("shared", b"b%d" % i)
+    _diverge(a, b, a_ops, b_ops)
     return a, b, junction
 
 
