@@ -2,11 +2,14 @@
 daemon runs (the worker's side, and what the whole exchange is for: :mod:`latticed.groups.remote`).
 
 A remote consumer is known as ``<first 16 hex digits of its daemon's identity>/<its consumer id there>``;
-a daemon may settle only leases granted to its own consumers. Who may consume remotely is the group's
-allow-list (:func:`~latticed.groups.remote.remote_policy`), checked against the link's authenticated
-identity. When a link ends, the consumers behind it are detached: their leases run out as usual
-(visibility timeout), and an ack that arrives over a new link before that still counts. A settlement sent
-again after a lost link (flagged ``retry``) gets the answer the first one got.
+a daemon may settle only leases granted to its own consumers: ack, nack, extend, fetch and give-back check
+the holder, ``claim`` takes over only its consumers' leases, and ``ack_up_to`` settles only a range whose
+every unsettled record they hold (never the DLQ: purging dead letters is the owner's). Calls waiting for
+records hold no consumer slot and are bounded (:mod:`latticed.groups.waiting`). Who may consume
+remotely is the group's allow-list (:func:`~latticed.groups.remote.remote_policy`), checked against the
+link's authenticated identity. When a link ends, the consumers behind it are detached: their leases run
+out as usual (visibility timeout), and an ack that arrives over a new link before that still counts. A
+settlement sent again after a lost link (flagged ``retry``) gets the answer the first one got.
 
 Every body comes from a peer: each field is checked here (a bad one is refused with MalformedError).
 """
