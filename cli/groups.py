@@ -76,6 +76,8 @@ def _lease_fields(lease: Lease) -> dict[str, object]:
         fields["key"] = lease.key
     for name, value in lease.headers:
         fields[f"header {name}"] = value
+    if lease.payload_from is not None:
+        fields["payload from"] = lease.payload_from
     return fields
 
 

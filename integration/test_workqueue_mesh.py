@@ -16,11 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from polling import wait_until
 
 from cli.boundary import ExitCode
 from latticed.api.client import Client
-from latticed.errors import LatticedError
+from latticed.errors import LatticedError, NotAllowedError
 
 LATTICECTL = str(Path(sys.executable).parent / "latticectl")
 LatticedProcess = Any  # integration/conftest.py's daemon handle
@@ -123,7 +124,11 @@ def test_workers_on_another_daemon_consume_a_group_with_the_same_calls(
         assert lease is not None and lease.offset == 1
         assert c.extend(group, lease, 60) > time.time() + 50
         assert c.nack(group, lease, 0, reason="boom")["attempts"] == 1
-        assert c.ack_up_to(group, f"{a_id}/jobs", 2) == 1  # offset 1, available again after the nack
+        with pytest.raises(NotAllowedError, match="not leased to a worker of the calling daemon"):
+            c.ack_up_to(group, f"{a_id}/jobs", 2)  # offset 1 is available again, not this daemon's lease
+        lease = c.dequeue(group)
+        assert lease is not None and (lease.offset, lease.attempt) == (1, 2)
+        assert c.ack_up_to(group, f"{a_id}/jobs", 2) == 1  # over its own lease: allowed
         # subscribe, acks pipelined
         with c.subscribe(group, max_in_flight=3) as sub:
             seen = []
@@ -143,8 +148,8 @@ def test_workers_on_another_daemon_consume_a_group_with_the_same_calls(
     with client(a) as c:
         stats = c.group_stats("g")
         assert (stats["done"], stats["leased"], stats["available"]) == (7, 0, 3)
-        [nacked] = c.group_inspect("g", "jobs", 1)["history"]  # then settled by ack_up_to, unleased
-        assert (nacked["outcome"], nacked["error"]) == ("nack", "boom")
+        nacked, settled = c.group_inspect("g", "jobs", 1)["history"]  # then leased, settled by ack_up_to
+        assert (nacked["outcome"], nacked["error"], settled["outcome"]) == ("nack", "boom", "acked")
         assert nacked["consumer"].startswith(b_id[:16] + "/")
     # ``latticectl work`` on B runs a command per record
     out = tmp_path / "out"

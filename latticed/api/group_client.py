@@ -31,7 +31,9 @@ class Lease:
     """A leased record: ack, nack or extend it with ``lease`` before ``expires_at`` (epoch seconds).
 
     ``queue``/``offset`` name the record (for a redriven dead letter: its place in the DLQ);
-    ``correlation_id`` is the same on every delivery of the record."""
+    ``correlation_id`` is the same on every delivery of the record. ``payload_from`` (a group another
+    daemon owns): "replica" (this daemon's copy, verified against its queue owner's signature) or
+    "owner" (sent by the group's owner, which vouches for it); None for a local group."""
 
     group: str
     queue: str
@@ -45,6 +47,7 @@ class Lease:
     timestamp: int
     consumer: str
     expires_at: float
+    payload_from: str | None = None
 
 
 def lease_from_wire(raw: dict[str, Any]) -> Lease:
@@ -62,6 +65,7 @@ def lease_from_wire(raw: dict[str, Any]) -> Lease:
         timestamp=int(raw["timestamp"]),
         consumer=raw["consumer"],
         expires_at=float(raw["expires_at"]),
+        payload_from=str(raw["payload_from"]) if raw.get("payload_from") is not None else None,
     )
 
 

@@ -2,11 +2,14 @@
 daemon runs (the worker's side, and what the whole exchange is for: :mod:`latticed.groups.remote`).
 
 A remote consumer is known as ``<first 16 hex digits of its daemon's identity>/<its consumer id there>``;
-a daemon may settle only leases granted to its own consumers. Who may consume remotely is the group's
-allow-list (:func:`~latticed.groups.remote.remote_policy`), checked against the link's authenticated
-identity. When a link ends, the consumers behind it are detached: their leases run out as usual
-(visibility timeout), and an ack that arrives over a new link before that still counts. A settlement sent
-again after a lost link (flagged ``retry``) gets the answer the first one got.
+a daemon may settle only leases granted to its own consumers: ack, nack, extend, fetch and give-back check
+the holder, ``claim`` takes over only its consumers' leases, and ``ack_up_to`` settles only a range whose
+every unsettled record they hold (never the DLQ: purging dead letters is the owner's). Calls waiting for
+records hold no consumer slot and are bounded (:mod:`latticed.groups.waiting`). Who may consume
+remotely is the group's allow-list (:func:`~latticed.groups.remote.remote_policy`), checked against the
+link's authenticated identity. When a link ends, the consumers behind it are detached: their leases run
+out as usual (visibility timeout), and an ack that arrives over a new link before that still counts. A
+settlement sent again after a lost link (flagged ``retry``) gets the answer the first one got.
 
 Every body comes from a peer: each field is checked here (a bad one is refused with MalformedError).
 """
@@ -32,6 +35,7 @@ from latticed.groups.remote import MAX_TAKE, consumer_prefix, record_wire, remot
 from latticed.groups.runtime import GroupRuntime
 from latticed.groups.service import GroupService
 from latticed.groups.views import live_stats, settled_reply, task_wire
+from latticed.groups.waiting import WaitingCalls
 from latticed.leases.outcomes import Grant
 from latticed.storage.sealer import sealer_of
 
@@ -101,6 +105,8 @@ class RemoteLeaseServer:
         self._settled: OrderedDict[tuple[bytes, str, str], dict[str, Any]] = OrderedDict()
         self._policies: dict[int, tuple[int, frozenset[bytes] | None]] = {}
         self._sealed: dict[str, tuple[int, bool]] = {}
+        #: Calls waiting for records, bounded per peer and per group.
+        self.waiting = WaitingCalls()
         self._ops: dict[str, Op] = {
             "dequeue": self._dequeue,
             "take": self._take,
@@ -210,19 +216,23 @@ class RemoteLeaseServer:
     async def _dequeue(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
         consumer = self._consumer(peer, body)
         visibility = _seconds(body, "visibility", positive=True)
-        try:
-            lease = await self.service.dequeue(rt, consumer, visibility, _seconds(body, "wait"))
-        finally:
-            self.service.detach(rt, consumer)
+        wait = _seconds(body, "wait")
+        with self.waiting.slot(rt.q, rt.name, peer, wait):
+            try:
+                lease = await self.service.dequeue(rt, consumer, visibility, wait, hold_slot=False)
+            finally:
+                self.service.detach(rt, consumer)
         return {"leases": self._grants(rt, [lease] if lease else [], _have(body))}
 
     async def _take(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
         consumer = self._consumer(peer, body)
         visibility = _seconds(body, "visibility", positive=True)
         n = min(_count(body, "n", 10_000), MAX_TAKE)  # one answer stays well inside a message
-        # A subscription's consumer stays registered between its takes: it ends with ``release``, or is
-        # detached when its link goes (then unregistered once its leases have ended).
-        leases = await self.service.take_waiting(rt, consumer, visibility, n, _seconds(body, "wait"))
+        # A subscription's consumer stays registered while it holds leases: it ends with ``release``, or
+        # is detached when its link goes (then unregistered once its leases have ended).
+        wait = _seconds(body, "wait")
+        with self.waiting.slot(rt.q, rt.name, peer, wait):
+            leases = await self.service.take_waiting(rt, consumer, visibility, n, wait)
         return {"leases": self._grants(rt, leases, _have(body))}
 
     def _remembered(self, peer: bytes, op: str, token: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -305,7 +315,10 @@ class RemoteLeaseServer:
 
     async def _ack_up_to(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
         offset = _count(body, "offset", 2**63 - 1)
-        changes = await self.service.ack_up_to(rt, _text(body, "queue"), offset)
+        # Only over leases the caller's own workers hold, never on the DLQ (see Dispatcher.ack_up_to).
+        changes = await self.service.ack_up_to(
+            rt, _text(body, "queue"), offset, holders=consumer_prefix(peer)
+        )
         return {"acked": len(changes.done)}
 
     async def _release(self, peer: bytes, rt: GroupRuntime, body: dict[str, Any]) -> dict[str, Any]:
@@ -343,7 +356,11 @@ class RemoteLeaseServer:
         visibility = _seconds(body, "visibility", positive=True)
         try:
             count = min(_count(body, "count", 10_000), MAX_TAKE)
-            leases = await self.service.claim(rt, consumer, min_idle, count, visibility)
+            # Only leases of the caller's own workers: another daemon's (or a local) worker's lease
+            # is not the caller's to end; a stuck one expires.
+            leases = await self.service.claim(
+                rt, consumer, min_idle, count, visibility, holders=consumer_prefix(peer)
+            )
         finally:
             self.service.detach(rt, consumer)
         return {"leases": self._grants(rt, leases, _have(body))}

@@ -42,6 +42,7 @@ from latticed.crdt.group_spec import spec_from_meta
 from latticed.crdt.head import KIND_GROUP, KIND_QUEUE
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import (
+    IntegrityError,
     LatticedError,
     MalformedError,
     NotReaderError,
@@ -316,47 +317,107 @@ class RemoteGroups:
                 have[sid] = self.engine.state(q).held_end
         return have
 
+    def _signed_sources(self, group: RemoteGroup) -> frozenset[str] | None:
+        """The group's sources and DLQ as its signed definition (this daemon's replica of the group log)
+        names them; None while that has not replicated here (or does not parse)."""
+        q = self.engine.find(group.owner, group.name, KIND_GROUP)
+        if q is None:
+            return None
+        try:
+            sources = spec_from_meta(self.engine.state(q).meta_dict).sources
+        except LatticedError:
+            return None
+        return frozenset((*sources, source_id(group.owner, dlq_name(group.name))))
+
+    def _held(self, sid: str) -> tuple[int, int, int, bool] | None:
+        """The stored queue behind ``sid`` here: (q, start, held end, sealed); None if not held."""
+        owner, name = parse_source_id(sid)
+        q = self.engine.find(owner, name, KIND_QUEUE)
+        if q is None:
+            return None
+        state = self.engine.state(q)
+        return q, state.start, state.held_end, sealer_of(self.engine).sealing(q) is not None
+
+    def _check_source(self, group: RemoteGroup, sid: str, signed: frozenset[str] | None) -> None:
+        """A grant may name only a source of the group (the owner could otherwise have this daemon open
+        a sealed queue it reads for some other group); without the definition here, never a sealed one."""
+        if signed is not None:
+            if sid not in signed:
+                raise IntegrityError(
+                    f"the owner of group {group.address} granted a lease on {sid}, which is not one of the "
+                    "group's sources (its signed definition)"
+                )
+            return
+        held = self._held(sid)
+        if held is not None and held[3]:
+            raise NotReaderError(
+                f"the definition of group {group.address} has not replicated here: a lease on the sealed "
+                f"queue {sid} is not opened before it shows that the group consumes it"
+            )
+
     async def materialize(
         self, group: RemoteGroup, grants: list[Any]
     ) -> tuple[list[dict[str, Any]], list[LatticedError]]:
-        """The owner's grants as client leases, payloads read here when the owner did not send them. A
-        lease whose record cannot be had is given back; its error is returned."""
+        """The owner's grants as client leases. The record is this daemon's verified copy whenever it
+        holds it (a payload the owner sent for it is ignored); the owner's payload serves only records
+        not held here, and never those of a sealed queue. A grant that fails its checks (malformed, or a
+        queue that is not the group's) or whose record cannot be had is given back; its error is
+        returned."""
         out: list[dict[str, Any] | None] = []
         needed: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        failures: list[LatticedError] = []
+        signed = self._signed_sources(group)
         for grant in grants:
-            _check_grant(grant)
+            try:
+                _check_grant(group, grant)
+                self._check_source(group, grant["queue"], signed)
+            except LatticedError as exc:
+                token = grant.get("lease") if isinstance(grant, dict) else None
+                self._refused(group, grant if isinstance(token, str) else None, exc, failures)
+                continue
             sid = grant["queue"]
             self._sources.setdefault(group.address, set()).add(sid)
-            record = grant.get("record")
-            if record is not None:
-                out.append(_client_lease(group, grant, record, "owner"))
-            else:
-                out.append(None)
-                needed.setdefault(sid, []).append((len(out) - 1, grant))
-        failures: list[LatticedError] = []
+            out.append(None)
+            needed.setdefault(sid, []).append((len(out) - 1, grant))
         for sid, items in needed.items():
-            found = await self._read_local(sid, [g["offset"] for _, g in items])
+            held = self._held(sid)
+            sealed = held is not None and held[3]
+            here = [g["offset"] for _, g in items if held is not None and held[1] <= g["offset"] < held[2]]
+            found = await self._read_local(sid, here) if here else {}
             for index, grant in items:
-                record = found.get(grant["offset"])
-                source = "replica"
+                record, source = found.get(grant["offset"]), "replica"
                 try:
                     if record is None:
-                        record, source = await self._missing(group, sid, grant)
+                        inline = grant.get("record")
+                        if inline is not None and not sealed and not grant.get("sealed"):
+                            record, source = inline, "owner"
+                        else:
+                            record, source = await self._missing(group, sid, grant, sealed)
+                    out[index] = _client_lease(group, grant, record, source)
                 except LatticedError as exc:
-                    failures.append(exc)
-                    self.give_back(group, [grant["lease"]])
-                    log_event(
-                        log,
-                        "group.remote_record_missing",
-                        level=logging.WARNING,
-                        group=group.address,
-                        queue=sid,
-                        offset=grant["offset"],
-                        error=str(exc),
-                    )
-                    continue
-                out[index] = _client_lease(group, grant, record, source)
+                    self._refused(group, grant, exc, failures)
         return [lease for lease in out if lease is not None], failures
+
+    def _refused(
+        self,
+        group: RemoteGroup,
+        grant: dict[str, Any] | None,
+        exc: LatticedError,
+        failures: list[LatticedError],
+    ) -> None:
+        """A grant that cannot be handed to the worker: give its lease back (if it names one), log."""
+        failures.append(exc)
+        if grant is not None:
+            self.give_back(group, [grant["lease"]])
+        log_event(
+            log,
+            "group.remote_grant_refused",
+            level=logging.WARNING,
+            group=group.address,
+            queue=str(grant.get("queue"))[:300] if grant is not None else None,
+            offset=grant.get("offset") if grant is not None else None,
+            error=str(exc),
+        )
 
     async def _read_local(self, sid: str, offsets: list[int]) -> dict[int, list[Any]]:
         """The records at ``offsets`` of ``sid`` this daemon holds (and can open), by offset.
@@ -398,10 +459,13 @@ class RemoteGroups:
         ahead = self._ahead[sid] = (first, records)
         return ahead
 
-    async def _missing(self, group: RemoteGroup, sid: str, grant: dict[str, Any]) -> tuple[list[Any], str]:
-        """A record this daemon lacks: the owner sends it, or (sealed) it must replicate here first."""
+    async def _missing(
+        self, group: RemoteGroup, sid: str, grant: dict[str, Any], sealed_here: bool
+    ) -> tuple[list[Any], str]:
+        """A record this daemon lacks: the owner sends it, or (sealed, as the owner or this daemon's
+        replica says) it must replicate here first."""
         offset = grant["offset"]
-        if not grant.get("sealed"):
+        if not grant.get("sealed") and not sealed_here:
             answer = await self.call(group, "fetch", {"lease": grant["lease"]})
             record = answer.get("record")
             if type(record) is not list or len(record) != 4:
@@ -436,10 +500,11 @@ _GRANT_FIELDS: Final = {
 _CHECKED_SOURCES: set[str] = set()
 
 
-def _check_grant(grant: Any) -> None:
-    """An owner's grant has the fields a client lease needs, with the right types."""
+def _check_grant(group: RemoteGroup, grant: Any) -> None:
+    """An owner's grant has the fields a client lease needs, with the right types (IntegrityError: the
+    owner sent something this daemon will not hand to a worker)."""
     if not isinstance(grant, dict):
-        raise MalformedError("a grant from the owner is a map")
+        raise IntegrityError(f"the owner of group {group.address} sent a malformed grant (not a map)")
     for name, kind in _GRANT_FIELDS.items():
         value = grant.get(name)
         ok = (
@@ -448,10 +513,15 @@ def _check_grant(grant: Any) -> None:
             else type(value) is kind
         )
         if not ok:
-            raise MalformedError(f"a grant from the owner lacks a proper {name!r}")
+            raise IntegrityError(f"the owner of group {group.address} sent a grant without a proper {name!r}")
+    if grant["offset"] < 0 or len(grant["lease"]) > 1024 or len(grant["consumer"]) > 1024:
+        raise IntegrityError(f"the owner of group {group.address} sent a grant out of bounds")
     queue = grant["queue"]
     if queue not in _CHECKED_SOURCES:
-        parse_source_id(queue)
+        try:
+            parse_source_id(queue)
+        except LatticedError as exc:
+            raise IntegrityError(f"the owner of group {group.address} sent a grant naming no queue") from exc
         if len(_CHECKED_SOURCES) < 4096:
             _CHECKED_SOURCES.add(queue)
 
@@ -461,14 +531,26 @@ def _client_lease(group: RemoteGroup, grant: dict[str, Any], record: Any, source
     (this daemon's copy, verified against its queue owner's signature) or "owner" (sent by the group's
     owner, which vouches for it)."""
     if type(record) is not list or len(record) != 4:
-        raise MalformedError("a record is [key, value, timestamp, headers]")
+        raise IntegrityError(
+            f"the owner of group {group.address} sent a record that is not [key, value, ts, headers]"
+        )
     key, value, timestamp, headers = record
     if (
         not isinstance(value, bytes)
         or not (key is None or isinstance(key, bytes))
         or type(timestamp) is not int
     ):
-        raise MalformedError("a record's key, value and timestamp have the wrong types")
+        raise IntegrityError(f"the owner of group {group.address} sent a record of the wrong types")
+    if headers is not None and not (
+        type(headers) in (list, tuple)
+        and all(
+            type(h) in (list, tuple) and len(h) == 2 and isinstance(h[0], str) and isinstance(h[1], bytes)
+            for h in headers
+        )
+    ):
+        raise IntegrityError(
+            f"the owner of group {group.address} sent a record whose headers are not [name, bytes] pairs"
+        )
     return {
         "group": group.address,
         "queue": grant["queue"],

@@ -335,9 +335,17 @@ class GroupService:
 
     # ------------------------------------------------------------------ consumers
     async def dequeue(
-        self, rt: GroupRuntime, consumer: str, visibility: float | None, wait: float | None
+        self,
+        rt: GroupRuntime,
+        consumer: str,
+        visibility: float | None,
+        wait: float | None,
+        *,
+        hold_slot: bool = True,
     ) -> Grant | None:
-        """Lease the next available record; with ``wait``, block up to that many seconds for one."""
+        """Lease the next available record; with ``wait``, block up to that many seconds for one.
+        ``hold_slot=False`` (a remote caller): while it waits holding no lease, the consumer does not
+        count against ``max_consumers`` (a peer's waiting calls cannot lock local consumers out)."""
         deadline = trio.current_time() + (wait or 0.0)
         while True:
             _check(rt)
@@ -345,6 +353,8 @@ class GroupService:
             if lease is not None:
                 self._deadline_moved(rt)
                 return lease
+            if not hold_slot:
+                self._unregister_idle(rt, consumer)
             if await self._feed_now(rt):
                 continue
             if rt.unreadable:  # nothing to lease, and records wait that this daemon cannot open
@@ -393,13 +403,15 @@ class GroupService:
         self, rt: GroupRuntime, consumer: str, visibility: float | None, n: int, wait: float | None
     ) -> list[Grant]:
         """:meth:`take`, blocking up to ``wait`` seconds while nothing is available (a remote
-        subscription's long poll)."""
+        subscription's long poll). While it waits holding no lease, the consumer is not registered (it
+        does not count against ``max_consumers``)."""
         deadline = trio.current_time() + (wait or 0.0)
         while True:
             _check(rt)
             leases = self.take(rt, consumer, visibility, n)
             if leases or n <= 0:
                 return leases
+            self._unregister_idle(rt, consumer)
             if await self._feed_now(rt):
                 continue
             if rt.unreadable:
@@ -408,6 +420,11 @@ class GroupService:
                 return []
             with trio.move_on_at(deadline):
                 await rt.changed.wait()
+
+    def _unregister_idle(self, rt: GroupRuntime, consumer: str) -> None:
+        dispatcher = rt.dispatcher
+        if dispatcher.has_consumer(consumer) and not dispatcher.in_flight(consumer):
+            dispatcher.release_consumer(consumer, self.now())  # holds nothing: nothing to give back
 
     def detach(self, rt: GroupRuntime, consumer: str) -> None:
         """The consumer is not connected (a remote one between its calls, or a closed connection): its
@@ -481,22 +498,35 @@ class GroupService:
         return rt.dispatcher.extend(token, visibility, self.now())
 
     async def claim(
-        self, rt: GroupRuntime, consumer: str, min_idle: float, count: int, visibility: float | None
+        self,
+        rt: GroupRuntime,
+        consumer: str,
+        min_idle: float,
+        count: int,
+        visibility: float | None,
+        *,
+        holders: str | None = None,
     ) -> list[Grant]:
-        """Take over leases idle at least ``min_idle`` seconds (see :meth:`Dispatcher.claim`); replies
-        once the attempts they cost are durable."""
+        """Take over leases idle at least ``min_idle`` seconds (see :meth:`Dispatcher.claim`; ``holders``:
+        only those of consumers with that id prefix); replies once the attempts they cost are durable."""
         _check(rt)
-        leases, changes = rt.dispatcher.claim(consumer, min_idle, count, visibility, self.now())
+        leases, changes = rt.dispatcher.claim(
+            consumer, min_idle, count, visibility, self.now(), holders=holders
+        )
         if changes:
             self._deadline_moved(rt)
             rt.notify()
             await self.committer.persist(rt, changes)
         return leases
 
-    async def ack_up_to(self, rt: GroupRuntime, queue: str, up_to: int) -> Changes:
+    async def ack_up_to(
+        self, rt: GroupRuntime, queue: str, up_to: int, *, holders: str | None = None
+    ) -> Changes:
+        """Settle ``queue`` below ``up_to`` (``holders``: a remote caller's consumer prefix, see
+        :meth:`Dispatcher.ack_up_to`)."""
         _check(rt)
         owner, name = self.engine.parse_address(queue)
-        changes = rt.dispatcher.ack_up_to(source_id(owner, name), up_to, self.now())
+        changes = rt.dispatcher.ack_up_to(source_id(owner, name), up_to, self.now(), holders=holders)
         rt.notify()
         self._sweep_detached(rt)
         await self.committer.persist(rt, changes)

@@ -51,7 +51,7 @@ from latticed.crdt.errors import MalformedError
 from latticed.crdt.group import EMPTY, GroupProgress, ProgressOp, dlq_name, source_id
 from latticed.crdt.group_spec import GroupSpec
 from latticed.crdt.records import Record
-from latticed.errors import CapacityError, LeaseError, NotFoundError
+from latticed.errors import CapacityError, LeaseError, NotAllowedError, NotFoundError
 from latticed.leases.filters import compile_filter
 from latticed.leases.outcomes import (
     NO_CHANGES,
@@ -324,12 +324,20 @@ class Dispatcher:
         return self._grant(task, consumer, tokens, visibility, now)
 
     def claim(
-        self, consumer: str, min_idle_s: float, count: int, visibility_s: float | None, now: float
+        self,
+        consumer: str,
+        min_idle_s: float,
+        count: int,
+        visibility_s: float | None,
+        now: float,
+        *,
+        holders: str | None = None,
     ) -> tuple[list[Grant], Changes]:
         """Take over leases whose holders have been idle at least ``min_idle_s`` (since they leased or
         last extended them), the longest idle first, at most ``count`` (Redis's XAUTOCLAIM). Each one's
         attempt ends as failed ("claimed", counted like an expiry); unless that was its last attempt (then
-        it is dead-lettered), the record is leased to ``consumer`` at once, as its next attempt."""
+        it is dead-lettered), the record is leased to ``consumer`` at once, as its next attempt.
+        ``holders``: only leases of consumers whose ids start with it (a remote daemon's own workers)."""
         min_idle = _seconds(min_idle_s, "min idle", positive=False)
         if type(count) is not int or count < 1:
             raise MalformedError("claim takes a count of at least 1")
@@ -347,6 +355,7 @@ class Dispatcher:
             for task in self._leases.values()
             if (lease := task.lease) is not None
             and lease.consumer != consumer
+            and (holders is None or lease.consumer.startswith(holders))
             and now - (lease.active_at or lease.leased_at) >= min_idle
         )[:count]
         pairs = []
@@ -537,14 +546,20 @@ class Dispatcher:
             return NO_CHANGES
         return self._fail_all(pairs, "expired", None, now)
 
-    def ack_up_to(self, queue: str, up_to: int, now: float) -> Changes:
+    def ack_up_to(self, queue: str, up_to: int, now: float, *, holders: str | None = None) -> Changes:
         """Settle every record of ``queue`` below ``up_to`` at once, leased or not (their leases become
-        stale); on the DLQ this purges. ``up_to`` may not pass what the group has seen of the queue."""
+        stale); on the DLQ this purges. ``up_to`` may not pass what the group has seen of the queue.
+
+        ``holders`` (a remote daemon's consumer prefix): only if every unsettled record below ``up_to``
+        is leased to a consumer whose id starts with it, else nothing is settled (NotAllowedError); never
+        on the DLQ. So a peer settles only what its own workers hold."""
         src = self._source(queue)
         if type(up_to) is not int or up_to < 0:
             raise MalformedError("ack_up_to takes an offset")
         if up_to > src.next_offset:
             raise MalformedError(f"ack_up_to({up_to}) is past the end the group has seen ({src.next_offset})")
+        if holders is not None:
+            self._check_held_below(src, up_to, holders)
         heap, done, attempts = src.offsets, [], []
         while heap and heap[0] < up_to:
             task = src.tasks.get(heapq.heappop(heap))
@@ -565,6 +580,16 @@ class Dispatcher:
         return Changes(
             ops=(ProgressOp(src.id, GroupProgress(floor)),), done=tuple(done), attempts=tuple(attempts)
         )
+
+    def _check_held_below(self, src: _Source, up_to: int, holders: str) -> None:
+        if src.is_dlq:
+            raise NotAllowedError(f"only the owner of group {self.spec.name} purges its dead letters")
+        for offset, task in src.tasks.items():
+            if offset < up_to and (task.lease is None or not task.lease.consumer.startswith(holders)):
+                raise NotAllowedError(
+                    f"ack_up_to({up_to}) of {src.id} would settle offset {offset}, which is not leased to "
+                    "a worker of the calling daemon (a remote daemon settles only its own leases)"
+                )
 
     # ------------------------------------------------------------------ dead-letter queue
     def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
