@@ -30,6 +30,7 @@ from latticed.crdt.head import QueueKind
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
+from latticed.listen_probe import listen_error
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExtension, PendingMerge
@@ -494,7 +495,10 @@ def _label(target: bytes | HostPort) -> str:
 async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort]) -> None:
     assert service.config.listen is not None
     host, port = service.config.listen
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:  # taken since `latticed run` probed it, or an embedding caller's config
+        raise listen_error((host, port), exc) from exc
     bound = listeners[0].socket.getsockname()
     address: HostPort = (host, int(bound[1]))
 
