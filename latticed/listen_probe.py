@@ -45,9 +45,7 @@ def probe_listen(address: HostPort, *, config_file: Path | None = None) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise LatticedError(
-            f"cannot listen on {format_host_port(address)}: {exc.strerror or exc}"
-        ) from exc
+        raise LatticedError(f"cannot listen on {format_host_port(address)}: {exc.strerror or exc}") from exc
     for family, kind, proto, _, sockaddr in infos:
         try:
             with socket.socket(family, kind, proto) as probe:
