@@ -56,6 +56,7 @@ __all__ = [
     "Layout",
     "format_listen",
     "Scope",
+    "default_config_files",
     "latticed_command",
     "layout_for",
     "render_config",
@@ -127,6 +128,13 @@ def layout_for(scope: Scope, env: Mapping[str, str] = os.environ, root: Path | N
         data_dir=_xdg(env, "XDG_STATE_HOME", ".local/state") / "latticed",
         unit_dir=config_home / "systemd" / "user",
     )
+
+
+def default_config_files(env: Mapping[str, str] = os.environ, *, euid: int | None = None) -> list[Path]:
+    """Where ``latticed init`` writes the config, the caller's own layout first: the user's, then the
+    system's (for root, the system's first)."""
+    user, system = layout_for("user", env).config_file, layout_for("system").config_file
+    return [system, user] if (os.geteuid() if euid is None else euid) == 0 else [user, system]
 
 
 def latticed_command() -> list[str]:
