@@ -26,6 +26,7 @@ from latticed.config import (
     LOG_FORMATS,
     LOG_LEVELS,
     DaemonConfig,
+    LogFormat,
     default_data_dir,
     default_socket_path,
     load_config,
@@ -230,14 +231,24 @@ def run(
     }
     daemon_config = load_config(config, overrides)
     refuse_early(daemon_config, config)
-    from latticed.logs import configure_logging  # noqa: PLC0415 - after the refusals: see the docstring
-
     configure_logging(daemon_config.log_level, daemon_config.log_format)
-    import trio  # noqa: PLC0415
-
-    from latticed.daemon import run_daemon  # noqa: PLC0415
+    import trio  # noqa: PLC0415 - after the refusals: see the module docstring
 
     trio.run(run_daemon, daemon_config)
+
+
+def configure_logging(level: str, log_format: LogFormat) -> None:
+    """:func:`latticed.logs.configure_logging`, imported when ``run`` gets this far."""
+    from latticed.logs import configure_logging as configure  # noqa: PLC0415
+
+    configure(level, log_format)
+
+
+async def run_daemon(config: DaemonConfig) -> None:
+    """:func:`latticed.daemon.run_daemon`, imported when ``run`` gets this far."""
+    from latticed.daemon import run_daemon as run_it  # noqa: PLC0415
+
+    await run_it(config)
 
 
 def refuse_early(config: DaemonConfig, config_file: Path | None = None) -> None:
@@ -282,4 +293,4 @@ def main() -> None:
     app(prog_name="latticed")
 
 
-__all__ = ["app", "main", "refuse_early"]
+__all__ = ["app", "configure_logging", "main", "refuse_early", "run_daemon"]
