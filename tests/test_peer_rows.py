@@ -3,14 +3,20 @@ an ephemeral port too, no "on our block list" once it is unblocked, and a dial e
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from pathlib import Path
 
+import pytest
 import trio
+from inprocess import start_in_process
 
+from latticed.config import DaemonConfig
 from latticed.errors import ConnectionClosedError
+from latticed.logs import EVENT_ATTR, FIELDS_ATTR
 from latticed.net.peerstate import PeerFaults
+from latticed.net.replication import PEERS_FILE
 from latticed.net.transport import connect_failure, open_peer
 from latticed.protocol.peerbook import PeerBook
 from latticed.protocol.peerstate import PeerRules
@@ -67,3 +73,19 @@ def test_a_refused_dial_says_why_once() -> None:
 
         message = trio.run(dial)
     assert message == f"cannot connect to 127.0.0.1:{port}: Connection refused"
+
+
+def test_replication_ready_counts_the_remembered_peers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    book = PeerBook()
+    book.remember(("127.0.0.1", 9), PK_B, now=time.time())  # the discard port: nothing listens
+    (data / PEERS_FILE).write_text(book.to_json())
+    caplog.set_level(logging.INFO, logger="latticed.net.replication")
+    config = DaemonConfig(data_dir=data, socket_path=tmp_path / "d.sock", listen=("127.0.0.1", 0), mdns=False)
+    daemon = start_in_process(config)
+    daemon.stop()
+    [ready] = [r for r in caplog.records if getattr(r, EVENT_ATTR, None) == "replication.ready"]
+    assert getattr(ready, FIELDS_ATTR)["peers"] == 1

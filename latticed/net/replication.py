@@ -464,7 +464,7 @@ async def run_replication(
                 log,
                 "replication.ready",
                 listen=_fmt(service.listen_address),
-                peers=len(config.peers),
+                peers=len(service.book.snapshot()),  # configured, added and remembered: what it dials
                 mdns=bool(config.mdns and service.listen_address),
                 network=network_key_fingerprint(network_key),
             )
