@@ -9,8 +9,15 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-venv: $(BIN)/python
+# The editable install is redone only when what it reads changed since the stamp (pyproject.toml, setup.py,
+# the compiled sealer's source), so a second `make demo` starts at once; `make clean` forces it.
+STAMP := $(VENV)/.installed
+
+$(STAMP): $(BIN)/python pyproject.toml setup.py latticed/privacy/_seal_build.py
 	$(BIN)/pip install -q -e '.[dev,spark]'
+	touch $@
+
+venv: $(STAMP)
 
 demo: venv
 	$(BIN)/python -m latticed.demo

@@ -322,7 +322,9 @@ def queue_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 
 @queue_app.command("info")
 def queue_info(ctx: typer.Context, queue: QueueArg, as_json: JsonFlag = False) -> None:
-    """Show a queue's owner, offsets, size, metadata and whether it is forked."""
+    """Show a queue's owner, offsets, size, metadata and whether it is forked. created_ms is when this
+    daemon first stored the queue (its owner: created it; a replica: first received it): no creation time
+    is signed, so it differs between daemons."""
     info = _client(ctx).queue_info(queue)
     emit(info, field_lines({**info, "sealed": _sealed_text(info.get("sealed"))}), as_json=as_json)
 

@@ -4,38 +4,53 @@
 defaults from the environment, then ``--config FILE``, then the options given here (an option left out
 does not override the file). Errors become one line on stderr and an exit code at the boundary
 (:mod:`cli.boundary`); a bad config is exit 2.
+
+Start-up stays short where nothing waits: the daemon (trio, the store, zeroconf, nacl, prometheus) is
+imported only by ``run``, after the refusals that need none of it (another daemon on the socket or the
+data directory, the listen port taken), and values convert without pydantic (:mod:`cli.lazy`). Help is
+click's plain layout, which wraps but never cuts an option's name at 80 columns.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-import trio
 import typer
 
+from cli import lazy
 from cli.boundary import BoundaryGroup
 from cli.init import register as register_init
 from latticed.config import (
     LOG_FORMATS,
     LOG_LEVELS,
     DaemonConfig,
+    LogFormat,
     default_data_dir,
     default_socket_path,
     load_config,
 )
-from latticed.daemon import run_daemon
-from latticed.logs import configure_logging
-from latticed.netkey import network_key_fingerprint, write_network_key
+
+
+class _DaemonGroup(BoundaryGroup):
+    """The root group; its commands' plain values convert without pydantic."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        lazy.lighten(self.get_params(ctx))  # here: typer adds its completion options after __init__
+        help_names = self.context_settings.get("help_option_names", ["--help"])
+        for command in lazy.subcommands(self)[1:]:
+            lazy.lighten_command(command, help_names)
+        return super().parse_args(ctx, args)
+
 
 app = typer.Typer(
     name="latticed",
-    cls=BoundaryGroup,
+    cls=_DaemonGroup,
     help="latticed: peer-to-peer sync daemon for signed queues and KV state.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 #: DaemonConfig's defaults, shown in ``run --help`` (its options default to None: "not given, keep the
@@ -215,8 +230,40 @@ def run(
         "log_format": log_format,
     }
     daemon_config = load_config(config, overrides)
+    refuse_early(daemon_config, config)
     configure_logging(daemon_config.log_level, daemon_config.log_format)
+    import trio  # noqa: PLC0415 - after the refusals: see the module docstring
+
     trio.run(run_daemon, daemon_config)
+
+
+def configure_logging(level: str, log_format: LogFormat) -> None:
+    """:func:`latticed.logs.configure_logging`, imported when ``run`` gets this far."""
+    from latticed.logs import configure_logging as configure  # noqa: PLC0415
+
+    configure(level, log_format)
+
+
+async def run_daemon(config: DaemonConfig) -> None:
+    """:func:`latticed.daemon.run_daemon`, imported when ``run`` gets this far."""
+    from latticed.daemon import run_daemon as run_it  # noqa: PLC0415
+
+    await run_it(config)
+
+
+def refuse_early(config: DaemonConfig, config_file: Path | None = None) -> None:
+    """What would make the daemon refuse, checked before it is imported: a daemon serving the socket,
+    one holding the data directory's lock, the listen port taken (the daemon checks each again itself)."""
+    from latticed.api.served import refuse_if_served  # noqa: PLC0415
+    from latticed.listen_probe import probe_listen  # noqa: PLC0415
+    from latticed.storage.lockfile import DataDirLock  # noqa: PLC0415
+
+    refuse_if_served(config.socket_path)
+    if config.data_dir.is_dir():
+        with DataDirLock(config.data_dir):
+            pass
+    if config.listen is not None:
+        probe_listen(config.listen, config_file=config_file)
 
 
 @network_key_app.command("new")
@@ -224,6 +271,8 @@ def network_key_new(
     path: Annotated[Path, typer.Argument(help="File to create (mode 0600); an existing file is kept.")],
 ) -> None:
     """Write a new random network key to PATH; copy it to every host of the network."""
+    from latticed.netkey import network_key_fingerprint, write_network_key  # noqa: PLC0415
+
     key = write_network_key(path)
     typer.echo(f"wrote network key to {path} (fingerprint {network_key_fingerprint(key)})")
 
@@ -234,6 +283,8 @@ register_init(app)
 @app.command()
 def version() -> None:
     """Print latticed's version."""
+    import importlib.metadata  # noqa: PLC0415
+
     typer.echo(importlib.metadata.version("latticed"))
 
 
@@ -242,4 +293,4 @@ def main() -> None:
     app(prog_name="latticed")
 
 
-__all__ = ["app", "main"]
+__all__ = ["app", "configure_logging", "main", "refuse_early", "run_daemon"]

@@ -1,9 +1,10 @@
 """``latticectl doctor``: a checklist, ✔ or ✘, with one line on how to fix each ✘ (- : not applicable).
 
 With the daemon running it checks itself (:mod:`latticed.doctor`, through the ``doctor`` API op); without
-it, this checks what it can from the config (``--config FILE`` as for ``latticed run``; its socket is the
-one tried unless ``--socket`` is given). Either way the Spark extra is checked here, in the environment
-``latticectl`` runs in. Exit code 1 when any check fails (a daemon that is not running is one of them).
+it, this checks what it can from the config (``--config FILE`` as for ``latticed run``, else the one
+``latticed init`` wrote, else the defaults; its socket is the one tried unless ``--socket`` is given).
+Either way the Spark extra is checked here, in the environment ``latticectl`` runs in. Exit code 1 when
+any check fails (a daemon that is not running is one of them).
 """
 
 from __future__ import annotations
@@ -38,9 +39,17 @@ def _lines(checks: list[Check]) -> list[str]:
     return lines
 
 
+def default_config() -> Path | None:
+    """The config ``latticed init`` wrote (``init --user``'s, then the system's), if there is one."""
+    from latticed.install import default_config_files  # noqa: PLC0415 - only without --config
+
+    return next((path for path in default_config_files() if path.is_file()), None)
+
+
 def run_checks(socket: Path | None, config_file: Path | None) -> tuple[bool, list[Check]]:
-    """(whether the daemon answered, the checks)."""
+    """(whether the daemon answered, the checks). Without ``config_file``, the config ``init`` wrote."""
     config = None
+    found = config_file is None and (config_file := default_config()) is not None
     try:
         config = load_config(config_file, {"socket_path": socket})
     except MalformedError as exc:
@@ -72,7 +81,12 @@ def run_checks(socket: Path | None, config_file: Path | None) -> tuple[bool, lis
         assert config_file is None
         checks.append(Check("config", False, "the default config does not load", "pass --config FILE"))
         return False, checks
-    source = str(config_file) if config_file is not None else "the defaults (no --config)"
+    if config_file is None:
+        source = "the defaults (no --config, and `latticed init` wrote none)"
+    else:
+        source = f"{config_file}" + (
+            " (where `latticed init` writes it; --config for another)" if found else ""
+        )
     checks.append(Check("config", None, f"the daemon is not running: checking the config from {source}"))
     checks += offline_checks(config)
     checks.append(check_spark())
@@ -88,7 +102,7 @@ def doctor(
             metavar="FILE",
             envvar="LATTICED_CONFIG",
             help="The daemon's config (as for `latticed run`): its socket, and what to check when it is not "
-            "running.",
+            "running. Default: the one `latticed init` wrote (--user's, then the system's), if any.",
         ),
     ] = None,
     as_json: JsonFlag = False,

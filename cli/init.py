@@ -19,6 +19,7 @@ from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
 from latticed.install import (
     DEFAULT_LISTEN,
     Layout,
+    format_listen,
     latticed_command,
     layout_for,
     render_config,
@@ -26,17 +27,6 @@ from latticed.install import (
     shipped_file,
     write_file,
 )
-from latticed.netkey import (
-    DEFAULT_NETWORK_KEY,
-    network_key_fingerprint,
-    new_network_key,
-    read_network_key,
-    replace_network_key,
-    write_network_key,
-)
-from latticed.paths import ensure_data_dir
-from latticed.protocol.addresses import parse_host_port
-from latticed.storage.keyfile import load_or_create_identity
 
 #: Hidden from the system unit by ProtectHome=yes: a latticed installed there cannot start as a service.
 _HIDDEN_FROM_SYSTEM = (Path("/home"), Path("/root"), Path("/run/user"))
@@ -54,9 +44,15 @@ def init(
         ),
     ] = False,
     listen: Annotated[
-        str,
-        typer.Option("--listen", metavar="HOST:PORT", help="Where peers connect (0: any port)."),
-    ] = f"{DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}",
+        str | None,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help="Where peers connect (0: any port).",
+            show_default=f"{format_listen(DEFAULT_LISTEN)}, or the next free port if another program "
+            "has it; a rewritten config keeps its own",
+        ),
+    ] = None,
     mdns: Annotated[
         bool, typer.Option("--mdns/--no-mdns", help="Find peers on the LAN with mDNS (announce, browse).")
     ] = True,
@@ -94,9 +90,22 @@ def init(
             "the system service's files go in /etc and /var/lib: run `sudo latticed init`, or "
             "`latticed init --user` for a service of your own"
         )
-    listen_at = parse_host_port(listen, allow_port_zero=True)
+    # Imported here: `latticed run` imports this module too, and needs none of it.
+    from latticed.netkey import (  # noqa: PLC0415
+        DEFAULT_NETWORK_KEY,
+        network_key_fingerprint,
+        new_network_key,
+        read_network_key,
+        replace_network_key,
+        write_network_key,
+    )
+    from latticed.paths import ensure_data_dir  # noqa: PLC0415
+    from latticed.protocol.addresses import parse_host_port  # noqa: PLC0415
+    from latticed.storage.keyfile import load_or_create_identity  # noqa: PLC0415
+
     peers = [parse_host_port(p) for p in peer or []]
     layout = layout_for("user" if user else "system", os.environ, root)
+    listen_at, listen_note = _choose_listen(layout, listen)
 
     files = [("config", layout.config_file, render_config(
         layout, listen=listen_at, mdns=mdns, mdns_interfaces=mdns_interface or (), peers=peers
@@ -144,12 +153,58 @@ def init(
     key_word = "kept" if old_key not in (None, DEFAULT_NETWORK_KEY) else "created"
     out.insert(2, f"{'network key':<12}{layout.network_key_file} ({key_word}, fingerprint "
                   f"{network_key_fingerprint(key)}): private, keep it secret")  # fmt: skip
+    if listen_note:
+        out.append(f"{'listen':<12}{listen_note}")
     if layout.root is not None:
         out.append(f"(all of it under {layout.root})")
     typer.echo("\n".join(out))
     for line in _warnings(layout, command, systemd):
         typer.echo(f"latticed: warning: {line}", err=True)
     typer.echo("\n".join(_next_steps(layout, systemd)))
+
+
+def _choose_listen(layout: Layout, given: str | None) -> tuple[tuple[str, int], str | None]:
+    """The listen address to write, and a line saying why when it is not what was asked for.
+
+    Given: that, with a note if it is in use now. Not given: the existing config's (rewriting a config
+    must not move a running daemon's port), else the default port or, when another program (say, another
+    user's daemon) holds it, the next free one."""
+    from latticed.config import read_config_file  # noqa: PLC0415
+    from latticed.listen_probe import first_free_listen, probe_listen  # noqa: PLC0415
+    from latticed.protocol.addresses import parse_host_port  # noqa: PLC0415
+
+    if given is not None:
+        address = parse_host_port(given, allow_port_zero=True)
+        try:
+            probe_listen(address)
+        except LatticedError:
+            return (
+                address,
+                f"{format_listen(address)}, in use now: free it or choose another before you start",
+            )
+        return address, None
+    config_file = layout.target(layout.config_file)
+    if layout.root is None and config_file.exists():
+        try:
+            kept = read_config_file(config_file).get("listen")
+            if isinstance(kept, str):
+                return parse_host_port(kept, allow_port_zero=True), None
+        except MalformedError:
+            pass  # a broken config: it is rewritten only with --force, then with a port chosen afresh
+    if layout.root is not None:  # an image being built: this host's ports say nothing about its
+        return DEFAULT_LISTEN, None
+    chosen = first_free_listen(DEFAULT_LISTEN)
+    if chosen is None:
+        return DEFAULT_LISTEN, (
+            f"{format_listen(DEFAULT_LISTEN)} and the ports after it are in use on this host: set listen "
+            "in the config to a free port before you start the daemon"
+        )
+    if chosen != DEFAULT_LISTEN:
+        return chosen, (
+            f"{format_listen(chosen)} (port {DEFAULT_LISTEN[1]} is in use on this host, maybe by another "
+            "user's latticed)"
+        )
+    return chosen, None
 
 
 def _owned_like_its_directory(path: Path) -> None:

@@ -12,7 +12,7 @@ them from their signatures, and imports pydantic, which typer converts each valu
   only when one of those names is looked up. Listing the commands (``--help``, completing a command
   name, suggestions for a typo) builds them all, in the order typer would have listed them.
 * :func:`lighten` gives parameters a conversion that needs no pydantic for what most invocations pass:
-  no value, a string, a path, a plain decimal number within its range. Anything else goes through
+  no value, a string, a flag, a path, a plain decimal number within its range. Anything else goes through
   typer's own conversion, built when first needed, so what is accepted and every message stay typer's.
   With a typer that has no such conversion, :func:`lighten` does nothing.
 """
@@ -241,6 +241,8 @@ def _plain(annotation: Any, info: Any, value: Any, param: Any, ctx: Context) -> 
         return _TYPER if any(item is _TYPER for item in items) else items
     if annotation is str:
         return value if isinstance(value, str) else _TYPER
+    if annotation is bool:  # a flag: click hands it over as a bool already
+        return value if isinstance(value, bool) else _TYPER
     if annotation is Path and info.path_type is None:
         if not isinstance(value, str | Path):
             return _TYPER

@@ -29,7 +29,6 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -55,7 +54,9 @@ SHIPPED = {
 __all__ = [
     "DEFAULT_LISTEN",
     "Layout",
+    "format_listen",
     "Scope",
+    "default_config_files",
     "latticed_command",
     "layout_for",
     "render_config",
@@ -129,6 +130,13 @@ def layout_for(scope: Scope, env: Mapping[str, str] = os.environ, root: Path | N
     )
 
 
+def default_config_files(env: Mapping[str, str] = os.environ, *, euid: int | None = None) -> list[Path]:
+    """Where ``latticed init`` writes the config, the caller's own layout first: the user's, then the
+    system's (for root, the system's first)."""
+    user, system = layout_for("user", env).config_file, layout_for("system").config_file
+    return [system, user] if (os.geteuid() if euid is None else euid) == 0 else [user, system]
+
+
 def latticed_command() -> list[str]:
     """How to start this installation's ``latticed``: the script next to our interpreter (a venv, pipx),
     else the interpreter itself with ``-m latticed`` (a ``pip install --user`` whose script is elsewhere)."""
@@ -167,7 +175,8 @@ def _toml(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _host_port(address: HostPort) -> str:
+def format_listen(address: HostPort) -> str:
+    """``HOST:PORT`` as the config writes it (IPv6 in brackets)."""
     host, port = address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -183,7 +192,7 @@ def render_config(
     """The commented TOML config; every key is a ``latticed run`` option (see ``latticed run --help``)."""
     service = "latticed.service" if layout.scope == "system" else "latticed-user.service (systemctl --user)"
     interfaces = ", ".join(_toml(i) for i in mdns_interfaces)
-    peer_list = ", ".join(_toml(_host_port(p)) for p in peers)
+    peer_list = ", ".join(_toml(format_listen(p)) for p in peers)
     lines = [
         f"# latticed configuration, written by `latticed init` for {service}.",
         "# Every key is the snake_case name of a `latticed run` option (`latticed run --help`); an option",
@@ -199,7 +208,7 @@ def render_config(
         f"network_key_file = {_toml(str(layout.network_key_file))}",
         "",
         '# Where peers connect: every IPv4 interface by default. "[::]:7464" for IPv6, or one address.',
-        f"listen = {_toml(_host_port(listen))}",
+        f"listen = {_toml(format_listen(listen))}",
         "",
         "# Announce this daemon on the LAN with mDNS and find the others (only members of the network can",
         "# read the announcements). Limit it to some interfaces (names or IPv4 addresses) if you like.",
@@ -231,6 +240,8 @@ def render_config(
 
 def shipped_file(key: str) -> str:
     """The text of a shipped systemd file (``system``, ``user`` or ``sysusers``)."""
+    from importlib import resources  # noqa: PLC0415 - only init writes unit files
+
     return (resources.files("latticed") / "units" / SHIPPED[key]).read_text(encoding="utf-8")
 
 

@@ -110,13 +110,14 @@ def parse_duration(text: str, what: str = "duration") -> int | None:
 
 
 def format_size(nbytes: int | None) -> str:
+    """Binary units, as ``status`` and ``doctor`` print sizes: ``20 MiB``, ``47.68 MiB`` (50MB), ``12 B``."""
     if nbytes is None:
         return "none"
-    for unit, size in (("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= size:
             text = f"{nbytes / size:.2f}".rstrip("0").rstrip(".")
-            return f"{text}{unit}"
-    return f"{nbytes}B"
+            return f"{text} {unit}"
+    return f"{nbytes} B"
 
 
 def format_duration(ms: int | None) -> str:

@@ -17,6 +17,7 @@ from typer._coercion import build_runtime_param
 from typer.core import _TyperParameter
 
 import cli.ctl
+import cli.daemon
 from cli import lazy
 
 _LOOKUPS = """
@@ -82,11 +83,13 @@ def outcome(convert: Any) -> tuple[Any, ...]:
 
 
 def typer_params() -> list[tuple[Any, _TyperParameter]]:
-    root = typer.main.get_command(cli.ctl.app)
+    """Every parameter of ``latticectl`` and of ``latticed`` (its root group converts the light way too)."""
     found = []
-    for command in [root, *(c for sub in root.commands.values() for c in lazy.subcommands(sub))]:
-        ctx = Context(command, help_option_names=["-h", "--help"])
-        found += [(ctx, p) for p in command.get_params(ctx) if isinstance(p, _TyperParameter)]
+    for app in (cli.ctl.app, cli.daemon.app):
+        root = typer.main.get_command(app)
+        for command in [root, *(c for sub in root.commands.values() for c in lazy.subcommands(sub))]:
+            ctx = Context(command, help_option_names=["-h", "--help"])
+            found += [(ctx, p) for p in command.get_params(ctx) if isinstance(p, _TyperParameter)]
     return found
 
 
@@ -109,7 +112,14 @@ def test_light_conversion_agrees_with_typer_for_every_parameter() -> None:
 
 @pytest.mark.parametrize(
     ("annotation", "value", "expected"),
-    [(str, "x", "x"), (int, "7", 7), (float, "1.5", 1.5), (list[str], ("a", "b"), ["a", "b"])],
+    [
+        (str, "x", "x"),
+        (int, "7", 7),
+        (float, "1.5", 1.5),
+        (list[str], ("a", "b"), ["a", "b"]),
+        (bool, True, True),
+        (bool, False, False),
+    ],
 )
 def test_plain_values_need_no_pydantic(annotation: Any, value: Any, expected: Any) -> None:
     ctx = Context(typer.main.get_command(cli.ctl.app))

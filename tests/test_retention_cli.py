@@ -80,7 +80,7 @@ def test_set_sends_only_what_was_given_and_says_what_it_did(monkeypatch: pytest.
     result = ctl("queue", "retention", "set", "q", "--max-bytes", "50MB", "--max-age", "none")
     assert result.exit_code == 0 and result.stdout == ""
     assert calls == [("retention_set", ("q",), {"max_bytes": 50_000_000, "max_age_ms": None})]
-    assert result.stderr.startswith("retention of ab/q: max age none, max bytes 50MB")
+    assert result.stderr.startswith("retention of ab/q: max age none, max bytes 47.68 MiB")
     calls.clear()
     assert ctl("queue", "retention", "set", "q", "--max-records", "0", "--no-keep-unsettled").exit_code == 0
     assert calls[0][2] == {"max_records": None, "keep_unsettled": False}
@@ -107,9 +107,11 @@ def test_a_typo_is_exit_2_and_sends_nothing(
 def test_show_prints_the_policy_and_what_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
     record(monkeypatch, {**SHOWN, "owned": False, "replica_max_bytes": 20_000_000, "floor": 10})
     text = " ".join(ctl("queue", "retention", "show", "ab/q").stdout.split())
-    for part in ("max bytes: 50MB", "keep unsettled: yes", "the owner's daemon", "replica cap here: 20MB"):
+    shown = ["max bytes: 47.68 MiB", "keep unsettled: yes", "the owner's daemon"]
+    shown.append("replica cap here: 19.07 MiB")
+    for part in shown:
         assert part in text, (part, text)
-    assert "held here: 10 records, 2.5kB, offsets 10..19" in text and "dropped here below: 10" in text
+    assert "held here: 10 records, 2.44 KiB, offsets 10..19" in text and "dropped here below: 10" in text
 
 
 def test_help_shows_the_defaults() -> None:

@@ -78,7 +78,9 @@ def test_bad_sizes_say_what_they_expected(text: str) -> None:
 
 
 def test_sizes_and_durations_print_back() -> None:
-    assert format_size(50_000_000) == "50MB" and format_size(None) == "none" and format_size(12) == "12B"
+    assert format_size(50_000_000) == "47.68 MiB" and format_size(None) == "none"
+    assert format_size(12) == "12 B"
+    assert format_size(20 << 20) == "20 MiB" and format_size(2500) == "2.44 KiB"  # binary, as status prints
     assert format_duration(7 * 86_400_000) == "7d" and format_duration(1500) == "1500ms"
     assert parse_duration(format_duration(90_000)) == 90_000
 

@@ -148,6 +148,18 @@ class PeerFaults:
         for address in addresses:
             self.failures.pop(address, None)
 
+    def unblocked(self, public_key: bytes) -> None:
+        """``public_key`` left the block list: what we refused it for is no longer so, drop it now
+        rather than show "on our block list" until the next dial or for the refusals' whole window."""
+        stale = [
+            a
+            for a, f in self.failures.items()
+            if f.kind == "blocked" and f.reason.startswith(public_key.hex())
+        ]
+        for address in stale:
+            del self.failures[address]
+        self.incoming.forget(public_key)
+
     # ------------------------------------------------------------------ accepting
     def incoming_failed(self, host: str, error: LatticedError, refused_key: bytes | None) -> str:
         """A handshake opened to us failed: remember the reason by host (and return it); an authentic

@@ -30,12 +30,13 @@ from latticed.crdt.head import QueueKind
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
+from latticed.listen_probe import listen_error
 from latticed.logs import get_logger, log_event
 from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExtension, PendingMerge
 from latticed.net.peerstate import PeerFaults
 from latticed.net.ports import ReplicaStore
-from latticed.net.transport import secure_accept, secure_connect
+from latticed.net.transport import connect_failure, secure_accept, secure_connect
 from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.handshake import ReplayCache
@@ -167,7 +168,7 @@ class Replication:
         blocked = self.faults.rules.blocked
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
-        for status in self.book.snapshot():
+        for status in self.book.by_identity():
             row = dataclasses.asdict(status)
             key = status.public_key
             key_bytes = bytes.fromhex(key) if key else None
@@ -317,6 +318,8 @@ class Replication:
         for address in addresses:
             self.book.forget(address)
         self.faults.forget(addresses)
+        if key is not None:
+            self.faults.incoming.forget(key)
         if key is not None and not self.book.addresses_of(key):
             # Its last address is gone: close the link, and ignore its mDNS sightings from now on.
             self.removed.add(key)
@@ -341,6 +344,7 @@ class Replication:
         if blocked:
             self._close_link(public_key)
         else:
+            self.faults.unblocked(public_key)
             self.wake_dialer.set()
         changed = new != rules
         if changed:
@@ -460,7 +464,7 @@ async def run_replication(
                 log,
                 "replication.ready",
                 listen=_fmt(service.listen_address),
-                peers=len(config.peers),
+                peers=len(service.book.snapshot()),  # configured, added and remembered: what it dials
                 mdns=bool(config.mdns and service.listen_address),
                 network=network_key_fingerprint(network_key),
             )
@@ -479,14 +483,6 @@ def _fmt(address: HostPort | None) -> str | None:
     return None if address is None else f"{address[0]}:{address[1]}"
 
 
-def _why(error: OSError) -> str:
-    """The causes behind trio's "all attempts to connect ... failed" (connection refused, no route...)."""
-    cause = error.__cause__
-    leaves = cause.exceptions if isinstance(cause, BaseExceptionGroup) else ()
-    reasons = [e.strerror for e in leaves if isinstance(e, OSError) and e.strerror]
-    return ", ".join(dict.fromkeys(reasons)) or error.strerror or str(error)
-
-
 def _label(target: bytes | HostPort) -> str:
     return target.hex() if isinstance(target, bytes) else format_host_port(target)
 
@@ -494,7 +490,10 @@ def _label(target: bytes | HostPort) -> str:
 async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort]) -> None:
     assert service.config.listen is not None
     host, port = service.config.listen
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:  # taken since `latticed run` probed it, or an embedding caller's config
+        raise listen_error((host, port), exc) from exc
     bound = listeners[0].socket.getsockname()
     address: HostPort = (host, int(bound[1]))
 
@@ -602,7 +601,9 @@ async def _dial(service: Replication, address: HostPort) -> None:
             try:
                 tcp = await trio.open_tcp_stream(host, port)
             except OSError as exc:
-                raise ConnectionClosedError(f"cannot connect to {host}:{port}: {_why(exc)}") from exc
+                raise ConnectionClosedError(
+                    f"cannot connect to {host}:{port}: {connect_failure(exc)}"
+                ) from exc
         reached = True
         _tune_socket(tcp)
         stream = await secure_connect(

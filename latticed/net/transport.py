@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Final
@@ -35,6 +37,7 @@ from latticed.protocol.secure import DEFAULT_MAX_MESSAGE_SIZE, SecureChannel
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT",
     "SecureStream",
+    "connect_failure",
     "open_peer",
     "secure_accept",
     "secure_connect",
@@ -324,6 +327,22 @@ async def secure_accept(
     )
 
 
+def connect_failure(error: OSError) -> str:
+    """Why a TCP connect failed, once: "Connection refused", not trio's "all attempts to connect to X
+    failed" around "Error connecting to (X): Connection refused" (the caller names the address)."""
+    cause = error.__cause__
+    leaves = cause.exceptions if isinstance(cause, BaseExceptionGroup) else (error,)
+    reasons = []
+    for leaf in leaves:
+        if isinstance(leaf, socket.gaierror) or not isinstance(leaf, OSError):
+            reasons.append(str(leaf.strerror if isinstance(leaf, OSError) else leaf))
+        elif leaf.errno:
+            reasons.append(os.strerror(leaf.errno))
+        else:
+            reasons.append(leaf.strerror or str(leaf))
+    return ", ".join(dict.fromkeys(r for r in reasons if r)) or str(error)
+
+
 async def open_peer(
     host: str,
     port: int,
@@ -345,7 +364,7 @@ async def open_peer(
             f"cannot connect to {host}:{port}: timed out after {timeout} s"
         ) from error
     except OSError as error:
-        raise ConnectionClosedError(f"cannot connect to {host}:{port}: {error}") from error
+        raise ConnectionClosedError(f"cannot connect to {host}:{port}: {connect_failure(error)}") from error
     remaining = None if timeout is None else max(0.0, deadline - trio.current_time())
     return await secure_connect(
         stream,

@@ -26,6 +26,7 @@ backoff, identities and what is persisted all read and update the same entries.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -420,6 +421,22 @@ class PeerBook:
     def snapshot(self) -> list[PeerStatus]:
         """Every known address, sorted by address, for ``latticectl peers``."""
         return [self._status(self._entries[a]) for a in sorted(self._entries)]
+
+    def by_identity(self) -> list[PeerStatus]:
+        """:meth:`snapshot` with each peer once where it matters: the ephemeral address a peer dialled us
+        from is folded into that identity's dialable address(es) (their sources gain ``incoming``, and a
+        link up through it is the identity's link, shown there), so a peer is not listed at both."""
+        rows = self.snapshot()
+        dialable = {r.public_key for r in rows if r.public_key is not None and set(r.sources) - {"incoming"}}
+        folded = {r.public_key for r in rows if r.public_key in dialable and set(r.sources) == {"incoming"}}
+        out = []
+        for r in rows:
+            key = r.public_key
+            if key is None or key not in folded:
+                out.append(r)
+            elif set(r.sources) != {"incoming"}:
+                out.append(dataclasses.replace(r, sources=tuple(sorted({*r.sources, "incoming"}))))
+        return out
 
     def to_json(self) -> str:
         """Peers worth dialling after a restart: authenticated ones we were connected to, most recent first.

@@ -252,6 +252,11 @@ class IncomingRefusals:
         """A handshake from ``host`` succeeded: what we refused before is no longer news."""
         self._by_host.pop(host, None)
 
+    def forget(self, public_key: bytes) -> None:
+        """Drop what we refused of ``public_key`` (unblocked, or removed by the operator)."""
+        for host in [h for h, r in self._by_host.items() if r.public_key == public_key]:
+            del self._by_host[host]
+
     def recent(self, now: float) -> list[IncomingRefusal]:
         return sorted(
             (r for r in self._by_host.values() if now - r.at <= self.shown_for), key=lambda r: r.host
