@@ -9,7 +9,6 @@ does not override the file). Errors become one line on stderr and an exit code a
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +28,7 @@ from latticed.config import (
 from latticed.daemon import run_daemon
 from latticed.logs import configure_logging
 from latticed.netkey import network_key_fingerprint, write_network_key
+from latticed.version import describe
 
 app = typer.Typer(
     name="latticed",
@@ -233,8 +233,31 @@ register_init(app)
 
 @app.command()
 def version() -> None:
-    """Print latticed's version."""
-    typer.echo(importlib.metadata.version("latticed"))
+    """Print latticed's release and the wire, store and local API versions it speaks."""
+    typer.echo(describe("latticed"))
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(describe("latticed"))
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            is_eager=True,
+            expose_value=False,
+            callback=_print_version,
+            help="Print latticed's release and the wire, store and local API versions it speaks.",
+        ),
+    ] = False,
+) -> None:
+    """latticed: peer-to-peer sync daemon for signed queues and KV state."""
 
 
 def main() -> None:

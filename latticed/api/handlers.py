@@ -47,6 +47,7 @@ from latticed.retention import check_meta, check_meta_entry
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
 from latticed.storage.sealer import check_user_meta, sealer_of
+from latticed.version import RELEASE
 
 if TYPE_CHECKING:
     from latticed.api.connection import Connection
@@ -62,12 +63,8 @@ MAX_READ_RECORDS = 100_000
 
 
 def package_version() -> str:
-    try:
-        from importlib.metadata import version  # noqa: PLC0415 - only needed for status
-
-        return version("latticed")
-    except Exception:  # not installed (running from a source tree)
-        return "0.0.0"
+    """This build's release (from the source, so a stale install's metadata cannot misreport it)."""
+    return RELEASE
 
 
 class RetentionView(Protocol):

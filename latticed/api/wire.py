@@ -22,9 +22,13 @@ import msgpack
 
 from latticed import errors
 from latticed.errors import LatticedError, MalformedError, RemoteProtocolError
+from latticed.version import API_VERSIONS
 
-API_VERSION: Final = 1
-SUPPORTED_VERSIONS: Final = (1,)
+#: The versions a daemon answers (latticed/version.py); a client sends the lowest, which every daemon of
+#: the releases docs/operations.md promises to sync with answers, and names a version gap when an op is
+#: unknown to the daemon (:func:`version_gap`).
+SUPPORTED_VERSIONS: Final = API_VERSIONS
+API_VERSION: Final = API_VERSIONS[0]
 
 #: Default bounds of one pushed tail batch: a slow reader holds at most this much in the server.
 TAIL_BATCH_RECORDS: Final = 1000

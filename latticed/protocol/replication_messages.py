@@ -40,6 +40,7 @@ from latticed.crdt.wire import (
     unpack,
 )
 from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.version import PROTOCOL_VERSIONS
 
 __all__ = [
     "ACK",
@@ -70,8 +71,9 @@ __all__ = [
     "encode_message",
 ]
 
-#: The version in HELLO; a peer speaking another one is refused (see :func:`decode_message`).
-PROTOCOL_VERSION: Final = 1
+#: The version a HELLO is sent in: the lowest this build speaks, so every peer of the releases it promises
+#: to sync with reads it (see :mod:`latticed.protocol.versions` for how a link settles on a version).
+PROTOCOL_VERSION: Final = PROTOCOL_VERSIONS[0]
 
 QueueKey = tuple[bytes, str, int]  # owner, name, kind
 
