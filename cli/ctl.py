@@ -228,6 +228,11 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         ]
         or "none",
         "clock skew": [_skew_text(r) for r in info.get("clock_skew") or []] or "none",
+        "incompatible peers": [
+            f"{r.get('peer', '?')[:16]} at {r.get('address')}: {r.get('reason')}"
+            for r in info.get("incompatible_peers") or []
+        ]
+        or "none",
     }
     emit(info, field_lines(fields), as_json=as_json)
 

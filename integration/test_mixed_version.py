@@ -5,14 +5,24 @@ duplicates nothing. Every wire change keeps these passing (CHANGELOG.md, docs/op
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
+import trio
 from polling import wait_until
 from releases import previous_release, run_as
 
 from latticed.api.client import Client
-from latticed.errors import LatticedError
+from latticed.crdt.signing import Identity
+from latticed.crdt.wire import pack
+from latticed.errors import ConnectionClosedError, LatticedError
+from latticed.net.transport import open_peer
+from latticed.netkey import DEFAULT_NETWORK_KEY
+from latticed.protocol.replication import HELLO
+from latticed.version import PROTOCOL_VERSIONS, RELEASE
 
 LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
@@ -119,3 +129,70 @@ def test_previous_release_and_this_build_replicate_both_ways(latticed_process: F
         c.offer("from-new", b"live-new")
     wait_until(lambda: held_end(new, from_old) == 501, "a live record of the old release")
     wait_until(lambda: held_end(old, from_new) == 501, "a live record of the new build")
+
+
+def peer_row(daemon: LatticedProcess, peer: str) -> dict[str, Any]:
+    with client(daemon) as c:
+        rows = [p for p in c.peers() if p.get("public_key") == peer]
+    return rows[0] if rows else {}
+
+
+def test_links_settle_on_a_version_with_the_previous_release_and_between_new_daemons(
+    latticed_process: Factory,
+) -> None:
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)
+    newer = start(latticed_process, None, new)
+    old_id, new_id, newer_id = identity(old), identity(new), identity(newer)
+    # 0.2.0 refuses the versions request (an op it does not know) and keeps the link: protocol 1.
+    wait_until(lambda: peer_row(new, old_id).get("protocol") == 1, "the link to 0.2.0 to settle on 1")
+    assert peer_row(new, old_id)["peer_release"] is None and peer_row(new, old_id)["withheld"] == 0
+    wait_until(lambda: peer_row(new, newer_id).get("protocol") is not None, "the new link to settle")
+    row = peer_row(newer, new_id)
+    assert (row["protocol"], row["peer_release"]) == (max(PROTOCOL_VERSIONS), RELEASE)
+    assert "lease.serve_crashed" not in old.log_text()
+    assert connected(old, new_id)  # the refused request did not cost the link
+
+
+def test_a_peer_with_no_version_in_common_is_named_as_such(latticed_process: Factory) -> None:
+    daemon = start(latticed_process, None)
+    port = listen_port(daemon)
+    future = Identity.from_seed(b"f" * 32)
+    future_version = max(PROTOCOL_VERSIONS) + 1
+
+    async def speak_a_future_protocol() -> None:
+        stream = await open_peer("127.0.0.1", port, seed=future.seed, network_key=DEFAULT_NETWORK_KEY)
+        await stream.send(pack([HELLO, future_version, None, b"i" * 16, {"a later": "layout"}]))
+        with trio.fail_after(10):
+            while await stream.receive() is not None:  # the daemon hangs up on us
+                pass
+
+    with contextlib.suppress(ConnectionClosedError):
+        trio.run(speak_a_future_protocol)
+    row = peer_row(daemon, future.public_key.hex())
+    assert row["status"] == "incompatible", row
+    assert f"the peer speaks protocol {future_version}" in row["reason"]
+    assert f"this daemon speaks latticed {RELEASE}, protocol" in row["reason"]
+    assert "network key" not in row["reason"]
+    with client(daemon) as c:
+        info = c.status()
+    assert [p["peer"] for p in info["incompatible_peers"]] == [future.public_key.hex()]
+    assert info["replication"]["incompatible_peers"] == 1
+    assert "peer.incompatible" in daemon.log_text()
+    doctor = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from cli.entry import latticectl; latticectl()",
+            "--socket",
+            str(daemon.socket),
+            "doctor",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert f"incompatible (no replication protocol in common: the peer speaks protocol {future_version}" in (
+        doctor.stdout
+    ), doctor.stdout + doctor.stderr

@@ -53,6 +53,13 @@ class RemoteProtocolError(ProtocolError):
     code = "remote_protocol"
 
 
+class IncompatiblePeerError(RemoteProtocolError):
+    """The peer authenticated but speaks no replication protocol version we speak (the message names
+    both sides' versions): one of the two daemons must be upgraded; nothing is wrong with keys or clocks."""
+
+    code = "incompatible_peer"
+
+
 class HandshakeError(RemoteProtocolError):
     """Authentication failed: wrong network key, unexpected identity, or a tampered handshake.
 
@@ -134,6 +141,7 @@ __all__ = [
     "ForkedQueueError",
     "GapError",
     "HandshakeError",
+    "IncompatiblePeerError",
     "IntegrityError",
     "LatticedError",
     "LeaseError",

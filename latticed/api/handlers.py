@@ -238,6 +238,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "forked_queues": ctx.health.forked_queues() if ctx.health else [],
             "disk": ctx.health.disk_status() if ctx.health else None,
             "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
+            "incompatible_peers": ctx.replication.incompatible_peers() if ctx.replication else [],
             "retention": ctx.retention.counters_dict() if ctx.retention else None,
         }
     }

@@ -40,6 +40,7 @@ from latticed.crdt.wire import (
     unpack,
 )
 from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.protocol.versions import LinkVersions, incompatible, ours
 from latticed.version import PROTOCOL_VERSIONS
 
 __all__ = [
@@ -176,8 +177,12 @@ def _key_to_wire(key: QueueKey) -> list[Any]:
 
 def _decode_hello(raw: list[Any]) -> Hello:
     # Another version's HELLO is refused before its other fields are read: their layout is that version's.
-    if raw[1] != PROTOCOL_VERSION or type(raw[1]) is not int:
+    # A peer sends its HELLO in the lowest version it speaks, so one we do not speak means no version in
+    # common: say so with both sides' versions (an IncompatiblePeerError, not a generic protocol error).
+    if type(raw[1]) is not int:
         raise RemoteProtocolError(f"unsupported protocol version {raw[1]!r}")
+    if raw[1] not in PROTOCOL_VERSIONS:
+        raise incompatible(ours(), LinkVersions(None, (raw[1],)))
     if len(raw) not in (3, 4):
         raise RemoteProtocolError(f"HELLO has 3 or 4 items, not {len(raw)}")
     sub = raw[2]
