@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import trio
 from polling import wait_until
 from releases import previous_release, run_as
@@ -18,7 +19,7 @@ from releases import previous_release, run_as
 from latticed.api.client import Client
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
-from latticed.errors import ConnectionClosedError, LatticedError
+from latticed.errors import ConnectionClosedError, LatticedError, VersionGapError
 from latticed.net.transport import open_peer
 from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import HELLO
@@ -196,3 +197,31 @@ def test_a_peer_with_no_version_in_common_is_named_as_such(latticed_process: Fac
     assert f"incompatible (no replication protocol in common: the peer speaks protocol {future_version}" in (
         doctor.stdout
     ), doctor.stdout + doctor.stderr
+
+
+def test_a_newer_client_against_the_previous_release(latticed_process: Factory) -> None:
+    """Commands both know work; one the older daemon does not know fails with one line naming both."""
+    old = start(latticed_process, OLD)
+    with client(old) as c:
+        c.queue_create("q")
+        assert c.offer("q", b"v") == 0
+        assert [e.value for e in c.range("q", 0, 10)] == [b"v"]
+        assert c.status()["queues"] == 1
+        with pytest.raises(VersionGapError) as info:
+            c.versions()
+        assert c.identity()  # the connection is still good
+    message = str(info.value)
+    assert "the daemon runs latticed 0.2.0 or earlier (local API 1)" in message
+    assert f"this client is latticed {RELEASE}" in message
+    cli = [
+        sys.executable,
+        "-c",
+        "from cli.entry import latticectl; latticectl()",
+        "--socket",
+        str(old.socket),
+    ]
+    listed = subprocess.run([*cli, "queue", "list"], capture_output=True, text=True, timeout=60, check=False)
+    assert listed.returncode == 0 and "q" in listed.stdout, listed.stderr
+    new = start(latticed_process, None)
+    with client(new) as c:
+        assert c.versions()["release"] == RELEASE

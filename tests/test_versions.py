@@ -10,6 +10,8 @@ import tomllib
 from pathlib import Path
 
 from latticed.api import wire
+from latticed.api.wire import is_unknown_op, version_gap, versions_reply
+from latticed.errors import ProtocolError, VersionGapError
 from latticed.protocol import replication_messages
 from latticed.storage import schema
 from latticed.version import (
@@ -129,3 +131,29 @@ def test_python_m_latticed_answers_version_too() -> None:
         timeout=60,
     )
     assert out.stdout.splitlines()[0] == f"latticed {RELEASE}"
+
+
+# --- the local API: a newer client names the version gap to an older daemon ------------------------------
+
+
+def test_an_unknown_op_from_another_release_names_both_releases() -> None:
+    unknown = ProtocolError("unknown op 'versions'")
+    assert is_unknown_op(unknown) and not is_unknown_op(ProtocolError("something else"))
+    gap = version_gap("versions", unknown, {"server": "latticed/0.1.0", "versions": [1]})
+    assert isinstance(gap, VersionGapError)
+    message = str(gap)
+    assert "latticed 0.2.0 or earlier (local API 1)" in message and "'versions'" in message
+    assert f"this client is latticed {RELEASE}" in message and "upgrade the daemon" in message
+    assert "\n" not in message
+    # The same release: the op really is unknown, no gap to name.
+    assert version_gap("nope", unknown, {"server": f"latticed/{RELEASE}", "versions": [1]}) is unknown
+
+
+def test_the_versions_reply_is_what_this_build_speaks() -> None:
+    assert versions_reply() == {
+        "release": RELEASE,
+        "wire_protocol": list(PROTOCOL_VERSIONS),
+        "features": sorted(PROTOCOL_FEATURES),
+        "store_schema": STORE_SCHEMA,
+        "local_api": list(API_VERSIONS),
+    }

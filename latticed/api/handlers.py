@@ -29,6 +29,7 @@ from latticed.api.wire import (
     arg_number,
     arg_str,
     parse_headers,
+    versions_reply,
 )
 from latticed.crdt import kv
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
@@ -205,6 +206,11 @@ async def hello(ctx: Context, request: Request) -> Reply:
         "server": f"latticed/{ctx.version}",
         "max_frame_bytes": ctx.max_frame_bytes,
     }
+
+
+@handler("versions")
+async def versions(ctx: Context, request: Request) -> Reply:
+    return versions_reply()
 
 
 @handler("id")
