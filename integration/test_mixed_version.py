@@ -6,8 +6,10 @@ duplicates nothing. Every wire change keeps these passing (CHANGELOG.md, docs/op
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -132,6 +134,12 @@ def test_previous_release_and_this_build_replicate_both_ways(latticed_process: F
     wait_until(lambda: held_end(old, from_new) == 501, "a live record of the new build")
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def peer_row(daemon: LatticedProcess, peer: str) -> dict[str, Any]:
     with client(daemon) as c:
         rows = [p for p in c.peers() if p.get("public_key") == peer]
@@ -225,3 +233,100 @@ def test_a_newer_client_against_the_previous_release(latticed_process: Factory) 
     new = start(latticed_process, None)
     with client(new) as c:
         assert c.versions()["release"] == RELEASE
+
+
+class Stream:
+    """A producer writing numbered records to one of its daemon's queues in a thread, pausable while
+    that daemon restarts (a write is never half done when it stops)."""
+
+    def __init__(self, daemon: LatticedProcess, name: str) -> None:
+        self.daemon, self.name = daemon, name
+        with client(daemon) as c:
+            self.queue = c.queue_create(name)
+        self.written = 0
+        self.lock = threading.Lock()  # held by each write; the restart holds it to pause the stream
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.done.is_set():
+                with self.lock, client(self.daemon) as c:
+                    batch = [(b"%s-%d" % (self.name.encode(), self.written + i), None, ()) for i in range(5)]
+                    c.offer_batch(self.name, batch)
+                    self.written += len(batch)
+                self.done.wait(0.01)
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> list[bytes]:
+        self.done.set()
+        self.thread.join(30)
+        assert self.error is None, self.error
+        return [b"%s-%d" % (self.name.encode(), i) for i in range(self.written)]
+
+
+def test_a_rolling_upgrade_under_live_streams_loses_and_duplicates_nothing(latticed_process: Factory) -> None:
+    ports = [free_port() for _ in range(3)]
+    daemons = []
+    for i, port in enumerate(ports):
+        args = ["--listen", f"127.0.0.1:{port}", "--no-mdns"]
+        for other in ports[:i] + ports[i + 1 :]:
+            args += ["--peer", f"127.0.0.1:{other}"]
+        daemon = latticed_process(args=args, start=False)
+        daemons.append(run_as(daemon, OLD).start())
+    a, b, c = daemons
+    ids = [identity(d) for d in daemons]
+    wait_until(lambda: all(connected(d, p) for d in daemons for p in ids if p != identity(d)), "the mesh")
+    streams = {"a": Stream(a, "stream-a"), "c": Stream(c, "stream-c")}
+    wait_until(lambda: all(s.written >= 50 for s in streams.values()), "both streams to flow")
+    for daemon, paused in ((b, None), (a, streams["a"]), (c, streams["c"])):
+        with paused.lock if paused is not None else contextlib.nullcontext():
+            daemon.stop()
+            run_as(daemon, None).start()
+        me = identity(daemon)
+        wait_until(
+            lambda d=daemon, m=me: all(connected(d, p) for p in ids if p != m), "the upgraded one back"
+        )
+        # The streams go on meanwhile, and what was written so far reaches the upgraded daemon.
+        for stream in streams.values():
+            target = stream.written
+            wait_until(
+                lambda d=daemon, s=stream, t=target: held_end(d, s.queue) >= t, "catch-up after restart"
+            )
+    expected = {key: stream.stop() for key, stream in streams.items()}
+    for stream, key in ((streams["a"], "a"), (streams["c"], "c")):
+        total = len(expected[key])
+        for daemon in daemons:
+            wait_until(lambda d=daemon, s=stream, t=total: held_end(d, s.queue) == t, "the final records")
+            assert values(daemon, stream.queue) == expected[key]  # nothing lost, nothing twice, in order
+    for daemon in daemons:
+        with client(daemon) as cl:
+            assert cl.versions()["release"] == RELEASE  # all three run this build now
+
+
+def test_remote_work_queue_consumers_across_the_releases_both_ways(latticed_process: Factory) -> None:
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)
+    old_id, new_id = identity(old), identity(new)
+    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    for owner, owner_id, worker in ((old, old_id, new), (new, new_id, old)):
+        with client(owner) as c:
+            c.queue_create("jobs")
+            c.offer_batch("jobs", [(b"job-%d" % i, None, ()) for i in range(5)])
+            c.group_create("g", ["jobs"], max_attempts=3, retry_backoff=0, visibility=30)
+        group = f"{owner_id}/g"
+        wait_until(
+            lambda w=worker, o=owner_id: held_end(w, f"{o}/jobs") == 5, "the jobs on the worker's side"
+        )
+        done = []
+        with client(worker) as c:
+            for _ in range(5):
+                lease = c.dequeue(group)
+                assert lease is not None
+                c.ack(group, lease)
+                done.append(lease.value)
+            assert c.dequeue(group) is None
+        assert sorted(done) == [b"job-%d" % i for i in range(5)]
