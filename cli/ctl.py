@@ -138,6 +138,14 @@ MetaKey = Annotated[str, typer.Argument(metavar="KEY", help="Metadata key.")]
 MetaValue = Annotated[str, typer.Argument(metavar="VALUE", help="Metadata values are text.")]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from latticed.version import describe  # noqa: PLC0415 - only when asked
+
+        typer.echo(describe("latticectl"))
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -147,6 +155,17 @@ def _root(
     as_json: Annotated[
         bool,
         typer.Option("--json", help="Print JSON, as --json after the command does (where it prints data)."),
+    ] = False,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            is_eager=True,
+            expose_value=False,
+            callback=_print_version,
+            help="Print latticectl's release and the wire, store and local API versions it speaks.",
+        ),
     ] = False,
 ) -> None:
     ctx.obj = Settings(socket, as_json)
@@ -209,6 +228,11 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         ]
         or "none",
         "clock skew": [_skew_text(r) for r in info.get("clock_skew") or []] or "none",
+        "incompatible peers": [
+            f"{r.get('peer', '?')[:16]} at {r.get('address')}: {r.get('reason')}"
+            for r in info.get("incompatible_peers") or []
+        ]
+        or "none",
     }
     emit(info, field_lines(fields), as_json=as_json)
 

@@ -31,6 +31,7 @@ from latticed.config import (
     default_socket_path,
     load_config,
 )
+from latticed.version import describe
 
 
 class _DaemonGroup(BoundaryGroup):
@@ -282,10 +283,31 @@ register_init(app)
 
 @app.command()
 def version() -> None:
-    """Print latticed's version."""
-    import importlib.metadata  # noqa: PLC0415
+    """Print latticed's release and the wire, store and local API versions it speaks."""
+    typer.echo(describe("latticed"))
 
-    typer.echo(importlib.metadata.version("latticed"))
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(describe("latticed"))
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            is_eager=True,
+            expose_value=False,
+            callback=_print_version,
+            help="Print latticed's release and the wire, store and local API versions it speaks.",
+        ),
+    ] = False,
+) -> None:
+    """latticed: peer-to-peer sync daemon for signed queues and KV state."""
 
 
 def main() -> None:

@@ -69,6 +69,9 @@ def state_text(row: dict[str, Any]) -> str:
         refusals = row.get("refused_count")
         if isinstance(refusals, int):
             details.append(f"{_plural(refusals, 'time')} lately")
+    withheld = row.get("withheld")
+    if status == "connected" and isinstance(withheld, int) and withheld:
+        details.append(f"{_plural(withheld, 'queue')} its version cannot express held back")
     if status == "blocked":
         return "blocked"
     shown = ", ".join(details)

@@ -45,6 +45,9 @@ class LatticedProcess:
     history: list[subprocess.Popen[bytes]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
+    #: Where the process runs (None: here). An earlier release runs from its own source tree, since
+    #: ``python -m`` puts the working directory first on the path (integration/releases.py).
+    cwd: Path | None = None
 
     def start(self, *, wait: bool = True) -> LatticedProcess:
         argv = [sys.executable, "-m", "latticed", "run"]
@@ -52,7 +55,7 @@ class LatticedProcess:
         env = {**os.environ, **self.env}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=self.cwd
             )
         self.history.append(self.proc)
         if wait:

@@ -1,8 +1,8 @@
-"""``python -m latticed ...`` is the ``latticed`` command (run, network-key, version)."""
+"""``python -m latticed ...`` is the ``latticed`` command (run, network-key, migrate, version)."""
 
 from __future__ import annotations
 
-from cli.daemon import main
+from cli.entry import latticed
 
 if __name__ == "__main__":
-    main()
+    latticed()

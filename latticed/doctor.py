@@ -278,6 +278,8 @@ _PEER_FIX: Final = {
     "not_allowed": "add its identity to allowed_peers in the config if you trust it, or `latticectl peers "
     "remove` it",
     "handshake": "check both daemons run the same latticed version and network key",
+    "incompatible": "upgrade the daemon the reason says is too old (both sides' versions are in it; "
+    "docs/operations.md, Upgrades says which releases sync with which)",
     "incoming": "that host has another network key or is not allowed: `latticectl invite` here and "
     "`latticectl join` there if it is yours; otherwise ignore it or firewall it",
 }

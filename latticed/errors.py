@@ -53,6 +53,20 @@ class RemoteProtocolError(ProtocolError):
     code = "remote_protocol"
 
 
+class VersionGapError(ProtocolError):
+    """The daemon is of another release and does not know an op this client uses (the message names both
+    releases and local API versions, and what to upgrade)."""
+
+    code = "version_gap"
+
+
+class IncompatiblePeerError(RemoteProtocolError):
+    """The peer authenticated but speaks no replication protocol version we speak (the message names
+    both sides' versions): one of the two daemons must be upgraded; nothing is wrong with keys or clocks."""
+
+    code = "incompatible_peer"
+
+
 class HandshakeError(RemoteProtocolError):
     """Authentication failed: wrong network key, unexpected identity, or a tampered handshake.
 
@@ -134,6 +148,8 @@ __all__ = [
     "ForkedQueueError",
     "GapError",
     "HandshakeError",
+    "IncompatiblePeerError",
+    "VersionGapError",
     "IntegrityError",
     "LatticedError",
     "LeaseError",

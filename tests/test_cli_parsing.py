@@ -43,6 +43,7 @@ from latticed.errors import (
     StorageError,
     WrongTypeError,
 )
+from latticed.version import RELEASE
 
 runner = CliRunner()
 BIN = Path(sys.executable).parent
@@ -428,7 +429,8 @@ def test_run_failure_inside_trio_is_one_line(
 def test_version() -> None:
     result = daemon("version")
     assert result.exit_code == 0
-    assert result.stdout.strip() == "0.1.0"
+    assert result.stdout.splitlines()[0] == f"latticed {RELEASE}"
+    assert daemon("--version").stdout == result.stdout
 
 
 def test_network_key_new(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from latticed.crdt.queue import QueueState, Summary
 from latticed.crdt.records import MAX_OFFSET, Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import delta_to_wire, pack, summary_to_wire
-from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.errors import IncompatiblePeerError, LocalProtocolError, RemoteProtocolError
 from latticed.protocol.replication import PeerMemory, ReplicationSession
 from latticed.protocol.replication_messages import (
     MESSAGES,
@@ -35,6 +35,7 @@ from latticed.protocol.replication_messages import (
     encode_message,
 )
 from latticed.protocol.replication_state import TRANSITIONS, Command, SessionState, transition
+from latticed.version import RELEASE
 
 ALICE = Identity.from_seed(b"a" * 32)
 MALLORY = Identity.from_seed(b"m" * 32)
@@ -197,8 +198,13 @@ def test_strict_decoding_refuses_what_was_loosely_accepted(layout: list[object])
 
 
 def test_another_version_is_refused_before_its_layout_is_read() -> None:
-    with pytest.raises(RemoteProtocolError, match="unsupported protocol version 2"):
+    # A HELLO of a version we do not speak: no version in common, said with both sides' versions.
+    with pytest.raises(IncompatiblePeerError, match="the peer speaks protocol 2, this daemon speaks") as info:
         decode_message(pack([0, 2, {"a newer": "layout"}, 1, 2, 3]))
+    assert f"latticed {RELEASE}, protocol 1" in str(info.value) and "upgrade this daemon" in str(info.value)
+    assert "network key" not in str(info.value)
+    with pytest.raises(RemoteProtocolError, match="unsupported protocol version"):
+        decode_message(pack([0, "1", None]))
 
 
 # ------------------------------------------------------------------ the state table

@@ -24,7 +24,7 @@ import msgpack
 
 from latticed.api.group_client import GroupOps, Lease, Subscription
 from latticed.api.peer_client import PeerOps
-from latticed.api.wire import API_VERSION, error_from_reply
+from latticed.api.wire import API_VERSION, error_from_reply, is_unknown_op, version_gap
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
 from latticed.protocol.framing import FrameDecoder, encode_frame
 from latticed.retention import UNCHANGED, RetentionPolicy, Unchanged, policy_meta
@@ -294,7 +294,10 @@ class Client(GroupOps, PeerOps):
             if reply.get("id") is None:
                 # The daemon could not tell which request failed (a framing error): it hangs up next.
                 self.close()
-            raise error_from_reply(reply.get("error"))
+            error = error_from_reply(reply.get("error"))
+            if op != "hello" and is_unknown_op(error):
+                raise version_gap(op, error, self.call("hello")) from None
+            raise error
         if reply.get("id") != rid:
             self.close()
             raise RemoteProtocolError(f"reply for request {reply.get('id')!r} while waiting for {rid}")
@@ -320,6 +323,13 @@ class Client(GroupOps, PeerOps):
     # ------------------------------------------------------------------ node
     def identity(self) -> str:
         return str(self.call("id")["identity"])
+
+    def versions(self) -> dict[str, Any]:
+        """The daemon's release and the wire protocol, store schema and local API versions it speaks."""
+        reply = self.call("versions")
+        reply.pop("id", None)
+        reply.pop("ok", None)
+        return reply
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = self.call("status")["status"]

@@ -29,6 +29,7 @@ from latticed.api.wire import (
     arg_number,
     arg_str,
     parse_headers,
+    versions_reply,
 )
 from latticed.crdt import kv
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
@@ -47,6 +48,7 @@ from latticed.retention import check_meta, check_meta_entry
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
 from latticed.storage.sealer import check_user_meta, sealer_of
+from latticed.version import RELEASE
 
 if TYPE_CHECKING:
     from latticed.api.connection import Connection
@@ -62,12 +64,8 @@ MAX_READ_RECORDS = 100_000
 
 
 def package_version() -> str:
-    try:
-        from importlib.metadata import version  # noqa: PLC0415 - only needed for status
-
-        return version("latticed")
-    except Exception:  # not installed (running from a source tree)
-        return "0.0.0"
+    """This build's release (from the source, so a stale install's metadata cannot misreport it)."""
+    return RELEASE
 
 
 class RetentionView(Protocol):
@@ -210,6 +208,11 @@ async def hello(ctx: Context, request: Request) -> Reply:
     }
 
 
+@handler("versions")
+async def versions(ctx: Context, request: Request) -> Reply:
+    return versions_reply()
+
+
 @handler("id")
 async def identity(ctx: Context, request: Request) -> Reply:
     return {"identity": ctx.engine.public_key.hex()}
@@ -241,6 +244,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "forked_queues": ctx.health.forked_queues() if ctx.health else [],
             "disk": ctx.health.disk_status() if ctx.health else None,
             "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
+            "incompatible_peers": ctx.replication.incompatible_peers() if ctx.replication else [],
             "retention": ctx.retention.counters_dict() if ctx.retention else None,
         }
     }

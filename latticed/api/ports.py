@@ -105,6 +105,8 @@ class ReplicationView(Protocol):
 
     def clock_skew(self) -> list[dict[str, Any]]: ...
 
+    def incompatible_peers(self) -> list[dict[str, Any]]: ...
+
 
 class MembershipView(Protocol):
     """Network membership (:class:`latticed.membership.Membership`): ``invite``, ``join``, and the

@@ -21,10 +21,14 @@ from typing import Any, Final
 import msgpack
 
 from latticed import errors
-from latticed.errors import LatticedError, MalformedError, RemoteProtocolError
+from latticed.errors import LatticedError, MalformedError, ProtocolError, RemoteProtocolError, VersionGapError
+from latticed.version import API_VERSIONS, PROTOCOL_FEATURES, PROTOCOL_VERSIONS, RELEASE, STORE_SCHEMA, span
 
-API_VERSION: Final = 1
-SUPPORTED_VERSIONS: Final = (1,)
+#: The versions a daemon answers (latticed/version.py); a client sends the lowest, which every daemon of
+#: the releases docs/operations.md promises to sync with answers, and names a version gap when an op is
+#: unknown to the daemon (:func:`version_gap`).
+SUPPORTED_VERSIONS: Final = API_VERSIONS
+API_VERSION: Final = API_VERSIONS[0]
 
 #: Default bounds of one pushed tail batch: a slow reader holds at most this much in the server.
 TAIL_BATCH_RECORDS: Final = 1000
@@ -76,6 +80,39 @@ def error_from_reply(body: Any) -> LatticedError:
         exc.code = str(code)
         return exc
     return cls(str(message))
+
+
+def version_gap(op: str, error: LatticedError, hello: Mapping[str, Any]) -> LatticedError:
+    """What a client raises when the daemon answered ``op`` with "unknown op": a VersionGapError naming
+    both sides when the daemon is of another release (``hello`` is its answer), else ``error`` itself."""
+    release = str(hello.get("server") or "").partition("/")[2]
+    if release == RELEASE:
+        return error
+    if release in ("", "0.1.0"):  # 0.2.0 and the builds before it say 0.1.0
+        release = "0.2.0 or earlier"
+    versions = hello.get("versions")
+    theirs = span(tuple(versions)) if isinstance(versions, list) and versions else "?"
+    return VersionGapError(
+        f"the daemon runs latticed {release} (local API {theirs}), which does not know {op!r}: this client "
+        f"is latticed {RELEASE} (local API {span(API_VERSIONS)}); upgrade the daemon, or use the client of "
+        "its release"
+    )
+
+
+def is_unknown_op(error: LatticedError) -> bool:
+    """Whether a daemon refused a request because it does not know its op (another release)."""
+    return type(error) is ProtocolError and str(error).startswith("unknown op")
+
+
+def versions_reply() -> dict[str, Any]:
+    """The ``versions`` op's answer: everything this build speaks (latticed/version.py)."""
+    return {
+        "release": RELEASE,
+        "wire_protocol": list(PROTOCOL_VERSIONS),
+        "features": sorted(PROTOCOL_FEATURES),
+        "store_schema": STORE_SCHEMA,
+        "local_api": list(API_VERSIONS),
+    }
 
 
 def error_reply(request_id: Any, exc: LatticedError) -> dict[str, Any]:
@@ -162,6 +199,9 @@ def parse_headers(value: Any, name: str = "headers") -> tuple[tuple[str, bytes],
 
 __all__ = [
     "API_VERSION",
+    "is_unknown_op",
+    "version_gap",
+    "versions_reply",
     "COLUMNS",
     "FRAME_OVERHEAD",
     "SUPPORTED_VERSIONS",

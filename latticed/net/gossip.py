@@ -34,7 +34,13 @@ from typing import Protocol
 import trio
 
 from latticed.crdt.queue import QueueDelta, Summary, VerifiedDelta
-from latticed.errors import ConnectionClosedError, IntegrityError, LatticedError, ProtocolError
+from latticed.errors import (
+    ConnectionClosedError,
+    IncompatiblePeerError,
+    IntegrityError,
+    LatticedError,
+    ProtocolError,
+)
 from latticed.logs import get_logger, log_event
 from latticed.net.transport import SecureStream
 from latticed.protocol.handshake import Role
@@ -46,8 +52,10 @@ from latticed.protocol.replication import (
     PeerMemory,
     QueueKey,
     ReplicationSession,
+    SessionState,
     key_label,
 )
+from latticed.protocol.versions import Agreement
 from latticed.ticks import TICK_S, sleep_until_tick
 
 log = get_logger(__name__)
@@ -150,6 +158,8 @@ class PeerLink:
     connected_at: float = 0.0
     #: Messages of the :class:`LinkExtension`, sent by the driver after the session's.
     extra_out: list[bytes] = field(default_factory=list)
+    #: The protocol version and features this link settled on (None: the peer has not answered yet).
+    agreement: Agreement | None = None
 
     def kick(self) -> None:
         self.wakeup.set()
@@ -178,8 +188,12 @@ class Gossip:
             "deltas_in": 0,
             "deltas_out": 0,
             "stalled_peers": 0,
+            "incompatible_peers": 0,
         }
     )
+    #: Peers whose last link ended for want of a common protocol version: the reason (both sides'
+    #: versions) and the address, until a link with them works again.
+    incompatible: dict[bytes, tuple[str, str]] = field(default_factory=dict)
     _nonces: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     #: Random per run: a peer that sees it change knows we may have forgotten, or lost, anything.
     incarnation: bytes = field(default_factory=lambda: os.urandom(16))
@@ -337,6 +351,12 @@ class Gossip:
             self.counters["rejected_deltas"] += 1
             reason = f"integrity: {exc}"
             log_event(log, "peer.rejected", level=logging.WARNING, peer=peer_hex, reason=str(exc))
+        except IncompatiblePeerError as exc:
+            # Both sides authenticated: not a key or clock problem, and said so (docs/operations.md).
+            self.counters["incompatible_peers"] += 1
+            self.incompatible[peer] = (str(exc), address)
+            reason = f"incompatible: {exc}"
+            log_event(log, "peer.incompatible", level=logging.WARNING, peer=peer_hex, reason=str(exc))
         except ProtocolError as exc:
             self.counters["protocol_errors"] += 1
             reason = f"protocol: {exc}"
@@ -385,6 +405,8 @@ class Gossip:
                 self.extension.receive(link, message)
                 continue
             link.session.receive_message(message)
+            if self.incompatible and session.state is SessionState.OPEN:
+                self.incompatible.pop(link.public_key, None)  # a HELLO we speak: no longer news
             link.kick()
 
     async def _driver(

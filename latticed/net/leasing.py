@@ -40,12 +40,15 @@ from latticed.protocol.leasing import (
     TimedOut,
     is_leasing_message,
 )
+from latticed.protocol.versions import UNSTATED, VERSIONS_OP, LinkVersions, agree, ours
 
 log = get_logger(__name__)
 
 #: While a caller waits for a link to a peer, the dial is hurried again this often (the peer book backs
 #: off after failures; a caller that waits wants the next try soon).
 REDIAL_S: Final = 1.0
+#: How long a peer has to say which protocol versions it speaks before it is taken to speak protocol 1.
+VERSIONS_TIMEOUT_S: Final = 30.0
 #: Give-back callbacks remembered for requests given up on (a late answer finds its callback).
 MAX_GIVE_BACKS: Final = 4096
 
@@ -78,11 +81,13 @@ class _Call:
 
 
 class _Endpoint:
-    __slots__ = ("calls", "give_backs", "link", "serving", "session")
+    __slots__ = ("calls", "give_backs", "link", "serving", "session", "versions_rid")
 
     def __init__(self, link: PeerLink, session: LeasingSession) -> None:
         self.link = link
         self.session = session
+        #: Our request asking the peer which protocol versions it speaks (latticed/protocol/versions.py).
+        self.versions_rid: int | None = None
         self.calls: dict[int, _Call] = {}
         self.serving: dict[int, trio.CancelScope] = {}
         self.give_backs: OrderedDict[int, GiveBack] = OrderedDict()
@@ -122,9 +127,16 @@ class LeaseLinks:
         old = self._endpoints.get(link.public_key)
         if old is not None:  # a new connection replaces the old one: what waited on that is lost with it
             self._close(old)
-        self._endpoints[link.public_key] = _Endpoint(
+        endpoint = self._endpoints[link.public_key] = _Endpoint(
             link, LeasingSession(max_message_bytes=self._max_message_bytes)
         )
+        # Ask which protocol versions and features the peer speaks; until it answers, the session sends
+        # only what every version expresses (a peer of 0.2.0 refuses the op: protocol 1, no features).
+        endpoint.versions_rid = endpoint.session.request(
+            VERSIONS_OP, ours().to_body(), now=trio.current_time(), timeout=VERSIONS_TIMEOUT_S
+        )
+        self._flush(endpoint)
+        self._deadline_moved(endpoint.session.next_deadline())
         self._link_changed()
 
     def receive(self, link: PeerLink, message: bytes) -> None:
@@ -249,6 +261,9 @@ class LeaseLinks:
                 give_back = endpoint.give_backs.pop(event.rid, None)
                 if give_back is not None:
                     give_back(event.body)
+            elif event.rid == endpoint.versions_rid and not isinstance(event, LinkLost):
+                endpoint.versions_rid = None
+                self._settle_versions(endpoint, event.body if isinstance(event, Answer) else None)
             else:
                 call = endpoint.calls.pop(event.rid, None)
                 if call is None:
@@ -269,7 +284,49 @@ class LeaseLinks:
                 call.done.set()
         self._flush(endpoint)
 
+    def _settle_versions(self, endpoint: _Endpoint, body: dict[str, Any] | None) -> None:
+        """The peer stated what it speaks (``body``), or refused or never answered (None: it does not
+        negotiate, as 0.2.0): the link uses the highest common version and the shared features."""
+        link = endpoint.link
+        peer = UNSTATED
+        if body is not None:
+            try:
+                peer = LinkVersions.from_body(body)
+            except LatticedError as exc:
+                log_event(
+                    log,
+                    "peer.versions_malformed",
+                    level=logging.WARNING,
+                    peer=link.public_key.hex(),
+                    reason=str(exc),
+                )
+        try:
+            agreement = agree(ours(), peer)
+        except LatticedError as exc:  # its HELLO passed, so it speaks that version, whatever it says
+            log_event(
+                log,
+                "peer.versions_inconsistent",
+                level=logging.WARNING,
+                peer=link.public_key.hex(),
+                reason=str(exc),
+            )
+            agreement = agree(ours(), UNSTATED)
+        link.agreement = agreement
+        link.session.agree_features(agreement.features)
+        link.kick()
+        log_event(
+            log,
+            "peer.versions",
+            peer=link.public_key.hex(),
+            protocol=agreement.protocol,
+            features=sorted(agreement.features),
+            speaks=peer.describe() if body is not None else "protocol 1 (it does not state its versions)",
+        )
+
     def _start_serving(self, endpoint: _Endpoint, request: Request) -> None:
+        if request.op == VERSIONS_OP:  # answered here, whatever serves leases (and before it runs)
+            endpoint.session.answer(request.rid, ours().to_body())
+            return
         self.counters["requests_in"] += 1
         nursery, server = self._nursery, self._server
         if nursery is None or server is None:

@@ -185,7 +185,9 @@ class Replication:
                 state, failure = "connected", None
             elif state == "connected":
                 state, reason = "dialling", "connected a moment ago; the link is closing"
-            kind = failure.kind if failure is not None else None
+            kind: str | None = failure.kind if failure is not None else None
+            if link is None and key_bytes in self.gossip.incompatible and state != "blocked":
+                state, reason, kind = "incompatible", self.gossip.incompatible[key_bytes][0], "incompatible"
             rows.append(self._row(row, state, reason, lags.get(key or "", {}), now, kind))
             if key:
                 seen.add(key)
@@ -200,6 +202,11 @@ class Replication:
                     "connected": True,
                 }
                 rows.append(self._row(row, "connected", None, lags.get(public_key.hex(), {}), now))
+        for key_bytes, (why, address) in self.gossip.incompatible.items():
+            if key_bytes.hex() not in seen and key_bytes not in self.gossip.links:
+                seen.add(key_bytes.hex())
+                row = {"public_key": key_bytes.hex(), "address": address, "sources": ["incoming"]}
+                rows.append(self._row(row, "incompatible", why, {}, now, "incompatible"))
         for key_bytes in sorted(blocked):
             if key_bytes.hex() not in seen:
                 seen.add(key_bytes.hex())
@@ -252,7 +259,23 @@ class Replication:
             blocked=state == "blocked",
             clock_offset_ms=reading.offset_ms if reading is not None else None,
         )
+        link = self.gossip.links.get(bytes.fromhex(key)) if key and connected else None
+        agreement = link.agreement if link is not None else None
+        # The protocol version the link settled on, what the peer said it runs (None: it did not say, as
+        # 0.2.0), and how many of our queues its version cannot express (not sent to it).
+        row.update(
+            protocol=agreement.protocol if agreement is not None else None,
+            peer_release=agreement.peer.release if agreement is not None else None,
+            withheld=link.session.withheld if link is not None else 0,
+        )
         return row
+
+    def incompatible_peers(self) -> list[dict[str, Any]]:
+        """Peers whose last link ended for want of a common protocol version, with both sides' versions."""
+        return [
+            {"peer": key.hex(), "address": address, "reason": reason}
+            for key, (reason, address) in self.gossip.incompatible.items()
+        ]
 
     def clock_skew(self) -> list[dict[str, Any]]:
         """Peers whose clocks are off ours by more than the threshold (latticed/protocol/peerstate.py)."""

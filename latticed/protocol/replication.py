@@ -79,6 +79,7 @@ from latticed.protocol.replication_messages import (
     encode_message,
 )
 from latticed.protocol.replication_state import Command, SessionState, transition
+from latticed.protocol.versions import FEATURE_OF_KIND, expressible
 
 __all__ = [
     "ACK",
@@ -299,6 +300,12 @@ class ReplicationSession:
     stats: dict[str, int] = field(
         default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0, "peer_keys_refused": 0}
     )
+    #: The optional protocol features the peer shares with us (None: not agreed yet, so only what needs
+    #: none is sent), and the queue kinds that need one (see :mod:`latticed.protocol.versions`).
+    peer_features: frozenset[str] | None = None
+    kind_features: Mapping[int, str] = field(default_factory=lambda: FEATURE_OF_KIND)
+    #: Queues we hold that the peer's version cannot express: not sent to it.
+    _withheld: set[QueueKey] = field(default_factory=set)
 
     # ------------------------------------------------------------------ host → session
     def start(
@@ -635,7 +642,27 @@ class ReplicationSession:
                 self.key_budget.release()
 
     def _peer_wants(self, key: QueueKey) -> bool:
+        if self.kind_features and not expressible(key[2], self.peer_features, self.kind_features):
+            if key in self._local:
+                self._withheld.add(key)
+            return False
         return self._peer_subscription is None or _matches(self._peer_subscription, key)
+
+    def agree_features(self, features: frozenset[str]) -> None:
+        """The link settled on ``features`` (both sides speak them): what they make expressible and was
+        held back goes out now."""
+        self.peer_features = features
+        now_expressible = {k for k in self._withheld if expressible(k[2], features, self.kind_features)}
+        self._withheld -= now_expressible
+        if self._state is SessionState.OPEN:
+            for key in now_expressible:
+                if self._peer_wants(key):
+                    self._schedule(key)
+
+    @property
+    def withheld(self) -> int:
+        """Queues we hold that are not sent to this peer: its protocol version cannot express them."""
+        return len(self._withheld)
 
     def _wants_key(self, key: QueueKey) -> bool:
         return self.subscription is None or _matches(self.subscription, key)

@@ -40,6 +40,8 @@ from latticed.crdt.wire import (
     unpack,
 )
 from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.protocol.versions import LinkVersions, incompatible, ours
+from latticed.version import PROTOCOL_VERSIONS
 
 __all__ = [
     "ACK",
@@ -70,8 +72,9 @@ __all__ = [
     "encode_message",
 ]
 
-#: The version in HELLO; a peer speaking another one is refused (see :func:`decode_message`).
-PROTOCOL_VERSION: Final = 1
+#: The version a HELLO is sent in: the lowest this build speaks, so every peer of the releases it promises
+#: to sync with reads it (see :mod:`latticed.protocol.versions` for how a link settles on a version).
+PROTOCOL_VERSION: Final = PROTOCOL_VERSIONS[0]
 
 QueueKey = tuple[bytes, str, int]  # owner, name, kind
 
@@ -174,8 +177,12 @@ def _key_to_wire(key: QueueKey) -> list[Any]:
 
 def _decode_hello(raw: list[Any]) -> Hello:
     # Another version's HELLO is refused before its other fields are read: their layout is that version's.
-    if raw[1] != PROTOCOL_VERSION or type(raw[1]) is not int:
+    # A peer sends its HELLO in the lowest version it speaks, so one we do not speak means no version in
+    # common: say so with both sides' versions (an IncompatiblePeerError, not a generic protocol error).
+    if type(raw[1]) is not int:
         raise RemoteProtocolError(f"unsupported protocol version {raw[1]!r}")
+    if raw[1] not in PROTOCOL_VERSIONS:
+        raise incompatible(ours(), LinkVersions(None, (raw[1],)))
     if len(raw) not in (3, 4):
         raise RemoteProtocolError(f"HELLO has 3 or 4 items, not {len(raw)}")
     sub = raw[2]

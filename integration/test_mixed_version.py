@@ -1,0 +1,332 @@
+"""A daemon of the previous release (built from git: integration/releases.py) and one of this build,
+same network key: they connect and replicate queues, KV state and sealed queues both ways, serve each
+other's work-queue consumers, and a rolling upgrade of three daemons under a live stream loses and
+duplicates nothing. Every wire change keeps these passing (CHANGELOG.md, docs/operations.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+from polling import wait_until
+from releases import previous_release, run_as
+
+from latticed.api.client import Client
+from latticed.crdt.signing import Identity
+from latticed.crdt.wire import pack
+from latticed.errors import ConnectionClosedError, LatticedError, VersionGapError
+from latticed.net.transport import open_peer
+from latticed.netkey import DEFAULT_NETWORK_KEY
+from latticed.protocol.replication import HELLO
+from latticed.version import PROTOCOL_VERSIONS, RELEASE
+
+LatticedProcess = Any  # integration/conftest.py's daemon handle
+Factory = Callable[..., LatticedProcess]
+OLD = previous_release()
+
+
+def client(daemon: LatticedProcess, timeout: float = 30) -> Client:
+    return Client(daemon.socket, timeout=timeout)
+
+
+def identity(daemon: LatticedProcess) -> str:
+    with client(daemon) as c:
+        return c.identity()
+
+
+def listen_port(daemon: LatticedProcess) -> int:
+    with client(daemon) as c:
+        listen = c.status()["listen"]
+    assert listen is not None
+    return int(listen.rsplit(":", 1)[1])
+
+
+def start(factory: Factory, version: str | None, *peers: LatticedProcess) -> LatticedProcess:
+    """A daemon of ``version`` (None: this build) on loopback, dialling ``peers``."""
+    args = ["--listen", "127.0.0.1:0", "--no-mdns"]
+    for peer in peers:
+        args += ["--peer", f"127.0.0.1:{listen_port(peer)}"]
+    daemon = factory(args=args, start=False)
+    run_as(daemon, version).start()
+    return daemon
+
+
+def held_end(daemon: LatticedProcess, queue: str) -> int:
+    with client(daemon) as c:
+        try:
+            return int(c.queue_info(queue)["end_offset"])
+        except LatticedError:
+            return -1
+
+
+def values(daemon: LatticedProcess, queue: str) -> list[bytes]:
+    with client(daemon) as c:
+        return [e.value for e in c.range(queue, 0, 1 << 40)]
+
+
+def kv_value(daemon: LatticedProcess, key: str, owner: str) -> Any:
+    with client(daemon) as c:
+        try:
+            return c.kv_get(key, owner=owner)
+        except LatticedError:
+            return None
+
+
+def connected(daemon: LatticedProcess, peer: str) -> bool:
+    with client(daemon) as c:
+        return any(p.get("public_key") == peer and p.get("status") == "connected" for p in c.peers())
+
+
+def test_the_previous_release_runs_its_own_code(latticed_process: Factory) -> None:
+    old = start(latticed_process, OLD)
+    with client(old) as c:
+        assert not c.call("hello")["server"].startswith("latticed/0.3")  # not this build's code
+    assert "latticed/version.py" not in old.log_text()
+
+
+def test_previous_release_and_this_build_replicate_both_ways(latticed_process: Factory) -> None:
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)  # the new one dials the old one
+    old_id, new_id = identity(old), identity(new)
+    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    with client(old) as c:
+        from_old = c.queue_create("from-old")
+        c.offer_batch("from-old", [(b"o%d" % i, b"k%d" % (i % 7), ()) for i in range(500)])
+        c.kv_put("greeting", b"hello from the old release")
+        c.kv_hset("profile", b"name", b"old")
+        sealed_old = c.queue_create("sealed-old", readers=[new_id])
+        c.offer_batch("sealed-old", [(b"secret-o%d" % i, None, ()) for i in range(20)])
+    with client(new) as c:
+        from_new = c.queue_create("from-new")
+        c.offer_batch("from-new", [(b"n%d" % i, None, ()) for i in range(500)])
+        c.kv_put("greeting", b"hello from this build")
+        c.kv_incr("visits", 3)
+        sealed_new = c.queue_create("sealed-new", readers=[old_id])
+        c.offer_batch("sealed-new", [(b"secret-n%d" % i, None, ()) for i in range(20)])
+    wait_until(lambda: held_end(new, from_old) == 500, "the old release's queue on the new one")
+    wait_until(lambda: held_end(old, from_new) == 500, "the new build's queue on the old one")
+    wait_until(lambda: held_end(new, sealed_old) == 20, "the old release's sealed queue on the new one")
+    wait_until(lambda: held_end(old, sealed_new) == 20, "the new build's sealed queue on the old one")
+    wait_until(
+        lambda: kv_value(new, "greeting", old_id) == b"hello from the old release", "old KV on the new one"
+    )
+    wait_until(lambda: kv_value(old, "greeting", new_id) == b"hello from this build", "new KV on the old one")
+    assert values(new, from_old) == values(old, from_old) == [b"o%d" % i for i in range(500)]
+    assert values(old, from_new) == [b"n%d" % i for i in range(500)]
+    assert values(new, sealed_old) == [b"secret-o%d" % i for i in range(20)]  # the new one is a reader
+    assert values(old, sealed_new) == [b"secret-n%d" % i for i in range(20)]  # and the old one
+    with client(new) as c:
+        assert c.kv_hget("profile", b"name", owner=old_id) == b"old"
+    wait_until(lambda: kv_value(old, "visits", new_id) is not None, "the counter on the old one")
+    # Live: a write after the catch-up arrives by push, both ways.
+    with client(old) as c:
+        c.offer("from-old", b"live-old")
+    with client(new) as c:
+        c.offer("from-new", b"live-new")
+    wait_until(lambda: held_end(new, from_old) == 501, "a live record of the old release")
+    wait_until(lambda: held_end(old, from_new) == 501, "a live record of the new build")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def peer_row(daemon: LatticedProcess, peer: str) -> dict[str, Any]:
+    with client(daemon) as c:
+        rows = [p for p in c.peers() if p.get("public_key") == peer]
+    return rows[0] if rows else {}
+
+
+def test_links_settle_on_a_version_with_the_previous_release_and_between_new_daemons(
+    latticed_process: Factory,
+) -> None:
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)
+    newer = start(latticed_process, None, new)
+    old_id, new_id, newer_id = identity(old), identity(new), identity(newer)
+    # 0.2.0 refuses the versions request (an op it does not know) and keeps the link: protocol 1.
+    wait_until(lambda: peer_row(new, old_id).get("protocol") == 1, "the link to 0.2.0 to settle on 1")
+    assert peer_row(new, old_id)["peer_release"] is None and peer_row(new, old_id)["withheld"] == 0
+    wait_until(lambda: peer_row(new, newer_id).get("protocol") is not None, "the new link to settle")
+    row = peer_row(newer, new_id)
+    assert (row["protocol"], row["peer_release"]) == (max(PROTOCOL_VERSIONS), RELEASE)
+    assert "lease.serve_crashed" not in old.log_text()
+    assert connected(old, new_id)  # the refused request did not cost the link
+
+
+def test_a_peer_with_no_version_in_common_is_named_as_such(latticed_process: Factory) -> None:
+    daemon = start(latticed_process, None)
+    port = listen_port(daemon)
+    future = Identity.from_seed(b"f" * 32)
+    future_version = max(PROTOCOL_VERSIONS) + 1
+
+    async def speak_a_future_protocol() -> None:
+        stream = await open_peer("127.0.0.1", port, seed=future.seed, network_key=DEFAULT_NETWORK_KEY)
+        await stream.send(pack([HELLO, future_version, None, b"i" * 16, {"a later": "layout"}]))
+        with trio.fail_after(10):
+            while await stream.receive() is not None:  # the daemon hangs up on us
+                pass
+
+    with contextlib.suppress(ConnectionClosedError):
+        trio.run(speak_a_future_protocol)
+    row = peer_row(daemon, future.public_key.hex())
+    assert row["status"] == "incompatible", row
+    assert f"the peer speaks protocol {future_version}" in row["reason"]
+    assert f"this daemon speaks latticed {RELEASE}, protocol" in row["reason"]
+    assert "network key" not in row["reason"]
+    with client(daemon) as c:
+        info = c.status()
+    assert [p["peer"] for p in info["incompatible_peers"]] == [future.public_key.hex()]
+    assert info["replication"]["incompatible_peers"] == 1
+    assert "peer.incompatible" in daemon.log_text()
+    doctor = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from cli.entry import latticectl; latticectl()",
+            "--socket",
+            str(daemon.socket),
+            "doctor",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert f"incompatible (no replication protocol in common: the peer speaks protocol {future_version}" in (
+        doctor.stdout
+    ), doctor.stdout + doctor.stderr
+
+
+def test_a_newer_client_against_the_previous_release(latticed_process: Factory) -> None:
+    """Commands both know work; one the older daemon does not know fails with one line naming both."""
+    old = start(latticed_process, OLD)
+    with client(old) as c:
+        c.queue_create("q")
+        assert c.offer("q", b"v") == 0
+        assert [e.value for e in c.range("q", 0, 10)] == [b"v"]
+        assert c.status()["queues"] == 1
+        with pytest.raises(VersionGapError) as info:
+            c.versions()
+        assert c.identity()  # the connection is still good
+    message = str(info.value)
+    assert "the daemon runs latticed 0.2.0 or earlier (local API 1)" in message
+    assert f"this client is latticed {RELEASE}" in message
+    cli = [
+        sys.executable,
+        "-c",
+        "from cli.entry import latticectl; latticectl()",
+        "--socket",
+        str(old.socket),
+    ]
+    listed = subprocess.run([*cli, "queue", "list"], capture_output=True, text=True, timeout=60, check=False)
+    assert listed.returncode == 0 and "q" in listed.stdout, listed.stderr
+    new = start(latticed_process, None)
+    with client(new) as c:
+        assert c.versions()["release"] == RELEASE
+
+
+class Stream:
+    """A producer writing numbered records to one of its daemon's queues in a thread, pausable while
+    that daemon restarts (a write is never half done when it stops)."""
+
+    def __init__(self, daemon: LatticedProcess, name: str) -> None:
+        self.daemon, self.name = daemon, name
+        with client(daemon) as c:
+            self.queue = c.queue_create(name)
+        self.written = 0
+        self.lock = threading.Lock()  # held by each write; the restart holds it to pause the stream
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.done.is_set():
+                with self.lock, client(self.daemon) as c:
+                    batch = [(b"%s-%d" % (self.name.encode(), self.written + i), None, ()) for i in range(5)]
+                    c.offer_batch(self.name, batch)
+                    self.written += len(batch)
+                self.done.wait(0.01)
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> list[bytes]:
+        self.done.set()
+        self.thread.join(30)
+        assert self.error is None, self.error
+        return [b"%s-%d" % (self.name.encode(), i) for i in range(self.written)]
+
+
+def test_a_rolling_upgrade_under_live_streams_loses_and_duplicates_nothing(latticed_process: Factory) -> None:
+    ports = [free_port() for _ in range(3)]
+    daemons = []
+    for i, port in enumerate(ports):
+        args = ["--listen", f"127.0.0.1:{port}", "--no-mdns"]
+        for other in ports[:i] + ports[i + 1 :]:
+            args += ["--peer", f"127.0.0.1:{other}"]
+        daemon = latticed_process(args=args, start=False)
+        daemons.append(run_as(daemon, OLD).start())
+    a, b, c = daemons
+    ids = [identity(d) for d in daemons]
+    wait_until(lambda: all(connected(d, p) for d in daemons for p in ids if p != identity(d)), "the mesh")
+    streams = {"a": Stream(a, "stream-a"), "c": Stream(c, "stream-c")}
+    wait_until(lambda: all(s.written >= 50 for s in streams.values()), "both streams to flow")
+    for daemon, paused in ((b, None), (a, streams["a"]), (c, streams["c"])):
+        with paused.lock if paused is not None else contextlib.nullcontext():
+            daemon.stop()
+            run_as(daemon, None).start()
+        me = identity(daemon)
+        wait_until(
+            lambda d=daemon, m=me: all(connected(d, p) for p in ids if p != m), "the upgraded one back"
+        )
+        # The streams go on meanwhile, and what was written so far reaches the upgraded daemon.
+        for stream in streams.values():
+            target = stream.written
+            wait_until(
+                lambda d=daemon, s=stream, t=target: held_end(d, s.queue) >= t, "catch-up after restart"
+            )
+    expected = {key: stream.stop() for key, stream in streams.items()}
+    for stream, key in ((streams["a"], "a"), (streams["c"], "c")):
+        total = len(expected[key])
+        for daemon in daemons:
+            wait_until(lambda d=daemon, s=stream, t=total: held_end(d, s.queue) == t, "the final records")
+            assert values(daemon, stream.queue) == expected[key]  # nothing lost, nothing twice, in order
+    for daemon in daemons:
+        with client(daemon) as cl:
+            assert cl.versions()["release"] == RELEASE  # all three run this build now
+
+
+def test_remote_work_queue_consumers_across_the_releases_both_ways(latticed_process: Factory) -> None:
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)
+    old_id, new_id = identity(old), identity(new)
+    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    for owner, owner_id, worker in ((old, old_id, new), (new, new_id, old)):
+        with client(owner) as c:
+            c.queue_create("jobs")
+            c.offer_batch("jobs", [(b"job-%d" % i, None, ()) for i in range(5)])
+            c.group_create("g", ["jobs"], max_attempts=3, retry_backoff=0, visibility=30)
+        group = f"{owner_id}/g"
+        wait_until(
+            lambda w=worker, o=owner_id: held_end(w, f"{o}/jobs") == 5, "the jobs on the worker's side"
+        )
+        done = []
+        with client(worker) as c:
+            for _ in range(5):
+                lease = c.dequeue(group)
+                assert lease is not None
+                c.ack(group, lease)
+                done.append(lease.value)
+            assert c.dequeue(group) is None
+        assert sorted(done) == [b"job-%d" % i for i in range(5)]

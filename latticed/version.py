@@ -1,0 +1,51 @@
+"""This build's release and the versions of everything it speaks: the one place they are written.
+
+Importable without the daemon (no trio, libsodium or sqlite): ``latticed --version`` and
+``latticectl --version`` print :func:`describe` in a few milliseconds, and ``pyproject.toml`` reads
+:data:`RELEASE` from here. The modules that implement each format check against these constants
+(tests/test_versions.py), and CHANGELOG.md must mention each of them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "API_VERSIONS",
+    "PROTOCOL_FEATURES",
+    "PROTOCOL_VERSIONS",
+    "RELEASE",
+    "STORE_SCHEMA",
+    "describe",
+    "span",
+]
+
+#: This build's release (PEP 440; ``.devN`` between releases).
+RELEASE = "0.3.0.dev0"
+#: Replication protocol versions this build speaks on the peer link, lowest first (both ends use the
+#: highest they share; the HELLO it opens a link with is in the lowest, which every peer still reads).
+PROTOCOL_VERSIONS: Final = (1,)
+#: Optional protocol features this build speaks (a queue or field that needs one is sent only to peers
+#: that speak it too).
+PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset()
+#: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
+STORE_SCHEMA: Final = 3
+#: Local API versions the daemon answers (a request names its version in ``v``).
+API_VERSIONS: Final = (1,)
+
+
+def span(versions: tuple[int, ...]) -> str:
+    """``1`` or ``1-3``: a version range as the changelog and ``--version`` write it."""
+    low, high = min(versions), max(versions)
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def describe(program: str) -> str:
+    """What ``--version`` prints: the release, then one line per format this build speaks."""
+    features = ", ".join(sorted(PROTOCOL_FEATURES)) or "none"
+    return (
+        f"{program} {RELEASE}\n"
+        f"wire protocol {span(PROTOCOL_VERSIONS)} (features: {features})\n"
+        f"store schema {STORE_SCHEMA}\n"
+        f"local API {span(API_VERSIONS)}"
+    )
