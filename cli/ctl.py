@@ -40,6 +40,7 @@ from cli.common import client as _client
 from cli.output import (
     emit,
     emit_entries,
+    emit_readable,
     entry_text,
     field_lines,
     human,
@@ -504,7 +505,10 @@ def range_(
     if from_offset > to_offset:
         raise typer.BadParameter(f"FROM {from_offset} is after TO {to_offset}", ctx=ctx, param_hint="'FROM'")
     client = _client(ctx)
-    entries = client.range(queue, from_offset, to_offset)
+    entries, unreadable = client.range_readable(queue, from_offset, to_offset)
+    if unreadable:
+        emit_readable(queue, entries, unreadable, as_json=as_json)
+        return
     emit_entries(entries, as_json=as_json)
     if not entries and not as_json:
         note(f"no records in {from_offset}..{to_offset} of {queue}: {_holds(client.queue_info(queue))}")
