@@ -189,7 +189,8 @@ def _size(nbytes: object) -> str:
 
 @app.command()
 def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
-    """Show identity, version, uptime, queues, records and storage."""
+    """Show identity, version, uptime, queues, records, storage, and the group-commit, replication and
+    retention counters since start."""
     info = _client(ctx).status()
     fields = {
         "identity": info.get("identity"),
@@ -202,6 +203,9 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "socket": info.get("socket"),
         "listen": info.get("listen") or "not listening (local only)",
         "metrics": info.get("metrics") or "off",
+        "transactions": info.get("transactions"),  # group commits since start
+        "replication": _counters_text(info.get("replication"), "not running"),
+        "retention": _counters_text(info.get("retention"), "not running"),
         "replication lag": info.get("replication_lag") or "none",
         "disk": _disk_text(info.get("disk")),
         "forked queues": [
@@ -212,6 +216,13 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "clock skew": [_skew_text(r) for r in info.get("clock_skew") or []] or "none",
     }
     emit(info, field_lines(fields), as_json=as_json)
+
+
+def _counters_text(counters: object, absent: str) -> str:
+    """A service's counters since start as ``name=value, ...`` on one line (``bytes_*`` in units)."""
+    if not isinstance(counters, dict):
+        return absent
+    return ", ".join(f"{k}={_size(v) if k.startswith('bytes_') else human(v)}" for k, v in counters.items())
 
 
 def _disk_text(disk: object) -> str:

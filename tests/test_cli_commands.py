@@ -1,5 +1,5 @@
 """latticectl commands against an in-process daemon, as a script or a user meets them: what ``dequeue
---env`` leaves in the temporary directory."""
+--env`` leaves in the temporary directory, and what ``status`` shows as text."""
 
 from __future__ import annotations
 
@@ -23,7 +23,11 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
     root = tmp_path_factory.mktemp("cmds")
-    d = start_in_process(DaemonConfig(data_dir=root / "data", socket_path=root / "api.sock"))
+    d = start_in_process(
+        DaemonConfig(
+            data_dir=root / "data", socket_path=root / "api.sock", listen=("127.0.0.1", 0), mdns=False
+        )
+    )
     yield d
     d.stop()
 
@@ -99,3 +103,17 @@ def test_a_dequeue_env_whose_reader_went_away_removes_its_file(
     result = ctl(daemon, "dequeue", group, "--env")
     assert result.exit_code == ExitCode.STDOUT_CLOSED
     assert list(tmpdir_.iterdir()) == []
+
+
+def test_status_text_shows_the_counters_the_docs_list(daemon: InProcessDaemon) -> None:
+    result = ctl(daemon, "status")
+    assert result.exit_code == 0, result.output
+    lines = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in result.stdout.splitlines()}
+    with daemon.client() as c:
+        info = c.status()
+    assert int(lines["transactions"]) >= 1
+    replication = dict(pair.split("=", 1) for pair in lines["replication"].split(", "))
+    assert set(replication) == set(info["replication"]) and replication["connected"] == "0"
+    retention = dict(pair.split("=", 1) for pair in lines["retention"].split(", "))
+    assert set(retention) == set(info["retention"])
+    assert retention["records_truncated"] == "0" and retention["bytes_truncated"] == "0 B"
