@@ -496,17 +496,15 @@ async def read(ctx: Context, request: Request) -> Reply:
     max_bytes = min(max(arg_int(request, "max_bytes", default=8 << 20), 1), ctx.max_reply_bytes)
     columns = await ctx.engine.read(q, lo, state.held_end, max_records, max_bytes)
     if arg_bool(request, "skip_unreadable", False) and layout == "lists":
-        reply = _opened(ctx, q, columns, request, partial=True)
-        read_end = columns.offsets[-1] + 1 if columns.offsets else None
+        reply = _opened(ctx, q, columns, request, partial=True)  # what it left out is passed too
     else:
         columns = sealer_of(ctx.engine).open_columns(q, columns, partial=True)
         reply = packed_columns_reply(columns) if layout == "packed" else columns_reply(columns)
-        read_end = columns.offsets[-1] + 1 if columns.offsets else None
     state = ctx.engine.state(q)
     return {
         "queue": ctx.engine.address(q),
         **reply,
-        "next_offset": read_end if read_end is not None else max(lo, state.start),
+        "next_offset": columns.offsets[-1] + 1 if columns.offsets else max(lo, state.start),
         "start_offset": state.start,
         "end_offset": state.held_end,
     }
