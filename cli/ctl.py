@@ -40,6 +40,7 @@ from cli.common import client as _client
 from cli.output import (
     emit,
     emit_entries,
+    emit_readable,
     entry_text,
     field_lines,
     human,
@@ -207,7 +208,8 @@ def _size(nbytes: object) -> str:
 
 @app.command()
 def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
-    """Show identity, version, uptime, queues, records and storage."""
+    """Show identity, version, uptime, queues, records, storage, and the group-commit, replication and
+    retention counters since start."""
     info = _client(ctx).status()
     fields = {
         "identity": info.get("identity"),
@@ -220,6 +222,9 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "socket": info.get("socket"),
         "listen": info.get("listen") or "not listening (local only)",
         "metrics": info.get("metrics") or "off",
+        "transactions": info.get("transactions"),  # group commits since start
+        "replication": _counters_text(info.get("replication"), "not running"),
+        "retention": _counters_text(info.get("retention"), "not running"),
         "replication lag": info.get("replication_lag") or "none",
         "disk": _disk_text(info.get("disk")),
         "forked queues": [
@@ -235,6 +240,13 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         or "none",
     }
     emit(info, field_lines(fields), as_json=as_json)
+
+
+def _counters_text(counters: object, absent: str) -> str:
+    """A service's counters since start as ``name=value, ...`` on one line (``bytes_*`` in units)."""
+    if not isinstance(counters, dict):
+        return absent
+    return ", ".join(f"{k}={_size(v) if k.startswith('bytes_') else human(v)}" for k, v in counters.items())
 
 
 def _disk_text(disk: object) -> str:
@@ -530,7 +542,10 @@ def range_(
     if from_offset > to_offset:
         raise typer.BadParameter(f"FROM {from_offset} is after TO {to_offset}", ctx=ctx, param_hint="'FROM'")
     client = _client(ctx)
-    entries = client.range(queue, from_offset, to_offset)
+    entries, unreadable = client.range_readable(queue, from_offset, to_offset)
+    if unreadable:
+        emit_readable(queue, entries, unreadable, as_json=as_json)
+        return
     emit_entries(entries, as_json=as_json)
     if not entries and not as_json:
         note(f"no records in {from_offset}..{to_offset} of {queue}: {_holds(client.queue_info(queue))}")

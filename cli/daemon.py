@@ -123,7 +123,7 @@ def run(
             "--network-key-file",
             metavar="PATH",
             help="The network key (see network-key new).",
-            show_default="the documented public key: anyone can join",
+            show_default="DATA_DIR/network.key if join kept one there, else the public key: anyone can join",
         ),
     ] = None,
     insecure_public_network_key: Annotated[

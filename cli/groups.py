@@ -5,8 +5,9 @@
 lines (``LATTICE_GROUP``, ``LATTICE_QUEUE``, ``LATTICE_OFFSET``, ``LATTICE_LEASE``, ``LATTICE_ATTEMPT``,
 ``LATTICE_CORRELATION_ID``, ``LATTICE_PAYLOAD`` = a file holding the payload), so that
 ``lease=$(latticectl dequeue jobs --env) && eval "$lease"`` can be followed by ``latticectl ack
-"$LATTICE_GROUP" "$LATTICE_LEASE"``. Exit codes beyond :mod:`cli.boundary`'s usual ones: 9 when a lease
-is stale or unknown, 10 when ``dequeue`` found nothing (within ``--wait``), 11 when a cap is reached.
+"$LATTICE_GROUP" "$LATTICE_LEASE"`` (which removes that file, as ``nack`` does). Exit codes beyond
+:mod:`cli.boundary`'s usual ones: 9 when a lease is stale or unknown, 10 when ``dequeue`` found nothing
+(within ``--wait``), 11 when a cap is reached.
 
 Why one module: it is the work-queue command group (``group``, ``dlq``, the lease commands and ``work``):
 the typer declarations are long (an option and its help per setting), and the commands share their option
@@ -15,12 +16,15 @@ types, the lease output and the ``--env`` export for scripts. It is loaded lazil
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shlex
+import stat
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,10 +32,10 @@ import typer
 
 from cli.boundary import one_line
 from cli.common import note, settings
-from cli.output import emit, field_lines, human, table_lines, text_of_bytes, to_json
+from cli.output import emit, field_lines, human, table_lines, text_of_bytes, to_json, write
 from cli.work import Worker, lease_env
 from latticed.api.client import Client, Lease
-from latticed.errors import EmptyError
+from latticed.errors import EmptyError, LeaseError
 
 ClientFactory = Callable[[typer.Context], Client]
 
@@ -81,14 +85,51 @@ def _lease_fields(lease: Lease) -> dict[str, object]:
     return fields
 
 
-def _write_payload(value: bytes, path: Path | None) -> Path:
+#: ``dequeue --env`` payload files: this prefix, a tag of the lease, and mkstemp's random part.
+PAYLOAD_PREFIX = "lattice-payload-"
+
+
+def _payload_pattern(lease: str) -> str:
+    """The name of a lease's payload files up to mkstemp's part: ``ack``/``nack`` find them by the token
+    alone, so a script that never removes ``$LATTICE_PAYLOAD`` leaves nothing behind."""
+    tag = hashlib.blake2b(lease.encode(), digest_size=8, person=b"latticed.payload").hexdigest()
+    return f"{PAYLOAD_PREFIX}{tag}-"
+
+
+def _write_payload(value: bytes, path: Path | None, lease: str) -> Path:
     if path is None:
-        fd, name = tempfile.mkstemp(prefix="lattice-payload-")
-        with os.fdopen(fd, "wb") as out:
-            out.write(value)
+        fd, name = tempfile.mkstemp(prefix=_payload_pattern(lease))  # mode 0600, O_EXCL
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(value)
+        except BaseException:
+            os.unlink(name)
+            raise
         return Path(name)
     path.write_bytes(value)
     return path
+
+
+def _remove_payloads(lease: str) -> None:
+    """Remove the temporary payload files ``dequeue --env`` wrote for ``lease`` (ours, regular files;
+    never a ``--payload-out`` path, which the caller chose and owns)."""
+    for path in Path(tempfile.gettempdir()).glob(_payload_pattern(lease) + "*"):
+        with contextlib.suppress(OSError):
+            info = path.lstat()
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+                path.unlink()
+
+
+@contextlib.contextmanager
+def _settling(lease: str) -> Iterator[None]:
+    """Around an ack or nack: once the lease is over (settled, or stale: its record comes back under a new
+    lease and payload file), its payload file goes. A broken connection keeps it for a retry."""
+    try:
+        yield
+    except LeaseError:
+        _remove_payloads(lease)
+        raise
+    _remove_payloads(lease)
 
 
 #: What a group gets for an option left out; the daemon applies them (``GroupSpec`` in
@@ -396,8 +437,15 @@ def dequeue(
         raise EmptyError(f"no record available in group {group}{within}")
     if env:
         variables = lease_env(lease, None)
-        variables["LATTICE_PAYLOAD"] = str(_write_payload(lease.value, payload_out))
-        emit(None, [f"export {k}={shlex.quote(v)}" for k, v in variables.items()], as_json=False)
+        payload = _write_payload(lease.value, payload_out, lease.lease)
+        variables["LATTICE_PAYLOAD"] = str(payload)
+        try:
+            emit(None, [f"export {k}={shlex.quote(v)}" for k, v in variables.items()], as_json=False)
+            write("", flush=True)  # a reader gone (or Ctrl-C) shows here, while the file can still go
+        except BaseException:
+            if payload_out is None:
+                payload.unlink(missing_ok=True)
+            raise
         return
     fields = _lease_fields(lease)
     fields["value"] = text_of_bytes(lease.value)
@@ -431,8 +479,10 @@ def claim(
 
 
 def ack(ctx: typer.Context, group: GroupArg, lease: LeaseArg, as_json: JsonFlag = False) -> None:
-    """Settle a leased record as done; prints its correlation id (exit 9 if the lease is stale)."""
-    correlation = _client(ctx).ack(group, lease)
+    """Settle a leased record as done; prints its correlation id (exit 9 if the lease is stale).
+    Removes the payload file ``dequeue --env`` wrote for the lease."""
+    with _settling(lease):
+        correlation = _client(ctx).ack(group, lease)
     emit({"correlation_id": correlation}, correlation, as_json=as_json)
 
 
@@ -452,8 +502,10 @@ def nack(
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Give a leased record back for a retry (or to the DLQ on its last attempt)."""
-    reply = _client(ctx).nack(group, lease, delay, reason)
+    """Give a leased record back for a retry (or to the DLQ on its last attempt). Removes the payload
+    file ``dequeue --env`` wrote for the lease."""
+    with _settling(lease):
+        reply = _client(ctx).nack(group, lease, delay, reason)
     text = "dead-lettered" if reply.get("dead_lettered") else f"retry at {_when(reply.get('retry_at'))}"
     emit(reply, f"{reply.get('correlation_id')}\t{text}", as_json=as_json)
 

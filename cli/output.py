@@ -21,6 +21,7 @@ as its bytes: where the record came from (``queue``, ``offset``), ``attempts``, 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Iterable, Mapping
@@ -205,9 +206,35 @@ def emit_entries(entries: Iterable[Entry], *, as_json: bool, live: bool = False)
         emit(entry, entry_text(entry), as_json=as_json, flush=live)
 
 
+def emit_readable(queue: str, entries: list[Entry], runs: list[tuple[int, int]], *, as_json: bool) -> None:
+    """A range of a sealed queue with records this identity cannot open (``runs``: ``(first, last)``):
+    print the others and name those in one line on stderr (with ``as_json``, a ``{"queue", "offset",
+    "unreadable": true}`` line stands in each one's place). NotReaderError (exit 13) if none could be read."""
+    from latticed.errors import NotReaderError  # noqa: PLC0415 - only sealed queues get here
+
+    shown = ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs[:8]) + (", ..." if runs[8:] else "")
+    why = f"offsets {shown} of {queue} are sealed to key epochs this identity is not a reader of"
+    if not entries:
+        raise NotReaderError(why)
+    if as_json:
+        rows: list[tuple[int, object]] = [(e.offset, e) for e in entries]
+        address = entries[0].queue
+        rows += [
+            (o, {"queue": address, "offset": o, "unreadable": True}) for a, b in runs for o in range(a, b + 1)
+        ]
+        for _, row in sorted(rows, key=lambda r: r[0]):
+            emit(row, None, as_json=True)
+    else:
+        emit_entries(entries, as_json=False)
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()  # the records first, then the note about the others
+        sys.stderr.write(f"latticectl: {why}: left out\n")
+
+
 __all__ = [
     "emit",
     "emit_entries",
+    "emit_readable",
     "entry_text",
     "field_lines",
     "human",

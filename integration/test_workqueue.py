@@ -239,7 +239,7 @@ def test_dequeue_env_output_evaluates_in_sh(latticed_process: Factory) -> None:
         'cat "$LATTICE_PAYLOAD"; echo\n'
         'echo "$LATTICE_GROUP|$LATTICE_OFFSET|$LATTICE_ATTEMPT|$LATTICE_CORRELATION_ID"\n'
         f'{LATTICECTL} ack "$LATTICE_GROUP" "$LATTICE_LEASE"\n'
-        'rm -f "$LATTICE_PAYLOAD"\n'
+        'test ! -e "$LATTICE_PAYLOAD" || exit 7\n'  # ack removed it
     )
     env = {**os.environ, "LATTICED_SOCKET": str(daemon.socket)}
     result = subprocess.run(["sh", "-c", script], check=False, capture_output=True, env=env, timeout=60)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from latticed.errors import MalformedError
-from latticed.paths import MAX_SOCKET_PATH_BYTES, identity_key_path
+from latticed.paths import MAX_SOCKET_PATH_BYTES, data_dir_network_key_path, identity_key_path
 from latticed.protocol.addresses import HostPort, parse_host_port
 from latticed.retention import parse_queue_cap, parse_size
 from latticed.socket_path import SOCKET_NAME, default_socket_path
@@ -113,6 +113,12 @@ class DaemonConfig:
     def identity_key_path(self) -> Path:
         """The node's private key; lives with the data so a restore brings the identity along."""
         return identity_key_path(self.data_dir)
+
+    @property
+    def network_key_path(self) -> Path:
+        """Where the network key is kept: ``network_key_file``, else ``network.key`` in the data directory
+        (``join`` stores the key of a daemon started without a key file there; the next start reads it)."""
+        return self.network_key_file or data_dir_network_key_path(self.data_dir)
 
 
 KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DaemonConfig))

@@ -183,6 +183,7 @@ async def run_daemon(
                                     version=package_version(),
                                     replication=lambda: membership.service,
                                     groups=groups,
+                                    retention=lambda: context.retention,
                                 )
                             )
                             endpoint = await nursery.start(

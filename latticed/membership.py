@@ -3,7 +3,8 @@
 The replication service (:mod:`latticed.net.replication`) lives under one network key: the handshake, the mDNS
 announcements and every link depend on it. :class:`Membership` owns that service for the composition root.
 It starts it when there is anything to replicate with (a listen address, static peers, or peers saved by an
-earlier run), and :meth:`Membership.join` stores the invite's key in the configured key file, stops the
+earlier run), and :meth:`Membership.join` stores the invite's key in the configured key file (none
+configured: ``network.key`` in the data directory, which the next start reads), stops the
 service (links close, the peer book is saved) and starts it again under the new key, on the port it had,
 with the inviter in the peer book. So a join needs no restart, and the next start reads the same key.
 
@@ -260,20 +261,14 @@ class Membership:
                 "network": new_fingerprint,
                 "previous_network": old_fingerprint if changed else None,
                 "key_changed": changed,
-                "key_file": str(self._config.network_key_file) if self._config.network_key_file else None,
+                "key_file": str(self._config.network_key_path),
                 "peer": invite.identity.hex(),
                 "addresses": [_fmt(a) for a in invite.addresses],
                 "listen": service.listen,
             }
 
     async def _switch_key(self, invite: Invite, *, force: bool, old: str, new: str) -> None:
-        path = self._config.network_key_file
-        if path is None:
-            raise MalformedError(
-                "this daemon has no network key file to keep the key in, so it would forget it at the next "
-                "start: run it from a `latticed init` config, or with --network-key-file PATH (a new file: "
-                "`latticed network-key new PATH`)"
-            )
+        path = self._config.network_key_path  # with no key file configured: network.key in the data dir
         if self._key != DEFAULT_NETWORK_KEY and not force:
             sharing = self._peers_sharing_key(invite.identity)
             if sharing:

@@ -18,6 +18,9 @@ from latticed.errors import StorageError
 log = logging.getLogger(__name__)
 
 IDENTITY_KEY_NAME = "identity.key"
+#: Where a daemon with no ``network_key_file`` keeps the key ``latticectl join`` gave it (also where
+#: ``latticed init`` puts its key file).
+NETWORK_KEY_NAME = "network.key"
 #: ``sockaddr_un.sun_path`` is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 
@@ -25,6 +28,11 @@ MAX_SOCKET_PATH_BYTES = 107
 def identity_key_path(data_dir: Path) -> Path:
     """The node's private key; lives with the data so a restore brings the identity along."""
     return data_dir / IDENTITY_KEY_NAME
+
+
+def data_dir_network_key_path(data_dir: Path) -> Path:
+    """The network key kept in the data directory (by ``join`` on a daemon with no key file)."""
+    return data_dir / NETWORK_KEY_NAME
 
 
 def _explain(exc: OSError, what: str, path: Path) -> StorageError:
@@ -111,6 +119,8 @@ def ensure_socket_dir(socket_path: Path) -> Path:
 __all__ = [
     "IDENTITY_KEY_NAME",
     "MAX_SOCKET_PATH_BYTES",
+    "NETWORK_KEY_NAME",
+    "data_dir_network_key_path",
     "ensure_data_dir",
     "ensure_socket_dir",
     "identity_key_path",

@@ -98,8 +98,10 @@ class Counters:
     checks: int = 0
     truncations: int = 0
     records_truncated: int = 0
+    bytes_truncated: int = 0
     local_drops: int = 0
     records_dropped_locally: int = 0
+    bytes_dropped_locally: int = 0
     kv_keys_purged: int = 0
     kv_ops_compacted: int = 0
     failures: int = 0
@@ -297,17 +299,21 @@ class RetentionService:
                 watch.quiet_until = end + self._step_records(watch)
             return 0
         watch.quiet_until = 0
+        upto: int = cut
+        freed = await engine.inspect(lambda reader: prune.bytes_between(reader.conn, q, start, upto))
         if watch.owned:
             await engine.truncate(q, cut)
             dropped = max(min(engine.state(q).start, end) - start, 0)
             self.counters.truncations += 1
             self.counters.records_truncated += dropped
+            self.counters.bytes_truncated += freed if dropped else 0
             event = "retention.truncated"
         else:
             await engine.drop_local(q, cut)
             dropped = max(engine.state(q).start - start, 0)
             self.counters.local_drops += 1
             self.counters.records_dropped_locally += dropped
+            self.counters.bytes_dropped_locally += freed if dropped else 0
             event = "retention.dropped_locally"
         log_event(
             log,

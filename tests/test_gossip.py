@@ -190,6 +190,17 @@ async def test_writes_to_our_own_queue_wait_while_a_peer_holds_more_of_it() -> N
     assert gossip.behind_reason((ALICE.public_key, "other", key[2]), held_end=0) is None
 
 
+async def test_the_fence_counts_only_the_records_the_peer_holds_past_our_end() -> None:
+    """A peer that dropped the older records (truncated, or capped as a replica) holds fewer than its end."""
+    gossip, key = _claiming_gossip(held_end=0)
+    gossip.links[b"p" * 32].session.held[key] = Summary(version=3, start=905, held_end=1000)  # type: ignore[attr-defined]
+    reason = gossip.behind_reason(key, held_end=0)
+    assert reason is not None and "holds 95 more record(s)" in reason and "to offset 1000" in reason
+    assert "holds 5 more record(s)" in (gossip.behind_reason(key, held_end=995) or "")
+    gossip.links[b"p" * 32].session.held[key] = Summary(version=3, start=1000, held_end=1000)  # type: ignore[attr-defined]
+    assert "head of it at offset 1000, past this daemon's 0" in (gossip.behind_reason(key, held_end=0) or "")
+
+
 async def test_a_peer_that_claims_records_it_never_sends_stops_fencing_after_a_while(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -223,12 +223,43 @@ def test_invite_and_join_refusals(daemons: Callable[..., InProcessDaemon]) -> No
         assert decode_invite(token).addresses == (("192.0.2.1", 7464),)
         with pytest.raises(MalformedError, match="own"):
             cq.join(token)
-        with pytest.raises(MalformedError, match="no network key file"):
-            ck.join(token)
         with pytest.raises(MalformedError, match="allowed_peers"):
             cy.join(token)
         with pytest.raises(MalformedError, match="damaged"):
             ck.join(token[:-2] + ("a" if token[-2] != "a" else "b") + token[-1])
+
+
+def test_a_daemon_without_a_key_file_keeps_the_joined_key_in_its_data_dir(
+    daemons: Callable[..., InProcessDaemon], tmp_path: Path
+) -> None:
+    a = daemons("a", key=new_network_key())
+    config = DaemonConfig(
+        data_dir=tmp_path / "b" / "data",
+        socket_path=tmp_path / "b" / "api.sock",
+        listen=("127.0.0.1", 0),  # the public default key, as on loopback it may
+        mdns=False,
+    )
+    kept = config.data_dir / "network.key"
+    b = start_in_process(config, "b")
+    try:
+        with a.client() as ca, b.client() as cb:
+            token = ca.invite()
+            joined = cb.join(token)
+            assert joined["key_changed"] and joined["key_file"] == str(kept)
+            assert read_network_key(kept) == decode_invite(token).network_key
+            assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+            queue = ca.queue_create("q")
+            ca.offer("q", b"before")
+            wait_for(lambda: holds(cb, queue, 1), "a's queue on b")
+    finally:
+        b.stop()
+    b = start_in_process(config, "b-again")  # the next start reads the kept key: b is still in a's network
+    try:
+        with a.client() as ca, b.client() as cb:
+            ca.offer("q", b"after")
+            wait_for(lambda: holds(cb, queue, 2), "a's next record on the restarted b", timeout=60)
+    finally:
+        b.stop()
 
 
 # --- latticectl invite / join without a daemon ------------------------------------------------------

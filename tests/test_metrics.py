@@ -133,6 +133,47 @@ async def test_commits_merges_and_state_read_through_the_text_parser(tmp_path: P
     assert value(samples, "latticed_peer_addresses", state="idle") == 1
 
 
+async def test_offered_records_and_bytes_both_count_since_the_daemon_started(tmp_path: Path) -> None:
+    """Both are counters of this run (Prometheus' rate() expects that), not the queues' lifetimes."""
+    async with Engine.open(tmp_path, ALICE, metrics=DaemonMetrics(ALICE.public_key)) as engine:
+        q = await engine.create_queue("events")
+        await engine.append(q, [Record(b"before") for _ in range(5)])
+    metrics = DaemonMetrics(ALICE.public_key)  # the next start
+    async with Engine.open(tmp_path, ALICE, metrics=metrics) as engine:
+        await engine.append(engine.resolve("events"), [Record(b"v%d" % i) for i in range(2)])
+        metrics.registry.register(StateCollector(engine, tmp_path, version="9.9"))
+        samples = parse(generate_latest(metrics.registry).decode())
+    assert value(samples, "latticed_offered_records_total", kind="queue") == 2
+    assert value(samples, "latticed_offered_bytes_total", kind="queue") == 2 * 2
+
+
+class FakeRetention:
+    def counters_dict(self) -> dict[str, int]:
+        return {
+            "records_truncated": 900,
+            "bytes_truncated": 65_000,
+            "records_dropped_locally": 7,
+            "bytes_dropped_locally": 700,
+            "failures": 1,
+            "kv_keys_purged": 3,
+            "kv_ops_compacted": 4,
+        }
+
+
+async def test_retention_counters_are_exported_by_role(tmp_path: Path) -> None:
+    metrics = DaemonMetrics(ALICE.public_key)
+    async with Engine.open(tmp_path, ALICE, metrics=metrics) as engine:
+        metrics.registry.register(StateCollector(engine, tmp_path, version="9.9", retention=FakeRetention))
+        samples = parse(generate_latest(metrics.registry).decode())
+    assert value(samples, "latticed_retention_truncated_records_total", role="owner") == 900
+    assert value(samples, "latticed_retention_truncated_records_total", role="replica") == 7
+    assert value(samples, "latticed_retention_truncated_bytes_total", role="owner") == 65_000
+    assert value(samples, "latticed_retention_truncated_bytes_total", role="replica") == 700
+    assert value(samples, "latticed_retention_failures_total") == 1
+    assert value(samples, "latticed_retention_kv_keys_purged_total") == 3
+    assert value(samples, "latticed_retention_kv_ops_compacted_total") == 4
+
+
 async def test_an_engine_without_metrics_reports_nothing(tmp_path: Path) -> None:
     async with Engine.open(tmp_path, ALICE) as engine:
         q = await engine.create_queue("events")

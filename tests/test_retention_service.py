@@ -8,12 +8,14 @@ import logging
 import sqlite3
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from inprocess import InProcessDaemon, start_in_process
 
 from latticed.config import DaemonConfig
@@ -61,6 +63,47 @@ def test_a_commit_over_a_limit_is_cut_without_the_timer(daemon: InProcessDaemon)
     with daemon.client() as c:
         assert c.retention_get("q")["records"] == 47
         assert c.status()["retention"]["truncations"] == 1
+
+
+def test_truncations_are_counted_in_records_and_bytes_and_served_as_metrics(tmp_path: Path) -> None:
+    config = DaemonConfig(
+        data_dir=tmp_path / "data",
+        socket_path=tmp_path / "api.sock",
+        retention_interval_s=3600.0,
+        metrics_listen=("127.0.0.1", 0),
+    )
+    daemon = start_in_process(config)
+    try:
+        cut = trio.Event()
+
+        def listener(state: QueueState) -> None:
+            if state.name == "q" and state.start > 0:
+                cut.set()
+
+        async def until_cut() -> None:
+            with trio.fail_after(10):
+                await cut.wait()
+                await trio.testing.wait_all_tasks_blocked()  # retention counts after its commit
+
+        with daemon.handle.changes.subscribed(listener), daemon.client() as c:
+            c.queue_create("q", retention=RetentionPolicy(max_records=50))
+            c.offer_batch("q", [(b"x" * 100, None, ())] * 200)
+            daemon.call(until_cut)
+            counters = c.status()["retention"]
+            address = c.status()["metrics"]
+        assert counters["records_truncated"] == 200 - 47
+        # Each record takes its 100-byte value, a timestamp and a 32-byte chain value, and more.
+        assert counters["bytes_truncated"] >= 153 * 132
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        assert f'latticed_retention_truncated_records_total{{role="owner"}} {153:.1f}' in text
+        assert (
+            f'latticed_retention_truncated_bytes_total{{role="owner"}} {counters["bytes_truncated"]:.1f}'
+            in text
+        )
+        assert 'latticed_retention_truncated_records_total{role="replica"} 0.0' in text
+    finally:
+        daemon.stop()
 
 
 def test_a_policy_it_cannot_read_is_reported_and_not_fatal(

@@ -4,6 +4,7 @@ the engine, as a network of daemons would deliver them) read as a reader and as 
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from collections.abc import Iterator
@@ -278,6 +279,44 @@ def test_a_reader_reads_its_epochs_and_stops_where_it_was_removed(daemon: InProc
     deliver(daemon, queue)
     with daemon.client() as c:
         assert [e.value for e in c.range(address, 0, 4)] == [b"old-0", b"old-1", b"old-2", b"new-0", b"new-1"]
+
+
+def test_range_on_a_removed_reader_prints_what_it_can_open_and_names_the_rest(
+    daemon: InProcessDaemon,
+) -> None:
+    me = bytes.fromhex(daemon.handle.engine.public_key.hex())
+    queue, owner, _ = foreign_sealed([me], [b"old-%d" % i for i in range(3)])
+    sealing = sealed_meta.parse(queue.meta, owner.public_key)
+    assert sealing is not None
+    new_key = secrets.token_bytes(32)
+    for key, value in sealed_meta.rotate(sealing, new_key, [], 3, secrets.token_bytes).items():
+        queue.set_meta(key, value)  # the owner removed us: epoch 1 from offset 3 on
+    seal(queue, new_key, 1, [b"new-0", b"new-1"])
+    address = deliver(daemon, queue)
+    result = ctl(daemon, "range", address, "0", "10")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["0\told-0", "1\told-1", "2\told-2"]
+    [note] = result.stderr.splitlines()
+    assert "offsets 3..4 of" in note and "not a reader" in note
+    lines = [
+        json.loads(line) for line in ctl(daemon, "range", address, "1", "4", "--json").stdout.splitlines()
+    ]
+    assert [(line["offset"], line.get("value"), line.get("unreadable")) for line in lines] == [
+        (1, "old-1", None),
+        (2, "old-2", None),
+        (3, None, True),
+        (4, None, True),
+    ]
+    none = ctl(daemon, "range", address, "3", "4")  # nothing it can open: exit 13, as before
+    assert none.exit_code == ExitCode.NOT_READER and none.stdout == "" and "offsets 3..4" in none.stderr
+    with daemon.client() as c:
+        entries, unreadable = c.range_readable(address, 2, 4)
+        assert [e.value for e in entries] == [b"old-2"] and unreadable == [(3, 4)]
+        with pytest.raises(NotReaderError):  # without the option: all of it or the error
+            c.range(address, 0, 4)
+        batch = c.call("read", queue=address, skip_unreadable=True, **{"from": 2})
+        assert batch["values"] == [b"old-2"] and batch["unreadable"] == [[3, 4]]
+        assert batch["next_offset"] == 5
 
 
 def test_a_sealed_record_that_does_not_decrypt_is_an_integrity_error(daemon: InProcessDaemon) -> None:

@@ -25,7 +25,14 @@ from latticed.crdt.head import KIND_KV, SignedHead
 from latticed.crdt.kvplan import KvRequest, plan, visible
 from latticed.crdt.records import MAX_OFFSET, Record, make_record
 from latticed.crdt.signing import Identity
-from latticed.errors import BehindPeersError, IntegrityError, MalformedError, NotOwnerError, StorageError
+from latticed.errors import (
+    AlreadyExistsError,
+    BehindPeersError,
+    IntegrityError,
+    MalformedError,
+    NotOwnerError,
+    StorageError,
+)
 from latticed.kv import KvNamespace
 from latticed.logs import EVENT_ATTR, record_fields
 from latticed.queue import LatticeQueue
@@ -618,6 +625,9 @@ async def test_the_owner_fence_holds_back_every_kind_of_write_to_our_own_data(tm
                 with pytest.raises(BehindPeersError, match="a peer holds more"):
                     await attempt
             assert engine.state(q).held_end == 0  # nothing was written
+            # Re-creating a queue we hold is "already exists", whatever the fence says of new queues.
+            with pytest.raises(AlreadyExistsError, match="already exists"):
+                await engine.create_queue("q")
         # Replication stopped (the fence is let go): writes go through again.
         assert await engine.append(q, [rec(0)]) == 0
         assert await engine.kv_write(KvRequest("put", "k", value=b"w")) is None

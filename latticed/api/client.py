@@ -430,6 +430,15 @@ class Client(GroupOps, PeerOps):
         r = self.call("range", queue=queue, **{"from": from_offset, "to": to_offset})
         return _entries(r["queue"], r)
 
+    def range_readable(
+        self, queue: str, from_offset: int, to_offset: int
+    ) -> tuple[list[Entry], list[tuple[int, int]]]:
+        """:meth:`range` without the records of a sealed queue this identity cannot open (say, a reader
+        removed by ``unshare`` reads the epochs it was given): the entries, and the ``(first, last)`` runs
+        of offsets left out. A daemon that does not know the option fails the range as before (exit 13)."""
+        r = self.call("range", queue=queue, skip_unreadable=True, **{"from": from_offset, "to": to_offset})
+        return _entries(r["queue"], r), [(int(a), int(b)) for a, b in r.get("unreadable", ())]
+
     def read(
         self, queue: str, from_offset: int, max_records: int = 10000, max_bytes: int = 8 << 20
     ) -> ReadBatch:

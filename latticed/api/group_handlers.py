@@ -39,6 +39,7 @@ from latticed.groups.remote import (
     policy_meta,
     remote_policy,
 )
+from latticed.groups.replica_dlq import STALE_NOTE, replica_dead_letters
 from latticed.groups.runtime import GroupRuntime
 from latticed.groups.service import DELETED_META_KEY, GroupService
 from latticed.groups.views import (
@@ -529,18 +530,33 @@ async def claim(ctx: Context, request: Request) -> Reply:
 # ------------------------------------------------------------------ dead letters
 
 
+def _replica(service: GroupService, request: Request) -> bool:
+    """Whether the group is another daemon's (this one may hold a replica of it)."""
+    owner, _ = service.engine.parse_address(arg_str(request, "group"))
+    return owner != service.engine.public_key
+
+
 @handler("dlq_list")
 async def dlq_list(ctx: Context, request: Request) -> Reply:
-    service, rt = service_of(ctx), runtime_of(ctx, request)
+    """Parked dead letters: the running group's, or (another daemon's group) those of this replica."""
+    service = service_of(ctx)
     limit = _count(request, "limit", MAX_DLQ_LIST) or MAX_DLQ_LIST
+    if _replica(service, request):
+        dlq, letters = await replica_dead_letters(service, arg_str(request, "group"), limit)
+        return {"dlq": dlq, "dead_letters": [dead_letter_wire(d) for d in letters], "stale": STALE_NOTE}
+    rt = runtime_of(ctx, request)
     letters = service.dead_letters(rt, limit)
     return {"dlq": rt.dlq, "dead_letters": [dead_letter_wire(d) for d in letters]}
 
 
 @handler("dlq_show")
 async def dlq_show(ctx: Context, request: Request) -> Reply:
+    offset = arg_int(request, "offset")
+    if _replica(service_of(ctx), request):
+        _, [letter] = await replica_dead_letters(service_of(ctx), arg_str(request, "group"), only=offset)
+        return {"dead_letter": dead_letter_wire(letter), "stale": STALE_NOTE}
     rt = runtime_of(ctx, request)
-    return {"dead_letter": dead_letter_wire(rt.dispatcher.inspect_dead_letter(arg_int(request, "offset")))}
+    return {"dead_letter": dead_letter_wire(rt.dispatcher.inspect_dead_letter(offset))}
 
 
 @handler("dlq_redrive")

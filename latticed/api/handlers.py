@@ -407,21 +407,43 @@ async def last(ctx: Context, request: Request) -> Reply:
     return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, row)}
 
 
+def offset_runs(offsets: list[int]) -> list[list[int]]:
+    """Sorted offsets as ``[first, last]`` runs (inclusive): a compact list of what was left out."""
+    runs: list[list[int]] = []
+    for offset in offsets:
+        if runs and runs[-1][1] == offset - 1:
+            runs[-1][1] = offset
+        else:
+            runs.append([offset, offset])
+    return runs
+
+
+def _opened(ctx: Context, q: int, columns: Columns, request: Request, *, partial: bool) -> Reply:
+    """The reply's columns opened. ``skip_unreadable`` (optional, default false): leave out the records
+    of a sealed queue this identity cannot open and name them in ``unreadable`` (``[first, last]`` runs)
+    instead of failing (or, for ``partial``, stopping at the first)."""
+    sealer = sealer_of(ctx.engine)
+    if arg_bool(request, "skip_unreadable", False):
+        opened, left_out = sealer.open_readable(q, columns)
+        return {**columns_reply(opened), "unreadable": offset_runs(left_out)}
+    return columns_reply(sealer.open_columns(q, columns, partial=partial))
+
+
 @handler("range")
 async def range_(ctx: Context, request: Request) -> Reply:
-    """Records ``[from, to]`` (inclusive), clamped to what the queue holds; all of them or an error."""
+    """Records ``[from, to]`` (inclusive), clamped to what the queue holds; all of them or an error
+    (``skip_unreadable``: see :func:`_opened`)."""
     q = ctx.queue(request)
     state = ctx.engine.state(q)
     lo = max(arg_int(request, "from"), state.start)
     hi = min(arg_int(request, "to") + 1, state.held_end)
     wanted = max(hi - lo, 0)
     columns = await ctx.engine.read(q, lo, hi, wanted, ctx.max_reply_bytes)
-    columns = sealer_of(ctx.engine).open_columns(q, columns)
     if len(columns) < wanted:
         raise MalformedError(
             f"range of {wanted} records does not fit in one reply ({ctx.max_frame_bytes} bytes); use read"
         )
-    return {"queue": ctx.engine.address(q), **columns_reply(columns)}
+    return {"queue": ctx.engine.address(q), **_opened(ctx, q, columns, request, partial=False)}
 
 
 #: ``read``'s reply layouts: ``lists`` (the default: one msgpack array per column) and ``packed``.
@@ -466,7 +488,8 @@ def packed_columns_reply(columns: Columns) -> Reply:
 async def read(ctx: Context, request: Request) -> Reply:
     """Bulk read from an offset, bounded by count and bytes; ``next_offset`` is where to continue.
 
-    ``layout`` (optional): ``lists`` (default) or ``packed`` (:func:`packed_columns_reply`)."""
+    ``layout`` (optional): ``lists`` (default) or ``packed`` (:func:`packed_columns_reply`);
+    ``skip_unreadable`` (``lists`` only): see :func:`_opened`."""
     q = ctx.queue(request)
     layout = arg_str(request, "layout", optional=True) or "lists"
     if layout not in READ_LAYOUTS:
@@ -476,11 +499,15 @@ async def read(ctx: Context, request: Request) -> Reply:
     max_records = min(max(arg_int(request, "max_records", default=10_000), 1), MAX_READ_RECORDS)
     max_bytes = min(max(arg_int(request, "max_bytes", default=8 << 20), 1), ctx.max_reply_bytes)
     columns = await ctx.engine.read(q, lo, state.held_end, max_records, max_bytes)
-    columns = sealer_of(ctx.engine).open_columns(q, columns, partial=True)
+    if arg_bool(request, "skip_unreadable", False) and layout == "lists":
+        reply = _opened(ctx, q, columns, request, partial=True)  # what it left out is passed too
+    else:
+        columns = sealer_of(ctx.engine).open_columns(q, columns, partial=True)
+        reply = packed_columns_reply(columns) if layout == "packed" else columns_reply(columns)
     state = ctx.engine.state(q)
     return {
         "queue": ctx.engine.address(q),
-        **(packed_columns_reply(columns) if layout == "packed" else columns_reply(columns)),
+        **reply,
         "next_offset": columns.offsets[-1] + 1 if columns.offsets else max(lo, state.start),
         "start_offset": state.start,
         "end_offset": state.held_end,

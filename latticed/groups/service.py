@@ -270,7 +270,7 @@ class GroupService:
         if owner != self.engine.public_key and self.engine.find(owner, name, KIND_GROUP) is not None:
             raise NotOwnerError(
                 f"group {owner.hex()}/{name} is run by the daemon that owns it; this one holds a replica "
-                "(ask that daemon, or use group stats here for its replicated progress)"
+                "(ask that daemon; group stats, dlq list and dlq show read its replicated state here)"
             )
         raise NotFoundError(f"no group {address}")
 

@@ -39,6 +39,35 @@ class ReplicationSource(Protocol):
     def peers(self) -> list[dict[str, Any]]: ...
 
 
+class RetentionSource(Protocol):
+    """What the collector reads of retention (:class:`latticed.retention_service.RetentionService`)."""
+
+    def counters_dict(self) -> dict[str, int]: ...
+
+
+#: Retention's counters exported, by role (owner: our truncations; replica: drops under a replica cap).
+_RETENTION_DROPS = {
+    "latticed_retention_truncated_records": (
+        "Records retention removed, by role: owner (truncations this daemon signed on its own queues) and "
+        "replica (dropped here only, under a replica cap), since start.",
+        {"owner": "records_truncated", "replica": "records_dropped_locally"},
+    ),
+    "latticed_retention_truncated_bytes": (
+        "Bytes those records took in the store (values, keys, headers, timestamps, chain values; not "
+        "SQLite's page overhead), by role, since start.",
+        {"owner": "bytes_truncated", "replica": "bytes_dropped_locally"},
+    ),
+}
+_RETENTION_COUNTS = {
+    "failures": ("latticed_retention_failures", "Retention steps that failed (logged as retention.failed)."),
+    "kv_keys_purged": ("latticed_retention_kv_keys_purged", "Expired KV keys deleted, since start."),
+    "kv_ops_compacted": (
+        "latticed_retention_kv_ops_compacted",
+        "Ops of this daemon's KV log dropped because they no longer decide any key, since start.",
+    ),
+}
+
+
 class StateCollector:
     """A ``prometheus_client`` collector over one daemon's engine, replication and groups."""
 
@@ -50,14 +79,16 @@ class StateCollector:
         version: str,
         replication: Callable[[], ReplicationSource | None] = lambda: None,
         groups: GroupService | None = None,
+        retention: Callable[[], RetentionSource | None] = lambda: None,
     ) -> None:
         """``replication`` is asked at each scrape: the service is restarted under a new network key on a
-        join, and may not run at all."""
+        join, and may not run at all. ``retention`` too: it starts after the metrics endpoint."""
         self.engine = engine
         self.data_dir = data_dir
         self.version = version
         self.replication = replication
         self.groups = groups
+        self.retention = retention
 
     def collect(self) -> Iterator[Metric]:
         yield InfoMetricFamily(
@@ -72,11 +103,13 @@ class StateCollector:
             yield from self._replication(replication)
         if self.groups is not None:
             yield from self._groups(self.groups)
+        retention = self.retention()
+        if retention is not None:
+            yield from _retention(retention.counters_dict())
 
     def _queues(self) -> Iterator[Metric]:
         engine = self.engine
         own = engine.public_key
-        offered: Counter[str] = Counter(dict.fromkeys(KIND_NAMES.values(), 0))
         queues: Counter[tuple[str, str]] = Counter()
         stored: Counter[tuple[str, str]] = Counter()
         forked = 0
@@ -88,19 +121,8 @@ class StateCollector:
                 labels = (kind_label, "owner" if owned else "replica")
                 queues[labels] += 1
                 stored[labels] += state.held_end - state.start
-                if owned:
-                    offered[kind_label] += state.known_end
                 forked += state.forked
                 behind += max(0, state.known_end - state.held_end)
-        family = CounterMetricFamily(
-            "latticed_offered_records",
-            "Records appended to this daemon's own queues, by kind (from their signed heads: counts since "
-            "each queue was created).",
-            labels=["kind"],
-        )
-        for kind_label, value in sorted(offered.items()):
-            family.add_metric([kind_label], value)
-        yield family
         yield _by_labels(
             GaugeMetricFamily("latticed_queues", "Queues held, by kind and role.", labels=["kind", "role"]),
             queues,
@@ -220,6 +242,16 @@ class StateCollector:
         yield oldest
 
 
+def _retention(counters: dict[str, int]) -> Iterator[Metric]:
+    for name, (help_text, by_role) in _RETENTION_DROPS.items():
+        family = CounterMetricFamily(name, help_text, labels=["role"])
+        for role, counter in by_role.items():
+            family.add_metric([role], counters.get(counter, 0))
+        yield family
+    for counter, (name, help_text) in _RETENTION_COUNTS.items():
+        yield CounterMetricFamily(name, help_text, value=counters.get(counter, 0))
+
+
 def _by_labels(
     family: GaugeMetricFamily, values: Counter[tuple[str, str]] | dict[tuple[str], int]
 ) -> GaugeMetricFamily:
@@ -228,4 +260,4 @@ def _by_labels(
     return family
 
 
-__all__ = ["ReplicationSource", "StateCollector"]
+__all__ = ["ReplicationSource", "RetentionSource", "StateCollector"]

@@ -100,6 +100,7 @@ class DaemonMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.offered_records: Counter[str] = Counter(dict.fromkeys(KIND_NAMES.values(), 0))
         self.offered_bytes: Counter[str] = Counter(dict.fromkeys(KIND_NAMES.values(), 0))
         self.replicated_records: Counter[str] = Counter()
         self.replicated_bytes: Counter[str] = Counter()
@@ -127,7 +128,9 @@ class DaemonMetrics:
             own = self.own_key
             for change in changes:
                 if change.appended and change.state.owner == own:
-                    self.offered_bytes[kind_name(change.state.kind)] += payload_bytes(change.appended)
+                    kind = kind_name(change.state.kind)
+                    self.offered_records[kind] += len(change.appended)
+                    self.offered_bytes[kind] += payload_bytes(change.appended)
             for job in jobs:
                 if type(job) is Merge and job.error is None and job.added and isinstance(job.origin, bytes):
                     peer = job.origin.hex()
@@ -166,6 +169,14 @@ class DaemonMetrics:
 
     # ------------------------------------------------------------------ export
     def collect(self) -> Iterator[Metric]:
+        counted = CounterMetricFamily(
+            "latticed_offered_records",
+            "Records appended to this daemon's own queues, by kind, since start.",
+            labels=["kind"],
+        )
+        for kind, value in sorted(self.offered_records.items()):
+            counted.add_metric([kind], value)
+        yield counted
         offered = CounterMetricFamily(
             "latticed_offered_bytes",
             "Payload bytes (values and keys) appended to this daemon's own queues, by kind, since start.",

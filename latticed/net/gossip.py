@@ -165,6 +165,15 @@ class PeerLink:
         self.wakeup.set()
 
 
+def _ahead(theirs: Summary, held_end: int) -> str:
+    """What a peer holds of our queue past our end: the records it holds there (it may have dropped the
+    older ones), else the offset its head reaches."""
+    missing = theirs.held_end - max(held_end, theirs.held_start)
+    if missing > 0:
+        return f"holds {missing} more record(s) of it than this daemon (to offset {theirs.held_end})"
+    return f"holds a head of it at offset {theirs.held_end}, past this daemon's {held_end}"
+
+
 @dataclass
 class Gossip:
     """All replication links of one daemon."""
@@ -251,9 +260,8 @@ class Gossip:
                 )
                 self._claims[claim] = (since, _IGNORED)  # until the peer stops claiming it
                 continue
-            missing = theirs.held_end - held_end
             return (
-                f"peer {public_key.hex()[:16]} holds {missing} more record(s) of it than this daemon (a "
+                f"peer {public_key.hex()[:16]} {_ahead(theirs, held_end)} (a "
                 "store restored from an older copy?), and this daemon is catching them up; a write now "
                 "would sign a second history. Retry once `latticectl peers` shows that peer in sync"
             )

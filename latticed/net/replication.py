@@ -390,10 +390,11 @@ class Replication:
 
 
 def load_network_key(config: DaemonConfig) -> bytes:
-    """The configured key, or the public default when none is configured."""
-    if config.network_key_file is None:
+    """The configured key file's key; with none configured, the key ``join`` kept in the data directory,
+    else the public default."""
+    if config.network_key_file is None and not config.network_key_path.exists():
         return DEFAULT_NETWORK_KEY
-    return read_network_key(config.network_key_file)
+    return read_network_key(config.network_key_path)
 
 
 def load_peer_book(data_dir: Path, own: bytes) -> PeerBook:

@@ -31,7 +31,7 @@ from latticed.crdt.head import KIND_GROUP, KIND_KV, KIND_QUEUE, check_name
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.errors import BehindPeersError, NotOwnerError
+from latticed.errors import AlreadyExistsError, BehindPeersError, NotOwnerError
 from latticed.logs import get_logger, log_event
 from latticed.storage.batch import Batch
 from latticed.storage.bridge import StorageBridge
@@ -211,6 +211,8 @@ class Engine(ReplicaView):
         self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE
     ) -> int:
         check_name(name)
+        if self.find(self.public_key, name, kind) is not None:  # before the fence: it judges new queues
+            raise AlreadyExistsError(f"queue {self.public_key.hex()}/{name} already exists")
         self._check_new(name, kind, "create")
         result: int = await self.bridge.run(CreateQueue(name, meta, kind))
         return result

@@ -33,6 +33,22 @@ def stored_bytes(conn: sqlite3.Connection, q: int) -> int:
     return int(row[0])
 
 
+def bytes_between(conn: sqlite3.Connection, q: int, lo: int, hi: int) -> int:
+    """Bytes the records ``[lo, hi)`` take (segments cut through counted pro rata): what a cut at ``hi``
+    frees, read from the segments it covers only."""
+    cursor = conn.execute(
+        "SELECT first, count, length(chains) + length(data) FROM segments WHERE q = ?1 AND first < ?3 AND "
+        "first >= coalesce((SELECT max(first) FROM segments WHERE q = ?1 AND first <= ?2), ?2)",
+        (q, lo, hi),
+    )
+    total = 0
+    for first, count, nbytes in cursor:
+        inside = min(hi, first + count) - max(lo, first)
+        if inside > 0 and count:
+            total += nbytes * inside // count
+    return total
+
+
 def boundaries(conn: sqlite3.Connection, q: int, lo: int, hi: int) -> list[int]:
     """Segment starts strictly inside ``(lo, hi)``, ascending."""
     rows = conn.execute(

@@ -392,6 +392,28 @@ class Sealer:
         out.nbytes = sum(map(len, out.values))
         return out
 
+    def open_readable(self, q: int, columns: Columns) -> tuple[Columns, list[int]]:
+        """``columns`` opened without the records this identity cannot open (a reader removed by
+        ``unshare`` still opens the epochs it was given), and the offsets of those left out."""
+        sealing = self.sealing(q)
+        if sealing is None or not columns.offsets:
+            return columns, []
+        me = self.identity.public_key
+        readable = {e.number for e in sealing.epochs if me in e.wraps}
+        keep = [i for i, value in enumerate(columns.values) if envelope_epoch(value) in readable]
+        if len(keep) == len(columns):
+            return self.open_columns(q, columns), []
+        kept = set(keep)
+        left_out = [offset for i, offset in enumerate(columns.offsets) if i not in kept]
+        subset = Columns(
+            offsets=[columns.offsets[i] for i in keep],
+            keys=[columns.keys[i] for i in keep],
+            values=[columns.values[i] for i in keep],
+            timestamps=[columns.timestamps[i] for i in keep],
+            headers=[columns.headers[i] for i in keep],
+        )
+        return self.open_columns(q, subset), left_out
+
     def open_row(self, q: int, offset: int, row: RawRow | None) -> RawRow | None:
         """One stored row (``engine.row``) opened, if the queue is sealed."""
         if row is None or self.sealing(q) is None:
