@@ -33,7 +33,7 @@ from latticed.config import DaemonConfig
 from latticed.diskspace import DiskUsage, disk_is_low, disk_usage
 from latticed.errors import LatticedError, MalformedError, StorageError
 from latticed.netkey import DEFAULT_NETWORK_KEY, read_network_key
-from latticed.paths import identity_key_path
+from latticed.paths import data_dir_network_key_path, identity_key_path
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.peerbook import PeerBook
 from latticed.protocol.peerstate import SKEW_WARN_MS, PeerRules, format_host_port
@@ -155,8 +155,12 @@ def check_secret_file(check: str, path: Path, *, required: bool) -> Check:
 
 def check_network_key(path: Path | None, *, data_dir: Path, public: bool | None = None) -> list[Check]:
     """The key file's permissions, and that the key is not the documented public one (anyone could join).
-    ``public``: what the running daemon uses (None: read the file to find out)."""
-    suggested = path if path is not None else data_dir / "network.key"
+    ``public``: what the running daemon uses (None: read the file to find out). With no key file
+    configured, the key ``join`` kept in the data directory is the one the daemon uses, if there is one."""
+    kept = data_dir_network_key_path(data_dir)
+    if path is None and kept.exists():
+        path = kept
+    suggested = path if path is not None else kept
     fix = _KEY_FIX.format(path=suggested)
     if path is None:
         return [

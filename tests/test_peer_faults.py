@@ -30,7 +30,7 @@ from latticed.health import Health
 from latticed.mdns_interfaces import mdns_addresses, mdns_interfaces
 from latticed.net.peerstate import PeerFaults, load_rules, save_rules
 from latticed.net.transport import SecureStream, secure_accept, secure_connect
-from latticed.netkey import DEFAULT_NETWORK_KEY
+from latticed.netkey import DEFAULT_NETWORK_KEY, write_network_key
 from latticed.protocol.handshake import Initiator, Responder, public_key_from_seed
 from latticed.protocol.peerbook import Backoff, PeerBook
 from latticed.protocol.peerstate import (
@@ -362,10 +362,17 @@ def test_key_files_must_be_private_and_the_key_not_the_public_one(tmp_path: Path
     checks = check_network_key(key, data_dir=tmp_path)
     assert [c.ok for c in checks] == [True, False]
     assert "public default key" in checks[1].detail and "latticed network-key new" in str(checks[1].fix)
-    [none] = check_network_key(None, data_dir=tmp_path)
-    assert none.ok is False and str(tmp_path / "network.key") in str(none.fix)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    [none] = check_network_key(None, data_dir=empty)
+    assert none.ok is False and str(empty / "network.key") in str(none.fix)
     key.write_text(os.urandom(32).hex() + "\n")
     assert [c.ok for c in check_network_key(key, data_dir=tmp_path)] == [True, True]
+    # With no key file configured, the key `join` kept in the data directory is the daemon's key.
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    write_network_key(kept / "network.key")
+    assert [c.ok for c in check_network_key(None, data_dir=kept)] == [True, True]
     assert check_secret_file("identity key", tmp_path / "missing", required=False).ok is None
     assert check_secret_file("identity key", tmp_path / "missing", required=True).ok is False
 
