@@ -146,7 +146,12 @@ def test_an_unknown_op_from_another_release_names_both_releases() -> None:
     assert f"this client is latticed {RELEASE}" in message and "upgrade the daemon" in message
     assert "\n" not in message
     # The same release: the op really is unknown, no gap to name.
-    assert version_gap("nope", unknown, {"server": f"latticed/{RELEASE}", "versions": [1]}) is unknown
+    assert version_gap("nope", unknown, {"release": RELEASE, "versions": [1]}) is unknown
+    # 0.2.0's ``server`` names the installed package, which may be this build's: no ``release``, older.
+    stale = version_gap("versions", unknown, {"server": f"latticed/{RELEASE}", "versions": [1]})
+    assert isinstance(stale, VersionGapError) and "0.2.0 or earlier" in str(stale)
+    newer = version_gap("versions", unknown, {"release": "9.0.0", "versions": [1, 2]})
+    assert isinstance(newer, VersionGapError) and "latticed 9.0.0 (local API 1-2)" in str(newer)
 
 
 def test_the_versions_reply_is_what_this_build_speaks() -> None:

@@ -204,6 +204,7 @@ async def hello(ctx: Context, request: Request) -> Reply:
     return {
         "versions": list(SUPPORTED_VERSIONS),
         "server": f"latticed/{ctx.version}",
+        "release": RELEASE,
         "max_frame_bytes": ctx.max_frame_bytes,
     }
 

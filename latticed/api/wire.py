@@ -84,11 +84,13 @@ def error_from_reply(body: Any) -> LatticedError:
 
 def version_gap(op: str, error: LatticedError, hello: Mapping[str, Any]) -> LatticedError:
     """What a client raises when the daemon answered ``op`` with "unknown op": a VersionGapError naming
-    both sides when the daemon is of another release (``hello`` is its answer), else ``error`` itself."""
-    release = str(hello.get("server") or "").partition("/")[2]
+    both sides when the daemon is of another release (``hello`` is its answer), else ``error`` itself.
+    A daemon states its release in ``hello`` from 0.3 on; 0.2.0 and earlier do not (their ``server``
+    string names whatever package is installed, so it cannot tell them apart)."""
+    release = hello.get("release")
     if release == RELEASE:
         return error
-    if release in ("", "0.1.0"):  # 0.2.0 and the builds before it say 0.1.0
+    if not isinstance(release, str) or not release:
         release = "0.2.0 or earlier"
     versions = hello.get("versions")
     theirs = span(tuple(versions)) if isinstance(versions, list) and versions else "?"
