@@ -36,6 +36,7 @@ from latticed.errors import (
 )
 from latticed.logs import get_logger, log_event
 from latticed.malloc import give_back_after_spike
+from latticed.net.accept import serve_listeners
 from latticed.storage.jobs import Job
 
 log = get_logger(__name__)
@@ -96,9 +97,10 @@ async def serve_api(
             nursery.start_soon(give_back.run)
             await nursery.start(
                 functools.partial(
-                    trio.serve_listeners,
+                    serve_listeners,
                     functools.partial(handle_connection, ctx, give_back=give_back),
                     [listener],
+                    name="api",
                 )
             )
             log_event(log, "api.listening", socket=str(ctx.socket_path))
