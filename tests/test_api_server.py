@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import socket
 import struct
 import termios
@@ -571,3 +572,27 @@ def test_an_idle_connection_does_not_keep_its_last_large_request(daemon: InProce
         tracemalloc.stop()
         raw.close()
     assert held < MAX_FRAME // 4, held
+
+
+def test_a_tail_reader_leaving_mid_send_is_a_disconnect_not_an_error(
+    client: Client, daemon: InProcessDaemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client goes away while the server is blocked sending it a batch: the broken pipe (wrapped in
+    the tail's task group) is one INFO line, not an ERROR with a traceback."""
+    caplog.set_level(logging.INFO, logger="latticed.api.server")
+    client.queue_create("leaving")
+    for _ in range(3):
+        client.offer_batch("leaving", [(b"l" * 10_000, None, ())] * 100)  # 3 MB: more than the socket holds
+    for _ in range(3):
+        raw = Raw(daemon.socket)
+        raw.send(request("tail", queue="leaving", follow=True))
+        assert raw.wait_sender_blocked() > 0
+        raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset
+        raw.close()
+    assert client.queue_info("leaving")["end_offset"] == 300  # the daemon serves on
+    deadline = time.monotonic() + 10
+    while sum(r.getMessage() == "api.client_disconnected" for r in caplog.records) < 3:
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.02)
+    server = [r for r in caplog.records if r.name == "latticed.api.server"]
+    assert not [r for r in server if r.levelno >= logging.WARNING or r.exc_info]
