@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import socket
 import struct
 import termios
@@ -25,8 +26,10 @@ from typer.testing import CliRunner
 
 import cli.ctl
 from cli.boundary import ExitCode
+from latticed.api import tail as tail_module
 from latticed.api.client import Client, Entry
 from latticed.api.handlers import HANDLERS
+from latticed.api.tail import MIN_TAIL_BATCH_BYTES, tail_buffered_bytes
 from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.errors import (
@@ -571,3 +574,58 @@ def test_an_idle_connection_does_not_keep_its_last_large_request(daemon: InProce
         tracemalloc.stop()
         raw.close()
     assert held < MAX_FRAME // 4, held
+
+
+def test_a_tail_reader_leaving_mid_send_is_a_disconnect_not_an_error(
+    client: Client, daemon: InProcessDaemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client goes away while the server is blocked sending it a batch: the broken pipe (wrapped in
+    the tail's task group) is one INFO line, not an ERROR with a traceback."""
+    caplog.set_level(logging.INFO, logger="latticed.api.server")
+    client.queue_create("leaving")
+    for _ in range(3):
+        client.offer_batch("leaving", [(b"l" * 10_000, None, ())] * 100)  # 3 MB: more than the socket holds
+    for _ in range(3):
+        raw = Raw(daemon.socket)
+        raw.send(request("tail", queue="leaving", follow=True))
+        assert raw.wait_sender_blocked() > 0
+        raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset
+        raw.close()
+    assert client.queue_info("leaving")["end_offset"] == 300  # the daemon serves on
+    deadline = time.monotonic() + 10
+    while sum(r.getMessage() == "api.client_disconnected" for r in caplog.records) < 3:
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.02)
+    server = [r for r in caplog.records if r.name == "latticed.api.server"]
+    assert not [r for r in server if r.levelno >= logging.WARNING or r.exc_info]
+
+
+def test_stalled_tail_readers_get_smaller_batches_as_the_budget_fills(
+    client: Client, daemon: InProcessDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stalled ``tail --follow`` reader holds one encoded batch; together they hold at most about
+    the budget: once stalled readers hold most of it, a new reader's batches are small."""
+    monkeypatch.setattr(tail_module, "TAIL_BUFFER_BUDGET", 4 << 20)
+    client.queue_create("stalled")
+    for _ in range(4):
+        client.offer_batch("stalled", [(b"s" * 10_000, None, ())] * 100)
+    readers = [Raw(daemon.socket) for _ in range(8)]
+    try:
+        for raw in readers:
+            raw.send(request("tail", queue="stalled", follow=True))
+            raw.wait_sender_blocked()
+        held = daemon.call(_buffered)
+        assert held <= (4 << 20) + 8 * MIN_TAIL_BATCH_BYTES  # not 8 full batches of 1 MiB
+        late = Raw(daemon.socket)
+        late.send(request("tail", queue="stalled", follow=True))
+        first = late.reply()
+        assert first is not None and first["ok"]
+        assert sum(map(len, first["values"])) <= 256 << 10  # a quarter of what the others left, not 1 MiB
+        late.close()
+    finally:
+        for raw in readers:
+            raw.close()
+
+
+async def _buffered() -> int:
+    return tail_buffered_bytes()

@@ -22,6 +22,7 @@ from nacl.signing import SigningKey
 
 from latticed.errors import HandshakeError, LatticedError, LocalProtocolError, MalformedError
 from latticed.protocol.handshake import (
+    DEFAULT_REPLAY_CAPACITY,
     FRESHNESS_WINDOW_MS,
     MSG1_SIZE,
     MSG2_SIZE,
@@ -327,15 +328,41 @@ def test_a_version_1_opening_is_recognised_and_not_answered() -> None:
 
 
 def test_replay_cache_is_bounded_and_never_answers_a_replay() -> None:
-    cache = ReplayCache(capacity=4)
-    openings = [(bytes([i]) * 32, NOW + i) for i in range(10)]
-    admitted = [cache.admit(key, at, NOW + 9) for key, at in openings]
-    assert all(admitted) and len(cache) == 4
-    assert cache.floor_ms == NOW + 5  # the six oldest left; their times are refused from now on
-    assert not any(cache.admit(key, at, NOW + 9) for key, at in openings)
-    assert not cache.admit(b"n" * 32, NOW + 5, NOW + 9)  # a new opening no newer than the floor
-    assert not cache.admit(b"n" * 32, NOW + 6, NOW + 9)  # older than all it remembers, cache full
-    assert cache.admit(b"n" * 32, NOW + 10, NOW + 9) and len(cache) == 4
+    """A source gets its share and is then refused (nothing is forgotten for it); when the whole cache is
+    full the source holding the most loses its oldest opening, and only its own floor rises."""
+    cache = ReplayCache(capacity=4, per_source=2)
+    a = [(bytes([i]) * 32, NOW + i) for i in range(3)]
+    b = [(bytes([10 + i]) * 32, NOW + 10 + i) for i in range(2)]
+    assert [cache.admit(key, at, NOW, "a") for key, at in a] == [True, True, False]  # a's share: 2
+    assert all(cache.admit(key, at, NOW, "b") for key, at in b) and len(cache) == 4
+    assert not any(cache.admit(key, at, NOW, source) for key, at in a[:2] + b for source in "abc")
+    # Full: a newcomer takes the oldest opening of the largest source (a, first of the two with 2).
+    assert cache.admit(b"c" * 32, NOW - 5, NOW, "c") and len(cache) == 4
+    assert cache.source_floor_ms("a") == NOW and cache.floor_ms == -1
+    assert not cache.admit(a[0][0], a[0][1], NOW, "a")  # forgotten, but under a's floor
+    assert cache.admit(b"n" * 32, NOW - 10, NOW, "d")  # another source is not under a's floor
+    assert cache.source_floor_ms("b") == NOW + 10  # b held the most this time
+    assert cache.held_by("a") == 1 and cache.held_by("b") == 1 and len(cache) == 4
+
+
+def test_a_flood_from_one_source_locks_out_no_other() -> None:
+    """A key holder floods openings dated near the end of the window (what refused every honest opening
+    for ~110 s): it fills its own share and then only its own openings are refused."""
+    cache = ReplayCache()
+    future = NOW + FRESHNESS_WINDOW_MS - 5000
+    admitted = sum(cache.admit(i.to_bytes(32, "big"), future, NOW, "flooder") for i in range(10_000))
+    assert admitted == cache.future_per_source  # future-dated ones: a small quota per source
+    admitted += sum(cache.admit((10**6 + i).to_bytes(32, "big"), NOW, NOW, "flooder") for i in range(10_000))
+    assert admitted == cache.held_by("flooder") == cache.per_source
+    assert cache.floor_ms == -1 and cache.source_floor_ms("honest") == -1
+    assert cache.admit(b"h" * 32, NOW - 1000, NOW, "honest")  # an honest opening, a second old
+    assert not cache.admit(b"h" * 32, NOW - 1000, NOW, "flooder")  # its replay, from anywhere: refused
+    # Many sources flooding evict each other, never the honest one's opening.
+    for n in range(20):
+        for i in range(cache.per_source):
+            cache.admit(f"{n}/{i}".encode().ljust(32, b"."), NOW, NOW, f"flooder{n}")
+    assert len(cache) <= DEFAULT_REPLAY_CAPACITY and cache.held_by("honest") == 1
+    assert not cache.admit(b"h" * 32, NOW - 1000, NOW + 1, "elsewhere")
 
 
 def test_replay_cache_survives_a_clock_jumping_back() -> None:

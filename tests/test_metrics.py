@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,7 +27,7 @@ from latticed.errors import (
 from latticed.groups.service import GroupService
 from latticed.metrics.collector import StateCollector
 from latticed.metrics.live import DaemonMetrics, handshake_reason
-from latticed.metrics.server import MAX_REQUEST_BYTES, serve_metrics
+from latticed.metrics.server import MAX_CONNECTIONS, MAX_REQUEST_BYTES, REQUEST_TIMEOUT_S, serve_metrics
 from latticed.queue import LatticeQueue
 from latticed.storage.engine import Engine
 from latticed.storage.wiring import ChangeFanout
@@ -282,4 +283,26 @@ async def test_a_busy_port_is_one_clear_error() -> None:
         endpoint = await nursery.start(serve_metrics, ("127.0.0.1", 0), metrics.registry)
         with pytest.raises(LatticedError, match=r"cannot serve metrics on 127\.0\.0\.1"):
             await serve_metrics(("127.0.0.1", endpoint.port), metrics.registry)
+        nursery.cancel_scope.cancel()
+
+
+async def test_slow_clients_cannot_keep_a_scraper_out() -> None:
+    """More clients than there are slots connect and dribble half a request (what blocked 52 of 60
+    scrapes): each scrape is still answered, the newest connection shedding the oldest, and a client that
+    never finishes its request is cut after the read deadline."""
+    metrics = DaemonMetrics(ALICE.public_key)
+    async with trio.open_nursery() as nursery:
+        endpoint = await nursery.start(serve_metrics, ("127.0.0.1", 0), metrics.registry)
+        slow = []
+        for _ in range(MAX_CONNECTIONS + 8):
+            stream = await trio.open_tcp_stream("127.0.0.1", endpoint.port)
+            await stream.send_all(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+            slow.append(stream)
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        for _ in range(5):
+            assert (await http(endpoint.port, b"GET /metrics HTTP/1.1\r\n\r\n"))[0] == 200
+        with trio.fail_after(REQUEST_TIMEOUT_S + 2):
+            assert await slow[-1].receive_some(1) == b""  # cut by the deadline, unanswered
+        for stream in slow:
+            await stream.aclose()
         nursery.cancel_scope.cancel()

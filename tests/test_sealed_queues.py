@@ -24,7 +24,7 @@ from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.errors import AlreadyExistsError, MalformedError, NotReaderError
+from latticed.errors import AlreadyExistsError, MalformedError, NotReaderError, TamperedError
 from latticed.privacy import crypto
 from latticed.privacy import meta as sealed_meta
 from latticed.queue import LatticeQueue
@@ -336,6 +336,21 @@ def test_a_sealed_record_that_does_not_decrypt_is_an_integrity_error(daemon: InP
     assert ctl(daemon, "peek", address, "0").stdout == "fine\n"
 
 
+def test_a_record_under_an_epoch_the_metadata_never_declared_is_an_integrity_error(
+    daemon: InProcessDaemon,
+) -> None:
+    """Epoch 5 of a queue whose metadata declares only epoch 0: not an epoch this daemon was left out of
+    (exit 13) but a record its owner's metadata does not account for (exit 6)."""
+    me = daemon.handle.engine.public_key
+    queue, _, content_key = foreign_sealed([me], [b"fine"])
+    seal(queue, content_key, 5, [b"from nowhere"])
+    address = deliver(daemon, queue)
+    result = ctl(daemon, "peek", address, "1")
+    assert result.exit_code == ExitCode.INTEGRITY, result.output
+    assert "key epoch 5, which the queue's metadata does not declare" in result.stderr
+    assert ctl(daemon, "peek", address, "0").stdout == "fine\n"
+
+
 # ------------------------------------------------------------------ consumer groups
 
 
@@ -399,8 +414,10 @@ def test_broken_sealing_metadata_of_one_queue_does_not_break_listing_the_others(
     with daemon.client() as c:
         listed = {q["queue"]: q for q in c.queue_list()}
         assert "no start offset" in listed[address]["sealed"]["error"]  # shown, not raised
-        with pytest.raises(MalformedError, match="no start offset"):
+        with pytest.raises(TamperedError, match="no start offset"):
             c.peek(address, 0)
+    result = ctl(daemon, "peek", address, "0")  # signed by its owner: an integrity problem, not usage
+    assert result.exit_code == ExitCode.INTEGRITY and "no start offset" in result.stderr
 
 
 # ------------------------------------------------------------------ KV namespaces

@@ -103,6 +103,7 @@ COMMON = {
     "WatchdogSec": "30",
     "Restart": "on-failure",
     "RestartSec": "2",
+    "LimitNOFILE": "65536",
     "StateDirectory": "latticed",
     "StateDirectoryMode": "0700",
     "RuntimeDirectory": "latticed",

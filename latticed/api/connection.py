@@ -130,6 +130,10 @@ class Connection:
     async def send(self, message: dict[str, Any]) -> None:
         await self._write(self.encode(message))
 
+    async def send_encoded(self, data: bytes) -> None:
+        """Send what :meth:`encode` made (a caller that accounts for its size while it waits)."""
+        await self._write(data)
+
     async def send_many(self, messages: list[dict[str, Any]]) -> None:
         """Several replies in one write (what one group commit answers at once)."""
         await self._write(b"".join(map(self.encode, messages)))

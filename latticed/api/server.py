@@ -36,6 +36,7 @@ from latticed.errors import (
 )
 from latticed.logs import get_logger, log_event
 from latticed.malloc import give_back_after_spike
+from latticed.net.accept import serve_listeners
 from latticed.storage.jobs import Job
 
 log = get_logger(__name__)
@@ -96,9 +97,10 @@ async def serve_api(
             nursery.start_soon(give_back.run)
             await nursery.start(
                 functools.partial(
-                    trio.serve_listeners,
+                    serve_listeners,
                     functools.partial(handle_connection, ctx, give_back=give_back),
                     [listener],
+                    name="api",
                 )
             )
             log_event(log, "api.listening", socket=str(ctx.socket_path))
@@ -118,8 +120,8 @@ async def handle_connection(
     CONSUMER.set(consumer)  # this connection's task (and its children) only
     try:
         await _serve(ctx, conn)
-    except _CLOSED:
-        pass
+    except _CLOSED as exc:
+        log_event(log, "api.client_disconnected", error=str(exc))
     except RemoteProtocolError as exc:
         # Oversized frame or garbage length: say why (best effort), then hang up on this client only.
         log_event(log, "api.protocol_error", error=str(exc))
@@ -130,13 +132,31 @@ async def handle_connection(
             except (*_CLOSED, OSError):
                 pass
     except Exception as exc:
-        log_event(log, "api.connection_failed", level=40, exc_info=exc)
+        if _only_disconnects(exc):
+            # A client that left while a stream task of its connection was sending (tail --follow):
+            # the broken pipe arrives wrapped in that task's nursery's exception group.
+            log_event(log, "api.client_disconnected", error=str(_first_leaf(exc)))
+        else:
+            log_event(log, "api.connection_failed", level=40, exc_info=exc)
     finally:
         if ctx.groups is not None:
             ctx.groups.connection_closed(consumer)
         if give_back is not None and conn.held_large_frame:
             give_back.note()  # a large frame cut off with the connection: its buffer is freed now
         await trio.aclose_forcefully(stream)
+
+
+def _only_disconnects(exc: BaseException) -> bool:
+    """Whether ``exc`` is an exception group of nothing but the client going away."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return False
+    return all(isinstance(leaf, _CLOSED) or _only_disconnects(leaf) for leaf in exc.exceptions)
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 async def _serve(ctx: Context, conn: Connection) -> None:

@@ -3,7 +3,11 @@
 No polling: between batches the task waits on the store's per-queue wakeup (storage/live.py), which each
 commit sets (and, on a replica, a verified delta on its way to the store: storage/ahead.py).
 Flow control is the socket: each push is one bounded batch (``max_records`` / ``max_bytes``) sent with
-``send_all``, so a slow reader stalls only its own task, and the server holds at most one batch for it.
+``send_all``, so a slow reader stalls only its own task, and the server holds at most one encoded batch
+for it (the records read are dropped before the send waits). What stalled readers hold together is
+bounded too: a batch may take at most a quarter of what is left of :data:`TAIL_BUFFER_BUDGET` (and at
+least :data:`MIN_TAIL_BATCH_BYTES`), so the more readers are stalled, the smaller the next batches, and 150
+stalled readers hold a few tens of MiB, not 150 full batches.
 The client ends a tail by closing the connection or sending any frame (which the connection then handles
 as an ordinary request).
 
@@ -28,6 +32,27 @@ from latticed.errors import LatticedError, StorageError
 from latticed.storage.sealer import sealer_of
 
 MAX_TAIL_BATCH_RECORDS = 10_000
+#: Bytes of encoded batches all tails of a daemon may hold while their readers are slow.
+TAIL_BUFFER_BUDGET = 64 << 20
+#: A batch is never made smaller than this (a record larger than a batch still goes out alone).
+MIN_TAIL_BATCH_BYTES = 64 << 10
+
+
+class _Buffered:
+    """Bytes of encoded batches waiting for their readers, in this process (trio code only: no lock)."""
+
+    held = 0
+
+    @classmethod
+    def grant(cls, wanted: int) -> int:
+        """How large the next batch may be: a quarter of what the budget has left, within bounds."""
+        left = max(0, TAIL_BUFFER_BUDGET - cls.held)
+        return max(min(wanted, left // 4), min(wanted, MIN_TAIL_BATCH_BYTES))
+
+
+def tail_buffered_bytes() -> int:
+    """Bytes of encoded batches the tails hold now (waiting for slow readers)."""
+    return _Buffered.held
 
 
 class _Watch:
@@ -83,7 +108,8 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
             # (storage/ahead.py); a bounded tail ends at what was committed when it began.
             end = engine.visible_end(q) if stop_at is None else min(stop_at, state.held_end)
             if pos < end:
-                columns = await engine.read_visible(q, pos, end, max_records, max_bytes)
+                batch_bytes = _Buffered.grant(max_bytes)
+                columns = await engine.read_visible(q, pos, end, max_records, batch_bytes)
                 try:
                     columns = sealer_of(engine).open_columns(q, columns, partial=True)
                 except LatticedError as exc:  # raised past the nursery, so it is one error, not a group
@@ -91,7 +117,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
                     break
                 if columns.offsets:
                     pos = columns.offsets[-1] + 1
-                    await conn.send(
+                    frame = conn.encode(
                         {
                             "id": rid,
                             "ok": True,
@@ -100,6 +126,13 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
                             "next_offset": pos,
                         }
                     )
+                    del columns  # only the encoded batch waits for a slow reader
+                    _Buffered.held += len(frame)
+                    try:
+                        await conn.send_encoded(frame)
+                    finally:
+                        _Buffered.held -= len(frame)
+                    del frame
                 elif engine.state(q).start <= pos < engine.state(q).held_end:
                     raise StorageError(f"queue {engine.address(q)} is missing records from offset {pos}")
                 continue
@@ -116,4 +149,4 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
     return not watch.client_gone
 
 
-__all__ = ["serve_tail"]
+__all__ = ["MIN_TAIL_BATCH_BYTES", "TAIL_BUFFER_BUDGET", "serve_tail", "tail_buffered_bytes"]

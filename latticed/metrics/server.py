@@ -5,8 +5,10 @@ Why not ``prometheus_client.start_http_server``: it runs a thread that would col
 changes the state being read, and nothing stops it when the daemon does. Here each scrape is one short
 connection: the request head is read (bounded in size and time), the registry is collected and encoded on
 the event loop by ``prometheus_client`` itself (text 0.0.4 or OpenMetrics, as the ``Accept`` header asks;
-gzipped if allowed), and the connection closes. A handful of connections at once is plenty for a scraper;
-more are refused, so a misbehaving client cannot hold the loop or the memory.
+gzipped if allowed), and the connection closes. A scraper sends its request at once, so a client gets
+:data:`REQUEST_TIMEOUT_S` for its request head; at most :data:`MAX_CONNECTIONS` are served at once, and a
+new connection beyond that closes the oldest one instead of being refused: clients that connect and send
+nothing (or dribble) cannot keep a scraper out, and none can hold the loop or the memory.
 
 The endpoint has no authentication: it listens on loopback unless an address says otherwise, and a
 non-loopback address is logged as a warning.
@@ -14,10 +16,13 @@ non-loopback address is logged as a warning.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import gzip
 import ipaddress
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -26,13 +31,17 @@ from prometheus_client.registry import Collector
 from latticed.config import HostPort
 from latticed.errors import LatticedError
 from latticed.logs import get_logger, log_event
+from latticed.net.accept import serve_listeners
 
 log = get_logger(__name__)
 
 METRICS_PATH = "/metrics"
 MAX_REQUEST_BYTES = 8192
-REQUEST_TIMEOUT_S = 10.0
-MAX_CONNECTIONS = 8
+#: Seconds a client gets to send its request head (a scraper sends it at once).
+REQUEST_TIMEOUT_S = 2.0
+#: Seconds a response may take to go out (what a scraper needs to read a few hundred KiB).
+RESPONSE_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 32
 _INDEX = b"latticed metrics: " + METRICS_PATH.encode() + b"\n"
 
 
@@ -72,22 +81,22 @@ async def serve_metrics(
         listeners = listeners[:1]
     bound = listeners[0].socket.getsockname()
     endpoint = MetricsEndpoint(host, int(bound[1]))
-    slots = trio.Semaphore(MAX_CONNECTIONS)
+    serving: collections.deque[trio.CancelScope] = collections.deque()
 
     async def handler(stream: trio.SocketStream) -> None:
-        try:
-            slots.acquire_nowait()
-        except trio.WouldBlock:
-            await trio.aclose_forcefully(stream)
-            return
-        try:
-            await _serve_one(stream, registry)
-        finally:
-            slots.release()
+        if len(serving) >= MAX_CONNECTIONS:
+            serving.popleft().cancel()  # shed the oldest: the newest is the likeliest to be a scraper
+        with trio.CancelScope() as scope:
+            serving.append(scope)
+            try:
+                await _serve_one(stream, registry)
+            finally:
+                with contextlib.suppress(ValueError):  # already shed
+                    serving.remove(scope)
 
     loopback = all(_is_loopback(listener.socket.getsockname()[0]) for listener in listeners)
     async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, handler, listeners)
+        await nursery.start(partial(serve_listeners, handler, listeners, name="metrics"))
         log_event(log, "metrics.listening", address=str(endpoint), url=endpoint.url)
         if not loopback:
             log_event(
@@ -111,9 +120,12 @@ def _is_loopback(host: str) -> bool:
 async def _serve_one(stream: trio.SocketStream, registry: Collector) -> None:
     """One request, one response, then close; every failure stays with this connection."""
     try:
-        with trio.move_on_after(REQUEST_TIMEOUT_S):
+        with trio.move_on_after(REQUEST_TIMEOUT_S) as waited:
             head = await _read_head(stream)
-            response = _response(400, b"bad request\n") if head is None else _answer(head, registry)
+        if waited.cancelled_caught:
+            return  # no request in time: nobody to answer
+        response = _response(400, b"bad request\n") if head is None else _answer(head, registry)
+        with trio.move_on_after(RESPONSE_TIMEOUT_S):
             await stream.send_all(response)
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass  # the scraper went away
@@ -124,7 +136,7 @@ async def _serve_one(stream: trio.SocketStream, registry: Collector) -> None:
 
 
 async def _read_head(stream: trio.SocketStream) -> bytes | None:
-    """The request line and headers, or None if they are malformed, too long, or never end."""
+    """The request line and headers, or None if they are too long or the stream ends first."""
     data = b""
     while b"\r\n\r\n" not in data:
         if len(data) > MAX_REQUEST_BYTES:

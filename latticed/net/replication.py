@@ -20,6 +20,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -32,6 +33,8 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
 from latticed.listen_probe import listen_error
 from latticed.logs import get_logger, log_event
+from latticed.net.accept import serve_listeners
+from latticed.net.admission import Admission, FailureLog, Ticket, source_of
 from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExtension, PendingMerge
 from latticed.net.peerstate import PeerFaults
@@ -148,6 +151,10 @@ class Replication:
     allowed: frozenset[bytes] | None = None
     #: Handshake openings answered recently: a recorded one replayed to us gets no answer.
     replay_cache: ReplayCache = field(default_factory=ReplayCache)
+    #: Caps on incoming connections before and after their handshake (latticed/net/admission.py).
+    admission: Admission = field(default_factory=Admission)
+    #: ``peer.handshake_failed`` and ``peer.connection_refused``: one line per source per interval.
+    failure_log: FailureLog = field(default_factory=FailureLog)
     metrics: PeerMetrics | None = None
     #: Identities removed with ``latticectl peers remove`` in this run: their mDNS sightings are ignored.
     removed: set[bytes] = field(default_factory=set)
@@ -529,8 +536,42 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
             remote = (str(name[0]), int(name[1]))
             peer_address = f"{name[0]}:{name[1]}"
         remote_host = remote[0] if remote is not None else "?"
-        _tune_socket(stream)
-        refused: list[bytes] = []
+        source = source_of(remote_host)
+        ticket = service.admission.admit(source)
+        if isinstance(ticket, str):
+            _log_failure(service, source, "peer.connection_refused", address=peer_address, reason=ticket)
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await _serve_incoming(service, stream, ticket, remote, peer_address)
+        finally:
+            ticket.close()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(serve_listeners, handler, listeners, name="peer"))
+        task_status.started(address)
+
+
+def _log_failure(service: Replication, source: str, event: str, **fields: Any) -> None:
+    """One line per source per interval, saying how many failures it stands for."""
+    count = service.failure_log.note(source, trio.current_time())
+    if count is not None:
+        log_event(log, event, level=logging.INFO, failures=count, **fields)
+
+
+async def _serve_incoming(
+    service: Replication,
+    stream: trio.SocketStream,
+    ticket: Ticket,
+    remote: HostPort | None,
+    peer_address: str,
+) -> None:
+    """Handshake (cut if the admission needs its slot for a newer one), then gossip until either ends."""
+    remote_host = remote[0] if remote is not None else "?"
+    _tune_socket(stream)
+    refused: list[bytes] = []
+    secure = None
+    with ticket.scope:
         try:
             secure = await secure_accept(
                 stream,
@@ -539,13 +580,14 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
                 allowed=_admits(service, refused),
                 max_message_size=service.gossip.max_message_bytes,
                 replay_cache=service.replay_cache,
+                source=ticket.source,
             )
         except LatticedError as exc:
             reason = service.faults.incoming_failed(remote_host, exc, refused[0] if refused else None)
-            log_event(
-                log,
+            _log_failure(
+                service,
+                ticket.source,
                 "peer.handshake_failed",
-                level=logging.INFO,
                 address=peer_address,
                 error=str(exc),
                 reason=reason,
@@ -554,29 +596,27 @@ async def _listen(service: Replication, *, task_status: trio.TaskStatus[HostPort
                 service.metrics.handshake_failed("incoming", exc)
             await trio.aclose_forcefully(stream)
             return
-        if service.metrics is not None:
-            service.metrics.connected("incoming")
-        peer = secure.remote_public_key
-        service.faults.incoming_succeeded(
-            remote_host, peer, secure.handshake.peer_clock_offset_ms, peer_address
-        )
-        if not service.faults.admits(peer):  # blocked while its handshake ran
-            await secure.aclose()
-            return
-        # Recorded in the book (never dialled) so the dialer does not redial an identity that is connected.
+    if secure is None:  # cut to make room for a newer handshake
+        await trio.aclose_forcefully(stream)
+        return
+    ticket.authenticate()
+    if service.metrics is not None:
+        service.metrics.connected("incoming")
+    peer = secure.remote_public_key
+    service.faults.incoming_succeeded(remote_host, peer, secure.handshake.peer_clock_offset_ms, peer_address)
+    if not service.faults.admits(peer):  # blocked while its handshake ran
+        await secure.aclose()
+        return
+    # Recorded in the book (never dialled) so the dialer does not redial an identity that is connected.
+    if remote is not None:
+        service.book.connected(remote, peer, time.time(), incoming=True)
+    try:
+        await service.gossip.run_peer(secure, peer_address, "incoming")
+    finally:
         if remote is not None:
-            service.book.connected(remote, peer, time.time(), incoming=True)
-        try:
-            await service.gossip.run_peer(secure, peer_address, "incoming")
-        finally:
-            if remote is not None:
-                with contextlib.suppress(NotFoundError):  # removed meanwhile (latticectl peers remove)
-                    service.book.disconnected(remote, time.time())
-                service.wake_dialer.set()
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, handler, listeners)
-        task_status.started(address)
+            with contextlib.suppress(NotFoundError):  # removed meanwhile (latticectl peers remove)
+                service.book.disconnected(remote, time.time())
+            service.wake_dialer.set()
 
 
 async def _discovered(service: Replication, receive: trio.MemoryReceiveChannel[DiscoveredPeer]) -> None:

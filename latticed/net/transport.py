@@ -306,12 +306,15 @@ async def secure_accept(
     timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     replay_cache: ReplayCache | None = None,
+    source: str = "",
 ) -> SecureStream:
     """Run the handshake as responder over ``stream`` (e.g. in a ``trio.serve_tcp`` handler).
 
     ``replay_cache`` holds the openings already answered (default: one shared by the whole process), so
-    a recorded msg1 replayed to us gets no answer."""
-    cache = _SHARED_REPLAY_CACHE if replay_cache is None else replay_cache
+    a recorded msg1 replayed to us gets no answer; ``source`` is where the connection came from
+    (``latticed.net.admission.source_of``): each source's openings count against its own share of the
+    cache, so one source flooding it locks out no one else."""
+    cache = (_SHARED_REPLAY_CACHE if replay_cache is None else replay_cache).for_source(source)
     return await _run_handshake(
         stream,
         lambda: Responder(

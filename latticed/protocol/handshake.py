@@ -25,7 +25,7 @@ where ``ck`` (the chaining key) is keyed BLAKE2b under the network key ``K`` of 
 No I/O, clock or global randomness is used except ``crypto_kx_keypair`` when no ephemeral key is injected:
 the time comes in as an argument (``now_ms``, Unix milliseconds).
 
-Why one module: it is one protocol: the four messages, the key schedule and the replay cache are specified
+Why one module: it is one protocol: the four messages and the key schedule are specified
 together (docs/protocol.md, with test vectors), and a change to one step changes the transcript the others
 sign.
 """
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import heapq
 import hmac
 import struct
 from collections.abc import Callable, Set
@@ -46,6 +45,12 @@ import nacl.exceptions
 from nacl.signing import SigningKey, VerifyKey
 
 from latticed.errors import HandshakeError, LatticedError, LocalProtocolError, MalformedError
+from latticed.protocol.replay import (
+    DEFAULT_REPLAY_CAPACITY,
+    FRESHNESS_WINDOW_MS,
+    OpeningCache,
+    ReplayCache,
+)
 
 __all__ = [
     "DEFAULT_REPLAY_CAPACITY",
@@ -61,6 +66,7 @@ __all__ = [
     "HandshakeResult",
     "HandshakeState",
     "Initiator",
+    "OpeningCache",
     "ReplayCache",
     "Responder",
     "Role",
@@ -76,11 +82,6 @@ _AEAD_TAG: Final = 16
 _HEADER_SIZE: Final = 24  # secretstream header
 _TIME = struct.Struct(">Q")  # msg1's time: Unix milliseconds
 _MAC1_SIZE: Final = 24  # msg1 keeps v1's 64 bytes: 32 key + 8 time + 24 MAC
-
-#: How far msg1's time may lie from the responder's clock, either way (ms): clock skew plus latency.
-FRESHNESS_WINDOW_MS: Final = 120_000
-#: Openings a :class:`ReplayCache` remembers by default (they are forgotten after the window anyway).
-DEFAULT_REPLAY_CAPACITY: Final = 8192
 
 MSG1_SIZE: Final = KEY_SIZE + _TIME.size + _MAC1_SIZE
 MSG2_SIZE: Final = KEY_SIZE + _MAC_SIZE
@@ -138,74 +139,6 @@ def _check_time(now_ms: int) -> int:
     if isinstance(now_ms, bool) or not isinstance(now_ms, int) or not 0 <= now_ms < 1 << 64:
         raise MalformedError(f"now_ms must be Unix milliseconds (an integer >= 0), got {now_ms!r}")
     return now_ms
-
-
-class ReplayCache:
-    """The openings (msg1) a responder answered recently, so a recorded one replayed is not answered again.
-
-    Only openings that passed the MAC (that is, made by a holder of ``K``) are added, so a stranger cannot
-    fill it. Memory is bounded by ``capacity``; nothing is ever forgotten unsafely, because whatever leaves
-    the cache raises a *floor*: an opening whose time is at or below it is refused. Entries leave when
-    their time falls out of the freshness window (the window refuses them anyway) or, when the cache is
-    full, oldest first, in which case openings up to that time are refused from then on (under a flood of
-    fresh openings by a key holder, a delayed honest one may be refused too: its initiator redials).
-    The floor also keeps a responder whose clock jumps back from answering an opening it forgot.
-
-    Sans-IO and not thread-safe: one per daemon, used from its event loop. What a restart forgets is
-    documented in ``docs/protocol.md`` §4.3.
-    """
-
-    __slots__ = ("_capacity", "_floor", "_heap", "_seen", "_window")
-
-    def __init__(
-        self, *, window_ms: int = FRESHNESS_WINDOW_MS, capacity: int = DEFAULT_REPLAY_CAPACITY
-    ) -> None:
-        if window_ms < 0 or capacity < 1:
-            raise MalformedError(
-                f"replay cache needs window_ms >= 0 and capacity >= 1, got {window_ms}, {capacity}"
-            )
-        self._window = window_ms
-        self._capacity = capacity
-        self._seen: set[bytes] = set()
-        self._heap: list[tuple[int, bytes]] = []  # (time, opening key), oldest first
-        self._floor = -1
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    @property
-    def window_ms(self) -> int:
-        """How far an opening's time may lie from ``now_ms``, either way."""
-        return self._window
-
-    @property
-    def floor_ms(self) -> int:
-        """Openings with a time at or below this are refused (-1: none yet)."""
-        return self._floor
-
-    def is_fresh(self, time_ms: int, now_ms: int) -> bool:
-        """Whether ``time_ms`` lies within the window around ``now_ms``."""
-        return abs(time_ms - now_ms) <= self._window
-
-    def admit(self, key: bytes, time_ms: int, now_ms: int) -> bool:
-        """Record an opening and say whether it may be answered: fresh, above the floor, never seen."""
-        heap = self._heap
-        while heap and heap[0][0] < now_ms - self._window:
-            self._forget()
-        if not self.is_fresh(time_ms, now_ms) or time_ms <= self._floor or key in self._seen:
-            return False
-        if len(heap) >= self._capacity:
-            if time_ms <= heap[0][0]:
-                return False  # older than everything we still remember: cannot be told from a replay
-            self._forget()
-        heapq.heappush(heap, (time_ms, key))
-        self._seen.add(key)
-        return True
-
-    def _forget(self) -> None:
-        time_ms, key = heapq.heappop(self._heap)
-        self._seen.discard(key)
-        self._floor = max(self._floor, time_ms)
 
 
 class Role(enum.Enum):
@@ -281,7 +214,7 @@ class Handshake:
         public_key: bytes | None = None,
         allowed: Allowed | None = None,
         ephemeral_secret: bytes | None = None,
-        replay_cache: ReplayCache | None = None,
+        replay_cache: OpeningCache | None = None,
     ) -> None:
         self._role = role
         self._now_ms = _check_time(now_ms)
@@ -547,7 +480,7 @@ class Initiator(Handshake):
 class Responder(Handshake):
     """The accepting side: feed it what the initiator sends (give it the daemon's :class:`ReplayCache`)."""
 
-    def __init__(self, *, replay_cache: ReplayCache | None = None, **keys: Unpack[HandshakeKeys]) -> None:
+    def __init__(self, *, replay_cache: OpeningCache | None = None, **keys: Unpack[HandshakeKeys]) -> None:
         super().__init__(Role.RESPONDER, replay_cache=replay_cache, **keys)
 
 

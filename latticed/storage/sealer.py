@@ -41,7 +41,13 @@ from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.queue import Meta, QueueState
 from latticed.crdt.records import Record, check_records
 from latticed.crdt.signing import Identity
-from latticed.errors import AlreadyExistsError, LatticedError, MalformedError, NotReaderError
+from latticed.errors import (
+    AlreadyExistsError,
+    LatticedError,
+    MalformedError,
+    NotReaderError,
+    TamperedError,
+)
 from latticed.privacy import meta as sealed_meta
 from latticed.privacy.crypto import (
     NONCE_SIZE,
@@ -118,7 +124,12 @@ class Sealer:
         found = self._parsed.get(q)
         if found is not None and found[0] is meta:
             return found[1]
-        sealing = sealed_meta.parse(dict(meta), owner) if any(_is_sealed_key(k) for k, _ in meta) else None
+        try:
+            sealed = any(_is_sealed_key(k) for k, _ in meta)
+            sealing = sealed_meta.parse(dict(meta), owner) if sealed else None
+        except MalformedError as exc:
+            # Committed metadata its owner signed: broken means an integrity problem, not bad usage.
+            raise TamperedError(f"{self.engine.address(q)}: {exc}") from exc
         self._parsed[q] = (meta, sealing)
         return sealing
 
@@ -147,18 +158,21 @@ class Sealer:
         broken owner) is shown, not raised, so it cannot stop ``queue list`` of every other queue."""
         try:
             sealing = self.sealing(q)
-        except MalformedError as exc:
+        except TamperedError as exc:
             return {"error": str(exc), "readable": False}
         return None if sealing is None else sealing.describe(self.identity.public_key)
 
     def content_key(self, q: int, sealing: Sealing, epoch: int) -> bytes:
         """Epoch ``epoch``'s content key, opened with this identity; NotReaderError if it was not given."""
-        wrapped = None
-        if 0 <= epoch < len(sealing.epochs):
-            wrapped = sealing.epochs[epoch].wraps.get(self.identity.public_key)
+        if not 0 <= epoch < len(sealing.epochs):
+            # Not an epoch we were left out of: one the owner's signed metadata never declared.
+            raise TamperedError(
+                f"{self.engine.address(q)}: a record is sealed under key epoch {epoch}, which the queue's "
+                f"metadata does not declare (epochs 0..{len(sealing.epochs) - 1})"
+            )
+        wrapped = sealing.epochs[epoch].wraps.get(self.identity.public_key)
         if wrapped is None:
-            start = sealing.epochs[epoch].start if 0 <= epoch < len(sealing.epochs) else None
-            where = f" (its records from offset {start})" if start is not None else ""
+            where = f" (its records from offset {sealing.epochs[epoch].start})"
             what, how = "queue", "queue share"
             if self.engine.state(q).kind == KIND_KV:
                 what, how = "KV namespace", "kv share"
