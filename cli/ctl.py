@@ -629,6 +629,7 @@ _ELSEWHERE: dict[str, lazy.Registrar] = {
     "cli.join": (["invite", "join"], lambda module: module.register(app, _client)),
     "cli.peers": (["peers"], lambda module: module.register(app)),
     "cli.doctor": (["doctor"], lambda module: module.register(app)),
+    "cli.store": (["store"], lambda module: module.register(app)),
 }
 _COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
 register_retention(queue_app, _client)

@@ -518,6 +518,11 @@ class Client(GroupOps, PeerOps):
         reply = self.call("retention_set", queue=queue, **args)
         return {k: v for k, v in reply.items() if k not in ("ok", "id")}
 
+    def store_compact(self) -> dict[str, Any]:
+        """Give the store's free pages back to the file system (writes wait meanwhile); returns
+        ``before_bytes``, ``after_bytes``, ``freed_bytes``, ``vacuumed`` and the ``disk`` figures after."""
+        return {k: v for k, v in self.call("store_compact").items() if k not in ("ok", "id")}
+
     def queue_verify(self, queue: str) -> dict[str, Any]:
         """Re-check the stored queue against its owner's signatures (raises IntegrityError/StorageError
         if anything is off); returns ``records`` checked and the offsets held."""

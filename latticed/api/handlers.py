@@ -218,6 +218,8 @@ async def identity(ctx: Context, request: Request) -> Reply:
 @handler("status")
 async def status(ctx: Context, request: Request) -> Reply:
     engine = ctx.engine
+    if ctx.health is not None:
+        await ctx.health.refresh_disk()  # free space as it is now, not up to a sampling interval ago
     queues = engine.queues()
     records = 0
     for q in queues:
