@@ -417,7 +417,8 @@ async def range_(ctx: Context, request: Request) -> Reply:
     columns = sealer_of(ctx.engine).open_columns(q, columns)
     if len(columns) < wanted:
         raise MalformedError(
-            f"range of {wanted} records does not fit in one reply ({ctx.max_frame_bytes} bytes); use read"
+            f"range of {wanted} records does not fit in one reply ({ctx.max_frame_bytes} bytes): ask for "
+            "fewer, or page through them with the read op (`latticectl range` and `tail` page by themselves)"
         )
     return {"queue": ctx.engine.address(q), **columns_reply(columns)}
 
