@@ -12,11 +12,6 @@ may need, and the lazy table of the command groups that live in their own module
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
 
@@ -40,7 +35,6 @@ from cli.common import client as _client
 from cli.output import (
     emit,
     emit_entries,
-    emit_readable,
     entry_text,
     field_lines,
     human,
@@ -381,35 +375,6 @@ def _sealed_text(sealed: Any) -> str:
 # --- records --------------------------------------------------------------------------------------
 
 
-def _read_batches(stream: BinaryIO, lines_per_batch: int) -> Iterator[tuple[list[bytes], int]]:
-    """Lines (without ``\\n`` or ``\\r\\n``) in batches, each with the number of bytes it consumed."""
-    batch: list[bytes] = []
-    consumed = 0
-    for line in stream:
-        consumed += len(line)
-        batch.append(line.removesuffix(b"\n").removesuffix(b"\r"))
-        if len(batch) == lines_per_batch:
-            yield batch, consumed
-            batch, consumed = [], 0
-    if batch:
-        yield batch, consumed
-
-
-@contextlib.contextmanager
-def _progress(stream: BinaryIO) -> Iterator[Callable[[int], None]]:
-    """Yield ``advance(nbytes)``: a progress bar on stderr for a regular file on a terminal, else a no-op."""
-    total: int | None = None
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        st = os.fstat(stream.fileno())
-        if stat.S_ISREG(st.st_mode):
-            total = st.st_size - stream.tell()
-    if total is None or not sys.stderr.isatty():
-        yield lambda _n: None
-        return
-    with typer.progressbar(length=total, label="offering", file=sys.stderr) as bar:
-        yield bar.update
-
-
 def _open_input(ctx: typer.Context, path: str) -> BinaryIO:
     if path == "-":
         return typer.get_binary_stream("stdin")
@@ -448,13 +413,28 @@ def offer(
             "binary data, several lines.",
         ),
     ] = None,
+    skip: Annotated[
+        int,
+        typer.Option(
+            "--skip",
+            metavar="N",
+            min=0,
+            help="With --file: leave out the first N lines (to go on after an interrupted offer --file, "
+            "which says N).",
+        ),
+    ] = 0,
     as_json: JsonFlag = False,
 ) -> None:
-    """Append a record to one of your queues; prints its offset (FIRST..LAST with --file)."""
+    """Append a record to one of your queues; prints its offset (FIRST..LAST with --file).
+
+    With --file, a progress bar shows on a terminal. Ctrl-C finishes the request in flight, says which
+    lines were offered and how to go on (--skip N), and exits with 130."""
     if sum(given is not None for given in (value, file, value_file)) != 1:
         raise typer.BadParameter(
             "give exactly one of VALUE, --file or --value-file", ctx=ctx, param_hint="'VALUE'"
         )
+    if skip and file is None:
+        raise typer.BadParameter("--skip goes with --file", ctx=ctx, param_hint="'--skip'")
     headers = [(name, to_bytes(text)) for name, text in pairs(ctx, "--header", header)]
     record_key = to_bytes(key) if key is not None else None
     client = _client(ctx)
@@ -463,18 +443,13 @@ def offer(
         offset = client.offer(queue, data, key=record_key, headers=headers or None)
         emit({"offset": offset}, str(offset), as_json=as_json)
         return
+    from cli.offer_file import offer_lines  # noqa: PLC0415 - only --file needs it
+
     stream = _open_input(ctx, file)
-    first_offset: int | None = None
-    last_offset: int | None = None
-    count = 0
-    with _progress(stream) as advance:
-        for lines, consumed in _read_batches(stream, OFFER_BATCH_LINES):
-            offsets = client.offer_batch(queue, [(line, record_key, headers) for line in lines])
-            if offsets:
-                first_offset = offsets[0] if first_offset is None else first_offset
-                last_offset = offsets[-1]
-            count += len(offsets)
-            advance(consumed)
+    offered = offer_lines(
+        client, queue, stream, file, (record_key, headers), lines_per_batch=OFFER_BATCH_LINES, skip=skip
+    )
+    first_offset, last_offset, count = offered.first, offered.last, offered.count
     summary = {"first": first_offset, "last": last_offset, "count": count}
     emit(summary, [f"{first_offset}..{last_offset}"] if count else [], as_json=as_json)
     if not count and not as_json:
@@ -538,16 +513,17 @@ def range_(
     to_offset: Annotated[int, typer.Argument(metavar="TO", min=0, help="Last offset (included).")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Print the entries at offsets FROM..TO (both included, clamped to what the queue holds)."""
+    """Print the entries at offsets FROM..TO (both included, clamped to what the queue holds).
+
+    Any size: a large range is fetched in several requests and printed as it arrives (with a progress bar
+    on a terminal when the output goes elsewhere)."""
     if from_offset > to_offset:
         raise typer.BadParameter(f"FROM {from_offset} is after TO {to_offset}", ctx=ctx, param_hint="'FROM'")
+    from cli.records import print_range  # noqa: PLC0415 - only range needs it
+
     client = _client(ctx)
-    entries, unreadable = client.range_readable(queue, from_offset, to_offset)
-    if unreadable:
-        emit_readable(queue, entries, unreadable, as_json=as_json)
-        return
-    emit_entries(entries, as_json=as_json)
-    if not entries and not as_json:
+    printed = print_range(client, queue, from_offset, to_offset, as_json=as_json)
+    if not printed and not as_json:
         note(f"no records in {from_offset}..{to_offset} of {queue}: {_holds(client.queue_info(queue))}")
 
 
@@ -589,8 +565,12 @@ def tail(
 ) -> None:
     """Print entries one per line; with --follow, also those appended later, as they arrive."""
     offset, last_n = _tail_start(ctx, from_offset)
-    entries = _client(ctx).tail(queue, offset, follow=follow, last=last_n)
-    emit_entries(entries, as_json=as_json, live=follow)
+    if follow:
+        emit_entries(_client(ctx).tail(queue, offset, follow=True, last=last_n), as_json=as_json, live=True)
+        return
+    from cli.records import print_tail  # noqa: PLC0415 - only a bounded tail needs it
+
+    print_tail(_client(ctx), queue, offset, last_n, as_json=as_json)
 
 
 def _records(count: int) -> str:
@@ -670,6 +650,7 @@ _ELSEWHERE: dict[str, lazy.Registrar] = {
     "cli.join": (["invite", "join"], lambda module: module.register(app, _client)),
     "cli.peers": (["peers"], lambda module: module.register(app)),
     "cli.doctor": (["doctor"], lambda module: module.register(app)),
+    "cli.store": (["store"], lambda module: module.register(app)),
 }
 _COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
 register_retention(queue_app, _client)

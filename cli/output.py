@@ -90,6 +90,8 @@ def text_of_bytes(data: bytes, *, single_line: bool = False) -> str:
     """Bytes for a human: the text if valid UTF-8, else with ``\\xNN`` escapes for the invalid bytes;
     control characters escaped (newline and tab too with ``single_line``)."""
     text = data.decode("utf-8", "backslashreplace")
+    if text.isprintable():  # no control character to escape (C-speed check; translate is the slow part)
+        return text
     return text.translate(_CONTROL_ESCAPES if single_line else _CONTROL_ESCAPES_MULTILINE)
 
 
@@ -161,6 +163,8 @@ def table_lines(rows: Iterable[Mapping[str, object]], columns: Mapping[str, str]
 
 def entry_text(entry: Entry) -> str:
     """An entry on one line: ``OFFSET [key=KEY] [NAME=VALUE]... VALUE``, tab-separated; value last."""
+    if entry.key is None and not entry.headers:  # the common shape, without building a list
+        return f"{entry.offset}\t{text_of_bytes(entry.value, single_line=True)}"
     parts = [str(entry.offset)]
     if entry.key is not None:
         parts.append("key=" + text_of_bytes(entry.key, single_line=True))
@@ -200,32 +204,39 @@ def emit(data: object, text: str | Iterable[str] | None, *, as_json: bool, flush
     write("".join(line + "\n" for line in lines), flush=flush)
 
 
+#: Lines of entries joined into one write by :func:`emit_entries`.
+_LINES_PER_WRITE = 1000
+
+
 def emit_entries(entries: Iterable[Entry], *, as_json: bool, live: bool = False) -> None:
-    """Print entries one per line (JSON Lines with ``as_json``); ``live`` flushes each as it arrives."""
+    """Print entries one per line (JSON Lines with ``as_json``); ``live`` flushes each as it arrives.
+    Otherwise text is written a thousand lines at a time: one write per line was most of the cost of
+    printing a large range."""
+    if as_json or live:
+        for entry in entries:
+            emit(entry, entry_text(entry), as_json=as_json, flush=live)
+        return
+    lines: list[str] = []
     for entry in entries:
-        emit(entry, entry_text(entry), as_json=as_json, flush=live)
+        lines.append(entry_text(entry))
+        if len(lines) >= _LINES_PER_WRITE:
+            lines.append("")
+            write("\n".join(lines))
+            lines.clear()
+    if lines:
+        lines.append("")
+        write("\n".join(lines))
 
 
-def emit_readable(queue: str, entries: list[Entry], runs: list[tuple[int, int]], *, as_json: bool) -> None:
-    """A range of a sealed queue with records this identity cannot open (``runs``: ``(first, last)``):
-    print the others and name those in one line on stderr (with ``as_json``, a ``{"queue", "offset",
-    "unreadable": true}`` line stands in each one's place). NotReaderError (exit 13) if none could be read."""
+def note_unreadable(queue: str, runs: list[tuple[int, int]], *, none_read: bool) -> None:
+    """Name the records of a sealed queue this identity could not open (``runs``: ``(first, last)``) in one
+    line on stderr, after the records printed; NotReaderError (exit 13) if ``none_read``."""
     from latticed.errors import NotReaderError  # noqa: PLC0415 - only sealed queues get here
 
     shown = ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs[:8]) + (", ..." if runs[8:] else "")
     why = f"offsets {shown} of {queue} are sealed to key epochs this identity is not a reader of"
-    if not entries:
+    if none_read:
         raise NotReaderError(why)
-    if as_json:
-        rows: list[tuple[int, object]] = [(e.offset, e) for e in entries]
-        address = entries[0].queue
-        rows += [
-            (o, {"queue": address, "offset": o, "unreadable": True}) for a, b in runs for o in range(a, b + 1)
-        ]
-        for _, row in sorted(rows, key=lambda r: r[0]):
-            emit(row, None, as_json=True)
-    else:
-        emit_entries(entries, as_json=False)
     with contextlib.suppress(OSError):
         sys.stdout.flush()  # the records first, then the note about the others
         sys.stderr.write(f"latticectl: {why}: left out\n")
@@ -234,9 +245,9 @@ def emit_readable(queue: str, entries: list[Entry], runs: list[tuple[int, int]],
 __all__ = [
     "emit",
     "emit_entries",
-    "emit_readable",
     "entry_text",
     "field_lines",
+    "note_unreadable",
     "human",
     "table_lines",
     "text_of_bytes",

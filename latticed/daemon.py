@@ -33,6 +33,7 @@ from latticed.api import (
     member_handlers,  # noqa: F401 - importing it registers invite and join
     peer_handlers,  # noqa: F401 - importing it registers peer management and doctor
     retention_handlers,  # noqa: F401 - importing it registers retention_get/set
+    store_handlers,  # noqa: F401 - importing it registers store_compact
 )
 from latticed.api.handlers import Context, package_version
 from latticed.api.listener import refuse_if_served
@@ -139,6 +140,7 @@ async def run_daemon(
             sealer_of(engine).install()  # sealed KV ops open for folding before any peer sends some
             health = Health(engine, config.data_dir)
             health.scan_forks()
+            engine.on_storage_error = health.disk_suspect  # a failed write: sample the disk now
             # Lease forwarding rides on the replication links (whichever key they run under).
             links = LeaseLinks(
                 dial=lambda peer: _dial_owner(membership, peer), max_message_bytes=config.max_frame_bytes

@@ -22,7 +22,7 @@ from latticed.crdt.head import KIND_QUEUE, QueueKind
 from latticed.crdt.queue import QueueState
 from latticed.diskspace import DiskUsage, disk_is_low, disk_usage
 from latticed.logs import get_logger, log_event
-from latticed.ticks import sleep_until_tick
+from latticed.ticks import next_tick
 
 log = get_logger(__name__)
 
@@ -68,6 +68,8 @@ class Health:
     disk_low: bool = False
     disk_error: str | None = None
     _forks_logged: set[tuple[bytes, str, int]] = field(default_factory=set)
+    #: Set by :meth:`disk_suspect`: sample now, not at the next tick.
+    _recheck: trio.Event = field(default_factory=trio.Event)
 
     # ------------------------------------------------------------------ forks
     def on_change(self, state: QueueState) -> None:
@@ -146,13 +148,25 @@ class Health:
         self.disk_low = low
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Check the disk now and every ``interval`` seconds until cancelled (statvfs off the loop: a
-        hung network file system must not stall it)."""
+        """Check the disk now and every ``interval`` seconds until cancelled, and at once after a write
+        failed (statvfs off the loop: a hung network file system must not stall it)."""
         self.record(await trio.to_thread.run_sync(self._sample))
         task_status.started()
         while True:
-            await sleep_until_tick(self.interval)  # with the daemon's other periodic jobs
-            self.record(await trio.to_thread.run_sync(self._sample))
+            # With the daemon's other periodic jobs, or sooner when a write failed.
+            with trio.move_on_at(next_tick(trio.current_time(), self.interval)):
+                await self._recheck.wait()
+            self._recheck = trio.Event()
+            await self.refresh_disk()
+
+    def disk_suspect(self) -> None:
+        """A write failed on the store (on the event loop): sample the disk now, not in up to
+        ``interval`` seconds, so ``status`` and the log say "full" while writes fail."""
+        self._recheck.set()
+
+    async def refresh_disk(self) -> None:
+        """Sample the disk now (``status`` asks first: its figures are then never stale)."""
+        self.record(await trio.to_thread.run_sync(self._sample))
 
     def disk_status(self) -> dict[str, Any] | None:
         if self.disk is None:

@@ -310,10 +310,16 @@ def test_range_larger_than_a_frame_is_refused_not_truncated(client: Client) -> N
         client.offer_batch("wide", [(b"x" * 200_000, None, ())] * 4)
     with pytest.raises(ProtocolError, match="exceeds the limit"):
         client.offer_batch("wide", [(b"x" * 200_000, None, ())] * 8)  # a request over the frame limit
-    with pytest.raises(MalformedError, match="use read"):
+    with pytest.raises(MalformedError, match="page through them with the read op") as refused:
         client.range("wide", 0, 7)
+    assert "latticectl range" in str(refused.value), "the message names what exists"
     batch = client.read("wide", 0, max_bytes=500_000)
     assert 1 <= len(batch) < 8 and batch.next_offset == len(batch)
+    # range_pages (what `latticectl range` uses) pages through it by itself, halving what does not fit
+    paged = list(client.range_pages("wide", 0, 10**9))
+    assert [e.offset for e in paged] == list(range(8)) and all(len(e.value) == 200_000 for e in paged)
+    assert [e.offset for e in client.range_pages("wide", 3, 5, page=2)] == [3, 4, 5]
+    assert list(client.range_pages("wide", 8, 100)) == []
 
 
 def test_tail_pushes_new_records_and_bounds_batches(client: Client, daemon: InProcessDaemon) -> None:

@@ -25,7 +25,7 @@ from latticed.storage.kvcompact import CompactKv
 from latticed.storage.reader import StoreReader
 from latticed.storage.schema import MIGRATIONS
 from latticed.storage.store import Store, db_path
-from latticed.storage.writer import RECLAIM_PAGES, Writer
+from latticed.storage.writer import RECLAIM_KEEP_PAGES, Writer
 
 ALICE = Identity.from_seed(b"r" * 32)
 BOB = Identity.from_seed(b"s" * 32)
@@ -208,7 +208,7 @@ def test_free_pages_stay_for_the_next_writes_while_writes_keep_coming(alice: Wri
     for _ in range(10):  # the thread runs a step after every batch while writes come
         assert alice.maintain(idle=False)  # more to give back once idle
     free_busy = conn.execute("PRAGMA freelist_count").fetchone()[0]
-    assert freed > RECLAIM_PAGES and free_busy == RECLAIM_PAGES  # the slack, for the next writes
+    assert freed > RECLAIM_KEEP_PAGES and free_busy == RECLAIM_KEEP_PAGES  # the slack, for the next writes
     while alice.maintain(idle=True):
         pass
     assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0

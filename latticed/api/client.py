@@ -36,6 +36,9 @@ _RECEIVE_SIZE: Final = 1 << 18
 
 HeaderPairs = tuple[tuple[str, bytes], ...]
 
+#: Records asked for per ``range`` request by :meth:`Client.range_pages`.
+RANGE_PAGE_RECORDS: Final = 10_000
+
 
 @dataclass(frozen=True, slots=True)
 class Entry:
@@ -439,6 +442,42 @@ class Client(GroupOps, PeerOps):
         r = self.call("range", queue=queue, skip_unreadable=True, **{"from": from_offset, "to": to_offset})
         return _entries(r["queue"], r), [(int(a), int(b)) for a, b in r.get("unreadable", ())]
 
+    def range_pages(
+        self,
+        queue: str,
+        from_offset: int,
+        to_offset: int,
+        *,
+        page: int = RANGE_PAGE_RECORDS,
+        unreadable: list[tuple[int, int]] | None = None,
+    ) -> Iterator[Entry]:
+        """:meth:`range` of any size: the records of ``[from_offset, to_offset]`` in several ``range``
+        requests of at most ``page`` records each (halved while a page does not fit in one reply), as
+        they arrive. Each page is all-or-error, as ``range`` is, unless ``unreadable`` is given: then the
+        records of a sealed queue this identity cannot open are left out and their ``(first, last)`` runs
+        appended to it, each page's before that page's entries are yielded."""
+        options = {} if unreadable is None else {"skip_unreadable": True}
+        lo = from_offset
+        while lo <= to_offset:
+            hi = min(to_offset, lo + page - 1)
+            try:
+                r = self.call("range", queue=queue, **options, **{"from": lo, "to": hi})
+            except MalformedError as exc:
+                if page > 1 and "does not fit in one reply" in str(exc):
+                    page = max(page // 2, 1)
+                    continue
+                raise
+            entries = _entries(r["queue"], r)
+            if unreadable is not None:
+                unreadable.extend((int(a), int(b)) for a, b in r.get("unreadable", ()))
+            yield from entries
+            lo = hi + 1
+            if not entries:  # past the end, or this page was all truncated away
+                info = self.queue_info(queue)
+                if info["end_offset"] <= lo:
+                    return
+                lo = max(lo, info["start_offset"])
+
     def read(
         self, queue: str, from_offset: int, max_records: int = 10000, max_bytes: int = 8 << 20
     ) -> ReadBatch:
@@ -473,7 +512,12 @@ class Client(GroupOps, PeerOps):
         )
 
     def tail(
-        self, queue: str, from_offset: int | None = None, follow: bool = True, *, last: int | None = None
+        self,
+        queue: str,
+        from_offset: int | None = None,
+        follow: bool = True,
+        *,
+        last: int | None = None,
     ) -> Iterator[Entry]:
         """Records from ``from_offset`` (None: the start) as they are committed, on a dedicated
         connection; ``follow=False`` stops at the end present when the tail began. ``last=N`` instead
@@ -536,6 +580,11 @@ class Client(GroupOps, PeerOps):
                 args[name] = value
         reply = self.call("retention_set", queue=queue, **args)
         return {k: v for k, v in reply.items() if k not in ("ok", "id")}
+
+    def store_compact(self) -> dict[str, Any]:
+        """Give the store's free pages back to the file system (writes wait meanwhile); returns
+        ``before_bytes``, ``after_bytes``, ``freed_bytes``, ``vacuumed`` and the ``disk`` figures after."""
+        return {k: v for k, v in self.call("store_compact").items() if k not in ("ok", "id")}
 
     def queue_verify(self, queue: str) -> dict[str, Any]:
         """Re-check the stored queue against its owner's signatures (raises IntegrityError/StorageError

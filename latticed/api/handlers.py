@@ -222,6 +222,8 @@ async def identity(ctx: Context, request: Request) -> Reply:
 @handler("status")
 async def status(ctx: Context, request: Request) -> Reply:
     engine = ctx.engine
+    if ctx.health is not None:
+        await ctx.health.refresh_disk()  # free space as it is now, not up to a sampling interval ago
     queues = engine.queues()
     records = 0
     for q in queues:
@@ -442,7 +444,8 @@ async def range_(ctx: Context, request: Request) -> Reply:
     columns = await ctx.engine.read(q, lo, hi, wanted, ctx.max_reply_bytes)
     if len(columns) < wanted:
         raise MalformedError(
-            f"range of {wanted} records does not fit in one reply ({ctx.max_frame_bytes} bytes); use read"
+            f"range of {wanted} records does not fit in one reply ({ctx.max_frame_bytes} bytes): ask for "
+            "fewer, or page through them with the read op (`latticectl range` and `tail` page by themselves)"
         )
     return {"queue": ctx.engine.address(q), **_opened(ctx, q, columns, request, partial=False)}
 

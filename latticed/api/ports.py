@@ -90,6 +90,8 @@ class ApiStore(TailStore, Protocol):
 
     async def verify(self, q: int) -> int: ...
 
+    async def compact_store(self) -> dict[str, Any]: ...
+
 
 class ReplicationView(Protocol):
     """What the API shows of replication (the service itself lives in :mod:`latticed.net.replication`)."""

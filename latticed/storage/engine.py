@@ -31,7 +31,7 @@ from latticed.crdt.head import KIND_GROUP, KIND_KV, KIND_QUEUE, check_name
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.errors import AlreadyExistsError, BehindPeersError, NotOwnerError
+from latticed.errors import AlreadyExistsError, BehindPeersError, NotOwnerError, StorageError
 from latticed.logs import get_logger, log_event
 from latticed.storage.batch import Batch
 from latticed.storage.bridge import StorageBridge
@@ -53,6 +53,7 @@ from latticed.storage.live import LiveCache
 from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader
 from latticed.storage.replica import ReplicaView
 from latticed.storage.schema import SCHEMA_VERSION
+from latticed.storage.space import CompactStore
 from latticed.storage.store import db_path
 from latticed.storage.wiring import ChangeListener, OwnerFence
 from latticed.storage.writer import Change, StorageMetrics, Writer
@@ -82,6 +83,9 @@ class Engine(ReplicaView):
         #: Called on the event loop with each committed queue value (replication pushes from here).
         self._changes = changes
         self._fence = fence if fence is not None else OwnerFence()
+        #: Called on the event loop after a group commit in which a job failed with a StorageError (the
+        #: daemon has its disk figures sampled again: a full disk must show at once).
+        self.on_storage_error: Callable[[], None] | None = None
 
     @classmethod
     @asynccontextmanager
@@ -160,6 +164,8 @@ class Engine(ReplicaView):
                         live.merge_failed(failed)
         if self._metrics is not None:
             self._metrics.committed(jobs, changes)
+        if self.on_storage_error is not None and any(isinstance(job.error, StorageError) for job in jobs):
+            self.on_storage_error()
 
     # ------------------------------------------------------------------ the storage thread
     async def outcome(self, job: Job) -> Any:
@@ -180,6 +186,13 @@ class Engine(ReplicaView):
 
     def storage_bytes(self) -> int:
         return self.bridge.storage_bytes()
+
+    async def compact_store(self) -> dict[str, Any]:
+        """Give every free page of the store back to the file system, cut the WAL and write the disk
+        reserve again (latticed/storage/space.py); returns the store's size before and after. Writes
+        wait meanwhile (the storage thread does it)."""
+        result: dict[str, Any] = await self.bridge.run(CompactStore(self._writer.space))
+        return result
 
     # ------------------------------------------------------------------ the owner's writes
     def require_owner(self, q: int, what: str) -> None:

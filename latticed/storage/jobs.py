@@ -17,6 +17,7 @@ from latticed.crdt.kvplan import KvRequest, plan
 from latticed.crdt.queue import QueueState, Summary, VerifiedDelta
 from latticed.crdt.records import Record, check_records
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
+from latticed.retention import KEYS as RETENTION_KEYS
 from latticed.storage.batch import Batch
 from latticed.storage.store import Store
 
@@ -74,6 +75,10 @@ class Job:
         #: Nobody but a peer's ACK waits for this commit (a live push already served ahead of it), so it
         #: may wait a little for company: see :data:`latticed.storage.writer.MERGE_LINGER_S`.
         self.may_linger = False
+
+    #: Whether this job may use the disk reserve when the disk is full (latticed/storage/reserve.py): only
+    #: jobs that make room (dropping records, a retention change that will) and write little themselves.
+    frees_space = False
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         raise NotImplementedError
@@ -144,6 +149,7 @@ class AppendMany(Job):
 
 class Truncate(Job):
     __slots__ = ("new_start", "q")
+    frees_space = True
 
     def __init__(self, q: int, new_start: int) -> None:
         super().__init__()
@@ -162,6 +168,7 @@ class DropLocal(Job):
     first offset held afterwards."""
 
     __slots__ = ("floor", "q")
+    frees_space = True
 
     def __init__(self, q: int, floor: int) -> None:
         super().__init__()
@@ -173,12 +180,14 @@ class DropLocal(Job):
 
 
 class SetMeta(Job):
-    __slots__ = ("q", "updates")
+    __slots__ = ("frees_space", "q", "updates")
 
     def __init__(self, q: int, updates: Mapping[str, str | None]) -> None:
         super().__init__()
         self.q = q
         self.updates = dict(updates)
+        #: A retention change is how a full disk is meant to be fixed, so it may use the reserve.
+        self.frees_space = bool(self.updates) and all(key in RETENTION_KEYS for key in self.updates)
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         batch.require_owner(self.q, "set metadata")

@@ -7,6 +7,10 @@ Why these settings:
 * Connections run in autocommit mode (``isolation_level=None``); the writer opens its own
   ``BEGIN IMMEDIATE`` transactions, one per group commit.
 * Page caches are small and ``mmap`` is off: the daemon's memory must not grow with the store.
+* ``secure_delete=FAST``: some builds (Debian's) zero every freed page, so a deletion wrote the deleted
+  bytes again into the WAL: a truncation needed as much free disk as it was to free, and grew the WAL by
+  as much. FAST zeroes deleted cells where that costs no extra I/O; freed pages then leave the file at
+  the next incremental vacuum (:mod:`latticed.storage.space`).
 * The WAL file is given its working size up front (:func:`preallocate_wal`), so commits overwrite it
   in place instead of growing it.
 """
@@ -46,11 +50,19 @@ _SQLITE_PERM: Final = 3
 _SQLITE_AUTH: Final = 23
 
 
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the store's page quota) is full."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
+        return True
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+
+
 def storage_error(exc: BaseException, what: str, path: Path) -> StorageError:
     """A StorageError that says what failed, on which file, and what the operator can do about it."""
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
-    if primary == _SQLITE_FULL or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
+    if is_full(exc):
         why = "the disk (or the store's size limit) is full; free space, then retry"
     elif primary in (_SQLITE_READONLY, _SQLITE_PERM, _SQLITE_AUTH) or (
         isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -104,6 +116,7 @@ def _writer_pragmas(conn: sqlite3.Connection, cache_kib: int) -> None:
     if str(mode).lower() != "wal":
         raise sqlite3.OperationalError(f"could not switch to WAL mode (got {mode!r})")
     conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA secure_delete = FAST")
     conn.execute(f"PRAGMA cache_size = -{cache_kib}")
     conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
     conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
@@ -139,8 +152,7 @@ def preallocate_wal(conn: sqlite3.Connection, path: Path, pages: int = WAL_AUTOC
     wal = wal_path(path)
     if busy or not wal.exists() or wal.stat().st_size != 0:
         return 0
-    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
-    target = WAL_HEADER_BYTES + pages * (WAL_FRAME_HEADER_BYTES + page_size)
+    target = wal_working_bytes(conn, pages)
     fd = os.open(wal, os.O_WRONLY | os.O_CLOEXEC)
     try:
         chunk = memoryview(bytes(1 << 20))
@@ -157,4 +169,18 @@ def preallocate_wal(conn: sqlite3.Connection, path: Path, pages: int = WAL_AUTOC
         os.close(fd)
 
 
-__all__ = ["DB_NAME", "connect", "preallocate_wal", "storage_error", "wal_path"]
+def wal_working_bytes(conn: sqlite3.Connection, pages: int = WAL_AUTOCHECKPOINT_PAGES) -> int:
+    """The size the WAL reaches between automatic checkpoints (what :func:`preallocate_wal` writes)."""
+    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    return WAL_HEADER_BYTES + pages * (WAL_FRAME_HEADER_BYTES + page_size)
+
+
+__all__ = [
+    "DB_NAME",
+    "connect",
+    "is_full",
+    "preallocate_wal",
+    "storage_error",
+    "wal_path",
+    "wal_working_bytes",
+]

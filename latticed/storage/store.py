@@ -91,6 +91,11 @@ class Store:
         except sqlite3.Error as exc:  # pragma: no cover - close of a healthy connection
             log_event(log, "store.close_failed", error=str(exc))
 
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The writer connection, for maintenance outside transactions (:mod:`latticed.storage.space`)."""
+        return self._conn
+
     def set_max_page_count(self, pages: int) -> int:
         """Cap the file at ``pages`` pages (never below its current size); returns the cap in force."""
         return int(self._conn.execute(f"PRAGMA max_page_count = {int(pages)}").fetchone()[0])

@@ -40,15 +40,21 @@ from latticed.logs import get_logger, log_event
 from latticed.storage.batch import Batch, Staged, appended_since
 from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
+from latticed.storage.reserve import RESERVE_BYTES
+from latticed.storage.space import VACUUM_STEP_PAGES, SpaceKeeper
+from latticed.storage.sqlite import is_full
 from latticed.storage.store import Store
 from latticed.threadname import name_os_thread
 
 log = get_logger(__name__)
 
 _STOP: Final = object()
-#: Free pages given back per maintenance step (4 KiB pages: 8 MiB), so reclaiming the space of a big
-#: truncation never stalls writes for long; steps run after each batch and while the thread is idle.
-RECLAIM_PAGES: Final = 2048
+#: Free pages given back per maintenance step, so reclaiming the space of a big truncation never stalls
+#: writes for long; steps run after each batch and while the thread is idle. Small enough that a step
+#: does not write the freed pages into the WAL (see :data:`latticed.storage.space.VACUUM_STEP_PAGES`).
+RECLAIM_PAGES: Final = VACUUM_STEP_PAGES
+#: The fewest free pages left (4 KiB pages: 8 MiB) while writes keep coming; see :data:`RECLAIM_SLACK`.
+RECLAIM_KEEP_PAGES: Final = 2048
 #: The share of the file's pages left free (for the next writes) while writes keep coming.
 RECLAIM_SLACK: Final = 0.125
 _IDLE_S: Final = 0.05
@@ -112,8 +118,13 @@ class Writer:
         max_page_count: int | None = None,
         on_done: DoneCallback | None = None,
         metrics: StorageMetrics | None = None,
+        reserve_bytes: int = RESERVE_BYTES,
     ) -> None:
         self.path = path
+        #: The disk reserve and the steps that give space back (latticed/storage/space.py).
+        self.space = SpaceKeeper(path, reserve_bytes)
+        #: The last batch failed because the disk (or the page quota) is full.
+        self._full = False
         self.identity = identity
         self._clock = clock
         self._linger = linger_ms / 1000.0
@@ -140,6 +151,8 @@ class Writer:
         #: ... and whether it holds only pushes served ahead (then any other job wakes it at once).
         self._merges_only = False
         self._reclaim = False
+        #: Free pages left after the last step of giving space back (-1: none taken yet).
+        self._free_left = -1
         #: KV log compaction: the log size at which keys are counted next, and whether a pass is running.
         self._kv_qid = queue_id(identity.public_key, KV_NAMESPACE, KIND_KV)
         self._kv_next_check = 0
@@ -156,6 +169,7 @@ class Writer:
 
     def open(self) -> None:
         """Open the store and load every queue's small state, on the calling thread."""
+        self.space.open()  # before the store preallocates its WAL: the reserve matters more
         store = Store(self.path, max_page_count=self._max_page_count)
         try:
             for loaded in store.load():
@@ -262,8 +276,13 @@ class Writer:
         if not self._reclaim:
             return False
         try:
-            keep = 0 if idle else max(RECLAIM_PAGES, int(self.store.page_count() * RECLAIM_SLACK))
-            self._reclaim = self.store.reclaim(RECLAIM_PAGES, keep=keep) > 0
+            keep = 0 if idle else max(RECLAIM_KEEP_PAGES, int(self.store.page_count() * RECLAIM_SLACK))
+            before = self._free_left
+            self._free_left = self.store.reclaim(RECLAIM_PAGES, keep=keep)
+            # Idle and no page given back: a store without incremental auto-vacuum (store compact fixes it).
+            self._reclaim = self._free_left > 0 and not (idle and self._free_left == before)
+            if not self._reclaim:
+                self.space.settle(self.store)  # the file shrinks at a checkpoint, not before
         except sqlite3.Error as exc:
             self._reclaim = False
             log_event(log, "storage.reclaim_failed", level=30, error=str(exc))
@@ -375,23 +394,75 @@ class Writer:
 
     def process(self, jobs: list[Job]) -> list[Change]:
         """Apply ``jobs`` in one transaction; every job ends with ``result`` or ``error`` set."""
-        remaining = list(jobs)
+        remaining = self._keep_reserve(jobs)
         changes: list[Change] = []
+        rescued = False
         while remaining:
             poisoned, changes = self._attempt(remaining)
             if poisoned is None:
+                if self._full and not rescued and (rescue := self._rescue(remaining)):
+                    remaining, rescued = rescue, True
+                    continue
                 break
             # That job failed after changing the batch: drop it and redo the others in a fresh batch.
             remaining = [job for job in remaining if job is not poisoned]
             for job in remaining:
                 job.error = None
                 job.result = None
+        if rescued or (self.space.used and self._reclaim):  # room made while the reserve is used up
+            self._recover()
         if self.on_done is not None:
             try:
                 self.on_done(jobs, changes)
             except Exception as exc:  # e.g. the event loop is gone at shutdown
                 log_event(log, "storage.notify_failed", error=repr(exc))
         return changes
+
+    # ------------------------------------------------------------------ a full disk
+    def _keep_reserve(self, jobs: list[Job]) -> list[Job]:
+        """While the reserve is used up and cannot be written again, only jobs that make room run: the
+        others fail at once as on a full disk, so they cannot take the room a truncation needs."""
+        if not self.space.used or all(job.frees_space for job in jobs) or self.space.restore(self.store):
+            return list(jobs)
+        error = StorageError(
+            f"cannot write to {self.path}: the disk is full (latticed keeps its last "
+            f"{self.space.reserve.size >> 20} MiB for truncations and retention changes); free space, "
+            "or drop records with truncate or queue retention set, then retry"
+        )
+        for job in jobs:
+            if not job.frees_space:
+                job.error = StorageError(str(error))
+        return [job for job in jobs if job.frees_space]
+
+    def _rescue(self, jobs: list[Job]) -> list[Job]:
+        """After a batch failed on a full disk: the jobs in it that make room, to be tried again alone
+        with the reserve released (the others keep their error); empty if there is nothing to try."""
+        freeing = [job for job in jobs if job.frees_space]
+        if not freeing:
+            return []
+        released = self.space.release(self.store)
+        if not released and len(freeing) == len(jobs):
+            return []  # nothing new to try: the same batch, no more room
+        log_event(log, "storage.reserve_used", level=30, jobs=len(freeing), released_bytes=released)
+        for job in freeing:
+            job.error = None
+            job.result = None
+        return freeing
+
+    def _recover(self) -> None:
+        """After a batch committed with the reserve's room: if it deleted records, give the freed pages
+        back now (the disk is still full), then write the reserve again if that made room for it.
+
+        Nothing else: a checkpoint without a deletion before it would copy the WAL into a database file
+        that must grow for it, and take the very room the reserve just gave."""
+        if self._reclaim:
+            try:
+                self.space.give_back(self.store)
+            except sqlite3.Error as exc:
+                log_event(log, "storage.reclaim_failed", level=30, error=str(exc))
+            self._reclaim = False
+        if not self.space.restore(self.store):
+            log_event(log, "storage.reserve_missing", level=30, path=str(self.space.reserve.path))
 
     def _attempt(self, jobs: list[Job]) -> tuple[Job | None, list[Change]]:
         """One try at a batch: (a job that failed after changing the batch, or None; what changed)."""
@@ -412,6 +483,7 @@ class Writer:
                 self._next_q = next_q
                 return job, []
         failure: LatticedError | None = None
+        self._full = False
         try:
             if batch.staged:
                 batch.commit_pending()
@@ -421,6 +493,7 @@ class Writer:
         except LatticedError as exc:
             failure = exc
         except sqlite3.Error as exc:
+            self._full = is_full(exc)
             failure = self.store.error(exc, "write to")
             log_event(log, "storage.write_failed", level=40, error=str(failure), jobs=len(jobs))
         except Exception as exc:
