@@ -4,7 +4,8 @@ whole. The kill lands exactly where the test wants it: the daemon is told to sto
 upgrade (``LATTICED_TEST_PAUSE_MIGRATION``), logs that it is there, and the test kills it then.
 
 The store is one an older release left: schema 1, built with that release's migrations as the upgrade
-tests in tests/ do, holding several queues of signed records."""
+tests in tests/ do, holding several queues of signed records. And the other way: the previous release
+(same schema) opens a store this build wrote."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from polling import wait_until
+from releases import previous_release, run_as
 
 from latticed.api.client import Client
 from latticed.crdt import queue as core
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
+from latticed.errors import ProtocolError
 from latticed.storage.precopy import PAUSE_ENV, copy_path
 from latticed.storage.schema import MIGRATIONS, SCHEMA_VERSION
 from latticed.storage.store import Store, db_path
@@ -144,3 +148,26 @@ def test_a_kill_while_the_copy_is_written_leaves_the_store_untouched(
     holds(daemon, expected)
     assert schema_of(path) == SCHEMA_VERSION and schema_of(copy_path(path, 1)) == 1
     assert not copy_path(path, 1).with_name("latticed.db.pre-1.partial").exists()
+
+
+def test_a_store_this_build_wrote_opens_in_the_previous_release_of_the_same_schema(
+    latticed_process: Factory,
+) -> None:
+    """Rolling back without a schema change needs no copy: the row naming this build as the store's writer
+    is ignored by the previous release, which reads everything this build wrote."""
+    new = latticed_process(args=["--no-mdns"])
+    with Client(new.socket, timeout=30) as c:
+        c.queue_create("written-by-new")
+        c.offer_batch("written-by-new", [(b"n%d" % i, None, ()) for i in range(100)])
+        c.kv_put("greeting", b"from this build")
+        me = c.identity()
+    new.stop()
+    assert schema_of(db_path(new.data_dir)) == SCHEMA_VERSION
+    run_as(new, previous_release()).start()
+    with Client(new.socket, timeout=30) as c:
+        with pytest.raises(ProtocolError, match="versions"):  # the previous release: no such op
+            c.versions()
+        assert [e.value for e in c.range(f"{me}/written-by-new", 0, 1 << 40)] == [
+            b"n%d" % i for i in range(100)
+        ]
+        assert c.kv_get("greeting", owner=me) == b"from this build"
