@@ -40,13 +40,15 @@ def start(
     ready: Callable[[Client], T],
     *,
     env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
     timeout: float = 30.0,
 ) -> tuple[subprocess.Popen[bytes], T]:
     """Start ``argv`` and wait until its API socket answers ``ready`` (returned with the process).
 
     There is nothing to wait on but the socket, so this polls it; a daemon that exits, or stays silent for
-    ``timeout`` seconds, fails the bench rather than hanging it."""
-    proc = subprocess.Popen(argv, env=None if env is None else dict(env))
+    ``timeout`` seconds, fails the bench rather than hanging it. ``cwd``: where it runs (an earlier
+    release runs from its own source tree, which ``python -m`` puts first on the path)."""
+    proc = subprocess.Popen(argv, env=None if env is None else dict(env), cwd=cwd)
     deadline = time.monotonic() + timeout
     try:
         while True:

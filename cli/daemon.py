@@ -1,4 +1,4 @@
-"""``latticed``: run the daemon, make a network key, print the version.
+"""``latticed``: run the daemon, make a network key, migrate the store, print the version.
 
 ``latticed run`` builds its :class:`~latticed.config.DaemonConfig` with :func:`~latticed.config.load_config`:
 defaults from the environment, then ``--config FILE``, then the options given here (an option left out
@@ -22,6 +22,7 @@ import typer
 from cli import lazy
 from cli.boundary import BoundaryGroup
 from cli.init import register as register_init
+from cli.migrate import register as register_migrate
 from latticed.config import (
     LOG_FORMATS,
     LOG_LEVELS,
@@ -279,6 +280,7 @@ def network_key_new(
 
 
 register_init(app)
+register_migrate(app)
 
 
 @app.command()

@@ -93,7 +93,7 @@ def test_every_command_is_there() -> None:
         "kv hset", "kv hget", "kv hgetall", "kv hdel", "kv sadd", "kv srem", "kv smembers", "kv incr",
     }  # fmt: skip
     assert expected <= set(CTL_COMMANDS)
-    assert {"run", "network-key new", "version"} <= set(DAEMON_COMMANDS)
+    assert {"run", "network-key new", "version", "migrate"} <= set(DAEMON_COMMANDS)
 
 
 @pytest.mark.parametrize("command", CTL_COMMANDS)

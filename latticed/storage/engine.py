@@ -131,6 +131,7 @@ class Engine(ReplicaView):
                 path=str(path),
                 from_version=writer.store.migrated_from,
                 to_version=SCHEMA_VERSION,
+                copy=str(writer.store.kept_copy),  # what a rollback restores
             )
         kinds = collections.Counter(state.kind for state in writer.states.values())
         log_event(

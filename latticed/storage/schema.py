@@ -1,8 +1,15 @@
 """The store's schema and its migrations: ``PRAGMA user_version`` counts the migrations applied.
 
 Each migration is a function run in its own transaction together with the version bump, so a crash
-mid-upgrade leaves the file at the previous version, and an upgrade is re-run on the next start. Never
-edit a released migration; append a new one.
+mid-upgrade leaves the file at the last completed step, and the upgrade resumes from there on the next
+start. Before the first step a copy of the store is kept (:mod:`latticed.storage.precopy`). A function's
+docstring's first line is what ``latticed migrate --dry-run`` says the step does. Never edit a released
+migration; append a new one.
+
+The ``settings`` row ``written_by`` names the release that last opened the store for writing, so a
+release that finds a schema newer than its own can say which release wrote it; ``upgrading_from`` is
+there while an upgrade is unfinished, so a resumed one keeps the copy the first attempt made. They are
+rows, not a schema change: every release since the first ignores rows it does not know.
 
 Layout notes (why it looks like this):
 
@@ -25,16 +32,25 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Final
 
 from latticed.crdt import kv
 from latticed.errors import StorageError
 from latticed.storage.codec import decode_kv_entry
+from latticed.storage.precopy import copy_path, keep_copy, pause_point
 from latticed.storage.sqlite import storage_error
+from latticed.version import RELEASE
 
 Migration = Callable[[sqlite3.Connection], None]
 
+#: The ``settings`` row naming the release that last opened the store for writing.
+WRITTEN_BY: Final = "written_by"
+#: The ``settings`` row an upgrade in progress keeps: the schema it started from (removed when it ends).
+UPGRADING_FROM: Final = "upgrading_from"
+
 
 def _v1_queues_and_records(conn: sqlite3.Connection) -> None:
+    """Create the settings, queues, record segments and checkpoints tables."""
     conn.execute(
         """CREATE TABLE settings (
             name TEXT PRIMARY KEY,
@@ -77,6 +93,7 @@ def _v1_queues_and_records(conn: sqlite3.Connection) -> None:
 
 
 def _v2_kv_view(conn: sqlite3.Connection) -> None:
+    """Add the KV view table (one joined entry per key)."""
     conn.execute(
         """CREATE TABLE kv (
             ns INTEGER NOT NULL,
@@ -88,6 +105,7 @@ def _v2_kv_view(conn: sqlite3.Connection) -> None:
 
 
 def _v3_retention(conn: sqlite3.Connection) -> None:
+    """Add replica floors to queues and an indexed expiry to KV entries (filled in for existing keys)."""
     conn.execute("ALTER TABLE queues ADD COLUMN floor INTEGER NOT NULL DEFAULT 0")
     conn.execute("ALTER TABLE queues ADD COLUMN floor_hash BLOB")
     conn.execute("ALTER TABLE kv ADD COLUMN expires INTEGER")
@@ -113,28 +131,110 @@ def user_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
-def migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[Migration] = MIGRATIONS) -> int:
-    """Bring the file up to ``len(migrations)``; returns the version it was at before."""
+def migrate(
+    conn: sqlite3.Connection, path: Path, migrations: Sequence[Migration] = MIGRATIONS
+) -> tuple[int, Path | None]:
+    """Bring the file up to ``len(migrations)``, keeping a copy first if it held an older schema, and
+    record this release as its writer; returns the version it was at before and the copy kept (None:
+    nothing to migrate). An upgrade resumed after a crash keeps the copy its first attempt made."""
     try:
         before = user_version(conn)
     except sqlite3.Error as exc:
         raise storage_error(exc, "read the schema version of", path) from exc
     if before > len(migrations):
-        raise StorageError(
-            f"store {path} has schema version {before}, newer than this latticed understands "
-            f"({len(migrations)}); upgrade latticed or restore a backup"
-        )
+        raise StorageError(newer_store_message(path, before, written_by(conn), len(migrations)))
+    copy = None
+    if 0 < before < len(migrations):
+        started = upgrading_from(conn)
+        if started is not None and started < before and copy_path(path, started).exists():
+            copy = copy_path(path, started)
+        else:
+            started, copy = before, keep_copy(conn, path, before)
     for version in range(before, len(migrations)):
         try:
             conn.execute("BEGIN IMMEDIATE")
             migrations[version](conn)
+            if version == before and copy is not None:
+                _set(conn, UPGRADING_FROM, str(started))
+            pause_point(str(version + 1), path)
             conn.execute(f"PRAGMA user_version = {version + 1}")
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise storage_error(exc, f"migrate (to schema version {version + 1})", path) from exc
-    return before
+    try:
+        conn.execute("DELETE FROM settings WHERE name = ?", (UPGRADING_FROM,))
+        if written_by(conn) != RELEASE:
+            _set(conn, WRITTEN_BY, RELEASE)
+    except sqlite3.Error as exc:
+        raise storage_error(exc, "record the release writing", path) from exc
+    return before, copy
 
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "entry_expiry", "migrate", "user_version"]
+def _set(conn: sqlite3.Connection, name: str, value: str) -> None:
+    conn.execute(
+        "INSERT INTO settings (name, value) VALUES (?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        (name, value),
+    )
+
+
+def _setting(conn: sqlite3.Connection, name: str) -> str | None:
+    try:
+        row = conn.execute("SELECT value FROM settings WHERE name = ?", (name,)).fetchone()
+    except sqlite3.Error:  # no settings table (a new file), or a newer layout: unknown
+        return None
+    if row is None:
+        return None
+    value = row[0]
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def upgrading_from(conn: sqlite3.Connection) -> int | None:
+    """The schema an unfinished upgrade started from (its copy is ``.pre-`` that), else None."""
+    value = _setting(conn, UPGRADING_FROM)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def written_by(conn: sqlite3.Connection) -> str | None:
+    """The release that last opened this store for writing; None before releases recorded it (0.2.0)."""
+    return _setting(conn, WRITTEN_BY)
+
+
+def newer_store_message(path: Path, schema: int, writer: str | None, ours: int = SCHEMA_VERSION) -> str:
+    """Why a store of a newer schema is refused, which release wrote it, and what the operator can do."""
+    who = f"latticed {writer}" if writer is not None else "a release newer than this one"
+    upgrade = f"upgrade latticed to {writer} or newer" if writer is not None else "upgrade latticed"
+    copy = copy_path(path, ours)
+    restore = (
+        f"restore {copy} (the copy kept when it was upgraded from schema {ours})"
+        if copy.exists()
+        else f"restore a copy of the store from before that upgrade ({copy.name}, or a backup)"
+    )
+    return (
+        f"store {path} has schema version {schema}, written by {who}: newer than this latticed "
+        f"({RELEASE}, schema {ours} and older) can read; {upgrade}, or {restore} to run this release"
+    )
+
+
+def describe(migration: Migration) -> str:
+    """What a migration step does, in one line (its docstring's first)."""
+    doc = (migration.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else migration.__name__
+
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "UPGRADING_FROM",
+    "WRITTEN_BY",
+    "Migration",
+    "describe",
+    "entry_expiry",
+    "migrate",
+    "newer_store_message",
+    "upgrading_from",
+    "user_version",
+    "written_by",
+]

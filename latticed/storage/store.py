@@ -66,7 +66,8 @@ class Store:
         self.path = path
         self._conn = connect(path, writer=True)
         try:
-            self.migrated_from = migrate(self._conn, path, migrations)
+            #: The schema the file had, and the copy of it kept before migrating (None: nothing migrated).
+            self.migrated_from, self.kept_copy = migrate(self._conn, path, migrations)
             if max_page_count is not None:
                 self.set_max_page_count(max_page_count)
         except BaseException:
