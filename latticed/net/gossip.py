@@ -48,6 +48,7 @@ from latticed.protocol.replication import (
     ReplicationSession,
     key_label,
 )
+from latticed.protocol.replication_messages import message_type_name
 from latticed.ticks import TICK_S, sleep_until_tick
 
 log = get_logger(__name__)
@@ -180,6 +181,9 @@ class Gossip:
             "stalled_peers": 0,
         }
     )
+    #: Messages and bytes (decrypted payloads) per direction and message type, since start: where the
+    #: copies and bytes of replication come from (``received_delta``, ``received_delta_bytes``...).
+    traffic: dict[str, int] = field(default_factory=dict)
     _nonces: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     #: Random per run: a peer that sees it change knows we may have forgotten, or lost, anything.
     incarnation: bytes = field(default_factory=lambda: os.urandom(16))
@@ -254,6 +258,7 @@ class Gossip:
         start), ``peer_memories`` and ``peer_memory_entries`` (kept between connections)."""
         return {
             **self.counters,
+            **self.traffic,
             "peer_keys": self.key_budget.used,
             "peer_keys_refused": self.key_budget.refused,
             "peer_memories": len(self.memories),
@@ -380,6 +385,7 @@ class Gossip:
                 scope.cancel()
                 return
             link.last_heard = trio.current_time()
+            self._count("received", message)
             # Hook: messages of the lease-forwarding sub-protocol go to the extension, not the session.
             if self.extension is not None and self.extension.accepts(message):
                 self.extension.receive(link, message)
@@ -417,8 +423,13 @@ class Gossip:
             if not session.has_work():
                 await link.wakeup.wait()
 
-    @staticmethod
-    async def _flush(stream: SecureStream, link: PeerLink) -> None:
+    def _count(self, direction: str, message: bytes) -> None:
+        name = f"{direction}_{message_type_name(message)}"
+        traffic = self.traffic
+        traffic[name] = traffic.get(name, 0) + 1
+        traffic[name + "_bytes"] = traffic.get(name + "_bytes", 0) + len(message)
+
+    async def _flush(self, stream: SecureStream, link: PeerLink) -> None:
         """Send what the session queued; the reader may read on meanwhile (what it adds waits for the
         next flush, and stops it reading again once there is too much)."""
         messages = link.session.messages_to_send()
@@ -426,6 +437,8 @@ class Gossip:
             messages += link.extra_out
             link.extra_out = []
         link.drained.set()
+        for message in messages:
+            self._count("sent", message)
         if messages:
             link.last_sent = trio.current_time()
             await stream.send_many(messages)  # one write for all of them (each its own frame)
