@@ -391,7 +391,7 @@ class ReplicationSession:
             link.asked = False
             link.asked_since = None
             self._asked_total -= 1
-        if delta is None or (delta.head is None and delta.fork is None):
+        if delta is None or (delta.head is None and delta.fork is None) or _no_news(delta, since):
             self._pump()
             return
         self._seq += 1
@@ -527,7 +527,7 @@ class ReplicationSession:
             raise RemoteProtocolError("ACK for a delta we did not send")
         link.inflight -= 1
         self._inflight_total -= 1
-        if summary == link.peer:
+        if summary == link.peer and not _duplicate(link.sent, summary):
             link.futile = (self._local.get(key), summary)  # our delta brought the peer nothing
         link.peer = summary
         if link.inflight == 0:
@@ -702,6 +702,31 @@ class ReplicationSession:
         packed = encode_message(message)
         self._outbox.append(packed)
         self._outbox_bytes += len(packed)
+
+
+def _no_news(delta: QueueDelta, since: Summary | None) -> bool:
+    """A delta with nothing the peer lacks: no records, metadata or fork proof, and a head no newer than
+    what the peer holds (a relay asked while its commit was behind the peer: it sends nothing and pushes
+    again once the commit is done)."""
+    return (
+        since is not None
+        and not delta.records
+        and delta.meta is None
+        and delta.fork is None
+        and not is_ahead(_implied_summary(delta, since), since)
+    )
+
+
+def _duplicate(sent: Summary | None, acked: Summary) -> bool:
+    """Whether an ACK that changed nothing only says the peer had what we sent already (from another
+    link, the normal case in a mesh), not that our records lost a join to another history: it holds at
+    least all we sent, and no fork. Only the latter is a reason for a whole-run offer (see _pump)."""
+    return (
+        sent is not None
+        and not acked.forked
+        and not is_ahead(sent, acked)
+        and not (sent.held_end == acked.held_end and sent.held_hash != acked.held_hash)
+    )
 
 
 def _onward(link: _Link, delta: QueueDelta, implied: Summary, ours: Summary | None) -> Summary | None:

@@ -1,0 +1,95 @@
+"""How often a record crosses a mesh: relays that do not re-send old records, eager links that settle,
+link starts linear in the number of queues. Sans-IO: sessions driven by hand, no sockets or clocks."""
+
+from __future__ import annotations
+
+from latticed.crdt import queue as core
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.protocol.replication import (
+    PROTOCOL_VERSION,
+    NeedDelta,
+    ReplicationSession,
+)
+from latticed.protocol.replication_messages import (
+    Ack,
+    Digest,
+    Have,
+    Hello,
+    Message,
+    encode_message,
+)
+
+ALICE = Identity.from_seed(b"a" * 32)
+KEY = (ALICE.public_key, "q", 0)
+
+
+def _grow(state: core.QueueState, n: int, tag: str) -> core.QueueState:
+    records = [Record(value=f"{tag}{i}".encode()) for i in range(n)]
+    return core.commit(state, ALICE, now_ms=state.held_end + 1, records=records)
+
+
+def _histories() -> tuple[core.QueueState, core.QueueState, core.QueueState]:
+    """One history at 8, 10 and 11 records."""
+    h8 = _grow(core.empty_state(ALICE.public_key, "q"), 8, "a")
+    h10 = _grow(h8, 2, "b")
+    return h8, h10, _grow(h10, 1, "c")
+
+
+def _feed(session: ReplicationSession, *messages: Message) -> None:
+    for message in messages:
+        session.receive_message(encode_message(message))
+
+
+def _needs(session: ReplicationSession) -> list[NeedDelta]:
+    return [e for e in iter(session.next_event, None) if isinstance(e, NeedDelta)]
+
+
+# ------------------------------------------------------------------ relays do not re-send old records
+
+
+def test_a_delta_for_a_peer_holding_more_than_us_carries_no_records() -> None:
+    """A relay whose commit is behind what it passed on is asked from past its end: it used to fall back
+    to the queue's start and send its whole (old) run."""
+    h8, h10, _ = _histories()
+    delta = core.delta(h8, h10.summary(), max_records=4096)
+    assert delta.records == ()
+    assert delta.from_offset == h8.held_end
+
+
+def test_a_duplicate_ack_is_no_reason_to_offer_the_whole_run() -> None:
+    """The peer got our records from another link first, so its ACK changed nothing: that is the normal
+    case in a mesh, not a fork. The next delta starts where the peer is, never at the queue's start."""
+    h8, h10, h11 = _histories()
+    a = ReplicationSession()
+    a.start({KEY: h10.summary()})
+    _feed(a, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)))
+    (need,) = _needs(a)
+    a.provide_delta(KEY, core.delta(h10, need.since, need.max_records))
+    assert not _needs(a)
+    _feed(a, Have(KEY, h10.summary()))  # it holds them already, from another relay
+    a.local_update(KEY, h11.summary())  # our next record, served ahead of our commit
+    (need,) = _needs(a)
+    assert need.since == h10.summary()
+    a.provide_delta(KEY, None)  # the host waits for its commit
+    _feed(a, Ack(1, KEY, h10.summary()))
+    needs = _needs(a)
+    assert [(n.since, n.max_records) for n in needs] == [(h10.summary(), a.max_records)]
+
+
+def test_a_delta_with_nothing_the_peer_lacks_is_not_sent() -> None:
+    """A relay serves a record ahead of its commit; asked again before the commit, its store (still
+    behind the peer) has nothing the peer lacks: nothing goes out, the commit pushes again."""
+    h8, h10, h11 = _histories()
+    a = ReplicationSession()
+    a.start({KEY: h8.summary()})
+    _feed(a, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h10.summary()),)))
+    for _ in _needs(a):
+        a.provide_delta(KEY, None)
+    a.messages_to_send()
+    a.local_update(KEY, h11.summary())  # ahead of our commit; the store still holds h8
+    (need,) = _needs(a)
+    assert need.since == h10.summary()
+    a.provide_delta(KEY, core.delta(h8, need.since, need.max_records))
+    assert a.inflight == 0
+    assert a.messages_to_send() == []
