@@ -93,3 +93,31 @@ def test_a_delta_with_nothing_the_peer_lacks_is_not_sent() -> None:
     a.provide_delta(KEY, core.delta(h8, need.since, need.max_records))
     assert a.inflight == 0
     assert a.messages_to_send() == []
+
+
+# ------------------------------------------------------------------ link start linear in the queues
+
+
+class _CountedName(str):
+    """A queue name that counts how often it is compared (a scan of the pending queues compares each)."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        _CountedName.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_a_link_start_schedules_every_queue_without_scanning_the_others() -> None:
+    """The peer's HELLO schedules every queue we hold: each scheduling used to scan those already
+    scheduled (quadratic: seconds of CPU per link start at 10,000 queues)."""
+    summary = _histories()[0].summary()
+    local = {(ALICE.public_key, _CountedName(f"q{i}"), 0): summary for i in range(2000)}
+    session = ReplicationSession()
+    session.start(local)
+    _CountedName.compared = 0
+    _feed(session, Hello(PROTOCOL_VERSION, None, None))
+    assert len(_needs(session)) == session.window
+    assert _CountedName.compared < 10 * len(local)  # a scan per queue: about 2,000,000

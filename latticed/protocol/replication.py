@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -286,7 +286,9 @@ class ReplicationSession:
     _seq: int = 0
     _inflight_total: int = 0
     _asked_total: int = 0
-    _pending: deque[QueueKey] = field(default_factory=deque)
+    #: Queues waiting for a delta, in order; an ordered set, so scheduling one is O(1) (a link start
+    #: schedules every queue we hold).
+    _pending: OrderedDict[QueueKey, None] = field(default_factory=OrderedDict)
     _received: dict[int, QueueKey] = field(default_factory=dict)
     _peer_subscription: tuple[str, ...] | None = None
     #: Where the session is in its life; changes only through :func:`transition` (replication_state.py).
@@ -641,8 +643,7 @@ class ReplicationSession:
         return self.subscription is None or _matches(self.subscription, key)
 
     def _schedule(self, key: QueueKey) -> None:
-        if key not in self._pending:
-            self._pending.append(key)
+        self._pending.setdefault(key)
         self._pump()
 
     def _pump(self) -> None:
@@ -650,10 +651,10 @@ class ReplicationSession:
         rounds = len(self._pending)
         while self._pending and rounds > 0 and self._inflight_total + self._asked_total < self.window:
             rounds -= 1
-            key = self._pending.popleft()
+            key, _ = self._pending.popitem(last=False)
             link = self._link(key)
             if link.asked or link.inflight >= self.depth:
-                self._pending.append(key)  # wait for its ACK, keep order fair
+                self._pending[key] = None  # wait for its ACK, keep order fair
                 continue
             since = self._since(link)
             ours = self._local.get(key)
