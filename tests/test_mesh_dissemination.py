@@ -8,15 +8,20 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.protocol.replication import (
     PROTOCOL_VERSION,
+    PRUNE,
+    WANT,
+    DeltaReceived,
     NeedDelta,
     ReplicationSession,
 )
 from latticed.protocol.replication_messages import (
     Ack,
+    Delta,
     Digest,
     Have,
     Hello,
     Message,
+    Prune,
     encode_message,
 )
 
@@ -36,9 +41,9 @@ def _histories() -> tuple[core.QueueState, core.QueueState, core.QueueState]:
     return h8, h10, _grow(h10, 1, "c")
 
 
-def _feed(session: ReplicationSession, *messages: Message) -> None:
+def _feed(session: ReplicationSession, *messages: Message, now: float = 0.0) -> None:
     for message in messages:
-        session.receive_message(encode_message(message))
+        session.receive_message(encode_message(message), now)
 
 
 def _needs(session: ReplicationSession) -> list[NeedDelta]:
@@ -121,3 +126,59 @@ def test_a_link_start_schedules_every_queue_without_scanning_the_others() -> Non
     _feed(session, Hello(PROTOCOL_VERSION, None, None))
     assert len(_needs(session)) == session.window
     assert _CountedName.compared < 10 * len(local)  # a scan per queue: about 2,000,000
+
+
+# ------------------------------------------------------------------ eager and lazy links settle
+
+
+def _wants(session: ReplicationSession) -> list[bytes]:
+    return [m for m in session.messages_to_send() if m[1] == WANT]
+
+
+def _lazy_receiver(timeout: float) -> tuple[ReplicationSession, core.QueueState, core.QueueState]:
+    h8, h10, _ = _histories()
+    b = ReplicationSession(graft_timeout=timeout)
+    b.start({KEY: h8.summary()})
+    _feed(b, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)), now=0.0)
+    for _ in _needs(b):
+        b.provide_delta(KEY, None)
+    b.messages_to_send()
+    return b, h8, h10
+
+
+def test_a_have_waits_for_the_eager_copy_and_grafts_only_if_it_does_not_come() -> None:
+    b, _, h10 = _lazy_receiver(0.3)
+    _feed(b, Have(KEY, h10.summary()), now=10.0)
+    assert not _wants(b)  # it used to go out at once, making a second eager link
+    assert b.next_deadline() == 10.3
+    b.tick(10.2)
+    assert not _wants(b)
+    b.tick(10.3)  # the eager copy never came: graft
+    assert len(_wants(b)) == 1
+    assert b.next_deadline() is None
+
+
+def test_a_have_whose_news_arrives_in_time_sends_no_want() -> None:
+    b, _, h10 = _lazy_receiver(0.3)
+    _feed(b, Have(KEY, h10.summary()), now=10.0)
+    b.local_update(KEY, h10.summary())  # the eager copy, through another link
+    b.tick(11.0)
+    assert not _wants(b) and b.next_deadline() is None
+
+
+def test_the_first_duplicate_prunes_the_link_whatever_our_own_direction() -> None:
+    """The peer pruned our pushes to it; its own pushes that bring us nothing used to be kept eager for
+    ever (the check looked at our direction of the link), so every record came twice."""
+    h8, h10, _ = _histories()
+    b = ReplicationSession()
+    b.start({KEY: h10.summary()})
+    _feed(b, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)))
+    b.next_event()
+    _feed(b, Prune(KEY))  # it takes HAVEs from us now
+    b.messages_to_send()
+    for seq in (1, 2):  # two duplicates from it
+        _feed(b, Delta(seq, core.delta(h10, h8.summary())))
+        (received,) = [e for e in iter(b.next_event, None) if isinstance(e, DeltaReceived)]
+        b.delta_applied(received.seq, h10.summary(), False)
+    prunes = [m for m in b.messages_to_send() if m[1] == PRUNE]
+    assert len(prunes) == 1  # once: the peer sends HAVEs from then on

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -71,6 +72,9 @@ MAX_PEER_MEMORIES = 256
 MAX_MEMORY_ENTRIES = 1 << 17
 #: ... for at most this long: a peer away longer gets a full digest, as after a restart.
 MEMORY_TTL_S = 3600.0
+#: A HAVE waits this long for the eager copy before its WANT grafts the link (Plumtree's timer): long
+#: enough for a relay's push on a busy host, short enough that a broken tree heals within a second.
+GRAFT_TIMEOUT_S = 0.3
 #: A received delta of at most this many records is stored after the previous one (see ``_verifier``).
 SERIAL_MERGE_RECORDS = 64
 #: A healthy link is never silent this long (see :data:`PING_INTERVAL_S`).
@@ -168,6 +172,7 @@ class Gossip:
     max_message_bytes: int = 1 << 20
     max_outbox_bytes: int = MAX_OUTBOX_BYTES
     send_timeout: float = SEND_TIMEOUT_S
+    graft_timeout: float = GRAFT_TIMEOUT_S
     on_peer_change: Callable[[], None] | None = None
     #: Lease forwarding on the same links (None: replication only).
     extension: LinkExtension | None = None
@@ -312,6 +317,7 @@ class Gossip:
             max_peer_keys=self.max_peer_keys,
             key_budget=self.key_budget,
             incarnation=self.incarnation,
+            graft_timeout=self.graft_timeout,
         )
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
@@ -390,7 +396,7 @@ class Gossip:
             if self.extension is not None and self.extension.accepts(message):
                 self.extension.receive(link, message)
                 continue
-            link.session.receive_message(message)
+            link.session.receive_message(message, link.last_heard)
             link.kick()
 
     async def _driver(
@@ -408,6 +414,7 @@ class Gossip:
                 scope.cancel()  # a newer connection to the same peer replaced this one
                 return
             link.wakeup = trio.Event()  # reset first: a kick while we work is not lost
+            session.tick(trio.current_time())
             while (event := session.next_event()) is not None:
                 if isinstance(event, NeedDelta):
                     delta = await self.host.delta_for(
@@ -421,7 +428,9 @@ class Gossip:
                 await self._flush(stream, link)
             await self._flush(stream, link)
             if not session.has_work():
-                await link.wakeup.wait()
+                deadline = session.next_deadline()  # a graft timer
+                with trio.move_on_at(math.inf if deadline is None else deadline):
+                    await link.wakeup.wait()
 
     def _count(self, direction: str, message: bytes) -> None:
         name = f"{direction}_{message_type_name(message)}"

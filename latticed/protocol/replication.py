@@ -23,6 +23,8 @@ What the messages mean here:
   summary is again where the next chunk starts (a chunk that did not apply is simply sent again).
 * ``HAVE`` — lazy notification on a pruned link (Plumtree); ``WANT`` — graft: make this link eager for the
   queue and send me the rest; ``PRUNE`` — your delta brought nothing new, send me HAVEs instead of data.
+  A WANT waits ``graft_timeout`` for the eager copy (Plumtree's timer; the host passes its clock in, see
+  :meth:`ReplicationSession.tick`), and the first duplicate on a link prunes it, whatever the rate.
 * ``PING`` / ``PONG`` — liveness, which the host times.
 
 Eager push with pruning on duplicates means a record crosses each link about once in steady state, while
@@ -245,7 +247,8 @@ class _Link:
     asked: bool = False  # a NeedDelta is outstanding
     asked_since: Summary | None = None  # the ``since`` of that NeedDelta
     inflight: int = 0  # DELTAs sent, not yet acknowledged
-    wanted: bool = False  # the peer grafted: its next duplicate is not a reason to prune
+    #: We sent the peer a PRUNE (it sends us HAVEs for this queue) and no WANT since.
+    pruned: bool = False
     #: (ours, the peer's) summaries when the peer acknowledged a DELTA of ours that changed nothing for
     #: it: no more are sent while both still hold exactly that (see :meth:`ReplicationSession._pump`).
     futile: tuple[Summary | None, Summary] | None = None
@@ -280,6 +283,12 @@ class ReplicationSession:
     _links: dict[QueueKey, _Link] = field(default_factory=dict)
     _outbox: list[bytes] = field(default_factory=list)
     _outbox_bytes: int = 0
+    #: How long a HAVE waits for the eager copy before we send a WANT (0: at once), in the host's time
+    #: units (:meth:`receive_message`'s ``now``, :meth:`tick`). Plumtree's graft timer: without it every
+    #: HAVE that overtakes the eager copy grafts a second eager link, and the links never settle.
+    graft_timeout: float = 0.0
+    #: Queues a HAVE announced news of: when the WANT is due unless the news arrives, and the summary.
+    _grafts: dict[QueueKey, tuple[float, Summary]] = field(default_factory=dict)
     #: HAVEs not sent yet, latest summary per queue: a stalled link does not pile up one per change.
     _haves: dict[QueueKey, Summary] = field(default_factory=dict)
     _events: deque[Event] = field(default_factory=deque)
@@ -421,9 +430,10 @@ class ReplicationSession:
         self._set_local(key, summary)
         link = self._link(key)
         self._send(Ack(seq, key, summary))
-        if not changed and link.eager and not link.wanted:
+        if not changed and not link.pruned:
+            # The first duplicate on this link, whatever the rate: another link brought it first.
+            link.pruned = True
             self._send(Prune(key))
-        link.wanted = False
         if (changed or summary.forked) and self._peer_wants(key) and has_news(summary, link.peer):
             # The join holds more than the sender sent: its delta and what we held are two histories
             # of a forked owner, which only we know of yet. Tell the sender too. Also when the join kept
@@ -436,9 +446,10 @@ class ReplicationSession:
         self._send(Ping(nonce))
 
     # ------------------------------------------------------------------ peer → session
-    def receive_message(self, payload: bytes) -> None:
-        """Feed one decrypted message; a malformed one, or one the session's state does not allow, raises
-        :class:`RemoteProtocolError` (and a message fed before :meth:`start` a LocalProtocolError)."""
+    def receive_message(self, payload: bytes, now: float = 0.0) -> None:
+        """Feed one decrypted message, received at ``now`` (the host's clock, for the graft timer); a
+        malformed one, or one the session's state does not allow, raises :class:`RemoteProtocolError`
+        (and a message fed before :meth:`start` a LocalProtocolError)."""
         message = decode_message(payload, self.max_message_bytes)
         self._state = transition(self._state, type(message))
         match message:
@@ -447,7 +458,7 @@ class ReplicationSession:
             case Ack():
                 self._on_ack(message)
             case Have():
-                self._on_have(message)
+                self._on_have(message, now)
             case Want():
                 self._on_want(message)
             case Digest():
@@ -547,11 +558,37 @@ class ReplicationSession:
             self._events.append(PeerSummary(key, summary))
         return link
 
-    def _on_have(self, have: Have) -> None:
+    def _on_have(self, have: Have, now: float) -> None:
         key, summary = have.key, have.summary
         self._heard_of(key, summary)
-        if self._wants_key(key) and has_news(summary, self._local.get(key)):
-            self._send(Want(key, self._local.get(key) or Summary()))
+        if not self._wants_key(key) or not has_news(summary, self._local.get(key)):
+            return
+        if self.graft_timeout <= 0:
+            self._graft(key)
+            return
+        waiting = self._grafts.get(key)
+        self._grafts[key] = (now + self.graft_timeout if waiting is None else waiting[0], summary)
+
+    def _graft(self, key: QueueKey) -> None:
+        link = self._links.get(key)
+        if link is not None:
+            link.pruned = False  # it pushes to us again: its next duplicate prunes it again
+        self._send(Want(key, self._local.get(key) or Summary()))
+
+    def tick(self, now: float) -> None:
+        """The host's clock moved to ``now``: a HAVE whose news has not arrived within
+        :attr:`graft_timeout` grafts its link (a WANT)."""
+        if not self._grafts:
+            return
+        for key, (deadline, summary) in list(self._grafts.items()):
+            if deadline <= now:
+                del self._grafts[key]
+                if has_news(summary, self._local.get(key)):
+                    self._graft(key)
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` has something to do (None: nothing waits for the clock)."""
+        return min(deadline for deadline, _ in self._grafts.values()) if self._grafts else None
 
     def _on_want(self, want: Want) -> None:
         key, summary = want.key, want.summary
@@ -559,7 +596,6 @@ class ReplicationSession:
         if link is None:
             return  # a WANT for a queue we do not hold: nothing to send
         link.eager = True
-        link.wanted = True
         if has_news(self._local.get(key), summary):
             self._schedule(key)
 
@@ -631,6 +667,10 @@ class ReplicationSession:
 
     def _set_local(self, key: QueueKey, summary: Summary) -> None:
         self._local[key] = summary
+        if self._grafts:
+            waiting = self._grafts.get(key)
+            if waiting is not None and not has_news(waiting[1], summary):
+                del self._grafts[key]  # the news arrived (by the eager link, or any other): no WANT
         if self._foreign and key in self._foreign:
             self._foreign.discard(key)  # ours now: no longer counted against the peer
             if self.key_budget is not None:
