@@ -125,6 +125,20 @@ async def test_two_daemons_converge_over_secure_streams() -> None:
     assert b[1].states[key] == a[1].states[key]
 
 
+async def test_messages_and_bytes_are_counted_per_direction_and_type() -> None:
+    """Operators (and bench_mesh) see where the copies and bytes of replication come from."""
+    a, b = make(b"1" * 32), make(b"2" * 32)
+    a[1].write(3)
+    async with trio.open_nursery() as nursery:
+        await link(nursery, a, b)
+        await wait_for(b[1], 3)
+        nursery.cancel_scope.cancel()
+    sent, received = a[2].stats(), b[2].stats()
+    assert received["received_delta"] == sent["sent_delta"] >= 1
+    assert received["received_delta_bytes"] == sent["sent_delta_bytes"] > 3 * 1
+    assert received["received_hello"] == 1 and sent["received_hello"] == 1
+
+
 async def test_three_hops_relay_verified_records() -> None:
     a, b, c = make(b"1" * 32), make(b"2" * 32), make(b"3" * 32)
     async with trio.open_nursery() as nursery:

@@ -56,7 +56,17 @@ class FakeReplication:
     """What the collector reads of replication, as ``Replication.counters()/peers()`` shape it."""
 
     def counters(self) -> dict[str, int]:
-        return {"rejected_deltas": 1, "protocol_errors": 2, "deltas_in": 30, "deltas_out": 40, "connected": 1}
+        return {
+            "rejected_deltas": 1,
+            "protocol_errors": 2,
+            "deltas_in": 30,
+            "deltas_out": 40,
+            "connected": 1,
+            "received_delta": 31,
+            "received_delta_bytes": 6200,
+            "sent_have": 4,
+            "sent_have_bytes": 280,
+        }
 
     def peers(self) -> list[dict[str, Any]]:
         return [
@@ -132,6 +142,9 @@ async def test_commits_merges_and_state_read_through_the_text_parser(tmp_path: P
     assert value(samples, "latticed_peer_connected", peer=OTHER.hex()) == 0
     assert ("latticed_peer_lag_records", frozenset({("peer", OTHER.hex())})) not in samples
     assert value(samples, "latticed_peer_addresses", state="idle") == 1
+    assert value(samples, "latticed_peer_messages_total", direction="received", type="delta") == 31
+    assert value(samples, "latticed_peer_message_bytes_total", direction="received", type="delta") == 6200
+    assert value(samples, "latticed_peer_messages_total", direction="sent", type="have") == 4
 
 
 async def test_offered_records_and_bytes_both_count_since_the_daemon_started(tmp_path: Path) -> None:

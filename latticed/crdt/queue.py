@@ -533,6 +533,15 @@ def delta(
         and state.chain_at(since.held_end) == since.held_hash
     ):
         from_offset = since.held_end
+    elif (
+        since is not None
+        and since.held_end > state.held_end
+        and since.version >= head.version
+        and state.fork is None
+    ):
+        # The asker holds more records, under a head as new as ours (we are a relay whose commit is
+        # behind what it passed on): none of our records is news to it. Not the whole queue again.
+        from_offset = end
     elif state.floor:
         # We dropped the records below our floor: a peer we cannot extend could not use our suffix (a run
         # must reach back to the signed start), so it gets the head and finds the records elsewhere.

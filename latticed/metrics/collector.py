@@ -172,6 +172,7 @@ class StateCollector:
         for counter, (name, help_text) in _GOSSIP_COUNTERS.items():
             if counter in counters:
                 yield CounterMetricFamily(name, help_text, value=counters[counter])
+        yield from _traffic(counters)
         rows = replication.peers()
         addresses: Counter[str] = Counter(str(row.get("state", "unknown")) for row in rows)
         connected: dict[str, int] = {}
@@ -250,6 +251,33 @@ def _retention(counters: dict[str, int]) -> Iterator[Metric]:
         yield family
     for counter, (name, help_text) in _RETENTION_COUNTS.items():
         yield CounterMetricFamily(name, help_text, value=counters.get(counter, 0))
+
+
+def _traffic(counters: dict[str, int]) -> Iterator[Metric]:
+    """Replication messages and their bytes, by direction and message type (``received_delta``,
+    ``received_delta_bytes``... in the counters): where the copies and bytes of a record come from."""
+    messages = CounterMetricFamily(
+        "latticed_peer_messages",
+        "Replication messages exchanged with peers, by direction (sent, received) and type (delta, ack, "
+        "have, want, prune, digest...).",
+        labels=["direction", "type"],
+    )
+    sizes = CounterMetricFamily(
+        "latticed_peer_message_bytes",
+        "Bytes of replication messages (decrypted, before framing) exchanged with peers, by direction "
+        "and type.",
+        labels=["direction", "type"],
+    )
+    for name, value in sorted(counters.items()):
+        direction, _, rest = name.partition("_")
+        if direction not in ("sent", "received") or not rest:
+            continue
+        if rest.endswith("_bytes"):
+            sizes.add_metric([direction, rest.removesuffix("_bytes")], value)
+        else:
+            messages.add_metric([direction, rest], value)
+    yield messages
+    yield sizes
 
 
 def _by_labels(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from latticed.protocol.replication import (
     SessionState,
     key_label,
 )
+from latticed.protocol.replication_messages import message_type_name
 from latticed.protocol.versions import Agreement
 from latticed.ticks import TICK_S, sleep_until_tick
 
@@ -78,6 +80,9 @@ MAX_PEER_MEMORIES = 256
 MAX_MEMORY_ENTRIES = 1 << 17
 #: ... for at most this long: a peer away longer gets a full digest, as after a restart.
 MEMORY_TTL_S = 3600.0
+#: A HAVE waits this long for the eager copy before its WANT grafts the link (Plumtree's timer): long
+#: enough for a relay's push on a busy host, short enough that a broken tree heals within a second.
+GRAFT_TIMEOUT_S = 0.3
 #: A received delta of at most this many records is stored after the previous one (see ``_verifier``).
 SERIAL_MERGE_RECORDS = 64
 #: A healthy link is never silent this long (see :data:`PING_INTERVAL_S`).
@@ -186,6 +191,7 @@ class Gossip:
     max_message_bytes: int = 1 << 20
     max_outbox_bytes: int = MAX_OUTBOX_BYTES
     send_timeout: float = SEND_TIMEOUT_S
+    graft_timeout: float = GRAFT_TIMEOUT_S
     on_peer_change: Callable[[], None] | None = None
     #: Lease forwarding on the same links (None: replication only).
     extension: LinkExtension | None = None
@@ -203,6 +209,9 @@ class Gossip:
     #: Peers whose last link ended for want of a common protocol version: the reason (both sides'
     #: versions) and the address, until a link with them works again.
     incompatible: dict[bytes, tuple[str, str]] = field(default_factory=dict)
+    #: Messages and bytes (decrypted payloads) per direction and message type, since start: where the
+    #: copies and bytes of replication come from (``received_delta``, ``received_delta_bytes``...).
+    traffic: dict[str, int] = field(default_factory=dict)
     _nonces: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     #: Random per run: a peer that sees it change knows we may have forgotten, or lost, anything.
     incarnation: bytes = field(default_factory=lambda: os.urandom(16))
@@ -276,6 +285,7 @@ class Gossip:
         start), ``peer_memories`` and ``peer_memory_entries`` (kept between connections)."""
         return {
             **self.counters,
+            **self.traffic,
             "peer_keys": self.key_budget.used,
             "peer_keys_refused": self.key_budget.refused,
             "peer_memories": len(self.memories),
@@ -329,6 +339,7 @@ class Gossip:
             max_peer_keys=self.max_peer_keys,
             key_budget=self.key_budget,
             incarnation=self.incarnation,
+            graft_timeout=self.graft_timeout,
         )
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
@@ -408,11 +419,12 @@ class Gossip:
                 scope.cancel()
                 return
             link.last_heard = trio.current_time()
+            self._count("received", message)
             # Hook: messages of the lease-forwarding sub-protocol go to the extension, not the session.
             if self.extension is not None and self.extension.accepts(message):
                 self.extension.receive(link, message)
                 continue
-            link.session.receive_message(message)
+            link.session.receive_message(message, link.last_heard)
             if self.incompatible and session.state is SessionState.OPEN:
                 self.incompatible.pop(link.public_key, None)  # a HELLO we speak: no longer news
             link.kick()
@@ -432,6 +444,7 @@ class Gossip:
                 scope.cancel()  # a newer connection to the same peer replaced this one
                 return
             link.wakeup = trio.Event()  # reset first: a kick while we work is not lost
+            session.tick(trio.current_time())
             while (event := session.next_event()) is not None:
                 if isinstance(event, NeedDelta):
                     delta = await self.host.delta_for(
@@ -445,10 +458,17 @@ class Gossip:
                 await self._flush(stream, link)
             await self._flush(stream, link)
             if not session.has_work():
-                await link.wakeup.wait()
+                deadline = session.next_deadline()  # a graft timer
+                with trio.move_on_at(math.inf if deadline is None else deadline):
+                    await link.wakeup.wait()
 
-    @staticmethod
-    async def _flush(stream: SecureStream, link: PeerLink) -> None:
+    def _count(self, direction: str, message: bytes) -> None:
+        name = f"{direction}_{message_type_name(message)}"
+        traffic = self.traffic
+        traffic[name] = traffic.get(name, 0) + 1
+        traffic[name + "_bytes"] = traffic.get(name + "_bytes", 0) + len(message)
+
+    async def _flush(self, stream: SecureStream, link: PeerLink) -> None:
         """Send what the session queued; the reader may read on meanwhile (what it adds waits for the
         next flush, and stops it reading again once there is too much)."""
         messages = link.session.messages_to_send()
@@ -456,6 +476,8 @@ class Gossip:
             messages += link.extra_out
             link.extra_out = []
         link.drained.set()
+        for message in messages:
+            self._count("sent", message)
         if messages:
             link.last_sent = trio.current_time()
             await stream.send_many(messages)  # one write for all of them (each its own frame)

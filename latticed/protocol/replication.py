@@ -23,6 +23,8 @@ What the messages mean here:
   summary is again where the next chunk starts (a chunk that did not apply is simply sent again).
 * ``HAVE`` — lazy notification on a pruned link (Plumtree); ``WANT`` — graft: make this link eager for the
   queue and send me the rest; ``PRUNE`` — your delta brought nothing new, send me HAVEs instead of data.
+  A WANT waits ``graft_timeout`` for the eager copy (Plumtree's timer; the host passes its clock in, see
+  :meth:`ReplicationSession.tick`), and the first duplicate on a link prunes it, whatever the rate.
 * ``PING`` / ``PONG`` — liveness, which the host times.
 
 Eager push with pruning on duplicates means a record crosses each link about once in steady state, while
@@ -47,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -246,7 +248,8 @@ class _Link:
     asked: bool = False  # a NeedDelta is outstanding
     asked_since: Summary | None = None  # the ``since`` of that NeedDelta
     inflight: int = 0  # DELTAs sent, not yet acknowledged
-    wanted: bool = False  # the peer grafted: its next duplicate is not a reason to prune
+    #: We sent the peer a PRUNE (it sends us HAVEs for this queue) and no WANT since.
+    pruned: bool = False
     #: (ours, the peer's) summaries when the peer acknowledged a DELTA of ours that changed nothing for
     #: it: no more are sent while both still hold exactly that (see :meth:`ReplicationSession._pump`).
     futile: tuple[Summary | None, Summary] | None = None
@@ -281,13 +284,21 @@ class ReplicationSession:
     _links: dict[QueueKey, _Link] = field(default_factory=dict)
     _outbox: list[bytes] = field(default_factory=list)
     _outbox_bytes: int = 0
+    #: How long a HAVE waits for the eager copy before we send a WANT (0: at once), in the host's time
+    #: units (:meth:`receive_message`'s ``now``, :meth:`tick`). Plumtree's graft timer: without it every
+    #: HAVE that overtakes the eager copy grafts a second eager link, and the links never settle.
+    graft_timeout: float = 0.0
+    #: Queues a HAVE announced news of: when the WANT is due unless the news arrives, and the summary.
+    _grafts: dict[QueueKey, tuple[float, Summary]] = field(default_factory=dict)
     #: HAVEs not sent yet, latest summary per queue: a stalled link does not pile up one per change.
     _haves: dict[QueueKey, Summary] = field(default_factory=dict)
     _events: deque[Event] = field(default_factory=deque)
     _seq: int = 0
     _inflight_total: int = 0
     _asked_total: int = 0
-    _pending: deque[QueueKey] = field(default_factory=deque)
+    #: Queues waiting for a delta, in order; an ordered set, so scheduling one is O(1) (a link start
+    #: schedules every queue we hold).
+    _pending: OrderedDict[QueueKey, None] = field(default_factory=OrderedDict)
     _received: dict[int, QueueKey] = field(default_factory=dict)
     _peer_subscription: tuple[str, ...] | None = None
     #: Where the session is in its life; changes only through :func:`transition` (replication_state.py).
@@ -398,7 +409,7 @@ class ReplicationSession:
             link.asked = False
             link.asked_since = None
             self._asked_total -= 1
-        if delta is None or (delta.head is None and delta.fork is None):
+        if delta is None or (delta.head is None and delta.fork is None) or _no_news(delta, since):
             self._pump()
             return
         self._seq += 1
@@ -426,9 +437,10 @@ class ReplicationSession:
         self._set_local(key, summary)
         link = self._link(key)
         self._send(Ack(seq, key, summary))
-        if not changed and link.eager and not link.wanted:
+        if not changed and not link.pruned:
+            # The first duplicate on this link, whatever the rate: another link brought it first.
+            link.pruned = True
             self._send(Prune(key))
-        link.wanted = False
         if (changed or summary.forked) and self._peer_wants(key) and has_news(summary, link.peer):
             # The join holds more than the sender sent: its delta and what we held are two histories
             # of a forked owner, which only we know of yet. Tell the sender too. Also when the join kept
@@ -441,9 +453,10 @@ class ReplicationSession:
         self._send(Ping(nonce))
 
     # ------------------------------------------------------------------ peer → session
-    def receive_message(self, payload: bytes) -> None:
-        """Feed one decrypted message; a malformed one, or one the session's state does not allow, raises
-        :class:`RemoteProtocolError` (and a message fed before :meth:`start` a LocalProtocolError)."""
+    def receive_message(self, payload: bytes, now: float = 0.0) -> None:
+        """Feed one decrypted message, received at ``now`` (the host's clock, for the graft timer); a
+        malformed one, or one the session's state does not allow, raises :class:`RemoteProtocolError`
+        (and a message fed before :meth:`start` a LocalProtocolError)."""
         message = decode_message(payload, self.max_message_bytes)
         self._state = transition(self._state, type(message))
         match message:
@@ -452,7 +465,7 @@ class ReplicationSession:
             case Ack():
                 self._on_ack(message)
             case Have():
-                self._on_have(message)
+                self._on_have(message, now)
             case Want():
                 self._on_want(message)
             case Digest():
@@ -534,7 +547,7 @@ class ReplicationSession:
             raise RemoteProtocolError("ACK for a delta we did not send")
         link.inflight -= 1
         self._inflight_total -= 1
-        if summary == link.peer:
+        if summary == link.peer and not _duplicate(link.sent, summary):
             link.futile = (self._local.get(key), summary)  # our delta brought the peer nothing
         link.peer = summary
         if link.inflight == 0:
@@ -552,11 +565,37 @@ class ReplicationSession:
             self._events.append(PeerSummary(key, summary))
         return link
 
-    def _on_have(self, have: Have) -> None:
+    def _on_have(self, have: Have, now: float) -> None:
         key, summary = have.key, have.summary
         self._heard_of(key, summary)
-        if self._wants_key(key) and has_news(summary, self._local.get(key)):
-            self._send(Want(key, self._local.get(key) or Summary()))
+        if not self._wants_key(key) or not has_news(summary, self._local.get(key)):
+            return
+        if self.graft_timeout <= 0:
+            self._graft(key)
+            return
+        waiting = self._grafts.get(key)
+        self._grafts[key] = (now + self.graft_timeout if waiting is None else waiting[0], summary)
+
+    def _graft(self, key: QueueKey) -> None:
+        link = self._links.get(key)
+        if link is not None:
+            link.pruned = False  # it pushes to us again: its next duplicate prunes it again
+        self._send(Want(key, self._local.get(key) or Summary()))
+
+    def tick(self, now: float) -> None:
+        """The host's clock moved to ``now``: a HAVE whose news has not arrived within
+        :attr:`graft_timeout` grafts its link (a WANT)."""
+        if not self._grafts:
+            return
+        for key, (deadline, summary) in list(self._grafts.items()):
+            if deadline <= now:
+                del self._grafts[key]
+                if has_news(summary, self._local.get(key)):
+                    self._graft(key)
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` has something to do (None: nothing waits for the clock)."""
+        return min(deadline for deadline, _ in self._grafts.values()) if self._grafts else None
 
     def _on_want(self, want: Want) -> None:
         key, summary = want.key, want.summary
@@ -564,7 +603,6 @@ class ReplicationSession:
         if link is None:
             return  # a WANT for a queue we do not hold: nothing to send
         link.eager = True
-        link.wanted = True
         if has_news(self._local.get(key), summary):
             self._schedule(key)
 
@@ -636,6 +674,10 @@ class ReplicationSession:
 
     def _set_local(self, key: QueueKey, summary: Summary) -> None:
         self._local[key] = summary
+        if self._grafts:
+            waiting = self._grafts.get(key)
+            if waiting is not None and not has_news(waiting[1], summary):
+                del self._grafts[key]  # the news arrived (by the eager link, or any other): no WANT
         if self._foreign and key in self._foreign:
             self._foreign.discard(key)  # ours now: no longer counted against the peer
             if self.key_budget is not None:
@@ -668,8 +710,7 @@ class ReplicationSession:
         return self.subscription is None or _matches(self.subscription, key)
 
     def _schedule(self, key: QueueKey) -> None:
-        if key not in self._pending:
-            self._pending.append(key)
+        self._pending.setdefault(key)
         self._pump()
 
     def _pump(self) -> None:
@@ -677,10 +718,10 @@ class ReplicationSession:
         rounds = len(self._pending)
         while self._pending and rounds > 0 and self._inflight_total + self._asked_total < self.window:
             rounds -= 1
-            key = self._pending.popleft()
+            key, _ = self._pending.popitem(last=False)
             link = self._link(key)
             if link.asked or link.inflight >= self.depth:
-                self._pending.append(key)  # wait for its ACK, keep order fair
+                self._pending[key] = None  # wait for its ACK, keep order fair
                 continue
             since = self._since(link)
             ours = self._local.get(key)
@@ -729,6 +770,31 @@ class ReplicationSession:
         packed = encode_message(message)
         self._outbox.append(packed)
         self._outbox_bytes += len(packed)
+
+
+def _no_news(delta: QueueDelta, since: Summary | None) -> bool:
+    """A delta with nothing the peer lacks: no records, metadata or fork proof, and a head no newer than
+    what the peer holds (a relay asked while its commit was behind the peer: it sends nothing and pushes
+    again once the commit is done)."""
+    return (
+        since is not None
+        and not delta.records
+        and delta.meta is None
+        and delta.fork is None
+        and not is_ahead(_implied_summary(delta, since), since)
+    )
+
+
+def _duplicate(sent: Summary | None, acked: Summary) -> bool:
+    """Whether an ACK that changed nothing only says the peer had what we sent already (from another
+    link, the normal case in a mesh), not that our records lost a join to another history: it holds at
+    least all we sent, and no fork. Only the latter is a reason for a whole-run offer (see _pump)."""
+    return (
+        sent is not None
+        and not acked.forked
+        and not is_ahead(sent, acked)
+        and not (sent.held_end == acked.held_end and sent.held_hash != acked.held_hash)
+    )
 
 
 def _onward(link: _Link, delta: QueueDelta, implied: Summary, ours: Summary | None) -> Summary | None:

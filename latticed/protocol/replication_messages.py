@@ -70,6 +70,7 @@ __all__ = [
     "Want",
     "decode_message",
     "encode_message",
+    "message_type_name",
 ]
 
 #: The version a HELLO is sent in: the lowest this build speaks, so every peer of the releases it promises
@@ -300,3 +301,13 @@ def decode_message(payload: bytes, max_bytes: int = 16 * 1024 * 1024) -> Message
     except MalformedError as exc:  # from the queue's own wire decoders (summaries, deltas)
         raise RemoteProtocolError(f"bad {row.code.name} from peer: {exc}") from exc
     return message
+
+
+def message_type_name(payload: bytes) -> str:
+    """The type of a message on a replication link, read without decoding it (for traffic counters):
+    ``delta``, ``ack``... for this protocol's, ``other`` for anything else (lease forwarding, garbage)."""
+    if len(payload) >= 2 and 0x91 <= payload[0] <= 0x9F:
+        code = payload[1]
+        if code <= MessageType.PONG:
+            return MessageType(code).name.lower()
+    return "other"

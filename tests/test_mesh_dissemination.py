@@ -1,0 +1,184 @@
+"""How often a record crosses a mesh: relays that do not re-send old records, eager links that settle,
+link starts linear in the number of queues. Sans-IO: sessions driven by hand, no sockets or clocks."""
+
+from __future__ import annotations
+
+from latticed.crdt import queue as core
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.protocol.replication import (
+    PROTOCOL_VERSION,
+    PRUNE,
+    WANT,
+    DeltaReceived,
+    NeedDelta,
+    ReplicationSession,
+)
+from latticed.protocol.replication_messages import (
+    Ack,
+    Delta,
+    Digest,
+    Have,
+    Hello,
+    Message,
+    Prune,
+    encode_message,
+)
+
+ALICE = Identity.from_seed(b"a" * 32)
+KEY = (ALICE.public_key, "q", 0)
+
+
+def _grow(state: core.QueueState, n: int, tag: str) -> core.QueueState:
+    records = [Record(value=f"{tag}{i}".encode()) for i in range(n)]
+    return core.commit(state, ALICE, now_ms=state.held_end + 1, records=records)
+
+
+def _histories() -> tuple[core.QueueState, core.QueueState, core.QueueState]:
+    """One history at 8, 10 and 11 records."""
+    h8 = _grow(core.empty_state(ALICE.public_key, "q"), 8, "a")
+    h10 = _grow(h8, 2, "b")
+    return h8, h10, _grow(h10, 1, "c")
+
+
+def _feed(session: ReplicationSession, *messages: Message, now: float = 0.0) -> None:
+    for message in messages:
+        session.receive_message(encode_message(message), now)
+
+
+def _needs(session: ReplicationSession) -> list[NeedDelta]:
+    return [e for e in iter(session.next_event, None) if isinstance(e, NeedDelta)]
+
+
+# ------------------------------------------------------------------ relays do not re-send old records
+
+
+def test_a_delta_for_a_peer_holding_more_than_us_carries_no_records() -> None:
+    """A relay whose commit is behind what it passed on is asked from past its end: it used to fall back
+    to the queue's start and send its whole (old) run."""
+    h8, h10, _ = _histories()
+    delta = core.delta(h8, h10.summary(), max_records=4096)
+    assert delta.records == ()
+    assert delta.from_offset == h8.held_end
+
+
+def test_a_duplicate_ack_is_no_reason_to_offer_the_whole_run() -> None:
+    """The peer got our records from another link first, so its ACK changed nothing: that is the normal
+    case in a mesh, not a fork. The next delta starts where the peer is, never at the queue's start."""
+    h8, h10, h11 = _histories()
+    a = ReplicationSession()
+    a.start({KEY: h10.summary()})
+    _feed(a, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)))
+    (need,) = _needs(a)
+    a.provide_delta(KEY, core.delta(h10, need.since, need.max_records))
+    assert not _needs(a)
+    _feed(a, Have(KEY, h10.summary()))  # it holds them already, from another relay
+    a.local_update(KEY, h11.summary())  # our next record, served ahead of our commit
+    (need,) = _needs(a)
+    assert need.since == h10.summary()
+    a.provide_delta(KEY, None)  # the host waits for its commit
+    _feed(a, Ack(1, KEY, h10.summary()))
+    needs = _needs(a)
+    assert [(n.since, n.max_records) for n in needs] == [(h10.summary(), a.max_records)]
+
+
+def test_a_delta_with_nothing_the_peer_lacks_is_not_sent() -> None:
+    """A relay serves a record ahead of its commit; asked again before the commit, its store (still
+    behind the peer) has nothing the peer lacks: nothing goes out, the commit pushes again."""
+    h8, h10, h11 = _histories()
+    a = ReplicationSession()
+    a.start({KEY: h8.summary()})
+    _feed(a, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h10.summary()),)))
+    for _ in _needs(a):
+        a.provide_delta(KEY, None)
+    a.messages_to_send()
+    a.local_update(KEY, h11.summary())  # ahead of our commit; the store still holds h8
+    (need,) = _needs(a)
+    assert need.since == h10.summary()
+    a.provide_delta(KEY, core.delta(h8, need.since, need.max_records))
+    assert a.inflight == 0
+    assert a.messages_to_send() == []
+
+
+# ------------------------------------------------------------------ link start linear in the queues
+
+
+class _CountedName(str):
+    """A queue name that counts how often it is compared (a scan of the pending queues compares each)."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        _CountedName.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_a_link_start_schedules_every_queue_without_scanning_the_others() -> None:
+    """The peer's HELLO schedules every queue we hold: each scheduling used to scan those already
+    scheduled (quadratic: seconds of CPU per link start at 10,000 queues)."""
+    summary = _histories()[0].summary()
+    local = {(ALICE.public_key, _CountedName(f"q{i}"), 0): summary for i in range(2000)}
+    session = ReplicationSession()
+    session.start(local)
+    _CountedName.compared = 0
+    _feed(session, Hello(PROTOCOL_VERSION, None, None))
+    assert len(_needs(session)) == session.window
+    assert _CountedName.compared < 10 * len(local)  # a scan per queue: about 2,000,000
+
+
+# ------------------------------------------------------------------ eager and lazy links settle
+
+
+def _wants(session: ReplicationSession) -> list[bytes]:
+    return [m for m in session.messages_to_send() if m[1] == WANT]
+
+
+def _lazy_receiver(timeout: float) -> tuple[ReplicationSession, core.QueueState, core.QueueState]:
+    h8, h10, _ = _histories()
+    b = ReplicationSession(graft_timeout=timeout)
+    b.start({KEY: h8.summary()})
+    _feed(b, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)), now=0.0)
+    for _ in _needs(b):
+        b.provide_delta(KEY, None)
+    b.messages_to_send()
+    return b, h8, h10
+
+
+def test_a_have_waits_for_the_eager_copy_and_grafts_only_if_it_does_not_come() -> None:
+    b, _, h10 = _lazy_receiver(0.3)
+    _feed(b, Have(KEY, h10.summary()), now=10.0)
+    assert not _wants(b)  # it used to go out at once, making a second eager link
+    assert b.next_deadline() == 10.3
+    b.tick(10.2)
+    assert not _wants(b)
+    b.tick(10.3)  # the eager copy never came: graft
+    assert len(_wants(b)) == 1
+    assert b.next_deadline() is None
+
+
+def test_a_have_whose_news_arrives_in_time_sends_no_want() -> None:
+    b, _, h10 = _lazy_receiver(0.3)
+    _feed(b, Have(KEY, h10.summary()), now=10.0)
+    b.local_update(KEY, h10.summary())  # the eager copy, through another link
+    b.tick(11.0)
+    assert not _wants(b) and b.next_deadline() is None
+
+
+def test_the_first_duplicate_prunes_the_link_whatever_our_own_direction() -> None:
+    """The peer pruned our pushes to it; its own pushes that bring us nothing used to be kept eager for
+    ever (the check looked at our direction of the link), so every record came twice."""
+    h8, h10, _ = _histories()
+    b = ReplicationSession()
+    b.start({KEY: h10.summary()})
+    _feed(b, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)))
+    b.next_event()
+    _feed(b, Prune(KEY))  # it takes HAVEs from us now
+    b.messages_to_send()
+    for seq in (1, 2):  # two duplicates from it
+        _feed(b, Delta(seq, core.delta(h10, h8.summary())))
+        (received,) = [e for e in iter(b.next_event, None) if isinstance(e, DeltaReceived)]
+        b.delta_applied(received.seq, h10.summary(), False)
+    prunes = [m for m in b.messages_to_send() if m[1] == PRUNE]
+    assert len(prunes) == 1  # once: the peer sends HAVEs from then on
