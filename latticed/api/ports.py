@@ -105,6 +105,8 @@ class ReplicationView(Protocol):
 
     def clock_skew(self) -> list[dict[str, Any]]: ...
 
+    def other_networks(self) -> int | None: ...
+
 
 class MembershipView(Protocol):
     """Network membership (:class:`latticed.membership.Membership`): ``invite``, ``join``, and the

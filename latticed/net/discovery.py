@@ -41,6 +41,8 @@ from latticed.protocol.announce import (
     KEY_SIZE,
     SERVICE_TYPE,
     TXT_KEY,
+    ForeignAnnouncementError,
+    OtherNetworks,
     new_instance_name,
     open_announcement,
     seal_announcement,
@@ -50,6 +52,7 @@ __all__ = [
     "DEFAULT_REANNOUNCE_INTERVAL",
     "SERVICE_TYPE",
     "DiscoveredPeer",
+    "OtherNetworks",
     "mdns_addresses",
     "run_discovery",
 ]
@@ -126,6 +129,7 @@ async def run_discovery(
     resolve_timeout: float = DEFAULT_RESOLVE_TIMEOUT,
     max_age_ms: int = DEFAULT_MAX_AGE_MS,
     max_future_ms: int = DEFAULT_MAX_FUTURE_MS,
+    others: OtherNetworks | None = None,
 ) -> None:
     """Advertise ``port`` and send a :class:`DiscoveredPeer` to ``found`` for each new sighting; runs until
     cancelled.
@@ -136,9 +140,12 @@ async def run_discovery(
 
     Each (identity, host, port) is reported once per mDNS instance name while that name stays listed:
     re-announcements are not reported again, a restart (new random name) or a return after a goodbye is.
-    Our own identity, announcements under another network key, tampered, stale and future-dated ones are
-    ignored (logged at debug level).
+    Our own identity, tampered, stale and future-dated announcements are ignored (logged at debug level).
+    Those that do not open under our key (another network's, or tampered) are counted by instance name in
+    ``others`` while mDNS lists them; a new one is logged at INFO, at most every ten minutes.
     """
+    if others is None:
+        others = OtherNetworks()
     if not isinstance(identity_public_key, bytes) or len(identity_public_key) != KEY_SIZE:
         raise MalformedError(f"identity public key must be {KEY_SIZE} bytes")
     # Seal once up front: validates the network key and port before anything touches the network.
@@ -246,9 +253,23 @@ async def run_discovery(
                 )
                 if announcement is not None and info.port != announcement.port:
                     raise IntegrityError(f"SRV port {info.port} is not the sealed port {announcement.port}")
+            except ForeignAnnouncementError as error:
+                loud = others.heard(name, trio.current_time())
+                log_event(
+                    log,
+                    "mdns.other_network",
+                    level=logging.INFO if loud else logging.DEBUG,
+                    name=name,
+                    count=others.count,
+                    reason=str(error),
+                    hint="a daemon with another network key: `latticectl invite` here and "
+                    "`latticectl join TOKEN` there if it is one of yours",
+                )
+                return
             except (MalformedError, IntegrityError) as error:
                 log_event(log, "mdns.rejected", level=logging.DEBUG, name=name, reason=str(error))
                 return
+            others.forget(name)  # it opens now (e.g. a token modified on the way before)
             if announcement is None:
                 return  # ours: same identity under another name, e.g. a record from our previous run
             new = {
@@ -285,6 +306,8 @@ async def run_discovery(
                     continue
                 if state is ServiceStateChange.Removed:
                     resolving.pop(name, None)  # a resolution in flight now discards its result
+                    if others.forget(name):
+                        log_event(log, "mdns.other_network_removed", level=logging.DEBUG, name=name)
                     if sightings.pop(name, None) is not None:
                         log_event(log, "mdns.removed", level=logging.DEBUG, name=name)
                 elif name in resolving:

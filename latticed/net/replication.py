@@ -32,7 +32,7 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
 from latticed.listen_probe import listen_error
 from latticed.logs import get_logger, log_event
-from latticed.net.discovery import DiscoveredPeer, run_discovery
+from latticed.net.discovery import DiscoveredPeer, OtherNetworks, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExtension, PendingMerge
 from latticed.net.peerstate import PeerFaults
 from latticed.net.ports import ReplicaStore
@@ -151,10 +151,16 @@ class Replication:
     metrics: PeerMetrics | None = None
     #: Identities removed with ``latticectl peers remove`` in this run: their mDNS sightings are ignored.
     removed: set[bytes] = field(default_factory=set)
+    #: mDNS instances on the LAN announcing under another network key (None: discovery is off).
+    others_on_lan: OtherNetworks | None = None
 
     @property
     def listen(self) -> str | None:
         return _fmt(self.listen_address)
+
+    def other_networks(self) -> int | None:
+        """How many daemons of other networks mDNS hears on this LAN now (None: mDNS is off)."""
+        return self.others_on_lan.count if self.others_on_lan is not None else None
 
     def counters(self) -> dict[str, int]:
         return {**self.gossip.stats(), "connected": len(self.gossip.links)}
@@ -449,6 +455,7 @@ async def run_replication(
             nursery.start_soon(_dial_loop, service)
             if config.mdns and service.listen_address is not None:
                 send, receive = trio.open_memory_channel[DiscoveredPeer](64)
+                service.others_on_lan = OtherNetworks()
                 await nursery.start(
                     lambda task_status: run_discovery(
                         network_key=network_key,
@@ -457,6 +464,7 @@ async def run_replication(
                         interfaces=config.mdns_interfaces,
                         found=send,
                         task_status=task_status,
+                        others=service.others_on_lan,
                     )
                 )
                 nursery.start_soon(_discovered, service, receive)
