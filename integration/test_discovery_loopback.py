@@ -376,3 +376,20 @@ async def test_zeroconf_threads_are_named() -> None:
             comms = [p.read_text().strip() for p in Path("/proc/self/task").glob("*/comm")]
             nursery.cancel_scope.cancel()
     assert comms.count("ld-zeroconf") >= 2  # its event loop and the browser's thread
+
+
+@trio_test
+async def test_start_does_not_wait_for_the_announcement_and_a_cancel_does_not_either() -> None:
+    """``nursery.start`` returns once mDNS browses; probing for our name (~1.5 s) goes on behind it, and
+    a cancel during it (a ``join`` right after start-up) ends discovery at once, with nothing to say
+    goodbye to."""
+    node = Node("a", secrets.token_bytes(32))
+    with discovery_events() as events, trio.fail_after(DISCOVERY_TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await node.run(nursery)
+            assert "mdns.registered" not in [e for e, _ in events.records]
+            node.cancel.cancel()
+            await node.stopped.wait()
+            nursery.cancel_scope.cancel()
+    assert "mdns.registered" not in [e for e, _ in events.records]
+    assert [f["goodbye"] for e, f in events.records if e == "mdns.stopped"] == [False]

@@ -16,6 +16,7 @@ minutes, so whether a peer is up is for the connection and gossip layers to find
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import ipaddress
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 import trio
+from zeroconf import Error as ZeroconfError
 from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
 
 from latticed.clock import wall_ms
@@ -68,6 +70,8 @@ DEFAULT_RESOLVE_TIMEOUT: Final = 3.0
 _EVENT_BUFFER: Final = 1024
 # Resolutions in flight at once (each holds a worker thread while it waits for answers).
 _RESOLVERS: Final = 4
+# Upper bound on registering (probing and announcing take ~1.5 s) on a loaded host.
+_REGISTER_TIMEOUT: Final = 15.0
 # Upper bound on unregister (goodbyes, ~0.6 s) + close at shutdown, so a wedged zeroconf cannot hang us.
 _CLOSE_TIMEOUT: Final = 5.0
 
@@ -106,6 +110,30 @@ def _open_zeroconf(
     return zc, browser
 
 
+async def _announce(zc: Zeroconf, info: ServiceInfo) -> None:  # zeroconf's asyncio loop
+    broadcast = await zc.async_register_service(info, allow_name_change=True)
+    await broadcast
+
+
+async def _register(zc: Zeroconf, info: ServiceInfo) -> bool:
+    """Register ``info`` (probing, then announcing); False if zeroconf failed to (logged).
+
+    Run on zeroconf's own loop and cancelled there when we are (a ``join`` restarting replication right
+    after start-up): the blocking ``register_service`` would hold the cancellation for its ~1.5 s."""
+    assert zc.loop is not None
+    future = asyncio.run_coroutine_threadsafe(_announce(zc, info), zc.loop)
+    try:
+        await trio.to_thread.run_sync(future.result, _REGISTER_TIMEOUT, abandon_on_cancel=True)
+    except (TimeoutError, ZeroconfError, OSError) as error:
+        future.cancel()
+        log_event(log, "mdns.register_failed", level=logging.ERROR, error=repr(error))
+        return False
+    except BaseException:
+        future.cancel()  # its thread then returns at once
+        raise
+    return True
+
+
 def _close_zeroconf(zc: Zeroconf, browser: ServiceBrowser, info: ServiceInfo | None) -> None:  # worker thread
     browser.cancel()
     try:
@@ -134,9 +162,12 @@ async def run_discovery(
     """Advertise ``port`` and send a :class:`DiscoveredPeer` to ``found`` for each new sighting; runs until
     cancelled.
 
-    Use ``await nursery.start(run_discovery, ...)``: it returns once our service is registered (~1-2 s of
-    mDNS probing). ``interfaces`` is ``mdns_interfaces`` (see :func:`mdns_addresses`); ``addresses``
-    overrides what is advertised (e.g. the one address the daemon listens on). ``clock`` returns Unix ms.
+    Use ``await nursery.start(run_discovery, ...)``: it returns once mDNS runs on the interfaces (its
+    sockets bound, browsing), so a bad interface fails there; registering our service (~1.5 s of mDNS
+    probing, logged as ``mdns.registered``) goes on in the background, since nothing needs to wait for it
+    (a daemon starting, or restarting replication on ``join``). ``interfaces`` is ``mdns_interfaces``
+    (see :func:`mdns_addresses`); ``addresses`` overrides what is advertised (e.g. the one address the
+    daemon listens on). ``clock`` returns Unix ms.
 
     Each (identity, host, port) is reported once per mDNS instance name while that name stays listed:
     re-announcements are not reported again, a restart (new random name) or a return after a goodbye is.
@@ -200,20 +231,22 @@ async def run_discovery(
         raise MalformedError(f"config key 'mdns_interfaces': cannot run mDNS on {bind}: {error}") from error
     registered: ServiceInfo | None = None
     try:
-        info = make_info(f"{instance}.{SERVICE_TYPE}")
-        await trio.to_thread.run_sync(functools.partial(zc.register_service, info, allow_name_change=True))
-        registered = info
-        own_name = info.name  # zeroconf renames on a (vanishingly unlikely) conflict
-        log_event(
-            log,
-            "mdns.registered",
-            name=own_name,
-            port=port,
-            addresses=advertise,
-            interfaces=bind,
-            network=network_key_fingerprint(network_key),
-        )
+        # Browse events wait in the channel until we know our own (possibly renamed) instance name.
         task_status.started()
+        info = make_info(f"{instance}.{SERVICE_TYPE}")
+        announced = await _register(zc, info)  # False: logged; we still hear others, who can dial us
+        own_name = info.name  # zeroconf renames on a (vanishingly unlikely) conflict
+        if announced:
+            registered = info
+            log_event(
+                log,
+                "mdns.registered",
+                name=own_name,
+                port=port,
+                addresses=advertise,
+                interfaces=bind,
+                network=network_key_fingerprint(network_key),
+            )
 
         # name -> what it announces and we reported. Keyed by name, not identity: a restarted peer comes back
         # under a new random name while its crashed run's records linger for ~19 minutes, and must be
@@ -300,7 +333,8 @@ async def run_discovery(
                 log_event(log, "mdns.reannounced", level=logging.DEBUG, name=own_name)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(reannounce)
+            if announced:
+                nursery.start_soon(reannounce)
             async for state, name in receive:
                 if name.lower() == own_name.lower():
                     continue

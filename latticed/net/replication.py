@@ -402,11 +402,13 @@ async def run_replication(
     network_key: bytes | None = None,
     metrics: PeerMetrics | None = None,
     extension: LinkExtension | None = None,
+    background: trio.Nursery | None = None,
     task_status: trio.TaskStatus[Replication] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen, dial, discover and gossip until cancelled; under ``network_key`` (default: the config's).
     ``metrics`` (off when None) hears of connections and failed handshakes; ``extension`` (lease
-    forwarding) shares the links.
+    forwarding) shares the links. mDNS runs in ``background`` if given (a longer-lived nursery): it is
+    cancelled with the rest, but its goodbyes (~0.25 s) go out there while a successor starts (``join``).
 
     While it runs it pushes every commit it hears of from ``changes`` and holds the owner ``fence``."""
     if network_key is None:
@@ -446,6 +448,7 @@ async def run_replication(
         return gossip.behind_reason(queue_key(state), state.held_end)
 
     wiring = contextlib.ExitStack()
+    mdns_scope = trio.CancelScope()
     try:
         wiring.enter_context(changes.subscribed(on_change))
         wiring.enter_context(fence.held_by(behind))
@@ -455,18 +458,22 @@ async def run_replication(
             nursery.start_soon(_dial_loop, service)
             if config.mdns and service.listen_address is not None:
                 send, receive = trio.open_memory_channel[DiscoveredPeer](64)
-                service.others_on_lan = OtherNetworks()
-                await nursery.start(
-                    lambda task_status: run_discovery(
-                        network_key=network_key,
-                        identity_public_key=identity.public_key,
-                        port=service.listen_address[1] if service.listen_address else 0,
-                        interfaces=config.mdns_interfaces,
-                        found=send,
-                        task_status=task_status,
-                        others=service.others_on_lan,
-                    )
-                )
+                others = service.others_on_lan = OtherNetworks()
+                port = service.listen_address[1]
+
+                async def discover(task_status: trio.TaskStatus[None]) -> None:
+                    with mdns_scope:
+                        await run_discovery(
+                            network_key=network_key,
+                            identity_public_key=identity.public_key,
+                            port=port,
+                            interfaces=config.mdns_interfaces,
+                            found=send,
+                            task_status=task_status,
+                            others=others,
+                        )
+
+                await (background or nursery).start(discover)
                 nursery.start_soon(_discovered, service, receive)
             log_event(
                 log,
@@ -478,6 +485,7 @@ async def run_replication(
             )
             task_status.started(service)
     finally:
+        mdns_scope.cancel()
         wiring.close()
         service._save_book()
 
