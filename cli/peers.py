@@ -17,6 +17,7 @@ import typer
 from cli.common import SOCKET_HELP, JsonFlag, client, note, settings
 from cli.output import emit, table_lines
 from latticed.protocol.addresses import parse_host_port
+from latticed.protocol.peerstate import OTHER_NETWORKS_FIX, other_networks_text
 
 peers_app = typer.Typer(
     help="List peers and their state; add, remove, block and unblock them.",
@@ -98,18 +99,20 @@ def peers(
     as_json: JsonFlag = False,
 ) -> None:
     """List known peers: identity, address, how found, lag, and state (connected, dialling, refused with
-    the reason, blocked)."""
+    the reason, blocked); on stderr, how many daemons of another network mDNS hears on this LAN, if any
+    (`doctor --json` has the count)."""
     if socket is not None:
         settings(ctx).socket_path = socket
     if ctx.invoked_subcommand is not None:
         return
-    rows = client(ctx).peers()
+    report = client(ctx).peer_report()
+    rows = report["peers"]
     shown = [_row_text(row) for row in rows]
-    emit(
-        rows,
-        table_lines(shown, _PEER_COLUMNS) if rows else ["no peers"],
-        as_json=as_json or settings(ctx).as_json,
-    )
+    lines = table_lines(shown, _PEER_COLUMNS) if rows else ["no peers"]
+    emit(rows, lines, as_json=as_json or settings(ctx).as_json)
+    others = report["other_networks"]
+    if others:  # not a peer: a note beside the result, which stays the list it always was
+        note(f"{other_networks_text(others)}: {OTHER_NETWORKS_FIX}")
 
 
 @peers_app.command("add")

@@ -27,7 +27,7 @@ from latticed.clock import wall_ms
 from latticed.errors import IntegrityError, MalformedError
 from latticed.logs import EVENT_ATTR, record_fields
 from latticed.net import discovery
-from latticed.net.discovery import DiscoveredPeer, run_discovery
+from latticed.net.discovery import DiscoveredPeer, OtherNetworks, run_discovery
 from latticed.protocol.announce import open_announcement
 
 LOOPBACK = ["127.0.0.1"]
@@ -62,6 +62,7 @@ class Node:
     changed: trio.Event = field(default_factory=trio.Event)
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
     stopped: trio.Event = field(default_factory=trio.Event)
+    others: OtherNetworks = field(default_factory=OtherNetworks)
 
     async def run(self, nursery: trio.Nursery) -> None:
         """Start discovery (returns once registered) and collect what it reports into ``found``."""
@@ -79,6 +80,7 @@ class Node:
                         task_status=task_status,
                         reannounce_interval=self.reannounce_interval,
                         clock=lambda: wall_ms() + self.clock_offset_ms,
+                        others=self.others,
                     )
             finally:
                 self.stopped.set()
@@ -116,10 +118,12 @@ class Events(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.records: list[tuple[str, dict[str, object]]] = []
+        self.levels: list[int] = []
         self.changed = trio.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append((getattr(record, EVENT_ATTR, ""), record_fields(record)))
+        self.levels.append(record.levelno)
         self.changed.set()
         self.changed = trio.Event()
 
@@ -128,6 +132,11 @@ class Events(logging.Handler):
             for name, got in self.records:
                 if name == event and all(got.get(k) == v for k, v in fields.items()):
                     return got
+            await self.changed.wait()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate`` holds, checking it whenever discovery logs something."""
+        while not predicate():
             await self.changed.wait()
 
 
@@ -272,17 +281,49 @@ async def test_other_network_and_skewed_clock_are_neither_reported_nor_see_us(
             *[(a, skewed), (b, skewed), (skewed, a), (skewed, b)],  # stale one way, from the future the other
         ]
     }
-    async with trio.open_nursery() as nursery:
-        with trio.fail_after(DISCOVERY_TIMEOUT):
-            await start_all(nursery, list(nodes.values()))
-            await a.wait_for_keys({b.public_key})
-            await b.wait_for_keys({a.public_key})
-            while not expected <= rejected:
-                await changed.wait()
-        assert a.keys_found() == {b.public_key}
-        assert b.keys_found() == {a.public_key}
-        assert outsider.found == [] and skewed.found == []
-        nursery.cancel_scope.cancel()
+    with discovery_events() as events:
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(DISCOVERY_TIMEOUT):
+                await start_all(nursery, list(nodes.values()))
+                await a.wait_for_keys({b.public_key})
+                await b.wait_for_keys({a.public_key})
+                while not expected <= rejected:
+                    await changed.wait()
+            assert a.keys_found() == {b.public_key}
+            assert b.keys_found() == {a.public_key}
+            assert outsider.found == [] and skewed.found == []
+
+            # Announcements under another key are counted by instance name (other runs on this machine
+            # may add theirs, so membership is checked, not totals); stale ones from a member are not.
+            name = {
+                n.public_key: (await events.wait_for("mdns.registered", port=n.port))["name"]
+                for n in nodes.values()
+            }
+            for member in (a, b):
+                assert name[outsider.public_key] in member.others
+                assert name[skewed.public_key] not in member.others
+                assert name[a.public_key] not in member.others and name[b.public_key] not in member.others
+            assert {name[a.public_key], name[b.public_key], name[skewed.public_key]} <= {
+                n for n in name.values() if n in outsider.others
+            }
+            heard = [
+                (fields["name"], level)
+                for (event, fields), level in zip(events.records, events.levels, strict=True)
+                if event == "mdns.other_network"
+            ]
+            # Each node says its first sighting at INFO (which one is first depends on the LAN).
+            assert [level for _, level in heard].count(logging.INFO) >= 2
+
+            # The outsider stops (goodbye): it is no longer counted.
+            outsider.cancel.cancel()
+            with trio.fail_after(DISCOVERY_TIMEOUT):
+                await events.until(
+                    lambda: (
+                        name[outsider.public_key] not in a.others
+                        and name[outsider.public_key] not in b.others
+                    )
+                )
+            nursery.cancel_scope.cancel()
 
 
 def test_mdns_addresses() -> None:
@@ -335,3 +376,20 @@ async def test_zeroconf_threads_are_named() -> None:
             comms = [p.read_text().strip() for p in Path("/proc/self/task").glob("*/comm")]
             nursery.cancel_scope.cancel()
     assert comms.count("ld-zeroconf") >= 2  # its event loop and the browser's thread
+
+
+@trio_test
+async def test_start_does_not_wait_for_the_announcement_and_a_cancel_does_not_either() -> None:
+    """``nursery.start`` returns once mDNS browses; probing for our name (~1.5 s) goes on behind it, and
+    a cancel during it (a ``join`` right after start-up) ends discovery at once, with nothing to say
+    goodbye to."""
+    node = Node("a", secrets.token_bytes(32))
+    with discovery_events() as events, trio.fail_after(DISCOVERY_TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            await node.run(nursery)
+            assert "mdns.registered" not in [e for e, _ in events.records]
+            node.cancel.cancel()
+            await node.stopped.wait()
+            nursery.cancel_scope.cancel()
+    assert "mdns.registered" not in [e for e, _ in events.records]
+    assert [f["goodbye"] for e, f in events.records if e == "mdns.stopped"] == [False]

@@ -36,7 +36,13 @@ from latticed.netkey import DEFAULT_NETWORK_KEY, read_network_key
 from latticed.paths import data_dir_network_key_path, identity_key_path
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.peerbook import PeerBook
-from latticed.protocol.peerstate import SKEW_WARN_MS, PeerRules, format_host_port
+from latticed.protocol.peerstate import (
+    OTHER_NETWORKS_FIX,
+    SKEW_WARN_MS,
+    PeerRules,
+    format_host_port,
+    other_networks_text,
+)
 
 __all__ = [
     "Check",
@@ -45,6 +51,7 @@ __all__ = [
     "check_forks",
     "check_clock",
     "check_mdns",
+    "check_other_networks",
     "check_network_key",
     "check_peer_rows",
     "check_sealer",
@@ -321,6 +328,19 @@ def check_peer_rows(rows: Sequence[Mapping[str, Any]]) -> list[Check]:
     return checks
 
 
+def check_other_networks(count: int | None, *, connected: bool) -> Check | None:
+    """Daemons mDNS hears under another key (None: mDNS is off): the likely reason a fresh install sees
+    no peers, so ✘ when none is connected, else only shown."""
+    if count is None:
+        return None
+    if count == 0:
+        return Check("lan", True, "mDNS hears no daemon of another network on this LAN")
+    text = other_networks_text(count)
+    if connected:
+        return Check("lan", None, f"{text} (not of this one: ignored)")
+    return Check("lan", False, f"{text}, and none of this network connected", OTHER_NETWORKS_FIX)
+
+
 def check_peer_tcp(address: HostPort) -> Check:
     shown = format_host_port(address)
     try:
@@ -421,8 +441,10 @@ def daemon_checks(
     disk: DiskUsage | None,
     disk_error: str | None = None,
     sealer_accelerated: bool | None = None,
+    other_networks: int | None = None,
 ) -> list[Check]:
-    """What the running daemon checks of itself (from a worker thread: it stats files and interfaces)."""
+    """What the running daemon checks of itself (from a worker thread: it stats files and interfaces);
+    ``other_networks``: daemons of other networks mDNS hears (None: mDNS off)."""
     checks = [
         check_data_dir(config.data_dir),
         check_secret_file("identity key", identity_key_path(config.data_dir), required=True),
@@ -432,6 +454,11 @@ def daemon_checks(
         check_mdns(config.mdns, listening=listen is not None, interfaces=config.mdns_interfaces),
         *check_peer_rows(peers),
     ]
+    lan = check_other_networks(
+        other_networks, connected=any(row.get("status") == "connected" for row in peers)
+    )
+    if lan is not None:
+        checks.append(lan)
     checks += check_clock(skew)
     checks += check_forks(forks)
     if sealer_accelerated is not None:

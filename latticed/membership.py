@@ -178,6 +178,7 @@ class Membership:
                         network_key=key,
                         metrics=self._metrics,
                         extension=self._extension,
+                        background=nursery,
                         task_status=task_status,
                     )
             finally:

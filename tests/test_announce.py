@@ -24,6 +24,8 @@ from latticed.protocol.announce import (
     SERVICE_TYPE,
     TOKEN_LENGTH,
     Announcement,
+    ForeignAnnouncementError,
+    OtherNetworks,
     announcement_key,
     new_instance_name,
     open_announcement,
@@ -75,10 +77,44 @@ def test_identity_is_not_in_clear() -> None:
 
 
 def test_wrong_network_key_is_rejected() -> None:
-    with pytest.raises(IntegrityError, match="authentication"):
+    with pytest.raises(ForeignAnnouncementError, match="authentication"):
         open_(seal(), network_key=OTHER_K)
-    with pytest.raises(IntegrityError, match="authentication"):
+    with pytest.raises(ForeignAnnouncementError, match="authentication"):
         open_(seal(network_key=OTHER_K))
+    assert issubclass(ForeignAnnouncementError, IntegrityError)
+
+
+def test_a_stale_member_is_not_taken_for_another_network() -> None:
+    """Only a failed AEAD is "another network": a member's old announcement authenticates."""
+    with pytest.raises(IntegrityError) as stale:
+        open_(seal(), now_ms=NOW + DEFAULT_MAX_AGE_MS + 1)
+    assert not isinstance(stale.value, ForeignAnnouncementError)
+
+
+def test_other_networks_are_counted_by_instance_name_until_removed() -> None:
+    others = OtherNetworks()
+    assert others.count == 0
+    assert others.heard("aa._latticed._tcp.local.", 0.0) is True  # the first: worth an INFO line
+    assert others.heard("AA._latticed._tcp.local.", 1.0) is False  # mDNS names are case-insensitive
+    assert others.heard("aa._latticed._tcp.local.", 2.0) is False  # a re-announcement: counted once
+    others.heard("bb._latticed._tcp.local.", 3.0)
+    assert others.count == 2 and "bb._latticed._tcp.local." in others and 7 not in others
+    assert others.forget("aa._latticed._tcp.local.") is True  # mDNS removed it (a goodbye)
+    assert others.forget("aa._latticed._tcp.local.") is False
+    assert others.count == 1 and "aa._latticed._tcp.local." not in others
+    others.forget("BB._latticed._tcp.local.")
+    assert others.count == 0
+
+
+def test_other_networks_are_logged_loudly_at_most_once_per_interval() -> None:
+    others = OtherNetworks(log_interval_s=600.0)
+    loud = [
+        others.heard(f"{i:02x}._latticed._tcp.local.", now) for i, now in enumerate([0, 1, 599, 600, 601])
+    ]
+    assert loud == [True, False, False, True, False]
+    others.forget("00._latticed._tcp.local.")
+    assert others.heard("00._latticed._tcp.local.", 1000.0) is False  # back, but within 600 s of the last
+    assert others.heard("ff._latticed._tcp.local.", 1200.0) is True
 
 
 @pytest.mark.parametrize("index", [2, 10, 30, 60, 90, TOKEN_LENGTH - 2])

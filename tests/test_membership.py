@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import logging
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from latticed.config import DaemonConfig, load_config
 from latticed.daemon import run_daemon
 from latticed.errors import AlreadyExistsError, MalformedError
 from latticed.invite import decode_invite
+from latticed.logs import EVENT_ATTR, record_fields
 from latticed.netkey import (
     DEFAULT_NETWORK_KEY,
     check_listen_key,
@@ -126,6 +129,7 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., InProcessDaemon]]:
         listen: bool = True,
         key_file: bool = True,
         allowed: tuple[str, ...] = (),
+        mdns: bool = False,
     ) -> InProcessDaemon:
         root = tmp_path / name
         root.mkdir()
@@ -136,7 +140,8 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., InProcessDaemon]]:
             data_dir=root / "data",
             socket_path=root / "api.sock",
             listen=("127.0.0.1", 0) if listen else None,
-            mdns=False,
+            mdns=mdns,
+            mdns_interfaces=("127.0.0.1",),
             network_key_file=path if key_file else None,
             allowed_peers=allowed,
         )
@@ -186,6 +191,65 @@ def test_join_switches_the_key_and_replicates_without_a_restart(
         wait_for(lambda: holds(ca, mine, 1), "b's queue on a")
         again = cb.join(token)  # the same network: nothing to switch
         assert not again["key_changed"]
+
+
+class _Events(logging.Handler):
+    """The daemons' log events in order, with a condition to wait on (they log from their own threads)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: list[tuple[str, dict[str, object]]] = []
+        self.changed = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.changed:
+            self.seen.append((getattr(record, EVENT_ATTR, ""), record_fields(record)))
+            self.changed.notify_all()
+
+    def index(self, event: str, **fields: object) -> int | None:
+        for i, (name, got) in enumerate(list(self.seen)):
+            if name == event and all(got.get(k) == v for k, v in fields.items()):
+                return i
+        return None
+
+    def wait_for(self, event: str, **fields: object) -> int:
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.index(event, **fields) is not None, 30), event
+        found = self.index(event, **fields)
+        assert found is not None
+        return found
+
+
+@pytest.fixture
+def events() -> Iterator[_Events]:
+    handler = _Events()
+    logger = logging.getLogger("latticed")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+def test_join_waits_for_no_mdns_announcement_nor_goodbye(
+    daemons: Callable[..., InProcessDaemon], events: _Events
+) -> None:
+    """Replication restarts under the invite's key at once: announcing on mDNS under it (~1.5 s of
+    probing) and the old announcement's goodbyes (~0.25 s) go on after the reply."""
+    a = daemons("a", key=new_network_key())
+    b = daemons("b", key=new_network_key(), mdns=True)
+    with a.client() as ca, b.client() as cb:
+        first = events.wait_for("mdns.registered")  # b has been up a while: announced
+        old_name = events.seen[first][1]["name"]
+        token = ca.invite()
+        assert cb.join(token)["key_changed"]
+        joined = events.wait_for("network.joined")
+        new_network = events.seen[joined][1]["network"]
+        registered = events.wait_for("mdns.registered", network=new_network)
+        stopped = events.wait_for("mdns.stopped", goodbye=True)
+        assert joined < registered and joined < stopped, events.seen[first:]
+        assert events.seen[registered][1]["name"] != old_name  # a new random name on the new network
 
 
 def test_join_refuses_to_drop_a_key_shared_with_peers_unless_forced(

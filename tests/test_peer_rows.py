@@ -1,20 +1,33 @@
 """What ``latticectl peers`` and ``doctor`` show of each peer: one row per peer although it dialled us from
-an ephemeral port too, no "on our block list" once it is unblocked, and a dial error said once."""
+an ephemeral port too, no "on our block list" once it is unblocked, a dial error said once, and how many
+daemons of another network mDNS hears on the LAN."""
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import re
+import secrets
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
-from inprocess import start_in_process
+from inprocess import InProcessDaemon, start_in_process
+from typer.testing import CliRunner, Result
 
+import cli.ctl
+from latticed.api.peer_client import PeerOps
 from latticed.config import DaemonConfig
 from latticed.errors import ConnectionClosedError
 from latticed.logs import EVENT_ATTR, FIELDS_ATTR
+from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.peerstate import PeerFaults
 from latticed.net.replication import PEERS_FILE
 from latticed.net.transport import connect_failure, open_peer
@@ -24,6 +37,11 @@ from latticed.protocol.peerstate import PeerRules
 PK_B = bytes(range(32))
 PK_C = bytes(range(1, 33))
 LISTEN_B = ("192.0.2.7", 7464)
+runner = CliRunner()
+
+
+def ctl(daemon: InProcessDaemon, *args: str) -> Result:
+    return runner.invoke(cli.ctl.app, ["--socket", str(daemon.socket), *args], prog_name="latticectl")
 
 
 def test_a_peer_that_dialled_us_is_one_row_at_its_listen_address() -> None:
@@ -89,3 +107,121 @@ def test_replication_ready_counts_the_remembered_peers(
     daemon.stop()
     [ready] = [r for r in caplog.records if getattr(r, EVENT_ATTR, None) == "replication.ready"]
     assert getattr(ready, FIELDS_ATTR)["peers"] == 1
+
+
+class _Heard(logging.Handler):
+    """Sets ``event`` when discovery logs that it heard a daemon of another network."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, EVENT_ATTR, None) == "mdns.other_network":
+            self.event.set()
+
+
+@contextmanager
+def _daemon_of_another_network() -> Iterator[None]:
+    """mDNS announcements on loopback under a random network key, from a thread of its own, until exit."""
+    ready, done = threading.Event(), threading.Event()
+    box: dict[str, Any] = {}
+
+    async def announce() -> None:
+        send, _receive = trio.open_memory_channel[DiscoveredPeer](16)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(
+                    run_discovery,
+                    network_key=secrets.token_bytes(32),
+                    identity_public_key=secrets.token_bytes(32),
+                    port=9,
+                    interfaces=["127.0.0.1"],
+                    found=send,
+                )
+            )
+            ready.set()
+            await trio.to_thread.run_sync(done.wait)
+            nursery.cancel_scope.cancel()
+
+    def run() -> None:
+        try:
+            trio.run(announce)
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=run, name="other-network")
+    thread.start()
+    try:
+        ready.wait(30)
+        assert "error" not in box, box["error"]
+        yield
+    finally:
+        done.set()
+        thread.join(30)
+
+
+def test_peers_and_doctor_count_the_daemons_of_another_network_on_the_lan(tmp_path: Path) -> None:
+    """A fresh install next to another network's daemon sees no peers, and says why: a count, no more."""
+    heard = _Heard()
+    logger = logging.getLogger("latticed.net.discovery")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(heard)
+    config = DaemonConfig(
+        data_dir=tmp_path / "data",
+        socket_path=tmp_path / "d.sock",
+        listen=("127.0.0.1", 0),
+        mdns=True,
+        mdns_interfaces=("127.0.0.1",),
+    )
+    daemon = start_in_process(config)
+    try:
+        with _daemon_of_another_network():
+            assert heard.event.wait(30), "the daemon never heard the other network's announcement"
+            text = ctl(daemon, "peers")
+            assert text.exit_code == 0, text.output
+            # Other runs on this host may announce on loopback too: at least ours is counted.
+            assert re.search(
+                r"^\d+ daemons? of another network on this LAN: if they are yours", text.stderr, re.M
+            )
+            as_json = ctl(daemon, "peers", "--json")
+            assert json.loads(as_json.stdout) == [] and "of another network" in as_json.stderr
+            doctor = ctl(daemon, "doctor")
+            assert doctor.exit_code == 1
+            assert re.search(
+                r"^✘ lan: \d+ daemons? of another network on this LAN, and none of this network connected\n"
+                r"    fix: if they are yours, give them one network key",
+                doctor.stdout,
+                re.M,
+            ), doctor.stdout
+    finally:
+        daemon.stop()
+        logger.removeHandler(heard)
+        logger.setLevel(old_level)
+
+
+def test_without_mdns_peers_and_doctor_say_nothing_of_other_networks(tmp_path: Path) -> None:
+    config = DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "d.sock", mdns=False)
+    daemon = start_in_process(config)
+    try:
+        quiet = ctl(daemon, "peers", "--json")
+        assert json.loads(quiet.stdout) == [] and "another network" not in quiet.stderr
+        assert ctl(daemon, "peers").stdout == "no peers\n"
+        assert "lan:" not in ctl(daemon, "doctor").stdout
+    finally:
+        daemon.stop()
+
+
+def test_a_daemon_that_does_not_count_other_networks_still_lists_its_peers() -> None:
+    """An older daemon's replies lack ``other_networks``: unknown, not an error."""
+
+    class OlderDaemon(PeerOps):
+        def call(self, op: str, **args: Any) -> dict[str, Any]:
+            assert op == "peers"
+            return {"peers": [{"public_key": PK_B.hex(), "status": "connected"}]}
+
+    report = OlderDaemon().peer_report()
+    assert report == {"peers": [{"public_key": PK_B.hex(), "status": "connected"}], "other_networks": None}

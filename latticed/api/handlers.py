@@ -255,7 +255,13 @@ async def status(ctx: Context, request: Request) -> Reply:
 
 @handler("peers")
 async def peers(ctx: Context, request: Request) -> Reply:
-    return {"peers": ctx.replication.peers() if ctx.replication else []}
+    """Known peers, and ``other_networks``: daemons mDNS hears on the LAN under another network key (None:
+    mDNS is off; absent from older daemons)."""
+    service = ctx.replication
+    return {
+        "peers": service.peers() if service else [],
+        "other_networks": service.other_networks() if service else None,
+    }
 
 
 # ------------------------------------------------------------------ queues

@@ -40,6 +40,18 @@ class PeerOps:
         checks: list[dict[str, Any]] = self.call("doctor")["checks"]
         return checks
 
+    def peer_report(self) -> dict[str, Any]:
+        """``peers`` (as :meth:`~latticed.api.client.Client.peers`) and ``other_networks``: how many
+        daemons mDNS hears on the LAN under another network key (None: mDNS is off, or a daemon too old
+        to say)."""
+        reply = self.call("peers")
+        return {"peers": reply["peers"], "other_networks": _count(reply.get("other_networks"))}
+
+
+def _count(value: object) -> int | None:
+    """A count from the daemon, or None for anything else (an older daemon sends none)."""
+    return value if type(value) is int and value >= 0 else None
+
 
 def _block_reply(reply: dict[str, Any]) -> dict[str, Any]:
     return {key: reply[key] for key in ("peer", "blocked", "changed")}

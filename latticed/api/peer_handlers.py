@@ -99,8 +99,10 @@ async def doctor(ctx: Context, request: Request) -> Reply:
     listen_address = service.listen_address if isinstance(service, Replication) else None
     disk = ctx.health.disk if ctx.health is not None else None
     disk_error = ctx.health.disk_error if ctx.health is not None else None
+    others = service.other_networks() if service is not None else None
     facts: dict[str, Any] = {
         "public_key": membership.uses_public_key,
+        "other_networks": others,
         "listen": service.listen if service is not None else None,
         "peers": service.peers() if service is not None else [],
         "forks": ctx.health.forked_queues() if ctx.health is not None else [],
@@ -117,4 +119,4 @@ async def doctor(ctx: Context, request: Request) -> Reply:
         checks = daemon_checks(config, advertised=advertised, disk=usage, disk_error=disk_error, **facts)
         return [check.to_wire() for check in checks]
 
-    return {"checks": await trio.to_thread.run_sync(run)}
+    return {"checks": await trio.to_thread.run_sync(run), "other_networks": others}

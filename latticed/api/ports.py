@@ -109,6 +109,8 @@ class ReplicationView(Protocol):
 
     def incompatible_peers(self) -> list[dict[str, Any]]: ...
 
+    def other_networks(self) -> int | None: ...
+
 
 class MembershipView(Protocol):
     """Network membership (:class:`latticed.membership.Membership`): ``invite``, ``join``, and the

@@ -16,6 +16,7 @@ minutes, so whether a peer is up is for the connection and gossip layers to find
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import ipaddress
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 import trio
+from zeroconf import Error as ZeroconfError
 from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
 
 from latticed.clock import wall_ms
@@ -41,6 +43,8 @@ from latticed.protocol.announce import (
     KEY_SIZE,
     SERVICE_TYPE,
     TXT_KEY,
+    ForeignAnnouncementError,
+    OtherNetworks,
     new_instance_name,
     open_announcement,
     seal_announcement,
@@ -50,6 +54,7 @@ __all__ = [
     "DEFAULT_REANNOUNCE_INTERVAL",
     "SERVICE_TYPE",
     "DiscoveredPeer",
+    "OtherNetworks",
     "mdns_addresses",
     "run_discovery",
 ]
@@ -65,6 +70,8 @@ DEFAULT_RESOLVE_TIMEOUT: Final = 3.0
 _EVENT_BUFFER: Final = 1024
 # Resolutions in flight at once (each holds a worker thread while it waits for answers).
 _RESOLVERS: Final = 4
+# Upper bound on registering (probing and announcing take ~1.5 s) on a loaded host.
+_REGISTER_TIMEOUT: Final = 15.0
 # Upper bound on unregister (goodbyes, ~0.6 s) + close at shutdown, so a wedged zeroconf cannot hang us.
 _CLOSE_TIMEOUT: Final = 5.0
 
@@ -103,6 +110,30 @@ def _open_zeroconf(
     return zc, browser
 
 
+async def _announce(zc: Zeroconf, info: ServiceInfo) -> None:  # zeroconf's asyncio loop
+    broadcast = await zc.async_register_service(info, allow_name_change=True)
+    await broadcast
+
+
+async def _register(zc: Zeroconf, info: ServiceInfo) -> bool:
+    """Register ``info`` (probing, then announcing); False if zeroconf failed to (logged).
+
+    Run on zeroconf's own loop and cancelled there when we are (a ``join`` restarting replication right
+    after start-up): the blocking ``register_service`` would hold the cancellation for its ~1.5 s."""
+    assert zc.loop is not None
+    future = asyncio.run_coroutine_threadsafe(_announce(zc, info), zc.loop)
+    try:
+        await trio.to_thread.run_sync(future.result, _REGISTER_TIMEOUT, abandon_on_cancel=True)
+    except (TimeoutError, ZeroconfError, OSError) as error:
+        future.cancel()
+        log_event(log, "mdns.register_failed", level=logging.ERROR, error=repr(error))
+        return False
+    except BaseException:
+        future.cancel()  # its thread then returns at once
+        raise
+    return True
+
+
 def _close_zeroconf(zc: Zeroconf, browser: ServiceBrowser, info: ServiceInfo | None) -> None:  # worker thread
     browser.cancel()
     try:
@@ -126,19 +157,26 @@ async def run_discovery(
     resolve_timeout: float = DEFAULT_RESOLVE_TIMEOUT,
     max_age_ms: int = DEFAULT_MAX_AGE_MS,
     max_future_ms: int = DEFAULT_MAX_FUTURE_MS,
+    others: OtherNetworks | None = None,
 ) -> None:
     """Advertise ``port`` and send a :class:`DiscoveredPeer` to ``found`` for each new sighting; runs until
     cancelled.
 
-    Use ``await nursery.start(run_discovery, ...)``: it returns once our service is registered (~1-2 s of
-    mDNS probing). ``interfaces`` is ``mdns_interfaces`` (see :func:`mdns_addresses`); ``addresses``
-    overrides what is advertised (e.g. the one address the daemon listens on). ``clock`` returns Unix ms.
+    Use ``await nursery.start(run_discovery, ...)``: it returns once mDNS runs on the interfaces (its
+    sockets bound, browsing), so a bad interface fails there; registering our service (~1.5 s of mDNS
+    probing, logged as ``mdns.registered``) goes on in the background, since nothing needs to wait for it
+    (a daemon starting, or restarting replication on ``join``). ``interfaces`` is ``mdns_interfaces``
+    (see :func:`mdns_addresses`); ``addresses`` overrides what is advertised (e.g. the one address the
+    daemon listens on). ``clock`` returns Unix ms.
 
     Each (identity, host, port) is reported once per mDNS instance name while that name stays listed:
     re-announcements are not reported again, a restart (new random name) or a return after a goodbye is.
-    Our own identity, announcements under another network key, tampered, stale and future-dated ones are
-    ignored (logged at debug level).
+    Our own identity, tampered, stale and future-dated announcements are ignored (logged at debug level).
+    Those that do not open under our key (another network's, or tampered) are counted by instance name in
+    ``others`` while mDNS lists them; a new one is logged at INFO, at most every ten minutes.
     """
+    if others is None:
+        others = OtherNetworks()
     if not isinstance(identity_public_key, bytes) or len(identity_public_key) != KEY_SIZE:
         raise MalformedError(f"identity public key must be {KEY_SIZE} bytes")
     # Seal once up front: validates the network key and port before anything touches the network.
@@ -193,20 +231,22 @@ async def run_discovery(
         raise MalformedError(f"config key 'mdns_interfaces': cannot run mDNS on {bind}: {error}") from error
     registered: ServiceInfo | None = None
     try:
-        info = make_info(f"{instance}.{SERVICE_TYPE}")
-        await trio.to_thread.run_sync(functools.partial(zc.register_service, info, allow_name_change=True))
-        registered = info
-        own_name = info.name  # zeroconf renames on a (vanishingly unlikely) conflict
-        log_event(
-            log,
-            "mdns.registered",
-            name=own_name,
-            port=port,
-            addresses=advertise,
-            interfaces=bind,
-            network=network_key_fingerprint(network_key),
-        )
+        # Browse events wait in the channel until we know our own (possibly renamed) instance name.
         task_status.started()
+        info = make_info(f"{instance}.{SERVICE_TYPE}")
+        announced = await _register(zc, info)  # False: logged; we still hear others, who can dial us
+        own_name = info.name  # zeroconf renames on a (vanishingly unlikely) conflict
+        if announced:
+            registered = info
+            log_event(
+                log,
+                "mdns.registered",
+                name=own_name,
+                port=port,
+                addresses=advertise,
+                interfaces=bind,
+                network=network_key_fingerprint(network_key),
+            )
 
         # name -> what it announces and we reported. Keyed by name, not identity: a restarted peer comes back
         # under a new random name while its crashed run's records linger for ~19 minutes, and must be
@@ -246,9 +286,23 @@ async def run_discovery(
                 )
                 if announcement is not None and info.port != announcement.port:
                     raise IntegrityError(f"SRV port {info.port} is not the sealed port {announcement.port}")
+            except ForeignAnnouncementError as error:
+                loud = others.heard(name, trio.current_time())
+                log_event(
+                    log,
+                    "mdns.other_network",
+                    level=logging.INFO if loud else logging.DEBUG,
+                    name=name,
+                    count=others.count,
+                    reason=str(error),
+                    hint="a daemon with another network key: `latticectl invite` here and "
+                    "`latticectl join TOKEN` there if it is one of yours",
+                )
+                return
             except (MalformedError, IntegrityError) as error:
                 log_event(log, "mdns.rejected", level=logging.DEBUG, name=name, reason=str(error))
                 return
+            others.forget(name)  # it opens now (e.g. a token modified on the way before)
             if announcement is None:
                 return  # ours: same identity under another name, e.g. a record from our previous run
             new = {
@@ -279,12 +333,15 @@ async def run_discovery(
                 log_event(log, "mdns.reannounced", level=logging.DEBUG, name=own_name)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(reannounce)
+            if announced:
+                nursery.start_soon(reannounce)
             async for state, name in receive:
                 if name.lower() == own_name.lower():
                     continue
                 if state is ServiceStateChange.Removed:
                     resolving.pop(name, None)  # a resolution in flight now discards its result
+                    if others.forget(name):
+                        log_event(log, "mdns.other_network_removed", level=logging.DEBUG, name=name)
                     if sightings.pop(name, None) is not None:
                         log_event(log, "mdns.removed", level=logging.DEBUG, name=name)
                 elif name in resolving:

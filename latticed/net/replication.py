@@ -35,7 +35,7 @@ from latticed.listen_probe import listen_error
 from latticed.logs import get_logger, log_event
 from latticed.net.accept import serve_listeners
 from latticed.net.admission import Admission, FailureLog, Ticket, source_of
-from latticed.net.discovery import DiscoveredPeer, run_discovery
+from latticed.net.discovery import DiscoveredPeer, OtherNetworks, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExtension, PendingMerge
 from latticed.net.peerstate import PeerFaults
 from latticed.net.ports import ReplicaStore
@@ -158,10 +158,16 @@ class Replication:
     metrics: PeerMetrics | None = None
     #: Identities removed with ``latticectl peers remove`` in this run: their mDNS sightings are ignored.
     removed: set[bytes] = field(default_factory=set)
+    #: mDNS instances on the LAN announcing under another network key (None: discovery is off).
+    others_on_lan: OtherNetworks | None = None
 
     @property
     def listen(self) -> str | None:
         return _fmt(self.listen_address)
+
+    def other_networks(self) -> int | None:
+        """How many daemons of other networks mDNS hears on this LAN now (None: mDNS is off)."""
+        return self.others_on_lan.count if self.others_on_lan is not None else None
 
     def counters(self) -> dict[str, int]:
         return {**self.gossip.stats(), "connected": len(self.gossip.links)}
@@ -427,11 +433,13 @@ async def run_replication(
     network_key: bytes | None = None,
     metrics: PeerMetrics | None = None,
     extension: LinkExtension | None = None,
+    background: trio.Nursery | None = None,
     task_status: trio.TaskStatus[Replication] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen, dial, discover and gossip until cancelled; under ``network_key`` (default: the config's).
     ``metrics`` (off when None) hears of connections and failed handshakes; ``extension`` (lease
-    forwarding) shares the links.
+    forwarding) shares the links. mDNS runs in ``background`` if given (a longer-lived nursery): it is
+    cancelled with the rest, but its goodbyes (~0.25 s) go out there while a successor starts (``join``).
 
     While it runs it pushes every commit it hears of from ``changes`` and holds the owner ``fence``."""
     if network_key is None:
@@ -471,6 +479,7 @@ async def run_replication(
         return gossip.behind_reason(queue_key(state), state.held_end)
 
     wiring = contextlib.ExitStack()
+    mdns_scope = trio.CancelScope()
     try:
         wiring.enter_context(changes.subscribed(on_change))
         wiring.enter_context(fence.held_by(behind))
@@ -480,16 +489,22 @@ async def run_replication(
             nursery.start_soon(_dial_loop, service)
             if config.mdns and service.listen_address is not None:
                 send, receive = trio.open_memory_channel[DiscoveredPeer](64)
-                await nursery.start(
-                    lambda task_status: run_discovery(
-                        network_key=network_key,
-                        identity_public_key=identity.public_key,
-                        port=service.listen_address[1] if service.listen_address else 0,
-                        interfaces=config.mdns_interfaces,
-                        found=send,
-                        task_status=task_status,
-                    )
-                )
+                others = service.others_on_lan = OtherNetworks()
+                port = service.listen_address[1]
+
+                async def discover(task_status: trio.TaskStatus[None]) -> None:
+                    with mdns_scope:
+                        await run_discovery(
+                            network_key=network_key,
+                            identity_public_key=identity.public_key,
+                            port=port,
+                            interfaces=config.mdns_interfaces,
+                            found=send,
+                            task_status=task_status,
+                            others=others,
+                        )
+
+                await (background or nursery).start(discover)
                 nursery.start_soon(_discovered, service, receive)
             log_event(
                 log,
@@ -501,6 +516,7 @@ async def run_replication(
             )
             task_status.started(service)
     finally:
+        mdns_scope.cancel()
         wiring.close()
         service._save_book()
 

@@ -39,6 +39,8 @@ __all__ = [
     "TXT_KEY",
     "VERSION",
     "Announcement",
+    "ForeignAnnouncementError",
+    "OtherNetworks",
     "announcement_key",
     "new_instance_name",
     "open_announcement",
@@ -67,6 +69,15 @@ DEFAULT_MAX_FUTURE_MS: Final = 2 * 60 * 1000
 _P_MDNS: Final = b"latticed/v1/mdns"
 _AD: Final = bytes([VERSION]) + SERVICE_TYPE.encode("ascii")
 _TOKEN_RE: Final = re.compile(rb"[A-Za-z0-9_-]{%d}" % TOKEN_LENGTH)
+
+
+#: At most one INFO line per this many seconds about daemons of other networks (the rest go to debug).
+OTHER_NETWORK_LOG_INTERVAL_S: Final = 600.0
+
+
+class ForeignAnnouncementError(IntegrityError):
+    """An announcement that does not open under our key: a daemon of another network (or a modified
+    token; the receiver cannot tell which). Routine on a shared LAN, and counted, not alarmed about."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +150,9 @@ def open_announcement(
 ) -> Announcement | None:
     """Authenticate and check a TXT value; None means it is our own announcement (ignore it).
 
-    Raises :class:`MalformedError` for anything that is not a v1 token, and :class:`IntegrityError` when it
-    fails authentication (another network key, or modified) or lies outside the freshness window
+    Raises :class:`MalformedError` for anything that is not a v1 token, :class:`ForeignAnnouncementError`
+    (an :class:`IntegrityError`) when it fails authentication (another network key, or modified), and
+    :class:`IntegrityError` when it lies outside the freshness window
     ``[now - max_age_ms, now + max_future_ms]``. Both are routine on a shared LAN: log, do not alarm.
     """
     text = token.encode("ascii", "replace") if isinstance(token, str) else bytes(token)
@@ -160,7 +172,9 @@ def open_announcement(
             sealed, _AD, nonce, announcement_key(network_key)
         )
     except nacl.exceptions.CryptoError:
-        raise IntegrityError("announcement fails authentication (another network key, or modified)") from None
+        raise ForeignAnnouncementError(
+            "announcement fails authentication (another network key, or modified)"
+        ) from None
     public_key, port, timestamp_ms = _PLAIN.unpack(plaintext)
     if port == 0:
         raise MalformedError("announcement names port 0")
@@ -172,3 +186,47 @@ def open_announcement(
     if own_public_key is not None and public_key == own_public_key:
         return None
     return Announcement(public_key=public_key, port=port, timestamp_ms=timestamp_ms)
+
+
+class OtherNetworks:
+    """mDNS instances whose announcements do not open under our key: daemons of other networks on this LAN.
+
+    Counted by instance name and nothing else, since nothing else of them can be read: the count tells an
+    operator who "sees no peers" that daemons are there under another key. A name leaves the count when
+    mDNS removes it (a goodbye, or its records expire) or when it opens after all. A daemon that crashed
+    and restarted under a new name counts twice until its old records expire (~19 minutes). Times
+    (``now``, seconds on any monotonic clock) are passed in.
+    """
+
+    def __init__(self, *, log_interval_s: float = OTHER_NETWORK_LOG_INTERVAL_S) -> None:
+        self._names: set[str] = set()
+        self._log_interval_s = log_interval_s
+        self._last_logged: float | None = None
+
+    @property
+    def count(self) -> int:
+        """Instances of other networks heard and not removed since."""
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._names
+
+    def heard(self, name: str, now: float) -> bool:
+        """``name`` announced something we cannot open; True when this is worth an INFO line: a name not
+        counted yet, and none logged in the last ``log_interval_s`` (a LAN full of them logs rarely)."""
+        key = name.lower()
+        if key in self._names:
+            return False
+        self._names.add(key)
+        if self._last_logged is not None and now - self._last_logged < self._log_interval_s:
+            return False
+        self._last_logged = now
+        return True
+
+    def forget(self, name: str) -> bool:
+        """``name`` was removed by mDNS, or opened under our key: not counted any more. True if it was."""
+        key = name.lower()
+        if key in self._names:
+            self._names.discard(key)
+            return True
+        return False

@@ -40,6 +40,7 @@ __all__ = [
     "MAX_ADDED",
     "MAX_BLOCKED",
     "NO_ANSWER_REASON",
+    "OTHER_NETWORKS_FIX",
     "REFUSED_US_REASON",
     "SKEW_FORGET_S",
     "SKEW_RECOVER_MS",
@@ -53,6 +54,7 @@ __all__ = [
     "SkewReading",
     "classify_dial_failure",
     "format_host_port",
+    "other_networks_text",
     "peer_status",
 ]
 
@@ -88,6 +90,18 @@ def format_host_port(address: HostPort) -> str:
     """``HOST:PORT``, IPv6 literals in brackets (what :func:`parse_host_port` reads)."""
     host, port = address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def other_networks_text(count: int) -> str:
+    """What ``peers`` and ``doctor`` say of the daemons mDNS hears under another network key."""
+    return f"{count} daemon{'s' if count != 1 else ''} of another network on this LAN"
+
+
+#: What to do about them (their announcements do not open under our key: who they are is unknown).
+OTHER_NETWORKS_FIX: Final = (
+    "if they are yours, give them one network key: `latticectl invite` on a member, `latticectl join TOKEN` "
+    "on the other"
+)
 
 
 def _check_key(key: bytes) -> bytes:
