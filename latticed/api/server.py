@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import trio
 
-from latticed.api import group_handlers, subscribe, tail  # noqa: F401 - importing them registers their ops
+from latticed.api import bundle_handlers, group_handlers, subscribe, tail  # noqa: F401 - importing them registers their ops
 from latticed.api.connection import Connection
 from latticed.api.consumer_id import CONSUMER, new_consumer_id
 from latticed.api.dispatch import dispatch, parse_request
