@@ -123,7 +123,7 @@ def import_(
         return
     note(
         f"imported {file}: {result['records']} records of {result['logs']} logs "
-        f"({result['changed']} pieces were new here)"
+        f"({result['changed']} chunks changed this daemon)"
     )
     for item in result.get("skipped") or ():
         note(f"skipped {item['log']}: {item['reason']}")

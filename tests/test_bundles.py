@@ -205,7 +205,7 @@ def test_importing_the_same_bundle_twice_changes_nothing(
     with b.client() as c:
         assert c.queue_info(address) == info
     result = ctl(b, "bundle", "import", str(path))
-    assert result.exit_code == 0 and "0 pieces were new" in result.stderr
+    assert result.exit_code == 0 and "0 chunks changed" in result.stderr
 
 
 def test_an_export_with_a_want_file_carries_only_what_is_missing(

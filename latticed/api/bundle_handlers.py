@@ -53,7 +53,7 @@ CHUNK_BYTES: Final = 4 << 20
 #: Bytes of the file per ``data`` frame, both ways.
 DATA_FRAME_BYTES: Final = 1 << 20
 #: Merges submitted ahead of the one awaited (the storage thread joins them in order, verifying goes on).
-MERGES_IN_FLIGHT: Final = 8
+MERGES_IN_FLIGHT: Final = 4
 #: How often an import reports how far its merge got.
 PROGRESS_EVERY_S: Final = 0.5
 
@@ -207,7 +207,8 @@ async def _receive_into(conn: Connection, spool: _Spool, reader: BundleReader, e
         if not isinstance(data, bytes):
             raise MalformedError("a bundle_import frame is a map with 'data' (bytes) or 'end'")
         await trio.to_thread.run_sync(spool.file.write, data)
-        for section in reader.feed(data):
+        # Decoding a few MiB of sections is off the event loop too.
+        for section in await trio.to_thread.run_sync(reader.feed, data):
             if isinstance(section, QueueDelta):
                 await _verified(engine, section)
 
@@ -306,7 +307,7 @@ async def _merge_spool(conn: Connection, rid: Any, spool: _Spool, engine: Bundle
         data = await trio.to_thread.run_sync(spool.file.read, DATA_FRAME_BYTES)
         if not data:
             break
-        for section in reader.feed(data):
+        for section in await trio.to_thread.run_sync(reader.feed, data):
             if isinstance(section, QueueDelta):
                 await merges.submit(section)
         if time.monotonic() - last >= PROGRESS_EVERY_S:
