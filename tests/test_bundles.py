@@ -188,6 +188,16 @@ def test_a_truncated_bundle_is_refused_and_nothing_is_stored(
             c.queue_info(address)
     with b.client() as c, pytest.raises(IntegrityError, match="truncated"):
         c.bundle_import([data[: len(data) // 3]])
+    # A client that leaves halfway: the daemon carries on, and no spool is left behind.
+    with b.client() as c:
+        conn = c.open_stream(10)
+        conn.send({"v": 1, "id": 1, "op": "bundle_import"})
+        conn.send({"data": data[: len(data) // 2]})
+        conn.close()
+        assert c.identity() == identity(b)
+    assert not list(b.config.data_dir.glob(".bundle-import-*"))
+    with b.client() as c, pytest.raises(NotFoundError):
+        c.queue_info(address)
 
 
 def test_importing_the_same_bundle_twice_changes_nothing(

@@ -9,7 +9,7 @@ decodes every section and verifies every delta exactly as a peer's (``verify_del
 digest and signature at its end: a bundle damaged anywhere is refused before anything is merged. The
 second reads the spool back, verifies each delta again (what the merge path takes is a ``VerifiedDelta``)
 and merges it as replication's catch-up does, several in flight. Memory stays at a few sections whatever
-the size; the spool is removed when the import ends, however it ends.
+the size; the spool is unlinked as soon as it is made, so it never outlives the import.
 """
 
 from __future__ import annotations
@@ -177,17 +177,21 @@ async def bundle_export(ctx: Context, conn: Connection, request: Request) -> boo
 
 
 class _Spool:
-    """The bundle's bytes as they came, in a private file of the data directory (removed on close)."""
+    """The bundle's bytes as they came, in a private file of the data directory, unlinked as soon as it
+    is made: only this open descriptor reaches it, and nothing is left behind however the import ends
+    (the daemon killed included); its space is freed when it is closed."""
 
     def __init__(self, data_dir: Path) -> None:
         fd, name = tempfile.mkstemp(prefix=".bundle-import-", suffix=".tmp", dir=data_dir)
-        self.path = Path(name)
+        try:
+            os.unlink(name)
+        except OSError:
+            os.close(fd)
+            raise
         self.file = os.fdopen(fd, "w+b")
 
     def close(self) -> None:
         self.file.close()
-        with contextlib.suppress(OSError):
-            self.path.unlink()
 
 
 async def _receive_into(conn: Connection, spool: _Spool, reader: BundleReader, engine: BundleStore) -> int:
