@@ -288,3 +288,22 @@ def test_every_flipped_byte_of_a_bundle_is_caught_by_the_reader_alone() -> None:
             list(read_all([data[:cut]]))
     with pytest.raises(TamperedError, match="follow the end"):
         list(read_all([data + b"\x00"]))
+
+
+def test_a_fork_proof_travels_in_a_bundle(a: InProcessDaemon, b: InProcessDaemon, tmp_path: Path) -> None:
+    owner, name = Identity.generate(), qname()
+    one, two = LatticeQueue.create(owner, name), LatticeQueue.create(owner, name)
+    one.offer(b"one")
+    one.commit()
+    two.offer(b"two")
+    two.commit()
+    a.call(a.handle.engine.merge_delta, one.delta())
+    forked = a.call(a.handle.engine.merge_delta, two.delta())
+    assert forked.forked and forked.fork is not None
+    address = f"{owner.public_key.hex()}/{name}"
+    path = tmp_path / "forked.lat"
+    export(a, path, name)
+    import_(b, path)
+    with b.client() as c:
+        info = c.queue_info(address)
+    assert info["forked"] is True and info["fork_proof"]
