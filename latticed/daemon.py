@@ -3,7 +3,7 @@
 Start-up order (each step fails early with a clear LatticedError): no other daemon serves the socket and
 the network key is fit for the listen address (the public default key is refused beyond loopback), both
 checked before anything is created; directories, the data directory's lock, the identity key, the store
-(migrated), replication (owned by :mod:`latticed.membership`, which restarts it under a new key on
+(migrated), replication (owned by :mod:`latticed.services.membership`, which restarts it under a new key on
 ``latticectl join``), work queues, retention (it reads the groups' ack floors), the API socket; then
 READY=1 to systemd. One root nursery holds every service, each started with ``nursery.start`` so
 "ready" means ready. SIGTERM or SIGINT
@@ -29,40 +29,40 @@ from dataclasses import dataclass
 
 import trio
 
-from latticed.api import (
+from latticed.api.server import (
     member_handlers,  # noqa: F401 - importing it registers invite and join
     peer_handlers,  # noqa: F401 - importing it registers peer management and doctor
     retention_handlers,  # noqa: F401 - importing it registers retention_get/set
     store_handlers,  # noqa: F401 - importing it registers store_compact
 )
-from latticed.api.handlers import Context, package_version
-from latticed.api.listener import refuse_if_served
-from latticed.api.server import serve_api
-from latticed.config import DaemonConfig
+from latticed.api.server.api_server import serve_api
+from latticed.api.server.handlers import Context, package_version
+from latticed.api.server.listener import refuse_if_served
 from latticed.crdt.signing import Identity
 from latticed.groups.lease_server import RemoteLeaseServer
 from latticed.groups.remote import RemoteGroups
 from latticed.groups.service import GroupService
-from latticed.health import Health
-from latticed.logs import get_logger, log_event
-from latticed.malloc import keep_large_buffers
-from latticed.membership import Membership
-from latticed.metrics.collector import StateCollector
-from latticed.metrics.live import DaemonMetrics
-from latticed.metrics.server import serve_metrics
+from latticed.host.config import DaemonConfig
+from latticed.host.data_dir_lock import DataDirLock
+from latticed.host.identity_key import load_or_create_identity
+from latticed.host.netkey import check_listen_key
+from latticed.host.paths import ensure_data_dir, ensure_socket_dir
+from latticed.host.retention_policy import ReplicaCaps
 from latticed.net.leasing import LeaseLinks
 from latticed.net.replication import load_network_key
-from latticed.netkey import check_listen_key
-from latticed.paths import ensure_data_dir, ensure_socket_dir
-from latticed.retention import ReplicaCaps
-from latticed.retention_service import run_retention
-from latticed.sdnotify import Notifier, watchdog_interval
+from latticed.process.logs import get_logger, log_event
+from latticed.process.malloc import keep_large_buffers
+from latticed.process.sdnotify import Notifier, watchdog_interval
+from latticed.process.ticks import shared_period, sleep_until_tick
+from latticed.services.daemon_metrics import DaemonMetrics
+from latticed.services.health import Health
+from latticed.services.membership import Membership
+from latticed.services.metrics_collector import StateCollector
+from latticed.services.metrics_http import serve_metrics
+from latticed.services.retention_service import run_retention
 from latticed.storage.engine import Engine
-from latticed.storage.keyfile import load_or_create_identity
-from latticed.storage.lockfile import DataDirLock
 from latticed.storage.sealer import sealer_of
 from latticed.storage.wiring import ChangeFanout, OwnerFence
-from latticed.ticks import shared_period, sleep_until_tick
 
 log = get_logger(__name__)
 
@@ -103,7 +103,7 @@ async def run_daemon(
 ) -> None:
     """Run until SIGTERM/SIGINT (or cancellation). ``handle_signals`` defaults to "on the main thread", and
     so does ``tune_gc`` (raise the collector's first threshold, freeze what start-up built, keep large
-    freed buffers for reuse: latticed/malloc.py): both are process-wide, so they are for a daemon that
+    freed buffers for reuse: latticed/process/malloc.py): both are process-wide, so they are for a daemon that
     owns its process."""
     # First, before anything is created or tuned: a socket another daemon serves means we would only
     # refuse later, after making a data directory and an identity nobody asked for.

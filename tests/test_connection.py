@@ -9,7 +9,7 @@ import msgpack
 import pytest
 import trio
 
-from latticed.api.connection import LARGE_FRAME_BYTES, Connection
+from latticed.api.server.connection import LARGE_FRAME_BYTES, Connection
 from latticed.errors import ConnectionClosedError
 from latticed.protocol.framing import FrameDecoder, encode_frame
 

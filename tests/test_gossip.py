@@ -16,9 +16,9 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack, summary_to_wire, unpack
 from latticed.errors import LatticedError
+from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.gossip import MEMORY_TTL_S, OWN_CATCH_UP_S, Gossip, PeerLink
 from latticed.net.transport import secure_accept, secure_connect
-from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import DIGEST, HELLO, PING, PONG, PROTOCOL_VERSION, QueueKey
 
 ALICE = Identity.from_seed(b"a" * 32)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from meshlinks import connect, start
+from support.meshlinks import connect, start
 
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
@@ -22,9 +22,9 @@ from latticed.errors import CapacityError, LeaseError, NotAllowedError
 from latticed.groups.lease_server import RemoteLeaseServer
 from latticed.groups.service import GroupService
 from latticed.groups.waiting import MAX_WAITING_PER_PEER
+from latticed.host.retention_policy import meta_updates
 from latticed.net.leasing import LeaseLinks
-from latticed.retention import meta_updates
-from latticed.retention_service import RetentionService
+from latticed.services.retention_service import RetentionService
 from latticed.storage.engine import Engine
 from latticed.storage.wiring import ChangeFanout
 

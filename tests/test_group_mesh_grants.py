@@ -15,19 +15,19 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from meshlinks import connect, start
+from support.meshlinks import connect, start
 
 from cli.output import to_json
-from latticed.api.group_client import lease_from_wire
+from latticed.api.client.group_client import lease_from_wire
 from latticed.crdt.head import KIND_GROUP
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import IntegrityError, NotReaderError
+from latticed.facades.lattice_queue import LatticeQueue
 from latticed.groups.remote import RemoteGroup, RemoteGroups
 from latticed.groups.service import GroupService
 from latticed.privacy import crypto
 from latticed.privacy import meta as sealed_meta
-from latticed.queue import LatticeQueue
 from latticed.storage.engine import Engine
 from latticed.storage.wiring import ChangeFanout
 

@@ -2,8 +2,8 @@
 daemon (the API handlers over a real storage engine), and both must answer alike. A rule about KV writes
 lives in :mod:`latticed.crdt.kvplan` alone; these cases fail on whichever path does not use it.
 
-The KV operation table (:mod:`latticed.api.kvops`) is checked here too: the handlers, the client, the CLI
-and the library must offer exactly its operations, with its arguments."""
+The KV operation table (:mod:`latticed.api.server.kvops`) is checked here too: the handlers, the client, the
+CLI and the library must offer exactly its operations, with its arguments."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ import typer
 from typer.core import TyperArgument, TyperGroup
 
 import cli.ctl
-from latticed.api.client import Client
-from latticed.api.handlers import HANDLERS, Context
-from latticed.api.kvops import KV_OPERATIONS, KvOperation
+from latticed.api.client.blocking_client import Client
+from latticed.api.server.handlers import HANDLERS, Context
+from latticed.api.server.kvops import KV_OPERATIONS, KvOperation
 from latticed.crdt.kvplan import WRITE_OPS
 from latticed.crdt.signing import Identity
 from latticed.errors import MalformedError, WrongTypeError
-from latticed.kv import KvNamespace
+from latticed.facades.kv_namespace import KvNamespace
 from latticed.storage.engine import Engine
 
 ALICE = Identity.from_seed(b"a" * 32)

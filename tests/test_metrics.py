@@ -24,11 +24,16 @@ from latticed.errors import (
     LatticedError,
     MalformedError,
 )
+from latticed.facades.lattice_queue import LatticeQueue
 from latticed.groups.service import GroupService
-from latticed.metrics.collector import StateCollector
-from latticed.metrics.live import DaemonMetrics, handshake_reason
-from latticed.metrics.server import MAX_CONNECTIONS, MAX_REQUEST_BYTES, REQUEST_TIMEOUT_S, serve_metrics
-from latticed.queue import LatticeQueue
+from latticed.services.daemon_metrics import DaemonMetrics, handshake_reason
+from latticed.services.metrics_collector import StateCollector
+from latticed.services.metrics_http import (
+    MAX_CONNECTIONS,
+    MAX_REQUEST_BYTES,
+    REQUEST_TIMEOUT_S,
+    serve_metrics,
+)
 from latticed.storage.engine import Engine
 from latticed.storage.wiring import ChangeFanout
 

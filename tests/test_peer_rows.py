@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import trio
-from inprocess import start_in_process
+from support.inprocess import start_in_process
 
-from latticed.config import DaemonConfig
 from latticed.errors import ConnectionClosedError
-from latticed.logs import EVENT_ATTR, FIELDS_ATTR
+from latticed.host.config import DaemonConfig
 from latticed.net.peerstate import PeerFaults
 from latticed.net.replication import PEERS_FILE
 from latticed.net.transport import connect_failure, open_peer
+from latticed.process.logs import EVENT_ATTR, FIELDS_ATTR
 from latticed.protocol.peerbook import PeerBook
 from latticed.protocol.peerstate import PeerRules
 

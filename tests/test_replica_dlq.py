@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from latticed.api import group_handlers
-from latticed.api.handlers import Context
+from latticed.api.server import group_handlers
+from latticed.api.server.handlers import Context
 from latticed.crdt.head import KIND_GROUP, KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.sim import SimNetwork
 
 from latticed.crdt import queue as core
 from latticed.crdt.queue import Summary
@@ -29,7 +30,6 @@ from latticed.protocol.replication import (
     PeerSummary,
     ReplicationSession,
 )
-from latticed.protocol.sim import SimNetwork
 
 ALICE = Identity.from_seed(b"a" * 32)
 MALLORY = Identity.from_seed(b"m" * 32)

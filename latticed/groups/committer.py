@@ -25,10 +25,10 @@ from latticed.crdt.attempts import AttemptEntry, history_records
 from latticed.crdt.group import ProgressOp, apply_progress_ops, coalesce_ops, progress_record, snapshot_ops
 from latticed.crdt.records import MAX_VALUE_BYTES, Record
 from latticed.errors import LatticedError
-from latticed.groups.ports import GroupStore
+from latticed.groups.group_ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
 from latticed.leases.outcomes import Changes
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)

@@ -47,9 +47,9 @@ from latticed.errors import (
     MalformedError,
     NotReaderError,
 )
-from latticed.groups.ports import GroupStore
-from latticed.logs import get_logger, log_event
+from latticed.groups.group_ports import GroupStore
 from latticed.net.leasing import LeaseLinks, LinkLostError
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.reader import Columns
 from latticed.storage.sealer import sealer_of
 

@@ -16,7 +16,7 @@ from latticed.errors import MalformedError, NotFoundError
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, records_of
 from latticed.groups.service import GroupService
 from latticed.leases.outcomes import DeadLetter
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.sealer import sealer_of
 
 log = get_logger(__name__)

@@ -20,10 +20,10 @@ from latticed.crdt.group_spec import GroupSpec
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError, NotReaderError
-from latticed.groups.ports import GroupStore
+from latticed.groups.group_ports import GroupStore
 from latticed.leases.dispatch import Dispatcher
 from latticed.leases.outcomes import Changes
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.reader import Columns
 from latticed.storage.sealer import sealer_of
 

@@ -1,5 +1,5 @@
 """The work-queue service: runs the consumer groups this daemon owns, on top of the store (a
-:class:`~latticed.groups.ports.GroupStore`).
+:class:`~latticed.groups.group_ports.GroupStore`).
 
 * **Start-up**: every group log (a ``KIND_GROUP`` queue) we own is loaded: its definition from the
   signed metadata, its progress by folding its ops, then its sources (and DLQ) are read from their ack
@@ -55,11 +55,11 @@ from latticed.errors import (
     NotOwnerError,
 )
 from latticed.groups.committer import Committer, Flight
-from latticed.groups.ports import GroupStore
+from latticed.groups.group_ports import GroupStore
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
 from latticed.leases.filters import compile_filter
 from latticed.leases.outcomes import Changes, DeadLetter, Grant, TaskView
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.sealer import sealer_of
 from latticed.storage.wiring import ChangeFanout
 

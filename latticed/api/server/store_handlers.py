@@ -1,0 +1,20 @@
+"""The store's own ops on the local API: ``store_compact``.
+
+``store_compact`` gives every free page of the store back to the file system, cuts the WAL and writes
+the disk reserve again (latticed/storage/space.py), and answers the sizes before and after. The storage
+thread does it, so writes wait meanwhile: seconds for a store that was never compacted (one ``VACUUM``),
+little after that.
+"""
+
+from __future__ import annotations
+
+from latticed.api.server.handlers import Context, Reply, Request, handler
+
+
+@handler("store_compact")
+async def store_compact(ctx: Context, request: Request) -> Reply:
+    """Compact the store; ``before_bytes``, ``after_bytes``, ``freed_bytes``, ``vacuumed``."""
+    result = await ctx.engine.compact_store()
+    if ctx.health is not None:
+        await ctx.health.refresh_disk()
+    return {**result, "disk": ctx.health.disk_status() if ctx.health else None}
