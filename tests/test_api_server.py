@@ -28,7 +28,7 @@ import cli.ctl
 from cli.boundary import ExitCode
 from latticed.api.client.blocking_client import Client, Entry
 from latticed.api.server import tail as tail_module
-from latticed.api.server.handlers import HANDLERS
+from latticed.api.server.op_table import build_op_table
 from latticed.api.server.tail import MIN_TAIL_BATCH_BYTES, tail_buffered_bytes
 from latticed.crdt.signing import Identity
 from latticed.errors import (
@@ -507,7 +507,7 @@ _requests = st.fixed_dictionaries(
         "id": st.one_of(
             st.integers(-5, 5), st.text(max_size=3), st.none(), st.lists(st.integers(0, 9), max_size=2)
         ),
-        "op": st.one_of(st.sampled_from([*sorted(HANDLERS), "tail"]), st.text(max_size=12)),
+        "op": st.one_of(st.sampled_from([*sorted(build_op_table().handlers), "tail"]), st.text(max_size=12)),
     },
     optional={name: _values for name in _ARG_NAMES},
 ).map(lambda r: msgpack.packb(r, use_bin_type=True))

@@ -26,6 +26,7 @@ from latticed.host.retention_policy import meta_updates
 from latticed.net.leasing import LeaseLinks
 from latticed.services.retention_service import RetentionService
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
 
 OWNER = Identity.from_seed(b"o" * 32)
@@ -59,7 +60,7 @@ async def mesh(
 ) -> AsyncIterator[Mesh]:
     changes = ChangeFanout()
     async with Engine.open(tmp_path, OWNER, changes=changes) as engine, trio.open_nursery() as nursery:
-        groups: GroupService = await nursery.start(GroupService(engine, changes).run)
+        groups: GroupService = await nursery.start(GroupService(engine, changes, Sealer(engine)).run)
         q = await engine.create_queue("jobs", meta or {})
         if records:
             await engine.append(q, [Record(b"r%d" % i) for i in range(records)])

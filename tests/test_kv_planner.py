@@ -20,14 +20,17 @@ from typer.core import TyperArgument, TyperGroup
 
 import cli.ctl
 from latticed.api.client.blocking_client import Client
-from latticed.api.server.handlers import HANDLERS, Context
+from latticed.api.server.context import Context
 from latticed.api.server.kvops import KV_OPERATIONS, KvOperation
+from latticed.api.server.op_table import build_op_table
 from latticed.crdt.kvplan import WRITE_OPS
 from latticed.crdt.signing import Identity
 from latticed.errors import MalformedError, WrongTypeError
 from latticed.facades.kv_namespace import KvNamespace
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 
+HANDLERS = build_op_table().handlers
 ALICE = Identity.from_seed(b"a" * 32)
 NOW = 1_700_000_000_000
 INT64_MAX = 2**63 - 1
@@ -85,7 +88,14 @@ class DaemonKv:
 
         async def main() -> None:
             async with Engine.open(data_dir, ALICE, clock=self.clock) as engine:
-                box["ctx"] = Context(engine, data_dir, data_dir / "unused.sock", 1 << 20)
+                box["ctx"] = Context(
+                    engine,
+                    data_dir,
+                    data_dir / "unused.sock",
+                    1 << 20,
+                    sealer=Sealer(engine),
+                    ops=build_op_table(),
+                )
                 box["token"] = trio.lowlevel.current_trio_token()
                 box["done"] = trio.Event()
                 started.set()

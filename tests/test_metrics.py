@@ -35,6 +35,7 @@ from latticed.services.metrics_http import (
     serve_metrics,
 )
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -95,7 +96,7 @@ async def test_commits_merges_and_state_read_through_the_text_parser(tmp_path: P
         fork.offer(b"xyz")
         fork.offer(b"other")
         await engine.merged(engine.submit_merge(await engine.verify_delta(fork.delta()), origin=OTHER))
-        groups = await nursery.start(GroupService(engine, changes).run)
+        groups = await nursery.start(GroupService(engine, changes, Sealer(engine)).run)
         rt = await groups.create("mailer", ["events"])
         groups.take(rt, "consumer-1", None, 2)
         metrics.registry.register(

@@ -30,7 +30,6 @@ from latticed.privacy import crypto
 from latticed.privacy import meta as sealed_meta
 from latticed.storage.jobs import Call
 from latticed.storage.kvcompact import CompactKv
-from latticed.storage.sealer import sealer_of
 
 runner = CliRunner()
 
@@ -153,7 +152,7 @@ def test_a_write_racing_an_unshare_is_sealed_under_the_new_epoch(daemon: InProce
         c.queue_create(name, readers=[bob.public_hex])
         c.offer(name, b"before")
     engine = daemon.handle.engine
-    sealer = sealer_of(engine)
+    sealer = daemon.handle.sealer
     q = engine.resolve(name)
     gate = threading.Event()
 

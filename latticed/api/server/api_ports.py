@@ -16,6 +16,7 @@ from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
+from latticed.host.diskspace import DiskUsage
 from latticed.host.invite import Invite
 from latticed.protocol.addresses import HostPort
 from latticed.storage.jobs import Job
@@ -99,6 +100,9 @@ class ReplicationView(Protocol):
     @property
     def listen(self) -> str | None: ...
 
+    @property
+    def listen_address(self) -> HostPort | None: ...
+
     def peers(self) -> list[dict[str, Any]]: ...
 
     def lag(self) -> dict[str, int]: ...
@@ -110,6 +114,17 @@ class ReplicationView(Protocol):
     def incompatible_peers(self) -> list[dict[str, Any]]: ...
 
 
+class PeerControl(ReplicationView, Protocol):
+    """The running replication service, as ``peers add|remove|block|unblock`` change it (saved in the
+    data directory before the reply)."""
+
+    def add_peer(self, address: HostPort) -> dict[str, Any]: ...
+
+    def remove_peer(self, target: bytes | HostPort) -> dict[str, Any]: ...
+
+    def set_blocked(self, public_key: bytes, blocked: bool) -> bool: ...
+
+
 class MembershipView(Protocol):
     """Network membership (:class:`latticed.services.membership.Membership`): ``invite``, ``join``, and the
     replication service running under the current network key (None while there is none)."""
@@ -117,9 +132,58 @@ class MembershipView(Protocol):
     @property
     def service(self) -> ReplicationView | None: ...
 
+    @property
+    def uses_public_key(self) -> bool: ...
+
+    async def ensure_started(self) -> PeerControl: ...
+
     def invite(self, addresses: Sequence[HostPort] = ()) -> str: ...
 
     async def join(self, invite: Invite, *, force: bool = False) -> dict[str, Any]: ...
 
 
-__all__ = ["ApiStore", "MembershipView", "ReplicationView", "TailStore"]
+class HealthView(Protocol):
+    """Daemon-wide faults (:class:`latticed.services.health.Health`): forks and the disk."""
+
+    disk: DiskUsage | None
+    disk_error: str | None
+
+    async def refresh_disk(self) -> None: ...
+
+    def disk_status(self) -> dict[str, Any] | None: ...
+
+    def forked_queues(self) -> list[dict[str, Any]]: ...
+
+
+class RetentionView(Protocol):
+    """What the API shows of retention (:mod:`latticed.services.retention_service`)."""
+
+    def cap(self, q: int) -> int | None: ...
+
+    def counters_dict(self) -> dict[str, int]: ...
+
+
+class SelfCheck(Protocol):
+    """The daemon's checklist of itself (:func:`latticed.host.checklist.daemon_checks` on its config),
+    given what only the running services know; blocking (it stats files, lists interfaces)."""
+
+    def __call__(
+        self,
+        facts: dict[str, Any],
+        *,
+        listen_address: HostPort | None,
+        disk: DiskUsage | None,
+        disk_error: str | None,
+    ) -> list[dict[str, Any]]: ...
+
+
+__all__ = [
+    "ApiStore",
+    "HealthView",
+    "MembershipView",
+    "PeerControl",
+    "ReplicationView",
+    "RetentionView",
+    "SelfCheck",
+    "TailStore",
+]

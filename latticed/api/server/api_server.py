@@ -23,10 +23,9 @@ from typing import Any, Final
 import trio
 
 from latticed.api.messages import error_reply
-from latticed.api.server import group_handlers, subscribe, tail  # noqa: F401 - importing them registers their ops
 from latticed.api.server.connection import Connection
 from latticed.api.server.consumer_id import CONSUMER, new_consumer_id
-from latticed.api.server.handlers import PIPELINED, STREAMS, Context, PipelinedHandler
+from latticed.api.server.context import Context, PipelinedHandler
 from latticed.api.server.listener import bind_unix_socket, remove_socket
 from latticed.api.server.request_router import dispatch, parse_request
 from latticed.errors import (
@@ -176,17 +175,17 @@ async def _serve(ctx: Context, conn: Connection) -> None:
 
 async def _serve_one(ctx: Context, conn: Connection, pipeline: _Pipeline, frame: bytes) -> bool:
     """Handle one request; False when the connection is done (a stream ended it)."""
-    request, reply = parse_request(frame)
+    request, reply = parse_request(frame, ctx.ops)
     if reply is None:
         assert request is not None
-        begin = PIPELINED.get(request["op"])
+        begin = ctx.ops.pipelined.get(request["op"])
         if begin is not None:
             await pipeline.start(request.get("id"), begin, request, len(frame))
             return True
         # Anything else runs alone, after every earlier request of this connection has been answered:
         # it sees their effects, and its own effects come before those of later requests.
         await pipeline.drain()
-        streaming = STREAMS.get(request["op"])
+        streaming = ctx.ops.streams.get(request["op"])
         if streaming is not None:
             try:
                 return await streaming(ctx, conn, request)

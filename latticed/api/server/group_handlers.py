@@ -27,7 +27,7 @@ import trio
 from latticed.api.messages import arg_int, arg_number, arg_str
 from latticed.api.server.connection import Connection
 from latticed.api.server.consumer_id import consumer_id
-from latticed.api.server.handlers import Context, Reply, Request, handler, stream
+from latticed.api.server.context import Context, Handler, Reply, Request, StreamHandler
 from latticed.crdt.group import GroupProgress
 from latticed.crdt.head import KIND_GROUP
 from latticed.crdt.signing import parse_public_key
@@ -203,7 +203,6 @@ def _settings(request: Request) -> dict[str, Any]:
     return settings
 
 
-@handler("group_create")
 async def group_create(ctx: Context, request: Request) -> Reply:
     service = service_of(ctx)
     queues = request.get("queues")
@@ -215,7 +214,6 @@ async def group_create(ctx: Context, request: Request) -> Reply:
     return {"group": group_info(service, rt)}
 
 
-@handler("group_edit")
 async def group_edit(ctx: Context, request: Request) -> Reply:
     """Change a group's settings; ``remote_consumers``: a list of identities, or "any" (left out: as
     it is). What happens to leases in flight: docs/workqueues.md."""
@@ -232,14 +230,12 @@ async def group_edit(ctx: Context, request: Request) -> Reply:
     return {"group": group_info(service, rt)}
 
 
-@handler("group_delete")
 async def group_delete(ctx: Context, request: Request) -> Reply:
     """Delete a group: its leases in flight become unknown, its dead letters are dropped."""
     service, rt = service_of(ctx), runtime_of(ctx, request)
     return {"group": rt.name, **await service.delete(rt)}
 
 
-@handler("group_list")
 async def group_list(ctx: Context, request: Request) -> Reply:
     """Groups run here, then replicas of others' (with their owner's live counts when it is connected)."""
     service = service_of(ctx)
@@ -292,7 +288,6 @@ async def _owner_stats(remote: RemoteGroups, target: RemoteGroup) -> dict[str, A
     return stats if isinstance(stats, dict) else None
 
 
-@handler("group_stats")
 async def group_stats(ctx: Context, request: Request) -> Reply:
     service = service_of(ctx)
     address = arg_str(request, "group")
@@ -347,7 +342,6 @@ async def _replica_stats(service: GroupService, address: str) -> dict[str, Any]:
     }
 
 
-@handler("group_inspect")
 async def group_inspect(ctx: Context, request: Request) -> Reply:
     """One record as the group sees it: state, attempts so far, their history, the live lease."""
     service = service_of(ctx)
@@ -366,7 +360,6 @@ async def group_inspect(ctx: Context, request: Request) -> Reply:
 # ------------------------------------------------------------------ leases
 
 
-@stream("dequeue")
 async def dequeue(ctx: Context, conn: Connection, request: Request) -> bool:
     """Lease one record (``wait``: block up to that long for one); reply ``{"lease": ... | None}``."""
     found = remote_of(ctx, request)
@@ -451,7 +444,6 @@ def _result(result: Any) -> Reply:
     return {k: v for k, v in result.items() if k != "ok"}
 
 
-@handler("ack")
 async def ack(ctx: Context, request: Request) -> Reply:
     token = arg_str(request, "lease")
     found = remote_of(ctx, request)
@@ -463,7 +455,6 @@ async def ack(ctx: Context, request: Request) -> Reply:
     return settled_reply(await service.ack(rt, token))
 
 
-@handler("nack")
 async def nack(ctx: Context, request: Request) -> Reply:
     token = arg_str(request, "lease")
     delay = arg_seconds(request, "delay")
@@ -477,7 +468,6 @@ async def nack(ctx: Context, request: Request) -> Reply:
     return settled_reply(await service.nack(rt, token, delay, reason))
 
 
-@handler("extend")
 async def extend(ctx: Context, request: Request) -> Reply:
     visibility = arg_seconds(request, "visibility", positive=True)
     if visibility is None:
@@ -493,7 +483,6 @@ async def extend(ctx: Context, request: Request) -> Reply:
     return {"correlation_id": lease.correlation_id, "expires_at": lease.expires_at}
 
 
-@handler("ack_up_to")
 async def ack_up_to(ctx: Context, request: Request) -> Reply:
     queue, offset = arg_str(request, "queue"), arg_int(request, "offset")
     found = remote_of(ctx, request)
@@ -509,7 +498,6 @@ async def ack_up_to(ctx: Context, request: Request) -> Reply:
     return {"acked": len(changes.done)}
 
 
-@handler("claim")
 async def claim(ctx: Context, request: Request) -> Reply:
     """Take over leases idle at least ``min_idle`` seconds (at most ``count``): ``{"leases": [...]}``."""
     min_idle = arg_seconds(request, "min_idle")
@@ -537,7 +525,6 @@ def _replica(service: GroupService, request: Request) -> bool:
     return owner != service.engine.public_key
 
 
-@handler("dlq_list")
 async def dlq_list(ctx: Context, request: Request) -> Reply:
     """Parked dead letters: the running group's, or (another daemon's group) those of this replica."""
     service = service_of(ctx)
@@ -550,7 +537,6 @@ async def dlq_list(ctx: Context, request: Request) -> Reply:
     return {"dlq": rt.dlq, "dead_letters": [dead_letter_wire(d) for d in letters]}
 
 
-@handler("dlq_show")
 async def dlq_show(ctx: Context, request: Request) -> Reply:
     offset = arg_int(request, "offset")
     if _replica(service_of(ctx), request):
@@ -560,16 +546,37 @@ async def dlq_show(ctx: Context, request: Request) -> Reply:
     return {"dead_letter": dead_letter_wire(rt.dispatcher.inspect_dead_letter(offset))}
 
 
-@handler("dlq_redrive")
 async def dlq_redrive(ctx: Context, request: Request) -> Reply:
     service, rt = service_of(ctx), runtime_of(ctx, request)
     return {"count": await service.redrive(rt, arg_offsets(request))}
 
 
-@handler("dlq_purge")
 async def dlq_purge(ctx: Context, request: Request) -> Reply:
     service, rt = service_of(ctx), runtime_of(ctx, request)
     return {"count": await service.purge(rt, arg_offsets(request))}
+
+
+#: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
+OPS: dict[str, Handler] = {
+    "group_create": group_create,
+    "group_edit": group_edit,
+    "group_delete": group_delete,
+    "group_list": group_list,
+    "group_stats": group_stats,
+    "group_inspect": group_inspect,
+    "ack": ack,
+    "nack": nack,
+    "extend": extend,
+    "ack_up_to": ack_up_to,
+    "claim": claim,
+    "dlq_list": dlq_list,
+    "dlq_show": dlq_show,
+    "dlq_redrive": dlq_redrive,
+    "dlq_purge": dlq_purge,
+}
+STREAMS: dict[str, StreamHandler] = {
+    "dequeue": dequeue,
+}
 
 
 __all__ = [

@@ -1,12 +1,13 @@
 """The local API's request/reply operations: check arguments, call the engine, shape the reply.
 
-One async function per op, registered in :data:`HANDLERS`. Handlers raise
+One async function per op, listed in :data:`OPS` (and the pipelined writes in :data:`PIPELINED`); the
+op table (:mod:`latticed.api.server.op_table`) gathers them with the other handler modules'. Handlers raise
 :class:`~latticed.errors.LatticedError` for anything the client got wrong; the server turns that into an
 error reply. ``tail`` is not here: it streams, so the server runs it (:mod:`latticed.api.server.tail`).
 
-Why one module: it is the request/reply op table (one short function per op, registered in
-:data:`HANDLERS`), which reads best whole: every op's argument checks and reply shape sit next to the
-:class:`Context` they share. Work-queue ops and streams already live in their own modules.
+Why one module: it is the request/reply ops of queues, metadata, KV, sealed queues and status (one short
+function per op), which read best whole: every op's argument checks and reply shape sit side by side.
+Work-queue, membership, peer, retention and store ops and the streams live in their own modules.
 """
 
 from __future__ import annotations
@@ -14,13 +15,9 @@ from __future__ import annotations
 import functools
 import struct
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from latticed.api.messages import (
-    FRAME_OVERHEAD,
     SUPPORTED_VERSIONS,
     arg_bool,
     arg_bytes,
@@ -30,7 +27,7 @@ from latticed.api.messages import (
     parse_headers,
     versions_reply,
 )
-from latticed.api.server.api_ports import ApiStore, ReplicationView
+from latticed.api.server.context import Begun, Context, Handler, PipelinedHandler, Reply, Request
 from latticed.crdt import kv
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
 from latticed.crdt.kvplan import KvRequest, hash_field, visible
@@ -45,114 +42,11 @@ from latticed.crdt.records import (
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError, NotFoundError, NotOwnerError
 from latticed.host.retention_policy import check_meta, check_meta_entry
-from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
-from latticed.storage.sealer import check_user_meta, sealer_of
+from latticed.storage.sealer import check_user_meta
 from latticed.version import RELEASE
 
-if TYPE_CHECKING:
-    from latticed.api.server.connection import Connection
-    from latticed.groups.remote import RemoteGroups
-    from latticed.groups.service import GroupService
-    from latticed.services.health import Health
-    from latticed.services.membership import Membership
-
-Request = dict[str, Any]
-Reply = dict[str, Any]
-
 MAX_READ_RECORDS = 100_000
-
-
-def package_version() -> str:
-    """This build's release (from the source, so a stale install's metadata cannot misreport it)."""
-    return RELEASE
-
-
-class RetentionView(Protocol):
-    """What the API shows of retention (the service lives in :mod:`latticed.services.retention_service`)."""
-
-    def cap(self, q: int) -> int | None: ...
-
-    def counters_dict(self) -> dict[str, int]: ...
-
-
-@dataclass(slots=True)
-class Context:
-    """What every handler may use: the store, the services and a few facts about this daemon; complete
-    when built (the composition root makes the services first and starts them before the API)."""
-
-    engine: ApiStore
-    data_dir: Path
-    socket_path: Path
-    max_frame_bytes: int
-    started: float = field(default_factory=time.monotonic)
-    version: str = field(default_factory=package_version)
-    groups: GroupService | None = None
-    #: Forwards lease operations on groups other daemons own (latticed/groups/remote.py).
-    remote_groups: RemoteGroups | None = None
-    membership: Membership | None = None
-    metrics_listen: str | None = None
-    health: Health | None = None
-    retention: RetentionView | None = None
-
-    @property
-    def replication(self) -> ReplicationView | None:
-        """The replication service running now (it is restarted under a new key on ``join``)."""
-        return None if self.membership is None else self.membership.service
-
-    @property
-    def max_reply_bytes(self) -> int:
-        return max(self.max_frame_bytes - FRAME_OVERHEAD, 1024)
-
-    def queue(self, request: Request) -> int:
-        return self.engine.resolve(arg_str(request, "queue"))
-
-
-Handler = Callable[[Context, Request], Awaitable[Reply]]
-HANDLERS: dict[str, Handler] = {}
-
-
-def handler(name: str) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        HANDLERS[name] = fn
-        return fn
-
-    return register
-
-
-#: Ops that talk to the connection themselves (push frames, watch for the client leaving): they send their
-#: own replies and return False when the client went away.
-StreamHandler = Callable[[Context, "Connection", Request], Awaitable[bool]]
-STREAMS: dict[str, StreamHandler] = {}
-
-
-def stream(name: str) -> Callable[[StreamHandler], StreamHandler]:
-    def register(fn: StreamHandler) -> StreamHandler:
-        STREAMS[name] = fn
-        return fn
-
-    return register
-
-
-#: Write ops a connection may pipeline. ``begin`` checks the request and starts its write job at once, so
-#: jobs commit in request order; the server awaits the job later (while it reads the next requests) and
-#: turns its result into the reply with the function ``begin`` returned.
-Begun = tuple[Job, Callable[[Any], Reply]]
-PipelinedHandler = Callable[[Context, Request], Begun]
-PIPELINED: dict[str, PipelinedHandler] = {}
-
-
-def pipelined(name: str) -> Callable[[PipelinedHandler], PipelinedHandler]:
-    def register(begin: PipelinedHandler) -> PipelinedHandler:
-        async def run(ctx: Context, request: Request) -> Reply:
-            job, build = begin(ctx, request)
-            return build(await ctx.engine.outcome(job))
-
-        PIPELINED[name] = begin
-        HANDLERS[name] = run
-        return begin
-
-    return register
 
 
 # ------------------------------------------------------------------ replies
@@ -191,7 +85,7 @@ def queue_info(ctx: Context, q: int) -> dict[str, Any]:
         "version": state.version,
         "owned": state.owner == ctx.engine.public_key,
         "created_ms": ctx.engine.created_ms(q),
-        "sealed": sealer_of(ctx.engine).describe(q),
+        "sealed": ctx.sealer.describe(q),
         **({"floor": state.floor} if state.floor else {}),  # this replica dropped the records below
     }
 
@@ -199,7 +93,6 @@ def queue_info(ctx: Context, q: int) -> dict[str, Any]:
 # ------------------------------------------------------------------ node
 
 
-@handler("hello")
 async def hello(ctx: Context, request: Request) -> Reply:
     return {
         "versions": list(SUPPORTED_VERSIONS),
@@ -209,17 +102,14 @@ async def hello(ctx: Context, request: Request) -> Reply:
     }
 
 
-@handler("versions")
 async def versions(ctx: Context, request: Request) -> Reply:
     return versions_reply()
 
 
-@handler("id")
 async def identity(ctx: Context, request: Request) -> Reply:
     return {"identity": ctx.engine.public_key.hex()}
 
 
-@handler("status")
 async def status(ctx: Context, request: Request) -> Reply:
     engine = ctx.engine
     if ctx.health is not None:
@@ -253,7 +143,6 @@ async def status(ctx: Context, request: Request) -> Reply:
     }
 
 
-@handler("peers")
 async def peers(ctx: Context, request: Request) -> Reply:
     return {"peers": ctx.replication.peers() if ctx.replication else []}
 
@@ -283,7 +172,6 @@ def _not_a_dlq(ctx: Context, q: int) -> None:
         )
 
 
-@handler("queue_create")
 async def queue_create(ctx: Context, request: Request) -> Reply:
     name = arg_str(request, "name")
     meta = request.get("meta") or {}
@@ -296,7 +184,7 @@ async def queue_create(ctx: Context, request: Request) -> Reply:
     _not_reserved(name, meta)
     readers = request.get("readers")  # a list (maybe empty) of reader identities: a sealed queue
     if readers is not None:
-        q = await sealer_of(ctx.engine).create_queue(name, meta, parse_readers(readers))
+        q = await ctx.sealer.create_queue(name, meta, parse_readers(readers))
     else:
         q = await ctx.engine.create_queue(name, meta)
     return {"queue": ctx.engine.address(q)}
@@ -309,19 +197,14 @@ def parse_readers(raw: Any) -> list[bytes]:
     return [parse_public_key(r) for r in raw]
 
 
-@handler("queue_list")
 async def queue_list(ctx: Context, request: Request) -> Reply:
     infos = [queue_info(ctx, q) for q in ctx.engine.queues()]
     infos.sort(key=lambda i: (not i["owned"], i["owner"], i["name"]))
     return {"queues": infos}
 
 
-@handler("queue_info")
 async def info_of(ctx: Context, request: Request) -> Reply:
     return {"info": queue_info(ctx, ctx.queue(request))}
-
-
-HANDLERS["info"] = info_of
 
 
 def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
@@ -337,19 +220,17 @@ def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
     return Record(value, key, now, ())
 
 
-@pipelined("offer")
 def offer(ctx: Context, request: Request) -> Begun:
     q = ctx.queue(request)
     _not_a_dlq(ctx, q)
     record = _record(request.get("value"), request.get("key"), request.get("headers"), ctx.engine.clock())
-    return sealer_of(ctx.engine).start_append(q, (record,)), _offset_reply
+    return ctx.sealer.start_append(q, (record,)), _offset_reply
 
 
 def _offset_reply(offset: int) -> Reply:
     return {"offset": offset}
 
 
-@pipelined("offer_batch")
 def offer_batch(ctx: Context, request: Request) -> Begun:
     q = ctx.queue(request)
     _not_a_dlq(ctx, q)
@@ -357,7 +238,7 @@ def offer_batch(ctx: Context, request: Request) -> Begun:
     if not isinstance(raw, list) or not raw:
         raise MalformedError("argument 'records' must be a non-empty list of [value, key, headers]")
     records = _record_run(raw, ctx.engine.clock())
-    return sealer_of(ctx.engine).start_append(q, records), functools.partial(_batch_reply, len(records))
+    return ctx.sealer.start_append(q, records), functools.partial(_batch_reply, len(records))
 
 
 def _batch_reply(count: int, first: int) -> Reply:
@@ -375,38 +256,34 @@ def _record_run(raw: list[Any], now: int) -> RecordRun:
     return run
 
 
-@handler("peek")
 async def peek(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     offset = arg_int(request, "offset")
-    row = sealer_of(ctx.engine).open_row(q, offset, await ctx.engine.row(q, offset))
+    row = ctx.sealer.open_row(q, offset, await ctx.engine.row(q, offset))
     return {"value": None if row is None else row[1]}
 
 
-@handler("peek_entry")
 async def peek_entry(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     offset = arg_int(request, "offset")
-    row = sealer_of(ctx.engine).open_row(q, offset, await ctx.engine.row(q, offset))
+    row = ctx.sealer.open_row(q, offset, await ctx.engine.row(q, offset))
     return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, row)}
 
 
-@handler("first")
 async def first(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     state = ctx.engine.state(q)
     row = await ctx.engine.row(q, state.start) if state.held_end > state.start else None
-    row = sealer_of(ctx.engine).open_row(q, state.start, row)
+    row = ctx.sealer.open_row(q, state.start, row)
     return {"queue": ctx.engine.address(q), "entry": entry_wire(state.start, row)}
 
 
-@handler("last")
 async def last(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     state = ctx.engine.state(q)
     offset = state.held_end - 1
     row = await ctx.engine.row(q, offset) if state.held_end > state.start else None
-    row = sealer_of(ctx.engine).open_row(q, offset, row)
+    row = ctx.sealer.open_row(q, offset, row)
     return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, row)}
 
 
@@ -425,14 +302,13 @@ def _opened(ctx: Context, q: int, columns: Columns, request: Request, *, partial
     """The reply's columns opened. ``skip_unreadable`` (optional, default false): leave out the records
     of a sealed queue this identity cannot open and name them in ``unreadable`` (``[first, last]`` runs)
     instead of failing (or, for ``partial``, stopping at the first)."""
-    sealer = sealer_of(ctx.engine)
+    sealer = ctx.sealer
     if arg_bool(request, "skip_unreadable", False):
         opened, left_out = sealer.open_readable(q, columns)
         return {**columns_reply(opened), "unreadable": offset_runs(left_out)}
     return columns_reply(sealer.open_columns(q, columns, partial=partial))
 
 
-@handler("range")
 async def range_(ctx: Context, request: Request) -> Reply:
     """Records ``[from, to]`` (inclusive), clamped to what the queue holds; all of them or an error
     (``skip_unreadable``: see :func:`_opened`)."""
@@ -488,7 +364,6 @@ def packed_columns_reply(columns: Columns) -> Reply:
     }
 
 
-@handler("read")
 async def read(ctx: Context, request: Request) -> Reply:
     """Bulk read from an offset, bounded by count and bytes; ``next_offset`` is where to continue.
 
@@ -506,7 +381,7 @@ async def read(ctx: Context, request: Request) -> Reply:
     if arg_bool(request, "skip_unreadable", False) and layout == "lists":
         reply = _opened(ctx, q, columns, request, partial=True)  # what it left out is passed too
     else:
-        columns = sealer_of(ctx.engine).open_columns(q, columns, partial=True)
+        columns = ctx.sealer.open_columns(q, columns, partial=True)
         reply = packed_columns_reply(columns) if layout == "packed" else columns_reply(columns)
     state = ctx.engine.state(q)
     return {
@@ -518,7 +393,6 @@ async def read(ctx: Context, request: Request) -> Reply:
     }
 
 
-@handler("truncate")
 async def truncate(ctx: Context, request: Request) -> Reply:
     """Drop records before ``new_start``; answers how many went and the offsets the queue has after."""
     q = ctx.queue(request)
@@ -531,18 +405,15 @@ async def truncate(ctx: Context, request: Request) -> Reply:
     return {"dropped": dropped, "start_offset": after.start, "end_offset": after.held_end}
 
 
-@handler("meta_get")
 async def meta_get(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     return {"value": ctx.engine.state(q).meta_dict.get(arg_str(request, "key"))}
 
 
-@handler("meta_list")
 async def meta_list(ctx: Context, request: Request) -> Reply:
     return {"meta": ctx.engine.state(ctx.queue(request)).meta_dict}
 
 
-@handler("meta_del")
 async def meta_del(ctx: Context, request: Request) -> Reply:
     """Delete one metadata key of our own queue; a key that is not set signs nothing."""
     q = ctx.queue(request)
@@ -558,7 +429,6 @@ async def meta_del(ctx: Context, request: Request) -> Reply:
     return {"existed": existed}
 
 
-@handler("meta_set")
 async def meta_set(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     key = arg_str(request, "key")
@@ -588,17 +458,16 @@ def kv_wire(kind: str | None, value: Any) -> Reply:
 
 
 async def _write(ctx: Context, request: Request, op: str, **fields: Any) -> Any:
-    return await sealer_of(ctx.engine).kv_write(KvRequest(op, arg_str(request, "key"), **fields))
+    return await ctx.sealer.kv_write(KvRequest(op, arg_str(request, "key"), **fields))
 
 
 def _readable_owner(ctx: Context, request: Request) -> bytes | None:
     """``_owner``, once this daemon may read that namespace (a sealed one: it opens every epoch of it)."""
     owner = _owner(request)
-    sealer_of(ctx.engine).check_kv(owner)
+    ctx.sealer.check_kv(owner)
     return owner
 
 
-@handler("kv_put")
 async def kv_put(ctx: Context, request: Request) -> Reply:
     ttl = arg_number(request, "ttl")
     if ttl is not None and not 0 < ttl < 10**10:
@@ -608,19 +477,16 @@ async def kv_put(ctx: Context, request: Request) -> Reply:
     return {}
 
 
-@handler("kv_get")
 async def kv_get(ctx: Context, request: Request) -> Reply:
     entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     return kv_wire(*visible(entry, ctx.engine.clock()))
 
 
-@handler("kv_del")
 async def kv_del(ctx: Context, request: Request) -> Reply:
     await _write(ctx, request, "del")
     return {}
 
 
-@handler("kv_list")
 async def kv_list(ctx: Context, request: Request) -> Reply:
     prefix = arg_str(request, "prefix", optional=True) or ""
     now = ctx.engine.clock()
@@ -633,51 +499,43 @@ async def kv_list(ctx: Context, request: Request) -> Reply:
     return {"items": items}
 
 
-@handler("kv_incr")
 async def kv_incr(ctx: Context, request: Request) -> Reply:
     by = arg_int(request, "by", default=1)
     return {"value": await _write(ctx, request, "incr", by=by)}
 
 
-@handler("kv_hset")
 async def kv_hset(ctx: Context, request: Request) -> Reply:
     await _write(ctx, request, "hset", member=arg_bytes(request, "field"), value=arg_bytes(request, "value"))
     return {}
 
 
-@handler("kv_hdel")
 async def kv_hdel(ctx: Context, request: Request) -> Reply:
     await _write(ctx, request, "hdel", member=arg_bytes(request, "field"))
     return {}
 
 
-@handler("kv_hget")
 async def kv_hget(ctx: Context, request: Request) -> Reply:
     field_name = arg_bytes(request, "field")
     entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     return {"value": hash_field(entry, field_name, ctx.engine.clock())}
 
 
-@handler("kv_hgetall")
 async def kv_hgetall(ctx: Context, request: Request) -> Reply:
     entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     kind, value = visible(entry, ctx.engine.clock())
     return {"value": value if kind == kv.HASH else {}}
 
 
-@handler("kv_sadd")
 async def kv_sadd(ctx: Context, request: Request) -> Reply:
     await _write(ctx, request, "sadd", member=arg_bytes(request, "member"))
     return {}
 
 
-@handler("kv_srem")
 async def kv_srem(ctx: Context, request: Request) -> Reply:
     await _write(ctx, request, "srem", member=arg_bytes(request, "member"))
     return {}
 
 
-@handler("kv_smembers")
 async def kv_smembers(ctx: Context, request: Request) -> Reply:
     entry = await ctx.engine.kv_entry(_readable_owner(ctx, request), arg_str(request, "key"))
     kind, value = visible(entry, ctx.engine.clock())
@@ -688,21 +546,19 @@ async def kv_smembers(ctx: Context, request: Request) -> Reply:
 # (docs/privacy.md; creating a sealed queue is queue_create with readers)
 
 
-@handler("queue_share")
 async def queue_share(ctx: Context, request: Request) -> Reply:
     """Give a reader the current key epoch (``history``: every earlier one too)."""
     q = ctx.queue(request)
     reader = parse_public_key(arg_str(request, "reader"))
-    given = await sealer_of(ctx.engine).share(q, reader, history=arg_bool(request, "history", False))
-    return {"epochs": given, "sealed": sealer_of(ctx.engine).describe(q)}
+    given = await ctx.sealer.share(q, reader, history=arg_bool(request, "history", False))
+    return {"epochs": given, "sealed": ctx.sealer.describe(q)}
 
 
-@handler("queue_unshare")
 async def queue_unshare(ctx: Context, request: Request) -> Reply:
     """Remove a reader: a new key epoch from the queue's next offset, without it."""
     q = ctx.queue(request)
     reader = parse_public_key(arg_str(request, "reader"))
-    removed, epoch, start = await sealer_of(ctx.engine).unshare(q, reader)
+    removed, epoch, start = await ctx.sealer.unshare(q, reader)
     return {"removed": removed, "epoch": epoch, "start": start}
 
 
@@ -716,40 +572,80 @@ def _namespace(ctx: Context) -> int:
     return ns
 
 
-@handler("kv_seal")
 async def kv_seal(ctx: Context, request: Request) -> Reply:
     """Create this daemon's KV namespace sealed to ``readers`` (before its first write)."""
     raw = request.get("readers")
     readers = parse_readers([] if raw is None else raw)
-    ns = await sealer_of(ctx.engine).seal_kv(readers)
-    return {"namespace": ctx.engine.address(ns), "sealed": sealer_of(ctx.engine).describe(ns)}
+    ns = await ctx.sealer.seal_kv(readers)
+    return {"namespace": ctx.engine.address(ns), "sealed": ctx.sealer.describe(ns)}
 
 
-@handler("kv_share")
 async def kv_share(ctx: Context, request: Request) -> Reply:
     """Give a reader every key epoch of the namespace: a KV view is the fold of all its ops."""
     reader = parse_public_key(arg_str(request, "reader"))
     ns = _namespace(ctx)
-    given = await sealer_of(ctx.engine).share(ns, reader, history=True)
-    return {"epochs": given, "sealed": sealer_of(ctx.engine).describe(ns)}
+    given = await ctx.sealer.share(ns, reader, history=True)
+    return {"epochs": given, "sealed": ctx.sealer.describe(ns)}
 
 
-@handler("kv_unshare")
 async def kv_unshare(ctx: Context, request: Request) -> Reply:
     """Remove a reader: a new key epoch for the ops written from now on."""
     reader = parse_public_key(arg_str(request, "reader"))
-    removed, epoch, start = await sealer_of(ctx.engine).unshare(_namespace(ctx), reader)
+    removed, epoch, start = await ctx.sealer.unshare(_namespace(ctx), reader)
     return {"removed": removed, "epoch": epoch, "start": start}
 
 
+#: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
+OPS: dict[str, Handler] = {
+    "hello": hello,
+    "versions": versions,
+    "id": identity,
+    "status": status,
+    "peers": peers,
+    "queue_create": queue_create,
+    "queue_list": queue_list,
+    "queue_info": info_of,
+    "info": info_of,
+    "peek": peek,
+    "peek_entry": peek_entry,
+    "first": first,
+    "last": last,
+    "range": range_,
+    "read": read,
+    "truncate": truncate,
+    "meta_get": meta_get,
+    "meta_list": meta_list,
+    "meta_del": meta_del,
+    "meta_set": meta_set,
+    "kv_put": kv_put,
+    "kv_get": kv_get,
+    "kv_del": kv_del,
+    "kv_list": kv_list,
+    "kv_incr": kv_incr,
+    "kv_hset": kv_hset,
+    "kv_hdel": kv_hdel,
+    "kv_hget": kv_hget,
+    "kv_hgetall": kv_hgetall,
+    "kv_sadd": kv_sadd,
+    "kv_srem": kv_srem,
+    "kv_smembers": kv_smembers,
+    "queue_share": queue_share,
+    "queue_unshare": queue_unshare,
+    "kv_seal": kv_seal,
+    "kv_share": kv_share,
+    "kv_unshare": kv_unshare,
+}
+PIPELINED: dict[str, PipelinedHandler] = {
+    "offer": offer,
+    "offer_batch": offer_batch,
+}
+
+
 __all__ = [
-    "HANDLERS",
-    "STREAMS",
-    "Context",
-    "Handler",
-    "StreamHandler",
+    "MAX_READ_RECORDS",
+    "OPS",
+    "PIPELINED",
     "columns_reply",
     "entry_wire",
     "queue_info",
-    "stream",
 ]

@@ -8,7 +8,7 @@ unit). The work is :class:`latticed.services.membership.Membership`'s; these onl
 from __future__ import annotations
 
 from latticed.api.server.api_ports import MembershipView
-from latticed.api.server.handlers import Context, Reply, Request, handler
+from latticed.api.server.context import Context, Handler, Reply, Request
 from latticed.errors import LatticedError, MalformedError
 from latticed.host.invite import MAX_ADDRESSES, decode_invite
 from latticed.protocol.addresses import HostPort, parse_host_port
@@ -27,12 +27,10 @@ def _addresses(request: Request) -> list[HostPort]:
     return [parse_host_port(a) for a in raw]
 
 
-@handler("invite")
 async def invite(ctx: Context, request: Request) -> Reply:
     return {"token": _membership(ctx).invite(_addresses(request))}
 
 
-@handler("join")
 async def join(ctx: Context, request: Request) -> Reply:
     token = request.get("token")
     if not isinstance(token, str):
@@ -41,6 +39,13 @@ async def join(ctx: Context, request: Request) -> Reply:
     if not isinstance(force, bool):
         raise MalformedError("argument 'force' must be true or false")
     return {"joined": await _membership(ctx).join(decode_invite(token), force=force)}
+
+
+#: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
+OPS: dict[str, Handler] = {
+    "invite": invite,
+    "join": join,
+}
 
 
 __all__ = ["invite", "join"]

@@ -3,8 +3,9 @@
 
 Peer management works on the running replication service (started if this daemon had nothing to
 replicate with yet, as ``join`` does); blocks and added peers are saved in the data directory before the
-reply (``latticed/net/peerstate.py``), so they survive a restart. The checklist is
-:mod:`latticed.host.checklist`'s, run in a worker thread (it stats files and lists interfaces).
+reply (``latticed/net/peerstate.py``), so they survive a restart. The checklist is the daemon's
+(:class:`~latticed.api.server.api_ports.SelfCheck`: :mod:`latticed.host.checklist` on its config), run in
+a worker thread (it stats files and lists interfaces).
 """
 
 from __future__ import annotations
@@ -13,27 +14,24 @@ from typing import Any
 
 import trio
 
-from latticed.api.server.handlers import Context, Reply, Request, handler
+from latticed.api.server.api_ports import MembershipView, PeerControl
+from latticed.api.server.context import Context, Handler, Reply, Request
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import LatticedError, MalformedError
-from latticed.host.checklist import daemon_checks
-from latticed.host.diskspace import DiskUsage
-from latticed.net.replication import Replication
 from latticed.privacy.crypto import accelerated
 from latticed.protocol.addresses import HostPort, parse_host_port
 from latticed.protocol.peerstate import format_host_port
-from latticed.services.membership import Membership, advertised_addresses
 
 __all__ = ["doctor", "peers_add", "peers_block", "peers_remove", "peers_unblock"]
 
 
-def _membership(ctx: Context) -> Membership:
+def _membership(ctx: Context) -> MembershipView:
     if ctx.membership is None:
         raise LatticedError("peers are not managed by this daemon")
     return ctx.membership
 
 
-async def _service(ctx: Context) -> Replication:
+async def _service(ctx: Context) -> PeerControl:
     return await _membership(ctx).ensure_started()
 
 
@@ -60,7 +58,6 @@ def _target(request: Request) -> bytes | HostPort:
     return parse_host_port(text)
 
 
-@handler("peers_add")
 async def peers_add(ctx: Context, request: Request) -> Reply:
     raw = request.get("address")
     if not isinstance(raw, str):
@@ -72,31 +69,30 @@ async def peers_add(ctx: Context, request: Request) -> Reply:
     return {"added": service.add_peer(address)}
 
 
-@handler("peers_remove")
 async def peers_remove(ctx: Context, request: Request) -> Reply:
     return {"removed": (await _service(ctx)).remove_peer(_target(request))}
 
 
-@handler("peers_block")
 async def peers_block(ctx: Context, request: Request) -> Reply:
     key = _identity(request, ctx)
     changed = (await _service(ctx)).set_blocked(key, True)
     return {"peer": key.hex(), "blocked": True, "changed": changed}
 
 
-@handler("peers_unblock")
 async def peers_unblock(ctx: Context, request: Request) -> Reply:
     key = _identity(request, ctx)
     changed = (await _service(ctx)).set_blocked(key, False)
     return {"peer": key.hex(), "blocked": False, "changed": changed}
 
 
-@handler("doctor")
 async def doctor(ctx: Context, request: Request) -> Reply:
     """The daemon's checks of itself (the client adds the socket and the Spark extra)."""
     membership = _membership(ctx)
+    if ctx.self_check is None:
+        raise LatticedError("this daemon has no checklist of itself")
+    self_check = ctx.self_check
     service = ctx.replication
-    listen_address = service.listen_address if isinstance(service, Replication) else None
+    listen_address = service.listen_address if service is not None else None
     disk = ctx.health.disk if ctx.health is not None else None
     disk_error = ctx.health.disk_error if ctx.health is not None else None
     facts: dict[str, Any] = {
@@ -107,14 +103,18 @@ async def doctor(ctx: Context, request: Request) -> Reply:
         "skew": service.clock_skew() if service is not None else [],
         "sealer_accelerated": accelerated(),
     }
-    config = membership.config
 
     def run() -> list[dict[str, Any]]:
-        advertised = (
-            [format_host_port(a) for a in advertised_addresses(listen_address)] if listen_address else []
-        )
-        usage: DiskUsage | None = disk
-        checks = daemon_checks(config, advertised=advertised, disk=usage, disk_error=disk_error, **facts)
-        return [check.to_wire() for check in checks]
+        return self_check(facts, listen_address=listen_address, disk=disk, disk_error=disk_error)
 
     return {"checks": await trio.to_thread.run_sync(run)}
+
+
+#: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
+OPS: dict[str, Handler] = {
+    "peers_add": peers_add,
+    "peers_remove": peers_remove,
+    "peers_block": peers_block,
+    "peers_unblock": peers_unblock,
+    "doctor": doctor,
+}

@@ -9,7 +9,7 @@ import trio
 
 from latticed.api.messages import error_reply
 from latticed.api.server.connection import Connection
-from latticed.api.server.handlers import Context, Reply, Request
+from latticed.api.server.context import Context, OpTable, Reply, Request
 from latticed.api.server.request_router import dispatch, parse_request
 from latticed.errors import LatticedError
 from latticed.groups.committer import Flight
@@ -33,7 +33,7 @@ class PushSession:
         self.gone = False
         self.flights: dict[Flight, list[tuple[Any, Reply]]] = {}
 
-    async def next_request(self) -> Request | None:
+    async def next_request(self, ops: OpTable) -> Request | None:
         """The next well-formed request on the connection (one that does not parse is answered with its
         error here); None once the client is gone (``gone`` is then set)."""
         while True:
@@ -44,7 +44,7 @@ class PushSession:
             if frame is None:
                 self.gone = True
                 return None
-            request, reply = parse_request(frame)
+            request, reply = parse_request(frame, ops)
             if reply is None:
                 assert request is not None
                 return request

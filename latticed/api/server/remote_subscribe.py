@@ -23,7 +23,7 @@ import trio
 
 from latticed.api.messages import error_reply
 from latticed.api.server.connection import Connection
-from latticed.api.server.handlers import STREAMS, Context, Request
+from latticed.api.server.context import Context, Request
 from latticed.api.server.push import PushSession
 from latticed.errors import LatticedError, OwnerUnreachableError, ProtocolError
 from latticed.groups.remote import RemoteGroup, RemoteGroups
@@ -179,7 +179,7 @@ async def subscribe_remote(
                 io.start_soon(session.sender)
                 async with trio.open_nursery() as feed:
                     feed.start_soon(pusher)
-                    while (inner := await session.next_request()) is not None:
+                    while (inner := await session.next_request(ctx.ops)) is not None:
                         op = inner["op"]
                         same_group = inner.get("group") == group
                         if op == "ack" and same_group and isinstance(inner.get("lease"), str):
@@ -187,7 +187,7 @@ async def subscribe_remote(
                         elif op == "unsubscribe":
                             unsubscribe_id = inner.get("id")
                             break
-                        elif op in STREAMS:
+                        elif op in ctx.ops.streams:
                             failure = ProtocolError(f"{op} is not allowed during a subscription")
                             session.send(error_reply(inner.get("id"), failure))
                         else:

@@ -1,6 +1,6 @@
-"""From a request frame to its reply: parse and check the envelope, then run the registered handler.
+"""From a request frame to its reply: parse and check the envelope, then run its handler from the op table.
 
-Shared by the connection loop (:mod:`.server`) and the subscribe stream (:mod:`.subscribe`), which
+Shared by the connection loop (:mod:`.api_server`) and the subscribe stream (:mod:`.subscribe`), which
 answers ordinary requests on its own connection; neither imports the other.
 """
 
@@ -9,15 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from latticed.api.messages import SUPPORTED_VERSIONS, error_reply, unpack
-from latticed.api.server.handlers import HANDLERS, STREAMS, Context
+from latticed.api.server.context import Context, OpTable
 from latticed.errors import LatticedError, MalformedError, ProtocolError
 from latticed.process.logs import get_logger, log_event
 
 log = get_logger(__name__)
 
 
-def parse_request(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The request, or the error reply to send instead."""
+def parse_request(frame: bytes, ops: OpTable) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The request (of an op in ``ops``), or the error reply to send instead."""
     try:
         request = unpack(frame)
     except MalformedError as exc:
@@ -36,7 +36,7 @@ def parse_request(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] |
                 f"unsupported API version {version!r}; this daemon speaks {list(SUPPORTED_VERSIONS)}"
             ),
         )
-    if not isinstance(op, str) or (op not in HANDLERS and op not in STREAMS):
+    if not isinstance(op, str) or not ops.knows(op):
         shown = repr(op)[:60]
         return None, error_reply(rid, ProtocolError(f"unknown op {shown}"))
     return request, None
@@ -45,7 +45,7 @@ def parse_request(frame: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] |
 async def dispatch(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
     rid = request.get("id")
     try:
-        result = await HANDLERS[request["op"]](ctx, request)
+        result = await ctx.ops.handlers[request["op"]](ctx, request)
     except LatticedError as exc:
         return error_reply(rid, exc)
     except Exception as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from latticed.api.server.handlers import Context, Reply, Request, handler
+from latticed.api.server.context import Context, Handler, Reply, Request
 from latticed.errors import MalformedError, NotOwnerError
 from latticed.host.retention_policy import UNCHANGED, Unchanged, meta_updates, policy_from_meta
 from latticed.storage import prune
@@ -37,7 +37,6 @@ def _flag(request: Request, name: str) -> bool | Unchanged:
     return value
 
 
-@handler("retention_set")
 async def retention_set(ctx: Context, request: Request) -> Reply:
     """Change parts of one of our queues' policy (arguments left out stay as they are)."""
     q = ctx.queue(request)
@@ -59,7 +58,6 @@ async def retention_set(ctx: Context, request: Request) -> Reply:
     return await retention_get(ctx, request)
 
 
-@handler("retention_get")
 async def retention_get(ctx: Context, request: Request) -> Reply:
     """A queue's policy, and what this daemon holds and enforces of it."""
     engine = ctx.engine
@@ -85,7 +83,6 @@ async def retention_get(ctx: Context, request: Request) -> Reply:
     return reply
 
 
-@handler("queue_verify")
 async def queue_verify(ctx: Context, request: Request) -> Reply:
     """Re-check a stored queue end to end against its owner's signatures (IntegrityError or StorageError
     if anything does not match); answers how many records were checked."""
@@ -98,6 +95,14 @@ async def queue_verify(ctx: Context, request: Request) -> Reply:
         "start_offset": state.start,
         "end_offset": state.held_end,
     }
+
+
+#: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
+OPS: dict[str, Handler] = {
+    "retention_set": retention_set,
+    "retention_get": retention_get,
+    "queue_verify": queue_verify,
+}
 
 
 __all__ = ["queue_verify", "retention_get", "retention_set"]

@@ -8,13 +8,18 @@ little after that.
 
 from __future__ import annotations
 
-from latticed.api.server.handlers import Context, Reply, Request, handler
+from latticed.api.server.context import Context, Handler, Reply, Request
 
 
-@handler("store_compact")
 async def store_compact(ctx: Context, request: Request) -> Reply:
     """Compact the store; ``before_bytes``, ``after_bytes``, ``freed_bytes``, ``vacuumed``."""
     result = await ctx.engine.compact_store()
     if ctx.health is not None:
         await ctx.health.refresh_disk()
     return {**result, "disk": ctx.health.disk_status() if ctx.health else None}
+
+
+#: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
+OPS: dict[str, Handler] = {
+    "store_compact": store_compact,
+}

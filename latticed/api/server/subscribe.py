@@ -24,6 +24,7 @@ import trio
 from latticed.api.messages import arg_int, arg_str, error_reply
 from latticed.api.server.connection import Connection
 from latticed.api.server.consumer_id import consumer_id
+from latticed.api.server.context import Context, Handler, Reply, Request, StreamHandler
 from latticed.api.server.group_handlers import (
     arg_seconds,
     lease_wire,
@@ -32,7 +33,6 @@ from latticed.api.server.group_handlers import (
     service_of,
     settled_reply,
 )
-from latticed.api.server.handlers import STREAMS, Context, Reply, Request, handler, stream
 from latticed.api.server.push import PushSession
 from latticed.api.server.remote_subscribe import subscribe_remote
 from latticed.errors import LatticedError, MalformedError, ProtocolError
@@ -41,13 +41,11 @@ MAX_SUBSCRIBE_IN_FLIGHT: Final = 10_000
 _subscriptions = itertools.count(1)
 
 
-@handler("unsubscribe")
 async def unsubscribe(ctx: Context, request: Request) -> Reply:
     """Outside a subscription there is nothing to end."""
     return {"done": True, "released": 0}
 
 
-@stream("subscribe")
 async def subscribe(ctx: Context, conn: Connection, request: Request) -> bool:
     window = arg_int(request, "max_in_flight", default=1)
     if not 1 <= window <= MAX_SUBSCRIBE_IN_FLIGHT:
@@ -99,13 +97,13 @@ async def subscribe(ctx: Context, conn: Connection, request: Request) -> bool:
                 io.start_soon(session.sender)
                 async with trio.open_nursery() as feed:
                     feed.start_soon(pusher)
-                    while (inner := await session.next_request()) is not None:
+                    while (inner := await session.next_request(ctx.ops)) is not None:
                         if inner["op"] == "ack":
                             ack_inline(inner, io)
                         elif inner["op"] == "unsubscribe":
                             unsubscribe_id = inner.get("id")
                             break
-                        elif inner["op"] in STREAMS:
+                        elif inner["op"] in ctx.ops.streams:
                             failure = ProtocolError(f"{inner['op']} is not allowed during a subscription")
                             session.send(error_reply(inner.get("id"), failure))
                         else:
@@ -121,6 +119,15 @@ async def subscribe(ctx: Context, conn: Connection, request: Request) -> bool:
             if released is None:
                 service.drop_consumer(rt, consumer)
     return not session.gone
+
+
+#: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
+OPS: dict[str, Handler] = {
+    "unsubscribe": unsubscribe,
+}
+STREAMS: dict[str, StreamHandler] = {
+    "subscribe": subscribe,
+}
 
 
 __all__ = ["MAX_SUBSCRIBE_IN_FLIGHT", "subscribe"]

@@ -27,9 +27,9 @@ import trio
 from latticed.api.messages import TAIL_BATCH_BYTES, TAIL_BATCH_RECORDS, arg_bool, arg_int
 from latticed.api.server.api_ports import TailStore
 from latticed.api.server.connection import Connection
-from latticed.api.server.handlers import Context, columns_reply, stream
+from latticed.api.server.context import Context, StreamHandler
+from latticed.api.server.handlers import columns_reply
 from latticed.errors import LatticedError, StorageError
-from latticed.storage.sealer import sealer_of
 
 MAX_TAIL_BATCH_RECORDS = 10_000
 #: Bytes of encoded batches all tails of a daemon may hold while their readers are slow.
@@ -70,7 +70,6 @@ class _Watch:
             self.waiting.cancel()
 
 
-@stream("tail")
 async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) -> bool:
     """Stream records until done (``follow=false``) or the client speaks or leaves.
 
@@ -111,7 +110,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
                 batch_bytes = _Buffered.grant(max_bytes)
                 columns = await engine.read_visible(q, pos, end, max_records, batch_bytes)
                 try:
-                    columns = sealer_of(engine).open_columns(q, columns, partial=True)
+                    columns = ctx.sealer.open_columns(q, columns, partial=True)
                 except LatticedError as exc:  # raised past the nursery, so it is one error, not a group
                     failure = exc
                     break
@@ -147,6 +146,12 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
     if failure is not None:
         raise failure
     return not watch.client_gone
+
+
+#: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
+STREAMS: dict[str, StreamHandler] = {
+    "tail": serve_tail,
+}
 
 
 __all__ = ["MIN_TAIL_BATCH_BYTES", "TAIL_BUFFER_BUDGET", "serve_tail", "tail_buffered_bytes"]
