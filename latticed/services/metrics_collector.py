@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from latticed.groups.service import GroupService
 from latticed.services.daemon_metrics import KIND_NAMES
-from latticed.storage.engine import Engine
+from latticed.services.service_ports import MetricsStore
 
 #: What ``Replication.counters()`` calls them -> (metric name, help).
 _GOSSIP_COUNTERS = {
@@ -75,7 +75,7 @@ class StateCollector:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: MetricsStore,
         data_dir: Path,
         *,
         version: str,

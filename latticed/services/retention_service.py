@@ -44,9 +44,9 @@ from latticed.host.retention_policy import (
 )
 from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import sleep_until_tick
+from latticed.services.service_ports import RetentionStore
 from latticed.storage import prune
 from latticed.storage.batch import Batch
-from latticed.storage.engine import Engine
 from latticed.storage.jobs import WriterView
 from latticed.storage.kvcompact import CompactKv, worth_compacting
 from latticed.storage.wiring import ChangeFanout
@@ -117,7 +117,7 @@ class Counters:
 class RetentionService:
     """Runs in the daemon's nursery (:func:`run_retention`); its methods run on the trio thread."""
 
-    engine: Engine
+    engine: RetentionStore
     caps: ReplicaCaps = field(default_factory=ReplicaCaps)
     interval_s: float = 10.0
     unsettled_floor: UnsettledFloor | None = None
@@ -414,7 +414,7 @@ def _compact_step(batch: Batch, writer: WriterView, *, ns: int) -> int:
 
 
 async def run_retention(
-    engine: Engine,
+    engine: RetentionStore,
     changes: ChangeFanout,
     caps: ReplicaCaps,
     interval_s: float,
