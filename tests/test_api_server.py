@@ -540,7 +540,7 @@ def test_fuzzed_frames_never_crash_the_server_or_touch_other_data(
     assert guarded_snapshot(daemon) == before
 
 
-# -------------------------------------------------------------- what a connection holds (issue 13, item 12)
+# -------------------------------------------------------------- what a connection holds
 
 
 def test_an_oversized_request_is_refused_clearly_and_the_daemon_carries_on(daemon: InProcessDaemon) -> None:

@@ -121,7 +121,7 @@ def test_large_freed_buffers_stay_in_the_heap() -> None:
     assert tuned < 100 < 20 * 500 < default, (default, tuned)
 
 
-# ------------------------------------------------------ memory given back after a spike (issue 13, item 12)
+# ------------------------------------------------------ memory given back after a spike
 
 
 def test_give_back_only_what_a_spike_left_idle() -> None:

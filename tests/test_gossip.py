@@ -216,7 +216,7 @@ async def test_a_peer_that_claims_records_it_never_sends_stops_fencing_after_a_w
     assert gossip.behind_reason(key, held_end=7) is None
 
 
-# ---------------------------------------------------------------- a peer that never reads (issue 13, item 9)
+# ---------------------------------------------------------------- a peer that never reads
 
 
 async def test_a_peer_that_never_reads_is_throttled_then_dropped(
@@ -269,7 +269,7 @@ async def test_a_peer_that_never_reads_is_throttled_then_dropped(
     assert daemon.counters["protocol_errors"] == 0
 
 
-# -------------------------------------------------------------- digests of made-up queues (issue 13, item 10)
+# -------------------------------------------------------------- digests of made-up queues
 
 
 async def _visit(daemon: tuple[Identity, MemoryHost, Gossip], seed: bytes, made_up: int) -> dict[str, int]:

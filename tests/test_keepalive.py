@@ -1,4 +1,4 @@
-"""Idle cost (issue 17): keep-alives on one shared tick, sent by the dialling side only, and a dead peer
+"""Idle cost: keep-alives on one shared tick, sent by the dialling side only, and a dead peer
 still noticed within the documented time (docs/operations.md, "Dead peers"). Virtual time throughout
 (trio's autojump clock): no test here sleeps for real."""
 

@@ -36,7 +36,7 @@ def test_the_spark_planner_process_loads_neither_the_core_nor_compute() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-# --- latticectl (issue 17): a command imports what it needs -------------------------------------------
+# --- latticectl: a command imports what it needs -------------------------------------------
 
 #: Never needed by a command that only asks the daemon something and prints text. Not listed: what typer
 #: itself imports (inspect, dataclasses, subprocess...) and pathlib (the client takes paths).

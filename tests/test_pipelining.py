@@ -304,7 +304,7 @@ def test_pipelined_offers_share_group_commits(client: Client, daemon: InProcessD
 
 async def test_pipelined_requests_in_flight_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A client pipelining large batches: the next one is read only once the earlier ones fit the
-    connection's byte budget again (issue 13, item 12)."""
+    connection's byte budget again."""
     monkeypatch.setattr(server_module, "MAX_IN_FLIGHT_BYTES", 1000)
     jobs: list[Job] = []
 

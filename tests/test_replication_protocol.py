@@ -382,7 +382,7 @@ def test_a_lazy_link_hears_each_summary_once() -> None:
     assert [unpack(m)[0] for m in a.messages_to_send()] == [HAVE]
 
 
-# ------------------------------------------------------------------ bounded queues (issue 13, items 9 and 10)
+# ------------------------------------------------------------------ bounded queues
 
 
 def test_a_peer_whose_answers_pile_up_is_no_longer_read() -> None:

@@ -1,4 +1,4 @@
-"""The executor side of the Spark source on a host whose daemon lags the driver's (issue 13, item 24).
+"""The executor side of the Spark source on a host whose daemon lags the driver's.
 
 The driver plans a micro-batch from its own daemon; an executor reads it from its host's replica, which
 may not hold the queue yet, or not all of it. Both are replica lag: ``read_partition`` polls, with

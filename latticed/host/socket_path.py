@@ -1,7 +1,7 @@
 """Where the local API socket is, for the daemon and every client alike.
 
 Kept apart from :mod:`latticed.host.config` so that a client (``latticectl id``, a Spark planner) finds the
-socket without importing the config machinery (TOML parser, logging, file helpers): issue 17.
+socket without importing the config machinery (TOML parser, logging, file helpers): `latticectl` starts fast.
 """
 
 from __future__ import annotations
