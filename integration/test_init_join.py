@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 from conftest import START_TIMEOUT_S, socket_accepts
-from latticed.api.client.blocking_client.blocking_client import Client
 from polling import wait_until
 
+from latticed.api.client.blocking_client import Client
 from latticed.host.netkey import DEFAULT_NETWORK_KEY, read_network_key
 
 BIN = Path(sys.executable).parent

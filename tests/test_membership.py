@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from latticed.api.client.blocking_client.blocking_client import Client
 from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner
 
 import cli.ctl
 from cli.boundary import ExitCode
+from latticed.api.client.blocking_client import Client
 from latticed.daemon import run_daemon
 from latticed.errors import AlreadyExistsError, MalformedError
 from latticed.host.config import DaemonConfig, load_config

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 import trio
-from latticed.api.client.blocking_client.peer_client import PeerOps
 from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
+from latticed.api.client.peer_client import PeerOps
 from latticed.errors import ConnectionClosedError
 from latticed.host.config import DaemonConfig
 from latticed.net.discovery import DiscoveredPeer, run_discovery
