@@ -26,7 +26,7 @@ from pathlib import Path
 
 from _daemons import BIN, cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 
 
 def peak_mb(pid: int) -> float:

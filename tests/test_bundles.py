@@ -11,18 +11,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
 from cli.boundary import ExitCode
 from latticed.bundle.format import BundleEnd, BundleHeader, BundleWriter, decode_want, read_all
-from latticed.config import DaemonConfig
 from latticed.crdt.errors import MalformedError, TamperedError
 from latticed.crdt.queue import QueueDelta
 from latticed.crdt.signing import Identity
 from latticed.errors import IntegrityError, NotFoundError, NotReaderError
-from latticed.queue import LatticeQueue
+from latticed.facades.lattice_queue import LatticeQueue
+from latticed.host.config import DaemonConfig
 
 runner = CliRunner()
 
