@@ -651,6 +651,7 @@ _ELSEWHERE: dict[str, lazy.Registrar] = {
     "cli.peers": (["peers"], lambda module: module.register(app)),
     "cli.doctor": (["doctor"], lambda module: module.register(app)),
     "cli.store_commands": (["store"], lambda module: module.register(app)),
+    "cli.bundle_commands": (["bundle"], lambda module: module.register(app)),
 }
 _COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
 register_retention(queue_app, _client)

@@ -22,6 +22,7 @@ from typing import Any, Final, Self
 
 import msgpack
 
+from latticed.api.client.bundle_client import BundleOps
 from latticed.api.client.group_client import GroupOps, Lease, Subscription
 from latticed.api.client.peer_client import PeerOps
 from latticed.api.messages import API_VERSION, error_from_reply, is_unknown_op, version_gap
@@ -250,7 +251,7 @@ class _Connection:
         return reply
 
 
-class Client(GroupOps, PeerOps):
+class Client(GroupOps, PeerOps, BundleOps):
     """Blocking access to one latticed daemon over its Unix socket (work-queue calls: :class:`GroupOps`;
     peer management and the checklist: :class:`PeerOps`)."""
 

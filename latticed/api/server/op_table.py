@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from latticed.api.server import (
+    bundle_handlers,
     group_handlers,
     handlers,
     member_handlers,
@@ -26,6 +27,7 @@ V = TypeVar("V")
 
 _REQUEST_REPLY: tuple[Mapping[str, Handler], ...] = (
     handlers.OPS,
+    bundle_handlers.OPS,
     group_handlers.OPS,
     member_handlers.OPS,
     peer_handlers.OPS,
@@ -60,7 +62,9 @@ def build_op_table() -> OpTable:
     taken: set[str] = set()
     pipelined = _merged((handlers.PIPELINED,), taken)
     request_reply = _merged(_REQUEST_REPLY, taken)
-    streams = _merged((group_handlers.STREAMS, subscribe.STREAMS, tail.STREAMS), taken)
+    streams = _merged(
+        (bundle_handlers.STREAMS, group_handlers.STREAMS, subscribe.STREAMS, tail.STREAMS), taken
+    )
     request_reply.update({name: _run_alone(begin) for name, begin in pipelined.items()})
     return OpTable(handlers=request_reply, streams=streams, pipelined=pipelined)
 
