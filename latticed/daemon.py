@@ -32,6 +32,7 @@ import trio
 from latticed.api import (
     member_handlers,  # noqa: F401 - importing it registers invite and join
     peer_handlers,  # noqa: F401 - importing it registers peer management and doctor
+    produce_handlers,  # noqa: F401 - importing it registers remote and idempotent offers
     retention_handlers,  # noqa: F401 - importing it registers retention_get/set
     store_handlers,  # noqa: F401 - importing it registers store_compact
 )
@@ -54,6 +55,8 @@ from latticed.net.leasing import LeaseLinks
 from latticed.net.replication import load_network_key
 from latticed.netkey import check_listen_key
 from latticed.paths import ensure_data_dir, ensure_socket_dir
+from latticed.produce.forward import RemoteOffers
+from latticed.produce.owner import OfferServer, WithOffers
 from latticed.retention import ReplicaCaps
 from latticed.retention_service import run_retention
 from latticed.sdnotify import Notifier, watchdog_interval
@@ -157,6 +160,8 @@ async def run_daemon(
             )
             groups = GroupService(engine, changes)
             remote_groups = RemoteGroups(engine, links)
+            offers = OfferServer(engine)
+            producers = RemoteOffers(links, offers)
             context = Context(
                 engine,
                 config.data_dir,
@@ -164,6 +169,7 @@ async def run_daemon(
                 config.max_frame_bytes,
                 groups=groups,
                 remote_groups=remote_groups,
+                producers=producers,
                 membership=membership,
                 health=health,
             )
@@ -176,7 +182,8 @@ async def run_daemon(
                         await nursery.start(membership.run)
                         await nursery.start(groups.run)
                         await nursery.start(remote_groups.run)
-                        await nursery.start(links.run, RemoteLeaseServer(groups))
+                        await nursery.start(producers.run)
+                        await nursery.start(links.run, WithOffers(RemoteLeaseServer(groups), offers))
                         if metrics is not None and config.metrics_listen is not None:
                             metrics.registry.register(
                                 StateCollector(

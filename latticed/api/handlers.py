@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from latticed.groups.service import GroupService
     from latticed.health import Health
     from latticed.membership import Membership
+    from latticed.produce.forward import RemoteOffers
 
 Request = dict[str, Any]
 Reply = dict[str, Any]
@@ -90,6 +91,8 @@ class Context:
     groups: GroupService | None = None
     #: Forwards lease operations on groups other daemons own (latticed/groups/remote.py).
     remote_groups: RemoteGroups | None = None
+    #: Idempotent offers, and offers into other daemons' queues (latticed/produce/).
+    producers: RemoteOffers | None = None
     membership: Membership | None = None
     metrics_listen: str | None = None
     health: Health | None = None
