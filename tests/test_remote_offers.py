@@ -12,9 +12,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import meshlinks
 import pytest
 import trio
+from support import meshlinks
 
 from latticed.crdt.signing import Identity
 from latticed.errors import (
@@ -29,7 +29,7 @@ from latticed.produce.owner import OfferServer, WithOffers
 from latticed.produce.policy import PRODUCER_HEADER, producers_meta
 from latticed.protocol.versions import UNSTATED, Agreement
 from latticed.storage.engine import Engine
-from latticed.storage.sealer import sealer_of
+from latticed.storage.sealer import Sealer
 
 OWNER = Identity.from_seed(b"a" * 32)
 B, C = Identity.from_seed(b"b" * 32), Identity.from_seed(b"c" * 32)
@@ -38,13 +38,14 @@ B, C = Identity.from_seed(b"b" * 32), Identity.from_seed(b"c" * 32)
 class Owner:
     def __init__(self, engine: Engine, offers: OfferServer, links: LeaseLinks) -> None:
         self.engine, self.offers, self.links = engine, offers, links
+        self.sealer = offers.sealer
 
     async def records(self, name: str = "feed") -> list[tuple[bytes, list[Any] | None]]:
         q = self.engine.find(OWNER.public_key, name)
         assert q is not None
         state = self.engine.state(q)
         columns = await self.engine.read(q, state.start, state.held_end, 10_000, 1 << 24)
-        columns = sealer_of(self.engine).open_columns(q, columns)
+        columns = self.sealer.open_columns(q, columns)
         return list(zip(columns.values, columns.headers, strict=True))
 
 
@@ -70,10 +71,10 @@ class Flaky:
 @asynccontextmanager
 async def owner(tmp_path: Path, *, flaky: bool = False, sealed: bool = False) -> AsyncIterator[Owner]:
     async with Engine.open(tmp_path, OWNER) as engine, trio.open_nursery() as nursery:
-        offers = OfferServer(engine)
+        offers = OfferServer(engine, Sealer(engine))
         meta = producers_meta([B.public_hex, C.public_hex] if sealed else [B.public_hex])
         if sealed:
-            await sealer_of(engine).create_queue("feed", meta, [B.public_key])  # C is not a reader
+            await offers.sealer.create_queue("feed", meta, [B.public_key])  # C is not a reader
         else:
             await engine.create_queue("feed", meta)
         server: Any = WithOffers(meshlinks.NoServer(), offers)
@@ -139,7 +140,7 @@ async def test_the_owner_remembers_sequences_across_a_restart(tmp_path: Path) ->
         job = a.offers.start(B.public_key, q, "p", 1, records)
         assert await a.engine.outcome(job) == (0, 1, False)
     async with Engine.open(tmp_path, OWNER) as engine:
-        offers = OfferServer(engine)
+        offers = OfferServer(engine, Sealer(engine))
         q = offers.own_queue("feed")
         assert await engine.outcome(offers.start(B.public_key, q, "p", 1, records)) == (0, 1, True)
         # a producer of the same name on another daemon (here: the owner's own) has sequences of its own

@@ -28,7 +28,7 @@ from latticed.net.leasing import LeaseServer
 from latticed.produce.dedup import ProducedAppend, check_producer
 from latticed.produce.policy import PRODUCER_HEADER, producers_of
 from latticed.storage.jobs import Job
-from latticed.storage.sealer import SealableStore, sealer_of
+from latticed.storage.sealer import SealableStore, Sealer
 
 #: The request a producer's daemon sends the owner (a lease-forwarding op).
 PRODUCE_OP: Final = "produce"
@@ -103,8 +103,10 @@ def _headers(raw: Any) -> Headers:
 class OfferServer:
     """Commits offers of producers into queues this daemon owns (see the module docstring)."""
 
-    def __init__(self, engine: ProduceStore) -> None:
+    def __init__(self, engine: ProduceStore, sealer: Sealer) -> None:
         self.engine = engine
+        #: The daemon's one sealer (a sealed queue's records are sealed with its current key).
+        self.sealer = sealer
 
     def own_queue(self, name: Any) -> int:
         """Our queue ``name`` (NotFoundError if we have none of that name)."""
@@ -132,7 +134,7 @@ class OfferServer:
             self.check_allowed(peer, q, state)
         run = produced_run(records, peer.hex(), engine.clock())
         engine.require_owner(q, "offer")
-        inner = sealer_of(engine).append_job(q, run)
+        inner = self.sealer.append_job(q, run)
         qid = queue_id(state.owner, state.name, state.kind)
         return engine.start_job(ProducedAppend(inner, qid, f"{peer.hex()}/{producer}", seq, len(run)))
 
@@ -144,7 +146,7 @@ class OfferServer:
                 f"{address} does not take offers from {peer.hex()}: its owner lists the identities that "
                 "may offer (latticectl queue edit NAME --producers ID,ID or '*')"
             )
-        sealing = sealer_of(self.engine).sealing(q)
+        sealing = self.sealer.sealing(q)
         if sealing is not None and peer not in sealing.readers:
             raise NotAllowedError(
                 f"{address} is sealed and {peer.hex()} is not one of its readers: a producer of a sealed "
