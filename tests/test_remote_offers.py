@@ -69,10 +69,12 @@ class Flaky:
 
 
 @asynccontextmanager
-async def owner(tmp_path: Path, *, flaky: bool = False, sealed: bool = False) -> AsyncIterator[Owner]:
+async def owner(
+    tmp_path: Path, *, flaky: bool = False, sealed: bool = False, both: bool = False
+) -> AsyncIterator[Owner]:
     async with Engine.open(tmp_path, OWNER) as engine, trio.open_nursery() as nursery:
         offers = OfferServer(engine, Sealer(engine))
-        meta = producers_meta([B.public_hex, C.public_hex] if sealed else [B.public_hex])
+        meta = producers_meta([B.public_hex, C.public_hex] if sealed or both else [B.public_hex])
         if sealed:
             await offers.sealer.create_queue("feed", meta, [B.public_key])  # C is not a reader
         else:
@@ -130,6 +132,27 @@ async def test_a_retry_after_a_lost_answer_is_written_once(tmp_path: Path) -> No
         with pytest.raises(MalformedError, match="same records"):
             await b.offer(OWNER.public_key, "feed", records[:2], producer="p", seq=7)
         assert len(await a.records()) == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_shared_producer_id_is_written_once_whichever_daemon_sends_it(tmp_path: Path) -> None:
+    async with owner(tmp_path, both=True) as a, trio.open_nursery() as nursery:
+        b, c = await producer(nursery, a, B), await producer(nursery, a, C)
+        records = [[b"task", None, None, 1_700_000_000_000]]
+        first = await b.offer(OWNER.public_key, "feed", records, producer="t", seq=3, shared=True)
+        # the same task retried through another daemon: the owner had it
+        again = await c.offer(OWNER.public_key, "feed", records, producer="t", seq=3, shared=True)
+        assert (first["duplicate"], again) == (False, {"first": 0, "count": 1, "duplicate": True})
+        # not shared, the same id is C's own: written
+        assert (await c.offer(OWNER.public_key, "feed", records, producer="t", seq=3))["first"] == 1
+        q = a.engine.find(OWNER.public_key, "feed")
+        assert q is not None
+        with pytest.raises(MalformedError, match="'shared' is true or false"):  # a peer's body, as sent
+            a.offers.start(C.public_key, q, "t", 4, records, shared="yes")
+        stored = await a.engine.read(q, 0, 2, 10, 1 << 20)
+        assert stored.timestamps == [1_700_000_000_000] * 2  # the producer's timestamps are kept
+        stamps = [[PRODUCER_HEADER, B.public_hex.encode()]], [[PRODUCER_HEADER, C.public_hex.encode()]]
+        assert [h for _, h in await a.records()] == list(stamps)
         nursery.cancel_scope.cancel()
 
 

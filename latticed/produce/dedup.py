@@ -9,7 +9,11 @@ one remembered (once :data:`REMEMBERED` are) is refused: the owner can no longer
 it. Rows a release does not know are ignored by it, so this needs no schema change.
 
 The producer id is namespaced by the identity the request came from (a daemon cannot use another's
-sequences). Runs on the storage thread, inside the group commit (:class:`ProducedAppend`).
+sequences), unless the request says it is *shared*: then it is one of the queue's, whichever daemon
+sends it, for a producer that moves between daemons (a Spark task retried on another host must hit the
+sequences its first attempt left). Any identity allowed to offer into the queue may use a shared id; a
+shared producer id is as private as its user keeps it (Spark derives it from the query's id). Runs on
+the storage thread, inside the group commit (:class:`ProducedAppend`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ MAX_SEQUENCE: Final = 2**63 - 1
 def row_name(qid: bytes, producer: str) -> str:
     """The ``settings`` row remembering ``producer``'s sequences on queue ``qid``."""
     return f"producer/{qid.hex()}/{producer}"
+
+
+def producer_scope(peer: bytes, producer: str, shared: Any) -> str:
+    """The name the owner remembers a producer's sequences under: ``peer``'s own, or the queue's
+    (``shared``; ``*`` is no identity, so the two never meet)."""
+    if shared not in (None, False, True):
+        raise MalformedError("'shared' is true or false")
+    return f"*/{producer}" if shared else f"{peer.hex()}/{producer}"
 
 
 def check_producer(producer: Any, seq: Any) -> tuple[str, int]:
@@ -101,4 +113,11 @@ class ProducedAppend(Job):
         self.result = (first, self.count, False)
 
 
-__all__ = ["MAX_PRODUCER_CHARS", "REMEMBERED", "ProducedAppend", "check_producer", "row_name"]
+__all__ = [
+    "MAX_PRODUCER_CHARS",
+    "REMEMBERED",
+    "ProducedAppend",
+    "check_producer",
+    "producer_scope",
+    "row_name",
+]

@@ -81,10 +81,14 @@ class RemoteOffers:
         producer: str,
         seq: int,
         wait: float = DEFAULT_WAIT_S,
+        shared: bool = False,
     ) -> dict[str, Any]:
         """Offer ``records`` into ``owner``'s queue ``name``; the owner's answer ``{"first", "count",
-        "duplicate"}``. OwnerUnreachableError when it could not be reached and answer within ``wait``."""
-        body = {"queue": name, "producer": producer, "seq": seq, "records": records}
+        "duplicate"}``. OwnerUnreachableError when it could not be reached and answer within ``wait``.
+        ``shared``: ``producer`` is one of the queue's (:func:`~latticed.produce.dedup.producer_scope`)."""
+        body: dict[str, Any] = {"queue": name, "producer": producer, "seq": seq, "records": records}
+        if shared:
+            body["shared"] = True
         deadline = trio.current_time() + wait
         self.counters["offers"] += 1
         while True:

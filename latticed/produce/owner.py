@@ -25,7 +25,7 @@ from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Headers, RecordRun, check_records
 from latticed.errors import MalformedError, NotAllowedError, NotFoundError, NotOwnerError
 from latticed.net.leasing import LeaseServer
-from latticed.produce.dedup import ProducedAppend, check_producer
+from latticed.produce.dedup import ProducedAppend, check_producer, producer_scope
 from latticed.produce.policy import PRODUCER_HEADER, producers_of
 from latticed.storage.jobs import Job
 from latticed.storage.sealer import SealableStore, Sealer
@@ -117,12 +117,16 @@ class OfferServer:
             raise NotFoundError(f"no queue {self.engine.public_key.hex()}/{name}")
         return q
 
-    def start(self, peer: bytes, q: int, producer: Any, seq: Any, records: Any) -> Job:
+    def start(
+        self, peer: bytes, q: int, producer: Any, seq: Any, records: Any, *, shared: Any = False
+    ) -> Job:
         """Check and start the idempotent append of ``records`` offered by ``peer`` (as its ``producer``,
         sequence ``seq``) to our queue ``q``; ``await engine.outcome(job)`` gives ``(first, count,
-        duplicate)`` once durable."""
+        duplicate)`` once durable. ``shared``: the producer id is one of the queue's, not ``peer``'s
+        alone (see :func:`~latticed.produce.dedup.producer_scope`)."""
         engine = self.engine
         producer, seq = check_producer(producer, seq)
+        scope = producer_scope(peer, producer, shared)
         state = engine.state(q)
         if state.owner != engine.public_key:
             raise NotOwnerError(f"{engine.address(q)} is not this daemon's queue")
@@ -136,7 +140,7 @@ class OfferServer:
         engine.require_owner(q, "offer")
         inner = self.sealer.append_job(q, run)
         qid = queue_id(state.owner, state.name, state.kind)
-        return engine.start_job(ProducedAppend(inner, qid, f"{peer.hex()}/{producer}", seq, len(run)))
+        return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run)))
 
     def check_allowed(self, peer: bytes, q: int, state: QueueState) -> None:
         """NotAllowedError unless the queue's allow-list names ``peer`` (and, sealed, it is a reader)."""
@@ -156,7 +160,9 @@ class OfferServer:
     async def serve(self, peer: bytes, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer a peer's ``produce`` request: ``{"first", "count", "duplicate"}`` once durable."""
         q = self.own_queue(body.get("queue"))
-        job = self.start(peer, q, body.get("producer"), body.get("seq"), body.get("records"))
+        job = self.start(
+            peer, q, body.get("producer"), body.get("seq"), body.get("records"), shared=body.get("shared")
+        )
         first, count, duplicate = await self.engine.outcome(job)
         return {"first": first, "count": count, "duplicate": duplicate}
 

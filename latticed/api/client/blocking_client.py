@@ -128,6 +128,15 @@ def _producing(producer: str | None, seq: int | None, wait: float | None) -> dic
     return args
 
 
+@dataclass(frozen=True, slots=True)
+class Produced:
+    """The answer to an idempotent batch: its offsets, and whether the owner had it already."""
+
+    first: int
+    count: int
+    duplicate: bool
+
+
 class _Connection:
     """One socket speaking frames; raises ConnectionClosedError for anything transport-level."""
 
@@ -460,6 +469,33 @@ class Client(GroupOps, PeerOps):
         first, count = int(reply["first"]), int(reply["count"])
         return list(range(first, first + count))
 
+    def produce(
+        self,
+        queue: str,
+        records: Sequence[Sequence[Any]],
+        *,
+        producer: str,
+        seq: int,
+        shared: bool = False,
+        wait: float | None = None,
+    ) -> Produced:
+        """An idempotent batch: ``records`` are ``(value, key, headers)`` or ``(value, key, headers,
+        timestamp_ms)`` (None: the owner's clock). The same ``producer`` and ``seq`` again writes nothing
+        and answers as the first time did, with ``duplicate`` set. ``shared``: the producer id is the
+        queue's, the same whichever daemon sends it (docs/producers.md), as for a Spark task that may
+        be retried on another host."""
+        args: dict[str, Any] = {"queue": queue, "records": records, "producer": producer, "seq": seq}
+        if shared:
+            args["shared"] = True
+        if wait is not None:
+            args["wait"] = wait
+        reply = (
+            self.call("offer_batch", **args)
+            if wait is None
+            else self.call_waiting("offer_batch", wait, **args)
+        )
+        return Produced(int(reply["first"]), int(reply["count"]), bool(reply.get("duplicate")))
+
     def peek(self, queue: str, offset: int) -> bytes | None:
         value = self.call("peek", queue=queue, offset=offset)["value"]
         return None if value is None else bytes(value)
@@ -724,4 +760,4 @@ def _kv_value(kind: Any, value: Any) -> Any:
     return value
 
 
-__all__ = ["Client", "Entry", "Lease", "ReadBatch", "Subscription", "error_from_reply"]
+__all__ = ["Client", "Entry", "Lease", "Produced", "ReadBatch", "Subscription", "error_from_reply"]

@@ -5,9 +5,11 @@ is one of these, and keep plain offers into our own queues to themselves.
 A request naming ``OWNER/NAME`` of another identity is forwarded to that owner (it must list this
 daemon's identity as a producer); the reply comes once the owner committed the records durably.
 Optional request fields: ``producer`` (text) and ``seq`` (integer): a retry of the same pair writes
-nothing twice, here or at a remote owner; ``wait`` (seconds): how long a remote owner may take to be
-reached and answer (else ``owner_unreachable``). Replies carry ``duplicate``: true when the owner had
-already committed that sequence (the offsets are the ones it got then).
+nothing twice, here or at a remote owner; ``shared`` (true: the producer id is the queue's, the same
+from any daemon, as a Spark task retried on another host needs); ``wait`` (seconds): how long a remote
+owner may take to be reached and answer (else ``owner_unreachable``). Records may carry a fourth field,
+their timestamp in milliseconds (None: the owner's clock). Replies carry ``duplicate``: true when the
+owner had already committed that sequence (the offsets are the ones it got then).
 
 Both ops stay pipelined: a forwarded offer is a job like a local one, completed by a task of
 :class:`~latticed.produce.forward.RemoteOffers` here, so a connection's replies keep their order.
@@ -25,7 +27,7 @@ from latticed.api.server.context import Begun, Context, Reply, Request
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import LatticedError, MalformedError, NotAllowedError
 from latticed.process.logs import get_logger, log_event
-from latticed.produce.dedup import check_producer
+from latticed.produce.dedup import check_producer, producer_scope
 from latticed.produce.forward import DEFAULT_WAIT_S, RemoteOffers, new_producer_id
 from latticed.produce.owner import produced_run
 from latticed.produce.policy import producers_of
@@ -87,9 +89,12 @@ def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:
     if producer is None:
         producer, seq = new_producer_id(), 0
     producer, seq = check_producer(producer, seq)
+    shared = request.get("shared")
+    producer_scope(ctx.engine.public_key, producer, shared)  # 'shared' is checked before anything runs
     if owner is None:
         q = ctx.queue(request)
-        return producers.local.start(ctx.engine.public_key, q, producer, seq, raw), build
+        job = producers.local.start(ctx.engine.public_key, q, producer, seq, raw, shared=shared)
+        return job, build
     produced_run(raw, owner.hex(), 0)  # refuse what the owner would refuse before it travels
     name = str(request["queue"]).rpartition("/")[2]
     _refuse_if_replica_says_so(ctx, producers, owner, request["queue"])
@@ -97,7 +102,16 @@ def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:
     job.done = trio.Event()
     wait = _wait(request)
     forward = functools.partial(
-        _forward, producers, job, owner=owner, name=name, raw=raw, producer=producer, seq=seq, wait=wait
+        _forward,
+        producers,
+        job,
+        owner=owner,
+        name=name,
+        raw=raw,
+        producer=producer,
+        seq=seq,
+        wait=wait,
+        shared=bool(shared),
     )
     producers.spawn(forward)
     return job, build
@@ -129,9 +143,10 @@ async def _forward(
     producer: str,
     seq: int,
     wait: float,
+    shared: bool,
 ) -> None:
     try:
-        answer = await producers.offer(owner, name, raw, producer=producer, seq=seq, wait=wait)
+        answer = await producers.offer(owner, name, raw, producer=producer, seq=seq, wait=wait, shared=shared)
         first, count = answer.get("first"), answer.get("count")
         if type(first) is not int or type(count) is not int:
             raise MalformedError("the owner's answer to an offer has no offsets")
