@@ -25,8 +25,8 @@ code   cause                                                               raise
        plain value, hash or set; Redis's WRONGTYPE)
 13     reading a sealed queue this daemon's identity is not a reader of    NotReaderError
        (for the key epoch of the records asked for)
-14     the daemon that owns a group (another one) could not be reached     OwnerUnreachableError
-       in time: no link and none could be dialled, or it did not answer
+14     the daemon that owns a group or a queue offered into could not be   OwnerUnreachableError
+       reached in time: no link and none could be dialled, or no answer
 130    interrupted (Ctrl-C): quiet
 141    stdout was closed early (``latticectl tail q | head -1``): quiet
 =====  ==================================================================  ==============================

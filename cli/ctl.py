@@ -283,6 +283,7 @@ def queue_create(
             "'' for this daemon alone. Other daemons store and relay them encrypted (docs/privacy.md).",
         ),
     ] = None,
+    producers: ProducersOption = None,
     max_age: MaxAge = None,
     max_bytes: MaxBytes = None,
     max_records: MaxRecords = None,
@@ -295,9 +296,47 @@ def queue_create(
     ids = None if readers is None else [r.strip() for r in readers.split(",") if r.strip()]
     retention = policy_of(policy_options(ctx, max_age, max_bytes, max_records, keep_unsettled))
     full = _client(ctx).queue_create(
-        name, dict(entries) if entries else None, readers=ids, retention=retention
+        name,
+        dict(entries) if entries else None,
+        readers=ids,
+        retention=retention,
+        producers=_ids(producers),
     )
     emit({"queue": full}, full, as_json=as_json)
+
+
+def _ids(text: str | None) -> list[str] | None:
+    return None if text is None else [i.strip() for i in text.split(",") if i.strip()]
+
+
+@queue_app.command("edit")
+def queue_edit(
+    ctx: typer.Context,
+    queue: QueueArg,
+    producers: ProducersOption = None,
+    no_producers: Annotated[
+        bool, typer.Option("--no-producers", help="No daemon but this one offers into it.")
+    ] = False,
+) -> None:
+    """Change who may offer into one of your queues from other daemons (signed metadata)."""
+    if (producers is None) == (not no_producers):
+        raise typer.BadParameter(
+            "give one of --producers or --no-producers", ctx=ctx, param_hint="'--producers'"
+        )
+    allowed = [] if no_producers else _ids(producers)
+    _client(ctx).queue_producers(queue, allowed)
+    note(f"{queue} takes offers from {', '.join(allowed) if allowed else 'this daemon only'}")
+
+
+ProducersOption = Annotated[
+    str | None,
+    typer.Option(
+        "--producers",
+        metavar="ID,ID|*",
+        help="Identities (latticectl id) whose daemons may offer into it ('*': any daemon of the network); "
+        "the owner signs their records, each with header lattice.producer=ID.",
+    ),
+]
 
 
 ReaderArg = Annotated[str, typer.Argument(metavar="ID", help="A reader's identity (latticectl id on it).")]
@@ -413,6 +452,16 @@ def offer(
             "binary data, several lines.",
         ),
     ] = None,
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            "--wait",
+            metavar="SECONDS",
+            min=0,
+            help="Another daemon's queue: how long to wait for its owner to be reached and answer "
+            "(then exit 14). Default 10.",
+        ),
+    ] = None,
     skip: Annotated[
         int,
         typer.Option(
@@ -425,7 +474,8 @@ def offer(
     ] = 0,
     as_json: JsonFlag = False,
 ) -> None:
-    """Append a record to one of your queues; prints its offset (FIRST..LAST with --file).
+    """Append a record to one of your queues, or to another daemon's queue that lists this daemon as a
+    producer (its owner signs it); prints its offset (FIRST..LAST with --file).
 
     With --file, a progress bar shows on a terminal. Ctrl-C finishes the request in flight, says which
     lines were offered and how to go on (--skip N), and exits with 130."""
@@ -440,14 +490,21 @@ def offer(
     client = _client(ctx)
     if file is None:
         data = to_bytes(value) if value is not None else _open_input(ctx, value_file or "-").read()
-        offset = client.offer(queue, data, key=record_key, headers=headers or None)
+        offset = client.offer(queue, data, key=record_key, headers=headers or None, wait=wait)
         emit({"offset": offset}, str(offset), as_json=as_json)
         return
     from cli.offer_file import offer_lines  # noqa: PLC0415 - only --file needs it
 
     stream = _open_input(ctx, file)
     offered = offer_lines(
-        client, queue, stream, file, (record_key, headers), lines_per_batch=OFFER_BATCH_LINES, skip=skip
+        client,
+        queue,
+        stream,
+        file,
+        (record_key, headers),
+        lines_per_batch=OFFER_BATCH_LINES,
+        skip=skip,
+        wait=wait,
     )
     first_offset, last_offset, count = offered.first, offered.last, offered.count
     summary = {"first": first_offset, "last": last_offset, "count": count}

@@ -10,6 +10,7 @@ message says so. A failure half-way (a full disk: exit 7) says the same before i
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import signal
 import sys
@@ -103,17 +104,26 @@ def offer_lines(
     *,
     lines_per_batch: int,
     skip: int = 0,
+    wait: float | None = None,
 ) -> Offered:
     """Offer every line of ``stream`` (after the first ``skip``) as a record with ``records``'s key and
     headers; stops early on Ctrl-C or an error, having said on stderr what was committed."""
     key, headers = records
     offered = Offered(skip)
+    producer, seq = (os.urandom(12).hex() if "/" in queue else None), 0
     in_flight = 0
     try:
         with _Interrupts() as interrupts, bar(input_size(stream), "offering") as advance:
             for lines, consumed in read_batches(stream, lines_per_batch, skip):
                 in_flight = len(lines)
-                offered.add(client.offer_batch(queue, [(line, key, headers) for line in lines]))
+                batch = [(line, key, headers) for line in lines]
+                # One producer id per run and a sequence per batch: a batch whose answer was lost and
+                # that the daemon sends again is written once.
+                extra: dict[str, Any] = {} if producer is None else {"producer": producer, "seq": seq}
+                if wait is not None:
+                    extra["wait"] = wait
+                offered.add(client.offer_batch(queue, batch, **extra))
+                seq += 1
                 in_flight = 0
                 advance(consumed)
                 if interrupts.asked:

@@ -330,3 +330,17 @@ def test_remote_work_queue_consumers_across_the_releases_both_ways(latticed_proc
                 done.append(lease.value)
             assert c.dequeue(group) is None
         assert sorted(done) == [b"job-%d" % i for i in range(5)]
+
+
+def test_an_offer_into_the_previous_releases_queue_says_its_owner_is_too_old(
+    latticed_process: Factory,
+) -> None:
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)
+    old_id = identity(old)
+    wait_until(lambda: connected(new, old_id), "the link between the releases")
+    with client(old) as c:
+        feed = c.queue_create("feed", {"producers": "*"})
+    with client(new) as c, pytest.raises(LatticedError, match="does not take remote offers"):
+        c.offer(feed, b"x", wait=5)
+    assert held_end(old, feed) == 0

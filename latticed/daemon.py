@@ -53,6 +53,8 @@ from latticed.process.logs import get_logger, log_event
 from latticed.process.malloc import keep_large_buffers
 from latticed.process.sdnotify import Notifier, watchdog_interval
 from latticed.process.ticks import shared_period, sleep_until_tick
+from latticed.produce.forward import RemoteOffers
+from latticed.produce.owner import OfferServer, WithOffers
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.peerstate import format_host_port
 from latticed.services.daemon_metrics import DaemonMetrics
@@ -161,6 +163,8 @@ async def run_daemon(
             )
             groups = GroupService(engine, changes, sealer)
             remote_groups = RemoteGroups(engine, links, sealer)
+            offers = OfferServer(engine, sealer)
+            producers = RemoteOffers(links, offers)
             context = Context(
                 engine,
                 config.data_dir,
@@ -171,6 +175,7 @@ async def run_daemon(
                 self_check=_self_check(membership),
                 groups=groups,
                 remote_groups=remote_groups,
+                producers=producers,
                 membership=membership,
                 health=health,
             )
@@ -183,7 +188,8 @@ async def run_daemon(
                         await nursery.start(membership.run)
                         await nursery.start(groups.run)
                         await nursery.start(remote_groups.run)
-                        await nursery.start(links.run, RemoteLeaseServer(groups))
+                        await nursery.start(producers.run)
+                        await nursery.start(links.run, WithOffers(RemoteLeaseServer(groups), offers))
                         if metrics is not None and config.metrics_listen is not None:
                             metrics.registry.register(
                                 StateCollector(

@@ -26,8 +26,8 @@ RELEASE = "0.3.0.dev0"
 #: highest they share; the HELLO it opens a link with is in the lowest, which every peer still reads).
 PROTOCOL_VERSIONS: Final = (1,)
 #: Optional protocol features this build speaks (a queue or field that needs one is sent only to peers
-#: that speak it too).
-PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset()
+#: that speak it too). ``produce``: it commits offers other daemons forward into its queues.
+PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"produce"})
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
 STORE_SCHEMA: Final = 3
 #: Local API versions the daemon answers (a request names its version in ``v``).

@@ -21,7 +21,7 @@ from latticed.api.client.producer import Producer
 from latticed.api.server import api_server as server_module
 from latticed.api.server.api_server import MAX_IN_FLIGHT
 from latticed.crdt.signing import Identity
-from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, NotOwnerError
+from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, OwnerUnreachableError
 from latticed.host.config import DaemonConfig
 from latticed.protocol.framing import FrameDecoder
 from latticed.storage.bridge import StorageHold
@@ -100,7 +100,7 @@ def test_a_failing_pipelined_offer_fails_alone_in_its_place(client: Client, daem
         {"op": "offer", "queue": "no-such-queue", "value": b"x"},
         {"op": "offer_batch", "queue": "mixed", "records": [[b"b", None, None], [b"c", b"k", None]]},
         {"op": "offer_batch", "queue": "mixed", "records": "not a list"},
-        {"op": "offer", "queue": foreign, "value": b"y"},
+        {"op": "offer", "queue": foreign, "value": b"y", "wait": 0.2},  # forwarded: no owner to reach
         {"op": "offer", "queue": "mixed", "value": b"d"},
     )
     replies = pipe.replies(6)
@@ -111,7 +111,7 @@ def test_a_failing_pipelined_offer_fails_alone_in_its_place(client: Client, daem
     assert replies[5]["offset"] == 3
     assert replies[1]["error"]["code"] == NotFoundError.code
     assert replies[3]["error"]["code"] == MalformedError.code
-    assert replies[4]["error"]["code"] in (NotFoundError.code, NotOwnerError.code)
+    assert replies[4]["error"]["code"] == OwnerUnreachableError.code
     assert [e.value for e in client.range("mixed", 0, 10)] == [b"a", b"b", b"c", b"d"]
 
 

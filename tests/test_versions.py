@@ -115,8 +115,9 @@ def test_version_flags_print_every_version_without_importing_the_daemon_or_typer
         *printed, loaded = out.stdout.strip().splitlines()
         assert printed == describe(program).splitlines()
         assert loaded == "[]", out.stdout
+    features = ", ".join(sorted(PROTOCOL_FEATURES)) or "none"
     assert describe("latticed").splitlines()[1:] == [
-        f"wire protocol {span(PROTOCOL_VERSIONS)} (features: none)",
+        f"wire protocol {span(PROTOCOL_VERSIONS)} (features: {features})",
         f"store schema {STORE_SCHEMA}",
         f"local API {span(API_VERSIONS)}",
     ]

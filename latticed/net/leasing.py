@@ -159,6 +159,12 @@ class LeaseLinks:
     def connected(self, peer: bytes) -> bool:
         return peer in self._endpoints
 
+    def features(self, peer: bytes) -> frozenset[str] | None:
+        """The optional features the link to ``peer`` agreed on (None: no link, or not settled yet)."""
+        endpoint = self._endpoints.get(peer)
+        agreement = endpoint.link.agreement if endpoint is not None else None
+        return agreement.features if agreement is not None else None
+
     # ------------------------------------------------------------------ requester
     async def call(
         self,

@@ -1,4 +1,4 @@
-"""Spark integration: ``format("lattice")`` reads latticed queues the way ``format("kafka")`` reads topics.
+"""Spark integration: ``format("lattice")`` reads and writes queues as ``format("kafka")`` does topics.
 
 Usage::
 
@@ -8,6 +8,7 @@ Usage::
     register(spark)
     use_local_checkpoint_manager(spark)  # ~90 ms less per micro-batch for local checkpoints
     df = spark.readStream.format("lattice").option("queues", "events").load()
+    df.writeStream.format("lattice").option("queue", "results")  # the sink: latticed.spark.sink
 
 Needs the ``spark`` extra (``pip install 'latticed[spark]'``). See docs/spark.md.
 """

@@ -1,4 +1,4 @@
-"""``format("lattice")``: latticed queues as a Spark source, in the manner of Spark's Kafka source.
+"""``format("lattice")``: latticed queues as a Spark source (and sink), in the manner of Spark's Kafka source.
 
 Spark runs the pieces in different processes: ``initialOffset``/``latestOffset``/``partitions`` in one
 long-lived Python process on the driver (which keeps a client of the driver host's daemon), ``read`` in
@@ -15,7 +15,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -217,7 +224,8 @@ class LatticeBatchReader(DataSourceReader):
 
 
 class LatticeDataSource(DataSource):
-    """``spark.read/readStream.format("lattice")``; options are listed in docs/spark.md."""
+    """``spark.read/readStream.format("lattice")`` and ``df.write/writeStream.format("lattice")``
+    (:mod:`latticed.spark.sink`); options are listed in docs/spark.md."""
 
     @classmethod
     def name(cls) -> str:
@@ -240,6 +248,16 @@ class LatticeDataSource(DataSource):
         options = parse_options(self.options, streaming=True)
         _check_schema(schema, options.include_headers)
         return LatticeStreamReader(options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from latticed.spark.sink import LatticeBatchWriter, parse_sink_options  # noqa: PLC0415 - writes only
+
+        return LatticeBatchWriter(parse_sink_options(self.options), overwrite, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from latticed.spark.sink import LatticeStreamWriter, parse_sink_options  # noqa: PLC0415 - writes only
+
+        return LatticeStreamWriter(parse_sink_options(self.options), overwrite, schema)
 
 
 __all__ = ["SOURCE_NAME", "LatticeBatchReader", "LatticeDataSource", "LatticeStreamReader"]

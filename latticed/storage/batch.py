@@ -127,6 +127,8 @@ class Batch:
         self.staged: dict[int, Staged] = {}
         self.new_queues: dict[int, NewQueue] = {}
         self.kv: dict[int, dict[str, kv.Entry]] = {}
+        #: ``settings`` rows written in the same transaction (a producer's remembered sequences).
+        self.settings: dict[str, bytes] = {}
         self.mutations = 0
         self.created_qids: dict[bytes, int] = {}
 

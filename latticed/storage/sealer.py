@@ -58,7 +58,7 @@ from latticed.privacy.crypto import (
 )
 from latticed.privacy.meta import Sealing
 from latticed.storage.batch import Batch
-from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing, KvWrite, WriterView
+from latticed.storage.jobs import KV_NAMESPACE, Append, Job, KvSealing, KvWrite, WriterView
 from latticed.storage.reader import Columns, RawRow
 
 
@@ -194,8 +194,16 @@ class Sealer:
         if sealing is None:
             return engine.start_append(q, records, checked=True)
         engine.require_owner(q, "offer")
+        return engine.start_job(self.append_job(q, records))
+
+    def append_job(self, q: int, records: Sequence[Record]) -> Job:
+        """The job appending ``records`` (checked) to queue ``q``, sealed if it is, not started yet (for a
+        job that wraps it: a producer's idempotent append); the caller checks ownership."""
+        sealing = self.sealing(q)
+        if sealing is None:
+            return Append(q, records, checked=True)
         sealed = self._seal(q, sealing, records)
-        return engine.start_job(SealedAppend(self, q, records, sealed, sealing.current.number))
+        return SealedAppend(self, q, records, sealed, sealing.current.number)
 
     async def append_many(self, parts: Sequence[tuple[int, Sequence[Record]]]) -> list[int]:
         """:meth:`Engine.append_many <latticed.storage.engine.Engine.append_many>` (one transaction), with

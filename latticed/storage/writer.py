@@ -545,6 +545,10 @@ class Writer:
                 results.append(Change(q, persisted, first, appended))
             for ns, entries in batch.kv.items():
                 store.put_kv(ns, entries.items())
+            if batch.settings:  # rows a release does not know are ignored by it: no schema change
+                store.connection.executemany(
+                    "INSERT OR REPLACE INTO settings (name, value) VALUES (?, ?)", batch.settings.items()
+                )
             syncing = time.perf_counter()
             store.commit()  # WAL mode, synchronous=FULL: the WAL frames are written and fsynced here
             done = time.perf_counter()

@@ -119,6 +119,25 @@ def _header_list(headers: Mapping[str, bytes] | Sequence[tuple[str, bytes]] | No
     return [[k, v] for k, v in items]
 
 
+def _producing(producer: str | None, seq: int | None, wait: float | None) -> dict[str, Any]:
+    """The optional fields of an idempotent or remote offer (none given: the request is as it was)."""
+    args: dict[str, Any] = {}
+    if producer is not None:
+        args["producer"], args["seq"] = producer, 0 if seq is None else seq
+    if wait is not None:
+        args["wait"] = wait
+    return args
+
+
+@dataclass(frozen=True, slots=True)
+class Produced:
+    """The answer to an idempotent batch: its offsets, and whether the owner had it already."""
+
+    first: int
+    count: int
+    duplicate: bool
+
+
 class _Connection:
     """One socket speaking frames; raises ConnectionClosedError for anything transport-level."""
 
@@ -363,15 +382,31 @@ class Client(GroupOps, PeerOps, BundleOps):
         readers: Sequence[str] | None = None,
         *,
         retention: RetentionPolicy | None = None,
+        producers: Sequence[str] | None = None,
     ) -> str:
         """Create one of our queues. With ``readers`` (hex identities, maybe none) a sealed one: only they
         and this daemon's identity read its records (docs/privacy.md); ``retention`` puts its policy in
-        the first signed metadata."""
+        the first signed metadata; ``producers`` (identities, or ``["*"]`` for any daemon of the network)
+        may offer into it from their daemons."""
         entries = {**(meta or {}), **(policy_meta(retention) if retention is not None else {})}
+        if producers:
+            from latticed.produce.policy import producers_meta  # noqa: PLC0415 - json, nacl: not for every call
+
+            entries.update({k: v for k, v in producers_meta(producers).items() if v is not None})
         args: dict[str, Any] = {"name": name, "meta": entries}
         if readers is not None:
             args["readers"] = list(readers)
         return str(self.call("queue_create", **args)["queue"])
+
+    def queue_producers(self, queue: str, producers: Sequence[str] | None) -> None:
+        """Set who may offer into one of our queues from other daemons (None or empty: nobody)."""
+        from latticed.produce.policy import producers_meta  # noqa: PLC0415 - json, nacl: not for every call
+
+        for key, value in producers_meta(producers).items():
+            if value is None:
+                self.meta_del(queue, key)
+            else:
+                self.meta_set(queue, key, value)
 
     def queue_share(self, queue: str, reader: str, *, history: bool = False) -> list[int]:
         """Give ``reader`` the sealed queue's current key epoch (``history``: the earlier ones too);
@@ -399,20 +434,68 @@ class Client(GroupOps, PeerOps, BundleOps):
         value: bytes,
         key: bytes | None = None,
         headers: Mapping[str, bytes] | Sequence[tuple[str, bytes]] | None = None,
+        *,
+        producer: str | None = None,
+        seq: int | None = None,
+        wait: float | None = None,
     ) -> int:
-        return int(
-            self.call("offer", queue=queue, value=value, key=key, headers=_header_list(headers))["offset"]
-        )
+        """Append one record; ``queue`` may be another daemon's that lists this one as a producer (the
+        record goes to its owner, waiting up to ``wait`` seconds for it). ``producer`` and ``seq``: an
+        idempotent offer (the same pair again writes nothing more and returns the same offset)."""
+        args = _producing(producer, seq, wait)
+        args.update(queue=queue, value=value, key=key, headers=_header_list(headers))
+        reply = self.call("offer", **args) if wait is None else self.call_waiting("offer", wait, **args)
+        return int(reply["offset"])
 
     def offer_batch(
-        self, queue: str, records: Sequence[tuple[bytes, bytes | None, Sequence[tuple[str, bytes]]]]
+        self,
+        queue: str,
+        records: Sequence[tuple[bytes, bytes | None, Sequence[tuple[str, bytes]]]],
+        *,
+        producer: str | None = None,
+        seq: int | None = None,
+        wait: float | None = None,
     ) -> list[int]:
-        """Many records in one request and one fsync; returns their offsets."""
+        """Many records in one request and one fsync; returns their offsets (see :meth:`offer` for
+        ``producer``, ``seq`` and ``wait``)."""
         if not records:
             return []
-        reply = self.call("offer_batch", queue=queue, records=records)
+        args = _producing(producer, seq, wait)
+        args.update(queue=queue, records=records)
+        reply = (
+            self.call("offer_batch", **args)
+            if wait is None
+            else self.call_waiting("offer_batch", wait, **args)
+        )
         first, count = int(reply["first"]), int(reply["count"])
         return list(range(first, first + count))
+
+    def produce(
+        self,
+        queue: str,
+        records: Sequence[Sequence[Any]],
+        *,
+        producer: str,
+        seq: int,
+        shared: bool = False,
+        wait: float | None = None,
+    ) -> Produced:
+        """An idempotent batch: ``records`` are ``(value, key, headers)`` or ``(value, key, headers,
+        timestamp_ms)`` (None: the owner's clock). The same ``producer`` and ``seq`` again writes nothing
+        and answers as the first time did, with ``duplicate`` set. ``shared``: the producer id is the
+        queue's, the same whichever daemon sends it (docs/producers.md), as for a Spark task that may
+        be retried on another host."""
+        args: dict[str, Any] = {"queue": queue, "records": records, "producer": producer, "seq": seq}
+        if shared:
+            args["shared"] = True
+        if wait is not None:
+            args["wait"] = wait
+        reply = (
+            self.call("offer_batch", **args)
+            if wait is None
+            else self.call_waiting("offer_batch", wait, **args)
+        )
+        return Produced(int(reply["first"]), int(reply["count"]), bool(reply.get("duplicate")))
 
     def peek(self, queue: str, offset: int) -> bytes | None:
         value = self.call("peek", queue=queue, offset=offset)["value"]
@@ -678,4 +761,4 @@ def _kv_value(kind: Any, value: Any) -> Any:
     return value
 
 
-__all__ = ["Client", "Entry", "Lease", "ReadBatch", "Subscription", "error_from_reply"]
+__all__ = ["Client", "Entry", "Lease", "Produced", "ReadBatch", "Subscription", "error_from_reply"]

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from latticed.api.server.connection import Connection
     from latticed.groups.remote import RemoteGroups
     from latticed.groups.service import GroupService
+    from latticed.produce.forward import RemoteOffers
 
 Request = dict[str, Any]
 Reply = dict[str, Any]
@@ -84,6 +85,8 @@ class Context:
     groups: GroupService | None = None
     #: Forwards lease operations on groups other daemons own (latticed/groups/remote.py).
     remote_groups: RemoteGroups | None = None
+    #: Idempotent offers, and offers into other daemons' queues (latticed/produce/).
+    producers: RemoteOffers | None = None
     membership: MembershipView | None = None
     metrics_listen: str | None = None
     health: HealthView | None = None

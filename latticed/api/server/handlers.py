@@ -7,7 +7,8 @@ error reply. ``tail`` is not here: it streams, so the server runs it (:mod:`latt
 
 Why one module: it is the request/reply ops of queues, metadata, KV, sealed queues and status (one short
 function per op), which read best whole: every op's argument checks and reply shape sit side by side.
-Work-queue, membership, peer, retention and store ops and the streams live in their own modules.
+Work-queue, membership, peer, retention and store ops and the streams live in their own modules; offers
+into other daemons' queues and idempotent offers are handed to :mod:`.produce_handlers`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from latticed.api.messages import (
     parse_headers,
     versions_reply,
 )
+from latticed.api.server import produce_handlers
 from latticed.api.server.context import Begun, Context, Handler, PipelinedHandler, Reply, Request
 from latticed.crdt import kv
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
@@ -227,6 +229,8 @@ def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
 
 
 def offer(ctx: Context, request: Request) -> Begun:
+    if produce_handlers.produced(ctx, request):  # another daemon's queue, or a producer id and sequence
+        return produce_handlers.begin_offer(ctx, request)
     q = ctx.queue(request)
     _not_a_dlq(ctx, q)
     record = _record(request.get("value"), request.get("key"), request.get("headers"), ctx.engine.clock())
@@ -238,6 +242,8 @@ def _offset_reply(offset: int) -> Reply:
 
 
 def offer_batch(ctx: Context, request: Request) -> Begun:
+    if produce_handlers.produced(ctx, request):
+        return produce_handlers.begin_offer_batch(ctx, request)
     q = ctx.queue(request)
     _not_a_dlq(ctx, q)
     raw = request.get("records")

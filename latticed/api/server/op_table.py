@@ -2,7 +2,9 @@
 
 Each handler module lists its ops in module-level ``OPS`` (request/reply), ``STREAMS`` and ``PIPELINED``
 dicts; nothing registers itself on import. :func:`build_op_table` is called once by the composition root,
-and a name claimed twice is a bug caught at start-up.
+and a name claimed twice is a bug caught at start-up. :mod:`.produce_handlers` lists no op of its own: the
+``offer`` and ``offer_batch`` handlers of :mod:`.handlers` call it for offers into other daemons' queues
+and idempotent offers.
 """
 
 from __future__ import annotations

@@ -1,0 +1,123 @@
+"""The owner's idempotent append: a producer's retry of a sequence it already sent writes nothing twice.
+
+As Kafka's idempotent producer: each offer names a producer id and a sequence number. The owner
+remembers, per queue and producer, the last :data:`REMEMBERED` sequences it committed and the offsets
+they got, in the store's ``settings`` table (one row per queue and producer, written in the same
+transaction as the records: a crash cannot keep one without the other). A sequence it remembers is
+answered with the offsets it got the first time, and nothing is appended. A sequence older than every
+one remembered (once :data:`REMEMBERED` are) is refused: the owner can no longer tell whether it wrote
+it. Rows a release does not know are ignored by it, so this needs no schema change.
+
+The producer id is namespaced by the identity the request came from (a daemon cannot use another's
+sequences), unless the request says it is *shared*: then it is one of the queue's, whichever daemon
+sends it, for a producer that moves between daemons (a Spark task retried on another host must hit the
+sequences its first attempt left). Any identity allowed to offer into the queue may use a shared id; a
+shared producer id is as private as its user keeps it (Spark derives it from the query's id). Runs on
+the storage thread, inside the group commit (:class:`ProducedAppend`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from latticed.crdt.wire import pack, unpack
+from latticed.errors import LatticedError, MalformedError
+from latticed.storage.batch import Batch
+from latticed.storage.jobs import Job, WriterView
+
+#: Sequences remembered per queue and producer.
+REMEMBERED: Final = 256
+#: A producer id is text of at most this many characters.
+MAX_PRODUCER_CHARS: Final = 128
+MAX_SEQUENCE: Final = 2**63 - 1
+
+
+def row_name(qid: bytes, producer: str) -> str:
+    """The ``settings`` row remembering ``producer``'s sequences on queue ``qid``."""
+    return f"producer/{qid.hex()}/{producer}"
+
+
+def producer_scope(peer: bytes, producer: str, shared: Any) -> str:
+    """The name the owner remembers a producer's sequences under: ``peer``'s own, or the queue's
+    (``shared``; ``*`` is no identity, so the two never meet)."""
+    if shared not in (None, False, True):
+        raise MalformedError("'shared' is true or false")
+    return f"*/{producer}" if shared else f"{peer.hex()}/{producer}"
+
+
+def check_producer(producer: Any, seq: Any) -> tuple[str, int]:
+    """A producer id and sequence from a peer or client (MalformedError if not)."""
+    if not isinstance(producer, str) or not 0 < len(producer) <= MAX_PRODUCER_CHARS:
+        raise MalformedError(f"a producer id is text of 1-{MAX_PRODUCER_CHARS} characters")
+    if type(seq) is not int or not 0 <= seq <= MAX_SEQUENCE:
+        raise MalformedError("a producer's sequence is a non-negative integer")
+    return producer, seq
+
+
+def _decode(raw: bytes | None) -> list[list[int]]:
+    if raw is None:
+        return []
+    try:
+        entries = unpack(raw)
+    except LatticedError:
+        entries = None
+    if type(entries) is not list or not all(
+        type(e) is list and len(e) == 3 and all(type(x) is int for x in e) for e in entries
+    ):
+        return []  # unreadable: treated as never seen (never happens unless the row was edited)
+    return entries
+
+
+def _stored(writer: WriterView, name: str) -> bytes | None:
+    """The committed ``settings`` row ``name`` (storage thread)."""
+    row = writer.store.connection.execute("SELECT value FROM settings WHERE name = ?", (name,)).fetchone()
+    return None if row is None else bytes(row[0])
+
+
+class ProducedAppend(Job):
+    """``inner`` (an append of one owned queue, plain or sealed) unless ``producer`` already sent ``seq``;
+    ``result`` is ``(first offset, count, duplicate)``."""
+
+    __slots__ = ("count", "inner", "name", "seq")
+
+    def __init__(self, inner: Job, qid: bytes, producer: str, seq: int, count: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.name = row_name(qid, producer)
+        self.seq = seq
+        self.count = count
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        staged = batch.settings.get(self.name)
+        entries = _decode(staged if staged is not None else _stored(writer, self.name))
+        for seq, first, count in entries:
+            if seq == self.seq:
+                if count != self.count:
+                    raise MalformedError(
+                        f"sequence {seq} of this producer was {count} record(s), not {self.count}: a "
+                        "retry must send the same records"
+                    )
+                self.result = (first, count, True)
+                return
+        if len(entries) >= REMEMBERED and self.seq < entries[0][0]:
+            raise MalformedError(
+                f"sequence {self.seq} is older than the last {REMEMBERED} this producer sent (from "
+                f"{entries[0][0]}): the owner cannot tell whether it wrote it, so it writes nothing"
+            )
+        self.inner.apply(batch, writer)
+        first = int(self.inner.result)
+        entries.append([self.seq, first, self.count])
+        entries.sort()
+        batch.settings[self.name] = pack(entries[-REMEMBERED:])
+        batch.mutations += 1
+        self.result = (first, self.count, False)
+
+
+__all__ = [
+    "MAX_PRODUCER_CHARS",
+    "REMEMBERED",
+    "ProducedAppend",
+    "check_producer",
+    "producer_scope",
+    "row_name",
+]

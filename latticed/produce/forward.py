@@ -1,0 +1,121 @@
+"""A producer's daemon: offers into a queue another daemon owns go to that owner.
+
+The records travel as one ``produce`` request over the authenticated replication link (the
+lease-forwarding sub-protocol, :mod:`latticed.net.leasing`), dialling the owner when no link is up; the
+owner signs and commits them (:mod:`.owner`) and answers with their offsets once durable; they come back
+here by replication like any record of that queue.
+
+Each request names a producer id and a sequence number. The same pair sent again (after a link dropped
+before the answer, or an answer that did not come in time) gets the first answer and writes nothing more,
+so this side retries until ``wait`` runs out. Without one given by the client, each offer gets its own
+random producer id (its retries are still safe).
+
+Versions: an owner whose link did not agree on the :data:`PRODUCE_FEATURE` feature does not know the op:
+the offer fails at once with a clear error (an owner still settling its versions is asked anyway; one
+that refuses the op as unknown gets the same error).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import trio
+
+from latticed.errors import IncompatiblePeerError, LatticedError, MalformedError, OwnerUnreachableError
+from latticed.net.leasing import LeaseLinks
+from latticed.produce.owner import PRODUCE_OP, OfferServer
+
+#: The protocol feature a daemon names when it takes remote offers (latticed/version.py).
+PRODUCE_FEATURE: Final = "produce"
+#: How long the owner may take to answer one request (it commits with its next group commit).
+ANSWER_WITHIN_S: Final = 10.0
+#: What an offer waits for the owner when the caller does not say.
+DEFAULT_WAIT_S: Final = 10.0
+
+
+def too_old(owner: bytes) -> IncompatiblePeerError:
+    return IncompatiblePeerError(
+        f"the owner {owner.hex()} runs a release that does not take remote offers (it does not speak the "
+        f"{PRODUCE_FEATURE!r} feature): upgrade it, or offer on the owner's daemon"
+    )
+
+
+def new_producer_id() -> str:
+    """A random producer id (an offer whose client named none)."""
+    return os.urandom(12).hex()
+
+
+class RemoteOffers:
+    """Forwards offers to the owners of other daemons' queues (see the module docstring). Run
+    :meth:`run` in a nursery: forwarded offers of pipelining clients run there."""
+
+    def __init__(
+        self, links: LeaseLinks, local: OfferServer, *, answer_within: float = ANSWER_WITHIN_S
+    ) -> None:
+        self.links = links
+        self.answer_within = answer_within
+        #: Offers with a producer id into this daemon's own queues are committed here.
+        self.local = local
+        self._nursery: trio.Nursery | None = None
+        self.counters = {"offers": 0, "retries": 0}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._nursery is None:
+            raise LatticedError("remote offers are not running")
+        self._nursery.start_soon(fn, *args)
+
+    async def offer(
+        self,
+        owner: bytes,
+        name: str,
+        records: list[list[Any]],
+        *,
+        producer: str,
+        seq: int,
+        wait: float = DEFAULT_WAIT_S,
+        shared: bool = False,
+    ) -> dict[str, Any]:
+        """Offer ``records`` into ``owner``'s queue ``name``; the owner's answer ``{"first", "count",
+        "duplicate"}``. OwnerUnreachableError when it could not be reached and answer within ``wait``.
+        ``shared``: ``producer`` is one of the queue's (:func:`~latticed.produce.dedup.producer_scope`)."""
+        body: dict[str, Any] = {"queue": name, "producer": producer, "seq": seq, "records": records}
+        if shared:
+            body["shared"] = True
+        deadline = trio.current_time() + wait
+        self.counters["offers"] += 1
+        while True:
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                raise OwnerUnreachableError(
+                    f"the owner {owner.hex()} of queue {name} could not be reached within {wait:g}s"
+                )
+            features = self.links.features(owner)
+            if features is not None and PRODUCE_FEATURE not in features:
+                raise too_old(owner)
+            try:
+                return await self.links.call(
+                    owner,
+                    PRODUCE_OP,
+                    body,
+                    timeout=min(self.answer_within, max(remaining, 0.5)),
+                    connect_within=remaining,
+                )
+            except MalformedError as exc:
+                if str(exc).startswith("unknown lease op"):
+                    raise too_old(owner) from exc
+                raise
+            except OwnerUnreachableError:  # no link in time, it dropped, or no answer in time
+                if trio.current_time() >= deadline:
+                    raise
+                self.counters["retries"] += 1  # the same producer and sequence: written once at most
+
+
+__all__ = ["DEFAULT_WAIT_S", "PRODUCE_FEATURE", "RemoteOffers", "new_producer_id", "too_old"]

@@ -1,0 +1,186 @@
+"""The owner's side of remote offers: commit records other daemons (and local producers) offer.
+
+A ``produce`` request arrives over the authenticated link (:mod:`latticed.net.leasing`) from the peer
+whose identity the link proved. The owner checks, in order: the queue is one it owns; the queue's
+``producers`` allow-list names the peer (:mod:`.policy`); for a sealed queue, the peer is a reader of its
+current key epoch; the records are well formed and none carries :data:`~.policy.PRODUCER_HEADER`. Then it
+stamps each record with that header (the peer's identity), appends them idempotently (:mod:`.dedup`) and
+answers with the offsets once the transaction is durable. Nothing is written when any check fails.
+
+Sealed queues: the owner seals the records with the queue's current key, the producer header inside the
+envelope like every other header, so a reader trusts it once it opens the record. The plaintext travels
+only over the encrypted link to the owner, who is a reader by construction. A producer that is not a
+reader is refused: the reader list is the set of identities the owner shares the queue's content with,
+and a daemon outside it could neither read back nor check what it wrote (share the queue with it first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Protocol
+
+from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
+from latticed.crdt.head import KIND_QUEUE, queue_id
+from latticed.crdt.queue import QueueState
+from latticed.crdt.records import Headers, RecordRun, check_records
+from latticed.errors import MalformedError, NotAllowedError, NotFoundError, NotOwnerError
+from latticed.net.leasing import LeaseServer
+from latticed.produce.dedup import ProducedAppend, check_producer, producer_scope
+from latticed.produce.policy import PRODUCER_HEADER, producers_of
+from latticed.storage.jobs import Job
+from latticed.storage.sealer import SealableStore, Sealer
+
+#: The request a producer's daemon sends the owner (a lease-forwarding op).
+PRODUCE_OP: Final = "produce"
+#: Records one request may carry.
+MAX_RECORDS: Final = 100_000
+
+
+class ProduceStore(SealableStore, Protocol):
+    """What the owner side uses of the engine."""
+
+    @property
+    def public_key(self) -> bytes: ...
+
+    @property
+    def clock(self) -> Callable[[], int]: ...
+
+    def find(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None: ...
+
+
+def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
+    """Records ``[value, key, headers]`` or ``[value, key, headers, timestamp_ms]`` from a producer, each
+    stamped with the producer header (one it sent itself is refused), checked."""
+    if type(raw) is not list or not 0 < len(raw) <= MAX_RECORDS:
+        raise MalformedError(f"'records' is a list of 1-{MAX_RECORDS} [value, key, headers(, timestamp)]")
+    stamp = (PRODUCER_HEADER, producer_hex.encode())
+    values: list[bytes] = []
+    keys: list[bytes | None] = []
+    stamps: list[int] = []
+    headers: list[Headers] = []
+    for item in raw:
+        if type(item) is not list or len(item) not in (3, 4):
+            raise MalformedError("each record is [value, key, headers] or [value, key, headers, timestamp]")
+        value, key, hdr = item[0], item[1], item[2]
+        ts = item[3] if len(item) == 4 else None
+        if type(value) is not bytes or not (key is None or type(key) is bytes):
+            raise MalformedError("record values are bytes and keys bytes or nil")
+        if ts is not None and (type(ts) is not int or ts < 0):
+            raise MalformedError("a record's timestamp is milliseconds since the epoch, or nil")
+        pairs = _headers(hdr)
+        values.append(value)
+        keys.append(key)
+        stamps.append(now if ts is None else ts)
+        headers.append((*pairs, stamp))
+    run = RecordRun(values, keys, stamps, headers)
+    check_records(run)
+    return run
+
+
+def _headers(raw: Any) -> Headers:
+    if raw is None:
+        return ()
+    if type(raw) is dict:
+        raw = list(raw.items())
+    if type(raw) not in (list, tuple):
+        raise MalformedError("headers are a list of [name, value] pairs")
+    out = []
+    for pair in raw:
+        if type(pair) not in (list, tuple) or len(pair) != 2:
+            raise MalformedError("each header is [name, value]")
+        name, value = pair
+        if not isinstance(name, str) or type(value) is not bytes:
+            raise MalformedError("header names are text and values bytes")
+        if name == PRODUCER_HEADER:
+            raise MalformedError(
+                f"header {PRODUCER_HEADER!r} is set by the queue's owner (the identity that offered the "
+                "record); a producer may not send it"
+            )
+        out.append((name, value))
+    return tuple(out)
+
+
+class OfferServer:
+    """Commits offers of producers into queues this daemon owns (see the module docstring)."""
+
+    def __init__(self, engine: ProduceStore, sealer: Sealer) -> None:
+        self.engine = engine
+        #: The daemon's one sealer (a sealed queue's records are sealed with its current key).
+        self.sealer = sealer
+
+    def own_queue(self, name: Any) -> int:
+        """Our queue ``name`` (NotFoundError if we have none of that name)."""
+        if not isinstance(name, str) or not name or len(name) > 256:
+            raise MalformedError("'queue' is the name of one of the owner's queues")
+        q = self.engine.find(self.engine.public_key, name)
+        if q is None:
+            raise NotFoundError(f"no queue {self.engine.public_key.hex()}/{name}")
+        return q
+
+    def start(
+        self, peer: bytes, q: int, producer: Any, seq: Any, records: Any, *, shared: Any = False
+    ) -> Job:
+        """Check and start the idempotent append of ``records`` offered by ``peer`` (as its ``producer``,
+        sequence ``seq``) to our queue ``q``; ``await engine.outcome(job)`` gives ``(first, count,
+        duplicate)`` once durable. ``shared``: the producer id is one of the queue's, not ``peer``'s
+        alone (see :func:`~latticed.produce.dedup.producer_scope`)."""
+        engine = self.engine
+        producer, seq = check_producer(producer, seq)
+        scope = producer_scope(peer, producer, shared)
+        state = engine.state(q)
+        if state.owner != engine.public_key:
+            raise NotOwnerError(f"{engine.address(q)} is not this daemon's queue")
+        if is_dlq_name(state.name) and DLQ_META_KEY in state.meta_dict:
+            raise NotOwnerError(
+                f"{engine.address(q)} is a group's dead-letter queue: only the group writes it"
+            )
+        if peer != engine.public_key:
+            self.check_allowed(peer, q, state)
+        run = produced_run(records, peer.hex(), engine.clock())
+        engine.require_owner(q, "offer")
+        inner = self.sealer.append_job(q, run)
+        qid = queue_id(state.owner, state.name, state.kind)
+        return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run)))
+
+    def check_allowed(self, peer: bytes, q: int, state: QueueState) -> None:
+        """NotAllowedError unless the queue's allow-list names ``peer`` (and, sealed, it is a reader)."""
+        address = self.engine.address(q)
+        if not producers_of(state.meta_dict).allows(peer):
+            raise NotAllowedError(
+                f"{address} does not take offers from {peer.hex()}: its owner lists the identities that "
+                "may offer (latticectl queue edit NAME --producers ID,ID or '*')"
+            )
+        sealing = self.sealer.sealing(q)
+        if sealing is not None and peer not in sealing.readers:
+            raise NotAllowedError(
+                f"{address} is sealed and {peer.hex()} is not one of its readers: a producer of a sealed "
+                "queue must be a reader (its owner can add it with latticectl queue share)"
+            )
+
+    async def serve(self, peer: bytes, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Answer a peer's ``produce`` request: ``{"first", "count", "duplicate"}`` once durable."""
+        q = self.own_queue(body.get("queue"))
+        job = self.start(
+            peer, q, body.get("producer"), body.get("seq"), body.get("records"), shared=body.get("shared")
+        )
+        first, count, duplicate = await self.engine.outcome(job)
+        return {"first": first, "count": count, "duplicate": duplicate}
+
+
+class WithOffers:
+    """A lease server that also answers ``produce`` (everything else goes to ``leases``)."""
+
+    def __init__(self, leases: LeaseServer, offers: OfferServer) -> None:
+        self.leases = leases
+        self.offers = offers
+
+    async def serve(self, peer: bytes, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        if op == PRODUCE_OP:
+            return await self.offers.serve(peer, body)
+        return await self.leases.serve(peer, op, body)
+
+    def peer_gone(self, peer: bytes) -> None:
+        self.leases.peer_gone(peer)
+
+
+__all__ = ["MAX_RECORDS", "PRODUCE_OP", "OfferServer", "ProduceStore", "WithOffers", "produced_run"]

@@ -1,0 +1,230 @@
+"""Offers into a queue another daemon owns (latticed/produce/): the owner's real engine and offer server,
+producers' daemons linked to it through the real lease-forwarding sub-protocol in memory (meshlinks).
+Who may offer (the signed allow-list, sealed queues' readers), the producer header the owner sets, a
+retry after a lost answer written once (also after the owner restarts), an unreachable owner, and an
+owner whose release does not take remote offers. Timeouts are short real ones (the store commits on its
+own thread, which a mock clock would jump past)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from support import meshlinks
+
+from latticed.crdt.signing import Identity
+from latticed.errors import (
+    IncompatiblePeerError,
+    MalformedError,
+    NotAllowedError,
+    OwnerUnreachableError,
+)
+from latticed.net.leasing import LeaseLinks
+from latticed.produce.forward import RemoteOffers
+from latticed.produce.owner import OfferServer, WithOffers
+from latticed.produce.policy import PRODUCER_HEADER, producers_meta
+from latticed.protocol.versions import UNSTATED, Agreement
+from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
+
+OWNER = Identity.from_seed(b"a" * 32)
+B, C = Identity.from_seed(b"b" * 32), Identity.from_seed(b"c" * 32)
+
+
+class Owner:
+    def __init__(self, engine: Engine, offers: OfferServer, links: LeaseLinks) -> None:
+        self.engine, self.offers, self.links = engine, offers, links
+        self.sealer = offers.sealer
+
+    async def records(self, name: str = "feed") -> list[tuple[bytes, list[Any] | None]]:
+        q = self.engine.find(OWNER.public_key, name)
+        assert q is not None
+        state = self.engine.state(q)
+        columns = await self.engine.read(q, state.start, state.held_end, 10_000, 1 << 24)
+        columns = self.sealer.open_columns(q, columns)
+        return list(zip(columns.values, columns.headers, strict=True))
+
+
+class Flaky:
+    """The owner's server, but the answer to the first ``produce`` is lost: it commits, then never
+    answers (as when the link drops after the owner wrote)."""
+
+    def __init__(self, inner: WithOffers) -> None:
+        self.inner = inner
+        self.lost = 0
+
+    async def serve(self, peer: bytes, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = await self.inner.serve(peer, op, body)
+        if op == "produce" and not self.lost:
+            self.lost += 1
+            await trio.sleep_forever()
+        return answer
+
+    def peer_gone(self, peer: bytes) -> None:
+        self.inner.peer_gone(peer)
+
+
+@asynccontextmanager
+async def owner(
+    tmp_path: Path, *, flaky: bool = False, sealed: bool = False, both: bool = False
+) -> AsyncIterator[Owner]:
+    async with Engine.open(tmp_path, OWNER) as engine, trio.open_nursery() as nursery:
+        offers = OfferServer(engine, Sealer(engine))
+        meta = producers_meta([B.public_hex, C.public_hex] if sealed or both else [B.public_hex])
+        if sealed:
+            await offers.sealer.create_queue("feed", meta, [B.public_key])  # C is not a reader
+        else:
+            await engine.create_queue("feed", meta)
+        server: Any = WithOffers(meshlinks.NoServer(), offers)
+        links = await meshlinks.start(nursery, Flaky(server) if flaky else server)
+        yield Owner(engine, offers, links)
+        nursery.cancel_scope.cancel()
+
+
+async def producer(nursery: trio.Nursery, a: Owner, me: Identity, *, link: bool = True) -> RemoteOffers:
+    links = await meshlinks.start(nursery)
+    if link:
+        meshlinks.connect(nursery, a.links, OWNER.public_key, links, me.public_key)
+    return RemoteOffers(links, a.offers, answer_within=0.5)
+
+
+async def test_an_allowed_producer_offers_and_one_not_allowed_is_refused(tmp_path: Path) -> None:
+    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+        b, c = await producer(nursery, a, B), await producer(nursery, a, C)
+        answer = await b.offer(
+            OWNER.public_key, "feed", [[b"x", None, None], [b"y", b"k", [["h", b"1"]]]], producer="p", seq=0
+        )
+        assert answer == {"first": 0, "count": 2, "duplicate": False}
+        with pytest.raises(NotAllowedError, match="does not take offers from " + C.public_hex):
+            await c.offer(OWNER.public_key, "feed", [[b"z", None, None]], producer="p", seq=0)
+        stamp = [PRODUCER_HEADER, B.public_hex.encode()]
+        assert await a.records() == [(b"x", [stamp]), (b"y", [["h", b"1"], stamp])]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_producer_cannot_forge_the_producer_header(tmp_path: Path) -> None:
+    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+        b = await producer(nursery, a, B)
+        forged = [[b"x", None, [[PRODUCER_HEADER, C.public_hex.encode()]]]]
+        with pytest.raises(MalformedError, match="set by the queue's owner"):
+            await b.offer(OWNER.public_key, "feed", forged, producer="p", seq=0)
+        assert await a.records() == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_retry_after_a_lost_answer_is_written_once(tmp_path: Path) -> None:
+    async with owner(tmp_path, flaky=True) as a, trio.open_nursery() as nursery:
+        b = await producer(nursery, a, B)
+        records = [[b"r%d" % i, None, None] for i in range(3)]
+        # The first answer never comes: B sends the same producer id and sequence again
+        answer = await b.offer(OWNER.public_key, "feed", records, producer="p", seq=7, wait=10.0)
+        assert answer == {"first": 0, "count": 3, "duplicate": True}
+        assert b.counters["retries"] == 1
+        assert [v for v, _ in await a.records()] == [b"r0", b"r1", b"r2"]
+        # a new sequence writes; an old one within the window is still answered as it was
+        assert (await b.offer(OWNER.public_key, "feed", records[:1], producer="p", seq=8))["first"] == 3
+        assert (await b.offer(OWNER.public_key, "feed", records, producer="p", seq=7))["first"] == 0
+        # the same sequence with other records is refused, nothing written
+        with pytest.raises(MalformedError, match="same records"):
+            await b.offer(OWNER.public_key, "feed", records[:2], producer="p", seq=7)
+        assert len(await a.records()) == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_shared_producer_id_is_written_once_whichever_daemon_sends_it(tmp_path: Path) -> None:
+    async with owner(tmp_path, both=True) as a, trio.open_nursery() as nursery:
+        b, c = await producer(nursery, a, B), await producer(nursery, a, C)
+        records = [[b"task", None, None, 1_700_000_000_000]]
+        first = await b.offer(OWNER.public_key, "feed", records, producer="t", seq=3, shared=True)
+        # the same task retried through another daemon: the owner had it
+        again = await c.offer(OWNER.public_key, "feed", records, producer="t", seq=3, shared=True)
+        assert (first["duplicate"], again) == (False, {"first": 0, "count": 1, "duplicate": True})
+        # not shared, the same id is C's own: written
+        assert (await c.offer(OWNER.public_key, "feed", records, producer="t", seq=3))["first"] == 1
+        q = a.engine.find(OWNER.public_key, "feed")
+        assert q is not None
+        with pytest.raises(MalformedError, match="'shared' is true or false"):  # a peer's body, as sent
+            a.offers.start(C.public_key, q, "t", 4, records, shared="yes")
+        stored = await a.engine.read(q, 0, 2, 10, 1 << 20)
+        assert stored.timestamps == [1_700_000_000_000] * 2  # the producer's timestamps are kept
+        stamps = [[PRODUCER_HEADER, B.public_hex.encode()]], [[PRODUCER_HEADER, C.public_hex.encode()]]
+        assert [h for _, h in await a.records()] == list(stamps)
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_owner_remembers_sequences_across_a_restart(tmp_path: Path) -> None:
+    records = [[b"once", None, None]]
+    async with owner(tmp_path) as a:
+        q = a.offers.own_queue("feed")
+        job = a.offers.start(B.public_key, q, "p", 1, records)
+        assert await a.engine.outcome(job) == (0, 1, False)
+    async with Engine.open(tmp_path, OWNER) as engine:
+        offers = OfferServer(engine, Sealer(engine))
+        q = offers.own_queue("feed")
+        assert await engine.outcome(offers.start(B.public_key, q, "p", 1, records)) == (0, 1, True)
+        # a producer of the same name on another daemon (here: the owner's own) has sequences of its own
+        assert await engine.outcome(offers.start(OWNER.public_key, q, "p", 1, records)) == (1, 1, False)
+        assert engine.state(q).held_end == 2
+
+
+async def test_a_sealed_queue_takes_offers_from_its_readers_only(tmp_path: Path) -> None:
+    async with owner(tmp_path, sealed=True) as a, trio.open_nursery() as nursery:
+        b, c = await producer(nursery, a, B), await producer(nursery, a, C)
+        await b.offer(OWNER.public_key, "feed", [[b"secret", None, None]], producer="p", seq=0)
+        with pytest.raises(NotAllowedError, match="not one of its readers"):
+            await c.offer(OWNER.public_key, "feed", [[b"z", None, None]], producer="p", seq=0)
+        assert await a.records() == [(b"secret", [[PRODUCER_HEADER, B.public_hex.encode()]])]
+        q = a.engine.find(OWNER.public_key, "feed")
+        assert q is not None
+        stored = await a.engine.read(q, 0, 1, 1, 1 << 20)
+        assert b"secret" not in stored.values[0] and not stored.headers[0]  # an envelope, header inside
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_unreachable_owner_fails_after_the_wait(tmp_path: Path) -> None:
+    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+        b = await producer(nursery, a, B, link=False)
+        started = trio.current_time()
+        with pytest.raises(OwnerUnreachableError):
+            await b.offer(OWNER.public_key, "feed", [[b"x", None, None]], producer="p", seq=0, wait=0.5)
+        assert 0.5 <= trio.current_time() - started < 2.0
+        assert await a.records() == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_owner_without_the_feature_gets_no_offer(tmp_path: Path) -> None:
+    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+        b = await producer(nursery, a, B)
+        await b.links.wait_link(OWNER.public_key, 1.0)
+        while b.links.features(OWNER.public_key) is None:  # the versions exchange settles
+            await trio.sleep(0)
+        # as a link to 0.2.0 settles: protocol 1, no features
+        b.links._endpoints[OWNER.public_key].link.agreement = Agreement(1, frozenset(), UNSTATED)
+        with pytest.raises(IncompatiblePeerError, match="does not take remote offers"):
+            await b.offer(OWNER.public_key, "feed", [[b"x", None, None]], producer="p", seq=0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_owner_that_refuses_the_op_as_unknown_is_named_too_old(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        old = await meshlinks.start(nursery, Old())
+        links = await meshlinks.start(nursery)
+        meshlinks.connect(nursery, old, OWNER.public_key, links, B.public_key)
+        b = RemoteOffers(links, Any)  # type: ignore[arg-type]
+        with pytest.raises(IncompatiblePeerError, match="does not take remote offers"):
+            await b.offer(OWNER.public_key, "feed", [[b"x", None, None]], producer="p", seq=0)
+        nursery.cancel_scope.cancel()
+
+
+class Old:
+    """A 0.2.0 owner: every op it does not know is refused so (latticed/groups/lease_server.py)."""
+
+    async def serve(self, peer: bytes, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        raise MalformedError(f"unknown lease op {op[:64]!r}")
+
+    def peer_gone(self, peer: bytes) -> None:
+        pass
