@@ -594,10 +594,11 @@ def test_unknown_queue(daemon: Daemon) -> None:
 
 
 def test_another_owners_queue(daemon: Daemon) -> None:
-    """A queue of an owner we hold no key for: writes fail with one line, not found or not owner."""
+    """A queue of an owner we hold no key for: writes fail with one line, not found or not owner; an
+    offer is forwarded to that owner (remote producers), which cannot be reached: exit 14 after --wait."""
     other = f"{secrets.token_hex(32)}/theirs"
     either = (ExitCode.NOT_FOUND, ExitCode.NOT_OWNER)
-    daemon.fails(either, "offer", other, "x")
+    daemon.fails(ExitCode.OWNER_UNREACHABLE, "offer", other, "x", "--wait", "0.2")
     daemon.fails(either, "truncate", other, "1")
     daemon.fails(either, "meta", "set", other, "k", "v")
     daemon.fails(ExitCode.NOT_FOUND, "queue", "info", other)

@@ -41,6 +41,16 @@ def test_no_basename_is_shared_by_two_modules() -> None:
     )
 
 
+def test_no_test_module_name_is_used_twice() -> None:
+    """pytest imports test files by basename (no packages): two files of one name cannot both run."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for folder in ("tests", "integration"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name != "__init__.py" and path.name != "conftest.py":
+                by_name[path.name].append(path.relative_to(ROOT).as_posix())
+    assert {name: paths for name, paths in by_name.items() if len(paths) > 1} == {}
+
+
 def test_every_package_says_its_job_and_has_a_contract() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contracts = config["tool"]["importlinter"]["contracts"]
