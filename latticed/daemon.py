@@ -34,6 +34,7 @@ from latticed.api import (
     peer_handlers,  # noqa: F401 - importing it registers peer management and doctor
     retention_handlers,  # noqa: F401 - importing it registers retention_get/set
     store_handlers,  # noqa: F401 - importing it registers store_compact
+    time_handlers,  # noqa: F401 - importing it registers offsets_for_times
 )
 from latticed.api.handlers import Context, package_version
 from latticed.api.listener import refuse_if_served
