@@ -51,6 +51,7 @@ from cli.retention import (
     policy_options,
 )
 from cli.retention import register as register_retention
+from cli.why import register as register_why
 
 #: Lines sent per ``offer_batch`` round trip by ``offer --file``.
 OFFER_BATCH_LINES = 1000
@@ -729,6 +730,7 @@ _ELSEWHERE: dict[str, lazy.Registrar] = {
 }
 _COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
 register_retention(queue_app, _client)
+register_why(queue_app, _client)
 
 
 def main() -> None:

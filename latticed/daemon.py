@@ -35,6 +35,7 @@ from latticed.api import (
     retention_handlers,  # noqa: F401 - importing it registers retention_get/set
     store_handlers,  # noqa: F401 - importing it registers store_compact
     time_handlers,  # noqa: F401 - importing it registers offsets_for_times
+    why_handlers,  # noqa: F401 - importing it registers queue_why
 )
 from latticed.api.handlers import Context, package_version
 from latticed.api.listener import refuse_if_served
