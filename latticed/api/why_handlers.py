@@ -31,17 +31,18 @@ async def queue_why(ctx: Context, request: Request) -> Reply:
     peers = service.queue_peers(state.owner, state.name, state.kind) if service is not None else []
     cap = ctx.retention.cap(q) if ctx.retention is not None else None
     fork = state.fork
+    signed_start = state.head.start if state.head is not None else 0
     facts = QueueFacts(
         address=ctx.engine.address(q),
         owned=ctx.engine.owned(q),
-        start=state.start,
-        held_start=max(state.start, state.floor),
+        start=signed_start,
+        held_start=state.start,
         held_end=state.held_end,
         known_end=state.known_end,
         forked=state.forked,
         fork_at=fork.offset if fork is not None else None,
         fork_proof=fork.digest().hex() if fork is not None else None,
-        capped=cap is not None and state.floor > state.start,
+        capped=cap is not None and state.start > signed_start,
         peers=peers,
     )
     return {
