@@ -216,3 +216,15 @@ def test_forked(daemons: Callable[..., InProcessDaemon]) -> None:
     assert str(answer["verdict"]).startswith("frozen: forked at") and state.fork.digest().hex()[:16] in str(
         answer["verdict"]
     )
+
+
+def test_lag_metrics_have_no_queue_label() -> None:
+    from latticed.metrics.lag import lag_histogram  # noqa: PLC0415
+
+    family = lag_histogram([0, 3, 1204, 0, 2_000_000])
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("latticed_queue_lag_records_bucket", "10")] == 1
+    assert samples[("latticed_queue_lag_records_bucket", "10000")] == 2
+    assert samples[("latticed_queue_lag_records_bucket", "+Inf")] == 3
+    assert samples[("latticed_queue_lag_records_sum", None)] == 2_001_207
+    assert {key for s in family.samples for key in s.labels} == {"le"}

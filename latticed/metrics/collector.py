@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from latticed.groups.service import GroupService
+from latticed.metrics.lag import lag_histogram
 from latticed.metrics.live import KIND_NAMES
 from latticed.storage.engine import Engine
 
@@ -114,6 +115,7 @@ class StateCollector:
         stored: Counter[tuple[str, str]] = Counter()
         forked = 0
         behind = 0
+        lags: list[int] = []
         for kind, kind_label in KIND_NAMES.items():
             for q in engine.queues(kind):
                 state = engine.state(q)
@@ -123,6 +125,7 @@ class StateCollector:
                 stored[labels] += state.held_end - state.start
                 forked += state.forked
                 behind += max(0, state.known_end - state.held_end)
+                lags.append(state.known_end - state.held_end)
         yield _by_labels(
             GaugeMetricFamily("latticed_queues", "Queues held, by kind and role.", labels=["kind", "role"]),
             queues,
@@ -145,6 +148,7 @@ class StateCollector:
             "Records their owners have signed that this daemon does not hold yet, summed over queues.",
             value=behind,
         )
+        yield lag_histogram(lags)
 
     def _storage(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
