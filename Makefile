@@ -20,7 +20,7 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py latticed/privacy/_seal_build.py
 venv: $(STAMP)
 
 demo: venv
-	$(BIN)/python -m latticed.demo
+	$(BIN)/python -m latticed.demo.walkthrough
 
 lint: venv
 	$(BIN)/ruff check .

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import ConnectionClosedError
 
 BIN = Path(sys.executable).parent

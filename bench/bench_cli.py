@@ -40,8 +40,8 @@ from pathlib import Path
 from _daemons import BIN, run_argv, start, stop  # bench/ is on sys.path when this runs as a script
 from bench_daemon import pct
 
-from latticed.api.client import Client
-from latticed.api.producer import Producer
+from latticed.api.client.blocking_client import Client
+from latticed.api.client.producer import Producer
 
 VALUE_BYTES = 100
 

@@ -43,8 +43,8 @@ import floor_offers
 from _daemons import cpu_s, rss_mb, start, stop
 from hostjitter import FsyncProbe, WakeProbe
 
-from latticed.api.client import Client
-from latticed.api.producer import Ack, Producer
+from latticed.api.client.blocking_client import Client
+from latticed.api.client.producer import Ack, Producer
 
 VALUE = b"x" * 100
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
+from pathlib import Path
 
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.protocol.sim import SimNetwork
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the simulator is a test helper
+from support.sim import SimNetwork
 
 OWNER = Identity.from_seed(b"o" * 32)
 KEY = (OWNER.public_key, "q", 0)

@@ -34,8 +34,8 @@ from pathlib import Path
 from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop
 from zeroconf import DNSIncoming
 
-from latticed.api.client import Client
-from latticed.netkey import write_network_key
+from latticed.api.client.blocking_client import Client
+from latticed.host.netkey import write_network_key
 from latticed.protocol.announce import SERVICE_TYPE
 
 NAMES = ("A", "B", "C", "D")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 
 
 class Node:

@@ -41,7 +41,7 @@ from pathlib import Path
 from _daemons import cpu_s, start, stop
 from bench_daemon import pct
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 
 VALUE = b"x" * 100
 BATCH = [(VALUE, None, ())] * 1000

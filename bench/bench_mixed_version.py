@@ -30,7 +30,7 @@ from pathlib import Path
 
 from _daemons import listen_address, scratch, start, stop, wait_end
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "integration"))

@@ -28,10 +28,10 @@ import trio
 from _daemons import CpuSplit, cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
 from hostjitter import FsyncProbe, WakeProbe
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.crdt.signing import Identity
+from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.transport import open_peer
-from latticed.netkey import DEFAULT_NETWORK_KEY
 
 
 class Node:

@@ -33,9 +33,9 @@ from pathlib import Path
 
 from _daemons import listen_address, run_argv, start, stop
 
-from latticed.api.client import Client
-from latticed.api.producer import Ack, Producer
-from latticed.retention import RetentionPolicy, format_size, parse_size
+from latticed.api.client.blocking_client import Client
+from latticed.api.client.producer import Ack, Producer
+from latticed.host.retention_policy import RetentionPolicy, format_size, parse_size
 from latticed.storage.sqlite import WAL_AUTOCHECKPOINT_PAGES, WAL_FRAME_HEADER_BYTES, WAL_HEADER_BYTES
 
 PAGE = 4096

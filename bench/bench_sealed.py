@@ -27,8 +27,8 @@ from pathlib import Path
 
 from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
 
-from latticed.api.client import Client
-from latticed.api.producer import Producer
+from latticed.api.client.blocking_client import Client
+from latticed.api.client.producer import Producer
 
 VALUE = b"x" * 100
 BATCH = 1000

@@ -38,7 +38,7 @@ from pathlib import Path
 from _daemons import cpu_s  # bench/ is on sys.path when this runs as a script
 from bench_daemon import daemon, pct
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import NotFoundError
 
 VALUE = b"t" * 100

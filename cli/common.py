@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import NotFoundError
 
 _OWNER_HEX = re.compile(r"[0-9a-fA-F]{64}")

@@ -1,9 +1,9 @@
 """``latticectl``: talk to the local latticed daemon over its unix socket.
 
 ``QUEUE`` is ``NAME`` for one of your own queues or ``OWNER/NAME`` for another identity's; KV keys of
-another identity are ``OWNER/KEY`` the same way (:mod:`cli.kv`). Command-line values are stored as their
-UTF-8 bytes. ``--socket`` and ``--json`` go before or after the command (:mod:`cli.common`). Output rules
-are in :mod:`cli.output`; exit codes in :mod:`cli.boundary`.
+another identity are ``OWNER/KEY`` the same way (:mod:`cli.kv_commands`). Command-line values are stored as
+their UTF-8 bytes. ``--socket`` and ``--json`` go before or after the command (:mod:`cli.common`). Output
+rules are in :mod:`cli.output`; exit codes in :mod:`cli.boundary`.
 
 Why one module: it is ``latticectl``'s root command table: the queue and record commands every invocation
 may need, and the lazy table of the command groups that live in their own modules (``_ELSEWHERE``);
@@ -42,7 +42,7 @@ from cli.output import (
     text_of_bytes,
     write_bytes,
 )
-from cli.retention import (
+from cli.retention_commands import (
     KeepUnsettled,
     MaxAge,
     MaxBytes,
@@ -50,8 +50,8 @@ from cli.retention import (
     policy_of,
     policy_options,
 )
-from cli.retention import register as register_retention
-from cli.why import register as register_why
+from cli.retention_commands import register as register_retention
+from cli.why_commands import register as register_why
 
 #: Lines sent per ``offer_batch`` round trip by ``offer --file``.
 OFFER_BATCH_LINES = 1000
@@ -545,7 +545,7 @@ def range_(
             note(f"no records of {queue} stamped in that time")
             return
         raise typer.BadParameter(f"FROM {from_offset} is after TO {to_offset}", ctx=ctx, param_hint="'FROM'")
-    from cli.records import print_range  # noqa: PLC0415 - only range needs it
+    from cli.print_records import print_range  # noqa: PLC0415 - only range needs it
 
     printed = print_range(client, queue, from_offset, to_offset, as_json=as_json)
     if not printed and not as_json:
@@ -644,7 +644,7 @@ def tail(
     if follow:
         emit_entries(_client(ctx).tail(queue, offset, follow=True, last=last_n), as_json=as_json, live=True)
         return
-    from cli.records import print_tail  # noqa: PLC0415 - only a bounded tail needs it
+    from cli.print_records import print_tail  # noqa: PLC0415 - only a bounded tail needs it
 
     print_tail(_client(ctx), queue, offset, last_n, as_json=as_json)
 
@@ -718,7 +718,7 @@ def meta_del(ctx: typer.Context, queue: QueueArg, key: MetaKey) -> None:
 #: runs (or when --help lists them all), so that e.g. ``latticectl id`` loads nothing of ``work``.
 #: tests/test_cli_lazy.py checks that these names are exactly what each module registers.
 _ELSEWHERE: dict[str, lazy.Registrar] = {
-    "cli.kv": (["kv"], lambda module: app.add_typer(module.kv_app, name="kv")),
+    "cli.kv_commands": (["kv"], lambda module: app.add_typer(module.kv_app, name="kv")),
     "cli.groups": (
         ["group", "dlq", "dequeue", "ack", "nack", "extend", "ack-up-to", "claim", "work"],
         lambda module: module.register(app, _client),
@@ -726,7 +726,8 @@ _ELSEWHERE: dict[str, lazy.Registrar] = {
     "cli.join": (["invite", "join"], lambda module: module.register(app, _client)),
     "cli.peers": (["peers"], lambda module: module.register(app)),
     "cli.doctor": (["doctor"], lambda module: module.register(app)),
-    "cli.store": (["store"], lambda module: module.register(app)),
+    "cli.store_commands": (["store"], lambda module: module.register(app)),
+    "cli.bundle_commands": (["bundle"], lambda module: module.register(app)),
 }
 _COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
 register_retention(queue_app, _client)

@@ -1,7 +1,7 @@
 """``latticectl doctor``: a checklist, ✔ or ✘, with one line on how to fix each ✘ (- : not applicable).
 
-With the daemon running it checks itself (:mod:`latticed.doctor`, through the ``doctor`` API op); without
-it, this checks what it can from the config (``--config FILE`` as for ``latticed run``, else the one
+With the daemon running it checks itself (:mod:`latticed.host.checklist`, through the ``doctor`` API op);
+without it, this checks what it can from the config (``--config FILE`` as for ``latticed run``, else the one
 ``latticed init`` wrote, else the defaults; its socket is the one tried unless ``--socket`` is given).
 Either way the Spark extra is checked here, in the environment ``latticectl`` runs in. Exit code 1 when
 any check fails (a daemon that is not running is one of them).
@@ -16,10 +16,10 @@ import typer
 
 from cli.common import JsonFlag, settings
 from cli.output import emit
-from latticed.api.client import Client
-from latticed.config import load_config
-from latticed.doctor import Check, check_spark, offline_checks
+from latticed.api.client.blocking_client import Client
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError
+from latticed.host.checklist import Check, check_spark, offline_checks
+from latticed.host.config import load_config
 
 _MARK = {True: "✔", False: "✘", None: "-"}
 _START_FIX = (
@@ -41,7 +41,7 @@ def _lines(checks: list[Check]) -> list[str]:
 
 def default_config() -> Path | None:
     """The config ``latticed init`` wrote (``init --user``'s, then the system's), if there is one."""
-    from latticed.install import default_config_files  # noqa: PLC0415 - only without --config
+    from latticed.host.install import default_config_files  # noqa: PLC0415 - only without --config
 
     return next((path for path in default_config_files() if path.is_file()), None)
 

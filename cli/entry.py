@@ -23,7 +23,7 @@ def latticed() -> None:
 
         print(describe("latticed"))
         return
-    from cli.daemon import main  # noqa: PLC0415 - the daemon, only when it is asked for
+    from cli.latticed_command import main  # noqa: PLC0415 - the daemon, only when it is asked for
 
     main()
 

@@ -34,7 +34,7 @@ from cli.boundary import one_line
 from cli.common import note, settings
 from cli.output import emit, field_lines, human, table_lines, text_of_bytes, to_json, write
 from cli.work import Worker, lease_env
-from latticed.api.client import Client, Lease
+from latticed.api.client.blocking_client import Client, Lease
 from latticed.errors import EmptyError, LeaseError
 
 ClientFactory = Callable[[typer.Context], Client]

@@ -2,7 +2,7 @@
 
 It writes the commented config, the identity, a new private network key, and (unless ``--no-systemd``) the
 systemd unit with a drop-in that starts this installation's ``latticed``; then prints what it made and what
-to run next. Locations: :mod:`latticed.install`. Nothing is overwritten without ``--force``, and the
+to run next. Locations: :mod:`latticed.host.install`. Nothing is overwritten without ``--force``, and the
 identity and a private network key never are: a new identity loses write authority over your queues, a new
 key cuts the daemon off from its network (``docs/operations.md`` says how to rotate one on purpose).
 """
@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
-from latticed.install import (
+from latticed.host.install import (
     DEFAULT_LISTEN,
     Layout,
     format_listen,
@@ -91,7 +91,8 @@ def init(
             "`latticed init --user` for a service of your own"
         )
     # Imported here: `latticed run` imports this module too, and needs none of it.
-    from latticed.netkey import (  # noqa: PLC0415
+    from latticed.host.identity_key import load_or_create_identity  # noqa: PLC0415
+    from latticed.host.netkey import (  # noqa: PLC0415
         DEFAULT_NETWORK_KEY,
         network_key_fingerprint,
         new_network_key,
@@ -99,9 +100,8 @@ def init(
         replace_network_key,
         write_network_key,
     )
-    from latticed.paths import ensure_data_dir  # noqa: PLC0415
+    from latticed.host.paths import ensure_data_dir  # noqa: PLC0415
     from latticed.protocol.addresses import parse_host_port  # noqa: PLC0415
-    from latticed.storage.keyfile import load_or_create_identity  # noqa: PLC0415
 
     peers = [parse_host_port(p) for p in peer or []]
     layout = layout_for("user" if user else "system", os.environ, root)
@@ -169,8 +169,8 @@ def _choose_listen(layout: Layout, given: str | None) -> tuple[tuple[str, int], 
     Given: that, with a note if it is in use now. Not given: the existing config's (rewriting a config
     must not move a running daemon's port), else the default port or, when another program (say, another
     user's daemon) holds it, the next free one."""
-    from latticed.config import read_config_file  # noqa: PLC0415
-    from latticed.listen_probe import first_free_listen, probe_listen  # noqa: PLC0415
+    from latticed.host.config import read_config_file  # noqa: PLC0415
+    from latticed.host.listen_probe import first_free_listen, probe_listen  # noqa: PLC0415
     from latticed.protocol.addresses import parse_host_port  # noqa: PLC0415
 
     if given is not None:

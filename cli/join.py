@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 
 from cli.output import emit
-from latticed.api.client import Client
-from latticed.invite import decode_invite
+from latticed.api.client.blocking_client import Client
+from latticed.host.invite import decode_invite
 from latticed.protocol.addresses import parse_host_port
 
 ClientFactory = Callable[[typer.Context], Client]

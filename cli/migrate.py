@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from latticed.config import default_data_dir, load_config
+from latticed.host.config import default_data_dir, load_config
 
 
 def migrate(
@@ -51,7 +51,7 @@ def migrate(
     if dry_run:
         typer.echo(describe_plan(plan))
         return
-    from latticed.storage.lockfile import DataDirLock  # noqa: PLC0415
+    from latticed.host.data_dir_lock import DataDirLock  # noqa: PLC0415
     from latticed.storage.schema import migrate as run_migrations  # noqa: PLC0415
     from latticed.storage.sqlite import connect  # noqa: PLC0415
 

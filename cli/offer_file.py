@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from cli.common import note
 from cli.progress import bar, input_size
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 
 
 def read_batches(stream: BinaryIO, lines_per_batch: int, skip: int = 0) -> Iterator[tuple[list[bytes], int]]:

@@ -30,7 +30,7 @@ from typing import Any
 import msgpack
 
 from cli.boundary import StdoutClosed
-from latticed.api.client import Entry
+from latticed.api.client.blocking_client import Entry
 
 #: Control characters that would break the one-record-per-line layout, as escapes.
 _CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]} | {

@@ -12,9 +12,9 @@ from datetime import datetime
 
 import typer
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import MalformedError
-from latticed.retention import parse_duration
+from latticed.host.retention_policy import parse_duration
 
 
 def parse_time(ctx: typer.Context, text: str, option: str) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from latticed.api.client import Client, Lease
+from latticed.api.client.blocking_client import Client, Lease
 from latticed.errors import ConnectionClosedError, LeaseError, OwnerUnreachableError
 
 #: How long one dequeue waits when no ``--idle`` is given (then it simply asks again).

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 30.0

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import ConnectionClosedError, LatticedError
 
 #: The ``latticed_process`` fixture (integration/conftest.py): starts a daemon, returns its handle.

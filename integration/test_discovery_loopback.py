@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import trio
 
-from latticed.clock import wall_ms
 from latticed.errors import IntegrityError, MalformedError
-from latticed.logs import EVENT_ATTR, record_fields
 from latticed.net import discovery
 from latticed.net.discovery import DiscoveredPeer, OtherNetworks, run_discovery
+from latticed.process.clock import wall_ms
+from latticed.process.logs import EVENT_ATTR, record_fields
 from latticed.protocol.announce import open_announcement
 
 LOOPBACK = ["127.0.0.1"]

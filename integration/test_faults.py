@@ -19,11 +19,11 @@ from typer.testing import CliRunner, Result
 
 import cli.ctl
 from cli.boundary import ExitCode
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.crdt.signing import Identity
-from latticed.diskspace import disk_is_low, disk_usage
 from latticed.errors import HandshakeError
-from latticed.netkey import DEFAULT_NETWORK_KEY, write_network_key
+from latticed.host.diskspace import disk_is_low, disk_usage
+from latticed.host.netkey import DEFAULT_NETWORK_KEY, write_network_key
 from latticed.protocol.handshake import Initiator
 
 LatticedProcess = Any  # integration/conftest.py's daemon handle

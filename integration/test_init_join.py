@@ -24,8 +24,8 @@ import pytest
 from conftest import START_TIMEOUT_S, socket_accepts
 from polling import wait_until
 
-from latticed.api.client import Client
-from latticed.netkey import DEFAULT_NETWORK_KEY, read_network_key
+from latticed.api.client.blocking_client import Client
+from latticed.host.netkey import DEFAULT_NETWORK_KEY, read_network_key
 
 BIN = Path(sys.executable).parent
 LATTICED = [sys.executable, "-m", "latticed"]

@@ -10,7 +10,7 @@ from typing import Any
 from polling import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 
 LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
@@ -65,7 +65,9 @@ def test_a_daemon_counts_its_offers_commits_and_storage(latticed_process: Factor
 def test_the_endpoint_is_off_unless_asked_for(latticed_process: Factory) -> None:
     daemon = latticed_process(args=["--no-mdns"])
     assert status(daemon)["metrics"] is None
-    assert "latticed.metrics" not in daemon.log_text()
+    log = daemon.log_text()
+    for module in ("daemon_metrics", "metrics_collector", "metrics_http"):
+        assert f"latticed.services.{module}" not in log
 
 
 def test_a_replica_counts_what_it_merged_from_each_peer(latticed_process: Factory) -> None:

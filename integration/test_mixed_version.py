@@ -18,12 +18,12 @@ import trio
 from polling import wait_until
 from releases import previous_release, run_as
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
 from latticed.errors import ConnectionClosedError, LatticedError, VersionGapError
+from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.transport import open_peer
-from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import HELLO
 from latticed.version import PROTOCOL_VERSIONS, RELEASE
 

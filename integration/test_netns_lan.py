@@ -28,9 +28,9 @@ import pytest
 pytest.register_assert_rewrite("netns")
 import netns  # noqa: E402
 
-from latticed.api.client import Client  # noqa: E402
+from latticed.api.client.blocking_client import Client  # noqa: E402
 from latticed.errors import ConnectionClosedError  # noqa: E402
-from latticed.netkey import write_network_key  # noqa: E402
+from latticed.host.netkey import write_network_key  # noqa: E402
 
 PORT = 7464
 START_TIMEOUT_S = 20.0

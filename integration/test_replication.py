@@ -15,14 +15,14 @@ import pytest
 import trio
 from polling import wait_until
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.crdt import queue as core
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import delta_to_wire, pack
 from latticed.errors import BehindPeersError, ConnectionClosedError
+from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.transport import open_peer
-from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import DELTA, HELLO, PROTOCOL_VERSION
 
 LatticedProcess = Any  # integration/conftest.py's daemon handle

@@ -14,8 +14,8 @@ from typing import Any
 
 from polling import wait_until
 
-from latticed.api.client import Client
-from latticed.retention import RetentionPolicy
+from latticed.api.client.blocking_client import Client
+from latticed.host.retention_policy import RetentionPolicy
 
 LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import cli.ctl
 from cli.boundary import ExitCode
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import ConnectionClosedError, NotReaderError
 from latticed.privacy import crypto
 

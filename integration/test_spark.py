@@ -430,7 +430,7 @@ def test_replicated_queue_read_through_local_daemon(
 
 
 def partition(daemon: Daemon, queue: str, lo: int, hi: int, **overrides: Any) -> Any:
-    from latticed.spark.reader import LatticePartition  # noqa: PLC0415
+    from latticed.spark.partition_reader import LatticePartition  # noqa: PLC0415
 
     fields: dict[str, Any] = {
         "socket": str(daemon.socket),
@@ -445,7 +445,7 @@ def partition(daemon: Daemon, queue: str, lo: int, hi: int, **overrides: Any) ->
 
 def test_executor_waits_for_a_lagging_replica_then_gives_up(lattice_daemon: Daemon) -> None:
     """The driver's daemon may be ahead of an executor's: read() waits for the records, bounded."""
-    from latticed.spark.reader import ReplicaLagError, read_partition  # noqa: PLC0415
+    from latticed.spark.partition_reader import ReplicaLagError, read_partition  # noqa: PLC0415
 
     name = qname("lag")
     queue = lattice_daemon.client.queue_create(name)
@@ -470,7 +470,7 @@ def test_executor_waits_for_a_lagging_replica_then_gives_up(lattice_daemon: Daem
 
 
 def test_executor_sees_truncation_after_planning(lattice_daemon: Daemon) -> None:
-    from latticed.spark.reader import read_partition  # noqa: PLC0415
+    from latticed.spark.partition_reader import read_partition  # noqa: PLC0415
 
     name = qname("late")
     queue = lattice_daemon.client.queue_create(name)
@@ -490,7 +490,7 @@ def test_packed_and_lists_layouts_read_the_same(lattice_daemon: Daemon, monkeypa
     import pyarrow as pa  # noqa: PLC0415
 
     from latticed.errors import MalformedError  # noqa: PLC0415
-    from latticed.spark import reader  # noqa: PLC0415
+    from latticed.spark import partition_reader as reader  # noqa: PLC0415
 
     name = qname("layout")
     queue = lattice_daemon.client.queue_create(name)

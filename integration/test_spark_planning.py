@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from latticed.crdt.records import MAX_OFFSET
 from latticed.errors import ForkedQueueError, MalformedError, NotFoundError
-from latticed.spark.daemon import resolve_socket
+from latticed.spark.local_daemon import resolve_socket
 from latticed.spark.offsets import (
     MIN_SPLIT_RECORDS,
     DataLossError,
@@ -309,7 +309,7 @@ def test_allocate_spends_the_budget_without_exceeding_backlogs(
 
 def test_record_batches_match_the_schema_spark_checks() -> None:
     pytest.importorskip("pyspark")
-    from latticed.spark.reader import arrow_schema, record_batch  # noqa: PLC0415
+    from latticed.spark.partition_reader import arrow_schema, record_batch  # noqa: PLC0415
 
     columns = {  # a `read` reply as it comes off the wire
         "offsets": [7, 8, 9],
@@ -332,7 +332,7 @@ def test_record_batches_match_the_schema_spark_checks() -> None:
 
 def packed_reply(columns: dict[str, Any]) -> dict[str, Any]:
     """The daemon's ``packed`` layout of a ``read`` reply, built by the daemon's own function."""
-    from latticed.api.handlers import packed_columns_reply  # noqa: PLC0415
+    from latticed.api.server.handlers import packed_columns_reply  # noqa: PLC0415
     from latticed.storage.reader import Columns  # noqa: PLC0415
 
     return packed_columns_reply(
@@ -355,7 +355,7 @@ def packed_reply(columns: dict[str, Any]) -> dict[str, Any]:
 def test_packed_record_batches_equal_the_lists_ones(keys: list[bytes | None], offsets: list[int]) -> None:
     """The packed layout (buffers, no per-record Python) gives exactly the RecordBatch of the lists one."""
     pytest.importorskip("pyspark")
-    from latticed.spark.reader import (  # noqa: PLC0415
+    from latticed.spark.partition_reader import (  # noqa: PLC0415
         arrow_schema,
         constant_strings,
         packed_record_batch,
@@ -400,7 +400,7 @@ def test_the_source_keeps_pandas_out_of_spark_python_processes() -> None:
     columns["headers"] = [None, None]
     script = (
         "import sys; import pyspark.sql.worker.plan_data_source_read\n"
-        "from latticed.spark.reader import arrow_schema, constant_strings, packed_record_batch\n"
+        "from latticed.spark.partition_reader import arrow_schema, constant_strings, packed_record_batch\n"
         "import latticed.spark.source\n"
         f"reply = {packed_reply(columns)!r}\n"
         "schema = arrow_schema(False)\n"

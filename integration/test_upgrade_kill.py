@@ -21,7 +21,7 @@ import pytest
 from polling import wait_until
 from releases import previous_release, run_as
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.crdt import queue as core
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity

@@ -19,7 +19,7 @@ import pytest
 from polling import wait_until
 
 from cli.boundary import ExitCode
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import LeaseError
 
 WAIT_S = 30.0

@@ -20,7 +20,7 @@ import pytest
 from polling import wait_until
 
 from cli.boundary import ExitCode
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import LatticedError, NotAllowedError
 
 LATTICECTL = str(Path(sys.executable).parent / "latticectl")
@@ -168,7 +168,7 @@ def test_workers_on_another_daemon_consume_a_group_with_the_same_calls(
 WORKER = r"""
 import sys, time
 from pathlib import Path
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import LatticedError, LeaseError, OwnerUnreachableError
 sock, group, log, stop = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 def note(*parts):

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from latticed.crdt.queue import QueueDelta, QueueState, Summary
     from latticed.crdt.records import Record
     from latticed.crdt.signing import Identity
-    from latticed.queue import LatticeQueue
+    from latticed.facades.lattice_queue import LatticeQueue
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -39,7 +39,7 @@ _EXPORTS = {
     "Summary": "latticed.crdt.queue",
     "Record": "latticed.crdt.records",
     "Identity": "latticed.crdt.signing",
-    "LatticeQueue": "latticed.queue",
+    "LatticeQueue": "latticed.facades.lattice_queue",
 }
 
 

@@ -3,7 +3,7 @@
 Start-up order (each step fails early with a clear LatticedError): no other daemon serves the socket and
 the network key is fit for the listen address (the public default key is refused beyond loopback), both
 checked before anything is created; directories, the data directory's lock, the identity key, the store
-(migrated), replication (owned by :mod:`latticed.membership`, which restarts it under a new key on
+(migrated), replication (owned by :mod:`latticed.services.membership`, which restarts it under a new key on
 ``latticectl join``), work queues, retention (it reads the groups' ack floors), the API socket; then
 READY=1 to systemd. One root nursery holds every service, each started with ``nursery.start`` so
 "ready" means ready. SIGTERM or SIGINT
@@ -26,45 +26,44 @@ import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
-from latticed.api import (
-    member_handlers,  # noqa: F401 - importing it registers invite and join
-    peer_handlers,  # noqa: F401 - importing it registers peer management and doctor
-    retention_handlers,  # noqa: F401 - importing it registers retention_get/set
-    store_handlers,  # noqa: F401 - importing it registers store_compact
-    time_handlers,  # noqa: F401 - importing it registers offsets_for_times
-    why_handlers,  # noqa: F401 - importing it registers queue_why
-)
-from latticed.api.handlers import Context, package_version
-from latticed.api.listener import refuse_if_served
-from latticed.api.server import serve_api
-from latticed.config import DaemonConfig
+from latticed.api.server.api_ports import SelfCheck
+from latticed.api.server.api_server import serve_api
+from latticed.api.server.context import Context, package_version
+from latticed.api.server.listener import refuse_if_served
+from latticed.api.server.op_table import build_op_table
 from latticed.crdt.signing import Identity
 from latticed.groups.lease_server import RemoteLeaseServer
 from latticed.groups.remote import RemoteGroups
 from latticed.groups.service import GroupService
-from latticed.health import Health
-from latticed.logs import get_logger, log_event
-from latticed.malloc import keep_large_buffers
-from latticed.membership import Membership
-from latticed.metrics.collector import StateCollector
-from latticed.metrics.live import DaemonMetrics
-from latticed.metrics.server import serve_metrics
+from latticed.host.checklist import daemon_checks
+from latticed.host.config import DaemonConfig
+from latticed.host.data_dir_lock import DataDirLock
+from latticed.host.diskspace import DiskUsage
+from latticed.host.identity_key import load_or_create_identity
+from latticed.host.netkey import check_listen_key
+from latticed.host.paths import ensure_data_dir, ensure_socket_dir
+from latticed.host.retention_policy import ReplicaCaps
 from latticed.net.leasing import LeaseLinks
 from latticed.net.replication import load_network_key
-from latticed.netkey import check_listen_key
-from latticed.paths import ensure_data_dir, ensure_socket_dir
-from latticed.retention import ReplicaCaps
-from latticed.retention_service import run_retention
-from latticed.sdnotify import Notifier, watchdog_interval
+from latticed.process.logs import get_logger, log_event
+from latticed.process.malloc import keep_large_buffers
+from latticed.process.sdnotify import Notifier, watchdog_interval
+from latticed.process.ticks import shared_period, sleep_until_tick
+from latticed.protocol.addresses import HostPort
+from latticed.protocol.peerstate import format_host_port
+from latticed.services.daemon_metrics import DaemonMetrics
+from latticed.services.health import Health
+from latticed.services.membership import Membership, advertised_addresses
+from latticed.services.metrics_collector import StateCollector
+from latticed.services.metrics_http import serve_metrics
+from latticed.services.retention_service import run_retention
 from latticed.storage.engine import Engine
-from latticed.storage.keyfile import load_or_create_identity
-from latticed.storage.lockfile import DataDirLock
-from latticed.storage.sealer import sealer_of
+from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout, OwnerFence
-from latticed.ticks import shared_period, sleep_until_tick
 
 log = get_logger(__name__)
 
@@ -86,6 +85,8 @@ class RunningDaemon:
     config: DaemonConfig
     identity: Identity
     engine: Engine
+    #: The one sealer over ``engine`` (sealed queues' keys and epochs).
+    sealer: Sealer
     #: Every commit, to whoever subscribes (tests wait on commits through it).
     changes: ChangeFanout
     _scope: trio.CancelScope
@@ -107,7 +108,7 @@ async def run_daemon(
 ) -> None:
     """Run until SIGTERM/SIGINT (or cancellation). ``handle_signals`` defaults to "on the main thread", and
     so does ``tune_gc`` (raise the collector's first threshold, freeze what start-up built, keep large
-    freed buffers for reuse: latticed/malloc.py): both are process-wide, so they are for a daemon that
+    freed buffers for reuse: latticed/process/malloc.py): both are process-wide, so they are for a daemon that
     owns its process."""
     # First, before anything is created or tuned: a socket another daemon serves means we would only
     # refuse later, after making a data directory and an identity nobody asked for.
@@ -141,7 +142,8 @@ async def run_daemon(
             fence=fence,
             metrics=metrics,
         ) as engine:
-            sealer_of(engine).install()  # sealed KV ops open for folding before any peer sends some
+            sealer = Sealer(engine)  # the one sealer: everything that seals or opens records gets it
+            sealer.install()  # sealed KV ops open for folding before any peer sends some
             health = Health(engine, config.data_dir)
             health.scan_forks()
             engine.on_storage_error = health.disk_suspect  # a failed write: sample the disk now
@@ -159,13 +161,16 @@ async def run_daemon(
                 metrics=metrics,
                 extension=links,
             )
-            groups = GroupService(engine, changes)
-            remote_groups = RemoteGroups(engine, links)
+            groups = GroupService(engine, changes, sealer)
+            remote_groups = RemoteGroups(engine, links, sealer)
             context = Context(
                 engine,
                 config.data_dir,
                 config.socket_path,
                 config.max_frame_bytes,
+                sealer=sealer,
+                ops=build_op_table(),
+                self_check=_self_check(membership),
                 groups=groups,
                 remote_groups=remote_groups,
                 membership=membership,
@@ -222,13 +227,35 @@ async def run_daemon(
                             queues=len(engine.queues()),
                         )
                         task_status.started(
-                            RunningDaemon(config, identity, engine, changes, nursery.cancel_scope, membership)
+                            RunningDaemon(
+                                config, identity, engine, sealer, changes, nursery.cancel_scope, membership
+                            )
                         )
                 finally:
                     notifier.stopping()
                     log_event(log, "daemon.stopping")
     notifier.close()
     log_event(log, "daemon.stopped")
+
+
+def _self_check(membership: Membership) -> SelfCheck:
+    """``doctor``'s checklist of this daemon, on the config replication runs under."""
+
+    def check(
+        facts: dict[str, Any],
+        *,
+        listen_address: HostPort | None,
+        disk: DiskUsage | None,
+        disk_error: str | None,
+    ) -> list[dict[str, Any]]:
+        advertised = (
+            [format_host_port(a) for a in advertised_addresses(listen_address)] if listen_address else []
+        )
+        config = membership.config
+        checks = daemon_checks(config, advertised=advertised, disk=disk, disk_error=disk_error, **facts)
+        return [check.to_wire() for check in checks]
+
+    return check
 
 
 def _dial_owner(membership: Membership, peer: bytes) -> bool:

@@ -21,16 +21,15 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner
 
 import cli.ctl
 from cli.boundary import ExitCode
-from latticed.api import tail as tail_module
-from latticed.api.client import Client, Entry
-from latticed.api.handlers import HANDLERS
-from latticed.api.tail import MIN_TAIL_BATCH_BYTES, tail_buffered_bytes
-from latticed.config import DaemonConfig
+from latticed.api.client.blocking_client import Client, Entry
+from latticed.api.server import tail as tail_module
+from latticed.api.server.op_table import build_op_table
+from latticed.api.server.tail import MIN_TAIL_BATCH_BYTES, tail_buffered_bytes
 from latticed.crdt.signing import Identity
 from latticed.errors import (
     AlreadyExistsError,
@@ -42,7 +41,8 @@ from latticed.errors import (
     StorageError,
     WrongTypeError,
 )
-from latticed.queue import LatticeQueue
+from latticed.facades.lattice_queue import LatticeQueue
+from latticed.host.config import DaemonConfig
 
 MAX_FRAME = 1 << 20
 GUARDED = "guarded-queue-7f3a9"
@@ -507,7 +507,7 @@ _requests = st.fixed_dictionaries(
         "id": st.one_of(
             st.integers(-5, 5), st.text(max_size=3), st.none(), st.lists(st.integers(0, 9), max_size=2)
         ),
-        "op": st.one_of(st.sampled_from([*sorted(HANDLERS), "tail"]), st.text(max_size=12)),
+        "op": st.one_of(st.sampled_from([*sorted(build_op_table().handlers), "tail"]), st.text(max_size=12)),
     },
     optional={name: _values for name in _ARG_NAMES},
 ).map(lambda r: msgpack.packb(r, use_bin_type=True))
@@ -540,7 +540,7 @@ def test_fuzzed_frames_never_crash_the_server_or_touch_other_data(
     assert guarded_snapshot(daemon) == before
 
 
-# -------------------------------------------------------------- what a connection holds (issue 13, item 12)
+# -------------------------------------------------------------- what a connection holds
 
 
 def test_an_oversized_request_is_refused_clearly_and_the_daemon_carries_on(daemon: InProcessDaemon) -> None:
@@ -587,7 +587,7 @@ def test_a_tail_reader_leaving_mid_send_is_a_disconnect_not_an_error(
 ) -> None:
     """The client goes away while the server is blocked sending it a batch: the broken pipe (wrapped in
     the tail's task group) is one INFO line, not an ERROR with a traceback."""
-    caplog.set_level(logging.INFO, logger="latticed.api.server")
+    caplog.set_level(logging.INFO, logger="latticed.api.server.api_server")
     client.queue_create("leaving")
     for _ in range(3):
         client.offer_batch("leaving", [(b"l" * 10_000, None, ())] * 100)  # 3 MB: more than the socket holds
@@ -602,7 +602,7 @@ def test_a_tail_reader_leaving_mid_send_is_a_disconnect_not_an_error(
     while sum(r.getMessage() == "api.client_disconnected" for r in caplog.records) < 3:
         assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
         time.sleep(0.02)
-    server = [r for r in caplog.records if r.name == "latticed.api.server"]
+    server = [r for r in caplog.records if r.name == "latticed.api.server.api_server"]
     assert not [r for r in server if r.levelno >= logging.WARNING or r.exc_info]
 
 

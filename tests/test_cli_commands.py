@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
 from cli.boundary import ExitCode, StdoutClosed
-from latticed.config import DaemonConfig
+from latticed.host.config import DaemonConfig
 
 runner = CliRunner()
 

@@ -10,18 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
 from cli.boundary import ExitCode
-from latticed.config import DaemonConfig
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
 from latticed.crdt.queue import QueueDelta
 from latticed.crdt.records import Record
 from latticed.errors import BehindPeersError, LatticedError
-from latticed.queue import LatticeQueue
+from latticed.facades.lattice_queue import LatticeQueue
+from latticed.host.config import DaemonConfig
 
 runner = CliRunner()
 

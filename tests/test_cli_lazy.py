@@ -17,7 +17,7 @@ from typer._coercion import build_runtime_param
 from typer.core import _TyperParameter
 
 import cli.ctl
-import cli.daemon
+import cli.latticed_command
 from cli import lazy
 
 _LOOKUPS = """
@@ -55,7 +55,7 @@ def test_the_table_names_exactly_what_each_module_registers() -> None:
     assert {"id", "status", "offer", "queue", "meta"} <= {n for n in listed if table.origin(n) == ""}
     # typer's order: single commands, then groups, each as registered
     assert listed[:2] == ["id", "status"]
-    assert listed[-7:] == ["queue", "meta", "kv", "group", "dlq", "peers", "store"]
+    assert listed[-8:] == ["queue", "meta", "kv", "group", "dlq", "peers", "store", "bundle"]
 
 
 def test_every_root_group_builds_its_own_commands() -> None:
@@ -85,7 +85,7 @@ def outcome(convert: Any) -> tuple[Any, ...]:
 def typer_params() -> list[tuple[Any, _TyperParameter]]:
     """Every parameter of ``latticectl`` and of ``latticed`` (its root group converts the light way too)."""
     found = []
-    for app in (cli.ctl.app, cli.daemon.app):
+    for app in (cli.ctl.app, cli.latticed_command.app):
         root = typer.main.get_command(app)
         for command in [root, *(c for sub in root.commands.values() for c in lazy.subcommands(sub))]:
             ctx = Context(command, help_option_names=["-h", "--help"])

@@ -22,13 +22,12 @@ from typer.testing import CliRunner, Result
 
 import cli.common
 import cli.ctl
-import cli.daemon
 import cli.groups
+import cli.latticed_command
 import cli.peers
 from cli.boundary import ExitCode, exit_code_for
 from cli.output import entry_text, text_of_bytes, to_json
-from latticed.api.client import Entry
-from latticed.config import DaemonConfig
+from latticed.api.client.blocking_client import Entry
 from latticed.errors import (
     AlreadyExistsError,
     BadSignatureError,
@@ -43,6 +42,7 @@ from latticed.errors import (
     StorageError,
     WrongTypeError,
 )
+from latticed.host.config import DaemonConfig
 from latticed.version import RELEASE
 
 runner = CliRunner()
@@ -54,7 +54,7 @@ def ctl(*args: str, **kwargs: Any) -> Result:
 
 
 def daemon(*args: str, **kwargs: Any) -> Result:
-    return runner.invoke(cli.daemon.app, list(args), prog_name="latticed", **kwargs)
+    return runner.invoke(cli.latticed_command.app, list(args), prog_name="latticed", **kwargs)
 
 
 def assert_one_line_error(result: Result, code: int, program: str = "latticectl") -> str:
@@ -82,7 +82,7 @@ def command_paths(app: typer.Typer) -> Iterator[list[str]]:
 # --- help -----------------------------------------------------------------------------------------
 
 CTL_COMMANDS = [" ".join(p) for p in command_paths(cli.ctl.app)]
-DAEMON_COMMANDS = [" ".join(p) for p in command_paths(cli.daemon.app)]
+DAEMON_COMMANDS = [" ".join(p) for p in command_paths(cli.latticed_command.app)]
 
 
 def test_every_command_is_there() -> None:
@@ -211,7 +211,7 @@ def test_installed_script_not_running(tmp_path: Path) -> None:
 
 @dataclass
 class FakeClient:
-    """Stands in for latticed.api.client.Client; each method raises or returns ``outcome``."""
+    """Stands in for latticed.api.client.blocking_client.Client; each method raises or returns ``outcome``."""
 
     outcome: Any
 
@@ -383,8 +383,10 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     async def fake_run_daemon(config: DaemonConfig, **_: object) -> None:
         calls.append(("run_daemon", config))
 
-    monkeypatch.setattr(cli.daemon, "run_daemon", fake_run_daemon)
-    monkeypatch.setattr(cli.daemon, "configure_logging", lambda *args: calls.append(("logging", args)))
+    monkeypatch.setattr(cli.latticed_command, "run_daemon", fake_run_daemon)
+    monkeypatch.setattr(
+        cli.latticed_command, "configure_logging", lambda *args: calls.append(("logging", args))
+    )
     return calls
 
 
@@ -417,7 +419,7 @@ def test_run_failure_inside_trio_is_one_line(
     async def failing(config: DaemonConfig, **_: object) -> None:
         raise ExceptionGroup("root nursery", [StorageError(f"cannot write to the data directory {tmp_path}")])
 
-    monkeypatch.setattr(cli.daemon, "run_daemon", failing)
+    monkeypatch.setattr(cli.latticed_command, "run_daemon", failing)
     line = assert_one_line_error(
         daemon("run", "--data-dir", str(tmp_path), "--socket", str(tmp_path / "s")),
         ExitCode.STORAGE,
@@ -585,7 +587,7 @@ def test_run_help_shows_the_defaults() -> None:
     text = " ".join(daemon("run", "--help", env=WIDE).stdout.split())
     for default in ("INFO", "json", "--mdns", "none (local only)", "every queue"):
         assert f"[default: ({default})]" in text, default
-    assert str(cli.daemon.default_data_dir()) in text
+    assert str(cli.latticed_command.default_data_dir()) in text
 
 
 # --- what commands say ----------------------------------------------------------------------------
@@ -754,7 +756,7 @@ def test_readme_lists_every_exit_code() -> None:
 
 
 def test_run_on_a_served_socket_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli.daemon, "configure_logging", lambda *args: None)
+    monkeypatch.setattr(cli.latticed_command, "configure_logging", lambda *args: None)
     sock_path, data = tmp_path / "busy.sock", tmp_path / "data"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as busy:
         busy.bind(str(sock_path))

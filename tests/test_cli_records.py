@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
 from cli import progress
 from cli.boundary import ExitCode
-from latticed.api.client import Client
-from latticed.config import DaemonConfig
+from latticed.api.client.blocking_client import Client
+from latticed.host.config import DaemonConfig
 
 runner = CliRunner()
 MAX_FRAME = 1 << 20

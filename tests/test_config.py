@@ -1,4 +1,4 @@
-"""Config loading (defaults, TOML, overrides) and the directory helpers in latticed.paths."""
+"""Config loading (defaults, TOML, overrides) and the directory helpers in latticed.host.paths."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from latticed.config import (
+from latticed.errors import MalformedError, StorageError
+from latticed.host.config import (
     KEYS,
     SOCKET_NAME,
     DaemonConfig,
@@ -21,8 +22,7 @@ from latticed.config import (
     load_config,
     parse_host_port,
 )
-from latticed.errors import MalformedError, StorageError
-from latticed.paths import ensure_data_dir, ensure_socket_dir, identity_key_path
+from latticed.host.paths import ensure_data_dir, ensure_socket_dir, identity_key_path
 
 HOME_ENV = {"HOME": "/home/alice"}
 KEY_A = "ab" * 32
@@ -272,7 +272,7 @@ def test_direct_construction_is_checked(tmp_path: Path) -> None:
         DaemonConfig(data_dir=tmp_path, socket_path=tmp_path / "s", max_frame_bytes=0)
 
 
-# --- latticed.paths -------------------------------------------------------------------------------
+# --- latticed.host.paths -------------------------------------------------------------------------------
 
 
 def test_ensure_data_dir_creates_0700(tmp_path: Path) -> None:
@@ -316,7 +316,7 @@ def test_unwritable_data_dir_explains(
     def refuse(*args: object, **kwargs: object) -> None:
         raise OSError(err, os.strerror(err))
 
-    monkeypatch.setattr("latticed.paths.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("latticed.host.paths.tempfile.mkstemp", refuse)
     with pytest.raises(StorageError, match=message):
         ensure_data_dir(tmp_path / "d")
 

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 import trio
 
-from latticed.api.connection import LARGE_FRAME_BYTES, Connection
+from latticed.api.server.connection import LARGE_FRAME_BYTES, Connection
 from latticed.errors import ConnectionClosedError
 from latticed.protocol.framing import FrameDecoder, encode_frame
 
@@ -80,7 +80,7 @@ async def test_several_replies_go_out_as_consecutive_frames_in_one_write() -> No
 
 async def test_large_frames_are_reported_and_remembered() -> None:
     """The server gives memory back after large requests: a connection reports each one, and remembers
-    having held one even if it was cut off (issue 13, item 12)."""
+    having held one even if it was cut off."""
     a, b = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     reports: list[bool] = []
     server = Connection(trio.SocketStream(a), LIMIT, on_large_frame=lambda: reports.append(True))

@@ -19,13 +19,13 @@ import trio
 import typer.main
 from typer.testing import CliRunner
 
-import cli.daemon
-from latticed.config import DaemonConfig
+import cli.latticed_command
 from latticed.daemon import run_daemon
 from latticed.errors import LatticedError
-from latticed.install import DEFAULT_LISTEN
-from latticed.listen_probe import INIT_PORT_TRIES
-from latticed.storage.lockfile import DataDirLock
+from latticed.host.config import DaemonConfig
+from latticed.host.data_dir_lock import DataDirLock
+from latticed.host.install import DEFAULT_LISTEN
+from latticed.host.listen_probe import INIT_PORT_TRIES
 
 #: What a refused ``latticed run`` (and ``init``, ``--help``) must not import: the daemon and its network.
 HEAVY = ["trio", "zeroconf", "prometheus_client", "latticed.daemon", "latticed.storage.engine", "pydantic"]
@@ -34,9 +34,9 @@ _RUN_AND_LIST = """
 import sys
 before = set(sys.modules)
 sys.argv = ["latticed", *sys.argv[1:]]
-import cli.daemon
+import cli.latticed_command
 try:
-    cli.daemon.main()
+    cli.latticed_command.main()
 except SystemExit as exc:
     code = exc.code
 imported = sorted(set(sys.modules) - before)
@@ -165,7 +165,7 @@ def test_init_takes_the_next_free_port_when_the_default_is_taken_and_keeps_it(
 ) -> None:
     runner = CliRunner()
     argv = ["init", "--user", "--no-systemd"]
-    result = runner.invoke(cli.daemon.app, argv, env=_user_env(tmp_path), prog_name="latticed")
+    result = runner.invoke(cli.latticed_command.app, argv, env=_user_env(tmp_path), prog_name="latticed")
     assert result.exit_code == 0, result.output
     written = tomllib.loads((tmp_path / "cfg" / "latticed" / "latticed.toml").read_text())["listen"]
     host, port = written.rsplit(":", 1)
@@ -176,15 +176,17 @@ def test_init_takes_the_next_free_port_when_the_default_is_taken_and_keeps_it(
         own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         own.bind(("0.0.0.0", int(port)))
         own.listen()
-        again = runner.invoke(cli.daemon.app, argv, env=_user_env(tmp_path), prog_name="latticed")
+        again = runner.invoke(cli.latticed_command.app, argv, env=_user_env(tmp_path), prog_name="latticed")
     assert again.exit_code == 0, again.output
     assert "(unchanged)" in again.stdout.splitlines()[0] and "listen " not in again.stdout
 
 
 def test_run_help_at_80_columns_shows_every_option_whole() -> None:
-    result = CliRunner().invoke(cli.daemon.app, ["run", "--help"], terminal_width=80, prog_name="latticed")
+    result = CliRunner().invoke(
+        cli.latticed_command.app, ["run", "--help"], terminal_width=80, prog_name="latticed"
+    )
     assert result.exit_code == 0
-    params = typer.main.get_command(cli.daemon.app).commands["run"].params  # type: ignore[attr-defined]
+    params = typer.main.get_command(cli.latticed_command.app).commands["run"].params  # type: ignore[attr-defined]
     names = [opt for p in params for opt in [*p.opts, *p.secondary_opts]]
     assert "--insecure-public-network-key" in names
     for name in names:

@@ -17,10 +17,10 @@ import trio
 import trio.testing
 
 from latticed import daemon as daemon_module
-from latticed.api.server import MemoryGiveBack
-from latticed.config import DaemonConfig
+from latticed.api.server.api_server import MemoryGiveBack
 from latticed.daemon import GC_GEN0_THRESHOLD, run_daemon
-from latticed.malloc import SPIKE_BYTES, TRIM_THRESHOLD, give_back_after_spike
+from latticed.host.config import DaemonConfig
+from latticed.process.malloc import SPIKE_BYTES, TRIM_THRESHOLD, give_back_after_spike
 
 
 def collector_while_running(tmp_path: Path, *, tune_gc: bool) -> dict[str, int]:
@@ -100,7 +100,7 @@ def test_large_freed_buffers_stay_in_the_heap() -> None:
     script = (
         "import sys\n"
         "from test_daemon_tuning import _reply_faults\n"
-        "from latticed.malloc import keep_large_buffers\n"
+        "from latticed.process.malloc import keep_large_buffers\n"
         "tuned = sys.argv[1] == 'tuned'\n"
         "if tuned: assert keep_large_buffers()\n"
         "print(_reply_faults(20))\n"
@@ -121,7 +121,7 @@ def test_large_freed_buffers_stay_in_the_heap() -> None:
     assert tuned < 100 < 20 * 500 < default, (default, tuned)
 
 
-# ------------------------------------------------------ memory given back after a spike (issue 13, item 12)
+# ------------------------------------------------------ memory given back after a spike
 
 
 def test_give_back_only_what_a_spike_left_idle() -> None:
@@ -168,7 +168,7 @@ def test_memory_a_spike_left_in_the_heap_is_given_back() -> None:
     """With large buffers kept in the heap (as the daemon does), 160 MB freed between small survivors stays
     resident; giving it back returns it to the kernel."""
     script = (
-        "from latticed.malloc import give_back_after_spike, keep_large_buffers\n"
+        "from latticed.process.malloc import give_back_after_spike, keep_large_buffers\n"
         "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096 >> 20\n"
         "assert keep_large_buffers()\n"
         "big, small = [], []\n"

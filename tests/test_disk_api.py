@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import trio
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner
 
 import cli.ctl
-from latticed.config import DaemonConfig
-from latticed.diskspace import DiskUsage
 from latticed.errors import StorageError
-from latticed.health import Health
+from latticed.host.config import DaemonConfig
+from latticed.host.diskspace import DiskUsage
+from latticed.services.health import Health
 from latticed.storage.space import store_bytes
 from latticed.storage.store import db_path
 

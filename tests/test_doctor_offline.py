@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 import cli.ctl
-import cli.daemon
-from latticed.install import default_config_files
+import cli.latticed_command
+from latticed.host.install import default_config_files
 
 runner = CliRunner()
 
@@ -34,9 +34,9 @@ def _env(home: Path) -> dict[str, str | None]:
 def test_doctor_without_a_daemon_reads_the_config_init_wrote(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("latticed.install.os.geteuid", lambda: 1000)  # a user: their own config first
+    monkeypatch.setattr("latticed.host.install.os.geteuid", lambda: 1000)  # a user: their own config first
     init = ["init", "--user", "--no-systemd", "--listen", "127.0.0.1:0", "--no-mdns"]
-    made = runner.invoke(cli.daemon.app, init, env=_env(tmp_path), prog_name="latticed")
+    made = runner.invoke(cli.latticed_command.app, init, env=_env(tmp_path), prog_name="latticed")
     assert made.exit_code == 0, made.output
     config = tmp_path / "cfg" / "latticed" / "latticed.toml"
 
@@ -60,7 +60,7 @@ def test_the_default_configs_put_the_callers_own_layout_first(tmp_path: Path) ->
 
 def test_the_spark_check_finds_the_extra_without_importing_it() -> None:
     script = (
-        "import sys\nfrom latticed.doctor import check_spark\nc = check_spark()\n"
+        "import sys\nfrom latticed.host.checklist import check_spark\nc = check_spark()\n"
         "print(c.ok, sorted(m for m in ('pyspark', 'pyarrow', 'pandas') if m in sys.modules))\n"
     )
     out = subprocess.run(

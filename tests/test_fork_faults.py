@@ -14,16 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
 from cli.boundary import ExitCode
-from latticed.config import DaemonConfig
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
-from latticed.logs import FIELDS_ATTR
-from latticed.queue import LatticeQueue
+from latticed.facades.lattice_queue import LatticeQueue
+from latticed.host.config import DaemonConfig
+from latticed.process.logs import FIELDS_ATTR
 
 runner = CliRunner()
 
@@ -58,7 +58,7 @@ def _fork_own(daemon: InProcessDaemon, other: LatticeQueue, first_delta: core.Qu
 def test_a_fork_is_logged_once_with_its_proof_and_shown_everywhere(
     daemon: InProcessDaemon, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="latticed.health")
+    caplog.set_level(logging.WARNING, logger="latticed.services.health")
     name = f"q{secrets.token_hex(4)}"
     with daemon.client() as c:
         address = c.queue_create(name)

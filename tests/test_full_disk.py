@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clocks import TickingClock
+from support.clocks import TickingClock
 
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import StorageError
-from latticed.retention import MAX_RECORDS_KEY
+from latticed.host.retention_policy import MAX_RECORDS_KEY
 from latticed.storage.jobs import Append, CreateQueue, Job, SetMeta, Truncate
 from latticed.storage.reserve import RESERVE_BYTES, reserve_path
 from latticed.storage.space import CompactStore, store_bytes

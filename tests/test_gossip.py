@@ -16,9 +16,9 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack, summary_to_wire, unpack
 from latticed.errors import LatticedError
+from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.gossip import MEMORY_TTL_S, OWN_CATCH_UP_S, Gossip, PeerLink
 from latticed.net.transport import secure_accept, secure_connect
-from latticed.netkey import DEFAULT_NETWORK_KEY
 from latticed.protocol.replication import DIGEST, HELLO, PING, PONG, PROTOCOL_VERSION, QueueKey
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -230,7 +230,7 @@ async def test_a_peer_that_claims_records_it_never_sends_stops_fencing_after_a_w
     assert gossip.behind_reason(key, held_end=7) is None
 
 
-# ---------------------------------------------------------------- a peer that never reads (issue 13, item 9)
+# ---------------------------------------------------------------- a peer that never reads
 
 
 async def test_a_peer_that_never_reads_is_throttled_then_dropped(
@@ -283,7 +283,7 @@ async def test_a_peer_that_never_reads_is_throttled_then_dropped(
     assert daemon.counters["protocol_errors"] == 0
 
 
-# -------------------------------------------------------------- digests of made-up queues (issue 13, item 10)
+# -------------------------------------------------------------- digests of made-up queues
 
 
 async def _visit(daemon: tuple[Identity, MemoryHost, Gossip], seed: bytes, made_up: int) -> dict[str, int]:

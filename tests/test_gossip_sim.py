@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+from support.sim import SimNetwork
+
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.protocol.sim import SimNetwork
 
 OWNER = Identity.from_seed(b"o" * 32)
 KEY = (OWNER.public_key, "q", 0)

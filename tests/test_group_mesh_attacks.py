@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from meshlinks import connect, start
+from support.meshlinks import connect, start
 
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
@@ -22,10 +22,11 @@ from latticed.errors import CapacityError, LeaseError, NotAllowedError
 from latticed.groups.lease_server import RemoteLeaseServer
 from latticed.groups.service import GroupService
 from latticed.groups.waiting import MAX_WAITING_PER_PEER
+from latticed.host.retention_policy import meta_updates
 from latticed.net.leasing import LeaseLinks
-from latticed.retention import meta_updates
-from latticed.retention_service import RetentionService
+from latticed.services.retention_service import RetentionService
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
 
 OWNER = Identity.from_seed(b"o" * 32)
@@ -59,7 +60,7 @@ async def mesh(
 ) -> AsyncIterator[Mesh]:
     changes = ChangeFanout()
     async with Engine.open(tmp_path, OWNER, changes=changes) as engine, trio.open_nursery() as nursery:
-        groups: GroupService = await nursery.start(GroupService(engine, changes).run)
+        groups: GroupService = await nursery.start(GroupService(engine, changes, Sealer(engine)).run)
         q = await engine.create_queue("jobs", meta or {})
         if records:
             await engine.append(q, [Record(b"r%d" % i) for i in range(records)])

@@ -15,20 +15,21 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from meshlinks import connect, start
+from support.meshlinks import connect, start
 
 from cli.output import to_json
-from latticed.api.group_client import lease_from_wire
+from latticed.api.client.group_client import lease_from_wire
 from latticed.crdt.head import KIND_GROUP
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import IntegrityError, NotReaderError
+from latticed.facades.lattice_queue import LatticeQueue
 from latticed.groups.remote import RemoteGroup, RemoteGroups
 from latticed.groups.service import GroupService
 from latticed.privacy import crypto
 from latticed.privacy import meta as sealed_meta
-from latticed.queue import LatticeQueue
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
 
 OWNER, WORKER = Identity.from_seed(b"o" * 32), Identity.from_seed(b"w" * 32)
@@ -107,7 +108,7 @@ async def worker(tmp_path: Path) -> AsyncIterator[Worker]:
         Engine.open(tmp_path / "w", WORKER) as mine,
         trio.open_nursery() as nursery,
     ):
-        groups: GroupService = await nursery.start(GroupService(theirs, changes).run)
+        groups: GroupService = await nursery.start(GroupService(theirs, changes, Sealer(theirs)).run)
         q = await theirs.create_queue("jobs", {})
         await theirs.append(q, [Record(b"r%d" % i) for i in range(4)])
         await groups.create("g", ["jobs"])
@@ -119,7 +120,7 @@ async def worker(tmp_path: Path) -> AsyncIterator[Worker]:
         owner = HostileOwner()
         owner_links, worker_links = await start(nursery, owner), await start(nursery)
         connect(nursery, owner_links, OWNER.public_key, worker_links, WORKER.public_key)
-        remote = RemoteGroups(mine, worker_links)
+        remote = RemoteGroups(mine, worker_links, Sealer(mine))
         await nursery.start(remote.run)
         yield Worker(remote, owner, f"{sealed.owner.hex()}/secret")
         nursery.cancel_scope.cancel()

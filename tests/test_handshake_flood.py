@@ -22,15 +22,15 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 
-from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
-from latticed.logs import record_fields
+from latticed.host.config import DaemonConfig
+from latticed.host.netkey import new_network_key, write_network_key
 from latticed.net.accept import serve_listeners
 from latticed.net.admission import FailureLog
 from latticed.net.transport import secure_connect
-from latticed.netkey import new_network_key, write_network_key
+from latticed.process.logs import record_fields
 from latticed.protocol.handshake import MSG1_SIZE, MSG2_SIZE, Initiator, ReplayCache
 
 KEY = new_network_key()

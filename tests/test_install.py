@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-import cli.daemon
 import cli.init
+import cli.latticed_command
 from cli.boundary import ExitCode
-from latticed.config import load_config
-from latticed.install import layout_for, render_config, render_drop_in, shipped_file, systemd_quote
-from latticed.netkey import DEFAULT_NETWORK_KEY, read_network_key, write_network_key
-from latticed.storage.keyfile import load_or_create_identity
+from latticed.host.config import load_config
+from latticed.host.identity_key import load_or_create_identity
+from latticed.host.install import layout_for, render_config, render_drop_in, shipped_file, systemd_quote
+from latticed.host.netkey import DEFAULT_NETWORK_KEY, read_network_key, write_network_key
 
 SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
 runner = CliRunner()
@@ -33,7 +33,9 @@ def user_env(home: Path) -> dict[str, str]:
 
 
 def init(home: Path, *args: str) -> Result:
-    return runner.invoke(cli.daemon.app, ["init", "--user", *args], env=user_env(home), prog_name="latticed")
+    return runner.invoke(
+        cli.latticed_command.app, ["init", "--user", *args], env=user_env(home), prog_name="latticed"
+    )
 
 
 def one_line_error(result: Result, code: int) -> str:
@@ -193,7 +195,7 @@ def test_init_without_systemd_writes_no_unit(tmp_path: Path) -> None:
 
 def test_system_init_under_a_root_directory(tmp_path: Path) -> None:
     root = tmp_path / "image"
-    result = runner.invoke(cli.daemon.app, ["init", "--root", str(root)], prog_name="latticed")
+    result = runner.invoke(cli.latticed_command.app, ["init", "--root", str(root)], prog_name="latticed")
     assert result.exit_code == 0, result.output
     config_text = (root / "etc/latticed/latticed.toml").read_text()
     assert 'data_dir = "/var/lib/latticed"' in config_text  # the real paths, not the image's
@@ -216,7 +218,7 @@ def test_system_init_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("init went on to lay out the real /etc")
 
     monkeypatch.setattr(cli.init, "layout_for", must_not_run)
-    result = runner.invoke(cli.daemon.app, ["init"], prog_name="latticed")
+    result = runner.invoke(cli.latticed_command.app, ["init"], prog_name="latticed")
     line = one_line_error(result, ExitCode.ERROR)
     assert "sudo latticed init" in line and "--user" in line
 
@@ -234,7 +236,7 @@ def test_keys_made_by_root_belong_to_the_owner_of_the_data_directory(tmp_path: P
     data = root / "var/lib/latticed"
     data.mkdir(parents=True, mode=0o700)
     os.chown(data, 4321, 4321)
-    result = runner.invoke(cli.daemon.app, ["init", "--root", str(root)], prog_name="latticed")
+    result = runner.invoke(cli.latticed_command.app, ["init", "--root", str(root)], prog_name="latticed")
     assert result.exit_code == 0, result.output
     for name in ("identity.key", "network.key"):
         info = (data / name).stat()

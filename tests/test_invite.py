@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from latticed.errors import MalformedError
-from latticed.invite import MAX_ADDRESSES, PREFIX, Invite, _checksum, decode_invite, encode_invite
+from latticed.host.invite import MAX_ADDRESSES, PREFIX, Invite, _checksum, decode_invite, encode_invite
 
 KEY = bytes(range(32))
 IDENTITY = bytes(range(100, 132))

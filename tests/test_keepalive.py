@@ -1,4 +1,4 @@
-"""Idle cost (issue 17): keep-alives on one shared tick, sent by the dialling side only, and a dead peer
+"""Idle cost: keep-alives on one shared tick, sent by the dialling side only, and a dead peer
 still noticed within the documented time (docs/operations.md, "Dead peers"). Virtual time throughout
 (trio's autojump clock): no test here sleeps for real."""
 
@@ -15,14 +15,14 @@ from test_gossip import link, make
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
 from latticed.daemon import _watchdog
+from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.gossip import PEER_TIMEOUT_S, PING_INTERVAL_S, Gossip
 from latticed.net.transport import secure_accept, secure_connect
-from latticed.netkey import DEFAULT_NETWORK_KEY
+from latticed.process.threadname import name_os_thread
+from latticed.process.ticks import next_tick, shared_period, sleep_until_tick
 from latticed.protocol.replication import HELLO, PROTOCOL_VERSION, ReplicationSession
-from latticed.retention_service import RetentionService
+from latticed.services.retention_service import RetentionService
 from latticed.storage.engine import Engine
-from latticed.threadname import name_os_thread
-from latticed.ticks import next_tick, shared_period, sleep_until_tick
 
 Pings = list[tuple[float, ReplicationSession]]
 

@@ -15,8 +15,8 @@ from latticed.crdt import kv as kvcore
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
 from latticed.crdt.records import Record
-from latticed.kv import KvNamespace
-from latticed.queue import LatticeQueue
+from latticed.facades.kv_namespace import KvNamespace
+from latticed.facades.lattice_queue import LatticeQueue
 
 ALICE = Identity.from_seed(b"a" * 32)
 

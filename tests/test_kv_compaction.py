@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clocks import TickingClock
-from kvviews import view
+from support.clocks import TickingClock
+from support.kvviews import view
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core

@@ -10,18 +10,18 @@ from pathlib import Path
 from typing import Protocol, cast
 
 import pytest
-from clocks import TickingClock
-from kvviews import view
+from support.clocks import TickingClock
+from support.kvviews import view
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.kv import KvNamespace
+from latticed.facades.kv_namespace import KvNamespace
+from latticed.facades.lattice_queue import LatticeQueue
 from latticed.privacy import crypto
 from latticed.privacy import meta as sealed_meta
-from latticed.queue import LatticeQueue
 from latticed.storage.entries import SqlRows
 from latticed.storage.jobs import Merge
 from latticed.storage.sealer import SealableStore, Sealer

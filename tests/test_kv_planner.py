@@ -2,8 +2,8 @@
 daemon (the API handlers over a real storage engine), and both must answer alike. A rule about KV writes
 lives in :mod:`latticed.crdt.kvplan` alone; these cases fail on whichever path does not use it.
 
-The KV operation table (:mod:`latticed.api.kvops`) is checked here too: the handlers, the client, the CLI
-and the library must offer exactly its operations, with its arguments."""
+The KV operation table (:mod:`latticed.api.server.kvops`) is checked here too: the handlers, the client, the
+CLI and the library must offer exactly its operations, with its arguments."""
 
 from __future__ import annotations
 
@@ -19,15 +19,18 @@ import typer
 from typer.core import TyperArgument, TyperGroup
 
 import cli.ctl
-from latticed.api.client import Client
-from latticed.api.handlers import HANDLERS, Context
-from latticed.api.kvops import KV_OPERATIONS, KvOperation
+from latticed.api.client.blocking_client import Client
+from latticed.api.server.context import Context
+from latticed.api.server.kvops import KV_OPERATIONS, KvOperation
+from latticed.api.server.op_table import build_op_table
 from latticed.crdt.kvplan import WRITE_OPS
 from latticed.crdt.signing import Identity
 from latticed.errors import MalformedError, WrongTypeError
-from latticed.kv import KvNamespace
+from latticed.facades.kv_namespace import KvNamespace
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 
+HANDLERS = build_op_table().handlers
 ALICE = Identity.from_seed(b"a" * 32)
 NOW = 1_700_000_000_000
 INT64_MAX = 2**63 - 1
@@ -85,7 +88,14 @@ class DaemonKv:
 
         async def main() -> None:
             async with Engine.open(data_dir, ALICE, clock=self.clock) as engine:
-                box["ctx"] = Context(engine, data_dir, data_dir / "unused.sock", 1 << 20)
+                box["ctx"] = Context(
+                    engine,
+                    data_dir,
+                    data_dir / "unused.sock",
+                    1 << 20,
+                    sealer=Sealer(engine),
+                    ops=build_op_table(),
+                )
                 box["token"] = trio.lowlevel.current_trio_token()
                 box["done"] = trio.Event()
                 started.set()

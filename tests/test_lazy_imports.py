@@ -17,7 +17,7 @@ import latticed
 
 def test_the_package_re_exports_load_on_first_use() -> None:
     assert latticed.Record.__module__ == "latticed.crdt.records"
-    assert latticed.LatticeQueue.__module__ == "latticed.queue"
+    assert latticed.LatticeQueue.__module__ == "latticed.facades.lattice_queue"
     assert set(latticed.__all__) <= set(dir(latticed))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = latticed.nope  # type: ignore[attr-defined]
@@ -36,7 +36,7 @@ def test_the_spark_planner_process_loads_neither_the_core_nor_compute() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-# --- latticectl (issue 17): a command imports what it needs -------------------------------------------
+# --- latticectl: a command imports what it needs -------------------------------------------
 
 #: Never needed by a command that only asks the daemon something and prints text. Not listed: what typer
 #: itself imports (inspect, dataclasses, subprocess...) and pathlib (the client takes paths).
@@ -45,9 +45,9 @@ HEAVY_FOR_THE_CLI = [
     "rich",  # typer's help and tracebacks only
     "json",  # --json only
     "tomllib",
-    "latticed.config",  # the socket's default path is in latticed.socket_path
-    "latticed.invite",
-    "latticed.doctor",
+    "latticed.host.config",  # the socket's default path is in latticed.host.socket_path
+    "latticed.host.invite",
+    "latticed.host.checklist",
     "zeroconf",
     "nacl",
     "trio",
@@ -55,7 +55,7 @@ HEAVY_FOR_THE_CLI = [
     "latticed.spark",
 ]
 #: The command modules, each loaded only for its own commands.
-COMMAND_MODULES = ["cli.kv", "cli.groups", "cli.work", "cli.join", "cli.peers", "cli.doctor"]
+COMMAND_MODULES = ["cli.kv_commands", "cli.groups", "cli.work", "cli.join", "cli.peers", "cli.doctor"]
 
 _RUN_AND_LIST = """
 import sys
@@ -74,9 +74,9 @@ sys.stderr.write("\\n" + json.dumps([code, imported]) + "\\n")
 
 @pytest.fixture(scope="module")
 def daemon_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    from inprocess import start_in_process  # noqa: PLC0415 - trio, only for the tests that need a daemon
+    from support.inprocess import start_in_process  # noqa: PLC0415 - trio, only for the tests that need a daemon
 
-    from latticed.config import DaemonConfig  # noqa: PLC0415 - as above
+    from latticed.host.config import DaemonConfig  # noqa: PLC0415 - as above
 
     root = tmp_path_factory.mktemp("ctl")
     daemon = start_in_process(DaemonConfig(data_dir=root / "data", socket_path=root / "api.sock"))
@@ -102,7 +102,7 @@ def test_latticectl_id_and_status_import_only_what_they_need(daemon_socket: Path
     assert code == 0 and out, out
     heavy = [m for m in [*HEAVY_FOR_THE_CLI, *COMMAND_MODULES] if m in modules]
     assert heavy == []
-    assert "cli.ctl" in modules and "latticed.api.client" in modules  # it did run here
+    assert "cli.ctl" in modules and "latticed.api.client.blocking_client" in modules  # it did run here
 
 
 def test_a_command_of_another_module_loads_that_module_only(daemon_socket: Path) -> None:
@@ -110,7 +110,7 @@ def test_a_command_of_another_module_loads_that_module_only(daemon_socket: Path)
     code, _, modules = imports_of(daemon_socket, "dequeue", "nogroup", "--wait", "0")
     assert code == 4  # no such group: it reached the daemon
     assert {"cli.groups", "cli.work"} <= modules
-    others = ["cli.kv", "cli.join", "cli.peers", "cli.doctor"]
+    others = ["cli.kv_commands", "cli.join", "cli.peers", "cli.doctor"]
     assert [m for m in [*HEAVY_FOR_THE_CLI, *others] if m in modules] == []
     code, _, modules = imports_of(daemon_socket, "range", "q", "0", "3")
     assert code == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from latticed.errors import MalformedError
-from latticed.logs import JsonFormatter, TextFormatter, configure_logging, get_logger, log_event
+from latticed.process.logs import JsonFormatter, TextFormatter, configure_logging, get_logger, log_event
 
 
 @pytest.fixture(autouse=True)

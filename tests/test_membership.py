@@ -11,18 +11,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner
 
 import cli.ctl
 from cli.boundary import ExitCode
-from latticed.api.client import Client
-from latticed.config import DaemonConfig, load_config
+from latticed.api.client.blocking_client import Client
 from latticed.daemon import run_daemon
 from latticed.errors import AlreadyExistsError, MalformedError
-from latticed.invite import decode_invite
-from latticed.logs import EVENT_ATTR, record_fields
-from latticed.netkey import (
+from latticed.host.config import DaemonConfig, load_config
+from latticed.host.invite import decode_invite
+from latticed.host.netkey import (
     DEFAULT_NETWORK_KEY,
     check_listen_key,
     is_loopback_host,
@@ -31,6 +30,7 @@ from latticed.netkey import (
     replace_network_key,
     write_network_key,
 )
+from latticed.process.logs import EVENT_ATTR, record_fields
 from latticed.protocol.peerbook import PeerBook
 
 PRIVATE = bytes(range(32))

@@ -7,15 +7,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner
 
 import cli.ctl
 from cli.boundary import ExitCode
-from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
 from latticed.errors import MalformedError, NotOwnerError
-from latticed.queue import LatticeQueue
+from latticed.facades.lattice_queue import LatticeQueue
+from latticed.host.config import DaemonConfig
 
 ALICE = Identity.from_seed(b"m" * 32)
 

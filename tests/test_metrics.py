@@ -24,12 +24,18 @@ from latticed.errors import (
     LatticedError,
     MalformedError,
 )
+from latticed.facades.lattice_queue import LatticeQueue
 from latticed.groups.service import GroupService
-from latticed.metrics.collector import StateCollector
-from latticed.metrics.live import DaemonMetrics, handshake_reason
-from latticed.metrics.server import MAX_CONNECTIONS, MAX_REQUEST_BYTES, REQUEST_TIMEOUT_S, serve_metrics
-from latticed.queue import LatticeQueue
+from latticed.services.daemon_metrics import DaemonMetrics, handshake_reason
+from latticed.services.metrics_collector import StateCollector
+from latticed.services.metrics_http import (
+    MAX_CONNECTIONS,
+    MAX_REQUEST_BYTES,
+    REQUEST_TIMEOUT_S,
+    serve_metrics,
+)
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -100,7 +106,7 @@ async def test_commits_merges_and_state_read_through_the_text_parser(tmp_path: P
         fork.offer(b"xyz")
         fork.offer(b"other")
         await engine.merged(engine.submit_merge(await engine.verify_delta(fork.delta()), origin=OTHER))
-        groups = await nursery.start(GroupService(engine, changes).run)
+        groups = await nursery.start(GroupService(engine, changes, Sealer(engine)).run)
         rt = await groups.create("mailer", ["events"])
         groups.take(rt, "consumer-1", None, 2)
         metrics.registry.register(

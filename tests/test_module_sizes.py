@@ -1,4 +1,4 @@
-"""Issue 14's rule, kept true: a module over :data:`LIMIT` lines says at its top why it is one module
+"""A module over :data:`LIMIT` lines says at its top why it is one module
 (a paragraph of its docstring starting "Why one module:"), or it is split by job."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from latticed.errors import AlreadyExistsError, MalformedError, NotFoundError
-from latticed.netkey import (
+from latticed.host.netkey import (
     DEFAULT_NETWORK_KEY,
     decode_network_key,
     encode_network_key,

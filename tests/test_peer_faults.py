@@ -15,22 +15,21 @@ import trio
 import trio.testing
 from typer.testing import CliRunner
 
-import cli.daemon
+import cli.latticed_command
 import cli.peers
-from latticed.config import DaemonConfig
-from latticed.diskspace import LOW_DISK_BYTES, DiskUsage, disk_is_low
-from latticed.doctor import (
+from latticed.errors import HandshakeError, LatticedError, MalformedError
+from latticed.host.checklist import (
     Check,
     check_network_key,
     check_peer_rows,
     check_secret_file,
 )
-from latticed.errors import HandshakeError, LatticedError, MalformedError
-from latticed.health import Health
-from latticed.mdns_interfaces import mdns_addresses, mdns_interfaces
+from latticed.host.config import DaemonConfig
+from latticed.host.diskspace import LOW_DISK_BYTES, DiskUsage, disk_is_low
+from latticed.host.mdns_interfaces import mdns_addresses, mdns_interfaces
+from latticed.host.netkey import DEFAULT_NETWORK_KEY, write_network_key
 from latticed.net.peerstate import PeerFaults, load_rules, save_rules
 from latticed.net.transport import SecureStream, secure_accept, secure_connect
-from latticed.netkey import DEFAULT_NETWORK_KEY, write_network_key
 from latticed.protocol.handshake import Initiator, Responder, public_key_from_seed
 from latticed.protocol.peerbook import Backoff, PeerBook
 from latticed.protocol.peerstate import (
@@ -43,6 +42,7 @@ from latticed.protocol.peerstate import (
     classify_dial_failure,
     peer_status,
 )
+from latticed.services.health import Health
 from latticed.storage.engine import Engine
 
 K = bytes(range(32))
@@ -259,13 +259,13 @@ def test_low_disk_is_logged_once_each_way(tmp_path: Path, caplog: pytest.LogCapt
     health = Health(
         cast(Engine, None), tmp_path, usage=lambda path: DiskUsage(str(path), next(samples), total)
     )
-    caplog.set_level(logging.INFO, logger="latticed.health")
+    caplog.set_level(logging.INFO, logger="latticed.services.health")
     lows = []
     for _ in range(5):
         health.check_disk()
         lows.append(health.disk_low)
     assert lows == [False, True, True, True, False]
-    events = [r.getMessage() for r in caplog.records if r.name == "latticed.health"]
+    events = [r.getMessage() for r in caplog.records if r.name == "latticed.services.health"]
     assert events == ["disk.low", "disk.ok"]
     assert health.disk_status() == {
         "path": str(tmp_path),
@@ -425,12 +425,12 @@ def test_allow_peer_is_a_flag_as_well_as_a_config_key(
     async def fake_run_daemon(config: DaemonConfig, **_: object) -> None:
         started.append(config)
 
-    monkeypatch.setattr(cli.daemon, "run_daemon", fake_run_daemon)
-    monkeypatch.setattr(cli.daemon, "configure_logging", lambda *args: None)
+    monkeypatch.setattr(cli.latticed_command, "run_daemon", fake_run_daemon)
+    monkeypatch.setattr(cli.latticed_command, "configure_logging", lambda *args: None)
     base = ["run", "--data-dir", str(tmp_path / "d"), "--socket", str(tmp_path / "s")]
     allow = ["--allow-peer", PK_A.hex().upper(), "--allow-peer", PK_B.hex()]
-    result = CliRunner().invoke(cli.daemon.app, [*base, *allow])
+    result = CliRunner().invoke(cli.latticed_command.app, [*base, *allow])
     assert result.exit_code == 0, result.output
     assert started[0].allowed_peers == (PK_A.hex(), PK_B.hex())
-    bad = CliRunner().invoke(cli.daemon.app, [*base, "--allow-peer", "nope"])
+    bad = CliRunner().invoke(cli.latticed_command.app, [*base, "--allow-peer", "nope"])
     assert bad.exit_code == 2 and "allowed_peers" in bad.output

@@ -19,18 +19,18 @@ from typing import Any
 
 import pytest
 import trio
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
-from latticed.api.peer_client import PeerOps
-from latticed.config import DaemonConfig
+from latticed.api.client.peer_client import PeerOps
 from latticed.errors import ConnectionClosedError
-from latticed.logs import EVENT_ATTR, FIELDS_ATTR
+from latticed.host.config import DaemonConfig
 from latticed.net.discovery import DiscoveredPeer, run_discovery
 from latticed.net.peerstate import PeerFaults
 from latticed.net.replication import PEERS_FILE
 from latticed.net.transport import connect_failure, open_peer
+from latticed.process.logs import EVENT_ATTR, FIELDS_ATTR
 from latticed.protocol.peerbook import PeerBook
 from latticed.protocol.peerstate import PeerRules
 

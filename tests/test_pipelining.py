@@ -14,15 +14,15 @@ import msgpack
 import pytest
 import trio
 import trio.testing
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 
-from latticed.api import server as server_module
-from latticed.api.client import Client
-from latticed.api.producer import Producer
-from latticed.api.server import MAX_IN_FLIGHT
-from latticed.config import DaemonConfig
+from latticed.api.client.blocking_client import Client
+from latticed.api.client.producer import Producer
+from latticed.api.server import api_server as server_module
+from latticed.api.server.api_server import MAX_IN_FLIGHT
 from latticed.crdt.signing import Identity
 from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, NotOwnerError
+from latticed.host.config import DaemonConfig
 from latticed.protocol.framing import FrameDecoder
 from latticed.storage.bridge import StorageHold
 from latticed.storage.jobs import Job
@@ -304,7 +304,7 @@ def test_pipelined_offers_share_group_commits(client: Client, daemon: InProcessD
 
 async def test_pipelined_requests_in_flight_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A client pipelining large batches: the next one is read only once the earlier ones fit the
-    connection's byte budget again (issue 13, item 12)."""
+    connection's byte budget again."""
     monkeypatch.setattr(server_module, "MAX_IN_FLIGHT_BYTES", 1000)
     jobs: list[Job] = []
 

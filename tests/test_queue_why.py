@@ -12,17 +12,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
-from latticed.config import DaemonConfig
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.signing import Identity
+from latticed.facades.lattice_queue import LatticeQueue
+from latticed.host.config import DaemonConfig
 from latticed.protocol.replication import PeerMemory
-from latticed.protocol.why import PeerFacts, QueueFacts, verdict
-from latticed.queue import LatticeQueue
+from latticed.protocol.why_verdict import PeerFacts, QueueFacts, verdict
 
 runner = CliRunner()
 BOB = Identity.from_seed(b"w" * 32)
@@ -219,7 +219,7 @@ def test_forked(daemons: Callable[..., InProcessDaemon]) -> None:
 
 
 def test_lag_metrics_have_no_queue_label() -> None:
-    from latticed.metrics.lag import lag_histogram  # noqa: PLC0415
+    from latticed.services.lag_metrics import lag_histogram  # noqa: PLC0415
 
     family = lag_histogram([0, 3, 1204, 0, 2_000_000])
     samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}

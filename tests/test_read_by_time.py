@@ -10,14 +10,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
-from latticed.clock import wall_ms
-from latticed.config import DaemonConfig
 from latticed.crdt.signing import Identity
-from latticed.queue import LatticeQueue
+from latticed.facades.lattice_queue import LatticeQueue
+from latticed.host.config import DaemonConfig
+from latticed.process.clock import wall_ms
 
 runner = CliRunner()
 BOB = Identity.from_seed(b"b" * 32)

@@ -20,6 +20,7 @@ from latticed.groups.lease_server import RemoteLeaseServer
 from latticed.groups.remote import policy_meta
 from latticed.groups.service import GroupService
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
 
 OWNER = Identity.from_seed(b"o" * 32)
@@ -30,7 +31,7 @@ PEER, OTHER = b"\x05" * 32, b"\x06" * 32
 async def owner(tmp_path: Path, records: int = 4) -> AsyncIterator[tuple[GroupService, RemoteLeaseServer]]:
     changes = ChangeFanout()
     async with Engine.open(tmp_path, OWNER, changes=changes) as engine, trio.open_nursery() as nursery:
-        groups: GroupService = await nursery.start(GroupService(engine, changes).run)
+        groups: GroupService = await nursery.start(GroupService(engine, changes, Sealer(engine)).run)
         q = await engine.create_queue("jobs", {})
         await engine.append(q, [Record(b"r%d" % i) for i in range(records)])
         yield groups, RemoteLeaseServer(groups)

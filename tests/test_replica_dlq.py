@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from latticed.api import group_handlers
-from latticed.api.handlers import Context
+from latticed.api.server import group_handlers
+from latticed.api.server.context import Context
+from latticed.api.server.op_table import build_op_table
 from latticed.crdt.head import KIND_GROUP, KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import NotFoundError, NotOwnerError
 from latticed.groups.service import GroupService
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
 
 OWNER = Identity.from_seed(b"o" * 32)
@@ -29,8 +31,20 @@ async def daemon(path: Path, identity: Identity) -> AsyncIterator[tuple[Engine, 
     changes = ChangeFanout()
     path.mkdir()
     async with Engine.open(path, identity, changes=changes) as engine, trio.open_nursery() as nursery:
-        groups: GroupService = await nursery.start(GroupService(engine, changes).run)
-        yield engine, groups, Context(engine, path, path / "sock", 1 << 20, groups=groups)
+        groups: GroupService = await nursery.start(GroupService(engine, changes, Sealer(engine)).run)
+        yield (
+            engine,
+            groups,
+            Context(
+                engine,
+                path,
+                path / "sock",
+                1 << 20,
+                sealer=groups.sealer,
+                ops=build_op_table(),
+                groups=groups,
+            ),
+        )
         nursery.cancel_scope.cancel()
 
 

@@ -12,6 +12,7 @@ import msgpack
 import pytest
 import trio
 import trio.testing
+from support.sim import SimNetwork
 
 from latticed.crdt import queue as core
 from latticed.crdt.errors import MalformedError
@@ -29,7 +30,6 @@ from latticed.crdt.wire import (
 from latticed.errors import TamperedError
 from latticed.net.gossip import Gossip, PeerLink
 from latticed.protocol.replication import ACK, DELTA, DeltaReceived, NeedDelta, ReplicationSession
-from latticed.protocol.sim import SimNetwork
 from latticed.storage.engine import Engine
 
 ALICE = Identity.from_seed(b"a" * 32)

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.sim import SimNetwork
 
 from latticed.crdt import queue as core
 from latticed.crdt.queue import Summary
@@ -29,7 +30,6 @@ from latticed.protocol.replication import (
     PeerSummary,
     ReplicationSession,
 )
-from latticed.protocol.sim import SimNetwork
 
 ALICE = Identity.from_seed(b"a" * 32)
 MALLORY = Identity.from_seed(b"m" * 32)
@@ -382,7 +382,7 @@ def test_a_lazy_link_hears_each_summary_once() -> None:
     assert [unpack(m)[0] for m in a.messages_to_send()] == [HAVE]
 
 
-# ------------------------------------------------------------------ bounded queues (issue 13, items 9 and 10)
+# ------------------------------------------------------------------ bounded queues
 
 
 def test_a_peer_whose_answers_pile_up_is_no_longer_read() -> None:

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from support.sim import SimNetwork
 
 from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueState
@@ -26,7 +27,6 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import GapError
 from latticed.protocol.replication import QueueKey
-from latticed.protocol.sim import SimNetwork
 
 ALICE = Identity.from_seed(b"a" * 32)  # writes on node 0, and also from an old copy of her store
 BOB = Identity.from_seed(b"b" * 32)  # writes on node 2

@@ -11,8 +11,8 @@ from typer.testing import CliRunner, Result
 
 import cli.common
 import cli.ctl
-import cli.daemon
-from latticed.retention import RetentionPolicy
+import cli.latticed_command
+from latticed.host.retention_policy import RetentionPolicy
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "250"}
@@ -119,5 +119,5 @@ def test_help_shows_the_defaults() -> None:
     assert create.count("[default: (no limit)]") == 3 and "[default: (--no-keep-unsettled)]" in create
     change = " ".join(ctl("queue", "retention", "set", "--help", env=WIDE).stdout.split())
     assert change.count("[default: (unchanged)]") == 4
-    run = " ".join(runner.invoke(cli.daemon.app, ["run", "--help"], env=WIDE).stdout.split())
+    run = " ".join(runner.invoke(cli.latticed_command.app, ["run", "--help"], env=WIDE).stdout.split())
     assert "--replica-max-bytes" in run and "[default: (no cap)]" in run and "[default: (10.0)]" in run

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latticed.config import load_config
 from latticed.errors import MalformedError
-from latticed.retention import (
+from latticed.host.config import load_config
+from latticed.host.retention_policy import (
     KEEP_UNSETTLED_KEY,
     MAX_AGE_KEY,
     MAX_BYTES_KEY,

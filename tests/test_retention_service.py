@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 
-from latticed.config import DaemonConfig
 from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import MalformedError, NotOwnerError
-from latticed.logs import EVENT_ATTR
-from latticed.retention import MAX_BYTES_KEY, RetentionPolicy
+from latticed.host.config import DaemonConfig
+from latticed.host.retention_policy import MAX_BYTES_KEY, RetentionPolicy
+from latticed.process.logs import EVENT_ATTR
 from latticed.storage import prune
 
 STRANGER = Identity.from_seed(b"t" * 32)
@@ -121,7 +121,7 @@ def test_a_policy_it_cannot_read_is_reported_and_not_fatal(
     async def merge() -> None:
         await daemon.handle.engine.merge_delta(core.delta(state))
 
-    with caplog.at_level(logging.WARNING, logger="latticed.retention_service"):
+    with caplog.at_level(logging.WARNING, logger="latticed.services.retention_service"):
         daemon.call(merge)
     address = f"{STRANGER.public_key.hex()}/theirs"
     with daemon.client() as c:
@@ -144,7 +144,7 @@ def test_a_failing_check_is_logged_and_the_daemon_goes_on(
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(prune, "plan", broken)
-    with caplog.at_level(logging.WARNING, logger="latticed.retention_service"), daemon.client() as c:
+    with caplog.at_level(logging.WARNING, logger="latticed.services.retention_service"), daemon.client() as c:
         c.queue_create("fails")
         c.offer_batch("fails", [(b"x", None, ())] * 20)
         c.retention_set("fails", max_records=5)  # a new policy is checked at once

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clocks import TickingClock
+from support.clocks import TickingClock
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core

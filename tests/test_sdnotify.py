@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from latticed.sdnotify import Notifier, watchdog_interval
+from latticed.process.sdnotify import Notifier, watchdog_interval
 
 
 @pytest.fixture

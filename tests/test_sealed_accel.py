@@ -21,12 +21,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latticed.config import DaemonConfig
 from latticed.crdt.errors import MalformedError, NotReaderError, TamperedError
 from latticed.crdt.head import queue_id
 from latticed.crdt.records import Record, RecordRun, check_records
 from latticed.crdt.signing import Identity
-from latticed.doctor import check_sealer, daemon_checks
+from latticed.host.checklist import check_sealer, daemon_checks
+from latticed.host.config import DaemonConfig
 from latticed.privacy import compiled, crypto
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,24 +13,23 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner, Result
 
 import cli.ctl
 from cli.boundary import ExitCode
-from latticed.config import DaemonConfig
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_KV
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import AlreadyExistsError, MalformedError, NotReaderError, TamperedError
+from latticed.facades.lattice_queue import LatticeQueue
+from latticed.host.config import DaemonConfig
 from latticed.privacy import crypto
 from latticed.privacy import meta as sealed_meta
-from latticed.queue import LatticeQueue
 from latticed.storage.jobs import Call
 from latticed.storage.kvcompact import CompactKv
-from latticed.storage.sealer import sealer_of
 
 runner = CliRunner()
 
@@ -153,7 +152,7 @@ def test_a_write_racing_an_unshare_is_sealed_under_the_new_epoch(daemon: InProce
         c.queue_create(name, readers=[bob.public_hex])
         c.offer(name, b"before")
     engine = daemon.handle.engine
-    sealer = sealer_of(engine)
+    sealer = daemon.handle.sealer
     q = engine.resolve(name)
     gate = threading.Event()
 

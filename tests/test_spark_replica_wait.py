@@ -1,4 +1,4 @@
-"""The executor side of the Spark source on a host whose daemon lags the driver's (issue 13, item 24).
+"""The executor side of the Spark source on a host whose daemon lags the driver's.
 
 The driver plans a micro-batch from its own daemon; an executor reads it from its host's replica, which
 may not hold the queue yet, or not all of it. Both are replica lag: ``read_partition`` polls, with
@@ -16,17 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 
-from latticed.config import DaemonConfig
 from latticed.crdt import queue as core
 from latticed.crdt.records import RecordRun
 from latticed.crdt.signing import Identity
 from latticed.errors import NotFoundError
+from latticed.host.config import DaemonConfig
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
-from latticed.spark import reader
-from latticed.spark.reader import LatticePartition, ReplicaLagError, read_partition
+from latticed.spark import partition_reader as reader
+from latticed.spark.partition_reader import LatticePartition, ReplicaLagError, read_partition
 
 ALICE = Identity.from_seed(b"a" * 32)
 QUEUE = f"{ALICE.public_key.hex()}/q"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from clocks import TickingClock
+from support.clocks import TickingClock
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
@@ -33,9 +33,9 @@ from latticed.errors import (
     NotOwnerError,
     StorageError,
 )
-from latticed.kv import KvNamespace
-from latticed.logs import EVENT_ATTR, record_fields
-from latticed.queue import LatticeQueue
+from latticed.facades.kv_namespace import KvNamespace
+from latticed.facades.lattice_queue import LatticeQueue
+from latticed.process.logs import EVENT_ATTR, record_fields
 from latticed.storage import segments
 from latticed.storage.batch import MIN_CHECKPOINT_SPACING, thin_checkpoints
 from latticed.storage.engine import Engine

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-import cli.daemon
+import cli.latticed_command
 from cli.boundary import ExitCode
 from latticed.crdt import queue as core
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import StorageError
-from latticed.storage.lockfile import DataDirLock
+from latticed.host.data_dir_lock import DataDirLock
 from latticed.storage.precopy import copy_path
 from latticed.storage.schema import MIGRATIONS, SCHEMA_VERSION, WRITTEN_BY, written_by
 from latticed.storage.store import Store, db_path
@@ -87,7 +87,7 @@ def digest(path: Path) -> str:
 
 
 def latticed(*args: str, **kwargs: Any) -> Result:
-    return runner.invoke(cli.daemon.app, list(args), prog_name="latticed", **kwargs)
+    return runner.invoke(cli.latticed_command.app, list(args), prog_name="latticed", **kwargs)
 
 
 def rows(path: Path) -> list[tuple[object, ...]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from latticed.install import DROP_IN_NAME, latticed_command, render_drop_in
+from latticed.host.install import DROP_IN_NAME, latticed_command, render_drop_in
 
 SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
 SYSTEM_UNIT = SYSTEMD_DIR / "latticed.service"
@@ -287,7 +287,7 @@ MDWE_WORKLOAD = textwrap.dedent(
     """
     import ctypes, mmap
     import ifaddr, msgpack, nacl.signing, trio, zeroconf
-    import latticed.config, latticed.logs, latticed.sdnotify
+    import latticed.host.config, latticed.process.logs, latticed.process.sdnotify
     try:
         mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
         raise SystemExit("W+X mapping allowed: MDWE is not in force, the probe proves nothing")

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 
-from latticed.config import DaemonConfig
 from latticed.crdt import queue as core
 from latticed.crdt.records import RecordRun
 from latticed.crdt.signing import Identity
 from latticed.errors import StorageError
+from latticed.host.config import DaemonConfig
 from latticed.storage.ahead import summary_after
 from latticed.storage.bridge import StorageHold
 from latticed.storage.engine import Engine

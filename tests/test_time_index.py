@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from clocks import TickingClock
+from support.clocks import TickingClock
 
 from latticed.crdt import queue as core
 from latticed.crdt.records import Record, make_record

@@ -9,8 +9,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-from latticed.api import wire
-from latticed.api.wire import is_unknown_op, version_gap, versions_reply
+from latticed.api import messages as wire
+from latticed.api.messages import is_unknown_op, version_gap, versions_reply
 from latticed.errors import ProtocolError, VersionGapError
 from latticed.protocol import replication_messages
 from latticed.storage import schema
@@ -103,7 +103,7 @@ import sys
 sys.argv = [sys.argv[1], "--version"]
 import cli.entry
 getattr(cli.entry, sys.argv[0])()
-heavy = ["trio", "nacl", "sqlite3", "typer", "msgpack", "latticed.daemon", "cli.daemon", "cli.ctl"]
+heavy = ["trio", "nacl", "sqlite3", "typer", "msgpack", "latticed.daemon", "cli.latticed_command", "cli.ctl"]
 print(sorted(m for m in heavy if m in sys.modules))
 """
 

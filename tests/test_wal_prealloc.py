@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from clocks import TickingClock
+from support.clocks import TickingClock
 
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, start_in_process
 
 from cli.boundary import ExitCode, exit_code_for
-from latticed.api.client import Client
-from latticed.api.group_client import GroupOps
-from latticed.config import DaemonConfig
+from latticed.api.client.blocking_client import Client
+from latticed.api.client.group_client import GroupOps
 from latticed.errors import (
     AlreadyExistsError,
     CapacityError,
@@ -31,6 +30,7 @@ from latticed.errors import (
     NotOwnerError,
 )
 from latticed.groups import committer
+from latticed.host.config import DaemonConfig
 
 _names = itertools.count(1)
 

@@ -25,11 +25,11 @@ from latticed.crdt.attempts import AttemptEntry, history_records
 from latticed.crdt.group import ProgressOp, apply_progress_ops, coalesce_ops, progress_record, snapshot_ops
 from latticed.crdt.records import MAX_VALUE_BYTES, Record
 from latticed.errors import LatticedError
-from latticed.groups.ports import GroupStore
+from latticed.groups.group_ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
 from latticed.leases.outcomes import Changes
-from latticed.logs import get_logger, log_event
-from latticed.storage.sealer import sealer_of
+from latticed.process.logs import get_logger, log_event
+from latticed.storage.sealer import Sealer
 
 log = get_logger(__name__)
 
@@ -72,8 +72,11 @@ def _records(ops: list[ProgressOp], now_ms: int) -> list[Record]:
 class Committer:
     """Coalesces groups' :class:`Changes` into storage jobs; run :meth:`run` in a nursery."""
 
-    def __init__(self, engine: GroupStore, caught_up: Callable[[GroupRuntime], Awaitable[None]]) -> None:
+    def __init__(
+        self, engine: GroupStore, sealer: Sealer, caught_up: Callable[[GroupRuntime], Awaitable[None]]
+    ) -> None:
         self._engine = engine
+        self._sealer = sealer
         self._caught_up = caught_up
         self._pending: list[tuple[GroupRuntime, Changes]] = []
         self._flight = Flight()
@@ -156,7 +159,7 @@ class Committer:
             records = _records(rt_ops, now_ms) + history_records(history.get(rt, []), now_ms)
             if records:
                 parts.append((rt.q, records))
-        await sealer_of(self._engine).append_many(parts)  # a sealed DLQ's dead letters are sealed
+        await self._sealer.append_many(parts)  # a sealed DLQ's dead letters are sealed
         self.commits += 1
         for rt, rt_ops in ops.items():
             rt.progress = apply_progress_ops(rt.progress, rt_ops)

@@ -37,7 +37,6 @@ from latticed.groups.service import GroupService
 from latticed.groups.views import live_stats, settled_reply, task_wire
 from latticed.groups.waiting import WaitingCalls
 from latticed.leases.outcomes import Grant
-from latticed.storage.sealer import sealer_of
 
 #: Payload bytes the owner puts in one answer (leases past it are fetched one by one).
 MAX_INLINE_BYTES: Final = 256 * 1024
@@ -181,7 +180,7 @@ class RemoteLeaseServer:
         version = state.head.meta_version if state.head is not None else -1
         cached = self._sealed.get(sid)
         if cached is None or cached[0] != version:
-            cached = self._sealed[sid] = (version, sealer_of(self.engine).sealing(q) is not None)
+            cached = self._sealed[sid] = (version, self.service.sealer.sealing(q) is not None)
         return cached[1]
 
     def _grants(self, rt: GroupRuntime, leases: list[Grant], have: Mapping[str, int]) -> list[dict[str, Any]]:

@@ -47,11 +47,11 @@ from latticed.errors import (
     MalformedError,
     NotReaderError,
 )
-from latticed.groups.ports import GroupStore
-from latticed.logs import get_logger, log_event
+from latticed.groups.group_ports import GroupStore
 from latticed.net.leasing import LeaseLinks, LinkLostError
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.reader import Columns
-from latticed.storage.sealer import sealer_of
+from latticed.storage.sealer import Sealer
 
 log = get_logger(__name__)
 
@@ -135,8 +135,9 @@ class RemoteGroups:
     """Forwards lease operations on other daemons' groups to their owners (see the module docstring).
     Run :meth:`run` in a nursery: leases granted to callers that left are given back from there."""
 
-    def __init__(self, engine: GroupStore, links: LeaseLinks) -> None:
+    def __init__(self, engine: GroupStore, links: LeaseLinks, sealer: Sealer) -> None:
         self.engine = engine
+        self.sealer = sealer
         self.links = links
         self._sources: dict[str, set[str]] = {}
         self._spec_versions: dict[str, int] = {}
@@ -336,7 +337,7 @@ class RemoteGroups:
         if q is None:
             return None
         state = self.engine.state(q)
-        return q, state.start, state.held_end, sealer_of(self.engine).sealing(q) is not None
+        return q, state.start, state.held_end, self.sealer.sealing(q) is not None
 
     def _check_source(self, group: RemoteGroup, sid: str, signed: frozenset[str] | None) -> None:
         """A grant may name only a source of the group (the owner could otherwise have this daemon open
@@ -443,7 +444,7 @@ class RemoteGroups:
             q, lo, lo + READ_AHEAD_RECORDS, READ_AHEAD_RECORDS, READ_AHEAD_BYTES
         )
         try:  # a sealed queue: what this identity can open, up to the first record it cannot
-            columns = sealer_of(self.engine).open_columns(q, columns, partial=True)
+            columns = self.sealer.open_columns(q, columns, partial=True)
         except NotReaderError:
             columns = Columns()
         records: list[list[Any] | None] = [

@@ -16,8 +16,7 @@ from latticed.errors import MalformedError, NotFoundError
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, records_of
 from latticed.groups.service import GroupService
 from latticed.leases.outcomes import DeadLetter
-from latticed.logs import get_logger, log_event
-from latticed.storage.sealer import sealer_of
+from latticed.process.logs import get_logger, log_event
 
 log = get_logger(__name__)
 
@@ -62,7 +61,7 @@ async def replica_dead_letters(
         columns = await engine.read(q, lo, hi, CATCH_UP_RECORDS, CATCH_UP_BYTES)
         if not columns.offsets:
             break
-        for offset, record in records_of(sealer_of(engine).open_columns(q, columns)):
+        for offset, record in records_of(service.sealer.open_columns(q, columns)):
             if _parked(settled, offset) and (letter := _letter(dlq, offset, record)) is not None:
                 letters.append(letter)
         lo = columns.offsets[-1] + 1

@@ -20,12 +20,12 @@ from latticed.crdt.group_spec import GroupSpec
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError, NotReaderError
-from latticed.groups.ports import GroupStore
+from latticed.groups.group_ports import GroupStore
 from latticed.leases.dispatch import Dispatcher
 from latticed.leases.outcomes import Changes
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.reader import Columns
-from latticed.storage.sealer import sealer_of
+from latticed.storage.sealer import Sealer
 
 log = get_logger(__name__)
 
@@ -56,9 +56,11 @@ class GroupRuntime:
         spec: GroupSpec,
         progress: dict[str, GroupProgress],
         *,
+        sealer: Sealer,
         history: Iterable[AttemptEntry] = (),
     ) -> None:
         self.engine = engine
+        self.sealer = sealer
         self.q = q
         self.dlq_q = dlq_q
         self.spec = spec
@@ -112,7 +114,7 @@ class GroupRuntime:
                     return read
                 columns = await engine.read(q, lo, state.held_end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
                 try:  # a sealed source: what this daemon can open, up to the first record it cannot
-                    columns = sealer_of(engine).open_columns(q, columns, partial=True)
+                    columns = self.sealer.open_columns(q, columns, partial=True)
                 except NotReaderError as exc:
                     if sid not in self.unreadable:
                         log_event(

@@ -1,5 +1,5 @@
 """The work-queue service: runs the consumer groups this daemon owns, on top of the store (a
-:class:`~latticed.groups.ports.GroupStore`).
+:class:`~latticed.groups.group_ports.GroupStore`).
 
 * **Start-up**: every group log (a ``KIND_GROUP`` queue) we own is loaded: its definition from the
   signed metadata, its progress by folding its ops, then its sources (and DLQ) are read from their ack
@@ -55,12 +55,12 @@ from latticed.errors import (
     NotOwnerError,
 )
 from latticed.groups.committer import Committer, Flight
-from latticed.groups.ports import GroupStore
+from latticed.groups.group_ports import GroupStore
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
 from latticed.leases.filters import compile_filter
 from latticed.leases.outcomes import Changes, DeadLetter, Grant, TaskView
-from latticed.logs import get_logger, log_event
-from latticed.storage.sealer import sealer_of
+from latticed.process.logs import get_logger, log_event
+from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
 
 log = get_logger(__name__)
@@ -73,8 +73,10 @@ DELETED_META_KEY = "deleted"
 class GroupService:
     """Every group this daemon runs; all methods run on the daemon's trio thread."""
 
-    def __init__(self, engine: GroupStore, changes: ChangeFanout) -> None:
+    def __init__(self, engine: GroupStore, changes: ChangeFanout, sealer: Sealer) -> None:
         self.engine = engine
+        #: Seals and opens records of sealed queues (the daemon's one :class:`Sealer` over ``engine``).
+        self.sealer = sealer
         self._changes = changes
         self._groups: dict[str, GroupRuntime] = {}
         self._by_source: dict[str, list[GroupRuntime]] = {}
@@ -82,7 +84,7 @@ class GroupService:
         self._feed = trio.Event()
         self._timer_wake = trio.Event()
         self._timer_until = math.inf
-        self.committer = Committer(engine, self._catch_up_dlq)
+        self.committer = Committer(engine, sealer, self._catch_up_dlq)
 
     def now(self) -> float:
         """Wall-clock seconds (dead-letter history is durable, so not a monotonic clock)."""
@@ -149,7 +151,7 @@ class GroupService:
         progress: dict[str, GroupProgress],
         history: list[AttemptEntry] | None = None,
     ) -> None:
-        rt = GroupRuntime(self.engine, q, dlq_q, spec, progress, history=history or ())
+        rt = GroupRuntime(self.engine, q, dlq_q, spec, progress, sealer=self.sealer, history=history or ())
         self._groups[spec.name] = rt
         for sid in rt.sources:
             self._by_source.setdefault(sid, []).append(rt)
@@ -172,7 +174,7 @@ class GroupService:
         q = engine.find(engine.public_key, name, KIND_QUEUE)
         if q is None:
             if sealed:
-                return await sealer_of(engine).create_queue(name, {DLQ_META_KEY: group}, ())
+                return await self.sealer.create_queue(name, {DLQ_META_KEY: group}, ())
             return await engine.create_queue(name, {DLQ_META_KEY: group})
         state = engine.state(q)
         if state.meta_dict.get(DLQ_META_KEY) != group:  # a queue made before .dlq names were reserved
@@ -180,7 +182,7 @@ class GroupService:
                 f"queue {name} exists and is not the dead-letter queue of group {group}: a group's DLQ is "
                 f"always <group>.dlq, so choose another group name"
             )
-        if sealed and sealer_of(engine).sealing(q) is None:
+        if sealed and self.sealer.sealing(q) is None:
             raise MalformedError(
                 f"queue {name} is not sealed: it cannot hold the dead letters of a group with a sealed source"
             )
@@ -288,7 +290,7 @@ class GroupService:
         """Define and start a group over ``queues`` (addresses of queues this daemon holds); ``extra_meta``
         goes into its log's metadata beside the definition (the remote-consumer allow-list)."""
         engine, me = self.engine, self.engine.public_key
-        sealer = sealer_of(engine)
+        sealer = self.sealer
         sources = []
         sealed = False
         for address in queues:
@@ -488,7 +490,7 @@ class GroupService:
         if q is not None:
             columns = await self.engine.read(q, offset, offset + 1, 1, CATCH_UP_BYTES)
             with contextlib.suppress(LatticedError):
-                records = records_of(sealer_of(self.engine).open_columns(q, columns))
+                records = records_of(self.sealer.open_columns(q, columns))
                 record = records[0][1] if records else None
         fallback = Record(b"") if record is None else record
         return replace(view, correlation_id=correlation_id(fallback, queue, offset))

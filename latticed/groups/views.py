@@ -7,7 +7,7 @@ from typing import Any
 
 from latticed.crdt.attempts import AttemptRecord
 from latticed.crdt.group import parse_source_id
-from latticed.groups.ports import GroupStore
+from latticed.groups.group_ports import GroupStore
 from latticed.groups.runtime import GroupRuntime
 from latticed.leases.outcomes import Changes, Grant, GroupStats, TaskView
 

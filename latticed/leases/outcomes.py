@@ -19,7 +19,7 @@ from latticed.crdt.records import Record
 @dataclass(frozen=True, slots=True)
 class Grant:
     """A lease as the dispatcher grants it: a record handed to a consumer until ``expires_at``; ``token``
-    fences every later call. (The client's view of it is :class:`latticed.api.group_client.Lease`.)
+    fences every later call. (The client's view of it is :class:`latticed.api.client.group_client.Lease`.)
 
     ``attempt`` counts from 1 (failed attempts so far + 1). ``queue``/``offset`` name what is leased: a
     source record, or a redriven DLQ record (whose ``x-dlq`` header names the original)."""

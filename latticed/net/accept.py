@@ -15,7 +15,7 @@ from typing import Final, TypeVar
 
 import trio
 
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 
 __all__ = ["CAPACITY_ERRNOS", "RETRY_S", "serve_listeners"]
 

@@ -31,11 +31,11 @@ import trio
 from zeroconf import Error as ZeroconfError
 from zeroconf import IPVersion, ServiceBrowser, ServiceInfo, ServiceStateChange, Zeroconf
 
-from latticed.clock import wall_ms
 from latticed.errors import IntegrityError, MalformedError
-from latticed.logs import get_logger, log_event
-from latticed.mdns_interfaces import mdns_addresses
-from latticed.netkey import network_key_fingerprint
+from latticed.host.mdns_interfaces import mdns_addresses
+from latticed.host.netkey import network_key_fingerprint
+from latticed.process.clock import wall_ms
+from latticed.process.logs import get_logger, log_event
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.announce import (
     DEFAULT_MAX_AGE_MS,

@@ -42,9 +42,10 @@ from latticed.errors import (
     LatticedError,
     ProtocolError,
 )
-from latticed.logs import get_logger, log_event
 from latticed.net.queue_errors import QueueErrors
 from latticed.net.transport import SecureStream
+from latticed.process.logs import get_logger, log_event
+from latticed.process.ticks import TICK_S, sleep_until_tick
 from latticed.protocol.handshake import Role
 from latticed.protocol.replication import (
     DEFAULT_MAX_PEER_KEYS,
@@ -59,12 +60,11 @@ from latticed.protocol.replication import (
 )
 from latticed.protocol.replication_messages import message_type_name
 from latticed.protocol.versions import Agreement
-from latticed.ticks import TICK_S, sleep_until_tick
 
 log = get_logger(__name__)
 
-#: Keep-alive tick: every link of the daemon is looked at on the same tick (:mod:`latticed.ticks`), so an
-#: idle daemon wakes once per tick for all its links. The side that dialled sends a PING unless the link
+#: Keep-alive tick: every link of the daemon is looked at on the same tick (:mod:`latticed.process.ticks`),
+#: so an idle daemon wakes once per tick for all its links. The side that dialled sends a PING unless the link
 #: carried messages both ways within the last half tick; the side that accepted only answers. Either way
 #: each end of a healthy link hears the other at least every 1.5 ticks (docs/operations.md, "Dead peers").
 PING_INTERVAL_S = TICK_S

@@ -27,8 +27,8 @@ from typing import Any, Final, Protocol
 import trio
 
 from latticed.errors import LatticedError, OwnerUnreachableError
-from latticed.logs import get_logger, log_event
 from latticed.net.gossip import PeerLink
+from latticed.process.logs import get_logger, log_event
 from latticed.protocol.leasing import (
     Answer,
     Cancelled,

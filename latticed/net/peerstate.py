@@ -22,7 +22,7 @@ from latticed.errors import (
     MalformedError,
     StorageError,
 )
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.peerstate import (
     ClockSkew,

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
-from latticed.config import DaemonConfig
 from latticed.crdt.head import QueueKind
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
-from latticed.listen_probe import listen_error
-from latticed.logs import get_logger, log_event
+from latticed.host.config import DaemonConfig
+from latticed.host.listen_probe import listen_error
+from latticed.host.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
 from latticed.net.accept import serve_listeners
 from latticed.net.admission import Admission, FailureLog, Ticket, source_of
 from latticed.net.discovery import DiscoveredPeer, OtherNetworks, run_discovery
@@ -40,14 +40,14 @@ from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExten
 from latticed.net.peerstate import PeerFaults
 from latticed.net.ports import ReplicaStore
 from latticed.net.transport import connect_failure, secure_accept, secure_connect
-from latticed.net.why import peer_facts
-from latticed.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
+from latticed.net.why_facts import peer_facts
+from latticed.process.logs import get_logger, log_event
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
 from latticed.protocol.replication import QueueKey
-from latticed.protocol.why import PeerFacts
+from latticed.protocol.why_verdict import PeerFacts
 from latticed.storage.jobs import Merge
 from latticed.storage.wiring import ChangeFanout, OwnerFence
 

@@ -1,6 +1,6 @@
 """What the replication service reports, as an interface the daemon may implement (metrics:
-:class:`~latticed.metrics.live.DaemonMetrics`). Declared here, by the layer that reports; given None,
-replication reports nothing and pays nothing."""
+:class:`~latticed.services.daemon_metrics.DaemonMetrics`). Declared here, by the layer that reports; given
+None, replication reports nothing and pays nothing."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from latticed.spark.offsets import DataLossError
+from latticed.spark.partition_reader import ReplicaLagError, lattice_schema
 from latticed.spark.python_workers import start_prefork, use_worker_python, worker_python
-from latticed.spark.reader import ReplicaLagError, lattice_schema
 from latticed.spark.source import SOURCE_NAME, LatticeDataSource
 from latticed.spark.tuning import use_local_checkpoint_manager
 

@@ -27,7 +27,7 @@ from typing import Any, Final
 from latticed.crdt.errors import LatticedError
 from latticed.crdt.records import MAX_OFFSET
 from latticed.errors import ForkedQueueError, MalformedError, NotFoundError
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.spark.options import EARLIEST, LATEST, OffsetSpec
 
 log = get_logger(__name__)

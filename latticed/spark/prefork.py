@@ -44,7 +44,7 @@ SERVED: Final = (
     "pyspark.sql.worker.data_source_pushdown_filters",
 )
 #: Imported once up front besides the served modules: what their children would import anyway.
-WARM: Final = ("pyarrow", "latticed.spark.source", "latticed.spark.reader")
+WARM: Final = ("pyarrow", "latticed.spark.source", "latticed.spark.partition_reader")
 #: Read by the native libraries at load time: no helper threads in the server, so forking it is safe.
 SINGLE_THREADED_ENV: Final = {
     "OPENBLAS_NUM_THREADS": "1",

@@ -4,7 +4,8 @@ Spark runs the pieces in different processes: ``initialOffset``/``latestOffset``
 long-lived Python process on the driver (which keeps a client of the driver host's daemon), ``read`` in
 executor workers that receive a pickled copy of the reader made *before* any of those calls. So readers
 connect lazily, drop their client when pickled, and put everything ``read`` needs into the partition.
-Offset semantics are in :mod:`latticed.spark.offsets`, the executor side in :mod:`latticed.spark.reader`.
+Offset semantics are in :mod:`latticed.spark.offsets`, the executor side in
+:mod:`latticed.spark.partition_reader`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from latticed.api.client import Client
+from latticed.api.client.blocking_client import Client
 from latticed.errors import ConnectionClosedError, MalformedError
-from latticed.spark.daemon import connect, list_views, resolve_queues
+from latticed.spark.local_daemon import connect, list_views, resolve_queues
 from latticed.spark.offsets import (
     Offsets,
     QueueSelection,
@@ -39,7 +40,7 @@ from latticed.spark.offsets import (
     sorted_offsets,
 )
 from latticed.spark.options import OffsetSpec, SourceOptions, parse_options
-from latticed.spark.reader import LatticePartition, lattice_schema, read_partition
+from latticed.spark.partition_reader import LatticePartition, lattice_schema, read_partition
 from latticed.spark.timestamps import resolve as resolve_times
 
 SOURCE_NAME = "lattice"

@@ -10,7 +10,7 @@ the tails of the queues that changed) and then hands each changed queue to the `
 composition root gave it.
 
 Consumers do not depend on this class but on the narrow Protocols naming what they use:
-:class:`latticed.api.ports.ApiStore`, :class:`latticed.groups.ports.GroupStore` and
+:class:`latticed.api.server.api_ports.ApiStore`, :class:`latticed.groups.group_ports.GroupStore` and
 :class:`latticed.net.ports.ReplicaStore`.
 """
 
@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 
 import trio
 
-from latticed.clock import wall_ms
 from latticed.crdt import kv
 from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_GROUP, KIND_KV, KIND_QUEUE, check_name
@@ -32,7 +31,8 @@ from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import AlreadyExistsError, BehindPeersError, NotOwnerError, StorageError
-from latticed.logs import get_logger, log_event
+from latticed.process.clock import wall_ms
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
 from latticed.storage.bridge import StorageBridge
 from latticed.storage.jobs import (

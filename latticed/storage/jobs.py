@@ -17,7 +17,7 @@ from latticed.crdt.kvplan import KvRequest, plan
 from latticed.crdt.queue import QueueState, Summary, VerifiedDelta
 from latticed.crdt.records import Record, check_records
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
-from latticed.retention import KEYS as RETENTION_KEYS
+from latticed.host.retention_policy import KEYS as RETENTION_KEYS
 from latticed.storage.batch import Batch
 from latticed.storage.store import Store
 

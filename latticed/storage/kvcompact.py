@@ -9,7 +9,8 @@ view anywhere (the join is idempotent), and a replica that only ever sees the su
 key, tombstones included.
 
 A plain value whose TTL has passed decides nothing any more (every reader sees the key absent), so its op
-is dropped, not copied, and retention purges the key from the view (:mod:`latticed.retention_service`).
+is dropped, not copied, and retention purges the key from the view
+(:mod:`latticed.services.retention_service`).
 A replica that missed that op may still hold the older value it replaced; the log it receives next then
 starts past what it held (the truncation jumped over its end), and a replica folds its view again from
 the log whenever that happens (:meth:`latticed.storage.writer.Writer._write`), so the older value cannot

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from latticed.errors import StorageError
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.sqlite import storage_error
 
 log = get_logger(__name__)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from latticed.retention import Extent, cut_for_bytes, cut_for_records, expired_prefix
+from latticed.host.retention_policy import Extent, cut_for_bytes, cut_for_records, expired_prefix
 
 
 def extents_newest_first(conn: sqlite3.Connection, q: int) -> Iterator[Extent]:
@@ -71,7 +71,7 @@ def segment_timestamps(data: bytes) -> list[int]:
 
 def expired_end(conn: sqlite3.Connection, q: int, start: int, end: int, cutoff_ms: int) -> int:
     """The end of the run of records from ``start`` stamped before ``cutoff_ms`` (see
-    :func:`latticed.retention.expired_prefix`)."""
+    :func:`latticed.host.retention_policy.expired_prefix`)."""
     cursor = conn.execute(
         "SELECT first, count, data FROM segments WHERE q = ?1 AND first < ?3 AND first >= "
         "coalesce((SELECT max(first) FROM segments WHERE q = ?1 AND first <= ?2), ?2) ORDER BY first",

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Final
 
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 
 log = get_logger(__name__)
 

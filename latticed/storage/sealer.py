@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import base64
 import os
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
@@ -105,7 +104,8 @@ class SealableStore(Protocol):
 
 
 class Sealer:
-    """This daemon's sealing state: parsed metadata per queue, opened content keys. Use :func:`sealer_of`."""
+    """This daemon's sealing state: parsed metadata per queue, opened content keys. One per engine: the
+    composition root builds it and hands it to everything that seals or opens records."""
 
     def __init__(self, engine: SealableStore) -> None:
         self.engine = engine
@@ -564,17 +564,6 @@ def _own_wrap(updates: Mapping[str, str], epoch: int, me: bytes) -> bytes:
     return _decoded(updates[sealed_meta.wrap_key(epoch, me)])
 
 
-_SEALERS: weakref.WeakKeyDictionary[SealableStore, Sealer] = weakref.WeakKeyDictionary()
-
-
-def sealer_of(engine: SealableStore) -> Sealer:
-    """The one :class:`Sealer` of an engine (made on first use)."""
-    sealer = _SEALERS.get(engine)
-    if sealer is None:
-        sealer = _SEALERS[engine] = Sealer(engine)
-    return sealer
-
-
 __all__ = [
     "SealableStore",
     "SealedAppend",
@@ -582,5 +571,4 @@ __all__ = [
     "SealedKvWrite",
     "Sealer",
     "check_user_meta",
-    "sealer_of",
 ]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from latticed.errors import StorageError
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
 from latticed.storage.jobs import Job, WriterView
 from latticed.storage.reserve import RESERVE_BYTES, Reserve, reserve_path

@@ -18,7 +18,7 @@ from latticed.crdt import kv
 from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import Entries, QueueState
 from latticed.errors import StorageError
-from latticed.logs import get_logger, log_event
+from latticed.process.logs import get_logger, log_event
 from latticed.storage import segments
 from latticed.storage.codec import (
     decode_kv_entry,

@@ -29,14 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from latticed.clock import wall_ms
 from latticed.crdt import kv
 from latticed.crdt.head import KIND_KV, queue_id
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import LatticedError, MalformedError, StorageError
-from latticed.logs import get_logger, log_event
+from latticed.process.clock import wall_ms
+from latticed.process.logs import get_logger, log_event
+from latticed.process.threadname import name_os_thread
 from latticed.storage.batch import Batch, Staged, appended_since
 from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
@@ -44,7 +45,6 @@ from latticed.storage.reserve import RESERVE_BYTES
 from latticed.storage.space import VACUUM_STEP_PAGES, SpaceKeeper
 from latticed.storage.sqlite import is_full
 from latticed.storage.store import Store
-from latticed.threadname import name_os_thread
 
 log = get_logger(__name__)
 

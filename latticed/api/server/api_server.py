@@ -1,0 +1,327 @@
+"""The local API server: accepts Unix-socket connections and answers requests, one task per connection.
+
+Bad input costs only its own connection: a frame that is not a request gets an error reply, an oversized
+frame or a cut stream closes that connection, and any unexpected exception is logged and closes that
+connection too. Nothing a client sends can raise out of a connection task into the daemon's nursery.
+
+Memory: one request is at most ``max_frame_bytes`` on the wire (a longer one is refused as soon as its
+length is read, before its body is buffered); one connection holds at most one frame being received plus
+:data:`MAX_IN_FLIGHT` pipelined requests of at most :data:`MAX_IN_FLIGHT_BYTES` together. A request's
+decoded form is larger than its frame (Python objects: up to tens of times for a frame of nothing but
+tiny containers), which is why the frame limit is the knob. Freed buffers stay in the C heap for reuse
+(latticed/process/malloc.py); after large requests :class:`MemoryGiveBack` hands back what a burst left idle.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from latticed.api.messages import error_reply
+from latticed.api.server.connection import Connection
+from latticed.api.server.consumer_id import CONSUMER, new_consumer_id
+from latticed.api.server.context import Context, PipelinedHandler
+from latticed.api.server.listener import bind_unix_socket, remove_socket
+from latticed.api.server.request_router import dispatch, parse_request
+from latticed.errors import (
+    ConnectionClosedError,
+    LatticedError,
+    RemoteProtocolError,
+)
+from latticed.net.accept import serve_listeners
+from latticed.process.logs import get_logger, log_event
+from latticed.process.malloc import give_back_after_spike
+from latticed.storage.jobs import Job
+
+log = get_logger(__name__)
+
+#: Pipelined requests one connection may have waiting for their commit (see :class:`_Pipeline`)...
+MAX_IN_FLIGHT: Final = 64
+#: ... and their frames' bytes together: a client pipelining large batches has the next one read only
+#: once earlier ones are answered (its socket pushes back meanwhile).
+MAX_IN_FLIGHT_BYTES: Final = 32 << 20
+#: How long after a large request the heap is checked for memory to give back (one check per burst).
+GIVE_BACK_DELAY_S: Final = 1.0
+
+_CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosedError)
+
+
+class MemoryGiveBack:
+    """Hands idle heap memory back to the system after large requests (latticed/process/malloc.py).
+
+    Connections :meth:`note` each large request (and a large frame cut off with its connection); a check
+    follows :data:`GIVE_BACK_DELAY_S` later, one for all the notes of a burst, and releases memory only
+    if much more than the amount kept on purpose lies free."""
+
+    def __init__(
+        self, release: Callable[[], bool] = give_back_after_spike, *, delay: float = GIVE_BACK_DELAY_S
+    ) -> None:
+        self._release = release
+        self._delay = delay
+        self._noted = trio.Event()
+        #: How many checks released memory.
+        self.released = 0
+
+    def note(self) -> None:
+        self._noted.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._noted.wait()
+            await trio.sleep(self._delay)  # let the burst end: the notes meanwhile share this check
+            self._noted = trio.Event()
+            # On the event loop: ~10 ms per 100 MB released, and only after a burst left that much idle.
+            if self._release():
+                self.released += 1
+                log_event(log, "api.memory_released")
+
+
+async def serve_api(
+    ctx: Context,
+    *,
+    give_back: MemoryGiveBack | None = None,
+    task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Listen on ``ctx.socket_path`` until cancelled; reports started once the socket accepts."""
+    give_back = MemoryGiveBack() if give_back is None else give_back
+    sock, inode = await bind_unix_socket(ctx.socket_path)
+    listener = trio.SocketListener(sock)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(give_back.run)
+            await nursery.start(
+                functools.partial(
+                    serve_listeners,
+                    functools.partial(handle_connection, ctx, give_back=give_back),
+                    [listener],
+                    name="api",
+                )
+            )
+            log_event(log, "api.listening", socket=str(ctx.socket_path))
+            task_status.started(ctx.socket_path)
+    finally:
+        remove_socket(ctx.socket_path, inode)
+        with trio.CancelScope(shield=True):
+            await listener.aclose()
+
+
+async def handle_connection(
+    ctx: Context, stream: trio.abc.Stream, *, give_back: MemoryGiveBack | None = None
+) -> None:
+    """Serve one client until it leaves or breaks the protocol; never raises (except Cancelled)."""
+    conn = Connection(stream, ctx.max_frame_bytes, on_large_frame=give_back.note if give_back else None)
+    consumer = new_consumer_id(stream)
+    CONSUMER.set(consumer)  # this connection's task (and its children) only
+    try:
+        await _serve(ctx, conn)
+    except _CLOSED as exc:
+        log_event(log, "api.client_disconnected", error=str(exc))
+    except RemoteProtocolError as exc:
+        # Oversized frame or garbage length: say why (best effort), then hang up on this client only.
+        log_event(log, "api.protocol_error", error=str(exc))
+        refusal = RemoteProtocolError(f"{exc} (the daemon's max_frame_bytes); closing the connection")
+        with trio.move_on_after(1):
+            try:
+                await conn.send(error_reply(None, refusal))
+            except (*_CLOSED, OSError):
+                pass
+    except Exception as exc:
+        if _only_disconnects(exc):
+            # A client that left while a stream task of its connection was sending (tail --follow):
+            # the broken pipe arrives wrapped in that task's nursery's exception group.
+            log_event(log, "api.client_disconnected", error=str(_first_leaf(exc)))
+        else:
+            log_event(log, "api.connection_failed", level=40, exc_info=exc)
+    finally:
+        if ctx.groups is not None:
+            ctx.groups.connection_closed(consumer)
+        if give_back is not None and conn.held_large_frame:
+            give_back.note()  # a large frame cut off with the connection: its buffer is freed now
+        await trio.aclose_forcefully(stream)
+
+
+def _only_disconnects(exc: BaseException) -> bool:
+    """Whether ``exc`` is an exception group of nothing but the client going away."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return False
+    return all(isinstance(leaf, _CLOSED) or _only_disconnects(leaf) for leaf in exc.exceptions)
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _serve(ctx: Context, conn: Connection) -> None:
+    pipeline = _Pipeline(ctx, conn)
+    while True:
+        frame = await pipeline.next_frame()
+        if frame is None:
+            await pipeline.drain()
+            return
+        go_on = await _serve_one(ctx, conn, pipeline, frame)
+        # Not kept while waiting for the next request: an idle client must not hold its last large
+        # frame (or, through _serve_one's locals, its decoded request) for as long as it stays connected.
+        del frame
+        if not go_on:
+            return
+
+
+async def _serve_one(ctx: Context, conn: Connection, pipeline: _Pipeline, frame: bytes) -> bool:
+    """Handle one request; False when the connection is done (a stream ended it)."""
+    request, reply = parse_request(frame, ctx.ops)
+    if reply is None:
+        assert request is not None
+        begin = ctx.ops.pipelined.get(request["op"])
+        if begin is not None:
+            await pipeline.start(request.get("id"), begin, request, len(frame))
+            return True
+        # Anything else runs alone, after every earlier request of this connection has been answered:
+        # it sees their effects, and its own effects come before those of later requests.
+        await pipeline.drain()
+        streaming = ctx.ops.streams.get(request["op"])
+        if streaming is not None:
+            try:
+                return await streaming(ctx, conn, request)
+            except LatticedError as exc:
+                reply = error_reply(request.get("id"), exc)
+        else:
+            reply = await dispatch(ctx, request)
+    else:
+        await pipeline.drain()
+    await conn.send(reply)
+    return True
+
+
+#: A pipelined request: its id, its started job (or why it could not start), its reply builder, and the
+#: size of its frame.
+_Pending = tuple[Any, Job | LatticedError, Any, int]
+
+
+class _Pipeline:
+    """A connection's pipelined writes: started as they are read, answered in request order as they commit.
+
+    A client that sends its next offer before the reply to the last one gets its offers into shared group
+    commits (up to :data:`MAX_IN_FLIGHT` at a time; then the connection stops reading and the client's
+    socket buffer pushes back) instead of one commit per round trip. One task does it all: while offers
+    of a pipelining client are in flight it waits for the next request *or* a commit (a commit cancels
+    the wait, which is safe: :meth:`Connection.receive_frame` loses nothing when cancelled); for a client
+    that waits for each reply it waits for the commit alone, as if there were no pipelining."""
+
+    def __init__(self, ctx: Context, conn: Connection) -> None:
+        self._ctx = ctx
+        self._conn = conn
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._pending_bytes = 0
+        self._waiting: trio.CancelScope | None = None
+        #: Set once the client sent a request before the last was answered: from then on, wait for input
+        #: and commits alike.
+        self._pipelining = False
+
+    def _committed(self) -> None:
+        """Called on the event loop when one of our jobs finished: stop waiting for input, answer it."""
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    @property
+    def in_flight(self) -> tuple[int, int]:
+        """Pipelined requests not answered yet, and their frames' bytes."""
+        return len(self._pending), self._pending_bytes
+
+    async def start(self, rid: Any, begin: PipelinedHandler, request: dict[str, Any], size: int) -> None:
+        """Start one pipelined request (``size``: its frame's length); waits for earlier ones while the
+        connection has :data:`MAX_IN_FLIGHT` requests or :data:`MAX_IN_FLIGHT_BYTES` in flight."""
+        try:
+            job, build = begin(self._ctx, request)
+        except LatticedError as exc:
+            self._pending.append((rid, exc, None, size))
+        except Exception as exc:
+            log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
+            self._pending.append((rid, LatticedError(f"internal error: {type(exc).__name__}"), None, size))
+        else:
+            job.notify = self._committed  # no checkpoint since it started: it cannot have finished yet
+            job.origin = self
+            self._pending.append((rid, job, build, size))
+        self._pending_bytes += size
+        if len(self._pending) > 1:
+            self._pipelining = True
+        while self._pending and (
+            len(self._pending) >= MAX_IN_FLIGHT or self._pending_bytes >= MAX_IN_FLIGHT_BYTES
+        ):
+            await self._answer_head()
+
+    async def next_frame(self) -> bytes | None:
+        """The next request, answering finished ones meanwhile."""
+        conn = self._conn
+        while True:
+            await self._answer_finished()
+            if not self._pending or conn.frame_ready():
+                return await conn.receive_frame()
+            if conn.partly_received:
+                self._pipelining = True  # the next request is on its way before this one was answered
+            if not self._pipelining:
+                # A client that waits for each reply: wait for the commit alone (cheaper than also
+                # watching the socket, and nothing more can come until we answer).
+                await self._answer_head()
+                continue
+            with trio.CancelScope() as waiting:
+                self._waiting = waiting
+                try:
+                    return await conn.receive_frame()
+                finally:
+                    self._waiting = None
+
+    async def drain(self) -> None:
+        """Answer every pipelined request so far."""
+        while self._pending:
+            await self._answer_head()
+
+    async def _answer_head(self) -> None:
+        job = self._pending[0][1]
+        if not isinstance(job, LatticedError):
+            await job.done.wait()
+        await self._answer_finished()
+
+    async def _answer_finished(self) -> None:
+        """Send the replies of the finished requests at the head, in one write (one group commit
+        usually finishes several)."""
+        pending = self._pending
+        replies = []
+        while pending:
+            rid, job, build, size = pending[0]
+            if not isinstance(job, LatticedError) and not job.done.is_set():
+                break
+            pending.popleft()
+            self._pending_bytes -= size
+            replies.append(_reply(rid, job, build))
+        if replies:
+            await self._conn.send_many(replies)
+
+
+def _reply(rid: Any, job: Job | LatticedError, build: Any) -> dict[str, Any]:
+    """The reply to a pipelined request whose job has finished (or that failed before it started)."""
+    if isinstance(job, LatticedError):
+        return error_reply(rid, job)
+    if job.error is not None:
+        return error_reply(rid, job.error)
+    reply: dict[str, Any] = build(job.result)
+    reply["id"] = rid
+    reply["ok"] = True
+    return reply
+
+
+__all__ = [
+    "MAX_IN_FLIGHT",
+    "MAX_IN_FLIGHT_BYTES",
+    "MemoryGiveBack",
+    "dispatch",
+    "handle_connection",
+    "parse_request",
+    "serve_api",
+]

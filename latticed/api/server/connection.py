@@ -1,0 +1,160 @@
+"""One client connection on the server side: frames in, msgpack messages out, over a trio stream.
+
+On a socket (the API's Unix socket) frames are read and written with plain ``os.read``/``os.write`` on the
+non-blocking descriptor, around trio's :func:`~trio.lowlevel.wait_readable` and
+:func:`~trio.lowlevel.wait_writable`: that is what ``SocketStream`` does too, minus a failed ``recv``
+(and its exception) before every wait and two scheduler round trips per reply, which cost more than the
+handling of a small request. A reply that fits the socket buffer is written without yielding; a reader
+that does not keep up makes ``send`` wait, as ``send_all`` would.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from latticed.api.messages import error_reply, pack
+from latticed.errors import LatticedError, MalformedError
+from latticed.protocol.framing import FrameDecoder, encode_frame
+
+RECEIVE_SIZE: Final = 1 << 16
+#: A request frame this large is reported to ``on_large_frame`` (the server then gives memory back once
+#: such requests are over: latticed/process/malloc.py).
+LARGE_FRAME_BYTES: Final = 1 << 20
+
+
+class Connection:
+    """Frames over a stream. ``receive_frame`` from one task at a time; ``send`` from one task at a time."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        max_frame_bytes: int,
+        *,
+        on_large_frame: Callable[[], None] | None = None,
+    ) -> None:
+        self.stream = stream
+        self.max_frame_bytes = max_frame_bytes
+        self.decoder = FrameDecoder(max_frame_bytes)
+        self.on_large_frame = on_large_frame
+        #: Whether a frame of LARGE_FRAME_BYTES or more was buffered here (complete or not).
+        self.held_large_frame = False
+        self._pending: list[bytes] = []
+        #: The socket's descriptor when ``stream`` is a trio SocketStream (else the stream's own methods).
+        self._fd: int | None = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+
+    async def receive_frame(self) -> bytes | None:
+        """The next frame body, or None at a clean end of stream. Safe to cancel: it only ever waits before
+        a read, and whatever a read brought stays in the decoder for the next call.
+
+        Raises RemoteProtocolError (oversized frame) or ConnectionClosedError (cut inside a frame)."""
+        if self._pending:
+            return self._pending.pop(0)
+        decoder = self.decoder
+        frame = self._next_frame()
+        if frame is not None:
+            # Pipelined requests come out of the buffer without a scheduler round each: at most one read's
+            # worth (RECEIVE_SIZE) is taken this way before the next real wait, and yielding per frame
+            # would split the burst (a group of acks, of offers) over many group commits.
+            return frame
+        while not decoder.eof:
+            decoder.receive_data(await self._receive_some())
+            frame = self._next_frame()
+            if frame is not None:
+                return frame
+        return None
+
+    def _next_frame(self) -> bytes | None:
+        decoder = self.decoder
+        if decoder.buffered >= LARGE_FRAME_BYTES:
+            self.held_large_frame = True
+        frame = decoder.next_frame()
+        if frame is not None and len(frame) >= LARGE_FRAME_BYTES and self.on_large_frame is not None:
+            self.on_large_frame()
+        return frame
+
+    def frame_ready(self) -> bool:
+        """Whether a whole frame is already here (no I/O): :meth:`receive_frame` then returns at once."""
+        if self._pending:
+            return True
+        frame = self._next_frame()
+        if frame is None:
+            return False
+        self._pending.append(frame)
+        return True
+
+    @property
+    def partly_received(self) -> bool:
+        """Whether part of a next frame is already here."""
+        return self.decoder.buffered > 0
+
+    async def watch(self) -> bool:
+        """Wait until the client sends a whole frame (kept for :meth:`receive_frame`: True) or ends the
+        stream (False). A task uses this to notice a client while the server streams to it."""
+        decoder = self.decoder
+        while True:
+            frame = self._next_frame()
+            if frame is not None:
+                self._pending.append(frame)
+                return True
+            if decoder.eof:
+                return False
+            decoder.receive_data(await self._receive_some())
+
+    async def _receive_some(self) -> bytes | bytearray:
+        fd = self._fd
+        if fd is None:
+            return await self.stream.receive_some(RECEIVE_SIZE)
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                return os.read(fd, RECEIVE_SIZE)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"connection lost: {exc}") from exc
+
+    def encode(self, message: dict[str, Any]) -> bytes:
+        """One framed message (an error reply instead if it would exceed the frame limit)."""
+        body = pack(message)
+        if len(body) > self.max_frame_bytes:
+            failure: LatticedError = MalformedError(
+                f"reply of {len(body)} bytes exceeds the frame limit of {self.max_frame_bytes}; ask for less"
+            )
+            body = pack(error_reply(message.get("id"), failure))
+        return encode_frame(body, self.max_frame_bytes)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self._write(self.encode(message))
+
+    async def send_encoded(self, data: bytes) -> None:
+        """Send what :meth:`encode` made (a caller that accounts for its size while it waits)."""
+        await self._write(data)
+
+    async def send_many(self, messages: list[dict[str, Any]]) -> None:
+        """Several replies in one write (what one group commit answers at once)."""
+        await self._write(b"".join(map(self.encode, messages)))
+
+    async def _write(self, data: bytes) -> None:
+        fd = self._fd
+        if fd is None:
+            await self.stream.send_all(data)
+            return
+        with memoryview(data) as view:
+            sent = 0
+            while True:
+                try:
+                    sent += os.write(fd, view[sent:] if sent else view)
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    raise trio.BrokenResourceError(f"connection lost: {exc}") from exc
+                if sent >= len(view):
+                    return
+                await trio.lowlevel.wait_writable(fd)
+
+
+__all__ = ["LARGE_FRAME_BYTES", "Connection"]

@@ -1,0 +1,59 @@
+"""From a request frame to its reply: parse and check the envelope, then run its handler from the op table.
+
+Shared by the connection loop (:mod:`.api_server`) and the subscribe stream (:mod:`.subscribe`), which
+answers ordinary requests on its own connection; neither imports the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from latticed.api.messages import SUPPORTED_VERSIONS, error_reply, unpack
+from latticed.api.server.context import Context, OpTable
+from latticed.errors import LatticedError, MalformedError, ProtocolError
+from latticed.process.logs import get_logger, log_event
+
+log = get_logger(__name__)
+
+
+def parse_request(frame: bytes, ops: OpTable) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The request (of an op in ``ops``), or the error reply to send instead."""
+    try:
+        request = unpack(frame)
+    except MalformedError as exc:
+        return None, error_reply(None, exc)
+    if not isinstance(request, dict):
+        return None, error_reply(None, MalformedError("a request is a map with 'v', 'id' and 'op'"))
+    rid = request.get("id")
+    if not (rid is None or isinstance(rid, int | str)):
+        return None, error_reply(None, MalformedError("a request 'id' is an integer or a string"))
+    version = request.get("v")
+    op = request.get("op")
+    if version not in SUPPORTED_VERSIONS and op != "hello":
+        return None, error_reply(
+            rid,
+            ProtocolError(
+                f"unsupported API version {version!r}; this daemon speaks {list(SUPPORTED_VERSIONS)}"
+            ),
+        )
+    if not isinstance(op, str) or not ops.knows(op):
+        shown = repr(op)[:60]
+        return None, error_reply(rid, ProtocolError(f"unknown op {shown}"))
+    return request, None
+
+
+async def dispatch(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
+    rid = request.get("id")
+    try:
+        result = await ctx.ops.handlers[request["op"]](ctx, request)
+    except LatticedError as exc:
+        return error_reply(rid, exc)
+    except Exception as exc:
+        log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
+        return error_reply(rid, LatticedError(f"internal error: {type(exc).__name__}"))
+    result["id"] = rid
+    result["ok"] = True
+    return result
+
+
+__all__ = ["dispatch", "parse_request"]

@@ -1,0 +1,63 @@
+"""What the retention service and the metrics collector need from the store, as narrow Protocols (the
+daemon passes its :class:`~latticed.storage.engine.Engine`); a name appears here only if a service uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from latticed.crdt.head import KIND_QUEUE
+from latticed.crdt.queue import QueueState
+from latticed.storage.batch import Batch
+from latticed.storage.jobs import WriterView
+from latticed.storage.reader import StoreReader
+
+T = TypeVar("T")
+
+
+class RetentionStore(Protocol):
+    """Queues and KV namespaces, read and cut: signed truncations of ours, local drops of replicas, and
+    purge and compaction steps run on the storage thread."""
+
+    @property
+    def public_key(self) -> bytes: ...
+
+    @property
+    def clock(self) -> Callable[[], int]:
+        """Wall-clock milliseconds (ages and TTLs)."""
+        ...
+
+    def state(self, q: int) -> QueueState: ...
+
+    def address(self, q: int) -> str: ...
+
+    def owned(self, q: int) -> bool: ...
+
+    def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
+
+    def find(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None: ...
+
+    async def truncate(self, q: int, new_start: int) -> None: ...
+
+    async def drop_local(self, q: int, floor: int) -> int: ...
+
+    async def inspect(self, fn: Callable[[StoreReader], T]) -> T: ...
+
+    async def call_in_writer(self, fn: Callable[[Batch, WriterView], Any]) -> Any: ...
+
+
+class MetricsStore(Protocol):
+    """What a scrape reads of the store: the queues' in-memory heads and the file's size."""
+
+    @property
+    def public_key(self) -> bytes: ...
+
+    def state(self, q: int) -> QueueState: ...
+
+    def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
+
+    def storage_bytes(self) -> int: ...
+
+
+__all__ = ["MetricsStore", "RetentionStore"]

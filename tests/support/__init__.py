@@ -1,0 +1,1 @@
+"""Helpers shared by tests and benchmarks: in-process daemons, clocks, KV views, mesh links, the simulator."""

@@ -1,0 +1,68 @@
+"""A real daemon (``run_daemon``) on its own trio thread inside the test process, for API tests that
+need no subprocess: start it, talk to it with the blocking client, run coroutines on its loop, stop it."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from latticed.api.client.blocking_client import Client
+from latticed.daemon import RunningDaemon, run_daemon
+from latticed.host.config import DaemonConfig
+
+
+@dataclass
+class InProcessDaemon:
+    config: DaemonConfig
+    handle: RunningDaemon
+    token: trio.lowlevel.TrioToken
+    thread: threading.Thread
+    box: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def socket(self) -> Path:
+        return self.config.socket_path
+
+    def client(self, timeout: float | None = 10.0) -> Client:
+        return Client(self.socket, timeout=timeout)
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run an async function on the daemon's trio thread."""
+        return trio.from_thread.run(fn, *args, trio_token=self.token)
+
+    def stop(self) -> None:
+        """Shut down cleanly; the daemon must not have failed and must remove its socket."""
+        trio.from_thread.run_sync(self.handle.stop, trio_token=self.token)
+        self.thread.join(30)
+        assert "error" not in self.box, self.box.get("error")
+        assert not self.config.socket_path.exists()
+
+
+def start_in_process(config: DaemonConfig, name: str = "daemon-under-test") -> InProcessDaemon:
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        box["token"] = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            box["handle"] = await nursery.start(run_daemon, config)
+            started.set()
+
+    def thread() -> None:
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            started.set()
+
+    runner = threading.Thread(target=thread, name=name, daemon=True)
+    runner.start()
+    assert started.wait(30)
+    if "error" in box:
+        raise box["error"]
+    return InProcessDaemon(config, box["handle"], box["token"], runner, box)
