@@ -138,6 +138,23 @@ def test_the_answer_is_an_index_seek(writer: Writer) -> None:
     assert "times_top" in detail and "TEMP B-TREE" not in detail, detail
 
 
+def test_writes_keep_the_index_without_looking_up_the_schema(writer: Writer) -> None:
+    """The store knows from when it opened whether it has the index: a write asks the schema nothing."""
+    q = ok(writer, CreateQueue("q"))
+    assert isinstance(q, int)
+    statements: list[str] = []
+    writer.store.connection.set_trace_callback(statements.append)
+    try:
+        for i in range(12):  # appends, and the compaction of the small segments they leave
+            ok(writer, Append(q, records([NOW + 10 * (3 * i + j) for j in range(3)])))
+        ok(writer, Truncate(q, 5))
+    finally:
+        writer.store.connection.set_trace_callback(None)
+    assert any("INTO times" in sql for sql in statements)
+    assert not [sql for sql in statements if "sqlite_master" in sql]
+    check(writer.store.connection, q)
+
+
 def test_the_upgrade_indexes_a_store_written_without_the_index(tmp_path: Path) -> None:
     path = db_path(tmp_path)
     old = Store(path, migrations=MIGRATIONS[:3])

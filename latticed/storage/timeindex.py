@@ -64,9 +64,10 @@ def backfill(conn: sqlite3.Connection) -> None:
     conn.executemany("INSERT INTO times (q, first, peak, top) VALUES (?, ?, ?, ?)", rows)
 
 
-def _indexed(conn: sqlite3.Connection) -> bool:
-    """Whether the store has the index: one of an older schema does not (tests write such stores the
-    way an older release did, through the current store code, before they upgrade them)."""
+def present(conn: sqlite3.Connection) -> bool:
+    """Whether the store has the index. A store opened with fewer migrations (tests write older schemas
+    the way an older release did, through the current store code) does not; the store asks once, when
+    it opens, and the writes below assume the table is there."""
     return (
         conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'times'").fetchone()
         is not None
@@ -84,7 +85,7 @@ def added(conn: sqlite3.Connection, q: int, parts: Sequence[tuple[int, Sequence[
     """Index new segments, given as ``(first, timestamps)`` in offset order, and bring the rows after
     them (a cut segment's upper part reinserted below the rest) up to date."""
     parts = [(first, timestamps) for first, timestamps in parts if timestamps]
-    if not parts or not _indexed(conn):
+    if not parts:
         return
     top = _top_before(conn, q, parts[0][0])
     rows = []
@@ -99,8 +100,6 @@ def added(conn: sqlite3.Connection, q: int, parts: Sequence[tuple[int, Sequence[
 def retop(conn: sqlite3.Connection, q: int, lo: int, top: int | None) -> None:
     """Recompute ``top`` of the rows from offset ``lo`` on, given the running maximum below ``lo``
     (None: no held record below it); stops at the first row that already agrees."""
-    if not _indexed(conn):
-        return
     cursor = conn.execute(
         "SELECT first, peak, top FROM times WHERE q = ? AND first >= ? ORDER BY first", (q, lo)
     )
@@ -116,15 +115,11 @@ def retop(conn: sqlite3.Connection, q: int, lo: int, top: int | None) -> None:
 
 def removed_below(conn: sqlite3.Connection, q: int, lo: int) -> None:
     """The segments starting below ``lo`` are gone."""
-    if not _indexed(conn):
-        return
     conn.execute("DELETE FROM times WHERE q = ? AND first < ?", (q, lo))
 
 
 def removed_from(conn: sqlite3.Connection, q: int, first: int) -> None:
     """The segments starting at or above ``first`` are gone."""
-    if not _indexed(conn):
-        return
     conn.execute("DELETE FROM times WHERE q = ? AND first >= ?", (q, first))
 
 
@@ -141,6 +136,7 @@ __all__ = [
     "added",
     "backfill",
     "create",
+    "present",
     "removed_below",
     "removed_from",
     "retop",
