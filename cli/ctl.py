@@ -51,6 +51,7 @@ from cli.retention_commands import (
     policy_options,
 )
 from cli.retention_commands import register as register_retention
+from cli.why_commands import register as register_why
 
 #: Lines sent per ``offer_batch`` round trip by ``offer --file``.
 OFFER_BATCH_LINES = 1000
@@ -566,22 +567,69 @@ def _holds(info: dict[str, Any]) -> str:
 def range_(
     ctx: typer.Context,
     queue: QueueArg,
-    from_offset: Annotated[int, typer.Argument(metavar="FROM", min=0, help="First offset.")],
-    to_offset: Annotated[int, typer.Argument(metavar="TO", min=0, help="Last offset (included).")],
+    from_offset: Annotated[int | None, typer.Argument(metavar="FROM", min=0, help="First offset.")] = None,
+    to_offset: Annotated[
+        int | None, typer.Argument(metavar="TO", min=0, help="Last offset (included).")
+    ] = None,
+    *,
+    from_time: Annotated[
+        str | None,
+        typer.Option(
+            "--from-time", metavar="TIME", help="Instead of FROM: the first record stamped at or after TIME."
+        ),
+    ] = None,
+    to_time: Annotated[
+        str | None,
+        typer.Option("--to-time", metavar="TIME", help="Instead of TO: up to the records stamped at TIME."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Print the entries at offsets FROM..TO (both included, clamped to what the queue holds).
+    """Print the entries at offsets FROM..TO (both included, clamped to what the queue holds), or those
+    stamped --from-time..--to-time (TIME: ISO 8601, local time unless it names a zone, or ms since the
+    epoch; either bound may be left out; docs/operations.md, "Reading by time").
 
     Any size: a large range is fetched in several requests and printed as it arrives (with a progress bar
     on a terminal when the output goes elsewhere)."""
+    client = _client(ctx)
+    if from_time is not None or to_time is not None:
+        from_offset, to_offset = _time_range(
+            ctx, client, queue, (from_offset, to_offset), (from_time, to_time)
+        )
+    elif from_offset is None or to_offset is None:
+        raise typer.BadParameter("give FROM and TO, or --from-time/--to-time", ctx=ctx, param_hint="'FROM'")
     if from_offset > to_offset:
+        if from_time is not None or to_time is not None:
+            note(f"no records of {queue} stamped in that time")
+            return
         raise typer.BadParameter(f"FROM {from_offset} is after TO {to_offset}", ctx=ctx, param_hint="'FROM'")
     from cli.print_records import print_range  # noqa: PLC0415 - only range needs it
 
-    client = _client(ctx)
     printed = print_range(client, queue, from_offset, to_offset, as_json=as_json)
     if not printed and not as_json:
         note(f"no records in {from_offset}..{to_offset} of {queue}: {_holds(client.queue_info(queue))}")
+
+
+def _time_range(
+    ctx: typer.Context,
+    client: Any,
+    queue: str,
+    offsets: tuple[int | None, int | None],
+    times: tuple[str | None, str | None],
+) -> tuple[int, int]:
+    """``--from-time``/``--to-time`` as inclusive offsets: from the first record stamped at or after the
+    first, up to the last before the first record stamped after the second."""
+    from cli.times import offset_at, parse_time  # noqa: PLC0415 - only reading by time needs it
+
+    from_time, to_time = times
+    if offsets != (None, None):
+        raise typer.BadParameter(
+            "give FROM and TO, or --from-time/--to-time, not both", ctx=ctx, param_hint="'FROM'"
+        )
+    lo = 0 if from_time is None else offset_at(client, queue, parse_time(ctx, from_time, "--from-time"))[0]
+    if to_time is None:
+        return lo, max(int(client.queue_info(queue)["end_offset"]) - 1, lo)
+    hi = offset_at(client, queue, parse_time(ctx, to_time, "--to-time") + 1)[0]
+    return lo, hi - 1
 
 
 def _tail_start(ctx: typer.Context, text: str | None) -> tuple[int | None, int | None]:
@@ -615,13 +663,41 @@ def tail(
             show_default="the first record",
         ),
     ] = None,
+    *,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            metavar="DURATION",
+            help="Start at the first record stamped at most this long ago (2h, 30m, 7d).",
+        ),
+    ] = None,
+    from_time: Annotated[
+        str | None,
+        typer.Option(
+            "--from-time",
+            metavar="TIME",
+            help="Start at the first record stamped at or after TIME (ISO 8601 or ms).",
+        ),
+    ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep waiting for new records (Ctrl-C to stop).")
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Print entries one per line; with --follow, also those appended later, as they arrive."""
-    offset, last_n = _tail_start(ctx, from_offset)
+    """Print entries one per line; with --follow, also those appended later, as they arrive.
+
+    --since and --from-time start at the first record stamped at or after that time (docs/operations.md,
+    "Reading by time"); when none is yet, at the end: only records appended from then on."""
+    offset: int | None
+    if since is not None or from_time is not None:
+        from cli.times import chosen, offset_at, parse_since, parse_time  # noqa: PLC0415 - by time only
+
+        chosen(ctx, **{"--from": from_offset, "--since": since, "--from-time": from_time})
+        ts = parse_since(ctx, since) if since is not None else parse_time(ctx, str(from_time), "--from-time")
+        offset, last_n = offset_at(_client(ctx), queue, ts)[0], None
+    else:
+        offset, last_n = _tail_start(ctx, from_offset)
     if follow:
         emit_entries(_client(ctx).tail(queue, offset, follow=True, last=last_n), as_json=as_json, live=True)
         return
@@ -712,6 +788,7 @@ _ELSEWHERE: dict[str, lazy.Registrar] = {
 }
 _COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
 register_retention(queue_app, _client)
+register_why(queue_app, _client)
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ whole. The kill lands exactly where the test wants it: the daemon is told to sto
 upgrade (``LATTICED_TEST_PAUSE_MIGRATION``), logs that it is there, and the test kills it then.
 
 The store is one an older release left: schema 1, built with that release's migrations as the upgrade
-tests in tests/ do, holding several queues of signed records. And the other way: the previous release
-(same schema) opens a store this build wrote."""
+tests in tests/ do, holding several queues of signed records. And the other way: a rollback to the
+previous release restores the copy kept when this build upgraded its store."""
 
 from __future__ import annotations
 
@@ -150,24 +150,38 @@ def test_a_kill_while_the_copy_is_written_leaves_the_store_untouched(
     assert not copy_path(path, 1).with_name("latticed.db.pre-1.partial").exists()
 
 
-def test_a_store_this_build_wrote_opens_in_the_previous_release_of_the_same_schema(
+def test_a_rollback_to_the_previous_release_restores_the_copy_kept_at_the_upgrade(
     latticed_process: Factory,
 ) -> None:
-    """Rolling back without a schema change needs no copy: the row naming this build as the store's writer
-    is ignored by the previous release, which reads everything this build wrote."""
-    new = latticed_process(args=["--no-mdns"])
-    with Client(new.socket, timeout=30) as c:
-        c.queue_create("written-by-new")
-        c.offer_batch("written-by-new", [(b"n%d" % i, None, ()) for i in range(100)])
-        c.kv_put("greeting", b"from this build")
+    """This build changed the store schema, so a rollback is docs/operations.md's "Rolling back": stop,
+    move the upgraded store away, rename the copy ``latticed.db.pre-N`` to ``latticed.db``, start the
+    previous release. It opens the copy and reads everything it had written."""
+    daemon = latticed_process(args=["--no-mdns"], start=False)
+    run_as(daemon, previous_release()).start()
+    with Client(daemon.socket, timeout=30) as c:
+        c.queue_create("written-by-old")
+        c.offer_batch("written-by-old", [(b"o%d" % i, None, ()) for i in range(100)])
+        c.kv_put("greeting", b"from the previous release")
         me = c.identity()
-    new.stop()
-    assert schema_of(db_path(new.data_dir)) == SCHEMA_VERSION
-    run_as(new, previous_release()).start()
-    with Client(new.socket, timeout=30) as c:
+    daemon.stop()
+    before = schema_of(db_path(daemon.data_dir))
+    run_as(daemon, None).start()  # this build upgrades it, keeping the copy
+    with Client(daemon.socket, timeout=30) as c:
+        assert c.offsets_for_times("written-by-old", 0) == (0, c.first("written-by-old").timestamp)  # type: ignore[union-attr]
+    daemon.stop()
+    path = db_path(daemon.data_dir)
+    assert schema_of(path) == SCHEMA_VERSION > before
+    copy = copy_path(path, before)
+    for suffix in ("", "-wal", "-shm"):
+        moved = path.with_name(path.name + suffix)
+        if moved.exists():
+            moved.rename(moved.with_name(moved.name + ".upgraded"))
+    copy.rename(path)
+    run_as(daemon, previous_release()).start()
+    with Client(daemon.socket, timeout=30) as c:
         with pytest.raises(ProtocolError, match="versions"):  # the previous release: no such op
             c.versions()
-        assert [e.value for e in c.range(f"{me}/written-by-new", 0, 1 << 40)] == [
-            b"n%d" % i for i in range(100)
+        assert [e.value for e in c.range(f"{me}/written-by-old", 0, 1 << 40)] == [
+            b"o%d" % i for i in range(100)
         ]
-        assert c.kv_get("greeting", owner=me) == b"from this build"
+        assert c.kv_get("greeting", owner=me) == b"from the previous release"

@@ -92,6 +92,8 @@ class RunningDaemon:
     #: Every commit, to whoever subscribes (tests wait on commits through it).
     changes: ChangeFanout
     _scope: trio.CancelScope
+    #: The replication service's owner (tests look at the gossip state through it).
+    membership: Membership | None = None
 
     def stop(self) -> None:
         """Begin a clean shutdown (call from the daemon's trio thread)."""
@@ -231,7 +233,9 @@ async def run_daemon(
                             queues=len(engine.queues()),
                         )
                         task_status.started(
-                            RunningDaemon(config, identity, engine, sealer, changes, nursery.cancel_scope)
+                            RunningDaemon(
+                                config, identity, engine, sealer, changes, nursery.cancel_scope, membership
+                            )
                         )
                 finally:
                     notifier.stopping()

@@ -29,7 +29,7 @@ PROTOCOL_VERSIONS: Final = (1,)
 #: that speak it too). ``produce``: it commits offers other daemons forward into its queues.
 PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"produce"})
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
-STORE_SCHEMA: Final = 3
+STORE_SCHEMA: Final = 4
 #: Local API versions the daemon answers (a request names its version in ``v``).
 API_VERSIONS: Final = (1,)
 

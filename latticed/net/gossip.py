@@ -42,6 +42,7 @@ from latticed.errors import (
     LatticedError,
     ProtocolError,
 )
+from latticed.net.queue_errors import QueueErrors
 from latticed.net.transport import SecureStream
 from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import TICK_S, sleep_until_tick
@@ -226,6 +227,8 @@ class Gossip:
     #: (peer, our queue) -> when the peer was first seen holding more of it than we do, and our end then.
     #: Kept across reconnects, so a peer cannot restart its :data:`OWN_CATCH_UP_S` by dialling again.
     _claims: dict[tuple[bytes, QueueKey], tuple[float, int]] = field(default_factory=dict)
+    #: The last verification error each peer caused about each queue (``latticectl queue why``).
+    queue_errors: QueueErrors = field(default_factory=QueueErrors)
 
     # ------------------------------------------------------------------ the daemon calls these
     def local_change(self, key: QueueKey, summary: Summary, source: bytes | None = None) -> None:
@@ -500,7 +503,11 @@ class Gossip:
         pushes served ahead (their commits linger for company anyway: storage/writer.py)."""
         previous: PendingMerge | None = None
         async for event in deltas:
-            verified = await self.host.verify_delta(event.delta)
+            try:
+                verified = await self.host.verify_delta(event.delta)
+            except LatticedError as exc:
+                self.queue_errors.note(link.public_key, event.key, str(exc))
+                raise
             if (
                 previous is not None
                 and previous.ahead is None

@@ -40,12 +40,14 @@ from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExten
 from latticed.net.peerstate import PeerFaults
 from latticed.net.ports import ReplicaStore
 from latticed.net.transport import connect_failure, secure_accept, secure_connect
+from latticed.net.why_facts import peer_facts
 from latticed.process.logs import get_logger, log_event
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
 from latticed.protocol.replication import QueueKey
+from latticed.protocol.why_verdict import PeerFacts
 from latticed.storage.jobs import Merge
 from latticed.storage.wiring import ChangeFanout, OwnerFence
 
@@ -307,6 +309,10 @@ class Replication:
                 if behind > 0:
                     out[f"{state.owner.hex()}/{state.name}"] = behind
         return out
+
+    def queue_peers(self, owner: bytes, name: str, kind: int) -> list[PeerFacts]:
+        """What each peer holds of one queue, connected or not (``latticectl queue why``)."""
+        return peer_facts(self.gossip, self.book, self.faults.rules.blocked, (owner, name, kind))
 
     def remember(self, address: HostPort, public_key: bytes) -> None:
         """Keep a peer vouched for out of band (an invite), save the book, and dial it now."""

@@ -644,6 +644,11 @@ class ReplicationSession:
         link = self._links.get(key)
         return None if link is None else link.peer
 
+    def key_traffic(self, key: QueueKey) -> tuple[int, bool]:
+        """For ``key``: our DELTAs in flight to the peer (unacknowledged), and whether we asked it for one."""
+        link = self._links.get(key)
+        return (0, False) if link is None else (link.inflight, link.asked)
+
     @property
     def inflight(self) -> int:
         return self._inflight_total

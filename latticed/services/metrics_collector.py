@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from latticed.groups.service import GroupService
 from latticed.services.daemon_metrics import KIND_NAMES
+from latticed.services.lag_metrics import lag_histogram
 from latticed.services.service_ports import MetricsStore
 
 #: What ``Replication.counters()`` calls them -> (metric name, help).
@@ -116,6 +117,7 @@ class StateCollector:
         stored: Counter[tuple[str, str]] = Counter()
         forked = 0
         behind = 0
+        lags: list[int] = []
         for kind, kind_label in KIND_NAMES.items():
             for q in engine.queues(kind):
                 state = engine.state(q)
@@ -125,6 +127,7 @@ class StateCollector:
                 stored[labels] += state.held_end - state.start
                 forked += state.forked
                 behind += max(0, state.known_end - state.held_end)
+                lags.append(state.known_end - state.held_end)
         yield _by_labels(
             GaugeMetricFamily("latticed_queues", "Queues held, by kind and role.", labels=["kind", "role"]),
             queues,
@@ -147,6 +150,7 @@ class StateCollector:
             "Records their owners have signed that this daemon does not hold yet, summed over queues.",
             value=behind,
         )
+        yield lag_histogram(lags)
 
     def _storage(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(

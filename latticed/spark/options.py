@@ -2,7 +2,8 @@
 
 Names and defaults follow Spark's Kafka source where there is a counterpart (``startingOffsets``,
 ``endingOffsets``, ``failOnDataLoss``, ``includeHeaders``; ``maxRecordsPerTrigger`` is Kafka's
-``maxOffsetsPerTrigger``), so a ``format("kafka")`` job ports by renaming a few options. Spark hands
+``maxOffsetsPerTrigger``; the timestamp options: :mod:`latticed.spark.timestamps`), so a
+``format("kafka")`` job ports by renaming a few options. Spark hands
 options over case-insensitively; so does :func:`parse_options`.
 """
 
@@ -15,6 +16,8 @@ from typing import Final
 
 from latticed.crdt.records import MAX_OFFSET
 from latticed.errors import MalformedError
+from latticed.spark.time_options import OPTIONS as TIME_OPTIONS
+from latticed.spark.time_options import TimeSpec, parse_time_options
 
 #: Offset sentinels inside ``startingOffsets``/``endingOffsets`` JSON, as in Kafka.
 LATEST: Final = -1
@@ -45,6 +48,7 @@ KNOWN: Final = frozenset(
         "path",
         "paths",
     }
+    | TIME_OPTIONS
 )
 
 #: ``startingOffsets``/``endingOffsets``: "earliest", "latest", or queue spec -> offset (or sentinel).
@@ -67,6 +71,10 @@ class SourceOptions:
     include_headers: bool
     timeout: float
     replica_wait: float
+    #: ``startingTimestamp`` / ``startingOffsetsByTimestamp`` and the ending ones (latticed.spark.timestamps).
+    starting_by_time: TimeSpec | None = None
+    ending_by_time: TimeSpec | None = None
+    by_time_strategy: str = "error"
 
 
 def _bool(name: str, text: str) -> bool:
@@ -181,6 +189,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         )
     max_per_trigger = opts.get("maxrecordspertrigger")
     min_partitions = opts.get("minpartitions")
+    starting_by_time, ending_by_time, by_time_strategy = parse_time_options(opts, streaming=streaming)
     return SourceOptions(
         socket=opts.get("socket") or None,
         queues=queues,
@@ -203,6 +212,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         replica_wait=_seconds(
             "replicaWaitSeconds", opts.get("replicawaitseconds", str(DEFAULT_REPLICA_WAIT_S))
         ),
+        starting_by_time=starting_by_time,
+        ending_by_time=ending_by_time,
+        by_time_strategy=by_time_strategy,
     )
 
 

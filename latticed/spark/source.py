@@ -48,6 +48,7 @@ from latticed.spark.offsets import (
 )
 from latticed.spark.options import OffsetSpec, SourceOptions, parse_options
 from latticed.spark.partition_reader import LatticePartition, lattice_schema, read_partition
+from latticed.spark.timestamps import resolve as resolve_times
 
 SOURCE_NAME = "lattice"
 #: Pause before the one reconnect attempt of the driver's planner (systemd restarts latticed in ~2 s).
@@ -119,6 +120,27 @@ class _Planner:
             names.update(resolve_queues(self.client(), tuple(own)))
         return resolve_spec_keys(spec, names, option)
 
+    def bound(self, views: Mapping[str, QueueView], *, ending: bool) -> OffsetSpec:
+        """``startingOffsets`` (``endingOffsets``) with the timestamp options, which take precedence,
+        resolved to offsets against the daemon (latticed.spark.timestamps)."""
+        o = self.options
+        spec = self.spec(o.ending, "endingOffsets") if ending else self.spec(o.starting, "startingOffsets")
+        times = o.ending_by_time if ending else o.starting_by_time
+        if times is None:
+            return spec
+        if isinstance(times, dict):
+            option = "endingOffsetsByTimestamp" if ending else "startingOffsetsByTimestamp"
+            keyed = self.spec(times, option)
+            assert isinstance(keyed, dict)
+            times = keyed
+        return resolve_times(
+            views, times, self.offset_at, fallback=spec, ending=ending, strategy=o.by_time_strategy
+        )
+
+    def offset_at(self, queue: str, ts: int) -> tuple[int | None, int]:
+        reply = self.client().call("offsets_for_times", queue=queue, timestamp=ts)
+        return reply.get("offset"), int(reply["end"])
+
     def partitions(self, ranges: list[Range]) -> list[InputPartition]:
         o = self.options
         return [
@@ -156,8 +178,7 @@ class LatticeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # first batch pins it (see latticed.spark.offsets), so a re-run of batch 0 sees the same start.
         if self._initial is None:
             views = self._planner.views(strict=True)
-            starting = self._planner.spec(self._planner.options.starting, "startingOffsets")
-            self._initial = initial_offsets(views, starting)
+            self._initial = initial_offsets(views, self._planner.bound(views, ending=False))
         return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -209,8 +230,8 @@ class LatticeBatchReader(DataSourceReader):
         planner = self._planner
         try:
             views = planner.views(strict=True)
-            starting = planner.spec(planner.options.starting, "startingOffsets")
-            ending = planner.spec(planner.options.ending, "endingOffsets")
+            starting = planner.bound(views, ending=False)
+            ending = planner.bound(views, ending=True)
             start, end = batch_bounds(
                 views, starting, ending, fail_on_data_loss=planner.options.fail_on_data_loss
             )

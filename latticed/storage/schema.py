@@ -25,6 +25,8 @@ Layout notes (why it looks like this):
   expiry, else NULL) is indexed so expired keys are purged without reading the others.
 * ``queues.floor``/``floor_hash``: a replica's own low-watermark after it dropped its oldest records
   (retention's replica cap; 0 when it dropped none) and the chain value there.
+* ``times`` is the time index: per segment, the running maximum of the record timestamps, indexed, so
+  "the first offset at or after T" is a seek (:mod:`latticed.storage.timeindex`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from latticed.errors import StorageError
 from latticed.storage.codec import decode_kv_entry
 from latticed.storage.precopy import copy_path, keep_copy, pause_point
 from latticed.storage.sqlite import storage_error
+from latticed.storage.timeindex import backfill as backfill_time_index
+from latticed.storage.timeindex import create as create_time_index
 from latticed.version import RELEASE
 
 Migration = Callable[[sqlite3.Connection], None]
@@ -118,12 +122,23 @@ def _v3_retention(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX kv_expiry ON kv (ns, expires) WHERE expires IS NOT NULL")
 
 
+def _v4_time_index(conn: sqlite3.Connection) -> None:
+    """Add the time index (each segment's running maximum timestamp), filled in for stored records."""
+    create_time_index(conn)
+    backfill_time_index(conn)
+
+
 def entry_expiry(entry: kv.Entry) -> int | None:
     """When a key's joined entry stops being visible by itself (a plain value with a TTL), else None."""
     return entry.expires_ms if entry.kind == kv.PLAIN else None
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_queues_and_records, _v2_kv_view, _v3_retention)
+MIGRATIONS: tuple[Migration, ...] = (
+    _v1_queues_and_records,
+    _v2_kv_view,
+    _v3_retention,
+    _v4_time_index,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -10,7 +10,8 @@ record, concatenated (so any offset's chain value is one ``substr`` away), and `
 columns ``[keys, values, timestamps, headers]``. A small commit (single-record offers) writes a small
 segment; the store merges each run of :data:`COMPACT_EVERY` small segments of a queue into one
 (:func:`compact`), so a stream of tiny commits neither leaves a row per record nor rewrites a growing row
-on every commit. Truncation deletes whole segments below the new start and rewrites the one it cuts
+on every commit. Every change here keeps the time index (:mod:`latticed.storage.timeindex`) in step,
+in the same transaction. Truncation deletes whole segments below the new start and rewrites the one it cuts
 through, so truncated records are really gone.
 """
 
@@ -24,6 +25,7 @@ from typing import Any, Final
 import msgpack
 
 from latticed.crdt.records import Record, RecordRun
+from latticed.storage import timeindex
 
 SEGMENT_MAX_RECORDS: Final = 2048
 SEGMENT_MAX_BYTES: Final = 1 << 20
@@ -228,14 +230,19 @@ def bounds(conn: sqlite3.Connection, q: int) -> tuple[int, int] | None:
     return int(lo[0]), int(hi[0])
 
 
-def insert(conn: sqlite3.Connection, q: int, segment: Segment) -> None:
+def insert(conn: sqlite3.Connection, q: int, segment: Segment, *, timed: bool = True) -> None:
+    """Store ``segment`` (split into full-size rows); ``timed``: the store has the time index (the
+    functions here take it from the store, which looks once when it opens, not on every write)."""
+    parts = list(split(segment))
     conn.executemany(
         "INSERT INTO segments (q, first, count, chains, data) VALUES (?, ?, ?, ?, ?)",
-        ((q, part.first, *part.encode()) for part in split(segment)),
+        ((q, part.first, *part.encode()) for part in parts),
     )
+    if timed:
+        timeindex.added(conn, q, [(part.first, part.timestamps) for part in parts])
 
 
-def compact(conn: sqlite3.Connection, q: int, lo: int) -> None:
+def compact(conn: sqlite3.Connection, q: int, lo: int, *, timed: bool = True) -> None:
     """Merge the queue's segments from offset ``lo`` on (a run of small ones) into as few as fit."""
     rows = conn.execute(f"{_SELECT} WHERE q = ? AND first >= ? ORDER BY first", (q, lo)).fetchall()
     if len(rows) < 2:
@@ -244,27 +251,37 @@ def compact(conn: sqlite3.Connection, q: int, lo: int) -> None:
     for row in rows[1:]:
         merged.extend(Segment.decode(*row))
     conn.execute("DELETE FROM segments WHERE q = ? AND first >= ?", (q, lo))
-    insert(conn, q, merged)
+    if timed:
+        timeindex.removed_from(conn, q, lo)
+    insert(conn, q, merged, timed=timed)
 
 
-def delete_below(conn: sqlite3.Connection, q: int, lo: int) -> None:
+def delete_below(conn: sqlite3.Connection, q: int, lo: int, *, timed: bool = True) -> None:
     """Remove every record below ``lo``; the segment cut in two keeps only its upper part."""
     cut = containing(conn, q, lo)
     conn.execute("DELETE FROM segments WHERE q = ? AND first < ?", (q, lo))
+    if timed:
+        timeindex.removed_below(conn, q, lo)
     if cut is not None and cut.first < lo:
-        insert(conn, q, cut.slice(lo, cut.end))
+        insert(conn, q, cut.slice(lo, cut.end), timed=timed)
+    elif timed:
+        timeindex.retop(conn, q, lo, None)
 
 
-def delete_from(conn: sqlite3.Connection, q: int, hi: int) -> None:
+def delete_from(conn: sqlite3.Connection, q: int, hi: int, *, timed: bool = True) -> None:
     """Remove every record at or above ``hi`` (a join that kept a shorter run)."""
     cut = containing(conn, q, hi - 1) if hi > 0 else None
     conn.execute("DELETE FROM segments WHERE q = ? AND first + count > ?", (q, hi))
+    if timed:
+        timeindex.removed_from(conn, q, cut.first if cut is not None and cut.end > hi else hi)
     if cut is not None and cut.end > hi:
-        insert(conn, q, cut.slice(cut.first, hi))
+        insert(conn, q, cut.slice(cut.first, hi), timed=timed)
 
 
-def delete_all(conn: sqlite3.Connection, q: int) -> None:
+def delete_all(conn: sqlite3.Connection, q: int, *, timed: bool = True) -> None:
     conn.execute("DELETE FROM segments WHERE q = ?", (q,))
+    if timed:
+        timeindex.removed_from(conn, q, -1)
 
 
 __all__ = [

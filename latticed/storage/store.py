@@ -19,7 +19,7 @@ from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import Entries, QueueState
 from latticed.errors import StorageError
 from latticed.process.logs import get_logger, log_event
-from latticed.storage import segments
+from latticed.storage import segments, timeindex
 from latticed.storage.codec import (
     decode_kv_entry,
     decode_meta,
@@ -79,6 +79,8 @@ class Store:
             # Only speed is lost: commits then grow the WAL as they would without this.
             log_event(log, "store.wal_preallocation_failed", level=30, error=str(exc))
         self.rows = SqlRows(self._conn)
+        #: Whether the file has the time index, looked up once (only an older schema's lacks it).
+        self._timed = timeindex.present(self._conn)
         #: Per queue, the run of small segments written since its last compaction: (first offset, count).
         self._small: dict[int, tuple[int, int]] = {}
 
@@ -222,10 +224,10 @@ class Store:
         if isinstance(after, StoredEntries) and after.source is self.rows and after.q == q:
             keep_lo, keep_hi = after.lo, after.lo + after.stored
             if disk_hi > disk_lo and keep_lo > disk_lo:
-                segments.delete_below(conn, q, keep_lo)
+                segments.delete_below(conn, q, keep_lo, timed=self._timed)
                 deleted = True
             if disk_hi > keep_hi and disk_hi > disk_lo:
-                segments.delete_from(conn, q, keep_hi)
+                segments.delete_from(conn, q, keep_hi, timed=self._timed)
                 deleted = True
             records, chains = after.overlay
             if records:
@@ -236,14 +238,13 @@ class Store:
             # truncation emptied the queue: replace the records.
             self._small.pop(q, None)
             if disk_hi > disk_lo:
-                segments.delete_all(conn, q)
+                segments.delete_all(conn, q, timed=self._timed)
                 deleted = True
             n = len(after)
             if n:
                 all_chains = [after.chain(i) for i in range(n)]
-                segments.insert(
-                    conn, q, segments.Segment.from_records(new.start, after.records(), all_chains)
-                )
+                run = segments.Segment.from_records(new.start, after.records(), all_chains)
+                segments.insert(conn, q, run, timed=self._timed)
             stored = StoredEntries(self.rows, q, new.start, n, after.chain(n - 1) if n else None)
         if (
             new.head is not old.head
@@ -276,13 +277,13 @@ class Store:
     def _append(self, q: int, segment: segments.Segment) -> None:
         """Insert appended records; every COMPACT_EVERY small segments in a row are merged into one, so
         single-record commits cost one small insert each and still end up in full-size rows."""
-        segments.insert(self._conn, q, segment)
+        segments.insert(self._conn, q, segment, timed=self._timed)
         if len(segment) >= segments.SMALL_SEGMENT_RECORDS:
             self._small.pop(q, None)
             return
         first, count = self._small.get(q, (segment.first, 0))
         if count + 1 >= segments.COMPACT_EVERY:
-            segments.compact(self._conn, q, first)
+            segments.compact(self._conn, q, first, timed=self._timed)
             self._small.pop(q, None)
         else:
             self._small[q] = (first, count + 1)

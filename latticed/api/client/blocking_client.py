@@ -513,6 +513,14 @@ class Client(GroupOps, PeerOps, BundleOps):
         reply = self.call("last", queue=queue)
         return _entry(reply["queue"], reply["entry"])
 
+    def offsets_for_times(self, queue: str, ts_ms: int) -> tuple[int, int] | None:
+        """Kafka's ``offsetsForTimes`` for one queue: ``(offset, timestamp)`` of the first record held by
+        the daemon whose timestamp (ms since the epoch; the owner's clock at offer) is at or after
+        ``ts_ms``, or None when none is yet (docs/operations.md, "Reading by time")."""
+        reply = self.call("offsets_for_times", queue=queue, timestamp=ts_ms)
+        offset = reply.get("offset")
+        return None if offset is None else (int(offset), int(reply["timestamp"]))
+
     def range(self, queue: str, from_offset: int, to_offset: int) -> list[Entry]:
         """Records ``[from_offset, to_offset]`` (inclusive), clamped to what the queue holds."""
         r = self.call("range", queue=queue, **{"from": from_offset, "to": to_offset})

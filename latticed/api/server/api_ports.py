@@ -19,6 +19,7 @@ from latticed.crdt.records import Record
 from latticed.host.diskspace import DiskUsage
 from latticed.host.invite import Invite
 from latticed.protocol.addresses import HostPort
+from latticed.protocol.why_verdict import PeerFacts
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow, StoreReader
 from latticed.storage.sealer import SealableStore
@@ -106,6 +107,8 @@ class ReplicationView(Protocol):
     def peers(self) -> list[dict[str, Any]]: ...
 
     def lag(self) -> dict[str, int]: ...
+
+    def queue_peers(self, owner: bytes, name: str, kind: int) -> list[PeerFacts]: ...
 
     def counters(self) -> dict[str, int]: ...
 

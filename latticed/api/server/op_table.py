@@ -22,6 +22,8 @@ from latticed.api.server import (
     store_handlers,
     subscribe,
     tail,
+    time_handlers,
+    why_handlers,
 )
 from latticed.api.server.context import Context, Handler, OpTable, PipelinedHandler, Reply, Request
 
@@ -36,6 +38,8 @@ _REQUEST_REPLY: tuple[Mapping[str, Handler], ...] = (
     retention_handlers.OPS,
     store_handlers.OPS,
     subscribe.OPS,
+    time_handlers.OPS,
+    why_handlers.OPS,
 )
 
 
