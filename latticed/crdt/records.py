@@ -324,8 +324,15 @@ def _headers_fit(headers: Sequence[Headers]) -> bool:
     present = [h for h in headers if h]
     if not present:
         return True
-    if _types(present) != {tuple} or max(map(len, present)) > MAX_HEADERS:
+    if _types(present) != {tuple}:
         return False
+    try:  # equal headers checked once: a producer's records, or a batch's, mostly carry the same ones
+        distinct = set(present)
+    except TypeError:  # something unhashable inside: not a valid header anyway
+        return False
+    if max(map(len, distinct)) > MAX_HEADERS:
+        return False
+    present = list(distinct)
     pairs = list(chain.from_iterable(present))
     if _types(pairs) != {tuple} or set(map(len, pairs)) != {2}:
         return False
