@@ -131,7 +131,9 @@ def batch_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Rows:
     if value_column.null_count:
         raise MalformedError("lattice sink: a row's 'value' is null (a record always has a value)")
     values = _binary(value_column, "value")
-    keys = _binary(batch.column(names.index("key")), "key") if "key" in names else [None] * n
+    keys: list[bytes | None] = (
+        _binary(batch.column(names.index("key")), "key") if "key" in names else [None] * n
+    )
     headers = (
         [_headers(h) for h in batch.column(names.index("headers")).to_pylist()]
         if "headers" in names
