@@ -12,6 +12,9 @@ import pytest
 from latticed.crdt import queue as core
 from latticed.crdt.errors import MalformedError
 from latticed.crdt.records import (
+    MAX_HEADER_KEY_BYTES,
+    MAX_HEADER_VALUE_BYTES,
+    MAX_HEADERS,
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
     Record,
@@ -143,6 +146,10 @@ GOOD: dict[str, Any] = {"value": b"v", "key": None, "timestamp": 1, "headers": (
         {"headers": ((1, b"v"),)},
         {"headers": [("h", b"v")]},
         {"headers": (("h", b"v", b"w"),)},
+        {"headers": (("h", b"v"),) * (MAX_HEADERS + 1)},
+        {"headers": (("\u00e9" * (MAX_HEADER_KEY_BYTES // 2 + 1), b"v"),)},  # 1 char, 2 bytes
+        {"headers": (("h", b"v" * (MAX_HEADER_VALUE_BYTES + 1)),)},
+        {"headers": (("h", b"v"), ("h", bytearray(b"v")))},
     ],
 )
 def test_a_run_is_checked_as_each_of_its_records(change: dict[str, Any]) -> None:
@@ -169,6 +176,22 @@ def test_good_runs_pass_the_check() -> None:
     check_records(RecordRun([], [], []))
     check_records(RecordRun([b"x" * MAX_VALUE_BYTES], [b"k" * MAX_KEY_BYTES], [2**63 - 1]))
     check_records(RecordRun([b""], [b""], [-(2**63)]))
+
+
+class Name(str):
+    """A str subclass: check_record takes it as a header name, so a run must too."""
+
+
+def test_runs_at_the_header_limits_pass_as_their_records_do() -> None:
+    limits = (
+        (("\u00e9" * (MAX_HEADER_KEY_BYTES // 2), b"v" * MAX_HEADER_VALUE_BYTES),),
+        (("h", b""),) * MAX_HEADERS,
+        ((Name("n"), b"v"),),
+        (),
+    )
+    for headers in limits:
+        check_record(Record(b"v", None, 1, headers))
+    check_records(RecordRun([b"v"] * len(limits), [None] * len(limits), [1] * len(limits), limits))
 
 
 def test_committing_a_run_equals_committing_its_records() -> None:

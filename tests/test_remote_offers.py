@@ -25,7 +25,7 @@ from latticed.errors import (
 )
 from latticed.net.leasing import LeaseLinks
 from latticed.produce.forward import RemoteOffers
-from latticed.produce.owner import OfferServer, WithOffers
+from latticed.produce.owner import OfferServer, WithOffers, produced_run
 from latticed.produce.policy import PRODUCER_HEADER, producers_meta
 from latticed.protocol.versions import UNSTATED, Agreement
 from latticed.storage.engine import Engine
@@ -228,3 +228,40 @@ class Old:
 
     def peer_gone(self, peer: bytes) -> None:
         pass
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        "records",
+        [(b"v", None, [])],  # a tuple, not msgpack's list
+        [[b"v", None]],
+        [[b"v", None, [], None, None]],
+        [["text", None, []]],
+        [[b"v", "key", []]],
+        [[b"v", None, [], -1]],
+        [[b"v", None, [], True]],
+        [[b"v", None, [], 1.5]],
+        [[b"v", None, 0]],
+        [[b"v", None, "headers"]],
+        [[b"v", None, [["h", "text"]]]],
+        [[b"v", None, [["lattice.producer", b"forged"]]]],
+        [[b"ok", None, []], [b"v", None, [["lattice.producer", b"forged"]]]],
+    ],
+)
+def test_offered_records_are_checked_before_anything_is_written(bad: Any) -> None:
+    with pytest.raises(MalformedError):
+        produced_run(bad, "ab" * 32, 5)
+
+
+def test_offered_records_are_stamped_with_the_producer_and_keep_their_headers() -> None:
+    run = produced_run(
+        [[b"a", None, []], [b"b", b"k", [["h", b"v"]], 7], [b"c", None, None, None]], "ab" * 32, 5
+    )
+    stamp = ("lattice.producer", b"ab" * 32)
+    assert [(r.value, r.key, r.timestamp, r.headers) for r in run] == [
+        (b"a", None, 5, (stamp,)),
+        (b"b", b"k", 7, (("h", b"v"), stamp)),
+        (b"c", None, 5, (stamp,)),
+    ]

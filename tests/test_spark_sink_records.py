@@ -24,6 +24,8 @@ from latticed.spark.sink import check_schema, parse_sink_options  # noqa: E402
 from latticed.spark.sink_records import (  # noqa: E402
     CHUNKS_PER_EPOCH,
     batch_records,
+    batch_rows,
+    chunk_rows,
     chunks,
     producer_id,
     sequence,
@@ -108,3 +110,45 @@ def test_the_schema_is_kafkas_sink_shape() -> None:
         check_schema(StructType([StructField("value", IntegerType())]), has_queue_option=True)
     with pytest.raises(MalformedError, match="unknown column"):
         check_schema(StructType([*good.fields, StructField("topic", StringType())]), has_queue_option=True)
+
+
+def test_whole_batches_are_cut_exactly_as_row_by_row() -> None:
+    """The sink cuts an Arrow batch for one queue a slice at a time: the chunks (and so the sequences a
+    retried task sends) must be the ones a row-by-row cut makes, across batch boundaries too."""
+    values = [b"v" * (i % 17) for i in range(500)]
+    batches = [
+        pa.record_batch({"value": pa.array(values[lo:hi], pa.binary())})
+        for lo, hi in ((0, 1), (1, 130), (130, 131), (131, 400), (400, 500))
+    ]
+    for max_records, max_bytes in ((7, 1 << 20), (1000, 200), (13, 333), (1, 1), (500, 1 << 30)):
+        rows = [row for b in batches for row in batch_records(b, "q", resolve)]
+        expected = [
+            (c.queue, c.index, c.records, c.size)
+            for c in chunks(rows, max_records=max_records, max_bytes=max_bytes)
+        ]
+        sliced = chunk_rows(
+            (batch_rows(b, "q", resolve) for b in batches), max_records=max_records, max_bytes=max_bytes
+        )
+        assert [(c.queue, c.index, c.records, c.size) for c in sliced] == expected
+        assert sum(len(c[2]) for c in expected) == 500
+
+
+def test_a_queue_column_naming_one_queue_or_several_cuts_the_same_as_row_by_row() -> None:
+    batch = pa.record_batch(
+        {"value": pa.array([b"x" * i for i in range(40)]), "queue": pa.array(["a", "b", "a", "a"] * 10)}
+    )
+    one = pa.record_batch({"value": pa.array([b"y"] * 9), "queue": pa.array(["a"] * 9)})
+    for max_records, max_bytes in ((3, 1 << 20), (100, 120)):
+        rows = [row for b in (batch, one) for row in batch_records(b, None, resolve)]
+        expected = [
+            (c.queue, c.index, c.records) for c in chunks(rows, max_records=max_records, max_bytes=max_bytes)
+        ]
+        sliced = chunk_rows(
+            (batch_rows(b, None, resolve) for b in (batch, one)), max_records=max_records, max_bytes=max_bytes
+        )
+        assert [(c.queue, c.index, c.records) for c in sliced] == expected
+
+
+def test_columns_of_other_types_are_refused() -> None:
+    with pytest.raises(MalformedError, match="not string or binary"):
+        batch_rows(pa.record_batch({"value": pa.array([1])}), "q", resolve)

@@ -37,6 +37,7 @@ _CHAIN_PERSON = b"latticed.chain1"
 _U64 = struct.Struct(">Q")
 _FIXED = struct.Struct(">QqBII")  # offset, timestamp, has_key, key length, value length
 _HDR = struct.Struct(">HI")
+_HDR_COUNT = struct.Struct(">H")
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -309,11 +310,38 @@ def check_records(records: Sequence[Record]) -> None:
             raise MalformedError(f"record key must be bytes of at most {MAX_KEY_BYTES} bytes")
     if _types(timestamps) != {int} or min(timestamps) < -(2**63) or max(timestamps) >= 2**63:
         raise MalformedError("record timestamp must be a 64-bit integer (ms)")
-    if headers is not None:
+    if headers is not None and not _headers_fit(headers):
         for value, key, timestamp, header in zip(values, keys, timestamps, headers, strict=True):
             if header:
                 check_record(Record(value, key, timestamp, header))
     object.__setattr__(records, "_checked", True)
+
+
+def _headers_fit(headers: Sequence[Headers]) -> bool:
+    """Whether every record's headers pass :func:`check_record`'s header rules, checked a column at a
+    time (records of one batch mostly carry the same few header names). False means "not sure": the
+    caller checks record by record, so the verdict, and its error, are exactly :func:`check_record`'s."""
+    present = [h for h in headers if h]
+    if not present:
+        return True
+    if _types(present) != {tuple}:
+        return False
+    try:  # equal headers checked once: a producer's records, or a batch's, mostly carry the same ones
+        distinct = set(present)
+    except TypeError:  # something unhashable inside: not a valid header anyway
+        return False
+    if max(map(len, distinct)) > MAX_HEADERS:
+        return False
+    present = list(distinct)
+    pairs = list(chain.from_iterable(present))
+    if _types(pairs) != {tuple} or set(map(len, pairs)) != {2}:
+        return False
+    names, values = zip(*pairs, strict=True)
+    if _types(names) != {str} or _types(values) != {bytes}:
+        return False
+    if max(map(len, values)) > MAX_HEADER_VALUE_BYTES:
+        return False
+    return all(len(name.encode()) <= MAX_HEADER_KEY_BYTES for name in set(names))
 
 
 def _types(column: Iterable[Any]) -> set[type]:
@@ -332,6 +360,18 @@ def encode_record(record: Record, offset: int) -> bytes:
         parts.append(_HDR.pack(len(raw), len(header_value)))
         parts.append(raw)
         parts.append(header_value)
+    return b"".join(parts)
+
+
+def _encode_columns(offset: int, key: bytes | None, value: bytes, timestamp: int, headers: Headers) -> bytes:
+    """:func:`encode_record` from a run's columns (no Record built)."""
+    fixed = _FIXED.pack(offset, timestamp, key is not None, len(key) if key else 0, len(value))
+    if not headers:
+        return b"".join((fixed, key or b"", value, _NO_HEADERS))
+    parts = [fixed, key or b"", value, _HDR_COUNT.pack(len(headers))]
+    for name, header_value in headers:
+        raw = name.encode()
+        parts += (_HDR.pack(len(raw), len(header_value)), raw, header_value)
     return b"".join(parts)
 
 
@@ -405,7 +445,9 @@ def _chain_part(base: bytes, first_offset: int, records: Sequence[Record], out: 
     offsets = range(first_offset, first_offset + n)
     pack = _FIXED.pack
     encoded: Iterable[bytes]
-    if has_headers:
+    if has_headers and type(records) is RecordRun:
+        encoded = list(map(_encode_columns, offsets, keys, values, timestamps, records.headers or ()))
+    elif has_headers:
         encoded = [encode_record(r, offset) for r, offset in zip(records, offsets, strict=True)]
     elif keys.count(None) == n:
         fixed = map(pack, offsets, timestamps, repeat(0, n), repeat(0, n), map(len, values))

@@ -36,7 +36,7 @@ from pyspark.sql.types import (
 from latticed.errors import MalformedError
 from latticed.process.logs import get_logger, log_event
 from latticed.spark.local_daemon import connect
-from latticed.spark.sink_records import COLUMNS, batch_records, chunks, producer_id, sequence
+from latticed.spark.sink_records import COLUMNS, batch_rows, chunk_rows, producer_id, sequence
 
 log = get_logger(__name__)
 
@@ -194,10 +194,10 @@ class _Plan:
         partition = context.partitionId() if context is not None else 0
         producer = producer_id(scope, partition)
         o = self.options
-        rows = (row for batch in batches for row in batch_records(batch, o.queue, self.resolve))
+        rows = (batch_rows(batch, o.queue, self.resolve) for batch in batches)
         written = duplicates = 0
         with connect(o.socket, o.timeout) as client:
-            for chunk in chunks(rows, max_records=o.records_per_offer, max_bytes=BYTES_PER_OFFER):
+            for chunk in chunk_rows(rows, max_records=o.records_per_offer, max_bytes=BYTES_PER_OFFER):
                 answer = client.produce(
                     chunk.queue,
                     chunk.records,

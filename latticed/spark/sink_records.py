@@ -19,8 +19,10 @@ the owner refuses a sequence whose record count changed, and the task fails rath
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate, repeat
 from typing import Any, Final
 
 import pyarrow as pa
@@ -94,48 +96,150 @@ def _timestamps(column: pa.Array) -> list[int | None]:
     raise MalformedError(f"lattice sink: column 'timestamp' is {column.type}, not a timestamp or long")
 
 
-def batch_records(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Iterator[tuple[str, Record]]:
-    """``(queue address, record)`` per row of ``batch``; ``queue`` (the option) wins over the column,
+def _binary(column: pa.Array, name: str) -> list[bytes | None]:
+    """A string or binary column as bytes (strings cast to their UTF-8 bytes by Arrow, not row by row)."""
+    if pa.types.is_string(column.type):
+        column = column.cast(pa.binary())
+    elif pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    elif not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        raise MalformedError(f"lattice sink: column {name!r} is {column.type}, not string or binary")
+    values: list[bytes | None] = column.to_pylist()
+    return values
+
+
+def _lengths(column: list[bytes | None]) -> list[int]:
+    return [0 if v is None else len(v) for v in column]
+
+
+@dataclass(slots=True)
+class Rows:
+    """One Arrow batch's rows as records: ``queues`` is one address for every row, or one per row;
+    ``sizes`` what each record counts towards a chunk's bytes."""
+
+    queues: str | list[str]
+    records: list[Record]
+    sizes: list[int]
+
+
+def batch_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Rows:
+    """The records of ``batch``, a column at a time; ``queue`` (the option) wins over the column,
     ``resolve`` turns a column's ``NAME`` into ``OWNER/NAME``."""
     names = batch.schema.names
     n = batch.num_rows
-    values = batch.column(names.index("value")).to_pylist()
-    keys = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * n
-    headers = batch.column(names.index("headers")).to_pylist() if "headers" in names else [None] * n
-    stamps = _timestamps(batch.column(names.index("timestamp"))) if "timestamp" in names else [None] * n
-    queues: Sequence[Any] = (
-        [queue] * n if queue is not None else batch.column(names.index("queue")).to_pylist()
+    value_column = batch.column(names.index("value"))
+    if value_column.null_count:
+        raise MalformedError("lattice sink: a row's 'value' is null (a record always has a value)")
+    values = _binary(value_column, "value")
+    keys: list[bytes | None] = (
+        _binary(batch.column(names.index("key")), "key") if "key" in names else [None] * n
     )
-    for value, key, hdr, ts, q in zip(values, keys, headers, stamps, queues, strict=True):
-        if value is None:
-            raise MalformedError("lattice sink: a row's 'value' is null (a record always has a value)")
-        if q is None or q == "":
+    headers = (
+        [_headers(h) for h in batch.column(names.index("headers")).to_pylist()]
+        if "headers" in names
+        else [[]] * n
+    )
+    stamps = _timestamps(batch.column(names.index("timestamp"))) if "timestamp" in names else [None] * n
+    sizes = list(map(sum, zip(_lengths(values), _lengths(keys), repeat(RECORD_OVERHEAD, n), strict=True)))
+    if "headers" in names:
+        sizes = [size + sum(len(k) + len(v) for k, v in h) for size, h in zip(sizes, headers, strict=True)]
+    queues: str | list[str]
+    if queue is not None:
+        queues = resolve(queue)
+    else:
+        raw = batch.column(names.index("queue")).to_pylist()
+        if None in raw or "" in raw:
             raise MalformedError("lattice sink: a row's 'queue' is null; set it, or the 'queue' option")
-        record: Record = [_text_or_bytes(value, "value")]
-        record.append(None if key is None else _text_or_bytes(key, "key"))
-        record += [_headers(hdr), ts]
-        yield resolve(q), record
+        named = {q: resolve(q) for q in set(raw)}
+        queues = named[raw[0]] if len(named) == 1 else [named[q] for q in raw]
+    records = list(map(list, zip(values, keys, headers, stamps, strict=True)))
+    return Rows(queues, records, sizes)
+
+
+def batch_records(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Iterator[tuple[str, Record]]:
+    """``(queue address, record)`` per row of ``batch`` (see :func:`batch_rows`)."""
+    rows = batch_rows(batch, queue, resolve)
+    queues = repeat(rows.queues) if isinstance(rows.queues, str) else rows.queues
+    return zip(queues, rows.records, strict=False)  # one address repeated, or one a row
+
+
+def record_size(record: Record) -> int:
+    """What a record counts towards a chunk's ``max_bytes``."""
+    return (
+        len(record[0]) + len(record[1] or b"") + RECORD_OVERHEAD + sum(len(k) + len(v) for k, v in record[2])
+    )
+
+
+class _Cutter:
+    """Cuts records into per-queue chunks; a chunk closes once it holds ``max_records`` records or
+    ``max_bytes`` bytes, so the same rows in the same order are cut the same way, however they are fed."""
+
+    def __init__(self, max_records: int, max_bytes: int) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.open: dict[str, Chunk] = {}
+        self.counts: dict[str, int] = {}
+
+    def chunk(self, queue: str) -> Chunk:
+        chunk = self.open.get(queue)
+        if chunk is None:
+            index = self.counts.get(queue, 0)
+            self.counts[queue] = index + 1
+            chunk = self.open[queue] = Chunk(queue, index)
+        return chunk
+
+    def add(self, queue: str, record: Record, size: int) -> Chunk | None:
+        """One record; the chunk it closed, if any."""
+        chunk = self.chunk(queue)
+        chunk.records.append(record)
+        chunk.size += size
+        if len(chunk.records) >= self.max_records or chunk.size >= self.max_bytes:
+            del self.open[queue]
+            return chunk
+        return None
+
+    def add_all(self, queue: str, records: list[Record], sizes: list[int]) -> Iterator[Chunk]:
+        """Records of one queue, sliced by a running sum instead of one at a time (same cut as
+        :meth:`add`); yields the chunks they closed."""
+        i, n = 0, len(records)
+        while i < n:
+            chunk = self.chunk(queue)
+            room = self.max_records - len(chunk.records)
+            running = list(accumulate(sizes[i : i + room]))
+            full = bisect_left(running, self.max_bytes - chunk.size)  # first record reaching max_bytes
+            take = full + 1 if full < len(running) else len(running)
+            chunk.records += records[i : i + take]
+            chunk.size += running[take - 1]
+            i += take
+            if len(chunk.records) >= self.max_records or chunk.size >= self.max_bytes:
+                del self.open[queue]
+                yield chunk
+
+
+def chunk_rows(batches: Iterable[Rows], *, max_records: int, max_bytes: int) -> Iterator[Chunk]:
+    """:func:`chunks` of the rows of many batches (a batch for one queue goes a slice at a time)."""
+    cutter = _Cutter(max_records, max_bytes)
+    for rows in batches:
+        if isinstance(rows.queues, str):
+            yield from cutter.add_all(rows.queues, rows.records, rows.sizes)
+            continue
+        for queue, record, size in zip(rows.queues, rows.records, rows.sizes, strict=True):
+            closed = cutter.add(queue, record, size)
+            if closed is not None:
+                yield closed
+    yield from cutter.open.values()
 
 
 def chunks(rows: Iterable[tuple[str, Record]], *, max_records: int, max_bytes: int) -> Iterator[Chunk]:
     """The rows cut into per-queue chunks of at most ``max_records`` records and about ``max_bytes``
     (a chunk closes once it reaches either), each queue's in row order; the last partial chunks come at
     the end in the order their queues first appeared."""
-    open_chunks: dict[str, Chunk] = {}
-    counts: dict[str, int] = {}
+    cutter = _Cutter(max_records, max_bytes)
     for queue, record in rows:
-        chunk = open_chunks.get(queue)
-        if chunk is None:
-            index = counts.get(queue, 0)
-            counts[queue] = index + 1
-            chunk = open_chunks[queue] = Chunk(queue, index)
-        chunk.records.append(record)
-        chunk.size += len(record[0]) + len(record[1] or b"") + RECORD_OVERHEAD
-        chunk.size += sum(len(k) + len(v) for k, v in record[2])
-        if len(chunk.records) >= max_records or chunk.size >= max_bytes:
-            del open_chunks[queue]
-            yield chunk
-    yield from open_chunks.values()
+        closed = cutter.add(queue, record, record_size(record))
+        if closed is not None:
+            yield closed
+    yield from cutter.open.values()
 
 
 __all__ = [
@@ -143,8 +247,12 @@ __all__ = [
     "COLUMNS",
     "Chunk",
     "Record",
+    "Rows",
     "batch_records",
+    "batch_rows",
+    "chunk_rows",
     "chunks",
+    "record_size",
     "producer_id",
     "sequence",
 ]
