@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 
 import pytest
 from hypothesis import given
@@ -475,7 +476,6 @@ def test_incoming_links_count_within_the_view() -> None:
 
 
 def test_passive_peers_are_chosen_at_random_not_by_address() -> None:
-    import random
 
     picks = set()
     for seed in range(8):
