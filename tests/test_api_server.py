@@ -175,7 +175,9 @@ def test_queue_ops(client: Client) -> None:
     assert client.call("info", queue="orders")["info"] == info  # CAD040's name for it
     assert client.read("orders", 0).offsets == [2]
     assert [e.offset for e in client.tail("orders", None, follow=False)] == [2]
-    assert any(q["queue"] == full for q in client.queue_list())
+    assert [q for q in client.queue_list() if q["queue"] == full] == [info]
+    client.offer("orders", b"v3")  # a listed queue that changes is listed anew
+    assert [q["end_offset"] for q in client.queue_list() if q["queue"] == full] == [4]
 
 
 def test_kv_ops(client: Client) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 
 import pytest
 from hypothesis import given
@@ -416,3 +417,102 @@ def test_persistence_limits_and_drops() -> None:
 def test_corrupt_peer_book_is_malformed(text: str | bytes) -> None:
     with pytest.raises(MalformedError):
         PeerBook.from_json(text, now=T0)
+
+
+# --- the active view ------------------------------------------------------------------------------
+
+
+def mdns_peers(b: PeerBook, n: int, now: float = T0) -> list[tuple[tuple[str, int], bytes]]:
+    peers = [((f"192.0.2.{100 + i}", 7000), bytes([100 + i]) * 32) for i in range(n)]
+    for address, key in peers:
+        b.add(address, "mdns", now=now, public_key=key)
+    return peers
+
+
+def test_discovery_fills_the_active_view_and_no_more() -> None:
+    b = book(active_view=4)
+    peers = mdns_peers(b, 15)
+    first = b.due(T0)
+    assert len(first) == 4
+    assert b.due(T0 + 1000) == []  # eleven known, none dialled: the view is full
+    keys = dict(peers)
+    for address in first:
+        b.connected(address, keys[address], T0)
+    assert b.due(T0 + 1000) == []
+    assert b.next_due(T0 + 1000) is None  # nothing to wake up for until a link drops
+
+
+def test_a_dropped_link_makes_room_for_one_passive_peer() -> None:
+    b = book(active_view=4)
+    keys = dict(mdns_peers(b, 15))
+    active = b.due(T0)
+    for address in active:
+        b.connected(address, keys[address], T0)
+    b.disconnected(active[0], T0 + 100)
+    (replacement,) = b.due(T0 + 100)
+    assert replacement not in active
+    assert b.due(T0 + 100) == []
+
+
+def test_static_peers_count_within_the_view_and_are_always_dialled() -> None:
+    b = book(active_view=2)
+    statics = [("198.51.100.1", 7000), ("198.51.100.2", 7000), ("198.51.100.3", 7000)]
+    b.add_static(statics, now=T0)
+    mdns_peers(b, 5)
+    assert b.due(T0) == statics  # all three, though the view holds two; no mDNS peer now
+    for i, address in enumerate(statics):
+        b.connected(address, bytes([50 + i]) * 32, T0)
+    assert b.due(T0 + 1000) == []
+    b.disconnected(statics[0], T0 + 1000)
+    assert b.due(T0 + 1000 + 60) == [statics[0]]  # redialled after its backoff, view full or not
+
+
+def test_incoming_links_count_within_the_view() -> None:
+    b = book(active_view=3)
+    mdns_peers(b, 6)
+    for i in range(2):
+        b.connected((f"203.0.113.{i}", 40000 + i), bytes([200 + i]) * 32, T0, incoming=True)
+    assert len(b.due(T0)) == 1
+
+
+def test_passive_peers_are_chosen_at_random_not_by_address() -> None:
+
+    picks = set()
+    for seed in range(8):
+        b = book(active_view=1, rng=random.Random(seed).random)
+        mdns_peers(b, 10)
+        picks.update(b.due(T0))
+    assert len(picks) > 2  # daemons that see the same LAN do not all dial the same peer
+
+
+def test_a_peer_dialling_us_beyond_max_links_is_turned_away_unless_configured() -> None:
+    b = book(active_view=2, max_links=3)
+    static = ("198.51.100.9", 7000)
+    b.add_static([static], now=T0)
+    for i in range(3):
+        key = bytes([200 + i]) * 32
+        b.connected((f"203.0.113.{i}", 40000 + i), key, T0, incoming=True)
+        assert not b.over_view(key)
+    extra = bytes([210]) * 32
+    b.connected(("203.0.113.9", 40009), extra, T0, incoming=True)
+    assert b.over_view(extra)
+    b.due(T0)
+    b.connected(static, PK_C, T0)
+    assert not b.over_view(PK_C)  # the operator's peer is kept, over the bound or not
+
+
+def test_a_peer_a_caller_hurries_is_dialled_though_the_view_is_full() -> None:
+    b = book(active_view=1)
+    keys = dict(mdns_peers(b, 3))
+    (active,) = b.due(T0)
+    b.connected(active, keys[active], T0)
+    owner = next(a for a in keys if a != active)
+    b.failed(owner, T0)  # backing off, and passive anyway
+    assert b.due(T0) == []
+    assert b.hurry(keys[owner], T0)
+    assert b.due(T0) == [owner]
+
+
+def test_an_empty_active_view_is_refused() -> None:
+    with pytest.raises(MalformedError):
+        book(active_view=0)

@@ -39,8 +39,48 @@ FRAME_OVERHEAD: Final = 64 * 1024
 COLUMNS: Final = ("offsets", "keys", "values", "timestamps", "headers")
 
 
+class Packed(bytes):
+    """A value encoded already (msgpack): :func:`pack` splices it into a reply map as the value it
+    encodes, so a reply built from many cached parts is not encoded again (``queue list``)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, obj: Any) -> Packed:
+        return cls(pack(obj))
+
+
+def pack_array(items: list[bytes]) -> Packed:
+    """A msgpack array of values each encoded already."""
+    n = len(items)
+    if n < 16:
+        header = bytes((0x90 | n,))
+    elif n < 1 << 16:
+        header = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        header = b"\xdd" + n.to_bytes(4, "big")
+    return Packed(header + b"".join(items))
+
+
 def pack(obj: Any) -> bytes:
+    if type(obj) is dict and any(type(v) is Packed for v in obj.values()):
+        return _pack_map(obj)
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _pack_map(obj: dict[Any, Any]) -> bytes:
+    """A map with :class:`Packed` values, which go in as they are."""
+    n = len(obj)
+    if n < 16:
+        parts = [bytes((0x80 | n,))]
+    elif n < 1 << 16:
+        parts = [b"\xde" + n.to_bytes(2, "big")]
+    else:
+        parts = [b"\xdf" + n.to_bytes(4, "big")]
+    for key, value in obj.items():
+        parts.append(msgpack.packb(key, use_bin_type=True))
+        parts.append(value if type(value) is Packed else msgpack.packb(value, use_bin_type=True))
+    return b"".join(parts)
 
 
 def unpack(data: bytes) -> Any:
@@ -216,7 +256,9 @@ __all__ = [
     "arg_str",
     "error_body",
     "error_reply",
+    "Packed",
     "pack",
+    "pack_array",
     "parse_headers",
     "unpack",
 ]

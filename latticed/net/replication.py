@@ -632,6 +632,12 @@ async def _serve_incoming(
     # Recorded in the book (never dialled) so the dialer does not redial an identity that is connected.
     if remote is not None:
         service.book.connected(remote, peer, time.time(), incoming=True)
+        if service.book.over_view(peer):
+            # Links enough already (the active view): the peer backs off and dials another it knows.
+            log_event(log, "peer.over_view", peer=peer.hex(), address=peer_address)
+            service.book.disconnected(remote, time.time())
+            await secure.aclose()
+            return
     try:
         await service.gossip.run_peer(secure, peer_address, "incoming")
     finally:

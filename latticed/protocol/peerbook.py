@@ -11,6 +11,14 @@ addresses are the operator's: they are retried for ever, never forgotten for fai
     when a connection ends                  → book.disconnected(address, now)
     sleep until book.next_due() or until something changes
 
+Discovery does not decide how many links a daemon keeps (HyParView's active view): peers found by
+mDNS or remembered from earlier runs are dialled only while fewer than ``active_view`` identities are
+connected or being dialled, in both directions; the others stay known (passive) and one of them is dialled
+when an active link drops, chosen at random so that daemons that all see the same LAN do not all pick the
+same few peers. Static and added addresses count within the view but are always dialled. A peer that
+dials us while we already hold ``max_links`` links is turned away (:meth:`PeerBook.over_view`) unless the
+operator configured it.
+
 Liveness is the gossip layer's business (pings), never mDNS's: python-zeroconf keeps a vanished peer's
 records for ~19 minutes. So an mDNS sighting only adds an address (and, if it was backing off, makes it due
 now); it neither marks anything connected nor keeps anything alive, and an mDNS entry is retried like any
@@ -39,6 +47,7 @@ from latticed.errors import MalformedError, NotFoundError
 from latticed.protocol.addresses import HostPort
 
 __all__ = [
+    "DEFAULT_ACTIVE_VIEW",
     "DEFAULT_FORGET_AFTER",
     "DEFAULT_FORGET_FAILURES",
     "DEFAULT_MAX_REMEMBERED",
@@ -60,6 +69,10 @@ DEFAULT_STABLE_AFTER: Final = 30.0
 DEFAULT_FORGET_FAILURES: Final = 12
 #: ... if it never connected, or its last connection is older than this (seconds).
 DEFAULT_FORGET_AFTER: Final = 30 * 24 * 3600.0
+#: Identities this daemon links to in both directions before it stops dialling peers it found itself
+#: (mDNS, remembered): enough for a connected overlay that heals (HyParView's c + 1 with c = 4), few
+#: enough that a LAN of many daemons is not a full mesh (each link carries every record's copy or HAVE).
+DEFAULT_ACTIVE_VIEW: Final = 5
 #: At most this many peers are persisted, most recently seen first.
 DEFAULT_MAX_REMEMBERED: Final = 256
 _JSON_VERSION: Final = 1
@@ -145,10 +158,24 @@ class _Entry:
     next_attempt: float = 0.0
     connected_since: float | None = None
     last_seen: float | None = None
+    #: Random, drawn once: the order among passive peers due at the same time.
+    rank: float = 0.0
+    #: A caller needs a link to this peer now (:meth:`PeerBook.hurry`): dialled whatever the view holds.
+    hurried: bool = False
 
     @property
     def dialable(self) -> bool:
         return bool(self.sources - {"incoming"})
+
+    @property
+    def operator(self) -> bool:
+        """Configured by the operator (static or added): always dialled, whatever the view holds."""
+        return bool(self.sources & {"static", "added"})
+
+    @property
+    def kept(self) -> bool:
+        """Dialled whatever the active view holds: the operator's, or one a caller is waiting for."""
+        return self.hurried or self.operator
 
 
 def _check_address(address: HostPort) -> HostPort:
@@ -185,7 +212,15 @@ class PeerBook:
         forget_failures: int = DEFAULT_FORGET_FAILURES,
         forget_after: float = DEFAULT_FORGET_AFTER,
         max_remembered: int = DEFAULT_MAX_REMEMBERED,
+        active_view: int = DEFAULT_ACTIVE_VIEW,
+        max_links: int | None = None,
     ) -> None:
+        if active_view < 1:
+            raise MalformedError(f"the active view holds at least one peer, got {active_view}")
+        #: Links kept to peers found by discovery (see the module docstring)...
+        self.active_view = active_view
+        #: ... and links at most, incoming ones included, before a peer that dials us is turned away.
+        self.max_links = max_links if max_links is not None else 2 * active_view
         self.backoff = backoff if backoff is not None else Backoff()
         self._rng = rng if rng is not None else random.SystemRandom().random
         self._own = _check_public_key(own_public_key) if own_public_key is not None else None
@@ -219,7 +254,7 @@ class PeerBook:
         entry = self._entries.get(address)
         if entry is None:
             self._entries[address] = _Entry(
-                address=address, sources={source}, public_key=public_key, next_attempt=now
+                address=address, sources={source}, public_key=public_key, next_attempt=now, rank=self._rng()
             )
             return True
         entry.sources.add(source)
@@ -260,6 +295,7 @@ class PeerBook:
         for entry in self._entries.values():
             if entry.public_key == public_key and entry.dialable:
                 found = True
+                entry.hurried = True
                 if entry.state is PeerState.IDLE:
                     entry.next_attempt = min(entry.next_attempt, now)
         return found
@@ -272,6 +308,24 @@ class PeerBook:
             for e in self._entries.values()
             if e.public_key is not None and e.state in (PeerState.DIALING, PeerState.CONNECTED)
         }
+
+    def _active(self) -> int:
+        """Identities connected or being dialled (an address dialled before its identity is known
+        counts once)."""
+        unknown = sum(
+            1 for e in self._entries.values() if e.state is PeerState.DIALING and e.public_key is None
+        )
+        return len(self._busy_identities()) + unknown
+
+    def _operator_identities(self) -> set[bytes]:
+        return {e.public_key for e in self._entries.values() if e.operator and e.public_key is not None}
+
+    def over_view(self, public_key: bytes) -> bool:
+        """Whether the link just made with ``public_key`` (it dialled us) is one too many: more than
+        :attr:`max_links` identities connected, and it is not a peer the operator configured. The caller
+        closes it; the peer backs off and dials another of the peers it knows."""
+        connected = self.connected_identities()
+        return len(connected) > self.max_links and public_key not in self._operator_identities()
 
     def _eligible(self, now: float) -> list[_Entry]:
         horizon = now + self.backoff.cap
@@ -287,30 +341,40 @@ class PeerBook:
                 and e.dialable
                 and (e.public_key is None or (e.public_key not in busy and e.public_key not in self.blocked))
             ),
-            key=lambda e: (e.next_attempt, e.address),
+            key=lambda e: (not e.kept, e.next_attempt, e.rank, e.address),
         )
 
     def due(self, now: float, *, limit: int | None = None) -> list[HostPort]:
-        """Addresses to dial now, earliest first; they become ``dialing`` until reported back."""
+        """Addresses to dial now: the operator's first, then passive peers while the active view has
+        room (earliest due first, ties at random); they become ``dialing`` until reported back."""
         out: list[HostPort] = []
         claimed: set[bytes] = set()
+        room = self.active_view - self._active()
         for entry in self._eligible(now):
             if limit is not None and len(out) >= limit:
                 break
             if entry.next_attempt > now:
+                if entry.kept:
+                    continue  # passive peers due now come after the operator's
+                break
+            if not entry.kept and room <= 0:
                 break
             if entry.public_key is not None:
                 if entry.public_key in claimed:
                     continue
                 claimed.add(entry.public_key)
+            room -= 1
             entry.state = PeerState.DIALING
             out.append(entry.address)
         return out
 
     def next_due(self, now: float) -> float | None:
-        """When :meth:`due` will next return something, if nothing else changes; None if never."""
+        """When :meth:`due` will next return something, if nothing else changes (a link that ends is a
+        change: it may make room for a passive peer); None if never."""
         eligible = self._eligible(now)
-        return eligible[0].next_attempt if eligible else None
+        if self._active() < self.active_view:
+            return min((e.next_attempt for e in eligible), default=None)
+        return min((e.next_attempt for e in eligible if e.kept), default=None)
 
     # --- outcomes -------------------------------------------------------------------------------------
 
@@ -343,6 +407,7 @@ class PeerBook:
                 del self._entries[address]
             return
         entry.public_key = public_key
+        entry.hurried = False
         entry.state = PeerState.CONNECTED
         entry.failures_before_connect = entry.failures
         entry.failures = 0
@@ -358,6 +423,7 @@ class PeerBook:
         """
         entry = self._entry(address)
         entry.state = PeerState.IDLE
+        entry.hurried = False
         entry.failures += 1
         entry.next_attempt = now + self.backoff.delay(entry.failures, self._rng)
         if not entry.dialable or (

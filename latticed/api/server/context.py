@@ -22,6 +22,7 @@ from latticed.api.server.api_ports import (
     RetentionView,
     SelfCheck,
 )
+from latticed.api.server.queue_listing import QueueListing
 from latticed.storage.jobs import Job
 from latticed.storage.sealer import Sealer
 from latticed.version import RELEASE
@@ -93,6 +94,8 @@ class Context:
     retention: RetentionView | None = None
     #: The daemon's checklist of itself (``doctor``), given the facts only the running services know.
     self_check: SelfCheck | None = None
+    #: ``queue list``'s encoded entries, rebuilt only for queues that changed.
+    listing: QueueListing = field(default_factory=QueueListing)
 
     @property
     def replication(self) -> ReplicationView | None:

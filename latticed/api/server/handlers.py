@@ -206,9 +206,10 @@ def parse_readers(raw: Any) -> list[bytes]:
 
 
 async def queue_list(ctx: Context, request: Request) -> Reply:
-    infos = [queue_info(ctx, q) for q in ctx.engine.queues()]
-    infos.sort(key=lambda i: (not i["owned"], i["owner"], i["name"]))
-    return {"queues": infos}
+    """Owned queues first, then by owner and name (entries cached per committed state: queue_listing.py)."""
+    engine = ctx.engine
+    queues = await ctx.listing.reply(engine.queues(), engine.state, lambda q, _: queue_info(ctx, q))
+    return {"queues": queues}
 
 
 async def info_of(ctx: Context, request: Request) -> Reply:

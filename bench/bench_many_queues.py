@@ -1,0 +1,144 @@
+"""Catch-up of many small queues by a fresh replica, and its local API meanwhile.
+
+    .venv/bin/python bench/bench_many_queues.py                       # 10,000 then 30,000 queues
+    .venv/bin/python bench/bench_many_queues.py --sizes 3000,9000 --records 5
+
+Per size: a writer daemon creates ``--records``-record queues (many clients at once, so creates and
+offers share group commits), then a fresh replica dials it. Printed: the seconds from the dial until the
+replica holds every record, the replica's CPU meanwhile, and the latency of ``queue list`` on the replica
+during the catch-up, called again ``--sample`` seconds after each answer (max, p99, p50; its answers
+also tell when the replica holds everything, so nothing else polls the daemon). Then the ratio of the
+time at each size to the first size's, against the ratio of the sizes. Figures are printed, never
+asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop
+
+from latticed.api.client.blocking_client import Client
+
+
+class Node:
+    def __init__(self, root: Path, name: str) -> None:
+        self.name = name
+        self.socket = root / f"{name}.sock"
+        args = ["--data-dir", str(root / name), "--socket", str(self.socket)]
+        args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
+        self.proc, self.listen = start(run_argv(*args), self.socket, listen_address)
+
+    def client(self) -> Client:
+        return Client(self.socket, timeout=600)
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+def fill(node: Node, queues: int, records: int, clients: int = 16) -> float:
+    """Create ``queues`` queues of ``records`` 100-byte records on ``node``; returns the seconds taken."""
+    started = time.perf_counter()
+    batch = [(b"x" * 100, None, ())] * records
+
+    def work(part: range) -> None:
+        with node.client() as c:
+            for i in part:
+                name = f"q{i:06d}"
+                c.queue_create(name)
+                c.offer_batch(name, batch)
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        for future in [pool.submit(work, range(k, queues, clients)) for k in range(clients)]:
+            future.result()
+    return time.perf_counter() - started
+
+
+class ListSampler:
+    """``queue list`` on a daemon, again ``interval`` seconds after each answer, until every one of
+    ``queues`` queues holds ``records`` records: each call's latency, and when that was first seen."""
+
+    def __init__(self, node: Node, interval: float, queues: int, records: int) -> None:
+        self.latencies: list[float] = []
+        self.done = threading.Event()
+        self.done_at = 0.0
+        self._node = node
+        self._interval = interval
+        self._want = (queues, records)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        queues, records = self._want
+        with self._node.client() as c:
+            while True:
+                t0 = time.perf_counter()
+                listed = c.queue_list()
+                took = time.perf_counter() - t0
+                self.latencies.append(took)
+                # The answer shows the replica as it was when the daemon built it, about when it was sent.
+                if len(listed) >= queues and all(q["size"] >= records for q in listed):
+                    self.done_at = t0 + took
+                    self.done.set()
+                    return
+                time.sleep(self._interval)  # between calls: a slow one is not followed at once
+
+
+def catch_up(root: Path, nodes: list[Node], queues: int, records: int, sample: float) -> dict[str, float]:
+    writer = Node(root, f"w{queues}")
+    nodes.append(writer)
+    filled = fill(writer, queues, records)
+    replica = Node(root, f"r{queues}")
+    nodes.append(replica)
+    cpu0 = cpu_s(replica.proc.pid)
+    with replica.client() as c:
+        t0 = time.perf_counter()
+        c.call("peers_add", address=writer.listen)
+    sampler = ListSampler(replica, sample, queues, records)
+    if not sampler.done.wait(1800):
+        raise TimeoutError(f"the replica did not hold {queues} queues within 30 minutes")
+    took = sampler.done_at - t0
+    latencies = sorted(sampler.latencies)
+    cpu = cpu_s(replica.proc.pid) - cpu0
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    print(
+        f"{queues:,} queues x {records} records (filled in {filled:.1f} s): replica holds all after "
+        f"{took:.1f} s, CPU {cpu:.1f} s; queue list during catch-up ({len(latencies)} samples): "
+        f"max {latencies[-1] * 1e3:,.0f} ms, p99 {p99 * 1e3:,.0f} ms, "
+        f"p50 {statistics.median(latencies) * 1e3:,.0f} ms",
+        flush=True,
+    )
+    for node in (replica, writer):
+        node.stop()
+        nodes.remove(node)
+    return {"took": took, "cpu": cpu}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="10000,30000")
+    parser.add_argument("--records", type=int, default=5)
+    parser.add_argument("--sample", type=float, default=0.2, help="seconds between queue list calls")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    figures = {}
+    with scratch("bench-many-queues-", remove=True) as (root, nodes):
+        for n in sizes:
+            figures[n] = catch_up(root, nodes, n, args.records, args.sample)
+    first = sizes[0]
+    for n in sizes[1:]:
+        print(
+            f"  {n:,}/{first:,}: {figures[n]['took'] / figures[first]['took']:.2f}x the time "
+            f"({figures[n]['cpu'] / figures[first]['cpu']:.2f}x the CPU) for {n / first:.1f}x the queues"
+        )
+
+
+if __name__ == "__main__":
+    main()

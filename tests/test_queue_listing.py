@@ -1,0 +1,102 @@
+"""``queue list`` with many queues: entries rebuilt only for queues that changed, the event loop given
+back between chunks, and the same reply on the wire as a plain msgpack map."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+import trio
+
+from latticed.api.messages import Packed, pack, pack_array
+from latticed.api.server.queue_listing import CHUNK, QueueListing
+from latticed.crdt import queue as core
+from latticed.crdt.queue import QueueState
+from latticed.crdt.signing import Identity
+
+OWNER = Identity.from_seed(b"o" * 32)
+
+
+def states(n: int) -> dict[int, QueueState]:
+    base = core.empty_state(OWNER.public_key, "q")
+    return {q: dataclasses.replace(base, name=f"q{q:06d}") for q in range(n)}
+
+
+def info(q: int, state: QueueState) -> dict[str, Any]:
+    return {"owner": state.owner.hex(), "name": state.name, "owned": q % 2 == 0, "end_offset": q}
+
+
+def listed(listing: QueueListing, held: dict[int, QueueState]) -> list[dict[str, Any]]:
+    async def main() -> Packed:
+        return await listing.reply(list(held), held.__getitem__, info)
+
+    body = pack({"queues": trio.run(main), "id": 7, "ok": True})
+    reply = msgpack.unpackb(body)
+    assert reply["id"] == 7 and reply["ok"] is True
+    out: list[dict[str, Any]] = reply["queues"]
+    return out
+
+
+def test_the_reply_is_the_plain_msgpack_list_owned_first_then_by_owner_and_name() -> None:
+    held = states(40)
+    expected = sorted(
+        (info(q, s) for q, s in held.items()), key=lambda i: (not i["owned"], i["owner"], i["name"])
+    )
+    assert listed(QueueListing(), held) == expected
+
+
+def test_only_queues_whose_state_changed_are_built_again() -> None:
+    held = states(3 * CHUNK)
+    listing = QueueListing()
+    listed(listing, held)
+    assert listing.built == 3 * CHUNK
+    listed(listing, held)
+    assert listing.built == 3 * CHUNK  # nothing changed: nothing built
+    held[5] = dataclasses.replace(held[5], name="renamed")
+    entries = listed(listing, held)
+    assert listing.built == 3 * CHUNK + 1
+    assert any(e["name"] == "renamed" for e in entries)
+
+
+def test_a_long_listing_lets_other_tasks_run_between_chunks() -> None:
+    held = states(5 * CHUNK)  # four checkpoints inside the listing
+    turns = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def other() -> None:
+                while True:
+                    turns.append(len(listing_done))
+                    await trio.lowlevel.checkpoint()
+
+            listing_done: list[bool] = []
+            nursery.start_soon(other)
+            await trio.lowlevel.checkpoint()
+            await QueueListing().reply(list(held), held.__getitem__, info)
+            listing_done.append(True)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert turns.count(0) >= 4  # it ran while the listing was under way, once per checkpoint
+
+
+def test_queues_gone_meanwhile_are_left_out_and_forgotten() -> None:
+    held = states(3 * CHUNK)
+    listing = QueueListing()
+    listed(listing, held)
+    few = {q: held[q] for q in range(10)}
+    assert len(listed(listing, few)) == 10
+    assert listing.built == 3 * CHUNK  # the ten were not built again
+
+
+def test_pack_splices_packed_values_into_maps_of_any_size() -> None:
+    for n in (0, 1, 15, 16, 70_000):
+        items = [pack(i) for i in range(n)]
+        assert msgpack.unpackb(pack({"queues": pack_array(items), "x": None})) == {
+            "queues": list(range(n)),
+            "x": None,
+        }
+    big = {f"k{i}": i for i in range(20)} | {"p": Packed.of([1, 2])}
+    assert msgpack.unpackb(pack(big)) == {f"k{i}": i for i in range(20)} | {"p": [1, 2]}
