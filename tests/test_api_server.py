@@ -30,6 +30,7 @@ from latticed.api.client.blocking_client import Client, Entry
 from latticed.api.server import tail as tail_module
 from latticed.api.server.op_table import build_op_table
 from latticed.api.server.tail import MIN_TAIL_BATCH_BYTES, tail_buffered_bytes
+from latticed.crdt.head import queue_id
 from latticed.crdt.signing import Identity
 from latticed.errors import (
     AlreadyExistsError,
@@ -582,6 +583,20 @@ def test_an_idle_connection_does_not_keep_its_last_large_request(daemon: InProce
         tracemalloc.stop()
         raw.close()
     assert held < MAX_FRAME // 4, held
+
+
+def test_requests_naming_missing_queues_leave_nothing_cached(client: Client) -> None:
+    """Each entry a burst of hostile requests leaves in a long-lived cache pins the memory allocated
+    around it (Python frees an arena only when all of it is free): names that resolve to nothing are
+    not cached, and a name that does is cached once."""
+    before = queue_id.cache_info().currsize
+    for i in range(200):
+        with pytest.raises(NotFoundError):
+            client.queue_info(f"missing-{i}")
+        with pytest.raises(NotFoundError):
+            client.peek(f"{'ab' * 32}/missing-{i}", 0)
+    assert queue_id.cache_info().currsize == before
+    assert client.queue_info(GUARDED)["end_offset"] == 50
 
 
 def test_a_tail_reader_leaving_mid_send_is_a_disconnect_not_an_error(

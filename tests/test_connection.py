@@ -78,20 +78,20 @@ async def test_several_replies_go_out_as_consecutive_frames_in_one_write() -> No
     assert got == replies
 
 
-async def test_large_frames_are_reported_and_remembered() -> None:
-    """The server gives memory back after large requests: a connection reports each one, and remembers
-    having held one even if it was cut off."""
+async def test_frames_are_reported_and_large_ones_remembered() -> None:
+    """The server gives memory back after bursts of requests: a connection reports each frame's size, and
+    remembers having held a large one even if it was cut off."""
     a, b = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    reports: list[bool] = []
-    server = Connection(trio.SocketStream(a), LIMIT, on_large_frame=lambda: reports.append(True))
+    reports: list[int] = []
+    server = Connection(trio.SocketStream(a), LIMIT, on_frame=reports.append)
     peer = trio.SocketStream(b)
     small, large = b"s" * 100, b"L" * LARGE_FRAME_BYTES
     async with trio.open_nursery() as nursery:
         nursery.start_soon(peer.send_all, encode_frame(small, LIMIT) + encode_frame(large, LIMIT))
         assert await server.receive_frame() == small
-        assert reports == [] and not server.held_large_frame
+        assert reports == [len(small)] and not server.held_large_frame
         assert await server.receive_frame() == large
-    assert reports == [True] and server.held_large_frame
+    assert reports == [len(small), len(large)] and server.held_large_frame
     cut_a, cut_b = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     cut = Connection(trio.SocketStream(cut_a), LIMIT)
     cut_peer = trio.SocketStream(cut_b)

@@ -18,9 +18,12 @@ import trio.testing
 
 from latticed import daemon as daemon_module
 from latticed.api.server.api_server import MemoryGiveBack
+from latticed.api.server.connection import LARGE_FRAME_BYTES
+from latticed.api.server.op_table import build_op_table
+from latticed.api.server.request_router import parse_request
 from latticed.daemon import GC_GEN0_THRESHOLD, run_daemon
 from latticed.host.config import DaemonConfig
-from latticed.process.malloc import SPIKE_BYTES, TRIM_THRESHOLD, give_back_after_spike
+from latticed.process.malloc import SPIKE_BYTES, TRIM_THRESHOLD, give_back_after_spike, give_back_when_idle
 
 
 def collector_while_running(tmp_path: Path, *, tune_gc: bool) -> dict[str, int]:
@@ -161,6 +164,71 @@ async def test_large_requests_are_followed_by_one_check_per_burst(
         await trio.sleep(2)
         assert len(checks) == 2
         nursery.cancel_scope.cancel()
+
+
+def test_an_idle_api_gives_back_what_lies_free_beyond_the_amount_kept() -> None:
+    released: list[int] = []
+
+    def release(keep: int) -> bool:
+        released.append(keep)
+        return True
+
+    assert not give_back_when_idle(free_bytes=lambda: TRIM_THRESHOLD, release=release)  # kept warm
+    assert not give_back_when_idle(free_bytes=lambda: None, release=release)
+    assert released == []
+    assert give_back_when_idle(free_bytes=lambda: TRIM_THRESHOLD + 1, release=release)  # no spike needed
+    assert released == [TRIM_THRESHOLD]
+
+
+async def test_a_burst_of_small_requests_is_followed_by_one_check_once_the_api_is_quiet(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Many small requests (a flood of errors) leave memory behind with none of them large: once they add
+    up to a burst, the API going quiet is followed by one idle check; traffic below that, or still
+    going on, is left alone."""
+    large_checks: list[float] = []
+    idle_checks: list[float] = []
+    give_back = MemoryGiveBack(
+        lambda: large_checks.append(trio.current_time()) or False,
+        release_idle=lambda: idle_checks.append(trio.current_time()) or True,
+        delay=1.0,
+        burst_bytes=10_000,
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(give_back.run)
+        for _ in range(50):  # 5,000 bytes: no burst
+            give_back.received(100)
+        await trio.sleep(5)
+        assert idle_checks == []
+        start = trio.current_time()
+        for _ in range(300):  # 30 s of requests, 30,000 bytes more
+            give_back.received(100)
+            await trio.sleep(0.1)
+        assert idle_checks == []  # still busy: its warm memory is in use
+        await trio.sleep(2.5)  # quiet for one whole delay: seen within two
+        assert len(idle_checks) == 1 and start + 30 + 1.0 <= idle_checks[0] <= start + 30 + 2.0
+        assert give_back.released == 1 and large_checks == []  # none of them was large
+        await trio.sleep(10)
+        assert len(idle_checks) == 1  # one check per burst
+        give_back.received(LARGE_FRAME_BYTES)  # a large one still has its own check
+        await trio.sleep(2)
+        assert len(large_checks) == 1
+        nursery.cancel_scope.cancel()
+
+
+def test_what_is_not_a_request_is_refused_before_it_is_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frame of tiny containers decodes to tens of times its size: one that cannot be a request (not a
+    map) is refused without building those objects."""
+    from latticed.api.server import request_router  # noqa: PLC0415
+
+    def no_decoding(data: bytes) -> object:
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(request_router, "unpack", no_decoding)
+    ops = build_op_table()
+    for body in (msgpack.packb([{}] * 10_000), msgpack.packb([[1]] * 10_000), b"", b"\x00"):
+        request, reply = parse_request(body, ops)
+        assert request is None and reply is not None and reply["error"]["code"] == "malformed"
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")

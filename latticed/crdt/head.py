@@ -54,11 +54,15 @@ def check_name(name: str) -> None:
         raise MalformedError(f"a name is 1-{MAX_NAME_BYTES} bytes of text without '/': {name!r}")
 
 
-@lru_cache(maxsize=4096)
-def queue_id(owner: bytes, name: str, kind: int = KIND_QUEUE) -> bytes:
-    """A queue's identity (cached: every signed head carries it, so every commit asks for it)."""
+def fresh_queue_id(owner: bytes, name: str, kind: int = KIND_QUEUE) -> bytes:
+    """:func:`queue_id` without its cache, for names that come from a client and may name nothing: each
+    cached entry made during a burst of such requests would pin the memory allocated around it."""
     raw = name.encode()
     return blake2b(bytes([kind]) + owner + bytes([len(raw)]) + raw, b"latticed.qid.v1")
+
+
+#: A queue's identity (cached: every signed head carries it, so every commit asks for it).
+queue_id = lru_cache(maxsize=4096)(fresh_queue_id)
 
 
 def genesis_hash(qid: bytes) -> bytes:

@@ -14,7 +14,15 @@ each buffering a frame of several MB, say) can leave hundreds of MB behind that 
 requests are gone. :func:`give_back_after_spike` hands it back (``malloc_trim``, which keeps
 :data:`TRIM_THRESHOLD` at the top for reuse) when more than :data:`SPIKE_BYTES` beyond that lies free;
 the API server calls it shortly after large requests (``latticed/api/server/api_server.py``), so steady bulk
-traffic, which stays under that, keeps its warm pages.
+traffic, which stays under that, keeps its warm pages. Many smaller requests (a burst of errors, say) leave
+free memory behind too, without any one of them being large: once the API has gone quiet after such a
+burst, :func:`give_back_when_idle` hands back whatever lies free beyond :data:`TRIM_THRESHOLD` (nothing
+is reusing it then, and the next request still finds that much warm).
+
+Python's own allocator (pymalloc) serves objects up to 512 bytes from 1 MiB arenas and returns an arena
+to the system only once every object in it is freed: a burst that decodes requests into millions of tiny
+objects can leave arenas held by a few survivors each. That memory is reused by later requests; no call
+here can release it, which is why the API refuses what cannot be a request before decoding it.
 """
 
 from __future__ import annotations
@@ -123,5 +131,19 @@ def give_back_after_spike(
     requests leaves behind), else keep it warm for reuse; True if memory was given back."""
     free = free_bytes()
     if free is None or free <= keep + spike:
+        return False
+    return release(keep)
+
+
+def give_back_when_idle(
+    *,
+    keep: int = TRIM_THRESHOLD,
+    free_bytes: Callable[[], int | None] = free_heap_bytes,
+    release: Callable[[int], bool] = release_free_memory,
+) -> bool:
+    """Release free heap memory beyond ``keep`` bytes (for when requests have stopped coming: nothing is
+    reusing it then); True if memory was given back."""
+    free = free_bytes()
+    if free is None or free <= keep:
         return False
     return release(keep)

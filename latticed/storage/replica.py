@@ -15,7 +15,7 @@ from typing import Any, Final
 import trio
 
 from latticed.crdt import queue as core
-from latticed.crdt.head import KIND_QUEUE, check_name, queue_id
+from latticed.crdt.head import KIND_QUEUE, check_name, fresh_queue_id, queue_id
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import RecordRun
 from latticed.crdt.signing import Identity, parse_public_key
@@ -72,7 +72,9 @@ class ReplicaView:
         if q is not None:
             return q
         owner, name = self.parse_address(address)
-        q = self._writer.lookup(queue_id(owner, name, kind))
+        # Not through queue_id's cache: a client can name any number of queues that do not exist, and
+        # the names that do are cached just below.
+        q = self._writer.lookup(fresh_queue_id(owner, name, kind))
         if q is None:
             raise NotFoundError(f"no queue {owner.hex()}/{name}")
         if len(self._addresses) >= ADDRESS_CACHE_SIZE:

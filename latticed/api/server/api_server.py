@@ -9,7 +9,8 @@ length is read, before its body is buffered); one connection holds at most one f
 :data:`MAX_IN_FLIGHT` pipelined requests of at most :data:`MAX_IN_FLIGHT_BYTES` together. A request's
 decoded form is larger than its frame (Python objects: up to tens of times for a frame of nothing but
 tiny containers), which is why the frame limit is the knob. Freed buffers stay in the C heap for reuse
-(latticed/process/malloc.py); after large requests :class:`MemoryGiveBack` hands back what a burst left idle.
+(latticed/process/malloc.py); :class:`MemoryGiveBack` hands back what a burst left idle: after large
+requests, and once the API goes quiet after many requests of any size (errors included).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Final
 import trio
 
 from latticed.api.messages import error_reply
-from latticed.api.server.connection import Connection
+from latticed.api.server.connection import LARGE_FRAME_BYTES, Connection
 from latticed.api.server.consumer_id import CONSUMER, new_consumer_id
 from latticed.api.server.context import Context, PipelinedHandler
 from latticed.api.server.listener import bind_unix_socket, remove_socket
@@ -35,7 +36,7 @@ from latticed.errors import (
 )
 from latticed.net.accept import serve_listeners
 from latticed.process.logs import get_logger, log_event
-from latticed.process.malloc import give_back_after_spike
+from latticed.process.malloc import give_back_after_spike, give_back_when_idle
 from latticed.storage.jobs import Job
 
 log = get_logger(__name__)
@@ -45,40 +46,85 @@ MAX_IN_FLIGHT: Final = 64
 #: ... and their frames' bytes together: a client pipelining large batches has the next one read only
 #: once earlier ones are answered (its socket pushes back meanwhile).
 MAX_IN_FLIGHT_BYTES: Final = 32 << 20
-#: How long after a large request the heap is checked for memory to give back (one check per burst).
+#: How long after a large request the heap is checked for memory to give back (one check per burst), and
+#: how long the API must stay quiet after a burst of requests before the idle check.
 GIVE_BACK_DELAY_S: Final = 1.0
+#: Request bytes (any number of requests, errors included) that make a burst: once the API goes quiet
+#: after one, free heap memory beyond what is kept on purpose is handed back.
+BURST_BYTES: Final = 4 << 20
 
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosedError)
 
 
 class MemoryGiveBack:
-    """Hands idle heap memory back to the system after large requests (latticed/process/malloc.py).
+    """Hands idle heap memory back to the system after bursts of requests (latticed/process/malloc.py).
 
-    Connections :meth:`note` each large request (and a large frame cut off with its connection); a check
-    follows :data:`GIVE_BACK_DELAY_S` later, one for all the notes of a burst, and releases memory only
-    if much more than the amount kept on purpose lies free."""
+    Connections report every request frame (:meth:`received`). A large one (or a large frame cut off with
+    its connection: :meth:`note`) is followed :data:`GIVE_BACK_DELAY_S` later by a check, one for all the
+    notes of a burst, that releases memory only if much more than the amount kept on purpose lies free:
+    steady bulk traffic keeps its warm pages. Many requests of any size (a flood of errors, say) leave
+    memory behind without any one being large: once they add up to :data:`BURST_BYTES` and the API then
+    stays quiet for :data:`GIVE_BACK_DELAY_S`, everything free beyond the amount kept is released."""
 
     def __init__(
-        self, release: Callable[[], bool] = give_back_after_spike, *, delay: float = GIVE_BACK_DELAY_S
+        self,
+        release: Callable[[], bool] = give_back_after_spike,
+        *,
+        release_idle: Callable[[], bool] = give_back_when_idle,
+        delay: float = GIVE_BACK_DELAY_S,
+        burst_bytes: int = BURST_BYTES,
     ) -> None:
         self._release = release
+        self._release_idle = release_idle
         self._delay = delay
+        self._burst_bytes = burst_bytes
         self._noted = trio.Event()
+        #: Request bytes received since the last idle check.
+        self._received = 0
+        self._burst = trio.Event()
         #: How many checks released memory.
         self.released = 0
 
     def note(self) -> None:
         self._noted.set()
 
+    def received(self, size: int) -> None:
+        """A request frame of ``size`` bytes was read (called for every frame: keep it cheap)."""
+        if size >= LARGE_FRAME_BYTES:
+            self._noted.set()
+        self._received += size
+        if self._received >= self._burst_bytes:
+            self._burst.set()
+
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._after_large_requests)
+            nursery.start_soon(self._when_quiet)
+
+    async def _after_large_requests(self) -> None:
         while True:
             await self._noted.wait()
             await trio.sleep(self._delay)  # let the burst end: the notes meanwhile share this check
             self._noted = trio.Event()
-            # On the event loop: ~10 ms per 100 MB released, and only after a burst left that much idle.
-            if self._release():
-                self.released += 1
-                log_event(log, "api.memory_released")
+            self._check(self._release)
+
+    async def _when_quiet(self) -> None:
+        while True:
+            await self._burst.wait()
+            while True:  # until a whole delay passes without a request
+                seen = self._received
+                await trio.sleep(self._delay)
+                if self._received == seen:
+                    break
+            self._received = 0
+            self._burst = trio.Event()
+            self._check(self._release_idle)
+
+    def _check(self, release: Callable[[], bool]) -> None:
+        # On the event loop: ~10 ms per 100 MB released, and at most once per burst.
+        if release():
+            self.released += 1
+            log_event(log, "api.memory_released")
 
 
 async def serve_api(
@@ -114,7 +160,7 @@ async def handle_connection(
     ctx: Context, stream: trio.abc.Stream, *, give_back: MemoryGiveBack | None = None
 ) -> None:
     """Serve one client until it leaves or breaks the protocol; never raises (except Cancelled)."""
-    conn = Connection(stream, ctx.max_frame_bytes, on_large_frame=give_back.note if give_back else None)
+    conn = Connection(stream, ctx.max_frame_bytes, on_frame=give_back.received if give_back else None)
     consumer = new_consumer_id(stream)
     CONSUMER.set(consumer)  # this connection's task (and its children) only
     try:
@@ -317,6 +363,7 @@ def _reply(rid: Any, job: Job | LatticedError, build: Any) -> dict[str, Any]:
 
 
 __all__ = [
+    "BURST_BYTES",
     "MAX_IN_FLIGHT",
     "MAX_IN_FLIGHT_BYTES",
     "MemoryGiveBack",

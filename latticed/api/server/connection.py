@@ -21,8 +21,8 @@ from latticed.errors import LatticedError, MalformedError
 from latticed.protocol.framing import FrameDecoder, encode_frame
 
 RECEIVE_SIZE: Final = 1 << 16
-#: A request frame this large is reported to ``on_large_frame`` (the server then gives memory back once
-#: such requests are over: latticed/process/malloc.py).
+#: A frame this large being buffered is remembered (``held_large_frame``): the server gives memory back
+#: once such requests are over (latticed/process/malloc.py).
 LARGE_FRAME_BYTES: Final = 1 << 20
 
 
@@ -34,12 +34,13 @@ class Connection:
         stream: trio.abc.Stream,
         max_frame_bytes: int,
         *,
-        on_large_frame: Callable[[], None] | None = None,
+        on_frame: Callable[[int], None] | None = None,
     ) -> None:
         self.stream = stream
         self.max_frame_bytes = max_frame_bytes
         self.decoder = FrameDecoder(max_frame_bytes)
-        self.on_large_frame = on_large_frame
+        #: Told the size of every frame received (the server's memory give-back counts them).
+        self.on_frame = on_frame
         #: Whether a frame of LARGE_FRAME_BYTES or more was buffered here (complete or not).
         self.held_large_frame = False
         self._pending: list[bytes] = []
@@ -72,8 +73,8 @@ class Connection:
         if decoder.buffered >= LARGE_FRAME_BYTES:
             self.held_large_frame = True
         frame = decoder.next_frame()
-        if frame is not None and len(frame) >= LARGE_FRAME_BYTES and self.on_large_frame is not None:
-            self.on_large_frame()
+        if frame is not None and self.on_frame is not None:
+            self.on_frame(len(frame))
         return frame
 
     def frame_ready(self) -> bool:

@@ -15,15 +15,22 @@ from latticed.process.logs import get_logger, log_event
 
 log = get_logger(__name__)
 
+#: First bytes of a msgpack map (fixmap, map 16, map 32). A request is a map: anything else is refused
+#: before it is decoded, since a frame of tiny containers decodes to tens of times its size in objects.
+_MAP_FIRST_BYTES = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
+_NOT_A_MAP = "a request is a map with 'v', 'id' and 'op'"
+
 
 def parse_request(frame: bytes, ops: OpTable) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The request (of an op in ``ops``), or the error reply to send instead."""
+    if not frame or frame[0] not in _MAP_FIRST_BYTES:
+        return None, error_reply(None, MalformedError(_NOT_A_MAP))
     try:
         request = unpack(frame)
     except MalformedError as exc:
         return None, error_reply(None, exc)
     if not isinstance(request, dict):
-        return None, error_reply(None, MalformedError("a request is a map with 'v', 'id' and 'op'"))
+        return None, error_reply(None, MalformedError(_NOT_A_MAP))
     rid = request.get("id")
     if not (rid is None or isinstance(rid, int | str)):
         return None, error_reply(None, MalformedError("a request 'id' is an integer or a string"))
