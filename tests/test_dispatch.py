@@ -26,7 +26,7 @@ from latticed.crdt.attempts import (
     encode_history,
     parse_dead_letter,
 )
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.group import (
     GroupProgress,
     apply_progress_ops,

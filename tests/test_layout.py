@@ -13,13 +13,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py", "version.py", "daemon.py"}
 
-#: Basenames still shared because both modules sit in packages being reworked on other branches (the
-#: replication redesign and mesh dissemination own crdt/, protocol/ and net/): rename one of each pair
-#: there, then drop it here. The test below fails once a pair is no longer shared, so the list cannot rot.
-PENDING_RENAMES = {"errors.py", "leasing.py", "peerstate.py", "replication.py"}
-#: Packages owned by those branches whose ``__init__`` docstring they write.
-PENDING_DOCSTRINGS = {"net"}
-
 
 def modules(*packages: str) -> list[Path]:
     return [path for package in packages for path in sorted((ROOT / package).rglob("*.py"))]
@@ -35,10 +28,7 @@ def test_no_basename_is_shared_by_two_modules() -> None:
         if path.name != "__init__.py":
             by_name[path.name].append(path.relative_to(ROOT).as_posix())
     shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
-    assert set(shared) - PENDING_RENAMES == set(), f"one name per concept; rename to say the job: {shared}"
-    assert set(shared) >= PENDING_RENAMES, (
-        f"no longer shared, drop from PENDING_RENAMES: {PENDING_RENAMES - set(shared)}"
-    )
+    assert shared == {}, "one name per concept; rename to say the job"
 
 
 def test_no_test_module_name_is_used_twice() -> None:
@@ -59,7 +49,7 @@ def test_every_package_says_its_job_and_has_a_contract() -> None:
     assert packages, "no package found: is ROOT right?"
     for package in packages:
         doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text()))
-        assert doc or package.name in PENDING_DOCSTRINGS, f"{package.name}/__init__.py does not say its job"
+        assert doc, f"{package.name}/__init__.py does not say its job"
         dotted = f"latticed.{package.name}"
         assert dotted in governed or dotted == "latticed.demo", f"no import-linter contract for {dotted}"
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latticed.crdt.errors import MalformedError, NotReaderError, TamperedError
+from latticed.crdt.core_errors import MalformedError, NotReaderError, TamperedError
 from latticed.crdt.head import queue_id
 from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from latticed.crdt.errors import GapError, MalformedError, NotOwnerError, TamperedError, WrongOwnerError
+from latticed.crdt.core_errors import GapError, MalformedError, NotOwnerError, TamperedError, WrongOwnerError
 from latticed.crdt.forks import Bridge, ForkProof, better_proof, heads_conflict, two_head_proof
 from latticed.crdt.head import KIND_QUEUE, SignedHead, check_name, genesis_hash, meta_hash, queue_id
 from latticed.crdt.records import (
