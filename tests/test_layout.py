@@ -6,11 +6,13 @@ by import side effect."""
 from __future__ import annotations
 
 import ast
+import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py", "version.py", "daemon.py"}
 
 
@@ -39,6 +41,15 @@ def test_no_test_module_name_is_used_twice() -> None:
             if path.name != "__init__.py" and path.name != "conftest.py":
                 by_name[path.name].append(path.relative_to(ROOT).as_posix())
     assert {name: paths for name, paths in by_name.items() if len(paths) > 1} == {}
+
+
+def test_no_test_folder_hides_a_package() -> None:
+    """tests/ is on sys.path (pytest's pythonpath), so a folder tests/cli/ would be found as the namespace
+    package ``cli`` before the installed one and break every ``import cli...``: the CLI's tests are in
+    tests/command_line/."""
+    ours = {path.name for path in ROOT.iterdir() if (path / "__init__.py").exists()}
+    folders = {path.name for path in (ROOT / "tests").iterdir() if path.is_dir()}
+    assert folders & (ours | set(sys.stdlib_module_names)) == set()
 
 
 def test_every_package_says_its_job_and_has_a_contract() -> None:
