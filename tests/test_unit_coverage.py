@@ -188,11 +188,9 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "latticed.spark.local_daemon": (
         "the Spark side's connection to its host's daemon: tests/spark/test_spark_replica_wait.py"
     ),
-    "latticed.spark.source": "the Spark data source, needs a JVM: integration/test_spark.py",
     "latticed.spark.time_options": (
         "the timestamp options, parsed through spark/options.py: tests/spark/test_spark_time_options.py"
     ),
-    "latticed.spark.tuning": "the tail job's Spark settings, needs a JVM: integration/test_spark.py",
     "latticed.storage.live": "the engine's live-push cache: tests/storage/test_tail_ahead.py",
     "latticed.storage.replica": (
         "the engine's replica side (verify-then-merge, deltas for peers): tests/test_replication_paths.py"
@@ -243,7 +241,7 @@ def _reexports(package: str) -> dict[str, str]:
 
 
 def imported_by_unit_tests(known: set[str]) -> set[str]:
-    """Modules a file under tests/ names in an import, directly or through its package's re-exports."""
+    """Modules a file under tests/ names in an import, directly or through a package's re-exports."""
     imported = set()
     for path in (ROOT / "tests").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -255,6 +253,8 @@ def imported_by_unit_tests(known: set[str]) -> set[str]:
                 for alias in node.names:
                     imported.add(f"{node.module}.{alias.name}")
                     imported.add(reexports.get(alias.name, ""))
+    # a package whose ``__init__`` re-exports its modules' names stands for those modules
+    imported.update(source for package in imported & known for source in _reexports(package).values())
     return imported & known
 
 
