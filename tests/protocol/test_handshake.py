@@ -271,7 +271,7 @@ def test_replayed_handshake_fails_at_msg3() -> None:
 
 def test_replayed_opening_draws_no_answer() -> None:
     """An eavesdropper replaying a recorded msg1 to the daemon it was sent to learns nothing: not even that
-    the daemon shares the initiator's network key (issue 13, item 11)."""
+    the daemon shares the initiator's network key."""
     cache = ReplayCache()
     initiator, responder = make_pair(r_replay_cache=cache)
     msg1 = initiator.initiate()
