@@ -773,7 +773,7 @@ def meta_del(ctx: typer.Context, queue: QueueArg, key: MetaKey) -> None:
 
 #: The commands other modules define, by module: each module is imported only when one of its commands
 #: runs (or when --help lists them all), so that e.g. ``latticectl id`` loads nothing of ``work``.
-#: tests/test_cli_lazy.py checks that these names are exactly what each module registers.
+#: tests/command_line/test_cli_lazy.py checks that these names are exactly what each module registers.
 _ELSEWHERE: dict[str, lazy.Registrar] = {
     "cli.kv_commands": (["kv"], lambda module: app.add_typer(module.kv_app, name="kv")),
     "cli.groups": (

@@ -1,7 +1,7 @@
 """What keeps a short ``latticectl`` command short: build only the command that runs, and read its values
 without pydantic.
 
-Most of what ``latticectl id`` costs is start-up (issue 17; bench/bench_cli.py). Built the usual typer
+Most of what ``latticectl id`` costs is start-up (bench/bench_cli.py measures it). Built the usual typer
 way, every run imports the modules of every command (``work``, ``doctor``, ``join``...), builds all of
 them from their signatures, and imports pydantic, which typer converts each value with, ``--socket``'s
 ``None`` included. So:

@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # The errors load with anything that imports latticed (every layer raises them), so only the rest is lazy.
-from latticed.crdt.errors import (
+from latticed.crdt.core_errors import (
     BadSignatureError,
     EquivocationError,
     GapError,

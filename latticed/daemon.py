@@ -44,11 +44,10 @@ from latticed.host.config import DaemonConfig
 from latticed.host.data_dir_lock import DataDirLock
 from latticed.host.diskspace import DiskUsage
 from latticed.host.identity_key import load_or_create_identity
-from latticed.host.netkey import check_listen_key
+from latticed.host.netkey import check_listen_key, load_network_key
 from latticed.host.paths import ensure_data_dir, ensure_socket_dir
 from latticed.host.retention_policy import ReplicaCaps
 from latticed.net.leasing import LeaseLinks
-from latticed.net.replication import load_network_key
 from latticed.process.logs import get_logger, log_event
 from latticed.process.malloc import keep_large_buffers
 from latticed.process.sdnotify import Notifier, watchdog_interval

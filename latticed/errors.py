@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from latticed.crdt.errors import (
+from latticed.crdt.core_errors import (
     BadSignatureError,
     EquivocationError,
     GapError,

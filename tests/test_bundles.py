@@ -17,7 +17,7 @@ from typer.testing import CliRunner, Result
 import cli.ctl
 from cli.boundary import ExitCode
 from latticed.bundle.format import BundleEnd, BundleHeader, BundleWriter, decode_want, read_all
-from latticed.crdt.errors import MalformedError, TamperedError
+from latticed.crdt.core_errors import MalformedError, TamperedError
 from latticed.crdt.queue import QueueDelta
 from latticed.crdt.signing import Identity
 from latticed.errors import IntegrityError, NotFoundError, NotReaderError

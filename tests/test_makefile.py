@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 INPUTS = ["pyproject.toml", "setup.py", "latticed/privacy/_seal_build.py"]
 
 

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 LIMIT = 400
 MARK = "Why one module:"
 

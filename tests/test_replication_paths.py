@@ -15,7 +15,7 @@ import trio.testing
 from support.sim import SimNetwork
 
 from latticed.crdt import queue as core
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import (

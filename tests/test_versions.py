@@ -7,7 +7,8 @@ import re
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
+
+from support.paths import ROOT
 
 from latticed.api import messages as wire
 from latticed.api.messages import is_unknown_op, version_gap, versions_reply
@@ -23,8 +24,6 @@ from latticed.version import (
     describe,
     span,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _sections() -> list[tuple[str, str]]:

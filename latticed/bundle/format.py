@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import msgpack
 
-from latticed.crdt.errors import IntegrityError, MalformedError, TamperedError
+from latticed.crdt.core_errors import IntegrityError, MalformedError, TamperedError
 from latticed.crdt.queue import QueueDelta, Summary
 from latticed.crdt.signing import HASH_SIZE, PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, verify
 from latticed.crdt.wire import delta_from_wire, delta_to_wire, summary_from_wire, summary_to_wire

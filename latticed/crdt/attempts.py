@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.group import MAX_ATTEMPTS, parse_source_id
 from latticed.crdt.records import MAX_HEADERS, MAX_OFFSET, MAX_VALUE_BYTES, Record, check_record
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from latticed.crdt.errors import EquivocationError, IntegrityError, MalformedError
+from latticed.crdt.core_errors import EquivocationError, IntegrityError, MalformedError
 from latticed.crdt.head import SignedHead, check_name, queue_id
 from latticed.crdt.records import chain_fold
 from latticed.crdt.signing import HASH_SIZE, blake2b

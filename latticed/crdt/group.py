@@ -36,7 +36,7 @@ from typing import Any
 
 import msgpack
 
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.head import check_name
 from latticed.crdt.records import MAX_OFFSET, Record
 from latticed.crdt.signing import PUBLIC_KEY_SIZE

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from latticed.crdt import queue as core
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.group import (
     MAX_ATTEMPTS,
     GroupProgress,

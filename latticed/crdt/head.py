@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache
 
-from latticed.crdt.errors import MalformedError, WrongOwnerError
+from latticed.crdt.core_errors import MalformedError, WrongOwnerError
 from latticed.crdt.records import MAX_OFFSET
 from latticed.crdt.signing import Identity, blake2b, verify
 

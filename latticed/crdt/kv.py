@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 
 HLC_LOGICAL_BITS = 16
 PLAIN, TOMBSTONE, COUNTER, HASH, SET = "plain", "tombstone", "counter", "hash", "set"

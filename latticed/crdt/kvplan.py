@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from latticed.crdt import kv
-from latticed.crdt.errors import MalformedError, WrongTypeError
+from latticed.crdt.core_errors import MalformedError, WrongTypeError
 
 WRITE_OPS = kv.OPS  # one list: what the planner writes is what the log decodes
 #: A TTL is 1 ms up to (not including) 10**10 s, the bound the daemon's API puts on ``--ttl``.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import Any, overload
 
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 
 MAX_KEY_BYTES = 64 * 1024
 MAX_VALUE_BYTES = 8 * 1024 * 1024

@@ -14,7 +14,7 @@ from functools import lru_cache
 import nacl.exceptions
 import nacl.signing
 
-from latticed.crdt.errors import BadSignatureError, MalformedError
+from latticed.crdt.core_errors import BadSignatureError, MalformedError
 
 PUBLIC_KEY_SIZE = 32
 SIGNATURE_SIZE = 64

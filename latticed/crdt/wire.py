@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.forks import Bridge, ForkProof
 from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueDelta, Summary

@@ -13,7 +13,7 @@ from typing import Any, Self
 from latticed.crdt import kv as kvcore
 from latticed.crdt import kvplan
 from latticed.crdt import queue as core
-from latticed.crdt.errors import NotOwnerError
+from latticed.crdt.core_errors import NotOwnerError
 from latticed.crdt.head import KIND_KV
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.queue import QueueDelta, QueueState, Summary

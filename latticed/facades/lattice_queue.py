@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Self
 
 from latticed.crdt import queue as core
-from latticed.crdt.errors import GapError, MalformedError, NotOwnerError
+from latticed.crdt.core_errors import GapError, MalformedError, NotOwnerError
 from latticed.crdt.forks import ForkProof
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import MAX_OFFSET, Record, RecordRun, check_records, make_record

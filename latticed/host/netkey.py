@@ -16,6 +16,7 @@ import secrets
 from typing import Final
 
 from latticed.errors import AlreadyExistsError, MalformedError, NotFoundError, StorageError
+from latticed.host.config import DaemonConfig
 
 __all__ = [
     "DEFAULT_NETWORK_KEY",
@@ -26,6 +27,7 @@ __all__ = [
     "network_key_fingerprint",
     "new_network_key",
     "is_loopback_host",
+    "load_network_key",
     "read_network_key",
     "replace_network_key",
     "write_network_key",
@@ -107,6 +109,14 @@ def read_network_key(path: str | os.PathLike[str]) -> bytes:
     except OSError as error:
         raise StorageError(f"cannot read network key file {os.fspath(path)!r}: {error}") from error
     return decode_network_key(text, source=f"network key file {os.fspath(path)!r}")
+
+
+def load_network_key(config: DaemonConfig) -> bytes:
+    """The configured key file's key; with none configured, the key ``join`` kept in the data directory,
+    else the public default."""
+    if config.network_key_file is None and not config.network_key_path.exists():
+        return DEFAULT_NETWORK_KEY
+    return read_network_key(config.network_key_path)
 
 
 def replace_network_key(path: str | os.PathLike[str], key: bytes) -> None:

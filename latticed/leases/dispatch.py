@@ -47,7 +47,7 @@ from latticed.crdt.attempts import (
     dead_letter_record,
     parse_dead_letter,
 )
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.group import EMPTY, GroupProgress, ProgressOp, dlq_name, source_id
 from latticed.crdt.group_spec import GroupSpec
 from latticed.crdt.records import Record

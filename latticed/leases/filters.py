@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.group_spec import MAX_FILTER_CHARS
 from latticed.crdt.records import Record
 

@@ -1,7 +1,7 @@
-"""The trio shell of lease forwarding (:mod:`latticed.protocol.leasing`) on the replication links.
+"""The trio shell of lease forwarding (:mod:`latticed.protocol.lease_forwarding`) on the replication links.
 
 :class:`LeaseLinks` is the gossip layer's :class:`~latticed.net.gossip.LinkExtension`: every link that
-comes up gets a :class:`~latticed.protocol.leasing.LeasingSession`, whose messages ride in the link's
+comes up gets a :class:`~latticed.protocol.lease_forwarding.LeasingSession`, whose messages ride in the link's
 ``extra_out`` (the link's own driver sends them, so a caller that is cancelled never leaves half a frame
 on the wire). Two roles:
 
@@ -29,7 +29,7 @@ import trio
 from latticed.errors import LatticedError, OwnerUnreachableError
 from latticed.net.gossip import PeerLink
 from latticed.process.logs import get_logger, log_event
-from latticed.protocol.leasing import (
+from latticed.protocol.lease_forwarding import (
     Answer,
     Cancelled,
     LateAnswer,

@@ -34,7 +34,7 @@ from typing import Any, Final
 import nacl.bindings as sodium
 import nacl.exceptions
 
-from latticed.crdt.errors import MalformedError, TamperedError
+from latticed.crdt.core_errors import MalformedError, TamperedError
 from latticed.crdt.records import (
     MAX_HEADER_KEY_BYTES,
     MAX_HEADER_VALUE_BYTES,

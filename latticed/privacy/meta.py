@@ -18,7 +18,7 @@ import binascii
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.privacy.crypto import KEY_SIZE, MAX_EPOCH, WRAP_SIZE, wrap_content_key
 
 PREFIX = "sealed."

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Final, Generic, TypeVar
 
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.queue import QueueDelta, Summary
 from latticed.crdt.wire import (
     delta_from_wire,

@@ -4,8 +4,8 @@ The exchange rides inside the authenticated, encrypted link, after the handshake
 sides send the HELLO of the lowest version they speak, which every release read so far (0.2.0 accepts
 exactly ``[0, 1, subscription, incarnation]`` and refuses anything longer or of another version, so no
 field can be added to it). Then each asks the other, as a request of the link's request/answer
-sub-protocol (:mod:`latticed.protocol.leasing`, op :data:`VERSIONS_OP`), which versions and features it
-speaks. 0.2.0 answers any op it does not know with a refusal and keeps the link: a refusal (or no
+sub-protocol (:mod:`latticed.protocol.lease_forwarding`, op :data:`VERSIONS_OP`), which versions and
+features it speaks. 0.2.0 answers any op it does not know with a refusal and keeps the link: a refusal (or no
 answer) means the peer speaks protocol 1 without features (:data:`UNSTATED`). Both then use the highest
 version they share and the features both name (:func:`agree`).
 

@@ -3,7 +3,7 @@
 Each is logged once when it starts (a fork: once per queue and run, at WARNING, with the proof's hash; low
 disk: when free space falls under the threshold, and once more when it is back) and shown by ``latticectl
 status`` for as long as it lasts. Peer faults (refused handshakes, clock skew) belong to the replication
-service: :mod:`latticed.net.peerstate`.
+service: :mod:`latticed.net.peer_faults`.
 
 What "low" means is :mod:`latticed.host.diskspace`'s.
 """

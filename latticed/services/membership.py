@@ -1,12 +1,12 @@
 """Which network this daemon is in, and changing it while it runs (``latticectl invite`` and ``join``).
 
-The replication service (:mod:`latticed.net.replication`) lives under one network key: the handshake, the mDNS
-announcements and every link depend on it. :class:`Membership` owns that service for the composition root.
-It starts it when there is anything to replicate with (a listen address, static peers, or peers saved by an
-earlier run), and :meth:`Membership.join` stores the invite's key in the configured key file (none
-configured: ``network.key`` in the data directory, which the next start reads), stops the
-service (links close, the peer book is saved) and starts it again under the new key, on the port it had,
-with the inviter in the peer book. So a join needs no restart, and the next start reads the same key.
+The replication service (:mod:`latticed.net.replication_service`) lives under one network key: the handshake,
+the mDNS announcements and every link depend on it. :class:`Membership` owns that service for the composition
+root. It starts it when there is anything to replicate with (a listen address, static peers, or peers saved by
+an earlier run), and :meth:`Membership.join` stores the invite's key in the configured key file (none
+configured: ``network.key`` in the data directory, which the next start reads), stops the service (links
+close, the peer book is saved) and starts it again under the new key, on the port it had, with the inviter in
+the peer book. So a join needs no restart, and the next start reads the same key.
 
 Joining never silently cuts a daemon off from a network it is part of. If it holds a private key other than
 the invite's and already shares that key with a peer (one it remembers, sees announced, or is connected
@@ -32,9 +32,9 @@ from latticed.host.invite import MAX_ADDRESSES, Invite, encode_invite
 from latticed.host.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, replace_network_key
 from latticed.net.discovery import mdns_addresses
 from latticed.net.gossip import LinkExtension
-from latticed.net.peerstate import load_rules
+from latticed.net.peer_faults import load_rules
 from latticed.net.ports import ReplicaStore
-from latticed.net.replication import Replication, load_peer_book, run_replication
+from latticed.net.replication_service import Replication, load_peer_book, run_replication
 from latticed.net.reports import PeerMetrics
 from latticed.process.logs import get_logger, log_event
 from latticed.protocol.addresses import HostPort

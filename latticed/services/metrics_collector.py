@@ -34,7 +34,8 @@ _GROUP_STATES = ("available", "leased", "failed", "dead")
 
 
 class ReplicationSource(Protocol):
-    """What the collector reads of the replication service (:class:`latticed.net.replication.Replication`)."""
+    """What the collector reads of the replication service
+    (:class:`latticed.net.replication_service.Replication`)."""
 
     def counters(self) -> dict[str, int]: ...
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from latticed.crdt.errors import LatticedError
+from latticed.crdt.core_errors import LatticedError
 from latticed.crdt.records import MAX_OFFSET
 from latticed.errors import ForkedQueueError, MalformedError, NotFoundError
 from latticed.process.logs import get_logger, log_event

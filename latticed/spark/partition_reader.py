@@ -34,7 +34,7 @@ from pyspark.sql.types import (
 )
 
 from latticed.api.client.blocking_client import Client
-from latticed.crdt.errors import LatticedError
+from latticed.crdt.core_errors import LatticedError
 from latticed.errors import NotFoundError
 from latticed.process.logs import get_logger, log_event
 from latticed.spark.local_daemon import connect, resolve_socket

@@ -96,7 +96,8 @@ class ApiStore(TailStore, Protocol):
 
 
 class ReplicationView(Protocol):
-    """What the API shows of replication (the service itself lives in :mod:`latticed.net.replication`)."""
+    """What the API shows of replication (the service itself is
+    :mod:`latticed.net.replication_service`)."""
 
     @property
     def listen(self) -> str | None: ...

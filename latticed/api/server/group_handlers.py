@@ -54,7 +54,7 @@ from latticed.groups.views import (
     task_wire,
 )
 from latticed.leases.outcomes import DeadLetter
-from latticed.protocol.leasing import error_for
+from latticed.protocol.lease_forwarding import error_for
 
 #: Longest accepted duration argument (a day): longer is almost surely a unit mistake.
 MAX_SECONDS: Final = 86_400.0

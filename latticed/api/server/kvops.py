@@ -1,7 +1,7 @@
 """The KV operations of the local API, one row each.
 
 The one list the request handlers, the blocking client and ``latticectl kv`` are checked against
-(tests/test_kv_ops_table.py): an op added, renamed or given another argument in one of them and not in the
+(tests/test_kv_planner.py): an op added, renamed or given another argument in one of them and not in the
 others fails a test instead of reaching a user. Each write names the planner op it becomes
 (:data:`latticed.crdt.kvplan.WRITE_OPS`), which the library's ``KvNamespace`` offers too.
 """

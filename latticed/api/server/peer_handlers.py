@@ -3,7 +3,7 @@
 
 Peer management works on the running replication service (started if this daemon had nothing to
 replicate with yet, as ``join`` does); blocks and added peers are saved in the data directory before the
-reply (``latticed/net/peerstate.py``), so they survive a restart. The checklist is the daemon's
+reply (``latticed/net/peer_faults.py``), so they survive a restart. The checklist is the daemon's
 (:class:`~latticed.api.server.api_ports.SelfCheck`: :mod:`latticed.host.checklist` on its config), run in
 a worker thread (it stats files and lists interfaces).
 """

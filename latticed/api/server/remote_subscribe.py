@@ -28,7 +28,7 @@ from latticed.api.server.push import PushSession
 from latticed.errors import LatticedError, OwnerUnreachableError, ProtocolError
 from latticed.groups.remote import RemoteGroup, RemoteGroups
 from latticed.process.logs import get_logger, log_event
-from latticed.protocol.leasing import error_for
+from latticed.protocol.lease_forwarding import error_for
 
 log = get_logger(__name__)
 

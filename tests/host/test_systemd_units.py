@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
 from latticed.host.install import DROP_IN_NAME, latticed_command, render_drop_in
 
-SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
+SYSTEMD_DIR = ROOT / "systemd"
 SYSTEM_UNIT = SYSTEMD_DIR / "latticed.service"
 USER_UNIT = SYSTEMD_DIR / "latticed-user.service"
 SYSUSERS = SYSTEMD_DIR / "sysusers.d-latticed.conf"

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.paths import ROOT
 
-from latticed.crdt.errors import MalformedError, NotReaderError, TamperedError
+from latticed.crdt.core_errors import MalformedError, NotReaderError, TamperedError
 from latticed.crdt.head import queue_id
 from latticed.crdt.records import Record, RecordRun, check_records
 from latticed.crdt.signing import Identity
@@ -29,7 +30,6 @@ from latticed.host.checklist import check_sealer, daemon_checks
 from latticed.host.config import DaemonConfig
 from latticed.privacy import compiled, crypto
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = bytes(range(32))
 QID = hashlib.blake2b(b"some queue", digest_size=32).digest()
 

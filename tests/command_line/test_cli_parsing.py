@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import typer
+from support.paths import ROOT
 from typer.testing import CliRunner, Result
 
 import cli.common
@@ -747,7 +748,7 @@ def test_kv_list_of_another_owner(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_readme_lists_every_exit_code() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     table = re.findall(r"^\| (\d+) \| ", readme, re.MULTILINE)
     assert [int(code) for code in table] == sorted(int(code) for code in ExitCode)
 

@@ -32,12 +32,12 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
 from latticed.host.config import DaemonConfig
 from latticed.host.listen_probe import listen_error
-from latticed.host.netkey import DEFAULT_NETWORK_KEY, network_key_fingerprint, read_network_key
+from latticed.host.netkey import DEFAULT_NETWORK_KEY, load_network_key, network_key_fingerprint
 from latticed.net.accept import serve_listeners
 from latticed.net.admission import Admission, FailureLog, Ticket, source_of
 from latticed.net.discovery import DiscoveredPeer, OtherNetworks, run_discovery
 from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExtension, PendingMerge
-from latticed.net.peerstate import PeerFaults
+from latticed.net.peer_faults import PeerFaults
 from latticed.net.ports import ReplicaStore
 from latticed.net.transport import connect_failure, secure_accept, secure_connect
 from latticed.net.why_facts import peer_facts
@@ -406,14 +406,6 @@ class Replication:
             tmp.replace(path)
         except OSError as exc:
             log_event(log, "peers.save_failed", level=logging.WARNING, error=str(exc))
-
-
-def load_network_key(config: DaemonConfig) -> bytes:
-    """The configured key file's key; with none configured, the key ``join`` kept in the data directory,
-    else the public default."""
-    if config.network_key_file is None and not config.network_key_path.exists():
-        return DEFAULT_NETWORK_KEY
-    return read_network_key(config.network_key_path)
 
 
 def load_peer_book(data_dir: Path, own: bytes) -> PeerBook:

@@ -9,12 +9,12 @@ import base64
 import hashlib
 import re
 import struct
-from pathlib import Path
 
 import nacl.bindings as sodium
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.paths import ROOT
 
 from latticed.errors import IntegrityError, LatticedError, MalformedError
 from latticed.protocol.announce import (
@@ -32,7 +32,7 @@ from latticed.protocol.announce import (
     seal_announcement,
 )
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "discovery.md"
+DOC = ROOT / "docs" / "discovery.md"
 K = bytes(range(32))
 OTHER_K = bytes(range(1, 33))
 PK = bytes.fromhex("d04ab232742bb4ab3a1368bd4615e4e6d0224ab71a016baf8520a332c9778737")

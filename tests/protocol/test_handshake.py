@@ -1,7 +1,8 @@
 """The sans-IO secret handshake: success, every failure path, what an outsider sees, and the test vectors.
 
-Run ``python tests/test_handshake.py`` to print the vectors recomputed from ``tests/vectors/handshake.json``'s
-inputs (to update the JSON and docs/protocol.md after a deliberate protocol change).
+Run ``python tests/protocol/test_handshake.py`` to print the vectors recomputed from
+``tests/vectors/handshake.json``'s inputs (to update the JSON and docs/protocol.md after a deliberate
+protocol change).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from latticed.protocol.handshake import (
 )
 from latticed.protocol.secure import SecureChannel
 
-ROOT = Path(__file__).resolve().parent.parent
-VECTORS = Path(__file__).resolve().parent / "vectors" / "handshake.json"
+ROOT = Path(__file__).resolve().parents[2]  # not support.paths: this file also runs as a script
+VECTORS = ROOT / "tests" / "vectors" / "handshake.json"
 PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
 
 K = bytes(range(32))
@@ -270,7 +271,7 @@ def test_replayed_handshake_fails_at_msg3() -> None:
 
 def test_replayed_opening_draws_no_answer() -> None:
     """An eavesdropper replaying a recorded msg1 to the daemon it was sent to learns nothing: not even that
-    the daemon shares the initiator's network key (issue 13, item 11)."""
+    the daemon shares the initiator's network key."""
     cache = ReplayCache()
     initiator, responder = make_pair(r_replay_cache=cache)
     msg1 = initiator.initiate()

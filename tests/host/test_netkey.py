@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from latticed.errors import AlreadyExistsError, MalformedError, NotFoundError
+from latticed.host.config import DaemonConfig
 from latticed.host.netkey import (
     DEFAULT_NETWORK_KEY,
     decode_network_key,
     encode_network_key,
+    load_network_key,
     network_key_fingerprint,
     new_network_key,
     read_network_key,
@@ -98,3 +100,30 @@ def test_fingerprint_is_short_stable_and_not_the_key() -> None:
     fingerprint = network_key_fingerprint(key)
     assert len(fingerprint) == 16 and fingerprint == network_key_fingerprint(key)
     assert fingerprint not in key.hex() and fingerprint != network_key_fingerprint(DEFAULT_NETWORK_KEY)
+
+
+def test_the_daemon_loads_the_configured_key_else_the_joined_one_else_the_default(tmp_path: Path) -> None:
+    config = DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock")
+    assert load_network_key(config) == DEFAULT_NETWORK_KEY
+    config.data_dir.mkdir()
+    joined = write_network_key(config.network_key_path)
+    assert load_network_key(config) == joined
+    configured = write_network_key(tmp_path / "configured.key")
+    assert (
+        load_network_key(
+            DaemonConfig(
+                data_dir=config.data_dir,
+                socket_path=config.socket_path,
+                network_key_file=tmp_path / "configured.key",
+            )
+        )
+        == configured
+    )
+    with pytest.raises(NotFoundError):
+        load_network_key(
+            DaemonConfig(
+                data_dir=config.data_dir,
+                socket_path=config.socket_path,
+                network_key_file=tmp_path / "absent.key",
+            )
+        )

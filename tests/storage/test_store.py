@@ -21,7 +21,7 @@ from support.clocks import TickingClock
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
-from latticed.crdt.head import KIND_KV, SignedHead
+from latticed.crdt.head import KIND_KV, SignedHead, meta_hash
 from latticed.crdt.kvplan import KvRequest, plan, visible
 from latticed.crdt.records import MAX_OFFSET, Record, make_record
 from latticed.crdt.signing import Identity
@@ -405,7 +405,7 @@ def past_the_end_delta() -> core.QueueDelta:
         base_hash=b"\1" * 32,
         head_hash=b"\1" * 32,
         meta_version=0,
-        meta_hash=core.meta_hash({}),
+        meta_hash=meta_hash({}),
         timestamp=NOW,
     )
     return core.QueueDelta(BOB.public_key, "feed", empty.kind, head, meta=())

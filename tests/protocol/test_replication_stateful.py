@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from support.sim import SimNetwork
 
 from latticed.crdt import queue as core
+from latticed.crdt.head import meta_hash
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
@@ -285,7 +286,7 @@ def test_two_histories_that_set_metadata_at_one_version_leave_no_replica_unserva
         held = [node.states[(ALICE.public_key, "q", 0)] for node in net.nodes.values()]
         for state in held:
             assert state.forked and state.head is not None
-            assert core.meta_hash(dict(state.meta)) == state.head.meta_hash
+            assert meta_hash(dict(state.meta)) == state.head.meta_hash
             assert (state.summary(), state.entries) == (held[0].summary(), held[0].entries)
             for other in held:
                 core.merge(other, core.delta(state, other.summary()))  # verifies, or raises

@@ -1,6 +1,6 @@
-"""The lease-forwarding sub-protocol (latticed/protocol/leasing.py) without sockets or clocks: requests
-matched to their answers, timeouts and lost links as events, cancels and late answers, malformed input
-refused with a typed error, bounds."""
+"""The lease-forwarding sub-protocol (latticed/protocol/lease_forwarding.py) without sockets or clocks:
+requests matched to their answers, timeouts and lost links as events, cancels and late answers, malformed
+input refused with a typed error, bounds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from latticed.crdt.wire import pack
 from latticed.errors import CapacityError, LeaseError, LocalProtocolError, NotAllowedError
-from latticed.protocol.leasing import (
+from latticed.protocol.lease_forwarding import (
     ANSWER,
     CANCEL,
     REFUSAL,

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from support.paths import ROOT
 
 from latticed.crdt.attempts import (
     CORRELATION_HEADER,
@@ -26,7 +26,7 @@ from latticed.crdt.attempts import (
     encode_history,
     parse_dead_letter,
 )
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.group import (
     GroupProgress,
     apply_progress_ops,
@@ -597,7 +597,7 @@ def test_bad_group_filter_is_refused_when_the_dispatcher_starts() -> None:
 
 def test_the_documented_filter_examples_parse_and_mean_what_the_docs_say() -> None:
     """docs/workqueues.md is where users learn the grammar: every example there must parse."""
-    doc = (Path(__file__).parent.parent / "docs" / "workqueues.md").read_text()
+    doc = (ROOT / "docs" / "workqueues.md").read_text()
     examples = re.findall(r"^--filter '([^']*)'", doc, re.MULTILINE)
     assert len(examples) >= 5
     for text in examples:

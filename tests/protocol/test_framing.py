@@ -186,7 +186,7 @@ def test_accepts_bytearray_and_memoryview_chunks() -> None:
 
 def test_a_large_frame_leaves_no_large_buffer_behind() -> None:
     """An idle connection that once received a large frame (and the start of the next) holds only what it
-    still needs, not the large frame's room (issue 13, item 12: CPython reallocates a bytearray whose
+    still needs, not the large frame's room (CPython reallocates a bytearray whose
     front is deleted once less than half of it remains, which the lazy compaction relies on)."""
     decoder = FrameDecoder(8 << 20)
     big = encode_frame(b"x" * (4 << 20), 8 << 20)

@@ -1,7 +1,7 @@
 """Sealed records, pure part (latticed/privacy): envelopes, wrapped keys, key epochs in metadata, and the
 test vectors of docs/privacy.md.
 
-Run ``python tests/test_sealed_crypto.py`` to print the vectors recomputed from
+Run ``python tests/privacy/test_sealed_crypto.py`` to print the vectors recomputed from
 ``tests/vectors/sealed.json``'s inputs (after a deliberate change of the construction).
 """
 
@@ -20,13 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latticed.crdt.errors import MalformedError, NotReaderError, TamperedError
+from latticed.crdt.core_errors import MalformedError, NotReaderError, TamperedError
 from latticed.crdt.head import queue_id
 from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity
 from latticed.privacy import crypto, meta
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # not support.paths: this file also runs as a script
 VECTORS = ROOT / "tests" / "vectors" / "sealed.json"
 PRIVACY_DOC = ROOT / "docs" / "privacy.md"
 

@@ -1,4 +1,4 @@
-"""How the tail job builds its SparkSession (issue 13, items 25-26), decided without a JVM.
+"""How the tail job builds its SparkSession, decided without a JVM.
 
 On a cluster a host without a daemon fails a task in milliseconds, and Spark's retries may all land on
 that executor: the job excludes failed executors by default there. spark-submit's own settings (its

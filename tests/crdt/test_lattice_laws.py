@@ -341,7 +341,7 @@ def test_a_forked_join_streams_in_chunks_that_verify(
 
 
 def test_a_chunk_of_a_forked_join_never_ends_at_a_head_that_starts_past_it() -> None:
-    """A run hypothesis found in tests/test_replication_stateful.py: a replica of the truncated main
+    """A run hypothesis found in tests/protocol/test_replication_stateful.py: a replica of the truncated main
     history (head 2 starts at 1) takes the second history's version 2 (which starts at 0) and keeps head
     2 of the main one, with both heads among its checkpoints; the second history's version 3 then takes
     its records and checkpoints. Both version-2 heads end at 3, and a chunk of 3 records from 0 ended at
@@ -376,8 +376,8 @@ def test_a_head_whose_metadata_a_delta_left_out_is_not_kept() -> None:
 
 
 def test_a_chunk_ends_at_a_head_that_vouches_for_it_from_its_first_record() -> None:
-    """The shape of a run hypothesis found in tests/test_replication_stateful.py: a replica of the main
-    history (head 5 starts at 0) takes the next record of a second history that truncated to 2 (its head
+    """The shape of a run hypothesis found in tests/protocol/test_replication_stateful.py: a replica of the
+    main history (head 5 starts at 0) takes the next record of a second history that truncated to 2 (its head
     4 starts there). The joined run [0, 5) ends at that head, which vouches for records from 2 on only,
     and every delta cut from 0 ended at it: every peer refused it as tampered and never caught up."""
     main = history([("offer", 3), ("offer", 1), ("truncate", 0), ("truncate", 0), ("truncate", 0)])

@@ -123,7 +123,7 @@ def _failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 def test_a_key_holder_flooding_future_openings_locks_out_no_one(
     daemon: tuple[InProcessDaemon, int], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="latticed.net.replication")
+    caplog.set_level(logging.INFO, logger="latticed.net.replication_service")
     _, port = daemon
     answered = 0
     for _ in range(CAPACITY + 40):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.paths import ROOT
 from typer.testing import CliRunner, Result
 
 import cli.init
@@ -20,7 +21,7 @@ from latticed.host.identity_key import load_or_create_identity
 from latticed.host.install import layout_for, render_config, render_drop_in, shipped_file, systemd_quote
 from latticed.host.netkey import DEFAULT_NETWORK_KEY, read_network_key, write_network_key
 
-SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
+SYSTEMD_DIR = ROOT / "systemd"
 runner = CliRunner()
 
 

@@ -27,8 +27,8 @@ from latticed.api.client.peer_client import PeerOps
 from latticed.errors import ConnectionClosedError
 from latticed.host.config import DaemonConfig
 from latticed.net.discovery import DiscoveredPeer, run_discovery
-from latticed.net.peerstate import PeerFaults
-from latticed.net.replication import PEERS_FILE
+from latticed.net.peer_faults import PeerFaults
+from latticed.net.replication_service import PEERS_FILE
 from latticed.net.transport import connect_failure, open_peer
 from latticed.process.logs import EVENT_ATTR, FIELDS_ATTR
 from latticed.protocol.peerbook import PeerBook
@@ -101,7 +101,7 @@ def test_replication_ready_counts_the_remembered_peers(
     book = PeerBook()
     book.remember(("127.0.0.1", 9), PK_B, now=time.time())  # the discard port: nothing listens
     (data / PEERS_FILE).write_text(book.to_json())
-    caplog.set_level(logging.INFO, logger="latticed.net.replication")
+    caplog.set_level(logging.INFO, logger="latticed.net.replication_service")
     config = DaemonConfig(data_dir=data, socket_path=tmp_path / "d.sock", listen=("127.0.0.1", 0), mdns=False)
     daemon = start_in_process(config)
     daemon.stop()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from latticed.crdt import queue as core
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.records import (
     MAX_HEADER_KEY_BYTES,
     MAX_HEADER_VALUE_BYTES,

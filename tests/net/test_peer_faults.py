@@ -28,7 +28,7 @@ from latticed.host.config import DaemonConfig
 from latticed.host.diskspace import LOW_DISK_BYTES, DiskUsage, disk_is_low
 from latticed.host.mdns_interfaces import mdns_addresses, mdns_interfaces
 from latticed.host.netkey import DEFAULT_NETWORK_KEY, write_network_key
-from latticed.net.peerstate import PeerFaults, load_rules, save_rules
+from latticed.net.peer_faults import PeerFaults, load_rules, save_rules
 from latticed.net.transport import SecureStream, secure_accept, secure_connect
 from latticed.protocol.handshake import Initiator, Responder, public_key_from_seed
 from latticed.protocol.peerbook import Backoff, PeerBook
@@ -277,14 +277,14 @@ def test_low_disk_is_logged_once_each_way(tmp_path: Path, caplog: pytest.LogCapt
 
 def test_clock_skew_from_handshakes_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     faults = PeerFaults(tmp_path)
-    caplog.set_level(logging.INFO, logger="latticed.net.peerstate")
+    caplog.set_level(logging.INFO, logger="latticed.net.peer_faults")
     for offset in (40_000, 41_000, 39_000):
         faults.incoming_succeeded("10.0.0.1", PK_B, offset, "10.0.0.1:5000")
     stale = HandshakeError("msg1 is not fresh", clock_offset_ms=-300_000)
     faults.incoming_failed("10.0.0.2", stale, None)
     faults.incoming_failed("10.0.0.2", stale, None)
     faults.incoming_succeeded("10.0.0.1", PK_B, 100, "10.0.0.1:5001")
-    events = [r.getMessage() for r in caplog.records if r.name == "latticed.net.peerstate"]
+    events = [r.getMessage() for r in caplog.records if r.name == "latticed.net.peer_faults"]
     assert events == ["clock.skew", "clock.skew", "clock.skew_recovered"]
     [reading] = faults.clock_skew()
     assert (reading.peer, reading.offset_ms, reading.public_key) == ("10.0.0.2", -300_000, None)

@@ -21,7 +21,7 @@ from latticed.crdt.attempts import (
     dead_letter_record,
     parse_dead_letter,
 )
-from latticed.crdt.errors import MalformedError
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.group import (
     EMPTY,
     GroupProgress,
