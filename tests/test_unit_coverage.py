@@ -111,10 +111,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "latticed.api.server.remote_subscribe": (
         "subscriptions to another daemon's group: integration/test_workqueue_mesh.py"
     ),
-    "latticed.api.server.request_router": (
-        "runs inside every in-process daemon (tests/support/inprocess.py); every request of "
-        "tests/api/test_api_server.py goes through it"
-    ),
     "latticed.api.server.retention_handlers": (
         "runs inside every in-process daemon (tests/support/inprocess.py); retention ops in "
         "tests/api/test_disk_api.py"
