@@ -23,9 +23,7 @@ lives in :mod:`latticed.host.retention_policy`.
 
 from __future__ import annotations
 
-import functools
 import logging
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -46,9 +44,7 @@ from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import sleep_until_tick
 from latticed.services.service_ports import RetentionStore
 from latticed.storage import prune
-from latticed.storage.batch import Batch
-from latticed.storage.jobs import WriterView
-from latticed.storage.kvcompact import CompactKv, worth_compacting
+from latticed.storage.kvcompact import worth_compacting
 from latticed.storage.wiring import ChangeFanout
 
 log = get_logger(__name__)
@@ -218,7 +214,7 @@ class RetentionService:
                 await self.purge_kv()
             except Exception as exc:  # as in enforce: logged, and tried again at the next round
                 self.counters.failures += 1
-                expected = isinstance(exc, LatticedError | sqlite3.Error)
+                expected = isinstance(exc, LatticedError)
                 log_event(
                     log,
                     "retention.kv_purge_failed",
@@ -246,7 +242,7 @@ class RetentionService:
             dropped = await self._enforce(q, watch)
         except Exception as exc:  # a full disk, a fenced write, or a bug: never the daemon's end
             self.counters.failures += 1
-            expected = isinstance(exc, LatticedError | sqlite3.Error)
+            expected = isinstance(exc, LatticedError)
             log_event(
                 log,
                 "retention.failed",
@@ -360,7 +356,7 @@ class RetentionService:
         for ns in engine.queues(KIND_KV):
             now = engine.clock()
             try:
-                count: int = await engine.call_in_writer(functools.partial(_purge, ns=ns, now_ms=now))
+                count = await engine.purge_expired_kv(ns, now)
             except LatticedError as exc:
                 self.counters.failures += 1
                 log_event(log, "retention.kv_purge_failed", level=logging.WARNING, error=str(exc))
@@ -387,7 +383,7 @@ class RetentionService:
             if not worth_compacting(state.held_end - state.start, keys):
                 return
             try:
-                dropped: int = await engine.call_in_writer(functools.partial(_compact_step, ns=ns))
+                dropped = await engine.compact_kv_step(ns)
             except LatticedError as exc:
                 self.counters.failures += 1
                 log_event(log, "retention.kv_compaction_failed", level=logging.WARNING, error=str(exc))
@@ -396,21 +392,6 @@ class RetentionService:
 
     def counters_dict(self) -> dict[str, int]:
         return {name: getattr(self.counters, name) for name in Counters.__dataclass_fields__}
-
-
-def _purge(batch: Batch, writer: WriterView, *, ns: int, now_ms: int) -> int:
-    """Runs on the storage thread, between transactions (see :meth:`Store.purge_expired_kv`)."""
-    store = writer.store
-    try:
-        return store.purge_expired_kv(ns, now_ms)
-    except sqlite3.Error as exc:  # a full or read-only disk
-        raise store.error(exc, "purge expired keys in") from exc
-
-
-def _compact_step(batch: Batch, writer: WriterView, *, ns: int) -> int:
-    job = CompactKv(ns)
-    job.apply(batch, writer)
-    return int(job.result)
 
 
 async def run_retention(

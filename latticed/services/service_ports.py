@@ -5,12 +5,10 @@ daemon passes its :class:`~latticed.storage.engine.Engine`); a name appears here
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue import QueueState
-from latticed.storage.batch import Batch
-from latticed.storage.jobs import WriterView
 from latticed.storage.reader import StoreReader
 
 T = TypeVar("T")
@@ -18,7 +16,7 @@ T = TypeVar("T")
 
 class RetentionStore(Protocol):
     """Queues and KV namespaces, read and cut: signed truncations of ours, local drops of replicas, and
-    purge and compaction steps run on the storage thread."""
+    purge and compaction steps of KV namespaces (run on the storage thread, errors as StorageError)."""
 
     @property
     def public_key(self) -> bytes: ...
@@ -44,7 +42,13 @@ class RetentionStore(Protocol):
 
     async def inspect(self, fn: Callable[[StoreReader], T]) -> T: ...
 
-    async def call_in_writer(self, fn: Callable[[Batch, WriterView], Any]) -> Any: ...
+    async def purge_expired_kv(self, ns: int, now_ms: int) -> int:
+        """Delete KV namespace ``ns``'s keys expired by ``now_ms`` on the storage thread; returns how many."""
+        ...
+
+    async def compact_kv_step(self, ns: int) -> int:
+        """One compaction step of our KV namespace ``ns``'s op log; returns the ops dropped."""
+        ...
 
 
 class MetricsStore(Protocol):

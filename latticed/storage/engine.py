@@ -17,6 +17,7 @@ Consumers do not depend on this class but on the narrow Protocols naming what th
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,6 +50,7 @@ from latticed.storage.jobs import (
     Truncate,
     WriterView,
 )
+from latticed.storage.kv_upkeep import compact_step, purge_expired
 from latticed.storage.live import LiveCache
 from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader
 from latticed.storage.replica import ReplicaView
@@ -176,6 +178,18 @@ class Engine(ReplicaView):
     async def call_in_writer(self, fn: Callable[[Batch, WriterView], Any]) -> Any:
         """Run ``fn`` on the storage thread (maintenance, tests)."""
         return await self.bridge.call(fn)
+
+    async def purge_expired_kv(self, ns: int, now_ms: int) -> int:
+        """Delete KV namespace ``ns``'s keys whose value expired by ``now_ms`` (ours or a replica's; every
+        reader sees them absent already); returns how many. StorageError if the disk refuses."""
+        purged: int = await self.bridge.call(functools.partial(purge_expired, ns=ns, now_ms=now_ms))
+        return purged
+
+    async def compact_kv_step(self, ns: int) -> int:
+        """One bounded compaction step of our KV namespace ``ns``'s op log (:mod:`.kvcompact`); returns the
+        ops dropped."""
+        dropped: int = await self.bridge.call(functools.partial(compact_step, ns=ns))
+        return dropped
 
     @property
     def transactions(self) -> int:

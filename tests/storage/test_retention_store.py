@@ -1,9 +1,11 @@
 """Retention in the store: a replica's local drop is persisted and still verifies, expired KV keys are
-purged (their ops go with the next compaction, and a replica that missed them folds its view again),
+purged (their ops go with the next compaction, and a replica that missed them folds its view again;
+a failing purge is a StorageError like any failed write),
 free pages are kept for the next writes while writes keep coming, and what retention measures."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +19,11 @@ from latticed.crdt.head import KIND_KV
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
-from latticed.errors import NotOwnerError
+from latticed.errors import NotOwnerError, StorageError
 from latticed.storage import prune
 from latticed.storage.codec import encode_kv_entry
-from latticed.storage.jobs import Append, CreateQueue, DropLocal, Job, KvWrite, Merge, Truncate
+from latticed.storage.jobs import Append, Call, CreateQueue, DropLocal, Job, KvWrite, Merge, Truncate
+from latticed.storage.kv_upkeep import compact_step, purge_expired
 from latticed.storage.kvcompact import CompactKv
 from latticed.storage.reader import StoreReader
 from latticed.storage.schema import MIGRATIONS
@@ -195,6 +198,33 @@ def test_expired_keys_are_purged_and_a_replica_that_missed_their_ops_follows(
     replicate(alice, ns, bob)
     assert keys(bob, replica) == {"keep", "hits"}
     assert bob.store.kv_entry(replica, "session") is None
+
+
+def test_the_storage_thread_steps_purge_and_compact_and_a_full_disk_is_a_storage_error(
+    alice: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = alice._clock
+    assert isinstance(clock, SettableClock)
+    kv_write(alice, "put", "session", value=b"v", ttl_ms=1000)
+    for _ in range(100):
+        kv_write(alice, "incr", "hits")
+    ns = kv_ns(alice, ALICE)
+    clock.advance(5000)
+    assert ok(alice, Call(functools.partial(purge_expired, ns=ns, now_ms=clock.now))) == 1
+    assert keys(alice, ns) == {"hits"}
+    dropped = ok(alice, Call(functools.partial(compact_step, ns=ns)))
+    assert isinstance(dropped, int) and dropped > 90  # the superseded increments and the expired put
+
+    def full(ns: int, now_ms: int) -> int:
+        exc = sqlite3.OperationalError("database or disk is full")
+        exc.sqlite_errorcode = 13  # SQLITE_FULL
+        raise exc
+
+    monkeypatch.setattr(alice.store, "purge_expired_kv", full)
+    job = Call(functools.partial(purge_expired, ns=ns, now_ms=clock.now))
+    alice.process([job])
+    assert isinstance(job.error, StorageError)  # what the retention service expects, without SQLite
+    assert "purge expired keys in" in str(job.error) and "full" in str(job.error)
 
 
 def test_free_pages_stay_for_the_next_writes_while_writes_keep_coming(alice: Writer) -> None:
