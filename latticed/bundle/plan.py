@@ -9,7 +9,7 @@ import fnmatch
 from collections.abc import Sequence
 
 from latticed.crdt.queue import QueueDelta, Summary
-from latticed.protocol.replication import has_news, is_ahead
+from latticed.protocol.replication import has_news, held_after, is_ahead
 
 
 def selected(patterns: Sequence[str], owner: bytes, name: str) -> bool:
@@ -24,28 +24,6 @@ def selected(patterns: Sequence[str], owner: bytes, name: str) -> bool:
 def lacks(ours: Summary, theirs: Summary | None) -> bool:
     """Whether the other side may lack something of a log we hold (no want file: it lacks everything)."""
     return ours.version > 0 and has_news(ours, theirs)
-
-
-def held_after(delta: QueueDelta, known: Summary | None) -> Summary:
-    """What a side summarised by ``known`` holds after joining ``delta`` along one history (where the next
-    chunk starts)."""
-    head = delta.head
-    if head is None:
-        return known or Summary()
-    if delta.tip is not None:
-        held_end, held_hash = delta.tip.end, delta.tip.head_hash
-    elif known is not None:
-        held_end, held_hash = known.held_end, known.held_hash
-    else:
-        held_end, held_hash = head.start, head.base_hash
-    return Summary(
-        version=head.version,
-        start=head.start,
-        held_end=max(held_end, head.start),
-        held_hash=held_hash,
-        meta_version=head.meta_version,
-        forked=delta.fork is not None,
-    )
 
 
 def worth_writing(delta: QueueDelta, since: Summary | None) -> bool:
@@ -69,4 +47,4 @@ def records_lacking(ours: Summary, theirs: Summary | None) -> int:
     return max(ours.held_end - start, 0)
 
 
-__all__ = ["held_after", "lacks", "records_lacking", "selected", "worth_writing"]
+__all__ = ["lacks", "records_lacking", "selected", "worth_writing"]

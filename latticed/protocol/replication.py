@@ -108,6 +108,7 @@ __all__ = [
     "ReplicationSession",
     "SessionState",
     "has_news",
+    "held_after",
     "is_ahead",
     "key_label",
 ]
@@ -413,7 +414,7 @@ class ReplicationSession:
             self._pump()
             return
         self._seq += 1
-        implied = _implied_summary(delta, since)
+        implied = held_after(delta, since)
         ours = self._local.get(key)
         if offering and delta.records:
             link.onward = _onward(link, delta, implied, ours)
@@ -534,7 +535,7 @@ class ReplicationSession:
                 self._foreign.add(key)
                 if self.key_budget is not None:
                     self.key_budget.used += 1
-        implied = _implied_summary(delta, link.peer)
+        implied = held_after(delta, link.peer)
         if is_ahead(implied, link.peer):
             link.peer = implied  # the sender holds at least what it sent: never echo it back
         self.stats["deltas_received"] += 1
@@ -786,7 +787,7 @@ def _no_news(delta: QueueDelta, since: Summary | None) -> bool:
         and not delta.records
         and delta.meta is None
         and delta.fork is None
-        and not is_ahead(_implied_summary(delta, since), since)
+        and not is_ahead(held_after(delta, since), since)
     )
 
 
@@ -820,7 +821,9 @@ def _onward(link: _Link, delta: QueueDelta, implied: Summary, ours: Summary | No
     return onward if is_ahead(ours, reach) else None
 
 
-def _implied_summary(delta: QueueDelta, known: Summary | None) -> Summary:
+def held_after(delta: QueueDelta, known: Summary | None) -> Summary:
+    """What a side summarised by ``known`` holds after joining ``delta`` along one history (where the next
+    chunk starts): the session's view of a peer it sent ``delta``, and a bundle's of its reader."""
     head = delta.head
     if head is None:
         return known or Summary()

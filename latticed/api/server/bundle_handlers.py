@@ -27,7 +27,7 @@ import trio
 from latticed.api.messages import arg_bytes, error_reply, unpack
 from latticed.api.server.context import Context, Handler, Reply, Request, StreamHandler
 from latticed.bundle.format import BundleReader, BundleWriter, LogKey, decode_want, encode_want
-from latticed.bundle.plan import held_after, lacks, records_lacking, selected, worth_writing
+from latticed.bundle.plan import lacks, records_lacking, selected, worth_writing
 from latticed.crdt.head import QueueKind
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.signing import Identity
@@ -40,6 +40,7 @@ from latticed.errors import (
     TamperedError,
 )
 from latticed.process.logs import get_logger, log_event
+from latticed.protocol.replication import held_after
 from latticed.storage.jobs import Merge
 
 if TYPE_CHECKING:
