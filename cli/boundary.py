@@ -222,4 +222,25 @@ def _usage_message(exc: typer.TyperException) -> str:
     return message
 
 
-__all__ = ["BoundaryGroup", "ExitCode", "StdoutClosed", "exit_code_for", "one_line"]
+def version_option(program: str) -> Any:
+    """The ``--version`` (``-V``) flag of ``program``'s root command, for when it comes with other
+    arguments (alone, cli/entry.py answers it before typer is even imported)."""
+
+    def show(value: bool) -> None:
+        if value:
+            from latticed.version import describe  # noqa: PLC0415 - only when asked
+
+            typer.echo(describe(program))
+            raise typer.Exit()
+
+    return typer.Option(
+        "--version",
+        "-V",
+        is_eager=True,
+        expose_value=False,
+        callback=show,
+        help=f"Print {program}'s release and the wire, store and local API versions it speaks.",
+    )
+
+
+__all__ = ["BoundaryGroup", "ExitCode", "StdoutClosed", "exit_code_for", "one_line", "version_option"]

@@ -19,7 +19,7 @@ import typer
 from typer.core import TyperGroup
 
 from cli import lazy
-from cli.boundary import BoundaryGroup
+from cli.boundary import BoundaryGroup, version_option
 from cli.common import (
     SOCKET_HELP,
     JsonFlag,
@@ -134,14 +134,6 @@ MetaKey = Annotated[str, typer.Argument(metavar="KEY", help="Metadata key.")]
 MetaValue = Annotated[str, typer.Argument(metavar="VALUE", help="Metadata values are text.")]
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        from latticed.version import describe  # noqa: PLC0415 - only when asked
-
-        typer.echo(describe("latticectl"))
-        raise typer.Exit()
-
-
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -152,17 +144,7 @@ def _root(
         bool,
         typer.Option("--json", help="Print JSON, as --json after the command does (where it prints data)."),
     ] = False,
-    _version: Annotated[
-        bool,
-        typer.Option(
-            "--version",
-            "-V",
-            is_eager=True,
-            expose_value=False,
-            callback=_print_version,
-            help="Print latticectl's release and the wire, store and local API versions it speaks.",
-        ),
-    ] = False,
+    _version: Annotated[bool, version_option("latticectl")] = False,
 ) -> None:
     ctx.obj = Settings(socket, as_json)
     if as_json:

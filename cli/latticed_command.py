@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from cli import lazy
-from cli.boundary import BoundaryGroup
+from cli.boundary import BoundaryGroup, version_option
 from cli.init import register as register_init
 from cli.migrate import register as register_migrate
 from latticed.host.config import (
@@ -290,25 +290,9 @@ def version() -> None:
     typer.echo(describe("latticed"))
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(describe("latticed"))
-        raise typer.Exit()
-
-
 @app.callback()
 def _root(
-    _version: Annotated[
-        bool,
-        typer.Option(
-            "--version",
-            "-V",
-            is_eager=True,
-            expose_value=False,
-            callback=_print_version,
-            help="Print latticed's release and the wire, store and local API versions it speaks.",
-        ),
-    ] = False,
+    _version: Annotated[bool, version_option("latticed")] = False,
 ) -> None:
     """latticed: peer-to-peer sync daemon for signed queues and KV state."""
 

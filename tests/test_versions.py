@@ -3,6 +3,7 @@ each format, and are in CHANGELOG.md: a wire, store or API change without a chan
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -120,6 +121,26 @@ def test_version_flags_print_every_version_without_importing_the_daemon_or_typer
         f"store schema {STORE_SCHEMA}",
         f"local API {span(API_VERSIONS)}",
     ]
+
+
+def test_a_version_flag_into_a_closed_pipe_is_exit_141_not_a_traceback() -> None:
+    """`latticectl --version | head -0`: the reader is gone before anything is written."""
+    code = "import sys; sys.argv = [sys.argv[1], '--version']; import cli.entry; cli.entry.latticectl()"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code, "latticectl"],
+            check=False,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    finally:
+        os.close(write)
+    assert out.returncode == 141 and out.stderr == ""
 
 
 def test_python_m_latticed_answers_version_too() -> None:
