@@ -7,8 +7,9 @@ here by replication like any record of that queue.
 
 Each request names a producer id and a sequence number. The same pair sent again (after a link dropped
 before the answer, or an answer that did not come in time) gets the first answer and writes nothing more,
-so this side retries until ``wait`` runs out. Without one given by the client, each offer gets its own
-random producer id (its retries are still safe).
+so this side retries until ``wait`` runs out. Without one given by the client, an offer goes under this
+daemon's own producer id (random, one per run) and the next sequence of it: the owner then remembers one
+row for this daemon per queue and run, not one per offer, and a retry is still the same pair.
 
 Versions: an owner whose link did not agree on the :data:`PRODUCE_FEATURE` feature does not know the op:
 the offer fails at once with a clear error (an owner still settling its versions is asked anyway; one
@@ -17,6 +18,7 @@ that refuses the op as unknown gets the same error).
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -60,6 +62,12 @@ class RemoteOffers:
         self.local = local
         self._nursery: trio.Nursery | None = None
         self.counters = {"offers": 0, "retries": 0}
+        self._own_producer = new_producer_id()
+        self._own_sequences = itertools.count()
+
+    def next_own(self) -> tuple[str, int]:
+        """This daemon's producer id and its next sequence, for an offer whose client named no producer."""
+        return self._own_producer, next(self._own_sequences)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

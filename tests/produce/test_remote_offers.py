@@ -135,6 +135,24 @@ async def test_a_retry_after_a_lost_answer_is_written_once(tmp_path: Path) -> No
         nursery.cancel_scope.cancel()
 
 
+async def test_offers_naming_no_producer_go_under_the_daemons_own_and_leave_one_row(tmp_path: Path) -> None:
+    """The owner remembers sequences per producer: one producer id per offer would leave a row per offer."""
+    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+        b = await producer(nursery, a, B)
+        pairs = [b.next_own() for _ in range(5)]
+        assert len({p for p, _ in pairs}) == 1 and [s for _, s in pairs] == [0, 1, 2, 3, 4]
+        for i, (producer_id, seq) in enumerate(pairs):
+            await b.offer(OWNER.public_key, "feed", [[b"r%d" % i, None, None]], producer=producer_id, seq=seq)
+        assert len(await a.records()) == 5
+
+        def rows(reader: Any) -> int:
+            sql = "SELECT count(*) FROM settings WHERE name LIKE 'producer/%'"
+            return int(reader.conn.execute(sql).fetchone()[0])
+
+        assert await a.engine.inspect(rows) == 1
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_shared_producer_id_is_written_once_whichever_daemon_sends_it(tmp_path: Path) -> None:
     async with owner(tmp_path, both=True) as a, trio.open_nursery() as nursery:
         b, c = await producer(nursery, a, B), await producer(nursery, a, C)

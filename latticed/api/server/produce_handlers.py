@@ -28,7 +28,7 @@ from latticed.crdt.signing import parse_public_key
 from latticed.errors import LatticedError, MalformedError, NotAllowedError
 from latticed.process.logs import get_logger, log_event
 from latticed.produce.dedup import check_producer, producer_scope
-from latticed.produce.forward import DEFAULT_WAIT_S, RemoteOffers, new_producer_id
+from latticed.produce.forward import DEFAULT_WAIT_S, RemoteOffers
 from latticed.produce.owner import produced_run
 from latticed.produce.policy import producers_of
 from latticed.storage.jobs import Job
@@ -87,7 +87,7 @@ def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:
     owner = _remote_owner(ctx, request)
     producer, seq = request.get("producer"), request.get("seq")
     if producer is None:
-        producer, seq = new_producer_id(), 0
+        producer, seq = producers.next_own()
     producer, seq = check_producer(producer, seq)
     shared = request.get("shared")
     producer_scope(ctx.engine.public_key, producer, shared)  # 'shared' is checked before anything runs
