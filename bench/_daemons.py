@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -78,6 +78,27 @@ class Node(Protocol):
     def socket(self) -> Path: ...
 
     def client(self) -> Client: ...
+
+
+class LoopbackDaemon:
+    """A ``latticed run`` on 127.0.0.1 (port 0) with its own data directory under ``root``, mDNS off,
+    dialling ``peers``; ``timeout``: its clients' (s)."""
+
+    def __init__(self, root: Path, name: str, peers: Sequence[str] = (), *, timeout: float = 60) -> None:
+        self.name = name
+        self.socket = root / f"{name}.sock"
+        self.timeout = timeout
+        args = ["--data-dir", str(root / name), "--socket", str(self.socket)]
+        args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
+        for peer in peers:
+            args += ["--peer", peer]
+        self.proc, self.listen = start(run_argv(*args), self.socket, listen_address)
+
+    def client(self) -> Client:
+        return Client(self.socket, timeout=self.timeout)
+
+    def stop(self) -> None:
+        stop(self.proc)
 
 
 def wait_end(node: Node, queue: str, end: int, timeout: float = 600) -> float:

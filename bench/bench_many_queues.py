@@ -21,24 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop
-
-from latticed.api.client.blocking_client import Client
+from _daemons import LoopbackDaemon, cpu_s, scratch
 
 
-class Node:
+class Node(LoopbackDaemon):
     def __init__(self, root: Path, name: str) -> None:
-        self.name = name
-        self.socket = root / f"{name}.sock"
-        args = ["--data-dir", str(root / name), "--socket", str(self.socket)]
-        args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
-        self.proc, self.listen = start(run_argv(*args), self.socket, listen_address)
-
-    def client(self) -> Client:
-        return Client(self.socket, timeout=600)
-
-    def stop(self) -> None:
-        stop(self.proc)
+        super().__init__(root, name, timeout=600)
 
 
 def fill(node: Node, queues: int, records: int, clients: int = 16) -> float:

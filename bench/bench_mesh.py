@@ -27,28 +27,16 @@ import time
 from collections import deque
 from pathlib import Path
 
-from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
-
-from latticed.api.client.blocking_client import Client
+from _daemons import LoopbackDaemon, cpu_s, scratch, wait_end
 
 
-class Node:
+class Node(LoopbackDaemon):
     def __init__(self, root: Path, name: str) -> None:
-        self.name = name
-        self.socket = root / f"{name}.sock"
-        args = ["--data-dir", str(root / name), "--socket", str(self.socket)]
-        args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
-        self.proc, self.listen = start(run_argv(*args), self.socket, listen_address)
-
-    def client(self) -> Client:
-        return Client(self.socket, timeout=120)
+        super().__init__(root, name, timeout=120)
 
     def counters(self) -> dict[str, int]:
         with self.client() as c:
             return dict(c.status().get("replication") or {})
-
-    def stop(self) -> None:
-        stop(self.proc)
 
 
 def topology(n: int, degree: int, seed: int) -> set[frozenset[int]]:

@@ -34,31 +34,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _daemons import cpu_s, listen_address, run_argv, scratch, start, stop
+from _daemons import LoopbackDaemon, cpu_s, scratch
 
-from latticed.api.client.blocking_client import Client
 from latticed.api.client.producer import Producer
 
 BATCH = 1000
 VALUE = b"x" * 100
 
 
-class Node:
+class Node(LoopbackDaemon):
     """A ``latticed run`` on loopback with its own data directory."""
 
     def __init__(self, root: Path, name: str, peers: list[str]) -> None:
-        self.socket = root / f"{name}.sock"
-        args = ["--data-dir", str(root / name), "--socket", str(self.socket)]
-        args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
-        for peer in peers:
-            args += ["--peer", peer]
-        self.proc, self.listen = start(run_argv(*args), self.socket, listen_address)
-
-    def client(self) -> Client:
-        return Client(self.socket, timeout=120)
-
-    def stop(self) -> None:
-        stop(self.proc)
+        super().__init__(root, name, peers, timeout=120)
 
 
 def batches(n: int) -> list[list[tuple[bytes, bytes | None, list[Any]]]]:

@@ -25,30 +25,14 @@ from pathlib import Path
 
 import floor_relay
 import trio
-from _daemons import CpuSplit, cpu_s, listen_address, run_argv, scratch, start, stop, wait_end
+from _daemons import CpuSplit, LoopbackDaemon, cpu_s, scratch, wait_end
 from hostjitter import FsyncProbe, WakeProbe
 
-from latticed.api.client.blocking_client import Client
 from latticed.crdt.signing import Identity
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.transport import open_peer
 
-
-class Node:
-    def __init__(self, root: Path, name: str, peers: list[str]) -> None:
-        self.name = name
-        self.socket = root / f"{name}.sock"
-        args = ["--data-dir", str(root / name), "--socket", str(self.socket)]
-        args += ["--listen", "127.0.0.1:0", "--no-mdns", "--log-level", "WARNING"]
-        for peer in peers:
-            args += ["--peer", peer]
-        self.proc, self.listen = start(run_argv(*args), self.socket, listen_address)
-
-    def client(self) -> Client:
-        return Client(self.socket, timeout=60)
-
-    def stop(self) -> None:
-        stop(self.proc)
+Node = LoopbackDaemon
 
 
 def cluster() -> contextlib.AbstractContextManager[tuple[Path, list[Node]]]:
