@@ -3,36 +3,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from latticed.crdt.head import KIND_QUEUE
-from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
+from latticed.storage.catalog import QueueCatalog
 from latticed.storage.reader import Columns
 from latticed.storage.sealer import SealableStore
 
 
-class GroupStore(SealableStore, Protocol):
+class GroupStore(SealableStore, QueueCatalog, Protocol):
     """Sources and group logs, addressed and read; group logs and DLQs, created and written."""
-
-    @property
-    def public_key(self) -> bytes: ...
-
-    @property
-    def clock(self) -> Callable[[], int]:
-        """Wall-clock milliseconds (lease deadlines and dead-letter history are durable)."""
-        ...
-
-    def state(self, q: int) -> QueueState: ...
-
-    def address(self, q: int) -> str: ...
-
-    def owned(self, q: int) -> bool: ...
-
-    def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
-
-    def find(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None: ...
 
     def resolve(self, address: str, kind: int = KIND_QUEUE) -> int: ...
 

@@ -9,32 +9,15 @@ from typing import Protocol, TypeVar
 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue import QueueState
+from latticed.storage.catalog import QueueCatalog
 from latticed.storage.reader import StoreReader
 
 T = TypeVar("T")
 
 
-class RetentionStore(Protocol):
+class RetentionStore(QueueCatalog, Protocol):
     """Queues and KV namespaces, read and cut: signed truncations of ours, local drops of replicas, and
     purge and compaction steps of KV namespaces (run on the storage thread, errors as StorageError)."""
-
-    @property
-    def public_key(self) -> bytes: ...
-
-    @property
-    def clock(self) -> Callable[[], int]:
-        """Wall-clock milliseconds (ages and TTLs)."""
-        ...
-
-    def state(self, q: int) -> QueueState: ...
-
-    def address(self, q: int) -> str: ...
-
-    def owned(self, q: int) -> bool: ...
-
-    def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
-
-    def find(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None: ...
 
     async def truncate(self, q: int, new_start: int) -> None: ...
 

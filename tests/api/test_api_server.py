@@ -21,6 +21,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.api_fuzz import FUZZ_ARG_NAMES
 from support.inprocess import InProcessDaemon, start_in_process
 from typer.testing import CliRunner
 
@@ -467,30 +468,7 @@ def test_client_reports_a_missing_daemon(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ fuzzing
 
-_ARG_NAMES = sorted(
-    {
-        "queue",
-        "name",
-        "meta",
-        "value",
-        "key",
-        "headers",
-        "records",
-        "offset",
-        "from",
-        "to",
-        "max_records",
-        "max_bytes",
-        "new_start",
-        "owner",
-        "prefix",
-        "field",
-        "member",
-        "by",
-        "ttl",
-        "follow",
-    }
-)
+_ARG_NAMES = FUZZ_ARG_NAMES
 _scalars = st.one_of(
     st.none(),
     st.booleans(),
