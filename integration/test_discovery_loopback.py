@@ -277,7 +277,7 @@ async def test_other_network_and_skewed_clock_are_neither_reported_nor_see_us(
     expected = {
         (x.public_key, y.public_key)
         for x, y in [
-            *[(outsider, a), (outsider, b), (a, outsider), (b, outsider)],  # another network key
+            *[(outsider, a), (outsider, b), (outsider, skewed), (a, outsider), (b, outsider)],  # other key
             *[(a, skewed), (b, skewed), (skewed, a), (skewed, b)],  # stale one way, from the future the other
         ]
     }
