@@ -34,11 +34,12 @@ Memory per link is bounded whatever the peer does: DELTAs by ``window``; what wa
 :meth:`ReplicationSession.accepts_input` (the host stops reading a peer while ``max_outbox_bytes`` of
 answers or ``max_events`` events wait, so a peer that sends PINGs and never reads the PONGs is throttled
 by its own socket, and the host drops it when a send makes no progress); HAVEs, which we originate, are
-coalesced to the latest summary per queue. What a peer can make us *remember* is bounded too: a queue it
-names that we do not hold takes one of ``max_peer_keys`` places per session and one of a
-:class:`KeyBudget` shared by all sessions; beyond those it is not tracked (and counted), which costs only
-efficiency (the peer pushes what we lack anyway). :meth:`ReplicationSession.release` gives the places
-back when the link ends, and :meth:`ReplicationSession.memory` keeps only queues we hold.
+coalesced to the latest summary per queue (with ``have_linger`` they wait to go out together). What a peer
+can make us *remember* is bounded too: a queue it names that we do not hold takes one of ``max_peer_keys``
+places per session and one of a :class:`KeyBudget` shared by all sessions; beyond those it is not tracked
+(and counted), which costs only efficiency (the peer pushes what we lack anyway).
+:meth:`ReplicationSession.release` gives the places back when the link ends, and
+:meth:`ReplicationSession.memory` keeps only queues we hold.
 
 Why one module: it is one class, and its per-link bookkeeping
 (window and depth, eager and lazy links, key budgets, the memory of a peer) is one set of invariants that

@@ -15,6 +15,10 @@ the layouts are those of every release so far):
 * ``PRUNE [6, owner, name, kind]`` — your delta brought nothing new; send me HAVEs instead of data.
 * ``PING [7, nonce]`` / ``PONG [8, nonce]`` — liveness.
 
+A link that agreed on the ``compact`` feature also carries DELTA, ACK and HAVE in the encodings of
+:mod:`latticed.protocol.compact` (type codes 16-18, :data:`COMPACT_NAMES`), which decode with the link's
+memory rather than from this table.
+
 What each means to a session is in :mod:`latticed.protocol.replication`. Here is only the shape, in one
 place (:data:`MESSAGES`), so a layout cannot drift between the code that builds a message and the code
 that reads it. Decoding is strict: a message that is not exactly one of these layouts, with every field of
