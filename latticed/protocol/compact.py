@@ -322,10 +322,12 @@ class CompactLink:
         if from_hash is None:
             from_hash = _needed(_rebuild_from_hash(qid, last, from_offset), "a chunk's starting hash")
         meta = _meta(raw[4])
+        tip_raw, head_raw = raw[5], raw[3]
         chained: bytes | None = None
         if records and len(records) <= CHAIN_LIMIT and len(from_hash) == 32:
-            chained = chain_extend(from_hash, from_offset, records)[-1]
-        tip_raw, head_raw = raw[5], raw[3]
+            vouching = head_raw if tip_raw is True else tip_raw
+            if type(vouching) is list and len(vouching) == 9 and vouching[4] is None:  # left out
+                chained = chain_extend(from_hash, from_offset, records)[-1]
         if tip_raw is True and head_raw is None:
             raise RemoteProtocolError("compact DELTA's tip refers to a missing head")
         head = None
