@@ -163,6 +163,42 @@ def test_links_settle_on_a_version_with_the_previous_release_and_between_new_dae
     assert connected(old, new_id)  # the refused request did not cost the link
 
 
+def delta_counts(daemon: LatticedProcess) -> tuple[int, int]:
+    """DELTAs received and their bytes (decrypted payloads), from the daemon's traffic counters."""
+    with client(daemon) as c:
+        counters = c.status().get("replication") or {}
+    return int(counters.get("received_delta", 0)), int(counters.get("received_delta_bytes", 0))
+
+
+def test_a_compact_link_and_one_to_the_previous_release_replicate_the_same_live_records(
+    latticed_process: Factory,
+) -> None:
+    """``newer`` writes single live records; ``new`` gets them over a link that agreed on ``compact``
+    and relays them to the previous release over a link that cannot: both hold the same records, and
+    a 100-byte record reached ``new`` in far fewer bytes than the full encoding's ~450."""
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)
+    newer = start(latticed_process, None, new)
+    new_id, newer_id = identity(new), identity(newer)
+    wait_until(lambda: "compact" in (peer_row(new, newer_id).get("features") or ()), "the compact link")
+    wait_until(lambda: "compact" in (peer_row(newer, new_id).get("features") or ()), "both ends agreed")
+    assert not peer_row(new, identity(old)).get("features")  # 0.2.0 states none
+    with client(newer) as c:
+        queue = c.queue_create("live")
+        c.offer(queue, b"first")
+    wait_until(lambda: held_end(old, queue) == 1, "the queue on the previous release")
+    deltas0, bytes0 = delta_counts(new)
+    live = [bytes([65 + i % 26]) * 100 for i in range(30)]
+    with client(newer) as c:
+        for value in live:
+            c.offer(queue, value)
+    wait_until(lambda: held_end(old, queue) == 31, "the live records on the previous release")
+    assert values(new, queue) == values(old, queue) == [b"first", *live]
+    deltas1, bytes1 = delta_counts(new)
+    assert deltas1 > deltas0
+    assert (bytes1 - bytes0) / len(live) < 300, (deltas1 - deltas0, bytes1 - bytes0)
+
+
 def test_a_peer_with_no_version_in_common_is_named_as_such(latticed_process: Factory) -> None:
     daemon = start(latticed_process, None)
     port = listen_port(daemon)

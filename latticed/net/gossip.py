@@ -84,6 +84,9 @@ MEMORY_TTL_S = 3600.0
 #: A HAVE waits this long for the eager copy before its WANT grafts the link (Plumtree's timer): long
 #: enough for a relay's push on a busy host, short enough that a broken tree heals within a second.
 GRAFT_TIMEOUT_S = 0.3
+#: How long HAVEs wait to go out together (see ReplicationSession.have_linger): at a live stream's rate one
+#: HAVE per lazy link covers many records; a tree whose eager copy went missing is repaired this much later.
+HAVE_LINGER_S = 0.5
 #: A received delta of at most this many records is stored after the previous one (see ``_verifier``).
 SERIAL_MERGE_RECORDS = 64
 #: A healthy link is never silent this long (see :data:`PING_INTERVAL_S`).
@@ -193,6 +196,7 @@ class Gossip:
     max_outbox_bytes: int = MAX_OUTBOX_BYTES
     send_timeout: float = SEND_TIMEOUT_S
     graft_timeout: float = GRAFT_TIMEOUT_S
+    have_linger: float = HAVE_LINGER_S
     on_peer_change: Callable[[], None] | None = None
     #: Lease forwarding on the same links (None: replication only).
     extension: LinkExtension | None = None
@@ -343,6 +347,7 @@ class Gossip:
             key_budget=self.key_budget,
             incarnation=self.incarnation,
             graft_timeout=self.graft_timeout,
+            have_linger=self.have_linger,
         )
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)

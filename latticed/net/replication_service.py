@@ -276,10 +276,11 @@ class Replication:
         )
         link = self.gossip.links.get(bytes.fromhex(key)) if key and connected else None
         agreement = link.agreement if link is not None else None
-        # The protocol version the link settled on, what the peer said it runs (None: it did not say, as
-        # 0.2.0), and how many of our queues its version cannot express (not sent to it).
+        # The protocol version and optional features the link settled on, what the peer said it runs
+        # (None: it did not say, as 0.2.0), and how many of our queues its version cannot express.
         row.update(
             protocol=agreement.protocol if agreement is not None else None,
+            features=sorted(agreement.features) if agreement is not None else None,
             peer_release=agreement.peer.release if agreement is not None else None,
             withheld=link.session.withheld if link is not None else 0,
         )

@@ -34,11 +34,12 @@ Memory per link is bounded whatever the peer does: DELTAs by ``window``; what wa
 :meth:`ReplicationSession.accepts_input` (the host stops reading a peer while ``max_outbox_bytes`` of
 answers or ``max_events`` events wait, so a peer that sends PINGs and never reads the PONGs is throttled
 by its own socket, and the host drops it when a send makes no progress); HAVEs, which we originate, are
-coalesced to the latest summary per queue. What a peer can make us *remember* is bounded too: a queue it
-names that we do not hold takes one of ``max_peer_keys`` places per session and one of a
-:class:`KeyBudget` shared by all sessions; beyond those it is not tracked (and counted), which costs only
-efficiency (the peer pushes what we lack anyway). :meth:`ReplicationSession.release` gives the places
-back when the link ends, and :meth:`ReplicationSession.memory` keeps only queues we hold.
+coalesced to the latest summary per queue (with ``have_linger`` they wait to go out together). What a peer
+can make us *remember* is bounded too: a queue it names that we do not hold takes one of ``max_peer_keys``
+places per session and one of a :class:`KeyBudget` shared by all sessions; beyond those it is not tracked
+(and counted), which costs only efficiency (the peer pushes what we lack anyway).
+:meth:`ReplicationSession.release` gives the places back when the link ends, and
+:meth:`ReplicationSession.memory` keeps only queues we hold.
 
 Why one module: it is one class, and its per-link bookkeeping
 (window and depth, eager and lazy links, key budgets, the memory of a peer) is one set of invariants that
@@ -54,9 +55,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from latticed.crdt.queue import QueueDelta, Summary
+from latticed.crdt.wire import pack
 from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.protocol.compact import COMPACT_FEATURE, CompactLink
 from latticed.protocol.replication_messages import (
     ACK,
+    COMPACT_NAMES,
     DELTA,
     DIGEST,
     HAVE,
@@ -77,8 +81,9 @@ from latticed.protocol.replication_messages import (
     Prune,
     QueueKey,
     Want,
-    decode_message,
+    decode_raw,
     encode_message,
+    unpack_message,
 )
 from latticed.protocol.replication_state import Command, SessionState, transition
 from latticed.protocol.versions import FEATURE_OF_KIND, expressible
@@ -293,6 +298,11 @@ class ReplicationSession:
     _grafts: dict[QueueKey, tuple[float, Summary]] = field(default_factory=dict)
     #: HAVEs not sent yet, latest summary per queue: a stalled link does not pile up one per change.
     _haves: dict[QueueKey, Summary] = field(default_factory=dict)
+    #: How long HAVEs wait to go out together (0: with the next send), in the host's time units: a HAVE
+    #: only repairs a tree whose eager copy is late, and one per flush covers every change meanwhile.
+    have_linger: float = 0.0
+    _have_due: float | None = None
+    _haves_due_now: bool = False
     _events: deque[Event] = field(default_factory=deque)
     _seq: int = 0
     _inflight_total: int = 0
@@ -318,6 +328,10 @@ class ReplicationSession:
     kind_features: Mapping[int, str] = field(default_factory=lambda: FEATURE_OF_KIND)
     #: Queues we hold that the peer's version cannot express: not sent to it.
     _withheld: set[QueueKey] = field(default_factory=set)
+    #: The link's memory for the ``compact`` encodings (read whenever the peer sends them; ours go out
+    #: compact once the link agreed on the feature: :meth:`agree_features`).
+    _compact: CompactLink = field(default_factory=CompactLink)
+    _compact_out: bool = False
 
     # ------------------------------------------------------------------ host → session
     def start(
@@ -458,7 +472,20 @@ class ReplicationSession:
         """Feed one decrypted message, received at ``now`` (the host's clock, for the graft timer); a
         malformed one, or one the session's state does not allow, raises :class:`RemoteProtocolError`
         (and a message fed before :meth:`start` a LocalProtocolError)."""
-        message = decode_message(payload, self.max_message_bytes)
+        raw = unpack_message(payload, self.max_message_bytes)
+        message: Message
+        if raw[0] in COMPACT_NAMES:
+            decoded = self._compact.decode(raw)
+            if isinstance(decoded, tuple):  # every HAVE of one flush
+                for have in decoded:
+                    self._state = transition(self._state, Have)
+                    self._on_have(have, now)
+                return
+            message = decoded
+        else:
+            message = decode_raw(raw)
+            if type(message) is Ack:
+                self._compact.acked(message.seq)
         self._state = transition(self._state, type(message))
         match message:
             case Delta():
@@ -585,7 +612,12 @@ class ReplicationSession:
 
     def tick(self, now: float) -> None:
         """The host's clock moved to ``now``: a HAVE whose news has not arrived within
-        :attr:`graft_timeout` grafts its link (a WANT)."""
+        :attr:`graft_timeout` grafts its link (a WANT), and lingering HAVEs fall due."""
+        if self._haves and self.have_linger > 0:
+            if self._have_due is None:
+                self._have_due = now + self.have_linger
+            elif self._have_due <= now:
+                self._haves_due_now = True
         if not self._grafts:
             return
         for key, (deadline, summary) in list(self._grafts.items()):
@@ -596,7 +628,11 @@ class ReplicationSession:
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` has something to do (None: nothing waits for the clock)."""
-        return min(deadline for deadline, _ in self._grafts.values()) if self._grafts else None
+        deadline = min(deadline for deadline, _ in self._grafts.values()) if self._grafts else None
+        if self._haves and self.have_linger > 0 and not self._haves_due_now:
+            due = self._have_due if self._have_due is not None else 0.0  # 0: tick now, to start it
+            deadline = due if deadline is None else min(deadline, due)
+        return deadline
 
     def _on_want(self, want: Want) -> None:
         key, summary = want.key, want.summary
@@ -613,7 +649,10 @@ class ReplicationSession:
 
     def has_work(self) -> bool:
         """Whether events or messages are waiting (the host's driver sleeps only when this is False)."""
-        return bool(self._events or self._outbox or self._haves)
+        return bool(self._events or self._outbox or (self._haves and self._haves_ready()))
+
+    def _haves_ready(self) -> bool:
+        return self.have_linger <= 0 or self._haves_due_now
 
     def accepts_input(self) -> bool:
         """Whether the host should read the peer's next message now.
@@ -632,9 +671,13 @@ class ReplicationSession:
     def messages_to_send(self) -> list[bytes]:
         out, self._outbox = self._outbox, []
         self._outbox_bytes = 0
-        if self._haves:
+        if self._haves and self._haves_ready():
             haves, self._haves = self._haves, {}
-            out.extend(encode_message(Have(k, s)) for k, s in haves.items())
+            self._have_due, self._haves_due_now = None, False
+            if self._compact_out:
+                out.append(pack(self._compact.encode_haves([Have(k, s) for k, s in haves.items()])))
+            else:
+                out.extend(encode_message(Have(k, s)) for k, s in haves.items())
         return out
 
     def peer_summaries(self) -> dict[QueueKey, Summary]:
@@ -700,6 +743,7 @@ class ReplicationSession:
         """The link settled on ``features`` (both sides speak them): what they make expressible and was
         held back goes out now."""
         self.peer_features = features
+        self._compact_out = COMPACT_FEATURE in features
         now_expressible = {k for k in self._withheld if expressible(k[2], features, self.kind_features)}
         self._withheld -= now_expressible
         if self._state is SessionState.OPEN:
@@ -773,7 +817,15 @@ class ReplicationSession:
         return sent
 
     def _send(self, message: Message) -> None:
-        packed = encode_message(message)
+        packed: bytes | None = None
+        if type(message) is Ack:
+            compact = self._compact.encode_ack(message)  # also forgets the DELTA it acknowledges
+            if compact is not None and self._compact_out:
+                packed = pack(compact)
+        elif type(message) is Delta and self._compact_out:
+            packed = pack(self._compact.encode_delta(message))
+        if packed is None:
+            packed = encode_message(message)
         self._outbox.append(packed)
         self._outbox_bytes += len(packed)
 

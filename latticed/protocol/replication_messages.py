@@ -15,6 +15,10 @@ the layouts are those of every release so far):
 * ``PRUNE [6, owner, name, kind]`` — your delta brought nothing new; send me HAVEs instead of data.
 * ``PING [7, nonce]`` / ``PONG [8, nonce]`` — liveness.
 
+A link that agreed on the ``compact`` feature also carries DELTA, ACK and HAVE in the encodings of
+:mod:`latticed.protocol.compact` (type codes 16-18, :data:`COMPACT_NAMES`), which decode with the link's
+memory rather than from this table.
+
 What each means to a session is in :mod:`latticed.protocol.replication`. Here is only the shape, in one
 place (:data:`MESSAGES`), so a layout cannot drift between the code that builds a message and the code
 that reads it. Decoding is strict: a message that is not exactly one of these layouts, with every field of
@@ -45,6 +49,10 @@ from latticed.version import PROTOCOL_VERSIONS
 
 __all__ = [
     "ACK",
+    "COMPACT_ACK",
+    "COMPACT_DELTA",
+    "COMPACT_HAVES",
+    "COMPACT_NAMES",
     "DELTA",
     "DIGEST",
     "HAVE",
@@ -68,9 +76,12 @@ __all__ = [
     "Prune",
     "QueueKey",
     "Want",
+    "check_key",
     "decode_message",
+    "decode_raw",
     "encode_message",
     "message_type_name",
+    "unpack_message",
 ]
 
 #: The version a HELLO is sent in: the lowest this build speaks, so every peer of the releases it promises
@@ -95,6 +106,13 @@ class MessageType(IntEnum):
 
 
 HELLO, DIGEST, DELTA, ACK, HAVE, WANT, PRUNE, PING, PONG = MessageType
+
+#: Type codes of the ``compact`` feature's encodings (:mod:`latticed.protocol.compact`), which decode
+#: with the link's memory, not from this table; the names traffic counters give them.
+COMPACT_DELTA: Final = 16
+COMPACT_ACK: Final = 17
+COMPACT_HAVES: Final = 18
+COMPACT_NAMES: Final = {COMPACT_DELTA: "delta", COMPACT_ACK: "ack", COMPACT_HAVES: "have"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +182,8 @@ def _int(raw: Any, what: str) -> int:
     return raw
 
 
-def _key(owner: Any, name: Any, kind: Any) -> QueueKey:
+def check_key(owner: Any, name: Any, kind: Any) -> QueueKey:
+    """A queue key from its three wire fields, or a :class:`RemoteProtocolError`."""
     if type(owner) is not bytes or len(owner) != 32:
         raise RemoteProtocolError("owner must be a 32-byte key")
     if type(name) is not str or type(kind) is not int:
@@ -207,7 +226,7 @@ def _decode_digest(raw: list[Any]) -> Digest:
     for entry in raw[1]:
         if type(entry) is not list or len(entry) != 4:
             raise RemoteProtocolError("a DIGEST entry is [owner, name, kind, summary]")
-        entries.append((_key(entry[0], entry[1], entry[2]), summary_from_wire(entry[3])))
+        entries.append((check_key(entry[0], entry[1], entry[2]), summary_from_wire(entry[3])))
     return Digest(tuple(entries))
 
 
@@ -248,23 +267,25 @@ MESSAGES: Final[tuple[MessageCodec[Any], ...]] = (
         Ack,
         (6,),
         lambda m: [m.seq, *_key_to_wire(m.key), summary_to_wire(m.summary)],
-        lambda raw: Ack(_int(raw[1], "ACK seq"), _key(raw[2], raw[3], raw[4]), summary_from_wire(raw[5])),
+        lambda raw: Ack(
+            _int(raw[1], "ACK seq"), check_key(raw[2], raw[3], raw[4]), summary_from_wire(raw[5])
+        ),
     ),
     MessageCodec(
         HAVE,
         Have,
         (5,),
         lambda m: [*_key_to_wire(m.key), summary_to_wire(m.summary)],
-        lambda raw: Have(_key(raw[1], raw[2], raw[3]), summary_from_wire(raw[4])),
+        lambda raw: Have(check_key(raw[1], raw[2], raw[3]), summary_from_wire(raw[4])),
     ),
     MessageCodec(
         WANT,
         Want,
         (5,),
         lambda m: [*_key_to_wire(m.key), summary_to_wire(m.summary)],
-        lambda raw: Want(_key(raw[1], raw[2], raw[3]), summary_from_wire(raw[4])),
+        lambda raw: Want(check_key(raw[1], raw[2], raw[3]), summary_from_wire(raw[4])),
     ),
-    MessageCodec(PRUNE, Prune, (4,), lambda m: _key_to_wire(m.key), lambda raw: Prune(_key(*raw[1:]))),
+    MessageCodec(PRUNE, Prune, (4,), lambda m: _key_to_wire(m.key), lambda raw: Prune(check_key(*raw[1:]))),
     MessageCodec(PING, Ping, (2,), lambda m: [m.nonce], lambda raw: Ping(_int(raw[1], "PING nonce"))),
     MessageCodec(PONG, Pong, (2,), lambda m: [m.nonce], lambda raw: Pong(_int(raw[1], "PONG nonce"))),
 )
@@ -282,15 +303,25 @@ def encode_message(message: Message) -> bytes:
     return pack([int(row.code), *row.encode(message)])
 
 
-def decode_message(payload: bytes, max_bytes: int = 16 * 1024 * 1024) -> Message:
-    """The message in ``payload``; anything else (undecodable, unknown type, a field of the wrong type or
-    an item too many or too few) raises :class:`RemoteProtocolError`."""
+def unpack_message(payload: bytes, max_bytes: int = 16 * 1024 * 1024) -> list[Any]:
+    """The msgpack array of a message, its type code (an int) first, or :class:`RemoteProtocolError`."""
     try:
         raw = unpack(payload, max_bytes)
     except MalformedError as exc:
         raise RemoteProtocolError(f"bad message from peer: {exc}") from exc
     if type(raw) is not list or not raw or type(raw[0]) is not int:
         raise RemoteProtocolError("a message is a list starting with its type")
+    return raw
+
+
+def decode_message(payload: bytes, max_bytes: int = 16 * 1024 * 1024) -> Message:
+    """The message in ``payload``; anything else (undecodable, unknown type, a field of the wrong type or
+    an item too many or too few) raises :class:`RemoteProtocolError`."""
+    return decode_raw(unpack_message(payload, max_bytes))
+
+
+def decode_raw(raw: list[Any]) -> Message:
+    """:func:`decode_message` of an array :func:`unpack_message` returned."""
     row = _BY_CODE.get(raw[0])
     if row is None:
         raise RemoteProtocolError(f"unknown message type {raw[0]}")
@@ -310,4 +341,5 @@ def message_type_name(payload: bytes) -> str:
         code = payload[1]
         if code <= MessageType.PONG:
             return MessageType(code).name.lower()
+        return COMPACT_NAMES.get(code, "other")
     return "other"

@@ -43,10 +43,13 @@ NODE = st.integers(0, NODES - 1)
 
 
 class Replication(RuleBasedStateMachine):
+    #: Protocol features every link agrees on (see CompactReplication).
+    FEATURES: frozenset[str] = frozenset()
+
     def __init__(self) -> None:
         super().__init__()
         # Small windows and chunks, so backlogs stream in several pipelined chunks.
-        self.net = SimNetwork(window=3, depth=2, max_records=3, remember=True)
+        self.net = SimNetwork(window=3, depth=2, max_records=3, remember=True, features=self.FEATURES)
         for name in range(NODES):
             self.net.add(name)
         for a, b in TOPOLOGY:
@@ -174,6 +177,23 @@ Replication.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_replication_converges = Replication.TestCase
+
+
+class CompactReplication(Replication):
+    """The same with every link speaking ``compact``: what a link leaves out of a DELTA is rebuilt to the
+    signed bytes through forks, truncations, broken links and restarts (a wrong rebuild fails the merge's
+    verification, and the test)."""
+
+    FEATURES = frozenset({"compact"})
+
+
+CompactReplication.TestCase.settings = settings(
+    max_examples=75,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_replication_converges_over_compact_links = CompactReplication.TestCase
 
 
 class _Drawn:

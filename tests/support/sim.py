@@ -125,6 +125,9 @@ class SimNetwork:
     #: (reconnect digests then list only what changed). Off: every connection starts from scratch.
     remember: bool = False
     depth: int = 4
+    #: Optional protocol features every link agrees on as it starts (the daemon agrees a little later,
+    #: once the peer answered; a session reads what either encoding sends at any time).
+    features: frozenset[str] = frozenset()
 
     def add(self, name: int) -> SimNode:
         node = self.nodes[name] = SimNode(name, incarnation=_incarnation(name, 0))
@@ -148,6 +151,8 @@ class SimNetwork:
             node = self.nodes[x]
             memory = node.memories.pop(y, None) if self.remember else None
             node.sessions[y].start(node.summaries(), memory=memory)
+            if self.features:
+                node.sessions[y].agree_features(self.features)
             self._flush(x, y)
 
     def connected(self, a: int, b: int) -> bool:
