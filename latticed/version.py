@@ -27,7 +27,8 @@ RELEASE = "0.3.0.dev0"
 PROTOCOL_VERSIONS: Final = (1,)
 #: Optional protocol features this build speaks (a queue or field that needs one is sent only to peers
 #: that speak it too). ``produce``: it commits offers other daemons forward into its queues.
-PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"produce"})
+#: ``identity-notice``: it understands a peer's notice that another daemon runs its identity.
+PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"identity-notice", "produce"})
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
 STORE_SCHEMA: Final = 4
 #: Local API versions the daemon answers (a request names its version in ``v``).
