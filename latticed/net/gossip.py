@@ -830,7 +830,7 @@ async def _first_message(stream: SecureStream) -> bytes | None:
     with trio.move_on_after(HELLO_WAIT_S):
         try:
             return await stream.receive()
-        except ConnectionClosedError:
+        except LatticedError:  # closed, or a frame that does not open: the link is not worth keeping
             return None
     return None
 
