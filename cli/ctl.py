@@ -215,8 +215,29 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
             for r in info.get("incompatible_peers") or []
         ]
         or "none",
+        "other runs": _identity_lines(info.get("identity_runs")),
     }
     emit(info, field_lines(fields), as_json=as_json)
+
+
+def _identity_lines(facts: object) -> list[str] | str:
+    """Another run of this identity, or identities seen running twice here (`latticectl identity`)."""
+    if not isinstance(facts, dict):
+        return "-"
+    lines = [f"writes refused: {facts['refusing']}"] if facts.get("refusing") else []
+    lines += [
+        f"another run at {r.get('address')}: this daemon is the {r.get('this_daemon_is')} one"
+        for r in facts.get("other_runs") or []
+        if not facts.get("refusing")
+    ]
+    lines += [
+        f"peer {str(s.get('identity'))[:16]} runs twice, at {s.get('earlier', {}).get('address')} and "
+        f"{s.get('later', {}).get('address')}"
+        for s in facts.get("seen_twice") or []
+    ]
+    if facts.get("catching_up"):
+        lines.append(str(facts["catching_up"]))
+    return lines or "one daemon (no other run of it seen)"
 
 
 def _counters_text(counters: object, absent: str) -> str:
@@ -763,7 +784,7 @@ _ELSEWHERE: dict[str, lazy.Registrar] = {
         lambda module: module.register(app, _client),
     ),
     "cli.join": (["invite", "join"], lambda module: module.register(app, _client)),
-    "cli.peers": (["peers"], lambda module: module.register(app)),
+    "cli.peers": (["peers", "identity"], lambda module: module.register(app)),
     "cli.doctor": (["doctor"], lambda module: module.register(app)),
     "cli.store_commands": (["store"], lambda module: module.register(app)),
     "cli.bundle_commands": (["bundle"], lambda module: module.register(app)),

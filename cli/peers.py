@@ -176,9 +176,74 @@ def peers_unblock(ctx: typer.Context, peer: PeerArg, as_json: JsonFlag = False) 
     note(f"unblocked {result['peer']}{suffix}")
 
 
+identity_app = typer.Typer(
+    help="Whether another daemon runs this identity; `claim` says this one is the one to keep.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+def identity_text(facts: dict[str, Any] | None) -> list[str]:
+    """Lines of ``identity`` and ``status``: the refusal, other runs, identities seen twice, catch-up."""
+    if not facts:
+        return ["replication is not running"]
+    lines = []
+    if facts.get("refusing"):
+        lines.append(f"writes refused: {facts['refusing']}")
+    for run in facts.get("other_runs") or []:
+        lines.append(
+            f"another run at {run.get('address')} (incarnation {str(run.get('incarnation'))[:8]}, told by "
+            f"{str(run.get('via'))[:16]}): this daemon is the {run.get('this_daemon_is')} one"
+        )
+    for head in facts.get("foreign_heads") or []:
+        lines.append(
+            f"{head.get('queue')} came back from {str(head.get('peer'))[:16]} with {head.get('reason')}"
+        )
+    for seen in facts.get("seen_twice") or []:
+        earlier, later = seen.get("earlier") or {}, seen.get("later") or {}
+        lines.append(
+            f"peer {str(seen.get('identity'))[:16]} runs twice: at {earlier.get('address')} (earlier) and "
+            f"{later.get('address')} (later)"
+        )
+    if facts.get("claimed_at") is not None:
+        lines.append("claimed: this daemon is the one to keep")
+    if facts.get("catching_up"):
+        lines.append(str(facts["catching_up"]))
+    return lines or ["no other daemon runs this identity, as far as its peers tell"]
+
+
+@identity_app.callback()
+def identity(
+    ctx: typer.Context,
+    socket: Annotated[Path | None, typer.Option("--socket", metavar="PATH", help=SOCKET_HELP)] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Whether another daemon runs this identity (a copied data directory): what peers told this daemon,
+    heads of its own queues another run signed, and identities it sees running twice on its links."""
+    if socket is not None:
+        settings(ctx).socket_path = socket
+    if ctx.invoked_subcommand is not None:
+        return
+    facts = client(ctx).identity_runs()
+    emit(facts, identity_text(facts), as_json=as_json or settings(ctx).as_json)
+
+
+@identity_app.command("claim")
+def identity_claim(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """Say this daemon is the one to keep: it signs again (until it restarts). Stop the other daemon
+    first, or its writes and this one's fork the queues both write."""
+    facts = client(ctx).identity_claim()
+    if as_json:
+        emit(facts, None, as_json=True)
+        return
+    was = "it refused its own writes until now" if facts.get("was_refusing") else "it was not refusing writes"
+    note(f"claimed this identity for this daemon ({was}): it signs again")
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``peers`` group to ``latticectl``."""
+    """Add the ``peers`` and ``identity`` groups to ``latticectl``."""
     app.add_typer(peers_app, name="peers")
+    app.add_typer(identity_app, name="identity")
 
 
-__all__ = ["lag_text", "register", "state_text"]
+__all__ = ["identity_text", "lag_text", "register", "state_text"]

@@ -391,6 +391,54 @@ def check_forks(forks: Sequence[Mapping[str, Any]]) -> list[Check]:
     ]
 
 
+_IDENTITY_FIX: Final = (
+    "stop one of the two daemons (a copied data directory or cloned VM runs the same identity), or "
+    '`latticectl identity claim` on the one to keep (docs/operations.md, "Two daemons, one identity")'
+)
+
+
+def check_identity(facts: Mapping[str, Any] | None) -> list[Check]:
+    """Whether another daemon runs this identity (a peer told us, or a head of ours came back signed by
+    another run), identities this daemon sees running twice, and the catch-up after the start."""
+    if not facts:
+        return []
+    out = []
+    refusing = facts.get("refusing")
+    others = [r for r in facts.get("other_runs") or [] if isinstance(r, Mapping)]
+    if isinstance(refusing, str):
+        out.append(Check("identity", False, f"writes refused: {refusing}", _IDENTITY_FIX))
+    elif others:
+        where = ", ".join(str(r.get("address")) for r in others)
+        claimed = " (claimed for this one)" if facts.get("claimed_at") is not None else ""
+        out.append(
+            Check(
+                "identity",
+                False,
+                f"another daemon runs this identity (at {where}); this one keeps writing{claimed}",
+                _IDENTITY_FIX,
+            )
+        )
+    for seen in facts.get("seen_twice") or []:
+        if not isinstance(seen, Mapping):
+            continue
+        earlier, later = seen.get("earlier") or {}, seen.get("later") or {}
+        out.append(
+            Check(
+                "duplicate identity",
+                False,
+                f"{str(seen.get('identity'))[:16]} runs on two daemons, at {earlier.get('address')} "
+                f"(earlier) and {later.get('address')} (later, told to stop writing); both are served",
+                "on its host: " + _IDENTITY_FIX,
+            )
+        )
+    catching_up = facts.get("catching_up")
+    if isinstance(catching_up, str):
+        out.append(Check("identity", None, catching_up))
+    if not out:
+        out.append(Check("identity", True, "no other daemon runs this identity, as far as its peers tell"))
+    return out
+
+
 def check_spark() -> Check:
     """The Spark extra (optional): pyspark, pyarrow and pandas are installed. Found, not imported:
     importing them takes about half a second, more than every other check together."""
@@ -442,6 +490,7 @@ def daemon_checks(
     disk_error: str | None = None,
     sealer_accelerated: bool | None = None,
     other_networks: int | None = None,
+    identity: Mapping[str, Any] | None = None,
 ) -> list[Check]:
     """What the running daemon checks of itself (from a worker thread: it stats files and interfaces);
     ``other_networks``: daemons of other networks mDNS hears (None: mDNS off)."""
@@ -461,6 +510,7 @@ def daemon_checks(
         checks.append(lan)
     checks += check_clock(skew)
     checks += check_forks(forks)
+    checks += check_identity(identity)
     if sealer_accelerated is not None:
         checks.append(check_sealer(sealer_accelerated))
     return checks

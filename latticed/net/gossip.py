@@ -28,12 +28,14 @@ import itertools
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
+from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueDelta, Summary, VerifiedDelta
 from latticed.errors import (
     ConnectionClosedError,
@@ -44,9 +46,21 @@ from latticed.errors import (
 )
 from latticed.net.queue_errors import QueueErrors
 from latticed.net.transport import SecureStream
+from latticed.net.twin_link import TwinRequests
 from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import TICK_S, sleep_until_tick
 from latticed.protocol.handshake import Role
+from latticed.protocol.identity_runs import (
+    IDENTITY_OP,
+    DuplicateIdentities,
+    ForeignHead,
+    IdentityGuard,
+    Notice,
+    RunSeen,
+    foreign_head,
+    notices_for,
+)
+from latticed.protocol.lease_forwarding import is_leasing_message
 from latticed.protocol.replication import (
     DEFAULT_MAX_PEER_KEYS,
     DeltaReceived,
@@ -58,7 +72,7 @@ from latticed.protocol.replication import (
     SessionState,
     key_label,
 )
-from latticed.protocol.replication_messages import message_type_name
+from latticed.protocol.replication_messages import Hello, Pong, decode_message, message_type_name
 from latticed.protocol.versions import Agreement
 
 log = get_logger(__name__)
@@ -94,6 +108,9 @@ STALE_AFTER_S = 2 * PING_INTERVAL_S
 #: A peer that claims records of one of our own queues, while we catch up nothing of them for this long,
 #: stops holding back our writes to it (see :meth:`Gossip.behind_reason`).
 OWN_CATCH_UP_S = 30.0
+#: A second connection of an identity that has a live link says within this long which run it is (its
+#: HELLO), or is closed.
+HELLO_WAIT_S = 10.0
 _IGNORED = -1
 
 
@@ -149,6 +166,15 @@ class LinkExtension(Protocol):
 
     def link_down(self, link: PeerLink) -> None: ...
 
+    def notify(self, link: PeerLink, op: str, body: dict[str, Any]) -> None:
+        """Send ``link`` a request it need not answer (the duplicate-identity notice), if it speaks it."""
+        ...
+
+    def hear_notices(self, handler: Callable[[PeerLink, dict[str, Any]], None]) -> None:
+        """Hand the duplicate-identity notices peers send us to ``handler`` (raising a LatticedError
+        refuses the notice)."""
+        ...
+
 
 @dataclass(slots=True)
 class PeerLink:
@@ -169,6 +195,12 @@ class PeerLink:
     extra_out: list[bytes] = field(default_factory=list)
     #: The protocol version and features this link settled on (None: the peer has not answered yet).
     agreement: Agreement | None = None
+    #: A second link of the identity, from another run of it (see :meth:`Gossip.run_peer`): its requests
+    #: (the duplicate-identity notice) go through this instead of the extension.
+    twin: TwinRequests | None = None
+    #: On a first link whose identity connected again from another run: that link, the run, and the
+    #: nonce of the PING whose PONG proves this link is still alive (then it is a duplicate identity).
+    pending_twin: tuple[PeerLink, bytes, int] | None = None
 
     def kick(self) -> None:
         self.wakeup.set()
@@ -233,14 +265,69 @@ class Gossip:
     _claims: dict[tuple[bytes, QueueKey], tuple[float, int]] = field(default_factory=dict)
     #: The last verification error each peer caused about each queue (``latticectl queue why``).
     queue_errors: QueueErrors = field(default_factory=QueueErrors)
+    #: Second links: an identity connected again from another run while its first link is live (a copied
+    #: data directory). Both are served, so what each run holds still meets.
+    twins: dict[bytes, PeerLink] = field(default_factory=dict)
+    #: Identities seen running twice on our links, and which run came first.
+    duplicates: DuplicateIdentities = field(default_factory=DuplicateIdentities)
+    #: Whether this run may sign (another run of our identity, told of by a peer or seen in a head).
+    identity: IdentityGuard = field(init=False)
+    #: When this run started (Unix ms): a head of ours signed later, that we did not sign, is foreign.
+    started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    #: The head we hold of one of our own queues (None: the foreign-head check is off).
+    own_head: Callable[[QueueKey], SignedHead | None] | None = None
+    #: Called when a peer's first digest arrives (the start gate waits for them).
+    on_summaries: Callable[[], object] | None = None
+    _foreign_logged: set[QueueKey] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.identity = IdentityGuard(self.incarnation)
+        for name in ("duplicate_identities", "identity_notices", "foreign_heads"):
+            self.counters.setdefault(name, 0)
+        if self.extension is not None:
+            self.extension.hear_notices(self.identity_notice)
 
     # ------------------------------------------------------------------ the daemon calls these
-    def local_change(self, key: QueueKey, summary: Summary, source: bytes | None = None) -> None:
-        """A queue changed here (own write, or merged from ``source``): tell every other peer."""
+    def local_change(
+        self,
+        key: QueueKey,
+        summary: Summary,
+        source: bytes | None = None,
+        source_link: PeerLink | None = None,
+    ) -> None:
+        """A queue changed here (own write, or merged from peer ``source`` or from ``source_link``): tell
+        every other link, the other run's too when an identity runs twice."""
         for public_key, link in self.links.items():
-            if public_key != source:
+            if link is not source_link and public_key != source:
                 link.session.local_update(key, summary)
                 link.kick()
+        for link in self.twins.values():
+            if link is not source_link:
+                link.session.local_update(key, summary)
+                link.kick()
+
+    def unheard_links(self) -> int:
+        """Connected peers whose first digest has not come yet."""
+        return sum(1 for link in self.links.values() if not link.session.digest_received)
+
+    def identity_notice(self, link: PeerLink, body: dict[str, Any]) -> None:
+        """A peer tells us it sees another run of our identity (malformed: RemoteProtocolError)."""
+        notice = Notice.from_body(body)
+        self.counters["identity_notices"] += 1
+        run = self.identity.notice(notice, link.public_key, time.time())
+        if run is None:
+            return
+        log_event(
+            log,
+            "identity.duplicate",
+            level=logging.WARNING,
+            incarnation=self.incarnation.hex(),
+            other_incarnation=run.incarnation.hex(),
+            other_address=run.address,
+            via=link.public_key.hex(),
+            this_daemon_is="later" if run.later else "earlier",
+            refusing_writes=self.identity.refusal() is not None,
+        )
 
     def behind_reason(self, key: QueueKey, held_end: int) -> str | None:
         """Why we must not write our own queue ``key`` yet (None: go ahead).
@@ -322,12 +409,37 @@ class Gossip:
             await stream.aclose()
             return
         old = self.links.get(peer)
+        first: bytes | None = None
+        twin_of: PeerLink | None = None
+        if old is not None and not self._is_stale(old) and old.session.peer_incarnation is not None:
+            # Which run is this? The same one (both sides dialled, or a reconnect) or another daemon with a
+            # copy of the identity: its HELLO says.
+            first = await _first_message(stream)
+            if first is None:
+                await stream.aclose()
+                return
+            incarnation = _hello_incarnation(first)
+            old = self.links.get(peer)
+            if old is not None and incarnation is not None and incarnation != old.session.peer_incarnation:
+                if peer in self.twins:
+                    log_event(
+                        log,
+                        "peer.duplicate_identity_third",
+                        level=logging.WARNING,
+                        peer=peer_hex,
+                        address=address,
+                        incarnation=incarnation.hex(),
+                    )
+                    await stream.aclose()
+                    return
+                twin_of = old
+                old = None
         if old is not None:
             # Both sides dialled, or the old link died without either side noticing yet. A link that has
             # been silent for two ping intervals is stale (a fresh handshake just proved the path works, and
             # both ends see the same silence, so they agree); otherwise keep the connection opened by the
             # smaller key, so both sides pick the same one.
-            stale = trio.current_time() - old.last_heard > STALE_AFTER_S
+            stale = self._is_stale(old)
             initiator_is_us = via != "incoming"
             keep_new = stale or (self.local_public_key < peer) == initiator_is_us
             if not keep_new:
@@ -351,13 +463,19 @@ class Gossip:
         )
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
-        self.links[peer] = link
+        if twin_of is None:
+            self.links[peer] = link
+        else:
+            self.twins[peer] = link
         if old is not None:
             old.kick()
         self._changed()
         log_event(log, "peer.connected", peer=peer_hex, address=address, via=via)
-        session.start(self.host.summaries(), memory=self._recall(peer))
-        if self.extension is not None:
+        # A second run's link remembers nothing: the memory of the identity is its first run's.
+        session.start(self.host.summaries(), memory=self._recall(peer) if twin_of is None else None)
+        if twin_of is not None:
+            self._twin_up(twin_of, link, first)
+        elif self.extension is not None:
             self.extension.link_up(link)
         reason = "closed"
         # The session admits at most ``window`` unacknowledged deltas (a peer sending more breaks the
@@ -367,7 +485,7 @@ class Gossip:
         try:
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._reader, stream, link, nursery.cancel_scope)
+                    nursery.start_soon(self._reader, stream, link, nursery.cancel_scope, first)
                     nursery.start_soon(self._driver, stream, link, nursery.cancel_scope, to_verify)
                     nursery.start_soon(self._verifier, link, verify_queue, to_ack)
                     nursery.start_soon(self._acker, link, ack_queue)
@@ -401,20 +519,31 @@ class Gossip:
             reason = f"internal error: {type(exc).__name__}"
             log_event(log, "peer.internal_error", level=logging.ERROR, exc_info=exc, peer=peer_hex)
         finally:
-            if self.extension is not None:
+            if self.extension is not None and twin_of is None:
                 self.extension.link_down(link)
             remembered = session.memory()
             session.release()
-            if remembered is not None:
+            if remembered is not None and twin_of is None:
                 self._remember(peer, remembered)
             if self.links.get(peer) is link:
                 del self.links[peer]
+                self._changed()
+            elif self.twins.get(peer) is link:
+                del self.twins[peer]
+                self._changed()
+            if twin_of is None and (second := self.twins.pop(peer, None)) is not None:
+                # The first run's link ended: the second one reconnects and becomes the first (its
+                # link carries no lease forwarding), so it is closed now.
+                second.kick()
                 self._changed()
             with trio.CancelScope(shield=True):
                 await stream.aclose()
             log_event(log, "peer.disconnected", peer=peer_hex, address=address, reason=reason)
 
-    async def _reader(self, stream: SecureStream, link: PeerLink, scope: trio.CancelScope) -> None:
+    async def _reader(
+        self, stream: SecureStream, link: PeerLink, scope: trio.CancelScope, first: bytes | None = None
+    ) -> None:
+        """Feed the peer's messages to the session (``first``: one :meth:`run_peer` read already)."""
         session = link.session
         while True:
             while not session.accepts_input():
@@ -422,20 +551,88 @@ class Gossip:
                 # until the driver took them, so the peer's own socket slows it down.
                 link.drained = trio.Event()
                 await link.drained.wait()
-            message = await stream.receive()
+            if first is not None:
+                message: bytes | None = first
+                first = None
+            else:
+                message = await stream.receive()
             if message is None:
                 scope.cancel()
                 return
             link.last_heard = trio.current_time()
             self._count("received", message)
-            # Hook: messages of the lease-forwarding sub-protocol go to the extension, not the session.
+            # Hook: messages of the lease-forwarding sub-protocol go to the extension, not the session
+            # (on a second run's link, to its own requests).
+            if link.twin is not None and is_leasing_message(message):
+                link.twin.receive(message)
+                continue
             if self.extension is not None and self.extension.accepts(message):
                 self.extension.receive(link, message)
                 continue
+            heard = session.digest_received
             link.session.receive_message(message, link.last_heard)
             if self.incompatible and session.state is SessionState.OPEN:
                 self.incompatible.pop(link.public_key, None)  # a HELLO we speak: no longer news
+            if not heard and session.digest_received and self.on_summaries is not None:
+                self.on_summaries()
             link.kick()
+
+    def _is_stale(self, link: PeerLink) -> bool:
+        return trio.current_time() - link.last_heard > STALE_AFTER_S
+
+    def _current(self, link: PeerLink) -> bool:
+        """Whether ``link`` is still the link (or the second run's link) of its peer."""
+        return self.links.get(link.public_key) is link or self.twins.get(link.public_key) is link
+
+    def _twin_up(self, live: PeerLink, link: PeerLink, hello: bytes | None) -> None:
+        """``link`` names another run of ``live``'s identity. Both are served from now on; it is a
+        duplicate identity once ``live`` answers a PING (a daemon restarted while its old link was
+        half-open is not), see :meth:`_confirm_twin`."""
+        incarnation = _hello_incarnation(hello) if hello is not None else None
+        assert incarnation is not None
+        link.twin = TwinRequests(
+            link, None, lambda body: self.identity_notice(link, body), self.max_message_bytes
+        )
+        nonce = next(self._nonces)
+        live.pending_twin = (link, incarnation, nonce)
+        live.session.ping(nonce)
+        live.kick()
+
+    def _confirm_twin(self, live: PeerLink) -> None:
+        """``live`` answered while another run of its identity is connected: log and count it, and tell
+        both runs which one we saw first (the later one stops signing until its operator decides)."""
+        assert live.pending_twin is not None
+        link, incarnation, _ = live.pending_twin
+        live.pending_twin = None
+        theirs = live.session.peer_incarnation
+        if self.twins.get(link.public_key) is not link or link.twin is None or theirs is None:
+            return
+        sighting = self.duplicates.observe(
+            link.public_key,
+            RunSeen(theirs, live.address),
+            live.connected_at,
+            RunSeen(incarnation, link.address),
+            trio.current_time(),
+        )
+        self.counters["duplicate_identities"] += 1
+        log_event(
+            log,
+            "peer.duplicate_identity",
+            level=logging.WARNING,
+            peer=link.public_key.hex(),
+            earlier_incarnation=sighting.earlier.incarnation.hex(),
+            earlier_address=sighting.earlier.address,
+            later_incarnation=sighting.later.incarnation.hex(),
+            later_address=sighting.later.address,
+            hint="two daemons run this identity (a copied data directory?); both links are served so "
+            "their histories meet, and both are told",
+        )
+        to_earlier, to_later = notices_for(sighting)
+        live_first = sighting.earlier.incarnation == theirs
+        to_live, to_new = (to_earlier, to_later) if live_first else (to_later, to_earlier)
+        link.twin.tell(to_new)
+        if self.extension is not None:
+            self.extension.notify(live, IDENTITY_OP, to_live.to_body())
 
     async def _driver(
         self,
@@ -448,7 +645,7 @@ class Gossip:
         Received deltas go down the ingest pipeline (:meth:`_verifier`, :meth:`_acker`)."""
         session = link.session
         while True:
-            if self.links.get(link.public_key) is not link:
+            if not self._current(link):
                 scope.cancel()  # a newer connection to the same peer replaced this one
                 return
             link.wakeup = trio.Event()  # reset first: a kick while we work is not lost
@@ -463,6 +660,12 @@ class Gossip:
                         self.counters["deltas_out"] += 1
                 elif isinstance(event, DeltaReceived):
                     to_verify.send_nowait(event)
+                elif (
+                    isinstance(event, Pong)
+                    and link.pending_twin is not None
+                    and event.nonce == link.pending_twin[2]
+                ):
+                    self._confirm_twin(link)
                 await self._flush(stream, link)
             await self._flush(stream, link)
             if not session.has_work():
@@ -513,6 +716,8 @@ class Gossip:
             except LatticedError as exc:
                 self.queue_errors.note(link.public_key, event.key, str(exc))
                 raise
+            if event.key[0] == self.local_public_key and self.own_head is not None:
+                self._check_own_head(link, event.key, event.delta)
             if (
                 previous is not None
                 and previous.ahead is None
@@ -524,7 +729,7 @@ class Gossip:
             to_ack.send_nowait((event, previous))
             if previous.ahead is not None:
                 # Relay it now (the host serves it before its commit); the ACK still waits for durability.
-                self.local_change(event.key, previous.ahead, source=link.public_key)
+                self.local_change(event.key, previous.ahead, source_link=link)
 
     async def _acker(
         self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[DeltaReceived, PendingMerge]]
@@ -551,7 +756,29 @@ class Gossip:
         self.counters["deltas_in"] += 1
         link.session.delta_applied(event.seq, summary, changed)
         if changed:
-            self.local_change(event.key, summary, source=link.public_key)
+            self.local_change(event.key, summary, source_link=link)
+
+    def _check_own_head(self, link: PeerLink, key: QueueKey, delta: QueueDelta) -> None:
+        """A peer sent a head of one of our own queues: one this run did not sign means another daemon
+        signs with our key (logged once per queue, counted each time; the guard decides on writes)."""
+        assert self.own_head is not None
+        why = foreign_head(self.own_head(key), delta.head, self.started_ms)
+        if why is None:
+            return
+        self.counters["foreign_heads"] += 1
+        self.identity.foreign_head(ForeignHead(key_label(key), link.public_key, why, time.time()))
+        if key not in self._foreign_logged and len(self._foreign_logged) < MAX_PEER_MEMORIES:
+            self._foreign_logged.add(key)
+            log_event(
+                log,
+                "identity.foreign_head",
+                level=logging.WARNING,
+                queue=key_label(key),
+                peer=link.public_key.hex(),
+                address=link.address,
+                reason=why,
+                refusing_writes=self.identity.refusal() is not None,
+            )
 
     async def _pinger(self, link: PeerLink, dialled: bool) -> None:
         """Keep-alive and dead-peer check of one link, on the daemon's shared tick (see
@@ -601,6 +828,25 @@ class Gossip:
     def _changed(self) -> None:
         if self.on_peer_change is not None:
             self.on_peer_change()
+
+
+async def _first_message(stream: SecureStream) -> bytes | None:
+    """The peer's first message (its HELLO), or None if it closes or says nothing in time."""
+    with trio.move_on_after(HELLO_WAIT_S):
+        try:
+            return await stream.receive()
+        except LatticedError:  # closed, or a frame that does not open: the link is not worth keeping
+            return None
+    return None
+
+
+def _hello_incarnation(message: bytes) -> bytes | None:
+    """The incarnation a HELLO names (None: not a HELLO, or it names none; the session judges it)."""
+    try:
+        decoded = decode_message(message)
+    except LatticedError:
+        return None
+    return decoded.incarnation if isinstance(decoded, Hello) else None
 
 
 def _entry_count(memory: PeerMemory) -> int:

@@ -14,6 +14,12 @@ on the wire). Two roles:
 
 One timer task turns request deadlines into the session's ``TimedOut`` events (no polling: it sleeps until
 the earliest deadline, and is woken when an earlier one appears).
+
+The same sub-protocol carries the version statement of each link and the duplicate-identity notice
+(:mod:`latticed.protocol.identity_runs`), answered here whatever serves leases.
+
+Why one module: :class:`LeaseLinks` is one link extension; its endpoints, their sessions, the requests
+served and the timer share the per-link state and its teardown rules.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import trio
 from latticed.errors import LatticedError, OwnerUnreachableError
 from latticed.net.gossip import PeerLink
 from latticed.process.logs import get_logger, log_event
+from latticed.protocol.identity_runs import IDENTITY_FEATURE, IDENTITY_OP
 from latticed.protocol.lease_forwarding import (
     Answer,
     Cancelled,
@@ -81,7 +88,7 @@ class _Call:
 
 
 class _Endpoint:
-    __slots__ = ("calls", "give_backs", "link", "serving", "session", "versions_rid")
+    __slots__ = ("calls", "give_backs", "link", "notices", "serving", "session", "versions_rid")
 
     def __init__(self, link: PeerLink, session: LeasingSession) -> None:
         self.link = link
@@ -91,6 +98,8 @@ class _Endpoint:
         self.calls: dict[int, _Call] = {}
         self.serving: dict[int, trio.CancelScope] = {}
         self.give_backs: OrderedDict[int, GiveBack] = OrderedDict()
+        #: Notices to send once the peer said it understands them (:meth:`LeaseLinks.notify`).
+        self.notices: list[tuple[str, dict[str, Any]]] = []
 
 
 class LeaseLinks:
@@ -107,6 +116,7 @@ class LeaseLinks:
         self._timer_wake = trio.Event()
         self._timer_until = math.inf
         self.counters = {"requests_out": 0, "requests_in": 0, "timeouts": 0, "late_answers": 0}
+        self._notices: Callable[[PeerLink, dict[str, Any]], None] | None = None
 
     async def run(
         self, server: LeaseServer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -145,6 +155,22 @@ class LeaseLinks:
             return  # a link being replaced: its requests were given up with it
         endpoint.session.receive(message)  # LeasingProtocolError ends the link (gossip's boundary)
         self._drain(endpoint)
+
+    def notify(self, link: PeerLink, op: str, body: dict[str, Any]) -> None:
+        """Send ``link`` a request whose answer nobody waits for, once the peer said it speaks
+        :data:`IDENTITY_FEATURE` (a peer that does not is sent nothing)."""
+        endpoint = self._endpoints.get(link.public_key)
+        if endpoint is None or endpoint.link is not link:
+            return
+        if link.agreement is None:
+            del endpoint.notices[:-4]
+            endpoint.notices.append((op, body))
+        elif IDENTITY_FEATURE in link.agreement.features:
+            endpoint.session.request(op, body, now=trio.current_time(), timeout=VERSIONS_TIMEOUT_S)
+            self._flush(endpoint)
+
+    def hear_notices(self, handler: Callable[[PeerLink, dict[str, Any]], None]) -> None:
+        self._notices = handler
 
     def link_down(self, link: PeerLink) -> None:
         endpoint = self._endpoints.get(link.public_key)
@@ -319,6 +345,9 @@ class LeaseLinks:
             agreement = agree(ours(), UNSTATED)
         link.agreement = agreement
         link.session.agree_features(agreement.features)
+        notices, endpoint.notices = endpoint.notices, []
+        for op, notice in notices:
+            self.notify(link, op, notice)
         link.kick()
         log_event(
             log,
@@ -332,6 +361,14 @@ class LeaseLinks:
     def _start_serving(self, endpoint: _Endpoint, request: Request) -> None:
         if request.op == VERSIONS_OP:  # answered here, whatever serves leases (and before it runs)
             endpoint.session.answer(request.rid, ours().to_body())
+            return
+        if request.op == IDENTITY_OP and self._notices is not None:
+            try:
+                self._notices(endpoint.link, request.body)
+            except LatticedError as exc:
+                endpoint.session.refuse(request.rid, exc)
+                return
+            endpoint.session.answer(request.rid, {})
             return
         self.counters["requests_in"] += 1
         nursery, server = self._nursery, self._server

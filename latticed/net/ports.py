@@ -19,6 +19,8 @@ class ReplicaStore(Protocol):
 
     def state(self, q: int) -> QueueState: ...
 
+    def find(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None: ...
+
     async def delta_for(
         self,
         owner: bytes,

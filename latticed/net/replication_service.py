@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
-from latticed.crdt.head import QueueKind
+from latticed.crdt.head import QueueKind, SignedHead
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
@@ -36,7 +36,14 @@ from latticed.host.netkey import DEFAULT_NETWORK_KEY, load_network_key, network_
 from latticed.net.accept import serve_listeners
 from latticed.net.admission import Admission, FailureLog, Ticket, source_of
 from latticed.net.discovery import DiscoveredPeer, OtherNetworks, run_discovery
-from latticed.net.gossip import PEER_TIMEOUT_S, STALE_AFTER_S, Gossip, LinkExtension, PendingMerge
+from latticed.net.gossip import (
+    PEER_TIMEOUT_S,
+    STALE_AFTER_S,
+    Gossip,
+    LinkExtension,
+    PeerLink,
+    PendingMerge,
+)
 from latticed.net.peer_faults import PeerFaults
 from latticed.net.ports import ReplicaStore
 from latticed.net.transport import connect_failure, secure_accept, secure_connect
@@ -46,7 +53,8 @@ from latticed.protocol.addresses import HostPort
 from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
-from latticed.protocol.replication import QueueKey
+from latticed.protocol.replication import QueueKey, key_label
+from latticed.protocol.start_gate import StartGate
 from latticed.protocol.why_verdict import PeerFacts
 from latticed.storage.jobs import Merge
 from latticed.storage.wiring import ChangeFanout, OwnerFence
@@ -162,6 +170,50 @@ class Replication:
     removed: set[bytes] = field(default_factory=set)
     #: mDNS instances on the LAN announcing under another network key (None: discovery is off).
     others_on_lan: OtherNetworks | None = None
+    #: No signing after a start until the peers known then were heard from (latticed/protocol/start_gate.py).
+    start_gate: StartGate = field(default_factory=lambda: StartGate(trio.current_time(), None))
+
+    def write_refusal(self) -> str | None:
+        """Why this daemon must not sign anything now (None: the per-queue checks decide): another run of
+        its identity, or the catch-up after a start. Asked before every write: cheap once the gate is open."""
+        refusal = self.gossip.identity.refusal()
+        if refusal is not None or self.start_gate.opened_at is not None:
+            return refusal
+        return self.update_gate()
+
+    def update_gate(self) -> str | None:
+        """Look at the start gate again (a dial ended, a peer's first digest came, the time is up); logs
+        once when it opens."""
+        gate = self.start_gate
+        if gate.opened_at is not None:
+            return None
+        reason = gate.reason(trio.current_time(), self.gossip.unheard_links())
+        if reason is None and (gate.expected or gate.timed_out):
+            log_event(
+                log,
+                "replication.caught_up",
+                level=logging.WARNING if gate.timed_out else logging.INFO,
+                waited_s=round(gate.opened_at - gate.started, 3) if gate.opened_at is not None else None,
+                timed_out=gate.timed_out,
+                unreached=gate.waits_for,
+            )
+        return reason
+
+    def identity_status(self) -> dict[str, Any]:
+        """Another run of our identity (told of, or seen in a head), identities seen running twice on our
+        links, and whether writes wait for the catch-up after the start."""
+        return {
+            **self.gossip.identity.status(),
+            "incarnation": self.gossip.incarnation.hex(),
+            "seen_twice": [s.to_wire() for s in self.gossip.duplicates.recent()],
+            "catching_up": self.write_refusal() if self.gossip.identity.refusal() is None else None,
+        }
+
+    def claim_identity(self) -> dict[str, Any]:
+        """The operator says this daemon is the one to keep: it signs again (for the rest of its run)."""
+        was = self.gossip.identity.claim(time.time())
+        log_event(log, "identity.claimed", level=logging.WARNING, was_refusing=was)
+        return {"was_refusing": was, **self.identity_status()}
 
     @property
     def listen(self) -> str | None:
@@ -172,7 +224,12 @@ class Replication:
         return self.others_on_lan.count if self.others_on_lan is not None else None
 
     def counters(self) -> dict[str, int]:
-        return {**self.gossip.stats(), "connected": len(self.gossip.links)}
+        return {
+            **self.gossip.stats(),
+            "connected": len(self.gossip.links),
+            "second_runs_connected": len(self.gossip.twins),
+            "identity_refusing_writes": int(self.gossip.identity.refusal() is not None),
+        }
 
     def peers(self) -> list[dict[str, Any]]:
         """Every known peer: identity, address, how found, its state (connected, dialling, refused,
@@ -201,9 +258,17 @@ class Replication:
             elif state == "connected":
                 state, reason = "dialling", "connected a moment ago; the link is closing"
             kind: str | None = failure.kind if failure is not None else None
+            twin = self.gossip.twins.get(key_bytes) if key_bytes is not None else None
+            lag = lags.get(key or "", {})
+            if link is not None and twin is not None:
+                # The identity runs twice: this address is one run's link, the other is named.
+                second = row["address"] == twin.address
+                reason = _twice(link.address if second else twin.address)
+                if second:
+                    row["duplicate_identity"], lag = True, _lags(self.gossip, twin)
             if link is None and key_bytes in self.gossip.incompatible and state != "blocked":
                 state, reason, kind = "incompatible", self.gossip.incompatible[key_bytes][0], "incompatible"
-            rows.append(self._row(row, state, reason, lags.get(key or "", {}), now, kind))
+            rows.append(self._row(row, state, reason, lag, now, kind))
             if key:
                 seen.add(key)
         for public_key, link in self.gossip.links.items():
@@ -217,6 +282,22 @@ class Replication:
                     "connected": True,
                 }
                 rows.append(self._row(row, "connected", None, lags.get(public_key.hex(), {}), now))
+        shown = {row.get("address") for row in rows}
+        for public_key, twin in self.gossip.twins.items():
+            # The second run of an identity: a row of its own, so both runs show.
+            primary = self.gossip.links.get(public_key)
+            if twin.address in shown:
+                continue
+            row = {
+                "public_key": public_key.hex(),
+                "address": twin.address,
+                "sources": [twin.via],
+                "state": "connected",
+                "connected": True,
+                "duplicate_identity": True,
+            }
+            reason = _twice(primary.address if primary is not None else "?")
+            rows.append(self._row(row, "connected", reason, _lags(self.gossip, twin), now))
         for key_bytes, (why, address) in self.gossip.incompatible.items():
             if key_bytes.hex() not in seen and key_bytes not in self.gossip.links:
                 seen.add(key_bytes.hex())
@@ -475,7 +556,17 @@ async def run_replication(
             gossip.local_change(queue_key(state), state.summary())
 
     def behind(state: QueueState) -> str | None:
+        refusal = service.write_refusal()
+        if refusal is not None:
+            return refusal
         return gossip.behind_reason(queue_key(state), state.held_end)
+
+    def own_head(key: QueueKey) -> SignedHead | None:
+        q = engine.find(*key)
+        return engine.state(q).head if q is not None else None
+
+    gossip.own_head = own_head
+    gossip.on_summaries = service.update_gate
 
     wiring = contextlib.ExitStack()
     mdns_scope = trio.CancelScope()
@@ -486,6 +577,7 @@ async def run_replication(
             if config.listen is not None:
                 service.listen_address = await nursery.start(_listen, service)
             nursery.start_soon(_dial_loop, service)
+            nursery.start_soon(_gate_deadline, service)
             if config.mdns and service.listen_address is not None:
                 send, receive = trio.open_memory_channel[DiscoveredPeer](64)
                 others = service.others_on_lan = OtherNetworks()
@@ -518,6 +610,23 @@ async def run_replication(
         mdns_scope.cancel()
         wiring.close()
         service._save_book()
+
+
+def _twice(other: str) -> str:
+    return (
+        f"this identity also runs at {other}: two daemons, one identity (a copied data directory?); both "
+        "links are served and both daemons told"
+    )
+
+
+def _lags(gossip: Gossip, link: PeerLink) -> dict[str, int]:
+    """Per queue, how many records the peer of ``link`` is behind us (negative: ahead)."""
+    local = gossip.host.summaries()
+    return {
+        key_label(key): ours.held_end - theirs.held_end
+        for key, theirs in link.session.peer_summaries().items()
+        if (ours := local.get(key)) is not None
+    }
 
 
 def _is_stale(service: Replication, peer: bytes) -> bool:
@@ -649,13 +758,39 @@ async def _discovered(service: Replication, receive: trio.MemoryReceiveChannel[D
         service.wake_dialer.set()
 
 
+async def _gate_deadline(service: Replication) -> None:
+    """Open the start gate when its time is up, if nothing opened it before."""
+    await trio.sleep_until(service.start_gate.deadline)
+    service.update_gate()
+
+
+def _dial_ended(service: Replication, address: HostPort) -> None:
+    service.start_gate.dial_ended(address)
+    service.update_gate()
+
+
 async def _dial_loop(service: Replication) -> None:
-    """Dial whatever the peer book says is due; sleep until the next due time or a new sighting."""
+    """Dial whatever the peer book says is due; sleep until the next due time or a new sighting. The
+    first round is what the start gate waits for."""
+    first = True
     async with trio.open_nursery() as nursery:
         while True:
             service.wake_dialer = trio.Event()
             now = time.time()
-            for address in service.book.due(now, limit=MAX_DIALS_AT_ONCE):
+            due = service.book.due(now, limit=MAX_DIALS_AT_ONCE)
+            if first:
+                first = False
+                service.start_gate.expect(due)
+                if due:
+                    log_event(
+                        log,
+                        "replication.catching_up",
+                        peers=len(due),
+                        at_most_s=service.start_gate.timeout,
+                        hint="no signing until these peers said what they hold, or cannot be reached",
+                    )
+                service.update_gate()
+            for address in due:
                 nursery.start_soon(_dial, service, address)
             next_due = service.book.next_due(time.time())
             wait = 60.0 if next_due is None else max(0.05, next_due - time.time())
@@ -717,6 +852,7 @@ async def _dial(service: Replication, address: HostPort) -> None:
         if service.metrics is not None:
             service.metrics.handshake_failed("outgoing", error)
         service.wake_dialer.set()
+        _dial_ended(service, address)
         return
     if service.metrics is not None:
         service.metrics.connected("outgoing")
@@ -726,6 +862,7 @@ async def _dial(service: Replication, address: HostPort) -> None:
         await stream.aclose()
         with contextlib.suppress(NotFoundError):
             service.book.failed(address, time.time())
+        _dial_ended(service, address)
         return
     service.faults.dial_succeeded(address)
     if peer in service.gossip.links and not _is_stale(service, peer):
@@ -733,9 +870,13 @@ async def _dial(service: Replication, address: HostPort) -> None:
         service.book.connected(address, peer, time.time())
         await stream.aclose()
         service.book.disconnected(address, time.time())
+        _dial_ended(service, address)
         return
     service.book.connected(address, peer, time.time())
     service._save_book()
+    # The link is up once run_peer registers it (before its first await): the gate then waits for the
+    # peer's first digest on it.
+    service.start_gate.dial_ended(address)
     try:
         sources = service.book.status(address).sources
         via = "static" if "static" in sources else (sources[0] if sources else "static")
@@ -744,3 +885,4 @@ async def _dial(service: Replication, address: HostPort) -> None:
         with contextlib.suppress(NotFoundError):  # removed meanwhile (latticectl peers remove)
             service.book.disconnected(address, time.time())
         service.wake_dialer.set()
+        service.update_gate()  # a link that closed before its digest is awaited no more

@@ -317,6 +317,8 @@ class ReplicationSession:
     #: Our incarnation (sent in HELLO), the peer's, and what we remember of the peer (see PeerMemory).
     incarnation: bytes | None = None
     _peer_incarnation: bytes | None = None
+    #: The peer's first DIGEST came: we know what it holds (the start gate waits for it).
+    digest_received: bool = False
     _memory: PeerMemory | None = None
     _announced: dict[QueueKey, Summary] = field(default_factory=dict)
     stats: dict[str, int] = field(
@@ -364,6 +366,11 @@ class ReplicationSession:
     @property
     def state(self) -> SessionState:
         return self._state
+
+    @property
+    def peer_incarnation(self) -> bytes | None:
+        """The incarnation the peer's HELLO named (None: no HELLO yet, or it names none)."""
+        return self._peer_incarnation
 
     def memory(self) -> PeerMemory | None:
         """What to remember of this peer for the next connection (None: it gave no incarnation).
@@ -534,6 +541,7 @@ class ReplicationSession:
                 self._schedule(key)
 
     def _on_digest(self, digest: Digest) -> None:
+        self.digest_received = True
         for key, summary in digest.entries:
             link = self._peer_link(key)
             if link is None:

@@ -28,6 +28,18 @@ _GOSSIP_COUNTERS = {
     "deltas_out": ("latticed_deltas_sent", "Deltas sent to peers."),
     "rejected_deltas": ("latticed_deltas_rejected", "Peer links closed because a delta failed verification."),
     "protocol_errors": ("latticed_peer_protocol_errors", "Peer links closed for breaking the protocol."),
+    "duplicate_identities": (
+        "latticed_duplicate_identities",
+        "Times a peer's identity connected again from another run while its first link was live.",
+    ),
+    "identity_notices": (
+        "latticed_identity_notices",
+        "Notices from peers that another daemon runs this daemon's identity.",
+    ),
+    "foreign_heads": (
+        "latticed_foreign_heads",
+        "Heads of this daemon's own queues that came back signed by another run of its identity.",
+    ),
 }
 #: Consumer-group counts exported, as :class:`~latticed.leases.outcomes.GroupStats` names them.
 _GROUP_STATES = ("available", "leased", "failed", "dead")
@@ -180,6 +192,13 @@ class StateCollector:
             if counter in counters:
                 yield CounterMetricFamily(name, help_text, value=counters[counter])
         yield from _traffic(counters)
+        if "identity_refusing_writes" in counters:
+            yield GaugeMetricFamily(
+                "latticed_identity_refusing_writes",
+                "1 while this daemon refuses its own writes: another daemon runs its identity "
+                "(`latticectl identity`).",
+                value=counters["identity_refusing_writes"],
+            )
         rows = replication.peers()
         addresses: Counter[str] = Counter(str(row.get("state", "unknown")) for row in rows)
         connected: dict[str, int] = {}

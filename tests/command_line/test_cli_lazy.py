@@ -55,7 +55,7 @@ def test_the_table_names_exactly_what_each_module_registers() -> None:
     assert {"id", "status", "offer", "queue", "meta"} <= {n for n in listed if table.origin(n) == ""}
     # typer's order: single commands, then groups, each as registered
     assert listed[:2] == ["id", "status"]
-    assert listed[-8:] == ["queue", "meta", "kv", "group", "dlq", "peers", "store", "bundle"]
+    assert listed[-9:] == ["queue", "meta", "kv", "group", "dlq", "peers", "identity", "store", "bundle"]
 
 
 def test_every_root_group_builds_its_own_commands() -> None:

@@ -72,6 +72,10 @@ class FakeReplication:
             "received_delta_bytes": 6200,
             "sent_have": 4,
             "sent_have_bytes": 280,
+            "duplicate_identities": 2,
+            "identity_notices": 1,
+            "foreign_heads": 3,
+            "identity_refusing_writes": 1,
         }
 
     def peers(self) -> list[dict[str, Any]]:
@@ -142,6 +146,11 @@ async def test_commits_merges_and_state_read_through_the_text_parser(tmp_path: P
     # Replication, as its counters() and peers() report it.
     assert value(samples, "latticed_deltas_received_total") == 30
     assert value(samples, "latticed_deltas_rejected_total") == 1
+    # Another daemon runs an identity: seen here twice, told of, seen in our heads; we refuse writes.
+    assert value(samples, "latticed_duplicate_identities_total") == 2
+    assert value(samples, "latticed_identity_notices_total") == 1
+    assert value(samples, "latticed_foreign_heads_total") == 3
+    assert value(samples, "latticed_identity_refusing_writes") == 1
     assert value(samples, "latticed_peers_connected") == 1
     assert value(samples, "latticed_peer_lag_records", peer=PEER.hex()) == 5
     assert value(samples, "latticed_peer_connected", peer=PEER.hex()) == 1

@@ -41,6 +41,17 @@ class PeerOps:
         checks: list[dict[str, Any]] = self.call("doctor")["checks"]
         return checks
 
+    def identity_runs(self) -> dict[str, Any] | None:
+        """Other runs of this identity and whether this daemon refuses its own writes (None: replication
+        is not running)."""
+        found: dict[str, Any] | None = self.call("identity_runs")["identity"]
+        return found
+
+    def identity_claim(self) -> dict[str, Any]:
+        """Say this daemon is the one to keep: it signs again; ``was_refusing`` says whether it refused."""
+        claimed: dict[str, Any] = self.call("identity_claim")["identity"]
+        return claimed
+
     def peer_report(self) -> dict[str, Any]:
         """``peers`` (as :meth:`~latticed.api.client.Client.peers`) and ``other_networks``: how many
         daemons mDNS hears on the LAN under another network key (None: mDNS is off, or a daemon too old

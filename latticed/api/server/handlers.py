@@ -140,6 +140,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "disk": ctx.health.disk_status() if ctx.health else None,
             "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
             "incompatible_peers": ctx.replication.incompatible_peers() if ctx.replication else [],
+            "identity_runs": ctx.replication.identity_status() if ctx.replication else None,
             "retention": ctx.retention.counters_dict() if ctx.retention else None,
         }
     }

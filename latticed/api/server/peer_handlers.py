@@ -22,7 +22,15 @@ from latticed.privacy.crypto import accelerated
 from latticed.protocol.addresses import HostPort, parse_host_port
 from latticed.protocol.peerstate import format_host_port
 
-__all__ = ["doctor", "peers_add", "peers_block", "peers_remove", "peers_unblock"]
+__all__ = [
+    "doctor",
+    "identity_claim",
+    "identity_runs",
+    "peers_add",
+    "peers_block",
+    "peers_remove",
+    "peers_unblock",
+]
 
 
 def _membership(ctx: Context) -> MembershipView:
@@ -104,6 +112,7 @@ async def doctor(ctx: Context, request: Request) -> Reply:
         "forks": ctx.health.forked_queues() if ctx.health is not None else [],
         "skew": service.clock_skew() if service is not None else [],
         "sealer_accelerated": accelerated(),
+        "identity": service.identity_status() if service is not None else None,
     }
 
     def run() -> list[dict[str, Any]]:
@@ -112,8 +121,22 @@ async def doctor(ctx: Context, request: Request) -> Reply:
     return {"checks": await trio.to_thread.run_sync(run), "other_networks": others}
 
 
+async def identity_runs(ctx: Context, request: Request) -> Reply:
+    """Other runs of this identity (told of by peers, or seen in heads of our own queues), identities
+    seen running twice on our links, and whether this daemon refuses its own writes."""
+    service = ctx.replication
+    return {"identity": service.identity_status() if service is not None else None}
+
+
+async def identity_claim(ctx: Context, request: Request) -> Reply:
+    """The operator says this daemon is the one to keep: it signs again."""
+    return {"identity": (await _service(ctx)).claim_identity()}
+
+
 #: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
 OPS: dict[str, Handler] = {
+    "identity_runs": identity_runs,
+    "identity_claim": identity_claim,
     "peers_add": peers_add,
     "peers_remove": peers_remove,
     "peers_block": peers_block,

@@ -1,0 +1,312 @@
+"""Two runs of one identity (a copied data directory) on one relay, over real secure streams in memory:
+the relay serves both links, logs and counts it, and tells both; the later run stops signing; what both
+wrote meets on every daemon (the fork is flagged everywhere). And the owner's own check: a head of its
+queue it did not sign, sent back by a peer."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from latticed.crdt import queue as core
+from latticed.crdt.head import SignedHead
+from latticed.crdt.queue import QueueDelta, QueueState, Summary
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.host.netkey import DEFAULT_NETWORK_KEY
+from latticed.net.gossip import Gossip, PeerLink
+from latticed.net.leasing import LeaseLinks
+from latticed.net.transport import secure_accept, secure_connect
+from latticed.net.twin_link import TwinRequests
+from latticed.protocol.identity_runs import IDENTITY_FEATURE, IDENTITY_OP, Notice
+from latticed.protocol.lease_forwarding import LeasingSession, Refusal, Request
+from latticed.protocol.replication import PROTOCOL_VERSION, QueueKey, ReplicationSession
+from latticed.protocol.replication_messages import Digest, Hello, encode_message
+from latticed.protocol.versions import UNSTATED, VERSIONS_OP, Agreement, ours
+
+OWNER = Identity.from_seed(b"o" * 32)
+RELAY = Identity.from_seed(b"r" * 32)
+KEY: QueueKey = (OWNER.public_key, "q", 0)
+
+
+@dataclasses.dataclass
+class Applied:
+    summary: Summary
+    changed: bool
+    ahead: Summary | None = None
+
+    async def result(self) -> tuple[Summary, bool]:
+        return self.summary, self.changed
+
+    def settled(self) -> tuple[Summary, bool] | None:
+        return self.summary, self.changed
+
+
+class Host:
+    """An in-memory replica host whose joins flag forks as the store does."""
+
+    def __init__(self, states: Mapping[QueueKey, QueueState] | None = None) -> None:
+        self.states: dict[QueueKey, QueueState] = dict(states or {})
+
+    def summaries(self) -> Mapping[QueueKey, Summary]:
+        return {k: s.summary() for k, s in self.states.items()}
+
+    async def delta_for(
+        self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
+    ) -> QueueDelta | None:
+        state = self.states.get(key)
+        return None if state is None else core.delta(state, since, max_records, max_bytes)
+
+    async def verify_delta(self, delta: QueueDelta) -> core.VerifiedDelta:
+        return core.verify_delta(core.empty_state(delta.owner, delta.name, delta.kind), delta)
+
+    def submit_merge(self, verified: core.VerifiedDelta, peer: bytes) -> Applied:
+        delta = verified.delta
+        key = (delta.owner, delta.name, delta.kind)
+        before = self.states.get(key) or core.empty_state(*key)
+        after = core.join_verified(before, verified)
+        self.states[key] = after
+        return Applied(after.summary(), after.summary() != before.summary())
+
+    def head(self, key: QueueKey) -> SignedHead | None:
+        state = self.states.get(key)
+        return state.head if state is not None else None
+
+
+@dataclasses.dataclass
+class Daemon:
+    identity: Identity
+    host: Host
+    gossip: Gossip
+
+    def write(self, count: int, now_ms: int) -> None:
+        state = self.host.states.get(KEY) or core.empty_state(OWNER.public_key, "q")
+        records = [Record(value=b"%d-%d" % (now_ms, i)) for i in range(count)]
+        state = core.commit(state, self.identity, now_ms=now_ms, records=records)
+        self.host.states[KEY] = state
+        self.gossip.local_change(KEY, state.summary())
+
+    @property
+    def state(self) -> QueueState:
+        return self.host.states[KEY]
+
+
+def daemon(identity: Identity, states: Mapping[QueueKey, QueueState] | None = None) -> Daemon:
+    host = Host(states)
+    gossip = Gossip(host, identity.public_key, extension=LeaseLinks(dial=lambda peer: False))
+    gossip.own_head = host.head
+    gossip.started_ms = 0  # every head signed in the test is "after the start"
+    return Daemon(identity, host, gossip)
+
+
+async def connect(nursery: trio.Nursery, dialler: Daemon, relay: Daemon, address: str) -> None:
+    left, right = trio.testing.memory_stream_pair()
+
+    async def dial() -> None:
+        stream = await secure_connect(left, seed=dialler.identity.seed, network_key=DEFAULT_NETWORK_KEY)
+        await dialler.gossip.run_peer(stream, "relay:7000", "static")
+
+    async def accept() -> None:
+        stream = await secure_accept(right, seed=relay.identity.seed, network_key=DEFAULT_NETWORK_KEY)
+        await relay.gossip.run_peer(stream, address, "incoming")
+
+    nursery.start_soon(dial)
+    nursery.start_soon(accept)
+
+
+async def settle(done: Callable[[], bool]) -> None:
+    """Let every task run until ``done`` holds (memory streams: nothing waits on the outside world)."""
+    with trio.fail_after(10):
+        while not done():
+            await trio.testing.wait_all_tasks_blocked(cushion=0.001)
+
+
+def _forked(d: Daemon) -> bool:
+    return KEY in d.host.states and d.state.forked
+
+
+async def test_a_relay_serves_both_runs_of_an_identity_tells_both_and_their_histories_meet() -> None:
+    first = daemon(OWNER)
+    first.write(10, now_ms=1_000)
+    copy = daemon(OWNER, first.host.states)  # the data directory copied to a second machine
+    first.write(5, now_ms=2_000)
+    copy.write(3, now_ms=3_000)
+    relay = daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        await connect(nursery, first, relay, "10.0.0.1:5001")
+        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
+        await connect(nursery, copy, relay, "10.0.0.2:5002")
+        await settle(
+            lambda: (
+                copy.gossip.identity.refusal() is not None
+                and bool(first.gossip.identity.others)
+                and _forked(relay)
+                and _forked(first)
+                and _forked(copy)
+            )
+        )
+        # The relay: both links up, the duplicate logged and counted, the first run seen first.
+        assert OWNER.public_key in relay.gossip.links and OWNER.public_key in relay.gossip.twins
+        assert relay.gossip.counters["duplicate_identities"] == 1
+        (sighting,) = relay.gossip.duplicates.recent()
+        assert sighting.earlier.incarnation == first.gossip.incarnation
+        assert (sighting.earlier.address, sighting.later.address) == ("10.0.0.1:5001", "10.0.0.2:5002")
+        # The later run refuses its own writes, naming where the other runs and what to do.
+        refusal = copy.gossip.identity.refusal()
+        assert refusal is not None and "10.0.0.1:5001" in refusal and "identity claim" in refusal
+        # The earlier run was told too, and keeps writing.
+        (other,) = first.gossip.identity.others.values()
+        assert (other.incarnation, other.later) == (copy.gossip.incarnation, False)
+        assert first.gossip.identity.refusal() is None
+        # The copy also saw it itself: another head at the version it signed came back.
+        assert copy.gossip.counters["foreign_heads"] >= 1
+        # Each daemon sees the copy's run as a fork of the queue.
+        for d in (relay, first, copy):
+            assert d.state.forked
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_same_run_connecting_twice_is_not_a_duplicate() -> None:
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    owner.write(2, now_ms=1_000)
+    async with trio.open_nursery() as nursery:
+        await connect(nursery, owner, relay, "10.0.0.1:5001")
+        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 2)
+        # The owner dials again (a second address of the relay): its HELLO names the same run.
+        left, right = trio.testing.memory_stream_pair()
+
+        async def dial() -> None:
+            stream = await secure_connect(left, seed=owner.identity.seed, network_key=DEFAULT_NETWORK_KEY)
+            await owner.gossip.run_peer(stream, "relay:7001", "static")
+
+        async def accept() -> None:
+            stream = await secure_accept(right, seed=relay.identity.seed, network_key=DEFAULT_NETWORK_KEY)
+            await relay.gossip.run_peer(stream, "10.0.0.1:5003", "incoming")
+
+        nursery.start_soon(dial)
+        nursery.start_soon(accept)
+        await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+        assert not relay.gossip.twins
+        assert relay.gossip.counters["duplicate_identities"] == 0
+        assert owner.gossip.identity.refusal() is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_owner_that_gets_back_a_head_of_its_own_it_did_not_sign_stops_signing() -> None:
+    shared = daemon(OWNER)
+    shared.write(4, now_ms=1_000)
+    owner = daemon(OWNER, shared.host.states)
+    owner.gossip.started_ms = 1_500  # started after the shared records were signed
+    relay = daemon(RELAY, shared.host.states)
+    other = daemon(OWNER, shared.host.states)
+    other.write(2, now_ms=2_000)  # another run, after this owner started; the relay got it
+    relay.host.states = dict(other.host.states)
+    async with trio.open_nursery() as nursery:
+        await connect(nursery, owner, relay, "10.0.0.1:5001")
+        await settle(lambda: owner.gossip.identity.refusal() is not None)
+        refusal = owner.gossip.identity.refusal()
+        assert refusal is not None and "came back from peer" in refusal and "version 2" in refusal
+        assert owner.gossip.counters["foreign_heads"] == 1
+        assert owner.gossip.identity.claim(0.0)
+        assert owner.gossip.identity.refusal() is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_restored_store_catching_up_on_its_earlier_run_is_no_duplicate() -> None:
+    earlier = daemon(OWNER)
+    earlier.write(4, now_ms=1_000)
+    restored = daemon(OWNER, earlier.host.states)
+    earlier.write(3, now_ms=2_000)
+    restored.gossip.started_ms = 5_000  # the restore started after everything the earlier run signed
+    relay = daemon(RELAY, earlier.host.states)
+    async with trio.open_nursery() as nursery:
+        await connect(nursery, restored, relay, "10.0.0.1:5001")
+        await settle(lambda: restored.state.held_end == 7)
+        assert restored.gossip.identity.refusal() is None
+        assert restored.gossip.counters["foreign_heads"] == 0
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("features", [frozenset(), None])
+async def test_a_peer_that_does_not_speak_the_notice_is_not_sent_it(features: frozenset[str] | None) -> None:
+    """A 0.2.0 peer (no features) gets nothing; one that has not said what it speaks gets it only once it
+    names the feature."""
+    links = LeaseLinks(dial=lambda peer: False)
+    link = PeerLink(OWNER.public_key, "mem", "incoming", ReplicationSession())
+    links.link_up(link)
+    link.extra_out.clear()
+    if features is not None:
+        link.agreement = Agreement(1, features, UNSTATED)
+    body: dict[str, Any] = {"yours": "00" * 16}
+    links.notify(link, IDENTITY_OP, body)
+    assert link.extra_out == []
+
+
+async def test_a_second_runs_link_answers_versions_and_notices_and_refuses_lease_requests() -> None:
+    """Lease forwarding runs on an identity's first link only; the second one's requests are answered
+    for what only that link can say, and refused otherwise (the link stays up)."""
+    link = PeerLink(OWNER.public_key, "mem", "incoming", ReplicationSession())
+    heard: list[dict[str, Any]] = []
+    notice = Notice(b"\x02" * 16, b"\x01" * 16, "10.0.0.1:5001", later=True)
+    twin = TwinRequests(link, notice, heard.append, 1 << 20)
+    peer = LeasingSession()
+    for message in link.extra_out:  # our versions request
+        peer.receive(message)
+    link.extra_out.clear()
+    asked = peer.next_event()
+    assert isinstance(asked, Request) and asked.op == VERSIONS_OP
+    peer.answer(asked.rid, ours().to_body())  # it speaks the notice: it is sent
+    versions = peer.request(VERSIONS_OP, ours().to_body(), now=0.0, timeout=5.0)
+    take = peer.request("take", {}, now=0.0, timeout=5.0)
+    told = peer.request(IDENTITY_OP, notice.to_body(), now=0.0, timeout=5.0)
+    for message in peer.messages_to_send():
+        twin.receive(message)
+    assert link.agreement is not None and IDENTITY_FEATURE in link.agreement.features
+    assert heard == [notice.to_body()]
+    for message in link.extra_out:
+        peer.receive(message)
+    events = {}
+    while (event := peer.next_event()) is not None:
+        events[(type(event).__name__, event.rid)] = event
+    assert ("Answer", versions) in events and ("Answer", told) in events
+    refused = events[("Refusal", take)]
+    assert isinstance(refused, Refusal) and "second link" in str(refused.error)
+    sent = [e for e in events.values() if isinstance(e, Request)]
+    assert [Notice.from_body(e.body) for e in sent if e.op == IDENTITY_OP] == [notice]
+
+
+async def test_a_run_that_reconnects_while_its_old_link_is_half_open_is_not_a_duplicate() -> None:
+    """A daemon restarted while its old link looks alive (it was silent for less than two ticks) comes
+    back as another incarnation: served at once, but a duplicate only if the old link answers a PING.
+    This one never does; when it is closed the new run's link goes too, to come back as the first."""
+    relay = daemon(RELAY)
+    restarted = daemon(OWNER)
+    restarted.write(1, now_ms=1_000)
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+
+        async def accept_old() -> None:
+            stream = await secure_accept(right, seed=RELAY.seed, network_key=DEFAULT_NETWORK_KEY)
+            await relay.gossip.run_peer(stream, "10.0.0.1:5001", "incoming")
+
+        nursery.start_soon(accept_old)
+        old = await secure_connect(left, seed=OWNER.seed, network_key=DEFAULT_NETWORK_KEY)
+        # The old run said hello and what it held, then went silent (its host froze).
+        await old.send_many(
+            [encode_message(Hello(PROTOCOL_VERSION, None, b"\x09" * 16)), encode_message(Digest(()))]
+        )
+        await settle(lambda: OWNER.public_key in relay.gossip.links)
+        await connect(nursery, restarted, relay, "10.0.0.1:5002")
+        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 1)
+        assert OWNER.public_key in relay.gossip.twins  # served at once
+        assert relay.gossip.counters["duplicate_identities"] == 0
+        assert restarted.gossip.identity.refusal() is None and not restarted.gossip.identity.others
+        await old.aclose()
+        await settle(lambda: OWNER.public_key not in relay.gossip.twins)
+        assert relay.gossip.counters["duplicate_identities"] == 0
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,73 @@
+"""A daemon that starts signs nothing until the peers it dials first said what they hold, or could not be
+reached: a store restored from a copy catches up before it signs (docs/operations.md, "Restoring"). Real
+in-process daemon on loopback; the peer is a TCP listener that never answers the handshake until the test
+hangs up on it."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from support.inprocess import start_in_process
+
+from latticed.errors import BehindPeersError
+from latticed.host.config import DaemonConfig
+from latticed.process.logs import EVENT_ATTR, FIELDS_ATTR
+
+
+class _Logged(logging.Handler):
+    """Sets ``event`` when ``name`` is logged (and keeps its fields)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.name_wanted = name
+        self.event = threading.Event()
+        self.fields: dict[str, object] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, EVENT_ATTR, None) == self.name_wanted:
+            self.fields = dict(getattr(record, FIELDS_ATTR, {}))
+            self.event.set()
+
+
+def test_no_write_is_signed_until_the_first_peers_said_what_they_hold(tmp_path: Path) -> None:
+    silent = socket.create_server(("127.0.0.1", 0))
+    silent.settimeout(10)
+    port = silent.getsockname()[1]
+    caught_up = _Logged("replication.caught_up")
+    logger = logging.getLogger("latticed.net.replication_service")
+    logger.addHandler(caught_up)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    config = DaemonConfig(
+        data_dir=data, socket_path=tmp_path / "d.sock", peers=(("127.0.0.1", port),), mdns=False
+    )
+    daemon = start_in_process(config)
+    try:
+        conn, _ = silent.accept()  # the daemon dialled: its handshake waits for an answer
+        client = daemon.client()
+        try:
+            with pytest.raises(BehindPeersError, match="learns what its peers hold"):
+                client.queue_create("q")
+            facts = client.identity_runs()
+            assert facts is not None and "1 to reach" in str(facts["catching_up"])
+            assert not caught_up.event.is_set()
+            conn.close()  # the peer hangs up: it cannot be reached, so nothing is awaited any more
+            assert caught_up.event.wait(10)
+            assert caught_up.fields["timed_out"] is False
+            client.queue_create("q")
+            assert client.offer("q", b"signed after the catch-up") == 0
+            facts = client.identity_runs()
+            assert facts is not None and facts["catching_up"] is None
+        finally:
+            client.close()
+    finally:
+        daemon.stop()
+        silent.close()
+        logger.removeHandler(caught_up)
+        logger.setLevel(level)
