@@ -134,11 +134,12 @@ class OfferServer:
             )
         if peer != engine.public_key:
             self.check_allowed(peer, q, state)
-        run = produced_run(records, peer.hex(), engine.clock())
+        now = engine.clock()
+        run = produced_run(records, peer.hex(), now)
         engine.require_owner(q, "offer")
         inner = self.sealer.append_job(q, run)
         qid = queue_id(state.owner, state.name, state.kind)
-        return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run)))
+        return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), now_ms=now))
 
     def check_allowed(self, peer: bytes, q: int, state: QueueState) -> None:
         """NotAllowedError unless the queue's allow-list names ``peer`` (and, sealed, it is a reader)."""
