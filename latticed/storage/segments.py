@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import msgpack
 
-from latticed.crdt.records import Record, RecordRun
+from latticed.crdt.records import MIXED, Headers, Record, RecordRun, uniform
 from latticed.storage import timeindex
 
 SEGMENT_MAX_RECORDS: Final = 2048
@@ -68,15 +68,12 @@ class Segment:
     @classmethod
     def from_records(cls, first: int, records: Sequence[Record], chains: Sequence[bytes]) -> Segment:
         if type(records) is RecordRun:
-            headers = records.headers
             return cls(
                 first,
                 list(records.keys),
                 list(records.values),
                 list(records.timestamps),
-                [None] * len(records)
-                if headers is None
-                else [[[k, v] for k, v in h] if h else None for h in headers],
+                stored_headers(records.headers, len(records)),
                 b"".join(chains),
             )
         return cls(
@@ -109,8 +106,7 @@ class Segment:
     def nbytes(self) -> int:
         size = sum(map(len, self.values)) + 16 * len(self.values)
         size += sum(len(k) for k in self.keys if k)
-        size += sum(len(k) + len(v) for h in self.headers if h for k, v in h)
-        return size
+        return size + headers_nbytes(self.headers)
 
     def record(self, offset: int) -> Record:
         i = offset - self.first
@@ -154,6 +150,27 @@ class Segment:
         self.timestamps += other.timestamps
         self.headers += other.headers
         self.chains += other.chains
+
+
+def stored_headers(headers: Sequence[Headers] | None, n: int) -> list[list[list[Any]] | None]:
+    """A run's header column as a segment stores it (``[[name, value], ...]``, None for none): headers
+    every record shares (a producer's stamp) are converted once, the lists shared (never mutated)."""
+    if headers is None:
+        return [None] * n
+    same = uniform(headers)
+    if same is not MIXED:
+        return [[[k, v] for k, v in same] if same else None] * n
+    return [[[k, v] for k, v in h] if h else None for h in headers]
+
+
+def headers_nbytes(headers: Sequence[Any]) -> int:
+    """Bytes of a segment's header column as :meth:`Segment.nbytes` counts them (names and values)."""
+    if not any(headers):
+        return 0
+    same = uniform(headers)
+    if same is not MIXED:
+        return len(headers) * sum(len(k) + len(v) for k, v in same)
+    return sum(len(k) + len(v) for h in headers if h for k, v in h)
 
 
 def split(segment: Segment) -> Iterator[Segment]:
