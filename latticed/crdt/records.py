@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Any, Final, overload
+from typing import Any, Final, cast, overload
 
 from latticed.crdt.core_errors import MalformedError
 
@@ -481,6 +481,10 @@ def _chain_part(base: bytes, first_offset: int, records: Sequence[Record], out: 
     elif keys.count(None) == n:
         fixed = map(pack, offsets, timestamps, repeat(0, n), repeat(0, n), map(len, values))
         encoded = map(b"".join, zip(fixed, values, repeat(tail, n), strict=True))
+    elif None not in keys:  # every record has a key
+        present = cast("tuple[bytes, ...]", keys)
+        fixed = map(pack, offsets, timestamps, repeat(1, n), map(len, present), map(len, values))
+        encoded = map(b"".join, zip(fixed, present, values, repeat(tail, n), strict=True))
     else:
         encoded = [
             b"".join((pack(o, t, k is not None, len(k) if k else 0, len(v)), k or b"", v, tail))

@@ -16,7 +16,7 @@ and a daemon outside it could neither read back nor check what it wrote (share t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Final, Protocol
@@ -60,12 +60,16 @@ def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
     if set(map(type, raw)) != {list} or not lengths <= {3, 4}:
         raise MalformedError("each record is [value, key, headers] or [value, key, headers, timestamp]")
     n = len(raw)
+    stamps: Sequence[Any] = ()
     if lengths == {3}:  # no record names its timestamp: every one gets the owner's clock
         values, keys, sent = zip(*raw, strict=True)
-        timestamps: Iterable[int] = repeat(now, n)
+    elif lengths == {4}:
+        values, keys, sent, stamps = zip(*raw, strict=True)
     else:
         values, keys, sent = (tuple(map(itemgetter(i), raw)) for i in range(3))
         stamps = [item[3] if len(item) == 4 else None for item in raw]
+    timestamps: Iterable[int] = repeat(now, n)
+    if stamps.count(None) != len(stamps):
         if not set(map(type, stamps)) <= {int, type(None)} or any(ts is not None and ts < 0 for ts in stamps):
             raise MalformedError("a record's timestamp is milliseconds since the epoch, or nil")
         timestamps = [now if ts is None else ts for ts in stamps]
