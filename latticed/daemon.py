@@ -19,6 +19,7 @@ complete when it is made (the replication service it shows is whichever the memb
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import signal
@@ -52,6 +53,7 @@ from latticed.process.logs import get_logger, log_event
 from latticed.process.malloc import keep_large_buffers
 from latticed.process.sdnotify import Notifier, watchdog_interval
 from latticed.process.ticks import shared_period, sleep_until_tick
+from latticed.produce.expiry import IdleProducers
 from latticed.produce.forward import RemoteOffers
 from latticed.produce.owner import OfferServer, WithOffers
 from latticed.protocol.addresses import HostPort
@@ -207,7 +209,10 @@ async def run_daemon(
                             )
                             context.metrics_listen = str(endpoint)
                         context.retention = await nursery.start(
-                            run_retention,
+                            functools.partial(
+                                run_retention,
+                                expire_producers=IdleProducers(engine, config.producer_expiry_s).step,
+                            ),
                             engine,
                             changes,
                             ReplicaCaps(config.replica_max_bytes, config.replica_queue_caps),

@@ -30,6 +30,7 @@ from latticed.crdt.wire import (
 from latticed.errors import TamperedError
 from latticed.net.gossip import Gossip, PeerLink
 from latticed.protocol.replication import ACK, DELTA, DeltaReceived, NeedDelta, ReplicationSession
+from latticed.storage import segments
 from latticed.storage.engine import Engine
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -62,6 +63,26 @@ def test_records_cross_the_wire_as_a_run_and_equal_the_rows() -> None:
     decoded = records_from_wire(rows)
     assert type(decoded) is RecordRun and decoded == records and list(decoded) == list(records)
     assert records_from_wire(unpack(msgpack.packb(records_to_wire(tuple(records))))) == records
+
+
+def test_records_sharing_their_headers_cross_the_wire_and_are_stored_as_each_would_be() -> None:
+    """A producer's stamp on every record is converted once per run: the rows, the decoded run, the
+    stored header column and its size are what converting each record would give."""
+    stamp = (("lattice.producer", b"ab" * 32),)
+    shared = RecordRun(
+        [b"v%d" % i for i in range(30)], [None] * 30, [1000 + i for i in range(30)], [stamp] * 30
+    )
+    rows = msgpack.unpackb(msgpack.packb(records_to_wire(shared), use_bin_type=True), raw=False)
+    assert rows == [[None, r.value, r.timestamp, [["lattice.producer", b"ab" * 32]]] for r in shared]
+    decoded = records_from_wire(rows)
+    assert decoded == shared and decoded.headers == (stamp,) * 30
+    segment = segments.Segment.from_records(0, shared, [bytes(32)] * 30)
+    assert segment.headers == [[["lattice.producer", b"ab" * 32]]] * 30
+    each = sum(len(v) + 16 for v in shared.values) + 30 * (len("lattice.producer") + 64)
+    assert segment.nbytes() == each
+    rows[7][3] = [["lattice.producer", "text"]]  # one record differs, and is bad: still refused
+    with pytest.raises(MalformedError):
+        records_from_wire(rows)
 
 
 @pytest.mark.parametrize(

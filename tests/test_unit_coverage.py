@@ -165,9 +165,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "latticed.privacy._seal_build": (
         "the cffi build script of the compiled sealer (run by setup.py): tests/privacy/test_sealed_accel.py"
     ),
-    "latticed.produce.dedup": (
-        "producer ids and sequence checks of offers: tests/produce/test_remote_offers.py"
-    ),
     "latticed.protocol.addresses": (
         "host:port parsing, used by config and discovery: tests/host/test_config.py"
     ),

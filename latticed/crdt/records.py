@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Any, overload
+from typing import Any, Final, cast, overload
 
 from latticed.crdt.core_errors import MalformedError
 
@@ -321,7 +321,8 @@ def _headers_fit(headers: Sequence[Headers]) -> bool:
     """Whether every record's headers pass :func:`check_record`'s header rules, checked a column at a
     time (records of one batch mostly carry the same few header names). False means "not sure": the
     caller checks record by record, so the verdict, and its error, are exactly :func:`check_record`'s."""
-    present = [h for h in headers if h]
+    same = uniform(headers) if headers else None
+    present = [h for h in headers if h] if same is MIXED else [same] if same else []
     if not present:
         return True
     if _types(present) != {tuple}:
@@ -348,6 +349,18 @@ def _types(column: Iterable[Any]) -> set[type]:
     return set(map(type, column))
 
 
+#: What :func:`uniform` returns when the items of a column differ.
+MIXED: Final = object()
+
+
+def uniform(column: Sequence[Any]) -> Any:
+    """The one item every entry of a non-empty ``column`` equals, else :data:`MIXED`. One C pass (equal
+    by identity first): the records of a producer's batch mostly carry the very same headers, and then
+    headers are encoded, checked and converted once for the batch instead of once per record."""
+    first = column[0]
+    return first if column.count(first) == len(column) else MIXED
+
+
 def encode_record(record: Record, offset: int) -> bytes:
     """The canonical bytes of a record at an offset: what the chain (and so the signature) covers."""
     key, value, headers = record.key, record.value, record.headers
@@ -369,6 +382,17 @@ def _encode_columns(offset: int, key: bytes | None, value: bytes, timestamp: int
     if not headers:
         return b"".join((fixed, key or b"", value, _NO_HEADERS))
     parts = [fixed, key or b"", value, _HDR_COUNT.pack(len(headers))]
+    for name, header_value in headers:
+        raw = name.encode()
+        parts += (_HDR.pack(len(raw), len(header_value)), raw, header_value)
+    return b"".join(parts)
+
+
+def _headers_bytes(headers: Headers) -> bytes:
+    """The part of :func:`encode_record` after the value: the headers (``\\x00\\x00`` for none)."""
+    if not headers:
+        return _NO_HEADERS
+    parts = [_HDR_COUNT.pack(len(headers))]
     for name, header_value in headers:
         raw = name.encode()
         parts += (_HDR.pack(len(raw), len(header_value)), raw, header_value)
@@ -445,16 +469,25 @@ def _chain_part(base: bytes, first_offset: int, records: Sequence[Record], out: 
     offsets = range(first_offset, first_offset + n)
     pack = _FIXED.pack
     encoded: Iterable[bytes]
+    tail = _NO_HEADERS  # the headers' bytes when every record has the same ones
+    if has_headers and type(records) is RecordRun and records.headers:
+        same = uniform(records.headers)
+        if same is not MIXED:
+            tail, has_headers = _headers_bytes(same), False
     if has_headers and type(records) is RecordRun:
         encoded = list(map(_encode_columns, offsets, keys, values, timestamps, records.headers or ()))
     elif has_headers:
         encoded = [encode_record(r, offset) for r, offset in zip(records, offsets, strict=True)]
     elif keys.count(None) == n:
         fixed = map(pack, offsets, timestamps, repeat(0, n), repeat(0, n), map(len, values))
-        encoded = map(b"".join, zip(fixed, values, repeat(_NO_HEADERS, n), strict=True))
+        encoded = map(b"".join, zip(fixed, values, repeat(tail, n), strict=True))
+    elif None not in keys:  # every record has a key
+        present = cast("tuple[bytes, ...]", keys)
+        fixed = map(pack, offsets, timestamps, repeat(1, n), map(len, present), map(len, values))
+        encoded = map(b"".join, zip(fixed, present, values, repeat(tail, n), strict=True))
     else:
         encoded = [
-            b"".join((pack(o, t, k is not None, len(k) if k else 0, len(v)), k or b"", v, _NO_HEADERS))
+            b"".join((pack(o, t, k is not None, len(k) if k else 0, len(v)), k or b"", v, tail))
             for o, k, v, t in zip(offsets, keys, values, timestamps, strict=True)
         ]
     hashers = list(map(_hasher_copy, repeat(_RECORD_HASHER, n)))

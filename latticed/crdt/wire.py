@@ -17,7 +17,7 @@ from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.forks import Bridge, ForkProof
 from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueDelta, Summary
-from latticed.crdt.records import MAX_OFFSET, Headers, Record, RecordRun, check_records
+from latticed.crdt.records import MAX_OFFSET, MIXED, Headers, Record, RecordRun, check_records, uniform
 
 WIRE_VERSION = 1
 
@@ -54,6 +54,8 @@ def records_to_wire(records: Sequence[Record]) -> list[Any]:
     headers: Any = records.headers
     if headers is None:
         headers = repeat((), len(records.values))
+    elif (same := uniform(headers)) is not MIXED:  # a producer's stamp: converted once
+        headers = repeat([[k, v] for k, v in same], len(records.values))
     else:
         headers = [[[k, v] for k, v in h] for h in headers]
     return list(zip(records.keys, records.values, records.timestamps, headers, strict=True))
@@ -72,9 +74,13 @@ def records_from_wire(raw: Any) -> RecordRun:
     keys, values, timestamps, headers = zip(*raw, strict=True)
     if not set(map(type, headers)) <= _ARRAY_TYPES:
         raise MalformedError(_RECORD_SHAPE_ERROR)
-    header_column = None
+    header_column: Any = None
     if any(headers):
-        header_column = [_headers_from_wire(h) if h else () for h in headers]
+        same = uniform(headers)  # equal lists compare in C: the same stamp on each record is read once
+        if same is not MIXED:
+            header_column = repeat(_headers_from_wire(same), len(headers))
+        else:
+            header_column = [_headers_from_wire(h) if h else () for h in headers]
     records = RecordRun(values, keys, timestamps, header_column)
     check_records(records)  # value, key and timestamp types and limits, for every record
     return records

@@ -12,6 +12,7 @@ names, so an error message names the key exactly as the user wrote it. The file 
     metrics_listen = "127.0.0.1:9464"    # Prometheus endpoint; a bare port means loopback; default: off
     replica_max_bytes = "20MB"           # keep at most this much of each replicated queue
     replica_queue_caps = ["*/logs-*=100MB", "3b6a27bc*/audit=none"]   # per queue; first match wins
+    producer_expiry_s = 604800           # forget a producer's sequences after 7 days without a write
     log_format = "json"                  # or "text"
 
 Relative paths in the file are taken relative to the file's directory, relative paths in overrides
@@ -47,6 +48,9 @@ SYSTEM_SOCKET_PATH = Path("/run/latticed/latticed.sock")
 
 #: Where a metrics endpoint given as a bare port listens.
 LOOPBACK = "127.0.0.1"
+
+#: The longest ``producer_expiry_s`` (ten years).
+MAX_PRODUCER_EXPIRY_S = 10 * 365 * 86_400
 
 _PUBLIC_KEY_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -92,6 +96,9 @@ class DaemonConfig:
     #: How often retention checks ages (and purges expired KV keys); byte and record limits are also
     #: checked as commits cross them.
     retention_interval_s: float = 10.0
+    #: Seconds a producer may write nothing into a queue of ours before the owner forgets its sequences
+    #: (docs/producers.md: a retry after that is written again); checked with retention's timer.
+    producer_expiry_s: float = 7 * 86_400.0
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -107,6 +114,11 @@ class DaemonConfig:
         if not 0.01 <= self.retention_interval_s <= 86_400:
             raise MalformedError(
                 f"config key 'retention_interval_s': {self.retention_interval_s} not in 0.01..86400 s"
+            )
+        if not 1 <= self.producer_expiry_s <= MAX_PRODUCER_EXPIRY_S:
+            limit = MAX_PRODUCER_EXPIRY_S
+            raise MalformedError(
+                f"config key 'producer_expiry_s': {self.producer_expiry_s} not in 1..{limit} s"
             )
 
     @property
@@ -274,7 +286,7 @@ def _convert(key: str, value: object, parse_path: Callable[[str, object], Path])
             except MalformedError as exc:
                 raise MalformedError(f"config key '{key}[{i}]': {exc}") from None
         return tuple(caps)
-    if key == "retention_interval_s":
+    if key in ("retention_interval_s", "producer_expiry_s"):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _type_error(key, "a number of seconds", value)
         return float(value)

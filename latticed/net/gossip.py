@@ -191,8 +191,11 @@ class PeerLink:
     #: When we last sent it something (trio time): traffic makes a keep-alive unnecessary.
     last_sent: float = 0.0
     connected_at: float = 0.0
-    #: Messages of the :class:`LinkExtension`, sent by the driver after the session's.
+    #: Messages of the :class:`LinkExtension`: sent by the driver before what the session queued once the
+    #: session's opening went out (they are small answers a caller waits on; a delta can wait).
     extra_out: list[bytes] = field(default_factory=list)
+    #: Whether the session's opening messages went out (until then, extension messages follow them).
+    opened: bool = False
     #: The protocol version and features this link settled on (None: the peer has not answered yet).
     agreement: Agreement | None = None
     #: A second link of the identity, from another run of it (see :meth:`Gossip.run_peer`): its requests
@@ -649,6 +652,11 @@ class Gossip:
                 scope.cancel()  # a newer connection to the same peer replaced this one
                 return
             link.wakeup = trio.Event()  # reset first: a kick while we work is not lost
+            # Let the tasks woken with us run first: when a commit lands, an owner's answer to a remote
+            # offer is queued by then and goes out before the delta of the same commit is even built.
+            await trio.lowlevel.checkpoint()
+            if link.extra_out and link.opened:
+                await self._send(stream, link, self._take_extra(link))
             session.tick(trio.current_time())
             while (event := session.next_event()) is not None:
                 if isinstance(event, NeedDelta):
@@ -680,17 +688,26 @@ class Gossip:
         traffic[name + "_bytes"] = traffic.get(name + "_bytes", 0) + len(message)
 
     async def _flush(self, stream: SecureStream, link: PeerLink) -> None:
-        """Send what the session queued; the reader may read on meanwhile (what it adds waits for the
-        next flush, and stops it reading again once there is too much)."""
+        """Send what the session and the extension queued; the reader may read on meanwhile (what it adds
+        waits for the next flush, and stops it reading again once there is too much)."""
         messages = link.session.messages_to_send()
         if link.extra_out:
-            messages += link.extra_out
-            link.extra_out = []
+            extra = self._take_extra(link)
+            messages = extra + messages if link.opened else messages + extra
         link.drained.set()
+        await self._send(stream, link, messages)
+
+    @staticmethod
+    def _take_extra(link: PeerLink) -> list[bytes]:
+        extra, link.extra_out = link.extra_out, []
+        return extra
+
+    async def _send(self, stream: SecureStream, link: PeerLink, messages: list[bytes]) -> None:
         for message in messages:
             self._count("sent", message)
         if messages:
             link.last_sent = trio.current_time()
+            link.opened = True
             await stream.send_many(messages)  # one write for all of them (each its own frame)
 
     async def _verifier(

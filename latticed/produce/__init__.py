@@ -5,6 +5,7 @@ Its job is the offer path between a producer's daemon and a queue's owner, both 
 * :mod:`.policy`: who may offer (the ``producers`` allow-list in the queue's signed metadata) and the
   header naming who offered each record.
 * :mod:`.dedup`: the owner's idempotent append (producer id + sequence, remembered in the store).
+* :mod:`.expiry`: idle producers' remembered sequences expire (a bounded step per retention tick).
 * :mod:`.owner`: the owner answers ``produce`` requests of peers (over the lease-forwarding link).
 * :mod:`.forward`: a producer's daemon forwards offers into another daemon's queue to its owner.
 

@@ -8,6 +8,9 @@ answered with the offsets it got the first time, and nothing is appended. A sequ
 one remembered (once :data:`REMEMBERED` are) is refused: the owner can no longer tell whether it wrote
 it. Rows a release does not know are ignored by it, so this needs no schema change.
 
+Next to each such row, a second one (:func:`used_row_name`) holds when the producer last wrote, so that
+idle producers' rows can expire (:mod:`.expiry`); it is written in the same transaction too.
+
 The producer id is namespaced by the identity the request came from (a daemon cannot use another's
 sequences), unless the request says it is *shared*: then it is one of the queue's, whichever daemon
 sends it, for a producer that moves between daemons (a Spark task retried on another host must hit the
@@ -25,6 +28,10 @@ from latticed.errors import LatticedError, MalformedError
 from latticed.storage.batch import Batch
 from latticed.storage.jobs import Job, WriterView
 
+#: The ``settings`` rows of producers' sequences (``producer/QID/SCOPE``): a name range of its own.
+ROW_PREFIX: Final = "producer/"
+#: The rows holding when each producer last wrote (``producer-used/QID/SCOPE``).
+USED_PREFIX: Final = "producer-used/"
 #: Sequences remembered per queue and producer.
 REMEMBERED: Final = 256
 #: A producer id is text of at most this many characters.
@@ -34,7 +41,12 @@ MAX_SEQUENCE: Final = 2**63 - 1
 
 def row_name(qid: bytes, producer: str) -> str:
     """The ``settings`` row remembering ``producer``'s sequences on queue ``qid``."""
-    return f"producer/{qid.hex()}/{producer}"
+    return f"{ROW_PREFIX}{qid.hex()}/{producer}"
+
+
+def used_row_name(row: str) -> str:
+    """The ``settings`` row holding when the producer of row ``row`` (:func:`row_name`) last wrote."""
+    return USED_PREFIX + row.removeprefix(ROW_PREFIX)
 
 
 def producer_scope(peer: bytes, producer: str, shared: Any) -> str:
@@ -76,16 +88,17 @@ def _stored(writer: WriterView, name: str) -> bytes | None:
 
 class ProducedAppend(Job):
     """``inner`` (an append of one owned queue, plain or sealed) unless ``producer`` already sent ``seq``;
-    ``result`` is ``(first offset, count, duplicate)``."""
+    ``result`` is ``(first offset, count, duplicate)``. ``now_ms``: when, for the producer's last use."""
 
-    __slots__ = ("count", "inner", "name", "seq")
+    __slots__ = ("count", "inner", "name", "now_ms", "seq")
 
-    def __init__(self, inner: Job, qid: bytes, producer: str, seq: int, count: int) -> None:
+    def __init__(self, inner: Job, qid: bytes, producer: str, seq: int, count: int, *, now_ms: int) -> None:
         super().__init__()
         self.inner = inner
         self.name = row_name(qid, producer)
         self.seq = seq
         self.count = count
+        self.now_ms = now_ms
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         staged = batch.settings.get(self.name)
@@ -109,6 +122,7 @@ class ProducedAppend(Job):
         entries.append([self.seq, first, self.count])
         entries.sort()
         batch.settings[self.name] = pack(entries[-REMEMBERED:])
+        batch.settings[used_row_name(self.name)] = pack(self.now_ms)
         batch.mutations += 1
         self.result = (first, self.count, False)
 
@@ -116,8 +130,11 @@ class ProducedAppend(Job):
 __all__ = [
     "MAX_PRODUCER_CHARS",
     "REMEMBERED",
+    "ROW_PREFIX",
+    "USED_PREFIX",
     "ProducedAppend",
     "check_producer",
     "producer_scope",
     "row_name",
+    "used_row_name",
 ]

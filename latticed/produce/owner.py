@@ -16,7 +16,9 @@ and a daemon outside it could neither read back nor check what it wrote (share t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Final, Protocol
 
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
@@ -54,15 +56,25 @@ def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
     (as a local ``offer_batch`` is): a per-record loop cost the owner more than signing the records."""
     if type(raw) is not list or not 0 < len(raw) <= MAX_RECORDS:
         raise MalformedError(f"'records' is a list of 1-{MAX_RECORDS} [value, key, headers(, timestamp)]")
-    if set(map(type, raw)) != {list} or not set(map(len, raw)) <= {3, 4}:
+    lengths = set(map(len, raw))
+    if set(map(type, raw)) != {list} or not lengths <= {3, 4}:
         raise MalformedError("each record is [value, key, headers] or [value, key, headers, timestamp]")
     n = len(raw)
-    values, keys, sent = (tuple(item[i] for item in raw) for i in range(3))
-    stamps = [item[3] if len(item) == 4 else None for item in raw]
+    stamps: Sequence[Any] = ()
+    if lengths == {3}:  # no record names its timestamp: every one gets the owner's clock
+        values, keys, sent = zip(*raw, strict=True)
+    elif lengths == {4}:
+        values, keys, sent, stamps = zip(*raw, strict=True)
+    else:
+        values, keys, sent = (tuple(map(itemgetter(i), raw)) for i in range(3))
+        stamps = [item[3] if len(item) == 4 else None for item in raw]
+    timestamps: Iterable[int] = repeat(now, n)
+    if stamps.count(None) != len(stamps):
+        if not set(map(type, stamps)) <= {int, type(None)} or any(ts is not None and ts < 0 for ts in stamps):
+            raise MalformedError("a record's timestamp is milliseconds since the epoch, or nil")
+        timestamps = [now if ts is None else ts for ts in stamps]
     if set(map(type, values)) != {bytes} or not set(map(type, keys)) <= {bytes, type(None)}:
         raise MalformedError("record values are bytes and keys bytes or nil")
-    if not set(map(type, stamps)) <= {int, type(None)} or any(ts is not None and ts < 0 for ts in stamps):
-        raise MalformedError("a record's timestamp is milliseconds since the epoch, or nil")
     stamp = (PRODUCER_HEADER, producer_hex.encode())
     if set(map(type, sent)) <= {list, type(None)} and not any(
         sent
@@ -70,7 +82,7 @@ def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
         headers: list[Headers] = [(stamp,)] * n
     else:
         headers = [(*_headers(hdr), stamp) for hdr in sent]
-    run = RecordRun(values, keys, [now if ts is None else ts for ts in stamps], headers)
+    run = RecordRun(values, keys, timestamps, headers)
     check_records(run)
     return run
 
@@ -134,11 +146,12 @@ class OfferServer:
             )
         if peer != engine.public_key:
             self.check_allowed(peer, q, state)
-        run = produced_run(records, peer.hex(), engine.clock())
+        now = engine.clock()
+        run = produced_run(records, peer.hex(), now)
         engine.require_owner(q, "offer")
         inner = self.sealer.append_job(q, run)
         qid = queue_id(state.owner, state.name, state.kind)
-        return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run)))
+        return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), now_ms=now))
 
     def check_allowed(self, peer: bytes, q: int, state: QueueState) -> None:
         """NotAllowedError unless the queue's allow-list names ``peer`` (and, sealed, it is a reader)."""

@@ -81,6 +81,10 @@ _RETENTION_COUNTS = {
         "latticed_retention_kv_ops_compacted",
         "Ops of this daemon's KV log dropped because they no longer decide any key, since start.",
     ),
+    "producers_expired": (
+        "latticed_retention_producers_expired",
+        "Idle producers whose remembered sequences this owner dropped (producer_expiry_s), since start.",
+    ),
 }
 
 

@@ -9,7 +9,8 @@
   measured at the last check plus the records since at their average size), so no work is done per
   record; a queue found over a limit is checked on a reader thread and cut. A timer (``retention_interval_s``)
   checks ages, re-measures, and purges expired KV keys, in our namespace and in replicas alike, then lets
-  our KV op log drop what no longer decides anything (:mod:`latticed.storage.kvcompact`).
+  our KV op log drop what no longer decides anything (:mod:`latticed.storage.kvcompact`), and runs one
+  bounded step of expiring idle producers' rows (``expire_producers``, :mod:`latticed.produce.expiry`).
 * ``keep_unsettled``: the cut stops at the lowest offset some consumer group on this daemon has not
   settled (durably), as the journal seed prunes only below its ack floor.
 
@@ -24,7 +25,7 @@ lives in :mod:`latticed.host.retention_policy`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -56,6 +57,8 @@ KV_STEPS_PER_CHECK: Final = 64
 
 #: The lowest offset of a queue (by ``OWNER/NAME``) some consumer group here has not settled, or None.
 UnsettledFloor = Callable[[str], int | None]
+#: One bounded step of expiring idle producers' rows; returns how many producers expired.
+ExpireProducers = Callable[[], Awaitable[int]]
 
 
 @dataclass(slots=True)
@@ -106,6 +109,7 @@ class Counters:
     bytes_dropped_locally: int = 0
     kv_keys_purged: int = 0
     kv_ops_compacted: int = 0
+    producers_expired: int = 0
     failures: int = 0
 
 
@@ -117,6 +121,7 @@ class RetentionService:
     caps: ReplicaCaps = field(default_factory=ReplicaCaps)
     interval_s: float = 10.0
     unsettled_floor: UnsettledFloor | None = None
+    expire_producers: ExpireProducers | None = None
     counters: Counters = field(default_factory=Counters)
     _watches: dict[tuple[bytes, str], _Watch] = field(default_factory=dict)
     _dirty: list[int] = field(default_factory=list)
@@ -209,20 +214,38 @@ class RetentionService:
 
     async def _timer(self) -> None:
         while True:
-            self.check_all()
+            await self.upkeep()
+            await sleep_until_tick(self.interval_s)  # with the daemon's other periodic jobs
+
+    async def upkeep(self) -> None:
+        """One round of the timer: check every limited queue, purge KV, expire idle producers (a step)."""
+        self.check_all()
+        for event, step in (
+            ("retention.kv_purge_failed", self.purge_kv),
+            ("retention.producer_expiry_failed", self.expire_idle_producers),
+        ):
             try:
-                await self.purge_kv()
+                await step()
             except Exception as exc:  # as in enforce: logged, and tried again at the next round
                 self.counters.failures += 1
                 expected = isinstance(exc, LatticedError)
                 log_event(
                     log,
-                    "retention.kv_purge_failed",
+                    event,
                     level=logging.WARNING if expected else logging.ERROR,
                     exc_info=False if expected else exc,
                     error=str(exc),
                 )
-            await sleep_until_tick(self.interval_s)  # with the daemon's other periodic jobs
+
+    async def expire_idle_producers(self) -> int:
+        """One bounded step of expiring idle producers' rows (none without ``expire_producers``)."""
+        if self.expire_producers is None:
+            return 0
+        expired = await self.expire_producers()
+        self.counters.producers_expired += expired
+        if expired:
+            log_event(log, "retention.producers_expired", level=logging.DEBUG, producers=expired)
+        return expired
 
     async def _worker(self) -> None:
         while True:
@@ -401,11 +424,12 @@ async def run_retention(
     interval_s: float,
     unsettled_floor: UnsettledFloor | None = None,
     *,
+    expire_producers: ExpireProducers | None = None,
     task_status: trio.TaskStatus[RetentionService] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the retention service until cancelled (started: the service, for status and the API)."""
-    service = RetentionService(engine, caps, interval_s, unsettled_floor)
+    service = RetentionService(engine, caps, interval_s, unsettled_floor, expire_producers)
     await service.run(changes, task_status=task_status)
 
 
-__all__ = ["Counters", "RetentionService", "UnsettledFloor", "run_retention"]
+__all__ = ["Counters", "ExpireProducers", "RetentionService", "UnsettledFloor", "run_retention"]

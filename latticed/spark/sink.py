@@ -33,10 +33,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from latticed.api.client.blocking_client import Produced
 from latticed.errors import MalformedError
 from latticed.process.logs import get_logger, log_event
 from latticed.spark.local_daemon import connect
 from latticed.spark.sink_records import COLUMNS, batch_rows, chunk_rows, producer_id, sequence
+from latticed.spark.sink_send import InFlight
 
 log = get_logger(__name__)
 
@@ -195,22 +197,26 @@ class _Plan:
         producer = producer_id(scope, partition)
         o = self.options
         rows = (batch_rows(batch, o.queue, self.resolve) for batch in batches)
-        written = duplicates = 0
+        answers: list[Produced] = []
         with connect(o.socket, o.timeout) as client:
-            for chunk in chunk_rows(rows, max_records=o.records_per_offer, max_bytes=BYTES_PER_OFFER):
-                answer = client.produce(
-                    chunk.queue,
-                    chunk.records,
-                    producer=producer,
-                    seq=sequence(epoch, chunk.index),
-                    shared=True,
-                    wait=o.owner_wait,
-                )
-                if answer.duplicate:
-                    duplicates += answer.count
-                else:
-                    written += answer.count
-        return LatticeCommit(partition, written, duplicates)
+            own = client.identity() + "/"  # this host's daemon's queues take pipelined requests
+            flight = InFlight(client.open_stream(o.timeout + o.owner_wait))
+            try:
+                for chunk in chunk_rows(rows, max_records=o.records_per_offer, max_bytes=BYTES_PER_OFFER):
+                    request = {
+                        "queue": chunk.queue,
+                        "records": chunk.records,
+                        "producer": producer,
+                        "seq": sequence(epoch, chunk.index),
+                        "shared": True,
+                        "wait": o.owner_wait,
+                    }
+                    answers += flight.send(request, alone=not chunk.queue.startswith(own))
+                answers += flight.drain()
+            finally:
+                flight.stream.close()
+        written = sum(a.count for a in answers if not a.duplicate)
+        return LatticeCommit(partition, written, sum(a.count for a in answers if a.duplicate))
 
 
 def _task_property(name: str) -> str:

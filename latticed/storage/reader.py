@@ -131,15 +131,12 @@ def columns_of(
                 break
             count += 1
         run = run[:count]
-    headers = run.headers
     return Columns(
         offsets=list(range(lo, lo + len(run))),
         keys=list(run.keys),
         values=list(run.values),
         timestamps=list(run.timestamps),
-        headers=[None] * len(run)
-        if headers is None
-        else [[[k, v] for k, v in h] if h else None for h in headers],
+        headers=segments.stored_headers(run.headers, len(run)),
         nbytes=size,
     )
 
@@ -152,9 +149,7 @@ def _nbytes(part: segments.Segment) -> int:
         size += sum(map(len, part.keys))  # type: ignore[arg-type]
     except TypeError:  # some records have no key
         size += sum(len(k) for k in part.keys if k)
-    if any(part.headers):
-        size += sum(len(k) + len(v) for h in part.headers if h for k, v in h)
-    return size
+    return size + segments.headers_nbytes(part.headers)
 
 
 def _add(out: Columns, part: segments.Segment) -> None:

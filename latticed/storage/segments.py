@@ -18,13 +18,16 @@ through, so truncated records are really gone.
 from __future__ import annotations
 
 import sqlite3
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from itertools import accumulate, repeat
+from operator import add
+from typing import Any, Final, cast
 
 import msgpack
 
-from latticed.crdt.records import Record, RecordRun
+from latticed.crdt.records import MIXED, Headers, Record, RecordRun, uniform
 from latticed.storage import timeindex
 
 SEGMENT_MAX_RECORDS: Final = 2048
@@ -68,15 +71,12 @@ class Segment:
     @classmethod
     def from_records(cls, first: int, records: Sequence[Record], chains: Sequence[bytes]) -> Segment:
         if type(records) is RecordRun:
-            headers = records.headers
             return cls(
                 first,
                 list(records.keys),
                 list(records.values),
                 list(records.timestamps),
-                [None] * len(records)
-                if headers is None
-                else [[[k, v] for k, v in h] if h else None for h in headers],
+                stored_headers(records.headers, len(records)),
                 b"".join(chains),
             )
         return cls(
@@ -109,8 +109,7 @@ class Segment:
     def nbytes(self) -> int:
         size = sum(map(len, self.values)) + 16 * len(self.values)
         size += sum(len(k) for k in self.keys if k)
-        size += sum(len(k) + len(v) for h in self.headers if h for k, v in h)
-        return size
+        return size + headers_nbytes(self.headers)
 
     def record(self, offset: int) -> Record:
         i = offset - self.first
@@ -156,21 +155,64 @@ class Segment:
         self.chains += other.chains
 
 
+def stored_headers(headers: Sequence[Headers] | None, n: int) -> list[list[list[Any]] | None]:
+    """A run's header column as a segment stores it (``[[name, value], ...]``, None for none): headers
+    every record shares (a producer's stamp) are converted once, the lists shared (never mutated)."""
+    if headers is None:
+        return [None] * n
+    same = uniform(headers)
+    if same is not MIXED:
+        return [[[k, v] for k, v in same] if same else None] * n
+    return [[[k, v] for k, v in h] if h else None for h in headers]
+
+
+def headers_nbytes(headers: Sequence[Any]) -> int:
+    """Bytes of a segment's header column as :meth:`Segment.nbytes` counts them (names and values)."""
+    if not any(headers):
+        return 0
+    same = uniform(headers)
+    if same is not MIXED:
+        return len(headers) * sum(len(k) + len(v) for k, v in same)
+    return sum(len(k) + len(v) for h in headers if h for k, v in h)
+
+
 def split(segment: Segment) -> Iterator[Segment]:
     """Cut a run into segments of at most SEGMENT_MAX_RECORDS records and about SEGMENT_MAX_BYTES."""
     n = len(segment)
     if n <= SEGMENT_MAX_RECORDS and segment.nbytes() <= SEGMENT_MAX_BYTES:
         yield segment
         return
+    # A segment ends before the record that makes it SEGMENT_MAX_RECORDS records or more than
+    # SEGMENT_MAX_BYTES (each holds one record at least): found by bisecting running sums of the
+    # records' sizes, computed a column at a time, not by a Python step per record.
+    running = [0, *accumulate(_sizes(segment))]
     start = 0
-    size = 0
-    for i in range(n):
-        size += _record_bytes(segment.keys[i], segment.values[i], segment.headers[i])
-        if i > start and (i - start >= SEGMENT_MAX_RECORDS or size > SEGMENT_MAX_BYTES):
-            yield segment.slice(segment.first + start, segment.first + i)
-            start = i
-            size = _record_bytes(segment.keys[i], segment.values[i], segment.headers[i])
-    yield segment.slice(segment.first + start, segment.first + n)
+    while True:
+        over = bisect_right(running, running[start] + SEGMENT_MAX_BYTES, lo=start + 1)
+        cut = min(max(over - 1, start + 1), start + SEGMENT_MAX_RECORDS)
+        if cut >= n:
+            yield segment.slice(segment.first + start, segment.first + n)
+            return
+        yield segment.slice(segment.first + start, segment.first + cut)
+        start = cut
+
+
+def _sizes(segment: Segment) -> Iterator[int]:
+    """:func:`_record_bytes` of each record, a column at a time."""
+    keys, headers = segment.keys, segment.headers
+    sizes: Iterator[int] = map(add, map(len, segment.values), repeat(16))
+    if keys.count(None) != len(keys):
+        present = cast("list[bytes]", keys)
+        sizes = map(add, sizes, map(len, present) if None not in keys else (len(k) if k else 0 for k in keys))
+    if any(headers):
+        same = uniform(headers)
+        per = (
+            repeat(sum(len(k) + len(v) for k, v in same))
+            if same is not MIXED
+            else (sum(len(k) + len(v) for k, v in h) if h else 0 for h in headers)
+        )
+        sizes = map(add, sizes, per)
+    return sizes
 
 
 # ------------------------------------------------------------------ SQL (any connection, its own thread)

@@ -118,6 +118,28 @@ def test_the_chain_of_a_run_is_the_chain_of_its_records(n: int, keys: bool, head
     assert chain_extend(base, 42, RecordRun.of(records)) == expected
 
 
+@pytest.mark.parametrize("keys", [False, True])
+def test_a_run_whose_records_share_their_headers_chains_as_its_records(keys: bool) -> None:
+    """Headers every record carries (a producer's stamp) are encoded once for the run: same chain."""
+    stamp = (("lattice.producer", b"ab" * 32), ("h", b""))
+    records = [Record(b"v%d" % i, b"k%d" % i if keys else None, 1_700 + i, stamp) for i in range(40)]
+    base = hashlib.blake2b(b"base", digest_size=32).digest()
+    expected = reference_chain(base, 3, records)
+    shared = RecordRun(
+        [r.value for r in records], [r.key for r in records], [r.timestamp for r in records], [stamp] * 40
+    )
+    assert chain_extend(base, 3, shared) == expected
+    equal_not_same = [tuple(list(stamp)) for _ in records]  # equal tuples, not one object
+    run = RecordRun(shared.values, shared.keys, shared.timestamps, equal_not_same)
+    assert chain_extend(base, 3, run) == expected
+
+
+def test_a_run_whose_records_share_a_bad_header_is_refused() -> None:
+    bad = (("h", b"v" * (MAX_HEADER_VALUE_BYTES + 1)),)
+    with pytest.raises(MalformedError):
+        check_records(RecordRun([b"v"] * 20, [None] * 20, [1] * 20, [bad] * 20))
+
+
 def test_the_chain_is_unchanged_from_earlier_releases() -> None:
     """Pinned output of the per-record implementation this one replaced (signatures depend on it)."""
     records = sample(3000)

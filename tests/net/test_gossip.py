@@ -347,3 +347,70 @@ async def test_memories_are_forgotten_by_age(autojump_clock: trio.testing.MockCl
     await trio.sleep(MEMORY_TTL_S + 1)
     await _visit(daemon, b"n" * 32, made_up=0)  # the next connection ages the old one out
     assert set(daemon[2].memories) == {Identity.from_seed(b"n" * 32).public_key}
+
+
+class Answers:
+    """A link extension: the owner side queues an answer on the link (as lease forwarding answers a
+    remote offer once its commit lands); the other side notes when it arrives."""
+
+    MESSAGE = b"extension-answer"
+
+    def __init__(self, host: MemoryHost | None = None) -> None:
+        self.host = host
+        self.links: list[PeerLink] = []
+        self.arrived = trio.Event()
+        self.records_held_then = -1
+
+    def accepts(self, message: bytes) -> bool:
+        return message == self.MESSAGE
+
+    def link_up(self, link: PeerLink) -> None:
+        self.links.append(link)
+
+    def receive(self, link: PeerLink, message: bytes) -> None:
+        assert self.host is not None
+        state = self.host.states.get((ALICE.public_key, "q", 0))
+        self.records_held_then = 0 if state is None else state.held_end
+        self.arrived.set()
+
+    def link_down(self, link: PeerLink) -> None:
+        pass
+
+    def answer(self) -> None:
+        for link in self.links:
+            link.extra_out.append(self.MESSAGE)
+            link.kick()
+
+
+@pytest.mark.parametrize("woken", [False, True], ids=["queued with the commit", "by a task woken with it"])
+async def test_an_extension_answer_goes_out_before_the_delta_of_the_same_commit(woken: bool) -> None:
+    """A remote offer's producer waits for the owner's answer, not for the records to replicate back:
+    when the commit lands, its answer is sent before the delta of that commit (which may be large)."""
+    a_id, a_host, _ = make(b"1" * 32)
+    b_id, b_host, _ = make(b"2" * 32)
+    owner, producer = Answers(), Answers(b_host)
+    a = (a_id, a_host, Gossip(a_host, a_id.public_key, extension=owner))
+    b = (b_id, b_host, Gossip(b_host, b_id.public_key, extension=producer))
+    a_host.gossip, b_host.gossip = a[2], b[2]
+    a_host.write(1)
+    async with trio.open_nursery() as nursery:
+        await link(nursery, a, b)
+        await wait_for(b_host, 1)
+        committed = trio.Event()
+
+        async def answer_once_committed() -> None:
+            await committed.wait()
+            owner.answer()
+
+        nursery.start_soon(answer_once_committed)
+        await trio.testing.wait_all_tasks_blocked()
+        a_host.write(500)  # the commit: its delta is due...
+        if woken:
+            committed.set()  # ...and the task answering is woken with it
+        else:
+            owner.answer()  # ...and the answer is queued at once
+        with trio.fail_after(10):
+            await producer.arrived.wait()
+        await wait_for(b_host, 501)
+        nursery.cancel_scope.cancel()
+    assert producer.records_held_then == 1
