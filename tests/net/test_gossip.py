@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
 import trio
@@ -374,6 +375,12 @@ class Answers:
         self.arrived.set()
 
     def link_down(self, link: PeerLink) -> None:
+        pass
+
+    def notify(self, link: PeerLink, op: str, body: dict[str, Any]) -> None:
+        pass
+
+    def hear_notices(self, handler: Callable[[PeerLink, dict[str, Any]], None]) -> None:
         pass
 
     def answer(self) -> None:
