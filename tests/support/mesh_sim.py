@@ -145,6 +145,7 @@ class MeshSim:
     _heap: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     _seq: int = 0
     _arrival: dict[tuple[int, int], float] = field(default_factory=dict)
+    _inbox: dict[tuple[int, int], deque[bytes]] = field(default_factory=dict)
     #: DELTAs delivered per link (sender, receiver), since start.
     link_deltas: Counter[tuple[int, int]] = field(default_factory=Counter)
 
@@ -226,18 +227,33 @@ class MeshSim:
         for message in messages:
             arrival = max(at + self.delays[link], self._arrival.get(link, 0.0))  # TCP keeps order
             self._arrival[link] = arrival
-            self._at(arrival, lambda m=message: self._deliver(x, y, m))  # type: ignore[misc]
+            self._at(arrival, lambda m=message: self._arrive(x, y, m))  # type: ignore[misc]
 
     def _flush(self, x: int, y: int, at: float | None = None) -> None:
         messages = self.nodes[x].sessions[y].messages_to_send()
         if messages:
             self._send(x, y, messages, self.now if at is None else at)
 
-    def _deliver(self, x: int, y: int, message: bytes) -> None:
+    def _arrive(self, x: int, y: int, message: bytes) -> None:
+        """A message reaches ``y``'s socket for ``x``; read in order once ``y``'s CPU is free."""
+        inbox = self._inbox.setdefault((x, y), deque())
+        inbox.append(message)
+        if len(inbox) == 1:
+            self._at(max(self.now, self.nodes[y].cpu_free), lambda: self._read(x, y))
+
+    def _read(self, x: int, y: int) -> None:
         node = self.nodes[y]
         if node.cpu_free > self.now:  # busy: the message waits in the socket
-            self._at(node.cpu_free, lambda: self._deliver(x, y, message))
+            self._at(node.cpu_free, lambda: self._read(x, y))
             return
+        inbox = self._inbox[(x, y)]
+        message = inbox.popleft()
+        if inbox:
+            self._at(self.now, lambda: self._read(x, y))
+        self._deliver(x, y, message)
+
+    def _deliver(self, x: int, y: int, message: bytes) -> None:
+        node = self.nodes[y]
         name = message_type_name(message)
         if name == "delta":
             self.link_deltas[(x, y)] += 1
