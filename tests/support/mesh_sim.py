@@ -88,16 +88,19 @@ class Costs:
     link_delay: tuple[float, float] = (0.0001, 0.0004)  # one way, drawn per link
     message: float = 0.0002  # decrypt, decode, run the session: per received message
     verify: float = 0.001  # check a delta's signatures: per delta ...
-    verify_record: float = 0.00001  # ... and per record
+    verify_record: float = 0.000005  # ... and per record
     cut: float = 0.002  # read (the storage thread) and encode a delta: per delta ...
-    cut_record: float = 0.000005  # ... and per record
+    cut_record: float = 0.0000025  # ... and per record
     commit: float = 0.001  # a durable commit on the storage thread (fsync) ...
     commit_record: float = 0.000002  # ... and per record
     #: Each CPU step takes its cost times a seeded draw from [1 - jitter, 1 + jitter]: N daemons share
     #: the box's cores, and the scheduler decides which relay's copy wins a race.
     jitter: float = 0.5
+    #: Cores the nodes share (bench_mesh runs every daemon on one box); a step takes longer by the number
+    #: of nodes busy at its start over this. None: each node has its own machine.
+    cores: int | None = 2
     #: What one call of the writer's client costs besides the commit (a bulk batch of 1,000 records).
-    client: float = 0.005
+    client: float = 0.02
     graft_timeout: float = 0.3  # net/gossip.py GRAFT_TIMEOUT_S
     ping_interval: float = 10.0  # process/ticks.py TICK_S
     ahead_records: int = 64  # storage/ahead.py AHEAD_DELTA_RECORDS
@@ -265,9 +268,12 @@ class MeshSim:
 
     def _busy(self, node: MeshNode, cost: float) -> None:
         """``node``'s CPU works ``cost`` (times the jitter draw) after what it is doing now."""
-        jitter = self.costs.jitter
+        jitter, cores, now = self.costs.jitter, self.costs.cores, self.now
         if jitter:
             cost *= self._rng.uniform(1 - jitter, 1 + jitter)
+        if cores is not None:
+            busy = sum(1 for other in self.nodes if other.cpu_free > now or other.disk_free > now)
+            cost *= max(1.0, (busy + (node.cpu_free <= now)) / cores)
         node.cpu_free = max(node.cpu_free, self.now) + cost
 
     def _ping(self, a: int, b: int) -> None:
