@@ -106,10 +106,12 @@ def report(label: str, part: mesh_sim.PartResult, replicas: bool) -> None:
 
 def run_mesh(size: int, args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    sim = mesh_sim.MeshSim(size, degree=3, seed=args.seed, draws=args.draws)
+    costs = mesh_sim.Costs(cores=args.cores or None)
+    sim = mesh_sim.MeshSim(size, degree=3, seed=args.seed, draws=args.draws, costs=costs)
     far, hops = mesh_sim.farthest(size, sim.edges)
     print(
-        f"N = {size}: {len(sim.edges)} links (bench_mesh's graph, seed {args.seed}), draws {args.draws}; "
+        f"N = {size}: {len(sim.edges)} links (bench_mesh's graph, seed {args.seed}), draws {args.draws}, "
+        f"{'one box of ' + str(args.cores) + ' cores' if args.cores else 'a machine per node'}; "
         f"writer 0, farthest {far} ({hops} hops)"
     )
     mesh_sim.warm_up(sim)
@@ -139,6 +141,12 @@ def main() -> None:
     mesh.add_argument("--seed", type=int, default=28, help="the graph's seed (bench_mesh's default)")
     mesh.add_argument("--draws", type=int, default=None, help="seed of the CPU jitter (default: --seed)")
     mesh.add_argument("--parts", default="bulk,live")
+    mesh.add_argument(
+        "--cores",
+        type=int,
+        default=2,
+        help="cores all nodes share, as on bench_mesh's box (0: one machine each)",
+    )
     mesh.add_argument("--bulk", type=int, default=50_000, help="records in the bulk part")
     mesh.add_argument("--rates", default="5,100", help="live offers per second, comma-separated")
     mesh.add_argument("--live", type=int, default=100, help="live records per rate (at least)")
