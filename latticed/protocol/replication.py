@@ -24,7 +24,8 @@ What the messages mean here:
 * ``HAVE`` — lazy notification on a pruned link (Plumtree); ``WANT`` — graft: make this link eager for the
   queue and send me the rest; ``PRUNE`` — your delta brought nothing new, send me HAVEs instead of data.
   A WANT waits ``graft_timeout`` for the eager copy (Plumtree's timer; the host passes its clock in, see
-  :meth:`ReplicationSession.tick`), and the first duplicate on a link prunes it, whatever the rate.
+  :meth:`ReplicationSession.tick`), and again while some of the news keeps arriving from another link;
+  the first duplicate on a link prunes it, whatever the rate.
 * ``PING`` / ``PONG`` — liveness, which the host times.
 
 Eager push with pruning on duplicates means a record crosses each link about once in steady state, while
