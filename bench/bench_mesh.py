@@ -109,7 +109,7 @@ class Meter:
 
             received = sum(diff(k) for k in after if k.startswith("received_") and k.endswith("_bytes"))
             kinds = {
-                k.removeprefix("received_"): diff(k)
+                k.removeprefix("received_"): (diff(k), diff(k + "_bytes"))
                 for k in after
                 if k.startswith("received_") and not k.endswith("_bytes") and diff(k)
             }
@@ -117,7 +117,9 @@ class Meter:
         print(f"  {label}: {records:,} records of {payload} B, N = {n}")
         for name, deltas, received, cpu, kinds in rows:
             per = received / records
-            mix = ", ".join(f"{k} {v / records:.2f}" for k, v in sorted(kinds.items()))
+            mix = ", ".join(
+                f"{k} {v / records:.3g} ({size / records:,.0f} B)" for k, (v, size) in sorted(kinds.items())
+            )
             print(
                 f"    replica {name}: deltas/record {deltas / records:.2f}, bytes/record {per:,.0f} "
                 f"({per / payload:.2f}x payload), CPU/record {cpu / records * 1e3:.3f} ms; msgs/record: {mix}"

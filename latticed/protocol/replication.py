@@ -24,7 +24,8 @@ What the messages mean here:
 * ``HAVE`` — lazy notification on a pruned link (Plumtree); ``WANT`` — graft: make this link eager for the
   queue and send me the rest; ``PRUNE`` — your delta brought nothing new, send me HAVEs instead of data.
   A WANT waits ``graft_timeout`` for the eager copy (Plumtree's timer; the host passes its clock in, see
-  :meth:`ReplicationSession.tick`), and the first duplicate on a link prunes it, whatever the rate.
+  :meth:`ReplicationSession.tick`), and again while some of the news keeps arriving from another link;
+  the first duplicate on a link prunes it, whatever the rate.
 * ``PING`` / ``PONG`` — liveness, which the host times.
 
 Eager push with pruning on duplicates means a record crosses each link about once in steady state, while
@@ -295,7 +296,9 @@ class ReplicationSession:
     #: HAVE that overtakes the eager copy grafts a second eager link, and the links never settle.
     graft_timeout: float = 0.0
     #: Queues a HAVE announced news of: when the WANT is due unless the news arrives, and the summary.
-    _grafts: dict[QueueKey, tuple[float, Summary]] = field(default_factory=dict)
+    #: With it, what we held when the timer (re)started: news that is arriving, only more slowly than the
+    #: HAVEs (a backlog streaming in from another link), restarts the timer rather than graft.
+    _grafts: dict[QueueKey, tuple[float, Summary, Summary | None]] = field(default_factory=dict)
     #: HAVEs not sent yet, latest summary per queue: a stalled link does not pile up one per change.
     _haves: dict[QueueKey, Summary] = field(default_factory=dict)
     #: How long HAVEs wait to go out together (0: with the next send), in the host's time units: a HAVE
@@ -311,6 +314,8 @@ class ReplicationSession:
     #: schedules every queue we hold).
     _pending: OrderedDict[QueueKey, None] = field(default_factory=OrderedDict)
     _received: dict[int, QueueKey] = field(default_factory=dict)
+    #: Sent deltas (by seq) not yet acknowledged: what each brings the peer (see :meth:`_on_ack`).
+    _brings: dict[int, Summary] = field(default_factory=dict)
     _peer_subscription: tuple[str, ...] | None = None
     #: Where the session is in its life; changes only through :func:`transition` (replication_state.py).
     _state: SessionState = SessionState.IDLE
@@ -444,6 +449,7 @@ class ReplicationSession:
         link.inflight += 1
         self._inflight_total += 1
         self.stats["deltas_sent"] += 1
+        self._brings[self._seq] = implied
         self._send(Delta(self._seq, delta))
         if link.onward is not None or has_news(ours, self._since(link)):
             self._schedule(key)  # the next chunk goes out before this one is acknowledged
@@ -583,8 +589,13 @@ class ReplicationSession:
             raise RemoteProtocolError("ACK for a delta we did not send")
         link.inflight -= 1
         self._inflight_total -= 1
-        if summary == link.peer and not _duplicate(link.sent, summary):
-            link.futile = (self._local.get(key), summary)  # our delta brought the peer nothing
+        brings = self._brings.pop(ack.seq, None)
+        if summary == link.peer and not _duplicate(brings, summary):
+            # Our delta brought the peer nothing, and not because it held those records already (from
+            # another link). Judged by what this delta brings, not by all we have in flight to the peer:
+            # in a backlog that is always past its ACK of an earlier chunk, and every chunk that came
+            # second from here started a whole-run offer from the queue's start.
+            link.futile = (self._local.get(key), summary)
         link.peer = summary
         if link.inflight == 0:
             link.sent = None  # from now on, what the peer says it holds is the whole truth
@@ -610,7 +621,10 @@ class ReplicationSession:
             self._graft(key)
             return
         waiting = self._grafts.get(key)
-        self._grafts[key] = (now + self.graft_timeout if waiting is None else waiting[0], summary)
+        if waiting is None:
+            self._grafts[key] = (now + self.graft_timeout, summary, self._local.get(key))
+        else:
+            self._grafts[key] = (waiting[0], summary, waiting[2])
 
     def _graft(self, key: QueueKey) -> None:
         link = self._links.get(key)
@@ -620,7 +634,10 @@ class ReplicationSession:
 
     def tick(self, now: float) -> None:
         """The host's clock moved to ``now``: a HAVE whose news has not arrived within
-        :attr:`graft_timeout` grafts its link (a WANT), and lingering HAVEs fall due."""
+        :attr:`graft_timeout` grafts its link (a WANT), unless some of it arrived meanwhile: then the
+        timer starts again. The link that brings it is only slower than the HAVEs (a backlog streaming
+        in, a busy host), and a graft would have two links send every chunk from then on. Lingering
+        HAVEs fall due."""
         if self._haves and self.have_linger > 0:
             if self._have_due is None:
                 self._have_due = now + self.have_linger
@@ -628,15 +645,20 @@ class ReplicationSession:
                 self._haves_due_now = True
         if not self._grafts:
             return
-        for key, (deadline, summary) in list(self._grafts.items()):
-            if deadline <= now:
-                del self._grafts[key]
-                if has_news(summary, self._local.get(key)):
-                    self._graft(key)
+        for key, (deadline, summary, held) in list(self._grafts.items()):
+            if deadline > now:
+                continue
+            ours = self._local.get(key)
+            if has_news(summary, ours) and ours is not None and is_ahead(ours, held):
+                self._grafts[key] = (now + self.graft_timeout, summary, ours)
+                continue
+            del self._grafts[key]
+            if has_news(summary, ours):
+                self._graft(key)
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` has something to do (None: nothing waits for the clock)."""
-        deadline = min(deadline for deadline, _ in self._grafts.values()) if self._grafts else None
+        deadline = min(waiting[0] for waiting in self._grafts.values()) if self._grafts else None
         if self._haves and self.have_linger > 0 and not self._haves_due_now:
             due = self._have_due if self._have_due is not None else 0.0  # 0: tick now, to start it
             deadline = due if deadline is None else min(deadline, due)

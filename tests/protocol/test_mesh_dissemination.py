@@ -182,3 +182,48 @@ def test_the_first_duplicate_prunes_the_link_whatever_our_own_direction() -> Non
         b.delta_applied(received.seq, h10.summary(), False)
     prunes = [m for m in b.messages_to_send() if m[1] == PRUNE]
     assert len(prunes) == 1  # once: the peer sends HAVEs from then on
+
+
+# ------------------------------------------------------------------ a backlog over a mesh
+
+
+def test_a_backlog_chunk_the_peer_had_from_another_link_is_no_reason_to_offer_the_whole_run() -> None:
+    """A backlog streams in chunks; the peer gets the first one's records from another link first (it
+    says so in a HAVE) and acknowledges ours with what it held already. That is a duplicate, yet it was
+    judged against all we had in flight (past the peer), taken for a lost join, and the next delta was
+    the whole queue from offset 0 (in a bulk over a mesh: again for every such chunk)."""
+    h8, _, h11 = _histories()
+    h13 = _grow(h11, 2, "d")
+    a = ReplicationSession(max_records=2, depth=2)
+    a.start({KEY: h13.summary()}, known_peer={KEY: h8.summary()})
+    _feed(a, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)))
+    chunks = []
+    for _ in range(2):  # two chunks in flight: [8, 10) and [10, 11)
+        (need,) = _needs(a)
+        chunks.append(core.delta(h13, need.since, need.max_records))
+        a.provide_delta(KEY, chunks[-1])
+    assert a.inflight == 2 and not _needs(a)
+    peer = core.merge(h8, chunks[0]).summary()  # what it holds: the first chunk, from elsewhere
+    assert peer.held_end == 10
+    _feed(a, Have(KEY, peer), Ack(1, KEY, peer))
+    needs = _needs(a)
+    # on from our last chunk (it used to be None and the whole run: 13 records from offset 0)
+    assert [(n.since and n.since.held_end, n.max_records) for n in needs] == [(11, 2)]
+
+
+def test_a_have_whose_news_keeps_arriving_restarts_the_graft_timer() -> None:
+    """A backlog streams in from another link, more slowly than the HAVEs of this one announce it: the
+    timer used to fire on the first HAVE's deadline all the same, grafting a second link that then sent
+    every chunk again. Progress restarts it; a graft comes only when nothing arrives for a whole timeout."""
+    b, h8, h10 = _lazy_receiver(0.25)
+    h9 = _grow(h8, 1, "b")  # the first record of h10
+    h11 = _grow(h10, 1, "c")
+    _feed(b, Have(KEY, h10.summary()), now=10.0)
+    _feed(b, Have(KEY, h11.summary()), now=10.125)
+    b.local_update(KEY, h9.summary())  # part of it, from the other link
+    b.tick(10.25)
+    assert not _wants(b)
+    assert b.next_deadline() == 10.5
+    b.tick(10.5)  # nothing more arrived within a whole timeout: graft
+    assert len(_wants(b)) == 1
+    assert b.next_deadline() is None

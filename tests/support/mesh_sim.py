@@ -1,0 +1,484 @@
+"""The daemons of ``bench/bench_mesh.py``, simulated in time: real sessions over a modelled network.
+
+Each node drives real :class:`ReplicationSession` objects and real queue states the way ``net/gossip.py``
+and the store do (the same graft timer, window and depth; a received live push relayed before its commit,
+as ``storage/ahead.py`` serves it; ACKs only once the merge is durable; the dialler's keep-alive PINGs),
+over the graph bench_mesh builds (:func:`mesh_topology`, same seed and shape). What it does not run it
+models with a clock: each link has a one-way delay (drawn per link from the seed), and each node one CPU
+(decoding, verifying, cutting deltas) and one storage thread (commits), each taking :class:`Costs`. So the
+order in which copies reach a node, which decides prunes, HAVEs and grafts, comes from the same code as in
+the daemons, and every message is counted by type (``received_<type>``, ``received_<type>_bytes``) from
+its real encoding, as the daemons' counters do. Deterministic: no randomness but the seeded draws.
+
+Why one module: the clock, the links and the node's host steps share one event queue and one set of
+costs, and the parts (bulk, live) are bench_mesh's, read side by side with it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from latticed.crdt import queue as core
+from latticed.crdt.queue import QueueDelta, QueueState, Summary
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.protocol.replication import DeltaReceived, NeedDelta, QueueKey, ReplicationSession
+from latticed.protocol.replication_messages import message_type_name
+
+__all__ = [
+    "Costs",
+    "MeshNode",
+    "MeshSim",
+    "PartResult",
+    "bulk",
+    "farthest",
+    "live",
+    "mesh_topology",
+    "warm_up",
+]
+
+
+def mesh_topology(n: int, degree: int, seed: int) -> set[frozenset[int]]:
+    """Each node dials ``degree`` random others; node i first dials one of 0..i-1, so the graph is
+    connected whatever the draw (``bench/bench_mesh.py`` builds its mesh with this)."""
+    rng = random.Random(seed)
+    edges: set[frozenset[int]] = set()
+    for i in range(1, n):
+        edges.add(frozenset((i, rng.randrange(i))))
+    count = Counter(x for e in edges for x in e)
+    for i in range(n):
+        others = [j for j in range(n) if j != i]
+        rng.shuffle(others)
+        for j in others:
+            if count[i] >= min(degree, n - 1):
+                break
+            if frozenset((i, j)) not in edges:
+                edges.add(frozenset((i, j)))
+                count[i] += 1
+                count[j] += 1
+    return edges
+
+
+def farthest(n: int, edges: set[frozenset[int]], source: int = 0) -> tuple[int, int]:
+    """The node farthest from ``source`` in hops, and how many."""
+    adjacent: dict[int, list[int]] = {i: [] for i in range(n)}
+    for a, b in (tuple(e) for e in edges):
+        adjacent[a].append(b)
+        adjacent[b].append(a)
+    dist = {source: 0}
+    todo = deque([source])
+    while todo:
+        x = todo.popleft()
+        for y in adjacent[x]:
+            if y not in dist:
+                dist[y] = dist[x] + 1
+                todo.append(y)
+    far = max(range(n), key=lambda i: dist[i])
+    return far, dist[far]
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds each step takes (a loopback mesh of daemons on a busy 2-core box, roughly)."""
+
+    link_delay: tuple[float, float] = (0.0001, 0.0004)  # one way, drawn per link
+    message: float = 0.0002  # decrypt, decode, run the session: per received message
+    verify: float = 0.001  # check a delta's signatures: per delta ...
+    verify_record: float = 0.000005  # ... and per record
+    cut: float = 0.002  # read (the storage thread) and encode a delta: per delta ...
+    cut_record: float = 0.0000025  # ... and per record
+    commit: float = 0.001  # a durable commit on the storage thread (fsync) ...
+    commit_record: float = 0.000002  # ... and per record
+    #: Each CPU step takes its cost times a seeded draw from [1 - jitter, 1 + jitter]: N daemons share
+    #: the box's cores, and the scheduler decides which relay's copy wins a race.
+    jitter: float = 0.5
+    #: Cores the nodes share (bench_mesh runs every daemon on one box); a step takes longer by the number
+    #: of nodes busy at its start over this. None: each node has its own machine.
+    cores: int | None = 2
+    #: What one call of the writer's client costs besides the commit (a bulk batch of 1,000 records).
+    client: float = 0.02
+    graft_timeout: float = 0.3  # net/gossip.py GRAFT_TIMEOUT_S
+    ping_interval: float = 10.0  # process/ticks.py TICK_S
+    ahead_records: int = 64  # storage/ahead.py AHEAD_DELTA_RECORDS
+
+
+@dataclass
+class MeshNode:
+    name: int
+    sessions: dict[int, ReplicationSession] = field(default_factory=dict)
+    durable: dict[QueueKey, QueueState] = field(default_factory=dict)
+    #: What the node holds including verified live pushes not committed yet (served to peers, relayed).
+    latest: dict[QueueKey, QueueState] = field(default_factory=dict)
+    cpu_free: float = 0.0
+    disk_free: float = 0.0
+    received: Counter[str] = field(default_factory=Counter)
+    #: Per offset of the measured queue: hops of the copy that brought it first.
+    hops: dict[int, int] = field(default_factory=dict)
+    #: When each offset was first held (verified), for the time to reach the last node.
+    reached: dict[int, float] = field(default_factory=dict)
+    deadlines: dict[int, float] = field(default_factory=dict)
+
+    def held_end(self, key: QueueKey) -> int:
+        state = self.durable.get(key)
+        return 0 if state is None else state.held_end
+
+
+@dataclass
+class MeshSim:
+    n: int
+    degree: int = 3
+    seed: int = 28
+    costs: Costs = field(default_factory=Costs)
+    window: int = 8
+    depth: int = 4
+    max_records: int = 4096
+    max_bytes: int = (1 << 20) // 2
+    #: Seed of the cost jitter (None: ``seed``); the graph is always drawn from ``seed``.
+    draws: int | None = None
+    #: Track hops and arrival per offset (off for a long bulk on a large mesh: memory).
+    track: bool = True
+    now: float = 0.0
+    nodes: list[MeshNode] = field(default_factory=list)
+    edges: set[frozenset[int]] = field(default_factory=set)
+    delays: dict[tuple[int, int], float] = field(default_factory=dict)
+    _heap: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
+    _seq: int = 0
+    _arrival: dict[tuple[int, int], float] = field(default_factory=dict)
+    _inbox: dict[tuple[int, int], deque[bytes]] = field(default_factory=dict)
+    #: DELTAs delivered per link (sender, receiver), since start.
+    link_deltas: Counter[tuple[int, int]] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.owner = Identity.from_seed(b"w" * 32)
+        self.key: QueueKey = (self.owner.public_key, "mesh", 0)
+        self.edges = mesh_topology(self.n, self.degree, self.seed)
+        rng = random.Random(self.seed)
+        self._rng = random.Random(self.seed if self.draws is None else self.draws)
+        self.nodes = [MeshNode(i) for i in range(self.n)]
+        lo, hi = self.costs.link_delay
+        for a, b in sorted(tuple(sorted(e)) for e in self.edges):
+            delay = rng.uniform(lo, hi)
+            self.delays[(a, b)] = self.delays[(b, a)] = delay
+            for x, y in ((a, b), (b, a)):
+                self.nodes[x].sessions[y] = ReplicationSession(
+                    window=self.window,
+                    depth=self.depth,
+                    max_records=self.max_records,
+                    max_message_bytes=1 << 20,
+                    graft_timeout=self.costs.graft_timeout,
+                    incarnation=x.to_bytes(16, "big"),
+                )
+            for x, y in ((a, b), (b, a)):
+                self.nodes[x].sessions[y].start({})
+                self._flush(x, y)
+            self._at(self.costs.ping_interval, lambda a=a, b=b: self._ping(a, b))  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ the clock
+    def _at(self, when: float, action: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, action))
+
+    def run_until(self, done: Callable[[], bool], limit: float = 3600.0) -> float:
+        """Run events until ``done()`` (checked after each); returns the time then."""
+        end = self.now + limit
+        while self._heap and not done():
+            when, _, action = heapq.heappop(self._heap)
+            if when > end:
+                raise RuntimeError("the mesh did not get there in time")
+            self.now = max(self.now, when)
+            action()
+        return self.now
+
+    def run_for(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self._heap and self._heap[0][0] <= end:
+            when, _, action = heapq.heappop(self._heap)
+            self.now = max(self.now, when)
+            action()
+        self.now = end
+
+    # ------------------------------------------------------------------ the writer (node 0)
+    def offer(self, count: int, payload: int) -> None:
+        """The writer's client offers ``count`` records in one call: one commit, then pushed."""
+        node = self.nodes[0]
+        state = node.durable.get(self.key) or core.empty_state(self.owner.public_key, "mesh")
+        records = [Record(value=bytes(payload), timestamp=int(self.now * 1000)) for _ in range(count)]
+        state = core.commit(state, self.owner, now_ms=int(self.now * 1000), records=records)
+        done = max(self.now, node.disk_free) + self.costs.commit + self.costs.commit_record * count
+
+        def committed() -> None:
+            if self.track:
+                for offset in range(state.held_end - count, state.held_end):
+                    node.hops[offset] = 0
+                    node.reached[offset] = self.now
+            node.durable[self.key] = node.latest[self.key] = state
+            self._changed(0, state.summary(), None)
+
+        node.disk_free = done
+        self._at(done, committed)
+
+    def writer_idle_at(self) -> float:
+        return self.nodes[0].disk_free
+
+    # ------------------------------------------------------------------ links
+    def _send(self, x: int, y: int, messages: list[bytes], at: float) -> None:
+        link = (x, y)
+        for message in messages:
+            arrival = max(at + self.delays[link], self._arrival.get(link, 0.0))  # TCP keeps order
+            self._arrival[link] = arrival
+            self._at(arrival, lambda m=message: self._arrive(x, y, m))  # type: ignore[misc]
+
+    def _flush(self, x: int, y: int, at: float | None = None) -> None:
+        messages = self.nodes[x].sessions[y].messages_to_send()
+        if messages:
+            self._send(x, y, messages, self.now if at is None else at)
+
+    def _arrive(self, x: int, y: int, message: bytes) -> None:
+        """A message reaches ``y``'s socket for ``x``; read in order once ``y``'s CPU is free."""
+        inbox = self._inbox.setdefault((x, y), deque())
+        inbox.append(message)
+        if len(inbox) == 1:
+            self._at(max(self.now, self.nodes[y].cpu_free), lambda: self._read(x, y))
+
+    def _read(self, x: int, y: int) -> None:
+        node = self.nodes[y]
+        if node.cpu_free > self.now:  # busy: the message waits in the socket
+            self._at(node.cpu_free, lambda: self._read(x, y))
+            return
+        inbox = self._inbox[(x, y)]
+        message = inbox.popleft()
+        if inbox:
+            self._at(self.now, lambda: self._read(x, y))
+        self._deliver(x, y, message)
+
+    def _deliver(self, x: int, y: int, message: bytes) -> None:
+        node = self.nodes[y]
+        name = message_type_name(message)
+        if name == "delta":
+            self.link_deltas[(x, y)] += 1
+        node.received[name] += 1
+        node.received[name + "_bytes"] += len(message)
+        self._busy(node, self.costs.message)
+        node.sessions[x].receive_message(message, self.now)
+        self._drive(y, x)
+
+    def _busy(self, node: MeshNode, cost: float) -> None:
+        """``node``'s CPU works ``cost`` (times the jitter draw) after what it is doing now."""
+        jitter, cores, now = self.costs.jitter, self.costs.cores, self.now
+        if jitter:
+            cost *= self._rng.uniform(1 - jitter, 1 + jitter)
+        if cores is not None:
+            busy = sum(1 for other in self.nodes if other.cpu_free > now or other.disk_free > now)
+            cost *= max(1.0, (busy + (node.cpu_free <= now)) / cores)
+        node.cpu_free = max(node.cpu_free, self.now) + cost
+
+    def _ping(self, a: int, b: int) -> None:
+        """The dialler's keep-alive: a PING unless the link carried messages both ways lately."""
+        quiet = self.costs.ping_interval / 2
+        sent, heard = self._arrival.get((a, b), 0.0), self._arrival.get((b, a), 0.0)
+        if self.now - sent >= quiet or self.now - heard >= quiet:
+            self.nodes[a].sessions[b].ping(self._seq)
+            self._flush(a, b)
+        self._at(self.now + self.costs.ping_interval, lambda: self._ping(a, b))
+
+    # ------------------------------------------------------------------ a node as the daemon is one
+    def _drive(self, y: int, x: int) -> None:
+        """The link driver of ``y`` for peer ``x``: answer the session's events, send what it queued."""
+        node = self.nodes[y]
+        session = node.sessions[x]
+        session.tick(self.now)
+        costs = self.costs
+        while (event := session.next_event()) is not None:
+            if isinstance(event, NeedDelta):
+                delta = self._delta_for(node, event)
+                if delta is not None:
+                    self._busy(node, costs.cut + costs.cut_record * len(delta.records))
+                session.provide_delta(event.key, delta)
+            elif isinstance(event, DeltaReceived):
+                node.received["copies"] += len(event.delta.records)
+                self._busy(node, costs.verify + costs.verify_record * len(event.delta.records))
+                self._verified(y, x, event)
+        self._flush(y, x, max(self.now, node.cpu_free))
+        deadline = session.next_deadline()
+        if deadline is not None and node.deadlines.get(x) != deadline:
+            node.deadlines[x] = deadline
+            self._at(deadline, lambda: self._drive(y, x))
+
+    def _delta_for(self, node: MeshNode, event: NeedDelta) -> QueueDelta | None:
+        durable = node.durable.get(event.key)
+        latest = node.latest.get(event.key)
+        since = event.since
+        if (
+            latest is not None
+            and latest is not durable
+            and since is not None
+            and (durable is None or since.held_end >= durable.held_end)
+        ):
+            return core.delta(latest, since, event.max_records, self.max_bytes)  # served ahead
+        if durable is None:
+            return None
+        return core.delta(durable, since, event.max_records, self.max_bytes)
+
+    def _verified(self, y: int, x: int, event: DeltaReceived) -> None:
+        """A verified delta goes to the storage thread; a live push that extends what we hold is served
+        and relayed at once (before its commit), the ACK waits for the commit."""
+        node = self.nodes[y]
+        key, delta = event.key, event.delta
+        verified_at = max(self.now, node.cpu_free)
+        latest = node.latest.get(key)
+        if (
+            len(delta.records) <= self.costs.ahead_records
+            and delta.records
+            and latest is not None
+            and delta.from_offset == latest.held_end
+        ):
+            ahead = core.merge(latest, delta)
+            if ahead.summary() != latest.summary():
+                node.latest[key] = ahead
+
+                def relay() -> None:
+                    self._note_arrival(y, x, delta)
+                    self._changed(y, ahead.summary(), x)
+
+                self._at(verified_at, relay)
+        done = (
+            max(verified_at, node.disk_free)
+            + self.costs.commit
+            + self.costs.commit_record * len(delta.records)
+        )
+        node.disk_free = done
+
+        def committed() -> None:
+            before = node.durable.get(key) or core.empty_state(*key)
+            after = core.merge(before, delta)
+            changed = after.summary() != before.summary()
+            node.durable[key] = after
+            current = node.latest.get(key)
+            if current is None or current.held_end <= after.held_end:
+                node.latest[key] = after
+            if changed:
+                self._note_arrival(y, x, delta)
+            session = node.sessions[x]
+            session.delta_applied(event.seq, after.summary(), changed)
+            self._drive(y, x)
+            if changed:
+                self._changed(y, after.summary(), x)
+
+        self._at(done, committed)
+
+    def _note_arrival(self, y: int, x: int, delta: QueueDelta) -> None:
+        if not self.track:
+            return
+        node, sender = self.nodes[y], self.nodes[x]
+        for offset in range(delta.from_offset, delta.from_offset + len(delta.records)):
+            if offset not in node.hops:
+                node.hops[offset] = sender.hops.get(offset, 0) + 1
+                node.reached[offset] = self.now
+
+    def _changed(self, y: int, summary: Summary, source: int | None) -> None:
+        """Gossip.local_change: every other link hears of it, and its driver runs."""
+        node = self.nodes[y]
+        for peer, session in node.sessions.items():
+            if peer != source:
+                session.local_update(self.key, summary)
+                self._drive(y, peer)
+
+    # ------------------------------------------------------------------ what bench_mesh measures
+    def all_hold(self, end: int) -> bool:
+        return all(node.held_end(self.key) >= end for node in self.nodes)
+
+    def counters(self) -> list[Counter[str]]:
+        return [Counter(node.received) for node in self.nodes]
+
+
+@dataclass
+class PartResult:
+    """What one part of the bench cost each replica (the writer, node 0, excluded)."""
+
+    records: int
+    payload: int
+    #: Per replica: messages and bytes received by type, as the daemons count them, and ``copies``: the
+    #: records in the DELTAs it received (a record that arrives twice counts twice).
+    received: list[Counter[str]]
+    #: Seconds from the first offer until every replica held everything.
+    elapsed: float
+    #: Largest hop count of a first copy, over records and replicas (None: not tracked).
+    max_hops: int | None
+    #: Per record: seconds from its commit at the writer until the last replica verified it.
+    last_latency: list[float]
+
+    def per_record(self, name: str) -> float:
+        """Mean per replica per record of counter ``name`` (``delta``, ``have_bytes``...)."""
+        return sum(c[name] for c in self.received) / len(self.received) / self.records
+
+    def total_bytes_ratio(self) -> float:
+        """All replicas' received bytes / ((N - 1) x payload), per record."""
+        total = sum(v for c in self.received for k, v in c.items() if k.endswith("_bytes"))
+        return total / (len(self.received) * self.records * self.payload)
+
+    def types(self) -> list[str]:
+        return sorted({k for c in self.received for k in c if not k.endswith("_bytes") and k != "copies"})
+
+    def bytes_per_record(self) -> float:
+        """Mean per replica: bytes of every message type received, per record."""
+        total = sum(v for c in self.received for k, v in c.items() if k.endswith("_bytes"))
+        return total / len(self.received) / self.records
+
+
+def _part(sim: MeshSim, records: int, payload: int, schedule: Callable[[int], None]) -> PartResult:
+    sim.run_for(1.0)  # what the last part left in flight settles (the bench waits and sleeps too)
+    before = sim.counters()
+    base = sim.nodes[0].held_end(sim.key)
+    started = sim.now
+    schedule(base)
+    sim.run_until(lambda: sim.all_hold(base + records))
+    elapsed = sim.now - started
+    received = [after - b for after, b in zip(sim.counters()[1:], before[1:], strict=True)]
+    max_hops = None
+    latency: list[float] = []
+    if sim.track:
+        offsets = range(base, base + records)
+        max_hops = max(node.hops[o] for node in sim.nodes for o in offsets)
+        writer = sim.nodes[0]
+        latency = [max(node.reached[o] for node in sim.nodes) - writer.reached[o] for o in offsets]
+    return PartResult(records, payload, received, elapsed, max_hops, latency)
+
+
+def bulk(sim: MeshSim, records: int, payload: int, batch: int = 1000) -> PartResult:
+    """bench_mesh's bulk: the client offers ``batch`` records per call, each call once the last returned."""
+    client = sim.costs.client
+
+    def schedule(base: int) -> None:
+        left = [records]
+
+        def call() -> None:
+            size = min(batch, left[0])
+            left[0] -= size
+            sim.offer(size, payload)
+            if left[0] > 0:
+                sim._at(sim.writer_idle_at() + client, call)
+
+        call()
+
+    return _part(sim, records, payload, schedule)
+
+
+def live(sim: MeshSim, rate: float, records: int, payload: int = 100) -> PartResult:
+    """bench_mesh's live part: single offers at ``rate`` per second."""
+
+    def schedule(base: int) -> None:
+        start = sim.now
+        for i in range(records):
+            sim._at(start + i / rate, lambda: sim.offer(1, payload))
+
+    return _part(sim, records, payload, schedule)
+
+
+def warm_up(sim: MeshSim) -> None:
+    """The bench's first record (the queue is created and one record offered before any part)."""
+    sim.offer(1, 7)
+    sim.run_until(lambda: sim.all_hold(1))
