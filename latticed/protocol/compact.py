@@ -358,6 +358,7 @@ class CompactLink:
             records=records,
             checkpoints=tuple(checkpoints),
             fork=None if raw[10] is None else proof_from_wire(raw[10]),
+            tip_hash_from_records=chained is not None,
         )
         self._remember(side, key, delta)
         side.remember_delta(seq, key, _implied(delta))

@@ -4,6 +4,7 @@ a protocol error; a compact link and a full one replicate the same records. Sans
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import pytest
@@ -15,7 +16,12 @@ from latticed.crdt import queue as core
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack, unpack
-from latticed.errors import IntegrityError, LatticedError, RemoteProtocolError
+from latticed.errors import (
+    IntegrityError,
+    LatticedError,
+    RemoteProtocolError,
+    TamperedError,
+)
 from latticed.protocol.compact import COMPACT_FEATURE, CompactLink
 from latticed.protocol.replication import PROTOCOL_VERSION, ReplicationSession
 from latticed.protocol.replication_messages import (
@@ -100,8 +106,16 @@ def test_a_forged_signature_or_record_fails_verification() -> None:
             raw[8][0][1] = b"y" * 100  # the head hash the receiver rebuilds changes: the signature fails
         decoded = receiver.decode(raw)
         assert isinstance(decoded, Delta)
-        with pytest.raises(IntegrityError):
+        with pytest.raises(IntegrityError) as refused:
             core.verify_delta(pushes[1][0], decoded.delta)
+        # Changed records get the verdict a full delta gets (the log tells a corrupt relay's store
+        # from a bad key); with the hash rebuilt from the records, a forged signature reads the same.
+        assert isinstance(refused.value, TamperedError)
+        assert "records do not hash to the signed head" in str(refused.value)
+    # The same records changed in a full delta: the signature holds, the records do not fold to it.
+    bad = dataclasses.replace(pushes[1][1], records=(Record(b"y" * 100),))
+    with pytest.raises(TamperedError, match="records do not hash to the signed head"):
+        core.verify_delta(pushes[1][0], bad)
 
 
 def test_a_field_the_receiver_cannot_rebuild_is_a_protocol_error() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from latticed.crdt.core_errors import MalformedError, TamperedError, WrongOwnerError
+from latticed.crdt.core_errors import BadSignatureError, MalformedError, TamperedError, WrongOwnerError
 from latticed.crdt.forks import ForkProof
 from latticed.crdt.head import SignedHead, genesis_hash, meta_hash
 from latticed.crdt.queue.state import QueueDelta, QueueState, Summary
@@ -256,6 +256,20 @@ def _check_shape(d: QueueDelta) -> None:
             raise MalformedError("metadata must be sorted by key, each key once")
 
 
+def _verify_vouching(head: SignedHead, d: QueueDelta, owner: bytes, qid: bytes, vouches: bool) -> None:
+    """``head.verify``, except that a head whose hash the link rebuilt from the delta's records fails as
+    the records' fault: the same verdict a full delta gets for records that do not fold to its hash."""
+    try:
+        head.verify(owner, qid)
+    except BadSignatureError as exc:
+        if vouches and d.tip_hash_from_records:
+            raise TamperedError(
+                "records do not hash to the signed head, or its signature is forged (the link left "
+                "the head's hash out; rebuilt from the records, it is not what the owner signed)"
+            ) from exc
+        raise
+
+
 def verify_delta(state: QueueState, d: QueueDelta) -> VerifiedDelta:
     """Check everything a delta claims before any of it touches the state."""
     _check_shape(d)
@@ -271,7 +285,7 @@ def verify_delta(state: QueueState, d: QueueDelta) -> VerifiedDelta:
         if d.records or d.tip is not None or d.checkpoints or d.meta is not None:
             raise MalformedError("records or metadata without a signed head")
         return VerifiedDelta(d, ())
-    head.verify(state.owner, qid)
+    _verify_vouching(head, d, state.owner, qid, d.tip is head)
     genesis = genesis_hash(qid)
     if head.start == 0 and head.base_hash != genesis:
         raise TamperedError("head's chain does not start at the queue's genesis")
@@ -285,7 +299,7 @@ def verify_delta(state: QueueState, d: QueueDelta) -> VerifiedDelta:
     if tip is None:
         raise MalformedError("records without the head that vouches for them")
     if tip != head:
-        tip.verify(state.owner, qid)
+        _verify_vouching(tip, d, state.owner, qid, True)
     if d.from_offset + len(d.records) != tip.end or d.from_offset < tip.start:
         raise TamperedError("records do not span the head that vouches for them")
     check_records(d.records)

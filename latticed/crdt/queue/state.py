@@ -183,6 +183,9 @@ class QueueDelta:
     records: Sequence[Record] = ()
     checkpoints: tuple[SignedHead, ...] = ()
     fork: ForkProof | None = None
+    #: The vouching head's ``head_hash`` was not sent but rebuilt from these records (a compact link):
+    #: a signature that then fails says the records were changed, and :func:`verify_delta` says so.
+    tip_hash_from_records: bool = field(default=False, compare=False)
 
     @property
     def end_offset(self) -> int:
