@@ -20,8 +20,8 @@ Usage: python bench/bench_sink_kills.py [--rows N] [--files F] [--files-per-trig
   it had committed, records in the queue then).
 * Verdict: records, distinct (query, batch, partition, row) identities, distinct ids, duplicates, missing,
   ids out of range, records without the producer's header, and whether P's replica holds the same
-  records. Exit status 1 on any loss, duplicate or mismatch; 2 if a kill did not land mid-batch (the run
-  proved less than it should); 0 otherwise.
+  records. Exit status 1 on any loss, duplicate or mismatch; 2 if a kill did not land mid-batch, or the
+  worker's did not make Spark retry a task (the run proved less than it should); 0 otherwise.
 
 Figures are printed (elapsed from the first driver's start to the last driver's end, rows/s); this is
 not a test: CI-sized runs pass ``--rows 20000``.
@@ -143,13 +143,17 @@ def start_driver(run: Run, number: int, files_per_trigger: int, per_offer: int) 
     return run.cluster.driver(DRIVER, *args, log=run.root / f"driver{number}.log")
 
 
-def tasks_of(run: Run, driver: int, batch: int) -> list[tuple[int, int, int]]:
-    """(partition, attempt, pid) of the tasks of ``batch`` started under driver run ``driver``."""
+def tasks_of(run: Run, driver: int, batch: int) -> list[tuple[bool, int, int, int]]:
+    """(input done, partition, attempt, pid) of the tasks of ``batch`` started under driver run ``driver``,
+    those still taking rows first."""
     out = []
     for marker in run.markers.glob(f"{driver}-{batch}-*-*"):
+        if marker.suffix == ".done":
+            continue
         _, _, part, attempt = marker.name.split("-")
         with contextlib.suppress(OSError, ValueError):
-            out.append((int(part), int(attempt), int(marker.read_text())))
+            done = marker.with_suffix(".done").exists()
+            out.append((done, int(part), int(attempt), int(marker.read_text())))
     return sorted(out)
 
 
@@ -171,17 +175,20 @@ def kill_a_worker(run: Run, client: Client, batch: int, driver: subprocess.Popen
         return kill
     live = [w for w in run.cluster.workers if w.alive()]
     victim, task = live[0], None
-    for part, attempt, pid in tasks_of(run, 1, batch):
+    for done, part, attempt, pid in tasks_of(run, 1, batch):
         owners = [w for w in live if pid in descendants(w.proc.pid)]
         if owners:
-            victim, task = owners[0], (part, attempt)
+            victim, task = owners[0], (part, attempt, done)
             break
     kill.committed = run.committed(batch)
     kill.end = run.end(client)
     kill.at_s = time.perf_counter() - t0
     died = kill_machine(victim)
     kill.detail = f"worker {run.cluster.workers.index(victim)} ({died} processes)" + (
-        f", running partition {task[0]} attempt {task[1]}" if task else ", no task of the batch found on it"
+        f", which ran partition {task[0]} attempt {task[1]}"
+        + (" (its input all handed on)" if task[2] else " (mid-input)")
+        if task
+        else ", no task of the batch found on it"
     )
     return kill
 
@@ -223,6 +230,8 @@ class Verdict:
     unstamped: int = 0
     queries: set[bytes] = field(default_factory=set)
     batches: collections.Counter[int] = field(default_factory=collections.Counter)
+    #: (batch, partition) -> its records at offsets below the queue's end when that batch was killed into
+    before_kill: collections.Counter[tuple[int, int]] = field(default_factory=collections.Counter)
     digest: str = ""
 
     def ok(self) -> bool:
@@ -230,8 +239,12 @@ class Verdict:
         return not bad and self.records == self.ids == self.identities
 
 
-def read_back(client: Client, queue: str, rows: int, producer: str | None) -> Verdict:
-    """Every record of ``queue`` from ``client``'s daemon, checked against ids 0..rows-1."""
+def read_back(
+    client: Client, queue: str, rows: int, producer: str | None, kills: list[Kill] | None = None
+) -> Verdict:
+    """Every record of ``queue`` from ``client``'s daemon, checked against ids 0..rows-1; ``kills``: count
+    what each killed batch's partitions had in the queue when the kill came."""
+    ends = {k.batch: k.end for k in kills or [] if k.at_s}
     v = Verdict()
     seen = bytearray(rows)
     identities: set[tuple[int, int, int, int]] = set()
@@ -242,7 +255,8 @@ def read_back(client: Client, queue: str, rows: int, producer: str | None) -> Ve
         batch = client.read(queue, offset, max_records=20_000, max_bytes=4 << 20)
         if not batch.values:
             break
-        for key, value, headers in zip(batch.keys, batch.values, batch.headers, strict=True):
+        rows_of = zip(batch.offsets, batch.keys, batch.values, batch.headers, strict=True)
+        for at, key, value, headers in rows_of:
             digest.update(len(value).to_bytes(4, "big") + value)
             v.records += 1
             fields = dict(headers)
@@ -260,6 +274,8 @@ def read_back(client: Client, queue: str, rows: int, producer: str | None) -> Ve
             b, p = int(fields.get("b", b"-1")), int(fields.get("p", b"-1"))
             v.queries.add(q)
             v.batches[b] += 1
+            if at < ends.get(b, -1):
+                v.before_kill[b, p] += 1
             identities.add((queries.setdefault(q, len(queries)), b, p, i))
         offset = batch.next_offset
     v.identities = len(identities)
@@ -314,7 +330,7 @@ def main() -> int:
             code = drive(run, args.files_per_trigger, per_offer, worker_batch, driver_batch, timeout)
         with owner.client() as c:
             started = time.perf_counter()
-            verdict = read_back(c, queue, args.rows, producer if args.daemons == 2 else None)
+            verdict = read_back(c, queue, args.rows, producer if args.daemons == 2 else None, run.kills)
             read_s = time.perf_counter() - started
         replica = None
         if args.daemons == 2:
@@ -368,11 +384,14 @@ def drive(
             f"{kill.batch * run.batch_rows:,}..{(kill.batch + 1) * run.batch_rows:,}); {kill.detail}"
         )
     retried = sorted(
-        {(int(m.name.split("-")[1]), int(m.name.split("-")[2])) for m in run.markers.glob("1-*-*-[1-9]*")}
+        {(int(m.name.split("-")[1]), int(m.name.split("-")[2])) for m in run.markers.glob("1-*-*-[1-9]")}
     )
     rerun = sorted({int(m.name.split("-")[1]) for m in run.markers.glob("2-*")})
     print(f"  task attempts > 0 under the first driver (batch, partition): {retried or 'none'}")
     print(f"  batches the restarted driver ran: {rerun[0] if rerun else '-'}..{rerun[-1] if rerun else '-'}")
+    if run.kills[0].at_s and not any(b == run.kills[0].batch for b, _ in retried):
+        print("  the worker killed had finished its task: Spark retried nothing (likelier at a small --rows)")
+        missed += 1
     return 2 if missed else 0
 
 
@@ -388,6 +407,8 @@ def report(verdict: Verdict, replica: Verdict | None, read_s: float, code: int) 
     print(f"  records with an id out of range or a wrong key  {v.out_of_range:>10,}")
     print(f"  records without the producer's header           {v.unstamped:>10,}")
     print(f"  queries {len(v.queries)}, records per micro-batch {dict(sorted(v.batches.items()))}")
+    before = {f"batch {b} partition {p}": n for (b, p), n in sorted(v.before_kill.items())}
+    print(f"  records of the killed batches in the queue when the kill came: {before}")
     same = True
     if replica is not None:
         same = replica.digest == v.digest and replica.records == v.records
@@ -397,7 +418,10 @@ def report(verdict: Verdict, replica: Verdict | None, read_s: float, code: int) 
         f"\nVERDICT: {'PASS' if good else 'FAIL'}: {v.records:,} records, {v.duplicates:,} duplicates, ",
         end="",
     )
-    print(f"{v.missing:,} missing" + ("" if code == 0 else "; a kill did not land mid-batch (exit 2)"))
+    print(
+        f"{v.missing:,} missing"
+        + ("" if code == 0 else "; a kill did not land mid-batch or mid-task (exit 2)")
+    )
     if not good:
         return 1
     return code

@@ -10,7 +10,8 @@ Parquet files of one ``id`` column under ``FILES`` are read ``FILES_PER_TRIGGER`
 turns each row into a record: key = the id, value = the id padded to 100 bytes, headers ``q``, ``b``,
 ``p`` = the query's id, the micro-batch and the partition that wrote it (the same in every attempt, so a
 retried chunk is the same chunk), and writes ``MARKERS/RUN-B-P-A`` = its pid when attempt A of partition
-P of micro-batch B starts in driver run RUN (what the bench kills, and how it tells where the kills landed).
+P of micro-batch B starts in driver run RUN (what the bench kills, and how it tells where the kills landed),
+and ``MARKERS/RUN-B-P-A.done`` once it has handed on its last row.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def stamp(markers: str, run: str) -> Any:
         query = context.getLocalProperty("sql.streaming.queryId") or ""
         batch = context.getLocalProperty("streaming.sql.batchId") or ""
         part = context.partitionId()
-        Path(markers, f"{run}-{batch}-{part}-{context.attemptNumber()}").write_text(str(os.getpid()))
+        marker = Path(markers, f"{run}-{batch}-{part}-{context.attemptNumber()}")
+        marker.write_text(str(os.getpid()))
         header_type = pa.struct([("key", pa.string()), ("value", pa.binary())])
         one = [("q", query.encode()), ("b", batch.encode()), ("p", str(part).encode())]
         for ids in batches:
@@ -55,6 +57,7 @@ def stamp(markers: str, run: str) -> Any:
             offsets = pa.array(range(0, len(one) * n + 1, len(one)), pa.int32())
             headers = pa.ListArray.from_arrays(offsets, flat)
             yield pa.RecordBatch.from_arrays([keys, values, headers], names=["key", "value", "headers"])
+        marker.with_suffix(".done").touch()  # every row handed on (the sink may still be sending)
 
     return records
 
@@ -69,6 +72,7 @@ def session(master: str) -> Any:
         SparkSession.builder.master(master)
         .appName("latticed-bench-sink-kills")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "512m")
         .config("spark.driver.extraJavaOptions", jvm)
         .config("spark.executor.extraJavaOptions", jvm)
