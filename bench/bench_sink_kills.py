@@ -25,6 +25,9 @@ Usage: python bench/bench_sink_kills.py [--rows N] [--files F] [--files-per-trig
 
 Figures are printed (elapsed from the first driver's start to the last driver's end, rows/s); this is
 not a test: CI-sized runs pass ``--rows 20000``.
+
+Why one module: the kills, the timing and the verdict share the run's state (markers, checkpoint, the
+queue's end) and are read top to bottom as one script; only the driver, a separate process, is apart.
 """
 
 from __future__ import annotations
@@ -405,7 +408,8 @@ def report(verdict: Verdict, replica: Verdict | None, read_s: float, code: int) 
     print(f"  duplicates (an id more than once)               {v.duplicates:>10,}")
     print(f"  missing ids                                     {v.missing:>10,}")
     print(f"  records with an id out of range or a wrong key  {v.out_of_range:>10,}")
-    print(f"  records without the producer's header           {v.unstamped:>10,}")
+    unstamped = f"{v.unstamped:>10,}" if replica is not None else "(one daemon: not checked)"
+    print(f"  records without the producer's header           {unstamped}")
     print(f"  queries {len(v.queries)}, records per micro-batch {dict(sorted(v.batches.items()))}")
     before = {f"batch {b} partition {p}": n for (b, p), n in sorted(v.before_kill.items())}
     print(f"  records of the killed batches in the queue when the kill came: {before}")

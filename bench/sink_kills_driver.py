@@ -80,8 +80,8 @@ def session(master: str) -> Any:
         .config("spark.executor.cores", "1")
         .config("spark.cores.max", "2")
         # A file source cuts a batch's files by bytes per core: pinned, a re-run batch is cut alike
-        # (with one file per partition here) whatever executors are up when it is planned.
-        .config("spark.default.parallelism", "2")
+        # (one file per partition here) whatever executors are up when it is planned (docs/spark.md).
+        .config("spark.sql.files.minPartitionNum", "2")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
