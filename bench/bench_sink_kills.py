@@ -178,7 +178,10 @@ def kill_a_worker(run: Run, client: Client, batch: int, driver: subprocess.Popen
         return kill
     live = [w for w in run.cluster.workers if w.alive()]
     victim, task = live[0], None
-    for done, part, attempt, pid in tasks_of(run, 1, batch):
+    # The task that wrote last has chunks in the queue for its retry to send again: it goes first.
+    last = client.read(run.queue, run.end(client) - 1, max_records=1)
+    wrote = int(dict(last.headers[0]).get("p", b"-1")) if last.headers else -1
+    for done, part, attempt, pid in sorted(tasks_of(run, 1, batch), key=lambda t: (t[1] != wrote, t)):
         owners = [w for w in live if pid in descendants(w.proc.pid)]
         if owners:
             victim, task = owners[0], (part, attempt, done)
