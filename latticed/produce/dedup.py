@@ -75,10 +75,12 @@ DIGEST_BYTES: Final = 16
 
 
 def offered_digest(records: Any) -> bytes:
-    """What a retry must match: the records as the producer sent them (values, keys, headers and any
-    timestamps, before the owner stamps them), whichever daemon forwarded them (msgpack writes equal
-    decoded values as equal bytes)."""
-    return hashlib.blake2b(pack(records), digest_size=DIGEST_BYTES, person=b"latticed.offer").digest()
+    """What a retry must match: the values, keys and headers the producer sent (before the owner stamps
+    them), whichever daemon forwarded them (msgpack writes equal decoded values as equal bytes). Not the
+    timestamps: a re-run may compute them anew (a ``current_timestamp()`` column), and the first
+    attempt's then stand for the same rows."""
+    sent = [record[:3] for record in records]
+    return hashlib.blake2b(pack(sent), digest_size=DIGEST_BYTES, person=b"latticed.offer").digest()
 
 
 def _entry_ok(entry: Any) -> bool:

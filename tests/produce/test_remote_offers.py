@@ -140,6 +140,12 @@ async def test_a_retry_after_a_lost_answer_is_written_once(tmp_path: Path) -> No
         with pytest.raises(MalformedError, match="same records"):
             await b.offer(OWNER.public_key, "feed", other, producer="p", seq=7)
         assert len(await a.records()) == 4
+        # a timestamp computed anew by the retry is no other record: the first attempt's stands
+        stamped = [[b"s", None, None, 1_000]]
+        assert (await b.offer(OWNER.public_key, "feed", stamped, producer="p", seq=9))["duplicate"] is False
+        restamped = [[b"s", None, None, 2_000]]
+        assert (await b.offer(OWNER.public_key, "feed", restamped, producer="p", seq=9))["duplicate"] is True
+        assert len(await a.records()) == 5
         nursery.cancel_scope.cancel()
 
 
