@@ -4,7 +4,10 @@ As Kafka's idempotent producer: each offer names a producer id and a sequence nu
 remembers, per queue and producer, the last :data:`REMEMBERED` sequences it committed and the offsets
 they got, in the store's ``settings`` table (one row per queue and producer, written in the same
 transaction as the records: a crash cannot keep one without the other). A sequence it remembers is
-answered with the offsets it got the first time, and nothing is appended. A sequence older than every
+answered with the offsets it got the first time, and nothing is appended, if it offers the same records
+(a digest of them is remembered too): a retry that sends other records under a sequence already written
+is refused, never answered as written (a Spark batch re-run that split its rows otherwise would lose
+them silently). A sequence older than every
 one remembered (once :data:`REMEMBERED` are) is refused: the owner can no longer tell whether it wrote
 it. Rows a release does not know are ignored by it, so this needs no schema change.
 
@@ -21,6 +24,7 @@ the storage thread, inside the group commit (:class:`ProducedAppend`).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Final
 
 from latticed.crdt.wire import pack, unpack
@@ -66,16 +70,36 @@ def check_producer(producer: Any, seq: Any) -> tuple[str, int]:
     return producer, seq
 
 
-def _decode(raw: bytes | None) -> list[list[int]]:
+#: Bytes of the digest of an offer's records kept with each remembered sequence.
+DIGEST_BYTES: Final = 16
+
+
+def offered_digest(records: Any) -> bytes:
+    """What a retry must match: the values, keys and headers the producer sent (before the owner stamps
+    them), whichever daemon forwarded them (msgpack writes equal decoded values as equal bytes). Not the
+    timestamps: a re-run may compute them anew (a ``current_timestamp()`` column), and the first
+    attempt's then stand for the same rows."""
+    sent = [record[:3] for record in records]
+    return hashlib.blake2b(pack(sent), digest_size=DIGEST_BYTES, person=b"latticed.offer").digest()
+
+
+def _entry_ok(entry: Any) -> bool:
+    """``[seq, first, count]`` (rows written before digests were kept) or ``[seq, first, count, digest]``."""
+    if type(entry) is not list or len(entry) not in (3, 4):
+        return False
+    if not all(type(x) is int for x in entry[:3]):
+        return False
+    return len(entry) == 3 or (type(entry[3]) is bytes and len(entry[3]) == DIGEST_BYTES)
+
+
+def _decode(raw: bytes | None) -> list[list[Any]]:
     if raw is None:
         return []
     try:
         entries = unpack(raw)
     except LatticedError:
         entries = None
-    if type(entries) is not list or not all(
-        type(e) is list and len(e) == 3 and all(type(x) is int for x in e) for e in entries
-    ):
+    if type(entries) is not list or not all(_entry_ok(e) for e in entries):
         return []  # unreadable: treated as never seen (never happens unless the row was edited)
     return entries
 
@@ -90,25 +114,28 @@ class ProducedAppend(Job):
     """``inner`` (an append of one owned queue, plain or sealed) unless ``producer`` already sent ``seq``;
     ``result`` is ``(first offset, count, duplicate)``. ``now_ms``: when, for the producer's last use."""
 
-    __slots__ = ("count", "inner", "name", "now_ms", "seq")
+    __slots__ = ("count", "digest", "inner", "name", "now_ms", "seq")
 
-    def __init__(self, inner: Job, qid: bytes, producer: str, seq: int, count: int, *, now_ms: int) -> None:
+    def __init__(
+        self, inner: Job, qid: bytes, producer: str, seq: int, count: int, *, digest: bytes, now_ms: int
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.name = row_name(qid, producer)
         self.seq = seq
         self.count = count
+        self.digest = digest
         self.now_ms = now_ms
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         staged = batch.settings.get(self.name)
         entries = _decode(staged if staged is not None else _stored(writer, self.name))
-        for seq, first, count in entries:
+        for seq, first, count, *digest in entries:
             if seq == self.seq:
-                if count != self.count:
+                if count != self.count or (digest and digest[0] != self.digest):
                     raise MalformedError(
-                        f"sequence {seq} of this producer was {count} record(s), not {self.count}: a "
-                        "retry must send the same records"
+                        f"sequence {seq} of this producer was {count} other record(s) than these "
+                        f"{self.count}: a retry must send the same records (nothing written)"
                     )
                 self.result = (first, count, True)
                 return
@@ -119,7 +146,7 @@ class ProducedAppend(Job):
             )
         self.inner.apply(batch, writer)
         first = int(self.inner.result)
-        entries.append([self.seq, first, self.count])
+        entries.append([self.seq, first, self.count, self.digest])
         entries.sort()
         batch.settings[self.name] = pack(entries[-REMEMBERED:])
         batch.settings[used_row_name(self.name)] = pack(self.now_ms)
@@ -134,6 +161,7 @@ __all__ = [
     "USED_PREFIX",
     "ProducedAppend",
     "check_producer",
+    "offered_digest",
     "producer_scope",
     "row_name",
     "used_row_name",

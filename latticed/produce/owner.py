@@ -27,7 +27,7 @@ from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Headers, RecordRun, check_records
 from latticed.errors import MalformedError, NotAllowedError, NotFoundError, NotOwnerError
 from latticed.net.leasing import LeaseServer
-from latticed.produce.dedup import ProducedAppend, check_producer, producer_scope
+from latticed.produce.dedup import ProducedAppend, check_producer, offered_digest, producer_scope
 from latticed.produce.policy import PRODUCER_HEADER, producers_of
 from latticed.storage.jobs import Job
 from latticed.storage.sealer import SealableStore, Sealer
@@ -151,7 +151,8 @@ class OfferServer:
         engine.require_owner(q, "offer")
         inner = self.sealer.append_job(q, run)
         qid = queue_id(state.owner, state.name, state.kind)
-        return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), now_ms=now))
+        digest = offered_digest(records)
+        return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), digest=digest, now_ms=now))
 
     def check_allowed(self, peer: bytes, q: int, state: QueueState) -> None:
         """NotAllowedError unless the queue's allow-list names ``peer`` (and, sealed, it is a reader)."""

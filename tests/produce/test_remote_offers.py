@@ -17,6 +17,7 @@ import trio
 from support import meshlinks
 
 from latticed.crdt.signing import Identity
+from latticed.crdt.wire import pack, unpack
 from latticed.errors import (
     IncompatiblePeerError,
     MalformedError,
@@ -28,7 +29,9 @@ from latticed.produce.forward import RemoteOffers
 from latticed.produce.owner import OfferServer, WithOffers, produced_run
 from latticed.produce.policy import PRODUCER_HEADER, producers_meta
 from latticed.protocol.versions import UNSTATED, Agreement
+from latticed.storage.batch import Batch
 from latticed.storage.engine import Engine
+from latticed.storage.jobs import WriterView
 from latticed.storage.sealer import Sealer
 
 OWNER = Identity.from_seed(b"a" * 32)
@@ -131,7 +134,42 @@ async def test_a_retry_after_a_lost_answer_is_written_once(tmp_path: Path) -> No
         # the same sequence with other records is refused, nothing written
         with pytest.raises(MalformedError, match="same records"):
             await b.offer(OWNER.public_key, "feed", records[:2], producer="p", seq=7)
+        # ... and so is one of as many records that are not these (a re-run split otherwise): never
+        # answered as written, which would drop its records silently
+        other = [[b"other %d" % i, None, None] for i in range(3)]
+        with pytest.raises(MalformedError, match="same records"):
+            await b.offer(OWNER.public_key, "feed", other, producer="p", seq=7)
         assert len(await a.records()) == 4
+        # a timestamp computed anew by the retry is no other record: the first attempt's stands
+        stamped = [[b"s", None, None, 1_000]]
+        assert (await b.offer(OWNER.public_key, "feed", stamped, producer="p", seq=9))["duplicate"] is False
+        restamped = [[b"s", None, None, 2_000]]
+        assert (await b.offer(OWNER.public_key, "feed", restamped, producer="p", seq=9))["duplicate"] is True
+        assert len(await a.records()) == 5
+        nursery.cancel_scope.cancel()
+
+
+async def test_sequences_remembered_without_a_digest_still_answer_retries(tmp_path: Path) -> None:
+    """Rows written before digests were kept (``[seq, first, count]``) are read as they were."""
+    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+        b = await producer(nursery, a, B)
+        records = [[b"r%d" % i, None, None] for i in range(2)]
+        assert (await b.offer(OWNER.public_key, "feed", records, producer="p", seq=1))["duplicate"] is False
+
+        def drop_digests(batch: Batch, writer: WriterView) -> int:
+            conn = writer.store.connection
+            (name, raw), *_ = conn.execute("SELECT name, value FROM settings WHERE name LIKE 'producer/%'")
+            entries = unpack(bytes(raw))
+            conn.execute(
+                "UPDATE settings SET value = ? WHERE name = ?", (pack([e[:3] for e in entries]), name)
+            )
+            conn.commit()
+            return len(entries[0])
+
+        assert await a.engine.call_in_writer(drop_digests) == 4  # [seq, first, count, digest] until now
+        again = await b.offer(OWNER.public_key, "feed", records, producer="p", seq=1)
+        assert again == {"first": 0, "count": 2, "duplicate": True}
+        assert len(await a.records()) == 2
         nursery.cancel_scope.cancel()
 
 
