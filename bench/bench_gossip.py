@@ -7,9 +7,10 @@ Reports, per network size: rounds for a batch written at one node to reach every
 
 With ``--mesh 8 1000`` it runs instead the daemons of ``bench/bench_mesh.py`` simulated in time
 (``tests/support/mesh_sim.py``: the same graph, seed and parts, real sessions and queue states, modelled
-delays and CPU) and prints what bench_mesh prints from the daemons' counters: messages and bytes received
-per type per record per replica, and the total / ((N - 1) x payload); then copies of each record per node,
-the most hops a first copy took, and how long the last node waited.
+delays and CPU; links agree on the features daemons of this build agree on, ``--plain`` on none) and
+prints what bench_mesh prints from the daemons' counters: messages and bytes received per type per record
+per replica, and the total / ((N - 1) x payload); then copies of each record per node, the most hops a
+first copy took, and how long the last node waited.
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ def run_mesh(size: int, args: argparse.Namespace) -> None:
     started = time.perf_counter()
     costs = mesh_sim.Costs(cores=args.cores or None)
     sim = mesh_sim.MeshSim(size, degree=3, seed=args.seed, draws=args.draws, costs=costs)
+    if args.plain:  # links as to a daemon that states no features, HAVEs sent at once
+        costs = mesh_sim.Costs(cores=args.cores or None, have_linger=0.0)
+        sim = mesh_sim.MeshSim(
+            size, degree=3, seed=args.seed, draws=args.draws, costs=costs, features=frozenset()
+        )
     far, hops = mesh_sim.farthest(size, sim.edges)
     print(
         f"N = {size}: {len(sim.edges)} links (bench_mesh's graph, seed {args.seed}), draws {args.draws}, "
@@ -146,6 +152,11 @@ def main() -> None:
         type=int,
         default=2,
         help="cores all nodes share, as on bench_mesh's box (0: one machine each)",
+    )
+    mesh.add_argument(
+        "--plain",
+        action="store_true",
+        help="links without optional features (no compact encodings) and HAVEs sent at once",
     )
     mesh.add_argument("--bulk", type=int, default=50_000, help="records in the bulk part")
     mesh.add_argument("--rates", default="5,100", help="live offers per second, comma-separated")

@@ -3,7 +3,11 @@ dissemination it shows for live records (one copy per record per replica)."""
 
 from __future__ import annotations
 
-from support.mesh_sim import MeshSim, bulk, farthest, live, mesh_topology, warm_up
+from support.mesh_sim import Costs, MeshSim, bulk, farthest, live, mesh_topology, warm_up
+
+from latticed.net.gossip import GRAFT_TIMEOUT_S, HAVE_LINGER_S
+from latticed.protocol.compact import COMPACT_FEATURE
+from latticed.protocol.versions import agree, ours
 
 
 def test_graph_is_connected_and_every_node_has_its_links() -> None:
@@ -55,3 +59,31 @@ def test_a_bulk_crosses_a_busy_mesh_about_once() -> None:
         ratios.append(bulk(sim, 20_000, 100).total_bytes_ratio())
         assert sim.all_hold(20_001)
     assert sum(ratios) / len(ratios) <= 1.3, ratios
+
+
+def test_links_are_configured_as_daemon_links() -> None:
+    """Every link agrees on the features two daemons of this build agree on, with the daemons' HAVE
+    linger and graft timer: otherwise the message counts it is compared with are another protocol's."""
+    sim = MeshSim(4)
+    features = agree(ours(), ours()).features
+    assert COMPACT_FEATURE in features
+    for node in sim.nodes:
+        for session in node.sessions.values():
+            assert session.peer_features == features
+            assert session.have_linger == HAVE_LINGER_S
+            assert session.graft_timeout == GRAFT_TIMEOUT_S
+
+
+def test_live_records_travel_compact_with_haves_lingering() -> None:
+    """A live record costs each replica about one compact DELTA (~200 B, the plain one is ~460) and the
+    HAVEs of a flush go out as one message per 0.5 s, so at 5/s fewer than one per record per link."""
+    sim = MeshSim(8)
+    warm_up(sim)
+    part = live(sim, 5, 40)
+    assert part.per_record("delta") <= 1.05
+    assert part.per_record("delta_bytes") <= 250
+    assert part.per_record("have") <= 1.0
+    assert part.total_bytes_ratio() <= 2.5
+    plain = MeshSim(8, features=frozenset(), costs=Costs(have_linger=0.0))
+    warm_up(plain)
+    assert live(plain, 5, 40).per_record("delta_bytes") >= 400

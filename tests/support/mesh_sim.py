@@ -1,7 +1,8 @@
 """The daemons of ``bench/bench_mesh.py``, simulated in time: real sessions over a modelled network.
 
 Each node drives real :class:`ReplicationSession` objects and real queue states the way ``net/gossip.py``
-and the store do (the same graft timer, window and depth; a received live push relayed before its commit,
+and the store do (the same graft timer, HAVE linger, window and depth; each link agreed on the features
+two daemons of this build agree on, ``compact`` among them; a received live push relayed before its commit,
 as ``storage/ahead.py`` serves it; ACKs only once the merge is durable; the dialler's keep-alive PINGs),
 over the graph bench_mesh builds (:func:`mesh_topology`, same seed and shape). What it does not run it
 models with a clock: each link has a one-way delay (drawn per link from the seed), and each node one CPU
@@ -26,8 +27,10 @@ from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
+from latticed.net.gossip import GRAFT_TIMEOUT_S, HAVE_LINGER_S
 from latticed.protocol.replication import DeltaReceived, NeedDelta, QueueKey, ReplicationSession
 from latticed.protocol.replication_messages import message_type_name
+from latticed.protocol.versions import agree, ours
 
 __all__ = [
     "Costs",
@@ -101,7 +104,9 @@ class Costs:
     cores: int | None = 2
     #: What one call of the writer's client costs besides the commit (a bulk batch of 1,000 records).
     client: float = 0.02
-    graft_timeout: float = 0.3  # net/gossip.py GRAFT_TIMEOUT_S
+    graft_timeout: float = GRAFT_TIMEOUT_S
+    #: How long HAVEs wait to go out together, as on daemon links (0: with the next send).
+    have_linger: float = HAVE_LINGER_S
     ping_interval: float = 10.0  # process/ticks.py TICK_S
     ahead_records: int = 64  # storage/ahead.py AHEAD_DELTA_RECORDS
 
@@ -141,6 +146,9 @@ class MeshSim:
     draws: int | None = None
     #: Track hops and arrival per offset (off for a long bulk on a large mesh: memory).
     track: bool = True
+    #: The optional protocol features every link agrees on: by default what two daemons of this build
+    #: agree on (``compact``...); ``frozenset()`` for links as to a daemon that states none.
+    features: frozenset[str] = field(default_factory=lambda: agree(ours(), ours()).features)
     now: float = 0.0
     nodes: list[MeshNode] = field(default_factory=list)
     edges: set[frozenset[int]] = field(default_factory=set)
@@ -170,11 +178,14 @@ class MeshSim:
                     max_records=self.max_records,
                     max_message_bytes=1 << 20,
                     graft_timeout=self.costs.graft_timeout,
+                    have_linger=self.costs.have_linger,
                     incarnation=x.to_bytes(16, "big"),
                 )
             for x, y in ((a, b), (b, a)):
                 self.nodes[x].sessions[y].start({})
                 self._flush(x, y)
+            for x, y in ((a, b), (b, a)):  # the versions exchange answers after the HELLOs went out
+                self.nodes[x].sessions[y].agree_features(self.features)
             self._at(self.costs.ping_interval, lambda a=a, b=b: self._ping(a, b))  # type: ignore[misc]
 
     # ------------------------------------------------------------------ the clock
