@@ -16,8 +16,10 @@ mDNS or remembered from earlier runs are dialled only while fewer than ``active_
 connected or being dialled, in both directions; the others stay known (passive) and one of them is dialled
 when an active link drops, chosen at random so that daemons that all see the same LAN do not all pick the
 same few peers. Static and added addresses count within the view but are always dialled. A peer that
-dials us while we already hold ``max_links`` links is turned away (:meth:`PeerBook.over_view`) unless the
-operator configured it.
+dials us is turned away (:meth:`PeerBook.over_view`) unless the operator configured it, when our links and
+dials in flight exceed ``discovered_links`` (the view plus one) and we know it from mDNS (it found us the
+way we found it, so it has others to dial), or exceed ``max_links`` whoever it is (a hub that daemons
+elsewhere were configured to dial takes more than the view).
 
 Liveness is the gossip layer's business (pings), never mDNS's: python-zeroconf keeps a vanished peer's
 records for ~19 minutes. So an mDNS sighting only adds an address (and, if it was backing off, makes it due
@@ -52,6 +54,7 @@ __all__ = [
     "DEFAULT_FORGET_FAILURES",
     "DEFAULT_MAX_REMEMBERED",
     "DEFAULT_STABLE_AFTER",
+    "DEFAULT_VIEW_SLACK",
     "Backoff",
     "PeerBook",
     "PeerState",
@@ -73,6 +76,9 @@ DEFAULT_FORGET_AFTER: Final = 30 * 24 * 3600.0
 #: (mDNS, remembered): enough for a connected overlay that heals (HyParView's c + 1 with c = 4), few
 #: enough that a LAN of many daemons is not a full mesh (each link carries every record's copy or HAVE).
 DEFAULT_ACTIVE_VIEW: Final = 5
+#: Links at most, dials in flight included, before a peer found by mDNS that dials us is turned away: one
+#: more than the view, so that a daemon joining a LAN where every view is full still finds room.
+DEFAULT_VIEW_SLACK: Final = 1
 #: At most this many peers are persisted, most recently seen first.
 DEFAULT_MAX_REMEMBERED: Final = 256
 _JSON_VERSION: Final = 1
@@ -219,8 +225,11 @@ class PeerBook:
             raise MalformedError(f"the active view holds at least one peer, got {active_view}")
         #: Links kept to peers found by discovery (see the module docstring)...
         self.active_view = active_view
-        #: ... and links at most, incoming ones included, before a peer that dials us is turned away.
-        self.max_links = max_links if max_links is not None else 2 * active_view
+        #: ... links at most (dials in flight included) before a peer found by mDNS that dials us is
+        #: turned away ...
+        self.discovered_links = active_view + DEFAULT_VIEW_SLACK
+        #: ... and before any peer that dials us is (one the operator configured never is).
+        self.max_links = max(self.discovered_links, max_links if max_links is not None else 2 * active_view)
         self.backoff = backoff if backoff is not None else Backoff()
         self._rng = rng if rng is not None else random.SystemRandom().random
         self._own = _check_public_key(own_public_key) if own_public_key is not None else None
@@ -321,11 +330,43 @@ class PeerBook:
         return {e.public_key for e in self._entries.values() if e.operator and e.public_key is not None}
 
     def over_view(self, public_key: bytes) -> bool:
-        """Whether the link just made with ``public_key`` (it dialled us) is one too many: more than
-        :attr:`max_links` identities connected, and it is not a peer the operator configured. The caller
-        closes it; the peer backs off and dials another of the peers it knows."""
-        connected = self.connected_identities()
-        return len(connected) > self.max_links and public_key not in self._operator_identities()
+        """Whether the link just made with ``public_key`` (it dialled us; already :meth:`connected`) is one
+        too many. Links and dials in flight both count, or a burst of accepts while our own dials are out
+        overshoots: more than :attr:`discovered_links` if we know the peer from mDNS, more than
+        :attr:`max_links` otherwise; never for a peer the operator configured. The caller closes it; the
+        peer backs off and dials another of the peers it knows."""
+        if public_key in self._operator_identities():
+            return False
+        active = self._active()
+        if active > self.max_links:
+            return True
+        discovered = any(e.public_key == public_key and "mdns" in e.sources for e in self._entries.values())
+        return discovered and active > self.discovered_links
+
+    def over_view_links(self) -> list[bytes]:
+        """Identities whose links to drop now, chosen at random: as many as our links and dials exceed
+        :attr:`discovered_links`, among the linked peers we know from mDNS that the operator did not
+        configure (and no caller hurried), whichever side dialled. A daemon browses before its own
+        announcement is out, so it dials peers that do not know it yet and :meth:`over_view` lets it in
+        under :attr:`max_links`; once its announcement arrives (the caller asks after each sighting) one
+        of our links makes room, at random as HyParView does on a join: dropping the newest would shut a
+        daemon joining a LAN whose views are full out of all of them."""
+        excess = self._active() - self.discovered_links
+        if excess <= 0:
+            return []
+        entries = self._entries.values()
+        keep = self._operator_identities() | {e.public_key for e in entries if e.hurried}
+        found = {e.public_key for e in entries if "mdns" in e.sources}
+        linked = {
+            e.public_key
+            for e in entries
+            if e.state is PeerState.CONNECTED and e.public_key is not None and e.public_key in found
+        }
+        candidates = sorted(k for k in linked - keep if k is not None)
+        out: list[bytes] = []
+        while candidates and len(out) < excess:
+            out.append(candidates.pop(int(self._rng() * len(candidates))))
+        return out
 
     def _eligible(self, now: float) -> list[_Entry]:
         horizon = now + self.backoff.cap
