@@ -737,11 +737,14 @@ async def _serve_incoming(
     if remote is not None:
         service.book.connected(remote, peer, time.time(), incoming=True)
         if service.book.over_view(peer):
-            # Links enough already (the active view): the peer backs off and dials another it knows.
-            log_event(log, "peer.over_view", peer=peer.hex(), address=peer_address)
-            service.book.disconnected(remote, time.time())
-            await secure.aclose()
-            return
+            room = service.book.make_room(peer)
+            if room is None:
+                # Links enough already (the active view): the peer backs off and dials another it knows.
+                log_event(log, "peer.over_view", peer=peer.hex(), address=peer_address)
+                service.book.disconnected(remote, time.time())
+                await secure.aclose()
+                return
+            _drop_links(service, room, f"room for {peer.hex()}")
     try:
         with _link_scope(service, peer):
             await service.gossip.run_peer(secure, peer_address, "incoming")
@@ -750,6 +753,15 @@ async def _serve_incoming(
             with contextlib.suppress(NotFoundError):  # removed meanwhile (latticectl peers remove)
                 service.book.disconnected(remote, time.time())
             service.wake_dialer.set()
+
+
+def _drop_links(service: Replication, peers: list[bytes], reason: str) -> None:
+    """Close the links to ``peers`` (the active view is over its bound); each ends as a disconnect."""
+    for key in peers:
+        scope = service.link_scopes.get(key)
+        if scope is not None:
+            log_event(log, "peer.over_view", peer=key.hex(), reason=reason)
+            scope.cancel()
 
 
 @contextlib.contextmanager
@@ -772,11 +784,7 @@ async def _discovered(service: Replication, receive: trio.MemoryReceiveChannel[D
         if service.book.add(peer.address, "mdns", now=time.time(), public_key=peer.public_key):
             log_event(log, "peer.discovered", peer=peer.public_key.hex(), address=f"{peer.host}:{peer.port}")
         # A peer that dialled us before its announcement got here was let in beyond the view: now it is not.
-        for key in service.book.over_view_links():
-            scope = service.link_scopes.get(key)
-            if scope is not None:
-                log_event(log, "peer.over_view", peer=key.hex(), reason="announced beyond the active view")
-                scope.cancel()
+        _drop_links(service, service.book.over_view_links(), "announced beyond the active view")
         service.wake_dialer.set()
 
 

@@ -343,19 +343,20 @@ class PeerBook:
         discovered = any(e.public_key == public_key and "mdns" in e.sources for e in self._entries.values())
         return discovered and active > self.discovered_links
 
-    def over_view_links(self) -> list[bytes]:
+    def over_view_links(self, spare: bytes | None = None) -> list[bytes]:
         """Identities whose links to drop now, chosen at random: as many as our links and dials exceed
         :attr:`discovered_links`, among the linked peers we know from mDNS that the operator did not
         configure (and no caller hurried), whichever side dialled. A daemon browses before its own
         announcement is out, so it dials peers that do not know it yet and :meth:`over_view` lets it in
         under :attr:`max_links`; once its announcement arrives (the caller asks after each sighting) one
         of our links makes room, at random as HyParView does on a join: dropping the newest would shut a
-        daemon joining a LAN whose views are full out of all of them."""
+        daemon joining a LAN whose views are full out of all of them. ``spare``: never that one (a peer
+        let in at the cost of another, see :meth:`make_room`)."""
         excess = self._active() - self.discovered_links
         if excess <= 0:
             return []
         entries = self._entries.values()
-        keep = self._operator_identities() | {e.public_key for e in entries if e.hurried}
+        keep = self._operator_identities() | {e.public_key for e in entries if e.hurried} | {spare}
         found = {e.public_key for e in entries if "mdns" in e.sources}
         linked = {
             e.public_key
@@ -367,6 +368,16 @@ class PeerBook:
         while candidates and len(out) < excess:
             out.append(candidates.pop(int(self._rng() * len(candidates))))
         return out
+
+    def make_room(self, public_key: bytes) -> list[bytes] | None:
+        """For a peer :meth:`over_view` turns away that we know from mDNS: the links to drop so it can stay
+        (random ones, HyParView's answer to a join into a full view), or None if it cannot (over
+        :attr:`max_links`, or none of our links may go). Turning it away instead would leave a daemon
+        that joins a LAN where every view is full with no link at all."""
+        if self._active() > self.max_links:
+            return None
+        drop = self.over_view_links(spare=public_key)
+        return drop if drop else None
 
     def _eligible(self, now: float) -> list[_Entry]:
         horizon = now + self.backoff.cap

@@ -94,12 +94,17 @@ class Lan:
         ephemeral = (me.address[0], 40000 + len(self.events) + self.rng.randrange(20000))
         other.book.connected(ephemeral, me.key, self.now, incoming=True)
         me.book.connected(other.address, other.key, self.now)
-        if j in me.links or other.book.over_view(me.key):
+        room: list[bytes] | None = []
+        if j not in me.links and other.book.over_view(me.key):
+            room = other.book.make_room(me.key)  # as the service does: room for it, or turned away
+        if j in me.links or room is None:
             # ... which closes it (one too many, or a link between the two is up already).
             self.turned_away += j not in me.links
             other.book.disconnected(ephemeral, self.now)
             me.book.disconnected(other.address, self.now)
             return
+        for key in room:
+            self.close(j, next(d.index for d in self.daemons if d.key == key))
         me.links[j] = other.address
         other.links[i] = ephemeral
 
