@@ -15,11 +15,14 @@ Discovery does not decide how many links a daemon keeps (HyParView's active view
 mDNS or remembered from earlier runs are dialled only while fewer than ``active_view`` identities are
 connected or being dialled, in both directions; the others stay known (passive) and one of them is dialled
 when an active link drops, chosen at random so that daemons that all see the same LAN do not all pick the
-same few peers. Static and added addresses count within the view but are always dialled. A peer that
-dials us is turned away (:meth:`PeerBook.over_view`) unless the operator configured it, when our links and
-dials in flight exceed ``discovered_links`` (the view plus one) and we know it from mDNS (it found us the
-way we found it, so it has others to dial), or exceed ``max_links`` whoever it is (a hub that daemons
-elsewhere were configured to dial takes more than the view).
+same few peers. Static and added addresses count within the view but are always dialled. Links and
+dials in flight both count against two bounds on the peers that dial us (:meth:`PeerBook.over_view`),
+the operator's excepted: beyond ``discovered_links`` (the view plus one), a peer we know from mDNS gets
+in at the cost of one of our other links, chosen at random (:meth:`PeerBook.make_room`, HyParView's join,
+so a daemon joining a LAN where every view is full is not shut out), and one let in before its
+announcement reached us is held to the same bound once it does (:meth:`PeerBook.over_view_links`); beyond
+``max_links``, anyone is turned away (a hub that daemons elsewhere were configured to dial takes more
+than the view, not without bound).
 
 Liveness is the gossip layer's business (pings), never mDNS's: python-zeroconf keeps a vanished peer's
 records for ~19 minutes. So an mDNS sighting only adds an address (and, if it was backing off, makes it due
@@ -76,8 +79,8 @@ DEFAULT_FORGET_AFTER: Final = 30 * 24 * 3600.0
 #: (mDNS, remembered): enough for a connected overlay that heals (HyParView's c + 1 with c = 4), few
 #: enough that a LAN of many daemons is not a full mesh (each link carries every record's copy or HAVE).
 DEFAULT_ACTIVE_VIEW: Final = 5
-#: Links at most, dials in flight included, before a peer found by mDNS that dials us is turned away: one
-#: more than the view, so that a daemon joining a LAN where every view is full still finds room.
+#: Links at most, dials in flight included, before a peer found by mDNS that dials us costs us another
+#: link: one more than the view, so that a daemon that is one short does not churn the others' links.
 DEFAULT_VIEW_SLACK: Final = 1
 #: At most this many peers are persisted, most recently seen first.
 DEFAULT_MAX_REMEMBERED: Final = 256
@@ -225,8 +228,8 @@ class PeerBook:
             raise MalformedError(f"the active view holds at least one peer, got {active_view}")
         #: Links kept to peers found by discovery (see the module docstring)...
         self.active_view = active_view
-        #: ... links at most (dials in flight included) before a peer found by mDNS that dials us is
-        #: turned away ...
+        #: ... links at most (dials in flight included) before a peer found by mDNS that dials us costs
+        #: another link ...
         self.discovered_links = active_view + DEFAULT_VIEW_SLACK
         #: ... and before any peer that dials us is (one the operator configured never is).
         self.max_links = max(self.discovered_links, max_links if max_links is not None else 2 * active_view)
@@ -333,8 +336,8 @@ class PeerBook:
         """Whether the link just made with ``public_key`` (it dialled us; already :meth:`connected`) is one
         too many. Links and dials in flight both count, or a burst of accepts while our own dials are out
         overshoots: more than :attr:`discovered_links` if we know the peer from mDNS, more than
-        :attr:`max_links` otherwise; never for a peer the operator configured. The caller closes it; the
-        peer backs off and dials another of the peers it knows."""
+        :attr:`max_links` otherwise; never for a peer the operator configured. The caller then asks
+        :meth:`make_room`, or closes it: the peer backs off and dials another of the peers it knows."""
         if public_key in self._operator_identities():
             return False
         active = self._active()
