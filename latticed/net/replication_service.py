@@ -904,6 +904,8 @@ async def _dial(service: Replication, address: HostPort) -> None:
         return
     service.book.connected(address, peer, time.time())
     service._save_book()
+    # Peers that dialled us while this dial was out may have filled the view: one of the others makes room.
+    _drop_links(service, service.book.over_view_links(spare=peer), "dialled beyond the active view")
     # The link is up once run_peer registers it (before its first await): the gate then waits for the
     # peer's first digest on it.
     service.start_gate.dial_ended(address)
