@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from support.gossip_hosts import Applied
 
 from latticed.crdt import queue as core
 from latticed.crdt.head import SignedHead
@@ -32,19 +33,6 @@ from latticed.protocol.versions import UNSTATED, VERSIONS_OP, Agreement, ours
 OWNER = Identity.from_seed(b"o" * 32)
 RELAY = Identity.from_seed(b"r" * 32)
 KEY: QueueKey = (OWNER.public_key, "q", 0)
-
-
-@dataclasses.dataclass
-class Applied:
-    summary: Summary
-    changed: bool
-    ahead: Summary | None = None
-
-    async def result(self) -> tuple[Summary, bool]:
-        return self.summary, self.changed
-
-    def settled(self) -> tuple[Summary, bool] | None:
-        return self.summary, self.changed
 
 
 class Host:

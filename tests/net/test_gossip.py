@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from support.gossip_hosts import Applied
 
 from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
@@ -23,19 +24,6 @@ from latticed.net.transport import secure_accept, secure_connect
 from latticed.protocol.replication import DIGEST, HELLO, PING, PONG, PROTOCOL_VERSION, QueueKey
 
 ALICE = Identity.from_seed(b"a" * 32)
-
-
-@dataclasses.dataclass
-class Applied:
-    summary: Summary
-    changed: bool
-    ahead: Summary | None = None
-
-    async def result(self) -> tuple[Summary, bool]:
-        return self.summary, self.changed
-
-    def settled(self) -> tuple[Summary, bool] | None:
-        return self.summary, self.changed
 
 
 class MemoryHost:
