@@ -23,8 +23,12 @@ from latticed.protocol.peerbook import DEFAULT_ACTIVE_VIEW, DEFAULT_VIEW_SLACK
 HOSTS = 8
 BOUND = DEFAULT_ACTIVE_VIEW + DEFAULT_VIEW_SLACK
 DISCOVERY_TIMEOUT_S = 30.0
-#: A link let in before its peer's announcement arrived is closed as the announcement is handled.
-DROP_TIMEOUT_S = 5.0
+#: A link let in before its peer's announcement arrived is closed as the announcement is handled (or at
+#: the dialer's next check); generous because eight daemons share two cores with whatever else runs.
+DROP_TIMEOUT_S = 15.0
+#: A link let in at the cost of another (HyParView's join) overlaps the one it replaces while that closes:
+#: a daemon may be seen one over its bound, never for longer than this.
+OVERLAP_S = 3.0
 REPLICATION_TIMEOUT_S = 20.0
 
 
@@ -95,15 +99,22 @@ def test_links_found_by_mdns_stay_within_the_view_while_a_record_spreads(daemons
         queue = c.queue_create("view")
         c.offer_batch("view", [(b"r-%02d" % i, None, ()) for i in range(10)])
     seen: dict[str, list[int]] = {d.host.name: [] for d in daemons}
+    over_since: dict[str, float] = {}
     deadline = time.monotonic() + REPLICATION_TIMEOUT_S
     while not all(end_offset(d, queue) == 10 for d in daemons):
         assert time.monotonic() < deadline, {d.host.name: end_offset(d, queue) for d in daemons}
         for d in daemons:
-            seen[d.host.name].append(links(d))
+            count = links(d)
+            seen[d.host.name].append(count)
+            now = time.monotonic()
+            assert count <= BOUND + 1, (d.host.name, seen[d.host.name])
+            if count <= BOUND:
+                over_since.pop(d.host.name, None)
+            else:
+                since = over_since.setdefault(d.host.name, now)
+                assert now - since <= OVERLAP_S, (d.host.name, "over the bound for", now - since, seen)
         time.sleep(POLL_S)
-    for d in daemons:
-        seen[d.host.name].append(links(d))
-    assert all(max(counts) <= BOUND for counts in seen.values()), seen
+    wait(lambda: all(links(d) <= BOUND for d in daemons), within, DROP_TIMEOUT_S, daemons)
     assert all(min(counts) >= 1 for counts in seen.values()), seen
     # Links the view dropped ended as disconnects, nothing worse.
     for d in daemons:

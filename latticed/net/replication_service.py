@@ -67,6 +67,8 @@ log = get_logger(__name__)
 PEERS_FILE = "peers.json"
 DIAL_TIMEOUT_S = 10.0
 MAX_DIALS_AT_ONCE = 8
+#: While links exceed the active view, the dialer checks again this often (a drop is then certain to land).
+VIEW_RECHECK_S = 1.0
 #: On a LAN a peer is usually back within seconds: retry at least this often.
 MAX_BACKOFF_S = 30.0
 #: Let the kernel give up on a stalled TCP link about when the gossip layer would (ms).
@@ -759,9 +761,19 @@ def _drop_links(service: Replication, peers: list[bytes], reason: str) -> None:
     """Close the links to ``peers`` (the active view is over its bound); each ends as a disconnect."""
     for key in peers:
         scope = service.link_scopes.get(key)
-        if scope is not None:
+        if scope is not None and not scope.cancel_called:
             log_event(log, "peer.over_view", peer=key.hex(), reason=reason)
             scope.cancel()
+
+
+def _hold_view(service: Replication) -> bool:
+    """Drop links beyond the active view now, unless drops already chosen are still closing (they count
+    until they have: choosing again would drop more than the excess). True while over the bound."""
+    if any(scope.cancel_called for scope in service.link_scopes.values()):
+        return True
+    over = service.book.over_view_links()
+    _drop_links(service, over, "beyond the active view")
+    return bool(over)
 
 
 @contextlib.contextmanager
@@ -822,8 +834,13 @@ async def _dial_loop(service: Replication) -> None:
                 service.update_gate()
             for address in due:
                 nursery.start_soon(_dial, service, address)
+            # Level-triggered as well: a drop chosen while a link was still starting (or a dial that failed
+            # after being counted) must not leave the view over its bound until the next sighting.
+            over = _hold_view(service)
             next_due = service.book.next_due(time.time())
             wait = 60.0 if next_due is None else max(0.05, next_due - time.time())
+            if over:
+                wait = min(wait, VIEW_RECHECK_S)
             with trio.move_on_after(wait):
                 await service.wake_dialer.wait()
 
