@@ -1,10 +1,17 @@
-"""What a record costs each replica of a mesh of real daemons on loopback.
+"""What a record costs each replica of a mesh of real daemons, linked by static peers or found by mDNS.
 
     .venv/bin/python bench/bench_mesh.py                        # N = 2, 4, 8; bulk, then live 5/s, 100/s
     .venv/bin/python bench/bench_mesh.py --sizes 4 --bulk 50000 --parts bulk,live
+    .venv/bin/python bench/bench_mesh.py --sizes 16 --discovery mdns   # root: a LAN in network namespaces
 
-N daemons, each dialling ``--degree`` random others (a connected sparse graph, seeded: what static peers
-or mDNS on a LAN of laptops give), one writer, ``--payload``-byte records. In one mesh per N:
+N daemons, one writer, ``--payload``-byte records. ``--discovery static`` (the default): each daemon dials
+``--degree`` random others (a connected sparse graph, seeded: what static peers give). ``--discovery mdns``:
+no peers are given, the daemons find each other by mDNS only and the links are whatever their peer books
+(the bounded active view) make of it. Where they run (``--net``): ``loopback`` (127.0.0.1, the static
+default) or ``netns``, one host each on a bridge in network namespaces made for the run
+(integration/netns.py: nothing leaves them, so mDNS reaches no other daemon on this machine; needs root;
+the mdns default). ``--net loopback`` with mdns runs mDNS on 127.0.0.1 under a network key of the run's
+own: other daemons on this machine see the announcements but cannot join. In one mesh per N:
 
   bulk   ``--bulk`` records offered on the writer in batches of 1,000; until every replica holds them.
   live   single offers at each ``--rates`` rate (``--live`` records each, or at least ``--live-seconds``);
@@ -14,29 +21,80 @@ Per part, per replica (the writer excluded), from the daemons' own counters (``l
 ``received_<type>`` and ``received_<type>_bytes``, what ``latticed_peer_messages_total`` exports) and
 /proc: deltas received per record, bytes received per record (every message type) and that ÷ payload,
 CPU per record (utime + stime); then the mesh's total bytes ÷ ((N - 1) x payload) and, live, the last
-daemon's latency p50/p99. Figures are printed, never asserted.
+daemon's latency p50/p99. After each part: every daemon's open links (``connected``: its active view) and
+RSS. Figures are printed, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
+import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
-from _daemons import LoopbackDaemon, cpu_s, scratch, wait_end
+from _daemons import cpu_s, listen_address, rss_mb, run_argv, scratch, start, stop, wait_end
+
+from latticed.api.client.blocking_client import Client
+from latticed.host.netkey import write_network_key
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+import netns  # integration/ is not a package
+
+LAN_PORT = 7464
 
 
-class Node(LoopbackDaemon):
-    def __init__(self, root: Path, name: str) -> None:
-        super().__init__(root, name, timeout=120)
+class Node:
+    """One ``latticed run``: on 127.0.0.1 (port 0) or on its own namespace ``host`` of a LAN; mDNS on
+    ``mdns_on`` (its one address) or off; ``key``: the network key file (any address beyond loopback
+    needs one)."""
+
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        *,
+        host: netns.Host | None = None,
+        mdns: bool = False,
+        key: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.socket = root / f"{name}.sock"
+        address = host.address if host is not None else "127.0.0.1"
+        listen = f"{address}:{LAN_PORT}" if host is not None else "127.0.0.1:0"
+        args = ["--data-dir", str(root / name), "--socket", str(self.socket), "--listen", listen]
+        args += ["--log-level", "WARNING"]
+        args += ["--mdns", "--mdns-interface", address] if mdns else ["--no-mdns"]
+        if key is not None:
+            args += ["--network-key-file", str(key)]
+        argv = run_argv(*args)
+        if host is not None:
+            argv = host.cmd(*argv)  # ``ip netns exec`` execs: the PID is the daemon's
+        self.proc, self.listen = start(argv, self.socket, listen_address, timeout=60)
+
+    def client(self) -> Client:
+        return Client(self.socket, timeout=120)
+
+    def stop(self) -> None:
+        stop(self.proc)
 
     def counters(self) -> dict[str, int]:
         with self.client() as c:
             return dict(c.status().get("replication") or {})
+
+    def links(self) -> int:
+        """Links open now (identities with a gossip link up, both directions)."""
+        return int(self.counters().get("connected", 0))
+
+    def found_by_mdns(self) -> int:
+        """Distinct identities this daemon has seen announced by mDNS."""
+        with self.client() as c:
+            return len({p.get("public_key") for p in c.peers() if "mdns" in p.get("sources", ())})
 
 
 def topology(n: int, degree: int, seed: int) -> set[frozenset[int]]:
@@ -89,6 +147,64 @@ def connect(nodes: list[Node], edges: set[frozenset[int]]) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"daemons {short} did not connect to all their peers")
         time.sleep(0.2)
+
+
+def discover(nodes: list[Node], settle_s: float = 3.0, timeout: float = 120.0) -> None:
+    """Until every daemon has seen every other announced by mDNS, then until the links stop changing for
+    ``settle_s`` (nothing to wait on but the daemons' status)."""
+    n = len(nodes)
+    deadline = time.monotonic() + timeout
+    while (short := [x.name for x in nodes if x.found_by_mdns() < n - 1]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if short:
+        raise TimeoutError(f"{short} did not find all {n - 1} others by mDNS within {timeout:.0f} s")
+    seen, since = links(nodes), time.monotonic()
+    while time.monotonic() - since < settle_s and time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = links(nodes)
+        if now != seen:
+            seen, since = now, time.monotonic()
+
+
+def open_links(nodes: list[Node]) -> set[frozenset[int]]:
+    """The links open now, as pairs of node indexes (from each daemon's peer list)."""
+    index = {}
+    for i, node in enumerate(nodes):
+        with node.client() as c:
+            index[c.identity()] = i
+    edges = set()
+    for i, node in enumerate(nodes):
+        with node.client() as c:
+            for row in c.peers():
+                j = index.get(row.get("public_key") or "")
+                if row.get("connected") and j is not None and j != i:
+                    edges.add(frozenset((i, j)))
+    return edges
+
+
+def links(nodes: list[Node]) -> list[int]:
+    return [node.links() for node in nodes]
+
+
+def report_links(nodes: list[Node], label: str) -> None:
+    """Every daemon's open links and RSS: what discovery and the active view made of the mesh."""
+    counts = links(nodes)
+    rss = [rss_mb(node.proc.pid) for node in nodes]
+    print(
+        f"    {label}: links per daemon {counts} (mean {statistics.mean(counts):.1f}, max {max(counts)}; "
+        f"{sum(counts) // 2} links); RSS MB mean {statistics.mean(rss):.0f}, max {max(rss):.0f}, "
+        f"total {sum(rss):.0f} [{', '.join(f'{r:.0f}' for r in rss)}]"
+    )
+
+
+@contextlib.contextmanager
+def lan(hosts: int, net: str) -> Iterator[netns.Lan | None]:
+    """A LAN of ``hosts`` namespaces for ``--net netns`` (deleted on the way out), else None."""
+    if net != "netns":
+        yield None
+        return
+    with netns.Lan(hosts) as made:
+        yield made
 
 
 class Meter:
@@ -196,24 +312,51 @@ def _end(node: Node, name: str) -> int:
 
 def run(n: int, args: argparse.Namespace) -> None:
     parts = set(args.parts.split(","))
-    edges = topology(n, args.degree, args.seed)
-    far, hops = farthest(n, edges)
-    print(f"N = {n}: links {sorted(tuple(sorted(e)) for e in edges)}; writer 0, farthest {far} ({hops} hops)")
-    with scratch("ld-mesh-", remove=True) as (root, nodes):
-        for i in range(n):
-            nodes.append(Node(root, f"n{i}"))
-        connect(nodes, edges)
+    mdns = args.discovery == "mdns"
+    net = args.net or ("netns" if mdns else "loopback")
+    where = "network namespaces (a bridge, one host each)" if net == "netns" else "loopback"
+    if mdns:
+        edges: set[frozenset[int]] = set()
+        print(f"N = {n}: mDNS only, no static peers, on {where}; writer 0")
+    else:
+        edges = topology(n, args.degree, args.seed)
+        far, hops = farthest(n, edges)
+        print(
+            f"N = {n}: static, on {where}; links {sorted(tuple(sorted(e)) for e in edges)}; writer 0, "
+            f"farthest {far} ({hops} hops)"
+        )
+    with lan(n, net) as made, scratch("ld-mesh-", remove=True) as (root, nodes):
+        key = None
+        if made is not None or mdns:  # beyond loopback, or a discovery of the run's own
+            key = root / "network.key"
+            write_network_key(key)
+        hosts = list(made.members.values()) if made is not None else [None] * n
+        started = time.perf_counter()
+        for i, host in enumerate(hosts):
+            nodes.append(Node(root, f"n{i}", host=host, mdns=mdns, key=key))
+        if mdns:
+            discover(nodes)
+            print(f"    all found each other by mDNS and links settled {time.perf_counter() - started:.1f} s "
+                  "after the first start")  # fmt: skip
+        else:
+            connect(nodes, edges)
         with nodes[0].client() as c:
             queue = c.queue_create("mesh")
             c.offer("mesh", b"warm-up")
         for node in nodes[1:]:
             wait_end(node, queue, 1)
+        if mdns:  # the daemon farthest from the writer, over the links discovery made
+            far, hops = farthest(n, open_links(nodes))
+            print(f"    writer 0, farthest {far} ({hops} hops over the links open now)")
+        report_links(nodes, "at start")
         if "bulk" in parts:
             bulk(nodes, queue, "mesh", args.bulk, args.payload)
+            report_links(nodes, "after bulk")
         if "live" in parts:
             for rate in (float(r) for r in args.rates.split(",")):
                 count = max(args.live, int(rate * args.live_seconds))
                 live(nodes, queue, "mesh", rate, count, nodes[far], hops)
+                report_links(nodes, f"after live {rate:g}/s")
 
 
 def main() -> None:
@@ -221,7 +364,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default="2,4,8", help="mesh sizes N, comma-separated")
-    parser.add_argument("--degree", type=int, default=3, help="peers each daemon dials")
+    parser.add_argument("--discovery", choices=("static", "mdns"), default="static")
+    parser.add_argument(
+        "--net", choices=("loopback", "netns"), default=None, help="default: loopback (static), netns (mdns)"
+    )
+    parser.add_argument("--degree", type=int, default=3, help="peers each daemon dials (static)")
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--bulk", type=int, default=50_000, help="records in the bulk part")
     parser.add_argument("--payload", type=int, default=100, help="bytes per bulk record")

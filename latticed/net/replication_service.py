@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -67,6 +67,8 @@ log = get_logger(__name__)
 PEERS_FILE = "peers.json"
 DIAL_TIMEOUT_S = 10.0
 MAX_DIALS_AT_ONCE = 8
+#: While links exceed the active view, the dialer checks again this often (a drop is then certain to land).
+VIEW_RECHECK_S = 1.0
 #: On a LAN a peer is usually back within seconds: retry at least this often.
 MAX_BACKOFF_S = 30.0
 #: Let the kernel give up on a stalled TCP link about when the gossip layer would (ms).
@@ -172,6 +174,8 @@ class Replication:
     others_on_lan: OtherNetworks | None = None
     #: No signing after a start until the peers known then were heard from (latticed/protocol/start_gate.py).
     start_gate: StartGate = field(default_factory=lambda: StartGate(trio.current_time(), None))
+    #: The gossip of each link, by identity: cancelled when the active view drops that link.
+    link_scopes: dict[bytes, trio.CancelScope] = field(default_factory=dict)
 
     def write_refusal(self) -> str | None:
         """Why this daemon must not sign anything now (None: the per-queue checks decide): another run of
@@ -735,18 +739,54 @@ async def _serve_incoming(
     if remote is not None:
         service.book.connected(remote, peer, time.time(), incoming=True)
         if service.book.over_view(peer):
-            # Links enough already (the active view): the peer backs off and dials another it knows.
-            log_event(log, "peer.over_view", peer=peer.hex(), address=peer_address)
-            service.book.disconnected(remote, time.time())
-            await secure.aclose()
-            return
+            room = service.book.make_room(peer)
+            if room is None:
+                # Links enough already (the active view): the peer backs off and dials another it knows.
+                log_event(log, "peer.over_view", peer=peer.hex(), address=peer_address)
+                service.book.disconnected(remote, time.time())
+                await secure.aclose()
+                return
+            _drop_links(service, room, f"room for {peer.hex()}")
     try:
-        await service.gossip.run_peer(secure, peer_address, "incoming")
+        with _link_scope(service, peer):
+            await service.gossip.run_peer(secure, peer_address, "incoming")
     finally:
         if remote is not None:
             with contextlib.suppress(NotFoundError):  # removed meanwhile (latticectl peers remove)
                 service.book.disconnected(remote, time.time())
             service.wake_dialer.set()
+
+
+def _drop_links(service: Replication, peers: list[bytes], reason: str) -> None:
+    """Close the links to ``peers`` (the active view is over its bound); each ends as a disconnect."""
+    for key in peers:
+        scope = service.link_scopes.get(key)
+        if scope is not None and not scope.cancel_called:
+            log_event(log, "peer.over_view", peer=key.hex(), reason=reason)
+            scope.cancel()
+
+
+def _hold_view(service: Replication) -> bool:
+    """Drop links beyond the active view now, unless drops already chosen are still closing (they count
+    until they have: choosing again would drop more than the excess). True while over the bound."""
+    if any(scope.cancel_called for scope in service.link_scopes.values()):
+        return True
+    over = service.book.over_view_links()
+    _drop_links(service, over, "beyond the active view")
+    return bool(over)
+
+
+@contextlib.contextmanager
+def _link_scope(service: Replication, peer: bytes) -> Iterator[None]:
+    """Run a link's gossip in a scope the active view can cancel (:meth:`PeerBook.over_view_links`)."""
+    scope = trio.CancelScope()
+    service.link_scopes[peer] = scope
+    try:
+        with scope:
+            yield
+    finally:
+        if service.link_scopes.get(peer) is scope:
+            del service.link_scopes[peer]
 
 
 async def _discovered(service: Replication, receive: trio.MemoryReceiveChannel[DiscoveredPeer]) -> None:
@@ -755,6 +795,8 @@ async def _discovered(service: Replication, receive: trio.MemoryReceiveChannel[D
             continue  # the operator removed it in this run (a block keeps it out for good)
         if service.book.add(peer.address, "mdns", now=time.time(), public_key=peer.public_key):
             log_event(log, "peer.discovered", peer=peer.public_key.hex(), address=f"{peer.host}:{peer.port}")
+        # A peer that dialled us before its announcement got here was let in beyond the view: now it is not.
+        _drop_links(service, service.book.over_view_links(), "announced beyond the active view")
         service.wake_dialer.set()
 
 
@@ -792,8 +834,13 @@ async def _dial_loop(service: Replication) -> None:
                 service.update_gate()
             for address in due:
                 nursery.start_soon(_dial, service, address)
+            # Level-triggered as well: a drop chosen while a link was still starting (or a dial that failed
+            # after being counted) must not leave the view over its bound until the next sighting.
+            over = _hold_view(service)
             next_due = service.book.next_due(time.time())
             wait = 60.0 if next_due is None else max(0.05, next_due - time.time())
+            if over:
+                wait = min(wait, VIEW_RECHECK_S)
             with trio.move_on_after(wait):
                 await service.wake_dialer.wait()
 
@@ -874,13 +921,16 @@ async def _dial(service: Replication, address: HostPort) -> None:
         return
     service.book.connected(address, peer, time.time())
     service._save_book()
+    # Peers that dialled us while this dial was out may have filled the view: one of the others makes room.
+    _drop_links(service, service.book.over_view_links(spare=peer), "dialled beyond the active view")
     # The link is up once run_peer registers it (before its first await): the gate then waits for the
     # peer's first digest on it.
     service.start_gate.dial_ended(address)
     try:
         sources = service.book.status(address).sources
         via = "static" if "static" in sources else (sources[0] if sources else "static")
-        await service.gossip.run_peer(stream, f"{host}:{port}", via)
+        with _link_scope(service, peer):
+            await service.gossip.run_peer(stream, f"{host}:{port}", via)
     finally:
         with contextlib.suppress(NotFoundError):  # removed meanwhile (latticectl peers remove)
             service.book.disconnected(address, time.time())

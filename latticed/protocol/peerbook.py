@@ -15,9 +15,14 @@ Discovery does not decide how many links a daemon keeps (HyParView's active view
 mDNS or remembered from earlier runs are dialled only while fewer than ``active_view`` identities are
 connected or being dialled, in both directions; the others stay known (passive) and one of them is dialled
 when an active link drops, chosen at random so that daemons that all see the same LAN do not all pick the
-same few peers. Static and added addresses count within the view but are always dialled. A peer that
-dials us while we already hold ``max_links`` links is turned away (:meth:`PeerBook.over_view`) unless the
-operator configured it.
+same few peers. Static and added addresses count within the view but are always dialled. Links and
+dials in flight both count against two bounds on the peers that dial us (:meth:`PeerBook.over_view`),
+the operator's excepted: beyond ``discovered_links`` (the view plus one), a peer we know from mDNS gets
+in at the cost of one of our other links, chosen at random (:meth:`PeerBook.make_room`, HyParView's join,
+so a daemon joining a LAN where every view is full is not shut out), and one let in before its
+announcement reached us is held to the same bound once it does (:meth:`PeerBook.over_view_links`); beyond
+``max_links``, anyone is turned away (a hub that daemons elsewhere were configured to dial takes more
+than the view, not without bound).
 
 Liveness is the gossip layer's business (pings), never mDNS's: python-zeroconf keeps a vanished peer's
 records for ~19 minutes. So an mDNS sighting only adds an address (and, if it was backing off, makes it due
@@ -52,6 +57,7 @@ __all__ = [
     "DEFAULT_FORGET_FAILURES",
     "DEFAULT_MAX_REMEMBERED",
     "DEFAULT_STABLE_AFTER",
+    "DEFAULT_VIEW_SLACK",
     "Backoff",
     "PeerBook",
     "PeerState",
@@ -73,6 +79,9 @@ DEFAULT_FORGET_AFTER: Final = 30 * 24 * 3600.0
 #: (mDNS, remembered): enough for a connected overlay that heals (HyParView's c + 1 with c = 4), few
 #: enough that a LAN of many daemons is not a full mesh (each link carries every record's copy or HAVE).
 DEFAULT_ACTIVE_VIEW: Final = 5
+#: Links at most, dials in flight included, before a peer found by mDNS that dials us costs us another
+#: link: one more than the view, so that a daemon that is one short does not churn the others' links.
+DEFAULT_VIEW_SLACK: Final = 1
 #: At most this many peers are persisted, most recently seen first.
 DEFAULT_MAX_REMEMBERED: Final = 256
 _JSON_VERSION: Final = 1
@@ -219,8 +228,11 @@ class PeerBook:
             raise MalformedError(f"the active view holds at least one peer, got {active_view}")
         #: Links kept to peers found by discovery (see the module docstring)...
         self.active_view = active_view
-        #: ... and links at most, incoming ones included, before a peer that dials us is turned away.
-        self.max_links = max_links if max_links is not None else 2 * active_view
+        #: ... links at most (dials in flight included) before a peer found by mDNS that dials us costs
+        #: another link ...
+        self.discovered_links = active_view + DEFAULT_VIEW_SLACK
+        #: ... and before any peer that dials us is (one the operator configured never is).
+        self.max_links = max(self.discovered_links, max_links if max_links is not None else 2 * active_view)
         self.backoff = backoff if backoff is not None else Backoff()
         self._rng = rng if rng is not None else random.SystemRandom().random
         self._own = _check_public_key(own_public_key) if own_public_key is not None else None
@@ -321,11 +333,54 @@ class PeerBook:
         return {e.public_key for e in self._entries.values() if e.operator and e.public_key is not None}
 
     def over_view(self, public_key: bytes) -> bool:
-        """Whether the link just made with ``public_key`` (it dialled us) is one too many: more than
-        :attr:`max_links` identities connected, and it is not a peer the operator configured. The caller
-        closes it; the peer backs off and dials another of the peers it knows."""
-        connected = self.connected_identities()
-        return len(connected) > self.max_links and public_key not in self._operator_identities()
+        """Whether the link just made with ``public_key`` (it dialled us; already :meth:`connected`) is one
+        too many. Links and dials in flight both count, or a burst of accepts while our own dials are out
+        overshoots: more than :attr:`discovered_links` if we know the peer from mDNS, more than
+        :attr:`max_links` otherwise; never for a peer the operator configured. The caller then asks
+        :meth:`make_room`, or closes it: the peer backs off and dials another of the peers it knows."""
+        if public_key in self._operator_identities():
+            return False
+        active = self._active()
+        if active > self.max_links:
+            return True
+        discovered = any(e.public_key == public_key and "mdns" in e.sources for e in self._entries.values())
+        return discovered and active > self.discovered_links
+
+    def over_view_links(self, spare: bytes | None = None) -> list[bytes]:
+        """Identities whose links to drop now, chosen at random: as many as our links and dials exceed
+        :attr:`discovered_links`, among the linked peers we know from mDNS that the operator did not
+        configure (and no caller hurried), whichever side dialled. A daemon browses before its own
+        announcement is out, so it dials peers that do not know it yet and :meth:`over_view` lets it in
+        under :attr:`max_links`; once its announcement arrives (the caller asks after each sighting) one
+        of our links makes room, at random as HyParView does on a join: dropping the newest would shut a
+        daemon joining a LAN whose views are full out of all of them. ``spare``: never that one (a peer
+        let in at the cost of another, see :meth:`make_room`)."""
+        excess = self._active() - self.discovered_links
+        if excess <= 0:
+            return []
+        entries = self._entries.values()
+        keep = self._operator_identities() | {e.public_key for e in entries if e.hurried} | {spare}
+        found = {e.public_key for e in entries if "mdns" in e.sources}
+        linked = {
+            e.public_key
+            for e in entries
+            if e.state is PeerState.CONNECTED and e.public_key is not None and e.public_key in found
+        }
+        candidates = sorted(k for k in linked - keep if k is not None)
+        out: list[bytes] = []
+        while candidates and len(out) < excess:
+            out.append(candidates.pop(int(self._rng() * len(candidates))))
+        return out
+
+    def make_room(self, public_key: bytes) -> list[bytes] | None:
+        """For a peer :meth:`over_view` turns away that we know from mDNS: the links to drop so it can stay
+        (random ones, HyParView's answer to a join into a full view), or None if it cannot (over
+        :attr:`max_links`, or none of our links may go). Turning it away instead would leave a daemon
+        that joins a LAN where every view is full with no link at all."""
+        if self._active() > self.max_links:
+            return None
+        drop = self.over_view_links(spare=public_key)
+        return drop if drop else None
 
     def _eligible(self, now: float) -> list[_Entry]:
         horizon = now + self.backoff.cap

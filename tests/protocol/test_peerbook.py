@@ -501,6 +501,48 @@ def test_a_peer_dialling_us_beyond_max_links_is_turned_away_unless_configured() 
     assert not b.over_view(PK_C)  # the operator's peer is kept, over the bound or not
 
 
+def test_accepts_while_our_dials_are_out_count_them() -> None:
+    b = book(active_view=2, max_links=4)
+    keys = dict(mdns_peers(b, 6))
+    assert len(b.due(T0)) == 2  # both out, neither answered yet
+    incoming = [a for a in keys if b.status(a).state == "idle"]
+    first, second = incoming[0], incoming[1]
+    b.connected(("203.0.113.1", 40001), keys[first], T0, incoming=True)
+    assert not b.over_view(keys[first])  # 2 dials + 1 = the view plus one
+    b.connected(("203.0.113.2", 40002), keys[second], T0, incoming=True)
+    assert b.over_view(keys[second])  # one too many, though only two links are up
+    b.disconnected(("203.0.113.2", 40002), T0)  # the service closes it
+    stranger = bytes([250]) * 32  # not seen by mDNS: held to max_links only
+    b.connected(("203.0.113.3", 40003), stranger, T0, incoming=True)
+    assert not b.over_view(stranger)
+
+
+def test_a_peer_let_in_before_its_announcement_makes_room_once_seen() -> None:
+    b = book(active_view=2, max_links=6, rng=random.Random(3).random)
+    keys = dict(mdns_peers(b, 2))
+    for address in b.due(T0):
+        b.connected(address, keys[address], T0)
+    early = [bytes([240 + i]) * 32 for i in range(3)]
+    for i, key in enumerate(early):  # they dialled us before we saw them announced
+        b.connected(("203.0.113.9", 41000 + i), key, T0 + i, incoming=True)
+        assert not b.over_view(key)
+    for i, key in enumerate(early):
+        b.add(("192.0.2.200", 7000 + i), "mdns", now=T0 + 5, public_key=key)
+    drop = b.over_view_links()
+    assert len(drop) == 2 and len(set(drop)) == 2  # 5 links, the view plus one is 3: any two, at random
+    assert set(drop) <= set(early) | set(keys.values())
+    b.add_static([("192.0.2.200", 7002)], now=T0 + 6)
+    assert early[2] not in b.over_view_links()  # the operator's peer is kept
+    drops = set()
+    for seed in range(10):
+        c = book(active_view=1, max_links=6, rng=random.Random(seed).random)
+        for i, key in enumerate(early):
+            c.connected(("203.0.113.9", 41000 + i), key, T0 + i, incoming=True)
+            c.add(("192.0.2.200", 7000 + i), "mdns", now=T0, public_key=key)
+        drops.update(c.over_view_links())
+    assert drops == set(early)  # not always the newest: a joining daemon is not shut out
+
+
 def test_a_peer_a_caller_hurries_is_dialled_though_the_view_is_full() -> None:
     b = book(active_view=1)
     keys = dict(mdns_peers(b, 3))
