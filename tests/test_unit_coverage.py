@@ -165,9 +165,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "latticed.privacy._seal_build": (
         "the cffi build script of the compiled sealer (run by setup.py): tests/privacy/test_sealed_accel.py"
     ),
-    "latticed.protocol.addresses": (
-        "host:port parsing, used by config and discovery: tests/host/test_config.py"
-    ),
     "latticed.protocol.replay": (
         "the handshake's replay cache: tests/protocol/test_handshake.py and tests/net/test_handshake_flood.py"
     ),
