@@ -1,16 +1,24 @@
-"""Adds the optional compiled batch sealer (latticed/privacy/_seal_build.py) to the build; everything else
-is in pyproject.toml. Optional: where it does not compile (no C compiler, no Python headers) the install
-still succeeds and latticed seals with its pure-Python path, the same bytes more slowly (``latticectl
-doctor`` says which one a daemon uses)."""
+"""Adds the optional compiled batch sealer (latticed/privacy/_seal_build.py) and chain hasher
+(latticed/crdt/_chain_build.py) to the build; everything else is in pyproject.toml. Optional: where they
+do not compile (no C compiler, no Python headers) the install still succeeds and latticed seals and hashes
+with its pure-Python paths, the same bytes more slowly (``latticectl doctor`` says which sealer a daemon
+uses)."""
 
 import sys
 from pathlib import Path
 
 from setuptools import setup
 
+# By path: importing the package would need its dependencies.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "latticed" / "privacy"))
-from _seal_build import ffibuilder  # by path: importing the package would need its dependencies
+sys.path.insert(0, str(Path(__file__).resolve().parent / "latticed" / "crdt"))
+from _chain_build import ffibuilder as chain_builder
+from _seal_build import ffibuilder as seal_builder
 
-sealer = ffibuilder.distutils_extension(tmpdir="build/cffi")
-sealer.optional = True
-setup(ext_modules=[sealer])
+extensions = [
+    seal_builder.distutils_extension(tmpdir="build/cffi"),
+    chain_builder.distutils_extension(tmpdir="build/cffi"),
+]
+for extension in extensions:
+    extension.optional = True
+setup(ext_modules=extensions)

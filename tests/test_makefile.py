@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT
 
-INPUTS = ["pyproject.toml", "setup.py", "latticed/privacy/_seal_build.py"]
+INPUTS = [
+    "pyproject.toml",
+    "setup.py",
+    "latticed/privacy/_seal_build.py",
+    "latticed/crdt/_chain_build.py",
+]
 
 
 @pytest.fixture

@@ -162,6 +162,10 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "latticed.net.why_facts": (
         "what replication knows of a queue's peers, for `queue why`: tests/test_queue_why.py"
     ),
+    "latticed.crdt._chain_build": (
+        "the cffi build script of the compiled chain hasher (run by setup.py): "
+        "tests/crdt/test_chain_compiled.py"
+    ),
     "latticed.privacy._seal_build": (
         "the cffi build script of the compiled sealer (run by setup.py): tests/privacy/test_sealed_accel.py"
     ),

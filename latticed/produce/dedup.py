@@ -79,7 +79,7 @@ def offered_digest(records: Any) -> bytes:
     them), whichever daemon forwarded them (msgpack writes equal decoded values as equal bytes). Not the
     timestamps: a re-run may compute them anew (a ``current_timestamp()`` column), and the first
     attempt's then stand for the same rows."""
-    sent = [record[:3] for record in records]
+    sent = records if set(map(len, records)) == {3} else [record[:3] for record in records]
     return hashlib.blake2b(pack(sent), digest_size=DIGEST_BYTES, person=b"latticed.offer").digest()
 
 

@@ -36,7 +36,9 @@ COLUMNS: Final = ("key", "value", "headers", "timestamp", "queue")
 #: Per-record bytes counted on top of its key, value and headers (offsets, lengths, framing).
 RECORD_OVERHEAD: Final = 32
 
-#: A record as the local API takes it: ``[value, key, headers, timestamp_ms or None]``.
+#: A record as the local API takes it: ``[value, key, headers, timestamp_ms or None]``, or
+#: ``[value, key, headers]`` when the rows have no timestamp (the same to the owner, one item less to
+#: send and to digest).
 Record = list[Any]
 
 
@@ -139,7 +141,7 @@ def batch_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Rows:
         if "headers" in names
         else [[]] * n
     )
-    stamps = _timestamps(batch.column(names.index("timestamp"))) if "timestamp" in names else [None] * n
+    stamps = _timestamps(batch.column(names.index("timestamp"))) if "timestamp" in names else None
     sizes = list(map(sum, zip(_lengths(values), _lengths(keys), repeat(RECORD_OVERHEAD, n), strict=True)))
     if "headers" in names:
         sizes = [size + sum(len(k) + len(v) for k, v in h) for size, h in zip(sizes, headers, strict=True)]
@@ -152,7 +154,8 @@ def batch_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Rows:
             raise MalformedError("lattice sink: a row's 'queue' is null; set it, or the 'queue' option")
         named = {q: resolve(q) for q in set(raw)}
         queues = named[raw[0]] if len(named) == 1 else [named[q] for q in raw]
-    records = list(map(list, zip(values, keys, headers, stamps, strict=True)))
+    columns = (values, keys, headers) if stamps is None else (values, keys, headers, stamps)
+    records = list(map(list, zip(*columns, strict=True)))
     return Rows(queues, records, sizes)
 
 

@@ -103,7 +103,16 @@ class Segment:
         return cls(first, keys, values, timestamps, headers, bytes(chains))
 
     def encode(self) -> tuple[int, bytes, bytes]:
-        data = msgpack.packb([self.keys, self.values, self.timestamps, self.headers], use_bin_type=True)
+        """msgpack of ``[keys, values, timestamps, headers]``, a column at a time: the same bytes."""
+        data = b"".join(
+            (
+                _FOUR,
+                _pack(self.keys),
+                _pack(self.values),
+                _pack_same(self.timestamps),
+                _pack_same(self.headers),
+            )
+        )
         return len(self.values), self.chains, data
 
     def nbytes(self) -> int:
@@ -155,6 +164,32 @@ class Segment:
         self.chains += other.chains
 
 
+_FOUR: Final = b"\x94"  # msgpack: an array of four items
+
+
+def _pack(column: Any) -> bytes:
+    return msgpack.packb(column, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _array_head(n: int) -> bytes:
+    """msgpack's header of an array of ``n`` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    return b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
+
+
+def _pack_same(column: list[Any]) -> bytes:
+    """msgpack of ``column``; one whose items are all the same (a producer's header on every record, the
+    owner's clock on every timestamp) is packed by packing the item once: msgpack writes equal items of
+    one type as equal bytes (True equals 1 but is packed otherwise: an int column is checked for it)."""
+    first = column[0] if column else None
+    if type(first) not in (int, list) or column.count(first) != len(column):
+        return _pack(column)
+    if type(first) is int and set(map(type, column)) != {int}:
+        return _pack(column)
+    return _array_head(len(column)) + _pack(first) * len(column)
+
+
 def stored_headers(headers: Sequence[Headers] | None, n: int) -> list[list[list[Any]] | None]:
     """A run's header column as a segment stores it (``[[name, value], ...]``, None for none): headers
     every record shares (a producer's stamp) are converted once, the lists shared (never mutated)."""
@@ -182,6 +217,11 @@ def split(segment: Segment) -> Iterator[Segment]:
     if n <= SEGMENT_MAX_RECORDS and segment.nbytes() <= SEGMENT_MAX_BYTES:
         yield segment
         return
+    if _largest_record(segment) * SEGMENT_MAX_RECORDS <= SEGMENT_MAX_BYTES:
+        # No SEGMENT_MAX_RECORDS records can reach SEGMENT_MAX_BYTES: the cut is by count alone.
+        for start in range(0, n, SEGMENT_MAX_RECORDS):
+            yield segment.slice(segment.first + start, segment.first + min(n, start + SEGMENT_MAX_RECORDS))
+        return
     # A segment ends before the record that makes it SEGMENT_MAX_RECORDS records or more than
     # SEGMENT_MAX_BYTES (each holds one record at least): found by bisecting running sums of the
     # records' sizes, computed a column at a time, not by a Python step per record.
@@ -195,6 +235,21 @@ def split(segment: Segment) -> Iterator[Segment]:
             return
         yield segment.slice(segment.first + start, segment.first + cut)
         start = cut
+
+
+def _largest_record(segment: Segment) -> int:
+    """At least the largest :func:`_record_bytes` of the segment's records (a bound, from column maxima;
+    SEGMENT_MAX_BYTES when the headers differ between records, which sends the caller the exact way)."""
+    keys, headers = segment.keys, segment.headers
+    largest = max(map(len, segment.values), default=0) + 16
+    if keys.count(None) != len(keys):
+        largest += max((len(k) for k in keys if k), default=0)
+    if any(headers):
+        same = uniform(headers)
+        if same is MIXED:
+            return SEGMENT_MAX_BYTES
+        largest += sum(len(k) + len(v) for k, v in same)
+    return largest
 
 
 def _sizes(segment: Segment) -> Iterator[int]:

@@ -56,6 +56,16 @@ def test_rows_become_records_with_their_key_headers_and_timestamp() -> None:
     assert [q for q, _ in batch_records(batch, f"{ME}/fixed", resolve)] == [f"{ME}/fixed"] * 2
 
 
+def test_rows_without_a_timestamp_column_are_sent_as_three_items() -> None:
+    """No timestamp: ``[value, key, headers]``, which the owner takes as a nil timestamp (its clock) and
+    digests the same, one item less to pack, send and slice for each row."""
+    batch = pa.record_batch({"value": pa.array(["a", "b"]), "key": pa.array([b"k", None])})
+    assert [record for _, record in batch_records(batch, "q", resolve)] == [
+        [b"a", b"k", []],
+        [b"b", None, []],
+    ]
+
+
 def test_a_null_value_or_queue_is_refused() -> None:
     with pytest.raises(MalformedError, match="'value' is null"):
         list(batch_records(pa.record_batch({"value": pa.array([None], pa.binary())}), "q", resolve))
