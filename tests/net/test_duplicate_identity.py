@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from support.gossip_hosts import Applied
+from support.gossip_hosts import MemoryReplicaHost
 
 from latticed.crdt import queue as core
-from latticed.crdt.head import SignedHead
-from latticed.crdt.queue import QueueDelta, QueueState, Summary
+from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
@@ -35,35 +34,7 @@ RELAY = Identity.from_seed(b"r" * 32)
 KEY: QueueKey = (OWNER.public_key, "q", 0)
 
 
-class Host:
-    """An in-memory replica host whose joins flag forks as the store does."""
-
-    def __init__(self, states: Mapping[QueueKey, QueueState] | None = None) -> None:
-        self.states: dict[QueueKey, QueueState] = dict(states or {})
-
-    def summaries(self) -> Mapping[QueueKey, Summary]:
-        return {k: s.summary() for k, s in self.states.items()}
-
-    async def delta_for(
-        self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
-    ) -> QueueDelta | None:
-        state = self.states.get(key)
-        return None if state is None else core.delta(state, since, max_records, max_bytes)
-
-    async def verify_delta(self, delta: QueueDelta) -> core.VerifiedDelta:
-        return core.verify_delta(core.empty_state(delta.owner, delta.name, delta.kind), delta)
-
-    def submit_merge(self, verified: core.VerifiedDelta, peer: bytes) -> Applied:
-        delta = verified.delta
-        key = (delta.owner, delta.name, delta.kind)
-        before = self.states.get(key) or core.empty_state(*key)
-        after = core.join_verified(before, verified)
-        self.states[key] = after
-        return Applied(after.summary(), after.summary() != before.summary())
-
-    def head(self, key: QueueKey) -> SignedHead | None:
-        state = self.states.get(key)
-        return state.head if state is not None else None
+Host = MemoryReplicaHost
 
 
 @dataclasses.dataclass

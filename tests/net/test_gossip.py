@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
-from support.gossip_hosts import Applied
+from support.gossip_hosts import MemoryReplicaHost
 
 from latticed.crdt import queue as core
-from latticed.crdt.queue import QueueDelta, QueueState, Summary
+from latticed.crdt.queue import QueueDelta, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack, summary_to_wire, unpack
@@ -26,39 +26,24 @@ from latticed.protocol.replication import DIGEST, HELLO, PING, PONG, PROTOCOL_VE
 ALICE = Identity.from_seed(b"a" * 32)
 
 
-class MemoryHost:
+class MemoryHost(MemoryReplicaHost):
     def __init__(self) -> None:
-        self.states: dict[QueueKey, QueueState] = {}
+        super().__init__()
         self.changed = trio.Event()
         self.gossip: Gossip | None = None
         self.forge = False
 
-    def summaries(self) -> Mapping[QueueKey, Summary]:
-        return {k: s.summary() for k, s in self.states.items()}
-
     async def delta_for(
         self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
     ) -> QueueDelta | None:
-        state = self.states.get(key)
-        if state is None:
-            return None
-        delta = core.delta(state, since, max_records, max_bytes)
-        if self.forge and delta.records:
+        delta = await super().delta_for(key, since, max_records, max_bytes)
+        if self.forge and delta is not None and delta.records:
             delta = dataclasses.replace(delta, records=(Record(value=b"forged"), *delta.records[1:]))
         return delta
 
-    async def verify_delta(self, delta: QueueDelta) -> core.VerifiedDelta:
-        return core.verify_delta(core.empty_state(delta.owner, delta.name, delta.kind), delta)
-
-    def submit_merge(self, verified: core.VerifiedDelta, peer: bytes) -> Applied:
-        delta = verified.delta
-        key = (delta.owner, delta.name, delta.kind)
-        before = self.states.get(key) or core.empty_state(*key)
-        after = core.join_verified(before, verified)
-        self.states[key] = after
+    def merged(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
-        return Applied(after.summary(), after.summary() != before.summary())
 
     def write(self, n: int) -> None:
         key = (ALICE.public_key, "q", 0)
