@@ -21,7 +21,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from latticed.crdt.core_errors import EquivocationError, MalformedError, WrongOwnerError
-from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis
+from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, is_leaf
 
 __all__ = ["Chains", "Tip", "empty", "join", "replica", "verify"]
 
@@ -143,6 +143,9 @@ def verify(value: Chains) -> None:
         head.verify(value.owner, value.queue_id)
         if head.epoch != value.epoch:
             raise MalformedError("a head of another epoch")
+    leaves = [*value.shared, *(leaf for tip in value.tips for leaf in tip.tail)]
+    if any(not is_leaf(leaf) for leaf in leaves):
+        raise MalformedError("a leaf is a 32-byte digest and an offset")
     base = fold(genesis(value.queue_id, value.epoch), value.shared)
     for tip in value.tips:
         if fold(base, tip.tail) != tip.head.log or len(value.shared) + len(tip.leaves()) != tip.head.version:

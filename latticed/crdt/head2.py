@@ -44,6 +44,14 @@ def genesis(queue_id: bytes, epoch: int) -> bytes:
     return blake2b(queue_id + _U64.pack(epoch), b"latticed.lg0.v1")
 
 
+def is_leaf(leaf: object) -> bool:
+    """A 32-byte digest and an offset (anything else off the wire must not reach :func:`fold`)."""
+    if not isinstance(leaf, tuple) or len(leaf) != 2:
+        return False
+    digest, end = leaf
+    return isinstance(digest, bytes) and len(digest) == 32 and type(end) is int and 0 <= end <= MAX_OFFSET
+
+
 def fold(log: bytes, leaves: Iterable[Leaf]) -> bytes:
     """Extend the accumulator ``log`` by ``leaves``, oldest first."""
     for digest, end in leaves:

@@ -206,6 +206,8 @@ def test_a_frozen_value_is_a_proof_anyone_can_check() -> None:
         dataclasses.replace(frozen, shared=frozen.shared[:-1]),
         dataclasses.replace(frozen, tips=frozen.tips[::-1]),
         dataclasses.replace(frozen, owner=Identity.from_seed(bytes(32)).public_key),
+        dataclasses.replace(frozen, shared=(*frozen.shared[:-1], ("x", 2))),  # type: ignore[arg-type]
+        dataclasses.replace(frozen, shared=(*frozen.shared[:-1], (frozen.shared[-1][0], -1))),
     ]
     for value in doctored:
         with pytest.raises((EquivocationError, BadSignatureError, MalformedError)):
