@@ -1,0 +1,64 @@
+"""The v2 fork core on real queue histories: a forked owner's two histories, their v2 heads signed beside
+the v1 ones. What the frozen value holds is the same in both histories, and every record fork is found."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from latticed.crdt import epochs
+from latticed.crdt import queue as core
+from latticed.crdt.head2 import HeadV2
+from latticed.crdt.queue import QueueState
+from latticed.crdt.queue.v2heads import chains_of, sign_v2
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+
+OWNER = Identity.from_seed(bytes(range(32)))
+step = st.one_of(
+    st.tuples(st.just("offer"), st.integers(1, 4)),
+    st.tuples(st.just("truncate"), st.integers(0, 3)),
+    st.tuples(st.just("meta"), st.integers(0, 1)),
+)
+Line = tuple[QueueState, tuple[HeadV2, ...]]
+
+
+def run(line: Line, steps: list[tuple[str, int]], tag: bytes) -> Line:
+    """The owner at ``line`` signs ``steps`` (records named by ``tag``), each head also as v2."""
+    state, heads = line
+    for index, (kind, arg) in enumerate(steps):
+        now = len(heads) * 10 + index
+        if kind == "offer":
+            records = [Record(value=tag + b"%d.%d" % (len(heads), i), timestamp=now) for i in range(arg)]
+            state = core.commit(state, OWNER, now_ms=now, records=records)
+        elif kind == "truncate":
+            state = core.commit(state, OWNER, now_ms=now, new_start=min(state.known_end, state.start + arg))
+        else:
+            state = core.commit(state, OWNER, now_ms=now, meta_updates={"k": tag.decode() + str(arg)})
+        heads = (*heads, sign_v2(state, OWNER, heads[-1] if heads else None))
+    return state, heads
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(step, min_size=1, max_size=5),
+    st.lists(step, max_size=5),
+    st.lists(step, max_size=5),
+    st.sampled_from([b"a", b"b"]),
+)
+def test_a_frozen_queue_holds_only_records_both_histories_share(
+    shared: list[tuple[str, int]], mine: list[tuple[str, int]], theirs: list[tuple[str, int]], tag: bytes
+) -> None:
+    base = run((core.empty_state(OWNER.public_key, "q"), ()), shared, b"s")
+    (x, xh), (y, yh) = run(base, mine, b"a"), run(base, theirs, tag)
+    joined = epochs.join(chains_of(x, xh), chains_of(y, yh))
+    epochs.verify(joined)
+    if joined.forked:
+        lo, hi = joined.held
+        for offset in range(lo, hi):
+            assert x.record_at(offset) == y.record_at(offset) is not None
+    both = range(max(x.start, y.start), min(x.held_end, y.held_end))
+    if any(x.record_at(o) != y.record_at(o) for o in both) or (x.meta != y.meta and x.version == y.version):
+        assert joined.forked
+    if xh == yh[: len(xh)] or yh == xh[: len(yh)]:
+        assert not joined.forked and joined.held == (max(x.start, y.start), max(x.held_end, y.held_end))
