@@ -3,14 +3,16 @@ the v1 ones. What the frozen value holds is the same in both histories, and ever
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticed.crdt import epochs
 from latticed.crdt import queue as core
+from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.queue import QueueState
-from latticed.crdt.queue.v2heads import chains_of, sign_v2
+from latticed.crdt.queue.v2heads import chains_of, recover, sign_v2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 
@@ -62,3 +64,23 @@ def test_a_frozen_queue_holds_only_records_both_histories_share(
         assert joined.forked
     if xh == yh[: len(xh)] or yh == xh[: len(yh)]:
         assert not joined.forked and joined.held == (max(x.start, y.start), max(x.held_end, y.held_end))
+
+
+def test_the_owner_recovers_a_frozen_queue_in_a_new_epoch() -> None:
+    """Recovery goes on from the frozen records under epoch 1, which supersedes every epoch-0 head, the
+    twin's later ones included; two recoveries that differ fork epoch 1 and freeze it at its start."""
+    base = run((core.empty_state(OWNER.public_key, "q"), ()), [("offer", 3), ("truncate", 1)], b"s")
+    (x, xh), (y, yh) = run(base, [("offer", 2)], b"a"), run(base, [("offer", 1), ("meta", 0)], b"b")
+    frozen = epochs.join(chains_of(x, xh), chains_of(y, yh))
+    assert frozen.forked and frozen.held == (1, 3)
+    mine = recover(x, frozen, OWNER, now_ms=99)
+    after = epochs.replica(OWNER.public_key, mine, (), frozen.held[1])
+    epochs.verify(after)
+    assert (after.epoch, after.forked, after.held) == (1, False, (1, 3)) and mine.head_hash == x.chain_at(3)
+    (_, later) = run((y, yh), [("offer", 4)], b"b")
+    assert epochs.join(after, chains_of(y, later)) == after == epochs.join(frozen, after)
+    theirs = recover(y, frozen, OWNER, now_ms=98)
+    twice = epochs.join(after, epochs.replica(OWNER.public_key, theirs, (), 3))
+    assert twice.epoch == 1 and twice.forked and twice.fork_point == 0 and twice.held == (1, 1)
+    with pytest.raises(MalformedError):
+        recover(x, chains_of(x, xh), OWNER, now_ms=99)

@@ -11,11 +11,12 @@ from collections.abc import Sequence
 
 from latticed.crdt import epochs
 from latticed.crdt.core_errors import MalformedError
+from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2, genesis, next_log
 from latticed.crdt.queue.state import QueueState
 from latticed.crdt.signing import Identity
 
-__all__ = ["chains_of", "sign_v2"]
+__all__ = ["chains_of", "recover", "sign_v2"]
 
 
 def sign_v2(state: QueueState, identity: Identity, prev: HeadV2 | None, *, epoch: int = 0) -> HeadV2:
@@ -47,3 +48,31 @@ def chains_of(state: QueueState, heads: Sequence[HeadV2]) -> epochs.Chains:
     newest = heads[-1]
     log = tuple(h.leaf() for h in heads[:-1] if h.epoch == newest.epoch)
     return epochs.replica(state.owner, newest, log, state.held_end)
+
+
+def recover(state: QueueState, frozen: epochs.Chains, identity: Identity, now_ms: int) -> HeadV2:
+    """The owner's first head of the next epoch: the queue goes on from ``frozen``'s start and fork point
+    with the metadata ``state`` (the owner's own history) holds. ``state`` must hold the chain values
+    there (its records up to the fork point, or the start itself)."""
+    point = frozen.fork_point
+    if point is None:
+        raise MalformedError("only a forked queue is recovered")
+    start = frozen.start
+    end = max(start, point)
+    base, top = state.chain_at(start), state.chain_at(end)
+    if base is None or top is None:
+        raise MalformedError(f"this replica does not hold the records [{start}, {end}) it would vouch for")
+    body = HeadV2(
+        state.queue_id,
+        frozen.epoch + 1,
+        1,
+        genesis(state.queue_id, frozen.epoch + 1),
+        start,
+        end,
+        base,
+        top,
+        1,
+        meta_hash(state.meta_dict),
+        now_ms,
+    )
+    return body.signed(identity)
