@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latticed.crdt import epochs
+from latticed.crdt import epoch_delta, epochs
 from latticed.crdt.core_errors import BadSignatureError, EquivocationError, MalformedError
 from latticed.crdt.epochs import Chains, join
 from latticed.crdt.head import genesis_hash, meta_hash, queue_id
@@ -224,3 +224,39 @@ def test_a_head_v2_round_trips_and_refuses_other_layouts() -> None:
             HeadV2.from_bytes(bad)
     with pytest.raises(BadSignatureError):
         dataclasses.replace(head, timestamp=head.timestamp + 1).verify(OWNER.public_key, QID)
+
+
+@settings(max_examples=max(EXAMPLES // 2, 100), deadline=None)
+@given(states(2), st.booleans())
+def test_a_delta_for_a_summary_joins_like_the_value(values: list[Chains], stale: bool) -> None:
+    """Only the leaves the peer lacks travel; when the peer's log parts from ours below what it claims,
+    the merge says so and the whole value (which proves the fork) goes instead."""
+    a, b = values
+    since = epoch_delta.summary(epochs.empty(OWNER.public_key, QID) if stale else b)
+    expected = join(dataclasses.replace(a, held_end=0), b)
+    piece = epoch_delta.delta(a, since)
+    if piece is None:
+        assert join(a, b) == b or not a.tips or since.epoch > a.epoch
+        return
+    try:
+        got = epoch_delta.merge(b, piece)
+    except ValueError:
+        whole = epoch_delta.delta(a, None)
+        assert whole is not None and whole.base == 0 and not stale
+        got = epoch_delta.merge(b, whole)
+    assert got == expected
+    if piece.base:
+        assert len(piece.value.shared) == len(a.shared) - piece.base
+
+
+def test_a_forged_delta_changes_nothing() -> None:
+    _, mine, theirs = _lines([("offer", 2)], [("offer", 1), ("offer", 1)], [("offer", 1)])
+    a, b = _at(mine, 3), _at(theirs, 2)
+    piece = epoch_delta.delta(a, epoch_delta.summary(b))
+    assert piece is not None
+    forged_tip = dataclasses.replace(a.tips[0], head=dataclasses.replace(a.tips[0].head, timestamp=7))
+    forged = dataclasses.replace(piece, value=dataclasses.replace(piece.value, tips=(forged_tip,)))
+    with pytest.raises(BadSignatureError):
+        epoch_delta.merge(b, forged)
+    with pytest.raises(ValueError):
+        epoch_delta.merge(b, dataclasses.replace(piece, base_fold=bytes(32)))
