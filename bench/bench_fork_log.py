@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import itertools
 import os
+import struct
 import time
 
 from latticed.crdt import queue as core
 from latticed.crdt import wire
-from latticed.crdt.head2 import HEAD2_SIZE, LEAF_SIZE, HeadV2, next_log
+from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HEAD2_SIZE, LEAF_SIZE, HeadV2, next_log
 from latticed.crdt.queue.v2heads import sign_v2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
@@ -68,9 +70,9 @@ def compact_log(heads: list[HeadV2]) -> bytes:
     return bytes(out)
 
 
-def rebuild(first: HeadV2, raw: bytes, state: core.QueueState) -> bytes:
-    """The newest head's ``log``, rebuilt from the first head, :func:`compact_log` and the records."""
-    head, at = first, 0
+def _steps(raw: bytes) -> list[tuple[int, int, int]]:
+    """Decode :func:`compact_log`: (end step, timestamp step, start step) per version."""
+    out, at = [], 0
     while at < len(raw):
         flags, at = raw[at], at + 1
         fields = []
@@ -83,16 +85,30 @@ def rebuild(first: HeadV2, raw: bytes, state: core.QueueState) -> bytes:
                 if byte < 0x80:
                     break
             fields.append(value)
-        meta_version, meta_hash = head.meta_version, head.meta_hash
         if flags & 2:  # not taken by this bench's queues (no metadata changes)
             raise NotImplementedError
-        start = head.start + (fields[2] if flags & 1 else 0)
-        end = head.end + fields[0]
-        base, top = state.chain_at(start), state.chain_at(end)
-        assert base is not None and top is not None
-        head = HeadV2(head.queue_id, head.epoch, head.version + 1, next_log(head), start, end, base, top,
-                      meta_version, meta_hash, head.timestamp + fields[1])  # fmt: skip
-    return next_log(head)
+        out.append((fields[0], fields[1], fields[2] if flags & 1 else 0))
+    return out
+
+
+def rebuild(first: HeadV2, raw: bytes, state: core.QueueState) -> bytes:
+    """The newest head's ``log``, rebuilt from the first head, :func:`compact_log` and the records: the
+    body of each version packed from the steps and the chain values, hashed, and folded in."""
+    pack, end_bytes, blake = HEAD2_BODY.pack, struct.Struct(">Q").pack, hashlib.blake2b
+    qid, epoch, version, log = first.queue_id, first.epoch, first.version, first.log
+    start, end, timestamp = first.start, first.end, first.timestamp
+    base, mv, mh = first.base_hash, first.meta_version, first.meta_hash
+    top = first.head_hash
+    for end_step, time_step, start_step in _steps(raw):
+        body = HEAD2_NAMESPACE + pack(qid, epoch, version, log, start, end, base, top, mv, mh, timestamp)
+        digest = blake(body, digest_size=32, person=b"latticed.hd2.v1").digest()
+        log = blake(log + digest + end_bytes(end), digest_size=32, person=b"latticed.log.v1").digest()
+        version, end, timestamp = version + 1, end + end_step, timestamp + time_step
+        if start_step:
+            start += start_step
+            base = state.chain_at(start) or b""
+        top = state.chain_at(end) or b""
+    return next_log(HeadV2(qid, epoch, version, log, start, end, base, top, mv, mh, timestamp))
 
 
 def measure(records: int, batch: int, size: int, chunk: int) -> dict[str, float]:

@@ -30,7 +30,8 @@ from latticed.crdt.records import MAX_OFFSET
 from latticed.crdt.signing import Identity, blake2b, verify
 
 HEAD2_NAMESPACE = b"latticed/queue-head/v2\n\x00"
-_BODY = struct.Struct(">32sQQ32sQQ32s32sQ32sQ")
+#: The signed fields after the namespace (a replica rebuilding bodies from records packs them itself).
+HEAD2_BODY = _BODY = struct.Struct(">32sQQ32sQQ32s32sQ32sQ")
 HEAD2_SIZE = len(HEAD2_NAMESPACE) + _BODY.size + 64
 LEAF_SIZE = 40
 _U64 = struct.Struct(">Q")
