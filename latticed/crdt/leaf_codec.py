@@ -1,0 +1,115 @@
+"""The v2 log in a few bytes a version: what a replica that holds the records needs to rebuild each head.
+
+A head's body is mostly what the records already say (its start and end chain values) or what the head
+before it said (queue, epoch, version + 1, ``log``, metadata), so a version travels as its steps (end,
+timestamp, and start or metadata when they change): ~3 bytes for a single offer, instead of its 40-byte
+leaf. A version whose records neither side holds any more travels as its leaf. Per version::
+
+    flags      u8      1 start moved, 2 metadata changed, 4 leaf as is
+    end step   varint
+    [not 4]    timestamp step, zigzag varint; [1] start step, varint; [2] meta version varint, hash 32
+    [4]        digest 32
+
+The receiver rebuilds the leaves from the body it already trusts and the records' chain values; they are
+authenticated only by folding into a signed head's ``log`` (:func:`latticed.crdt.epochs.verify`): a changed
+record changes a rebuilt body, and the fold no longer matches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from latticed.crdt.core_errors import MalformedError
+from latticed.crdt.head2 import HeadV2, Leaf, fold, next_log
+from latticed.crdt.records import MAX_OFFSET
+
+__all__ = ["decode", "encode"]
+
+_START, _META, _LEAF = 1, 2, 4
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes([*out, n])
+
+
+def encode(prev: HeadV2, versions: Sequence[HeadV2 | Leaf]) -> bytes:
+    """The versions after ``prev``, each a body (rebuilt by the receiver) or a leaf (sent as is)."""
+    out, last = bytearray(), prev
+    for item in versions:
+        if isinstance(item, tuple):
+            digest, end = item
+            out += bytes([_LEAF]) + _varint(end - last.end) + digest
+            last = dataclasses.replace(last, end=end)
+            continue
+        flags = (_START if item.start != last.start else 0) | (
+            _META if item.meta_version != last.meta_version else 0
+        )
+        step = item.timestamp - last.timestamp
+        out += (
+            bytes([flags]) + _varint(item.end - last.end) + _varint(step * 2 if step >= 0 else -step * 2 - 1)
+        )
+        if flags & _START:
+            out += _varint(item.start - last.start)
+        if flags & _META:
+            out += _varint(item.meta_version) + item.meta_hash
+        last = item
+    return bytes(out)
+
+
+class _Reader:
+    def __init__(self, raw: bytes) -> None:
+        self.raw, self.at = raw, 0
+
+    def take(self, n: int) -> bytes:
+        if self.at + n > len(self.raw):
+            raise MalformedError("a log's steps end early")
+        self.at += n
+        return self.raw[self.at - n : self.at]
+
+    def varint(self) -> int:
+        value = shift = 0
+        while shift < 64:
+            byte = self.take(1)[0]
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+        raise MalformedError("a log step is not a 64-bit varint")
+
+
+def decode(prev: HeadV2, raw: bytes, chain_at: Callable[[int], bytes | None]) -> list[Leaf]:
+    """The leaves of the versions after ``prev`` (a body this replica trusts), rebuilt from ``raw`` and
+    the chain values ``chain_at`` gives (None: not held). Malformed steps raise :class:`MalformedError`."""
+    if not isinstance(raw, bytes):
+        raise MalformedError("a log's steps are bytes")
+    leaves: list[Leaf] = []
+    reader, last, log = _Reader(raw), prev, next_log(prev)
+    while reader.at < len(raw):
+        flags, end = reader.take(1)[0], last.end + reader.varint()
+        if flags & ~(_START | _META | _LEAF) or (flags & _LEAF and flags != _LEAF) or end > MAX_OFFSET:
+            raise MalformedError("a log step with unknown flags or past the last offset")
+        version = prev.version + len(leaves) + 1
+        if flags & _LEAF:
+            leaf: Leaf = (reader.take(32), end)
+            last = dataclasses.replace(last, end=end)
+        else:
+            zigzag = reader.varint()
+            timestamp = last.timestamp + (-((zigzag + 1) >> 1) if zigzag & 1 else zigzag >> 1)
+            start = last.start + (reader.varint() if flags & _START else 0)
+            meta = (
+                (reader.varint(), reader.take(32)) if flags & _META else (last.meta_version, last.meta_hash)
+            )
+            base, top = chain_at(start), chain_at(end)
+            if base is None or top is None:
+                raise MalformedError(f"a head over records this replica does not hold ([{start}, {end}))")
+            last = HeadV2(prev.queue_id, prev.epoch, version, log, start, end, base, top, *meta, timestamp)
+            last.check()
+            leaf = last.leaf()
+        leaves.append(leaf)
+        log = fold(log, [leaf])
+    return leaves
