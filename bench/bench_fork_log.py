@@ -5,23 +5,20 @@ For each batch size: the owner signs N records in batches of B (one head per bat
 a fresh replica catches up through today's deltas (``max_records`` per chunk, full wire layouts), and
 the script prints those bytes next to what v2 adds: the log a replica keeps (one 40-byte leaf per
 version), what a fresh replica receives once (the leaves; or, since it holds the records, only each
-head's end and timestamp steps, from which it rebuilds the bodies: :func:`compact_log`), the larger
-head in every delta, and the time to rebuild and fold the whole log.
+head's steps, from which it rebuilds the bodies: ``crdt/leaf_codec.py``), the larger head in every
+delta, and the time to rebuild and fold the whole log.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import itertools
 import os
-import struct
 import time
 
+from latticed.crdt import leaf_codec, wire
 from latticed.crdt import queue as core
-from latticed.crdt import wire
-from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HEAD2_SIZE, LEAF_SIZE, HeadV2, next_log
+from latticed.crdt.head2 import HEAD2_SIZE, LEAF_SIZE, HeadV2, fold, next_log
 from latticed.crdt.queue.v2heads import sign_v2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
@@ -46,71 +43,6 @@ def catch_up(state: core.QueueState, chunk: int) -> tuple[int, int, float]:
     return wire_bytes, deltas, spent
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def compact_log(heads: list[HeadV2]) -> bytes:
-    """What a delta carries per version past the first when the receiver holds the records: the end and
-    timestamp steps, and a flag byte (with the new start, or metadata version and hash, when they change).
-    The receiver takes the chain values at start and end from the records it verified."""
-    out = bytearray()
-    for prev, head in itertools.pairwise(heads):
-        flags = (head.start != prev.start) | (head.meta_version != prev.meta_version) << 1
-        out += bytes([flags]) + _varint(head.end - prev.end) + _varint(head.timestamp - prev.timestamp)
-        if flags & 1:
-            out += _varint(head.start - prev.start)
-        if flags & 2:
-            out += _varint(head.meta_version) + head.meta_hash
-    return bytes(out)
-
-
-def _steps(raw: bytes) -> list[tuple[int, int, int]]:
-    """Decode :func:`compact_log`: (end step, timestamp step, start step) per version."""
-    out, at = [], 0
-    while at < len(raw):
-        flags, at = raw[at], at + 1
-        fields = []
-        for _ in range(2 + (flags & 1)):
-            value = shift = 0
-            while True:
-                byte, at = raw[at], at + 1
-                value |= (byte & 0x7F) << shift
-                shift += 7
-                if byte < 0x80:
-                    break
-            fields.append(value)
-        if flags & 2:  # not taken by this bench's queues (no metadata changes)
-            raise NotImplementedError
-        out.append((fields[0], fields[1], fields[2] if flags & 1 else 0))
-    return out
-
-
-def rebuild(first: HeadV2, raw: bytes, state: core.QueueState) -> bytes:
-    """The newest head's ``log``, rebuilt from the first head, :func:`compact_log` and the records: the
-    body of each version packed from the steps and the chain values, hashed, and folded in."""
-    pack, end_bytes, blake = HEAD2_BODY.pack, struct.Struct(">Q").pack, hashlib.blake2b
-    qid, epoch, version, log = first.queue_id, first.epoch, first.version, first.log
-    start, end, timestamp = first.start, first.end, first.timestamp
-    base, mv, mh = first.base_hash, first.meta_version, first.meta_hash
-    top = first.head_hash
-    for end_step, time_step, start_step in _steps(raw):
-        body = HEAD2_NAMESPACE + pack(qid, epoch, version, log, start, end, base, top, mv, mh, timestamp)
-        digest = blake(body, digest_size=32, person=b"latticed.hd2.v1").digest()
-        log = blake(log + digest + end_bytes(end), digest_size=32, person=b"latticed.log.v1").digest()
-        version, end, timestamp = version + 1, end + end_step, timestamp + time_step
-        if start_step:
-            start += start_step
-            base = state.chain_at(start) or b""
-        top = state.chain_at(end) or b""
-    return next_log(HeadV2(qid, epoch, version, log, start, end, base, top, mv, mh, timestamp))
-
-
 def measure(records: int, batch: int, size: int, chunk: int) -> dict[str, float]:
     owner = Identity.generate()
     payload = os.urandom(size)
@@ -127,9 +59,10 @@ def measure(records: int, batch: int, size: int, chunk: int) -> dict[str, float]
     wire_bytes, deltas, merge_s = catch_up(state, chunk)
 
     # The v2 heads mirror one head per commit (a batch over 1 MiB has more v1 heads: counted as leaves).
-    raw = compact_log(heads)
+    raw = leaf_codec.encode(heads[0], heads[1:-1])
     started = time.perf_counter()
-    assert rebuild(heads[0], raw, state) == next_log(heads[-1])
+    leaves = leaf_codec.decode(heads[0], raw, state.chain_at)
+    assert fold(next_log(heads[0]), leaves) == heads[-1].log
     rebuild_s = time.perf_counter() - started
     per_version = len(raw) / max(len(heads) - 1, 1)
 

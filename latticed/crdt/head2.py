@@ -53,6 +53,11 @@ def is_leaf(leaf: object) -> bool:
     return isinstance(digest, bytes) and len(digest) == 32 and type(end) is int and 0 <= end <= MAX_OFFSET
 
 
+def body_digest(body: bytes) -> bytes:
+    """What a leaf names a head by: its signed bytes, without the signature."""
+    return blake2b(body, b"latticed.hd2.v1")
+
+
 def fold(log: bytes, leaves: Iterable[Leaf]) -> bytes:
     """Extend the accumulator ``log`` by ``leaves``, oldest first."""
     for digest, end in leaves:
@@ -97,7 +102,7 @@ class HeadV2:
 
     def leaf(self) -> Leaf:
         """This head's entry in the log (two signatures over one body are one statement)."""
-        return blake2b(self.body(), b"latticed.hd2.v1"), self.end
+        return body_digest(self.body()), self.end
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> HeadV2:

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from latticed.crdt.core_errors import MalformedError
-from latticed.crdt.head2 import HeadV2, Leaf, fold, next_log
+from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HeadV2, Leaf, body_digest, fold, next_log
 from latticed.crdt.records import MAX_OFFSET
 
 __all__ = ["decode", "encode"]
@@ -84,32 +84,38 @@ class _Reader:
 
 def decode(prev: HeadV2, raw: bytes, chain_at: Callable[[int], bytes | None]) -> list[Leaf]:
     """The leaves of the versions after ``prev`` (a body this replica trusts), rebuilt from ``raw`` and
-    the chain values ``chain_at`` gives (None: not held). Malformed steps raise :class:`MalformedError`."""
+    the chain values ``chain_at`` gives (None: not held). Malformed steps raise :class:`MalformedError`.
+
+    Fields are packed here rather than through :class:`HeadV2` (a catch-up rebuilds one per record of a
+    queue of single offers); what they may hold is checked as :meth:`HeadV2.check` would."""
     if not isinstance(raw, bytes):
         raise MalformedError("a log's steps are bytes")
     leaves: list[Leaf] = []
-    reader, last, log = _Reader(raw), prev, next_log(prev)
+    reader, log, pack = _Reader(raw), next_log(prev), HEAD2_BODY.pack
+    qid, epoch, version = prev.queue_id, prev.epoch, prev.version
+    start, end, base, timestamp = prev.start, prev.end, prev.base_hash, prev.timestamp
+    meta_version, meta_hash = prev.meta_version, prev.meta_hash
     while reader.at < len(raw):
-        flags, end = reader.take(1)[0], last.end + reader.varint()
+        flags, end, version = reader.take(1)[0], end + reader.varint(), version + 1
         if flags & ~(_START | _META | _LEAF) or (flags & _LEAF and flags != _LEAF) or end > MAX_OFFSET:
             raise MalformedError("a log step with unknown flags or past the last offset")
-        version = prev.version + len(leaves) + 1
         if flags & _LEAF:
             leaf: Leaf = (reader.take(32), end)
-            last = dataclasses.replace(last, end=end)
         else:
             zigzag = reader.varint()
-            timestamp = last.timestamp + (-((zigzag + 1) >> 1) if zigzag & 1 else zigzag >> 1)
-            start = last.start + (reader.varint() if flags & _START else 0)
-            meta = (
-                (reader.varint(), reader.take(32)) if flags & _META else (last.meta_version, last.meta_hash)
-            )
-            base, top = chain_at(start), chain_at(end)
-            if base is None or top is None:
+            timestamp += -((zigzag + 1) >> 1) if zigzag & 1 else zigzag >> 1
+            if flags & _START:
+                start += reader.varint()
+                base = chain_at(start) or b""
+            if flags & _META:
+                meta_version, meta_hash = reader.varint(), reader.take(32)
+            top = chain_at(end)
+            if len(base) != 32 or top is None or start > end:
                 raise MalformedError(f"a head over records this replica does not hold ([{start}, {end}))")
-            last = HeadV2(prev.queue_id, prev.epoch, version, log, start, end, base, top, *meta, timestamp)
-            last.check()
-            leaf = last.leaf()
+            if not 0 <= timestamp < 2**64 or meta_version >= 2**64 or version >= 2**64:
+                raise MalformedError("a head's counters are unsigned 64-bit integers")
+            body = pack(qid, epoch, version, log, start, end, base, top, meta_version, meta_hash, timestamp)
+            leaf = (body_digest(HEAD2_NAMESPACE + body), end)
         leaves.append(leaf)
         log = fold(log, [leaf])
     return leaves
