@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from latticed.crdt.epochs import Chains, join, verify
-from latticed.crdt.head2 import Leaf, fold, genesis
+from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis
 
-__all__ = ["LogDelta", "LogSummary", "delta", "merge", "summary"]
+__all__ = ["LogDelta", "LogSummary", "delta", "merge", "summary", "vouches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +74,15 @@ def merge(value: Chains, piece: LogDelta) -> Chains:
     whole = replace(piece.value, shared=known[: piece.base] + piece.value.shared, held_end=0)
     verify(whole)
     return join(value, whole)
+
+
+def vouches(value: Chains, body: HeadV2) -> bool:
+    """Whether ``body`` (unsigned) is the owner's head of its version in ``value``'s verified log: then
+    its chain values vouch for a chunk of records as its signature would (a chunk may end at any head, the
+    last one every branch shares included, without a signed checkpoint)."""
+    if body.queue_id != value.queue_id or body.epoch != value.epoch or body.version < 1:
+        return False
+    index, leaf = body.version - 1, body.leaf()
+    if index < len(value.shared):
+        return value.shared[index] == leaf
+    return any(tip.leaves()[index - len(value.shared) :][:1] == (leaf,) for tip in value.tips)

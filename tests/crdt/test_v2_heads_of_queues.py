@@ -3,17 +3,19 @@ the v1 ones. What the frozen value holds is the same in both histories, and ever
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latticed.crdt import epochs
+from latticed.crdt import epoch_delta, epochs
 from latticed.crdt import queue as core
 from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.queue import QueueState
 from latticed.crdt.queue.v2heads import chains_of, recover, sign_v2
-from latticed.crdt.records import Record
+from latticed.crdt.records import Record, chain_fold, record_digest
 from latticed.crdt.signing import Identity
 
 OWNER = Identity.from_seed(bytes(range(32)))
@@ -84,3 +86,24 @@ def test_the_owner_recovers_a_frozen_queue_in_a_new_epoch() -> None:
     assert twice.epoch == 1 and twice.forked and twice.fork_point == 0 and twice.held == (1, 1)
     with pytest.raises(MalformedError):
         recover(x, chains_of(x, xh), OWNER, now_ms=99)
+
+
+def test_a_chunk_up_to_the_fork_point_is_vouched_by_the_last_shared_body() -> None:
+    """No signed checkpoint is needed: the unsigned body of the last shared head is on the verified log,
+    and the records up to the fork point fold to its head hash; a body changed in any field is not."""
+    base = run((core.empty_state(OWNER.public_key, "q"), ()), [("offer", 2), ("offer", 3)], b"s")
+    (x, xh), (y, yh) = run(base, [("offer", 2)], b"a"), run(base, [("offer", 1), ("meta", 0)], b"b")
+    frozen = epochs.join(chains_of(x, xh), chains_of(y, yh))
+    last_shared = dataclasses.replace(base[1][-1], signature=b"")
+    assert frozen.fork_point == last_shared.end == 5
+    assert epoch_delta.vouches(frozen, last_shared)
+    digests = [record_digest(r, offset) for offset, r in enumerate(x.entries.records(), start=x.start)][:5]
+    assert chain_fold(x.chain_at(0) or b"", digests) == last_shared.head_hash
+    for forged in (
+        dataclasses.replace(last_shared, head_hash=bytes(32)),
+        dataclasses.replace(last_shared, version=1),
+    ):
+        assert not epoch_delta.vouches(frozen, forged)
+    assert all(epoch_delta.vouches(frozen, h) for h in (*xh, *yh))  # the tips keep their leaves
+    (_, third) = run(base, [("offer", 1)], b"c")
+    assert not epoch_delta.vouches(frozen, third[-1])  # a history this value has not seen
