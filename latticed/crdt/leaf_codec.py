@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from latticed.crdt.core_errors import MalformedError
-from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HeadV2, Leaf, body_digest, fold, next_log
+from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HeadV2, Leaf, body_digest, fold_one, next_log
 from latticed.crdt.records import MAX_OFFSET
 
 __all__ = ["decode", "encode"]
@@ -61,25 +61,25 @@ def encode(prev: HeadV2, versions: Sequence[HeadV2 | Leaf]) -> bytes:
     return bytes(out)
 
 
-class _Reader:
-    def __init__(self, raw: bytes) -> None:
-        self.raw, self.at = raw, 0
+def _take(raw: bytes, at: int, n: int) -> bytes:
+    if at + n > len(raw):
+        raise MalformedError("a log's steps end early")
+    return raw[at : at + n]
 
-    def take(self, n: int) -> bytes:
-        if self.at + n > len(self.raw):
-            raise MalformedError("a log's steps end early")
-        self.at += n
-        return self.raw[self.at - n : self.at]
 
-    def varint(self) -> int:
-        value = shift = 0
-        while shift < 64:
-            byte = self.take(1)[0]
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value
-            shift += 7
-        raise MalformedError("a log step is not a 64-bit varint")
+def _read_varint(raw: bytes, at: int) -> tuple[int, int]:
+    """The varint at ``at`` and where the next field starts."""
+    if at < len(raw) and raw[at] < 0x80:
+        return raw[at], at + 1  # a step under 128: nearly all of them
+    value = shift = 0
+    while shift < 64:
+        byte = _take(raw, at, 1)[0]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+    raise MalformedError("a log step is not a 64-bit varint")
 
 
 def decode(prev: HeadV2, raw: bytes, chain_at: Callable[[int], bytes | None]) -> list[Leaf]:
@@ -91,31 +91,35 @@ def decode(prev: HeadV2, raw: bytes, chain_at: Callable[[int], bytes | None]) ->
     if not isinstance(raw, bytes):
         raise MalformedError("a log's steps are bytes")
     leaves: list[Leaf] = []
-    reader, log, pack = _Reader(raw), next_log(prev), HEAD2_BODY.pack
+    at, log, pack = 0, next_log(prev), HEAD2_BODY.pack
     qid, epoch, version = prev.queue_id, prev.epoch, prev.version
     start, end, base, timestamp = prev.start, prev.end, prev.base_hash, prev.timestamp
     meta_version, meta_hash = prev.meta_version, prev.meta_hash
-    while reader.at < len(raw):
-        flags, end, version = reader.take(1)[0], end + reader.varint(), version + 1
+    while at < len(raw):
+        flags = raw[at]
+        step, at = _read_varint(raw, at + 1)
+        end, version = end + step, version + 1
         if flags & ~(_START | _META | _LEAF) or (flags & _LEAF and flags != _LEAF) or end > MAX_OFFSET:
             raise MalformedError("a log step with unknown flags or past the last offset")
         if flags & _LEAF:
-            leaf: Leaf = (reader.take(32), end)
+            digest, at = _take(raw, at, 32), at + 32
         else:
-            zigzag = reader.varint()
+            zigzag, at = _read_varint(raw, at)
             timestamp += -((zigzag + 1) >> 1) if zigzag & 1 else zigzag >> 1
             if flags & _START:
-                start += reader.varint()
+                step, at = _read_varint(raw, at)
+                start += step
                 base = chain_at(start) or b""
             if flags & _META:
-                meta_version, meta_hash = reader.varint(), reader.take(32)
+                meta_version, at = _read_varint(raw, at)
+                meta_hash, at = _take(raw, at, 32), at + 32
             top = chain_at(end)
             if len(base) != 32 or top is None or start > end:
                 raise MalformedError(f"a head over records this replica does not hold ([{start}, {end}))")
             if not 0 <= timestamp < 2**64 or meta_version >= 2**64 or version >= 2**64:
                 raise MalformedError("a head's counters are unsigned 64-bit integers")
             body = pack(qid, epoch, version, log, start, end, base, top, meta_version, meta_hash, timestamp)
-            leaf = (body_digest(HEAD2_NAMESPACE + body), end)
-        leaves.append(leaf)
-        log = fold(log, [leaf])
+            digest = body_digest(HEAD2_NAMESPACE + body)
+        leaves.append((digest, end))
+        log = fold_one(log, digest, end)
     return leaves
