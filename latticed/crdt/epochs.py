@@ -135,7 +135,8 @@ def join(a: Chains, b: Chains) -> Chains:
 
 def verify(value: Chains) -> None:
     """Raise unless every head is the owner's and every leaf is covered by a signature: then a forked
-    value proves the fork to anyone (:class:`EquivocationError` for a value in no normal form)."""
+    value proves the fork to anyone (:class:`EquivocationError` for a value in no normal form).
+    ``held_end`` is a replica's progress, not checked here: the records it claims verify on their own."""
     heads = [t.head for t in value.tips]
     if value.start_head is not None:
         heads.append(value.start_head)
