@@ -1,0 +1,88 @@
+"""Deltas of the fork core's value (:mod:`latticed.crdt.epochs`): only the leaves a peer lacks.
+
+A peer summarises its log by how many leaves it knows and their fold (:class:`LogSummary`, ~50 bytes).
+If our log passes through that fold at that length, the peer shares our history up to there and gets only
+the leaves after it and our tips; if not, the histories part below it (or the peer is on another epoch),
+and it gets our whole value, which proves the fork to it. Records travel beside it (not here): a delta's
+``held_end`` is left out. Joining a delta equals joining the value it came from, without its progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from latticed.crdt.epochs import Chains, join, verify
+from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis
+
+__all__ = ["LogDelta", "LogSummary", "delta", "merge", "summary", "vouches"]
+
+
+@dataclass(frozen=True, slots=True)
+class LogSummary:
+    """The leaves a replica knows in its epoch: the first ``known`` of them fold to ``fold``."""
+
+    epoch: int
+    known: int
+    fold: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LogDelta:
+    """``value`` without its first ``base`` shared leaves, which fold to ``base_fold`` (the receiver
+    checks it holds them)."""
+
+    base: int
+    base_fold: bytes
+    value: Chains
+
+
+def _known(value: Chains) -> tuple[Leaf, ...]:
+    """The leaves every branch of ``value`` holds (all of them, when not forked)."""
+    if value.forked or not value.tips:
+        return value.shared
+    return (*value.shared, value.tips[0].head.leaf())
+
+
+def summary(value: Chains) -> LogSummary:
+    known = _known(value)
+    return LogSummary(value.epoch, len(known), fold(genesis(value.queue_id, value.epoch), known))
+
+
+def delta(value: Chains, since: LogSummary | None) -> LogDelta | None:
+    """What a replica summarised by ``since`` lacks of ``value`` (None: nothing). A peer that knows
+    more leaves than ours share gets our tips from there on: it checks our shared leaves itself."""
+    if not value.tips or (since is not None and since.epoch > value.epoch):
+        return None
+    origin = genesis(value.queue_id, value.epoch)
+    if since is None or since.epoch < value.epoch:
+        return LogDelta(0, origin, value)
+    base = min(since.known, len(value.shared))
+    base_fold = fold(origin, value.shared[:base])
+    if since.known <= len(value.shared) and base_fold != since.fold:
+        return LogDelta(0, origin, value)  # the histories part below what the peer knows: all of it
+    return LogDelta(base, base_fold, replace(value, shared=value.shared[base:]))
+
+
+def merge(value: Chains, piece: LogDelta) -> Chains:
+    """``value`` joined with ``piece``, verified first: anything forged raises and changes nothing. A
+    piece whose left-out leaves this replica does not hold raises :class:`ValueError` (its history parts
+    below them, or it changed since its summary): the sender then sends the whole value."""
+    known = _known(value) if piece.value.epoch == value.epoch else ()
+    origin = genesis(piece.value.queue_id, piece.value.epoch)
+    if piece.base > len(known) or fold(origin, known[: piece.base]) != piece.base_fold:
+        raise ValueError("a delta that leaves out leaves this replica does not hold")
+    whole = replace(piece.value, shared=known[: piece.base] + piece.value.shared, held_end=0)
+    verify(whole)
+    return join(value, whole)
+
+
+def vouches(value: Chains, body: HeadV2) -> bool:
+    """Whether ``body`` (unsigned) is the owner's head of its version in ``value``'s verified log: then
+    its chain values vouch for a chunk of records as its signature would (a chunk may end at any head, the
+    last one every branch shares included, without a signed checkpoint)."""
+    if body.queue_id != value.queue_id or body.epoch != value.epoch or body.version < 1:
+        return False
+    index, leaf = body.version - 1, body.leaf()
+    if index < len(value.shared):
+        return value.shared[index] == leaf
+    return any(tip.leaves()[index - len(value.shared) :][:1] == (leaf,) for tip in value.tips)

@@ -1,0 +1,161 @@
+"""What a replica knows of one queue's chain of v2 heads, and where a forked queue is frozen.
+
+An honest owner's heads form one chain; a replica knows a prefix of it (the leaves of every version up to
+its newest head, :mod:`latticed.crdt.head2`). Everything replicas saw together forms a tree of such
+chains; a replica keeps that tree cut at its first branching: the ``shared`` leaves and, past them, one
+:class:`Tip` per branch (the newest signed head through that leaf, and the leaves from the branch on).
+One tip: not forked. Two or more: the owner signed two histories, the tips with ``shared`` are a proof
+anyone can check with the owner's key (:func:`verify`), and the queue is frozen at the end of the last
+shared head (:attr:`Chains.fork_point`): its records are ``[start, fork point)``, which every branch
+vouches for, with ``start`` the highest signed start seen.
+
+The cut of a union of trees is the cut of the union of their cuts, so :func:`join` (cut of the union, the
+highest ``(start, version, bytes)`` head, the furthest held end below the bound) is commutative,
+associative and idempotent: a superseded head or a truncation throws away nothing a later join needs.
+A higher epoch (the owner's recovery) supersedes every lower one whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from latticed.crdt.core_errors import EquivocationError, MalformedError, WrongOwnerError
+from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, is_leaf
+
+__all__ = ["Chains", "Tip", "empty", "join", "replica", "verify"]
+
+
+@dataclass(frozen=True, slots=True)
+class Tip:
+    """A branch past the shared leaves: its newest signed head and the unsigned leaves between (the
+    head's ``log`` folds over them, so its signature covers them)."""
+
+    head: HeadV2
+    tail: tuple[Leaf, ...] = ()
+
+    def leaves(self) -> tuple[Leaf, ...]:
+        return (*self.tail, self.head.leaf())
+
+
+@dataclass(frozen=True, slots=True)
+class Chains:
+    """One replica's knowledge of a queue's heads in its newest epoch, and how far it holds records."""
+
+    owner: bytes
+    queue_id: bytes
+    epoch: int = 0
+    shared: tuple[Leaf, ...] = ()
+    tips: tuple[Tip, ...] = ()
+    start_head: HeadV2 | None = None  #: the head with the highest signed start seen
+    held_end: int = 0  #: records held: ``[start, held_end)`` (a replica's progress)
+
+    @property
+    def forked(self) -> bool:
+        return len(self.tips) > 1
+
+    @property
+    def fork_point(self) -> int | None:
+        """The end of the last head every branch shares (0 if they part at an epoch's first head)."""
+        if not self.forked:
+            return None
+        return self.shared[-1][1] if self.shared else 0
+
+    @property
+    def start(self) -> int:
+        return 0 if self.start_head is None else self.start_head.start
+
+    @property
+    def upper(self) -> int:
+        """The end of what may be held: the fork point if frozen, else the newest head's end."""
+        point = self.fork_point
+        if point is not None:
+            return point
+        return self.tips[0].head.end if self.tips else 0
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """The records this value consists of: nothing past the fork point, nothing below the start."""
+        return self.start, max(self.start, min(self.held_end, self.upper))
+
+
+def empty(owner: bytes, queue_id: bytes) -> Chains:
+    return Chains(owner, queue_id)
+
+
+def replica(owner: bytes, head: HeadV2, log: tuple[Leaf, ...], held_end: int) -> Chains:
+    """The value of a replica holding ``head``, the leaves of the versions before it and records up to
+    ``held_end``."""
+    return Chains(owner, head.queue_id, head.epoch, log, (Tip(head),), head, min(held_end, head.end))
+
+
+def _rank(head: HeadV2) -> tuple[int, bytes]:
+    return head.version, head.to_bytes()
+
+
+def _start_rank(head: HeadV2 | None) -> tuple[int, int, bytes]:
+    return (-1, 0, b"") if head is None else (head.start, head.version, head.to_bytes())
+
+
+def _split(branches: list[tuple[tuple[Leaf, ...], HeadV2]]) -> int | None:
+    """The first index at which two branches hold different leaves (None: all lie on one chain)."""
+    found: int | None = None
+    for (x, _), (y, _) in itertools.combinations(branches, 2):
+        index = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
+        if index is not None and (found is None or index < found):
+            found = index
+    return found
+
+
+def join(a: Chains, b: Chains) -> Chains:
+    """The least value above both (both verified, of one queue)."""
+    if (a.owner, a.queue_id) != (b.owner, b.queue_id):
+        raise WrongOwnerError("joining values of two queues")
+    if not a.tips or not b.tips or a.epoch != b.epoch:
+        return max(a, b, key=lambda c: (bool(c.tips), c.epoch))
+    branches = [(x.shared + t.leaves(), t.head) for x in (a, b) for t in x.tips]
+    split = _split(branches)
+    tips: tuple[Tip, ...]
+    if split is None:
+        leaves, head = max(branches, key=lambda branch: (len(branch[0]), _rank(branch[1])))
+        shared, tips = leaves[:-1], (Tip(head),)
+    else:
+        best: dict[Leaf, tuple[tuple[Leaf, ...], HeadV2]] = {}
+        for leaves, head in branches:
+            if len(leaves) > split:
+                kept = best.get(leaves[split])
+                if kept is None or _rank(head) > _rank(kept[1]):
+                    best[leaves[split]] = (leaves, head)
+        shared = next(iter(best.values()))[0][:split]
+        tips = tuple(Tip(head, leaves[split:-1]) for _, (leaves, head) in sorted(best.items()))
+    start_head = max(a.start_head, b.start_head, key=_start_rank)
+    value = Chains(a.owner, a.queue_id, a.epoch, shared, tips, start_head)
+    return replace(value, held_end=min(max(a.held_end, b.held_end), value.upper))
+
+
+def verify(value: Chains) -> None:
+    """Raise unless every head is the owner's and every leaf is covered by a signature: then a forked
+    value proves the fork to anyone (:class:`EquivocationError` for a value in no normal form).
+    ``held_end`` is a replica's progress, not checked here: the records it claims verify on their own."""
+    heads = [t.head for t in value.tips]
+    if value.start_head is not None:
+        heads.append(value.start_head)
+    for head in heads:
+        head.verify(value.owner, value.queue_id)
+        if head.epoch != value.epoch:
+            raise MalformedError("a head of another epoch")
+    leaves = [*value.shared, *(leaf for tip in value.tips for leaf in tip.tail)]
+    if any(not is_leaf(leaf) for leaf in leaves):
+        raise MalformedError("a leaf is a 32-byte digest and an offset")
+    base = fold(genesis(value.queue_id, value.epoch), value.shared)
+    for tip in value.tips:
+        if fold(base, tip.tail) != tip.head.log or len(value.shared) + len(tip.leaves()) != tip.head.version:
+            raise EquivocationError("leaves that the head's log does not cover")
+        ends = [end for _, end in (*value.shared, *tip.leaves())]
+        if ends != sorted(ends):
+            raise EquivocationError("a chain of heads whose end goes back")
+    firsts = [tip.leaves()[0] for tip in value.tips]
+    if (value.tips and value.start_head is None) or firsts != sorted(set(firsts)):
+        raise EquivocationError("tips that do not branch at the shared leaves")
+    if not value.forked and value.tips and value.tips[0].tail:
+        raise EquivocationError("an unforked value keeps its leaves shared")

@@ -1,0 +1,161 @@
+"""Signed heads v2: each head commits to every earlier head of its epoch, so any two heads of one owner
+that are not on one chain contradict each other, however far apart they are.
+
+Layout (big-endian, 232 bytes signed, 296 with the signature)::
+
+    namespace    24  b"latticed/queue-head/v2\\n\\0"
+    queue_id     32  as in v1 (:func:`latticed.crdt.head.queue_id`)
+    epoch         8  +1 per recovery of a forked queue; orders before the version
+    version       8  1 for an epoch's first head, +1 per signed change
+    log          32  :func:`fold` of the leaves of versions 1 .. version-1 of this epoch
+    start, end, base_hash, head_hash, meta_version, meta_hash, timestamp: as in v1
+    signature    64  Ed25519 over all of the above
+
+A *leaf* is ``(digest of the body, end)``: 40 bytes per version is all a replica keeps of a head once a
+newer one supersedes it. The accumulator runs over leaves rather than bodies (SSB's ``previous`` names the
+previous body), so a replica that kept only leaves can still show, with the owner's signature on a newer
+head, which head the owner signed at any earlier version: the leaves from there fold into that head's
+``log``. The end rides in the leaf so a fork point (the end of the last head both branches share) needs
+no body either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+from collections.abc import Iterable
+
+from latticed.crdt.core_errors import MalformedError, WrongOwnerError
+from latticed.crdt.records import MAX_OFFSET
+from latticed.crdt.signing import Identity, blake2b, verify
+
+HEAD2_NAMESPACE = b"latticed/queue-head/v2\n\x00"
+#: The signed fields after the namespace (a replica rebuilding bodies from records packs them itself).
+HEAD2_BODY = _BODY = struct.Struct(">32sQQ32sQQ32s32sQ32sQ")
+HEAD2_SIZE = len(HEAD2_NAMESPACE) + _BODY.size + 64
+LEAF_SIZE = 40
+_U64 = struct.Struct(">Q")
+
+#: ``(digest of a head's body, that head's end)``: what the log keeps of each version.
+Leaf = tuple[bytes, int]
+
+
+def genesis(queue_id: bytes, epoch: int) -> bytes:
+    """The log before an epoch's first head: distinct per queue and epoch."""
+    return blake2b(queue_id + _U64.pack(epoch), b"latticed.lg0.v1")
+
+
+def is_leaf(leaf: object) -> bool:
+    """A 32-byte digest and an offset (anything else off the wire must not reach :func:`fold`)."""
+    if not isinstance(leaf, tuple) or len(leaf) != 2:
+        return False
+    digest, end = leaf
+    return isinstance(digest, bytes) and len(digest) == 32 and type(end) is int and 0 <= end <= MAX_OFFSET
+
+
+# Personalised once and copied per use (as records.py does): a catch-up hashes twice per version.
+_BODY_HASHER = hashlib.blake2b(digest_size=32, person=b"latticed.hd2.v1")
+_LOG_HASHER = hashlib.blake2b(digest_size=32, person=b"latticed.log.v1")
+
+
+def body_digest(body: bytes) -> bytes:
+    """What a leaf names a head by: its signed bytes, without the signature."""
+    hasher = _BODY_HASHER.copy()
+    hasher.update(body)
+    return hasher.digest()
+
+
+def fold_one(log: bytes, digest: bytes, end: int) -> bytes:
+    """The accumulator ``log`` extended by the leaf ``(digest, end)``."""
+    hasher = _LOG_HASHER.copy()
+    hasher.update(log + digest + _U64.pack(end))
+    return hasher.digest()
+
+
+def fold(log: bytes, leaves: Iterable[Leaf]) -> bytes:
+    """Extend the accumulator ``log`` by ``leaves``, oldest first."""
+    for digest, end in leaves:
+        log = fold_one(log, digest, end)
+    return log
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeadV2:
+    """An owner-signed head that names its place in the owner's chain of heads (epoch, version, log)."""
+
+    queue_id: bytes
+    epoch: int
+    version: int
+    log: bytes
+    start: int
+    end: int
+    base_hash: bytes
+    head_hash: bytes
+    meta_version: int
+    meta_hash: bytes
+    timestamp: int
+    signature: bytes = b""
+
+    def body(self) -> bytes:
+        return HEAD2_NAMESPACE + _BODY.pack(
+            self.queue_id,
+            self.epoch,
+            self.version,
+            self.log,
+            self.start,
+            self.end,
+            self.base_hash,
+            self.head_hash,
+            self.meta_version,
+            self.meta_hash,
+            self.timestamp,
+        )
+
+    def to_bytes(self) -> bytes:
+        return self.body() + self.signature
+
+    def leaf(self) -> Leaf:
+        """This head's entry in the log (two signatures over one body are one statement)."""
+        return body_digest(self.body()), self.end
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> HeadV2:
+        if not isinstance(raw, bytes) or len(raw) != HEAD2_SIZE or not raw.startswith(HEAD2_NAMESPACE):
+            raise MalformedError("not a v2 signed queue head")
+        fields = _BODY.unpack_from(raw, len(HEAD2_NAMESPACE))
+        head = dataclasses.replace(cls(*fields), signature=raw[-64:])
+        head.check()
+        return head
+
+    def signed(self, identity: Identity) -> HeadV2:
+        """This body under ``identity``'s signature (the owner's commit is the only caller)."""
+        self.check()
+        return dataclasses.replace(self, signature=identity.sign(self.body()))
+
+    def check(self) -> None:
+        """Raise :class:`MalformedError` unless every field fits the signed layout exactly."""
+        for value in (self.queue_id, self.log, self.base_hash, self.head_hash, self.meta_hash):
+            if not isinstance(value, bytes) or len(value) != 32:
+                raise MalformedError("a head's hashes are 32 bytes")
+        counters = (self.epoch, self.version, self.start, self.end, self.meta_version, self.timestamp)
+        for number in counters:
+            if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number < 2**64:
+                raise MalformedError("a head's counters are unsigned 64-bit integers")
+        if self.version < 1 or self.start > self.end or self.end > MAX_OFFSET:
+            raise MalformedError("a head's version starts at 1 and its offsets run start <= end <= 2^63-1")
+        if not isinstance(self.signature, bytes):
+            raise MalformedError("a head's signature is bytes")
+
+    def verify(self, owner: bytes, expected_queue_id: bytes) -> None:
+        """Well formed (else :class:`MalformedError`), this queue's and the owner's (else an
+        :class:`IntegrityError`)."""
+        self.check()
+        if self.queue_id != expected_queue_id:
+            raise WrongOwnerError("head belongs to another queue (another owner or name)")
+        verify(owner, self.body(), self.signature)
+
+
+def next_log(head: HeadV2) -> bytes:
+    """The ``log`` the owner's next head of ``head``'s epoch signs."""
+    return fold(head.log, [head.leaf()])
