@@ -174,6 +174,8 @@ class Replication:
     others_on_lan: OtherNetworks | None = None
     #: No signing after a start until the peers known then were heard from (latticed/protocol/start_gate.py).
     start_gate: StartGate = field(default_factory=lambda: StartGate(trio.current_time(), None))
+    #: Set once the start gate opens: writes it refused wait for it (:meth:`wait_start_gate`).
+    gate_opened: trio.Event = field(default_factory=trio.Event)
     #: The gossip of each link, by identity: cancelled when the active view drops that link.
     link_scopes: dict[bytes, trio.CancelScope] = field(default_factory=dict)
 
@@ -192,6 +194,8 @@ class Replication:
         if gate.opened_at is not None:
             return None
         reason = gate.reason(trio.current_time(), self.gossip.unheard_links())
+        if reason is None:
+            self.gate_opened.set()
         if reason is None and (gate.expected or gate.timed_out):
             log_event(
                 log,
@@ -202,6 +206,17 @@ class Replication:
                 unreached=gate.waits_for,
             )
         return reason
+
+    async def wait_start_gate(self) -> bool:
+        """Wait (at most until its deadline) for the start gate to open: True if it was closed and is open
+        now, so a write it refused may go ahead; False if it was open already (the refusal had another
+        cause, which waiting would not lift). A write right after ``latticed run`` thus takes a moment
+        instead of failing."""
+        if self.update_gate() is None:
+            return False
+        with trio.move_on_at(self.start_gate.deadline + 1.0):
+            await self.gate_opened.wait()
+        return self.start_gate.opened_at is not None
 
     def identity_status(self) -> dict[str, Any]:
         """Another run of our identity (told of, or seen in a head), identities seen running twice on our

@@ -10,10 +10,8 @@ import socket
 import threading
 from pathlib import Path
 
-import pytest
 from support.inprocess import start_in_process
 
-from latticed.errors import BehindPeersError
 from latticed.host.config import DaemonConfig
 from latticed.process.logs import EVENT_ATTR, FIELDS_ATTR
 
@@ -33,7 +31,7 @@ class _Logged(logging.Handler):
             self.event.set()
 
 
-def test_no_write_is_signed_until_the_first_peers_said_what_they_hold(tmp_path: Path) -> None:
+def test_a_write_waits_until_the_first_peers_said_what_they_hold(tmp_path: Path) -> None:
     silent = socket.create_server(("127.0.0.1", 0))
     silent.settimeout(10)
     port = silent.getsockname()[1]
@@ -51,21 +49,36 @@ def test_no_write_is_signed_until_the_first_peers_said_what_they_hold(tmp_path: 
     try:
         conn, _ = silent.accept()  # the daemon dialled: its handshake waits for an answer
         client = daemon.client()
+        writer = daemon.client()
+        written: dict[str, object] = {}
+
+        def write() -> None:
+            try:
+                written["queue"] = writer.queue_create("q")  # waits for the catch-up, then goes ahead
+                written["offset"] = writer.offer("q", b"signed after the catch-up")
+            except Exception as exc:  # surfaced by the asserts below
+                written["error"] = exc
+
+        waiting = threading.Thread(target=write)
+        waiting.start()
         try:
-            with pytest.raises(BehindPeersError, match="learns what its peers hold"):
-                client.queue_create("q")
             facts = client.identity_runs()
             assert facts is not None and "1 to reach" in str(facts["catching_up"])
             assert not caught_up.event.is_set()
+            assert [q for q in client.queue_list() if q.get("name") == "q"] == []  # nothing signed yet
             conn.close()  # the peer hangs up: it cannot be reached, so nothing is awaited any more
             assert caught_up.event.wait(10)
             assert caught_up.fields["timed_out"] is False
-            client.queue_create("q")
-            assert client.offer("q", b"signed after the catch-up") == 0
+            waiting.join(20)
+            assert not waiting.is_alive()
+            assert "error" not in written, written
+            assert written["offset"] == 0
             facts = client.identity_runs()
             assert facts is not None and facts["catching_up"] is None
         finally:
+            waiting.join(20)
             client.close()
+            writer.close()
     finally:
         daemon.stop()
         silent.close()

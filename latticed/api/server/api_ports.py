@@ -121,6 +121,8 @@ class ReplicationView(Protocol):
 
     def identity_status(self) -> dict[str, Any]: ...
 
+    async def wait_start_gate(self) -> bool: ...
+
 
 class PeerControl(ReplicationView, Protocol):
     """The running replication service, as ``peers add|remove|block|unblock`` change it (saved in the

@@ -10,7 +10,7 @@ from typing import Any
 
 from latticed.api.messages import SUPPORTED_VERSIONS, error_reply, unpack
 from latticed.api.server.context import Context, OpTable
-from latticed.errors import LatticedError, MalformedError, ProtocolError
+from latticed.errors import BehindPeersError, LatticedError, MalformedError, ProtocolError
 from latticed.process.logs import get_logger, log_event
 
 log = get_logger(__name__)
@@ -51,8 +51,17 @@ def parse_request(frame: bytes, ops: OpTable) -> tuple[dict[str, Any] | None, di
 
 async def dispatch(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
     rid = request.get("id")
+    handler = ctx.ops.handlers[request["op"]]
     try:
-        result = await ctx.ops.handlers[request["op"]](ctx, request)
+        try:
+            result = await handler(ctx, request)
+        except BehindPeersError:
+            # Refused by the catch-up after a start (the owner fence is checked before anything is
+            # written): wait for it, bounded, and run the request again once; any other cause stands.
+            view = ctx.replication
+            if view is None or not await view.wait_start_gate():
+                raise
+            result = await handler(ctx, request)
     except LatticedError as exc:
         return error_reply(rid, exc)
     except Exception as exc:
