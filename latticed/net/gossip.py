@@ -204,9 +204,24 @@ class PeerLink:
     #: On a first link whose identity connected again from another run: that link, the run, and the
     #: nonce of the PING whose PONG proves this link is still alive (then it is a duplicate identity).
     pending_twin: tuple[PeerLink, bytes, int] | None = None
+    #: While its driver sleeps: when it wakes by itself (its session's next deadline, ``math.inf`` for
+    #: none); ``-math.inf`` while it runs (it looks at the session again before it sleeps).
+    sleeping_until: float = -math.inf
 
     def kick(self) -> None:
+        """Wake the driver whatever the session holds (a replaced link, an extension's messages)."""
         self.wakeup.set()
+
+    def nudge(self) -> None:
+        """Wake the driver only if the session has something for it now, or sooner than it would wake:
+        each pass of a driver with nothing to do costs a scheduler pass per record on a busy link."""
+        session = self.session
+        if session.has_work() or self.extra_out:
+            self.wakeup.set()
+            return
+        deadline = session.next_deadline()
+        if deadline is not None and deadline < self.sleeping_until:
+            self.wakeup.set()
 
 
 def _ahead(theirs: Summary, held_end: int) -> str:
@@ -303,11 +318,11 @@ class Gossip:
         for public_key, link in self.links.items():
             if link is not source_link and public_key != source:
                 link.session.local_update(key, summary)
-                link.kick()
+                link.nudge()
         for link in self.twins.values():
             if link is not source_link:
                 link.session.local_update(key, summary)
-                link.kick()
+                link.nudge()
 
     def unheard_links(self) -> int:
         """Connected peers whose first digest has not come yet."""
@@ -463,6 +478,8 @@ class Gossip:
             incarnation=self.incarnation,
             graft_timeout=self.graft_timeout,
             have_linger=self.have_linger,
+            notices=False,  # the driver has no use for them
+            received_apart=True,  # the reader hands them to the verifier
         )
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
@@ -488,7 +505,7 @@ class Gossip:
         try:
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._reader, stream, link, nursery.cancel_scope, first)
+                    nursery.start_soon(self._reader, stream, link, nursery.cancel_scope, to_verify, first)
                     nursery.start_soon(self._driver, stream, link, nursery.cancel_scope, to_verify)
                     nursery.start_soon(self._verifier, link, verify_queue, to_ack)
                     nursery.start_soon(self._acker, link, ack_queue)
@@ -544,9 +561,16 @@ class Gossip:
             log_event(log, "peer.disconnected", peer=peer_hex, address=address, reason=reason)
 
     async def _reader(
-        self, stream: SecureStream, link: PeerLink, scope: trio.CancelScope, first: bytes | None = None
+        self,
+        stream: SecureStream,
+        link: PeerLink,
+        scope: trio.CancelScope,
+        to_verify: trio.MemorySendChannel[DeltaReceived],
+        first: bytes | None = None,
     ) -> None:
-        """Feed the peer's messages to the session (``first``: one :meth:`run_peer` read already)."""
+        """Feed the peer's messages to the session (``first``: one :meth:`run_peer` read already).
+        Received deltas go straight to the verifier (the session admits at most ``window`` of them
+        unacknowledged, which the channel holds): no pass of the driver per delta."""
         session = link.session
         while True:
             while not session.accepts_input():
@@ -573,12 +597,14 @@ class Gossip:
                 self.extension.receive(link, message)
                 continue
             heard = session.digest_received
-            link.session.receive_message(message, link.last_heard)
+            session.receive_message(message, link.last_heard)
+            while (received := session.next_received()) is not None:
+                to_verify.send_nowait(received)
             if self.incompatible and session.state is SessionState.OPEN:
                 self.incompatible.pop(link.public_key, None)  # a HELLO we speak: no longer news
             if not heard and session.digest_received and self.on_summaries is not None:
                 self.on_summaries()
-            link.kick()
+            link.nudge()
 
     def _is_stale(self, link: PeerLink) -> bool:
         return trio.current_time() - link.last_heard > STALE_AFTER_S
@@ -651,7 +677,6 @@ class Gossip:
             if not self._current(link):
                 scope.cancel()  # a newer connection to the same peer replaced this one
                 return
-            link.wakeup = trio.Event()  # reset first: a kick while we work is not lost
             # Let the tasks woken with us run first: when a commit lands, an owner's answer to a remote
             # offer is queued by then and goes out before the delta of the same commit is even built.
             await trio.lowlevel.checkpoint()
@@ -676,10 +701,20 @@ class Gossip:
                     self._confirm_twin(link)
                 await self._flush(stream, link)
             await self._flush(stream, link)
-            if not session.has_work():
-                deadline = session.next_deadline()  # a graft timer
-                with trio.move_on_at(math.inf if deadline is None else deadline):
+            if session.has_work() or link.extra_out or not self._current(link):
+                continue
+            # Nothing awaits between here and the wait, so nothing asked of us since the flush is lost:
+            # kicks while we worked (each a pass for nothing) are dropped with the old event.
+            deadline = session.next_deadline()  # a graft timer, lingering HAVEs
+            link.wakeup = trio.Event()
+            if deadline is None:
+                link.sleeping_until = math.inf
+                await link.wakeup.wait()
+            else:
+                link.sleeping_until = deadline
+                with trio.move_on_at(deadline):
                     await link.wakeup.wait()
+            link.sleeping_until = -math.inf
 
     def _count(self, direction: str, message: bytes) -> None:
         name = f"{direction}_{message_type_name(message)}"
