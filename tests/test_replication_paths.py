@@ -590,3 +590,59 @@ async def test_deltas_stored_by_one_commit_are_acknowledged_in_one_write() -> No
         nursery.cancel_scope.cancel()
     acked = [[unpack(m)[1] for m in write if unpack(m)[0] == ACK] for write in stream.writes]
     assert [seqs for seqs in acked if seqs] == [[1, 2, 3]]
+
+
+class _DriverSteps(trio.abc.Instrument):
+    """Counts the scheduler passes (task steps) of link drivers."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("._driver"):
+            self.steps += 1
+
+
+class _Deltas:
+    """A host serving one delta, from its store (``delta_for``) or, with ``relaying``, as a push on its
+    way to the store (``relayed_delta``)."""
+
+    def __init__(self, delta: core.QueueDelta, *, relaying: bool) -> None:
+        self.delta, self.stored, self.relayed = delta, 0, 0
+        if relaying:
+            self.relayed_delta = self._relayed
+
+    def _relayed(self, key: Any, since: core.Summary | None) -> core.QueueDelta:
+        self.relayed += 1
+        return self.delta
+
+    async def delta_for(self, key: Any, since: Any, max_records: int, max_bytes: int) -> core.QueueDelta:
+        self.stored += 1
+        return self.delta
+
+
+@pytest.mark.parametrize("relaying", [False, True], ids=["a commit's delta", "a relayed push"])
+async def test_a_relayed_push_goes_out_without_the_pass_a_commits_delta_takes(relaying: bool) -> None:
+    """The driver yields once before building a delta from a commit (an owner's answer woken by that
+    commit goes out first); a push relayed as it came is no commit's, so a relay pays no pass for it."""
+    state = owner_state(1, 3)
+    session = _open_session()
+    link = PeerLink(b"\x02" * 32, "mem", "static", session)
+    session.local_update(KEY, state.summary())
+    host = _Deltas(core.delta(state, None, 100), relaying=relaying)
+    gossip = Gossip(host, b"\x01" * 32)  # type: ignore[arg-type]
+    gossip.links = {link.public_key: link}
+    stream = _Writes()
+    steps = _DriverSteps()
+    to_verify, _ = trio.open_memory_channel[DeltaReceived](10)
+    trio.lowlevel.add_instrument(steps)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gossip._driver, stream, link, nursery.cancel_scope, to_verify)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert [msgpack.unpackb(frames[0])[0] for frames in stream.writes] == [DELTA]
+    assert (host.relayed, host.stored) == ((1, 0) if relaying else (0, 1))
+    assert steps.steps == (2 if relaying else 3)  # start, (the yield,) and the cancel at its wait

@@ -297,9 +297,13 @@ class Gossip:
     #: Called when a peer's first digest arrives (the start gate waits for them).
     on_summaries: Callable[[], object] | None = None
     _foreign_logged: set[QueueKey] = field(default_factory=set)
+    _relayed: Callable[[QueueKey, Summary | None], QueueDelta | None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.identity = IdentityGuard(self.incarnation)
+        # Optional on a host: ``relayed_delta(key, since)``, the push as it came that extends what a peer
+        # summarised by ``since`` holds, if one is on its way to our store (None: ``delta_for`` decides).
+        self._relayed = getattr(self.host, "relayed_delta", None)
         for name in ("duplicate_identities", "identity_notices", "foreign_heads"):
             self.counters.setdefault(name, 0)
         if self.extension is not None:
@@ -677,17 +681,27 @@ class Gossip:
             if not self._current(link):
                 scope.cancel()  # a newer connection to the same peer replaced this one
                 return
-            # Let the tasks woken with us run first: when a commit lands, an owner's answer to a remote
-            # offer is queued by then and goes out before the delta of the same commit is even built.
-            await trio.lowlevel.checkpoint()
             if link.extra_out and link.opened:
                 await self._send(stream, link, self._take_extra(link))
+            yielded = False
             session.tick(trio.current_time())
             while (event := session.next_event()) is not None:
                 if isinstance(event, NeedDelta):
-                    delta = await self.host.delta_for(
-                        event.key, event.since, event.max_records, self.max_message_bytes // 2
-                    )
+                    relayed = self._relayed
+                    delta = None if relayed is None else relayed(event.key, event.since)
+                    if delta is None:
+                        if not yielded:
+                            # Let the tasks woken with us run first: when a commit lands, an owner's
+                            # answer to a remote offer is queued by then and goes out before the delta of
+                            # the same commit is even built. (A push relayed as it came is no commit's:
+                            # a relay takes no scheduler pass for it.)
+                            yielded = True
+                            await trio.lowlevel.checkpoint()
+                            if link.extra_out and link.opened:
+                                await self._send(stream, link, self._take_extra(link))
+                        delta = await self.host.delta_for(
+                            event.key, event.since, event.max_records, self.max_message_bytes // 2
+                        )
                     session.provide_delta(event.key, delta)
                     if delta is not None:
                         self.counters["deltas_out"] += 1
