@@ -196,6 +196,12 @@ class SecureStream(trio.abc.AsyncResource):
                     raise ConnectionClosedError("secure stream was closed locally")
                 try:
                     now = self._read_now()
+                    if now is None and self._socket is not None:
+                        # Wait for bytes and read them ourselves: trio's receive_some would first try
+                        # the read we just tried, a failing syscall and its wrappers per message.
+                        await trio.lowlevel.wait_readable(self._socket)
+                        self._reads_unyielded = 0
+                        continue
                     data = await self._stream.receive_some(_RECEIVE_SIZE) if now is None else now
                 except trio.ClosedResourceError as error:
                     raise ConnectionClosedError("secure stream was closed locally") from error

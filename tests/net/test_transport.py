@@ -243,6 +243,33 @@ async def test_over_tcp_a_send_and_a_read_that_need_no_wait_take_no_scheduler_pa
 
 
 @trio_test
+async def test_over_tcp_a_read_that_waits_reads_the_socket_itself_once_woken() -> None:
+    """A reader that finds nothing waits for the socket to be readable and reads it directly: not
+    through trio's receive_some, which would try the read that just failed again first."""
+    client, server, listener = await tcp_pair()
+
+    async def not_used(max_bytes: int | None = None) -> bytes:
+        raise AssertionError("read through the stream")
+
+    server._stream.receive_some = not_used  # type: ignore[method-assign]
+    got: list[bytes | None] = []
+
+    async def read() -> None:
+        got.append(await server.receive())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        await trio.testing.wait_all_tasks_blocked()  # waiting: the socket holds nothing yet
+        assert got == []
+        await client.send_many([b"late delta"])
+    assert got == [b"late delta"]
+    await client.aclose()
+    assert await server.receive() is None
+    for stream in (server, listener):
+        await stream.aclose()
+
+
+@trio_test
 async def test_over_tcp_what_the_socket_does_not_take_at_once_follows_and_a_flood_still_yields() -> None:
     """More than the socket's buffers: the part written directly and the rest, sent as the peer reads,
     arrive whole and in order; a reader that finds data at every read still lets the others run."""
