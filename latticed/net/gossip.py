@@ -112,6 +112,8 @@ OWN_CATCH_UP_S = 30.0
 #: HELLO), or is closed.
 HELLO_WAIT_S = 10.0
 _IGNORED = -1
+#: The traffic counters' names by direction and message type (built once, not per message).
+_COUNTER_NAMES: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 class PendingMerge(Protocol):
@@ -731,10 +733,13 @@ class Gossip:
             link.sleeping_until = -math.inf
 
     def _count(self, direction: str, message: bytes) -> None:
-        name = f"{direction}_{message_type_name(message)}"
+        kind = message_type_name(message)
+        names = _COUNTER_NAMES.get((direction, kind))
+        if names is None:
+            names = _COUNTER_NAMES[direction, kind] = (f"{direction}_{kind}", f"{direction}_{kind}_bytes")
         traffic = self.traffic
-        traffic[name] = traffic.get(name, 0) + 1
-        traffic[name + "_bytes"] = traffic.get(name + "_bytes", 0) + len(message)
+        traffic[names[0]] = traffic.get(names[0], 0) + 1
+        traffic[names[1]] = traffic.get(names[1], 0) + len(message)
 
     async def _flush(self, stream: SecureStream, link: PeerLink) -> None:
         """Send what the session and the extension queued; the reader may read on meanwhile (what it adds

@@ -101,6 +101,8 @@ class SecureStream(trio.abc.AsyncResource):
         #: A TCP stream's (non-blocking) socket, written and read directly while that does not block.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._reads_unyielded = 0
+        #: The last direct read emptied the socket: the next one waits for bytes without trying first.
+        self._drained = False
 
     @property
     def remote_public_key(self) -> bytes:
@@ -195,10 +197,12 @@ class SecureStream(trio.abc.AsyncResource):
                 if self._closed:
                     raise ConnectionClosedError("secure stream was closed locally")
                 try:
-                    now = self._read_now()
+                    now = None if self._drained else self._read_now()
                     if now is None and self._socket is not None:
                         # Wait for bytes and read them ourselves: trio's receive_some would first try
-                        # the read we just tried, a failing syscall and its wrappers per message.
+                        # the read that just failed (or that the last short read says would fail), a
+                        # syscall and its wrappers per message.
+                        self._drained = False
                         await trio.lowlevel.wait_readable(self._socket)
                         self._reads_unyielded = 0
                         continue
@@ -232,6 +236,7 @@ class SecureStream(trio.abc.AsyncResource):
                 raise trio.ClosedResourceError from error
             raise
         self._reads_unyielded += 1
+        self._drained = len(data) < _RECEIVE_SIZE  # it emptied the socket: the next read waits first
         return data
 
     def _write_now(self, frame: bytes | memoryview) -> int:

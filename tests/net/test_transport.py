@@ -245,7 +245,8 @@ async def test_over_tcp_a_send_and_a_read_that_need_no_wait_take_no_scheduler_pa
 @trio_test
 async def test_over_tcp_a_read_that_waits_reads_the_socket_itself_once_woken() -> None:
     """A reader that finds nothing waits for the socket to be readable and reads it directly: not
-    through trio's receive_some, which would try the read that just failed again first."""
+    through trio's receive_some, which would try the read that just failed again first; and after a
+    read that emptied the socket it waits without trying a read that would fail."""
     client, server, listener = await tcp_pair()
 
     async def not_used(max_bytes: int | None = None) -> bytes:
@@ -253,16 +254,28 @@ async def test_over_tcp_a_read_that_waits_reads_the_socket_itself_once_woken() -
 
     server._stream.receive_some = not_used  # type: ignore[method-assign]
     got: list[bytes | None] = []
+    tries: list[bytes | None] = []
+    read_now = server._read_now
+
+    def counted() -> bytes | None:
+        tries.append(read_now())
+        return tries[-1]
+
+    server._read_now = counted  # type: ignore[method-assign]
 
     async def read() -> None:
         got.append(await server.receive())
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(read)
-        await trio.testing.wait_all_tasks_blocked()  # waiting: the socket holds nothing yet
-        assert got == []
-        await client.send_many([b"late delta"])
-    assert got == [b"late delta"]
+    for message in (b"late delta", b"the next one"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()  # waiting: the socket holds nothing yet
+            assert got[-1:] != [message]
+            await client.send_many([message])
+    assert got == [b"late delta", b"the next one"]
+    # The first wait tried a read first (nothing was known); after a read that emptied the socket, the
+    # next one waited without trying: one read each once woken.
+    assert len(tries) == 3 and tries[0] is None and None not in tries[1:]
     await client.aclose()
     assert await server.receive() is None
     for stream in (server, listener):
