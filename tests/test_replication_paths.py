@@ -30,6 +30,7 @@ from latticed.crdt.wire import (
 from latticed.errors import TamperedError
 from latticed.net.gossip import Gossip, PeerLink
 from latticed.protocol.replication import ACK, DELTA, DeltaReceived, NeedDelta, ReplicationSession
+from latticed.protocol.replication_messages import Pong
 from latticed.storage import segments
 from latticed.storage.engine import Engine
 
@@ -345,8 +346,8 @@ async def test_a_relay_announces_a_push_before_it_is_stored_but_acks_it_after() 
             return Pending()
 
     gossip = Gossip(Host(), b"\x01" * 32)  # type: ignore[arg-type]
-    source = PeerLink(b"\x02" * 32, "mem", "static", ReplicationSession())
-    other = PeerLink(b"\x03" * 32, "mem", "static", ReplicationSession())
+    source = PeerLink(b"\x02" * 32, "mem", "static", _open_session())
+    other = PeerLink(b"\x03" * 32, "mem", "static", _open_session())
     gossip.links = {source.public_key: source, other.public_key: other}
     to_verify, deltas = trio.open_memory_channel[DeltaReceived](10)
     to_ack, acks = trio.open_memory_channel[tuple[DeltaReceived, Any]](10)
@@ -359,6 +360,170 @@ async def test_a_relay_announces_a_push_before_it_is_stored_but_acks_it_after() 
         # The ACK is the acker's, and it waits on the store: here the merge is still pending.
         event, pending = acks.receive_nowait()
         assert event.seq == 1 and pending.ahead == ahead and not stored.is_set()
+        nursery.cancel_scope.cancel()
+
+
+def _open_session() -> ReplicationSession:
+    """A session past the peer's HELLO and digest, its opening messages and events taken (no work)."""
+    ours, theirs = ReplicationSession(), ReplicationSession()
+    ours.start({})
+    theirs.start({})
+    for message in theirs.messages_to_send():
+        ours.receive_message(message)
+    ours.messages_to_send()
+    list(iter(ours.next_event, None))  # the peer's HELLO
+    assert not ours.has_work()
+    return ours
+
+
+def test_a_change_wakes_a_links_driver_only_when_it_gives_the_driver_work() -> None:
+    """A relay hears of each push twice (served ahead of its commit, then stored): the second gives the
+    other links nothing to send, so their drivers are not woken for it (a scheduler pass per record)."""
+    state = owner_state(1, 3)
+    gossip = Gossip(_SlowHost(), b"\x01" * 32)  # type: ignore[arg-type]
+    link = PeerLink(b"\x02" * 32, "mem", "static", _open_session())
+    gossip.links = {link.public_key: link}
+    gossip.local_change(KEY, state.summary())
+    assert link.wakeup.is_set()  # a push to send: the driver asks for it
+    event = link.session.next_event()
+    assert isinstance(event, NeedDelta)
+    link.session.provide_delta(KEY, core.delta(state, event.since, event.max_records))
+    link.session.messages_to_send()
+    link.wakeup = trio.Event()
+    link.sleeping_until = float("inf")
+    gossip.local_change(KEY, state.summary())  # the same records, now stored: in flight already
+    assert not link.wakeup.is_set() and not link.session.has_work()
+
+
+async def test_kicks_while_the_driver_works_cost_no_extra_pass() -> None:
+    """The driver looks at the session again before it sleeps, so kicks that arrived while it sent (the
+    reader, the verifier and the acker each kick) do not wake it once more for nothing."""
+    session = _open_session()
+    link = PeerLink(b"\x02" * 32, "mem", "static", session)
+    gossip = Gossip(_SlowHost(), b"\x01" * 32)  # type: ignore[arg-type]
+    gossip.links = {link.public_key: link}
+    passes = 0  # each pass of the driver ends with one flush (no event came in between here)
+    flush = gossip._flush
+
+    async def counted(stream: Any, link: PeerLink) -> None:
+        nonlocal passes
+        passes += 1
+        await flush(stream, link)
+
+    gossip._flush = counted  # type: ignore[method-assign]
+
+    class Kicking(_Writes):
+        async def send_many(self, messages: list[bytes]) -> None:
+            link.kick()  # others kick while the driver is in its write
+            await trio.lowlevel.checkpoint()
+            await super().send_many(messages)
+
+    stream = Kicking()
+    to_verify, _ = trio.open_memory_channel[DeltaReceived](10)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gossip._driver, stream, link, nursery.cancel_scope, to_verify)
+        await trio.testing.wait_all_tasks_blocked()
+        assert passes == 1
+        session.ping(1)
+        link.kick()
+        await trio.testing.wait_all_tasks_blocked()
+        assert passes == 2 and len(stream.writes) == 1  # the ping went out; the kick in its write: no pass
+        nursery.cancel_scope.cancel()
+
+
+def _sender_and_receiver(**receiver_kw: Any) -> tuple[ReplicationSession, ReplicationSession]:
+    sender, receiver = ReplicationSession(), ReplicationSession(**receiver_kw)
+    sender.start({})
+    receiver.start({})
+    for message in sender.messages_to_send():
+        receiver.receive_message(message)
+    for message in receiver.messages_to_send():
+        sender.receive_message(message)
+    list(iter(receiver.next_event, None))
+    list(iter(sender.next_event, None))
+    return sender, receiver
+
+
+def test_a_session_without_notices_asks_nothing_of_its_host_for_an_ack_but_hands_it_a_pong() -> None:
+    """The daemon ignores the events that only report what the peer holds; with ``notices`` off they
+    are not queued, so an ACK that asks for no next chunk leaves the session without work (no pass of
+    the driver for it). A PONG still reaches the host: it matches it to its PING (the duplicate-identity
+    check waits for one)."""
+    state = owner_state(1, 2)
+    for notices in (True, False):
+        receiver, sender = _sender_and_receiver(notices=notices)
+        sender.local_update(KEY, state.summary())
+        event = sender.next_event()
+        assert isinstance(event, NeedDelta)
+        sender.provide_delta(KEY, core.delta(state, event.since, event.max_records))
+        for message in sender.messages_to_send():
+            receiver.receive_message(message)
+        (received,) = iter(receiver.next_event, None)
+        assert isinstance(received, DeltaReceived)
+        receiver.delta_applied(received.seq, state.summary(), True)
+        for message in receiver.messages_to_send():
+            sender.receive_message(message)  # the ACK
+        assert sender.has_work() is notices
+        assert len(list(iter(sender.next_event, None))) == (1 if notices else 0)
+        sender.ping(7)
+        for message in sender.messages_to_send():
+            receiver.receive_message(message)  # the PING
+        for message in receiver.messages_to_send():
+            sender.receive_message(message)  # the PONG
+        assert sender.has_work()
+        assert list(iter(sender.next_event, None)) == [Pong(7)]
+
+
+def test_received_deltas_wait_apart_for_the_reader() -> None:
+    state = owner_state(1, 2)
+    sender, receiver = _sender_and_receiver(received_apart=True)
+    sender.local_update(KEY, state.summary())
+    event = sender.next_event()
+    assert isinstance(event, NeedDelta)
+    sender.provide_delta(KEY, core.delta(state, event.since, event.max_records))
+    for message in sender.messages_to_send():
+        receiver.receive_message(message)
+    assert receiver.next_event() is None and not receiver.has_work()
+    received = receiver.next_received()
+    assert isinstance(received, DeltaReceived) and received.key == KEY
+    assert receiver.next_received() is None
+
+
+class _Messages:
+    """A peer stream that yields the given messages, then waits."""
+
+    def __init__(self, messages: list[bytes]) -> None:
+        self.messages = messages
+
+    async def receive(self) -> bytes | None:
+        if self.messages:
+            return self.messages.pop(0)
+        await trio.sleep_forever()
+        return None
+
+
+async def test_the_reader_hands_a_received_delta_to_the_verifier_itself() -> None:
+    """No pass of the link's driver between a delta's arrival and its verification."""
+    state = owner_state(1, 2)
+    sender, _ = _sender_and_receiver()
+    receiver = _open_session()
+    receiver.received_apart = True
+    sender.local_update(KEY, state.summary())
+    event = sender.next_event()
+    assert isinstance(event, NeedDelta)
+    sent = core.delta(state, event.since, event.max_records)
+    sender.provide_delta(KEY, sent)
+    link = PeerLink(b"\x02" * 32, "mem", "static", receiver)
+    gossip = Gossip(_SlowHost(), b"\x01" * 32)  # type: ignore[arg-type]
+    gossip.links = {link.public_key: link}
+    to_verify, deltas = trio.open_memory_channel[DeltaReceived](10)
+    async with trio.open_nursery() as nursery:
+        stream = _Messages(sender.messages_to_send())
+        nursery.start_soon(gossip._reader, stream, link, nursery.cancel_scope, to_verify)
+        await trio.testing.wait_all_tasks_blocked()
+        received = deltas.receive_nowait()
+        assert received.key == KEY and received.delta.head == sent.head
+        assert not link.wakeup.is_set()  # and nothing for the driver to do
         nursery.cancel_scope.cancel()
 
 
@@ -425,3 +590,59 @@ async def test_deltas_stored_by_one_commit_are_acknowledged_in_one_write() -> No
         nursery.cancel_scope.cancel()
     acked = [[unpack(m)[1] for m in write if unpack(m)[0] == ACK] for write in stream.writes]
     assert [seqs for seqs in acked if seqs] == [[1, 2, 3]]
+
+
+class _DriverSteps(trio.abc.Instrument):
+    """Counts the scheduler passes (task steps) of link drivers."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("._driver"):
+            self.steps += 1
+
+
+class _Deltas:
+    """A host serving one delta, from its store (``delta_for``) or, with ``relaying``, as a push on its
+    way to the store (``relayed_delta``)."""
+
+    def __init__(self, delta: core.QueueDelta, *, relaying: bool) -> None:
+        self.delta, self.stored, self.relayed = delta, 0, 0
+        if relaying:
+            self.relayed_delta = self._relayed
+
+    def _relayed(self, key: Any, since: core.Summary | None) -> core.QueueDelta:
+        self.relayed += 1
+        return self.delta
+
+    async def delta_for(self, key: Any, since: Any, max_records: int, max_bytes: int) -> core.QueueDelta:
+        self.stored += 1
+        return self.delta
+
+
+@pytest.mark.parametrize("relaying", [False, True], ids=["a commit's delta", "a relayed push"])
+async def test_a_relayed_push_goes_out_without_the_pass_a_commits_delta_takes(relaying: bool) -> None:
+    """The driver yields once before building a delta from a commit (an owner's answer woken by that
+    commit goes out first); a push relayed as it came is no commit's, so a relay pays no pass for it."""
+    state = owner_state(1, 3)
+    session = _open_session()
+    link = PeerLink(b"\x02" * 32, "mem", "static", session)
+    session.local_update(KEY, state.summary())
+    host = _Deltas(core.delta(state, None, 100), relaying=relaying)
+    gossip = Gossip(host, b"\x01" * 32)  # type: ignore[arg-type]
+    gossip.links = {link.public_key: link}
+    stream = _Writes()
+    steps = _DriverSteps()
+    to_verify, _ = trio.open_memory_channel[DeltaReceived](10)
+    trio.lowlevel.add_instrument(steps)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gossip._driver, stream, link, nursery.cancel_scope, to_verify)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert [msgpack.unpackb(frames[0])[0] for frames in stream.writes] == [DELTA]
+    assert (host.relayed, host.stored) == ((1, 0) if relaying else (0, 1))
+    assert steps.steps == (2 if relaying else 3)  # start, (the yield,) and the cancel at its wait

@@ -112,6 +112,8 @@ OWN_CATCH_UP_S = 30.0
 #: HELLO), or is closed.
 HELLO_WAIT_S = 10.0
 _IGNORED = -1
+#: The traffic counters' names by direction and message type (built once, not per message).
+_COUNTER_NAMES: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 class PendingMerge(Protocol):
@@ -204,9 +206,24 @@ class PeerLink:
     #: On a first link whose identity connected again from another run: that link, the run, and the
     #: nonce of the PING whose PONG proves this link is still alive (then it is a duplicate identity).
     pending_twin: tuple[PeerLink, bytes, int] | None = None
+    #: While its driver sleeps: when it wakes by itself (its session's next deadline, ``math.inf`` for
+    #: none); ``-math.inf`` while it runs (it looks at the session again before it sleeps).
+    sleeping_until: float = -math.inf
 
     def kick(self) -> None:
+        """Wake the driver whatever the session holds (a replaced link, an extension's messages)."""
         self.wakeup.set()
+
+    def nudge(self) -> None:
+        """Wake the driver only if the session has something for it now, or sooner than it would wake:
+        each pass of a driver with nothing to do costs a scheduler pass per record on a busy link."""
+        session = self.session
+        if session.has_work() or self.extra_out:
+            self.wakeup.set()
+            return
+        deadline = session.next_deadline()
+        if deadline is not None and deadline < self.sleeping_until:
+            self.wakeup.set()
 
 
 def _ahead(theirs: Summary, held_end: int) -> str:
@@ -282,9 +299,13 @@ class Gossip:
     #: Called when a peer's first digest arrives (the start gate waits for them).
     on_summaries: Callable[[], object] | None = None
     _foreign_logged: set[QueueKey] = field(default_factory=set)
+    _relayed: Callable[[QueueKey, Summary | None], QueueDelta | None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.identity = IdentityGuard(self.incarnation)
+        # Optional on a host: ``relayed_delta(key, since)``, the push as it came that extends what a peer
+        # summarised by ``since`` holds, if one is on its way to our store (None: ``delta_for`` decides).
+        self._relayed = getattr(self.host, "relayed_delta", None)
         for name in ("duplicate_identities", "identity_notices", "foreign_heads"):
             self.counters.setdefault(name, 0)
         if self.extension is not None:
@@ -303,11 +324,11 @@ class Gossip:
         for public_key, link in self.links.items():
             if link is not source_link and public_key != source:
                 link.session.local_update(key, summary)
-                link.kick()
+                link.nudge()
         for link in self.twins.values():
             if link is not source_link:
                 link.session.local_update(key, summary)
-                link.kick()
+                link.nudge()
 
     def unheard_links(self) -> int:
         """Connected peers whose first digest has not come yet."""
@@ -463,6 +484,8 @@ class Gossip:
             incarnation=self.incarnation,
             graft_timeout=self.graft_timeout,
             have_linger=self.have_linger,
+            notices=False,  # the driver has no use for them
+            received_apart=True,  # the reader hands them to the verifier
         )
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
@@ -488,7 +511,7 @@ class Gossip:
         try:
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._reader, stream, link, nursery.cancel_scope, first)
+                    nursery.start_soon(self._reader, stream, link, nursery.cancel_scope, to_verify, first)
                     nursery.start_soon(self._driver, stream, link, nursery.cancel_scope, to_verify)
                     nursery.start_soon(self._verifier, link, verify_queue, to_ack)
                     nursery.start_soon(self._acker, link, ack_queue)
@@ -544,9 +567,16 @@ class Gossip:
             log_event(log, "peer.disconnected", peer=peer_hex, address=address, reason=reason)
 
     async def _reader(
-        self, stream: SecureStream, link: PeerLink, scope: trio.CancelScope, first: bytes | None = None
+        self,
+        stream: SecureStream,
+        link: PeerLink,
+        scope: trio.CancelScope,
+        to_verify: trio.MemorySendChannel[DeltaReceived],
+        first: bytes | None = None,
     ) -> None:
-        """Feed the peer's messages to the session (``first``: one :meth:`run_peer` read already)."""
+        """Feed the peer's messages to the session (``first``: one :meth:`run_peer` read already).
+        Received deltas go straight to the verifier (the session admits at most ``window`` of them
+        unacknowledged, which the channel holds): no pass of the driver per delta."""
         session = link.session
         while True:
             while not session.accepts_input():
@@ -573,12 +603,14 @@ class Gossip:
                 self.extension.receive(link, message)
                 continue
             heard = session.digest_received
-            link.session.receive_message(message, link.last_heard)
+            session.receive_message(message, link.last_heard)
+            while (received := session.next_received()) is not None:
+                to_verify.send_nowait(received)
             if self.incompatible and session.state is SessionState.OPEN:
                 self.incompatible.pop(link.public_key, None)  # a HELLO we speak: no longer news
             if not heard and session.digest_received and self.on_summaries is not None:
                 self.on_summaries()
-            link.kick()
+            link.nudge()
 
     def _is_stale(self, link: PeerLink) -> bool:
         return trio.current_time() - link.last_heard > STALE_AFTER_S
@@ -651,18 +683,27 @@ class Gossip:
             if not self._current(link):
                 scope.cancel()  # a newer connection to the same peer replaced this one
                 return
-            link.wakeup = trio.Event()  # reset first: a kick while we work is not lost
-            # Let the tasks woken with us run first: when a commit lands, an owner's answer to a remote
-            # offer is queued by then and goes out before the delta of the same commit is even built.
-            await trio.lowlevel.checkpoint()
             if link.extra_out and link.opened:
                 await self._send(stream, link, self._take_extra(link))
+            yielded = False
             session.tick(trio.current_time())
             while (event := session.next_event()) is not None:
                 if isinstance(event, NeedDelta):
-                    delta = await self.host.delta_for(
-                        event.key, event.since, event.max_records, self.max_message_bytes // 2
-                    )
+                    relayed = self._relayed
+                    delta = None if relayed is None else relayed(event.key, event.since)
+                    if delta is None:
+                        if not yielded:
+                            # Let the tasks woken with us run first: when a commit lands, an owner's
+                            # answer to a remote offer is queued by then and goes out before the delta of
+                            # the same commit is even built. (A push relayed as it came is no commit's:
+                            # a relay takes no scheduler pass for it.)
+                            yielded = True
+                            await trio.lowlevel.checkpoint()
+                            if link.extra_out and link.opened:
+                                await self._send(stream, link, self._take_extra(link))
+                        delta = await self.host.delta_for(
+                            event.key, event.since, event.max_records, self.max_message_bytes // 2
+                        )
                     session.provide_delta(event.key, delta)
                     if delta is not None:
                         self.counters["deltas_out"] += 1
@@ -676,16 +717,29 @@ class Gossip:
                     self._confirm_twin(link)
                 await self._flush(stream, link)
             await self._flush(stream, link)
-            if not session.has_work():
-                deadline = session.next_deadline()  # a graft timer
-                with trio.move_on_at(math.inf if deadline is None else deadline):
+            if session.has_work() or link.extra_out or not self._current(link):
+                continue
+            # Nothing awaits between here and the wait, so nothing asked of us since the flush is lost:
+            # kicks while we worked (each a pass for nothing) are dropped with the old event.
+            deadline = session.next_deadline()  # a graft timer, lingering HAVEs
+            link.wakeup = trio.Event()
+            if deadline is None:
+                link.sleeping_until = math.inf
+                await link.wakeup.wait()
+            else:
+                link.sleeping_until = deadline
+                with trio.move_on_at(deadline):
                     await link.wakeup.wait()
+            link.sleeping_until = -math.inf
 
     def _count(self, direction: str, message: bytes) -> None:
-        name = f"{direction}_{message_type_name(message)}"
+        kind = message_type_name(message)
+        names = _COUNTER_NAMES.get((direction, kind))
+        if names is None:
+            names = _COUNTER_NAMES[direction, kind] = (f"{direction}_{kind}", f"{direction}_{kind}_bytes")
         traffic = self.traffic
-        traffic[name] = traffic.get(name, 0) + 1
-        traffic[name + "_bytes"] = traffic.get(name + "_bytes", 0) + len(message)
+        traffic[names[0]] = traffic.get(names[0], 0) + 1
+        traffic[names[1]] = traffic.get(names[1], 0) + len(message)
 
     async def _flush(self, stream: SecureStream, link: PeerLink) -> None:
         """Send what the session and the extension queued; the reader may read on meanwhile (what it adds

@@ -101,6 +101,15 @@ class EngineHost:
                     out[queue_key(state)] = state.summary()
         return out
 
+    def relayed_delta(self, key: QueueKey, since: Summary | None) -> QueueDelta | None:
+        """A verified push on its way to our store that extends what ``since`` holds, relayed as it came
+        (None: :meth:`delta_for` decides). Gossip asks this first: no commit of ours is behind it."""
+        if since is None:
+            return None
+        owner, name, kind = key
+        ahead = self.engine.ahead_for(owner, name, kind, since)
+        return None if ahead is None else ahead.delta_from(since)
+
     async def delta_for(
         self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
     ) -> QueueDelta | None:

@@ -6,6 +6,9 @@
 that hangs up mid-handshake, which is how a peer with another network key or allow-list refuses us),
 :class:`ConnectionClosedError` when the peer goes away, never answers or cuts the stream, and
 :class:`RemoteProtocolError` for a forged or malformed frame. A failed handshake closes the stream.
+
+Why one module: the handshake's driver and :class:`SecureStream` share the error mapping and the stream's
+locks and timeouts, and the direct socket fast paths only make sense next to the trio paths they skip.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
 _RECEIVE_SIZE: Final = 1 << 16
 # How long aclose() tries to get the final frame out to a peer that is not reading before it just closes.
 _CLOSE_TIMEOUT: Final = 1.0
+# Reads that found data at once, one after the other, before one yields to the scheduler anyway.
+_MAX_READS_UNYIELDED: Final = 16
 # With a send timeout, a frame goes out in pieces of this size, each of which must get through in time.
 _SEND_CHUNK: Final = 1 << 16
 #: :meth:`SecureStream.send_many` joins frames into writes of about this size.
@@ -93,6 +98,11 @@ class SecureStream(trio.abc.AsyncResource):
         self._closed = False
         #: Seconds a send may go without progress before the peer is given up (None: forever).
         self.send_timeout = send_timeout
+        #: A TCP stream's (non-blocking) socket, written and read directly while that does not block.
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._reads_unyielded = 0
+        #: The last direct read emptied the socket: the next one waits for bytes without trying first.
+        self._drained = False
 
     @property
     def remote_public_key(self) -> bytes:
@@ -131,7 +141,12 @@ class SecureStream(trio.abc.AsyncResource):
         not a checkpoint: callers flush after every event, most of the time with nothing queued."""
         if not messages:
             return
-        async with self._send_lock:
+        lock = self._send_lock
+        try:
+            lock.acquire_nowait()  # free (the usual case): no scheduler pass of its own before the write
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             self._check_can_send()
             seal, batch, size = self._channel.seal, list[bytes](), 0
             for message in messages:
@@ -143,6 +158,8 @@ class SecureStream(trio.abc.AsyncResource):
                     batch, size = [], 0
             if batch:
                 await self._write(b"".join(batch) if len(batch) > 1 else batch[0])
+        finally:
+            lock.release()
 
     async def send_eof(self) -> None:
         """Send the final frame: we will send nothing more, but keep receiving. Idempotent."""
@@ -160,8 +177,16 @@ class SecureStream(trio.abc.AsyncResource):
         """The next message, or ``None`` once the peer ended cleanly.
 
         A stream cut off before the peer's final frame raises :class:`ConnectionClosedError`.
+
+        Taking the (usually free) lock is no scheduler pass of its own, so a message already read is
+        returned at once; the socket read yields as usual when more bytes are needed.
         """
-        async with self._receive_lock:
+        lock = self._receive_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             channel = self._channel
             while True:
                 message = channel.next_message()
@@ -172,12 +197,62 @@ class SecureStream(trio.abc.AsyncResource):
                 if self._closed:
                     raise ConnectionClosedError("secure stream was closed locally")
                 try:
-                    data = await self._stream.receive_some(_RECEIVE_SIZE)
+                    now = None if self._drained else self._read_now()
+                    if now is None and self._socket is not None:
+                        # Wait for bytes and read them ourselves: trio's receive_some would first try
+                        # the read that just failed (or that the last short read says would fail), a
+                        # syscall and its wrappers per message.
+                        self._drained = False
+                        await trio.lowlevel.wait_readable(self._socket)
+                        self._reads_unyielded = 0
+                        continue
+                    data = await self._stream.receive_some(_RECEIVE_SIZE) if now is None else now
                 except trio.ClosedResourceError as error:
                     raise ConnectionClosedError("secure stream was closed locally") from error
                 except (trio.BrokenResourceError, OSError) as error:
                     raise ConnectionClosedError(f"connection to peer lost: {error}") from error
                 channel.receive_data(data)
+                if now is None:
+                    self._reads_unyielded = 0
+                elif self._reads_unyielded >= _MAX_READS_UNYIELDED:
+                    self._reads_unyielded = 0
+                    await trio.lowlevel.checkpoint()  # a peer that never lets up starves no one
+        finally:
+            lock.release()
+
+    def _read_now(self) -> bytes | None:
+        """What the TCP socket holds already (``b""``: the peer's end), None if it holds nothing (or this
+        is no TCP stream). A read that needs no waiting is no scheduler pass: a relay reads a delta and
+        an ACK per record, and each pass of trio's loop costs as much as the read."""
+        sock = self._socket
+        if sock is None:
+            return None
+        try:
+            data = os.read(sock.fileno(), _RECEIVE_SIZE)  # -1 once closed: EBADF, as a closed socket
+        except BlockingIOError:
+            return None
+        except OSError as error:
+            if sock.fileno() == -1:
+                raise trio.ClosedResourceError from error
+            raise
+        self._reads_unyielded += 1
+        self._drained = len(data) < _RECEIVE_SIZE  # it emptied the socket: the next read waits first
+        return data
+
+    def _write_now(self, frame: bytes | memoryview) -> int:
+        """Write what the TCP socket takes without waiting; the count of bytes written (0: none, or no
+        TCP stream). The rest goes through the stream, which waits for room."""
+        sock = self._socket
+        if sock is None:
+            return 0
+        try:
+            return os.write(sock.fileno(), frame)
+        except BlockingIOError:
+            return 0
+        except OSError as error:
+            if sock.fileno() == -1:
+                raise trio.ClosedResourceError from error
+            raise
 
     async def aclose(self) -> None:
         """Send the final frame if we can, then close the underlying stream (always, even if cancelled)."""
@@ -199,11 +274,16 @@ class SecureStream(trio.abc.AsyncResource):
         if self._send_broken:
             raise ConnectionClosedError("an earlier send failed midway; the connection is unusable")
 
-    async def _write(self, frame: bytes) -> None:
+    async def _write(self, frame: bytes | memoryview) -> None:
         # Any interruption may leave a partial frame on the wire, or a sealed frame unsent (which the peer
         # would see as a gap): either way the stream is done for.
         timeout = self.send_timeout
         try:
+            written = self._write_now(frame)
+            if written == len(frame):
+                return
+            if written:
+                frame = memoryview(frame)[written:]
             if timeout is None:
                 await self._stream.send_all(frame)
                 return
@@ -226,7 +306,7 @@ class SecureStream(trio.abc.AsyncResource):
             raise
 
 
-def _pieces(frame: bytes) -> list[bytes] | list[memoryview]:
+def _pieces(frame: bytes | memoryview) -> list[bytes | memoryview]:
     if len(frame) <= _SEND_CHUNK:
         return [frame]
     view = memoryview(frame)

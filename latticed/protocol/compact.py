@@ -85,6 +85,9 @@ class _Last:
 
     head: SignedHead | None = None
     tip: SignedHead | None = None
+    #: The queue's id, computed once per link and queue (not through queue_id's cache: the peer chooses
+    #: the names, and this memory is bounded by the link's numbered queues).
+    qid: bytes | None = None
 
 
 @dataclass(slots=True)
@@ -307,7 +310,11 @@ class CompactLink:
         seq = _int(raw[1], "DELTA seq")
         key = self._named(side, raw[2])
         last = side.last.get(key)
-        qid = fresh_queue_id(*key)  # not cached: the peer chooses the names
+        qid = last.qid if last is not None else None
+        if qid is None:
+            qid = fresh_queue_id(*key)  # not through queue_id's cache: the peer chooses the names
+            if last is not None:
+                last.qid = qid
         from_offset = raw[6]
         if from_offset is None:
             if last is None or last.tip is None:

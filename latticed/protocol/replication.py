@@ -307,6 +307,16 @@ class ReplicationSession:
     _have_due: float | None = None
     _haves_due_now: bool = False
     _events: deque[Event] = field(default_factory=deque)
+    #: Whether the events that only report (:class:`PeerSummary`, :class:`PeerHello`) are queued, for
+    #: observers such as the simulator; a host that ignores them sets False, so that an ACK or a HAVE
+    #: that asks nothing of it does not wake it. PONGs are always queued (one per keep-alive: the host
+    #: matches them to its PINGs, the duplicate-identity check among them).
+    notices: bool = True
+    #: Whether received deltas wait apart from the other events, for :meth:`next_received` (the host's
+    #: reader hands them to its verifier itself: no pass of its driver per delta) instead of in
+    #: :meth:`next_event`'s order.
+    received_apart: bool = False
+    _deltas_in: deque[DeltaReceived] = field(default_factory=deque)
     _seq: int = 0
     _inflight_total: int = 0
     _asked_total: int = 0
@@ -518,7 +528,7 @@ class ReplicationSession:
             case Ping():
                 self._send(Pong(message.nonce))
             case Pong():
-                self._events.append(message)
+                self._events.append(message)  # the host times liveness, and matches a PONG to its PING
             case Hello():
                 self._on_hello(message)
 
@@ -526,7 +536,7 @@ class ReplicationSession:
         incarnation = hello.incarnation
         self._peer_subscription = hello.subscription
         self._peer_incarnation = incarnation
-        self._events.append(PeerHello(hello.version, hello.subscription))
+        self._notice(PeerHello(hello.version, hello.subscription))
         memory = self._memory
         if memory is not None:  # the session started remembering the peer: its first digest goes out now
             self._memory = None
@@ -553,7 +563,7 @@ class ReplicationSession:
             if link is None:
                 continue
             link.peer = summary
-            self._events.append(PeerSummary(key, summary))
+            self._notice(PeerSummary(key, summary))
             if self._peer_wants(key) and has_news(self._local.get(key), summary):
                 self._schedule(key)
 
@@ -580,7 +590,7 @@ class ReplicationSession:
         if is_ahead(implied, link.peer):
             link.peer = implied  # the sender holds at least what it sent: never echo it back
         self.stats["deltas_received"] += 1
-        self._events.append(DeltaReceived(key, seq, delta))
+        (self._deltas_in if self.received_apart else self._events).append(DeltaReceived(key, seq, delta))
 
     def _on_ack(self, ack: Ack) -> None:
         key, summary = ack.key, ack.summary
@@ -599,7 +609,7 @@ class ReplicationSession:
         link.peer = summary
         if link.inflight == 0:
             link.sent = None  # from now on, what the peer says it holds is the whole truth
-        self._events.append(PeerSummary(key, summary))
+        self._notice(PeerSummary(key, summary))
         if has_news(self._local.get(key), self._since(link)):
             self._schedule(key)  # the next chunk of a backlog
         self._pump()
@@ -609,7 +619,7 @@ class ReplicationSession:
         link = self._peer_link(key)
         if link is not None:
             link.peer = summary
-            self._events.append(PeerSummary(key, summary))
+            self._notice(PeerSummary(key, summary))
         return link
 
     def _on_have(self, have: Have, now: float) -> None:
@@ -674,8 +684,16 @@ class ReplicationSession:
             self._schedule(key)
 
     # ------------------------------------------------------------------ session → host
+    def _notice(self, event: Event) -> None:
+        if self.notices:
+            self._events.append(event)
+
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
+
+    def next_received(self) -> DeltaReceived | None:
+        """The next received delta, with :attr:`received_apart` (else they come from :meth:`next_event`)."""
+        return self._deltas_in.popleft() if self._deltas_in else None
 
     def has_work(self) -> bool:
         """Whether events or messages are waiting (the host's driver sleeps only when this is False)."""

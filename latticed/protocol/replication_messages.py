@@ -338,8 +338,12 @@ def message_type_name(payload: bytes) -> str:
     """The type of a message on a replication link, read without decoding it (for traffic counters):
     ``delta``, ``ack``... for this protocol's, ``other`` for anything else (lease forwarding, garbage)."""
     if len(payload) >= 2 and 0x91 <= payload[0] <= 0x9F:
-        code = payload[1]
-        if code <= MessageType.PONG:
-            return MessageType(code).name.lower()
-        return COMPACT_NAMES.get(code, "other")
+        return _TYPE_NAMES[payload[1]]
     return "other"
+
+
+#: Each first byte's type name (a table: the counters read one per message on a busy link).
+_TYPE_NAMES: Final = tuple(
+    MessageType(code).name.lower() if code <= MessageType.PONG else COMPACT_NAMES.get(code, "other")
+    for code in range(256)
+)

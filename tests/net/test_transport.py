@@ -154,6 +154,165 @@ async def test_send_many_shares_writes_and_keeps_every_frame_and_the_order() -> 
     assert got == small + big
 
 
+class _Steps(trio.abc.Instrument):
+    """Counts the scheduler passes (task steps) of one task."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task, self.steps = task, 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+@trio_test
+async def test_messages_already_read_are_received_without_a_scheduler_pass() -> None:
+    """Several messages of one read come out one after the other without yielding: a relay's reader
+    takes a delta and an ACK that arrived together in one pass (a free lock is no checkpoint)."""
+    client, server, _, _ = await connect_pair()
+    await client.send_many([b"one", b"two", b"three"])  # one write
+    assert await server.receive() == b"one"  # reads the whole write
+    steps = _Steps(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(steps)
+    try:
+        assert [await server.receive(), await server.receive()] == [b"two", b"three"]
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert steps.steps == 0
+
+
+@trio_test
+async def test_a_send_with_the_lock_free_yields_only_in_the_stream_write() -> None:
+    client, server, tap, _ = await connect_pair()
+    steps = _Steps(trio.lowlevel.current_task())
+    in_write: list[int] = []
+    inner_send = tap.send_all
+
+    async def counted(data: bytes | bytearray | memoryview) -> None:
+        before = steps.steps
+        await inner_send(data)
+        in_write.append(steps.steps - before)
+
+    tap.send_all = counted  # type: ignore[method-assign]
+    trio.lowlevel.add_instrument(steps)
+    try:
+        await client.send_many([b"a", b"b"])
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert len(in_write) == 1 and steps.steps == in_write[0]
+    assert [await server.receive(), await server.receive()] == [b"a", b"b"]
+
+
+async def tcp_pair() -> tuple[SecureStream, SecureStream, trio.SocketListener]:
+    """Both ends of a secure stream over loopback TCP (the listener, to close)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    out: dict[str, SecureStream] = {}
+
+    async def accept() -> None:
+        out["server"] = await secure_accept(await listeners[0].accept(), seed=SEED_B, network_key=K)
+
+    async def dial() -> None:
+        out["client"] = await open_peer("127.0.0.1", port, seed=SEED_A, network_key=K)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept)
+        nursery.start_soon(dial)
+    return out["client"], out["server"], listeners[0]
+
+
+@trio_test
+async def test_over_tcp_a_send_and_a_read_that_need_no_wait_take_no_scheduler_pass() -> None:
+    """On a TCP link a frame the socket takes at once is written directly, and bytes the socket holds
+    already are read directly: no pass of trio's loop each (a relay sends and reads two per record)."""
+    client, server, listener = await tcp_pair()
+    steps = _Steps(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(steps)
+    try:
+        await client.send_many([b"delta"])
+        sent_in = steps.steps
+        await trio.testing.wait_all_tasks_blocked()  # (loopback: the bytes are there already)
+        steps.steps = 0
+        assert await server.receive() == b"delta"
+        read_in = steps.steps
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert sent_in == 0 and read_in == 0
+    for stream in (client, server, listener):
+        await stream.aclose()
+
+
+@trio_test
+async def test_over_tcp_a_read_that_waits_reads_the_socket_itself_once_woken() -> None:
+    """A reader that finds nothing waits for the socket to be readable and reads it directly: not
+    through trio's receive_some, which would try the read that just failed again first; and after a
+    read that emptied the socket it waits without trying a read that would fail."""
+    client, server, listener = await tcp_pair()
+
+    async def not_used(max_bytes: int | None = None) -> bytes:
+        raise AssertionError("read through the stream")
+
+    server._stream.receive_some = not_used  # type: ignore[method-assign]
+    got: list[bytes | None] = []
+    tries: list[bytes | None] = []
+    read_now = server._read_now
+
+    def counted() -> bytes | None:
+        tries.append(read_now())
+        return tries[-1]
+
+    server._read_now = counted  # type: ignore[method-assign]
+
+    async def read() -> None:
+        got.append(await server.receive())
+
+    for message in (b"late delta", b"the next one"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()  # waiting: the socket holds nothing yet
+            assert got[-1:] != [message]
+            await client.send_many([message])
+    assert got == [b"late delta", b"the next one"]
+    # The first wait tried a read first (nothing was known); after a read that emptied the socket, the
+    # next one waited without trying: one read each once woken.
+    assert len(tries) == 3 and tries[0] is None and None not in tries[1:]
+    await client.aclose()
+    assert await server.receive() is None
+    for stream in (server, listener):
+        await stream.aclose()
+
+
+@trio_test
+async def test_over_tcp_what_the_socket_does_not_take_at_once_follows_and_a_flood_still_yields() -> None:
+    """More than the socket's buffers: the part written directly and the rest, sent as the peer reads,
+    arrive whole and in order; a reader that finds data at every read still lets the others run."""
+    client, server, listener = await tcp_pair()
+    bigs = [bytes([i]) * 1_000_000 for i in range(8)]  # more than loopback buffers
+    others = 0
+
+    async def other_task() -> None:
+        nonlocal others
+        while True:
+            others += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.send_many, [*bigs, b"end"])
+        await trio.testing.wait_all_tasks_blocked()  # the socket holds what it takes, the rest waits
+        nursery.start_soon(other_task)
+        assert await server.receive() == bigs[0]  # 1 MB: more reads than go by without a yield
+        assert others > 0
+        assert [await server.receive() for _ in bigs[1:]] == bigs[1:]
+        assert await server.receive() == b"end"
+        nursery.cancel_scope.cancel()
+    await client.aclose()
+    assert await server.receive() is None
+    await server.aclose()
+    await listener.aclose()
+    with pytest.raises(ConnectionClosedError, match="closed locally"):
+        await client.send(b"late")
+
+
 @trio_test
 async def test_concurrent_send_and_receive() -> None:
     client, server, _, _ = await connect_pair()

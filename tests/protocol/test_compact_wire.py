@@ -22,6 +22,7 @@ from latticed.errors import (
     RemoteProtocolError,
     TamperedError,
 )
+from latticed.protocol import compact
 from latticed.protocol.compact import COMPACT_FEATURE, CompactLink
 from latticed.protocol.replication import PROTOCOL_VERSION, ReplicationSession
 from latticed.protocol.replication_messages import (
@@ -72,6 +73,26 @@ def test_live_deltas_decode_to_the_exact_delta_and_verify() -> None:
         assert decoded.delta.head.to_bytes() == delta.head.to_bytes()  # type: ignore[union-attr]
     full = len(encode_message(Delta(5, pushes[-1][1])))
     assert full > 440 and len(frames[-1]) < 200  # one 100-byte record: ~447 bytes in full
+
+
+def test_a_link_computes_a_queues_id_once_not_per_delta(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relay decodes a delta per record: the queue's id (a hash of its names) is kept with the link's
+    memory of the queue instead of hashed again each time."""
+    frames, pushes = _stream(5)
+    receiver = CompactLink()
+    hashed: list[tuple[Any, ...]] = []
+    real = compact.fresh_queue_id
+
+    def counted(*key: Any) -> bytes:
+        hashed.append(key)
+        return real(*key)
+
+    monkeypatch.setattr(compact, "fresh_queue_id", counted)
+    for frame, (before, delta) in zip(frames, pushes, strict=True):
+        decoded = receiver.decode(unpack_message(frame))
+        assert isinstance(decoded, Delta) and decoded.delta == delta
+        core.verify_delta(before, decoded.delta)
+    assert hashed == [KEY]
 
 
 def test_an_ack_of_what_the_delta_implied_is_two_bytes_and_reads_back() -> None:
