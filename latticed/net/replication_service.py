@@ -186,7 +186,8 @@ class Replication:
     #: Set once the start gate opens: writes it refused wait for it (:meth:`wait_start_gate`).
     gate_opened: trio.Event = field(default_factory=trio.Event)
     #: The gossip of each link, by identity: cancelled when the active view drops that link.
-    link_scopes: dict[bytes, trio.CancelScope] = field(default_factory=dict)
+    #: Several while both sides dial at once (gossip keeps one link and closes the other): all of them.
+    link_scopes: dict[bytes, list[trio.CancelScope]] = field(default_factory=dict)
 
     def write_refusal(self) -> str | None:
         """Why this daemon must not sign anything now (None: the per-queue checks decide): another run of
@@ -784,16 +785,17 @@ async def _serve_incoming(
 def _drop_links(service: Replication, peers: list[bytes], reason: str) -> None:
     """Close the links to ``peers`` (the active view is over its bound); each ends as a disconnect."""
     for key in peers:
-        scope = service.link_scopes.get(key)
-        if scope is not None and not scope.cancel_called:
+        scopes = [scope for scope in service.link_scopes.get(key, ()) if not scope.cancel_called]
+        if scopes:
             log_event(log, "peer.over_view", peer=key.hex(), reason=reason)
+        for scope in scopes:
             scope.cancel()
 
 
 def _hold_view(service: Replication) -> bool:
     """Drop links beyond the active view now, unless drops already chosen are still closing (they count
     until they have: choosing again would drop more than the excess). True while over the bound."""
-    if any(scope.cancel_called for scope in service.link_scopes.values()):
+    if any(scope.cancel_called for scopes in service.link_scopes.values() for scope in scopes):
         return True
     over = service.book.over_view_links()
     _drop_links(service, over, "beyond the active view")
@@ -802,15 +804,20 @@ def _hold_view(service: Replication) -> bool:
 
 @contextlib.contextmanager
 def _link_scope(service: Replication, peer: bytes) -> Iterator[None]:
-    """Run a link's gossip in a scope the active view can cancel (:meth:`PeerBook.over_view_links`)."""
+    """Run a link's gossip in a scope the active view can cancel (:meth:`PeerBook.over_view_links`).
+    Each link of the identity has its own: a second link that gossip closes at once (both sides dialled)
+    must not take the scope of the link that stays with it."""
     scope = trio.CancelScope()
-    service.link_scopes[peer] = scope
+    service.link_scopes.setdefault(peer, []).append(scope)
     try:
         with scope:
             yield
     finally:
-        if service.link_scopes.get(peer) is scope:
-            del service.link_scopes[peer]
+        scopes = service.link_scopes.get(peer, [])
+        if scope in scopes:
+            scopes.remove(scope)
+        if not scopes:
+            service.link_scopes.pop(peer, None)
 
 
 async def _discovered(service: Replication, receive: trio.MemoryReceiveChannel[DiscoveredPeer]) -> None:
