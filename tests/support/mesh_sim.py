@@ -27,7 +27,8 @@ from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.net.gossip import GRAFT_TIMEOUT_S, HAVE_LINGER_S
+from latticed.net.gossip import GRAFT_TIMEOUT_MAX_S, GRAFT_TIMEOUT_S, HAVE_LINGER_S
+from latticed.protocol.graft import Arrivals
 from latticed.protocol.replication import DeltaReceived, NeedDelta, QueueKey, ReplicationSession
 from latticed.protocol.replication_messages import message_type_name
 from latticed.protocol.versions import agree, ours
@@ -105,6 +106,7 @@ class Costs:
     #: What one call of the writer's client costs besides the commit (a bulk batch of 1,000 records).
     client: float = 0.02
     graft_timeout: float = GRAFT_TIMEOUT_S
+    graft_timeout_max: float | None = GRAFT_TIMEOUT_MAX_S
     #: How long HAVEs wait to go out together, as on daemon links (0: with the next send).
     have_linger: float = HAVE_LINGER_S
     ping_interval: float = 10.0  # process/ticks.py TICK_S
@@ -126,6 +128,8 @@ class MeshNode:
     #: When each offset was first held (verified), for the time to reach the last node.
     reached: dict[int, float] = field(default_factory=dict)
     deadlines: dict[int, float] = field(default_factory=dict)
+    #: Deltas on their way into the store, shared by the node's sessions (as Gossip.arrivals).
+    arrivals: Arrivals = field(default_factory=Arrivals)
 
     def held_end(self, key: QueueKey) -> int:
         state = self.durable.get(key)
@@ -178,6 +182,8 @@ class MeshSim:
                     max_records=self.max_records,
                     max_message_bytes=1 << 20,
                     graft_timeout=self.costs.graft_timeout,
+                    graft_timeout_max=self.costs.graft_timeout_max,
+                    arrivals=self.nodes[x].arrivals,
                     have_linger=self.costs.have_linger,
                     incarnation=x.to_bytes(16, "big"),
                 )
@@ -374,7 +380,7 @@ class MeshSim:
             if changed:
                 self._note_arrival(y, x, delta)
             session = node.sessions[x]
-            session.delta_applied(event.seq, after.summary(), changed)
+            session.delta_applied(event.seq, after.summary(), changed, self.now)
             self._drive(y, x)
             if changed:
                 self._changed(y, after.summary(), x)
@@ -395,7 +401,7 @@ class MeshSim:
         node = self.nodes[y]
         for peer, session in node.sessions.items():
             if peer != source:
-                session.local_update(self.key, summary)
+                session.local_update(self.key, summary, self.now)
                 self._drive(y, peer)
 
     # ------------------------------------------------------------------ what bench_mesh measures
