@@ -485,7 +485,7 @@ class ReplicationSession:
         self.stats["deltas_sent"] += 1
         self._brings[self._seq] = implied
         self._send(Delta(self._seq, delta))
-        if link.onward is not None or has_news(ours, self._since(link)):
+        if link.onward is not None or (has_news(ours, self._since(link)) and self._streams(link, ours)):
             self._schedule(key)  # the next chunk goes out before this one is acknowledged
         else:
             self._pump()
@@ -558,6 +558,7 @@ class ReplicationSession:
                 pruned = self._peer_link(message.key)
                 if pruned is not None:
                     pruned.eager = False
+                    self._rest_lazily(message.key, pruned)
             case Ping():
                 self._send(Pong(message.nonce))
             case Pong():
@@ -644,9 +645,35 @@ class ReplicationSession:
         if link.inflight == 0:
             link.sent = None  # from now on, what the peer says it holds is the whole truth
         self._events.append(PeerSummary(key, summary))
-        if has_news(self._local.get(key), self._since(link)):
-            self._schedule(key)  # the next chunk of a backlog
+        ours = self._local.get(key)
+        if has_news(ours, self._since(link)):
+            if self._streams(link, ours):
+                self._schedule(key)  # the next chunk of a backlog
+            else:
+                self._rest_lazily(key, link)
         self._pump()
+
+    def _rest_lazily(self, key: QueueKey, link: _Link) -> None:
+        """The peer pruned this link while a backlog streamed to it: it takes the rest from its eager
+        link, so no chunk waits to go out here. Once none is in flight either, a HAVE of what we hold
+        starts the peer's graft timer: should that link not deliver, the peer asks us (a WANT)."""
+        ours = self._local.get(key)
+        if ours is None or not has_news(ours, self._since(link)) or self._streams(link, ours):
+            return
+        self._pending.pop(key, None)
+        if link.inflight == 0:
+            self._haves[key] = self._announced[key] = ours
+
+    def _streams(self, link: _Link, ours: Summary | None) -> bool:
+        """Whether a backlog's next chunk goes to the peer unasked: on an eager link; on a pruned one
+        only to settle another history or a fork (the whole-run offer), never a plain backlog the peer
+        gets from its eager link too (every chunk would cross both, PRUNEs arriving chunks late)."""
+        return (
+            link.eager
+            or link.futile is not None
+            or link.onward is not None
+            or not is_ahead(ours, self._since(link))
+        )
 
     def _heard_of(self, key: QueueKey, summary: Summary) -> _Link | None:
         """A HAVE or WANT told us what the peer holds of ``key``."""

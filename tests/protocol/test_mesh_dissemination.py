@@ -8,6 +8,7 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.protocol.graft import Arrivals
 from latticed.protocol.replication import (
+    HAVE,
     PROTOCOL_VERSION,
     PRUNE,
     WANT,
@@ -23,6 +24,7 @@ from latticed.protocol.replication_messages import (
     Hello,
     Message,
     Prune,
+    Want,
     encode_message,
 )
 
@@ -334,3 +336,25 @@ def test_a_dead_eager_link_is_repaired_within_the_cap_however_late_copies_came()
     assert not _wants(b)
     b.tick(102.0)
     assert len(_wants(b)) == 1
+
+
+def test_a_pruned_link_stops_streaming_a_backlog_and_announces_the_rest() -> None:
+    """The peer pruned us mid-backlog (it takes the queue from its eager link): each of our ACKed chunks
+    used to schedule the next one all the same, so the backlog crossed both links to the end. Now the
+    stream stops; a HAVE of what we hold starts the peer's graft timer, should its eager link stall."""
+    h8, _, h11 = _histories()
+    h13 = _grow(h11, 2, "d")
+    a = ReplicationSession(max_records=2, depth=1)
+    a.start({KEY: h13.summary()})
+    _feed(a, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)))
+    (need,) = _needs(a)
+    first = core.delta(h13, need.since, need.max_records)
+    a.provide_delta(KEY, first)
+    a.messages_to_send()
+    _feed(a, Prune(KEY))  # the peer had it from another link
+    _feed(a, Ack(1, KEY, core.merge(h8, first).summary()))
+    assert not _needs(a)  # it used to be the next chunk, and so on to the end
+    haves = [m for m in a.messages_to_send() if m[1] == HAVE]
+    assert len(haves) == 1
+    _feed(a, Want(KEY, core.merge(h8, first).summary()))  # its eager link stalled: it grafts us
+    assert len(_needs(a)) == 1
