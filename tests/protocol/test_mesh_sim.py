@@ -94,9 +94,12 @@ def test_a_bulk_crosses_a_mesh_of_sixteen_on_two_cores_about_once() -> None:
     graft timer, so lazy links grafted while the eager one was still delivering, and chunks crossed two
     links (1.4-1.6 x (N - 1) x payload here, 1.5-2.1 from the daemons). The timer now learns how late
     copies come on each link and does not graft while the queue is still arriving."""
+    busier = Costs(  # a box busier than the calibration's: each step twice the cost, no wake-ups
+        message=0.0002, verify=0.001, verify_record=5e-6, cut=0.002, cut_record=2.5e-6, wake=0.0, client=0.02
+    )
     ratios = []
     for draws in (0, 2):
-        sim = MeshSim(16, draws=draws)
+        sim = MeshSim(16, draws=draws, costs=busier)
         warm_up(sim)
         ratios.append(bulk(sim, 30_000, 100).total_bytes_ratio())
         assert sim.all_hold(30_001)

@@ -97,9 +97,9 @@ class Costs:
     link_delay: tuple[float, float] = (0.0001, 0.0004)  # one way, drawn per link
     message: float = 0.0001  # decrypt, decode, run the session: per received message
     verify: float = 0.0005  # check a delta's signatures: per delta ...
-    verify_record: float = 0.000005  # ... and per record
+    verify_record: float = 0.000002  # ... and per record
     cut: float = 0.001  # read (the storage thread) and encode a delta: per delta ...
-    cut_record: float = 0.0000025  # ... and per record
+    cut_record: float = 0.000001  # ... and per record
     commit: float = 0.001  # a durable commit on the storage thread (fsync) ...
     commit_record: float = 0.000002  # ... and per record
     #: Each CPU step takes its cost times a seeded draw from [1 - jitter, 1 + jitter]: N daemons share
@@ -114,7 +114,7 @@ class Costs:
     #: of nodes busy at its start over this. None: each node has its own machine.
     cores: int | None = 2
     #: What one call of the writer's client costs besides the commit (a bulk batch of 1,000 records).
-    client: float = 0.02
+    client: float = 0.03
     graft_timeout: float = GRAFT_TIMEOUT_S
     graft_timeout_max: float | None = GRAFT_TIMEOUT_MAX_S
     #: How long HAVEs wait to go out together, as on daemon links (0: with the next send).
