@@ -376,7 +376,7 @@ def _open_session() -> ReplicationSession:
     return ours
 
 
-def test_a_change_wakes_a_links_driver_only_when_it_gives_the_driver_work() -> None:
+async def test_a_change_wakes_a_links_driver_only_when_it_gives_the_driver_work() -> None:
     """A relay hears of each push twice (served ahead of its commit, then stored): the second gives the
     other links nothing to send, so their drivers are not woken for it (a scheduler pass per record)."""
     state = owner_state(1, 3)

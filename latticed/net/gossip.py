@@ -49,6 +49,7 @@ from latticed.net.transport import SecureStream
 from latticed.net.twin_link import TwinRequests
 from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import TICK_S, sleep_until_tick
+from latticed.protocol.graft import Arrivals
 from latticed.protocol.handshake import Role
 from latticed.protocol.identity_runs import (
     IDENTITY_OP,
@@ -98,6 +99,10 @@ MEMORY_TTL_S = 3600.0
 #: A HAVE waits this long for the eager copy before its WANT grafts the link (Plumtree's timer): long
 #: enough for a relay's push on a busy host, short enough that a broken tree heals within a second.
 GRAFT_TIMEOUT_S = 0.3
+#: ... at first: each link learns how late announced news actually arrives on this host (a busy host
+#: holds an eager copy back for up to a second) and waits that long, up to this cap, within which a
+#: dead eager link is always repaired (ReplicationSession.graft_timeout_max).
+GRAFT_TIMEOUT_MAX_S = 2.0
 #: How long HAVEs wait to go out together (see ReplicationSession.have_linger): at a live stream's rate one
 #: HAVE per lazy link covers many records; a tree whose eager copy went missing is repaired this much later.
 HAVE_LINGER_S = 0.5
@@ -248,6 +253,7 @@ class Gossip:
     max_outbox_bytes: int = MAX_OUTBOX_BYTES
     send_timeout: float = SEND_TIMEOUT_S
     graft_timeout: float = GRAFT_TIMEOUT_S
+    graft_timeout_max: float | None = GRAFT_TIMEOUT_MAX_S
     have_linger: float = HAVE_LINGER_S
     on_peer_change: Callable[[], None] | None = None
     #: Lease forwarding on the same links (None: replication only).
@@ -274,6 +280,8 @@ class Gossip:
     incarnation: bytes = field(default_factory=lambda: os.urandom(16))
     #: Queues we do not hold that all links together track for their peers (see :class:`KeyBudget`).
     key_budget: KeyBudget = field(default_factory=KeyBudget)
+    #: Deltas of each queue on their way into the store, received on any link (no link grafts meanwhile).
+    arrivals: Arrivals = field(default_factory=Arrivals)
     max_peer_keys: int = DEFAULT_MAX_PEER_KEYS
     #: What we remember of each peer from its last connection, and since when (trio time), oldest first.
     memories: dict[bytes, tuple[float, PeerMemory]] = field(default_factory=dict)
@@ -321,13 +329,14 @@ class Gossip:
     ) -> None:
         """A queue changed here (own write, or merged from peer ``source`` or from ``source_link``): tell
         every other link, the other run's too when an identity runs twice."""
+        now = trio.current_time()
         for public_key, link in self.links.items():
             if link is not source_link and public_key != source:
-                link.session.local_update(key, summary)
+                link.session.local_update(key, summary, now)
                 link.nudge()
         for link in self.twins.values():
             if link is not source_link:
-                link.session.local_update(key, summary)
+                link.session.local_update(key, summary, now)
                 link.nudge()
 
     def unheard_links(self) -> int:
@@ -483,6 +492,8 @@ class Gossip:
             key_budget=self.key_budget,
             incarnation=self.incarnation,
             graft_timeout=self.graft_timeout,
+            graft_timeout_max=self.graft_timeout_max,
+            arrivals=self.arrivals,
             have_linger=self.have_linger,
             notices=False,  # the driver has no use for them
             received_apart=True,  # the reader hands them to the verifier
@@ -825,7 +836,7 @@ class Gossip:
 
     def _acknowledge(self, link: PeerLink, event: DeltaReceived, summary: Summary, changed: bool) -> None:
         self.counters["deltas_in"] += 1
-        link.session.delta_applied(event.seq, summary, changed)
+        link.session.delta_applied(event.seq, summary, changed, trio.current_time())
         if changed:
             self.local_change(event.key, summary, source_link=link)
 

@@ -23,9 +23,11 @@ What the messages mean here:
   summary is again where the next chunk starts (a chunk that did not apply is simply sent again).
 * ``HAVE`` — lazy notification on a pruned link (Plumtree); ``WANT`` — graft: make this link eager for the
   queue and send me the rest; ``PRUNE`` — your delta brought nothing new, send me HAVEs instead of data.
-  A WANT waits ``graft_timeout`` for the eager copy (Plumtree's timer; the host passes its clock in, see
-  :meth:`ReplicationSession.tick`), and again while some of the news keeps arriving from another link;
-  the first duplicate on a link prunes it, whatever the rate.
+  A WANT waits for the eager copy (Plumtree's timer; the host passes its clock in, see
+  :meth:`ReplicationSession.tick`), and again while some of the news keeps arriving from another link or
+  is still on its way into the host's store; the timer is learned per link from how late the news
+  actually came (:mod:`latticed.protocol.graft`), between a floor and a cap. The first duplicate on a
+  link prunes it, whatever the rate.
 * ``PING`` / ``PONG`` — liveness, which the host times.
 
 Eager push with pruning on duplicates means a record crosses each link about once in steady state, while
@@ -59,6 +61,7 @@ from latticed.crdt.queue import QueueDelta, Summary
 from latticed.crdt.wire import pack
 from latticed.errors import LocalProtocolError, RemoteProtocolError
 from latticed.protocol.compact import COMPACT_FEATURE, CompactLink
+from latticed.protocol.graft import Arrivals, GraftClock
 from latticed.protocol.replication_messages import (
     ACK,
     COMPACT_NAMES,
@@ -244,6 +247,17 @@ class KeyBudget:
 
 
 @dataclass(slots=True)
+class _Waiting:
+    """A HAVE announced news of a queue at ``since`` (or the last part of it arrived then): the WANT is
+    due at ``due`` unless the rest (up to ``summary``) arrives; ``held`` is what we held at ``since``."""
+
+    due: float
+    summary: Summary
+    held: Summary | None
+    since: float
+
+
+@dataclass(slots=True)
 class _Link:
     """Per-queue state of this link."""
 
@@ -293,12 +307,22 @@ class ReplicationSession:
     _outbox_bytes: int = 0
     #: How long a HAVE waits for the eager copy before we send a WANT (0: at once), in the host's time
     #: units (:meth:`receive_message`'s ``now``, :meth:`tick`). Plumtree's graft timer: without it every
-    #: HAVE that overtakes the eager copy grafts a second eager link, and the links never settle.
+    #: HAVE that overtakes the eager copy grafts a second eager link, and the links never settle. With
+    #: ``graft_timeout_max`` it is the floor of a timer learned from this link's host (:class:`GraftClock`):
+    #: how late announced news actually arrives, up to that cap (None: fixed).
     graft_timeout: float = 0.0
-    #: Queues a HAVE announced news of: when the WANT is due unless the news arrives, and the summary.
-    #: With it, what we held when the timer (re)started: news that is arriving, only more slowly than the
-    #: HAVEs (a backlog streaming in from another link), restarts the timer rather than graft.
-    _grafts: dict[QueueKey, tuple[float, Summary, Summary | None]] = field(default_factory=dict)
+    graft_timeout_max: float | None = None
+    #: Deltas on their way into the host's store, by queue: share one among a host's sessions, so no link
+    #: grafts while another still delivers the queue (see :meth:`tick`).
+    arrivals: Arrivals = field(default_factory=Arrivals)
+    #: Queues a HAVE announced news of (see :class:`_Waiting`).
+    _grafts: dict[QueueKey, _Waiting] = field(default_factory=dict)
+    _graft_clock: GraftClock | None = None
+    #: Queues we sent a WANT for whose first delta from the peer is not applied yet: it tells whether
+    #: the graft was needed. Until the news arrives from another link, how late it is still counts.
+    _grafted: dict[QueueKey, _Waiting] = field(default_factory=dict)
+    #: The host's clock as last passed in (for calls that do not pass it).
+    _now: float = 0.0
     #: HAVEs not sent yet, latest summary per queue: a stalled link does not pile up one per change.
     _haves: dict[QueueKey, Summary] = field(default_factory=dict)
     #: How long HAVEs wait to go out together (0: with the next send), in the host's time units: a HAVE
@@ -401,6 +425,9 @@ class ReplicationSession:
     def release(self) -> None:
         """The link is gone: forget what the peer told us of queues we do not hold, and give their places
         back to the :class:`KeyBudget` (call once, after :meth:`memory`)."""
+        for key in self._received.values():
+            self.arrivals.settled(key)  # never to be applied: the host stops with the link
+        self._received.clear()
         for key in self._foreign:
             self._links.pop(key, None)
         if self.key_budget is not None:
@@ -421,10 +448,17 @@ class ReplicationSession:
                 self._announced[key] = summary
         self._send(Digest(tuple(entries)))
 
-    def local_update(self, key: QueueKey, summary: Summary) -> None:
-        """We changed a queue (own write or a merge from another peer): push it or announce it."""
+    def local_update(self, key: QueueKey, summary: Summary, now: float | None = None) -> None:
+        """We changed a queue (own write or a merge from another peer) at ``now`` (the host's clock; None:
+        the last one passed in): push it or announce it."""
         self._state = state = transition(self._state, Command.LOCAL_UPDATE)
-        self._set_local(key, summary)
+        self._set_local(key, summary, now)
+        if self._grafted:
+            grafted = self._grafted.get(key)
+            if grafted is not None and grafted.due >= 0 and not has_news(grafted.summary, summary):
+                # What we grafted for came by another link after all: that is how late it was.
+                self._clock().sample((self._now if now is None else now) - grafted.since)
+                grafted.due = -1.0  # counted once
         if state is not SessionState.OPEN or not self._peer_wants(key):
             return
         link = self._link(key)
@@ -461,18 +495,26 @@ class ReplicationSession:
         self.stats["deltas_sent"] += 1
         self._brings[self._seq] = implied
         self._send(Delta(self._seq, delta))
-        if link.onward is not None or has_news(ours, self._since(link)):
+        if link.onward is not None or (has_news(ours, self._since(link)) and self._streams(link, ours)):
             self._schedule(key)  # the next chunk goes out before this one is acknowledged
         else:
             self._pump()
 
-    def delta_applied(self, seq: int, summary: Summary, changed: bool) -> None:
-        """The host verified, merged and stored the delta ``seq``; ``changed`` says if it brought news."""
+    def delta_applied(self, seq: int, summary: Summary, changed: bool, now: float | None = None) -> None:
+        """The host verified, merged and stored the delta ``seq`` (at ``now``, its clock; None: the last
+        one passed in); ``changed`` says if it brought news."""
         self._state = transition(self._state, Command.DELTA_APPLIED)
         key = self._received.pop(seq, None)
         if key is None:
             raise LocalProtocolError(f"no delta {seq} is waiting")
-        self._set_local(key, summary)
+        self.arrivals.settled(key)
+        if self._grafted and self._grafted.pop(key, None) is not None:
+            clock = self._clock()
+            if changed:
+                clock.needed()
+            else:
+                clock.premature()
+        self._set_local(key, summary, now)
         link = self._link(key)
         self._send(Ack(seq, key, summary))
         if not changed and not link.pruned:
@@ -495,6 +537,7 @@ class ReplicationSession:
         """Feed one decrypted message, received at ``now`` (the host's clock, for the graft timer); a
         malformed one, or one the session's state does not allow, raises :class:`RemoteProtocolError`
         (and a message fed before :meth:`start` a LocalProtocolError)."""
+        self._now = now
         raw = unpack_message(payload, self.max_message_bytes)
         message: Message
         if raw[0] in COMPACT_NAMES:
@@ -525,6 +568,7 @@ class ReplicationSession:
                 pruned = self._peer_link(message.key)
                 if pruned is not None:
                     pruned.eager = False
+                    self._rest_lazily(message.key, pruned)
             case Ping():
                 self._send(Pong(message.nonce))
             case Pong():
@@ -578,6 +622,7 @@ class ReplicationSession:
         if self.subscription is not None and not _matches(self.subscription, key):
             raise RemoteProtocolError(f"peer sent {key_label(key)}, which we did not subscribe to")
         self._received[seq] = key
+        self.arrivals.received(key)
         link = self._links.get(key)
         if link is None:
             # Tracked whatever the bounds (the window limits these): once stored, the queue is ours.
@@ -610,9 +655,35 @@ class ReplicationSession:
         if link.inflight == 0:
             link.sent = None  # from now on, what the peer says it holds is the whole truth
         self._notice(PeerSummary(key, summary))
-        if has_news(self._local.get(key), self._since(link)):
-            self._schedule(key)  # the next chunk of a backlog
+        ours = self._local.get(key)
+        if has_news(ours, self._since(link)):
+            if self._streams(link, ours):
+                self._schedule(key)  # the next chunk of a backlog
+            else:
+                self._rest_lazily(key, link)
         self._pump()
+
+    def _rest_lazily(self, key: QueueKey, link: _Link) -> None:
+        """The peer pruned this link while a backlog streamed to it: it takes the rest from its eager
+        link, so no chunk waits to go out here. Once none is in flight either, a HAVE of what we hold
+        starts the peer's graft timer: should that link not deliver, the peer asks us (a WANT)."""
+        ours = self._local.get(key)
+        if ours is None or not has_news(ours, self._since(link)) or self._streams(link, ours):
+            return
+        self._pending.pop(key, None)
+        if link.inflight == 0:
+            self._haves[key] = self._announced[key] = ours
+
+    def _streams(self, link: _Link, ours: Summary | None) -> bool:
+        """Whether a backlog's next chunk goes to the peer unasked: on an eager link; on a pruned one
+        only to settle another history or a fork (the whole-run offer), never a plain backlog the peer
+        gets from its eager link too (every chunk would cross both, PRUNEs arriving chunks late)."""
+        return (
+            link.eager
+            or link.futile is not None
+            or link.onward is not None
+            or not is_ahead(ours, self._since(link))
+        )
 
     def _heard_of(self, key: QueueKey, summary: Summary) -> _Link | None:
         """A HAVE or WANT told us what the peer holds of ``key``."""
@@ -632,9 +703,9 @@ class ReplicationSession:
             return
         waiting = self._grafts.get(key)
         if waiting is None:
-            self._grafts[key] = (now + self.graft_timeout, summary, self._local.get(key))
+            self._grafts[key] = _Waiting(now + self.graft_delay, summary, self._local.get(key), now)
         else:
-            self._grafts[key] = (waiting[0], summary, waiting[2])
+            waiting.summary = summary
 
     def _graft(self, key: QueueKey) -> None:
         link = self._links.get(key)
@@ -642,12 +713,24 @@ class ReplicationSession:
             link.pruned = False  # it pushes to us again: its next duplicate prunes it again
         self._send(Want(key, self._local.get(key) or Summary()))
 
+    def _clock(self) -> GraftClock:
+        clock = self._graft_clock
+        if clock is None:
+            clock = self._graft_clock = GraftClock(self.graft_timeout, self.graft_timeout_max)
+        return clock
+
+    @property
+    def graft_delay(self) -> float:
+        """How long a HAVE's news may take now before a WANT grafts the link (see :class:`GraftClock`)."""
+        return self._clock().timeout()
+
     def tick(self, now: float) -> None:
         """The host's clock moved to ``now``: a HAVE whose news has not arrived within
-        :attr:`graft_timeout` grafts its link (a WANT), unless some of it arrived meanwhile: then the
-        timer starts again. The link that brings it is only slower than the HAVEs (a backlog streaming
-        in, a busy host), and a graft would have two links send every chunk from then on. Lingering
-        HAVEs fall due."""
+        :attr:`graft_delay` of the HAVE, or of the last part of it that did arrive (news that streams in
+        more slowly than the HAVEs announce it: a backlog, a busy host), grafts its link (a WANT). Not
+        while the host is still taking in deltas of the queue (:attr:`arrivals`: some link is delivering
+        it), unless nothing arrived for ``graft_timeout_max``. Lingering HAVEs fall due."""
+        self._now = now
         if self._haves and self.have_linger > 0:
             if self._have_due is None:
                 self._have_due = now + self.have_linger
@@ -655,20 +738,23 @@ class ReplicationSession:
                 self._haves_due_now = True
         if not self._grafts:
             return
-        for key, (deadline, summary, held) in list(self._grafts.items()):
-            if deadline > now:
+        for key, waiting in list(self._grafts.items()):
+            if waiting.due > now:
                 continue
-            ours = self._local.get(key)
-            if has_news(summary, ours) and ours is not None and is_ahead(ours, held):
-                self._grafts[key] = (now + self.graft_timeout, summary, ours)
+            if not has_news(waiting.summary, self._local.get(key)):
+                del self._grafts[key]
+                continue
+            hold = self.graft_timeout_max or self.graft_timeout
+            if self.arrivals.arriving(key) and now - waiting.since < hold:
+                waiting.due = min(now + self.graft_delay, waiting.since + hold)
                 continue
             del self._grafts[key]
-            if has_news(summary, ours):
-                self._graft(key)
+            self._grafted[key] = waiting
+            self._graft(key)
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` has something to do (None: nothing waits for the clock)."""
-        deadline = min(waiting[0] for waiting in self._grafts.values()) if self._grafts else None
+        deadline = min(waiting.due for waiting in self._grafts.values()) if self._grafts else None
         if self._haves and self.have_linger > 0 and not self._haves_due_now:
             due = self._have_due if self._have_due is not None else 0.0  # 0: tick now, to start it
             deadline = due if deadline is None else min(deadline, due)
@@ -769,12 +855,19 @@ class ReplicationSession:
         self._foreign.add(key)
         return self._link(key)
 
-    def _set_local(self, key: QueueKey, summary: Summary) -> None:
+    def _set_local(self, key: QueueKey, summary: Summary, now: float | None = None) -> None:
         self._local[key] = summary
         if self._grafts:
             waiting = self._grafts.get(key)
-            if waiting is not None and not has_news(waiting[1], summary):
-                del self._grafts[key]  # the news arrived (by the eager link, or any other): no WANT
+            if waiting is not None:
+                at = self._now if now is None else now
+                if not has_news(waiting.summary, summary):
+                    del self._grafts[key]  # the news arrived (by the eager link, or any other): no WANT
+                    self._clock().sample(at - waiting.since)
+                elif is_ahead(summary, waiting.held):  # part of it: the timer starts again from here
+                    self._clock().sample(at - waiting.since)
+                    waiting.held, waiting.since = summary, at
+                    waiting.due = at + self.graft_delay
         if self._foreign and key in self._foreign:
             self._foreign.discard(key)  # ours now: no longer counted against the peer
             if self.key_budget is not None:

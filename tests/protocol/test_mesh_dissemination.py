@@ -6,7 +6,9 @@ from __future__ import annotations
 from latticed.crdt import queue as core
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
+from latticed.protocol.graft import Arrivals
 from latticed.protocol.replication import (
+    HAVE,
     PROTOCOL_VERSION,
     PRUNE,
     WANT,
@@ -22,6 +24,7 @@ from latticed.protocol.replication_messages import (
     Hello,
     Message,
     Prune,
+    Want,
     encode_message,
 )
 
@@ -220,10 +223,138 @@ def test_a_have_whose_news_keeps_arriving_restarts_the_graft_timer() -> None:
     h11 = _grow(h10, 1, "c")
     _feed(b, Have(KEY, h10.summary()), now=10.0)
     _feed(b, Have(KEY, h11.summary()), now=10.125)
-    b.local_update(KEY, h9.summary())  # part of it, from the other link
+    b.local_update(KEY, h9.summary(), now=10.25)  # part of it, from the other link
     b.tick(10.25)
     assert not _wants(b)
-    assert b.next_deadline() == 10.5
+    assert b.next_deadline() == 10.5  # a whole timeout from the part that arrived
     b.tick(10.5)  # nothing more arrived within a whole timeout: graft
     assert len(_wants(b)) == 1
     assert b.next_deadline() is None
+
+
+# ------------------------------------------------------------------ a graft timer learned per link
+
+
+def test_a_relay_taking_a_backlog_under_the_newest_head_sends_no_records_to_a_peer_ahead() -> None:
+    """A relay takes a backlog in chunks, each under the owner's newest head, so its head is newer than
+    that of a peer which already holds more records: it used to answer that peer with the queue from its
+    start (the peer's version being older), a whole run of duplicates per ask."""
+    _, h10, h11 = _histories()
+    relay = core.merge(core.empty_state(ALICE.public_key, "q"), core.delta(h11, None, max_records=8))
+    assert relay.held_end == 8 and relay.version > h10.version
+    delta = core.delta(relay, h10.summary(), max_records=4096)
+    assert delta.records == ()
+    assert delta.from_offset == relay.held_end
+
+
+def _learning_receiver() -> tuple[ReplicationSession, list[core.QueueState]]:
+    """A lazy link's session with a learned timer (floor 0.3 s, cap 2 s) and one history growing."""
+    h8, _, _ = _histories()
+    b = ReplicationSession(graft_timeout=0.3, graft_timeout_max=2.0)
+    b.start({KEY: h8.summary()})
+    _feed(b, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)), now=0.0)
+    b.messages_to_send()
+    states = [h8]
+    for i in range(12):
+        states.append(_grow(states[-1], 1, f"g{i}"))
+    return b, states
+
+
+def test_a_link_whose_eager_copies_come_late_learns_to_wait_for_them() -> None:
+    """On a busy host the eager copy of what a HAVE announced comes 0.6 s later, every time: a fixed
+    0.3 s timer grafted each time (a second eager link sending every chunk again). The timer learns
+    the lateness and stops grafting."""
+    b, states = _learning_receiver()
+    assert b.graft_delay == 0.3
+    wants = 0
+    now = 10.0
+    for state in states[1:]:
+        _feed(b, Have(KEY, state.summary()), now=now)
+        deadline = b.next_deadline()
+        assert deadline is not None
+        if deadline < now + 0.6:
+            b.tick(deadline)
+            wants += len(_wants(b))
+        b.local_update(KEY, state.summary(), now=now + 0.6)  # the eager copy
+        b.tick(now + 0.6)
+        now += 1.0
+    assert b.graft_delay > 0.6
+    assert wants <= 2  # only before it learned (it used to be one per HAVE: 12)
+    assert b.graft_delay <= 2.0
+
+
+def test_a_graft_whose_delta_was_a_duplicate_makes_the_link_wait_longer() -> None:
+    """The WANT went out, then the eager copy came first after all: the graft was premature, and the
+    next HAVE waits twice as long; a graft that brought news keeps the timer as it is."""
+    b, states = _learning_receiver()
+    _feed(b, Have(KEY, states[2].summary()), now=10.0)
+    b.tick(10.3)
+    assert len(_wants(b)) == 1
+    b.local_update(KEY, states[2].summary(), now=10.5)  # the eager copy, late
+    _feed(b, Delta(1, core.delta(states[2], states[0].summary())), now=10.6)  # the grafted link's
+    (received,) = [e for e in iter(b.next_event, None) if isinstance(e, DeltaReceived)]
+    b.delta_applied(received.seq, states[2].summary(), False, now=10.7)
+    assert b.graft_delay >= 0.6
+
+
+def test_no_graft_while_another_link_is_delivering_the_queue() -> None:
+    """A backlog's chunk is on its way into the store through the eager link (received, not yet
+    stored), as the lazy link's HAVE timer runs out: the host is taking it in, so no WANT; once that
+    link goes quiet for good, the WANT goes out within the cap all the same."""
+    h8, h10, _ = _histories()
+    arrivals = Arrivals()
+    lazy = ReplicationSession(graft_timeout=0.3, graft_timeout_max=2.0, arrivals=arrivals)
+    eager = ReplicationSession(arrivals=arrivals)
+    for session in (lazy, eager):
+        session.start({KEY: h8.summary()})
+        _feed(session, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)))
+        session.messages_to_send()
+        list(iter(session.next_event, None))
+    _feed(eager, Delta(1, core.delta(h10, h8.summary())), now=10.0)
+    _feed(lazy, Have(KEY, h10.summary()), now=10.0)
+    lazy.tick(10.3)
+    assert not _wants(lazy)  # the eager link's delta is being verified and stored
+    eager.release()  # its link died before the delta was stored: nothing is arriving any more
+    deadline = lazy.next_deadline()
+    assert deadline is not None and deadline <= 12.0
+    lazy.tick(deadline)
+    assert len(_wants(lazy)) == 1
+
+
+def test_a_dead_eager_link_is_repaired_within_the_cap_however_late_copies_came() -> None:
+    """However late eager copies came before, the timer stays under its cap: when the eager link is
+    dead (nothing arrives, nothing is on its way), the WANT goes out by then."""
+    b, states = _learning_receiver()
+    for i, state in enumerate(states[1:6]):
+        _feed(b, Have(KEY, state.summary()), now=10.0 * i)
+        b.local_update(KEY, state.summary(), now=10.0 * i + 5.0)  # very late copies
+        b.tick(10.0 * i + 5.0)
+        _wants(b)
+    assert b.graft_delay == 2.0
+    _feed(b, Have(KEY, states[-1].summary()), now=100.0)
+    b.tick(101.9)
+    assert not _wants(b)
+    b.tick(102.0)
+    assert len(_wants(b)) == 1
+
+
+def test_a_pruned_link_stops_streaming_a_backlog_and_announces_the_rest() -> None:
+    """The peer pruned us mid-backlog (it takes the queue from its eager link): each of our ACKed chunks
+    used to schedule the next one all the same, so the backlog crossed both links to the end. Now the
+    stream stops; a HAVE of what we hold starts the peer's graft timer, should its eager link stall."""
+    h8, _, h11 = _histories()
+    h13 = _grow(h11, 2, "d")
+    a = ReplicationSession(max_records=2, depth=1)
+    a.start({KEY: h13.summary()})
+    _feed(a, Hello(PROTOCOL_VERSION, None, None), Digest(((KEY, h8.summary()),)))
+    (need,) = _needs(a)
+    first = core.delta(h13, need.since, need.max_records)
+    a.provide_delta(KEY, first)
+    a.messages_to_send()
+    _feed(a, Prune(KEY))  # the peer had it from another link
+    _feed(a, Ack(1, KEY, core.merge(h8, first).summary()))
+    assert not _needs(a)  # it used to be the next chunk, and so on to the end
+    haves = [m for m in a.messages_to_send() if m[1] == HAVE]
+    assert len(haves) == 1
+    _feed(a, Want(KEY, core.merge(h8, first).summary()))  # its eager link stalled: it grafts us
+    assert len(_needs(a)) == 1

@@ -3,13 +3,15 @@
 Each node drives real :class:`ReplicationSession` objects and real queue states the way ``net/gossip.py``
 and the store do (the same graft timer, HAVE linger, window and depth; each link agreed on the features
 two daemons of this build agree on, ``compact`` among them; a received live push relayed before its commit,
-as ``storage/ahead.py`` serves it; ACKs only once the merge is durable; the dialler's keep-alive PINGs),
+each as it came, as ``storage/ahead.py`` serves it; checkpoints thinned as the store keeps them; ACKs only
+once the merge is durable; the dialler's keep-alive PINGs),
 over the graph bench_mesh builds (:func:`mesh_topology`, same seed and shape). What it does not run it
 models with a clock: each link has a one-way delay (drawn per link from the seed), and each node one CPU
-(decoding, verifying, cutting deltas) and one storage thread (commits), each taking :class:`Costs`. So the
-order in which copies reach a node, which decides prunes, HAVEs and grafts, comes from the same code as in
-the daemons, and every message is counted by type (``received_<type>``, ``received_<type>_bytes``) from
-its real encoding, as the daemons' counters do. Deterministic: no randomness but the seeded draws.
+(decoding, verifying, cutting deltas; woken from idle it pays a wake-up first) and one storage thread
+(commits), each taking :class:`Costs`. So the order in which copies reach a node, which decides prunes,
+HAVEs and grafts, comes from the same code as in the daemons, and every message is counted by type
+(``received_<type>``, ``received_<type>_bytes``) from its real encoding, as the daemons' counters do.
+Deterministic: no randomness but the seeded draws.
 
 Why one module: the clock, the links and the node's host steps share one event queue and one set of
 costs, and the parts (bulk, live) are bench_mesh's, read side by side with it.
@@ -17,6 +19,7 @@ costs, and the parts (bulk, live) are bench_mesh's, read side by side with it.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from collections import Counter, deque
@@ -27,10 +30,13 @@ from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.net.gossip import GRAFT_TIMEOUT_S, HAVE_LINGER_S
+from latticed.net.gossip import GRAFT_TIMEOUT_MAX_S, GRAFT_TIMEOUT_S, HAVE_LINGER_S
+from latticed.protocol.graft import Arrivals
 from latticed.protocol.replication import DeltaReceived, NeedDelta, QueueKey, ReplicationSession
 from latticed.protocol.replication_messages import message_type_name
 from latticed.protocol.versions import agree, ours
+from latticed.storage.ahead import AHEAD_DELTA_RECORDS, AHEAD_MAX_RECORDS
+from latticed.storage.batch import thin_checkpoints
 
 __all__ = [
     "Costs",
@@ -89,26 +95,33 @@ class Costs:
     """Seconds each step takes (a loopback mesh of daemons on a busy 2-core box, roughly)."""
 
     link_delay: tuple[float, float] = (0.0001, 0.0004)  # one way, drawn per link
-    message: float = 0.0002  # decrypt, decode, run the session: per received message
-    verify: float = 0.001  # check a delta's signatures: per delta ...
-    verify_record: float = 0.000005  # ... and per record
-    cut: float = 0.002  # read (the storage thread) and encode a delta: per delta ...
-    cut_record: float = 0.0000025  # ... and per record
+    message: float = 0.0001  # decrypt, decode, run the session: per received message
+    verify: float = 0.0005  # check a delta's signatures: per delta ...
+    verify_record: float = 0.000002  # ... and per record
+    cut: float = 0.001  # read (the storage thread) and encode a delta: per delta ...
+    cut_record: float = 0.000001  # ... and per record
     commit: float = 0.001  # a durable commit on the storage thread (fsync) ...
     commit_record: float = 0.000002  # ... and per record
     #: Each CPU step takes its cost times a seeded draw from [1 - jitter, 1 + jitter]: N daemons share
     #: the box's cores, and the scheduler decides which relay's copy wins a race.
     jitter: float = 0.5
+    #: A node whose CPU was idle for longer than ``warm_for`` pays ``wake`` on its next step (the event
+    #: loop's and threads' wake-ups, cold caches): what a live record at 5/s costs each daemon on top of
+    #: what the same record costs it inside a 100/s stream.
+    wake: float = 0.0012
+    warm_for: float = 0.02
     #: Cores the nodes share (bench_mesh runs every daemon on one box); a step takes longer by the number
     #: of nodes busy at its start over this. None: each node has its own machine.
     cores: int | None = 2
     #: What one call of the writer's client costs besides the commit (a bulk batch of 1,000 records).
-    client: float = 0.02
+    client: float = 0.03
     graft_timeout: float = GRAFT_TIMEOUT_S
+    graft_timeout_max: float | None = GRAFT_TIMEOUT_MAX_S
     #: How long HAVEs wait to go out together, as on daemon links (0: with the next send).
     have_linger: float = HAVE_LINGER_S
     ping_interval: float = 10.0  # process/ticks.py TICK_S
-    ahead_records: int = 64  # storage/ahead.py AHEAD_DELTA_RECORDS
+    ahead_records: int = AHEAD_DELTA_RECORDS
+    ahead_max_records: int = AHEAD_MAX_RECORDS
 
 
 @dataclass
@@ -118,6 +131,8 @@ class MeshNode:
     durable: dict[QueueKey, QueueState] = field(default_factory=dict)
     #: What the node holds including verified live pushes not committed yet (served to peers, relayed).
     latest: dict[QueueKey, QueueState] = field(default_factory=dict)
+    #: Those pushes as they came, in order (storage/ahead.py relays each as it came, never a batch of them).
+    ahead: dict[QueueKey, list[QueueDelta]] = field(default_factory=dict)
     cpu_free: float = 0.0
     disk_free: float = 0.0
     received: Counter[str] = field(default_factory=Counter)
@@ -126,6 +141,8 @@ class MeshNode:
     #: When each offset was first held (verified), for the time to reach the last node.
     reached: dict[int, float] = field(default_factory=dict)
     deadlines: dict[int, float] = field(default_factory=dict)
+    #: Deltas on their way into the store, shared by the node's sessions (as Gossip.arrivals).
+    arrivals: Arrivals = field(default_factory=Arrivals)
 
     def held_end(self, key: QueueKey) -> int:
         state = self.durable.get(key)
@@ -178,6 +195,8 @@ class MeshSim:
                     max_records=self.max_records,
                     max_message_bytes=1 << 20,
                     graft_timeout=self.costs.graft_timeout,
+                    graft_timeout_max=self.costs.graft_timeout_max,
+                    arrivals=self.nodes[x].arrivals,
                     have_linger=self.costs.have_linger,
                     incarnation=x.to_bytes(16, "big"),
                 )
@@ -226,7 +245,7 @@ class MeshSim:
                 for offset in range(state.held_end - count, state.held_end):
                     node.hops[offset] = 0
                     node.reached[offset] = self.now
-            node.durable[self.key] = node.latest[self.key] = state
+            node.durable[self.key] = node.latest[self.key] = _stored(state)
             self._changed(0, state.summary(), None)
 
         node.disk_free = done
@@ -282,6 +301,8 @@ class MeshSim:
         jitter, cores, now = self.costs.jitter, self.costs.cores, self.now
         if jitter:
             cost *= self._rng.uniform(1 - jitter, 1 + jitter)
+        if node.cpu_free < now - self.costs.warm_for:
+            cost += self.costs.wake
         if cores is not None:
             busy = sum(1 for other in self.nodes if other.cpu_free > now or other.disk_free > now)
             cost *= max(1.0, (busy + (node.cpu_free <= now)) / cores)
@@ -321,15 +342,15 @@ class MeshSim:
 
     def _delta_for(self, node: MeshNode, event: NeedDelta) -> QueueDelta | None:
         durable = node.durable.get(event.key)
-        latest = node.latest.get(event.key)
+        ahead = node.ahead.get(event.key)
         since = event.since
-        if (
-            latest is not None
-            and latest is not durable
-            and since is not None
-            and (durable is None or since.held_end >= durable.held_end)
-        ):
-            return core.delta(latest, since, event.max_records, self.max_bytes)  # served ahead
+        if ahead and since is not None and (durable is None or since.held_end >= durable.held_end):
+            # Served ahead of the commit: the push that extends exactly what the peer holds, as it came;
+            # none does: nothing now, the commit pushes again (net/replication_service.py delta_for).
+            for pushed in ahead:
+                if pushed.from_offset == since.held_end and pushed.from_hash == since.held_hash:
+                    return pushed
+            return None
         if durable is None:
             return None
         return core.delta(durable, since, event.max_records, self.max_bytes)
@@ -341,15 +362,18 @@ class MeshSim:
         key, delta = event.key, event.delta
         verified_at = max(self.now, node.cpu_free)
         latest = node.latest.get(key)
+        pushes = node.ahead.setdefault(key, [])
         if (
             len(delta.records) <= self.costs.ahead_records
             and delta.records
             and latest is not None
             and delta.from_offset == latest.held_end
+            and sum(len(d.records) for d in pushes) + len(delta.records) <= self.costs.ahead_max_records
         ):
             ahead = core.merge(latest, delta)
             if ahead.summary() != latest.summary():
                 node.latest[key] = ahead
+                pushes.append(delta)
 
                 def relay() -> None:
                     self._note_arrival(y, x, delta)
@@ -365,16 +389,19 @@ class MeshSim:
 
         def committed() -> None:
             before = node.durable.get(key) or core.empty_state(*key)
-            after = core.merge(before, delta)
+            after = _stored(core.merge(before, delta))
             changed = after.summary() != before.summary()
             node.durable[key] = after
             current = node.latest.get(key)
             if current is None or current.held_end <= after.held_end:
                 node.latest[key] = after
+            pushes = node.ahead.get(key)
+            if pushes:  # a commit that reaches a push's end drops it
+                pushes[:] = [d for d in pushes if d.from_offset + len(d.records) > after.held_end]
             if changed:
                 self._note_arrival(y, x, delta)
             session = node.sessions[x]
-            session.delta_applied(event.seq, after.summary(), changed)
+            session.delta_applied(event.seq, after.summary(), changed, self.now)
             self._drive(y, x)
             if changed:
                 self._changed(y, after.summary(), x)
@@ -395,7 +422,7 @@ class MeshSim:
         node = self.nodes[y]
         for peer, session in node.sessions.items():
             if peer != source:
-                session.local_update(self.key, summary)
+                session.local_update(self.key, summary, self.now)
                 self._drive(y, peer)
 
     # ------------------------------------------------------------------ what bench_mesh measures
@@ -404,6 +431,13 @@ class MeshSim:
 
     def counters(self) -> list[Counter[str]]:
         return [Counter(node.received) for node in self.nodes]
+
+
+def _stored(state: QueueState) -> QueueState:
+    """``state`` as the store keeps it: older checkpoints thinned (storage/batch.py), so a delta read
+    from the store carries only those, as the daemons' do."""
+    thinned = thin_checkpoints(state.checkpoints, len(state.entries))
+    return state if thinned is state.checkpoints else dataclasses.replace(state, checkpoints=thinned)
 
 
 @dataclass

@@ -55,14 +55,11 @@ def delta(
         and state.chain_at(since.held_end) == since.held_hash
     ):
         from_offset = since.held_end
-    elif (
-        since is not None
-        and since.held_end > state.held_end
-        and since.version >= head.version
-        and state.fork is None
-    ):
-        # The asker holds more records, under a head as new as ours (we are a relay whose commit is
-        # behind what it passed on): none of our records is news to it. Not the whole queue again.
+    elif since is not None and since.held_end > state.held_end and state.fork is None and not since.forked:
+        # The asker holds more records (we are a relay whose commit is behind what it passed on, or one
+        # taking a backlog in chunks under the owner's newest head): none of our records is news to it
+        # along one history, and the head is. Not the whole queue again: should its records be another
+        # history, its ACK changes nothing and the session offers our whole run (ReplicationSession._pump).
         from_offset = end
     elif state.floor:
         # We dropped the records below our floor: a peer we cannot extend could not use our suffix (a run
