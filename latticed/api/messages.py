@@ -91,6 +91,50 @@ def unpack(data: bytes) -> Any:
         raise MalformedError(f"not a msgpack message ({type(exc).__name__})") from exc
 
 
+#: A request frame at least this big is decoded field by field, keeping the encoded bytes of its
+#: ``records`` (:class:`Decoded`); a smaller one in one call, which costs less per field.
+FIELDS_FROM_BYTES: Final = 1 << 16
+#: First bytes of a msgpack map (fixmap, map 16, map 32).
+MAP_FIRST_BYTES: Final = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
+
+
+class Decoded(dict[Any, Any]):
+    """A request map as :func:`unpack` decodes it, which also keeps ``packed_records``: the bytes its
+    ``records`` field was sent as (None if it has none). An owner digests a producer's records for its
+    retries (:func:`latticed.produce.dedup.offered_digest`) from them instead of packing the decoded
+    records again, once it has checked they are the very bytes msgpack packs those records as."""
+
+    __slots__ = ("packed_records",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.packed_records: memoryview | None = None
+
+
+def unpack_request(data: bytes) -> Any:
+    """:func:`unpack`, but a large map comes back as a :class:`Decoded` (the same items)."""
+    if len(data) < FIELDS_FROM_BYTES or data[0] not in MAP_FIRST_BYTES:
+        return unpack(data)
+    view = memoryview(data)
+    out = Decoded()
+    try:
+        unpacker = msgpack.Unpacker(
+            None, raw=False, strict_map_key=False, use_list=True, max_buffer_size=len(data)
+        )
+        unpacker.feed(data)
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            start = unpacker.tell()
+            out[key] = unpacker.unpack()
+            if type(key) is str and key == "records":  # the last of equal keys wins, as in a dict
+                out.packed_records = view[start : unpacker.tell()]
+        if unpacker.tell() != len(data):
+            raise msgpack.ExtraData(out, data[unpacker.tell() :])
+    except Exception as exc:  # msgpack raises many unrelated types for bad input
+        raise MalformedError(f"not a msgpack message ({type(exc).__name__})") from exc
+    return out
+
+
 def error_body(exc: LatticedError) -> dict[str, str]:
     return {"code": exc.code, "message": str(exc) or type(exc).__name__}
 
@@ -245,7 +289,10 @@ __all__ = [
     "version_gap",
     "versions_reply",
     "COLUMNS",
+    "FIELDS_FROM_BYTES",
     "FRAME_OVERHEAD",
+    "MAP_FIRST_BYTES",
+    "Decoded",
     "SUPPORTED_VERSIONS",
     "TAIL_BATCH_BYTES",
     "TAIL_BATCH_RECORDS",
@@ -261,4 +308,5 @@ __all__ = [
     "pack_array",
     "parse_headers",
     "unpack",
+    "unpack_request",
 ]

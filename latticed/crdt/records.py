@@ -206,7 +206,7 @@ class RecordRun(Sequence[Record]):
         """Bytes of values and keys (what checkpoint spacing counts)."""
         size = sum(map(len, self.values))
         if self.keys.count(None) != len(self.keys):
-            size += sum(len(k) for k in self.keys if k)
+            size += sum(map(len, filter(None, self.keys)))
         return size
 
 

@@ -25,6 +25,7 @@ the storage thread, inside the group commit (:class:`ProducedAppend`).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any, Final
 
 from latticed.crdt.wire import pack, unpack
@@ -74,13 +75,47 @@ def check_producer(producer: Any, seq: Any) -> tuple[str, int]:
 DIGEST_BYTES: Final = 16
 
 
-def offered_digest(records: Any) -> bytes:
+def offered_digest(records: Any, verbatim: bytes | memoryview | None = None) -> bytes:
     """What a retry must match: the values, keys and headers the producer sent (before the owner stamps
     them), whichever daemon forwarded them (msgpack writes equal decoded values as equal bytes). Not the
     timestamps: a re-run may compute them anew (a ``current_timestamp()`` column), and the first
-    attempt's then stand for the same rows."""
+    attempt's then stand for the same rows. ``verbatim``: bytes known to be what packing ``records``
+    gives (:func:`packed_size` tells), hashed as they are instead of packing ``records`` again."""
+    if verbatim is not None:
+        return _digest(verbatim)
     sent = records if set(map(len, records)) == {3} else [record[:3] for record in records]
-    return hashlib.blake2b(pack(sent), digest_size=DIGEST_BYTES, person=b"latticed.offer").digest()
+    return _digest(pack(sent))
+
+
+def _digest(data: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(data, digest_size=DIGEST_BYTES, person=b"latticed.offer").digest()
+
+
+def _bin_bytes(blobs: Sequence[bytes]) -> int:
+    """Bytes of ``blobs`` packed one after another (each bin 8, 16 or 32: the smallest that holds it)."""
+    lengths = list(map(len, blobs))
+    longer = sum(map((1 << 8).__le__, lengths)) + 2 * sum(map((1 << 16).__le__, lengths))
+    return sum(lengths) + 2 * len(lengths) + longer
+
+
+def packed_size(values: Sequence[bytes], keys: Sequence[bytes | None], *, within: int | None = None) -> int:
+    """How many bytes msgpack packs the records ``[value, key, []]`` (or ``None`` headers) of these
+    columns into: bytes, bytes or nil, and empty headers each have one shortest encoding, the one
+    msgpack writes, and every other encoding is longer. So bytes that decode to such records and are
+    this long are, byte for byte, what packing them gives. ``within``: the length of such bytes, which
+    lets values and keys all under 256 bytes (bin 8 each) be counted without looking at each length:
+    the size if they were, at most the true one, which is at most ``within``, equals ``within`` only
+    if all three are equal."""
+    n = len(values)
+    nils = keys.count(None)
+    present: Sequence[Any] = keys if not nils else [key for key in keys if key is not None]
+    # The array, then each record: fixarray 3, value, key (nil: one byte), headers (one byte: [] or nil).
+    fixed = (1 if n < 16 else 3 if n < 1 << 16 else 5) + n + nils + n
+    if within is not None:
+        short = fixed + sum(map(len, values)) + 2 * n + sum(map(len, present)) + 2 * len(present)
+        if short == within:
+            return short
+    return fixed + _bin_bytes(values) + _bin_bytes(present)
 
 
 def _entry_ok(entry: Any) -> bool:
@@ -162,6 +197,7 @@ __all__ = [
     "ProducedAppend",
     "check_producer",
     "offered_digest",
+    "packed_size",
     "producer_scope",
     "row_name",
     "used_row_name",

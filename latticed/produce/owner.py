@@ -27,7 +27,13 @@ from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Headers, RecordRun, check_records
 from latticed.errors import MalformedError, NotAllowedError, NotFoundError, NotOwnerError
 from latticed.net.leasing import LeaseServer
-from latticed.produce.dedup import ProducedAppend, check_producer, offered_digest, producer_scope
+from latticed.produce.dedup import (
+    ProducedAppend,
+    check_producer,
+    offered_digest,
+    packed_size,
+    producer_scope,
+)
 from latticed.produce.policy import PRODUCER_HEADER, producers_of
 from latticed.storage.jobs import Job
 from latticed.storage.sealer import SealableStore, Sealer
@@ -61,12 +67,11 @@ def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
         raise MalformedError("each record is [value, key, headers] or [value, key, headers, timestamp]")
     n = len(raw)
     stamps: Sequence[Any] = ()
-    if lengths == {3}:  # no record names its timestamp: every one gets the owner's clock
-        values, keys, sent = zip(*raw, strict=True)
-    elif lengths == {4}:
-        values, keys, sent, stamps = zip(*raw, strict=True)
-    else:
-        values, keys, sent = (tuple(map(itemgetter(i), raw)) for i in range(3))
+    # A column at a time by itemgetter: zip(*raw) made an iterator and a tuple per record.
+    values, keys, sent = (tuple(map(itemgetter(i), raw)) for i in range(3))
+    if lengths == {4}:
+        stamps = tuple(map(itemgetter(3), raw))
+    elif lengths != {3}:  # {3}: no record names its timestamp, every one gets the owner's clock
         stamps = [item[3] if len(item) == 4 else None for item in raw]
     timestamps: Iterable[int] = repeat(now, n)
     if stamps.count(None) != len(stamps):
@@ -85,6 +90,25 @@ def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
     run = RecordRun(values, keys, timestamps, headers)
     check_records(run)
     return run
+
+
+def retry_digest(raw: list[list[Any]], run: RecordRun, packed: bytes | memoryview | None) -> bytes:
+    """:func:`~latticed.produce.dedup.offered_digest` of ``raw`` (``run``: :func:`produced_run` of it),
+    from ``packed``, the bytes ``raw`` was decoded from (None: unknown), when they are what packing
+    ``raw`` gives: the same digest either way, without packing the sink's records again."""
+    return offered_digest(raw, packed if _verbatim(raw, run, packed) else None)
+
+
+def _verbatim(raw: list[list[Any]], run: RecordRun, packed: bytes | memoryview | None) -> bool:
+    """Whether ``packed``, the bytes ``raw`` was decoded from, is what packing ``raw`` gives: records
+    ``[value, key, headers]`` (no timestamp), no headers sent (each record's only header is the
+    producer's, one tuple for all), and exactly :func:`~latticed.produce.dedup.packed_size` long."""
+    if packed is None or run.headers is None or set(map(len, raw)) != {3}:
+        return False
+    headers = run.headers
+    if len(headers[0]) != 1 or headers.count(headers[0]) != len(headers):
+        return False
+    return len(packed) == packed_size(run.values, run.keys, within=len(packed))
 
 
 def _headers(raw: Any) -> Headers:
@@ -128,12 +152,21 @@ class OfferServer:
         return q
 
     def start(
-        self, peer: bytes, q: int, producer: Any, seq: Any, records: Any, *, shared: Any = False
+        self,
+        peer: bytes,
+        q: int,
+        producer: Any,
+        seq: Any,
+        records: Any,
+        *,
+        shared: Any = False,
+        packed: bytes | memoryview | None = None,
     ) -> Job:
         """Check and start the idempotent append of ``records`` offered by ``peer`` (as its ``producer``,
         sequence ``seq``) to our queue ``q``; ``await engine.outcome(job)`` gives ``(first, count,
         duplicate)`` once durable. ``shared``: the producer id is one of the queue's, not ``peer``'s
-        alone (see :func:`~latticed.produce.dedup.producer_scope`)."""
+        alone (see :func:`~latticed.produce.dedup.producer_scope`). ``packed``: the bytes ``records``
+        were decoded from, if known (:func:`~latticed.produce.dedup.offered_digest`)."""
         engine = self.engine
         producer, seq = check_producer(producer, seq)
         scope = producer_scope(peer, producer, shared)
@@ -151,7 +184,7 @@ class OfferServer:
         engine.require_owner(q, "offer")
         inner = self.sealer.append_job(q, run)
         qid = queue_id(state.owner, state.name, state.kind)
-        digest = offered_digest(records)
+        digest = retry_digest(records, run, packed)
         return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), digest=digest, now_ms=now))
 
     def check_allowed(self, peer: bytes, q: int, state: QueueState) -> None:
@@ -195,4 +228,12 @@ class WithOffers:
         self.leases.peer_gone(peer)
 
 
-__all__ = ["MAX_RECORDS", "PRODUCE_OP", "OfferServer", "ProduceStore", "WithOffers", "produced_run"]
+__all__ = [
+    "MAX_RECORDS",
+    "PRODUCE_OP",
+    "OfferServer",
+    "ProduceStore",
+    "WithOffers",
+    "produced_run",
+    "retry_digest",
+]

@@ -37,6 +37,7 @@ from latticed.api.client.blocking_client import Produced
 from latticed.errors import MalformedError
 from latticed.process.logs import get_logger, log_event
 from latticed.spark.local_daemon import connect
+from latticed.spark.sink_packed import packed_records, packed_rows
 from latticed.spark.sink_records import COLUMNS, batch_rows, chunk_rows, producer_id, sequence
 from latticed.spark.sink_send import InFlight
 
@@ -196,7 +197,10 @@ class _Plan:
         partition = context.partitionId() if context is not None else 0
         producer = producer_id(scope, partition)
         o = self.options
-        rows = (batch_rows(batch, o.queue, self.resolve) for batch in batches)
+        rows = (
+            packed_rows(batch, o.queue, self.resolve) or batch_rows(batch, o.queue, self.resolve)
+            for batch in batches
+        )
         answers: list[Produced] = []
         with connect(o.socket, o.timeout) as client:
             own = client.identity() + "/"  # this host's daemon's queues take pipelined requests
@@ -205,7 +209,7 @@ class _Plan:
                 for chunk in chunk_rows(rows, max_records=o.records_per_offer, max_bytes=BYTES_PER_OFFER):
                     request = {
                         "queue": chunk.queue,
-                        "records": chunk.records,
+                        "records": packed_records(chunk.records),
                         "producer": producer,
                         "seq": sequence(epoch, chunk.index),
                         "shared": True,

@@ -243,7 +243,7 @@ def _largest_record(segment: Segment) -> int:
     keys, headers = segment.keys, segment.headers
     largest = max(map(len, segment.values), default=0) + 16
     if keys.count(None) != len(keys):
-        largest += max((len(k) for k in keys if k), default=0)
+        largest += max(map(len, filter(None, keys)), default=0)
     if any(headers):
         same = uniform(headers)
         if same is MIXED:

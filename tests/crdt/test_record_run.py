@@ -236,3 +236,12 @@ def test_a_checked_run_stays_checked_and_so_do_its_parts() -> None:
     assert not RecordRun.join([run, RecordRun.of(sample(2))])._checked
     with pytest.raises(AttributeError):
         run._checked = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "keys", [[None, None, None], [b"ab", b"", None], [b"k", b"key", b"x" * 300], [None, b"kk", b""]]
+)
+def test_payload_bytes_counts_each_records_value_and_key(keys: list[bytes | None]) -> None:
+    values = [b"v", b"", b"value" * 60]
+    run = RecordRun(values, keys, [0, 1, 2])
+    assert run.payload_bytes() == sum(len(v) + len(k or b"") for v, k in zip(values, keys, strict=True))

@@ -25,7 +25,7 @@ import msgpack
 from latticed.api.client.bundle_client import BundleOps
 from latticed.api.client.group_client import GroupOps, Lease, Subscription
 from latticed.api.client.peer_client import PeerOps
-from latticed.api.messages import API_VERSION, error_from_reply, is_unknown_op, version_gap
+from latticed.api.messages import API_VERSION, error_from_reply, is_unknown_op, pack, version_gap
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
 from latticed.host.retention_policy import UNCHANGED, RetentionPolicy, Unchanged, policy_meta
 from latticed.host.socket_path import default_socket_path
@@ -177,9 +177,7 @@ class _Connection:
         if self.sock is None:
             raise ConnectionClosedError("connection to latticed is closed")
         try:
-            data = b"".join(
-                encode_frame(msgpack.packb(m, use_bin_type=True), CLIENT_MAX_FRAME) for m in messages
-            )
+            data = b"".join(encode_frame(pack(m), CLIENT_MAX_FRAME) for m in messages)
         except (TypeError, ValueError, OverflowError) as exc:
             raise MalformedError(f"cannot encode request: {exc}") from exc
         try:

@@ -93,7 +93,10 @@ def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:
     producer_scope(ctx.engine.public_key, producer, shared)  # 'shared' is checked before anything runs
     if owner is None:
         q = ctx.queue(request)
-        job = producers.local.start(ctx.engine.public_key, q, producer, seq, raw, shared=shared)
+        packed = getattr(request, "packed_records", None) if raw is request.get("records") else None
+        job = producers.local.start(
+            ctx.engine.public_key, q, producer, seq, raw, shared=shared, packed=packed
+        )
         return job, build
     produced_run(raw, owner.hex(), 0)  # refuse what the owner would refuse before it travels
     name = str(request["queue"]).rpartition("/")[2]

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from latticed.api.messages import SUPPORTED_VERSIONS, error_reply, unpack
+from latticed.api.messages import MAP_FIRST_BYTES, SUPPORTED_VERSIONS, error_reply, unpack_request
 from latticed.api.server.context import Context, OpTable
 from latticed.errors import BehindPeersError, LatticedError, MalformedError, ProtocolError
 from latticed.process.logs import get_logger, log_event
 
 log = get_logger(__name__)
 
-#: First bytes of a msgpack map (fixmap, map 16, map 32). A request is a map: anything else is refused
-#: before it is decoded, since a frame of tiny containers decodes to tens of times its size in objects.
-_MAP_FIRST_BYTES = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
+#: A request is a map: anything else is refused before it is decoded, since a frame of tiny containers
+#: decodes to tens of times its size in objects.
+_MAP_FIRST_BYTES = MAP_FIRST_BYTES
 _NOT_A_MAP = "a request is a map with 'v', 'id' and 'op'"
 
 
@@ -26,7 +26,7 @@ def parse_request(frame: bytes, ops: OpTable) -> tuple[dict[str, Any] | None, di
     if not frame or frame[0] not in _MAP_FIRST_BYTES:
         return None, error_reply(None, MalformedError(_NOT_A_MAP))
     try:
-        request = unpack(frame)
+        request = unpack_request(frame)
     except MalformedError as exc:
         return None, error_reply(None, exc)
     if not isinstance(request, dict):
