@@ -224,7 +224,7 @@ def test_what_is_not_a_request_is_refused_before_it_is_decoded(monkeypatch: pyte
     def no_decoding(data: bytes) -> object:
         raise AssertionError("decoded")
 
-    monkeypatch.setattr(request_router, "unpack", no_decoding)
+    monkeypatch.setattr(request_router, "unpack_request", no_decoding)
     ops = build_op_table()
     for body in (msgpack.packb([{}] * 10_000), msgpack.packb([[1]] * 10_000), b"", b"\x00"):
         request, reply = parse_request(body, ops)
