@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from latticed.crdt import epochs, queue2
 from latticed.crdt.core_errors import GapError
@@ -52,13 +53,14 @@ def test_the_join_of_states_is_a_lattice(values: list[QueueState2]) -> None:
 
 
 @settings(max_examples=max(EXAMPLES // 2, 100), deadline=None)
-@given(states(2))
-def test_a_delta_joins_like_the_state_it_came_from(values: list[QueueState2]) -> None:
-    """Chunks of deltas from ``a`` bring ``b`` to ``join(b, a)``: the append path and the whole join agree."""
+@given(states(2), st.booleans())
+def test_a_delta_joins_like_the_state_it_came_from(values: list[QueueState2], whole: bool) -> None:
+    """Chunks of deltas from ``a`` bring ``b`` to ``join(b, a)``: the append path and the whole join agree
+    (``whole``: the first delta is cut for no summary, as for a peer whose log parts from ours)."""
     a, b = values
     got = b
-    for _ in range(64):
-        d = queue2.delta(a, queue2.summary(got), max_records=3)
+    for index in range(64):
+        d = queue2.delta(a, None if whole and not index else queue2.summary(got), max_records=3)
         try:
             nxt = queue2.join_verified(got, queue2.verify_delta(got, d)).state
         except GapError:

@@ -161,9 +161,7 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     if not d.records:
         return empty
     check_records(d.records)
-    lo, hi = replace(chains, held_end=min(state.held[1], chains.upper)).held
-    if chains.epoch != state.chains.epoch:
-        hi = lo
+    lo, hi = _held_after(state, chains)
     first = max(d.from_offset, lo)  # records below our start are not needed, nor checkable
     end = min(d.from_offset + len(d.records), max(lo, chains.upper))
     if first > hi:
@@ -184,6 +182,12 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     return Verified(chains, meta, first, records, tuple(chain), bodies)
 
 
+def _held_after(state: QueueState2, chains: Chains) -> tuple[int, int]:
+    """What ``state`` still holds under the merged ``chains``: nothing of another epoch."""
+    lo, hi = replace(chains, held_end=min(state.held[1], chains.upper)).held
+    return (lo, hi) if chains.epoch == state.chains.epoch else (lo, lo)
+
+
 def _base(chains: Chains, state: QueueState2) -> bytes | None:
     head = chains.start_head
     return state.base_hash if head is None else head.base_hash
@@ -201,8 +205,8 @@ def join_verified(state: QueueState2, v: Verified) -> Merged:
     """``state`` joined with a verified delta: our records cut to the merged value, then the new ones
     appended. Records we held past a fork point now known come back as evidence."""
     chains = v.chains
-    lo, hi = replace(chains, held_end=min(state.held[1], chains.upper)).held
     same_epoch = chains.epoch == state.chains.epoch
+    lo, hi = _held_after(state, chains)
     evidence: tuple[Record, ...] = ()
     if same_epoch:
         own_lo, own_hi = state.held
