@@ -214,8 +214,9 @@ def join_verified(state: QueueState2, v: Verified) -> Merged:
             evidence = tuple(state.entries.records(max(hi, own_lo) - own_lo))
         kept = cut(state, replace(chains, held_end=hi))
         bodies = kept.bodies
-        if chains.forked != state.forked or lo != own_lo:
-            bodies = keep_bodies(kept.chains, bodies, check=chains.forked != state.forked)
+        # A truncation, a fork point below what we held, or branches changed: some bodies may be off the log.
+        if (lo, hi) != (own_lo, own_hi) or (chains.forked and chains.tips != state.chains.tips):
+            bodies = keep_bodies(kept.chains, bodies, check=chains.forked)
     else:
         kept = replace(state, chains=replace(chains, held_end=lo), entries=empty_entries())
         bodies = ()
