@@ -62,3 +62,15 @@ def test_forged_records_or_a_missing_body_are_refused() -> None:
     for bad in (forged, without):
         with pytest.raises(TamperedError):
             queue2.verify_delta(empty(), bad)
+
+
+def test_records_from_a_superseded_epoch_are_left_out_not_refused() -> None:
+    """A copy still writing in the forked epoch sends its records with its own bodies, which vouch for
+    nothing in the new epoch: the recovered replica takes the leaves (a no-op) and leaves the records."""
+    mine, theirs = _copied()
+    recovered = queue2.recover(queue2.join(mine, theirs), OWNER, now_ms=99)
+    replica = queue2.join_verified(empty(), queue2.verify_delta(empty(), queue2.delta(recovered, None))).state
+    replica = dataclasses.replace(replica, chains=dataclasses.replace(replica.chains, held_end=0))
+    replica = queue2.join(replica, replica)  # normalised: the new epoch, no records yet
+    verified = queue2.verify_delta(replica, queue2.delta(theirs, None))
+    assert verified.records == () and queue2.join_verified(replica, verified).state == replica

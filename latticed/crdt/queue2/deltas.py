@@ -158,8 +158,8 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
             raise TamperedError("metadata does not match the signed start head")
         meta = d.meta
     empty = Verified(chains, meta, d.from_offset, (), (), ())
-    if not d.records:
-        return empty
+    if not d.records or (d.log is not None and d.log.value.epoch != chains.epoch):
+        return empty  # a sender of a superseded epoch: its bodies cannot vouch for records of ours
     check_records(d.records)
     lo, hi = _held_after(state, chains)
     first = max(d.from_offset, lo)  # records below our start are not needed, nor checkable
