@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from latticed.crdt.epochs import Chains, join, verify
-from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis
+from latticed.crdt.core_errors import EquivocationError, MalformedError
+from latticed.crdt.epochs import Chains, Tip, join, start_rank, verify
+from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, is_leaf, next_log
 
 __all__ = ["LogDelta", "LogSummary", "delta", "merge", "summary", "vouches"]
 
@@ -66,7 +67,13 @@ def delta(value: Chains, since: LogSummary | None) -> LogDelta | None:
 def merge(value: Chains, piece: LogDelta) -> Chains:
     """``value`` joined with ``piece``, verified first: anything forged raises and changes nothing. A
     piece whose left-out leaves this replica does not hold raises :class:`ValueError` (its history parts
-    below them, or it changed since its summary): the sender then sends the whole value."""
+    below them, or it changed since its summary): the sender then sends the whole value.
+
+    A piece that extends an unforked value on one chain is appended: only its own leaves are folded and
+    checked (our fold is our head's :func:`next_log`), so a catch-up costs O(leaves sent), not O(log)."""
+    appended = _append(value, piece)
+    if appended is not None:
+        return appended
     known = _known(value) if piece.value.epoch == value.epoch else ()
     origin = genesis(piece.value.queue_id, piece.value.epoch)
     if piece.base > len(known) or fold(origin, known[: piece.base]) != piece.base_fold:
@@ -74,6 +81,34 @@ def merge(value: Chains, piece: LogDelta) -> Chains:
     whole = replace(piece.value, shared=known[: piece.base] + piece.value.shared, held_end=0)
     verify(whole)
     return join(value, whole)
+
+
+def _append(value: Chains, piece: LogDelta) -> Chains | None:
+    """``merge`` for a piece that goes on from our newest head (None: not such a piece). Checks what
+    :func:`verify` would on the new leaves alone; the result is what :func:`join` gives."""
+    new = piece.value
+    if value.forked or new.forked or not value.tips or not new.tips or new.epoch != value.epoch:
+        return None
+    ours = value.tips[0].head
+    if piece.base != ours.version or new.tips[0].tail or piece.base_fold != next_log(ours):
+        return None
+    head, leaves = new.tips[0].head, new.shared
+    if new.start_head is None:
+        raise EquivocationError("tips that do not branch at the shared leaves")
+    for signed in (head, new.start_head):
+        signed.verify(value.owner, value.queue_id)
+        if signed.epoch != value.epoch:
+            raise MalformedError("a head of another epoch")
+    if any(not is_leaf(leaf) for leaf in leaves):
+        raise MalformedError("a leaf is a 32-byte digest and an offset")
+    if fold(piece.base_fold, leaves) != head.log or head.version != piece.base + len(leaves) + 1:
+        raise EquivocationError("leaves that the head's log does not cover")
+    ends = [ours.end, *(end for _, end in leaves), head.end]
+    if ends != sorted(ends):
+        raise EquivocationError("a chain of heads whose end goes back")
+    start_head = max(value.start_head, new.start_head, key=start_rank)
+    shared = (*value.shared, ours.leaf(), *leaves)
+    return Chains(value.owner, value.queue_id, value.epoch, shared, (Tip(head),), start_head, value.held_end)
 
 
 def vouches(value: Chains, body: HeadV2) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from latticed.crdt.core_errors import EquivocationError, MalformedError, WrongOwnerError
 from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, is_leaf
 
-__all__ = ["Chains", "Tip", "empty", "join", "replica", "verify"]
+__all__ = ["Chains", "Tip", "empty", "join", "replica", "start_rank", "verify"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,8 @@ def _rank(head: HeadV2) -> tuple[int, bytes]:
     return head.version, head.to_bytes()
 
 
-def _start_rank(head: HeadV2 | None) -> tuple[int, int, bytes]:
+def start_rank(head: HeadV2 | None) -> tuple[int, int, bytes]:
+    """How the value picks its start head: the highest signed start, then the newest."""
     return (-1, 0, b"") if head is None else (head.start, head.version, head.to_bytes())
 
 
@@ -128,7 +129,7 @@ def join(a: Chains, b: Chains) -> Chains:
                     best[leaves[split]] = (leaves, head)
         shared = next(iter(best.values()))[0][:split]
         tips = tuple(Tip(head, leaves[split:-1]) for _, (leaves, head) in sorted(best.items()))
-    start_head = max(a.start_head, b.start_head, key=_start_rank)
+    start_head = max(a.start_head, b.start_head, key=start_rank)
     value = Chains(a.owner, a.queue_id, a.epoch, shared, tips, start_head)
     return replace(value, held_end=min(max(a.held_end, b.held_end), value.upper))
 

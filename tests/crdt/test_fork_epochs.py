@@ -260,3 +260,18 @@ def test_a_forged_delta_changes_nothing() -> None:
         epoch_delta.merge(b, forged)
     with pytest.raises(ValueError):
         epoch_delta.merge(b, dataclasses.replace(piece, base_fold=bytes(32)))
+
+
+def test_a_delta_that_goes_on_from_our_head_is_appended() -> None:
+    """The catch-up case folds only the leaves sent (our fold is our head's next log) and gives the join;
+    a forged leaf in it is refused as the whole check would refuse it."""
+    line = extend(ROOT, [("offer", 2), ("touch", 0), ("offer", 1), ("truncate", 1), ("offer", 3)], b"s")
+    behind, ahead = _at(line, 2), _at(line, 5)
+    piece = epoch_delta.delta(ahead, epoch_delta.summary(behind))
+    assert piece is not None and piece.base == 2
+    appended = epoch_delta._append(behind, piece)
+    expected = join(behind, dataclasses.replace(ahead, held_end=0))
+    assert appended is not None and appended == epoch_delta.merge(behind, piece) == expected
+    forged = dataclasses.replace(piece.value, shared=((bytes(32), 3), *piece.value.shared[1:]))
+    with pytest.raises(EquivocationError):
+        epoch_delta.merge(behind, dataclasses.replace(piece, value=forged))

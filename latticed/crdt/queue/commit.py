@@ -48,7 +48,7 @@ def commit(
     if state.held_end + len(records) > MAX_OFFSET or (new_start is not None and new_start > MAX_OFFSET):
         raise MalformedError(f"offsets stop at {MAX_OFFSET}")
     first = 0
-    for cut in _checkpoint_cuts(records, checkpoint_bytes):
+    for cut in checkpoint_cuts(records, checkpoint_bytes):
         state = _commit_once(state, identity, now_ms=now_ms, records=records[first:cut])
         first = cut
     return _commit_once(
@@ -61,7 +61,7 @@ def commit(
     )
 
 
-def _checkpoint_cuts(records: Sequence[Record], checkpoint_bytes: int) -> list[int]:
+def checkpoint_cuts(records: Sequence[Record], checkpoint_bytes: int) -> list[int]:
     """Where to end a signed slice of ``records``: after each ``checkpoint_bytes`` of payload."""
     if type(records) is RecordRun:
         if records.payload_bytes() < checkpoint_bytes:

@@ -1,0 +1,229 @@
+"""What travels between replicas of a queue under v2 heads, and how it is checked and appended.
+
+A :class:`Summary` names the leaves a replica knows (:class:`~latticed.crdt.epoch_delta.LogSummary`)
+and how far it holds records (end and chain value there). :func:`delta` answers with the leaves it lacks
+and, only if our chain passes through its held end, the records after it up to a head body: a chunk
+ends where a body on the log ends, and every body ending inside the chunk travels with it (the receiver
+checks each against the records' chain values, so no head of the log disagrees with the records it
+holds, and it can serve any chunk end again). A peer whose records we cannot extend gets the leaves only;
+after joining them it holds a prefix of ours (or nothing, on a new epoch) and asks again.
+
+:func:`verify_delta` merges the leaves (:func:`latticed.crdt.epoch_delta.merge`: appended when they go on
+from ours) and checks the records against the merged log, and :func:`join_verified` cuts our records
+to the merged value and appends the new ones: neither compares whole logs or whole runs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, replace
+
+from latticed.crdt import epoch_delta
+from latticed.crdt.core_errors import GapError, MalformedError, TamperedError, WrongOwnerError
+from latticed.crdt.epoch_delta import LogDelta, LogSummary
+from latticed.crdt.epochs import Chains
+from latticed.crdt.head import meta_hash
+from latticed.crdt.head2 import HeadV2
+from latticed.crdt.queue.state import Meta, empty_entries
+from latticed.crdt.queue2.state import QueueState2, bodies_between, cut, keep_bodies
+from latticed.crdt.records import Record, chain_extend, check_records
+
+__all__ = ["Delta", "Merged", "Summary", "Verified", "delta", "join_verified", "summary", "verify_delta"]
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    log: LogSummary
+    held_end: int
+    held_hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """Leaves a peer lacks, the start head's metadata, and records ``[from_offset, ...)`` with the
+    unsigned bodies of the heads that end inside them (the last ends where they end)."""
+
+    owner: bytes
+    name: str
+    kind: int
+    log: LogDelta | None = None
+    meta: Meta | None = None
+    from_offset: int = 0
+    records: tuple[Record, ...] = ()
+    bodies: tuple[HeadV2, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """A delta checked against a state: the merged chains, and the records it adds with their chain
+    values (none when it adds none)."""
+
+    chains: Chains
+    meta: Meta
+    from_offset: int
+    records: tuple[Record, ...]
+    chain: tuple[bytes, ...]
+    bodies: tuple[HeadV2, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """The joined state, and the records this replica held past the fork point it just learned of:
+    evidence for the operator, not part of any value."""
+
+    state: QueueState2
+    evidence: tuple[Record, ...] = ()
+
+
+def summary(state: QueueState2) -> Summary:
+    end = state.held[1]
+    return Summary(epoch_delta.summary(state.chains), end, state.chain_at(end) or b"")
+
+
+def delta(
+    state: QueueState2, since: Summary | None, max_records: int | None = None, max_bytes: int | None = None
+) -> Delta:
+    """What a replica summarised by ``since`` lacks (None: a replica that holds nothing), records bounded
+    by ``max_records`` / ``max_bytes`` at a body's end (the first one past ``from`` if none fits)."""
+    log = epoch_delta.delta(state.chains, since.log if since else None)
+    lo, hi = state.held
+    start = lo
+    if since is not None:
+        same = since.log.epoch == state.chains.epoch and state.chain_at(since.held_end) == since.held_hash
+        start = since.held_end if same else hi
+    to = _chunk_end(state, start, hi, max_records, max_bytes)
+    records = tuple(state.entries.records(start - lo, to - lo)) if to > start else ()
+    bodies = bodies_between(state.bodies, start, to) if records else ()
+    meta = state.meta if log is not None else None
+    return Delta(state.owner, state.name, state.kind, log, meta, start, records, bodies)
+
+
+def _chunk_end(
+    state: QueueState2, start: int, hi: int, max_records: int | None, max_bytes: int | None
+) -> int:
+    """The end of the longest chunk from ``start`` that ends at a body and fits the bounds (at least the
+    first body past ``start``; ``start`` itself if there is none). Reads only what may fit."""
+    limit = hi if max_records is None else min(hi, start + max_records)
+    ends = sorted({b.end for b in bodies_between(state.bodies, start, limit)})
+    if max_bytes is not None and ends:
+        lo = state.held[0]
+        sizes = itertools.accumulate(
+            len(r.value) + len(r.key or b"") for r in state.entries.records(start - lo, ends[-1] - lo)
+        )
+        total = list(sizes)
+        ends = [e for e in ends if total[e - start - 1] <= max_bytes]
+    if ends:
+        return ends[-1]
+    later = bodies_between(state.bodies, start, hi)
+    return later[0].end if later else start
+
+
+def _check_shape(d: Delta) -> None:
+    if not isinstance(d, Delta) or not isinstance(d.owner, bytes) or not isinstance(d.name, str):
+        raise MalformedError("not a v2 queue delta")
+    if d.log is not None and not isinstance(d.log, LogDelta):
+        raise MalformedError("a delta's log is a LogDelta")
+    if type(d.from_offset) is not int or d.from_offset < 0:
+        raise MalformedError("a delta's first offset is a non-negative integer")
+    if not isinstance(d.records, tuple) or not isinstance(d.bodies, tuple):
+        raise MalformedError("a delta's records and bodies are tuples")
+    if not all(isinstance(b, HeadV2) for b in d.bodies):
+        raise MalformedError("a delta's bodies are v2 heads")
+    if d.meta is not None and (
+        not isinstance(d.meta, tuple)
+        or not all(type(i) is tuple and len(i) == 2 and all(isinstance(x, str) for x in i) for i in d.meta)
+    ):
+        raise MalformedError("metadata is a tuple of (str, str) pairs")
+
+
+def verify_delta(state: QueueState2, d: Delta) -> Verified:
+    """Check everything ``d`` claims against ``state`` before any of it is joined. Leaves whose base
+    this replica does not hold, or records that do not start inside what it holds after joining the
+    leaves, raise :class:`GapError` (the sender then sends from a fresh summary, or whole)."""
+    _check_shape(d)
+    if (d.owner, d.name, d.kind) != (state.owner, state.name, state.kind):
+        raise WrongOwnerError("delta belongs to another queue (another owner, name or kind)")
+    chains = state.chains
+    if d.log is not None:
+        if d.log.value.owner != state.owner or d.log.value.queue_id != state.queue_id:
+            raise WrongOwnerError("leaves of another queue")
+        try:
+            chains = epoch_delta.merge(chains, d.log)
+        except ValueError as exc:
+            raise GapError(str(exc)) from exc
+    meta = state.meta
+    if chains.start_head is not None and chains.start_head != state.chains.start_head:
+        if d.meta is None or meta_hash(dict(d.meta)) != chains.start_head.meta_hash:
+            raise TamperedError("metadata does not match the signed start head")
+        meta = d.meta
+    empty = Verified(chains, meta, d.from_offset, (), (), ())
+    if not d.records or (d.log is not None and d.log.value.epoch != chains.epoch):
+        return empty  # a sender of a superseded epoch: its bodies cannot vouch for records of ours
+    check_records(d.records)
+    lo, hi = _held_after(state, chains)
+    first = max(d.from_offset, lo)  # records below our start are not needed, nor checkable
+    end = min(d.from_offset + len(d.records), max(lo, chains.upper))
+    if first > hi:
+        raise GapError(f"records from {d.from_offset}, this replica holds [{lo}, {hi})")
+    if end <= hi:
+        return empty
+    base = state.chain_at(first) if first > lo else _base(chains, state)
+    assert base is not None
+    records = d.records[first - d.from_offset : end - d.from_offset]
+    chain = chain_extend(base, first, records)
+    bodies = tuple(b for b in d.bodies if first < b.end <= end)
+    for body in bodies:
+        if not epoch_delta.vouches(chains, body) or body.head_hash != chain[body.end - first - 1]:
+            raise TamperedError("records that do not hash to the heads on the log")
+    ends = {b.end for b in bodies}
+    if end not in ends or not _every_end(chains, first, end) <= ends:
+        raise TamperedError("a chunk of records without the head bodies that end inside it")
+    return Verified(chains, meta, first, records, tuple(chain), bodies)
+
+
+def _held_after(state: QueueState2, chains: Chains) -> tuple[int, int]:
+    """What ``state`` still holds under the merged ``chains``: nothing of another epoch."""
+    lo, hi = replace(chains, held_end=min(state.held[1], chains.upper)).held
+    return (lo, hi) if chains.epoch == state.chains.epoch else (lo, lo)
+
+
+def _base(chains: Chains, state: QueueState2) -> bytes | None:
+    head = chains.start_head
+    return state.base_hash if head is None else head.base_hash
+
+
+def _every_end(chains: Chains, lo: int, hi: int) -> set[int]:
+    """The ends of the log's heads in ``(lo, hi)``, one chain below the fork point."""
+    leaves = chains.shared
+    first = bisect.bisect_right(leaves, lo, key=lambda leaf: leaf[1])
+    last = bisect.bisect_left(leaves, hi, key=lambda leaf: leaf[1])
+    return {end for _, end in leaves[first:last]}
+
+
+def join_verified(state: QueueState2, v: Verified) -> Merged:
+    """``state`` joined with a verified delta: our records cut to the merged value, then the new ones
+    appended. Records we held past a fork point now known come back as evidence."""
+    chains = v.chains
+    same_epoch = chains.epoch == state.chains.epoch
+    lo, hi = _held_after(state, chains)
+    evidence: tuple[Record, ...] = ()
+    if same_epoch:
+        own_lo, own_hi = state.held
+        if chains.forked and own_hi > hi:
+            evidence = tuple(state.entries.records(max(hi, own_lo) - own_lo))
+        kept = cut(state, replace(chains, held_end=hi))
+        bodies = kept.bodies
+        # A truncation, a fork point below what we held, or branches changed: some bodies may be off the log.
+        if (lo, hi) != (own_lo, own_hi) or (chains.forked and chains.tips != state.chains.tips):
+            bodies = keep_bodies(kept.chains, bodies, check=chains.forked)
+    else:
+        kept = replace(state, chains=replace(chains, held_end=lo), entries=empty_entries())
+        bodies = ()
+    end = v.from_offset + len(v.records)
+    if v.records and end > hi:
+        skip = hi - v.from_offset
+        entries = kept.entries.extend(v.records[skip:], v.chain[skip:])
+        bodies = (*bodies, *bodies_between(v.bodies, hi, end))
+        kept = replace(kept, chains=replace(kept.chains, held_end=end), entries=entries)
+    return Merged(replace(kept, meta=v.meta, bodies=bodies), evidence)
