@@ -26,7 +26,7 @@ from latticed.crdt.epochs import Chains
 from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.queue.state import Meta, empty_entries
-from latticed.crdt.queue2.state import QueueState2, bodies_between, cut, keep_bodies
+from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies
 from latticed.crdt.records import Record, chain_extend, check_records
 
 __all__ = ["Delta", "Merged", "Summary", "Verified", "delta", "join_verified", "summary", "verify_delta"]
