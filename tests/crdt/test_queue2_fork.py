@@ -11,7 +11,7 @@ import pytest
 from latticed.crdt import queue2
 from latticed.crdt.core_errors import EquivocationError, MalformedError, TamperedError
 from latticed.crdt.records import Record
-from tests.crdt.queue2_histories import OWNER, empty, extend
+from tests.crdt.queue2_histories import OWNER, catch_up, empty, extend
 
 
 def _copied() -> tuple[queue2.QueueState2, queue2.QueueState2]:
@@ -74,3 +74,24 @@ def test_records_from_a_superseded_epoch_are_left_out_not_refused() -> None:
     replica = queue2.join(replica, replica)  # normalised: the new epoch, no records yet
     verified = queue2.verify_delta(replica, queue2.delta(theirs, None))
     assert verified.records == () and queue2.join_verified(replica, verified).state == replica
+
+
+def test_a_body_from_a_branch_the_frozen_value_does_not_keep_is_left_out_not_refused() -> None:
+    """Three copies: one forks at version 3, the other two share version 3 and part at version 4. A frozen
+    value keeps one tip per branch at the first branching, so the third copy's version 4 is on no kept
+    branch; its body rides along with records below the fork point that versions 2 and 3 vouch for."""
+    shared = extend(empty(), [("offer", 1), ("offer", 1)], b"s")[-1]
+    first = extend(shared, [("offer", 1)], b"a")[-1]
+    second = extend(shared, [("touch", 0), ("offer", 1)], b"a")[-1]
+    third = extend(shared, [("touch", 0), ("touch", 0)], b"a")[-1]
+    replica = queue2.join(catch_up(empty(), first, 1, 1), catch_up(empty(), second, 1, 1))
+    assert replica.forked and replica.chains.fork_point == 2 and replica.held == (0, 1)
+    d = queue2.delta(third, queue2.summary(replica), max_records=3)
+    assert any(b.version == 4 for b in d.bodies) and d.from_offset == 1 and len(d.records) == 1
+    verified = queue2.verify_delta(replica, d)
+    assert all(b.version < 4 for b in verified.bodies)
+    joined = queue2.join_verified(replica, verified).state
+    assert joined.held == (0, 2) and joined == queue2.join(replica, third)
+    forged = dataclasses.replace(d, records=(Record(value=b"forged"),))
+    with pytest.raises(TamperedError):
+        queue2.verify_delta(replica, forged)

@@ -2,14 +2,16 @@
 frozen at its fork point and its owner recovers it in a new epoch. Pure, and not on the daemon's paths
 yet; it replaces the splicing join of :mod:`latticed.crdt.queue` once the ``heads-v2`` feature carries it.
 
-The value and its join (:mod:`.state`), the owner's changes and recovery (:mod:`.commit`), and what
-travels between replicas (:mod:`.deltas`). Import the names from here.
+The value and its join (:mod:`.chain_state`), the owner's changes and recovery
+(:mod:`.owner_changes`), and what travels between replicas (:mod:`.replica_deltas`). Import the names
+from here.
 """
 
 from __future__ import annotations
 
-from latticed.crdt.queue2.commit import commit, recover, truncate
-from latticed.crdt.queue2.deltas import (
+from latticed.crdt.queue2.chain_state import QueueState2, empty_state, join
+from latticed.crdt.queue2.owner_changes import commit, recover, truncate
+from latticed.crdt.queue2.replica_deltas import (
     Delta,
     Merged,
     Summary,
@@ -19,7 +21,6 @@ from latticed.crdt.queue2.deltas import (
     summary,
     verify_delta,
 )
-from latticed.crdt.queue2.state import QueueState2, empty_state, join
 
 __all__ = [
     "Delta",

@@ -26,7 +26,7 @@ from latticed.crdt.epochs import Chains
 from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.queue.state import Meta, empty_entries
-from latticed.crdt.queue2.state import QueueState2, bodies_between, cut, keep_bodies
+from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies
 from latticed.crdt.records import Record, chain_extend, check_records
 
 __all__ = ["Delta", "Merged", "Summary", "Verified", "delta", "join_verified", "summary", "verify_delta"]
@@ -173,6 +173,8 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     records = d.records[first - d.from_offset : end - d.from_offset]
     chain = chain_extend(base, first, records)
     bodies = tuple(b for b in d.bodies if first < b.end <= end)
+    if chains.forked:  # heads past the first branching of a branch the frozen value does not keep
+        bodies = tuple(b for b in bodies if epoch_delta.vouches(chains, b))
     for body in bodies:
         if not epoch_delta.vouches(chains, body) or body.head_hash != chain[body.end - first - 1]:
             raise TamperedError("records that do not hash to the heads on the log")

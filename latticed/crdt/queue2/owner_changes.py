@@ -18,7 +18,7 @@ from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2, genesis, next_log
 from latticed.crdt.queue.commit import CHECKPOINT_BYTES, checkpoint_cuts
 from latticed.crdt.queue.state import Meta, empty_entries
-from latticed.crdt.queue2.state import QueueState2, bodies_between
+from latticed.crdt.queue2.chain_state import QueueState2, bodies_between
 from latticed.crdt.records import MAX_OFFSET, Record, blake2b_skip, chain_extend, check_records
 from latticed.crdt.signing import Identity
 
