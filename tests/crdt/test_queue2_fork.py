@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from support.queue2_histories import OWNER, catch_up, empty, extend
 
 from latticed.crdt import queue2
 from latticed.crdt.core_errors import EquivocationError, MalformedError, TamperedError
 from latticed.crdt.records import Record
-from tests.crdt.queue2_histories import OWNER, catch_up, empty, extend
 
 
 def _copied() -> tuple[queue2.QueueState2, queue2.QueueState2]:

@@ -10,11 +10,11 @@ import os
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from support.queue2_histories import OWNER, empty, extend, step
 
 from latticed.crdt import queue2
 from latticed.crdt.core_errors import EquivocationError, GapError
 from latticed.crdt.queue2 import QueueState2
-from tests.crdt.queue2_histories import OWNER, empty, extend, step
 
 NODES = 4
 NODE = st.integers(0, NODES - 1)

@@ -8,12 +8,12 @@ import os
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.queue2_histories import catch_up, empty, extend, states
 
 from latticed.crdt import epochs, queue2
 from latticed.crdt.core_errors import GapError
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import chain_extend
-from tests.crdt.queue2_histories import catch_up, empty, extend, states
 
 EXAMPLES = int(os.environ.get("LATTICE_LAW_EXAMPLES", "1000"))
 join = queue2.join
