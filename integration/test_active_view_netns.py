@@ -8,16 +8,12 @@ made (needs root, iproute2, nftables). Conditions are polled with short interval
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-from test_netns_lan import POLL_S, START_TIMEOUT_S, LanDaemon, make_lan
+from test_netns_lan import POLL_S, LanDaemon, running_lan
 
-from latticed.host.netkey import write_network_key
 from latticed.protocol.peerbook import DEFAULT_ACTIVE_VIEW, DEFAULT_VIEW_SLACK
 
 HOSTS = 8
@@ -34,32 +30,8 @@ REPLICATION_TIMEOUT_S = 20.0
 
 @pytest.fixture
 def daemons() -> Iterator[list[LanDaemon]]:
-    lan = make_lan(HOSTS)
-    root = Path(tempfile.mkdtemp(prefix="ld-view-"))
-    key_file = root / "network.key"
-    write_network_key(key_file)
-    out = [
-        LanDaemon(
-            host,
-            root / f"data-{name}",
-            root / f"{name}.sock",
-            root / f"{name}.log",
-            extra=["--network-key-file", str(key_file)],
-        )
-        for name, host in lan.members.items()
-    ]
-    try:
-        started = time.monotonic()
-        for d in out:
-            d.start()
-        for d in out:
-            d.wait_ready(started + START_TIMEOUT_S)
-        yield out
-    finally:
-        for d in out:
-            d.kill()
-        lan.close()
-        shutil.rmtree(root, ignore_errors=True)
+    with running_lan(HOSTS, "ld-view-") as net:
+        yield list(net.daemons.values())
 
 
 def links(d: LanDaemon) -> int:

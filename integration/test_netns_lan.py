@@ -10,6 +10,7 @@ Conditions are waited for by polling the daemons with short intervals and bounde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -151,7 +152,7 @@ class Net:
     lan: netns.Lan
     daemons: dict[str, LanDaemon]
     started: float  # monotonic time the daemons were started
-    ready_s: float  # until all three served their API (includes mDNS registration, ~1-1.5 s)
+    ready_s: float  # until all of them served their API (includes mDNS registration, ~1-1.5 s)
 
     def __getitem__(self, name: str) -> LanDaemon:
         return self.daemons[name]
@@ -181,10 +182,11 @@ def make_lan(hosts: int) -> netns.Lan:
     return lan
 
 
-@pytest.fixture
-def lan_daemons() -> Iterator[Net]:
-    lan = make_lan(3)
-    root = Path(tempfile.mkdtemp(prefix="ld-lan-"))
+@contextlib.contextmanager
+def running_lan(hosts: int, prefix: str) -> Iterator[Net]:
+    """``hosts`` daemons on a LAN of their own, ready to answer; killed and cleaned up after."""
+    lan = make_lan(hosts)
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     # A private network, as on a real LAN: the public default key is refused beyond loopback.
     key_file = root / "network.key"
     write_network_key(key_file)
@@ -210,6 +212,12 @@ def lan_daemons() -> Iterator[Net]:
             d.kill()
         lan.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def lan_daemons() -> Iterator[Net]:
+    with running_lan(3, "ld-lan-") as net:
+        yield net
 
 
 def wait_until(net: Net, check: Callable[[], bool], what: str, timeout: float) -> float:
