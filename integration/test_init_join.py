@@ -101,6 +101,14 @@ class Home:
     def client(self) -> Client:
         return Client(self.socket, timeout=10)
 
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of this home's daemon log, for a failure report."""
+        log = self.root / "daemon.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return f"--- {self.root.name}'s daemon.log (last {lines} lines) ---\n" + "\n".join(
+            text.splitlines()[-lines:]
+        )
+
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(BIN / "latticectl"), *args],
@@ -225,7 +233,11 @@ def test_invite_and_join_switch_a_running_daemon_to_the_network(homes: Callable[
     joined = b.ctl("join", token)
     assert joined.returncode == 0, joined.stderr
     assert "joined network" in joined.stdout
-    wait_until(lambda: holds(b, queue, 1), "a's queue on b after the join")
+
+    def logs() -> str:
+        return f"{a.log_tail()}\n{b.log_tail()}"
+
+    wait_until(lambda: holds(b, queue, 1), "a's queue on b after the join", diagnose=logs)
     assert b.proc.poll() is None and b.proc.pid == b_pid  # no restart
     assert read_network_key(b.data_dir / "network.key") == read_network_key(a.data_dir / "network.key")
 
@@ -234,7 +246,7 @@ def test_invite_and_join_switch_a_running_daemon_to_the_network(homes: Callable[
     b.start()
     with a.client() as ca:
         ca.offer("invited", b"after b's restart")
-    wait_until(lambda: holds(b, queue, 2), "a's new record on the restarted b")
+    wait_until(lambda: holds(b, queue, 2), "a's new record on the restarted b", diagnose=logs)
     with b.client() as cb:
         [peer] = [p for p in cb.peers() if p["connected"]]
         assert "remembered" in peer["sources"]
