@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from latticed.crdt import queue as core
@@ -273,23 +273,25 @@ op = st.one_of(
     st.tuples(st.just("truncate"), st.integers(1, 3)),
     st.tuples(st.just("meta"), st.integers(0, 2)),
     st.tuples(st.just("merge"), st.integers(1, 4)),
+    st.tuples(st.just("recover"), st.integers(0, 1)),  # keep_mine or not
 )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op, min_size=1, max_size=10), copy_ops=st.lists(op, min_size=1, max_size=4))
-def test_commits_and_merges_give_the_same_value_in_memory_and_through_the_store(
+def test_commits_merges_and_recoveries_give_the_same_value_in_memory_and_through_the_store(
     tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int]], copy_ops: list[tuple[str, int]]
 ) -> None:
     """The owner's store runs ``ops``; a merge takes a chunk of a copy of it (forked from the owner's
-    start) that ran ``copy_ops``. The same steps on the pure queue2 value give the same value, after
-    each step and after reopening."""
+    start) that ran ``copy_ops``; a recovery offers again (or not) what the merges set aside. The same
+    steps on the pure queue2 value give the same value, after each step and after reopening."""
     path = tmp_path_factory.mktemp("owner")
     w = open_writer(path)
     try:
         [q] = ok(w, CreateQueue2("q"))
         memory = queue2.commit(queue2.empty_state(ALICE.public_key, "q", KIND_QUEUE), ALICE, now_ms=NOW)
         other = memory
+        aside: list[tuple[int, int, tuple[Record, ...]]] = []  # evidence: (epoch, first offset, records)
         for n, (kind, arg) in enumerate(copy_ops):
             other = _step_memory(other, kind, arg, f"c{n}")
         for n, (kind, arg) in enumerate(ops):
@@ -301,8 +303,18 @@ def test_commits_and_merges_give_the_same_value_in_memory_and_through_the_store(
                 except GapError:  # our histories part below what we summarised: the sender sends all
                     d = queue2.delta(other, None, max_records=arg)
                     verified = queue2.verify_delta(memory, d)
-                memory = queue2.join_verified(memory, verified).state
+                merged = queue2.join_verified(memory, verified)
+                aside.append((memory.chains.epoch, memory.held[1] - len(merged.evidence), merged.evidence))
+                memory = merged.state
                 job: Job = Merge2(d)
+            elif kind == "recover":
+                if not memory.forked or memory.held[1] != max(memory.held[0], memory.chains.upper):
+                    continue
+                epoch = memory.chains.epoch
+                mine = [r for e, _, rs in sorted(aside, key=lambda a: a[1]) if e == epoch for r in rs]
+                memory = queue2.recover(memory, ALICE, now_ms=NOW, keep_mine=mine if arg else [])
+                job = Recover2(q, keep_mine=bool(arg))
+                event("recovered" + (" with keep_mine" if arg and mine else ""))
             elif memory.forked or memory.held[1] != memory.chains.tips[0].head.end:
                 continue  # a frozen queue, or an owner missing records, signs nothing (tested above)
             else:
