@@ -203,7 +203,7 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
     conn = store.connection
     entries, deleted = store.write_entries(q, old.entries, new.entries, new.held[0])
     a, b = old.chains, new.chains
-    if a != b or old.meta != new.meta:
+    if a is not b or old.meta is not new.meta:  # by identity: comparing would walk every leaf
         start = None if b.start_head is None else b.start_head.to_bytes()
         conn.execute(
             "UPDATE queue2 SET epoch = ?, held_end = ?, start_head = ?, tips = ?, meta = ? WHERE q = ?",

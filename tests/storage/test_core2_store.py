@@ -30,9 +30,9 @@ from latticed.storage.core2_jobs import (
     Recover2,
     Truncate2,
 )
-from latticed.storage.core2_queues import core2_of
+from latticed.storage.core2_queues import Core2Queues, core2_of
 from latticed.storage.jobs import CreateQueue, Job, Merge
-from latticed.storage.store import db_path
+from latticed.storage.store import Store, db_path
 from latticed.storage.writer import Writer
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -348,3 +348,22 @@ def test_core2_rows_are_only_in_a_schema_5_store(alice: Writer) -> None:
     conn: sqlite3.Connection = alice.store.connection
     tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
     assert {"queue2", "leaves2", "bodies2", "evidence2"} <= tables
+
+
+def test_opening_reads_no_leaf_and_a_queue_loads_on_first_use(alice: Writer, tmp_path: Path) -> None:
+    [q] = ok(alice, CreateQueue2("q"))
+    for i in range(20):
+        ok(alice, Commit2(q, [rec("a", i)]))
+    expected = value(alice.core2.committed(q))
+    alice.stop()
+    store = Store(db_path(tmp_path / "alice"))
+    try:
+        statements: list[str] = []
+        store.connection.set_trace_callback(statements.append)
+        queues = Core2Queues()
+        queues.open(store)
+        assert queues.queues() == [q] and not any("leaves2" in s or "bodies2" in s for s in statements)
+        assert value(queues.committed(q)) == expected
+        assert any("leaves2" in s for s in statements)
+    finally:
+        store.close()
