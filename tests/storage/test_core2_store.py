@@ -19,8 +19,15 @@ from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
-from latticed.errors import AlreadyExistsError, ForkedQueueError, GapError, MalformedError, NotOwnerError
-from latticed.storage import core2_store
+from latticed.errors import (
+    AlreadyExistsError,
+    ForkedQueueError,
+    GapError,
+    MalformedError,
+    NotOwnerError,
+    StorageError,
+)
+from latticed.storage import core2_store, segments
 from latticed.storage.core2_jobs import (
     Commit2,
     CreateQueue2,
@@ -31,6 +38,7 @@ from latticed.storage.core2_jobs import (
     Truncate2,
 )
 from latticed.storage.core2_queues import Core2Queues, core2_of
+from latticed.storage.core2_verify import verify_queue2
 from latticed.storage.jobs import CreateQueue, Job, Merge
 from latticed.storage.store import Store, db_path
 from latticed.storage.writer import Writer
@@ -367,3 +375,19 @@ def test_opening_reads_no_leaf_and_a_queue_loads_on_first_use(alice: Writer, tmp
         assert any("leaves2" in s for s in statements)
     finally:
         store.close()
+
+
+def test_a_stored_core2_queue_verifies_and_a_changed_record_is_caught(alice: Writer) -> None:
+    [q] = ok(alice, CreateQueue2("q"))
+    for i in range(6):
+        ok(alice, Commit2(q, [rec("a", i * 5 + j) for j in range(5)]))
+    ok(alice, Truncate2(q, 7))
+    conn = alice.store.connection
+    assert verify_queue2(conn, q, alice.core2.committed(q)) == 23
+    segment = segments.containing(conn, q, 12)
+    assert segment is not None
+    segment.values[12 - segment.first] = b"changed behind our back"
+    conn.execute("DELETE FROM segments WHERE q = ? AND first = ?", (q, segment.first))
+    segments.insert(conn, q, segment)
+    with pytest.raises(StorageError, match="stored chain values"):
+        verify_queue2(conn, q, alice.core2.committed(q))
