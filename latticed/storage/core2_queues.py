@@ -113,7 +113,10 @@ class Core2Queues:
         """The newest committed value of ``q`` (loaded from the store on first use)."""
         value = self._values.get(q)
         if value is None:
-            value = self._values[q] = core2_store.load(self.store, self.row(q))
+            row = self._rows.get(q)
+            if row is None:
+                raise NotFoundError(f"no core-2 queue #{q} (committed)")
+            value = self._values[q] = core2_store.load(self.store, row)
         return value
 
     # ------------------------------------------------------------------ one group commit

@@ -24,6 +24,7 @@ from latticed.errors import (
     ForkedQueueError,
     GapError,
     MalformedError,
+    NotFoundError,
     NotOwnerError,
     StorageError,
 )
@@ -170,6 +171,10 @@ def test_drop_deletes_every_row_of_the_queue(alice: Writer) -> None:
     for table in ("queues", "queue2", "leaves2", "bodies2", "evidence2", "segments"):
         assert conn.execute(f"SELECT count(*) FROM {table} WHERE q = ?", (q,)).fetchone()[0] == 0, table
     assert alice.core2.queues() == []
+    assert isinstance(fails(alice, DropQueue2(q)), NotFoundError)
+    [again] = ok(alice, CreateQueue2("q"))  # the name is free again, and the new queue starts empty
+    ok(alice, Commit2(again, [rec("b", 0)]))
+    assert alice.core2.committed(again).records() == [rec("b", 0)]
 
 
 # ---------------------------------------------------------------------- a forked owner
