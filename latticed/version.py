@@ -31,7 +31,7 @@ PROTOCOL_VERSIONS: Final = (1,)
 #: ``identity-notice``: it understands a peer's notice that another daemon runs its identity.
 PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"compact", "identity-notice", "produce"})
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
-STORE_SCHEMA: Final = 4
+STORE_SCHEMA: Final = 5
 #: Local API versions the daemon answers (a request names its version in ``v``).
 API_VERSIONS: Final = (1,)
 

@@ -19,6 +19,7 @@ from latticed.crdt.records import Record, check_records
 from latticed.errors import AlreadyExistsError, LatticedError, MalformedError
 from latticed.host.retention_policy import KEYS as RETENTION_KEYS
 from latticed.storage.batch import Batch
+from latticed.storage.core2_queues import core2_of
 from latticed.storage.store import Store
 
 KV_NAMESPACE = "kv"
@@ -102,7 +103,11 @@ class CreateQueue(Job):
             if not isinstance(key, str) or not key or not isinstance(value, str):
                 raise MalformedError("metadata is a map of non-empty text keys to text values")
         qid = state.queue_id
-        if writer.lookup(qid) is not None or qid in batch.created_qids:
+        if (
+            writer.lookup(qid) is not None
+            or qid in batch.created_qids
+            or core2_of(writer).find(qid) is not None
+        ):
             raise AlreadyExistsError(f"queue {owner.hex()}/{self.name} already exists")
         q = batch.create(state, writer.store.empty_view)
         batch.set_meta(q, self.meta, sign=True)  # version 1, even without metadata: the queue has a head
@@ -221,6 +226,10 @@ class Merge(Job):
         q = writer.lookup(qid)
         if q is None:
             q = batch.created_qids.get(qid)
+        if q is None and core2_of(writer).find(qid) is not None:
+            raise MalformedError(
+                f"queue {d.owner.hex()}/{d.name} is on fork core 2 here: a v1 delta is refused"
+            )
         if q is None:
             empty = core.empty_state(d.owner, d.name, d.kind)
             core.join_verified(empty, self.verified)  # raises GapError before we create anything

@@ -27,6 +27,11 @@ Layout notes (why it looks like this):
   (retention's replica cap; 0 when it dropped none) and the chain value there.
 * ``times`` is the time index: per segment, the running maximum of the record timestamps, indexed, so
   "the first offset at or after T" is a seek (:mod:`latticed.storage.timeindex`).
+* ``queues.core`` is a queue's fork core (1: v1 heads, 2: v2 heads; fixed per queue). A core-2 queue keeps
+  its records in ``segments`` like any other and the rest of its value in ``queue2`` (one row: epoch,
+  tips, start head, metadata, held end), ``leaves2`` (its shared leaves, one row per version, so a
+  commit appends one row) and ``bodies2`` (the unsigned heads vouching for held records); ``evidence2``
+  is what it held past a fork point it learned of, kept aside (:mod:`latticed.storage.core2_store`).
 """
 
 from __future__ import annotations
@@ -128,6 +133,50 @@ def _v4_time_index(conn: sqlite3.Connection) -> None:
     backfill_time_index(conn)
 
 
+def _v5_core2(conn: sqlite3.Connection) -> None:
+    """Add the fork core per queue (existing queues: core 1) and the tables of core-2 queues."""
+    conn.execute("ALTER TABLE queues ADD COLUMN core INTEGER NOT NULL DEFAULT 1")
+    conn.execute(
+        """CREATE TABLE queue2 (
+            q INTEGER PRIMARY KEY,
+            epoch INTEGER NOT NULL,
+            held_end INTEGER NOT NULL,
+            start_head BLOB,
+            tips BLOB NOT NULL,
+            meta BLOB,
+            evidence_dropped INTEGER NOT NULL DEFAULT 0
+        )"""
+    )
+    conn.execute(
+        """CREATE TABLE leaves2 (
+            q INTEGER NOT NULL,
+            idx INTEGER NOT NULL,
+            digest BLOB NOT NULL,
+            end_off INTEGER NOT NULL,
+            PRIMARY KEY (q, idx)
+        ) WITHOUT ROWID"""
+    )
+    conn.execute(
+        """CREATE TABLE bodies2 (
+            q INTEGER NOT NULL,
+            end_off INTEGER NOT NULL,
+            version INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            PRIMARY KEY (q, end_off, version)
+        ) WITHOUT ROWID"""
+    )
+    conn.execute(
+        """CREATE TABLE evidence2 (
+            q INTEGER NOT NULL,
+            first INTEGER NOT NULL,
+            epoch INTEGER NOT NULL,
+            count INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (q, first)
+        ) WITHOUT ROWID"""
+    )
+
+
 def entry_expiry(entry: kv.Entry) -> int | None:
     """When a key's joined entry stops being visible by itself (a plain value with a TTL), else None."""
     return entry.expires_ms if entry.kind == kv.PLAIN else None
@@ -138,6 +187,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v2_kv_view,
     _v3_retention,
     _v4_time_index,
+    _v5_core2,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -4,6 +4,9 @@ A :class:`Store` owns the *writer* connection and must be used from one thread (
 readers open their own connections (:mod:`latticed.storage.reader`). It does not decide anything: the
 lattice computes new :class:`QueueState` values, and :meth:`Store.persist` writes the difference between
 the old and the new value inside the caller's transaction.
+
+Why one module: every write here goes through the one writer connection and shares its per-queue state
+(the run of small segments awaiting compaction, whether the file has the time index and fork cores).
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class Store:
         self.rows = SqlRows(self._conn)
         #: Whether the file has the time index, looked up once (only an older schema's lacks it).
         self._timed = timeindex.present(self._conn)
+        #: Whether queues have a fork core column (schema 5 on; an older schema's queues are all core 1).
+        self.has_cores = any(row[1] == "core" for row in self._conn.execute("PRAGMA table_info(queues)"))
         #: Per queue, the run of small segments written since its last compaction: (first offset, count).
         self._small: dict[int, tuple[int, int]] = {}
 
@@ -142,9 +147,11 @@ class Store:
         """Every queue's small state (heads, meta, thinned checkpoints); no record is read."""
         out: list[StoredQueue] = []
         try:
+            # Core-2 queues (schema 5 on) are loaded by :mod:`latticed.storage.core2_store`.
+            only_core1 = " WHERE core = 1" if self.has_cores else ""
             rows = self._conn.execute(
                 "SELECT q, owner, name, kind, head, tip, meta, forked, proof, floor, floor_hash, created_ms "
-                "FROM queues ORDER BY q"
+                f"FROM queues{only_core1} ORDER BY q"
             ).fetchall()
             for row in rows:
                 out.append(StoredQueue(row[0], self._load_state(row[:11]), row[11]))
@@ -216,36 +223,7 @@ class Store:
         """Write what changed from ``old`` (as stored) to ``new``; returns ``new`` with its rows now on
         disk, and whether rows were deleted (so space can be reclaimed)."""
         conn = self._conn
-        before = old.entries
-        assert isinstance(before, StoredEntries) and not before.overlay[0], "old state must be stored"
-        disk_lo, disk_hi = before.lo, before.lo + before.stored
-        after = new.entries
-        deleted = False
-        if isinstance(after, StoredEntries) and after.source is self.rows and after.q == q:
-            keep_lo, keep_hi = after.lo, after.lo + after.stored
-            if disk_hi > disk_lo and keep_lo > disk_lo:
-                segments.delete_below(conn, q, keep_lo, timed=self._timed)
-                deleted = True
-            if disk_hi > keep_hi and disk_hi > disk_lo:
-                segments.delete_from(conn, q, keep_hi, timed=self._timed)
-                deleted = True
-            records, chains = after.overlay
-            if records:
-                self._append(q, segments.Segment.from_records(keep_hi, records, chains))
-            stored = after.flushed()
-        else:
-            # The join kept another run than ours (e.g. a replica that adopted a delta wholesale) or a
-            # truncation emptied the queue: replace the records.
-            self._small.pop(q, None)
-            if disk_hi > disk_lo:
-                segments.delete_all(conn, q, timed=self._timed)
-                deleted = True
-            n = len(after)
-            if n:
-                all_chains = [after.chain(i) for i in range(n)]
-                run = segments.Segment.from_records(new.start, after.records(), all_chains)
-                segments.insert(conn, q, run, timed=self._timed)
-            stored = StoredEntries(self.rows, q, new.start, n, after.chain(n - 1) if n else None)
+        stored, deleted = self.write_entries(q, old.entries, new.entries, new.start)
         if (
             new.head is not old.head
             or new.tip is not old.tip
@@ -273,6 +251,39 @@ class Store:
             )
         self._persist_checkpoints(q, old, new)
         return with_entries(new, stored), deleted
+
+    def write_entries(self, q: int, before: Entries, after: Entries, at: int) -> tuple[StoredEntries, bool]:
+        """Write what changed from queue ``q``'s stored records ``before`` to ``after`` (which begin at
+        offset ``at``) in the caller's transaction; returns ``after`` as stored rows, and whether rows were
+        deleted. Both fork cores store records alike."""
+        conn = self._conn
+        assert isinstance(before, StoredEntries) and not before.overlay[0], "old state must be stored"
+        disk_lo, disk_hi = before.lo, before.lo + before.stored
+        deleted = False
+        if isinstance(after, StoredEntries) and after.source is self.rows and after.q == q:
+            keep_lo, keep_hi = after.lo, after.lo + after.stored
+            if disk_hi > disk_lo and keep_lo > disk_lo:
+                segments.delete_below(conn, q, keep_lo, timed=self._timed)
+                deleted = True
+            if disk_hi > keep_hi and disk_hi > disk_lo:
+                segments.delete_from(conn, q, keep_hi, timed=self._timed)
+                deleted = True
+            records, chains = after.overlay
+            if records:
+                self._append(q, segments.Segment.from_records(keep_hi, records, chains))
+            return after.flushed(), deleted
+        # The join kept another run than ours (e.g. a replica that adopted a delta wholesale) or a
+        # truncation emptied the queue: replace the records.
+        self._small.pop(q, None)
+        if disk_hi > disk_lo:
+            segments.delete_all(conn, q, timed=self._timed)
+            deleted = True
+        n = len(after)
+        if n:
+            all_chains = [after.chain(i) for i in range(n)]
+            run = segments.Segment.from_records(at, after.records(), all_chains)
+            segments.insert(conn, q, run, timed=self._timed)
+        return StoredEntries(self.rows, q, at, n, after.chain(n - 1) if n else None), deleted
 
     def _append(self, q: int, segment: segments.Segment) -> None:
         """Insert appended records; every COMPACT_EVERY small segments in a row are merged into one, so

@@ -39,6 +39,7 @@ from latticed.process.clock import wall_ms
 from latticed.process.logs import get_logger, log_event
 from latticed.process.threadname import name_os_thread
 from latticed.storage.batch import Batch, Staged, appended_since
+from latticed.storage.core2_queues import Core2Queues
 from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
 from latticed.storage.reserve import RESERVE_BYTES
@@ -133,6 +134,8 @@ class Writer:
         self.on_done = on_done
         self._metrics = metrics
         self.states: dict[int, QueueState] = {}
+        #: Core-2 queues (latticed/storage/core2_queues.py): staged and written with each group commit.
+        self.core2 = Core2Queues()
         self.created_ms: dict[int, int] = {}
         self._by_qid: dict[bytes, int] = {}
         self.kv_hlc = 0
@@ -176,6 +179,7 @@ class Writer:
                 self.states[loaded.q] = loaded.state
                 self.created_ms[loaded.q] = loaded.created_ms
                 self._by_qid[loaded.state.queue_id] = loaded.q
+            self.core2.open(store)
             self._next_q = store.next_queue_number()
             self.kv_hlc = self._last_kv_hlc(store)
         except BaseException:
@@ -470,6 +474,7 @@ class Writer:
         next_q = self._next_q
         started = time.perf_counter()
         batch = Batch(self.states, self.identity, self._clock(), self._allocate_q, self.store.kv_entry)
+        self.core2.begin(self.identity, batch.now_ms, self._allocate_q)
         for job in jobs:
             before = batch.mutations
             try:
@@ -485,8 +490,9 @@ class Writer:
         failure: LatticedError | None = None
         self._full = False
         try:
-            if batch.staged:
+            if batch.staged or self.core2.pending:
                 batch.commit_pending()
+                self.core2.sign_pending()
                 changes = self._write(batch, started)
                 self.transactions += 1
                 self.jobs_committed += len(jobs)
@@ -543,6 +549,8 @@ class Writer:
                         )
                     _fold_ops(batch, q, ops)
                 results.append(Change(q, persisted, first, appended))
+            self.core2.write()
+            reclaim = reclaim or self.core2.deleted
             for ns, entries in batch.kv.items():
                 store.put_kv(ns, entries.items())
             if batch.settings:  # rows a release does not know are ignored by it: no schema change
@@ -556,6 +564,7 @@ class Writer:
             store.rollback()
             raise
         self._reclaim = self._reclaim or reclaim
+        self.core2.publish()
         for change in results:
             self.states[change.q] = change.state
         for new in batch.new_queues.values():

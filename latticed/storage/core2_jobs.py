@@ -1,0 +1,249 @@
+"""Write jobs of core-2 queues (:mod:`latticed.crdt.queue2`), run by the storage thread's group commit.
+
+Each job checks everything before it stages anything (so a bad job fails alone and its group commit goes
+ahead), and stages through the writer's :class:`~latticed.storage.core2_queues.Core2Queues`; its
+``result`` holds once the batch's transaction committed, fsynced. The owner's appends to one queue in
+one group commit are signed as one head, as core 1's are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from latticed.crdt import queue2
+from latticed.crdt.head import KIND_QUEUE, queue_id
+from latticed.crdt.queue2 import Delta, QueueState2, Verified
+from latticed.crdt.records import MAX_OFFSET, Record, check_records
+from latticed.errors import (
+    AlreadyExistsError,
+    BehindPeersError,
+    ForkedQueueError,
+    MalformedError,
+    NotOwnerError,
+)
+from latticed.storage.batch import Batch
+from latticed.storage.core2_queues import Core2Queues, core2_of
+from latticed.storage.core2_store import evidence
+from latticed.storage.jobs import Job, WriterView
+
+__all__ = [
+    "Commit2",
+    "CreateQueue2",
+    "DropQueue2",
+    "Merge2",
+    "Merged2",
+    "Recover2",
+    "Truncate2",
+]
+
+
+def _owned(core2: Core2Queues, q: int, what: str) -> QueueState2:
+    """``q``'s staged value (pending appends not signed yet), if this daemon may sign its next head."""
+    state = core2.peek(q)
+    address = f"{state.owner.hex()}/{state.name}"
+    if state.owner != core2.identity.public_key:
+        raise NotOwnerError(f"cannot {what}: not the owner of {address}")
+    if state.forked:
+        raise ForkedQueueError(
+            f"cannot {what} {address}: it is forked at offset {state.chains.fork_point} (this identity "
+            "signed two histories of it) and frozen there; recover it to write again"
+        )
+    tips = state.chains.tips
+    if tips and state.held[1] != tips[0].head.end:
+        raise BehindPeersError(
+            f"cannot {what} {address} yet: the records of its newest head from offset {state.held[1]} to "
+            f"{tips[0].head.end} are not here; retry once the catch-up has landed"
+        )
+    return state
+
+
+def _check_meta(meta: Mapping[str, str | None]) -> None:
+    for key, value in meta.items():
+        if not isinstance(key, str) or not key or not (value is None or isinstance(value, str)):
+            raise MalformedError("metadata is a map of non-empty text keys to text values (or None)")
+
+
+class CreateQueue2(Job):
+    """A new core-2 queue we own, with its first signed head (version 1) carrying the metadata."""
+
+    __slots__ = ("kind", "meta", "name")
+
+    def __init__(self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE) -> None:
+        super().__init__()
+        self.name, self.meta, self.kind = name, dict(meta or {}), kind
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        core2 = core2_of(writer)
+        state = queue2.empty_state(batch.identity.public_key, self.name, self.kind)
+        _check_meta(self.meta)
+        qid = state.queue_id
+        if writer.lookup(qid) is not None or qid in batch.created_qids or core2.find(qid) is not None:
+            raise AlreadyExistsError(f"queue {state.owner.hex()}/{self.name} already exists")
+        batch.mutations += 1
+        q = core2.create(state)
+        core2.set(
+            q, queue2.commit(core2.state(q), batch.identity, now_ms=core2.now_ms, meta_updates=self.meta)
+        )
+        self.result = q
+
+
+class Commit2(Job):
+    """The owner's records (and metadata changes) for one core-2 queue; ``result``: the first offset."""
+
+    __slots__ = ("checked", "meta", "q", "records")
+
+    def __init__(
+        self,
+        q: int,
+        records: Sequence[Record],
+        meta: Mapping[str, str | None] | None = None,
+        *,
+        checked: bool = False,
+    ) -> None:
+        super().__init__()
+        self.q, self.records, self.meta, self.checked = q, records, dict(meta or {}), checked
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        core2 = core2_of(writer)
+        state = _owned(core2, self.q, "offer")
+        if not self.checked:
+            check_records(self.records)
+        _check_meta(self.meta)
+        first = core2.end(self.q)
+        if first + len(self.records) > MAX_OFFSET:
+            raise MalformedError(
+                f"queue {state.owner.hex()}/{state.name} is full: offsets stop at {MAX_OFFSET}"
+            )
+        batch.mutations += 1
+        self.result = core2.append(self.q, self.records, self.meta)
+
+
+class Truncate2(Job):
+    """The owner's signed truncation of a core-2 queue to ``new_start``."""
+
+    __slots__ = ("new_start", "q")
+    frees_space = True
+
+    def __init__(self, q: int, new_start: int) -> None:
+        super().__init__()
+        self.q, self.new_start = q, new_start
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        core2 = core2_of(writer)
+        _owned(core2, self.q, "truncate")
+        state = core2.state(self.q)
+        if type(self.new_start) is not int or not 0 <= self.new_start <= MAX_OFFSET:
+            raise MalformedError(f"a new start is an offset from 0 to {MAX_OFFSET}")
+        if self.new_start > state.held[0]:
+            truncated = queue2.truncate(state, core2.identity, self.new_start, now_ms=core2.now_ms)
+            batch.mutations += 1
+            core2.set(self.q, truncated)
+        self.result = core2.state(self.q).held[0]
+
+
+class Recover2(Job):
+    """The owner's next epoch of a forked core-2 queue, from its fork point; with ``keep_mine`` the
+    records kept as evidence of the forked epoch are offered again in the new one. ``result``: the epoch."""
+
+    __slots__ = ("keep_mine", "q")
+
+    def __init__(self, q: int, *, keep_mine: bool = False) -> None:
+        super().__init__()
+        self.q, self.keep_mine = q, keep_mine
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        core2 = core2_of(writer)
+        state = core2.state(self.q)
+        if state.owner != core2.identity.public_key:
+            raise NotOwnerError(f"cannot recover: not the owner of {state.owner.hex()}/{state.name}")
+        mine = evidence(writer.store.connection, self.q).records(state.chains.epoch) if self.keep_mine else []
+        recovered = queue2.recover(state, core2.identity, now_ms=core2.now_ms, keep_mine=mine)
+        batch.mutations += 1
+        core2.set(self.q, recovered)
+        self.result = recovered.chains.epoch
+
+
+@dataclass(frozen=True, slots=True)
+class Merged2:
+    """What a merge did: the queue, whether its value changed, and how many records it set aside as
+    evidence (before the store's bound)."""
+
+    q: int
+    changed: bool
+    evidence: int
+
+
+class Merge2(Job):
+    """A peer's delta of a core-2 queue joined durably (the queue is created as a replica if we hold none).
+    ``verified`` (checked against ``against``) is used when the queue is still at that value; otherwise
+    the delta is verified again here. Whatever fails verification changes nothing."""
+
+    __slots__ = ("against", "delta", "verified")
+
+    def __init__(
+        self, delta: Delta, verified: Verified | None = None, against: QueueState2 | None = None
+    ) -> None:
+        super().__init__()
+        self.delta, self.verified, self.against = delta, verified, against
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        core2 = core2_of(writer)
+        d = self.delta
+        if not isinstance(d, Delta) or not isinstance(d.owner, bytes) or not isinstance(d.name, str):
+            raise MalformedError("not a v2 queue delta")
+        qid = queue_id(d.owner, d.name, d.kind)
+        if writer.lookup(qid) is not None or qid in batch.created_qids:
+            raise MalformedError(
+                f"queue {d.owner.hex()}/{d.name} is on fork core 1 here: a v2 delta is refused"
+            )
+        q = core2.find(qid)
+        state = queue2.empty_state(d.owner, d.name, d.kind) if q is None else core2.state(q)
+        verified = self.verified
+        if verified is None or state is not self.against:
+            verified = queue2.verify_delta(state, d)
+        merged = queue2.join_verified(state, verified)  # pure: raises before anything is staged
+        superseded = _superseded(state, merged.state)
+        new = merged.state
+        changed = q is None or new.chains != state.chains or new.meta != state.meta
+        if changed or merged.evidence:
+            batch.mutations += 1
+            if q is None:
+                q = core2.create(state)
+                state = core2.state(q)
+                merged = queue2.join_verified(state, verified)
+            core2.set(q, merged.state)
+            first = state.held[1] - len(merged.evidence)
+            core2.keep_evidence(q, state.chains.epoch, first, merged.evidence)
+            core2.keep_evidence(q, state.chains.epoch, *superseded)
+        self.result = Merged2(q if q is not None else -1, changed, len(merged.evidence) + len(superseded[1]))
+
+
+def _superseded(state: QueueState2, joined: QueueState2) -> tuple[int, tuple[Record, ...]]:
+    """Records ``state`` held past the fork point of its epoch when ``joined`` is a later epoch (a replica
+    that learns of the owner's recovery before it saw the fork): evidence too, from which offset."""
+    chains = joined.chains
+    if chains.epoch <= state.chains.epoch or not chains.tips:
+        return 0, ()
+    point = min(tip.leaves()[0][1] for tip in chains.tips) if not chains.shared else chains.shared[0][1]
+    lo, hi = state.held
+    first = max(lo, point)
+    return first, tuple(state.entries.records(first - lo)) if hi > first else ()
+
+
+class DropQueue2(Job):
+    """Delete a core-2 queue here with its records, leaves, bodies and evidence."""
+
+    __slots__ = ("q",)
+    frees_space = True
+
+    def __init__(self, q: int) -> None:
+        super().__init__()
+        self.q = q
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        core2 = core2_of(writer)
+        core2.committed(self.q)  # NotFoundError before anything is staged
+        batch.mutations += 1
+        core2.drop(self.q)
+        self.result = self.q

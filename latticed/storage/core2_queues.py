@@ -1,0 +1,243 @@
+"""The storage thread's core-2 queues: their committed values, and what one group commit stages for them.
+
+Beside the core-1 :class:`~latticed.storage.batch.Batch`, the writer keeps one :class:`Core2Queues`. A
+group commit :meth:`~Core2Queues.begin`\\ s a staging area, its jobs (:mod:`latticed.storage.core2_jobs`)
+stage values in it, the owner's appends to one queue are signed together as one head
+(:meth:`~Core2Queues.sign_pending`), :meth:`~Core2Queues.write` writes the difference in the batch's
+transaction, and only once that committed (WAL fsynced) does :meth:`~Core2Queues.publish` make the new
+values current and the jobs' callers get their answers. A failed batch leaves the committed values as
+they were: the next one begins afresh.
+
+A value is loaded from the store the first time a job or a read needs it (:func:`core2_store.load`), not
+when the store opens. Everything here runs on the storage thread (its values read through the writer's
+connection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, cast
+
+from latticed.crdt import queue2
+from latticed.crdt.queue.state import EntryView
+from latticed.crdt.queue2 import QueueState2
+from latticed.crdt.records import Record, RecordRun
+from latticed.crdt.signing import Identity
+from latticed.errors import NotFoundError
+from latticed.storage import core2_store
+from latticed.storage.core2_store import Queue2Row
+from latticed.storage.entries import StoredEntries
+from latticed.storage.store import Store
+
+__all__ = ["Core2Queues", "core2_of"]
+
+
+@dataclass(slots=True)
+class _Staged:
+    before: QueueState2
+    state: QueueState2
+    appends: list[Sequence[Record]] = field(default_factory=list)
+    appended: int = 0
+    meta: dict[str, str | None] = field(default_factory=dict)
+
+
+def _joined(parts: list[Sequence[Record]]) -> Sequence[Record]:
+    if len(parts) == 1:
+        return parts[0]
+    if all(type(part) is RecordRun for part in parts):
+        return RecordRun.join(parts)  # type: ignore[arg-type]
+    return [record for part in parts for record in part]
+
+
+class _Core2Writer(Protocol):
+    core2: Core2Queues
+
+
+def core2_of(writer: object) -> Core2Queues:
+    """A job's writer's core-2 queues (the storage thread's :class:`~latticed.storage.writer.Writer` has
+    them; jobs see the writer through the narrower :class:`~latticed.storage.jobs.WriterView`)."""
+    return cast(_Core2Writer, writer).core2
+
+
+class Core2Queues:
+    """Core-2 queues of one store, on the storage thread (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._store: Store | None = None
+        self._rows: dict[int, Queue2Row] = {}
+        self._values: dict[int, QueueState2] = {}
+        self._by_qid: dict[bytes, int] = {}
+        # One group commit's staging (reset by begin).
+        self._identity: Identity | None = None
+        self._now_ms = 0
+        self._allocate: Callable[[], int] | None = None
+        self._staged: dict[int, _Staged] = {}
+        self._new: dict[int, Queue2Row] = {}
+        self._evidence: list[tuple[int, int, int, tuple[Record, ...]]] = []
+        self._drops: set[int] = set()
+        self._written: dict[int, QueueState2] = {}
+        #: Whether the last write deleted rows (the writer then gives space back).
+        self.deleted = False
+
+    # ------------------------------------------------------------------ committed values
+    def open(self, store: Store) -> None:
+        """Read which core-2 queues the store holds (their values load on first use)."""
+        self._store = store
+        for row in core2_store.index(store):
+            self._rows[row.q] = row
+            self._by_qid[row.queue_id] = row.q
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None, "core-2 queues are not open"
+        return self._store
+
+    def find(self, qid: bytes) -> int | None:
+        """The number of the core-2 queue with id ``qid`` (committed, or created in this batch)."""
+        q = self._by_qid.get(qid)
+        if q is None:
+            q = next((n.q for n in self._new.values() if n.queue_id == qid), None)
+        return q
+
+    def queues(self) -> list[int]:
+        return sorted(self._rows)
+
+    def row(self, q: int) -> Queue2Row:
+        row = self._rows.get(q) or self._new.get(q)
+        if row is None:
+            raise NotFoundError(f"no core-2 queue #{q}")
+        return row
+
+    def committed(self, q: int) -> QueueState2:
+        """The newest committed value of ``q`` (loaded from the store on first use)."""
+        value = self._values.get(q)
+        if value is None:
+            row = self._rows.get(q)
+            if row is None:
+                raise NotFoundError(f"no core-2 queue #{q} (committed)")
+            value = self._values[q] = core2_store.load(self.store, row)
+        return value
+
+    # ------------------------------------------------------------------ one group commit
+    def begin(self, identity: Identity, now_ms: int, allocate: Callable[[], int]) -> None:
+        self._identity, self._now_ms, self._allocate = identity, now_ms, allocate
+        self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
+        self.deleted = False
+
+    @property
+    def identity(self) -> Identity:
+        assert self._identity is not None, "no batch begun"
+        return self._identity
+
+    @property
+    def now_ms(self) -> int:
+        return self._now_ms
+
+    @property
+    def pending(self) -> bool:
+        """Whether this batch has anything to write."""
+        return bool(self._new or self._evidence or self._drops) or any(
+            s.state is not s.before or s.appends or s.meta for s in self._staged.values()
+        )
+
+    def _stage(self, q: int) -> _Staged:
+        staged = self._staged.get(q)
+        if staged is None:
+            if q in self._drops:
+                raise NotFoundError(f"core-2 queue #{q} is being dropped")
+            value = self.committed(q)
+            staged = self._staged[q] = _Staged(value, value)
+        return staged
+
+    def state(self, q: int) -> QueueState2:
+        """``q``'s value with everything staged so far (pending appends signed first)."""
+        return self._flush(q)
+
+    def peek(self, q: int) -> QueueState2:
+        """``q``'s staged value without its pending appends (nothing is signed)."""
+        return self._stage(q).state
+
+    def end(self, q: int) -> int:
+        staged = self._stage(q)
+        return staged.state.held[1] + staged.appended
+
+    def create(self, state: QueueState2) -> int:
+        """Stage a new queue (``state`` empty); returns its number."""
+        assert self._allocate is not None
+        q = self._allocate()
+        row = Queue2Row(q, state.queue_id, state.owner, state.name, state.kind, self._now_ms)
+        empty = replace(state, entries=cast(EntryView, StoredEntries(self.store.rows, q, state.held[0], 0)))
+        self._new[q] = row
+        self._staged[q] = _Staged(empty, empty)
+        return q
+
+    def append(self, q: int, records: Sequence[Record], meta: Mapping[str, str | None]) -> int:
+        """Stage the owner's records and metadata changes (checked); returns the first offset."""
+        staged = self._stage(q)
+        first = staged.state.held[1] + staged.appended
+        if records:
+            staged.appends.append(records)
+            staged.appended += len(records)
+        staged.meta.update(meta)
+        return first
+
+    def set(self, q: int, state: QueueState2) -> None:
+        """Stage ``state`` as ``q``'s new value (pending appends were signed into it)."""
+        self._stage(q).state = state
+
+    def keep_evidence(self, q: int, epoch: int, first: int, records: Sequence[Record]) -> None:
+        if records:
+            self._evidence.append((q, epoch, first, tuple(records)))
+
+    def drop(self, q: int) -> None:
+        self.committed(q)  # NotFoundError for a queue that is not committed
+        self._staged.pop(q, None)
+        self._drops.add(q)
+
+    def sign_pending(self) -> None:
+        """Sign every queue's pending appends and metadata (one head per queue per batch)."""
+        for q in list(self._staged):
+            self._flush(q)
+
+    def _flush(self, q: int) -> QueueState2:
+        staged = self._stage(q)
+        if staged.appends or staged.meta:
+            records = _joined(staged.appends) if staged.appends else ()
+            staged.state = queue2.commit(
+                staged.state,
+                self.identity,
+                now_ms=self._now_ms,
+                records=records,
+                meta_updates=staged.meta or None,
+            )
+            staged.appends, staged.appended, staged.meta = [], 0, {}
+        return staged.state
+
+    def write(self) -> None:
+        """Write the staged changes in the writer's open transaction."""
+        store = self.store
+        for q, row in self._new.items():
+            core2_store.insert(store, q, self._staged[q].before, row.created_ms)
+        for q, staged in self._staged.items():
+            if staged.state is not staged.before:
+                self._written[q], deleted = core2_store.persist(store, q, staged.before, staged.state)
+                self.deleted = self.deleted or deleted
+        for q, epoch, first, records in self._evidence:
+            core2_store.add_evidence(store, q, epoch, first, records)
+        for q in self._drops:
+            core2_store.drop(store, q, self.committed(q))
+            self.deleted = True
+
+    def publish(self) -> None:
+        """After the transaction committed: the written values become the committed ones."""
+        for q, row in self._new.items():
+            self._rows[q] = row
+            self._by_qid[row.queue_id] = q
+            self._values.setdefault(q, self._staged[q].before)
+        self._values.update(self._written)
+        for q in self._drops:
+            row = self._rows.pop(q)
+            self._by_qid.pop(row.queue_id, None)
+            self._values.pop(q, None)
+        self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}

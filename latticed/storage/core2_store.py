@@ -1,0 +1,312 @@
+"""Core-2 queues (:mod:`latticed.crdt.queue2`) in the store: loading a value and writing what changed.
+
+A core-2 queue has a ``queues`` row (``core = 2``: its number, id, owner, name and kind, as any queue) and
+its records in ``segments`` (the record chain is the same in both cores, so they are read through
+:class:`~latticed.storage.entries.StoredEntries` and written by :meth:`Store.write_entries`). The rest of
+its value:
+
+* ``queue2``: one row, rewritten by each change: epoch, held end, the start head, the tips (each branch's
+  newest head and, when forked, its leaves past the shared ones) and the start head's metadata.
+* ``leaves2``: the shared leaves, one row per version keyed ``(q, index)``: a commit adds one row (the
+  previous head's leaf); truncation keeps them (the log vouches for every version). Rows are diffed by
+  their common prefix: two verified logs that hold the same leaf at one index hold the same leaves below
+  it (the leaf's body signs the fold of them), so the prefix is found by a binary search, and an append
+  costs one comparison and one insert.
+* ``bodies2``: the unsigned heads vouching for held records, keyed ``(q, end, version)``; a commit adds
+  one, a truncation deletes those below the new start.
+* ``evidence2``: records this replica held past a fork point it learned of, kept aside (never part of
+  the value), at most :data:`EVIDENCE_MAX_RECORDS` records and :data:`EVIDENCE_MAX_BYTES` bytes per queue:
+  the ones nearest the fork point are kept, the rest are counted in ``queue2.evidence_dropped``.
+
+Opening the store reads only each core-2 queue's ``queues`` row (:func:`index`); its leaves and bodies
+are read when the queue is first used (:func:`load`), by one range scan each.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Final, cast
+
+from latticed.crdt.epochs import Chains, Tip
+from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HEAD2_SIZE, HeadV2
+from latticed.crdt.queue.state import EntryView, empty_entries
+from latticed.crdt.queue2 import QueueState2
+from latticed.crdt.records import Record
+from latticed.crdt.wire import records_from_wire, records_to_wire
+from latticed.errors import MalformedError, StorageError
+from latticed.storage import segments
+from latticed.storage.codec import decode_meta, encode_meta, pack, unpack
+from latticed.storage.entries import StoredEntries
+from latticed.storage.store import Store
+
+__all__ = [
+    "CORE2",
+    "EVIDENCE_MAX_BYTES",
+    "EVIDENCE_MAX_RECORDS",
+    "Evidence",
+    "Queue2Row",
+    "add_evidence",
+    "drop",
+    "evidence",
+    "index",
+    "insert",
+    "load",
+    "persist",
+]
+
+#: ``queues.core`` of a queue on the v2 fork core.
+CORE2: Final = 2
+#: Evidence kept per queue at most (records, and bytes of keys and values).
+EVIDENCE_MAX_RECORDS: Final = 10_000
+EVIDENCE_MAX_BYTES: Final = 16 << 20
+_BODY_SIZE: Final = len(HEAD2_NAMESPACE) + HEAD2_BODY.size
+
+
+@dataclass(frozen=True, slots=True)
+class Queue2Row:
+    """What opening the store reads of a core-2 queue (its value is loaded on first use)."""
+
+    q: int
+    queue_id: bytes
+    owner: bytes
+    name: str
+    kind: int
+    created_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What a queue's replica held past fork points it learned of: ``(epoch, first offset, records)``
+    pieces by offset, and how many records the bound left out."""
+
+    pieces: tuple[tuple[int, int, tuple[Record, ...]], ...]
+    dropped: int
+
+    def records(self, epoch: int) -> list[Record]:
+        """The kept records of ``epoch`` in offset order (what ``recover --keep-mine`` offers again)."""
+        return [r for e, _, records in self.pieces if e == epoch for r in records]
+
+
+# ---------------------------------------------------------------------- encodings
+def encode_body(body: HeadV2) -> bytes:
+    """A head as stored: its signed bytes, and its signature when it has one."""
+    return body.to_bytes()
+
+
+def decode_body(raw: bytes) -> HeadV2:
+    if len(raw) == HEAD2_SIZE:
+        return HeadV2.from_bytes(raw)
+    if len(raw) != _BODY_SIZE or not raw.startswith(HEAD2_NAMESPACE):
+        raise MalformedError("a stored v2 head body of the wrong size")
+    head = HeadV2(*HEAD2_BODY.unpack_from(raw, len(HEAD2_NAMESPACE)))
+    head.check()
+    return head
+
+
+def _encode_tips(tips: tuple[Tip, ...]) -> bytes:
+    return pack([[tip.head.to_bytes(), [[digest, end] for digest, end in tip.tail]] for tip in tips])
+
+
+def _decode_tips(raw: bytes) -> tuple[Tip, ...]:
+    return tuple(
+        Tip(HeadV2.from_bytes(bytes(head)), tuple((bytes(d), int(e)) for d, e in tail))
+        for head, tail in unpack(raw)
+    )
+
+
+# ---------------------------------------------------------------------- reading
+def index(store: Store) -> list[Queue2Row]:
+    """Every core-2 queue's row (none before schema 5)."""
+    if not store.has_cores:
+        return []
+    try:
+        rows = store.connection.execute(
+            "SELECT q, qid, owner, name, kind, created_ms FROM queues WHERE core = ? ORDER BY q", (CORE2,)
+        ).fetchall()
+    except sqlite3.Error as exc:
+        raise store.error(exc, "load the queues from") from exc
+    return [Queue2Row(r[0], bytes(r[1]), bytes(r[2]), r[3], r[4], r[5]) for r in rows]
+
+
+def load(store: Store, row: Queue2Row) -> QueueState2:
+    """Queue ``row``'s value as stored, its records read lazily from the store."""
+    conn, q = store.connection, row.q
+    try:
+        found = conn.execute(
+            "SELECT epoch, held_end, start_head, tips, meta FROM queue2 WHERE q = ?", (q,)
+        ).fetchone()
+        if found is None:
+            raise StorageError(f"store {store.path}: core-2 queue #{q} has no queue2 row")
+        epoch, held_end, start_raw, tips_raw, meta = found
+        shared = tuple(
+            (bytes(d), int(e))
+            for d, e in conn.execute("SELECT digest, end_off FROM leaves2 WHERE q = ? ORDER BY idx", (q,))
+        )
+        bodies = tuple(
+            decode_body(bytes(raw))
+            for (raw,) in conn.execute("SELECT body FROM bodies2 WHERE q = ? ORDER BY end_off, version", (q,))
+        )
+        stored = segments.bounds(conn, q)
+    except sqlite3.Error as exc:
+        raise store.error(exc, "load a core-2 queue from") from exc
+    start_head = None if start_raw is None else HeadV2.from_bytes(bytes(start_raw))
+    chains = Chains(
+        row.owner, row.queue_id, epoch, shared, _decode_tips(bytes(tips_raw)), start_head, held_end
+    )
+    lo, hi = chains.held
+    if (stored or (lo, lo)) != (lo, hi):
+        raise StorageError(
+            f"store {store.path}: queue {row.owner.hex()}/{row.name} holds records {stored} but its heads "
+            f"say [{lo}, {hi}); the file was changed behind latticed's back"
+        )
+    last = store.rows.chain(q, hi - 1) if hi > lo else None
+    entries = StoredEntries(store.rows, q, lo, hi - lo, last)
+    # QueueState2 names the in-memory EntryView; the stored view answers the same Entries protocol.
+    return QueueState2(
+        row.owner, row.name, row.kind, chains, decode_meta(meta), cast(EntryView, entries), bodies
+    )
+
+
+def evidence(conn: sqlite3.Connection, q: int) -> Evidence:
+    """What queue ``q`` holds as evidence (any connection: a reader's too)."""
+    pieces = tuple(
+        (epoch, first, tuple(records_from_wire(unpack(bytes(data)))))
+        for epoch, first, data in conn.execute(
+            "SELECT epoch, first, data FROM evidence2 WHERE q = ? ORDER BY first", (q,)
+        )
+    )
+    row = conn.execute("SELECT evidence_dropped FROM queue2 WHERE q = ?", (q,)).fetchone()
+    return Evidence(pieces, 0 if row is None else int(row[0]))
+
+
+# ---------------------------------------------------------------------- writing (caller's transaction)
+def insert(store: Store, q: int, state: QueueState2, created_ms: int) -> None:
+    """Add a new core-2 queue's rows (``state`` empty); its value is then written by :func:`persist`."""
+    conn = store.connection
+    conn.execute(
+        "INSERT INTO queues (q, qid, owner, name, kind, created_ms, core) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (q, state.queue_id, state.owner, state.name, state.kind, created_ms, CORE2),
+    )
+    c = state.chains
+    conn.execute(
+        "INSERT INTO queue2 (q, epoch, held_end, start_head, tips, meta) VALUES (?, ?, ?, ?, ?, ?)",
+        (q, c.epoch, c.held_end, None, _encode_tips(c.tips), encode_meta(state.meta)),
+    )
+
+
+def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[QueueState2, bool]:
+    """Write what changed from ``old`` (as stored) to ``new``; returns ``new`` reading its records from
+    the store, and whether records were deleted (so space can be reclaimed)."""
+    conn = store.connection
+    entries, deleted = store.write_entries(q, old.entries, new.entries, new.held[0])
+    a, b = old.chains, new.chains
+    if a is not b or old.meta is not new.meta:  # by identity: comparing would walk every leaf
+        start = None if b.start_head is None else b.start_head.to_bytes()
+        conn.execute(
+            "UPDATE queue2 SET epoch = ?, held_end = ?, start_head = ?, tips = ?, meta = ? WHERE q = ?",
+            (b.epoch, b.held_end, start, _encode_tips(b.tips), encode_meta(new.meta), q),
+        )
+    if a.shared is not b.shared:
+        _persist_leaves(conn, q, a, b)
+    if old.bodies is not new.bodies:
+        _persist_bodies(conn, q, old.bodies, new.bodies)
+    return replace(new, entries=cast(EntryView, entries)), deleted
+
+
+def _common_leaves(a: Chains, b: Chains) -> int:
+    """How many leading shared leaves ``a`` and ``b`` have in common (both verified)."""
+    if a.epoch != b.epoch or a.queue_id != b.queue_id:
+        return 0
+    x, y = a.shared, b.shared
+    n = min(len(x), len(y))
+    if n == 0 or x[n - 1] == y[n - 1]:
+        return n  # the usual case: one extends the other
+    lo, hi = 0, n - 1  # x[:lo] == y[:lo]; x[hi] != y[hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x[mid] == y[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _persist_leaves(conn: sqlite3.Connection, q: int, a: Chains, b: Chains) -> None:
+    common = _common_leaves(a, b)
+    if len(a.shared) > common:
+        conn.execute("DELETE FROM leaves2 WHERE q = ? AND idx >= ?", (q, common))
+    if len(b.shared) > common:
+        conn.executemany(
+            "INSERT INTO leaves2 (q, idx, digest, end_off) VALUES (?, ?, ?, ?)",
+            [(q, common + i, d, e) for i, (d, e) in enumerate(b.shared[common:])],
+        )
+
+
+def _key(body: HeadV2) -> tuple[int, int]:
+    return body.end, body.version
+
+
+def _persist_bodies(conn: sqlite3.Connection, q: int, old: Sequence[HeadV2], new: Sequence[HeadV2]) -> None:
+    """Delete and insert the bodies that changed. Usual shapes: some dropped at the front (truncation),
+    some added or cut at the back (a commit, a merge, a fork point); anything else compares keys."""
+    gone: list[HeadV2]
+    added: Sequence[HeadV2]
+    at = bisect.bisect_left(old, _key(new[0]), key=_key) if new else len(old)
+    m = min(len(old) - at, len(new))
+    if new and tuple(old[at : at + m]) == tuple(new[:m]):
+        gone, added = [*old[:at], *old[at + m :]], new[m:]
+    else:
+        keep = {(_key(b), b.leaf()) for b in new}
+        had = {(_key(b), b.leaf()) for b in old}
+        gone = [b for b in old if (_key(b), b.leaf()) not in keep]
+        added = [b for b in new if (_key(b), b.leaf()) not in had]
+    if gone:
+        conn.executemany(
+            "DELETE FROM bodies2 WHERE q = ? AND end_off = ? AND version = ?", [(q, *_key(b)) for b in gone]
+        )
+    if added:
+        conn.executemany(
+            "INSERT OR REPLACE INTO bodies2 (q, end_off, version, body) VALUES (?, ?, ?, ?)",
+            [(q, *_key(b), encode_body(b)) for b in added],
+        )
+
+
+def add_evidence(store: Store, q: int, epoch: int, first: int, records: Sequence[Record]) -> int:
+    """Keep ``records`` (from offset ``first`` of ``epoch``) as evidence within the bound; returns how many
+    were kept (the rest are counted as dropped)."""
+    conn = store.connection
+    count, size = conn.execute(
+        "SELECT coalesce(sum(count), 0), coalesce(sum(length(data)), 0) FROM evidence2 WHERE q = ?", (q,)
+    ).fetchone()
+    room_records, room_bytes = EVIDENCE_MAX_RECORDS - count, EVIDENCE_MAX_BYTES - size
+    kept = 0
+    for record in records:
+        cost = (
+            len(record.value) + len(record.key or b"") + sum(len(k) + len(v) for k, v in record.headers) + 16
+        )
+        if kept >= room_records or cost > room_bytes:
+            break
+        kept, room_bytes = kept + 1, room_bytes - cost
+    if kept:
+        data = pack(records_to_wire(list(records[:kept])))
+        conn.execute(
+            "INSERT OR REPLACE INTO evidence2 (q, first, epoch, count, data) VALUES (?, ?, ?, ?, ?)",
+            (q, first, epoch, kept, data),
+        )
+    if kept < len(records):
+        conn.execute(
+            "UPDATE queue2 SET evidence_dropped = evidence_dropped + ? WHERE q = ?", (len(records) - kept, q)
+        )
+    return kept
+
+
+def drop(store: Store, q: int, state: QueueState2) -> None:
+    """Delete core-2 queue ``q`` (stored as ``state``) and everything of it: records, leaves, bodies,
+    evidence."""
+    conn = store.connection
+    store.write_entries(q, state.entries, empty_entries(), state.held[0])
+    for table in ("leaves2", "bodies2", "evidence2", "queue2", "queues"):
+        conn.execute(f"DELETE FROM {table} WHERE q = ?", (q,))
