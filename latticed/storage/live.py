@@ -136,12 +136,16 @@ class LiveCache:
 
     # ------------------------------------------------------------------ read by tails
     def recent_columns(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns | None:
-        """Committed records from ``lo`` out of the last commit, or None if it does not hold ``lo``."""
+        """Committed records from ``lo`` out of the last commit, or None if it does not hold ``lo`` or
+        ends before the read does. The storage thread publishes a commit's state before this cache hears
+        of it on the event loop, so a reader can be told of an end past the commit kept here: that read
+        goes to the store, which has the records, instead of coming back short."""
         found = self._recent.get(q)
         if found is None:
             return None
         first, records = found
-        if not first <= lo < first + len(records):
+        end = first + len(records)
+        if not first <= lo < end or end < min(hi, lo + max_records):
             return None
         return columns_of(first, records, lo, hi, max_records=max_records, max_bytes=max_bytes)
 
