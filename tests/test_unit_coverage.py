@@ -189,7 +189,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
         "a Protocol only (the queue lookups the groups and retention ports share): checked by mypy; "
         "tests/services/test_metrics.py"
     ),
-    "latticed.storage.live": "the engine's live-push cache: tests/storage/test_tail_ahead.py",
     "latticed.storage.replica": (
         "the engine's replica side (verify-then-merge, deltas for peers): tests/test_replication_paths.py"
     ),
