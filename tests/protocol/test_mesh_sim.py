@@ -3,6 +3,7 @@ dissemination it shows for live records (one copy per record per replica)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from support.mesh_sim import Costs, MeshSim, bulk, farthest, live, mesh_topology, warm_up
@@ -143,8 +144,9 @@ def test_calls_that_wait_for_a_commit_share_the_next_and_go_out_as_one_delta() -
 
 def test_the_writers_calls_share_the_box_with_the_relays() -> None:
     """A bulk call is work on the writer's event loop and storage thread, on the cores the relays use:
-    the daemons' calls take 12-19 ms each in bench_mesh's bulk, ~4 ms on an idle box. The simulator
-    paced them by a fixed pause (30 ms), so relays never fell behind the writer."""
+    the daemons' calls take 10-19 ms each in bench_mesh's bulk (~4 ms on an idle box without peers; a
+    call's deltas to three peers are cut on the same event loop). The simulator paced them by a fixed
+    pause (30 ms), so relays never fell behind the writer."""
 
     def seconds_per_call(cores: int | None) -> float:
         sim = MeshSim(8, draws=0, costs=Costs(cores=cores))
@@ -161,22 +163,26 @@ def test_the_writers_calls_share_the_box_with_the_relays() -> None:
         return (calls[-1] - calls[0]) / (len(calls) - 1)
 
     alone, shared = seconds_per_call(None), seconds_per_call(2)
-    assert alone <= 0.01
+    assert alone <= 0.015
     assert shared >= 1.5 * alone
 
 
 def test_a_bulk_on_eight_daemons_takes_as_long_and_batches_as_the_daemons_do() -> None:
-    """bench_mesh's bulk at N = 8 on a quiet box: the daemons take 0.9-1.4 s, and relays that fall
-    behind send some replicas fewer, larger deltas (0.79-0.97 DELTAs and 0.39-0.54 ACKs per 1,000
-    records per replica). The simulator took 1.65 s and sent every replica one delta per chunk."""
+    """bench_mesh's bulk at N = 8 on a quiet box: the daemons take 0.9-1.4 s, their writer sends each
+    of its links one delta per call, and a relay with three children that falls behind sends the later
+    of them fewer, larger deltas (0.75-0.97 DELTAs and 0.39-0.54 ACKs per 1,000 records per replica).
+    The simulator took 1.65 s and sent every replica one delta per chunk (1.00 and 0.59)."""
     deltas, acks, elapsed = [], [], []
     for draws in (0, 1, 2, 3):
         sim = MeshSim(8, draws=draws)
         warm_up(sim)
+        sent = Counter(sim.link_deltas)
         part = bulk(sim, 50_000, 100)
         deltas.append(part.per_record("delta") * 1000)
         acks.append(part.per_record("ack") * 1000)
         elapsed.append(part.elapsed)
+        from_writer = [n - sent[link] for link, n in sim.link_deltas.items() if link[0] == 0]
+        assert len(from_writer) == 3 and min(from_writer) >= 45, from_writer
     assert 0.85 <= sum(elapsed) / 4 <= 1.3, elapsed
-    assert sum(deltas) / 4 <= 0.98, deltas
-    assert sum(acks) / 4 <= 0.56, acks
+    assert sum(deltas) / 4 <= 0.95, deltas
+    assert sum(acks) / 4 <= 0.52, acks

@@ -6,11 +6,16 @@ two daemons of this build agree on, ``compact`` among them; a received live push
 each as it came, as ``storage/ahead.py`` serves it; checkpoints thinned as the store keeps them; ACKs only
 once the merge is durable; the dialler's keep-alive PINGs),
 over the graph bench_mesh builds (:func:`mesh_topology`, same seed and shape). What it does not run it
-models with a clock: each link has a one-way delay (drawn per link from the seed), and each node one CPU
-(decoding, verifying, cutting deltas; woken from idle it pays a wake-up first) and one storage thread
-(commits), each taking :class:`Costs`. So the order in which copies reach a node, which decides prunes,
-HAVEs and grafts, comes from the same code as in the daemons, and every message is counted by type
-(``received_<type>``, ``received_<type>_bytes``) from its real encoding, as the daemons' counters do.
+models with a clock: each link has a one-way delay (drawn per link from the seed), and each node one
+event loop (decoding, verifying, cutting deltas, the writer's API calls; woken from idle it pays a
+wake-up first) whose tasks (a link's reader and driver, an API call) run one after another as trio runs
+woken tasks, a storage thread (``storage/writer.py``'s group commit: what waits while a transaction is
+under way goes into the next one together) and a reader thread (deltas the store must read), each taking
+:class:`Costs`, on cores the nodes share as bench_mesh's daemons share its box. So the order in which
+copies reach a node, which decides prunes, HAVEs and grafts, and how many chunks a relay behind its
+sender takes into one commit and one delta, come from the same code as in the daemons; every message is
+counted by type (``received_<type>``, ``received_<type>_bytes``) from its real encoding, as the daemons'
+counters do.
 Deterministic: no randomness but the seeded draws.
 
 Why one module: the clock, the links and the node's host steps share one event queue and one set of
@@ -49,6 +54,10 @@ __all__ = [
     "mesh_topology",
     "warm_up",
 ]
+
+
+#: Unix milliseconds at the simulation's time 0 (2026-11-29): records and heads carry such timestamps.
+EPOCH_MS = 1_796_000_000_000
 
 
 def mesh_topology(n: int, degree: int, seed: int) -> set[frozenset[int]]:
@@ -100,8 +109,8 @@ class Costs:
     verify_record: float = 0.000002  # ... and per record
     cut: float = 0.001  # read (the storage thread) and encode a delta: per delta ...
     cut_record: float = 0.000001  # ... and per record
-    commit: float = 0.001  # a durable commit on the storage thread (fsync) ...
-    commit_record: float = 0.000002  # ... and per record
+    commit: float = 0.001  # a transaction on the storage thread: its fsync (waits on the disk) ...
+    commit_record: float = 0.000002  # ... and per record (merged and written first: uses a core)
     #: A delta the store must read (the peer lacks more than the last commit's records) is read on a
     #: reader thread (``storage/replica.py`` ``delta_for``: ``bridge.read``) while the link's driver waits
     #: for it; one of the last commit's records only is cut in memory (``storage/live.py`` ``pushed_delta``).
@@ -123,7 +132,7 @@ class Costs:
     #: hashed, batch signed, written: ``storage/writer.py``, ``commit`` and ``commit_record``). Together
     #: ~3.3 us per record, what bench_daemon part 1 measures of daemon CPU in 1,000-record calls (single
     #: durable offers ~100 us each). Steps like any other, so on a shared box a call takes longer while
-    #: the relays work (bench_mesh's bulk calls take 12-19 ms each; ~4 ms on an idle box).
+    #: the relays work (bench_mesh's bulk calls take 10-19 ms each; ~4 ms on an idle box without peers).
     offer: float = 0.0001
     offer_record: float = 0.0000013
     #: The writer's client between two calls (bench_mesh's loop builds and encodes the next batch).
@@ -162,8 +171,11 @@ class MeshNode:
     #: When each offset was first held (verified), for the time to reach the last node.
     reached: dict[int, float] = field(default_factory=dict)
     deadlines: dict[int, float] = field(default_factory=dict)
-    #: Peers whose link driver was woken while the CPU was busy and waits for it (a task on the event loop).
-    woken: set[int] = field(default_factory=set)
+    #: The event loop's run queue: tasks woken (a link's reader or driver), run one after another, each
+    #: once the CPU is done with the work of those before it (trio runs woken tasks in order).
+    runq: deque[tuple[tuple[str, int], Callable[[], None]]] = field(default_factory=deque)
+    queued: set[tuple[str, int]] = field(default_factory=set)
+    turn_pending: bool = False
     #: Jobs handed to the storage thread while it commits: the next transaction takes all of them.
     waiting: list[_Job] = field(default_factory=list)
     committing: bool = False
@@ -201,6 +213,7 @@ class MeshSim:
     delays: dict[tuple[int, int], float] = field(default_factory=dict)
     _heap: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     _seq: int = 0
+    _calls: int = 0
     _arrival: dict[tuple[int, int], float] = field(default_factory=dict)
     _inbox: dict[tuple[int, int], deque[bytes]] = field(default_factory=dict)
     #: DELTAs delivered per link (sender, receiver), since start.
@@ -261,20 +274,28 @@ class MeshSim:
         self.now = end
 
     # ------------------------------------------------------------------ the writer (node 0)
+    def wall_ms(self) -> int:
+        """The writer's clock as records and heads carry it: Unix milliseconds (as the daemons' do, so
+        they take as many bytes on the wire), from :data:`EPOCH_MS` at time 0."""
+        return EPOCH_MS + int(self.now * 1000)
+
     def offer(self, count: int, payload: int, then: Callable[[], None] | None = None) -> None:
         """The writer's client offers ``count`` records in one call: the daemon's CPU takes the call, its
         storage thread commits it (with whatever else waits), then it is pushed and ``then`` runs (the
         reply reaches the client)."""
         node = self.nodes[0]
-        self._busy(node, self.costs.offer + self.costs.offer_record * count)
+
+        def call() -> None:  # the API's task for the call, its turn come on the event loop
+            self._busy(node, self.costs.offer + self.costs.offer_record * count)
+            self._at(node.cpu_free, handled)
 
         def handled() -> None:
-            records = [Record(value=bytes(payload), timestamp=int(self.now * 1000)) for _ in range(count)]
+            records = [Record(value=bytes(payload), timestamp=self.wall_ms()) for _ in range(count)]
             stored: list[QueueState] = []
 
             def apply() -> None:  # in the transaction, after the jobs before it
                 state = node.durable.get(self.key) or core.empty_state(self.owner.public_key, "mesh")
-                state = _stored(core.commit(state, self.owner, now_ms=int(self.now * 1000), records=records))
+                state = _stored(core.commit(state, self.owner, now_ms=self.wall_ms(), records=records))
                 node.durable[self.key] = node.latest[self.key] = state
                 stored.append(state)
 
@@ -290,7 +311,8 @@ class MeshSim:
 
             self._store(0, _Job(count, apply, committed))
 
-        self._at(max(self.now, node.cpu_free), handled)
+        self._calls += 1
+        self._wake(0, ("call", self._calls), call)
 
     # ------------------------------------------------------------------ the storage thread
     def _store(self, y: int, job: _Job) -> None:
@@ -345,13 +367,35 @@ class MeshSim:
         """A message reaches ``y``'s socket for ``x``; read in order once ``y``'s CPU is free."""
         inbox = self._inbox.setdefault((x, y), deque())
         inbox.append(message)
-        if len(inbox) == 1:
-            self._at(max(self.now, self.nodes[y].cpu_free), lambda: self._read(x, y))
+        self._wake(y, ("read", x), lambda: self._read(x, y))
+
+    def _wake(self, y: int, task: tuple[str, int], run: Callable[[], None]) -> None:
+        """Wake a task of ``y``'s event loop (once: a task already woken waits for its turn)."""
+        node = self.nodes[y]
+        if task in node.queued:
+            return
+        node.queued.add(task)
+        node.runq.append((task, run))
+        if not node.turn_pending:
+            node.turn_pending = True
+            self._at(max(self.now, node.cpu_free), lambda: self._turn(y))
+
+    def _turn(self, y: int) -> None:
+        node = self.nodes[y]
+        if node.cpu_free > self.now:
+            self._at(node.cpu_free, lambda: self._turn(y))
+            return
+        task, run = node.runq.popleft()
+        node.queued.discard(task)
+        run()
+        if node.runq:
+            self._at(max(self.now, node.cpu_free), lambda: self._turn(y))
+        else:
+            node.turn_pending = False
 
     def _read(self, x: int, y: int) -> None:
-        """The link's reader task, its turn come on the event loop (after the work queued before the
-        message arrived, not after work queued since): it reads what the socket holds (``net/gossip.py``
-        ``_reader`` reads on while bytes are there)."""
+        """The link's reader task, its turn come on the event loop: it reads what the socket holds
+        (``net/gossip.py`` ``_reader`` reads on while bytes are there)."""
         inbox = self._inbox[(x, y)]
         while inbox:
             self._deliver(x, y, inbox.popleft())
@@ -401,20 +445,13 @@ class MeshSim:
     def _drive(self, y: int, x: int) -> None:
         """The link driver of ``y`` for peer ``x``: answer the session's events, send what it queued.
 
-        A task on the node's event loop (``net/gossip.py`` ``_driver``): woken while the CPU is busy, it
-        runs once the CPU gets to it, and the delta it then asks the store for (``delta_for``) holds what
-        is durable by then, so a relay behind its sender cuts one delta over several commits."""
-        node = self.nodes[y]
-        if node.cpu_free > self.now:
-            if x not in node.woken:
-                node.woken.add(x)
-                self._at(node.cpu_free, lambda: self._run_driver(y, x))
-            return
-        self._run_driver(y, x)
+        A task on the node's event loop (``net/gossip.py`` ``_driver``): it runs when its turn comes, after
+        the tasks woken before it, and the delta it then asks the store for (``delta_for``) holds what is
+        durable by then, so a relay behind its sender cuts one delta over several commits."""
+        self._wake(y, ("drive", x), lambda: self._run_driver(y, x))
 
     def _run_driver(self, y: int, x: int) -> None:
         node = self.nodes[y]
-        node.woken.discard(x)
         if x in node.reading:  # the driver awaits a read; its events wait (the reader task reads on)
             return
         session = node.sessions[x]
@@ -455,13 +492,13 @@ class MeshSim:
         cost = self._scaled(self.costs.read + self.costs.read_record * len(delta.records))
         node.read_free = max(self.now, node.read_free) + cost
 
-        def read() -> None:
+        def encode() -> None:
             node.reading.discard(x)
             self._busy(node, self.costs.cut + self.costs.cut_record * len(delta.records))
             node.sessions[x].provide_delta(key, delta)
-            self._drive(y, x)
+            self._run_driver(y, x)
 
-        self._at(node.read_free, read)
+        self._at(node.read_free, lambda: self._wake(y, ("read done", x), encode))
 
     def _delta_for(self, node: MeshNode, event: NeedDelta) -> QueueDelta | None:
         durable = node.durable.get(event.key)
