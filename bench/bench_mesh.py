@@ -21,8 +21,10 @@ Per part, per replica (the writer excluded), from the daemons' own counters (``l
 ``received_<type>`` and ``received_<type>_bytes``, what ``latticed_peer_messages_total`` exports) and
 /proc: deltas received per record, bytes received per record (every message type) and that ÷ payload,
 CPU per record (utime + stime); then the mesh's total bytes ÷ ((N - 1) x payload) and, live, the last
-daemon's latency p50/p99. After each part: every daemon's open links (``connected``: its active view) and
-RSS. Figures are printed, never asserted.
+daemon's latency p50/p99; DELTAs and ACKs each daemon sent, the writer's included (a relay that falls
+behind its sender stores several chunks in one commit and sends them on as one delta: fewer of both), and
+for the bulk how long the writer's client calls took. After each part: every daemon's open links
+(``connected``: its active view) and RSS. Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -240,6 +242,14 @@ class Meter:
                 f"    replica {name}: deltas/record {deltas / records:.2f}, bytes/record {per:,.0f} "
                 f"({per / payload:.2f}x payload), CPU/record {cpu / records * 1e3:.3f} ms; msgs/record: {mix}"
             )
+        sent = []
+        for node, (before, _) in zip(self.nodes, self.before, strict=True):
+            after = node.counters()
+            sent.append(
+                f"{node.name} {after.get('sent_delta', 0) - before.get('sent_delta', 0)}"
+                f"/{after.get('sent_ack', 0) - before.get('sent_ack', 0)}"
+            )
+        print(f"    DELTAs/ACKs sent per daemon (the writer first): {', '.join(sent)}")
         total = sum(r[2] for r in rows)
         print(
             f"    mean per replica: deltas/record {statistics.mean(r[1] for r in rows) / records:.2f}, "
@@ -253,9 +263,18 @@ def bulk(nodes: list[Node], queue: str, name: str, count: int, payload: int) -> 
     meter = Meter(nodes)
     base = _end(nodes[0], name)
     started = time.perf_counter()
+    calls = []
     with nodes[0].client() as c:
         for lo in range(0, count, 1000):
+            t0 = time.perf_counter()
             c.offer_batch(name, [(b"b" * payload, None, ())] * min(1000, count - lo))
+            calls.append(time.perf_counter() - t0)
+    offered = time.perf_counter() - started
+    print(
+        f"    the writer's client: {len(calls)} calls in {offered:.2f} s, each "
+        f"{statistics.mean(calls) * 1e3:.1f} ms mean (median {statistics.median(calls) * 1e3:.1f}, "
+        f"max {max(calls) * 1e3:.1f})"
+    )
     for node in nodes[1:]:
         wait_end(node, queue, base + count)
     elapsed = time.perf_counter() - started

@@ -6,11 +6,16 @@ two daemons of this build agree on, ``compact`` among them; a received live push
 each as it came, as ``storage/ahead.py`` serves it; checkpoints thinned as the store keeps them; ACKs only
 once the merge is durable; the dialler's keep-alive PINGs),
 over the graph bench_mesh builds (:func:`mesh_topology`, same seed and shape). What it does not run it
-models with a clock: each link has a one-way delay (drawn per link from the seed), and each node one CPU
-(decoding, verifying, cutting deltas; woken from idle it pays a wake-up first) and one storage thread
-(commits), each taking :class:`Costs`. So the order in which copies reach a node, which decides prunes,
-HAVEs and grafts, comes from the same code as in the daemons, and every message is counted by type
-(``received_<type>``, ``received_<type>_bytes``) from its real encoding, as the daemons' counters do.
+models with a clock: each link has a one-way delay (drawn per link from the seed), and each node one
+event loop (decoding, verifying, cutting deltas, the writer's API calls; woken from idle it pays a
+wake-up first) whose tasks (a link's reader and driver, an API call) run one after another as trio runs
+woken tasks, a storage thread (``storage/writer.py``'s group commit: what waits while a transaction is
+under way goes into the next one together) and a reader thread (deltas the store must read), each taking
+:class:`Costs`, on cores the nodes share as bench_mesh's daemons share its box. So the order in which
+copies reach a node, which decides prunes, HAVEs and grafts, and how many chunks a relay behind its
+sender takes into one commit and one delta, come from the same code as in the daemons; every message is
+counted by type (``received_<type>``, ``received_<type>_bytes``) from its real encoding, as the daemons'
+counters do.
 Deterministic: no randomness but the seeded draws.
 
 Why one module: the clock, the links and the node's host steps share one event queue and one set of
@@ -49,6 +54,10 @@ __all__ = [
     "mesh_topology",
     "warm_up",
 ]
+
+
+#: Unix milliseconds at the simulation's time 0 (2026-11-29): records and heads carry such timestamps.
+EPOCH_MS = 1_796_000_000_000
 
 
 def mesh_topology(n: int, degree: int, seed: int) -> set[frozenset[int]]:
@@ -100,8 +109,13 @@ class Costs:
     verify_record: float = 0.000002  # ... and per record
     cut: float = 0.001  # read (the storage thread) and encode a delta: per delta ...
     cut_record: float = 0.000001  # ... and per record
-    commit: float = 0.001  # a durable commit on the storage thread (fsync) ...
-    commit_record: float = 0.000002  # ... and per record
+    commit: float = 0.001  # a transaction on the storage thread: its fsync (waits on the disk) ...
+    commit_record: float = 0.000002  # ... and per record (merged and written first: uses a core)
+    #: A delta the store must read (the peer lacks more than the last commit's records) is read on a
+    #: reader thread (``storage/replica.py`` ``delta_for``: ``bridge.read``) while the link's driver waits
+    #: for it; one of the last commit's records only is cut in memory (``storage/live.py`` ``pushed_delta``).
+    read: float = 0.0005
+    read_record: float = 0.0000005
     #: Each CPU step takes its cost times a seeded draw from [1 - jitter, 1 + jitter]: N daemons share
     #: the box's cores, and the scheduler decides which relay's copy wins a race.
     jitter: float = 0.5
@@ -113,8 +127,16 @@ class Costs:
     #: Cores the nodes share (bench_mesh runs every daemon on one box); a step takes longer by the number
     #: of nodes busy at its start over this. None: each node has its own machine.
     cores: int | None = 2
-    #: What one call of the writer's client costs besides the commit (a bulk batch of 1,000 records).
-    client: float = 0.03
+    #: The writer's event loop per API call of its client, and per record offered in it (``api/server``:
+    #: the call decoded, records built); the rest of a call is its commit on the storage thread (chain
+    #: hashed, batch signed, written: ``storage/writer.py``, ``commit`` and ``commit_record``). Together
+    #: ~3.3 us per record, what bench_daemon part 1 measures of daemon CPU in 1,000-record calls (single
+    #: durable offers ~100 us each). Steps like any other, so on a shared box a call takes longer while
+    #: the relays work (bench_mesh's bulk calls take 10-19 ms each; ~4 ms on an idle box without peers).
+    offer: float = 0.0001
+    offer_record: float = 0.0000013
+    #: The writer's client between two calls (bench_mesh's loop builds and encodes the next batch).
+    client: float = 0.0005
     graft_timeout: float = GRAFT_TIMEOUT_S
     graft_timeout_max: float | None = GRAFT_TIMEOUT_MAX_S
     #: How long HAVEs wait to go out together, as on daemon links (0: with the next send).
@@ -135,12 +157,31 @@ class MeshNode:
     ahead: dict[QueueKey, list[QueueDelta]] = field(default_factory=dict)
     cpu_free: float = 0.0
     disk_free: float = 0.0
+    #: Until when the reader thread is busy with reads for link drivers.
+    read_free: float = 0.0
+    #: Peers whose driver waits for a read from the store.
+    reading: set[int] = field(default_factory=set)
+    #: Where the last transaction's appended records start (the store's in-memory ``LiveCache``).
+    last_first: int = 0
+    #: Until when the storage thread uses a core (a commit's per-record work; its fsync waits on the disk).
+    disk_cpu_until: float = 0.0
     received: Counter[str] = field(default_factory=Counter)
     #: Per offset of the measured queue: hops of the copy that brought it first.
     hops: dict[int, int] = field(default_factory=dict)
     #: When each offset was first held (verified), for the time to reach the last node.
     reached: dict[int, float] = field(default_factory=dict)
     deadlines: dict[int, float] = field(default_factory=dict)
+    #: The event loop's run queue: tasks woken (a link's reader or driver), run one after another, each
+    #: once the CPU is done with the work of those before it (trio runs woken tasks in order).
+    runq: deque[tuple[tuple[str, int], Callable[[], None]]] = field(default_factory=deque)
+    queued: set[tuple[str, int]] = field(default_factory=set)
+    turn_pending: bool = False
+    #: Jobs handed to the storage thread while it commits: the next transaction takes all of them.
+    waiting: list[_Job] = field(default_factory=list)
+    committing: bool = False
+    #: Transactions committed, and the merge or offer jobs they held (for deltas per commit).
+    commits: int = 0
+    committed_jobs: int = 0
     #: Deltas on their way into the store, shared by the node's sessions (as Gossip.arrivals).
     arrivals: Arrivals = field(default_factory=Arrivals)
 
@@ -172,6 +213,7 @@ class MeshSim:
     delays: dict[tuple[int, int], float] = field(default_factory=dict)
     _heap: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     _seq: int = 0
+    _calls: int = 0
     _arrival: dict[tuple[int, int], float] = field(default_factory=dict)
     _inbox: dict[tuple[int, int], deque[bytes]] = field(default_factory=dict)
     #: DELTAs delivered per link (sender, receiver), since start.
@@ -232,27 +274,81 @@ class MeshSim:
         self.now = end
 
     # ------------------------------------------------------------------ the writer (node 0)
-    def offer(self, count: int, payload: int) -> None:
-        """The writer's client offers ``count`` records in one call: one commit, then pushed."""
+    def wall_ms(self) -> int:
+        """The writer's clock as records and heads carry it: Unix milliseconds (as the daemons' do, so
+        they take as many bytes on the wire), from :data:`EPOCH_MS` at time 0."""
+        return EPOCH_MS + int(self.now * 1000)
+
+    def offer(self, count: int, payload: int, then: Callable[[], None] | None = None) -> None:
+        """The writer's client offers ``count`` records in one call: the daemon's CPU takes the call, its
+        storage thread commits it (with whatever else waits), then it is pushed and ``then`` runs (the
+        reply reaches the client)."""
         node = self.nodes[0]
-        state = node.durable.get(self.key) or core.empty_state(self.owner.public_key, "mesh")
-        records = [Record(value=bytes(payload), timestamp=int(self.now * 1000)) for _ in range(count)]
-        state = core.commit(state, self.owner, now_ms=int(self.now * 1000), records=records)
-        done = max(self.now, node.disk_free) + self.costs.commit + self.costs.commit_record * count
+
+        def call() -> None:  # the API's task for the call, its turn come on the event loop
+            self._busy(node, self.costs.offer + self.costs.offer_record * count)
+            self._at(node.cpu_free, handled)
+
+        def handled() -> None:
+            records = [Record(value=bytes(payload), timestamp=self.wall_ms()) for _ in range(count)]
+            stored: list[QueueState] = []
+
+            def apply() -> None:  # in the transaction, after the jobs before it
+                state = node.durable.get(self.key) or core.empty_state(self.owner.public_key, "mesh")
+                state = _stored(core.commit(state, self.owner, now_ms=self.wall_ms(), records=records))
+                node.durable[self.key] = node.latest[self.key] = state
+                stored.append(state)
+
+            def committed() -> None:
+                (state,) = stored
+                if self.track:
+                    for offset in range(state.held_end - count, state.held_end):
+                        node.hops[offset] = 0
+                        node.reached[offset] = self.now
+                self._changed(0, state.summary(), None)
+                if then is not None:
+                    then()
+
+            self._store(0, _Job(count, apply, committed))
+
+        self._calls += 1
+        self._wake(0, ("call", self._calls), call)
+
+    # ------------------------------------------------------------------ the storage thread
+    def _store(self, y: int, job: _Job) -> None:
+        """``storage/writer.py``'s group commit: a job handed over while a transaction is under way waits
+        for the next one, which takes every job waiting then (one commit, one fsync); only after it are
+        the jobs done (ACKs, relays). So a relay behind its sender stores several of its chunks at once
+        and pushes them on as one delta."""
+        node = self.nodes[y]
+        node.waiting.append(job)
+        if not node.committing:
+            self._commit(y)
+
+    def _commit(self, y: int) -> None:
+        node = self.nodes[y]
+        jobs, node.waiting = node.waiting, []
+        node.committing = True
+        records = sum(job.records for job in jobs)
+        start = max(self.now, node.disk_free)
+        node.disk_cpu_until = start + self.costs.commit_record * records
+        node.disk_free = node.disk_cpu_until + self.costs.commit
 
         def committed() -> None:
-            if self.track:
-                for offset in range(state.held_end - count, state.held_end):
-                    node.hops[offset] = 0
-                    node.reached[offset] = self.now
-            node.durable[self.key] = node.latest[self.key] = _stored(state)
-            self._changed(0, state.summary(), None)
+            node.commits += 1
+            node.committed_jobs += len(jobs)
+            before = node.held_end(self.key)
+            for job in jobs:  # one transaction: every merge is in the store before any waiter runs
+                job.apply()
+            if node.held_end(self.key) > before:
+                node.last_first = before
+            for job in jobs:
+                job.done()
+            node.committing = False
+            if node.waiting:
+                self._commit(y)
 
-        node.disk_free = done
-        self._at(done, committed)
-
-    def writer_idle_at(self) -> float:
-        return self.nodes[0].disk_free
+        self._at(node.disk_free, committed)
 
     # ------------------------------------------------------------------ links
     def _send(self, x: int, y: int, messages: list[bytes], at: float) -> None:
@@ -271,19 +367,38 @@ class MeshSim:
         """A message reaches ``y``'s socket for ``x``; read in order once ``y``'s CPU is free."""
         inbox = self._inbox.setdefault((x, y), deque())
         inbox.append(message)
-        if len(inbox) == 1:
-            self._at(max(self.now, self.nodes[y].cpu_free), lambda: self._read(x, y))
+        self._wake(y, ("read", x), lambda: self._read(x, y))
+
+    def _wake(self, y: int, task: tuple[str, int], run: Callable[[], None]) -> None:
+        """Wake a task of ``y``'s event loop (once: a task already woken waits for its turn)."""
+        node = self.nodes[y]
+        if task in node.queued:
+            return
+        node.queued.add(task)
+        node.runq.append((task, run))
+        if not node.turn_pending:
+            node.turn_pending = True
+            self._at(max(self.now, node.cpu_free), lambda: self._turn(y))
+
+    def _turn(self, y: int) -> None:
+        node = self.nodes[y]
+        if node.cpu_free > self.now:
+            self._at(node.cpu_free, lambda: self._turn(y))
+            return
+        task, run = node.runq.popleft()
+        node.queued.discard(task)
+        run()
+        if node.runq:
+            self._at(max(self.now, node.cpu_free), lambda: self._turn(y))
+        else:
+            node.turn_pending = False
 
     def _read(self, x: int, y: int) -> None:
-        node = self.nodes[y]
-        if node.cpu_free > self.now:  # busy: the message waits in the socket
-            self._at(node.cpu_free, lambda: self._read(x, y))
-            return
+        """The link's reader task, its turn come on the event loop: it reads what the socket holds
+        (``net/gossip.py`` ``_reader`` reads on while bytes are there)."""
         inbox = self._inbox[(x, y)]
-        message = inbox.popleft()
-        if inbox:
-            self._at(self.now, lambda: self._read(x, y))
-        self._deliver(x, y, message)
+        while inbox:
+            self._deliver(x, y, inbox.popleft())
 
     def _deliver(self, x: int, y: int, message: bytes) -> None:
         node = self.nodes[y]
@@ -298,15 +413,24 @@ class MeshSim:
 
     def _busy(self, node: MeshNode, cost: float) -> None:
         """``node``'s CPU works ``cost`` (times the jitter draw) after what it is doing now."""
+        if node.cpu_free < self.now - self.costs.warm_for:
+            cost += self.costs.wake
+        node.cpu_free = max(node.cpu_free, self.now) + self._scaled(cost, node.cpu_free <= self.now)
+
+    def _scaled(self, cost: float, idle: bool = True) -> float:
+        """``cost`` times the jitter draw and, on a shared box, the nodes busy now (threads using a core:
+        event loops, readers, the per-record work of commits) over the cores."""
         jitter, cores, now = self.costs.jitter, self.costs.cores, self.now
         if jitter:
             cost *= self._rng.uniform(1 - jitter, 1 + jitter)
-        if node.cpu_free < now - self.costs.warm_for:
-            cost += self.costs.wake
         if cores is not None:
-            busy = sum(1 for other in self.nodes if other.cpu_free > now or other.disk_free > now)
-            cost *= max(1.0, (busy + (node.cpu_free <= now)) / cores)
-        node.cpu_free = max(node.cpu_free, self.now) + cost
+            busy = sum(
+                1
+                for other in self.nodes
+                if other.cpu_free > now or other.disk_cpu_until > now or other.read_free > now
+            )
+            cost *= max(1.0, (busy + idle) / cores)
+        return cost
 
     def _ping(self, a: int, b: int) -> None:
         """The dialler's keep-alive: a PING unless the link carried messages both ways lately."""
@@ -319,14 +443,26 @@ class MeshSim:
 
     # ------------------------------------------------------------------ a node as the daemon is one
     def _drive(self, y: int, x: int) -> None:
-        """The link driver of ``y`` for peer ``x``: answer the session's events, send what it queued."""
+        """The link driver of ``y`` for peer ``x``: answer the session's events, send what it queued.
+
+        A task on the node's event loop (``net/gossip.py`` ``_driver``): it runs when its turn comes, after
+        the tasks woken before it, and the delta it then asks the store for (``delta_for``) holds what is
+        durable by then, so a relay behind its sender cuts one delta over several commits."""
+        self._wake(y, ("drive", x), lambda: self._run_driver(y, x))
+
+    def _run_driver(self, y: int, x: int) -> None:
         node = self.nodes[y]
+        if x in node.reading:  # the driver awaits a read; its events wait (the reader task reads on)
+            return
         session = node.sessions[x]
         session.tick(self.now)
         costs = self.costs
         while (event := session.next_event()) is not None:
             if isinstance(event, NeedDelta):
                 delta = self._delta_for(node, event)
+                if delta is not None and self._from_store(node, event, delta):
+                    self._read_then(y, x, event.key, delta)
+                    break
                 if delta is not None:
                     self._busy(node, costs.cut + costs.cut_record * len(delta.records))
                 session.provide_delta(event.key, delta)
@@ -339,6 +475,30 @@ class MeshSim:
         if deadline is not None and node.deadlines.get(x) != deadline:
             node.deadlines[x] = deadline
             self._at(deadline, lambda: self._drive(y, x))
+
+    def _from_store(self, node: MeshNode, event: NeedDelta, delta: QueueDelta) -> bool:
+        """Whether the daemon reads ``delta`` from the store: not a push served ahead, and the peer lacks
+        more than the last commit's records (what ``pushed_delta`` cuts from memory)."""
+        pushes = node.ahead.get(event.key) or ()
+        return all(delta is not pushed for pushed in pushes) and (
+            event.since is None or event.since.held_end < node.last_first
+        )
+
+    def _read_then(self, y: int, x: int, key: QueueKey, delta: QueueDelta) -> None:
+        """The link's driver waits while a reader thread reads ``delta`` (what was durable when it asked),
+        then encodes it and carries on with its events."""
+        node = self.nodes[y]
+        node.reading.add(x)
+        cost = self._scaled(self.costs.read + self.costs.read_record * len(delta.records))
+        node.read_free = max(self.now, node.read_free) + cost
+
+        def encode() -> None:
+            node.reading.discard(x)
+            self._busy(node, self.costs.cut + self.costs.cut_record * len(delta.records))
+            node.sessions[x].provide_delta(key, delta)
+            self._run_driver(y, x)
+
+        self._at(node.read_free, lambda: self._wake(y, ("read done", x), encode))
 
     def _delta_for(self, node: MeshNode, event: NeedDelta) -> QueueDelta | None:
         durable = node.durable.get(event.key)
@@ -380,17 +540,12 @@ class MeshSim:
                     self._changed(y, ahead.summary(), x)
 
                 self._at(verified_at, relay)
-        done = (
-            max(verified_at, node.disk_free)
-            + self.costs.commit
-            + self.costs.commit_record * len(delta.records)
-        )
-        node.disk_free = done
+        merged: list[tuple[QueueState, bool]] = []
 
-        def committed() -> None:
+        def apply() -> None:
             before = node.durable.get(key) or core.empty_state(*key)
             after = _stored(core.merge(before, delta))
-            changed = after.summary() != before.summary()
+            merged.append((after, after.summary() != before.summary()))
             node.durable[key] = after
             current = node.latest.get(key)
             if current is None or current.held_end <= after.held_end:
@@ -398,6 +553,10 @@ class MeshSim:
             pushes = node.ahead.get(key)
             if pushes:  # a commit that reaches a push's end drops it
                 pushes[:] = [d for d in pushes if d.from_offset + len(d.records) > after.held_end]
+
+        def committed() -> None:
+            # The acker (net/gossip.py): each delta acknowledged with what its own merge left, in order.
+            after, changed = merged[0]
             if changed:
                 self._note_arrival(y, x, delta)
             session = node.sessions[x]
@@ -406,7 +565,7 @@ class MeshSim:
             if changed:
                 self._changed(y, after.summary(), x)
 
-        self._at(done, committed)
+        self._at(verified_at, lambda: self._store(y, _Job(len(delta.records), apply, committed)))
 
     def _note_arrival(self, y: int, x: int, delta: QueueDelta) -> None:
         if not self.track:
@@ -431,6 +590,16 @@ class MeshSim:
 
     def counters(self) -> list[Counter[str]]:
         return [Counter(node.received) for node in self.nodes]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A job on a node's storage thread: ``apply`` writes it in the transaction, ``done`` runs once that
+    is durable."""
+
+    records: int
+    apply: Callable[[], None]
+    done: Callable[[], None]
 
 
 def _stored(state: QueueState) -> QueueState:
@@ -503,9 +672,10 @@ def bulk(sim: MeshSim, records: int, payload: int, batch: int = 1000) -> PartRes
         def call() -> None:
             size = min(batch, left[0])
             left[0] -= size
-            sim.offer(size, payload)
-            if left[0] > 0:
-                sim._at(sim.writer_idle_at() + client, call)
+            sim.offer(size, payload, then=replied if left[0] > 0 else None)
+
+        def replied() -> None:
+            sim._at(sim.now + client, call)
 
         call()
 
@@ -524,6 +694,8 @@ def live(sim: MeshSim, rate: float, records: int, payload: int = 100) -> PartRes
 
 
 def warm_up(sim: MeshSim) -> None:
-    """The bench's first record (the queue is created and one record offered before any part)."""
+    """The bench's first record (the queue is created and one record offered before any part), once
+    the links are up (bench_mesh waits until every daemon has its links)."""
+    sim.run_for(0.5)
     sim.offer(1, 7)
     sim.run_until(lambda: sim.all_hold(1))
