@@ -47,6 +47,10 @@ class SessionState(Enum):
     #: Both HELLOs exchanged: replicating.
     OPEN = "open"
 
+    # Members are singletons compared by identity: hashed by identity too, in C (Enum's own hash is a
+    # Python call, and every message and command looks the state and itself up in TRANSITIONS).
+    __hash__ = object.__hash__
+
 
 class Command(Enum):
     """What the host does to a session."""
@@ -57,6 +61,8 @@ class Command(Enum):
     PROVIDE_DELTA = "provide_delta"
     DELTA_APPLIED = "delta_applied"
     PING = "ping"
+
+    __hash__ = object.__hash__  # as SessionState's
 
 
 Input = Command | type[Message]

@@ -20,10 +20,11 @@ error leaves the channel failed: the connection must be dropped.
 from __future__ import annotations
 
 import struct
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 
 import nacl.bindings as sodium
-import nacl.exceptions
+from nacl._sodium import ffi as _ffi
+from nacl._sodium import lib as _lib
 
 from latticed.errors import ConnectionClosedError, LatticedError, LocalProtocolError, RemoteProtocolError
 from latticed.protocol.framing import MAX_FRAME_SIZE_LIMIT, FrameDecoder
@@ -40,7 +41,30 @@ _TAG_MESSAGE: Final[int] = sodium.crypto_secretstream_xchacha20poly1305_TAG_MESS
 _TAG_FINAL: Final[int] = sodium.crypto_secretstream_xchacha20poly1305_TAG_FINAL
 _HEADER: Final = struct.Struct(">I")
 _push = sodium.crypto_secretstream_xchacha20poly1305_push
-_pull = sodium.crypto_secretstream_xchacha20poly1305_pull
+_NULL: Final = _ffi.NULL
+_c_push = _lib.crypto_secretstream_xchacha20poly1305_push
+_c_pull = _lib.crypto_secretstream_xchacha20poly1305_pull
+#: Smallest buffer kept for one direction's frames (grown to the largest message seen, as PyNaCl's own
+#: wrapper grows its state's buffer).
+_MIN_BUFFER: Final = 4096
+
+
+class _Buffer:
+    """One direction's C buffer, reused by every message: PyNaCl's own wrappers check each argument in
+    Python (a dozen calls a message, two messages each way per relayed record); the libsodium calls
+    below get arguments our own checks already hold to (bytes, at most the channel's limit)."""
+
+    __slots__ = ("c", "size")
+
+    def __init__(self) -> None:
+        self.c: Any = _ffi.new("unsigned char[]", _MIN_BUFFER)
+        self.size = _MIN_BUFFER
+
+    def at_least(self, size: int) -> Any:
+        if size > self.size:
+            self.c = _ffi.new("unsigned char[]", size)
+            self.size = size
+        return self.c
 
 
 def _stream_state(key: bytes, header: bytes) -> sodium.crypto_secretstream_xchacha20poly1305_state:
@@ -65,7 +89,10 @@ class SecureChannel:
         "_max",
         "_remote_closed",
         "_rx",
+        "_rx_buffer",
+        "_tag",
         "_tx",
+        "_tx_buffer",
         "handshake",
     )
 
@@ -79,6 +106,9 @@ class SecureChannel:
         self._max = max_message_size
         self._tx = _stream_state(handshake.send_key, handshake.send_header)
         self._rx = _stream_state(handshake.receive_key, handshake.receive_header)
+        self._tx_buffer = _Buffer()
+        self._rx_buffer = _Buffer()
+        self._tag = _ffi.new("unsigned char *")
         self._decoder = FrameDecoder(max_message_size + ABYTES)
         self._local_closed = False
         self._remote_closed = False
@@ -116,8 +146,16 @@ class SecureChannel:
             raise LocalProtocolError(
                 f"message of {len(plaintext)} bytes exceeds the limit of {self._max} bytes"
             )
-        ciphertext: bytes = _push(self._tx, plaintext)
-        return _HEADER.pack(len(ciphertext)) + ciphertext
+        size = len(plaintext) + ABYTES
+        out = self._tx_buffer.at_least(_HEADER.size + size)
+        # The ciphertext goes after room for the length prefix: the frame leaves in one copy.
+        if _c_push(
+            self._tx.statebuf, out + _HEADER.size, _NULL, plaintext, len(plaintext), _NULL, 0, _TAG_MESSAGE
+        ):
+            raise LocalProtocolError("libsodium failed to seal a message")
+        view = _ffi.buffer(out, _HEADER.size + size)
+        _HEADER.pack_into(view, 0, size)
+        return view[:]  # type: ignore[no-any-return]
 
     def close(self) -> bytes:
         """The final frame, telling the peer we end cleanly; ``b""`` if already closed."""
@@ -166,14 +204,17 @@ class SecureChannel:
             return None
         if len(frame) < ABYTES:
             self._fail(RemoteProtocolError(f"frame of {len(frame)} bytes is shorter than its MAC"))
-        try:
-            plaintext, tag = _pull(self._rx, frame)
-        except nacl.exceptions.CryptoError:
+        size = len(frame) - ABYTES
+        out = self._rx_buffer.at_least(size)
+        tag_out = self._tag
+        if _c_pull(self._rx.statebuf, out, _NULL, tag_out, frame, len(frame), _NULL, 0):
             self._fail(
                 RemoteProtocolError(
                     "frame failed authentication: tampered, replayed, reordered, or from another session"
                 )
             )
+        plaintext: bytes = _ffi.buffer(out, size)[:]
+        tag: int = tag_out[0]
         if tag == _TAG_MESSAGE:
             return plaintext
         if tag == _TAG_FINAL and not plaintext:

@@ -10,6 +10,7 @@ the pool, or taken from the :class:`~latticed.storage.live.LiveCache` when it ho
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 from typing import Any, Final
 
 import trio
@@ -124,7 +125,7 @@ class ReplicaView:
         stored. A small one (a live push) is checked right here: a thread hop costs more than its one
         signature; anything bigger on a worker thread, off the event loop."""
         try:
-            base = core.empty_state(delta.owner, delta.name, delta.kind)
+            base = _empty_state(delta.owner, delta.name, delta.kind)
             if (
                 len(delta.records) <= INLINE_VERIFY_RECORDS
                 and len(delta.checkpoints) <= 1
@@ -249,3 +250,17 @@ def _read_run(reader: StoreReader, q: int, lo: int, hi: int) -> RecordRun:
 
 
 __all__ = ["ADDRESS_CACHE_SIZE", "INLINE_VERIFY_BYTES", "INLINE_VERIFY_RECORDS", "ReplicaView"]
+
+
+@lru_cache(maxsize=1024)
+def _cached_empty_state(owner: bytes, name: str, kind: int) -> QueueState:
+    return core.empty_state(owner, name, kind)
+
+
+def _empty_state(owner: bytes, name: str, kind: int) -> QueueState:
+    """The state a peer's delta is verified against (immutable, so one per queue serves every delta of
+    it); arguments of other types go to :func:`core.empty_state` uncached, which rejects them as it
+    always did. A refused name raises there and is not cached."""
+    if type(owner) is bytes and type(name) is str and type(kind) is int:
+        return _cached_empty_state(owner, name, kind)
+    return core.empty_state(owner, name, kind)

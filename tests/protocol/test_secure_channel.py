@@ -269,3 +269,37 @@ def test_seal_accepts_buffers() -> None:
     a, b = pair()
     b.receive_data(a.seal(bytearray(b"ba")) + a.seal(memoryview(b"mv")))
     assert drain(b) == [b"ba", b"mv"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(max_size=9000), min_size=1, max_size=8))
+def test_frames_equal_pynacl_secretstream(messages: list[bytes]) -> None:
+    """The channel calls libsodium directly (reusing its buffers): each frame is what PyNaCl's own
+    secretstream gives for the same state, and PyNaCl's frames open the same, in both directions."""
+    a, b = pair()
+    shadow_tx = sodium.crypto_secretstream_xchacha20poly1305_state()
+    sodium.crypto_secretstream_xchacha20poly1305_init_pull(
+        shadow_tx, RESULTS[0].send_header, RESULTS[0].send_key
+    )
+    shadow_rx = sodium.crypto_secretstream_xchacha20poly1305_state()
+    sodium.crypto_secretstream_xchacha20poly1305_init_pull(
+        shadow_rx, RESULTS[0].send_header, RESULTS[0].send_key
+    )
+    frames = []
+    for message in messages:
+        frame = a.seal(message)
+        frames.append(frame)
+        expected = sodium.crypto_secretstream_xchacha20poly1305_push(shadow_tx, message)
+        assert frame == len(expected).to_bytes(4, "big") + expected
+        assert sodium.crypto_secretstream_xchacha20poly1305_pull(shadow_rx, expected) == (message, 0)
+    b2 = pair()[1]
+    pusher = sodium.crypto_secretstream_xchacha20poly1305_state()
+    sodium.crypto_secretstream_xchacha20poly1305_init_pull(
+        pusher, RESULTS[0].send_header, RESULTS[0].send_key
+    )
+    for message in messages:
+        ciphertext = sodium.crypto_secretstream_xchacha20poly1305_push(pusher, message)
+        b2.receive_data(len(ciphertext).to_bytes(4, "big") + ciphertext)
+        assert b2.next_message() == message
+    b.receive_data(b"".join(frames))
+    assert drain(b) == messages
