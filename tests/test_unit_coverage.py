@@ -189,9 +189,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
         "a Protocol only (the queue lookups the groups and retention ports share): checked by mypy; "
         "tests/services/test_metrics.py"
     ),
-    "latticed.storage.replica": (
-        "the engine's replica side (verify-then-merge, deltas for peers): tests/test_replication_paths.py"
-    ),
     "latticed.storage.timeindex": (
         "the time index's SQL, behind storage/timeseek.py: tests/storage/test_time_index.py"
     ),
