@@ -14,6 +14,7 @@ import trio
 from support.inprocess import InProcessDaemon, start_in_process
 
 from latticed.api.client.blocking_client import Client, Entry
+from latticed.api.client.producer import Producer
 from latticed.crdt.queue2 import Delta
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
@@ -115,6 +116,18 @@ def test_a_core2_queue_is_written_and_read_as_any_queue(client: Client) -> None:
     assert status["queues"] == 2 and status["records"] == 3
     with pytest.raises(MalformedError):
         client.call("queue_create", name="bad", core=3)
+
+
+def test_a_producer_pipelines_offers_into_a_core2_queue(client: Client) -> None:
+    """Pipelined offers (Commit2 jobs started before the previous ones are answered) commit in order."""
+    client.queue_create("piped", core=2)
+    with Producer(client, "piped", window=8) as producer:
+        acks = [producer.offer(b"p%d" % i, headers={"n": b"%d" % i}) for i in range(50)]
+        batch = producer.offer_batch([(b"b0", None, ()), (b"b1", b"k", ())])
+    assert [ack.result() for ack in acks] == list(range(50)) and list(batch.offsets()) == [50, 51]
+    entries = client.range("piped", 0, 100)
+    assert [e.value for e in entries[:2]] == [b"p0", b"p1"] and entries[3].headers == (("n", b"3"),)
+    assert entries[51].key == b"k"
     with pytest.raises(MalformedError):
         client.queue_create("sealed", readers=[], core=2)
 
