@@ -177,6 +177,9 @@ def test_a_fork_freezes_the_queue_the_owner_recovers_and_a_tail_follows(
     assert shown["evidence"]["records"] == 5 and [r[0] for r in shown["evidence"]["shown"]] == [10, 11]
     assert len(shown["branches"]) == 2
     assert [f["fork_point"] for f in client.status()["forked_queues"]] == [10]
+    forks = [c for c in client.doctor() if c["check"] == "forks"]
+    assert [c["ok"] for c in forks] == [False] and "forked at offset 10: frozen" in forks[0]["detail"]
+    assert "latticectl queue recover q" in forks[0]["fix"]
 
     done = client.queue_recover("q", keep_mine=True)
     assert (done["epoch"], done["start_offset"], done["end_offset"]) == (1, 0, 15)

@@ -37,6 +37,17 @@ def forked_entry(ctx: Context, q: int, state: QueueState2) -> dict[str, Any]:
     }
 
 
+async def forked_entries(ctx: Context) -> list[dict[str, Any]]:
+    """:func:`forked_entry` of every frozen core-2 queue this daemon holds (``status``, ``doctor``)."""
+    core2 = ctx.engine.core2
+    out = []
+    for q in core2.queues():
+        value = await core2.value(q)
+        if value.forked:
+            out.append(forked_entry(ctx, q, value))
+    return out
+
+
 def _core2_queue(ctx: Context, request: Request, what: str) -> int:
     q = ctx.queue(request)
     if not ctx.engine.core2.holds(q):
@@ -115,4 +126,4 @@ OPS: dict[str, Handler] = {
     "queue_fork_show": queue_fork_show,
 }
 
-__all__ = ["MAX_SHOWN", "OPS", "forked_entry", "recover_hint"]
+__all__ = ["MAX_SHOWN", "OPS", "forked_entries", "forked_entry", "recover_hint"]

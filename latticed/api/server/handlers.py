@@ -123,12 +123,10 @@ async def status(ctx: Context, request: Request) -> Reply:
     for q in queues:
         state = engine.state(q)
         records += state.held_end - state.start
-    forked2 = []
     for q in engine.core2.queues():
-        value = await engine.core2.value(q)
-        records += value.held[1] - value.held[0]
-        if value.forked:
-            forked2.append(core2_handlers.forked_entry(ctx, q, value))
+        start, end = (await engine.core2.value(q)).held
+        records += end - start
+    forked2 = await core2_handlers.forked_entries(ctx)
     queues = [*queues, *engine.core2.queues()]
     return {
         "status": {
