@@ -4,6 +4,7 @@ shown as frozen, refused writes, recovered by the owner, and followed by a tail 
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,3 +223,57 @@ def test_recovery_and_fork_show_refuse_what_they_cannot_do(
     with pytest.raises(OtherCoreError):
         client.queue_fork_show("one")
     assert client.queue_fork_show(theirs)["forked"] is False
+
+
+def test_a_replica_that_learns_of_the_recovery_first_takes_its_tail_back_to_the_fork_point(
+    daemon: InProcessDaemon, client: Client, tmp_path: Path
+) -> None:
+    """The replica held the owner's records past the fork point and never saw the copy's: the owner's
+    new epoch supersedes them, and a tail that read them is sent back to the fork point."""
+    owner_dir, copy_dir = tmp_path / "owner", tmp_path / "copy"
+    owner_dir.mkdir()
+
+    async def on(path: Path, work: Any) -> Any:
+        async with Engine.open(path, BOB) as engine:
+            return await work(Core2Engine(engine))
+
+    async def start(bob: Core2Engine) -> None:
+        q = await bob.create("r")
+        await bob.commit(q, [make_record(b"s%d" % i, timestamp=NOW) for i in range(10)])
+
+    async def write(bob: Core2Engine, tag: bytes, count: int) -> Delta:
+        q = await bob.find(BOB.public_key, "r")
+        assert q is not None
+        await bob.commit(q, [make_record(tag + b"%d" % i, timestamp=NOW) for i in range(count)])
+        return await bob.delta_for(q, None)
+
+    trio.run(on, owner_dir, start)
+    shutil.copytree(owner_dir, copy_dir)
+    _merge(daemon, trio.run(on, owner_dir, lambda bob: write(bob, b"o", 3)))
+    copied = trio.run(on, copy_dir, lambda bob: write(bob, b"c", 2))
+
+    async def fork_and_recover(bob: Core2Engine) -> Delta:
+        await bob.merge(copied)
+        q = await bob.find(BOB.public_key, "r")
+        assert q is not None and (await bob.state(q)).forked
+        assert await bob.recover(q) == 1
+        return await write(bob, b"n", 1)
+
+    recovered = trio.run(on, owner_dir, fork_and_recover)
+    theirs = f"{BOB.public_key.hex()}/r"
+    events: list[dict[str, Any]] = []
+    with daemon.client() as tailing, daemon.client() as older:
+        entries = tailing.tail(theirs, 0, follow=True, on_event=events.append)
+        first = [next(entries) for _ in range(13)]
+        old = older.tail(theirs, 12, follow=True)
+        assert next(old).offset == 12
+        _merge(daemon, recovered)
+        after = next(entries)
+        with pytest.raises(ForkedQueueError, match="recovered by its owner"):
+            next(old)
+    assert [e.value for e in first[10:]] == [b"o0", b"o1", b"o2"]
+    assert events == [
+        {"id": 1, "ok": True, "event": "recovered", "queue": theirs, "epoch": 1, "next_offset": 10}
+    ]
+    assert (after.offset, after.value) == (10, b"n0")
+    assert client.queue_info(theirs)["epoch"] == 1

@@ -22,7 +22,10 @@ or past it: a client that sent ``events: true`` gets one ``{"id", "ok": true, "e
 "fork_point", "epoch", "frozen_since_ms", "next_offset"}`` frame and the tail waits at the fork point;
 once the owner's recovery arrives, one ``{"event": "recovered", "epoch", "next_offset"}`` frame, then
 the new epoch's records from the fork point. A client that did not send ``events`` (older ones) gets
-an error instead (ForkedQueueError), which ends its tail with one clear line.
+an error instead (ForkedQueueError), which ends its tail with one clear line; so does one that read past
+the fork point when a recovery arrives that it was not told of as a fork (a replica that learns of the
+recovery first). A followed queue's new epoch always goes on from the fork point (its version 1 ends
+there), announced by a ``recovered`` frame.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from latticed.api.server.api_ports import TailStore
 from latticed.api.server.connection import Connection
 from latticed.api.server.context import Context, StreamHandler
 from latticed.api.server.handlers import columns_reply
+from latticed.crdt.queue2 import QueueState2
 from latticed.errors import ForkedQueueError, LatticedError, StorageError
 from latticed.storage.core2_view import frozen_since_ms
 
@@ -158,6 +162,15 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
     return not watch.client_gone
 
 
+def _recovered_at(value: QueueState2) -> int:
+    """Where an epoch after the first goes on from: the end of its version 1, which the owner's recovery
+    signs at the fork point of the epoch before."""
+    chains = value.chains
+    if chains.shared:
+        return chains.shared[0][1]
+    return min((tip.leaves()[0][1] for tip in chains.tips), default=value.held[0])
+
+
 class _Bounds:
     """A tail request's start and batch bounds, as parsed."""
 
@@ -208,11 +221,24 @@ async def _serve_tail2(ctx: Context, conn: Connection, request: dict[str, Any], 
             value = await core2.value(q)
             lo, hi = value.held
             if value.chains.epoch != epoch:  # the owner recovered: its new epoch goes on from the fork
-                epoch = value.chains.epoch
-                if told is not None:
-                    pos, told = min(pos, told), None
+                epoch, told, resumed = value.chains.epoch, None, _recovered_at(value)
+                if pos > resumed and not events:  # it read records the new epoch supersedes
+                    failure = ForkedQueueError(
+                        f"queue {address} was forked at offset {resumed} and recovered by its owner: the "
+                        f"records read from offset {resumed} on are superseded; read again from there"
+                    )
+                    break
+                pos = min(pos, resumed)
+                if events:
                     await conn.send(
-                        {"id": rid, "ok": True, "event": "recovered", "epoch": epoch, "next_offset": pos}
+                        {
+                            "id": rid,
+                            "ok": True,
+                            "event": "recovered",
+                            "queue": address,
+                            "epoch": epoch,
+                            "next_offset": pos,
+                        }
                     )
             point = value.chains.fork_point
             if point is not None and told is None and stop_at is None and pos >= point:
