@@ -32,6 +32,8 @@ from cli.common import (
     to_bytes,
 )
 from cli.common import client as _client
+from cli.fork_commands import fork_text
+from cli.fork_commands import register as register_fork
 from cli.output import (
     emit,
     emit_entries,
@@ -204,11 +206,7 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "retention": _counters_text(info.get("retention"), "not running"),
         "replication lag": info.get("replication_lag") or "none",
         "disk": _disk_text(info.get("disk")),
-        "forked queues": [
-            f"{f.get('queue')} (proof {str(f.get('proof') or '?')[:16]})"
-            for f in info.get("forked_queues") or []
-        ]
-        or "none",
+        "forked queues": [_forked_text(f) for f in info.get("forked_queues") or []] or "none",
         "clock skew": [_skew_text(r) for r in info.get("clock_skew") or []] or "none",
         "incompatible peers": [
             f"{r.get('peer', '?')[:16]} at {r.get('address')}: {r.get('reason')}"
@@ -218,6 +216,12 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "other runs": _identity_lines(info.get("identity_runs")),
     }
     emit(info, field_lines(fields), as_json=as_json)
+
+
+def _forked_text(fork: dict[str, Any]) -> str:
+    """A ``status`` line of a forked queue: core 2's fork point and what to do, core 1's proof."""
+    text = fork_text({**fork, "forked": True}) or f"proof {str(fork.get('proof') or '?')[:16]}"
+    return f"{fork.get('queue')} ({text})"
 
 
 def _identity_lines(facts: object) -> list[str] | str:
@@ -288,6 +292,16 @@ def queue_create(
         ),
     ] = None,
     producers: ProducersOption = None,
+    core: Annotated[
+        int,
+        typer.Option(
+            "--core",
+            min=1,
+            max=2,
+            help="Fork core: 2 freezes the queue at a fork of its owner until `queue recover` "
+            "(docs/lattice.md); 0.2.0 daemons never receive a core-2 queue.",
+        ),
+    ] = 1,
     max_age: MaxAge = None,
     max_bytes: MaxBytes = None,
     max_records: MaxRecords = None,
@@ -305,6 +319,7 @@ def queue_create(
         readers=ids,
         retention=retention,
         producers=_ids(producers),
+        core=core,
     )
     emit({"queue": full}, full, as_json=as_json)
 
@@ -380,6 +395,7 @@ _QUEUE_COLUMNS = {
     "size": "SIZE",
     "start_offset": "START",
     "end_offset": "END",
+    "core": "CORE",
     "forked": "FORKED",
 }
 
@@ -399,7 +415,9 @@ def queue_info(ctx: typer.Context, queue: QueueArg, as_json: JsonFlag = False) -
     daemon first stored the queue (its owner: created it; a replica: first received it): no creation time
     is signed, so it differs between daemons."""
     info = _client(ctx).queue_info(queue)
-    emit(info, field_lines({**info, "sealed": _sealed_text(info.get("sealed"))}), as_json=as_json)
+    fork = fork_text(info)
+    fields = {**info, "sealed": _sealed_text(info.get("sealed")), **({"fork": fork} if fork else {})}
+    emit(info, field_lines(fields), as_json=as_json)
 
 
 def _sealed_text(sealed: Any) -> str:
@@ -702,11 +720,25 @@ def tail(
     else:
         offset, last_n = _tail_start(ctx, from_offset)
     if follow:
-        emit_entries(_client(ctx).tail(queue, offset, follow=True, last=last_n), as_json=as_json, live=True)
+        entries = _client(ctx).tail(queue, offset, follow=True, last=last_n, on_event=_tail_event)
+        emit_entries(entries, as_json=as_json, live=True)
         return
     from cli.print_records import print_tail  # noqa: PLC0415 - only a bounded tail needs it
 
     print_tail(_client(ctx), queue, offset, last_n, as_json=as_json)
+
+
+def _tail_event(event: dict[str, Any]) -> None:
+    """One line on stderr when a followed queue (fork core 2) freezes at a fork, or is recovered."""
+    queue = event.get("queue", "the queue")
+    if event.get("event") == "forked":
+        point = event.get("fork_point")
+        note(f"queue {queue} forked at offset {point}: frozen; waiting for its owner's recovery")
+    elif event.get("event") == "recovered":
+        note(
+            f"queue {queue} recovered by its owner (epoch {event.get('epoch')}): going on from offset "
+            f"{event.get('next_offset')}"
+        )
 
 
 def _records(count: int) -> str:
@@ -792,6 +824,7 @@ _ELSEWHERE: dict[str, lazy.Registrar] = {
 _COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
 register_retention(queue_app, _client)
 register_why(queue_app, _client)
+register_fork(queue_app, _client)
 
 
 def main() -> None:

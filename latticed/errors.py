@@ -97,6 +97,13 @@ class ForkedQueueError(LatticedError):
     code = "forked"
 
 
+class OtherCoreError(LatticedError):
+    """An operation that does not reach queues on fork core 2 yet (sealing, groups, KV...) was asked of
+    one."""
+
+    code = "other_core"
+
+
 class BehindPeersError(LatticedError):
     """A peer holds records of one of our own queues that we lack (a store restored from an older copy):
     a write now would sign a second history at offsets the peer already holds, a fork that can never be
@@ -159,6 +166,7 @@ __all__ = [
     "NotFoundError",
     "NotOwnerError",
     "NotReaderError",
+    "OtherCoreError",
     "OwnerUnreachableError",
     "ProtocolError",
     "RemoteProtocolError",

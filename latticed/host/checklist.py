@@ -379,16 +379,27 @@ def check_clock(skew: Sequence[Mapping[str, Any]]) -> list[Check]:
 def check_forks(forks: Sequence[Mapping[str, Any]]) -> list[Check]:
     if not forks:
         return [Check("forks", True, "no forked queue")]
-    return [
-        Check(
+    return [_fork_check(fork) for fork in forks]
+
+
+def _fork_check(fork: Mapping[str, Any]) -> Check:
+    if fork.get("core") == 2:  # frozen at its fork point until its owner recovers it
+        name = str(fork.get("queue", "?")).rpartition("/")[2]
+        return Check(
             "forks",
             False,
-            f"{fork.get('queue')} is forked (proof {str(fork.get('proof') or '?')[:16]})",
-            "its owner signed two histories (a restored or copied data directory?); it cannot be undone: see "
-            "docs/operations.md; write new data to a new queue",
+            f"{fork.get('queue')} is forked at offset {fork.get('fork_point')}: frozen",
+            f"on its owner's daemon, `latticectl queue recover {name}` (see `queue fork show {name}` first)"
+            if fork.get("owned")
+            else "its owner recovers it (`latticectl queue recover` there); it goes on here then",
         )
-        for fork in forks
-    ]
+    return Check(
+        "forks",
+        False,
+        f"{fork.get('queue')} is forked (proof {str(fork.get('proof') or '?')[:16]})",
+        "its owner signed two histories (a restored or copied data directory?); it cannot be undone: see "
+        "docs/operations.md; write new data to a new queue",
+    )
 
 
 _IDENTITY_FIX: Final = (

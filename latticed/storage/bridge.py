@@ -24,6 +24,7 @@ import trio
 
 from latticed.errors import LatticedError, StorageError
 from latticed.storage.batch import Batch
+from latticed.storage.core2_queues import Change2
 from latticed.storage.jobs import Call, Job, WriterView
 from latticed.storage.reader import ReadPool, StoreReader
 from latticed.storage.sqlite import wal_path
@@ -33,7 +34,7 @@ AnyJob = TypeVar("AnyJob", bound=Job)
 T = TypeVar("T")
 
 #: What the bridge's owner does with each committed batch, on the event loop, before any waiter wakes.
-CommitHandler = Callable[[list[Job], list[Change]], None]
+CommitHandler = Callable[[list[Job], list[Change], list[Change2]], None]
 
 #: How long a :class:`StorageHold` keeps the storage thread at most (a test that forgets to release it
 #: must not wedge the thread for ever).
@@ -55,12 +56,12 @@ class StorageBridge:
         writer.on_done = self._on_done
 
     # ------------------------------------------------------------------ writes
-    def _on_done(self, jobs: list[Job], changes: list[Change]) -> None:
+    def _on_done(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         """Runs on the storage thread after each batch: hand completion to trio in one callback."""
-        self._token.run_sync_soon(self._complete, jobs, changes)
+        self._token.run_sync_soon(self._complete, jobs, changes, changes2)
 
-    def _complete(self, jobs: list[Job], changes: list[Change]) -> None:
-        self._on_commit(jobs, changes)
+    def _complete(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
+        self._on_commit(jobs, changes, changes2)
         for job in jobs:
             if job.done is not None:
                 job.done.set()

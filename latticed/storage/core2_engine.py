@@ -9,9 +9,9 @@ committed value they start from is taken on the storage thread (a value loads th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from latticed.crdt import queue2
 from latticed.crdt.head import KIND_QUEUE, queue_id
@@ -19,6 +19,7 @@ from latticed.crdt.queue.state import EntryView
 from latticed.crdt.queue2 import Delta, QueueState2, Summary, Verified
 from latticed.crdt.records import Record
 from latticed.storage.batch import Batch
+from latticed.storage.bridge import StorageBridge
 from latticed.storage.core2_jobs import (
     Commit2,
     CreateQueue2,
@@ -30,12 +31,22 @@ from latticed.storage.core2_jobs import (
 )
 from latticed.storage.core2_queues import core2_of
 from latticed.storage.core2_store import Evidence, evidence
-from latticed.storage.engine import Engine
 from latticed.storage.entries import RowSource, StoredEntries
 from latticed.storage.jobs import Job, WriterView
 from latticed.storage.reader import StoreReader
 
-__all__ = ["Core2Engine", "reading_through"]
+
+class Core2Host(Protocol):
+    """What core-2 operations use of the daemon's :class:`~latticed.storage.engine.Engine` (named here so
+    the engine can hold a :class:`~latticed.storage.core2_view.Core2View` without an import cycle)."""
+
+    @property
+    def bridge(self) -> StorageBridge: ...
+
+    async def call_in_writer(self, fn: Callable[[Batch, WriterView], Any]) -> Any: ...
+
+
+__all__ = ["Core2Engine", "Core2Host", "reading_through"]
 
 
 def reading_through(state: QueueState2, rows: RowSource) -> QueueState2:
@@ -49,7 +60,7 @@ def reading_through(state: QueueState2, rows: RowSource) -> QueueState2:
 class Core2Engine:
     """The owner's and a replica's operations on core-2 queues (see the module docstring)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Core2Host) -> None:
         self._engine = engine
 
     async def _run(self, job: Job) -> Any:

@@ -30,7 +30,16 @@ from latticed.storage.core2_store import Queue2Row
 from latticed.storage.entries import StoredEntries
 from latticed.storage.store import Store
 
-__all__ = ["Core2Queues", "core2_of"]
+__all__ = ["Change2", "Core2Queues", "core2_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Change2:
+    """A core-2 queue changed by a committed batch: its new value (None: dropped). What tails wake on
+    and what the event loop's readers take as the queue's newest value."""
+
+    q: int
+    state: QueueState2 | None
 
 
 @dataclass(slots=True)
@@ -102,6 +111,19 @@ class Core2Queues:
 
     def queues(self) -> list[int]:
         return sorted(self._rows)
+
+    def committed_q(self, qid: bytes) -> int | None:
+        """The number of the committed core-2 queue with id ``qid`` (safe off the storage thread: it
+        reads only what :meth:`publish` replaced)."""
+        return self._by_qid.get(qid)
+
+    def committed_row(self, q: int) -> Queue2Row | None:
+        """``q``'s row if it is a committed core-2 queue (safe off the storage thread)."""
+        return self._rows.get(q)
+
+    def loaded(self, q: int) -> QueueState2 | None:
+        """``q``'s committed value if loaded (safe off the storage thread; None: load it there)."""
+        return self._values.get(q)
 
     def row(self, q: int) -> Queue2Row:
         row = self._rows.get(q) or self._new.get(q)
@@ -229,8 +251,11 @@ class Core2Queues:
             core2_store.drop(store, q, self.committed(q))
             self.deleted = True
 
-    def publish(self) -> None:
-        """After the transaction committed: the written values become the committed ones."""
+    def publish(self) -> list[Change2]:
+        """After the transaction committed: the written values become the committed ones; returns the
+        queues that changed."""
+        changes = [Change2(q, value) for q, value in self._written.items()]
+        changes += [Change2(q, None) for q in self._drops]
         for q, row in self._new.items():
             self._rows[q] = row
             self._by_qid[row.queue_id] = q
@@ -241,3 +266,4 @@ class Core2Queues:
             self._by_qid.pop(row.queue_id, None)
             self._values.pop(q, None)
         self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
+        return changes

@@ -31,11 +31,19 @@ from latticed.crdt.head import KIND_GROUP, KIND_KV, KIND_QUEUE, check_name
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.errors import AlreadyExistsError, BehindPeersError, NotOwnerError, StorageError
+from latticed.errors import (
+    AlreadyExistsError,
+    BehindPeersError,
+    MalformedError,
+    NotOwnerError,
+    StorageError,
+)
 from latticed.process.clock import wall_ms
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
 from latticed.storage.bridge import StorageBridge
+from latticed.storage.core2_queues import Change2
+from latticed.storage.core2_view import Core2View
 from latticed.storage.jobs import (
     KV_NAMESPACE,
     Append,
@@ -85,6 +93,9 @@ class Engine(ReplicaView):
         #: Called on the event loop with each committed queue value (replication pushes from here).
         self._changes = changes
         self._fence = fence if fence is not None else OwnerFence()
+        #: This node's queues on fork core 2 (the methods below hand their numbers to it).
+        self.core2 = Core2View(self, writer.core2, self._fence)
+        self._verify2 = self.core2.verify_stored
         #: Called on the event loop after a group commit in which a job failed with a StorageError (the
         #: daemon has its disk figures sampled again: a full disk must show at once).
         self.on_storage_error: Callable[[], None] | None = None
@@ -143,6 +154,7 @@ class Engine(ReplicaView):
             queues=kinds[KIND_QUEUE],  # what status and daemon.ready count
             kv_namespaces=kinds[KIND_KV],
             groups=kinds[KIND_GROUP],
+            core2_queues=len(writer.core2.queues()),
             schema_version=SCHEMA_VERSION,
         )
         try:
@@ -151,13 +163,17 @@ class Engine(ReplicaView):
             await engine.bridge.stop()
             log_event(log, "store.closed", path=str(path), transactions=writer.transactions)
 
-    def _committed(self, jobs: list[Job], changes: list[Change]) -> None:
+    def _committed(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         """After each group commit, on the event loop, before any of its jobs' waiters wakes."""
         live, listener = self.live, self._changes
         for change in changes:
             live.committed(change)
             if listener is not None:
                 listener(change.state)
+        for change2 in changes2:  # core-2 tails read from the store: waking them is all
+            live.wake(change2.q)
+            if self.core2.on_change is not None:
+                self.core2.on_change(change2.q, change2.state)
         if live.any_ahead:
             for job in jobs:
                 if job.error is not None and isinstance(job, Merge):
@@ -236,11 +252,19 @@ class Engine(ReplicaView):
         self._writer.kv_sealing = sealing
 
     async def create_queue(
-        self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE
+        self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE, *, core: int = 1
     ) -> int:
+        """A new queue of ours on fork core ``core`` (1: the splicing join; 2: frozen at a fork, then
+        recovered by its owner: docs/lattice.md)."""
         check_name(name)
-        if self.find(self.public_key, name, kind) is not None:  # before the fence: it judges new queues
+        if core not in (1, 2):
+            raise MalformedError(f"a queue's fork core is 1 or 2, not {core!r}")
+        mine = self.public_key
+        if self.find(mine, name, kind) is not None or self.core2.lookup(mine, name, kind) is not None:
+            # before the fence: it judges new queues
             raise AlreadyExistsError(f"queue {self.public_key.hex()}/{name} already exists")
+        if core == 2:
+            return await self.core2.create_queue(name, meta, kind)
         self._check_new(name, kind, "create")
         result: int = await self.bridge.run(CreateQueue(name, meta, kind))
         return result
@@ -254,6 +278,8 @@ class Engine(ReplicaView):
     def start_append(self, q: int, records: Sequence[Record], *, checked: bool = False) -> Job:
         """:meth:`append` without waiting: the job is queued for the next group commit and its first
         offset is ``await outcome(job)``. Lets a connection read its next request meanwhile."""
+        if self.core2.holds(q):
+            return self.core2.start_commit(q, records, checked=checked)
         self.require_owner(q, "offer")
         return self.bridge.start(Append(q, records, checked=checked))
 
@@ -265,6 +291,9 @@ class Engine(ReplicaView):
         return firsts
 
     async def truncate(self, q: int, new_start: int) -> None:
+        if self.core2.holds(q):
+            await self.core2.truncate_queue(q, new_start)
+            return
         self.require_owner(q, "truncate")
         await self.bridge.run(Truncate(q, new_start))
 
@@ -277,6 +306,9 @@ class Engine(ReplicaView):
         return start
 
     async def set_meta(self, q: int, updates: Mapping[str, str | None]) -> None:
+        if self.core2.holds(q):
+            await self.bridge.outcome(self.core2.start_commit(q, (), updates))
+            return
         self.require_owner(q, "set metadata")
         await self.bridge.run(SetMeta(q, updates))
 
@@ -296,6 +328,8 @@ class Engine(ReplicaView):
 
     async def read(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns:
         """Committed records in ``[lo, hi)`` clamped to what the queue holds, bounded in count and size."""
+        if self.core2.holds(q):
+            return await self.core2.read(q, lo, hi, max_records, max_bytes)
         state = self.state(q)
         lo, hi = max(lo, state.start), min(hi, state.held_end)
         if hi <= lo or max_records <= 0:
@@ -305,7 +339,16 @@ class Engine(ReplicaView):
             return recent
         return await self.bridge.read(lambda r: r.columns(q, lo, hi, max_records, max_bytes))
 
+    async def bounds(self, q: int) -> tuple[int, int]:
+        """The offsets ``[start, end)`` of the records queue ``q`` holds (either fork core)."""
+        if self.core2.holds(q):
+            return (await self.core2.value(q)).held
+        state = self.state(q)
+        return state.start, state.held_end
+
     async def row(self, q: int, offset: int) -> RawRow | None:
+        if self.core2.holds(q):
+            return await self.core2.read_row(q, offset)
         state = self.state(q)
         if not state.start <= offset < state.held_end:
             return None

@@ -10,6 +10,7 @@ the pool, or taken from the :class:`~latticed.storage.live.LiveCache` when it ho
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 from functools import lru_cache
 from typing import Any, Final
 
@@ -20,7 +21,14 @@ from latticed.crdt.head import KIND_QUEUE, check_name, fresh_queue_id, queue_id
 from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import RecordRun
 from latticed.crdt.signing import Identity, parse_public_key
-from latticed.errors import GapError, IntegrityError, MalformedError, NotFoundError, StorageError
+from latticed.errors import (
+    GapError,
+    IntegrityError,
+    MalformedError,
+    NotFoundError,
+    OtherCoreError,
+    StorageError,
+)
 from latticed.storage import segments
 from latticed.storage.ahead import VerifiedAhead
 from latticed.storage.bridge import StorageBridge
@@ -59,6 +67,8 @@ class ReplicaView:
         #: Resolved addresses (a queue's number never changes once it exists), so hot requests skip the
         #: parsing and hashing of ``resolve``.
         self._addresses: dict[tuple[str, int], int] = {}
+        #: Re-checks a stored queue on fork core 2 (the engine's core-2 view sets it).
+        self._verify2: Callable[[int], Awaitable[int]] | None = None
 
     # ------------------------------------------------------------------ addressing and state
     @property
@@ -75,7 +85,10 @@ class ReplicaView:
         owner, name = self.parse_address(address)
         # Not through queue_id's cache: a client can name any number of queues that do not exist, and
         # the names that do are cached just below.
-        q = self._writer.lookup(fresh_queue_id(owner, name, kind))
+        qid = fresh_queue_id(owner, name, kind)
+        q = self._writer.lookup(qid)
+        if q is None:
+            q = self._writer.core2.committed_q(qid)  # a queue on fork core 2
         if q is None:
             raise NotFoundError(f"no queue {owner.hex()}/{name}")
         if len(self._addresses) >= ADDRESS_CACHE_SIZE:
@@ -99,18 +112,34 @@ class ReplicaView:
 
         Its heads, metadata, bounds and ``summary()`` are in memory; its records are not, and its entries
         read rows through the storage thread's connection, so do not read records from it here: use the
-        engine's ``read`` or ``row``, or :meth:`delta_for`."""
-        return self._writer.states[q]
+        engine's ``read`` or ``row``, or :meth:`delta_for`. OtherCoreError for a queue on fork core 2
+        (its value is the engine's ``core2.value``)."""
+        try:
+            return self._writer.states[q]
+        except KeyError:
+            row = self._writer.core2.committed_row(q)
+            if row is None:
+                raise
+            raise OtherCoreError(
+                f"queue {row.owner.hex()}/{row.name} is on fork core 2, which this operation does not reach"
+            ) from None
 
     def owned(self, q: int) -> bool:
-        return self._writer.states[q].owner == self.public_key
+        state = self._writer.states.get(q)
+        if state is None and (row := self._writer.core2.committed_row(q)) is not None:
+            return row.owner == self.public_key
+        return self.state(q).owner == self.public_key
 
     def address(self, q: int) -> str:
-        state = self._writer.states[q]
+        state = self._writer.states.get(q)
+        if state is None and (row := self._writer.core2.committed_row(q)) is not None:
+            return f"{row.owner.hex()}/{row.name}"
+        state = self.state(q)
         return f"{state.owner.hex()}/{state.name}"
 
     def created_ms(self, q: int) -> int:
-        return self._writer.created_ms.get(q, 0)
+        row = self._writer.core2.committed_row(q)
+        return row.created_ms if row is not None else self._writer.created_ms.get(q, 0)
 
     def queues(self, kind: int = KIND_QUEUE) -> list[int]:
         return [q for q, state in list(self._writer.states.items()) if state.kind == kind]
@@ -218,8 +247,10 @@ class ReplicaView:
 
     async def verify(self, q: int) -> int:
         """Re-check a stored queue against its owner's signatures, on a reader (writes go on)."""
-        state = self.state(q)
         try:
+            if self._verify2 is not None and self._writer.core2.committed_row(q) is not None:
+                return await self._verify2(q)
+            state = self.state(q)
             return await self.bridge.read(lambda r: verify_queue(r.conn, q, state))
         except (IntegrityError, StorageError) as exc:
             if self._metrics is not None:

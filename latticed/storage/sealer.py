@@ -45,6 +45,7 @@ from latticed.errors import (
     LatticedError,
     MalformedError,
     NotReaderError,
+    OtherCoreError,
     TamperedError,
 )
 from latticed.privacy import meta as sealed_meta
@@ -134,8 +135,11 @@ class Sealer:
         return sealing
 
     def sealing(self, q: int) -> Sealing | None:
-        """The committed sealing of queue ``q`` (None: not sealed)."""
-        state = self.engine.state(q)
+        """The committed sealing of queue ``q`` (None: not sealed; a queue on fork core 2 never is)."""
+        try:
+            state = self.engine.state(q)
+        except OtherCoreError:
+            return None
         return self._parse(q, state.meta, state.owner)
 
     def _staged_sealing(self, batch: Batch, q: int) -> Sealing | None:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import cast
 
 from latticed.crdt.queue import QueueState
 
 ChangeListener = Callable[[QueueState], None]
-#: Why our own queue (its committed value given) must not be written right now, or None.
+#: Why our own queue (its committed value given) must not be written right now, or None. It reads only
+#: ``owner``, ``name``, ``kind`` and ``held_end`` of the value (core-2 queues pass just those).
 FenceReason = Callable[[QueueState], str | None]
 
 
@@ -59,6 +62,15 @@ class OwnerFence:
         reason = self._reason
         return None if reason is None else reason(state)
 
+    def reason_of(self, owner: bytes, name: str, kind: int, held_end: int) -> str | None:
+        """:meth:`reason` for a queue given by its address and held end (a core-2 queue, which has no
+        core-1 value): the holder's reason is asked with a stand-in carrying only these four fields, so a
+        :data:`FenceReason` must read nothing else of the value it is given."""
+        reason = self._reason
+        if reason is None:
+            return None
+        return reason(cast(QueueState, _FencedQueue(owner, name, kind, held_end)))
+
     @contextmanager
     def held_by(self, reason: FenceReason) -> Iterator[None]:
         """``reason`` answers for the fence while the block runs (one holder at a time)."""
@@ -68,6 +80,16 @@ class OwnerFence:
             yield
         finally:
             self._reason = None
+
+
+@dataclass(frozen=True, slots=True)
+class _FencedQueue:
+    """What a fence reason reads of a queue: its address and how far we hold it."""
+
+    owner: bytes
+    name: str
+    kind: int
+    held_end: int
 
 
 __all__ = ["ChangeFanout", "ChangeListener", "FenceReason", "OwnerFence"]

@@ -39,7 +39,7 @@ from latticed.process.clock import wall_ms
 from latticed.process.logs import get_logger, log_event
 from latticed.process.threadname import name_os_thread
 from latticed.storage.batch import Batch, Staged, appended_since
-from latticed.storage.core2_queues import Core2Queues
+from latticed.storage.core2_queues import Change2, Core2Queues
 from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
 from latticed.storage.reserve import RESERVE_BYTES
@@ -82,7 +82,8 @@ class Change:
     appended: Sequence[Record]
 
 
-DoneCallback = Callable[[list[Job], list[Change]], None]
+#: After each batch: its jobs, the core-1 queues it changed and the core-2 queues it changed.
+DoneCallback = Callable[[list[Job], list[Change], list[Change2]], None]
 
 
 class StorageMetrics(Protocol):
@@ -136,6 +137,8 @@ class Writer:
         self.states: dict[int, QueueState] = {}
         #: Core-2 queues (latticed/storage/core2_queues.py): staged and written with each group commit.
         self.core2 = Core2Queues()
+        #: The core-2 queues the last batch changed (handed to ``on_done`` with the core-1 changes).
+        self.changes2: list[Change2] = []
         self.created_ms: dict[int, int] = {}
         self._by_qid: dict[bytes, int] = {}
         self.kv_hlc = 0
@@ -392,7 +395,7 @@ class Writer:
                     job.error = StorageError(f"internal error in the storage thread: {exc!r}")
             if self.on_done is not None:
                 try:
-                    self.on_done(jobs, [])
+                    self.on_done(jobs, [], [])
                 except Exception as notify_exc:
                     log_event(log, "storage.notify_failed", error=repr(notify_exc))
 
@@ -417,7 +420,7 @@ class Writer:
             self._recover()
         if self.on_done is not None:
             try:
-                self.on_done(jobs, changes)
+                self.on_done(jobs, changes, self.changes2)
             except Exception as exc:  # e.g. the event loop is gone at shutdown
                 log_event(log, "storage.notify_failed", error=repr(exc))
         return changes
@@ -475,6 +478,7 @@ class Writer:
         started = time.perf_counter()
         batch = Batch(self.states, self.identity, self._clock(), self._allocate_q, self.store.kv_entry)
         self.core2.begin(self.identity, batch.now_ms, self._allocate_q)
+        self.changes2 = []
         for job in jobs:
             before = batch.mutations
             try:
@@ -564,7 +568,7 @@ class Writer:
             store.rollback()
             raise
         self._reclaim = self._reclaim or reclaim
-        self.core2.publish()
+        self.changes2 = self.core2.publish()
         for change in results:
             self.states[change.q] = change.state
         for new in batch.new_queues.values():

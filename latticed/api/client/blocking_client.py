@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import select
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -26,7 +26,13 @@ from latticed.api.client.bundle_client import BundleOps
 from latticed.api.client.group_client import GroupOps, Lease, Subscription
 from latticed.api.client.peer_client import PeerOps
 from latticed.api.messages import API_VERSION, error_from_reply, is_unknown_op, pack, version_gap
-from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
+from latticed.errors import (
+    ConnectionClosedError,
+    LatticedError,
+    MalformedError,
+    RemoteProtocolError,
+    VersionGapError,
+)
 from latticed.host.retention_policy import UNCHANGED, RetentionPolicy, Unchanged, policy_meta
 from latticed.host.socket_path import default_socket_path
 from latticed.protocol.framing import FrameDecoder, encode_frame
@@ -381,11 +387,22 @@ class Client(GroupOps, PeerOps, BundleOps):
         *,
         retention: RetentionPolicy | None = None,
         producers: Sequence[str] | None = None,
+        core: int = 1,
     ) -> str:
         """Create one of our queues. With ``readers`` (hex identities, maybe none) a sealed one: only they
         and this daemon's identity read its records (docs/privacy.md); ``retention`` puts its policy in
         the first signed metadata; ``producers`` (identities, or ``["*"]`` for any daemon of the network)
-        may offer into it from their daemons."""
+        may offer into it from their daemons. ``core``: its fork core (2: frozen at a fork, recovered by
+        its owner; docs/lattice.md); a daemon that cannot create core-2 queues is named before anything
+        is created (an older one would ignore the field and create a core-1 queue)."""
+        if core != 1:
+            hello = self.call("hello")
+            if not hello.get("queue_cores"):  # a daemon from before fork core 2 (the daemon checks ``core``)
+                release = hello.get("release") or "0.2.0 or earlier"
+                raise VersionGapError(
+                    f"the daemon runs latticed {release}, which cannot create queues on fork core {core} "
+                    "(it would make a core-1 queue): upgrade the daemon, or create the queue without --core"
+                )
         entries = {**(meta or {}), **(policy_meta(retention) if retention is not None else {})}
         if producers:
             from latticed.produce.policy import producers_meta  # noqa: PLC0415 - json, nacl: not for every call
@@ -394,7 +411,25 @@ class Client(GroupOps, PeerOps, BundleOps):
         args: dict[str, Any] = {"name": name, "meta": entries}
         if readers is not None:
             args["readers"] = list(readers)
+        if core != 1:
+            args["core"] = core
         return str(self.call("queue_create", **args)["queue"])
+
+    def queue_recover(self, queue: str, *, keep_mine: bool = False) -> dict[str, Any]:
+        """Continue our forked core-2 queue from its fork point in a new epoch (``keep_mine``: offer again
+        the records this daemon held past the fork point); returns ``epoch``, ``start_offset``,
+        ``end_offset``."""
+        reply = self.call("queue_recover", queue=queue, keep_mine=keep_mine)
+        return {k: reply.get(k) for k in ("queue", "epoch", "start_offset", "end_offset")}
+
+    def queue_fork_show(self, queue: str, *, limit: int = 10) -> dict[str, Any]:
+        """A core-2 queue's fork as this daemon knows it: ``fork_point``, ``branches`` (each one's newest
+        head), ``evidence`` (what it held past the fork point: pieces, counts, up to ``limit`` records)."""
+        return {
+            k: v
+            for k, v in self.call("queue_fork_show", queue=queue, limit=limit).items()
+            if k not in ("ok", "id")
+        }
 
     def queue_producers(self, queue: str, producers: Sequence[str] | None) -> None:
         """Set who may offer into one of our queues from other daemons (None or empty: nobody)."""
@@ -609,11 +644,16 @@ class Client(GroupOps, PeerOps, BundleOps):
         follow: bool = True,
         *,
         last: int | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> Iterator[Entry]:
         """Records from ``from_offset`` (None: the start) as they are committed, on a dedicated
         connection; ``follow=False`` stops at the end present when the tail began. ``last=N`` instead
         starts N records before the end present when the tail begins (0: only records appended from
-        then on). Close the iterator (or let it be garbage collected) to stop following."""
+        then on). Close the iterator (or let it be garbage collected) to stop following.
+
+        ``on_event`` hears of a core-2 queue's fork (``event: "forked"``, ``fork_point``...) and of its
+        owner's recovery (``"recovered"``, ``epoch``; records go on from the fork point); without it,
+        a tail that reaches a frozen queue's fork point raises ForkedQueueError."""
         request: dict[str, Any] = {
             "v": API_VERSION,
             "id": 1,
@@ -624,6 +664,8 @@ class Client(GroupOps, PeerOps, BundleOps):
         }
         if last is not None:
             request["last"] = last
+        if on_event is not None:
+            request["events"] = True
         conn = _Connection(self._path, None if follow else self._timeout)
         try:
             conn.send(request)
@@ -633,6 +675,10 @@ class Client(GroupOps, PeerOps, BundleOps):
                     raise error_from_reply(reply.get("error"))
                 if reply.get("done"):
                     return
+                if "event" in reply:
+                    if on_event is not None:
+                        on_event(reply)
+                    continue
                 yield from _entries(reply.get("queue", queue), reply)
         finally:
             conn.close()

@@ -20,6 +20,7 @@ from latticed.host.diskspace import DiskUsage
 from latticed.host.invite import Invite
 from latticed.protocol.addresses import HostPort
 from latticed.protocol.why_verdict import PeerFacts
+from latticed.storage.core2_view import Core2View
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow, StoreReader
 from latticed.storage.sealer import SealableStore
@@ -45,6 +46,9 @@ class TailStore(SealableStore, Protocol):
 class ApiStore(TailStore, Protocol):
     """The store as the request handlers use it: this node's queues and KV, read and written."""
 
+    #: Its queues on fork core 2 (the calls below take their numbers too, except ``state``).
+    core2: Core2View
+
     @property
     def public_key(self) -> bytes: ...
 
@@ -67,7 +71,7 @@ class ApiStore(TailStore, Protocol):
     def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
 
     async def create_queue(
-        self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE
+        self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE, *, core: int = 1
     ) -> int: ...
 
     def start_append(self, q: int, records: Sequence[Record], *, checked: bool = False) -> Job: ...
@@ -81,6 +85,8 @@ class ApiStore(TailStore, Protocol):
     async def read(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns: ...
 
     async def row(self, q: int, offset: int) -> RawRow | None: ...
+
+    async def bounds(self, q: int) -> tuple[int, int]: ...
 
     async def kv_write(self, request: KvRequest) -> Any: ...
 

@@ -28,7 +28,7 @@ from latticed.api.messages import (
     parse_headers,
     versions_reply,
 )
-from latticed.api.server import produce_handlers
+from latticed.api.server import core2_handlers, produce_handlers
 from latticed.api.server.context import Begun, Context, Handler, PipelinedHandler, Reply, Request
 from latticed.crdt import kv
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
@@ -86,6 +86,7 @@ def queue_info(ctx: Context, q: int) -> dict[str, Any]:
         "known_end": state.known_end,
         "version": state.version,
         "owned": state.owner == ctx.engine.public_key,
+        "core": 1,
         "created_ms": ctx.engine.created_ms(q),
         "sealed": ctx.sealer.describe(q),
         **({"floor": state.floor} if state.floor else {}),  # this replica dropped the records below
@@ -101,6 +102,7 @@ async def hello(ctx: Context, request: Request) -> Reply:
         "server": f"latticed/{ctx.version}",
         "release": RELEASE,
         "max_frame_bytes": ctx.max_frame_bytes,
+        "queue_cores": [1, 2],  # the fork cores queue_create takes (absent: core 1 only)
     }
 
 
@@ -121,6 +123,11 @@ async def status(ctx: Context, request: Request) -> Reply:
     for q in queues:
         state = engine.state(q)
         records += state.held_end - state.start
+    for q in engine.core2.queues():
+        start, end = (await engine.core2.value(q)).held
+        records += end - start
+    forked2 = await core2_handlers.forked_entries(ctx)
+    queues = [*queues, *engine.core2.queues()]
     return {
         "status": {
             "identity": engine.public_key.hex(),
@@ -136,7 +143,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "transactions": engine.transactions,
             "replication_lag": ctx.replication.lag() if ctx.replication else {},
             "replication": ctx.replication.counters() if ctx.replication else None,
-            "forked_queues": ctx.health.forked_queues() if ctx.health else [],
+            "forked_queues": [*(ctx.health.forked_queues() if ctx.health else []), *forked2],
             "disk": ctx.health.disk_status() if ctx.health else None,
             "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
             "incompatible_peers": ctx.replication.incompatible_peers() if ctx.replication else [],
@@ -173,6 +180,8 @@ def _not_reserved(name: str | None, meta: dict[str, Any]) -> None:
 
 def _not_a_dlq(ctx: Context, q: int) -> None:
     """Only a group writes its dead-letter queue (``latticectl dlq`` manages it)."""
+    if ctx.engine.core2.holds(q):
+        return  # groups (and their dead-letter queues) are on fork core 1
     state = ctx.engine.state(q)
     if is_dlq_name(state.name) and DLQ_META_KEY in state.meta_dict:
         raise NotOwnerError(
@@ -192,11 +201,14 @@ async def queue_create(ctx: Context, request: Request) -> Reply:
     check_meta(meta)
     _not_reserved(name, meta)
     readers = request.get("readers")  # a list (maybe empty) of reader identities: a sealed queue
+    core = arg_int(request, "core", default=1)  # the fork core (docs/lattice.md); absent: 1
+    if readers is not None and core != 1:
+        raise MalformedError("a sealed queue is on fork core 1 only")
     if readers is not None:
         q = await ctx.sealer.create_queue(name, meta, parse_readers(readers))
     else:
-        q = await ctx.engine.create_queue(name, meta)
-    return {"queue": ctx.engine.address(q)}
+        q = await ctx.engine.create_queue(name, meta, core=core)
+    return {"queue": ctx.engine.address(q), "core": core}
 
 
 def parse_readers(raw: Any) -> list[bytes]:
@@ -209,12 +221,18 @@ def parse_readers(raw: Any) -> list[bytes]:
 async def queue_list(ctx: Context, request: Request) -> Reply:
     """Owned queues first, then by owner and name (entries cached per committed state: queue_listing.py)."""
     engine = ctx.engine
-    queues = await ctx.listing.reply(engine.queues(), engine.state, lambda q, _: queue_info(ctx, q))
+    core2 = [engine.core2.info(q, await engine.core2.value(q)) for q in engine.core2.queues()]
+    queues = await ctx.listing.reply(
+        engine.queues(), engine.state, lambda q, _: queue_info(ctx, q), extra=core2
+    )
     return {"queues": queues}
 
 
 async def info_of(ctx: Context, request: Request) -> Reply:
-    return {"info": queue_info(ctx, ctx.queue(request))}
+    q = ctx.queue(request)
+    if ctx.engine.core2.holds(q):
+        return {"info": ctx.engine.core2.info(q, await ctx.engine.core2.value(q))}
+    return {"info": queue_info(ctx, q)}
 
 
 def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
@@ -286,17 +304,17 @@ async def peek_entry(ctx: Context, request: Request) -> Reply:
 
 async def first(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
-    state = ctx.engine.state(q)
-    row = await ctx.engine.row(q, state.start) if state.held_end > state.start else None
-    row = ctx.sealer.open_row(q, state.start, row)
-    return {"queue": ctx.engine.address(q), "entry": entry_wire(state.start, row)}
+    start, end = await ctx.engine.bounds(q)
+    row = await ctx.engine.row(q, start) if end > start else None
+    row = ctx.sealer.open_row(q, start, row)
+    return {"queue": ctx.engine.address(q), "entry": entry_wire(start, row)}
 
 
 async def last(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
-    state = ctx.engine.state(q)
-    offset = state.held_end - 1
-    row = await ctx.engine.row(q, offset) if state.held_end > state.start else None
+    start, end = await ctx.engine.bounds(q)
+    offset = end - 1
+    row = await ctx.engine.row(q, offset) if end > start else None
     row = ctx.sealer.open_row(q, offset, row)
     return {"queue": ctx.engine.address(q), "entry": entry_wire(offset, row)}
 
@@ -327,9 +345,9 @@ async def range_(ctx: Context, request: Request) -> Reply:
     """Records ``[from, to]`` (inclusive), clamped to what the queue holds; all of them or an error
     (``skip_unreadable``: see :func:`_opened`)."""
     q = ctx.queue(request)
-    state = ctx.engine.state(q)
-    lo = max(arg_int(request, "from"), state.start)
-    hi = min(arg_int(request, "to") + 1, state.held_end)
+    start, end = await ctx.engine.bounds(q)
+    lo = max(arg_int(request, "from"), start)
+    hi = min(arg_int(request, "to") + 1, end)
     wanted = max(hi - lo, 0)
     columns = await ctx.engine.read(q, lo, hi, wanted, ctx.max_reply_bytes)
     if len(columns) < wanted:
@@ -387,23 +405,23 @@ async def read(ctx: Context, request: Request) -> Reply:
     layout = arg_str(request, "layout", optional=True) or "lists"
     if layout not in READ_LAYOUTS:
         raise MalformedError(f"argument 'layout' must be one of {', '.join(READ_LAYOUTS)}, got {layout!r}")
-    state = ctx.engine.state(q)
-    lo = max(arg_int(request, "from"), state.start)
+    start, end = await ctx.engine.bounds(q)
+    lo = max(arg_int(request, "from"), start)
     max_records = min(max(arg_int(request, "max_records", default=10_000), 1), MAX_READ_RECORDS)
     max_bytes = min(max(arg_int(request, "max_bytes", default=8 << 20), 1), ctx.max_reply_bytes)
-    columns = await ctx.engine.read(q, lo, state.held_end, max_records, max_bytes)
+    columns = await ctx.engine.read(q, lo, end, max_records, max_bytes)
     if arg_bool(request, "skip_unreadable", False) and layout == "lists":
         reply = _opened(ctx, q, columns, request, partial=True)  # what it left out is passed too
     else:
         columns = ctx.sealer.open_columns(q, columns, partial=True)
         reply = packed_columns_reply(columns) if layout == "packed" else columns_reply(columns)
-    state = ctx.engine.state(q)
+    start, end = await ctx.engine.bounds(q)
     return {
         "queue": ctx.engine.address(q),
         **reply,
-        "next_offset": columns.offsets[-1] + 1 if columns.offsets else max(lo, state.start),
-        "start_offset": state.start,
-        "end_offset": state.held_end,
+        "next_offset": columns.offsets[-1] + 1 if columns.offsets else max(lo, start),
+        "start_offset": start,
+        "end_offset": end,
     }
 
 
@@ -411,21 +429,27 @@ async def truncate(ctx: Context, request: Request) -> Reply:
     """Drop records before ``new_start``; answers how many went and the offsets the queue has after."""
     q = ctx.queue(request)
     _not_a_dlq(ctx, q)
-    before = ctx.engine.state(q)
+    before = await ctx.engine.bounds(q)
     new_start = arg_int(request, "new_start")
     await ctx.engine.truncate(q, new_start)
-    after = ctx.engine.state(q)
-    dropped = max(min(after.start, before.held_end) - before.start, 0)
-    return {"dropped": dropped, "start_offset": after.start, "end_offset": after.held_end}
+    after = await ctx.engine.bounds(q)
+    dropped = max(min(after[0], before[1]) - before[0], 0)
+    return {"dropped": dropped, "start_offset": after[0], "end_offset": after[1]}
+
+
+async def _meta(ctx: Context, q: int) -> dict[str, str]:
+    if ctx.engine.core2.holds(q):
+        return dict((await ctx.engine.core2.value(q)).meta)
+    return ctx.engine.state(q).meta_dict
 
 
 async def meta_get(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
-    return {"value": ctx.engine.state(q).meta_dict.get(arg_str(request, "key"))}
+    return {"value": (await _meta(ctx, q)).get(arg_str(request, "key"))}
 
 
 async def meta_list(ctx: Context, request: Request) -> Reply:
-    return {"meta": ctx.engine.state(ctx.queue(request)).meta_dict}
+    return {"meta": await _meta(ctx, ctx.queue(request))}
 
 
 async def meta_del(ctx: Context, request: Request) -> Reply:
@@ -437,7 +461,7 @@ async def meta_del(ctx: Context, request: Request) -> Reply:
     _not_a_dlq(ctx, q)
     if not ctx.engine.owned(q):
         raise NotOwnerError(f"cannot delete metadata: not the owner of {ctx.engine.address(q)}")
-    existed = key in ctx.engine.state(q).meta_dict
+    existed = key in await _meta(ctx, q)
     if existed:
         await ctx.engine.set_meta(q, {key: None})
     return {"existed": existed}

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from latticed.api.server import (
     bundle_handlers,
+    core2_handlers,
     group_handlers,
     handlers,
     member_handlers,
@@ -32,6 +33,7 @@ V = TypeVar("V")
 _REQUEST_REPLY: tuple[Mapping[str, Handler], ...] = (
     handlers.OPS,
     bundle_handlers.OPS,
+    core2_handlers.OPS,
     group_handlers.OPS,
     member_handlers.OPS,
     peer_handlers.OPS,

@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from latticed.api.server import core2_handlers
 from latticed.api.server.api_ports import MembershipView, PeerControl
 from latticed.api.server.context import Context, Handler, Reply, Request
 from latticed.crdt.signing import parse_public_key
@@ -109,7 +110,10 @@ async def doctor(ctx: Context, request: Request) -> Reply:
         "other_networks": others,
         "listen": service.listen if service is not None else None,
         "peers": service.peers() if service is not None else [],
-        "forks": ctx.health.forked_queues() if ctx.health is not None else [],
+        "forks": [
+            *(ctx.health.forked_queues() if ctx.health is not None else []),
+            *await core2_handlers.forked_entries(ctx),
+        ],
         "skew": service.clock_skew() if service is not None else [],
         "sealer_accelerated": accelerated(),
         "identity": service.identity_status() if service is not None else None,

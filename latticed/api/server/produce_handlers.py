@@ -25,7 +25,7 @@ import trio
 
 from latticed.api.server.context import Begun, Context, Reply, Request
 from latticed.crdt.signing import parse_public_key
-from latticed.errors import LatticedError, MalformedError, NotAllowedError
+from latticed.errors import LatticedError, MalformedError, NotAllowedError, NotFoundError
 from latticed.process.logs import get_logger, log_event
 from latticed.produce.dedup import check_producer, producer_scope
 from latticed.produce.forward import DEFAULT_WAIT_S, RemoteOffers
@@ -77,7 +77,12 @@ def produced(ctx: Context, request: Request) -> bool:
     (and this daemon forwards offers)."""
     if request.get("producer") is not None:
         return True
-    return ctx.producers is not None and _remote_owner(ctx, request) is not None
+    if ctx.producers is None or _remote_owner(ctx, request) is None:
+        return False
+    try:  # a queue on fork core 2 takes its owner's records only: refused as any queue we do not own
+        return not ctx.engine.core2.holds(ctx.queue(request))
+    except NotFoundError:
+        return True
 
 
 def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:

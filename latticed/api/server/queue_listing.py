@@ -13,7 +13,7 @@ only saves re-encoding).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import trio
@@ -41,11 +41,15 @@ class QueueListing:
         queues: list[int],
         state: Callable[[int], QueueState],
         info: Callable[[int, QueueState], dict[str, Any]],
+        extra: Sequence[dict[str, Any]] = (),
     ) -> Packed:
         """The encoded list of every queue in ``queues``: owned first, then by owner and name.
-        ``state`` gives a queue's committed state, ``info`` its entry as a map."""
+        ``state`` gives a queue's committed state, ``info`` its entry as a map; ``extra`` are entries
+        built elsewhere (queues on fork core 2, few), sorted in with the others."""
         entries = self._entries
-        rows: list[tuple[tuple[bool, str, str], bytes]] = []
+        rows: list[tuple[tuple[bool, str, str], bytes]] = [
+            ((not e["owned"], e["owner"], e["name"]), Packed.of(e)) for e in extra
+        ]
         for i, q in enumerate(queues):
             if i and i % CHUNK == 0:
                 await trio.lowlevel.checkpoint()

@@ -88,12 +88,12 @@ async def queue_verify(ctx: Context, request: Request) -> Reply:
     if anything does not match); answers how many records were checked."""
     q = ctx.queue(request)
     checked = await ctx.engine.verify(q)
-    state = ctx.engine.state(q)
+    start, end = await ctx.engine.bounds(q)
     return {
         "queue": ctx.engine.address(q),
         "records": checked,
-        "start_offset": state.start,
-        "end_offset": state.held_end,
+        "start_offset": start,
+        "end_offset": end,
     }
 
 

@@ -1,0 +1,191 @@
+"""Core-2 queues as the event loop sees them: which queue numbers are on core 2, their newest committed
+values, the owner's writes behind the owner fence, and reads of their records on a reader connection.
+
+The :class:`~latticed.storage.engine.Engine` holds one :class:`Core2View` and hands a queue number to it
+whenever that number is a core-2 queue, so the local API reaches both cores through one set of calls.
+The storage thread publishes a core-2 queue's new value before the engine hears of the commit (a
+:class:`~latticed.storage.core2_queues.Change2`), so a value read here is never older than the wake-up a
+waiter got; a value not loaded yet is loaded on the storage thread on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import trio
+
+from latticed.crdt.head import KIND_QUEUE, queue_id
+from latticed.crdt.queue2 import QueueState2
+from latticed.crdt.records import Record
+from latticed.errors import BehindPeersError, NotOwnerError
+from latticed.storage.core2_engine import Core2Engine, Core2Host, reading_through
+from latticed.storage.core2_jobs import Commit2
+from latticed.storage.core2_queues import Core2Queues
+from latticed.storage.core2_store import Queue2Row
+from latticed.storage.core2_verify import verify_queue2
+from latticed.storage.live import LiveCache
+from latticed.storage.reader import Columns, RawRow, StoreReader
+from latticed.storage.wiring import OwnerFence
+
+
+class Core2ViewHost(Core2Host, Protocol):
+    """What the view uses of the engine beyond :class:`Core2Host`."""
+
+    @property
+    def public_key(self) -> bytes: ...
+
+    @property
+    def live(self) -> LiveCache: ...
+
+
+__all__ = ["Core2View", "frozen_since_ms"]
+
+
+def frozen_since_ms(state: QueueState2) -> int | None:
+    """When a forked queue froze, as far as its heads tell: the newest head either branch signed (no
+    record signed later is accepted by any replica). None if not forked."""
+    if not state.forked:
+        return None
+    return max(tip.head.timestamp for tip in state.chains.tips)
+
+
+class Core2View(Core2Engine):
+    """The engine's core-2 queues on the event loop (see the module docstring)."""
+
+    def __init__(self, engine: Core2ViewHost, queues: Core2Queues, fence: OwnerFence) -> None:
+        super().__init__(engine)
+        self._host = engine
+        self._queues = queues
+        self._fence = fence
+        self._public_key = engine.public_key
+        #: Called on the event loop with each committed core-2 value (None: dropped), after the queue's
+        #: waiters were woken: replication's pushes subscribe here.
+        self.on_change: Callable[[int, QueueState2 | None], None] | None = None
+
+    # ------------------------------------------------------------------ which queues
+    def holds(self, q: int) -> bool:
+        """Whether ``q`` is a committed core-2 queue."""
+        return self._queues.committed_row(q) is not None
+
+    def lookup(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None:
+        return self._queues.committed_q(queue_id(owner, name, kind))
+
+    def row(self, q: int) -> Queue2Row:
+        row = self._queues.committed_row(q)
+        assert row is not None, f"queue #{q} is not on core 2"
+        return row
+
+    def address(self, q: int) -> str:
+        row = self.row(q)
+        return f"{row.owner.hex()}/{row.name}"
+
+    def owned(self, q: int) -> bool:
+        return self.row(q).owner == self._public_key
+
+    def queues(self, kind: int = KIND_QUEUE) -> list[int]:
+        return [q for q in self._queues.queues() if (r := self._queues.committed_row(q)) and r.kind == kind]
+
+    def changed(self, q: int) -> trio.Event:
+        """Set at the next commit of ``q`` (take it before reading the value it is to follow)."""
+        return self._host.live.changed(q)
+
+    async def value(self, q: int) -> QueueState2:
+        """``q``'s newest committed value (loaded on the storage thread the first time)."""
+        loaded = self._queues.loaded(q)
+        return loaded if loaded is not None else await self.state(q)
+
+    # ------------------------------------------------------------------ the owner's writes
+    def _check_fence(self, owner: bytes, name: str, kind: int, held_end: int, what: str) -> None:
+        reason = self._fence.reason_of(owner, name, kind, held_end)
+        if reason is not None:
+            raise BehindPeersError(f"cannot {what} {owner.hex()}/{name} yet: {reason}")
+
+    def require_owner(self, q: int, what: str) -> None:
+        """NotOwnerError unless we own ``q``; BehindPeersError while the owner fence holds it."""
+        row = self.row(q)
+        if row.owner != self._public_key:
+            raise NotOwnerError(f"cannot {what}: not the owner of {self.address(q)}")
+        loaded = self._queues.loaded(q)  # not loaded yet: judged as holding nothing (the safe side)
+        self._check_fence(row.owner, row.name, row.kind, 0 if loaded is None else loaded.held[1], what)
+
+    async def create_queue(self, name: str, meta: Mapping[str, str] | None, kind: int = KIND_QUEUE) -> int:
+        self._check_fence(self._public_key, name, kind, 0, "create")
+        return await self.create(name, meta, kind)
+
+    def start_commit(
+        self,
+        q: int,
+        records: Sequence[Record],
+        meta: Mapping[str, str | None] | None = None,
+        *,
+        checked: bool = False,
+    ) -> Commit2:
+        """Queue the owner's records for the next group commit; its first offset is ``await outcome``.
+        A frozen queue refuses them in the job (ForkedQueueError)."""
+        self.require_owner(q, "offer" if records else "set metadata")
+        return self._engine.bridge.start(Commit2(q, records, meta, checked=checked))
+
+    async def recover_queue(self, q: int, *, keep_mine: bool = False) -> int:
+        self.require_owner(q, "recover")
+        return await self.recover(q, keep_mine=keep_mine)
+
+    async def truncate_queue(self, q: int, new_start: int) -> int:
+        self.require_owner(q, "truncate")
+        return await self.truncate(q, new_start)
+
+    # ------------------------------------------------------------------ reads
+    async def read(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns:
+        """Committed records in ``[lo, hi)`` clamped to what the queue holds, bounded as core 1's."""
+        start, end = (await self.value(q)).held
+        lo, hi = max(lo, start), min(hi, end)
+        if hi <= lo or max_records <= 0:
+            return Columns()
+        columns: Columns = await self._engine.bridge.read(
+            lambda r: r.columns(q, lo, hi, max_records, max_bytes)
+        )
+        return columns
+
+    async def read_row(self, q: int, offset: int) -> RawRow | None:
+        start, end = (await self.value(q)).held
+        if not start <= offset < end:
+            return None
+        row: RawRow | None = await self._engine.bridge.read(lambda reader: reader.row(q, offset))
+        return row
+
+    async def verify_stored(self, q: int) -> int:
+        """Re-check a stored core-2 queue against its owner's signatures, on a reader."""
+        state = await self.value(q)
+
+        def check(reader: StoreReader) -> int:
+            return verify_queue2(reader.conn, q, reading_through(state, reader.rows))
+
+        checked: int = await self._engine.bridge.read(check)
+        return checked
+
+    def info(self, q: int, state: QueueState2) -> dict[str, Any]:
+        """``queue info``'s fields of a core-2 queue (what core 1 shows, plus core, epoch, fork point)."""
+        row = self.row(q)
+        chains = state.chains
+        lo, hi = state.held
+        tips = chains.tips
+        info: dict[str, Any] = {
+            "owner": row.owner.hex(),
+            "name": row.name,
+            "queue": self.address(q),
+            "core": 2,
+            "epoch": chains.epoch,
+            "start_offset": lo,
+            "end_offset": hi,
+            "size": hi - lo,
+            "meta": dict(state.meta),
+            "forked": state.forked,
+            "fork_point": chains.fork_point,
+            "frozen_since_ms": frozen_since_ms(state),
+            "known_end": max((t.head.end for t in tips), default=hi),
+            "version": max((t.head.version for t in tips), default=0),
+            "owned": row.owner == self._public_key,
+            "created_ms": row.created_ms,
+            "sealed": None,
+        }
+        return info
