@@ -223,7 +223,7 @@ def test_queue_create_list_info(daemon: Daemon, identity: str) -> None:
     listed = json.loads(daemon.ok("queue", "list", "--json"))
     assert full in {q["queue"] for q in listed}
     text = daemon.ok("queue", "list")
-    assert text.splitlines()[0].split() == ["QUEUE", "SIZE", "START", "END", "FORKED"]
+    assert text.splitlines()[0].split() == ["QUEUE", "SIZE", "START", "END", "CORE", "FORKED"]
     assert any(line.split()[0] == full for line in text.splitlines()[1:])
 
     info = json.loads(daemon.ok("queue", "info", name, "--json"))
