@@ -1,0 +1,382 @@
+"""The part of a replication session that carries queues on the v2 fork core (feature ``heads-v2``).
+
+A :class:`Core2Link` rides on a :class:`~latticed.protocol.replication.ReplicationSession` (attached with
+:meth:`~latticed.protocol.replication.ReplicationSession.attach_core2`), sans-IO as the session is: its
+messages (:mod:`latticed.protocol.core2_wire`) go out with the session's, its events come from the
+session's :meth:`next_event`. Core-1 queues never pass through it, nor does anything of it reach a peer
+before the link agreed on ``heads-v2``: a 0.2.0 peer, or one that has not answered yet, sees nothing of a
+core-2 queue (they count as held back, :attr:`Core2Link.withheld`).
+
+What it does is what the core-1 session does, on a value that is a lattice, so with fewer cases:
+
+* On agreement each side sends ``DIGEST2`` (every core-2 queue it holds); once the peer's has come, what
+  the peer may lack is pushed (a queue the digest does not name: the whole of it).
+* A push is ``queue2.delta`` from the peer's last known summary, chunked by ``max_records``; one chunk of a
+  queue is in flight at a time (``window`` bounds all queues together), and the ``ACK2`` says where the
+  next one starts. Each ``DELTA2`` carries the sender's summary too, so the receiver answers with what the
+  sender lacks (the other branch of a fork, say) without waiting for an announcement.
+* Whether we may hold something the peer lacks is judged by summaries (:func:`has_news`); a delta that
+  changed nothing for the peer is followed once by our whole value (``since`` None: a peer whose log
+  parts from ours below what it knows cannot join a piece), then nothing until either side changes.
+* Every local change is pushed on an eager link, and otherwise announced (``HAVE2``) when the peer's
+  summary differs from ours: a peer always learns what we hold, and sends what we lack. A duplicate
+  delta prunes the link for that queue (``PRUNE2``); a ``HAVE2`` with news grafts it back at once
+  (``WANT2``).
+
+What it remembers of a peer is only about queues we hold (a peer's summaries of others are not kept) and
+what is in flight (bounded by ``window``); there is no memory across connections: each link starts with
+whole digests.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from latticed.crdt import queue2
+from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.protocol.core2_wire import (
+    Ack2,
+    Delta2,
+    Digest2,
+    Have2,
+    Message2,
+    Prune2,
+    Summary2,
+    Want2,
+    decode2,
+    encode2,
+)
+from latticed.protocol.replication_messages import QueueKey
+from latticed.protocol.versions import HEADS_V2
+
+__all__ = ["Core2Event", "Core2Link", "Delta2Received", "NeedDelta2", "has_news"]
+
+
+def has_news(ours: Summary2 | None, theirs: Summary2 | None) -> bool:
+    """Whether we may hold something a peer summarised by ``theirs`` lacks. False only when its summary
+    covers ours along one history (as many leaves or more, the same fold at an equal count; records as
+    far or further, the same chain value at an equal end) or we hold nothing; a peer on another branch
+    that knows more leaves then has news for us, and its delta shows us the fork."""
+    if ours is None or (not ours.core.log.known and not ours.core.held_end and not ours.heads):
+        return False
+    if theirs is None:
+        return True
+    if ours == theirs:
+        return False
+    a, b = ours.core, theirs.core
+    if a.log.epoch != b.log.epoch:
+        return a.log.epoch > b.log.epoch
+    if ours.heads or theirs.heads:
+        return True  # forked: the branches held are settled by exchanging them
+    covers_log = b.log.known > a.log.known or (b.log.known == a.log.known and b.log.fold == a.log.fold)
+    covers_records = b.held_end > a.held_end or (b.held_end == a.held_end and b.held_hash == a.held_hash)
+    return not (covers_log and covers_records)
+
+
+@dataclass(frozen=True, slots=True)
+class NeedDelta2:
+    """Host: ``queue2.delta(state, since, max_records, max_bytes)`` of ``key``, then
+    :meth:`Core2Link.provide_delta` (None: nothing to send after all)."""
+
+    key: QueueKey
+    since: queue2.Summary | None
+    max_records: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delta2Received:
+    """Host: ``queue2.verify_delta`` against what it holds, ``join_verified`` and store (keep the
+    evidence aside), then :meth:`Core2Link.delta_applied` with what it holds now. A delta that does not
+    fit what it holds any more (``GapError``) is applied as changing nothing; anything forged or
+    malformed closes the link."""
+
+    key: QueueKey
+    seq: int
+    delta: queue2.Delta
+
+
+Core2Event = NeedDelta2 | Delta2Received
+_Pair = tuple[Summary2 | None, Summary2 | None]
+
+
+@dataclass(slots=True)
+class _Link2:
+    peer: Summary2 | None = None  #: what the peer holds, as far as we know
+    eager: bool = True  #: False once the peer pruned us: local changes go out as HAVE2
+    pruned: bool = False  #: we pruned the peer, and have not grafted since
+    asked: bool = False
+    inflight: bool = False
+    #: (ours, the peer's) when our last delta from the peer's summary changed nothing for it, and
+    #: when our whole value went out after that: nothing more is sent while both hold exactly that.
+    futile: _Pair | None = None
+    whole: _Pair | None = None
+    asked_for: _Pair | None = None
+
+
+def _always(key: QueueKey) -> bool:
+    return True
+
+
+@dataclass(slots=True)
+class Core2Link:
+    """The core-2 part of one peer link (see the module docstring)."""
+
+    window: int = 8
+    max_records: int = 4096
+    #: Whether the peer subscribed to a queue, and whether we did (set by ``attach_core2``).
+    peer_wants: Callable[[QueueKey], bool] = _always
+    we_want: Callable[[QueueKey], bool] = _always
+    #: None: the link has not agreed on its features yet; then whether it agreed on ``heads-v2``.
+    agreed: bool | None = None
+    _started: bool = False
+    _local: dict[QueueKey, Summary2] = field(default_factory=dict)
+    _links: dict[QueueKey, _Link2] = field(default_factory=dict)
+    _peer_digest: bool = False
+    _outbox: list[bytes] = field(default_factory=list)
+    _outbox_bytes: int = 0
+    _events: deque[Core2Event] = field(default_factory=deque)
+    _pending: OrderedDict[QueueKey, None] = field(default_factory=OrderedDict)
+    _haves: dict[QueueKey, Summary2] = field(default_factory=dict)
+    _received: dict[int, QueueKey] = field(default_factory=dict)
+    _brings: dict[int, tuple[QueueKey, _Pair]] = field(default_factory=dict)
+    _seq: int = 0
+    _busy: int = 0  #: asks and deltas in flight, all queues
+    stats: dict[str, int] = field(default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0})
+
+    # ------------------------------------------------------------------ host → link
+    def start(self, local: Mapping[QueueKey, Summary2]) -> None:
+        """What we hold of core-2 queues as the link starts (before or after the agreement)."""
+        if self._started:
+            raise LocalProtocolError("core-2 link already started")
+        self._local, self._started = dict(local), True
+        if self.agreed:
+            self._send_digest()
+            self._start_pushing()
+
+    def agree(self, features: frozenset[str]) -> None:
+        """The link settled on ``features`` (the session passes them on)."""
+        if self.agreed:
+            return
+        self.agreed = HEADS_V2 in features
+        if self.agreed and self._started:
+            self._send_digest()
+            self._start_pushing()
+
+    @property
+    def withheld(self) -> int:
+        """Core-2 queues we hold that this peer is sent nothing of (it has not agreed on ``heads-v2``)."""
+        return 0 if self.agreed else len(self._local)
+
+    def local_update(self, key: QueueKey, summary: Summary2) -> None:
+        """We changed a core-2 queue (own write, recovery, or a merge from another link)."""
+        self._local[key] = summary
+        if not self._sending() or not self.peer_wants(key):
+            return
+        link = self._link(key)
+        if link.eager and has_news(summary, link.peer):
+            self._schedule(key)
+        elif summary != link.peer:
+            self._haves[key] = summary
+
+    def provide_delta(self, key: QueueKey, delta: queue2.Delta | None) -> None:
+        """The answer to a :class:`NeedDelta2`."""
+        link = self._links.get(key)
+        if link is None or not link.asked:
+            raise LocalProtocolError(f"no delta of {key[1]} was asked for")
+        link.asked, pair = False, link.asked_for
+        self._busy -= 1
+        ours = self._local.get(key)
+        if delta is None or ours is None or pair is None:
+            link.futile = link.whole = (ours, link.peer)  # nothing to send from here: wait for a change
+            self._pump()
+            return
+        self._seq += 1
+        link.inflight = True
+        self._busy += 1
+        self._brings[self._seq] = (key, pair)
+        self.stats["deltas_sent"] += 1
+        self._send(Delta2(self._seq, ours, delta))
+        self._pump()
+
+    def delta_applied(self, seq: int, summary: Summary2, changed: bool) -> None:
+        """The host verified, joined and stored the delta ``seq``; ``summary`` is what it holds now."""
+        key = self._received.pop(seq, None)
+        if key is None:
+            raise LocalProtocolError(f"no core-2 delta {seq} is waiting")
+        self._local[key] = summary
+        link = self._link(key)
+        self._send(Ack2(seq, key, summary))
+        if not changed and not link.pruned:
+            link.pruned = True
+            self._send(Prune2(key))
+        if self.peer_wants(key) and has_news(summary, link.peer):
+            self._schedule(key)  # the sender lacks something we hold (the other branch of a fork)
+
+    # ------------------------------------------------------------------ peer → link
+    def receive(self, raw: list[Any]) -> None:
+        """One core-2 message (its array, type code first; the session lets none in before the peer's
+        HELLO); malformed or out of place: RemoteProtocolError."""
+        message: Message2 = decode2(raw)
+        match message:
+            case Digest2():
+                self._on_digest(message)
+            case Delta2():
+                self._on_delta(message)
+            case Ack2():
+                self._on_ack(message)
+            case Have2():
+                self._on_have(message)
+            case Want2():
+                self._on_want(message)
+            case Prune2():
+                link = self._links.get(message.key)
+                if link is not None:
+                    link.eager = False
+
+    def _on_digest(self, digest: Digest2) -> None:
+        if self._peer_digest:
+            raise RemoteProtocolError("DIGEST2 twice")
+        self._peer_digest = True
+        for key, summary in digest.entries:
+            if key in self._local:
+                self._link(key).peer = summary
+        self._start_pushing()
+
+    def _on_delta(self, message: Delta2) -> None:
+        seq, delta = message.seq, message.delta
+        key = (delta.owner, delta.name, delta.kind)
+        if seq in self._received:
+            raise RemoteProtocolError("DELTA2 needs a fresh sequence number")
+        if len(self._received) >= self.window:
+            raise RemoteProtocolError("peer exceeded the delta window")
+        if not self.we_want(key):
+            raise RemoteProtocolError(f"peer sent {key[0].hex()}/{key[1]}, which we did not subscribe to")
+        self._received[seq] = key
+        self._link(key).peer = message.summary  # tracked whatever we hold: the window bounds these
+        self.stats["deltas_received"] += 1
+        self._events.append(Delta2Received(key, seq, delta))
+
+    def _on_ack(self, ack: Ack2) -> None:
+        brought = self._brings.pop(ack.seq, None)
+        if brought is None or brought[0] != ack.key:
+            raise RemoteProtocolError("ACK2 for a delta we did not send")
+        key, (ours, peer) = brought
+        link = self._link(key)
+        link.inflight = False
+        self._busy -= 1
+        if ack.summary == peer:
+            link.futile = (ours, peer)  # it changed nothing there: the whole value once, then stop
+        link.peer = ack.summary
+        if self.peer_wants(key) and has_news(self._local.get(key), ack.summary):
+            self._schedule(key)
+        self._pump()
+
+    def _on_have(self, have: Have2) -> None:
+        key, summary = have.key, have.summary
+        ours = self._local.get(key)
+        if ours is not None:
+            self._link(key).peer = summary
+            if self.peer_wants(key) and has_news(ours, summary):
+                self._schedule(key)
+        if self.we_want(key) and has_news(summary, ours):
+            link = self._links.get(key)
+            if link is not None:
+                link.pruned = False
+            self._send(Want2(key, ours))
+
+    def _on_want(self, want: Want2) -> None:
+        key = want.key
+        if key not in self._local:
+            return  # nothing to send
+        link = self._link(key)
+        link.eager = True
+        link.peer = want.summary
+        if self.peer_wants(key) and has_news(self._local[key], want.summary):
+            self._schedule(key)
+
+    # ------------------------------------------------------------------ link → host
+    def next_event(self) -> Core2Event | None:
+        return self._events.popleft() if self._events else None
+
+    def has_work(self) -> bool:
+        return bool(self._events or self._outbox or self._haves)
+
+    @property
+    def outbox_bytes(self) -> int:
+        return self._outbox_bytes
+
+    @property
+    def events(self) -> int:
+        return len(self._events)
+
+    def messages_to_send(self) -> list[bytes]:
+        out, self._outbox, self._outbox_bytes = self._outbox, [], 0
+        if self._haves:
+            haves, self._haves = self._haves, {}
+            out.extend(encode2(Have2(key, summary)) for key, summary in haves.items())
+        return out
+
+    def peer_summary(self, key: QueueKey) -> Summary2 | None:
+        link = self._links.get(key)
+        return None if link is None else link.peer
+
+    @property
+    def inflight(self) -> int:
+        return sum(link.inflight for link in self._links.values())
+
+    # ------------------------------------------------------------------ internals
+    def _sending(self) -> bool:
+        """Whether pushes go out: the link agreed on ``heads-v2`` and the peer's digest came."""
+        return bool(self.agreed) and self._started and self._peer_digest
+
+    def _send_digest(self) -> None:
+        self._send(Digest2(tuple(self._local.items())))
+
+    def _start_pushing(self) -> None:
+        if self._sending():
+            for key, summary in self._local.items():
+                if self.peer_wants(key) and has_news(summary, self._link(key).peer):
+                    self._pending.setdefault(key)
+            self._pump()
+
+    def _link(self, key: QueueKey) -> _Link2:
+        link = self._links.get(key)
+        if link is None:
+            link = self._links[key] = _Link2()
+        return link
+
+    def _schedule(self, key: QueueKey) -> None:
+        if self._sending():
+            self._pending.setdefault(key)
+            self._pump()
+
+    def _pump(self) -> None:
+        """Ask the host for deltas while the window has room; one ask or delta in flight per queue."""
+        rounds = len(self._pending)
+        while self._pending and rounds > 0 and self._busy < self.window:
+            rounds -= 1
+            key, _ = self._pending.popitem(last=False)
+            link = self._link(key)
+            if link.asked or link.inflight:
+                self._pending[key] = None  # its ACK schedules it again
+                continue
+            ours, peer = self._local.get(key), link.peer
+            if not has_news(ours, peer):
+                continue
+            pair = (ours, peer)
+            since = None if peer is None else peer.core
+            if link.futile == pair:
+                if link.whole == pair:
+                    continue
+                link.whole, since = pair, None
+            link.asked, link.asked_for = True, pair
+            self._busy += 1
+            self._events.append(NeedDelta2(key, since, self.max_records))
+
+    def _send(self, message: Message2) -> None:
+        packed = encode2(message)
+        self._outbox.append(packed)
+        self._outbox_bytes += len(packed)

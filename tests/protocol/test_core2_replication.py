@@ -1,0 +1,222 @@
+"""Core-2 queues over the real sans-IO replication sessions (feature ``heads-v2``): nothing of them
+reaches a peer that has not agreed on the feature, core-1 traffic is byte for byte what it was, a mesh
+converges on a forked and recovered queue in chunks, and a hostile peer's core-2 messages are its
+protocol error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from support.core2_sim import Core2Network, MemoryCore2Host
+from support.queue2_histories import OWNER, empty, extend
+
+from latticed.crdt import queue as core
+from latticed.crdt import queue2
+from latticed.crdt.core_errors import IntegrityError
+from latticed.crdt.queue2 import QueueState2
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.crdt.wire import pack
+from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.protocol.core2_session import Core2Link, NeedDelta2
+from latticed.protocol.core2_wire import CORE2_CODES, Delta2, Digest2, encode2, link_summary
+from latticed.protocol.replication import NeedDelta, ReplicationSession
+from latticed.protocol.replication_messages import unpack_message
+from latticed.protocol.versions import HEADS_V2, queue_expressible
+
+KEY = (OWNER.public_key, "q", 0)
+BOTH = frozenset({HEADS_V2, "compact"})
+
+
+def _history() -> QueueState2:
+    return extend(empty(), [("offer", 3), ("offer", 2), ("truncate", 1), ("meta", 0), ("offer", 3)], b"s")[-1]
+
+
+def _pair(local2: dict, features: frozenset[str] | None) -> tuple[ReplicationSession, ReplicationSession]:
+    """A sender holding ``local2`` and an empty receiver, both with a core-2 part, HELLOs exchanged;
+    ``features``: what the sender's link agreed on (None: no answer yet)."""
+    sender, receiver = ReplicationSession(notices=False), ReplicationSession(notices=False)
+    for session, held in ((sender, local2), (receiver, {})):
+        session.attach_core2(Core2Link())
+        session.start({})
+        assert session.core2 is not None
+        session.core2.start(held)
+    receiver.agree_features(frozenset({HEADS_V2}))
+    for message in receiver.messages_to_send():
+        sender.receive_message(message)
+    for message in sender.messages_to_send():
+        receiver.receive_message(message)
+    if features is not None:
+        sender.agree_features(features)
+    return sender, receiver
+
+
+def _codes(messages: list[bytes]) -> list[int]:
+    return [unpack_message(m)[0] for m in messages]
+
+
+def test_a_core2_queue_needs_the_heads_v2_feature() -> None:
+    assert queue_expressible(0, 1, None) and queue_expressible(0, 1, frozenset())
+    assert not queue_expressible(0, 2, None) and not queue_expressible(0, 2, frozenset({"compact"}))
+    assert queue_expressible(0, 2, frozenset({HEADS_V2}))
+
+
+@pytest.mark.parametrize("features", [None, frozenset(), frozenset({"compact"})])
+def test_a_peer_without_heads_v2_is_sent_nothing_of_a_core2_queue_and_it_is_counted(
+    features: frozenset[str] | None,
+) -> None:
+    """Before the answer (None), a 0.2.0 peer (no features) or one that lacks the feature: no digest,
+    no delta, no HAVE of the core-2 queue; it counts as held back."""
+    sender, _ = _pair({KEY: link_summary(_history())}, features)
+    assert sender.core2 is not None
+    sender.core2.local_update(KEY, link_summary(_history()))
+    sent = sender.messages_to_send()
+    assert not set(_codes(sent)) & CORE2_CODES
+    assert sender.next_event() is None
+    assert sender.withheld == 1
+    sender.agree_features(frozenset({HEADS_V2}))  # the answer came after all
+    assert sender.withheld == 0
+    assert isinstance(sender.next_event(), NeedDelta2)
+    assert 32 in _codes(sender.messages_to_send())
+
+
+def test_core1_traffic_is_byte_for_byte_unchanged_with_a_core2_part_attached() -> None:
+    """The same core-1 conversation with and without a core-2 part: the same bytes, save the core-2
+    digest the part sends once the link agreed on ``heads-v2``."""
+    alice = Identity.from_seed(b"a" * 32)
+    state = core.commit(
+        core.empty_state(alice.public_key, "c"), alice, now_ms=1, records=[Record(value=b"x")] * 5
+    )
+    key = (alice.public_key, "c", 0)
+    runs = []
+    for attach in (False, True):
+        a, b = ReplicationSession(max_records=2), ReplicationSession(max_records=2)
+        if attach:
+            a.attach_core2(Core2Link())
+            b.attach_core2(Core2Link())
+        a.start({key: state.summary()})
+        b.start({})
+        for s in (a, b):
+            if s.core2 is not None:
+                s.core2.start({})
+            s.agree_features(BOTH)
+        held = core.empty_state(*key)
+        wire: list[bytes] = []
+        for _ in range(20):
+            for message in a.messages_to_send():
+                wire.append(message)
+                b.receive_message(message)
+            for message in b.messages_to_send():
+                wire.append(message)
+                a.receive_message(message)
+            while (event := a.next_event()) is not None:
+                if isinstance(event, NeedDelta):
+                    a.provide_delta(event.key, core.delta(state, event.since, event.max_records))
+            while (event := b.next_event()) is not None:
+                if hasattr(event, "delta") and hasattr(event, "seq"):
+                    held = core.merge(held, event.delta)  # type: ignore[union-attr]
+                    b.delta_applied(event.seq, held.summary(), True)  # type: ignore[union-attr]
+        runs.append([m for m in wire if unpack_message(m)[0] not in CORE2_CODES])
+        assert held == state
+    assert runs[0] == runs[1]
+
+
+def _converged(net: Core2Network) -> list[QueueState2]:
+    net.run_until_quiet(max_rounds=500)
+    assert net.quiet()
+    return [net.node2(n).states2[KEY] for n in net.nodes]
+
+
+def test_a_mesh_catches_up_in_chunks_and_a_fork_freezes_everywhere_then_recovery_reaches_all() -> None:
+    net = Core2Network(window=3, depth=2, max_records=2, features=BOTH)
+    for n in range(4):
+        net.add(n)
+    for a, b in ((0, 1), (1, 2), (2, 3), (3, 0)):
+        net.connect(a, b)
+    shared = _history()
+    net.node2(0).put2(shared)
+    held = _converged(net)
+    assert all(s == shared for s in held)
+    assert net.node2(2).merges2 > 1  # several chunks
+    # The owner's store, copied to node 2: both write past what they share.
+    mine = extend(shared, [("offer", 5)], b"a")[-1]
+    copy = extend(shared, [("offer", 3)], b"b")[-1]
+    net.node2(0).put2(mine)
+    net.node2(2).put2(copy)
+    held = _converged(net)
+    frozen = queue2.join(mine, copy)
+    assert frozen.forked
+    assert all(s == frozen and s.forked and s.records() == frozen.records() for s in held)
+    assert net.node2(0).host2.evidence[KEY]  # what it held past the fork point, kept aside
+    # The owner recovers on node 0, keeping its own records from past the fork point.
+    lost = mine.records()[frozen.held[1] - mine.held[0] :]
+    recovered = queue2.recover(held[0], OWNER, now_ms=10_000, keep_mine=lost)
+    net.node2(0).put2(recovered)
+    held = _converged(net)
+    assert all(s == recovered and not s.forked and s.chains.epoch == 1 for s in held)
+
+
+def test_a_link_that_agrees_late_catches_up_then() -> None:
+    net = Core2Network(max_records=2, features=frozenset({HEADS_V2}), agree_at_start=False)
+    for n in range(2):
+        net.add(n)
+    net.node2(0).put2(_history())
+    net.connect(0, 1)
+    net.run_until_quiet(100)
+    assert KEY not in net.node2(1).states2
+    assert net.nodes[0].sessions[1].withheld == 1
+    net.agree(0, 1)
+    assert _converged(net)[1] == _history()
+
+
+def test_core2_messages_before_hello_or_from_a_hostile_peer_are_its_protocol_error() -> None:
+    session = ReplicationSession(window=2)
+    session.attach_core2(Core2Link())
+    with pytest.raises(LocalProtocolError):
+        session.receive_message(encode2(Digest2(())))
+    session.start({})
+    assert session.core2 is not None
+    session.core2.start({})
+    with pytest.raises(RemoteProtocolError, match="HELLO"):
+        session.receive_message(encode2(Digest2(())))
+    peer = ReplicationSession()
+    peer.start({})
+    for message in peer.messages_to_send():
+        session.receive_message(message)
+    session.receive_message(encode2(Digest2(())))
+    with pytest.raises(RemoteProtocolError, match="twice"):
+        session.receive_message(encode2(Digest2(())))
+    with pytest.raises(RemoteProtocolError):
+        session.receive_message(pack([33, 1, "not a summary", None]))
+    d = queue2.delta(_history(), None, 1)
+    summary = link_summary(_history())
+    for seq in (1, 2):
+        session.receive_message(encode2(Delta2(seq, summary, d)))
+    with pytest.raises(RemoteProtocolError, match="window"):
+        session.receive_message(encode2(Delta2(3, summary, d)))
+    with pytest.raises(RemoteProtocolError, match="ACK2"):
+        session.receive_message(pack([34, 9, *KEY, [0, 0, b"f" * 32, 0, b"", b""]]))
+
+
+def test_a_session_without_a_core2_part_refuses_core2_messages_as_unknown() -> None:
+    session, peer = ReplicationSession(), ReplicationSession()
+    session.start({})
+    peer.start({})
+    for message in peer.messages_to_send():
+        session.receive_message(message)
+    with pytest.raises(RemoteProtocolError, match="unknown message type"):
+        session.receive_message(encode2(Digest2(())))
+
+
+def test_a_forged_core2_delta_is_refused_by_the_host_and_changes_nothing() -> None:
+    """Records that are not the owner's (a relay changed one) do not hash to the heads on the log."""
+    host = MemoryCore2Host()
+    honest = _history()
+    d = queue2.delta(honest, None)
+    records = (Record(value=b"forged"), *d.records[1:])
+    with pytest.raises(IntegrityError):
+        host.merge2(dataclasses.replace(d, records=records))
+    assert host.states2 == {}
+    summary, changed = host.merge2(d)
+    assert changed and host.states2[KEY] == honest and summary == link_summary(honest)
