@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from latticed.crdt import queue2
-from latticed.protocol.core2_wire import Summary2
+from latticed.protocol.core2_wire import Steps, Summary2
 from latticed.protocol.replication_messages import QueueKey
 
 __all__ = ["Core2Host", "PendingMerge2"]
@@ -34,12 +34,13 @@ class Core2Host(Protocol):
 
     async def delta2_for(
         self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
-    ) -> queue2.Delta | None:
-        """``queue2.delta(state, since, max_records, max_bytes)`` (None: the queue is not held)."""
+    ) -> tuple[queue2.Delta, Steps | None] | None:
+        """``core2_steps.pack_steps(state, queue2.delta(state, since, max_records, max_bytes))`` (None:
+        the queue is not held)."""
         ...
 
-    def submit_merge2(self, delta: queue2.Delta, peer: bytes) -> PendingMerge2:
-        """Verify against the state it joins (``queue2.verify_delta``), ``join_verified``, store the
-        joined state and keep ``Merged.evidence`` aside (bounded, never merged); merges submitted one
-        after the other are applied in that order."""
+    def submit_merge2(self, delta: queue2.Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
+        """Against the state it joins: ``core2_steps.unpack_steps``, ``queue2.verify_delta``,
+        ``join_verified``; store the joined state and keep ``Merged.evidence`` aside (bounded, never
+        merged). Merges submitted one after the other are applied in that order."""
         ...

@@ -44,6 +44,7 @@ from latticed.protocol.core2_wire import (
     Have2,
     Message2,
     Prune2,
+    Steps,
     Summary2,
     Want2,
     decode2,
@@ -78,8 +79,8 @@ def has_news(ours: Summary2 | None, theirs: Summary2 | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class NeedDelta2:
-    """Host: ``queue2.delta(state, since, max_records, max_bytes)`` of ``key``, then
-    :meth:`Core2Link.provide_delta` (None: nothing to send after all)."""
+    """Host: ``queue2.delta(state, since, max_records, max_bytes)`` of ``key`` and
+    ``core2_steps.pack_steps`` of it, then :meth:`Core2Link.provide_delta` (None: nothing to send)."""
 
     key: QueueKey
     since: queue2.Summary | None
@@ -88,14 +89,15 @@ class NeedDelta2:
 
 @dataclass(frozen=True, slots=True)
 class Delta2Received:
-    """Host: ``queue2.verify_delta`` against what it holds, ``join_verified`` and store (keep the
-    evidence aside), then :meth:`Core2Link.delta_applied` with what it holds now. A delta that does not
-    fit what it holds any more (``GapError``) is applied as changing nothing; anything forged or
-    malformed closes the link."""
+    """Host: ``core2_steps.unpack_steps`` and ``queue2.verify_delta`` against what it holds,
+    ``join_verified`` and store (keep the evidence aside), then :meth:`Core2Link.delta_applied` with what
+    it holds now. A delta that does not fit what it holds any more (``GapError``) is applied as changing
+    nothing; anything forged or malformed closes the link."""
 
     key: QueueKey
     seq: int
     delta: queue2.Delta
+    steps: Steps | None = None
 
 
 Core2Event = NeedDelta2 | Delta2Received
@@ -181,8 +183,8 @@ class Core2Link:
         elif summary != link.peer:
             self._haves[key] = summary
 
-    def provide_delta(self, key: QueueKey, delta: queue2.Delta | None) -> None:
-        """The answer to a :class:`NeedDelta2`."""
+    def provide_delta(self, key: QueueKey, delta: queue2.Delta | None, steps: Steps | None = None) -> None:
+        """The answer to a :class:`NeedDelta2` (``steps``: its log's leaves, see ``core2_steps``)."""
         link = self._links.get(key)
         if link is None or not link.asked:
             raise LocalProtocolError(f"no delta of {key[1]} was asked for")
@@ -198,7 +200,7 @@ class Core2Link:
         self._busy += 1
         self._brings[self._seq] = (key, pair)
         self.stats["deltas_sent"] += 1
-        self._send(Delta2(self._seq, ours, delta))
+        self._send(Delta2(self._seq, ours, delta, steps))
         self._pump()
 
     def delta_applied(self, seq: int, summary: Summary2, changed: bool) -> None:
@@ -257,7 +259,7 @@ class Core2Link:
         self._received[seq] = key
         self._link(key).peer = message.summary  # tracked whatever we hold: the window bounds these
         self.stats["deltas_received"] += 1
-        self._events.append(Delta2Received(key, seq, delta))
+        self._events.append(Delta2Received(key, seq, delta, message.steps))
 
     def _on_ack(self, ack: Ack2) -> None:
         brought = self._brings.pop(ack.seq, None)

@@ -12,10 +12,14 @@ decoding are untouched. Each is a msgpack array, type code first::
     PRUNE2  [37, owner, name, kind]                     your delta brought nothing: HAVE2s instead
 
     summary  [epoch, known, fold, held_end, held_hash, heads]
-    delta    [owner, name, kind, log | nil, meta | nil, from_offset, records, bodies]
+    delta    [owner, name, kind, log | nil, meta | nil, from_offset, records, bodies (, steps)]
     log      [base, base_fold, epoch, shared, [[head, tail], ...], start_head | nil]
+    steps    [version, bytes]
 
-``shared`` and each ``tail`` are leaves packed 40 bytes each (digest, end as u64 big-endian); heads are the
+``shared`` and each ``tail`` are leaves packed 40 bytes each (digest, end as u64 big-endian); ``steps`` are
+the :mod:`~latticed.crdt.leaf_codec` steps of the versions after ``version`` whose bodies end inside the
+records, in place of those bodies and of their leaves in ``shared`` (:mod:`latticed.protocol.core2_steps`);
+heads are the
 296 signed bytes of :class:`~latticed.crdt.head2.HeadV2`; ``bodies`` are the 232 unsigned bytes of the
 heads ending inside the records (the receiver checks them against the verified log); records are rows as
 in :mod:`latticed.crdt.wire`. ``heads`` is empty unless the value is forked: then a digest of its tips and
@@ -115,6 +119,8 @@ class Delta2:
     seq: int
     summary: Summary2  #: what the sender holds as it sends
     delta: queue2.Delta
+    #: The versions whose bodies end inside the records, as steps after a version (:mod:`.core2_steps`).
+    steps: Steps | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +147,8 @@ class Prune2:
     key: QueueKey
 
 
+#: ``(version, leaf_codec steps)``: the versions after ``version``, rebuilt by the receiver.
+Steps = tuple[int, bytes]
 Message2 = Digest2 | Delta2 | Ack2 | Have2 | Want2 | Prune2
 
 
@@ -237,7 +245,8 @@ def _log_from_wire(raw: Any, owner: bytes, qid: bytes) -> LogDelta:
     return LogDelta(_u64(base, "a leaf count"), _bytes(base_fold, (32,), "a fold"), value)
 
 
-def delta_to_wire(d: queue2.Delta) -> list[Any]:
+def delta_to_wire(d: queue2.Delta, steps: Steps | None = None) -> list[Any]:
+    """``d`` as it travels, with ``steps`` (then ``d`` leaves out what they rebuild)."""
     return [
         d.owner,
         d.name,
@@ -247,11 +256,21 @@ def delta_to_wire(d: queue2.Delta) -> list[Any]:
         d.from_offset,
         records_to_wire(d.records),
         [b.body() for b in d.bodies],
+        *([] if steps is None else [[steps[0], steps[1]]]),
     ]
 
 
-def delta_from_wire(raw: Any) -> queue2.Delta:
-    owner, name, kind, log, meta, from_offset, records, bodies = _list(raw, 8, "a core-2 delta")
+def delta_from_wire(raw: Any) -> tuple[queue2.Delta, Steps | None]:
+    """A delta and its steps (None: none), or :class:`MalformedError`."""
+    if type(raw) is not list or len(raw) not in (8, 9):
+        raise MalformedError("a core-2 delta is a list of 8 or 9 items")
+    owner, name, kind, log, meta, from_offset, records, bodies = raw[:8]
+    steps: Steps | None = None
+    if len(raw) == 9:
+        version, raw_steps = _list(raw[8], 2, "steps")
+        if type(raw_steps) is not bytes:
+            raise MalformedError("steps are bytes")
+        steps = (_u64(version, "a version"), raw_steps)
     try:
         owner, name, kind = check_key(owner, name, kind)
     except RemoteProtocolError as exc:
@@ -266,16 +285,18 @@ def delta_from_wire(raw: Any) -> queue2.Delta:
         if not all(type(i) is list and len(i) == 2 and all(type(x) is str for x in i) for i in items):
             raise MalformedError("metadata is a list of [str, str] pairs")
         pairs = tuple((k, v) for k, v in items)
-    return queue2.Delta(
+    piece = None if log is None else _log_from_wire(log, owner, qid)
+    delta = queue2.Delta(
         owner,
         name,
         kind,
-        None if log is None else _log_from_wire(log, owner, qid),
+        piece,
         pairs,
         _offset(from_offset, "a first offset"),
         tuple(records_from_wire(records)),
         tuple(_body(b) for b in _list(bodies, None, "bodies")),
     )
+    return delta, steps
 
 
 # ------------------------------------------------------------------------------------------ messages
@@ -292,7 +313,8 @@ def encode2(message: Message2) -> bytes:
             rows = [[k[0], k[1], k[2], summary_to_wire(s)] for k, s in message.entries]
             return pack([DIGEST2, rows])
         case Delta2():
-            return pack([DELTA2, message.seq, summary_to_wire(message.summary), delta_to_wire(message.delta)])
+            wire = delta_to_wire(message.delta, message.steps)
+            return pack([DELTA2, message.seq, summary_to_wire(message.summary), wire])
         case Ack2():
             return pack([ACK2, message.seq, *_key(message), summary_to_wire(message.summary)])
         case Have2():
@@ -329,7 +351,8 @@ def decode2(raw: list[Any]) -> Message2:
                 entries.append((check_key(owner, qname, kind), summary_from_wire(summary)))
             return Digest2(tuple(entries))
         if code == DELTA2:
-            return Delta2(_seq(raw[1]), summary_from_wire(raw[2]), delta_from_wire(raw[3]))
+            delta, steps = delta_from_wire(raw[3])
+            return Delta2(_seq(raw[1]), summary_from_wire(raw[2]), delta, steps)
         key = check_key(*raw[-4:-1]) if code != PRUNE2 else check_key(*raw[1:])
         if code == ACK2:
             return Ack2(_seq(raw[1]), key, summary_from_wire(raw[5]))

@@ -20,7 +20,8 @@ from latticed.crdt.core_errors import GapError
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
-from latticed.protocol.core2_wire import Summary2, link_summary
+from latticed.protocol.core2_steps import pack_steps, unpack_steps
+from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 from latticed.protocol.replication import DeltaReceived, NeedDelta, QueueKey, ReplicationSession
 from support.sim import SimNetwork, SimNode
 
@@ -32,23 +33,30 @@ class MemoryCore2Host:
     states2: dict[QueueKey, QueueState2] = field(default_factory=dict)
     #: Records held past a fork point learned by a merge, per queue: kept aside, never merged.
     evidence: dict[QueueKey, list[Record]] = field(default_factory=dict)
+    #: Whether deltas go out with their leaves as steps where the receiver can rebuild them.
+    steps: bool = True
 
     def summaries2(self) -> Mapping[QueueKey, Summary2]:
         return {key: link_summary(state) for key, state in self.states2.items()}
 
     def delta2_for(
         self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int | None = None
-    ) -> queue2.Delta | None:
+    ) -> tuple[queue2.Delta, Steps | None] | None:
+        """A delta for ``since`` and its steps (with :attr:`steps` False: plain leaves)."""
         state = self.states2.get(key)
-        return None if state is None else queue2.delta(state, since, max_records, max_bytes)
+        if state is None:
+            return None
+        d = queue2.delta(state, since, max_records, max_bytes)
+        return pack_steps(state, d) if self.steps else (d, None)
 
-    def merge2(self, delta: queue2.Delta) -> tuple[Summary2, bool]:
-        """Verify against what is held, join, keep: (what is held now, whether it changed). A delta that
-        does not fit any more changes nothing; anything forged raises."""
+    def merge2(self, delta: queue2.Delta, steps: Steps | None = None) -> tuple[Summary2, bool]:
+        """Rebuild its steps, verify against what is held, join, keep: (what is held now, whether it
+        changed). A delta that does not fit any more changes nothing; anything forged raises."""
         key = (delta.owner, delta.name, delta.kind)
         before = self.states2.get(key) or queue2.empty_state(*key)
         try:
-            merged = queue2.join_verified(before, queue2.verify_delta(before, delta))
+            whole = unpack_steps(before, delta, steps)
+            merged = queue2.join_verified(before, queue2.verify_delta(before, whole))
         except GapError:
             return link_summary(before), False
         after = merged.state
@@ -88,11 +96,10 @@ class Core2Node(SimNode):
         assert core2 is not None
         while (event := session.next_event()) is not None:
             if isinstance(event, NeedDelta2):
-                core2.provide_delta(
-                    event.key, self.host2.delta2_for(event.key, event.since, event.max_records)
-                )
+                out = self.host2.delta2_for(event.key, event.since, event.max_records)
+                core2.provide_delta(event.key, *(out or (None, None)))
             elif isinstance(event, Delta2Received):
-                summary, changed = self.host2.merge2(event.delta)
+                summary, changed = self.host2.merge2(event.delta, event.steps)
                 self.merges2 += 1
                 core2.delta_applied(event.seq, summary, changed)
                 if changed:
