@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from latticed.crdt import queue2
+from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import Steps, Summary2
 from latticed.protocol.replication_messages import QueueKey
 
@@ -34,9 +35,8 @@ class Core2Host(Protocol):
 
     async def delta2_for(
         self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
-    ) -> tuple[queue2.Delta, Steps | None] | None:
-        """``core2_steps.pack_steps(state, queue2.delta(state, since, max_records, max_bytes))`` (None:
-        the queue is not held)."""
+    ) -> Outgoing2 | None:
+        """``core2_steps.outgoing(state, since, max_records, max_bytes)`` (None: the queue is not held)."""
         ...
 
     def submit_merge2(self, delta: queue2.Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:

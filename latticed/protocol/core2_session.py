@@ -37,6 +37,7 @@ from typing import Any
 
 from latticed.crdt import queue2
 from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import (
     Ack2,
     Delta2,
@@ -79,8 +80,8 @@ def has_news(ours: Summary2 | None, theirs: Summary2 | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class NeedDelta2:
-    """Host: ``queue2.delta(state, since, max_records, max_bytes)`` of ``key`` and
-    ``core2_steps.pack_steps`` of it, then :meth:`Core2Link.provide_delta` (None: nothing to send)."""
+    """Host: ``core2_steps.outgoing(state, since, max_records, max_bytes)`` of ``key``, then
+    :meth:`Core2Link.provide_delta` (None: nothing to send)."""
 
     key: QueueKey
     since: queue2.Summary | None
@@ -107,10 +108,12 @@ _Pair = tuple[Summary2 | None, Summary2 | None]
 @dataclass(slots=True)
 class _Link2:
     peer: Summary2 | None = None  #: what the peer holds, as far as we know
+    #: What the peer holds once it joined every delta in flight (None: unknown, or none in flight).
+    sent: Summary2 | None = None
     eager: bool = True  #: False once the peer pruned us: local changes go out as HAVE2
     pruned: bool = False  #: we pruned the peer, and have not grafted since
     asked: bool = False
-    inflight: bool = False
+    inflight: int = 0
     #: (ours, the peer's) when our last delta from the peer's summary changed nothing for it, and
     #: when our whole value went out after that: nothing more is sent while both hold exactly that.
     futile: _Pair | None = None
@@ -127,6 +130,7 @@ class Core2Link:
     """The core-2 part of one peer link (see the module docstring)."""
 
     window: int = 8
+    depth: int = 4  #: chunks of one queue in flight ahead of its ACKs
     max_records: int = 4096
     #: Whether the peer subscribed to a queue, and whether we did (set by ``attach_core2``).
     peer_wants: Callable[[QueueKey], bool] = _always
@@ -183,25 +187,29 @@ class Core2Link:
         elif summary != link.peer:
             self._haves[key] = summary
 
-    def provide_delta(self, key: QueueKey, delta: queue2.Delta | None, steps: Steps | None = None) -> None:
-        """The answer to a :class:`NeedDelta2` (``steps``: its log's leaves, see ``core2_steps``)."""
+    def provide_delta(self, key: QueueKey, out: Outgoing2 | None) -> None:
+        """The answer to a :class:`NeedDelta2` (``core2_steps.outgoing``; None: nothing to send)."""
         link = self._links.get(key)
         if link is None or not link.asked:
             raise LocalProtocolError(f"no delta of {key[1]} was asked for")
         link.asked, pair = False, link.asked_for
         self._busy -= 1
         ours = self._local.get(key)
-        if delta is None or ours is None or pair is None:
-            link.futile = link.whole = (ours, link.peer)  # nothing to send from here: wait for a change
+        if out is None or ours is None or pair is None:
+            link.futile = link.whole = pair  # nothing to send from here: wait for a change
             self._pump()
             return
         self._seq += 1
-        link.inflight = True
+        link.inflight += 1
+        link.sent = out.implied
         self._busy += 1
         self._brings[self._seq] = (key, pair)
         self.stats["deltas_sent"] += 1
-        self._send(Delta2(self._seq, ours, delta, steps))
-        self._pump()
+        self._send(Delta2(self._seq, ours, out.delta, out.steps))
+        if out.implied is not None and has_news(ours, out.implied):
+            self._schedule(key)  # the next chunk of a backlog, ahead of this one's ACK
+        else:
+            self._pump()
 
     def delta_applied(self, seq: int, summary: Summary2, changed: bool) -> None:
         """The host verified, joined and stored the delta ``seq``; ``summary`` is what it holds now."""
@@ -267,12 +275,14 @@ class Core2Link:
             raise RemoteProtocolError("ACK2 for a delta we did not send")
         key, (ours, peer) = brought
         link = self._link(key)
-        link.inflight = False
+        link.inflight -= 1
         self._busy -= 1
         if ack.summary == peer:
             link.futile = (ours, peer)  # it changed nothing there: the whole value once, then stop
         link.peer = ack.summary
-        if self.peer_wants(key) and has_news(self._local.get(key), ack.summary):
+        if link.inflight == 0:
+            link.sent = None  # from now on what the peer says it holds is the whole truth
+        if self.peer_wants(key) and has_news(self._local.get(key), self._since(link)):
             self._schedule(key)
         self._pump()
 
@@ -327,7 +337,7 @@ class Core2Link:
 
     @property
     def inflight(self) -> int:
-        return sum(link.inflight for link in self._links.values())
+        return self._busy - sum(link.asked for link in self._links.values())
 
     # ------------------------------------------------------------------ internals
     def _sending(self) -> bool:
@@ -362,10 +372,10 @@ class Core2Link:
             rounds -= 1
             key, _ = self._pending.popitem(last=False)
             link = self._link(key)
-            if link.asked or link.inflight:
+            if link.asked or link.inflight >= self.depth or (link.inflight and link.sent is None):
                 self._pending[key] = None  # its ACK schedules it again
                 continue
-            ours, peer = self._local.get(key), link.peer
+            ours, peer = self._local.get(key), self._since(link)
             if not has_news(ours, peer):
                 continue
             pair = (ours, peer)
@@ -377,6 +387,11 @@ class Core2Link:
             link.asked, link.asked_for = True, pair
             self._busy += 1
             self._events.append(NeedDelta2(key, since, self.max_records))
+
+    @staticmethod
+    def _since(link: _Link2) -> Summary2 | None:
+        """Where the next chunk starts: past what is in flight, or what the peer said it holds."""
+        return link.sent if link.inflight and link.sent is not None else link.peer
 
     def _send(self, message: Message2) -> None:
         packed = encode2(message)

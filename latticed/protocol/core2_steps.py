@@ -19,7 +19,7 @@ steps are a :class:`MalformedError`.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from latticed.crdt import leaf_codec, queue2
 from latticed.crdt.core_errors import GapError, MalformedError
@@ -28,9 +28,42 @@ from latticed.crdt.head2 import HeadV2, Leaf
 from latticed.crdt.leaf_bodies import decode_versions
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import chain_extend
-from latticed.protocol.core2_wire import Steps
+from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 
-__all__ = ["pack_steps", "unpack_steps"]
+__all__ = ["Outgoing2", "outgoing", "pack_steps", "unpack_steps"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing2:
+    """A delta for a peer as the link sends it: with its steps, and what the peer holds once it joined
+    it along our history (None: not known; the link then waits for its ACK before the next chunk)."""
+
+    delta: queue2.Delta
+    steps: Steps | None = None
+    implied: Summary2 | None = None
+
+
+def outgoing(
+    state: QueueState2,
+    since: queue2.Summary | None,
+    max_records: int,
+    max_bytes: int | None = None,
+    *,
+    steps: bool = True,
+) -> Outgoing2:
+    """What a host answers a ``NeedDelta2`` with: ``queue2.delta``, its bodies as steps, and where the
+    next chunk of a backlog starts (our log and the chunk's end: an unforked value the peer's log runs
+    into ends up ours), so chunks stream ahead of the ACKs."""
+    d = queue2.delta(state, since, max_records, max_bytes)
+    implied = None
+    if not state.forked and d.log is not None and d.records:
+        end = d.from_offset + len(d.records)
+        top = state.chain_at(end)
+        if top is not None:
+            ours = link_summary(state).core
+            implied = Summary2(queue2.Summary(ours.log, end, top))
+    packed, stepped = pack_steps(state, d) if steps else (d, None)
+    return Outgoing2(packed, stepped, implied)
 
 
 def _trusted(state: QueueState2, version: int) -> HeadV2 | None:

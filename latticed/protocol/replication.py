@@ -926,7 +926,7 @@ class ReplicationSession:
             self._peer_subscription is None or _matches(self._peer_subscription, key)
         )
         core2.we_want = self._wants_key
-        core2.window, core2.max_records = self.window, self.max_records
+        core2.window, core2.depth, core2.max_records = self.window, self.depth, self.max_records
         if self.peer_features is not None:
             core2.agree(self.peer_features)
         self.core2 = core2

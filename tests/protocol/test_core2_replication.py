@@ -220,3 +220,19 @@ def test_a_forged_core2_delta_is_refused_by_the_host_and_changes_nothing() -> No
     assert host.states2 == {}
     summary, changed = host.merge2(d)
     assert changed and host.states2[KEY] == honest and summary == link_summary(honest)
+
+
+def test_a_backlog_streams_up_to_depth_chunks_ahead_of_the_acks() -> None:
+    state = empty()
+    for i in range(100):
+        state = queue2.commit(state, OWNER, now_ms=1000 + i, records=[Record(value=b"x" * 10)])
+    net = Core2Network(max_records=8, depth=4, window=8, features=frozenset({HEADS_V2}))
+    for n in range(2):
+        net.add(n)
+    net.connect(0, 1)
+    net.node2(0).put2(state)
+    core2 = net.nodes[0].sessions[1].core2
+    assert core2 is not None
+    peak = net.peak_until_quiet(lambda: core2.inflight)
+    assert peak == 4  # the depth, not one chunk per round trip
+    assert net.node2(1).states2[KEY] == state and net.round_number <= 10  # 13 chunks

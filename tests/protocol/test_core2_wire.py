@@ -116,6 +116,13 @@ def test_a_decoded_delta_verifies_and_joins_as_the_one_sent(
     assert outcomes[0] == outcomes[1]
 
 
+@settings(max_examples=200, deadline=None)
+@given(pairs())
+def test_a_link_summary_is_queue2s_summary(pair: tuple[QueueState2, QueueState2]) -> None:
+    for state in pair:
+        assert link_summary(state).core == queue2.summary(state)
+
+
 def test_a_forked_value_names_its_branches_in_its_summary() -> None:
     """Two forked values with the same shared leaves and records may hold other branches: their
     summaries differ by ``heads``, so the link exchanges them."""

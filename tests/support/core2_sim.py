@@ -20,7 +20,7 @@ from latticed.crdt.core_errors import GapError
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
-from latticed.protocol.core2_steps import pack_steps, unpack_steps
+from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 from latticed.protocol.replication import DeltaReceived, NeedDelta, QueueKey, ReplicationSession
 from support.sim import SimNetwork, SimNode
@@ -41,13 +41,10 @@ class MemoryCore2Host:
 
     def delta2_for(
         self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int | None = None
-    ) -> tuple[queue2.Delta, Steps | None] | None:
-        """A delta for ``since`` and its steps (with :attr:`steps` False: plain leaves)."""
+    ) -> Outgoing2 | None:
+        """A delta for ``since`` as the link sends it (with :attr:`steps` False: its bodies whole)."""
         state = self.states2.get(key)
-        if state is None:
-            return None
-        d = queue2.delta(state, since, max_records, max_bytes)
-        return pack_steps(state, d) if self.steps else (d, None)
+        return None if state is None else outgoing(state, since, max_records, max_bytes, steps=self.steps)
 
     def merge2(self, delta: queue2.Delta, steps: Steps | None = None) -> tuple[Summary2, bool]:
         """Rebuild its steps, verify against what is held, join, keep: (what is held now, whether it
@@ -96,8 +93,9 @@ class Core2Node(SimNode):
         assert core2 is not None
         while (event := session.next_event()) is not None:
             if isinstance(event, NeedDelta2):
-                out = self.host2.delta2_for(event.key, event.since, event.max_records)
-                core2.provide_delta(event.key, *(out or (None, None)))
+                core2.provide_delta(
+                    event.key, self.host2.delta2_for(event.key, event.since, event.max_records)
+                )
             elif isinstance(event, Delta2Received):
                 summary, changed = self.host2.merge2(event.delta, event.steps)
                 self.merges2 += 1
