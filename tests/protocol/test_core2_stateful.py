@@ -5,8 +5,8 @@ own histories (records, truncations, metadata), and the owner's recovery on a no
 
 Whenever the network goes quiet with every link up and agreed, every host holds the same value of each
 queue, which is the join of everything any copy signed: the same records, frozen at the same fork point,
-the same epoch, the same branches; all flag the fork. No exceptions. ``CORE2_STATEFUL_EXAMPLES`` sets
-the number of examples (100 by default).
+the same epoch, the same branches; all flag the fork. No exceptions. ``CORE2_STATEFUL_EXAMPLES`` and
+``CORE2_STATEFUL_STEPS`` set the number of examples and steps (100 and 50 by default).
 
 A message is never dropped on its own: sessions run over TCP, where a loss breaks the connection, which
 is what ``link_breaks`` does.
@@ -195,7 +195,7 @@ class Core2Replication(RuleBasedStateMachine):
 
 Core2Replication.TestCase.settings = settings(
     max_examples=int(os.environ.get("CORE2_STATEFUL_EXAMPLES", "100")),
-    stateful_step_count=50,
+    stateful_step_count=int(os.environ.get("CORE2_STATEFUL_STEPS", "50")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
