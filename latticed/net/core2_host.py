@@ -21,10 +21,11 @@ __all__ = ["Core2Host", "PendingMerge2"]
 
 
 class PendingMerge2(Protocol):
-    async def result(self) -> tuple[Summary2, bool]:
+    async def result(self) -> tuple[Summary2 | None, bool]:
         """Wait until it is durably stored: (what we hold now, whether it changed anything). A delta that
-        no longer fits the state (``GapError``) is (what we hold, False); a forged or malformed one
-        raises its IntegrityError or MalformedError (the link closes)."""
+        no longer fits the state (``GapError``) is (what we hold, None if nothing; False) and stores
+        nothing; a forged or malformed one raises its IntegrityError or MalformedError (the link
+        closes). Then ``Core2Link.delta_applied``."""
         ...
 
 

@@ -211,11 +211,17 @@ class Core2Link:
         else:
             self._pump()
 
-    def delta_applied(self, seq: int, summary: Summary2, changed: bool) -> None:
-        """The host verified, joined and stored the delta ``seq``; ``summary`` is what it holds now."""
+    def delta_applied(self, seq: int, summary: Summary2 | None, changed: bool) -> None:
+        """The host verified, joined and stored the delta ``seq``; ``summary`` is what it holds now (None:
+        nothing, as the delta did not fit: then the queue is not remembered here either)."""
         key = self._received.pop(seq, None)
         if key is None:
             raise LocalProtocolError(f"no core-2 delta {seq} is waiting")
+        if summary is None:
+            self._send(Ack2(seq, key, None))
+            if key not in self._local and key not in self._received.values():
+                self._links.pop(key, None)  # a peer's made-up queues cost nothing once answered
+            return
         self._local[key] = summary
         link = self._link(key)
         self._send(Ack2(seq, key, summary))

@@ -6,7 +6,7 @@ decoding are untouched. Each is a msgpack array, type code first::
 
     DIGEST2 [32, [[owner, name, kind, summary], ...]]   what the sender holds, at link start
     DELTA2  [33, seq, summary, delta]                   a chunk of a queue, and what the sender holds
-    ACK2    [34, seq, owner, name, kind, summary]       verified and stored; here is what I hold
+    ACK2    [34, seq, owner, name, kind, summary | nil] verified; here is what I hold (nil: nothing)
     HAVE2   [35, owner, name, kind, summary]            I hold this now (a pruned link, or no news)
     WANT2   [36, owner, name, kind, summary | nil]      graft: send me what I lack
     PRUNE2  [37, owner, name, kind]                     your delta brought nothing: HAVE2s instead
@@ -135,7 +135,7 @@ class Delta2:
 class Ack2:
     seq: int
     key: QueueKey
-    summary: Summary2
+    summary: Summary2 | None  #: None: the receiver holds nothing of it (the delta did not fit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +324,8 @@ def encode2(message: Message2) -> bytes:
             wire = delta_to_wire(message.delta, message.steps)
             return pack([DELTA2, message.seq, summary_to_wire(message.summary), wire])
         case Ack2():
-            return pack([ACK2, message.seq, *_key(message), summary_to_wire(message.summary)])
+            summary = None if message.summary is None else summary_to_wire(message.summary)
+            return pack([ACK2, message.seq, *_key(message), summary])
         case Have2():
             return pack([HAVE2, *_key(message), summary_to_wire(message.summary)])
         case Want2():
@@ -363,7 +364,7 @@ def decode2(raw: list[Any]) -> Message2:
             return Delta2(_seq(raw[1]), summary_from_wire(raw[2]), delta, steps)
         key = check_key(*raw[-4:-1]) if code != PRUNE2 else check_key(*raw[1:])
         if code == ACK2:
-            return Ack2(_seq(raw[1]), key, summary_from_wire(raw[5]))
+            return Ack2(_seq(raw[1]), key, None if raw[5] is None else summary_from_wire(raw[5]))
         if code == HAVE2:
             return Have2(key, summary_from_wire(raw[4]))
         if code == WANT2:

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 from support.core2_sim import Core2Network, MemoryCore2Host
-from support.queue2_histories import OWNER, empty, extend
+from support.queue2_histories import OWNER, catch_up, empty, extend
 
 from latticed.crdt import queue as core
 from latticed.crdt import queue2
@@ -19,7 +19,7 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
 from latticed.errors import LocalProtocolError, RemoteProtocolError
-from latticed.protocol.core2_session import Core2Link, NeedDelta2
+from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
 from latticed.protocol.core2_wire import CORE2_CODES, Delta2, Digest2, encode2, link_summary
 from latticed.protocol.replication import NeedDelta, ReplicationSession
 from latticed.protocol.replication_messages import unpack_message
@@ -236,3 +236,29 @@ def test_a_backlog_streams_up_to_depth_chunks_ahead_of_the_acks() -> None:
     peak = net.peak_until_quiet(lambda: core2.inflight)
     assert peak == 4  # the depth, not one chunk per round trip
     assert net.node2(1).states2[KEY] == state and net.round_number <= 10  # 13 chunks
+
+
+def test_a_delta_of_a_queue_we_do_not_hold_that_does_not_fit_leaves_nothing_behind() -> None:
+    """A chunk from the middle of a queue we never held (a stale or made-up one) is answered with an
+    ACK2 that says we hold nothing, and the queue is not remembered: a peer cannot make us keep what
+    it names."""
+    source = extend(empty(), [("offer", 2)] * 4, b"s")[-1]
+    partial = catch_up(empty(), source, 1, 2)
+    d = queue2.delta(source, queue2.summary(partial), 2)
+    assert d.from_offset == 2 and source.held[0] == 0
+    session, _ = _pair({}, frozenset({HEADS_V2}))
+    core2 = session.core2
+    assert core2 is not None
+    host = MemoryCore2Host()
+    peer_summary = link_summary(source)
+    for seq in (1, 2):
+        session.receive_message(encode2(Delta2(seq, peer_summary, d)))
+    for _ in range(2):
+        event = session.next_event()
+        assert isinstance(event, Delta2Received)
+        summary, changed = host.merge2(event.delta, event.steps)
+        assert (summary, changed) == (None, False)
+        core2.delta_applied(event.seq, summary, changed)
+    acks = [unpack_message(m) for m in session.messages_to_send() if unpack_message(m)[0] == 34]
+    assert [a[-1] for a in acks] == [None, None]
+    assert host.states2 == {} and core2.peer_summary(KEY) is None and core2.withheld == 0

@@ -46,16 +46,18 @@ class MemoryCore2Host:
         state = self.states2.get(key)
         return None if state is None else outgoing(state, since, max_records, max_bytes, steps=self.steps)
 
-    def merge2(self, delta: queue2.Delta, steps: Steps | None = None) -> tuple[Summary2, bool]:
-        """Rebuild its steps, verify against what is held, join, keep: (what is held now, whether it
-        changed). A delta that does not fit any more changes nothing; anything forged raises."""
+    def merge2(self, delta: queue2.Delta, steps: Steps | None = None) -> tuple[Summary2 | None, bool]:
+        """Rebuild its steps, verify against what is held, join, keep: (what is held now, None if
+        nothing; whether it changed). A delta that does not fit any more changes nothing; anything
+        forged raises."""
         key = (delta.owner, delta.name, delta.kind)
-        before = self.states2.get(key) or queue2.empty_state(*key)
+        held = self.states2.get(key)
+        before = held or queue2.empty_state(*key)
         try:
             whole = unpack_steps(before, delta, steps)
             merged = queue2.join_verified(before, queue2.verify_delta(before, whole))
         except GapError:
-            return link_summary(before), False
+            return (None if held is None else link_summary(held)), False
         after = merged.state
         if merged.evidence:
             self.evidence.setdefault(key, []).extend(merged.evidence)
