@@ -19,9 +19,11 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
   changed nothing for the peer is followed once by our whole value (``since`` None: a peer whose log
   parts from ours below what it knows cannot join a piece), then nothing until either side changes.
 * Every local change is pushed on an eager link, and otherwise announced (``HAVE2``) when the peer's
-  summary differs from ours: a peer always learns what we hold, and sends what we lack. A duplicate
-  delta prunes the link for that queue (``PRUNE2``); a ``HAVE2`` with news grafts it back at once
-  (``WANT2``).
+  summary differs from ours: a peer always learns what we hold, and one to which it is news grafts the
+  link at once (``WANT2``). A duplicate delta prunes the link for that queue (``PRUNE2``). A ``HAVE2``
+  of a peer that lacks something of ours is not a reason to push: our news went out as it came (a push
+  there would cross the eager copy still on its way; a live stream on a mesh costs ~1 delta a record
+  a replica).
 
 What it remembers of a peer is only about queues we hold (a peer's summaries of others are not kept) and
 what is in flight (bounded by ``window``); there is no memory across connections: each link starts with
@@ -296,9 +298,7 @@ class Core2Link:
         key, summary = have.key, have.summary
         ours = self._local.get(key)
         if ours is not None:
-            self._link(key).peer = summary
-            if self.peer_wants(key) and has_news(ours, summary):
-                self._schedule(key)
+            self._link(key).peer = summary  # not a reason to push: our news went out as it came
         if self.we_want(key) and has_news(summary, ours):
             link = self._links.get(key)
             if link is not None:

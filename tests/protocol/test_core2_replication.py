@@ -6,6 +6,7 @@ protocol error."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 from support.core2_sim import Core2Network, MemoryCore2Host
@@ -262,3 +263,27 @@ def test_a_delta_of_a_queue_we_do_not_hold_that_does_not_fit_leaves_nothing_behi
     acks = [unpack_message(m) for m in session.messages_to_send() if unpack_message(m)[0] == 34]
     assert [a[-1] for a in acks] == [None, None]
     assert host.states2 == {} and core2.peer_summary(KEY) is None and core2.withheld == 0
+
+
+def test_a_live_stream_crosses_a_mesh_about_once() -> None:
+    """One write per round on a random mesh of 8: pruned links carry HAVE2s, and a HAVE2 of a peer that
+    is behind does not make a replica push what the peer's eager link is already bringing."""
+    rng = random.Random(3)
+    net = Core2Network(features=frozenset({HEADS_V2}))
+    for n in range(8):
+        net.add(n)
+    for n in range(8):
+        for p in rng.sample(range(8), 3):
+            if p != n and p not in net.nodes[n].sessions:
+                net.connect(n, p)
+    state = queue2.commit(empty(), OWNER, now_ms=1, records=[Record(value=b"w")])
+    net.node2(0).put2(state)
+    net.run_until_quiet()
+    merges = sum(net.node2(n).merges2 for n in range(8))
+    for i in range(50):
+        state = queue2.commit(state, OWNER, now_ms=2 + i, records=[Record(value=b"x" * 100)])
+        net.node2(0).put2(state)
+        net.round()
+    assert all(s == state for s in _converged(net))
+    per_record = (sum(net.node2(n).merges2 for n in range(8)) - merges) / 50 / 7
+    assert per_record <= 1.1, per_record
