@@ -28,6 +28,10 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
 What it remembers of a peer is only about queues we hold (a peer's summaries of others are not kept) and
 what is in flight (bounded by ``window``); there is no memory across connections: each link starts with
 whole digests.
+
+Why one module: it is one class whose per-queue bookkeeping (what the peer holds, what is in flight, the
+futile and whole offers, eager or pruned) is one set of invariants every handler touches; the wire forms
+and the steps live apart.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import dataclasses
 import random
 
 import pytest
-from support.core2_sim import Core2Network, MemoryCore2Host
+import trio
+from support.core2_sim import Core2Network, MemoryCore2Host, core2_host
 from support.queue2_histories import OWNER, catch_up, empty, extend
 
 from latticed.crdt import queue as core
@@ -21,8 +22,8 @@ from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
 from latticed.errors import LocalProtocolError, RemoteProtocolError
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
-from latticed.protocol.core2_wire import CORE2_CODES, Delta2, Digest2, encode2, link_summary
-from latticed.protocol.replication import NeedDelta, ReplicationSession
+from latticed.protocol.core2_wire import CORE2_CODES, Delta2, Digest2, Summary2, encode2, link_summary
+from latticed.protocol.replication import DeltaReceived, NeedDelta, ReplicationSession
 from latticed.protocol.replication_messages import unpack_message
 from latticed.protocol.versions import HEADS_V2, queue_expressible
 
@@ -34,7 +35,9 @@ def _history() -> QueueState2:
     return extend(empty(), [("offer", 3), ("offer", 2), ("truncate", 1), ("meta", 0), ("offer", 3)], b"s")[-1]
 
 
-def _pair(local2: dict, features: frozenset[str] | None) -> tuple[ReplicationSession, ReplicationSession]:
+def _pair(
+    local2: dict[tuple[bytes, str, int], Summary2], features: frozenset[str] | None
+) -> tuple[ReplicationSession, ReplicationSession]:
     """A sender holding ``local2`` and an empty receiver, both with a core-2 part, HELLOs exchanged;
     ``features``: what the sender's link agreed on (None: no answer yet)."""
     sender, receiver = ReplicationSession(notices=False), ReplicationSession(notices=False)
@@ -115,9 +118,9 @@ def test_core1_traffic_is_byte_for_byte_unchanged_with_a_core2_part_attached() -
                 if isinstance(event, NeedDelta):
                     a.provide_delta(event.key, core.delta(state, event.since, event.max_records))
             while (event := b.next_event()) is not None:
-                if hasattr(event, "delta") and hasattr(event, "seq"):
-                    held = core.merge(held, event.delta)  # type: ignore[union-attr]
-                    b.delta_applied(event.seq, held.summary(), True)  # type: ignore[union-attr]
+                if isinstance(event, DeltaReceived):
+                    held = core.merge(held, event.delta)
+                    b.delta_applied(event.seq, held.summary(), True)
         runs.append([m for m in wire if unpack_message(m)[0] not in CORE2_CODES])
         assert held == state
     assert runs[0] == runs[1]
@@ -287,3 +290,40 @@ def test_a_live_stream_crosses_a_mesh_about_once() -> None:
     assert all(s == state for s in _converged(net))
     per_record = (sum(net.node2(n).merges2 for n in range(8)) - merges) / 50 / 7
     assert per_record <= 1.1, per_record
+
+
+def test_the_store_interface_is_enough_to_replicate_a_queue() -> None:
+    """Two hosts behind the daemon-side interface (``net/core2_host.Core2Host``: summaries, deltas,
+    merges that verify against what is held), driven as a link's driver would, end up holding one value."""
+    source = _history()
+    hosts = [core2_host(MemoryCore2Host({KEY: source})), core2_host(MemoryCore2Host())]
+    sessions = [ReplicationSession(max_records=2, notices=False) for _ in hosts]
+    for session, host in zip(sessions, hosts, strict=True):
+        session.attach_core2(Core2Link())
+        session.start({})
+        assert session.core2 is not None
+        session.core2.start(host.summaries2())
+        session.agree_features(frozenset({HEADS_V2}))
+
+    async def drive() -> None:
+        for _ in range(50):
+            for me, peer in ((0, 1), (1, 0)):
+                for message in sessions[me].messages_to_send():
+                    sessions[peer].receive_message(message)
+            for session, host in zip(sessions, hosts, strict=True):
+                core2 = session.core2
+                assert core2 is not None
+                while (event := session.next_event()) is not None:
+                    if isinstance(event, NeedDelta2):
+                        core2.provide_delta(
+                            event.key,
+                            await host.delta2_for(event.key, event.since, event.max_records, 1 << 20),
+                        )
+                    elif isinstance(event, Delta2Received):
+                        summary, changed = await host.submit_merge2(
+                            event.delta, event.steps, b"peer"
+                        ).result()
+                        core2.delta_applied(event.seq, summary, changed)
+
+    trio.run(drive)
+    assert hosts[1].summaries2() == hosts[0].summaries2() == {KEY: link_summary(source)}

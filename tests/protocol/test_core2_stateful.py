@@ -54,13 +54,13 @@ class Core2Replication(RuleBasedStateMachine):
         for a, b in TOPOLOGY:
             self.net.connect(a, b)
             self.net.agree(a, b)
-        first = {name: queue2.empty_state(OWNER.public_key, name) for name in QUEUES}
+        first = {queue: queue2.empty_state(OWNER.public_key, queue) for queue in QUEUES}
         self.copies = [Copy(0, first, b"a")]
         #: The join of everything any copy signed, per queue: what every host must hold in the end.
         self.everything: dict[QueueKey, QueueState2] = {}
-        for name in QUEUES:  # a history to start from, so short runs fork and catch up too
-            first[name] = extend(first[name], [("offer", 3)], b"s")[-1]
-            self._publish(self.copies[0], name)
+        for queue in QUEUES:  # a history to start from, so short runs fork and catch up too
+            first[queue] = extend(first[queue], [("offer", 3)], b"s")[-1]
+            self._publish(self.copies[0], queue)
 
     def _publish(self, copy: Copy, name: str) -> None:
         state = copy.states[name]

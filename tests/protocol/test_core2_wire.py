@@ -191,7 +191,7 @@ def _forked_delta() -> queue2.Delta:
 
 def test_too_many_branches_or_too_many_bytes_are_the_peers_error() -> None:
     d = _forked_delta()
-    layout = [33, 1, summary_to_wire(link_summary(queue2.empty_state(*KEY))), delta_to_wire(d)]
+    layout: list[Any] = [33, 1, summary_to_wire(link_summary(queue2.empty_state(*KEY))), delta_to_wire(d)]
     layout[3][3][4] = layout[3][3][4] * (MAX_TIPS // 2 + 1)
     with pytest.raises(RemoteProtocolError, match="branches"):
         _decode(pack(layout))
@@ -295,7 +295,7 @@ def test_bodies_rebuilt_from_steps_have_the_leaves_leaf_codec_rebuilds(
     if len(bodies) < 2:
         return
     first = data.draw(st.integers(0, len(bodies) - 2))
-    prev, versions = bodies[first], []
+    prev, versions = bodies[first], list[HeadV2]()
     for body in bodies[first + 1 :]:
         if body.version != prev.version + len(versions) + 1:
             break

@@ -19,6 +19,7 @@ from latticed.crdt import queue2
 from latticed.crdt.core_errors import GapError
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
+from latticed.net.core2_host import Core2Host, PendingMerge2
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
 from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
@@ -63,6 +64,37 @@ class MemoryCore2Host:
             self.evidence.setdefault(key, []).extend(merged.evidence)
         self.states2[key] = after
         return link_summary(after), after != before
+
+
+class _Stored:
+    def __init__(self, outcome: tuple[Summary2 | None, bool]) -> None:
+        self.outcome = outcome
+
+    async def result(self) -> tuple[Summary2 | None, bool]:
+        return self.outcome
+
+
+class AsyncCore2Host:
+    """A :class:`MemoryCore2Host` behind the interface the daemon's store will provide (mypy checks it
+    is a :class:`~latticed.net.core2_host.Core2Host`)."""
+
+    def __init__(self, memory: MemoryCore2Host) -> None:
+        self.memory = memory
+
+    def summaries2(self) -> Mapping[QueueKey, Summary2]:
+        return self.memory.summaries2()
+
+    async def delta2_for(
+        self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        return self.memory.delta2_for(key, since, max_records, max_bytes)
+
+    def submit_merge2(self, delta: queue2.Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
+        return _Stored(self.memory.merge2(delta, steps))
+
+
+def core2_host(memory: MemoryCore2Host) -> Core2Host:
+    return AsyncCore2Host(memory)
 
 
 @dataclass
