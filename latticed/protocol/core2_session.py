@@ -141,6 +141,9 @@ class Core2Link:
     #: Whether the peer subscribed to a queue, and whether we did (set by ``attach_core2``).
     peer_wants: Callable[[QueueKey], bool] = _always
     we_want: Callable[[QueueKey], bool] = _always
+    #: Whether the link's features express a core-2 queue of this key's kind (``versions.
+    #: queue_expressible``, set by ``attach_core2``): the core needs ``heads-v2``, a kind may need more.
+    expressible: Callable[[QueueKey], bool] = _always
     #: None: the link has not agreed on its features yet; then whether it agreed on ``heads-v2``.
     agreed: bool | None = None
     _started: bool = False
@@ -179,13 +182,15 @@ class Core2Link:
 
     @property
     def withheld(self) -> int:
-        """Core-2 queues we hold that this peer is sent nothing of (it has not agreed on ``heads-v2``)."""
-        return 0 if self.agreed else len(self._local)
+        """Core-2 queues we hold that this peer is sent nothing of (its features cannot express them)."""
+        if not self.agreed:
+            return len(self._local)
+        return sum(1 for key in self._local if not self.expressible(key))
 
     def local_update(self, key: QueueKey, summary: Summary2) -> None:
         """We changed a core-2 queue (own write, recovery, or a merge from another link)."""
         self._local[key] = summary
-        if not self._sending() or not self.peer_wants(key):
+        if not self._sending() or not self._for_peer(key):
             return
         link = self._link(key)
         if link.eager and has_news(summary, link.peer):
@@ -234,7 +239,7 @@ class Core2Link:
         if not changed and not link.pruned:
             link.pruned = True
             self._send(Prune2(key))
-        if self.peer_wants(key) and has_news(summary, link.peer):
+        if self._for_peer(key) and has_news(summary, link.peer):
             self._schedule(key)  # the sender lacks something we hold (the other branch of a fork)
 
     # ------------------------------------------------------------------ peer → link
@@ -294,7 +299,7 @@ class Core2Link:
         link.peer = ack.summary
         if link.inflight == 0:
             link.sent = None  # from now on what the peer says it holds is the whole truth
-        if self.peer_wants(key) and has_news(self._local.get(key), self._since(link)):
+        if self._for_peer(key) and has_news(self._local.get(key), self._since(link)):
             self._schedule(key)
         self._pump()
 
@@ -316,7 +321,7 @@ class Core2Link:
         link = self._link(key)
         link.eager = True
         link.peer = want.summary
-        if self.peer_wants(key) and has_news(self._local[key], want.summary):
+        if self._for_peer(key) and has_news(self._local[key], want.summary):
             self._schedule(key)
 
     # ------------------------------------------------------------------ link → host
@@ -354,13 +359,16 @@ class Core2Link:
         """Whether pushes go out: the link agreed on ``heads-v2`` and the peer's digest came."""
         return bool(self.agreed) and self._started and self._peer_digest
 
+    def _for_peer(self, key: QueueKey) -> bool:
+        return self.peer_wants(key) and self.expressible(key)
+
     def _send_digest(self) -> None:
-        self._send(Digest2(tuple(self._local.items())))
+        self._send(Digest2(tuple((k, s) for k, s in self._local.items() if self.expressible(k))))
 
     def _start_pushing(self) -> None:
         if self._sending():
             for key, summary in self._local.items():
-                if self.peer_wants(key) and has_news(summary, self._link(key).peer):
+                if self._for_peer(key) and has_news(summary, self._link(key).peer):
                     self._pending.setdefault(key)
             self._pump()
 

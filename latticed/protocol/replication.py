@@ -93,7 +93,7 @@ from latticed.protocol.replication_messages import (
     unpack_message,
 )
 from latticed.protocol.replication_state import Command, SessionState, transition
-from latticed.protocol.versions import FEATURE_OF_KIND, expressible
+from latticed.protocol.versions import FEATURE_OF_KIND, expressible, queue_expressible
 
 __all__ = [
     "ACK",
@@ -926,6 +926,7 @@ class ReplicationSession:
             self._peer_subscription is None or _matches(self._peer_subscription, key)
         )
         core2.we_want = self._wants_key
+        core2.expressible = lambda key: queue_expressible(key[2], 2, self.peer_features, self.kind_features)
         core2.window, core2.depth, core2.max_records = self.window, self.depth, self.max_records
         if self.peer_features is not None:
             core2.agree(self.peer_features)

@@ -327,3 +327,27 @@ def test_the_store_interface_is_enough_to_replicate_a_queue() -> None:
 
     trio.run(drive)
     assert hosts[1].summaries2() == hosts[0].summaries2() == {KEY: link_summary(source)}
+
+
+def test_a_core2_queue_of_a_kind_the_peer_cannot_express_is_held_back_on_a_heads_v2_link() -> None:
+    """The gate is per queue: its core needs ``heads-v2`` and its kind what ``FEATURE_OF_KIND`` says."""
+    newer = (OWNER.public_key, "n", 7)
+    summary = link_summary(_history())
+    sender, receiver = (
+        ReplicationSession(notices=False, kind_features={7: "newer-kind"}),
+        ReplicationSession(),
+    )
+    sender.attach_core2(Core2Link())
+    receiver.attach_core2(Core2Link())
+    for session, held in ((sender, {KEY: summary, newer: summary}), (receiver, {})):
+        session.start({})
+        assert session.core2 is not None
+        session.core2.start(held)
+        session.agree_features(frozenset({HEADS_V2}))
+    for message in receiver.messages_to_send():
+        sender.receive_message(message)
+    digest = [unpack_message(m) for m in sender.messages_to_send() if unpack_message(m)[0] == 32]
+    assert [row[1] for row in digest[0][1]] == ["q"]  # the other queue is not even named
+    event = sender.next_event()
+    assert isinstance(event, NeedDelta2) and event.key == KEY and sender.next_event() is None
+    assert sender.withheld == 1
