@@ -20,10 +20,11 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
   parts from ours below what it knows cannot join a piece), then nothing until either side changes.
 * Every local change is pushed on an eager link, and otherwise announced (``HAVE2``) when the peer's
   summary differs from ours: a peer always learns what we hold, and one to which it is news grafts the
-  link at once (``WANT2``). A duplicate delta prunes the link for that queue (``PRUNE2``). A ``HAVE2``
-  of a peer that lacks something of ours is not a reason to push: our news went out as it came (a push
-  there would cross the eager copy still on its way; a live stream on a mesh costs ~1 delta a record
-  a replica).
+  link (``WANT2``), once the link's graft timer ran out without the eager copy (the session's, learned;
+  0: at once). A duplicate delta prunes the link for that queue (``PRUNE2``). A ``HAVE2`` of a peer
+  that lacks something of ours is not a reason to push: our news went out as it came (a push there
+  would cross the eager copy still on its way; a live stream on a mesh costs ~1 delta a record a
+  replica).
 
 What it remembers of a peer is only about queues we hold (a peer's summaries of others are not kept) and
 what is in flight (bounded by ``window``); there is no memory across connections: each link starts with
@@ -144,6 +145,11 @@ class Core2Link:
     #: Whether the link's features express a core-2 queue of this key's kind (``versions.
     #: queue_expressible``, set by ``attach_core2``): the core needs ``heads-v2``, a kind may need more.
     expressible: Callable[[QueueKey], bool] = _always
+    #: How long a HAVE2 with news waits for the eager copy before the WANT2 (0: at once), in the host's
+    #: time units: the session's learned graft timer (set by ``attach_core2``; see :meth:`tick`).
+    graft_delay: Callable[[], float] = lambda: 0.0
+    _grafts: dict[QueueKey, tuple[float, Summary2]] = field(default_factory=dict)
+    _now: float = 0.0
     #: None: the link has not agreed on its features yet; then whether it agreed on ``heads-v2``.
     agreed: bool | None = None
     _started: bool = False
@@ -190,6 +196,8 @@ class Core2Link:
     def local_update(self, key: QueueKey, summary: Summary2) -> None:
         """We changed a core-2 queue (own write, recovery, or a merge from another link)."""
         self._local[key] = summary
+        if self._grafts:
+            self._arrived(key, summary)
         if not self._sending() or not self._for_peer(key):
             return
         link = self._link(key)
@@ -234,6 +242,8 @@ class Core2Link:
                 self._links.pop(key, None)  # a peer's made-up queues cost nothing once answered
             return
         self._local[key] = summary
+        if self._grafts:
+            self._arrived(key, summary)
         link = self._link(key)
         self._send(Ack2(seq, key, summary))
         if not changed and not link.pruned:
@@ -243,9 +253,10 @@ class Core2Link:
             self._schedule(key)  # the sender lacks something we hold (the other branch of a fork)
 
     # ------------------------------------------------------------------ peer → link
-    def receive(self, raw: list[Any]) -> None:
+    def receive(self, raw: list[Any], now: float = 0.0) -> None:
         """One core-2 message (its array, type code first; the session lets none in before the peer's
         HELLO); malformed or out of place: RemoteProtocolError."""
+        self._now = now
         message: Message2 = decode2(raw)
         match message:
             case Digest2():
@@ -309,10 +320,37 @@ class Core2Link:
         if ours is not None:
             self._link(key).peer = summary  # not a reason to push: our news went out as it came
         if self.we_want(key) and has_news(summary, ours):
-            link = self._links.get(key)
-            if link is not None:
-                link.pruned = False
-            self._send(Want2(key, ours))
+            delay = self.graft_delay()
+            if delay <= 0:
+                self._graft(key)
+            else:
+                due = self._grafts.get(key, (self._now + delay, summary))[0]
+                self._grafts[key] = (due, summary)
+
+    def _graft(self, key: QueueKey) -> None:
+        link = self._links.get(key)
+        if link is not None:
+            link.pruned = False
+        self._send(Want2(key, self._local.get(key)))
+
+    def tick(self, now: float) -> None:
+        """The host's clock moved to ``now``: a HAVE2 whose news has not come within the graft delay
+        grafts its link."""
+        self._now = now
+        for key, (due, summary) in list(self._grafts.items()):
+            if due <= now:
+                del self._grafts[key]
+                if has_news(summary, self._local.get(key)):
+                    self._graft(key)
+
+    def next_deadline(self) -> float | None:
+        return min(due for due, _ in self._grafts.values()) if self._grafts else None
+
+    def _arrived(self, key: QueueKey, summary: Summary2) -> None:
+        """We hold ``summary`` now: a graft waiting for news it covers is not needed."""
+        waiting = self._grafts.get(key)
+        if waiting is not None and not has_news(waiting[1], summary):
+            del self._grafts[key]
 
     def _on_want(self, want: Want2) -> None:
         key = want.key

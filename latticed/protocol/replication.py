@@ -740,6 +740,8 @@ class ReplicationSession:
         while the host is still taking in deltas of the queue (:attr:`arrivals`: some link is delivering
         it), unless nothing arrived for ``graft_timeout_max``. Lingering HAVEs fall due."""
         self._now = now
+        if self.core2 is not None:
+            self.core2.tick(now)
         if self._haves and self.have_linger > 0:
             if self._have_due is None:
                 self._have_due = now + self.have_linger
@@ -767,6 +769,9 @@ class ReplicationSession:
         if self._haves and self.have_linger > 0 and not self._haves_due_now:
             due = self._have_due if self._have_due is not None else 0.0  # 0: tick now, to start it
             deadline = due if deadline is None else min(deadline, due)
+        core2 = None if self.core2 is None else self.core2.next_deadline()
+        if core2 is not None:
+            deadline = core2 if deadline is None else min(deadline, core2)
         return deadline
 
     def _on_want(self, want: Want) -> None:
@@ -928,6 +933,7 @@ class ReplicationSession:
         core2.we_want = self._wants_key
         core2.expressible = lambda key: queue_expressible(key[2], 2, self.peer_features, self.kind_features)
         core2.window, core2.depth, core2.max_records = self.window, self.depth, self.max_records
+        core2.graft_delay = lambda: self.graft_delay
         if self.peer_features is not None:
             core2.agree(self.peer_features)
         self.core2 = core2
@@ -938,7 +944,7 @@ class ReplicationSession:
                 raise LocalProtocolError("a core-2 message was fed to a session not started yet")
             raise RemoteProtocolError("the first message must be HELLO")
         assert self.core2 is not None
-        self.core2.receive(raw)
+        self.core2.receive(raw, self._now)
 
     def _wants_key(self, key: QueueKey) -> bool:
         return self.subscription is None or _matches(self.subscription, key)

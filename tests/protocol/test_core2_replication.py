@@ -22,7 +22,7 @@ from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
 from latticed.errors import LocalProtocolError, RemoteProtocolError
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
-from latticed.protocol.core2_wire import CORE2_CODES, Delta2, Digest2, Summary2, encode2, link_summary
+from latticed.protocol.core2_wire import CORE2_CODES, Delta2, Digest2, Have2, Summary2, encode2, link_summary
 from latticed.protocol.replication import DeltaReceived, NeedDelta, ReplicationSession
 from latticed.protocol.replication_messages import unpack_message
 from latticed.protocol.versions import HEADS_V2, queue_expressible
@@ -351,3 +351,22 @@ def test_a_core2_queue_of_a_kind_the_peer_cannot_express_is_held_back_on_a_heads
     event = sender.next_event()
     assert isinstance(event, NeedDelta2) and event.key == KEY and sender.next_event() is None
     assert sender.withheld == 1
+
+
+def test_a_have2_with_news_grafts_only_if_the_eager_copy_has_not_come_within_the_graft_timer() -> None:
+    source = _history()
+    ahead = link_summary(source)
+    for arrives in (False, True):
+        session, _ = _pair({}, frozenset({HEADS_V2}))
+        session.graft_timeout = 1.0
+        core2 = session.core2
+        assert core2 is not None
+        session.messages_to_send()
+        session.receive_message(encode2(Have2(KEY, ahead)), now=10.0)
+        assert not session.messages_to_send() and session.next_deadline() == 11.0
+        if arrives:  # the eager link delivered it meanwhile
+            core2.local_update(KEY, ahead)
+        session.tick(11.0)
+        wants = [m for m in session.messages_to_send() if unpack_message(m)[0] == 36]
+        assert len(wants) == (0 if arrives else 1)
+        assert session.next_deadline() is None

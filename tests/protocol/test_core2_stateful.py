@@ -46,9 +46,19 @@ class Copy:
 
 
 class Core2Replication(RuleBasedStateMachine):
+    #: The sessions' graft timer (see Core2ReplicationWithGraftTimer).
+    GRAFT_TIMEOUT = 0.0
+
     def __init__(self) -> None:
         super().__init__()
-        self.net = Core2Network(window=3, depth=2, max_records=2, features=FEATURES, agree_at_start=False)
+        self.net = Core2Network(
+            window=3,
+            depth=2,
+            max_records=2,
+            features=FEATURES,
+            agree_at_start=False,
+            graft_timeout=self.GRAFT_TIMEOUT,
+        )
         for name in range(NODES):
             self.net.add(name)
         for a, b in TOPOLOGY:
@@ -156,6 +166,10 @@ class Core2Replication(RuleBasedStateMachine):
             self.net.agree(node, peer)
 
     @rule()
+    def clocks_move(self) -> None:
+        self.net.tick_all()
+
+    @rule()
     def network_goes_quiet(self) -> None:
         self._converge()
 
@@ -177,7 +191,10 @@ class Core2Replication(RuleBasedStateMachine):
             if not self.net.connected(a, b):
                 self.net.connect(a, b)
             self.net.agree(a, b)
-        self.net.run_until_quiet(max_rounds=500)
+        for _ in range(50):  # grafts waiting for their timer fall due, until none waits
+            self.net.run_until_quiet(max_rounds=500)
+            if not self.net.tick_all() and self.net.quiet():
+                break
         assert self.net.quiet(), "the network did not go quiet"
         for name in self.net.nodes:
             node = self.net.node2(name)
@@ -200,3 +217,19 @@ Core2Replication.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_core2_replication_converges = Core2Replication.TestCase
+
+
+class Core2ReplicationWithGraftTimer(Core2Replication):
+    """The same with a graft timer: a HAVE2 with news waits for the eager copy until the clock moves,
+    and grafts only if it has not come."""
+
+    GRAFT_TIMEOUT = 1.0
+
+
+Core2ReplicationWithGraftTimer.TestCase.settings = settings(
+    max_examples=int(os.environ.get("CORE2_STATEFUL_EXAMPLES", "100")) // 2,
+    stateful_step_count=int(os.environ.get("CORE2_STATEFUL_STEPS", "50")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_core2_replication_converges_with_a_graft_timer = Core2ReplicationWithGraftTimer.TestCase

@@ -162,6 +162,9 @@ class Core2Network(SimNetwork):
     ``agree_at_start`` is False (then :meth:`agree` does it, as the daemon does once the peer answered)."""
 
     agree_at_start: bool = True
+    #: Each session's graft timer (0: a HAVE2 with news grafts at once; else at a :meth:`tick_all`).
+    graft_timeout: float = 0.0
+    clock: float = 0.0
 
     def add(self, name: int) -> SimNode:
         node = self.nodes[name] = Core2Node(name, incarnation=name.to_bytes(8, "big") + bytes(8))
@@ -178,6 +181,7 @@ class Core2Network(SimNetwork):
                 max_records=self.max_records,
                 key_budget=node.key_budget,
                 incarnation=node.incarnation if self.remember else None,
+                graft_timeout=self.graft_timeout,
             )
             session.attach_core2(Core2Link())
             node.sessions[y] = session
@@ -193,6 +197,16 @@ class Core2Network(SimNetwork):
             if self.agree_at_start:
                 session.agree_features(self.features)
             self._flush(x, y)
+
+    def tick_all(self, step: float = 1.0) -> bool:
+        """Every session's clock moves ``step`` on (messages arrive at time 0, so any waiting graft
+        falls due); returns whether any session still waits for its clock."""
+        self.clock += step
+        for x, node in self.nodes.items():
+            for y, session in node.sessions.items():
+                session.tick(self.clock)
+                self._flush(x, y)
+        return any(s.next_deadline() is not None for n in self.nodes.values() for s in n.sessions.values())
 
     def agree(self, a: int, b: int, features: frozenset[str] | None = None) -> None:
         """Both ends of the link settle on ``features`` (default: the network's)."""
