@@ -29,7 +29,8 @@ PROTOCOL_VERSIONS: Final = (1,)
 #: that speak it too). ``produce``: it commits offers other daemons forward into its queues. ``compact``:
 #: it reads DELTAs, ACKs and HAVEs that leave out what the link's memory rebuilds (protocol/compact.py).
 #: ``identity-notice``: it understands a peer's notice that another daemon runs its identity.
-PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"compact", "identity-notice", "produce"})
+#: ``heads-v2``: it reads queues on the v2 fork core (protocol/core2_wire.py), which only such peers get.
+PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"compact", "heads-v2", "identity-notice", "produce"})
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
 STORE_SCHEMA: Final = 5
 #: Local API versions the daemon answers (a request names its version in ``v``).

@@ -56,11 +56,14 @@ import fnmatch
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from latticed.crdt.queue import QueueDelta, Summary
 from latticed.crdt.wire import pack
 from latticed.errors import LocalProtocolError, RemoteProtocolError
 from latticed.protocol.compact import COMPACT_FEATURE, CompactLink
+from latticed.protocol.core2_session import Core2Event, Core2Link
+from latticed.protocol.core2_wire import CORE2_CODES
 from latticed.protocol.graft import Arrivals, GraftClock
 from latticed.protocol.replication_messages import (
     ACK,
@@ -90,7 +93,7 @@ from latticed.protocol.replication_messages import (
     unpack_message,
 )
 from latticed.protocol.replication_state import Command, SessionState, transition
-from latticed.protocol.versions import FEATURE_OF_KIND, expressible
+from latticed.protocol.versions import FEATURE_OF_KIND, expressible, queue_expressible
 
 __all__ = [
     "ACK",
@@ -373,6 +376,9 @@ class ReplicationSession:
     #: compact once the link agreed on the feature: :meth:`agree_features`).
     _compact: CompactLink = field(default_factory=CompactLink)
     _compact_out: bool = False
+    #: The part that carries queues on the v2 fork core (None: this host holds none and reads none of
+    #: their messages; see :meth:`attach_core2`).
+    core2: Core2Link | None = None
 
     # ------------------------------------------------------------------ host → session
     def start(
@@ -539,6 +545,9 @@ class ReplicationSession:
         (and a message fed before :meth:`start` a LocalProtocolError)."""
         self._now = now
         raw = unpack_message(payload, self.max_message_bytes)
+        if self.core2 is not None and raw[0] in CORE2_CODES:
+            self._core2_receive(raw)
+            return
         message: Message
         if raw[0] in COMPACT_NAMES:
             decoded = self._compact.decode(raw)
@@ -731,6 +740,8 @@ class ReplicationSession:
         while the host is still taking in deltas of the queue (:attr:`arrivals`: some link is delivering
         it), unless nothing arrived for ``graft_timeout_max``. Lingering HAVEs fall due."""
         self._now = now
+        if self.core2 is not None:
+            self.core2.tick(now)
         if self._haves and self.have_linger > 0:
             if self._have_due is None:
                 self._have_due = now + self.have_linger
@@ -758,6 +769,9 @@ class ReplicationSession:
         if self._haves and self.have_linger > 0 and not self._haves_due_now:
             due = self._have_due if self._have_due is not None else 0.0  # 0: tick now, to start it
             deadline = due if deadline is None else min(deadline, due)
+        core2 = None if self.core2 is None else self.core2.next_deadline()
+        if core2 is not None:
+            deadline = core2 if deadline is None else min(deadline, core2)
         return deadline
 
     def _on_want(self, want: Want) -> None:
@@ -774,8 +788,10 @@ class ReplicationSession:
         if self.notices:
             self._events.append(event)
 
-    def next_event(self) -> Event | None:
-        return self._events.popleft() if self._events else None
+    def next_event(self) -> Event | Core2Event | None:
+        if self._events:
+            return self._events.popleft()
+        return None if self.core2 is None else self.core2.next_event()
 
     def next_received(self) -> DeltaReceived | None:
         """The next received delta, with :attr:`received_apart` (else they come from :meth:`next_event`)."""
@@ -783,7 +799,8 @@ class ReplicationSession:
 
     def has_work(self) -> bool:
         """Whether events or messages are waiting (the host's driver sleeps only when this is False)."""
-        return bool(self._events or self._outbox or (self._haves and self._haves_ready()))
+        core2 = self.core2 is not None and self.core2.has_work()
+        return bool(self._events or self._outbox or (self._haves and self._haves_ready()) or core2)
 
     def _haves_ready(self) -> bool:
         return self.have_linger <= 0 or self._haves_due_now
@@ -795,7 +812,12 @@ class ReplicationSession:
         handled: the host then waits for its driver to catch up (:meth:`messages_to_send`,
         :meth:`next_event`) before reading on. Everything the peer can make us queue comes from its
         messages, so this bounds it; a peer that does not read what we send stops being read too."""
-        return self._outbox_bytes < self.max_outbox_bytes and len(self._events) < self.max_events
+        core2 = self.core2
+        outbox, events = (0, 0) if core2 is None else (core2.outbox_bytes, core2.events)
+        return (
+            self._outbox_bytes + outbox < self.max_outbox_bytes
+            and len(self._events) + events < self.max_events
+        )
 
     @property
     def outbox_bytes(self) -> int:
@@ -812,6 +834,8 @@ class ReplicationSession:
                 out.append(pack(self._compact.encode_haves([Have(k, s) for k, s in haves.items()])))
             else:
                 out.extend(encode_message(Have(k, s)) for k, s in haves.items())
+        if self.core2 is not None:
+            out.extend(self.core2.messages_to_send())
         return out
 
     def peer_summaries(self) -> dict[QueueKey, Summary]:
@@ -885,6 +909,8 @@ class ReplicationSession:
         held back goes out now."""
         self.peer_features = features
         self._compact_out = COMPACT_FEATURE in features
+        if self.core2 is not None:
+            self.core2.agree(features)
         now_expressible = {k for k in self._withheld if expressible(k[2], features, self.kind_features)}
         self._withheld -= now_expressible
         if self._state is SessionState.OPEN:
@@ -895,7 +921,30 @@ class ReplicationSession:
     @property
     def withheld(self) -> int:
         """Queues we hold that are not sent to this peer: its protocol version cannot express them."""
-        return len(self._withheld)
+        return len(self._withheld) + (0 if self.core2 is None else self.core2.withheld)
+
+    def attach_core2(self, core2: Core2Link) -> None:
+        """Carry queues on the v2 fork core on this link too (before :meth:`start`; then
+        ``core2.start`` with what we hold of them): ``core2`` follows this session's subscriptions,
+        window and chunk size, and the features it agrees on."""
+        core2.peer_wants = lambda key: (
+            self._peer_subscription is None or _matches(self._peer_subscription, key)
+        )
+        core2.we_want = self._wants_key
+        core2.expressible = lambda key: queue_expressible(key[2], 2, self.peer_features, self.kind_features)
+        core2.window, core2.depth, core2.max_records = self.window, self.depth, self.max_records
+        core2.graft_delay = lambda: self.graft_delay
+        if self.peer_features is not None:
+            core2.agree(self.peer_features)
+        self.core2 = core2
+
+    def _core2_receive(self, raw: list[Any]) -> None:
+        if self._state is not SessionState.OPEN:
+            if self._state is SessionState.IDLE:
+                raise LocalProtocolError("a core-2 message was fed to a session not started yet")
+            raise RemoteProtocolError("the first message must be HELLO")
+        assert self.core2 is not None
+        self.core2.receive(raw, self._now)
 
     def _wants_key(self, key: QueueKey) -> bool:
         return self.subscription is None or _matches(self.subscription, key)

@@ -9,9 +9,10 @@ features it speaks. 0.2.0 answers any op it does not know with a refusal and kee
 answer) means the peer speaks protocol 1 without features (:data:`UNSTATED`). Both then use the highest
 version they share and the features both name (:func:`agree`).
 
-What a feature gates: a queue of a kind that needs a feature (:data:`FEATURE_OF_KIND`) is not offered to
-a peer that lacks it (the session counts what it held back). Until the peer has answered, only what
-every version expresses is sent. No feature exists yet; this is the hook the first one uses.
+What a feature gates: a queue of a kind that needs a feature (:data:`FEATURE_OF_KIND`), or on a core that
+needs one (:data:`FEATURE_OF_CORE`: ``heads-v2`` for queues on the v2 fork core), is not offered to a peer
+that lacks it (the session counts what it held back). Until the peer has answered, only what every
+version expresses is sent. :func:`queue_expressible` is the one test for a queue.
 
 A HELLO of a version we do not speak means the two have none in common (a daemon sends its lowest):
 :func:`incompatible` says so with both sides' versions, never as a key or clock problem.
@@ -27,7 +28,9 @@ from latticed.errors import IncompatiblePeerError, RemoteProtocolError
 from latticed.version import PROTOCOL_FEATURES, PROTOCOL_VERSIONS, RELEASE, span
 
 __all__ = [
+    "FEATURE_OF_CORE",
     "FEATURE_OF_KIND",
+    "HEADS_V2",
     "UNSTATED",
     "VERSIONS_OP",
     "Agreement",
@@ -36,12 +39,17 @@ __all__ = [
     "expressible",
     "incompatible",
     "ours",
+    "queue_expressible",
 ]
 
 #: The request of the link's request/answer sub-protocol that asks a peer what it speaks.
 VERSIONS_OP: Final = "link.versions"
 #: Queue kinds that only a peer speaking the named feature may be sent (none yet).
 FEATURE_OF_KIND: Final[Mapping[int, str]] = {}
+#: The feature of queues on the v2 fork core (a forked queue frozen, its owner's recovery in a new epoch).
+HEADS_V2: Final = "heads-v2"
+#: Queue cores that only a peer speaking the named feature may be sent anything of (1: none needed).
+FEATURE_OF_CORE: Final[Mapping[int, str]] = {2: HEADS_V2}
 
 _MAX_VERSIONS: Final = 64
 _MAX_FEATURES: Final = 64
@@ -136,3 +144,18 @@ def expressible(
     only what needs no feature)."""
     needed = kinds.get(kind)
     return needed is None or (features is not None and needed in features)
+
+
+def queue_expressible(
+    kind: int,
+    core: int,
+    features: frozenset[str] | None,
+    kinds: Mapping[int, str] = FEATURE_OF_KIND,
+    cores: Mapping[int, str] = FEATURE_OF_CORE,
+) -> bool:
+    """Whether anything of a queue of ``kind`` on ``core`` may be sent to a peer speaking ``features``
+    (None: not known yet): its kind and its core must both be expressible."""
+    needed = cores.get(core)
+    return expressible(kind, features, kinds) and (
+        needed is None or (features is not None and needed in features)
+    )

@@ -1,0 +1,65 @@
+"""The versions :mod:`latticed.crdt.leaf_codec` steps encode, rebuilt as head bodies rather than leaves.
+
+A delta that carries records and the log's leaves of the versions ending inside them sends those
+versions as steps; the receiver needs each one's body too (a chunk of records is vouched for by the
+bodies that end inside it, :func:`latticed.crdt.epoch_delta.vouches`), so this decodes the same steps to
+bodies. It reads exactly what :func:`leaf_codec.decode` reads (tests check both give the same leaves); a
+step over records this replica does not hold is a :class:`GapError` here (the sender's view of us was
+stale), not malformed input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from latticed.crdt.core_errors import GapError, MalformedError
+from latticed.crdt.head2 import HeadV2, Leaf, fold_one, next_log
+from latticed.crdt.leaf_codec import _LEAF, _META, _START, _read_varint, _take
+from latticed.crdt.records import MAX_OFFSET
+
+__all__ = ["decode_versions"]
+
+
+def decode_versions(prev: HeadV2, raw: bytes, chain_at: Callable[[int], bytes | None]) -> list[HeadV2 | Leaf]:
+    """The versions after ``prev`` (a body this replica trusts) in ``raw``: an unsigned body for each
+    stepped version (rebuilt from the chain values ``chain_at`` gives), the leaf for each sent as is."""
+    if not isinstance(raw, bytes):
+        raise MalformedError("a log's steps are bytes")
+    out: list[HeadV2 | Leaf] = []
+    at, log = 0, next_log(prev)
+    version, start, end, base = prev.version, prev.start, prev.end, prev.base_hash
+    timestamp, meta_version, meta_hash = prev.timestamp, prev.meta_version, prev.meta_hash
+    while at < len(raw):
+        flags = raw[at]
+        step, at = _read_varint(raw, at + 1)
+        end, version = end + step, version + 1
+        if flags & ~(_START | _META | _LEAF) or (flags & _LEAF and flags != _LEAF) or end > MAX_OFFSET:
+            raise MalformedError("a log step with unknown flags or past the last offset")
+        if flags & _LEAF:
+            leaf = (_take(raw, at, 32), end)
+            at += 32
+            out.append(leaf)
+            log = fold_one(log, *leaf)
+            continue
+        zigzag, at = _read_varint(raw, at)
+        timestamp += -((zigzag + 1) >> 1) if zigzag & 1 else zigzag >> 1
+        if flags & _START:
+            step, at = _read_varint(raw, at)
+            start += step
+            base = chain_at(start) or b""
+        if flags & _META:
+            meta_version, at = _read_varint(raw, at)
+            meta_hash, at = _take(raw, at, 32), at + 32
+        if start > end:
+            raise MalformedError("a head whose start is past its end")
+        if not 0 <= timestamp < 2**64 or meta_version >= 2**64 or version >= 2**64:
+            raise MalformedError("a head's counters are unsigned 64-bit integers")
+        top = chain_at(end)
+        if len(base) != 32 or top is None:
+            raise GapError(f"a head over records this replica does not hold ([{start}, {end}))")
+        body = HeadV2(
+            prev.queue_id, prev.epoch, version, log, start, end, base, top, meta_version, meta_hash, timestamp
+        )
+        out.append(body)
+        log = fold_one(log, *body.leaf())
+    return out

@@ -1,0 +1,455 @@
+"""The part of a replication session that carries queues on the v2 fork core (feature ``heads-v2``).
+
+A :class:`Core2Link` rides on a :class:`~latticed.protocol.replication.ReplicationSession` (attached with
+:meth:`~latticed.protocol.replication.ReplicationSession.attach_core2`), sans-IO as the session is: its
+messages (:mod:`latticed.protocol.core2_wire`) go out with the session's, its events come from the
+session's :meth:`next_event`. Core-1 queues never pass through it, nor does anything of it reach a peer
+before the link agreed on ``heads-v2``: a 0.2.0 peer, or one that has not answered yet, sees nothing of a
+core-2 queue (they count as held back, :attr:`Core2Link.withheld`).
+
+What it does is what the core-1 session does, on a value that is a lattice, so with fewer cases:
+
+* On agreement each side sends ``DIGEST2`` (every core-2 queue it holds); once the peer's has come, what
+  the peer may lack is pushed (a queue the digest does not name: the whole of it).
+* A push is ``queue2.delta`` from the peer's last known summary, chunked by ``max_records``; one chunk of a
+  queue is in flight at a time (``window`` bounds all queues together), and the ``ACK2`` says where the
+  next one starts. Each ``DELTA2`` carries the sender's summary too, so the receiver answers with what the
+  sender lacks (the other branch of a fork, say) without waiting for an announcement.
+* Whether we may hold something the peer lacks is judged by summaries (:func:`has_news`); a delta that
+  changed nothing for the peer is followed once by our whole value (``since`` None: a peer whose log
+  parts from ours below what it knows cannot join a piece), then nothing until either side changes.
+* Every local change is pushed on an eager link, and otherwise announced (``HAVE2``) when the peer's
+  summary differs from ours: a peer always learns what we hold, and one to which it is news grafts the
+  link (``WANT2``), once the link's graft timer ran out without the eager copy (the session's, learned;
+  0: at once). A duplicate delta prunes the link for that queue (``PRUNE2``). A ``HAVE2`` of a peer
+  that lacks something of ours is not a reason to push: our news went out as it came (a push there
+  would cross the eager copy still on its way; a live stream on a mesh costs ~1 delta a record a
+  replica).
+
+What it remembers of a peer is only about queues we hold (a peer's summaries of others are not kept) and
+what is in flight (bounded by ``window``); there is no memory across connections: each link starts with
+whole digests.
+
+Why one module: it is one class whose per-queue bookkeeping (what the peer holds, what is in flight, the
+futile and whole offers, eager or pruned) is one set of invariants every handler touches; the wire forms
+and the steps live apart.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from latticed.crdt import queue2
+from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.protocol.core2_steps import Outgoing2
+from latticed.protocol.core2_wire import (
+    Ack2,
+    Delta2,
+    Digest2,
+    Have2,
+    Message2,
+    Prune2,
+    Steps,
+    Summary2,
+    Want2,
+    decode2,
+    encode2,
+)
+from latticed.protocol.replication_messages import QueueKey
+from latticed.protocol.versions import HEADS_V2
+
+__all__ = ["Core2Event", "Core2Link", "Delta2Received", "NeedDelta2", "has_news"]
+
+
+def has_news(ours: Summary2 | None, theirs: Summary2 | None) -> bool:
+    """Whether we may hold something a peer summarised by ``theirs`` lacks. False only when its summary
+    covers ours along one history (as many leaves or more, the same fold at an equal count; records as
+    far or further, the same chain value at an equal end) or we hold nothing; a peer on another branch
+    that knows more leaves then has news for us, and its delta shows us the fork."""
+    if ours is None or (not ours.core.log.known and not ours.core.held_end and not ours.heads):
+        return False
+    if theirs is None:
+        return True
+    if ours == theirs:
+        return False
+    a, b = ours.core, theirs.core
+    if a.log.epoch != b.log.epoch:
+        return a.log.epoch > b.log.epoch
+    if ours.heads or theirs.heads:
+        return True  # forked: the branches held are settled by exchanging them
+    covers_log = b.log.known > a.log.known or (b.log.known == a.log.known and b.log.fold == a.log.fold)
+    covers_records = b.held_end > a.held_end or (b.held_end == a.held_end and b.held_hash == a.held_hash)
+    return not (covers_log and covers_records)
+
+
+@dataclass(frozen=True, slots=True)
+class NeedDelta2:
+    """Host: ``core2_steps.outgoing(state, since, max_records, max_bytes)`` of ``key``, then
+    :meth:`Core2Link.provide_delta` (None: nothing to send)."""
+
+    key: QueueKey
+    since: queue2.Summary | None
+    max_records: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delta2Received:
+    """Host: ``core2_steps.unpack_steps`` and ``queue2.verify_delta`` against what it holds,
+    ``join_verified`` and store (keep the evidence aside), then :meth:`Core2Link.delta_applied` with what
+    it holds now. A delta that does not fit what it holds any more (``GapError``) is applied as changing
+    nothing; anything forged or malformed closes the link."""
+
+    key: QueueKey
+    seq: int
+    delta: queue2.Delta
+    steps: Steps | None = None
+
+
+Core2Event = NeedDelta2 | Delta2Received
+_Pair = tuple[Summary2 | None, Summary2 | None]
+
+
+@dataclass(slots=True)
+class _Link2:
+    peer: Summary2 | None = None  #: what the peer holds, as far as we know
+    #: What the peer holds once it joined every delta in flight (None: unknown, or none in flight).
+    sent: Summary2 | None = None
+    eager: bool = True  #: False once the peer pruned us: local changes go out as HAVE2
+    pruned: bool = False  #: we pruned the peer, and have not grafted since
+    asked: bool = False
+    inflight: int = 0
+    #: (ours, the peer's) when our last delta from the peer's summary changed nothing for it, and
+    #: when our whole value went out after that: nothing more is sent while both hold exactly that.
+    futile: _Pair | None = None
+    whole: _Pair | None = None
+    asked_for: _Pair | None = None
+
+
+def _always(key: QueueKey) -> bool:
+    return True
+
+
+@dataclass(slots=True)
+class Core2Link:
+    """The core-2 part of one peer link (see the module docstring)."""
+
+    window: int = 8
+    depth: int = 4  #: chunks of one queue in flight ahead of its ACKs
+    max_records: int = 4096
+    #: Whether the peer subscribed to a queue, and whether we did (set by ``attach_core2``).
+    peer_wants: Callable[[QueueKey], bool] = _always
+    we_want: Callable[[QueueKey], bool] = _always
+    #: Whether the link's features express a core-2 queue of this key's kind (``versions.
+    #: queue_expressible``, set by ``attach_core2``): the core needs ``heads-v2``, a kind may need more.
+    expressible: Callable[[QueueKey], bool] = _always
+    #: How long a HAVE2 with news waits for the eager copy before the WANT2 (0: at once), in the host's
+    #: time units: the session's learned graft timer (set by ``attach_core2``; see :meth:`tick`).
+    graft_delay: Callable[[], float] = lambda: 0.0
+    _grafts: dict[QueueKey, tuple[float, Summary2]] = field(default_factory=dict)
+    _now: float = 0.0
+    #: None: the link has not agreed on its features yet; then whether it agreed on ``heads-v2``.
+    agreed: bool | None = None
+    _started: bool = False
+    _local: dict[QueueKey, Summary2] = field(default_factory=dict)
+    _links: dict[QueueKey, _Link2] = field(default_factory=dict)
+    _peer_digest: bool = False
+    _outbox: list[bytes] = field(default_factory=list)
+    _outbox_bytes: int = 0
+    _events: deque[Core2Event] = field(default_factory=deque)
+    _pending: OrderedDict[QueueKey, None] = field(default_factory=OrderedDict)
+    _haves: dict[QueueKey, Summary2] = field(default_factory=dict)
+    _received: dict[int, QueueKey] = field(default_factory=dict)
+    _brings: dict[int, tuple[QueueKey, _Pair]] = field(default_factory=dict)
+    _seq: int = 0
+    _busy: int = 0  #: asks and deltas in flight, all queues
+    stats: dict[str, int] = field(default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0})
+
+    # ------------------------------------------------------------------ host → link
+    def start(self, local: Mapping[QueueKey, Summary2]) -> None:
+        """What we hold of core-2 queues as the link starts (before or after the agreement)."""
+        if self._started:
+            raise LocalProtocolError("core-2 link already started")
+        self._local, self._started = dict(local), True
+        if self.agreed:
+            self._send_digest()
+            self._start_pushing()
+
+    def agree(self, features: frozenset[str]) -> None:
+        """The link settled on ``features`` (the session passes them on)."""
+        if self.agreed:
+            return
+        self.agreed = HEADS_V2 in features
+        if self.agreed and self._started:
+            self._send_digest()
+            self._start_pushing()
+
+    @property
+    def withheld(self) -> int:
+        """Core-2 queues we hold that this peer is sent nothing of (its features cannot express them)."""
+        if not self.agreed:
+            return len(self._local)
+        return sum(1 for key in self._local if not self.expressible(key))
+
+    def local_update(self, key: QueueKey, summary: Summary2) -> None:
+        """We changed a core-2 queue (own write, recovery, or a merge from another link)."""
+        self._local[key] = summary
+        if self._grafts:
+            self._arrived(key, summary)
+        if not self._sending() or not self._for_peer(key):
+            return
+        link = self._link(key)
+        if link.eager and has_news(summary, link.peer):
+            self._schedule(key)
+        elif summary != link.peer:
+            self._haves[key] = summary
+
+    def provide_delta(self, key: QueueKey, out: Outgoing2 | None) -> None:
+        """The answer to a :class:`NeedDelta2` (``core2_steps.outgoing``; None: nothing to send)."""
+        link = self._links.get(key)
+        if link is None or not link.asked:
+            raise LocalProtocolError(f"no delta of {key[1]} was asked for")
+        link.asked, pair = False, link.asked_for
+        self._busy -= 1
+        ours = self._local.get(key)
+        if out is None or ours is None or pair is None:
+            link.futile = link.whole = pair  # nothing to send from here: wait for a change
+            self._pump()
+            return
+        self._seq += 1
+        link.inflight += 1
+        link.sent = out.implied
+        self._busy += 1
+        self._brings[self._seq] = (key, pair)
+        self.stats["deltas_sent"] += 1
+        self._send(Delta2(self._seq, ours, out.delta, out.steps))
+        if out.implied is not None and has_news(ours, out.implied):
+            self._schedule(key)  # the next chunk of a backlog, ahead of this one's ACK
+        else:
+            self._pump()
+
+    def delta_applied(self, seq: int, summary: Summary2 | None, changed: bool) -> None:
+        """The host verified, joined and stored the delta ``seq``; ``summary`` is what it holds now (None:
+        nothing, as the delta did not fit: then the queue is not remembered here either)."""
+        key = self._received.pop(seq, None)
+        if key is None:
+            raise LocalProtocolError(f"no core-2 delta {seq} is waiting")
+        if summary is None:
+            self._send(Ack2(seq, key, None))
+            if key not in self._local and key not in self._received.values():
+                self._links.pop(key, None)  # a peer's made-up queues cost nothing once answered
+            return
+        self._local[key] = summary
+        if self._grafts:
+            self._arrived(key, summary)
+        link = self._link(key)
+        self._send(Ack2(seq, key, summary))
+        if not changed and not link.pruned:
+            link.pruned = True
+            self._send(Prune2(key))
+        if self._for_peer(key) and has_news(summary, link.peer):
+            self._schedule(key)  # the sender lacks something we hold (the other branch of a fork)
+
+    # ------------------------------------------------------------------ peer → link
+    def receive(self, raw: list[Any], now: float = 0.0) -> None:
+        """One core-2 message (its array, type code first; the session lets none in before the peer's
+        HELLO); malformed or out of place: RemoteProtocolError."""
+        self._now = now
+        message: Message2 = decode2(raw)
+        match message:
+            case Digest2():
+                self._on_digest(message)
+            case Delta2():
+                self._on_delta(message)
+            case Ack2():
+                self._on_ack(message)
+            case Have2():
+                self._on_have(message)
+            case Want2():
+                self._on_want(message)
+            case Prune2():
+                link = self._links.get(message.key)
+                if link is not None:
+                    link.eager = False
+
+    def _on_digest(self, digest: Digest2) -> None:
+        if self._peer_digest:
+            raise RemoteProtocolError("DIGEST2 twice")
+        self._peer_digest = True
+        for key, summary in digest.entries:
+            if key in self._local:
+                self._link(key).peer = summary
+        self._start_pushing()
+
+    def _on_delta(self, message: Delta2) -> None:
+        seq, delta = message.seq, message.delta
+        key = (delta.owner, delta.name, delta.kind)
+        if seq in self._received:
+            raise RemoteProtocolError("DELTA2 needs a fresh sequence number")
+        if len(self._received) >= self.window:
+            raise RemoteProtocolError("peer exceeded the delta window")
+        if not self.we_want(key):
+            raise RemoteProtocolError(f"peer sent {key[0].hex()}/{key[1]}, which we did not subscribe to")
+        self._received[seq] = key
+        self._link(key).peer = message.summary  # tracked whatever we hold: the window bounds these
+        self.stats["deltas_received"] += 1
+        self._events.append(Delta2Received(key, seq, delta, message.steps))
+
+    def _on_ack(self, ack: Ack2) -> None:
+        brought = self._brings.pop(ack.seq, None)
+        if brought is None or brought[0] != ack.key:
+            raise RemoteProtocolError("ACK2 for a delta we did not send")
+        key, (ours, peer) = brought
+        link = self._link(key)
+        link.inflight -= 1
+        self._busy -= 1
+        if ack.summary == peer:
+            link.futile = (ours, peer)  # it changed nothing there: the whole value once, then stop
+        link.peer = ack.summary
+        if link.inflight == 0:
+            link.sent = None  # from now on what the peer says it holds is the whole truth
+        if self._for_peer(key) and has_news(self._local.get(key), self._since(link)):
+            self._schedule(key)
+        self._pump()
+
+    def _on_have(self, have: Have2) -> None:
+        key, summary = have.key, have.summary
+        ours = self._local.get(key)
+        if ours is not None:
+            self._link(key).peer = summary  # not a reason to push: our news went out as it came
+        if self.we_want(key) and has_news(summary, ours):
+            delay = self.graft_delay()
+            if delay <= 0:
+                self._graft(key)
+            else:
+                due = self._grafts.get(key, (self._now + delay, summary))[0]
+                self._grafts[key] = (due, summary)
+
+    def _graft(self, key: QueueKey) -> None:
+        link = self._links.get(key)
+        if link is not None:
+            link.pruned = False
+        self._send(Want2(key, self._local.get(key)))
+
+    def tick(self, now: float) -> None:
+        """The host's clock moved to ``now``: a HAVE2 whose news has not come within the graft delay
+        grafts its link."""
+        self._now = now
+        for key, (due, summary) in list(self._grafts.items()):
+            if due <= now:
+                del self._grafts[key]
+                if has_news(summary, self._local.get(key)):
+                    self._graft(key)
+
+    def next_deadline(self) -> float | None:
+        return min(due for due, _ in self._grafts.values()) if self._grafts else None
+
+    def _arrived(self, key: QueueKey, summary: Summary2) -> None:
+        """We hold ``summary`` now: a graft waiting for news it covers is not needed."""
+        waiting = self._grafts.get(key)
+        if waiting is not None and not has_news(waiting[1], summary):
+            del self._grafts[key]
+
+    def _on_want(self, want: Want2) -> None:
+        key = want.key
+        if key not in self._local:
+            return  # nothing to send
+        link = self._link(key)
+        link.eager = True
+        link.peer = want.summary
+        if self._for_peer(key) and has_news(self._local[key], want.summary):
+            self._schedule(key)
+
+    # ------------------------------------------------------------------ link → host
+    def next_event(self) -> Core2Event | None:
+        return self._events.popleft() if self._events else None
+
+    def has_work(self) -> bool:
+        return bool(self._events or self._outbox or self._haves)
+
+    @property
+    def outbox_bytes(self) -> int:
+        return self._outbox_bytes
+
+    @property
+    def events(self) -> int:
+        return len(self._events)
+
+    def messages_to_send(self) -> list[bytes]:
+        out, self._outbox, self._outbox_bytes = self._outbox, [], 0
+        if self._haves:
+            haves, self._haves = self._haves, {}
+            out.extend(encode2(Have2(key, summary)) for key, summary in haves.items())
+        return out
+
+    def peer_summary(self, key: QueueKey) -> Summary2 | None:
+        link = self._links.get(key)
+        return None if link is None else link.peer
+
+    @property
+    def inflight(self) -> int:
+        return self._busy - sum(link.asked for link in self._links.values())
+
+    # ------------------------------------------------------------------ internals
+    def _sending(self) -> bool:
+        """Whether pushes go out: the link agreed on ``heads-v2`` and the peer's digest came."""
+        return bool(self.agreed) and self._started and self._peer_digest
+
+    def _for_peer(self, key: QueueKey) -> bool:
+        return self.peer_wants(key) and self.expressible(key)
+
+    def _send_digest(self) -> None:
+        self._send(Digest2(tuple((k, s) for k, s in self._local.items() if self.expressible(k))))
+
+    def _start_pushing(self) -> None:
+        if self._sending():
+            for key, summary in self._local.items():
+                if self._for_peer(key) and has_news(summary, self._link(key).peer):
+                    self._pending.setdefault(key)
+            self._pump()
+
+    def _link(self, key: QueueKey) -> _Link2:
+        link = self._links.get(key)
+        if link is None:
+            link = self._links[key] = _Link2()
+        return link
+
+    def _schedule(self, key: QueueKey) -> None:
+        if self._sending():
+            self._pending.setdefault(key)
+            self._pump()
+
+    def _pump(self) -> None:
+        """Ask the host for deltas while the window has room; one ask or delta in flight per queue."""
+        rounds = len(self._pending)
+        while self._pending and rounds > 0 and self._busy < self.window:
+            rounds -= 1
+            key, _ = self._pending.popitem(last=False)
+            link = self._link(key)
+            if link.asked or link.inflight >= self.depth or (link.inflight and link.sent is None):
+                self._pending[key] = None  # its ACK schedules it again
+                continue
+            ours, peer = self._local.get(key), self._since(link)
+            if not has_news(ours, peer):
+                continue
+            pair = (ours, peer)
+            since = None if peer is None else peer.core
+            if link.futile == pair:
+                if link.whole == pair:
+                    continue
+                link.whole, since = pair, None
+            link.asked, link.asked_for = True, pair
+            self._busy += 1
+            self._events.append(NeedDelta2(key, since, self.max_records))
+
+    @staticmethod
+    def _since(link: _Link2) -> Summary2 | None:
+        """Where the next chunk starts: past what is in flight, or what the peer said it holds."""
+        return link.sent if link.inflight and link.sent is not None else link.peer
+
+    def _send(self, message: Message2) -> None:
+        packed = encode2(message)
+        self._outbox.append(packed)
+        self._outbox_bytes += len(packed)

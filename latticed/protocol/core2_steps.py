@@ -1,0 +1,139 @@
+"""The head bodies a core-2 delta carries, sent as :mod:`latticed.crdt.leaf_codec` steps.
+
+A chunk of records is vouched for by the bodies of the heads that end inside it (232 bytes each, one per
+version: a queue of single offers sends one per record). Such a body is mostly what the records say (its
+chain values at start and end) or what the version before it said, so it travels as ~3 bytes of steps
+after a body the receiver already trusts: the one of the version just before the chunk's first, which
+ends where the receiver's records end (it came with the previous chunk, or it is the receiver's head).
+The receiver rebuilds the bodies from the records' chain values; each one must be on its verified log
+(``queue2.verify_delta`` checks it, ``epoch_delta.vouches``), and the leaves of the versions its log does
+not know yet go into the delta's log, whose signed head authenticates them (a changed record changes a
+rebuilt body, and the fold no longer matches). Those leaves are then left out of the delta's log too.
+
+:func:`pack_steps` is the sender's (it sends the delta as it is when it lacks that body, the versions
+are not the run it expects, or the receiver does not know that version); :func:`unpack_steps` the
+receiver's, before ``queue2.verify_delta``. Steps the receiver cannot rebuild from what it holds now (its
+state moved since its summary) are a :class:`GapError`, as any delta that no longer fits; malformed
+steps are a :class:`MalformedError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from latticed.crdt import leaf_codec, queue2
+from latticed.crdt.core_errors import GapError, MalformedError
+from latticed.crdt.epoch_delta import vouches
+from latticed.crdt.head2 import HeadV2, Leaf
+from latticed.crdt.leaf_bodies import decode_versions
+from latticed.crdt.queue2 import QueueState2
+from latticed.crdt.records import chain_extend
+from latticed.protocol.core2_wire import Steps, Summary2, link_summary
+
+__all__ = ["Outgoing2", "outgoing", "pack_steps", "unpack_steps"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing2:
+    """A delta for a peer as the link sends it: with its steps, and what the peer holds once it joined
+    it along our history (None: not known; the link then waits for its ACK before the next chunk)."""
+
+    delta: queue2.Delta
+    steps: Steps | None = None
+    implied: Summary2 | None = None
+
+
+def outgoing(
+    state: QueueState2,
+    since: queue2.Summary | None,
+    max_records: int,
+    max_bytes: int | None = None,
+    *,
+    steps: bool = True,
+) -> Outgoing2:
+    """What a host answers a ``NeedDelta2`` with: ``queue2.delta``, its bodies as steps, and where the
+    next chunk of a backlog starts (our log and the chunk's end: an unforked value the peer's log runs
+    into ends up ours), so chunks stream ahead of the ACKs."""
+    d = queue2.delta(state, since, max_records, max_bytes)
+    implied = None
+    if not state.forked and d.log is not None and d.records:
+        end = d.from_offset + len(d.records)
+        top = state.chain_at(end)
+        if top is not None:
+            ours = link_summary(state).core
+            implied = Summary2(queue2.Summary(ours.log, end, top))
+    packed, stepped = pack_steps(state, d) if steps else (d, None)
+    return Outgoing2(packed, stepped, implied)
+
+
+def _trusted(state: QueueState2, version: int) -> HeadV2 | None:
+    """A body of ``version`` on ``state``'s log that ``state`` holds (a body, or its newest head)."""
+    heads = (*state.bodies, *(t.head for t in state.chains.tips))
+    return next((h for h in heads if h.version == version and vouches(state.chains, h)), None)
+
+
+def pack_steps(state: QueueState2, d: queue2.Delta) -> tuple[queue2.Delta, Steps | None]:
+    """``d`` (from ``queue2.delta(state, ...)``) without the bodies that steps rebuild, nor the leaves of
+    its log they rebuild, and those steps (None: ``d`` goes as it is)."""
+    log, bodies = d.log, d.bodies
+    if log is None or log.value.forked or not bodies or state.forked:
+        return d, None
+    first, last = bodies[0].version, bodies[-1].version
+    if [b.version for b in bodies] != list(range(first, last + 1)) or first - 1 > log.base:
+        return d, None  # not one run of versions, or one the receiver does not know the start of
+    prev = _trusted(state, first - 1)
+    if prev is None:
+        return d, None
+    lo, to = d.from_offset, d.from_offset + len(d.records)
+    versions: list[HeadV2 | Leaf] = []
+    kept: list[HeadV2] = []
+    last_start = prev.start
+    for body in bodies:
+        if body.start == last_start or lo <= body.start <= to:
+            versions.append(body)
+            last_start = body.start
+        else:
+            versions.append(body.leaf())
+            kept.append(body)
+    if len(kept) == len(bodies):
+        return d, None
+    full = log.value.shared  # versions base+1 .. the tip's version - 1
+    shared = full[max(0, min(last - log.base, len(full))) :]  # past the last body's version
+    piece = replace(log, value=replace(log.value, shared=shared))
+    return replace(d, log=piece, bodies=tuple(kept)), (prev.version, leaf_codec.encode(prev, versions))
+
+
+def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> queue2.Delta:
+    """``d`` with the bodies and leaves ``steps`` rebuild put back, against what ``state`` holds."""
+    if steps is None:
+        return d
+    version, raw = steps
+    log = d.log
+    if log is None or version > log.base or len(log.value.tips) != 1:
+        raise MalformedError("steps come with an unforked log, after a version it names")
+    if state.chains.epoch != log.value.epoch:
+        raise GapError("steps after a head of another epoch")
+    prev = _trusted(state, version)
+    if prev is None:
+        raise GapError(f"steps after version {version}, which this replica does not hold")
+    frm, records = d.from_offset, d.records
+    base = state.chain_at(frm)
+    if base is None:
+        raise GapError(f"records from {frm}, this replica holds {state.held}")
+    chain = chain_extend(base, frm, records) if records else []
+    end = frm + len(records)
+
+    def chain_at(offset: int) -> bytes | None:
+        if offset <= frm:
+            return state.chain_at(offset)
+        return chain[offset - frm - 1] if offset <= end else None
+
+    items = decode_versions(prev, raw, chain_at)
+    leaves = [i if isinstance(i, tuple) else i.leaf() for i in items]
+    rebuilt = [i for i in items if isinstance(i, HeadV2)]
+    # The leaves of versions base+1 .. up to the tip's (which is in the log as a head) go into the log.
+    top = min(version + len(leaves), log.value.tips[0].head.version - 1)
+    shared = (*leaves[log.base - version : max(0, top - version)], *log.value.shared)
+    bodies = tuple(sorted((*d.bodies, *rebuilt), key=lambda b: (b.end, b.version)))
+    piece = replace(log, value=replace(log.value, shared=shared))
+    return replace(d, log=piece, bodies=bodies)
