@@ -17,6 +17,7 @@ and a daemon outside it could neither read back nor check what it wrote (share t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Final, Protocol
@@ -92,12 +93,20 @@ def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
     if set(map(type, sent)) <= {list, type(None)} and not any(
         sent
     ):  # the common case: the producer header alone, one tuple shared by every record
-        headers: list[Headers] = [(stamp,)] * n
+        headers: list[Headers] = [_stamp(producer_hex)] * n
     else:
         headers = [(*_headers(hdr), stamp) for hdr in sent]
     run = RecordRun(values, keys, timestamps, headers)
     check_records(run)
     return run
+
+
+@lru_cache(maxsize=256)
+def _stamp(producer_hex: str) -> Headers:
+    """The headers of a record offered by ``producer_hex`` and nothing else: one tuple per producer,
+    shared by its requests, so the owner's passes over a commit's header column (equal headers once)
+    find them equal by identity instead of comparing each."""
+    return ((PRODUCER_HEADER, producer_hex.encode()),)
 
 
 def _plain_run(raw: Any, producer_hex: str, now: int) -> tuple[RecordRun, int] | None:
@@ -113,8 +122,7 @@ def _plain_run(raw: Any, producer_hex: str, now: int) -> tuple[RecordRun, int] |
         return None
     values, keys, size = split
     n = len(values)
-    stamp = ((PRODUCER_HEADER, producer_hex.encode()),)
-    return RecordRun.checked(values, keys, repeat(now, n), [stamp] * n), size
+    return RecordRun.checked(values, keys, repeat(now, n), [_stamp(producer_hex)] * n), size
 
 
 def retry_digest(

@@ -293,3 +293,16 @@ def test_without_the_extension_nothing_differs_but_speed() -> None:
     )
     assert len(state.checkpoints) > 2
     assert state.entries.records() == list(run)
+
+
+def test_a_producers_requests_share_one_headers_tuple() -> None:
+    """The owner's passes over a commit's header column (equal headers once) compare by identity first:
+    every request of one producer stamps its records with the very same tuple, on either path."""
+    raw = [[b"v", b"k", []]] * 3
+    for build in (
+        lambda: produced_run(raw, PRODUCER, 1),
+        lambda: python_only(lambda: produced_run(raw, PRODUCER, 2)),
+    ):
+        first, second = build(), build()
+        assert first.headers is not None and second.headers is not None
+        assert first.headers[0] is second.headers[0] == (("lattice.producer", PRODUCER.encode()),)
