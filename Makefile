@@ -10,10 +10,10 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # The editable install is redone only when what it reads changed since the stamp (pyproject.toml, setup.py,
-# the compiled sealer's and chain hasher's sources), so a second `make demo` starts at once; `make clean` forces it.
+# the compiled sealer's, chain hasher's and column passes' sources), so a second `make demo` starts at once; `make clean` forces it.
 STAMP := $(VENV)/.installed
 
-$(STAMP): $(BIN)/python pyproject.toml setup.py latticed/privacy/_seal_build.py latticed/crdt/_chain_build.py
+$(STAMP): $(BIN)/python pyproject.toml setup.py latticed/privacy/_seal_build.py latticed/crdt/_chain_build.py latticed/crdt/_columns_build.py latticed/crdt/_columns.c
 	$(BIN)/pip install -q -e '.[dev,spark]'
 	touch $@
 

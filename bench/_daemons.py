@@ -150,6 +150,26 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and every descendant alive now, each with its reaped
+    children's (Linux): what a run costs the box in all (Spark's JVM, its Python workers, a daemon)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                parents[int(entry.name)] = int(fields[1])
+                times[int(entry.name)] = sum(int(f) for f in fields[11:15]) / tick
+    total, pending = 0.0, [pid]
+    while pending:
+        current = pending.pop()
+        total += times.get(current, 0.0)
+        pending += [child for child, parent in parents.items() if parent == current]
+    return total
+
+
 def rss_mb(pid: int) -> float:
     """Resident memory of a process (Linux), in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -16,6 +16,8 @@ INPUTS = [
     "setup.py",
     "latticed/privacy/_seal_build.py",
     "latticed/crdt/_chain_build.py",
+    "latticed/crdt/_columns_build.py",
+    "latticed/crdt/_columns.c",
 ]
 
 

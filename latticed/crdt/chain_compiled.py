@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
+from latticed.crdt import columns_compiled
+
 #: BLAKE2b's personalisation is 16 bytes; hashlib pads a shorter one with zeros, and so must the caller.
 PERSON_BYTES = 16
 
@@ -60,19 +62,26 @@ def extend(
     record_person, chain_person = persons
     if len(base) != 32 or not 0 <= first_offset <= 2**64 - n:
         return None
+    columns = columns_compiled.load()
     try:
-        joined = b"".join(values)
-        value_lengths = array("I", map(len, values))
-        absent = keys.count(None)
-        if absent == n:
-            key_lengths = array("i", [-1]) * n
-            joined_keys = b""
-        elif not absent:
-            key_lengths = array("i", map(len, keys))  # type: ignore[arg-type]
-            joined_keys = b"".join(keys)  # type: ignore[arg-type]
+        laid_out = None
+        if columns is not None and type(values) is tuple and type(keys) is tuple:
+            laid_out = columns.packed(values, keys)
+        if laid_out is not None:  # one C pass over both columns
+            joined, value_lengths, joined_keys, key_lengths = laid_out
         else:
-            key_lengths = array("i", [-1 if k is None else len(k) for k in keys])
-            joined_keys = b"".join([k for k in keys if k])
+            joined = b"".join(values)
+            value_lengths = array("I", map(len, values))
+            absent = keys.count(None)
+            if absent == n:
+                key_lengths = array("i", [-1]) * n
+                joined_keys = b""
+            elif not absent:
+                key_lengths = array("i", map(len, keys))  # type: ignore[arg-type]
+                joined_keys = b"".join(keys)  # type: ignore[arg-type]
+            else:
+                key_lengths = array("i", [-1 if k is None else len(k) for k in keys])
+                joined_keys = b"".join([k for k in keys if k])
         stamps = array("q", timestamps)
         if isinstance(tails, bytes):
             joined_tails, tail_lengths = tails, ffi.NULL
@@ -92,6 +101,8 @@ def extend(
         return None
     if status:  # pragma: no cover - out of memory, or libsodium refused a size it takes
         raise AssertionError(f"the compiled chain hasher refused a batch ({status})")
+    if columns is not None:
+        return columns.pieces(out, 32)  # type: ignore[no-any-return]
     return list(struct.unpack("32s" * n, out))  # one C call, not a slice per record
 
 

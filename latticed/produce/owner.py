@@ -17,14 +17,16 @@ and a daemon outside it could neither read back nor check what it wrote (share t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Final, Protocol
 
+from latticed.crdt import columns_compiled
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
 from latticed.crdt.head import KIND_QUEUE, queue_id
 from latticed.crdt.queue import QueueState
-from latticed.crdt.records import Headers, RecordRun, check_records
+from latticed.crdt.records import MAX_KEY_BYTES, MAX_VALUE_BYTES, Headers, RecordRun, check_records
 from latticed.errors import MalformedError, NotAllowedError, NotFoundError, NotOwnerError
 from latticed.net.leasing import LeaseServer
 from latticed.produce.dedup import (
@@ -42,6 +44,8 @@ from latticed.storage.sealer import SealableStore, Sealer
 PRODUCE_OP: Final = "produce"
 #: Records one request may carry.
 MAX_RECORDS: Final = 100_000
+#: Characters of the producer header's value the plain path takes (an identity's hex is 64).
+_HEADER_VALUE: Final = 1024
 
 
 class ProduceStore(SealableStore, Protocol):
@@ -59,7 +63,12 @@ class ProduceStore(SealableStore, Protocol):
 def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
     """Records ``[value, key, headers]`` or ``[value, key, headers, timestamp_ms]`` from a producer, each
     stamped with the producer header (one it sent itself is refused), checked. Built a column at a time
-    (as a local ``offer_batch`` is): a per-record loop cost the owner more than signing the records."""
+    (as a local ``offer_batch`` is): a per-record loop cost the owner more than signing the records.
+    Records ``[value, key, []]`` within the limits (the sink's) are split in one C pass where the column
+    passes were built (:mod:`latticed.crdt.columns_compiled`); anything else takes the checks below."""
+    plain = _plain_run(raw, producer_hex, now)
+    if plain is not None:
+        return plain[0]
     if type(raw) is not list or not 0 < len(raw) <= MAX_RECORDS:
         raise MalformedError(f"'records' is a list of 1-{MAX_RECORDS} [value, key, headers(, timestamp)]")
     lengths = set(map(len, raw))
@@ -84,7 +93,7 @@ def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
     if set(map(type, sent)) <= {list, type(None)} and not any(
         sent
     ):  # the common case: the producer header alone, one tuple shared by every record
-        headers: list[Headers] = [(stamp,)] * n
+        headers: list[Headers] = [_stamp(producer_hex)] * n
     else:
         headers = [(*_headers(hdr), stamp) for hdr in sent]
     run = RecordRun(values, keys, timestamps, headers)
@@ -92,10 +101,39 @@ def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
     return run
 
 
-def retry_digest(raw: list[list[Any]], run: RecordRun, packed: bytes | memoryview | None) -> bytes:
+@lru_cache(maxsize=256)
+def _stamp(producer_hex: str) -> Headers:
+    """The headers of a record offered by ``producer_hex`` and nothing else: one tuple per producer,
+    shared by its requests, so the owner's passes over a commit's header column (equal headers once)
+    find them equal by identity instead of comparing each."""
+    return ((PRODUCER_HEADER, producer_hex.encode()),)
+
+
+def _plain_run(raw: Any, producer_hex: str, now: int) -> tuple[RecordRun, int] | None:
+    """:func:`produced_run` of records ``[value, key, []]`` (or ``None`` headers), values and keys within
+    the limits, in one C pass, and the bytes msgpack packs ``raw`` into; None if the column passes were
+    not built or the records are of another shape. The run is marked checked: ``offered`` accepts only
+    values and keys :func:`check_records` passes, and the clock and the header are checked here."""
+    columns = columns_compiled.load()
+    if columns is None or type(now) is not int or not 0 <= now < 2**63 or len(producer_hex) > _HEADER_VALUE:
+        return None
+    split = columns.offered(raw, MAX_RECORDS, MAX_VALUE_BYTES, MAX_KEY_BYTES)
+    if split is None:
+        return None
+    values, keys, size = split
+    n = len(values)
+    return RecordRun.checked(values, keys, repeat(now, n), [_stamp(producer_hex)] * n), size
+
+
+def retry_digest(
+    raw: list[list[Any]], run: RecordRun, packed: bytes | memoryview | None, size: int | None = None
+) -> bytes:
     """:func:`~latticed.produce.dedup.offered_digest` of ``raw`` (``run``: :func:`produced_run` of it),
     from ``packed``, the bytes ``raw`` was decoded from (None: unknown), when they are what packing
-    ``raw`` gives: the same digest either way, without packing the sink's records again."""
+    ``raw`` gives: the same digest either way, without packing the sink's records again. ``size``: the
+    bytes packing ``raw`` gives, if known (records ``[value, key, []]`` whose columns gave it)."""
+    if size is not None:
+        return offered_digest(raw, packed if packed is not None and len(packed) == size else None)
     return offered_digest(raw, packed if _verbatim(raw, run, packed) else None)
 
 
@@ -180,11 +218,12 @@ class OfferServer:
         if peer != engine.public_key:
             self.check_allowed(peer, q, state)
         now = engine.clock()
-        run = produced_run(records, peer.hex(), now)
+        plain = _plain_run(records, peer.hex(), now)
+        run, size = plain if plain is not None else (produced_run(records, peer.hex(), now), None)
         engine.require_owner(q, "offer")
         inner = self.sealer.append_job(q, run)
         qid = queue_id(state.owner, state.name, state.kind)
-        digest = retry_digest(records, run, packed)
+        digest = retry_digest(records, run, packed, size)
         return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), digest=digest, now_ms=now))
 
     def check_allowed(self, peer: bytes, q: int, state: QueueState) -> None:

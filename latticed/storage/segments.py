@@ -27,6 +27,7 @@ from typing import Any, Final, cast
 
 import msgpack
 
+from latticed.crdt import columns_compiled
 from latticed.crdt.records import MIXED, Headers, Record, RecordRun, uniform
 from latticed.storage import timeindex
 
@@ -181,13 +182,12 @@ def _array_head(n: int) -> bytes:
 def _pack_same(column: list[Any]) -> bytes:
     """msgpack of ``column``; one whose items are all the same (a producer's header on every record, the
     owner's clock on every timestamp) is packed by packing the item once: msgpack writes equal items of
-    one type as equal bytes (True equals 1 but is packed otherwise: an int column is checked for it)."""
+    one type as equal bytes."""
     first = column[0] if column else None
-    if type(first) not in (int, list) or column.count(first) != len(column):
-        return _pack(column)
-    if type(first) is int and set(map(type, column)) != {int}:
-        return _pack(column)
-    return _array_head(len(column)) + _pack(first) * len(column)
+    same_int = type(first) is int and columns_compiled.same_int(column)  # True == 1, packed otherwise
+    if same_int or (type(first) is list and column.count(first) == len(column)):
+        return _array_head(len(column)) + _pack(first) * len(column)
+    return _pack(column)
 
 
 def stored_headers(headers: Sequence[Headers] | None, n: int) -> list[list[list[Any]] | None]:
@@ -241,9 +241,8 @@ def _largest_record(segment: Segment) -> int:
     """At least the largest :func:`_record_bytes` of the segment's records (a bound, from column maxima;
     SEGMENT_MAX_BYTES when the headers differ between records, which sends the caller the exact way)."""
     keys, headers = segment.keys, segment.headers
-    largest = max(map(len, segment.values), default=0) + 16
-    if keys.count(None) != len(keys):
-        largest += max(map(len, filter(None, keys)), default=0)
+    longest_value, longest_key = columns_compiled.widest(segment.values, keys)
+    largest = longest_value + longest_key + 16
     if any(headers):
         same = uniform(headers)
         if same is MIXED:

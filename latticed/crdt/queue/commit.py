@@ -6,11 +6,15 @@ and no delta carries).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
+from operator import add
 
+from latticed.crdt import columns_compiled
 from latticed.crdt.core_errors import GapError, MalformedError, NotOwnerError
 from latticed.crdt.head import SignedHead, meta_hash
-from latticed.crdt.queue.state import QueueState, empty_entries
+from latticed.crdt.queue.state import Entries, QueueState, empty_entries
 from latticed.crdt.records import (
     MAX_OFFSET,
     Record,
@@ -47,9 +51,21 @@ def commit(
     check_records(records)
     if state.held_end + len(records) > MAX_OFFSET or (new_start is not None and new_start > MAX_OFFSET):
         raise MalformedError(f"offsets stop at {MAX_OFFSET}")
+    cuts = checkpoint_cuts(records, checkpoint_bytes)
+    extended: tuple[Entries, Sequence[bytes]] | None = None
+    if cuts:
+        # The chain over the whole batch in one pass and the entries extended once: a slice's state
+        # holds a prefix of them (extending the entries slice by slice copied the unwritten ones again
+        # for each slice). Refused first, as the first slice would be, before anything is computed.
+        _check_signable(state, identity)
+        end = state.held_end
+        chains = chain_extend(state.chain_at(end) or state.base_hash, end, records)
+        extended = (state.entries.extend(records, chains), chains)
     first = 0
-    for cut in checkpoint_cuts(records, checkpoint_bytes):
-        state = _commit_once(state, identity, now_ms=now_ms, records=records[first:cut])
+    for cut in cuts:
+        assert extended is not None
+        prefix = (extended[0].take(len(state.entries) + cut - first), extended[1][first:cut])
+        state = _commit_once(state, identity, now_ms=now_ms, records=records[first:cut], extended=prefix)
         first = cut
     return _commit_once(
         state,
@@ -58,30 +74,53 @@ def commit(
         records=records[first:],
         new_start=new_start,
         meta_updates=meta_updates,
+        extended=None if extended is None else (extended[0], extended[1][first:]),
     )
 
 
 def checkpoint_cuts(records: Sequence[Record], checkpoint_bytes: int) -> list[int]:
-    """Where to end a signed slice of ``records``: after each ``checkpoint_bytes`` of payload."""
+    """Where to end a signed slice of ``records``: after each ``checkpoint_bytes`` of payload (the first
+    record that brings a slice to ``checkpoint_bytes`` ends it, unless it is the last record).
+
+    Found in one C pass where the column passes were built (:mod:`latticed.crdt.columns_compiled`),
+    else by bisecting the running sums of the records' sizes, a column at a time: a Python step per
+    record cost the owner's bulk append more than any other stage of it."""
+    columns = columns_compiled.load()
+    if type(records) is RecordRun and columns is not None:
+        found = columns.cuts(records.values, records.keys, checkpoint_bytes)
+        if found is not None:  # the same cuts, one C pass
+            return found  # type: ignore[no-any-return]
     if type(records) is RecordRun:
         if records.payload_bytes() < checkpoint_bytes:
             return []
-        sizes = list(map(len, records.values))
-        if records.keys.count(None) != len(sizes):
-            sizes = [size + (len(key) if key else 0) for size, key in zip(sizes, records.keys, strict=True)]
+        sizes: Iterable[int] = map(len, records.values)
+        keys = records.keys
+        nils = keys.count(None)
+        if nils != len(keys):
+            sizes = map(add, sizes, map(len, keys) if not nils else [len(k) if k else 0 for k in keys])  # type: ignore[arg-type]
     else:
         sizes = [len(r.value) + (len(r.key) if r.key else 0) for r in records]
-    if sum(sizes) < checkpoint_bytes:
+    running = list(accumulate(sizes))
+    if not running or running[-1] < checkpoint_bytes:
         return []
     cuts: list[int] = []
-    size = 0
-    last = len(sizes) - 1
-    for index, record_size in enumerate(sizes):
-        size += record_size
-        if size >= checkpoint_bytes and index < last:
-            cuts.append(index + 1)
-            size = 0
-    return cuts
+    last = len(running) - 1
+    index, before = 0, 0
+    while True:
+        # The first record at or after ``index`` whose running sum reaches ``before + checkpoint_bytes``.
+        index = bisect_left(running, before + checkpoint_bytes, lo=index)
+        if index >= last:
+            return cuts
+        cuts.append(index + 1)
+        before = running[index]
+        index += 1
+
+
+def _check_signable(state: QueueState, identity: Identity) -> None:
+    if identity.public_key != state.owner:
+        raise NotOwnerError(f"not the owner of {state.owner.hex()}/{state.name}")
+    if not state.complete:
+        raise GapError("owner state is missing records; it cannot sign a new head")
 
 
 def _commit_once(
@@ -92,12 +131,11 @@ def _commit_once(
     records: Sequence[Record] = (),
     new_start: int | None = None,
     meta_updates: Mapping[str, str | None] | None = None,
+    extended: tuple[Entries, Sequence[bytes]] | None = None,
 ) -> QueueState:
-    """One signed head over ``records`` (checked by :func:`commit`) and the other changes."""
-    if identity.public_key != state.owner:
-        raise NotOwnerError(f"not the owner of {state.owner.hex()}/{state.name}")
-    if not state.complete:
-        raise GapError("owner state is missing records; it cannot sign a new head")
+    """One signed head over ``records`` (checked by :func:`commit`) and the other changes. ``extended``:
+    the state's entries with ``records`` appended and their chain values, if the caller computed them."""
+    _check_signable(state, identity)
     qid = state.queue_id
     version = state.version + 1
     start, end = state.start, state.held_end
@@ -105,8 +143,12 @@ def _commit_once(
     base_hash = state.base_hash
     head_hash = state.chain_at(end) or base_hash
     if records:
-        chains = chain_extend(head_hash, end, records)
-        entries = entries.extend(records, chains)
+        chains: Sequence[bytes]
+        if extended is None:
+            chains = chain_extend(head_hash, end, records)
+            entries = entries.extend(records, chains)
+        else:
+            entries, chains = extended
         end += len(records)
         head_hash = chains[-1]
     if new_start is not None and new_start > start:
