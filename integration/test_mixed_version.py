@@ -134,6 +134,28 @@ def test_previous_release_and_this_build_replicate_both_ways(latticed_process: F
     wait_until(lambda: held_end(old, from_new) == 501, "a live record of the new build")
 
 
+def test_the_previous_release_is_sent_nothing_of_a_core2_queue_and_core1_still_syncs(
+    latticed_process: Factory,
+) -> None:
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)
+    old_id, new_id = identity(old), identity(new)
+    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    with client(new) as c:
+        two = c.queue_create("two", core=2)
+        c.offer_batch("two", [(b"t%d" % i, None, ()) for i in range(5)])
+        one = c.queue_create("one")
+        c.offer_batch("one", [(b"o%d" % i, None, ()) for i in range(5)])
+    wait_until(lambda: held_end(old, one) == 5, "the core-1 queue on the old release")
+    with client(new) as c:
+        c.offer("two", b"live")  # a core-2 push neither reaches the old release nor ends the link
+        c.offer("one", b"live")
+    wait_until(lambda: held_end(old, one) == 6, "a live core-1 record after a core-2 one")
+    assert values(old, one) == [*(b"o%d" % i for i in range(5)), b"live"]
+    assert held_end(old, two) == -1  # it cannot express the queue: it never sees it
+    assert peer_row(new, old_id)["withheld"] >= 1  # and the new daemon says it holds it back
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -42,13 +42,17 @@ from latticed.errors import (
     IncompatiblePeerError,
     IntegrityError,
     LatticedError,
+    LocalProtocolError,
     ProtocolError,
 )
+from latticed.net.core2_host import Core2Host, PendingMerge2
 from latticed.net.queue_errors import QueueErrors
 from latticed.net.transport import SecureStream
 from latticed.net.twin_link import TwinRequests
 from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import TICK_S, sleep_until_tick
+from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
+from latticed.protocol.core2_wire import CORE2_NAMES, Summary2
 from latticed.protocol.graft import Arrivals
 from latticed.protocol.handshake import Role
 from latticed.protocol.identity_runs import (
@@ -306,6 +310,9 @@ class Gossip:
     own_head: Callable[[QueueKey], SignedHead | None] | None = None
     #: Called when a peer's first digest arrives (the start gate waits for them).
     on_summaries: Callable[[], object] | None = None
+    #: Queues on the v2 fork core (None: links carry core 1 only, and a peer's core-2 messages close
+    #: them). Each link's :class:`Core2Link` is sent nothing before both sides agreed on ``heads-v2``.
+    host2: Core2Host | None = None
     _foreign_logged: set[QueueKey] = field(default_factory=set)
     _relayed: Callable[[QueueKey, Summary | None], QueueDelta | None] | None = field(init=False, default=None)
 
@@ -337,6 +344,15 @@ class Gossip:
         for link in self.twins.values():
             if link is not source_link:
                 link.session.local_update(key, summary, now)
+                link.nudge()
+
+    def local_change2(self, key: QueueKey, summary: Summary2) -> None:
+        """A core-2 queue changed here (own commit, recovery, truncation, or a merge from any link): every
+        link hears of it (the link it came from judges by the summary whether it is news there)."""
+        for link in (*self.links.values(), *self.twins.values()):
+            core2 = link.session.core2
+            if core2 is not None:
+                core2.local_update(key, summary)
                 link.nudge()
 
     def unheard_links(self) -> int:
@@ -372,7 +388,10 @@ class Gossip:
         claims more but sends none of it for :data:`OWN_CATCH_UP_S`, while our end does not move, is
         ignored from then on (and logged): a lying peer cannot hold our writes back for longer."""
         for public_key, link in self.links.items():
-            theirs = link.session.peer_summary(key)
+            theirs: Summary | None = link.session.peer_summary(key)
+            if theirs is None and (core2 := link.session.core2) is not None:
+                theirs2 = core2.peer_summary(key)  # a core-2 queue: the records it holds end there
+                theirs = None if theirs2 is None else Summary(held_end=theirs2.core.held_end)
             claim = (public_key, key)
             if theirs is None or theirs.held_end <= held_end:  # every write passes here: keep it cheap
                 if self._claims:
@@ -498,6 +517,8 @@ class Gossip:
             notices=False,  # the driver has no use for them
             received_apart=True,  # the reader hands them to the verifier
         )
+        if self.host2 is not None:
+            session.attach_core2(Core2Link())
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
         if twin_of is None:
@@ -510,6 +531,8 @@ class Gossip:
         log_event(log, "peer.connected", peer=peer_hex, address=address, via=via)
         # A second run's link remembers nothing: the memory of the identity is its first run's.
         session.start(self.host.summaries(), memory=self._recall(peer) if twin_of is None else None)
+        if session.core2 is not None and self.host2 is not None:
+            session.core2.start(self.host2.summaries2())
         if twin_of is not None:
             self._twin_up(twin_of, link, first)
         elif self.extension is not None:
@@ -519,13 +542,16 @@ class Gossip:
         # protocol), and each is in one of these channels or in the hands of the task between them.
         to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](self.window)
         to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](self.window)
+        # Core-2 deltas: submitted by the driver as they come, acknowledged in order once durable.
+        to_ack2, ack2_queue = trio.open_memory_channel[tuple[Delta2Received, PendingMerge2]](self.window)
         try:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._reader, stream, link, nursery.cancel_scope, to_verify, first)
-                    nursery.start_soon(self._driver, stream, link, nursery.cancel_scope, to_verify)
+                    nursery.start_soon(self._driver, stream, link, nursery.cancel_scope, to_verify, to_ack2)
                     nursery.start_soon(self._verifier, link, verify_queue, to_ack)
                     nursery.start_soon(self._acker, link, ack_queue)
+                    nursery.start_soon(self._acker2, link, ack2_queue)
                     nursery.start_soon(self._pinger, link, stream.handshake.role is Role.INITIATOR)
             except BaseExceptionGroup as group:
                 raise _first_error(group) from group
@@ -686,9 +712,12 @@ class Gossip:
         link: PeerLink,
         scope: trio.CancelScope,
         to_verify: trio.MemorySendChannel[DeltaReceived],
+        to_ack2: trio.MemorySendChannel[tuple[Delta2Received, PendingMerge2]] | None = None,
     ) -> None:
         """Answer the session's events and send what it queued; sleeps until kicked (no polling).
-        Received deltas go down the ingest pipeline (:meth:`_verifier`, :meth:`_acker`)."""
+        Received deltas go down the ingest pipeline (:meth:`_verifier`, :meth:`_acker`); core-2 ones
+        go to the store as they come (verified there, against the value they join) and to
+        :meth:`_acker2`."""
         session = link.session
         while True:
             if not self._current(link):
@@ -720,6 +749,13 @@ class Gossip:
                         self.counters["deltas_out"] += 1
                 elif isinstance(event, DeltaReceived):
                     to_verify.send_nowait(event)
+                elif isinstance(event, NeedDelta2):
+                    await self._provide2(link, event)
+                elif isinstance(event, Delta2Received):
+                    if self.host2 is None or to_ack2 is None:
+                        raise LocalProtocolError("a core-2 delta on a link without a core-2 host")
+                    pending = self.host2.submit_merge2(event.delta, event.steps, link.public_key)
+                    to_ack2.send_nowait((event, pending))
                 elif (
                     isinstance(event, Pong)
                     and link.pending_twin is not None
@@ -743,8 +779,38 @@ class Gossip:
                     await link.wakeup.wait()
             link.sleeping_until = -math.inf
 
+    async def _provide2(self, link: PeerLink, event: NeedDelta2) -> None:
+        core2 = link.session.core2
+        assert core2 is not None and self.host2 is not None
+        out = await self.host2.delta2_for(
+            event.key, event.since, event.max_records, self.max_message_bytes // 2
+        )
+        core2.provide_delta(event.key, out)
+        if out is not None:
+            self.counters["deltas_out"] += 1
+
+    async def _acker2(
+        self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[Delta2Received, PendingMerge2]]
+    ) -> None:
+        """Acknowledge each core-2 delta, in order, once it is durable (a forged or malformed one raises
+        here and ends the link; the queue's error is kept for ``latticectl queue why``). Its change
+        reaches the other links through the store's change hook (:meth:`local_change2`)."""
+        async for event, pending in merges:
+            try:
+                summary, changed = await pending.result()
+            except LatticedError as exc:
+                self.queue_errors.note(link.public_key, event.key, str(exc))
+                raise
+            self.counters["deltas_in"] += 1
+            core2 = link.session.core2
+            assert core2 is not None
+            core2.delta_applied(event.seq, summary, changed)
+            link.kick()
+
     def _count(self, direction: str, message: bytes) -> None:
         kind = message_type_name(message)
+        if kind == "other" and len(message) >= 2 and message[1] in CORE2_NAMES:
+            kind = CORE2_NAMES[message[1]]
         names = _COUNTER_NAMES.get((direction, kind))
         if names is None:
             names = _COUNTER_NAMES[direction, kind] = (f"{direction}_{kind}", f"{direction}_{kind}_bytes")

@@ -9,6 +9,8 @@ from typing import Protocol
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.storage.ahead import VerifiedAhead
+from latticed.storage.bridge import StorageBridge
+from latticed.storage.core2_view import Core2View
 from latticed.storage.jobs import Merge
 
 
@@ -41,6 +43,16 @@ class ReplicaStore(Protocol):
     def submit_merge(self, verified: VerifiedDelta, origin: object = None) -> Merge: ...
 
     async def merged(self, job: Merge) -> Merge: ...
+
+    @property
+    def bridge(self) -> StorageBridge:
+        """The storage thread (core-2 merges and reads: :mod:`latticed.net.core2_engine_host`)."""
+        ...
+
+    @property
+    def core2(self) -> Core2View:
+        """Queues on the v2 fork core."""
+        ...
 
 
 __all__ = ["ReplicaStore"]

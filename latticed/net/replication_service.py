@@ -28,6 +28,7 @@ import trio
 
 from latticed.crdt.head import QueueKind, SignedHead
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
+from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
 from latticed.host.config import DaemonConfig
@@ -35,6 +36,7 @@ from latticed.host.listen_probe import listen_error
 from latticed.host.netkey import DEFAULT_NETWORK_KEY, load_network_key, network_key_fingerprint
 from latticed.net.accept import serve_listeners
 from latticed.net.admission import Admission, FailureLog, Ticket, source_of
+from latticed.net.core2_engine_host import EngineCore2Host
 from latticed.net.discovery import DiscoveredPeer, OtherNetworks, run_discovery
 from latticed.net.gossip import (
     PEER_TIMEOUT_S,
@@ -50,6 +52,7 @@ from latticed.net.transport import connect_failure, secure_accept, secure_connec
 from latticed.net.why_facts import peer_facts
 from latticed.process.logs import get_logger, log_event
 from latticed.protocol.addresses import HostPort
+from latticed.protocol.core2_wire import link_summary
 from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
@@ -564,12 +567,15 @@ async def run_replication(
     faults = PeerFaults.load(config.data_dir, allowed)
     patterns = config.replicate or None
     host = EngineHost(engine)
+    host2 = EngineCore2Host(engine)
+    await host2.load()  # every core-2 queue in the first digests
     gossip = Gossip(
         host,
         identity.public_key,
         subscription=patterns,
         max_message_bytes=config.max_frame_bytes,
         extension=extension,
+        host2=host2,
     )
     book = load_peer_book(config.data_dir, identity.public_key)
     book.add_static(config.peers, now=time.time())
@@ -583,6 +589,10 @@ async def run_replication(
     def on_change(state: QueueState) -> None:
         if state.head is not None:
             gossip.local_change(queue_key(state), state.summary())
+
+    def on_change2(q: int, state: QueueState2 | None) -> None:
+        if state is not None:  # a dropped queue is simply no longer offered
+            gossip.local_change2((state.owner, state.name, state.kind), link_summary(state))
 
     def behind(state: QueueState) -> str | None:
         refusal = service.write_refusal()
@@ -601,6 +611,7 @@ async def run_replication(
     mdns_scope = trio.CancelScope()
     try:
         wiring.enter_context(changes.subscribed(on_change))
+        wiring.enter_context(_core2_changes(engine, on_change2))
         wiring.enter_context(fence.held_by(behind))
         async with trio.open_nursery() as nursery:
             if config.listen is not None:
@@ -639,6 +650,20 @@ async def run_replication(
         mdns_scope.cancel()
         wiring.close()
         service._save_book()
+
+
+@contextlib.contextmanager
+def _core2_changes(
+    engine: ReplicaStore, listener: Callable[[int, QueueState2 | None], None]
+) -> Iterator[None]:
+    """``listener`` hears of every core-2 commit while the block runs (the engine has one such slot)."""
+    view = engine.core2
+    assert view.on_change is None, "core-2 changes already have a listener"
+    view.on_change = listener
+    try:
+        yield
+    finally:
+        view.on_change = None
 
 
 def _twice(other: str) -> str:

@@ -1,5 +1,6 @@
-"""Core-2 queues through the daemon's :class:`~latticed.storage.engine.Engine`: what the local API and
-replication will call once they dispatch to core 2 (nothing does yet).
+"""Core-2 queues through the daemon's :class:`~latticed.storage.engine.Engine`: the owner's operations
+the local API calls, and the reads and merges a replica uses (replication's host,
+``latticed/net/core2_engine_host.py``, reads and merges through these jobs and the same reader).
 
 Writes are jobs of the storage thread's group commit (:mod:`latticed.storage.core2_jobs`): each returns
 once its transaction committed, fsynced. Reads that touch records (a delta, a verification, evidence) run

@@ -90,6 +90,10 @@ class Core2View(Core2Engine):
         """Set at the next commit of ``q`` (take it before reading the value it is to follow)."""
         return self._host.live.changed(q)
 
+    def loaded(self, q: int) -> QueueState2 | None:
+        """``q``'s newest committed value if loaded already (None: :meth:`value` loads it)."""
+        return self._queues.loaded(q)
+
     async def value(self, q: int) -> QueueState2:
         """``q``'s newest committed value (loaded on the storage thread the first time)."""
         loaded = self._queues.loaded(q)

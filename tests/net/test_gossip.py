@@ -153,6 +153,7 @@ class ClaimingSession:
     """Stands in for a link's session: what the peer says it holds of each queue."""
 
     held: dict[QueueKey, Summary]
+    core2: None = None  #: carries no core-2 queues
 
     def peer_summary(self, key: QueueKey) -> Summary | None:
         return self.held.get(key)

@@ -1,0 +1,165 @@
+"""The daemon's store as the :class:`~latticed.net.core2_host.Core2Host` of replication: core-2 queues'
+link summaries, the deltas a peer lacks (read on a reader connection, one snapshot of chains, bodies and
+records), and a peer's delta rebuilt from its steps, verified and joined inside the storage thread's writer
+against the value it joins (:class:`MergeSteps2`).
+
+A core-2 delta of a queue this daemon holds on core 1 is refused per queue (nothing stored, the link
+stays up): the same owner cannot have meant both, and closing the link would stop every other queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+from latticed.crdt import queue2
+from latticed.crdt.core_errors import GapError
+from latticed.crdt.head import QueueKind, queue_id
+from latticed.crdt.queue2 import Delta, QueueState2
+from latticed.errors import MalformedError
+from latticed.net.core2_host import PendingMerge2
+from latticed.process.logs import get_logger, log_event
+from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
+from latticed.protocol.core2_wire import Steps, Summary2, link_summary
+from latticed.protocol.replication_messages import QueueKey
+from latticed.storage.batch import Batch
+from latticed.storage.bridge import StorageBridge
+from latticed.storage.core2_engine import reading_through
+from latticed.storage.core2_jobs import Merge2
+from latticed.storage.core2_queues import core2_of
+from latticed.storage.core2_view import Core2View
+from latticed.storage.jobs import WriterView
+from latticed.storage.reader import StoreReader
+
+__all__ = ["EngineCore2Host", "MergeSteps2"]
+
+log = get_logger(__name__)
+
+
+class Core2Store(Protocol):
+    """What the host uses of the :class:`~latticed.storage.engine.Engine`."""
+
+    @property
+    def bridge(self) -> StorageBridge: ...
+
+    @property
+    def core2(self) -> Core2View: ...
+
+    def find(self, owner: bytes, name: str, kind: int = ...) -> int | None: ...
+
+
+class MergeSteps2(Merge2):
+    """A peer's delta as it came (its bodies as steps) joined durably: the steps are rebuilt against the
+    value current on the storage thread, then verified and joined there (:class:`Merge2`)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, delta: Delta, steps: Steps | None) -> None:
+        super().__init__(delta)
+        self.steps = steps
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        d = self.delta
+        if self.steps is not None:
+            if not isinstance(d, Delta) or not isinstance(d.owner, bytes) or not isinstance(d.name, str):
+                raise MalformedError("not a v2 queue delta")
+            core2 = core2_of(writer)
+            q = core2.find(queue_id(d.owner, d.name, d.kind))
+            state = queue2.empty_state(d.owner, d.name, d.kind) if q is None else core2.state(q)
+            self.delta = unpack_steps(state, d, self.steps)
+            self.steps = None  # applied again (after a failed group commit), it is as it now stands
+        super().apply(batch, writer)
+
+
+class _Held:
+    """A merge that stores nothing: what is held is the answer."""
+
+    def __init__(self, outcome: tuple[Summary2 | None, bool]) -> None:
+        self._outcome = outcome
+
+    async def result(self) -> tuple[Summary2 | None, bool]:
+        return self._outcome
+
+
+class _Merging:
+    """A :class:`MergeSteps2` on the storage thread, awaited once its transaction committed."""
+
+    def __init__(self, host: EngineCore2Host, key: QueueKey, job: MergeSteps2) -> None:
+        self._host, self._key, self._job = host, key, job
+
+    async def result(self) -> tuple[Summary2 | None, bool]:
+        try:
+            await self._host.store.bridge.outcome(self._job)
+        except GapError:  # it no longer fits what we hold: nothing stored
+            return self._host.summary2(self._key), False
+        return self._host.summary2(self._key), bool(self._job.result.changed)
+
+
+class EngineCore2Host:
+    """The engine's core-2 queues as replication sees them (see the module docstring)."""
+
+    def __init__(self, store: Core2Store) -> None:
+        self.store = store
+        self._refused: set[QueueKey] = set()
+
+    async def load(self) -> None:
+        """Load every core-2 queue's committed value (on the storage thread), so that
+        :meth:`summaries2` names them all; later ones load as they commit."""
+        core2 = self.store.core2
+        for kind in QueueKind:
+            for q in core2.queues(kind):
+                await core2.value(q)
+
+    def _value(self, key: QueueKey) -> QueueState2 | None:
+        core2 = self.store.core2
+        q = core2.lookup(*key)
+        return None if q is None else core2.loaded(q)
+
+    def summary2(self, key: QueueKey) -> Summary2 | None:
+        value = self._value(key)
+        return None if value is None else link_summary(value)
+
+    def summaries2(self) -> Mapping[QueueKey, Summary2]:
+        core2 = self.store.core2
+        out: dict[QueueKey, Summary2] = {}
+        for kind in QueueKind:
+            for q in core2.queues(kind):
+                value = core2.loaded(q)
+                if value is not None:
+                    out[(value.owner, value.name, value.kind)] = link_summary(value)
+        return out
+
+    async def delta2_for(
+        self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        core2 = self.store.core2
+        q = core2.lookup(*key)
+        if q is None:
+            return None
+        state = await core2.value(q)
+
+        def read(reader: StoreReader) -> Outgoing2:
+            return outgoing(reading_through(state, reader.rows), since, max_records, max_bytes)
+
+        result: Outgoing2 = await self.store.bridge.read(read)
+        return result
+
+    def submit_merge2(self, delta: Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
+        key = (delta.owner, delta.name, delta.kind)
+        if isinstance(delta.owner, bytes) and self.store.find(*key) is not None:
+            if key not in self._refused and len(self._refused) < 4096:
+                self._refused.add(key)
+                log_event(
+                    log,
+                    "replication.other_core",
+                    level=logging.WARNING,
+                    queue=f"{delta.owner.hex()}/{delta.name}",
+                    peer=peer.hex(),
+                    reason="a core-2 delta of a queue held here on core 1: refused, nothing stored",
+                )
+            return _Held((None, False))
+        job = MergeSteps2(delta, steps)
+        job.origin = peer
+        self.store.bridge.start(job)
+        return _Merging(self, key, job)

@@ -1,0 +1,90 @@
+"""The daemon's store as replication's core-2 host: deltas as a link sends them (their bodies as steps)
+merged into another store, a delta that no longer fits storing nothing, a forged one raising, and a
+core-2 delta of a queue held here on core 1 refused without closing anything."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from latticed.crdt import queue2
+from latticed.crdt.records import Record, make_record
+from latticed.crdt.signing import Identity
+from latticed.errors import IntegrityError
+from latticed.net.core2_engine_host import EngineCore2Host
+from latticed.protocol.core2_wire import link_summary
+from latticed.storage.engine import Engine
+
+ALICE = Identity.from_seed(b"a" * 32)
+BOB = Identity.from_seed(b"b" * 32)
+NOW = 1_700_000_000_000
+
+
+def rec(tag: str, i: int) -> Record:
+    return make_record(f"{tag}{i}".encode(), timestamp=NOW + i)
+
+
+async def test_deltas_with_steps_join_another_store_and_a_stale_one_stores_nothing(tmp_path: Path) -> None:
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    async with (
+        Engine.open(tmp_path / "a", ALICE) as a,
+        Engine.open(tmp_path / "b", BOB) as b,
+        Engine.open(tmp_path / "c", BOB) as c,
+    ):
+        owner, replica, empty = EngineCore2Host(a), EngineCore2Host(b), EngineCore2Host(c)
+        q = await a.core2.create("q")
+        await a.core2.commit(q, [rec("v", i) for i in range(5)])
+        key = (ALICE.public_key, "q", 0)
+        first = await owner.delta2_for(key, None, 100, 1 << 20)
+        assert first is not None
+        summary, changed = await replica.submit_merge2(first.delta, first.steps, b"p" * 32).result()
+        assert changed and summary == owner.summaries2()[key]
+
+        for i in range(5, 8):  # one head per commit: the next delta's bodies go as steps
+            await a.core2.commit(q, [rec("v", i)])
+        assert summary is not None
+        second = await owner.delta2_for(key, summary.core, 100, 1 << 20)
+        assert second is not None and second.steps is not None
+        # To a store holding nothing of it, the steps cannot be rebuilt: nothing stored, nothing held.
+        assert await empty.submit_merge2(second.delta, second.steps, b"p" * 32).result() == (None, False)
+        assert empty.summaries2() == {}
+        summary, changed = await replica.submit_merge2(second.delta, second.steps, b"p" * 32).result()
+        assert changed and summary == owner.summaries2()[key] == link_summary(await b.core2.value(q))
+        # The same delta again: it no longer fits (or changes nothing); what is held is the answer.
+        assert await replica.submit_merge2(second.delta, second.steps, b"p" * 32).result() == (summary, False)
+
+
+async def test_a_forged_delta_raises_and_a_core1_queue_refuses_core2_deltas(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    async with Engine.open(tmp_path / "a", ALICE) as a, Engine.open(tmp_path / "b", BOB) as b:
+        owner, replica = EngineCore2Host(a), EngineCore2Host(b)
+        q = await a.core2.create("q")
+        await a.core2.commit(q, [rec("v", i) for i in range(3)])
+        out = await owner.delta2_for((ALICE.public_key, "q", 0), None, 100, 1 << 20)
+        assert out is not None
+        forged = dataclasses.replace(out.delta, records=(rec("x", 0), *out.delta.records[1:]))
+        with pytest.raises(IntegrityError):
+            await replica.submit_merge2(forged, out.steps, b"p" * 32).result()
+        assert replica.summaries2() == {}
+
+        # A core-1 queue of the same address on the replica: the core-2 delta is refused, nothing stored.
+        other = queue2.empty_state(ALICE.public_key, "one")
+        d = queue2.delta(queue2.commit(other, ALICE, now_ms=NOW, records=[rec("o", 0)]), None)
+        state = await _core1_replica_of(a, b, "one")
+        assert await replica.submit_merge2(d, None, b"p" * 32).result() == (None, False)
+        assert b.state(state).held_end == 1 and replica.summaries2() == {}
+
+
+async def _core1_replica_of(owner: Engine, replica: Engine, name: str) -> int:
+    """Queue ``name`` created on core 1 by ``owner``, with one record, held by ``replica``; its number."""
+    q = await owner.create_queue(name, None)
+    await owner.append(q, [rec("o", 0)])
+    d = await owner.delta_for(ALICE.public_key, name, None)
+    state = await replica.merge_delta(d)
+    found = replica.find(state.owner, state.name, state.kind)
+    assert found is not None
+    return found

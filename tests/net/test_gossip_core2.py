@@ -1,0 +1,185 @@
+"""Core-2 queues through the trio gossip shell over real secure streams (in memory): with a core-2 host
+each link carries a :class:`~latticed.protocol.core2_session.Core2Link`, core 1 going on beside it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import trio
+import trio.testing
+from support.core2_sim import AsyncCore2Host, MemoryCore2Host
+from support.gossip_hosts import MemoryReplicaHost
+
+from latticed.crdt import queue as core
+from latticed.crdt import queue2
+from latticed.crdt.queue2 import QueueState2
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.host.netkey import DEFAULT_NETWORK_KEY
+from latticed.net.core2_host import PendingMerge2
+from latticed.net.gossip import Gossip, PeerLink
+from latticed.net.transport import secure_accept, secure_connect
+from latticed.protocol.core2_wire import Steps, Summary2, link_summary
+from latticed.protocol.replication import QueueKey
+from latticed.protocol.versions import ours
+
+ALICE = Identity.from_seed(b"a" * 32)
+KEY2: QueueKey = (ALICE.public_key, "two", 0)
+KEY1: QueueKey = (ALICE.public_key, "one", 0)
+
+
+class Host1(MemoryReplicaHost):
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = trio.Event()
+
+    def merged(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+class Host2(AsyncCore2Host):
+    """The in-memory core-2 host, telling the gossip of each change as the store's hook does."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryCore2Host())
+        self.gossip: Gossip | None = None
+        self.changed = trio.Event()
+
+    def submit_merge2(self, delta: queue2.Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
+        pending = super().submit_merge2(delta, steps, peer)
+        key = (delta.owner, delta.name, delta.kind)
+        state = self.memory.states2.get(key)
+        if state is not None and self.gossip is not None:
+            self.gossip.local_change2(key, link_summary(state))
+        self.changed.set()
+        self.changed = trio.Event()
+        return pending
+
+    def put(self, state: QueueState2) -> None:
+        key = (state.owner, state.name, state.kind)
+        before = self.memory.states2.get(key)
+        self.memory.states2[key] = state if before is None else queue2.join(before, state)
+        assert self.gossip is not None
+        self.gossip.local_change2(key, link_summary(self.memory.states2[key]))
+
+
+Daemon = tuple[Identity, Host1, Host2, Gossip]
+
+
+def make(seed: bytes, core2: bool = True) -> Daemon:
+    identity = Identity.from_seed(seed)
+    host, host2 = Host1(), Host2()
+    gossip = Gossip(host, identity.public_key, host2=host2 if core2 else None)
+    host2.gossip = gossip
+    return identity, host, host2, gossip
+
+
+async def link(nursery: trio.Nursery, a: Daemon, b: Daemon) -> None:
+    left, right = trio.testing.memory_stream_pair()
+
+    async def dial() -> None:
+        stream = await secure_connect(left, seed=a[0].seed, network_key=DEFAULT_NETWORK_KEY)
+        await a[3].run_peer(stream, "mem", "static")
+
+    async def accept() -> None:
+        stream = await secure_accept(right, seed=b[0].seed, network_key=DEFAULT_NETWORK_KEY)
+        await b[3].run_peer(stream, "mem", "incoming")
+
+    nursery.start_soon(dial)
+    nursery.start_soon(accept)
+    # Both sides state their versions (the daemon's lease-forwarding extension carries that exchange).
+    await trio.testing.wait_all_tasks_blocked()
+    for daemon in (a, b):
+        for peer in daemon[3].links.values():
+            peer.session.agree_features(ours().features)
+            peer.kick()
+
+
+def records(tag: bytes, n: int) -> list[Record]:
+    return [Record(value=b"%s-%d" % (tag, i)) for i in range(n)]
+
+
+async def held2(daemon: Daemon, end: int) -> QueueState2:
+    with trio.fail_after(10):
+        while (state := daemon[2].memory.states2.get(KEY2)) is None or state.held[1] < end:
+            await daemon[2].changed.wait()
+    return state
+
+
+async def held1(daemon: Daemon, end: int) -> None:
+    with trio.fail_after(10):
+        while KEY1 not in daemon[1].states or daemon[1].states[KEY1].held_end < end:
+            await daemon[1].changed.wait()
+
+
+async def test_core2_and_core1_queues_replicate_side_by_side_and_live() -> None:
+    a, b = make(b"1" * 32), make(b"2" * 32)
+    a[2].memory.states2[KEY2] = queue2.commit(
+        queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"x", 3)
+    )
+    one = core.commit(core.empty_state(ALICE.public_key, "one"), ALICE, now_ms=1, records=records(b"y", 2))
+    a[1].states[KEY1] = one
+    async with trio.open_nursery() as nursery:
+        await link(nursery, a, b)
+        await held2(b, 3)
+        await held1(b, 2)
+        a[2].put(queue2.commit(a[2].memory.states2[KEY2], ALICE, now_ms=2, records=records(b"z", 2)))
+        state = await held2(b, 5)  # a live change after the first exchange
+        nursery.cancel_scope.cancel()
+    assert state == a[2].memory.states2[KEY2]
+    sent, received = a[3].stats(), b[3].stats()
+    assert received["received_digest2"] == sent["sent_digest2"] == 1
+    assert received["received_delta2"] == sent["sent_delta2"] >= 2
+    assert sent["received_ack2"] >= 1 and "received_other" not in sent
+
+
+async def test_a_fork_of_a_core2_queue_meets_and_freezes_on_both_sides() -> None:
+    base = queue2.commit(queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"s", 10))
+    mine = queue2.commit(base, ALICE, now_ms=2, records=records(b"a", 5))
+    copy = queue2.commit(base, ALICE, now_ms=3, records=records(b"b", 3))
+    a, b = make(b"1" * 32), make(b"2" * 32)
+    a[2].memory.states2[KEY2] = mine
+    b[2].memory.states2[KEY2] = copy
+    async with trio.open_nursery() as nursery:
+        await link(nursery, a, b)
+        for daemon in (a, b):
+            with trio.fail_after(10):
+                while not daemon[2].memory.states2[KEY2].forked:
+                    await daemon[2].changed.wait()
+        nursery.cancel_scope.cancel()
+    left, right = a[2].memory.states2[KEY2], b[2].memory.states2[KEY2]
+    assert left.held == right.held == (0, 10)
+    assert link_summary(left) == link_summary(right)
+
+
+@dataclasses.dataclass
+class Claims2:
+    """Stands in for a link's core-2 part: what the peer says it holds of each core-2 queue."""
+
+    held: dict[QueueKey, Summary2]
+
+    def peer_summary(self, key: QueueKey) -> Summary2 | None:
+        return self.held.get(key)
+
+
+@dataclasses.dataclass
+class Session2:
+    """Stands in for a link's session whose peer holds no core-1 queue of ours."""
+
+    core2: Claims2
+
+    def peer_summary(self, key: QueueKey) -> None:
+        return None
+
+
+async def test_writes_to_our_own_core2_queue_wait_while_a_peer_holds_more_of_it() -> None:
+    """A store restored from an older copy catches up before it signs, on core 2 as on core 1."""
+    held = queue2.commit(queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"x", 10))
+    gossip = Gossip(Host1(), ALICE.public_key, host2=Host2())
+    session = Session2(Claims2({KEY2: link_summary(held)}))
+    gossip.links[b"p" * 32] = PeerLink(b"p" * 32, "peer", "static", session)  # type: ignore[arg-type]
+    reason = gossip.behind_reason(KEY2, held_end=4)
+    assert reason is not None and "holds 6 more record(s)" in reason and "latticectl peers" in reason
+    assert gossip.behind_reason(KEY2, held_end=10) is None
+    assert gossip.behind_reason(KEY1, held_end=0) is None
