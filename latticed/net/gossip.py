@@ -24,11 +24,13 @@ only make sense read together.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -65,6 +67,7 @@ from latticed.protocol.lease_forwarding import is_leasing_message
 from latticed.protocol.replication import (
     DEFAULT_MAX_PEER_KEYS,
     DeltaReceived,
+    Event,
     KeyBudget,
     NeedDelta,
     PeerMemory,
@@ -137,6 +140,10 @@ class PendingMerge(Protocol):
         """What we will hold once it is stored, if the host already serves its records to peers (a
         verified live push relayed before its commit); None otherwise."""
         ...
+
+    # Optional: ``when_settled(callback) -> bool``, to have ``callback`` called on the event loop once
+    # the merge is stored or failed, after every merge stored with it is (False: it cannot). Its ACK then
+    # goes out from that call, with no task woken for it (see ``Gossip._settled``).
 
 
 class ReplicaHost(Protocol):
@@ -214,6 +221,18 @@ class PeerLink:
     #: While its driver sleeps: when it wakes by itself (its session's next deadline, ``math.inf`` for
     #: none); ``-math.inf`` while it runs (it looks at the session again before it sleeps).
     sleeping_until: float = -math.inf
+    #: The link's stream, for sends from other tasks while the driver sleeps (:meth:`Gossip._drive_now`).
+    stream: SecureStream | None = None
+    #: An event taken off the session that only the driver handles (it takes it first).
+    held: Event | None = None
+    #: Merges waiting for their ACK, in order, acknowledged from the storage's callback (Gossip._settled).
+    acks: deque[tuple[DeltaReceived, PendingMerge]] = field(default_factory=deque)
+    #: The acker's channel: a merge that failed goes there, and the acker ends the link with its error.
+    to_acker: trio.MemorySendChannel[tuple[DeltaReceived, PendingMerge]] | None = None
+    #: Set once the link ended or failed (late storage callbacks then do nothing).
+    ended: bool = False
+    #: An error a callback met on this link's behalf: its driver raises it (ending the link).
+    failure: Exception | None = None
 
     def kick(self) -> None:
         """Wake the driver whatever the session holds (a replaced link, an extension's messages)."""
@@ -333,11 +352,11 @@ class Gossip:
         for public_key, link in self.links.items():
             if link is not source_link and public_key != source:
                 link.session.local_update(key, summary, now)
-                link.nudge()
+                self._drive_now(link)
         for link in self.twins.values():
             if link is not source_link:
                 link.session.local_update(key, summary, now)
-                link.nudge()
+                self._drive_now(link)
 
     def unheard_links(self) -> int:
         """Connected peers whose first digest has not come yet."""
@@ -499,7 +518,7 @@ class Gossip:
             received_apart=True,  # the reader hands them to the verifier
         )
         now = trio.current_time()
-        link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
+        link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now, stream=stream)
         if twin_of is None:
             self.links[peer] = link
         else:
@@ -519,6 +538,7 @@ class Gossip:
         # protocol), and each is in one of these channels or in the hands of the task between them.
         to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](self.window)
         to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](self.window)
+        link.to_acker = to_ack
         try:
             try:
                 async with trio.open_nursery() as nursery:
@@ -556,6 +576,8 @@ class Gossip:
             reason = f"internal error: {type(exc).__name__}"
             log_event(log, "peer.internal_error", level=logging.ERROR, exc_info=exc, peer=peer_hex)
         finally:
+            link.ended = True
+            link.acks.clear()
             if self.extension is not None and twin_of is None:
                 self.extension.link_down(link)
             remembered = session.memory()
@@ -621,7 +643,7 @@ class Gossip:
                 self.incompatible.pop(link.public_key, None)  # a HELLO we speak: no longer news
             if not heard and session.digest_received and self.on_summaries is not None:
                 self.on_summaries()
-            link.nudge()
+            self._drive_now(link)
 
     def _is_stale(self, link: PeerLink) -> bool:
         return trio.current_time() - link.last_heard > STALE_AFTER_S
@@ -691,6 +713,8 @@ class Gossip:
         Received deltas go down the ingest pipeline (:meth:`_verifier`, :meth:`_acker`)."""
         session = link.session
         while True:
+            if link.failure is not None:
+                raise link.failure
             if not self._current(link):
                 scope.cancel()  # a newer connection to the same peer replaced this one
                 return
@@ -698,7 +722,7 @@ class Gossip:
                 await self._send(stream, link, self._take_extra(link))
             yielded = False
             session.tick(trio.current_time())
-            while (event := session.next_event()) is not None:
+            while (event := _take_event(link)) is not None:
                 if isinstance(event, NeedDelta):
                     relayed = self._relayed
                     delta = None if relayed is None else relayed(event.key, event.since)
@@ -774,6 +798,94 @@ class Gossip:
             link.last_sent = trio.current_time()
             link.opened = True
             await stream.send_many(messages)  # one write for all of them (each its own frame)
+        elif getattr(stream, "has_unsent", False):  # (stand-in streams of tests have none)
+            await stream.send_many(messages)  # what a direct send (_drive_now) left: it goes first
+
+    def _drive_now(self, link: PeerLink) -> None:
+        """Do a sleeping driver's work right here, in the calling task, when it needs no waiting: deltas
+        relayed as they came (``relayed_delta``) and the messages the session queued (an ACK, a PONG) go
+        out by a direct write, with no wake-up and scheduler pass of the driver per relayed record.
+        Anything else (a delta built from the store, an extension's message, a PONG to match, what the
+        socket does not take at once) is left to the driver, woken as :meth:`PeerLink.nudge` would."""
+        session = link.session
+        stream = link.stream
+        if (
+            not session.has_work()
+            or link.sleeping_until == -math.inf  # the driver runs: it looks at the session itself
+            or stream is None
+            or link.held is not None
+            or link.extra_out
+            or not link.opened
+            or link.ended
+            or not stream.can_send_now()
+        ):
+            link.nudge()
+            return
+        try:
+            self._relay_now(link, session, stream)
+        except Exception as exc:  # the link's own error, not the calling task's: its driver raises it
+            link.failure = exc
+            link.kick()
+
+    def _relay_now(self, link: PeerLink, session: ReplicationSession, stream: SecureStream) -> None:
+        relayed = self._relayed
+        while (event := session.next_event()) is not None:
+            if type(event) is NeedDelta and relayed is not None:
+                delta = relayed(event.key, event.since)
+                if delta is not None:
+                    session.provide_delta(event.key, delta)
+                    self.counters["deltas_out"] += 1
+                    continue
+            link.held = event  # the driver's (it takes it before the session's next ones)
+            break
+        messages = session.messages_to_send()
+        if messages:
+            for message in messages:
+                self._count("sent", message)
+            link.last_sent = trio.current_time()
+            stream.send_now(messages)
+            link.drained.set()
+        if link.held is not None or stream.has_unsent:
+            link.wakeup.set()
+        else:
+            link.nudge()
+
+    def _settled(self, link: PeerLink, pending: PendingMerge) -> None:
+        """The storage's callback once ``pending`` is stored (or failed), on the event loop: acknowledge
+        the merges at the front of the link's queue that are durable, in order, and send the ACKs at once
+        (:meth:`_drive_now`): no acker or driver task is woken for them. A failed merge goes to the acker,
+        which ends the link with its error. Never raises (it runs in trio's callback task)."""
+        if link.ended:
+            return
+        acks = link.acks
+        try:
+            acked = False
+            while acks:
+                event, first = acks[0]
+                outcome = first.settled()
+                if outcome is None:
+                    if first is pending:  # stored with no outcome: it failed
+                        acks.popleft()
+                        self._to_acker(link, event, first)
+                    break
+                acks.popleft()
+                self._acknowledge(link, event, *outcome)
+                acked = True
+            if acked and not link.ended:
+                self._drive_now(link)
+        except Exception as exc:  # a bug must end this link, not the event loop: its driver raises it
+            link.ended = True
+            acks.clear()
+            link.failure = exc
+            link.kick()
+
+    @staticmethod
+    def _to_acker(link: PeerLink, event: DeltaReceived, pending: PendingMerge) -> None:
+        link.ended = True  # nothing after a failure is acknowledged; the acker ends the link
+        link.acks.clear()
+        if link.to_acker is not None:
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                link.to_acker.send_nowait((event, pending))
 
     async def _verifier(
         self,
@@ -808,7 +920,11 @@ class Gossip:
                 with contextlib.suppress(LatticedError):
                     await previous.result()  # a failure ends the link in the acker
             previous = self.host.submit_merge(verified, link.public_key)
-            to_ack.send_nowait((event, previous))
+            when_settled = getattr(previous, "when_settled", None)
+            if when_settled is not None and when_settled(functools.partial(self._settled, link, previous)):
+                link.acks.append((event, previous))
+            else:
+                to_ack.send_nowait((event, previous))
             if previous.ahead is not None:
                 # Relay it now (the host serves it before its commit); the ACK still waits for durability.
                 self.local_change(event.key, previous.ahead, source_link=link)
@@ -929,6 +1045,16 @@ def _hello_incarnation(message: bytes) -> bytes | None:
     except LatticedError:
         return None
     return decoded.incarnation if isinstance(decoded, Hello) else None
+
+
+def _take_event(link: PeerLink) -> Event | None:
+    """The driver's next event: the one another task left it (:meth:`Gossip._drive_now`), then the
+    session's."""
+    held = link.held
+    if held is not None:
+        link.held = None
+        return held
+    return link.session.next_event()
 
 
 def _entry_count(memory: PeerMemory) -> int:

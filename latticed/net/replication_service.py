@@ -148,6 +148,14 @@ class _EngineMerge:
         assert job.summary is not None
         return job.summary, job.changed
 
+    def when_settled(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` on the event loop once the job committed or failed (see Gossip's ACKs)."""
+        job = self.job
+        if job.notify is not None:
+            return False
+        job.notify = callback
+        return True
+
     def settled(self) -> tuple[Summary, bool] | None:
         job = self.job
         if job.done is None or not job.done.is_set() or job.error is not None or job.summary is None:
