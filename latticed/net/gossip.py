@@ -233,6 +233,10 @@ class PeerLink:
     ended: bool = False
     #: An error a callback met on this link's behalf: its driver raises it (ending the link).
     failure: Exception | None = None
+    #: The last merge this link's deltas started (the next small one may wait for it).
+    previous: PendingMerge | None = None
+    #: Whether the verifier has a delta in hand (the reader then leaves the next ones to it).
+    verifier_busy: bool = False
 
     def kick(self) -> None:
         """Wake the driver whatever the session holds (a replaced link, an extension's messages)."""
@@ -327,12 +331,15 @@ class Gossip:
     on_summaries: Callable[[], object] | None = None
     _foreign_logged: set[QueueKey] = field(default_factory=set)
     _relayed: Callable[[QueueKey, Summary | None], QueueDelta | None] | None = field(init=False, default=None)
+    _verify_now: Callable[[QueueDelta], VerifiedDelta | None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.identity = IdentityGuard(self.incarnation)
         # Optional on a host: ``relayed_delta(key, since)``, the push as it came that extends what a peer
         # summarised by ``since`` holds, if one is on its way to our store (None: ``delta_for`` decides).
         self._relayed = getattr(self.host, "relayed_delta", None)
+        # Optional too: ``verify_now(delta)``, a small delta verified on the event loop (None: too big).
+        self._verify_now = getattr(self.host, "verify_now", None)
         for name in ("duplicate_identities", "identity_notices", "foreign_heads"):
             self.counters.setdefault(name, 0)
         if self.extension is not None:
@@ -609,7 +616,8 @@ class Gossip:
     ) -> None:
         """Feed the peer's messages to the session (``first``: one :meth:`run_peer` read already).
         Received deltas go straight to the verifier (the session admits at most ``window`` of them
-        unacknowledged, which the channel holds): no pass of the driver per delta."""
+        unacknowledged, which the channel holds): no pass of the driver per delta; or the reader verifies
+        one itself when that needs no waiting (:meth:`_verify_here`)."""
         session = link.session
         while True:
             while not session.accepts_input():
@@ -638,7 +646,8 @@ class Gossip:
             heard = session.digest_received
             session.receive_message(message, link.last_heard)
             while (received := session.next_received()) is not None:
-                to_verify.send_nowait(received)
+                if not self._verify_here(link, received, to_verify):
+                    to_verify.send_nowait(received)
             if self.incompatible and session.state is SessionState.OPEN:
                 self.incompatible.pop(link.public_key, None)  # a HELLO we speak: no longer news
             if not heard and session.digest_received and self.on_summaries is not None:
@@ -903,31 +912,68 @@ class Gossip:
         looks like several writers to the storage thread's group commit, which would then linger for
         company on every later push for a while. Backlog chunks go in at once and share commits, and so do
         pushes served ahead (their commits linger for company anyway: storage/writer.py)."""
-        previous: PendingMerge | None = None
         async for event in deltas:
+            link.verifier_busy = True
             try:
                 verified = await self.host.verify_delta(event.delta)
             except LatticedError as exc:
                 self.queue_errors.note(link.public_key, event.key, str(exc))
                 raise
-            if event.key[0] == self.local_public_key and self.own_head is not None:
-                self._check_own_head(link, event.key, event.delta)
-            if (
-                previous is not None
-                and previous.ahead is None
-                and len(event.delta.records) <= SERIAL_MERGE_RECORDS
-            ):
+            previous = link.previous
+            if previous is not None and _waits_for(previous, event):
                 with contextlib.suppress(LatticedError):
                     await previous.result()  # a failure ends the link in the acker
-            previous = self.host.submit_merge(verified, link.public_key)
-            when_settled = getattr(previous, "when_settled", None)
-            if when_settled is not None and when_settled(functools.partial(self._settled, link, previous)):
-                link.acks.append((event, previous))
-            else:
-                to_ack.send_nowait((event, previous))
-            if previous.ahead is not None:
-                # Relay it now (the host serves it before its commit); the ACK still waits for durability.
-                self.local_change(event.key, previous.ahead, source_link=link)
+            self._ingest(link, event, verified, to_ack)
+            link.verifier_busy = False
+
+    def _verify_here(
+        self,
+        link: PeerLink,
+        event: DeltaReceived,
+        to_verify: trio.MemorySendChannel[DeltaReceived],
+    ) -> bool:
+        """The verifier's work for ``event`` done by the reader, when it needs no waiting: the verifier
+        holds nothing (so the order stays), the host checks a delta this small on the event loop anyway,
+        and the previous merge need not be stored first. Then a live push is verified, handed to the
+        store and relayed in the task that read it: no verifier pass per record. False: the verifier's."""
+        verify_now, previous, to_ack = self._verify_now, link.previous, link.to_acker
+        if (
+            verify_now is None
+            or to_ack is None
+            or link.verifier_busy
+            or to_verify.statistics().current_buffer_used
+            or (previous is not None and _waits_for(previous, event) and previous.settled() is None)
+        ):
+            return False
+        try:
+            verified = verify_now(event.delta)
+        except LatticedError as exc:
+            self.queue_errors.note(link.public_key, event.key, str(exc))
+            raise
+        if verified is None:
+            return False
+        self._ingest(link, event, verified, to_ack)
+        return True
+
+    def _ingest(
+        self,
+        link: PeerLink,
+        event: DeltaReceived,
+        verified: VerifiedDelta,
+        to_ack: trio.MemorySendChannel[tuple[DeltaReceived, PendingMerge]],
+    ) -> None:
+        """Hand a verified delta to the store; relay it if the host serves it ahead of its commit."""
+        if event.key[0] == self.local_public_key and self.own_head is not None:
+            self._check_own_head(link, event.key, event.delta)
+        link.previous = merge = self.host.submit_merge(verified, link.public_key)
+        when_settled = getattr(merge, "when_settled", None)
+        if when_settled is not None and when_settled(functools.partial(self._settled, link, merge)):
+            link.acks.append((event, merge))
+        else:
+            to_ack.send_nowait((event, merge))
+        if merge.ahead is not None:
+            # Relay it now (the host serves it before its commit); the ACK still waits for durability.
+            self.local_change(event.key, merge.ahead, source_link=link)
 
     async def _acker(
         self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[DeltaReceived, PendingMerge]]
@@ -1045,6 +1091,11 @@ def _hello_incarnation(message: bytes) -> bytes | None:
     except LatticedError:
         return None
     return decoded.incarnation if isinstance(decoded, Hello) else None
+
+
+def _waits_for(previous: PendingMerge, event: DeltaReceived) -> bool:
+    """Whether ``event``'s merge goes in only once ``previous`` is stored (see :meth:`Gossip._verifier`)."""
+    return previous.ahead is None and len(event.delta.records) <= SERIAL_MERGE_RECORDS
 
 
 def _take_event(link: PeerLink) -> Event | None:

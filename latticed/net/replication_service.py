@@ -126,6 +126,10 @@ class EngineHost:
     async def verify_delta(self, delta: QueueDelta) -> VerifiedDelta:
         return await self.engine.verify_delta(delta)
 
+    def verify_now(self, delta: QueueDelta) -> VerifiedDelta | None:
+        """A small delta verified right here (IntegrityError if forged); None: :meth:`verify_delta`."""
+        return self.engine.verify_now(delta)
+
     def submit_merge(self, verified: VerifiedDelta, peer: bytes) -> PendingMerge:
         return _EngineMerge(self.engine, self.engine.submit_merge(verified, origin=peer))
 

@@ -4,6 +4,7 @@ sleeps; whatever needs waiting is still the driver's. Over loopback TCP, as betw
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from support.gossip_hosts import MemoryReplicaHost
 
 from latticed.crdt import queue as core
 from latticed.crdt.records import RecordRun
@@ -290,3 +292,111 @@ def test_a_commits_callbacks_run_once_every_job_of_it_is_done() -> None:
         job.notify = lambda: seen.append([j.done.value for j in jobs])
     bridge._complete(jobs, [])
     assert seen == [[True, True], [True, True]]
+
+
+# ------------------------------------------------------------------ the reader verifies a live push itself
+
+
+class _VerifyingHost(MemoryReplicaHost):
+    """A host that checks small deltas on the event loop (``verify_now``), as the engine does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verified_now = 0
+        self.changed = trio.Event()
+
+    def verify_now(self, delta: core.QueueDelta) -> core.VerifiedDelta | None:
+        if len(delta.records) > 2:
+            return None
+        self.verified_now += 1
+        return core.verify_delta(core.empty_state(delta.owner, delta.name, delta.kind), delta)
+
+    def merged(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+def _reading_link(session: ReplicationSession) -> tuple[PeerLink, trio.MemorySendChannel[DeltaReceived], Any]:
+    link = PeerLink(b"\x02" * 32, "tcp", "static", session)
+    to_verify, deltas = trio.open_memory_channel[DeltaReceived](10)
+    link.to_acker, acks = trio.open_memory_channel[tuple[DeltaReceived, Any]](10)
+    return link, to_verify, (deltas, acks)
+
+
+async def test_a_live_push_is_verified_and_stored_by_its_reader_while_the_verifier_holds_nothing() -> None:
+    session, received, states = _receiving(2)
+    host = _VerifyingHost()
+    gossip = Gossip(host, b"\x01" * 32)  # type: ignore[arg-type]
+    link, to_verify, (_, acks) = _reading_link(session)
+    assert gossip._verify_here(link, received[0], to_verify)
+    assert host.verified_now == 1 and host.states[KEY].summary() == states[0].summary()
+    assert acks.receive_nowait()[0] is received[0]  # (a host without callbacks: the acker's)
+    link.verifier_busy = True  # the verifier has one in hand: the next waits behind it
+    assert not gossip._verify_here(link, received[1], to_verify) and host.verified_now == 1
+
+
+async def test_the_reader_leaves_a_delta_to_the_verifier_behind_one_queued_or_a_big_one() -> None:
+    session, received, _ = _receiving(2)
+    host = _VerifyingHost()
+    gossip = Gossip(host, b"\x01" * 32)  # type: ignore[arg-type]
+    link, to_verify, _ = _reading_link(session)
+    to_verify.send_nowait(received[0])
+    assert not gossip._verify_here(link, received[1], to_verify)
+    big = owner_state(3)
+    session2, _, _ = _receiving(0)
+    session2.receive_message(pack([DELTA, 1, delta_to_wire(core.delta(big, None))]))
+    [event] = iter(session2.next_received, None)
+    link2, to_verify2, _ = _reading_link(session2)
+    assert not gossip._verify_here(link2, event, to_verify2) and host.verified_now == 0
+
+
+async def test_a_forged_push_verified_by_the_reader_ends_the_link_and_is_noted() -> None:
+    session, received, _ = _receiving(1)
+    event = received[0]
+    head = event.delta.head
+    assert head is not None
+    forged = dataclasses.replace(event.delta, records=RecordRun([b"forged"], [None], [1000], [()]))
+    host = _VerifyingHost()
+    gossip = Gossip(host, b"\x01" * 32)  # type: ignore[arg-type]
+    link, to_verify, _ = _reading_link(session)
+    with pytest.raises(IntegrityError):
+        gossip._verify_here(link, DeltaReceived(event.key, event.seq, forged), to_verify)
+    assert KEY not in host.states and gossip.queue_errors.last(link.public_key, KEY) is not None
+
+
+async def test_a_chain_of_three_over_tcp_relays_every_push_verified() -> None:
+    """End to end over loopback TCP: pushes verified by the readers, relayed and acknowledged."""
+    hosts = [_VerifyingHost() for _ in range(3)]
+    gossips = [
+        Gossip(host, Identity.from_seed(bytes([i + 1]) * 32).public_key) for i, host in enumerate(hosts)
+    ]
+    seeds = [bytes([i + 1]) * 32 for i in range(3)]
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    state = core.empty_state(ALICE.public_key, "q")
+    async with trio.open_nursery() as nursery:
+
+        async def pair(i: int) -> None:  # i dials i + 1
+            async def accept() -> None:
+                stream = await secure_accept(await listeners[0].accept(), seed=seeds[i + 1], network_key=K)
+                nursery.start_soon(gossips[i + 1].run_peer, stream, "tcp", "incoming")
+
+            async with trio.open_nursery() as both:
+                both.start_soon(accept)
+                stream = await open_peer("127.0.0.1", port, seed=seeds[i], network_key=K)
+                nursery.start_soon(gossips[i].run_peer, stream, "tcp", "static")
+
+        await pair(0)
+        await pair(1)
+        for n in range(1, 6):
+            state = core.commit(state, ALICE, now_ms=n, records=RecordRun([b"%d" % n], [None], [n], [()]))
+            hosts[0].states[KEY] = state
+            gossips[0].local_change(KEY, state.summary())
+            with trio.fail_after(10):
+                while KEY not in hosts[2].states or hosts[2].states[KEY].held_end < n:
+                    await hosts[2].changed.wait()
+        nursery.cancel_scope.cancel()
+    await listeners[0].aclose()
+    assert hosts[2].states[KEY] == hosts[1].states[KEY] == state
+    assert hosts[1].verified_now >= 1 and hosts[2].verified_now >= 1
+    assert gossips[1].counters["deltas_in"] == gossips[2].counters["deltas_in"] >= 1
