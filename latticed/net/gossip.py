@@ -235,7 +235,7 @@ class PeerLink:
     failure: Exception | None = None
     #: The last merge this link's deltas started (the next small one may wait for it).
     previous: PendingMerge | None = None
-    #: Whether the verifier has a delta in hand (the reader then leaves the next ones to it).
+    #: Whether the verifier has deltas to check (the reader then leaves the next ones to it).
     verifier_busy: bool = False
 
     def kick(self) -> None:
@@ -647,6 +647,7 @@ class Gossip:
             session.receive_message(message, link.last_heard)
             while (received := session.next_received()) is not None:
                 if not self._verify_here(link, received, to_verify):
+                    link.verifier_busy = True
                     to_verify.send_nowait(received)
             if self.incompatible and session.state is SessionState.OPEN:
                 self.incompatible.pop(link.public_key, None)  # a HELLO we speak: no longer news
@@ -752,6 +753,7 @@ class Gossip:
                     if delta is not None:
                         self.counters["deltas_out"] += 1
                 elif isinstance(event, DeltaReceived):
+                    link.verifier_busy = True
                     to_verify.send_nowait(event)
                 elif (
                     isinstance(event, Pong)
@@ -913,7 +915,6 @@ class Gossip:
         company on every later push for a while. Backlog chunks go in at once and share commits, and so do
         pushes served ahead (their commits linger for company anyway: storage/writer.py)."""
         async for event in deltas:
-            link.verifier_busy = True
             try:
                 verified = await self.host.verify_delta(event.delta)
             except LatticedError as exc:
@@ -924,7 +925,8 @@ class Gossip:
                 with contextlib.suppress(LatticedError):
                     await previous.result()  # a failure ends the link in the acker
             self._ingest(link, event, verified, to_ack)
-            link.verifier_busy = False
+            # Until the channel is empty, the reader hands the next deltas here too (their order).
+            link.verifier_busy = deltas.statistics().current_buffer_used > 0
 
     def _verify_here(
         self,
@@ -941,7 +943,6 @@ class Gossip:
             verify_now is None
             or to_ack is None
             or link.verifier_busy
-            or to_verify.statistics().current_buffer_used
             or (previous is not None and _waits_for(previous, event) and previous.settled() is None)
         ):
             return False

@@ -335,19 +335,39 @@ async def test_a_live_push_is_verified_and_stored_by_its_reader_while_the_verifi
     assert not gossip._verify_here(link, received[1], to_verify) and host.verified_now == 1
 
 
-async def test_the_reader_leaves_a_delta_to_the_verifier_behind_one_queued_or_a_big_one() -> None:
-    session, received, _ = _receiving(2)
+async def test_the_reader_leaves_a_big_delta_and_every_one_behind_it_to_the_verifier() -> None:
+    """A delta too big to check on the event loop goes to the verifier, and so does each one after it
+    until the verifier has checked them all (they are stored in the order they came)."""
+    big, small = owner_state(3), owner_state(4)
+    session = _open_session()
+    session.received_apart = True
     host = _VerifyingHost()
     gossip = Gossip(host, b"\x01" * 32)  # type: ignore[arg-type]
-    link, to_verify, _ = _reading_link(session)
-    to_verify.send_nowait(received[0])
-    assert not gossip._verify_here(link, received[1], to_verify)
-    big = owner_state(3)
-    session2, _, _ = _receiving(0)
-    session2.receive_message(pack([DELTA, 1, delta_to_wire(core.delta(big, None))]))
-    [event] = iter(session2.next_received, None)
-    link2, to_verify2, _ = _reading_link(session2)
-    assert not gossip._verify_here(link2, event, to_verify2) and host.verified_now == 0
+    link, to_verify, (deltas, _) = _reading_link(session)
+    stream = _Messages(
+        [
+            pack([DELTA, 1, delta_to_wire(core.delta(big, None))]),
+            pack([DELTA, 2, delta_to_wire(core.delta(small, big.summary()))]),
+        ]
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gossip._reader, stream, link, nursery.cancel_scope, to_verify)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert [deltas.receive_nowait().seq for _ in range(2)] == [1, 2] and host.verified_now == 0
+
+
+class _Messages:
+    """A peer stream that yields the given messages, then waits."""
+
+    def __init__(self, messages: list[bytes]) -> None:
+        self.messages = messages
+
+    async def receive(self) -> bytes | None:
+        if self.messages:
+            return self.messages.pop(0)
+        await trio.sleep_forever()
+        return None
 
 
 async def test_a_forged_push_verified_by_the_reader_ends_the_link_and_is_noted() -> None:
