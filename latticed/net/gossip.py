@@ -894,9 +894,13 @@ class Gossip:
     def _to_acker(link: PeerLink, event: DeltaReceived, pending: PendingMerge) -> None:
         link.ended = True  # nothing after a failure is acknowledged; the acker ends the link
         link.acks.clear()
-        if link.to_acker is not None:
-            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-                link.to_acker.send_nowait((event, pending))
+        try:
+            if link.to_acker is None:
+                raise trio.ClosedResourceError
+            link.to_acker.send_nowait((event, pending))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            link.failure = LatticedError("a merge of this peer's delta failed")  # the driver ends it
+            link.kick()
 
     async def _verifier(
         self,

@@ -18,7 +18,7 @@ from latticed.crdt import queue as core
 from latticed.crdt.records import RecordRun
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import delta_to_wire, pack, unpack
-from latticed.errors import IntegrityError
+from latticed.errors import IntegrityError, LatticedError
 from latticed.net.gossip import Gossip, PeerLink
 from latticed.net.transport import SecureStream, open_peer, secure_accept
 from latticed.protocol.replication import ACK, DELTA, DeltaReceived, NeedDelta, ReplicationSession
@@ -420,3 +420,22 @@ async def test_a_chain_of_three_over_tcp_relays_every_push_verified() -> None:
     assert hosts[2].states[KEY] == hosts[1].states[KEY] == state
     assert hosts[1].verified_now >= 1 and hosts[2].verified_now >= 1
     assert gossips[1].counters["deltas_in"] == gossips[2].counters["deltas_in"] >= 1
+
+
+async def test_a_failed_merge_ends_the_link_even_when_the_acker_is_gone() -> None:
+    session, received, _ = _receiving(1)
+    client, server, listener = await tcp_pair()
+    link = _sleeping_link(session, client)
+    gossip = Gossip(_VerifyingHost(), b"\x01" * 32)  # type: ignore[arg-type]
+    to_ack, acks = trio.open_memory_channel[tuple[DeltaReceived, Any]](10)
+    link.to_acker = to_ack
+    await acks.aclose()
+    failed = _Merge(None)
+    failed.stored = True
+    link.acks.append((received[0], failed))
+    gossip._settled(link, failed)
+    assert link.ended and link.wakeup.is_set() and link.failure is not None
+    to_verify, _ = trio.open_memory_channel[DeltaReceived](10)
+    with pytest.raises(LatticedError, match="merge"):
+        await gossip._driver(client, link, trio.CancelScope(), to_verify)
+    await _close(client, server, listener)
