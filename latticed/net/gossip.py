@@ -24,11 +24,13 @@ only make sense read together.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -69,6 +71,7 @@ from latticed.protocol.lease_forwarding import is_leasing_message
 from latticed.protocol.replication import (
     DEFAULT_MAX_PEER_KEYS,
     DeltaReceived,
+    Event,
     KeyBudget,
     NeedDelta,
     PeerMemory,
@@ -141,6 +144,10 @@ class PendingMerge(Protocol):
         """What we will hold once it is stored, if the host already serves its records to peers (a
         verified live push relayed before its commit); None otherwise."""
         ...
+
+    # Optional: ``when_settled(callback) -> bool``, to have ``callback`` called on the event loop once
+    # the merge is stored or failed, after every merge stored with it is (False: it cannot). Its ACK then
+    # goes out from that call, with no task woken for it (see ``Gossip._settled``).
 
 
 class ReplicaHost(Protocol):
@@ -218,6 +225,22 @@ class PeerLink:
     #: While its driver sleeps: when it wakes by itself (its session's next deadline, ``math.inf`` for
     #: none); ``-math.inf`` while it runs (it looks at the session again before it sleeps).
     sleeping_until: float = -math.inf
+    #: The link's stream, for sends from other tasks while the driver sleeps (:meth:`Gossip._drive_now`).
+    stream: SecureStream | None = None
+    #: An event taken off the session that only the driver handles (it takes it first).
+    held: Event | None = None
+    #: Merges waiting for their ACK, in order, acknowledged from the storage's callback (Gossip._settled).
+    acks: deque[tuple[DeltaReceived, PendingMerge]] = field(default_factory=deque)
+    #: The acker's channel: a merge that failed goes there, and the acker ends the link with its error.
+    to_acker: trio.MemorySendChannel[tuple[DeltaReceived, PendingMerge]] | None = None
+    #: Set once the link ended or failed (late storage callbacks then do nothing).
+    ended: bool = False
+    #: An error a callback met on this link's behalf: its driver raises it (ending the link).
+    failure: Exception | None = None
+    #: The last merge this link's deltas started (the next small one may wait for it).
+    previous: PendingMerge | None = None
+    #: Whether the verifier has deltas to check (the reader then leaves the next ones to it).
+    verifier_busy: bool = False
 
     def kick(self) -> None:
         """Wake the driver whatever the session holds (a replaced link, an extension's messages)."""
@@ -315,12 +338,15 @@ class Gossip:
     host2: Core2Host | None = None
     _foreign_logged: set[QueueKey] = field(default_factory=set)
     _relayed: Callable[[QueueKey, Summary | None], QueueDelta | None] | None = field(init=False, default=None)
+    _verify_now: Callable[[QueueDelta], VerifiedDelta | None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.identity = IdentityGuard(self.incarnation)
         # Optional on a host: ``relayed_delta(key, since)``, the push as it came that extends what a peer
         # summarised by ``since`` holds, if one is on its way to our store (None: ``delta_for`` decides).
         self._relayed = getattr(self.host, "relayed_delta", None)
+        # Optional too: ``verify_now(delta)``, a small delta verified on the event loop (None: too big).
+        self._verify_now = getattr(self.host, "verify_now", None)
         for name in ("duplicate_identities", "identity_notices", "foreign_heads"):
             self.counters.setdefault(name, 0)
         if self.extension is not None:
@@ -340,11 +366,11 @@ class Gossip:
         for public_key, link in self.links.items():
             if link is not source_link and public_key != source:
                 link.session.local_update(key, summary, now)
-                link.nudge()
+                self._drive_now(link)
         for link in self.twins.values():
             if link is not source_link:
                 link.session.local_update(key, summary, now)
-                link.nudge()
+                self._drive_now(link)
 
     def local_change2(self, key: QueueKey, summary: Summary2) -> None:
         """A core-2 queue changed here (own commit, recovery, truncation, or a merge from any link): every
@@ -520,7 +546,7 @@ class Gossip:
         if self.host2 is not None:
             session.attach_core2(Core2Link())
         now = trio.current_time()
-        link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now)
+        link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now, stream=stream)
         if twin_of is None:
             self.links[peer] = link
         else:
@@ -544,6 +570,7 @@ class Gossip:
         to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](self.window)
         # Core-2 deltas: submitted by the driver as they come, acknowledged in order once durable.
         to_ack2, ack2_queue = trio.open_memory_channel[tuple[Delta2Received, PendingMerge2]](self.window)
+        link.to_acker = to_ack
         try:
             try:
                 async with trio.open_nursery() as nursery:
@@ -582,6 +609,8 @@ class Gossip:
             reason = f"internal error: {type(exc).__name__}"
             log_event(log, "peer.internal_error", level=logging.ERROR, exc_info=exc, peer=peer_hex)
         finally:
+            link.ended = True
+            link.acks.clear()
             if self.extension is not None and twin_of is None:
                 self.extension.link_down(link)
             remembered = session.memory()
@@ -613,7 +642,8 @@ class Gossip:
     ) -> None:
         """Feed the peer's messages to the session (``first``: one :meth:`run_peer` read already).
         Received deltas go straight to the verifier (the session admits at most ``window`` of them
-        unacknowledged, which the channel holds): no pass of the driver per delta."""
+        unacknowledged, which the channel holds): no pass of the driver per delta; or the reader verifies
+        one itself when that needs no waiting (:meth:`_verify_here`)."""
         session = link.session
         while True:
             while not session.accepts_input():
@@ -642,12 +672,14 @@ class Gossip:
             heard = session.digest_received
             session.receive_message(message, link.last_heard)
             while (received := session.next_received()) is not None:
-                to_verify.send_nowait(received)
+                if not self._verify_here(link, received, to_verify):
+                    link.verifier_busy = True
+                    to_verify.send_nowait(received)
             if self.incompatible and session.state is SessionState.OPEN:
                 self.incompatible.pop(link.public_key, None)  # a HELLO we speak: no longer news
             if not heard and session.digest_received and self.on_summaries is not None:
                 self.on_summaries()
-            link.nudge()
+            self._drive_now(link)
 
     def _is_stale(self, link: PeerLink) -> bool:
         return trio.current_time() - link.last_heard > STALE_AFTER_S
@@ -720,6 +752,8 @@ class Gossip:
         :meth:`_acker2`."""
         session = link.session
         while True:
+            if link.failure is not None:
+                raise link.failure
             if not self._current(link):
                 scope.cancel()  # a newer connection to the same peer replaced this one
                 return
@@ -727,7 +761,7 @@ class Gossip:
                 await self._send(stream, link, self._take_extra(link))
             yielded = False
             session.tick(trio.current_time())
-            while (event := session.next_event()) is not None:
+            while (event := _take_event(link)) is not None:
                 if isinstance(event, NeedDelta):
                     relayed = self._relayed
                     delta = None if relayed is None else relayed(event.key, event.since)
@@ -748,6 +782,7 @@ class Gossip:
                     if delta is not None:
                         self.counters["deltas_out"] += 1
                 elif isinstance(event, DeltaReceived):
+                    link.verifier_busy = True
                     to_verify.send_nowait(event)
                 elif isinstance(event, NeedDelta2):
                     await self._provide2(link, event)
@@ -840,6 +875,98 @@ class Gossip:
             link.last_sent = trio.current_time()
             link.opened = True
             await stream.send_many(messages)  # one write for all of them (each its own frame)
+        elif getattr(stream, "has_unsent", False):  # (stand-in streams of tests have none)
+            await stream.send_many(messages)  # what a direct send (_drive_now) left: it goes first
+
+    def _drive_now(self, link: PeerLink) -> None:
+        """Do a sleeping driver's work right here, in the calling task, when it needs no waiting: deltas
+        relayed as they came (``relayed_delta``) and the messages the session queued (an ACK, a PONG) go
+        out by a direct write, with no wake-up and scheduler pass of the driver per relayed record.
+        Anything else (a delta built from the store, an extension's message, a PONG to match, what the
+        socket does not take at once) is left to the driver, woken as :meth:`PeerLink.nudge` would."""
+        session = link.session
+        stream = link.stream
+        if (
+            not session.has_work()
+            or link.sleeping_until == -math.inf  # the driver runs: it looks at the session itself
+            or stream is None
+            or link.held is not None
+            or link.extra_out
+            or not link.opened
+            or link.ended
+            or not stream.can_send_now()
+        ):
+            link.nudge()
+            return
+        try:
+            self._relay_now(link, session, stream)
+        except Exception as exc:  # the link's own error, not the calling task's: its driver raises it
+            link.failure = exc
+            link.kick()
+
+    def _relay_now(self, link: PeerLink, session: ReplicationSession, stream: SecureStream) -> None:
+        relayed = self._relayed
+        while (event := session.next_event()) is not None:
+            if type(event) is NeedDelta and relayed is not None:
+                delta = relayed(event.key, event.since)
+                if delta is not None:
+                    session.provide_delta(event.key, delta)
+                    self.counters["deltas_out"] += 1
+                    continue
+            link.held = event  # the driver's (it takes it before the session's next ones)
+            break
+        messages = session.messages_to_send()
+        if messages:
+            for message in messages:
+                self._count("sent", message)
+            link.last_sent = trio.current_time()
+            stream.send_now(messages)
+            link.drained.set()
+        if link.held is not None or stream.has_unsent:
+            link.wakeup.set()
+        else:
+            link.nudge()
+
+    def _settled(self, link: PeerLink, pending: PendingMerge) -> None:
+        """The storage's callback once ``pending`` is stored (or failed), on the event loop: acknowledge
+        the merges at the front of the link's queue that are durable, in order, and send the ACKs at once
+        (:meth:`_drive_now`): no acker or driver task is woken for them. A failed merge goes to the acker,
+        which ends the link with its error. Never raises (it runs in trio's callback task)."""
+        if link.ended:
+            return
+        acks = link.acks
+        try:
+            acked = False
+            while acks:
+                event, first = acks[0]
+                outcome = first.settled()
+                if outcome is None:
+                    if first is pending:  # stored with no outcome: it failed
+                        acks.popleft()
+                        self._to_acker(link, event, first)
+                    break
+                acks.popleft()
+                self._acknowledge(link, event, *outcome)
+                acked = True
+            if acked and not link.ended:
+                self._drive_now(link)
+        except Exception as exc:  # a bug must end this link, not the event loop: its driver raises it
+            link.ended = True
+            acks.clear()
+            link.failure = exc
+            link.kick()
+
+    @staticmethod
+    def _to_acker(link: PeerLink, event: DeltaReceived, pending: PendingMerge) -> None:
+        link.ended = True  # nothing after a failure is acknowledged; the acker ends the link
+        link.acks.clear()
+        try:
+            if link.to_acker is None:
+                raise trio.ClosedResourceError
+            link.to_acker.send_nowait((event, pending))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            link.failure = LatticedError("a merge of this peer's delta failed")  # the driver ends it
+            link.kick()
 
     async def _verifier(
         self,
@@ -857,27 +984,67 @@ class Gossip:
         looks like several writers to the storage thread's group commit, which would then linger for
         company on every later push for a while. Backlog chunks go in at once and share commits, and so do
         pushes served ahead (their commits linger for company anyway: storage/writer.py)."""
-        previous: PendingMerge | None = None
         async for event in deltas:
             try:
                 verified = await self.host.verify_delta(event.delta)
             except LatticedError as exc:
                 self.queue_errors.note(link.public_key, event.key, str(exc))
                 raise
-            if event.key[0] == self.local_public_key and self.own_head is not None:
-                self._check_own_head(link, event.key, event.delta)
-            if (
-                previous is not None
-                and previous.ahead is None
-                and len(event.delta.records) <= SERIAL_MERGE_RECORDS
-            ):
+            previous = link.previous
+            if previous is not None and _waits_for(previous, event):
                 with contextlib.suppress(LatticedError):
                     await previous.result()  # a failure ends the link in the acker
-            previous = self.host.submit_merge(verified, link.public_key)
-            to_ack.send_nowait((event, previous))
-            if previous.ahead is not None:
-                # Relay it now (the host serves it before its commit); the ACK still waits for durability.
-                self.local_change(event.key, previous.ahead, source_link=link)
+            self._ingest(link, event, verified, to_ack)
+            # Until the channel is empty, the reader hands the next deltas here too (their order).
+            link.verifier_busy = deltas.statistics().current_buffer_used > 0
+
+    def _verify_here(
+        self,
+        link: PeerLink,
+        event: DeltaReceived,
+        to_verify: trio.MemorySendChannel[DeltaReceived],
+    ) -> bool:
+        """The verifier's work for ``event`` done by the reader, when it needs no waiting: the verifier
+        holds nothing (so the order stays), the host checks a delta this small on the event loop anyway,
+        and the previous merge need not be stored first. Then a live push is verified, handed to the
+        store and relayed in the task that read it: no verifier pass per record. False: the verifier's."""
+        verify_now, previous, to_ack = self._verify_now, link.previous, link.to_acker
+        if (
+            verify_now is None
+            or to_ack is None
+            or link.verifier_busy
+            or (previous is not None and _waits_for(previous, event) and previous.settled() is None)
+        ):
+            return False
+        try:
+            verified = verify_now(event.delta)
+        except LatticedError as exc:
+            self.queue_errors.note(link.public_key, event.key, str(exc))
+            raise
+        if verified is None:
+            return False
+        self._ingest(link, event, verified, to_ack)
+        return True
+
+    def _ingest(
+        self,
+        link: PeerLink,
+        event: DeltaReceived,
+        verified: VerifiedDelta,
+        to_ack: trio.MemorySendChannel[tuple[DeltaReceived, PendingMerge]],
+    ) -> None:
+        """Hand a verified delta to the store; relay it if the host serves it ahead of its commit."""
+        if event.key[0] == self.local_public_key and self.own_head is not None:
+            self._check_own_head(link, event.key, event.delta)
+        link.previous = merge = self.host.submit_merge(verified, link.public_key)
+        when_settled = getattr(merge, "when_settled", None)
+        if when_settled is not None and when_settled(functools.partial(self._settled, link, merge)):
+            link.acks.append((event, merge))
+        else:
+            to_ack.send_nowait((event, merge))
+        if merge.ahead is not None:
+            # Relay it now (the host serves it before its commit); the ACK still waits for durability.
+            self.local_change(event.key, merge.ahead, source_link=link)
 
     async def _acker(
         self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[DeltaReceived, PendingMerge]]
@@ -995,6 +1162,21 @@ def _hello_incarnation(message: bytes) -> bytes | None:
     except LatticedError:
         return None
     return decoded.incarnation if isinstance(decoded, Hello) else None
+
+
+def _waits_for(previous: PendingMerge, event: DeltaReceived) -> bool:
+    """Whether ``event``'s merge goes in only once ``previous`` is stored (see :meth:`Gossip._verifier`)."""
+    return previous.ahead is None and len(event.delta.records) <= SERIAL_MERGE_RECORDS
+
+
+def _take_event(link: PeerLink) -> Event | None:
+    """The driver's next event: the one another task left it (:meth:`Gossip._drive_now`), then the
+    session's."""
+    held = link.held
+    if held is not None:
+        link.held = None
+        return held
+    return link.session.next_event()
 
 
 def _entry_count(memory: PeerMemory) -> int:

@@ -129,6 +129,10 @@ class EngineHost:
     async def verify_delta(self, delta: QueueDelta) -> VerifiedDelta:
         return await self.engine.verify_delta(delta)
 
+    def verify_now(self, delta: QueueDelta) -> VerifiedDelta | None:
+        """A small delta verified right here (IntegrityError if forged); None: :meth:`verify_delta`."""
+        return self.engine.verify_now(delta)
+
     def submit_merge(self, verified: VerifiedDelta, peer: bytes) -> PendingMerge:
         return _EngineMerge(self.engine, self.engine.submit_merge(verified, origin=peer))
 
@@ -150,6 +154,14 @@ class _EngineMerge:
         job = await self.engine.merged(self.job)
         assert job.summary is not None
         return job.summary, job.changed
+
+    def when_settled(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` on the event loop once the job committed or failed (see Gossip's ACKs)."""
+        job = self.job
+        if job.notify is not None:
+            return False
+        job.notify = callback
+        return True
 
     def settled(self) -> tuple[Summary, bool] | None:
         job = self.job

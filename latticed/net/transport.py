@@ -103,6 +103,9 @@ class SecureStream(trio.abc.AsyncResource):
         self._reads_unyielded = 0
         #: The last direct read emptied the socket: the next one waits for bytes without trying first.
         self._drained = False
+        #: The rest of frames :meth:`send_now` sealed that the socket did not take: written first by the
+        #: next send (frames must reach the wire whole and in the order they were sealed).
+        self._unsent: bytes | memoryview | None = None
 
     @property
     def remote_public_key(self) -> bytes:
@@ -133,13 +136,14 @@ class SecureStream(trio.abc.AsyncResource):
         """Send one message (at most ``max_message_size`` bytes)."""
         async with self._send_lock:
             self._check_can_send()
+            await self._write_unsent()
             await self._write(self._channel.seal(message))
 
     async def send_many(self, messages: list[bytes]) -> None:
         """Send several messages, each sealed as its own frame, in order: small ones share a write (one
         syscall for a burst of answers), at most :data:`_SEND_BATCH` bytes each. Nothing to send is
         not a checkpoint: callers flush after every event, most of the time with nothing queued."""
-        if not messages:
+        if not messages and self._unsent is None:
             return
         lock = self._send_lock
         try:
@@ -148,6 +152,7 @@ class SecureStream(trio.abc.AsyncResource):
             await lock.acquire()
         try:
             self._check_can_send()
+            await self._write_unsent()
             seal, batch, size = self._channel.seal, list[bytes](), 0
             for message in messages:
                 frame = seal(message)
@@ -161,12 +166,60 @@ class SecureStream(trio.abc.AsyncResource):
         finally:
             lock.release()
 
+    def send_now(self, messages: list[bytes]) -> bool:
+        """Send ``messages`` from any task without waiting, if the stream is a TCP one and no send is under
+        way: each is sealed and written at once; what the socket does not take right now waits in the
+        stream, and the next :meth:`send_many` (with or without messages) writes it first. False: nothing
+        was sent (the caller sends them the usual way). A failed write marks the stream broken, raises
+        nothing: the next send raises :class:`ConnectionClosedError` in the task that owns the link."""
+        lock = self._send_lock
+        if self._socket is None or self._unsent is not None or self._send_broken or self._closed:
+            return False
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        try:
+            seal = self._channel.seal
+            frame = seal(messages[0]) if len(messages) == 1 else b"".join([seal(m) for m in messages])
+            try:
+                written = self._write_now(frame)
+            except (trio.ClosedResourceError, OSError):
+                self._send_broken = True
+                return True
+            if written < len(frame):
+                self._unsent = memoryview(frame)[written:]
+            return True
+        finally:
+            lock.release()
+
+    def can_send_now(self) -> bool:
+        """Whether :meth:`send_now` would send (a TCP stream, no send under way, nothing left unsent)."""
+        return (
+            self._socket is not None
+            and self._unsent is None
+            and not self._send_broken
+            and not self._closed
+            and not self._send_lock.locked()
+        )
+
+    @property
+    def has_unsent(self) -> bool:
+        """Whether :meth:`send_now` left bytes that the next send must write first."""
+        return self._unsent is not None
+
+    async def _write_unsent(self) -> None:
+        unsent, self._unsent = self._unsent, None
+        if unsent is not None:
+            await self._write(unsent)
+
     async def send_eof(self) -> None:
         """Send the final frame: we will send nothing more, but keep receiving. Idempotent."""
         async with self._send_lock:
             if self._channel.local_closed:
                 return
             self._check_can_send()
+            await self._write_unsent()
             await self._write(self._channel.close())
             if isinstance(self._stream, trio.abc.HalfCloseableStream):
                 # The final frame is out; failing to half-close as well loses nothing.
@@ -262,6 +315,7 @@ class SecureStream(trio.abc.AsyncResource):
         try:
             if not self._send_broken and not self._channel.local_closed and not self._send_lock.locked():
                 with trio.move_on_after(_CLOSE_TIMEOUT):
+                    await self._write_unsent()
                     await self._write(self._channel.close())
         except LatticedError:
             pass  # the peer is gone already: it will see a cut-off stream, which is the truth

@@ -65,8 +65,11 @@ class StorageBridge:
         for job in jobs:
             if job.done is not None:
                 job.done.set()
-                if job.notify is not None:
-                    job.notify()
+        # Every job of the batch is done before any callback runs: one that acknowledges its caller's
+        # jobs in order sees all of this commit's (one message for them all, not one per job).
+        for job in jobs:
+            if job.done is not None and job.notify is not None:
+                job.notify()
 
     def start(self, job: AnyJob) -> AnyJob:
         """Hand ``job`` to the storage thread now; :meth:`outcome` waits for it. Jobs commit in the order

@@ -153,21 +153,34 @@ class ReplicaView:
         """Check a peer's delta against its owner's signatures and hash chain, before anything of it is
         stored. A small one (a live push) is checked right here: a thread hop costs more than its one
         signature; anything bigger on a worker thread, off the event loop."""
+        verified = self.verify_now(delta)
+        if verified is not None:
+            return verified
         try:
             base = _empty_state(delta.owner, delta.name, delta.kind)
-            if (
-                len(delta.records) <= INLINE_VERIFY_RECORDS
-                and len(delta.checkpoints) <= 1
-                and delta.fork is None
-                and core.payload_bytes(delta.records) <= INLINE_VERIFY_BYTES
-            ):
-                return core.verify_delta(base, delta)
-            verified: core.VerifiedDelta = await trio.to_thread.run_sync(core.verify_delta, base, delta)
+            verified = await trio.to_thread.run_sync(core.verify_delta, base, delta)
         except (IntegrityError, MalformedError) as exc:
             if self._metrics is not None:
                 self._metrics.verification_failed(exc)
             raise
         return verified
+
+    def verify_now(self, delta: QueueDelta) -> core.VerifiedDelta | None:
+        """:meth:`verify_delta` of a small delta (a live push), right here; None: one that big is
+        checked off the event loop (call :meth:`verify_delta`)."""
+        if (
+            len(delta.records) > INLINE_VERIFY_RECORDS
+            or len(delta.checkpoints) > 1
+            or delta.fork is not None
+            or core.payload_bytes(delta.records) > INLINE_VERIFY_BYTES
+        ):
+            return None
+        try:
+            return core.verify_delta(_empty_state(delta.owner, delta.name, delta.kind), delta)
+        except (IntegrityError, MalformedError) as exc:
+            if self._metrics is not None:
+                self._metrics.verification_failed(exc)
+            raise
 
     def submit_merge(self, verified: core.VerifiedDelta, origin: object = None) -> Merge:
         """Queue the join and write of a verified delta right now; :meth:`merged` waits for it.
