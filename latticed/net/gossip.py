@@ -53,7 +53,7 @@ from latticed.net.transport import SecureStream
 from latticed.net.twin_link import TwinRequests
 from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import TICK_S, sleep_until_tick
-from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
+from latticed.protocol.core2_session import Core2Event, Core2Link, Delta2Received, NeedDelta2
 from latticed.protocol.core2_wire import CORE2_NAMES, Summary2
 from latticed.protocol.graft import Arrivals
 from latticed.protocol.handshake import Role
@@ -228,7 +228,7 @@ class PeerLink:
     #: The link's stream, for sends from other tasks while the driver sleeps (:meth:`Gossip._drive_now`).
     stream: SecureStream | None = None
     #: An event taken off the session that only the driver handles (it takes it first).
-    held: Event | None = None
+    held: Event | Core2Event | None = None
     #: Merges waiting for their ACK, in order, acknowledged from the storage's callback (Gossip._settled).
     acks: deque[tuple[DeltaReceived, PendingMerge]] = field(default_factory=deque)
     #: The acker's channel: a merge that failed goes there, and the acker ends the link with its error.
@@ -1169,7 +1169,7 @@ def _waits_for(previous: PendingMerge, event: DeltaReceived) -> bool:
     return previous.ahead is None and len(event.delta.records) <= SERIAL_MERGE_RECORDS
 
 
-def _take_event(link: PeerLink) -> Event | None:
+def _take_event(link: PeerLink) -> Event | Core2Event | None:
     """The driver's next event: the one another task left it (:meth:`Gossip._drive_now`), then the
     session's."""
     held = link.held

@@ -276,7 +276,7 @@ async def test_a_failed_merge_goes_to_the_acker_which_ends_the_link_and_nothing_
 def test_a_commits_callbacks_run_once_every_job_of_it_is_done() -> None:
     """So the first callback of a commit sees all of it: one ACK message for the link's pushes in it."""
     bridge = StorageBridge.__new__(StorageBridge)
-    bridge._on_commit = lambda jobs, changes: None
+    bridge._on_commit = lambda jobs, changes, changes2: None
     jobs = [Job(), Job()]
     seen: list[list[bool]] = []
 
@@ -290,7 +290,7 @@ def test_a_commits_callbacks_run_once_every_job_of_it_is_done() -> None:
     for job in jobs:
         job.done = _Done()
         job.notify = lambda: seen.append([j.done.value for j in jobs])
-    bridge._complete(jobs, [])
+    bridge._complete(jobs, [], [])
     assert seen == [[True, True], [True, True]]
 
 
