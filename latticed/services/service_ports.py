@@ -9,6 +9,7 @@ from typing import Protocol, TypeVar
 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue import QueueState
+from latticed.services.health import ForkedCore2
 from latticed.storage.catalog import QueueCatalog
 from latticed.storage.reader import StoreReader
 
@@ -45,6 +46,9 @@ class MetricsStore(Protocol):
     def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
 
     def storage_bytes(self) -> int: ...
+
+    @property
+    def core2(self) -> ForkedCore2: ...
 
 
 __all__ = ["MetricsStore", "RetentionStore"]
