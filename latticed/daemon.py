@@ -149,6 +149,7 @@ async def run_daemon(
             sealer.install()  # sealed KV ops open for folding before any peer sends some
             health = Health(engine, config.data_dir)
             health.scan_forks()
+            await health.scan_forks2()
             engine.on_storage_error = health.disk_suspect  # a failed write: sample the disk now
             # Lease forwarding rides on the replication links (whichever key they run under).
             links = LeaseLinks(

@@ -467,15 +467,34 @@ class Gossip:
     def peer_lag(self) -> dict[str, dict[str, int]]:
         """Per peer, per queue: how many records the peer is behind us (negative: ahead)."""
         local = self.host.summaries()
-        out: dict[str, dict[str, int]] = {}
-        for public_key, link in self.links.items():
-            lags = {}
-            for key, theirs in link.session.peer_summaries().items():
-                ours = local.get(key)
-                if ours is not None:
-                    lags[key_label(key)] = ours.held_end - theirs.held_end
-            out[public_key.hex()] = lags
-        return out
+        local2 = self.host2.summaries2() if self.host2 is not None else {}
+        return {key.hex(): self.link_lag(link, local, local2) for key, link in self.links.items()}
+
+    def link_lag(
+        self,
+        link: PeerLink,
+        local: Mapping[QueueKey, Summary] | None = None,
+        local2: Mapping[QueueKey, Summary2] | None = None,
+    ) -> dict[str, int]:
+        """Per queue we hold that the peer of ``link`` said it holds, on either core: how many records
+        it is behind us (negative: ahead). ``local``/``local2``: our summaries, when already read."""
+        if local is None:
+            local = self.host.summaries()
+        lags = {
+            key_label(key): ours.held_end - theirs.held_end
+            for key, theirs in link.session.peer_summaries().items()
+            if (ours := local.get(key)) is not None
+        }
+        core2 = link.session.core2
+        if core2 is None or self.host2 is None:
+            return lags
+        if local2 is None:
+            local2 = self.host2.summaries2()
+        for key, ours2 in local2.items():
+            theirs2 = core2.peer_summary(key)
+            if theirs2 is not None:
+                lags[key_label(key)] = ours2.core.held_end - theirs2.core.held_end
+        return lags
 
     # ------------------------------------------------------------------ one peer
     async def run_peer(self, stream: SecureStream, address: str, via: str) -> None:

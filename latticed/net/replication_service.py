@@ -56,7 +56,7 @@ from latticed.protocol.core2_wire import link_summary
 from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
-from latticed.protocol.replication import QueueKey, key_label
+from latticed.protocol.replication import QueueKey
 from latticed.protocol.start_gate import StartGate
 from latticed.protocol.why_verdict import PeerFacts
 from latticed.storage.jobs import Merge
@@ -687,12 +687,7 @@ def _twice(other: str) -> str:
 
 def _lags(gossip: Gossip, link: PeerLink) -> dict[str, int]:
     """Per queue, how many records the peer of ``link`` is behind us (negative: ahead)."""
-    local = gossip.host.summaries()
-    return {
-        key_label(key): ours.held_end - theirs.held_end
-        for key, theirs in link.session.peer_summaries().items()
-        if (ours := local.get(key)) is not None
-    }
+    return gossip.link_lag(link)
 
 
 def _is_stale(service: Replication, peer: bytes) -> bool:

@@ -27,6 +27,15 @@ from latticed.process.ticks import next_tick
 log = get_logger(__name__)
 
 
+class ForkedCore2(Protocol):
+    """The engine's core-2 queues as fault visibility reads them (:class:`~latticed.storage.core2_view.
+    Core2View`)."""
+
+    async def load_all(self) -> None: ...
+
+    def forked_entries(self) -> list[dict[str, Any]]: ...
+
+
 class HealthStore(Protocol):
     """What fault visibility reads of the store (:class:`~latticed.storage.engine.Engine`); a Protocol,
     so the API, which shows it, does not import the engine."""
@@ -38,8 +47,11 @@ class HealthStore(Protocol):
 
     def state(self, q: int) -> QueueState: ...
 
+    @property
+    def core2(self) -> ForkedCore2: ...
 
-__all__ = ["DISK_CHECK_INTERVAL_S", "Health", "HealthStore", "fork_label"]
+
+__all__ = ["DISK_CHECK_INTERVAL_S", "ForkedCore2", "Health", "HealthStore", "fork_label"]
 
 DISK_CHECK_INTERVAL_S: Final = 30.0
 
@@ -94,7 +106,14 @@ class Health:
             for q in self.engine.queues(kind):
                 self.on_change(self.engine.state(q))
 
+    async def scan_forks2(self) -> None:
+        """At start: load every core-2 value, so that what reads loaded values only (a scrape) counts
+        every frozen queue."""
+        await self.engine.core2.load_all()
+
     def forked_queues(self) -> list[dict[str, Any]]:
+        """Every forked queue: core 1's (spliced, with the proof's hash) and core 2's frozen ones (among
+        the loaded values: all of them once :meth:`scan_forks2` or :meth:`forks` ran)."""
         out = []
         for kind in QueueKind:
             for q in self.engine.queues(kind):
@@ -108,7 +127,13 @@ class Health:
                             "owned": state.owner == self.engine.public_key,
                         }
                     )
+        out.extend(self.engine.core2.forked_entries())
         return out
+
+    async def forks(self) -> list[dict[str, Any]]:
+        """:meth:`forked_queues`, every core-2 value loaded first."""
+        await self.engine.core2.load_all()
+        return self.forked_queues()
 
     # ------------------------------------------------------------------ disk
     def check_disk(self) -> None:

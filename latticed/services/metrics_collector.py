@@ -145,6 +145,7 @@ class StateCollector:
                 forked += state.forked
                 behind += max(0, state.known_end - state.held_end)
                 lags.append(state.known_end - state.held_end)
+        forked += len(engine.core2.forked_entries())  # frozen core-2 queues: the list status shows
         yield _by_labels(
             GaugeMetricFamily("latticed_queues", "Queues held, by kind and role.", labels=["kind", "role"]),
             queues,
@@ -159,7 +160,8 @@ class StateCollector:
         )
         yield GaugeMetricFamily(
             "latticed_forked_queues",
-            "Queues whose owner was caught signing two histories (permanent; see the logs for the proof).",
+            "Queues whose owner was caught signing two histories (core 1: permanent, see the logs for the "
+            "proof; core 2: frozen until the owner recovers it).",
             value=forked,
         )
         yield GaugeMetricFamily(

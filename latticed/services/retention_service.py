@@ -11,6 +11,8 @@
   checks ages, re-measures, and purges expired KV keys, in our namespace and in replicas alike, then lets
   our KV op log drop what no longer decides anything (:mod:`latticed.storage.kvcompact`), and runs one
   bounded step of expiring idle producers' rows (``expire_producers``, :mod:`latticed.produce.expiry`).
+* **Our core-2 queues** follow the same policies through their own signed truncation, checked at each
+  round of the timer (:mod:`latticed.services.retention_core2`); replica caps do not apply to them.
 * ``keep_unsettled``: the cut stops at the lowest offset some consumer group on this daemon has not
   settled (durably), as the journal seed prunes only below its ack floor.
 
@@ -43,6 +45,7 @@ from latticed.host.retention_policy import (
 )
 from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import sleep_until_tick
+from latticed.services.retention_core2 import enforce_core2
 from latticed.services.service_ports import RetentionStore
 from latticed.storage import prune
 from latticed.storage.kvcompact import worth_compacting
@@ -220,6 +223,7 @@ class RetentionService:
     async def upkeep(self) -> None:
         """One round of the timer: check every limited queue, purge KV, expire idle producers (a step)."""
         self.check_all()
+        await self.enforce_core2()
         for event, step in (
             ("retention.kv_purge_failed", self.purge_kv),
             ("retention.producer_expiry_failed", self.expire_idle_producers),
@@ -283,6 +287,46 @@ class RetentionService:
         if watch.active and watch.over(self.engine.state(q)):
             self._mark(watch)  # commits that came while it ran pushed it over again
         return dropped
+
+    async def enforce_core2(self) -> int:
+        """Check every core-2 queue of ours with a policy and truncate what it asks for (a failure is
+        logged per queue, as in :meth:`enforce`); returns the records dropped."""
+        core2 = self.engine.core2
+        total = 0
+        for q in core2.queues(KIND_QUEUE):
+            try:
+                cut = await enforce_core2(self.engine, core2, q, self.unsettled_floor)
+            except Exception as exc:  # a full disk, a fenced write, or a bug: never the daemon's end
+                self.counters.failures += 1
+                expected = isinstance(exc, LatticedError)
+                log_event(
+                    log,
+                    "retention.failed",
+                    level=logging.WARNING if expected else logging.ERROR,
+                    exc_info=False if expected else exc,
+                    queue=core2.address(q),
+                    error=str(exc),
+                    hint="tried again at the next check",
+                )
+                continue
+            if cut is None:
+                continue
+            self.counters.checks += 1
+            if cut.dropped:
+                total += cut.dropped
+                self.counters.truncations += 1
+                self.counters.records_truncated += cut.dropped
+                self.counters.bytes_truncated += cut.freed
+                log_event(
+                    log,
+                    "retention.truncated",
+                    level=logging.DEBUG,
+                    queue=core2.address(q),
+                    reason=cut.reason,
+                    start=cut.start,
+                    dropped=cut.dropped,
+                )
+        return total
 
     async def _enforce(self, q: int, watch: _Watch) -> int:
         engine = self.engine

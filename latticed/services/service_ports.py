@@ -9,15 +9,27 @@ from typing import Protocol, TypeVar
 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue import QueueState
+from latticed.services.health import ForkedCore2
+from latticed.services.retention_core2 import Core2Retention
 from latticed.storage.catalog import QueueCatalog
 from latticed.storage.reader import StoreReader
 
 T = TypeVar("T")
 
 
+class RetentionCore2(Core2Retention, Protocol):
+    """The core-2 queues retention walks and cuts."""
+
+    def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
+
+
 class RetentionStore(QueueCatalog, Protocol):
-    """Queues and KV namespaces, read and cut: signed truncations of ours, local drops of replicas, and
-    purge and compaction steps of KV namespaces (run on the storage thread, errors as StorageError)."""
+    """Queues and KV namespaces, read and cut: signed truncations of ours (on both cores), local drops of
+    replicas, and purge and compaction steps of KV namespaces (run on the storage thread, errors as
+    StorageError)."""
+
+    @property
+    def core2(self) -> RetentionCore2: ...
 
     async def truncate(self, q: int, new_start: int) -> None: ...
 
@@ -45,6 +57,9 @@ class MetricsStore(Protocol):
     def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
 
     def storage_bytes(self) -> int: ...
+
+    @property
+    def core2(self) -> ForkedCore2: ...
 
 
 __all__ = ["MetricsStore", "RetentionStore"]

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import trio
 
-from latticed.crdt.head import KIND_QUEUE, queue_id
+from latticed.crdt.head import KIND_QUEUE, QueueKind, queue_id
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.errors import BehindPeersError, NotOwnerError
@@ -39,7 +39,11 @@ class Core2ViewHost(Core2Host, Protocol):
     def live(self) -> LiveCache: ...
 
 
-__all__ = ["Core2View", "frozen_since_ms"]
+__all__ = ["Core2View", "frozen_since_ms", "recover_hint"]
+
+
+def recover_hint(name: str) -> str:
+    return f"latticectl queue recover {name}"
 
 
 def frozen_since_ms(state: QueueState2) -> int | None:
@@ -89,6 +93,38 @@ class Core2View(Core2Engine):
     def changed(self, q: int) -> trio.Event:
         """Set at the next commit of ``q`` (take it before reading the value it is to follow)."""
         return self._host.live.changed(q)
+
+    async def load_all(self) -> None:
+        """Load every core-2 queue's committed value (on the storage thread), so that what reads loaded
+        values only (:meth:`forked_entries`, a scrape) sees them all; later ones load as they commit."""
+        for kind in QueueKind:
+            for q in self.queues(kind):
+                await self.value(q)
+
+    def forked_entries(self) -> list[dict[str, Any]]:
+        """``status``'s ``forked_queues`` entries of the frozen core-2 queues among the loaded values
+        (every one once :meth:`load_all` ran): the one list status, doctor and metrics read."""
+        out = []
+        for kind in QueueKind:
+            for q in self.queues(kind):
+                state = self._queues.loaded(q)
+                if state is not None and state.forked:
+                    out.append(self.fork_entry(q, state))
+        return out
+
+    def fork_entry(self, q: int, state: QueueState2) -> dict[str, Any]:
+        """A frozen core-2 queue as ``status`` lists forks (core 1's fields, and where and when it froze)."""
+        owned = self.owned(q)
+        return {
+            "queue": self.address(q),
+            "kind": QueueKind(state.kind).name.lower(),
+            "proof": None,
+            "owned": owned,
+            "core": 2,
+            "fork_point": state.chains.fork_point,
+            "frozen_since_ms": frozen_since_ms(state),
+            "recover": recover_hint(state.name) if owned else None,
+        }
 
     def loaded(self, q: int) -> QueueState2 | None:
         """``q``'s newest committed value if loaded already (None: :meth:`value` loads it)."""

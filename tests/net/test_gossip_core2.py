@@ -172,6 +172,9 @@ class Session2:
     def peer_summary(self, key: QueueKey) -> None:
         return None
 
+    def peer_summaries(self) -> dict[QueueKey, core.Summary]:
+        return {}
+
 
 async def test_writes_to_our_own_core2_queue_wait_while_a_peer_holds_more_of_it() -> None:
     """A store restored from an older copy catches up before it signs, on core 2 as on core 1."""
@@ -183,3 +186,21 @@ async def test_writes_to_our_own_core2_queue_wait_while_a_peer_holds_more_of_it(
     assert reason is not None and "holds 6 more record(s)" in reason and "latticectl peers" in reason
     assert gossip.behind_reason(KEY2, held_end=10) is None
     assert gossip.behind_reason(KEY1, held_end=0) is None
+
+
+async def test_a_peer_behind_on_a_core2_queue_shows_its_lag_per_queue() -> None:
+    """`latticectl peers` counts core-2 queues (its in_sync is no lag anywhere): the peer's held end of
+    each one we hold; one we do not hold is not counted."""
+    held = queue2.commit(queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"x", 10))
+    behind = queue2.commit(queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"x", 4))
+    other: QueueKey = (ALICE.public_key, "not-held-here", 0)
+    host2 = Host2()
+    host2.memory.states2[KEY2] = held
+    gossip = Gossip(Host1(), ALICE.public_key, host2=host2)
+    session = Session2(Claims2({KEY2: link_summary(behind), other: link_summary(behind)}))
+    peer = b"p" * 32
+    gossip.links[peer] = PeerLink(peer, "peer", "static", session)  # type: ignore[arg-type]
+    assert gossip.peer_lag() == {peer.hex(): {f"{ALICE.public_key.hex()}/two": 6}}
+    assert gossip.link_lag(gossip.links[peer]) == {f"{ALICE.public_key.hex()}/two": 6}
+    session.core2.held[KEY2] = link_summary(held)
+    assert gossip.peer_lag() == {peer.hex(): {f"{ALICE.public_key.hex()}/two": 0}}

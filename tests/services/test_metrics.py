@@ -15,6 +15,7 @@ import trio.testing
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from latticed.crdt import queue2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import (
@@ -27,6 +28,7 @@ from latticed.errors import (
 from latticed.facades.lattice_queue import LatticeQueue
 from latticed.groups.service import GroupService
 from latticed.services.daemon_metrics import DaemonMetrics, handshake_reason
+from latticed.services.health import Health
 from latticed.services.metrics_collector import StateCollector
 from latticed.services.metrics_http import (
     MAX_CONNECTIONS,
@@ -334,3 +336,39 @@ async def test_slow_clients_cannot_keep_a_scraper_out() -> None:
         for stream in slow:
             await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+def _forked_core2() -> queue2.Delta:
+    """BOB's core-2 queue "c2" signed twice past its 10th record (a copied store): the whole frozen value."""
+    base = queue2.commit(
+        queue2.empty_state(BOB.public_key, "c2"),
+        BOB,
+        now_ms=1,
+        records=[Record(b"s%d" % i) for i in range(10)],
+    )
+    mine = queue2.commit(base, BOB, now_ms=2, records=[Record(b"a%d" % i) for i in range(5)])
+    copy = queue2.commit(base, BOB, now_ms=3, records=[Record(b"b%d" % i) for i in range(3)])
+    joined = queue2.join(mine, copy)
+    assert joined.forked
+    return queue2.delta(joined, None)
+
+
+async def test_a_frozen_core2_queue_is_a_forked_queue_in_metrics_and_health(tmp_path: Path) -> None:
+    """One list of forks: the health service's (status, doctor) holds the frozen core-2 queue, and the
+    scrape counts it, after a restart too (its value loaded at start)."""
+    d = _forked_core2()
+    async with Engine.open(tmp_path, ALICE) as engine:
+        verified, against = await engine.core2.verify(d)
+        await engine.core2.merge(d, verified, against)
+    metrics = DaemonMetrics(ALICE.public_key)
+    async with Engine.open(tmp_path, ALICE, metrics=metrics) as engine:
+        health = Health(engine, tmp_path)
+        await health.scan_forks2()
+        metrics.registry.register(StateCollector(engine, tmp_path, version="9.9"))
+        samples = parse(generate_latest(metrics.registry).decode())
+        forks = health.forked_queues()
+        assert await health.forks() == forks
+    assert value(samples, "latticed_forked_queues") == 1
+    assert [(f["queue"], f["core"], f["fork_point"], f["owned"]) for f in forks] == [
+        (f"{BOB.public_key.hex()}/c2", 2, 10, False)
+    ]

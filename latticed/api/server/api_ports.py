@@ -172,6 +172,8 @@ class HealthView(Protocol):
 
     def forked_queues(self) -> list[dict[str, Any]]: ...
 
+    async def forks(self) -> list[dict[str, Any]]: ...
+
 
 class RetentionView(Protocol):
     """What the API shows of retention (:mod:`latticed.services.retention_service`)."""

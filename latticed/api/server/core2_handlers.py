@@ -1,6 +1,6 @@
 """Local API ops of queues on fork core 2 only: ``queue_recover`` (the owner continues a frozen queue in a
-new epoch) and ``queue_fork_show`` (what this daemon kept aside past a fork point), and the fork facts
-``status`` shows. Every other op reaches core-2 queues through the engine's core-aware calls.
+new epoch) and ``queue_fork_show`` (what this daemon kept aside past a fork point). Every other op reaches
+core-2 queues through the engine's core-aware calls; the forks ``status`` lists are the health service's.
 """
 
 from __future__ import annotations
@@ -9,43 +9,21 @@ from typing import Any, Final
 
 from latticed.api.messages import arg_bool, arg_int
 from latticed.api.server.context import Context, Handler, Reply, Request
-from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.wire import records_to_wire
 from latticed.errors import MalformedError, NotOwnerError, OtherCoreError
-from latticed.storage.core2_view import frozen_since_ms
+from latticed.storage.core2_view import frozen_since_ms, recover_hint
 
 #: Evidence records ``queue_fork_show`` returns at most (it always counts them all).
 MAX_SHOWN: Final = 1000
 
 
-def recover_hint(name: str) -> str:
-    return f"latticectl queue recover {name}"
-
-
-def forked_entry(ctx: Context, q: int, state: QueueState2) -> dict[str, Any]:
-    """``status``'s ``forked_queues`` entry of a frozen core-2 queue."""
-    core2 = ctx.engine.core2
-    return {
-        "queue": core2.address(q),
-        "kind": "queue",
-        "proof": None,
-        "owned": core2.owned(q),
-        "core": 2,
-        "fork_point": state.chains.fork_point,
-        "frozen_since_ms": frozen_since_ms(state),
-        "recover": recover_hint(state.name) if core2.owned(q) else None,
-    }
-
-
-async def forked_entries(ctx: Context) -> list[dict[str, Any]]:
-    """:func:`forked_entry` of every frozen core-2 queue this daemon holds (``status``, ``doctor``)."""
-    core2 = ctx.engine.core2
-    out = []
-    for q in core2.queues():
-        value = await core2.value(q)
-        if value.forked:
-            out.append(forked_entry(ctx, q, value))
-    return out
+async def forks(ctx: Context) -> list[dict[str, Any]]:
+    """The forked queues ``status`` and ``doctor`` list: the health service's, on both cores (a context
+    without one, as some tests build: the frozen core-2 ones)."""
+    if ctx.health is not None:
+        return await ctx.health.forks()
+    await ctx.engine.core2.load_all()
+    return ctx.engine.core2.forked_entries()
 
 
 def _core2_queue(ctx: Context, request: Request, what: str) -> int:
@@ -126,4 +104,4 @@ OPS: dict[str, Handler] = {
     "queue_fork_show": queue_fork_show,
 }
 
-__all__ = ["MAX_SHOWN", "OPS", "forked_entries", "forked_entry", "recover_hint"]
+__all__ = ["MAX_SHOWN", "OPS", "forks", "recover_hint"]

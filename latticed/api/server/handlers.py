@@ -126,7 +126,6 @@ async def status(ctx: Context, request: Request) -> Reply:
     for q in engine.core2.queues():
         start, end = (await engine.core2.value(q)).held
         records += end - start
-    forked2 = await core2_handlers.forked_entries(ctx)
     queues = [*queues, *engine.core2.queues()]
     return {
         "status": {
@@ -143,7 +142,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "transactions": engine.transactions,
             "replication_lag": ctx.replication.lag() if ctx.replication else {},
             "replication": ctx.replication.counters() if ctx.replication else None,
-            "forked_queues": [*(ctx.health.forked_queues() if ctx.health else []), *forked2],
+            "forked_queues": await core2_handlers.forks(ctx),
             "disk": ctx.health.disk_status() if ctx.health else None,
             "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
             "incompatible_peers": ctx.replication.incompatible_peers() if ctx.replication else [],

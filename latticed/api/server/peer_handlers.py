@@ -110,10 +110,7 @@ async def doctor(ctx: Context, request: Request) -> Reply:
         "other_networks": others,
         "listen": service.listen if service is not None else None,
         "peers": service.peers() if service is not None else [],
-        "forks": [
-            *(ctx.health.forked_queues() if ctx.health is not None else []),
-            *await core2_handlers.forked_entries(ctx),
-        ],
+        "forks": await core2_handlers.forks(ctx),
         "skew": service.clock_skew() if service is not None else [],
         "sealer_accelerated": accelerated(),
         "identity": service.identity_status() if service is not None else None,

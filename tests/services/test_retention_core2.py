@@ -1,0 +1,79 @@
+"""Retention on fork core 2: the owner's policies (max records, max age) cut its core-2 queues by signed
+truncation at a timer round, counted as core 1's are; a replica's core-2 queue is never cut locally (no
+replica floor on core 2), nor is a frozen one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from latticed.crdt import queue2
+from latticed.crdt.records import Record, make_record
+from latticed.crdt.signing import Identity
+from latticed.host.retention_policy import MAX_AGE_KEY, MAX_RECORDS_KEY, ReplicaCaps
+from latticed.services.retention_service import RetentionService
+from latticed.storage.engine import Engine
+
+ALICE = Identity.from_seed(b"a" * 32)
+BOB = Identity.from_seed(b"b" * 32)
+OLD = 1_700_000_000_000  # 2023: older than an hour by any clock this runs on
+
+
+def rec(i: int, timestamp: int = OLD) -> Record:
+    return make_record(b"x%d" % i, timestamp=timestamp)
+
+
+async def test_the_owners_core2_policies_truncate_at_a_timer_round(tmp_path: Path) -> None:
+    async with Engine.open(tmp_path, ALICE) as engine:
+        core2 = engine.core2
+        counted = await core2.create("counted", {MAX_RECORDS_KEY: "50"})
+        aged = await core2.create("aged", {MAX_AGE_KEY: "3600000"})
+        free = await core2.create("free")
+        for q in (counted, aged, free):
+            await core2.commit(q, [rec(i) for i in range(200)])
+        service = RetentionService(engine, interval_s=3600.0)
+        await service.upkeep()
+        assert (await core2.value(counted)).held == (200 - 47, 200)  # 95 % of the limit is kept
+        assert (await core2.value(aged)).held == (200, 200)
+        assert (await core2.value(free)).held == (0, 200)
+        counters = service.counters
+        assert (counters.truncations, counters.records_truncated) == (2, 153 + 200)
+        assert counters.bytes_truncated > 0 and counters.failures == 0
+        await service.upkeep()  # within its limits now: nothing more
+        assert service.counters.truncations == 2
+    async with Engine.open(tmp_path, ALICE) as engine:  # the truncations were signed and stored
+        assert (await engine.core2.value(counted)).held == (153, 200)
+
+
+async def test_a_replicas_core2_queue_is_not_cut_here_nor_a_frozen_one(tmp_path: Path) -> None:
+    theirs = queue2.commit(
+        queue2.empty_state(BOB.public_key, "theirs"),
+        BOB,
+        now_ms=1,
+        meta_updates={MAX_RECORDS_KEY: "5"},
+        records=[rec(i) for i in range(100)],
+    )
+    base = queue2.commit(
+        queue2.empty_state(ALICE.public_key, "frozen"),
+        ALICE,
+        now_ms=1,
+        meta_updates={MAX_RECORDS_KEY: "5"},
+        records=[rec(i) for i in range(100)],
+    )
+    mine = queue2.commit(base, ALICE, now_ms=2, records=[rec(i) for i in range(3)])
+    copy = queue2.commit(base, ALICE, now_ms=3, records=[rec(i + 10) for i in range(4)])
+    async with Engine.open(tmp_path, ALICE) as engine:
+        core2 = engine.core2
+        for state in (theirs, queue2.join(mine, copy)):
+            d = queue2.delta(state, None)
+            verified, against = await core2.verify(d)
+            await core2.merge(d, verified, against)
+        # A replica cap of 1 byte, and both queues far over their owner's max_records.
+        service = RetentionService(engine, caps=ReplicaCaps(default=1), interval_s=3600.0)
+        await service.upkeep()
+        held = {core2.address(q): (await core2.value(q)).held for q in core2.queues()}
+        assert held == {
+            f"{BOB.public_key.hex()}/theirs": (0, 100),
+            f"{ALICE.public_key.hex()}/frozen": (0, 100),
+        }
+        assert service.counters.truncations == service.counters.local_drops == 0
+        assert service.counters.failures == 0
