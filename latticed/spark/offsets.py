@@ -53,6 +53,14 @@ class QueueView:
     start: int
     end: int
     forked: bool = False
+    core: int = 1
+    #: A frozen core-2 queue's fork point: ``end`` stops there until its owner recovers it.
+    fork_point: int | None = None
+
+    @property
+    def frozen(self) -> bool:
+        """A core-2 queue whose owner forked it: nothing past ``fork_point`` is served."""
+        return self.core == 2 and self.fork_point is not None
 
     @classmethod
     def from_info(cls, info: Mapping[str, Any]) -> QueueView:
@@ -62,6 +70,8 @@ class QueueView:
             start=int(info["start_offset"]),
             end=int(info["end_offset"]),
             forked=bool(info.get("forked", False)),
+            core=int(info.get("core", 1)),
+            fork_point=None if info.get("fork_point") is None else int(info["fork_point"]),
         )
 
 
@@ -105,13 +115,14 @@ class QueueSelection:
     def select(self, views: Iterable[QueueView], *, strict: bool) -> dict[str, QueueView]:
         """The subscribed queues among ``views``, sorted by name.
 
-        A forked subscribed queue is a ForkedQueueError. With ``strict``, an explicitly listed queue the
+        A forked core-1 subscribed queue is a ForkedQueueError (a frozen core-2 one is read up to its fork
+        point, see :func:`past_fork`). With ``strict``, an explicitly listed queue the
         daemon does not know is a NotFoundError (at start; later a vanished queue just keeps its offset).
         """
         chosen: dict[str, QueueView] = {}
         for view in views:
             if self.matches(view.queue):
-                if view.forked:
+                if view.forked and view.core != 2:
                     raise forked_error(view.queue)
                 check_offsets({view.queue: view.end}, "the local daemon")
                 chosen[view.queue] = view
@@ -186,6 +197,53 @@ def readable_from(queue: str, offset: int, view: QueueView, *, fail_on_data_loss
     return view.start
 
 
+def fork_message(queue: str, point: int, offset: int) -> str:
+    """Why a query past a frozen queue's fork point stopped, and the two ways on."""
+    name = queue.partition("/")[2] or queue
+    return (
+        f"queue {queue} forked at offset {point} (its owner signed two histories) and is frozen there, but "
+        f"this query has read or planned records up to offset {offset}, past the fork point (failOnDataLoss "
+        f"is true). Its owner continues it from offset {point} in a new epoch with `latticectl queue "
+        f"recover {name}` on the owner's daemon; to follow it there, restart the query now with "
+        f"failOnDataLoss=false: it waits at offset {point} and reads the new epoch from there (the "
+        f"{offset - point} record(s) it read past the fork point are superseded)."
+    )
+
+
+def past_fork(queue: str, offset: int, view: QueueView, *, fail_on_data_loss: bool) -> int | None:
+    """Where a query at ``offset`` goes on in a frozen core-2 queue: None if it is not past the fork point
+    (it reads up to it, then has no new data); else the fork point, from which the owner's recovery goes
+    on in a new epoch (the records read past it are lost to the query), or DataLossError."""
+    point = view.fork_point
+    if not view.frozen or point is None or offset <= point:
+        return None
+    if fail_on_data_loss:
+        raise DataLossError(fork_message(queue, point, offset))
+    log_event(
+        log,
+        "spark.fork_rewind",
+        logging.WARNING,
+        queue=queue,
+        fork_point=point,
+        checkpoint=offset,
+        lost=offset - point,
+    )
+    return point
+
+
+def stops_at_fork(queue: str, pos: int, hi: int, view: QueueView, fail_on_data_loss: bool) -> bool:
+    """Whether a partition read up to ``pos`` of ``[.., hi)`` stops at a frozen queue's fork point: the
+    rest will not come (the next micro-batch reads the owner's new epoch from the fork point); with
+    ``fail_on_data_loss`` that is DataLossError."""
+    point = view.fork_point
+    if point is None or not view.frozen or pos < point:
+        return False
+    if fail_on_data_loss:
+        raise DataLossError(fork_message(queue, point, hi))
+    log_event(log, "spark.fork_stop", logging.WARNING, queue=queue, fork_point=point, planned_to=hi)
+    return True
+
+
 def latest_offsets(
     start: Mapping[str, int],
     views: Mapping[str, QueueView],
@@ -199,6 +257,8 @@ def latest_offsets(
     ``views`` are the subscribed queues now; ``max_rows`` caps the records admitted (``None``: all);
     ``target`` (Trigger.AvailableNow) caps each queue at its end when the trigger was prepared and hides
     queues that appeared since. Queues in ``start`` the daemon no longer reports keep their offset.
+    A query past a frozen core-2 queue's fork point fails, or (``fail_on_data_loss`` false) is moved back
+    to it by an empty batch and waits there for the owner's recovery (:func:`past_fork`).
     """
     check_offsets(start, "the start of the micro-batch")
     end: Offsets = dict(start)
@@ -215,6 +275,8 @@ def latest_offsets(
             end[queue] = view.start  # new queue: pin at earliest, read from the next batch
         elif offset == LATEST:
             end[queue] = max(cap, view.start)  # pin "latest" now (see the module docstring)
+        elif (point := past_fork(queue, offset, view, fail_on_data_loss=fail_on_data_loss)) is not None:
+            end[queue] = point  # an empty batch that moves the checkpoint back to the fork point
         else:
             if view.end < offset and _behind.get(queue) != offset:
                 _behind[queue] = offset  # once per offset: latestOffset is polled every few ms when idle
@@ -298,6 +360,8 @@ def batch_bounds(
         offset = ending.get(queue, LATEST) if isinstance(ending, dict) else LATEST
         end[queue] = view.end if offset == LATEST else offset
         start[queue] = readable_from(queue, start[queue], view, fail_on_data_loss=fail_on_data_loss)
+        point = past_fork(queue, start[queue], view, fail_on_data_loss=fail_on_data_loss)
+        start[queue] = start[queue] if point is None else point
         if end[queue] < start[queue]:
             raise MalformedError(
                 f"lattice source: queue {queue} would be read from {start[queue]} to {end[queue]}: "
@@ -315,12 +379,15 @@ __all__ = [
     "allocate",
     "batch_bounds",
     "check_offsets",
+    "fork_message",
     "forked_error",
     "initial_offsets",
     "latest_offsets",
     "MIN_SPLIT_RECORDS",
+    "past_fork",
     "plan_ranges",
     "readable_from",
     "resolve_spec_keys",
     "sorted_offsets",
+    "stops_at_fork",
 ]

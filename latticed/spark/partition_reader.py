@@ -38,7 +38,7 @@ from latticed.crdt.core_errors import LatticedError
 from latticed.errors import NotFoundError
 from latticed.process.logs import get_logger, log_event
 from latticed.spark.local_daemon import connect, resolve_socket
-from latticed.spark.offsets import DataLossError, QueueView, readable_from
+from latticed.spark.offsets import DataLossError, QueueView, readable_from, stops_at_fork
 
 log = get_logger(__name__)
 
@@ -249,6 +249,8 @@ def read_partition(part: LatticePartition) -> Iterator[pa.RecordBatch]:
     Truncated records are data loss (fail, or skip and log). If this host's replica is behind the range
     the driver planned (its daemon may be ahead), or does not hold the queue yet (it has not replicated
     here), poll with backoff for up to ``replica_wait`` seconds, then fail with :class:`ReplicaLagError`.
+    A range that goes past a frozen core-2 queue's fork point is not lag: it stops there (or fails, with
+    ``failOnDataLoss``), see :func:`~latticed.spark.offsets.stops_at_fork`.
     """
     schema = arrow_schema(part.include_headers)
     owner = part.queue.partition("/")[0]
@@ -316,6 +318,14 @@ def read_partition(part: LatticePartition) -> Iterator[pa.RecordBatch]:
                 pause = 0.01
                 continue
             if pos >= part.hi:
+                break
+            if deadline is None and stops_at_fork(  # the rest of the range is past a fork point
+                part.queue,
+                pos,
+                part.hi,
+                QueueView.from_info(client.queue_info(part.queue)),
+                part.fail_on_data_loss,
+            ):
                 break
             # Nothing at ``pos`` yet: this replica is behind what the driver planned.
             deadline, pause = _wait_for_replica(part, end_offset, deadline, pause)

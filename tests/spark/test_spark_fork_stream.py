@@ -1,0 +1,125 @@
+"""The lattice source on a real daemon whose core-2 queue forks under a running query (no JVM: the
+stream reader's planning calls and the partition reader are driven as Spark's driver and executors would
+call them). The fork is made as tests/api/test_core2_api.py makes one: a copied store's history merged."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.core2_fork import copy_writes, fork, merge
+from support.inprocess import InProcessDaemon, start_in_process
+
+from latticed.api.client.blocking_client import Client
+from latticed.host.config import DaemonConfig
+
+pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from latticed.spark.offsets import DataLossError
+from latticed.spark.options import parse_options
+from latticed.spark.partition_reader import LatticePartition, read_partition
+from latticed.spark.source import LatticeStreamReader
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
+    d = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def client(daemon: InProcessDaemon) -> Iterator[Client]:
+    with daemon.client() as c:
+        yield c
+
+
+def offer(client: Client, prefix: str, n: int) -> None:
+    client.offer_batch("q", [(f"{prefix}{i}".encode(), None, []) for i in range(n)])
+
+
+def forked_at_10(daemon: InProcessDaemon, client: Client, tmp_path: Path) -> str:
+    """Queue ``q`` with 10 shared records, then 5 of this daemon's own and 3 of a copy: frozen at 10."""
+    client.queue_create("q", core=2)
+    offer(client, "s", 10)
+    fork(daemon, tmp_path / "copy", "q", copy=3, own=lambda: offer(client, "o", 5))
+    info = client.queue_info("q")
+    assert (info["fork_point"], info["end_offset"]) == (10, 10)
+    return str(info["queue"])
+
+
+def stream(daemon: InProcessDaemon, fail_on_data_loss: bool) -> LatticeStreamReader:
+    options = {"queues": "q", "socket": str(daemon.socket), "failOnDataLoss": str(fail_on_data_loss)}
+    return LatticeStreamReader(parse_options(options, streaming=True))
+
+
+def run_batch(source: LatticeStreamReader, start: dict[str, int]) -> tuple[dict[str, int], list[Any]]:
+    """One micro-batch: its end offset and the (offset, value) rows its partitions read."""
+    end = source.latestOffset(start, ReadAllAvailable())
+    rows = []
+    for part in source.partitions(start, end):
+        for batch in source.read(part):
+            rows += zip(batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True)
+    return end, rows
+
+
+def test_a_query_past_the_fork_point_fails_with_what_to_do(
+    daemon: InProcessDaemon, client: Client, tmp_path: Path
+) -> None:
+    client.queue_create("q", core=2)
+    offer(client, "s", 10)
+    source = stream(daemon, fail_on_data_loss=True)
+    start = source.initialOffset()
+    queue = next(iter(start))
+    start, _ = run_batch(source, {queue: 0})
+    fork(daemon, tmp_path / "copy", "q", copy=3, own=lambda: offer(client, "o", 5))
+    assert run_batch(source, start)[0] == start  # at the fork point: no new data, no error
+    with pytest.raises(DataLossError, match=r"forked at offset 10 .* up to offset 12"):
+        run_batch(source, {queue: 12})  # a checkpoint from before the fork, past its point
+    source.stop()
+
+
+def test_without_fail_on_data_loss_the_query_waits_and_reads_the_new_epoch_from_the_fork_point(
+    daemon: InProcessDaemon, client: Client, tmp_path: Path
+) -> None:
+    client.queue_create("q", core=2)
+    offer(client, "s", 10)
+    source = stream(daemon, fail_on_data_loss=False)
+    queue = next(iter(source.initialOffset()))
+    end, rows = run_batch(source, {queue: 0})
+    assert end == {queue: 10} and len(rows) == 10
+    copied = copy_writes(tmp_path / "copy", daemon, "q", 3)  # a copy of the store goes on from 10 ...
+    offer(client, "o", 2)
+    end, rows = run_batch(source, end)  # ... while the query reads two records of this daemon's branch
+    assert end == {queue: 12} and [v for _, v in rows] == [b"o0", b"o1"]
+    merge(daemon, copied)
+
+    back, rows = run_batch(source, end)
+    assert back == {queue: 10} and rows == []  # moved back to the fork point by an empty batch
+    assert run_batch(source, back) == (back, [])  # frozen: no new data
+    client.queue_recover("q")
+    client.offer("q", b"new")
+    end, rows = run_batch(source, back)
+    assert end == {queue: 11} and rows == [(10, b"new")]
+    source.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_partition_planned_past_the_fork_point_stops_there(
+    daemon: InProcessDaemon, client: Client, tmp_path: Path, fail_on_data_loss: bool
+) -> None:
+    queue = forked_at_10(daemon, client, tmp_path)
+    part = LatticePartition(queue, 8, 14, str(daemon.socket), False, fail_on_data_loss, 10.0, 30.0)
+    read = read_partition(part)
+    first = next(read)
+    assert first.column("offset").to_pylist() == [8, 9]
+    if fail_on_data_loss:
+        with pytest.raises(DataLossError, match=r"forked at offset 10 .* up to offset 14"):
+            next(read)
+    else:
+        assert list(read) == []  # not the replica wait (30 s): the rest comes in the new epoch
