@@ -33,12 +33,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from latticed.api.client.blocking_client import Produced
 from latticed.errors import MalformedError
 from latticed.process.logs import get_logger, log_event
 from latticed.spark.local_daemon import connect
 from latticed.spark.sink_packed import packed_records, packed_rows
 from latticed.spark.sink_records import COLUMNS, batch_rows, chunk_rows, producer_id, sequence
-from latticed.spark.sink_send import InFlight, Sender
+from latticed.spark.sink_send import InFlight
 
 log = get_logger(__name__)
 
@@ -200,10 +201,10 @@ class _Plan:
             packed_rows(batch, o.queue, self.resolve) or batch_rows(batch, o.queue, self.resolve)
             for batch in batches
         )
+        answers: list[Produced] = []
         with connect(o.socket, o.timeout) as client:
             own = client.identity() + "/"  # this host's daemon's queues take pipelined requests
-            stream = client.open_stream(o.timeout + o.owner_wait)
-            sender = Sender(InFlight(stream))
+            flight = InFlight(client.open_stream(o.timeout + o.owner_wait))
             try:
                 for chunk in chunk_rows(rows, max_records=o.records_per_offer, max_bytes=BYTES_PER_OFFER):
                     request = {
@@ -214,14 +215,10 @@ class _Plan:
                         "shared": True,
                         "wait": o.owner_wait,
                     }
-                    sender.send(request, alone=not chunk.queue.startswith(own))
-            except BaseException:
-                sender.abandon()
-                raise
-            else:
-                answers = sender.finish()
+                    answers += flight.send(request, alone=not chunk.queue.startswith(own))
+                answers += flight.drain()
             finally:
-                stream.close()
+                flight.stream.close()
         written = sum(a.count for a in answers if not a.duplicate)
         return LatticeCommit(partition, written, sum(a.count for a in answers if a.duplicate))
 

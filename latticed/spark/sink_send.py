@@ -8,16 +8,10 @@ starts and answers a connection's requests in order); a request into another dae
 offer forwarded as a task of its own, so it is sent alone, after the requests before it were answered, to
 keep a partition's rows in order there too. Exactly once is unchanged: each request carries its own
 producer id and sequence, and a retried task sends the same ones whichever of them had been answered.
-
-:class:`Sender` runs that window on a thread of its own, so the task keeps reading and packing Spark's
-rows while a request is written to the socket and while it waits for the oldest answer: the same
-requests, in the same order, on the same connection.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final, Protocol
@@ -28,8 +22,6 @@ from latticed.errors import RemoteProtocolError
 
 #: Requests a task keeps unanswered into its daemon's own queues.
 WINDOW: Final = 3
-#: Requests packed and waiting for the sending thread (each up to the sink's bytes per request).
-AHEAD: Final = 1
 
 
 class Stream(Protocol):
@@ -79,58 +71,4 @@ class InFlight:
         return Produced(int(reply["first"]), int(reply["count"]), bool(reply.get("duplicate")))
 
 
-class Sender:
-    """:class:`InFlight` on a thread: :meth:`send` hands a request over (waiting only while :data:`AHEAD`
-    requests wait already) and returns; :meth:`finish` waits for every answer and returns them in order.
-    A failure on the thread (a refusal, a lost connection) is raised by the next :meth:`send` or by
-    :meth:`finish`; nothing is sent after it."""
-
-    def __init__(self, flight: InFlight, ahead: int = AHEAD) -> None:
-        self.flight = flight
-        self.answers: list[Produced] = []
-        self._queue: queue.Queue[tuple[dict[str, Any], bool] | None] = queue.Queue(maxsize=ahead)
-        self._error: BaseException | None = None
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="lattice-sink-send", daemon=True)
-        self._thread.start()
-
-    def send(self, request: dict[str, Any], *, alone: bool = False) -> None:
-        """Queue ``request`` (see :meth:`InFlight.send`)."""
-        self._raise()
-        self._queue.put((request, alone))
-
-    def finish(self) -> list[Produced]:
-        """Every answer, in order, once all were received."""
-        self._queue.put(None)
-        self._thread.join()
-        self._raise()
-        return self.answers
-
-    def abandon(self) -> None:
-        """Send nothing more (the task failed); answers already due are still read, then the thread ends."""
-        self._stop = True
-        self._queue.put(None)
-        self._thread.join()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def _run(self) -> None:
-        flight = self.flight
-        while (item := self._queue.get()) is not None:
-            if self._error is not None or self._stop:
-                continue  # keep taking requests so the task never waits on a full queue
-            request, alone = item
-            try:
-                self.answers += flight.send(request, alone=alone)
-            except BaseException as exc:  # raised in the task's thread
-                self._error = exc
-        if self._error is None:
-            try:
-                self.answers += flight.drain()
-            except BaseException as exc:
-                self._error = exc
-
-
-__all__ = ["AHEAD", "WINDOW", "InFlight", "Sender", "Stream"]
+__all__ = ["WINDOW", "InFlight", "Stream"]

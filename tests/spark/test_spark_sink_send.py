@@ -15,7 +15,7 @@ from support.inprocess import InProcessDaemon, start_in_process
 
 from latticed.errors import MalformedError
 from latticed.host.config import DaemonConfig
-from latticed.spark.sink_send import InFlight, Sender
+from latticed.spark.sink_send import InFlight
 
 
 @pytest.fixture
@@ -89,58 +89,3 @@ def test_a_refused_request_raises_the_daemons_error(daemon: InProcessDaemon) -> 
         with pytest.raises(MalformedError, match="same records"):
             list(flight.send(changed))
             list(flight.drain())
-
-
-def test_the_sending_thread_sends_the_same_requests_in_order_and_returns_every_answer(
-    daemon: InProcessDaemon,
-) -> None:
-    with daemon.client() as c:
-        queue = c.queue_create("sink")
-        stream = Counting(c.open_stream(10.0))
-        sender = Sender(InFlight(stream, window=3))
-        for r in requests(queue, 9):
-            sender.send(r)
-        answers = sender.finish()
-        assert [(a.first, a.count, a.duplicate) for a in answers] == [(5 * i, 5, False) for i in range(9)]
-        assert stream.most <= 3
-        again = Sender(InFlight(stream, window=3))
-        for r in requests(queue, 9):
-            again.send(r, alone=True)
-        assert [(a.first, a.duplicate) for a in again.finish()] == [(5 * i, True) for i in range(9)]
-        assert stream.most <= 3
-        stream.close()
-        assert int(c.queue_info(queue)["end_offset"]) == 45
-
-
-def test_a_refusal_on_the_sending_thread_is_raised_in_the_task_and_nothing_after_it_is_sent(
-    daemon: InProcessDaemon,
-) -> None:
-    with daemon.client() as c:
-        queue = c.queue_create("sink")
-        first = Sender(InFlight(c.open_stream(10.0)))
-        first.send(requests(queue, 1)[0])
-        first.finish()
-        stream = c.open_stream(10.0)
-        sender = Sender(InFlight(stream, window=1))
-        changed = requests(queue, 1, size=3)[0]  # the same sequence with other records
-        later = requests(queue, 4)[1:]
-        with pytest.raises(MalformedError, match="same records"):
-            sender.send(changed)
-            for r in later:
-                sender.send(r)
-            sender.finish()
-        sender.abandon()  # what the task does on the way out: returns at once
-        stream.close()
-        assert int(c.queue_info(queue)["end_offset"]) == 5
-
-
-def test_an_abandoned_sender_sends_nothing_more_and_ends(daemon: InProcessDaemon) -> None:
-    with daemon.client() as c:
-        queue = c.queue_create("sink")
-        stream = Counting(c.open_stream(10.0))
-        sender = Sender(InFlight(stream, window=3))
-        sender.send(requests(queue, 1)[0])
-        sender.abandon()
-        assert stream.unanswered == 0
-        stream.close()
-        assert int(c.queue_info(queue)["end_offset"]) in (0, 5)
