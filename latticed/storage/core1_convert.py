@@ -13,6 +13,7 @@ queue on core 1 (:attr:`Batch.converted`); the writer forgets it as a core-1 que
 from __future__ import annotations
 
 from latticed.crdt import epochs
+from latticed.crdt.group import DLQ_META_KEY
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue.state import QueueState
 from latticed.crdt.queue2 import QueueState2
@@ -25,6 +26,7 @@ from latticed.errors import (
     NotOwnerError,
     OtherCoreError,
 )
+from latticed.privacy.meta import EPOCH_KEY as SEALED_KEY
 from latticed.storage.batch import Batch
 from latticed.storage.core2_queues import Core2Queues, core2_of
 from latticed.storage.core2_store import Queue2Row
@@ -82,6 +84,13 @@ class UpgradeQueue(Job):
         address = f"{state.owner.hex()}/{state.name}"
         if state.kind != KIND_QUEUE:
             raise OtherCoreError(f"{address} is not a queue: only queues convert to fork core 2")
+        meta = state.meta_dict
+        if SEALED_KEY in meta:  # core 2 seals nothing yet: its records and offers would be plaintext
+            raise OtherCoreError(f"{address} is sealed: sealed queues stay on fork core 1 for now")
+        if DLQ_META_KEY in meta:  # the group reads it as core 1; it moves with its group, not alone
+            raise OtherCoreError(
+                f"{address} is the dead-letter queue of group {meta[DLQ_META_KEY]}: it stays on core 1"
+            )
         if state.owner != batch.identity.public_key:
             raise NotOwnerError(f"cannot convert {address}: only its owner's daemon can")
         point = fork_point(state)
