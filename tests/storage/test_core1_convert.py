@@ -16,6 +16,7 @@ import pytest
 
 from latticed.crdt import queue as core
 from latticed.crdt import queue2
+from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, fork_point
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import ForkedQueueError, NotOwnerError, OtherCoreError
@@ -65,13 +66,15 @@ def test_the_owner_converts_its_queue_with_its_records_and_offsets(tmp_path: Pat
     q = owner_store(tmp_path / "o")
     w = writer_at(tmp_path / "o")
     before = w.states[q]
+    assert fork_point(before) is None  # not forked: converted whole
     records, chain = before.entries.records(), [before.chain_at(i) for i in range(26)]
     job = UpgradeQueue(q)
     run(w, job)
     assert job.result == (0, 25)
     assert q not in w.states and w.lookup(before.queue_id) is None
     state = w.core2.committed(q)
-    assert state.chains.epoch == 1 and state.chains.tips[0].head.version == 1 and not state.forked
+    assert state.chains.epoch == CONVERTED_EPOCH and state.chains.tips[0].head.version == 1
+    assert not state.forked
     assert state.records() == records and [state.chain_at(i) for i in range(26)] == chain
     assert state.meta == before.meta
     w.stop()
