@@ -11,14 +11,16 @@ waiter got; a value not loaded yet is loaded on the storage thread on first use.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, cast
 
 import trio
 
 from latticed.crdt.head import KIND_QUEUE, QueueKind, queue_id
+from latticed.crdt.queue.state import QueueState
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.errors import BehindPeersError, NotOwnerError
+from latticed.storage.core1_convert import ConversionBusyError, UpgradeQueue
 from latticed.storage.core2_engine import Core2Engine, Core2Host, reading_through
 from latticed.storage.core2_jobs import Commit2
 from latticed.storage.core2_queues import Core2Queues
@@ -40,6 +42,9 @@ class Core2ViewHost(Core2Host, Protocol):
 
 
 __all__ = ["Core2View", "frozen_since_ms", "recover_hint"]
+
+#: How many group commits a conversion waits for one that does not also write the queue on core 1.
+_CONVERT_TRIES: Final = 100
 
 
 def recover_hint(name: str) -> str:
@@ -181,6 +186,23 @@ class Core2View(Core2Engine):
     async def recover_queue(self, q: int, *, keep_mine: bool = False) -> int:
         self.require_owner(q, "recover")
         return await self.recover(q, keep_mine=keep_mine)
+
+    async def upgrade_core1(
+        self, q: int, state: QueueState, *, recover: bool = False, keep_mine: bool = False
+    ) -> tuple[int, int]:
+        """Convert our core-1 queue ``q`` (committed as ``state``) to core 2 (:class:`UpgradeQueue`);
+        returns what it holds then. A group commit that also writes it on core 1 defers it to the next."""
+        if state.owner != self._public_key:
+            raise NotOwnerError(f"cannot convert {state.owner.hex()}/{state.name}: not its owner")
+        self._check_fence(state.owner, state.name, state.kind, state.held_end, "convert")
+        for _ in range(_CONVERT_TRIES - 1):
+            try:
+                return cast(
+                    tuple[int, int], await self._run(UpgradeQueue(q, recover=recover, keep_mine=keep_mine))
+                )
+            except ConversionBusyError:
+                await trio.lowlevel.checkpoint()
+        return cast(tuple[int, int], await self._run(UpgradeQueue(q, recover=recover, keep_mine=keep_mine)))
 
     async def truncate_queue(self, q: int, new_start: int) -> int:
         self.require_owner(q, "truncate")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support.core2_fork import copy_writes, fork, merge
@@ -16,12 +15,10 @@ from latticed.api.client.blocking_client import Client
 from latticed.host.config import DaemonConfig
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from support.spark_stream import run_batch, stream
 
 from latticed.spark.offsets import DataLossError
-from latticed.spark.options import parse_options
 from latticed.spark.partition_reader import LatticePartition, read_partition
-from latticed.spark.source import LatticeStreamReader
 
 
 @pytest.fixture
@@ -51,21 +48,6 @@ def forked_at_10(daemon: InProcessDaemon, client: Client, tmp_path: Path) -> str
     info = client.queue_info("q")
     assert (info["fork_point"], info["end_offset"]) == (10, 10)
     return str(info["queue"])
-
-
-def stream(daemon: InProcessDaemon, fail_on_data_loss: bool) -> LatticeStreamReader:
-    options = {"queues": "q", "socket": str(daemon.socket), "failOnDataLoss": str(fail_on_data_loss)}
-    return LatticeStreamReader(parse_options(options, streaming=True))
-
-
-def run_batch(source: LatticeStreamReader, start: dict[str, int]) -> tuple[dict[str, int], list[Any]]:
-    """One micro-batch: its end offset and the (offset, value) rows its partitions read."""
-    end = source.latestOffset(start, ReadAllAvailable())
-    rows = []
-    for part in source.partitions(start, end):
-        for batch in source.read(part):
-            rows += zip(batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True)
-    return end, rows
 
 
 def test_a_query_past_the_fork_point_fails_with_what_to_do(
