@@ -301,7 +301,7 @@ def delta_from_wire(raw: Any) -> tuple[queue2.Delta, Steps | None]:
         piece,
         pairs,
         _offset(from_offset, "a first offset"),
-        tuple(records_from_wire(records)),
+        records_from_wire(records),  # a run, checked a column at a time: verify_delta does not repeat it
         tuple(_body(b) for b in _list(bodies, None, "bodies")),
     )
     return delta, steps

@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 from support.queue2_histories import OWNER, catch_up, empty, extend, states
 
 from latticed.crdt import leaf_codec, queue2
+from latticed.crdt import records as records_module
 from latticed.crdt.core_errors import GapError, IntegrityError, MalformedError
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.leaf_bodies import decode_versions
 from latticed.crdt.queue2 import QueueState2
-from latticed.crdt.records import Record
+from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.wire import pack
 from latticed.errors import RemoteProtocolError
 from latticed.protocol.core2_steps import pack_steps, unpack_steps
@@ -312,4 +313,23 @@ def test_bodies_rebuilt_from_steps_have_the_leaves_leaf_codec_rebuilds(
         [b.leaf() if isinstance(b, HeadV2) else b for b in rebuilt]
         == expected
         == [b.leaf() for b in versions]
+    )
+
+
+def test_a_decoded_delta_keeps_its_records_as_one_run_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records arrive as a checked run (columns, as core 1's): verifying them checks none again,
+    and the run verifies and joins as the tuple that was sent."""
+    source = empty()
+    for i in range(3):
+        records = [Record(value=b"%d.%d" % (i, j), timestamp=i) for j in range(50)]
+        source = queue2.commit(source, OWNER, now_ms=i, records=records)
+    sent = queue2.delta(source, None)
+    received = _decode(encode2(Delta2(1, link_summary(source), sent)))
+    assert isinstance(received, Delta2) and type(received.delta.records) is RecordRun
+    checked: list[Record] = []
+    monkeypatch.setattr(records_module, "check_record", checked.append)
+    verified = queue2.verify_delta(empty(), received.delta)
+    assert not checked and type(verified.records) is RecordRun
+    assert queue2.join_verified(empty(), verified) == queue2.join_verified(
+        empty(), queue2.verify_delta(empty(), sent)
     )
