@@ -273,6 +273,39 @@ def test_a_catch_up_of_single_offers_sends_bodies_as_steps() -> None:
     assert _apply(replica, packed, steps) == _apply(replica, whole)
 
 
+def test_a_first_chunk_to_a_new_replica_sends_bodies_as_steps_after_its_first_body() -> None:
+    """A replica that holds nothing has no body to start steps from: the chunk's first body travels
+    whole and the others as steps after it, and it joins as the whole delta does."""
+    state = empty()
+    for i in range(40):
+        state = queue2.commit(state, OWNER, now_ms=1000 + i, records=[Record(value=b"v")])
+    for since in (None, queue2.summary(empty())):
+        whole = queue2.delta(state, since, 10)
+        packed, steps = pack_steps(state, whole)
+        assert steps is not None and packed.bodies == whole.bodies[:1] and steps[0] == whole.bodies[0].version
+        plain, stepped = (
+            len(encode2(Delta2(1, link_summary(state), whole))),
+            len(encode2(Delta2(1, link_summary(state), packed, steps))),
+        )
+        assert stepped < plain - 9 * 200
+        got = _decode(encode2(Delta2(1, link_summary(state), packed, steps)))
+        assert isinstance(got, Delta2) and _apply(empty(), got.delta, got.steps) == _apply(empty(), whole)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs(), st.sampled_from([None, 1, 2, 5]), st.booleans())
+def test_a_delta_to_a_replica_that_holds_nothing_joins_as_the_whole_delta_with_steps(
+    pair: tuple[QueueState2, QueueState2], size: int | None, summarised: bool
+) -> None:
+    source, _ = pair
+    since = queue2.summary(empty()) if summarised else None
+    whole = queue2.delta(source, since, size)
+    packed, steps = pack_steps(source, whole)
+    received = _decode(encode2(Delta2(1, link_summary(source), packed, steps)))
+    assert isinstance(received, Delta2) and received.steps == steps
+    assert _apply(empty(), received.delta, received.steps) == _apply(empty(), whole)
+
+
 @settings(max_examples=300, deadline=None)
 @given(pairs(), st.binary(max_size=80), st.integers(0, 8))
 def test_any_steps_from_a_peer_rebuild_or_are_refused_with_a_typed_error(
