@@ -82,11 +82,20 @@ def merge(value: Chains, piece: LogDelta) -> Chains:
         return appended
     known = _known(value) if piece.value.epoch == value.epoch else ()
     origin = genesis(piece.value.queue_id, piece.value.epoch)
-    if piece.base > len(known) or fold(origin, known[: piece.base]) != piece.base_fold:
+    if piece.base > len(known) or _fold_known(value, known, origin, piece.base) != piece.base_fold:
         raise ValueError("a delta that leaves out leaves this replica does not hold")
     whole = replace(piece.value, shared=known[: piece.base] + piece.value.shared, held_end=0)
+    if (whole.shared, whole.tips, whole.start_head) == (value.shared, value.tips, value.start_head):
+        return value  # what we hold (verified when it joined): a chunk's log we already have
     verify(whole)
     return join(value, whole)
+
+
+def _fold_known(value: Chains, known: tuple[Leaf, ...], origin: bytes, n: int) -> bytes:
+    """``fold(origin, known[:n])``: our newest head's log folds all our shared leaves (verified)."""
+    if known and n == len(value.shared) and not value.forked:
+        return value.tips[0].head.log
+    return prefix_fold(origin, known, n)
 
 
 def _append(value: Chains, piece: LogDelta) -> Chains | None:

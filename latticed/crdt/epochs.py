@@ -21,6 +21,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from latticed.crdt.core_errors import EquivocationError, MalformedError, WrongOwnerError
+from latticed.crdt.fold_index import prefix_fold
 from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, is_leaf
 
 __all__ = ["Chains", "Tip", "empty", "join", "replica", "start_rank", "verify"]
@@ -148,7 +149,7 @@ def verify(value: Chains) -> None:
     leaves = [*value.shared, *(leaf for tip in value.tips for leaf in tip.tail)]
     if any(not is_leaf(leaf) for leaf in leaves):
         raise MalformedError("a leaf is a 32-byte digest and an offset")
-    base = fold(genesis(value.queue_id, value.epoch), value.shared)
+    base = prefix_fold(genesis(value.queue_id, value.epoch), value.shared, len(value.shared))
     for tip in value.tips:
         if fold(base, tip.tail) != tip.head.log or len(value.shared) + len(tip.leaves()) != tip.head.version:
             raise EquivocationError("leaves that the head's log does not cover")

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.queue2_histories import OWNER, empty
 
-from latticed.crdt import epoch_delta, fold_index, head2, queue2
+from latticed.crdt import epoch_delta, epochs, fold_index, head2, queue2
 from latticed.crdt.fold_index import STRIDE, prefix_fold
 from latticed.crdt.head2 import Leaf, fold
 from latticed.crdt.records import Record
@@ -64,3 +64,31 @@ def test_the_remembered_folds_are_bounded(monkeypatch: pytest.MonkeyPatch) -> No
         assert prefix_fold(origin, leaves, len(leaves)) == fold(origin, leaves)
     assert sum(len(known) for known, _ in fold_index._folds.values()) <= 4 * STRIDE
     assert origin in fold_index._folds  # the newest stays
+
+
+def test_merging_a_log_we_hold_or_extend_folds_only_the_new_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed catch-up's later chunks carry a log the replica holds already (or one head past it):
+    merging them does not refold the replica's leaves, nor verify the heads it holds again."""
+    state = empty()
+    for i in range(200):
+        state = queue2.commit(state, OWNER, now_ms=i, records=[Record(value=b"%d" % i)])
+    whole = epoch_delta.merge(empty().chains, epoch_delta.delta(state.chains, None))  # the first chunk
+    again = epoch_delta.delta(state.chains, epoch_delta.summary(whole))  # the next chunk's log
+    assert again is not None
+    behind = epoch_delta.merge(empty().chains, epoch_delta.delta(log_at(state, 150), None))
+    onward = epoch_delta.delta(state.chains, epoch_delta.summary(behind))
+    assert onward is not None
+    calls = _count_folds(monkeypatch)
+    assert epoch_delta.merge(whole, again) is whole
+    assert calls[0] == 0
+    assert epoch_delta.merge(behind, onward).shared == state.chains.shared
+    assert calls[0] <= 2 * STRIDE  # the leaves past the peer's log, not all 200
+
+
+def log_at(state: queue2.QueueState2, version: int) -> epochs.Chains:
+    """``state``'s log as it stood at ``version``: its first leaves and the head it rebuilds."""
+    line = empty()
+    for i in range(version):
+        line = queue2.commit(line, OWNER, now_ms=i, records=[Record(value=b"%d" % i)])
+    assert line.chains.shared == state.chains.shared[: len(line.chains.shared)]
+    return line.chains
