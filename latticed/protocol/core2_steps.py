@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from latticed.crdt import leaf_codec, queue2
+from latticed.crdt import chain_memo, leaf_codec, queue2
 from latticed.crdt.core_errors import GapError, MalformedError
 from latticed.crdt.epoch_delta import vouches
 from latticed.crdt.epochs import Chains
@@ -136,6 +136,7 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
     if base is None:
         raise GapError(f"records from {frm}, this replica holds {state.held}")
     chain = chain_extend(base, frm, records) if records else []
+    chain_memo.remember(base, frm, records, chain)  # verify_delta hashes the same records next
     end = frm + len(records)
 
     def chain_at(offset: int) -> bytes | None:

@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from latticed.crdt import epoch_delta
+from latticed.crdt import chain_memo, epoch_delta
 from latticed.crdt.core_errors import GapError, MalformedError, TamperedError, WrongOwnerError
 from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains
@@ -174,7 +174,7 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     base = state.chain_at(first) if first > lo else _base(chains, state)
     assert base is not None
     records = d.records[first - d.from_offset : end - d.from_offset]
-    chain = chain_extend(base, first, records)
+    chain = chain_memo.take(base, first, records) or chain_extend(base, first, records)
     bodies = tuple(b for b in d.bodies if first < b.end <= end)
     if chains.forked:  # heads past the first branching of a branch the frozen value does not keep
         bodies = tuple(b for b in bodies if epoch_delta.vouches(chains, b))
