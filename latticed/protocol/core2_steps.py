@@ -63,7 +63,7 @@ def outgoing(
         if top is not None:
             ours = link_summary(state).core
             implied = Summary2(queue2.Summary(ours.log, end, top))
-    packed, stepped = pack_steps(state, d) if steps else (d, None)
+    packed, stepped = pack_steps(state, d, since.log.known if since else None) if steps else (d, None)
     return Outgoing2(packed, stepped, implied)
 
 
@@ -73,18 +73,22 @@ def _trusted(state: QueueState2, version: int) -> HeadV2 | None:
     return next((h for h in heads if h.version == version and vouches(state.chains, h)), None)
 
 
-def pack_steps(state: QueueState2, d: queue2.Delta) -> tuple[queue2.Delta, Steps | None]:
+def pack_steps(
+    state: QueueState2, d: queue2.Delta, known: int | None = None
+) -> tuple[queue2.Delta, Steps | None]:
     """``d`` (from ``queue2.delta(state, ...)``) without the bodies that steps rebuild, nor the leaves of
-    its log they rebuild, and those steps (None: ``d`` goes as it is). The steps go after the body of the
-    version just before the chunk's first when the receiver holds it, else after the chunk's first body,
-    which then travels whole (a replica's first chunk: it holds no body yet)."""
+    its log they rebuild, and those steps (None: ``d`` goes as it is). ``known`` is the leaf count of the
+    receiver's summary (None: no summary, a whole value). The steps go after our body of the version just
+    before the chunk's first when the receiver's log has it (it holds that body where its records end, or
+    it answers with a GapError and the link sends our whole value), else after the chunk's first body,
+    which then travels whole: a whole value's steps need nothing of the receiver."""
     log, bodies = d.log, d.bodies
     if log is None or log.value.forked or not bodies or state.forked:
         return d, None
     first, last = bodies[0].version, bodies[-1].version
     if [b.version for b in bodies] != list(range(first, last + 1)):
         return d, None  # not one run of versions
-    prev = _trusted(state, first - 1) if first - 1 <= log.base else None
+    prev = _trusted(state, first - 1) if known is not None and first - 1 <= log.base else None
     own: tuple[HeadV2, ...] = ()
     if prev is None:
         if len(bodies) < 2:
@@ -159,8 +163,10 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
 
 def _chain_base(state: QueueState2, value: Chains, frm: int) -> bytes | None:
     """The chain value at ``frm`` that verifying the delta's records starts from: ours, or, when we hold
-    nothing of its epoch, its start head's base (verification checks that head and the records)."""
+    no records there, its start head's base (verification checks that head and the records)."""
     if state.chains.epoch == value.epoch and state.chains.tips:
-        return state.chain_at(frm)
+        ours = state.chain_at(frm)
+        if ours is not None:
+            return ours
     start = value.start_head
     return start.base_hash if start is not None and frm == start.start else None
