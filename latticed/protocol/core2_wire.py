@@ -18,9 +18,9 @@ decoding are untouched. Each is a msgpack array, type code first::
 
 ``shared`` and each ``tail`` are leaves packed 40 bytes each (digest, end as u64 big-endian); ``steps`` are
 the :mod:`~latticed.crdt.leaf_codec` steps of the versions after ``version`` whose bodies end inside the
-records, in place of those bodies and of their leaves in ``shared`` (:mod:`latticed.protocol.core2_steps`);
-heads are the
-296 signed bytes of :class:`~latticed.crdt.head2.HeadV2`; ``bodies`` are the 232 unsigned bytes of the
+records, in place of those bodies and of their leaves in ``shared`` (:mod:`latticed.protocol.core2_steps`;
+``version`` is one the receiver holds, or one of ``bodies``, whose leaves up to it ``shared`` keeps); heads
+are the 296 signed bytes of :class:`~latticed.crdt.head2.HeadV2`; ``bodies`` are the 232 unsigned bytes of the
 heads ending inside the records (the receiver checks them against the verified log); records are rows as
 in :mod:`latticed.crdt.wire`. ``heads`` is empty unless the value is forked: then a digest of its tips and
 start head (see :class:`Summary2`).
