@@ -376,3 +376,14 @@ def test_a_decoded_delta_keeps_its_records_as_one_run_checked_once(monkeypatch: 
     assert queue2.join_verified(empty(), verified) == queue2.join_verified(
         empty(), queue2.verify_delta(empty(), sent)
     )
+
+
+def test_a_deltas_records_go_out_as_the_rows_of_core_1s_wire() -> None:
+    """Records are encoded from columns: the same bytes as one row per record, headers included."""
+    state = empty()
+    records = [Record(value=b"v%d" % i, key=b"k" if i % 2 else None, timestamp=i) for i in range(20)]
+    records[3] = Record(value=b"h", timestamp=3, headers=(("a", b"1"), ("b", b"2")))
+    state = queue2.commit(state, OWNER, now_ms=1, records=records)
+    d = queue2.delta(state, None)
+    rows = [[r.key, r.value, r.timestamp, [[k, v] for k, v in r.headers]] for r in d.records]
+    assert pack(delta_to_wire(d)[6]) == pack(rows)
