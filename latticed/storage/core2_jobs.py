@@ -190,7 +190,7 @@ class Merge2(Job):
         super().__init__()
         self.delta, self.verified, self.against = delta, verified, against
         #: The records the merge appended past what the queue held (the replication metrics count them).
-        self.added: tuple[Record, ...] = ()
+        self.added: Sequence[Record] = ()
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         core2 = core2_of(writer)
