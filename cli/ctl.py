@@ -293,15 +293,16 @@ def queue_create(
     ] = None,
     producers: ProducersOption = None,
     core: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--core",
             min=1,
             max=2,
             help="Fork core: 2 freezes the queue at a fork of its owner until `queue recover` "
-            "(docs/lattice.md); 0.2.0 daemons never receive a core-2 queue.",
+            "(docs/lattice.md); 0.2.0 daemons never receive a core-2 queue, so keep 1 while they run. "
+            "Default: the daemon's default_queue_core (2 unless configured).",
         ),
-    ] = 1,
+    ] = None,
     max_age: MaxAge = None,
     max_bytes: MaxBytes = None,
     max_records: MaxRecords = None,

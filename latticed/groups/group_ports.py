@@ -9,6 +9,7 @@ from typing import Protocol
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.storage.catalog import QueueCatalog
+from latticed.storage.core2_view import Core2View
 from latticed.storage.reader import Columns
 from latticed.storage.sealer import SealableStore
 
@@ -16,11 +17,17 @@ from latticed.storage.sealer import SealableStore
 class GroupStore(SealableStore, QueueCatalog, Protocol):
     """Sources and group logs, addressed and read; group logs and DLQs, created and written."""
 
+    #: The sources on fork core 2 (a group hears of their commits there).
+    core2: Core2View
+
     def resolve(self, address: str, kind: int = KIND_QUEUE) -> int: ...
 
     def parse_address(self, address: str) -> tuple[bytes, str]: ...
 
     async def read(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns: ...
+    def find_any(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None: ...
+    def held_end_now(self, q: int) -> int | None: ...
+    async def bounds(self, q: int) -> tuple[int, int]: ...
 
     async def create_queue(
         self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE

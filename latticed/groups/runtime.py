@@ -94,7 +94,7 @@ class GroupRuntime:
         q = self._queues.get(sid)
         if q is None:
             owner, name = parse_source_id(sid)
-            q = self.engine.find(owner, name, KIND_QUEUE)
+            q = self.engine.find_any(owner, name, KIND_QUEUE)  # a source may be on either fork core
             if q is not None:
                 self._queues[sid] = q
         return q
@@ -108,11 +108,11 @@ class GroupRuntime:
                 return 0
             engine, read = self.engine, 0
             while True:
-                state = engine.state(q)
-                lo = max(self.cursors[sid], state.start)
-                if lo >= state.held_end:
+                start, end = await engine.bounds(q)
+                lo = max(self.cursors[sid], start)
+                if lo >= end:
                     return read
-                columns = await engine.read(q, lo, state.held_end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
+                columns = await engine.read(q, lo, end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
                 try:  # a sealed source: what this daemon can open, up to the first record it cannot
                     columns = self.sealer.open_columns(q, columns, partial=True)
                 except NotReaderError as exc:

@@ -45,6 +45,7 @@ from latticed.crdt.group import (
 from latticed.crdt.group_spec import GroupSpec, spec_from_meta, spec_to_meta
 from latticed.crdt.head import KIND_GROUP, KIND_QUEUE
 from latticed.crdt.queue import QueueState
+from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.errors import (
     AlreadyExistsError,
@@ -93,7 +94,7 @@ class GroupService:
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: trio.TaskStatus[GroupService] = trio.TASK_STATUS_IGNORED) -> None:
         engine = self.engine
-        with self._changes.subscribed(self._on_change):
+        with self._changes.subscribed(self._on_change), engine.core2.subscribed(self._on_change2):
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.committer.run)
                 for q in engine.queues(KIND_GROUP):
@@ -189,7 +190,7 @@ class GroupService:
         return q
 
     # ------------------------------------------------------------------ intake
-    def _on_change(self, state: QueueState) -> None:
+    def _on_change(self, state: QueueState | QueueState2) -> None:
         """Change listener (trio thread, after each commit): note sources with new records."""
         if state.kind != KIND_QUEUE or not self._by_source:
             return
@@ -197,6 +198,11 @@ class GroupService:
         if sid in self._by_source:
             self._dirty.add(sid)
             self._feed.set()
+
+    def _on_change2(self, q: int, state: QueueState2 | None) -> None:
+        """Change listener of core-2 commits: a source on fork core 2 as :meth:`_on_change`."""
+        if state is not None:
+            self._on_change(state)
 
     async def _feeder(self) -> None:
         while True:
@@ -295,7 +301,7 @@ class GroupService:
         sealed = False
         for address in queues:
             owner, qname = engine.parse_address(address)
-            found = engine.find(owner, qname, KIND_QUEUE)
+            found = engine.find_any(owner, qname, KIND_QUEUE)
             if found is None:
                 raise NotFoundError(f"no queue {address} here (create it, or wait for it to replicate)")
             sealing = sealer.sealing(found)
@@ -373,7 +379,8 @@ class GroupService:
         behind = False
         for sid in rt.sources:
             q = rt.source_queue(sid)
-            if q is not None and rt.cursors[sid] < self.engine.state(q).held_end and sid not in rt.unreadable:
+            end = None if q is None else self.engine.held_end_now(q)  # None: a core-2 value not loaded
+            if q is not None and (end is None or rt.cursors[sid] < end) and sid not in rt.unreadable:
                 behind = True
                 await rt.catch_up(sid, self._background)
         return behind

@@ -86,8 +86,8 @@ def source_ends(engine: GroupStore, sources: tuple[str, ...]) -> dict[str, int |
     ends = {}
     for sid in sources:
         owner, name = parse_source_id(sid)
-        q = engine.find(owner, name)
-        ends[sid] = engine.state(q).held_end if q is not None else None
+        q = engine.find_any(owner, name)
+        ends[sid] = engine.held_end_now(q) if q is not None else None
     return ends
 
 

@@ -22,6 +22,7 @@ from latticed.errors import (
     MalformedError,
     NotOwnerError,
 )
+from latticed.host.retention_policy import KEYS as RETENTION_KEYS
 from latticed.storage.batch import Batch
 from latticed.storage.core2_queues import Core2Queues, core2_of
 from latticed.storage.core2_store import evidence
@@ -91,7 +92,7 @@ class CreateQueue2(Job):
 class Commit2(Job):
     """The owner's records (and metadata changes) for one core-2 queue; ``result``: the first offset."""
 
-    __slots__ = ("checked", "meta", "q", "records")
+    __slots__ = ("checked", "frees_space", "meta", "q", "records")
 
     def __init__(
         self,
@@ -103,6 +104,8 @@ class Commit2(Job):
     ) -> None:
         super().__init__()
         self.q, self.records, self.meta, self.checked = q, records, dict(meta or {}), checked
+        #: A retention change is how a full disk is meant to be fixed, so it may use the reserve.
+        self.frees_space = not records and bool(self.meta) and all(k in RETENTION_KEYS for k in self.meta)
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         core2 = core2_of(writer)

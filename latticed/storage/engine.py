@@ -174,6 +174,8 @@ class Engine(ReplicaView):
             live.wake(change2.q)
             if self.core2.on_change is not None:
                 self.core2.on_change(change2.q, change2.state)
+            for listener2 in self.core2.listeners:
+                listener2(change2.q, change2.state)
         if live.any_ahead:
             for job in jobs:
                 if job.error is not None and isinstance(job, Merge):
@@ -338,6 +340,18 @@ class Engine(ReplicaView):
         if recent is not None:
             return recent
         return await self.bridge.read(lambda r: r.columns(q, lo, hi, max_records, max_bytes))
+
+    def find_any(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None:
+        """A stored queue on either fork core (None: not here)."""
+        found = self.find(owner, name, kind)
+        return found if found is not None else self.core2.lookup(owner, name, kind)
+
+    def held_end_now(self, q: int) -> int | None:
+        """Where ``q`` ends without waiting, on either fork core (None: a core-2 value not loaded yet,
+        which :meth:`bounds` loads)."""
+        if self.core2.holds(q):
+            return self.core2.held_end_now(q)
+        return self.state(q).held_end
 
     async def bounds(self, q: int) -> tuple[int, int]:
         """The offsets ``[start, end)`` of the records queue ``q`` holds (either fork core)."""

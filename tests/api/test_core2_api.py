@@ -53,7 +53,7 @@ def _values(entries: list[Entry]) -> list[bytes]:
 
 def test_a_core2_queue_is_written_and_read_as_any_queue(client: Client) -> None:
     assert client.queue_create("c2", {"team": "x"}, core=2).endswith("/c2")
-    client.queue_create("c1")
+    client.queue_create("c1", core=1)
     with pytest.raises(AlreadyExistsError):
         client.queue_create("c1", core=2)
     with pytest.raises(AlreadyExistsError):
@@ -178,7 +178,7 @@ def test_recovery_and_fork_show_refuse_what_they_cannot_do(
         client.queue_recover(theirs)
     with pytest.raises(NotOwnerError):
         client.offer(theirs, b"no")
-    client.queue_create("one")
+    client.queue_create("one", core=1)  # core 1's own refusal
     with pytest.raises(OtherCoreError, match="fork core 1"):
         client.queue_recover("one")
     with pytest.raises(OtherCoreError):

@@ -103,6 +103,7 @@ async def hello(ctx: Context, request: Request) -> Reply:
         "release": RELEASE,
         "max_frame_bytes": ctx.max_frame_bytes,
         "queue_cores": [1, 2],  # the fork cores queue_create takes (absent: core 1 only)
+        "default_queue_core": ctx.default_queue_core,  # what queue_create makes without ``core``
     }
 
 
@@ -200,13 +201,16 @@ async def queue_create(ctx: Context, request: Request) -> Reply:
     check_meta(meta)
     _not_reserved(name, meta)
     readers = request.get("readers")  # a list (maybe empty) of reader identities: a sealed queue
-    core = arg_int(request, "core", default=1)  # the fork core (docs/lattice.md); absent: 1
-    if readers is not None and core != 1:
-        raise MalformedError("a sealed queue is on fork core 1 only")
+    core = arg_int(request, "core", optional=True)  # the fork core (docs/lattice.md)
     if readers is not None:
+        if core is not None and core != 1:
+            raise MalformedError(
+                "a sealed queue is on fork core 1 only: create it without --core, or with --core 1"
+            )
         q = await ctx.sealer.create_queue(name, meta, parse_readers(readers))
-    else:
-        q = await ctx.engine.create_queue(name, meta, core=core)
+        return {"queue": ctx.engine.address(q), "core": 1}
+    core = ctx.default_queue_core if core is None else core  # absent (an older client): the daemon's
+    q = await ctx.engine.create_queue(name, meta, core=core)
     return {"queue": ctx.engine.address(q), "core": core}
 
 
