@@ -5,10 +5,12 @@ daemon passes its :class:`~latticed.storage.engine.Engine`); a name appears here
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol, TypeVar
 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue import QueueState
+from latticed.crdt.queue2 import QueueState2
 from latticed.services.health import ForkedCore2
 from latticed.services.retention_core2 import Core2Retention
 from latticed.storage.catalog import QueueCatalog
@@ -21,6 +23,10 @@ class RetentionCore2(Core2Retention, Protocol):
     """The core-2 queues retention walks and cuts."""
 
     def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
+
+    def subscribed(
+        self, listener: Callable[[int, QueueState2 | None], None]
+    ) -> AbstractContextManager[None]: ...
 
 
 class RetentionStore(QueueCatalog, Protocol):

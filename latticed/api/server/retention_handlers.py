@@ -84,7 +84,7 @@ async def retention_get(ctx: Context, request: Request) -> Reply:
         "records": end - start,
         "bytes": held_bytes,
         "floor": floor,
-        "replica_max_bytes": None if owned or service is None else service.cap(q),
+        "replica_max_bytes": None if owned or service is None or engine.core2.holds(q) else service.cap(q),
     }
     return reply
 
