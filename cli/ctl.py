@@ -213,6 +213,8 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
             for r in info.get("incompatible_peers") or []
         ]
         or "none",
+        "core-2 queues": [str(b.get("message")) for b in info.get("core2_blind_peers") or []]
+        or "every connected peer receives them",
         "other runs": _identity_lines(info.get("identity_runs")),
     }
     emit(info, field_lines(fields), as_json=as_json)

@@ -52,6 +52,16 @@ class RetentionStore(QueueCatalog, Protocol):
         ...
 
 
+class MetricsCore2(ForkedCore2, Protocol):
+    """The core-2 queues a scrape counts (their values loaded at start, then as they commit)."""
+
+    def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
+
+    def owned(self, q: int) -> bool: ...
+
+    def loaded(self, q: int) -> QueueState2 | None: ...
+
+
 class MetricsStore(Protocol):
     """What a scrape reads of the store: the queues' in-memory heads and the file's size."""
 
@@ -65,7 +75,7 @@ class MetricsStore(Protocol):
     def storage_bytes(self) -> int: ...
 
     @property
-    def core2(self) -> ForkedCore2: ...
+    def core2(self) -> MetricsCore2: ...
 
 
 __all__ = ["MetricsStore", "RetentionStore"]

@@ -43,6 +43,7 @@ from latticed.crdt.records import (
 )
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError, NotFoundError, NotOwnerError
+from latticed.host.core2_reach import core2_blind_peers
 from latticed.host.retention_policy import check_meta, check_meta_entry
 from latticed.storage.reader import Columns, RawRow
 from latticed.storage.sealer import check_user_meta
@@ -147,6 +148,11 @@ async def status(ctx: Context, request: Request) -> Reply:
             "disk": ctx.health.disk_status() if ctx.health else None,
             "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
             "incompatible_peers": ctx.replication.incompatible_peers() if ctx.replication else [],
+            "core2_blind_peers": (
+                core2_blind_peers(ctx.replication.peers(), core2_handlers.core2_count(ctx))
+                if ctx.replication
+                else []
+            ),
             "identity_runs": ctx.replication.identity_status() if ctx.replication else None,
             "retention": ctx.retention.counters_dict() if ctx.retention else None,
         }
