@@ -25,8 +25,6 @@ class GroupStore(SealableStore, QueueCatalog, Protocol):
     def parse_address(self, address: str) -> tuple[bytes, str]: ...
 
     async def read(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns: ...
-    def find_any(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None: ...
-    def held_end_now(self, q: int) -> int | None: ...
     async def bounds(self, q: int) -> tuple[int, int]: ...
 
     async def create_queue(
@@ -42,4 +40,18 @@ class GroupStore(SealableStore, QueueCatalog, Protocol):
     async def wait_past(self, q: int, end: int, *, ahead: bool = False) -> None: ...
 
 
-__all__ = ["GroupStore"]
+def find_source(engine: GroupStore, owner: bytes, name: str) -> int | None:
+    """A source queue stored here on either fork core (None: not here)."""
+    found = engine.find(owner, name, KIND_QUEUE)
+    return found if found is not None else engine.core2.lookup(owner, name, KIND_QUEUE)
+
+
+def held_end_now(engine: GroupStore, q: int) -> int | None:
+    """Where source ``q`` ends without waiting, on either fork core (None: a core-2 value not loaded
+    yet, which ``bounds`` loads)."""
+    if engine.core2.holds(q):
+        return engine.core2.held_end_now(q)
+    return engine.state(q).held_end
+
+
+__all__ = ["GroupStore", "find_source", "held_end_now"]

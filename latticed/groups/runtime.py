@@ -17,10 +17,9 @@ import trio
 from latticed.crdt.attempts import AttemptEntry
 from latticed.crdt.group import GroupProgress, ProgressOp, dlq_name, parse_source_id
 from latticed.crdt.group_spec import GroupSpec
-from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError, NotReaderError
-from latticed.groups.group_ports import GroupStore
+from latticed.groups.group_ports import GroupStore, find_source
 from latticed.leases.dispatch import Dispatcher
 from latticed.leases.outcomes import Changes
 from latticed.process.logs import get_logger, log_event
@@ -94,7 +93,7 @@ class GroupRuntime:
         q = self._queues.get(sid)
         if q is None:
             owner, name = parse_source_id(sid)
-            q = self.engine.find_any(owner, name, KIND_QUEUE)  # a source may be on either fork core
+            q = find_source(self.engine, owner, name)  # a source may be on either fork core
             if q is not None:
                 self._queues[sid] = q
         return q

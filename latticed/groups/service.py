@@ -56,7 +56,7 @@ from latticed.errors import (
     NotOwnerError,
 )
 from latticed.groups.committer import Committer, Flight
-from latticed.groups.group_ports import GroupStore
+from latticed.groups.group_ports import GroupStore, find_source, held_end_now
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
 from latticed.leases.filters import compile_filter
 from latticed.leases.outcomes import Changes, DeadLetter, Grant, TaskView
@@ -301,7 +301,7 @@ class GroupService:
         sealed = False
         for address in queues:
             owner, qname = engine.parse_address(address)
-            found = engine.find_any(owner, qname, KIND_QUEUE)
+            found = find_source(engine, owner, qname)
             if found is None:
                 raise NotFoundError(f"no queue {address} here (create it, or wait for it to replicate)")
             sealing = sealer.sealing(found)
@@ -379,7 +379,7 @@ class GroupService:
         behind = False
         for sid in rt.sources:
             q = rt.source_queue(sid)
-            end = None if q is None else self.engine.held_end_now(q)  # None: a core-2 value not loaded
+            end = None if q is None else held_end_now(self.engine, q)  # None: a core-2 value not loaded
             if q is not None and (end is None or rt.cursors[sid] < end) and sid not in rt.unreadable:
                 behind = True
                 await rt.catch_up(sid, self._background)

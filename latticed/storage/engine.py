@@ -341,18 +341,6 @@ class Engine(ReplicaView):
             return recent
         return await self.bridge.read(lambda r: r.columns(q, lo, hi, max_records, max_bytes))
 
-    def find_any(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None:
-        """A stored queue on either fork core (None: not here)."""
-        found = self.find(owner, name, kind)
-        return found if found is not None else self.core2.lookup(owner, name, kind)
-
-    def held_end_now(self, q: int) -> int | None:
-        """Where ``q`` ends without waiting, on either fork core (None: a core-2 value not loaded yet,
-        which :meth:`bounds` loads)."""
-        if self.core2.holds(q):
-            return self.core2.held_end_now(q)
-        return self.state(q).held_end
-
     async def bounds(self, q: int) -> tuple[int, int]:
         """The offsets ``[start, end)`` of the records queue ``q`` holds (either fork core)."""
         if self.core2.holds(q):
