@@ -55,6 +55,18 @@ def frozen_since_ms(state: QueueState2) -> int | None:
     return max(tip.head.timestamp for tip in state.chains.tips)
 
 
+def epoch_start(state: QueueState2) -> int:
+    """Where the newest epoch's own records begin: the end of its first head (the fork point its owner
+    recovered from), 0 in epoch 0. A reader that read past it in an older epoch read records the recovery
+    abandoned, even if it never saw the queue frozen (the Spark source checks this on restart)."""
+    chains = state.chains
+    if chains.epoch == 0:
+        return 0
+    if chains.shared:
+        return chains.shared[0][1]
+    return min((tip.leaves()[0][1] for tip in chains.tips), default=0)
+
+
 class Core2View(Core2Engine):
     """The engine's core-2 queues on the event loop (see the module docstring)."""
 
@@ -234,6 +246,7 @@ class Core2View(Core2Engine):
             "queue": self.address(q),
             "core": 2,
             "epoch": chains.epoch,
+            "epoch_start": epoch_start(state),
             "start_offset": lo,
             "end_offset": hi,
             "size": hi - lo,

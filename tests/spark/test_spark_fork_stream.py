@@ -105,7 +105,40 @@ def test_without_fail_on_data_loss_the_query_waits_and_reads_the_new_epoch_from_
     client.queue_recover("q")
     client.offer("q", b"new")
     end, rows = run_batch(source, back)
-    assert end == {queue: 11} and rows == [(10, b"new")]
+    assert end == {queue: 11, "epochs": {queue: 1}} and rows == [(10, b"new")]
+    source.stop()
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_recovery_no_poll_saw_frozen_is_still_caught(
+    daemon: InProcessDaemon, client: Client, tmp_path: Path, fail_on_data_loss: bool, restarted: bool
+) -> None:
+    client.queue_create("q", core=2)
+    offer(client, "s", 10)
+    source = stream(daemon, fail_on_data_loss)
+    queue = next(iter(source.initialOffset()))
+    end, _ = run_batch(source, {queue: 0})
+    copied = copy_writes(tmp_path / "copy", daemon, "q", 3)
+    offer(client, "o", 2)
+    end, rows = run_batch(source, end)
+    assert end == {queue: 12} and [v for _, v in rows] == [b"o0", b"o1"]
+    merge(daemon, copied)  # frozen at 10 ... and recovered before the query polls again (or restarts)
+    client.queue_recover("q")
+    client.offer("q", b"new")
+    if restarted:
+        source.stop()
+        source = stream(daemon, fail_on_data_loss)
+    if fail_on_data_loss:
+        with pytest.raises(
+            DataLossError, match=r"epoch 1 goes on from offset 10, .* up to offset 12 in epoch 0"
+        ):
+            run_batch(source, end)
+    else:
+        back, rows = run_batch(source, end)
+        assert back == {queue: 10, "epochs": {queue: 1}} and rows == []
+        end, rows = run_batch(source, back)
+        assert end == {queue: 11, "epochs": {queue: 1}} and rows == [(10, b"new")]
     source.stop()
 
 
