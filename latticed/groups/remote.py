@@ -47,7 +47,7 @@ from latticed.errors import (
     MalformedError,
     NotReaderError,
 )
-from latticed.groups.group_ports import GroupStore
+from latticed.groups.group_ports import GroupStore, find_source, held_end_now
 from latticed.net.leasing import LeaseLinks, LinkLostError
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.reader import Columns
@@ -313,9 +313,10 @@ class RemoteGroups:
         have = {}
         for sid in self._known_sources(group):
             owner, name = parse_source_id(sid)
-            q = self.engine.find(owner, name, KIND_QUEUE)
-            if q is not None:
-                have[sid] = self.engine.state(q).held_end
+            q = find_source(self.engine, owner, name)
+            end = None if q is None else held_end_now(self.engine, q)  # None: a core-2 value not loaded
+            if end is not None:
+                have[sid] = end
         return have
 
     def _signed_sources(self, group: RemoteGroup) -> frozenset[str] | None:
@@ -330,14 +331,21 @@ class RemoteGroups:
             return None
         return frozenset((*sources, source_id(group.owner, dlq_name(group.name))))
 
-    def _held(self, sid: str) -> tuple[int, int, int, bool] | None:
-        """The stored queue behind ``sid`` here: (q, start, held end, sealed); None if not held."""
+    def _sealed_here(self, sid: str) -> bool:
+        """Whether the queue behind ``sid`` is held here and sealed (a queue on fork core 2 never is)."""
         owner, name = parse_source_id(sid)
         q = self.engine.find(owner, name, KIND_QUEUE)
+        return q is not None and self.sealer.sealing(q) is not None
+
+    async def _held(self, sid: str) -> tuple[int, int, int, bool] | None:
+        """The stored queue behind ``sid`` here, on either fork core: (q, start, held end, sealed); None
+        if not held."""
+        owner, name = parse_source_id(sid)
+        q = find_source(self.engine, owner, name)
         if q is None:
             return None
-        state = self.engine.state(q)
-        return q, state.start, state.held_end, self.sealer.sealing(q) is not None
+        start, end = await self.engine.bounds(q)
+        return q, start, end, self._sealed_here(sid)
 
     def _check_source(self, group: RemoteGroup, sid: str, signed: frozenset[str] | None) -> None:
         """A grant may name only a source of the group (the owner could otherwise have this daemon open
@@ -349,8 +357,7 @@ class RemoteGroups:
                     "group's sources (its signed definition)"
                 )
             return
-        held = self._held(sid)
-        if held is not None and held[3]:
+        if self._sealed_here(sid):
             raise NotReaderError(
                 f"the definition of group {group.address} has not replicated here: a lease on the sealed "
                 f"queue {sid} is not opened before it shows that the group consumes it"
@@ -381,7 +388,7 @@ class RemoteGroups:
             out.append(None)
             needed.setdefault(sid, []).append((len(out) - 1, grant))
         for sid, items in needed.items():
-            held = self._held(sid)
+            held = await self._held(sid)
             sealed = held is not None and held[3]
             here = [g["offset"] for _, g in items if held is not None and held[1] <= g["offset"] < held[2]]
             found = await self._read_local(sid, here) if here else {}
@@ -426,7 +433,7 @@ class RemoteGroups:
         Reads run ahead (:data:`READ_AHEAD_RECORDS`) and the last run per source is kept: leases come in
         offset order a few at a time, and the store decodes a whole segment for each read."""
         owner, name = parse_source_id(sid)
-        q = self.engine.find(owner, name, KIND_QUEUE)
+        q = find_source(self.engine, owner, name)
         if q is None or not all(type(o) is int and o >= 0 for o in offsets):
             return {}
         found: dict[int, list[Any]] = {}

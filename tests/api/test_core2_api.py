@@ -94,6 +94,18 @@ def test_a_producer_pipelines_offers_into_a_core2_queue(client: Client) -> None:
         client.queue_create("sealed", readers=[], core=2)
 
 
+def test_idempotent_offers_into_a_core2_queue_are_written_once(client: Client) -> None:
+    """The Spark sink's path: a producer id and sequence, a retry answered with the first offsets."""
+    client.queue_create("sink", core=2)
+    rows = [(b"a", None, []), (b"b", b"k", [])]
+    assert client.offer_batch("sink", rows, producer="task-1", seq=0) == [0, 1]
+    assert client.offer_batch("sink", rows, producer="task-1", seq=0) == [0, 1]  # a retry: nothing twice
+    assert client.offer("sink", b"c", producer="task-1", seq=1) == 2
+    entries = client.range("sink", 0, 10)
+    assert _values(entries) == [b"a", b"b", b"c"] and entries[1].key == b"k"
+    assert [name for name, _ in entries[0].headers] == ["lattice.producer"]
+
+
 def test_a_fork_freezes_the_queue_the_owner_recovers_and_a_tail_follows(
     daemon: InProcessDaemon, client: Client, tmp_path: Path
 ) -> None:
