@@ -24,7 +24,7 @@ from latticed.crdt.records import Record
 from latticed.errors import ConnectionClosedError, HandshakeError, LatticedError
 from latticed.net.reports import Direction
 from latticed.process.logs import get_logger, log_event
-from latticed.storage.core2_jobs import Commit2
+from latticed.storage.core2_jobs import Commit2, Merge2
 from latticed.storage.jobs import Job, Merge
 from latticed.storage.writer import Change
 
@@ -138,6 +138,14 @@ class DaemonMetrics:
                 if offered:
                     self.offered_records["queue"] += len(offered)
                     self.offered_bytes["queue"] += payload_bytes(offered)
+                if (
+                    isinstance(job, Merge2)
+                    and job.error is None
+                    and job.added
+                    and isinstance(job.origin, bytes)
+                ):
+                    self.replicated_records[job.origin.hex()] += len(job.added)
+                    self.replicated_bytes[job.origin.hex()] += payload_bytes(job.added)
                 if type(job) is Merge and job.error is None and job.added and isinstance(job.origin, bytes):
                     peer = job.origin.hex()
                     self.replicated_records[peer] += job.added

@@ -182,13 +182,15 @@ class Merge2(Job):
     ``verified`` (checked against ``against``) is used when the queue is still at that value; otherwise
     the delta is verified again here. Whatever fails verification changes nothing."""
 
-    __slots__ = ("against", "delta", "verified")
+    __slots__ = ("added", "against", "delta", "verified")
 
     def __init__(
         self, delta: Delta, verified: Verified | None = None, against: QueueState2 | None = None
     ) -> None:
         super().__init__()
         self.delta, self.verified, self.against = delta, verified, against
+        #: The records the merge appended past what the queue held (the replication metrics count them).
+        self.added: tuple[Record, ...] = ()
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         core2 = core2_of(writer)
@@ -216,6 +218,8 @@ class Merge2(Job):
                 state = core2.state(q)
                 merged = queue2.join_verified(state, verified)
             core2.set(q, merged.state)
+            count = new.held[1] - max(state.held[1], new.held[0])
+            self.added = verified.records[len(verified.records) - count :] if count > 0 else ()
             first = state.held[1] - len(merged.evidence)
             core2.keep_evidence(q, state.chains.epoch, first, merged.evidence)
             core2.keep_evidence(q, state.chains.epoch, *superseded)

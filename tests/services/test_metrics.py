@@ -37,6 +37,7 @@ from latticed.services.metrics_http import (
     REQUEST_TIMEOUT_S,
     serve_metrics,
 )
+from latticed.storage.core2_jobs import Merge2
 from latticed.storage.engine import Engine
 from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
@@ -191,6 +192,25 @@ async def test_offers_into_a_core2_queue_are_counted(tmp_path: Path) -> None:
         samples = parse(generate_latest(metrics.registry).decode())
     assert value(samples, "latticed_offered_records_total", kind="queue") == 4
     assert value(samples, "latticed_offered_bytes_total", kind="queue") == 3 * 2 + 2
+
+
+async def test_records_merged_into_a_core2_replica_are_counted_by_peer(tmp_path: Path) -> None:
+    for name in ("owner", "replica"):
+        (tmp_path / name).mkdir()
+    metrics = DaemonMetrics(BOB.public_key)
+    async with (
+        Engine.open(tmp_path / "owner", ALICE) as owner,
+        Engine.open(tmp_path / "replica", BOB, metrics=metrics) as replica,
+    ):
+        q = await owner.create_queue("events", core=2)
+        await owner.append(q, [Record(b"r%d" % i) for i in range(3)])
+        for _ in range(2):  # the second merge adds nothing
+            job = Merge2(await owner.core2.delta_for(q, None))
+            job.origin = ALICE.public_key
+            await replica.bridge.run(job)
+        samples = parse(generate_latest(metrics.registry).decode())
+    assert value(samples, "latticed_replicated_records_total", peer=ALICE.public_key.hex()) == 3
+    assert value(samples, "latticed_replicated_bytes_total", peer=ALICE.public_key.hex()) == 3 * 2
 
 
 class FakeRetention:
