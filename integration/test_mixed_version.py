@@ -168,9 +168,9 @@ def test_a_queue_the_previous_release_holds_moved_to_core2_stays_there_and_the_r
     old_id, new_id = identity(old), identity(new)
     wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
     with client(new) as c:
-        moved = c.queue_create("moved")
+        moved = c.queue_create("moved", core=1)  # a core-1 queue the old release receives
         c.offer_batch("moved", [(b"m%d" % i, None, ()) for i in range(5)])
-        other = c.queue_create("other")
+        other = c.queue_create("other", core=1)
     wait_until(lambda: held_end(old, moved) == 5, "the core-1 queue on the old release")
     with client(new) as c:
         [done] = c.queue_upgrade("moved")
