@@ -213,6 +213,8 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
             for r in info.get("incompatible_peers") or []
         ]
         or "none",
+        "core-2 queues": [str(b.get("message")) for b in info.get("core2_blind_peers") or []]
+        or "every connected peer receives them",
         "other runs": _identity_lines(info.get("identity_runs")),
     }
     emit(info, field_lines(fields), as_json=as_json)
@@ -293,15 +295,16 @@ def queue_create(
     ] = None,
     producers: ProducersOption = None,
     core: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--core",
             min=1,
             max=2,
             help="Fork core: 2 freezes the queue at a fork of its owner until `queue recover` "
-            "(docs/lattice.md); 0.2.0 daemons never receive a core-2 queue.",
+            "(docs/lattice.md); 0.2.0 daemons never receive a core-2 queue, so keep 1 while they run. "
+            "Default: the daemon's default_queue_core (2 unless configured).",
         ),
-    ] = 1,
+    ] = None,
     max_age: MaxAge = None,
     max_bytes: MaxBytes = None,
     max_records: MaxRecords = None,

@@ -34,7 +34,7 @@ def test_an_upgrade_reaches_a_core1_replica_and_its_tail_goes_on(latticed_proces
     owner = latticed_process(args=LOCAL)
     replica = latticed_process(args=[*LOCAL, "--peer", dial_address(owner)])
     with client(owner) as c:
-        queue = c.queue_create("events", {"team": "x"})
+        queue = c.queue_create("events", {"team": "x"}, core=1)
         c.offer_batch("events", [(b"old-%d" % i, None, ()) for i in range(10)])
     wait_until(lambda: info(replica, queue).get("end_offset") == 10, "the core-1 queue on the replica")
     assert info(replica, queue).get("core", 1) == 1
@@ -81,7 +81,7 @@ def test_a_forked_core1_queue_recovered_by_its_owner_is_writable_everywhere(
     relay = latticed_process(args=LOCAL)
     owner = latticed_process(args=LOCAL)
     with client(owner) as c:
-        queue = c.queue_create("events")
+        queue = c.queue_create("events", core=1)
         c.offer_batch("events", [(b"shared-%d" % i, None, ()) for i in range(10)])
         c.peers_add(dial_address(relay))
     wait_until(lambda: info(relay, queue).get("end_offset") == 10, "the 10 shared records on the relay")

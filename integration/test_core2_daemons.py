@@ -125,7 +125,7 @@ def test_a_core2_and_a_core1_queue_replicate_between_two_daemons(latticed_proces
     b = latticed_process(args=[*LOCAL, "--peer", dial_address(a)])
     with client(a) as c:
         two = c.queue_create("two", core=2)
-        one = c.queue_create("one")
+        one = c.queue_create("one", core=1)  # the two cores side by side: this one is core 1
         c.offer_batch("two", [(b"t%d" % i, None, ()) for i in range(300)])
         c.offer_batch("one", [(b"o%d" % i, None, ()) for i in range(300)])
     wait_until(lambda: info(b, two).get("end_offset") == 300, "the core-2 queue on the replica")

@@ -283,13 +283,14 @@ def test_peers_add_persists_and_remove_forgets(latticed_process: Factory, keys: 
 
 def test_a_fork_is_logged_once_and_shown(latticed_process: Factory) -> None:
     """A data directory's identity copied to a second machine that writes the same queue: the daemon that
-    hears both histories flags the queue, logs it once, and shows it in status, queue list and info."""
+    hears both histories flags the queue, logs it once, and shows it in status, queue list and info. Core 1's
+    fork proof (a core-2 queue freezes instead: integration/test_core2_daemons.py)."""
     original = latticed_process(args=["--listen", "127.0.0.1:0", "--no-mdns"])
     witness = latticed_process(
         args=["--listen", "127.0.0.1:0", "--no-mdns", "--peer", f"127.0.0.1:{listen_port(original)}"]
     )
     with client(original) as c:
-        queue = c.queue_create("ledger")
+        queue = c.queue_create("ledger", core=1)
         c.offer("ledger", b"the first history")
     wait_until(lambda: _end(witness, queue) >= 1, "the witness holds the first history")
     original.stop()
@@ -299,7 +300,7 @@ def test_a_fork_is_logged_once_and_shown(latticed_process: Factory) -> None:
     shutil.copy2(original.data_dir / "identity.key", copy_dir / "identity.key")
     copy = latticed_process(data_dir=copy_dir, args=["--no-mdns"])  # offline while it writes
     with client(copy) as c:
-        assert c.queue_create("ledger") == queue
+        assert c.queue_create("ledger", core=1) == queue
         for value in (b"a second", b"history", b"signed by the same key"):
             c.offer("ledger", value)
         c.peers_add(f"127.0.0.1:{listen_port(witness)}")

@@ -104,7 +104,7 @@ def test_previous_release_and_this_build_replicate_both_ways(latticed_process: F
         sealed_old = c.queue_create("sealed-old", readers=[new_id])
         c.offer_batch("sealed-old", [(b"secret-o%d" % i, None, ()) for i in range(20)])
     with client(new) as c:
-        from_new = c.queue_create("from-new")
+        from_new = c.queue_create("from-new", core=1)  # core 1: a 0.2.0 peer must receive it
         c.offer_batch("from-new", [(b"n%d" % i, None, ()) for i in range(500)])
         c.kv_put("greeting", b"hello from this build")
         c.kv_incr("visits", 3)
@@ -144,7 +144,7 @@ def test_the_previous_release_is_sent_nothing_of_a_core2_queue_and_core1_still_s
     with client(new) as c:
         two = c.queue_create("two", core=2)
         c.offer_batch("two", [(b"t%d" % i, None, ()) for i in range(5)])
-        one = c.queue_create("one")
+        one = c.queue_create("one", core=1)  # what a 0.2.0 peer can receive
         c.offer_batch("one", [(b"o%d" % i, None, ()) for i in range(5)])
     wait_until(lambda: held_end(old, one) == 5, "the core-1 queue on the old release")
     with client(new) as c:
@@ -154,6 +154,10 @@ def test_the_previous_release_is_sent_nothing_of_a_core2_queue_and_core1_still_s
     assert values(old, one) == [*(b"o%d" % i for i in range(5)), b"live"]
     assert held_end(old, two) == -1  # it cannot express the queue: it never sees it
     assert peer_row(new, old_id)["withheld"] >= 1  # and the new daemon says it holds it back
+    with client(new) as c:
+        (blind,) = c.status()["core2_blind_peers"]  # status names the peer that misses it
+    assert blind["peer"] == old_id and blind["core2_queues"] == 1
+    assert "receives none of 1 core-2 queue; upgrade it, or create queues with --core 1" in blind["message"]
 
 
 def test_a_queue_the_previous_release_holds_moved_to_core2_stays_there_and_the_rest_syncs(
@@ -164,9 +168,9 @@ def test_a_queue_the_previous_release_holds_moved_to_core2_stays_there_and_the_r
     old_id, new_id = identity(old), identity(new)
     wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
     with client(new) as c:
-        moved = c.queue_create("moved")
+        moved = c.queue_create("moved", core=1)  # a core-1 queue the old release receives
         c.offer_batch("moved", [(b"m%d" % i, None, ()) for i in range(5)])
-        other = c.queue_create("other")
+        other = c.queue_create("other", core=1)
     wait_until(lambda: held_end(old, moved) == 5, "the core-1 queue on the old release")
     with client(new) as c:
         [done] = c.queue_upgrade("moved")
@@ -233,7 +237,7 @@ def test_a_compact_link_and_one_to_the_previous_release_replicate_the_same_live_
     wait_until(lambda: "compact" in (peer_row(newer, new_id).get("features") or ()), "both ends agreed")
     assert not peer_row(new, identity(old)).get("features")  # 0.2.0 states none
     with client(newer) as c:
-        queue = c.queue_create("live")
+        queue = c.queue_create("live", core=1)  # core 1: it reaches the previous release
         c.offer(queue, b"first")
     wait_until(lambda: held_end(old, queue) == 1, "the queue on the previous release")
     deltas0, bytes0 = delta_counts(new)
@@ -401,7 +405,7 @@ def test_remote_work_queue_consumers_across_the_releases_both_ways(latticed_proc
     wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
     for owner, owner_id, worker in ((old, old_id, new), (new, new_id, old)):
         with client(owner) as c:
-            c.queue_create("jobs")
+            c.queue_create("jobs", core=1)  # the worker on the previous release reads it
             c.offer_batch("jobs", [(b"job-%d" % i, None, ()) for i in range(5)])
             c.group_create("g", ["jobs"], max_attempts=3, retry_backoff=0, visibility=30)
         group = f"{owner_id}/g"

@@ -137,7 +137,7 @@ def test_a_replica_cap_drops_locally_and_never_serves_its_suffix_as_whole(lattic
     owner = latticed_process(args=peer_args())
     capped = latticed_process(args=[*peer_args(owner), *FAST, "--replica-max-bytes", "300kB"])
     with client(owner) as c:
-        queue = c.queue_create("logs")
+        queue = c.queue_create("logs", core=1)  # a replica cap is core 1's: core 2 keeps what heads hold
     end = write(owner, "logs", 3)  # 3000 records, ~700 kB stored
     wait_until(lambda: holds_end(capped, queue, end), "the capped replica to catch up")
     wait_until(

@@ -182,6 +182,7 @@ async def run_daemon(
                 producers=producers,
                 membership=membership,
                 health=health,
+                default_queue_core=config.default_queue_core,
             )
             with changes.subscribed(health.on_change):  # health hears of forks as they commit
                 try:

@@ -94,13 +94,13 @@ def test_two_daemons_that_never_connect_exchange_queues_kv_and_sealed_queues_bot
     qa, sa, qb, sb = qname(), qname(), qname(), qname()
     id_a, id_b = identity(a), identity(b)
     with a.client() as c:
-        c.queue_create(qa)
+        c.queue_create(qa, core=1)  # bundles carry core-1 queues only
         c.offer_batch(qa, [(b"a-%d" % i, None, ()) for i in range(50)])
         c.kv_put("from-a", b"hello b")
         c.queue_create(sa, readers=[id_b])
         c.offer_batch(sa, [(b"secret-for-b-%d" % i, None, ()) for i in range(5)])
     with b.client() as c:
-        c.queue_create(qb)
+        c.queue_create(qb, core=1)
         c.offer(qb, b"b-0")
         c.kv_put("from-b", b"hello a")
         c.queue_create(sb, readers=[id_a])
@@ -139,7 +139,7 @@ def test_two_daemons_that_never_connect_exchange_queues_kv_and_sealed_queues_bot
 def _bundle_of(daemon: InProcessDaemon, tmp_path: Path, records: int) -> tuple[Path, str]:
     name = qname()
     with daemon.client() as c:
-        c.queue_create(name, meta={"purpose": "flip"})
+        c.queue_create(name, meta={"purpose": "flip"}, core=1)  # bundles: core 1 only
         c.offer_batch(name, [(b"v-%d" % i, b"k", ()) for i in range(records)])
     path = tmp_path / f"{name}.lat"
     export(daemon, path, name)
@@ -223,7 +223,7 @@ def test_an_export_with_a_want_file_carries_only_what_is_missing(
 ) -> None:
     name = qname()
     with a.client() as c:
-        c.queue_create(name)
+        c.queue_create(name, core=1)  # bundles carry core-1 queues only
         c.offer_batch(name, [(b"old-%d" % i, None, ()) for i in range(100)])
     full = tmp_path / "full.lat"
     export(a, full, name)
@@ -307,3 +307,16 @@ def test_a_fork_proof_travels_in_a_bundle(a: InProcessDaemon, b: InProcessDaemon
     with b.client() as c:
         info = c.queue_info(address)
     assert info["forked"] is True and info["fork_proof"]
+
+
+def test_an_export_names_the_core2_queues_it_cannot_carry(a: InProcessDaemon, tmp_path: Path) -> None:
+    name = qname()
+    with a.client() as c:
+        address = c.queue_create(name)  # fork core 2, the default
+        c.offer(name, b"x")
+    result = ctl(a, "bundle", "export", str(tmp_path / "out.lat"), name)
+    assert result.exit_code == 0, result.output
+    assert "not in the bundle: 1 queues on fork core 2" in result.stderr
+    with a.client() as c:
+        done = c.bundle_export(lambda _: None, select=[name])
+    assert done["core2_left_out"] == [address] and done["records"] == 0

@@ -61,7 +61,7 @@ def test_a_fork_is_logged_once_with_its_proof_and_shown_everywhere(
     caplog.set_level(logging.WARNING, logger="latticed.services.health")
     name = f"q{secrets.token_hex(4)}"
     with daemon.client() as c:
-        address = c.queue_create(name)
+        address = c.queue_create(name, core=1)  # the second history is v1 deltas: core 1's fork
         c.offer(name, b"this daemon's record")
     other = LatticeQueue.create(daemon.handle.identity, name)
     deltas = []
@@ -91,7 +91,7 @@ def test_a_fork_is_logged_once_with_its_proof_and_shown_everywhere(
 def test_every_write_to_a_forked_own_queue_is_exit_6(daemon: InProcessDaemon) -> None:
     name = f"q{secrets.token_hex(4)}"
     with daemon.client() as c:
-        c.queue_create(name)
+        c.queue_create(name, core=1)  # the second history is v1 deltas: core 1's fork
         c.offer(name, b"ours")
     other = LatticeQueue.create(daemon.handle.identity, name)
     other.offer(b"theirs")

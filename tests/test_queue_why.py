@@ -201,7 +201,7 @@ def test_forked(daemons: Callable[..., InProcessDaemon]) -> None:
     d = daemons("d")
     name = f"q{secrets.token_hex(3)}"
     with d.client() as c:
-        c.queue_create(name)
+        c.queue_create(name, core=1)  # the second history is v1 deltas: core 1's fork
         c.offer(name, b"this daemon's record")
     other = LatticeQueue.create(d.handle.identity, name)
     other.offer(b"a")

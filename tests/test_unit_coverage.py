@@ -88,6 +88,10 @@ COVERED_ELSEWHERE: dict[str, str] = {
         "runs inside every in-process daemon (tests/support/inprocess.py); every op in "
         "tests/api/test_api_server.py"
     ),
+    "latticed.storage.core2_many": (
+        "the job behind Engine.append_many: tests/storage/test_core2_engine.py::"
+        "test_append_many_writes_parts_on_both_cores_together_or_not_at_all"
+    ),
     "latticed.api.server.upgrade_handlers": (
         "runs inside every in-process daemon (tests/support/inprocess.py); queue_upgrade and the recover "
         "of a forked core-1 queue in tests/api/test_core1_upgrade_api.py"

@@ -427,7 +427,7 @@ class RemoteGroups:
         Reads run ahead (:data:`READ_AHEAD_RECORDS`) and the last run per source is kept: leases come in
         offset order a few at a time, and the store decodes a whole segment for each read."""
         owner, name = parse_source_id(sid)
-        q = self.engine.find(owner, name, KIND_QUEUE)
+        q = find_source(self.engine, owner, name)
         if q is None or not all(type(o) is int and o >= 0 for o in offsets):
             return {}
         found: dict[int, list[Any]] = {}

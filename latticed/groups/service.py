@@ -56,7 +56,7 @@ from latticed.errors import (
 )
 from latticed.groups.committer import Committer, Flight
 from latticed.groups.group_ports import GroupStore
-from latticed.groups.group_sources import held, watch_sources
+from latticed.groups.group_sources import find_source, held, watch_sources
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
 from latticed.leases.filters import compile_filter
 from latticed.leases.outcomes import Changes, DeadLetter, Grant, TaskView
@@ -317,7 +317,7 @@ class GroupService:
         sealed = False
         for address in queues:
             owner, qname = engine.parse_address(address)
-            found = engine.find(owner, qname, KIND_QUEUE)
+            found = find_source(engine, owner, qname)
             if found is None:
                 raise NotFoundError(f"no queue {address} here (create it, or wait for it to replicate)")
             sealing = sealer.sealing(found)

@@ -31,6 +31,8 @@ from typing import Any, Final
 
 from latticed.errors import LatticedError, MalformedError, StorageError
 from latticed.host.config import DaemonConfig
+from latticed.host.core2_reach import FIX as CORE2_FIX
+from latticed.host.core2_reach import core2_blind_peers
 from latticed.host.diskspace import DiskUsage, disk_is_low, disk_usage
 from latticed.host.netkey import DEFAULT_NETWORK_KEY, read_network_key
 from latticed.host.paths import data_dir_network_key_path, identity_key_path
@@ -502,9 +504,11 @@ def daemon_checks(
     sealer_accelerated: bool | None = None,
     other_networks: int | None = None,
     identity: Mapping[str, Any] | None = None,
+    core2_queues: int = 0,
 ) -> list[Check]:
     """What the running daemon checks of itself (from a worker thread: it stats files and interfaces);
-    ``other_networks``: daemons of other networks mDNS hears (None: mDNS off)."""
+    ``other_networks``: daemons of other networks mDNS hears (None: mDNS off); ``core2_queues``: how many
+    core-2 queues it holds (a connected peer without ``heads-v2`` receives none of them)."""
     checks = [
         check_data_dir(config.data_dir),
         check_secret_file("identity key", identity_key_path(config.data_dir), required=True),
@@ -513,6 +517,7 @@ def daemon_checks(
         check_listen_running(listen, advertised),
         check_mdns(config.mdns, listening=listen is not None, interfaces=config.mdns_interfaces),
         *check_peer_rows(peers),
+        *(Check("core 2", False, b["message"], CORE2_FIX) for b in core2_blind_peers(peers, core2_queues)),
     ]
     lan = check_other_networks(
         other_networks, connected=any(row.get("status") == "connected" for row in peers)

@@ -14,6 +14,7 @@ names, so an error message names the key exactly as the user wrote it. The file 
     replica_queue_caps = ["*/logs-*=100MB", "3b6a27bc*/audit=none"]   # per queue; first match wins
     producer_expiry_s = 604800           # forget a producer's sequences after 7 days without a write
     log_format = "json"                  # or "text"
+    default_queue_core = 2               # fork core of queues created without --core; 1 while 0.2.0 peers run
 
 Relative paths in the file are taken relative to the file's directory, relative paths in overrides
 relative to the current directory; ``~`` expands with ``HOME`` from ``env``. Everything takes ``env``
@@ -48,6 +49,9 @@ SYSTEM_SOCKET_PATH = Path("/run/latticed/latticed.sock")
 
 #: Where a metrics endpoint given as a bare port listens.
 LOOPBACK = "127.0.0.1"
+
+#: The fork cores a queue can be created on (``default_queue_core``).
+QUEUE_CORES = (1, 2)
 
 #: The longest ``producer_expiry_s`` (ten years).
 MAX_PRODUCER_EXPIRY_S = 10 * 365 * 86_400
@@ -99,6 +103,9 @@ class DaemonConfig:
     #: Seconds a producer may write nothing into a queue of ours before the owner forgets its sequences
     #: (docs/producers.md: a retry after that is written again); checked with retention's timer.
     producer_expiry_s: float = 7 * 86_400.0
+    #: The fork core of a queue created without one (docs/lattice.md): 2 freezes a forked queue until its
+    #: owner recovers it; 1 keeps queues a 0.2.0 daemon can receive (it never gets a core-2 queue).
+    default_queue_core: int = 2
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -114,6 +121,10 @@ class DaemonConfig:
         if not 0.01 <= self.retention_interval_s <= 86_400:
             raise MalformedError(
                 f"config key 'retention_interval_s': {self.retention_interval_s} not in 0.01..86400 s"
+            )
+        if self.default_queue_core not in QUEUE_CORES:
+            raise MalformedError(
+                f"config key 'default_queue_core': {self.default_queue_core!r} is not one of {QUEUE_CORES}"
             )
         if not 1 <= self.producer_expiry_s <= MAX_PRODUCER_EXPIRY_S:
             limit = MAX_PRODUCER_EXPIRY_S
@@ -286,6 +297,10 @@ def _convert(key: str, value: object, parse_path: Callable[[str, object], Path])
             except MalformedError as exc:
                 raise MalformedError(f"config key '{key}[{i}]': {exc}") from None
         return tuple(caps)
+    if key == "default_queue_core":
+        if isinstance(value, bool) or not isinstance(value, int) or value not in QUEUE_CORES:
+            raise MalformedError(f"config key {key!r}: {value!r} is not one of {QUEUE_CORES}")
+        return value
     if key in ("retention_interval_s", "producer_expiry_s"):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _type_error(key, "a number of seconds", value)
@@ -357,6 +372,7 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "MAX_SOCKET_PATH_BYTES",
+    "QUEUE_CORES",
     "SOCKET_NAME",
     "SYSTEM_SOCKET_PATH",
     "DaemonConfig",

@@ -25,7 +25,9 @@ def peer_facts(gossip: Gossip, book: PeerBook, blocked: Collection[bytes], key: 
     out: dict[bytes, PeerFacts] = {}
     for public_key, link in gossip.links.items():
         theirs = link.session.peer_summary(key)
-        if theirs is None and public_key != owner:
+        core2 = link.session.core2
+        theirs2 = core2.peer_summary(key) if theirs is None and core2 is not None else None
+        if theirs is None and theirs2 is None and public_key != owner:
             continue
         in_flight, asked = link.session.key_traffic(key)
         out[public_key] = PeerFacts(
@@ -34,7 +36,7 @@ def peer_facts(gossip: Gossip, book: PeerBook, blocked: Collection[bytes], key: 
             blocked=public_key in blocked,
             since=wall - (now - link.connected_at),
             held_start=None if theirs is None else theirs.held_start,
-            held_end=None if theirs is None else theirs.held_end,
+            held_end=theirs.held_end if theirs is not None else theirs2.core.held_end if theirs2 else None,
             forked=bool(theirs and theirs.forked),
             in_flight=in_flight,
             asked=asked,

@@ -37,7 +37,11 @@ from latticed.produce.dedup import (
     producer_scope,
 )
 from latticed.produce.policy import PRODUCER_HEADER, producers_of
-from latticed.storage.jobs import Job
+from latticed.storage.batch import Batch
+from latticed.storage.core2_jobs import Commit2
+from latticed.storage.core2_queues import core2_of
+from latticed.storage.core2_view import Core2View
+from latticed.storage.jobs import Job, WriterView
 from latticed.storage.sealer import SealableStore, Sealer
 
 #: The request a producer's daemon sends the owner (a lease-forwarding op).
@@ -56,6 +60,9 @@ class ProduceStore(SealableStore, Protocol):
 
     @property
     def clock(self) -> Callable[[], int]: ...
+
+    #: The queues on fork core 2 (a producer offers into them as into core 1's).
+    core2: Core2View
 
     def find(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None: ...
 
@@ -186,6 +193,8 @@ class OfferServer:
             raise MalformedError("'queue' is the name of one of the owner's queues")
         q = self.engine.find(self.engine.public_key, name)
         if q is None:
+            q = self.engine.core2.lookup(self.engine.public_key, name)
+        if q is None:
             raise NotFoundError(f"no queue {self.engine.public_key.hex()}/{name}")
         return q
 
@@ -208,6 +217,8 @@ class OfferServer:
         engine = self.engine
         producer, seq = check_producer(producer, seq)
         scope = producer_scope(peer, producer, shared)
+        if engine.core2.holds(q):
+            return self._start2(peer, q, seq, scope, records, packed=packed)
         state = engine.state(q)
         if state.owner != engine.public_key:
             raise NotOwnerError(f"{engine.address(q)} is not this daemon's queue")
@@ -226,14 +237,31 @@ class OfferServer:
         digest = retry_digest(records, run, packed, size)
         return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), digest=digest, now_ms=now))
 
+    def _start2(
+        self, peer: bytes, q: int, seq: int, scope: str, records: Any, *, packed: bytes | memoryview | None
+    ) -> Job:
+        """:meth:`start` for a queue on fork core 2 (never sealed, never a dead-letter queue): the
+        allow-list is checked here when the queue's value is loaded, and always by the job, against the
+        metadata its commit signs under."""
+        engine = self.engine
+        core2 = engine.core2
+        core2.require_owner(q, "offer")
+        loaded = core2.loaded(q)
+        if peer != engine.public_key and loaded is not None:
+            _check_producer(core2.address(q), peer, dict(loaded.meta))
+        now = engine.clock()
+        plain = _plain_run(records, peer.hex(), now)
+        run, size = plain if plain is not None else (produced_run(records, peer.hex(), now), None)
+        row = core2.row(q)
+        qid = queue_id(row.owner, row.name, row.kind)
+        digest = retry_digest(records, run, packed, size)
+        inner = OfferedCommit2(q, run, None if peer == engine.public_key else peer)
+        return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), digest=digest, now_ms=now))
+
     def check_allowed(self, peer: bytes, q: int, state: QueueState) -> None:
         """NotAllowedError unless the queue's allow-list names ``peer`` (and, sealed, it is a reader)."""
         address = self.engine.address(q)
-        if not producers_of(state.meta_dict).allows(peer):
-            raise NotAllowedError(
-                f"{address} does not take offers from {peer.hex()}: its owner lists the identities that "
-                "may offer (latticectl queue edit NAME --producers ID,ID or '*')"
-            )
+        _check_producer(address, peer, state.meta_dict)
         sealing = self.sealer.sealing(q)
         if sealing is not None and peer not in sealing.readers:
             raise NotAllowedError(
@@ -244,11 +272,40 @@ class OfferServer:
     async def serve(self, peer: bytes, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer a peer's ``produce`` request: ``{"first", "count", "duplicate"}`` once durable."""
         q = self.own_queue(body.get("queue"))
+        if self.engine.core2.holds(q):
+            await self.engine.core2.value(q)  # loaded: its allow-list is checked before the records are
         job = self.start(
             peer, q, body.get("producer"), body.get("seq"), body.get("records"), shared=body.get("shared")
         )
         first, count, duplicate = await self.engine.outcome(job)
         return {"first": first, "count": count, "duplicate": duplicate}
+
+
+def _check_producer(address: str, peer: bytes, meta: Mapping[str, str]) -> None:
+    if not producers_of(meta).allows(peer):
+        raise NotAllowedError(
+            f"{address} does not take offers from {peer.hex()}: its owner lists the identities that "
+            "may offer (latticectl queue edit NAME --producers ID,ID or '*')"
+        )
+
+
+class OfferedCommit2(Commit2):
+    """Records a producer offered into our core-2 queue (checked already): ``peer`` (None: this daemon)
+    must be on the allow-list of the metadata as the batch has it, so an edit of the list that commits
+    first is the one an offer is judged by, as on core 1."""
+
+    __slots__ = ("peer",)
+
+    def __init__(self, q: int, records: Sequence[Any], peer: bytes | None) -> None:
+        super().__init__(q, records, checked=True)
+        self.peer = peer
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        if self.peer is not None:
+            core2 = core2_of(writer)
+            state = core2.peek(self.q)
+            _check_producer(f"{state.owner.hex()}/{state.name}", self.peer, dict(state.meta))
+        super().apply(batch, writer)
 
 
 class WithOffers:
@@ -271,6 +328,7 @@ __all__ = [
     "MAX_RECORDS",
     "PRODUCE_OP",
     "OfferServer",
+    "OfferedCommit2",
     "ProduceStore",
     "WithOffers",
     "produced_run",

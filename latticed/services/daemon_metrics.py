@@ -20,9 +20,11 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from latticed.crdt.head import KIND_GROUP, KIND_KV, KIND_QUEUE
 from latticed.crdt.queue import payload_bytes
+from latticed.crdt.records import Record
 from latticed.errors import ConnectionClosedError, HandshakeError, LatticedError
 from latticed.net.reports import Direction
 from latticed.process.logs import get_logger, log_event
+from latticed.storage.core2_jobs import Commit2, Merge2
 from latticed.storage.jobs import Job, Merge
 from latticed.storage.writer import Change
 
@@ -132,6 +134,18 @@ class DaemonMetrics:
                     self.offered_records[kind] += len(change.appended)
                     self.offered_bytes[kind] += payload_bytes(change.appended)
             for job in jobs:
+                offered = _core2_offered(job)
+                if offered:
+                    self.offered_records["queue"] += len(offered)
+                    self.offered_bytes["queue"] += payload_bytes(offered)
+                if (
+                    isinstance(job, Merge2)
+                    and job.error is None
+                    and job.added
+                    and isinstance(job.origin, bytes)
+                ):
+                    self.replicated_records[job.origin.hex()] += len(job.added)
+                    self.replicated_bytes[job.origin.hex()] += payload_bytes(job.added)
                 if type(job) is Merge and job.error is None and job.added and isinstance(job.origin, bytes):
                     peer = job.origin.hex()
                     self.replicated_records[peer] += job.added
@@ -229,6 +243,15 @@ class DaemonMetrics:
             "Dials that found no peer listening (refused, unreachable or timed out).",
             value=self.dial_failures,
         )
+
+
+def _core2_offered(job: Job) -> Sequence[Record]:
+    """The records a committed job appended to one of our core-2 queues (a commit of core 2 is no core-1
+    change): a Commit2, or one inside a producer's idempotent append that wrote (a retry writes nothing)."""
+    inner = getattr(job, "inner", job)
+    if job.error is None and isinstance(inner, Commit2) and inner.result is not None:
+        return inner.records
+    return ()
 
 
 def _added_bytes(job: Merge) -> int:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from latticed.groups.service import GroupService
+from latticed.host.core2_reach import core2_blind_peers
 from latticed.services.daemon_metrics import KIND_NAMES
 from latticed.services.lag_metrics import lag_histogram
 from latticed.services.service_ports import MetricsStore
@@ -145,7 +146,15 @@ class StateCollector:
                 forked += state.forked
                 behind += max(0, state.known_end - state.held_end)
                 lags.append(state.known_end - state.held_end)
-        forked += len(engine.core2.forked_entries())  # frozen core-2 queues: the list status shows
+        core2 = engine.core2
+        for kind, kind_label in KIND_NAMES.items():
+            for q in core2.queues(kind):
+                labels = (kind_label, "owner" if core2.owned(q) else "replica")
+                queues[labels] += 1
+                value = core2.loaded(q)  # every one loaded at start (Core2View.load_all)
+                if value is not None:
+                    stored[labels] += value.held[1] - value.held[0]
+        forked += len(core2.forked_entries())  # frozen core-2 queues: the list status shows
         yield _by_labels(
             GaugeMetricFamily("latticed_queues", "Queues held, by kind and role.", labels=["kind", "role"]),
             queues,
@@ -206,6 +215,12 @@ class StateCollector:
                 value=counters["identity_refusing_writes"],
             )
         rows = replication.peers()
+        core2 = sum(len(self.engine.core2.queues(kind)) for kind in KIND_NAMES)
+        yield GaugeMetricFamily(
+            "latticed_peers_without_core2",
+            "Connected peers that receive none of this daemon's core-2 queues (no heads-v2: 0.2.x).",
+            value=len(core2_blind_peers(rows, core2)),
+        )
         addresses: Counter[str] = Counter(str(row.get("state", "unknown")) for row in rows)
         connected: dict[str, int] = {}
         lag: dict[str, int] = {}

@@ -11,8 +11,9 @@
   checks ages, re-measures, and purges expired KV keys, in our namespace and in replicas alike, then lets
   our KV op log drop what no longer decides anything (:mod:`latticed.storage.kvcompact`), and runs one
   bounded step of expiring idle producers' rows (``expire_producers``, :mod:`latticed.produce.expiry`).
-* **Our core-2 queues** follow the same policies through their own signed truncation, checked at each
-  round of the timer (:mod:`latticed.services.retention_core2`); replica caps do not apply to them.
+* **Our core-2 queues** follow the same policies through their own signed truncation, checked after
+  their commits and at each round of the timer (:mod:`latticed.services.retention_core2`); replica caps
+  do not apply to them.
 * ``keep_unsettled``: the cut stops at the lowest offset some consumer group on this daemon has not
   settled (durably), as the journal seed prunes only below its ack floor.
 
@@ -35,6 +36,7 @@ import trio
 
 from latticed.crdt.head import KIND_KV, KIND_QUEUE
 from latticed.crdt.queue import Meta, QueueState
+from latticed.crdt.queue2 import QueueState2
 from latticed.errors import LatticedError
 from latticed.host.retention_policy import (
     NO_POLICY,
@@ -128,6 +130,8 @@ class RetentionService:
     counters: Counters = field(default_factory=Counters)
     _watches: dict[tuple[bytes, str], _Watch] = field(default_factory=dict)
     _dirty: list[int] = field(default_factory=list)
+    #: Our limited core-2 queues that committed since their last check (checked by the worker).
+    _dirty2: set[int] = field(default_factory=set)
     _wake: trio.Event = field(default_factory=trio.Event)
     #: Queues whose policy could not be read in full, with what was wrong (logged once per change).
     problems: dict[str, list[str]] = field(default_factory=dict)
@@ -181,6 +185,15 @@ class RetentionService:
         if watch is not None and watch.active and not watch.pending and watch.over(state):
             self._mark(watch)
 
+    def on_change2(self, q: int, state: QueueState2 | None) -> None:
+        """Core-2 engine listener: one of our queues with a limit that committed is checked soon (one
+        check per queue at a time; the plan reads the segments, so not more often than the worker runs)."""
+        if state is None or state.kind != KIND_QUEUE or state.forked or q in self._dirty2:
+            return
+        if self.engine.core2.owned(q) and policy_from_meta(dict(state.meta))[0].limited:
+            self._dirty2.add(q)
+            self._wake.set()
+
     def _mark(self, watch: _Watch) -> None:
         if not watch.pending:
             watch.pending = True
@@ -202,7 +215,7 @@ class RetentionService:
         task_status: trio.TaskStatus[RetentionService] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Until cancelled; hears of every commit through ``changes`` (a limit crossed is cut at once)."""
-        with changes.subscribed(self.on_change):
+        with changes.subscribed(self.on_change), self.engine.core2.subscribed(self.on_change2):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._worker)
                 nursery.start_soon(self._timer)
@@ -258,6 +271,9 @@ class RetentionService:
             dirty, self._dirty = self._dirty, []
             for q in dirty:
                 await self.enforce(q)
+            dirty2, self._dirty2 = self._dirty2, set()
+            for q in sorted(dirty2):
+                await self.enforce_core2_queue(q)
 
     async def enforce(self, q: int) -> int:
         """Check queue ``q`` now and cut what its limits ask for; returns the records dropped."""
@@ -293,42 +309,47 @@ class RetentionService:
     async def enforce_core2(self) -> int:
         """Check every core-2 queue of ours with a policy and truncate what it asks for (a failure is
         logged per queue, as in :meth:`enforce`); returns the records dropped."""
-        core2 = self.engine.core2
         total = 0
-        for q in core2.queues(KIND_QUEUE):
-            try:
-                cut = await enforce_core2(self.engine, core2, q, self.unsettled_floor)
-            except Exception as exc:  # a full disk, a fenced write, or a bug: never the daemon's end
-                self.counters.failures += 1
-                expected = isinstance(exc, LatticedError)
-                log_event(
-                    log,
-                    "retention.failed",
-                    level=logging.WARNING if expected else logging.ERROR,
-                    exc_info=False if expected else exc,
-                    queue=core2.address(q),
-                    error=str(exc),
-                    hint="tried again at the next check",
-                )
-                continue
-            if cut is None:
-                continue
-            self.counters.checks += 1
-            if cut.dropped:
-                total += cut.dropped
-                self.counters.truncations += 1
-                self.counters.records_truncated += cut.dropped
-                self.counters.bytes_truncated += cut.freed
-                log_event(
-                    log,
-                    "retention.truncated",
-                    level=logging.DEBUG,
-                    queue=core2.address(q),
-                    reason=cut.reason,
-                    start=cut.start,
-                    dropped=cut.dropped,
-                )
+        for q in self.engine.core2.queues(KIND_QUEUE):
+            total += await self.enforce_core2_queue(q)
         return total
+
+    async def enforce_core2_queue(self, q: int) -> int:
+        """Check our core-2 queue ``q`` against its policy and truncate what it asks for (a failure is
+        logged, and tried again later); returns the records dropped."""
+        core2 = self.engine.core2
+        try:
+            cut = await enforce_core2(self.engine, core2, q, self.unsettled_floor)
+        except Exception as exc:  # a full disk, a fenced write, or a bug: never the daemon's end
+            self.counters.failures += 1
+            expected = isinstance(exc, LatticedError)
+            log_event(
+                log,
+                "retention.failed",
+                level=logging.WARNING if expected else logging.ERROR,
+                exc_info=False if expected else exc,
+                queue=core2.address(q),
+                error=str(exc),
+                hint="tried again at the next check",
+            )
+            return 0
+        if cut is None:
+            return 0
+        self.counters.checks += 1
+        if cut.dropped:
+            self.counters.truncations += 1
+            self.counters.records_truncated += cut.dropped
+            self.counters.bytes_truncated += cut.freed
+            log_event(
+                log,
+                "retention.truncated",
+                level=logging.DEBUG,
+                queue=core2.address(q),
+                reason=cut.reason,
+                start=cut.start,
+                dropped=cut.dropped,
+            )
+        return cut.dropped
 
     async def _enforce(self, q: int, watch: _Watch) -> int:
         engine = self.engine

@@ -5,10 +5,12 @@ daemon passes its :class:`~latticed.storage.engine.Engine`); a name appears here
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol, TypeVar
 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.queue import QueueState
+from latticed.crdt.queue2 import QueueState2
 from latticed.services.health import ForkedCore2
 from latticed.services.retention_core2 import Core2Retention
 from latticed.storage.catalog import QueueCatalog
@@ -23,6 +25,9 @@ class RetentionCore2(Core2Retention, Protocol):
     def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
 
     def holds(self, q: int) -> bool: ...
+    def subscribed(
+        self, listener: Callable[[int, QueueState2 | None], None]
+    ) -> AbstractContextManager[None]: ...
 
 
 class RetentionStore(QueueCatalog, Protocol):
@@ -48,6 +53,16 @@ class RetentionStore(QueueCatalog, Protocol):
         ...
 
 
+class MetricsCore2(ForkedCore2, Protocol):
+    """The core-2 queues a scrape counts (their values loaded at start, then as they commit)."""
+
+    def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
+
+    def owned(self, q: int) -> bool: ...
+
+    def loaded(self, q: int) -> QueueState2 | None: ...
+
+
 class MetricsStore(Protocol):
     """What a scrape reads of the store: the queues' in-memory heads and the file's size."""
 
@@ -61,7 +76,7 @@ class MetricsStore(Protocol):
     def storage_bytes(self) -> int: ...
 
     @property
-    def core2(self) -> ForkedCore2: ...
+    def core2(self) -> MetricsCore2: ...
 
 
 __all__ = ["MetricsStore", "RetentionStore"]

@@ -22,6 +22,7 @@ from latticed.errors import (
     MalformedError,
     NotOwnerError,
 )
+from latticed.host.retention_policy import KEYS as RETENTION_KEYS
 from latticed.storage.batch import Batch
 from latticed.storage.core2_queues import Core2Queues, core2_of
 from latticed.storage.core2_store import evidence
@@ -91,7 +92,7 @@ class CreateQueue2(Job):
 class Commit2(Job):
     """The owner's records (and metadata changes) for one core-2 queue; ``result``: the first offset."""
 
-    __slots__ = ("checked", "meta", "q", "records")
+    __slots__ = ("checked", "frees_space", "meta", "q", "records")
 
     def __init__(
         self,
@@ -103,6 +104,8 @@ class Commit2(Job):
     ) -> None:
         super().__init__()
         self.q, self.records, self.meta, self.checked = q, records, dict(meta or {}), checked
+        #: A retention change is how a full disk is meant to be fixed, so it may use the reserve.
+        self.frees_space = not records and bool(self.meta) and all(k in RETENTION_KEYS for k in self.meta)
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         core2 = core2_of(writer)
@@ -179,13 +182,15 @@ class Merge2(Job):
     ``verified`` (checked against ``against``) is used when the queue is still at that value; otherwise
     the delta is verified again here. Whatever fails verification changes nothing."""
 
-    __slots__ = ("against", "delta", "verified")
+    __slots__ = ("added", "against", "delta", "verified")
 
     def __init__(
         self, delta: Delta, verified: Verified | None = None, against: QueueState2 | None = None
     ) -> None:
         super().__init__()
         self.delta, self.verified, self.against = delta, verified, against
+        #: The records the merge appended past what the queue held (the replication metrics count them).
+        self.added: Sequence[Record] = ()
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         core2 = core2_of(writer)
@@ -213,6 +218,8 @@ class Merge2(Job):
                 state = core2.state(q)
                 merged = queue2.join_verified(state, verified)
             core2.set(q, merged.state)
+            count = new.held[1] - max(state.held[1], new.held[0])
+            self.added = verified.records[len(verified.records) - count :] if count > 0 else ()
             first = state.held[1] - len(merged.evidence)
             core2.keep_evidence(q, state.chains.epoch, first, merged.evidence)
             core2.keep_evidence(q, state.chains.epoch, *superseded)

@@ -10,7 +10,8 @@ waiter got; a value not loaded yet is loaded on the storage thread on first use.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Final, Protocol, cast
 
 import trio
@@ -83,6 +84,19 @@ class Core2View(Core2Engine):
         #: Called on the event loop with each committed core-2 value (None: dropped), after the queue's
         #: waiters were woken: replication's pushes subscribe here.
         self.on_change: Callable[[int, QueueState2 | None], None] | None = None
+        #: Further listeners of core-2 commits (the groups service: new records in a source).
+        self.listeners: tuple[Callable[[int, QueueState2 | None], None], ...] = ()
+
+    @contextmanager
+    def subscribed(self, listener: Callable[[int, QueueState2 | None], None]) -> Iterator[None]:
+        """``listener`` hears of every core-2 commit (after :attr:`on_change`) while the block runs."""
+        self.listeners = (*self.listeners, listener)
+        try:
+            yield
+        finally:
+            listeners = list(self.listeners)
+            listeners.remove(listener)
+            self.listeners = tuple(listeners)
 
     # ------------------------------------------------------------------ which queues
     def holds(self, q: int) -> bool:
@@ -142,6 +156,11 @@ class Core2View(Core2Engine):
             "frozen_since_ms": frozen_since_ms(state),
             "recover": recover_hint(state.name) if owned else None,
         }
+
+    def held_end_now(self, q: int) -> int | None:
+        """Where ``q`` ends as far as its loaded value says, without waiting (None: not loaded yet)."""
+        loaded = self._queues.loaded(q)
+        return None if loaded is None else loaded.held[1]
 
     def loaded(self, q: int) -> QueueState2 | None:
         """``q``'s newest committed value if loaded already (None: :meth:`value` loads it)."""

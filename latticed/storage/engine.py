@@ -42,12 +42,12 @@ from latticed.process.clock import wall_ms
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
 from latticed.storage.bridge import StorageBridge
+from latticed.storage.core2_many import AppendManyCores
 from latticed.storage.core2_queues import Change2
 from latticed.storage.core2_view import Core2View
 from latticed.storage.jobs import (
     KV_NAMESPACE,
     Append,
-    AppendMany,
     CreateQueue,
     DropLocal,
     Job,
@@ -174,6 +174,8 @@ class Engine(ReplicaView):
             live.wake(change2.q)
             if self.core2.on_change is not None:
                 self.core2.on_change(change2.q, change2.state)
+            for listener2 in self.core2.listeners:
+                listener2(change2.q, change2.state)
         if live.any_ahead:
             for job in jobs:
                 if job.error is not None and isinstance(job, Merge):
@@ -284,10 +286,10 @@ class Engine(ReplicaView):
         return self.bridge.start(Append(q, records, checked=checked))
 
     async def append_many(self, parts: Sequence[tuple[int, Sequence[Record]]]) -> list[int]:
-        """Records for several owned queues in ONE transaction; returns each part's first offset."""
+        """Records for several owned queues (either core) in ONE transaction; each part's first offset."""
         for q, _ in parts:
-            self.require_owner(q, "offer")
-        firsts: list[int] = await self.bridge.run(AppendMany(parts))
+            (self.core2.require_owner if self.core2.holds(q) else self.require_owner)(q, "offer")
+        firsts: list[int] = await self.bridge.run(AppendManyCores(parts))
         return firsts
 
     async def truncate(self, q: int, new_start: int) -> None:

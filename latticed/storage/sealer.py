@@ -252,7 +252,10 @@ class Sealer:
         return lock
 
     def _require_sealing(self, q: int, what: str) -> Sealing:
-        self.engine.require_owner(q, what)
+        try:
+            self.engine.require_owner(q, what)
+        except OtherCoreError:  # a queue on fork core 2 is never sealed
+            raise MalformedError(f"cannot {what} {self.engine.address(q)}: it is not sealed") from None
         sealing = self.sealing(q)
         if sealing is None:
             raise MalformedError(f"cannot {what} {self.engine.address(q)}: it is not sealed")

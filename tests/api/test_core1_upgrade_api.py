@@ -38,7 +38,7 @@ def client(daemon: InProcessDaemon) -> Iterator[Client]:
 def test_an_upgraded_queue_keeps_its_offsets_and_a_tail_goes_on(
     daemon: InProcessDaemon, client: Client
 ) -> None:
-    client.queue_create("q", {"team": "x"})
+    client.queue_create("q", {"team": "x"}, core=1)  # a core-1 queue, to upgrade
     client.offer_batch("q", [(f"s{i}".encode(), None, []) for i in range(10)])
     seen: list[tuple[int, bytes]] = []
     started = threading.Event()
@@ -72,7 +72,7 @@ def test_an_upgraded_queue_keeps_its_offsets_and_a_tail_goes_on(
 
 def test_upgrade_all_and_through_latticectl(daemon: InProcessDaemon, client: Client) -> None:
     for name in ("a", "b", "c"):
-        client.queue_create(name)
+        client.queue_create(name, core=1)
         client.offer(name, name.encode())
     result = runner.invoke(
         cli.ctl.app, ["--socket", str(daemon.socket), "queue", "upgrade", "a"], prog_name="latticectl"

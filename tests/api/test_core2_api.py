@@ -53,7 +53,7 @@ def _values(entries: list[Entry]) -> list[bytes]:
 
 def test_a_core2_queue_is_written_and_read_as_any_queue(client: Client) -> None:
     assert client.queue_create("c2", {"team": "x"}, core=2).endswith("/c2")
-    client.queue_create("c1")
+    client.queue_create("c1", core=1)
     with pytest.raises(AlreadyExistsError):
         client.queue_create("c1", core=2)
     with pytest.raises(AlreadyExistsError):
@@ -92,6 +92,18 @@ def test_a_producer_pipelines_offers_into_a_core2_queue(client: Client) -> None:
     assert entries[51].key == b"k"
     with pytest.raises(MalformedError):
         client.queue_create("sealed", readers=[], core=2)
+
+
+def test_idempotent_offers_into_a_core2_queue_are_written_once(client: Client) -> None:
+    """The Spark sink's path: a producer id and sequence, a retry answered with the first offsets."""
+    client.queue_create("sink", core=2)
+    rows = [(b"a", None, []), (b"b", b"k", [])]
+    assert client.offer_batch("sink", rows, producer="task-1", seq=0) == [0, 1]
+    assert client.offer_batch("sink", rows, producer="task-1", seq=0) == [0, 1]  # a retry: nothing twice
+    assert client.offer("sink", b"c", producer="task-1", seq=1) == 2
+    entries = client.range("sink", 0, 10)
+    assert _values(entries) == [b"a", b"b", b"c"] and entries[1].key == b"k"
+    assert [name for name, _ in entries[0].headers] == ["lattice.producer"]
 
 
 def test_a_fork_freezes_the_queue_the_owner_recovers_and_a_tail_follows(
@@ -178,9 +190,9 @@ def test_recovery_and_fork_show_refuse_what_they_cannot_do(
         client.queue_recover(theirs)
     with pytest.raises(NotOwnerError):
         client.offer(theirs, b"no")
-    client.queue_create("one")
+    client.queue_create("one", core=1)  # a core-1 queue: only a forked one is recovered (onto core 2)
     with pytest.raises(MalformedError, match=r"not forked.*queue upgrade one"):
-        client.queue_recover("one")  # a core-1 queue: only a forked one is recovered (onto core 2)
+        client.queue_recover("one")
     with pytest.raises(OtherCoreError):
         client.queue_fork_show("one")
     assert client.queue_fork_show(theirs)["forked"] is False

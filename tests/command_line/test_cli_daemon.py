@@ -52,7 +52,9 @@ def _own_queue(daemon: InProcessDaemon) -> tuple[str, LatticeQueue, QueueDelta]:
     more heads, so its newest head is newer than the daemon's. Also the delta of its first record alone."""
     name = f"q{secrets.token_hex(4)}"
     with daemon.client() as c:
-        c.queue_create(name)
+        c.queue_create(
+            name, core=1
+        )  # the second history is v1 deltas: core 1's join (core 2: test_core2_api)
         c.offer(name, b"this daemon's record")
     other = LatticeQueue.create(daemon.handle.identity, name)
     deltas = []

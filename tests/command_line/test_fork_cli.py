@@ -151,7 +151,7 @@ def test_a_forked_queue_through_latticectl(daemon: InProcessDaemon, tmp_path: Pa
 def test_recover_refusals_and_a_daemon_too_old_for_core_2(
     daemon: InProcessDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert ctl(daemon, "queue", "create", "one").exit_code == 0
+    assert ctl(daemon, "queue", "create", "one", "--core", "1").exit_code == 0  # core 1's refusal
     other_core = ctl(daemon, "queue", "recover", "one")
     assert other_core.exit_code == ExitCode.USAGE and "queue upgrade one" in other_core.stderr
     assert ctl(daemon, "queue", "create", "two", "--core", "2").exit_code == 0

@@ -45,7 +45,7 @@ def test_a_group_goes_on_across_its_sources_move_to_core_2(tmp_path: Path) -> No
     daemon = start(tmp_path)
     try:
         with daemon.client() as c:
-            c.queue_create("q")
+            c.queue_create("q", core=1)  # a core-1 queue, to upgrade
             c.offer_batch("q", [(b"r%d" % i, None, []) for i in range(3)])
             c.group_create("g", ["q"], max_attempts=5)
             c.ack("g", lease(c))  # offset 0 done: the floor moves to 1

@@ -97,9 +97,9 @@ class Worker:
 
 
 @asynccontextmanager
-async def worker(tmp_path: Path) -> AsyncIterator[Worker]:
-    """WORKER's daemon holding replicas of OWNER's queue ``jobs`` (r0..r3) and group ``g`` over it, and
-    of a sealed queue it reads; OWNER's end of the link is :class:`HostileOwner`."""
+async def worker(tmp_path: Path, core: int = 1) -> AsyncIterator[Worker]:
+    """WORKER's daemon holding replicas of OWNER's queue ``jobs`` (r0..r3, on fork core ``core``) and
+    group ``g`` over it, and of a sealed queue it reads; OWNER's end of the link is :class:`HostileOwner`."""
     changes = ChangeFanout()
     (tmp_path / "o").mkdir()
     (tmp_path / "w").mkdir()
@@ -109,10 +109,12 @@ async def worker(tmp_path: Path) -> AsyncIterator[Worker]:
         trio.open_nursery() as nursery,
     ):
         groups: GroupService = await nursery.start(GroupService(theirs, changes, Sealer(theirs)).run)
-        q = await theirs.create_queue("jobs", {})
+        q = await theirs.create_queue("jobs", {}, core=core)
         await theirs.append(q, [Record(b"r%d" % i) for i in range(4)])
         await groups.create("g", ["jobs"])
-        for name, kind in (("jobs", 0), ("g", KIND_GROUP)):
+        if core == 2:
+            await mine.core2.merge(await theirs.core2.delta_for(q, None))
+        for name, kind in (("jobs", 0), ("g", KIND_GROUP))[core - 1 :]:
             kw = {"kind": kind} if kind else {}
             await mine.merge_delta(await theirs.delta_for(OWNER.public_key, name, None, **kw))
         sealed = sealed_for_worker()
@@ -126,8 +128,11 @@ async def worker(tmp_path: Path) -> AsyncIterator[Worker]:
         nursery.cancel_scope.cancel()
 
 
-async def test_the_verified_local_copy_wins_over_a_payload_the_owner_forged(tmp_path: Path) -> None:
-    async with worker(tmp_path) as w:
+@pytest.mark.parametrize("core", [1, 2], ids=["core1", "core2"])
+async def test_the_verified_local_copy_wins_over_a_payload_the_owner_forged(
+    tmp_path: Path, core: int
+) -> None:
+    async with worker(tmp_path, core) as w:
         w.owner.grants = [grant(w.jobs, 1, record=[None, b"forged", 1, None])]
         [lease] = await w.take()
         assert (lease["value"], lease["payload_from"]) == (b"r1", "replica")

@@ -1,7 +1,7 @@
 """The owner's side of remote consumers (latticed/groups/remote.py) on a real engine and group service,
 without a network: what a peer may do (its own leases only, the allow-list), settlements repeated after
 a lost link answered as the first time, payloads sent only past what the caller holds, and the detaching
-of a vanished peer's consumers."""
+of a vanished peer's consumers; the source on either fork core."""
 
 from __future__ import annotations
 
@@ -28,12 +28,20 @@ OWNER = Identity.from_seed(b"o" * 32)
 PEER, OTHER = b"\x05" * 32, b"\x06" * 32
 
 
+@pytest.fixture(params=[1, 2], ids=["core1", "core2"])
+def core(request: pytest.FixtureRequest) -> int:
+    """The fork core of the group's source queue."""
+    return int(request.param)
+
+
 @asynccontextmanager
-async def owner(tmp_path: Path, records: int = 4) -> AsyncIterator[tuple[GroupService, RemoteLeaseServer]]:
+async def owner(
+    tmp_path: Path, records: int = 4, core: int = 1
+) -> AsyncIterator[tuple[GroupService, RemoteLeaseServer]]:
     changes = ChangeFanout()
     async with Engine.open(tmp_path, OWNER, changes=changes) as engine, trio.open_nursery() as nursery:
         groups: GroupService = await nursery.start(GroupService(engine, changes, Sealer(engine)).run)
-        q = await engine.create_queue("jobs", {})
+        q = await engine.create_queue("jobs", {}, core=core)
         await engine.append(q, [Record(b"r%d" % i) for i in range(records)])
         yield groups, RemoteLeaseServer(groups)
         nursery.cancel_scope.cancel()
@@ -49,8 +57,8 @@ async def take(server: RemoteLeaseServer, peer: bytes, n: int = 1, **body: Any) 
     return leases
 
 
-async def test_payloads_go_only_past_what_the_caller_holds(tmp_path: Path) -> None:
-    async with owner(tmp_path) as (groups, server):
+async def test_payloads_go_only_past_what_the_caller_holds(tmp_path: Path, core: int) -> None:
+    async with owner(tmp_path, core=core) as (groups, server):
         await groups.create("g", ["jobs"])
         first, second = await take(server, PEER, 2, have={source(): 1})
         assert "record" not in first  # offset 0: the caller holds it
@@ -60,8 +68,10 @@ async def test_payloads_go_only_past_what_the_caller_holds(tmp_path: Path) -> No
         assert third["record"][1] == b"r2"
 
 
-async def test_a_peer_settles_only_its_own_leases_and_a_retry_gets_the_first_answer(tmp_path: Path) -> None:
-    async with owner(tmp_path) as (groups, server):
+async def test_a_peer_settles_only_its_own_leases_and_a_retry_gets_the_first_answer(
+    tmp_path: Path, core: int
+) -> None:
+    async with owner(tmp_path, core=core) as (groups, server):
         rt = await groups.create("g", ["jobs"])
         [mine] = await take(server, PEER)
         [theirs] = await take(server, OTHER)
@@ -84,8 +94,8 @@ async def test_a_peer_settles_only_its_own_leases_and_a_retry_gets_the_first_ans
         assert rt.dispatcher.stats(groups.now()).done == 2
 
 
-async def test_the_allow_list_and_unknown_groups_and_ops(tmp_path: Path) -> None:
-    async with owner(tmp_path) as (groups, server):
+async def test_the_allow_list_and_unknown_groups_and_ops(tmp_path: Path, core: int) -> None:
+    async with owner(tmp_path, core=core) as (groups, server):
         await groups.create(
             "g", ["jobs"], extra_meta={k: v for k, v in policy_meta([OTHER.hex()]).items() if v}
         )
@@ -100,8 +110,10 @@ async def test_the_allow_list_and_unknown_groups_and_ops(tmp_path: Path) -> None
             await server.serve(OTHER, "take", {"group": "g", "consumer": "", "n": 1})
 
 
-async def test_a_vanished_peers_consumers_keep_their_leases_until_they_expire(tmp_path: Path) -> None:
-    async with owner(tmp_path) as (groups, server):
+async def test_a_vanished_peers_consumers_keep_their_leases_until_they_expire(
+    tmp_path: Path, core: int
+) -> None:
+    async with owner(tmp_path, core=core) as (groups, server):
         rt = await groups.create("g", ["jobs"])
         [lease] = await take(server, PEER)
         assert rt.dispatcher.consumers() == [PEER.hex()[:16] + "/pid1.c1"]

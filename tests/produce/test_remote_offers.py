@@ -2,7 +2,8 @@
 producers' daemons linked to it through the real lease-forwarding sub-protocol in memory (meshlinks).
 Who may offer (the signed allow-list, sealed queues' readers), the producer header the owner sets, a
 retry after a lost answer written once (also after the owner restarts), an unreachable owner, and an
-owner whose release does not take remote offers. Timeouts are short real ones (the store commits on its
+owner whose release does not take remote offers, on either fork core (sealed queues are core 1's).
+Timeouts are short real ones (the store commits on its
 own thread, which a mock clock would jump past)."""
 
 from __future__ import annotations
@@ -44,10 +45,9 @@ class Owner:
         self.sealer = offers.sealer
 
     async def records(self, name: str = "feed") -> list[tuple[bytes, list[Any] | None]]:
-        q = self.engine.find(OWNER.public_key, name)
-        assert q is not None
-        state = self.engine.state(q)
-        columns = await self.engine.read(q, state.start, state.held_end, 10_000, 1 << 24)
+        q = self.engine.resolve(name)
+        start, end = await self.engine.bounds(q)
+        columns = await self.engine.read(q, start, end, 10_000, 1 << 24)
         columns = self.sealer.open_columns(q, columns)
         return list(zip(columns.values, columns.headers, strict=True))
 
@@ -71,9 +71,15 @@ class Flaky:
         self.inner.peer_gone(peer)
 
 
+@pytest.fixture(params=[1, 2], ids=["core1", "core2"])
+def core(request: pytest.FixtureRequest) -> int:
+    """The fork core of the owner's queue (both take remote offers alike)."""
+    return int(request.param)
+
+
 @asynccontextmanager
 async def owner(
-    tmp_path: Path, *, flaky: bool = False, sealed: bool = False, both: bool = False
+    tmp_path: Path, *, flaky: bool = False, sealed: bool = False, both: bool = False, core: int = 1
 ) -> AsyncIterator[Owner]:
     async with Engine.open(tmp_path, OWNER) as engine, trio.open_nursery() as nursery:
         offers = OfferServer(engine, Sealer(engine))
@@ -81,7 +87,7 @@ async def owner(
         if sealed:
             await offers.sealer.create_queue("feed", meta, [B.public_key])  # C is not a reader
         else:
-            await engine.create_queue("feed", meta)
+            await engine.create_queue("feed", meta, core=core)
         server: Any = WithOffers(meshlinks.NoServer(), offers)
         links = await meshlinks.start(nursery, Flaky(server) if flaky else server)
         yield Owner(engine, offers, links)
@@ -95,8 +101,8 @@ async def producer(nursery: trio.Nursery, a: Owner, me: Identity, *, link: bool 
     return RemoteOffers(links, a.offers, answer_within=0.5)
 
 
-async def test_an_allowed_producer_offers_and_one_not_allowed_is_refused(tmp_path: Path) -> None:
-    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+async def test_an_allowed_producer_offers_and_one_not_allowed_is_refused(tmp_path: Path, core: int) -> None:
+    async with owner(tmp_path, core=core) as a, trio.open_nursery() as nursery:
         b, c = await producer(nursery, a, B), await producer(nursery, a, C)
         answer = await b.offer(
             OWNER.public_key, "feed", [[b"x", None, None], [b"y", b"k", [["h", b"1"]]]], producer="p", seq=0
@@ -109,8 +115,8 @@ async def test_an_allowed_producer_offers_and_one_not_allowed_is_refused(tmp_pat
         nursery.cancel_scope.cancel()
 
 
-async def test_a_producer_cannot_forge_the_producer_header(tmp_path: Path) -> None:
-    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+async def test_a_producer_cannot_forge_the_producer_header(tmp_path: Path, core: int) -> None:
+    async with owner(tmp_path, core=core) as a, trio.open_nursery() as nursery:
         b = await producer(nursery, a, B)
         forged = [[b"x", None, [[PRODUCER_HEADER, C.public_hex.encode()]]]]
         with pytest.raises(MalformedError, match="set by the queue's owner"):
@@ -119,8 +125,8 @@ async def test_a_producer_cannot_forge_the_producer_header(tmp_path: Path) -> No
         nursery.cancel_scope.cancel()
 
 
-async def test_a_retry_after_a_lost_answer_is_written_once(tmp_path: Path) -> None:
-    async with owner(tmp_path, flaky=True) as a, trio.open_nursery() as nursery:
+async def test_a_retry_after_a_lost_answer_is_written_once(tmp_path: Path, core: int) -> None:
+    async with owner(tmp_path, flaky=True, core=core) as a, trio.open_nursery() as nursery:
         b = await producer(nursery, a, B)
         records = [[b"r%d" % i, None, None] for i in range(3)]
         # The first answer never comes: B sends the same producer id and sequence again
@@ -149,9 +155,9 @@ async def test_a_retry_after_a_lost_answer_is_written_once(tmp_path: Path) -> No
         nursery.cancel_scope.cancel()
 
 
-async def test_sequences_remembered_without_a_digest_still_answer_retries(tmp_path: Path) -> None:
+async def test_sequences_remembered_without_a_digest_still_answer_retries(tmp_path: Path, core: int) -> None:
     """Rows written before digests were kept (``[seq, first, count]``) are read as they were."""
-    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+    async with owner(tmp_path, core=core) as a, trio.open_nursery() as nursery:
         b = await producer(nursery, a, B)
         records = [[b"r%d" % i, None, None] for i in range(2)]
         assert (await b.offer(OWNER.public_key, "feed", records, producer="p", seq=1))["duplicate"] is False
@@ -173,9 +179,11 @@ async def test_sequences_remembered_without_a_digest_still_answer_retries(tmp_pa
         nursery.cancel_scope.cancel()
 
 
-async def test_offers_naming_no_producer_go_under_the_daemons_own_and_leave_one_row(tmp_path: Path) -> None:
+async def test_offers_naming_no_producer_go_under_the_daemons_own_and_leave_one_row(
+    tmp_path: Path, core: int
+) -> None:
     """The owner remembers sequences per producer: one producer id per offer would leave a row per offer."""
-    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+    async with owner(tmp_path, core=core) as a, trio.open_nursery() as nursery:
         b = await producer(nursery, a, B)
         pairs = [b.next_own() for _ in range(5)]
         assert len({p for p, _ in pairs}) == 1 and [s for _, s in pairs] == [0, 1, 2, 3, 4]
@@ -191,8 +199,10 @@ async def test_offers_naming_no_producer_go_under_the_daemons_own_and_leave_one_
         nursery.cancel_scope.cancel()
 
 
-async def test_a_shared_producer_id_is_written_once_whichever_daemon_sends_it(tmp_path: Path) -> None:
-    async with owner(tmp_path, both=True) as a, trio.open_nursery() as nursery:
+async def test_a_shared_producer_id_is_written_once_whichever_daemon_sends_it(
+    tmp_path: Path, core: int
+) -> None:
+    async with owner(tmp_path, both=True, core=core) as a, trio.open_nursery() as nursery:
         b, c = await producer(nursery, a, B), await producer(nursery, a, C)
         records = [[b"task", None, None, 1_700_000_000_000]]
         first = await b.offer(OWNER.public_key, "feed", records, producer="t", seq=3, shared=True)
@@ -201,8 +211,7 @@ async def test_a_shared_producer_id_is_written_once_whichever_daemon_sends_it(tm
         assert (first["duplicate"], again) == (False, {"first": 0, "count": 1, "duplicate": True})
         # not shared, the same id is C's own: written
         assert (await c.offer(OWNER.public_key, "feed", records, producer="t", seq=3))["first"] == 1
-        q = a.engine.find(OWNER.public_key, "feed")
-        assert q is not None
+        q = a.engine.resolve("feed")
         with pytest.raises(MalformedError, match="'shared' is true or false"):  # a peer's body, as sent
             a.offers.start(C.public_key, q, "t", 4, records, shared="yes")
         stored = await a.engine.read(q, 0, 2, 10, 1 << 20)
@@ -212,9 +221,9 @@ async def test_a_shared_producer_id_is_written_once_whichever_daemon_sends_it(tm
         nursery.cancel_scope.cancel()
 
 
-async def test_the_owner_remembers_sequences_across_a_restart(tmp_path: Path) -> None:
+async def test_the_owner_remembers_sequences_across_a_restart(tmp_path: Path, core: int) -> None:
     records = [[b"once", None, None]]
-    async with owner(tmp_path) as a:
+    async with owner(tmp_path, core=core) as a:
         q = a.offers.own_queue("feed")
         job = a.offers.start(B.public_key, q, "p", 1, records)
         assert await a.engine.outcome(job) == (0, 1, False)
@@ -224,7 +233,7 @@ async def test_the_owner_remembers_sequences_across_a_restart(tmp_path: Path) ->
         assert await engine.outcome(offers.start(B.public_key, q, "p", 1, records)) == (0, 1, True)
         # a producer of the same name on another daemon (here: the owner's own) has sequences of its own
         assert await engine.outcome(offers.start(OWNER.public_key, q, "p", 1, records)) == (1, 1, False)
-        assert engine.state(q).held_end == 2
+        assert await engine.bounds(q) == (0, 2)
 
 
 async def test_a_sealed_queue_takes_offers_from_its_readers_only(tmp_path: Path) -> None:
@@ -241,8 +250,8 @@ async def test_a_sealed_queue_takes_offers_from_its_readers_only(tmp_path: Path)
         nursery.cancel_scope.cancel()
 
 
-async def test_an_unreachable_owner_fails_after_the_wait(tmp_path: Path) -> None:
-    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+async def test_an_unreachable_owner_fails_after_the_wait(tmp_path: Path, core: int) -> None:
+    async with owner(tmp_path, core=core) as a, trio.open_nursery() as nursery:
         b = await producer(nursery, a, B, link=False)
         started = trio.current_time()
         with pytest.raises(OwnerUnreachableError):
@@ -252,8 +261,8 @@ async def test_an_unreachable_owner_fails_after_the_wait(tmp_path: Path) -> None
         nursery.cancel_scope.cancel()
 
 
-async def test_an_owner_without_the_feature_gets_no_offer(tmp_path: Path) -> None:
-    async with owner(tmp_path) as a, trio.open_nursery() as nursery:
+async def test_an_owner_without_the_feature_gets_no_offer(tmp_path: Path, core: int) -> None:
+    async with owner(tmp_path, core=core) as a, trio.open_nursery() as nursery:
         b = await producer(nursery, a, B)
         await b.links.wait_link(OWNER.public_key, 1.0)
         while b.links.features(OWNER.public_key) is None:  # the versions exchange settles
@@ -321,3 +330,14 @@ def test_offered_records_are_stamped_with_the_producer_and_keep_their_headers() 
         (b"b", b"k", 7, (("h", b"v"), stamp)),
         (b"c", None, 5, (stamp,)),
     ]
+
+
+async def test_an_edited_allow_list_judges_the_next_offer(tmp_path: Path, core: int) -> None:
+    async with owner(tmp_path, core=core) as a, trio.open_nursery() as nursery:
+        b = await producer(nursery, a, B)
+        await b.offer(OWNER.public_key, "feed", [[b"in", None, None]], producer="p", seq=0)
+        await a.engine.set_meta(a.engine.resolve("feed"), producers_meta([C.public_hex]))
+        with pytest.raises(NotAllowedError, match="does not take offers from " + B.public_hex):
+            await b.offer(OWNER.public_key, "feed", [[b"out", None, None]], producer="p", seq=1)
+        assert [v for v, _ in await a.records()] == [b"in"]
+        nursery.cancel_scope.cancel()

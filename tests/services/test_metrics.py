@@ -27,6 +27,7 @@ from latticed.errors import (
 )
 from latticed.facades.lattice_queue import LatticeQueue
 from latticed.groups.service import GroupService
+from latticed.produce.owner import OfferServer
 from latticed.services.daemon_metrics import DaemonMetrics, handshake_reason
 from latticed.services.health import Health
 from latticed.services.metrics_collector import StateCollector
@@ -36,6 +37,7 @@ from latticed.services.metrics_http import (
     REQUEST_TIMEOUT_S,
     serve_metrics,
 )
+from latticed.storage.core2_jobs import Merge2
 from latticed.storage.engine import Engine
 from latticed.storage.sealer import Sealer
 from latticed.storage.wiring import ChangeFanout
@@ -176,6 +178,39 @@ async def test_offered_records_and_bytes_both_count_since_the_daemon_started(tmp
         samples = parse(generate_latest(metrics.registry).decode())
     assert value(samples, "latticed_offered_records_total", kind="queue") == 2
     assert value(samples, "latticed_offered_bytes_total", kind="queue") == 2 * 2
+
+
+async def test_offers_into_a_core2_queue_are_counted(tmp_path: Path) -> None:
+    """A core-2 commit is no core-1 change: plain offers and a producer's are counted, a retry is not."""
+    metrics = DaemonMetrics(ALICE.public_key)
+    async with Engine.open(tmp_path, ALICE, metrics=metrics) as engine:
+        q = await engine.create_queue("events", core=2)
+        await engine.append(q, [Record(b"v%d" % i) for i in range(3)])
+        offers = OfferServer(engine, Sealer(engine))
+        for _ in range(2):  # the second is a retry of the same sequence: nothing written
+            await engine.outcome(offers.start(ALICE.public_key, q, "p", 0, [[b"pp", None, None]]))
+        samples = parse(generate_latest(metrics.registry).decode())
+    assert value(samples, "latticed_offered_records_total", kind="queue") == 4
+    assert value(samples, "latticed_offered_bytes_total", kind="queue") == 3 * 2 + 2
+
+
+async def test_records_merged_into_a_core2_replica_are_counted_by_peer(tmp_path: Path) -> None:
+    for name in ("owner", "replica"):
+        (tmp_path / name).mkdir()
+    metrics = DaemonMetrics(BOB.public_key)
+    async with (
+        Engine.open(tmp_path / "owner", ALICE) as owner,
+        Engine.open(tmp_path / "replica", BOB, metrics=metrics) as replica,
+    ):
+        q = await owner.create_queue("events", core=2)
+        await owner.append(q, [Record(b"r%d" % i) for i in range(3)])
+        for _ in range(2):  # the second merge adds nothing
+            job = Merge2(await owner.core2.delta_for(q, None))
+            job.origin = ALICE.public_key
+            await replica.bridge.run(job)
+        samples = parse(generate_latest(metrics.registry).decode())
+    assert value(samples, "latticed_replicated_records_total", peer=ALICE.public_key.hex()) == 3
+    assert value(samples, "latticed_replicated_bytes_total", peer=ALICE.public_key.hex()) == 3 * 2
 
 
 class FakeRetention:

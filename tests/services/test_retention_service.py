@@ -10,6 +10,7 @@ import tempfile
 import threading
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from support.inprocess import InProcessDaemon, start_in_process
 
 from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueState
+from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import MalformedError, NotOwnerError
@@ -42,20 +44,30 @@ def daemon() -> Iterator[InProcessDaemon]:
     d.stop()
 
 
+@contextmanager
+def _cut_of_q(daemon: InProcessDaemon, cut: trio.Event) -> Iterator[None]:
+    """Sets ``cut`` once queue ``q`` (on either fork core) commits a start above 0."""
+
+    def listener(state: QueueState | QueueState2) -> None:
+        start = state.held[0] if isinstance(state, QueueState2) else state.start
+        if state.name == "q" and start > 0:
+            cut.set()
+
+    core2 = daemon.handle.engine.core2
+    with daemon.handle.changes.subscribed(listener), core2.subscribed(lambda _, s: s and listener(s)):
+        yield
+
+
 def test_a_commit_over_a_limit_is_cut_without_the_timer(daemon: InProcessDaemon) -> None:
     engine = daemon.handle.engine
     cut = trio.Event()
 
-    def listener(state: QueueState) -> None:
-        if state.name == "q" and state.start > 0:
-            cut.set()
-
     async def until_cut() -> int:
         with trio.fail_after(10):
             await cut.wait()
-        return engine.state(engine.resolve("q")).start
+        return (await engine.bounds(engine.resolve("q")))[0]
 
-    with daemon.handle.changes.subscribed(listener):
+    with _cut_of_q(daemon, cut):
         with daemon.client() as c:
             c.queue_create("q", retention=RetentionPolicy(max_records=50))
             c.offer_batch("q", [(b"x", None, ())] * 200)
@@ -76,16 +88,12 @@ def test_truncations_are_counted_in_records_and_bytes_and_served_as_metrics(tmp_
     try:
         cut = trio.Event()
 
-        def listener(state: QueueState) -> None:
-            if state.name == "q" and state.start > 0:
-                cut.set()
-
         async def until_cut() -> None:
             with trio.fail_after(10):
                 await cut.wait()
                 await trio.testing.wait_all_tasks_blocked()  # retention counts after its commit
 
-        with daemon.handle.changes.subscribed(listener), daemon.client() as c:
+        with _cut_of_q(daemon, cut), daemon.client() as c:
             c.queue_create("q", retention=RetentionPolicy(max_records=50))
             c.offer_batch("q", [(b"x" * 100, None, ())] * 200)
             daemon.call(until_cut)

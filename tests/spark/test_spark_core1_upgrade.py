@@ -38,7 +38,7 @@ def client(daemon: InProcessDaemon) -> Iterator[Client]:
 def test_a_query_goes_on_across_a_conversion_to_core_2(
     daemon: InProcessDaemon, client: Client, restarted: bool, read_all_first: bool
 ) -> None:
-    client.queue_create("q")
+    client.queue_create("q", core=1)  # a core-1 queue, to upgrade
     client.offer_batch("q", [(b"s%d" % i, None, []) for i in range(10)])
     source = stream(daemon, fail_on_data_loss=True)
     queue = next(iter(source.initialOffset()))

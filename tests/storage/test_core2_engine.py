@@ -7,11 +7,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import trio
 
 from latticed.crdt import queue2
-from latticed.crdt.records import Record, make_record
+from latticed.crdt.records import MAX_VALUE_BYTES, Record, make_record
 from latticed.crdt.signing import Identity
+from latticed.errors import MalformedError
 from latticed.storage.core2_engine import Core2Engine
 from latticed.storage.engine import Engine
 
@@ -101,3 +103,19 @@ async def test_a_fork_met_through_engines_is_evidence_and_recovery_goes_on(tmp_p
         state = await relay.state(rq)
         assert state.chains.epoch == 1 and state.held == (0, 15) and not state.forked
         assert queue2.summary(state) == await owner.summary(q)
+
+
+async def test_append_many_writes_parts_on_both_cores_together_or_not_at_all(tmp_path: Path) -> None:
+    """The bulk append a work-queue group commit uses: parts of core-1 and core-2 queues in one
+    transaction; a part refused fails every part."""
+    async with Engine.open(tmp_path, ALICE) as e:
+        one, two = await e.create_queue("one", core=1), await e.create_queue("two", core=2)
+        assert await e.append_many([(two, [rec("t", i) for i in range(3)]), (one, [rec("o", 0)])]) == [0, 0]
+        assert await e.append_many([(one, [rec("o", 1)]), (two, [rec("t", 3)])]) == [1, 3]
+        assert (await e.bounds(one), await e.bounds(two)) == ((0, 2), (0, 4))
+        assert (await e.read(two, 0, 4, 10, 1 << 20)).values == [b"t0", b"t1", b"t2", b"t3"]
+        too_big = Record(b"x" * (MAX_VALUE_BYTES + 1), None, NOW)  # made past make_record's check
+        with pytest.raises(MalformedError):
+            await e.append_many([(two, [rec("t", 4)]), (one, [too_big])])
+        assert (await e.bounds(one), await e.bounds(two)) == ((0, 2), (0, 4))
+        assert (await Core2Engine(e).state(two)).chains.tips[0].head.end == 4  # nothing signed either

@@ -387,15 +387,16 @@ class Client(GroupOps, PeerOps, BundleOps):
         *,
         retention: RetentionPolicy | None = None,
         producers: Sequence[str] | None = None,
-        core: int = 1,
+        core: int | None = None,
     ) -> str:
         """Create one of our queues. With ``readers`` (hex identities, maybe none) a sealed one: only they
         and this daemon's identity read its records (docs/privacy.md); ``retention`` puts its policy in
         the first signed metadata; ``producers`` (identities, or ``["*"]`` for any daemon of the network)
         may offer into it from their daemons. ``core``: its fork core (2: frozen at a fork, recovered by
-        its owner; docs/lattice.md); a daemon that cannot create core-2 queues is named before anything
-        is created (an older one would ignore the field and create a core-1 queue)."""
-        if core != 1:
+        its owner; 1: the splicing join a 0.2.0 daemon can receive; docs/lattice.md), None: the daemon's
+        ``default_queue_core``. A daemon that cannot create core-2 queues is named before anything is
+        created (an older one would ignore the field and create a core-1 queue)."""
+        if core is not None and core != 1:
             hello = self.call("hello")
             if not hello.get("queue_cores"):  # a daemon from before fork core 2 (the daemon checks ``core``)
                 release = hello.get("release") or "0.2.0 or earlier"
@@ -411,7 +412,7 @@ class Client(GroupOps, PeerOps, BundleOps):
         args: dict[str, Any] = {"name": name, "meta": entries}
         if readers is not None:
             args["readers"] = list(readers)
-        if core != 1:
+        if core is not None:
             args["core"] = core
         return str(self.call("queue_create", **args)["queue"])
 

@@ -76,14 +76,17 @@ class BundleOps:
         try:
             conn.send(request)
             total = 0
+            left_out: list[str] = []
             while True:
                 reply = conn.receive()
                 if not reply.get("ok"):
                     raise self._stream_error("bundle_export", reply)
                 if reply.get("done"):
-                    return {k: reply.get(k) for k in ("logs", "records", "bytes")}
+                    done = {k: reply.get(k) for k in ("logs", "records", "bytes")}
+                    return {**done, "core2_left_out": left_out} if left_out else done
                 if "total_records" in reply:
                     total = int(reply["total_records"])
+                    left_out = [str(a) for a in reply.get("core2_left_out") or ()]
                 data = reply.get("data")
                 if isinstance(data, bytes):
                     write(data)

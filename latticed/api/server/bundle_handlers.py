@@ -130,7 +130,13 @@ async def bundle_export(ctx: Context, conn: Connection, request: Request) -> boo
         if selected(patterns, key[0], key[1]) and lacks(ours, theirs.get(key))
     ]
     total = sum(records_lacking(ours, theirs.get(key)) for key, ours in plan)
-    await conn.send({"id": rid, "ok": True, "logs": len(plan), "total_records": total})
+    # Bundles carry core-1 logs only: the core-2 queues selected are named, never silently missing.
+    core2 = ctx.engine.core2
+    left_out = [
+        core2.address(q) for q in core2.queues() if selected(patterns, core2.row(q).owner, core2.row(q).name)
+    ]
+    first: dict[str, object] = {"id": rid, "ok": True, "logs": len(plan), "total_records": total}
+    await conn.send({**first, "core2_left_out": left_out} if left_out else first)
     writer = BundleWriter(engine.identity, engine.clock(), incremental=want is not None)
     out = bytearray(writer.start())
     written = 0

@@ -94,6 +94,8 @@ class Context:
     retention: RetentionView | None = None
     #: The daemon's checklist of itself (``doctor``), given the facts only the running services know.
     self_check: SelfCheck | None = None
+    #: The fork core of a queue created without one (the daemon's ``default_queue_core``).
+    default_queue_core: int = 2
     #: ``queue list``'s encoded entries, rebuilt only for queues that changed.
     listing: QueueListing = field(default_factory=QueueListing)
 

@@ -10,6 +10,7 @@ from typing import Any, Final
 from latticed.api.messages import arg_bool, arg_int
 from latticed.api.server.context import Context, Handler, Reply, Request
 from latticed.api.server.upgrade_handlers import recover_core1
+from latticed.crdt.head import QueueKind
 from latticed.crdt.wire import records_to_wire
 from latticed.errors import MalformedError, NotOwnerError, OtherCoreError
 from latticed.storage.core2_view import frozen_since_ms, recover_hint
@@ -25,6 +26,11 @@ async def forks(ctx: Context) -> list[dict[str, Any]]:
         return await ctx.health.forks()
     await ctx.engine.core2.load_all()
     return ctx.engine.core2.forked_entries()
+
+
+def core2_count(ctx: Context) -> int:
+    """How many core-2 queues (of every kind) this daemon holds: what a peer without ``heads-v2`` misses."""
+    return sum(len(ctx.engine.core2.queues(kind)) for kind in QueueKind)
 
 
 def _core2_queue(ctx: Context, request: Request, what: str) -> int:

@@ -43,6 +43,7 @@ from latticed.crdt.records import (
 )
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError, NotFoundError, NotOwnerError
+from latticed.host.core2_reach import core2_blind_peers
 from latticed.host.retention_policy import check_meta, check_meta_entry
 from latticed.storage.reader import Columns, RawRow
 from latticed.storage.sealer import check_user_meta
@@ -103,6 +104,7 @@ async def hello(ctx: Context, request: Request) -> Reply:
         "release": RELEASE,
         "max_frame_bytes": ctx.max_frame_bytes,
         "queue_cores": [1, 2],  # the fork cores queue_create takes (absent: core 1 only)
+        "default_queue_core": ctx.default_queue_core,  # what queue_create makes without ``core``
     }
 
 
@@ -146,6 +148,11 @@ async def status(ctx: Context, request: Request) -> Reply:
             "disk": ctx.health.disk_status() if ctx.health else None,
             "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
             "incompatible_peers": ctx.replication.incompatible_peers() if ctx.replication else [],
+            "core2_blind_peers": (
+                core2_blind_peers(ctx.replication.peers(), core2_handlers.core2_count(ctx))
+                if ctx.replication
+                else []
+            ),
             "identity_runs": ctx.replication.identity_status() if ctx.replication else None,
             "retention": ctx.retention.counters_dict() if ctx.retention else None,
         }
@@ -200,13 +207,16 @@ async def queue_create(ctx: Context, request: Request) -> Reply:
     check_meta(meta)
     _not_reserved(name, meta)
     readers = request.get("readers")  # a list (maybe empty) of reader identities: a sealed queue
-    core = arg_int(request, "core", default=1)  # the fork core (docs/lattice.md); absent: 1
-    if readers is not None and core != 1:
-        raise MalformedError("a sealed queue is on fork core 1 only")
+    core = arg_int(request, "core", optional=True)  # the fork core (docs/lattice.md)
     if readers is not None:
+        if core is not None and core != 1:
+            raise MalformedError(
+                "a sealed queue is on fork core 1 only: create it without --core, or with --core 1"
+            )
         q = await ctx.sealer.create_queue(name, meta, parse_readers(readers))
-    else:
-        q = await ctx.engine.create_queue(name, meta, core=core)
+        return {"queue": ctx.engine.address(q), "core": 1}
+    core = ctx.default_queue_core if core is None else core  # absent (an older client): the daemon's
+    q = await ctx.engine.create_queue(name, meta, core=core)
     return {"queue": ctx.engine.address(q), "core": core}
 
 

@@ -114,6 +114,7 @@ async def doctor(ctx: Context, request: Request) -> Reply:
         "skew": service.clock_skew() if service is not None else [],
         "sealer_accelerated": accelerated(),
         "identity": service.identity_status() if service is not None else None,
+        "core2_queues": core2_handlers.core2_count(ctx),
     }
 
     def run() -> list[dict[str, Any]]:

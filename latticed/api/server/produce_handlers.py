@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import trio
 
 from latticed.api.server.context import Begun, Context, Reply, Request
 from latticed.crdt.signing import parse_public_key
-from latticed.errors import LatticedError, MalformedError, NotAllowedError, NotFoundError
+from latticed.errors import LatticedError, MalformedError, NotAllowedError
 from latticed.process.logs import get_logger, log_event
 from latticed.produce.dedup import check_producer, producer_scope
 from latticed.produce.forward import DEFAULT_WAIT_S, RemoteOffers
@@ -77,12 +78,7 @@ def produced(ctx: Context, request: Request) -> bool:
     (and this daemon forwards offers)."""
     if request.get("producer") is not None:
         return True
-    if ctx.producers is None or _remote_owner(ctx, request) is None:
-        return False
-    try:  # a queue on fork core 2 takes its owner's records only: refused as any queue we do not own
-        return not ctx.engine.core2.holds(ctx.queue(request))
-    except NotFoundError:
-        return True
+    return ctx.producers is not None and _remote_owner(ctx, request) is not None
 
 
 def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:
@@ -133,7 +129,16 @@ def _refuse_if_replica_says_so(ctx: Context, producers: RemoteOffers, owner: byt
     except LatticedError:
         return  # not held here: only the owner knows
     me = ctx.engine.public_key
-    if not producers_of(ctx.engine.state(q).meta_dict).allows(me) and not producers.links.connected(owner):
+    core2 = ctx.engine.core2
+    meta: Mapping[str, str]
+    if core2.holds(q):
+        loaded = core2.loaded(q)
+        if loaded is None:
+            return  # a core-2 replica not loaded yet says nothing: the owner judges
+        meta = dict(loaded.meta)
+    else:
+        meta = ctx.engine.state(q).meta_dict
+    if not producers_of(meta).allows(me) and not producers.links.connected(owner):
         raise NotAllowedError(
             f"{address} does not take offers from {me.hex()} (as this daemon's replica of its signed "
             "metadata says): its owner lists the identities that may offer (latticectl queue edit "

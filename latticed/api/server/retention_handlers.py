@@ -51,7 +51,7 @@ async def retention_set(ctx: Context, request: Request) -> Reply:
         max_records=_limit(request, "max_records"),
         keep_unsettled=_flag(request, "keep_unsettled"),
     )
-    current = ctx.engine.state(q).meta_dict
+    current = await _meta(ctx, q)
     changes = {key: value for key, value in updates.items() if current.get(key) != value}
     if changes:
         await ctx.engine.set_meta(q, changes)
@@ -62,9 +62,15 @@ async def retention_get(ctx: Context, request: Request) -> Reply:
     """A queue's policy, and what this daemon holds and enforces of it."""
     engine = ctx.engine
     q = ctx.queue(request)
-    state = engine.state(q)
-    policy, problems = policy_from_meta(state.meta_dict)
-    owned = state.owner == engine.public_key
+    owned = engine.owned(q)
+    if engine.core2.holds(q):  # no replica floor on core 2: it holds from the owner's signed start
+        state2 = await engine.core2.value(q)
+        meta, (start, end), owner_start, floor = dict(state2.meta), state2.held, state2.held[0], 0
+    else:
+        state = engine.state(q)
+        meta, start, end, floor = state.meta_dict, state.start, state.held_end, state.floor
+        owner_start = state.head.start if state.head else 0
+    policy, problems = policy_from_meta(meta)
     held_bytes = await engine.inspect(lambda reader: prune.stored_bytes(reader.conn, q))
     service = ctx.retention
     reply: dict[str, Any] = {
@@ -72,15 +78,22 @@ async def retention_get(ctx: Context, request: Request) -> Reply:
         "owned": owned,
         "policy": policy.to_wire(),
         "problems": problems,
-        "start_offset": state.start,
-        "end_offset": state.held_end,
-        "owner_start": state.head.start if state.head else 0,
-        "records": state.held_end - state.start,
+        "start_offset": start,
+        "end_offset": end,
+        "owner_start": owner_start,
+        "records": end - start,
         "bytes": held_bytes,
-        "floor": state.floor,
-        "replica_max_bytes": None if owned or service is None else service.cap(q),
+        "floor": floor,
+        "replica_max_bytes": None if owned or service is None or engine.core2.holds(q) else service.cap(q),
     }
     return reply
+
+
+async def _meta(ctx: Context, q: int) -> dict[str, str]:
+    """A queue's signed metadata on either fork core."""
+    if ctx.engine.core2.holds(q):
+        return dict((await ctx.engine.core2.value(q)).meta)
+    return ctx.engine.state(q).meta_dict
 
 
 async def queue_verify(ctx: Context, request: Request) -> Reply:

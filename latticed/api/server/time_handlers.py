@@ -20,11 +20,11 @@ async def offsets_for_times(ctx: Context, request: Request) -> Reply:
     q = ctx.queue(request)
     timestamp = arg_int(request, "timestamp")
     found = await ctx.engine.inspect(lambda reader: offset_for_time(reader.conn, q, timestamp))
-    state = ctx.engine.state(q)
-    if found is not None and found[0] < state.start:  # read before a truncation that has committed since
+    start, end = await ctx.engine.bounds(q)  # either fork core
+    if found is not None and found[0] < start:  # read before a truncation that has committed since
         found = await ctx.engine.inspect(lambda reader: offset_for_time(reader.conn, q, timestamp))
     offset, ts = found if found is not None else (None, None)
-    return {"queue": ctx.engine.address(q), "offset": offset, "timestamp": ts, "end": state.held_end}
+    return {"queue": ctx.engine.address(q), "offset": offset, "timestamp": ts, "end": end}
 
 
 #: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).

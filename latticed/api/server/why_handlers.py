@@ -25,6 +25,52 @@ def clock_text(wall: float) -> str:
 async def queue_why(ctx: Context, request: Request) -> Reply:
     """``verdict``, ``holds``, ``exists_end``, ``behind``, ``peers`` (one row each), ``owned``."""
     q = ctx.queue(request)
+    if ctx.engine.core2.holds(q):
+        facts, cap = await _core2_facts(ctx, q), None  # no replica cap on core 2
+    else:
+        facts, cap = _facts(ctx, q)
+    service = ctx.replication
+    return {
+        "queue": facts.address,
+        "owned": facts.owned,
+        "verdict": verdict(facts, clock_text),
+        "holds": [facts.held_start, facts.held_end],
+        "start": facts.start,
+        "known_end": facts.known_end,
+        "exists_end": facts.exists_end,
+        "behind": facts.behind,
+        "replica_cap": cap,
+        "fork_proof": facts.fork_proof,
+        "replicating": service is not None,
+        "peers": [dataclasses.asdict(p) for p in facts.peers],
+    }
+
+
+async def _core2_facts(ctx: Context, q: int) -> QueueFacts:
+    """A core-2 queue's facts: held from its owner's signed start (no replica cap on core 2), frozen at
+    its fork point if forked (no proof: the branches' heads are the evidence)."""
+    core2 = ctx.engine.core2
+    row, state = core2.row(q), await core2.value(q)
+    service = ctx.replication
+    start, end = state.held
+    tips = state.chains.tips
+    return QueueFacts(
+        address=core2.address(q),
+        owned=core2.owned(q),
+        start=start,
+        held_start=start,
+        held_end=end,
+        known_end=max((t.head.end for t in tips), default=end),
+        forked=state.forked,
+        fork_at=state.chains.fork_point,
+        fork_proof=None,
+        capped=False,
+        peers=service.queue_peers(row.owner, row.name, row.kind) if service is not None else [],
+    )
+
+
+def _facts(ctx: Context, q: int) -> tuple[QueueFacts, int | None]:
+    """A core-1 queue's facts, and the replica cap this daemon enforces on it (None: none)."""
     state = ctx.engine.state(q)
     service = ctx.replication
     peers = service.queue_peers(state.owner, state.name, state.kind) if service is not None else []
@@ -44,20 +90,7 @@ async def queue_why(ctx: Context, request: Request) -> Reply:
         capped=cap is not None and state.start > signed_start,
         peers=peers,
     )
-    return {
-        "queue": facts.address,
-        "owned": facts.owned,
-        "verdict": verdict(facts, clock_text),
-        "holds": [facts.held_start, facts.held_end],
-        "start": facts.start,
-        "known_end": facts.known_end,
-        "exists_end": facts.exists_end,
-        "behind": facts.behind,
-        "replica_cap": cap,
-        "fork_proof": facts.fork_proof,
-        "replicating": service is not None,
-        "peers": [dataclasses.asdict(p) for p in peers],
-    }
+    return facts, cap
 
 
 #: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
