@@ -341,11 +341,18 @@ def test_offer_file_shows_a_progress_bar_on_a_terminal_only(
 
 def test_tail_follow_sees_a_later_record_and_stops_on_ctrl_c(daemon: Daemon, qname: str) -> None:
     daemon.ok("offer", qname, "before")
-    proc = subprocess.Popen(
-        daemon.script("tail", qname, "--from", "0", "--follow", "--json"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    # Ctrl-C as a terminal gives it: a test run started in the background (CI under `cmd &`) has SIGINT
+    # ignored, which a child inherits (Python then installs no KeyboardInterrupt handler); a handler here
+    # is reset to the default at exec.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            daemon.script("tail", qname, "--from", "0", "--follow", "--json"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         assert proc.stdout is not None
         lines = Lines(proc.stdout)
