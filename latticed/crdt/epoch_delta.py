@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from latticed.crdt.core_errors import EquivocationError, MalformedError
 from latticed.crdt.epochs import Chains, Tip, join, start_rank, verify
+from latticed.crdt.fold_index import prefix_fold
 from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, is_leaf, next_log
 
 __all__ = ["LogDelta", "LogSummary", "delta", "merge", "summary", "vouches"]
@@ -46,6 +47,8 @@ def _known(value: Chains) -> tuple[Leaf, ...]:
 
 def summary(value: Chains) -> LogSummary:
     known = _known(value)
+    if not value.forked and value.tips:  # verified: the newest head's log folds the leaves before it
+        return LogSummary(value.epoch, len(known), next_log(value.tips[0].head))
     return LogSummary(value.epoch, len(known), fold(genesis(value.queue_id, value.epoch), known))
 
 
@@ -58,7 +61,10 @@ def delta(value: Chains, since: LogSummary | None) -> LogDelta | None:
     if since is None or since.epoch < value.epoch:
         return LogDelta(0, origin, value)
     base = min(since.known, len(value.shared))
-    base_fold = fold(origin, value.shared[:base])
+    if base == len(value.shared) and not value.forked:
+        base_fold = value.tips[0].head.log  # verified: the newest head's log folds every shared leaf
+    else:
+        base_fold = prefix_fold(origin, value.shared, base)
     if since.known <= len(value.shared) and base_fold != since.fold:
         return LogDelta(0, origin, value)  # the histories part below what the peer knows: all of it
     return LogDelta(base, base_fold, replace(value, shared=value.shared[base:]))
@@ -76,11 +82,20 @@ def merge(value: Chains, piece: LogDelta) -> Chains:
         return appended
     known = _known(value) if piece.value.epoch == value.epoch else ()
     origin = genesis(piece.value.queue_id, piece.value.epoch)
-    if piece.base > len(known) or fold(origin, known[: piece.base]) != piece.base_fold:
+    if piece.base > len(known) or _fold_known(value, known, origin, piece.base) != piece.base_fold:
         raise ValueError("a delta that leaves out leaves this replica does not hold")
     whole = replace(piece.value, shared=known[: piece.base] + piece.value.shared, held_end=0)
+    if (whole.shared, whole.tips, whole.start_head) == (value.shared, value.tips, value.start_head):
+        return value  # what we hold (verified when it joined): a chunk's log we already have
     verify(whole)
     return join(value, whole)
+
+
+def _fold_known(value: Chains, known: tuple[Leaf, ...], origin: bytes, n: int) -> bytes:
+    """``fold(origin, known[:n])``: our newest head's log folds all our shared leaves (verified)."""
+    if known and n == len(value.shared) and not value.forked:
+        return value.tips[0].head.log
+    return prefix_fold(origin, known, n)
 
 
 def _append(value: Chains, piece: LogDelta) -> Chains | None:
@@ -96,6 +111,8 @@ def _append(value: Chains, piece: LogDelta) -> Chains | None:
     if new.start_head is None:
         raise EquivocationError("tips that do not branch at the shared leaves")
     for signed in (head, new.start_head):
+        if signed == value.start_head:
+            continue  # verified when it joined our value
         signed.verify(value.owner, value.queue_id)
         if signed.epoch != value.epoch:
             raise MalformedError("a head of another epoch")

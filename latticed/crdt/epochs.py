@@ -1,18 +1,15 @@
 """What a replica knows of one queue's chain of v2 heads, and where a forked queue is frozen.
 
 An honest owner's heads form one chain; a replica knows a prefix of it (the leaves of every version up to
-its newest head, :mod:`latticed.crdt.head2`). Everything replicas saw together forms a tree of such
-chains; a replica keeps that tree cut at its first branching: the ``shared`` leaves and, past them, one
-:class:`Tip` per branch (the newest signed head through that leaf, and the leaves from the branch on).
-One tip: not forked. Two or more: the owner signed two histories, the tips with ``shared`` are a proof
-anyone can check with the owner's key (:func:`verify`), and the queue is frozen at the end of the last
-shared head (:attr:`Chains.fork_point`): its records are ``[start, fork point)``, which every branch
-vouches for, with ``start`` the highest signed start seen.
+its newest head, :mod:`latticed.crdt.head2`). What replicas saw together forms a tree of such chains, kept
+cut at its first branching: the ``shared`` leaves and one :class:`Tip` per branch past them (its newest
+signed head, the leaves from the branch on). Two or more tips: the owner signed two histories, a proof
+anyone can check with its key (:func:`verify`), and the queue is frozen at the end of the last shared head
+(:attr:`Chains.fork_point`): its records are ``[start, fork point)``, ``start`` the highest signed start.
 
 The cut of a union of trees is the cut of the union of their cuts, so :func:`join` (cut of the union, the
 highest ``(start, version, bytes)`` head, the furthest held end below the bound) is commutative,
-associative and idempotent: a superseded head or a truncation throws away nothing a later join needs.
-A higher epoch (the owner's recovery) supersedes every lower one whole.
+associative and idempotent; a higher epoch (the owner's recovery) supersedes every lower one whole.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from latticed.crdt.core_errors import EquivocationError, MalformedError, WrongOwnerError
+from latticed.crdt.fold_index import prefix_fold
 from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, is_leaf
 
 __all__ = ["Chains", "Tip", "empty", "join", "replica", "start_rank", "verify"]
@@ -57,9 +55,7 @@ class Chains:
     @property
     def fork_point(self) -> int | None:
         """The end of the last head every branch shares (0 if they part at an epoch's first head)."""
-        if not self.forked:
-            return None
-        return self.shared[-1][1] if self.shared else 0
+        return (self.shared[-1][1] if self.shared else 0) if self.forked else None
 
     @property
     def start(self) -> int:
@@ -69,9 +65,7 @@ class Chains:
     def upper(self) -> int:
         """The end of what may be held: the fork point if frozen, else the newest head's end."""
         point = self.fork_point
-        if point is not None:
-            return point
-        return self.tips[0].head.end if self.tips else 0
+        return point if point is not None else (self.tips[0].head.end if self.tips else 0)
 
     @property
     def held(self) -> tuple[int, int]:
@@ -100,12 +94,9 @@ def start_rank(head: HeadV2 | None) -> tuple[int, int, bytes]:
 
 def _split(branches: list[tuple[tuple[Leaf, ...], HeadV2]]) -> int | None:
     """The first index at which two branches hold different leaves (None: all lie on one chain)."""
-    found: int | None = None
-    for (x, _), (y, _) in itertools.combinations(branches, 2):
-        index = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
-        if index is not None and (found is None or index < found):
-            found = index
-    return found
+    pairs = itertools.combinations((leaves for leaves, _ in branches), 2)
+    firsts = (next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None) for x, y in pairs)
+    return min((i for i in firsts if i is not None), default=None)
 
 
 def join(a: Chains, b: Chains) -> Chains:
@@ -138,17 +129,13 @@ def verify(value: Chains) -> None:
     """Raise unless every head is the owner's and every leaf is covered by a signature: then a forked
     value proves the fork to anyone (:class:`EquivocationError` for a value in no normal form).
     ``held_end`` is a replica's progress, not checked here: the records it claims verify on their own."""
-    heads = [t.head for t in value.tips]
-    if value.start_head is not None:
-        heads.append(value.start_head)
-    for head in heads:
+    for head in [t.head for t in value.tips] + ([] if value.start_head is None else [value.start_head]):
         head.verify(value.owner, value.queue_id)
         if head.epoch != value.epoch:
             raise MalformedError("a head of another epoch")
-    leaves = [*value.shared, *(leaf for tip in value.tips for leaf in tip.tail)]
-    if any(not is_leaf(leaf) for leaf in leaves):
+    if not all(map(is_leaf, (*value.shared, *(leaf for tip in value.tips for leaf in tip.tail)))):
         raise MalformedError("a leaf is a 32-byte digest and an offset")
-    base = fold(genesis(value.queue_id, value.epoch), value.shared)
+    base = prefix_fold(genesis(value.queue_id, value.epoch), value.shared, len(value.shared))
     for tip in value.tips:
         if fold(base, tip.tail) != tip.head.log or len(value.shared) + len(tip.leaves()) != tip.head.version:
             raise EquivocationError("leaves that the head's log does not cover")

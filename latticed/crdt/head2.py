@@ -96,6 +96,8 @@ class HeadV2:
     meta_hash: bytes
     timestamp: int
     signature: bytes = b""
+    #: :meth:`leaf`, computed once (a catch-up asks each body for it several times); not a field.
+    _leaf: Leaf | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def body(self) -> bytes:
         return HEAD2_NAMESPACE + _BODY.pack(
@@ -117,7 +119,11 @@ class HeadV2:
 
     def leaf(self) -> Leaf:
         """This head's entry in the log (two signatures over one body are one statement)."""
-        return body_digest(self.body()), self.end
+        leaf = self._leaf
+        if leaf is None:
+            leaf = body_digest(self.body()), self.end
+            object.__setattr__(self, "_leaf", leaf)
+        return leaf
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> HeadV2:

@@ -26,22 +26,30 @@ def decode_versions(prev: HeadV2, raw: bytes, chain_at: Callable[[int], bytes | 
     if not isinstance(raw, bytes):
         raise MalformedError("a log's steps are bytes")
     out: list[HeadV2 | Leaf] = []
-    at, log = 0, next_log(prev)
+    at, log, size = 0, next_log(prev), len(raw)
     version, start, end, base = prev.version, prev.start, prev.end, prev.base_hash
     timestamp, meta_version, meta_hash = prev.timestamp, prev.meta_version, prev.meta_hash
-    while at < len(raw):
+    queue_id, epoch, append = prev.queue_id, prev.epoch, out.append
+    while at < size:
         flags = raw[at]
-        step, at = _read_varint(raw, at + 1)
+        if at + 2 < size and raw[at + 1] < 0x80 and raw[at + 2] < 0x80:  # both steps one byte: most
+            step, zigzag, at = raw[at + 1], raw[at + 2], at + 3
+        else:
+            step, at = _read_varint(raw, at + 1)
+            zigzag = -1
         end, version = end + step, version + 1
         if flags & ~(_START | _META | _LEAF) or (flags & _LEAF and flags != _LEAF) or end > MAX_OFFSET:
             raise MalformedError("a log step with unknown flags or past the last offset")
         if flags & _LEAF:
+            if zigzag >= 0:
+                at -= 1  # the second byte read was the digest's first
             leaf = (_take(raw, at, 32), end)
             at += 32
-            out.append(leaf)
+            append(leaf)
             log = fold_one(log, *leaf)
             continue
-        zigzag, at = _read_varint(raw, at)
+        if zigzag < 0:
+            zigzag, at = _read_varint(raw, at)
         timestamp += -((zigzag + 1) >> 1) if zigzag & 1 else zigzag >> 1
         if flags & _START:
             step, at = _read_varint(raw, at)
@@ -58,8 +66,8 @@ def decode_versions(prev: HeadV2, raw: bytes, chain_at: Callable[[int], bytes | 
         if len(base) != 32 or top is None:
             raise GapError(f"a head over records this replica does not hold ([{start}, {end}))")
         body = HeadV2(
-            prev.queue_id, prev.epoch, version, log, start, end, base, top, meta_version, meta_hash, timestamp
+            queue_id, epoch, version, log, start, end, base, top, meta_version, meta_hash, timestamp
         )
-        out.append(body)
+        append(body)
         log = fold_one(log, *body.leaf())
     return out

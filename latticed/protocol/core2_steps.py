@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from latticed.crdt import leaf_codec, queue2
+from latticed.crdt import chain_memo, leaf_codec, queue2
 from latticed.crdt.core_errors import GapError, MalformedError
 from latticed.crdt.epoch_delta import vouches
+from latticed.crdt.epochs import Chains
 from latticed.crdt.head2 import HeadV2, Leaf
 from latticed.crdt.leaf_bodies import decode_versions
 from latticed.crdt.queue2 import QueueState2
@@ -62,7 +63,7 @@ def outgoing(
         if top is not None:
             ours = link_summary(state).core
             implied = Summary2(queue2.Summary(ours.log, end, top))
-    packed, stepped = pack_steps(state, d) if steps else (d, None)
+    packed, stepped = pack_steps(state, d, since.log.known if since else None) if steps else (d, None)
     return Outgoing2(packed, stepped, implied)
 
 
@@ -72,21 +73,30 @@ def _trusted(state: QueueState2, version: int) -> HeadV2 | None:
     return next((h for h in heads if h.version == version and vouches(state.chains, h)), None)
 
 
-def pack_steps(state: QueueState2, d: queue2.Delta) -> tuple[queue2.Delta, Steps | None]:
+def pack_steps(
+    state: QueueState2, d: queue2.Delta, known: int | None = None
+) -> tuple[queue2.Delta, Steps | None]:
     """``d`` (from ``queue2.delta(state, ...)``) without the bodies that steps rebuild, nor the leaves of
-    its log they rebuild, and those steps (None: ``d`` goes as it is)."""
+    its log they rebuild, and those steps (None: ``d`` goes as it is). ``known`` is the leaf count of the
+    receiver's summary (None: no summary, a whole value). The steps go after our body of the version just
+    before the chunk's first when the receiver's log has it (it holds that body where its records end, or
+    it answers with a GapError and the link sends our whole value), else after the chunk's first body,
+    which then travels whole: a whole value's steps need nothing of the receiver."""
     log, bodies = d.log, d.bodies
     if log is None or log.value.forked or not bodies or state.forked:
         return d, None
     first, last = bodies[0].version, bodies[-1].version
-    if [b.version for b in bodies] != list(range(first, last + 1)) or first - 1 > log.base:
-        return d, None  # not one run of versions, or one the receiver does not know the start of
-    prev = _trusted(state, first - 1)
+    if [b.version for b in bodies] != list(range(first, last + 1)):
+        return d, None  # not one run of versions
+    prev = _trusted(state, first - 1) if known is not None and first - 1 <= log.base else None
+    own: tuple[HeadV2, ...] = ()
     if prev is None:
-        return d, None
+        if len(bodies) < 2:
+            return d, None
+        prev, own, bodies = bodies[0], bodies[:1], bodies[1:]
     lo, to = d.from_offset, d.from_offset + len(d.records)
     versions: list[HeadV2 | Leaf] = []
-    kept: list[HeadV2] = []
+    kept: list[HeadV2] = list(own)
     last_start = prev.start
     for body in bodies:
         if body.start == last_start or lo <= body.start <= to:
@@ -95,37 +105,47 @@ def pack_steps(state: QueueState2, d: queue2.Delta) -> tuple[queue2.Delta, Steps
         else:
             versions.append(body.leaf())
             kept.append(body)
-    if len(kept) == len(bodies):
+    if len(kept) == len(d.bodies):
         return d, None
     full = log.value.shared  # versions base+1 .. the tip's version - 1
-    shared = full[max(0, min(last - log.base, len(full))) :]  # past the last body's version
+    keep = max(0, prev.version - log.base)  # versions base+1 .. prev's, sent as they are
+    shared = (*full[:keep], *full[max(keep, min(last - log.base, len(full))) :])  # then past the last body's
     piece = replace(log, value=replace(log.value, shared=shared))
     return replace(d, log=piece, bodies=tuple(kept)), (prev.version, leaf_codec.encode(prev, versions))
 
 
 def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> queue2.Delta:
-    """``d`` with the bodies and leaves ``steps`` rebuild put back, against what ``state`` holds."""
+    """``d`` with the bodies and leaves ``steps`` rebuild put back, against what ``state`` holds (after
+    the body of the version they name: one in ``d``, else one ``state`` holds)."""
     if steps is None:
         return d
     version, raw = steps
     log = d.log
-    if log is None or version > log.base or len(log.value.tips) != 1:
-        raise MalformedError("steps come with an unforked log, after a version it names")
-    if state.chains.epoch != log.value.epoch:
-        raise GapError("steps after a head of another epoch")
-    prev = _trusted(state, version)
+    if log is None or len(log.value.tips) != 1:
+        raise MalformedError("steps come with an unforked log")
+    keep = max(0, version - log.base)  # the log's leaves of versions base+1 .. version come first
+    if keep > len(log.value.shared):
+        raise MalformedError("steps after a version past the log's leaves")
+    prev = next((b for b in d.bodies if b.version == version), None)
     if prev is None:
-        raise GapError(f"steps after version {version}, which this replica does not hold")
+        if keep:
+            raise MalformedError("steps after a version the delta neither starts from nor carries")
+        if state.chains.epoch != log.value.epoch:
+            raise GapError("steps after a head of another epoch")
+        prev = _trusted(state, version)
+        if prev is None:
+            raise GapError(f"steps after version {version}, which this replica does not hold")
     frm, records = d.from_offset, d.records
-    base = state.chain_at(frm)
+    base = _chain_base(state, log.value, frm)
     if base is None:
         raise GapError(f"records from {frm}, this replica holds {state.held}")
     chain = chain_extend(base, frm, records) if records else []
+    chain_memo.remember(base, frm, records, chain)  # verify_delta hashes the same records next
     end = frm + len(records)
 
     def chain_at(offset: int) -> bytes | None:
         if offset <= frm:
-            return state.chain_at(offset)
+            return base if offset == frm else state.chain_at(offset)
         return chain[offset - frm - 1] if offset <= end else None
 
     items = decode_versions(prev, raw, chain_at)
@@ -133,7 +153,20 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
     rebuilt = [i for i in items if isinstance(i, HeadV2)]
     # The leaves of versions base+1 .. up to the tip's (which is in the log as a head) go into the log.
     top = min(version + len(leaves), log.value.tips[0].head.version - 1)
-    shared = (*leaves[log.base - version : max(0, top - version)], *log.value.shared)
+    skip = max(0, log.base - version)
+    full = log.value.shared
+    shared = (*full[:keep], *leaves[skip : max(skip, top - version)], *full[keep:])
     bodies = tuple(sorted((*d.bodies, *rebuilt), key=lambda b: (b.end, b.version)))
     piece = replace(log, value=replace(log.value, shared=shared))
     return replace(d, log=piece, bodies=bodies)
+
+
+def _chain_base(state: QueueState2, value: Chains, frm: int) -> bytes | None:
+    """The chain value at ``frm`` that verifying the delta's records starts from: ours, or, when we hold
+    no records there, its start head's base (verification checks that head and the records)."""
+    if state.chains.epoch == value.epoch and state.chains.tips:
+        ours = state.chain_at(frm)
+        if ours is not None:
+            return ours
+    start = value.start_head
+    return start.base_hash if start is not None and frm == start.start else None

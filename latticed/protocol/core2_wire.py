@@ -18,9 +18,9 @@ decoding are untouched. Each is a msgpack array, type code first::
 
 ``shared`` and each ``tail`` are leaves packed 40 bytes each (digest, end as u64 big-endian); ``steps`` are
 the :mod:`~latticed.crdt.leaf_codec` steps of the versions after ``version`` whose bodies end inside the
-records, in place of those bodies and of their leaves in ``shared`` (:mod:`latticed.protocol.core2_steps`);
-heads are the
-296 signed bytes of :class:`~latticed.crdt.head2.HeadV2`; ``bodies`` are the 232 unsigned bytes of the
+records, in place of those bodies and of their leaves in ``shared`` (:mod:`latticed.protocol.core2_steps`;
+``version`` is one the receiver holds, or one of ``bodies``, whose leaves up to it ``shared`` keeps); heads
+are the 296 signed bytes of :class:`~latticed.crdt.head2.HeadV2`; ``bodies`` are the 232 unsigned bytes of the
 heads ending inside the records (the receiver checks them against the verified log); records are rows as
 in :mod:`latticed.crdt.wire`. ``heads`` is empty unless the value is forked: then a digest of its tips and
 start head (see :class:`Summary2`).
@@ -43,7 +43,7 @@ from latticed.crdt.epochs import Chains, Tip
 from latticed.crdt.head import check_name, fresh_queue_id
 from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HEAD2_SIZE, HeadV2, Leaf, next_log
 from latticed.crdt.queue2 import QueueState2
-from latticed.crdt.records import MAX_OFFSET
+from latticed.crdt.records import MAX_OFFSET, RecordRun
 from latticed.crdt.signing import blake2b
 from latticed.crdt.wire import pack, records_from_wire, records_to_wire
 from latticed.errors import LocalProtocolError, RemoteProtocolError
@@ -262,7 +262,7 @@ def delta_to_wire(d: queue2.Delta, steps: Steps | None = None) -> list[Any]:
         None if d.log is None else _log_to_wire(d.log),
         None if d.meta is None else [[k, v] for k, v in d.meta],
         d.from_offset,
-        records_to_wire(d.records),
+        records_to_wire(RecordRun.of(d.records)),  # zipped from columns: the bytes rows give, sooner
         [b.body() for b in d.bodies],
         *([] if steps is None else [[steps[0], steps[1]]]),
     ]
@@ -301,7 +301,7 @@ def delta_from_wire(raw: Any) -> tuple[queue2.Delta, Steps | None]:
         piece,
         pairs,
         _offset(from_offset, "a first offset"),
-        tuple(records_from_wire(records)),
+        records_from_wire(records),  # a run, checked a column at a time: verify_delta does not repeat it
         tuple(_body(b) for b in _list(bodies, None, "bodies")),
     )
     return delta, steps

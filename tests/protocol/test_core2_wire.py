@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 from support.queue2_histories import OWNER, catch_up, empty, extend, states
 
 from latticed.crdt import leaf_codec, queue2
+from latticed.crdt import records as records_module
 from latticed.crdt.core_errors import GapError, IntegrityError, MalformedError
-from latticed.crdt.head2 import HeadV2
+from latticed.crdt.head2 import HeadV2, next_log
 from latticed.crdt.leaf_bodies import decode_versions
 from latticed.crdt.queue2 import QueueState2
-from latticed.crdt.records import Record
+from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.wire import pack
 from latticed.errors import RemoteProtocolError
 from latticed.protocol.core2_steps import pack_steps, unpack_steps
@@ -247,13 +248,20 @@ def test_a_delta_sent_with_steps_joins_as_the_whole_delta(
     pair: tuple[QueueState2, QueueState2], size: int | None
 ) -> None:
     """Bodies (and leaves) sent as steps after a body the receiver holds are rebuilt to the same delta:
-    joining it does what joining the whole one does, through the wire."""
+    joining it does what joining the whole one does, through the wire. A receiver may lack the body the
+    steps start from (a forked one, one whose records end below that head): that delta is a GapError
+    (nothing joined), and the link's next offer, our whole value, joins as it would whole."""
     source, replica = pair
-    whole = queue2.delta(source, queue2.summary(replica), size)
-    packed, steps = pack_steps(source, whole)
+    since = queue2.summary(replica)
+    whole = queue2.delta(source, since, size)
+    packed, steps = pack_steps(source, whole, since.log.known)
     received = _decode(encode2(Delta2(1, link_summary(source), packed, steps)))
     assert isinstance(received, Delta2) and received.steps == steps
-    assert _apply(replica, received.delta, received.steps) == _apply(replica, whole)
+    outcome = _apply(replica, received.delta, received.steps)
+    if outcome is GapError and _apply(replica, whole) is not GapError:
+        whole = queue2.delta(source, None, size)
+        packed, steps = pack_steps(source, whole)
+    assert _apply(replica, packed, steps) == _apply(replica, whole)
 
 
 def test_a_catch_up_of_single_offers_sends_bodies_as_steps() -> None:
@@ -261,8 +269,9 @@ def test_a_catch_up_of_single_offers_sends_bodies_as_steps() -> None:
     for i in range(40):
         state = queue2.commit(state, OWNER, now_ms=1000 + i, records=[Record(value=b"v")])
     replica = catch_up(empty(), state, 1, 10)
-    whole = queue2.delta(state, queue2.summary(replica), 10)
-    packed, steps = pack_steps(state, whole)
+    since = queue2.summary(replica)
+    whole = queue2.delta(state, since, 10)
+    packed, steps = pack_steps(state, whole, since.log.known)
     assert steps is not None and not packed.bodies and len(whole.bodies) == 10
     plain, stepped = (
         len(encode2(Delta2(1, link_summary(state), whole))),
@@ -270,6 +279,39 @@ def test_a_catch_up_of_single_offers_sends_bodies_as_steps() -> None:
     )
     assert stepped < plain - 10 * 200  # about 3 bytes a version instead of a 232-byte body
     assert _apply(replica, packed, steps) == _apply(replica, whole)
+
+
+def test_a_first_chunk_to_a_new_replica_sends_bodies_as_steps_after_its_first_body() -> None:
+    """A replica that holds nothing has no body to start steps from: the chunk's first body travels
+    whole and the others as steps after it, and it joins as the whole delta does."""
+    state = empty()
+    for i in range(40):
+        state = queue2.commit(state, OWNER, now_ms=1000 + i, records=[Record(value=b"v")])
+    for since in (None, queue2.summary(empty())):
+        whole = queue2.delta(state, since, 10)
+        packed, steps = pack_steps(state, whole)
+        assert steps is not None and packed.bodies == whole.bodies[:1] and steps[0] == whole.bodies[0].version
+        plain, stepped = (
+            len(encode2(Delta2(1, link_summary(state), whole))),
+            len(encode2(Delta2(1, link_summary(state), packed, steps))),
+        )
+        assert stepped < plain - 9 * 200
+        got = _decode(encode2(Delta2(1, link_summary(state), packed, steps)))
+        assert isinstance(got, Delta2) and _apply(empty(), got.delta, got.steps) == _apply(empty(), whole)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs(), st.sampled_from([None, 1, 2, 5]), st.booleans())
+def test_a_delta_to_a_replica_that_holds_nothing_joins_as_the_whole_delta_with_steps(
+    pair: tuple[QueueState2, QueueState2], size: int | None, summarised: bool
+) -> None:
+    source, _ = pair
+    since = queue2.summary(empty()) if summarised else None
+    whole = queue2.delta(source, since, size)
+    packed, steps = pack_steps(source, whole)
+    received = _decode(encode2(Delta2(1, link_summary(source), packed, steps)))
+    assert isinstance(received, Delta2) and received.steps == steps
+    assert _apply(empty(), received.delta, received.steps) == _apply(empty(), whole)
 
 
 @settings(max_examples=300, deadline=None)
@@ -296,8 +338,10 @@ def test_bodies_rebuilt_from_steps_have_the_leaves_leaf_codec_rebuilds(
         return
     first = data.draw(st.integers(0, len(bodies) - 2))
     prev, versions = bodies[first], list[HeadV2]()
-    for body in bodies[first + 1 :]:
-        if body.version != prev.version + len(versions) + 1:
+    for body in bodies[first + 1 :]:  # one chain: a forked value holds bodies of several branches
+        if body.version != prev.version + len(versions) + 1 or body.log != next_log(
+            versions[-1] if versions else prev
+        ):
             break
         versions.append(body)
     raw = leaf_codec.encode(prev, versions)
@@ -313,3 +357,33 @@ def test_bodies_rebuilt_from_steps_have_the_leaves_leaf_codec_rebuilds(
         == expected
         == [b.leaf() for b in versions]
     )
+
+
+def test_a_decoded_delta_keeps_its_records_as_one_run_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records arrive as a checked run (columns, as core 1's): verifying them checks none again,
+    and the run verifies and joins as the tuple that was sent."""
+    source = empty()
+    for i in range(3):
+        records = [Record(value=b"%d.%d" % (i, j), timestamp=i) for j in range(50)]
+        source = queue2.commit(source, OWNER, now_ms=i, records=records)
+    sent = queue2.delta(source, None)
+    received = _decode(encode2(Delta2(1, link_summary(source), sent)))
+    assert isinstance(received, Delta2) and type(received.delta.records) is RecordRun
+    checked: list[Record] = []
+    monkeypatch.setattr(records_module, "check_record", checked.append)
+    verified = queue2.verify_delta(empty(), received.delta)
+    assert not checked and type(verified.records) is RecordRun
+    assert queue2.join_verified(empty(), verified) == queue2.join_verified(
+        empty(), queue2.verify_delta(empty(), sent)
+    )
+
+
+def test_a_deltas_records_go_out_as_the_rows_of_core_1s_wire() -> None:
+    """Records are encoded from columns: the same bytes as one row per record, headers included."""
+    state = empty()
+    records = [Record(value=b"v%d" % i, key=b"k" if i % 2 else None, timestamp=i) for i in range(20)]
+    records[3] = Record(value=b"h", timestamp=3, headers=(("a", b"1"), ("b", b"2")))
+    state = queue2.commit(state, OWNER, now_ms=1, records=records)
+    d = queue2.delta(state, None)
+    rows = [[r.key, r.value, r.timestamp, [[k, v] for k, v in r.headers]] for r in d.records]
+    assert pack(delta_to_wire(d)[6]) == pack(rows)

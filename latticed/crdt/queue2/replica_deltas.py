@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from latticed.crdt import epoch_delta
+from latticed.crdt import chain_memo, epoch_delta
 from latticed.crdt.core_errors import GapError, MalformedError, TamperedError, WrongOwnerError
 from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains
@@ -27,7 +28,7 @@ from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.queue.state import Meta, empty_entries
 from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies
-from latticed.crdt.records import Record, chain_extend, check_records
+from latticed.crdt.records import Record, RecordRun, chain_extend, check_records
 
 __all__ = ["Delta", "Merged", "Summary", "Verified", "delta", "join_verified", "summary", "verify_delta"]
 
@@ -42,7 +43,9 @@ class Summary:
 @dataclass(frozen=True, slots=True)
 class Delta:
     """Leaves a peer lacks, the start head's metadata, and records ``[from_offset, ...)`` with the
-    unsigned bodies of the heads that end inside them (the last ends where they end)."""
+    unsigned bodies of the heads that end inside them (the last ends where they end). ``records`` is a
+    tuple or a :class:`~latticed.crdt.records.RecordRun` (as the wire decodes it: checked a column at a
+    time, once)."""
 
     owner: bytes
     name: str
@@ -50,7 +53,7 @@ class Delta:
     log: LogDelta | None = None
     meta: Meta | None = None
     from_offset: int = 0
-    records: tuple[Record, ...] = ()
+    records: Sequence[Record] = ()
     bodies: tuple[HeadV2, ...] = ()
 
 
@@ -62,7 +65,7 @@ class Verified:
     chains: Chains
     meta: Meta
     from_offset: int
-    records: tuple[Record, ...]
+    records: Sequence[Record]  #: a slice of the delta's records (a run stays a run)
     chain: tuple[bytes, ...]
     bodies: tuple[HeadV2, ...]
 
@@ -126,8 +129,8 @@ def _check_shape(d: Delta) -> None:
         raise MalformedError("a delta's log is a LogDelta")
     if type(d.from_offset) is not int or d.from_offset < 0:
         raise MalformedError("a delta's first offset is a non-negative integer")
-    if not isinstance(d.records, tuple) or not isinstance(d.bodies, tuple):
-        raise MalformedError("a delta's records and bodies are tuples")
+    if type(d.records) not in (tuple, RecordRun) or not isinstance(d.bodies, tuple):
+        raise MalformedError("a delta's records are a tuple or a run, its bodies a tuple")
     if not all(isinstance(b, HeadV2) for b in d.bodies):
         raise MalformedError("a delta's bodies are v2 heads")
     if d.meta is not None and (
@@ -171,7 +174,7 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     base = state.chain_at(first) if first > lo else _base(chains, state)
     assert base is not None
     records = d.records[first - d.from_offset : end - d.from_offset]
-    chain = chain_extend(base, first, records)
+    chain = chain_memo.take(base, first, records) or chain_extend(base, first, records)
     bodies = tuple(b for b in d.bodies if first < b.end <= end)
     if chains.forked:  # heads past the first branching of a branch the frozen value does not keep
         bodies = tuple(b for b in bodies if epoch_delta.vouches(chains, b))
