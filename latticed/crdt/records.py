@@ -158,6 +158,11 @@ class RecordRun(Sequence[Record]):
             object.__setattr__(run, "_checked", True)
         return run
 
+    def __reduce__(self) -> tuple[type[RecordRun], tuple[Any, ...]]:
+        """Pickled as its columns (a store job holding a delta read as a run crosses processes in the
+        crash tests); it comes back unchecked, as any run built from columns."""
+        return RecordRun, (self.values, self.keys, self.timestamps, self.headers)
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"a RecordRun is immutable (cannot set {name!r})")
 

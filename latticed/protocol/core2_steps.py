@@ -81,7 +81,8 @@ def pack_steps(
     receiver's summary (None: no summary, a whole value). The steps go after our body of the version just
     before the chunk's first when the receiver's log has it (it holds that body where its records end, or
     it answers with a GapError and the link sends our whole value), else after the chunk's first body,
-    which then travels whole: a whole value's steps need nothing of the receiver."""
+    which then travels whole, if the chunk starts at the start head's start: a whole value's steps need
+    nothing of the receiver (it may hold another branch's records there)."""
     log, bodies = d.log, d.bodies
     if log is None or log.value.forked or not bodies or state.forked:
         return d, None
@@ -91,8 +92,9 @@ def pack_steps(
     prev = _trusted(state, first - 1) if known is not None and first - 1 <= log.base else None
     own: tuple[HeadV2, ...] = ()
     if prev is None:
-        if len(bodies) < 2:
-            return d, None
+        start = log.value.start_head
+        if len(bodies) < 2 or start is None or d.from_offset != start.start:
+            return d, None  # the receiver rebuilds from the start head's base: its own chain may be a fork's
         prev, own, bodies = bodies[0], bodies[:1], bodies[1:]
     lo, to = d.from_offset, d.from_offset + len(d.records)
     versions: list[HeadV2 | Leaf] = []
@@ -127,6 +129,7 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
     if keep > len(log.value.shared):
         raise MalformedError("steps after a version past the log's leaves")
     prev = next((b for b in d.bodies if b.version == version), None)
+    own = prev is not None
     if prev is None:
         if keep:
             raise MalformedError("steps after a version the delta neither starts from nor carries")
@@ -136,7 +139,7 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
         if prev is None:
             raise GapError(f"steps after version {version}, which this replica does not hold")
     frm, records = d.from_offset, d.records
-    base = _chain_base(state, log.value, frm)
+    base = _chain_base(state, log.value, frm, ours=not own)
     if base is None:
         raise GapError(f"records from {frm}, this replica holds {state.held}")
     chain = chain_extend(base, frm, records) if records else []
@@ -161,12 +164,14 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
     return replace(d, log=piece, bodies=bodies)
 
 
-def _chain_base(state: QueueState2, value: Chains, frm: int) -> bytes | None:
+def _chain_base(state: QueueState2, value: Chains, frm: int, *, ours: bool = True) -> bytes | None:
     """The chain value at ``frm`` that verifying the delta's records starts from: ours, or, when we hold
-    no records there, its start head's base (verification checks that head and the records)."""
-    if state.chains.epoch == value.epoch and state.chains.tips:
-        ours = state.chain_at(frm)
-        if ours is not None:
-            return ours
+    no records there, its start head's base (verification checks that head and the records). Steps after
+    the delta's own first body (``ours`` False) come with a log we may not share: our records at ``frm``
+    may be another branch's, so only the start head's base rebuilds the sender's bodies."""
+    if ours and state.chains.epoch == value.epoch and state.chains.tips:
+        held = state.chain_at(frm)
+        if held is not None:
+            return held
     start = value.start_head
     return start.base_hash if start is not None and frm == start.start else None

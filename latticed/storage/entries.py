@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from latticed.crdt.records import Record, join_records
+from latticed.crdt.records import Record, RecordRun, join_records
 from latticed.errors import GapError
 from latticed.storage import segments
 
@@ -23,6 +23,7 @@ class RowSource(Protocol):
     def record(self, q: int, off: int) -> Record | None: ...
     def chain(self, q: int, off: int) -> bytes | None: ...
     def records(self, q: int, lo: int, hi: int) -> list[Record]: ...
+    def run(self, q: int, lo: int, hi: int) -> RecordRun: ...
 
 
 class SqlRows:
@@ -45,6 +46,23 @@ class SqlRows:
         for segment in segments.scan(self.conn, q, lo, hi):
             out.extend(segment.records(lo, hi))
         return out
+
+    def run(self, q: int, lo: int, hi: int) -> RecordRun:
+        """Rows ``[lo, hi)`` as a run: the segments' columns, no Record built (a delta sends them)."""
+        keys: list[bytes | None] = []
+        values: list[bytes] = []
+        timestamps: list[int] = []
+        headers: list[Any] = []
+        for segment in segments.scan(self.conn, q, lo, hi):
+            part = segment if lo <= segment.first and segment.end <= hi else segment.slice(lo, hi)
+            keys += part.keys
+            values += part.values
+            timestamps += part.timestamps
+            headers += part.headers
+        column = None
+        if headers.count(None) != len(headers):
+            column = [tuple((k, v) for k, v in h) if h else () for h in headers]
+        return RecordRun(values, keys, timestamps, column)
 
 
 def _missing(q: int, off: int) -> GapError:
@@ -155,6 +173,24 @@ class StoredEntries:
                 raise _missing(self.q, self._lo + lo + len(out))
         if hi > self._stored:
             out.extend(self._overlay_records[max(lo - self._stored, 0) : hi - self._stored])
+        return out
+
+    def run(self, lo: int = 0, hi: int | None = None) -> Sequence[Record]:
+        """:meth:`records` as a run where the rows are stored (read a column at a time: what a delta
+        sends needs no Record per row), joined with the overlay's."""
+        n = len(self)
+        hi = n if hi is None else min(hi, n)
+        lo = max(lo, 0)
+        if lo >= hi:
+            return ()
+        out: Sequence[Record] = ()
+        if lo < self._stored:
+            stop = min(hi, self._stored)
+            out = self._source.run(self.q, self._lo + lo, self._lo + stop)
+            if len(out) != stop - lo:
+                raise _missing(self.q, self._lo + lo + len(out))
+        if hi > self._stored:
+            out = join_records(out, self._overlay_records[max(lo - self._stored, 0) : hi - self._stored])
         return out
 
     def extend(self, records: Sequence[Record], chains: Sequence[bytes]) -> StoredEntries:

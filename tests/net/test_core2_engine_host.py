@@ -5,17 +5,20 @@ core-2 delta of a queue held here on core 1 refused without closing anything."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from latticed.crdt import queue2
-from latticed.crdt.records import Record, make_record
+from latticed.crdt.records import Record, RecordRun, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import IntegrityError
 from latticed.net.core2_engine_host import EngineCore2Host
-from latticed.protocol.core2_wire import link_summary
+from latticed.protocol.core2_wire import Delta2, encode2, link_summary
 from latticed.storage.engine import Engine
+from latticed.storage.entries import SqlRows
 
 ALICE = Identity.from_seed(b"a" * 32)
 BOB = Identity.from_seed(b"b" * 32)
@@ -88,3 +91,48 @@ async def _core1_replica_of(owner: Engine, replica: Engine, name: str) -> int:
     found = replica.find(state.owner, state.name, state.kind)
     assert found is not None
     return found
+
+
+async def test_a_catch_up_chunk_is_read_from_the_store_once_as_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk sized by bytes reads its rows once, a column at a time (no Record per row: that was most
+    of a catch-up sender's time), and goes on the wire as the records would; the replica joins it."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    reads: list[str] = []
+    for method in ("records", "run"):
+        original = getattr(SqlRows, method, None)
+
+        def counted(self: SqlRows, q: int, lo: int, hi: int, _f: Any = original, _m: str = method) -> Any:
+            reads.append(_m)
+            return _f(self, q, lo, hi)
+
+        monkeypatch.setattr(SqlRows, method, counted, raising=False)
+    async with Engine.open(tmp_path / "a", ALICE) as a, Engine.open(tmp_path / "b", BOB) as b:
+        owner, replica = EngineCore2Host(a), EngineCore2Host(b)
+        q = await a.core2.create("q")
+        written = [
+            make_record(
+                f"v{i}",
+                key=f"k{i}" if i % 2 else None,
+                headers={"h": "x"} if i % 3 else None,
+                timestamp=NOW + i,
+            )
+            for i in range(20)
+        ]
+        for i in range(0, 20, 5):
+            await a.core2.commit(q, written[i : i + 5])
+        key = (ALICE.public_key, "q", 0)
+        reads.clear()
+        out = await owner.delta2_for(key, None, 12, 1 << 20)  # ends at the body of the 10th record
+        assert out is not None and reads == ["run"]
+        assert type(out.delta.records) is RecordRun and list(out.delta.records) == written[:10]
+        assert pickle.loads(pickle.dumps(out.delta)) == out.delta  # a store job may cross processes
+        ours = owner.summaries2()[key]
+        as_records = dataclasses.replace(out.delta, records=tuple(written[:10]))
+        assert encode2(Delta2(1, ours, out.delta, out.steps)) == encode2(
+            Delta2(1, ours, as_records, out.steps)
+        )
+        summary, changed = await replica.submit_merge2(out.delta, out.steps, b"p" * 32).result()
+        assert changed and summary is not None and summary.core.held_end == 10

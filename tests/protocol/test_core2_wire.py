@@ -300,6 +300,28 @@ def test_a_first_chunk_to_a_new_replica_sends_bodies_as_steps_after_its_first_bo
         assert isinstance(got, Delta2) and _apply(empty(), got.delta, got.steps) == _apply(empty(), whole)
 
 
+def test_a_whole_values_steps_over_records_of_another_branch_here_join_as_the_whole_value() -> None:
+    """A copy of the owner's store that wrote its own records over the same offsets: the steps after the
+    chunk's first body rebuild the sender's bodies from its start head's base, not from the chain of the
+    records held here (another branch's), and the fork is proved as the whole value proves it."""
+    common = extend(empty(), [("offer", 2)], b"c")[-1]
+    mine = extend(common, [("offer", 3)], b"a")[-1]
+    theirs = extend(common, [("offer", 2), ("offer", 2), ("truncate", 4), ("offer", 1), ("offer", 1)], b"b")[
+        -1
+    ]
+    assert mine.held == (0, 5) and theirs.chains.start == 4  # we hold records where their chunk starts
+    for size in (None, 2):
+        whole = queue2.delta(theirs, None, size)
+        packed, steps = pack_steps(theirs, whole)
+        assert steps is not None and whole.from_offset == 4
+        got = _decode(encode2(Delta2(1, link_summary(theirs), packed, steps)))
+        assert isinstance(got, Delta2)
+        joined = _apply(mine, got.delta, got.steps)
+        assert (
+            joined == _apply(mine, whole) and isinstance(joined, queue2.Merged) and joined.state.chains.forked
+        )
+
+
 @settings(max_examples=200, deadline=None)
 @given(pairs(), st.sampled_from([None, 1, 2, 5]), st.booleans())
 def test_a_delta_to_a_replica_that_holds_nothing_joins_as_the_whole_delta_with_steps(

@@ -19,6 +19,7 @@ import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol, cast
 
 from latticed.crdt import chain_memo, epoch_delta
 from latticed.crdt.core_errors import GapError, MalformedError, TamperedError, WrongOwnerError
@@ -95,31 +96,53 @@ def delta(
     if since is not None:
         same = since.log.epoch == state.chains.epoch and state.chain_at(since.held_end) == since.held_hash
         start = since.held_end if same else hi
-    to = _chunk_end(state, start, hi, max_records, max_bytes)
-    records = tuple(state.entries.records(start - lo, to - lo)) if to > start else ()
+    to, read = _chunk_end(state, start, hi, max_records, max_bytes)
+    records: Sequence[Record] = ()
+    if to > start:
+        if len(read) < to - start:  # read once: sizing the chunk read them already
+            read = _read(state, start - lo, to - lo)
+        records = read[: to - start] if type(read) is RecordRun else tuple(read[: to - start])
     bodies = bodies_between(state.bodies, start, to) if records else ()
     meta = state.meta if log is not None else None
     return Delta(state.owner, state.name, state.kind, log, meta, start, records, bodies)
 
 
+class _Runs(Protocol):
+    def run(self, lo: int = 0, hi: int | None = None) -> Sequence[Record]: ...
+
+
+def _read(state: QueueState2, lo: int, hi: int) -> Sequence[Record]:
+    """Entries ``[lo, hi)``: a run read a column at a time where the store's view can (a delta sends
+    columns; building a Record per row was most of a catch-up sender's time), else records."""
+    entries = state.entries
+    run = getattr(entries, "run", None)
+    if run is not None:
+        return cast(_Runs, entries).run(lo, hi)
+    return entries.records(lo, hi)
+
+
 def _chunk_end(
     state: QueueState2, start: int, hi: int, max_records: int | None, max_bytes: int | None
-) -> int:
+) -> tuple[int, Sequence[Record]]:
     """The end of the longest chunk from ``start`` that ends at a body and fits the bounds (at least the
-    first body past ``start``; ``start`` itself if there is none). Reads only what may fit."""
+    first body past ``start``; ``start`` itself if there is none), and the records from ``start`` it read
+    to size the chunk (the delta sends them: a chunk's records are read once). Reads only what may fit."""
     limit = hi if max_records is None else min(hi, start + max_records)
     ends = sorted({b.end for b in bodies_between(state.bodies, start, limit)})
+    read: Sequence[Record] = ()
     if max_bytes is not None and ends:
         lo = state.held[0]
-        sizes = itertools.accumulate(
-            len(r.value) + len(r.key or b"") for r in state.entries.records(start - lo, ends[-1] - lo)
-        )
-        total = list(sizes)
+        read = _read(state, start - lo, ends[-1] - lo)
+        if type(read) is RecordRun:
+            sizes = map(len, read.values), (len(k or b"") for k in read.keys)
+            total = list(itertools.accumulate(map(int.__add__, *sizes)))
+        else:
+            total = list(itertools.accumulate(len(r.value) + len(r.key or b"") for r in read))
         ends = [e for e in ends if total[e - start - 1] <= max_bytes]
     if ends:
-        return ends[-1]
+        return ends[-1], read
     later = bodies_between(state.bodies, start, hi)
-    return later[0].end if later else start
+    return (later[0].end if later else start), read
 
 
 def _check_shape(d: Delta) -> None:
