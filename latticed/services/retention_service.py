@@ -275,6 +275,21 @@ class RetentionService:
             for q in sorted(dirty2):
                 await self.enforce_core2_queue(q)
 
+    def _failed(self, address: str, exc: Exception) -> None:
+        """Count and log a failed check; a :class:`LatticedError` is expected (a full disk, a fence)
+        and logged without its traceback."""
+        self.counters.failures += 1
+        expected = isinstance(exc, LatticedError)
+        log_event(
+            log,
+            "retention.failed",
+            level=logging.WARNING if expected else logging.ERROR,
+            exc_info=False if expected else exc,
+            queue=address,
+            error=str(exc),
+            hint="tried again at the next check",
+        )
+
     async def enforce(self, q: int) -> int:
         """Check queue ``q`` now and cut what its limits ask for; returns the records dropped."""
         if self.engine.core2.holds(q):  # moved to core 2 since it was marked: enforce_core2 checks it
@@ -286,17 +301,7 @@ class RetentionService:
         try:
             dropped = await self._enforce(q, watch)
         except Exception as exc:  # a full disk, a fenced write, or a bug: never the daemon's end
-            self.counters.failures += 1
-            expected = isinstance(exc, LatticedError)
-            log_event(
-                log,
-                "retention.failed",
-                level=logging.WARNING if expected else logging.ERROR,
-                exc_info=False if expected else exc,
-                queue=self.engine.address(q),
-                error=str(exc),
-                hint="tried again at the next check",
-            )
+            self._failed(self.engine.address(q), exc)
             # Not again at once: at the timer's next round, or after another step's worth of records.
             watch.quiet_until = self.engine.state(q).held_end + self._step_records(watch)
             return 0
@@ -321,17 +326,7 @@ class RetentionService:
         try:
             cut = await enforce_core2(self.engine, core2, q, self.unsettled_floor)
         except Exception as exc:  # a full disk, a fenced write, or a bug: never the daemon's end
-            self.counters.failures += 1
-            expected = isinstance(exc, LatticedError)
-            log_event(
-                log,
-                "retention.failed",
-                level=logging.WARNING if expected else logging.ERROR,
-                exc_info=False if expected else exc,
-                queue=core2.address(q),
-                error=str(exc),
-                hint="tried again at the next check",
-            )
+            self._failed(core2.address(q), exc)
             return 0
         if cut is None:
             return 0
