@@ -1,7 +1,8 @@
-/* latticed.crdt._columns: the column passes of the owner's bulk append, in C (optional extension).
+/* latticed.crdt._columns: the column passes of the owner's bulk append, and the replica's rebuild of
+   head bodies from log steps, in C (optional extension).
 
    Each function does in one pass over Python objects what the pure-Python path does with several
-   (latticed/crdt/columns_compiled.py says which, and tests pin the results equal). None of them decides
+   (latticed/crdt/columns_compiled.py and leaf_compiled.py say which, and tests pin the results equal). None of them decides
    a verdict: where the input is not the plain shape they handle, they return None and the caller's
    Python path checks it and says what is wrong. */
 
