@@ -1,7 +1,8 @@
-/* latticed.crdt._columns: the column passes of the owner's bulk append, in C (optional extension).
+/* latticed.crdt._columns: the column passes of the owner's bulk append, and the replica's rebuild of
+   head bodies from log steps, in C (optional extension).
 
    Each function does in one pass over Python objects what the pure-Python path does with several
-   (latticed/crdt/columns_compiled.py says which, and tests pin the results equal). None of them decides
+   (latticed/crdt/columns_compiled.py and leaf_compiled.py say which, and tests pin the results equal). None of them decides
    a verdict: where the input is not the plain shape they handle, they return None and the caller's
    Python path checks it and says what is wrong. */
 
@@ -321,6 +322,303 @@ static PyObject *same_int(PyObject *self, PyObject *column)
     return PyBool_FromLong(same);
 }
 
+/* versions(head_type, blake2b, persons, namespace, prev, log, raw, base, first, chain) -> list or None.
+
+   The hot loop of latticed.crdt.leaf_bodies.decode_versions: the versions after prev that the log steps
+   raw encode, each a head_type body (its leaf computed) or a (digest, end) leaf, folded into the log as
+   they go. head_type: HeadV2 (its slots set as object.__setattr__ does). blake2b: the address of
+   libsodium's crypto_generichash_blake2b_salt_personal; persons: the body's and the log's 16-byte
+   personalisations. prev: (queue_id, epoch, version, start, end, base_hash, meta_version, meta_hash,
+   timestamp) of the trusted body; log: its next log. The chain values known are those of offsets
+   first .. first + len(chain): base, then chain's items. Anything this does not handle plainly (a
+   malformed or truncated step, a counter out of range, an offset outside that window, a value of
+   another type): None, and the Python path reads raw and says what is wrong. */
+typedef int (*blake2b_fn)(unsigned char *out, size_t outlen, const unsigned char *in,
+                          unsigned long long inlen, const unsigned char *key, size_t keylen,
+                          const unsigned char *salt, const unsigned char *personal);
+
+#define V_START 1
+#define V_META 2
+#define V_LEAF 4
+#define V_MAX_OFFSET 0x7fffffffffffffffULL
+
+static void v_put_u64(unsigned char *p, unsigned long long v)
+{
+    int i;
+    for (i = 7; i >= 0; i--) {
+        p[i] = (unsigned char) v;
+        v >>= 8;
+    }
+}
+
+/* A varint of at most 9 bytes (63 bits) at *at, or -1 (longer, or past the end). */
+static int v_varint(const unsigned char *raw, Py_ssize_t size, Py_ssize_t *at, unsigned long long *out)
+{
+    unsigned long long value = 0;
+    int shift;
+    for (shift = 0; shift < 63; shift += 7) {
+        unsigned char byte;
+        if (*at >= size) {
+            return -1;
+        }
+        byte = raw[(*at)++];
+        value |= (unsigned long long) (byte & 0x7f) << shift;
+        if (byte < 0x80) {
+            *out = value;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* The 32-byte chain value at offset, borrowed, or NULL if outside the window or not 32 bytes. */
+static PyObject *v_chain_at(PyObject *base, unsigned long long first, PyObject *chain,
+                            unsigned long long offset)
+{
+    PyObject *value;
+    if (offset < first || offset - first > (unsigned long long) PyList_GET_SIZE(chain)) {
+        return NULL;
+    }
+    value = offset == first ? base : PyList_GET_ITEM(chain, (Py_ssize_t) (offset - first - 1));
+    return PyBytes_CheckExact(value) && PyBytes_GET_SIZE(value) == 32 ? value : NULL;
+}
+
+static PyObject *v_names[13];
+static const char *v_name_strings[13] = {
+    "queue_id", "epoch", "version", "log", "start", "end", "base_hash", "head_hash", "meta_version",
+    "meta_hash", "timestamp", "signature", "_leaf",
+};
+
+static PyObject *versions(PyObject *self, PyObject *args)
+{
+    PyObject *head_type, *persons, *namespace, *prev, *log, *raw_obj, *base, *chain, *out = NULL;
+    PyObject *queue_id, *epoch, *base_hash, *meta_hash, *empty = NULL;
+    unsigned long long blake2b, first, version, start, end, meta_version, timestamp;
+    const unsigned char *raw, *person_body, *person_log;
+    unsigned char body[232], link[72], digest[32];
+    Py_ssize_t at = 0, size, ns;
+    blake2b_fn hash;
+    PyTypeObject *type;
+    int i;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OKO!O!O!O!O!OKO!", &head_type, &blake2b, &PyBytes_Type, &persons,
+                          &PyBytes_Type, &namespace, &PyTuple_Type, &prev, &PyBytes_Type, &log,
+                          &PyBytes_Type, &raw_obj, &base, &first, &PyList_Type, &chain)) {
+        return NULL;
+    }
+    for (i = 0; i < 13; i++) {
+        if (v_names[i] == NULL && (v_names[i] = PyUnicode_InternFromString(v_name_strings[i])) == NULL) {
+            return NULL;
+        }
+    }
+    if (!PyType_Check(head_type) || PyBytes_GET_SIZE(persons) != 32 || PyTuple_GET_SIZE(prev) != 9
+        || PyBytes_GET_SIZE(log) != 32 || (ns = PyBytes_GET_SIZE(namespace)) != 24) {
+        Py_RETURN_NONE;
+    }
+    type = (PyTypeObject *) head_type;
+    hash = (blake2b_fn) (uintptr_t) blake2b;
+    person_body = (const unsigned char *) PyBytes_AS_STRING(persons);
+    person_log = person_body + 16;
+    queue_id = PyTuple_GET_ITEM(prev, 0);
+    epoch = PyTuple_GET_ITEM(prev, 1);
+    base_hash = PyTuple_GET_ITEM(prev, 5);
+    meta_hash = PyTuple_GET_ITEM(prev, 7);
+    if (!PyBytes_CheckExact(queue_id) || PyBytes_GET_SIZE(queue_id) != 32 || !PyLong_CheckExact(epoch)
+        || !PyBytes_CheckExact(base_hash) || PyBytes_GET_SIZE(base_hash) != 32
+        || !PyBytes_CheckExact(meta_hash) || PyBytes_GET_SIZE(meta_hash) != 32) {
+        Py_RETURN_NONE;
+    }
+    {
+        unsigned long long e = PyLong_AsUnsignedLongLong(epoch);
+        version = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(prev, 2));
+        start = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(prev, 3));
+        end = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(prev, 4));
+        meta_version = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(prev, 6));
+        timestamp = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(prev, 8));
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        memcpy(body, PyBytes_AS_STRING(namespace), 24);
+        memcpy(body + 24, PyBytes_AS_STRING(queue_id), 32);
+        v_put_u64(body + 56, e);
+    }
+    raw = (const unsigned char *) PyBytes_AS_STRING(raw_obj);
+    size = PyBytes_GET_SIZE(raw_obj);
+    out = PyList_New(0);
+    empty = PyBytes_FromStringAndSize(NULL, 0);
+    if (out == NULL || empty == NULL) {
+        goto fail;
+    }
+    Py_INCREF(log);
+    Py_INCREF(meta_hash);  /* owned from here on: prev's, then each new one's */
+    while (at < size) {
+        unsigned long long flags = raw[at++], step, value;
+        PyObject *top, *item, *leaf, *digest_obj, *end_obj;
+        if (v_varint(raw, size, &at, &step) < 0 || step > V_MAX_OFFSET - end || version == UINT64_MAX) {
+            goto plain;
+        }
+        end += step;
+        version += 1;
+        if (flags & V_LEAF) {
+            if (flags != V_LEAF || at + 32 > size) {
+                goto plain;
+            }
+            memcpy(link + 32, raw + at, 32);
+            at += 32;
+            digest_obj = PyBytes_FromStringAndSize((const char *) link + 32, 32);
+            end_obj = PyLong_FromUnsignedLongLong(end);
+            if (digest_obj == NULL || end_obj == NULL) {
+                Py_XDECREF(digest_obj);
+                Py_XDECREF(end_obj);
+                goto fail_log;
+            }
+            leaf = PyTuple_Pack(2, digest_obj, end_obj);
+            Py_DECREF(digest_obj);
+            Py_DECREF(end_obj);
+            if (leaf == NULL || PyList_Append(out, leaf) < 0) {
+                Py_XDECREF(leaf);
+                goto fail_log;
+            }
+            Py_DECREF(leaf);
+        } else {
+            if (flags & ~(unsigned long long) (V_START | V_META) || v_varint(raw, size, &at, &value) < 0) {
+                goto plain;
+            }
+            if (value & 1) {
+                value = (value >> 1) + 1;
+                if (value > timestamp) {
+                    goto plain;
+                }
+                timestamp -= value;
+            } else {
+                value >>= 1;
+                if (timestamp > UINT64_MAX - value) {
+                    goto plain;
+                }
+                timestamp += value;
+            }
+            if (flags & V_START) {
+                if (v_varint(raw, size, &at, &step) < 0 || step > end - start) {
+                    goto plain;  /* past the end: the Python path says which */
+                }
+                start += step;
+                base_hash = v_chain_at(base, first, chain, start);
+                if (base_hash == NULL) {
+                    goto plain;
+                }
+            }
+            if (flags & V_META) {
+                if (v_varint(raw, size, &at, &meta_version) < 0 || at + 32 > size) {
+                    goto plain;
+                }
+                Py_DECREF(meta_hash);
+                meta_hash = PyBytes_FromStringAndSize((const char *) raw + at, 32);
+                if (meta_hash == NULL) {
+                    Py_INCREF(empty);
+                    meta_hash = empty;  /* released once below */
+                    goto fail_log;
+                }
+                at += 32;
+            }
+            if (start > end || (top = v_chain_at(base, first, chain, end)) == NULL) {
+                goto plain;
+            }
+            v_put_u64(body + 64, version);
+            memcpy(body + 72, PyBytes_AS_STRING(log), 32);
+            v_put_u64(body + 104, start);
+            v_put_u64(body + 112, end);
+            memcpy(body + 120, PyBytes_AS_STRING(base_hash), 32);
+            memcpy(body + 152, PyBytes_AS_STRING(top), 32);
+            v_put_u64(body + 184, meta_version);
+            memcpy(body + 192, PyBytes_AS_STRING(meta_hash), 32);
+            v_put_u64(body + 224, timestamp);
+            if (hash(link + 32, 32, body, sizeof body, NULL, 0, NULL, person_body) != 0) {
+                goto plain;
+            }
+            item = type->tp_alloc(type, 0);
+            digest_obj = PyBytes_FromStringAndSize((const char *) link + 32, 32);
+            end_obj = PyLong_FromUnsignedLongLong(end);
+            leaf = digest_obj && end_obj ? PyTuple_Pack(2, digest_obj, end_obj) : NULL;
+            Py_XDECREF(digest_obj);
+            if (item == NULL || leaf == NULL) {
+                Py_XDECREF(item);
+                Py_XDECREF(leaf);
+                Py_XDECREF(end_obj);
+                goto fail_log;
+            }
+            {
+                PyObject *values[13];
+                int ok = 1, k;
+                values[0] = queue_id;
+                values[1] = epoch;
+                values[2] = PyLong_FromUnsignedLongLong(version);
+                values[3] = log;
+                values[4] = PyLong_FromUnsignedLongLong(start);
+                values[5] = end_obj;
+                values[6] = base_hash;
+                values[7] = top;
+                values[8] = PyLong_FromUnsignedLongLong(meta_version);
+                values[9] = meta_hash;
+                values[10] = PyLong_FromUnsignedLongLong(timestamp);
+                values[11] = empty;
+                values[12] = leaf;
+                for (k = 0; k < 13 && ok; k++) {
+                    ok = values[k] != NULL && PyObject_GenericSetAttr(item, v_names[k], values[k]) == 0;
+                }
+                Py_XDECREF(values[2]);
+                Py_XDECREF(values[4]);
+                Py_XDECREF(values[8]);
+                Py_XDECREF(values[10]);
+                Py_DECREF(end_obj);
+                Py_DECREF(leaf);
+                if (!ok || PyList_Append(out, item) < 0) {
+                    Py_DECREF(item);
+                    goto fail_log;
+                }
+                Py_DECREF(item);
+            }
+        }
+        /* log = H_log(log | digest | end) */
+        memcpy(link, PyBytes_AS_STRING(log), 32);
+        v_put_u64(digest, end);
+        {
+            unsigned char joined[72];
+            PyObject *next;
+            memcpy(joined, link, 64);
+            memcpy(joined + 64, digest, 8);
+            next = PyBytes_FromStringAndSize(NULL, 32);
+            if (next == NULL) {
+                goto fail_log;
+            }
+            if (hash((unsigned char *) PyBytes_AS_STRING(next), 32, joined, sizeof joined, NULL, 0, NULL,
+                     person_log) != 0) {
+                Py_DECREF(next);
+                goto plain;
+            }
+            Py_DECREF(log);
+            log = next;
+        }
+    }
+    Py_DECREF(log);
+    Py_DECREF(meta_hash);
+    Py_DECREF(empty);
+    return out;
+plain:
+    Py_DECREF(log);
+    Py_DECREF(meta_hash);
+    Py_DECREF(out);
+    Py_DECREF(empty);
+    Py_RETURN_NONE;
+fail_log:
+    Py_DECREF(log);
+    Py_DECREF(meta_hash);
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(empty);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"offered", offered, METH_VARARGS, "An offer's records as value and key columns, and their packed size."},
     {"packed", packed, METH_VARARGS, "Value and key columns as the compiled chain hasher takes them."},
@@ -328,6 +626,7 @@ static PyMethodDef methods[] = {
     {"cuts", cuts, METH_VARARGS, "Where the owner ends signed slices of a run."},
     {"widest", widest, METH_VARARGS, "The longest value and the longest key of two columns."},
     {"same_int", same_int, METH_O, "Whether every item of a column is an int equal to the first."},
+    {"versions", versions, METH_VARARGS, "The head bodies and leaves a log's steps encode."},
     {NULL, NULL, 0, NULL},
 };
 

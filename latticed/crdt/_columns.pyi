@@ -13,3 +13,16 @@ def cuts(
 ) -> list[int] | None: ...
 def widest(values: Sequence[bytes], keys: Sequence[bytes | None], /) -> tuple[int, int] | None: ...
 def same_int(column: Sequence[object], /) -> bool: ...
+def versions(
+    head_type: type,
+    blake2b: int,
+    persons: bytes,
+    namespace: bytes,
+    prev: tuple[object, ...],
+    log: bytes,
+    raw: bytes,
+    base: bytes,
+    first: int,
+    chain: list[bytes],
+    /,
+) -> list[Any] | None: ...

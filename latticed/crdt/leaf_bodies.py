@@ -5,13 +5,15 @@ versions as steps; the receiver needs each one's body too (a chunk of records is
 bodies that end inside it, :func:`latticed.crdt.epoch_delta.vouches`), so this decodes the same steps to
 bodies. It reads exactly what :func:`leaf_codec.decode` reads (tests check both give the same leaves); a
 step over records this replica does not hold is a :class:`GapError` here (the sender's view of us was
-stale), not malformed input.
+stale), not malformed input. Where the optional C extension is built, its loop (:mod:`.leaf_compiled`)
+rebuilds plain steps over the chain values the caller names; this loop reads anything else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from latticed.crdt import leaf_compiled
 from latticed.crdt.core_errors import GapError, MalformedError
 from latticed.crdt.head2 import HeadV2, Leaf, fold_one, next_log
 from latticed.crdt.leaf_codec import _LEAF, _META, _START, _read_varint, _take
@@ -20,13 +22,32 @@ from latticed.crdt.records import MAX_OFFSET
 __all__ = ["decode_versions"]
 
 
-def decode_versions(prev: HeadV2, raw: bytes, chain_at: Callable[[int], bytes | None]) -> list[HeadV2 | Leaf]:
+def decode_versions(
+    prev: HeadV2,
+    raw: bytes,
+    chain_at: Callable[[int], bytes | None],
+    window: tuple[int, bytes, Sequence[bytes]] | None = None,
+) -> list[HeadV2 | Leaf]:
     """The versions after ``prev`` (a body this replica trusts) in ``raw``: an unsigned body for each
-    stepped version (rebuilt from the chain values ``chain_at`` gives), the leaf for each sent as is."""
+    stepped version (rebuilt from the chain values ``chain_at`` gives), the leaf for each sent as is.
+    ``window``: ``(first, base, chain)``, the values ``chain_at`` gives for offsets ``first ..
+    first + len(chain)`` (``base``, then ``chain``'s), which the compiled loop reads directly."""
     if not isinstance(raw, bytes):
         raise MalformedError("a log's steps are bytes")
+    log = next_log(prev)
+    compiled = leaf_compiled.load() if window is not None else None
+    if compiled is not None and window is not None:
+        found = leaf_compiled.decode(compiled, prev, log, raw, window)
+        if found is not None:
+            return found
+    return _decode(prev, log, raw, chain_at)
+
+
+def _decode(
+    prev: HeadV2, log: bytes, raw: bytes, chain_at: Callable[[int], bytes | None]
+) -> list[HeadV2 | Leaf]:
     out: list[HeadV2 | Leaf] = []
-    at, log, size = 0, next_log(prev), len(raw)
+    at, size = 0, len(raw)
     version, start, end, base = prev.version, prev.start, prev.end, prev.base_hash
     timestamp, meta_version, meta_hash = prev.timestamp, prev.meta_version, prev.meta_hash
     queue_id, epoch, append = prev.queue_id, prev.epoch, out.append

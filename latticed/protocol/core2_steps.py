@@ -151,7 +151,7 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
             return base if offset == frm else state.chain_at(offset)
         return chain[offset - frm - 1] if offset <= end else None
 
-    items = decode_versions(prev, raw, chain_at)
+    items = decode_versions(prev, raw, chain_at, (frm, base, chain))
     leaves = [i if isinstance(i, tuple) else i.leaf() for i in items]
     rebuilt = [i for i in items if isinstance(i, HeadV2)]
     # The leaves of versions base+1 .. up to the tip's (which is in the log as a head) go into the log.

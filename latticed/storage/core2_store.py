@@ -7,13 +7,15 @@ its value:
 
 * ``queue2``: one row, rewritten by each change: epoch, held end, the start head, the tips (each branch's
   newest head and, when forked, its leaves past the shared ones) and the start head's metadata.
-* ``leaves2``: the shared leaves, one row per version keyed ``(q, index)``: a commit adds one row (the
-  previous head's leaf); truncation keeps them (the log vouches for every version). Rows are diffed by
-  their common prefix: two verified logs that hold the same leaf at one index hold the same leaves below
-  it (the leaf's body signs the fold of them), so the prefix is found by a binary search, and an append
-  costs one comparison and one insert.
-* ``bodies2``: the unsigned heads vouching for held records, keyed ``(q, end, version)``; a commit adds
-  one, a truncation deletes those below the new start.
+* ``leaves2``: the shared leaves, in runs keyed ``(q, index of the first)``
+  (:mod:`latticed.storage.core2_runs`): a commit adds one run of one leaf (the previous head's), a
+  replica's merge one run per 4,096; truncation keeps them (the log vouches for every version). They are
+  diffed by their common prefix: two verified logs that hold the same leaf at one index hold the same
+  leaves below it (the leaf's body signs the fold of them), so the prefix is found by a binary search, and
+  an append costs one comparison and one insert; a cut inside a run rewrites that run.
+* ``bodies2``: the unsigned heads vouching for held records, in runs ordered by ``(end, version)``; a
+  commit adds a run of one, a merge a run per 4,096, a truncation deletes the runs below the new start
+  (and rewrites the one it cuts).
 * ``evidence2``: records this replica held past a fork point it learned of, kept aside (never part of
   the value), at most :data:`EVIDENCE_MAX_RECORDS` records and :data:`EVIDENCE_MAX_BYTES` bytes per queue:
   the ones nearest the fork point are kept, the rest are counted in ``queue2.evidence_dropped``.
@@ -37,7 +39,7 @@ from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.wire import records_from_wire, records_to_wire
 from latticed.errors import MalformedError, StorageError
-from latticed.storage import segments
+from latticed.storage import core2_runs, segments
 from latticed.storage.codec import decode_meta, encode_meta, pack, unpack
 from latticed.storage.entries import StoredEntries
 from latticed.storage.store import Store
@@ -142,17 +144,17 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
         if found is None:
             raise StorageError(f"store {store.path}: core-2 queue #{q} has no queue2 row")
         epoch, held_end, start_raw, tips_raw, meta = found
-        shared = tuple(
-            (bytes(d), int(e))
-            for d, e in conn.execute("SELECT digest, end_off FROM leaves2 WHERE q = ? ORDER BY idx", (q,))
+        shared = core2_runs.read_leaves(
+            (idx, bytes(raw))
+            for idx, raw in conn.execute("SELECT idx, leaves FROM leaves2 WHERE q = ? ORDER BY idx", (q,))
         )
-        bodies = tuple(
-            decode_body(bytes(raw))
-            for (raw,) in conn.execute("SELECT body FROM bodies2 WHERE q = ? ORDER BY end_off, version", (q,))
-        )
+        runs = conn.execute("SELECT bodies FROM bodies2 WHERE q = ? ORDER BY end_off, version", (q,))
+        stored_bodies = [body for (raw,) in runs for body in core2_runs.read_bodies(bytes(raw))]
         stored = segments.bounds(conn, q)
     except sqlite3.Error as exc:
         raise store.error(exc, "load a core-2 queue from") from exc
+    # Runs may interleave (bodies of two branches): sorted (stable, linear when they do not).
+    bodies = tuple(sorted(map(decode_body, stored_bodies), key=_key))
     start_head = None if start_raw is None else HeadV2.from_bytes(bytes(start_raw))
     chains = Chains(
         row.owner, row.queue_id, epoch, shared, _decode_tips(bytes(tips_raw)), start_head, held_end
@@ -256,11 +258,17 @@ def _common_leaves(a: Chains, b: Chains) -> int:
 def _persist_leaves(conn: sqlite3.Connection, q: int, a: Chains, b: Chains) -> None:
     common = _common_leaves(a, b)
     if len(a.shared) > common:
+        cut = conn.execute(
+            "SELECT idx, leaves FROM leaves2 WHERE q = ? AND idx < ? ORDER BY idx DESC LIMIT 1", (q, common)
+        ).fetchone()
+        if cut is not None and cut[0] + len(cut[1]) // core2_runs.LEAF_BYTES > common:  # a run cut inside
+            keep = bytes(cut[1])[: (common - cut[0]) * core2_runs.LEAF_BYTES]
+            conn.execute("UPDATE leaves2 SET leaves = ? WHERE q = ? AND idx = ?", (keep, q, cut[0]))
         conn.execute("DELETE FROM leaves2 WHERE q = ? AND idx >= ?", (q, common))
     if len(b.shared) > common:
         conn.executemany(
-            "INSERT INTO leaves2 (q, idx, digest, end_off) VALUES (?, ?, ?, ?)",
-            [(q, common + i, d, e) for i, (d, e) in enumerate(b.shared[common:])],
+            "INSERT INTO leaves2 (q, idx, leaves) VALUES (?, ?, ?)",
+            [(q, *row) for row in core2_runs.leaf_runs(common, b.shared[common:])],
         )
 
 
@@ -283,14 +291,36 @@ def _persist_bodies(conn: sqlite3.Connection, q: int, old: Sequence[HeadV2], new
         gone = [b for b in old if (_key(b), b.leaf()) not in keep]
         added = [b for b in new if (_key(b), b.leaf()) not in had]
     if gone:
-        conn.executemany(
-            "DELETE FROM bodies2 WHERE q = ? AND end_off = ? AND version = ?", [(q, *_key(b)) for b in gone]
-        )
+        _drop_bodies(conn, q, gone)
     if added:
-        conn.executemany(
-            "INSERT OR REPLACE INTO bodies2 (q, end_off, version, body) VALUES (?, ?, ?, ?)",
-            [(q, *_key(b), encode_body(b)) for b in added],
-        )
+        _insert_bodies(conn, q, [encode_body(b) for b in added])
+
+
+def _insert_bodies(conn: sqlite3.Connection, q: int, stored: Sequence[bytes]) -> None:
+    conn.executemany(
+        "INSERT INTO bodies2 (q, end_off, version, last_end, last_version, bodies) VALUES (?, ?, ?, ?, ?, ?)",
+        [(q, *row) for row in core2_runs.body_runs(stored)],
+    )
+
+
+def _drop_bodies(conn: sqlite3.Connection, q: int, gone: Sequence[HeadV2]) -> None:
+    """Delete ``gone`` (in key order) from the runs holding them: a run whose bodies all go is deleted,
+    one that keeps some is written again without them. Bodies are matched by their signed bytes (the
+    leaf names a body by those and its end, which they hold)."""
+    dead = {b.body() for b in gone}
+    (lo_end, lo_version), (hi_end, hi_version) = min(map(_key, gone)), max(map(_key, gone))
+    runs = conn.execute(
+        "SELECT rowid, bodies FROM bodies2 WHERE q = ? AND (end_off, version) <= (?, ?) "
+        "AND (last_end, last_version) >= (?, ?)",
+        (q, hi_end, hi_version, lo_end, lo_version),
+    ).fetchall()
+    for rowid, raw in runs:
+        stored = core2_runs.read_bodies(bytes(raw))
+        kept = [body for body in stored if body[:_BODY_SIZE] not in dead]
+        if len(kept) < len(stored):
+            conn.execute("DELETE FROM bodies2 WHERE rowid = ?", (rowid,))
+            if kept:
+                _insert_bodies(conn, q, kept)
 
 
 def add_evidence(store: Store, q: int, epoch: int, first: int, records: Sequence[Record]) -> int:

@@ -29,9 +29,11 @@ Layout notes (why it looks like this):
   "the first offset at or after T" is a seek (:mod:`latticed.storage.timeindex`).
 * ``queues.core`` is a queue's fork core (1: v1 heads, 2: v2 heads; fixed per queue). A core-2 queue keeps
   its records in ``segments`` like any other and the rest of its value in ``queue2`` (one row: epoch,
-  tips, start head, metadata, held end), ``leaves2`` (its shared leaves, one row per version, so a
-  commit appends one row) and ``bodies2`` (the unsigned heads vouching for held records); ``evidence2``
-  is what it held past a fork point it learned of, kept aside (:mod:`latticed.storage.core2_store`).
+  tips, start head, metadata, held end), ``leaves2`` (its shared leaves) and ``bodies2`` (the unsigned
+  heads vouching for held records), both in runs of up to 4,096 per row since schema 6 (a replica's
+  catch-up writes a row per chunk, the owner's commit one small row: :mod:`latticed.storage.core2_runs`);
+  ``evidence2`` is what it held past a fork point it learned of, kept aside
+  (:mod:`latticed.storage.core2_store`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Final
 
 from latticed.crdt import kv
 from latticed.errors import StorageError
+from latticed.storage import core2_runs
 from latticed.storage.codec import decode_kv_entry
 from latticed.storage.precopy import copy_path, keep_copy, pause_point
 from latticed.storage.sqlite import storage_error
@@ -177,6 +180,59 @@ def _v5_core2(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v6_core2_runs(conn: sqlite3.Connection) -> None:
+    """Store core-2 queues' leaves and head bodies in runs of up to 4,096 per row, not one row each."""
+    conn.execute("ALTER TABLE leaves2 RENAME TO leaves2_v5")
+    conn.execute("ALTER TABLE bodies2 RENAME TO bodies2_v5")
+    _create_core2_runs(conn)
+    for (q,) in conn.execute("SELECT DISTINCT q FROM leaves2_v5").fetchall():
+        leaves = [
+            (bytes(d), e)
+            for d, e in conn.execute("SELECT digest, end_off FROM leaves2_v5 WHERE q = ? ORDER BY idx", (q,))
+        ]
+        conn.executemany(
+            "INSERT INTO leaves2 (q, idx, leaves) VALUES (?, ?, ?)",
+            [(q, *row) for row in core2_runs.leaf_runs(0, leaves)],
+        )
+    for (q,) in conn.execute("SELECT DISTINCT q FROM bodies2_v5").fetchall():
+        bodies = [
+            bytes(raw)
+            for (raw,) in conn.execute(
+                "SELECT body FROM bodies2_v5 WHERE q = ? ORDER BY end_off, version", (q,)
+            )
+        ]
+        conn.executemany(
+            "INSERT INTO bodies2 (q, end_off, version, last_end, last_version, bodies) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [(q, *row) for row in core2_runs.body_runs(bodies)],
+        )
+    conn.execute("DROP TABLE leaves2_v5")
+    conn.execute("DROP TABLE bodies2_v5")
+
+
+def _create_core2_runs(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE leaves2 (
+            q INTEGER NOT NULL,
+            idx INTEGER NOT NULL,
+            leaves BLOB NOT NULL,
+            PRIMARY KEY (q, idx)
+        ) WITHOUT ROWID"""
+    )
+    # A rowid table: two runs may start at one (end, version) (bodies of two branches of a fork).
+    conn.execute(
+        """CREATE TABLE bodies2 (
+            q INTEGER NOT NULL,
+            end_off INTEGER NOT NULL,
+            version INTEGER NOT NULL,
+            last_end INTEGER NOT NULL,
+            last_version INTEGER NOT NULL,
+            bodies BLOB NOT NULL
+        )"""
+    )
+    conn.execute("CREATE INDEX bodies2_first ON bodies2 (q, end_off, version)")
+
+
 def entry_expiry(entry: kv.Entry) -> int | None:
     """When a key's joined entry stops being visible by itself (a plain value with a TTL), else None."""
     return entry.expires_ms if entry.kind == kv.PLAIN else None
@@ -188,6 +244,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v3_retention,
     _v4_time_index,
     _v5_core2,
+    _v6_core2_runs,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -88,7 +88,7 @@ def test_schema_5_keeps_every_core_1_queue_byte_for_byte(tmp_path: Path) -> None
     before["settings"] = [row for row in before["settings"] if row[0] != "written_by"]
     assert after == before
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
 
     writer = Writer(path, ALICE, clock=TickingClock(NOW + 100))

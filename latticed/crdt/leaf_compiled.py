@@ -1,0 +1,92 @@
+"""The compiled hot loop of :func:`latticed.crdt.leaf_bodies.decode_versions` (``versions`` in the
+optional ``latticed.crdt._columns``) seen from Python.
+
+A catch-up of single offers rebuilds one head body per version: build the ``HeadV2``, pack it, hash it
+and fold its leaf into the log, ~5 us a version in Python, most of the replica's CPU. The C loop does the
+same in one pass with libsodium's BLAKE2b (PyNaCl's, by address, as :mod:`.chain_compiled` does) and
+hands back the same bodies and leaves (tests/crdt/test_leaf_compiled.py compares both, malformed steps
+too). It decides nothing: on anything but plain well-formed steps whose chain values lie in the window
+it was given, it answers None and the Python path reads the steps and says what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, NamedTuple
+
+from latticed.crdt import columns_compiled
+from latticed.crdt.head2 import HEAD2_NAMESPACE, HeadV2, Leaf
+
+#: The slots the C loop sets on each body, in this order (it is not used if ``HeadV2`` has others).
+_FIELDS = (
+    "queue_id",
+    "epoch",
+    "version",
+    "log",
+    "start",
+    "end",
+    "base_hash",
+    "head_hash",
+    "meta_version",
+    "meta_hash",
+    "timestamp",
+    "signature",
+    "_leaf",
+)
+#: The body's and the log's BLAKE2b personalisations (:mod:`.head2`'s), padded to 16 bytes as hashlib does.
+_PERSONS = b"latticed.hd2.v1".ljust(16, b"\0") + b"latticed.log.v1".ljust(16, b"\0")
+
+
+class Compiled(NamedTuple):
+    """The compiled loop, and the address of libsodium's personalised BLAKE2b it calls."""
+
+    versions: Any
+    blake2b: int
+
+
+@cache
+def load() -> Compiled | None:
+    """The compiled loop, or None if ``_columns`` was not built (or is older than the loop), PyNaCl's
+    libsodium is not at hand, or ``HeadV2``'s fields are not the ones the loop sets."""
+    columns = columns_compiled.load()
+    if columns is None or not hasattr(columns, "versions"):
+        return None
+    if tuple(f.name for f in dataclasses.fields(HeadV2)) != _FIELDS:
+        return None
+    try:
+        from nacl._sodium import ffi, lib  # noqa: PLC0415
+    except ImportError:
+        return None
+    address = ffi.addressof(lib, "crypto_generichash_blake2b_salt_personal")
+    return Compiled(columns.versions, int(ffi.cast("uintptr_t", address)))
+
+
+def decode(
+    c: Compiled, prev: HeadV2, log: bytes, raw: bytes, window: tuple[int, bytes, Sequence[bytes]]
+) -> list[HeadV2 | Leaf] | None:
+    """The versions after ``prev`` (whose next log is ``log``) in ``raw``, or None (the Python path then
+    reads them). ``window``: ``(first, base, chain)``, the chain values of offsets ``first ..
+    first + len(chain)`` (``base``, then ``chain``'s)."""
+    first, base, chain = window
+    if type(chain) is not list or not 0 <= first < 2**64:
+        return None
+    fields = (
+        prev.queue_id,
+        prev.epoch,
+        prev.version,
+        prev.start,
+        prev.end,
+        prev.base_hash,
+        prev.meta_version,
+        prev.meta_hash,
+        prev.timestamp,
+    )
+    found: list[HeadV2 | Leaf] | None = c.versions(
+        HeadV2, c.blake2b, _PERSONS, HEAD2_NAMESPACE, fields, log, raw, base, first, chain
+    )
+    return found
+
+
+__all__ = ["Compiled", "decode", "load"]
