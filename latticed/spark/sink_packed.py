@@ -4,9 +4,11 @@ A task's rows reach the daemon as the ``records`` of ``offer_batch`` requests: `
 when the rows have no headers and no timestamp, the sink's common shape. Turning each row into a Python
 list, then msgpack walking those lists, cost the executor more per row than the rest of its work. Here
 each row's msgpack bytes come from a few Arrow kernels over whole columns (lengths, the bin headers, a
-join), and a request's ``records`` is its rows' bytes after one array header, spliced into the request as
-they are (:class:`~latticed.api.messages.Packed`): byte for byte what packing the records would give
-(tests/spark/test_sink_packed.py), so the owner's checks, digests and verdicts are the same.
+join) into one buffer, which stays one: chunks are cut over its size column with numpy and take slices
+of it, and a request's ``records`` is those slices after one array header, spliced into the request as
+they are (:class:`~latticed.api.messages.Packed`). No Python object is made per row, and the bytes are
+byte for byte what packing the records would give (tests/spark/test_sink_packed.py), so the owner's
+checks, digests and verdicts are the same.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from latticed.api.messages import Packed
-from latticed.spark.sink_records import RECORD_OVERHEAD, Rows
+from latticed.spark.sink_records import RECORD_OVERHEAD, PackedRecords, PackedRows
 
 #: Column types whose rows become bytes as they are (strings by their UTF-8 bytes, as Arrow casts them).
 _SHORT = (pa.binary(), pa.string())
@@ -56,7 +58,7 @@ def _bin_headers(lengths: np.ndarray, lead: bytes) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def packed_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Rows | None:
+def packed_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> PackedRows | None:
     """The rows of ``batch`` for one queue (the ``queue`` option) as the msgpack bytes of each record
     ``[value, key, []]``, with the same sizes as :func:`~latticed.spark.sink_records.batch_rows`; None
     when the batch is not of that shape (headers, timestamps, a ``queue`` column, large strings): then
@@ -83,13 +85,16 @@ def packed_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Rows 
         sizes += key_lengths
     parts.append(pa.scalar(b"\x90", pa.binary()))
     encoded = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.binary()))
-    return Rows(resolve(queue), encoded.to_pylist(), sizes.tolist())
+    _, offsets, data = encoded.buffers()
+    n = len(encoded)
+    starts = np.frombuffer(offsets, dtype=np.int32)[encoded.offset : encoded.offset + n + 1]
+    return PackedRows(resolve(queue), memoryview(data), starts, sizes)
 
 
-def packed_records(records: Sequence[Any]) -> Any:
+def packed_records(records: Sequence[Any] | PackedRecords) -> Any:
     """A chunk's ``records`` for the request: rows packed by :func:`packed_rows` spliced into one msgpack
     array, or the records themselves (built by ``batch_rows``)."""
-    if not records or set(map(type, records)) != {bytes}:
+    if type(records) is not PackedRecords:
         return records
     n = len(records)
     header = (
@@ -99,7 +104,7 @@ def packed_records(records: Sequence[Any]) -> Any:
         if n < 1 << 16
         else b"\xdd" + n.to_bytes(4, "big")
     )
-    return Packed(header + b"".join(records))
+    return Packed(b"".join([header, *records.parts]))
 
 
 __all__ = ["packed_records", "packed_rows"]

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from typing import Any, Final
 
+import msgpack
+import numpy as np
 import pyarrow as pa
 
 from latticed.errors import MalformedError
@@ -56,13 +58,40 @@ def sequence(epoch: int, chunk: int) -> int:
     return epoch * CHUNKS_PER_EPOCH + chunk
 
 
+class PackedRecords:
+    """A chunk's records as their msgpack bytes, in slices of Arrow buffers (no Python object per
+    record): what :class:`PackedRows` are cut into. Records added as lists are packed here, byte for byte
+    as msgpack packs them inside the request's array."""
+
+    __slots__ = ("count", "parts")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | memoryview] = []
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, data: memoryview, count: int) -> None:
+        """``count`` records packed back to back in ``data``."""
+        self.parts.append(data)
+        self.count += count
+
+    def append(self, record: Record) -> None:
+        self.add(memoryview(msgpack.packb(record, use_bin_type=True)), 1)
+
+    def extend(self, records: list[Record]) -> None:
+        for record in records:
+            self.append(record)
+
+
 @dataclass(slots=True)
 class Chunk:
     """Records for one queue, sent as one idempotent request."""
 
     queue: str
     index: int
-    records: list[Record] = field(default_factory=list)
+    records: list[Record] | PackedRecords = field(default_factory=list)
     size: int = 0
 
 
@@ -122,6 +151,18 @@ class Rows:
     queues: str | list[str]
     records: list[Record]
     sizes: list[int]
+
+
+@dataclass(slots=True)
+class PackedRows:
+    """One Arrow batch's rows for one queue as each record's msgpack bytes, back to back in ``data``;
+    row ``i`` is ``data[offsets[i]:offsets[i + 1]]`` and counts ``sizes[i]`` towards a chunk's bytes
+    (as :class:`Rows`' sizes)."""
+
+    queues: str
+    data: memoryview
+    offsets: np.ndarray
+    sizes: np.ndarray
 
 
 def batch_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Rows:
@@ -201,6 +242,28 @@ class _Cutter:
             return chunk
         return None
 
+    def add_packed(self, rows: PackedRows) -> Iterator[Chunk]:
+        """:meth:`add_all` for packed rows: the same cut, by a running sum over the size column."""
+        i, n = 0, len(rows.sizes)
+        while i < n:
+            chunk = self.chunk(rows.queues)
+            if type(chunk.records) is list:  # rows of other shapes before: packed, the same bytes
+                packed = PackedRecords()
+                packed.extend(chunk.records)
+                chunk.records = packed
+            records = chunk.records
+            assert type(records) is PackedRecords
+            room = self.max_records - len(records)
+            running = np.cumsum(rows.sizes[i : i + room])
+            full = int(np.searchsorted(running, self.max_bytes - chunk.size, side="left"))
+            take = full + 1 if full < len(running) else len(running)
+            records.add(rows.data[int(rows.offsets[i]) : int(rows.offsets[i + take])], take)
+            chunk.size += int(running[take - 1])
+            i += take
+            if len(records) >= self.max_records or chunk.size >= self.max_bytes:
+                del self.open[rows.queues]
+                yield chunk
+
     def add_all(self, queue: str, records: list[Record], sizes: list[int]) -> Iterator[Chunk]:
         """Records of one queue, sliced by a running sum instead of one at a time (same cut as
         :meth:`add`); yields the chunks they closed."""
@@ -211,7 +274,7 @@ class _Cutter:
             running = list(accumulate(sizes[i : i + room]))
             full = bisect_left(running, self.max_bytes - chunk.size)  # first record reaching max_bytes
             take = full + 1 if full < len(running) else len(running)
-            chunk.records += records[i : i + take]
+            chunk.records.extend(records[i : i + take])
             chunk.size += running[take - 1]
             i += take
             if len(chunk.records) >= self.max_records or chunk.size >= self.max_bytes:
@@ -219,10 +282,14 @@ class _Cutter:
                 yield chunk
 
 
-def chunk_rows(batches: Iterable[Rows], *, max_records: int, max_bytes: int) -> Iterator[Chunk]:
+def chunk_rows(batches: Iterable[Rows | PackedRows], *, max_records: int, max_bytes: int) -> Iterator[Chunk]:
     """:func:`chunks` of the rows of many batches (a batch for one queue goes a slice at a time)."""
     cutter = _Cutter(max_records, max_bytes)
     for rows in batches:
+        if type(rows) is PackedRows:
+            yield from cutter.add_packed(rows)
+            continue
+        assert type(rows) is Rows
         if isinstance(rows.queues, str):
             yield from cutter.add_all(rows.queues, rows.records, rows.sizes)
             continue
@@ -249,6 +316,8 @@ __all__ = [
     "CHUNKS_PER_EPOCH",
     "COLUMNS",
     "Chunk",
+    "PackedRecords",
+    "PackedRows",
     "Record",
     "Rows",
     "batch_records",

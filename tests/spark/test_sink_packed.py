@@ -1,5 +1,6 @@
 """Rows packed straight from Arrow are, byte for byte, the request the records built row by row give,
-and are cut into the same chunks (the owner's idempotence rests on the cut and its digest on the bytes)."""
+and are cut into the same chunks (the owner's idempotence rests on the cut and its digest on the bytes),
+without a Python object per row."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from latticed.api.messages import Packed, pack
 from latticed.spark.sink_packed import packed_records, packed_rows
-from latticed.spark.sink_records import batch_rows, chunk_rows
+from latticed.spark.sink_records import PackedRecords, PackedRows, Rows, batch_rows, chunk_rows
 
 blobs = st.binary(max_size=300) | st.sampled_from([b"x" * 70_000, b""])
 rows = st.lists(st.tuples(blobs, st.none() | blobs), min_size=1, max_size=60)
@@ -45,7 +46,7 @@ def test_packed_rows_send_the_same_bytes_in_the_same_chunks(
     packed = [packed_rows(b, "q", resolve) for b in batches]
     assert all(p is not None for p in packed)
     for p, b in zip(packed, plain, strict=True):
-        assert p is not None and (p.queues, p.sizes) == (b.queues, b.sizes)
+        assert p is not None and (p.queues, p.sizes.tolist()) == (b.queues, b.sizes)
     expected = list(chunk_rows(plain, max_records=per, max_bytes=max_bytes))
     got = list(chunk_rows([p for p in packed if p is not None], max_records=per, max_bytes=max_bytes))
     assert [(c.queue, c.index, len(c.records), c.size) for c in got] == [
@@ -79,3 +80,42 @@ def test_other_shapes_are_left_to_batch_rows() -> None:
         batch = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
         assert packed_rows(batch, queue, resolve) is None
     assert packed_records([[b"v", None, []]]) == [[b"v", None, []]]
+
+
+def test_a_chunk_holds_slices_of_the_batches_not_a_row_each() -> None:
+    """A chunk of packed rows is one slice of each Arrow batch it spans: no per-row bytes objects, no
+    per-row list slicing, whatever the row count."""
+    data = [(b"v%05d" % i, b"k%d" % i) for i in range(5_000)]
+    batches = _batches(data, text=True, keyed=True, cut=1_000)
+    packed = [packed_rows(b, "q", resolve) for b in batches]
+    got = list(chunk_rows([p for p in packed if p is not None], max_records=1_500, max_bytes=1 << 30))
+    assert [len(c.records) for c in got] == [1_500, 1_500, 1_500, 500]
+    records = got[0].records
+    assert type(records) is PackedRecords
+    assert len(records.parts) == 2  # rows 0-999 from the first batch, 1000-1499 from the second
+    assert packed_records(records) == msgpack.packb([[v, k, []] for v, k in data[:1_500]], use_bin_type=True)
+
+
+def test_rows_of_both_shapes_in_one_chunk_are_packed_alike() -> None:
+    """A queue's chunk may get records built row by row (``batch_rows``) and packed rows, in either
+    order: the same chunk and the same bytes as building every record row by row."""
+    data = [(b"v" * (i % 7), None if i % 3 else b"k%d" % i) for i in range(90)]
+    batches = _batches(data, text=False, keyed=True, cut=20)
+    for first_plain in (True, False):
+        mixed: list[Rows | PackedRows] = []
+        for i, b in enumerate(batches):
+            p = packed_rows(b, "q", resolve)
+            mixed.append(batch_rows(b, "q", resolve) if (i % 2 == 0) == first_plain or p is None else p)
+        plain = [batch_rows(b, "q", resolve) for b in batches]
+        for per, max_bytes in ((30, 1 << 20), (90, 1 << 20), (1_000, 700)):
+            expected = list(chunk_rows(plain, max_records=per, max_bytes=max_bytes))
+            got = list(chunk_rows(mixed, max_records=per, max_bytes=max_bytes))
+            assert [(c.index, len(c.records), c.size) for c in got] == [
+                (c.index, len(c.records), c.size) for c in expected
+            ]
+            assert any(type(c.records) is PackedRecords for c in got)
+            for mine, theirs in zip(got, expected, strict=True):
+                if type(mine.records) is PackedRecords:
+                    assert packed_records(mine.records) == msgpack.packb(theirs.records, use_bin_type=True)
+                else:
+                    assert mine.records == theirs.records
