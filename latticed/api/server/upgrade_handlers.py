@@ -11,7 +11,7 @@ from typing import Any
 from latticed.api.messages import arg_bool, arg_str
 from latticed.api.server.context import Context, Handler, Reply, Request
 from latticed.crdt.head import KIND_QUEUE
-from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, fork_point
+from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH
 from latticed.errors import LatticedError, MalformedError, NotOwnerError
 
 __all__ = ["OPS", "recover_core1"]
@@ -63,7 +63,7 @@ async def recover_core1(ctx: Context, q: int, *, keep_mine: bool) -> Reply:
     """``queue_recover`` of a core-1 queue: a forked one converts to core 2 from its fork point."""
     engine = ctx.engine
     state = engine.state(q)
-    if fork_point(state) is None:
+    if not state.forked:  # (its fork point reads records: the writer finds it)
         raise MalformedError(
             f"{engine.address(q)} is not forked: there is nothing to recover (`latticectl queue upgrade "
             f"{state.name}` moves it to fork core 2)"
