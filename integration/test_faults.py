@@ -283,8 +283,9 @@ def test_peers_add_persists_and_remove_forgets(latticed_process: Factory, keys: 
 
 def test_a_fork_is_logged_once_and_shown(latticed_process: Factory) -> None:
     """A data directory's identity copied to a second machine that writes the same queue: the daemon that
-    hears both histories flags the queue, logs it once, and shows it in status, queue list and info. Core 1's
-    fork proof (a core-2 queue freezes instead: integration/test_core2_daemons.py)."""
+    hears both histories flags the queue, logs it once, and shows it in status, queue list and info; the
+    copy flags it from the proof and refuses its writes. Core 1's fork proof (a core-2 queue freezes
+    instead: integration/test_core2_daemons.py)."""
     original = latticed_process(args=["--listen", "127.0.0.1:0", "--no-mdns"])
     witness = latticed_process(
         args=["--listen", "127.0.0.1:0", "--no-mdns", "--peer", f"127.0.0.1:{listen_port(original)}"]
@@ -308,9 +309,11 @@ def test_a_fork_is_logged_once_and_shown(latticed_process: Factory) -> None:
     wait_until(lambda: _info(witness, queue)["forked"], "the witness flags the fork")
     proof = _info(witness, queue)["fork_proof"]
     assert isinstance(proof, str) and len(proof) == 64
-    with client(copy) as c:
-        c.offer("ledger", b"more, after the fork")  # more of the forked queue reaches the witness
-    wait_until(lambda: _info(witness, queue)["known_end"] >= 4, "later records at the witness")
+    # The copy learns of the fork from the witness's proof; the queue stops there and its owner's daemon
+    # refuses to write on (exit 6, one line naming the way out).
+    wait_until(lambda: _info(copy, queue)["forked"], "the copy flags the fork too")
+    refused = ctl(copy, "offer", "ledger", "more, after the fork")
+    assert refused.exit_code == 6 and "latticectl queue recover ledger" in refused.stderr, refused.output
     [event] = [e for e in log_events(witness, "queue.forked") if e["queue"] == queue]
     assert event["level"] == "warning" and event["proof"] == proof
     with client(witness) as c:

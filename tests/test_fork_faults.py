@@ -1,7 +1,8 @@
 """A forked queue as its operator meets it, in-process (a network reaches this state only by accident): a
 second history signed with the daemon's own key, merged straight into the engine. It is logged once, at
-WARNING, with the proof's hash; ``status``, ``queue list`` and ``queue info`` show it; every kind of
-write by the owner is refused with exit code 6 while the newest head's records are missing."""
+WARNING, with the proof's hash; ``status``, ``queue list`` and ``queue info`` show it; the queue stops where
+the daemon stands (its records stay stored, none is read past the visible end) and every kind of write by
+the owner is refused with exit code 6, naming ``latticectl queue recover``."""
 
 from __future__ import annotations
 
@@ -48,10 +49,14 @@ def fork_events(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
 
 
 def _fork_own(daemon: InProcessDaemon, other: LatticeQueue, first_delta: core.QueueDelta) -> core.QueueState:
-    """Merge the second history's first record under its newest head: a fork whose records are missing."""
+    """Merge the second history's first record under its newest head: a fork, found by the join, that
+    stops the queue where this daemon stands (its own head and records)."""
     first_only = dataclasses.replace(first_delta, head=other.delta().head)
+    before = daemon.handle.engine.state(
+        daemon.handle.engine.find(first_delta.owner, first_delta.name, first_delta.kind)
+    )
     state: core.QueueState = daemon.call(daemon.handle.engine.merge_delta, first_only)
-    assert state.forked and not state.complete
+    assert state.forked and (state.head, state.held_end) == (before.head, before.held_end)
     return state
 
 
@@ -105,10 +110,13 @@ def test_every_write_to_a_forked_own_queue_is_exit_6(daemon: InProcessDaemon) ->
         result = ctl(daemon, *args)
         assert result.exit_code == ExitCode.INTEGRITY, (args, result.output)
         assert "forked" in result.stderr, (args, result.stderr)
-    # Both histories hold one record: the join keeps the one with the higher chain value after it
-    # (docs/lattice.md, "State and join"), whichever side it came from, and reads serve it.
-    theirs = forked.summary().held_hash == other.state.chain_at(1)
-    assert ctl(daemon, "peek", name, "0").stdout == ("theirs\n" if theirs else "ours\n")
+        assert f"latticectl queue recover {name}" in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1
+    # Our record stays stored, but the proof shows the two histories share nothing: none is read.
+    assert forked.held_end == 1 and forked.visible_end == 0
+    info = json.loads(ctl(daemon, "queue", "info", name, "--json").stdout)
+    assert (info["start_offset"], info["end_offset"]) == (0, 0)
+    assert "ours" not in ctl(daemon, "peek", name, "0").stdout
 
 
 def test_a_write_to_a_forked_own_kv_namespace_is_exit_6(daemon: InProcessDaemon) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from latticed.crdt.core_errors import EquivocationError, IntegrityError, MalformedError
-from latticed.crdt.head import SignedHead, check_name, queue_id
+from latticed.crdt.head import SignedHead, check_name, genesis_hash, queue_id
 from latticed.crdt.records import chain_fold
 from latticed.crdt.signing import HASH_SIZE, blake2b
 
@@ -147,10 +147,35 @@ def two_head_proof(owner: bytes, name: str, kind: int, x: SignedHead, y: SignedH
     return ForkProof(owner, name, kind, a, b)
 
 
+def shared_points(proof: ForkProof) -> tuple[tuple[int, bytes], ...]:
+    """Where a verified proof shows both histories holding one chain value, highest offset first: the
+    offsets both sides sign (or bridge) alike, and offset 0 (every history starts from the genesis hash).
+    Records below such an offset are the same in both histories; the proof's own ``offset`` shows only
+    that they differ somewhere below it, so it is no such point."""
+    a = _known_values(proof.a, proof.offset, proof.bridge_a)
+    b = _known_values(proof.b, proof.offset, proof.bridge_b)
+    points = {o: v for o, v in a.items() if b.get(o) == v}
+    points.setdefault(0, genesis_hash(queue_id(proof.owner, proof.name, proof.kind)))
+    return tuple(sorted(points.items(), reverse=True))
+
+
+def fork_point(proof: ForkProof) -> int:
+    """The highest offset below which ``proof`` shows both histories hold the same records."""
+    return shared_points(proof)[0][0]
+
+
+def _known_values(head: SignedHead, offset: int, bridge: Bridge | None) -> dict[int, bytes]:
+    values = signed_chain_values(head)
+    if bridge is not None and offset >= 0:
+        values[offset] = bridge.start_hash
+    return values
+
+
 def better_proof(x: ForkProof | None, y: ForkProof | None) -> ForkProof | None:
-    """Pick one proof deterministically, so replicas that saw different evidence still agree."""
+    """Pick one proof deterministically, so replicas that saw different evidence still agree: the one
+    with the lowest fork point (the most cautious about what both histories share), then by bytes."""
     if x is None:
         return y
     if y is None:
         return x
-    return x if x.canonical() <= y.canonical() else y
+    return x if (fork_point(x), x.canonical()) <= (fork_point(y), y.canonical()) else y

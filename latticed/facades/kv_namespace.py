@@ -121,11 +121,13 @@ class KvNamespace:
 
         A join that no longer extends the log the view was folded from (a fork's other history replaced
         our ops, or the log jumped past them) folds the view again from the log, as the daemon does: else
-        replicas holding the same ops would keep different views for good."""
+        replicas holding the same ops would keep different views for good. So does a fork (the log stops
+        where this replica stands, and the view holds only its ops up to the visible end)."""
         log, end = self._log, self._applied_end
         folded = log.state.chain_at(end)
+        forked = log.state.forked
         log.merge(incoming)
-        if log.state.chain_at(end) != folded:
+        if log.state.chain_at(end) != folded or log.state.forked != forked:
             self._view = {}
             self._applied_end = log.start_offset
         self._fold_pending()

@@ -163,6 +163,8 @@ class LatticeQueue:
 
     # ------------------------------------------------------------------ consumer
     def peek_entry(self, offset: int) -> Record | None:
+        if self._state.forked and offset >= self._state.visible_end:
+            return None  # a forked queue stops where this replica stands: nothing past it is read
         record = self._state.record_at(offset)
         if record is None and self._pending:
             index = offset - self._state.held_end
@@ -206,6 +208,8 @@ class LatticeQueue:
 
     @property
     def end_offset(self) -> int:
+        if self._state.forked:
+            return self._state.visible_end
         return self._state.held_end + len(self._pending)
 
     @property

@@ -40,7 +40,7 @@ def held(engine: SourceStore, q: int) -> tuple[int, int]:
         state = engine.core2.loaded(q)
         return (0, 0) if state is None else state.held
     state1 = engine.state(q)
-    return state1.start, state1.held_end
+    return state1.start, state1.visible_end
 
 
 async def watch_sources(

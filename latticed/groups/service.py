@@ -134,8 +134,8 @@ class GroupService:
         engine, progress = self.engine, dict[str, GroupProgress]()
         history: list[AttemptEntry] = []
         pos = engine.state(q).start
-        while pos < engine.state(q).held_end:
-            columns = await engine.read(q, pos, engine.state(q).held_end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
+        while pos < engine.state(q).visible_end:
+            columns = await engine.read(q, pos, engine.state(q).visible_end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
             if not columns.offsets:
                 break
             ops = []

@@ -599,7 +599,7 @@ async def run_replication(
     )
 
     def on_change(state: QueueState) -> None:
-        if state.head is not None:
+        if state.head is not None or state.forked:
             gossip.local_change(queue_key(state), state.summary())
 
     def on_change2(q: int, state: QueueState2 | None) -> None:

@@ -158,22 +158,20 @@ def _other_history(ours: Summary, theirs: Summary) -> bool:
     return ours.held_end == theirs.held_end and ours.held_hash != theirs.held_hash
 
 
-def _fork_unsettled(ours: Summary, theirs: Summary) -> bool:
-    """Both flag a fork and hold the same version, yet differ: the two heads of that version may differ
-    too, and which one the join keeps (the higher signature) no summary tells, nor whose records go with
-    it. So each side offers its own head (see ReplicationSession._pump)."""
-    return ours.forked and theirs.forked and ours.version == theirs.version and ours != theirs
-
-
 def has_news(ours: Summary | None, theirs: Summary | None) -> bool:
     """Whether we may hold something the peer lacks, so a delta is worth asking the store for: what
-    :func:`is_ahead` says, and for a forked queue also another history or an unsettled fork. A delta
-    that changes nothing for the peer is not sent again while both summaries stay the same."""
+    :func:`is_ahead` says, and also another history (which the peer's join finds to be a fork). A forked
+    queue stops where each replica stands: only its proof travels, to a peer that does not flag it. A
+    delta that changes nothing for the peer is not sent again while both summaries stay the same."""
+    if ours is not None and ours.forked:
+        return theirs is None or not theirs.forked
+    if theirs is not None and theirs.forked:
+        return False  # a forked replica merges nothing but a proof, and flags the fork already
     if is_ahead(ours, theirs):
         return True
     if ours is None or theirs is None or ours.version == 0:
         return False
-    return _other_history(ours, theirs) or _fork_unsettled(ours, theirs)
+    return _other_history(ours, theirs)
 
 
 # ------------------------------------------------------------------------------------------------ events
@@ -277,13 +275,9 @@ class _Link:
     #: (ours, the peer's) summaries when the peer acknowledged a DELTA of ours that changed nothing for
     #: it: no more are sent while both still hold exactly that (see :meth:`ReplicationSession._pump`).
     futile: tuple[Summary | None, Summary] | None = None
-    #: The same pair once our last offer for it went out (the whole of our run, see _pump).
-    whole: tuple[Summary | None, Summary] | None = None
-    #: Where the rest of that offer follows on, when one delta could not carry our whole run (None: it
-    #: did, or it is done), and how far it has reached; ``offering``: the delta asked for is part of it.
-    onward: Summary | None = None
-    reach: Summary | None = None
-    offering: bool = False
+    #: Our proof of the fork went to the peer, and ours has not changed since: a frozen queue changes
+    #: only when its proof does, which no summary tells (see :meth:`ReplicationSession._pump`).
+    proof_sent: bool = False
 
 
 @dataclass(slots=True)
@@ -468,7 +462,9 @@ class ReplicationSession:
         if state is not SessionState.OPEN or not self._peer_wants(key):
             return
         link = self._link(key)
-        if link.eager:
+        if summary.forked:
+            link.proof_sent = False  # a frozen queue changed: its proof did
+        if link.eager or summary.forked:  # a proof goes over pruned links too: it is no stream
             self._schedule(key)
         elif has_news(summary, link.peer) and self._announced.get(key) != summary:
             # Once per summary: a relay reports a push both when it serves it ahead of its commit and
@@ -481,7 +477,6 @@ class ReplicationSession:
         self._state = transition(self._state, Command.PROVIDE_DELTA)
         link = self._link(key)
         since = link.asked_since
-        offering, link.offering, link.onward = link.offering, False, None
         if link.asked:
             link.asked = False
             link.asked_since = None
@@ -492,8 +487,6 @@ class ReplicationSession:
         self._seq += 1
         implied = held_after(delta, since)
         ours = self._local.get(key)
-        if offering and delta.records:
-            link.onward = _onward(link, delta, implied, ours)
         if link.sent is None or is_ahead(implied, link.sent):
             link.sent = implied
         link.inflight += 1
@@ -501,7 +494,7 @@ class ReplicationSession:
         self.stats["deltas_sent"] += 1
         self._brings[self._seq] = implied
         self._send(Delta(self._seq, delta))
-        if link.onward is not None or (has_news(ours, self._since(link)) and self._streams(link, ours)):
+        if has_news(ours, self._since(link)) and self._streams(link, ours):
             self._schedule(key)  # the next chunk goes out before this one is acknowledged
         else:
             self._pump()
@@ -523,15 +516,16 @@ class ReplicationSession:
         self._set_local(key, summary, now)
         link = self._link(key)
         self._send(Ack(seq, key, summary))
-        if not changed and not link.pruned:
-            # The first duplicate on this link, whatever the rate: another link brought it first.
+        if not changed and not link.pruned and not summary.forked:
+            # The first duplicate on this link, whatever the rate: another link brought it first (a
+            # frozen queue's proofs are not a stream to thin out).
             link.pruned = True
             self._send(Prune(key))
-        if (changed or summary.forked) and self._peer_wants(key) and has_news(summary, link.peer):
-            # The join holds more than the sender sent: its delta and what we held are two histories
-            # of a forked owner, which only we know of yet. Tell the sender too. Also when the join kept
-            # ours unchanged: the sender moved to another history, and what we hold (say a head that
-            # won here without changing our summary, so no peer heard of it) goes out on no other path.
+        news = (changed or summary.forked) and has_news(summary, link.peer)
+        if self._peer_wants(key) and (news or (summary.forked and not link.proof_sent)):
+            # The join holds more than the sender sent, or found that its delta and what we held are two
+            # histories of a forked owner (the queue stops here): tell the sender too, also when it
+            # flags the fork by now (its proof may be another).
             self._schedule(key)
 
     def ping(self, nonce: int) -> None:
@@ -658,7 +652,7 @@ class ReplicationSession:
             # Our delta brought the peer nothing, and not because it held those records already (from
             # another link). Judged by what this delta brings, not by all we have in flight to the peer:
             # in a backlog that is always past its ACK of an earlier chunk, and every chunk that came
-            # second from here started a whole-run offer from the queue's start.
+            # second from here would stop the stream.
             link.futile = (self._local.get(key), summary)
         link.peer = summary
         if link.inflight == 0:
@@ -685,14 +679,9 @@ class ReplicationSession:
 
     def _streams(self, link: _Link, ours: Summary | None) -> bool:
         """Whether a backlog's next chunk goes to the peer unasked: on an eager link; on a pruned one
-        only to settle another history or a fork (the whole-run offer), never a plain backlog the peer
-        gets from its eager link too (every chunk would cross both, PRUNEs arriving chunks late)."""
-        return (
-            link.eager
-            or link.futile is not None
-            or link.onward is not None
-            or not is_ahead(ours, self._since(link))
-        )
+        only to settle another history or a fork, never a plain backlog the peer gets from its eager
+        link too (every chunk would cross both, PRUNEs arriving chunks late)."""
+        return link.eager or not is_ahead(ours, self._since(link))
 
     def _heard_of(self, key: QueueKey, summary: Summary) -> _Link | None:
         """A HAVE or WANT told us what the peer holds of ``key``."""
@@ -965,37 +954,22 @@ class ReplicationSession:
                 continue
             since = self._since(link)
             ours = self._local.get(key)
-            if ours is None or not has_news(ours, since):
+            if ours is not None and ours.forked:
+                # Only our proof goes, once per link, so every replica ends with the one of lowest fork
+                # point (the join keeps it), and once again whenever ours changes.
+                if link.proof_sent:
+                    continue
+                link.proof_sent = True
+            elif ours is None or not has_news(ours, since):
                 continue
-            max_records = self.max_records
-            records = is_ahead(ours, since) or (since is not None and _other_history(ours, since))
-            pair = (ours, link.peer)
-            if link.futile == pair:
-                # What we sent from here changed nothing at the peer: its records are another history
-                # (the owner forked), which a chunk shorter than its own run does not displace in the
-                # join. Offer our whole run once, from its start (the host still bounds the bytes);
-                # then stop, until either side changes, rather than send the same chunks for ever.
-                # When no head of ours vouches for the run from its start (a fork's run joined from
-                # chunks of two heads), the offer goes on chunk by chunk to our end.
-                if not records:
-                    continue
-                if link.whole != pair:
-                    link.whole, link.reach = pair, None
-                    since = None
-                elif link.onward is not None:
-                    since = link.onward
-                else:
-                    continue
-                link.offering = True
-                max_records = max(max_records, ours.held_end - ours.start)
-            if not records:
-                # Only the fork is unsettled: our head (with its metadata and the proof) is what the
-                # peer may lack; it has at least our records.
-                since = dataclasses.replace(ours, meta_version=-1)
+            elif link.futile == (ours, link.peer):
+                # What we sent from here changed nothing at the peer: nothing more until either side
+                # changes, rather than send the same chunks for ever.
+                continue
             link.asked = True
             link.asked_since = since
             self._asked_total += 1
-            self._events.append(NeedDelta(key, since, max_records))
+            self._events.append(NeedDelta(key, since, self.max_records))
 
     @staticmethod
     def _since(link: _Link) -> Summary | None:
@@ -1036,7 +1010,7 @@ def _no_news(delta: QueueDelta, since: Summary | None) -> bool:
 def _duplicate(sent: Summary | None, acked: Summary) -> bool:
     """Whether an ACK that changed nothing only says the peer had what we sent already (from another
     link, the normal case in a mesh), not that our records lost a join to another history: it holds at
-    least all we sent, and no fork. Only the latter is a reason for a whole-run offer (see _pump)."""
+    least all we sent, and no fork. Only the latter stops further deltas from here (see _pump)."""
     return (
         sent is not None
         and not acked.forked
@@ -1045,30 +1019,13 @@ def _duplicate(sent: Summary | None, acked: Summary) -> bool:
     )
 
 
-def _onward(link: _Link, delta: QueueDelta, implied: Summary, ours: Summary | None) -> Summary | None:
-    """Where a whole-run offer goes on after ``delta`` (None: it is done). A chunk that reached further
-    than the offer had is followed by one from the last head inside it, not from its end: a peer whose
-    records leave ours inside that last span still agrees with us there, and can take the rest of our run
-    from there in one piece (a chunk from our end would not join its records). One that did not reach
-    further is followed from the furthest end, so every chunk of the offer gets further."""
-    reach = link.reach
-    if reach is not None and implied.held_end <= reach.held_end:
-        onward = reach
-    else:
-        link.reach = reach = onward = implied
-        inner = [c for c in delta.checkpoints if delta.from_offset < c.end < implied.held_end]
-        if inner:
-            last = max(inner, key=lambda c: c.end)
-            onward = dataclasses.replace(implied, held_end=last.end, held_hash=last.head_hash)
-    return onward if is_ahead(ours, reach) else None
-
-
 def held_after(delta: QueueDelta, known: Summary | None) -> Summary:
     """What a side summarised by ``known`` holds after joining ``delta`` along one history (where the next
     chunk starts): the session's view of a peer it sent ``delta``, and a bundle's of its reader."""
     head = delta.head
-    if head is None:
-        return known or Summary()
+    if head is None:  # a forked queue's proof, or nothing
+        held = known or Summary()
+        return dataclasses.replace(held, forked=True) if delta.fork is not None else held
     if delta.tip is not None:
         held_end, held_hash = delta.tip.end, delta.tip.head_hash
     elif known is not None:

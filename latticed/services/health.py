@@ -112,7 +112,7 @@ class Health:
         await self.engine.core2.load_all()
 
     def forked_queues(self) -> list[dict[str, Any]]:
-        """Every forked queue: core 1's (spliced, with the proof's hash) and core 2's frozen ones (among
+        """Every forked queue: core 1's (stopped, with the proof's hash) and core 2's frozen ones (among
         the loaded values: all of them once :meth:`scan_forks2` or :meth:`forks` ran)."""
         out = []
         for kind in QueueKind:

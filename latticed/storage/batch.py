@@ -63,9 +63,8 @@ def thin_checkpoints(
     record size seen) caps the spacing so chunks stay under :data:`MAX_CHUNK_BYTES`.
 
     Checkpoints only let a long backlog be cut into chunks that verify on their own; they are not part of
-    the lattice value, so dropping some changes nothing but chunk sizes (and, for a forked queue, whether
-    a join can keep a spliced run it could not serve without them: docs/lattice.md, "Known gap"), and
-    keeps per-queue memory small.
+    the lattice value, so dropping some changes nothing but chunk sizes (and, for a forked queue, how
+    small a proof's bridges are), and keeps per-queue memory small.
     A commit adds one checkpoint at the end, so usually only the previous latest needs a look; a full
     pass runs when the list has grown past its bound (the spacing grows with the queue).
     """
@@ -169,6 +168,8 @@ class Batch:
         state = self.staged[q].state if q in self.staged else self._states[q]
         if state.owner != self.identity.public_key:
             raise NotOwnerError(f"cannot {what}: not the owner of {state.owner.hex()}/{state.name}")
+        if state.forked:
+            raise forked_refusal(state, what)
         if not state.complete:
             raise _unsignable(state, what)
         return state
@@ -303,12 +304,17 @@ def _unsignable(state: QueueState, what: str) -> LatticedError:
     job fails (the signing step would fail the whole batch) and the CLI shows exit 6, not a bare gap."""
     address = f"{state.owner.hex()}/{state.name}"
     missing = f"the records of its newest head from offset {state.held_end} to {state.known_end} are not here"
-    if state.forked:
-        return ForkedQueueError(
-            f"cannot {what} {address}: it is forked (this identity signed two histories of it; see "
-            f"docs/operations.md) and {missing}; writes resume once they have arrived"
-        )
     return BehindPeersError(f"cannot {what} {address} yet: {missing}; retry once the catch-up has landed")
+
+
+def forked_refusal(state: QueueState, what: str) -> ForkedQueueError:
+    """Why the owner may not write to its forked core-1 queue: no replica can know which of its two
+    histories it meant, so the queue stops where each replica stands until the owner recovers it."""
+    return ForkedQueueError(
+        f"cannot {what} {state.owner.hex()}/{state.name}: it is forked (this identity signed two histories "
+        f"of it) and stopped at offset {state.visible_end}; recover it with "
+        f"`latticectl queue recover {state.name}`"
+    )
 
 
 def appended_since(before: QueueState, after: QueueState) -> tuple[int, Sequence[Record]]:

@@ -256,8 +256,8 @@ class Engine(ReplicaView):
     async def create_queue(
         self, name: str, meta: Mapping[str, str] | None = None, kind: int = KIND_QUEUE, *, core: int = 1
     ) -> int:
-        """A new queue of ours on fork core ``core`` (1: the splicing join; 2: frozen at a fork, then
-        recovered by its owner: docs/lattice.md)."""
+        """A new queue of ours on fork core ``core`` (1: stopped where each replica stands at a fork; 2:
+        frozen at a fork, then recovered by its owner: docs/lattice.md)."""
         check_name(name)
         if core not in (1, 2):
             raise MalformedError(f"a queue's fork core is 1 or 2, not {core!r}")
@@ -329,11 +329,11 @@ class Engine(ReplicaView):
         return await self.bridge.read(fn)
 
     async def read(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns:
-        """Committed records in ``[lo, hi)`` clamped to what the queue holds, bounded in count and size."""
+        """Committed records in ``[lo, hi)`` clamped to what the queue shows, bounded in count and size."""
         if self.core2.holds(q):
             return await self.core2.read(q, lo, hi, max_records, max_bytes)
         state = self.state(q)
-        lo, hi = max(lo, state.start), min(hi, state.held_end)
+        lo, hi = max(lo, state.start), min(hi, state.visible_end)
         if hi <= lo or max_records <= 0:
             return Columns()
         recent = self.live.recent_columns(q, lo, hi, max_records, max_bytes)
@@ -346,13 +346,13 @@ class Engine(ReplicaView):
         if self.core2.holds(q):
             return (await self.core2.value(q)).held
         state = self.state(q)
-        return state.start, state.held_end
+        return state.start, state.visible_end
 
     async def row(self, q: int, offset: int) -> RawRow | None:
         if self.core2.holds(q):
             return await self.core2.read_row(q, offset)
         state = self.state(q)
-        if not state.start <= offset < state.held_end:
+        if not state.start <= offset < state.visible_end:
             return None
         recent = self.live.recent_row(q, offset)
         if recent is not None:
@@ -361,13 +361,13 @@ class Engine(ReplicaView):
 
     def visible_end(self, q: int) -> int:
         """Where a live tail may read up to: the committed end, or past it the verified records of a
-        replicated queue still being committed (ahead.py)."""
-        return self.live.visible_end(q, self.state(q).held_end)
+        replicated queue still being committed (ahead.py); a forked queue's visible end."""
+        return self.live.visible_end(q, self.state(q).visible_end)
 
     async def read_visible(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns:
         """:meth:`read` for a live tail: past the committed end, the verified records ahead of it."""
         state = self.state(q)
-        if lo < state.held_end:
+        if lo < state.held_end or state.forked:
             return await self.read(q, lo, min(hi, state.held_end), max_records, max_bytes)
         return self.live.ahead_columns(q, lo, hi, max_records, max_bytes)
 
@@ -376,7 +376,7 @@ class Engine(ReplicaView):
         ``ahead`` (a live tail), also once verified records on their way to the store do (ahead.py)."""
         while True:
             state = self.state(q)
-            if (self.visible_end(q) if ahead else state.held_end) > end or state.start > end:
+            if (self.visible_end(q) if ahead else state.visible_end) > end or state.start > end:
                 return
             await self.live.changed(q).wait()
 

@@ -238,13 +238,16 @@ class Merge(Job):
             empty = core.empty_state(d.owner, d.name, d.kind)
             core.join_verified(empty, self.verified)  # raises GapError before we create anything
             q = batch.create(empty, writer.store.empty_view)
-            before = Summary()
+            before, proof = Summary(), None
         else:
-            before = batch.state(q).summary()
-        after = batch.join(q, self.verified).summary()
+            held = batch.state(q)
+            before, proof = held.summary(), held.fork
+        joined = batch.join(q, self.verified)
+        after = joined.summary()
         self.result = q
         self.summary = after
-        self.changed = after != before
+        # A frozen queue's summary stays put while its proof improves: that is news too.
+        self.changed = after != before or joined.fork != proof
         self.added = max(0, after.held_end - max(before.held_end, after.start))
 
 

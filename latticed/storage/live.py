@@ -189,7 +189,7 @@ class LiveCache:
         lacks only the head, or only records of the last commit, and ``since`` names a chain value we know
         is ours. None: compute it from the store (anything else, or any doubt)."""
         head, tip = state.head, state.tip
-        if head is None or since is None or state.fork is not None:
+        if head is None or since is None or state.forked:
             return None
         held = state.summary()  # in memory: the chain value at the end is cached with the entries
         self.remember_chain(q, held.held_end, held.held_hash)

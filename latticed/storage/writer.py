@@ -536,6 +536,7 @@ class Writer:
                     continue
                 first, appended = appended_since(staged.before, staged.state)
                 refold = staged.joined and staged.state.kind == KIND_KV and _view_stale(staged)
+                refold = refold or _frozen_now(staged)
                 persisted, deleted = store.persist(q, staged.before, staged.state)
                 reclaim = reclaim or deleted
                 if persisted.kind == KIND_KV and staged.joined:
@@ -546,7 +547,7 @@ class Writer:
                         # holds every op that still decides a key.
                         store.clear_kv(q)
                         batch.kv.pop(q, None)
-                        ops = persisted.entries.records()
+                        ops = persisted.entries.records(0, persisted.visible_end - persisted.start)
                     if self.kv_sealing is not None:
                         ops = self.kv_sealing.fold_ops(
                             q, persisted, ops, functools.partial(store.rows.records, q)
@@ -602,6 +603,15 @@ def _view_stale(staged: Staged) -> bool:
         return False  # nothing folded yet
     end = before.held_end
     return after.chain_at(end) != before.chain_at(end)
+
+
+def _frozen_now(staged: Staged) -> bool:
+    """Whether a join froze a KV namespace (or moved its visible end): its view is folded again from
+    its ops up to the visible end only, as every read of a forked queue stops there."""
+    before, after = staged.before, staged.state
+    if after.kind != KIND_KV or not after.forked:
+        return False
+    return not before.forked or after.visible_end != before.visible_end
 
 
 def _fold_ops(batch: Batch, ns: int, records: Sequence[Record]) -> None:

@@ -82,14 +82,16 @@ def test_a_write_to_an_own_queue_whose_newest_head_lacks_its_records_is_exit_6(
 
 
 def test_a_write_to_an_own_forked_queue_is_exit_6(daemon: InProcessDaemon) -> None:
-    """The second history's first record arrives and contradicts ours: the queue is forked, and its newest
-    head's records are not all here. The owner's writes are refused with the documented 6."""
+    """The second history's first record arrives and contradicts ours: the queue is forked and stops
+    where this daemon stands (its own head and record). The owner's writes are refused with the
+    documented 6, and the one line names the command that recovers it."""
     name, other, first = _own_queue(daemon)
     first_only = dataclasses.replace(first, head=other.delta().head)  # the newest head, one record
     state = daemon.call(daemon.handle.engine.merge_delta, first_only)
-    assert state.forked and not state.complete
-    line = one_error_line(ctl(daemon, "offer", name, "more"), ExitCode.INTEGRITY)
-    assert "forked" in line, line
+    assert state.forked and state.complete and state.held_end == 1
+    for args in (("offer", name, "more"), ("meta", "set", name, "k", "v"), ("truncate", name, "1")):
+        line = one_error_line(ctl(daemon, *args), ExitCode.INTEGRITY)
+        assert "forked" in line and f"latticectl queue recover {name}" in line, line
     assert '"forked": true' in ctl(daemon, "queue", "info", name, "--json").stdout
 
 

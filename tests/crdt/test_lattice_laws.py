@@ -2,26 +2,33 @@
 
 States come from an owner's real history (offers, truncations, metadata changes), snapshotted at random
 points and relayed through chunked deltas, so the laws are checked on every shape a replica can hold.
+A forked owner's queue is a lattice on fork core 2 (the laws with two and three histories run there;
+``LATTICE_LAW_EXAMPLES`` sets their number of examples, 300 by default). On core 1 a fork stops the
+queue where each replica stands, checked by ordinary properties at the end.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
+import os
 
-import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.queue2_histories import empty, extend, snapshot
+from support.queue2_histories import step as step2
 
 from latticed.crdt import kv as kvcore
 from latticed.crdt import queue as core
-from latticed.crdt.head import meta_hash
+from latticed.crdt import queue2
+from latticed.crdt.forks import better_proof, fork_point
 from latticed.crdt.queue import QueueState
+from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 
 OWNER = Identity.from_seed(bytes(range(32)))
 SETTINGS = settings(max_examples=60, deadline=None)
+FORKED = settings(max_examples=int(os.environ.get("LATTICE_LAW_EXAMPLES", "300")), deadline=None)
 
 step = st.one_of(
     st.tuples(st.just("offer"), st.integers(1, 6)),
@@ -128,19 +135,20 @@ def test_chunked_catch_up_converges_to_the_owner(steps: list[tuple[str, int | st
     st.integers(0, 3),
 )
 def test_equivocation_is_detected_symmetrically(left: list[bytes], right: list[bytes], common: int) -> None:
-    """Two histories signed by one key: every join order flags the fork with a proof that verifies."""
+    """Two histories signed by one key: every join order flags the fork with a proof that verifies, and
+    each side stops where it stands (its own head and records), showing nothing past the fork point."""
     shared = [Record(value=b"c%d" % i) for i in range(common)]
     base = core.commit(core.empty_state(OWNER.public_key, "q"), OWNER, now_ms=1, records=shared)
     a = core.commit(base, OWNER, now_ms=2, records=[Record(value=b"a" + v) for v in left])
     b = core.commit(base, OWNER, now_ms=2, records=[Record(value=b"b" + v) for v in right])
     ab, ba = merged(a, b), merged(b, a)
     assert ab.forked and ba.forked
-    assert ab == ba
-    for state in (ab, ba):
-        assert state.fork is not None
-        state.fork.verify()
-    c = merged(replica_of(a, 1), base)
-    assert merged(merged(a, b), c) == merged(a, merged(b, c))
+    for joined, own in ((ab, a), (ba, b)):
+        assert joined.fork is not None
+        joined.fork.verify()
+        assert (joined.head, joined.entries) == (own.head, own.entries)
+        assert joined.visible_end <= common
+        assert not core.delta(joined).records
 
 
 # -------------------------------------------------------------------------------------------- KV lattice
@@ -206,8 +214,61 @@ def test_big_batches_get_intermediate_heads_and_byte_bounded_chunks() -> None:
     assert replica == state and chunks == 3
 
 
+# ------------------------------------------------------------------------- forked owner, fork core 2
+
+
+@st.composite
+def forked_states(draw: st.DrawFn, histories: int) -> list[QueueState2]:
+    """Three replicas of an owner whose store was copied ``histories - 1`` times past a shared prefix,
+    each copy writing on (records named apart, truncations, metadata and timestamp-only heads); a
+    replica holds any copy at any version, in part or whole, or a join of such."""
+    shared = extend(empty(), draw(st.lists(step2, min_size=1, max_size=4)), b"s")
+    lines = [
+        extend(shared[-1], draw(st.lists(step2, min_size=1, max_size=4)), b"%d" % n) for n in range(histories)
+    ]
+    lines.append(shared)
+    picked = []
+    for _ in range(3):
+        value = snapshot(draw, lines)
+        for _ in range(draw(st.integers(0, 2))):
+            value = queue2.join(value, snapshot(draw, lines))
+        picked.append(value)
+    return picked
+
+
+def _forked_laws(a: QueueState2, b: QueueState2, c: QueueState2) -> None:
+    ab = queue2.join(a, b)
+    assert ab == queue2.join(b, a)
+    assert queue2.join(ab, c) == queue2.join(a, queue2.join(b, c)) == queue2.join(queue2.join(a, c), b)
+    assert queue2.join(a, a) == a
+    assert queue2.join(ab, a) == ab == queue2.join(b, ab)
+    assert ab.forked >= a.forked
+    lo, hi = ab.held
+    for offset in range(max(lo, a.held[0]), min(hi, a.held[1])):
+        assert ab.record_at(offset) == a.record_at(offset)  # a join never changes a record held
+
+
+@FORKED
+@given(forked_states(2))
+def test_two_histories_of_a_forked_owner_join_as_a_lattice(values: list[QueueState2]) -> None:
+    _forked_laws(*values)
+
+
+@FORKED
+@given(forked_states(3))
+def test_three_histories_of_a_forked_owner_join_as_a_lattice(values: list[QueueState2]) -> None:
+    _forked_laws(*values)
+
+
+# ------------------------------------------------------------------- forked owner, fork core 1: stopped
+
+
+def shared_records(count: int) -> list[Record]:
+    return [Record(b"s%d" % i) for i in range(count)]
+
+
 def _continue(state: QueueState, steps: list[tuple[str, int | str]], tag: bytes) -> QueueState:
-    """The owner's old copy at ``state`` signs ``steps`` again, with other records: a second history."""
+    """The owner's old copy at ``state`` signs ``steps`` again, with other records: another history."""
     for index, (kind, arg) in enumerate(steps):
         now = 1000 + index
         if kind == "offer":
@@ -218,312 +279,155 @@ def _continue(state: QueueState, steps: list[tuple[str, int | str]], tag: bytes)
             assert isinstance(arg, int)
             state = core.commit(state, OWNER, now_ms=now, new_start=state.start + arg)
         else:
-            state = core.commit(state, OWNER, now_ms=now, meta_updates={str(arg): "twin"})
+            state = core.commit(state, OWNER, now_ms=now, meta_updates={str(arg): tag.decode()})
     return state
 
 
-@SETTINGS
-@given(st.lists(step, min_size=1, max_size=8), st.lists(step, min_size=1, max_size=8), st.integers(0, 8))
-@example(first=[("offer", 4), ("offer", 1), ("truncate", 4)], second=[("offer", 6)], fork_at=0)
-# Our records from 1 on take the other history's first record as theirs (the join keeps the longer
-# run made of both, whichever side came as the delta):
-@example(
-    first=[("offer", 1), ("offer", 1), ("truncate", 1)], second=[("offer", 1), ("truncate", 0)], fork_at=1
-)
-def test_two_histories_join_without_losing_what_the_kept_head_vouches_for(
-    first: list[tuple[str, int | str]], second: list[tuple[str, int | str]], fork_at: int
-) -> None:
-    """A forked owner: an old copy of its state signs a second history. The join keeps at least the records
-    the side whose head it keeps held (it used to drop them for a longer run of the other history, which
-    does not pass through that head's start), in either order. (Whether one join alone already flags the
-    fork may depend on the order: which heads each side still holds; replication then passes the flag.)"""
-    states = history(first)
-    a = states[-1]
-    b = _continue(states[fork_at % (len(states) - 1)], second, b"twin")
-    expected = merged(a, b)
-    for joined in (expected, merged(b, a)):
-        assert (joined.head, joined.entries, joined.meta) == (expected.head, expected.entries, expected.meta)
-        for side in (a, b):
-            if joined.head == side.head:
-                assert joined.held_end >= side.held_end
+def _records(state: QueueState) -> dict[int, Record]:
+    return {o: r for o in range(state.start, state.held_end) if (r := state.record_at(o)) is not None}
 
 
-def follower(states: list[QueueState], chunk: int | None) -> QueueState:
-    """A replica that caught up (in chunks) after each of the owner's ``states`` in turn: it holds what the
-    owner holds, but its records may be vouched by an older head than the owner's (say, the head they
-    came with, when a truncation arrived later as a head alone)."""
-    replica = core.empty_state(OWNER.public_key, "q")
-    for state in states:
-        for _ in range(1000):
-            after = core.merge(replica, core.delta(state, replica.summary(), max_records=chunk))
-            if after.summary() == replica.summary():
-                break
-            replica = after
-    return replica
+def _shown(state: QueueState) -> dict[int, Record]:
+    """What a replica reads and serves: its records up to its visible end."""
+    return {o: r for o, r in _records(state).items() if o < state.visible_end}
 
 
-@SETTINGS
+def gossip(replicas: list[QueueState], chunk: int, lines: list[dict[int, Record]]) -> list[QueueState]:
+    """Every replica takes deltas cut from its summary by every other, ``chunk`` records at most, until
+    a whole round changes nothing; after every join, a forked replica shows only records that every
+    history in ``lines`` holds at that offset, and what it held it still holds."""
+    replicas = list(replicas)
+    for _ in range(200):
+        moved = False
+        for i, j in itertools.permutations(range(len(replicas)), 2):
+            before = replicas[j]
+            after = core.merge(before, core.delta(replicas[i], before.summary(), max_records=chunk))
+            if after.forked:
+                assert after.fork is not None
+                after.fork.verify()
+                assert not core.delta(after).records  # only the proof is served
+                for offset, record in _shown(after).items():
+                    assert all(line.get(offset) == record for line in lines)
+                if before.forked:  # stopped: nothing merged, nothing dropped
+                    assert (after.head, after.entries) == (before.head, before.entries)
+            if after != before or after.summary() != before.summary() or after.fork != before.fork:
+                replicas[j], moved = after, True
+        if not moved:
+            return replicas
+    raise AssertionError("no fixpoint")
+
+
+def check_stopped(replicas: list[QueueState]) -> None:
+    """Once its replicas met, a core-1 fork is flagged by every one of them (or by none, when no head or
+    record they hold contradicts another and they all hold one value), every one keeps the same proof
+    (the one with the lowest fork point), and two replicas show the same record at every offset both
+    show."""
+    if not any(r.forked for r in replicas):
+        assert all(r == replicas[0] for r in replicas)
+        return
+    assert all(r.forked for r in replicas)
+    assert len({r.fork for r in replicas}) == 1
+    shown = [_shown(r) for r in replicas]
+    for x, y in itertools.combinations(shown, 2):
+        assert all(x[o] == y[o] for o in x.keys() & y.keys())
+
+
+@settings(max_examples=int(os.environ.get("LATTICE_LAW_EXAMPLES", "300")) // 3, deadline=None)
 @given(
-    st.lists(step, min_size=1, max_size=8),
-    st.lists(step, min_size=1, max_size=4),
-    st.integers(0, 8),
-    st.sampled_from([None, 1, 3]),
+    st.lists(step, min_size=1, max_size=6),
+    st.lists(st.lists(step, min_size=1, max_size=4), min_size=1, max_size=2),
+    st.integers(0, 6),
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 8), st.sampled_from([None, 1, 3])), min_size=2, max_size=4
+    ),
+    st.sampled_from([1, 2, 5]),
 )
-@example(first=[("offer", 1), ("offer", 1), ("truncate", 0)], second=[("offer", 1)], fork_at=1, chunk=None)
-def test_a_join_depends_on_values_not_on_which_heads_vouch_for_them(
-    first: list[tuple[str, int | str]], second: list[tuple[str, int | str]], fork_at: int, chunk: int | None
+def test_a_core1_fork_flags_everywhere_and_stops_where_each_replica_stands(
+    first: list[tuple[str, int | str]],
+    copies: list[list[tuple[str, int | str]]],
+    fork_at: int,
+    picks: list[tuple[int, int, int | None]],
+    chunk: int,
 ) -> None:
-    """The owner and a replica that followed it hold the same value, each with its own vouching heads (a
-    transport aid, not part of the value). Joined with a second history of a forked owner, they must
-    still agree: when both histories reach the same end, which records are kept may not hang on the
-    heads (it did: the owner's newer truncation head kept its records, the replica's older head lost to
-    the other history's, and two honest replicas kept different records for good). Whether the join
-    flags the fork may differ: the evidence is a pair of heads, and only a side that still holds one of
-    them sees it (replication then passes the flag on)."""
+    """An owner's store copied once or twice at one version, each copy signing on (two or three
+    histories); replicas of any (owner states, followers caught up in chunks) meet through chunked
+    deltas."""
     states = history(first)
-    owner = states[-1]
-    replica = follower(states, chunk)
-    assert replica == owner
-    other = _continue(states[fork_at % len(states)], second, b"twin")
-
-    def value(state: QueueState) -> tuple[object, ...]:
-        return (state.head, state.entries, state.meta, state.start)
-
-    assert value(merged(owner, other)) == value(merged(replica, other))
-    assert value(merged(other, owner)) == value(merged(other, replica))
-
-
-@st.composite
-def forked_joins(draw: st.DrawFn) -> QueueState:
-    """What a replica of a forked owner can hold: owner states and followers of two histories, joined in
-    any shape (joins of joins: a replica's delta carries the heads its own joins kept)."""
-    states = history(draw(st.lists(step, min_size=1, max_size=8)))
-    second = draw(st.lists(step, min_size=1, max_size=4))
-    base = states[draw(st.integers(0, len(states) - 1))]
-    others = [base] + [_continue(base, second[:n], b"twin") for n in range(1, len(second) + 1)]
-    pool: list[QueueState] = []
-    for _ in range(draw(st.integers(2, 4))):
-        line = draw(st.sampled_from([states, others]))
-        upto = draw(st.integers(1, len(line)))
-        since = draw(st.integers(0, upto - 1))  # a replica that started following there
-        chunk = draw(st.sampled_from([None, 1, 3]))
-        pool.append(line[upto - 1] if draw(st.booleans()) else follower(line[since:upto], chunk))
-    while len(pool) > 1:
-        a = pool.pop(draw(st.integers(0, len(pool) - 1)))
-        b = pool.pop(draw(st.integers(0, len(pool) - 1)))
-        pool.append(catch_up(a, b, draw(st.sampled_from([None, 1, 3]))))
-    return pool[0]
+    base = states[fork_at % (len(states) - 1)]
+    lines = [states]
+    for n, steps in enumerate(copies):
+        lines.append([base, *(_continue(base, steps[:k], b"c%d" % n) for k in range(1, len(steps) + 1))])
+    replicas = [line[-1] for line in lines]
+    for which, upto, part in picks:
+        line = lines[which % len(lines)]
+        state = line[upto % len(line)]
+        replicas.append(state if part is None else replica_of(state, part))
+    check_stopped(gossip(replicas, chunk, [_records(line[-1]) | _records(base) for line in lines]))
 
 
-def catch_up(
-    replica: QueueState, state: QueueState, chunk: int | None, max_bytes: int | None = None
-) -> QueueState:
-    """``replica`` after taking what it lacks of ``state`` in deltas cut from its summary, as a peer
-    sends them (a delta that extends the replica's run adds the heads it carries to the replica's)."""
-    for _ in range(1000):
-        piece = core.delta(state, replica.summary(), max_records=chunk, max_bytes=max_bytes)
-        after = core.merge(replica, piece)
-        if after.summary() == replica.summary():
-            break
-        replica = after
-    return replica
+def test_a_join_of_forked_states_is_the_better_proof_and_each_sides_own_run() -> None:
+    """Two forked replicas holding different runs: each keeps its own, both keep the same proof (the
+    union of what they hold, as a lattice: the one with the lowest fork point), in either order."""
+    base = core.commit(core.empty_state(OWNER.public_key, "q"), OWNER, now_ms=1, records=shared_records(4))
+    a = _continue(base, [("offer", 3)], b"a")
+    b = _continue(base, [("offer", 2), ("truncate", 2)], b"b")
+    c = _continue(base, [("meta", "x")], b"c")
+    fa, fb = merged(a, b), merged(b, c)
+    assert fa.forked and fb.forked and fa.fork != fb.fork
+    for x, y in ((fa, fb), (fb, fa)):
+        joined = merged(x, y)
+        assert joined.forked and (joined.head, joined.entries) == (x.head, x.entries)
+        assert joined.fork == better_proof(fa.fork, fb.fork)
+        assert merged(joined, y) == joined  # idempotent on what it took
+    assert merged(fa, fb).fork == merged(fb, fa).fork
 
 
-@SETTINGS
-@given(forked_joins(), st.sampled_from([1, 2, 3]), st.sampled_from([None, 1, 8]))
-def test_a_forked_join_streams_in_chunks_that_verify(
-    joined: QueueState, chunk: int, max_bytes: int | None
-) -> None:
-    """Whatever a replica of a forked owner holds, a replica catching up from nothing in chunks (by
-    records and by bytes) gets it, every chunk verifying (the next test is a case this did not find)."""
-    replica = catch_up(core.empty_state(OWNER.public_key, "q"), joined, chunk, max_bytes)
-    assert (replica.head, replica.entries, replica.meta) == (joined.head, joined.entries, joined.meta)
+def test_a_copied_store_stops_everywhere_with_the_same_records_shown() -> None:
+    """The common case: a data directory copied after 10 records, both copies write (5 and 3), and a
+    relay that followed the first meets the copy in 2-record chunks: every replica flags the fork, holds
+    what it held, and none shows a record past what the proof shows both histories share."""
+    base = core.commit(core.empty_state(OWNER.public_key, "q"), OWNER, now_ms=1, records=shared_records(10))
+    owner = _continue(base, [("offer", 5)], b"owner")
+    copy = _continue(base, [("offer", 3)], b"copy")
+    relay = replica_of(owner, 2)
+    replicas = gossip([owner, relay, copy], 2, [_records(owner), _records(copy)])
+    check_stopped(replicas)
+    assert [r.held_end for r in replicas] == [15, 15, 13]
+    proof = replicas[0].fork
+    assert proof is not None
+    point = fork_point(proof)
+    assert point <= 10
+    assert all(r.visible_end == point for r in replicas)
+    for r in replicas:
+        assert core.delta(r, core.empty_state(r.owner, r.name).summary()).records == ()
 
 
-def test_a_chunk_of_a_forked_join_never_ends_at_a_head_that_starts_past_it() -> None:
-    """A run hypothesis found in tests/protocol/test_replication_stateful.py: a replica of the truncated main
-    history (head 2 starts at 1) takes the second history's version 2 (which starts at 0) and keeps head
-    2 of the main one, with both heads among its checkpoints; the second history's version 3 then takes
-    its records and checkpoints. Both version-2 heads end at 3, and a chunk of 3 records from 0 ended at
-    the one that starts at 1: it vouches for records from 1 on only, so every peer refused the chunk as
-    tampered and never caught up."""
-    main = history([("offer", 3), ("truncate", 1)])
-    second = _continue(main[1], [("offer", 1)], b"twin")
-    third = _continue(main[1], [("offer", 1), ("offer", 1)], b"twin")
-    replica = catch_up(follower(main[2:], None), second, None)
-    assert replica.head == main[2].head and main[2].head in replica.checkpoints
-    joined = catch_up(third, replica, None)
-    assert main[2].head in joined.checkpoints and joined.start == 0
-    for chunk, max_bytes in ((3, None), (None, 8), (2, 5)):
-        fresh = catch_up(core.empty_state(OWNER.public_key, "q"), joined, chunk, max_bytes)
-        assert (fresh.head, fresh.entries) == (joined.head, joined.entries)
+def test_a_third_history_below_the_proofs_shared_point_is_not_shown() -> None:
+    """A replica whose records leave the two histories a proof shows below the point both share shows
+    none of them: its chain value there is not the shared one."""
+    first = core.commit(core.empty_state(OWNER.public_key, "q"), OWNER, now_ms=1, records=[Record(b"s0")])
+    base = core.commit(first, OWNER, now_ms=2, records=[Record(b"s1")])
+    shared = core.commit(base, OWNER, now_ms=3, new_start=2)  # both copies below start from offset 2
+    a = _continue(shared, [("offer", 3)], b"a")
+    b = _continue(shared, [("offer", 2)], b"b")
+    third = _continue(first, [("offer", 4)], b"t")  # left the others at offset 1
+    frozen = merged(a, b)
+    assert frozen.fork is not None and fork_point(frozen.fork) == 2
+    assert frozen.visible_end == 2
+    stopped = core.merge(third, core.delta(frozen))
+    assert stopped.forked and stopped.visible_end == third.start and _shown(stopped) == {}
 
 
-def test_a_head_whose_metadata_a_delta_left_out_is_not_kept() -> None:
-    """Two histories set metadata at one version. A delta cut from the replica's summary leaves the
-    metadata out (the summary names its version, not its hash); the join took the newer head with the
-    replica's own metadata, a state whose every delta failed verification at every peer. Now it keeps
-    its own head, flags the fork, and serves deltas that verify; given the metadata, it takes the head."""
-    main = history([("offer", 1), ("meta", "a")])
-    twin = _continue(main[1], [("meta", "a")], b"twin")
-    for ours, theirs in ((main[-1], twin), (twin, main[-1])):
-        replica = catch_up(ours, theirs, None)
-        assert replica.forked and replica.head is not None
-        assert meta_hash(dict(replica.meta)) == replica.head.meta_hash
-        fresh = catch_up(core.empty_state(OWNER.public_key, "q"), replica, None)
-        assert (fresh.head, fresh.meta) == (replica.head, replica.meta)
-        assert merged(replica, theirs) == merged(ours, theirs)  # the whole state carries its metadata
-
-
-def test_a_chunk_ends_at_a_head_that_vouches_for_it_from_its_first_record() -> None:
-    """The shape of a run hypothesis found in tests/protocol/test_replication_stateful.py: a replica of the
-    main history (head 5 starts at 0) takes the next record of a second history that truncated to 2 (its head
-    4 starts there). The joined run [0, 5) ends at that head, which vouches for records from 2 on only,
-    and every delta cut from 0 ended at it: every peer refused it as tampered and never caught up."""
-    main = history([("offer", 3), ("offer", 1), ("truncate", 0), ("truncate", 0), ("truncate", 0)])
-    twin = _continue(main[2], [("truncate", 2), ("offer", 1)], b"twin")
-    joined = catch_up(follower(main, None), twin, None)
-    assert joined.head == main[-1].head and joined.start == 0 and joined.held_end == 5
-    assert joined.tip is not None and joined.tip.start == 2
-    for chunk in (None, 1, 3):
-        fresh = catch_up(core.empty_state(OWNER.public_key, "q"), joined, chunk)
-        assert (fresh.head, fresh.entries) == (joined.head, joined.entries)
-
-
-def _value(state: QueueState) -> tuple[object, ...]:
-    """What must converge for a forked queue (docs/lattice.md, "Forks"): whether one join alone already
-    flags the fork may hang on which heads each side still holds, so the flag is left out here."""
-    return (state.head, state.entries, state.meta, state.start)
-
-
-@st.composite
-def two_histories(draw: st.DrawFn) -> tuple[QueueState, QueueState]:
-    """Two replicas of an owner that forked once: owner states and followers of either history (from
-    any version on, in chunks), and joins of those, full or chunk by chunk. The second history either
-    signs newer heads over fewer records (metadata steps: its newest head then starts below a longer run
-    of the first one that truncated higher) or truncates and writes on, so the joins that splice runs
-    (ours up to where a delta starts, then its records, and the mirror) are drawn often, not just by luck."""
-    shared = history(draw(st.lists(step, min_size=1, max_size=6)))
-    at = draw(st.integers(0, len(shared) - 1))
-    steps = draw(st.lists(step, max_size=5))
-    if draw(st.booleans()):
-        steps += [("meta", "ab"[i % 2]) for i in range(draw(st.integers(1, 4)))]
-    else:
-        steps = [("truncate", draw(st.integers(0, 3))), *steps, ("offer", draw(st.integers(1, 4)))]
-    twin = [*shared[: at + 1], *(_continue(shared[at], steps[:n], b"twin") for n in range(1, len(steps) + 1))]
-    lines = [shared, twin]
-    chunks = st.sampled_from([None, 1, 2, 3])
-
-    def leaf() -> QueueState:
-        line = draw(st.sampled_from(lines))
-        upto = len(line) if draw(st.booleans()) else draw(st.integers(1, len(line)))
-        if draw(st.booleans()):
-            return line[upto - 1]
-        return follower(line[draw(st.integers(0, upto - 1)) : upto], draw(chunks))
-
-    def node(depth: int) -> QueueState:
-        if depth == 0 or draw(st.integers(0, 2)) == 0:
-            return leaf()
-        a, b = node(depth - 1), node(depth - 1)
-        return merged(a, b) if draw(st.booleans()) else catch_up(a, b, draw(chunks))
-
-    return node(2), node(2)
-
-
-def _behind_and_truncated() -> tuple[QueueState, QueueState]:
-    """Followers of a history that truncated to 1 after 4 records, and of its twin that set metadata twice
-    after 3 (its newest head wins and starts at 0): the join used to keep the run that came as the state."""
-    main = history([("offer", 1)] * 4 + [("truncate", 1)])
-    twin = [*main[:4], *(_continue(main[3], [("meta", "a"), ("meta", "b")][:n], b"twin") for n in (1, 2))]
-    return follower(main, None), follower(twin, None)
-
-
-@SETTINGS
-@given(two_histories())
-@example(states=_behind_and_truncated())
-def test_forked_merge_is_commutative(states: tuple[QueueState, QueueState]) -> None:
-    a, b = states
-    assert _value(merged(a, b)) == _value(merged(b, a))
-
-
-@SETTINGS
-@given(two_histories())
-def test_forked_merge_is_an_idempotent_upper_bound(states: tuple[QueueState, QueueState]) -> None:
-    a, b = states
-    assert _value(merged(a, a)) == _value(a)
-    joined = merged(a, b)
-    assert _value(merged(joined, a)) == _value(joined) == _value(merged(joined, b))
-    assert joined.version >= max(a.version, b.version) and joined.summary().forked >= a.forked
-
-
-@SETTINGS
-@given(two_histories(), st.sampled_from([None, 1, 2, 3]))
-def test_a_fresh_copy_of_a_forked_replica_joins_like_it(
-    states: tuple[QueueState, QueueState], chunk: int | None
-) -> None:
-    """A replica that caught up from a forked one in chunks holds its value under other heads (those its
-    chunks came with): a join with a third replica may not tell them apart."""
-    a, b = states
-    fresh = catch_up(core.empty_state(OWNER.public_key, "q"), a, chunk)
-    assert _value(fresh) == _value(a)
-    assert _value(merged(fresh, b)) == _value(merged(a, b))
-    assert _value(merged(b, fresh)) == _value(merged(b, a))
-
-
-def _dropped_then_needed(case: str) -> tuple[QueueState, QueueState, QueueState]:
-    """Three states whose join hangs on the grouping (see the test below)."""
-    if case == "truncated":
-        main = history([("truncate", 0), ("offer", 1), ("truncate", 1)])
-        twin = _continue(main[1], [("truncate", 0), ("truncate", 0), ("offer", 1)], b"twin")
-        return main[3], main[2], twin
-    main = history([("offer", 2)])
-    twin = _continue(main[0], [("truncate", 1), ("offer", 1)], b"twin")
-    return main[-1], twin, _continue(main[0], [("truncate", 0), ("offer", 1)], b"trip")
-
-
-@pytest.mark.xfail(raises=AssertionError, strict=True, reason="a known gap: docs/lattice.md, Forks")
-@pytest.mark.parametrize("case", ["truncated", "three histories"])
-def test_forked_joins_in_any_grouping(case: str) -> None:
-    """Pre-existing (main too; 20000 law examples found the first), not fixed: a state holds one run, so a
-    run an intermediate join dropped cannot come back. Truncated: the owner's head at version 3 starts at
-    1 and holds no records, so joined with version 2 it drops record 0; the twin's newer head then starts
-    at 0, and only a grouping that still held version 2's record can weigh it against the twin's (the
-    higher chain value wins). Three histories: the twin's head starts at 1 and drops the first history's
-    [0, 2) the same way before the third's head (from 0) arrives."""
-    a, b, c = _dropped_then_needed(case)
-    assert _value(merged(merged(a, b), c)) == _value(merged(a, merged(b, c)))
-
-
-@pytest.mark.xfail(raises=AssertionError, strict=True, reason="a known gap: docs/lattice.md, Forks")
-def test_a_splice_does_not_hang_on_which_checkpoints_a_replica_kept() -> None:
-    """Not fixed: a run spliced from ours and another history's is kept only if a head of the delta
-    vouches from one of our heads at or below the junction on (else we could not serve it). Which heads
-    a replica holds is not part of its value: the daemon's store thins them (``thin_checkpoints``, ~1000
-    records apart). Here the twin truncated to 2 inside the shared records and signs on; replicas that
-    hold the same values as the owners but not the heads at 2 and 3 (thinned) keep the first history,
-    while the owners' join keeps the twin's longer run: the same values join into different ones."""
-    shared = history([("offer", 1), ("offer", 1), ("offer", 1)])
-    ours = _continue(shared[-1], [("offer", 3), ("meta", "a"), ("meta", "b"), ("meta", "a")], b"main")
-    other = _continue(shared[-1], [("truncate", 2), ("offer", 4)], b"twin")
-    thinned = [dataclasses.replace(s, checkpoints=s.checkpoints[-1:]) for s in (ours, other)]
-    assert thinned == [ours, other]
-    assert merged(ours, other).held_end == 7  # the twin's run, through our records up to 2
-    assert _value(merged(*thinned)) == _value(merged(ours, other))
-
-
-def test_a_state_whose_run_no_one_head_vouches_for_from_its_start_merges_whole() -> None:
-    """Found by 20000 examples of the law tests above. The twin's head (version 6, from 0) wins over the
-    first history's (version 6, from 1), and the first history's records [1, 8) joined under it pass
-    through the twin's chain value at 1 and end higher: the join keeps them, vouched for from 0 to 7 by
-    shared heads and from 1 to 8 by the first history's head only. No one delta carries that run, so
-    merging that state into the twin took a chunk up to 7 (which changed nothing) and kept the twin's
-    records: ``merge(twin, joined) != merge(joined, twin)``. A whole state is now merged run and all."""
-    main = history([("offer", 1), ("offer", 4), ("offer", 1), ("offer", 1), ("truncate", 1), ("offer", 1)])
-    twin = _continue(main[4], [("truncate", 0), ("offer", 1)], b"twin")
-    joined = merged(main[-1], twin)
-    assert joined.head == twin.head and joined.tip == main[-1].head
-    assert joined.entries.records() == [*main[4].entries.records(), main[-1].entries.record(6)]
-    assert core.delta(joined).end_offset == 7  # one delta: up to the last shared head
-    assert _value(merged(twin, joined)) == _value(joined) == _value(merged(joined, twin))
-    fresh = catch_up(core.empty_state(OWNER.public_key, "q"), joined, None)
-    assert _value(merged(core.empty_state(OWNER.public_key, "q"), joined)) == _value(fresh) == _value(joined)
+def test_a_chunk_for_a_replica_of_another_history_reaches_where_its_records_end() -> None:
+    """A case hypothesis found: a replica holds 2 records of one history under the other history's newer
+    head (version 3, 3 records, no head of either contradicting the other). A chunk of 1 record from the
+    start agrees with it and ends before the histories part, for ever; the chunk cut for its summary
+    reaches its end, where the join finds the fork."""
+    first = core.commit(core.empty_state(OWNER.public_key, "q"), OWNER, now_ms=1, records=shared_records(1))
+    ours = core.commit(first, OWNER, now_ms=2, records=[Record(b"ours")])
+    theirs = _continue(first, [("offer", 1), ("offer", 1)], b"theirs")
+    behind = merged(ours, core.delta(theirs, None, max_records=1))  # the first chunk of a catch-up
+    assert not behind.forked and behind.head == theirs.head and behind.held_end == 2
+    chunk = core.delta(theirs, behind.summary(), max_records=1)
+    assert chunk.from_offset == 1 and chunk.end_offset == 2
+    assert merged(behind, chunk).forked

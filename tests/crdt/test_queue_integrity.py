@@ -555,9 +555,10 @@ def test_two_writers_offering_different_records_is_an_equivocation() -> None:
     observer = LatticeQueue.empty_replica(OWNER.public_key, NAME)
     observer.merge(state_a)
     observer.merge(state_b)
-    assert_forked(a, b, observer)
-    # The join still converges: both sides and the observer agree on one value.
-    assert a.state == b.state == observer.state
+    proofs = assert_forked(a, b, observer)
+    # Each stops where it stood (its own records), and all keep the same proof.
+    assert a.state.entries == state_a.entries and b.state.entries == state_b.entries
+    assert proofs[0] == proofs[1] == proofs[2]
 
 
 def test_divergence_after_a_common_prefix_is_an_equivocation() -> None:
@@ -817,5 +818,8 @@ def test_random_equivocations_always_yield_proofs_that_verify(seed: int) -> None
         right.merge(q.state)
     left.merge(right.state)
     right.merge(left.state)
-    assert left.state == right.state
     assert left.forked == right.forked
+    if not left.forked:
+        assert left.state == right.state
+    else:  # each stops where it stood; the proof with the lowest fork point is what both keep
+        assert left.equivocation == right.equivocation

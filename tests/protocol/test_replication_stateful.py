@@ -1,13 +1,14 @@
 """The sans-IO replication sessions driven through the in-process network by hypothesis: any order of
 delivery and of the hosts' work, links that break and come back, daemons that restart, owners that
 truncate and an owner that forks. Whenever the network goes quiet with every link up, all replicas hold
-the same records of every queue and flag the same forks, and a queue its owner never forked is exactly
-the owner's latest state everywhere.
+the same records of every queue the owner never forked, exactly the owner's latest state.
 
-Of a forked queue, replicas agree on everything a summary says (version, start, end, the chain value
-there, metadata, forked) and hold the same records, metadata and a valid proof; which of the owner's
-contradicting signatures of that one version each keeps as its head may differ, as which proof it keeps
-may (docs/lattice.md, "Forks"): a summary does not name the head.
+A forked queue stops where each replica stands (docs/lattice.md, "Forks"): once the network is quiet every
+replica flags it and keeps the same valid proof, serves no record of it, still holds exactly what it held
+when it first flagged it, and two replicas show the same record at every offset both show (up to their
+visible ends); the owner's writes to it are refused, as the daemon refuses them. A queue whose second
+history no head or record contradicts yet is one history: it is held alike everywhere.
+``REPLICATION_EXAMPLES`` and ``REPLICATION_STEPS`` set the size of a run (150 examples of 50 steps).
 
 A message is never dropped on its own: sessions run over TCP, where a loss breaks the connection (both
 directions' messages in flight are lost, and the daemon redials), which is what ``link_breaks`` does.
@@ -15,7 +16,8 @@ directions' messages in flight are lost, and the daemon redials), which is what 
 
 from __future__ import annotations
 
-import pytest
+import os
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -58,6 +60,8 @@ class Replication(RuleBasedStateMachine):
         self.signed: dict[QueueKey, list[QueueState]] = {}
         #: Queues Alice signed a second history of.
         self.forked: set[QueueKey] = set()
+        #: What each node held of a queue when it first flagged it forked: it holds exactly that for good.
+        self.stopped: dict[tuple[int, QueueKey], QueueState] = {}
         self.clock = 0
 
     def _sign(self, key: QueueKey, state: QueueState) -> None:
@@ -82,6 +86,9 @@ class Replication(RuleBasedStateMachine):
             self._commit(owner, queue, self._tick(), new_start=state.start + drop)
 
     def _commit(self, owner: Identity, queue: str, now: int, **change: object) -> None:
+        held = self.net.nodes[HOMES[owner.public_key]].states.get((owner.public_key, queue, 0))
+        if held is not None and held.forked:
+            return  # the daemon refuses its owner's writes to a forked queue (exit 6)
         try:
             state = self.net.nodes[HOMES[owner.public_key]].commit(owner, queue, now, **change)
         except GapError:
@@ -153,15 +160,15 @@ class Replication(RuleBasedStateMachine):
             assert node.key_budget.used == 0  # every queue is held everywhere: nothing foreign is tracked
         for key, states in self.signed.items():
             held = [node.states[key] for node in self.net.nodes.values()]
-            for name, state in enumerate(held):
-                assert (state.summary(), state.entries, state.meta) == (
-                    held[0].summary(),
-                    held[0].entries,
-                    held[0].meta,
-                ), f"node {name} holds other records of {key[1]} than node 0"
-                if state.forked:
-                    assert state.fork is not None
-                    state.fork.verify()
+            if any(state.forked for state in held):
+                self._check_stopped(key, held)
+            else:
+                for name, state in enumerate(held):
+                    assert (state.summary(), state.entries, state.meta) == (
+                        held[0].summary(),
+                        held[0].entries,
+                        held[0].meta,
+                    ), f"node {name} holds other records of {key[1]} than node 0"
             if key not in self.forked:
                 expected = core.empty_state(*key)
                 for state in states:
@@ -169,10 +176,24 @@ class Replication(RuleBasedStateMachine):
                 assert not expected.forked
                 assert all(state == expected for state in held)
 
+    def _check_stopped(self, key: QueueKey, held: list[QueueState]) -> None:
+        assert key in self.forked
+        for name, state in enumerate(held):
+            assert state.forked, f"node {name} does not flag the fork of {key[1]}"
+            assert state.fork is not None and state.fork == held[0].fork, f"node {name} keeps another proof"
+            state.fork.verify()
+            assert not core.delta(state).records
+            first = self.stopped.setdefault((name, key), state)
+            assert (state.head, state.entries) == (first.head, first.entries), f"node {name} moved on"
+        shown = [{o: state.record_at(o) for o in range(state.start, state.visible_end)} for state in held]
+        for x in shown:
+            for y in shown:
+                assert all(x[o] == y[o] for o in x.keys() & y.keys()), "two replicas show other records"
+
 
 Replication.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=50,
+    max_examples=int(os.environ.get("REPLICATION_EXAMPLES", "150")),
+    stateful_step_count=int(os.environ.get("REPLICATION_STEPS", "50")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -188,12 +209,68 @@ class CompactReplication(Replication):
 
 
 CompactReplication.TestCase.settings = settings(
-    max_examples=75,
-    stateful_step_count=50,
+    max_examples=int(os.environ.get("REPLICATION_EXAMPLES", "150")) // 2,
+    stateful_step_count=int(os.environ.get("REPLICATION_STEPS", "50")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_replication_converges_over_compact_links = CompactReplication.TestCase
+
+
+def shared_records(count: int) -> list[Record]:
+    return [Record(b"s%d" % i) for i in range(count)]
+
+
+def _network(*states: QueueState) -> tuple[SimNetwork, QueueKey]:
+    """A line of nodes 0 - 1 - 2 with small windows and chunks; node ``i`` starts from ``states[i]``."""
+    net = SimNetwork(window=3, depth=2, max_records=3, remember=True)
+    for name in range(3):
+        net.add(name)
+    for name, state in enumerate(states):
+        net.nodes[name].inject(state)
+    net.connect(0, 1)
+    net.connect(1, 2)
+    net.run_until_quiet(max_rounds=200)
+    assert net.quiet()
+    return net, (states[0].owner, states[0].name, states[0].kind)
+
+
+def test_a_copied_store_stops_where_each_replica_stands() -> None:
+    """Alice's data directory copied after 10 records; the original writes 5 more on node 0, the copy 3 on
+    node 2, and node 1 relays: every node flags the fork with the same proof, keeps exactly what it held,
+    serves no record of it, and none shows a record the other history does not hold at that offset."""
+    shared = core.commit(core.empty_state(ALICE.public_key, "q"), ALICE, now_ms=1, records=shared_records(10))
+    owner = core.commit(shared, ALICE, now_ms=2, records=[Record(b"owner %d" % i) for i in range(5)])
+    copy = core.commit(shared, ALICE, now_ms=2, records=[Record(b"copy %d" % i) for i in range(3)])
+    net, key = _network(owner, shared, copy)
+    held = [node.states[key] for node in net.nodes.values()]
+    assert all(s.forked for s in held)
+    # Node 1 holds what came first.
+    assert (held[0].held_end, held[2].held_end) == (15, 13) and held[1].held_end in (13, 15)
+    assert held[0].entries == owner.entries and held[2].entries == copy.entries
+    assert len({s.fork for s in held}) == 1
+    for state in held:
+        assert state.visible_end <= 10 and not core.delta(state).records
+        for offset in range(state.start, state.visible_end):
+            assert state.record_at(offset) == shared.record_at(offset)
+
+
+def test_two_histories_that_set_metadata_at_one_version_stop_with_their_own_metadata() -> None:
+    """Alice's two copies set metadata at one version: every replica flags the fork and keeps a head with
+    its own metadata (a delta leaves out metadata of the version the peer's summary names, so a replica
+    that took the other head with its own metadata would serve deltas no peer could verify)."""
+    base = core.commit(core.empty_state(ALICE.public_key, "q"), ALICE, now_ms=1, records=[Record(value=b"x")])
+    for n in range(4):
+        one = core.commit(base, ALICE, now_ms=2, meta_updates={"k": f"one {n}"})
+        two = core.commit(base, ALICE, now_ms=2, meta_updates={"k": f"two {n}"})
+        net, key = _network(one, base, two)
+        held = [node.states[key] for node in net.nodes.values()]
+        assert (held[0].meta, held[2].meta) == (one.meta, two.meta)
+        for state in held:
+            assert state.forked and state.head is not None
+            assert meta_hash(dict(state.meta)) == state.head.meta_hash
+            for other in held:
+                core.merge(other, core.delta(state, other.summary()))  # verifies, or raises
 
 
 class _Drawn:
@@ -206,234 +283,32 @@ class _Drawn:
         return self.value
 
 
-def test_a_fork_of_one_version_settles_whichever_head_has_fewer_records() -> None:
-    """A run hypothesis found: Alice's truncations and her old copy's writes end in two heads of version 8,
-    one truncated to 13 on node 1, one with a record at 11 on the others. Both flag the fork and neither is
-    ahead by its summary; the join keeps the head with the higher signature, held by the side with less.
-    Each now offers its head, and all end with the same records."""
+def test_a_replica_that_finds_a_fork_sends_its_proof_to_a_sender_that_flags_it_by_then() -> None:
+    """A run hypothesis found: node 1 found the fork in a delta from node 0, which meanwhile flagged it on
+    another proof. Node 1 told only its other peers (the sender was no longer "behind"), so nodes kept
+    two proofs for good; a replica now sends its proof on every link it has not gone over yet."""
     machine = Replication()
-    quiet = machine.network_goes_quiet
+    a, b = ALICE, BOB
     for step in [
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 3),
-        quiet,
-        lambda: machine.owner_truncates(ALICE, "r", 3),
-        quiet,
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
-        quiet,
-        lambda: machine.owner_truncates(ALICE, "r", 1),
-        lambda: machine.owner_truncates(ALICE, "r", 4),
-        quiet,
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(5), "r", 0, 1),
-        quiet,
-        lambda: machine.owner_forks(_Drawn(5), "r", 1, 3),
-        quiet,
-        lambda: machine.owner_truncates(ALICE, "r", 1),
-        lambda: machine.owner_truncates(ALICE, "r", 2),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        quiet,
-        lambda: machine.owner_truncates(ALICE, "r", 2),
-        lambda: machine.owner_forks(_Drawn(9), "r", 2, 1),
-    ]:
-        step()
-    machine.teardown()
-
-
-def test_a_fork_that_reaches_the_same_end_settles_on_the_same_records_everywhere() -> None:
-    """A run hypothesis found: Alice's old copy at version 3 signs two records at 2 and 3 and hands them to
-    node 1, where every node holds the main history's 2 and 3 under her truncation head (version 5). Both
-    runs end at 4; the join kept the one whose vouching head was newer, and the owner's node vouches for
-    its records with the truncation head while the others hold the older head they came with, so node 0
-    kept the main history and every other node the second one, for good."""
-    machine = Replication()
-    quiet = machine.network_goes_quiet
-    for step in [
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_truncates(ALICE, "q", 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_writes(ALICE, "q", 1),
-        lambda: machine.owner_writes(ALICE, "q", 2),
-        quiet,
-        lambda: machine.owner_truncates(ALICE, "q", 1),
-        quiet,
-        lambda: machine.owner_forks(_Drawn(4), "q", 1, 2),
-    ]:
-        step()
-    machine.teardown()
-
-
-def test_a_forked_queue_streams_in_chunks_every_peer_accepts() -> None:
-    """A run hypothesis found: node 3 holds Alice's second history (versions 2 and 3 start at 0) while the
-    others hold her truncated main one, whose head 2 starts at 1. Node 0 came to hold that head among
-    its checkpoints inside a run from 0, and cut a chunk of 3 records from 0 ending at it; the chunk does
-    not verify (the head vouches for records from 1 on), so node 1 refused it as tampered."""
-    machine = Replication()
-    quiet = machine.network_goes_quiet
-    for step in [
-        lambda: machine.owner_writes(ALICE, "r", 3),
-        lambda: machine.daemon_restarts(3),
-        lambda: machine.owner_writes(BOB, "q", 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_truncates(ALICE, "r", 1),
-        lambda: machine.owner_forks(_Drawn(1), "r", 3, 1),
-        quiet,
-        lambda: machine.daemon_restarts(1),
-        lambda: machine.daemon_restarts(0),
-        lambda: machine.owner_forks(_Drawn(3), "r", 3, 1),
-    ]:
-        step()
-    machine.teardown()
-
-
-def test_two_histories_that_set_metadata_at_one_version_leave_no_replica_unservable() -> None:
-    """Alice's two copies set metadata at one version. A replica took the newer head with its own
-    metadata (a delta leaves out metadata of the version the peer's summary names) and then served
-    deltas no peer could verify. Now every replica flags the fork, holds the same records, and keeps a
-    head with its own metadata (which of the two heads of that version may differ: docs/lattice.md)."""
-    base = core.commit(core.empty_state(ALICE.public_key, "q"), ALICE, now_ms=1, records=[Record(value=b"x")])
-    for n in range(4):
-        one = core.commit(base, ALICE, now_ms=2, meta_updates={"k": f"one {n}"})
-        two = core.commit(base, ALICE, now_ms=2, meta_updates={"k": f"two {n}"})
-        net = SimNetwork(window=3, depth=2, max_records=3, remember=True)
-        for name in range(3):
-            net.add(name)
-        net.nodes[0].inject(one)
-        net.nodes[2].inject(two)
-        net.connect(0, 1)
-        net.connect(1, 2)
-        net.run_until_quiet(max_rounds=200)
-        assert net.quiet()
-        held = [node.states[(ALICE.public_key, "q", 0)] for node in net.nodes.values()]
-        for state in held:
-            assert state.forked and state.head is not None
-            assert meta_hash(dict(state.meta)) == state.head.meta_hash
-            assert (state.summary(), state.entries) == (held[0].summary(), held[0].entries)
-            for other in held:
-                core.merge(other, core.delta(state, other.summary()))  # verifies, or raises
-
-
-def test_a_replica_whose_head_no_peer_knows_offers_it_when_a_peer_moves_to_another_history() -> None:
-    """A run hypothesis found: node 1 joins a version-3 head of Alice's old copy whose signature is higher
-    than that of the version 3 it holds, and keeps its records (the longest run from 0); its summary is
-    unchanged, so no peer hears of that head. Alice's truncated copy then signs another version 3 (from 1)
-    with a signature between the two, which every other node takes with its records. Node 1 keeps its
-    higher head and records, so each delta sent to it changed nothing there, and it only ever answered
-    deltas that changed its state: it never offered its head, and it held other records for good."""
-    machine = Replication()
-    quiet = machine.network_goes_quiet
-    for step in [
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(1), "q", 1, 1),
-        lambda: machine.owner_truncates(ALICE, "q", 1),
-        lambda: machine.owner_forks(_Drawn(2), "q", 0, 2),
-        lambda: machine.owner_writes(ALICE, "q", 1),
-        quiet,
-        lambda: machine.owner_forks(_Drawn(3), "q", 1, 1),
-        lambda: machine.owner_forks(_Drawn(4), "q", 0, 1),
-    ]:
-        step()
-    machine.teardown()
-
-
-def test_a_chunk_of_another_history_from_inside_the_run_a_replica_holds_can_win_there() -> None:
-    """A run hypothesis found: node 0 holds records 0-2 of Alice's history and takes 3-5 of her truncated
-    copy's (a chunk from 3 vouched by a head that starts at 2); the other nodes hold 3-5 of another
-    history, whose run ends at the same offset with a lower chain value. Their join saw node 0's chunk
-    pass through their chain value at 3 and end elsewhere: proof of the fork, but never a run through the
-    head's start (no single head vouches for node 0's run from 0), so they kept theirs and node 0 kept
-    its own, for good."""
-    machine = Replication()
-    quiet = machine.network_goes_quiet
-    for step in [
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 3),
-        quiet,
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(1), "r", 0, 1),
-        lambda: machine.owner_truncates(ALICE, "r", 2),
-        lambda: machine.daemon_restarts(3),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
-        lambda: machine.owner_forks(_Drawn(3), "r", 2, 2),
-        lambda: machine.owner_truncates(ALICE, "q", 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(2), "r", 0, 1),
-        lambda: machine.owner_forks(_Drawn(6), "r", 1, 1),
-    ]:
-        step()
-    machine.teardown()
-
-
-def test_a_replica_on_another_history_takes_a_run_no_head_vouches_for_from_its_start() -> None:
-    """A run hypothesis found (once chunks that leave a replica's history partway could join it): the
-    others hold 2-7 of Alice's history, vouched by a head from 2 up to 5 and one from 3 on; node 3 holds
-    2-4 of another, whose records leave theirs at 4. Offered the whole run, it got a chunk up to 5 (the
-    same length as its own, and it kept its own) and then one from 5, where its records are another
-    history's: it never saw a chunk it could join, and held other records for good. The offer now goes
-    on from the last head inside each chunk (here from 4), where such a replica still agrees."""
-    machine = Replication()
-    quiet = machine.network_goes_quiet
-    for step in [
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        quiet,
-        lambda: machine.link_breaks((0, 1)),
-        lambda: machine.owner_forks(_Drawn(1), "q", 0, 3),
-        quiet,
-        lambda: machine.daemon_restarts(0),
-        lambda: machine.owner_truncates(ALICE, "q", 2),
-        lambda: machine.owner_forks(_Drawn(3), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_truncates(ALICE, "q", 1),
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
-        lambda: machine.owner_forks(_Drawn(4), "q", 1, 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(2), "q", 2, 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(7), "q", 1, 1),
-        lambda: machine.owner_writes(ALICE, "q", 3),
-    ]:
-        step()
-    machine.teardown()
-
-
-@pytest.mark.xfail(raises=AssertionError, strict=True, reason="a known gap: see the docstring")
-def test_a_replica_whose_records_leave_a_longer_run_below_every_head_that_reaches_past_them() -> None:
-    """A run hypothesis found that is not fixed yet. Nodes 0 and 1 hold 2-7 of Alice's history, vouched by
-    a head from 2 up to 5 and one from 5 on; nodes 2 and 3 hold 2-4 of another, whose records leave
-    theirs at 4. The longer run wins the join, but no chunk of it both starts where they still agree
-    (at 4 or below) and reaches past their end: the one up to 5 is as long as their own run and loses to
-    it on the chain value, and the one from 5 does not join their records. A delta carries one vouching
-    head, and a join keeps one run, so they keep theirs for good. (A delta vouched by a chain of heads,
-    each from the previous one's end on, would carry the run in one piece: a new protocol version.)"""
-    machine = Replication()
-    for step in [
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(1), "q", 0, 3),
-        lambda: machine.owner_truncates(ALICE, "q", 2),
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
-        lambda: machine.owner_writes(BOB, "q", 1),
-        lambda: machine.owner_forks(_Drawn(3), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
-        lambda: machine.owner_truncates(ALICE, "q", 3),
-        lambda: machine.owner_truncates(ALICE, "r", 1),
-        lambda: machine.owner_truncates(ALICE, "r", 1),
-        lambda: machine.owner_truncates(ALICE, "r", 1),
-        lambda: machine.owner_truncates(ALICE, "r", 1),
-        lambda: machine.owner_writes(ALICE, "r", 1),
-        lambda: machine.owner_truncates(BOB, "q", 1),
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
-        lambda: machine.owner_forks(_Drawn(4), "q", 1, 1),
-        lambda: machine.owner_forks(_Drawn(0), "q", 0, 1),
-        lambda: machine.owner_forks(_Drawn(0), "r", 0, 1),
-        lambda: machine.owner_forks(_Drawn(2), "q", 2, 1),
-        lambda: machine.owner_forks(_Drawn(7), "q", 1, 1),
-        lambda: machine.owner_truncates(ALICE, "r", 1),
-        lambda: machine.owner_writes(ALICE, "q", 3),
+        lambda: machine.owner_writes(count=4, owner=a, queue="q"),
+        lambda: machine.owner_writes(count=2, owner=b, queue="q"),
+        lambda: machine.owner_truncates(drop=3, owner=a, queue="q"),
+        lambda: machine.owner_forks(count=3, data=_Drawn(1), node=1, queue="q"),
+        lambda: machine.owner_writes(count=5, owner=a, queue="r"),
+        lambda: machine.owner_writes(count=2, owner=a, queue="q"),
+        lambda: machine.owner_truncates(drop=3, owner=b, queue="q"),
+        lambda: machine.owner_truncates(drop=1, owner=b, queue="r"),
+        lambda: machine.owner_truncates(drop=3, owner=a, queue="r"),
+        lambda: machine.owner_forks(count=3, data=_Drawn(1), node=2, queue="r"),
+        lambda: machine.owner_truncates(drop=4, owner=b, queue="q"),
+        lambda: machine.link_breaks(link=(0, 1)),
+        lambda: machine.link_breaks(link=(2, 3)),
+        lambda: machine.link_breaks(link=(1, 2)),
+        lambda: machine.owner_writes(count=1, owner=b, queue="q"),
+        lambda: machine.owner_forks(count=2, data=_Drawn(1), node=1, queue="r"),
+        lambda: machine.owner_forks(count=1, data=_Drawn(0), node=2, queue="r"),
+        lambda: machine.owner_writes(count=4, owner=a, queue="q"),
+        lambda: machine.owner_writes(count=3, owner=b, queue="r"),
     ]:
         step()
     machine.teardown()

@@ -1,6 +1,6 @@
-"""A forked KV namespace: when a replica's join keeps the other history's records in place of some of its
-own, the view must follow the records. Replicas that hold the same records must hold the same view, or
-they diverge for good (records converge, views would not)."""
+"""A forked KV namespace stops where each replica stands, as a queue does: a replica keeps the ops it
+held, and its view is folded again from those up to its visible end only (every read of a forked queue
+stops there), so two replicas never show a key that one history set and the other did not."""
 
 from __future__ import annotations
 
@@ -83,64 +83,46 @@ def histories(a_ops: int, b_ops: int) -> tuple[KvNamespace, KvNamespace, core.Qu
     return a, b, junction
 
 
-def test_a_join_that_splices_a_kv_run_from_a_chunk_rebuilds_the_view(replicas: tuple[Writer, Writer]) -> None:
-    """X takes B's chunk from the junction on (its own records up to there, then B's)."""
+def _shown_view(state: core.QueueState) -> dict[str, kv.Entry]:
+    """The view of a namespace's ops up to its visible end."""
+    records = state.entries.records(0, state.visible_end - state.start)
+    return kv.apply_ops({}, [kv.decode_op(r.value) for r in records])
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_fork_stops_a_kv_namespace_where_each_replica_stands(
+    replicas: tuple[Writer, Writer], chunked: bool
+) -> None:
+    """X holds history A and meets B (whole, or B's chunk from the junction on); Y holds B and meets A.
+    Each flags the fork, keeps its own ops, and its view shows none of what one history wrote alone."""
     x, y = replicas
     a, b, junction = histories(a_ops=2, b_ops=4)
     ns_x = merge(x, a.delta())
+    ns_y = merge(y, b.delta())
     assert "only-a" in view(x, ns_x)
-    chunk = b.delta(junction.summary())
-    assert chunk.from_offset == junction.held_end
-    merge(x, chunk)
-    ns_y = merge(y, b.delta())
-    assert x.states[ns_x].forked
-    assert x.states[ns_x].entries.records() == y.states[ns_y].entries.records() == b.state.entries.records()
-    assert view(x, ns_x) == view(y, ns_y) == b.view
+    merge(x, b.delta(junction.summary()) if chunked else b.delta())
+    merge(y, a.delta())
+    sx, sy = x.states[ns_x], y.states[ns_y]
+    assert sx.forked and sy.forked
+    assert sx.entries.records() == a.state.entries.records()  # nothing dropped, nothing taken
+    assert sy.entries.records() == b.state.entries.records()
+    assert view(x, ns_x) == _shown_view(sx) and view(y, ns_y) == _shown_view(sy)
+    assert "only-a" not in view(x, ns_x)
+    assert sx.visible_end == sy.visible_end and view(x, ns_x) == view(y, ns_y)
 
 
-def test_a_join_that_replaces_a_kv_run_wholesale_rebuilds_the_view(replicas: tuple[Writer, Writer]) -> None:
-    """X takes B's whole run (a delta from offset 0, longer than what it holds)."""
-    x, y = replicas
-    a, b, _ = histories(a_ops=2, b_ops=4)
-    ns_x = merge(x, a.delta())
-    merge(x, b.delta())
-    ns_y = merge(y, b.delta())
-    assert x.states[ns_x].entries.records() == b.state.entries.records()
-    assert view(x, ns_x) == view(y, ns_y) == b.view
-
-
-def test_a_same_length_history_with_the_higher_chain_value_rebuilds_the_view(
-    replicas: tuple[Writer, Writer],
-) -> None:
-    """Both histories end at one offset: the join keeps the higher chain value there; X held the other."""
-    x, y = replicas
-    one, other, _ = histories(a_ops=3, b_ops=3)
-    end = one.state.held_end
-    assert other.state.held_end == end
-    loser, winner = sorted((one, other), key=lambda n: n.state.chain_at(end) or b"")
-    ns_x = merge(x, loser.delta())
-    merge(x, winner.delta())
-    ns_y = merge(y, winner.delta())
-    assert x.states[ns_x].entries.records() == winner.state.entries.records()
-    assert view(x, ns_x) == view(y, ns_y) == winner.view
-    assert view(x, ns_x) != loser.view  # not vacuous: the loser's view differs
-
-
-def test_a_truncation_into_the_replaced_run_rebuilds_the_view(replicas: tuple[Writer, Writer]) -> None:
-    """B truncates above the junction but below X's end (only superseded ops go, as compaction does): X's
-    run no longer holds B's start, so it takes B's run whole from there."""
-    x, y = replicas
+def test_a_truncated_history_stops_a_kv_namespace_too(replicas: tuple[Writer, Writer]) -> None:
+    """B truncates above the junction but below X's end: X's run does not pass through B's start with
+    B's chain value there, which proves the fork; X keeps its ops and shows none past its visible end."""
+    x, _ = replicas
     a, b, junction = histories(a_ops=3, b_ops=4)
     ns_x = merge(x, a.delta())
-    ns_y = merge(y, b.delta())
-    cut = junction.held_end + 1  # drops base's "shared" op and B's first, both superseded by B's last
-    assert cut < a.state.held_end
+    cut = junction.held_end + 1
     truncated = core.commit(b.state, BOB, now_ms=NOW + 100, new_start=cut)
     merge(x, core.delta(truncated))
-    merge(y, core.delta(truncated, y.states[ns_y].summary()))
-    assert x.states[ns_x].start == y.states[ns_y].start == cut
-    assert x.states[ns_x].entries.records() == y.states[ns_y].entries.records()
-    assert view(x, ns_x) == view(y, ns_y) == b.view
+    state = x.states[ns_x]
+    assert state.forked and state.entries.records() == a.state.entries.records()
+    assert view(x, ns_x) == _shown_view(state)
 
 
 def test_a_merge_that_extends_the_log_keeps_the_view_and_reads_no_chain(
@@ -163,17 +145,16 @@ def test_a_merge_that_extends_the_log_keeps_the_view_and_reads_no_chain(
     assert view(x, ns) == bob.view
 
 
-def test_the_library_namespace_follows_a_replaced_run_too() -> None:
-    """``KvNamespace`` (the library) folds again like the daemon: a replica of A that joins B sees B."""
+def test_the_library_namespace_stops_at_a_fork_too() -> None:
+    """``KvNamespace`` (the library) folds again like the daemon: a replica of A that meets B keeps A's
+    ops and shows only those up to its visible end."""
     a, b, _ = histories(a_ops=2, b_ops=4)
     x = KvNamespace.replica(BOB.public_key)
     x.merge(a.delta())
     assert "only-a" in x.view
     x.merge(b.delta())
-    y = KvNamespace.replica(BOB.public_key)
-    y.merge(b.delta())
-    assert x.state.entries.records() == y.state.entries.records()
-    assert x.view == y.view == b.view
+    assert x.state.forked and x.state.entries.records() == a.state.entries.records()
+    assert x.view == _shown_view(x.state) and "only-a" not in x.view
 
 
 # ------------------------------------------------------------------ a sealed namespace through a fork
@@ -237,42 +218,34 @@ def sealed_histories(
     return a, b, junction
 
 
-def test_a_reader_of_a_sealed_namespace_folds_a_spliced_join_from_the_whole_log(
+def test_a_reader_of_a_sealed_namespace_folds_only_the_shown_ops_through_a_fork(
     replicas: tuple[Writer, Writer],
 ) -> None:
-    """X and Y are readers. X takes B's chunk from the junction on: the ops it keeps below the chunk
-    (the junction's) are not among the join's appended records, so the view, cleared, is folded again
-    from the whole kept log, each op opened with the reader key."""
+    """X and Y are readers. X holds A and meets B's chunk from the junction on: its view, cleared, is
+    folded again from its own ops up to its visible end, each opened with the reader key."""
     x, y = replicas
     install_sealer(x)
     install_sealer(y)
     a, b, junction = sealed_histories([x.identity.public_key, y.identity.public_key], a_ops=2, b_ops=4)
     ns_x = merge(x, a.log.delta())
     assert view(x, ns_x) == a.view and "only-a" in a.view
-    chunk = b.log.delta(junction.summary())
-    assert chunk.from_offset == junction.held_end
-    merge(x, chunk)
-    ns_y = merge(y, b.log.delta())
-    assert x.states[ns_x].forked
-    records = b.log.state.entries.records()
-    assert x.states[ns_x].entries.records() == y.states[ns_y].entries.records() == records
-    assert view(x, ns_x) == view(y, ns_y) == b.view
-    assert "junction" in b.view and "only-a" not in b.view  # not vacuous: below the chunk, and A's alone
+    merge(x, b.log.delta(junction.summary()))
+    state = x.states[ns_x]
+    assert state.forked and state.entries.records() == a.log.state.entries.records()
+    shown = kv.apply_ops({}, a.ops[: state.visible_end - state.start])
+    assert view(x, ns_x) == shown and "only-a" not in view(x, ns_x)
 
 
 def test_a_relay_of_a_sealed_namespace_folds_nothing_through_a_fork(replicas: tuple[Writer, Writer]) -> None:
-    """Neither X nor Y holds the key: X's join, which folds the view again from the whole log, opens
-    nothing and folds nothing, and both hold B's records."""
-    x, y = replicas
+    """Neither X nor Y holds the key: X's fold again after the fork opens nothing and folds nothing, and
+    X keeps its own records."""
+    x, _ = replicas
     install_sealer(x)
-    install_sealer(y)
     a, b, junction = sealed_histories([], a_ops=2, b_ops=4)
     ns_x = merge(x, a.log.delta())
     assert view(x, ns_x) == {}
     merge(x, b.log.delta(junction.summary()))
-    ns_y = merge(y, b.log.delta())
-    assert x.states[ns_x].forked
-    records = b.log.state.entries.records()
-    assert x.states[ns_x].entries.records() == y.states[ns_y].entries.records() == records
-    assert view(x, ns_x) == view(y, ns_y) == {}
+    state = x.states[ns_x]
+    assert state.forked and state.entries.records() == a.log.state.entries.records()
+    assert view(x, ns_x) == {}
     assert b.view  # not vacuous: a reader would fold these

@@ -21,6 +21,7 @@ from support.clocks import TickingClock
 
 from latticed.crdt import kv
 from latticed.crdt import queue as core
+from latticed.crdt.forks import fork_point
 from latticed.crdt.head import KIND_KV, SignedHead, meta_hash
 from latticed.crdt.kvplan import KvRequest, plan, visible
 from latticed.crdt.records import MAX_OFFSET, Record, make_record
@@ -265,12 +266,10 @@ def test_merging_deltas_into_a_stored_replica(writer: Writer, tmp_path: Path) ->
     writer.stop()
 
 
-def test_a_stored_replica_takes_a_longer_history_that_joins_its_records_partway(
-    writer: Writer, tmp_path: Path
-) -> None:
+def test_a_stored_replica_that_meets_a_fork_keeps_every_row_and_stops(writer: Writer, tmp_path: Path) -> None:
     """Bob's old copy signs a second history after his first 3 records; a replica holding 6 records of the
-    first takes a chunk of the second from 3 on (4 records): the join keeps its own 3 and the chunk's, so
-    the store deletes the rows past 3 and appends the chunk's, and the replica serves the result whole."""
+    first meets a chunk of the second from 3 on: it flags the fork and keeps its 6 rows (nothing deleted,
+    also after a restart), serves none of them and reads none past its visible end."""
     base = core.commit(
         core.empty_state(BOB.public_key, "feed"), BOB, now_ms=NOW, records=[rec(i) for i in range(3)]
     )
@@ -281,16 +280,41 @@ def test_a_stored_replica_takes_a_longer_history_that_joins_its_records_partway(
     assert isinstance(q, int)
     chunk = core.delta(second, base.summary())
     assert chunk.from_offset == 3
-    expected = core.merge(first, chunk)
     ok(writer, Merge(core.verify_delta(empty, chunk)))
-    for state in (expected, writer.states[q]):
-        assert state.forked and state.entries.records() == second.entries.records()
+    state = writer.states[q]
+    assert state.forked and state.entries.records() == first.entries.records()
     writer = reopen(writer, db_path(tmp_path))
     stored = writer.states[q]
-    assert stored.entries.records() == second.entries.records() and stored.forked
-    assert writer.store.verify_queue(q, stored) == 7
-    assert core.merge(empty, core.delta(stored)).entries.records() == second.entries.records()
+    assert stored.forked and stored.fork == state.fork
+    assert stored.entries.records() == first.entries.records()
+    assert writer.store.verify_queue(q, stored) == 6
+    assert stored.visible_end <= 3 and not core.delta(stored).records
     writer.stop()
+
+
+def test_a_forked_stored_queue_says_where_it_stops_from_any_thread(writer: Writer) -> None:
+    """Reads of a forked queue ask its visible end on the event loop, where the store's rows cannot be
+    read: it is found from the chain values the replica keeps in memory (here a head it keeps ends at the
+    offset both histories sign alike, their truncated start)."""
+    two = core.commit(
+        core.empty_state(BOB.public_key, "feed"), BOB, now_ms=NOW, records=[rec(i) for i in range(2)]
+    )
+    held = core.commit(two, BOB, now_ms=NOW + 1, records=[rec(i) for i in range(2, 4)])  # a head ends at 2
+    cut = core.commit(two, BOB, now_ms=NOW + 1, new_start=2)
+    a = core.commit(cut, BOB, now_ms=NOW + 2, records=[rec(10)])
+    b = core.commit(cut, BOB, now_ms=NOW + 2, records=[rec(20)])
+    proof = core.merge(a, b).fork
+    assert proof is not None and fork_point(proof) == 2
+    empty = core.empty_state(BOB.public_key, "feed")
+    q = ok(writer, Merge(core.verify_delta(empty, core.delta(held))))
+    ok(writer, Merge(core.verify_delta(empty, core.QueueDelta(BOB.public_key, "feed", 0, None, fork=proof))))
+    stored = writer.states[q]
+    assert stored.forked and stored.held_end == 4
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(stored.visible_end))
+    thread.start()
+    thread.join()
+    assert seen == [2]
 
 
 def test_forged_deltas_store_nothing(writer: Writer) -> None:

@@ -76,7 +76,7 @@ class SimNode:
         key = (state.owner, state.name, state.kind)
         before = self.states.get(key) or core.empty_state(state.owner, state.name, state.kind)
         after = core.merge(before, state)
-        if after.summary() == before.summary():
+        if after.summary() == before.summary() and after.fork == before.fork:
             self.states[key] = after
             return False
         self._changed(key, after)
@@ -100,7 +100,8 @@ class SimNode:
                 owner, name, kind = event.key
                 before = self.states.get(event.key) or core.empty_state(owner, name, kind)
                 after = core.merge(before, event.delta)
-                changed = after.summary() != before.summary()
+                # A frozen queue's summary stays put while its proof improves: that is news too.
+                changed = after.summary() != before.summary() or after.fork != before.fork
                 self.states[event.key] = after
                 session.delta_applied(event.seq, after.summary(), changed)
                 if changed:

@@ -393,7 +393,7 @@ class Client(GroupOps, PeerOps, BundleOps):
         and this daemon's identity read its records (docs/privacy.md); ``retention`` puts its policy in
         the first signed metadata; ``producers`` (identities, or ``["*"]`` for any daemon of the network)
         may offer into it from their daemons. ``core``: its fork core (2: frozen at a fork, recovered by
-        its owner; 1: the splicing join a 0.2.0 daemon can receive; docs/lattice.md), None: the daemon's
+        its owner; 1: the legacy core a 0.2.0 daemon can receive; docs/lattice.md), None: the daemon's
         ``default_queue_core``. A daemon that cannot create core-2 queues is named before anything is
         created (an older one would ignore the field and create a core-1 queue)."""
         if core is not None and core != 1:

@@ -37,8 +37,8 @@ def _core2_queue(ctx: Context, request: Request, what: str) -> int:
     q = ctx.queue(request)
     if not ctx.engine.core2.holds(q):
         raise OtherCoreError(
-            f"{ctx.engine.address(q)} is on fork core 1, which has no {what} (it splices forks; "
-            "create queues with --core 2 to have them frozen and recovered)"
+            f"{ctx.engine.address(q)} is on fork core 1, which has no {what} (a fork stops it where each "
+            "replica stands; create queues with --core 2 to have them frozen and recovered)"
         )
     return q
 

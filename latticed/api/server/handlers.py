@@ -79,8 +79,8 @@ def queue_info(ctx: Context, q: int) -> dict[str, Any]:
         "name": state.name,
         "queue": f"{state.owner.hex()}/{state.name}",
         "start_offset": state.start,
-        "end_offset": state.held_end,
-        "size": state.held_end - state.start,
+        "end_offset": state.visible_end,  # a forked queue's reads stop there
+        "size": state.visible_end - state.start,
         "meta": state.meta_dict,
         "forked": state.forked,
         "fork_proof": state.fork.digest().hex() if state.fork is not None else None,

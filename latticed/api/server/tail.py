@@ -100,10 +100,10 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
     engine: TailStore = ctx.engine
     state = engine.state(q)
     if last is not None:  # the last N records present now (0: only those appended from now on)
-        pos = max(state.held_end - max(last, 0), state.start)
+        pos = max(state.visible_end - max(last, 0), state.start)
     else:
         pos = state.start if start is None else max(start, 0)
-    stop_at = None if follow else state.held_end
+    stop_at = None if follow else state.visible_end
     address = engine.address(q)
     watch = _Watch()
 
@@ -123,7 +123,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
                 pos = max(pos, state.start)
                 # Following, a replica streams verified records while they are still being committed here
                 # (storage/ahead.py); a bounded tail ends at what was committed when it began.
-                end = engine.visible_end(q) if stop_at is None else min(stop_at, state.held_end)
+                end = engine.visible_end(q) if stop_at is None else min(stop_at, state.visible_end)
                 if pos < end:
                     batch_bytes = _Buffered.grant(max_bytes)
                     columns = await engine.read_visible(q, pos, end, max_records, batch_bytes)
@@ -150,7 +150,7 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
                         finally:
                             _Buffered.held -= len(frame)
                         del frame
-                    elif engine.state(q).start <= pos < engine.state(q).held_end:
+                    elif engine.state(q).start <= pos < engine.state(q).visible_end:
                         raise StorageError(f"queue {engine.address(q)} is missing records from offset {pos}")
                     continue
                 if stop_at is not None:

@@ -21,8 +21,9 @@ A :class:`QueueState` is an immutable value:
 
 The join takes the newest head (by version, signature as tie-break), the longest verified prefix, and the
 union of checkpoints; it is commutative, associative and idempotent for every honest history (property
-tested). When the owner equivocates, the join still terminates deterministically (the higher head wins),
-flags the queue forked and keeps a :class:`ForkProof` anyone can check.
+tested). When the owner equivocates, the queue stops where each replica stands: the join flags it forked,
+keeps a :class:`ForkProof` anyone can check and merges nothing more, and reads stop at
+:attr:`QueueState.visible_end` (its owner recovers it on fork core 2).
 
 Every function here is pure: clocks come in as ``now_ms`` arguments. The package is split by job: the
 value and what travels (:mod:`.state`), the holder's own changes (:mod:`.commit`), cutting and verifying

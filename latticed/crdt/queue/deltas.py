@@ -45,7 +45,9 @@ def delta(
     ``state.entries``); under ``max_bytes`` only about what fits is read, never the whole backlog.
     """
     head = state.head
-    if head is None:
+    if head is None or state.forked:
+        # A forked queue stops where this replica stands: only its proof travels, so every replica that
+        # meets the fork flags it, and nothing past any replica's visible end is served.
         return QueueDelta(state.owner, state.name, state.kind, None, fork=state.fork)
     from_offset = state.start
     end = state.held_end
@@ -55,12 +57,17 @@ def delta(
         and state.chain_at(since.held_end) == since.held_hash
     ):
         from_offset = since.held_end
-    elif since is not None and since.held_end > state.held_end and state.fork is None and not since.forked:
+    elif since is not None and since.held_end > state.held_end and not since.forked:
         # The asker holds more records (we are a relay whose commit is behind what it passed on, or one
         # taking a backlog in chunks under the owner's newest head): none of our records is news to it
         # along one history, and the head is. Not the whole queue again: should its records be another
-        # history, its ACK changes nothing and the session offers our whole run (ReplicationSession._pump).
+        # history, its own delta to us finds the fork (its summary is ahead of ours).
         from_offset = end
+    elif since is not None and max_records is not None and state.start < since.held_end and state.tip:
+        # The asker's records are another history (the owner forked): the chunk of ours that reaches
+        # where its records end, from at most ``max_records`` below, so its join compares our chain value
+        # there with its own and finds the fork (a chunk from our start might end before they part).
+        return _probe(state, since, max_records, max_bytes, read)
     elif state.floor:
         # We dropped the records below our floor: a peer we cannot extend could not use our suffix (a run
         # must reach back to the signed start), so it gets the head and finds the records elsewhere.
@@ -103,6 +110,43 @@ def delta(
         records=records,
         checkpoints=checkpoints,
         fork=state.fork,
+    )
+
+
+def _probe(
+    state: QueueState, since: Summary, max_records: int, max_bytes: int | None, read: RecordReader | None
+) -> QueueDelta:
+    """The chunk of ``state`` that ends at the first signed head at or past where ``since`` ends (or at
+    our end), from as far below as that head vouches and ``max_records`` allows (``max_bytes`` may end
+    it at an earlier head)."""
+    head, start = state.head, state.start
+    assert head is not None and state.tip is not None
+    target = min(since.held_end, state.held_end)
+    heads = (*state.checkpoints, state.tip)
+    tip = min((h for h in heads if h.end >= target), key=lambda h: (h.end, h.sort_key))
+    lo = max(tip.start, start, target - max_records)
+    if read is None:
+        entries = state.entries
+
+        def read(a: int, b: int) -> Sequence[Record]:
+            return tuple(entries.records(a - start, b - start))
+
+    if max_bytes is None:
+        records = read(lo, tip.end)
+    else:
+        records, cut = _read_within_bytes(state, lo, tip.end, max_bytes, read)
+        tip = tip if cut is None else cut
+    return QueueDelta(
+        owner=state.owner,
+        name=state.name,
+        kind=state.kind,
+        head=head,
+        meta=state.meta if since.meta_version != head.meta_version else None,
+        tip=tip,
+        from_offset=lo,
+        from_hash=state.chain_at(lo) or b"",
+        records=records,
+        checkpoints=tuple(c for c in state.checkpoints if lo < c.end <= tip.end and c != tip),
     )
 
 

@@ -1,10 +1,11 @@
 """The join: :func:`join_verified` takes the newest head (by version, signature as tie-break), the
-longest verified prefix and the union of checkpoints, and when the owner signed two histories keeps a
-:class:`~latticed.crdt.forks.ForkProof` and still ends deterministically (the higher head wins).
+longest verified prefix and the union of checkpoints. When it finds, or is handed, a proof that the owner
+signed two histories, the queue stops where this replica stands (:func:`freeze`): it keeps its own head
+and records, flags the queue forked and keeps the proof, and merges nothing but proofs from then on.
 :func:`merge` is verify-then-join for a delta or a whole state.
 
 It is commutative, associative and idempotent for every honest history (property tested in
-tests/crdt/test_lattice_laws.py).
+tests/crdt/test_lattice_laws.py); forked values are not a lattice on core 1 (core 2 is one).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from latticed.crdt.core_errors import GapError, MalformedError
 from latticed.crdt.forks import Bridge, ForkProof, better_proof, heads_conflict, two_head_proof
 from latticed.crdt.head import SignedHead
 from latticed.crdt.queue.deltas import VerifiedDelta, delta, verify_delta
-from latticed.crdt.queue.state import DeltaEntries, Entries, EntryView, QueueDelta, QueueState, empty_entries
+from latticed.crdt.queue.state import DeltaEntries, Entries, QueueDelta, QueueState, empty_entries
 from latticed.crdt.records import (
-    chain_extend,
     record_digest,
 )
 
@@ -34,40 +34,8 @@ def merge(state: QueueState, incoming: QueueDelta | QueueState) -> QueueState:
                 raise MalformedError("a queue state's heads are signed heads")
             h.check()
         d = delta(incoming)
-        joined = join_verified(state, verify_delta(state, d))
-        # A fork's run spliced from two histories: no one head vouches for it from its start, so one
-        # delta carries a prefix only, and a merge of the whole state hung on which side came as the
-        # state. The rest follows piece by piece, each from as low as its head vouches (where our
-        # records may still agree with it), so a whole state joins whole.
-        covered = d.end_offset if d.records else incoming.held_end
-        while (piece := _piece(incoming, covered)) is not None:
-            joined = join_verified(joined, verify_delta(joined, piece))
-            covered = piece.end_offset
-        return joined
+        return join_verified(state, verify_delta(state, d))
     return join_verified(state, verify_delta(state, incoming))
-
-
-def _piece(state: QueueState, covered: int) -> QueueDelta | None:
-    """The longest piece of ``state``'s run that one head vouches for and that reaches past ``covered``
-    from at or below it (None: the run is covered, or no head does)."""
-    heads = [h for h in (*state.checkpoints, state.tip) if h is not None and h.start <= covered < h.end]
-    if not heads or covered >= state.held_end:
-        return None
-    tip = max(heads, key=lambda h: (h.end, h.sort_key))
-    lo, start = max(tip.start, state.start), state.start
-    return QueueDelta(
-        owner=state.owner,
-        name=state.name,
-        kind=state.kind,
-        head=state.head,
-        meta=state.meta,
-        tip=tip,
-        from_offset=lo,
-        from_hash=state.chain_at(lo) or b"",
-        records=tuple(state.entries.records(lo - start, tip.end - start)),
-        checkpoints=tuple(c for c in state.checkpoints if lo < c.end <= tip.end and c != tip),
-        fork=state.fork,
-    )
 
 
 #: A checkpoint's place: by end, then by :attr:`SignedHead.sort_key` (version, signature), in C.
@@ -110,7 +78,10 @@ class _Run:
 
 
 def join_verified(state: QueueState, verified: VerifiedDelta) -> QueueState:
-    """The lattice join of a state and a verified delta."""
+    """The lattice join of a state and a verified delta (see the module docstring for a fork)."""
+    proof = verified.delta.fork
+    if state.forked or proof is not None:
+        return freeze(state, better_proof(state.fork, proof))
     extended = _extended(state, verified)
     if extended is not None:
         return extended
@@ -145,7 +116,6 @@ def _extended(state: QueueState, verified: VerifiedDelta) -> QueueState | None:
         or head.start != start
         or head.base_hash != ours.base_hash
         or head.sort_key <= ours.sort_key
-        or _withheld_meta(ours, d)
         or (d.meta is None and head.meta_version != ours.meta_version)
         or d.from_hash != state.entries.chain(end - start - 1)
     ):
@@ -176,22 +146,24 @@ def _extended(state: QueueState, verified: VerifiedDelta) -> QueueState | None:
 
 
 def _join_general(state: QueueState, verified: VerifiedDelta) -> QueueState:
-    """The join for every case (:func:`_extended` only shortcuts one)."""
+    """The join for every case (:func:`_extended` only shortcuts one); a fork it finds freezes ``state``."""
     d = verified.delta
-    proof = better_proof(state.fork, d.fork)
     if d.head is None:
-        return _replace_fork(state, state.forked or proof is not None, proof)
+        return state
     owner, name, kind = state.owner, state.name, state.kind
 
     # 1. Heads: the newest wins; any contradiction between two heads is a fork.
     ours = [h for h in (state.head, state.tip) if h is not None]
     theirs = [h for h in (d.head, d.tip, *d.checkpoints) if h is not None]
+    proof: ForkProof | None = None
     for x in ours:
         for y in theirs:
             if heads_conflict(x, y):
                 proof = better_proof(proof, two_head_proof(owner, name, kind, x, y))
+    if proof is not None:
+        return freeze(state, proof)
     ours_head = state.head
-    if ours_head is not None and (d.head.sort_key <= ours_head.sort_key or _withheld_meta(ours_head, d)):
+    if ours_head is not None and d.head.sort_key <= ours_head.sort_key:
         head, meta = ours_head, state.meta
     else:
         if d.meta is None and (ours_head is None or d.head.meta_version != ours_head.meta_version):
@@ -199,7 +171,8 @@ def _join_general(state: QueueState, verified: VerifiedDelta) -> QueueState:
         head = d.head
         meta = d.meta if d.meta is not None else state.meta
 
-    # 2. Runs of records: ours, theirs, and both joined where they meet and agree.
+    # 2. Runs of records: ours, theirs, and both joined where they meet and agree; where they meet and
+    #    differ, or the delta's records pass below our floor with another value there, the owner forked.
     runs: list[_Run] = []
     local = None
     if state.head is not None:
@@ -209,9 +182,17 @@ def _join_general(state: QueueState, verified: VerifiedDelta) -> QueueState:
         chains = list(verified.chains)
         incoming = _Run(d.from_offset, d.from_hash, DeltaEntries(d.records, chains), d.tip, d.checkpoints)
         runs.append(incoming)
-        if local is not None and state.head is not None and local.start <= d.from_offset <= local.end:
+        meets = local is not None and (
+            local.start <= d.from_offset <= local.end
+            or (state.floor and d.from_offset < local.start <= incoming.end)
+        )
+        if local is not None and state.head is not None and meets:
             meet = min(local.end, incoming.end)
-            if local.chain_at(meet) == incoming.chain_at(meet):
+            if local.chain_at(meet) != incoming.chain_at(meet):
+                a, bridge_a = local.witness(meet, state.head)
+                b, bridge_b = incoming.witness(meet, d.head)
+                return freeze(state, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
+            if d.from_offset >= local.start:
                 both = state.checkpoints + d.checkpoints
                 if incoming.end > local.end:
                     skip = local.end - d.from_offset
@@ -220,38 +201,11 @@ def _join_general(state: QueueState, verified: VerifiedDelta) -> QueueState:
                     runs.append(_Run(local.start, local.base, joined, d.tip, both))
                 else:
                     local.checkpoints = both
-            else:
-                a, bridge_a = local.witness(meet, state.head)
-                b, bridge_b = incoming.witness(meet, d.head)
-                proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
-                spliced = _spliced(local, d, chains)
-                if spliced is not None:
-                    runs.append(spliced)
-        elif (
-            state.head is not None
-            and local is not None
-            and state.floor
-            and d.from_offset < local.start <= incoming.end
-        ):
-            # Records from below our floor (a peer that holds more than we keep): they may only decide
-            # what we hold from the floor on, and only if they pass through our chain value there.
-            meet = min(local.end, incoming.end)
-            if local.chain_at(meet) != incoming.chain_at(meet):
-                a, bridge_a = local.witness(meet, state.head)
-                b, bridge_b = incoming.witness(meet, d.head)
-                proof = better_proof(proof, ForkProof(owner, name, kind, a, b, meet, bridge_a, bridge_b))
-        elif local is not None and d.from_offset < local.start <= incoming.end and head.start < local.start:
-            spliced = _spliced_below(local, d, chains)
-            if spliced is not None:
-                runs.append(spliced)
 
     # 3. Keep the longest run through the newest head's start, with the chain value that head signs
     #    there, or through our own floor above it: a join never brings back what this replica dropped. A
-    #    run past that start with another value there is another history: a proof of the fork, never a
-    #    reason to keep fewer records than either side held. Two histories of one length: the higher chain
-    #    value at their end, which the records alone decide. Not the higher tip: which head vouches for
-    #    the same records differs between replicas (the owner's truncation head, a replica's older one),
-    #    so replicas holding one value would keep different histories (the tip only breaks exact ties).
+    #    run past that start with another value there is another history: a fork. Two runs of one length
+    #    through one start hold the same records (else step 2 found a fork); the tip breaks the tie.
     start = head.start
     floor = state.floor if state.floor > start else 0
     through: list[_Run] = []
@@ -261,18 +215,16 @@ def _join_general(state: QueueState, verified: VerifiedDelta) -> QueueState:
     else:
         for run in runs:
             if run.start <= start < run.end:
-                if run.chain_at(start) == head.base_hash:
-                    through.append(run)
-                else:
+                if run.chain_at(start) != head.base_hash:
                     b, bridge_b = run.witness(start, head)
-                    proof = better_proof(proof, ForkProof(owner, name, kind, head, b, start, None, bridge_b))
+                    return freeze(state, ForkProof(owner, name, kind, head, b, start, None, bridge_b))
+                through.append(run)
     entries: Entries = empty_entries()
     tip: SignedHead | None = None
     checkpoints: tuple[SignedHead, ...] = ()
     if through:
         longest = max(r.end for r in through)
         tied = [r for r in through if r.end == longest]
-        # The chain value is only looked at when two runs tie on length (it may cost hashing a run).
         best = (
             tied[0]
             if len(tied) == 1
@@ -289,60 +241,11 @@ def _join_general(state: QueueState, verified: VerifiedDelta) -> QueueState:
         entries,
         meta,
         checkpoints,
-        state.forked or proof is not None,
-        proof,
+        False,
+        None,
         floor,
         state.floor_hash if floor else b"",
     )
-
-
-def _spliced(local: _Run, d: QueueDelta, chains: list[bytes]) -> _Run | None:
-    """Our records up to where the delta starts, then the delta's: the other history's run, when the delta
-    passes through our chain value there and reaches at least our end (else ours is longer). A peer
-    relays such a run in chunks (no single head need vouch for it from its start), so a join that only
-    compared whole runs kept ours where the peer that assembled that run kept it, for good.
-
-    Only a run this replica can serve again: a head of the delta must vouch from one of our heads at or
-    below the junction (or our start) on, since our heads past it vouch for the other history."""
-    tip = d.tip
-    if tip is None or d.end_offset < local.end or local.chain_at(d.from_offset) != d.from_hash:
-        return None
-    kept = tuple(c for c in local.checkpoints if c.end <= d.from_offset)
-    anchor = max((c.end for c in kept), default=local.start)
-    if min(h.start for h in (tip, *d.checkpoints)) > anchor:
-        return None
-    entries = local.entries.take(d.from_offset - local.start).extend(d.records, chains)
-    return _Run(local.start, local.base, entries, tip, kept + d.checkpoints)
-
-
-def _spliced_below(local: _Run, d: QueueDelta, chains: list[bytes]) -> _Run | None:
-    """The delta's records up to where ours start, then ours: the mirror of :func:`_spliced` (a join may
-    not hang on which side's records came as the delta), when the delta passes through our chain value
-    at our start and we reach at least its end. Only needed when the newest head starts below ours (else
-    our own run is this one from there), so only a forked queue gets here; our run is read whole."""
-    junction, tip = local.start, local.tip
-    cut = junction - d.from_offset
-    if tip is None or local.end < d.end_offset or chains[cut - 1] != local.base:
-        return None
-    if local.end == d.end_offset and local.chain_at(local.end) == chains[-1]:
-        return None  # the delta's own run holds the same records
-    kept = tuple(c for c in (*d.checkpoints, d.tip) if c is not None and c.end <= junction)
-    anchor = max((c.end for c in kept), default=d.from_offset)
-    if min(h.start for h in (tip, *local.checkpoints)) > anchor:
-        return None  # a peer could not be served our part: no head of ours vouches from the delta's on
-    ours = local.entries.records()
-    entries = EntryView([*d.records[:cut], *ours], [*chains[:cut], *chain_extend(local.base, junction, ours)])
-    return _Run(d.from_offset, d.from_hash, entries, tip, kept + local.checkpoints)
-
-
-def _withheld_meta(ours: SignedHead, d: QueueDelta) -> bool:
-    """A newer head whose metadata the delta left out though ours is not it: the other history's metadata
-    of the same version, left out by a sender that took ours for its own (a summary names the version,
-    not the hash). A head whose metadata we lack is not ours to keep: the join keeps our head, the two
-    heads prove the fork, and the sender then offers its head with its metadata (replication.py: an
-    unsettled fork, or its whole run once a delta changed nothing)."""
-    assert d.head is not None
-    return d.meta is None and d.head.meta_version == ours.meta_version and d.head.meta_hash != ours.meta_hash
 
 
 def _checkpoints(run: _Run, start: int, held_end: int) -> tuple[SignedHead, ...]:
@@ -356,8 +259,10 @@ def _checkpoints(run: _Run, start: int, held_end: int) -> tuple[SignedHead, ...]
     return tuple(sorted(seen.values(), key=_BY_END_THEN_ORDER))
 
 
-def _replace_fork(state: QueueState, forked: bool, proof: ForkProof | None) -> QueueState:
-    if forked == state.forked and proof is state.fork:
+def freeze(state: QueueState, proof: ForkProof | None) -> QueueState:
+    """``state`` as it stands, flagged forked with ``proof`` (the better of what it held and the new one):
+    its head and records stay (nothing is deleted), and reads stop at :attr:`QueueState.visible_end`."""
+    if state.forked and proof is state.fork:
         return state
     return QueueState(
         state.owner,
@@ -368,7 +273,7 @@ def _replace_fork(state: QueueState, forked: bool, proof: ForkProof | None) -> Q
         state.entries,
         state.meta,
         state.checkpoints,
-        forked,
+        True,
         proof,
         state.floor,
         state.floor_hash,

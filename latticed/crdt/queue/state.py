@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from latticed.crdt.core_errors import MalformedError
-from latticed.crdt.forks import ForkProof
+from latticed.crdt.forks import ForkProof, shared_points
 from latticed.crdt.head import KIND_QUEUE, SignedHead, check_name, genesis_hash, queue_id
 from latticed.crdt.records import (
     Record,
@@ -252,6 +252,24 @@ class QueueState:
     @property
     def complete(self) -> bool:
         return self.head is None or self.held_end == self.head.end
+
+    @property
+    def visible_end(self) -> int:
+        """Where reads, serving and replication of this queue stop: ``held_end``, or for a forked queue
+        the highest offset up to it at which this replica's chain value is one the proof shows both
+        histories hold (:func:`~latticed.crdt.forks.shared_points`), so what any replica shows is a
+        prefix of what the histories share; the signed start when there is none (nothing is shown).
+        Only chain values known without reading a record count (its start, the ends of the heads it
+        keeps): any thread may ask, and the store's records are read on its own."""
+        if not self.forked:
+            return self.held_end
+        if self.fork is not None:
+            known = {h.end: h.head_hash for h in (*self.checkpoints, self.tip) if h is not None}
+            known[self.start] = self.base_hash
+            for offset, value in shared_points(self.fork):
+                if self.start <= offset <= self.held_end and known.get(offset) == value:
+                    return offset
+        return self.start
 
     def chain_at(self, offset: int) -> bytes | None:
         """The chain value at ``offset`` if we hold it (``start <= offset <= held_end``)."""
