@@ -305,17 +305,37 @@ class EngineCore2Host:
         if q is None:
             return None
         state = await core2.value(q)
-        if since is not None and self.recent.matches(q, state, since.held_end):
-            try:
-                return outgoing(reading_through(state, self.recent), since, max_records, max_bytes)
-            except _Miss:
-                pass  # it needs older rows (a summary the peer's log runs into): read them
+        now = self._from_recent(q, state, since, max_records, max_bytes)
+        if now is not None:
+            return now
 
         def read(reader: StoreReader) -> Outgoing2:
             return outgoing(reading_through(state, reader.rows), since, max_records, max_bytes)
 
         result: Outgoing2 = await self.store.bridge.read(read)
         return result
+
+    def delta2_now(
+        self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        """:meth:`delta2_for`'s answer when it needs no read nor load: the delta of a push just merged,
+        built from its records right here (None: ask :meth:`delta2_for`)."""
+        core2 = self.store.core2
+        q = core2.lookup(*key)
+        state = None if q is None else core2.loaded(q)
+        if q is None or state is None:
+            return None
+        return self._from_recent(q, state, since, max_records, max_bytes)
+
+    def _from_recent(
+        self, q: int, state: QueueState2, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        if since is None or not self.recent.matches(q, state, since.held_end):
+            return None
+        try:
+            return outgoing(reading_through(state, self.recent), since, max_records, max_bytes)
+        except _Miss:  # it needs older rows (a summary the peer's log runs into): a read does
+            return None
 
     def submit_merge2(self, delta: Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
         key = (delta.owner, delta.name, delta.kind)
