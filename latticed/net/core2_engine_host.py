@@ -16,7 +16,7 @@ record; they are used only while the held value's chain at its end is the one th
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from latticed.crdt import queue2
@@ -260,6 +260,25 @@ class _Merging:
         except GapError:  # it no longer fits what we hold: nothing stored
             return self._host.summary2(self._key), False
         return self._host.summary2(self._key), bool(self._job.result.changed)
+
+    def when_settled(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` on the event loop once the job committed or failed (the link's ACKs)."""
+        job = self._job
+        if job.notify is not None:
+            return False
+        job.notify = callback
+        return True
+
+    def settled(self) -> tuple[Summary2 | None, bool] | None:
+        """:meth:`result` once stored, without waiting (None: not yet, or failed: :meth:`result` raises)."""
+        job = self._job
+        if job.done is None or not job.done.is_set():
+            return None
+        if isinstance(job.error, GapError):
+            return self._host.summary2(self._key), False
+        if job.error is not None:
+            return None
+        return self._host.summary2(self._key), bool(job.result.changed)
 
 
 class EngineCore2Host:

@@ -237,6 +237,8 @@ class PeerLink:
     to_acker: trio.MemorySendChannel[tuple[DeltaReceived, PendingMerge]] | None = None
     #: Core-2 merges submitted, for the core-2 acker (whichever task takes the delta submits it).
     to_ack2: trio.MemorySendChannel[tuple[Delta2Received, PendingMerge2]] | None = None
+    #: Core-2 merges waiting for their ACK, in order, acknowledged from the storage's callback.
+    acks2: deque[tuple[Delta2Received, PendingMerge2]] = field(default_factory=deque)
     #: Set once the link ended or failed (late storage callbacks then do nothing).
     ended: bool = False
     #: An error a callback met on this link's behalf: its driver raises it (ending the link).
@@ -821,8 +823,7 @@ class Gossip:
                 elif isinstance(event, Delta2Received):
                     if self.host2 is None or to_ack2 is None:
                         raise LocalProtocolError("a core-2 delta on a link without a core-2 host")
-                    pending = self.host2.submit_merge2(event.delta, event.steps, link.public_key)
-                    to_ack2.send_nowait((event, pending))
+                    self._submit2(link, event, self.host2, to_ack2)
                 elif (
                     isinstance(event, Pong)
                     and link.pending_twin is not None
@@ -855,6 +856,57 @@ class Gossip:
         core2.provide_delta(event.key, out)
         if out is not None:
             self.counters["deltas_out"] += 1
+
+    def _submit2(
+        self,
+        link: PeerLink,
+        event: Delta2Received,
+        host2: Core2Host,
+        to_ack2: trio.MemorySendChannel[tuple[Delta2Received, PendingMerge2]],
+    ) -> None:
+        """Hand a core-2 delta to the store. A host whose merges call back once stored (the daemon's) has
+        them acknowledged from that callback (:meth:`_settled2`), in order; else :meth:`_acker2` waits."""
+        pending = host2.submit_merge2(event.delta, event.steps, link.public_key)
+        when_settled = getattr(pending, "when_settled", None)
+        if when_settled is None:
+            to_ack2.send_nowait((event, pending))
+            return
+        if not when_settled(functools.partial(self._settled2, link, pending)):
+            raise LocalProtocolError("a core-2 merge was submitted twice")
+        link.acks2.append((event, pending))
+
+    def _settled2(self, link: PeerLink, pending: PendingMerge2) -> None:
+        """The storage's callback once ``pending`` is stored (or failed), on the event loop: as
+        :meth:`_settled` for core 2 (a failed merge goes to :meth:`_acker2`, which notes its error and
+        ends the link). Never raises."""
+        if link.ended:
+            return
+        acks, core2 = link.acks2, link.session.core2
+        try:
+            assert core2 is not None
+            acked = False
+            while acks:
+                event, first = acks[0]
+                outcome = first.settled()  # type: ignore[attr-defined]
+                if outcome is None:
+                    if first is pending:  # stored with no outcome: it failed
+                        acks.clear()
+                        link.ended = True
+                        if link.to_ack2 is None:
+                            raise LatticedError("a merge of this peer's delta failed")
+                        link.to_ack2.send_nowait((event, first))
+                    break
+                acks.popleft()
+                self.counters["deltas_in"] += 1
+                core2.delta_applied(event.seq, *outcome)
+                acked = True
+            if acked and not link.ended:
+                self._drive_now(link)
+        except Exception as exc:  # a bug must end this link, not the event loop: its driver raises it
+            link.ended = True
+            acks.clear()
+            link.failure = exc
+            link.kick()
 
     async def _acker2(
         self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[Delta2Received, PendingMerge2]]
@@ -950,8 +1002,7 @@ class Gossip:
                     self.counters["deltas_out"] += 1
                     continue
             elif type(event) is Delta2Received and host2 is not None and link.to_ack2 is not None:
-                pending = host2.submit_merge2(event.delta, event.steps, link.public_key)
-                link.to_ack2.send_nowait((event, pending))
+                self._submit2(link, event, host2, link.to_ack2)
                 continue
             elif type(event) is NeedDelta2 and now2 is not None and core2 is not None:
                 out = now2(event.key, event.since, event.max_records, self.max_message_bytes // 2)

@@ -4,6 +4,7 @@ each link carries a :class:`~latticed.protocol.core2_session.Core2Link`, core 1 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import trio
 import trio.testing
@@ -15,6 +16,7 @@ from latticed.crdt import queue2
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
+from latticed.errors import IntegrityError
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.core2_host import PendingMerge2
 from latticed.net.gossip import Gossip, PeerLink
@@ -281,3 +283,87 @@ async def test_a_relay_passes_core2_pushes_on_from_the_task_that_took_them() -> 
         nursery.cancel_scope.cancel()
     assert host2.waited == waited and host2.now > now
     assert c[2].memory.states2[KEY2] == b[2].memory.states2[KEY2] == a[2].memory.states2[KEY2]
+
+
+class _Later:
+    """A merge stored at once whose commit the test settles (as the store's callback on the event loop)."""
+
+    def __init__(self, outcome: tuple[Summary2 | None, bool], error: Exception | None = None) -> None:
+        self.outcome, self.error = outcome, error
+        self.done = False
+        self.callback: Callable[[], None] | None = None
+
+    def when_settled(self, callback: Callable[[], None]) -> bool:
+        if self.callback is not None:
+            return False
+        self.callback = callback
+        return True
+
+    def settled(self) -> tuple[Summary2 | None, bool] | None:
+        return self.outcome if self.done and self.error is None else None
+
+    async def result(self) -> tuple[Summary2 | None, bool]:
+        if self.error is not None:
+            raise self.error
+        return self.outcome
+
+    def fire(self) -> None:
+        self.done = True
+        assert self.callback is not None
+        self.callback()
+
+
+class CallbackHost2(Host2):
+    def __init__(self) -> None:
+        super().__init__()
+        self.later: list[_Later] = []
+        self.forge = False
+
+    def submit_merge2(self, delta: queue2.Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
+        stored = super().submit_merge2(delta, steps, peer)
+        outcome = stored.outcome  # type: ignore[attr-defined]
+        pending = _Later((None, False), IntegrityError("forged")) if self.forge else _Later(outcome)
+        self.later.append(pending)
+        return pending
+
+
+async def test_core2_acks_go_out_from_the_commits_callback_and_a_failed_merge_ends_the_link() -> None:
+    """A host whose merges call back once stored: each ACK2 is written by that callback (no acker or
+    driver pass), none before it; a merge that failed ends the link, its error kept for ``queue why``."""
+    a = make(b"1" * 32)
+    identity, host2 = Identity.from_seed(b"2" * 32), CallbackHost2()
+    b: Daemon = (identity, Host1(), host2, Gossip(Host1(), identity.public_key, host2=host2))
+    host2.gossip = b[3]
+    a[2].memory.states2[KEY2] = queue2.commit(
+        queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"x", 1)
+    )
+    async with trio.open_nursery() as nursery:
+        await link_tcp(nursery, a, b)
+        await held2(b, 1)
+        [peer] = b[3].links.values()
+        await trio.testing.wait_all_tasks_blocked()
+        for pending in host2.later:
+            pending.fire()
+        a[2].put(queue2.commit(a[2].memory.states2[KEY2], ALICE, now_ms=2, records=records(b"y", 1)))
+        await held2(b, 2)
+        await trio.testing.wait_all_tasks_blocked()
+        acks, applied = b[3].traffic.get("sent_ack2", 0), b[3].counters["deltas_in"]
+        assert len(peer.acks2) == 1  # stored, not yet durable: no ACK
+        host2.later[-1].fire()
+        assert b[3].traffic["sent_ack2"] == acks + 1 and b[3].counters["deltas_in"] == applied + 1
+        assert not peer.acks2 and not peer.wakeup.is_set()
+
+        host2.forge = True
+        a[2].put(queue2.commit(a[2].memory.states2[KEY2], ALICE, now_ms=3, records=records(b"z", 1)))
+        await held2(b, 3)
+        await trio.testing.wait_all_tasks_blocked()
+        host2.later[-1].fire()
+        with trio.fail_after(10):
+            while a[0].public_key in b[3].links:
+                changed = trio.Event()
+                b[3].on_peer_change = changed.set
+                await changed.wait()
+        nursery.cancel_scope.cancel()
+    assert b[3].traffic["sent_ack2"] == acks + 1
+    error = b[3].queue_errors.last(a[0].public_key, KEY2)
+    assert error is not None and "forged" in error[1]
