@@ -645,6 +645,7 @@ class Gossip:
         finally:
             link.ended = True
             link.acks.clear()
+            link.acks2.clear()
             if self.extension is not None and twin_of is None:
                 self.extension.link_down(link)
             remembered = session.memory()
