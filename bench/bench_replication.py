@@ -134,15 +134,18 @@ def catchup_cores(records: int, singles: int, cores: list[int], rounds: int) -> 
                 )
 
 
-def live(samples: int, interval: float, hops: int = 3, *, floor: bool = True) -> dict[str, list[float]]:
+def live(
+    samples: int, interval: float, hops: int = 3, *, floor: bool = True, core: int | None = None
+) -> dict[str, list[float]]:
     """Returns each tail's latencies in ms, sorted, by label: "A" (the writer's own), "B" (1 hop) and, with
-    ``hops`` > 1, the last daemon of the chain's (``hops`` = 1 runs only A and B)."""
+    ``hops`` > 1, the last daemon of the chain's (``hops`` = 1 runs only A and B). ``core``: the queue's
+    fork core (None: the daemon's default)."""
     with cluster() as (root, nodes):
         for name in "ABCDEFGH"[: hops + 1]:
             nodes.append(Node(root, name, [nodes[-1].listen] if nodes else []))
         a, b, d = nodes[0], nodes[1], nodes[-1]
         with a.client() as c:
-            queue = c.queue_create("live")
+            queue = c.queue_create("live", core=core)
             c.offer("live", b"warm-up")
         wait_end(b, queue, 1)
         wait_end(d, queue, 1)
@@ -257,6 +260,9 @@ def main() -> None:
     )
     parser.add_argument("--parts", default="catchup,live,handshake")
     parser.add_argument("--core", default="1,2", help="cores: the fork cores compared, in this order")
+    parser.add_argument(
+        "--live-core", type=int, choices=(1, 2), help="live: the queue's core (default: the daemon's)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="cores: rounds of each, alternated")
     parser.add_argument("--singles", type=int, default=0, help="cores: also this many single offers")
     args = parser.parse_args()
@@ -267,7 +273,7 @@ def main() -> None:
     if "catchup" in parts:
         catchup(args.records, args.big)
     if "live" in parts:
-        live(args.samples, args.interval, args.hops)
+        live(args.samples, args.interval, args.hops, core=args.live_core)
     if "handshake" in parts:
         handshake(200)
 

@@ -7,12 +7,16 @@ A core-2 delta of a queue this daemon holds on core 1 converts it (:class:`Conve
 is of a later epoch than core 1's history (the owner's ``queue upgrade`` or ``recover``); one of epoch 0
 is refused per queue (nothing stored, the link stays up): the same owner cannot have meant both, and
 closing the link would stop every other queue.
+
+A relay answers the next link's ``NeedDelta2`` for a push it just merged from the records that merge
+appended (:class:`RecentRows`), on the event loop, instead of a reader thread's read transaction per relayed
+record; they are used only while the held value's chain at its end is the one they end with.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from latticed.crdt import queue2
@@ -20,6 +24,7 @@ from latticed.crdt.core_errors import GapError
 from latticed.crdt.head import QueueKind, queue_id
 from latticed.crdt.queue2 import Delta, QueueState2
 from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, seeded
+from latticed.crdt.records import Record, RecordRun
 from latticed.errors import MalformedError
 from latticed.net.core2_host import PendingMerge2
 from latticed.process.logs import get_logger, log_event
@@ -33,6 +38,7 @@ from latticed.storage.core2_engine import reading_through
 from latticed.storage.core2_jobs import Merge2, Merged2
 from latticed.storage.core2_queues import core2_of
 from latticed.storage.core2_view import Core2View
+from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import WriterView
 from latticed.storage.reader import StoreReader
 
@@ -53,15 +59,127 @@ class Core2Store(Protocol):
     def find(self, owner: bytes, name: str, kind: int = ...) -> int | None: ...
 
 
+#: How many of a queue's latest merged records :class:`RecentRows` keeps (a live relay needs the last few),
+#: and for how many queues (the ones merged into last).
+RECENT_RECORDS = 64
+RECENT_QUEUES = 256
+
+
+class _Miss(Exception):
+    """A row :class:`RecentRows` does not hold: the read goes to a reader thread."""
+
+
+class _Recent:
+    """Rows ``[lo, lo + len(records))`` of one queue as a merge staged them; ``chains[i]`` is row
+    ``lo + i``'s chain value (which binds every record up to it). Immutable."""
+
+    __slots__ = ("chains", "lo", "records")
+
+    def __init__(self, lo: int, records: tuple[Record, ...], chains: tuple[bytes, ...]) -> None:
+        self.lo, self.records, self.chains = lo, records, chains
+
+    @property
+    def hi(self) -> int:
+        return self.lo + len(self.records)
+
+
+class RecentRows:
+    """The records the latest merges appended to each core-2 queue, as a row source (raising :class:`_Miss`
+    for any other row). Written by the storage thread (one immutable entry swapped per queue), read on the
+    event loop. An entry is used for a value only while that value's chain at its end is the entry's
+    there (see :meth:`matches`), so a rolled-back, truncated or superseded run is never served."""
+
+    def __init__(self) -> None:
+        self._runs: dict[int, _Recent] = {}
+
+    def note(self, q: int, state: QueueState2, count: int) -> None:
+        """``state`` (staged on the storage thread) just appended its last ``count`` records."""
+        hi = state.held[1]
+        lo = max(hi - count, state.held[0])
+        if lo >= hi:
+            return
+        records = tuple(state.entries.records(lo - state.held[0], hi - state.held[0]))
+        chains = tuple(state.entries.chain(o - state.held[0]) for o in range(lo, hi))
+        old = self._runs.get(q)
+        if old is not None and old.hi == lo and old.chains and old.chains[-1] == state.chain_at(lo):
+            keep = max(0, len(old.records) + len(records) - RECENT_RECORDS)
+            records, chains = old.records[keep:] + records, old.chains[keep:] + chains
+            lo = old.lo + keep
+        runs = self._runs
+        runs.pop(q, None)
+        while len(runs) >= RECENT_QUEUES:
+            runs.pop(next(iter(runs)))
+        runs[q] = _Recent(lo, records, chains)
+
+    def matches(self, q: int, state: QueueState2, since_end: int) -> bool:
+        """Whether the rows a peer holding up to ``since_end`` lacks of ``state`` are all held here, and
+        are ``state``'s: its chain at its end, known without a read, is the one held for that row."""
+        run = self._runs.get(q)
+        lo, hi = state.held
+        if run is None or lo >= hi or not run.lo <= since_end or not run.lo < hi <= run.hi:
+            return False
+        entries = state.entries
+        if not isinstance(entries, StoredEntries):
+            return False
+        try:
+            end_chain = entries.rebind(_NO_ROWS).chain(hi - lo - 1)
+        except _Miss:
+            return False
+        return end_chain == run.chains[hi - run.lo - 1]
+
+    # ------------------------------------------------------------------ the RowSource protocol
+    def _run(self, q: int, lo: int, hi: int) -> tuple[Record, ...]:
+        run = self._runs.get(q)
+        if run is None or lo < run.lo or hi > run.hi or lo > hi:
+            raise _Miss
+        return run.records[lo - run.lo : hi - run.lo]
+
+    def record(self, q: int, off: int) -> Record | None:
+        return self._run(q, off, off + 1)[0]
+
+    def chain(self, q: int, off: int) -> bytes | None:
+        run = self._runs.get(q)
+        if run is None or not run.lo <= off < run.hi:
+            raise _Miss
+        return run.chains[off - run.lo]
+
+    def records(self, q: int, lo: int, hi: int) -> list[Record]:
+        return list(self._run(q, lo, hi))
+
+    def run(self, q: int, lo: int, hi: int) -> RecordRun:
+        return RecordRun.of(self._run(q, lo, hi))
+
+
+class _NoRows:
+    """A row source that holds nothing (what a value knows without reading, or :class:`_Miss`)."""
+
+    def record(self, q: int, off: int) -> Record | None:
+        raise _Miss
+
+    def chain(self, q: int, off: int) -> bytes | None:
+        raise _Miss
+
+    def records(self, q: int, lo: int, hi: int) -> list[Record]:
+        raise _Miss
+
+    def run(self, q: int, lo: int, hi: int) -> RecordRun:
+        raise _Miss
+
+
+_NO_ROWS = _NoRows()
+
+
 class MergeSteps2(Merge2):
     """A peer's delta as it came (its bodies as steps) joined durably: the steps are rebuilt against the
-    value current on the storage thread, then verified and joined there (:class:`Merge2`)."""
+    value current on the storage thread, then verified and joined there (:class:`Merge2`). What it
+    appended is noted in ``recent`` (the next link's delta is built from it)."""
 
-    __slots__ = ("steps",)
+    __slots__ = ("recent", "steps")
 
-    def __init__(self, delta: Delta, steps: Steps | None) -> None:
+    def __init__(self, delta: Delta, steps: Steps | None, recent: RecentRows | None = None) -> None:
         super().__init__(delta)
         self.steps = steps
+        self.recent = recent
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         d = self.delta
@@ -74,6 +192,8 @@ class MergeSteps2(Merge2):
             self.delta = unpack_steps(state, d, self.steps)
             self.steps = None  # applied again (after a failed group commit), it is as it now stands
         super().apply(batch, writer)
+        if self.recent is not None and self.added and self.result.q >= 0:
+            self.recent.note(self.result.q, core2_of(writer).state(self.result.q), len(self.added))
 
 
 #: Queues whose core-2 delta of epoch 0 was refused here (logged once each; the storage thread's).
@@ -141,12 +261,33 @@ class _Merging:
             return self._host.summary2(self._key), False
         return self._host.summary2(self._key), bool(self._job.result.changed)
 
+    def when_settled(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` on the event loop once the job committed or failed (the link's ACKs)."""
+        job = self._job
+        if job.notify is not None:
+            return False
+        job.notify = callback
+        return True
+
+    def settled(self) -> tuple[Summary2 | None, bool] | None:
+        """:meth:`result` once stored, without waiting (None: not yet, or failed: :meth:`result` raises)."""
+        job = self._job
+        if job.done is None or not job.done.is_set():
+            return None
+        if isinstance(job.error, GapError):
+            return self._host.summary2(self._key), False
+        if job.error is not None:
+            return None
+        return self._host.summary2(self._key), bool(job.result.changed)
+
 
 class EngineCore2Host:
     """The engine's core-2 queues as replication sees them (see the module docstring)."""
 
     def __init__(self, store: Core2Store) -> None:
         self.store = store
+        #: The records the latest merges appended, per queue: a relayed push's delta needs no read.
+        self.recent = RecentRows()
 
     async def load(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that
@@ -183,6 +324,9 @@ class EngineCore2Host:
         if q is None:
             return None
         state = await core2.value(q)
+        now = self._from_recent(q, state, since, max_records, max_bytes)
+        if now is not None:
+            return now
 
         def read(reader: StoreReader) -> Outgoing2:
             return outgoing(reading_through(state, reader.rows), since, max_records, max_bytes)
@@ -190,9 +334,31 @@ class EngineCore2Host:
         result: Outgoing2 = await self.store.bridge.read(read)
         return result
 
+    def delta2_now(
+        self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        """:meth:`delta2_for`'s answer when it needs no read nor load: the delta of a push just merged,
+        built from its records right here (None: ask :meth:`delta2_for`)."""
+        core2 = self.store.core2
+        q = core2.lookup(*key)
+        state = None if q is None else core2.loaded(q)
+        if q is None or state is None:
+            return None
+        return self._from_recent(q, state, since, max_records, max_bytes)
+
+    def _from_recent(
+        self, q: int, state: QueueState2, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        if since is None or not self.recent.matches(q, state, since.held_end):
+            return None
+        try:
+            return outgoing(reading_through(state, self.recent), since, max_records, max_bytes)
+        except _Miss:  # it needs older rows (a summary the peer's log runs into): a read does
+            return None
+
     def submit_merge2(self, delta: Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
         key = (delta.owner, delta.name, delta.kind)
-        job: MergeSteps2 = MergeSteps2(delta, steps)
+        job: MergeSteps2 = MergeSteps2(delta, steps, self.recent)
         if isinstance(delta.owner, bytes) and self.store.find(*key) is not None:
             job = ConvertMerge2(delta, steps)  # held here on core 1: the owner's converted queue?
         job.origin = peer

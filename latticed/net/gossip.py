@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import trio
 
+from latticed.crdt import queue2
 from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueDelta, Summary, VerifiedDelta
 from latticed.errors import (
@@ -54,6 +55,7 @@ from latticed.net.twin_link import TwinRequests
 from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import TICK_S, sleep_until_tick
 from latticed.protocol.core2_session import Core2Event, Core2Link, Delta2Received, NeedDelta2
+from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import CORE2_NAMES, Summary2
 from latticed.protocol.graft import Arrivals
 from latticed.protocol.handshake import Role
@@ -233,6 +235,10 @@ class PeerLink:
     acks: deque[tuple[DeltaReceived, PendingMerge]] = field(default_factory=deque)
     #: The acker's channel: a merge that failed goes there, and the acker ends the link with its error.
     to_acker: trio.MemorySendChannel[tuple[DeltaReceived, PendingMerge]] | None = None
+    #: Core-2 merges submitted, for the core-2 acker (whichever task takes the delta submits it).
+    to_ack2: trio.MemorySendChannel[tuple[Delta2Received, PendingMerge2]] | None = None
+    #: Core-2 merges waiting for their ACK, in order, acknowledged from the storage's callback.
+    acks2: deque[tuple[Delta2Received, PendingMerge2]] = field(default_factory=deque)
     #: Set once the link ended or failed (late storage callbacks then do nothing).
     ended: bool = False
     #: An error a callback met on this link's behalf: its driver raises it (ending the link).
@@ -241,6 +247,9 @@ class PeerLink:
     previous: PendingMerge | None = None
     #: Whether the verifier has deltas to check (the reader then leaves the next ones to it).
     verifier_busy: bool = False
+    #: Whether a task is doing the sleeping driver's work now (:meth:`Gossip._drive_now`): what that
+    #: work causes on this link (a store's hook telling every link) is left to the driver.
+    relaying: bool = False
 
     def kick(self) -> None:
         """Wake the driver whatever the session holds (a replaced link, an extension's messages)."""
@@ -339,6 +348,9 @@ class Gossip:
     _foreign_logged: set[QueueKey] = field(default_factory=set)
     _relayed: Callable[[QueueKey, Summary | None], QueueDelta | None] | None = field(init=False, default=None)
     _verify_now: Callable[[QueueDelta], VerifiedDelta | None] | None = field(init=False, default=None)
+    _delta2_now: Callable[[QueueKey, queue2.Summary | None, int, int], Outgoing2 | None] | None = field(
+        init=False, default=None
+    )
 
     def __post_init__(self) -> None:
         self.identity = IdentityGuard(self.incarnation)
@@ -347,6 +359,9 @@ class Gossip:
         self._relayed = getattr(self.host, "relayed_delta", None)
         # Optional too: ``verify_now(delta)``, a small delta verified on the event loop (None: too big).
         self._verify_now = getattr(self.host, "verify_now", None)
+        # And on a core-2 host: ``delta2_now(...)``, ``delta2_for``'s answer when it needs no read (None:
+        # ask ``delta2_for``), so a relayed push goes on from the task that learnt of its commit.
+        self._delta2_now = getattr(self.host2, "delta2_now", None)
         for name in ("duplicate_identities", "identity_notices", "foreign_heads"):
             self.counters.setdefault(name, 0)
         if self.extension is not None:
@@ -379,7 +394,7 @@ class Gossip:
             core2 = link.session.core2
             if core2 is not None:
                 core2.local_update(key, summary)
-                link.nudge()
+                self._drive_now(link)
 
     def unheard_links(self) -> int:
         """Connected peers whose first digest has not come yet."""
@@ -589,7 +604,7 @@ class Gossip:
         to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](self.window)
         # Core-2 deltas: submitted by the driver as they come, acknowledged in order once durable.
         to_ack2, ack2_queue = trio.open_memory_channel[tuple[Delta2Received, PendingMerge2]](self.window)
-        link.to_acker = to_ack
+        link.to_acker, link.to_ack2 = to_ack, to_ack2
         try:
             try:
                 async with trio.open_nursery() as nursery:
@@ -630,6 +645,7 @@ class Gossip:
         finally:
             link.ended = True
             link.acks.clear()
+            link.acks2.clear()
             if self.extension is not None and twin_of is None:
                 self.extension.link_down(link)
             remembered = session.memory()
@@ -808,8 +824,7 @@ class Gossip:
                 elif isinstance(event, Delta2Received):
                     if self.host2 is None or to_ack2 is None:
                         raise LocalProtocolError("a core-2 delta on a link without a core-2 host")
-                    pending = self.host2.submit_merge2(event.delta, event.steps, link.public_key)
-                    to_ack2.send_nowait((event, pending))
+                    self._submit2(link, event, self.host2, to_ack2)
                 elif (
                     isinstance(event, Pong)
                     and link.pending_twin is not None
@@ -843,6 +858,57 @@ class Gossip:
         if out is not None:
             self.counters["deltas_out"] += 1
 
+    def _submit2(
+        self,
+        link: PeerLink,
+        event: Delta2Received,
+        host2: Core2Host,
+        to_ack2: trio.MemorySendChannel[tuple[Delta2Received, PendingMerge2]],
+    ) -> None:
+        """Hand a core-2 delta to the store. A host whose merges call back once stored (the daemon's) has
+        them acknowledged from that callback (:meth:`_settled2`), in order; else :meth:`_acker2` waits."""
+        pending = host2.submit_merge2(event.delta, event.steps, link.public_key)
+        when_settled = getattr(pending, "when_settled", None)
+        if when_settled is None:
+            to_ack2.send_nowait((event, pending))
+            return
+        if not when_settled(functools.partial(self._settled2, link, pending)):
+            raise LocalProtocolError("a core-2 merge was submitted twice")
+        link.acks2.append((event, pending))
+
+    def _settled2(self, link: PeerLink, pending: PendingMerge2) -> None:
+        """The storage's callback once ``pending`` is stored (or failed), on the event loop: as
+        :meth:`_settled` for core 2 (a failed merge goes to :meth:`_acker2`, which notes its error and
+        ends the link). Never raises."""
+        if link.ended:
+            return
+        acks, core2 = link.acks2, link.session.core2
+        try:
+            assert core2 is not None
+            acked = False
+            while acks:
+                event, first = acks[0]
+                outcome = first.settled()  # type: ignore[attr-defined]
+                if outcome is None:
+                    if first is pending:  # stored with no outcome: it failed
+                        acks.clear()
+                        link.ended = True
+                        if link.to_ack2 is None:
+                            raise LatticedError("a merge of this peer's delta failed")
+                        link.to_ack2.send_nowait((event, first))
+                    break
+                acks.popleft()
+                self.counters["deltas_in"] += 1
+                core2.delta_applied(event.seq, *outcome)
+                acked = True
+            if acked and not link.ended:
+                self._drive_now(link)
+        except Exception as exc:  # a bug must end this link, not the event loop: its driver raises it
+            link.ended = True
+            acks.clear()
+            link.failure = exc
+            link.kick()
+
     async def _acker2(
         self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[Delta2Received, PendingMerge2]]
     ) -> None:
@@ -859,7 +925,7 @@ class Gossip:
             core2 = link.session.core2
             assert core2 is not None
             core2.delta_applied(event.seq, summary, changed)
-            link.kick()
+            self._drive_now(link)  # the ACK goes out from here when the driver sleeps
 
     def _count(self, direction: str, message: bytes) -> None:
         kind = message_type_name(message)
@@ -913,23 +979,36 @@ class Gossip:
             or link.extra_out
             or not link.opened
             or link.ended
+            or link.relaying
             or not stream.can_send_now()
         ):
             link.nudge()
             return
+        link.relaying = True
         try:
             self._relay_now(link, session, stream)
         except Exception as exc:  # the link's own error, not the calling task's: its driver raises it
             link.failure = exc
             link.kick()
+        finally:
+            link.relaying = False
 
     def _relay_now(self, link: PeerLink, session: ReplicationSession, stream: SecureStream) -> None:
-        relayed = self._relayed
+        relayed, now2, host2, core2 = self._relayed, self._delta2_now, self.host2, session.core2
         while (event := session.next_event()) is not None:
             if type(event) is NeedDelta and relayed is not None:
                 delta = relayed(event.key, event.since)
                 if delta is not None:
                     session.provide_delta(event.key, delta)
+                    self.counters["deltas_out"] += 1
+                    continue
+            elif type(event) is Delta2Received and host2 is not None and link.to_ack2 is not None:
+                self._submit2(link, event, host2, link.to_ack2)
+                continue
+            elif type(event) is NeedDelta2 and now2 is not None and core2 is not None:
+                out = now2(event.key, event.since, event.max_records, self.max_message_bytes // 2)
+                if out is not None:  # a push just merged, built from its records
+                    core2.provide_delta(event.key, out)
                     self.counters["deltas_out"] += 1
                     continue
             link.held = event  # the driver's (it takes it before the session's next ones)

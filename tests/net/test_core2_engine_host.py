@@ -16,7 +16,7 @@ from latticed.crdt.records import Record, RecordRun, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import IntegrityError
 from latticed.net.core2_engine_host import EngineCore2Host
-from latticed.protocol.core2_wire import Delta2, encode2, link_summary
+from latticed.protocol.core2_wire import Delta2, Summary2, encode2, link_summary
 from latticed.storage.engine import Engine
 from latticed.storage.entries import SqlRows
 
@@ -136,3 +136,77 @@ async def test_a_catch_up_chunk_is_read_from_the_store_once_as_columns(
         )
         summary, changed = await replica.submit_merge2(out.delta, out.steps, b"p" * 32).result()
         assert changed and summary is not None and summary.core.held_end == 10
+
+
+async def test_a_relay_builds_the_next_links_delta_from_the_merged_records_without_a_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay answers the next link for a push it just merged from the records the merge appended (no
+    reader thread's read transaction per relayed record), and the delta is the one a read gives; records
+    whose chain is not the held value's are never served: the read decides then."""
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / name).mkdir()
+    async with (
+        Engine.open(tmp_path / "a", ALICE) as a,
+        Engine.open(tmp_path / "b", BOB) as b,
+        Engine.open(tmp_path / "c", BOB) as c,
+    ):
+        owner, relay, leaf = EngineCore2Host(a), EngineCore2Host(b), EngineCore2Host(c)
+        q = await a.core2.create("q")
+        await a.core2.commit(q, [rec("v", i) for i in range(3)])
+        key = (ALICE.public_key, "q", 0)
+        held: dict[EngineCore2Host, Summary2 | None] = {}
+        reads: list[object] = []
+        read = b.bridge.read
+
+        async def counted(fn: Any) -> Any:
+            reads.append(fn)
+            return await read(fn)
+
+        monkeypatch.setattr(b.bridge, "read", counted)
+        first = await owner.delta2_for(key, None, 100, 1 << 20)
+        assert first is not None
+        for host in (relay, leaf):
+            held[host], _ = await host.submit_merge2(first.delta, first.steps, b"p" * 32).result()
+        for i in range(3, 6):  # live pushes, one record each, relayed on as they come
+            await a.core2.commit(q, [rec("v", i)])
+            since = held[relay]
+            assert since is not None
+            push = await owner.delta2_for(key, since.core, 100, 1 << 20)
+            assert push is not None
+            held[relay], changed = await relay.submit_merge2(push.delta, push.steps, b"p" * 32).result()
+            assert changed
+
+            reads.clear()
+            to_leaf = held[leaf]
+            assert to_leaf is not None
+            out = await relay.delta2_for(key, to_leaf.core, 100, 1 << 20)
+            assert out is not None and reads == []
+            fresh = await EngineCore2Host(b).delta2_for(key, to_leaf.core, 100, 1 << 20)  # read from disk
+            assert fresh is not None and len(reads) == 1
+            assert list(out.delta.records) == list(fresh.delta.records) == [rec("v", i)]
+            assert dataclasses.replace(out.delta, records=()) == dataclasses.replace(fresh.delta, records=())
+            assert (out.steps, out.implied) == (fresh.steps, fresh.implied)
+            held[leaf], changed = await leaf.submit_merge2(out.delta, out.steps, b"p" * 32).result()
+            assert changed and held[leaf] == held[relay] == owner.summaries2()[key]
+
+        # Records that are not the held value's (another branch's, a rolled-back commit's): the chain at
+        # the held end tells, and the read answers.
+        await a.core2.commit(q, [rec("v", 6)])
+        since = held[relay]
+        assert since is not None
+        push = await owner.delta2_for(key, since.core, 100, 1 << 20)
+        assert push is not None
+        await relay.submit_merge2(push.delta, push.steps, b"p" * 32).result()
+        rq = b.core2.lookup(*key)
+        assert rq is not None
+        state = await b.core2.value(rq)
+        run = relay.recent._runs[rq]
+        relay.recent._runs[rq] = type(run)(
+            run.lo, (*run.records[:-1], rec("x", 6)), (*run.chains[:-1], b"x" * 32)
+        )
+        to_leaf = held[leaf]
+        assert to_leaf is not None and state.held[1] == 7
+        reads.clear()
+        out = await relay.delta2_for(key, to_leaf.core, 100, 1 << 20)
+        assert out is not None and list(out.delta.records) == [rec("v", 6)] and len(reads) == 1

@@ -4,6 +4,7 @@ each link carries a :class:`~latticed.protocol.core2_session.Core2Link`, core 1 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import trio
 import trio.testing
@@ -15,10 +16,12 @@ from latticed.crdt import queue2
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
+from latticed.errors import IntegrityError
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.core2_host import PendingMerge2
 from latticed.net.gossip import Gossip, PeerLink
-from latticed.net.transport import secure_accept, secure_connect
+from latticed.net.transport import open_peer, secure_accept, secure_connect
+from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 from latticed.protocol.replication import QueueKey
 from latticed.protocol.versions import ours
@@ -204,3 +207,163 @@ async def test_a_peer_behind_on_a_core2_queue_shows_its_lag_per_queue() -> None:
     assert gossip.link_lag(gossip.links[peer]) == {f"{ALICE.public_key.hex()}/two": 6}
     session.core2.held[KEY2] = link_summary(held)
     assert gossip.peer_lag() == {peer.hex(): {f"{ALICE.public_key.hex()}/two": 0}}
+
+
+async def link_tcp(nursery: trio.Nursery, a: Daemon, b: Daemon) -> None:
+    """:func:`link` over loopback TCP."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def accept() -> None:
+        raw = await listeners[0].accept()
+        await listeners[0].aclose()
+        stream = await secure_accept(raw, seed=b[0].seed, network_key=DEFAULT_NETWORK_KEY)
+        await b[3].run_peer(stream, "tcp", "incoming")
+
+    async def dial() -> None:
+        stream = await open_peer("127.0.0.1", port, seed=a[0].seed, network_key=DEFAULT_NETWORK_KEY)
+        await a[3].run_peer(stream, "tcp", "static")
+
+    nursery.start_soon(accept)
+    nursery.start_soon(dial)
+    with trio.fail_after(10):
+        for one, other in ((a, b), (b, a)):
+            while other[0].public_key not in one[3].links:
+                changed = trio.Event()
+                one[3].on_peer_change = changed.set
+                await changed.wait()
+            one[3].on_peer_change = None
+    for daemon in (a, b):
+        for peer in daemon[3].links.values():
+            peer.session.agree_features(ours().features)
+            peer.kick()
+
+
+class RelayHost2(Host2):
+    """A core-2 host that builds a push's delta without waiting when it can (``delta2_now``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = self.waited = 0
+
+    def delta2_now(
+        self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        self.now += 1
+        return self.memory.delta2_for(key, since, max_records, max_bytes)
+
+    async def delta2_for(
+        self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        self.waited += 1
+        return await super().delta2_for(key, since, max_records, max_bytes)
+
+
+async def test_a_relay_passes_core2_pushes_on_from_the_task_that_took_them() -> None:
+    """A → B → C: B submits each live push as its reader takes it and sends the next link's delta from
+    the task its store's change reached (``delta2_now``), not from a woken driver's ``delta2_for``."""
+    a, c = make(b"1" * 32), make(b"3" * 32)
+    identity, host2 = Identity.from_seed(b"2" * 32), RelayHost2()
+    b: Daemon = (identity, Host1(), host2, Gossip(Host1(), identity.public_key, host2=host2))
+    host2.gossip = b[3]
+    a[2].memory.states2[KEY2] = queue2.commit(
+        queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"x", 1)
+    )
+    async with trio.open_nursery() as nursery:
+        await link_tcp(nursery, a, b)  # (a direct write needs a socket that takes it at once)
+        await link_tcp(nursery, b, c)
+        await held2(c, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        waited, now = host2.waited, host2.now
+        for i in range(2, 6):  # live pushes, one record each
+            a[2].put(
+                queue2.commit(a[2].memory.states2[KEY2], ALICE, now_ms=i, records=records(b"y%d" % i, 1))
+            )
+            await held2(c, i)
+        nursery.cancel_scope.cancel()
+    assert host2.waited == waited and host2.now > now
+    assert c[2].memory.states2[KEY2] == b[2].memory.states2[KEY2] == a[2].memory.states2[KEY2]
+
+
+class _Later:
+    """A merge stored at once whose commit the test settles (as the store's callback on the event loop)."""
+
+    def __init__(self, outcome: tuple[Summary2 | None, bool], error: Exception | None = None) -> None:
+        self.outcome, self.error = outcome, error
+        self.done = False
+        self.callback: Callable[[], None] | None = None
+
+    def when_settled(self, callback: Callable[[], None]) -> bool:
+        if self.callback is not None:
+            return False
+        self.callback = callback
+        return True
+
+    def settled(self) -> tuple[Summary2 | None, bool] | None:
+        return self.outcome if self.done and self.error is None else None
+
+    async def result(self) -> tuple[Summary2 | None, bool]:
+        if self.error is not None:
+            raise self.error
+        return self.outcome
+
+    def fire(self) -> None:
+        self.done = True
+        assert self.callback is not None
+        self.callback()
+
+
+class CallbackHost2(Host2):
+    def __init__(self) -> None:
+        super().__init__()
+        self.later: list[_Later] = []
+        self.forge = False
+
+    def submit_merge2(self, delta: queue2.Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
+        stored = super().submit_merge2(delta, steps, peer)
+        outcome = stored.outcome  # type: ignore[attr-defined]
+        pending = _Later((None, False), IntegrityError("forged")) if self.forge else _Later(outcome)
+        self.later.append(pending)
+        return pending
+
+
+async def test_core2_acks_go_out_from_the_commits_callback_and_a_failed_merge_ends_the_link() -> None:
+    """A host whose merges call back once stored: each ACK2 is written by that callback (no acker or
+    driver pass), none before it; a merge that failed ends the link, its error kept for ``queue why``."""
+    a = make(b"1" * 32)
+    identity, host2 = Identity.from_seed(b"2" * 32), CallbackHost2()
+    b: Daemon = (identity, Host1(), host2, Gossip(Host1(), identity.public_key, host2=host2))
+    host2.gossip = b[3]
+    a[2].memory.states2[KEY2] = queue2.commit(
+        queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"x", 1)
+    )
+    async with trio.open_nursery() as nursery:
+        await link_tcp(nursery, a, b)
+        await held2(b, 1)
+        [peer] = b[3].links.values()
+        await trio.testing.wait_all_tasks_blocked()
+        for pending in host2.later:
+            pending.fire()
+        a[2].put(queue2.commit(a[2].memory.states2[KEY2], ALICE, now_ms=2, records=records(b"y", 1)))
+        await held2(b, 2)
+        await trio.testing.wait_all_tasks_blocked()
+        acks, applied = b[3].traffic.get("sent_ack2", 0), b[3].counters["deltas_in"]
+        assert len(peer.acks2) == 1  # stored, not yet durable: no ACK
+        host2.later[-1].fire()
+        assert b[3].traffic["sent_ack2"] == acks + 1 and b[3].counters["deltas_in"] == applied + 1
+        assert not peer.acks2 and not peer.wakeup.is_set()
+
+        host2.forge = True
+        a[2].put(queue2.commit(a[2].memory.states2[KEY2], ALICE, now_ms=3, records=records(b"z", 1)))
+        await held2(b, 3)
+        await trio.testing.wait_all_tasks_blocked()
+        host2.later[-1].fire()
+        with trio.fail_after(10):
+            while a[0].public_key in b[3].links:
+                changed = trio.Event()
+                b[3].on_peer_change = changed.set
+                await changed.wait()
+        nursery.cancel_scope.cancel()
+    assert b[3].traffic["sent_ack2"] == acks + 1
+    error = b[3].queue_errors.last(a[0].public_key, KEY2)
+    assert error is not None and "forged" in error[1]
