@@ -3,12 +3,14 @@
     .venv/bin/python bench/bench_mesh.py                        # N = 2, 4, 8; bulk, then live 5/s, 100/s
     .venv/bin/python bench/bench_mesh.py --sizes 4 --bulk 50000 --parts bulk,live
     .venv/bin/python bench/bench_mesh.py --sizes 16 --discovery mdns   # root: a LAN in network namespaces
+    .venv/bin/python bench/bench_mesh.py --sizes 4,8 --core 1           # the queue on fork core 1
 
 N daemons, one writer, ``--payload``-byte records. ``--discovery static`` (the default): each daemon dials
 ``--degree`` random others (a connected sparse graph, seeded: what static peers give). ``--discovery mdns``:
 no peers are given, the daemons find each other by mDNS only and the links are whatever their peer books
-(the bounded active view) make of it. Where they run (``--net``): ``loopback`` (127.0.0.1, the static
-default) or ``netns``, one host each on a bridge in network namespaces made for the run
+(the bounded active view) make of it. ``--core``: the queue's fork core (default: the daemon's
+``default_queue_core``; the core that ran is printed). Where they run (``--net``): ``loopback``
+(127.0.0.1, the static default) or ``netns``, one host each on a bridge in network namespaces made for the run
 (integration/netns.py: nothing leaves them, so mDNS reaches no other daemon on this machine; needs root;
 the mdns default). ``--net loopback`` with mdns runs mDNS on 127.0.0.1 under a network key of the run's
 own: other daemons on this machine see the announcements but cannot join. In one mesh per N:
@@ -360,8 +362,10 @@ def run(n: int, args: argparse.Namespace) -> None:
         else:
             connect(nodes, edges)
         with nodes[0].client() as c:
-            queue = c.queue_create("mesh")
+            queue = c.queue_create("mesh", core=args.core)
             c.offer("mesh", b"warm-up")
+            ran = c.queue_info("mesh").get("core")
+            print(f"    queue on fork core {ran} (asked: {args.core or 'the default'})")
         for node in nodes[1:]:
             wait_end(node, queue, 1)
         if mdns:  # the daemon farthest from the writer, over the links discovery made
@@ -395,6 +399,9 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=100, help="live records per rate (at least)")
     parser.add_argument("--live-seconds", type=float, default=10.0, help="... or this long at each rate")
     parser.add_argument("--parts", default="bulk,live")
+    parser.add_argument(
+        "--core", type=int, choices=(1, 2), help="the queue's fork core (default: the daemon's)"
+    )
     args = parser.parse_args()
     for n in (int(s) for s in args.sizes.split(",")):
         run(n, args)
