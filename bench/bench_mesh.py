@@ -21,12 +21,13 @@ own: other daemons on this machine see the announcements but cannot join. In one
 
 Per part, per replica (the writer excluded), from the daemons' own counters (``latticectl status``:
 ``received_<type>`` and ``received_<type>_bytes``, what ``latticed_peer_messages_total`` exports) and
-/proc: deltas received per record, bytes received per record (every message type) and that ÷ payload,
-CPU per record (utime + stime); then the mesh's total bytes ÷ ((N - 1) x payload) and, live, the last
-daemon's latency p50/p99; DELTAs and ACKs each daemon sent, the writer's included (a relay that falls
-behind its sender stores several chunks in one commit and sends them on as one delta: fewer of both), and
-for the bulk how long the writer's client calls took. After each part: every daemon's open links
-(``connected``: its active view) and RSS. Figures are printed, never asserted.
+/proc: deltas received per record (core 1's DELTA and core 2's DELTA2), bytes received per record (every
+message type) and that ÷ payload, CPU per record (utime + stime); then the mesh's total bytes ÷ ((N - 1) x
+payload) and, live, the last daemon's latency p50/p99; DELTAs and ACKs (or DELTA2s and ACK2s) each daemon
+sent, the writer's included (a relay that falls behind its sender stores several chunks in one commit and
+sends them on as one delta: fewer of both), and for the bulk how long the writer's client calls took.
+After each part: every daemon's open links (``connected``: its active view) and RSS. Figures are printed,
+never asserted.
 """
 
 from __future__ import annotations
@@ -233,7 +234,8 @@ class Meter:
                 for k in after
                 if k.startswith("received_") and not k.endswith("_bytes") and diff(k)
             }
-            rows.append((node.name, diff("received_delta"), received, cpu1 - cpu0, kinds))
+            deltas = diff("received_delta") + diff("received_delta2")  # core 1's DELTA, core 2's DELTA2
+            rows.append((node.name, deltas, received, cpu1 - cpu0, kinds))
         print(f"  {label}: {records:,} records of {payload} B, N = {n}")
         for name, deltas, received, cpu, kinds in rows:
             per = received / records
@@ -247,10 +249,11 @@ class Meter:
         sent = []
         for node, (before, _) in zip(self.nodes, self.before, strict=True):
             after = node.counters()
-            sent.append(
-                f"{node.name} {after.get('sent_delta', 0) - before.get('sent_delta', 0)}"
-                f"/{after.get('sent_ack', 0) - before.get('sent_ack', 0)}"
-            )
+
+            def sent_of(kind: str, after: dict[str, int] = after, before: dict[str, int] = before) -> int:
+                return sum(after.get(k, 0) - before.get(k, 0) for k in (f"sent_{kind}", f"sent_{kind}2"))
+
+            sent.append(f"{node.name} {sent_of('delta')}/{sent_of('ack')}")
         print(f"    DELTAs/ACKs sent per daemon (the writer first): {', '.join(sent)}")
         total = sum(r[2] for r in rows)
         print(
