@@ -3,12 +3,14 @@
     .venv/bin/python bench/bench_mesh.py                        # N = 2, 4, 8; bulk, then live 5/s, 100/s
     .venv/bin/python bench/bench_mesh.py --sizes 4 --bulk 50000 --parts bulk,live
     .venv/bin/python bench/bench_mesh.py --sizes 16 --discovery mdns   # root: a LAN in network namespaces
+    .venv/bin/python bench/bench_mesh.py --sizes 4,8 --core 1           # the queue on fork core 1
 
 N daemons, one writer, ``--payload``-byte records. ``--discovery static`` (the default): each daemon dials
 ``--degree`` random others (a connected sparse graph, seeded: what static peers give). ``--discovery mdns``:
 no peers are given, the daemons find each other by mDNS only and the links are whatever their peer books
-(the bounded active view) make of it. Where they run (``--net``): ``loopback`` (127.0.0.1, the static
-default) or ``netns``, one host each on a bridge in network namespaces made for the run
+(the bounded active view) make of it. ``--core``: the queue's fork core (default: the daemon's
+``default_queue_core``; the core that ran is printed). Where they run (``--net``): ``loopback``
+(127.0.0.1, the static default) or ``netns``, one host each on a bridge in network namespaces made for the run
 (integration/netns.py: nothing leaves them, so mDNS reaches no other daemon on this machine; needs root;
 the mdns default). ``--net loopback`` with mdns runs mDNS on 127.0.0.1 under a network key of the run's
 own: other daemons on this machine see the announcements but cannot join. In one mesh per N:
@@ -19,12 +21,13 @@ own: other daemons on this machine see the announcements but cannot join. In one
 
 Per part, per replica (the writer excluded), from the daemons' own counters (``latticectl status``:
 ``received_<type>`` and ``received_<type>_bytes``, what ``latticed_peer_messages_total`` exports) and
-/proc: deltas received per record, bytes received per record (every message type) and that ÷ payload,
-CPU per record (utime + stime); then the mesh's total bytes ÷ ((N - 1) x payload) and, live, the last
-daemon's latency p50/p99; DELTAs and ACKs each daemon sent, the writer's included (a relay that falls
-behind its sender stores several chunks in one commit and sends them on as one delta: fewer of both), and
-for the bulk how long the writer's client calls took. After each part: every daemon's open links
-(``connected``: its active view) and RSS. Figures are printed, never asserted.
+/proc: deltas received per record (core 1's DELTA and core 2's DELTA2), bytes received per record (every
+message type) and that ÷ payload, CPU per record (utime + stime); then the mesh's total bytes ÷ ((N - 1) x
+payload) and, live, the last daemon's latency p50/p99; DELTAs and ACKs (or DELTA2s and ACK2s) each daemon
+sent, the writer's included (a relay that falls behind its sender stores several chunks in one commit and
+sends them on as one delta: fewer of both), and for the bulk how long the writer's client calls took.
+After each part: every daemon's open links (``connected``: its active view) and RSS. Figures are printed,
+never asserted.
 """
 
 from __future__ import annotations
@@ -231,7 +234,8 @@ class Meter:
                 for k in after
                 if k.startswith("received_") and not k.endswith("_bytes") and diff(k)
             }
-            rows.append((node.name, diff("received_delta"), received, cpu1 - cpu0, kinds))
+            deltas = diff("received_delta") + diff("received_delta2")  # core 1's DELTA, core 2's DELTA2
+            rows.append((node.name, deltas, received, cpu1 - cpu0, kinds))
         print(f"  {label}: {records:,} records of {payload} B, N = {n}")
         for name, deltas, received, cpu, kinds in rows:
             per = received / records
@@ -245,10 +249,11 @@ class Meter:
         sent = []
         for node, (before, _) in zip(self.nodes, self.before, strict=True):
             after = node.counters()
-            sent.append(
-                f"{node.name} {after.get('sent_delta', 0) - before.get('sent_delta', 0)}"
-                f"/{after.get('sent_ack', 0) - before.get('sent_ack', 0)}"
-            )
+
+            def sent_of(kind: str, after: dict[str, int] = after, before: dict[str, int] = before) -> int:
+                return sum(after.get(k, 0) - before.get(k, 0) for k in (f"sent_{kind}", f"sent_{kind}2"))
+
+            sent.append(f"{node.name} {sent_of('delta')}/{sent_of('ack')}")
         print(f"    DELTAs/ACKs sent per daemon (the writer first): {', '.join(sent)}")
         total = sum(r[2] for r in rows)
         print(
@@ -360,8 +365,10 @@ def run(n: int, args: argparse.Namespace) -> None:
         else:
             connect(nodes, edges)
         with nodes[0].client() as c:
-            queue = c.queue_create("mesh")
+            queue = c.queue_create("mesh", core=args.core)
             c.offer("mesh", b"warm-up")
+            ran = c.queue_info("mesh").get("core")
+            print(f"    queue on fork core {ran} (asked: {args.core or 'the default'})")
         for node in nodes[1:]:
             wait_end(node, queue, 1)
         if mdns:  # the daemon farthest from the writer, over the links discovery made
@@ -395,6 +402,9 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=100, help="live records per rate (at least)")
     parser.add_argument("--live-seconds", type=float, default=10.0, help="... or this long at each rate")
     parser.add_argument("--parts", default="bulk,live")
+    parser.add_argument(
+        "--core", type=int, choices=(1, 2), help="the queue's fork core (default: the daemon's)"
+    )
     args = parser.parse_args()
     for n in (int(s) for s in args.sizes.split(",")):
         run(n, args)
