@@ -13,7 +13,7 @@ decoding are untouched. Each is a msgpack array, type code first::
 
     summary  [epoch, known, fold, held_end, held_hash, heads]
     delta    [owner, name, kind, log | nil, meta | nil, from_offset, records, bodies (, steps)]
-    log      [base, base_fold, epoch, shared, [[head, tail], ...], start_head | nil]
+    log      [base, base_fold, epoch, shared, [[head, tail], ...], start_head | tip index | nil]
     steps    [version, bytes]
 
 ``shared`` and each ``tail`` are leaves packed 40 bytes each (digest, end as u64 big-endian); ``steps`` are
@@ -226,10 +226,26 @@ def _body(raw: Any) -> HeadV2:
     return body
 
 
+def _start_head(raw: Any, tips: list[Tip]) -> HeadV2 | None:
+    """A log's start head: none, its signed bytes, or the index of the tip whose head it is."""
+    if raw is None:
+        return None
+    if type(raw) is int:
+        if not 0 <= raw < len(tips):
+            raise MalformedError("a start head names a tip the log does not carry")
+        return tips[raw].head
+    return _head(raw)
+
+
 def _log_to_wire(log: LogDelta) -> list[Any]:
     value = log.value
     tips = [[t.head.to_bytes(), _leaves_to_wire(t.tail)] for t in value.tips]
-    start = None if value.start_head is None else value.start_head.to_bytes()
+    start: bytes | int | None = None
+    if value.start_head is not None:
+        # Where the start did not move, the start head is a tip's own head: its index, not 296 bytes again.
+        start = next((i for i, t in enumerate(value.tips) if t.head == value.start_head), None)
+        if start is None:
+            start = value.start_head.to_bytes()
     return [log.base, log.base_fold, value.epoch, _leaves_to_wire(value.shared), tips, start]
 
 
@@ -248,7 +264,7 @@ def _log_from_wire(raw: Any, owner: bytes, qid: bytes) -> LogDelta:
         _u64(epoch, "an epoch"),
         _leaves_from_wire(shared),
         tuple(tips),
-        None if start is None else _head(start),
+        _start_head(start, tips),
     )
     return LogDelta(_u64(base, "a leaf count"), _bytes(base_fold, (32,), "a fold"), value)
 

@@ -211,6 +211,8 @@ def test_too_many_branches_or_too_many_bytes_are_the_peers_error() -> None:
         lambda lay: lay[3].__setitem__(5, -1),  # a negative first offset
         lambda lay: lay[2].__setitem__(3, 2**63),  # a held end past the last offset
         lambda lay: lay.append(None),  # an item too many
+        lambda lay: lay[3][3].__setitem__(5, len(lay[3][3][4])),  # a start head naming no tip
+        lambda lay: lay[3][3].__setitem__(5, -1),  # a negative tip index
     ],
 )
 def test_strict_decoding_refuses_malformed_deltas(mutate: Any) -> None:
@@ -219,6 +221,21 @@ def test_strict_decoding_refuses_malformed_deltas(mutate: Any) -> None:
     mutate(layout)
     with pytest.raises(RemoteProtocolError):
         _decode(pack(layout))
+
+
+def test_a_start_head_that_is_a_tips_head_travels_as_its_index() -> None:
+    """Where the start did not move, the start head is the tip's own head: sent once, not twice."""
+    value = extend(empty(), [("offer", 1), ("offer", 1)], b"s")[-1]
+    d = queue2.delta(value, None)
+    assert d.log is not None and d.log.value.start_head == d.log.value.tips[0].head
+    wire = delta_to_wire(d)
+    assert wire[3][5] == 0
+    decoded = _decode(encode2(Delta2(1, link_summary(queue2.empty_state(*KEY)), d)))
+    assert isinstance(decoded, Delta2) and decoded.delta.log is not None
+    assert decoded.delta.log.value.start_head == d.log.value.start_head
+    assert decoded.delta.log.value.tips == d.log.value.tips
+    as_before = [*wire[:3], [*wire[3][:5], d.log.value.start_head.to_bytes()], *wire[4:]]
+    assert len(pack(as_before)) - len(pack(wire)) >= 290
 
 
 def test_a_v1_decoder_never_reads_a_core2_message_as_one_of_its_own() -> None:
