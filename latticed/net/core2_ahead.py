@@ -88,14 +88,17 @@ class AheadPushes:
     def __init__(self) -> None:
         self._by_q: dict[int, _Pending] = {}
 
-    def value(self, q: int) -> QueueState2 | None:
-        """The queue's value ahead of its commit (None: no merge of a push checked here is pending)."""
+    def value(self, q: int, loaded: QueueState2 | None = None) -> QueueState2 | None:
+        """The queue's value ahead of its commit (None: no merge of a push checked here is pending, or
+        the ``loaded`` value is as far: another merge committed meanwhile)."""
         entry = self._by_q.get(q)
         if entry is None:
             return None
         done = entry.job.done
         if done is None or done.is_set():  # committed (the loaded value has it) or failed
             del self._by_q[q]
+            return None
+        if loaded is not None and entry.value.held[1] <= loaded.held[1]:
             return None
         return entry.value
 
@@ -105,7 +108,7 @@ class AheadPushes:
         a read, or it does not verify here, in which case the storage thread refuses it)."""
         if not 0 < len(delta.records) <= AHEAD_DELTA_RECORDS:
             return None
-        against = self.value(q) or unbound(loaded)
+        against = self.value(q, loaded) or unbound(loaded)
         try:
             d = unpack_steps(against, delta, steps)
             verified = queue2.verify_delta(against, d)

@@ -347,7 +347,7 @@ class EngineCore2Host:
     ) -> Outgoing2 | None:
         """The delta from the value ahead of its commit (pushes verified here): their records are in
         memory, and older ones come from :class:`RecentRows` when they are ``loaded``'s."""
-        ahead = self.ahead.value(q)
+        ahead = self.ahead.value(q, loaded)
         if ahead is None or since is None:
             return None
         if since.held_end < loaded.held[1] and self.recent.matches(q, loaded, since.held_end):

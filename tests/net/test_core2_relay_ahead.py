@@ -267,5 +267,6 @@ def test_values_ahead_are_kept_while_their_merge_is_pending_and_for_a_bounded_nu
     for q, job in enumerate(jobs):
         ahead.note(q, state, job)
     assert ahead.value(0) is None and ahead.value(AHEAD_QUEUES) is state  # the oldest queue went
+    assert ahead.value(AHEAD_QUEUES, state) is None  # the loaded value is as far: it serves
     jobs[1].done.set()  # committed (or failed): the loaded value decides again
     assert ahead.value(1) is None and ahead.value(2) is state
