@@ -9,7 +9,8 @@ storage thread takes the verification as it is when the value it joins has the s
 chain value where the push starts (``Merge2``), and verifies again otherwise. Anything that needs a read,
 does not fit, is forked or fails verification goes to the storage thread as before (which refuses a
 forged push and ends its link): nothing is passed on before it verified. Only the sender's ACK waits for
-the commit.
+the commit, and a tail or a group following the queue here (core-2 tails show committed records only):
+then the commit does not wait for company.
 """
 
 from __future__ import annotations

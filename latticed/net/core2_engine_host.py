@@ -378,11 +378,12 @@ class EngineCore2Host:
         q = core2.lookup(*key) if isinstance(delta.owner, bytes) and isinstance(delta.name, str) else None
         loaded = None if q is None else core2.loaded(q)
         push = None if q is None or loaded is None else self.ahead.check(q, loaded, delta, steps)
-        if push is None:
+        if push is None or q is None:
             job = MergeSteps2(delta, steps, self.recent)
-        else:  # verified here: relayed now, and its commit may wait for company (only the ACK waits)
+        else:  # verified here: relayed now, and unless a tail or a group here follows the queue (they
+            # see only what is committed), its commit may wait for company: only the ACK waits for it
             job = MergeSteps2(push.delta, None, self.recent, push.verified, push.against)
-            job.may_linger = True
+            job.may_linger = not core2.followed(q)
         job.origin = peer
         self.store.bridge.start(job)
         if push is None or q is None:

@@ -203,7 +203,8 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Live pushes submitted back to back are verified against the value ahead of their commit (not
-    again on the storage thread), may wait for company, and are served to the next link at once."""
+    again on the storage thread), may wait for company (unless a tail here follows the queue), and are
+    served to the next link at once."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     verified_on: list[str] = []
@@ -235,6 +236,7 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         aheads = [getattr(p, "ahead", None) for p in pending]
         assert None not in aheads and aheads[-1] == owner.summaries2()[KEY]
         assert verified_on == [main] * 3  # all on the event loop
+        assert all(p._job.may_linger for p in pending)  # type: ignore[attr-defined]
         # The next link is served the three records before any commit, from memory.
         out = relay.delta2_now(KEY, summary.core, 100, 1 << 20)
         assert out is not None and [r.value for r in out.delta.records] == [b"v-1", b"v-2", b"v-3"]
@@ -254,6 +256,11 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         assert getattr(bad, "ahead", None) is None and relay.ahead.value(rq) is None
         with pytest.raises(IntegrityError):
             await bad.result()
+        # A tail here follows the queue (it shows committed records only): the commit keeps no company.
+        following = b.core2.changed(rq)
+        good = relay.submit_merge2(push.delta, push.steps, b"p" * 32)
+        assert getattr(good, "ahead", None) is not None and not good._job.may_linger  # type: ignore[attr-defined]
+        assert (await good.result())[1] and following.is_set()
 
 
 def test_values_ahead_are_kept_while_their_merge_is_pending_and_for_a_bounded_number_of_queues() -> None:
