@@ -26,6 +26,9 @@ from latticed.crdt.queue2 import Delta, QueueState2
 from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, seeded
 from latticed.crdt.records import Record, RecordRun
 from latticed.errors import MalformedError
+from latticed.net.core2_ahead import NO_ROWS as _NO_ROWS
+from latticed.net.core2_ahead import AheadPushes
+from latticed.net.core2_ahead import Miss as _Miss
 from latticed.net.core2_host import PendingMerge2
 from latticed.process.logs import get_logger, log_event
 from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
@@ -63,10 +66,6 @@ class Core2Store(Protocol):
 #: and for how many queues (the ones merged into last).
 RECENT_RECORDS = 64
 RECENT_QUEUES = 256
-
-
-class _Miss(Exception):
-    """A row :class:`RecentRows` does not hold: the read goes to a reader thread."""
 
 
 class _Recent:
@@ -150,25 +149,6 @@ class RecentRows:
         return RecordRun.of(self._run(q, lo, hi))
 
 
-class _NoRows:
-    """A row source that holds nothing (what a value knows without reading, or :class:`_Miss`)."""
-
-    def record(self, q: int, off: int) -> Record | None:
-        raise _Miss
-
-    def chain(self, q: int, off: int) -> bytes | None:
-        raise _Miss
-
-    def records(self, q: int, lo: int, hi: int) -> list[Record]:
-        raise _Miss
-
-    def run(self, q: int, lo: int, hi: int) -> RecordRun:
-        raise _Miss
-
-
-_NO_ROWS = _NoRows()
-
-
 class MergeSteps2(Merge2):
     """A peer's delta as it came (its bodies as steps) joined durably: the steps are rebuilt against the
     value current on the storage thread, then verified and joined there (:class:`Merge2`). What it
@@ -176,8 +156,15 @@ class MergeSteps2(Merge2):
 
     __slots__ = ("recent", "steps")
 
-    def __init__(self, delta: Delta, steps: Steps | None, recent: RecentRows | None = None) -> None:
-        super().__init__(delta)
+    def __init__(
+        self,
+        delta: Delta,
+        steps: Steps | None,
+        recent: RecentRows | None = None,
+        verified: queue2.Verified | None = None,
+        against: QueueState2 | None = None,
+    ) -> None:
+        super().__init__(delta, verified, against)
         self.steps = steps
         self.recent = recent
 
@@ -249,10 +236,14 @@ class ConvertMerge2(MergeSteps2):
 
 
 class _Merging:
-    """A :class:`MergeSteps2` on the storage thread, awaited once its transaction committed."""
+    """A :class:`MergeSteps2` on the storage thread, awaited once its transaction committed. ``ahead``:
+    what we hold once it is stored, if it was verified on the event loop (the other links are served
+    it now; see :mod:`latticed.net.core2_ahead`)."""
 
-    def __init__(self, host: EngineCore2Host, key: QueueKey, job: MergeSteps2) -> None:
-        self._host, self._key, self._job = host, key, job
+    def __init__(
+        self, host: EngineCore2Host, key: QueueKey, job: MergeSteps2, ahead: Summary2 | None = None
+    ) -> None:
+        self._host, self._key, self._job, self.ahead = host, key, job, ahead
 
     async def result(self) -> tuple[Summary2 | None, bool]:
         try:
@@ -288,6 +279,8 @@ class EngineCore2Host:
         self.store = store
         #: The records the latest merges appended, per queue: a relayed push's delta needs no read.
         self.recent = RecentRows()
+        #: Live pushes verified on the event loop whose merge is pending: relayed before their commit.
+        self.ahead = AheadPushes()
 
     async def load(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that
@@ -324,7 +317,9 @@ class EngineCore2Host:
         if q is None:
             return None
         state = await core2.value(q)
-        now = self._from_recent(q, state, since, max_records, max_bytes)
+        now = self._from_ahead(q, state, since, max_records, max_bytes)
+        if now is None:
+            now = self._from_recent(q, state, since, max_records, max_bytes)
         if now is not None:
             return now
 
@@ -344,7 +339,23 @@ class EngineCore2Host:
         state = None if q is None else core2.loaded(q)
         if q is None or state is None:
             return None
-        return self._from_recent(q, state, since, max_records, max_bytes)
+        now = self._from_ahead(q, state, since, max_records, max_bytes)
+        return now if now is not None else self._from_recent(q, state, since, max_records, max_bytes)
+
+    def _from_ahead(
+        self, q: int, loaded: QueueState2, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        """The delta from the value ahead of its commit (pushes verified here): their records are in
+        memory, and older ones come from :class:`RecentRows` when they are ``loaded``'s."""
+        ahead = self.ahead.value(q, loaded)
+        if ahead is None or since is None:
+            return None
+        if since.held_end < loaded.held[1] and self.recent.matches(q, loaded, since.held_end):
+            ahead = reading_through(ahead, self.recent)
+        try:
+            return outgoing(ahead, since, max_records, max_bytes)
+        except _Miss:
+            return None
 
     def _from_recent(
         self, q: int, state: QueueState2, since: queue2.Summary | None, max_records: int, max_bytes: int
@@ -358,9 +369,24 @@ class EngineCore2Host:
 
     def submit_merge2(self, delta: Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
         key = (delta.owner, delta.name, delta.kind)
-        job: MergeSteps2 = MergeSteps2(delta, steps, self.recent)
         if isinstance(delta.owner, bytes) and self.store.find(*key) is not None:
-            job = ConvertMerge2(delta, steps)  # held here on core 1: the owner's converted queue?
+            job: MergeSteps2 = ConvertMerge2(delta, steps)  # held here on core 1: the owner converted it?
+            job.origin = peer
+            self.store.bridge.start(job)
+            return _Merging(self, key, job)
+        core2 = self.store.core2
+        q = core2.lookup(*key) if isinstance(delta.owner, bytes) and isinstance(delta.name, str) else None
+        loaded = None if q is None else core2.loaded(q)
+        push = None if q is None or loaded is None else self.ahead.check(q, loaded, delta, steps)
+        if push is None or q is None:
+            job = MergeSteps2(delta, steps, self.recent)
+        else:  # verified here: relayed now, and unless a tail or a group here follows the queue (they
+            # see only what is committed), its commit may wait for company: only the ACK waits for it
+            job = MergeSteps2(push.delta, None, self.recent, push.verified, push.against)
+            job.may_linger = not core2.followed(q)
         job.origin = peer
         self.store.bridge.start(job)
-        return _Merging(self, key, job)
+        if push is None or q is None:
+            return _Merging(self, key, job)
+        self.ahead.note(q, push.value, job)
+        return _Merging(self, key, job, link_summary(push.value))

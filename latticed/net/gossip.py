@@ -387,12 +387,13 @@ class Gossip:
                 link.session.local_update(key, summary, now)
                 self._drive_now(link)
 
-    def local_change2(self, key: QueueKey, summary: Summary2) -> None:
+    def local_change2(self, key: QueueKey, summary: Summary2, source_link: PeerLink | None = None) -> None:
         """A core-2 queue changed here (own commit, recovery, truncation, or a merge from any link): every
-        link hears of it (the link it came from judges by the summary whether it is news there)."""
+        link hears of it (the link it came from judges by the summary whether it is news there), but
+        ``source_link``, whose push verified here is relayed before its commit."""
         for link in (*self.links.values(), *self.twins.values()):
             core2 = link.session.core2
-            if core2 is not None:
+            if core2 is not None and link is not source_link:
                 core2.local_update(key, summary)
                 self._drive_now(link)
 
@@ -866,15 +867,20 @@ class Gossip:
         to_ack2: trio.MemorySendChannel[tuple[Delta2Received, PendingMerge2]],
     ) -> None:
         """Hand a core-2 delta to the store. A host whose merges call back once stored (the daemon's) has
-        them acknowledged from that callback (:meth:`_settled2`), in order; else :meth:`_acker2` waits."""
+        them acknowledged from that callback (:meth:`_settled2`), in order; else :meth:`_acker2` waits.
+        A live push the host verified already (``ahead``: net/core2_ahead.py) goes on to the other links
+        now; its ACK still waits until it is durable."""
         pending = host2.submit_merge2(event.delta, event.steps, link.public_key)
         when_settled = getattr(pending, "when_settled", None)
         if when_settled is None:
             to_ack2.send_nowait((event, pending))
-            return
-        if not when_settled(functools.partial(self._settled2, link, pending)):
+        elif when_settled(functools.partial(self._settled2, link, pending)):
+            link.acks2.append((event, pending))
+        else:
             raise LocalProtocolError("a core-2 merge was submitted twice")
-        link.acks2.append((event, pending))
+        ahead = getattr(pending, "ahead", None)
+        if ahead is not None:
+            self.local_change2(event.key, ahead, source_link=link)
 
     def _settled2(self, link: PeerLink, pending: PendingMerge2) -> None:
         """The storage's callback once ``pending`` is stored (or failed), on the event loop: as

@@ -179,8 +179,9 @@ class Merged2:
 
 class Merge2(Job):
     """A peer's delta of a core-2 queue joined durably (the queue is created as a replica if we hold none).
-    ``verified`` (checked against ``against``) is used when the queue is still at that value; otherwise
-    the delta is verified again here. Whatever fails verification changes nothing."""
+    ``verified`` (checked against ``against``) is used when the queue is still at that value, or at one
+    that verifies it alike (:func:`_verified_for`); otherwise the delta is verified again here. Whatever
+    fails verification changes nothing."""
 
     __slots__ = ("added", "against", "delta", "verified")
 
@@ -205,7 +206,7 @@ class Merge2(Job):
             )
         state = queue2.empty_state(d.owner, d.name, d.kind) if q is None else core2.state(q)
         verified = self.verified
-        if verified is None or state is not self.against:
+        if verified is None or not _verified_for(state, self.against, verified):
             verified = queue2.verify_delta(state, d)
         merged = queue2.join_verified(state, verified)  # pure: raises before anything is staged
         superseded = _superseded(state, merged.state)
@@ -224,6 +225,24 @@ class Merge2(Job):
             core2.keep_evidence(q, state.chains.epoch, first, merged.evidence)
             core2.keep_evidence(q, state.chains.epoch, *superseded)
         self.result = Merged2(q if q is not None else -1, changed, len(merged.evidence) + len(superseded[1]))
+
+
+def _verified_for(state: QueueState2, against: QueueState2 | None, verified: Verified) -> bool:
+    """Whether ``verify_delta(state, d)`` is ``verified``, checked against ``against``: it reads nothing
+    of a value but its chains (which fix the queue, what is held and the base), its metadata and the
+    chain value where the records start, so two values alike in those verify a delta alike (a push
+    verified on the event loop against the value its pending predecessors join into)."""
+    if state is against:
+        return True
+    if against is None or state.chains != against.chains or state.meta != against.meta:
+        return False
+    if not verified.records:
+        return True
+    try:
+        mine = against.chain_at(verified.from_offset)
+    except Exception:  # a value that cannot tell without a read (the event loop's): verify again
+        return False
+    return mine is not None and mine == state.chain_at(verified.from_offset)
 
 
 def _superseded(state: QueueState2, joined: QueueState2) -> tuple[int, tuple[Record, ...]]:

@@ -125,6 +125,10 @@ class Core2View(Core2Engine):
         """Set at the next commit of ``q`` (take it before reading the value it is to follow)."""
         return self._host.live.changed(q)
 
+    def followed(self, q: int) -> bool:
+        """Whether a tail or a group here waits for ``q``'s next commit (it sees only committed values)."""
+        return self._host.live.followed(q)
+
     async def load_all(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that what reads loaded
         values only (:meth:`forked_entries`, a scrape) sees them all; later ones load as they commit."""

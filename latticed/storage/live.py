@@ -127,6 +127,10 @@ class LiveCache:
         if event is not None:
             event.set()
 
+    def followed(self, q: int) -> bool:
+        """Whether something here waits for ``q``'s next change (a tail, a group's source)."""
+        return q in self._waiters
+
     def changed(self, q: int) -> trio.Event:
         """Set at the next commit of ``q``, or when records of it go ahead or are taken back."""
         event = self._waiters.get(q)

@@ -1,0 +1,135 @@
+"""Live core-2 pushes verified on the event loop, ahead of their commit, so that a relay passes them on
+at once and their merges share a group commit (as core 1's live pushes do: storage/ahead.py).
+
+A core-2 delta is verified against the value it joins. For a live push (a few records) that value is
+known here without a read: the queue's loaded committed value, or the value after the pushes verified
+here whose merges are still on their way to the disk (:class:`AheadPushes`). The push is verified and
+joined against it on the event loop; the joined value is what the next links are served from, and the
+storage thread takes the verification as it is when the value it joins has the same chains, metadata and
+chain value where the push starts (``Merge2``), and verifies again otherwise. Anything that needs a read,
+does not fit, is forked or fails verification goes to the storage thread as before (which refuses a
+forged push and ends its link): nothing is passed on before it verified. Only the sender's ACK waits for
+the commit, and a tail or a group following the queue here (core-2 tails show committed records only):
+then the commit does not wait for company.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import cast
+
+from latticed.crdt import queue2
+from latticed.crdt.queue.state import EntryView
+from latticed.crdt.queue2 import Delta, QueueState2, Verified
+from latticed.crdt.records import Record, RecordRun
+from latticed.errors import LatticedError
+from latticed.protocol.core2_steps import unpack_steps
+from latticed.protocol.core2_wire import Steps
+from latticed.storage.ahead import AHEAD_DELTA_RECORDS
+from latticed.storage.entries import StoredEntries
+from latticed.storage.jobs import Job
+
+__all__ = ["NO_ROWS", "AheadPush", "AheadPushes", "Miss", "unbound"]
+
+#: For how many queues a value ahead of its commit is kept (the ones pushed to last).
+AHEAD_QUEUES = 256
+
+
+class Miss(Exception):
+    """A row that is not at hand on the event loop: the read goes to a reader thread (or the storage)."""
+
+
+class NoRows:
+    """A row source that holds nothing (what a value knows without reading, or :class:`Miss`)."""
+
+    def record(self, q: int, off: int) -> Record | None:
+        raise Miss
+
+    def chain(self, q: int, off: int) -> bytes | None:
+        raise Miss
+
+    def records(self, q: int, lo: int, hi: int) -> list[Record]:
+        raise Miss
+
+    def run(self, q: int, lo: int, hi: int) -> RecordRun:
+        raise Miss
+
+
+NO_ROWS = NoRows()
+
+
+def unbound(state: QueueState2) -> QueueState2:
+    """``state`` reading nothing from the store (its storage thread's connection is not ours)."""
+    entries = state.entries
+    if not isinstance(entries, StoredEntries):
+        return state
+    return replace(state, entries=cast(EntryView, entries.rebind(NO_ROWS)))
+
+
+@dataclass(frozen=True, slots=True)
+class AheadPush:
+    """A live push checked here: the delta rebuilt from its steps, verified against ``against``, and
+    ``value``, the two joined (reading nothing from the store)."""
+
+    delta: Delta
+    verified: Verified
+    against: QueueState2
+    value: QueueState2
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    value: QueueState2
+    job: Job
+
+
+class AheadPushes:
+    """Per queue, the value after the live pushes verified here whose merge has not finished yet."""
+
+    def __init__(self) -> None:
+        self._by_q: dict[int, _Pending] = {}
+
+    def value(self, q: int, loaded: QueueState2 | None = None) -> QueueState2 | None:
+        """The queue's value ahead of its commit (None: no merge of a push checked here is pending, or
+        the ``loaded`` value is as far: another merge committed meanwhile)."""
+        entry = self._by_q.get(q)
+        if entry is None:
+            return None
+        done = entry.job.done
+        if done is None or done.is_set():  # committed (the loaded value has it) or failed
+            del self._by_q[q]
+            return None
+        if loaded is not None and entry.value.held[1] <= loaded.held[1]:
+            return None
+        return entry.value
+
+    def check(self, q: int, loaded: QueueState2, delta: Delta, steps: Steps | None) -> AheadPush | None:
+        """``delta`` verified and joined here, against the value ahead or else ``loaded`` (None: the
+        storage thread's to verify: it is not a small push that adds records and joins plainly, it needs
+        a read, or it does not verify here, in which case the storage thread refuses it)."""
+        if not 0 < len(delta.records) <= AHEAD_DELTA_RECORDS:
+            return None
+        against = self.value(q, loaded) or unbound(loaded)
+        try:
+            d = unpack_steps(against, delta, steps)
+            verified = queue2.verify_delta(against, d)
+            chains = verified.chains
+            if not verified.records or chains.forked or chains.epoch != against.chains.epoch:
+                return None
+            merged = queue2.join_verified(against, verified)
+        except (Miss, LatticedError):
+            return None
+        if merged.evidence:
+            return None
+        return AheadPush(d, verified, against, merged.state)
+
+    def note(self, q: int, value: QueueState2, job: Job) -> None:
+        """``job`` (started) merges the push that brings ``q`` to ``value``."""
+        by_q = self._by_q
+        by_q.pop(q, None)
+        if len(by_q) >= AHEAD_QUEUES:
+            for stale in [k for k, e in by_q.items() if e.job.done is None or e.job.done.is_set()]:
+                del by_q[stale]
+            while len(by_q) >= AHEAD_QUEUES:
+                by_q.pop(next(iter(by_q)))
+        by_q[q] = _Pending(value, job)
