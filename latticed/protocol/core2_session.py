@@ -18,8 +18,9 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
 * Whether we may hold something the peer lacks is judged by summaries (:func:`has_news`); a delta that
   changed nothing for the peer is followed once by our whole value (``since`` None: a peer whose log
   parts from ours below what it knows cannot join a piece), then nothing until either side changes.
-* Every local change is pushed on an eager link, and otherwise announced (``HAVE2``) when the peer's
-  summary differs from ours: a peer always learns what we hold, and one to which it is news grafts the
+* Every local change is pushed on an eager link, and otherwise announced (``HAVE2``, the newest summary
+  per queue, lingering as core 1's HAVEs do) when the peer's summary differs from ours: a peer always
+  learns what we hold, and one to which it is news grafts the
   link (``WANT2``), once the link's graft timer ran out without the eager copy (the session's, learned;
   0: at once). A duplicate delta prunes the link for that queue (``PRUNE2``). A ``HAVE2`` of a peer
   that lacks something of ours is not a reason to push: our news went out as it came (a push there
@@ -148,6 +149,12 @@ class Core2Link:
     #: How long a HAVE2 with news waits for the eager copy before the WANT2 (0: at once), in the host's
     #: time units: the session's learned graft timer (set by ``attach_core2``; see :meth:`tick`).
     graft_delay: Callable[[], float] = lambda: 0.0
+    #: How long HAVE2s wait to go out together (0: with the next send), in the host's time units: the
+    #: session's ``have_linger`` (set by ``attach_core2``). A live stream then costs a pruned link one
+    #: HAVE2 per queue per linger, the newest summary, not one per record.
+    have_linger: float = 0.0
+    _have_due: float | None = None
+    _haves_due_now: bool = False
     _grafts: dict[QueueKey, tuple[float, Summary2]] = field(default_factory=dict)
     _now: float = 0.0
     #: None: the link has not agreed on its features yet; then whether it agreed on ``heads-v2``.
@@ -342,9 +349,21 @@ class Core2Link:
                 del self._grafts[key]
                 if has_news(summary, self._local.get(key)):
                     self._graft(key)
+        if self._haves and self.have_linger > 0:
+            if self._have_due is None:
+                self._have_due = now + self.have_linger
+            elif self._have_due <= now:
+                self._haves_due_now = True
 
     def next_deadline(self) -> float | None:
-        return min(due for due, _ in self._grafts.values()) if self._grafts else None
+        deadline = min(due for due, _ in self._grafts.values()) if self._grafts else None
+        if self._haves and self.have_linger > 0 and not self._haves_due_now:
+            due = self._have_due if self._have_due is not None else 0.0  # 0: tick now, to start it
+            deadline = due if deadline is None else min(deadline, due)
+        return deadline
+
+    def _haves_ready(self) -> bool:
+        return self.have_linger <= 0 or self._haves_due_now
 
     def _arrived(self, key: QueueKey, summary: Summary2) -> None:
         """We hold ``summary`` now: a graft waiting for news it covers is not needed."""
@@ -367,7 +386,7 @@ class Core2Link:
         return self._events.popleft() if self._events else None
 
     def has_work(self) -> bool:
-        return bool(self._events or self._outbox or self._haves)
+        return bool(self._events or self._outbox or (self._haves and self._haves_ready()))
 
     @property
     def outbox_bytes(self) -> int:
@@ -379,8 +398,9 @@ class Core2Link:
 
     def messages_to_send(self) -> list[bytes]:
         out, self._outbox, self._outbox_bytes = self._outbox, [], 0
-        if self._haves:
+        if self._haves and self._haves_ready():
             haves, self._haves = self._haves, {}
+            self._have_due, self._haves_due_now = None, False
             out.extend(encode2(Have2(key, summary)) for key, summary in haves.items())
         return out
 
