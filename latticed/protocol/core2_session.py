@@ -48,6 +48,7 @@ from latticed.errors import LocalProtocolError, RemoteProtocolError
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import (
     Ack2,
+    AckHeld2,
     Delta2,
     Digest2,
     Have2,
@@ -168,8 +169,10 @@ class Core2Link:
     _events: deque[Core2Event] = field(default_factory=deque)
     _pending: OrderedDict[QueueKey, None] = field(default_factory=OrderedDict)
     _haves: dict[QueueKey, Summary2] = field(default_factory=dict)
-    _received: dict[int, QueueKey] = field(default_factory=dict)
-    _brings: dict[int, tuple[QueueKey, _Pair]] = field(default_factory=dict)
+    #: Deltas received and not acked yet: their queue, and the summary their sender said it holds.
+    _received: dict[int, tuple[QueueKey, Summary2]] = field(default_factory=dict)
+    #: Deltas sent and not acked yet: their queue, what they were asked from, the summary they carried.
+    _brings: dict[int, tuple[QueueKey, _Pair, Summary2]] = field(default_factory=dict)
     _seq: int = 0
     _busy: int = 0  #: asks and deltas in flight, all queues
     stats: dict[str, int] = field(default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0})
@@ -229,7 +232,7 @@ class Core2Link:
         link.inflight += 1
         link.sent = out.implied
         self._busy += 1
-        self._brings[self._seq] = (key, pair)
+        self._brings[self._seq] = (key, pair, ours)
         self.stats["deltas_sent"] += 1
         self._send(Delta2(self._seq, ours, out.delta, out.steps))
         if out.implied is not None and has_news(ours, out.implied):
@@ -240,19 +243,20 @@ class Core2Link:
     def delta_applied(self, seq: int, summary: Summary2 | None, changed: bool) -> None:
         """The host verified, joined and stored the delta ``seq``; ``summary`` is what it holds now (None:
         nothing, as the delta did not fit: then the queue is not remembered here either)."""
-        key = self._received.pop(seq, None)
-        if key is None:
+        received = self._received.pop(seq, None)
+        if received is None:
             raise LocalProtocolError(f"no core-2 delta {seq} is waiting")
+        key, theirs = received
         if summary is None:
             self._send(Ack2(seq, key, None))
-            if key not in self._local and key not in self._received.values():
+            if key not in self._local and all(k != key for k, _ in self._received.values()):
                 self._links.pop(key, None)  # a peer's made-up queues cost nothing once answered
             return
         self._local[key] = summary
         if self._grafts:
             self._arrived(key, summary)
         link = self._link(key)
-        self._send(Ack2(seq, key, summary))
+        self._send(AckHeld2(seq) if summary == theirs else Ack2(seq, key, summary))
         if not changed and not link.pruned:
             link.pruned = True
             self._send(Prune2(key))
@@ -271,6 +275,8 @@ class Core2Link:
             case Delta2():
                 self._on_delta(message)
             case Ack2():
+                self._on_ack(message)
+            case AckHeld2():
                 self._on_ack(message)
             case Have2():
                 self._on_have(message)
@@ -299,22 +305,23 @@ class Core2Link:
             raise RemoteProtocolError("peer exceeded the delta window")
         if not self.we_want(key):
             raise RemoteProtocolError(f"peer sent {key[0].hex()}/{key[1]}, which we did not subscribe to")
-        self._received[seq] = key
+        self._received[seq] = (key, message.summary)
         self._link(key).peer = message.summary  # tracked whatever we hold: the window bounds these
         self.stats["deltas_received"] += 1
         self._events.append(Delta2Received(key, seq, delta, message.steps))
 
-    def _on_ack(self, ack: Ack2) -> None:
+    def _on_ack(self, ack: Ack2 | AckHeld2) -> None:
         brought = self._brings.pop(ack.seq, None)
-        if brought is None or brought[0] != ack.key:
+        if brought is None or (isinstance(ack, Ack2) and brought[0] != ack.key):
             raise RemoteProtocolError("ACK2 for a delta we did not send")
-        key, (ours, peer) = brought
+        key, (ours, peer), carried = brought
+        held = ack.summary if isinstance(ack, Ack2) else carried
         link = self._link(key)
         link.inflight -= 1
         self._busy -= 1
-        if ack.summary == peer:
+        if held == peer:
             link.futile = (ours, peer)  # it changed nothing there: the whole value once, then stop
-        link.peer = ack.summary
+        link.peer = held
         if link.inflight == 0:
             link.sent = None  # from now on what the peer says it holds is the whole truth
         if self._for_peer(key) and has_news(self._local.get(key), self._since(link)):
