@@ -18,8 +18,9 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
 * Whether we may hold something the peer lacks is judged by summaries (:func:`has_news`); a delta that
   changed nothing for the peer is followed once by our whole value (``since`` None: a peer whose log
   parts from ours below what it knows cannot join a piece), then nothing until either side changes.
-* Every local change is pushed on an eager link, and otherwise announced (``HAVE2``) when the peer's
-  summary differs from ours: a peer always learns what we hold, and one to which it is news grafts the
+* Every local change is pushed on an eager link, and otherwise announced (``HAVE2``, the newest summary
+  per queue, lingering as core 1's HAVEs do) when the peer's summary differs from ours: a peer always
+  learns what we hold, and one to which it is news grafts the
   link (``WANT2``), once the link's graft timer ran out without the eager copy (the session's, learned;
   0: at once). A duplicate delta prunes the link for that queue (``PRUNE2``). A ``HAVE2`` of a peer
   that lacks something of ours is not a reason to push: our news went out as it came (a push there
@@ -47,6 +48,7 @@ from latticed.errors import LocalProtocolError, RemoteProtocolError
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import (
     Ack2,
+    AckHeld2,
     Delta2,
     Digest2,
     Have2,
@@ -148,6 +150,12 @@ class Core2Link:
     #: How long a HAVE2 with news waits for the eager copy before the WANT2 (0: at once), in the host's
     #: time units: the session's learned graft timer (set by ``attach_core2``; see :meth:`tick`).
     graft_delay: Callable[[], float] = lambda: 0.0
+    #: How long HAVE2s wait to go out together (0: with the next send), in the host's time units: the
+    #: session's ``have_linger`` (set by ``attach_core2``). A live stream then costs a pruned link one
+    #: HAVE2 per queue per linger, the newest summary, not one per record.
+    have_linger: float = 0.0
+    _have_due: float | None = None
+    _haves_due_now: bool = False
     _grafts: dict[QueueKey, tuple[float, Summary2]] = field(default_factory=dict)
     _now: float = 0.0
     #: None: the link has not agreed on its features yet; then whether it agreed on ``heads-v2``.
@@ -161,8 +169,10 @@ class Core2Link:
     _events: deque[Core2Event] = field(default_factory=deque)
     _pending: OrderedDict[QueueKey, None] = field(default_factory=OrderedDict)
     _haves: dict[QueueKey, Summary2] = field(default_factory=dict)
-    _received: dict[int, QueueKey] = field(default_factory=dict)
-    _brings: dict[int, tuple[QueueKey, _Pair]] = field(default_factory=dict)
+    #: Deltas received and not acked yet: their queue, and the summary their sender said it holds.
+    _received: dict[int, tuple[QueueKey, Summary2]] = field(default_factory=dict)
+    #: Deltas sent and not acked yet: their queue, what they were asked from, the summary they carried.
+    _brings: dict[int, tuple[QueueKey, _Pair, Summary2]] = field(default_factory=dict)
     _seq: int = 0
     _busy: int = 0  #: asks and deltas in flight, all queues
     stats: dict[str, int] = field(default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0})
@@ -222,7 +232,7 @@ class Core2Link:
         link.inflight += 1
         link.sent = out.implied
         self._busy += 1
-        self._brings[self._seq] = (key, pair)
+        self._brings[self._seq] = (key, pair, ours)
         self.stats["deltas_sent"] += 1
         self._send(Delta2(self._seq, ours, out.delta, out.steps))
         if out.implied is not None and has_news(ours, out.implied):
@@ -233,19 +243,20 @@ class Core2Link:
     def delta_applied(self, seq: int, summary: Summary2 | None, changed: bool) -> None:
         """The host verified, joined and stored the delta ``seq``; ``summary`` is what it holds now (None:
         nothing, as the delta did not fit: then the queue is not remembered here either)."""
-        key = self._received.pop(seq, None)
-        if key is None:
+        received = self._received.pop(seq, None)
+        if received is None:
             raise LocalProtocolError(f"no core-2 delta {seq} is waiting")
+        key, theirs = received
         if summary is None:
             self._send(Ack2(seq, key, None))
-            if key not in self._local and key not in self._received.values():
+            if key not in self._local and all(k != key for k, _ in self._received.values()):
                 self._links.pop(key, None)  # a peer's made-up queues cost nothing once answered
             return
         self._local[key] = summary
         if self._grafts:
             self._arrived(key, summary)
         link = self._link(key)
-        self._send(Ack2(seq, key, summary))
+        self._send(AckHeld2(seq) if summary == theirs else Ack2(seq, key, summary))
         if not changed and not link.pruned:
             link.pruned = True
             self._send(Prune2(key))
@@ -264,6 +275,8 @@ class Core2Link:
             case Delta2():
                 self._on_delta(message)
             case Ack2():
+                self._on_ack(message)
+            case AckHeld2():
                 self._on_ack(message)
             case Have2():
                 self._on_have(message)
@@ -292,22 +305,23 @@ class Core2Link:
             raise RemoteProtocolError("peer exceeded the delta window")
         if not self.we_want(key):
             raise RemoteProtocolError(f"peer sent {key[0].hex()}/{key[1]}, which we did not subscribe to")
-        self._received[seq] = key
+        self._received[seq] = (key, message.summary)
         self._link(key).peer = message.summary  # tracked whatever we hold: the window bounds these
         self.stats["deltas_received"] += 1
         self._events.append(Delta2Received(key, seq, delta, message.steps))
 
-    def _on_ack(self, ack: Ack2) -> None:
+    def _on_ack(self, ack: Ack2 | AckHeld2) -> None:
         brought = self._brings.pop(ack.seq, None)
-        if brought is None or brought[0] != ack.key:
+        if brought is None or (isinstance(ack, Ack2) and brought[0] != ack.key):
             raise RemoteProtocolError("ACK2 for a delta we did not send")
-        key, (ours, peer) = brought
+        key, (ours, peer), carried = brought
+        held = ack.summary if isinstance(ack, Ack2) else carried
         link = self._link(key)
         link.inflight -= 1
         self._busy -= 1
-        if ack.summary == peer:
+        if held == peer:
             link.futile = (ours, peer)  # it changed nothing there: the whole value once, then stop
-        link.peer = ack.summary
+        link.peer = held
         if link.inflight == 0:
             link.sent = None  # from now on what the peer says it holds is the whole truth
         if self._for_peer(key) and has_news(self._local.get(key), self._since(link)):
@@ -342,9 +356,21 @@ class Core2Link:
                 del self._grafts[key]
                 if has_news(summary, self._local.get(key)):
                     self._graft(key)
+        if self._haves and self.have_linger > 0:
+            if self._have_due is None:
+                self._have_due = now + self.have_linger
+            elif self._have_due <= now:
+                self._haves_due_now = True
 
     def next_deadline(self) -> float | None:
-        return min(due for due, _ in self._grafts.values()) if self._grafts else None
+        deadline = min(due for due, _ in self._grafts.values()) if self._grafts else None
+        if self._haves and self.have_linger > 0 and not self._haves_due_now:
+            due = self._have_due if self._have_due is not None else 0.0  # 0: tick now, to start it
+            deadline = due if deadline is None else min(deadline, due)
+        return deadline
+
+    def _haves_ready(self) -> bool:
+        return self.have_linger <= 0 or self._haves_due_now
 
     def _arrived(self, key: QueueKey, summary: Summary2) -> None:
         """We hold ``summary`` now: a graft waiting for news it covers is not needed."""
@@ -367,7 +393,7 @@ class Core2Link:
         return self._events.popleft() if self._events else None
 
     def has_work(self) -> bool:
-        return bool(self._events or self._outbox or self._haves)
+        return bool(self._events or self._outbox or (self._haves and self._haves_ready()))
 
     @property
     def outbox_bytes(self) -> int:
@@ -379,8 +405,9 @@ class Core2Link:
 
     def messages_to_send(self) -> list[bytes]:
         out, self._outbox, self._outbox_bytes = self._outbox, [], 0
-        if self._haves:
+        if self._haves and self._haves_ready():
             haves, self._haves = self._haves, {}
+            self._have_due, self._haves_due_now = None, False
             out.extend(encode2(Have2(key, summary)) for key, summary in haves.items())
         return out
 

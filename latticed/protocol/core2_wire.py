@@ -7,6 +7,7 @@ decoding are untouched. Each is a msgpack array, type code first::
     DIGEST2 [32, [[owner, name, kind, summary], ...]]   what the sender holds, at link start
     DELTA2  [33, seq, summary, delta]                   a chunk of a queue, and what the sender holds
     ACK2    [34, seq, owner, name, kind, summary | nil] verified; here is what I hold (nil: nothing)
+    ACK2    [34, seq]                                   verified; I hold the summary your DELTA2 seq carried
     HAVE2   [35, owner, name, kind, summary]            I hold this now (a pruned link, or no news)
     WANT2   [36, owner, name, kind, summary | nil]      graft: send me what I lack
     PRUNE2  [37, owner, name, kind]                     your delta brought nothing: HAVE2s instead
@@ -28,6 +29,9 @@ start head (see :class:`Summary2`).
 Decoding is strict and bounded: anything but exactly these layouts, a field of another type or size, an
 offset past the last one, more than :data:`MAX_TIPS` branches, is a :class:`RemoteProtocolError`
 raised before anything reaches the session; the message size is bounded by the caller's unpack.
+
+Why one module: each form's encoder and its strict decoder must agree field by field, and the fuzz tests
+hold them to it as one unit.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ __all__ = [
     "CORE2_NAMES",
     "MAX_TIPS",
     "Ack2",
+    "AckHeld2",
     "Delta2",
     "Digest2",
     "Have2",
@@ -139,6 +144,14 @@ class Ack2:
 
 
 @dataclass(frozen=True, slots=True)
+class AckHeld2:
+    """ACK2's short form: the receiver holds exactly the summary DELTA2 ``seq`` carried (a live stream's
+    usual case), so neither the queue nor the summary travels again: both sides know them by ``seq``."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class Have2:
     key: QueueKey
     summary: Summary2
@@ -157,7 +170,7 @@ class Prune2:
 
 #: ``(version, leaf_codec steps)``: the versions after ``version``, rebuilt by the receiver.
 Steps = tuple[int, bytes]
-Message2 = Digest2 | Delta2 | Ack2 | Have2 | Want2 | Prune2
+Message2 = Digest2 | Delta2 | Ack2 | AckHeld2 | Have2 | Want2 | Prune2
 
 
 # ------------------------------------------------------------------------------------------ fields
@@ -342,6 +355,8 @@ def encode2(message: Message2) -> bytes:
         case Ack2():
             summary = None if message.summary is None else summary_to_wire(message.summary)
             return pack([ACK2, message.seq, *_key(message), summary])
+        case AckHeld2():
+            return pack([ACK2, message.seq])
         case Have2():
             return pack([HAVE2, *_key(message), summary_to_wire(message.summary)])
         case Want2():
@@ -365,7 +380,7 @@ def decode2(raw: list[Any]) -> Message2:
     """The core-2 message in an array :func:`~latticed.protocol.replication_messages.unpack_message`
     returned (its type code in :data:`CORE2_CODES`); anything malformed is a RemoteProtocolError."""
     code = raw[0]
-    if _LENGTHS.get(code) != len(raw):
+    if _LENGTHS.get(code) != len(raw) and (code, len(raw)) != (ACK2, 2):
         raise RemoteProtocolError(f"core-2 message {code} with {len(raw)} items")
     name = CORE2_NAMES[code].upper()
     try:
@@ -375,6 +390,8 @@ def decode2(raw: list[Any]) -> Message2:
                 owner, qname, kind, summary = _list(row, 4, "a DIGEST2 entry")
                 entries.append((check_key(owner, qname, kind), summary_from_wire(summary)))
             return Digest2(tuple(entries))
+        if code == ACK2 and len(raw) == 2:
+            return AckHeld2(_seq(raw[1]))
         if code == DELTA2:
             delta, steps = delta_from_wire(raw[3])
             return Delta2(_seq(raw[1]), summary_from_wire(raw[2]), delta, steps)

@@ -923,6 +923,7 @@ class ReplicationSession:
         core2.expressible = lambda key: queue_expressible(key[2], 2, self.peer_features, self.kind_features)
         core2.window, core2.depth, core2.max_records = self.window, self.depth, self.max_records
         core2.graft_delay = lambda: self.graft_delay
+        core2.have_linger = self.have_linger
         if self.peer_features is not None:
             core2.agree(self.peer_features)
         self.core2 = core2

@@ -22,7 +22,20 @@ from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
 from latticed.errors import LocalProtocolError, RemoteProtocolError
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
-from latticed.protocol.core2_wire import CORE2_CODES, Delta2, Digest2, Have2, Summary2, encode2, link_summary
+from latticed.protocol.core2_steps import outgoing, unpack_steps
+from latticed.protocol.core2_wire import (
+    CORE2_CODES,
+    Ack2,
+    AckHeld2,
+    Delta2,
+    Digest2,
+    Have2,
+    Prune2,
+    Summary2,
+    decode2,
+    encode2,
+    link_summary,
+)
 from latticed.protocol.replication import DeltaReceived, NeedDelta, ReplicationSession
 from latticed.protocol.replication_messages import unpack_message
 from latticed.protocol.versions import HEADS_V2, queue_expressible
@@ -370,3 +383,65 @@ def test_a_have2_with_news_grafts_only_if_the_eager_copy_has_not_come_within_the
         wants = [m for m in session.messages_to_send() if unpack_message(m)[0] == 36]
         assert len(wants) == (0 if arrives else 1)
         assert session.next_deadline() is None
+
+
+def _linked(linger: float, held: Summary2) -> tuple[ReplicationSession, ReplicationSession]:
+    """Two sessions with a core-2 part, both holding ``held`` of KEY, ``heads-v2`` agreed, digests
+    exchanged; the first's HAVEs linger ``linger``."""
+    a, b = ReplicationSession(notices=False, have_linger=linger), ReplicationSession(notices=False)
+    for session in (a, b):
+        session.attach_core2(Core2Link())
+        session.start({})
+        assert session.core2 is not None
+        session.core2.start({KEY: held})
+        session.agree_features(frozenset({HEADS_V2}))
+    for _ in range(2):
+        for x, y in ((a, b), (b, a)):
+            for message in x.messages_to_send():
+                y.receive_message(message)
+    return a, b
+
+
+def test_have2s_on_a_pruned_link_linger_and_only_a_queues_newest_summary_goes_out() -> None:
+    line = extend(empty(), [("offer", 1)] * 4, b"s")
+    a, b = _linked(0.5, link_summary(line[0]))
+    assert a.core2 is not None
+    a.receive_message(encode2(Prune2(KEY)))  # the peer has this queue from elsewhere: HAVE2s only
+    for state in line[1:]:
+        a.core2.local_update(KEY, link_summary(state))
+    assert not a.has_work() and a.next_deadline() == 0.0  # tick now, to start the linger
+    a.tick(10.0)
+    assert a.messages_to_send() == [] and a.next_deadline() == 10.5
+    a.tick(10.5)
+    assert a.has_work()
+    (message,) = a.messages_to_send()
+    assert decode2(unpack_message(message)) == Have2(KEY, link_summary(line[-1]))
+    assert a.next_deadline() is None and not a.has_work()
+    b.receive_message(message)
+    assert b.core2 is not None and b.core2.peer_summary(KEY) == link_summary(line[-1])
+
+
+def test_a_delta_that_brings_the_receiver_to_the_senders_summary_is_acked_by_its_seq_alone() -> None:
+    """A live stream's ACK2 names neither queue nor summary (both sides know them by seq); an ACK2 of a
+    receiver that holds something else (a chunk of a backlog) still says what it holds."""
+    line = extend(empty(), [("offer", 1)] * 4, b"s")
+    a, b = _linked(0.0, link_summary(line[0]))
+    assert a.core2 is not None and b.core2 is not None
+    held = line[0]
+    for state, chunk, short in ((line[1], 1, True), (line[3], 1, False), (line[3], 4, True)):
+        a.core2.local_update(KEY, link_summary(state))
+        (need,) = [e for e in iter(a.next_event, None) if isinstance(e, NeedDelta2)]
+        a.core2.provide_delta(KEY, outgoing(state, need.since, chunk, 1 << 20))
+        for message in a.messages_to_send():
+            b.receive_message(message)
+        (got,) = [e for e in iter(b.next_event, None) if isinstance(e, Delta2Received)]
+        whole = unpack_steps(held, got.delta, got.steps)
+        held = queue2.join_verified(held, queue2.verify_delta(held, whole)).state
+        b.core2.delta_applied(got.seq, link_summary(held), True)
+        acks = [decode2(unpack_message(m)) for m in b.messages_to_send()]
+        assert acks == [AckHeld2(got.seq) if short else Ack2(got.seq, KEY, link_summary(held))]
+        a.receive_message(encode2(acks[0]))
+        assert a.core2.peer_summary(KEY) == link_summary(held)
+    assert held == line[3]
+    with pytest.raises(RemoteProtocolError, match="did not send"):
+        a.receive_message(encode2(AckHeld2(12345)))

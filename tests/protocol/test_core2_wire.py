@@ -27,6 +27,7 @@ from latticed.protocol.core2_wire import (
     CORE2_CODES,
     MAX_TIPS,
     Ack2,
+    AckHeld2,
     Delta2,
     Digest2,
     Have2,
@@ -74,6 +75,7 @@ messages: st.SearchStrategy[Message2] = st.one_of(
     st.builds(Digest2, st.lists(st.tuples(keys, summaries), max_size=3).map(tuple)),
     st.builds(Delta2, st.integers(0, 2**64 - 1), summaries, deltas()),
     st.builds(Ack2, st.integers(0, 2**64 - 1), keys, summaries),
+    st.builds(AckHeld2, st.integers(0, 2**64 - 1)),
     st.builds(Have2, keys, summaries),
     st.builds(Want2, keys, st.none() | summaries),
     st.builds(Prune2, keys),
@@ -426,3 +428,10 @@ def test_a_deltas_records_go_out_as_the_rows_of_core_1s_wire() -> None:
     d = queue2.delta(state, None)
     rows = [[r.key, r.value, r.timestamp, [[k, v] for k, v in r.headers]] for r in d.records]
     assert pack(delta_to_wire(d)[6]) == pack(rows)
+
+
+def test_an_ack_of_what_the_delta_carried_is_its_seq_alone_and_other_lengths_are_refused() -> None:
+    assert len(encode2(AckHeld2(7))) == 3 and _decode(encode2(AckHeld2(7))) == AckHeld2(7)
+    for layout in ([34], [34, -1], [34, b"x"], [34, 1, 2], [34, 1, b"o" * 32, "q"]):
+        with pytest.raises(RemoteProtocolError):
+            _decode(pack(layout))
