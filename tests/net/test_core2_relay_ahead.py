@@ -17,21 +17,19 @@ import trio
 import trio.testing
 from support.core2_sim import AsyncCore2Host, MemoryCore2Host
 from support.gossip_hosts import MemoryReplicaHost
+from support.gossip_tcp import link_gossips_tcp
 
 from latticed.crdt import queue2
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import IntegrityError
-from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.core2_ahead import AHEAD_QUEUES, AheadPushes
 from latticed.net.core2_engine_host import EngineCore2Host, MergeSteps2
 from latticed.net.gossip import Gossip
-from latticed.net.transport import open_peer, secure_accept
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import link_summary
 from latticed.protocol.replication import QueueKey
-from latticed.protocol.versions import ours
 from latticed.storage.batch import Batch
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Job, WriterView
@@ -72,35 +70,6 @@ class Memory2(AsyncCore2Host):
         self.memory.states2[KEY] = queue2.commit(before, ALICE, now_ms=1, records=records)
         assert self.gossip is not None
         self.gossip.local_change2(KEY, link_summary(self.memory.states2[KEY]))
-
-
-async def link_tcp(nursery: trio.Nursery, a: tuple[Identity, Gossip], b: tuple[Identity, Gossip]) -> None:
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-
-    async def accept() -> None:
-        raw = await listeners[0].accept()
-        await listeners[0].aclose()
-        stream = await secure_accept(raw, seed=b[0].seed, network_key=DEFAULT_NETWORK_KEY)
-        await b[1].run_peer(stream, "tcp", "incoming")
-
-    async def dial() -> None:
-        stream = await open_peer("127.0.0.1", port, seed=a[0].seed, network_key=DEFAULT_NETWORK_KEY)
-        await a[1].run_peer(stream, "tcp", "static")
-
-    nursery.start_soon(accept)
-    nursery.start_soon(dial)
-    with trio.fail_after(10):
-        for one, other in ((a, b), (b, a)):
-            while other[0].public_key not in one[1].links:
-                changed = trio.Event()
-                one[1].on_peer_change = changed.set
-                await changed.wait()
-            one[1].on_peer_change = None
-    for _, gossip in (a, b):
-        for peer in gossip.links.values():
-            peer.session.agree_features(ours().features)
-            peer.kick()
 
 
 async def held(host: Memory2, end: int) -> QueueState2:
@@ -161,8 +130,8 @@ async def test_a_live_push_is_relayed_before_its_commit_and_a_forged_one_to_nobo
                     b[1].local_change2((state.owner, state.name, state.kind), link_summary(state))
 
             with engine.core2.subscribed(on_change2):
-                await link_tcp(nursery, a, b)
-                await link_tcp(nursery, b, c)
+                await link_gossips_tcp(nursery, a, b)
+                await link_gossips_tcp(nursery, b, c)
                 await held(c2, 1)
                 await acks_sent(b[1], 1)
                 for i in range(2, 5):  # live pushes: at C while B's commit of them waits

@@ -10,6 +10,7 @@ import trio
 import trio.testing
 from support.core2_sim import AsyncCore2Host, MemoryCore2Host
 from support.gossip_hosts import MemoryReplicaHost
+from support.gossip_tcp import link_gossips_tcp
 
 from latticed.crdt import queue as core
 from latticed.crdt import queue2
@@ -20,7 +21,7 @@ from latticed.errors import IntegrityError
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.core2_host import PendingMerge2
 from latticed.net.gossip import Gossip, PeerLink
-from latticed.net.transport import open_peer, secure_accept, secure_connect
+from latticed.net.transport import secure_accept, secure_connect
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 from latticed.protocol.replication import QueueKey
@@ -211,32 +212,7 @@ async def test_a_peer_behind_on_a_core2_queue_shows_its_lag_per_queue() -> None:
 
 async def link_tcp(nursery: trio.Nursery, a: Daemon, b: Daemon) -> None:
     """:func:`link` over loopback TCP."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-
-    async def accept() -> None:
-        raw = await listeners[0].accept()
-        await listeners[0].aclose()
-        stream = await secure_accept(raw, seed=b[0].seed, network_key=DEFAULT_NETWORK_KEY)
-        await b[3].run_peer(stream, "tcp", "incoming")
-
-    async def dial() -> None:
-        stream = await open_peer("127.0.0.1", port, seed=a[0].seed, network_key=DEFAULT_NETWORK_KEY)
-        await a[3].run_peer(stream, "tcp", "static")
-
-    nursery.start_soon(accept)
-    nursery.start_soon(dial)
-    with trio.fail_after(10):
-        for one, other in ((a, b), (b, a)):
-            while other[0].public_key not in one[3].links:
-                changed = trio.Event()
-                one[3].on_peer_change = changed.set
-                await changed.wait()
-            one[3].on_peer_change = None
-    for daemon in (a, b):
-        for peer in daemon[3].links.values():
-            peer.session.agree_features(ours().features)
-            peer.kick()
+    await link_gossips_tcp(nursery, (a[0], a[3]), (b[0], b[3]))
 
 
 class RelayHost2(Host2):
