@@ -882,6 +882,14 @@ class Gossip:
         if ahead is not None:
             self.local_change2(event.key, ahead, source_link=link)
 
+    @staticmethod
+    def _fail_link(link: PeerLink, acks: deque[Any], exc: Exception) -> None:
+        """End ``link`` from a commit callback: its unsent ACKs go, and its driver raises ``exc``."""
+        link.ended = True
+        acks.clear()
+        link.failure = exc
+        link.kick()
+
     def _settled2(self, link: PeerLink, pending: PendingMerge2) -> None:
         """The storage's callback once ``pending`` is stored (or failed), on the event loop: as
         :meth:`_settled` for core 2 (a failed merge goes to :meth:`_acker2`, which notes its error and
@@ -910,10 +918,7 @@ class Gossip:
             if acked and not link.ended:
                 self._drive_now(link)
         except Exception as exc:  # a bug must end this link, not the event loop: its driver raises it
-            link.ended = True
-            acks.clear()
-            link.failure = exc
-            link.kick()
+            self._fail_link(link, acks, exc)
 
     async def _acker2(
         self, link: PeerLink, merges: trio.MemoryReceiveChannel[tuple[Delta2Received, PendingMerge2]]
@@ -1055,10 +1060,7 @@ class Gossip:
             if acked and not link.ended:
                 self._drive_now(link)
         except Exception as exc:  # a bug must end this link, not the event loop: its driver raises it
-            link.ended = True
-            acks.clear()
-            link.failure = exc
-            link.kick()
+            self._fail_link(link, acks, exc)
 
     @staticmethod
     def _to_acker(link: PeerLink, event: DeltaReceived, pending: PendingMerge) -> None:
