@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable
 from functools import lru_cache
-from typing import Any, Final
+from typing import Final
 
 import trio
 
@@ -29,10 +29,9 @@ from latticed.errors import (
     OtherCoreError,
     StorageError,
 )
-from latticed.storage import segments
 from latticed.storage.ahead import VerifiedAhead
 from latticed.storage.bridge import StorageBridge
-from latticed.storage.entries import StoredEntries
+from latticed.storage.entries import SqlRows, StoredEntries
 from latticed.storage.jobs import Merge
 from latticed.storage.live import LiveCache
 from latticed.storage.reader import StoreReader
@@ -274,23 +273,11 @@ class ReplicaView:
 def _read_run(reader: StoreReader, q: int, lo: int, hi: int) -> RecordRun:
     """Committed records ``[lo, hi)`` of queue ``q`` as a run: the segments' columns, concatenated (what
     a delta sends; no Record object is built)."""
-    keys: list[bytes | None] = []
-    values: list[bytes] = []
-    timestamps: list[int] = []
-    headers: list[Any] = []
-    for segment in segments.scan(reader.conn, q, lo, hi):
-        part = segment if lo <= segment.first and segment.end <= hi else segment.slice(lo, hi)
-        keys += part.keys
-        values += part.values
-        timestamps += part.timestamps
-        headers += part.headers
-    if len(values) != hi - lo:
+    run = SqlRows(reader.conn).run(q, lo, hi)
+    if len(run) != hi - lo:
         # Only a reader racing a truncation can see this: the rows it was promised are gone.
         raise GapError(f"records [{lo}, {hi}) of queue #{q} are no longer all stored (truncated); retry")
-    header_column = None
-    if headers.count(None) != len(headers):
-        header_column = [tuple((k, v) for k, v in h) if h else () for h in headers]
-    return RecordRun(values, keys, timestamps, header_column)
+    return run
 
 
 __all__ = ["ADDRESS_CACHE_SIZE", "INLINE_VERIFY_BYTES", "INLINE_VERIFY_RECORDS", "ReplicaView"]
