@@ -18,21 +18,13 @@ from collections.abc import Callable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.v2_histories import OWNER, history, step
 
 from latticed.crdt import epochs, leaf_bodies, leaf_codec, leaf_compiled
-from latticed.crdt import queue as core
 from latticed.crdt.core_errors import EquivocationError, GapError, MalformedError
 from latticed.crdt.head2 import HeadV2, Leaf, body_digest, next_log
-from latticed.crdt.queue.v2heads import sign_v2
-from latticed.crdt.records import Record
-from latticed.crdt.signing import Identity, blake2b
+from latticed.crdt.signing import blake2b
 
-OWNER = Identity.from_seed(bytes(range(32)))
-step = st.one_of(
-    st.tuples(st.just("offer"), st.integers(1, 3)),
-    st.tuples(st.just("truncate"), st.integers(0, 3)),
-    st.tuples(st.just("meta"), st.integers(0, 1)),
-)
 Window = tuple[int, bytes, list[bytes]]
 
 
@@ -46,21 +38,6 @@ def built() -> leaf_compiled.Compiled:
     if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
         pytest.fail(message)
     pytest.skip(message)
-
-
-def history(steps: list[tuple[str, int]]) -> tuple[core.QueueState, list[HeadV2]]:
-    """A core-1 queue and the v2 heads of each of its commits (as tests/crdt/test_leaf_codec.py)."""
-    state, heads = core.empty_state(OWNER.public_key, "q"), []
-    for index, (kind, arg) in enumerate(steps):
-        now = 1000 + index * 3 - (index % 3) * 5  # the owner's clock may step back
-        if kind == "offer":
-            state = core.commit(state, OWNER, now_ms=now, records=[Record(value=b"%d" % index)] * arg)
-        elif kind == "truncate":
-            state = core.commit(state, OWNER, now_ms=now, new_start=min(state.known_end, state.start + arg))
-        else:
-            state = core.commit(state, OWNER, now_ms=now, meta_updates={"k": str(arg)})
-        heads.append(sign_v2(state, OWNER, heads[-1] if heads else None))
-    return state, heads
 
 
 def window_of(chain_at: Callable[[int], bytes | None], first: int, last: int) -> Window:
