@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, cast
 
-from latticed.crdt import chain_memo, epoch_delta
+from latticed.crdt import chain_memo, epoch_delta, leaf_compiled
 from latticed.crdt.core_errors import GapError, MalformedError, TamperedError, WrongOwnerError
 from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2
-from latticed.crdt.queue.state import Meta, empty_entries
-from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies
+from latticed.crdt.queue.state import Meta
+from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies, nothing_at
 from latticed.crdt.records import Record, RecordRun, chain_extend, check_records
 
 __all__ = ["Delta", "Merged", "Summary", "Verified", "delta", "join_verified", "summary", "verify_delta"]
@@ -201,13 +201,24 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     bodies = tuple(b for b in d.bodies if first < b.end <= end)
     if chains.forked:  # heads past the first branching of a branch the frozen value does not keep
         bodies = tuple(b for b in bodies if epoch_delta.vouches(chains, b))
-    for body in bodies:
+    for body in _unconfirmed(chains, bodies, chain, first):
         if not epoch_delta.vouches(chains, body) or body.head_hash != chain[body.end - first - 1]:
             raise TamperedError("records that do not hash to the heads on the log")
     ends = {b.end for b in bodies}
     if end not in ends or not _every_end(chains, first, end) <= ends:
         raise TamperedError("a chunk of records without the head bodies that end inside it")
     return Verified(chains, meta, first, records, tuple(chain), bodies)
+
+
+def _unconfirmed(
+    chains: Chains, bodies: tuple[HeadV2, ...], chain: Sequence[bytes], first: int
+) -> Sequence[HeadV2]:
+    """The ``bodies`` a compiled pass did not confirm as on the log and hashing to ``chain`` (a catch-up
+    of single offers checks one per record): all of them where it is not built."""
+    left = leaf_compiled.unvouched(
+        bodies, chains.shared, chains.queue_id, chains.epoch, chain=chain, first=first
+    )
+    return bodies if left is None else [bodies[i] for i in left]
 
 
 def _held_after(state: QueueState2, chains: Chains) -> tuple[int, int]:
@@ -246,7 +257,7 @@ def join_verified(state: QueueState2, v: Verified) -> Merged:
         if (lo, hi) != (own_lo, own_hi) or (chains.forked and chains.tips != state.chains.tips):
             bodies = keep_bodies(kept.chains, bodies, check=chains.forked)
     else:
-        kept = replace(state, chains=replace(chains, held_end=lo), entries=empty_entries())
+        kept = replace(state, chains=replace(chains, held_end=lo), entries=nothing_at(state, lo))
         bodies = ()
     end = v.from_offset + len(v.records)
     if v.records and end > hi:
