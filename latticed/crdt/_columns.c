@@ -415,7 +415,9 @@ static PyObject *versions(PyObject *self, PyObject *args)
 {
     PyObject *head_type, *persons, *namespace, *prev, *log, *raw_obj, *base, *chain, *out = NULL;
     PyObject *queue_id, *epoch, *base_hash, *meta_hash, *empty = NULL;
+    PyObject *start_obj = NULL, *meta_version_obj = NULL; /* the last ones made: most versions repeat them */
     unsigned long long blake2b, first, version, start, end, meta_version, timestamp;
+    unsigned long long start_made = 0, meta_version_made = 0;
     const unsigned char *raw, *person_body, *person_log;
     unsigned char body[232], link[72], digest[32];
     Py_ssize_t at = 0, size, ns, offsets[13];
@@ -577,11 +579,21 @@ static PyObject *versions(PyObject *self, PyObject *args)
                 values[1] = epoch;
                 values[2] = PyLong_FromUnsignedLongLong(version);
                 values[3] = log;
-                values[4] = PyLong_FromUnsignedLongLong(start);
+                if (start_obj == NULL || start_made != start) {
+                    Py_XDECREF(start_obj);
+                    start_obj = PyLong_FromUnsignedLongLong(start);
+                    start_made = start;
+                }
+                if (meta_version_obj == NULL || meta_version_made != meta_version) {
+                    Py_XDECREF(meta_version_obj);
+                    meta_version_obj = PyLong_FromUnsignedLongLong(meta_version);
+                    meta_version_made = meta_version;
+                }
+                values[4] = start_obj; /* borrowed, as the others not made here */
                 values[5] = end_obj;
                 values[6] = base_hash;
                 values[7] = top;
-                values[8] = PyLong_FromUnsignedLongLong(meta_version);
+                values[8] = meta_version_obj;
                 values[9] = meta_hash;
                 values[10] = PyLong_FromUnsignedLongLong(timestamp);
                 values[11] = empty;
@@ -596,8 +608,6 @@ static PyObject *versions(PyObject *self, PyObject *args)
                     }
                 }
                 Py_XDECREF(values[2]);
-                Py_XDECREF(values[4]);
-                Py_XDECREF(values[8]);
                 Py_XDECREF(values[10]);
                 Py_DECREF(end_obj);
                 Py_DECREF(leaf);
@@ -632,12 +642,16 @@ static PyObject *versions(PyObject *self, PyObject *args)
     Py_DECREF(log);
     Py_DECREF(meta_hash);
     Py_DECREF(empty);
+    Py_XDECREF(start_obj);
+    Py_XDECREF(meta_version_obj);
     return out;
 plain:
     Py_DECREF(log);
     Py_DECREF(meta_hash);
     Py_DECREF(out);
     Py_DECREF(empty);
+    Py_XDECREF(start_obj);
+    Py_XDECREF(meta_version_obj);
     Py_RETURN_NONE;
 fail_log:
     Py_DECREF(log);
@@ -645,6 +659,8 @@ fail_log:
 fail:
     Py_XDECREF(out);
     Py_XDECREF(empty);
+    Py_XDECREF(start_obj);
+    Py_XDECREF(meta_version_obj);
     return NULL;
 }
 

@@ -154,7 +154,7 @@ def _check_shape(d: Delta) -> None:
         raise MalformedError("a delta's first offset is a non-negative integer")
     if type(d.records) not in (tuple, RecordRun) or not isinstance(d.bodies, tuple):
         raise MalformedError("a delta's records are a tuple or a run, its bodies a tuple")
-    if not all(isinstance(b, HeadV2) for b in d.bodies):
+    if not all(map(isinstance, d.bodies, itertools.repeat(HeadV2))):  # one per version: no Python frame
         raise MalformedError("a delta's bodies are v2 heads")
     if d.meta is not None and (
         not isinstance(d.meta, tuple)
