@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from operator import itemgetter
 
 from latticed.crdt.core_errors import EquivocationError, MalformedError, WrongOwnerError
 from latticed.crdt.fold_compiled import all_leaves
@@ -72,6 +73,9 @@ class Chains:
     def held(self) -> tuple[int, int]:
         """The records this value consists of: nothing past the fork point, nothing below the start."""
         return self.start, max(self.start, min(self.held_end, self.upper))
+
+
+_END = itemgetter(1)
 
 
 def empty(owner: bytes, queue_id: bytes) -> Chains:
@@ -140,7 +144,7 @@ def verify(value: Chains) -> None:
     for tip in value.tips:
         if fold(base, tip.tail) != tip.head.log or len(value.shared) + len(tip.leaves()) != tip.head.version:
             raise EquivocationError("leaves that the head's log does not cover")
-        ends = [end for _, end in (*value.shared, *tip.leaves())]
+        ends = list(map(_END, itertools.chain(value.shared, tip.leaves())))  # checked leaves: (digest, end)
         if ends != sorted(ends):
             raise EquivocationError("a chain of heads whose end goes back")
     firsts = [tip.leaves()[0] for tip in value.tips]

@@ -19,6 +19,7 @@ import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter, itemgetter
 from typing import Protocol, cast
 
 from latticed.crdt import chain_memo, epoch_delta, leaf_compiled
@@ -32,6 +33,8 @@ from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, k
 from latticed.crdt.records import Record, RecordRun, chain_extend, check_records
 
 __all__ = ["Delta", "Merged", "Summary", "Verified", "delta", "join_verified", "summary", "verify_delta"]
+
+_BODY_END = attrgetter("end")
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +201,17 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     assert base is not None
     records = d.records[first - d.from_offset : end - d.from_offset]
     chain = chain_memo.take(base, first, records) or chain_extend(base, first, records)
-    bodies = tuple(b for b in d.bodies if first < b.end <= end)
+    body_ends = list(map(_BODY_END, d.bodies))  # a catch-up of single offers carries a body per record
+    if body_ends and first < min(body_ends) and max(body_ends) <= end:
+        bodies = d.bodies  # all of them end inside the records: the usual chunk
+    else:
+        bodies = tuple(b for b in d.bodies if first < b.end <= end)
     if chains.forked:  # heads past the first branching of a branch the frozen value does not keep
         bodies = tuple(b for b in bodies if epoch_delta.vouches(chains, b))
     for body in _unconfirmed(chains, bodies, chain, first):
         if not epoch_delta.vouches(chains, body) or body.head_hash != chain[body.end - first - 1]:
             raise TamperedError("records that do not hash to the heads on the log")
-    ends = {b.end for b in bodies}
+    ends = set(body_ends) if bodies is d.bodies else {b.end for b in bodies}
     if end not in ends or not _every_end(chains, first, end) <= ends:
         raise TamperedError("a chunk of records without the head bodies that end inside it")
     return Verified(chains, meta, first, records, tuple(chain), bodies)
@@ -237,7 +244,7 @@ def _every_end(chains: Chains, lo: int, hi: int) -> set[int]:
     leaves = chains.shared
     first = bisect.bisect_right(leaves, lo, key=lambda leaf: leaf[1])
     last = bisect.bisect_left(leaves, hi, key=lambda leaf: leaf[1])
-    return {end for _, end in leaves[first:last]}
+    return set(map(itemgetter(1), leaves[first:last]))
 
 
 def join_verified(state: QueueState2, v: Verified) -> Merged:
