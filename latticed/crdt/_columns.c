@@ -927,7 +927,9 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
                 } else if (version >= 1 && version <= held && end > first
                            && end - first <= (unsigned long long) length) {
                     PyObject *top = PyList_GET_ITEM(chain, (Py_ssize_t) (end - first - 1));
-                    int same = PyObject_RichCompareBool(values[0], queue_id, Py_EQ);
+                    int same;
+                    Py_INCREF(top); /* held across the comparisons, whatever they run */
+                    same = PyObject_RichCompareBool(values[0], queue_id, Py_EQ);
                     if (same == 1) {
                         same = PyObject_RichCompareBool(values[1], epoch, Py_EQ);
                     }
@@ -937,6 +939,7 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
                     if (same == 1) {
                         same = PyObject_RichCompareBool(values[4], top, Py_EQ);
                     }
+                    Py_DECREF(top);
                     if (same < 0) {
                         failed = 1;
                     }
