@@ -1,5 +1,6 @@
-/* latticed.crdt._columns: the column passes of the owner's bulk append, and the replica's rebuild of
-   head bodies from log steps, in C (optional extension).
+/* latticed.crdt._columns: the column passes of the owner's bulk append, and a core-2 replica's passes
+   per version of a catch-up (head bodies rebuilt from log steps, the log folded and its leaves checked,
+   bodies checked against the log and the chain, bodies packed for the store), in C (optional extension).
 
    Each function does in one pass over Python objects what the pure-Python path does with several
    (latticed/crdt/columns_compiled.py and leaf_compiled.py say which, and tests pin the results equal). None of them decides
