@@ -1,5 +1,6 @@
-/* latticed.crdt._columns: the column passes of the owner's bulk append, and the replica's rebuild of
-   head bodies from log steps, in C (optional extension).
+/* latticed.crdt._columns: the column passes of the owner's bulk append, and a core-2 replica's passes
+   per version of a catch-up (head bodies rebuilt from log steps, the log folded and its leaves checked,
+   bodies checked against the log and the chain, bodies packed for the store), in C (optional extension).
 
    Each function does in one pass over Python objects what the pure-Python path does with several
    (latticed/crdt/columns_compiled.py and leaf_compiled.py say which, and tests pin the results equal). None of them decides
@@ -8,6 +9,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -389,17 +391,40 @@ static const char *v_name_strings[13] = {
     "meta_hash", "timestamp", "signature", "_leaf",
 };
 
+/* Where type keeps each of v_names' slots, if each is a plain writable object slot (0; else -1, and the
+   slots are set through the attribute protocol). A new instance's slots are NULL: stored directly, as
+   the slot's own setter would, without looking the name up once per field per version. */
+static int v_offsets(PyTypeObject *type, Py_ssize_t offsets[13])
+{
+    int i;
+    for (i = 0; i < 13; i++) {
+        PyObject *descr = _PyType_Lookup(type, v_names[i]);
+        PyMemberDef *member;
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) {
+            return -1;
+        }
+        member = ((PyMemberDescrObject *) descr)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY) || member->offset <= 0) {
+            return -1;
+        }
+        offsets[i] = member->offset;
+    }
+    return 0;
+}
+
 static PyObject *versions(PyObject *self, PyObject *args)
 {
     PyObject *head_type, *persons, *namespace, *prev, *log, *raw_obj, *base, *chain, *out = NULL;
     PyObject *queue_id, *epoch, *base_hash, *meta_hash, *empty = NULL;
+    PyObject *start_obj = NULL, *meta_version_obj = NULL; /* the last ones made: most versions repeat them */
     unsigned long long blake2b, first, version, start, end, meta_version, timestamp;
+    unsigned long long start_made = 0, meta_version_made = 0;
     const unsigned char *raw, *person_body, *person_log;
     unsigned char body[232], link[72], digest[32];
-    Py_ssize_t at = 0, size, ns;
+    Py_ssize_t at = 0, size, ns, offsets[13];
     blake2b_fn hash;
     PyTypeObject *type;
-    int i;
+    int i, direct;
     (void) self;
     if (!PyArg_ParseTuple(args, "OKO!O!O!O!O!OKO!", &head_type, &blake2b, &PyBytes_Type, &persons,
                           &PyBytes_Type, &namespace, &PyTuple_Type, &prev, &PyBytes_Type, &log,
@@ -416,6 +441,7 @@ static PyObject *versions(PyObject *self, PyObject *args)
         Py_RETURN_NONE;
     }
     type = (PyTypeObject *) head_type;
+    direct = v_offsets(type, offsets) == 0;
     hash = (blake2b_fn) (uintptr_t) blake2b;
     person_body = (const unsigned char *) PyBytes_AS_STRING(persons);
     person_log = person_body + 16;
@@ -554,21 +580,35 @@ static PyObject *versions(PyObject *self, PyObject *args)
                 values[1] = epoch;
                 values[2] = PyLong_FromUnsignedLongLong(version);
                 values[3] = log;
-                values[4] = PyLong_FromUnsignedLongLong(start);
+                if (start_obj == NULL || start_made != start) {
+                    Py_XDECREF(start_obj);
+                    start_obj = PyLong_FromUnsignedLongLong(start);
+                    start_made = start;
+                }
+                if (meta_version_obj == NULL || meta_version_made != meta_version) {
+                    Py_XDECREF(meta_version_obj);
+                    meta_version_obj = PyLong_FromUnsignedLongLong(meta_version);
+                    meta_version_made = meta_version;
+                }
+                values[4] = start_obj; /* borrowed, as the others not made here */
                 values[5] = end_obj;
                 values[6] = base_hash;
                 values[7] = top;
-                values[8] = PyLong_FromUnsignedLongLong(meta_version);
+                values[8] = meta_version_obj;
                 values[9] = meta_hash;
                 values[10] = PyLong_FromUnsignedLongLong(timestamp);
                 values[11] = empty;
                 values[12] = leaf;
                 for (k = 0; k < 13 && ok; k++) {
-                    ok = values[k] != NULL && PyObject_GenericSetAttr(item, v_names[k], values[k]) == 0;
+                    ok = values[k] != NULL;
+                    if (ok && direct) {
+                        Py_INCREF(values[k]);
+                        *(PyObject **) ((char *) item + offsets[k]) = values[k];
+                    } else if (ok) {
+                        ok = PyObject_GenericSetAttr(item, v_names[k], values[k]) == 0;
+                    }
                 }
                 Py_XDECREF(values[2]);
-                Py_XDECREF(values[4]);
-                Py_XDECREF(values[8]);
                 Py_XDECREF(values[10]);
                 Py_DECREF(end_obj);
                 Py_DECREF(leaf);
@@ -603,12 +643,16 @@ static PyObject *versions(PyObject *self, PyObject *args)
     Py_DECREF(log);
     Py_DECREF(meta_hash);
     Py_DECREF(empty);
+    Py_XDECREF(start_obj);
+    Py_XDECREF(meta_version_obj);
     return out;
 plain:
     Py_DECREF(log);
     Py_DECREF(meta_hash);
     Py_DECREF(out);
     Py_DECREF(empty);
+    Py_XDECREF(start_obj);
+    Py_XDECREF(meta_version_obj);
     Py_RETURN_NONE;
 fail_log:
     Py_DECREF(log);
@@ -616,7 +660,312 @@ fail_log:
 fail:
     Py_XDECREF(out);
     Py_XDECREF(empty);
+    Py_XDECREF(start_obj);
+    Py_XDECREF(meta_version_obj);
     return NULL;
+}
+
+/* Whether item is a leaf as head2.is_leaf says: a tuple of a 32-byte bytes and an int (not a subclass)
+   from 0 to 2^63-1; its digest and end through the pointers. */
+static int f_leaf(PyObject *item, const char **digest, unsigned long long *end)
+{
+    PyObject *d, *e;
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+        return 0;
+    }
+    d = PyTuple_GET_ITEM(item, 0);
+    e = PyTuple_GET_ITEM(item, 1);
+    if (!PyBytes_Check(d) || PyBytes_GET_SIZE(d) != 32 || !PyLong_CheckExact(e)) {
+        return 0;
+    }
+    *end = PyLong_AsUnsignedLongLong(e);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *digest = PyBytes_AS_STRING(d);
+    return *end <= V_MAX_OFFSET;
+}
+
+/* are_leaves(items): whether every item of a list or tuple is a leaf (head2.is_leaf). */
+static PyObject *are_leaves(PyObject *self, PyObject *items)
+{
+    Py_ssize_t i, n;
+    PyObject **all;
+    const char *digest;
+    unsigned long long end;
+    (void) self;
+    if (!PyList_CheckExact(items) && !PyTuple_CheckExact(items)) {
+        Py_RETURN_NONE;
+    }
+    n = PySequence_Fast_GET_SIZE(items);
+    all = PySequence_Fast_ITEMS(items);
+    for (i = 0; i < n; i++) {
+        if (!f_leaf(all[i], &digest, &end)) {
+            Py_RETURN_FALSE;
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
+/* fold(blake2b, person, log, leaves, stride): head2.fold(log, leaves), and the log after each stride-th
+   leaf (none if stride is 0), as (log, [logs]); None if leaves is not a list or tuple of leaves
+   (are_leaves) or the arguments are not the sizes the fold takes: the Python path then folds. */
+static PyObject *fold(PyObject *self, PyObject *args)
+{
+    PyObject *person, *log, *leaves, *folds, *last, *result;
+    unsigned long long blake2b, end;
+    Py_ssize_t stride, i, n;
+    PyObject **all;
+    unsigned char joined[72], next[32];
+    const char *digest;
+    blake2b_fn hash;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "KO!O!On", &blake2b, &PyBytes_Type, &person, &PyBytes_Type, &log, &leaves,
+                          &stride)) {
+        return NULL;
+    }
+    if (PyBytes_GET_SIZE(person) != 16 || PyBytes_GET_SIZE(log) != 32 || stride < 0
+        || (!PyList_CheckExact(leaves) && !PyTuple_CheckExact(leaves))) {
+        Py_RETURN_NONE;
+    }
+    hash = (blake2b_fn) (uintptr_t) blake2b;
+    n = PySequence_Fast_GET_SIZE(leaves);
+    all = PySequence_Fast_ITEMS(leaves);
+    for (i = 0; i < n; i++) {  /* checked whole first: a list may change once the GIL is released */
+        if (!f_leaf(all[i], &digest, &end)) {
+            Py_RETURN_NONE;
+        }
+    }
+    folds = PyList_New(0);
+    if (folds == NULL) {
+        return NULL;
+    }
+    memcpy(joined, PyBytes_AS_STRING(log), 32);
+    for (i = 0; i < n; i++) {
+        f_leaf(all[i], &digest, &end);
+        memcpy(joined + 32, digest, 32);
+        v_put_u64(joined + 64, end);
+        if (hash(next, 32, joined, sizeof joined, NULL, 0, NULL,
+                 (const unsigned char *) PyBytes_AS_STRING(person)) != 0) {
+            Py_DECREF(folds);
+            Py_RETURN_NONE;
+        }
+        memcpy(joined, next, 32);
+        if (stride && (i + 1) % stride == 0) {
+            PyObject *step = PyBytes_FromStringAndSize((const char *) joined, 32);
+            if (step == NULL || PyList_Append(folds, step) < 0) {
+                Py_XDECREF(step);
+                Py_DECREF(folds);
+                return NULL;
+            }
+            Py_DECREF(step);
+        }
+    }
+    last = PyBytes_FromStringAndSize((const char *) joined, 32);
+    if (last == NULL) {
+        Py_DECREF(folds);
+        return NULL;
+    }
+    result = PyTuple_Pack(2, last, folds);
+    Py_DECREF(last);
+    Py_DECREF(folds);
+    return result;
+}
+
+/* The interned names of the slots versions() sets and packed_bodies() reads (0: made, -1: failed). */
+static int v_names_ready(void)
+{
+    int i;
+    for (i = 0; i < 13; i++) {
+        if (v_names[i] == NULL && (v_names[i] = PyUnicode_InternFromString(v_name_strings[i])) == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* packed_bodies(head_type, namespace, heads): each head's to_bytes() (namespace, the signed fields
+   big-endian, its signature), or None if an item is not exactly of head_type or a field does not fit the
+   layout (the Python path then packs, and raises what it raises). */
+static PyObject *packed_bodies(PyObject *self, PyObject *args)
+{
+    static const int hashes[5] = {0, 3, 6, 7, 9};      /* 32-byte fields, by slot */
+    static const int numbers[6] = {1, 2, 4, 5, 8, 10}; /* unsigned 64-bit fields, by slot */
+    static const int hash_at[5] = {24, 72, 120, 152, 192};
+    static const int number_at[6] = {56, 64, 104, 112, 184, 224};
+    PyObject *head_type, *namespace, *heads, *out;
+    Py_ssize_t i, n;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OO!O", &head_type, &PyBytes_Type, &namespace, &heads)) {
+        return NULL;
+    }
+    if (!PyType_Check(head_type) || PyBytes_GET_SIZE(namespace) != 24
+        || (!PyList_CheckExact(heads) && !PyTuple_CheckExact(heads)) || v_names_ready() < 0) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    n = PySequence_Fast_GET_SIZE(heads);
+    out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *head = PySequence_Fast_GET_ITEM(heads, i), *field, *signature, *packed;
+        unsigned char *p;
+        int k, fits = 1;
+        if (Py_TYPE(head) != (PyTypeObject *) head_type) {
+            goto plain;
+        }
+        signature = PyObject_GetAttr(head, v_names[11]);
+        if (signature == NULL) {
+            goto fail;
+        }
+        if (!PyBytes_CheckExact(signature)) {
+            Py_DECREF(signature);
+            goto plain;
+        }
+        packed = PyBytes_FromStringAndSize(NULL, 232 + PyBytes_GET_SIZE(signature));
+        if (packed == NULL) {
+            Py_DECREF(signature);
+            goto fail;
+        }
+        p = (unsigned char *) PyBytes_AS_STRING(packed);
+        memcpy(p, PyBytes_AS_STRING(namespace), 24);
+        memcpy(p + 232, PyBytes_AS_STRING(signature), PyBytes_GET_SIZE(signature));
+        Py_DECREF(signature);
+        PyList_SET_ITEM(out, i, packed);  /* owned by out from here on */
+        for (k = 0; k < 5 && fits; k++) {
+            if ((field = PyObject_GetAttr(head, v_names[hashes[k]])) == NULL) {
+                goto fail;
+            }
+            fits = PyBytes_CheckExact(field) && PyBytes_GET_SIZE(field) == 32;
+            if (fits) {
+                memcpy(p + hash_at[k], PyBytes_AS_STRING(field), 32);
+            }
+            Py_DECREF(field);
+        }
+        for (k = 0; k < 6 && fits; k++) {
+            unsigned long long value;
+            if ((field = PyObject_GetAttr(head, v_names[numbers[k]])) == NULL) {
+                goto fail;
+            }
+            fits = PyLong_CheckExact(field);
+            value = fits ? PyLong_AsUnsignedLongLong(field) : 0;
+            Py_DECREF(field);
+            if (fits && PyErr_Occurred()) {
+                PyErr_Clear();
+                fits = 0;
+            }
+            v_put_u64(p + number_at[k], value);
+        }
+        if (!fits) {
+            goto plain;
+        }
+    }
+    return out;
+plain:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* unvouched(head_type, bodies, shared, queue_id, epoch, chain, first): the indices of the bodies this
+   pass does not confirm, or None (arguments not of the plain shape). A body is confirmed when it is
+   exactly of head_type, of queue_id and epoch, its leaf (already computed) is shared[version - 1], and its
+   head_hash is the chain value at its end (chain holds offsets first + 1 ...). Anything else (a leaf not
+   computed yet, a version on a tip, a mismatch) is left to the caller's Python check, which decides. */
+static PyObject *unvouched(PyObject *self, PyObject *args)
+{
+    PyObject *head_type, *bodies, *shared, *queue_id, *epoch, *chain, *out;
+    unsigned long long first;
+    Py_ssize_t i, n, held, length;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OOO!O!OO!K", &head_type, &bodies, &PyTuple_Type, &shared, &PyBytes_Type,
+                          &queue_id, &epoch, &PyList_Type, &chain, &first)) {
+        return NULL;
+    }
+    if (!PyType_Check(head_type) || !PyLong_CheckExact(epoch)
+        || (!PyList_CheckExact(bodies) && !PyTuple_CheckExact(bodies)) || v_names_ready() < 0) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    n = PySequence_Fast_GET_SIZE(bodies);
+    held = PyTuple_GET_SIZE(shared);
+    length = PyList_GET_SIZE(chain);
+    out = PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *body = PySequence_Fast_GET_ITEM(bodies, i), *values[6] = {NULL};
+        int confirmed = 0, k, failed = 0;
+        static const int slots[6] = {0, 1, 2, 5, 7, 12}; /* queue_id, epoch, version, end, head_hash, _leaf */
+        if (Py_TYPE(body) == (PyTypeObject *) head_type) {
+            for (k = 0; k < 6 && !failed; k++) {
+                values[k] = PyObject_GetAttr(body, v_names[slots[k]]);
+                failed = values[k] == NULL;
+            }
+            if (failed) {
+                for (k = 0; k < 6; k++) {
+                    Py_XDECREF(values[k]);
+                }
+                Py_DECREF(out);
+                return NULL;
+            }
+            if (PyBytes_CheckExact(values[0]) && PyLong_CheckExact(values[1]) && PyLong_CheckExact(values[2])
+                && PyLong_CheckExact(values[3]) && PyBytes_CheckExact(values[4]) && PyTuple_Check(values[5])) {
+                long long version = PyLong_AsLongLong(values[2]);
+                unsigned long long end = PyLong_AsUnsignedLongLong(values[3]);
+                if (PyErr_Occurred()) {
+                    PyErr_Clear();
+                } else if (version >= 1 && version <= held && end > first
+                           && end - first <= (unsigned long long) length) {
+                    PyObject *top = PyList_GET_ITEM(chain, (Py_ssize_t) (end - first - 1));
+                    int same;
+                    Py_INCREF(top); /* held across the comparisons, whatever they run */
+                    same = PyObject_RichCompareBool(values[0], queue_id, Py_EQ);
+                    if (same == 1) {
+                        same = PyObject_RichCompareBool(values[1], epoch, Py_EQ);
+                    }
+                    if (same == 1) {
+                        same = PyObject_RichCompareBool(PyTuple_GET_ITEM(shared, version - 1), values[5], Py_EQ);
+                    }
+                    if (same == 1) {
+                        same = PyObject_RichCompareBool(values[4], top, Py_EQ);
+                    }
+                    Py_DECREF(top);
+                    if (same < 0) {
+                        failed = 1;
+                    }
+                    confirmed = same == 1;
+                }
+            }
+            for (k = 0; k < 6; k++) {
+                Py_DECREF(values[k]);
+            }
+            if (failed) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        if (!confirmed) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(out, index) < 0) {
+                Py_XDECREF(index);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(index);
+        }
+    }
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -627,6 +976,10 @@ static PyMethodDef methods[] = {
     {"widest", widest, METH_VARARGS, "The longest value and the longest key of two columns."},
     {"same_int", same_int, METH_O, "Whether every item of a column is an int equal to the first."},
     {"versions", versions, METH_VARARGS, "The head bodies and leaves a log's steps encode."},
+    {"are_leaves", are_leaves, METH_O, "Whether every item of a list or tuple is a leaf of the log."},
+    {"packed_bodies", packed_bodies, METH_VARARGS, "Each v2 head's signed bytes and signature."},
+    {"unvouched", unvouched, METH_VARARGS, "The bodies a pass over the log and the chain does not confirm."},
+    {"fold", fold, METH_VARARGS, "The log folded over leaves, and its value after every stride of them."},
     {NULL, NULL, 0, NULL},
 };
 

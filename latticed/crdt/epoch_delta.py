@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from latticed.crdt.core_errors import EquivocationError, MalformedError
-from latticed.crdt.epochs import Chains, Tip, join, start_rank, verify
+from latticed.crdt.epochs import Chains, Tip, are_leaves, join, start_rank, verify
 from latticed.crdt.fold_index import prefix_fold
-from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, is_leaf, next_log
+from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, next_log
 
 __all__ = ["LogDelta", "LogSummary", "delta", "merge", "summary", "vouches"]
 
@@ -116,7 +116,7 @@ def _append(value: Chains, piece: LogDelta) -> Chains | None:
         signed.verify(value.owner, value.queue_id)
         if signed.epoch != value.epoch:
             raise MalformedError("a head of another epoch")
-    if any(not is_leaf(leaf) for leaf in leaves):
+    if not are_leaves(leaves):
         raise MalformedError("a leaf is a 32-byte digest and an offset")
     if fold(piece.base_fold, leaves) != head.log or head.version != piece.base + len(leaves) + 1:
         raise EquivocationError("leaves that the head's log does not cover")

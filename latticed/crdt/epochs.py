@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from operator import itemgetter
 
 from latticed.crdt.core_errors import EquivocationError, MalformedError, WrongOwnerError
+from latticed.crdt.fold_compiled import all_leaves
 from latticed.crdt.fold_index import prefix_fold
 from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, is_leaf
 
@@ -71,6 +73,9 @@ class Chains:
     def held(self) -> tuple[int, int]:
         """The records this value consists of: nothing past the fork point, nothing below the start."""
         return self.start, max(self.start, min(self.held_end, self.upper))
+
+
+_END = itemgetter(1)
 
 
 def empty(owner: bytes, queue_id: bytes) -> Chains:
@@ -133,13 +138,13 @@ def verify(value: Chains) -> None:
         head.verify(value.owner, value.queue_id)
         if head.epoch != value.epoch:
             raise MalformedError("a head of another epoch")
-    if not all(map(is_leaf, (*value.shared, *(leaf for tip in value.tips for leaf in tip.tail)))):
+    if not are_leaves(value.shared) or not are_leaves([leaf for tip in value.tips for leaf in tip.tail]):
         raise MalformedError("a leaf is a 32-byte digest and an offset")
     base = prefix_fold(genesis(value.queue_id, value.epoch), value.shared, len(value.shared))
     for tip in value.tips:
         if fold(base, tip.tail) != tip.head.log or len(value.shared) + len(tip.leaves()) != tip.head.version:
             raise EquivocationError("leaves that the head's log does not cover")
-        ends = [end for _, end in (*value.shared, *tip.leaves())]
+        ends = list(map(_END, itertools.chain(value.shared, tip.leaves())))  # checked leaves: (digest, end)
         if ends != sorted(ends):
             raise EquivocationError("a chain of heads whose end goes back")
     firsts = [tip.leaves()[0] for tip in value.tips]
@@ -147,3 +152,9 @@ def verify(value: Chains) -> None:
         raise EquivocationError("tips that do not branch at the shared leaves")
     if not value.forked and value.tips and value.tips[0].tail:
         raise EquivocationError("an unforked value keeps its leaves shared")
+
+
+def are_leaves(items: tuple[Leaf, ...] | list[Leaf]) -> bool:
+    """Whether every item is a leaf (:func:`~latticed.crdt.head2.is_leaf`; one C pass where built)."""
+    found = all_leaves(items)
+    return found if found is not None else all(map(is_leaf, items))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from latticed.crdt import fold_compiled
 from latticed.crdt.head2 import Leaf, fold, fold_one
 
 __all__ = ["MAX_LEAVES", "STRIDE", "prefix_fold"]
@@ -39,11 +40,15 @@ def prefix_fold(origin: bytes, leaves: tuple[Leaf, ...], n: int) -> bytes:
         known, folds, cover = (), (origin,), 0
     log = folds[cover // STRIDE]
     more: list[bytes] = []
-    for i in range(cover, n - n % STRIDE):
-        digest, end = leaves[i]
-        log = fold_one(log, digest, end)
-        if (i + 1) % STRIDE == 0:
-            more.append(log)
+    found = fold_compiled.fold(log, leaves[cover : n - n % STRIDE], STRIDE) if n - cover > STRIDE else None
+    if found is not None:  # cover is a multiple of STRIDE: the C pass's strides are ours
+        log, more = found
+    else:
+        for i in range(cover, n - n % STRIDE):
+            digest, end = leaves[i]
+            log = fold_one(log, digest, end)
+            if (i + 1) % STRIDE == 0:
+                more.append(log)
     if more:
         _remember(origin, leaves[: n - n % STRIDE], folds + tuple(more))
     return fold(log, leaves[n - n % STRIDE : n])

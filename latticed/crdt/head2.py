@@ -26,6 +26,7 @@ import hashlib
 import struct
 from collections.abc import Iterable
 
+from latticed.crdt import fold_compiled
 from latticed.crdt.core_errors import MalformedError, WrongOwnerError
 from latticed.crdt.records import MAX_OFFSET
 from latticed.crdt.signing import Identity, blake2b, verify
@@ -74,7 +75,12 @@ def fold_one(log: bytes, digest: bytes, end: int) -> bytes:
 
 
 def fold(log: bytes, leaves: Iterable[Leaf]) -> bytes:
-    """Extend the accumulator ``log`` by ``leaves``, oldest first."""
+    """Extend the accumulator ``log`` by ``leaves``, oldest first (in C where built: a catch-up folds a
+    leaf per version)."""
+    if type(leaves) in (list, tuple) and len(leaves) > 2:  # type: ignore[arg-type]
+        found = fold_compiled.fold(log, leaves)
+        if found is not None:
+            return found[0]
     for digest, end in leaves:
         log = fold_one(log, digest, end)
     return log

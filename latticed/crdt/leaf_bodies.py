@@ -19,7 +19,26 @@ from latticed.crdt.head2 import HeadV2, Leaf, fold_one, next_log
 from latticed.crdt.leaf_codec import _LEAF, _META, _START, _read_varint, _take
 from latticed.crdt.records import MAX_OFFSET
 
-__all__ = ["decode_versions"]
+__all__ = ["decode_versions", "in_order"]
+
+
+def _key(body: HeadV2) -> tuple[int, int]:
+    return body.end, body.version
+
+
+def in_order(carried: Sequence[HeadV2], rebuilt: Sequence[HeadV2]) -> tuple[HeadV2, ...]:
+    """``(*carried, *rebuilt)`` sorted (stably) by ``(end, version)``, where ``rebuilt`` are the bodies
+    :func:`decode_versions` gave, in that order already (each step's version is one past the last, its
+    end no lower): only the few ``carried`` are sorted when they all go before or after them (a catch-up
+    of single offers sorted a body per record)."""
+    if not rebuilt:
+        return tuple(sorted(carried, key=_key))
+    ours = sorted(carried, key=_key)
+    if not ours or _key(ours[-1]) <= _key(rebuilt[0]):
+        return (*ours, *rebuilt)
+    if _key(ours[0]) > _key(rebuilt[-1]):
+        return (*rebuilt, *ours)
+    return tuple(sorted((*carried, *rebuilt), key=_key))
 
 
 def decode_versions(

@@ -26,7 +26,7 @@ from latticed.crdt.core_errors import GapError, MalformedError
 from latticed.crdt.epoch_delta import vouches
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head2 import HeadV2, Leaf
-from latticed.crdt.leaf_bodies import decode_versions
+from latticed.crdt.leaf_bodies import decode_versions, in_order
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import chain_extend
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
@@ -159,7 +159,7 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
     skip = max(0, log.base - version)
     full = log.value.shared
     shared = (*full[:keep], *leaves[skip : max(skip, top - version)], *full[keep:])
-    bodies = tuple(sorted((*d.bodies, *rebuilt), key=lambda b: (b.end, b.version)))
+    bodies = in_order(d.bodies, rebuilt)
     piece = replace(log, value=replace(log.value, shared=shared))
     return replace(d, log=piece, bodies=bodies)
 

@@ -9,10 +9,12 @@ one group commit are signed as one head, as core 1's are.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import cast
 
 from latticed.crdt import queue2
 from latticed.crdt.head import KIND_QUEUE, queue_id
+from latticed.crdt.queue.state import EntryView
 from latticed.crdt.queue2 import Delta, QueueState2, Verified
 from latticed.crdt.records import MAX_OFFSET, Record, check_records
 from latticed.errors import (
@@ -26,6 +28,7 @@ from latticed.host.retention_policy import KEYS as RETENTION_KEYS
 from latticed.storage.batch import Batch
 from latticed.storage.core2_queues import Core2Queues, core2_of
 from latticed.storage.core2_store import evidence
+from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import Job, WriterView
 
 __all__ = [
@@ -204,7 +207,7 @@ class Merge2(Job):
             raise MalformedError(
                 f"queue {d.owner.hex()}/{d.name} is on fork core 1 here: a v2 delta is refused"
             )
-        state = queue2.empty_state(d.owner, d.name, d.kind) if q is None else core2.state(q)
+        state = _unborn(core2, d) if q is None else core2.state(q)
         verified = self.verified
         if verified is None or not _verified_for(state, self.against, verified):
             verified = queue2.verify_delta(state, d)
@@ -225,6 +228,15 @@ class Merge2(Job):
             core2.keep_evidence(q, state.chains.epoch, first, merged.evidence)
             core2.keep_evidence(q, state.chains.epoch, *superseded)
         self.result = Merged2(q if q is not None else -1, changed, len(merged.evidence) + len(superseded[1]))
+
+
+def _unborn(core2: Core2Queues, d: Delta) -> QueueState2:
+    """The empty value of a queue this replica does not hold yet, its records an empty stored run as
+    :meth:`Core2Queues.create` stages them: a delta's run joined to it stays a run, where an in-memory
+    view builds a Record per row (a fresh replica's first chunk, joined twice here)."""
+    empty = queue2.empty_state(d.owner, d.name, d.kind)
+    stored = StoredEntries(core2.store.rows, -1, empty.held[0], 0)
+    return replace(empty, entries=cast(EntryView, stored))
 
 
 def _verified_for(state: QueueState2, against: QueueState2 | None, verified: Verified) -> bool:

@@ -12,6 +12,7 @@ insert. Used by :mod:`latticed.storage.core2_store` and by the migration from sc
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterable, Sequence
 from typing import Final
@@ -36,7 +37,7 @@ def leaf_runs(first: int, leaves: Sequence[Leaf]) -> list[tuple[int, bytes]]:
     """``leaves`` (index ``first`` on) as ``(index of the run's first, its bytes)`` rows."""
     pack_leaf = _LEAF.pack
     return [
-        (first + i, b"".join([pack_leaf(d, e) for d, e in leaves[i : i + RUN_MAX]]))
+        (first + i, b"".join(itertools.starmap(pack_leaf, leaves[i : i + RUN_MAX])))
         for i in range(0, len(leaves), RUN_MAX)
     ]
 

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final, cast
 
+from latticed.crdt import leaf_compiled
 from latticed.crdt.epochs import Chains, Tip
 from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HEAD2_SIZE, HeadV2
 from latticed.crdt.queue.state import EntryView, empty_entries
@@ -97,6 +98,11 @@ class Evidence:
 def encode_body(body: HeadV2) -> bytes:
     """A head as stored: its signed bytes, and its signature when it has one."""
     return body.to_bytes()
+
+
+def encode_bodies(bodies: Sequence[HeadV2]) -> list[bytes]:
+    """:func:`encode_body` of each (one C pass where built: a replica stores a body per version)."""
+    return leaf_compiled.packed(bodies)
 
 
 def decode_body(raw: bytes) -> HeadV2:
@@ -293,7 +299,7 @@ def _persist_bodies(conn: sqlite3.Connection, q: int, old: Sequence[HeadV2], new
     if gone:
         _drop_bodies(conn, q, gone)
     if added:
-        _insert_bodies(conn, q, [encode_body(b) for b in added])
+        _insert_bodies(conn, q, encode_bodies(added))
 
 
 def _insert_bodies(conn: sqlite3.Connection, q: int, stored: Sequence[bytes]) -> None:

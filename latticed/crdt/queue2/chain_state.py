@@ -26,7 +26,7 @@ from latticed.crdt.head2 import HeadV2
 from latticed.crdt.queue.state import EntryView, Meta, empty_entries
 from latticed.crdt.records import Record
 
-__all__ = ["QueueState2", "empty_state", "join", "keep_bodies"]
+__all__ = ["QueueState2", "empty_state", "join", "keep_bodies", "nothing_at"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +106,16 @@ def cut(state: QueueState2, chains: Chains) -> QueueState2:
     own_lo, own_hi = state.held
     if hi > lo and (state.chains.epoch != chains.epoch or not own_lo <= lo <= hi <= own_hi):
         raise AssertionError("a cut to records this state does not hold")
-    entries = state.entries.drop(lo - own_lo).take(hi - lo) if hi > lo else empty_entries()
+    entries = state.entries.drop(lo - own_lo).take(hi - lo) if hi > lo else nothing_at(state, lo)
     return replace(state, chains=replace(chains, held_end=hi), entries=entries)
+
+
+def nothing_at(state: QueueState2, lo: int) -> EntryView:
+    """No records, from offset ``lo``: ``state``'s own empty entries when they start there (a store's
+    empty run keeps a run appended to it as columns, where a new in-memory view builds a Record per
+    row), else a new empty view."""
+    entries = state.entries
+    return entries if not len(entries) and state.held[0] == lo else empty_entries()
 
 
 def join(a: QueueState2, b: QueueState2) -> QueueState2:

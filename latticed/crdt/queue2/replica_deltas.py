@@ -19,19 +19,22 @@ import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter, itemgetter
 from typing import Protocol, cast
 
-from latticed.crdt import chain_memo, epoch_delta
+from latticed.crdt import chain_memo, epoch_delta, leaf_compiled
 from latticed.crdt.core_errors import GapError, MalformedError, TamperedError, WrongOwnerError
 from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2
-from latticed.crdt.queue.state import Meta, empty_entries
-from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies
+from latticed.crdt.queue.state import Meta
+from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies, nothing_at
 from latticed.crdt.records import Record, RecordRun, chain_extend, check_records
 
 __all__ = ["Delta", "Merged", "Summary", "Verified", "delta", "join_verified", "summary", "verify_delta"]
+
+_BODY_END = attrgetter("end")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,7 @@ def _check_shape(d: Delta) -> None:
         raise MalformedError("a delta's first offset is a non-negative integer")
     if type(d.records) not in (tuple, RecordRun) or not isinstance(d.bodies, tuple):
         raise MalformedError("a delta's records are a tuple or a run, its bodies a tuple")
-    if not all(isinstance(b, HeadV2) for b in d.bodies):
+    if not all(map(isinstance, d.bodies, itertools.repeat(HeadV2))):  # one per version: no Python frame
         raise MalformedError("a delta's bodies are v2 heads")
     if d.meta is not None and (
         not isinstance(d.meta, tuple)
@@ -198,16 +201,31 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     assert base is not None
     records = d.records[first - d.from_offset : end - d.from_offset]
     chain = chain_memo.take(base, first, records) or chain_extend(base, first, records)
-    bodies = tuple(b for b in d.bodies if first < b.end <= end)
+    body_ends = list(map(_BODY_END, d.bodies))  # a catch-up of single offers carries a body per record
+    if body_ends and first < min(body_ends) and max(body_ends) <= end:
+        bodies = d.bodies  # all of them end inside the records: the usual chunk
+    else:
+        bodies = tuple(b for b in d.bodies if first < b.end <= end)
     if chains.forked:  # heads past the first branching of a branch the frozen value does not keep
         bodies = tuple(b for b in bodies if epoch_delta.vouches(chains, b))
-    for body in bodies:
+    for body in _unconfirmed(chains, bodies, chain, first):
         if not epoch_delta.vouches(chains, body) or body.head_hash != chain[body.end - first - 1]:
             raise TamperedError("records that do not hash to the heads on the log")
-    ends = {b.end for b in bodies}
+    ends = set(body_ends) if bodies is d.bodies else {b.end for b in bodies}
     if end not in ends or not _every_end(chains, first, end) <= ends:
         raise TamperedError("a chunk of records without the head bodies that end inside it")
     return Verified(chains, meta, first, records, tuple(chain), bodies)
+
+
+def _unconfirmed(
+    chains: Chains, bodies: tuple[HeadV2, ...], chain: Sequence[bytes], first: int
+) -> Sequence[HeadV2]:
+    """The ``bodies`` a compiled pass did not confirm as on the log and hashing to ``chain`` (a catch-up
+    of single offers checks one per record): all of them where it is not built."""
+    left = leaf_compiled.unvouched(
+        bodies, chains.shared, chains.queue_id, chains.epoch, chain=chain, first=first
+    )
+    return bodies if left is None else [bodies[i] for i in left]
 
 
 def _held_after(state: QueueState2, chains: Chains) -> tuple[int, int]:
@@ -226,7 +244,7 @@ def _every_end(chains: Chains, lo: int, hi: int) -> set[int]:
     leaves = chains.shared
     first = bisect.bisect_right(leaves, lo, key=lambda leaf: leaf[1])
     last = bisect.bisect_left(leaves, hi, key=lambda leaf: leaf[1])
-    return {end for _, end in leaves[first:last]}
+    return set(map(itemgetter(1), leaves[first:last]))
 
 
 def join_verified(state: QueueState2, v: Verified) -> Merged:
@@ -246,7 +264,7 @@ def join_verified(state: QueueState2, v: Verified) -> Merged:
         if (lo, hi) != (own_lo, own_hi) or (chains.forked and chains.tips != state.chains.tips):
             bodies = keep_bodies(kept.chains, bodies, check=chains.forked)
     else:
-        kept = replace(state, chains=replace(chains, held_end=lo), entries=empty_entries())
+        kept = replace(state, chains=replace(chains, held_end=lo), entries=nothing_at(state, lo))
         bodies = ()
     end = v.from_offset + len(v.records)
     if v.records and end > hi:

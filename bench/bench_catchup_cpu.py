@@ -1,0 +1,158 @@
+"""A replica's CPU for a catch-up of single offers, fork core 1 against core 2, in one process.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_catchup_cpu.py --singles 5000 --rounds 5
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_catchup_cpu.py --singles 5000 --profile 2
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_catchup_cpu.py --records 50000 --batch 1000   # batches
+
+Why it exists: ``bench_replication.py --parts cores`` measures the same between daemons, but reads a
+daemon's CPU in 10 ms clock ticks, ±2 us a record at 5,000 records, and less a daemon's start: too coarse
+to tell 5 %. Here an owner's engine writes ``--records`` single offers, one commit each (one signed head
+each; ``--batch N``: N records an offer), on each core; a fresh replica engine then takes the catch-up as
+a link sends it (chunks of 4,096 records or 512 KiB, core 2's bodies as steps, each message encoded and
+decoded as on the wire) and its decode, verification, join and durable commit are timed with the
+process's CPU clock (the storage thread's included), the owner's part left out. The start-up heap is
+frozen first, as the daemon does. Cores are alternated (1, 2, 1, 2...); printed: the replica's CPU per
+record of each, and the median (min, max) of each pair's ratio 2 ÷ 1. ``--profile 1|2``: one round of
+that core under cProfile (the event loop's and the storage thread's calls), top entries by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import pstats
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from latticed.crdt import queue2, wire
+from latticed.crdt.records import make_record
+from latticed.crdt.signing import Identity
+from latticed.net.core2_engine_host import MergeSteps2
+from latticed.protocol import core2_wire
+from latticed.protocol.core2_steps import outgoing
+from latticed.storage import writer
+from latticed.storage.core2_engine import reading_through
+from latticed.storage.engine import Engine
+
+OWNER = Identity.from_seed(b"a" * 32)
+REPLICA = Identity.from_seed(b"b" * 32)
+MAX_RECORDS, MAX_BYTES = 4096, 512 * 1024  # a link's chunk bounds
+#: The profile the storage thread's group commits run under while the replica's part is timed.
+_ACTIVE: list[cProfile.Profile | None] = [None]
+
+
+async def catchup(
+    root: Path, core: int, count: int, profile: cProfile.Profile | None, per_offer: int = 1
+) -> float:
+    """The replica's CPU seconds for catching up ``count`` records of a core-``core`` queue offered
+    ``per_offer`` at a time (1: single offers)."""
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    async with Engine.open(root / "a", OWNER) as a, Engine.open(root / "b", REPLICA) as b:
+        q = await a.create_queue("backlog", core=core)
+        for i in range(0, count, per_offer):
+            batch = range(i, min(count, i + per_offer))
+            await a.append(q, [make_record(b"x" * 100, timestamp=1_700_000_000_000 + j) for j in batch])
+        gc.collect()
+        gc.freeze()
+        spent = 0.0
+        since1 = None
+        since2: queue2.Summary | None = None
+        while True:
+            if core == 1:
+                d = await a.delta_for(OWNER.public_key, "backlog", since1, MAX_RECORDS, max_bytes=MAX_BYTES)
+                raw = wire.encode_delta(d)
+            else:
+                state = await a.core2.value(q)
+                out = await a.bridge.read(
+                    lambda r, s=state, n=since2: outgoing(
+                        reading_through(s, r.rows), n, MAX_RECORDS, MAX_BYTES
+                    )
+                )
+                raw = wire.pack(core2_wire.delta_to_wire(out.delta, out.steps))
+            started = time.process_time()
+            if profile is not None:
+                _ACTIVE[0] = profile
+                profile.enable()
+            if core == 1:
+                await b.merge_delta(wire.decode_delta(raw))
+            else:
+                await b.bridge.run(MergeSteps2(*core2_wire.delta_from_wire(wire.unpack(raw))))
+            if profile is not None:
+                profile.disable()
+                _ACTIVE[0] = None
+            spent += time.process_time() - started
+            if core == 1:
+                since1 = b.summary(OWNER.public_key, "backlog")
+                held = 0 if since1 is None else since1.held_end
+            else:
+                rq = b.core2.lookup(OWNER.public_key, "backlog")
+                assert rq is not None
+                since2 = queue2.summary(await b.core2.value(rq))
+                held = since2.held_end
+            if held >= count:
+                break
+        gc.unfreeze()
+        return spent
+
+
+def _profiled_writer() -> None:
+    """Profile the storage thread's group commits of the replica's part too (cProfile follows one
+    thread)."""
+    process = writer.Writer._process_guarded
+
+    def guarded(self: writer.Writer, jobs: list[writer.Job]) -> None:
+        profile = _ACTIVE[0]
+        if profile is None:
+            process(self, jobs)
+            return
+        profile.enable()
+        try:
+            process(self, jobs)
+        finally:
+            profile.disable()
+
+    writer.Writer._process_guarded = guarded  # type: ignore[method-assign]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", "--singles", type=int, default=5000, help="records written on the owner")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile", type=int, choices=(1, 2), default=None)
+    parser.add_argument("--batch", type=int, default=1, help="records per offer (1: single offers)")
+    args = parser.parse_args()
+    if args.profile is not None:
+        profile = cProfile.Profile()
+        _profiled_writer()
+        with tempfile.TemporaryDirectory() as scratch:
+            spent = trio.run(catchup, Path(scratch), args.profile, args.records, profile, args.batch)
+        print(f"core {args.profile}: {spent / args.records * 1e6:.2f} us/record (profiled)")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+        return
+    runs: dict[int, list[float]] = {1: [], 2: []}
+    for round_no in range(args.rounds):
+        for core in (1, 2):
+            with tempfile.TemporaryDirectory() as scratch:
+                spent = trio.run(catchup, Path(scratch), core, args.records, None, args.batch)
+            runs[core].append(spent)
+            print(
+                f"round {round_no + 1}, core {core}: replica CPU {spent / args.records * 1e6:.2f} us/record"
+            )
+    one, two = (statistics.median(runs[c]) / args.records * 1e6 for c in (1, 2))
+    ratios = [b / a for a, b in zip(runs[1], runs[2], strict=True)]
+    print(
+        f"median: core 1 {one:.2f} us/record, core 2 {two:.2f} us/record; core 2 ÷ core 1 median "
+        f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} pairs)"
+    )
+
+
+if __name__ == "__main__":
+    main()
