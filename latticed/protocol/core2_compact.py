@@ -150,16 +150,34 @@ class _Direction:
 
 @dataclass(frozen=True, slots=True)
 class _Context:
-    """What the rules of one delta's heads read: the link's memory and the delta's other fields."""
+    """What the rules of one delta's heads read: the link's memory and the delta's other fields, each
+    costly one computed once per delta (:func:`_context`), so a message's rebuilding costs about what
+    verifying it does."""
 
     qid: bytes
     ref: HeadV2 | None
     epoch: int
-    base_fold: bytes
-    shared: tuple[Leaf, ...]
+    #: The base fold extended by the shared leaves the delta carries (None: more than LEAF_LIMIT).
+    shared_fold: bytes | None
     from_offset: int
+    #: The records, for a head hash rebuilt from them: only in a log of one tip (a forked one's heads
+    #: would each hash them again).
     records: Sequence[Record]
     meta: tuple[tuple[str, str], ...] | None
+
+
+def _context(
+    qid: bytes,
+    ref: HeadV2 | None,
+    log: tuple[int, bytes, tuple[Leaf, ...], int],
+    frame: tuple[int, Sequence[Record], tuple[tuple[str, str], ...] | None],
+) -> _Context:
+    """``log``: its epoch, base fold, shared leaves and number of tips; ``frame``: the delta's first
+    offset, records and metadata."""
+    epoch, base_fold, shared, tips = log
+    from_offset, records, meta = frame
+    shared_fold = fold(base_fold, shared) if len(shared) <= LEAF_LIMIT else None
+    return _Context(qid, ref, epoch, shared_fold, from_offset, records if tips == 1 else (), meta)
 
 
 def _base_fold(qid: bytes, ref: HeadV2 | None, epoch: int, base: int) -> bytes | None:
@@ -172,9 +190,9 @@ def _base_fold(qid: bytes, ref: HeadV2 | None, epoch: int, base: int) -> bytes |
 
 def _head_log(c: _Context, tail: tuple[Leaf, ...]) -> bytes | None:
     """A tip's log folds the base's leaves, the shared ones the delta carries and its tail."""
-    if len(c.shared) + len(tail) > LEAF_LIMIT:
+    if c.shared_fold is None or len(tail) > LEAF_LIMIT:
         return None
-    return fold(fold(c.base_fold, c.shared), tail)
+    return fold(c.shared_fold, tail)
 
 
 def _base_hash(c: _Context, start: int) -> bytes | None:
@@ -375,7 +393,12 @@ class Compact2Link:
         if d.log is not None:
             value = d.log.value
             base_fold = _base_fold(qid, ref, value.epoch, d.log.base)
-            c = _Context(qid, ref, value.epoch, d.log.base_fold, value.shared, d.from_offset, records, d.meta)
+            c = _context(
+                qid,
+                ref,
+                (value.epoch, d.log.base_fold, value.shared, len(value.tips)),
+                (d.from_offset, records, d.meta),
+            )
             tips = [[_head_out(t.head, c, t.tail), _leaves_to_wire(t.tail)] for t in value.tips]
             log = [
                 d.log.base - (ref.version if ref else 0),
@@ -503,7 +526,7 @@ class Compact2Link:
         shared = _leaves_from_wire(shared_raw)
         if type(tips_raw) is not list or len(tips_raw) > MAX_TIPS:
             raise MalformedError(f"tips are a list of at most {MAX_TIPS} branches")
-        c = _Context(qid, ref, epoch, base_fold, shared, from_offset, records, meta)
+        c = _context(qid, ref, (epoch, base_fold, shared, len(tips_raw)), (from_offset, records, meta))
         tips = []
         for item in tips_raw:
             head, tail_raw = _list(item, 2, "a tip")
