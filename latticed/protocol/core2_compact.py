@@ -32,15 +32,16 @@ name, kind]``, numbered then while there is room)::
     CWANT2   [42, queue, summary | nil]
     CPRUNE2  [43, queue]
 
+    records  rows as in :mod:`.core2_wire`, each timestamp less the row's before (the first's less the
+             ref's timestamp)
     log      [base - ref.version, base_fold | nil, epoch, shared, [[head, tail], ...], start]
     head     its 296 signed bytes, or [version, log | nil, start, end, base_hash | nil, head_hash | nil,
-             meta_version, meta_hash | nil, timestamp, signature] (counters less the ref's; the log's
-             epoch and the queue's id)
+             meta_version, meta_hash | nil, timestamp, signature] (counters less the ref's, if any; the
+             log's epoch and the queue's id)
     steps    [version - ref.version, bytes]
 
-``from_offset`` nil is the ref's end; ``summary``, ``meta``, ``records``, ``bodies``, ``shared``,
-``tail`` and ``start`` are as in :mod:`.core2_wire`. ACK2's short form ``[34, seq]`` is already compact
-and stays.
+``from_offset`` nil is the ref's end; ``summary``, ``meta``, ``bodies``, ``shared``, ``tail`` and
+``start`` are as in :mod:`.core2_wire`. ACK2's short form ``[34, seq]`` is already compact and stays.
 
 Why one module: the encoder and the decoder must apply the same rules to the same memory; apart, one
 could change without the other and a receiver would rebuild other bytes than were signed.
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import sub
 from typing import Any, Final
 
 from latticed.crdt import queue2
@@ -268,6 +270,27 @@ def _meta_from_wire(raw: Any) -> tuple[tuple[str, str], ...] | None:
     return tuple((i[0], i[1]) for i in raw)
 
 
+def _records_out(records: RecordRun, base: int) -> list[Any]:
+    """Rows as in :mod:`.core2_wire`, each timestamp less the one before (the first less ``base``, the
+    ref's): a record's stamp is its commit's, 1 byte instead of 9."""
+    stamps = records.timestamps
+    steps = tuple(map(sub, stamps, (base, *stamps[:-1])))
+    return records_to_wire(RecordRun(records.values, records.keys, steps, records.headers))
+
+
+def _restamped(raw: Any, base: int) -> Any:
+    """``raw``'s rows with their timestamps summed back, in place (their limits are checked after, as
+    any row's are)."""
+    if type(raw) is not list:
+        return raw
+    stamp = base
+    for row in raw:
+        if type(row) is not list or len(row) != 4 or type(row[2]) is not int:
+            raise MalformedError("a record is [key, value, timestamp step, headers]")
+        stamp = row[2] = stamp + row[2]
+    return raw
+
+
 def _head_out(h: HeadV2, c: _Context, tail: tuple[Leaf, ...]) -> bytes | list[Any]:
     if h.epoch != c.epoch or h.queue_id != c.qid:
         return h.to_bytes()
@@ -418,7 +441,7 @@ class Compact2Link:
             log,
             None if d.meta is None else [[k, v] for k, v in d.meta],
             None if ref is not None and ref.end == d.from_offset else d.from_offset,
-            records_to_wire(records),
+            _records_out(records, ref.timestamp if ref else 0),
             [b.body() for b in d.bodies],
             None if steps is None else [steps[0] - (ref.version if ref else 0), steps[1]],
         ]
@@ -468,7 +491,7 @@ class Compact2Link:
             from_offset = ref.end
         else:
             from_offset = _offset(raw[6], "a first offset")
-        records = records_from_wire(raw[7])
+        records = records_from_wire(_restamped(raw[7], ref.timestamp if ref else 0))
         meta = _meta_from_wire(raw[5])
         piece = (
             None

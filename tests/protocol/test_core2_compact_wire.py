@@ -40,6 +40,7 @@ from latticed.protocol.core2_wire import (
     Want2,
     encode2,
     link_summary,
+    summary_to_wire,
 )
 from latticed.protocol.replication_messages import unpack_message
 from latticed.protocol.versions import HEADS_V2
@@ -48,6 +49,7 @@ KEY = (OWNER.public_key, "q", 0)
 OTHER = (OWNER.public_key, "r", 0)
 BOTH = frozenset({HEADS_V2, "compact"})
 INT64 = st.integers(-(2**63), 2**64 - 1)
+SUMMARY = summary_to_wire(link_summary(empty()))
 
 
 def _as_sent(message: Message2) -> Message2:
@@ -237,6 +239,20 @@ def test_a_links_memory_is_bounded_by_the_queues_it_numbers(monkeypatch: pytest.
         [CDELTA2, 1, list(KEY), None, [0, None, 0, b"", [[[1] * 10, b""]], None], None, 0, [], [], None],
         [CDELTA2, 1, list(KEY), None, [0, None, 0, b"", [[b"x", b""]], None], None, 0, [], [], None],
         [CDELTA2, 1, list(KEY), None, [0, None, 0, b"x", [], None], None, 0, [], [], None],
+        [CDELTA2, 1, list(KEY), SUMMARY, None, None, 0, [[None, b"v", "t", []]], [], None],  # not a step
+        [
+            CDELTA2,
+            1,
+            list(KEY),
+            SUMMARY,
+            None,
+            None,
+            0,
+            [[None, b"v", 2**63 - 1, []], [None, b"v", 1, []]],
+            [],
+            None,
+        ],
+        [CDELTA2, 1, list(KEY), SUMMARY, None, None, 0, [[None, b"v", 1]], [], None],
         [CDELTA2 + 1, 1, [KEY[0], "q", 256], None],
         [CDELTA2 + 2, [KEY[0], "q"]],
         [CDELTA2 + 4, 7],
