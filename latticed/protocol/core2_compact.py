@@ -113,10 +113,10 @@ _EMPTY_META_HASH: Final = meta_hash({})
 
 @dataclass(slots=True)
 class _Queue:
-    """What one direction remembers of a numbered queue: its id (computed once per link: the peer
-    chooses the names, so not through ``queue_id``'s cache) and the ref."""
+    """What one direction remembers of a numbered queue: its id (computed once per link, at its first
+    delta: the peer chooses the names, so not through ``queue_id``'s cache) and the ref."""
 
-    qid: bytes
+    qid: bytes | None = None
     ref: HeadV2 | None = None
 
 
@@ -130,11 +130,15 @@ class _Direction:
         if key not in self.numbers and len(self.keys) < MAX_REFS:
             self.numbers[key] = len(self.keys)
             self.keys.append(key)
-            self.queues[key] = _Queue(fresh_queue_id(*key))
+            self.queues[key] = _Queue()
 
     def qid(self, key: QueueKey) -> bytes:
         known = self.queues.get(key)
-        return known.qid if known is not None else fresh_queue_id(*key)
+        if known is None:
+            return fresh_queue_id(*key)
+        if known.qid is None:
+            known.qid = fresh_queue_id(*key)
+        return known.qid
 
     def ref(self, key: QueueKey) -> HeadV2 | None:
         known = self.queues.get(key)

@@ -165,6 +165,27 @@ def test_every_other_message_round_trips_naming_its_queue_by_number_once_known(
             named.add(key)
 
 
+def test_a_link_computes_a_queues_id_once_at_its_first_delta(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relay decodes a delta per record, and a link's digest may number thousands of queues: a queue's
+    id (a hash of its names) is computed at its first delta and kept with the link's memory of it."""
+    _, pushes = _live(5)
+    sender, receiver = Compact2Link(), Compact2Link()
+    hashed: list[tuple[Any, ...]] = []
+    real = core2_compact.fresh_queue_id
+
+    def counted(*key: Any) -> bytes:
+        hashed.append(key)
+        return real(*key)
+
+    monkeypatch.setattr(core2_compact, "fresh_queue_id", counted)
+    digest = Digest2(((KEY, link_summary(pushes[0][0])), (OTHER, link_summary(empty()))))
+    receiver.decode(unpack_message(sender.encode(digest)))
+    assert hashed == []
+    for _, message in pushes:
+        assert receiver.decode(unpack_message(sender.encode(message))) == _as_sent(message)
+    assert hashed == [KEY, KEY]  # once each side
+
+
 def test_a_field_the_receiver_cannot_rebuild_is_a_protocol_error() -> None:
     _, pushes = _live(2)
     sender = Compact2Link()
