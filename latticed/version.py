@@ -27,7 +27,8 @@ RELEASE = "0.3.0.dev0"
 PROTOCOL_VERSIONS: Final = (1,)
 #: Optional protocol features this build speaks (a queue or field that needs one is sent only to peers
 #: that speak it too). ``produce``: it commits offers other daemons forward into its queues. ``compact``:
-#: it reads DELTAs, ACKs and HAVEs that leave out what the link's memory rebuilds (protocol/compact.py).
+#: it reads DELTAs, ACKs and HAVEs that leave out what the link's memory rebuilds (protocol/compact.py;
+#: with ``heads-v2`` too, core-2 messages so: protocol/core2_compact.py).
 #: ``identity-notice``: it understands a peer's notice that another daemon runs its identity.
 #: ``heads-v2``: it reads queues on the v2 fork core (protocol/core2_wire.py), which only such peers get.
 PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"compact", "heads-v2", "identity-notice", "produce"})

@@ -45,6 +45,8 @@ from typing import Any
 
 from latticed.crdt import queue2
 from latticed.errors import LocalProtocolError, RemoteProtocolError
+from latticed.protocol.compact import COMPACT_FEATURE
+from latticed.protocol.core2_compact import COMPACT2_CODES, Compact2Link
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import (
     Ack2,
@@ -160,6 +162,10 @@ class Core2Link:
     _now: float = 0.0
     #: None: the link has not agreed on its features yet; then whether it agreed on ``heads-v2``.
     agreed: bool | None = None
+    #: The link's memory for the compact forms: read whenever the peer sends them; ours go out compact
+    #: once the link agreed on ``compact`` too.
+    _codec: Compact2Link = field(default_factory=Compact2Link)
+    _compact_out: bool = False
     _started: bool = False
     _local: dict[QueueKey, Summary2] = field(default_factory=dict)
     _links: dict[QueueKey, _Link2] = field(default_factory=dict)
@@ -192,6 +198,7 @@ class Core2Link:
         if self.agreed:
             return
         self.agreed = HEADS_V2 in features
+        self._compact_out = self.agreed and COMPACT_FEATURE in features
         if self.agreed and self._started:
             self._send_digest()
             self._start_pushing()
@@ -268,7 +275,7 @@ class Core2Link:
         """One core-2 message (its array, type code first; the session lets none in before the peer's
         HELLO); malformed or out of place: RemoteProtocolError."""
         self._now = now
-        message: Message2 = decode2(raw)
+        message: Message2 = self._codec.decode(raw) if raw[0] in COMPACT2_CODES else decode2(raw)
         match message:
             case Digest2():
                 self._on_digest(message)
@@ -408,7 +415,7 @@ class Core2Link:
         if self._haves and self._haves_ready():
             haves, self._haves = self._haves, {}
             self._have_due, self._haves_due_now = None, False
-            out.extend(encode2(Have2(key, summary)) for key, summary in haves.items())
+            out.extend(self._encode(Have2(key, summary)) for key, summary in haves.items())
         return out
 
     def peer_summary(self, key: QueueKey) -> Summary2 | None:
@@ -476,7 +483,10 @@ class Core2Link:
         """Where the next chunk starts: past what is in flight, or what the peer said it holds."""
         return link.sent if link.inflight and link.sent is not None else link.peer
 
+    def _encode(self, message: Message2) -> bytes:
+        return self._codec.encode(message) if self._compact_out else encode2(message)
+
     def _send(self, message: Message2) -> None:
-        packed = encode2(message)
+        packed = self._encode(message)
         self._outbox.append(packed)
         self._outbox_bytes += len(packed)

@@ -1,6 +1,7 @@
 """The messages of queues on the v2 fork core (protocol feature ``heads-v2``), and their strict encodings.
 
-They use type codes of their own (32-37), which no v1 decoder is ever sent: a session speaks them only on
+They use type codes of their own (32-37, and 38-43 for the compact forms of
+:mod:`latticed.protocol.core2_compact`), which no v1 decoder is ever sent: a session speaks them only on
 a link that agreed on ``heads-v2`` (:mod:`latticed.protocol.core2_session`), so core-1 messages and their
 decoding are untouched. Each is a msgpack array, type code first::
 
@@ -54,8 +55,14 @@ from latticed.errors import LocalProtocolError, RemoteProtocolError
 from latticed.protocol.replication_messages import QueueKey, check_key
 
 __all__ = [
+    "CACK2",
+    "CDELTA2",
+    "CDIGEST2",
+    "CHAVE2",
     "CORE2_CODES",
     "CORE2_NAMES",
+    "CPRUNE2",
+    "CWANT2",
     "MAX_TIPS",
     "Ack2",
     "AckHeld2",
@@ -76,7 +83,9 @@ __all__ = [
 ]
 
 DIGEST2, DELTA2, ACK2, HAVE2, WANT2, PRUNE2 = range(32, 38)
-#: The type codes of this module's messages, and the names traffic counters give them.
+#: The codes of the same messages in their compact forms (:mod:`latticed.protocol.core2_compact`).
+CDIGEST2, CDELTA2, CACK2, CHAVE2, CWANT2, CPRUNE2 = range(38, 44)
+#: The type codes of core-2 messages, full or compact, and the names traffic counters give them.
 CORE2_NAMES: Final = {
     DIGEST2: "digest2",
     DELTA2: "delta2",
@@ -84,6 +93,12 @@ CORE2_NAMES: Final = {
     HAVE2: "have2",
     WANT2: "want2",
     PRUNE2: "prune2",
+    CDIGEST2: "digest2",
+    CDELTA2: "delta2",
+    CACK2: "ack2",
+    CHAVE2: "have2",
+    CWANT2: "want2",
+    CPRUNE2: "prune2",
 }
 CORE2_CODES: Final = frozenset(CORE2_NAMES)
 #: Branches a value may carry (an honest owner's copies make two or three; more is a leaked key).

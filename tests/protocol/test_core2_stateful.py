@@ -48,6 +48,8 @@ class Copy:
 class Core2Replication(RuleBasedStateMachine):
     #: The sessions' graft timer (see Core2ReplicationWithGraftTimer).
     GRAFT_TIMEOUT = 0.0
+    #: What every link agrees on (see Core2ReplicationCompact).
+    FEATURES = FEATURES
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,7 +57,7 @@ class Core2Replication(RuleBasedStateMachine):
             window=3,
             depth=2,
             max_records=2,
-            features=FEATURES,
+            features=self.FEATURES,
             agree_at_start=False,
             graft_timeout=self.GRAFT_TIMEOUT,
         )
@@ -239,3 +241,20 @@ Core2ReplicationWithGraftTimer.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_core2_replication_converges_with_a_graft_timer = Core2ReplicationWithGraftTimer.TestCase
+
+
+class Core2ReplicationCompact(Core2Replication):
+    """The same on links that agreed on ``compact`` too: every core-2 message in its compact form, each
+    head rebuilt from whatever the link carried last (another copy's head, a lagging one, a recovery)."""
+
+    FEATURES = frozenset({HEADS_V2, "compact"})
+
+
+Core2ReplicationCompact.TestCase.settings = settings(
+    phases=PHASES,
+    max_examples=int(os.environ.get("CORE2_STATEFUL_EXAMPLES", "100")) // 2,
+    stateful_step_count=int(os.environ.get("CORE2_STATEFUL_STEPS", "50")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_core2_replication_converges_on_compact_links = Core2ReplicationCompact.TestCase
