@@ -108,6 +108,8 @@ class Delta2Received:
     seq: int
     delta: queue2.Delta
     steps: Steps | None = None
+    #: How many of its records we held as it came (another link brought them first): a diagnostic.
+    held: int = 0
 
 
 Core2Event = NeedDelta2 | Delta2Received
@@ -175,7 +177,16 @@ class Core2Link:
     _brings: dict[int, tuple[QueueKey, _Pair, Summary2]] = field(default_factory=dict)
     _seq: int = 0
     _busy: int = 0  #: asks and deltas in flight, all queues
-    stats: dict[str, int] = field(default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0})
+    #: Deltas sent and received; records received, and of those how many we held as they came (their
+    #: copy from another link was first: what pruning and lazy links are there to avoid).
+    stats: dict[str, int] = field(
+        default_factory=lambda: {
+            "deltas_sent": 0,
+            "deltas_received": 0,
+            "records_received": 0,
+            "records_held": 0,
+        }
+    )
 
     # ------------------------------------------------------------------ host → link
     def start(self, local: Mapping[QueueKey, Summary2]) -> None:
@@ -307,8 +318,12 @@ class Core2Link:
             raise RemoteProtocolError(f"peer sent {key[0].hex()}/{key[1]}, which we did not subscribe to")
         self._received[seq] = (key, message.summary)
         self._link(key).peer = message.summary  # tracked whatever we hold: the window bounds these
+        ours, count = self._local.get(key), len(delta.records)
+        held = 0 if ours is None or ours.heads else max(0, min(ours.core.held_end - delta.from_offset, count))
         self.stats["deltas_received"] += 1
-        self._events.append(Delta2Received(key, seq, delta, message.steps))
+        self.stats["records_received"] += count
+        self.stats["records_held"] += held
+        self._events.append(Delta2Received(key, seq, delta, message.steps, held))
 
     def _on_ack(self, ack: Ack2 | AckHeld2) -> None:
         brought = self._brings.pop(ack.seq, None)
