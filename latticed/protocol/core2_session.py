@@ -125,7 +125,7 @@ class _Link2:
     peer: Summary2 | None = None  #: what the peer holds, as far as we know
     #: What the peer holds once it joined every delta in flight (None: unknown, or none in flight).
     sent: Summary2 | None = None
-    eager: bool = True  #: False once the peer pruned us: local changes go out as HAVE2
+    eager: bool = True  #: False once the peer pruned us: our news goes out as HAVE2s (see _rest_lazily)
     pruned: bool = False  #: we pruned the peer, and have not grafted since
     asked: bool = False
     inflight: int = 0
