@@ -235,9 +235,10 @@ class Meter:
                 if k.startswith("received_") and not k.endswith("_bytes") and diff(k)
             }
             deltas = diff("received_delta") + diff("received_delta2")  # core 1's DELTA, core 2's DELTA2
-            rows.append((node.name, deltas, received, cpu1 - cpu0, kinds))
+            carried = (diff("delta2_records_in"), diff("delta2_records_held"))  # core 2's, as they came
+            rows.append((node.name, deltas, received, cpu1 - cpu0, kinds, carried))
         print(f"  {label}: {records:,} records of {payload} B, N = {n}")
-        for name, deltas, received, cpu, kinds in rows:
+        for name, deltas, received, cpu, kinds, (carried, held) in rows:
             per = received / records
             mix = ", ".join(
                 f"{k} {v / records:.3g} ({size / records:,.0f} B)" for k, (v, size) in sorted(kinds.items())
@@ -245,6 +246,11 @@ class Meter:
             print(
                 f"    replica {name}: deltas/record {deltas / records:.2f}, bytes/record {per:,.0f} "
                 f"({per / payload:.2f}x payload), CPU/record {cpu / records * 1e3:.3f} ms; msgs/record: {mix}"
+                + (
+                    f"; DELTA2 records/record {carried / records:.2f} ({held / records:.2f} held already)"
+                    if carried
+                    else ""
+                )
             )
         sent = []
         for node, (before, _) in zip(self.nodes, self.before, strict=True):

@@ -870,6 +870,9 @@ class Gossip:
         them acknowledged from that callback (:meth:`_settled2`), in order; else :meth:`_acker2` waits.
         A live push the host verified already (``ahead``: net/core2_ahead.py) goes on to the other links
         now; its ACK still waits until it is durable."""
+        traffic = self.traffic  # records DELTA2s carried, and those held already (a copy came first)
+        traffic["delta2_records_in"] = traffic.get("delta2_records_in", 0) + len(event.delta.records)
+        traffic["delta2_records_held"] = traffic.get("delta2_records_held", 0) + event.held
         pending = host2.submit_merge2(event.delta, event.steps, link.public_key)
         when_settled = getattr(pending, "when_settled", None)
         if when_settled is None:

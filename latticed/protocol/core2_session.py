@@ -22,7 +22,10 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
   per queue, lingering as core 1's HAVEs do) when the peer's summary differs from ours: a peer always
   learns what we hold, and one to which it is news grafts the
   link (``WANT2``), once the link's graft timer ran out without the eager copy (the session's, learned;
-  0: at once). A duplicate delta prunes the link for that queue (``PRUNE2``). A ``HAVE2`` of a peer
+  0: at once; held while some link still delivers deltas of the queue, up to ``graft_hold``). A
+  duplicate delta prunes the link for that queue (``PRUNE2``): from then on the link carries none of
+  what follows the peer's records on our line, whichever path would send it (a backlog's next chunk
+  after an ACK, an answer to a delta), only a ``HAVE2`` once nothing is in flight. A ``HAVE2`` of a peer
   that lacks something of ours is not a reason to push: our news went out as it came (a push there
   would cross the eager copy still on its way; a live stream on a mesh costs ~1 delta a record a
   replica).
@@ -62,6 +65,7 @@ from latticed.protocol.core2_wire import (
     decode2,
     encode2,
 )
+from latticed.protocol.graft import Arrivals
 from latticed.protocol.replication_messages import QueueKey
 from latticed.protocol.versions import HEADS_V2
 
@@ -110,6 +114,8 @@ class Delta2Received:
     seq: int
     delta: queue2.Delta
     steps: Steps | None = None
+    #: How many of its records we held as it came (another link brought them first): a diagnostic.
+    held: int = 0
 
 
 Core2Event = NeedDelta2 | Delta2Received
@@ -121,7 +127,7 @@ class _Link2:
     peer: Summary2 | None = None  #: what the peer holds, as far as we know
     #: What the peer holds once it joined every delta in flight (None: unknown, or none in flight).
     sent: Summary2 | None = None
-    eager: bool = True  #: False once the peer pruned us: local changes go out as HAVE2
+    eager: bool = True  #: False once the peer pruned us: our news goes out as HAVE2s (see _rest_lazily)
     pruned: bool = False  #: we pruned the peer, and have not grafted since
     asked: bool = False
     inflight: int = 0
@@ -152,13 +158,20 @@ class Core2Link:
     #: How long a HAVE2 with news waits for the eager copy before the WANT2 (0: at once), in the host's
     #: time units: the session's learned graft timer (set by ``attach_core2``; see :meth:`tick`).
     graft_delay: Callable[[], float] = lambda: 0.0
+    #: How long a graft waits past its delay while deltas of its queue are still arriving on some link
+    #: (the session's ``graft_timeout_max``, set by ``attach_core2``; 0: it does not wait).
+    graft_hold: float = 0.0
+    #: Deltas of each queue received on any of the host's links and not applied yet (the session's,
+    #: shared by the host's links; set by ``attach_core2``): a HAVE2's graft waits while one arrives.
+    arrivals: Arrivals = field(default_factory=Arrivals)
     #: How long HAVE2s wait to go out together (0: with the next send), in the host's time units: the
     #: session's ``have_linger`` (set by ``attach_core2``). A live stream then costs a pruned link one
     #: HAVE2 per queue per linger, the newest summary, not one per record.
     have_linger: float = 0.0
     _have_due: float | None = None
     _haves_due_now: bool = False
-    _grafts: dict[QueueKey, tuple[float, Summary2]] = field(default_factory=dict)
+    #: Grafts waiting for the eager copy: when due, when the HAVE2 came, what it said the peer holds.
+    _grafts: dict[QueueKey, tuple[float, float, Summary2]] = field(default_factory=dict)
     _now: float = 0.0
     #: None: the link has not agreed on its features yet; then whether it agreed on ``heads-v2``.
     agreed: bool | None = None
@@ -181,7 +194,16 @@ class Core2Link:
     _brings: dict[int, tuple[QueueKey, _Pair, Summary2]] = field(default_factory=dict)
     _seq: int = 0
     _busy: int = 0  #: asks and deltas in flight, all queues
-    stats: dict[str, int] = field(default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0})
+    #: Deltas sent and received; records received, and of those how many we held as they came (their
+    #: copy from another link was first: what pruning and lazy links are there to avoid).
+    stats: dict[str, int] = field(
+        default_factory=lambda: {
+            "deltas_sent": 0,
+            "deltas_received": 0,
+            "records_received": 0,
+            "records_held": 0,
+        }
+    )
 
     # ------------------------------------------------------------------ host → link
     def start(self, local: Mapping[QueueKey, Summary2]) -> None:
@@ -254,6 +276,7 @@ class Core2Link:
         if received is None:
             raise LocalProtocolError(f"no core-2 delta {seq} is waiting")
         key, theirs = received
+        self.arrivals.settled(key)
         if summary is None:
             self._send(Ack2(seq, key, None))
             if key not in self._local and all(k != key for k, _ in self._received.values()):
@@ -269,6 +292,13 @@ class Core2Link:
             self._send(Prune2(key))
         if self._for_peer(key) and has_news(summary, link.peer):
             self._schedule(key)  # the sender lacks something we hold (the other branch of a fork)
+
+    def release(self) -> None:
+        """The link is gone: the deltas it received and did not apply never will be (the host stops
+        with the link), so they no longer hold other links' grafts."""
+        for key, _ in self._received.values():
+            self.arrivals.settled(key)
+        self._received.clear()
 
     # ------------------------------------------------------------------ peer → link
     def receive(self, raw: list[Any], now: float = 0.0) -> None:
@@ -313,9 +343,14 @@ class Core2Link:
         if not self.we_want(key):
             raise RemoteProtocolError(f"peer sent {key[0].hex()}/{key[1]}, which we did not subscribe to")
         self._received[seq] = (key, message.summary)
+        self.arrivals.received(key)
         self._link(key).peer = message.summary  # tracked whatever we hold: the window bounds these
+        ours, count = self._local.get(key), len(delta.records)
+        held = 0 if ours is None or ours.heads else max(0, min(ours.core.held_end - delta.from_offset, count))
         self.stats["deltas_received"] += 1
-        self._events.append(Delta2Received(key, seq, delta, message.steps))
+        self.stats["records_received"] += count
+        self.stats["records_held"] += held
+        self._events.append(Delta2Received(key, seq, delta, message.steps, held))
 
     def _on_ack(self, ack: Ack2 | AckHeld2) -> None:
         brought = self._brings.pop(ack.seq, None)
@@ -345,8 +380,8 @@ class Core2Link:
             if delay <= 0:
                 self._graft(key)
             else:
-                due = self._grafts.get(key, (self._now + delay, summary))[0]
-                self._grafts[key] = (due, summary)
+                due, since, _ = self._grafts.get(key, (self._now + delay, self._now, summary))
+                self._grafts[key] = (due, since, summary)
 
     def _graft(self, key: QueueKey) -> None:
         link = self._links.get(key)
@@ -356,13 +391,19 @@ class Core2Link:
 
     def tick(self, now: float) -> None:
         """The host's clock moved to ``now``: a HAVE2 whose news has not come within the graft delay
-        grafts its link."""
+        grafts its link, unless some link is still delivering deltas of the queue (a backlog streams in
+        more slowly than HAVE2s announce it), for at most ``graft_hold`` after the HAVE2."""
         self._now = now
-        for key, (due, summary) in list(self._grafts.items()):
-            if due <= now:
+        for key, (due, since, summary) in list(self._grafts.items()):
+            if due > now:
+                continue
+            if not has_news(summary, self._local.get(key)):
                 del self._grafts[key]
-                if has_news(summary, self._local.get(key)):
-                    self._graft(key)
+            elif self.arrivals.arriving(key) and now - since < self.graft_hold:
+                self._grafts[key] = (min(now + self.graft_delay(), since + self.graft_hold), since, summary)
+            else:
+                del self._grafts[key]
+                self._graft(key)
         if self._haves and self.have_linger > 0:
             if self._have_due is None:
                 self._have_due = now + self.have_linger
@@ -370,7 +411,7 @@ class Core2Link:
                 self._haves_due_now = True
 
     def next_deadline(self) -> float | None:
-        deadline = min(due for due, _ in self._grafts.values()) if self._grafts else None
+        deadline = min(due for due, _, _ in self._grafts.values()) if self._grafts else None
         if self._haves and self.have_linger > 0 and not self._haves_due_now:
             due = self._have_due if self._have_due is not None else 0.0  # 0: tick now, to start it
             deadline = due if deadline is None else min(deadline, due)
@@ -382,7 +423,7 @@ class Core2Link:
     def _arrived(self, key: QueueKey, summary: Summary2) -> None:
         """We hold ``summary`` now: a graft waiting for news it covers is not needed."""
         waiting = self._grafts.get(key)
-        if waiting is not None and not has_news(waiting[1], summary):
+        if waiting is not None and not has_news(waiting[2], summary):
             del self._grafts[key]
 
     def _on_want(self, want: Want2) -> None:
@@ -468,6 +509,9 @@ class Core2Link:
             ours, peer = self._local.get(key), self._since(link)
             if not has_news(ours, peer):
                 continue
+            if not link.eager and not has_news(link.peer, ours):
+                self._rest_lazily(key, link, ours)
+                continue
             pair = (ours, peer)
             since = None if peer is None else peer.core
             if link.futile == pair:
@@ -478,10 +522,23 @@ class Core2Link:
             self._busy += 1
             self._events.append(NeedDelta2(key, since, self.max_records))
 
+    def _rest_lazily(self, key: QueueKey, link: _Link2, ours: Summary2 | None) -> None:
+        """The peer pruned this link and lacks only what follows its records on our line (a backlog, a
+        live record): its eager link brings that, so nothing goes out here, whichever path asked (an
+        ACK's next chunk, a delta's answer). Once nothing is in flight, a HAVE2 of what we hold starts
+        its graft timer: should that link fail, the peer asks us (WANT2)."""
+        if ours is not None and link.inflight == 0 and ours != link.peer:
+            self._haves[key] = ours
+
     @staticmethod
     def _since(link: _Link2) -> Summary2 | None:
-        """Where the next chunk starts: past what is in flight, or what the peer said it holds."""
-        return link.sent if link.inflight and link.sent is not None else link.peer
+        """Where the next chunk starts: past what is in flight, unless the peer said (an ACK2, its own
+        delta or HAVE2) that it holds all that already: another link brought it, and chunks from ``sent``
+        would carry it again."""
+        sent, peer = link.sent, link.peer
+        if not link.inflight or sent is None or (peer is not None and not has_news(sent, peer)):
+            return peer
+        return sent
 
     def _encode(self, message: Message2) -> bytes:
         return self._codec.encode(message) if self._compact_out else encode2(message)

@@ -428,6 +428,8 @@ class ReplicationSession:
         for key in self._received.values():
             self.arrivals.settled(key)  # never to be applied: the host stops with the link
         self._received.clear()
+        if self.core2 is not None:
+            self.core2.release()
         for key in self._foreign:
             self._links.pop(key, None)
         if self.key_budget is not None:
@@ -923,6 +925,8 @@ class ReplicationSession:
         core2.expressible = lambda key: queue_expressible(key[2], 2, self.peer_features, self.kind_features)
         core2.window, core2.depth, core2.max_records = self.window, self.depth, self.max_records
         core2.graft_delay = lambda: self.graft_delay
+        core2.graft_hold = self.graft_timeout_max or self.graft_timeout
+        core2.arrivals = self.arrivals
         core2.have_linger = self.have_linger
         if self.peer_features is not None:
             core2.agree(self.peer_features)
