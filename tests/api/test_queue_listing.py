@@ -10,7 +10,7 @@ import msgpack
 import trio
 
 from latticed.api.messages import Packed, pack, pack_array
-from latticed.api.server.queue_listing import CHUNK, QueueListing
+from latticed.api.server.queue_listing import CHUNK, Listed, QueueListing
 from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueState
 from latticed.crdt.signing import Identity
@@ -100,3 +100,63 @@ def test_pack_splices_packed_values_into_maps_of_any_size() -> None:
         }
     big = {f"k{i}": i for i in range(20)} | {"p": Packed.of([1, 2])}
     assert msgpack.unpackb(pack(big)) == {f"k{i}": i for i in range(20)} | {"p": [1, 2]}
+
+
+def test_queues_of_another_core_are_cached_per_value_loaded_once_and_sorted_in() -> None:
+    held = states(CHUNK)
+    others = {CHUNK + q: dataclasses.replace(s, name=f"r{q:06d}") for q, s in states(CHUNK).items()}
+    loaded: dict[int, QueueState] = {q: s for q, s in others.items() if q % 3}
+    loads: list[int] = []
+
+    async def load(q: int) -> QueueState:
+        loads.append(q)
+        loaded[q] = others[q]
+        return others[q]
+
+    def more() -> Listed[QueueState]:
+        return Listed(list(others), loaded.get, load, info)
+
+    def listed_both(listing: QueueListing) -> list[dict[str, Any]]:
+        async def main() -> Packed:
+            return await listing.reply(list(held), held.__getitem__, info, more=(more(),))
+
+        out: list[dict[str, Any]] = msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]
+        return out
+
+    listing = QueueListing()
+    every = [info(q, s) for q, s in (held | others).items()]
+    assert listed_both(listing) == sorted(every, key=lambda i: (not i["owned"], i["owner"], i["name"]))
+    assert listing.built == 2 * CHUNK and len(loads) == len(range(CHUNK, 2 * CHUNK, 3))
+    listed_both(listing)
+    assert listing.built == 2 * CHUNK and len(loads) == len(range(CHUNK, 2 * CHUNK, 3))  # nothing again
+    others[CHUNK + 1] = loaded[CHUNK + 1] = dataclasses.replace(others[CHUNK + 1], name="renamed")
+    assert any(e["name"] == "renamed" for e in listed_both(listing))
+    assert listing.built == 2 * CHUNK + 1  # only the queue whose value changed
+
+
+def test_the_checkpoints_count_the_queues_of_every_core() -> None:
+    held = states(CHUNK + 1)
+    others = {2 * CHUNK + q: s for q, s in states(4 * CHUNK).items()}
+    turns = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def other() -> None:
+                while True:
+                    turns.append(len(listing_done))
+                    await trio.lowlevel.checkpoint()
+
+            async def never(q: int) -> QueueState:
+                raise AssertionError("every value is at hand")
+
+            listing_done: list[bool] = []
+            nursery.start_soon(other)
+            await trio.lowlevel.checkpoint()
+            more = Listed(list(others), others.get, never, info)
+            await QueueListing().reply(list(held), held.__getitem__, info, more=(more,))
+            listing_done.append(True)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert turns.count(0) >= 4  # 5 * CHUNK + 1 queues: four checkpoints, the most of them in ``more``

@@ -5,7 +5,8 @@ must still answer ``queue list`` within a second, and answering it must not star
 on the event loop). So each queue's entry is built and msgpack-encoded once per committed state (the
 storage thread publishes a new :class:`QueueState` object per change, so identity says whether it
 changed) and kept encoded; a listing joins the encoded entries into the reply, and checks in with trio
-every :data:`CHUNK` queues so other requests and the replication links run in between.
+every :data:`CHUNK` queues so other requests and the replication links run in between. Queues on fork
+core 2 are listed the same way (:class:`Listed`): a catch-up creates them by the thousand too.
 
 The reply on the wire is what it always was: a map with ``queues``, a list of maps (:class:`Packed`
 only saves re-encoding).
@@ -13,8 +14,9 @@ only saves re-encoding).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
 
 import trio
 
@@ -25,7 +27,20 @@ from latticed.crdt.queue import QueueState
 CHUNK: Final = 2000
 
 #: What is kept per queue: the state it was built from, its sort key and its encoded entry.
-_Entry = tuple[QueueState, tuple[bool, str, str], bytes]
+_Entry = tuple[object, tuple[bool, str, str], bytes]
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True, slots=True)
+class Listed(Generic[S]):
+    """Queues to list whose values are of one type (each fork core's): ``state`` gives a queue's
+    committed value if at hand (None: ``load`` it; KeyError: gone), ``info`` its entry as a map."""
+
+    queues: Sequence[int]
+    state: Callable[[int], S | None]
+    load: Callable[[int], Awaitable[S]] | None
+    info: Callable[[int, S], dict[str, Any]]
 
 
 class QueueListing:
@@ -38,23 +53,41 @@ class QueueListing:
 
     async def reply(
         self,
-        queues: list[int],
+        queues: Sequence[int],
         state: Callable[[int], QueueState],
         info: Callable[[int, QueueState], dict[str, Any]],
-        extra: Sequence[dict[str, Any]] = (),
+        more: Sequence[Listed[Any]] = (),
     ) -> Packed:
-        """The encoded list of every queue in ``queues``: owned first, then by owner and name.
-        ``state`` gives a queue's committed state, ``info`` its entry as a map; ``extra`` are entries
-        built elsewhere (queues on fork core 2, few), sorted in with the others."""
+        """The encoded list of every queue in ``queues`` and in each of ``more``: owned first, then by
+        owner and name. ``state`` gives a queue's committed state, ``info`` its entry as a map."""
+        rows: list[tuple[tuple[bool, str, str], bytes]] = []
+        parts: tuple[Listed[Any], ...] = (Listed(queues, state, None, info), *more)
+        looked = 0
+        for part in parts:
+            looked = await self._add(rows, looked, part)
         entries = self._entries
-        rows: list[tuple[tuple[bool, str, str], bytes]] = [
-            ((not e["owned"], e["owner"], e["name"]), Packed.of(e)) for e in extra
-        ]
-        for i, q in enumerate(queues):
-            if i and i % CHUNK == 0:
+        if len(entries) > 2 * looked + CHUNK:  # queues removed since: forget their entries
+            held = set(queues).union(*(part.queues for part in more))
+            for q in [q for q in entries if q not in held]:
+                del entries[q]
+        rows.sort(key=_sort_key)
+        return pack_array([encoded for _, encoded in rows])
+
+    async def _add(
+        self, rows: list[tuple[tuple[bool, str, str], bytes]], looked: int, part: Listed[Any]
+    ) -> int:
+        """Append the rows of ``part`` (entries built for the queues whose state changed); returns how
+        many queues were looked at so far (``looked`` before), the count the checkpoints go by."""
+        state, load, info = part.state, part.load, part.info
+        entries = self._entries
+        for q in part.queues:
+            if looked and looked % CHUNK == 0:
                 await trio.lowlevel.checkpoint()
+            looked += 1
             try:
                 current = state(q)
+                if current is None and load is not None:
+                    current = await load(q)
             except KeyError:  # gone while we were away from the loop
                 continue
             entry = entries.get(q)
@@ -64,16 +97,11 @@ class QueueListing:
                 entries[q] = entry
                 self.built += 1
             rows.append((entry[1], entry[2]))
-        if len(entries) > 2 * len(queues) + CHUNK:  # queues removed since: forget their entries
-            held = set(queues)
-            for q in [q for q in entries if q not in held]:
-                del entries[q]
-        rows.sort(key=_sort_key)
-        return pack_array([encoded for _, encoded in rows])
+        return looked
 
 
 def _sort_key(row: tuple[tuple[bool, str, str], bytes]) -> tuple[bool, str, str]:
     return row[0]
 
 
-__all__ = ["CHUNK", "QueueListing"]
+__all__ = ["CHUNK", "Listed", "QueueListing"]
