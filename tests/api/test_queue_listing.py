@@ -4,6 +4,7 @@ back between chunks, and the same reply on the wire as a plain msgpack map."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
 
 import msgpack
@@ -160,3 +161,22 @@ def test_the_checkpoints_count_the_queues_of_every_core() -> None:
 
     trio.run(main)
     assert turns.count(0) >= 4  # 5 * CHUNK + 1 queues: four checkpoints, the most of them in ``more``
+
+
+def test_queues_added_removed_and_numbers_used_again_keep_the_list_in_order() -> None:
+    rng = random.Random(5)
+    pool = states(600)
+    held: dict[int, QueueState] = {}
+    listing = QueueListing()
+    for step in range(30):
+        for q in rng.sample(sorted(pool), 40):
+            held[q] = pool[q]
+        for q in rng.sample(sorted(held), min(len(held), 15)):
+            del held[q]
+        if step % 7 == 3 and held:  # a number dropped and used again by a queue of another name
+            q = rng.choice(sorted(held))
+            held[q] = dataclasses.replace(held[q], name=f"again{step}")
+        expected = sorted(
+            (info(q, s) for q, s in held.items()), key=lambda i: (not i["owned"], i["owner"], i["name"])
+        )
+        assert listed(listing, held) == expected

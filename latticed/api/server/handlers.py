@@ -235,22 +235,22 @@ async def queue_list(ctx: Context, request: Request) -> Reply:
     """Owned queues first, then by owner and name (entries cached per committed state: queue_listing.py)."""
     engine = ctx.engine
     core2 = engine.core2
-    more = Listed(core2.queues(), _loaded2(core2), _load2(core2), core2.info)
+    more = Listed(core2.queues(), core2.loaded, _load2(core2), _info2(core2))
     queues = await ctx.listing.reply(
         engine.queues(), engine.state, lambda q, _: queue_info(ctx, q), more=(more,)
     )
     return {"queues": queues}
 
 
-def _loaded2(core2: Core2View) -> Callable[[int], QueueState2 | None]:
-    """A core-2 queue's committed value if loaded; KeyError once it is dropped (left out of the list)."""
+def _info2(core2: Core2View) -> Callable[[int, QueueState2], dict[str, Any]]:
+    """A core-2 queue's entry; KeyError once it is dropped (left out of the list)."""
 
-    def loaded(q: int) -> QueueState2 | None:
+    def info(q: int, state: QueueState2) -> dict[str, Any]:
         if not core2.holds(q):
             raise KeyError(q)
-        return core2.loaded(q)
+        return core2.info(q, state)
 
-    return loaded
+    return info
 
 
 def _load2(core2: Core2View) -> Callable[[int], Awaitable[QueueState2]]:
