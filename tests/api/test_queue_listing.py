@@ -180,3 +180,22 @@ def test_queues_added_removed_and_numbers_used_again_keep_the_list_in_order() ->
             (info(q, s) for q, s in held.items()), key=lambda i: (not i["owned"], i["owner"], i["name"])
         )
         assert listed(listing, held) == expected
+
+
+def test_a_queue_gone_between_the_list_of_numbers_and_its_state_is_left_out() -> None:
+    held = states(CHUNK + 10)
+    listing = QueueListing()
+    listed(listing, held)
+    numbers = list(held)
+    del held[3], held[CHUNK + 4]  # dropped after the numbers were taken: its state raises KeyError
+    others = {10 * CHUNK + q: dataclasses.replace(s, name=f"r{q}") for q, s in states(5).items()}
+
+    async def load(q: int) -> QueueState:
+        raise KeyError(q)  # not loaded, and gone by the time it would be
+
+    async def main() -> Packed:
+        more = Listed([*others, 99 * CHUNK], others.get, load, info)
+        return await listing.reply(numbers, held.__getitem__, info, more=(more,))
+
+    names = [e["name"] for e in msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]]
+    assert len(names) == CHUNK + 8 + 5 and "q000003" not in names and f"q{CHUNK + 4:06d}" not in names

@@ -235,7 +235,7 @@ async def queue_list(ctx: Context, request: Request) -> Reply:
     """Owned queues first, then by owner and name (entries cached per committed state: queue_listing.py)."""
     engine = ctx.engine
     core2 = engine.core2
-    more = Listed(core2.queues(), core2.loaded, _load2(core2), _info2(core2))
+    more = Listed(core2.queues(), core2.loaded_lookup(), _load2(core2), _info2(core2))
     queues = await ctx.listing.reply(
         engine.queues(), engine.state, lambda q, _: queue_info(ctx, q), more=(more,)
     )

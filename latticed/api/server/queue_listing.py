@@ -16,6 +16,7 @@ only saves re-encoding).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
@@ -32,6 +33,8 @@ CHUNK: Final = 2000
 _Place = tuple[tuple[bool, str, str], int]
 #: What is kept per queue: the state it was built from, its place and its encoded entry.
 _Entry = tuple[object, _Place, bytes]
+_NUMBER: Final = operator.itemgetter(1)
+_ENCODED: Final = operator.itemgetter(2)
 
 S = TypeVar("S")
 
@@ -85,34 +88,67 @@ class QueueListing:
         if len(entries) > 2 * looked + CHUNK:  # queues removed since: forget their entries
             for q in [q for q in entries if q not in present]:
                 del entries[q]
-        return pack_array([entries[q][2] for _, q in order])
+        return pack_array(list(map(_ENCODED, map(entries.__getitem__, map(_NUMBER, order)))))
 
     async def _add(self, found: list[int], looked: int, part: Listed[Any]) -> int:
         """Note the queues of ``part`` found (their entries built anew if their state changed); returns
-        how many queues were looked at so far (``looked`` before), the count the checkpoints go by."""
-        state, load, info = part.state, part.load, part.info
-        entries = self._entries
-        for q in part.queues:
-            if looked and looked % CHUNK == 0:
+        how many queues were looked at so far (``looked`` before), the count the checkpoints go by.
+
+        Most queues did not change since the last listing, so each chunk is first compared whole (C
+        loops over the chunk: a state getter that is a C function, such as ``dict.get``, costs no
+        Python call a queue); only the queues that changed, or are gone, are then looked at one by one."""
+        entries, queues = self._entries, part.queues
+        for lo in range(0, len(queues), CHUNK):
+            if looked:
                 await trio.lowlevel.checkpoint()
-            looked += 1
+            chunk = queues[lo : lo + CHUNK]
+            looked += len(chunk)
             try:
-                current = state(q)
-                if current is None and load is not None:
-                    current = await load(q)
-                entry = entries.get(q)
-                built = None if entry is not None and entry[0] is current else info(q, current)
-            except KeyError:  # gone while we were away from the loop
+                currents: list[Any] = list(map(part.state, chunk))
+            except KeyError:  # one is gone: look at each
+                currents = [_GONE] * len(chunk)
+            cached = list(map(entries.get, chunk))
+            stale = [
+                i
+                for i, (now, e) in enumerate(zip(currents, cached, strict=True))
+                if e is None or e[0] is not now
+            ]
+            if not stale:
+                found += chunk
                 continue
-            if built is not None:
-                place = ((not built["owned"], built["owner"], built["name"]), q)
-                if entry is not None and entry[1] != place:  # a number used again: place it anew
-                    self._placed.discard(q)
-                    self._order = [p for p in self._order if p[1] != q]
-                entries[q] = (current, place, Packed.of(built))
-                self.built += 1
-            found.append(q)
+            gone = set()
+            for i in stale:
+                q = chunk[i]
+                if not await self._build(q, currents[i], part):
+                    gone.add(q)
+            found += [q for q in chunk if q not in gone] if gone else chunk
         return looked
+
+    async def _build(self, q: int, current: Any, part: Listed[Any]) -> bool:
+        """Build ``q``'s entry if its state changed (``current``: as read, or :data:`_GONE`); False if the
+        queue is gone."""
+        try:
+            if current is _GONE:
+                current = part.state(q)
+            if current is None and part.load is not None:
+                current = await part.load(q)
+            entry = self._entries.get(q)
+            if entry is not None and entry[0] is current:
+                return True
+            built = part.info(q, current)
+        except KeyError:  # gone while we were away from the loop
+            return False
+        place = ((not built["owned"], built["owner"], built["name"]), q)
+        if entry is not None and entry[1] != place:  # a number used again: place it anew
+            self._placed.discard(q)
+            self._order = [p for p in self._order if p[1] != q]
+        self._entries[q] = (current, place, Packed.of(built))
+        self.built += 1
+        return True
+
+
+#: A state not read yet (its getter raised for another queue of the chunk).
+_GONE: Final = object()
 
 
 __all__ = ["CHUNK", "Listed", "QueueListing"]
