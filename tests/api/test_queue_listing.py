@@ -199,3 +199,31 @@ def test_a_queue_gone_between_the_list_of_numbers_and_its_state_is_left_out() ->
 
     names = [e["name"] for e in msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]]
     assert len(names) == CHUNK + 8 + 5 and "q000003" not in names and f"q{CHUNK + 4:06d}" not in names
+
+
+class _Name(str):
+    """A queue name that counts how often the listing's sort compares it."""
+
+    compared = 0
+
+    def __lt__(self, other: str) -> bool:
+        _Name.compared += 1
+        return str.__lt__(self, other)
+
+
+def test_queues_new_since_the_last_listing_are_sorted_in_without_sorting_the_others_again() -> None:
+    rng = random.Random(7)
+    numbers = list(range(6 * CHUNK))
+    rng.shuffle(numbers)  # names in no order of their numbers
+    base = core.empty_state(OWNER.public_key, "q")
+    held = {q: dataclasses.replace(base, name=_Name(f"q{n:06d}")) for q, n in enumerate(numbers)}
+    listing = QueueListing()
+    first = dict(list(held.items())[: 5 * CHUNK])
+    listed(listing, first)
+    _Name.compared = 0
+    entries = listed(listing, held)  # CHUNK new queues: sorted (~CHUNK log CHUNK), then merged in
+    assert [e["name"] for e in entries] == sorted(e["name"] for e in entries if e["owned"]) + sorted(
+        e["name"] for e in entries if not e["owned"]
+    )
+    n = len(held)
+    assert _Name.compared < 2 * n + CHUNK * CHUNK.bit_length()  # sorting all anew: ~n log n (~136,000)
