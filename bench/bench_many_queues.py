@@ -2,14 +2,16 @@
 
     .venv/bin/python bench/bench_many_queues.py                       # 10,000 then 30,000 queues
     .venv/bin/python bench/bench_many_queues.py --sizes 3000,9000 --records 5
+    .venv/bin/python bench/bench_many_queues.py --core 1,2             # both fork cores, one after the other
 
 Per size: a writer daemon creates ``--records``-record queues (many clients at once, so creates and
 offers share group commits), then a fresh replica dials it. Printed: the seconds from the dial until the
 replica holds every record, the replica's CPU meanwhile, and the latency of ``queue list`` on the replica
 during the catch-up, called again ``--sample`` seconds after each answer (max, p99, p50; its answers
 also tell when the replica holds everything, so nothing else polls the daemon). Then the ratio of the
-time at each size to the first size's, against the ratio of the sizes. Figures are printed, never
-asserted.
+time at each size to the first size's, against the ratio of the sizes. ``--core``: the queues' fork core
+(default: the daemon's ``default_queue_core``; the core that ran is printed), or several (``1,2``): every
+size on each, so both cores are compared in one sitting. Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ class Node(LoopbackDaemon):
         super().__init__(root, name, timeout=600)
 
 
-def fill(node: Node, queues: int, records: int, clients: int = 16) -> float:
-    """Create ``queues`` queues of ``records`` 100-byte records on ``node``; returns the seconds taken."""
+def fill(node: Node, queues: int, records: int, core: int | None, clients: int = 16) -> float:
+    """Create ``queues`` queues of ``records`` 100-byte records on ``node`` on fork core ``core`` (None:
+    the daemon's default); returns the seconds taken."""
     started = time.perf_counter()
     batch = [(b"x" * 100, None, ())] * records
 
@@ -38,7 +41,7 @@ def fill(node: Node, queues: int, records: int, clients: int = 16) -> float:
         with node.client() as c:
             for i in part:
                 name = f"q{i:06d}"
-                c.queue_create(name)
+                c.queue_create(name, core=core)
                 c.offer_batch(name, batch)
 
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
@@ -77,11 +80,15 @@ class ListSampler:
                 time.sleep(self._interval)  # between calls: a slow one is not followed at once
 
 
-def catch_up(root: Path, nodes: list[Node], queues: int, records: int, sample: float) -> dict[str, float]:
-    writer = Node(root, f"w{queues}")
+def catch_up(
+    root: Path, nodes: list[Node], queues: int, records: int, sample: float, core: int | None
+) -> dict[str, float]:
+    writer = Node(root, f"w{queues}-{core}")
     nodes.append(writer)
-    filled = fill(writer, queues, records)
-    replica = Node(root, f"r{queues}")
+    filled = fill(writer, queues, records, core)
+    with writer.client() as c:
+        ran = c.queue_info("q000000").get("core")
+    replica = Node(root, f"r{queues}-{core}")
     nodes.append(replica)
     cpu0 = cpu_s(replica.proc.pid)
     with replica.client() as c:
@@ -95,8 +102,9 @@ def catch_up(root: Path, nodes: list[Node], queues: int, records: int, sample: f
     cpu = cpu_s(replica.proc.pid) - cpu0
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     print(
-        f"{queues:,} queues x {records} records (filled in {filled:.1f} s): replica holds all after "
-        f"{took:.1f} s, CPU {cpu:.1f} s; queue list during catch-up ({len(latencies)} samples): "
+        f"{queues:,} queues x {records} records on fork core {ran} (filled in {filled:.1f} s): replica "
+        f"holds all after {took:.1f} s, CPU {cpu:.1f} s; queue list during catch-up ({len(latencies)} "
+        f"samples): "
         f"max {latencies[-1] * 1e3:,.0f} ms, p99 {p99 * 1e3:,.0f} ms, "
         f"p50 {statistics.median(latencies) * 1e3:,.0f} ms",
         flush=True,
@@ -114,18 +122,26 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,30000")
     parser.add_argument("--records", type=int, default=5)
     parser.add_argument("--sample", type=float, default=0.2, help="seconds between queue list calls")
+    parser.add_argument("--core", help="the queues' fork core, 1 or 2, or both (1,2) (default: the daemon's)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    figures = {}
+    cores: list[int | None] = [int(c) for c in args.core.split(",")] if args.core else [None]
+    if any(c not in (1, 2) for c in cores):
+        parser.error("--core is 1, 2 or 1,2")
+    figures: dict[tuple[int | None, int], dict[str, float]] = {}
     with scratch("bench-many-queues-", remove=True) as (root, nodes):
-        for n in sizes:
-            figures[n] = catch_up(root, nodes, n, args.records, args.sample)
+        for core in cores:
+            for n in sizes:
+                figures[core, n] = catch_up(root, nodes, n, args.records, args.sample, core)
     first = sizes[0]
-    for n in sizes[1:]:
-        print(
-            f"  {n:,}/{first:,}: {figures[n]['took'] / figures[first]['took']:.2f}x the time "
-            f"({figures[n]['cpu'] / figures[first]['cpu']:.2f}x the CPU) for {n / first:.1f}x the queues"
-        )
+    for core in cores:
+        for n in sizes[1:]:
+            now, then = figures[core, n], figures[core, first]
+            print(
+                f"  {'' if core is None else f'core {core}: '}{n:,}/{first:,}: "
+                f"{now['took'] / then['took']:.2f}x the time ({now['cpu'] / then['cpu']:.2f}x the CPU) "
+                f"for {n / first:.1f}x the queues"
+            )
 
 
 if __name__ == "__main__":

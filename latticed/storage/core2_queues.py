@@ -131,6 +131,11 @@ class Core2Queues:
         """``q``'s committed value if loaded (safe off the storage thread; None: load it there)."""
         return self._values.get(q)
 
+    def loaded_lookup(self) -> Callable[[int], QueueState2 | None]:
+        """:meth:`loaded` as one C call (the committed values' ``dict.get``: the dict is only ever
+        updated in place), for a scan of every queue (``queue list``)."""
+        return self._values.get
+
     def row(self, q: int) -> Queue2Row:
         row = self._rows.get(q) or self._new.get(q) or self._converting.get(q)
         if row is None:

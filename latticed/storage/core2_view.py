@@ -170,6 +170,10 @@ class Core2View(Core2Engine):
         """``q``'s newest committed value if loaded already (None: :meth:`value` loads it)."""
         return self._queues.loaded(q)
 
+    def loaded_lookup(self) -> Callable[[int], QueueState2 | None]:
+        """:meth:`loaded` as one C call, for a scan of every queue."""
+        return self._queues.loaded_lookup()
+
     async def value(self, q: int) -> QueueState2:
         """``q``'s newest committed value (loaded on the storage thread the first time)."""
         loaded = self._queues.loaded(q)

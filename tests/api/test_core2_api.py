@@ -17,7 +17,7 @@ from support.inprocess import InProcessDaemon, start_in_process
 
 from latticed.api.client.blocking_client import Client, Entry
 from latticed.api.client.producer import Producer
-from latticed.crdt.queue2 import Delta
+from latticed.crdt.queue2 import Delta, QueueState2
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import (
@@ -29,6 +29,7 @@ from latticed.errors import (
 )
 from latticed.host.config import DaemonConfig
 from latticed.storage.core2_engine import Core2Engine
+from latticed.storage.core2_view import Core2View
 from latticed.storage.engine import Engine
 
 BOB = Identity.from_seed(b"b" * 32)
@@ -78,6 +79,28 @@ def test_a_core2_queue_is_written_and_read_as_any_queue(client: Client) -> None:
     assert status["queues"] == 2 and status["records"] == 3
     with pytest.raises(MalformedError):
         client.call("queue_create", name="bad", core=3)
+
+
+def test_queue_list_builds_a_core2_entry_once_per_committed_value(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A replica catching up thousands of core-2 queues is listed every few hundred ms: an entry built
+    # per queue per call would make the calls, and the catch-up sharing their loop, cost O(queues^2).
+    built: list[int] = []
+    info = Core2View.info
+
+    def counted(self: Core2View, q: int, state: QueueState2) -> dict[str, Any]:
+        built.append(q)
+        return info(self, q, state)
+
+    monkeypatch.setattr(Core2View, "info", counted)
+    for i in range(5):
+        client.queue_create(f"c{i}", core=2)
+    assert len(client.queue_list()) == 5 and len(built) == 5
+    assert len(client.queue_list()) == 5 and len(built) == 5  # nothing changed: nothing built
+    client.offer("c3", b"v")
+    assert {q["name"]: q["size"] for q in client.queue_list()}["c3"] == 1
+    assert len(built) == 6  # only the queue that changed
 
 
 def test_a_producer_pipelines_offers_into_a_core2_queue(client: Client) -> None:

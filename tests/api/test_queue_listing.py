@@ -4,13 +4,14 @@ back between chunks, and the same reply on the wire as a plain msgpack map."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
 
 import msgpack
 import trio
 
 from latticed.api.messages import Packed, pack, pack_array
-from latticed.api.server.queue_listing import CHUNK, QueueListing
+from latticed.api.server.queue_listing import CHUNK, Listed, QueueListing
 from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueState
 from latticed.crdt.signing import Identity
@@ -100,3 +101,129 @@ def test_pack_splices_packed_values_into_maps_of_any_size() -> None:
         }
     big = {f"k{i}": i for i in range(20)} | {"p": Packed.of([1, 2])}
     assert msgpack.unpackb(pack(big)) == {f"k{i}": i for i in range(20)} | {"p": [1, 2]}
+
+
+def test_queues_of_another_core_are_cached_per_value_loaded_once_and_sorted_in() -> None:
+    held = states(CHUNK)
+    others = {CHUNK + q: dataclasses.replace(s, name=f"r{q:06d}") for q, s in states(CHUNK).items()}
+    loaded: dict[int, QueueState] = {q: s for q, s in others.items() if q % 3}
+    loads: list[int] = []
+
+    async def load(q: int) -> QueueState:
+        loads.append(q)
+        loaded[q] = others[q]
+        return others[q]
+
+    def more() -> Listed[QueueState]:
+        return Listed(list(others), loaded.get, load, info)
+
+    def listed_both(listing: QueueListing) -> list[dict[str, Any]]:
+        async def main() -> Packed:
+            return await listing.reply(list(held), held.__getitem__, info, more=(more(),))
+
+        out: list[dict[str, Any]] = msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]
+        return out
+
+    listing = QueueListing()
+    every = [info(q, s) for q, s in (held | others).items()]
+    assert listed_both(listing) == sorted(every, key=lambda i: (not i["owned"], i["owner"], i["name"]))
+    assert listing.built == 2 * CHUNK and len(loads) == len(range(CHUNK, 2 * CHUNK, 3))
+    listed_both(listing)
+    assert listing.built == 2 * CHUNK and len(loads) == len(range(CHUNK, 2 * CHUNK, 3))  # nothing again
+    others[CHUNK + 1] = loaded[CHUNK + 1] = dataclasses.replace(others[CHUNK + 1], name="renamed")
+    assert any(e["name"] == "renamed" for e in listed_both(listing))
+    assert listing.built == 2 * CHUNK + 1  # only the queue whose value changed
+
+
+def test_the_checkpoints_count_the_queues_of_every_core() -> None:
+    held = states(CHUNK + 1)
+    others = {2 * CHUNK + q: s for q, s in states(4 * CHUNK).items()}
+    turns = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def other() -> None:
+                while True:
+                    turns.append(len(listing_done))
+                    await trio.lowlevel.checkpoint()
+
+            async def never(q: int) -> QueueState:
+                raise AssertionError("every value is at hand")
+
+            listing_done: list[bool] = []
+            nursery.start_soon(other)
+            await trio.lowlevel.checkpoint()
+            more = Listed(list(others), others.get, never, info)
+            await QueueListing().reply(list(held), held.__getitem__, info, more=(more,))
+            listing_done.append(True)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert turns.count(0) >= 4  # 5 * CHUNK + 1 queues: four checkpoints, the most of them in ``more``
+
+
+def test_queues_added_removed_and_numbers_used_again_keep_the_list_in_order() -> None:
+    rng = random.Random(5)
+    pool = states(600)
+    held: dict[int, QueueState] = {}
+    listing = QueueListing()
+    for step in range(30):
+        for q in rng.sample(sorted(pool), 40):
+            held[q] = pool[q]
+        for q in rng.sample(sorted(held), min(len(held), 15)):
+            del held[q]
+        if step % 7 == 3 and held:  # a number dropped and used again by a queue of another name
+            q = rng.choice(sorted(held))
+            held[q] = dataclasses.replace(held[q], name=f"again{step}")
+        expected = sorted(
+            (info(q, s) for q, s in held.items()), key=lambda i: (not i["owned"], i["owner"], i["name"])
+        )
+        assert listed(listing, held) == expected
+
+
+def test_a_queue_gone_between_the_list_of_numbers_and_its_state_is_left_out() -> None:
+    held = states(CHUNK + 10)
+    listing = QueueListing()
+    listed(listing, held)
+    numbers = list(held)
+    del held[3], held[CHUNK + 4]  # dropped after the numbers were taken: its state raises KeyError
+    others = {10 * CHUNK + q: dataclasses.replace(s, name=f"r{q}") for q, s in states(5).items()}
+
+    async def load(q: int) -> QueueState:
+        raise KeyError(q)  # not loaded, and gone by the time it would be
+
+    async def main() -> Packed:
+        more = Listed([*others, 99 * CHUNK], others.get, load, info)
+        return await listing.reply(numbers, held.__getitem__, info, more=(more,))
+
+    names = [e["name"] for e in msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]]
+    assert len(names) == CHUNK + 8 + 5 and "q000003" not in names and f"q{CHUNK + 4:06d}" not in names
+
+
+class _Name(str):
+    """A queue name that counts how often the listing's sort compares it."""
+
+    compared = 0
+
+    def __lt__(self, other: str) -> bool:
+        _Name.compared += 1
+        return str.__lt__(self, other)
+
+
+def test_queues_new_since_the_last_listing_are_sorted_in_without_sorting_the_others_again() -> None:
+    rng = random.Random(7)
+    numbers = list(range(6 * CHUNK))
+    rng.shuffle(numbers)  # names in no order of their numbers
+    base = core.empty_state(OWNER.public_key, "q")
+    held = {q: dataclasses.replace(base, name=_Name(f"q{n:06d}")) for q, n in enumerate(numbers)}
+    listing = QueueListing()
+    first = dict(list(held.items())[: 5 * CHUNK])
+    listed(listing, first)
+    _Name.compared = 0
+    entries = listed(listing, held)  # CHUNK new queues: sorted (~CHUNK log CHUNK), then merged in
+    assert [e["name"] for e in entries] == sorted(e["name"] for e in entries if e["owned"]) + sorted(
+        e["name"] for e in entries if not e["owned"]
+    )
+    n = len(held)
+    assert _Name.compared < 2 * n + CHUNK * CHUNK.bit_length()  # sorting all anew: ~n log n (~136,000)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import struct
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from latticed.api.messages import (
@@ -30,9 +31,11 @@ from latticed.api.messages import (
 )
 from latticed.api.server import core2_handlers, produce_handlers
 from latticed.api.server.context import Begun, Context, Handler, PipelinedHandler, Reply, Request
+from latticed.api.server.queue_listing import Listed
 from latticed.crdt import kv
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
 from latticed.crdt.kvplan import KvRequest, hash_field, visible
+from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
@@ -45,6 +48,7 @@ from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError, NotFoundError, NotOwnerError
 from latticed.host.core2_reach import core2_blind_peers
 from latticed.host.retention_policy import check_meta, check_meta_entry
+from latticed.storage.core2_view import Core2View
 from latticed.storage.reader import Columns, RawRow
 from latticed.storage.sealer import check_user_meta
 from latticed.version import RELEASE
@@ -230,11 +234,33 @@ def parse_readers(raw: Any) -> list[bytes]:
 async def queue_list(ctx: Context, request: Request) -> Reply:
     """Owned queues first, then by owner and name (entries cached per committed state: queue_listing.py)."""
     engine = ctx.engine
-    core2 = [engine.core2.info(q, await engine.core2.value(q)) for q in engine.core2.queues()]
+    core2 = engine.core2
+    more = Listed(core2.queues(), core2.loaded_lookup(), _load2(core2), _info2(core2))
     queues = await ctx.listing.reply(
-        engine.queues(), engine.state, lambda q, _: queue_info(ctx, q), extra=core2
+        engine.queues(), engine.state, lambda q, _: queue_info(ctx, q), more=(more,)
     )
     return {"queues": queues}
+
+
+def _info2(core2: Core2View) -> Callable[[int, QueueState2], dict[str, Any]]:
+    """A core-2 queue's entry; KeyError once it is dropped (left out of the list)."""
+
+    def info(q: int, state: QueueState2) -> dict[str, Any]:
+        if not core2.holds(q):
+            raise KeyError(q)
+        return core2.info(q, state)
+
+    return info
+
+
+def _load2(core2: Core2View) -> Callable[[int], Awaitable[QueueState2]]:
+    async def load(q: int) -> QueueState2:
+        try:
+            return await core2.value(q)
+        except NotFoundError:
+            raise KeyError(q) from None  # dropped meanwhile: left out of the list
+
+    return load
 
 
 async def info_of(ctx: Context, request: Request) -> Reply:

@@ -5,7 +5,10 @@ must still answer ``queue list`` within a second, and answering it must not star
 on the event loop). So each queue's entry is built and msgpack-encoded once per committed state (the
 storage thread publishes a new :class:`QueueState` object per change, so identity says whether it
 changed) and kept encoded; a listing joins the encoded entries into the reply, and checks in with trio
-every :data:`CHUNK` queues so other requests and the replication links run in between.
+every :data:`CHUNK` queues so other requests and the replication links run in between. Queues on fork
+core 2 are listed the same way (:class:`Listed`): a catch-up creates them by the thousand too. A queue's
+place in the list (owned first, then owner and name) never changes, so the last listing's order is kept
+and only queues new since are sorted into it: sorting every queue anew was half of a listing's time.
 
 The reply on the wire is what it always was: a map with ``queues``, a list of maps (:class:`Packed`
 only saves re-encoding).
@@ -13,8 +16,10 @@ only saves re-encoding).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+import operator
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
 
 import trio
 
@@ -24,8 +29,26 @@ from latticed.crdt.queue import QueueState
 #: Queues looked at between two checkpoints (a few ms of work on this box at most).
 CHUNK: Final = 2000
 
-#: What is kept per queue: the state it was built from, its sort key and its encoded entry.
-_Entry = tuple[QueueState, tuple[bool, str, str], bytes]
+#: A queue's place in the list: owned first, then by owner and name (then by number: no two tie).
+_Place = tuple[tuple[bool, str, str], int]
+#: What is kept per queue: the state it was built from, its place and its encoded entry.
+_Entry = tuple[object, _Place, bytes]
+_NUMBER: Final = operator.itemgetter(1)
+_ENCODED: Final = operator.itemgetter(2)
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True, slots=True)
+class Listed(Generic[S]):
+    """Queues to list whose values are of one type (each fork core's): ``state`` gives a queue's
+    committed value if at hand (None: ``load`` it), ``info`` its entry as a map; any of them raises
+    KeyError for a queue gone meanwhile (left out)."""
+
+    queues: Sequence[int]
+    state: Callable[[int], S | None]
+    load: Callable[[int], Awaitable[S]] | None
+    info: Callable[[int, S], dict[str, Any]]
 
 
 class QueueListing:
@@ -33,47 +56,99 @@ class QueueListing:
 
     def __init__(self) -> None:
         self._entries: dict[int, _Entry] = {}
+        #: The last listing's queues in their order, and the set of them.
+        self._order: list[_Place] = []
+        self._placed: set[int] = set()
         #: Entries built since start (tests count them: unchanged queues are not rebuilt).
         self.built = 0
 
     async def reply(
         self,
-        queues: list[int],
+        queues: Sequence[int],
         state: Callable[[int], QueueState],
         info: Callable[[int, QueueState], dict[str, Any]],
-        extra: Sequence[dict[str, Any]] = (),
+        more: Sequence[Listed[Any]] = (),
     ) -> Packed:
-        """The encoded list of every queue in ``queues``: owned first, then by owner and name.
-        ``state`` gives a queue's committed state, ``info`` its entry as a map; ``extra`` are entries
-        built elsewhere (queues on fork core 2, few), sorted in with the others."""
+        """The encoded list of every queue in ``queues`` and in each of ``more``: owned first, then by
+        owner and name. ``state`` gives a queue's committed state, ``info`` its entry as a map."""
+        found: list[int] = []
+        parts: tuple[Listed[Any], ...] = (Listed(queues, state, None, info), *more)
+        looked = 0
+        for part in parts:
+            looked = await self._add(found, looked, part)
         entries = self._entries
-        rows: list[tuple[tuple[bool, str, str], bytes]] = [
-            ((not e["owned"], e["owner"], e["name"]), Packed.of(e)) for e in extra
-        ]
-        for i, q in enumerate(queues):
-            if i and i % CHUNK == 0:
-                await trio.lowlevel.checkpoint()
-            try:
-                current = state(q)
-            except KeyError:  # gone while we were away from the loop
-                continue
-            entry = entries.get(q)
-            if entry is None or entry[0] is not current:
-                built = info(q, current)
-                entry = (current, (not built["owned"], built["owner"], built["name"]), Packed.of(built))
-                entries[q] = entry
-                self.built += 1
-            rows.append((entry[1], entry[2]))
-        if len(entries) > 2 * len(queues) + CHUNK:  # queues removed since: forget their entries
-            held = set(queues)
-            for q in [q for q in entries if q not in held]:
+        present = set(found)
+        order, placed = self._order, self._placed
+        if present != placed:
+            if not placed <= present:
+                order = [place for place in order if place[1] in present]
+            order += sorted(entries[q][1] for q in present - placed)
+            order.sort()  # two sorted runs: merged in about one comparison per queue
+            self._order, self._placed = order, present
+        if len(entries) > 2 * looked + CHUNK:  # queues removed since: forget their entries
+            for q in [q for q in entries if q not in present]:
                 del entries[q]
-        rows.sort(key=_sort_key)
-        return pack_array([encoded for _, encoded in rows])
+        return pack_array(list(map(_ENCODED, map(entries.__getitem__, map(_NUMBER, order)))))
+
+    async def _add(self, found: list[int], looked: int, part: Listed[Any]) -> int:
+        """Note the queues of ``part`` found (their entries built anew if their state changed); returns
+        how many queues were looked at so far (``looked`` before), the count the checkpoints go by.
+
+        Most queues did not change since the last listing, so each chunk is first compared whole (C
+        loops over the chunk: a state getter that is a C function, such as ``dict.get``, costs no
+        Python call a queue); only the queues that changed, or are gone, are then looked at one by one."""
+        entries, queues = self._entries, part.queues
+        for lo in range(0, len(queues), CHUNK):
+            if looked:
+                await trio.lowlevel.checkpoint()
+            chunk = queues[lo : lo + CHUNK]
+            looked += len(chunk)
+            try:
+                currents: list[Any] = list(map(part.state, chunk))
+            except KeyError:  # one is gone: look at each
+                currents = [_GONE] * len(chunk)
+            cached = list(map(entries.get, chunk))
+            stale = [
+                i
+                for i, (now, e) in enumerate(zip(currents, cached, strict=True))
+                if e is None or e[0] is not now
+            ]
+            if not stale:
+                found += chunk
+                continue
+            gone = set()
+            for i in stale:
+                q = chunk[i]
+                if not await self._build(q, currents[i], part):
+                    gone.add(q)
+            found += [q for q in chunk if q not in gone] if gone else chunk
+        return looked
+
+    async def _build(self, q: int, current: Any, part: Listed[Any]) -> bool:
+        """Build ``q``'s entry if its state changed (``current``: as read, or :data:`_GONE`); False if the
+        queue is gone."""
+        try:
+            if current is _GONE:
+                current = part.state(q)
+            if current is None and part.load is not None:
+                current = await part.load(q)
+            entry = self._entries.get(q)
+            if entry is not None and entry[0] is current:
+                return True
+            built = part.info(q, current)
+        except KeyError:  # gone while we were away from the loop
+            return False
+        place = ((not built["owned"], built["owner"], built["name"]), q)
+        if entry is not None and entry[1] != place:  # a number used again: place it anew
+            self._placed.discard(q)
+            self._order = [p for p in self._order if p[1] != q]
+        self._entries[q] = (current, place, Packed.of(built))
+        self.built += 1
+        return True
 
 
-def _sort_key(row: tuple[tuple[bool, str, str], bytes]) -> tuple[bool, str, str]:
-    return row[0]
+#: A state not read yet (its getter raised for another queue of the chunk).
+_GONE: Final = object()
 
 
-__all__ = ["CHUNK", "QueueListing"]
+__all__ = ["CHUNK", "Listed", "QueueListing"]
