@@ -285,6 +285,7 @@ class Client(GroupOps, PeerOps, BundleOps):
         self._timeout = timeout
         self._conn: _Connection | None = None
         self._next_id = 1
+        self._api_versions: tuple[int, ...] | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -350,6 +351,14 @@ class Client(GroupOps, PeerOps, BundleOps):
     # ------------------------------------------------------------------ node
     def identity(self) -> str:
         return str(self.call("id")["identity"])
+
+    def api_versions(self) -> tuple[int, ...]:
+        """The local API versions the daemon answers (its ``hello``, asked once per client)."""
+        if self._api_versions is None:
+            versions = self.call("hello").get("versions")
+            listed = versions if isinstance(versions, list) else []
+            self._api_versions = tuple(v for v in listed if type(v) is int) or (API_VERSION,)
+        return self._api_versions
 
     def versions(self) -> dict[str, Any]:
         """The daemon's release and the wire protocol, store schema and local API versions it speaks."""
