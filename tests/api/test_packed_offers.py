@@ -15,6 +15,7 @@ from support.inprocess import InProcessDaemon, start_in_process
 
 from latticed.api.client.blocking_client import Client
 from latticed.api.client.packed_offer import packed_fields
+from latticed.api.client.producer import Producer
 from latticed.errors import MalformedError, OwnerUnreachableError, ProtocolError
 from latticed.host.config import DaemonConfig
 
@@ -142,3 +143,32 @@ def test_columns_into_another_daemons_queue_are_forwarded_as_the_list(client: Cl
             wait=0.2,
             **packed_fields([(b"x", None, [("lattice.producer", b"me")])]),
         )
+
+
+@pytest.mark.parametrize("speaks", [(1, 2), (1,)], ids=["api2", "api1"])
+def test_the_client_sends_columns_to_a_daemon_that_takes_them(
+    daemon: InProcessDaemon, speaks: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[dict[str, Any]] = []
+    real_call = Client.call
+
+    def spy(self: Client, op: str, **args: Any) -> dict[str, Any]:
+        if op == "offer_batch":
+            sent.append(args)
+        return real_call(self, op, **args)
+
+    monkeypatch.setattr(Client, "call", spy)
+    monkeypatch.setattr(Client, "api_versions", lambda self: speaks)
+    queue = f"client-{len(speaks)}"
+    with daemon.client() as client:
+        client.queue_create(queue)
+        assert client.offer_batch(queue, ROWS) == list(range(9))
+        again = client.produce(queue, [(*r, 7) for r in ROWS], producer="p", seq=0)
+        assert (again.first, again.count) == (9, 9)
+        with Producer(client, queue, window=2) as producer:
+            producer.offer_batch(ROWS)
+        with pytest.raises(MalformedError, match="bytes"):  # not bytes: the list, the daemon's reason
+            client.offer_batch(queue, [("text", None, ())])  # type: ignore[list-item]
+        stored = _stored(client, queue)
+    assert [(v, k) for v, k, _ in stored] == [(v, k) for v, k, _ in ROWS] * 3
+    assert [("layout" in args) for args in sent] == [2 in speaks, 2 in speaks, False]

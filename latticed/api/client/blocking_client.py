@@ -24,6 +24,7 @@ import msgpack
 
 from latticed.api.client.bundle_client import BundleOps
 from latticed.api.client.group_client import GroupOps, Lease, Subscription
+from latticed.api.client.packed_offer import batch_fields
 from latticed.api.client.peer_client import PeerOps
 from latticed.api.messages import API_VERSION, error_from_reply, is_unknown_op, pack, version_gap
 from latticed.errors import (
@@ -511,7 +512,7 @@ class Client(GroupOps, PeerOps, BundleOps):
         if not records:
             return []
         args = _producing(producer, seq, wait)
-        args.update(queue=queue, records=records)
+        args.update(queue=queue, **batch_fields(records, self.api_versions()))
         reply = (
             self.call("offer_batch", **args)
             if wait is None
@@ -535,7 +536,8 @@ class Client(GroupOps, PeerOps, BundleOps):
         and answers as the first time did, with ``duplicate`` set. ``shared``: the producer id is the
         queue's, the same whichever daemon sends it (docs/producers.md), as for a Spark task that may
         be retried on another host."""
-        args: dict[str, Any] = {"queue": queue, "records": records, "producer": producer, "seq": seq}
+        args: dict[str, Any] = {"queue": queue, "producer": producer, "seq": seq}
+        args.update(batch_fields(records, self.api_versions()))
         if shared:
             args["shared"] = True
         if wait is not None:

@@ -46,4 +46,15 @@ def packed_fields(records: Sequence[Sequence[Any]]) -> dict[str, Any]:
     return fields
 
 
-__all__ = ["packed_fields"]
+def batch_fields(records: Sequence[Sequence[Any]], versions: Sequence[int]) -> dict[str, Any]:
+    """The request fields carrying ``records`` to a daemon answering API ``versions``: columns
+    (:func:`packed_fields`) when it takes them and the records are of the types they hold (values bytes,
+    keys bytes or None), else the list (the daemon says what is wrong with a record)."""
+    if PACKED_OFFERS_VERSION in versions and records:
+        values_ok = set(map(type, [r[0] for r in records])) == {bytes}
+        if values_ok and set(map(type, [r[1] for r in records])) <= {bytes, type(None)}:
+            return packed_fields(records)
+    return {"records": records}
+
+
+__all__ = ["batch_fields", "packed_fields"]
