@@ -34,8 +34,9 @@ PROTOCOL_VERSIONS: Final = (1,)
 PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"compact", "heads-v2", "identity-notice", "produce"})
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
 STORE_SCHEMA: Final = 6
-#: Local API versions the daemon answers (a request names its version in ``v``).
-API_VERSIONS: Final = (1,)
+#: Local API versions the daemon answers (a request names its version in ``v``). 2: ``offer_batch``
+#: takes its records as columns (``layout: "packed"``); everything of 1 stays as it was.
+API_VERSIONS: Final = (1, 2)
 
 
 def span(versions: tuple[int, ...]) -> str:

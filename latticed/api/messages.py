@@ -29,6 +29,9 @@ from latticed.version import API_VERSIONS, PROTOCOL_FEATURES, PROTOCOL_VERSIONS,
 #: unknown to the daemon (:func:`version_gap`).
 SUPPORTED_VERSIONS: Final = API_VERSIONS
 API_VERSION: Final = API_VERSIONS[0]
+#: The local API version that added ``offer_batch``'s ``packed`` layout (the records as columns); a
+#: client sends such a request with this ``v``, to a daemon whose ``hello`` lists it.
+PACKED_OFFERS_VERSION: Final = 2
 
 #: Default bounds of one pushed tail batch: a slow reader holds at most this much in the server.
 TAIL_BATCH_RECORDS: Final = 1000
@@ -285,6 +288,7 @@ def parse_headers(value: Any, name: str = "headers") -> tuple[tuple[str, bytes],
 
 __all__ = [
     "API_VERSION",
+    "PACKED_OFFERS_VERSION",
     "is_unknown_op",
     "version_gap",
     "versions_reply",

@@ -968,6 +968,155 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
     return out;
 }
 
+/* unpacked(values, value_lengths, keys, key_lengths, max_value, max_key) -> (values, keys, records) or
+   None: an offer sent in the local API's packed layout (latticed/api/packed_offers.py) as columns.
+
+   values: bytes, the values one after another; value_lengths: bytes, one little-endian int32 per record
+   (0..max_value), summing to len(values), at least one record. keys: bytes, the keys one after another;
+   key_lengths: bytes, one little-endian int32 per record (-1: no key, else 0..max_key), summing (over
+   the present ones) to len(keys); or key_lengths None and keys empty: no record has a key. Returns the
+   values and keys as tuples of new bytes (None for no key) and records: the bytes msgpack packs the
+   records [value, key, []] into (an array of them, each item's shortest encoding). Anything else: None. */
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
+}
+
+static unsigned char *put_bin_header(unsigned char *p, Py_ssize_t len)
+{
+    if (len < 256) {
+        *p++ = 0xC4;
+        *p++ = (unsigned char) len;
+    } else if (len < 65536) {
+        *p++ = 0xC5;
+        *p++ = (unsigned char) (len >> 8);
+        *p++ = (unsigned char) len;
+    } else {
+        *p++ = 0xC6;
+        *p++ = (unsigned char) (len >> 24);
+        *p++ = (unsigned char) (len >> 16);
+        *p++ = (unsigned char) (len >> 8);
+        *p++ = (unsigned char) len;
+    }
+    return p;
+}
+
+static Py_ssize_t bin_size(Py_ssize_t len)
+{
+    return len + (len < 256 ? 2 : len < 65536 ? 3 : 5);
+}
+
+static PyObject *unpacked(PyObject *self, PyObject *args)
+{
+    PyObject *values, *value_lengths, *keys, *key_lengths, *vout = NULL, *kout = NULL, *records = NULL;
+    Py_ssize_t max_value, max_key, n, i, vsum = 0, ksum = 0, size, vat = 0, kat = 0;
+    const unsigned char *vl, *kl = NULL, *vdata, *kdata;
+    unsigned char *p;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OOOOnn", &values, &value_lengths, &keys, &key_lengths, &max_value, &max_key)) {
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(values) || !PyBytes_CheckExact(value_lengths) || !PyBytes_CheckExact(keys)
+        || !(key_lengths == Py_None || PyBytes_CheckExact(key_lengths))) {
+        Py_RETURN_NONE;
+    }
+    n = PyBytes_GET_SIZE(value_lengths) / 4;
+    if (n < 1 || PyBytes_GET_SIZE(value_lengths) != 4 * n) {
+        Py_RETURN_NONE;
+    }
+    if (key_lengths == Py_None ? PyBytes_GET_SIZE(keys) != 0 : PyBytes_GET_SIZE(key_lengths) != 4 * n) {
+        Py_RETURN_NONE;
+    }
+    vl = (const unsigned char *) PyBytes_AS_STRING(value_lengths);
+    if (key_lengths != Py_None) {
+        kl = (const unsigned char *) PyBytes_AS_STRING(key_lengths);
+    }
+    size = n < 16 ? 1 : n < 65536 ? 3 : 5;
+    for (i = 0; i < n; i++) {
+        int32_t v = (int32_t) le32(vl + 4 * i);
+        if (v < 0 || v > max_value) {
+            Py_RETURN_NONE;
+        }
+        vsum += v;
+        size += 2 + bin_size(v); /* fixarray 3 and the empty headers, the value */
+        if (kl == NULL) {
+            size += 1;
+            continue;
+        }
+        int32_t k = (int32_t) le32(kl + 4 * i);
+        if (k < -1 || k > max_key) {
+            Py_RETURN_NONE;
+        }
+        if (k == -1) {
+            size += 1;
+        } else {
+            ksum += k;
+            size += bin_size(k);
+        }
+    }
+    if (vsum != PyBytes_GET_SIZE(values) || ksum != PyBytes_GET_SIZE(keys)) {
+        Py_RETURN_NONE;
+    }
+    vdata = (const unsigned char *) PyBytes_AS_STRING(values);
+    kdata = (const unsigned char *) PyBytes_AS_STRING(keys);
+    vout = PyTuple_New(n);
+    kout = PyTuple_New(n);
+    records = PyBytes_FromStringAndSize(NULL, size);
+    if (vout == NULL || kout == NULL || records == NULL) {
+        goto fail;
+    }
+    p = (unsigned char *) PyBytes_AS_STRING(records);
+    if (n < 16) {
+        *p++ = (unsigned char) (0x90 | n);
+    } else if (n < 65536) {
+        *p++ = 0xDC;
+        *p++ = (unsigned char) (n >> 8);
+        *p++ = (unsigned char) n;
+    } else {
+        *p++ = 0xDD;
+        *p++ = (unsigned char) (n >> 24);
+        *p++ = (unsigned char) (n >> 16);
+        *p++ = (unsigned char) (n >> 8);
+        *p++ = (unsigned char) n;
+    }
+    for (i = 0; i < n; i++) {
+        Py_ssize_t v = (Py_ssize_t) le32(vl + 4 * i);
+        PyObject *value = PyBytes_FromStringAndSize((const char *) vdata + vat, v), *key;
+        if (value == NULL) {
+            goto fail;
+        }
+        PyTuple_SET_ITEM(vout, i, value);
+        *p++ = 0x93;
+        p = put_bin_header(p, v);
+        memcpy(p, vdata + vat, (size_t) v);
+        p += v;
+        vat += v;
+        if (kl == NULL || (int32_t) le32(kl + 4 * i) == -1) {
+            Py_INCREF(Py_None);
+            key = Py_None;
+            *p++ = 0xC0;
+        } else {
+            Py_ssize_t k = (Py_ssize_t) le32(kl + 4 * i);
+            key = PyBytes_FromStringAndSize((const char *) kdata + kat, k);
+            if (key == NULL) {
+                goto fail;
+            }
+            p = put_bin_header(p, k);
+            memcpy(p, kdata + kat, (size_t) k);
+            p += k;
+            kat += k;
+        }
+        PyTuple_SET_ITEM(kout, i, key);
+        *p++ = 0x90;
+    }
+    return Py_BuildValue("(NNN)", vout, kout, records);
+fail:
+    Py_XDECREF(vout);
+    Py_XDECREF(kout);
+    Py_XDECREF(records);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"offered", offered, METH_VARARGS, "An offer's records as value and key columns, and their packed size."},
     {"packed", packed, METH_VARARGS, "Value and key columns as the compiled chain hasher takes them."},
@@ -975,6 +1124,7 @@ static PyMethodDef methods[] = {
     {"cuts", cuts, METH_VARARGS, "Where the owner ends signed slices of a run."},
     {"widest", widest, METH_VARARGS, "The longest value and the longest key of two columns."},
     {"same_int", same_int, METH_O, "Whether every item of a column is an int equal to the first."},
+    {"unpacked", unpacked, METH_VARARGS, "An offer sent as packed columns: value and key columns, and its records packed."},
     {"versions", versions, METH_VARARGS, "The head bodies and leaves a log's steps encode."},
     {"are_leaves", are_leaves, METH_O, "Whether every item of a list or tuple is a leaf of the log."},
     {"packed_bodies", packed_bodies, METH_VARARGS, "Each v2 head's signed bytes and signature."},

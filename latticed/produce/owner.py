@@ -36,6 +36,7 @@ from latticed.produce.dedup import (
     packed_size,
     producer_scope,
 )
+from latticed.produce.offered_columns import OfferedColumns
 from latticed.produce.policy import PRODUCER_HEADER, producers_of
 from latticed.storage.batch import Batch
 from latticed.storage.core2_jobs import Commit2
@@ -130,6 +131,28 @@ def _plain_run(raw: Any, producer_hex: str, now: int) -> tuple[RecordRun, int] |
     values, keys, size = split
     n = len(values)
     return RecordRun.checked(values, keys, repeat(now, n), [_stamp(producer_hex)] * n), size
+
+
+def offered_run(
+    records: Any, producer_hex: str, now: int, packed: bytes | memoryview | None
+) -> tuple[RecordRun, bytes]:
+    """:func:`produced_run` of ``records`` (a list, or :class:`OfferedColumns`) and the digest a retry
+    must match (:func:`retry_digest`; ``packed``: the bytes a list was decoded from, if known)."""
+    if type(records) is OfferedColumns:
+        if not records.plain:  # timestamps or headers: the list form's path judges them
+            records, packed = records.rows(), None
+        elif len(records) > MAX_RECORDS:
+            raise MalformedError(f"'records' is a list of 1-{MAX_RECORDS} [value, key, headers(, timestamp)]")
+        else:  # checked by the split, as ``offered`` checks a list; the digest of the same list
+            n = len(records)
+            fits = type(now) is int and 0 <= now < 2**63 and len(producer_hex) <= _HEADER_VALUE
+            build = RecordRun.checked if fits else RecordRun
+            run = build(records.values, records.keys, repeat(now, n), [_stamp(producer_hex)] * n)
+            check_records(run)
+            return run, offered_digest(None, records.packed)
+    plain = _plain_run(records, producer_hex, now)
+    run, size = plain if plain is not None else (produced_run(records, producer_hex, now), None)
+    return run, retry_digest(records, run, packed, size)
 
 
 def retry_digest(
@@ -229,12 +252,10 @@ class OfferServer:
         if peer != engine.public_key:
             self.check_allowed(peer, q, state)
         now = engine.clock()
-        plain = _plain_run(records, peer.hex(), now)
-        run, size = plain if plain is not None else (produced_run(records, peer.hex(), now), None)
+        run, digest = offered_run(records, peer.hex(), now, packed)
         engine.require_owner(q, "offer")
         inner = self.sealer.append_job(q, run)
         qid = queue_id(state.owner, state.name, state.kind)
-        digest = retry_digest(records, run, packed, size)
         return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), digest=digest, now_ms=now))
 
     def _start2(
@@ -250,11 +271,9 @@ class OfferServer:
         if peer != engine.public_key and loaded is not None:
             _check_producer(core2.address(q), peer, dict(loaded.meta))
         now = engine.clock()
-        plain = _plain_run(records, peer.hex(), now)
-        run, size = plain if plain is not None else (produced_run(records, peer.hex(), now), None)
+        run, digest = offered_run(records, peer.hex(), now, packed)
         row = core2.row(q)
         qid = queue_id(row.owner, row.name, row.kind)
-        digest = retry_digest(records, run, packed, size)
         inner = OfferedCommit2(q, run, None if peer == engine.public_key else peer)
         return engine.start_job(ProducedAppend(inner, qid, scope, seq, len(run), digest=digest, now_ms=now))
 
@@ -331,6 +350,7 @@ __all__ = [
     "OfferedCommit2",
     "ProduceStore",
     "WithOffers",
+    "offered_run",
     "produced_run",
     "retry_digest",
 ]

@@ -42,7 +42,7 @@ def connect(option: str | None, timeout: float) -> Client:
     path = resolve_socket(option)
     client = Client(path, timeout=timeout)
     try:
-        client.call("hello")
+        client.api_versions()  # a hello, kept: the sink picks its request form by it
     except ConnectionClosedError as exc:
         client.close()
         host = socket_mod.gethostname()

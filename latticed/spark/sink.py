@@ -34,10 +34,12 @@ from pyspark.sql.types import (
 )
 
 from latticed.api.client.blocking_client import Produced
+from latticed.api.messages import PACKED_OFFERS_VERSION
 from latticed.errors import MalformedError
 from latticed.process.logs import get_logger, log_event
 from latticed.spark.local_daemon import connect
-from latticed.spark.sink_packed import packed_records, packed_rows
+from latticed.spark.sink_columns import ColumnRecords
+from latticed.spark.sink_packed import column_request, column_rows, packed_records, packed_rows
 from latticed.spark.sink_records import COLUMNS, batch_rows, chunk_rows, producer_id, sequence
 from latticed.spark.sink_send import InFlight
 
@@ -197,19 +199,20 @@ class _Plan:
         partition = context.partitionId() if context is not None else 0
         producer = producer_id(scope, partition)
         o = self.options
-        rows = (
-            packed_rows(batch, o.queue, self.resolve) or batch_rows(batch, o.queue, self.resolve)
-            for batch in batches
-        )
         answers: list[Produced] = []
         with connect(o.socket, o.timeout) as client:
             own = client.identity() + "/"  # this host's daemon's queues take pipelined requests
+            shape = column_rows if PACKED_OFFERS_VERSION in client.api_versions() else packed_rows
+            rows = (
+                shape(batch, o.queue, self.resolve) or batch_rows(batch, o.queue, self.resolve)
+                for batch in batches
+            )
             flight = InFlight(client.open_stream(o.timeout + o.owner_wait))
             try:
                 for chunk in chunk_rows(rows, max_records=o.records_per_offer, max_bytes=BYTES_PER_OFFER):
                     request = {
                         "queue": chunk.queue,
-                        "records": packed_records(chunk.records),
+                        **_records(chunk.records),
                         "producer": producer,
                         "seq": sequence(epoch, chunk.index),
                         "shared": True,
@@ -221,6 +224,13 @@ class _Plan:
                 flight.stream.close()
         written = sum(a.count for a in answers if not a.duplicate)
         return LatticeCommit(partition, written, sum(a.count for a in answers if a.duplicate))
+
+
+def _records(records: Any) -> dict[str, Any]:
+    """A chunk's records as request fields: columns (local API 2) or a list."""
+    if type(records) is ColumnRecords:
+        return {"v": PACKED_OFFERS_VERSION, **column_request(records)}
+    return {"records": packed_records(records)}
 
 
 def _task_property(name: str) -> str:

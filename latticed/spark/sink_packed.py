@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from latticed.api.messages import Packed
+from latticed.spark.sink_columns import ColumnRecords, ColumnRows
 from latticed.spark.sink_records import RECORD_OVERHEAD, PackedRecords, PackedRows
 
 #: Column types whose rows become bytes as they are (strings by their UTF-8 bytes, as Arrow casts them).
@@ -91,6 +92,68 @@ def packed_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Packe
     return PackedRows(resolve(queue), memoryview(data), starts, sizes)
 
 
+def column_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> ColumnRows | None:
+    """The rows of ``batch`` for one queue as columns, for a daemon that takes ``offer_batch``'s
+    ``packed`` layout: the Arrow buffers as they are, sliced, with the same sizes as
+    :func:`packed_rows`; None when the batch is not of that shape (as for :func:`packed_rows`)."""
+    names = batch.schema.names
+    if queue is None or "headers" in names or "timestamp" in names:
+        return None
+    values = batch.column(names.index("value"))
+    keys = batch.column(names.index("key")) if "key" in names else None
+    if values.type not in _SHORT or (keys is not None and keys.type not in _SHORT) or values.null_count:
+        return None
+    data, value_offsets = _buffers(values.cast(pa.binary()))
+    sizes = np.diff(value_offsets) + RECORD_OVERHEAD
+    key_data = key_offsets = key_lengths = None
+    if keys is not None:
+        keys = keys.cast(pa.binary())
+        missing = pc.is_null(keys).to_numpy(zero_copy_only=False) if keys.null_count else None
+        if missing is not None:  # a null's slot may hold bytes: made empty, its length -1
+            keys = pc.fill_null(keys, b"")
+        key_data, key_offsets = _buffers(keys)
+        lengths = np.diff(key_offsets)
+        sizes += lengths
+        key_lengths = lengths.astype(np.int32)
+        if missing is not None:
+            key_lengths[missing] = -1
+    return ColumnRows(resolve(queue), data, value_offsets, key_data, key_offsets, key_lengths, sizes)
+
+
+def _buffers(column: pa.Array) -> tuple[memoryview, np.ndarray]:
+    """A binary array's data buffer and its ``n + 1`` offsets into it (int64)."""
+    _, offsets, data = column.buffers()
+    n = len(column)
+    starts = np.frombuffer(offsets, dtype=np.int32)[column.offset : column.offset + n + 1].astype(np.int64)
+    return memoryview(data if data is not None else b""), starts
+
+
+def _bin(parts: list[memoryview]) -> Packed:
+    """Bytes in parts as one msgpack bin (bin 8, 16 or 32), spliced into the request as it is."""
+    size = sum(map(len, parts))
+    head = (
+        b"\xc4" + size.to_bytes(1, "big")
+        if size < 1 << 8
+        else b"\xc5" + size.to_bytes(2, "big")
+        if size < 1 << 16
+        else b"\xc6" + size.to_bytes(4, "big")
+    )
+    return Packed(b"".join([head, *parts]))
+
+
+def column_request(records: ColumnRecords) -> dict[str, Any]:
+    """A chunk's records as the fields of a ``packed`` ``offer_batch`` (local API 2)."""
+    key_lengths = records.key_lengths
+    return {
+        "layout": "packed",
+        "count": len(records),
+        "values": _bin(records.values),
+        "value_lengths": np.concatenate(records.value_lengths).astype("<i4").tobytes(),
+        "keys": _bin(records.keys),
+        "key_lengths": None if key_lengths is None else np.concatenate(key_lengths).astype("<i4").tobytes(),
+    }
+
+
 def packed_records(records: Sequence[Any] | PackedRecords) -> Any:
     """A chunk's ``records`` for the request: rows packed by :func:`packed_rows` spliced into one msgpack
     array, or the records themselves (built by ``batch_rows``)."""
@@ -107,4 +170,4 @@ def packed_records(records: Sequence[Any] | PackedRecords) -> Any:
     return Packed(b"".join([header, *records.parts]))
 
 
-__all__ = ["packed_records", "packed_rows"]
+__all__ = ["column_request", "column_rows", "packed_records", "packed_rows"]

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from latticed.errors import MalformedError
+from latticed.spark.sink_columns import ColumnRecords, ColumnRows
 
 #: Chunks one partition may send per queue and epoch (sequence = epoch * this + chunk).
 CHUNKS_PER_EPOCH: Final = 1 << 20
@@ -91,7 +92,7 @@ class Chunk:
 
     queue: str
     index: int
-    records: list[Record] | PackedRecords = field(default_factory=list)
+    records: list[Record] | PackedRecords | ColumnRecords = field(default_factory=list)
     size: int = 0
 
 
@@ -232,9 +233,17 @@ class _Cutter:
             chunk = self.open[queue] = Chunk(queue, index)
         return chunk
 
+    def listed(self, queue: str) -> Chunk:
+        """:meth:`chunk`, whose records, if columns, are made lists (rows of another shape join them)."""
+        chunk = self.chunk(queue)
+        if type(chunk.records) is ColumnRecords:
+            chunk.records = chunk.records.records()
+        return chunk
+
     def add(self, queue: str, record: Record, size: int) -> Chunk | None:
         """One record; the chunk it closed, if any."""
-        chunk = self.chunk(queue)
+        chunk = self.listed(queue)
+        assert type(chunk.records) is list
         chunk.records.append(record)
         chunk.size += size
         if len(chunk.records) >= self.max_records or chunk.size >= self.max_bytes:
@@ -246,7 +255,7 @@ class _Cutter:
         """:meth:`add_all` for packed rows: the same cut, by a running sum over the size column."""
         i, n = 0, len(rows.sizes)
         while i < n:
-            chunk = self.chunk(rows.queues)
+            chunk = self.listed(rows.queues)
             if type(chunk.records) is list:  # rows of other shapes before: packed, the same bytes
                 packed = PackedRecords()
                 packed.extend(chunk.records)
@@ -264,16 +273,40 @@ class _Cutter:
                 del self.open[rows.queues]
                 yield chunk
 
+    def add_columns(self, rows: ColumnRows) -> Iterator[Chunk]:
+        """:meth:`add_packed` for rows as columns (the same cut); rows of another shape in the open
+        chunk make the rest lists."""
+        i, n = 0, len(rows.sizes)
+        while i < n:
+            chunk = self.chunk(rows.queues)
+            if type(chunk.records) is not ColumnRecords:
+                if len(chunk.records):
+                    yield from self.add_all(rows.queues, *rows.rows(i))
+                    return
+                chunk.records = ColumnRecords()
+            records = chunk.records
+            room = self.max_records - len(records)
+            running = np.cumsum(rows.sizes[i : i + room])
+            full = int(np.searchsorted(running, self.max_bytes - chunk.size, side="left"))
+            take = full + 1 if full < len(running) else len(running)
+            records.add(rows, i, i + take)
+            chunk.size += int(running[take - 1])
+            i += take
+            if len(records) >= self.max_records or chunk.size >= self.max_bytes:
+                del self.open[rows.queues]
+                yield chunk
+
     def add_all(self, queue: str, records: list[Record], sizes: list[int]) -> Iterator[Chunk]:
         """Records of one queue, sliced by a running sum instead of one at a time (same cut as
         :meth:`add`); yields the chunks they closed."""
         i, n = 0, len(records)
         while i < n:
-            chunk = self.chunk(queue)
+            chunk = self.listed(queue)
             room = self.max_records - len(chunk.records)
             running = list(accumulate(sizes[i : i + room]))
             full = bisect_left(running, self.max_bytes - chunk.size)  # first record reaching max_bytes
             take = full + 1 if full < len(running) else len(running)
+            assert not isinstance(chunk.records, ColumnRecords)
             chunk.records.extend(records[i : i + take])
             chunk.size += running[take - 1]
             i += take
@@ -282,12 +315,17 @@ class _Cutter:
                 yield chunk
 
 
-def chunk_rows(batches: Iterable[Rows | PackedRows], *, max_records: int, max_bytes: int) -> Iterator[Chunk]:
+def chunk_rows(
+    batches: Iterable[Rows | PackedRows | ColumnRows], *, max_records: int, max_bytes: int
+) -> Iterator[Chunk]:
     """:func:`chunks` of the rows of many batches (a batch for one queue goes a slice at a time)."""
     cutter = _Cutter(max_records, max_bytes)
     for rows in batches:
         if type(rows) is PackedRows:
             yield from cutter.add_packed(rows)
+            continue
+        if type(rows) is ColumnRows:
+            yield from cutter.add_columns(rows)
             continue
         assert type(rows) is Rows
         if isinstance(rows.queues, str):

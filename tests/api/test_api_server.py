@@ -45,6 +45,7 @@ from latticed.errors import (
 )
 from latticed.facades.lattice_queue import LatticeQueue
 from latticed.host.config import DaemonConfig
+from latticed.version import API_VERSIONS
 
 MAX_FRAME = 1 << 20
 GUARDED = "guarded-queue-7f3a9"
@@ -145,7 +146,7 @@ def test_node_ops(client: Client, daemon: InProcessDaemon) -> None:
     assert status["identity"] == me and status["queues"] >= 1 and status["records"] >= 50
     assert status["socket"] == str(daemon.socket) and status["listen"] is None
     assert status["storage_bytes"] > 0 and status["uptime_s"] >= 0
-    assert client.call("hello")["versions"] == [1]
+    assert client.call("hello")["versions"] == list(API_VERSIONS) == [1, 2]
 
 
 def test_queue_ops(client: Client) -> None:
@@ -438,7 +439,7 @@ def test_undecodable_and_malformed_requests_keep_the_connection(daemon: InProces
             (b"\xc1", "malformed"),  # never valid msgpack
             (msgpack.packb([1, 2, 3]), "malformed"),  # not a map
             (msgpack.packb({"id": 1, "op": "id"}), "protocol"),  # no version
-            (msgpack.packb({"v": 2, "id": 1, "op": "id"}), "protocol"),  # a version from the future
+            (msgpack.packb({"v": 3, "id": 1, "op": "id"}), "protocol"),  # a version from the future
             (msgpack.packb({"v": 1, "id": 1, "op": 5}), "protocol"),
             (msgpack.packb({"v": 1, "id": [1], "op": "id"}), "malformed"),
             (msgpack.packb({"v": 1, "id": 3, "op": "offer", "queue": GUARDED, "value": 5}), "malformed"),

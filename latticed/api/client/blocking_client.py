@@ -24,6 +24,7 @@ import msgpack
 
 from latticed.api.client.bundle_client import BundleOps
 from latticed.api.client.group_client import GroupOps, Lease, Subscription
+from latticed.api.client.packed_offer import batch_fields
 from latticed.api.client.peer_client import PeerOps
 from latticed.api.messages import API_VERSION, error_from_reply, is_unknown_op, pack, version_gap
 from latticed.errors import (
@@ -285,6 +286,7 @@ class Client(GroupOps, PeerOps, BundleOps):
         self._timeout = timeout
         self._conn: _Connection | None = None
         self._next_id = 1
+        self._api_versions: tuple[int, ...] | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -350,6 +352,14 @@ class Client(GroupOps, PeerOps, BundleOps):
     # ------------------------------------------------------------------ node
     def identity(self) -> str:
         return str(self.call("id")["identity"])
+
+    def api_versions(self) -> tuple[int, ...]:
+        """The local API versions the daemon answers (its ``hello``, asked once per client)."""
+        if self._api_versions is None:
+            versions = self.call("hello").get("versions")
+            listed = versions if isinstance(versions, list) else []
+            self._api_versions = tuple(v for v in listed if type(v) is int) or (API_VERSION,)
+        return self._api_versions
 
     def versions(self) -> dict[str, Any]:
         """The daemon's release and the wire protocol, store schema and local API versions it speaks."""
@@ -502,7 +512,7 @@ class Client(GroupOps, PeerOps, BundleOps):
         if not records:
             return []
         args = _producing(producer, seq, wait)
-        args.update(queue=queue, records=records)
+        args.update(queue=queue, **batch_fields(records, self.api_versions()))
         reply = (
             self.call("offer_batch", **args)
             if wait is None
@@ -526,7 +536,8 @@ class Client(GroupOps, PeerOps, BundleOps):
         and answers as the first time did, with ``duplicate`` set. ``shared``: the producer id is the
         queue's, the same whichever daemon sends it (docs/producers.md), as for a Spark task that may
         be retried on another host."""
-        args: dict[str, Any] = {"queue": queue, "records": records, "producer": producer, "seq": seq}
+        args: dict[str, Any] = {"queue": queue, "producer": producer, "seq": seq}
+        args.update(batch_fields(records, self.api_versions()))
         if shared:
             args["shared"] = True
         if wait is not None:

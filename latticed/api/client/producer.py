@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from latticed.api.client.blocking_client import Client, _header_list
+from latticed.api.client.packed_offer import batch_fields
 from latticed.api.messages import API_VERSION, error_from_reply
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError, RemoteProtocolError
 
@@ -91,6 +92,8 @@ class Producer:
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self._conn = client.open_stream(client.timeout)
+        #: The local API versions of the daemon: batches go as columns to one that takes them.
+        self._versions = client.api_versions()
         #: Requests sent and not answered yet: (request id, the acks it answers, one per record or batch).
         self._pending: deque[tuple[int, list[Ack]]] = deque()
         #: Records waiting for a free slot in the window, and their acks.
@@ -134,7 +137,7 @@ class Producer:
         while self._waiting or len(self._pending) >= self.window:
             self._await_one()
         ack = Ack(self, len(records))
-        self._send({"op": "offer_batch", "records": records}, [ack], len(records))
+        self._send({"op": "offer_batch", **batch_fields(records, self._versions)}, [ack], len(records))
         return ack
 
     def poll(self, timeout: float = 0.0) -> int:

@@ -32,6 +32,7 @@ from latticed.api.messages import (
 from latticed.api.server import core2_handlers, produce_handlers
 from latticed.api.server.context import Begun, Context, Handler, PipelinedHandler, Reply, Request
 from latticed.api.server.queue_listing import Listed
+from latticed.api.server.offer_layouts import offer_records
 from latticed.crdt import kv
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
 from latticed.crdt.kvplan import KvRequest, hash_field, visible
@@ -49,6 +50,7 @@ from latticed.errors import MalformedError, NotFoundError, NotOwnerError
 from latticed.host.core2_reach import core2_blind_peers
 from latticed.host.retention_policy import check_meta, check_meta_entry
 from latticed.storage.core2_view import Core2View
+from latticed.produce.offered_columns import OfferedColumns
 from latticed.storage.reader import Columns, RawRow
 from latticed.storage.sealer import check_user_meta
 from latticed.version import RELEASE
@@ -301,10 +303,17 @@ def offer_batch(ctx: Context, request: Request) -> Begun:
         return produce_handlers.begin_offer_batch(ctx, request)
     q = ctx.queue(request)
     _not_a_dlq(ctx, q)
-    raw = request.get("records")
-    if not isinstance(raw, list) or not raw:
-        raise MalformedError("argument 'records' must be a non-empty list of [value, key, headers]")
-    records = _record_run(raw, ctx.engine.clock())
+    raw = offer_records(request)
+    now = ctx.engine.clock()
+    if not isinstance(raw, OfferedColumns):
+        records = _record_run(raw, now)
+    elif raw.stamps is not None:
+        raise MalformedError("record timestamps are taken from an idempotent offer only (with 'producer')")
+    elif raw.plain:  # the columns as they came: no list, no Record
+        records = RecordRun(raw.values, raw.keys, [now] * len(raw))
+        check_records(records)
+    else:
+        records = _record_run(raw.rows(), now)
     return ctx.sealer.start_append(q, records), functools.partial(_batch_reply, len(records))
 
 

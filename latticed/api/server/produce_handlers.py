@@ -25,12 +25,14 @@ from typing import Any
 import trio
 
 from latticed.api.server.context import Begun, Context, Reply, Request
+from latticed.api.server.offer_layouts import offer_records
 from latticed.crdt.signing import parse_public_key
 from latticed.errors import LatticedError, MalformedError, NotAllowedError
 from latticed.process.logs import get_logger, log_event
 from latticed.produce.dedup import check_producer, producer_scope
 from latticed.produce.forward import DEFAULT_WAIT_S, RemoteOffers
-from latticed.produce.owner import produced_run
+from latticed.produce.offered_columns import OfferedColumns
+from latticed.produce.owner import MAX_RECORDS, produced_run
 from latticed.produce.policy import producers_of
 from latticed.storage.jobs import Job
 
@@ -99,6 +101,8 @@ def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:
             ctx.engine.public_key, q, producer, seq, raw, shared=shared, packed=packed
         )
         return job, build
+    if type(raw) is OfferedColumns:  # the peer link carries the list form
+        raw = raw.rows()
     produced_run(raw, owner.hex(), 0)  # refuse what the owner would refuse before it travels
     name = str(request["queue"]).rpartition("/")[2]
     _refuse_if_replica_says_so(ctx, producers, owner, request["queue"])
@@ -190,10 +194,7 @@ def begin_offer(ctx: Context, request: Request) -> Begun:
 
 def begin_offer_batch(ctx: Context, request: Request) -> Begun:
     """``offer_batch`` when :func:`produced` says so."""
-    raw = request.get("records")
-    if not isinstance(raw, list) or not raw:
-        raise MalformedError("argument 'records' must be a non-empty list of [value, key, headers]")
-    return _begin(ctx, request, raw, _batch_reply)
+    return _begin(ctx, request, offer_records(request, MAX_RECORDS), _batch_reply)
 
 
 __all__ = ["Forwarded", "begin_offer", "begin_offer_batch", "produced"]
