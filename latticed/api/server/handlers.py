@@ -31,8 +31,8 @@ from latticed.api.messages import (
 )
 from latticed.api.server import core2_handlers, produce_handlers
 from latticed.api.server.context import Begun, Context, Handler, PipelinedHandler, Reply, Request
-from latticed.api.server.queue_listing import Listed
 from latticed.api.server.offer_layouts import offer_records
+from latticed.api.server.queue_listing import Listed
 from latticed.crdt import kv
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
 from latticed.crdt.kvplan import KvRequest, hash_field, visible
@@ -49,8 +49,8 @@ from latticed.crdt.signing import parse_public_key
 from latticed.errors import MalformedError, NotFoundError, NotOwnerError
 from latticed.host.core2_reach import core2_blind_peers
 from latticed.host.retention_policy import check_meta, check_meta_entry
-from latticed.storage.core2_view import Core2View
 from latticed.produce.offered_columns import OfferedColumns
+from latticed.storage.core2_view import Core2View
 from latticed.storage.reader import Columns, RawRow
 from latticed.storage.sealer import check_user_meta
 from latticed.version import RELEASE
