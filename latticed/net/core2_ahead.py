@@ -6,7 +6,9 @@ known here without a read: the queue's loaded committed value, or the value afte
 here whose merges are still on their way to the disk (:class:`AheadPushes`). The push is verified and
 joined against it on the event loop; the joined value is what the next links are served from, and the
 storage thread takes the verification as it is when the value it joins has the same chains, metadata and
-chain value where the push starts (``Merge2``), and verifies again otherwise. Anything that needs a read,
+chain value where the push starts (``Merge2``), and verifies again otherwise; it takes the joined value
+too (writing the verified records onto its own rows) when the value it extends is that very value (the
+same chains, metadata and bodies objects), and joins again otherwise. Anything that needs a read,
 does not fit, is forked or fails verification goes to the storage thread as before (which refuses a
 forged push and ends its link): nothing is passed on before it verified. Only the sender's ACK waits for
 the commit, and a tail or a group following the queue here (core-2 tails show committed records only):

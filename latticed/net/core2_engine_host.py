@@ -151,8 +151,9 @@ class RecentRows:
 
 class MergeSteps2(Merge2):
     """A peer's delta as it came (its bodies as steps) joined durably: the steps are rebuilt against the
-    value current on the storage thread, then verified and joined there (:class:`Merge2`). What it
-    appended is noted in ``recent`` (the next link's delta is built from it)."""
+    value current on the storage thread, then verified and joined there (:class:`Merge2`; or taken as
+    verified and joined on the event loop, ``steps`` None). What it appended is noted in ``recent`` (the
+    next link's delta is built from it)."""
 
     __slots__ = ("recent", "steps")
 
@@ -161,10 +162,12 @@ class MergeSteps2(Merge2):
         delta: Delta,
         steps: Steps | None,
         recent: RecentRows | None = None,
+        *,
         verified: queue2.Verified | None = None,
         against: QueueState2 | None = None,
+        joined: QueueState2 | None = None,
     ) -> None:
-        super().__init__(delta, verified, against)
+        super().__init__(delta, verified, against, joined)
         self.steps = steps
         self.recent = recent
 
@@ -382,7 +385,9 @@ class EngineCore2Host:
             job = MergeSteps2(delta, steps, self.recent)
         else:  # verified here: relayed now, and unless a tail or a group here follows the queue (they
             # see only what is committed), its commit may wait for company: only the ACK waits for it
-            job = MergeSteps2(push.delta, None, self.recent, push.verified, push.against)
+            job = MergeSteps2(
+                push.delta, None, self.recent, verified=push.verified, against=push.against, joined=push.value
+            )
             job.may_linger = not core2.followed(q)
         job.origin = peer
         self.store.bridge.start(job)

@@ -1,7 +1,7 @@
 """A core-2 relay on the daemon's store (A → B → C over loopback TCP, B a real :class:`Engine`): a live
 push is verified on B's event loop and passed on to C before B's commit, whose ACK alone waits for it;
 a forged push is passed on to nobody and ends its link; the storage thread takes the event loop's
-verification as it is, and such merges may share a commit."""
+verification and join as they are, and such merges may share a commit."""
 
 from __future__ import annotations
 
@@ -184,6 +184,14 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         return verify(state, d)
 
     monkeypatch.setattr(queue2, "verify_delta", counted)
+    joined_on: list[str] = []
+    join = queue2.join_verified
+
+    def counted_join(state: QueueState2, v: queue2.Verified) -> queue2.Merged:
+        joined_on.append(threading.current_thread().name)
+        return join(state, v)
+
+    monkeypatch.setattr(queue2, "join_verified", counted_join)
     main = threading.current_thread().name
     async with Engine.open(tmp_path / "a", ALICE) as a, Engine.open(tmp_path / "b", BOB) as b:
         owner, relay = EngineCore2Host(a), EngineCore2Host(b)
@@ -201,6 +209,7 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
             pushes.append(push)
             since = owner.summaries2()[KEY]
         verified_on.clear()
+        joined_on.clear()
         pending = [relay.submit_merge2(p.delta, p.steps, b"p" * 32) for p in pushes]
         aheads = [getattr(p, "ahead", None) for p in pending]
         assert None not in aheads and aheads[-1] == owner.summaries2()[KEY]
@@ -212,6 +221,7 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         for p in pending:
             assert (await p.result())[1]
         assert verified_on == [main] * 3  # the storage thread took them as verified
+        assert joined_on == [main] * 3  # and as joined: written without a second join
         rq = b.core2.lookup(*KEY)
         assert rq is not None and link_summary(await b.core2.value(rq)) == owner.summaries2()[KEY]
         assert relay.ahead.value(rq) is None  # committed: the loaded value is the one
