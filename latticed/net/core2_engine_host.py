@@ -27,7 +27,7 @@ from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, seeded
 from latticed.crdt.records import Record, RecordRun
 from latticed.errors import MalformedError
 from latticed.net.core2_ahead import NO_ROWS as _NO_ROWS
-from latticed.net.core2_ahead import AheadPushes
+from latticed.net.core2_ahead import AheadPushes, Relay
 from latticed.net.core2_ahead import Miss as _Miss
 from latticed.net.core2_host import PendingMerge2
 from latticed.process.logs import get_logger, log_event
@@ -350,6 +350,9 @@ class EngineCore2Host:
     ) -> Outgoing2 | None:
         """The delta from the value ahead of its commit (pushes verified here): their records are in
         memory, and older ones come from :class:`RecentRows` when they are ``loaded``'s."""
+        relayed = self.ahead.relay(q, since, max_records, max_bytes)
+        if relayed is not None:  # the peer holds what a pending push was checked against: it, as it came
+            return relayed
         ahead = self.ahead.value(q, loaded)
         if ahead is None or since is None:
             return None
@@ -393,5 +396,10 @@ class EngineCore2Host:
         self.store.bridge.start(job)
         if push is None or q is None:
             return _Merging(self, key, job)
-        self.ahead.note(q, push.value, job)
-        return _Merging(self, key, job, link_summary(push.value))
+        after = link_summary(push.value)
+        try:
+            relay: Relay | None = Relay(self.ahead.before(q, push.against), delta, steps, after)
+        except _Miss:  # its summary needs a read: the next links get deltas built from the value ahead
+            relay = None
+        self.ahead.note(q, push.value, job, relay)
+        return _Merging(self, key, job, after)

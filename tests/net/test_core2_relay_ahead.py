@@ -173,7 +173,8 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
 ) -> None:
     """Live pushes submitted back to back are verified against the value ahead of their commit (not
     again on the storage thread), may wait for company (unless a tail here follows the queue), and are
-    served to the next link at once."""
+    served to the next link at once (the newest as it came, to a peer holding what it was checked
+    against)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     verified_on: list[str] = []
@@ -201,8 +202,9 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         assert first is not None
         summary, _ = await relay.submit_merge2(first.delta, first.steps, b"p" * 32).result()
         assert summary is not None
-        since, pushes = summary, []
+        since, pushes, befores = summary, [], []
         for i in range(1, 4):  # each its own head: a live push apiece
+            befores.append(since.core)
             await a.core2.commit(q, [Record(value=b"v-%d" % i)])
             push = await owner.delta2_for(KEY, since.core, 100, 1 << 20)
             assert push is not None
@@ -218,6 +220,10 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         # The next link is served the three records before any commit, from memory.
         out = relay.delta2_now(KEY, summary.core, 100, 1 << 20)
         assert out is not None and [r.value for r in out.delta.records] == [b"v-1", b"v-2", b"v-3"]
+        # A link whose peer holds what the newest push was checked against is passed it as it came.
+        newest = relay.delta2_now(KEY, befores[-1], 100, 1 << 20)
+        assert newest is not None and newest.delta is pushes[-1].delta and newest.steps is pushes[-1].steps
+        assert newest.implied == aheads[-1]
         for p in pending:
             assert (await p.result())[1]
         assert verified_on == [main] * 3  # the storage thread took them as verified
@@ -225,6 +231,7 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         rq = b.core2.lookup(*KEY)
         assert rq is not None and link_summary(await b.core2.value(rq)) == owner.summaries2()[KEY]
         assert relay.ahead.value(rq) is None  # committed: the loaded value is the one
+        assert relay.ahead.relay(rq, befores[-1], 100, 1 << 20) is None  # nor is the push kept
 
         # A forged push is not taken ahead: the storage thread refuses it as before.
         await a.core2.commit(q, [Record(value=b"v-4")])
