@@ -282,8 +282,10 @@ class EngineCore2Host:
         self.store = store
         #: The records the latest merges appended, per queue: a relayed push's delta needs no read.
         self.recent = RecentRows()
-        #: Live pushes verified on the event loop whose merge is pending: relayed before their commit.
+        #: Live pushes verified on the event loop whose merge is pending: relayed before their commit,
+        #: and shown to live tails (core2_view.ahead_columns).
         self.ahead = AheadPushes()
+        store.core2.ahead = self.ahead
 
     async def load(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that
@@ -386,12 +388,12 @@ class EngineCore2Host:
         push = None if q is None or loaded is None else self.ahead.check(q, loaded, delta, steps)
         if push is None or q is None:
             job = MergeSteps2(delta, steps, self.recent)
-        else:  # verified here: relayed now, and unless a tail or a group here follows the queue (they
-            # see only what is committed), its commit may wait for company: only the ACK waits for it
+        else:  # verified here: relayed and shown to live tails now, so its commit may wait for company
+            # (only the ACK and a group following the queue wait for it, as on core 1)
             job = MergeSteps2(
                 push.delta, None, self.recent, verified=push.verified, against=push.against, joined=push.value
             )
-            job.may_linger = not core2.followed(q)
+            job.may_linger = True
         job.origin = peer
         self.store.bridge.start(job)
         if push is None or q is None:
@@ -402,4 +404,5 @@ class EngineCore2Host:
         except _Miss:  # its summary needs a read: the next links get deltas built from the value ahead
             relay = None
         self.ahead.note(q, push.value, job, relay)
+        core2.went_ahead(q)
         return _Merging(self, key, job, after)
