@@ -175,6 +175,17 @@ class AheadPushes:
             return entry.relay.after.core
         return link_summary(against).core
 
+    def note_push(self, q: int, push: AheadPush, job: Job, delta: Delta, steps: Steps | None) -> Summary2:
+        """:meth:`note` for ``push``, kept as it came (``delta``, ``steps``: :class:`Relay`) unless what
+        it was checked against needs a read to summarise; returns what we hold once it is stored."""
+        after = link_summary(push.value)
+        try:
+            relay: Relay | None = Relay(self.before(q, push.against), delta, steps, after)
+        except Miss:
+            relay = None
+        self.note(q, push.value, job, relay)
+        return after
+
     def note(self, q: int, value: QueueState2, job: Job, relay: Relay | None = None) -> None:
         """``job`` (started) merges the push that brings ``q`` to ``value``; ``relay``: that push as it
         came."""

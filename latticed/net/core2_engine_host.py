@@ -27,7 +27,7 @@ from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, seeded
 from latticed.crdt.records import Record, RecordRun
 from latticed.errors import MalformedError
 from latticed.net.core2_ahead import NO_ROWS as _NO_ROWS
-from latticed.net.core2_ahead import AheadPushes, Relay
+from latticed.net.core2_ahead import AheadPushes
 from latticed.net.core2_ahead import Miss as _Miss
 from latticed.net.core2_host import PendingMerge2
 from latticed.process.logs import get_logger, log_event
@@ -151,9 +151,8 @@ class RecentRows:
 
 class MergeSteps2(Merge2):
     """A peer's delta as it came (its bodies as steps) joined durably: the steps are rebuilt against the
-    value current on the storage thread, then verified and joined there (:class:`Merge2`; or taken as
-    verified and joined on the event loop, ``steps`` None). What it appended is noted in ``recent`` (the
-    next link's delta is built from it)."""
+    value current on the storage thread, then verified and joined there (:class:`Merge2`: or as the event
+    loop did). What it appended is noted in ``recent`` (the next link's delta is built from it)."""
 
     __slots__ = ("recent", "steps")
 
@@ -282,8 +281,7 @@ class EngineCore2Host:
         self.store = store
         #: The records the latest merges appended, per queue: a relayed push's delta needs no read.
         self.recent = RecentRows()
-        #: Live pushes verified on the event loop whose merge is pending: relayed before their commit,
-        #: and shown to live tails (core2_view.ahead_columns).
+        #: Live pushes verified on the event loop, their merge pending: relayed and shown to tails now.
         self.ahead = AheadPushes()
         store.core2.ahead = self.ahead
 
@@ -352,9 +350,8 @@ class EngineCore2Host:
     ) -> Outgoing2 | None:
         """The delta from the value ahead of its commit (pushes verified here): their records are in
         memory, and older ones come from :class:`RecentRows` when they are ``loaded``'s."""
-        relayed = self.ahead.relay(q, since, max_records, max_bytes)
-        if relayed is not None:  # the peer holds what a pending push was checked against: it, as it came
-            return relayed
+        if (relayed := self.ahead.relay(q, since, max_records, max_bytes)) is not None:
+            return relayed  # the peer holds what the newest pending push was checked against: as it came
         ahead = self.ahead.value(q, loaded)
         if ahead is None or since is None:
             return None
@@ -388,8 +385,7 @@ class EngineCore2Host:
         push = None if q is None or loaded is None else self.ahead.check(q, loaded, delta, steps)
         if push is None or q is None:
             job = MergeSteps2(delta, steps, self.recent)
-        else:  # verified here: relayed and shown to live tails now, so its commit may wait for company
-            # (only the ACK and a group following the queue wait for it, as on core 1)
+        else:  # verified here: relayed and shown to tails now, so its commit may wait for company
             job = MergeSteps2(
                 push.delta, None, self.recent, verified=push.verified, against=push.against, joined=push.value
             )
@@ -398,11 +394,6 @@ class EngineCore2Host:
         self.store.bridge.start(job)
         if push is None or q is None:
             return _Merging(self, key, job)
-        after = link_summary(push.value)
-        try:
-            relay: Relay | None = Relay(self.ahead.before(q, push.against), delta, steps, after)
-        except _Miss:  # its summary needs a read: the next links get deltas built from the value ahead
-            relay = None
-        self.ahead.note(q, push.value, job, relay)
+        after = self.ahead.note_push(q, push, job, delta, steps)
         core2.went_ahead(q)
         return _Merging(self, key, job, after)
