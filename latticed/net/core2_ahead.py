@@ -6,11 +6,14 @@ known here without a read: the queue's loaded committed value, or the value afte
 here whose merges are still on their way to the disk (:class:`AheadPushes`). The push is verified and
 joined against it on the event loop; the joined value is what the next links are served from, and the
 storage thread takes the verification as it is when the value it joins has the same chains, metadata and
-chain value where the push starts (``Merge2``), and verifies again otherwise. Anything that needs a read,
-does not fit, is forked or fails verification goes to the storage thread as before (which refuses a
-forged push and ends its link): nothing is passed on before it verified. Only the sender's ACK waits for
-the commit, and a tail or a group following the queue here (core-2 tails show committed records only):
-then the commit does not wait for company.
+chain value where the push starts (``Merge2``), and verifies again otherwise; it takes the joined value
+too (writing the verified records onto its own rows) when the value it extends is that very value (the
+same chains, metadata and bodies objects), and joins again otherwise. A link whose peer holds what the
+newest push was checked against is passed that push as it came (:class:`Relay`), as core 1's relays
+do. Anything that needs a read, does not fit, is forked or fails verification goes to the storage thread
+as before (which refuses a forged push and ends its link): nothing is passed on before it verified.
+Only the sender's ACK waits for the commit, and a tail or a group following the queue here (core-2 tails
+show committed records only): then the commit does not wait for company.
 """
 
 from __future__ import annotations
@@ -23,16 +26,21 @@ from latticed.crdt.queue.state import EntryView
 from latticed.crdt.queue2 import Delta, QueueState2, Verified
 from latticed.crdt.records import Record, RecordRun
 from latticed.errors import LatticedError
-from latticed.protocol.core2_steps import unpack_steps
-from latticed.protocol.core2_wire import Steps
+from latticed.protocol.core2_steps import Outgoing2, unpack_steps
+from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 from latticed.storage.ahead import AHEAD_DELTA_RECORDS
 from latticed.storage.entries import StoredEntries
 from latticed.storage.jobs import Job
 
-__all__ = ["NO_ROWS", "AheadPush", "AheadPushes", "Miss", "unbound"]
+__all__ = ["NO_ROWS", "AheadPush", "AheadPushes", "Miss", "Relay", "unbound"]
 
 #: For how many queues a value ahead of its commit is kept (the ones pushed to last).
 AHEAD_QUEUES = 256
+
+
+def _pending(job: Job) -> bool:
+    done = job.done
+    return done is not None and not done.is_set()
 
 
 class Miss(Exception):
@@ -78,9 +86,35 @@ class AheadPush:
 
 
 @dataclass(frozen=True, slots=True)
+class Relay:
+    """A live push as it came (``delta`` and ``steps`` as received), passed on as it is to a link whose
+    peer holds what the push was verified against (``before``): it is what ``outgoing`` would build from
+    the value ahead for that peer (an unforked value's summary fixes its log, start head, metadata and
+    end, all the push was checked against), without building it. ``after``: that peer once it joined."""
+
+    before: queue2.Summary
+    delta: Delta
+    steps: Steps | None
+    after: Summary2
+
+    def answer(self, since: queue2.Summary | None, max_records: int, max_bytes: int) -> Outgoing2 | None:
+        """The push for a peer holding ``since`` (None: it is not where the push starts, or too big)."""
+        d = self.delta
+        if since != self.before or d.from_offset != since.held_end or len(d.records) > max_records:
+            return None
+        records = d.records
+        if type(records) is RecordRun:
+            size = sum(map(len, records.values)) + sum(len(k) for k in records.keys if k)
+        else:
+            size = sum(len(r.value) + len(r.key or b"") for r in records)
+        return Outgoing2(d, self.steps, self.after) if size <= max_bytes else None
+
+
+@dataclass(frozen=True, slots=True)
 class _Pending:
     value: QueueState2
     job: Job
+    relay: Relay | None = None  #: the push that brings the queue to ``value``, as it came
 
 
 class AheadPushes:
@@ -123,8 +157,38 @@ class AheadPushes:
             return None
         return AheadPush(d, verified, against, merged.state)
 
-    def note(self, q: int, value: QueueState2, job: Job) -> None:
-        """``job`` (started) merges the push that brings ``q`` to ``value``."""
+    def relay(
+        self, q: int, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        """The newest pending push of ``q`` as it came, for a peer that holds ``since`` (None: it does
+        not start there; a peer further behind is sent the value ahead, all it lacks at once)."""
+        entry = self._by_q.get(q)
+        if entry is None or entry.relay is None or since is None or not _pending(entry.job):
+            return None
+        return entry.relay.answer(since, max_records, max_bytes)
+
+    def before(self, q: int, against: QueueState2) -> queue2.Summary:
+        """What a peer holding ``against`` (a value checked here against) summarises: the newest pending
+        push's ``after`` when ``against`` is its value (nothing to compute), else computed."""
+        entry = self._by_q.get(q)
+        if entry is not None and entry.value is against and entry.relay is not None:
+            return entry.relay.after.core
+        return link_summary(against).core
+
+    def note_push(self, q: int, push: AheadPush, job: Job, delta: Delta, steps: Steps | None) -> Summary2:
+        """:meth:`note` for ``push``, kept as it came (``delta``, ``steps``: :class:`Relay`) unless what
+        it was checked against needs a read to summarise; returns what we hold once it is stored."""
+        after = link_summary(push.value)
+        try:
+            relay: Relay | None = Relay(self.before(q, push.against), delta, steps, after)
+        except Miss:
+            relay = None
+        self.note(q, push.value, job, relay)
+        return after
+
+    def note(self, q: int, value: QueueState2, job: Job, relay: Relay | None = None) -> None:
+        """``job`` (started) merges the push that brings ``q`` to ``value``; ``relay``: that push as it
+        came."""
         by_q = self._by_q
         by_q.pop(q, None)
         if len(by_q) >= AHEAD_QUEUES:
@@ -132,4 +196,4 @@ class AheadPushes:
                 del by_q[stale]
             while len(by_q) >= AHEAD_QUEUES:
                 by_q.pop(next(iter(by_q)))
-        by_q[q] = _Pending(value, job)
+        by_q[q] = _Pending(value, job, relay)

@@ -151,8 +151,8 @@ class RecentRows:
 
 class MergeSteps2(Merge2):
     """A peer's delta as it came (its bodies as steps) joined durably: the steps are rebuilt against the
-    value current on the storage thread, then verified and joined there (:class:`Merge2`). What it
-    appended is noted in ``recent`` (the next link's delta is built from it)."""
+    value current on the storage thread, then verified and joined there (:class:`Merge2`: or as the event
+    loop did). What it appended is noted in ``recent`` (the next link's delta is built from it)."""
 
     __slots__ = ("recent", "steps")
 
@@ -161,10 +161,12 @@ class MergeSteps2(Merge2):
         delta: Delta,
         steps: Steps | None,
         recent: RecentRows | None = None,
+        *,
         verified: queue2.Verified | None = None,
         against: QueueState2 | None = None,
+        joined: QueueState2 | None = None,
     ) -> None:
-        super().__init__(delta, verified, against)
+        super().__init__(delta, verified, against, joined)
         self.steps = steps
         self.recent = recent
 
@@ -279,8 +281,9 @@ class EngineCore2Host:
         self.store = store
         #: The records the latest merges appended, per queue: a relayed push's delta needs no read.
         self.recent = RecentRows()
-        #: Live pushes verified on the event loop whose merge is pending: relayed before their commit.
+        #: Live pushes verified on the event loop, their merge pending: relayed and shown to tails now.
         self.ahead = AheadPushes()
+        store.core2.ahead = self.ahead
 
     async def load(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that
@@ -347,6 +350,8 @@ class EngineCore2Host:
     ) -> Outgoing2 | None:
         """The delta from the value ahead of its commit (pushes verified here): their records are in
         memory, and older ones come from :class:`RecentRows` when they are ``loaded``'s."""
+        if (relayed := self.ahead.relay(q, since, max_records, max_bytes)) is not None:
+            return relayed  # the peer holds what the newest pending push was checked against: as it came
         ahead = self.ahead.value(q, loaded)
         if ahead is None or since is None:
             return None
@@ -380,13 +385,15 @@ class EngineCore2Host:
         push = None if q is None or loaded is None else self.ahead.check(q, loaded, delta, steps)
         if push is None or q is None:
             job = MergeSteps2(delta, steps, self.recent)
-        else:  # verified here: relayed now, and unless a tail or a group here follows the queue (they
-            # see only what is committed), its commit may wait for company: only the ACK waits for it
-            job = MergeSteps2(push.delta, None, self.recent, push.verified, push.against)
-            job.may_linger = not core2.followed(q)
+        else:  # verified here: relayed and shown to tails now, so its commit may wait for company
+            job = MergeSteps2(
+                push.delta, None, self.recent, verified=push.verified, against=push.against, joined=push.value
+            )
+            job.may_linger = True
         job.origin = peer
         self.store.bridge.start(job)
         if push is None or q is None:
             return _Merging(self, key, job)
-        self.ahead.note(q, push.value, job)
-        return _Merging(self, key, job, link_summary(push.value))
+        after = self.ahead.note_push(q, push, job, delta, steps)
+        core2.went_ahead(q)
+        return _Merging(self, key, job, after)

@@ -183,16 +183,22 @@ class Merged2:
 class Merge2(Job):
     """A peer's delta of a core-2 queue joined durably (the queue is created as a replica if we hold none).
     ``verified`` (checked against ``against``) is used when the queue is still at that value, or at one
-    that verifies it alike (:func:`_verified_for`); otherwise the delta is verified again here. Whatever
-    fails verification changes nothing."""
+    that verifies it alike (:func:`_verified_for`); otherwise the delta is verified again here. ``joined``,
+    the event loop's join of ``verified`` into ``against``, is taken too when the queue here is that very
+    value (:func:`_joined_for`), so a live push is joined once; otherwise it is joined again here.
+    Whatever fails verification changes nothing."""
 
-    __slots__ = ("added", "against", "delta", "verified")
+    __slots__ = ("added", "against", "delta", "joined", "verified")
 
     def __init__(
-        self, delta: Delta, verified: Verified | None = None, against: QueueState2 | None = None
+        self,
+        delta: Delta,
+        verified: Verified | None = None,
+        against: QueueState2 | None = None,
+        joined: QueueState2 | None = None,
     ) -> None:
         super().__init__()
-        self.delta, self.verified, self.against = delta, verified, against
+        self.delta, self.verified, self.against, self.joined = delta, verified, against, joined
         #: The records the merge appended past what the queue held (the replication metrics count them).
         self.added: Sequence[Record] = ()
 
@@ -209,9 +215,13 @@ class Merge2(Job):
             )
         state = _unborn(core2, d) if q is None else core2.state(q)
         verified = self.verified
+        joined = None
         if verified is None or not _verified_for(state, self.against, verified):
             verified = queue2.verify_delta(state, d)
-        merged = queue2.join_verified(state, verified)  # pure: raises before anything is staged
+        elif q is not None:
+            joined = _joined_for(state, self.against, verified, self.joined)
+        # pure: raises before anything is staged
+        merged = queue2.join_verified(state, verified) if joined is None else queue2.Merged(joined)
         superseded = _superseded(state, merged.state)
         new = merged.state
         changed = q is None or new.chains != state.chains or new.meta != state.meta
@@ -255,6 +265,40 @@ def _verified_for(state: QueueState2, against: QueueState2 | None, verified: Ver
     except Exception:  # a value that cannot tell without a read (the event loop's): verify again
         return False
     return mine is not None and mine == state.chain_at(verified.from_offset)
+
+
+def _joined_for(
+    state: QueueState2, against: QueueState2 | None, v: Verified, joined: QueueState2 | None
+) -> QueueState2 | None:
+    """``join_verified(state, v).state`` without the join, from ``joined`` (the event loop's join of ``v``
+    into ``against``), when ``state`` is the very value ``against`` read without the store (the same
+    chains, metadata and bodies objects: the queue has not moved since) and ``joined`` is that join of
+    ``v``, a plain append of its records: its chains are ``v``'s, its start is ``state``'s, its end
+    ``v``'s. The records and chain values come from ``v`` (what was verified) onto ``state``'s own rows;
+    ``joined`` gives the merged log and bodies. None: join here (anything else, e.g. a merge in between)."""
+    if joined is None or against is None or not v.records:
+        return None
+    if (
+        state.chains is not against.chains
+        or state.meta is not against.meta
+        or state.bodies is not against.bodies
+    ):
+        return None
+    lo, hi = state.held
+    end = v.from_offset + len(v.records)
+    skip = hi - v.from_offset
+    chains, mine = joined.chains, v.chains
+    if not 0 <= skip < len(v.records) or joined.held != (lo, end) or joined.meta is not v.meta:
+        return None
+    if (chains.shared, chains.tips, chains.start_head) != (mine.shared, mine.tips, mine.start_head):
+        return None
+    if chains.epoch != state.chains.epoch or chains.forked:
+        return None
+    bodies = joined.bodies
+    if len(bodies) < len(state.bodies) or (bodies and bodies[-1].end != end):
+        return None
+    entries = state.entries.extend(v.records[skip:], v.chain[skip:])
+    return replace(joined, entries=entries)
 
 
 def _superseded(state: QueueState2, joined: QueueState2) -> tuple[int, tuple[Record, ...]]:

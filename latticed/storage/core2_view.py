@@ -27,9 +27,17 @@ from latticed.storage.core2_jobs import Commit2
 from latticed.storage.core2_queues import Core2Queues
 from latticed.storage.core2_store import Queue2Row
 from latticed.storage.core2_verify import verify_queue2
+from latticed.storage.entries import StoredEntries
 from latticed.storage.live import LiveCache
-from latticed.storage.reader import Columns, RawRow, StoreReader
+from latticed.storage.reader import Columns, RawRow, StoreReader, columns_of
 from latticed.storage.wiring import OwnerFence
+
+
+class AheadValues(Protocol):
+    """Replication's live pushes verified on the event loop whose merge is pending
+    (:class:`~latticed.net.core2_ahead.AheadPushes`)."""
+
+    def value(self, q: int, loaded: QueueState2 | None = None) -> QueueState2 | None: ...
 
 
 class Core2ViewHost(Core2Host, Protocol):
@@ -86,6 +94,9 @@ class Core2View(Core2Engine):
         self.on_change: Callable[[int, QueueState2 | None], None] | None = None
         #: Further listeners of core-2 commits (the groups service: new records in a source).
         self.listeners: tuple[Callable[[int, QueueState2 | None], None], ...] = ()
+        #: Live pushes verified on the event loop whose merge is pending (set by replication): a live
+        #: tail shows their records before the commit (:meth:`ahead_columns`).
+        self.ahead: AheadValues | None = None
 
     @contextmanager
     def subscribed(self, listener: Callable[[int, QueueState2 | None], None]) -> Iterator[None]:
@@ -178,6 +189,37 @@ class Core2View(Core2Engine):
         """``q``'s newest committed value (loaded on the storage thread the first time)."""
         loaded = self._queues.loaded(q)
         return loaded if loaded is not None else await self.state(q)
+
+    def went_ahead(self, q: int) -> None:
+        """A verified live push of ``q`` is on its way to the disk: wake the live tails (they show it)."""
+        self._host.live.wake(q)
+
+    def ahead_columns(self, q: int, lo: int, hi: int, max_records: int, max_bytes: int) -> Columns:
+        """For a live tail: records from ``lo`` (the committed end or past it) of verified live pushes
+        still on their way to the disk, from memory (empty: none there, or any doubt). They are the
+        owner's signed records at those offsets, verified against the value they extend: what this
+        replica stores there, now or after a crash and a catch-up, is the same, unless the owner forked
+        the queue, which a tail is told of as for committed records (storage/ahead.py is core 1's)."""
+        loaded = self._queues.loaded(q)
+        ahead = self.ahead
+        value = None if ahead is None or loaded is None or loaded.forked else ahead.value(q, loaded)
+        if value is None or loaded is None or max_records <= 0:
+            return Columns()
+        first, end = loaded.held[1], value.held[1]
+        entries = value.entries
+        if not first <= lo < end or not isinstance(entries, StoredEntries) or value.forked:
+            return Columns()
+        written = entries.lo + entries.stored  # rows before it are on disk: not read here
+        records, _ = entries.overlay
+        if lo < written or value.chains.epoch != loaded.chains.epoch:
+            return Columns()
+        try:  # both in memory (a value's last stored chain value is cached); any doubt: nothing
+            same = first == value.held[0] or value.chain_at(first) == loaded.chain_at(first)
+        except Exception:
+            same = False
+        if not same:
+            return Columns()
+        return columns_of(written, records, lo, hi, max_records=max_records, max_bytes=max_bytes)
 
     # ------------------------------------------------------------------ the owner's writes
     def _check_fence(self, owner: bytes, name: str, kind: int, held_end: int, what: str) -> None:

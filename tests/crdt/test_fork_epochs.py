@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latticed.crdt import epoch_delta, epochs
+from latticed.crdt import head2 as head2_module
 from latticed.crdt.core_errors import BadSignatureError, EquivocationError, MalformedError
 from latticed.crdt.epochs import Chains, join
 from latticed.crdt.head import genesis_hash, meta_hash, queue_id
@@ -275,3 +276,32 @@ def test_a_delta_that_goes_on_from_our_head_is_appended() -> None:
     forged = dataclasses.replace(piece.value, shared=((bytes(32), 3), *piece.value.shared[1:]))
     with pytest.raises(EquivocationError):
         epoch_delta.merge(behind, dataclasses.replace(piece, value=forged))
+
+
+def test_a_newest_head_that_is_also_the_start_head_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live push's one head is usually the start head too (the newest of the highest start): its
+    signature is checked once, and refused when forged; a start head other than the newest is still
+    checked."""
+    line = extend(ROOT, [("offer", 2), ("offer", 1), ("truncate", 1), ("offer", 1)], b"s")
+    checked: list[bytes] = []
+    real = head2_module.verify
+
+    def counted(owner: bytes, body: bytes, signature: bytes) -> None:
+        checked.append(signature)
+        real(owner, body, signature)
+
+    monkeypatch.setattr(head2_module, "verify", counted)
+    behind, ahead = _at(line, 3), _at(line, 4)  # version 4 leaves the start where 3 put it
+    piece = epoch_delta.delta(ahead, epoch_delta.summary(behind))
+    assert piece is not None and piece.value.start_head == piece.value.tips[0].head
+    assert epoch_delta.merge(behind, piece) == join(behind, dataclasses.replace(ahead, held_end=0))
+    assert checked == [piece.value.tips[0].head.signature]
+
+    forged_start = dataclasses.replace(piece.value.start_head, timestamp=7)  # not the newest head
+    forged = dataclasses.replace(piece, value=dataclasses.replace(piece.value, start_head=forged_start))
+    with pytest.raises(BadSignatureError):
+        epoch_delta.merge(behind, forged)
+    tip = dataclasses.replace(piece.value.tips[0], head=forged_start)  # a forged head that is both
+    both = dataclasses.replace(piece.value, tips=(tip,), start_head=forged_start)
+    with pytest.raises(BadSignatureError):
+        epoch_delta.merge(behind, dataclasses.replace(piece, value=both))

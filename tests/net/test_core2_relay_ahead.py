@@ -1,7 +1,7 @@
 """A core-2 relay on the daemon's store (A → B → C over loopback TCP, B a real :class:`Engine`): a live
 push is verified on B's event loop and passed on to C before B's commit, whose ACK alone waits for it;
 a forged push is passed on to nobody and ends its link; the storage thread takes the event loop's
-verification as it is, and such merges may share a commit."""
+verification and join as they are, and such merges may share a commit."""
 
 from __future__ import annotations
 
@@ -172,8 +172,9 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Live pushes submitted back to back are verified against the value ahead of their commit (not
-    again on the storage thread), may wait for company (unless a tail here follows the queue), and are
-    served to the next link at once."""
+    again on the storage thread), may wait for company (a tail here is shown them ahead), and are
+    served to the next link at once (the newest as it came, to a peer holding what it was checked
+    against)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     verified_on: list[str] = []
@@ -184,6 +185,14 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         return verify(state, d)
 
     monkeypatch.setattr(queue2, "verify_delta", counted)
+    joined_on: list[str] = []
+    join = queue2.join_verified
+
+    def counted_join(state: QueueState2, v: queue2.Verified) -> queue2.Merged:
+        joined_on.append(threading.current_thread().name)
+        return join(state, v)
+
+    monkeypatch.setattr(queue2, "join_verified", counted_join)
     main = threading.current_thread().name
     async with Engine.open(tmp_path / "a", ALICE) as a, Engine.open(tmp_path / "b", BOB) as b:
         owner, relay = EngineCore2Host(a), EngineCore2Host(b)
@@ -193,14 +202,16 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         assert first is not None
         summary, _ = await relay.submit_merge2(first.delta, first.steps, b"p" * 32).result()
         assert summary is not None
-        since, pushes = summary, []
+        since, pushes, befores = summary, [], []
         for i in range(1, 4):  # each its own head: a live push apiece
+            befores.append(since.core)
             await a.core2.commit(q, [Record(value=b"v-%d" % i)])
             push = await owner.delta2_for(KEY, since.core, 100, 1 << 20)
             assert push is not None
             pushes.append(push)
             since = owner.summaries2()[KEY]
         verified_on.clear()
+        joined_on.clear()
         pending = [relay.submit_merge2(p.delta, p.steps, b"p" * 32) for p in pushes]
         aheads = [getattr(p, "ahead", None) for p in pending]
         assert None not in aheads and aheads[-1] == owner.summaries2()[KEY]
@@ -209,12 +220,18 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         # The next link is served the three records before any commit, from memory.
         out = relay.delta2_now(KEY, summary.core, 100, 1 << 20)
         assert out is not None and [r.value for r in out.delta.records] == [b"v-1", b"v-2", b"v-3"]
+        # A link whose peer holds what the newest push was checked against is passed it as it came.
+        newest = relay.delta2_now(KEY, befores[-1], 100, 1 << 20)
+        assert newest is not None and newest.delta is pushes[-1].delta and newest.steps is pushes[-1].steps
+        assert newest.implied == aheads[-1]
         for p in pending:
             assert (await p.result())[1]
         assert verified_on == [main] * 3  # the storage thread took them as verified
+        assert joined_on == [main] * 3  # and as joined: written without a second join
         rq = b.core2.lookup(*KEY)
         assert rq is not None and link_summary(await b.core2.value(rq)) == owner.summaries2()[KEY]
         assert relay.ahead.value(rq) is None  # committed: the loaded value is the one
+        assert relay.ahead.relay(rq, befores[-1], 100, 1 << 20) is None  # nor is the push kept
 
         # A forged push is not taken ahead: the storage thread refuses it as before.
         await a.core2.commit(q, [Record(value=b"v-4")])
@@ -225,11 +242,13 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         assert getattr(bad, "ahead", None) is None and relay.ahead.value(rq) is None
         with pytest.raises(IntegrityError):
             await bad.result()
-        # A tail here follows the queue (it shows committed records only): the commit keeps no company.
+        # A tail here follows the queue: it is woken for the push ahead of the commit (it shows it), so
+        # the commit may still wait for company.
         following = b.core2.changed(rq)
         good = relay.submit_merge2(push.delta, push.steps, b"p" * 32)
-        assert getattr(good, "ahead", None) is not None and not good._job.may_linger  # type: ignore[attr-defined]
-        assert (await good.result())[1] and following.is_set()
+        assert getattr(good, "ahead", None) is not None and good._job.may_linger  # type: ignore[attr-defined]
+        assert following.is_set()
+        assert (await good.result())[1]
 
 
 def test_values_ahead_are_kept_while_their_merge_is_pending_and_for_a_bounded_number_of_queues() -> None:

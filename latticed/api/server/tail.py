@@ -287,6 +287,21 @@ async def _serve_tail2(ctx: Context, conn: Connection, request: dict[str, Any], 
             if stop_at is not None:
                 await conn.send({"id": rid, "ok": True, "done": True, "next_offset": pos})
                 break
+            if point is None:  # verified live pushes on their way to the disk (core2_view.ahead_columns)
+                columns = core2.ahead_columns(q, pos, pos + b.max_records, b.max_records, b.max_bytes)
+                if columns.offsets:
+                    pos = columns.offsets[-1] + 1
+                    await _send_batch(
+                        conn,
+                        {
+                            "id": rid,
+                            "ok": True,
+                            "queue": address,
+                            **columns_reply(columns),
+                            "next_offset": pos,
+                        },
+                    )
+                    continue
             with trio.CancelScope() as scope:
                 watch.waiting = scope
                 await changed.wait()
