@@ -5,8 +5,12 @@ its HAVE2 and grafts."""
 
 from __future__ import annotations
 
-from support.queue2_histories import empty, extend
+from support.core2_sim import Core2Network
+from support.queue2_histories import OWNER, empty, extend
 
+from latticed.crdt import queue2
+from latticed.crdt.queue2 import QueueState2
+from latticed.crdt.records import Record
 from latticed.protocol.core2_session import Core2Link
 from latticed.protocol.core2_wire import HAVE2, WANT2, Have2, Prune2, decode2, encode2, link_summary
 from latticed.protocol.replication import ReplicationSession
@@ -102,3 +106,42 @@ def test_the_waiting_end_keeps_quiet_while_the_peer_announces_and_speaks_once_it
     b.core2.local_update(KEY, SUMMARIES[1])
     b.receive_message(encode2(Have2(KEY, SUMMARIES[2])), now=12.0)
     assert len(_typed(b, WANT2)) == 1
+
+
+def _stream(
+    net: Core2Network, state: QueueState2, records: int, sent: dict[tuple[int, int], int]
+) -> QueueState2:
+    """The owner (node 0) commits ``records`` records 0.2 s apart; HAVE2s counted per link as they go."""
+    for _ in range(records):
+        state = queue2.commit(state, OWNER, now_ms=state.held[1] + 1, records=[Record(value=b"x" * 10)])
+        net.node2(0).put2(state)
+        for _ in range(3):  # a record's hops, the lingers' ticks, the grafts they start
+            net.settle()
+            while any(net.wires.values()):
+                for link, wire in net.wires.items():
+                    sent[link] = sent.get(link, 0) + sum(1 for m in wire if unpack_message(m)[0] == HAVE2)
+                net.round()
+            net.tick_all(0.2 / 3)
+    return state
+
+
+def test_in_a_mesh_one_end_of_a_lazy_link_announces_and_the_other_repairs_a_lost_eager_link() -> None:
+    """A triangle under a live stream: the link between the two replicas is pruned both ways, and only
+    the end with the lower incarnation (node 1) announces on it. Then node 1's eager link drops: it
+    announces nothing more, so node 2's HAVE2s go, and node 1 grafts and catches up."""
+    net = Core2Network(features=frozenset({HEADS_V2}), graft_timeout=0.3, have_linger=0.5, remember=True)
+    for n in range(3):
+        net.add(n)
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        net.connect(a, b)
+    state = _stream(net, empty(), 5, {})  # the replicas' link is pruned after the first duplicates
+    sent: dict[tuple[int, int], int] = {}
+    state = _stream(net, state, 20, sent)
+    assert net.node2(1).states2[KEY] == net.node2(2).states2[KEY] == state
+    assert sent.get((1, 2), 0) >= 4 and sent.get((2, 1), 0) == 0, sent
+    net.disconnect(0, 1)
+    state = _stream(net, state, 10, sent)
+    while net.tick_all(0.5):
+        net.run_until_quiet()
+    assert sent[(2, 1)] >= 1
+    assert net.node2(1).states2[KEY] == state
