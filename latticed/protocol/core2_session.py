@@ -19,8 +19,9 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
   changed nothing for the peer is followed once by our whole value (``since`` None: a peer whose log
   parts from ours below what it knows cannot join a piece), then nothing until either side changes.
 * Every local change is pushed on an eager link, and otherwise announced (``HAVE2``, the newest summary
-  per queue, lingering as core 1's HAVEs do) when the peer's summary differs from ours: a peer always
-  learns what we hold, and one to which it is news grafts the
+  per queue, lingering as core 1's HAVEs do) unless the peer said it holds it already (its HAVE2, ACK2
+  or DELTA2; of the two ends of a link, one waits a linger more for that word, ``waits``): a peer
+  learns what we hold that it may lack, and one to which it is news grafts the
   link (``WANT2``), once the link's graft timer ran out without the eager copy (the session's, learned;
   0: at once; held while some link still delivers deltas of the queue, up to ``graft_hold``). A
   duplicate delta prunes the link for that queue (``PRUNE2``): from then on the link carries none of
@@ -168,6 +169,11 @@ class Core2Link:
     #: session's ``have_linger`` (set by ``attach_core2``). A live stream then costs a pruned link one
     #: HAVE2 per queue per linger, the newest summary, not one per record.
     have_linger: float = 0.0
+    #: Whether the peer announces first on this link (set by ``attach_core2``: the higher incarnation
+    #: of the two waits). Both ends of a lazy link usually hold the same records, and would announce
+    #: each to the other; so one end's HAVE2s wait a linger more, and go only if the peer's own word
+    #: (HAVE2, ACK2, DELTA2) has not covered what they had to say by then. Either value is safe.
+    waits: Callable[[], bool] = lambda: False
     _have_due: float | None = None
     _haves_due_now: bool = False
     #: Grafts waiting for the eager copy: when due, when the HAVE2 came, what it said the peer holds.
@@ -188,6 +194,8 @@ class Core2Link:
     _events: deque[Core2Event] = field(default_factory=deque)
     _pending: OrderedDict[QueueKey, None] = field(default_factory=OrderedDict)
     _haves: dict[QueueKey, Summary2] = field(default_factory=dict)
+    #: Per queue in ``_haves``, what we held as it first had something to announce (see ``waits``).
+    _haves_first: dict[QueueKey, Summary2] = field(default_factory=dict)
     #: Deltas received and not acked yet: their queue, and the summary their sender said it holds.
     _received: dict[int, tuple[QueueKey, Summary2]] = field(default_factory=dict)
     #: Deltas sent and not acked yet: their queue, what they were asked from, the summary they carried.
@@ -242,8 +250,8 @@ class Core2Link:
         link = self._link(key)
         if link.eager and has_news(summary, link.peer):
             self._schedule(key)
-        elif summary != link.peer:
-            self._haves[key] = summary
+        elif has_news(summary, link.peer):
+            self._announce(key, summary)
 
     def provide_delta(self, key: QueueKey, out: Outgoing2 | None) -> None:
         """The answer to a :class:`NeedDelta2` (``core2_steps.outgoing``; None: nothing to send)."""
@@ -406,7 +414,7 @@ class Core2Link:
                 self._graft(key)
         if self._haves and self.have_linger > 0:
             if self._have_due is None:
-                self._have_due = now + self.have_linger
+                self._have_due = now + self.have_linger * (2 if self.waits() else 1)
             elif self._have_due <= now:
                 self._haves_due_now = True
 
@@ -454,10 +462,33 @@ class Core2Link:
     def messages_to_send(self) -> list[bytes]:
         out, self._outbox, self._outbox_bytes = self._outbox, [], 0
         if self._haves and self._haves_ready():
-            haves, self._haves = self._haves, {}
-            self._have_due, self._haves_due_now = None, False
-            out.extend(self._encode(Have2(key, summary)) for key, summary in haves.items())
+            out.extend(self._encode(Have2(key, summary)) for key, summary in self._due_haves())
         return out
+
+    def _due_haves(self) -> list[tuple[QueueKey, Summary2]]:
+        """The HAVE2s to send now: none the peer is known to hold already. An end that waits sends none
+        while the peer's word covers what it first had to say (the peer announces, so it is not
+        cut off), and keeps what the peer has not said yet for its next turn."""
+        haves, firsts = self._haves, self._haves_first
+        self._haves, self._haves_first = {}, {}
+        self._have_due, self._haves_due_now = None, False
+        waits = self.have_linger > 0 and self.waits()
+        due = []
+        for key, summary in haves.items():
+            link = self._links.get(key)
+            peer = None if link is None else link.peer
+            if not has_news(summary, peer):
+                continue
+            if waits and not has_news(firsts.get(key, summary), peer):
+                self._announce(key, summary)
+                continue
+            due.append((key, summary))
+        return due
+
+    def _announce(self, key: QueueKey, summary: Summary2) -> None:
+        """A HAVE2 of ``summary`` goes out with the next ones (see :meth:`_due_haves`)."""
+        self._haves[key] = summary
+        self._haves_first.setdefault(key, summary)
 
     def peer_summary(self, key: QueueKey) -> Summary2 | None:
         link = self._links.get(key)
@@ -527,8 +558,8 @@ class Core2Link:
         live record): its eager link brings that, so nothing goes out here, whichever path asked (an
         ACK's next chunk, a delta's answer). Once nothing is in flight, a HAVE2 of what we hold starts
         its graft timer: should that link fail, the peer asks us (WANT2)."""
-        if ours is not None and link.inflight == 0 and ours != link.peer:
-            self._haves[key] = ours
+        if ours is not None and link.inflight == 0 and has_news(ours, link.peer):
+            self._announce(key, ours)
 
     @staticmethod
     def _since(link: _Link2) -> Summary2 | None:

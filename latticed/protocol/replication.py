@@ -928,6 +928,11 @@ class ReplicationSession:
         core2.graft_hold = self.graft_timeout_max or self.graft_timeout
         core2.arrivals = self.arrivals
         core2.have_linger = self.have_linger
+        core2.waits = lambda: (
+            self.incarnation is not None
+            and self._peer_incarnation is not None
+            and self.incarnation > self._peer_incarnation
+        )
         if self.peer_features is not None:
             core2.agree(self.peer_features)
         self.core2 = core2

@@ -164,6 +164,8 @@ class Core2Network(SimNetwork):
     agree_at_start: bool = True
     #: Each session's graft timer (0: a HAVE2 with news grafts at once; else at a :meth:`tick_all`).
     graft_timeout: float = 0.0
+    #: Each session's HAVE linger (0: HAVE2s go with the next send; else at a :meth:`tick_all`).
+    have_linger: float = 0.0
     clock: float = 0.0
 
     def add(self, name: int) -> SimNode:
@@ -182,6 +184,7 @@ class Core2Network(SimNetwork):
                 key_budget=node.key_budget,
                 incarnation=node.incarnation if self.remember else None,
                 graft_timeout=self.graft_timeout,
+                have_linger=self.have_linger,
             )
             session.attach_core2(Core2Link())
             node.sessions[y] = session
