@@ -227,3 +227,37 @@ def test_queues_new_since_the_last_listing_are_sorted_in_without_sorting_the_oth
     )
     n = len(held)
     assert _Name.compared < 2 * n + CHUNK * CHUNK.bit_length()  # sorting all anew: ~n log n (~136,000)
+
+
+def test_a_followed_part_is_scanned_once_then_only_its_changed_queues_are_read() -> None:
+    # A catch-up commits thousands of core-2 queues while ``queue list`` is called every few hundred ms:
+    # reading every queue's value per call made the calls, and the loop they share, cost O(queues^2).
+    others = {q: dataclasses.replace(s, name=f"r{q:06d}") for q, s in states(3 * CHUNK).items()}
+    listing = QueueListing()
+
+    async def never(q: int) -> QueueState:
+        raise KeyError(q)  # every value is at hand; a dropped one is gone
+
+    def listed_followed() -> list[dict[str, Any]]:
+        async def main() -> Packed:
+            more = Listed(lambda: list(others), others.get, never, info, followed=True)
+            return await listing.reply([], {}.__getitem__, info, more=(more,))
+
+        out: list[dict[str, Any]] = msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]
+        return out
+
+    def expected() -> list[dict[str, Any]]:
+        every = [info(q, s) for q, s in others.items()]
+        return sorted(every, key=lambda i: (not i["owned"], i["owner"], i["name"]))
+
+    with listing.following():
+        assert listed_followed() == expected() and listing.read == 3 * CHUNK  # the first call scans
+        assert listed_followed() == expected() and listing.read == 3 * CHUNK  # nothing committed
+        others[7] = dataclasses.replace(others[7], name="renamed")  # a new value, a new queue, a drop
+        others[5 * CHUNK] = dataclasses.replace(others[8], name="new")
+        del others[9]
+        for q in (7, 5 * CHUNK, 9):
+            listing.changed(q, others.get(q))
+        assert listed_followed() == expected()
+        assert listing.read == 3 * CHUNK + 3 and listing.built == 3 * CHUNK + 2  # the three only
+    assert listed_followed() == expected() and listing.read == 6 * CHUNK + 3  # not following: scanned

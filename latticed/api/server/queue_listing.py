@@ -10,6 +10,12 @@ core 2 are listed the same way (:class:`Listed`): a catch-up creates them by the
 place in the list (owned first, then owner and name) never changes, so the last listing's order is kept
 and only queues new since are sorted into it: sorting every queue anew was half of a listing's time.
 
+Even comparing every queue's state with its entry's costs O(queues) in Python per call, and a catch-up
+is listed again and again while it runs (O(queues^2) over it). So a part whose commits the listing hears
+of (:meth:`QueueListing.following`, :attr:`Listed.followed`: core 2, the part a catch-up grows) is
+scanned once, and afterwards only the queues that committed since the last listing are looked at; what
+remains per call is C loops over the list (its set and the join of the encoded entries).
+
 The reply on the wire is what it always was: a map with ``queues``, a list of maps (:class:`Packed`
 only saves re-encoding).
 """
@@ -17,8 +23,9 @@ only saves re-encoding).
 from __future__ import annotations
 
 import operator
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, Final, Generic, TypeVar
 
 import trio
@@ -43,12 +50,15 @@ S = TypeVar("S")
 class Listed(Generic[S]):
     """Queues to list whose values are of one type (each fork core's): ``state`` gives a queue's
     committed value if at hand (None: ``load`` it), ``info`` its entry as a map; any of them raises
-    KeyError for a queue gone meanwhile (left out)."""
+    KeyError for a queue gone meanwhile (left out). ``queues`` may be a callable, called only when the
+    part is scanned. ``followed``: every commit of the part's queues (a new queue, a new value, a drop)
+    reaches :meth:`QueueListing.changed` while :meth:`QueueListing.following` runs."""
 
-    queues: Sequence[int]
+    queues: Sequence[int] | Callable[[], Sequence[int]]
     state: Callable[[int], S | None]
     load: Callable[[int], Awaitable[S]] | None
     info: Callable[[int, S], dict[str, Any]]
+    followed: bool = False
 
 
 class QueueListing:
@@ -61,6 +71,32 @@ class QueueListing:
         self._placed: set[int] = set()
         #: Entries built since start (tests count them: unchanged queues are not rebuilt).
         self.built = 0
+        #: Queues whose state was read since start (tests count them: a followed part's unchanged
+        #: queues are not read again once it was scanned).
+        self.read = 0
+        #: One listing at a time: a followed part's queues and changes are taken and put back whole.
+        self._lock = trio.Lock()
+        #: While following: the followed part's queues as of the last listing (None: scan it next),
+        #: and the queues that committed since.
+        self._following = False
+        self._followed: set[int] | None = None
+        self._changed: set[int] = set()
+
+    def changed(self, q: int, _state: object = None) -> None:
+        """A commit listener: ``q`` of the followed part committed (new, changed or dropped)."""
+        if self._following:
+            self._changed.add(q)
+
+    @contextmanager
+    def following(self) -> Iterator[None]:
+        """While the block runs, the commits of the followed part reach :meth:`changed` (the caller
+        subscribes it for as long), so the part is scanned only once; afterwards, scanned again."""
+        self._following, self._followed = True, None
+        try:
+            yield
+        finally:
+            self._following, self._followed = False, None
+            self._changed.clear()
 
     async def reply(
         self,
@@ -71,13 +107,30 @@ class QueueListing:
     ) -> Packed:
         """The encoded list of every queue in ``queues`` and in each of ``more``: owned first, then by
         owner and name. ``state`` gives a queue's committed state, ``info`` its entry as a map."""
+        async with self._lock:
+            return await self._reply(queues, state, info, more)
+
+    async def _reply(
+        self,
+        queues: Sequence[int],
+        state: Callable[[int], QueueState],
+        info: Callable[[int, QueueState], dict[str, Any]],
+        more: Sequence[Listed[Any]],
+    ) -> Packed:
         found: list[int] = []
         parts: tuple[Listed[Any], ...] = (Listed(queues, state, None, info), *more)
         looked = 0
+        followed: set[int] | None = None
         for part in parts:
-            looked = await self._add(found, looked, part)
+            if part.followed and self._following:
+                looked, followed = await self._follow(looked, part)
+            else:
+                numbers = part.queues() if callable(part.queues) else part.queues
+                looked = await self._add(found, looked, replace(part, queues=numbers))
         entries = self._entries
         present = set(found)
+        if followed is not None:
+            present |= followed
         order, placed = self._order, self._placed
         if present != placed:
             if not placed <= present:
@@ -85,10 +138,28 @@ class QueueListing:
             order += sorted(entries[q][1] for q in present - placed)
             order.sort()  # two sorted runs: merged in about one comparison per queue
             self._order, self._placed = order, present
-        if len(entries) > 2 * looked + CHUNK:  # queues removed since: forget their entries
+        if len(entries) > 2 * len(present) + CHUNK:  # queues removed since: forget their entries
             for q in [q for q in entries if q not in present]:
                 del entries[q]
         return pack_array(list(map(_ENCODED, map(entries.__getitem__, map(_NUMBER, order)))))
+
+    async def _follow(self, looked: int, part: Listed[Any]) -> tuple[int, set[int]]:
+        """The followed part's queues now (kept for the next listing): scanned the first time, else
+        the last ones with only those that committed since looked at; returns ``looked`` as
+        :meth:`_add` does, and the queues."""
+        changed, self._changed = self._changed, set()  # what commits while this runs: next time
+        followed, found = self._followed, list[int]()
+        if followed is None:
+            numbers = part.queues() if callable(part.queues) else part.queues
+            looked = await self._add(found, looked, replace(part, queues=numbers))
+            followed = set(found)
+            if self._following:  # not ended meanwhile (then the next listing scans again)
+                self._followed = followed
+            return looked, followed
+        looked = await self._add(found, looked, replace(part, queues=sorted(changed)))
+        followed -= changed  # the dropped stay out; the others are among ``found``
+        followed.update(found)
+        return looked, followed
 
     async def _add(self, found: list[int], looked: int, part: Listed[Any]) -> int:
         """Note the queues of ``part`` found (their entries built anew if their state changed); returns
@@ -98,6 +169,8 @@ class QueueListing:
         loops over the chunk: a state getter that is a C function, such as ``dict.get``, costs no
         Python call a queue); only the queues that changed, or are gone, are then looked at one by one."""
         entries, queues = self._entries, part.queues
+        assert not callable(queues)
+        self.read += len(queues)
         for lo in range(0, len(queues), CHUNK):
             if looked:
                 await trio.lowlevel.checkpoint()
