@@ -261,3 +261,48 @@ def test_a_followed_part_is_scanned_once_then_only_its_changed_queues_are_read()
         assert listed_followed() == expected()
         assert listing.read == 3 * CHUNK + 3 and listing.built == 3 * CHUNK + 2  # the three only
     assert listed_followed() == expected() and listing.read == 6 * CHUNK + 3  # not following: scanned
+
+
+def test_a_followed_part_stays_in_order_through_new_changed_dropped_and_reused_queues() -> None:
+    rng = random.Random(11)
+    pool = {1000 + q: dataclasses.replace(s, name=f"r{q:06d}") for q, s in states(900).items()}
+    held = states(30)  # a scanned part beside it (queue numbers are one daemon's: none in both)
+    others: dict[int, QueueState] = {}
+    values: dict[int, int] = {}  # each queue's value number: an entry that changes in place
+    listing = QueueListing()
+
+    def info2(q: int, state: QueueState) -> dict[str, Any]:
+        return info(q, state) | {"value": values.get(q, 0)}
+
+    async def never(q: int) -> QueueState:
+        raise KeyError(q)
+
+    def listed_both() -> list[dict[str, Any]]:
+        async def main() -> Packed:
+            more = Listed(lambda: list(others), others.get, never, info2, followed=True)
+            return await listing.reply(list(held), held.__getitem__, info2, more=(more,))
+
+        out: list[dict[str, Any]] = msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]
+        return out
+
+    with listing.following():
+        for step in range(60):
+            touched = rng.sample(sorted(pool), rng.choice((3, 40, 200)))  # few: one by one; many: merged
+            drops = step % 3 == 0  # other steps keep the encoded entries: changed in place
+            for q in touched:
+                if q in others and drops and rng.random() < 0.3:
+                    del others[q]
+                elif q in others and drops and rng.random() < 0.1:  # the number used again
+                    others[q] = dataclasses.replace(pool[q], name=f"again{step}-{q}")
+                else:
+                    others[q] = dataclasses.replace(pool[q])  # a new value
+                values[q] = values.get(q, 0) + 1
+                listing.changed(q, others.get(q))
+            if step % 9 == 4:  # a scanned queue moves to the followed part
+                q = rng.choice(sorted(held))
+                others[3000 + q] = dataclasses.replace(held.pop(q), name=f"moved{q}")
+                listing.changed(3000 + q, others[3000 + q])
+            every = [info2(q, s) for q, s in (held | others).items()]
+            expected = sorted(every, key=lambda i: (not i["owned"], i["owner"], i["name"]))
+            assert listed_both() == expected
+    assert listing.read < 60 * 30 + 60 * 200  # the followed part was read only where it changed
