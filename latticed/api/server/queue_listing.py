@@ -149,12 +149,12 @@ class QueueListing:
         scanned = set(found)
         placed = self._placed
         if whole:  # any queue listed before may be gone
-            leaving = [q for q in placed if q not in scanned]
-            joining = [q for q in found if q not in placed]
+            leaving = list(placed - scanned)
+            joining = list(scanned - placed)
         else:
             leaving = [q for q in self._scanned - scanned if q not in followed]
             leaving += [q for q in gone if q not in scanned]
-            joining = [q for q in scanned - placed]
+            joining = list(scanned - placed)
             joining += [q for q in news if q not in placed]
         self._scanned = scanned
         self._place(leaving, joining)
