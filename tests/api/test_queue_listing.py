@@ -306,3 +306,42 @@ def test_a_followed_part_stays_in_order_through_new_changed_dropped_and_reused_q
             expected = sorted(every, key=lambda i: (not i["owned"], i["owner"], i["name"]))
             assert listed_both() == expected
     assert listing.read < 60 * 30 + 60 * 200  # the followed part was read only where it changed
+
+
+def test_a_followed_listing_cancelled_midway_leaves_its_changes_to_the_next() -> None:
+    others = {q: dataclasses.replace(s, name=f"r{q:06d}") for q, s in states(10).items()}
+    loaded = dict(others)
+    listing = QueueListing()
+
+    loading = trio.Event()
+
+    async def load(q: int) -> QueueState:
+        loading.set()
+        await trio.sleep_forever()  # the client left while this loaded
+        raise AssertionError
+
+    async def main() -> list[dict[str, Any]]:
+        def more() -> Listed[QueueState]:
+            return Listed(lambda: list(others), loaded.get, load, info, followed=True)
+
+        await listing.reply([], {}.__getitem__, info, more=(more(),))
+        others[3] = dataclasses.replace(others[3], name="renamed")
+        others[20] = dataclasses.replace(others[3], name="new")
+        del loaded[3]  # not loaded yet: the listing loads it
+        loaded[20] = others[20]
+        for q in (3, 20):
+            listing.changed(q, others[q])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listing.reply, [], {}.__getitem__, info, (more(),))
+            await loading.wait()
+            nursery.cancel_scope.cancel()
+        loaded[3] = others[3]  # loaded meanwhile
+        out: list[dict[str, Any]] = msgpack.unpackb(
+            pack({"queues": await listing.reply([], {}.__getitem__, info, more=(more(),))})
+        )["queues"]
+        return out
+
+    with listing.following():
+        entries = trio.run(main)
+    every = [info(q, s) for q, s in others.items()]
+    assert entries == sorted(every, key=lambda i: (not i["owned"], i["owner"], i["name"]))

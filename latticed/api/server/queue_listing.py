@@ -205,7 +205,11 @@ class QueueListing:
         changed, self._changed = self._changed, set()  # what commits while this runs: next time
         followed, found = self._followed, list[int]()
         assert followed is not None
-        looked = await self._add(found, looked, replace(part, queues=sorted(changed)))
+        try:
+            looked = await self._add(found, looked, replace(part, queues=sorted(changed)))
+        except BaseException:  # cancelled (the client left), say: looked at by the next listing
+            self._changed |= changed
+            raise
         gone = changed.difference(found)
         followed -= gone
         followed.update(found)
