@@ -184,7 +184,11 @@ async def run_daemon(
                 health=health,
                 default_queue_core=config.default_queue_core,
             )
-            with changes.subscribed(health.on_change):  # health hears of forks as they commit
+            with (
+                changes.subscribed(health.on_change),  # health hears of forks as they commit
+                engine.core2.subscribed(context.listing.changed),  # queue list: core 2's changes
+                context.listing.following(),
+            ):
                 try:
                     async with trio.open_nursery() as nursery:
                         if handle_signals:

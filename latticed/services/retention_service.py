@@ -132,6 +132,11 @@ class RetentionService:
     _dirty: list[int] = field(default_factory=list)
     #: Our limited core-2 queues that committed since their last check (checked by the worker).
     _dirty2: set[int] = field(default_factory=set)
+    #: Our core-2 queues with a limit (a superset: one whose limit went stays until a commit says so),
+    #: trusted by the timer only once it scanned every core-2 queue while hearing of their commits.
+    _limited2: set[int] = field(default_factory=set)
+    _hearing2: bool = False
+    _scanned2: bool = False
     _wake: trio.Event = field(default_factory=trio.Event)
     #: Queues whose policy could not be read in full, with what was wrong (logged once per change).
     problems: dict[str, list[str]] = field(default_factory=dict)
@@ -188,11 +193,17 @@ class RetentionService:
     def on_change2(self, q: int, state: QueueState2 | None) -> None:
         """Core-2 engine listener: one of our queues with a limit that committed is checked soon (one
         check per queue at a time; the plan reads the segments, so not more often than the worker runs)."""
-        if state is None or state.kind != KIND_QUEUE or state.forked or q in self._dirty2:
+        if state is None or state.kind != KIND_QUEUE:
+            self._limited2.discard(q)
+            return
+        if state.forked or q in self._dirty2:  # marked: in the set already
             return
         if self.engine.core2.owned(q) and policy_from_meta(dict(state.meta))[0].limited:
+            self._limited2.add(q)
             self._dirty2.add(q)
             self._wake.set()
+        else:
+            self._limited2.discard(q)
 
     def _mark(self, watch: _Watch) -> None:
         if not watch.pending:
@@ -216,6 +227,7 @@ class RetentionService:
     ) -> None:
         """Until cancelled; hears of every commit through ``changes`` (a limit crossed is cut at once)."""
         with changes.subscribed(self.on_change), self.engine.core2.subscribed(self.on_change2):
+            self._hearing2, self._scanned2 = True, False
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._worker)
                 nursery.start_soon(self._timer)
@@ -313,23 +325,42 @@ class RetentionService:
 
     async def enforce_core2(self) -> int:
         """Check every core-2 queue of ours with a policy and truncate what it asks for (a failure is
-        logged per queue, as in :meth:`enforce`); returns the records dropped."""
+        logged per queue, as in :meth:`enforce`); returns the records dropped.
+
+        Every core-2 queue is looked at the first time only: while the service hears of core 2's
+        commits, the queues with a limit are known (:meth:`on_change2`), and a daemon of tens of
+        thousands of queues, few of them limited, is not scanned whole every round."""
         total = 0
+        if self._hearing2 and self._scanned2:
+            for q in sorted(self._limited2):
+                total += await self.enforce_core2_queue(q)
+            return total
         for q in self.engine.core2.queues(KIND_QUEUE):
             total += await self.enforce_core2_queue(q)
+        self._scanned2 = self._hearing2
         return total
 
     async def enforce_core2_queue(self, q: int) -> int:
         """Check our core-2 queue ``q`` against its policy and truncate what it asks for (a failure is
         logged, and tried again later); returns the records dropped."""
         core2 = self.engine.core2
+        if not core2.holds(q):  # dropped since it was noted
+            self._limited2.discard(q)
+            return 0
+        before = core2.loaded(q)
         try:
             cut = await enforce_core2(self.engine, core2, q, self.unsettled_floor)
         except Exception as exc:  # a full disk, a fenced write, or a bug: never the daemon's end
+            self._limited2.add(q)  # not known to be unlimited: checked again at the next round
             self._failed(core2.address(q), exc)
             return 0
         if cut is None:
+            # Not ours, no limit, or frozen: left out of the rounds until a commit brings it back,
+            # unless a commit came while its value loaded (then it stays until the next round).
+            if not core2.owned(q) or (before is not None and core2.loaded(q) is before):
+                self._limited2.discard(q)
             return 0
+        self._limited2.add(q)
         self.counters.checks += 1
         if cut.dropped:
             self.counters.truncations += 1

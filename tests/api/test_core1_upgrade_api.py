@@ -84,6 +84,7 @@ def test_upgrade_all_and_through_latticectl(daemon: InProcessDaemon, client: Cli
     for name in ("a", "b", "c"):
         client.queue_create(name, core=1)
         client.offer(name, name.encode())
+    assert {q["name"]: q["core"] for q in client.queue_list()} == dict.fromkeys("abc", 1)
     result = runner.invoke(
         cli.ctl.app, ["--socket", str(daemon.socket), "queue", "upgrade", "a"], prog_name="latticectl"
     )
@@ -93,6 +94,8 @@ def test_upgrade_all_and_through_latticectl(daemon: InProcessDaemon, client: Cli
     assert sorted(d["queue"].rpartition("/")[2] for d in done) == ["b", "c"]
     assert all(d["converted"] for d in done)
     assert all(client.queue_info(n)["core"] == 2 for n in "abc")
+    # listed once each, on core 2 (the core-2 listing follows commits: the move is one)
+    assert {q["name"]: q["core"] for q in client.queue_list()} == dict.fromkeys("abc", 2)
     with pytest.raises(MalformedError, match="name a queue"):
         client.call("queue_upgrade")
     usage = runner.invoke(

@@ -8,7 +8,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -17,6 +17,8 @@ from support.inprocess import InProcessDaemon, start_in_process
 
 from latticed.api.client.blocking_client import Client, Entry
 from latticed.api.client.producer import Producer
+from latticed.api.server.queue_listing import Listed, QueueListing
+from latticed.crdt.head import KIND_GROUP
 from latticed.crdt.queue2 import Delta, QueueState2
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
@@ -101,6 +103,34 @@ def test_queue_list_builds_a_core2_entry_once_per_committed_value(
     client.offer("c3", b"v")
     assert {q["name"]: q["size"] for q in client.queue_list()}["c3"] == 1
     assert len(built) == 6  # only the queue that changed
+
+
+def test_queue_list_reads_only_the_core2_queues_that_committed_since_the_last_listing(
+    daemon: InProcessDaemon, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reading every core-2 queue's value per call is O(queues) a call, O(queues^2) over a catch-up that
+    # is listed every few hundred ms: the listing hears of core 2's commits and reads only those.
+    read: list[int] = []
+    add = QueueListing._add
+
+    async def counted(self: QueueListing, found: list[int], looked: int, part: Listed[Any]) -> int:
+        if part.followed:
+            read.extend(cast(list[int], part.queues))
+        return await add(self, found, looked, part)
+
+    monkeypatch.setattr(QueueListing, "_add", counted)
+    for i in range(5):
+        client.queue_create(f"c{i}", core=2)
+    assert len(client.queue_list()) == 5 and len(read) == 5  # the first listing scans
+    assert len(client.queue_list()) == 5 and len(read) == 5  # nothing committed: nothing read
+    client.offer("c3", b"v")
+    client.queue_create("c5", core=2)
+    listed = {q["name"]: q["size"] for q in client.queue_list()}
+    assert listed == {"c0": 0, "c1": 0, "c2": 0, "c3": 1, "c4": 0, "c5": 0}
+    assert len(read) == 7  # c3 and c5 only
+    engine = daemon.handle.engine  # a core-2 commit of another kind is heard of, and not listed
+    daemon.call(lambda: engine.create_queue("a-group", None, KIND_GROUP, core=2))
+    assert {q["name"] for q in client.queue_list()} == {f"c{i}" for i in range(6)}
 
 
 def test_a_producer_pipelines_offers_into_a_core2_queue(client: Client) -> None:

@@ -227,3 +227,121 @@ def test_queues_new_since_the_last_listing_are_sorted_in_without_sorting_the_oth
     )
     n = len(held)
     assert _Name.compared < 2 * n + CHUNK * CHUNK.bit_length()  # sorting all anew: ~n log n (~136,000)
+
+
+def test_a_followed_part_is_scanned_once_then_only_its_changed_queues_are_read() -> None:
+    # A catch-up commits thousands of core-2 queues while ``queue list`` is called every few hundred ms:
+    # reading every queue's value per call made the calls, and the loop they share, cost O(queues^2).
+    others = {q: dataclasses.replace(s, name=f"r{q:06d}") for q, s in states(3 * CHUNK).items()}
+    listing = QueueListing()
+
+    async def never(q: int) -> QueueState:
+        raise KeyError(q)  # every value is at hand; a dropped one is gone
+
+    def listed_followed() -> list[dict[str, Any]]:
+        async def main() -> Packed:
+            more = Listed(lambda: list(others), others.get, never, info, followed=True)
+            return await listing.reply([], {}.__getitem__, info, more=(more,))
+
+        out: list[dict[str, Any]] = msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]
+        return out
+
+    def expected() -> list[dict[str, Any]]:
+        every = [info(q, s) for q, s in others.items()]
+        return sorted(every, key=lambda i: (not i["owned"], i["owner"], i["name"]))
+
+    with listing.following():
+        assert listed_followed() == expected() and listing.read == 3 * CHUNK  # the first call scans
+        assert listed_followed() == expected() and listing.read == 3 * CHUNK  # nothing committed
+        others[7] = dataclasses.replace(others[7], name="renamed")  # a new value, a new queue, a drop
+        others[5 * CHUNK] = dataclasses.replace(others[8], name="new")
+        del others[9]
+        for q in (7, 5 * CHUNK, 9):
+            listing.changed(q, others.get(q))
+        assert listed_followed() == expected()
+        assert listing.read == 3 * CHUNK + 3 and listing.built == 3 * CHUNK + 2  # the three only
+    assert listed_followed() == expected() and listing.read == 6 * CHUNK + 3  # not following: scanned
+
+
+def test_a_followed_part_stays_in_order_through_new_changed_dropped_and_reused_queues() -> None:
+    rng = random.Random(11)
+    pool = {1000 + q: dataclasses.replace(s, name=f"r{q:06d}") for q, s in states(900).items()}
+    held = states(30)  # a scanned part beside it (queue numbers are one daemon's: none in both)
+    others: dict[int, QueueState] = {}
+    values: dict[int, int] = {}  # each queue's value number: an entry that changes in place
+    listing = QueueListing()
+
+    def info2(q: int, state: QueueState) -> dict[str, Any]:
+        return info(q, state) | {"value": values.get(q, 0)}
+
+    async def never(q: int) -> QueueState:
+        raise KeyError(q)
+
+    def listed_both() -> list[dict[str, Any]]:
+        async def main() -> Packed:
+            more = Listed(lambda: list(others), others.get, never, info2, followed=True)
+            return await listing.reply(list(held), held.__getitem__, info2, more=(more,))
+
+        out: list[dict[str, Any]] = msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]
+        return out
+
+    with listing.following():
+        for step in range(60):
+            touched = rng.sample(sorted(pool), rng.choice((3, 40, 200)))  # few: one by one; many: merged
+            drops = step % 3 == 0  # other steps keep the encoded entries: changed in place
+            for q in touched:
+                if q in others and drops and rng.random() < 0.3:
+                    del others[q]
+                elif q in others and drops and rng.random() < 0.1:  # the number used again
+                    others[q] = dataclasses.replace(pool[q], name=f"again{step}-{q}")
+                else:
+                    others[q] = dataclasses.replace(pool[q])  # a new value
+                values[q] = values.get(q, 0) + 1
+                listing.changed(q, others.get(q))
+            if step % 9 == 4:  # a scanned queue moves to the followed part
+                q = rng.choice(sorted(held))
+                others[3000 + q] = dataclasses.replace(held.pop(q), name=f"moved{q}")
+                listing.changed(3000 + q, others[3000 + q])
+            every = [info2(q, s) for q, s in (held | others).items()]
+            expected = sorted(every, key=lambda i: (not i["owned"], i["owner"], i["name"]))
+            assert listed_both() == expected
+    assert listing.read < 60 * 30 + 60 * 200  # the followed part was read only where it changed
+
+
+def test_a_followed_listing_cancelled_midway_leaves_its_changes_to_the_next() -> None:
+    others = {q: dataclasses.replace(s, name=f"r{q:06d}") for q, s in states(10).items()}
+    loaded = dict(others)
+    listing = QueueListing()
+
+    loading = trio.Event()
+
+    async def load(q: int) -> QueueState:
+        loading.set()
+        await trio.sleep_forever()  # the client left while this loaded
+        raise AssertionError
+
+    async def main() -> list[dict[str, Any]]:
+        def more() -> Listed[QueueState]:
+            return Listed(lambda: list(others), loaded.get, load, info, followed=True)
+
+        await listing.reply([], {}.__getitem__, info, more=(more(),))
+        others[3] = dataclasses.replace(others[3], name="renamed")
+        others[20] = dataclasses.replace(others[3], name="new")
+        del loaded[3]  # not loaded yet: the listing loads it
+        loaded[20] = others[20]
+        for q in (3, 20):
+            listing.changed(q, others[q])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listing.reply, [], {}.__getitem__, info, (more(),))
+            await loading.wait()
+            nursery.cancel_scope.cancel()
+        loaded[3] = others[3]  # loaded meanwhile
+        out: list[dict[str, Any]] = msgpack.unpackb(
+            pack({"queues": await listing.reply([], {}.__getitem__, info, more=(more(),))})
+        )["queues"]
+        return out
+
+    with listing.following():
+        entries = trio.run(main)
+    every = [info(q, s) for q, s in others.items()]
+    assert entries == sorted(every, key=lambda i: (not i["owned"], i["owner"], i["name"]))

@@ -5,13 +5,20 @@ replica floor on core 2), nor is a frozen one."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
 
 from latticed.crdt import queue2
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.host.retention_policy import MAX_AGE_KEY, MAX_RECORDS_KEY, ReplicaCaps
+from latticed.services import retention_service
+from latticed.services.retention_core2 import Cut2, enforce_core2
 from latticed.services.retention_service import RetentionService
 from latticed.storage.engine import Engine
+from latticed.storage.wiring import ChangeFanout
 
 ALICE = Identity.from_seed(b"a" * 32)
 BOB = Identity.from_seed(b"b" * 32)
@@ -88,3 +95,42 @@ async def test_a_queue_moved_to_core2_after_a_check_was_due_is_cut_on_core2(tmp_
         assert await service.enforce(q) == 0  # not a crash of the retention worker: core 2 cuts it
         await service.upkeep()
         assert (await engine.core2.value(q)).held == (200 - 47, 200)
+
+
+async def test_a_running_service_checks_only_the_limited_core2_queues_after_its_first_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A daemon of tens of thousands of core-2 queues, few of them limited, was scanned whole at every
+    # round of the timer (a loop turn per round over every queue, on the writer and every replica).
+    checked: list[int] = []
+
+    async def counted(store: Any, core2: Any, q: int, floor: Any = None) -> Cut2 | None:
+        checked.append(q)
+        return await enforce_core2(store, core2, q, floor)
+
+    monkeypatch.setattr(retention_service, "enforce_core2", counted)
+    changes = ChangeFanout()
+    async with Engine.open(tmp_path, ALICE, changes=changes) as engine, trio.open_nursery() as nursery:
+        core2 = engine.core2
+        free = [await core2.create(f"free{i}") for i in range(30)]
+        service = await nursery.start(RetentionService(engine, interval_s=3600.0).run, changes)
+        await service.upkeep()  # the first round (the timer's ran already): every queue
+        checked.clear()
+        await service.upkeep()
+        assert checked == []  # none of them limited
+        counted_q = await core2.create("counted", {MAX_RECORDS_KEY: "50"})
+        await core2.commit(counted_q, [rec(i) for i in range(200)])
+        await core2.commit(free[3], [rec(0)])
+        await service.upkeep()
+        assert checked.count(counted_q) >= 1 and set(checked) == {counted_q}
+        assert (await core2.value(counted_q)).held == (200 - 47, 200)
+        await core2.commit(free[4], [rec(1), rec(2)], {MAX_RECORDS_KEY: "1"})
+        checked.clear()
+        await service.upkeep()
+        assert set(checked) == {counted_q, free[4]}  # limited by a later commit: checked from then on
+        await core2.drop(counted_q)
+        await core2.commit(free[4], [], {MAX_RECORDS_KEY: None})  # its limit lifted
+        checked.clear()
+        await service.upkeep()
+        assert checked == []
+        nursery.cancel_scope.cancel()

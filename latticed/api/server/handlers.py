@@ -35,6 +35,7 @@ from latticed.api.server.offer_layouts import offer_records
 from latticed.api.server.queue_listing import Listed
 from latticed.crdt import kv
 from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
+from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.kvplan import KvRequest, hash_field, visible
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import (
@@ -237,7 +238,7 @@ async def queue_list(ctx: Context, request: Request) -> Reply:
     """Owned queues first, then by owner and name (entries cached per committed state: queue_listing.py)."""
     engine = ctx.engine
     core2 = engine.core2
-    more = Listed(core2.queues(), core2.loaded_lookup(), _load2(core2), _info2(core2))
+    more = Listed(core2.queues, core2.loaded_lookup(), _load2(core2), _info2(core2), followed=True)
     queues = await ctx.listing.reply(
         engine.queues(), engine.state, lambda q, _: queue_info(ctx, q), more=(more,)
     )
@@ -245,10 +246,11 @@ async def queue_list(ctx: Context, request: Request) -> Reply:
 
 
 def _info2(core2: Core2View) -> Callable[[int, QueueState2], dict[str, Any]]:
-    """A core-2 queue's entry; KeyError once it is dropped (left out of the list)."""
+    """A core-2 queue's entry; KeyError once it is dropped, or if of another kind (a group's, say: the
+    commits the listing hears of are of every kind), so left out of the list."""
 
     def info(q: int, state: QueueState2) -> dict[str, Any]:
-        if not core2.holds(q):
+        if not core2.holds(q) or state.kind != KIND_QUEUE:
             raise KeyError(q)
         return core2.info(q, state)
 

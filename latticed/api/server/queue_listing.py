@@ -10,15 +10,25 @@ core 2 are listed the same way (:class:`Listed`): a catch-up creates them by the
 place in the list (owned first, then owner and name) never changes, so the last listing's order is kept
 and only queues new since are sorted into it: sorting every queue anew was half of a listing's time.
 
+Even comparing every queue's state with its entry's costs O(queues) in Python per call, and a catch-up
+is listed again and again while it runs (O(queues^2) over it). So a part whose commits the listing hears
+of (:meth:`QueueListing.following`, :attr:`Listed.followed`: core 2, the part a catch-up grows) is
+scanned once, and afterwards only the queues that committed since the last listing are looked at. The
+encoded entries are kept in the list's order too: a changed entry is replaced where it stands, a few new
+queues are put in their places by bisection, more are merged in. What remains per call is joining the
+reply's bytes.
+
 The reply on the wire is what it always was: a map with ``queues``, a list of maps (:class:`Packed`
 only saves re-encoding).
 """
 
 from __future__ import annotations
 
+import bisect
 import operator
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, Final, Generic, TypeVar
 
 import trio
@@ -28,6 +38,8 @@ from latticed.crdt.queue import QueueState
 
 #: Queues looked at between two checkpoints (a few ms of work on this box at most).
 CHUNK: Final = 2000
+#: Queues new to the list sorted in one by one at most (more: two sorted runs merged, entries joined anew).
+_INSERTS: Final = 64
 
 #: A queue's place in the list: owned first, then by owner and name (then by number: no two tie).
 _Place = tuple[tuple[bool, str, str], int]
@@ -43,12 +55,15 @@ S = TypeVar("S")
 class Listed(Generic[S]):
     """Queues to list whose values are of one type (each fork core's): ``state`` gives a queue's
     committed value if at hand (None: ``load`` it), ``info`` its entry as a map; any of them raises
-    KeyError for a queue gone meanwhile (left out)."""
+    KeyError for a queue gone meanwhile (left out). ``queues`` may be a callable, called only when the
+    part is scanned. ``followed``: every commit of the part's queues (a new queue, a new value, a drop)
+    reaches :meth:`QueueListing.changed` while :meth:`QueueListing.following` runs."""
 
-    queues: Sequence[int]
+    queues: Sequence[int] | Callable[[], Sequence[int]]
     state: Callable[[int], S | None]
     load: Callable[[int], Awaitable[S]] | None
     info: Callable[[int, S], dict[str, Any]]
+    followed: bool = False
 
 
 class QueueListing:
@@ -56,11 +71,43 @@ class QueueListing:
 
     def __init__(self) -> None:
         self._entries: dict[int, _Entry] = {}
-        #: The last listing's queues in their order, and the set of them.
+        #: The last listing's queues in their order, the set of them, and their encoded entries in
+        #: that order (``_encoded`` None: to be joined anew from the entries).
         self._order: list[_Place] = []
         self._placed: set[int] = set()
+        self._encoded: list[bytes] | None = None
+        #: Queues whose entry was built anew since the last listing (their encoded entry to replace).
+        self._rebuilt: list[int] = []
+        #: The scanned parts' queues at the last listing (those gone since leave the list).
+        self._scanned: set[int] = set()
         #: Entries built since start (tests count them: unchanged queues are not rebuilt).
         self.built = 0
+        #: Queues whose state was read since start (tests count them: a followed part's unchanged
+        #: queues are not read again once it was scanned).
+        self.read = 0
+        #: One listing at a time: a followed part's queues and changes are taken and put back whole.
+        self._lock = trio.Lock()
+        #: While following: the followed part's queues as of the last listing (None: scan it next),
+        #: and the queues that committed since.
+        self._following = False
+        self._followed: set[int] | None = None
+        self._changed: set[int] = set()
+
+    def changed(self, q: int, _state: object = None) -> None:
+        """A commit listener: ``q`` of the followed part committed (new, changed or dropped)."""
+        if self._following:
+            self._changed.add(q)
+
+    @contextmanager
+    def following(self) -> Iterator[None]:
+        """While the block runs, the commits of the followed part reach :meth:`changed` (the caller
+        subscribes it for as long), so the part is scanned only once; afterwards, scanned again."""
+        self._following, self._followed = True, None
+        try:
+            yield
+        finally:
+            self._following, self._followed = False, None
+            self._changed.clear()
 
     async def reply(
         self,
@@ -71,24 +118,102 @@ class QueueListing:
     ) -> Packed:
         """The encoded list of every queue in ``queues`` and in each of ``more``: owned first, then by
         owner and name. ``state`` gives a queue's committed state, ``info`` its entry as a map."""
-        found: list[int] = []
+        async with self._lock:
+            return await self._reply(queues, state, info, more)
+
+    async def _reply(
+        self,
+        queues: Sequence[int],
+        state: Callable[[int], QueueState],
+        info: Callable[[int, QueueState], dict[str, Any]],
+        more: Sequence[Listed[Any]],
+    ) -> Packed:
+        found: list[int] = []  # the scanned parts' queues
         parts: tuple[Listed[Any], ...] = (Listed(queues, state, None, info), *more)
         looked = 0
+        followed: set[int] = set()
+        news: list[int] = []  # the followed part's queues that committed since, held and gone
+        gone: set[int] = set()
+        whole = True  # every queue was looked at (not only the followed part's changes)
         for part in parts:
-            looked = await self._add(found, looked, part)
+            if part.followed and self._following and self._followed is not None:
+                looked, followed, news, gone = await self._follow(looked, part)
+                whole = False
+                continue
+            if part.followed and self._following:
+                self._changed = set()  # what commits while it is scanned: looked at next time
+            numbers = part.queues() if callable(part.queues) else part.queues
+            looked = await self._add(found, looked, replace(part, queues=numbers))
+            if part.followed and self._following:  # from now on, only its changes are looked at
+                self._followed = set(numbers) & set(found)
+        scanned = set(found)
+        placed = self._placed
+        if whole:  # any queue listed before may be gone
+            leaving = list(placed - scanned)
+            joining = list(scanned - placed)
+        else:
+            leaving = [q for q in self._scanned - scanned if q not in followed]
+            leaving += [q for q in gone if q not in scanned]
+            joining = list(scanned - placed)
+            joining += [q for q in news if q not in placed]
+        self._scanned = scanned
+        self._place(leaving, joining)
         entries = self._entries
-        present = set(found)
-        order, placed = self._order, self._placed
-        if present != placed:
-            if not placed <= present:
-                order = [place for place in order if place[1] in present]
-            order += sorted(entries[q][1] for q in present - placed)
-            order.sort()  # two sorted runs: merged in about one comparison per queue
-            self._order, self._placed = order, present
-        if len(entries) > 2 * looked + CHUNK:  # queues removed since: forget their entries
-            for q in [q for q in entries if q not in present]:
+        if len(entries) > 2 * len(placed) + CHUNK:  # queues removed since: forget their entries
+            for q in [q for q in entries if q not in placed]:
                 del entries[q]
-        return pack_array(list(map(_ENCODED, map(entries.__getitem__, map(_NUMBER, order)))))
+        encoded = self._encoded
+        if encoded is None:
+            encoded = list(map(_ENCODED, map(entries.__getitem__, map(_NUMBER, self._order))))
+            self._encoded = encoded
+        else:
+            order = self._order
+            for q in self._rebuilt:
+                if q in placed:
+                    entry = entries[q]
+                    encoded[bisect.bisect_left(order, entry[1])] = entry[2]
+        self._rebuilt.clear()
+        return pack_array(encoded)
+
+    def _place(self, leaving: list[int], joining: list[int]) -> None:
+        """Take ``leaving`` out of the order and sort ``joining`` into it (a few one by one, keeping the
+        encoded entries; more by merging two sorted runs, the entries then joined anew)."""
+        placed, order, entries = self._placed, self._order, self._entries
+        if leaving:
+            placed.difference_update(leaving)
+            order = self._order = [place for place in order if place[1] in placed]
+            self._encoded = None
+        if not joining:
+            return
+        placed.update(joining)
+        places = sorted(entries[q][1] for q in set(joining))
+        encoded = self._encoded
+        if encoded is not None and len(places) <= _INSERTS:
+            for place in places:
+                i = bisect.bisect_left(order, place)
+                order.insert(i, place)
+                encoded.insert(i, entries[place[1]][2])
+            return
+        order += places
+        order.sort()  # two sorted runs: merged in about one comparison per queue
+        self._encoded = None
+
+    async def _follow(self, looked: int, part: Listed[Any]) -> tuple[int, set[int], list[int], set[int]]:
+        """The followed part's queues now (kept for the next listing): the last ones with only those
+        that committed since looked at; returns ``looked`` as :meth:`_add` does, the queues, and of
+        those that committed since the ones held and the ones gone."""
+        changed, self._changed = self._changed, set()  # what commits while this runs: next time
+        followed, found = self._followed, list[int]()
+        assert followed is not None
+        try:
+            looked = await self._add(found, looked, replace(part, queues=sorted(changed)))
+        except BaseException:  # cancelled (the client left), say: looked at by the next listing
+            self._changed |= changed
+            raise
+        gone = changed.difference(found)
+        followed -= gone
+        followed.update(found)
+        return looked, followed, found, gone
 
     async def _add(self, found: list[int], looked: int, part: Listed[Any]) -> int:
         """Note the queues of ``part`` found (their entries built anew if their state changed); returns
@@ -98,6 +223,8 @@ class QueueListing:
         loops over the chunk: a state getter that is a C function, such as ``dict.get``, costs no
         Python call a queue); only the queues that changed, or are gone, are then looked at one by one."""
         entries, queues = self._entries, part.queues
+        assert not callable(queues)
+        self.read += len(queues)
         for lo in range(0, len(queues), CHUNK):
             if looked:
                 await trio.lowlevel.checkpoint()
@@ -142,7 +269,9 @@ class QueueListing:
         if entry is not None and entry[1] != place:  # a number used again: place it anew
             self._placed.discard(q)
             self._order = [p for p in self._order if p[1] != q]
+            self._encoded = None
         self._entries[q] = (current, place, Packed.of(built))
+        self._rebuilt.append(q)
         self.built += 1
         return True
 
