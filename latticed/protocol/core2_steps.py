@@ -68,9 +68,15 @@ def outgoing(
 
 
 def _trusted(state: QueueState2, version: int) -> HeadV2 | None:
-    """A body of ``version`` on ``state``'s log that ``state`` holds (a body, or its newest head)."""
-    heads = (*state.bodies, *(t.head for t in state.chains.tips))
-    return next((h for h in heads if h.version == version and vouches(state.chains, h)), None)
+    """A body of ``version`` on ``state``'s log that ``state`` holds (a body, or its newest head). The
+    bodies are searched from the newest: a live push's steps follow the last one, and a queue of single
+    offers holds one per record (a scan from the oldest grew with the queue). Two that vouch for one
+    version are one leaf, so the same body."""
+    chains = state.chains
+    for h in reversed(state.bodies):
+        if h.version == version and vouches(chains, h):
+            return h
+    return next((t.head for t in chains.tips if t.head.version == version and vouches(chains, t.head)), None)
 
 
 def pack_steps(
