@@ -71,8 +71,15 @@ class Chains:
 
     @property
     def held(self) -> tuple[int, int]:
-        """The records this value consists of: nothing past the fork point, nothing below the start."""
-        return self.start, max(self.start, min(self.held_end, self.upper))
+        """The records this value consists of: nothing past the fork point, nothing below the start.
+        (``start`` and ``upper`` inlined: a relay asks a push's values for it a few times each.)"""
+        head, tips = self.start_head, self.tips
+        start = 0 if head is None else head.start
+        if len(tips) > 1:
+            upper = self.shared[-1][1] if self.shared else 0
+        else:
+            upper = tips[0].head.end if tips else 0
+        return start, max(start, min(self.held_end, upper))
 
 
 _END = itemgetter(1)

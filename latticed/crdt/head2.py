@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 from latticed.crdt import fold_compiled
 from latticed.crdt.core_errors import MalformedError, WrongOwnerError
@@ -136,7 +137,8 @@ class HeadV2:
         if not isinstance(raw, bytes) or len(raw) != HEAD2_SIZE or not raw.startswith(HEAD2_NAMESPACE):
             raise MalformedError("not a v2 signed queue head")
         fields = _BODY.unpack_from(raw, len(HEAD2_NAMESPACE))
-        head = dataclasses.replace(cls(*fields), signature=raw[-64:])
+        signed: tuple[Any, ...] = (*fields, raw[-64:])  # the signature is the last field: no ``replace``
+        head = cls(*signed)
         head.check()
         return head
 

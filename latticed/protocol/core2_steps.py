@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from latticed.crdt import chain_memo, leaf_codec, queue2
 from latticed.crdt.core_errors import GapError, MalformedError
-from latticed.crdt.epoch_delta import vouches
+from latticed.crdt.epoch_delta import LogDelta, vouches
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head2 import HeadV2, Leaf
 from latticed.crdt.leaf_bodies import decode_versions, in_order
@@ -68,9 +68,15 @@ def outgoing(
 
 
 def _trusted(state: QueueState2, version: int) -> HeadV2 | None:
-    """A body of ``version`` on ``state``'s log that ``state`` holds (a body, or its newest head)."""
-    heads = (*state.bodies, *(t.head for t in state.chains.tips))
-    return next((h for h in heads if h.version == version and vouches(state.chains, h)), None)
+    """A body of ``version`` on ``state``'s log that ``state`` holds (a body, or its newest head). The
+    bodies are searched from the newest: a live push's steps follow the last one, and a queue of single
+    offers holds one per record (a scan from the oldest grew with the queue). Two that vouch for one
+    version are one leaf, so the same body."""
+    chains = state.chains
+    for h in reversed(state.bodies):
+        if h.version == version and vouches(chains, h):
+            return h
+    return next((t.head for t in chains.tips if t.head.version == version and vouches(chains, t.head)), None)
 
 
 def pack_steps(
@@ -160,8 +166,10 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
     full = log.value.shared
     shared = (*full[:keep], *leaves[skip : max(skip, top - version)], *full[keep:])
     bodies = in_order(d.bodies, rebuilt)
-    piece = replace(log, value=replace(log.value, shared=shared))
-    return replace(d, log=piece, bodies=bodies)
+    v = log.value  # built directly, not by ``replace`` (three a relayed push, a third of this function)
+    value = Chains(v.owner, v.queue_id, v.epoch, shared, v.tips, v.start_head, v.held_end)
+    piece = LogDelta(log.base, log.base_fold, value)
+    return queue2.Delta(d.owner, d.name, d.kind, piece, d.meta, d.from_offset, d.records, bodies)
 
 
 def _chain_base(state: QueueState2, value: Chains, frm: int, *, ours: bool = True) -> bytes | None:

@@ -123,7 +123,17 @@ class Summary2:
 def link_summary(state: QueueState2) -> Summary2:
     """``queue2.summary(state)`` and the digest of a forked value's heads. An unforked value's fold is
     its newest head's :func:`~latticed.crdt.head2.next_log` (the head's signed ``log`` folds the leaves
-    before it): O(1) instead of folding every leaf, on every change a link announces."""
+    before it): O(1) instead of folding every leaf, on every change a link announces. Kept on the value
+    (:attr:`QueueState2.memo`): the ACK, the change hook and the value ahead each ask for it."""
+    memo = state.memo
+    if type(memo) is Summary2:
+        return memo
+    summary = _link_summary(state)
+    object.__setattr__(state, "memo", summary)
+    return summary
+
+
+def _link_summary(state: QueueState2) -> Summary2:
     chains = state.chains
     if not chains.forked and chains.tips:
         head = chains.tips[0].head

@@ -40,6 +40,9 @@ class QueueState2:
     meta: Meta = ()  #: the metadata ``chains.start_head`` signs
     entries: EntryView = field(default_factory=empty_entries)  #: the records ``chains.held``
     bodies: tuple[HeadV2, ...] = field(default=(), compare=False)  #: sorted by (end, version)
+    #: What a link computed of this very value (its summary): a value is immutable, so once per object
+    #: (a relay summarises a push's value up to three times). Not an argument: ``replace`` starts afresh.
+    memo: object = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def queue_id(self) -> bytes:

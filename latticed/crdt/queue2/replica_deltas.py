@@ -229,9 +229,12 @@ def _unconfirmed(
 
 
 def _held_after(state: QueueState2, chains: Chains) -> tuple[int, int]:
-    """What ``state`` still holds under the merged ``chains``: nothing of another epoch."""
-    lo, hi = replace(chains, held_end=min(state.held[1], chains.upper)).held
-    return (lo, hi) if chains.epoch == state.chains.epoch else (lo, lo)
+    """What ``state`` still holds under the merged ``chains``: nothing of another epoch. (``chains.held``
+    with our held end, computed without building that value: twice a push on a relay's event loop.)"""
+    lo = chains.start
+    if chains.epoch != state.chains.epoch:
+        return lo, lo
+    return lo, max(lo, min(state.held[1], chains.upper))
 
 
 def _base(chains: Chains, state: QueueState2) -> bytes | None:
@@ -250,6 +253,12 @@ def _every_end(chains: Chains, lo: int, hi: int) -> set[int]:
 def join_verified(state: QueueState2, v: Verified) -> Merged:
     """``state`` joined with a verified delta: our records cut to the merged value, then the new ones
     appended. Records we held past a fork point now known come back as evidence."""
+    appended = _appended(state, v)
+    return _joined(state, v) if appended is None else Merged(appended)
+
+
+def _joined(state: QueueState2, v: Verified) -> Merged:
+    """:func:`join_verified`'s general path: any fork, truncation, epoch or overlap."""
     chains = v.chains
     same_epoch = chains.epoch == state.chains.epoch
     lo, hi = _held_after(state, chains)
@@ -273,3 +282,26 @@ def join_verified(state: QueueState2, v: Verified) -> Merged:
         bodies = (*bodies, *bodies_between(v.bodies, hi, end))
         kept = replace(kept, chains=replace(kept.chains, held_end=end), entries=entries)
     return Merged(replace(kept, meta=v.meta, bodies=bodies), evidence)
+
+
+def _appended(state: QueueState2, v: Verified) -> QueueState2 | None:
+    """:func:`join_verified` of a plain append, built at once (None: not one). A live push's usual case:
+    neither value forked, the same epoch and start, and records past all we hold, so nothing of ours is
+    cut and no body leaves the log; the result is the general path's, without its intermediate values."""
+    chains, ours = v.chains, state.chains
+    if len(chains.tips) != 1 or len(ours.tips) > 1 or chains.epoch != ours.epoch or not v.records:
+        return None
+    lo, hi = state.held
+    if chains.start != lo or hi > chains.tips[0].head.end:  # then the merged value holds ours as it is
+        return None
+    first, end = v.from_offset, v.from_offset + len(v.records)
+    if not first <= hi < end:
+        return None
+    skip = hi - first
+    kept = state.entries if hi > lo else nothing_at(state, lo)
+    entries = kept.extend(v.records[skip:], v.chain[skip:])
+    bodies = (*state.bodies, *bodies_between(v.bodies, hi, end))
+    grown = Chains(
+        chains.owner, chains.queue_id, chains.epoch, chains.shared, chains.tips, chains.start_head, end
+    )
+    return QueueState2(state.owner, state.name, state.kind, grown, v.meta, entries, bodies)
