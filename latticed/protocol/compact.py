@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from latticed.crdt.core_errors import MalformedError
-from latticed.crdt.head import MAX_NAME_BYTES, SignedHead, fresh_queue_id, genesis_hash, meta_hash, queue_id
+from latticed.crdt.head import SignedHead, fresh_queue_id, genesis_hash, meta_hash, queue_id
 from latticed.crdt.queue import QueueDelta, Summary
 from latticed.crdt.records import MAX_OFFSET, chain_extend
 from latticed.crdt.wire import (
@@ -52,6 +52,7 @@ from latticed.crdt.wire import (
     summary_to_wire,
 )
 from latticed.errors import RemoteProtocolError
+from latticed.protocol.queue_numbers import name_queue, named_queue
 from latticed.protocol.replication_messages import (
     COMPACT_ACK,
     COMPACT_DELTA,
@@ -60,7 +61,6 @@ from latticed.protocol.replication_messages import (
     Delta,
     Have,
     QueueKey,
-    check_key,
 )
 
 __all__ = ["CHAIN_LIMIT", "COMPACT_FEATURE", "MAX_REFS", "CompactLink"]
@@ -187,29 +187,6 @@ class CompactLink:
     _out: _Direction = field(default_factory=_Direction)
     _in: _Direction = field(default_factory=_Direction)
 
-    # ---------------------------------------------------------------- naming queues
-    @staticmethod
-    def _name(side: _Direction, key: QueueKey) -> Any:
-        number = side.numbers.get(key)
-        if number is not None:
-            return number
-        side.learn(key)
-        return [key[0], key[1], key[2]]
-
-    @staticmethod
-    def _named(side: _Direction, raw: Any) -> QueueKey:
-        if type(raw) is int:
-            if not 0 <= raw < len(side.keys):
-                raise RemoteProtocolError(f"compact message names queue {raw}, which this link has not seen")
-            return side.keys[raw]
-        if type(raw) is not list or len(raw) != 3:
-            raise RemoteProtocolError("a compact queue is a number or [owner, name, kind]")
-        key = check_key(raw[0], raw[1], raw[2])
-        if len(key[1].encode()) > MAX_NAME_BYTES or not 0 <= key[2] <= 255:
-            raise RemoteProtocolError(f"a queue name is at most {MAX_NAME_BYTES} bytes, a kind 0-255")
-        side.learn(key)
-        return key
-
     # ---------------------------------------------------------------- heads
     @staticmethod
     def _head_out(h: SignedHead, qid: bytes, last: _Last | None, chained: bool, meta: Any) -> list[Any]:
@@ -269,7 +246,7 @@ class CompactLink:
         """A DELTA as ``CDELTA`` (always possible)."""
         d, side = message.delta, self._out
         key = (d.owner, d.name, d.kind)
-        name = self._name(side, key)
+        name = name_queue(side, key)
         last = side.last.get(key)
         qid = queue_id(d.owner, d.name, d.kind)
         from_offset: int | None = d.from_offset
@@ -308,7 +285,7 @@ class CompactLink:
             raise RemoteProtocolError("a compact DELTA has 11 items")
         side = self._in
         seq = _int(raw[1], "DELTA seq")
-        key = self._named(side, raw[2])
+        key = named_queue(side, raw[2])
         last = side.last.get(key)
         qid = last.qid if last is not None else None
         if qid is None:
@@ -411,7 +388,7 @@ class CompactLink:
     # ---------------------------------------------------------------- HAVEs
     def encode_haves(self, haves: list[Have]) -> list[Any]:
         side = self._out
-        return [COMPACT_HAVES, [[self._name(side, h.key), summary_to_wire(h.summary)] for h in haves]]
+        return [COMPACT_HAVES, [[name_queue(side, h.key), summary_to_wire(h.summary)] for h in haves]]
 
     def _decode_haves(self, raw: list[Any]) -> tuple[Have, ...]:
         if len(raw) != 2 or type(raw[1]) is not list:
@@ -420,7 +397,7 @@ class CompactLink:
         for entry in raw[1]:
             if type(entry) is not list or len(entry) != 2:
                 raise RemoteProtocolError("a compact HAVE is [queue, summary]")
-            out.append(Have(self._named(self._in, entry[0]), summary_from_wire(entry[1])))
+            out.append(Have(named_queue(self._in, entry[0]), summary_from_wire(entry[1])))
         return tuple(out)
 
     # ---------------------------------------------------------------- in

@@ -58,7 +58,7 @@ from latticed.crdt import queue2
 from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains, Tip
-from latticed.crdt.head import MAX_NAME_BYTES, check_name, fresh_queue_id, genesis_hash, meta_hash
+from latticed.crdt.head import check_name, fresh_queue_id, genesis_hash, meta_hash
 from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, next_log
 from latticed.crdt.records import Record, RecordRun, chain_extend
 from latticed.crdt.wire import pack, records_from_wire, records_to_wire
@@ -93,7 +93,8 @@ from latticed.protocol.core2_wire import (  # the full forms' field decoders, sh
     summary_from_wire,
     summary_to_wire,
 )
-from latticed.protocol.replication_messages import QueueKey, check_key
+from latticed.protocol.queue_numbers import name_queue, named_queue
+from latticed.protocol.replication_messages import QueueKey
 
 __all__ = ["CHAIN_LIMIT", "COMPACT2_CODES", "LEAF_LIMIT", "MAX_REFS", "Compact2Link"]
 
@@ -365,29 +366,6 @@ class Compact2Link:
     _out: _Direction = field(default_factory=_Direction)
     _in: _Direction = field(default_factory=_Direction)
 
-    # ---------------------------------------------------------------- naming queues
-    @staticmethod
-    def _name(side: _Direction, key: QueueKey) -> Any:
-        number = side.numbers.get(key)
-        if number is not None:
-            return number
-        side.learn(key)
-        return [key[0], key[1], key[2]]
-
-    @staticmethod
-    def _named(side: _Direction, raw: Any) -> QueueKey:
-        if type(raw) is int:
-            if not 0 <= raw < len(side.keys):
-                raise RemoteProtocolError(f"a compact core-2 message names queue {raw}, never numbered")
-            return side.keys[raw]
-        if type(raw) is not list or len(raw) != 3:
-            raise RemoteProtocolError("a compact queue is a number or [owner, name, kind]")
-        key = check_key(raw[0], raw[1], raw[2])
-        if len(key[1].encode()) > MAX_NAME_BYTES or not 0 <= key[2] <= 255:
-            raise RemoteProtocolError(f"a queue name is at most {MAX_NAME_BYTES} bytes, a kind 0-255")
-        side.learn(key)
-        return key
-
     # ---------------------------------------------------------------- out
     def encode(self, message: Message2) -> bytes:
         """The wire bytes of ``message`` in its compact form (ACK2's short form as it is)."""
@@ -396,24 +374,24 @@ class Compact2Link:
             case Delta2():
                 return pack(self._encode_delta(message))
             case Digest2():
-                rows = [[self._name(side, k), summary_to_wire(s)] for k, s in message.entries]
+                rows = [[name_queue(side, k), summary_to_wire(s)] for k, s in message.entries]
                 return pack([CDIGEST2, rows])
             case Ack2():
                 summary = None if message.summary is None else summary_to_wire(message.summary)
-                return pack([CACK2, message.seq, self._name(side, message.key), summary])
+                return pack([CACK2, message.seq, name_queue(side, message.key), summary])
             case Have2():
-                return pack([CHAVE2, self._name(side, message.key), summary_to_wire(message.summary)])
+                return pack([CHAVE2, name_queue(side, message.key), summary_to_wire(message.summary)])
             case Want2():
                 summary = None if message.summary is None else summary_to_wire(message.summary)
-                return pack([CWANT2, self._name(side, message.key), summary])
+                return pack([CWANT2, name_queue(side, message.key), summary])
             case Prune2():
-                return pack([CPRUNE2, self._name(side, message.key)])
+                return pack([CPRUNE2, name_queue(side, message.key)])
         return encode2(message)  # AckHeld2: two items already
 
     def _encode_delta(self, message: Delta2) -> list[Any]:
         d, side = message.delta, self._out
         key = (d.owner, d.name, d.kind)
-        queue = self._name(side, key)
+        queue = name_queue(side, key)
         ref, qid = side.ref(key), side.qid(key)
         records = RecordRun.of(d.records)
         log: list[Any] | None = None
@@ -463,19 +441,19 @@ class Compact2Link:
                 entries = []
                 for row in raw[1]:
                     queue, summary = _list(row, 2, "a DIGEST2 entry")
-                    entries.append((self._named(side, queue), summary_from_wire(summary)))
+                    entries.append((named_queue(side, queue), summary_from_wire(summary)))
                 return Digest2(tuple(entries))
             if code == CACK2 and len(raw) == 4:
                 seq = _u64(raw[1], "a sequence number")
-                key = self._named(side, raw[2])
+                key = named_queue(side, raw[2])
                 return Ack2(seq, key, None if raw[3] is None else summary_from_wire(raw[3]))
             if code == CHAVE2 and len(raw) == 3:
-                return Have2(self._named(side, raw[1]), summary_from_wire(raw[2]))
+                return Have2(named_queue(side, raw[1]), summary_from_wire(raw[2]))
             if code == CWANT2 and len(raw) == 3:
-                key = self._named(side, raw[1])
+                key = named_queue(side, raw[1])
                 return Want2(key, None if raw[2] is None else summary_from_wire(raw[2]))
             if code == CPRUNE2 and len(raw) == 2:
-                return Prune2(self._named(side, raw[1]))
+                return Prune2(named_queue(side, raw[1]))
         except MalformedError as exc:
             raise RemoteProtocolError(f"bad compact {name} from peer: {exc}") from exc
         raise RemoteProtocolError(f"compact core-2 message {code} with {len(raw)} items")
@@ -485,7 +463,7 @@ class Compact2Link:
             raise RemoteProtocolError(f"compact core-2 message {raw[0]} with {len(raw)} items")
         side = self._in
         seq = _u64(raw[1], "a sequence number")
-        key = self._named(side, raw[2])
+        key = named_queue(side, raw[2])
         check_name(key[1])
         ref, qid = side.ref(key), side.qid(key)
         base_version = ref.version if ref else 0
