@@ -150,6 +150,16 @@ class _Link2:
     asked_for: _Pair | None = None
 
 
+def _carried(ours: Summary2, implied: Summary2 | None) -> Summary2:
+    """The summary a delta carries: ours, or what the peer holds once it joined the delta where that
+    covers ours on one unforked history. The host builds a delta from what it holds as it answers, which
+    may be past what it told the link (a commit whose change has not reached the link yet); carrying the
+    older summary would have the peer, holding more than we said, send those records back to us."""
+    if implied is None or implied.heads or ours.heads or has_news(ours, implied):
+        return ours
+    return implied
+
+
 def _always(key: QueueKey) -> bool:
     return True
 
@@ -280,9 +290,10 @@ class Core2Link:
         link.inflight += 1
         link.sent = out.implied
         self._busy += 1
-        self._brings[self._seq] = (key, pair, ours)
+        carried = _carried(ours, out.implied)
+        self._brings[self._seq] = (key, pair, carried)
         self.stats["deltas_sent"] += 1
-        self._send(Delta2(self._seq, ours, out.delta, out.steps))
+        self._send(Delta2(self._seq, carried, out.delta, out.steps))
         if out.implied is not None and has_news(ours, out.implied):
             self._schedule(key)  # the next chunk of a backlog, ahead of this one's ACK
         else:

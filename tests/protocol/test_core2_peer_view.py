@@ -126,3 +126,33 @@ def test_a_peer_that_acks_below_what_it_said_before_gets_the_whole_value_once_th
         session.messages_to_send()
         session.receive_message(encode2(Ack2(seq, KEY, SUMMARIES[2])))  # the delta did not fit
     assert sinces == [SUMMARIES[3].core, None]
+
+
+def test_a_delta_built_past_what_its_link_was_told_is_not_sent_back() -> None:
+    """The host builds a delta from what it holds as it answers, past a commit whose change has not
+    reached the link yet: the delta says it holds what it brings, so the replica, which hears of its
+    merge on every link (the daemon's store hook), finds nothing for the writer and sends nothing back."""
+    net = Core2Network(max_records=64, window=8, features=frozenset({HEADS_V2}))
+    for n in range(2):
+        net.add(n)
+    net.connect(0, 1)
+    net.run_until_quiet()  # the digests
+    writer, replica = net.node2(0), net.node2(1)
+    state = empty()
+    for i in range(6):
+        state = queue2.commit(state, OWNER, now_ms=1 + 2 * i, records=[Record(value=b"a")])
+        writer.states2[KEY] = state
+        writer._changed2(KEY, state)  # its link asks for a delta
+        state = queue2.commit(state, OWNER, now_ms=2 + 2 * i, records=[Record(value=b"b")])
+        writer.states2[KEY] = state  # committed; its change reaches the link after the delta left
+        net.round()  # the delta is built
+        net.round()  # and merged
+        back = replica.sessions[0].core2
+        assert back is not None
+        back.local_update(KEY, link_summary(replica.states2[KEY]))
+        writer._changed2(KEY, state)
+        net.run_until_quiet()
+    assert replica.states2[KEY] == state
+    core2 = writer.sessions[1].core2
+    assert core2 is not None
+    assert core2.stats["deltas_received"] == 0, core2.stats
