@@ -1,7 +1,9 @@
 """A core-2 link's view of what its peer holds only moves forward along one history: a word of the peer
 older than one it gave since (a HAVE2 that lingered past the bulk's last ACK2, an ACK2 of what is durable
 there after a DELTA2 of what it verified ahead) does not move it back, so the next live record goes alone
-instead of with records the peer holds. A word on another branch, or "nothing", still replaces it."""
+instead of with records the peer holds. A word on another branch, or "nothing", still replaces it; an
+ACK2 below the view counts as changing nothing; and a delta says it holds what it brings, so a replica
+does not send back what the writer committed past what its link was told."""
 
 from __future__ import annotations
 
