@@ -31,9 +31,10 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
   would cross the eager copy still on its way; a live stream on a mesh costs ~1 delta a record a
   replica).
 
-What it remembers of a peer is only about queues we hold (a peer's summaries of others are not kept) and
-what is in flight (bounded by ``window``); there is no memory across connections: each link starts with
-whole digests.
+What the peer holds, as far as we know, is the join of what it said (:func:`heard`): a word older than
+one it gave since does not move it back. What it remembers of a peer is only about queues we hold (a
+peer's summaries of others are not kept) and what is in flight (bounded by ``window``); there is no
+memory across connections: each link starts with whole digests.
 
 Why one module: it is one class whose per-queue bookkeeping (what the peer holds, what is in flight, the
 futile and whole offers, eager or pruned) is one set of invariants every handler touches; the wire forms
@@ -70,7 +71,7 @@ from latticed.protocol.graft import Arrivals
 from latticed.protocol.replication_messages import QueueKey
 from latticed.protocol.versions import HEADS_V2
 
-__all__ = ["Core2Event", "Core2Link", "Delta2Received", "NeedDelta2", "has_news"]
+__all__ = ["Core2Event", "Core2Link", "Delta2Received", "NeedDelta2", "has_news", "heard"]
 
 
 def has_news(ours: Summary2 | None, theirs: Summary2 | None) -> bool:
@@ -92,6 +93,16 @@ def has_news(ours: Summary2 | None, theirs: Summary2 | None) -> bool:
     covers_log = b.log.known > a.log.known or (b.log.known == a.log.known and b.log.fold == a.log.fold)
     covers_records = b.held_end > a.held_end or (b.held_end == a.held_end and b.held_hash == a.held_hash)
     return not (covers_log and covers_records)
+
+
+def heard(view: Summary2 | None, word: Summary2 | None) -> Summary2 | None:
+    """Our view of a peer once it said it holds ``word``: a join, not an overwrite. A word our view
+    covers along one history is older than what the peer told us since (a lingered HAVE2, an ACK2 of
+    what is durable there after a DELTA2 of what it verified ahead): taking it would move the view
+    back, and the next delta would start below it, carrying records the peer holds. A word on another
+    branch (a fork, a recovery) replaces the view, as does "nothing" (an ACK2 of a delta that did not
+    fit: a delta from the old view would not fit again)."""
+    return word if word is None or has_news(word, view) else view
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +148,16 @@ class _Link2:
     futile: _Pair | None = None
     whole: _Pair | None = None
     asked_for: _Pair | None = None
+
+
+def _carried(ours: Summary2, implied: Summary2 | None) -> Summary2:
+    """The summary a delta carries: ours, or what the peer holds once it joined the delta where that
+    covers ours on one unforked history. The host builds a delta from what it holds as it answers, which
+    may be past what it told the link (a commit whose change has not reached the link yet); carrying the
+    older summary would have the peer, holding more than we said, send those records back to us."""
+    if implied is None or implied.heads or ours.heads or has_news(ours, implied):
+        return ours
+    return implied
 
 
 def _always(key: QueueKey) -> bool:
@@ -269,9 +290,10 @@ class Core2Link:
         link.inflight += 1
         link.sent = out.implied
         self._busy += 1
-        self._brings[self._seq] = (key, pair, ours)
+        carried = _carried(ours, out.implied)
+        self._brings[self._seq] = (key, pair, carried)
         self.stats["deltas_sent"] += 1
-        self._send(Delta2(self._seq, ours, out.delta, out.steps))
+        self._send(Delta2(self._seq, carried, out.delta, out.steps))
         if out.implied is not None and has_news(ours, out.implied):
             self._schedule(key)  # the next chunk of a backlog, ahead of this one's ACK
         else:
@@ -352,7 +374,8 @@ class Core2Link:
             raise RemoteProtocolError(f"peer sent {key[0].hex()}/{key[1]}, which we did not subscribe to")
         self._received[seq] = (key, message.summary)
         self.arrivals.received(key)
-        self._link(key).peer = message.summary  # tracked whatever we hold: the window bounds these
+        link = self._link(key)  # tracked whatever we hold: the window bounds these
+        link.peer = heard(link.peer, message.summary)
         ours, count = self._local.get(key), len(delta.records)
         held = 0 if ours is None or ours.heads else max(0, min(ours.core.held_end - delta.from_offset, count))
         self.stats["deltas_received"] += 1
@@ -369,9 +392,9 @@ class Core2Link:
         link = self._link(key)
         link.inflight -= 1
         self._busy -= 1
-        if held == peer:
-            link.futile = (ours, peer)  # it changed nothing there: the whole value once, then stop
-        link.peer = held
+        if not has_news(held, peer):  # it changed nothing there (or did not fit what the peer holds,
+            link.futile = (ours, peer)  # below what it said before): the whole value once, then stop
+        link.peer = heard(link.peer, held)
         if link.inflight == 0:
             link.sent = None  # from now on what the peer says it holds is the whole truth
         if self._for_peer(key) and has_news(self._local.get(key), self._since(link)):
@@ -382,7 +405,8 @@ class Core2Link:
         key, summary = have.key, have.summary
         ours = self._local.get(key)
         if ours is not None:
-            self._link(key).peer = summary  # not a reason to push: our news went out as it came
+            link = self._link(key)  # not a reason to push: our news went out as it came
+            link.peer = heard(link.peer, summary)
         if self.we_want(key) and has_news(summary, ours):
             delay = self.graft_delay()
             if delay <= 0:
@@ -440,7 +464,7 @@ class Core2Link:
             return  # nothing to send
         link = self._link(key)
         link.eager = True
-        link.peer = want.summary
+        link.peer = heard(link.peer, want.summary)
         if self._for_peer(key) and has_news(self._local[key], want.summary):
             self._schedule(key)
 
