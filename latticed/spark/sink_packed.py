@@ -59,11 +59,9 @@ def _bin_headers(lengths: np.ndarray, lead: bytes) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def packed_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> PackedRows | None:
-    """The rows of ``batch`` for one queue (the ``queue`` option) as the msgpack bytes of each record
-    ``[value, key, []]``, with the same sizes as :func:`~latticed.spark.sink_records.batch_rows`; None
-    when the batch is not of that shape (headers, timestamps, a ``queue`` column, large strings): then
-    ``batch_rows`` builds the records."""
+def _plain_columns(batch: pa.RecordBatch, queue: str | None) -> tuple[pa.Array, pa.Array | None] | None:
+    """The value and key columns of a batch both fast forms take (one queue, no headers, no timestamps,
+    short binary or string columns, no null value); None for any other batch."""
     names = batch.schema.names
     if queue is None or "headers" in names or "timestamp" in names:
         return None
@@ -71,6 +69,18 @@ def packed_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Packe
     keys = batch.column(names.index("key")) if "key" in names else None
     if values.type not in _SHORT or (keys is not None and keys.type not in _SHORT) or values.null_count:
         return None
+    return values, keys
+
+
+def packed_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> PackedRows | None:
+    """The rows of ``batch`` for one queue (the ``queue`` option) as the msgpack bytes of each record
+    ``[value, key, []]``, with the same sizes as :func:`~latticed.spark.sink_records.batch_rows`; None
+    when the batch is not of that shape (headers, timestamps, a ``queue`` column, large strings): then
+    ``batch_rows`` builds the records."""
+    plain = _plain_columns(batch, queue)
+    if plain is None:
+        return None
+    values, keys = plain
     values = values.cast(pa.binary())
     value_lengths = pc.binary_length(values).to_numpy(zero_copy_only=False)
     parts = [_bin_headers(value_lengths, b"\x93"), values]
@@ -96,13 +106,10 @@ def column_rows(batch: pa.RecordBatch, queue: str | None, resolve: Any) -> Colum
     """The rows of ``batch`` for one queue as columns, for a daemon that takes ``offer_batch``'s
     ``packed`` layout: the Arrow buffers as they are, sliced, with the same sizes as
     :func:`packed_rows`; None when the batch is not of that shape (as for :func:`packed_rows`)."""
-    names = batch.schema.names
-    if queue is None or "headers" in names or "timestamp" in names:
+    plain = _plain_columns(batch, queue)
+    if plain is None:
         return None
-    values = batch.column(names.index("value"))
-    keys = batch.column(names.index("key")) if "key" in names else None
-    if values.type not in _SHORT or (keys is not None and keys.type not in _SHORT) or values.null_count:
-        return None
+    values, keys = plain
     data, value_offsets = _buffers(values.cast(pa.binary()))
     sizes = np.diff(value_offsets) + RECORD_OVERHEAD
     key_data = key_offsets = key_lengths = None
