@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from support.core2_fork import copy_writes, fork, merge
-from support.inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, daemon_at
 
 from latticed.api.client.blocking_client import Client
-from latticed.host.config import DaemonConfig
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
 from support.spark_stream import run_batch, stream
@@ -23,11 +22,8 @@ from latticed.spark.partition_reader import LatticePartition, read_partition
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
-    d = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
-    try:
+    with daemon_at(tmp_path) as d:
         yield d
-    finally:
-        d.stop()
 
 
 @pytest.fixture
