@@ -5,28 +5,13 @@ past, so offsets go on, running or restarted, with ``failOnDataLoss`` true, and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from support.inprocess import InProcessDaemon, daemon_at
+from support.inprocess import InProcessDaemon
 
 from latticed.api.client.blocking_client import Client
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
 from support.spark_stream import run_batch, stream
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
-    with daemon_at(tmp_path) as d:
-        yield d
-
-
-@pytest.fixture
-def client(daemon: InProcessDaemon) -> Iterator[Client]:
-    with daemon.client() as c:
-        yield c
 
 
 @pytest.mark.parametrize("restarted", [False, True])

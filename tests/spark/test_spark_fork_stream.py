@@ -4,12 +4,11 @@ call them). The fork is made as tests/api/test_core2_api.py makes one: a copied 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.core2_fork import copy_writes, fork, merge
-from support.inprocess import InProcessDaemon, daemon_at
+from support.inprocess import InProcessDaemon
 
 from latticed.api.client.blocking_client import Client
 
@@ -18,18 +17,6 @@ from support.spark_stream import run_batch, stream
 
 from latticed.spark.offsets import DataLossError
 from latticed.spark.partition_reader import LatticePartition, read_partition
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
-    with daemon_at(tmp_path) as d:
-        yield d
-
-
-@pytest.fixture
-def client(daemon: InProcessDaemon) -> Iterator[Client]:
-    with daemon.client() as c:
-        yield c
 
 
 def offer(client: Client, prefix: str, n: int) -> None:

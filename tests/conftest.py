@@ -1,5 +1,6 @@
-"""The in-process daemon and client most API tests share; a module needing one daemon for all its tests
-overrides ``daemon`` with a module-scoped one (``support.inprocess.daemon_at``)."""
+"""The in-process daemon and client many unit tests share; a module needing one daemon for all its tests
+overrides ``daemon`` with a module-scoped one (``support.inprocess.daemon_at``), a module needing another
+kind of daemon overrides it with its own."""
 
 from __future__ import annotations
 
