@@ -31,6 +31,8 @@ name, kind]``, numbered then while there is room)::
     CHAVE2   [41, queue, summary]
     CWANT2   [42, queue, summary | nil]
     CPRUNE2  [43, queue]
+    CACKS2   [44, seq, count]     ACK2s of DELTA2s seq .. seq + count - 1 (count >= 2), all of one
+                                  queue: the receiver holds what the last carried
 
     records  rows as in :mod:`.core2_wire`, each timestamp less the row's before (the first's less the
              ref's timestamp)
@@ -41,7 +43,8 @@ name, kind]``, numbered then while there is room)::
     steps    [version - ref.version, bytes]
 
 ``from_offset`` nil is the ref's end; ``summary``, ``meta``, ``bodies``, ``shared``, ``tail`` and
-``start`` are as in :mod:`.core2_wire`. ACK2's short form ``[34, seq]`` is already compact and stays.
+``start`` are as in :mod:`.core2_wire`. ACK2's short form ``[34, seq]`` is already compact and stays; a
+relay's pushes stored in one commit are acknowledged by one ``CACKS2``.
 
 Why one module: the encoder and the decoder must apply the same rules to the same memory; apart, one
 could change without the other and a receiver would rebuild other bytes than were signed.
@@ -65,6 +68,7 @@ from latticed.crdt.wire import pack, records_from_wire, records_to_wire
 from latticed.errors import RemoteProtocolError
 from latticed.protocol.core2_wire import (  # the full forms' field decoders, shared
     CACK2,
+    CACKS2,
     CDELTA2,
     CDIGEST2,
     CHAVE2,
@@ -73,6 +77,7 @@ from latticed.protocol.core2_wire import (  # the full forms' field decoders, sh
     CWANT2,
     MAX_TIPS,
     Ack2,
+    AckRun2,
     Delta2,
     Digest2,
     Have2,
@@ -107,7 +112,7 @@ CHAIN_LIMIT: Final = 64
 #: A tip's log is rebuilt by folding the leaves the delta carries only when they are this few.
 LEAF_LIMIT: Final = 64
 #: The type codes of this module's forms.
-COMPACT2_CODES: Final = frozenset({CDIGEST2, CDELTA2, CACK2, CHAVE2, CWANT2, CPRUNE2})
+COMPACT2_CODES: Final = frozenset({CDIGEST2, CDELTA2, CACK2, CHAVE2, CWANT2, CPRUNE2, CACKS2})
 _SIGNATURE_SIZE: Final = 64
 _EMPTY_META_HASH: Final = meta_hash({})
 
@@ -386,6 +391,8 @@ class Compact2Link:
                 return pack([CWANT2, name_queue(side, message.key), summary])
             case Prune2():
                 return pack([CPRUNE2, name_queue(side, message.key)])
+            case AckRun2():
+                return pack([CACKS2, message.seq, message.count])
         return encode2(message)  # AckHeld2: two items already
 
     def _encode_delta(self, message: Delta2) -> list[Any]:
@@ -454,6 +461,13 @@ class Compact2Link:
                 return Want2(key, None if raw[2] is None else summary_from_wire(raw[2]))
             if code == CPRUNE2 and len(raw) == 2:
                 return Prune2(named_queue(side, raw[1]))
+            if code == CACKS2 and len(raw) == 3:
+                seq = _u64(raw[1], "a sequence number")
+                count = _int(raw[2], "a run's count")
+                if count < 2:
+                    raise MalformedError("a run of ACK2s is at least two")
+                _u64(seq + count - 1, "a run's last sequence number")
+                return AckRun2(seq, count)
         except MalformedError as exc:
             raise RemoteProtocolError(f"bad compact {name} from peer: {exc}") from exc
         raise RemoteProtocolError(f"compact core-2 message {code} with {len(raw)} items")

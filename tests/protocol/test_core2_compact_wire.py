@@ -25,6 +25,7 @@ from latticed.protocol.core2_compact import COMPACT2_CODES, Compact2Link
 from latticed.protocol.core2_session import Core2Link
 from latticed.protocol.core2_steps import outgoing, unpack_steps
 from latticed.protocol.core2_wire import (
+    CACKS2,
     CDELTA2,
     CDIGEST2,
     CORE2_CODES,
@@ -32,6 +33,7 @@ from latticed.protocol.core2_wire import (
     DIGEST2,
     Ack2,
     AckHeld2,
+    AckRun2,
     Delta2,
     Digest2,
     Have2,
@@ -141,6 +143,7 @@ others: st.SearchStrategy[Message2] = st.one_of(
     st.builds(Digest2, st.lists(st.tuples(keys, summaries), max_size=3).map(tuple)),
     st.builds(Ack2, st.integers(0, 2**64 - 1), keys, st.none() | summaries),
     st.builds(AckHeld2, st.integers(0, 2**64 - 1)),
+    st.integers(2, 2**64 - 1).flatmap(lambda n: st.builds(AckRun2, st.integers(0, 2**64 - n), st.just(n))),
     st.builds(Have2, keys, summaries),
     st.builds(Want2, keys, st.none() | summaries),
     st.builds(Prune2, keys),
@@ -278,6 +281,14 @@ def test_a_links_memory_is_bounded_by_the_queues_it_numbers(monkeypatch: pytest.
         [CDELTA2 + 2, [KEY[0], "q"]],
         [CDELTA2 + 4, 7],
         [CDELTA2 - 1, [[0, []]]],
+        [CACKS2, 1, 1],  # a run of one is AckHeld2's
+        [CACKS2, 1, 0],
+        [CACKS2, 1, -3],
+        [CACKS2, 2**64 - 1, 2],  # past the last sequence number
+        [CACKS2, -1, 2],
+        [CACKS2, 1, "2"],
+        [CACKS2, 1],
+        [CACKS2, 1, 2, 3],
     ],
 )
 def test_malformed_compact_frames_are_typed_errors(raw: list[Any]) -> None:
