@@ -42,6 +42,11 @@ name, kind]``, numbered then while there is room)::
              log's epoch and the queue's id)
     steps    [version - ref.version, bytes]
 
+A relay passes a push on as it came (``net/core2_ahead.Relay``): where the link it goes out on carried
+the same ref for the queue as the one it came in on, the fields written relative to the ref go out as
+they were received (:class:`_Received`), not rebuilt and compared again: the receiver, with that same
+ref, rebuilds from them the bytes this end rebuilt and verified.
+
 ``from_offset`` nil is the ref's end; ``summary``, ``meta``, ``bodies``, ``shared``, ``tail`` and
 ``start`` are as in :mod:`.core2_wire`. ACK2's short form ``[34, seq]`` is already compact and stays; a
 relay's pushes stored in one commit are acknowledged by one ``CACKS2``.
@@ -356,6 +361,22 @@ def _head_in(raw: Any, c: _Context, tail: tuple[Leaf, ...]) -> HeadV2:
     return head
 
 
+@dataclass(frozen=True, slots=True)
+class _Received:
+    """The newest compact DELTA2 decoded in this process: the delta and steps it became (kept alive, so
+    their identity names them), the ref it was read against, and its fields as they came (log, meta,
+    first offset, bodies, steps; the records' timestamps are restamped as they are read)."""
+
+    delta: queue2.Delta
+    steps: Steps | None
+    ref: HeadV2 | None
+    fields: tuple[Any, Any, Any, Any, Any]
+
+
+#: One slot (the event loop's codecs only): a push is passed on right after it is read.
+_as_received: list[_Received | None] = [None]
+
+
 def _start_out(value: Chains) -> bytes | int | None:
     if value.start_head is None:
         return None
@@ -401,6 +422,22 @@ class Compact2Link:
         queue = name_queue(side, key)
         ref, qid = side.ref(key), side.qid(key)
         records = RecordRun.of(d.records)
+        came = _as_received[0]
+        if came is not None and came.delta is d and came.steps is message.steps and came.ref == ref:
+            log_raw, meta_raw, from_raw, bodies_raw, steps_raw = came.fields
+            side.carried(key, d)
+            return [
+                CDELTA2,
+                message.seq,
+                queue,
+                None if _implied(d) == message.summary else summary_to_wire(message.summary),
+                log_raw,
+                meta_raw,
+                from_raw,
+                _records_out(records, ref.timestamp if ref else 0),
+                bodies_raw,
+                steps_raw,
+            ]
         log: list[Any] | None = None
         if d.log is not None:
             value = d.log.value
@@ -522,6 +559,7 @@ class Compact2Link:
         else:
             summary = summary_from_wire(raw[3])
         side.carried(key, delta)
+        _as_received[0] = _Received(delta, steps, ref, (raw[4], raw[5], raw[6], raw[8], raw[9]))
         return Delta2(seq, summary, delta, steps)
 
     @staticmethod

@@ -369,3 +369,66 @@ def test_a_link_sends_compact_forms_only_once_it_agreed_on_both_features(feature
     b.start({})
     codes = {unpack_message(m)[0] for m in a.messages_to_send()}
     assert codes == ({CDIGEST2} if features == BOTH else {DIGEST2})
+
+
+def _relayed(upstream: Compact2Link, relay_in: Compact2Link, message: Delta2) -> Delta2:
+    """``message`` as a relay reads it; passed on, it is this very delta and steps (core2_ahead.Relay)."""
+    got = relay_in.decode(unpack_message(upstream.encode(message)))
+    assert isinstance(got, Delta2)
+    return got
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    states(4),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.sampled_from([None, 1, 3])), max_size=6),
+)
+def test_a_push_passed_on_as_it_came_goes_out_in_the_bytes_a_rebuild_gives(
+    values: list[QueueState2], sends: list[tuple[int, int, int | None]]
+) -> None:
+    """Where the outgoing link carried the same ref as the incoming one, the relay reuses the fields as
+    they came; elsewhere it rebuilds them. Either way the bytes are the rebuild's, and the next hop
+    decodes the delta sent."""
+    upstream, relay_in, relay_out, rebuilt, downstream = (Compact2Link() for _ in range(5))
+    for seq, (source, target, size) in enumerate(sends):
+        sent = outgoing(values[source], queue2.summary(values[target]), size or 4096)
+        message = Delta2(seq, link_summary(values[source]), sent.delta, sent.steps)
+        got = _relayed(upstream, relay_in, message)
+        wire = relay_out.encode(got)
+        came, core2_compact._as_received[0] = core2_compact._as_received[0], None
+        assert wire == rebuilt.encode(got)
+        core2_compact._as_received[0] = came
+        assert downstream.decode(unpack_message(wire)) == got == _as_sent(message)
+
+
+def test_a_live_push_passed_on_as_it_came_is_not_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, pushes = _live(3)
+    upstream, relay_in, relay_out, downstream = (Compact2Link() for _ in range(4))
+    for replica, message in pushes:
+        got = _relayed(upstream, relay_in, message)
+        with monkeypatch.context() as m:
+            m.setattr(core2_compact, "_head_out", None)  # the head is not written again
+            wire = relay_out.encode(got)
+        again = downstream.decode(unpack_message(wire))
+        assert again == got and isinstance(_apply(replica, again), queue2.Merged)
+
+
+def test_a_push_whose_upstream_left_nothing_out_is_passed_on_as_it_came_and_verifies_downstream() -> None:
+    """An upstream may send any field it could leave out (here every head whole, every hash): the next
+    hop, with the same ref, reads the same delta and the signature holds over it."""
+    _, pushes = _live(3)
+    upstream, relay_in, relay_out, downstream = (Compact2Link() for _ in range(4))
+    for replica, message in pushes:
+        raw = unpack_message(upstream.encode(message))
+        assert message.delta.log is not None
+        raw[4][1] = message.delta.log.base_fold
+        raw[4][4] = [
+            [t.head.to_bytes(), tail]
+            for t, (_, tail) in zip(message.delta.log.value.tips, raw[4][4], strict=True)
+        ]
+        got = relay_in.decode(unpack_message(pack(raw)))
+        assert isinstance(got, Delta2) and got == _as_sent(message)
+        wire = relay_out.encode(got)
+        assert unpack_message(wire)[4] == raw[4]  # as it came
+        again = downstream.decode(unpack_message(wire))
+        assert again == got and isinstance(_apply(replica, again), queue2.Merged)
