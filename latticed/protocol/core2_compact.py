@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from operator import sub
 from typing import Any, Final
 
-from latticed.crdt import queue2
+from latticed.crdt import chain_memo, queue2
 from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains, Tip
@@ -218,9 +218,11 @@ def _base_hash(c: _Context, start: int) -> bytes | None:
     return genesis_hash(c.qid) if start == 0 else None
 
 
-def _head_hash(c: _Context, start: int, end: int, base_hash: bytes) -> bytes | None:
+def _head_hash(c: _Context, start: int, end: int, base_hash: bytes, *, keep: bool = False) -> bytes | None:
     """The chain value at the records' end when they end at ``end`` and start where the chain value is
-    known (the ref's end, the head's start, the queue's genesis); else the ref's where ends agree."""
+    known (the ref's end, the head's start, the queue's genesis); else the ref's where ends agree.
+    ``keep``: the chain goes to :mod:`~latticed.crdt.chain_memo` (a delta read: its steps and its
+    verification hash the same records from the same base next)."""
     records, frm = c.records, c.from_offset
     if records and len(records) <= CHAIN_LIMIT and frm + len(records) == end:
         base = None
@@ -231,7 +233,10 @@ def _head_hash(c: _Context, start: int, end: int, base_hash: bytes) -> bytes | N
         elif frm == 0:
             base = genesis_hash(c.qid)
         if base is not None:
-            return chain_extend(base, frm, records)[-1]
+            chain = chain_extend(base, frm, records)
+            if keep:
+                chain_memo.remember(base, frm, records, chain)
+            return chain[-1]
     if c.ref is not None and c.ref.end == end:
         return c.ref.head_hash
     return None
@@ -341,7 +346,7 @@ def _head_in(raw: Any, c: _Context, tail: tuple[Leaf, ...]) -> HeadV2:
     base_hash = hashes[1] if hashes[1] is not None else _needed(_base_hash(c, start), "a base hash")
     head_hash = hashes[2]
     if head_hash is None:
-        head_hash = _needed(_head_hash(c, start, end, base_hash), "a head hash")
+        head_hash = _needed(_head_hash(c, start, end, base_hash, keep=True), "a head hash")
     mhash = hashes[3] if hashes[3] is not None else _needed(_meta_hash(c, meta_version), "a meta hash")
     head = HeadV2(
         c.qid,

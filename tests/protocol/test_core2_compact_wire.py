@@ -432,3 +432,28 @@ def test_a_push_whose_upstream_left_nothing_out_is_passed_on_as_it_came_and_veri
         assert unpack_message(wire)[4] == raw[4]  # as it came
         again = downstream.decode(unpack_message(wire))
         assert again == got and isinstance(_apply(replica, again), queue2.Merged)
+
+
+def test_a_live_push_read_on_a_compact_link_hashes_its_records_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head hash the decoder rebuilt from the records is the chain the steps and the verification
+    need next: it is handed on (crdt/chain_memo), not computed again; the checks are the same."""
+    from latticed.crdt import records as records_module  # noqa: PLC0415
+    from latticed.crdt.queue2 import replica_deltas  # noqa: PLC0415
+    from latticed.protocol import core2_steps  # noqa: PLC0415
+
+    calls = []
+
+    def counted(*args: Any) -> list[bytes]:
+        calls.append(args[1])
+        return records_module.chain_extend(*args)
+
+    for module in (core2_compact, core2_steps, replica_deltas):
+        monkeypatch.setattr(module, "chain_extend", counted)
+    _, pushes = _live(3)
+    sender, receiver = Compact2Link(), Compact2Link()
+    for replica, message in pushes:
+        wire = sender.encode(message)
+        calls.clear()
+        got = receiver.decode(unpack_message(wire))
+        assert isinstance(got, Delta2) and isinstance(_apply(replica, got), queue2.Merged)
+        assert len(calls) == 1, calls  # read, steps rebuilt, verified and joined
