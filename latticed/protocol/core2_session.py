@@ -62,6 +62,7 @@ from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import (
     Ack2,
     AckHeld2,
+    AckRun2,
     Delta2,
     Digest2,
     Have2,
@@ -234,6 +235,11 @@ class Core2Link:
     #: Deltas sent and not acked yet: their queue, what they were asked from, the summary they carried.
     _brings: dict[int, tuple[QueueKey, _Pair, Summary2]] = field(default_factory=dict)
     _seq: int = 0
+    #: ACK2s held back to go as one ``AckRun2`` (:meth:`_ack`): their seqs, in a row, of one queue, and
+    #: the summary we hold, which a later delta of that queue carried. Flushed before anything else is
+    #: sent and at every :meth:`messages_to_send`, so never held past the pass that made them.
+    _ack_run: list[int] = field(default_factory=list)
+    _ack_run_of: tuple[QueueKey, Summary2] | None = None
     _busy: int = 0  #: asks and deltas in flight, all queues
     #: Our deltas in flight of at most :data:`SMALL_DELTA2_BYTES`, and the peer's over it we have not
     #: acked (the wider window admits more of the first kind only).
@@ -342,12 +348,42 @@ class Core2Link:
         if self._grafts:
             self._arrived(key, summary)
         link = self._link(key)
-        self._send(AckHeld2(seq) if summary == theirs else Ack2(seq, key, summary))
+        self._ack(seq, key, theirs, summary)
         if not changed and not link.pruned:
             link.pruned = True
             self._send(Prune2(key))
         if self._for_peer(key) and has_news(summary, link.peer):
             self._schedule(key)  # the sender lacks something we hold (the other branch of a fork)
+
+    def _ack(self, seq: int, key: QueueKey, theirs: Summary2, summary: Summary2) -> None:
+        """The ACK2 of ``seq``: short when we hold what it carried. On a compact link, one whose summary a
+        later delta of the same queue carried waits for that one's, and the run goes as one AckRun2 (a
+        relay stores pushes that came together in one commit: each earlier ACK2 would carry the newer
+        summary whole); a run that does not reach it goes as the ACK2s it held back."""
+        run = self._ack_run
+        if run and (self._ack_run_of != (key, summary) or seq != run[-1] + 1):
+            self._flush_acks()
+        if summary == theirs:
+            if self._ack_run:
+                first, count = self._ack_run[0], len(self._ack_run) + 1
+                self._ack_run, self._ack_run_of = [], None
+                self._send(AckRun2(first, count))
+            else:
+                self._send(AckHeld2(seq))
+        elif self._compact_out and any(
+            later > seq and k == key and carried == summary for later, (k, carried) in self._received.items()
+        ):
+            self._ack_run.append(seq)
+            self._ack_run_of = (key, summary)
+        else:
+            self._send(Ack2(seq, key, summary))
+
+    def _flush_acks(self) -> None:
+        run, of = self._ack_run, self._ack_run_of
+        self._ack_run, self._ack_run_of = [], None
+        if of is not None:
+            for seq in run:
+                self._send(Ack2(seq, of[0], of[1]))
 
     def release(self) -> None:
         """The link is gone: the deltas it received and did not apply never will be (the host stops
@@ -372,6 +408,8 @@ class Core2Link:
                 self._on_ack(message)
             case AckHeld2():
                 self._on_ack(message)
+            case AckRun2():
+                self._on_ack_run(message)
             case Have2():
                 self._on_have(message)
             case Want2():
@@ -425,12 +463,30 @@ class Core2Link:
         brought = self._brings.pop(ack.seq, None)
         if brought is None or (isinstance(ack, Ack2) and brought[0] != ack.key):
             raise RemoteProtocolError("ACK2 for a delta we did not send")
-        key, (ours, peer), carried = brought
-        held = ack.summary if isinstance(ack, Ack2) else carried
+        key, pair, carried = brought
+        self._acked(ack.seq, key, pair, ack.summary if isinstance(ack, Ack2) else carried)
+
+    def _on_ack_run(self, ack: AckRun2) -> None:
+        """As that many ACK2s, each saying the peer holds what the run's last delta carried; every one
+        must be a delta of the same queue in flight, or nothing of it is taken."""
+        seqs = range(ack.seq, ack.seq + ack.count)
+        if ack.count > len(self._brings):
+            raise RemoteProtocolError("ACK2 run for deltas we did not send")
+        brings = self._brings
+        first = brings.get(ack.seq)
+        if first is None or any((b := brings.get(seq)) is None or b[0] != first[0] for seq in seqs):
+            raise RemoteProtocolError("ACK2 run for deltas we did not send, or of more than one queue")
+        key, held = first[0], brings[seqs[-1]][2]
+        for seq in seqs:
+            _, pair, _ = self._brings.pop(seq)
+            self._acked(seq, key, pair, held)
+
+    def _acked(self, seq: int, key: QueueKey, pair: _Pair, held: Summary2 | None) -> None:
+        ours, peer = pair
         link = self._link(key)
         link.inflight -= 1
         self._busy -= 1
-        self._small_out.discard(ack.seq)
+        self._small_out.discard(seq)
         if not has_news(held, peer):  # it changed nothing there (or did not fit what the peer holds,
             link.futile = (ours, peer)  # below what it said before): the whole value once, then stop
         link.peer = heard(link.peer, held)
@@ -512,7 +568,7 @@ class Core2Link:
         return self._events.popleft() if self._events else None
 
     def has_work(self) -> bool:
-        return bool(self._events or self._outbox or (self._haves and self._haves_ready()))
+        return bool(self._events or self._outbox or self._ack_run or (self._haves and self._haves_ready()))
 
     @property
     def outbox_bytes(self) -> int:
@@ -523,6 +579,8 @@ class Core2Link:
         return len(self._events)
 
     def messages_to_send(self) -> list[bytes]:
+        if self._ack_run:
+            self._flush_acks()
         out, self._outbox, self._outbox_bytes = self._outbox, [], 0
         if self._haves and self._haves_ready():
             out.extend(self._encode(Have2(key, summary)) for key, summary in self._due_haves())
@@ -642,6 +700,8 @@ class Core2Link:
 
     def _send(self, message: Message2) -> int:
         """Queue ``message``; its size as sent (as the peer will measure it)."""
+        if self._ack_run:
+            self._flush_acks()  # what was held back goes first: the peer reads them in order
         packed = self._encode(message)
         self._outbox.append(packed)
         self._outbox_bytes += len(packed)
