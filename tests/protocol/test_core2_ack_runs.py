@@ -20,7 +20,7 @@ from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta
 from latticed.protocol.core2_steps import outgoing
 from latticed.protocol.core2_wire import ACK2, CACK2, CACKS2, Ack2, Summary2, encode2, link_summary
 from latticed.protocol.replication_messages import QueueKey, unpack_message
-from latticed.protocol.versions import HEADS_V2
+from latticed.protocol.versions import HEADS_V2, WIDE_WINDOW2, WINDOW2
 
 KEY = (OWNER.public_key, "q", 0)
 OTHER = (OWNER.public_key, "r", 0)
@@ -160,3 +160,25 @@ def test_a_run_of_deltas_not_in_flight_or_of_two_queues_is_a_protocol_error_and_
     assert (writer.inflight, writer.peer_summary(KEY), writer.peer_summary(OTHER)) == before
     writer.receive([ACK2, seqs[0]])  # the link still takes an ACK2 of what is in flight
     assert writer.inflight == before[0] - 1
+
+
+def test_pushes_acked_by_runs_on_a_wide_link_free_their_slots_for_the_next_ones() -> None:
+    """On a link that agreed on the wider window, each small delta in flight holds a slot until its
+    ACK2, whichever form acknowledges it: runs must free every slot they acknowledge, as full ACK2s do,
+    or the link's count of small deltas in flight would drift from the truth."""
+    lines = {(OWNER.public_key, f"q{i}", 0): _line(8, f"q{i}") for i in range(8)}
+    writer, relay = _linked(BOTH | {WINDOW2}, {key: link_summary(line[0]) for key, line in lines.items()})
+    for key, line in lines.items():  # each queue's pushes one after the other: a run each
+        for before, after in itertools.pairwise(line[:5]):
+            _push(writer, key, before, after)
+    assert writer.inflight == WIDE_WINDOW2  # 32 in flight: past the narrow window of 8
+    _deliver(writer, relay)
+    while (event := relay.next_event()) is not None:
+        assert isinstance(event, Delta2Received)
+        relay.delta_applied(event.seq, link_summary(lines[event.key][4]), True)
+    raws = _deliver(relay, writer)
+    assert any(raw[0] == CACKS2 for raw in raws)
+    assert writer.inflight == 0 and not writer._small_out  # every slot freed
+    for key, line in lines.items():
+        _push(writer, key, line[4], line[5])
+    assert writer.inflight == len(lines)
