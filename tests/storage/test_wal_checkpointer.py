@@ -4,6 +4,7 @@ cleanly with the thread running, and a process killed mid-checkpoint loses no ac
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -17,6 +18,7 @@ from support.clocks import TickingClock
 
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
+from latticed.process.logs import EVENT_ATTR, record_fields
 from latticed.storage.checkpointer import FALLBACK_FACTOR, Checkpointer, wal_frames
 from latticed.storage.jobs import Append, CreateQueue
 from latticed.storage.sqlite import WAL_AUTOCHECKPOINT_PAGES
@@ -102,8 +104,10 @@ def test_the_thread_checkpoints_after_a_commit_past_the_threshold(tmp_path: Path
 
 
 def test_a_failing_checkpoint_does_not_stop_commits_and_the_wal_stays_bounded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="latticed")
+
     def broken(self: Checkpointer) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
@@ -117,6 +121,13 @@ def test_a_failing_checkpoint_does_not_stop_commits_and_the_wal_stays_bounded(
             assert frames(writer)[0] < FALLBACK_FACTOR * 16 + 16, "the storage thread falls back"
         assert checkpointer.wait_idle(30)
         assert checkpointer.failures >= 1 and checkpointer.fallbacks >= 1
+        failed = [
+            record_fields(r)
+            for r in caplog.records
+            if getattr(r, EVENT_ATTR, None) == "storage.checkpoint_failed"
+        ]
+        assert failed and failed[0]["error"] == "disk I/O error"
+        assert any(getattr(r, EVENT_ATTR, None) == "storage.checkpoint_fallback" for r in caplog.records)
         (state,) = writer.states.values()
         assert state.held_end - state.start == 300
     finally:
