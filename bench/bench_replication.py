@@ -10,6 +10,11 @@ Parts:
            ``--hops``) receives each: latency percentiles, and against a baseline in the same run, a tail
            on A itself (the writer's own durable commit, no network), what replication adds.
   handshake  connections/s and ms per connection (TCP connect + authenticated handshake).
+  cores    ``--records`` x 100 B records on A (batches of 1,000; with ``--singles N`` also N single
+           offers, a catch-up of their own) in a queue of each fork core of ``--core`` (``1,2``), a fresh
+           B catching up each; ``--rounds`` rounds alternated (1, 2, 1, 2...): seconds, bytes B received
+           (every replication message), B's CPU, both less a daemon's start; with both cores, the
+           median of the paired ratios 2 ÷ 1.
 
 Figures are printed, never asserted.
 """
@@ -62,6 +67,71 @@ def catchup(records: int, big: int) -> None:
             rate = f"{count / elapsed:,.0f} records/s, {count * len(value) / elapsed / 1e6:,.1f} MB/s"
             cpu = f"CPU/record: receiver {b_cpu / count * 1e6:.2f} us, sender {a_cpu / count * 1e6:.2f} us"
             print(f"catch-up {label} to a fresh daemon (verified, durable): {rate} ({elapsed:.1f} s; {cpu})")
+
+
+def _received_bytes(node: Node) -> int:
+    with node.client() as c:
+        counters = c.status().get("replication") or {}
+    return sum(v for k, v in counters.items() if k.startswith("received_") and k.endswith("_bytes"))
+
+
+def catchup_once(core: int, count: int, per_batch: int) -> tuple[float, int, float]:
+    """A fresh B catching up ``count`` x 100 B records written on A in a core-``core`` queue in offers
+    of ``per_batch`` (1: single offers): (seconds, bytes B received, B's CPU seconds), the seconds and
+    CPU less those of a daemon starting alone next to it (B catches up while it starts)."""
+    with cluster() as (root, nodes):
+        a = Node(root, "A", [])
+        nodes.append(a)
+        with a.client() as c:
+            queue = c.queue_create("backlog", core=core)
+            if per_batch == 1:
+                for _ in range(count):
+                    c.offer("backlog", b"x" * 100)
+            else:
+                for start in range(0, count, per_batch):
+                    c.offer_batch("backlog", [(b"x" * 100, None, ())] * min(per_batch, count - start))
+        started = time.perf_counter()
+        b = Node(root, "B", [a.listen])
+        nodes.append(b)
+        elapsed = wait_end(b, queue, count) - started
+        b_cpu = cpu_s(b.proc.pid)  # from its start: it catches up while it starts
+        received = _received_bytes(b)
+        # What starting a daemon alone costs (no peer), taken off both figures: the catch-up's own.
+        started = time.perf_counter()
+        c = Node(root, "C", [])
+        nodes.append(c)
+        alone = time.perf_counter() - started
+        return elapsed - alone, received, b_cpu - cpu_s(c.proc.pid)
+
+
+def catchup_cores(records: int, singles: int, cores: list[int], rounds: int) -> None:
+    shapes = [(f"{records:,} x 100 B in batches of 1,000", records, 1000)]
+    if singles:
+        shapes.append((f"{singles:,} x 100 B single offers", singles, 1))
+    for label, count, per_batch in shapes:
+        runs: dict[int, list[tuple[float, int, float]]] = {core: [] for core in cores}
+        for round_no in range(rounds):
+            for core in cores:
+                got = catchup_once(core, count, per_batch)
+                runs[core].append(got)
+                secs, received, cpu = got
+                print(
+                    f"catch-up {label}, core {core}, round {round_no + 1}: {secs:.2f} s, "
+                    f"{count / max(secs, 1e-9):,.0f} records/s, B received {received / count:.1f} B/record, "
+                    f"B CPU {cpu:.2f} s ({cpu / count * 1e6:.1f} us/record)",
+                    flush=True,
+                )
+        for core in cores:
+            secs, received, cpu = (statistics.median(r[i] for r in runs[core]) for i in range(3))
+            print(f"  median core {core}: {secs:.2f} s, {received / count:.1f} B/record, B CPU {cpu:.2f} s")
+        if len(cores) == 2:
+            one, two = runs[cores[0]], runs[cores[1]]
+            for i, name in enumerate(("seconds", "bytes received", "B CPU")):
+                ratios = [b[i] / a[i] for a, b in zip(one, two, strict=True) if a[i] > 0]
+                print(
+                    f"  core {cores[1]} ÷ core {cores[0]}, {name}: median {statistics.median(ratios):.3f} "
+                    f"(min {min(ratios or [0]):.3f}, max {max(ratios or [0]):.3f}, {len(ratios)} pairs)"
+                )
 
 
 def live(samples: int, interval: float, hops: int = 3, *, floor: bool = True) -> dict[str, list[float]]:
@@ -186,8 +256,14 @@ def main() -> None:
         "--hops", type=int, default=3, choices=range(1, 8), help="live: daemons in the chain after the writer"
     )
     parser.add_argument("--parts", default="catchup,live,handshake")
+    parser.add_argument("--core", default="1,2", help="cores: the fork cores compared, in this order")
+    parser.add_argument("--rounds", type=int, default=3, help="cores: rounds of each, alternated")
+    parser.add_argument("--singles", type=int, default=0, help="cores: also this many single offers")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
+    if "cores" in parts:
+        cores = [int(c) for c in args.core.split(",")]
+        catchup_cores(args.records, args.singles, cores, args.rounds)
     if "catchup" in parts:
         catchup(args.records, args.big)
     if "live" in parts:

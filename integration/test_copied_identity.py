@@ -10,39 +10,11 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+from daemon_calls import LatticedProcess, client, ctl, dial_address, info
 from polling import wait_until
-from typer.testing import CliRunner, Result
 
-import cli.ctl
-from latticed.api.client.blocking_client import Client
-
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
-runner = CliRunner()
 LOCAL = ["--listen", "127.0.0.1:0", "--no-mdns"]
-
-
-def client(daemon: LatticedProcess) -> Client:
-    return Client(daemon.socket, timeout=10)
-
-
-def ctl(daemon: LatticedProcess, *args: str) -> Result:
-    return runner.invoke(cli.ctl.app, ["--socket", str(daemon.socket), *args], prog_name="latticectl")
-
-
-def relay_address(daemon: LatticedProcess) -> str:
-    with client(daemon) as c:
-        listen = c.status()["listen"]
-    assert listen is not None
-    return f"127.0.0.1:{listen.rsplit(':', 1)[1]}"
-
-
-def info(daemon: LatticedProcess, queue: str) -> dict[str, Any]:
-    with client(daemon) as c:
-        try:
-            return c.queue_info(queue)
-        except Exception:
-            return {}
 
 
 def identity(daemon: LatticedProcess) -> dict[str, Any]:
@@ -71,7 +43,7 @@ def test_a_copied_identity_is_flagged_the_later_daemon_stops_writing_and_both_hi
         c.offer_batch("events", [(b"copy-%d" % i, None, ()) for i in range(3)])
 
     # The owner meets the relay first, then the copy does.
-    hub = relay_address(relay)
+    hub = dial_address(relay)
     with client(owner) as c:
         c.peers_add(hub)
     wait_until(lambda: info(relay, queue).get("end_offset") == 15, "the owner's 15 records on the relay")

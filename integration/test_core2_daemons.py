@@ -12,43 +12,15 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from daemon_calls import LatticedProcess, client, ctl, dial_address, info
 from polling import wait_until
-from typer.testing import CliRunner, Result
 
-import cli.ctl
-from latticed.api.client.blocking_client import Client
-
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
-runner = CliRunner()
 LOCAL = ["--listen", "127.0.0.1:0", "--no-mdns"]
 BIN = Path(sys.executable).parent
 WAIT_S = 30.0
-
-
-def client(daemon: LatticedProcess) -> Client:
-    return Client(daemon.socket, timeout=10)
-
-
-def ctl(daemon: LatticedProcess, *args: str) -> Result:
-    return runner.invoke(cli.ctl.app, ["--socket", str(daemon.socket), *args], prog_name="latticectl")
-
-
-def address(daemon: LatticedProcess) -> str:
-    with client(daemon) as c:
-        listen = c.status()["listen"]
-    assert listen is not None
-    return f"127.0.0.1:{listen.rsplit(':', 1)[1]}"
-
-
-def info(daemon: LatticedProcess, queue: str) -> dict[str, Any]:
-    with client(daemon) as c:
-        try:
-            return c.queue_info(queue)
-        except Exception:
-            return {}
 
 
 def values(daemon: LatticedProcess, queue: str) -> list[bytes]:
@@ -79,7 +51,7 @@ def test_a_copied_core2_store_forks_every_replica_meets_frozen_and_the_owner_rec
     with client(owner) as c:
         queue = c.queue_create("events", core=2)
         c.offer_batch("events", [(b"shared-%d" % i, None, ()) for i in range(10)])
-        c.peers_add(address(relay))
+        c.peers_add(dial_address(relay))
     wait_until(lambda: info(relay, queue).get("end_offset") == 10, "the 10 shared records on the relay")
 
     # The owner's data directory copied to a second machine; both write while the relay is away.
@@ -94,7 +66,7 @@ def test_a_copied_core2_store_forks_every_replica_meets_frozen_and_the_owner_rec
     with client(copy) as c:
         c.offer_batch("events", [(b"copy-%d" % i, None, ()) for i in range(3)])
     relay.start()
-    hub = address(relay)
+    hub = dial_address(relay)
     with client(owner) as c:
         c.peers_add(hub)
     wait_until(lambda: info(relay, queue).get("end_offset") == 15, "the owner's 15 records on the relay")
@@ -150,7 +122,7 @@ def test_a_copied_core2_store_forks_every_replica_meets_frozen_and_the_owner_rec
 
 def test_a_core2_and_a_core1_queue_replicate_between_two_daemons(latticed_process: Factory) -> None:
     a = latticed_process(args=LOCAL)
-    b = latticed_process(args=[*LOCAL, "--peer", address(a)])
+    b = latticed_process(args=[*LOCAL, "--peer", dial_address(a)])
     with client(a) as c:
         two = c.queue_create("two", core=2)
         one = c.queue_create("one")

@@ -180,6 +180,9 @@ COVERED_ELSEWHERE: dict[str, str] = {
         "built by the root in every in-process daemon (tests/support/inprocess.py): "
         "tests/services/test_membership.py"
     ),
+    "latticed.services.retention_core2": (
+        "core-2 queues' retention, run by RetentionService's timer: tests/services/test_retention_core2.py"
+    ),
     "latticed.services.service_ports": (
         "Protocols only (the services' view of the store): checked by mypy; tests/services/test_metrics.py"
     ),

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from support.core2_fork import NOW, copy_writes, merge
 from support.inprocess import InProcessDaemon, start_in_process
 
 from latticed.api.client.blocking_client import Client, Entry
@@ -31,7 +32,6 @@ from latticed.storage.core2_engine import Core2Engine
 from latticed.storage.engine import Engine
 
 BOB = Identity.from_seed(b"b" * 32)
-NOW = 1_700_000_000_000
 
 
 @pytest.fixture
@@ -45,45 +45,6 @@ def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
 def client(daemon: InProcessDaemon) -> Iterator[Client]:
     with daemon.client() as c:
         yield c
-
-
-def _delta_of(daemon: InProcessDaemon, name: str) -> Delta:
-    engine = daemon.handle.engine
-
-    async def take() -> Delta:
-        q = engine.core2.lookup(engine.public_key, name)
-        assert q is not None
-        return await engine.core2.delta_for(q, None)
-
-    result: Delta = daemon.call(take)
-    return result
-
-
-def _merge(daemon: InProcessDaemon, d: Delta) -> None:
-    engine = daemon.handle.engine
-
-    async def merge() -> None:
-        verified, against = await engine.core2.verify(d)
-        await engine.core2.merge(d, verified, against)
-
-    daemon.call(merge)
-
-
-def _copy_writes(path: Path, identity: Identity, d: Delta, count: int) -> Delta:
-    """A copy of the owner's store (``d``: what it held) that goes on writing ``count`` records of its
-    own; returns its whole history as a delta."""
-    path.mkdir()
-
-    async def run() -> Delta:
-        async with Engine.open(path, identity) as engine:
-            copy = Core2Engine(engine)
-            merged = await copy.merge(d)
-            records = [make_record(f"copy{i}".encode(), timestamp=NOW + i) for i in range(count)]
-            await copy.commit(merged.q, records)
-            return await copy.delta_for(merged.q, None)
-
-    result: Delta = trio.run(run)
-    return result
 
 
 def _values(entries: list[Entry]) -> list[bytes]:
@@ -140,7 +101,7 @@ def test_a_fork_freezes_the_queue_the_owner_recovers_and_a_tail_follows(
     client.offer_batch("q", [(f"s{i}".encode(), None, []) for i in range(10)])
     with pytest.raises(MalformedError, match="not forked"):
         client.queue_recover("q")
-    copied = _copy_writes(tmp_path / "copy", daemon.handle.identity, _delta_of(daemon, "q"), 3)
+    copied = copy_writes(tmp_path / "copy", daemon, "q", 3)
     client.offer_batch("q", [(f"o{i}".encode(), None, []) for i in range(5)])
 
     seen: list[Entry] = []
@@ -162,7 +123,7 @@ def test_a_fork_freezes_the_queue_the_owner_recovers_and_a_tail_follows(
     reader.start()
     with daemon.client() as old_client:  # a client that does not take events: one clear error
         old = old_client.tail("q", 12, follow=True)
-        _merge(daemon, copied)
+        merge(daemon, copied)
         with pytest.raises(ForkedQueueError, match="forked at offset 10"):
             next(old)
     assert forked.wait(10)
@@ -209,7 +170,7 @@ def test_recovery_and_fork_show_refuse_what_they_cannot_do(
             await bob.commit(q, [make_record(b"x", timestamp=NOW)])
             return await bob.delta_for(q, None)
 
-    _merge(daemon, trio.run(bobs_queue))
+    merge(daemon, trio.run(bobs_queue))
     theirs = f"{BOB.public_key.hex()}/theirs"
     assert _values(client.range(theirs, 0, 5)) == [b"x"]
     assert client.queue_info(theirs)["owned"] is False
@@ -249,7 +210,7 @@ def test_a_replica_that_learns_of_the_recovery_first_takes_its_tail_back_to_the_
 
     trio.run(on, owner_dir, start)
     shutil.copytree(owner_dir, copy_dir)
-    _merge(daemon, trio.run(on, owner_dir, lambda bob: write(bob, b"o", 3)))
+    merge(daemon, trio.run(on, owner_dir, lambda bob: write(bob, b"o", 3)))
     copied = trio.run(on, copy_dir, lambda bob: write(bob, b"c", 2))
 
     async def fork_and_recover(bob: Core2Engine) -> Delta:
@@ -267,7 +228,7 @@ def test_a_replica_that_learns_of_the_recovery_first_takes_its_tail_back_to_the_
         first = [next(entries) for _ in range(13)]
         old = older.tail(theirs, 12, follow=True)
         assert next(old).offset == 12
-        _merge(daemon, recovered)
+        merge(daemon, recovered)
         after = next(entries)
         with pytest.raises(ForkedQueueError, match="recovered by its owner"):
             next(old)

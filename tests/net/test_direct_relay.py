@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 from support.gossip_hosts import MemoryReplicaHost
+from support.secure_pair import K, tcp_pair
 
 from latticed.crdt import queue as core
 from latticed.crdt.records import RecordRun
@@ -25,28 +26,8 @@ from latticed.protocol.replication import ACK, DELTA, DeltaReceived, NeedDelta, 
 from latticed.storage.bridge import StorageBridge
 from latticed.storage.jobs import Job
 
-K = bytes(range(32))
-SEED_A, SEED_B = b"\x11" * 32, b"\x22" * 32
 ALICE = Identity.from_seed(b"a" * 32)
 KEY = (ALICE.public_key, "q", 0)
-
-
-async def tcp_pair() -> tuple[SecureStream, SecureStream, trio.SocketListener]:
-    """Both ends of a secure stream over loopback TCP (and the listener, to close)."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    out: dict[str, SecureStream] = {}
-
-    async def accept() -> None:
-        out["server"] = await secure_accept(await listeners[0].accept(), seed=SEED_B, network_key=K)
-
-    async def dial() -> None:
-        out["client"] = await open_peer("127.0.0.1", port, seed=SEED_A, network_key=K)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(accept)
-        nursery.start_soon(dial)
-    return out["client"], out["server"], listeners[0]
 
 
 async def _close(*resources: trio.abc.AsyncResource) -> None:

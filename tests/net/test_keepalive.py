@@ -211,6 +211,9 @@ class _Rounds(RetentionService):
     async def purge_kv(self) -> int:
         return 0
 
+    async def enforce_core2(self) -> int:
+        return 0
+
 
 async def test_retention_checks_every_interval_on_the_shared_tick(
     autojump_clock: trio.testing.MockClock,

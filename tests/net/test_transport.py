@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from support.secure_pair import tcp_pair
 
 from latticed.errors import (
     ConnectionClosedError,
@@ -201,24 +202,6 @@ async def test_a_send_with_the_lock_free_yields_only_in_the_stream_write() -> No
         trio.lowlevel.remove_instrument(steps)
     assert len(in_write) == 1 and steps.steps == in_write[0]
     assert [await server.receive(), await server.receive()] == [b"a", b"b"]
-
-
-async def tcp_pair() -> tuple[SecureStream, SecureStream, trio.SocketListener]:
-    """Both ends of a secure stream over loopback TCP (the listener, to close)."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    out: dict[str, SecureStream] = {}
-
-    async def accept() -> None:
-        out["server"] = await secure_accept(await listeners[0].accept(), seed=SEED_B, network_key=K)
-
-    async def dial() -> None:
-        out["client"] = await open_peer("127.0.0.1", port, seed=SEED_A, network_key=K)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(accept)
-        nursery.start_soon(dial)
-    return out["client"], out["server"], listeners[0]
 
 
 @trio_test

@@ -68,4 +68,4 @@ def fork(daemon: InProcessDaemon, path: Path, name: str, *, copy: int, own: Call
     merge(daemon, copied)
 
 
-__all__ = ["copy_writes", "fork", "merge", "own_delta"]
+__all__ = ["NOW", "copy_writes", "fork", "merge", "own_delta"]

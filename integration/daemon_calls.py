@@ -1,0 +1,43 @@
+"""What the integration tests ask a running daemon process (integration/conftest.py's handle) through its
+socket: a client, a `latticectl` call, the address peers dial, a queue's info."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typer.testing import CliRunner, Result
+
+import cli.ctl
+from latticed.api.client.blocking_client import Client
+
+LatticedProcess = Any  # integration/conftest.py's daemon handle
+runner = CliRunner()
+
+
+def client(daemon: LatticedProcess) -> Client:
+    return Client(daemon.socket, timeout=10)
+
+
+def ctl(daemon: LatticedProcess, *args: str) -> Result:
+    """`latticectl --socket DAEMON ARGS...` in this process (typer's runner: output and exit code)."""
+    return runner.invoke(cli.ctl.app, ["--socket", str(daemon.socket), *args], prog_name="latticectl")
+
+
+def dial_address(daemon: LatticedProcess) -> str:
+    """Where a peer on this machine dials the daemon (it listens on 127.0.0.1, port chosen at start)."""
+    with client(daemon) as c:
+        listen = c.status()["listen"]
+    assert listen is not None
+    return f"127.0.0.1:{listen.rsplit(':', 1)[1]}"
+
+
+def info(daemon: LatticedProcess, queue: str) -> dict[str, Any]:
+    """The queue's info, or {} while the daemon does not hold it yet (for polling)."""
+    with client(daemon) as c:
+        try:
+            return c.queue_info(queue)
+        except Exception:
+            return {}
+
+
+__all__ = ["LatticedProcess", "client", "ctl", "dial_address", "info", "runner"]
