@@ -7,11 +7,16 @@ leaves the WAL at its working size or more, the storage thread wakes this thread
 checkpoint on its own connection (it never blocks the writer or the readers). Durability is unchanged: a
 commit is durable at its WAL fsync, and a checkpoint only copies durable frames into the database file.
 
-SQLite starts the WAL over from its beginning only at a write transaction that finds every frame copied,
-so while the WAL is long each commit wakes the thread again (a pass then copies the few frames written
-during the last one) until a pass ends between two commits. If it falls behind anyway (the WAL reaches
-:data:`FALLBACK_FACTOR` times the threshold) the storage thread checkpoints itself, as SQLite would.
-The disk-full reserve (:mod:`.space`) takes precedence: while it owns checkpoints the thread is paused.
+Fewer, larger checkpoints: each pass copies and fsyncs the database file beside the commits, on the same
+disk and the other core, so a commit past the working size only schedules one, run once commits pause
+for :data:`QUIET_S` (a burst's WAL is copied after it, not during), or at once when the WAL reaches
+:data:`BUSY_FACTOR` times the working size (64 MiB, SQLite's ``journal_size_limit`` here) under a steady
+stream. SQLite starts the WAL over from its beginning only at a write transaction that finds every frame
+copied, so while the WAL is that long each commit wakes the thread again (a pass then copies the few
+frames written during the last one) until a pass ends between two commits. If it falls behind anyway
+(the WAL reaches :data:`FALLBACK_FACTOR` times the working size) the storage thread checkpoints itself,
+as SQLite would. The disk-full reserve (:mod:`.space`) takes precedence: while it owns checkpoints the
+thread is paused.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import sqlite3
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -31,8 +37,12 @@ from latticed.storage.sqlite import WAL_AUTOCHECKPOINT_PAGES
 
 log = get_logger(__name__)
 
-#: The WAL at this many times the threshold: the storage thread checkpoints itself after its commit.
-FALLBACK_FACTOR: Final = 4
+#: The WAL at this many times the working size: a pass runs at once, commits or not.
+BUSY_FACTOR: Final = 4
+#: The WAL at this many times the working size: the storage thread checkpoints itself after its commit.
+FALLBACK_FACTOR: Final = 8
+#: A pass past the working size waits until no commit came for this long (seconds).
+QUIET_S: Final = 0.1
 #: The wal-index (``-shm``) header: ``mxFrame`` (frames in the WAL) at byte 16 and, after the header's
 #: two copies, ``nBackfill`` (frames copied into the database) at byte 96, in native byte order.
 _MX_FRAME: Final = struct.Struct("=I")
@@ -64,10 +74,13 @@ class Checkpointer:
     """The checkpoint thread of one store: :meth:`start` and :meth:`after_commit` on the storage thread,
     :meth:`close` before the store closes."""
 
-    def __init__(self, db: Path, pages: int = WAL_AUTOCHECKPOINT_PAGES) -> None:
+    def __init__(self, db: Path, pages: int = WAL_AUTOCHECKPOINT_PAGES, quiet_s: float = QUIET_S) -> None:
         self.db = db
-        #: Frames of WAL past which a commit wakes the thread.
+        #: Frames of WAL past which a commit schedules a pass (the working size).
         self.pages = pages
+        self.quiet_s = quiet_s
+        #: ``time.monotonic()`` of the last commit: a scheduled pass waits for a pause after it.
+        self._last_commit = 0.0
         self._conn: sqlite3.Connection | None = None
         self._thread: threading.Thread | None = None
         self._cond = threading.Condition()
@@ -102,6 +115,7 @@ class Checkpointer:
     def after_commit(self, writer: sqlite3.Connection) -> None:
         """On the storage thread after a commit: wake the thread if the WAL is long and not all copied;
         checkpoint here if it has fallen far behind. Never raises."""
+        self._last_commit = time.monotonic()
         frames = wal_frames(self.db)
         if frames is None or self._paused:
             return
@@ -168,7 +182,11 @@ class Checkpointer:
                 self._cond.wait_for(lambda: self._served < self._requested or self._stopping)
                 if self._stopping:
                     return
-                target = self._requested
+            self._await_pause()
+            with self._cond:
+                if self._stopping:
+                    return
+                target = self._requested  # this pass serves every wake-up so far
             with self._run:
                 if not self._paused:
                     try:
@@ -181,9 +199,21 @@ class Checkpointer:
                 self._served = target
                 self._cond.notify_all()
 
+    def _await_pause(self) -> None:
+        """Until commits pause for ``quiet_s``, the WAL reaches the busy size, or the store closes."""
+        with self._cond:
+            while not self._stopping:
+                wait = self._last_commit + self.quiet_s - time.monotonic()
+                if wait <= 0:
+                    return
+                frames = wal_frames(self.db)
+                if frames is None or frames[0] >= BUSY_FACTOR * self.pages:
+                    return
+                self._cond.wait(wait)
+
     def _pass(self) -> None:
         assert self._conn is not None
         self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
 
 
-__all__ = ["FALLBACK_FACTOR", "Checkpointer", "wal_frames"]
+__all__ = ["BUSY_FACTOR", "FALLBACK_FACTOR", "QUIET_S", "Checkpointer", "wal_frames"]

@@ -39,7 +39,7 @@ from latticed.process.clock import wall_ms
 from latticed.process.logs import get_logger, log_event
 from latticed.process.threadname import name_os_thread
 from latticed.storage.batch import Batch, Staged, appended_since
-from latticed.storage.checkpointer import Checkpointer
+from latticed.storage.checkpointer import QUIET_S, Checkpointer
 from latticed.storage.core2_queues import Change2, Core2Queues
 from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
@@ -206,10 +206,10 @@ class Writer:
         except MalformedError:
             return 0
 
-    def start_checkpointer(self, pages: int = WAL_AUTOCHECKPOINT_PAGES) -> None:
+    def start_checkpointer(self, pages: int = WAL_AUTOCHECKPOINT_PAGES, quiet_s: float = QUIET_S) -> None:
         """Move WAL checkpoints out of the commits onto their own thread (else SQLite's automatic ones
         stay); the storage thread does it after :meth:`open`, tests may."""
-        checkpointer = Checkpointer(self.path, pages)
+        checkpointer = Checkpointer(self.path, pages, quiet_s)
         if checkpointer.start(self.store.connection):
             self.checkpointer = self.space.checkpointer = checkpointer
 

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from support.clocks import TickingClock
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.process.logs import EVENT_ATTR, record_fields
-from latticed.storage.checkpointer import FALLBACK_FACTOR, Checkpointer, wal_frames
+from latticed.storage.checkpointer import BUSY_FACTOR, FALLBACK_FACTOR, QUIET_S, Checkpointer, wal_frames
 from latticed.storage.jobs import Append, CreateQueue
 from latticed.storage.sqlite import WAL_AUTOCHECKPOINT_PAGES
 from latticed.storage.store import db_path
@@ -33,10 +34,10 @@ def rec(i: int, size: int = 200) -> Record:
     return make_record(os.urandom(size), key=f"k{i}".encode(), timestamp=NOW + i)
 
 
-def new_writer(path: Path, pages: int) -> tuple[Writer, int]:
+def new_writer(path: Path, pages: int, quiet_s: float = QUIET_S) -> tuple[Writer, int]:
     writer = Writer(db_path(path), ALICE, clock=TickingClock(NOW))
     writer.open()
-    writer.start_checkpointer(pages)
+    writer.start_checkpointer(pages, quiet_s)
     job = CreateQueue("q")
     writer.process([job])
     return writer, job.result
@@ -99,6 +100,66 @@ def test_the_thread_checkpoints_after_a_commit_past_the_threshold(tmp_path: Path
         assert checkpointer.passes >= 1 and checkpointer.failures == 0
         total, copied = frames(writer)
         assert copied == total or total < 32, "all copied, or started over below the threshold"
+    finally:
+        writer.stop()
+
+
+def recording_passes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, int]]:
+    """Each pass's start: (``time.monotonic()``, frames in the WAL then)."""
+    starts: list[tuple[float, int]] = []
+    real = Checkpointer._pass
+
+    def recorded(self: Checkpointer) -> None:
+        read = wal_frames(self.db)
+        starts.append((time.monotonic(), -1 if read is None else read[0]))
+        real(self)
+
+    monkeypatch.setattr(Checkpointer, "_pass", recorded)
+    return starts
+
+
+def test_a_burst_is_copied_once_its_commits_pause_not_during_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the working size but short of the busy size, no pass copies beside the commits (on the same
+    disk, the other core): one runs once no commit came for ``quiet_s``, and copies the whole burst."""
+    starts = recording_passes(monkeypatch)
+    writer, q = new_writer(tmp_path, 16, quiet_s=1.0)
+    checkpointer = writer.checkpointer
+    assert checkpointer is not None
+    try:
+        i = 0
+        while frames(writer)[0] < 3 * 16:
+            append(writer, q, i)
+            i += 1
+        last_commit = time.monotonic()
+        assert frames(writer)[0] < BUSY_FACTOR * 16
+        assert checkpointer.wait_idle(30)
+        assert len(starts) == 1, "one pass for the burst"
+        assert starts[0][0] >= last_commit + 0.9, "not before the commits paused"
+        total, copied = frames(writer)
+        assert copied == total >= 3 * 16
+    finally:
+        writer.stop()
+
+
+def test_a_steady_stream_is_copied_at_the_busy_size_without_a_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits that never pause: a pass runs once the WAL reaches the busy size (64 MiB at 4 KiB pages,
+    the journal size limit), and the WAL stays short of where the storage thread would copy it itself."""
+    starts = recording_passes(monkeypatch)
+    writer, q = new_writer(tmp_path, 16, quiet_s=3600.0)
+    checkpointer = writer.checkpointer
+    assert checkpointer is not None
+    try:
+        for i in range(2_000):
+            append(writer, q, i)
+            assert frames(writer)[0] < FALLBACK_FACTOR * 16 + 16
+            if checkpointer.passes >= 2:
+                break
+        assert checkpointer.passes >= 2 and checkpointer.fallbacks == 0
+        assert all(at >= BUSY_FACTOR * 16 for _, at in starts), starts
     finally:
         writer.stop()
 
