@@ -1,6 +1,7 @@
-"""``latticectl queue recover`` and ``queue fork show``: a queue on fork core 2 that its owner forked is
-frozen at the fork point everywhere; its owner continues it in a new epoch, and any daemon shows what it
-kept aside past the fork point (docs/lattice.md, "Forks under v2 heads")."""
+"""``latticectl queue recover``, ``queue upgrade`` and ``queue fork show``: a queue on fork core 2 that its
+owner forked is frozen at the fork point everywhere; its owner continues it in a new epoch, and any daemon
+shows what it kept aside past the fork point (docs/lattice.md, "Forks under v2 heads"). ``upgrade`` moves
+an owner's core-1 queue to core 2 (and ``recover`` a forked one, from its fork point)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Annotated, Any
 
 import typer
 
+from cli.boundary import ExitCode
 from cli.common import JsonFlag, QueueArg, note
 from cli.output import emit, field_lines
 from latticed.api.client.blocking_client import Client
+from latticed.errors import MalformedError
 
 ClientFactory = Callable[[typer.Context], Client]
 _factory: list[ClientFactory] = []
@@ -63,6 +66,36 @@ def recover(
     )
 
 
+def upgrade(
+    ctx: typer.Context,
+    queue: Annotated[
+        str | None, typer.Argument(metavar="[NAME]", help="One of your queues (omit with --all).")
+    ] = None,
+    all_queues: Annotated[
+        bool, typer.Option("--all", help="Every queue of yours still on fork core 1.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Move your queue from fork core 1 to fork core 2, where a fork freezes the queue until you recover
+    it. Offsets and records stay; peers that speak heads-v2 follow (a 0.2.0 peer keeps the queue where it
+    was). A forked queue is moved by `queue recover`. Only the owner's daemon can."""
+    if (queue is None) == (not all_queues):
+        raise MalformedError("name one queue, or give --all")
+    done = _factory[0](ctx).queue_upgrade(queue, all_queues=all_queues)
+    failed = [entry for entry in done if entry.get("error")]
+    lines = []
+    for entry in done:
+        if entry.get("error"):
+            note(f"{entry.get('queue')}: not moved: {entry['error']}")
+        else:
+            verb = "moved to fork core 2" if entry.get("converted") else "already on fork core 2"
+            span = f"offsets {entry.get('start_offset')}..{entry.get('end_offset')} (end exclusive)"
+            lines.append(f"{entry.get('queue')}: {verb}, {span}")
+    emit(done, lines, as_json=as_json)
+    if failed:
+        raise typer.Exit(ExitCode.ERROR)
+
+
 @fork_app.command("show")
 def fork_show(
     ctx: typer.Context,
@@ -104,9 +137,11 @@ def fork_show(
 
 
 def register(queue_app: typer.Typer, client: ClientFactory) -> None:
-    """Add ``queue recover`` and ``queue fork show`` (``client`` makes the invocation's client)."""
+    """Add ``queue recover``, ``queue upgrade`` and ``queue fork show`` (``client`` makes the
+    invocation's client)."""
     _factory[:] = [client]
     queue_app.command("recover")(recover)
+    queue_app.command("upgrade")(upgrade)
     queue_app.add_typer(fork_app, name="fork")
 
 

@@ -156,6 +156,33 @@ def test_the_previous_release_is_sent_nothing_of_a_core2_queue_and_core1_still_s
     assert peer_row(new, old_id)["withheld"] >= 1  # and the new daemon says it holds it back
 
 
+def test_a_queue_the_previous_release_holds_moved_to_core2_stays_there_and_the_rest_syncs(
+    latticed_process: Factory,
+) -> None:
+    old = start(latticed_process, OLD)
+    new = start(latticed_process, None, old)
+    old_id, new_id = identity(old), identity(new)
+    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    with client(new) as c:
+        moved = c.queue_create("moved")
+        c.offer_batch("moved", [(b"m%d" % i, None, ()) for i in range(5)])
+        other = c.queue_create("other")
+    wait_until(lambda: held_end(old, moved) == 5, "the core-1 queue on the old release")
+    with client(new) as c:
+        [done] = c.queue_upgrade("moved")
+        assert done["converted"]
+        assert c.offer("moved", b"on core 2") == 5  # the old release's end holds no write back
+        c.offer("other", b"still core 1")
+    wait_until(lambda: held_end(old, other) == 1, "a core-1 queue after the move")
+    assert held_end(old, moved) == 5  # kept where it was: it cannot express core 2
+    assert values(old, moved) == [b"m%d" % i for i in range(5)]
+    assert connected(new, old_id) and connected(old, new_id)  # the link stays up
+    with client(old) as c:
+        from_old = c.queue_create("from-old")
+        c.offer("from-old", b"o")
+    wait_until(lambda: held_end(new, from_old) == 1, "the old release's writes still arrive")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

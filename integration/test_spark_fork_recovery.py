@@ -72,3 +72,57 @@ def test_a_query_past_the_fork_point_goes_on_in_the_new_epoch(
     finally:
         query.stop()
         client.close()
+
+
+def test_a_query_stopped_through_a_fork_and_its_recovery_goes_on_in_the_new_epoch(
+    spark: Any, daemon: InProcessDaemon, tmp_path: Path
+) -> None:
+    """The freeze happens while the query is stopped, so no poll ever sees the queue frozen: the epoch in
+    its checkpointed offsets still tells it the records it read past the new epoch's start are gone."""
+    client = daemon.client()
+    client.queue_create("q", core=2)
+    client.offer_batch("q", [(b"s%d" % i, None, []) for i in range(10)])
+
+    def start() -> Any:
+        df = (
+            spark.readStream.format("lattice")
+            .option("socket", str(daemon.socket))
+            .option("queues", "q")
+            .option("startingOffsets", "earliest")
+            .option("failOnDataLoss", "false")
+            .load()
+        )
+        return (
+            df.select("offset", "value")
+            .writeStream.format("parquet")  # a file sink: the memory sink cannot restart from a checkpoint
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
+
+    def rows(query: Any) -> list[tuple[int, bytes]]:
+        query.processAllAvailable()
+        found = spark.read.parquet(str(tmp_path / "out")).orderBy("offset", "value").collect()
+        return [(r.offset, bytes(r.value)) for r in found]
+
+    query = start()
+    try:
+        copied = copy_writes(tmp_path / "copy", daemon, "q", 3)
+        client.offer_batch("q", [(b"o0", None, []), (b"o1", None, [])])
+        assert rows(query)[10:] == [(10, b"o0"), (11, b"o1")]  # read on what becomes the abandoned branch
+    finally:
+        query.stop()
+    merge(daemon, copied)
+    client.queue_recover("q")
+    client.offer("q", b"new")
+    query = start()
+    try:
+        # The records it read on the abandoned branch stay in the sink's files; the new epoch follows.
+        assert rows(query)[10:] == [(10, b"new"), (10, b"o0"), (11, b"o1")]
+        end = query.lastProgress["sources"][0]["endOffset"]
+        queue = client.queue_info("q")["queue"]
+        assert (json.loads(end) if isinstance(end, str) else end) == {queue: 11, "epochs": {queue: 1}}
+        assert query.exception() is None
+    finally:
+        query.stop()
+        client.close()

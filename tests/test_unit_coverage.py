@@ -88,6 +88,10 @@ COVERED_ELSEWHERE: dict[str, str] = {
         "runs inside every in-process daemon (tests/support/inprocess.py); every op in "
         "tests/api/test_api_server.py"
     ),
+    "latticed.api.server.upgrade_handlers": (
+        "runs inside every in-process daemon (tests/support/inprocess.py); queue_upgrade and the recover "
+        "of a forked core-1 queue in tests/api/test_core1_upgrade_api.py"
+    ),
     "latticed.api.server.listener": (
         "runs inside every in-process daemon (tests/support/inprocess.py); the socket's life in "
         "tests/daemon/test_daemon_startup.py"

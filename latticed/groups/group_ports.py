@@ -8,12 +8,12 @@ from typing import Protocol
 
 from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
-from latticed.storage.catalog import QueueCatalog
+from latticed.groups.group_sources import SourceStore
 from latticed.storage.reader import Columns
 from latticed.storage.sealer import SealableStore
 
 
-class GroupStore(SealableStore, QueueCatalog, Protocol):
+class GroupStore(SealableStore, SourceStore, Protocol):
     """Sources and group logs, addressed and read; group logs and DLQs, created and written."""
 
     def resolve(self, address: str, kind: int = KIND_QUEUE) -> int: ...

@@ -174,7 +174,7 @@ class RemoteLeaseServer:
 
     def _is_sealed(self, sid: str, rt: GroupRuntime) -> bool:
         q = rt.source_queue(sid)
-        if q is None:
+        if q is None or self.engine.core2.holds(q):  # fork core 2 seals nothing
             return False
         state = self.engine.state(q)
         version = state.head.meta_version if state.head is not None else -1

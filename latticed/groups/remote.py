@@ -48,6 +48,7 @@ from latticed.errors import (
     NotReaderError,
 )
 from latticed.groups.group_ports import GroupStore
+from latticed.groups.group_sources import find_source, held
 from latticed.net.leasing import LeaseLinks, LinkLostError
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.reader import Columns
@@ -313,9 +314,9 @@ class RemoteGroups:
         have = {}
         for sid in self._known_sources(group):
             owner, name = parse_source_id(sid)
-            q = self.engine.find(owner, name, KIND_QUEUE)
+            q = find_source(self.engine, owner, name)
             if q is not None:
-                have[sid] = self.engine.state(q).held_end
+                have[sid] = held(self.engine, q)[1]
         return have
 
     def _signed_sources(self, group: RemoteGroup) -> frozenset[str] | None:
@@ -333,11 +334,11 @@ class RemoteGroups:
     def _held(self, sid: str) -> tuple[int, int, int, bool] | None:
         """The stored queue behind ``sid`` here: (q, start, held end, sealed); None if not held."""
         owner, name = parse_source_id(sid)
-        q = self.engine.find(owner, name, KIND_QUEUE)
+        q = find_source(self.engine, owner, name)
         if q is None:
             return None
-        state = self.engine.state(q)
-        return q, state.start, state.held_end, self.sealer.sealing(q) is not None
+        start, end = held(self.engine, q)
+        return q, start, end, self.sealer.sealing(q) is not None
 
     def _check_source(self, group: RemoteGroup, sid: str, signed: frozenset[str] | None) -> None:
         """A grant may name only a source of the group (the owner could otherwise have this daemon open

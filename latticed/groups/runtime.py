@@ -17,10 +17,10 @@ import trio
 from latticed.crdt.attempts import AttemptEntry
 from latticed.crdt.group import GroupProgress, ProgressOp, dlq_name, parse_source_id
 from latticed.crdt.group_spec import GroupSpec
-from latticed.crdt.head import KIND_QUEUE
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError, NotReaderError
 from latticed.groups.group_ports import GroupStore
+from latticed.groups.group_sources import find_source, held
 from latticed.leases.dispatch import Dispatcher
 from latticed.leases.outcomes import Changes
 from latticed.process.logs import get_logger, log_event
@@ -94,7 +94,7 @@ class GroupRuntime:
         q = self._queues.get(sid)
         if q is None:
             owner, name = parse_source_id(sid)
-            q = self.engine.find(owner, name, KIND_QUEUE)
+            q = find_source(self.engine, owner, name)
             if q is not None:
                 self._queues[sid] = q
         return q
@@ -108,11 +108,11 @@ class GroupRuntime:
                 return 0
             engine, read = self.engine, 0
             while True:
-                state = engine.state(q)
-                lo = max(self.cursors[sid], state.start)
-                if lo >= state.held_end:
+                start, end = held(engine, q)  # its owner may move it to core 2 meanwhile: same offsets
+                lo = max(self.cursors[sid], start)
+                if lo >= end:
                     return read
-                columns = await engine.read(q, lo, state.held_end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
+                columns = await engine.read(q, lo, end, CATCH_UP_RECORDS, CATCH_UP_BYTES)
                 try:  # a sealed source: what this daemon can open, up to the first record it cannot
                     columns = self.sealer.open_columns(q, columns, partial=True)
                 except NotReaderError as exc:

@@ -56,6 +56,7 @@ from latticed.errors import (
 )
 from latticed.groups.committer import Committer, Flight
 from latticed.groups.group_ports import GroupStore
+from latticed.groups.group_sources import held, watch_sources
 from latticed.groups.runtime import CATCH_UP_BYTES, CATCH_UP_RECORDS, GroupRuntime, records_of
 from latticed.leases.filters import compile_filter
 from latticed.leases.outcomes import Changes, DeadLetter, Grant, TaskView
@@ -82,6 +83,8 @@ class GroupService:
         self._by_source: dict[str, list[GroupRuntime]] = {}
         self._dirty: set[str] = set()
         self._feed = trio.Event()
+        #: Set (and replaced) when the set of sources changes, for :func:`watch_sources`.
+        self._sources_changed = trio.Event()
         self._timer_wake = trio.Event()
         self._timer_until = math.inf
         self.committer = Committer(engine, sealer, self._catch_up_dlq)
@@ -100,6 +103,13 @@ class GroupService:
                     if engine.owned(q):
                         await self._load(q)
                 nursery.start_soon(self._feeder)
+                nursery.start_soon(
+                    watch_sources,
+                    engine,
+                    self._source_queues,
+                    lambda: self._sources_changed,
+                    self._mark_dirty,
+                )
                 nursery.start_soon(self._timer)
                 log_event(log, "groups.started", groups=len(self._groups))
                 task_status.started(self)
@@ -155,6 +165,8 @@ class GroupService:
         self._groups[spec.name] = rt
         for sid in rt.sources:
             self._by_source.setdefault(sid, []).append(rt)
+        self._sources_changed.set()
+        self._sources_changed = trio.Event()
         for sid in rt.sources:
             await rt.catch_up(sid, self._background)
         stats = rt.dispatcher.stats(self.now())
@@ -197,6 +209,16 @@ class GroupService:
         if sid in self._by_source:
             self._dirty.add(sid)
             self._feed.set()
+
+    def _source_queues(self) -> list[tuple[str, int]]:
+        """Each source some group reads, with its queue here (those this daemon holds)."""
+        found = ((sid, rts[0].source_queue(sid)) for sid, rts in self._by_source.items() if rts)
+        return [(sid, q) for sid, q in found if q is not None]
+
+    def _mark_dirty(self, sids: list[str]) -> None:
+        """Sources that may have new records (core-2 commits, which the change fanout does not carry)."""
+        self._dirty.update(sids)
+        self._feed.set()
 
     async def _feeder(self) -> None:
         while True:
@@ -373,7 +395,7 @@ class GroupService:
         behind = False
         for sid in rt.sources:
             q = rt.source_queue(sid)
-            if q is not None and rt.cursors[sid] < self.engine.state(q).held_end and sid not in rt.unreadable:
+            if q is not None and rt.cursors[sid] < held(self.engine, q)[1] and sid not in rt.unreadable:
                 behind = True
                 await rt.catch_up(sid, self._background)
         return behind

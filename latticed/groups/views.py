@@ -8,6 +8,7 @@ from typing import Any
 from latticed.crdt.attempts import AttemptRecord
 from latticed.crdt.group import parse_source_id
 from latticed.groups.group_ports import GroupStore
+from latticed.groups.group_sources import find_source, held
 from latticed.groups.runtime import GroupRuntime
 from latticed.leases.outcomes import Changes, Grant, GroupStats, TaskView
 
@@ -86,8 +87,8 @@ def source_ends(engine: GroupStore, sources: tuple[str, ...]) -> dict[str, int |
     ends = {}
     for sid in sources:
         owner, name = parse_source_id(sid)
-        q = engine.find(owner, name)
-        ends[sid] = engine.state(q).held_end if q is not None else None
+        q = find_source(engine, owner, name)
+        ends[sid] = held(engine, q)[1] if q is not None else None
     return ends
 
 

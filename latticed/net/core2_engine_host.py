@@ -3,8 +3,10 @@ link summaries, the deltas a peer lacks (read on a reader connection, one snapsh
 records), and a peer's delta rebuilt from its steps, verified and joined inside the storage thread's writer
 against the value it joins (:class:`MergeSteps2`).
 
-A core-2 delta of a queue this daemon holds on core 1 is refused per queue (nothing stored, the link
-stays up): the same owner cannot have meant both, and closing the link would stop every other queue.
+A core-2 delta of a queue this daemon holds on core 1 converts it (:class:`ConvertMerge2`) when its head
+is of a later epoch than core 1's history (the owner's ``queue upgrade`` or ``recover``); one of epoch 0
+is refused per queue (nothing stored, the link stays up): the same owner cannot have meant both, and
+closing the link would stop every other queue.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from latticed.crdt import queue2
 from latticed.crdt.core_errors import GapError
 from latticed.crdt.head import QueueKind, queue_id
 from latticed.crdt.queue2 import Delta, QueueState2
+from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, seeded
 from latticed.errors import MalformedError
 from latticed.net.core2_host import PendingMerge2
 from latticed.process.logs import get_logger, log_event
@@ -25,14 +28,15 @@ from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 from latticed.protocol.replication_messages import QueueKey
 from latticed.storage.batch import Batch
 from latticed.storage.bridge import StorageBridge
+from latticed.storage.core1_convert import ConversionBusyError, committed_core1, stage_conversion
 from latticed.storage.core2_engine import reading_through
-from latticed.storage.core2_jobs import Merge2
+from latticed.storage.core2_jobs import Merge2, Merged2
 from latticed.storage.core2_queues import core2_of
 from latticed.storage.core2_view import Core2View
 from latticed.storage.jobs import WriterView
 from latticed.storage.reader import StoreReader
 
-__all__ = ["EngineCore2Host", "MergeSteps2"]
+__all__ = ["ConvertMerge2", "EngineCore2Host", "MergeSteps2"]
 
 log = get_logger(__name__)
 
@@ -72,14 +76,56 @@ class MergeSteps2(Merge2):
         super().apply(batch, writer)
 
 
-class _Held:
-    """A merge that stores nothing: what is held is the answer."""
+#: Queues whose core-2 delta of epoch 0 was refused here (logged once each; the storage thread's).
+_REFUSED: set[bytes] = set()
 
-    def __init__(self, outcome: tuple[Summary2 | None, bool]) -> None:
-        self._outcome = outcome
 
-    async def result(self) -> tuple[Summary2 | None, bool]:
-        return self._outcome
+class ConvertMerge2(MergeSteps2):
+    """A peer's core-2 delta of a queue this daemon holds on core 1: the owner converted it, so a head of
+    a later epoch (verified with the owner's key) supersedes the core-1 history; the queue turns to core
+    2 here, keeping its records up to the furthest head of the log they reach (the rest arrive as any
+    catch-up). A delta of epoch 0 (the owner cannot have meant both) is refused and nothing stored."""
+
+    __slots__ = ()
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        d = self.delta
+        if not isinstance(d, Delta) or not isinstance(d.owner, bytes) or not isinstance(d.name, str):
+            raise MalformedError("not a v2 queue delta")
+        qid = queue_id(d.owner, d.name, d.kind)
+        q = writer.lookup(qid)
+        core2 = core2_of(writer)
+        if q is None or core2.find(qid) is not None:
+            super().apply(batch, writer)
+            return
+        try:
+            state = committed_core1(batch, q)
+        except ConversionBusyError as exc:
+            raise GapError(str(exc)) from None  # stores nothing; the peer sends it again
+        empty = queue2.empty_state(d.owner, d.name, d.kind)
+        if self.steps is not None:
+            d = self.delta = unpack_steps(empty, d, self.steps)
+            self.steps = None
+        first = queue2.verify_delta(empty, d)
+        if first.chains.epoch < CONVERTED_EPOCH or not first.chains.tips:
+            if qid in _REFUSED or len(_REFUSED) >= 4096:  # said once per queue
+                self.result = Merged2(q, False, 0)
+                return
+            _REFUSED.add(qid)
+            log_event(
+                log,
+                "replication.other_core",
+                level=logging.WARNING,
+                queue=f"{d.owner.hex()}/{d.name}",
+                reason="a core-2 delta of epoch 0 of a queue held here on core 1: refused, nothing stored",
+            )
+            self.result = Merged2(q, False, 0)
+            return
+        seed = seeded(state, first.chains, first.meta, first.bodies)
+        merged = queue2.join_verified(seed, queue2.verify_delta(seed, d))
+        stage_conversion(batch, core2, q, state, merged.state)
+        self.result = Merged2(q, True, 0)
+        log_event(log, "queue.converted", queue=f"{d.owner.hex()}/{d.name}", end=merged.state.held[1])
 
 
 class _Merging:
@@ -101,7 +147,6 @@ class EngineCore2Host:
 
     def __init__(self, store: Core2Store) -> None:
         self.store = store
-        self._refused: set[QueueKey] = set()
 
     async def load(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that
@@ -147,19 +192,9 @@ class EngineCore2Host:
 
     def submit_merge2(self, delta: Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
         key = (delta.owner, delta.name, delta.kind)
+        job: MergeSteps2 = MergeSteps2(delta, steps)
         if isinstance(delta.owner, bytes) and self.store.find(*key) is not None:
-            if key not in self._refused and len(self._refused) < 4096:
-                self._refused.add(key)
-                log_event(
-                    log,
-                    "replication.other_core",
-                    level=logging.WARNING,
-                    queue=f"{delta.owner.hex()}/{delta.name}",
-                    peer=peer.hex(),
-                    reason="a core-2 delta of a queue held here on core 1: refused, nothing stored",
-                )
-            return _Held((None, False))
-        job = MergeSteps2(delta, steps)
+            job = ConvertMerge2(delta, steps)  # held here on core 1: the owner's converted queue?
         job.origin = peer
         self.store.bridge.start(job)
         return _Merging(self, key, job)

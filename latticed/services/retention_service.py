@@ -261,6 +261,8 @@ class RetentionService:
 
     async def enforce(self, q: int) -> int:
         """Check queue ``q`` now and cut what its limits ask for; returns the records dropped."""
+        if self.engine.core2.holds(q):  # moved to core 2 since it was marked: enforce_core2 checks it
+            return 0
         state = self.engine.state(q)
         watch = self._watch(state)
         if watch is None:

@@ -22,6 +22,8 @@ class RetentionCore2(Core2Retention, Protocol):
 
     def queues(self, kind: int = KIND_QUEUE) -> list[int]: ...
 
+    def holds(self, q: int) -> bool: ...
+
 
 class RetentionStore(QueueCatalog, Protocol):
     """Queues and KV namespaces, read and cut: signed truncations of ours (on both cores), local drops of

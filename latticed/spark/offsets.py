@@ -56,6 +56,9 @@ class QueueView:
     core: int = 1
     #: A frozen core-2 queue's fork point: ``end`` stops there until its owner recovers it.
     fork_point: int | None = None
+    #: A core-2 queue's epoch (its owner's recoveries) and where that epoch's own records begin.
+    epoch: int = 0
+    epoch_start: int = 0
 
     @property
     def frozen(self) -> bool:
@@ -72,6 +75,8 @@ class QueueView:
             forked=bool(info.get("forked", False)),
             core=int(info.get("core", 1)),
             fork_point=None if info.get("fork_point") is None else int(info["fork_point"]),
+            epoch=int(info.get("epoch", 0)),
+            epoch_start=int(info.get("epoch_start", 0)),
         )
 
 

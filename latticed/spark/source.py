@@ -33,6 +33,7 @@ from pyspark.sql.types import StructType
 
 from latticed.api.client.blocking_client import Client
 from latticed.errors import ConnectionClosedError, MalformedError
+from latticed.spark.epoch_offsets import past_recovery, split_epochs, with_epochs
 from latticed.spark.local_daemon import connect, list_views, resolve_queues
 from latticed.spark.offsets import (
     Offsets,
@@ -169,33 +170,49 @@ class LatticeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: SourceOptions) -> None:
         self._planner = _Planner(options)
-        self._initial: Offsets | None = None
+        self._initial: dict[str, Any] | None = None
         self._target: Offsets | None = None
         self._latest: Offsets | None = None
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         # Pinned for the life of this process; across restarts "latest" stays the -1 sentinel until the
         # first batch pins it (see latticed.spark.offsets), so a re-run of batch 0 sees the same start.
         if self._initial is None:
             views = self._planner.views(strict=True)
-            self._initial = initial_offsets(views, self._planner.bound(views, ending=False))
+            self._initial = with_epochs(
+                initial_offsets(views, self._planner.bound(views, ending=False)), views, {}
+            )
         return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self._planner.options.max_records_per_trigger
         return ReadMaxRows(limit) if limit is not None else ReadAllAvailable()
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         views = self._planner.views(strict=False)
         self._latest = sorted_offsets({queue: view.end for queue, view in views.items()})
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return latest_offsets(
-            start,
+        fail = self._planner.options.fail_on_data_loss
+        offsets, seen = split_epochs(start)
+        # A recovery since the epoch the checkpoint was planned in: an empty batch back to the new epoch's
+        # start (the freeze itself may never have been seen: see latticed.spark.epoch_offsets).
+        rewinds = {
+            queue: point
+            for queue, view in views.items()
+            if (offset := offsets.get(queue)) is not None
+            and offset >= 0
+            and (point := past_recovery(queue, offset, seen.get(queue, 0), view, fail_on_data_loss=fail))
+            is not None
+        }
+        end = latest_offsets(
+            {q: o for q, o in offsets.items() if q not in rewinds},
             views,
             max_rows=max_rows,
             target=self._target,
-            fail_on_data_loss=self._planner.options.fail_on_data_loss,
+            fail_on_data_loss=fail,
         )
+        end.update(rewinds)
+        return with_epochs(end, views, seen)
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return self._latest
@@ -204,15 +221,17 @@ class LatticeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         views = self._planner.views(strict=False)
         self._target = sorted_offsets({queue: view.end for queue, view in views.items()})
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         o = self._planner.options
-        ranges = plan_ranges(start, end, o.max_records_per_partition, o.min_partitions)
+        ranges = plan_ranges(
+            split_epochs(start)[0], split_epochs(end)[0], o.max_records_per_partition, o.min_partitions
+        )
         return self._planner.partitions(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the daemon keeps no per-reader state. (Spark calls this one batch late
         and not at all for the last Trigger.AvailableNow batch, so nothing may depend on it.)"""
 

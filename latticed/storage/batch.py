@@ -17,7 +17,14 @@ from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueState, VerifiedDelta
 from latticed.crdt.records import MAX_OFFSET, Record, RecordRun
 from latticed.crdt.signing import Identity
-from latticed.errors import BehindPeersError, ForkedQueueError, LatticedError, MalformedError, NotOwnerError
+from latticed.errors import (
+    BehindPeersError,
+    ForkedQueueError,
+    LatticedError,
+    MalformedError,
+    NotOwnerError,
+    OtherCoreError,
+)
 from latticed.storage.entries import StoredEntries
 
 #: Checkpoints closer than this (in records) are thinned out, except the latest.
@@ -131,11 +138,15 @@ class Batch:
         self.settings: dict[str, bytes] = {}
         self.mutations = 0
         self.created_qids: dict[bytes, int] = {}
+        #: Core-1 queues a job of this batch converts to core 2: no later job may change them on core 1.
+        self.converted: set[int] = set()
 
     # ------------------------------------------------------------------ reading
     def _staged(self, q: int) -> Staged:
         staged = self.staged.get(q)
         if staged is None:
+            if q in self.converted:
+                raise OtherCoreError(f"queue #{q} is being converted to fork core 2; retry on that core")
             state = self._states[q]
             staged = self.staged[q] = Staged(state, state)
         return staged

@@ -193,11 +193,11 @@ class Merge2(Job):
         if not isinstance(d, Delta) or not isinstance(d.owner, bytes) or not isinstance(d.name, str):
             raise MalformedError("not a v2 queue delta")
         qid = queue_id(d.owner, d.name, d.kind)
-        if writer.lookup(qid) is not None or qid in batch.created_qids:
+        q = core2.find(qid)  # a core-1 queue converted earlier in this group commit is one already
+        if q is None and (writer.lookup(qid) is not None or qid in batch.created_qids):
             raise MalformedError(
                 f"queue {d.owner.hex()}/{d.name} is on fork core 1 here: a v2 delta is refused"
             )
-        q = core2.find(qid)
         state = queue2.empty_state(d.owner, d.name, d.kind) if q is None else core2.state(q)
         verified = self.verified
         if verified is None or state is not self.against:

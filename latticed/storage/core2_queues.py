@@ -86,6 +86,10 @@ class Core2Queues:
         self._evidence: list[tuple[int, int, int, tuple[Record, ...]]] = []
         self._drops: set[int] = set()
         self._written: dict[int, QueueState2] = {}
+        #: Core-1 queues this batch converts (latticed/storage/core1_convert.py), and those the last
+        #: published batch converted (the writer then forgets them as core-1 queues).
+        self._converting: dict[int, Queue2Row] = {}
+        self.converted: list[int] = []
         #: Whether the last write deleted rows (the writer then gives space back).
         self.deleted = False
 
@@ -107,6 +111,8 @@ class Core2Queues:
         q = self._by_qid.get(qid)
         if q is None:
             q = next((n.q for n in self._new.values() if n.queue_id == qid), None)
+        if q is None:
+            q = next((n.q for n in self._converting.values() if n.queue_id == qid), None)
         return q
 
     def queues(self) -> list[int]:
@@ -126,7 +132,7 @@ class Core2Queues:
         return self._values.get(q)
 
     def row(self, q: int) -> Queue2Row:
-        row = self._rows.get(q) or self._new.get(q)
+        row = self._rows.get(q) or self._new.get(q) or self._converting.get(q)
         if row is None:
             raise NotFoundError(f"no core-2 queue #{q}")
         return row
@@ -145,6 +151,7 @@ class Core2Queues:
     def begin(self, identity: Identity, now_ms: int, allocate: Callable[[], int]) -> None:
         self._identity, self._now_ms, self._allocate = identity, now_ms, allocate
         self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
+        self._converting, self.converted = {}, []
         self.deleted = False
 
     @property
@@ -159,7 +166,7 @@ class Core2Queues:
     @property
     def pending(self) -> bool:
         """Whether this batch has anything to write."""
-        return bool(self._new or self._evidence or self._drops) or any(
+        return bool(self._new or self._evidence or self._drops or self._converting) or any(
             s.state is not s.before or s.appends or s.meta for s in self._staged.values()
         )
 
@@ -193,6 +200,12 @@ class Core2Queues:
         self._new[q] = row
         self._staged[q] = _Staged(empty, empty)
         return q
+
+    def convert(self, row: Queue2Row, before: QueueState2, state: QueueState2) -> None:
+        """Stage core-1 queue ``row.q`` as a core-2 one: ``before`` holds nothing but reads its core-1
+        records as stored, ``state`` is its first core-2 value (records it keeps are cut from those)."""
+        self._converting[row.q] = row
+        self._staged[row.q] = _Staged(before, state)
 
     def append(self, q: int, records: Sequence[Record], meta: Mapping[str, str | None]) -> int:
         """Stage the owner's records and metadata changes (checked); returns the first offset."""
@@ -241,6 +254,8 @@ class Core2Queues:
         store = self.store
         for q, row in self._new.items():
             core2_store.insert(store, q, self._staged[q].before, row.created_ms)
+        for q in self._converting:
+            core2_store.adopt(store, q, self._staged[q].before)
         for q, staged in self._staged.items():
             if staged.state is not staged.before:
                 self._written[q], deleted = core2_store.persist(store, q, staged.before, staged.state)
@@ -261,9 +276,15 @@ class Core2Queues:
             self._by_qid[row.queue_id] = q
             self._values.setdefault(q, self._staged[q].before)
         self._values.update(self._written)
+        for q, row in self._converting.items():
+            self._rows[q] = row
+            self._by_qid[row.queue_id] = q
+            self._values.setdefault(q, self._staged[q].state)
+        self.converted = list(self._converting)
         for q in self._drops:
             row = self._rows.pop(q)
             self._by_qid.pop(row.queue_id, None)
             self._values.pop(q, None)
         self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
+        self._converting = {}
         return changes

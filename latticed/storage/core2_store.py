@@ -49,6 +49,7 @@ __all__ = [
     "Evidence",
     "Queue2Row",
     "add_evidence",
+    "adopt",
     "drop",
     "evidence",
     "index",
@@ -190,6 +191,24 @@ def insert(store: Store, q: int, state: QueueState2, created_ms: int) -> None:
         "INSERT INTO queues (q, qid, owner, name, kind, created_ms, core) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (q, state.queue_id, state.owner, state.name, state.kind, created_ms, CORE2),
     )
+    c = state.chains
+    conn.execute(
+        "INSERT INTO queue2 (q, epoch, held_end, start_head, tips, meta) VALUES (?, ?, ?, ?, ?, ?)",
+        (q, c.epoch, c.held_end, None, _encode_tips(c.tips), encode_meta(state.meta)),
+    )
+
+
+def adopt(store: Store, q: int, state: QueueState2) -> None:
+    """Make core-1 queue ``q`` a core-2 one holding nothing yet (``state`` empty, its entries the core-1
+    records as stored): its core-1 heads and checkpoints go, its records stay for :func:`persist` to keep
+    or cut. In the caller's transaction with that persist, so a crash leaves either core, never neither."""
+    conn = store.connection
+    conn.execute(
+        "UPDATE queues SET core = ?, head = NULL, tip = NULL, forked = 0, proof = NULL, floor = 0, "
+        "floor_hash = NULL WHERE q = ? AND core = 1",
+        (CORE2, q),
+    )
+    conn.execute("DELETE FROM checkpoints WHERE q = ?", (q,))
     c = state.chains
     conn.execute(
         "INSERT INTO queue2 (q, epoch, held_end, start_head, tips, meta) VALUES (?, ?, ?, ?, ?, ?)",

@@ -11,14 +11,16 @@ waiter got; a value not loaded yet is loaded on the storage thread on first use.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, cast
 
 import trio
 
 from latticed.crdt.head import KIND_QUEUE, QueueKind, queue_id
+from latticed.crdt.queue.state import QueueState
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.errors import BehindPeersError, NotOwnerError
+from latticed.storage.core1_convert import ConversionBusyError, UpgradeQueue
 from latticed.storage.core2_engine import Core2Engine, Core2Host, reading_through
 from latticed.storage.core2_jobs import Commit2
 from latticed.storage.core2_queues import Core2Queues
@@ -41,6 +43,9 @@ class Core2ViewHost(Core2Host, Protocol):
 
 __all__ = ["Core2View", "frozen_since_ms", "recover_hint"]
 
+#: How many group commits a conversion waits for one that does not also write the queue on core 1.
+_CONVERT_TRIES: Final = 100
+
 
 def recover_hint(name: str) -> str:
     return f"latticectl queue recover {name}"
@@ -52,6 +57,18 @@ def frozen_since_ms(state: QueueState2) -> int | None:
     if not state.forked:
         return None
     return max(tip.head.timestamp for tip in state.chains.tips)
+
+
+def epoch_start(state: QueueState2) -> int:
+    """Where the newest epoch's own records begin: the end of its first head (the fork point its owner
+    recovered from), 0 in epoch 0. A reader that read past it in an older epoch read records the recovery
+    abandoned, even if it never saw the queue frozen (the Spark source checks this on restart)."""
+    chains = state.chains
+    if chains.epoch == 0:
+        return 0
+    if chains.shared:
+        return chains.shared[0][1]
+    return min((tip.leaves()[0][1] for tip in chains.tips), default=0)
 
 
 class Core2View(Core2Engine):
@@ -170,6 +187,23 @@ class Core2View(Core2Engine):
         self.require_owner(q, "recover")
         return await self.recover(q, keep_mine=keep_mine)
 
+    async def upgrade_core1(
+        self, q: int, state: QueueState, *, recover: bool = False, keep_mine: bool = False
+    ) -> tuple[int, int]:
+        """Convert our core-1 queue ``q`` (committed as ``state``) to core 2 (:class:`UpgradeQueue`);
+        returns what it holds then. A group commit that also writes it on core 1 defers it to the next."""
+        if state.owner != self._public_key:
+            raise NotOwnerError(f"cannot convert {state.owner.hex()}/{state.name}: not its owner")
+        self._check_fence(state.owner, state.name, state.kind, state.held_end, "convert")
+        for _ in range(_CONVERT_TRIES - 1):
+            try:
+                return cast(
+                    tuple[int, int], await self._run(UpgradeQueue(q, recover=recover, keep_mine=keep_mine))
+                )
+            except ConversionBusyError:
+                await trio.lowlevel.checkpoint()
+        return cast(tuple[int, int], await self._run(UpgradeQueue(q, recover=recover, keep_mine=keep_mine)))
+
     async def truncate_queue(self, q: int, new_start: int) -> int:
         self.require_owner(q, "truncate")
         return await self.truncate(q, new_start)
@@ -215,6 +249,7 @@ class Core2View(Core2Engine):
             "queue": self.address(q),
             "core": 2,
             "epoch": chains.epoch,
+            "epoch_start": epoch_start(state),
             "start_offset": lo,
             "end_offset": hi,
             "size": hi - lo,

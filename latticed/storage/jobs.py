@@ -226,10 +226,14 @@ class Merge(Job):
         q = writer.lookup(qid)
         if q is None:
             q = batch.created_qids.get(qid)
-        if q is None and core2_of(writer).find(qid) is not None:
-            raise MalformedError(
-                f"queue {d.owner.hex()}/{d.name} is on fork core 2 here: a v1 delta is refused"
-            )
+        if q is None and (q2 := core2_of(writer).find(qid)) is not None:
+            # On fork core 2 here (its owner converted it): a v1 history (a 0.2.0 peer's) is not merged,
+            # and is acknowledged as what it sends, so that peer keeps it where it is and the link goes on.
+            self.result, self.changed = q2, False
+            self.summary = core.join_verified(
+                core.empty_state(d.owner, d.name, d.kind), self.verified
+            ).summary()
+            return
         if q is None:
             empty = core.empty_state(d.owner, d.name, d.kind)
             core.join_verified(empty, self.verified)  # raises GapError before we create anything

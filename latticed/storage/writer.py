@@ -594,6 +594,8 @@ class Writer:
             state = self.states.setdefault(new.q, batch.staged[new.q].before)
             self.created_ms[new.q] = new.created_ms
             self._by_qid[state.queue_id] = new.q
+        for q in self.core2.converted:  # now core-2 queues (latticed/storage/core1_convert.py)
+            self._by_qid.pop(self.states.pop(q).queue_id, None)
         if self._metrics is not None:  # last, once everything is published (it must not raise anyway)
             self._metrics.observe_commit(done - started, done - syncing)
         if self.checkpointer is not None:

@@ -153,7 +153,7 @@ def test_recover_refusals_and_a_daemon_too_old_for_core_2(
 ) -> None:
     assert ctl(daemon, "queue", "create", "one").exit_code == 0
     other_core = ctl(daemon, "queue", "recover", "one")
-    assert other_core.exit_code == ExitCode.ERROR and "fork core 1" in other_core.stderr
+    assert other_core.exit_code == ExitCode.USAGE and "queue upgrade one" in other_core.stderr
     assert ctl(daemon, "queue", "create", "two", "--core", "2").exit_code == 0
     not_forked = ctl(daemon, "queue", "recover", "two")
     assert not_forked.exit_code == ExitCode.USAGE and "not forked" in not_forked.stderr

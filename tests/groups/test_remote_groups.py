@@ -16,6 +16,7 @@ import trio
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import LeaseError, MalformedError, NotAllowedError, NotFoundError
+from latticed.groups.group_sources import find_source, held
 from latticed.groups.lease_server import RemoteLeaseServer
 from latticed.groups.remote import policy_meta
 from latticed.groups.service import GroupService
@@ -110,3 +111,21 @@ async def test_a_vanished_peers_consumers_keep_their_leases_until_they_expire(tm
         answer = await server.serve(PEER, "ack", {"group": "g", "leases": [lease["lease"]]})
         assert answer["results"][0]["ok"]
         assert rt.dispatcher.consumers() == []  # unregistered once its last lease ended
+
+
+async def test_remote_consumers_go_on_when_the_source_moves_to_core_2(tmp_path: Path) -> None:
+    async with owner(tmp_path) as (groups, server):
+        rt = await groups.create("g", ["jobs"])
+        [first] = await take(server, PEER, 1, have={source(): 1})
+        engine = groups.engine
+        q = engine.resolve("jobs")
+        await engine.core2.upgrade_core1(q, engine.state(q))  # type: ignore[attr-defined]
+        await engine.append(q, [Record(b"after")])
+        assert find_source(engine, OWNER.public_key, "jobs") == q and held(engine, q) == (0, 5)
+        while rt.cursors[source()] < 5:  # the feeder, woken by the core-2 commit, offers it
+            await rt.changed.wait()
+        leases = await take(server, PEER, 4, have={source(): 1})
+        assert [lease["offset"] for lease in leases] == [1, 2, 3, 4]  # nothing twice, nothing lost
+        assert leases[-1]["record"][1] == b"after"
+        answer = await server.serve(PEER, "ack", {"group": "g", "leases": [first["lease"]]})
+        assert answer["results"][0]["ok"]

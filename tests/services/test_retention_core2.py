@@ -77,3 +77,14 @@ async def test_a_replicas_core2_queue_is_not_cut_here_nor_a_frozen_one(tmp_path:
         }
         assert service.counters.truncations == service.counters.local_drops == 0
         assert service.counters.failures == 0
+
+
+async def test_a_queue_moved_to_core2_after_a_check_was_due_is_cut_on_core2(tmp_path: Path) -> None:
+    async with Engine.open(tmp_path, ALICE) as engine:
+        q = await engine.create_queue("moved", {MAX_RECORDS_KEY: "50"})
+        await engine.append(q, [rec(i) for i in range(200)])
+        service = RetentionService(engine, interval_s=3600.0)
+        await engine.core2.upgrade_core1(q, engine.state(q))  # a core-1 check of it may still be due
+        assert await service.enforce(q) == 0  # not a crash of the retention worker: core 2 cuts it
+        await service.upkeep()
+        assert (await engine.core2.value(q)).held == (200 - 47, 200)

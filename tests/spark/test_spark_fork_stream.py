@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support.core2_fork import copy_writes, fork, merge
@@ -16,12 +15,10 @@ from latticed.api.client.blocking_client import Client
 from latticed.host.config import DaemonConfig
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from support.spark_stream import run_batch, stream
 
 from latticed.spark.offsets import DataLossError
-from latticed.spark.options import parse_options
 from latticed.spark.partition_reader import LatticePartition, read_partition
-from latticed.spark.source import LatticeStreamReader
 
 
 @pytest.fixture
@@ -51,21 +48,6 @@ def forked_at_10(daemon: InProcessDaemon, client: Client, tmp_path: Path) -> str
     info = client.queue_info("q")
     assert (info["fork_point"], info["end_offset"]) == (10, 10)
     return str(info["queue"])
-
-
-def stream(daemon: InProcessDaemon, fail_on_data_loss: bool) -> LatticeStreamReader:
-    options = {"queues": "q", "socket": str(daemon.socket), "failOnDataLoss": str(fail_on_data_loss)}
-    return LatticeStreamReader(parse_options(options, streaming=True))
-
-
-def run_batch(source: LatticeStreamReader, start: dict[str, int]) -> tuple[dict[str, int], list[Any]]:
-    """One micro-batch: its end offset and the (offset, value) rows its partitions read."""
-    end = source.latestOffset(start, ReadAllAvailable())
-    rows = []
-    for part in source.partitions(start, end):
-        for batch in source.read(part):
-            rows += zip(batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True)
-    return end, rows
 
 
 def test_a_query_past_the_fork_point_fails_with_what_to_do(
@@ -105,7 +87,40 @@ def test_without_fail_on_data_loss_the_query_waits_and_reads_the_new_epoch_from_
     client.queue_recover("q")
     client.offer("q", b"new")
     end, rows = run_batch(source, back)
-    assert end == {queue: 11} and rows == [(10, b"new")]
+    assert end == {queue: 11, "epochs": {queue: 1}} and rows == [(10, b"new")]
+    source.stop()
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_recovery_no_poll_saw_frozen_is_still_caught(
+    daemon: InProcessDaemon, client: Client, tmp_path: Path, fail_on_data_loss: bool, restarted: bool
+) -> None:
+    client.queue_create("q", core=2)
+    offer(client, "s", 10)
+    source = stream(daemon, fail_on_data_loss)
+    queue = next(iter(source.initialOffset()))
+    end, _ = run_batch(source, {queue: 0})
+    copied = copy_writes(tmp_path / "copy", daemon, "q", 3)
+    offer(client, "o", 2)
+    end, rows = run_batch(source, end)
+    assert end == {queue: 12} and [v for _, v in rows] == [b"o0", b"o1"]
+    merge(daemon, copied)  # frozen at 10 ... and recovered before the query polls again (or restarts)
+    client.queue_recover("q")
+    client.offer("q", b"new")
+    if restarted:
+        source.stop()
+        source = stream(daemon, fail_on_data_loss)
+    if fail_on_data_loss:
+        with pytest.raises(
+            DataLossError, match=r"epoch 1 goes on from offset 10, .* up to offset 12 in epoch 0"
+        ):
+            run_batch(source, end)
+    else:
+        back, rows = run_batch(source, end)
+        assert back == {queue: 10, "epochs": {queue: 1}} and rows == []
+        end, rows = run_batch(source, back)
+        assert end == {queue: 11, "epochs": {queue: 1}} and rows == [(10, b"new")]
     source.stop()
 
 

@@ -262,13 +262,16 @@ def test_evidence_is_bounded(
     assert kept.records(0) == [rec("o", 0), rec("o", 1)] and kept.dropped == 3  # nearest the fork point
 
 
-def test_a_v1_delta_naming_a_core2_queue_fails_alone(alice: Writer) -> None:
+def test_a_v1_delta_naming_a_core2_queue_is_acknowledged_and_not_merged(alice: Writer) -> None:
+    """A 0.2.0 peer's history of a queue its owner moved to core 2: nothing of it is merged, and the job
+    succeeds (the peer is acknowledged, so the link goes on) without failing its group commit."""
     [q] = ok(alice, CreateQueue2("q"))
     v1 = core.commit(core.empty_state(ALICE.public_key, "q"), ALICE, now_ms=NOW, records=[rec("x", 0)])
     empty = core.empty_state(ALICE.public_key, "q")
-    bad, good = Merge(core.verify_delta(empty, core.delta(v1, None))), Commit2(q, [rec("g", 0)])
-    alice.process([bad, good])
-    assert isinstance(bad.error, MalformedError) and good.error is None
+    old, good = Merge(core.verify_delta(empty, core.delta(v1, None))), Commit2(q, [rec("g", 0)])
+    alice.process([old, good])
+    assert old.error is None and not old.changed and good.error is None
+    assert alice.core2.committed(q).held == (0, 1)  # only the core-2 commit
 
 
 def test_a_replica_does_not_sign(forked: tuple[Writer, Writer, Writer, int]) -> None:

@@ -422,6 +422,13 @@ class Client(GroupOps, PeerOps, BundleOps):
         reply = self.call("queue_recover", queue=queue, keep_mine=keep_mine)
         return {k: reply.get(k) for k in ("queue", "epoch", "start_offset", "end_offset")}
 
+    def queue_upgrade(self, queue: str | None = None, *, all_queues: bool = False) -> list[dict[str, Any]]:
+        """Convert our core-1 queue (or with ``all_queues`` every one we own) to fork core 2; one entry
+        per queue: ``queue``, ``converted``, ``epoch``, ``start_offset``, ``end_offset`` (or ``error``)."""
+        args: dict[str, Any] = {"all": True} if all_queues else {"queue": queue}
+        queues: list[dict[str, Any]] = self.call("queue_upgrade", **args)["queues"]
+        return queues
+
     def queue_fork_show(self, queue: str, *, limit: int = 10) -> dict[str, Any]:
         """A core-2 queue's fork as this daemon knows it: ``fork_point``, ``branches`` (each one's newest
         head), ``evidence`` (what it held past the fork point: pieces, counts, up to ``limit`` records)."""

@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from latticed.api.messages import arg_bool, arg_int
 from latticed.api.server.context import Context, Handler, Reply, Request
+from latticed.api.server.upgrade_handlers import recover_core1
 from latticed.crdt.wire import records_to_wire
 from latticed.errors import MalformedError, NotOwnerError, OtherCoreError
 from latticed.storage.core2_view import frozen_since_ms, recover_hint
@@ -39,7 +40,9 @@ def _core2_queue(ctx: Context, request: Request, what: str) -> int:
 async def queue_recover(ctx: Context, request: Request) -> Reply:
     """Continue our forked queue from its fork point in a new epoch; ``keep_mine``: offer again the
     records this daemon held past the fork point (its evidence) as the new epoch's first records."""
-    q = _core2_queue(ctx, request, "recovery")
+    q = ctx.queue(request)
+    if not ctx.engine.core2.holds(q):  # a forked core-1 queue: converted from its fork point
+        return await recover_core1(ctx, q, keep_mine=arg_bool(request, "keep_mine", False))
     core2 = ctx.engine.core2
     state = await core2.value(q)
     if not core2.owned(q):

@@ -24,6 +24,7 @@ from latticed.api.server import (
     subscribe,
     tail,
     time_handlers,
+    upgrade_handlers,
     why_handlers,
 )
 from latticed.api.server.context import Context, Handler, OpTable, PipelinedHandler, Reply, Request
@@ -41,6 +42,7 @@ _REQUEST_REPLY: tuple[Mapping[str, Handler], ...] = (
     store_handlers.OPS,
     subscribe.OPS,
     time_handlers.OPS,
+    upgrade_handlers.OPS,
     why_handlers.OPS,
 )
 

@@ -40,7 +40,7 @@ from latticed.api.server.connection import Connection
 from latticed.api.server.context import Context, StreamHandler
 from latticed.api.server.handlers import columns_reply
 from latticed.crdt.queue2 import QueueState2
-from latticed.errors import ForkedQueueError, LatticedError, StorageError
+from latticed.errors import ForkedQueueError, LatticedError, OtherCoreError, StorageError
 from latticed.storage.core2_view import frozen_since_ms
 
 MAX_TAIL_BATCH_RECORDS = 10_000
@@ -112,53 +112,63 @@ async def serve_tail(ctx: Context, conn: Connection, request: dict[str, Any]) ->
         watch.fire(gone=not speaking)
 
     failure: LatticedError | None = None
+    converted = False
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watcher)
         while not watch.stop:
-            state = engine.state(q)
-            pos = max(pos, state.start)
-            # Following, a replica streams verified records while they are still being committed here
-            # (storage/ahead.py); a bounded tail ends at what was committed when it began.
-            end = engine.visible_end(q) if stop_at is None else min(stop_at, state.held_end)
-            if pos < end:
-                batch_bytes = _Buffered.grant(max_bytes)
-                columns = await engine.read_visible(q, pos, end, max_records, batch_bytes)
-                try:
-                    columns = ctx.sealer.open_columns(q, columns, partial=True)
-                except LatticedError as exc:  # raised past the nursery, so it is one error, not a group
-                    failure = exc
-                    break
-                if columns.offsets:
-                    pos = columns.offsets[-1] + 1
-                    frame = conn.encode(
-                        {
-                            "id": rid,
-                            "ok": True,
-                            "queue": address,
-                            **columns_reply(columns),
-                            "next_offset": pos,
-                        }
-                    )
-                    del columns  # only the encoded batch waits for a slow reader
-                    _Buffered.held += len(frame)
+            try:  # its owner may move the queue to core 2 meanwhile: same offsets, followed there
+                if ctx.engine.core2.holds(q):
+                    raise OtherCoreError(address)
+                state = engine.state(q)
+                pos = max(pos, state.start)
+                # Following, a replica streams verified records while they are still being committed here
+                # (storage/ahead.py); a bounded tail ends at what was committed when it began.
+                end = engine.visible_end(q) if stop_at is None else min(stop_at, state.held_end)
+                if pos < end:
+                    batch_bytes = _Buffered.grant(max_bytes)
+                    columns = await engine.read_visible(q, pos, end, max_records, batch_bytes)
                     try:
-                        await conn.send_encoded(frame)
-                    finally:
-                        _Buffered.held -= len(frame)
-                    del frame
-                elif engine.state(q).start <= pos < engine.state(q).held_end:
-                    raise StorageError(f"queue {engine.address(q)} is missing records from offset {pos}")
-                continue
-            if stop_at is not None:
-                await conn.send({"id": rid, "ok": True, "done": True, "next_offset": pos})
+                        columns = ctx.sealer.open_columns(q, columns, partial=True)
+                    except LatticedError as exc:  # raised past the nursery, so it is one error, not a group
+                        failure = exc
+                        break
+                    if columns.offsets:
+                        pos = columns.offsets[-1] + 1
+                        frame = conn.encode(
+                            {
+                                "id": rid,
+                                "ok": True,
+                                "queue": address,
+                                **columns_reply(columns),
+                                "next_offset": pos,
+                            }
+                        )
+                        del columns  # only the encoded batch waits for a slow reader
+                        _Buffered.held += len(frame)
+                        try:
+                            await conn.send_encoded(frame)
+                        finally:
+                            _Buffered.held -= len(frame)
+                        del frame
+                    elif engine.state(q).start <= pos < engine.state(q).held_end:
+                        raise StorageError(f"queue {engine.address(q)} is missing records from offset {pos}")
+                    continue
+                if stop_at is not None:
+                    await conn.send({"id": rid, "ok": True, "done": True, "next_offset": pos})
+                    break
+                with trio.CancelScope() as scope:
+                    watch.waiting = scope
+                    await engine.wait_past(q, pos, ahead=True)
+                watch.waiting = None
+            except OtherCoreError:
+                converted = True
                 break
-            with trio.CancelScope() as scope:
-                watch.waiting = scope
-                await engine.wait_past(q, pos, ahead=True)
-            watch.waiting = None
+
         nursery.cancel_scope.cancel()
     if failure is not None:
         raise failure
+    if converted and not watch.stop:
+        return await _serve_tail2(ctx, conn, request, q, _Bounds(pos, None, max_records, max_bytes))
     return not watch.client_gone
 
 
