@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given, settings
@@ -106,6 +107,33 @@ def test_a_big_batch_of_keyed_records_hashes_alike(built: None) -> None:
     )
     base = bytes(range(32))
     assert chain_extend(base, 12_345, run) == python_chain(base, 12_345, run)
+
+
+@pytest.mark.parametrize("n", [2_047, 2_048, 5_003])
+def test_a_batch_digested_on_two_threads_chains_alike(built: None, n: int) -> None:
+    """From 2,048 records a helper thread digests chunks of 128 beside the caller: ragged columns (keys
+    or none, values and headers of every length, each record its own headers) across the chunks' edges
+    give the chain of the Python path, whichever thread digested which chunk."""
+    run = RecordRun(
+        [b"v" * (i % 300) for i in range(n)],
+        [None if i % 7 == 0 else b"k" * (i % 13) for i in range(n)],
+        [i * 1_000 for i in range(n)],
+        [(("h", b"x" * (i % 5)),) if i % 3 else () for i in range(n)],
+    )
+    base = bytes(range(32))
+    assert chain_extend(base, 77, run) == python_chain(base, 77, run)
+
+
+def test_batches_hashed_from_several_threads_at_once_chain_alike(built: None) -> None:
+    """The daemon verifies on the event loop's workers while its storage thread signs: concurrent calls,
+    each with its own helper, do not mix their chunks."""
+    runs = [
+        RecordRun([b"%d-%d" % (t, i) for i in range(4_000)], [None] * 4_000, [t] * 4_000) for t in range(4)
+    ]
+    expected = [python_chain(bytes(32), 0, run) for run in runs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            assert list(pool.map(lambda run: chain_extend(bytes(32), 0, run), runs)) == expected
 
 
 def test_columns_the_c_call_cannot_take_go_the_python_way(built: None) -> None:
