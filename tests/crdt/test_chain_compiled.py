@@ -157,6 +157,21 @@ def test_columns_the_c_call_cannot_take_go_the_python_way(built: None) -> None:
     ) is None  # fmt: skip
 
 
+@pytest.mark.parametrize("stamp", [0, -1, 1_700_000_000_000, 2**63 - 1, -(2**63)])
+def test_one_clock_reading_on_every_record_chains_as_the_definition(built: None, stamp: int) -> None:
+    """A batch's timestamps all equal (the owner's clock): the int64 column is built by repeating the
+    first, the chain is the same; a mixed column and one with a bool are converted item by item."""
+    records = [Record(b"v%d" % i, b"k" if i % 2 else None, stamp, ()) for i in range(300)]
+    expected = by_definition(bytes(32), 9, records)
+    assert (
+        chain_extend(bytes(32), 9, RecordRun.of(records)) == expected == python_chain(bytes(32), 9, records)
+    )
+    mixed = [*records[:-1], Record(b"last", None, 5, ())]
+    assert chain_extend(bytes(32), 9, RecordRun.of(mixed)) == by_definition(bytes(32), 9, mixed)
+    with_bool = [Record(b"v", None, 1, ()), Record(b"w", None, True, ())]
+    assert chain_extend(bytes(32), 0, with_bool) == python_chain(bytes(32), 0, with_bool)
+
+
 def test_the_python_path_is_used_when_the_extension_is_missing(python_only: None) -> None:
     records = [
         Record(b"v%d" % i, b"k" if i % 2 else None, i, (("h", b"x"),) if i % 3 else ()) for i in range(9)
