@@ -1117,6 +1117,113 @@ fail:
     return NULL;
 }
 
+/* segment_data(keys, values, tail) -> bytes, or None.
+
+   A segment's stored ``data`` (latticed/storage/segments.py): msgpack of [keys, values, timestamps,
+   headers] where tail is the last two columns already packed. keys: a list or tuple of bytes or None;
+   values: a list or tuple of bytes, as long. Written into one buffer: no packed column and no join of
+   them. Anything else (another type, another length): None. */
+static Py_ssize_t array_head(unsigned char *p, Py_ssize_t n)
+{
+    if (n < 16) {
+        if (p) p[0] = (unsigned char) (0x90 | n);
+        return 1;
+    }
+    if (n < 65536) {
+        if (p) { p[0] = 0xdc; p[1] = (unsigned char) (n >> 8); p[2] = (unsigned char) n; }
+        return 3;
+    }
+    if (p) {
+        p[0] = 0xdd; p[1] = (unsigned char) (n >> 24); p[2] = (unsigned char) (n >> 16);
+        p[3] = (unsigned char) (n >> 8); p[4] = (unsigned char) n;
+    }
+    return 5;
+}
+
+static Py_ssize_t bin_head(unsigned char *p, Py_ssize_t n)
+{
+    if (n < 256) {
+        if (p) { p[0] = 0xc4; p[1] = (unsigned char) n; }
+        return 2;
+    }
+    if (n < 65536) {
+        if (p) { p[0] = 0xc5; p[1] = (unsigned char) (n >> 8); p[2] = (unsigned char) n; }
+        return 3;
+    }
+    if (p) {
+        p[0] = 0xc6; p[1] = (unsigned char) (n >> 24); p[2] = (unsigned char) (n >> 16);
+        p[3] = (unsigned char) (n >> 8); p[4] = (unsigned char) n;
+    }
+    return 5;
+}
+
+static PyObject *segment_data(PyObject *self, PyObject *args)
+{
+    PyObject *keys, *values, *out;
+    Py_buffer tail;
+    PyObject **ks, **vs;
+    Py_ssize_t n, i, size;
+    unsigned char *p;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OOy*", &keys, &values, &tail)) {
+        return NULL;
+    }
+    if (!(PyList_CheckExact(keys) || PyTuple_CheckExact(keys))
+        || !(PyList_CheckExact(values) || PyTuple_CheckExact(values))
+        || PySequence_Fast_GET_SIZE(keys) != PySequence_Fast_GET_SIZE(values)) {
+        PyBuffer_Release(&tail);
+        Py_RETURN_NONE;
+    }
+    n = PySequence_Fast_GET_SIZE(values);
+    ks = PySequence_Fast_ITEMS(keys);
+    vs = PySequence_Fast_ITEMS(values);
+    size = 1 + 2 * array_head(NULL, n) + tail.len;
+    for (i = 0; i < n; i++) {
+        PyObject *key = ks[i], *value = vs[i];
+        if (!PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > (Py_ssize_t) UINT32_MAX) {
+            PyBuffer_Release(&tail);
+            Py_RETURN_NONE;
+        }
+        size += bin_head(NULL, PyBytes_GET_SIZE(value)) + PyBytes_GET_SIZE(value);
+        if (key == Py_None) {
+            size += 1;
+        } else if (PyBytes_CheckExact(key) && PyBytes_GET_SIZE(key) <= (Py_ssize_t) UINT32_MAX) {
+            size += bin_head(NULL, PyBytes_GET_SIZE(key)) + PyBytes_GET_SIZE(key);
+        } else {
+            PyBuffer_Release(&tail);
+            Py_RETURN_NONE;
+        }
+    }
+    out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL) {
+        PyBuffer_Release(&tail);
+        return NULL;
+    }
+    p = (unsigned char *) PyBytes_AS_STRING(out);
+    *p++ = 0x94;
+    p += array_head(p, n);
+    for (i = 0; i < n; i++) {
+        if (ks[i] == Py_None) {
+            *p++ = 0xc0;
+        } else {
+            Py_ssize_t len = PyBytes_GET_SIZE(ks[i]);
+            p += bin_head(p, len);
+            memcpy(p, PyBytes_AS_STRING(ks[i]), (size_t) len);
+            p += len;
+        }
+    }
+    p += array_head(p, n);
+    for (i = 0; i < n; i++) {
+        Py_ssize_t len = PyBytes_GET_SIZE(vs[i]);
+        p += bin_head(p, len);
+        memcpy(p, PyBytes_AS_STRING(vs[i]), (size_t) len);
+        p += len;
+    }
+    memcpy(p, tail.buf, (size_t) tail.len);
+    PyBuffer_Release(&tail);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"offered", offered, METH_VARARGS, "An offer's records as value and key columns, and their packed size."},
     {"packed", packed, METH_VARARGS, "Value and key columns as the compiled chain hasher takes them."},
@@ -1124,6 +1231,7 @@ static PyMethodDef methods[] = {
     {"cuts", cuts, METH_VARARGS, "Where the owner ends signed slices of a run."},
     {"widest", widest, METH_VARARGS, "The longest value and the longest key of two columns."},
     {"same_int", same_int, METH_O, "Whether every item of a column is an int equal to the first."},
+    {"segment_data", segment_data, METH_VARARGS, "A segment's stored data: key and value columns packed, then the rest."},
     {"unpacked", unpacked, METH_VARARGS, "An offer sent as packed columns: value and key columns, and its records packed."},
     {"versions", versions, METH_VARARGS, "The head bodies and leaves a log's steps encode."},
     {"are_leaves", are_leaves, METH_O, "Whether every item of a list or tuple is a leaf of the log."},

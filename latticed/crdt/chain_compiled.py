@@ -82,7 +82,7 @@ def extend(
             else:
                 key_lengths = array("i", [-1 if k is None else len(k) for k in keys])
                 joined_keys = b"".join([k for k in keys if k])
-        stamps = array("q", timestamps)
+        stamps = _stamps(columns, timestamps)
         if isinstance(tails, bytes):
             joined_tails, tail_lengths = tails, ffi.NULL
         else:
@@ -104,6 +104,14 @@ def extend(
     if columns is not None:
         return columns.pieces(out, 32)  # type: ignore[no-any-return]
     return list(struct.unpack("32s" * n, out))  # one C call, not a slice per record
+
+
+def _stamps(columns: Any, timestamps: Sequence[int]) -> array[int]:
+    """The timestamps as int64s. A batch's column is mostly one reading of the owner's clock: that is
+    repeated, not converted an item at a time (~35 ns an item, 7 % of a bulk append's hashing)."""
+    if columns is not None and columns.same_int(timestamps):
+        return array("q", timestamps[:1]) * len(timestamps)
+    return array("q", timestamps)
 
 
 __all__ = ["PERSON_BYTES", "Compiled", "extend", "load"]

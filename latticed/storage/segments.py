@@ -104,16 +104,14 @@ class Segment:
         return cls(first, keys, values, timestamps, headers, bytes(chains))
 
     def encode(self) -> tuple[int, bytes, bytes]:
-        """msgpack of ``[keys, values, timestamps, headers]``, a column at a time: the same bytes."""
-        data = b"".join(
-            (
-                _FOUR,
-                _pack(self.keys),
-                _pack(self.values),
-                _pack_same(self.timestamps),
-                _pack_same(self.headers),
-            )
-        )
+        """msgpack of ``[keys, values, timestamps, headers]``, a column at a time: the same bytes. Where
+        the column passes are built, keys and values are packed straight into the one buffer returned
+        (a bulk append's largest copy, made once)."""
+        tail = _pack_same(self.timestamps) + _pack_same(self.headers)
+        columns = columns_compiled.load()
+        data = None if columns is None else columns.segment_data(self.keys, self.values, tail)
+        if data is None:
+            data = b"".join((_FOUR, _pack(self.keys), _pack(self.values), tail))
         return len(self.values), self.chains, data
 
     def nbytes(self) -> int:

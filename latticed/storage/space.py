@@ -22,6 +22,7 @@ from typing import Any, Final
 from latticed.errors import StorageError
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
+from latticed.storage.checkpointer import Checkpointer
 from latticed.storage.jobs import Job, WriterView
 from latticed.storage.reserve import RESERVE_BYTES, Reserve, reserve_path
 from latticed.storage.sqlite import (
@@ -82,6 +83,15 @@ class SpaceKeeper:
         #: It was used to commit a batch that makes room and is not back yet: until it is, only such
         #: batches run (a reserve that could not be written at start only costs that guarantee).
         self.used = False
+        #: The store's checkpoint thread, if it has one: paused while this owns checkpoints.
+        self.checkpointer: Checkpointer | None = None
+
+    def owning_checkpoints(self) -> contextlib.AbstractContextManager[None]:
+        """Around this module's own checkpoints: no pass of the checkpoint thread runs meanwhile (a
+        TRUNCATE checkpoint needs the WAL to itself)."""
+        if self.checkpointer is None:
+            return contextlib.nullcontext()
+        return self.checkpointer.paused()
 
     def open(self) -> None:
         """Before the store opens (and preallocates its WAL): the reserve comes first."""
@@ -99,7 +109,9 @@ class SpaceKeeper:
             return False
         self.wanted = not self.reserve.ensure()
         if not self.wanted:
-            if self.used:
+            if self.used and self.checkpointer is not None:
+                self.checkpointer.resume()
+            elif self.used:
                 store.connection.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
             self.used = False
             log_event(log, "storage.reserve_restored", path=str(self.reserve.path))
@@ -108,11 +120,13 @@ class SpaceKeeper:
     def release(self, store: Store) -> int:
         """Free the reserve for a batch that makes room; it is written again after (:meth:`restore`).
 
-        Until then SQLite's automatic checkpoints are off: one copies the WAL into a database file that
-        must grow for it, and on a full disk that growth would take the room just freed (the checkpoints
-        that give space back run only after a deletion, when the file shrank)."""
+        Until then SQLite's automatic checkpoints (or the checkpoint thread) are off: one copies the WAL
+        into a database file that must grow for it, and on a full disk that growth would take the room
+        just freed (the checkpoints that give space back run only after a deletion, when the file shrank)."""
         freed = self.reserve.release()
         if freed:
+            if self.checkpointer is not None and not self.used:
+                self.checkpointer.pause()
             self.wanted = self.used = True
             store.connection.execute("PRAGMA wal_autocheckpoint = 0")
         return freed
@@ -128,24 +142,30 @@ class SpaceKeeper:
             if now >= left:
                 break
             left = now
-        checkpoint(store, truncate=True)
+        with self.owning_checkpoints():
+            checkpoint(store, truncate=True)
         return left
 
     def settle(self, store: Store) -> None:
         """After pages were given back: checkpoint so the database file shrinks, and cut a WAL that grew
         past its working size (readers held checkpoints off) back to that size."""
         try:
-            done = checkpoint(store, truncate=False)
-            wal = wal_path(self.db)
-            size = wal.stat().st_size if wal.exists() else 0
-            if done and size > wal_working_bytes(store.connection):
-                self.reset_wal(store)
+            with self.owning_checkpoints():
+                done = checkpoint(store, truncate=False)
+                wal = wal_path(self.db)
+                size = wal.stat().st_size if wal.exists() else 0
+                if done and size > wal_working_bytes(store.connection):
+                    self.reset_wal(store)
         except (OSError, sqlite3.Error) as exc:
             log_event(log, "storage.checkpoint_failed", level=30, error=str(exc))
 
     def reset_wal(self, store: Store) -> None:
         """Cut the WAL to zero and, if the disk has ample room, write it out to its working size again
         (:func:`~latticed.storage.sqlite.preallocate_wal`); a nearly full disk keeps the room instead."""
+        with self.owning_checkpoints():
+            self._reset_wal(store)
+
+    def _reset_wal(self, store: Store) -> None:
         if not checkpoint(store, truncate=True):
             return
         target = wal_working_bytes(store.connection)

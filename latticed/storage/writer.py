@@ -39,12 +39,13 @@ from latticed.process.clock import wall_ms
 from latticed.process.logs import get_logger, log_event
 from latticed.process.threadname import name_os_thread
 from latticed.storage.batch import Batch, Staged, appended_since
+from latticed.storage.checkpointer import QUIET_S, Checkpointer
 from latticed.storage.core2_queues import Change2, Core2Queues
 from latticed.storage.jobs import KV_NAMESPACE, Job, KvSealing
 from latticed.storage.kvcompact import MIN_OPS, RATIO, CompactKv, worth_compacting
 from latticed.storage.reserve import RESERVE_BYTES
 from latticed.storage.space import VACUUM_STEP_PAGES, SpaceKeeper
-from latticed.storage.sqlite import is_full
+from latticed.storage.sqlite import WAL_AUTOCHECKPOINT_PAGES, is_full
 from latticed.storage.store import Store
 
 log = get_logger(__name__)
@@ -148,6 +149,8 @@ class Writer:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._store: Store | None = None
+        #: WAL checkpoints beside the commits (latticed/storage/checkpointer.py); None: SQLite's own.
+        self.checkpointer: Checkpointer | None = None
         #: (time, size) of recent batches: how many writers have been committing together lately.
         self._recent_sizes: collections.deque[tuple[float, int]] = collections.deque()
         #: While a batch lingers for company: how many more jobs it waits for (0: not lingering), and the
@@ -203,6 +206,22 @@ class Writer:
         except MalformedError:
             return 0
 
+    def start_checkpointer(self, pages: int = WAL_AUTOCHECKPOINT_PAGES, quiet_s: float = QUIET_S) -> None:
+        """Move WAL checkpoints out of the commits onto their own thread (else SQLite's automatic ones
+        stay); the storage thread does it after :meth:`open`, tests may."""
+        checkpointer = Checkpointer(self.path, pages, quiet_s)
+        if checkpointer.start(self.store.connection):
+            self.checkpointer = self.space.checkpointer = checkpointer
+
+    def _close(self) -> None:
+        """The checkpointer first (it reads the store), then the store."""
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+            self.checkpointer = self.space.checkpointer = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
     def start(self) -> None:
         """Open the store on a new thread and serve jobs there; raises if opening fails."""
         ready = threading.Event()
@@ -223,9 +242,8 @@ class Writer:
             self._queue.put(_STOP)
             self._thread.join()
             self._thread = None
-        elif self._store is not None:
-            self._store.close()
-            self._store = None
+        else:
+            self._close()
 
     def submit(self, job: Job) -> None:
         """Queue a job (thread-safe, never blocks); wakes a lingering batch once it has what it waits for."""
@@ -242,7 +260,9 @@ class Writer:
         name_os_thread("ld-storage")  # else it shows under the name of the trio worker that started it
         try:
             self.open()
+            self.start_checkpointer()
         except BaseException as exc:
+            self._close()
             failure.append(exc)
             ready.set()
             return
@@ -258,8 +278,7 @@ class Writer:
                     break
                 self.maintain(idle=not jobs)
         finally:
-            self.store.close()
-            self._store = None
+            self._close()
 
     def maintain(self, idle: bool = True) -> bool:
         """One bounded step of upkeep: compacting our KV op log, else giving back disk space freed by
@@ -580,6 +599,8 @@ class Writer:
             self._by_qid.pop(self.states.pop(q).queue_id, None)
         if self._metrics is not None:  # last, once everything is published (it must not raise anyway)
             self._metrics.observe_commit(done - started, done - syncing)
+        if self.checkpointer is not None:
+            self.checkpointer.after_commit(store.connection)
         return results
 
 

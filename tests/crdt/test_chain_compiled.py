@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given, settings
@@ -108,6 +109,33 @@ def test_a_big_batch_of_keyed_records_hashes_alike(built: None) -> None:
     assert chain_extend(base, 12_345, run) == python_chain(base, 12_345, run)
 
 
+@pytest.mark.parametrize("n", [2_047, 2_048, 5_003])
+def test_a_batch_digested_on_two_threads_chains_alike(built: None, n: int) -> None:
+    """From 2,048 records a helper thread digests chunks of 128 beside the caller: ragged columns (keys
+    or none, values and headers of every length, each record its own headers) across the chunks' edges
+    give the chain of the Python path, whichever thread digested which chunk."""
+    run = RecordRun(
+        [b"v" * (i % 300) for i in range(n)],
+        [None if i % 7 == 0 else b"k" * (i % 13) for i in range(n)],
+        [i * 1_000 for i in range(n)],
+        [(("h", b"x" * (i % 5)),) if i % 3 else () for i in range(n)],
+    )
+    base = bytes(range(32))
+    assert chain_extend(base, 77, run) == python_chain(base, 77, run)
+
+
+def test_batches_hashed_from_several_threads_at_once_chain_alike(built: None) -> None:
+    """The daemon verifies on the event loop's workers while its storage thread signs: concurrent calls,
+    each with its own helper, do not mix their chunks."""
+    runs = [
+        RecordRun([b"%d-%d" % (t, i) for i in range(4_000)], [None] * 4_000, [t] * 4_000) for t in range(4)
+    ]
+    expected = [python_chain(bytes(32), 0, run) for run in runs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            assert list(pool.map(lambda run: chain_extend(bytes(32), 0, run), runs)) == expected
+
+
 def test_columns_the_c_call_cannot_take_go_the_python_way(built: None) -> None:
     """A timestamp past 64 bits or a value that is not bytes: the Python path decides (and raises what it
     always raised); the compiled call is never given it."""
@@ -127,6 +155,21 @@ def test_columns_the_c_call_cannot_take_go_the_python_way(built: None) -> None:
         records_module._PERSONS, base, 0, values=["text"] * 6, keys=[None] * 6, timestamps=[0] * 6,
         tails=b"\0\0",
     ) is None  # fmt: skip
+
+
+@pytest.mark.parametrize("stamp", [0, -1, 1_700_000_000_000, 2**63 - 1, -(2**63)])
+def test_one_clock_reading_on_every_record_chains_as_the_definition(built: None, stamp: int) -> None:
+    """A batch's timestamps all equal (the owner's clock): the int64 column is built by repeating the
+    first, the chain is the same; a mixed column and one with a bool are converted item by item."""
+    records = [Record(b"v%d" % i, b"k" if i % 2 else None, stamp, ()) for i in range(300)]
+    expected = by_definition(bytes(32), 9, records)
+    assert (
+        chain_extend(bytes(32), 9, RecordRun.of(records)) == expected == python_chain(bytes(32), 9, records)
+    )
+    mixed = [*records[:-1], Record(b"last", None, 5, ())]
+    assert chain_extend(bytes(32), 9, RecordRun.of(mixed)) == by_definition(bytes(32), 9, mixed)
+    with_bool = [Record(b"v", None, 1, ()), Record(b"w", None, True, ())]
+    assert chain_extend(bytes(32), 0, with_bool) == python_chain(bytes(32), 0, with_bool)
 
 
 def test_the_python_path_is_used_when_the_extension_is_missing(python_only: None) -> None:

@@ -268,6 +268,30 @@ def test_the_segment_column_passes_are_the_python_ones(
     assert segments._pack_same(same) == msgpack.packb(same) == python_only(lambda: segments._pack_same(same))
 
 
+# Lengths either side of msgpack's edges: fixarray/array16 (16 items), bin8/bin16 (256 B), bin16/bin32.
+edge_bytes = st.sampled_from([0, 1, 255, 256, 65535, 65536]).map(lambda n: b"v" * n) | st.binary(max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(edge_bytes, max_size=20) | st.lists(st.binary(max_size=3), min_size=15, max_size=17),
+    keys=st.lists(st.none() | edge_bytes, min_size=20, max_size=20),
+    headers=st.sampled_from([None, [["lattice.producer", b"p" * 40]]]),
+    as_tuple=st.booleans(),
+)
+def test_a_segment_packed_in_one_pass_is_the_python_bytes(
+    built: Any, values: list[bytes], keys: list[bytes | None], headers: Any, as_tuple: bool
+) -> None:
+    n = len(values)
+    columns: Any = (tuple(keys[:n]), tuple(values)) if as_tuple else (keys[:n], values)
+    segment = segments.Segment(7, *columns, [5] * n, [headers] * n, bytes(32 * n))
+    expected = (n, bytes(32 * n), msgpack.packb([keys[:n], values, [5] * n, [headers] * n]))
+    assert segment.encode() == expected == python_only(segment.encode)
+    assert segments.Segment.decode(7, *segment.encode()) == segments.Segment(
+        7, keys[:n], values, [5] * n, [headers] * n, bytes(32 * n)
+    )
+
+
 def test_odd_columns_are_left_to_python(built: Any) -> None:
     assert built.packed((b"v", "text"), (None, None)) is None
     assert built.packed((b"v",), (None, None)) is None
@@ -276,6 +300,10 @@ def test_odd_columns_are_left_to_python(built: Any) -> None:
     assert built.widest([b"v"], [7]) is None
     assert built.same_int([1, True]) is False and built.same_int([]) is False
     assert built.same_int((5, 5, 5)) is True and built.same_int([2**70, 2**70]) is True
+    assert built.segment_data([b"k", "text"], [b"v", b"w"], b"") is None
+    assert built.segment_data([None], [bytearray(b"v")], b"") is None
+    assert built.segment_data([None], [b"v", b"w"], b"") is None
+    assert built.segment_data((None,), {b"v"}, b"") is None
     assert built.pieces(b"a" * 64, 32) == [b"a" * 32] * 2
     with pytest.raises(ValueError):
         built.pieces(b"a" * 33, 32)

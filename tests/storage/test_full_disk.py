@@ -67,10 +67,14 @@ def free_bytes(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-@pytest.fixture
-def full_writer(small_disk: Path) -> Iterator[tuple[Writer, int]]:
+@pytest.fixture(params=["sqlite-checkpoints", "checkpoint-thread"])
+def full_writer(small_disk: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Writer, int]]:
+    """A writer on a full disk; with the checkpoint thread too (paused while the reserve is used)."""
     w = Writer(db_path(small_disk), ALICE, clock=TickingClock(NOW))
     w.open()
+    if request.param == "checkpoint-thread":
+        w.start_checkpointer(64)
+        assert w.checkpointer is not None
     try:
         (create,) = run(w, CreateQueue("fill"))
         q = create.result
