@@ -17,6 +17,7 @@ first copy took, and how long the last node waited.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -108,10 +109,11 @@ def report(label: str, part: mesh_sim.PartResult, replicas: bool) -> None:
 
 def run_mesh(size: int, args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    costs = mesh_sim.Costs(cores=args.cores or None)
+    base = mesh_sim2.CORE2_COSTS if args.core == 2 else mesh_sim.Costs()
+    costs = dataclasses.replace(base, cores=args.cores or None)
     features = None
     if args.plain:  # links as to a daemon that states no features, HAVEs sent at once
-        costs = mesh_sim.Costs(cores=args.cores or None, have_linger=0.0)
+        costs = dataclasses.replace(costs, have_linger=0.0)
         features = frozenset[str]()
     kind = mesh_sim2.MeshSim2 if args.core == 2 else mesh_sim.MeshSim
     sim = kind(size, degree=3, seed=args.seed, draws=args.draws, costs=costs)

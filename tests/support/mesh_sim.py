@@ -147,6 +147,12 @@ class Costs:
     offer_record: float = 0.0000013
     #: The writer's client between two calls (bench_mesh's loop builds and encodes the next batch).
     client: float = 0.0005
+    #: With this chance a step of an event loop is held up for a time drawn from [0, 2 x ``stall``]:
+    #: the process descheduled (N daemons and the box's other work on its cores), a garbage collection.
+    #: What puts a daemon's latency tail at tens of ms, and makes a relay that missed a push's turn send
+    #: the next one with it. 0: never (the calibration of core 1 had none).
+    stall_chance: float = 0.0
+    stall: float = 0.0
     graft_timeout: float = GRAFT_TIMEOUT_S
     graft_timeout_max: float | None = GRAFT_TIMEOUT_MAX_S
     #: How long HAVEs wait to go out together, as on daemon links (0: with the next send).
@@ -437,6 +443,8 @@ class MeshSim:
         if node.cpu_free < self.now - self.costs.warm_for:
             cost += self.costs.wake
         node.cpu_free = max(node.cpu_free, self.now) + self._scaled(cost, node.cpu_free <= self.now)
+        if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
+            node.cpu_free += self._rng.uniform(0, 2 * self.costs.stall)
 
     def _scaled(self, cost: float, idle: bool = True) -> float:
         """``cost`` times the jitter draw and, on a shared box, the nodes busy now (threads using a core:

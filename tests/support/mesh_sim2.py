@@ -38,9 +38,15 @@ from latticed.protocol.core2_wire import Summary2, link_summary
 from latticed.protocol.replication import QueueKey, ReplicationSession
 from latticed.storage.ahead import AHEAD_DELTA_RECORDS
 from latticed.storage.writer import MERGE_LINGER_JOBS, MERGE_LINGER_S
-from support.mesh_sim import MeshNode, MeshSim, _Job
+from support.mesh_sim import Costs, MeshNode, MeshSim, _Job
 
-__all__ = ["MeshNode2", "MeshSim2", "warm_up"]
+__all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
+
+#: :class:`Costs` as calibrated on core 1, with the stalls bench_mesh's core-2 daemons showed at N = 8 on
+#: the shared box (2026-11-29, load 2.2-3.1): without them the simulated relays never missed a push's
+#: turn (1.00 DELTA2 and 0.57 ACK2 per record at 100/s, last-node p99 9 ms, against the daemons'
+#: 0.91-0.98, 0.52-0.56 and 37-81 ms); with them 0.94-0.96, 0.52-0.54 and 46-48 ms.
+CORE2_COSTS = Costs(stall_chance=0.02, stall=0.01)
 
 
 @dataclass
@@ -88,6 +94,7 @@ class MeshNode2(MeshNode):
 class MeshSim2(MeshSim):
     """:class:`MeshSim` with the queue on fork core 2 (see the module docstring)."""
 
+    costs: Costs = field(default_factory=lambda: CORE2_COSTS)
     merge_linger: float = MERGE_LINGER_S
 
     def _new_node(self, name: int) -> MeshNode:
