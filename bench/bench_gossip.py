@@ -111,6 +111,8 @@ def run_mesh(size: int, args: argparse.Namespace) -> None:
     started = time.perf_counter()
     base = mesh_sim2.CORE2_COSTS if args.core == 2 else mesh_sim.Costs()
     costs = dataclasses.replace(base, cores=args.cores or None)
+    if not args.cores:  # a machine per node: nothing else deschedules its event loop
+        costs = dataclasses.replace(costs, stall_chance=0.0)
     features = None
     if args.plain:  # links as to a daemon that states no features, HAVEs sent at once
         costs = dataclasses.replace(costs, have_linger=0.0)
