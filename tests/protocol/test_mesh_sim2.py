@@ -154,17 +154,31 @@ def test_core2_sim_tells_a_merge_to_the_link_it_came_from_before_its_ack(
 
 def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_do() -> None:
     """bench_mesh --sizes 8 --core 2 at 100/s, two runs: 0.91 and 0.98 DELTA2s, 0.52 and 0.56 ACK2s per
-    record per replica, p99 of the last daemon 37 and 81 ms: a relay whose event loop is held up (the
+    record per replica, the last daemon's p99 81 and 37 ms: a relay whose event loop is held up (the
     process descheduled, a collection) passes the pushes that came meanwhile on as one. Without stalls
-    the simulator's relays never miss a turn (1.00, 0.57, 9 ms); with :data:`CORE2_COSTS`' within 10 %."""
-    steady = MeshSim2(8, costs=Costs())
-    warm_up(steady)
-    part = live(steady, 100, 200)
-    assert part.per_record("delta2") == 1.0
-    assert max(part.last_latency) < 0.02
+    the simulated relays never missed a turn (1.00 DELTA2s, 0.57 ACK2s, p99 9 ms); with
+    :data:`CORE2_COSTS`' within 10 % of the daemons' means, and a tail as theirs."""
     sim = MeshSim2(8)
     warm_up(sim)
-    part = live(sim, 100, 200)
+    part = live(sim, 100, 150)
     assert abs(part.per_record("delta2") / 0.947 - 1) <= 0.1, part.per_record("delta2")
     assert abs(part.per_record("ack2") / 0.537 - 1) <= 0.1, part.per_record("ack2")
-    assert sorted(part.last_latency)[197] > 0.03
+    assert 0.03 < sorted(part.last_latency)[148] < 0.1
+
+
+def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
+    """A daemon's storage thread and readers run Python under the interpreter lock its event loop needs:
+    while a commit does its records' work, the loop does nothing else. The simulator gave each its own
+    core, so a relay of a bulk never fell behind its sender (more DELTA2s and ACK2s than the daemons')."""
+
+    def loop_busy(gil: bool) -> float:
+        costs = Costs(commit_record=0.001, jitter=0.0, cores=None, wake=0.0, stall_chance=0.0)
+        sim = MeshSim2(2, costs=costs, gil=gil)
+        warm_up(sim)
+        sim.run_for(1.0)
+        sim.offer(100, 100)  # 0.1 s of the storage thread's work
+        sim.run_for(0.01)  # the call handled, its transaction under way
+        return sim.nodes[0].cpu_free - sim.now
+
+    assert loop_busy(True) >= 0.05
+    assert loop_busy(False) <= 0.01

@@ -15,7 +15,9 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   store's change hook), before the commit's ACK2s go out;
 * a delta is cut from memory when the value ahead, or the last merges' records (``RECENT_RECORDS``)
   cover what the peer lacks; otherwise the link's driver waits for a read on a reader thread (the owner's
-  commits note no recent rows: the writer reads every delta).
+  commits note no recent rows: the writer reads every delta);
+* the storage and reader threads' work holds the node's interpreter lock, as the event loop's does
+  (``gil``): a relay busy committing a chunk of a bulk is late cutting the next, and sends two at once.
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
 """
@@ -43,10 +45,10 @@ from support.mesh_sim import Costs, MeshNode, MeshSim, _Job
 __all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 
 #: :class:`Costs` as calibrated on core 1, with the stalls bench_mesh's core-2 daemons showed at N = 8 on
-#: the shared box (2026-11-29, load 2.2-3.1): without them the simulated relays never missed a push's
-#: turn (1.00 DELTA2 and 0.57 ACK2 per record at 100/s, last-node p99 9 ms, against the daemons'
-#: 0.91-0.98, 0.52-0.56 and 37-81 ms); with them 0.94-0.96, 0.52-0.54 and 46-48 ms.
-CORE2_COSTS = Costs(stall_chance=0.02, stall=0.01)
+#: the shared box (2026-11-29, load 2.2-3.3), fitted to their live 100/s part: without them the simulated
+#: relays never missed a push's turn (1.00 DELTA2 and 0.57 ACK2 per record per replica, last-node p99
+#: 9 ms, against the daemons' 0.91-0.98, 0.52-0.56 and 37-81 ms). bench/RESULTS.md has the comparison.
+CORE2_COSTS = Costs(stall_chance=0.015, stall=0.01)
 
 
 @dataclass
@@ -96,6 +98,9 @@ class MeshSim2(MeshSim):
 
     costs: Costs = field(default_factory=lambda: CORE2_COSTS)
     merge_linger: float = MERGE_LINGER_S
+    #: Whether a node's storage and reader threads share one interpreter lock with its event loop (a
+    #: Python daemon's do: their record work runs one at a time with the loop's); False: each its own core.
+    gil: bool = True
 
     def _new_node(self, name: int) -> MeshNode:
         return MeshNode2(name)
@@ -180,10 +185,13 @@ class MeshSim2(MeshSim):
         jobs, node.waiting = node.waiting, []
         node.committing = True
         records = sum(job.records for job in jobs)
-        extra = sum(job.cpu for job in jobs if isinstance(job, _Job2))
-        start = max(self.now, node.disk_free)
-        node.disk_cpu_until = start + self.costs.commit_record * records + self._scaled(extra)
-        node.disk_free = node.disk_cpu_until + self.costs.commit
+        work = self.costs.commit_record * records + sum(job.cpu for job in jobs if isinstance(job, _Job2))
+        if self.gil:  # the storage thread's Python work holds the interpreter the event loop needs
+            self._busy(node, work)
+            node.disk_free = max(node.cpu_free, node.disk_free) + self.costs.commit
+        else:
+            node.disk_cpu_until = max(self.now, node.disk_free) + self._scaled(work)
+            node.disk_free = node.disk_cpu_until + self.costs.commit
 
         def committed() -> None:
             node.commits += 1
@@ -262,9 +270,12 @@ class MeshSim2(MeshSim):
         node = self.node2(y)
         node.reading.add(x)
         count = len(out.delta.records)
-        node.read_free = max(self.now, node.read_free) + self._scaled(
-            self.costs.read + self.costs.read_record * count
-        )
+        work = self.costs.read + self.costs.read_record * count
+        if self.gil:  # a reader thread builds the records holding the interpreter
+            self._busy(node, work)
+            node.read_free = max(self.now, node.read_free, node.cpu_free)
+        else:
+            node.read_free = max(self.now, node.read_free) + self._scaled(work)
 
         def encode() -> None:
             node.reading.discard(x)
