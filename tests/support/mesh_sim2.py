@@ -75,8 +75,9 @@ class MeshNode2(MeshNode):
     ahead2: dict[QueueKey, _Ahead] = field(default_factory=dict)
     #: Per queue, the rows ``[lo, hi)`` the latest merges appended (``RecentRows``): cut without a read.
     recent: dict[QueueKey, tuple[int, int]] = field(default_factory=dict)
-    #: Whether a lingering transaction is waiting for company on the storage thread.
+    #: Whether a lingering transaction is waiting for company on the storage thread, and how many did.
     lingering: bool = False
+    lingers: int = 0
 
     def held_end(self, key: QueueKey) -> int:
         state = self.durable2.get(key)
@@ -172,9 +173,11 @@ class MeshSim2(MeshSim):
             self._commit(y)
         elif not node.lingering:
             node.lingering = True
+            node.lingers += 1
+            turn = node.lingers
 
-            def due() -> None:
-                if node.lingering and not node.committing:
+            def due() -> None:  # this linger's end, unless its jobs were committed meanwhile
+                if node.lingering and node.lingers == turn and not node.committing:
                     node.lingering = False
                     self._commit(y)
 
