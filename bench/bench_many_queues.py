@@ -6,12 +6,13 @@
 
 Per size: a writer daemon creates ``--records``-record queues (many clients at once, so creates and
 offers share group commits), then a fresh replica dials it. Printed: the seconds from the dial until the
-replica holds every record, the replica's CPU meanwhile, and the latency of ``queue list`` on the replica
-during the catch-up, called again ``--sample`` seconds after each answer (max, p99, p50; its answers
-also tell when the replica holds everything, so nothing else polls the daemon). Then the ratio of the
-time at each size to the first size's, against the ratio of the sizes. ``--core``: the queues' fork core
-(default: the daemon's ``default_queue_core``; the core that ran is printed), or several (``1,2``): every
-size on each, so both cores are compared in one sitting. Figures are printed, never asserted.
+replica holds every record, the replica's CPU meanwhile (and the writer's, which serves the deltas), and
+the latency of ``queue list`` on the replica during the catch-up, called again ``--sample`` seconds after
+each answer (max, p99, p50; its answers also tell when the replica holds everything, so nothing else
+polls the daemon). Then the ratio of the time at each size to the first size's, against the ratio of the
+sizes. ``--core``: the queues' fork core (default: the daemon's ``default_queue_core``; the core that ran
+is printed), or several (``1,2``): every size on each, so both cores are compared in one sitting. Figures
+are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def catch_up(
         ran = c.queue_info("q000000").get("core")
     replica = Node(root, f"r{queues}-{core}")
     nodes.append(replica)
-    cpu0 = cpu_s(replica.proc.pid)
+    cpu0, writer_cpu0 = cpu_s(replica.proc.pid), cpu_s(writer.proc.pid)
     with replica.client() as c:
         t0 = time.perf_counter()
         c.call("peers_add", address=writer.listen)
@@ -99,12 +100,12 @@ def catch_up(
         raise TimeoutError(f"the replica did not hold {queues} queues within 30 minutes")
     took = sampler.done_at - t0
     latencies = sorted(sampler.latencies)
-    cpu = cpu_s(replica.proc.pid) - cpu0
+    cpu, writer_cpu = cpu_s(replica.proc.pid) - cpu0, cpu_s(writer.proc.pid) - writer_cpu0
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     print(
         f"{queues:,} queues x {records} records on fork core {ran} (filled in {filled:.1f} s): replica "
-        f"holds all after {took:.1f} s, CPU {cpu:.1f} s; queue list during catch-up ({len(latencies)} "
-        f"samples): "
+        f"holds all after {took:.1f} s, CPU {cpu:.1f} s (writer {writer_cpu:.1f} s); queue list during "
+        f"catch-up ({len(latencies)} samples): "
         f"max {latencies[-1] * 1e3:,.0f} ms, p99 {p99 * 1e3:,.0f} ms, "
         f"p50 {statistics.median(latencies) * 1e3:,.0f} ms",
         flush=True,

@@ -12,9 +12,7 @@ from typing import Any
 
 import pytest
 from support.core2_fork import copy_writes, merge
-from support.inprocess import InProcessDaemon, start_in_process
-
-from latticed.host.config import DaemonConfig
+from support.inprocess import InProcessDaemon, daemon_at
 
 pytest.register_assert_rewrite("spark_fixtures")
 pytest_plugins = ["spark_fixtures"]
@@ -23,11 +21,8 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
-    d = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
-    try:
+    with daemon_at(tmp_path) as d:
         yield d
-    finally:
-        d.stop()
 
 
 def test_a_query_past_the_fork_point_goes_on_in_the_new_epoch(

@@ -31,7 +31,11 @@ PROTOCOL_VERSIONS: Final = (1,)
 #: with ``heads-v2`` too, core-2 messages so: protocol/core2_compact.py).
 #: ``identity-notice``: it understands a peer's notice that another daemon runs its identity.
 #: ``heads-v2``: it reads queues on the v2 fork core (protocol/core2_wire.py), which only such peers get.
-PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"compact", "heads-v2", "identity-notice", "produce"})
+#: ``window2-32``: with ``heads-v2``, it admits 32 unacknowledged core-2 deltas per link instead of 8, at
+#: most 8 of them over 64 KiB (protocol/core2_session.py).
+PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset(
+    {"compact", "heads-v2", "identity-notice", "produce", "window2-32"}
+)
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
 STORE_SCHEMA: Final = 6
 #: Local API versions the daemon answers (a request names its version in ``v``). 2: ``offer_batch``

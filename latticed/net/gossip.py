@@ -6,7 +6,9 @@ Errors stop at the per-peer boundary: a protocol or integrity failure closes tha
 its identity and counted; the daemon and every other peer carry on.
 
 Every per-link queue is bounded: received deltas by the session's window (the verify and ack channels
-hold at most that many), what waits to be sent by the session (the reader stops reading a peer while its
+hold at most that many; core-2 ones by the window the link agreed on, at most
+:data:`~latticed.protocol.versions.WIDE_WINDOW2`, all but ``window`` of them small, see
+protocol/core2_session.py), what waits to be sent by the session (the reader stops reading a peer while its
 answers pile up, see :meth:`ReplicationSession.accepts_input`), and a peer that stops reading altogether
 is dropped once a send makes no progress for :data:`SEND_TIMEOUT_S` (its messages alone would otherwise
 keep it "alive").
@@ -83,7 +85,7 @@ from latticed.protocol.replication import (
     key_label,
 )
 from latticed.protocol.replication_messages import Hello, Pong, decode_message, message_type_name
-from latticed.protocol.versions import Agreement
+from latticed.protocol.versions import WIDE_WINDOW2, Agreement
 
 log = get_logger(__name__)
 
@@ -603,8 +605,11 @@ class Gossip:
         # protocol), and each is in one of these channels or in the hands of the task between them.
         to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](self.window)
         to_ack, ack_queue = trio.open_memory_channel[tuple[DeltaReceived, PendingMerge]](self.window)
-        # Core-2 deltas: submitted by the driver as they come, acknowledged in order once durable.
-        to_ack2, ack2_queue = trio.open_memory_channel[tuple[Delta2Received, PendingMerge2]](self.window)
+        # Core-2 deltas: submitted by the driver as they come, acknowledged in order once durable (as many
+        # as the widest window the link may agree on).
+        to_ack2, ack2_queue = trio.open_memory_channel[tuple[Delta2Received, PendingMerge2]](
+            max(self.window, WIDE_WINDOW2)
+        )
         link.to_acker, link.to_ack2 = to_ack, to_ack2
         try:
             try:

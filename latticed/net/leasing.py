@@ -47,7 +47,7 @@ from latticed.protocol.lease_forwarding import (
     TimedOut,
     is_leasing_message,
 )
-from latticed.protocol.versions import UNSTATED, VERSIONS_OP, LinkVersions, agree, ours
+from latticed.protocol.versions import UNSTATED, VERSIONS_OP, LinkVersions, agree, ours, stated
 
 log = get_logger(__name__)
 
@@ -360,6 +360,7 @@ class LeaseLinks:
 
     def _start_serving(self, endpoint: _Endpoint, request: Request) -> None:
         if request.op == VERSIONS_OP:  # answered here, whatever serves leases (and before it runs)
+            endpoint.link.session.peer_stated(stated(request.body))
             endpoint.session.answer(request.rid, ours().to_body())
             return
         if request.op == IDENTITY_OP and self._notices is not None:

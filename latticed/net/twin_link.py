@@ -16,7 +16,15 @@ from latticed.errors import LatticedError
 from latticed.protocol.identity_runs import IDENTITY_FEATURE, IDENTITY_OP, Notice
 from latticed.protocol.lease_forwarding import Answer, Cancelled, LeasingSession, Request
 from latticed.protocol.replication import ReplicationSession
-from latticed.protocol.versions import UNSTATED, VERSIONS_OP, Agreement, LinkVersions, agree, ours
+from latticed.protocol.versions import (
+    UNSTATED,
+    VERSIONS_OP,
+    Agreement,
+    LinkVersions,
+    agree,
+    ours,
+    stated,
+)
 
 __all__ = ["TwinLink", "TwinRequests"]
 
@@ -80,6 +88,7 @@ class TwinRequests:
 
     def _serve(self, request: Request) -> None:
         if request.op == VERSIONS_OP:
+            self.link.session.peer_stated(stated(request.body))
             self.session.answer(request.rid, ours().to_body())
         elif request.op == IDENTITY_OP:
             try:

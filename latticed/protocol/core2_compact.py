@@ -31,6 +31,8 @@ name, kind]``, numbered then while there is room)::
     CHAVE2   [41, queue, summary]
     CWANT2   [42, queue, summary | nil]
     CPRUNE2  [43, queue]
+    CACKS2   [44, seq, count]     ACK2s of DELTA2s seq .. seq + count - 1 (count >= 2), all of one
+                                  queue: the receiver holds what the last carried
 
     records  rows as in :mod:`.core2_wire`, each timestamp less the row's before (the first's less the
              ref's timestamp)
@@ -40,8 +42,14 @@ name, kind]``, numbered then while there is room)::
              log's epoch and the queue's id)
     steps    [version - ref.version, bytes]
 
+A relay passes a push on as it came (``net/core2_ahead.Relay``): where the link it goes out on carried
+the same ref for the queue as the one it came in on, the fields written relative to the ref go out as
+they were received (:class:`_Received`), not rebuilt and compared again: the receiver, with that same
+ref, rebuilds from them the bytes this end rebuilt and verified.
+
 ``from_offset`` nil is the ref's end; ``summary``, ``meta``, ``bodies``, ``shared``, ``tail`` and
-``start`` are as in :mod:`.core2_wire`. ACK2's short form ``[34, seq]`` is already compact and stays.
+``start`` are as in :mod:`.core2_wire`. ACK2's short form ``[34, seq]`` is already compact and stays; a
+relay's pushes stored in one commit are acknowledged by one ``CACKS2``.
 
 Why one module: the encoder and the decoder must apply the same rules to the same memory; apart, one
 could change without the other and a receiver would rebuild other bytes than were signed.
@@ -54,7 +62,7 @@ from dataclasses import dataclass, field
 from operator import sub
 from typing import Any, Final
 
-from latticed.crdt import queue2
+from latticed.crdt import chain_memo, queue2
 from latticed.crdt.core_errors import MalformedError
 from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains, Tip
@@ -65,6 +73,7 @@ from latticed.crdt.wire import pack, records_from_wire, records_to_wire
 from latticed.errors import RemoteProtocolError
 from latticed.protocol.core2_wire import (  # the full forms' field decoders, shared
     CACK2,
+    CACKS2,
     CDELTA2,
     CDIGEST2,
     CHAVE2,
@@ -73,6 +82,7 @@ from latticed.protocol.core2_wire import (  # the full forms' field decoders, sh
     CWANT2,
     MAX_TIPS,
     Ack2,
+    AckRun2,
     Delta2,
     Digest2,
     Have2,
@@ -107,7 +117,7 @@ CHAIN_LIMIT: Final = 64
 #: A tip's log is rebuilt by folding the leaves the delta carries only when they are this few.
 LEAF_LIMIT: Final = 64
 #: The type codes of this module's forms.
-COMPACT2_CODES: Final = frozenset({CDIGEST2, CDELTA2, CACK2, CHAVE2, CWANT2, CPRUNE2})
+COMPACT2_CODES: Final = frozenset({CDIGEST2, CDELTA2, CACK2, CHAVE2, CWANT2, CPRUNE2, CACKS2})
 _SIGNATURE_SIZE: Final = 64
 _EMPTY_META_HASH: Final = meta_hash({})
 
@@ -208,9 +218,11 @@ def _base_hash(c: _Context, start: int) -> bytes | None:
     return genesis_hash(c.qid) if start == 0 else None
 
 
-def _head_hash(c: _Context, start: int, end: int, base_hash: bytes) -> bytes | None:
+def _head_hash(c: _Context, start: int, end: int, base_hash: bytes, *, keep: bool = False) -> bytes | None:
     """The chain value at the records' end when they end at ``end`` and start where the chain value is
-    known (the ref's end, the head's start, the queue's genesis); else the ref's where ends agree."""
+    known (the ref's end, the head's start, the queue's genesis); else the ref's where ends agree.
+    ``keep``: the chain goes to :mod:`~latticed.crdt.chain_memo` (a delta read: its steps and its
+    verification hash the same records from the same base next)."""
     records, frm = c.records, c.from_offset
     if records and len(records) <= CHAIN_LIMIT and frm + len(records) == end:
         base = None
@@ -221,7 +233,10 @@ def _head_hash(c: _Context, start: int, end: int, base_hash: bytes) -> bytes | N
         elif frm == 0:
             base = genesis_hash(c.qid)
         if base is not None:
-            return chain_extend(base, frm, records)[-1]
+            chain = chain_extend(base, frm, records)
+            if keep:
+                chain_memo.remember(base, frm, records, chain)
+            return chain[-1]
     if c.ref is not None and c.ref.end == end:
         return c.ref.head_hash
     return None
@@ -331,7 +346,7 @@ def _head_in(raw: Any, c: _Context, tail: tuple[Leaf, ...]) -> HeadV2:
     base_hash = hashes[1] if hashes[1] is not None else _needed(_base_hash(c, start), "a base hash")
     head_hash = hashes[2]
     if head_hash is None:
-        head_hash = _needed(_head_hash(c, start, end, base_hash), "a head hash")
+        head_hash = _needed(_head_hash(c, start, end, base_hash, keep=True), "a head hash")
     mhash = hashes[3] if hashes[3] is not None else _needed(_meta_hash(c, meta_version), "a meta hash")
     head = HeadV2(
         c.qid,
@@ -349,6 +364,22 @@ def _head_in(raw: Any, c: _Context, tail: tuple[Leaf, ...]) -> HeadV2:
     )
     head.check()
     return head
+
+
+@dataclass(frozen=True, slots=True)
+class _Received:
+    """The newest compact DELTA2 decoded in this process: the delta and steps it became (kept alive, so
+    their identity names them), the ref it was read against, and its fields as they came (log, meta,
+    first offset, bodies, steps; the records' timestamps are restamped as they are read)."""
+
+    delta: queue2.Delta
+    steps: Steps | None
+    ref: HeadV2 | None
+    fields: tuple[Any, Any, Any, Any, Any]
+
+
+#: One slot (the event loop's codecs only): a push is passed on right after it is read.
+_as_received: list[_Received | None] = [None]
 
 
 def _start_out(value: Chains) -> bytes | int | None:
@@ -386,6 +417,8 @@ class Compact2Link:
                 return pack([CWANT2, name_queue(side, message.key), summary])
             case Prune2():
                 return pack([CPRUNE2, name_queue(side, message.key)])
+            case AckRun2():
+                return pack([CACKS2, message.seq, message.count])
         return encode2(message)  # AckHeld2: two items already
 
     def _encode_delta(self, message: Delta2) -> list[Any]:
@@ -394,6 +427,22 @@ class Compact2Link:
         queue = name_queue(side, key)
         ref, qid = side.ref(key), side.qid(key)
         records = RecordRun.of(d.records)
+        came = _as_received[0]
+        if came is not None and came.delta is d and came.steps is message.steps and came.ref == ref:
+            log_raw, meta_raw, from_raw, bodies_raw, steps_raw = came.fields
+            side.carried(key, d)
+            return [
+                CDELTA2,
+                message.seq,
+                queue,
+                None if _implied(d) == message.summary else summary_to_wire(message.summary),
+                log_raw,
+                meta_raw,
+                from_raw,
+                _records_out(records, ref.timestamp if ref else 0),
+                bodies_raw,
+                steps_raw,
+            ]
         log: list[Any] | None = None
         if d.log is not None:
             value = d.log.value
@@ -454,6 +503,13 @@ class Compact2Link:
                 return Want2(key, None if raw[2] is None else summary_from_wire(raw[2]))
             if code == CPRUNE2 and len(raw) == 2:
                 return Prune2(named_queue(side, raw[1]))
+            if code == CACKS2 and len(raw) == 3:
+                seq = _u64(raw[1], "a sequence number")
+                count = _int(raw[2], "a run's count")
+                if count < 2:
+                    raise MalformedError("a run of ACK2s is at least two")
+                _u64(seq + count - 1, "a run's last sequence number")
+                return AckRun2(seq, count)
         except MalformedError as exc:
             raise RemoteProtocolError(f"bad compact {name} from peer: {exc}") from exc
         raise RemoteProtocolError(f"compact core-2 message {code} with {len(raw)} items")
@@ -508,6 +564,7 @@ class Compact2Link:
         else:
             summary = summary_from_wire(raw[3])
         side.carried(key, delta)
+        _as_received[0] = _Received(delta, steps, ref, (raw[4], raw[5], raw[6], raw[8], raw[9]))
         return Delta2(seq, summary, delta, steps)
 
     @staticmethod

@@ -13,8 +13,11 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
   the peer may lack is pushed (a queue the digest does not name: the whole of it).
 * A push is ``queue2.delta`` from the peer's last known summary, chunked by ``max_records``; one chunk of a
   queue is in flight at a time (``window`` bounds all queues together), and the ``ACK2`` says where the
-  next one starts. Each ``DELTA2`` carries the sender's summary too, so the receiver answers with what the
-  sender lacks (the other branch of a fork, say) without waiting for an announcement.
+  next one starts. A link that agreed on ``window2-32`` (:data:`~latticed.protocol.versions.WINDOW2`)
+  keeps up to 32 in flight each way, of which at most ``window`` (8) over 64 KiB as sent: a fresh replica
+  of many small queues merges more of them per group commit. Each ``DELTA2`` carries the sender's
+  summary too, so the receiver answers with what the sender lacks (the other branch of a fork, say)
+  without waiting for an announcement.
 * Whether we may hold something the peer lacks is judged by summaries (:func:`has_news`); a delta that
   changed nothing for the peer is followed once by our whole value (``since`` None: a peer whose log
   parts from ours below what it knows cannot join a piece), then nothing until either side changes.
@@ -33,8 +36,11 @@ What it does is what the core-1 session does, on a value that is a lattice, so w
 
 What the peer holds, as far as we know, is the join of what it said (:func:`heard`): a word older than
 one it gave since does not move it back. What it remembers of a peer is only about queues we hold (a
-peer's summaries of others are not kept) and what is in flight (bounded by ``window``); there is no
-memory across connections: each link starts with whole digests.
+peer's summaries of others are not kept) and what is in flight; there is no memory across connections:
+each link starts with whole digests. What a peer can make us hold in received deltas is bounded by the
+window it agreed to, whichever way it behaves (more is its protocol error): ``window`` (8) deltas of at
+most the link's message size (the daemon's ``max_frame_bytes``), so 8 x 16 MiB at the default; with
+``window2-32``, 24 more of at most 64 KiB each, 1.5 MiB more.
 
 Why one module: it is one class whose per-queue bookkeeping (what the peer holds, what is in flight, the
 futile and whole offers, eager or pruned) is one set of invariants every handler touches; the wire forms
@@ -56,6 +62,7 @@ from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import (
     Ack2,
     AckHeld2,
+    AckRun2,
     Delta2,
     Digest2,
     Have2,
@@ -69,7 +76,7 @@ from latticed.protocol.core2_wire import (
 )
 from latticed.protocol.graft import Arrivals
 from latticed.protocol.replication_messages import QueueKey
-from latticed.protocol.versions import HEADS_V2
+from latticed.protocol.versions import HEADS_V2, SMALL_DELTA2_BYTES, WIDE_WINDOW2, WINDOW2
 
 __all__ = ["Core2Event", "Core2Link", "Delta2Received", "NeedDelta2", "has_news", "heard"]
 
@@ -168,7 +175,13 @@ def _always(key: QueueKey) -> bool:
 class Core2Link:
     """The core-2 part of one peer link (see the module docstring)."""
 
+    #: Deltas in flight each way, all queues; with ``window2-32`` agreed, how many of them may be over
+    #: :data:`SMALL_DELTA2_BYTES` (the rest of ``window_out`` / ``window_in`` small).
     window: int = 8
+    #: Deltas we keep in flight and those the peer may (0: ``window``): widened once the link agreed on
+    #: :data:`WINDOW2` (ours once the peer answered; the peer's once its request said it speaks it).
+    window_out: int = 0
+    window_in: int = 0
     depth: int = 4  #: chunks of one queue in flight ahead of its ACKs
     max_records: int = 4096
     #: Whether the peer subscribed to a queue, and whether we did (set by ``attach_core2``).
@@ -222,7 +235,16 @@ class Core2Link:
     #: Deltas sent and not acked yet: their queue, what they were asked from, the summary they carried.
     _brings: dict[int, tuple[QueueKey, _Pair, Summary2]] = field(default_factory=dict)
     _seq: int = 0
+    #: ACK2s held back to go as one ``AckRun2`` (:meth:`_ack`): their seqs, in a row, of one queue, and
+    #: the summary we hold, which a later delta of that queue carried. Flushed before anything else is
+    #: sent and at every :meth:`messages_to_send`, so never held past the pass that made them.
+    _ack_run: list[int] = field(default_factory=list)
+    _ack_run_of: tuple[QueueKey, Summary2] | None = None
     _busy: int = 0  #: asks and deltas in flight, all queues
+    #: Our deltas in flight of at most :data:`SMALL_DELTA2_BYTES`, and the peer's over it we have not
+    #: acked (the wider window admits more of the first kind only).
+    _small_out: set[int] = field(default_factory=set)
+    _big_in: set[int] = field(default_factory=set)
     #: Deltas sent and received; records received, and of those how many we held as they came (their
     #: copy from another link was first: what pruning and lazy links are there to avoid).
     stats: dict[str, int] = field(
@@ -250,9 +272,17 @@ class Core2Link:
             return
         self.agreed = HEADS_V2 in features
         self._compact_out = self.agreed and COMPACT_FEATURE in features
+        if self.agreed and WINDOW2 in features:
+            self.window_out = self.window_in = max(WIDE_WINDOW2, self.window)
         if self.agreed and self._started:
             self._send_digest()
             self._start_pushing()
+
+    def peer_speaks(self, features: frozenset[str]) -> None:
+        """The peer's request said it speaks ``features`` (those we speak too): once it has our answer
+        it may send as wide a window as they allow, so we admit that many from now on."""
+        if HEADS_V2 in features and WINDOW2 in features:
+            self.window_in = max(self.window_in, WIDE_WINDOW2, self.window)
 
     @property
     def withheld(self) -> int:
@@ -293,7 +323,8 @@ class Core2Link:
         carried = _carried(ours, out.implied)
         self._brings[self._seq] = (key, pair, carried)
         self.stats["deltas_sent"] += 1
-        self._send(Delta2(self._seq, carried, out.delta, out.steps))
+        if self._send(Delta2(self._seq, carried, out.delta, out.steps)) <= SMALL_DELTA2_BYTES:
+            self._small_out.add(self._seq)
         if out.implied is not None and has_news(ours, out.implied):
             self._schedule(key)  # the next chunk of a backlog, ahead of this one's ACK
         else:
@@ -305,6 +336,7 @@ class Core2Link:
         received = self._received.pop(seq, None)
         if received is None:
             raise LocalProtocolError(f"no core-2 delta {seq} is waiting")
+        self._big_in.discard(seq)
         key, theirs = received
         self.arrivals.settled(key)
         if summary is None:
@@ -316,12 +348,42 @@ class Core2Link:
         if self._grafts:
             self._arrived(key, summary)
         link = self._link(key)
-        self._send(AckHeld2(seq) if summary == theirs else Ack2(seq, key, summary))
+        self._ack(seq, key, theirs, summary)
         if not changed and not link.pruned:
             link.pruned = True
             self._send(Prune2(key))
         if self._for_peer(key) and has_news(summary, link.peer):
             self._schedule(key)  # the sender lacks something we hold (the other branch of a fork)
+
+    def _ack(self, seq: int, key: QueueKey, theirs: Summary2, summary: Summary2) -> None:
+        """The ACK2 of ``seq``: short when we hold what it carried. On a compact link, one whose summary a
+        later delta of the same queue carried waits for that one's, and the run goes as one AckRun2 (a
+        relay stores pushes that came together in one commit: each earlier ACK2 would carry the newer
+        summary whole); a run that does not reach it goes as the ACK2s it held back."""
+        run = self._ack_run
+        if run and (self._ack_run_of != (key, summary) or seq != run[-1] + 1):
+            self._flush_acks()
+        if summary == theirs:
+            if self._ack_run:
+                first, count = self._ack_run[0], len(self._ack_run) + 1
+                self._ack_run, self._ack_run_of = [], None
+                self._send(AckRun2(first, count))
+            else:
+                self._send(AckHeld2(seq))
+        elif self._compact_out and any(
+            later > seq and k == key and carried == summary for later, (k, carried) in self._received.items()
+        ):
+            self._ack_run.append(seq)
+            self._ack_run_of = (key, summary)
+        else:
+            self._send(Ack2(seq, key, summary))
+
+    def _flush_acks(self) -> None:
+        run, of = self._ack_run, self._ack_run_of
+        self._ack_run, self._ack_run_of = [], None
+        if of is not None:
+            for seq in run:
+                self._send(Ack2(seq, of[0], of[1]))
 
     def release(self) -> None:
         """The link is gone: the deltas it received and did not apply never will be (the host stops
@@ -329,22 +391,25 @@ class Core2Link:
         for key, _ in self._received.values():
             self.arrivals.settled(key)
         self._received.clear()
+        self._big_in.clear()
 
     # ------------------------------------------------------------------ peer → link
-    def receive(self, raw: list[Any], now: float = 0.0) -> None:
-        """One core-2 message (its array, type code first; the session lets none in before the peer's
-        HELLO); malformed or out of place: RemoteProtocolError."""
+    def receive(self, raw: list[Any], now: float = 0.0, size: int = 0) -> None:
+        """One core-2 message (its array, type code first, ``size`` bytes as it came; the session lets
+        none in before the peer's HELLO); malformed or out of place: RemoteProtocolError."""
         self._now = now
         message: Message2 = self._codec.decode(raw) if raw[0] in COMPACT2_CODES else decode2(raw)
         match message:
             case Digest2():
                 self._on_digest(message)
             case Delta2():
-                self._on_delta(message)
+                self._on_delta(message, size)
             case Ack2():
                 self._on_ack(message)
             case AckHeld2():
                 self._on_ack(message)
+            case AckRun2():
+                self._on_ack_run(message)
             case Have2():
                 self._on_have(message)
             case Want2():
@@ -363,13 +428,24 @@ class Core2Link:
                 self._link(key).peer = summary
         self._start_pushing()
 
-    def _on_delta(self, message: Delta2) -> None:
+    def _on_delta(self, message: Delta2, size: int = 0) -> None:
         seq, delta = message.seq, message.delta
         key = (delta.owner, delta.name, delta.kind)
         if seq in self._received:
             raise RemoteProtocolError("DELTA2 needs a fresh sequence number")
-        if len(self._received) >= self.window:
-            raise RemoteProtocolError("peer exceeded the delta window")
+        window = self.window_in or self.window
+        if len(self._received) >= window:
+            raise RemoteProtocolError(
+                f"peer exceeded the delta window: more than {window} core-2 deltas unacknowledged"
+            )
+        big = size > SMALL_DELTA2_BYTES
+        if big and len(self._big_in) >= self.window:
+            raise RemoteProtocolError(
+                f"peer exceeded the delta window: more than {self.window} core-2 deltas over "
+                f"{SMALL_DELTA2_BYTES} bytes unacknowledged"
+            )
+        if big:
+            self._big_in.add(seq)
         if not self.we_want(key):
             raise RemoteProtocolError(f"peer sent {key[0].hex()}/{key[1]}, which we did not subscribe to")
         self._received[seq] = (key, message.summary)
@@ -387,11 +463,30 @@ class Core2Link:
         brought = self._brings.pop(ack.seq, None)
         if brought is None or (isinstance(ack, Ack2) and brought[0] != ack.key):
             raise RemoteProtocolError("ACK2 for a delta we did not send")
-        key, (ours, peer), carried = brought
-        held = ack.summary if isinstance(ack, Ack2) else carried
+        key, pair, carried = brought
+        self._acked(ack.seq, key, pair, ack.summary if isinstance(ack, Ack2) else carried)
+
+    def _on_ack_run(self, ack: AckRun2) -> None:
+        """As that many ACK2s, each saying the peer holds what the run's last delta carried; every one
+        must be a delta of the same queue in flight, or nothing of it is taken."""
+        seqs = range(ack.seq, ack.seq + ack.count)
+        if ack.count > len(self._brings):
+            raise RemoteProtocolError("ACK2 run for deltas we did not send")
+        brings = self._brings
+        first = brings.get(ack.seq)
+        if first is None or any((b := brings.get(seq)) is None or b[0] != first[0] for seq in seqs):
+            raise RemoteProtocolError("ACK2 run for deltas we did not send, or of more than one queue")
+        key, held = first[0], brings[seqs[-1]][2]
+        for seq in seqs:
+            _, pair, _ = self._brings.pop(seq)
+            self._acked(seq, key, pair, held)
+
+    def _acked(self, seq: int, key: QueueKey, pair: _Pair, held: Summary2 | None) -> None:
+        ours, peer = pair
         link = self._link(key)
         link.inflight -= 1
         self._busy -= 1
+        self._small_out.discard(seq)
         if not has_news(held, peer):  # it changed nothing there (or did not fit what the peer holds,
             link.futile = (ours, peer)  # below what it said before): the whole value once, then stop
         link.peer = heard(link.peer, held)
@@ -473,7 +568,7 @@ class Core2Link:
         return self._events.popleft() if self._events else None
 
     def has_work(self) -> bool:
-        return bool(self._events or self._outbox or (self._haves and self._haves_ready()))
+        return bool(self._events or self._outbox or self._ack_run or (self._haves and self._haves_ready()))
 
     @property
     def outbox_bytes(self) -> int:
@@ -484,6 +579,8 @@ class Core2Link:
         return len(self._events)
 
     def messages_to_send(self) -> list[bytes]:
+        if self._ack_run:
+            self._flush_acks()
         out, self._outbox, self._outbox_bytes = self._outbox, [], 0
         if self._haves and self._haves_ready():
             out.extend(self._encode(Have2(key, summary)) for key, summary in self._due_haves())
@@ -552,9 +649,12 @@ class Core2Link:
             self._pump()
 
     def _pump(self) -> None:
-        """Ask the host for deltas while the window has room; one ask or delta in flight per queue."""
-        rounds = len(self._pending)
-        while self._pending and rounds > 0 and self._busy < self.window:
+        """Ask the host for deltas while the window has room; one ask or delta in flight per queue. An
+        ask may come back large, so asks and large deltas together stay within ``window``; only small
+        ones fill the rest of a wider ``window_out``."""
+        rounds, window, out = len(self._pending), self.window, self.window_out or self.window
+        small = self._small_out
+        while self._pending and rounds > 0 and self._busy < out and self._busy - len(small) < window:
             rounds -= 1
             key, _ = self._pending.popitem(last=False)
             link = self._link(key)
@@ -598,7 +698,11 @@ class Core2Link:
     def _encode(self, message: Message2) -> bytes:
         return self._codec.encode(message) if self._compact_out else encode2(message)
 
-    def _send(self, message: Message2) -> None:
+    def _send(self, message: Message2) -> int:
+        """Queue ``message``; its size as sent (as the peer will measure it)."""
+        if self._ack_run:
+            self._flush_acks()  # what was held back goes first: the peer reads them in order
         packed = self._encode(message)
         self._outbox.append(packed)
         self._outbox_bytes += len(packed)
+        return len(packed)

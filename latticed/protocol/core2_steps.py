@@ -148,8 +148,10 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
     base = _chain_base(state, log.value, frm, ours=not own)
     if base is None:
         raise GapError(f"records from {frm}, this replica holds {state.held}")
-    chain = chain_extend(base, frm, records) if records else []
-    chain_memo.remember(base, frm, records, chain)  # verify_delta hashes the same records next
+    # The compact decoder may have hashed them already (a head hash it rebuilt), and verify_delta
+    # hashes the same records next.
+    chain = (chain_memo.take(base, frm, records) or chain_extend(base, frm, records)) if records else []
+    chain_memo.remember(base, frm, records, chain)
     end = frm + len(records)
 
     def chain_at(offset: int) -> bytes | None:

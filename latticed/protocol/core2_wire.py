@@ -56,6 +56,7 @@ from latticed.protocol.replication_messages import QueueKey, check_key
 
 __all__ = [
     "CACK2",
+    "CACKS2",
     "CDELTA2",
     "CDIGEST2",
     "CHAVE2",
@@ -66,6 +67,7 @@ __all__ = [
     "MAX_TIPS",
     "Ack2",
     "AckHeld2",
+    "AckRun2",
     "Delta2",
     "Digest2",
     "Have2",
@@ -85,6 +87,8 @@ __all__ = [
 DIGEST2, DELTA2, ACK2, HAVE2, WANT2, PRUNE2 = range(32, 38)
 #: The codes of the same messages in their compact forms (:mod:`latticed.protocol.core2_compact`).
 CDIGEST2, CDELTA2, CACK2, CHAVE2, CWANT2, CPRUNE2 = range(38, 44)
+#: A run of ACK2s in one (:class:`AckRun2`): a compact form only.
+CACKS2: Final = 44
 #: The type codes of core-2 messages, full or compact, and the names traffic counters give them.
 CORE2_NAMES: Final = {
     DIGEST2: "digest2",
@@ -99,6 +103,7 @@ CORE2_NAMES: Final = {
     CHAVE2: "have2",
     CWANT2: "want2",
     CPRUNE2: "prune2",
+    CACKS2: "ack2",
 }
 CORE2_CODES: Final = frozenset(CORE2_NAMES)
 #: Branches a value may carry (an honest owner's copies make two or three; more is a leaked key).
@@ -177,6 +182,16 @@ class AckHeld2:
 
 
 @dataclass(frozen=True, slots=True)
+class AckRun2:
+    """ACK2s of a run in one (compact links only): DELTA2s ``seq`` to ``seq + count - 1``, all of one
+    queue, are stored, and the receiver holds what the last of them carried. A relay stores the pushes
+    that came together in one commit; each earlier one's own ACK2 would carry that newer summary whole."""
+
+    seq: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Have2:
     key: QueueKey
     summary: Summary2
@@ -195,7 +210,7 @@ class Prune2:
 
 #: ``(version, leaf_codec steps)``: the versions after ``version``, rebuilt by the receiver.
 Steps = tuple[int, bytes]
-Message2 = Digest2 | Delta2 | Ack2 | AckHeld2 | Have2 | Want2 | Prune2
+Message2 = Digest2 | Delta2 | Ack2 | AckHeld2 | AckRun2 | Have2 | Want2 | Prune2
 
 
 # ------------------------------------------------------------------------------------------ fields

@@ -542,7 +542,7 @@ class ReplicationSession:
         self._now = now
         raw = unpack_message(payload, self.max_message_bytes)
         if self.core2 is not None and raw[0] in CORE2_CODES:
-            self._core2_receive(raw)
+            self._core2_receive(raw, len(payload))
             return
         message: Message
         if raw[0] in COMPACT_NAMES:
@@ -909,6 +909,13 @@ class ReplicationSession:
                 if self._peer_wants(key):
                     self._schedule(key)
 
+    def peer_stated(self, features: frozenset[str]) -> None:
+        """The peer's own request said it speaks ``features`` (those we speak too): what it may send us
+        once it has our answer is admitted from now on (the core-2 part's window), though what we send
+        waits for :meth:`agree_features`."""
+        if self.core2 is not None:
+            self.core2.peer_speaks(features)
+
     @property
     def withheld(self) -> int:
         """Queues we hold that are not sent to this peer: its protocol version cannot express them."""
@@ -937,13 +944,13 @@ class ReplicationSession:
             core2.agree(self.peer_features)
         self.core2 = core2
 
-    def _core2_receive(self, raw: list[Any]) -> None:
+    def _core2_receive(self, raw: list[Any], size: int) -> None:
         if self._state is not SessionState.OPEN:
             if self._state is SessionState.IDLE:
                 raise LocalProtocolError("a core-2 message was fed to a session not started yet")
             raise RemoteProtocolError("the first message must be HELLO")
         assert self.core2 is not None
-        self.core2.receive(raw, self._now)
+        self.core2.receive(raw, self._now, size)
 
     def _wants_key(self, key: QueueKey) -> bool:
         return self.subscription is None or _matches(self.subscription, key)

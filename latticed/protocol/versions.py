@@ -31,6 +31,9 @@ __all__ = [
     "FEATURE_OF_CORE",
     "FEATURE_OF_KIND",
     "HEADS_V2",
+    "SMALL_DELTA2_BYTES",
+    "WIDE_WINDOW2",
+    "WINDOW2",
     "UNSTATED",
     "VERSIONS_OP",
     "Agreement",
@@ -40,6 +43,7 @@ __all__ = [
     "incompatible",
     "ours",
     "queue_expressible",
+    "stated",
 ]
 
 #: The request of the link's request/answer sub-protocol that asks a peer what it speaks.
@@ -48,6 +52,13 @@ VERSIONS_OP: Final = "link.versions"
 FEATURE_OF_KIND: Final[Mapping[int, str]] = {}
 #: The feature of queues on the v2 fork core (a forked queue frozen, its owner's recovery in a new epoch).
 HEADS_V2: Final = "heads-v2"
+#: The feature of the wider core-2 delta window: with ``heads-v2`` agreed too, each end of the link keeps
+#: up to :data:`WIDE_WINDOW2` core-2 deltas unacknowledged (the session's ``window``, 8, without it), at
+#: most ``window`` of them over :data:`SMALL_DELTA2_BYTES` as sent: many small queues catch up with more
+#: merges per group commit, while a link's memory of large deltas stays what it was.
+WINDOW2: Final = "window2-32"
+WIDE_WINDOW2: Final = 32
+SMALL_DELTA2_BYTES: Final = 64 * 1024
 #: Queue cores that only a peer speaking the named feature may be sent anything of (1: none needed).
 FEATURE_OF_CORE: Final[Mapping[int, str]] = {2: HEADS_V2}
 
@@ -125,6 +136,16 @@ def agree(local: LinkVersions, peer: LinkVersions) -> Agreement:
     if not common:
         raise incompatible(local, peer)
     return Agreement(max(common), local.features & peer.features, peer)
+
+
+def stated(body: Mapping[str, Any]) -> frozenset[str]:
+    """The features this build and a peer whose :data:`VERSIONS_OP` request carries ``body`` both name
+    (malformed: none). The peer may use them on what it sends once it has our answer, which can come
+    before it answers our own request; so the limits we enforce on it follow its request."""
+    try:
+        return PROTOCOL_FEATURES & LinkVersions.from_body(body).features
+    except RemoteProtocolError:
+        return frozenset()
 
 
 def incompatible(local: LinkVersions, peer: LinkVersions) -> IncompatiblePeerError:

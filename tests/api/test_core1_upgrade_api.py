@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,19 +29,6 @@ from latticed.storage.writer import Writer
 
 runner = CliRunner()
 NOW = 1_700_000_000_000
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
-    d = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def client(daemon: InProcessDaemon) -> Iterator[Client]:
-    with daemon.client() as c:
-        yield c
 
 
 def test_an_upgraded_queue_keeps_its_offsets_and_a_tail_goes_on(

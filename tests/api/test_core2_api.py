@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import trio
 from support.core2_fork import NOW, copy_writes, merge
-from support.inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon
 
 from latticed.api.client.blocking_client import Client, Entry
 from latticed.api.client.producer import Producer
@@ -29,25 +28,11 @@ from latticed.errors import (
     NotOwnerError,
     OtherCoreError,
 )
-from latticed.host.config import DaemonConfig
 from latticed.storage.core2_engine import Core2Engine
 from latticed.storage.core2_view import Core2View
 from latticed.storage.engine import Engine
 
 BOB = Identity.from_seed(b"b" * 32)
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
-    d = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def client(daemon: InProcessDaemon) -> Iterator[Client]:
-    with daemon.client() as c:
-        yield c
 
 
 def _values(entries: list[Entry]) -> list[bytes]:

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from support.inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, daemon_at
 
 from latticed.api.client.blocking_client import Client
 from latticed.api.client.packed_offer import packed_fields
 from latticed.api.client.producer import Producer
 from latticed.errors import MalformedError, OwnerUnreachableError, ProtocolError
-from latticed.host.config import DaemonConfig
 
 ROWS = [
     (b"v%d" % i, b"k%d" % i if i % 2 else None, [("n", b"%d" % i)] if i % 3 == 0 else ()) for i in range(9)
@@ -26,16 +24,8 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
-    root: Path = tmp_path_factory.mktemp("packed-offers")
-    d = start_in_process(DaemonConfig(data_dir=root / "data", socket_path=root / "api.sock"))
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def client(daemon: InProcessDaemon) -> Iterator[Client]:
-    with daemon.client() as c:
-        yield c
+    with daemon_at(tmp_path_factory.mktemp("packed-offers")) as d:
+        yield d
 
 
 def _stored(client: Client, queue: str, start: int = 0) -> list[tuple[Any, ...]]:

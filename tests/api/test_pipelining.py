@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import trio
 import trio.testing
-from support.inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, daemon_at
 
 from latticed.api.client.blocking_client import Client
 from latticed.api.client.producer import Producer
@@ -22,7 +22,6 @@ from latticed.api.server import api_server as server_module
 from latticed.api.server.api_server import MAX_IN_FLIGHT
 from latticed.crdt.signing import Identity
 from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, OwnerUnreachableError
-from latticed.host.config import DaemonConfig
 from latticed.protocol.framing import FrameDecoder
 from latticed.storage.bridge import StorageHold
 from latticed.storage.jobs import Job
@@ -30,16 +29,8 @@ from latticed.storage.jobs import Job
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDaemon]:
-    root = tmp_path_factory.mktemp("pipelining")
-    d = start_in_process(DaemonConfig(data_dir=root / "data", socket_path=root / "api.sock"))
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def client(daemon: InProcessDaemon) -> Iterator[Client]:
-    with daemon.client() as c:
-        yield c
+    with daemon_at(tmp_path_factory.mktemp("pipelining")) as d:
+        yield d
 
 
 class Pipe:

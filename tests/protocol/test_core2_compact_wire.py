@@ -25,6 +25,7 @@ from latticed.protocol.core2_compact import COMPACT2_CODES, Compact2Link
 from latticed.protocol.core2_session import Core2Link
 from latticed.protocol.core2_steps import outgoing, unpack_steps
 from latticed.protocol.core2_wire import (
+    CACKS2,
     CDELTA2,
     CDIGEST2,
     CORE2_CODES,
@@ -32,6 +33,7 @@ from latticed.protocol.core2_wire import (
     DIGEST2,
     Ack2,
     AckHeld2,
+    AckRun2,
     Delta2,
     Digest2,
     Have2,
@@ -141,6 +143,7 @@ others: st.SearchStrategy[Message2] = st.one_of(
     st.builds(Digest2, st.lists(st.tuples(keys, summaries), max_size=3).map(tuple)),
     st.builds(Ack2, st.integers(0, 2**64 - 1), keys, st.none() | summaries),
     st.builds(AckHeld2, st.integers(0, 2**64 - 1)),
+    st.integers(2, 2**64 - 1).flatmap(lambda n: st.builds(AckRun2, st.integers(0, 2**64 - n), st.just(n))),
     st.builds(Have2, keys, summaries),
     st.builds(Want2, keys, st.none() | summaries),
     st.builds(Prune2, keys),
@@ -278,6 +281,14 @@ def test_a_links_memory_is_bounded_by_the_queues_it_numbers(monkeypatch: pytest.
         [CDELTA2 + 2, [KEY[0], "q"]],
         [CDELTA2 + 4, 7],
         [CDELTA2 - 1, [[0, []]]],
+        [CACKS2, 1, 1],  # a run of one is AckHeld2's
+        [CACKS2, 1, 0],
+        [CACKS2, 1, -3],
+        [CACKS2, 2**64 - 1, 2],  # past the last sequence number
+        [CACKS2, -1, 2],
+        [CACKS2, 1, "2"],
+        [CACKS2, 1],
+        [CACKS2, 1, 2, 3],
     ],
 )
 def test_malformed_compact_frames_are_typed_errors(raw: list[Any]) -> None:
@@ -358,3 +369,91 @@ def test_a_link_sends_compact_forms_only_once_it_agreed_on_both_features(feature
     b.start({})
     codes = {unpack_message(m)[0] for m in a.messages_to_send()}
     assert codes == ({CDIGEST2} if features == BOTH else {DIGEST2})
+
+
+def _relayed(upstream: Compact2Link, relay_in: Compact2Link, message: Delta2) -> Delta2:
+    """``message`` as a relay reads it; passed on, it is this very delta and steps (core2_ahead.Relay)."""
+    got = relay_in.decode(unpack_message(upstream.encode(message)))
+    assert isinstance(got, Delta2)
+    return got
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    states(4),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.sampled_from([None, 1, 3])), max_size=6),
+)
+def test_a_push_passed_on_as_it_came_goes_out_in_the_bytes_a_rebuild_gives(
+    values: list[QueueState2], sends: list[tuple[int, int, int | None]]
+) -> None:
+    """Where the outgoing link carried the same ref as the incoming one, the relay reuses the fields as
+    they came; elsewhere it rebuilds them. Either way the bytes are the rebuild's, and the next hop
+    decodes the delta sent."""
+    upstream, relay_in, relay_out, rebuilt, downstream = (Compact2Link() for _ in range(5))
+    for seq, (source, target, size) in enumerate(sends):
+        sent = outgoing(values[source], queue2.summary(values[target]), size or 4096)
+        message = Delta2(seq, link_summary(values[source]), sent.delta, sent.steps)
+        got = _relayed(upstream, relay_in, message)
+        wire = relay_out.encode(got)
+        came, core2_compact._as_received[0] = core2_compact._as_received[0], None
+        assert wire == rebuilt.encode(got)
+        core2_compact._as_received[0] = came
+        assert downstream.decode(unpack_message(wire)) == got == _as_sent(message)
+
+
+def test_a_live_push_passed_on_as_it_came_is_not_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, pushes = _live(3)
+    upstream, relay_in, relay_out, downstream = (Compact2Link() for _ in range(4))
+    for replica, message in pushes:
+        got = _relayed(upstream, relay_in, message)
+        with monkeypatch.context() as m:
+            m.setattr(core2_compact, "_head_out", None)  # the head is not written again
+            wire = relay_out.encode(got)
+        again = downstream.decode(unpack_message(wire))
+        assert again == got and isinstance(_apply(replica, again), queue2.Merged)
+
+
+def test_a_push_whose_upstream_left_nothing_out_is_passed_on_as_it_came_and_verifies_downstream() -> None:
+    """An upstream may send any field it could leave out (here every head whole, every hash): the next
+    hop, with the same ref, reads the same delta and the signature holds over it."""
+    _, pushes = _live(3)
+    upstream, relay_in, relay_out, downstream = (Compact2Link() for _ in range(4))
+    for replica, message in pushes:
+        raw = unpack_message(upstream.encode(message))
+        assert message.delta.log is not None
+        raw[4][1] = message.delta.log.base_fold
+        raw[4][4] = [
+            [t.head.to_bytes(), tail]
+            for t, (_, tail) in zip(message.delta.log.value.tips, raw[4][4], strict=True)
+        ]
+        got = relay_in.decode(unpack_message(pack(raw)))
+        assert isinstance(got, Delta2) and got == _as_sent(message)
+        wire = relay_out.encode(got)
+        assert unpack_message(wire)[4] == raw[4]  # as it came
+        again = downstream.decode(unpack_message(wire))
+        assert again == got and isinstance(_apply(replica, again), queue2.Merged)
+
+
+def test_a_live_push_read_on_a_compact_link_hashes_its_records_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head hash the decoder rebuilt from the records is the chain the steps and the verification
+    need next: it is handed on (crdt/chain_memo), not computed again; the checks are the same."""
+    from latticed.crdt import records as records_module  # noqa: PLC0415
+    from latticed.crdt.queue2 import replica_deltas  # noqa: PLC0415
+    from latticed.protocol import core2_steps  # noqa: PLC0415
+
+    calls = []
+
+    def counted(*args: Any) -> list[bytes]:
+        calls.append(args[1])
+        return records_module.chain_extend(*args)
+
+    for module in (core2_compact, core2_steps, replica_deltas):
+        monkeypatch.setattr(module, "chain_extend", counted)
+    _, pushes = _live(3)
+    sender, receiver = Compact2Link(), Compact2Link()
+    for replica, message in pushes:
+        wire = sender.encode(message)
+        calls.clear()
+        got = receiver.decode(unpack_message(wire))
+        assert isinstance(got, Delta2) and isinstance(_apply(replica, got), queue2.Merged)
+        assert len(calls) == 1, calls  # read, steps rebuilt, verified and joined

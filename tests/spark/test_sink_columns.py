@@ -7,16 +7,16 @@ to an older one, the same records stored either way."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgpack
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+from support.arrow_rows import arrow_batches, resolve
 from support.inprocess import InProcessDaemon, start_in_process
 
 from latticed.api.client.blocking_client import Client
@@ -25,31 +25,13 @@ from latticed.host.config import DaemonConfig
 from latticed.produce.offered_columns import offered_columns
 from latticed.spark import sink_send
 from latticed.spark.sink import _Plan, parse_sink_options
-from latticed.spark.sink_columns import ColumnRecords, ColumnRows
-from latticed.spark.sink_packed import column_request, column_rows, packed_rows
-from latticed.spark.sink_records import Rows, batch_rows, chunk_rows
+from latticed.spark.sink_columns import ColumnRecords
+from latticed.spark.sink_packed import column_request, column_rows, packed_records, packed_rows
+from latticed.spark.sink_records import PackedRecords, batch_rows, chunk_rows
 
 blobs = st.binary(max_size=300) | st.sampled_from([b"x" * 70_000, b""])
 keys = st.none() | st.binary(max_size=300) | st.just(b"k" * 65_536)  # up to the longest key a record has
 rows = st.lists(st.tuples(blobs, keys), min_size=1, max_size=60)
-
-
-def resolve(queue: str) -> str:
-    return f"{'ab' * 32}/{queue}"
-
-
-def _batches(
-    data: list[tuple[bytes, bytes | None]], text: bool, keyed: bool, cut: int
-) -> list[pa.RecordBatch]:
-    values = [v.decode("latin-1") if text else v for v, _ in data]
-    keys = [None if k is None else k.decode("latin-1") if text else k for _, k in data]
-    kind = pa.string() if text else pa.binary()
-    columns, names = [pa.array(values, kind)], ["value"]
-    if keyed:
-        columns.append(pa.array(keys, kind))
-        names.append("key")
-    batch = pa.RecordBatch.from_arrays(columns, names=names)
-    return [batch.slice(i, cut) for i in range(0, len(data), cut)]
 
 
 def _sent(records: ColumnRecords) -> tuple[list[list[Any]], bytes]:
@@ -64,7 +46,7 @@ def _sent(records: ColumnRecords) -> tuple[list[list[Any]], bytes]:
 def test_columns_are_cut_as_the_records_and_carry_the_same_records(
     data: list[tuple[bytes, bytes | None]], text: bool, keyed: bool, cut: int, per: int, max_bytes: int
 ) -> None:
-    batches = _batches(data, text, keyed, cut)
+    batches = arrow_batches(data, text, keyed, cut)
     plain = [batch_rows(b, "q", resolve) for b in batches]
     columns = [column_rows(b, "q", resolve) for b in batches]
     for c, b, p in zip(columns, plain, batches, strict=True):
@@ -85,7 +67,7 @@ def test_columns_are_cut_as_the_records_and_carry_the_same_records(
 
 def test_a_chunk_holds_slices_of_the_batches_not_a_row_each() -> None:
     data = [(b"v%05d" % i, b"k%d" % i) for i in range(5_000)]
-    columns = [column_rows(b, "q", resolve) for b in _batches(data, text=True, keyed=True, cut=1_000)]
+    columns = [column_rows(b, "q", resolve) for b in arrow_batches(data, text=True, keyed=True, cut=1_000)]
     got = list(chunk_rows([c for c in columns if c is not None], max_records=1_500, max_bytes=1 << 30))
     assert [len(c.records) for c in got] == [1_500, 1_500, 1_500, 500]
     records = got[0].records
@@ -96,16 +78,32 @@ def test_a_chunk_holds_slices_of_the_batches_not_a_row_each() -> None:
     assert _sent(records)[0] == [[v, k, []] for v, k in data[:1_500]]
 
 
-def test_rows_of_other_shapes_in_one_chunk_make_it_records_alike() -> None:
-    """A queue's chunk may get columns and records built row by row, in either order: the same chunk
-    and the same records as building every record row by row."""
+def _columns_carry(mine: object, theirs: list[Any]) -> bool:
+    return type(mine) is ColumnRecords and _sent(mine)[0] == theirs
+
+
+def _packed_carry(mine: object, theirs: list[Any]) -> bool:
+    return type(mine) is PackedRecords and packed_records(mine) == msgpack.packb(theirs, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    ("fast", "carries"),
+    [(column_rows, _columns_carry), (packed_rows, _packed_carry)],
+    ids=["columns", "packed"],
+)
+def test_rows_of_both_shapes_in_one_chunk_carry_the_same_records(
+    fast: Callable[..., Any], carries: Callable[[object, list[Any]], bool]
+) -> None:
+    """A queue's chunk may get records built row by row (``batch_rows``) and rows in a fast form, in
+    either order: the same chunks, each carrying the records building every record row by row gives."""
     data = [(b"v" * (i % 7), None if i % 3 else b"k%d" % i) for i in range(90)]
-    batches = _batches(data, text=False, keyed=True, cut=20)
+    batches = arrow_batches(data, text=False, keyed=True, cut=20)
+    fast_chunks = 0
     for first_plain in (True, False):
-        mixed: list[Rows | ColumnRows] = []
+        mixed: list[Any] = []
         for i, b in enumerate(batches):
-            c = column_rows(b, "q", resolve)
-            mixed.append(batch_rows(b, "q", resolve) if (i % 2 == 0) == first_plain or c is None else c)
+            f = fast(b, "q", resolve)
+            mixed.append(batch_rows(b, "q", resolve) if (i % 2 == 0) == first_plain or f is None else f)
         plain = [batch_rows(b, "q", resolve) for b in batches]
         for per, max_bytes in ((30, 1 << 20), (90, 1 << 20), (1_000, 700)):
             expected = list(chunk_rows(plain, max_records=per, max_bytes=max_bytes))
@@ -113,14 +111,15 @@ def test_rows_of_other_shapes_in_one_chunk_make_it_records_alike() -> None:
             assert [(c.index, len(c.records), c.size) for c in got] == [
                 (c.index, len(c.records), c.size) for c in expected
             ]
+            fast_chunks += sum(carries(c.records, t.records) for c, t in zip(got, expected, strict=True))
             for mine, theirs in zip(got, expected, strict=True):
-                sent = _sent(mine.records)[0] if type(mine.records) is ColumnRecords else mine.records
-                assert sent == theirs.records
+                assert mine.records == theirs.records or carries(mine.records, theirs.records)
+    assert fast_chunks > 0  # the fast form was taken somewhere, not only the records
 
 
 def test_keys_absent_in_one_batch_and_present_in_the_next_share_a_chunk() -> None:
-    unkeyed = _batches([(b"a", None), (b"b", None)], text=False, keyed=False, cut=10)
-    keyed = _batches([(b"c", b"k"), (b"d", None)], text=False, keyed=True, cut=10)
+    unkeyed = arrow_batches([(b"a", None), (b"b", None)], text=False, keyed=False, cut=10)
+    keyed = arrow_batches([(b"c", b"k"), (b"d", None)], text=False, keyed=True, cut=10)
     columns = [column_rows(b, "q", resolve) for b in unkeyed + keyed + unkeyed]
     (chunk,) = chunk_rows([c for c in columns if c is not None], max_records=10, max_bytes=1 << 20)
     assert type(chunk.records) is ColumnRecords
@@ -159,7 +158,7 @@ def test_a_task_sends_columns_only_to_a_daemon_that_speaks_them(
     schema = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
     plan = _Plan(options, False, schema)
     data = [(b"v%d" % i, None if i % 4 == 0 else b"k%d" % i) for i in range(100)]
-    batches = _batches(data, text=False, keyed=True, cut=30)
+    batches = arrow_batches(data, text=False, keyed=True, cut=30)
     batches = [b.select(["key", "value"]) for b in batches]
     commit = plan.write(iter(batches), "write:columns-test", 0)
     assert (commit.written, commit.duplicates) == (100, 0)

@@ -8,32 +8,14 @@ import msgpack
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.arrow_rows import arrow_batches, resolve
 
 from latticed.api.messages import Packed, pack
 from latticed.spark.sink_packed import packed_records, packed_rows
-from latticed.spark.sink_records import PackedRecords, PackedRows, Rows, batch_rows, chunk_rows
+from latticed.spark.sink_records import PackedRecords, batch_rows, chunk_rows
 
 blobs = st.binary(max_size=300) | st.sampled_from([b"x" * 70_000, b""])
 rows = st.lists(st.tuples(blobs, st.none() | blobs), min_size=1, max_size=60)
-
-
-def resolve(queue: str) -> str:
-    return f"{'ab' * 32}/{queue}"
-
-
-def _batches(
-    data: list[tuple[bytes, bytes | None]], text: bool, keyed: bool, cut: int
-) -> list[pa.RecordBatch]:
-    values = [v.decode("latin-1") if text else v for v, _ in data]
-    keys = [None if k is None else k.decode("latin-1") if text else k for _, k in data]
-    kind = pa.string() if text else pa.binary()
-    columns = [pa.array(values, kind)]
-    names = ["value"]
-    if keyed:
-        columns.append(pa.array(keys, kind))
-        names.append("key")
-    batch = pa.RecordBatch.from_arrays(columns, names=names)
-    return [batch.slice(i, cut) for i in range(0, len(data), cut)]
 
 
 @settings(max_examples=60, deadline=None)
@@ -41,7 +23,7 @@ def _batches(
 def test_packed_rows_send_the_same_bytes_in_the_same_chunks(
     data: list[tuple[bytes, bytes | None]], text: bool, keyed: bool, cut: int, per: int, max_bytes: int
 ) -> None:
-    batches = _batches(data, text, keyed, cut)
+    batches = arrow_batches(data, text, keyed, cut)
     plain = [batch_rows(b, "q", resolve) for b in batches]
     packed = [packed_rows(b, "q", resolve) for b in batches]
     assert all(p is not None for p in packed)
@@ -86,7 +68,7 @@ def test_a_chunk_holds_slices_of_the_batches_not_a_row_each() -> None:
     """A chunk of packed rows is one slice of each Arrow batch it spans: no per-row bytes objects, no
     per-row list slicing, whatever the row count."""
     data = [(b"v%05d" % i, b"k%d" % i) for i in range(5_000)]
-    batches = _batches(data, text=True, keyed=True, cut=1_000)
+    batches = arrow_batches(data, text=True, keyed=True, cut=1_000)
     packed = [packed_rows(b, "q", resolve) for b in batches]
     got = list(chunk_rows([p for p in packed if p is not None], max_records=1_500, max_bytes=1 << 30))
     assert [len(c.records) for c in got] == [1_500, 1_500, 1_500, 500]
@@ -94,28 +76,3 @@ def test_a_chunk_holds_slices_of_the_batches_not_a_row_each() -> None:
     assert type(records) is PackedRecords
     assert len(records.parts) == 2  # rows 0-999 from the first batch, 1000-1499 from the second
     assert packed_records(records) == msgpack.packb([[v, k, []] for v, k in data[:1_500]], use_bin_type=True)
-
-
-def test_rows_of_both_shapes_in_one_chunk_are_packed_alike() -> None:
-    """A queue's chunk may get records built row by row (``batch_rows``) and packed rows, in either
-    order: the same chunk and the same bytes as building every record row by row."""
-    data = [(b"v" * (i % 7), None if i % 3 else b"k%d" % i) for i in range(90)]
-    batches = _batches(data, text=False, keyed=True, cut=20)
-    for first_plain in (True, False):
-        mixed: list[Rows | PackedRows] = []
-        for i, b in enumerate(batches):
-            p = packed_rows(b, "q", resolve)
-            mixed.append(batch_rows(b, "q", resolve) if (i % 2 == 0) == first_plain or p is None else p)
-        plain = [batch_rows(b, "q", resolve) for b in batches]
-        for per, max_bytes in ((30, 1 << 20), (90, 1 << 20), (1_000, 700)):
-            expected = list(chunk_rows(plain, max_records=per, max_bytes=max_bytes))
-            got = list(chunk_rows(mixed, max_records=per, max_bytes=max_bytes))
-            assert [(c.index, len(c.records), c.size) for c in got] == [
-                (c.index, len(c.records), c.size) for c in expected
-            ]
-            assert any(type(c.records) is PackedRecords for c in got)
-            for mine, theirs in zip(got, expected, strict=True):
-                if type(mine.records) is PackedRecords:
-                    assert packed_records(mine.records) == msgpack.packb(theirs.records, use_bin_type=True)
-                else:
-                    assert mine.records == theirs.records

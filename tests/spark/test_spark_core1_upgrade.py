@@ -5,32 +5,13 @@ past, so offsets go on, running or restarted, with ``failOnDataLoss`` true, and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from support.inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon
 
 from latticed.api.client.blocking_client import Client
-from latticed.host.config import DaemonConfig
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
 from support.spark_stream import run_batch, stream
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
-    d = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
-    try:
-        yield d
-    finally:
-        d.stop()
-
-
-@pytest.fixture
-def client(daemon: InProcessDaemon) -> Iterator[Client]:
-    with daemon.client() as c:
-        yield c
 
 
 @pytest.mark.parametrize("restarted", [False, True])

@@ -4,36 +4,19 @@ call them). The fork is made as tests/api/test_core2_api.py makes one: a copied 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.core2_fork import copy_writes, fork, merge
-from support.inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon
 
 from latticed.api.client.blocking_client import Client
-from latticed.host.config import DaemonConfig
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
 from support.spark_stream import run_batch, stream
 
 from latticed.spark.offsets import DataLossError
 from latticed.spark.partition_reader import LatticePartition, read_partition
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
-    d = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
-    try:
-        yield d
-    finally:
-        d.stop()
-
-
-@pytest.fixture
-def client(daemon: InProcessDaemon) -> Iterator[Client]:
-    with daemon.client() as c:
-        yield c
 
 
 def offer(client: Client, prefix: str, n: int) -> None:

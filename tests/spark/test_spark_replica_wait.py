@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.inprocess import InProcessDaemon, start_in_process
+from support.inprocess import InProcessDaemon, daemon_at
 
 from latticed.crdt import queue as core
 from latticed.crdt.records import RecordRun
 from latticed.crdt.signing import Identity
 from latticed.errors import NotFoundError
-from latticed.host.config import DaemonConfig
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
 from latticed.spark import partition_reader as reader
@@ -68,11 +67,8 @@ def offsets(batches: list[Any]) -> list[int]:
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[InProcessDaemon]:
     """A daemon that does not hold Alice's queue (yet)."""
-    d = start_in_process(DaemonConfig(data_dir=tmp_path / "data", socket_path=tmp_path / "api.sock"))
-    try:
+    with daemon_at(tmp_path) as d:
         yield d
-    finally:
-        d.stop()
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ need no subprocess: start it, talk to it with the blocking client, run coroutine
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,3 +68,13 @@ def start_in_process(config: DaemonConfig, name: str = "daemon-under-test") -> I
     if "error" in box:
         raise box["error"]
     return InProcessDaemon(config, box["handle"], box["token"], runner, box)
+
+
+@contextmanager
+def daemon_at(root: Path) -> Iterator[InProcessDaemon]:
+    """A daemon on the embedded defaults, data and socket under ``root``, stopped (and checked) after."""
+    d = start_in_process(DaemonConfig(data_dir=root / "data", socket_path=root / "api.sock"))
+    try:
+        yield d
+    finally:
+        d.stop()
