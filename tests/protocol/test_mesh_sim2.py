@@ -68,12 +68,14 @@ def test_counted_name_is_the_daemons() -> None:
 
 
 def test_live_at_5_per_second_as_the_daemons_count_it() -> None:
-    """bench_mesh --sizes 8 --core 2, live 5/s, two runs (bench/RESULTS.md): per record per replica
-    DELTA2 1.00, ACK2 0.566-0.567, HAVE2 0.33, PRUNE2 and WANT2 0, 240 B. Within 10 %."""
+    """bench_mesh --sizes 8 --core 2, live 5/s, three runs after the ``window2-32`` and ACK2-run link
+    changes (bench/RESULTS.md, "after main's window and ACK2 runs"): per record per replica DELTA2 1.00,
+    ACK2 0.707, 0.566, 0.566 (the writer pushing eagerly to two of its peers or three), HAVE2 0.33,
+    PRUNE2 and WANT2 0, 240 B. Within 10 % of the means."""
     sim = MeshSim2(8)
     warm_up(sim)
     part = live(sim, 5, 100)
-    for name, daemons in (("delta2", 1.00), ("ack2", 0.566), ("have2", 0.33)):
+    for name, daemons in (("delta2", 1.00), ("ack2", 0.613), ("have2", 0.33)):
         assert abs(part.per_record(name) / daemons - 1) <= 0.1, (name, part.per_record(name))
     assert part.per_record("prune2") + part.per_record("want2") <= 0.02
     assert abs(part.bytes_per_record() / 240 - 1) <= 0.1, part.bytes_per_record()
@@ -153,17 +155,19 @@ def test_core2_sim_tells_a_merge_to_the_link_it_came_from_before_its_ack(
 
 
 def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_do() -> None:
-    """bench_mesh --sizes 8 --core 2 at 100/s, two runs: 0.91 and 0.98 DELTA2s, 0.52 and 0.56 ACK2s per
-    record per replica, the last daemon's p99 81 and 37 ms: a relay whose event loop is held up (the
-    process descheduled, a collection) passes the pushes that came meanwhile on as one. Without stalls
-    the simulated relays never missed a turn (1.00 DELTA2s, 0.57 ACK2s, p99 9 ms); with
-    :data:`CORE2_COSTS`' within 10 % of the daemons' means, and a tail as theirs."""
+    """bench_mesh --sizes 8 --core 2 at 100/s, three runs after the ``window2-32`` and ACK2-run link
+    changes (bench/RESULTS.md, "after main's window and ACK2 runs", load 1.0-2.0): 0.997, 0.999, 0.999
+    DELTA2s and 0.253, 0.199, 0.201 ACK2s per record per replica (a relay's pushes of one commit acked by
+    one run), the last daemon's p99 19-22 ms (37-81 ms at load 3 before those changes): a relay whose
+    event loop is held up (the process descheduled, a collection) passes the pushes that came meanwhile
+    on as one. Without stalls the simulated relays never missed a turn (p99 9 ms); with
+    :data:`CORE2_COSTS`' within 10 % of the daemons' means, and a tail within theirs."""
     sim = MeshSim2(8)
     warm_up(sim)
     part = live(sim, 100, 150)
-    assert abs(part.per_record("delta2") / 0.947 - 1) <= 0.1, part.per_record("delta2")
-    assert abs(part.per_record("ack2") / 0.537 - 1) <= 0.1, part.per_record("ack2")
-    assert 0.03 < sorted(part.last_latency)[148] < 0.1
+    assert abs(part.per_record("delta2") / 0.998 - 1) <= 0.1, part.per_record("delta2")
+    assert abs(part.per_record("ack2") / 0.218 - 1) <= 0.1, part.per_record("ack2")
+    assert 0.015 < sorted(part.last_latency)[148] < 0.1
 
 
 def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
