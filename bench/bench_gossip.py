@@ -7,7 +7,8 @@ Reports, per network size: rounds for a batch written at one node to reach every
 
 With ``--mesh 8 1000`` it runs instead the daemons of ``bench/bench_mesh.py`` simulated in time
 (``tests/support/mesh_sim.py``: the same graph, seed and parts, real sessions and queue states, modelled
-delays and CPU; links agree on the features daemons of this build agree on, ``--plain`` on none) and
+delays and CPU; links agree on the features daemons of this build agree on, ``--plain`` on none; the
+queue on fork core 2 as the daemons' default, ``tests/support/mesh_sim2.py``, or ``--core 1``) and
 prints what bench_mesh prints from the daemons' counters: messages and bytes received per type per record
 per replica, and the total / ((N - 1) x payload); then copies of each record per node, the most hops a
 first copy took, and how long the last node waited.
@@ -16,6 +17,7 @@ first copy took, and how long the last node waited.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -26,7 +28,7 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the simulator is a test helper
-from support import mesh_sim
+from support import mesh_sim, mesh_sim2
 from support.sim import SimNetwork
 
 OWNER = Identity.from_seed(b"o" * 32)
@@ -107,20 +109,28 @@ def report(label: str, part: mesh_sim.PartResult, replicas: bool) -> None:
 
 def run_mesh(size: int, args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    costs = mesh_sim.Costs(cores=args.cores or None)
-    sim = mesh_sim.MeshSim(size, degree=3, seed=args.seed, draws=args.draws, costs=costs)
+    base = mesh_sim2.CORE2_COSTS if args.core == 2 else mesh_sim.Costs()
+    costs = dataclasses.replace(base, cores=args.cores or None)
+    if not args.cores:  # a machine per node: nothing else deschedules its event loop
+        costs = dataclasses.replace(costs, stall_chance=0.0)
+    features = None
     if args.plain:  # links as to a daemon that states no features, HAVEs sent at once
-        costs = mesh_sim.Costs(cores=args.cores or None, have_linger=0.0)
-        sim = mesh_sim.MeshSim(
-            size, degree=3, seed=args.seed, draws=args.draws, costs=costs, features=frozenset()
-        )
+        costs = dataclasses.replace(costs, have_linger=0.0)
+        features = frozenset[str]()
+    kind = mesh_sim2.MeshSim2 if args.core == 2 else mesh_sim.MeshSim
+    sim = kind(size, degree=3, seed=args.seed, draws=args.draws, costs=costs)
+    if features is not None:
+        sim = kind(size, degree=3, seed=args.seed, draws=args.draws, costs=costs, features=features)
     far, hops = mesh_sim.farthest(size, sim.edges)
     print(
         f"N = {size}: {len(sim.edges)} links (bench_mesh's graph, seed {args.seed}), draws {args.draws}, "
         f"{'one box of ' + str(args.cores) + ' cores' if args.cores else 'a machine per node'}; "
-        f"writer 0, farthest {far} ({hops} hops)"
+        f"writer 0, farthest {far} ({hops} hops); the queue on fork core {args.core}"
     )
-    mesh_sim.warm_up(sim)
+    if isinstance(sim, mesh_sim2.MeshSim2):
+        mesh_sim2.warm_up(sim)
+    else:
+        mesh_sim.warm_up(sim)
     parts = set(args.parts.split(","))
     replicas = size <= 16
     if "bulk" in parts:
@@ -157,6 +167,13 @@ def main() -> None:
         "--plain",
         action="store_true",
         help="links without optional features (no compact encodings) and HAVEs sent at once",
+    )
+    mesh.add_argument(
+        "--core",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="the queue's fork core (2, the daemons' default: tests/support/mesh_sim2.py; 1: mesh_sim.py)",
     )
     mesh.add_argument("--bulk", type=int, default=50_000, help="records in the bulk part")
     mesh.add_argument("--rates", default="5,100", help="live offers per second, comma-separated")

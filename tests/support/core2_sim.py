@@ -116,6 +116,9 @@ class Core2Node(SimNode):
             self._changed2(key, after)
 
     def _changed2(self, key: QueueKey, state: QueueState2, source: int | None = None) -> None:
+        """``Gossip.local_change2``: a committed change is told to every link, the one its delta came
+        from included (that link judges by the summary whether it is news there); only a push relayed
+        ahead of its commit skips its ``source``."""
         summary = link_summary(state)
         for peer, session in self.sessions.items():
             if peer != source and session.core2 is not None:
@@ -133,9 +136,9 @@ class Core2Node(SimNode):
             elif isinstance(event, Delta2Received):
                 summary, changed = self.host2.merge2(event.delta, event.steps)
                 self.merges2 += 1
+                if changed:  # the store's change hook, before the ACK2: every link, this one too
+                    self._changed2(event.key, self.states2[event.key])
                 core2.delta_applied(event.seq, summary, changed)
-                if changed:
-                    self._changed2(event.key, self.states2[event.key], source=peer)
             elif isinstance(event, (NeedDelta, DeltaReceived)):
                 self._core1(session, event)
 

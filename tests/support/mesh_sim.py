@@ -36,6 +36,7 @@ from latticed.crdt.queue import QueueDelta, QueueState, Summary
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.net.gossip import GRAFT_TIMEOUT_MAX_S, GRAFT_TIMEOUT_S, HAVE_LINGER_S
+from latticed.protocol.core2_wire import CORE2_NAMES
 from latticed.protocol.graft import Arrivals
 from latticed.protocol.replication import DeltaReceived, NeedDelta, QueueKey, ReplicationSession
 from latticed.protocol.replication_messages import message_type_name
@@ -49,6 +50,7 @@ __all__ = [
     "MeshSim",
     "PartResult",
     "bulk",
+    "counted_name",
     "farthest",
     "live",
     "mesh_topology",
@@ -58,6 +60,14 @@ __all__ = [
 
 #: Unix milliseconds at the simulation's time 0 (2026-11-29): records and heads carry such timestamps.
 EPOCH_MS = 1_796_000_000_000
+
+
+def counted_name(message: bytes) -> str:
+    """The type a daemon counts ``message`` under (``net/gossip.py`` ``_count``: core 2's by its code)."""
+    name = message_type_name(message)
+    if name == "other" and len(message) >= 2 and message[1] in CORE2_NAMES:
+        return CORE2_NAMES[message[1]]
+    return name
 
 
 def mesh_topology(n: int, degree: int, seed: int) -> set[frozenset[int]]:
@@ -137,6 +147,12 @@ class Costs:
     offer_record: float = 0.0000013
     #: The writer's client between two calls (bench_mesh's loop builds and encodes the next batch).
     client: float = 0.0005
+    #: With this chance a step of an event loop is held up for a time drawn from [0, 2 x ``stall``]:
+    #: the process descheduled (N daemons and the box's other work on its cores), a garbage collection.
+    #: What puts a daemon's latency tail at tens of ms, and makes a relay that missed a push's turn send
+    #: the next one with it. 0: never (the calibration of core 1 had none).
+    stall_chance: float = 0.0
+    stall: float = 0.0
     graft_timeout: float = GRAFT_TIMEOUT_S
     graft_timeout_max: float | None = GRAFT_TIMEOUT_MAX_S
     #: How long HAVEs wait to go out together, as on daemon links (0: with the next send).
@@ -225,29 +241,40 @@ class MeshSim:
         self.edges = mesh_topology(self.n, self.degree, self.seed)
         rng = random.Random(self.seed)
         self._rng = random.Random(self.seed if self.draws is None else self.draws)
-        self.nodes = [MeshNode(i) for i in range(self.n)]
+        self.nodes = [self._new_node(i) for i in range(self.n)]
         lo, hi = self.costs.link_delay
         for a, b in sorted(tuple(sorted(e)) for e in self.edges):
             delay = rng.uniform(lo, hi)
             self.delays[(a, b)] = self.delays[(b, a)] = delay
             for x, y in ((a, b), (b, a)):
-                self.nodes[x].sessions[y] = ReplicationSession(
-                    window=self.window,
-                    depth=self.depth,
-                    max_records=self.max_records,
-                    max_message_bytes=1 << 20,
-                    graft_timeout=self.costs.graft_timeout,
-                    graft_timeout_max=self.costs.graft_timeout_max,
-                    arrivals=self.nodes[x].arrivals,
-                    have_linger=self.costs.have_linger,
-                    incarnation=x.to_bytes(16, "big"),
-                )
+                self.nodes[x].sessions[y] = self._new_session(x)
             for x, y in ((a, b), (b, a)):
-                self.nodes[x].sessions[y].start({})
+                self._start(x, y)
                 self._flush(x, y)
             for x, y in ((a, b), (b, a)):  # the versions exchange answers after the HELLOs went out
                 self.nodes[x].sessions[y].agree_features(self.features)
             self._at(self.costs.ping_interval, lambda a=a, b=b: self._ping(a, b))  # type: ignore[misc]
+
+    def _new_node(self, name: int) -> MeshNode:
+        return MeshNode(name)
+
+    def _new_session(self, x: int) -> ReplicationSession:
+        """Node ``x``'s end of a link, configured as a daemon's (``net/gossip.py`` ``run_peer``)."""
+        return ReplicationSession(
+            window=self.window,
+            depth=self.depth,
+            max_records=self.max_records,
+            max_message_bytes=1 << 20,
+            graft_timeout=self.costs.graft_timeout,
+            graft_timeout_max=self.costs.graft_timeout_max,
+            arrivals=self.nodes[x].arrivals,
+            have_linger=self.costs.have_linger,
+            incarnation=x.to_bytes(16, "big"),
+        )
+
+    def _start(self, x: int, y: int) -> None:
+        """The link of ``x`` to ``y`` starts with what ``x`` holds (nothing: links come up first)."""
+        self.nodes[x].sessions[y].start({})
 
     # ------------------------------------------------------------------ the clock
     def _at(self, when: float, action: Callable[[], None]) -> None:
@@ -402,8 +429,8 @@ class MeshSim:
 
     def _deliver(self, x: int, y: int, message: bytes) -> None:
         node = self.nodes[y]
-        name = message_type_name(message)
-        if name == "delta":
+        name = counted_name(message)
+        if name in ("delta", "delta2"):
             self.link_deltas[(x, y)] += 1
         node.received[name] += 1
         node.received[name + "_bytes"] += len(message)
@@ -416,6 +443,8 @@ class MeshSim:
         if node.cpu_free < self.now - self.costs.warm_for:
             cost += self.costs.wake
         node.cpu_free = max(node.cpu_free, self.now) + self._scaled(cost, node.cpu_free <= self.now)
+        if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
+            node.cpu_free += self._rng.uniform(0, 2 * self.costs.stall)
 
     def _scaled(self, cost: float, idle: bool = True) -> float:
         """``cost`` times the jitter draw and, on a shared box, the nodes busy now (threads using a core:

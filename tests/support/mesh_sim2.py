@@ -1,0 +1,389 @@
+"""The daemons of ``bench/bench_mesh.py`` on fork core 2, simulated in time (:mod:`support.mesh_sim`'s
+clock, graph, costs, event loops and storage threads; this module is what differs on core 2).
+
+Each link is a real :class:`ReplicationSession` with a real :class:`Core2Link` attached, agreed on the
+features two daemons of this build agree on (``heads-v2`` and ``compact`` among them), with the daemons'
+HAVE linger and graft timer; the queue is a real ``QueueState2``. Each node does what the daemon's core-2
+host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py``):
+
+* a received live push (1..64 records) that verifies against the value ahead (or the committed one) is
+  joined on the event loop, told at once to every other link (``local_change2`` without its source) and
+  passed on as it came to a peer holding what it was checked against (``Relay``); its merge lingers on
+  the storage thread for company (``MERGE_LINGER_S``, up to ``MERGE_LINGER_JOBS``), only its ACK2 waits;
+* any other delta is verified and joined on the storage thread;
+* every commit that changed the queue is told to every link, the one the delta came from included (the
+  store's change hook), before the commit's ACK2s go out;
+* a delta is cut from memory when the value ahead, or the last merges' records (``RECENT_RECORDS``)
+  cover what the peer lacks; otherwise the link's driver waits for a read on a reader thread (the owner's
+  commits note no recent rows: the writer reads every delta);
+* the storage and reader threads' work holds the node's interpreter lock, as the event loop's does
+  (``gil``): a relay busy committing a chunk of a bulk is late cutting the next, and sends two at once.
+
+Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from latticed.crdt import queue2
+from latticed.crdt.core_errors import GapError
+from latticed.crdt.queue2 import QueueState2
+from latticed.crdt.records import Record
+from latticed.errors import LatticedError
+from latticed.net.core2_ahead import Relay
+from latticed.net.core2_engine_host import RECENT_RECORDS
+from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
+from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
+from latticed.protocol.core2_wire import Summary2, link_summary
+from latticed.protocol.replication import QueueKey, ReplicationSession
+from latticed.storage.ahead import AHEAD_DELTA_RECORDS
+from latticed.storage.writer import MERGE_LINGER_JOBS, MERGE_LINGER_S
+from support.mesh_sim import Costs, MeshNode, MeshSim, _Job
+
+__all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
+
+#: :class:`Costs` as calibrated on core 1, with the stalls bench_mesh's core-2 daemons showed at N = 8 on
+#: the shared box (2026-11-29, load 2.2-3.3), fitted to their live 100/s part: without them the simulated
+#: relays never missed a push's turn (1.00 DELTA2 and 0.57 ACK2 per record per replica, last-node p99
+#: 9 ms, against the daemons' 0.91-0.98, 0.52-0.56 and 37-81 ms). bench/RESULTS.md has the comparison.
+CORE2_COSTS = Costs(stall_chance=0.015, stall=0.01)
+
+
+@dataclass
+class _Ahead:
+    """The value after the newest live push verified here, until its merge commits (``AheadPushes``)."""
+
+    value: QueueState2
+    relay: Relay | None
+    job: _Job
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class _Job2(_Job):
+    #: A live push served ahead of its commit: its transaction may wait for company.
+    may_linger: bool = False
+    #: CPU the storage thread spends on it besides the commit's (verifying a delta not verified ahead).
+    cpu: float = 0.0
+
+
+@dataclass
+class MeshNode2(MeshNode):
+    durable2: dict[QueueKey, QueueState2] = field(default_factory=dict)
+    ahead2: dict[QueueKey, _Ahead] = field(default_factory=dict)
+    #: Per queue, the rows ``[lo, hi)`` the latest merges appended (``RecentRows``): cut without a read.
+    recent: dict[QueueKey, tuple[int, int]] = field(default_factory=dict)
+    #: Whether a lingering transaction is waiting for company on the storage thread, and how many did.
+    lingering: bool = False
+    lingers: int = 0
+
+    def held_end(self, key: QueueKey) -> int:
+        state = self.durable2.get(key)
+        return 0 if state is None else state.held[1]
+
+    def ahead_value(self, key: QueueKey) -> _Ahead | None:
+        entry = self.ahead2.get(key)
+        loaded = self.durable2.get(key)
+        if entry is None or entry.done:
+            return None
+        if loaded is not None and entry.value.held[1] <= loaded.held[1]:
+            return None
+        return entry
+
+
+@dataclass
+class MeshSim2(MeshSim):
+    """:class:`MeshSim` with the queue on fork core 2 (see the module docstring)."""
+
+    costs: Costs = field(default_factory=lambda: CORE2_COSTS)
+    merge_linger: float = MERGE_LINGER_S
+    #: Whether a node's storage and reader threads share one interpreter lock with its event loop (a
+    #: Python daemon's do: their record work runs one at a time with the loop's); False: each its own core.
+    gil: bool = True
+
+    def _new_node(self, name: int) -> MeshNode:
+        return MeshNode2(name)
+
+    def _new_session(self, x: int) -> ReplicationSession:
+        session = super()._new_session(x)
+        session.attach_core2(Core2Link())
+        return session
+
+    def _start(self, x: int, y: int) -> None:
+        super()._start(x, y)
+        core2 = self.nodes[x].sessions[y].core2
+        assert core2 is not None
+        core2.start({})
+
+    def node2(self, name: int) -> MeshNode2:
+        node = self.nodes[name]
+        assert isinstance(node, MeshNode2)
+        return node
+
+    # ------------------------------------------------------------------ the writer (node 0)
+    def offer(self, count: int, payload: int, then: Callable[[], None] | None = None) -> None:
+        """The writer's API call (``Commit2``; no records: ``CreateQueue2``, the first head): committed
+        with what waits, then told to every link by the store's change hook."""
+        node = self.node2(0)
+
+        def call() -> None:
+            self._busy(node, self.costs.offer + self.costs.offer_record * count)
+            self._at(node.cpu_free, handled)
+
+        def handled() -> None:
+            records = [Record(value=bytes(payload), timestamp=self.wall_ms()) for _ in range(count)]
+            stored: list[QueueState2] = []
+
+            def apply() -> None:
+                state = node.durable2.get(self.key) or queue2.empty_state(*self.key)
+                state = queue2.commit(state, self.owner, now_ms=self.wall_ms(), records=records)
+                node.durable2[self.key] = state
+                stored.append(state)
+
+            def committed() -> None:
+                (state,) = stored
+                if self.track:
+                    for offset in range(state.held[1] - count, state.held[1]):
+                        node.hops[offset] = 0
+                        node.reached[offset] = self.now
+                if then is not None:
+                    then()
+
+            self._store(0, _Job2(count, apply, committed))
+
+        self._calls += 1
+        self._wake(0, ("call", self._calls), call)
+
+    # ------------------------------------------------------------------ the storage thread
+    def _store(self, y: int, job: _Job) -> None:
+        """Group commit, and a batch of live pushes served ahead lingers for company (``storage/
+        writer.py`` ``_linger_merges``): up to ``merge_linger`` or ``MERGE_LINGER_JOBS`` of them."""
+        node = self.node2(y)
+        node.waiting.append(job)
+        if not node.committing:
+            self._next_commit(y)
+
+    def _next_commit(self, y: int) -> None:
+        node = self.node2(y)
+        lingers = all(isinstance(j, _Job2) and j.may_linger for j in node.waiting)
+        if not lingers or self.merge_linger <= 0 or len(node.waiting) >= MERGE_LINGER_JOBS:
+            node.lingering = False
+            self._commit(y)
+        elif not node.lingering:
+            node.lingering = True
+            node.lingers += 1
+            turn = node.lingers
+
+            def due() -> None:  # this linger's end, unless its jobs were committed meanwhile
+                if node.lingering and node.lingers == turn and not node.committing:
+                    node.lingering = False
+                    self._commit(y)
+
+            self._at(max(self.now, node.disk_free) + self.merge_linger, due)
+
+    def _commit(self, y: int) -> None:
+        node = self.node2(y)
+        jobs, node.waiting = node.waiting, []
+        node.committing = True
+        records = sum(job.records for job in jobs)
+        work = self.costs.commit_record * records + sum(job.cpu for job in jobs if isinstance(job, _Job2))
+        if self.gil:  # the storage thread's Python work holds the interpreter the event loop needs
+            self._busy(node, work)
+            node.disk_free = max(node.cpu_free, node.disk_free) + self.costs.commit
+        else:
+            node.disk_cpu_until = max(self.now, node.disk_free) + self._scaled(work)
+            node.disk_free = node.disk_cpu_until + self.costs.commit
+
+        def committed() -> None:
+            node.commits += 1
+            node.committed_jobs += len(jobs)
+            before = node.durable2.get(self.key)
+            for job in jobs:
+                job.apply()
+            after = node.durable2.get(self.key)
+            for entry in node.ahead2.values():  # the pushes this transaction held are no longer ahead
+                entry.done = entry.done or any(entry.job is job for job in jobs)
+            if after is not None and after is not before:  # the store's change hook: every link
+                self._changed2(y, link_summary(after), None)
+            for job in jobs:
+                job.done()
+            node.committing = False
+            if node.waiting:
+                self._next_commit(y)
+
+        self._at(node.disk_free, committed)
+
+    # ------------------------------------------------------------------ a node as the daemon is one
+    def _run_driver(self, y: int, x: int) -> None:
+        node = self.node2(y)
+        if x in node.reading:
+            return
+        session = node.sessions[x]
+        core2 = session.core2
+        assert core2 is not None
+        session.tick(self.now)
+        costs = self.costs
+        while (event := session.next_event()) is not None:
+            if isinstance(event, NeedDelta2):
+                out, read = self._delta2_for(node, event)
+                if out is not None and read:
+                    self._read2_then(y, x, event.key, out)
+                    break
+                if out is not None:
+                    self._busy(node, costs.cut + costs.cut_record * len(out.delta.records))
+                core2.provide_delta(event.key, out)
+            elif isinstance(event, Delta2Received):
+                node.received["copies"] += len(event.delta.records)
+                self._submit2(y, x, event)
+        self._flush(y, x, max(self.now, node.cpu_free))
+        deadline = session.next_deadline()
+        if deadline is not None and node.deadlines.get(x) != deadline:
+            node.deadlines[x] = deadline
+            self._at(deadline, lambda: self._drive(y, x))
+
+    def _delta2_for(self, node: MeshNode2, event: NeedDelta2) -> tuple[Outgoing2 | None, bool]:
+        """``EngineCore2Host.delta2_for``: (the delta, whether it needs a read from the store)."""
+        key, since, most = event.key, event.since, event.max_records
+        loaded = node.durable2.get(key)
+        if loaded is None:
+            return None, False
+        entry = node.ahead_value(key)
+        if entry is not None and entry.relay is not None and since is not None:
+            relayed = entry.relay.answer(since, most, self.max_bytes)
+            if relayed is not None:
+                return relayed, False  # the newest push, as it came
+        recent = since is not None and self._recent_covers(node, key, loaded, since.held_end)
+        if entry is not None and since is not None and (since.held_end >= loaded.held[1] or recent):
+            return outgoing(entry.value, since, most, self.max_bytes), False  # the value ahead
+        if recent:
+            return outgoing(loaded, since, most, self.max_bytes), False  # the last merges' rows
+        return outgoing(loaded, since, most, self.max_bytes), True
+
+    @staticmethod
+    def _recent_covers(node: MeshNode2, key: QueueKey, loaded: QueueState2, since_end: int) -> bool:
+        """``RecentRows.matches``: the rows a peer holding up to ``since_end`` lacks are in memory."""
+        run = node.recent.get(key)
+        lo, hi = loaded.held
+        return run is not None and lo < hi and run[0] <= since_end and run[0] < hi <= run[1]
+
+    def _read2_then(self, y: int, x: int, key: QueueKey, out: Outgoing2) -> None:
+        """The link's driver waits while a reader thread reads the delta, then carries on."""
+        node = self.node2(y)
+        node.reading.add(x)
+        count = len(out.delta.records)
+        work = self.costs.read + self.costs.read_record * count
+        if self.gil:  # a reader thread builds the records holding the interpreter
+            self._busy(node, work)
+            node.read_free = max(self.now, node.read_free, node.cpu_free)
+        else:
+            node.read_free = max(self.now, node.read_free) + self._scaled(work)
+
+        def encode() -> None:
+            node.reading.discard(x)
+            self._busy(node, self.costs.cut + self.costs.cut_record * count)
+            core2 = node.sessions[x].core2
+            assert core2 is not None
+            core2.provide_delta(key, out)
+            self._run_driver(y, x)
+
+        self._at(node.read_free, lambda: self._wake(y, ("read done", x), encode))
+
+    def _submit2(self, y: int, x: int, event: Delta2Received) -> None:
+        """``Gossip._submit2`` and ``EngineCore2Host.submit_merge2``: a live push checked here goes on at
+        once; every delta is merged on the storage thread, and ACKed once its transaction committed."""
+        node = self.node2(y)
+        key, delta, steps = event.key, event.delta, event.steps
+        costs = self.costs
+        count = len(delta.records)
+        ahead = self._check_ahead(node, key, event)
+        outcome: list[bool] = []
+
+        def apply() -> None:
+            before = node.durable2.get(key) or queue2.empty_state(*key)
+            try:
+                whole = unpack_steps(before, delta, steps)
+                after = queue2.join_verified(before, queue2.verify_delta(before, whole)).state
+            except GapError:
+                after = before
+            changed = after != before
+            if changed:
+                node.durable2[key] = after
+                if after.held[1] > before.held[1]:
+                    self._note_recent(node, key, before.held[1], after.held[1])
+            outcome.append(changed)
+
+        def committed() -> None:
+            (changed,) = outcome
+            if changed:
+                self._note_arrival(y, x, delta)
+            core2 = node.sessions[x].core2
+            assert core2 is not None
+            state = node.durable2.get(key)
+            core2.delta_applied(event.seq, None if state is None else link_summary(state), changed)
+            self._drive(y, x)
+
+        if ahead is None:  # verified and joined on the storage thread
+            job = _Job2(count, apply, committed, cpu=costs.verify + costs.verify_record * count)
+            self._at(max(self.now, node.cpu_free), lambda: self._store(y, job))
+            return
+        self._busy(node, costs.verify + costs.verify_record * count)
+        against, value = ahead
+        after = link_summary(value)
+        job = _Job2(count, apply, committed, may_linger=True)
+        node.ahead2[key] = _Ahead(value, Relay(link_summary(against).core, delta, steps, after), job)
+
+        def relayed() -> None:  # Gossip._submit2: local_change2 of the value ahead, but to its source
+            self._note_arrival(y, x, delta)
+            self._store(y, job)
+            self._changed2(y, after, x)
+
+        self._at(max(self.now, node.cpu_free), relayed)
+
+    @staticmethod
+    def _note_recent(node: MeshNode2, key: QueueKey, lo: int, hi: int) -> None:
+        old = node.recent.get(key)
+        if old is not None and old[1] == lo:
+            lo = old[0]
+        node.recent[key] = (max(lo, hi - RECENT_RECORDS), hi)
+
+    @staticmethod
+    def _check_ahead(
+        node: MeshNode2, key: QueueKey, event: Delta2Received
+    ) -> tuple[QueueState2, QueueState2] | None:
+        """``AheadPushes.check``: (what it was checked against, the two joined), or None: the storage
+        thread's to verify."""
+        delta = event.delta
+        loaded = node.durable2.get(key)
+        if loaded is None or not 0 < len(delta.records) <= AHEAD_DELTA_RECORDS:
+            return None
+        entry = node.ahead_value(key)
+        against = loaded if entry is None else entry.value
+        try:
+            verified = queue2.verify_delta(against, unpack_steps(against, delta, event.steps))
+            chains = verified.chains
+            if not verified.records or chains.forked or chains.epoch != against.chains.epoch:
+                return None
+            merged = queue2.join_verified(against, verified)
+        except LatticedError:
+            return None
+        if merged.evidence:
+            return None
+        return against, merged.state
+
+    def _changed2(self, y: int, summary: Summary2, source: int | None) -> None:
+        """``Gossip.local_change2``: every link hears of it but ``source`` (a push relayed ahead)."""
+        node = self.nodes[y]
+        for peer, session in node.sessions.items():
+            if peer != source and session.core2 is not None:
+                session.core2.local_update(self.key, summary)
+                self._drive(y, peer)
+
+
+def warm_up(sim: MeshSim2) -> None:
+    """bench_mesh before any part, once the links are up: the queue created (its first head) and, as
+    that call returns, one record offered; until every replica holds it."""
+    sim.run_for(0.5)
+    sim.offer(0, 0, then=lambda: sim.offer(1, 7))
+    sim.run_until(lambda: sim.all_hold(1))
