@@ -33,7 +33,7 @@ PROTOCOL_VERSIONS: Final = (1,)
 #: ``heads-v2``: it reads queues on the v2 fork core (protocol/core2_wire.py), which only such peers get.
 PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset({"compact", "heads-v2", "identity-notice", "produce"})
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
-STORE_SCHEMA: Final = 6
+STORE_SCHEMA: Final = 7
 #: Local API versions the daemon answers (a request names its version in ``v``). 2: ``offer_batch``
 #: takes its records as columns (``layout: "packed"``); everything of 1 stays as it was.
 API_VERSIONS: Final = (1, 2)
