@@ -23,11 +23,11 @@ import operator
 from dataclasses import dataclass, replace
 from typing import cast
 
-from latticed.crdt import chain_memo, leaf_codec, queue2, steps_memo
+from latticed.crdt import chain_memo, fold_index, leaf_codec, queue2, steps_memo
 from latticed.crdt.core_errors import GapError, MalformedError
 from latticed.crdt.epoch_delta import LogDelta, vouches
 from latticed.crdt.epochs import Chains
-from latticed.crdt.head2 import HeadV2, Leaf
+from latticed.crdt.head2 import HeadV2, Leaf, next_log
 from latticed.crdt.leaf_bodies import decode_versions, in_order
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import chain_extend
@@ -36,6 +36,7 @@ from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 __all__ = ["Outgoing2", "outgoing", "pack_steps", "unpack_steps"]
 
 _leaf_slot = operator.attrgetter("_leaf")
+_log = operator.attrgetter("log")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +164,10 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
 
     items = decode_versions(prev, raw, chain_at, (frm, base, chain))
     leaves, rebuilt = _leaves(items)
-    if len(rebuilt) == len(items):
+    if rebuilt and len(rebuilt) == len(items):
         steps_memo.remember(prev, raw, frm, rebuilt)  # the store keeps these bodies as these steps
+        # Verifying the log folds these leaves again: the decode's folds are each body's log.
+        fold_index.folded_run(prev.log, [prev.leaf(), *leaves], [*map(_log, rebuilt), next_log(rebuilt[-1])])
     # The leaves of versions base+1 .. up to the tip's (which is in the log as a head) go into the log.
     top = min(version + len(leaves), log.value.tips[0].head.version - 1)
     skip = max(0, log.base - version)
