@@ -92,8 +92,10 @@ def runs(added: Sequence[HeadV2], chain_at: Callable[[int], bytes | None]) -> li
 
 
 def _certain(entry: steps_memo.Stepped, chain_at: Callable[[int], bytes | None]) -> bool:
-    last = entry.bodies[-1]
-    return _steps_from(entry) >= entry.first and chain_at(last.end) == last.head_hash
+    """Whether ``entry``'s steps read only chain values of the records they came with that the queue
+    holds (from its start on), and the queue's chain at the last body's end is that body's."""
+    last, lowest = entry.bodies[-1], _steps_from(entry)
+    return lowest >= entry.first and chain_at(lowest) is not None and chain_at(last.end) == last.head_hash
 
 
 def _steps_from(entry: steps_memo.Stepped) -> int:

@@ -214,3 +214,16 @@ def test_a_run_item_that_is_neither_a_body_nor_steps_is_refused() -> None:
     for items in ([[None, b"\x00", 1, b"d" * 32]], [body.to_bytes(), [1, 2]], [body.to_bytes(), "x"], {}):
         with pytest.raises(LatticedError):
             core2_bodies.read_run(pack(items), lambda: (0, b"", []))
+
+
+def test_steps_that_read_below_what_the_queue_holds_are_stored_whole() -> None:
+    owner = single_offers(20)
+    prev, bodies = owner.bodies[1], owner.bodies[2:12]
+    for held_from, stepped in ((0, True), (bodies[0].end + 1, False)):
+        steps_memo.remember(prev, b"\x00", 0, bodies)
+
+        def chain_at(offset: int, lo: int = held_from) -> bytes | None:
+            return owner.chain_at(offset) if offset >= lo else None
+
+        rows = core2_bodies.runs(bodies, chain_at)
+        assert [row[4] is not None for row in rows] == [stepped]
