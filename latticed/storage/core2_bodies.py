@@ -190,6 +190,11 @@ def stepped_rows(
             "AND (end_off, version) <= (?, ?) AND (last_end, last_version) >= (?, ?)",
             (q, hi_end, hi_version, lo_end, lo_version),
         ).fetchall()
+    elif below is None:
+        found = conn.execute(
+            "SELECT rowid, steps_from, last_end, bodies FROM bodies2 WHERE q = ? AND steps_from IS NOT NULL",
+            (q,),
+        ).fetchall()
     else:
         found = conn.execute(
             "SELECT rowid, steps_from, last_end, bodies FROM bodies2 WHERE q = ? AND steps_from < ?",

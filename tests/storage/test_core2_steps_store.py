@@ -5,6 +5,7 @@ is refused on load; a schema-6 store opens, migrates and serves the same values.
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -227,3 +228,46 @@ def test_steps_that_read_below_what_the_queue_holds_are_stored_whole() -> None:
 
         rows = core2_bodies.runs(bodies, chain_at)
         assert [row[4] is not None for row in rows] == [stepped]
+
+
+async def _send(src: Engine, dst: Engine) -> None:
+    q = src.core2.lookup(OWNER.public_key, "q")
+    assert q is not None
+    state = await src.core2.value(q)
+    mine = dst.core2.lookup(OWNER.public_key, "q")
+    since = None if mine is None else queue2.summary(await dst.core2.value(mine))
+    out = await src.bridge.read(lambda r: outgoing(reading_through(state, r.rows), since, 4096, 1 << 20))
+    raw = wire.pack(core2_wire.delta_to_wire(out.delta, out.steps))
+    await dst.bridge.run(MergeSteps2(*core2_wire.delta_from_wire(wire.unpack(raw))))
+
+
+async def test_a_replica_holding_runs_of_steps_learns_of_a_fork_and_loads_the_same_value(
+    tmp_path: Path,
+) -> None:
+    """The owner's store copied; both write; the relay took the owner's records as steps, then meets
+    the copy's: its runs of steps past the fork point are rewritten whole before their records go."""
+    owner, relay, copy = tmp_path / "owner", tmp_path / "relay", tmp_path / "copy"
+    owner.mkdir()
+    relay.mkdir()
+    async with Engine.open(owner, OWNER) as a:
+        q = await a.create_queue("q", core=2)
+        await a.append(q, [make_record(b"shared-%d" % i, timestamp=i) for i in range(10)])
+        async with Engine.open(relay, REPLICA) as r:
+            await _send(a, r)
+    shutil.copytree(owner, copy)
+    async with (
+        Engine.open(owner, OWNER) as a,
+        Engine.open(copy, OWNER) as c,
+        Engine.open(relay, REPLICA) as r,
+    ):
+        for i in range(5):
+            await a.append(q, [make_record(b"owner-%d" % i, timestamp=i)])
+        await c.append(q, [make_record(b"copy-%d" % i, timestamp=i) for i in range(3)])
+        await _send(a, r)
+        assert any(steps_from is not None for steps_from, _ in runs(relay))
+        await _send(c, r)
+        rq = r.core2.lookup(OWNER.public_key, "q")
+        assert rq is not None
+        held = await r.core2.value(rq)
+        assert held.forked and held.held == (0, 10)
+    assert value(loaded(relay)) == value(held)
