@@ -12,12 +12,13 @@ entry. The result is always exactly :func:`~latticed.crdt.head2.fold`'s; the mem
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from latticed.crdt import fold_compiled
 from latticed.crdt.head2 import Leaf, fold, fold_one
 
-__all__ = ["MAX_LEAVES", "STRIDE", "prefix_fold"]
+__all__ = ["MAX_LEAVES", "STRIDE", "folded_run", "prefix_fold"]
 
 #: Leaves between two remembered folds.
 STRIDE: Final = 32
@@ -27,6 +28,8 @@ MAX_LEAVES: Final = 1 << 22
 #: origin -> (the leaves covered, the fold after each STRIDE of them; [0] is the origin). Entries are
 #: immutable and replaced whole (one dict operation each), so threads sharing it need no lock.
 _folds: dict[bytes, tuple[tuple[Leaf, ...], tuple[bytes, ...]]] = {}
+#: A run of leaves folded elsewhere: (the log it starts from, its leaves, the log after each).
+_run: list[tuple[bytes, tuple[Leaf, ...], tuple[bytes, ...]] | None] = [None]
 
 
 def prefix_fold(origin: bytes, leaves: tuple[Leaf, ...], n: int) -> bytes:
@@ -39,12 +42,15 @@ def prefix_fold(origin: bytes, leaves: tuple[Leaf, ...], n: int) -> bytes:
     if known[:cover] != leaves[:cover]:
         known, folds, cover = (), (origin,), 0
     log = folds[cover // STRIDE]
-    more: list[bytes] = []
-    found = fold_compiled.fold(log, leaves[cover : n - n % STRIDE], STRIDE) if n - cover > STRIDE else None
-    if found is not None:  # cover is a multiple of STRIDE: the C pass's strides are ours
-        log, more = found
+    more = _folded(log, leaves, cover, n - n % STRIDE)
+    at = cover + len(more) * STRIDE
+    log = more[-1] if more else log
+    found = fold_compiled.fold(log, leaves[at : n - n % STRIDE], STRIDE) if n - at > STRIDE else None
+    if found is not None:  # at is a multiple of STRIDE: the C pass's strides are ours
+        log, extra = found
+        more += extra
     else:
-        for i in range(cover, n - n % STRIDE):
+        for i in range(at, n - n % STRIDE):
             digest, end = leaves[i]
             log = fold_one(log, digest, end)
             if (i + 1) % STRIDE == 0:
@@ -52,6 +58,28 @@ def prefix_fold(origin: bytes, leaves: tuple[Leaf, ...], n: int) -> bytes:
     if more:
         _remember(origin, leaves[: n - n % STRIDE], folds + tuple(more))
     return fold(log, leaves[n - n % STRIDE : n])
+
+
+def folded_run(log: bytes, leaves: Sequence[Leaf], logs: Sequence[bytes]) -> None:
+    """Keep that folding ``leaves`` from ``log`` gives ``logs[i]`` after ``leaves[i]``: a replica's decode
+    of a catch-up's steps computed them building each body's ``log`` (the fold of the leaves before it),
+    and verifying the chunk folds the same leaves again. One run is kept (the newest)."""
+    if len(leaves) == len(logs) >= STRIDE:
+        _run[0] = (log, tuple(leaves), tuple(logs))
+
+
+def _folded(log: bytes, leaves: tuple[Leaf, ...], at: int, stop: int) -> list[bytes]:
+    """The folds after each whole stride of ``leaves[at:stop]`` from ``log`` that the kept run already
+    holds (it starts at ``log`` and with those very leaves), else none."""
+    run = _run[0]
+    if run is None or run[0] != log:
+        return []
+    _, known, logs = run
+    m = min(len(known), stop - at)
+    m -= m % STRIDE
+    if m < STRIDE or leaves[at : at + m] != known[:m]:
+        return []
+    return list(logs[STRIDE - 1 : m : STRIDE])
 
 
 def _remember(origin: bytes, known: tuple[Leaf, ...], folds: tuple[bytes, ...]) -> None:

@@ -27,21 +27,22 @@ are read when the queue is first used (:func:`load`), by one range scan each.
 from __future__ import annotations
 
 import bisect
+import functools
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, cast
 
-from latticed.crdt import leaf_compiled
 from latticed.crdt.epochs import Chains, Tip
-from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HEAD2_SIZE, HeadV2
+from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HeadV2
 from latticed.crdt.queue.state import EntryView, empty_entries
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.wire import records_from_wire, records_to_wire
-from latticed.errors import MalformedError, StorageError
-from latticed.storage import core2_runs, segments
+from latticed.errors import StorageError
+from latticed.storage import core2_bodies, core2_runs, segments
 from latticed.storage.codec import decode_meta, encode_meta, pack, unpack
+from latticed.storage.core2_bodies import decode_body
 from latticed.storage.entries import StoredEntries
 from latticed.storage.store import Store
 
@@ -100,21 +101,6 @@ def encode_body(body: HeadV2) -> bytes:
     return body.to_bytes()
 
 
-def encode_bodies(bodies: Sequence[HeadV2]) -> list[bytes]:
-    """:func:`encode_body` of each (one C pass where built: a replica stores a body per version)."""
-    return leaf_compiled.packed(bodies)
-
-
-def decode_body(raw: bytes) -> HeadV2:
-    if len(raw) == HEAD2_SIZE:
-        return HeadV2.from_bytes(raw)
-    if len(raw) != _BODY_SIZE or not raw.startswith(HEAD2_NAMESPACE):
-        raise MalformedError("a stored v2 head body of the wrong size")
-    head = HeadV2(*HEAD2_BODY.unpack_from(raw, len(HEAD2_NAMESPACE)))
-    head.check()
-    return head
-
-
 def _encode_tips(tips: tuple[Tip, ...]) -> bytes:
     return pack([[tip.head.to_bytes(), [[digest, end] for digest, end in tip.tail]] for tip in tips])
 
@@ -154,13 +140,12 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
             (idx, bytes(raw))
             for idx, raw in conn.execute("SELECT idx, leaves FROM leaves2 WHERE q = ? ORDER BY idx", (q,))
         )
-        runs = conn.execute("SELECT bodies FROM bodies2 WHERE q = ? ORDER BY end_off, version", (q,))
-        stored_bodies = [body for (raw,) in runs for body in core2_runs.read_bodies(bytes(raw))]
+        runs = conn.execute(
+            "SELECT bodies, steps_from, last_end FROM bodies2 WHERE q = ? ORDER BY end_off, version", (q,)
+        ).fetchall()
         stored = segments.bounds(conn, q)
     except sqlite3.Error as exc:
         raise store.error(exc, "load a core-2 queue from") from exc
-    # Runs may interleave (bodies of two branches): sorted (stable, linear when they do not).
-    bodies = tuple(sorted(map(decode_body, stored_bodies), key=_key))
     start_head = None if start_raw is None else HeadV2.from_bytes(bytes(start_raw))
     chains = Chains(
         row.owner, row.queue_id, epoch, shared, _decode_tips(bytes(tips_raw)), start_head, held_end
@@ -174,9 +159,19 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
     last = store.rows.chain(q, hi - 1) if hi > lo else None
     entries = StoredEntries(store.rows, q, lo, hi - lo, last)
     # QueueState2 names the in-memory EntryView; the stored view answers the same Entries protocol.
-    return QueueState2(
-        row.owner, row.name, row.kind, chains, decode_meta(meta), cast(EntryView, entries), bodies
-    )
+    state = QueueState2(row.owner, row.name, row.kind, chains, decode_meta(meta), cast(EntryView, entries))
+    window = core2_bodies.chain_window(conn, q, lo, state.base_hash)
+    bodies: list[HeadV2] = []
+    try:
+        for raw, steps_from, last_end in runs:
+            if steps_from is None:
+                bodies += map(decode_body, core2_runs.read_bodies(bytes(raw)))
+            else:
+                bodies += core2_bodies.read_run(bytes(raw), functools.partial(window, steps_from, last_end))
+    except sqlite3.Error as exc:
+        raise store.error(exc, "load a core-2 queue from") from exc
+    # Runs may interleave (bodies of two branches): sorted (stable, linear when they do not).
+    return replace(state, bodies=tuple(sorted(bodies, key=_key)))
 
 
 def evidence(conn: sqlite3.Connection, q: int) -> Evidence:
@@ -228,7 +223,11 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
     """Write what changed from ``old`` (as stored) to ``new``; returns ``new`` reading its records from
     the store, and whether records were deleted (so space can be reclaimed)."""
     conn = store.connection
+    gone = _changed_bodies(old.bodies, new.bodies)[0] if old.bodies is not new.bodies else []
+    if old.entries is not new.entries or gone:  # runs of steps read records: rewritten whole while held
+        core2_bodies.before_write(conn, q, old, new, gone)
     entries, deleted = store.write_entries(q, old.entries, new.entries, new.held[0])
+    written = replace(new, entries=cast(EntryView, entries))
     a, b = old.chains, new.chains
     if a is not b or old.meta is not new.meta:  # by identity: comparing would walk every leaf
         start = None if b.start_head is None else b.start_head.to_bytes()
@@ -239,8 +238,8 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
     if a.shared is not b.shared:
         _persist_leaves(conn, q, a, b)
     if old.bodies is not new.bodies:
-        _persist_bodies(conn, q, old.bodies, new.bodies)
-    return replace(new, entries=cast(EntryView, entries)), deleted
+        _persist_bodies(conn, q, old.bodies, new.bodies, written.chain_at)
+    return written, deleted
 
 
 def _common_leaves(a: Chains, b: Chains) -> int:
@@ -282,30 +281,42 @@ def _key(body: HeadV2) -> tuple[int, int]:
     return body.end, body.version
 
 
-def _persist_bodies(conn: sqlite3.Connection, q: int, old: Sequence[HeadV2], new: Sequence[HeadV2]) -> None:
-    """Delete and insert the bodies that changed. Usual shapes: some dropped at the front (truncation),
-    some added or cut at the back (a commit, a merge, a fork point); anything else compares keys."""
-    gone: list[HeadV2]
-    added: Sequence[HeadV2]
+def _changed_bodies(old: Sequence[HeadV2], new: Sequence[HeadV2]) -> tuple[list[HeadV2], Sequence[HeadV2]]:
+    """The bodies to delete and to insert. Usual shapes: some dropped at the front (truncation), some
+    added or cut at the back (a commit, a merge, a fork point); anything else compares keys."""
     at = bisect.bisect_left(old, _key(new[0]), key=_key) if new else len(old)
     m = min(len(old) - at, len(new))
     if new and tuple(old[at : at + m]) == tuple(new[:m]):
-        gone, added = [*old[:at], *old[at + m :]], new[m:]
-    else:
-        keep = {(_key(b), b.leaf()) for b in new}
-        had = {(_key(b), b.leaf()) for b in old}
-        gone = [b for b in old if (_key(b), b.leaf()) not in keep]
-        added = [b for b in new if (_key(b), b.leaf()) not in had]
+        return [*old[:at], *old[at + m :]], new[m:]
+    keep = {(_key(b), b.leaf()) for b in new}
+    had = {(_key(b), b.leaf()) for b in old}
+    return [b for b in old if (_key(b), b.leaf()) not in keep], [
+        b for b in new if (_key(b), b.leaf()) not in had
+    ]
+
+
+def _persist_bodies(
+    conn: sqlite3.Connection,
+    q: int,
+    old: Sequence[HeadV2],
+    new: Sequence[HeadV2],
+    chain_at: Callable[[int], bytes | None] = lambda offset: None,
+) -> None:
+    """Delete and insert the bodies that changed (runs of steps among them rewritten whole already:
+    :func:`core2_bodies.before_write`); added ones are stored as their steps where those are certain to
+    rebuild them over the queue's chain ``chain_at`` (by default none are)."""
+    gone, added = _changed_bodies(old, new)
     if gone:
         _drop_bodies(conn, q, gone)
     if added:
-        _insert_bodies(conn, q, encode_bodies(added))
+        _insert_bodies(conn, q, core2_bodies.runs(added, chain_at))
 
 
-def _insert_bodies(conn: sqlite3.Connection, q: int, stored: Sequence[bytes]) -> None:
+def _insert_bodies(conn: sqlite3.Connection, q: int, rows: Sequence[core2_bodies.Row]) -> None:
     conn.executemany(
-        "INSERT INTO bodies2 (q, end_off, version, last_end, last_version, bodies) VALUES (?, ?, ?, ?, ?, ?)",
-        [(q, *row) for row in core2_runs.body_runs(stored)],
+        "INSERT INTO bodies2 (q, end_off, version, last_end, last_version, steps_from, bodies) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(q, *row) for row in rows],
     )
 
 
@@ -326,7 +337,7 @@ def _drop_bodies(conn: sqlite3.Connection, q: int, gone: Sequence[HeadV2]) -> No
         if len(kept) < len(stored):
             conn.execute("DELETE FROM bodies2 WHERE rowid = ?", (rowid,))
             if kept:
-                _insert_bodies(conn, q, kept)
+                _insert_bodies(conn, q, [(*row[:4], None, row[4]) for row in core2_runs.body_runs(kept)])
 
 
 def add_evidence(store: Store, q: int, epoch: int, first: int, records: Sequence[Record]) -> int:

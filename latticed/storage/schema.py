@@ -31,7 +31,9 @@ Layout notes (why it looks like this):
   its records in ``segments`` like any other and the rest of its value in ``queue2`` (one row: epoch,
   tips, start head, metadata, held end), ``leaves2`` (its shared leaves) and ``bodies2`` (the unsigned
   heads vouching for held records), both in runs of up to 4,096 per row since schema 6 (a replica's
-  catch-up writes a row per chunk, the owner's commit one small row: :mod:`latticed.storage.core2_runs`);
+  catch-up writes a row per chunk, the owner's commit one small row: :mod:`latticed.storage.core2_runs`),
+  since schema 7 a run's bodies may be the steps a replica rebuilt them from (``steps_from``: the lowest
+  offset they read a chain value at; :mod:`latticed.storage.core2_bodies`);
   ``evidence2`` is what it held past a fork point it learned of, kept aside
   (:mod:`latticed.storage.core2_store`).
 """
@@ -233,6 +235,11 @@ def _create_core2_runs(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX bodies2_first ON bodies2 (q, end_off, version)")
 
 
+def _v7_core2_steps(conn: sqlite3.Connection) -> None:
+    """Let a core-2 queue's runs of head bodies hold the steps that rebuild them (bodies stay as stored)."""
+    conn.execute("ALTER TABLE bodies2 ADD COLUMN steps_from INTEGER")
+
+
 def entry_expiry(entry: kv.Entry) -> int | None:
     """When a key's joined entry stops being visible by itself (a plain value with a TTL), else None."""
     return entry.expires_ms if entry.kind == kv.PLAIN else None
@@ -245,6 +252,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v4_time_index,
     _v5_core2,
     _v6_core2_runs,
+    _v7_core2_steps,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -92,3 +92,41 @@ def log_at(state: queue2.QueueState2, version: int) -> epochs.Chains:
         line = queue2.commit(line, OWNER, now_ms=i, records=[Record(value=b"%d" % i)])
     assert line.chains.shared == state.chains.shared[: len(line.chains.shared)]
     return line.chains
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(leaf, min_size=STRIDE, max_size=3 * STRIDE + 5),
+    st.lists(leaf, max_size=2 * STRIDE),
+    st.integers(0, 4 * STRIDE),
+    st.integers(0, 6 * STRIDE),
+    st.booleans(),
+)
+def test_a_run_folded_elsewhere_gives_the_same_folds(
+    run: list[Leaf], before: list[Leaf], skew: int, n: int, other_start: bool
+) -> None:
+    """A decode's folds of a run of leaves are used where a fold meets that run from the log it starts
+    at (in whole strides), and give fold's answer; a run from another log or of other leaves is not."""
+    origin = head2.genesis(bytes([len(before), skew % 251]) + b"\x08" * 30, 5)
+    leaves = (*before[: len(before) - len(before) % STRIDE], *run, *before)
+    start = fold(origin, leaves[: len(before) - len(before) % STRIDE])
+    logs, log = [], head2.genesis(b"\x01" * 32, 1) if other_start else start
+    for digest, end in run:
+        log = head2.fold_one(log, digest, end)
+        logs.append(log)
+    fold_index.folded_run(start if not other_start else head2.genesis(b"\x01" * 32, 1), run, logs)
+    assert prefix_fold(origin, leaves, n) == fold(origin, leaves[:n])
+
+
+def test_a_run_folded_elsewhere_is_not_folded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    origin = head2.genesis(b"\x09" * 32, 0)
+    run = [(bytes([i % 256]) * 32, i) for i in range(4 * STRIDE)]
+    logs, log = [], origin
+    for digest, end in run:
+        log = head2.fold_one(log, digest, end)
+        logs.append(log)
+    fold_index.folded_run(origin, run, logs)
+    monkeypatch.setattr(fold_index.fold_compiled, "fold", lambda *args: None)  # Python folds: counted
+    calls = _count_folds(monkeypatch)
+    assert prefix_fold(origin, tuple(run), len(run) - 3) == logs[len(run) - 4]
+    assert calls[0] == STRIDE - 3  # the last part-stride only
