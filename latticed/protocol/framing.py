@@ -94,6 +94,16 @@ class FrameDecoder:
         return len(self._buf) - self._pos
 
     @property
+    def missing(self) -> int:
+        """Bytes still to come for the frame whose header is here (0 if no header is buffered, or the
+        frame is whole), at most the size limit: how much one read can usefully take."""
+        available = len(self._buf) - self._pos
+        if available < HEADER_SIZE:
+            return 0
+        length: int = _HEADER.unpack_from(self._buf, self._pos)[0]
+        return max(0, min(length, self._max) + HEADER_SIZE - available)
+
+    @property
     def eof(self) -> bool:
         """Whether end of stream was received."""
         return self._eof

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from latticed.api.messages import Packed
 from latticed.spark.sink_columns import ColumnRecords, ColumnRows
 from latticed.spark.sink_records import RECORD_OVERHEAD, PackedRecords, PackedRows
+from latticed.spark.sink_send import Spliced
 
 #: Column types whose rows become bytes as they are (strings by their UTF-8 bytes, as Arrow casts them).
 _SHORT = (pa.binary(), pa.string())
@@ -135,8 +136,8 @@ def _buffers(column: pa.Array) -> tuple[memoryview, np.ndarray]:
     return memoryview(data if data is not None else b""), starts
 
 
-def _bin(parts: list[memoryview]) -> Packed:
-    """Bytes in parts as one msgpack bin (bin 8, 16 or 32), spliced into the request as it is."""
+def _bin(parts: list[memoryview]) -> Spliced:
+    """Bytes in parts as one msgpack bin (bin 8, 16 or 32), the parts kept as they are (not joined)."""
     size = sum(map(len, parts))
     head = (
         b"\xc4" + size.to_bytes(1, "big")
@@ -145,11 +146,13 @@ def _bin(parts: list[memoryview]) -> Packed:
         if size < 1 << 16
         else b"\xc6" + size.to_bytes(4, "big")
     )
-    return Packed(b"".join([head, *parts]))
+    return Spliced([head, *parts])
 
 
 def column_request(records: ColumnRecords) -> dict[str, Any]:
-    """A chunk's records as the fields of a ``packed`` ``offer_batch`` (local API 2)."""
+    """A chunk's records as the fields of a ``packed`` ``offer_batch`` (local API 2); the values and keys
+    as :class:`~latticed.spark.sink_send.Spliced` slices of the Arrow buffers, written to the socket as
+    they are."""
     key_lengths = records.key_lengths
     return {
         "layout": "packed",

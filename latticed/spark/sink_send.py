@@ -13,21 +13,62 @@ producer id and sequence, and a retried task sends the same ones whichever of th
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Final, Protocol
 
-from latticed.api.client.blocking_client import Produced
-from latticed.api.messages import API_VERSION, error_from_reply
+import msgpack
+
+from latticed.api.client.blocking_client import CLIENT_MAX_FRAME, Produced
+from latticed.api.messages import API_VERSION, Packed, error_from_reply
 from latticed.errors import RemoteProtocolError
+from latticed.protocol.framing import frame_header
 
 #: Requests a task keeps unanswered into its daemon's own queues.
 WINDOW: Final = 3
+#: Buffers shorter than this are joined into one before the write; longer ones (the Arrow slices) go
+#: to the socket as they are.
+_JOIN_BELOW: Final = 1 << 16
+
+
+class Spliced:
+    """A value encoded already, in parts (a bin's header, then slices of Arrow buffers): written to the
+    socket part by part, so a request's megabyte of values is not copied into a frame first."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[bytes | memoryview]) -> None:
+        self.parts = parts
+
+
+def frame_buffers(message: dict[str, Any]) -> list[bytes | memoryview]:
+    """``message``'s frame (length prefix and msgpack map) as buffers to write in order: byte for byte
+    ``encode_frame(pack(message))`` with every :class:`Spliced` value's parts joined, but those parts are
+    not copied; runs of small buffers are joined so a write takes few of them."""
+    n = len(message)
+    pieces: list[bytes | memoryview] = [bytes((0x80 | n,)) if n < 16 else b"\xde" + n.to_bytes(2, "big")]
+    for key, value in message.items():
+        pieces.append(msgpack.packb(key, use_bin_type=True))
+        if type(value) is Spliced:
+            pieces += value.parts
+        else:
+            pieces.append(value if type(value) is Packed else msgpack.packb(value, use_bin_type=True))
+    out: list[bytes | memoryview] = []
+    small: list[bytes | memoryview] = [frame_header(sum(map(len, pieces)), CLIENT_MAX_FRAME)]
+    for piece in pieces:
+        if len(piece) < _JOIN_BELOW:
+            small.append(piece)
+        else:
+            out += [b"".join(small), piece] if small else [piece]
+            small = []
+    if small:
+        out.append(b"".join(small))
+    return out
 
 
 class Stream(Protocol):
     """A dedicated connection to the daemon (``Client.open_stream``)."""
 
-    def send(self, message: dict[str, Any]) -> None: ...
+    def send_buffers(self, buffers: Sequence[bytes | memoryview]) -> None: ...
 
     def receive(self) -> dict[str, Any]: ...
 
@@ -51,7 +92,8 @@ class InFlight:
             yield self._receive()
         rid = self._next_id
         self._next_id += 1
-        self.stream.send({"v": API_VERSION, "id": rid, "op": "offer_batch", **request})
+        message = {"v": API_VERSION, "id": rid, "op": "offer_batch", **request}
+        self.stream.send_buffers(frame_buffers(message))
         self._pending.append(rid)
         if alone:
             yield self._receive()
@@ -71,4 +113,4 @@ class InFlight:
         return Produced(int(reply["first"]), int(reply["count"]), bool(reply.get("duplicate")))
 
 
-__all__ = ["WINDOW", "InFlight", "Stream"]
+__all__ = ["WINDOW", "InFlight", "Spliced", "Stream", "frame_buffers"]

@@ -105,3 +105,33 @@ async def test_frames_are_reported_and_large_ones_remembered() -> None:
         with pytest.raises(ConnectionClosedError):
             await cut.receive_frame()
     assert cut.held_large_frame
+
+
+async def test_the_rest_of_a_large_frame_is_taken_in_one_read() -> None:
+    server, peer = await pair()
+    body = msgpack.packb({"id": 1, "blob": b"b" * 180_000})  # three reads of RECEIVE_SIZE, fits the buffer
+    await peer.send_all(encode_frame(body, LIMIT))
+    reads: list[int] = []
+    receive_some = server._receive_some
+
+    async def counted() -> bytes | bytearray:
+        data = await receive_some()
+        reads.append(len(data))
+        return data
+
+    server._receive_some = counted  # type: ignore[method-assign]
+    assert await server.receive_frame() == body
+    assert len(reads) == 2  # the first read's header told how much more to take
+
+
+def test_the_decoder_tells_how_much_of_a_frame_is_missing() -> None:
+    decoder = FrameDecoder(LIMIT)
+    assert decoder.missing == 0
+    frame = encode_frame(b"x" * 1_000, LIMIT)
+    decoder.receive_data(frame[:2])
+    assert decoder.missing == 0  # no whole header yet
+    decoder.receive_data(frame[2:300])
+    assert decoder.missing == 1_004 - 300
+    decoder.receive_data(frame[300:])
+    assert decoder.missing == 0
+    assert decoder.next_frame() == b"x" * 1_000

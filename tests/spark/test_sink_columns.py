@@ -20,7 +20,6 @@ from support.arrow_rows import arrow_batches, resolve
 from support.inprocess import InProcessDaemon, start_in_process
 
 from latticed.api.client.blocking_client import Client
-from latticed.api.messages import pack
 from latticed.host.config import DaemonConfig
 from latticed.produce.offered_columns import offered_columns
 from latticed.spark import sink_send
@@ -28,6 +27,7 @@ from latticed.spark.sink import _Plan, parse_sink_options
 from latticed.spark.sink_columns import ColumnRecords
 from latticed.spark.sink_packed import column_request, column_rows, packed_records, packed_rows
 from latticed.spark.sink_records import PackedRecords, batch_rows, chunk_rows
+from latticed.spark.sink_send import frame_buffers
 
 blobs = st.binary(max_size=300) | st.sampled_from([b"x" * 70_000, b""])
 keys = st.none() | st.binary(max_size=300) | st.just(b"k" * 65_536)  # up to the longest key a record has
@@ -36,7 +36,8 @@ rows = st.lists(st.tuples(blobs, keys), min_size=1, max_size=60)
 
 def _sent(records: ColumnRecords) -> tuple[list[list[Any]], bytes]:
     """What the daemon takes from a chunk's request: the records, and the bytes its digest hashes."""
-    fields = msgpack.unpackb(pack(column_request(records)))  # as the request frame carries them
+    frame = b"".join(frame_buffers(column_request(records)))  # as the request frame carries them
+    fields = msgpack.unpackb(frame[4:])
     offered = offered_columns(fields, 100_000)
     return offered.rows(), offered.packed
 

@@ -10,12 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from support.inprocess import InProcessDaemon, start_in_process
 
+from latticed.api.messages import Packed, pack
 from latticed.errors import MalformedError
 from latticed.host.config import DaemonConfig
-from latticed.spark.sink_send import InFlight
+from latticed.protocol.framing import encode_frame
+from latticed.spark.sink_send import InFlight, Spliced, frame_buffers
 
 
 @pytest.fixture
@@ -34,8 +37,8 @@ class Counting:
         self.unanswered = 0
         self.most = 0
 
-    def send(self, message: dict[str, Any]) -> None:
-        self.inner.send(message)
+    def send_buffers(self, buffers: Any) -> None:
+        self.inner.send_buffers(buffers)
         self.unanswered += 1
         self.most = max(self.most, self.unanswered)
 
@@ -89,3 +92,38 @@ def test_a_refused_request_raises_the_daemons_error(daemon: InProcessDaemon) -> 
         with pytest.raises(MalformedError, match="same records"):
             list(flight.send(changed))
             list(flight.drain())
+
+
+def test_a_frame_in_buffers_is_the_packed_frame_and_keeps_the_arrow_slices_uncopied() -> None:
+    values = pa.array([b"v" * 70_000, b"w" * 3, b"x" * 90_000], pa.binary())
+    data = memoryview(values.buffers()[2])
+    big, small = data[:70_000], data[70_000:70_003]
+    message = {
+        "v": 2,
+        "id": 7,
+        "values": Spliced([b"\xc6" + (70_003).to_bytes(4, "big"), big, small]),
+        "keys": Packed(b"\xc4\x01k"),
+        "count": 2,
+    }
+    buffers = frame_buffers(message)
+    joined = {**message, "values": Packed(b"".join(message["values"].parts))}  # type: ignore[union-attr]
+    assert b"".join(buffers) == encode_frame(pack(joined), 1 << 30)
+    assert any(b is big for b in buffers)  # written from the Arrow buffer itself
+    assert len(buffers) == 3  # the small parts around it joined
+
+
+def test_requests_written_in_parts_reach_the_daemon_whole(daemon: InProcessDaemon) -> None:
+    with daemon.client() as c:
+        queue = c.queue_create("sink")
+        flight = InFlight(c.open_stream(10.0))
+        value = memoryview(b"y" * 200_000)
+        request = {
+            "queue": queue,
+            "records": Spliced([b"\x91\x94\xc6" + (200_000).to_bytes(4, "big"), value, b"\xc0\x90\xc0"]),
+            "producer": "spark/test",
+            "seq": 0,
+            "shared": True,
+        }
+        answers = list(flight.send(request)) + list(flight.drain())
+        assert [(a.first, a.count) for a in answers] == [(0, 1)]
+        assert c.read(queue, 0, 1).values == [b"y" * 200_000]

@@ -40,6 +40,8 @@ from latticed.protocol.framing import FrameDecoder, encode_frame
 
 #: Largest reply the client accepts; the daemon's own limit (``max_frame_bytes``) is normally lower.
 CLIENT_MAX_FRAME: Final = 1 << 30
+#: Buffers given to one ``sendmsg`` (Linux takes at most 1,024).
+_IOV_MAX: Final = 512
 _RECEIVE_SIZE: Final = 1 << 18
 
 HeaderPairs = tuple[tuple[str, bytes], ...]
@@ -187,8 +189,26 @@ class _Connection:
             data = b"".join(encode_frame(pack(m), CLIENT_MAX_FRAME) for m in messages)
         except (TypeError, ValueError, OverflowError) as exc:
             raise MalformedError(f"cannot encode request: {exc}") from exc
+        self._write([data])
+
+    def send_buffers(self, buffers: Sequence[bytes | memoryview]) -> None:
+        """One request's frame already encoded in parts, written without joining them (``sendmsg``)."""
+        if self.sock is None:
+            raise ConnectionClosedError("connection to latticed is closed")
+        self._write(buffers)
+
+    def _write(self, buffers: Sequence[bytes | memoryview]) -> None:
+        assert self.sock is not None
+        views = [memoryview(b).cast("B") for b in buffers]
         try:
-            self.sock.sendall(data)
+            while len(views) > 1:
+                sent = self.sock.sendmsg(views[:_IOV_MAX])  # as much as the socket takes now
+                while views and sent >= len(views[0]):
+                    sent -= len(views.pop(0))
+                if sent:
+                    views[0] = views[0][sent:]
+            if views:
+                self.sock.sendall(views[0])
         except OSError as exc:
             # The daemon may have refused the request (e.g. a frame over its limit) and hung up while we
             # were still sending: its error reply is then waiting in our receive buffer.

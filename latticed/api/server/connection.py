@@ -21,6 +21,9 @@ from latticed.errors import LatticedError, MalformedError
 from latticed.protocol.framing import FrameDecoder, encode_frame
 
 RECEIVE_SIZE: Final = 1 << 16
+#: The most one read asks for while the rest of a large frame is due (a frame's declared size is only
+#: a claim; the read returns what the socket holds).
+READ_AT_MOST: Final = 1 << 20
 #: A frame this large being buffered is remembered (``held_large_frame``): the server gives memory back
 #: once such requests are over (latticed/process/malloc.py).
 LARGE_FRAME_BYTES: Final = 1 << 20
@@ -112,7 +115,8 @@ class Connection:
         while True:
             await trio.lowlevel.wait_readable(fd)
             try:
-                return os.read(fd, RECEIVE_SIZE)
+                # The rest of a large frame in as few reads (and waits) as the socket's buffer allows.
+                return os.read(fd, min(max(RECEIVE_SIZE, self.decoder.missing), READ_AT_MOST))
             except BlockingIOError:
                 continue
             except OSError as exc:
