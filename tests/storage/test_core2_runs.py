@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.old_stores import queue_rows
 
 from latticed.crdt import queue2
 from latticed.crdt.head2 import HeadV2
@@ -23,7 +24,6 @@ from latticed.crdt.signing import Identity
 from latticed.storage import core2_runs, core2_store
 from latticed.storage.core2_jobs import Commit2, Truncate2
 from latticed.storage.core2_queues import Core2Queues
-from latticed.storage.entries import StoredEntries
 from latticed.storage.schema import MIGRATIONS, SCHEMA_VERSION
 from latticed.storage.store import Store, db_path
 from latticed.storage.writer import Writer
@@ -64,23 +64,7 @@ def schema_5_store(path: Path, states: dict[int, QueueState2]) -> None:
     store = Store(path, migrations=MIGRATIONS[:5])
     conn = store.connection
     for q, state in states.items():
-        empty = queue2.empty_state(state.owner, state.name, state.kind)
-        store.begin()
-        core2_store.insert(store, q, empty, NOW)
-        store.write_entries(q, StoredEntries(store.rows, q, 0, 0), state.entries, state.held[0])
-        c = state.chains
-        assert c.start_head is not None
-        conn.execute(
-            "UPDATE queue2 SET epoch = ?, held_end = ?, start_head = ?, tips = ?, meta = ? WHERE q = ?",
-            (
-                c.epoch,
-                c.held_end,
-                c.start_head.to_bytes(),
-                core2_store._encode_tips(c.tips),
-                core2_store.encode_meta(state.meta),
-                q,
-            ),
-        )
+        queue_rows(store, q, state, NOW)
         _v5_leaves(conn, q, None, state)
         store.commit()
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 5

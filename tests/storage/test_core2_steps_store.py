@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from support.old_stores import queue_rows
 
 from latticed.crdt import queue2, steps_memo, wire
 from latticed.crdt.queue2 import QueueState2
@@ -19,13 +20,12 @@ from latticed.errors import LatticedError
 from latticed.net.core2_engine_host import MergeSteps2
 from latticed.protocol import core2_wire
 from latticed.protocol.core2_steps import outgoing
-from latticed.storage import core2_bodies, core2_runs, core2_store
+from latticed.storage import core2_bodies, core2_runs
 from latticed.storage.codec import pack, unpack
 from latticed.storage.core2_engine import reading_through
 from latticed.storage.core2_jobs import Commit2
 from latticed.storage.core2_queues import Core2Queues
 from latticed.storage.engine import Engine
-from latticed.storage.entries import StoredEntries
 from latticed.storage.schema import MIGRATIONS, SCHEMA_VERSION
 from latticed.storage.store import Store, db_path
 from latticed.storage.writer import Writer
@@ -156,26 +156,10 @@ def schema_6_store(path: Path, state: QueueState2, q: int) -> None:
     """A store of schema 6 holding ``state`` as a core-2 queue, its rows as schema 6 lays them."""
     store = Store(path, migrations=MIGRATIONS[:6])
     conn = store.connection
-    empty = queue2.empty_state(state.owner, state.name, state.kind)
-    store.begin()
-    core2_store.insert(store, q, empty, NOW)
-    store.write_entries(q, StoredEntries(store.rows, q, 0, 0), state.entries, state.held[0])
-    c = state.chains
-    assert c.start_head is not None
-    conn.execute(
-        "UPDATE queue2 SET epoch = ?, held_end = ?, start_head = ?, tips = ?, meta = ? WHERE q = ?",
-        (
-            c.epoch,
-            c.held_end,
-            c.start_head.to_bytes(),
-            core2_store._encode_tips(c.tips),
-            core2_store.encode_meta(state.meta),
-            q,
-        ),
-    )
+    queue_rows(store, q, state, NOW)
     conn.executemany(
         "INSERT INTO leaves2 (q, idx, leaves) VALUES (?, ?, ?)",
-        [(q, *row) for row in core2_runs.leaf_runs(0, c.shared)],
+        [(q, *row) for row in core2_runs.leaf_runs(0, state.chains.shared)],
     )
     conn.executemany(
         "INSERT INTO bodies2 (q, end_off, version, last_end, last_version, bodies) VALUES (?, ?, ?, ?, ?, ?)",
