@@ -389,6 +389,39 @@ def _start_out(value: Chains) -> bytes | int | None:
     return value.start_head.to_bytes() if index is None else index
 
 
+def _fields_out(
+    d: queue2.Delta, steps: Steps | None, ref: HeadV2 | None, qid: bytes, records: RecordRun
+) -> tuple[Any, Any, Any, Any, Any]:
+    """A DELTA2's log, metadata, first offset, bodies and steps, each written relative to ``ref`` (the
+    last head of the queue this link carried) and left out where the receiver rebuilds it."""
+    log: list[Any] | None = None
+    if d.log is not None:
+        value = d.log.value
+        base_fold = _base_fold(qid, ref, value.epoch, d.log.base)
+        c = _context(
+            qid,
+            ref,
+            (value.epoch, d.log.base_fold, value.shared, len(value.tips)),
+            (d.from_offset, records, d.meta),
+        )
+        tips = [[_head_out(t.head, c, t.tail), _leaves_to_wire(t.tail)] for t in value.tips]
+        log = [
+            d.log.base - (ref.version if ref else 0),
+            None if base_fold == d.log.base_fold else d.log.base_fold,
+            value.epoch,
+            _leaves_to_wire(value.shared),
+            tips,
+            _start_out(value),
+        ]
+    return (
+        log,
+        None if d.meta is None else [[k, v] for k, v in d.meta],
+        None if ref is not None and ref.end == d.from_offset else d.from_offset,
+        [b.body() for b in d.bodies],
+        None if steps is None else [steps[0] - (ref.version if ref else 0), steps[1]],
+    )
+
+
 @dataclass(slots=True)
 class Compact2Link:
     """Both directions of one link's compact core-2 memory: :meth:`encode` for what we send,
@@ -429,52 +462,22 @@ class Compact2Link:
         records = RecordRun.of(d.records)
         came = _as_received[0]
         if came is not None and came.delta is d and came.steps is message.steps and came.ref == ref:
-            log_raw, meta_raw, from_raw, bodies_raw, steps_raw = came.fields
-            side.carried(key, d)
-            return [
-                CDELTA2,
-                message.seq,
-                queue,
-                None if _implied(d) == message.summary else summary_to_wire(message.summary),
-                log_raw,
-                meta_raw,
-                from_raw,
-                _records_out(records, ref.timestamp if ref else 0),
-                bodies_raw,
-                steps_raw,
-            ]
-        log: list[Any] | None = None
-        if d.log is not None:
-            value = d.log.value
-            base_fold = _base_fold(qid, ref, value.epoch, d.log.base)
-            c = _context(
-                qid,
-                ref,
-                (value.epoch, d.log.base_fold, value.shared, len(value.tips)),
-                (d.from_offset, records, d.meta),
-            )
-            tips = [[_head_out(t.head, c, t.tail), _leaves_to_wire(t.tail)] for t in value.tips]
-            log = [
-                d.log.base - (ref.version if ref else 0),
-                None if base_fold == d.log.base_fold else d.log.base_fold,
-                value.epoch,
-                _leaves_to_wire(value.shared),
-                tips,
-                _start_out(value),
-            ]
-        steps = message.steps
+            fields = came.fields  # as it came: what the peer rebuilds the same signed bytes from
+        else:
+            fields = _fields_out(d, message.steps, ref, qid, records)
         side.carried(key, d)
+        log, meta, from_offset, bodies, steps = fields
         return [
             CDELTA2,
             message.seq,
             queue,
             None if _implied(d) == message.summary else summary_to_wire(message.summary),
             log,
-            None if d.meta is None else [[k, v] for k, v in d.meta],
-            None if ref is not None and ref.end == d.from_offset else d.from_offset,
+            meta,
+            from_offset,
             _records_out(records, ref.timestamp if ref else 0),
-            [b.body() for b in d.bodies],
-            None if steps is None else [steps[0] - (ref.version if ref else 0), steps[1]],
+            bodies,
+            steps,
         ]
 
     # ---------------------------------------------------------------- in
