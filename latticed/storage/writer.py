@@ -67,8 +67,8 @@ _RECENT_S: Final = 0.02
 #: to this long for more before it commits: a replica relaying a live stream then shares one transaction
 #: (and one fsync, ~0.5 ms of CPU here) between several records. Only the sender's ACK waits for it.
 MERGE_LINGER_S: Final = 0.02
-#: ... and commits as soon as it holds this many: the sender may have only ``window`` (8) deltas
-#: unacknowledged, and must never be held back by our linger.
+#: ... and commits as soon as it holds this many: a sender may have only 8 deltas unacknowledged (32
+#: small ones on a link that agreed on ``window2-32``), and must never be held back by our linger.
 MERGE_LINGER_JOBS: Final = 4
 
 
