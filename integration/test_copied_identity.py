@@ -63,8 +63,8 @@ def test_a_copied_identity_is_flagged_the_later_daemon_stops_writing_and_both_hi
         rows = [r for r in c.peers() if r.get("public_key") == owner_id]
         counters = c.status()["replication"]
     assert values[:10] == [b"shared-%d" % i for i in range(10)]  # what both share
-    assert len(rows) == 2 and any(r.get("duplicate_identity") for r in rows)
-    assert all(r["status"] == "connected" and "two daemons, one identity" in r["reason"] for r in rows)
+    assert len(rows) == 2 and any(r.get("duplicate_identity") for r in rows), rows
+    assert all(r["status"] == "connected" and "two daemons, one identity" in r["reason"] for r in rows), rows
     assert counters["duplicate_identities"] >= 1
     doctor = ctl(relay, "doctor", "--json")
     checks = json.loads(doctor.stdout)["checks"]
