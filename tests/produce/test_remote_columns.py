@@ -115,6 +115,20 @@ async def test_columns_go_as_they_came_where_the_link_agreed(tmp_path: Path, cor
         nursery.cancel_scope.cancel()
 
 
+async def test_timestamps_go_in_the_columns_and_are_stored_as_sent(tmp_path: Path) -> None:
+    async with owner(tmp_path, 2) as a, trio.open_nursery() as nursery:
+        b = await producer(nursery, a)
+        records, fields = columns([(b"t0", None, (), 1_000), (b"t1", b"k", (), None)])
+        answer = await b.offer(OWNER.public_key, "feed", records, columns=fields, producer="p", seq=0)
+        assert answer == {"first": 0, "count": 2, "duplicate": False}
+        (body,) = a.seen.bodies
+        assert body["layout"] == "packed" and body["timestamps"] == fields["timestamps"]
+        q = a.engine.resolve("feed")
+        got = await a.engine.read(q, 0, 2, 10, 1 << 20)
+        assert got.values == [b"t0", b"t1"] and got.timestamps[0] == 1_000 and got.timestamps[1] > 1_000
+        nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("features", [frozenset({PRODUCE_FEATURE}), None], ids=["older-owner", "headers"])
 async def test_the_list_goes_where_the_link_did_not_agree_or_a_record_has_headers(
     tmp_path: Path, core: int, features: frozenset[str] | None
