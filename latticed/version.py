@@ -33,8 +33,10 @@ PROTOCOL_VERSIONS: Final = (1,)
 #: ``heads-v2``: it reads queues on the v2 fork core (protocol/core2_wire.py), which only such peers get.
 #: ``window2-32``: with ``heads-v2``, it admits 32 unacknowledged core-2 deltas per link instead of 8, at
 #: most 8 of them over 64 KiB (protocol/core2_session.py).
+#: ``produce-columns``: with ``produce``, it takes a forwarded offer's records as columns (the local API's
+#: ``packed`` layout of ``offer_batch``; produce/owner.py).
 PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset(
-    {"compact", "heads-v2", "identity-notice", "produce", "window2-32"}
+    {"compact", "heads-v2", "identity-notice", "produce", "produce-columns", "window2-32"}
 )
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
 STORE_SCHEMA: Final = 7

@@ -33,6 +33,9 @@ from latticed.errors import MalformedError
 PACKED_LAYOUT: Final = "packed"
 #: Fields of that layout (besides ``layout``).
 PACKED_FIELDS: Final = ("count", "values", "value_lengths", "keys", "key_lengths", "timestamps", "headers")
+#: The fields of that layout a ``produce`` request over the peer link carries (``headers``, a map keyed
+#: by record index, is not among them: the link's msgpack takes text keys only; such records go as a list).
+LINK_FIELDS: Final = PACKED_FIELDS[:-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,4 +169,11 @@ def offered_columns(fields: Mapping[str, Any], max_records: int) -> OfferedColum
     return OfferedColumns(out_values, out_keys, packed, stamps, _headers(fields.get("headers"), count))
 
 
-__all__ = ["PACKED_FIELDS", "PACKED_LAYOUT", "OfferedColumns", "offered_columns", "unpacked_pure"]
+__all__ = [
+    "LINK_FIELDS",
+    "PACKED_FIELDS",
+    "PACKED_LAYOUT",
+    "OfferedColumns",
+    "offered_columns",
+    "unpacked_pure",
+]

@@ -6,6 +6,9 @@ whose identity the link proved. The owner checks, in order: the queue is one it 
 current key epoch; the records are well formed and none carries :data:`~.policy.PRODUCER_HEADER`. Then it
 stamps each record with that header (the peer's identity), appends them idempotently (:mod:`.dedup`) and
 answers with the offsets once the transaction is durable. Nothing is written when any check fails.
+The records come as a list of ``[value, key, headers]``, or, from a peer whose link agreed on
+``produce-columns``, as the local API's columns (``layout: "packed"``), taken as a local columnar
+``offer_batch`` is: the same checks, run, digest and header.
 
 Sealed queues: the owner seals the records with the queue's current key, the producer header inside the
 envelope like every other header, so a reader trusts it once it opens the record. The plaintext travels
@@ -16,6 +19,7 @@ and a daemon outside it could neither read back nor check what it wrote (share t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from itertools import repeat
@@ -27,8 +31,9 @@ from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
 from latticed.crdt.head import KIND_QUEUE, queue_id
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import MAX_KEY_BYTES, MAX_VALUE_BYTES, Headers, RecordRun, check_records
-from latticed.errors import MalformedError, NotAllowedError, NotFoundError, NotOwnerError
+from latticed.errors import MalformedError, NotAllowedError, NotFoundError, NotOwnerError, RemoteProtocolError
 from latticed.net.leasing import LeaseServer
+from latticed.process.logs import get_logger, log_event
 from latticed.produce.dedup import (
     ProducedAppend,
     check_producer,
@@ -36,7 +41,7 @@ from latticed.produce.dedup import (
     packed_size,
     producer_scope,
 )
-from latticed.produce.offered_columns import OfferedColumns
+from latticed.produce.offered_columns import PACKED_LAYOUT, OfferedColumns, offered_columns
 from latticed.produce.policy import PRODUCER_HEADER, producers_of
 from latticed.storage.batch import Batch
 from latticed.storage.core2_jobs import Commit2
@@ -51,6 +56,8 @@ PRODUCE_OP: Final = "produce"
 MAX_RECORDS: Final = 100_000
 #: Characters of the producer header's value the plain path takes (an identity's hex is 64).
 _HEADER_VALUE: Final = 1024
+
+log = get_logger(__name__)
 
 
 class ProduceStore(SealableStore, Protocol):
@@ -294,10 +301,28 @@ class OfferServer:
         if self.engine.core2.holds(q):
             await self.engine.core2.value(q)  # loaded: its allow-list is checked before the records are
         job = self.start(
-            peer, q, body.get("producer"), body.get("seq"), body.get("records"), shared=body.get("shared")
+            peer, q, body.get("producer"), body.get("seq"), requested(peer, body), shared=body.get("shared")
         )
         first, count, duplicate = await self.engine.outcome(job)
         return {"first": first, "count": count, "duplicate": duplicate}
+
+
+def requested(peer: bytes, body: Mapping[str, Any]) -> Any:
+    """The records of a ``produce`` request: its ``records``, or its columns (``layout: "packed"``, at
+    most :data:`MAX_RECORDS`). Malformed columns are the peer's protocol error (its daemon checked them
+    before sending): refused, logged, nothing written."""
+    layout = body.get("layout")
+    if layout is None:
+        return body.get("records")
+    try:
+        if layout != PACKED_LAYOUT:
+            raise MalformedError(f"'layout' is {PACKED_LAYOUT!r} or absent, got {layout!r}")
+        if "records" in body:
+            raise MalformedError(f"a {PACKED_LAYOUT!r} request sends its records as columns, not 'records'")
+        return offered_columns(body, MAX_RECORDS)
+    except MalformedError as exc:
+        log_event(log, "produce.malformed_columns", level=logging.WARNING, peer=peer.hex(), reason=str(exc))
+        raise RemoteProtocolError(f"produce: {exc}") from exc
 
 
 def _check_producer(address: str, peer: bytes, meta: Mapping[str, str]) -> None:
@@ -352,5 +377,6 @@ __all__ = [
     "WithOffers",
     "offered_run",
     "produced_run",
+    "requested",
     "retry_digest",
 ]

@@ -122,7 +122,7 @@ def test_api_1_cannot_send_columns_and_its_list_form_still_works(client: Client)
     assert _stored(client, "old") == [(b"a", None, ()), (b"b", b"k", ())]
 
 
-def test_columns_into_another_daemons_queue_are_forwarded_as_the_list(client: Client) -> None:
+def test_columns_into_another_daemons_queue_are_checked_before_they_travel(client: Client) -> None:
     queue = "ab" * 32 + "/elsewhere"
     with pytest.raises(OwnerUnreachableError):
         client.call("offer_batch", queue=queue, wait=0.2, **packed_fields([(b"x", None, ())]))

@@ -31,7 +31,7 @@ from latticed.errors import LatticedError, MalformedError, NotAllowedError
 from latticed.process.logs import get_logger, log_event
 from latticed.produce.dedup import check_producer, producer_scope
 from latticed.produce.forward import DEFAULT_WAIT_S, RemoteOffers
-from latticed.produce.offered_columns import OfferedColumns
+from latticed.produce.offered_columns import LINK_FIELDS, OfferedColumns
 from latticed.produce.owner import MAX_RECORDS, produced_run
 from latticed.produce.policy import producers_of
 from latticed.storage.jobs import Job
@@ -101,9 +101,13 @@ def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:
             ctx.engine.public_key, q, producer, seq, raw, shared=shared, packed=packed
         )
         return job, build
-    if type(raw) is OfferedColumns:  # the peer link carries the list form
-        raw = raw.rows()
-    produced_run(raw, owner.hex(), 0)  # refuse what the owner would refuse before it travels
+    columns: dict[str, Any] | None = None
+    if type(raw) is OfferedColumns:  # sent on as they came where the owner's link takes columns
+        columns = {f: request.get(f) for f in LINK_FIELDS}
+        if not raw.plain:  # cut and size-checked already; timestamps and headers are judged here
+            produced_run(raw.rows(), owner.hex(), 0)
+    else:
+        produced_run(raw, owner.hex(), 0)  # refuse what the owner would refuse before it travels
     name = str(request["queue"]).rpartition("/")[2]
     _refuse_if_replica_says_so(ctx, producers, owner, request["queue"])
     job = Forwarded()
@@ -116,6 +120,7 @@ def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:
         owner=owner,
         name=name,
         raw=raw,
+        columns=columns,
         producer=producer,
         seq=seq,
         wait=wait,
@@ -156,14 +161,17 @@ async def _forward(
     *,
     owner: bytes,
     name: str,
-    raw: list[list[Any]],
+    raw: list[list[Any]] | OfferedColumns,
+    columns: dict[str, Any] | None,
     producer: str,
     seq: int,
     wait: float,
     shared: bool,
 ) -> None:
     try:
-        answer = await producers.offer(owner, name, raw, producer=producer, seq=seq, wait=wait, shared=shared)
+        answer = await producers.offer(
+            owner, name, raw, columns=columns, producer=producer, seq=seq, wait=wait, shared=shared
+        )
         first, count = answer.get("first"), answer.get("count")
         if type(first) is not int or type(count) is not int:
             raise MalformedError("the owner's answer to an offer has no offsets")
