@@ -24,8 +24,9 @@ Per part, per replica (the writer excluded), from the daemons' own counters (``l
 /proc: deltas received per record (core 1's DELTA and core 2's DELTA2), bytes received per record (every
 message type) and that ÷ payload, CPU per record (utime + stime); then the mesh's total bytes ÷ ((N - 1) x
 payload) and, live, the last daemon's latency p50/p99; DELTAs and ACKs (or DELTA2s and ACK2s) each daemon
-sent, the writer's included (a relay that falls behind its sender stores several chunks in one commit and
-sends them on as one delta: fewer of both), and for the bulk how long the writer's client calls took.
+sent and the transactions its store committed (``status``'s ``transactions``), the writer's included (a relay
+that falls behind its sender stores several chunks in one commit and sends them on as one delta: fewer of
+all three), and for the bulk how long the writer's client calls took.
 After each part: every daemon's open links (``connected``: its active view) and RSS. Figures are printed,
 never asserted.
 """
@@ -89,8 +90,10 @@ class Node:
         stop(self.proc)
 
     def counters(self) -> dict[str, int]:
+        """The replication counters, and ``transactions``: the store's group commits so far."""
         with self.client() as c:
-            return dict(c.status().get("replication") or {})
+            status = c.status()
+        return {**(status.get("replication") or {}), "transactions": int(status.get("transactions") or 0)}
 
     def links(self) -> int:
         """Links open now (identities with a gossip link up, both directions)."""
@@ -259,8 +262,9 @@ class Meter:
             def sent_of(kind: str, after: dict[str, int] = after, before: dict[str, int] = before) -> int:
                 return sum(after.get(k, 0) - before.get(k, 0) for k in (f"sent_{kind}", f"sent_{kind}2"))
 
-            sent.append(f"{node.name} {sent_of('delta')}/{sent_of('ack')}")
-        print(f"    DELTAs/ACKs sent per daemon (the writer first): {', '.join(sent)}")
+            commits = after.get("transactions", 0) - before.get("transactions", 0)
+            sent.append(f"{node.name} {sent_of('delta')}/{sent_of('ack')}/{commits}")
+        print(f"    DELTAs/ACKs sent/transactions committed per daemon (the writer first): {', '.join(sent)}")
         total = sum(r[2] for r in rows)
         print(
             f"    mean per replica: deltas/record {statistics.mean(r[1] for r in rows) / records:.2f}, "
