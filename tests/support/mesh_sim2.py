@@ -25,6 +25,8 @@ Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``..
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +35,7 @@ from latticed.crdt.core_errors import GapError
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError
+from latticed.host.config import DaemonConfig
 from latticed.net.core2_ahead import Relay
 from latticed.net.core2_engine_host import RECENT_RECORDS
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
@@ -40,6 +43,7 @@ from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
 from latticed.protocol.core2_wire import Summary2, link_summary
 from latticed.protocol.replication import QueueKey, ReplicationSession
 from latticed.storage.ahead import AHEAD_DELTA_RECORDS
+from latticed.storage.writer import _RECENT_S as WRITERS_SEEN_S
 from latticed.storage.writer import MERGE_LINGER_JOBS, MERGE_LINGER_S
 from support.mesh_sim import Costs, MeshNode, MeshSim, _Job
 
@@ -52,10 +56,19 @@ __all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 #: A bulk chunk's per-size costs measured (2026-11-30, "bulk at N = 8 against the daemons"): a transaction's
 #: COMMIT waits 5.5 us more per record (the daemons' ``latticed_storage_fsync_seconds`` at N = 8: 5-12 ms
 #: for a chunk's transaction, 1-2 ms for a live record's); decoding a received DELTA2 costs 6.2 ns a byte
-#: on top of ``message`` (0.72 ms for 1,000 records, 0.06 ms for one) and encoding one 0.32 us a record
-#: (0.36 ms for 1,000): this build's codec, timed in the simulator's own process.
+#: on top of ``message`` (0.72 ms for 1,000 records, 0.06 ms for one) and encoding one 0.04 ms and 0.32 us
+#: a record (0.36 ms for 1,000): this build's codec, timed in the simulator's own process. With them the
+#: writer's CPU is 8 us a record, as bench_mesh measures it (7-8 us), not core 1's 10 (``cut`` was 1 ms).
+#: ``group_commit_ms`` as a daemon has it unless configured (``storage/writer.py`` ``_collect``).
+GROUP_COMMIT_S = {f.name: f.default for f in dataclasses.fields(DaemonConfig)}["group_commit_ms"] / 1000
+
 CORE2_COSTS = Costs(
-    stall_chance=0.015, stall=0.01, sync_record=0.0000055, message_byte=0.0000000062, cut_record=0.00000032
+    stall_chance=0.015,
+    stall=0.01,
+    sync_record=0.0000055,
+    message_byte=0.0000000062,
+    cut=0.00004,
+    cut_record=0.00000032,
 )
 
 
@@ -89,6 +102,8 @@ class _Job2(_Job):
     may_linger: bool = False
     #: CPU the storage thread spends on it besides the commit's (verifying a delta not verified ahead).
     cpu: float = 0.0
+    #: The peer whose delta it merges (``Job.origin``); None: an API call of the writer's.
+    origin: int | None = None
 
 
 @dataclass
@@ -103,6 +118,10 @@ class MeshNode2(MeshNode):
     #: Seconds its transactions took from their jobs taken to durable, summed (the daemon's
     #: ``latticed_storage_commit_seconds``: a batch's apply, write and COMMIT).
     commit_seconds: float = 0.0
+    #: When its last transactions began, with how many writers (origins) each held (``_recent_sizes``),
+    #: and whether a batch waits for as many writers as those held (``gathering``: which wait).
+    batch_writers: deque[tuple[float, int]] = field(default_factory=deque)
+    gathering: int = 0
 
     def held_end(self, key: QueueKey) -> int:
         state = self.durable2.get(key)
@@ -127,6 +146,8 @@ class MeshSim2(MeshSim):
     #: Whether a node's storage and reader threads share one interpreter lock with its event loop (a
     #: Python daemon's do: their record work runs one at a time with the loop's); False: each its own core.
     gil: bool = True
+    #: How long a batch waits for as many writers as the last ones held (``group_commit_ms``).
+    group_linger: float = GROUP_COMMIT_S
 
     def _new_node(self, name: int) -> MeshNode:
         return MeshNode2(name)
@@ -184,18 +205,47 @@ class MeshSim2(MeshSim):
     # ------------------------------------------------------------------ the storage thread
     def _store(self, y: int, job: _Job) -> None:
         """Group commit, and a batch of live pushes served ahead lingers for company (``storage/
-        writer.py`` ``_linger_merges``): up to ``merge_linger`` or ``MERGE_LINGER_JOBS`` of them."""
+        writer.py`` ``_linger_merges``): up to ``merge_linger`` or ``MERGE_LINGER_JOBS`` of them. Any
+        other batch holding fewer writers (peers) than a transaction of the last ``WRITERS_SEEN_S`` did
+        waits up to ``group_linger`` for as many (``_collect``): a relay fed a bulk by two peers stores
+        their chunks together, and acknowledges them with one ACK2 run."""
         node = self.node2(y)
         node.waiting.append(job)
-        if not node.committing:
+        if node.gathering and self._writers(node.waiting) >= self._writers_seen(node):
+            node.gathering = 0
+            self._commit(y)
+        elif not node.committing and not node.gathering:
             self._next_commit(y)
+
+    @staticmethod
+    def _writers(jobs: list[_Job]) -> int:
+        """``storage/writer.py`` ``_writers``: a peer's deltas count once, each API call once."""
+        return len({id(j) if not isinstance(j, _Job2) or j.origin is None else j.origin for j in jobs})
+
+    def _writers_seen(self, node: MeshNode2) -> int:
+        """The most writers a transaction begun within ``WRITERS_SEEN_S`` held (1: none)."""
+        seen = node.batch_writers
+        while seen and seen[0][0] < self.now - WRITERS_SEEN_S:
+            seen.popleft()
+        return max((n for _, n in seen), default=1)
 
     def _next_commit(self, y: int) -> None:
         node = self.node2(y)
         lingers = all(isinstance(j, _Job2) and j.may_linger for j in node.waiting)
         if not lingers or self.merge_linger <= 0 or len(node.waiting) >= MERGE_LINGER_JOBS:
             node.lingering = False
-            self._commit(y)
+            target = self._writers_seen(node)
+            if lingers or self.group_linger <= 0 or self._writers(node.waiting) >= target:
+                self._commit(y)
+                return
+            node.gathering = turn = node.commits + 1  # writers seen together: wait a while for as many
+
+            def gathered() -> None:
+                if node.gathering == turn:
+                    node.gathering = 0
+                    self._commit(y)
+
+            self._at(self.now + self.group_linger, gathered)
         elif not node.lingering:
             node.lingering = True
             node.lingers += 1
@@ -213,6 +263,8 @@ class MeshSim2(MeshSim):
         jobs, node.waiting = node.waiting, []
         node.committing = True
         began = self.now
+        if not all(isinstance(j, _Job2) and j.may_linger for j in jobs):  # a merge linger's are not kept
+            node.batch_writers.append((began, self._writers(jobs)))
         records = sum(job.records for job in jobs)
         work = self.costs.commit_record * records + sum(job.cpu for job in jobs if isinstance(job, _Job2))
         sync = self.costs.commit + self.costs.sync_record * records  # the COMMIT's wait on the disk
@@ -361,13 +413,13 @@ class MeshSim2(MeshSim):
             self._drive(y, x)
 
         if ahead is None:  # verified and joined on the storage thread
-            job = _Job2(count, apply, committed, cpu=costs.verify + costs.verify_record * count)
+            job = _Job2(count, apply, committed, cpu=costs.verify + costs.verify_record * count, origin=x)
             self._at(max(self.now, node.cpu_free), lambda: self._store(y, job))
             return
         self._busy(node, costs.verify + costs.verify_record * count)
         against, value = ahead
         after = link_summary(value)
-        job = _Job2(count, apply, committed, may_linger=True)
+        job = _Job2(count, apply, committed, may_linger=True, origin=x)
         node.ahead2[key] = _Ahead(value, Relay(link_summary(against).core, delta, steps, after), job)
 
         def relayed() -> None:  # Gossip._submit2: local_change2 of the value ahead, but to its source
