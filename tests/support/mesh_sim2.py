@@ -21,6 +21,9 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   (``gil``): a relay busy committing a chunk of a bulk is late cutting the next, and sends two at once.
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
+
+Why one module: the core-2 node's storage thread, link drivers and relay share one clock and one set of
+per-node state, each step the daemon's counterpart read side by side with it.
 """
 
 from __future__ import annotations
