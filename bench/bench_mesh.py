@@ -24,8 +24,9 @@ Per part, per replica (the writer excluded), from the daemons' own counters (``l
 /proc: deltas received per record (core 1's DELTA and core 2's DELTA2), bytes received per record (every
 message type) and that ÷ payload, CPU per record (utime + stime); then the mesh's total bytes ÷ ((N - 1) x
 payload) and, live, the last daemon's latency p50/p99; DELTAs and ACKs (or DELTA2s and ACK2s) each daemon
-sent, the writer's included (a relay that falls behind its sender stores several chunks in one commit and
-sends them on as one delta: fewer of both), and for the bulk how long the writer's client calls took.
+sent and the transactions its store committed (``status``'s ``transactions``), the writer's included (a relay
+that falls behind its sender stores several chunks in one commit and sends them on as one delta: fewer of
+all three), and for the bulk how long the writer's client calls took.
 After each part: every daemon's open links (``connected``: its active view) and RSS. Figures are printed,
 never asserted.
 """
@@ -39,6 +40,7 @@ import statistics
 import sys
 import threading
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 import netns  # integration/ is not a package
 
 LAN_PORT = 7464
+#: The storage's histograms (their sums) that ``--metrics`` reads, under the names :class:`Meter` keeps.
+_SECONDS = {
+    "latticed_storage_commit_seconds_sum": "commit_s",
+    "latticed_storage_fsync_seconds_sum": "fsync_s",
+}
 
 
 class Node:
@@ -67,6 +74,7 @@ class Node:
         host: netns.Host | None = None,
         mdns: bool = False,
         key: Path | None = None,
+        metrics: bool = False,
     ) -> None:
         self.name = name
         self.socket = root / f"{name}.sock"
@@ -77,6 +85,8 @@ class Node:
         args += ["--mdns", "--mdns-interface", address] if mdns else ["--no-mdns"]
         if key is not None:
             args += ["--network-key-file", str(key)]
+        if metrics:
+            args += ["--metrics-listen", f"{address}:0"]
         argv = run_argv(*args)
         if host is not None:
             argv = host.cmd(*argv)  # ``ip netns exec`` execs: the PID is the daemon's
@@ -88,9 +98,21 @@ class Node:
     def stop(self) -> None:
         stop(self.proc)
 
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> dict[str, float]:
+        """The replication counters, ``transactions`` (the store's group commits so far) and, with
+        metrics on, the seconds those took until durable and in SQLite's COMMIT (``commit_s``,
+        ``fsync_s``: the histograms' sums)."""
         with self.client() as c:
-            return dict(c.status().get("replication") or {})
+            status = c.status()
+        counters = {**(status.get("replication") or {}), "transactions": int(status.get("transactions") or 0)}
+        if status.get("metrics"):
+            with urllib.request.urlopen(f"http://{status['metrics']}/metrics", timeout=30) as reply:
+                text = reply.read().decode()
+            for line in text.splitlines():
+                name, _, value = line.partition(" ")
+                if name in _SECONDS:
+                    counters[_SECONDS[name]] = float(value)
+        return counters
 
     def links(self) -> int:
         """Links open now (identities with a gossip link up, both directions)."""
@@ -225,8 +247,8 @@ class Meter:
         for node, (before, cpu0) in zip(self.nodes[1:], self.before[1:], strict=True):
             after, cpu1 = node.counters(), cpu_s(node.proc.pid)
 
-            def diff(name: str, after: dict[str, int] = after, before: dict[str, int] = before) -> int:
-                return after.get(name, 0) - before.get(name, 0)
+            def diff(name: str, after: dict[str, float] = after, before: dict[str, float] = before) -> int:
+                return int(after.get(name, 0) - before.get(name, 0))
 
             received = sum(diff(k) for k in after if k.startswith("received_") and k.endswith("_bytes"))
             kinds = {
@@ -252,15 +274,24 @@ class Meter:
                     else ""
                 )
             )
-        sent = []
+        writer_cpu = cpu_s(self.nodes[0].proc.pid) - self.before[0][1]
+        print(f"    the writer's CPU/record {writer_cpu / records * 1e3:.3f} ms")
+        sent, timing = [], []
         for node, (before, _) in zip(self.nodes, self.before, strict=True):
             after = node.counters()
 
-            def sent_of(kind: str, after: dict[str, int] = after, before: dict[str, int] = before) -> int:
-                return sum(after.get(k, 0) - before.get(k, 0) for k in (f"sent_{kind}", f"sent_{kind}2"))
+            def sent_of(kind: str, after: dict[str, float] = after, before: dict[str, float] = before) -> int:
+                return int(sum(after.get(k, 0) - before.get(k, 0) for k in (f"sent_{kind}", f"sent_{kind}2")))
 
-            sent.append(f"{node.name} {sent_of('delta')}/{sent_of('ack')}")
-        print(f"    DELTAs/ACKs sent per daemon (the writer first): {', '.join(sent)}")
+            commits = int(after.get("transactions", 0) - before.get("transactions", 0))
+            sent.append(f"{node.name} {sent_of('delta')}/{sent_of('ack')}/{commits}")
+            if "commit_s" in after and commits:
+                took = (after["commit_s"] - before.get("commit_s", 0)) / commits * 1e3
+                synced = (after["fsync_s"] - before.get("fsync_s", 0)) / commits * 1e3
+                timing.append(f"{node.name} {took:.1f}/{synced:.1f}")
+        print(f"    DELTAs/ACKs sent/transactions committed per daemon (the writer first): {', '.join(sent)}")
+        if timing:
+            print(f"    ms per transaction until durable/in its COMMIT (fsync): {', '.join(timing)}")
         total = sum(r[2] for r in rows)
         print(
             f"    mean per replica: deltas/record {statistics.mean(r[1] for r in rows) / records:.2f}, "
@@ -363,7 +394,7 @@ def run(n: int, args: argparse.Namespace) -> None:
         hosts = list(made.members.values()) if made is not None else [None] * n
         started = time.perf_counter()
         for i, host in enumerate(hosts):
-            nodes.append(Node(root, f"n{i}", host=host, mdns=mdns, key=key))
+            nodes.append(Node(root, f"n{i}", host=host, mdns=mdns, key=key, metrics=args.metrics))
         if mdns:
             discover(nodes)
             print(f"    all found each other by mDNS and links settled {time.perf_counter() - started:.1f} s "
@@ -410,6 +441,11 @@ def main() -> None:
     parser.add_argument("--parts", default="bulk,live")
     parser.add_argument(
         "--core", type=int, choices=(1, 2), help="the queue's fork core (default: the daemon's)"
+    )
+    parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="serve each daemon's metrics and print its transactions' mean time until durable and fsync",
     )
     args = parser.parse_args()
     for n in (int(s) for s in args.sizes.split(",")):

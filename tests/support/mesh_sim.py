@@ -114,13 +114,17 @@ class Costs:
     """Seconds each step takes (a loopback mesh of daemons on a busy 2-core box, roughly)."""
 
     link_delay: tuple[float, float] = (0.0001, 0.0004)  # one way, drawn per link
-    message: float = 0.0001  # decrypt, decode, run the session: per received message
+    message: float = 0.0001  # decrypt, decode, run the session: per received message ...
+    message_byte: float = 0.0  # ... and per byte of it (0: the core-1 calibration had none)
     verify: float = 0.0005  # check a delta's signatures: per delta ...
     verify_record: float = 0.000002  # ... and per record
     cut: float = 0.001  # read (the storage thread) and encode a delta: per delta ...
     cut_record: float = 0.000001  # ... and per record
     commit: float = 0.001  # a transaction on the storage thread: its fsync (waits on the disk) ...
     commit_record: float = 0.000002  # ... and per record (merged and written first: uses a core)
+    #: The fsync's wait per record of the transaction on top of ``commit`` (a bulk chunk's WAL frames
+    #: take longer to reach the disk than a live record's). 0: none (the core-1 calibration had none).
+    sync_record: float = 0.0
     #: A delta the store must read (the peer lacks more than the last commit's records) is read on a
     #: reader thread (``storage/replica.py`` ``delta_for``: ``bridge.read``) while the link's driver waits
     #: for it; one of the last commit's records only is cut in memory (``storage/live.py`` ``pushed_delta``).
@@ -182,6 +186,8 @@ class MeshNode:
     #: Until when the storage thread uses a core (a commit's per-record work; its fsync waits on the disk).
     disk_cpu_until: float = 0.0
     received: Counter[str] = field(default_factory=Counter)
+    #: CPU seconds its steps cost, before the jitter and the shared cores (bench_mesh's CPU/record).
+    cpu_work: float = 0.0
     #: Per offset of the measured queue: hops of the copy that brought it first.
     hops: dict[int, int] = field(default_factory=dict)
     #: When each offset was first held (verified), for the time to reach the last node.
@@ -359,7 +365,7 @@ class MeshSim:
         records = sum(job.records for job in jobs)
         start = max(self.now, node.disk_free)
         node.disk_cpu_until = start + self.costs.commit_record * records
-        node.disk_free = node.disk_cpu_until + self.costs.commit
+        node.disk_free = node.disk_cpu_until + self.costs.commit + self.costs.sync_record * records
 
         def committed() -> None:
             node.commits += 1
@@ -434,7 +440,7 @@ class MeshSim:
             self.link_deltas[(x, y)] += 1
         node.received[name] += 1
         node.received[name + "_bytes"] += len(message)
-        self._busy(node, self.costs.message)
+        self._busy(node, self.costs.message + self.costs.message_byte * len(message))
         node.sessions[x].receive_message(message, self.now)
         self._drive(y, x)
 
@@ -442,6 +448,7 @@ class MeshSim:
         """``node``'s CPU works ``cost`` (times the jitter draw) after what it is doing now."""
         if node.cpu_free < self.now - self.costs.warm_for:
             cost += self.costs.wake
+        node.cpu_work += cost
         node.cpu_free = max(node.cpu_free, self.now) + self._scaled(cost, node.cpu_free <= self.now)
         if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
             node.cpu_free += self._rng.uniform(0, 2 * self.costs.stall)

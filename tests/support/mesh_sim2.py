@@ -13,17 +13,23 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
 * any other delta is verified and joined on the storage thread;
 * every commit that changed the queue is told to every link, the one the delta came from included (the
   store's change hook), before the commit's ACK2s go out;
-* a delta is cut from memory when the value ahead, or the last merges' records (``RECENT_RECORDS``)
-  cover what the peer lacks; otherwise the link's driver waits for a read on a reader thread (the owner's
-  commits note no recent rows: the writer reads every delta);
+* a delta is cut from memory when the value ahead, or the rows the last merges appended (``RecentRows``,
+  with its arithmetic: see :meth:`MeshSim2._note_recent`) cover what the peer lacks and the row before it;
+  otherwise the link's driver waits for a read on a reader thread (the owner's commits note no recent
+  rows: the writer reads every delta; a relay of a bulk reads every chunk, as the daemon's does);
 * the storage and reader threads' work holds the node's interpreter lock, as the event loop's does
   (``gil``): a relay busy committing a chunk of a bulk is late cutting the next, and sends two at once.
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
+
+Why one module: the core-2 node's storage thread, link drivers and relay share one clock and one set of
+per-node state, each step the daemon's counterpart read side by side with it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +38,7 @@ from latticed.crdt.core_errors import GapError
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError
+from latticed.host.config import DaemonConfig
 from latticed.net.core2_ahead import Relay
 from latticed.net.core2_engine_host import RECENT_RECORDS
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
@@ -39,6 +46,7 @@ from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
 from latticed.protocol.core2_wire import Summary2, link_summary
 from latticed.protocol.replication import QueueKey, ReplicationSession
 from latticed.storage.ahead import AHEAD_DELTA_RECORDS
+from latticed.storage.writer import _RECENT_S as WRITERS_SEEN_S
 from latticed.storage.writer import MERGE_LINGER_JOBS, MERGE_LINGER_S
 from support.mesh_sim import Costs, MeshNode, MeshSim, _Job
 
@@ -48,7 +56,37 @@ __all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 #: the shared box (2026-11-29, load 2.2-3.3), fitted to their live 100/s part: without them the simulated
 #: relays never missed a push's turn (1.00 DELTA2 and 0.57 ACK2 per record per replica, last-node p99
 #: 9 ms, against the daemons' 0.91-0.98, 0.52-0.56 and 37-81 ms). bench/RESULTS.md has the comparison.
-CORE2_COSTS = Costs(stall_chance=0.015, stall=0.01)
+#: A bulk chunk's per-size costs measured (2026-11-30, "bulk at N = 8 against the daemons"): a transaction's
+#: COMMIT waits 5.5 us more per record (the daemons' ``latticed_storage_fsync_seconds`` at N = 8: 5-12 ms
+#: for a chunk's transaction, 1-2 ms for a live record's); decoding a received DELTA2 costs 6.2 ns a byte
+#: on top of ``message`` (0.72 ms for 1,000 records, 0.06 ms for one) and encoding one 0.04 ms and 0.32 us
+#: a record (0.36 ms for 1,000): this build's codec, timed in the simulator's own process. With them the
+#: writer's CPU is 8 us a record, as bench_mesh measures it (7-8 us), not core 1's 10 (``cut`` was 1 ms).
+#: ``group_commit_ms`` as a daemon has it unless configured (``storage/writer.py`` ``_collect``).
+GROUP_COMMIT_S = {f.name: f.default for f in dataclasses.fields(DaemonConfig)}["group_commit_ms"] / 1000
+
+CORE2_COSTS = Costs(
+    stall_chance=0.015,
+    stall=0.01,
+    sync_record=0.0000055,
+    message_byte=0.0000000062,
+    cut=0.00004,
+    cut_record=0.00000032,
+)
+
+
+@dataclass(frozen=True)
+class _Recent:
+    """A ``RecentRows`` run: it says it holds rows ``[lo, lo + count)``; they are rows ``[rows_lo, rows_lo
+    + count)``."""
+
+    lo: int
+    count: int
+    rows_lo: int
+
+    @property
+    def hi(self) -> int:
+        return self.lo + self.count
 
 
 @dataclass
@@ -67,17 +105,26 @@ class _Job2(_Job):
     may_linger: bool = False
     #: CPU the storage thread spends on it besides the commit's (verifying a delta not verified ahead).
     cpu: float = 0.0
+    #: The peer whose delta it merges (``Job.origin``); None: an API call of the writer's.
+    origin: int | None = None
 
 
 @dataclass
 class MeshNode2(MeshNode):
     durable2: dict[QueueKey, QueueState2] = field(default_factory=dict)
     ahead2: dict[QueueKey, _Ahead] = field(default_factory=dict)
-    #: Per queue, the rows ``[lo, hi)`` the latest merges appended (``RecentRows``): cut without a read.
-    recent: dict[QueueKey, tuple[int, int]] = field(default_factory=dict)
+    #: Per queue, the rows the latest merges appended (``RecentRows``): cut without a read.
+    recent: dict[QueueKey, _Recent] = field(default_factory=dict)
     #: Whether a lingering transaction is waiting for company on the storage thread, and how many did.
     lingering: bool = False
     lingers: int = 0
+    #: Seconds its transactions took from their jobs taken to durable, summed (the daemon's
+    #: ``latticed_storage_commit_seconds``: a batch's apply, write and COMMIT).
+    commit_seconds: float = 0.0
+    #: When its last transactions began, with how many writers (origins) each held (``_recent_sizes``),
+    #: and whether a batch waits for as many writers as those held (``gathering``: which wait).
+    batch_writers: deque[tuple[float, int]] = field(default_factory=deque)
+    gathering: int = 0
 
     def held_end(self, key: QueueKey) -> int:
         state = self.durable2.get(key)
@@ -102,6 +149,8 @@ class MeshSim2(MeshSim):
     #: Whether a node's storage and reader threads share one interpreter lock with its event loop (a
     #: Python daemon's do: their record work runs one at a time with the loop's); False: each its own core.
     gil: bool = True
+    #: How long a batch waits for as many writers as the last ones held (``group_commit_ms``).
+    group_linger: float = GROUP_COMMIT_S
 
     def _new_node(self, name: int) -> MeshNode:
         return MeshNode2(name)
@@ -159,18 +208,47 @@ class MeshSim2(MeshSim):
     # ------------------------------------------------------------------ the storage thread
     def _store(self, y: int, job: _Job) -> None:
         """Group commit, and a batch of live pushes served ahead lingers for company (``storage/
-        writer.py`` ``_linger_merges``): up to ``merge_linger`` or ``MERGE_LINGER_JOBS`` of them."""
+        writer.py`` ``_linger_merges``): up to ``merge_linger`` or ``MERGE_LINGER_JOBS`` of them. Any
+        other batch holding fewer writers (peers) than a transaction of the last ``WRITERS_SEEN_S`` did
+        waits up to ``group_linger`` for as many (``_collect``): a relay fed a bulk by two peers stores
+        their chunks together, and acknowledges them with one ACK2 run."""
         node = self.node2(y)
         node.waiting.append(job)
-        if not node.committing:
+        if node.gathering and self._writers(node.waiting) >= self._writers_seen(node):
+            node.gathering = 0
+            self._commit(y)
+        elif not node.committing and not node.gathering:
             self._next_commit(y)
+
+    @staticmethod
+    def _writers(jobs: list[_Job]) -> int:
+        """``storage/writer.py`` ``_writers``: a peer's deltas count once, each API call once."""
+        return len({id(j) if not isinstance(j, _Job2) or j.origin is None else j.origin for j in jobs})
+
+    def _writers_seen(self, node: MeshNode2) -> int:
+        """The most writers a transaction begun within ``WRITERS_SEEN_S`` held (1: none)."""
+        seen = node.batch_writers
+        while seen and seen[0][0] < self.now - WRITERS_SEEN_S:
+            seen.popleft()
+        return max((n for _, n in seen), default=1)
 
     def _next_commit(self, y: int) -> None:
         node = self.node2(y)
         lingers = all(isinstance(j, _Job2) and j.may_linger for j in node.waiting)
         if not lingers or self.merge_linger <= 0 or len(node.waiting) >= MERGE_LINGER_JOBS:
             node.lingering = False
-            self._commit(y)
+            target = self._writers_seen(node)
+            if lingers or self.group_linger <= 0 or self._writers(node.waiting) >= target:
+                self._commit(y)
+                return
+            node.gathering = turn = node.commits + 1  # writers seen together: wait a while for as many
+
+            def gathered() -> None:
+                if node.gathering == turn:
+                    node.gathering = 0
+                    self._commit(y)
+
+            self._at(self.now + self.group_linger, gathered)
         elif not node.lingering:
             node.lingering = True
             node.lingers += 1
@@ -187,18 +265,24 @@ class MeshSim2(MeshSim):
         node = self.node2(y)
         jobs, node.waiting = node.waiting, []
         node.committing = True
+        began = self.now
+        if not all(isinstance(j, _Job2) and j.may_linger for j in jobs):  # a merge linger's are not kept
+            node.batch_writers.append((began, self._writers(jobs)))
         records = sum(job.records for job in jobs)
         work = self.costs.commit_record * records + sum(job.cpu for job in jobs if isinstance(job, _Job2))
+        sync = self.costs.commit + self.costs.sync_record * records  # the COMMIT's wait on the disk
         if self.gil:  # the storage thread's Python work holds the interpreter the event loop needs
             self._busy(node, work)
-            node.disk_free = max(node.cpu_free, node.disk_free) + self.costs.commit
+            node.disk_free = max(node.cpu_free, node.disk_free) + sync
         else:
+            node.cpu_work += work
             node.disk_cpu_until = max(self.now, node.disk_free) + self._scaled(work)
-            node.disk_free = node.disk_cpu_until + self.costs.commit
+            node.disk_free = node.disk_cpu_until + sync
 
         def committed() -> None:
             node.commits += 1
             node.committed_jobs += len(jobs)
+            node.commit_seconds += self.now - began
             before = node.durable2.get(self.key)
             for job in jobs:
                 job.apply()
@@ -263,10 +347,16 @@ class MeshSim2(MeshSim):
 
     @staticmethod
     def _recent_covers(node: MeshNode2, key: QueueKey, loaded: QueueState2, since_end: int) -> bool:
-        """``RecentRows.matches``: the rows a peer holding up to ``since_end`` lacks are in memory."""
+        """``EngineCore2Host._from_recent``: ``RecentRows.matches`` (the rows a peer holding up to
+        ``since_end`` lacks are in memory, and are the held value's: its chain at its end is the run's
+        there, so only if the run's rows are where it says they are), and the delta built from them
+        without a ``Miss``: it needs the chain at ``since_end`` too, row ``since_end - 1``'s. So a relay
+        merging a bulk chunk by chunk reads each (measured on the daemon's host, bench/RESULTS.md)."""
         run = node.recent.get(key)
         lo, hi = loaded.held
-        return run is not None and lo < hi and run[0] <= since_end and run[0] < hi <= run[1]
+        if run is None or lo >= hi or not run.lo <= since_end or not run.lo < hi <= run.hi:
+            return False
+        return run.rows_lo == run.lo and (run.lo < since_end or since_end == lo)
 
     def _read2_then(self, y: int, x: int, key: QueueKey, out: Outgoing2) -> None:
         """The link's driver waits while a reader thread reads the delta, then carries on."""
@@ -278,6 +368,7 @@ class MeshSim2(MeshSim):
             self._busy(node, work)
             node.read_free = max(self.now, node.read_free, node.cpu_free)
         else:
+            node.cpu_work += work
             node.read_free = max(self.now, node.read_free) + self._scaled(work)
 
         def encode() -> None:
@@ -325,13 +416,13 @@ class MeshSim2(MeshSim):
             self._drive(y, x)
 
         if ahead is None:  # verified and joined on the storage thread
-            job = _Job2(count, apply, committed, cpu=costs.verify + costs.verify_record * count)
+            job = _Job2(count, apply, committed, cpu=costs.verify + costs.verify_record * count, origin=x)
             self._at(max(self.now, node.cpu_free), lambda: self._store(y, job))
             return
         self._busy(node, costs.verify + costs.verify_record * count)
         against, value = ahead
         after = link_summary(value)
-        job = _Job2(count, apply, committed, may_linger=True)
+        job = _Job2(count, apply, committed, may_linger=True, origin=x)
         node.ahead2[key] = _Ahead(value, Relay(link_summary(against).core, delta, steps, after), job)
 
         def relayed() -> None:  # Gossip._submit2: local_change2 of the value ahead, but to its source
@@ -343,10 +434,19 @@ class MeshSim2(MeshSim):
 
     @staticmethod
     def _note_recent(node: MeshNode2, key: QueueKey, lo: int, hi: int) -> None:
+        """``RecentRows.note`` of a merge that appended rows ``[lo, hi)``: a run that ends where they
+        start is extended and cut to its last :data:`RECENT_RECORDS` from its older part. Its ``lo``
+        moves by what was cut, even when that is more than the older part held (a merge of more than
+        ``RECENT_RECORDS`` after another): the run then says its rows start later than they do, and
+        ``matches`` finds its chain at the value's end is not the value's, so that delta is read."""
         old = node.recent.get(key)
-        if old is not None and old[1] == lo:
-            lo = old[0]
-        node.recent[key] = (max(lo, hi - RECENT_RECORDS), hi)
+        count = hi - lo
+        if old is not None and old.hi == lo and old.rows_lo + old.count == lo:
+            keep = max(0, old.count + count - RECENT_RECORDS)
+            kept = max(0, old.count - keep)
+            node.recent[key] = _Recent(old.lo + keep, kept + count, lo - kept)
+        else:
+            node.recent[key] = _Recent(lo, count, lo)
 
     @staticmethod
     def _check_ahead(
