@@ -37,7 +37,19 @@ from latticed.errors import MalformedError
 from latticed.storage import core2_runs, segments
 from latticed.storage.codec import pack, unpack
 
-__all__ = ["Row", "before_write", "chain_window", "decode_body", "expand", "read_run", "runs", "stepped_rows"]
+__all__ = [
+    "Row",
+    "before_write",
+    "certain",
+    "chain_window",
+    "decode_body",
+    "expand",
+    "read_run",
+    "reads_from",
+    "rebuild",
+    "runs",
+    "stepped_rows",
+]
 
 _BODY_SIZE: Final = len(HEAD2_NAMESPACE) + HEAD2_BODY.size
 #: ``(end_off, version, last_end, last_version, steps_from, run)``: a ``bodies2`` row less its queue.
@@ -70,7 +82,7 @@ def runs(added: Sequence[HeadV2], chain_at: Callable[[int], bytes | None]) -> li
     pieces: list[tuple[int, steps_memo.Stepped | None, int]] = []  # (first index, steps, count)
     at = 0
     for i, entry in steps_memo.take(added):
-        if i < at or not _certain(entry, chain_at):
+        if i < at or not certain(entry, chain_at):
             continue
         pieces += [(j, None, 1) for j in range(at, i)]
         pieces.append((i, entry, len(entry.bodies)))
@@ -91,14 +103,14 @@ def runs(added: Sequence[HeadV2], chain_at: Callable[[int], bytes | None]) -> li
     return rows
 
 
-def _certain(entry: steps_memo.Stepped, chain_at: Callable[[int], bytes | None]) -> bool:
+def certain(entry: steps_memo.Stepped, chain_at: Callable[[int], bytes | None]) -> bool:
     """Whether ``entry``'s steps read only chain values of the records they came with that the queue
     holds (from its start on), and the queue's chain at the last body's end is that body's."""
-    last, lowest = entry.bodies[-1], _steps_from(entry)
+    last, lowest = entry.bodies[-1], reads_from(entry)
     return lowest >= entry.first and chain_at(lowest) is not None and chain_at(last.end) == last.head_hash
 
 
-def _steps_from(entry: steps_memo.Stepped) -> int:
+def reads_from(entry: steps_memo.Stepped) -> int:
     """The lowest offset the steps read a chain value at: the first body's end, or a start they move to
     (counted whenever a start differs from the one the steps began with)."""
     starts: list[int] = list(map(_start, entry.bodies))
@@ -129,7 +141,7 @@ def _row(added: Sequence[HeadV2], group: list[tuple[int, steps_memo.Stepped | No
             continue
         anchor = None if items and added[i - 1] is entry.prev else entry.prev.to_bytes()
         items.append([anchor, entry.steps, count, entry.bodies[-1].leaf()[0]])
-        low = _steps_from(entry)
+        low = reads_from(entry)
         steps_from = low if steps_from is None else min(steps_from, low)
     return first.end, first.version, last.end, last.version, steps_from, pack(items)
 
@@ -149,11 +161,11 @@ def read_run(raw: bytes, window: Callable[[], Window]) -> list[HeadV2]:
             continue
         if not chains:
             chains.append(window())
-        out += _rebuild(item, out[-1] if out else None, chains[0])
+        out += rebuild(item, out[-1] if out else None, chains[0])
     return out
 
 
-def _rebuild(item: object, before: HeadV2 | None, window: Window) -> list[HeadV2]:
+def rebuild(item: object, before: HeadV2 | None, window: Window) -> list[HeadV2]:
     if not isinstance(item, list) or len(item) != 4:
         raise MalformedError("a stored run item that is neither a body nor steps")
     anchor, steps, count, digest = item

@@ -34,13 +34,14 @@ from dataclasses import dataclass, replace
 from typing import Final, cast
 
 from latticed.crdt.epochs import Chains, Tip
+from latticed.crdt.head import genesis_hash
 from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HeadV2
 from latticed.crdt.queue.state import EntryView, empty_entries
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.wire import records_from_wire, records_to_wire
 from latticed.errors import StorageError
-from latticed.storage import core2_bodies, core2_runs, segments
+from latticed.storage import core2_bodies, core2_leaves, core2_runs, segments
 from latticed.storage.codec import decode_meta, encode_meta, pack, unpack
 from latticed.storage.core2_bodies import decode_body
 from latticed.storage.entries import StoredEntries
@@ -136,10 +137,9 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
         if found is None:
             raise StorageError(f"store {store.path}: core-2 queue #{q} has no queue2 row")
         epoch, held_end, start_raw, tips_raw, meta = found
-        shared = core2_runs.read_leaves(
-            (idx, bytes(raw))
-            for idx, raw in conn.execute("SELECT idx, leaves FROM leaves2 WHERE q = ? ORDER BY idx", (q,))
-        )
+        leaf_rows = conn.execute(
+            "SELECT idx, leaves, steps_from, steps_to FROM leaves2 WHERE q = ? ORDER BY idx", (q,)
+        ).fetchall()
         runs = conn.execute(
             "SELECT bodies, steps_from, last_end FROM bodies2 WHERE q = ? ORDER BY end_off, version", (q,)
         ).fetchall()
@@ -147,6 +147,13 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
     except sqlite3.Error as exc:
         raise store.error(exc, "load a core-2 queue from") from exc
     start_head = None if start_raw is None else HeadV2.from_bytes(bytes(start_raw))
+    lo = start_head.start if start_head is not None else 0
+    base_hash = start_head.base_hash if start_head is not None else genesis_hash(row.queue_id)
+    window = core2_bodies.chain_window(conn, q, lo, base_hash)
+    try:
+        shared = core2_leaves.read(((idx, bytes(raw), a, b) for idx, raw, a, b in leaf_rows), window)
+    except sqlite3.Error as exc:
+        raise store.error(exc, "load a core-2 queue from") from exc
     chains = Chains(
         row.owner, row.queue_id, epoch, shared, _decode_tips(bytes(tips_raw)), start_head, held_end
     )
@@ -160,7 +167,6 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
     entries = StoredEntries(store.rows, q, lo, hi - lo, last)
     # QueueState2 names the in-memory EntryView; the stored view answers the same Entries protocol.
     state = QueueState2(row.owner, row.name, row.kind, chains, decode_meta(meta), cast(EntryView, entries))
-    window = core2_bodies.chain_window(conn, q, lo, state.base_hash)
     bodies: list[HeadV2] = []
     try:
         for raw, steps_from, last_end in runs:
@@ -224,11 +230,14 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
     the store, and whether records were deleted (so space can be reclaimed)."""
     conn = store.connection
     gone = _changed_bodies(old.bodies, new.bodies)[0] if old.bodies is not new.bodies else []
+    a, b = old.chains, new.chains
+    common = _common_leaves(a, b) if a.shared is not b.shared else len(a.shared)
     if old.entries is not new.entries or gone:  # runs of steps read records: rewritten whole while held
         core2_bodies.before_write(conn, q, old, new, gone)
+    if old.entries is not new.entries or common < len(a.shared):
+        core2_leaves.before_write(conn, q, old, new, common)
     entries, deleted = store.write_entries(q, old.entries, new.entries, new.held[0])
     written = replace(new, entries=cast(EntryView, entries))
-    a, b = old.chains, new.chains
     if a is not b or old.meta is not new.meta:  # by identity: comparing would walk every leaf
         start = None if b.start_head is None else b.start_head.to_bytes()
         conn.execute(
@@ -236,7 +245,7 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
             (b.epoch, b.held_end, start, _encode_tips(b.tips), encode_meta(new.meta), q),
         )
     if a.shared is not b.shared:
-        _persist_leaves(conn, q, a, b)
+        _persist_leaves(conn, q, a, b, common=common, chain_at=written.chain_at)
     if old.bodies is not new.bodies:
         _persist_bodies(conn, q, old.bodies, new.bodies, written.chain_at)
     return written, deleted
@@ -260,20 +269,33 @@ def _common_leaves(a: Chains, b: Chains) -> int:
     return lo
 
 
-def _persist_leaves(conn: sqlite3.Connection, q: int, a: Chains, b: Chains) -> None:
-    common = _common_leaves(a, b)
+def _persist_leaves(
+    conn: sqlite3.Connection,
+    q: int,
+    a: Chains,
+    b: Chains,
+    *,
+    common: int | None = None,
+    chain_at: Callable[[int], bytes | None] = lambda offset: None,
+) -> None:
+    """Cut the old leaves to ``common`` (a run of steps cut is whole already: ``core2_leaves.before_write``)
+    and add the new ones, as steps where certain over the queue's chain ``chain_at`` (by default never)."""
+    common = _common_leaves(a, b) if common is None else common
     if len(a.shared) > common:
         cut = conn.execute(
-            "SELECT idx, leaves FROM leaves2 WHERE q = ? AND idx < ? ORDER BY idx DESC LIMIT 1", (q, common)
+            "SELECT idx, leaves, steps_from FROM leaves2 WHERE q = ? AND idx < ? ORDER BY idx DESC LIMIT 1",
+            (q, common),
         ).fetchone()
+        if cut is not None and cut[2] is not None:
+            raise StorageError(f"core-2 queue #{q}: a run of leaves as steps cut before it was rewritten")
         if cut is not None and cut[0] + len(cut[1]) // core2_runs.LEAF_BYTES > common:  # a run cut inside
             keep = bytes(cut[1])[: (common - cut[0]) * core2_runs.LEAF_BYTES]
             conn.execute("UPDATE leaves2 SET leaves = ? WHERE q = ? AND idx = ?", (keep, q, cut[0]))
         conn.execute("DELETE FROM leaves2 WHERE q = ? AND idx >= ?", (q, common))
     if len(b.shared) > common:
         conn.executemany(
-            "INSERT INTO leaves2 (q, idx, leaves) VALUES (?, ?, ?)",
-            [(q, *row) for row in core2_runs.leaf_runs(common, b.shared[common:])],
+            "INSERT INTO leaves2 (q, idx, steps_from, steps_to, leaves) VALUES (?, ?, ?, ?, ?)",
+            [(q, *row) for row in core2_leaves.rows(common, b.shared[common:], chain_at)],
         )
 
 

@@ -35,7 +35,8 @@ Layout notes (why it looks like this):
   heads vouching for held records), both in runs of up to 4,096 per row since schema 6 (a replica's
   catch-up writes a row per chunk, the owner's commit one small row: :mod:`latticed.storage.core2_runs`),
   since schema 7 a run's bodies may be the steps a replica rebuilt them from (``steps_from``: the lowest
-  offset they read a chain value at; :mod:`latticed.storage.core2_bodies`);
+  offset they read a chain value at; :mod:`latticed.storage.core2_bodies`), since schema 8 a run of
+  shared leaves too (``steps_from``, ``steps_to``; :mod:`latticed.storage.core2_leaves`);
   ``evidence2`` is what it held past a fork point it learned of, kept aside
   (:mod:`latticed.storage.core2_store`).
 """
@@ -243,7 +244,11 @@ def _v7_core2_steps(conn: sqlite3.Connection) -> None:
 
 
 def _v8_segments_rowid(conn: sqlite3.Connection) -> None:
-    """Keep record segments in a rowid table (its key an index): a segment row is too large to cluster."""
+    """Copy record segments into a rowid table, and let core-2 shared leaves be held as steps.
+
+    A segment row is too large to cluster in its key's b-tree; the key becomes an index. A run of shared
+    leaves may hold the steps of the bodies they are the leaves of (``steps_from`` .. ``steps_to``: the
+    chain offsets those read; both NULL: leaves whole, as every existing run stays)."""
     conn.execute("ALTER TABLE segments RENAME TO segments_v7")
     conn.execute(
         """CREATE TABLE segments (
@@ -260,6 +265,8 @@ def _v8_segments_rowid(conn: sqlite3.Connection) -> None:
         "SELECT q, first, count, chains, data FROM segments_v7 ORDER BY q, first"
     )
     conn.execute("DROP TABLE segments_v7")
+    conn.execute("ALTER TABLE leaves2 ADD COLUMN steps_from INTEGER")
+    conn.execute("ALTER TABLE leaves2 ADD COLUMN steps_to INTEGER")
 
 
 def entry_expiry(entry: kv.Entry) -> int | None:
