@@ -38,6 +38,7 @@ from latticed.storage import core2_runs, segments
 from latticed.storage.codec import pack, unpack
 
 __all__ = [
+    "Rebuilt",
     "Row",
     "before_write",
     "certain",
@@ -58,6 +59,8 @@ Row = tuple[int, int, int, int, int | None, bytes]
 Window = tuple[int, bytes, list[bytes]]
 #: The window of chain values from one offset to another (both held).
 ChainWindow = Callable[[int, int], Window]
+#: Bodies rebuilt by ``(the body before, steps)``: a queue's load decodes each run of steps once.
+Rebuilt = dict[tuple[bytes, bytes], list[HeadV2]]
 #: ``(rowid, steps_from, last_end, run)`` of a stored run holding steps.
 StepRow = tuple[int, int, int, bytes]
 _start = operator.attrgetter("start")
@@ -147,7 +150,7 @@ def _row(added: Sequence[HeadV2], group: list[tuple[int, steps_memo.Stepped | No
 
 
 # ---------------------------------------------------------------------- reading
-def read_run(raw: bytes, window: Callable[[], Window]) -> list[HeadV2]:
+def read_run(raw: bytes, window: Callable[[], Window], memo: Rebuilt | None = None) -> list[HeadV2]:
     """The bodies of one stored run, rebuilding those stored as steps over the chain values ``window``
     gives (read once, when the run holds steps: its row's ``steps_from`` to its last end)."""
     items = unpack(raw)
@@ -161,17 +164,22 @@ def read_run(raw: bytes, window: Callable[[], Window]) -> list[HeadV2]:
             continue
         if not chains:
             chains.append(window())
-        out += rebuild(item, out[-1] if out else None, chains[0])
+        out += rebuild(item, out[-1] if out else None, chains[0], memo)
     return out
 
 
-def rebuild(item: object, before: HeadV2 | None, window: Window) -> list[HeadV2]:
+def rebuild(item: object, before: HeadV2 | None, window: Window, memo: Rebuilt | None = None) -> list[HeadV2]:
+    """The bodies a run item of steps rebuilds (after its anchor, else ``before``), checked against its
+    count and last digest; ``memo`` shares one decode between a queue's runs of bodies and of leaves."""
     if not isinstance(item, list) or len(item) != 4:
         raise MalformedError("a stored run item that is neither a body nor steps")
     anchor, steps, count, digest = item
     prev = decode_body(anchor) if isinstance(anchor, bytes) else before
     if prev is None or not isinstance(steps, bytes) or type(count) is not int or count < 1:
         raise MalformedError("stored steps of v2 head bodies after no body")
+    key = (prev.body(), steps)
+    if memo is not None and key in memo:
+        return _checked(memo[key], count, digest)
     first, base, chain = window
 
     def chain_at(offset: int) -> bytes | None:
@@ -184,7 +192,15 @@ def rebuild(item: object, before: HeadV2 | None, window: Window) -> list[HeadV2]
     except GapError as exc:
         raise MalformedError(f"stored steps of v2 head bodies over records not held: {exc}") from exc
     bodies = [b for b in found if isinstance(b, HeadV2)]
-    if len(bodies) != len(found) or len(bodies) != count or bodies[-1].leaf()[0] != digest:
+    if len(bodies) != len(found):
+        raise MalformedError("stored steps of v2 head bodies do not rebuild the bodies stored")
+    if memo is not None:
+        memo[key] = bodies
+    return _checked(bodies, count, digest)
+
+
+def _checked(bodies: list[HeadV2], count: object, digest: object) -> list[HeadV2]:
+    if len(bodies) != count or bodies[-1].leaf()[0] != digest:
         raise MalformedError("stored steps of v2 head bodies do not rebuild the bodies stored")
     return bodies
 

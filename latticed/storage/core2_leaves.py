@@ -38,7 +38,7 @@ from latticed.errors import MalformedError
 from latticed.storage import core2_bodies, core2_runs
 from latticed.storage.codec import pack, unpack
 
-__all__ = ["Row", "before_write", "read", "rows"]
+__all__ = ["Row", "before_write", "load", "read", "rows"]
 
 #: ``(idx, steps_from, steps_to, leaves)``: a ``leaves2`` row less its queue.
 Row = tuple[int, int | None, int | None, bytes]
@@ -120,8 +120,20 @@ def _piece(
 
 
 # ---------------------------------------------------------------------- reading
+def load(
+    conn: sqlite3.Connection, q: int, window: core2_bodies.ChainWindow, memo: core2_bodies.Rebuilt
+) -> tuple[Leaf, ...]:
+    """Queue ``q``'s shared leaves as stored (see :func:`read`)."""
+    found = conn.execute(
+        "SELECT idx, leaves, steps_from, steps_to FROM leaves2 WHERE q = ? ORDER BY idx", (q,)
+    ).fetchall()
+    return read(((idx, bytes(raw), lo, hi) for idx, raw, lo, hi in found), window, memo)
+
+
 def read(
-    found: Iterable[tuple[int, bytes, int | None, int | None]], window: core2_bodies.ChainWindow
+    found: Iterable[tuple[int, bytes, int | None, int | None]],
+    window: core2_bodies.ChainWindow,
+    memo: core2_bodies.Rebuilt | None = None,
 ) -> tuple[Leaf, ...]:
     """The shared leaves of queue rows ``(idx, leaves, steps_from, steps_to)`` (ordered by index), checked
     to run on from index 0 without a gap; runs of steps rebuilt over the chain values ``window`` gives."""
@@ -132,11 +144,16 @@ def read(
         if lo is None or hi is None:
             out += core2_runs.read_leaves([(0, raw)])
         else:
-            out += read_run(raw, functools.partial(window, lo, hi), idx)
+            out += read_run(raw, functools.partial(window, lo, hi), idx, memo)
     return tuple(out)
 
 
-def read_run(raw: bytes, window: Callable[[], core2_bodies.Window], first: int) -> list[Leaf]:
+def read_run(
+    raw: bytes,
+    window: Callable[[], core2_bodies.Window],
+    first: int,
+    memo: core2_bodies.Rebuilt | None = None,
+) -> list[Leaf]:
     """The leaves of one stored run holding steps, its first at shared index ``first`` (the chain values
     read once, from ``window``)."""
     items = unpack(raw)
@@ -152,7 +169,7 @@ def read_run(raw: bytes, window: Callable[[], core2_bodies.Window], first: int) 
             raise MalformedError("a stored run item that is neither leaves nor steps")
         if not chains:
             chains.append(window())
-        bodies, n = core2_bodies.rebuild(item[:4], None, chains[0]), item[4]
+        bodies, n = core2_bodies.rebuild(item[:4], None, chains[0], memo), item[4]
         skip = first + len(out) + 1 - bodies[0].version
         if type(n) is not int or n < 1 or skip < 0 or skip + n > len(bodies):
             raise MalformedError("stored steps of shared leaves do not rebuild the leaves stored there")

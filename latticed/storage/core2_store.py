@@ -137,9 +137,6 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
         if found is None:
             raise StorageError(f"store {store.path}: core-2 queue #{q} has no queue2 row")
         epoch, held_end, start_raw, tips_raw, meta = found
-        leaf_rows = conn.execute(
-            "SELECT idx, leaves, steps_from, steps_to FROM leaves2 WHERE q = ? ORDER BY idx", (q,)
-        ).fetchall()
         runs = conn.execute(
             "SELECT bodies, steps_from, last_end FROM bodies2 WHERE q = ? ORDER BY end_off, version", (q,)
         ).fetchall()
@@ -150,8 +147,9 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
     lo = start_head.start if start_head is not None else 0
     base_hash = start_head.base_hash if start_head is not None else genesis_hash(row.queue_id)
     window = core2_bodies.chain_window(conn, q, lo, base_hash)
+    memo: core2_bodies.Rebuilt = {}  # runs of leaves and of bodies of the same steps: decoded once
     try:
-        shared = core2_leaves.read(((idx, bytes(raw), a, b) for idx, raw, a, b in leaf_rows), window)
+        shared = core2_leaves.load(conn, q, window, memo)
     except sqlite3.Error as exc:
         raise store.error(exc, "load a core-2 queue from") from exc
     chains = Chains(
@@ -173,7 +171,9 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
             if steps_from is None:
                 bodies += map(decode_body, core2_runs.read_bodies(bytes(raw)))
             else:
-                bodies += core2_bodies.read_run(bytes(raw), functools.partial(window, steps_from, last_end))
+                bodies += core2_bodies.read_run(
+                    bytes(raw), functools.partial(window, steps_from, last_end), memo
+                )
     except sqlite3.Error as exc:
         raise store.error(exc, "load a core-2 queue from") from exc
     # Runs may interleave (bodies of two branches): sorted (stable, linear when they do not).

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.old_stores import queue_rows
@@ -325,3 +326,22 @@ def test_a_schema_7_store_migrates_and_serves_the_same_values(tmp_path: Path) ->
     queues.open(store)
     assert value(queues.committed(1)) == value(owner)
     store.close()
+
+
+async def test_a_load_decodes_the_steps_of_leaves_and_bodies_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = await catch_up(tmp_path, (single_offers(100), 4096))
+    assert any(lo is not None for lo, _ in leaf_runs(tmp_path)) and any(
+        lo is not None for lo, _ in runs(tmp_path)
+    )
+    calls: list[bytes] = []
+    decode = core2_bodies.decode_versions
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[1])
+        return decode(*args)
+
+    monkeypatch.setattr(core2_bodies, "decode_versions", counted)
+    assert value(loaded(tmp_path)) == value(held)
+    assert len(calls) == 1
