@@ -70,7 +70,7 @@ def rows(first: int, leaves: Sequence[Leaf], chain_at: Callable[[int], bytes | N
         nonlocal items, size, lows, highs, row_first
         if items:
             stepped = bool(lows)
-            raw = pack(items) if stepped else items[0]
+            raw = pack(items) if stepped else b"".join(items)
             out.append((row_first, min(lows) if stepped else None, max(highs) if stepped else None, raw))
         row_first, items, size, lows, highs = row_first + size, [], 0, [], []
 

@@ -345,3 +345,17 @@ async def test_a_load_decodes_the_steps_of_leaves_and_bodies_once(
     monkeypatch.setattr(core2_bodies, "decode_versions", counted)
     assert value(loaded(tmp_path)) == value(held)
     assert len(calls) == 1
+
+
+async def test_leaves_as_steps_and_whole_share_rows_of_at_most_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core2_runs, "RUN_MAX", 64)
+    held = await catch_up(tmp_path, (single_offers(300), 50))
+    conn = sqlite3.connect(db_path(tmp_path))
+    found = conn.execute("SELECT idx, steps_from FROM leaves2 ORDER BY idx").fetchall()
+    conn.close()
+    starts = [idx for idx, _ in found]
+    assert any(lo is not None for _, lo in found) and len(found) >= len(held.chains.shared) // 64
+    assert all(b - a <= 64 for a, b in zip(starts, [*starts[1:], len(held.chains.shared)], strict=True))
+    assert value(loaded(tmp_path)) == value(held)
