@@ -21,7 +21,7 @@ from typing import Final
 
 from latticed.crdt.head2 import HeadV2
 
-__all__ = ["Stepped", "peek", "remember", "take"]
+__all__ = ["Stepped", "remember", "take"]
 
 #: Entries kept at most (chunks verified ahead of their durable commit).
 KEEP: Final = 8
@@ -46,12 +46,6 @@ def remember(prev: HeadV2, steps: bytes, first: int, bodies: Sequence[HeadV2]) -
     """Keep that ``steps`` after ``prev`` rebuild ``bodies`` (every one a body, none a leaf)."""
     if bodies and type(steps) is bytes:
         _slot[0] = (*_slot[0], Stepped(prev, steps, first, tuple(bodies)))[-KEEP:]
-
-
-def peek() -> tuple[Stepped, ...]:
-    """The entries kept, oldest first, left in place (the shared leaves a run of steps gave are stored
-    as those steps too, before its bodies take the entry)."""
-    return _slot[0]
 
 
 def take(bodies: Sequence[HeadV2]) -> list[tuple[int, Stepped]]:

@@ -40,6 +40,8 @@ from latticed.storage.codec import pack, unpack
 __all__ = [
     "Rebuilt",
     "Row",
+    "Used",
+    "UsedRuns",
     "before_write",
     "certain",
     "chain_window",
@@ -61,6 +63,12 @@ Window = tuple[int, bytes, list[bytes]]
 ChainWindow = Callable[[int, int], Window]
 #: Bodies rebuilt by ``(the body before, steps)``: a queue's load decodes each run of steps once.
 Rebuilt = dict[tuple[bytes, bytes], list[HeadV2]]
+#: Runs of steps stored, each with the lowest offset it reads a chain value at.
+Used = list[tuple[steps_memo.Stepped, int]]
+#: The same, read only.
+UsedRuns = Sequence[tuple[steps_memo.Stepped, int]]
+#: ``(first index, steps or None: one body whole, how many bodies, the lowest offset the steps read)``.
+_Piece = tuple[int, steps_memo.Stepped | None, int, int]
 #: ``(rowid, steps_from, last_end, run)`` of a stored run holding steps.
 StepRow = tuple[int, int, int, bytes]
 _start = operator.attrgetter("start")
@@ -78,23 +86,29 @@ def decode_body(raw: bytes) -> HeadV2:
 
 
 # ---------------------------------------------------------------------- writing
-def runs(added: Sequence[HeadV2], chain_at: Callable[[int], bytes | None]) -> list[Row]:
+def runs(
+    added: Sequence[HeadV2], chain_at: Callable[[int], bytes | None], used: Used | None = None
+) -> list[Row]:
     """Rows for ``added`` (ordered by ``(end, version)``): runs of bodies as their steps where those are
     at hand and certain to rebuild them against the queue's chain (``chain_at``, as it will be stored),
-    the rest whole, at most :data:`core2_runs.RUN_MAX` bodies a row (a run of steps is never split)."""
-    pieces: list[tuple[int, steps_memo.Stepped | None, int]] = []  # (first index, steps, count)
+    the rest whole, at most :data:`core2_runs.RUN_MAX` bodies a row (a run of steps is never split).
+    The steps stored and the lowest offset each reads are added to ``used``."""
+    pieces: list[_Piece] = []
     at = 0
     for i, entry in steps_memo.take(added):
-        if i < at or not certain(entry, chain_at):
+        lowest = reads_from(entry)
+        if i < at or not _certain(entry, lowest, chain_at):
             continue
-        pieces += [(j, None, 1) for j in range(at, i)]
-        pieces.append((i, entry, len(entry.bodies)))
+        pieces += [(j, None, 1, 0) for j in range(at, i)]
+        pieces.append((i, entry, len(entry.bodies), lowest))
+        if used is not None:
+            used.append((entry, lowest))
         at = i + len(entry.bodies)
     if not pieces:
         return _whole_rows(added)
-    pieces += [(j, None, 1) for j in range(at, len(added))]
+    pieces += [(j, None, 1, 0) for j in range(at, len(added))]
     rows: list[Row] = []
-    group: list[tuple[int, steps_memo.Stepped | None, int]] = []
+    group: list[_Piece] = []
     size = 0
     for piece in pieces:
         if group and size + piece[2] > core2_runs.RUN_MAX:
@@ -109,7 +123,11 @@ def runs(added: Sequence[HeadV2], chain_at: Callable[[int], bytes | None]) -> li
 def certain(entry: steps_memo.Stepped, chain_at: Callable[[int], bytes | None]) -> bool:
     """Whether ``entry``'s steps read only chain values of the records they came with that the queue
     holds (from its start on), and the queue's chain at the last body's end is that body's."""
-    last, lowest = entry.bodies[-1], reads_from(entry)
+    return _certain(entry, reads_from(entry), chain_at)
+
+
+def _certain(entry: steps_memo.Stepped, lowest: int, chain_at: Callable[[int], bytes | None]) -> bool:
+    last = entry.bodies[-1]
     return lowest >= entry.first and chain_at(lowest) is not None and chain_at(last.end) == last.head_hash
 
 
@@ -131,20 +149,19 @@ def _whole_rows(bodies: Sequence[HeadV2]) -> list[Row]:
     ]
 
 
-def _row(added: Sequence[HeadV2], group: list[tuple[int, steps_memo.Stepped | None, int]]) -> Row:
+def _row(added: Sequence[HeadV2], group: list[_Piece]) -> Row:
     items: list[Any] = []
     steps_from: int | None = None
     first, last = added[group[0][0]], added[group[-1][0] + group[-1][2] - 1]
-    whole = leaf_compiled.packed([added[i] for i, entry, _ in group if entry is None])
+    whole = leaf_compiled.packed([added[i] for i, entry, _, _ in group if entry is None])
     k = 0
-    for i, entry, count in group:
+    for i, entry, count, low in group:
         if entry is None:
             items.append(whole[k])
             k += 1
             continue
         anchor = None if items and added[i - 1] is entry.prev else entry.prev.to_bytes()
         items.append([anchor, entry.steps, count, entry.bodies[-1].leaf()[0]])
-        low = reads_from(entry)
         steps_from = low if steps_from is None else min(steps_from, low)
     return first.end, first.version, last.end, last.version, steps_from, pack(items)
 

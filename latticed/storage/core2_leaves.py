@@ -16,11 +16,11 @@ bytes; otherwise a msgpack list of items, each either
 Loading rebuilds them as the bodies' runs are (the same decode, the last digest checked: each body's
 ``log`` folds every leaf before it, so a changed step, record or anchor is refused) and takes their
 leaves, the last one's digest checked too (a changed count or position is refused). Steps are used only
-where the bodies' rule holds (:func:`core2_bodies.certain`) and the leaves they give are, compared one by
-one, the very leaves stored. Leaves outlive the records their steps read (truncation keeps the log), so
-a run's row says the chain values it reads (``steps_from`` to ``steps_to``) and :func:`before_write`
-rewrites it whole before any of those records go, or before a fork point or another epoch replaces
-them, while they are still stored.
+where the same commit stores the bodies as them (so the bodies' rule holds: :func:`core2_bodies.certain`)
+and the leaves they give are, compared one by one, the very leaves stored. Leaves outlive the records
+their steps read (truncation keeps the log), so a run's row says the chain values it reads
+(``steps_from`` to ``steps_to``) and :func:`before_write` rewrites it whole before any of those records
+go, or before a fork point or another epoch replaces them, while they are still stored.
 """
 
 from __future__ import annotations
@@ -32,30 +32,49 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from latticed.crdt import steps_memo
+from latticed.crdt.epochs import Chains
 from latticed.crdt.head2 import Leaf
 from latticed.crdt.queue2 import QueueState2
 from latticed.errors import MalformedError
 from latticed.storage import core2_bodies, core2_runs
 from latticed.storage.codec import pack, unpack
 
-__all__ = ["Row", "before_write", "load", "read", "rows"]
+__all__ = ["Row", "before_write", "common", "load", "read", "rows"]
 
 #: ``(idx, steps_from, steps_to, leaves)``: a ``leaves2`` row less its queue.
 Row = tuple[int, int | None, int | None, bytes]
 #: Fewer leaves than this from one run of steps are stored whole (the item carries a 232-byte anchor).
 MIN_STEPPED: Final = 16
 _leaf_slot = operator.attrgetter("_leaf")
-#: ``(index in the leaves, how many, the steps, first of their bodies)``: leaves a run of steps gives.
+#: ``(index in the leaves, how many, the steps, the lowest offset they read)``: leaves a run of steps gives.
 _Piece = tuple[int, int, steps_memo.Stepped, int]
 
 
 # ---------------------------------------------------------------------- writing
-def rows(first: int, leaves: Sequence[Leaf], chain_at: Callable[[int], bytes | None]) -> list[Row]:
-    """Rows for ``leaves`` (shared index ``first`` on): the ones that are the leaves of bodies rebuilt
-    from remembered steps (:func:`steps_memo.peek`) as those steps, where certain over the queue's chain
-    ``chain_at`` (as it will be stored), the rest whole; at most :data:`core2_runs.RUN_MAX` a row."""
+def common(a: Chains, b: Chains) -> int:
+    """How many leading shared leaves ``a`` and ``b`` have in common (both verified)."""
+    if a.epoch != b.epoch or a.queue_id != b.queue_id:
+        return 0
+    x, y = a.shared, b.shared
+    n = min(len(x), len(y))
+    if n == 0 or x[n - 1] == y[n - 1]:
+        return n  # the usual case: one extends the other
+    lo, hi = 0, n - 1  # x[:lo] == y[:lo]; x[hi] != y[hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x[mid] == y[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def rows(first: int, leaves: Sequence[Leaf], used: core2_bodies.UsedRuns = ()) -> list[Row]:
+    """Rows for ``leaves`` (shared index ``first`` on): the ones that are the leaves of bodies just
+    stored as steps (``used``: steps certain over the queue's chain, each with the lowest offset it
+    reads) as those steps, the rest whole; at most :data:`core2_runs.RUN_MAX` a row."""
     pieces = sorted(
-        (p for p in (_piece(e, first, leaves, chain_at) for e in steps_memo.peek()) if p is not None),
+        (p for p in (_piece(e, low, first, leaves) for e, low in used) if p is not None),
         key=operator.itemgetter(0),
     )
     if not pieces:
@@ -83,7 +102,7 @@ def rows(first: int, leaves: Sequence[Leaf], chain_at: Callable[[int], bytes | N
             items.extend(raw for _, raw in core2_runs.leaf_runs(0, leaves[lo : lo + take]))
             size, lo = size + take, lo + take
 
-    for start, count, entry, _ in pieces:
+    for start, count, entry, low in pieces:
         if start < at:  # overlaps one taken (two remembered runs of the same versions)
             continue
         whole(at, start)
@@ -92,7 +111,7 @@ def rows(first: int, leaves: Sequence[Leaf], chain_at: Callable[[int], bytes | N
         digest = entry.bodies[-1].leaf()[0]
         last = leaves[start + count - 1][0]
         items.append([entry.prev.to_bytes(), entry.steps, len(entry.bodies), digest, count, last])
-        lows.append(core2_bodies.reads_from(entry))
+        lows.append(low)
         highs.append(entry.bodies[-1].end)
         size, at = size + count, start + count
     whole(at, len(leaves))
@@ -100,23 +119,21 @@ def rows(first: int, leaves: Sequence[Leaf], chain_at: Callable[[int], bytes | N
     return out
 
 
-def _piece(
-    entry: steps_memo.Stepped, first: int, leaves: Sequence[Leaf], chain_at: Callable[[int], bytes | None]
-) -> _Piece | None:
-    """Where ``entry``'s bodies' leaves are among ``leaves``, if enough are and its steps are certain to
-    rebuild them. A body of version ``v`` is looked for at shared index ``v - 1`` (an epoch's log holds
-    its versions from 1 on); the leaves there are compared, so a guess that misses stores them whole."""
+def _piece(entry: steps_memo.Stepped, low: int, first: int, leaves: Sequence[Leaf]) -> _Piece | None:
+    """Where ``entry``'s bodies' leaves are among ``leaves``, if enough are. A body of version ``v`` is
+    looked for at shared index ``v - 1`` (an epoch's log holds its versions from 1 on); the leaves there
+    are compared, so a guess that misses stores them whole."""
     bodies = entry.bodies
     at = bodies[0].version - 1 - first
     skip, stop = max(0, -at), min(len(bodies), len(leaves) - at)
     if stop - skip < MIN_STEPPED or stop - skip > core2_runs.RUN_MAX:
         return None
-    mine = list(map(_leaf_slot, bodies[skip:stop]))
+    mine = tuple(map(_leaf_slot, bodies[skip:stop]))
     if None in mine:
-        mine = [b.leaf() for b in bodies[skip:stop]]
-    if mine != list(leaves[at + skip : at + stop]) or not core2_bodies.certain(entry, chain_at):
+        mine = tuple(b.leaf() for b in bodies[skip:stop])
+    if mine != tuple(leaves[at + skip : at + stop]):
         return None
-    return at + skip, stop - skip, entry, skip
+    return at + skip, stop - skip, entry, low
 
 
 # ---------------------------------------------------------------------- reading

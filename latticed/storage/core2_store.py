@@ -9,10 +9,12 @@ its value:
   newest head and, when forked, its leaves past the shared ones) and the start head's metadata.
 * ``leaves2``: the shared leaves, in runs keyed ``(q, index of the first)``
   (:mod:`latticed.storage.core2_runs`): a commit adds one run of one leaf (the previous head's), a
-  replica's merge one run per 4,096; truncation keeps them (the log vouches for every version). They are
+  replica's merge one run per 4,096, since schema 8 the steps of its bodies where those give them
+  (:mod:`latticed.storage.core2_leaves`); truncation keeps them (the log vouches for every version). They are
   diffed by their common prefix: two verified logs that hold the same leaf at one index hold the same
   leaves below it (the leaf's body signs the fold of them), so the prefix is found by a binary search, and
-  an append costs one comparison and one insert; a cut inside a run rewrites that run.
+  an append costs one comparison and one insert (:func:`core2_leaves.common`); a cut inside a run
+  rewrites that run.
 * ``bodies2``: the unsigned heads vouching for held records, in runs ordered by ``(end, version)``; a
   commit adds a run of one, a merge a run per 4,096, a truncation deletes the runs below the new start
   (and rewrites the one it cuts).
@@ -231,7 +233,7 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
     conn = store.connection
     gone = _changed_bodies(old.bodies, new.bodies)[0] if old.bodies is not new.bodies else []
     a, b = old.chains, new.chains
-    common = _common_leaves(a, b) if a.shared is not b.shared else len(a.shared)
+    common = core2_leaves.common(a, b) if a.shared is not b.shared else len(a.shared)
     if old.entries is not new.entries or gone:  # runs of steps read records: rewritten whole while held
         core2_bodies.before_write(conn, q, old, new, gone)
     if old.entries is not new.entries or common < len(a.shared):
@@ -244,29 +246,12 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
             "UPDATE queue2 SET epoch = ?, held_end = ?, start_head = ?, tips = ?, meta = ? WHERE q = ?",
             (b.epoch, b.held_end, start, _encode_tips(b.tips), encode_meta(new.meta), q),
         )
-    if a.shared is not b.shared:
-        _persist_leaves(conn, q, a, b, common=common, chain_at=written.chain_at)
+    used: core2_bodies.Used = []  # bodies stored as steps: their leaves too
     if old.bodies is not new.bodies:
-        _persist_bodies(conn, q, old.bodies, new.bodies, written.chain_at)
+        _persist_bodies(conn, q, old.bodies, new.bodies, written.chain_at, used=used)
+    if a.shared is not b.shared:
+        _persist_leaves(conn, q, a, b, common=common, used=used)
     return written, deleted
-
-
-def _common_leaves(a: Chains, b: Chains) -> int:
-    """How many leading shared leaves ``a`` and ``b`` have in common (both verified)."""
-    if a.epoch != b.epoch or a.queue_id != b.queue_id:
-        return 0
-    x, y = a.shared, b.shared
-    n = min(len(x), len(y))
-    if n == 0 or x[n - 1] == y[n - 1]:
-        return n  # the usual case: one extends the other
-    lo, hi = 0, n - 1  # x[:lo] == y[:lo]; x[hi] != y[hi]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if x[mid] == y[mid]:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def _persist_leaves(
@@ -276,11 +261,11 @@ def _persist_leaves(
     b: Chains,
     *,
     common: int | None = None,
-    chain_at: Callable[[int], bytes | None] = lambda offset: None,
+    used: core2_bodies.UsedRuns = (),
 ) -> None:
     """Cut the old leaves to ``common`` (a run of steps cut is whole already: ``core2_leaves.before_write``)
-    and add the new ones, as steps where certain over the queue's chain ``chain_at`` (by default never)."""
-    common = _common_leaves(a, b) if common is None else common
+    and add the new ones, as the steps ``used`` for their bodies where those give them."""
+    common = core2_leaves.common(a, b) if common is None else common
     if len(a.shared) > common:
         cut = conn.execute(
             "SELECT idx, leaves, steps_from FROM leaves2 WHERE q = ? AND idx < ? ORDER BY idx DESC LIMIT 1",
@@ -295,7 +280,7 @@ def _persist_leaves(
     if len(b.shared) > common:
         conn.executemany(
             "INSERT INTO leaves2 (q, idx, steps_from, steps_to, leaves) VALUES (?, ?, ?, ?, ?)",
-            [(q, *row) for row in core2_leaves.rows(common, b.shared[common:], chain_at)],
+            [(q, *row) for row in core2_leaves.rows(common, b.shared[common:], used)],
         )
 
 
@@ -323,6 +308,8 @@ def _persist_bodies(
     old: Sequence[HeadV2],
     new: Sequence[HeadV2],
     chain_at: Callable[[int], bytes | None] = lambda offset: None,
+    *,
+    used: core2_bodies.Used | None = None,
 ) -> None:
     """Delete and insert the bodies that changed (runs of steps among them rewritten whole already:
     :func:`core2_bodies.before_write`); added ones are stored as their steps where those are certain to
@@ -331,7 +318,7 @@ def _persist_bodies(
     if gone:
         _drop_bodies(conn, q, gone)
     if added:
-        _insert_bodies(conn, q, core2_bodies.runs(added, chain_at))
+        _insert_bodies(conn, q, core2_bodies.runs(added, chain_at, used))
 
 
 def _insert_bodies(conn: sqlite3.Connection, q: int, rows: Sequence[core2_bodies.Row]) -> None:
