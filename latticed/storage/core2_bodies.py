@@ -42,6 +42,7 @@ __all__ = [
     "Row",
     "Used",
     "UsedRuns",
+    "appended",
     "before_write",
     "certain",
     "chain_window",
@@ -286,21 +287,33 @@ def chain_window(conn: sqlite3.Connection, q: int, lo: int, base_hash: bytes) ->
     return window
 
 
+def appended(old: QueueState2, new: QueueState2) -> bool:
+    """Whether ``new``'s records are ``old``'s (from ``new``'s start on) with some appended."""
+    hi, (new_lo, new_hi) = old.held[1], new.held
+    return new_hi >= hi >= new_lo and new.chain_at(hi) == old.chain_at(hi)
+
+
 def before_write(
-    conn: sqlite3.Connection, q: int, old: QueueState2, new: QueueState2, gone: Sequence[HeadV2]
+    conn: sqlite3.Connection,
+    q: int,
+    old: QueueState2,
+    new: QueueState2,
+    gone: Sequence[HeadV2],
+    *,
+    kept: bool | None = None,
 ) -> None:
     """Rewrite whole, before ``new``'s records are written over ``old``'s, every run of steps that would
     no longer rebuild: one losing bodies (``gone``), one reading records below ``new``'s start, and,
-    when ``new``'s records are not ``old``'s with some appended (a fork point, another epoch), all."""
-    (lo, hi), (new_lo, new_hi) = old.held, new.held
-    appended = new_hi >= hi >= new_lo and new.chain_at(hi) == old.chain_at(hi)
-    rows: dict[int, StepRow] = {}
-    if not appended:
+    when ``new``'s records are not ``old``'s with some appended (``kept``: :func:`appended`, found if
+    not given; a fork point, another epoch), all."""
+    (lo, _), (new_lo, _) = old.held, new.held
+    if not (appended(old, new) if kept is None else kept):
         found = stepped_rows(conn, q)
     else:
         found = stepped_rows(conn, q, below=new_lo) if new_lo > lo else []
         if gone:
             found += stepped_rows(conn, q, keys=(min(map(_key, gone)), max(map(_key, gone))))
+    rows: dict[int, StepRow] = {}
     for row in found:
         rows[row[0]] = row
     if rows:

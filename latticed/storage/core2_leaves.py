@@ -197,20 +197,25 @@ def read_run(
     return out
 
 
-def before_write(conn: sqlite3.Connection, q: int, old: QueueState2, new: QueueState2, common: int) -> None:
+def before_write(
+    conn: sqlite3.Connection, q: int, old: QueueState2, new: QueueState2, common: int, *, kept: bool
+) -> None:
     """Rewrite whole, before ``new``'s records are written over ``old``'s, every run of steps among the
     first ``common`` shared leaves (those that stay) that would no longer rebuild: one reading records
     below ``new``'s start, one the cut at ``common`` goes through, and, when ``new``'s records are not
-    ``old``'s with some appended (a fork point, another epoch), all."""
-    (lo, hi), (new_lo, new_hi) = old.held, new.held
-    appended = new_hi >= hi >= new_lo and new.chain_at(hi) == old.chain_at(hi)
+    ``old``'s with some appended (``kept``: :func:`core2_bodies.appended`; a fork point, another epoch),
+    all."""
+    lo, new_lo = old.held[0], new.held[0]
+    cut = common < len(old.chains.shared)
+    if kept and new_lo <= lo and not cut:  # a commit or a merge appending: nothing read goes
+        return
     select = "SELECT idx, leaves, steps_from, steps_to FROM leaves2 WHERE q = ? AND steps_from IS NOT NULL "
     found = []
-    if not appended:
+    if not kept:
         found = conn.execute(select + "AND idx < ?", (q, common)).fetchall()
     elif new_lo > lo:
         found = conn.execute(select + "AND idx < ? AND steps_from < ?", (q, common, new_lo)).fetchall()
-    if common < len(old.chains.shared):  # the run holding the last kept leaf may be cut
+    if cut:  # the run holding the last kept leaf may be cut
         found += conn.execute(
             select + "AND idx = (SELECT max(idx) FROM leaves2 WHERE q = ? AND idx < ?)", (q, q, common)
         ).fetchall()

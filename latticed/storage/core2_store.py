@@ -234,10 +234,10 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
     gone = _changed_bodies(old.bodies, new.bodies)[0] if old.bodies is not new.bodies else []
     a, b = old.chains, new.chains
     common = core2_leaves.common(a, b) if a.shared is not b.shared else len(a.shared)
-    if old.entries is not new.entries or gone:  # runs of steps read records: rewritten whole while held
-        core2_bodies.before_write(conn, q, old, new, gone)
-    if old.entries is not new.entries or common < len(a.shared):
-        core2_leaves.before_write(conn, q, old, new, common)
+    if old.entries is not new.entries or gone or common < len(a.shared):  # runs of steps read records:
+        kept = core2_bodies.appended(old, new)  # rewritten whole while held
+        core2_bodies.before_write(conn, q, old, new, gone, kept=kept)
+        core2_leaves.before_write(conn, q, old, new, common, kept=kept)
     entries, deleted = store.write_entries(q, old.entries, new.entries, new.held[0])
     written = replace(new, entries=cast(EntryView, entries))
     if a is not b or old.meta is not new.meta:  # by identity: comparing would walk every leaf
