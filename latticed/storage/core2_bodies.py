@@ -37,7 +37,23 @@ from latticed.errors import MalformedError
 from latticed.storage import core2_runs, segments
 from latticed.storage.codec import pack, unpack
 
-__all__ = ["Row", "before_write", "chain_window", "decode_body", "expand", "read_run", "runs", "stepped_rows"]
+__all__ = [
+    "Rebuilt",
+    "Row",
+    "Used",
+    "UsedRuns",
+    "appended",
+    "before_write",
+    "certain",
+    "chain_window",
+    "decode_body",
+    "expand",
+    "read_run",
+    "reads_from",
+    "rebuild",
+    "runs",
+    "stepped_rows",
+]
 
 _BODY_SIZE: Final = len(HEAD2_NAMESPACE) + HEAD2_BODY.size
 #: ``(end_off, version, last_end, last_version, steps_from, run)``: a ``bodies2`` row less its queue.
@@ -46,6 +62,14 @@ Row = tuple[int, int, int, int, int | None, bytes]
 Window = tuple[int, bytes, list[bytes]]
 #: The window of chain values from one offset to another (both held).
 ChainWindow = Callable[[int, int], Window]
+#: Bodies rebuilt by ``(the body before, steps)``: a queue's load decodes each run of steps once.
+Rebuilt = dict[tuple[bytes, bytes], list[HeadV2]]
+#: Runs of steps stored, each with the lowest offset it reads a chain value at.
+Used = list[tuple[steps_memo.Stepped, int]]
+#: The same, read only.
+UsedRuns = Sequence[tuple[steps_memo.Stepped, int]]
+#: ``(first index, steps or None: one body whole, how many bodies, the lowest offset the steps read)``.
+_Piece = tuple[int, steps_memo.Stepped | None, int, int]
 #: ``(rowid, steps_from, last_end, run)`` of a stored run holding steps.
 StepRow = tuple[int, int, int, bytes]
 _start = operator.attrgetter("start")
@@ -63,23 +87,29 @@ def decode_body(raw: bytes) -> HeadV2:
 
 
 # ---------------------------------------------------------------------- writing
-def runs(added: Sequence[HeadV2], chain_at: Callable[[int], bytes | None]) -> list[Row]:
+def runs(
+    added: Sequence[HeadV2], chain_at: Callable[[int], bytes | None], used: Used | None = None
+) -> list[Row]:
     """Rows for ``added`` (ordered by ``(end, version)``): runs of bodies as their steps where those are
     at hand and certain to rebuild them against the queue's chain (``chain_at``, as it will be stored),
-    the rest whole, at most :data:`core2_runs.RUN_MAX` bodies a row (a run of steps is never split)."""
-    pieces: list[tuple[int, steps_memo.Stepped | None, int]] = []  # (first index, steps, count)
+    the rest whole, at most :data:`core2_runs.RUN_MAX` bodies a row (a run of steps is never split).
+    The steps stored and the lowest offset each reads are added to ``used``."""
+    pieces: list[_Piece] = []
     at = 0
     for i, entry in steps_memo.take(added):
-        if i < at or not _certain(entry, chain_at):
+        lowest = reads_from(entry)
+        if i < at or not _certain(entry, lowest, chain_at):
             continue
-        pieces += [(j, None, 1) for j in range(at, i)]
-        pieces.append((i, entry, len(entry.bodies)))
+        pieces += [(j, None, 1, 0) for j in range(at, i)]
+        pieces.append((i, entry, len(entry.bodies), lowest))
+        if used is not None:
+            used.append((entry, lowest))
         at = i + len(entry.bodies)
     if not pieces:
         return _whole_rows(added)
-    pieces += [(j, None, 1) for j in range(at, len(added))]
+    pieces += [(j, None, 1, 0) for j in range(at, len(added))]
     rows: list[Row] = []
-    group: list[tuple[int, steps_memo.Stepped | None, int]] = []
+    group: list[_Piece] = []
     size = 0
     for piece in pieces:
         if group and size + piece[2] > core2_runs.RUN_MAX:
@@ -91,14 +121,18 @@ def runs(added: Sequence[HeadV2], chain_at: Callable[[int], bytes | None]) -> li
     return rows
 
 
-def _certain(entry: steps_memo.Stepped, chain_at: Callable[[int], bytes | None]) -> bool:
+def certain(entry: steps_memo.Stepped, chain_at: Callable[[int], bytes | None]) -> bool:
     """Whether ``entry``'s steps read only chain values of the records they came with that the queue
     holds (from its start on), and the queue's chain at the last body's end is that body's."""
-    last, lowest = entry.bodies[-1], _steps_from(entry)
+    return _certain(entry, reads_from(entry), chain_at)
+
+
+def _certain(entry: steps_memo.Stepped, lowest: int, chain_at: Callable[[int], bytes | None]) -> bool:
+    last = entry.bodies[-1]
     return lowest >= entry.first and chain_at(lowest) is not None and chain_at(last.end) == last.head_hash
 
 
-def _steps_from(entry: steps_memo.Stepped) -> int:
+def reads_from(entry: steps_memo.Stepped) -> int:
     """The lowest offset the steps read a chain value at: the first body's end, or a start they move to
     (counted whenever a start differs from the one the steps began with)."""
     starts: list[int] = list(map(_start, entry.bodies))
@@ -116,26 +150,25 @@ def _whole_rows(bodies: Sequence[HeadV2]) -> list[Row]:
     ]
 
 
-def _row(added: Sequence[HeadV2], group: list[tuple[int, steps_memo.Stepped | None, int]]) -> Row:
+def _row(added: Sequence[HeadV2], group: list[_Piece]) -> Row:
     items: list[Any] = []
     steps_from: int | None = None
     first, last = added[group[0][0]], added[group[-1][0] + group[-1][2] - 1]
-    whole = leaf_compiled.packed([added[i] for i, entry, _ in group if entry is None])
+    whole = leaf_compiled.packed([added[i] for i, entry, _, _ in group if entry is None])
     k = 0
-    for i, entry, count in group:
+    for i, entry, count, low in group:
         if entry is None:
             items.append(whole[k])
             k += 1
             continue
         anchor = None if items and added[i - 1] is entry.prev else entry.prev.to_bytes()
         items.append([anchor, entry.steps, count, entry.bodies[-1].leaf()[0]])
-        low = _steps_from(entry)
         steps_from = low if steps_from is None else min(steps_from, low)
     return first.end, first.version, last.end, last.version, steps_from, pack(items)
 
 
 # ---------------------------------------------------------------------- reading
-def read_run(raw: bytes, window: Callable[[], Window]) -> list[HeadV2]:
+def read_run(raw: bytes, window: Callable[[], Window], memo: Rebuilt | None = None) -> list[HeadV2]:
     """The bodies of one stored run, rebuilding those stored as steps over the chain values ``window``
     gives (read once, when the run holds steps: its row's ``steps_from`` to its last end)."""
     items = unpack(raw)
@@ -149,17 +182,22 @@ def read_run(raw: bytes, window: Callable[[], Window]) -> list[HeadV2]:
             continue
         if not chains:
             chains.append(window())
-        out += _rebuild(item, out[-1] if out else None, chains[0])
+        out += rebuild(item, out[-1] if out else None, chains[0], memo)
     return out
 
 
-def _rebuild(item: object, before: HeadV2 | None, window: Window) -> list[HeadV2]:
+def rebuild(item: object, before: HeadV2 | None, window: Window, memo: Rebuilt | None = None) -> list[HeadV2]:
+    """The bodies a run item of steps rebuilds (after its anchor, else ``before``), checked against its
+    count and last digest; ``memo`` shares one decode between a queue's runs of bodies and of leaves."""
     if not isinstance(item, list) or len(item) != 4:
         raise MalformedError("a stored run item that is neither a body nor steps")
     anchor, steps, count, digest = item
     prev = decode_body(anchor) if isinstance(anchor, bytes) else before
     if prev is None or not isinstance(steps, bytes) or type(count) is not int or count < 1:
         raise MalformedError("stored steps of v2 head bodies after no body")
+    key = (prev.body(), steps)
+    if memo is not None and key in memo:
+        return _checked(memo[key], count, digest)
     first, base, chain = window
 
     def chain_at(offset: int) -> bytes | None:
@@ -172,7 +210,15 @@ def _rebuild(item: object, before: HeadV2 | None, window: Window) -> list[HeadV2
     except GapError as exc:
         raise MalformedError(f"stored steps of v2 head bodies over records not held: {exc}") from exc
     bodies = [b for b in found if isinstance(b, HeadV2)]
-    if len(bodies) != len(found) or len(bodies) != count or bodies[-1].leaf()[0] != digest:
+    if len(bodies) != len(found):
+        raise MalformedError("stored steps of v2 head bodies do not rebuild the bodies stored")
+    if memo is not None:
+        memo[key] = bodies
+    return _checked(bodies, count, digest)
+
+
+def _checked(bodies: list[HeadV2], count: object, digest: object) -> list[HeadV2]:
+    if len(bodies) != count or bodies[-1].leaf()[0] != digest:
         raise MalformedError("stored steps of v2 head bodies do not rebuild the bodies stored")
     return bodies
 
@@ -241,21 +287,33 @@ def chain_window(conn: sqlite3.Connection, q: int, lo: int, base_hash: bytes) ->
     return window
 
 
+def appended(old: QueueState2, new: QueueState2) -> bool:
+    """Whether ``new``'s records are ``old``'s (from ``new``'s start on) with some appended."""
+    hi, (new_lo, new_hi) = old.held[1], new.held
+    return new_hi >= hi >= new_lo and new.chain_at(hi) == old.chain_at(hi)
+
+
 def before_write(
-    conn: sqlite3.Connection, q: int, old: QueueState2, new: QueueState2, gone: Sequence[HeadV2]
+    conn: sqlite3.Connection,
+    q: int,
+    old: QueueState2,
+    new: QueueState2,
+    gone: Sequence[HeadV2],
+    *,
+    kept: bool | None = None,
 ) -> None:
     """Rewrite whole, before ``new``'s records are written over ``old``'s, every run of steps that would
     no longer rebuild: one losing bodies (``gone``), one reading records below ``new``'s start, and,
-    when ``new``'s records are not ``old``'s with some appended (a fork point, another epoch), all."""
-    (lo, hi), (new_lo, new_hi) = old.held, new.held
-    appended = new_hi >= hi >= new_lo and new.chain_at(hi) == old.chain_at(hi)
-    rows: dict[int, StepRow] = {}
-    if not appended:
+    when ``new``'s records are not ``old``'s with some appended (``kept``: :func:`appended`, found if
+    not given; a fork point, another epoch), all."""
+    (lo, _), (new_lo, _) = old.held, new.held
+    if not (appended(old, new) if kept is None else kept):
         found = stepped_rows(conn, q)
     else:
         found = stepped_rows(conn, q, below=new_lo) if new_lo > lo else []
         if gone:
             found += stepped_rows(conn, q, keys=(min(map(_key, gone)), max(map(_key, gone))))
+    rows: dict[int, StepRow] = {}
     for row in found:
         rows[row[0]] = row
     if rows:

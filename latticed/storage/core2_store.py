@@ -9,10 +9,12 @@ its value:
   newest head and, when forked, its leaves past the shared ones) and the start head's metadata.
 * ``leaves2``: the shared leaves, in runs keyed ``(q, index of the first)``
   (:mod:`latticed.storage.core2_runs`): a commit adds one run of one leaf (the previous head's), a
-  replica's merge one run per 4,096; truncation keeps them (the log vouches for every version). They are
+  replica's merge one run per 4,096, since schema 8 the steps of its bodies where those give them
+  (:mod:`latticed.storage.core2_leaves`); truncation keeps them (the log vouches for every version). They are
   diffed by their common prefix: two verified logs that hold the same leaf at one index hold the same
   leaves below it (the leaf's body signs the fold of them), so the prefix is found by a binary search, and
-  an append costs one comparison and one insert; a cut inside a run rewrites that run.
+  an append costs one comparison and one insert (:func:`core2_leaves.common`); a cut inside a run
+  rewrites that run.
 * ``bodies2``: the unsigned heads vouching for held records, in runs ordered by ``(end, version)``; a
   commit adds a run of one, a merge a run per 4,096, a truncation deletes the runs below the new start
   (and rewrites the one it cuts).
@@ -34,13 +36,14 @@ from dataclasses import dataclass, replace
 from typing import Final, cast
 
 from latticed.crdt.epochs import Chains, Tip
+from latticed.crdt.head import genesis_hash
 from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HeadV2
 from latticed.crdt.queue.state import EntryView, empty_entries
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.wire import records_from_wire, records_to_wire
 from latticed.errors import StorageError
-from latticed.storage import core2_bodies, core2_runs, segments
+from latticed.storage import core2_bodies, core2_leaves, core2_runs, segments
 from latticed.storage.codec import decode_meta, encode_meta, pack, unpack
 from latticed.storage.core2_bodies import decode_body
 from latticed.storage.entries import StoredEntries
@@ -136,10 +139,6 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
         if found is None:
             raise StorageError(f"store {store.path}: core-2 queue #{q} has no queue2 row")
         epoch, held_end, start_raw, tips_raw, meta = found
-        shared = core2_runs.read_leaves(
-            (idx, bytes(raw))
-            for idx, raw in conn.execute("SELECT idx, leaves FROM leaves2 WHERE q = ? ORDER BY idx", (q,))
-        )
         runs = conn.execute(
             "SELECT bodies, steps_from, last_end FROM bodies2 WHERE q = ? ORDER BY end_off, version", (q,)
         ).fetchall()
@@ -147,6 +146,14 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
     except sqlite3.Error as exc:
         raise store.error(exc, "load a core-2 queue from") from exc
     start_head = None if start_raw is None else HeadV2.from_bytes(bytes(start_raw))
+    lo = start_head.start if start_head is not None else 0
+    base_hash = start_head.base_hash if start_head is not None else genesis_hash(row.queue_id)
+    window = core2_bodies.chain_window(conn, q, lo, base_hash)
+    memo: core2_bodies.Rebuilt = {}  # runs of leaves and of bodies of the same steps: decoded once
+    try:
+        shared = core2_leaves.load(conn, q, window, memo)
+    except sqlite3.Error as exc:
+        raise store.error(exc, "load a core-2 queue from") from exc
     chains = Chains(
         row.owner, row.queue_id, epoch, shared, _decode_tips(bytes(tips_raw)), start_head, held_end
     )
@@ -160,14 +167,15 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
     entries = StoredEntries(store.rows, q, lo, hi - lo, last)
     # QueueState2 names the in-memory EntryView; the stored view answers the same Entries protocol.
     state = QueueState2(row.owner, row.name, row.kind, chains, decode_meta(meta), cast(EntryView, entries))
-    window = core2_bodies.chain_window(conn, q, lo, state.base_hash)
     bodies: list[HeadV2] = []
     try:
         for raw, steps_from, last_end in runs:
             if steps_from is None:
                 bodies += map(decode_body, core2_runs.read_bodies(bytes(raw)))
             else:
-                bodies += core2_bodies.read_run(bytes(raw), functools.partial(window, steps_from, last_end))
+                bodies += core2_bodies.read_run(
+                    bytes(raw), functools.partial(window, steps_from, last_end), memo
+                )
     except sqlite3.Error as exc:
         raise store.error(exc, "load a core-2 queue from") from exc
     # Runs may interleave (bodies of two branches): sorted (stable, linear when they do not).
@@ -224,56 +232,55 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
     the store, and whether records were deleted (so space can be reclaimed)."""
     conn = store.connection
     gone = _changed_bodies(old.bodies, new.bodies)[0] if old.bodies is not new.bodies else []
-    if old.entries is not new.entries or gone:  # runs of steps read records: rewritten whole while held
-        core2_bodies.before_write(conn, q, old, new, gone)
+    a, b = old.chains, new.chains
+    common = core2_leaves.common(a, b) if a.shared is not b.shared else len(a.shared)
+    if old.entries is not new.entries or gone or common < len(a.shared):  # runs of steps read records:
+        kept = core2_bodies.appended(old, new)  # rewritten whole while held
+        core2_bodies.before_write(conn, q, old, new, gone, kept=kept)
+        core2_leaves.before_write(conn, q, old, new, common, kept=kept)
     entries, deleted = store.write_entries(q, old.entries, new.entries, new.held[0])
     written = replace(new, entries=cast(EntryView, entries))
-    a, b = old.chains, new.chains
     if a is not b or old.meta is not new.meta:  # by identity: comparing would walk every leaf
         start = None if b.start_head is None else b.start_head.to_bytes()
         conn.execute(
             "UPDATE queue2 SET epoch = ?, held_end = ?, start_head = ?, tips = ?, meta = ? WHERE q = ?",
             (b.epoch, b.held_end, start, _encode_tips(b.tips), encode_meta(new.meta), q),
         )
-    if a.shared is not b.shared:
-        _persist_leaves(conn, q, a, b)
+    used: core2_bodies.Used = []  # bodies stored as steps: their leaves too
     if old.bodies is not new.bodies:
-        _persist_bodies(conn, q, old.bodies, new.bodies, written.chain_at)
+        _persist_bodies(conn, q, old.bodies, new.bodies, written.chain_at, used=used)
+    if a.shared is not b.shared:
+        _persist_leaves(conn, q, a, b, common=common, used=used)
     return written, deleted
 
 
-def _common_leaves(a: Chains, b: Chains) -> int:
-    """How many leading shared leaves ``a`` and ``b`` have in common (both verified)."""
-    if a.epoch != b.epoch or a.queue_id != b.queue_id:
-        return 0
-    x, y = a.shared, b.shared
-    n = min(len(x), len(y))
-    if n == 0 or x[n - 1] == y[n - 1]:
-        return n  # the usual case: one extends the other
-    lo, hi = 0, n - 1  # x[:lo] == y[:lo]; x[hi] != y[hi]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if x[mid] == y[mid]:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-def _persist_leaves(conn: sqlite3.Connection, q: int, a: Chains, b: Chains) -> None:
-    common = _common_leaves(a, b)
+def _persist_leaves(
+    conn: sqlite3.Connection,
+    q: int,
+    a: Chains,
+    b: Chains,
+    *,
+    common: int | None = None,
+    used: core2_bodies.UsedRuns = (),
+) -> None:
+    """Cut the old leaves to ``common`` (a run of steps cut is whole already: ``core2_leaves.before_write``)
+    and add the new ones, as the steps ``used`` for their bodies where those give them."""
+    common = core2_leaves.common(a, b) if common is None else common
     if len(a.shared) > common:
         cut = conn.execute(
-            "SELECT idx, leaves FROM leaves2 WHERE q = ? AND idx < ? ORDER BY idx DESC LIMIT 1", (q, common)
+            "SELECT idx, leaves, steps_from FROM leaves2 WHERE q = ? AND idx < ? ORDER BY idx DESC LIMIT 1",
+            (q, common),
         ).fetchone()
+        if cut is not None and cut[2] is not None:
+            raise StorageError(f"core-2 queue #{q}: a run of leaves as steps cut before it was rewritten")
         if cut is not None and cut[0] + len(cut[1]) // core2_runs.LEAF_BYTES > common:  # a run cut inside
             keep = bytes(cut[1])[: (common - cut[0]) * core2_runs.LEAF_BYTES]
             conn.execute("UPDATE leaves2 SET leaves = ? WHERE q = ? AND idx = ?", (keep, q, cut[0]))
         conn.execute("DELETE FROM leaves2 WHERE q = ? AND idx >= ?", (q, common))
     if len(b.shared) > common:
         conn.executemany(
-            "INSERT INTO leaves2 (q, idx, leaves) VALUES (?, ?, ?)",
-            [(q, *row) for row in core2_runs.leaf_runs(common, b.shared[common:])],
+            "INSERT INTO leaves2 (q, idx, steps_from, steps_to, leaves) VALUES (?, ?, ?, ?, ?)",
+            [(q, *row) for row in core2_leaves.rows(common, b.shared[common:], used)],
         )
 
 
@@ -301,6 +308,8 @@ def _persist_bodies(
     old: Sequence[HeadV2],
     new: Sequence[HeadV2],
     chain_at: Callable[[int], bytes | None] = lambda offset: None,
+    *,
+    used: core2_bodies.Used | None = None,
 ) -> None:
     """Delete and insert the bodies that changed (runs of steps among them rewritten whole already:
     :func:`core2_bodies.before_write`); added ones are stored as their steps where those are certain to
@@ -309,7 +318,7 @@ def _persist_bodies(
     if gone:
         _drop_bodies(conn, q, gone)
     if added:
-        _insert_bodies(conn, q, core2_bodies.runs(added, chain_at))
+        _insert_bodies(conn, q, core2_bodies.runs(added, chain_at, used))
 
 
 def _insert_bodies(conn: sqlite3.Connection, q: int, rows: Sequence[core2_bodies.Row]) -> None:

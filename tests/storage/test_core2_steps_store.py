@@ -1,13 +1,15 @@
-"""Schema 7: a replica stores the core-2 head bodies a catch-up's steps rebuilt as those steps
-(latticed/storage/core2_bodies.py), a few bytes a version, and rebuilds them on load to the very value it
-held; a truncation or a fork rewrites such runs whole while their records are still there; a changed run
-is refused on load; a schema-6 store opens, migrates and serves the same values."""
+"""Schemas 7 and 8: a replica stores the core-2 head bodies a catch-up's steps rebuilt as those steps
+(latticed/storage/core2_bodies.py), a few bytes a version, and since schema 8 the shared leaves of those
+bodies too (latticed/storage/core2_leaves.py); it rebuilds them on load to the very value it held; a
+truncation, a fork or another epoch rewrites such runs whole while their records are still there; a
+changed run is refused on load; schema-6 and schema-7 stores open, migrate and serve the same values."""
 
 from __future__ import annotations
 
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.old_stores import queue_rows
@@ -66,6 +68,18 @@ def loaded(root: Path) -> QueueState2:
         store.close()
 
 
+def leaf_runs(root: Path) -> list[tuple[int | None, bytes]]:
+    """``(steps_from, leaves)`` of the stored runs of shared leaves."""
+    conn = sqlite3.connect(db_path(root))
+    try:
+        return [
+            (steps_from, bytes(raw))
+            for steps_from, raw in conn.execute("SELECT steps_from, leaves FROM leaves2 ORDER BY idx")
+        ]
+    finally:
+        conn.close()
+
+
 def runs(root: Path) -> list[tuple[int | None, bytes]]:
     conn = sqlite3.connect(db_path(root))
     try:
@@ -104,6 +118,10 @@ async def test_a_catch_up_of_single_offers_stores_steps_and_loads_the_same_value
     stepped = [raw for steps_from, raw in stored if steps_from is not None]
     assert len(stepped) >= 2  # a run of steps per chunk
     assert sum(map(len, stepped)) < 20 * len(held.bodies)  # not 232 bytes a body
+    leaves = leaf_runs(tmp_path)
+    assert any(steps_from is not None for steps_from, _ in leaves)
+    # the first chunk's 300 bodies' leaves as steps; the log's other ~400 leaves came whole
+    assert sum(len(raw) for _, raw in leaves) < 40 * (len(held.chains.shared) - 250)
     assert value(loaded(tmp_path)) == value(held)
 
 
@@ -122,6 +140,7 @@ async def test_a_truncation_rewrites_the_runs_it_cuts_and_loads_the_same_value(
     assert value(held)[:2] == value(more)[:2] and held.held[0] == cut
     lo = held.held[0]
     assert all(steps_from >= lo for steps_from, _ in runs(tmp_path) if steps_from is not None)
+    assert all(steps_from >= lo for steps_from, _ in leaf_runs(tmp_path) if steps_from is not None)
     assert value(loaded(tmp_path)) == value(held)
 
 
@@ -177,7 +196,7 @@ def test_a_schema_6_store_migrates_and_serves_the_same_values(tmp_path: Path) ->
     schema_6_store(path, owner, 1)
     store = Store(path)
     assert store.migrated_from == 6
-    assert store.connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+    assert store.connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     queues = Core2Queues()
     queues.open(store)
     assert value(queues.committed(1)) == value(owner)
@@ -225,11 +244,12 @@ async def _send(src: Engine, dst: Engine) -> None:
     await dst.bridge.run(MergeSteps2(*core2_wire.delta_from_wire(wire.unpack(raw))))
 
 
-async def test_a_replica_holding_runs_of_steps_learns_of_a_fork_and_loads_the_same_value(
+async def test_a_replica_holding_runs_of_steps_learns_of_a_fork_and_an_epoch_and_loads_the_same_value(
     tmp_path: Path,
 ) -> None:
     """The owner's store copied; both write; the relay took the owner's records as steps, then meets
-    the copy's: its runs of steps past the fork point are rewritten whole before their records go."""
+    the copy's: its runs of steps past the fork point are rewritten whole before their records go; the
+    owner's next epoch replaces every leaf."""
     owner, relay, copy = tmp_path / "owner", tmp_path / "relay", tmp_path / "copy"
     owner.mkdir()
     relay.mkdir()
@@ -244,14 +264,98 @@ async def test_a_replica_holding_runs_of_steps_learns_of_a_fork_and_loads_the_sa
         Engine.open(copy, OWNER) as c,
         Engine.open(relay, REPLICA) as r,
     ):
-        for i in range(5):
+        for i in range(20):  # enough versions for their leaves to be stored as steps too
             await a.append(q, [make_record(b"owner-%d" % i, timestamp=i)])
         await c.append(q, [make_record(b"copy-%d" % i, timestamp=i) for i in range(3)])
         await _send(a, r)
         assert any(steps_from is not None for steps_from, _ in runs(relay))
+        assert any(steps_from is not None for steps_from, _ in leaf_runs(relay))
         await _send(c, r)
         rq = r.core2.lookup(OWNER.public_key, "q")
         assert rq is not None
         held = await r.core2.value(rq)
         assert held.forked and held.held == (0, 10)
     assert value(loaded(relay)) == value(held)
+    async with Engine.open(owner, OWNER) as a, Engine.open(relay, REPLICA) as r:
+        await _send(r, a)  # the owner learns of the fork, and starts the next epoch (every leaf replaced)
+        assert await a.core2.recover(q, keep_mine=True) == 1
+        await _send(a, r)  # a new epoch's first delta carries its bodies whole; the next, steps
+        for i in range(30):
+            await a.append(q, [make_record(b"epoch-%d" % i, timestamp=i)])
+        await _send(a, r)
+        held = await r.core2.value(rq)
+        assert held.chains.epoch == 1 and held.chains == (await a.core2.value(q)).chains
+        assert any(steps_from is not None for steps_from, _ in leaf_runs(relay))
+    assert value(loaded(relay)) == value(held)
+
+
+async def test_a_changed_run_of_leaves_as_steps_is_refused_on_load(tmp_path: Path) -> None:
+    await catch_up(tmp_path, (single_offers(100), 4096))
+    conn = sqlite3.connect(db_path(tmp_path))
+    idx, raw = conn.execute("SELECT idx, leaves FROM leaves2 WHERE steps_from IS NOT NULL").fetchone()
+    items = unpack(bytes(raw))
+    (at, item), *_ = [(i, item) for i, item in enumerate(items) if isinstance(item, list)]
+    for changed in (
+        [*item[:1], item[1][:-1] + bytes([item[1][-1] ^ 1]), *item[2:]],  # the last version's timestamp step
+        [*item[:4], item[4] + 1, item[5]],  # one leaf more than was stored
+        [*item[:4], item[4] + 2, item[5]],  # more leaves than the steps rebuild bodies
+    ):
+        conn.execute(
+            "UPDATE leaves2 SET leaves = ? WHERE idx = ?",
+            (pack([*items[:at], changed, *items[at + 1 :]]), idx),
+        )
+        conn.commit()
+        with pytest.raises(LatticedError):
+            loaded(tmp_path)
+    conn.close()
+
+
+def test_a_schema_7_store_migrates_and_serves_the_same_values(tmp_path: Path) -> None:
+    owner = queue2.truncate(single_offers(core2_runs.RUN_MAX + 50), OWNER, 7, now_ms=NOW + 10**5)
+    path = db_path(tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    schema_6_store(path, owner, 1)  # schema 7 lays these rows as schema 6 did
+    conn = sqlite3.connect(path)
+    MIGRATIONS[6](conn)
+    conn.execute("PRAGMA user_version = 7")
+    conn.commit()
+    conn.close()
+    store = Store(path)
+    assert store.migrated_from == 7
+    queues = Core2Queues()
+    queues.open(store)
+    assert value(queues.committed(1)) == value(owner)
+    store.close()
+
+
+async def test_a_load_decodes_the_steps_of_leaves_and_bodies_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = await catch_up(tmp_path, (single_offers(100), 4096))
+    assert any(lo is not None for lo, _ in leaf_runs(tmp_path)) and any(
+        lo is not None for lo, _ in runs(tmp_path)
+    )
+    calls: list[bytes] = []
+    decode = core2_bodies.decode_versions
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[1])
+        return decode(*args)
+
+    monkeypatch.setattr(core2_bodies, "decode_versions", counted)
+    assert value(loaded(tmp_path)) == value(held)
+    assert len(calls) == 1
+
+
+async def test_leaves_as_steps_and_whole_share_rows_of_at_most_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core2_runs, "RUN_MAX", 64)
+    held = await catch_up(tmp_path, (single_offers(300), 50))
+    conn = sqlite3.connect(db_path(tmp_path))
+    found = conn.execute("SELECT idx, steps_from FROM leaves2 ORDER BY idx").fetchall()
+    conn.close()
+    starts = [idx for idx, _ in found]
+    assert any(lo is not None for _, lo in found) and len(found) >= len(held.chains.shared) // 64
+    assert all(b - a <= 64 for a, b in zip(starts, [*starts[1:], len(held.chains.shared)], strict=True))
+    assert value(loaded(tmp_path)) == value(held)
