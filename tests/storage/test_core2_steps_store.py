@@ -22,7 +22,7 @@ from latticed.errors import LatticedError
 from latticed.net.core2_engine_host import MergeSteps2
 from latticed.protocol import core2_wire
 from latticed.protocol.core2_steps import outgoing
-from latticed.storage import core2_bodies, core2_runs
+from latticed.storage import core2_bodies, core2_leaves, core2_runs
 from latticed.storage.codec import pack, unpack
 from latticed.storage.core2_engine import reading_through
 from latticed.storage.core2_jobs import Commit2
@@ -359,3 +359,7 @@ async def test_leaves_as_steps_and_whole_share_rows_of_at_most_a_run(
     assert any(lo is not None for _, lo in found) and len(found) >= len(held.chains.shared) // 64
     assert all(b - a <= 64 for a, b in zip(starts, [*starts[1:], len(held.chains.shared)], strict=True))
     assert value(loaded(tmp_path)) == value(held)
+    # Without runs of steps to take them from, every leaf is stored whole, in rows of at most a run.
+    whole = core2_leaves.rows(0, held.chains.shared)
+    assert all(lo is None and hi is None for _, lo, hi, _ in whole)
+    assert [idx for idx, *_ in whole] == list(range(0, len(held.chains.shared), 64))
