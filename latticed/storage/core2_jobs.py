@@ -44,6 +44,9 @@ __all__ = [
 
 def _owned(core2: Core2Queues, q: int, what: str) -> QueueState2:
     """``q``'s staged value (pending appends not signed yet), if this daemon may sign its next head."""
+    state = core2.vouched(q)
+    if state is not None:
+        return state
     state = core2.peek(q)
     address = f"{state.owner.hex()}/{state.name}"
     if state.owner != core2.identity.public_key:
@@ -59,6 +62,7 @@ def _owned(core2: Core2Queues, q: int, what: str) -> QueueState2:
             f"cannot {what} {address} yet: the records of its newest head from offset {state.held[1]} to "
             f"{tips[0].head.end} are not here; retry once the catch-up has landed"
         )
+    core2.vouch(q, state)
     return state
 
 

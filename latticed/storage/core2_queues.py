@@ -49,6 +49,19 @@ class _Staged:
     appends: list[Sequence[Record]] = field(default_factory=list)
     appended: int = 0
     meta: dict[str, str | None] = field(default_factory=dict)
+    #: The end ``state`` holds, and the value it was read from: a batch of single offers asks for it
+    #: at each one while ``state`` stays the same object (its pending appends are not signed yet).
+    end_of: QueueState2 | None = None
+    held_end: int = 0
+    #: The value a job found we may sign the next head of (:meth:`Core2Queues.vouch`): the owner's
+    #: checks are about the value, so the batch's next offers to it need not repeat them.
+    owned: QueueState2 | None = None
+
+    def end(self) -> int:
+        """The end of ``state`` plus the appends pending on it."""
+        if self.end_of is not self.state:
+            self.end_of, self.held_end = self.state, self.state.held[1]
+        return self.held_end + self.appended
 
 
 def _joined(parts: list[Sequence[Record]]) -> Sequence[Record]:
@@ -193,8 +206,17 @@ class Core2Queues:
         return self._stage(q).state
 
     def end(self, q: int) -> int:
+        return self._stage(q).end()
+
+    def vouched(self, q: int) -> QueueState2 | None:
+        """``q``'s staged value if :meth:`vouch` was called for that very value in this batch."""
         staged = self._stage(q)
-        return staged.state.held[1] + staged.appended
+        return staged.state if staged.owned is staged.state else None
+
+    def vouch(self, q: int, state: QueueState2) -> None:
+        """Note that the owner's checks passed for ``state``, ``q``'s staged value (pending appends
+        unsigned): they are not repeated for it in this batch."""
+        self._stage(q).owned = state
 
     def create(self, state: QueueState2) -> int:
         """Stage a new queue (``state`` empty); returns its number."""
@@ -215,7 +237,7 @@ class Core2Queues:
     def append(self, q: int, records: Sequence[Record], meta: Mapping[str, str | None]) -> int:
         """Stage the owner's records and metadata changes (checked); returns the first offset."""
         staged = self._stage(q)
-        first = staged.state.held[1] + staged.appended
+        first = staged.end()
         if records:
             staged.appends.append(records)
             staged.appended += len(records)

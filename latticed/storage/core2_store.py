@@ -231,7 +231,8 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
     """Write what changed from ``old`` (as stored) to ``new``; returns ``new`` reading its records from
     the store, and whether records were deleted (so space can be reclaimed)."""
     conn = store.connection
-    gone = _changed_bodies(old.bodies, new.bodies)[0] if old.bodies is not new.bodies else []
+    changed = _changed_bodies(old.bodies, new.bodies) if old.bodies is not new.bodies else None
+    gone = changed[0] if changed is not None else []
     a, b = old.chains, new.chains
     common = core2_leaves.common(a, b) if a.shared is not b.shared else len(a.shared)
     if old.entries is not new.entries or gone or common < len(a.shared):  # runs of steps read records:
@@ -247,8 +248,8 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
             (b.epoch, b.held_end, start, _encode_tips(b.tips), encode_meta(new.meta), q),
         )
     used: core2_bodies.Used = []  # bodies stored as steps: their leaves too
-    if old.bodies is not new.bodies:
-        _persist_bodies(conn, q, old.bodies, new.bodies, written.chain_at, used=used)
+    if changed is not None:
+        _persist_bodies(conn, q, old.bodies, new.bodies, written.chain_at, used=used, changed=changed)
     if a.shared is not b.shared:
         _persist_leaves(conn, q, a, b, common=common, used=used)
     return written, deleted
@@ -310,11 +311,13 @@ def _persist_bodies(
     chain_at: Callable[[int], bytes | None] = lambda offset: None,
     *,
     used: core2_bodies.Used | None = None,
+    changed: tuple[list[HeadV2], Sequence[HeadV2]] | None = None,
 ) -> None:
     """Delete and insert the bodies that changed (runs of steps among them rewritten whole already:
     :func:`core2_bodies.before_write`); added ones are stored as their steps where those are certain to
-    rebuild them over the queue's chain ``chain_at`` (by default none are)."""
-    gone, added = _changed_bodies(old, new)
+    rebuild them over the queue's chain ``chain_at`` (by default none are). ``changed``: what
+    :func:`_changed_bodies` found for these two, if the caller has it (it compares every body held)."""
+    gone, added = _changed_bodies(old, new) if changed is None else changed
     if gone:
         _drop_bodies(conn, q, gone)
     if added:

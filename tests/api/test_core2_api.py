@@ -28,9 +28,11 @@ from latticed.errors import (
     NotOwnerError,
     OtherCoreError,
 )
+from latticed.privacy.meta import Sealing
 from latticed.storage.core2_engine import Core2Engine
 from latticed.storage.core2_view import Core2View
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 
 BOB = Identity.from_seed(b"b" * 32)
 
@@ -66,6 +68,27 @@ def test_a_core2_queue_is_written_and_read_as_any_queue(client: Client) -> None:
     assert status["queues"] == 2 and status["records"] == 3
     with pytest.raises(MalformedError):
         client.call("queue_create", name="bad", core=3)
+
+
+def test_offers_into_a_core2_queue_do_not_ask_the_sealer(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A core-2 queue is never sealed: asking the sealer costs an error raised and caught per offer.
+    asked: list[int] = []
+    sealing = Sealer.sealing
+
+    def counted(self: Sealer, q: int) -> Sealing | None:
+        asked.append(q)
+        return sealing(self, q)
+
+    monkeypatch.setattr(Sealer, "sealing", counted)
+    client.queue_create("c2", core=2)
+    client.queue_create("c1", core=1)
+    assert [client.offer("c2", f"v{i}".encode()) for i in range(3)] == [0, 1, 2]
+    assert client.offer_batch("c2", [(b"v3", None, []), (b"v4", None, [])]) == [3, 4]
+    assert asked == []
+    assert _values(client.range("c2", 0, 10)) == [f"v{i}".encode() for i in range(5)]
+    assert client.offer("c1", b"w") == 0 and asked  # a core-1 queue may be sealed: asked
 
 
 def test_queue_list_builds_a_core2_entry_once_per_committed_value(
