@@ -9,12 +9,14 @@ and it gets our whole value, which proves the fork to it. Records travel beside 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from latticed.crdt.core_errors import EquivocationError, MalformedError
 from latticed.crdt.epochs import Chains, Tip, are_leaves, join, start_rank, verify
 from latticed.crdt.fold_index import prefix_fold
 from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, next_log
+from latticed.crdt.shared_prefix import grown
 
 __all__ = ["LogDelta", "LogSummary", "delta", "merge", "summary", "vouches"]
 
@@ -38,7 +40,7 @@ class LogDelta:
     value: Chains
 
 
-def _known(value: Chains) -> tuple[Leaf, ...]:
+def _known(value: Chains) -> Sequence[Leaf]:
     """The leaves every branch of ``value`` holds (all of them, when not forked)."""
     if value.forked or not value.tips:
         return value.shared
@@ -46,9 +48,9 @@ def _known(value: Chains) -> tuple[Leaf, ...]:
 
 
 def summary(value: Chains) -> LogSummary:
-    known = _known(value)
     if not value.forked and value.tips:  # verified: the newest head's log folds the leaves before it
-        return LogSummary(value.epoch, len(known), next_log(value.tips[0].head))
+        return LogSummary(value.epoch, len(value.shared) + 1, next_log(value.tips[0].head))
+    known = _known(value)
     return LogSummary(value.epoch, len(known), fold(genesis(value.queue_id, value.epoch), known))
 
 
@@ -84,14 +86,14 @@ def merge(value: Chains, piece: LogDelta) -> Chains:
     origin = genesis(piece.value.queue_id, piece.value.epoch)
     if piece.base > len(known) or _fold_known(value, known, origin, piece.base) != piece.base_fold:
         raise ValueError("a delta that leaves out leaves this replica does not hold")
-    whole = replace(piece.value, shared=known[: piece.base] + piece.value.shared, held_end=0)
+    whole = replace(piece.value, shared=(*known[: piece.base], *piece.value.shared), held_end=0)
     if (whole.shared, whole.tips, whole.start_head) == (value.shared, value.tips, value.start_head):
         return value  # what we hold (verified when it joined): a chunk's log we already have
     verify(whole)
     return join(value, whole)
 
 
-def _fold_known(value: Chains, known: tuple[Leaf, ...], origin: bytes, n: int) -> bytes:
+def _fold_known(value: Chains, known: Sequence[Leaf], origin: bytes, n: int) -> bytes:
     """``fold(origin, known[:n])``: our newest head's log folds all our shared leaves (verified)."""
     if known and n == len(value.shared) and not value.forked:
         return value.tips[0].head.log
@@ -125,7 +127,7 @@ def _append(value: Chains, piece: LogDelta) -> Chains | None:
     if ends != sorted(ends):
         raise EquivocationError("a chain of heads whose end goes back")
     start_head = max(value.start_head, new.start_head, key=start_rank)
-    shared = (*value.shared, ours.leaf(), *leaves)
+    shared = grown(value.shared, (ours.leaf(),), leaves)  # our leaves' list, appended to: O(the push)
     return Chains(value.owner, value.queue_id, value.epoch, shared, (Tip(head),), start_head, value.held_end)
 
 

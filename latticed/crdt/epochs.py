@@ -15,6 +15,7 @@ associative and idempotent; a higher epoch (the owner's recovery) supersedes eve
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from operator import itemgetter
 
@@ -45,7 +46,7 @@ class Chains:
     owner: bytes
     queue_id: bytes
     epoch: int = 0
-    shared: tuple[Leaf, ...] = ()
+    shared: Sequence[Leaf] = ()  #: a tuple, or a Grown that later values extend (shared_prefix.py)
     tips: tuple[Tip, ...] = ()
     start_head: HeadV2 | None = None  #: the head with the highest signed start seen
     held_end: int = 0  #: records held: ``[start, held_end)`` (a replica's progress)
@@ -117,7 +118,7 @@ def join(a: Chains, b: Chains) -> Chains:
         raise WrongOwnerError("joining values of two queues")
     if not a.tips or not b.tips or a.epoch != b.epoch:
         return max(a, b, key=lambda c: (bool(c.tips), c.epoch))
-    branches = [(x.shared + t.leaves(), t.head) for x in (a, b) for t in x.tips]
+    branches = [((*x.shared, *t.leaves()), t.head) for x in (a, b) for t in x.tips]
     split = _split(branches)
     tips: tuple[Tip, ...]
     if split is None:
@@ -161,7 +162,7 @@ def verify(value: Chains) -> None:
         raise EquivocationError("an unforked value keeps its leaves shared")
 
 
-def are_leaves(items: tuple[Leaf, ...] | list[Leaf]) -> bool:
+def are_leaves(items: Sequence[Leaf]) -> bool:
     """Whether every item is a leaf (:func:`~latticed.crdt.head2.is_leaf`; one C pass where built)."""
-    found = all_leaves(items)
+    found = all_leaves(items if type(items) in (tuple, list) else tuple(items))
     return found if found is not None else all(map(is_leaf, items))

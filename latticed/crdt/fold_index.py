@@ -32,7 +32,7 @@ _folds: dict[bytes, tuple[tuple[Leaf, ...], tuple[bytes, ...]]] = {}
 _run: list[tuple[bytes, tuple[Leaf, ...], tuple[bytes, ...]] | None] = [None]
 
 
-def prefix_fold(origin: bytes, leaves: tuple[Leaf, ...], n: int) -> bytes:
+def prefix_fold(origin: bytes, leaves: Sequence[Leaf], n: int) -> bytes:
     """``fold(origin, leaves[:n])``."""
     n = max(0, min(n, len(leaves)))
     if n < STRIDE:
@@ -56,7 +56,7 @@ def prefix_fold(origin: bytes, leaves: tuple[Leaf, ...], n: int) -> bytes:
             if (i + 1) % STRIDE == 0:
                 more.append(log)
     if more:
-        _remember(origin, leaves[: n - n % STRIDE], folds + tuple(more))
+        _remember(origin, tuple(leaves[: n - n % STRIDE]), folds + tuple(more))
     return fold(log, leaves[n - n % STRIDE : n])
 
 
@@ -68,7 +68,7 @@ def folded_run(log: bytes, leaves: Sequence[Leaf], logs: Sequence[bytes]) -> Non
         _run[0] = (log, tuple(leaves), tuple(logs))
 
 
-def _folded(log: bytes, leaves: tuple[Leaf, ...], at: int, stop: int) -> list[bytes]:
+def _folded(log: bytes, leaves: Sequence[Leaf], at: int, stop: int) -> list[bytes]:
     """The folds after each whole stride of ``leaves[at:stop]`` from ``log`` that the kept run already
     holds (it starts at ``log`` and with those very leaves), else none."""
     run = _run[0]

@@ -186,7 +186,7 @@ class _Context:
 def _context(
     qid: bytes,
     ref: HeadV2 | None,
-    log: tuple[int, bytes, tuple[Leaf, ...], int],
+    log: tuple[int, bytes, Sequence[Leaf], int],
     frame: tuple[int, Sequence[Record], tuple[tuple[str, str], ...] | None],
 ) -> _Context:
     """``log``: its epoch, base fold, shared leaves and number of tips; ``frame``: the delta's first

@@ -38,6 +38,7 @@ hold them to it as one unit.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -252,7 +253,7 @@ def summary_from_wire(raw: Any) -> Summary2:
     return Summary2(core, _bytes(heads, (0, 32), "a digest of heads"))
 
 
-def _leaves_to_wire(leaves: tuple[Leaf, ...]) -> bytes:
+def _leaves_to_wire(leaves: Sequence[Leaf]) -> bytes:
     return b"".join(_LEAF.pack(digest, end) for digest, end in leaves)
 
 

@@ -13,11 +13,11 @@ the ones a delta carried): a chunk of records ends at one of them, whose ``head_
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
-from latticed.crdt import epochs
+from latticed.crdt import epochs, shared_prefix
 from latticed.crdt.core_errors import MalformedError, WrongOwnerError
 from latticed.crdt.epoch_delta import vouches
 from latticed.crdt.epochs import Chains
@@ -27,6 +27,8 @@ from latticed.crdt.queue.state import EntryView, Meta, empty_entries
 from latticed.crdt.records import Record
 
 __all__ = ["QueueState2", "empty_state", "join", "keep_bodies", "nothing_at"]
+
+_END = attrgetter("end")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,7 @@ class QueueState2:
     chains: Chains  #: its ``held_end`` is the end of :attr:`entries`
     meta: Meta = ()  #: the metadata ``chains.start_head`` signs
     entries: EntryView = field(default_factory=empty_entries)  #: the records ``chains.held``
-    bodies: tuple[HeadV2, ...] = field(default=(), compare=False)  #: sorted by (end, version)
+    bodies: Sequence[HeadV2] = field(default=(), compare=False)  #: sorted by (end, version)
     #: What a link computed of this very value (its summary): a value is immutable, so once per object
     #: (a relay summarises a push's value up to three times). Not an argument: ``replace`` starts afresh.
     memo: object = field(default=None, init=False, repr=False, compare=False)
@@ -95,11 +97,11 @@ def keep_bodies(chains: Chains, bodies: Iterable[HeadV2], *, check: bool = True)
     return tuple(b for b in kept if not check or vouches(chains, b))
 
 
-def bodies_between(bodies: tuple[HeadV2, ...], lo: int, hi: int) -> tuple[HeadV2, ...]:
+def bodies_between(bodies: Sequence[HeadV2], lo: int, hi: int) -> tuple[HeadV2, ...]:
     """The bodies with ``lo < end <= hi`` (``bodies`` sorted by end)."""
-    first = bisect.bisect_right(bodies, lo, key=lambda b: b.end)
-    last = bisect.bisect_right(bodies, hi, key=lambda b: b.end)
-    return bodies[first:last]
+    first = shared_prefix.bisect_right(bodies, lo, key=_END)
+    last = shared_prefix.bisect_right(bodies, hi, key=_END)
+    return tuple(bodies[first:last])  # a tuple's slice is one already: no copy
 
 
 def cut(state: QueueState2, chains: Chains) -> QueueState2:

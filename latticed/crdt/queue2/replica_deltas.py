@@ -15,14 +15,13 @@ to the merged value and appends the new ones: neither compares whole logs or who
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter, itemgetter
 from typing import Protocol, cast
 
-from latticed.crdt import chain_memo, epoch_delta, leaf_compiled
+from latticed.crdt import chain_memo, epoch_delta, leaf_compiled, shared_prefix
 from latticed.crdt.core_errors import GapError, MalformedError, TamperedError, WrongOwnerError
 from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains
@@ -31,10 +30,15 @@ from latticed.crdt.head2 import HeadV2
 from latticed.crdt.queue.state import Meta
 from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies, nothing_at
 from latticed.crdt.records import Record, RecordRun, chain_extend, check_records
+from latticed.crdt.shared_prefix import grown
 
 __all__ = ["Delta", "Merged", "Summary", "Verified", "delta", "join_verified", "summary", "verify_delta"]
 
 _BODY_END = attrgetter("end")
+_LEAF_END = itemgetter(1)
+#: A value's shared leaves that are no tuple are copied into one for the compiled check of more bodies
+#: than this (a catch-up chunk); fewer are checked in Python.
+_FEW_BODIES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,10 +225,14 @@ def _unconfirmed(
     chains: Chains, bodies: tuple[HeadV2, ...], chain: Sequence[bytes], first: int
 ) -> Sequence[HeadV2]:
     """The ``bodies`` a compiled pass did not confirm as on the log and hashing to ``chain`` (a catch-up
-    of single offers checks one per record): all of them where it is not built."""
-    left = leaf_compiled.unvouched(
-        bodies, chains.shared, chains.queue_id, chains.epoch, chain=chain, first=first
-    )
+    of single offers checks one per record): all of them where it is not built. The pass takes the
+    shared leaves as a tuple: a live push's one or two bodies are checked in Python rather than copy them."""
+    shared = chains.shared
+    if type(shared) is not tuple:
+        if len(bodies) <= _FEW_BODIES:
+            return bodies
+        shared = tuple(shared)
+    left = leaf_compiled.unvouched(bodies, shared, chains.queue_id, chains.epoch, chain=chain, first=first)
     return bodies if left is None else [bodies[i] for i in left]
 
 
@@ -245,8 +253,8 @@ def _base(chains: Chains, state: QueueState2) -> bytes | None:
 def _every_end(chains: Chains, lo: int, hi: int) -> set[int]:
     """The ends of the log's heads in ``(lo, hi)``, one chain below the fork point."""
     leaves = chains.shared
-    first = bisect.bisect_right(leaves, lo, key=lambda leaf: leaf[1])
-    last = bisect.bisect_left(leaves, hi, key=lambda leaf: leaf[1])
+    first = shared_prefix.bisect_right(leaves, lo, key=_LEAF_END)
+    last = shared_prefix.bisect_left(leaves, hi, key=_LEAF_END)
     return set(map(itemgetter(1), leaves[first:last]))
 
 
@@ -300,8 +308,8 @@ def _appended(state: QueueState2, v: Verified) -> QueueState2 | None:
     skip = hi - first
     kept = state.entries if hi > lo else nothing_at(state, lo)
     entries = kept.extend(v.records[skip:], v.chain[skip:])
-    bodies = (*state.bodies, *bodies_between(v.bodies, hi, end))
-    grown = Chains(
+    bodies = grown(state.bodies, bodies_between(v.bodies, hi, end))  # our bodies' list, appended to
+    extended = Chains(
         chains.owner, chains.queue_id, chains.epoch, chains.shared, chains.tips, chains.start_head, end
     )
-    return QueueState2(state.owner, state.name, state.kind, grown, v.meta, entries, bodies)
+    return QueueState2(state.owner, state.name, state.kind, extended, v.meta, entries, bodies)
