@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.writer_jobs import ok
 
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record, make_record
@@ -33,13 +34,6 @@ def alice(tmp_path: Path) -> Iterator[Writer]:
     w.open()
     yield w
     w.stop()
-
-
-def ok(w: Writer, *jobs: Job) -> list[object]:
-    w.process(list(jobs))
-    for job in jobs:
-        assert job.error is None, job.error
-    return [job.result for job in jobs]
 
 
 def test_a_batch_of_single_offers_checks_the_owner_once(

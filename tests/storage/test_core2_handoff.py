@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.writer_jobs import ok
 
 from latticed.crdt import queue2
 from latticed.crdt.queue2 import Delta, QueueState2
@@ -34,13 +35,6 @@ def writer(path: Path, identity: Identity) -> Writer:
     w = Writer(db_path(path), identity, clock=lambda: NOW)
     w.open()
     return w
-
-
-def ok(w: Writer, *jobs: Job) -> list[object]:
-    w.process(list(jobs))
-    for job in jobs:
-        assert job.error is None, job.error
-    return [job.result for job in jobs]
 
 
 class Calls:

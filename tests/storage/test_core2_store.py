@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from support.writer_jobs import ok
 
 from latticed.crdt import queue as core
 from latticed.crdt import queue2
@@ -65,13 +66,6 @@ def alice(tmp_path: Path) -> Iterator[Writer]:
     w = open_writer(tmp_path / "alice")
     yield w
     w.stop()
-
-
-def ok(w: Writer, *jobs: Job) -> list[object]:
-    w.process(list(jobs))
-    for job in jobs:
-        assert job.error is None, job.error
-    return [job.result for job in jobs]
 
 
 def fails(w: Writer, job: Job) -> Exception:
