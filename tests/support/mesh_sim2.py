@@ -19,6 +19,9 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   rows: the writer reads every delta; a relay of a bulk reads every chunk, as the daemon's does);
 * the storage and reader threads' work holds the node's interpreter lock, as the event loop's does
   (``gil``): a relay busy committing a chunk of a bulk is late cutting the next, and sends two at once.
+  A thread wanting the lock waits for the loop's ready tasks, at most the switch interval
+  (:meth:`MeshSim2._interpreter`); the storage thread takes what waits once it holds it; reads take one
+  of the daemon's two reader connections, so the writer's next API call goes before its third link's.
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
 
@@ -29,6 +32,8 @@ per-node state, each step the daemon's counterpart read side by side with it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +51,7 @@ from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
 from latticed.protocol.core2_wire import Summary2, link_summary
 from latticed.protocol.replication import QueueKey, ReplicationSession
 from latticed.storage.ahead import AHEAD_DELTA_RECORDS
+from latticed.storage.engine import Engine
 from latticed.storage.writer import _RECENT_S as WRITERS_SEEN_S
 from latticed.storage.writer import MERGE_LINGER_JOBS, MERGE_LINGER_S
 from support.mesh_sim import Costs, MeshNode, MeshSim, _Job
@@ -64,6 +70,11 @@ __all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 #: writer's CPU is 8 us a record, as bench_mesh measures it (7-8 us), not core 1's 10 (``cut`` was 1 ms).
 #: ``group_commit_ms`` as a daemon has it unless configured (``storage/writer.py`` ``_collect``).
 GROUP_COMMIT_S = {f.name: f.default for f in dataclasses.fields(DaemonConfig)}["group_commit_ms"] / 1000
+#: How long a thread waiting for the interpreter lets the thread holding it run (CPython's default).
+SWITCH_INTERVAL_S = sys.getswitchinterval()
+#: The reader threads a daemon's store reads on (``Engine.open``'s ``read_connections``, as the daemon
+#: opens it; ``bridge.read`` holds one per read): a node's link drivers read two deltas at a time.
+READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connections"].default
 
 CORE2_COSTS = Costs(
     stall_chance=0.015,
@@ -125,6 +136,9 @@ class MeshNode2(MeshNode):
     #: and whether a batch waits for as many writers as those held (``gathering``: which wait).
     batch_writers: deque[tuple[float, int]] = field(default_factory=deque)
     gathering: int = 0
+    #: Reads under way (each holds one of :data:`READ_CONNECTIONS`), and the drivers waiting for one.
+    readers: int = 0
+    read_queue: deque[tuple[int, Callable[[], None]]] = field(default_factory=deque)
 
     def held_end(self, key: QueueKey) -> int:
         state = self.durable2.get(key)
@@ -262,10 +276,19 @@ class MeshSim2(MeshSim):
             self._at(max(self.now, node.disk_free) + self.merge_linger, due)
 
     def _commit(self, y: int) -> None:
+        """The storage thread takes what waits once it holds the interpreter (``_collect`` drains the
+        queue running Python): jobs handed over meanwhile go into this transaction."""
+        node = self.node2(y)
+        node.committing = True
+        if self.gil:
+            self._interpreter(y, "storage", lambda: self._transaction(y))
+        else:
+            self._transaction(y)
+
+    def _transaction(self, y: int) -> None:
         node = self.node2(y)
         jobs, node.waiting = node.waiting, []
-        node.committing = True
-        began = self.now
+        began = self.now  # the daemon's commit seconds count from here (``Writer._attempt``)
         if not all(isinstance(j, _Job2) and j.may_linger for j in jobs):  # a merge linger's are not kept
             node.batch_writers.append((began, self._writers(jobs)))
         records = sum(job.records for job in jobs)
@@ -359,17 +382,35 @@ class MeshSim2(MeshSim):
         return run.rows_lo == run.lo and (run.lo < since_end or since_end == lo)
 
     def _read2_then(self, y: int, x: int, key: QueueKey, out: Outgoing2) -> None:
-        """The link's driver waits while a reader thread reads the delta, then carries on."""
+        """The link's driver waits while a reader thread reads the delta, then carries on. Reads take one
+        of :data:`READ_CONNECTIONS` (``bridge.read``'s limiter): a driver finding none free waits until a
+        read ends and hands its connection on, which wakes that driver as a task of the event loop, behind
+        the tasks woken before it (the writer's next API call, say)."""
         node = self.node2(y)
         node.reading.add(x)
         count = len(out.delta.records)
         work = self.costs.read + self.costs.read_record * count
-        if self.gil:  # a reader thread builds the records holding the interpreter
+
+        def start() -> None:
+            if self.gil:  # the reader thread waits for the interpreter with the loop's runnable tasks
+                self._interpreter(y, "reader", read)
+            else:
+                node.cpu_work += work
+                node.read_free = max(self.now, node.read_free) + self._scaled(work)
+                self._at(node.read_free, ended)
+
+        def read() -> None:  # a reader thread builds the records holding the interpreter
             self._busy(node, work)
             node.read_free = max(self.now, node.read_free, node.cpu_free)
-        else:
-            node.cpu_work += work
-            node.read_free = max(self.now, node.read_free) + self._scaled(work)
+            self._at(node.read_free, ended)
+
+        def ended() -> None:  # trio's to_thread: the limiter released (its next waiter woken) first
+            if node.read_queue:
+                waiter, begin = node.read_queue.popleft()
+                self._wake(y, ("read start", waiter), begin)
+            else:
+                node.readers -= 1
+            self._wake(y, ("read done", x), encode)
 
         def encode() -> None:
             node.reading.discard(x)
@@ -379,7 +420,30 @@ class MeshSim2(MeshSim):
             core2.provide_delta(key, out)
             self._run_driver(y, x)
 
-        self._at(node.read_free, lambda: self._wake(y, ("read done", x), encode))
+        if node.readers < READ_CONNECTIONS:
+            node.readers += 1
+            start()
+        else:
+            node.read_queue.append((x, start))
+
+    def _interpreter(self, y: int, thread: str, run: Callable[[], None]) -> None:
+        """A thread of node ``y`` (a reader, the storage thread) wants the interpreter (``gil``) for
+        ``run``. The event loop holds it while it runs the tasks ready now (a trio batch, no blocking
+        call in it), so the thread waits for them, but no longer than the interpreter's switch interval
+        (``sys.getswitchinterval()``: then CPython has the loop drop it)."""
+        node = self.node2(y)
+        if not node.runq:
+            run()
+            return
+        done: list[bool] = []
+
+        def once() -> None:
+            if not done:
+                done.append(True)
+                run()
+
+        self._wake(y, (thread, self._seq), once)
+        self._at(self.now + SWITCH_INTERVAL_S, once)
 
     def _submit2(self, y: int, x: int, event: Delta2Received) -> None:
         """``Gossip._submit2`` and ``EngineCore2Host.submit_merge2``: a live push checked here goes on at
