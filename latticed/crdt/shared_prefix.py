@@ -3,11 +3,12 @@ bodies costs what is appended, not the whole queue.
 
 A replica's :class:`~latticed.crdt.epochs.Chains` holds one leaf per head of the queue and its
 :class:`~latticed.crdt.queue2.chain_state.QueueState2` one body per head it vouches with; a live push
-makes a new value of each with one more. Copied as tuples, each push cost O(queue). A :class:`Grown`
-is a length ``n`` over a list that only ever grows: the first ``n`` items never change, so every view
-stays immutable, and a view that ends where the list ends (nobody extended it yet, the usual case: each
-value is extended once, by the next push) is extended by appending to that same list. A view extended a
-second time (a value two different joins grew) copies its items first, as a tuple did every time.
+makes a new value of each with one more, as does the owner's commit. Copied as tuples, each cost
+O(queue). A :class:`Grown` is a length ``n`` over a list that only ever grows: the first ``n`` items
+never change, so every view stays immutable, and a view that ends where the list ends (nobody extended
+it yet, the usual case: each value is extended once, by the next push or commit) is extended by
+appending to that same list. A view extended a second time (a value two different joins grew) copies
+its items first, as a tuple did every time.
 
 It compares, hashes, slices and concatenates as the tuple of its items does (slices and sums are
 tuples), so code written for tuples reads it unchanged.
@@ -21,7 +22,7 @@ import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, SupportsIndex, TypeVar, overload
 
-__all__ = ["Grown", "bisect_left", "bisect_right", "grown"]
+__all__ = ["Grown", "bisect_left", "bisect_right", "extends", "grown"]
 
 T = TypeVar("T")
 
@@ -118,6 +119,13 @@ def grown(base: Sequence[T], *more: Iterable[T]) -> Grown[T]:
     for part in more:
         items.extend(part)
     return Grown(items, len(items))
+
+
+def extends(old: Sequence[T], new: Sequence[T]) -> bool:
+    """Whether ``new`` is ``old`` with items appended, known without reading them: both views of one
+    list, ``old`` the shorter (False says nothing: compare them). A writer diffing a value against the
+    one it stored asks this first, so an append costs what it appends."""
+    return type(new) is Grown and type(old) is Grown and old._items is new._items and old._n <= new._n
 
 
 def bisect_left(seq: Sequence[T], x: Any, *, key: Callable[[T], Any]) -> int:

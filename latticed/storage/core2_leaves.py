@@ -31,7 +31,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
-from latticed.crdt import steps_memo
+from latticed.crdt import shared_prefix, steps_memo
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head2 import Leaf
 from latticed.crdt.queue2 import QueueState2
@@ -57,6 +57,8 @@ def common(a: Chains, b: Chains) -> int:
         return 0
     x, y = a.shared, b.shared
     n = min(len(x), len(y))
+    if shared_prefix.extends(x, y) or shared_prefix.extends(y, x):
+        return n  # one list: no leaf read
     if n == 0 or x[n - 1] == y[n - 1]:
         return n  # the usual case: one extends the other
     lo, hi = 0, n - 1  # x[:lo] == y[:lo]; x[hi] != y[hi]

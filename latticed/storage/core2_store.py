@@ -13,7 +13,8 @@ its value:
   (:mod:`latticed.storage.core2_leaves`); truncation keeps them (the log vouches for every version). They are
   diffed by their common prefix: two verified logs that hold the same leaf at one index hold the same
   leaves below it (the leaf's body signs the fold of them), so the prefix is found by a binary search, and
-  an append costs one comparison and one insert (:func:`core2_leaves.common`); a cut inside a run
+  an append costs one comparison and one insert (:func:`core2_leaves.common`: none where the new leaves
+  extend the stored value's own list, :func:`~latticed.crdt.shared_prefix.extends`); a cut inside a run
   rewrites that run.
 * ``bodies2``: the unsigned heads vouching for held records, in runs ordered by ``(end, version)``; a
   commit adds a run of one, a merge a run per 4,096, a truncation deletes the runs below the new start
@@ -35,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, cast
 
+from latticed.crdt import shared_prefix
 from latticed.crdt.epochs import Chains, Tip
 from latticed.crdt.head import genesis_hash
 from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HeadV2
@@ -291,7 +293,11 @@ def _key(body: HeadV2) -> tuple[int, int]:
 
 def _changed_bodies(old: Sequence[HeadV2], new: Sequence[HeadV2]) -> tuple[list[HeadV2], Sequence[HeadV2]]:
     """The bodies to delete and to insert. Usual shapes: some dropped at the front (truncation), some
-    added or cut at the back (a commit, a merge, a fork point); anything else compares keys."""
+    added or cut at the back (a commit, a merge, a fork point); anything else compares keys. ``new``
+    extending ``old``'s very list (:func:`shared_prefix.extends`: a commit's or a live push's bodies)
+    is answered without reading what both hold."""
+    if shared_prefix.extends(old, new):
+        return [], new[len(old) :]
     at = bisect.bisect_left(old, _key(new[0]), key=_key) if new else len(old)
     m = min(len(old) - at, len(new))
     if new and tuple(old[at : at + m]) == tuple(new[:m]):

@@ -114,3 +114,30 @@ def test_a_live_push_extends_the_replicas_leaves_and_bodies_in_place() -> None:
         assert replica == owner
     for value, shared, bodies in seen:
         assert value.chains.shared == shared and value.bodies == bodies
+
+
+def test_an_owners_commits_extend_its_leaves_and_bodies_in_place() -> None:
+    """Each commit's shared leaves and bodies are the previous value's lists appended to; a truncation
+    that drops bodies, or a second commit on one value, builds new ones; no earlier value changes."""
+    state = empty()
+    seen: list[tuple[queue2.QueueState2, tuple[object, ...], tuple[object, ...]]] = []
+    for i in range(16):
+        nxt = queue2.commit(state, OWNER, now_ms=i, records=[Record(value=b"r%d" % i)])
+        if i >= 2:
+            assert nxt.chains.shared._items is state.chains.shared._items  # type: ignore[attr-defined]
+            assert nxt.bodies._items is state.bodies._items  # type: ignore[attr-defined]
+        if i == 8:
+            other = queue2.commit(state, OWNER, now_ms=i, records=[Record(value=b"other")])
+            assert other.chains.shared._items is not nxt.chains.shared._items  # type: ignore[attr-defined]
+            assert other.bodies[:-1] == nxt.bodies[:-1] and other.bodies[-1] != nxt.bodies[-1]
+            seen.append((other, tuple(other.chains.shared), tuple(other.bodies)))
+        if i == 12:
+            nxt = queue2.truncate(nxt, OWNER, 5, now_ms=i)
+            assert [b.end for b in nxt.bodies] == [*range(6, 14), 13] and nxt.held == (5, 13)
+        state = nxt
+        seen.append((state, tuple(state.chains.shared), tuple(state.bodies)))
+    for value, shared, bodies in seen:
+        assert value.chains.shared == shared and value.bodies == bodies
+    replica = empty()
+    whole = queue2.join_verified(replica, queue2.verify_delta(replica, queue2.delta(state, None))).state
+    assert whole == state and tuple(whole.bodies) == tuple(state.bodies)

@@ -20,6 +20,7 @@ from latticed.crdt.queue.commit import CHECKPOINT_BYTES, checkpoint_cuts
 from latticed.crdt.queue.state import Meta, empty_entries
 from latticed.crdt.queue2.chain_state import QueueState2, bodies_between
 from latticed.crdt.records import MAX_OFFSET, Record, blake2b_skip, chain_extend, check_records
+from latticed.crdt.shared_prefix import grown
 from latticed.crdt.signing import Identity
 
 __all__ = ["commit", "recover", "truncate"]
@@ -119,9 +120,16 @@ def _sign(
         max(now_ms, prev.timestamp if prev else 0),
     )
     head = body.signed(identity)
-    shared = (*chains.shared, prev.leaf()) if prev else ()
+    # The leaves and bodies are the previous value's lists appended to (shared_prefix.grown): a commit
+    # costs what it adds, not the queue's versions; a truncation that drops bodies builds a new list.
+    shared = grown(chains.shared, (prev.leaf(),)) if prev else ()
     value = Chains(state.owner, state.queue_id, chains.epoch, shared, (Tip(head),), head, end)
-    bodies = (*bodies_between(state.bodies, start, end), head) if end > start else ()
+    bodies: Sequence[HeadV2] = ()
+    if end > start:
+        kept = state.bodies
+        if kept and (kept[0].end <= start or kept[-1].end > end):  # sorted by end: a truncation cut some
+            kept = bodies_between(kept, start, end)
+        bodies = grown(kept, (head,))
     return replace(state, chains=value, meta=meta, entries=entries, bodies=bodies)
 
 
