@@ -103,6 +103,9 @@ def test_a_stores_records_with_one_stamp_cost_their_payload(tmp_path: Path) -> N
     store = Store(path)
     try:
         assert store.rows.records(1, 0, len(rs)) == rs
+        run = store.rows.run(1, 0, len(rs))  # what a delta sends: the stamp converted once, shared
+        assert tuple(run) == tuple(rs) and run.headers is not None
+        assert len({id(h) for h in run.headers}) == 1
         [loaded] = store.load()
         assert loaded.state == one
     finally:
