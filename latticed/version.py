@@ -35,11 +35,13 @@ PROTOCOL_VERSIONS: Final = (1,)
 #: most 8 of them over 64 KiB (protocol/core2_session.py).
 #: ``produce-columns``: with ``produce``, it takes a forwarded offer's records as columns (the local API's
 #: ``packed`` layout of ``offer_batch``; produce/owner.py).
+#: ``repeat-headers``: with ``compact`` and ``heads-v2``, it reads compact DELTA2 rows whose headers equal
+#: the row's before as nil (protocol/core2_compact.py).
 PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset(
-    {"compact", "heads-v2", "identity-notice", "produce", "produce-columns", "window2-32"}
+    {"compact", "heads-v2", "identity-notice", "produce", "produce-columns", "repeat-headers", "window2-32"}
 )
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
-STORE_SCHEMA: Final = 8
+STORE_SCHEMA: Final = 9
 #: Local API versions the daemon answers (a request names its version in ``v``). 2: ``offer_batch``
 #: takes its records as columns (``layout: "packed"``); everything of 1 stays as it was.
 API_VERSIONS: Final = (1, 2)

@@ -35,7 +35,8 @@ name, kind]``, numbered then while there is room)::
                                   queue: the receiver holds what the last carried
 
     records  rows as in :mod:`.core2_wire`, each timestamp less the row's before (the first's less the
-             ref's timestamp)
+             ref's timestamp); where the link agreed on :data:`REPEAT_HEADERS`, a row's headers equal
+             to the row's before are nil (a producer's stamp, ~84 bytes, goes once a delta)
     log      [base - ref.version, base_fold | nil, epoch, shared, [[head, tail], ...], start]
     head     its 296 signed bytes, or [version, log | nil, start, end, base_hash | nil, head_hash | nil,
              meta_version, meta_hash | nil, timestamp, signature] (counters less the ref's, if any; the
@@ -59,6 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise, repeat
 from operator import sub
 from typing import Any, Final
 
@@ -68,7 +70,7 @@ from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains, Tip
 from latticed.crdt.head import check_name, fresh_queue_id, genesis_hash, meta_hash
 from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, next_log
-from latticed.crdt.records import Record, RecordRun, chain_extend
+from latticed.crdt.records import MIXED, Headers, Record, RecordRun, chain_extend, uniform
 from latticed.crdt.wire import pack, records_from_wire, records_to_wire
 from latticed.errors import RemoteProtocolError
 from latticed.protocol.core2_wire import (  # the full forms' field decoders, shared
@@ -106,7 +108,12 @@ from latticed.protocol.core2_wire import (  # the full forms' field decoders, sh
 from latticed.protocol.queue_numbers import name_queue, named_queue
 from latticed.protocol.replication_messages import QueueKey
 
-__all__ = ["CHAIN_LIMIT", "COMPACT2_CODES", "LEAF_LIMIT", "MAX_REFS", "Compact2Link"]
+__all__ = ["CHAIN_LIMIT", "COMPACT2_CODES", "LEAF_LIMIT", "MAX_REFS", "REPEAT_HEADERS", "Compact2Link"]
+
+#: The feature of compact DELTA2 rows whose headers equal the row's before sent as nil. A decoder of this
+#: build reads them on any link (the form is unambiguous: a row's headers are otherwise a list); an
+#: encoder sends them only on a link that agreed on the feature.
+REPEAT_HEADERS: Final = "repeat-headers"
 
 #: Queues a link numbers per direction (beyond that a queue is named in full, and nothing is remembered
 #: of it): bounds what a peer can make us keep (a key and one head each).
@@ -290,24 +297,44 @@ def _meta_from_wire(raw: Any) -> tuple[tuple[str, str], ...] | None:
     return tuple((i[0], i[1]) for i in raw)
 
 
-def _records_out(records: RecordRun, base: int) -> list[Any]:
+def _records_out(records: RecordRun, base: int, repeat: bool) -> list[Any]:
     """Rows as in :mod:`.core2_wire`, each timestamp less the one before (the first less ``base``, the
-    ref's): a record's stamp is its commit's, 1 byte instead of 9."""
+    ref's): a record's stamp is its commit's, 1 byte instead of 9. ``repeat``: headers equal to the
+    row's before go as nil."""
     stamps = records.timestamps
     steps = tuple(map(sub, stamps, (base, *stamps[:-1])))
-    return records_to_wire(RecordRun(records.values, records.keys, steps, records.headers))
+    if not repeat or records.headers is None:
+        return records_to_wire(RecordRun(records.values, records.keys, steps, records.headers))
+    return list(zip(records.keys, records.values, steps, _header_runs(records.headers), strict=True))
+
+
+def _header_runs(headers: tuple[Headers, ...]) -> list[Any]:
+    """The header column as rows carry it, each entry equal to the one before it nil."""
+    same = uniform(headers)
+    if same is not MIXED:  # a producer's stamp: converted once, then nil
+        return [[[k, v] for k, v in same], *repeat(None, len(headers) - 1)]
+    out: list[Any] = [[[k, v] for k, v in headers[0]]]
+    out += [None if h == before else [[k, v] for k, v in h] for before, h in pairwise(headers)]
+    return out
 
 
 def _restamped(raw: Any, base: int) -> Any:
-    """``raw``'s rows with their timestamps summed back, in place (their limits are checked after, as
-    any row's are)."""
+    """``raw``'s rows with their timestamps summed back and nil headers replaced by the row's before,
+    in place (their limits are checked after, as any row's are). Nil headers on the first row repeat
+    nothing: malformed."""
     if type(raw) is not list:
         return raw
-    stamp = base
+    stamp, before = base, None
     for row in raw:
         if type(row) is not list or len(row) != 4 or type(row[2]) is not int:
             raise MalformedError("a record is [key, value, timestamp step, headers]")
         stamp = row[2] = stamp + row[2]
+        if row[3] is None:
+            if before is None:
+                raise MalformedError("a record's headers repeat no record's before it")
+            row[3] = before
+        else:
+            before = row[3]
     return raw
 
 
@@ -429,6 +456,8 @@ class Compact2Link:
 
     _out: _Direction = field(default_factory=_Direction)
     _in: _Direction = field(default_factory=_Direction)
+    #: Whether the peer reads :data:`REPEAT_HEADERS` rows (the link agreed on it).
+    repeat_headers: bool = False
 
     # ---------------------------------------------------------------- out
     def encode(self, message: Message2) -> bytes:
@@ -475,7 +504,7 @@ class Compact2Link:
             log,
             meta,
             from_offset,
-            _records_out(records, ref.timestamp if ref else 0),
+            _records_out(records, ref.timestamp if ref else 0, self.repeat_headers),
             bodies,
             steps,
         ]

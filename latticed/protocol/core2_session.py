@@ -57,7 +57,7 @@ from typing import Any
 from latticed.crdt import queue2
 from latticed.errors import LocalProtocolError, RemoteProtocolError
 from latticed.protocol.compact import COMPACT_FEATURE
-from latticed.protocol.core2_compact import COMPACT2_CODES, Compact2Link
+from latticed.protocol.core2_compact import COMPACT2_CODES, REPEAT_HEADERS, Compact2Link
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import (
     Ack2,
@@ -272,6 +272,7 @@ class Core2Link:
             return
         self.agreed = HEADS_V2 in features
         self._compact_out = self.agreed and COMPACT_FEATURE in features
+        self._codec.repeat_headers = self._compact_out and REPEAT_HEADERS in features
         if self.agreed and WINDOW2 in features:
             self.window_out = self.window_in = max(WIDE_WINDOW2, self.window)
         if self.agreed and self._started:

@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from latticed.crdt.records import Record, RecordRun, join_records
+from latticed.crdt.records import MIXED, Record, RecordRun, join_records, uniform
 from latticed.errors import GapError
 from latticed.storage import segments
 
@@ -61,7 +61,11 @@ class SqlRows:
             headers += part.headers
         column = None
         if headers.count(None) != len(headers):
-            column = [tuple((k, v) for k, v in h) if h else () for h in headers]
+            same = uniform(headers)  # a producer's stamp on each: converted once
+            if same is not MIXED:
+                column = [tuple((k, v) for k, v in same)] * len(headers)
+            else:
+                column = [tuple((k, v) for k, v in h) if h else () for h in headers]
         return RecordRun(values, keys, timestamps, column)
 
 

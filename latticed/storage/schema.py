@@ -11,6 +11,9 @@ release that finds a schema newer than its own can say which release wrote it; `
 there while an upgrade is unfinished, so a resumed one keeps the copy the first attempt made. They are
 rows, not a schema change: every release since the first ignores rows it does not know.
 
+Why one module: the migrations are one ordered list, each step written against the schema the steps
+before it left; kept together, that order is read in one place.
+
 Layout notes (why it looks like this):
 
 * Queues get a small integer id ``q``; the 32-byte queue id appears once, in ``queues``, instead of in
@@ -269,6 +272,13 @@ def _v8_segments_rowid(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE leaves2 ADD COLUMN steps_to INTEGER")
 
 
+def _v9_header_runs(conn: sqlite3.Connection) -> None:
+    """Store a record's headers equal to the record's before as one byte (:mod:`.header_column`).
+
+    Nothing is rewritten: older segments read as they are. The version keeps an older build, which would
+    read the byte as a record's headers, from opening the store."""
+
+
 def entry_expiry(entry: kv.Entry) -> int | None:
     """When a key's joined entry stops being visible by itself (a plain value with a TTL), else None."""
     return entry.expires_ms if entry.kind == kv.PLAIN else None
@@ -283,6 +293,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v6_core2_runs,
     _v7_core2_steps,
     _v8_segments_rowid,
+    _v9_header_runs,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -7,7 +7,8 @@ with one msgpack call. Reads stay lazy: a lookup by offset reads the one segment
 
 A segment row is ``(q, first, count, chains, data)``: ``chains`` is the 32-byte chain value after each
 record, concatenated (so any offset's chain value is one ``substr`` away), and ``data`` is msgpack of the
-columns ``[keys, values, timestamps, headers]``. A small commit (single-record offers) writes a small
+columns ``[keys, values, timestamps, headers]`` (a record's headers equal to the record's before stored as
+one byte: :mod:`.header_column`). A small commit (single-record offers) writes a small
 segment; the store merges each run of :data:`COMPACT_EVERY` small segments of a queue into one
 (:func:`compact`), so a stream of tiny commits neither leaves a row per record nor rewrites a growing row
 on every commit. Every change here keeps the time index (:mod:`latticed.storage.timeindex`) in step,
@@ -30,6 +31,7 @@ import msgpack
 from latticed.crdt import columns_compiled
 from latticed.crdt.records import MIXED, Headers, Record, RecordRun, uniform
 from latticed.storage import timeindex
+from latticed.storage.header_column import pack_headers, unpack_headers
 
 SEGMENT_MAX_RECORDS: Final = 2048
 SEGMENT_MAX_BYTES: Final = 1 << 20
@@ -91,7 +93,8 @@ class Segment:
 
     @classmethod
     def decode(cls, first: int, count: int, chains: bytes, data: bytes) -> Segment:
-        keys, values, timestamps, headers = msgpack.unpackb(data, raw=False, use_list=True)
+        keys, values, timestamps, stored = msgpack.unpackb(data, raw=False, use_list=True)
+        headers = unpack_headers(stored)
         if (
             not len(values)
             == len(keys)
@@ -107,7 +110,7 @@ class Segment:
         """msgpack of ``[keys, values, timestamps, headers]``, a column at a time: the same bytes. Where
         the column passes are built, keys and values are packed straight into the one buffer returned
         (a bulk append's largest copy, made once)."""
-        tail = _pack_same(self.timestamps) + _pack_same(self.headers)
+        tail = _pack_same(self.timestamps) + pack_headers(self.headers)
         columns = columns_compiled.load()
         data = None if columns is None else columns.segment_data(self.keys, self.values, tail)
         if data is None:
