@@ -285,7 +285,8 @@ def test_a_segment_packed_in_one_pass_is_the_python_bytes(
     n = len(values)
     columns: Any = (tuple(keys[:n]), tuple(values)) if as_tuple else (keys[:n], values)
     segment = segments.Segment(7, *columns, [5] * n, [headers] * n, bytes(32 * n))
-    expected = (n, bytes(32 * n), msgpack.packb([keys[:n], values, [5] * n, [headers] * n]))
+    stored = [headers] * n if headers is None or n == 0 else [headers] + [True] * (n - 1)  # schema 9
+    expected = (n, bytes(32 * n), msgpack.packb([keys[:n], values, [5] * n, stored]))
     assert segment.encode() == expected == python_only(segment.encode)
     assert segments.Segment.decode(7, *segment.encode()) == segments.Segment(
         7, keys[:n], values, [5] * n, [headers] * n, bytes(32 * n)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from latticed.crdt import queue2
 from latticed.crdt.core_errors import GapError
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
+from latticed.daemon import GIL_SWITCH_INTERVAL_S
 from latticed.errors import LatticedError
 from latticed.host.config import DaemonConfig
 from latticed.net.core2_ahead import Relay
@@ -70,8 +70,9 @@ __all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 #: writer's CPU is 8 us a record, as bench_mesh measures it (7-8 us), not core 1's 10 (``cut`` was 1 ms).
 #: ``group_commit_ms`` as a daemon has it unless configured (``storage/writer.py`` ``_collect``).
 GROUP_COMMIT_S = {f.name: f.default for f in dataclasses.fields(DaemonConfig)}["group_commit_ms"] / 1000
-#: How long a thread waiting for the interpreter lets the thread holding it run (CPython's default).
-SWITCH_INTERVAL_S = sys.getswitchinterval()
+#: How long a thread waiting for the interpreter lets the thread holding it run: the switch interval a
+#: daemon sets for itself at start (``latticed.daemon``), not the test process's.
+SWITCH_INTERVAL_S = GIL_SWITCH_INTERVAL_S
 #: The reader threads a daemon's store reads on (``Engine.open``'s ``read_connections``, as the daemon
 #: opens it; ``bridge.read`` holds one per read): a node's link drivers read two deltas at a time.
 READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connections"].default
@@ -430,7 +431,7 @@ class MeshSim2(MeshSim):
         """A thread of node ``y`` (a reader, the storage thread) wants the interpreter (``gil``) for
         ``run``. The event loop holds it while it runs the tasks ready now (a trio batch, no blocking
         call in it), so the thread waits for them, but no longer than the interpreter's switch interval
-        (``sys.getswitchinterval()``: then CPython has the loop drop it)."""
+        (the daemon sets it at start: then CPython has the loop drop it)."""
         node = self.node2(y)
         if not node.runq:
             run()
