@@ -68,27 +68,23 @@ def loaded(root: Path) -> QueueState2:
         store.close()
 
 
-def leaf_runs(root: Path) -> list[tuple[int | None, bytes]]:
-    """``(steps_from, leaves)`` of the stored runs of shared leaves."""
+def stored_runs(root: Path, query: str) -> list[tuple[int | None, bytes]]:
+    """``(steps_from, run)`` of each row ``query`` selects from the store at ``root``."""
     conn = sqlite3.connect(db_path(root))
     try:
-        return [
-            (steps_from, bytes(raw))
-            for steps_from, raw in conn.execute("SELECT steps_from, leaves FROM leaves2 ORDER BY idx")
-        ]
+        return [(steps_from, bytes(raw)) for steps_from, raw in conn.execute(query)]
     finally:
         conn.close()
+
+
+def leaf_runs(root: Path) -> list[tuple[int | None, bytes]]:
+    """The stored runs of shared leaves."""
+    return stored_runs(root, "SELECT steps_from, leaves FROM leaves2 ORDER BY idx")
 
 
 def runs(root: Path) -> list[tuple[int | None, bytes]]:
-    conn = sqlite3.connect(db_path(root))
-    try:
-        return [
-            (steps_from, bytes(raw))
-            for steps_from, raw in conn.execute("SELECT steps_from, bodies FROM bodies2 ORDER BY end_off")
-        ]
-    finally:
-        conn.close()
+    """The stored runs of bodies."""
+    return stored_runs(root, "SELECT steps_from, bodies FROM bodies2 ORDER BY end_off")
 
 
 async def catch_up(root: Path, *sources: tuple[QueueState2, int]) -> QueueState2:
