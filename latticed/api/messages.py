@@ -53,26 +53,47 @@ class Packed(bytes):
         return cls(pack(obj))
 
 
-def pack_array(items: list[bytes]) -> Packed:
-    """A msgpack array of values each encoded already."""
-    n = len(items)
-    if n < 16:
-        header = bytes((0x90 | n,))
-    elif n < 1 << 16:
-        header = b"\xdc" + n.to_bytes(2, "big")
-    else:
-        header = b"\xdd" + n.to_bytes(4, "big")
-    return Packed(header + b"".join(items))
+class PackedArray:
+    """A msgpack array of values each encoded already, kept as its parts: :func:`pack_parts` splices them
+    into a reply map, and the connection joins map and frame once. A ``queue list`` of 30,000 queues is
+    ~3.5 MB; joined at each step (array, map, frame) it was copied four times a call."""
+
+    __slots__ = ("header", "items")
+
+    def __init__(self, items: list[bytes]) -> None:
+        n = len(items)
+        if n < 16:
+            self.header = bytes((0x90 | n,))
+        elif n < 1 << 16:
+            self.header = b"\xdc" + n.to_bytes(2, "big")
+        else:
+            self.header = b"\xdd" + n.to_bytes(4, "big")
+        self.items = list(items)  # its own: a listing goes on changing its list in place
+
+    def __bytes__(self) -> bytes:
+        return b"".join([self.header, *self.items])
+
+
+def pack_array(items: list[bytes]) -> PackedArray:
+    """A msgpack array of values each encoded already (their bytes are not copied until sent)."""
+    return PackedArray(items)
 
 
 def pack(obj: Any) -> bytes:
-    if type(obj) is dict and any(type(v) is Packed for v in obj.values()):
-        return _pack_map(obj)
+    if type(obj) is dict and any(type(v) in _SPLICED for v in obj.values()):
+        return b"".join(_map_parts(obj))
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def _pack_map(obj: dict[Any, Any]) -> bytes:
-    """A map with :class:`Packed` values, which go in as they are."""
+def pack_parts(obj: Any) -> list[bytes]:
+    """:func:`pack`'s bytes as parts to join (with a frame header, say) in one copy."""
+    if type(obj) is dict and any(type(v) in _SPLICED for v in obj.values()):
+        return _map_parts(obj)
+    return [msgpack.packb(obj, use_bin_type=True)]
+
+
+def _map_parts(obj: dict[Any, Any]) -> list[bytes]:
+    """A map with :class:`Packed` and :class:`PackedArray` values, which go in as they are."""
     n = len(obj)
     if n < 16:
         parts = [bytes((0x80 | n,))]
@@ -82,8 +103,16 @@ def _pack_map(obj: dict[Any, Any]) -> bytes:
         parts = [b"\xdf" + n.to_bytes(4, "big")]
     for key, value in obj.items():
         parts.append(msgpack.packb(key, use_bin_type=True))
-        parts.append(value if type(value) is Packed else msgpack.packb(value, use_bin_type=True))
-    return b"".join(parts)
+        if type(value) is PackedArray:
+            parts.append(value.header)
+            parts += value.items
+        else:
+            parts.append(value if type(value) is Packed else msgpack.packb(value, use_bin_type=True))
+    return parts
+
+
+#: Values :func:`pack` splices into a map as they are.
+_SPLICED: Final = (Packed, PackedArray)
 
 
 def unpack(data: bytes) -> Any:
@@ -308,8 +337,10 @@ __all__ = [
     "error_body",
     "error_reply",
     "Packed",
+    "PackedArray",
     "pack",
     "pack_array",
+    "pack_parts",
     "parse_headers",
     "unpack",
     "unpack_request",

@@ -9,6 +9,7 @@ import msgpack
 import pytest
 import trio
 
+from latticed.api.messages import pack_array
 from latticed.api.server.connection import LARGE_FRAME_BYTES, Connection
 from latticed.errors import ConnectionClosedError
 from latticed.protocol.framing import FrameDecoder, encode_frame
@@ -135,3 +136,21 @@ def test_the_decoder_tells_how_much_of_a_frame_is_missing() -> None:
     decoder.receive_data(frame[300:])
     assert decoder.missing == 0
     assert decoder.next_frame() == b"x" * 1_000
+
+
+async def test_a_reply_with_a_spliced_array_is_framed_as_the_plain_map_or_refused_past_the_limit() -> None:
+    # ``queue list`` replies with its entries encoded already (pack_array): joined once with the map and
+    # the frame header, the frame must be byte for byte the plain map's, and still refused when too big.
+    server, _peer = await pair()
+    items = [msgpack.packb({"name": f"q{i:06d}", "size": i}) for i in range(40_000)]
+    message = {"id": 3, "ok": True, "queues": pack_array(items)}
+    plain = {"id": 3, "ok": True, "queues": [msgpack.unpackb(item) for item in items]}
+    assert server.encode(message) == encode_frame(msgpack.packb(plain), LIMIT)
+    a, _b = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    small = Connection(trio.SocketStream(a), 100_000)
+    decoder = FrameDecoder(100_000)
+    decoder.receive_data(small.encode(message))
+    frame = decoder.next_frame()
+    assert frame is not None
+    reply = msgpack.unpackb(frame)
+    assert reply["id"] == 3 and reply["ok"] is False and "frame limit" in reply["error"]["message"]

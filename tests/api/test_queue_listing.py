@@ -10,7 +10,7 @@ from typing import Any
 import msgpack
 import trio
 
-from latticed.api.messages import Packed, pack, pack_array
+from latticed.api.messages import Packed, PackedArray, pack, pack_array
 from latticed.api.server.queue_listing import CHUNK, Listed, QueueListing
 from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueState
@@ -29,7 +29,7 @@ def info(q: int, state: QueueState) -> dict[str, Any]:
 
 
 def listed(listing: QueueListing, held: dict[int, QueueState]) -> list[dict[str, Any]]:
-    async def main() -> Packed:
+    async def main() -> PackedArray:
         return await listing.reply(list(held), held.__getitem__, info)
 
     body = pack({"queues": trio.run(main), "id": 7, "ok": True})
@@ -118,7 +118,7 @@ def test_queues_of_another_core_are_cached_per_value_loaded_once_and_sorted_in()
         return Listed(list(others), loaded.get, load, info)
 
     def listed_both(listing: QueueListing) -> list[dict[str, Any]]:
-        async def main() -> Packed:
+        async def main() -> PackedArray:
             return await listing.reply(list(held), held.__getitem__, info, more=(more(),))
 
         out: list[dict[str, Any]] = msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]
@@ -193,7 +193,7 @@ def test_a_queue_gone_between_the_list_of_numbers_and_its_state_is_left_out() ->
     async def load(q: int) -> QueueState:
         raise KeyError(q)  # not loaded, and gone by the time it would be
 
-    async def main() -> Packed:
+    async def main() -> PackedArray:
         more = Listed([*others, 99 * CHUNK], others.get, load, info)
         return await listing.reply(numbers, held.__getitem__, info, more=(more,))
 
@@ -229,6 +229,26 @@ def test_queues_new_since_the_last_listing_are_sorted_in_without_sorting_the_oth
     assert _Name.compared < 2 * n + CHUNK * CHUNK.bit_length()  # sorting all anew: ~n log n (~136,000)
 
 
+def test_queues_that_sort_after_the_listed_ones_join_without_comparing_the_others() -> None:
+    # A catch-up's new queues mostly sort after the ones listed already, and ``queue list`` is called again
+    # and again while it grows: merging them in by a sort compared every listed neighbour (~n here, 20,000
+    # a call), O(queues^2) over a catch-up. Each owner group's new run now costs about one comparison a
+    # queue, past sorting the new ones (k log k at most).
+    base = core.empty_state(OWNER.public_key, "q")
+    n, k = 10 * CHUNK, 200
+    held = {q: dataclasses.replace(base, name=_Name(f"q{q:06d}")) for q in range(n + k)}
+    listing = QueueListing()
+    listed(listing, {q: held[q] for q in range(n)})
+    for joining in (k - 3, 3):  # merged as runs, then inserted one by one
+        _Name.compared = 0
+        now = {q: held[q] for q in range(n + k - 3)} if joining > 3 else held
+        entries = listed(listing, now)
+        assert [e["name"] for e in entries] == [f"q{q:06d}" for q in range(0, len(now), 2)] + [
+            f"q{q:06d}" for q in range(1, len(now), 2)
+        ]
+        assert _Name.compared < joining * joining.bit_length() + 2 * n.bit_length()
+
+
 def test_a_followed_part_is_scanned_once_then_only_its_changed_queues_are_read() -> None:
     # A catch-up commits thousands of core-2 queues while ``queue list`` is called every few hundred ms:
     # reading every queue's value per call made the calls, and the loop they share, cost O(queues^2).
@@ -239,7 +259,7 @@ def test_a_followed_part_is_scanned_once_then_only_its_changed_queues_are_read()
         raise KeyError(q)  # every value is at hand; a dropped one is gone
 
     def listed_followed() -> list[dict[str, Any]]:
-        async def main() -> Packed:
+        async def main() -> PackedArray:
             more = Listed(lambda: list(others), others.get, never, info, followed=True)
             return await listing.reply([], {}.__getitem__, info, more=(more,))
 
@@ -278,7 +298,7 @@ def test_a_followed_part_stays_in_order_through_new_changed_dropped_and_reused_q
         raise KeyError(q)
 
     def listed_both() -> list[dict[str, Any]]:
-        async def main() -> Packed:
+        async def main() -> PackedArray:
             more = Listed(lambda: list(others), others.get, never, info2, followed=True)
             return await listing.reply(list(held), held.__getitem__, info2, more=(more,))
 

@@ -16,9 +16,9 @@ from typing import Any, Final
 
 import trio
 
-from latticed.api.messages import error_reply, pack
+from latticed.api.messages import error_reply, pack, pack_parts
 from latticed.errors import LatticedError, MalformedError
-from latticed.protocol.framing import FrameDecoder, encode_frame
+from latticed.protocol.framing import FrameDecoder, encode_frame, frame_header
 
 RECEIVE_SIZE: Final = 1 << 16
 #: The most one read asks for while the rest of a large frame is due (a frame's declared size is only
@@ -123,14 +123,19 @@ class Connection:
                 raise trio.BrokenResourceError(f"connection lost: {exc}") from exc
 
     def encode(self, message: dict[str, Any]) -> bytes:
-        """One framed message (an error reply instead if it would exceed the frame limit)."""
-        body = pack(message)
-        if len(body) > self.max_frame_bytes:
+        """One framed message (an error reply instead if it would exceed the frame limit), joined from
+        its parts once (a large reply's spliced values are not copied on the way)."""
+        parts = pack_parts(message)
+        size = sum(map(len, parts)) if len(parts) > 1 else len(parts[0])
+        if size > self.max_frame_bytes:
             failure: LatticedError = MalformedError(
-                f"reply of {len(body)} bytes exceeds the frame limit of {self.max_frame_bytes}; ask for less"
+                f"reply of {size} bytes exceeds the frame limit of {self.max_frame_bytes}; ask for less"
             )
-            body = pack(error_reply(message.get("id"), failure))
-        return encode_frame(body, self.max_frame_bytes)
+            return encode_frame(pack(error_reply(message.get("id"), failure)), self.max_frame_bytes)
+        if len(parts) == 1:
+            return encode_frame(parts[0], self.max_frame_bytes)
+        parts.insert(0, frame_header(size, self.max_frame_bytes))
+        return b"".join(parts)
 
     async def send(self, message: dict[str, Any]) -> None:
         await self._write(self.encode(message))

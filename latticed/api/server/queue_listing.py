@@ -33,7 +33,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import trio
 
-from latticed.api.messages import Packed, pack_array
+from latticed.api.messages import Packed, PackedArray, pack_array
 from latticed.crdt.queue import QueueState
 
 #: Queues looked at between two checkpoints (a few ms of work on this box at most).
@@ -92,6 +92,8 @@ class QueueListing:
         self._following = False
         self._followed: set[int] | None = None
         self._changed: set[int] = set()
+        #: Each owner's name once, so the places of its queues compare it by identity, not by its bytes.
+        self._owners: dict[str, str] = {}
 
     def changed(self, q: int, _state: object = None) -> None:
         """A commit listener: ``q`` of the followed part committed (new, changed or dropped)."""
@@ -115,7 +117,7 @@ class QueueListing:
         state: Callable[[int], QueueState],
         info: Callable[[int, QueueState], dict[str, Any]],
         more: Sequence[Listed[Any]] = (),
-    ) -> Packed:
+    ) -> PackedArray:
         """The encoded list of every queue in ``queues`` and in each of ``more``: owned first, then by
         owner and name. ``state`` gives a queue's committed state, ``info`` its entry as a map."""
         async with self._lock:
@@ -127,7 +129,7 @@ class QueueListing:
         state: Callable[[int], QueueState],
         info: Callable[[int, QueueState], dict[str, Any]],
         more: Sequence[Listed[Any]],
-    ) -> Packed:
+    ) -> PackedArray:
         found: list[int] = []  # the scanned parts' queues
         parts: tuple[Listed[Any], ...] = (Listed(queues, state, None, info), *more)
         looked = 0
@@ -157,11 +159,12 @@ class QueueListing:
             joining = list(scanned - placed)
             joining += [q for q in news if q not in placed]
         self._scanned = scanned
-        self._place(leaving, joining)
+        joined = self._place(leaving, joining)
         entries = self._entries
         if len(entries) > 2 * len(placed) + CHUNK:  # queues removed since: forget their entries
             for q in [q for q in entries if q not in placed]:
                 del entries[q]
+            self._owners.clear()  # owners gone too: the next entries name theirs again
         encoded = self._encoded
         if encoded is None:
             encoded = list(map(_ENCODED, map(entries.__getitem__, map(_NUMBER, self._order))))
@@ -169,34 +172,58 @@ class QueueListing:
         else:
             order = self._order
             for q in self._rebuilt:
-                if q in placed:
+                if q in placed and q not in joined:  # those just placed went in as built
                     entry = entries[q]
                     encoded[bisect.bisect_left(order, entry[1])] = entry[2]
         self._rebuilt.clear()
         return pack_array(encoded)
 
-    def _place(self, leaving: list[int], joining: list[int]) -> None:
-        """Take ``leaving`` out of the order and sort ``joining`` into it (a few one by one, keeping the
-        encoded entries; more by merging two sorted runs, the entries then joined anew)."""
+    def _place(self, leaving: list[int], joining: list[int]) -> set[int]:
+        """Take ``leaving`` out of the order and put ``joining`` into it; returns the joining queues whose
+        encoded entries went in with them (none if the entries are to be joined anew).
+
+        The kept order is never sorted again: each new place is found by bisection from the last one's
+        (a catch-up's new queues mostly sort after the others, and then cost one bisection in all), a few
+        inserted where they go, more merged by copying the runs between them as slices. Sorting every
+        place again compared each pair of neighbours, O(queues) a call, and a catch-up lists again and
+        again as it grows: O(queues^2) over it."""
         placed, order, entries = self._placed, self._order, self._entries
         if leaving:
             placed.difference_update(leaving)
             order = self._order = [place for place in order if place[1] in placed]
             self._encoded = None
         if not joining:
-            return
-        placed.update(joining)
-        places = sorted(entries[q][1] for q in set(joining))
+            return set()
+        fresh = set(joining)
+        placed.update(fresh)
+        places = sorted(entries[q][1] for q in fresh)
         encoded = self._encoded
-        if encoded is not None and len(places) <= _INSERTS:
+        if encoded is None:
+            order += places
+            order.sort()  # two sorted runs: merged in about one comparison per queue
+            return set()
+        if len(places) <= _INSERTS:
+            at = 0
             for place in places:
-                i = bisect.bisect_left(order, place)
-                order.insert(i, place)
-                encoded.insert(i, entries[place[1]][2])
-            return
-        order += places
-        order.sort()  # two sorted runs: merged in about one comparison per queue
-        self._encoded = None
+                at = _after(order, place, at)
+                order.insert(at, place)
+                encoded.insert(at, entries[place[1]][2])
+            return fresh
+        merged: list[_Place] = []
+        merged_encoded: list[bytes] = []
+        at = 0
+        for place in places:
+            i = _after(order, place, at)
+            if i > at:
+                merged += order[at:i]
+                merged_encoded += encoded[at:i]
+                at = i
+            merged.append(place)
+            merged_encoded.append(entries[place[1]][2])
+        merged += order[at:]
+        merged_encoded += encoded[at:]
+        self._order, self._encoded = merged, merged_encoded
+        return fresh
 
     async def _follow(self, looked: int, part: Listed[Any]) -> tuple[int, set[int], list[int], set[int]]:
         """The followed part's queues now (kept for the next listing): the last ones with only those
@@ -265,7 +292,8 @@ class QueueListing:
             built = part.info(q, current)
         except KeyError:  # gone while we were away from the loop
             return False
-        place = ((not built["owned"], built["owner"], built["name"]), q)
+        owner = self._owners.setdefault(built["owner"], built["owner"])  # one object: compared by identity
+        place = ((not built["owned"], owner, built["name"]), q)
         if entry is not None and entry[1] != place:  # a number used again: place it anew
             self._placed.discard(q)
             self._order = [p for p in self._order if p[1] != q]
@@ -274,6 +302,14 @@ class QueueListing:
         self._rebuilt.append(q)
         self.built += 1
         return True
+
+
+def _after(order: list[_Place], place: _Place, at: int) -> int:
+    """Where ``place`` goes in ``order``, at ``at`` or after (the last place found for a smaller one):
+    one comparison if it goes there too (new queues' places mostly come in runs), else a bisection."""
+    if at == len(order) or not order[at] < place:
+        return at
+    return bisect.bisect_left(order, place, at + 1)
 
 
 #: A state not read yet (its getter raised for another queue of the chunk).
