@@ -70,16 +70,25 @@ def folded_run(log: bytes, leaves: Sequence[Leaf], logs: Sequence[bytes]) -> Non
 
 def _folded(log: bytes, leaves: Sequence[Leaf], at: int, stop: int) -> list[bytes]:
     """The folds after each whole stride of ``leaves[at:stop]`` from ``log`` that the kept run already
-    holds (it starts at ``log`` and with those very leaves), else none."""
+    holds (it starts at ``log``, or within the first stride, and goes on with those very leaves), else
+    none. A catch-up's run starts at the body its steps follow (version 2 on a fresh queue: one leaf in),
+    so a run that starts a few leaves in is met by folding those few here and comparing with its start."""
     run = _run[0]
-    if run is None or run[0] != log:
+    if run is None:
         return []
-    _, known, logs = run
-    m = min(len(known), stop - at)
-    m -= m % STRIDE
-    if m < STRIDE or leaves[at : at + m] != known[:m]:
+    start, known, logs = run
+    skip = 0
+    if start != log:
+        if not known:
+            return []
+        skip = next((k for k in range(1, STRIDE) if at + k < stop and leaves[at + k] == known[0]), 0)
+        if not skip or fold(log, leaves[at : at + skip]) != start:
+            return []
+    usable = skip + min(len(known), stop - at - skip)  # leaves[at + skip + i] is the run's i-th
+    usable -= usable % STRIDE
+    if usable < STRIDE or leaves[at + skip : at + usable] != known[: usable - skip]:
         return []
-    return list(logs[STRIDE - 1 : m : STRIDE])
+    return list(logs[STRIDE - 1 - skip : usable - skip : STRIDE])
 
 
 def _remember(origin: bytes, known: tuple[Leaf, ...], folds: tuple[bytes, ...]) -> None:

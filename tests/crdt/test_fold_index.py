@@ -130,3 +130,42 @@ def test_a_run_folded_elsewhere_is_not_folded_again(monkeypatch: pytest.MonkeyPa
     calls = _count_folds(monkeypatch)
     assert prefix_fold(origin, tuple(run), len(run) - 3) == logs[len(run) - 4]
     assert calls[0] == STRIDE - 3  # the last part-stride only
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(leaf, min_size=STRIDE, max_size=3 * STRIDE + 5),
+    st.lists(leaf, min_size=1, max_size=STRIDE + 2),
+    st.integers(0, 6 * STRIDE),
+    st.sampled_from(["same", "other leaf", "other start"]),
+)
+def test_a_run_that_starts_leaves_in_gives_the_same_folds(
+    run: list[Leaf], lead: list[Leaf], n: int, how: str
+) -> None:
+    """A run that starts after a few of the log's leaves (a catch-up's steps follow version 2's body) is
+    met by folding those few; one whose start is not the fold of the leaves before it is not used."""
+    origin = head2.genesis(bytes([len(lead), n % 251]) + b"\x0a" * 30, 6)
+    leaves = (*lead, *run)
+    before = [(b"\x05" * 32, 7), *lead[1:]] if how == "other leaf" else lead
+    start = fold(origin, before) if how != "other start" else head2.genesis(b"\x02" * 32, 2)
+    logs, log = [], start
+    for digest, end in run:
+        log = head2.fold_one(log, digest, end)
+        logs.append(log)
+    fold_index.folded_run(start, run, logs)
+    assert prefix_fold(origin, leaves, n) == fold(origin, leaves[:n])
+
+
+def test_a_run_one_leaf_in_is_not_folded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    origin = head2.genesis(b"\x0b" * 32, 0)
+    leaves = [(bytes([i % 256]) * 32, i) for i in range(4 * STRIDE + 1)]
+    start = head2.fold_one(origin, *leaves[0])
+    logs, log = [], start
+    for digest, end in leaves[1:]:
+        log = head2.fold_one(log, digest, end)
+        logs.append(log)
+    fold_index.folded_run(start, leaves[1:], logs)
+    monkeypatch.setattr(fold_index.fold_compiled, "fold", lambda *args: None)  # Python folds: counted
+    calls = _count_folds(monkeypatch)
+    assert prefix_fold(origin, tuple(leaves), len(leaves) - 3) == logs[len(leaves) - 5]
+    assert calls[0] == 1 + STRIDE - 2  # the leaf before the run, then the last part-stride only

@@ -11,6 +11,7 @@ Where the extension is missing the tests that need it skip, unless ``LATTICED_RE
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -179,6 +180,24 @@ def test_the_loop_keeps_no_reference_it_does_not_own(built: leaf_compiled.Compil
         leaf_compiled.decode(built, prev, next_log(prev), raw, window)
         leaf_compiled.decode(built, prev, next_log(prev), raw[:-1], window)
     assert [sys.getrefcount(o) for o in shared] == before
+
+
+def test_the_bodies_and_leaves_it_makes_are_left_out_of_the_cycle_collector(
+    built: leaf_compiled.Compiled,
+) -> None:
+    """They hold only bytes, ints and a leaf: untracked, a collection does not walk them (a catch-up
+    makes two a version), and they are freed by their reference counts, as any untracked object."""
+    state, heads = history([("offer", 1)] * 6 + [("meta", 0), ("offer", 1)])
+    window = window_of(state.chain_at, 0, state.known_end)
+    mixed = [heads[2].leaf(), *heads[3:]]  # a leaf the steps carry whole, then bodies
+    raw = leaf_codec.encode(heads[1], mixed)
+    found = leaf_compiled.decode(built, heads[1], next_log(heads[1]), raw, window)
+    assert found is not None and found[0] == mixed[0]
+    bodies = [v for v in found if isinstance(v, HeadV2)]
+    assert len(bodies) == len(heads) - 3
+    assert not any(gc.is_tracked(b) or gc.is_tracked(b.leaf()) for b in bodies)
+    assert not any(gc.is_tracked(v) for v in found if not isinstance(v, HeadV2))
+    assert [b.leaf() for b in bodies] == [h.leaf() for h in heads[3:]]
 
 
 def test_without_the_extension_the_python_loop_reads_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
