@@ -66,7 +66,7 @@ def pack_array(items: list[bytes]) -> Packed:
 
 
 def pack(obj: Any) -> bytes:
-    if type(obj) is dict and Packed in map(type, obj.values()):  # a C loop: every request passes here
+    if type(obj) is dict and any(type(v) is Packed for v in obj.values()):
         return _pack_map(obj)
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
 
