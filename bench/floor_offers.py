@@ -82,18 +82,21 @@ def _client(path: str, start: float, stop: float, out: mp.Queue[Any]) -> None:
     done = 0
     while time.time() < start:
         time.sleep(0.001)
+    cpu0 = time.process_time()
     while time.time() < stop:
         conn.sendall(REQUEST)
         got = 0
         while got < len(REPLY):
             got += len(conn.recv(64))
         done += 1
+    cpu = time.process_time() - cpu0
     conn.close()
-    out.put(done)
+    out.put((done, cpu))
 
 
-def measure(clients: int, seconds: float, durable: bool) -> tuple[float, float]:
-    """(requests/s, server CPU µs per request)."""
+def measure(clients: int, seconds: float, durable: bool) -> tuple[float, float, float]:
+    """(requests/s, server CPU µs per request, the clients' CPU µs per request: bench_daemon's rows
+    print theirs, and on a box of two cores what the clients spend is taken from the server)."""
     context = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="ld-floor-", dir=os.environ.get("LATTICED_BENCH_DIR")) as root:
         path = str(Path(root) / "s.sock")
@@ -113,24 +116,30 @@ def measure(clients: int, seconds: float, durable: bool) -> tuple[float, float]:
             time.sleep(0.001)
         assert server.pid is not None
         cpu0 = cpu_s(server.pid)
-        done = sum(results.get() for _ in procs)
+        reports = [results.get() for _ in procs]
         cpu = cpu_s(server.pid) - cpu0
+        done = sum(count for count, _ in reports)
+        client_cpu = sum(used for _, used in reports)
         for proc in procs:
             proc.join()
         server.kill()
         server.join()
-    return done / seconds, cpu / max(done, 1) * 1e6
+    return done / seconds, cpu / max(done, 1) * 1e6, client_cpu / max(done, 1) * 1e6
 
 
 def report(clients: int, seconds: float) -> tuple[float, float]:
     """Prints both rows and returns (no-op rate, durable rate)."""
-    noop, noop_cpu = measure(clients, seconds, durable=False)
-    durable, durable_cpu = measure(clients, seconds, durable=True)
+    noop, noop_cpu, noop_clients = measure(clients, seconds, durable=False)
+    durable, durable_cpu, durable_clients = measure(clients, seconds, durable=True)
     print(f"floor, a bare trio server, {clients} clients each waiting for its reply:")
-    print(f"    no-op: {noop:,.0f} req/s, server CPU {noop_cpu:.0f} us/req")
+    print(
+        f"    no-op: {noop:,.0f} req/s, server CPU {noop_cpu:.0f} us/req, clients' CPU "
+        f"{noop_clients:.0f} us/req"
+    )
     print(
         f"    durable (group commit, one fdatasync per batch): {durable:,.0f} offers/s, server CPU "
-        f"{durable_cpu:.0f} us/offer; durable / no-op {durable / noop:.2f}"
+        f"{durable_cpu:.0f} us/offer, clients' CPU {durable_clients:.0f} us/offer; durable / no-op "
+        f"{durable / noop:.2f}"
     )
     return noop, durable
 

@@ -20,6 +20,7 @@ from latticed.api.client.blocking_client import Client
 from latticed.api.client.producer import Producer
 from latticed.api.server import api_server as server_module
 from latticed.api.server.api_server import MAX_IN_FLIGHT
+from latticed.api.server.connection import Connection
 from latticed.crdt.signing import Identity
 from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, OwnerUnreachableError
 from latticed.protocol.framing import FrameDecoder
@@ -330,3 +331,84 @@ async def test_pipelined_requests_in_flight_are_bounded_in_bytes(monkeypatch: py
         jobs[0].done.set()
         await third_started.wait()
     assert pipeline.in_flight == (2, 800) and [r["id"] for r in conn.sent] == [1]
+
+
+async def _waiting_pipeline() -> tuple[Any, socket.socket, list[Job], Any]:
+    """A pipeline on a real socket pair with two offers-to-be in flight (jobs the test finishes); the
+    client's end is a plain non-blocking socket, read without yielding to trio."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    b.setblocking(False)
+    conn = Connection(trio.SocketStream(trio.socket.from_stdlib_socket(a)), 1 << 24)
+    jobs: list[Job] = []
+
+    def begin(ctx: Any, request: dict[str, Any]) -> tuple[Job, Any]:
+        job = Job()
+        job.done = trio.Event()
+        jobs.append(job)
+        return job, lambda result: {"offset": result}
+
+    pipeline = server_module._Pipeline(None, conn)  # type: ignore[arg-type]
+    await pipeline.start(1, begin, {}, 10)
+    await pipeline.start(2, begin, {}, 10)
+    return pipeline, b, jobs, conn
+
+
+def _finish(job: Job, result: int) -> None:
+    """What the bridge does on the event loop once the job's transaction committed."""
+    job.result = result
+    job.done.set()
+    assert job.notify is not None
+    job.notify()
+
+
+def _replies_now(peer: socket.socket) -> list[dict[str, Any]]:
+    """The replies already in the client's socket (never waits)."""
+    decoder = FrameDecoder(1 << 24)
+    with contextlib.suppress(BlockingIOError):
+        decoder.receive_data(peer.recv(1 << 16))
+    out = []
+    while (frame := decoder.next_frame()) is not None:
+        out.append(msgpack.unpackb(frame, raw=False))
+    return out
+
+
+async def test_a_commit_answers_a_waiting_connection_in_order_without_waking_its_task() -> None:
+    """The commit's callback writes the finished replies itself, in request order (a later offer that
+    finished first waits for the earlier one), and the task keeps waiting for the next request."""
+    pipeline, peer, jobs, _ = await _waiting_pipeline()
+    got: list[bytes | None] = []
+
+    async def reader() -> None:
+        got.append(await pipeline.next_frame())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        _finish(jobs[1], 8)
+        assert _replies_now(peer) == [] and pipeline.in_flight == (2, 20)  # the first is not done yet
+        _finish(jobs[0], 7)
+        # No checkpoint since: the callback itself wrote both replies.
+        assert [(r["id"], r["offset"], r["ok"]) for r in _replies_now(peer)] == [(1, 7, True), (2, 8, True)]
+        assert pipeline.in_flight == (0, 0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # still waiting for the next request
+        peer.send(struct.pack(">I", 3) + b"abc")
+    assert got == [b"abc"]
+
+
+async def test_replies_the_socket_cannot_take_at_once_are_sent_by_the_task_first() -> None:
+    """While another write waits for room, the callback writes nothing: it wakes the task, which sends
+    the replies (before anything later) and goes back to waiting."""
+    pipeline, peer, jobs, conn = await _waiting_pipeline()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.next_frame)
+        await trio.testing.wait_all_tasks_blocked()
+        conn.writing = True
+        _finish(jobs[0], 7)
+        assert _replies_now(peer) == []
+        conn.writing = False
+        await trio.testing.wait_all_tasks_blocked()
+        assert [r["id"] for r in _replies_now(peer)] == [1] and pipeline.in_flight == (1, 10)
+        _finish(jobs[1], 8)
+        assert [r["id"] for r in _replies_now(peer)] == [2]
+        nursery.cancel_scope.cancel()

@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, NoReturn, Self
 
 import msgpack
 
@@ -36,7 +37,7 @@ from latticed.errors import (
 )
 from latticed.host.retention_policy import UNCHANGED, RetentionPolicy, Unchanged, policy_meta
 from latticed.host.socket_path import default_socket_path
-from latticed.protocol.framing import FrameDecoder, encode_frame
+from latticed.protocol.framing import FrameDecoder, encode_frame, frame_header
 
 #: Largest reply the client accepts; the daemon's own limit (``max_frame_bytes``) is normally lower.
 CLIENT_MAX_FRAME: Final = 1 << 30
@@ -45,6 +46,32 @@ _IOV_MAX: Final = 512
 _RECEIVE_SIZE: Final = 1 << 18
 
 HeaderPairs = tuple[tuple[str, bytes], ...]
+
+#: ``struct timeval`` as ``SO_RCVTIMEO``/``SO_SNDTIMEO`` take it (two native longs on Linux).
+_TIMEVAL: Final = struct.Struct("@ll")
+
+
+def set_timeout(sock: socket.socket, timeout: float | None) -> None:
+    """Bound each blocking send and receive of ``sock`` by ``timeout`` seconds (None: no bound).
+
+    Why not ``sock.settimeout``: Python then polls before every send and every receive (two more
+    syscalls and a wake-up registration a request, a real share of a small request's CPU). A blocking
+    socket with the kernel's ``SO_RCVTIMEO``/``SO_SNDTIMEO`` waits in the one ``recv``/``send`` instead,
+    which fails with ``EAGAIN`` (``BlockingIOError``) when the time runs out, reported as the timeout.
+    The bound is per call that waits (a send that keeps making progress is not cut off; a daemon that
+    stops reading or answering is). A timeout of 0 or less keeps Python's own non-blocking meaning."""
+    if timeout is not None and timeout <= 0:
+        sock.settimeout(timeout)
+        return
+    sock.settimeout(None)
+    if timeout is None:
+        value = _TIMEVAL.pack(0, 0)  # 0: wait for ever
+    else:
+        seconds, micros = divmod(max(1, round(timeout * 1e6)), 1_000_000)  # at least 1 us: 0 is for ever
+        value = _TIMEVAL.pack(seconds, micros)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
 
 #: Records asked for per ``range`` request by :meth:`Client.range_pages`.
 RANGE_PAGE_RECORDS: Final = 10_000
@@ -168,6 +195,7 @@ class _Connection:
             raise ConnectionClosedError(
                 f"cannot connect to latticed at {path}: {exc.strerror or exc}"
             ) from exc
+        set_timeout(sock, timeout)  # connected: from here on the kernel bounds each wait
         self.sock: socket.socket | None = sock
         self.decoder = FrameDecoder(CLIENT_MAX_FRAME)
         #: A whole reply taken from the decoder by :meth:`reply_ready`, for the next :meth:`receive`.
@@ -179,7 +207,19 @@ class _Connection:
             self.sock = None
 
     def send(self, message: dict[str, Any]) -> None:
-        self.send_many((message,))
+        """One request: packed, framed and written in one ``sendall`` (the path every call takes)."""
+        sock = self.sock
+        if sock is None:
+            raise ConnectionClosedError("connection to latticed is closed")
+        try:
+            body = pack(message)
+            data = frame_header(len(body), CLIENT_MAX_FRAME) + body
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise MalformedError(f"cannot encode request: {exc}") from exc
+        try:
+            sock.sendall(data)
+        except OSError as exc:
+            self._lost(exc)
 
     def send_many(self, messages: Sequence[dict[str, Any]]) -> None:
         """Several requests in one write (pipelining)."""
@@ -210,19 +250,27 @@ class _Connection:
             if views:
                 self.sock.sendall(views[0])
         except OSError as exc:
-            # The daemon may have refused the request (e.g. a frame over its limit) and hung up while we
-            # were still sending: its error reply is then waiting in our receive buffer.
-            reason = self._parting_error()
-            self.close()
-            if reason is not None:
-                raise reason from exc
-            raise ConnectionClosedError(f"lost the connection to latticed at {self.path}: {exc}") from exc
+            self._lost(exc)
+
+    def _lost(self, exc: OSError) -> NoReturn:
+        """A write failed: closes the connection and raises why, one line for the CLI."""
+        # The daemon may have refused the request (e.g. a frame over its limit) and hung up while we
+        # were still sending: its error reply is then waiting in our receive buffer.
+        reason = self._parting_error()
+        self.close()
+        if reason is not None:
+            raise reason from exc
+        if isinstance(exc, TimeoutError | BlockingIOError):  # SO_SNDTIMEO ran out (or settimeout's)
+            raise ConnectionClosedError(
+                f"latticed at {self.path} did not take the request within {self.timeout}s"
+            ) from exc
+        raise ConnectionClosedError(f"lost the connection to latticed at {self.path}: {exc}") from exc
 
     def _parting_error(self) -> LatticedError | None:
         if self.sock is None:
             return None
         try:
-            self.sock.settimeout(0.5)
+            set_timeout(self.sock, 0.5)
             reply = self.receive()
         except LatticedError:
             return None
@@ -272,7 +320,7 @@ class _Connection:
                 raise ConnectionClosedError(f"latticed at {self.path} closed the connection")
             try:
                 data = self.sock.recv(_RECEIVE_SIZE)
-            except TimeoutError as exc:
+            except (TimeoutError, BlockingIOError) as exc:  # SO_RCVTIMEO ran out (or settimeout's)
                 self.close()
                 raise ConnectionClosedError(
                     f"latticed at {self.path} did not answer within {self.timeout}s"
@@ -358,12 +406,12 @@ class Client(GroupOps, PeerOps, BundleOps):
             self._conn = _Connection(self._path, self._timeout)
         sock = self._conn.sock
         assert sock is not None
-        sock.settimeout(None if self._timeout is None else self._timeout + wait)
+        set_timeout(sock, None if self._timeout is None else self._timeout + wait)
         try:
             return self.call(op, **args)
         finally:
             if self._conn is not None and self._conn.sock is not None:
-                self._conn.sock.settimeout(self._timeout)
+                set_timeout(self._conn.sock, self._timeout)
 
     def open_stream(self, timeout: float | None) -> _Connection:
         """A new, dedicated connection (tails and subscriptions)."""

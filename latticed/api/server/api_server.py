@@ -255,10 +255,11 @@ class _Pipeline:
 
     A client that sends its next offer before the reply to the last one gets its offers into shared group
     commits (up to :data:`MAX_IN_FLIGHT` at a time; then the connection stops reading and the client's
-    socket buffer pushes back) instead of one commit per round trip. One task does it all: while offers
-    of a pipelining client are in flight it waits for the next request *or* a commit (a commit cancels
-    the wait, which is safe: :meth:`Connection.receive_frame` loses nothing when cancelled); for a client
-    that waits for each reply it waits for the commit alone, as if there were no pipelining."""
+    socket buffer pushes back) instead of one commit per round trip. One task reads: while offers
+    are in flight it waits for the next request, and the commit's callback on the event loop writes the
+    replies it finished (one pass over a group commit answers all its clients; the task wakes once an
+    offer, for the next request). Only what the socket does not take at once cancels the wait (safe:
+    :meth:`Connection.receive_frame` loses nothing when cancelled) for the task to send."""
 
     def __init__(self, ctx: Context, conn: Connection) -> None:
         self._ctx = ctx
@@ -266,14 +267,30 @@ class _Pipeline:
         self._pending: collections.deque[_Pending] = collections.deque()
         self._pending_bytes = 0
         self._waiting: trio.CancelScope | None = None
-        #: Set once the client sent a request before the last was answered: from then on, wait for input
-        #: and commits alike.
-        self._pipelining = False
+        #: Replies encoded by :meth:`_committed` that the socket did not take at once: the task sends them
+        #: before anything else.
+        self._unsent = b""
 
     def _committed(self) -> None:
-        """Called on the event loop when one of our jobs finished: stop waiting for input, answer it."""
-        if self._waiting is not None:
-            self._waiting.cancel()
+        """Called on the event loop when one of our jobs finished. While the task waits for the next
+        request, the finished replies are written here and now, so one pass over a group commit's jobs
+        answers every client of it and each task wakes only for its next request; whatever cannot be
+        written at once (or built: the task raises it) wakes the task instead."""
+        waiting = self._waiting
+        if waiting is None:
+            return  # the task waits for the commit itself (or runs): it answers
+        if not self._unsent:
+            conn = self._conn
+            try:
+                data = b"".join(map(conn.encode, self._finished_replies()))
+            except Exception:
+                waiting.cancel()  # the task builds them again and fails as it would have
+                return
+            self._take_finished()
+            self._unsent = conn.write_now(data) if data else b""
+            if not self._unsent:
+                return
+        waiting.cancel()
 
     @property
     def in_flight(self) -> tuple[int, int]:
@@ -295,8 +312,6 @@ class _Pipeline:
             job.origin = self
             self._pending.append((rid, job, build, size))
         self._pending_bytes += size
-        if len(self._pending) > 1:
-            self._pipelining = True
         while self._pending and (
             len(self._pending) >= MAX_IN_FLIGHT or self._pending_bytes >= MAX_IN_FLIGHT_BYTES
         ):
@@ -309,13 +324,8 @@ class _Pipeline:
             await self._answer_finished()
             if not self._pending or conn.frame_ready():
                 return await conn.receive_frame()
-            if conn.partly_received:
-                self._pipelining = True  # the next request is on its way before this one was answered
-            if not self._pipelining:
-                # A client that waits for each reply: wait for the commit alone (cheaper than also
-                # watching the socket, and nothing more can come until we answer).
-                await self._answer_head()
-                continue
+            # Wait for the next request; a commit answers what it finished meanwhile (``_committed``)
+            # and cancels the wait only if something is left for the task to send.
             with trio.CancelScope() as waiting:
                 self._waiting = waiting
                 try:
@@ -327,6 +337,8 @@ class _Pipeline:
         """Answer every pipelined request so far."""
         while self._pending:
             await self._answer_head()
+        if self._unsent:
+            await self._answer_finished()
 
     async def _answer_head(self) -> None:
         job = self._pending[0][1]
@@ -335,19 +347,34 @@ class _Pipeline:
         await self._answer_finished()
 
     async def _answer_finished(self) -> None:
-        """Send the replies of the finished requests at the head, in one write (one group commit
-        usually finishes several)."""
-        pending = self._pending
+        """Send what ``_committed`` could not, then the replies of the finished requests at the head,
+        in one write (one group commit usually finishes several)."""
+        if self._unsent:
+            data, self._unsent = self._unsent, b""
+            await self._conn.send_encoded(data)
+        replies = self._finished_replies()
+        self._take_finished()
+        if replies:
+            await self._conn.send_many(replies)
+
+    def _finished_replies(self) -> list[dict[str, Any]]:
+        """The replies of the finished requests at the head, in order (they stay pending)."""
         replies = []
+        for rid, job, build, _ in self._pending:
+            if not isinstance(job, LatticedError) and not job.done.is_set():
+                break
+            replies.append(_reply(rid, job, build))
+        return replies
+
+    def _take_finished(self) -> None:
+        """Drop the finished requests at the head (their replies were built)."""
+        pending = self._pending
         while pending:
-            rid, job, build, size = pending[0]
+            job, size = pending[0][1], pending[0][3]
             if not isinstance(job, LatticedError) and not job.done.is_set():
                 break
             pending.popleft()
             self._pending_bytes -= size
-            replies.append(_reply(rid, job, build))
-        if replies:
-            await self._conn.send_many(replies)
 
 
 def _reply(rid: Any, job: Job | LatticedError, build: Any) -> dict[str, Any]:

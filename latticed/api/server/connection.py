@@ -47,6 +47,8 @@ class Connection:
         #: Whether a frame of LARGE_FRAME_BYTES or more was buffered here (complete or not).
         self.held_large_frame = False
         self._pending: list[bytes] = []
+        #: A write is waiting for room in the socket (part of it sent): nothing else may write meanwhile.
+        self.writing = False
         #: The socket's descriptor when ``stream`` is a trio SocketStream (else the stream's own methods).
         self._fd: int | None = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
 
@@ -89,11 +91,6 @@ class Connection:
             return False
         self._pending.append(frame)
         return True
-
-    @property
-    def partly_received(self) -> bool:
-        """Whether part of a next frame is already here."""
-        return self.decoder.buffered > 0
 
     async def watch(self) -> bool:
         """Wait until the client sends a whole frame (kept for :meth:`receive_frame`: True) or ends the
@@ -148,6 +145,20 @@ class Connection:
         """Several replies in one write (what one group commit answers at once)."""
         await self._write(b"".join(map(self.encode, messages)))
 
+    def write_now(self, data: bytes) -> bytes:
+        """Write what the socket takes now, without waiting; returns the rest (all of it when the
+        stream is not a socket, another write is waiting for room, or the socket failed: the caller
+        hands the rest to :meth:`send_encoded`, which waits or raises as a write does). Lets a commit's
+        callback answer a client on the spot instead of waking the client's task to do it."""
+        fd = self._fd
+        if fd is None or self.writing:
+            return data
+        try:
+            sent = os.write(fd, data)
+        except OSError:  # BlockingIOError included: the task's own write waits, or reports the loss
+            return data
+        return data[sent:]
+
     async def _write(self, data: bytes) -> None:
         fd = self._fd
         if fd is None:
@@ -164,7 +175,11 @@ class Connection:
                     raise trio.BrokenResourceError(f"connection lost: {exc}") from exc
                 if sent >= len(view):
                     return
-                await trio.lowlevel.wait_writable(fd)
+                self.writing = True
+                try:
+                    await trio.lowlevel.wait_writable(fd)
+                finally:
+                    self.writing = False
 
 
 __all__ = ["LARGE_FRAME_BYTES", "Connection"]

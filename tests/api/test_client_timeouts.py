@@ -1,0 +1,172 @@
+"""The blocking client's timeouts, against tiny servers (no daemon): the kernel bounds each wait
+(``SO_RCVTIMEO``/``SO_SNDTIMEO`` on a blocking socket, no ``poll`` before every send and receive), a daemon
+that never answers or never reads still times out with a one-line typed error, and requests still go out
+with increasing ids and come back as before."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from latticed.api.client.blocking_client import Client, set_timeout
+from latticed.errors import ConnectionClosedError
+from latticed.protocol.framing import FrameDecoder
+
+_TIMEVAL = struct.Struct("@ll")
+
+
+def _kernel_timeouts(sock: socket.socket) -> tuple[tuple[int, int], tuple[int, int]]:
+    size = _TIMEVAL.size
+    receive = _TIMEVAL.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, size))
+    send = _TIMEVAL.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, size))
+    return receive, send
+
+
+Handler = Callable[[socket.socket, list[dict[str, object]]], None]
+
+
+def _silent(conn: socket.socket, seen: list[dict[str, object]]) -> None:
+    """Reads every request and never answers (until the client hangs up)."""
+    decoder = FrameDecoder(1 << 24)
+    while data := conn.recv(1 << 16):
+        seen.extend(msgpack.unpackb(frame) for frame in decoder.feed(data))
+
+
+def _answering(conn: socket.socket, seen: list[dict[str, object]]) -> None:
+    """Answers each offer at once with its id and an offset."""
+    decoder = FrameDecoder(1 << 24)
+    while data := conn.recv(1 << 16):
+        for frame in decoder.feed(data):
+            request = msgpack.unpackb(frame)
+            seen.append(request)
+            body = msgpack.packb({"ok": True, "id": request["id"], "offset": 40 + len(seen)})
+            conn.sendall(struct.pack(">I", len(body)) + body)
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[[Handler], tuple[Path, list[dict[str, object]]]]]:
+    """Starts a one-connection server running ``handler``; joins it at the end."""
+    threads: list[threading.Thread] = []
+    listeners: list[socket.socket] = []
+
+    def start(handler: Handler) -> tuple[Path, list[dict[str, object]]]:
+        path = tmp_path / f"s{len(threads)}.sock"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.listen(1)
+        listeners.append(listener)
+        seen: list[dict[str, object]] = []
+
+        def run() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                handler(conn, seen)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        threads.append(thread)
+        return path, seen
+
+    yield start
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    for listener in listeners:
+        listener.close()
+
+
+def test_the_socket_blocks_and_the_kernel_bounds_each_wait(
+    serve: Callable[[Handler], tuple[Path, list[dict[str, object]]]],
+) -> None:
+    path, seen = serve(_answering)
+    with Client(path, timeout=3.0) as client:
+        assert client.offer("q", b"v") == 41
+        assert client.offer("q", b"w", key=b"k") == 42
+        conn = client._conn
+        assert conn is not None and conn.sock is not None
+        assert conn.sock.gettimeout() is None  # no poll before every send and receive
+        assert _kernel_timeouts(conn.sock) == ((3, 0), (3, 0))  # whole seconds: exact at any HZ
+    assert [r["id"] for r in seen] == [1, 2]
+    assert [(r["op"], r["queue"], r["value"], r["key"]) for r in seen] == [
+        ("offer", "q", b"v", None),
+        ("offer", "q", b"w", b"k"),
+    ]
+
+
+def test_a_daemon_that_never_answers_times_out(
+    serve: Callable[[Handler], tuple[Path, list[dict[str, object]]]],
+) -> None:
+    path, seen = serve(_silent)
+    client = Client(path, timeout=0.2)
+    started = time.monotonic()
+    never = r"^latticed at .* did not answer within 0\.2s$"
+    with pytest.raises(ConnectionClosedError, match=never) as caught:
+        client.offer("q", b"v")
+    elapsed = time.monotonic() - started
+    assert 0.19 <= elapsed < 5
+    assert "\n" not in str(caught.value)  # one line for the CLI
+    assert client._conn is not None and client._conn.sock is None  # the connection is dropped
+    client.close()
+    assert [r["op"] for r in seen] == ["offer"]
+
+
+def test_a_waiting_offer_times_out_after_its_wait_and_restores_the_timeout(
+    serve: Callable[[Handler], tuple[Path, list[dict[str, object]]]],
+) -> None:
+    path, _ = serve(_silent)
+    client = Client(path, timeout=0.1)
+    started = time.monotonic()
+    with pytest.raises(ConnectionClosedError, match="did not answer within"):
+        client.offer("q", b"v", wait=0.2)
+    assert time.monotonic() - started >= 0.29  # the timeout grew by the wait
+    client.close()
+
+    path, _ = serve(_answering)
+    with Client(path, timeout=1.0) as client:
+        assert client.offer("q", b"v", wait=3.0) == 41
+        conn = client._conn
+        assert conn is not None and conn.sock is not None
+        assert _kernel_timeouts(conn.sock) == ((1, 0), (1, 0))  # back to the client's own
+
+
+def test_a_daemon_that_never_reads_times_out_on_send(
+    serve: Callable[[Handler], tuple[Path, list[dict[str, object]]]],
+) -> None:
+    hung_up = threading.Event()
+
+    def deaf(conn: socket.socket, seen: list[dict[str, object]]) -> None:
+        hung_up.wait(10)  # accepts, never reads, until the test is done
+
+    path, _ = serve(deaf)
+    client = Client(path, timeout=0.2)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConnectionClosedError, match=r"did not take the request within 0\.2s$"):
+            client.offer("q", b"x" * (8 << 20))  # far more than the socket buffers hold
+        assert 0.19 <= time.monotonic() - started < 5
+        assert client._conn is not None and client._conn.sock is None
+    finally:
+        hung_up.set()
+        client.close()
+
+
+def test_no_timeout_waits_for_ever_and_tiny_ones_are_not_for_ever() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        set_timeout(a, None)
+        assert a.gettimeout() is None
+        assert _kernel_timeouts(a) == ((0, 0), (0, 0))  # 0: no bound
+        set_timeout(a, 1e-9)
+        receive, send = _kernel_timeouts(a)
+        assert receive == send and receive[0] == 0 and 0 < receive[1] <= 10_000  # a tick, never 0 (for ever)
+        set_timeout(a, 0)  # Python's non-blocking meaning is kept
+        assert a.gettimeout() == 0.0
+        with pytest.raises(BlockingIOError):
+            a.recv(1)
