@@ -85,7 +85,7 @@ def turn(states: list[QueueState2], warmup: int, every: int) -> dict[str, float]
     waiting: list[tuple[int, Job]] = []
     counted = 0
     for i in range(1, len(states)):
-        before, after = states[i - 1], states[i]
+        after = states[i]
         a.local_update(KEY, link_summary(after))  # the owner's push (not the relay's work)
         need = a.next_event()
         assert isinstance(need, NeedDelta2)
