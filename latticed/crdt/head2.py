@@ -170,6 +170,22 @@ class HeadV2:
         verify(owner, self.body(), self.signature)
 
 
+#: The last heads :func:`next_log` folded and their logs (held, so compared by identity): a relay folded
+#: each live push's head ~7 times (its decode twice, its steps, its check, the value's summary, its
+#: pass-on's encode, the next push's decode as the link's ref). Not a ``HeadV2`` slot: the compiled
+#: loops set exactly its fields (:mod:`.leaf_compiled`).
+_next_logs: list[tuple[HeadV2, bytes]] = []
+_NEXT_LOGS = 4
+
+
 def next_log(head: HeadV2) -> bytes:
     """The ``log`` the owner's next head of ``head``'s epoch signs."""
-    return fold(head.log, [head.leaf()])
+    for known, log in _next_logs:
+        if known is head:
+            return log
+    digest, end = head.leaf()
+    log = fold_one(head.log, digest, end)
+    _next_logs.append((head, log))
+    if len(_next_logs) > _NEXT_LOGS:
+        del _next_logs[0]
+    return log

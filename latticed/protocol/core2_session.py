@@ -90,7 +90,7 @@ def has_news(ours: Summary2 | None, theirs: Summary2 | None) -> bool:
         return False
     if theirs is None:
         return True
-    if ours == theirs:
+    if ours is theirs or ours == theirs:
         return False
     a, b = ours.core, theirs.core
     if a.log.epoch != b.log.epoch:

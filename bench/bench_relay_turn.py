@@ -1,0 +1,167 @@
+"""A relay's whole turn for one live one-record core-2 push, sans IO: where the event loop's Python goes.
+
+Usage: python bench/bench_relay_turn.py [--records N] [--warmup W] [--commit-every K] [--rounds R]
+
+Three real :class:`~latticed.protocol.core2_session.Core2Link` pairs on the daemon's features (compact,
+repeat-headers, window2): the owner A's link to the relay B, B's upstream link, B's downstream link and
+D's. For each of A's commits (built before timing: the owner's work) the relay's parts are timed apart:
+
+- ``decode``: the DELTA2's frame unpacked and :meth:`Core2Link.receive` (the compact codec), the event;
+- ``check``: :meth:`AheadPushes.check` against the value ahead (steps, ``verify_delta``, join) and
+  :meth:`AheadPushes.note_push` (what the engine host's ``submit_merge2`` does on the event loop);
+- ``pass_on``: the downstream link's ``local_update``, its ``NeedDelta2`` answered from the push as it
+  came (:meth:`AheadPushes.relay`), ``provide_delta`` and the encoded message;
+- ``d_ack``: D's ACK read on B's downstream link (D's own verification is not timed);
+- ``complete``: every ``K`` records a "commit": the upstream link's ``delta_applied`` of each push, the
+  change told to both links (``local_update``), the ACK encoded (no storage thread: its work is another
+  budget).
+
+Prints µs a record per part, the median of ``R`` rounds over fresh links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+from latticed.crdt import queue2
+from latticed.crdt.queue2 import QueueState2
+from latticed.crdt.records import Record
+from latticed.crdt.signing import Identity
+from latticed.net.core2_ahead import AheadPushes
+from latticed.protocol.core2_compact import REPEAT_HEADERS
+from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
+from latticed.protocol.core2_steps import outgoing
+from latticed.protocol.core2_wire import link_summary
+from latticed.protocol.replication_messages import QueueKey, unpack_message
+from latticed.protocol.versions import HEADS_V2, WINDOW2
+from latticed.storage.jobs import Job
+
+PARTS = ("decode", "check", "pass_on", "d_ack", "complete")
+FEATURES = frozenset({HEADS_V2, "compact", REPEAT_HEADERS, WINDOW2})
+OWNER = Identity.from_seed(b"r" * 32)
+KEY: QueueKey = (OWNER.public_key, "relay-turn", 0)
+MAX_BYTES = 8 * 1024 * 1024
+
+
+def line(n: int, size: int = 100) -> list[QueueState2]:
+    """The owner's states: one record, then ``n`` live one-record commits."""
+    state = queue2.empty_state(OWNER.public_key, KEY[1])
+    states = [queue2.commit(state, OWNER, now_ms=1_700_000_000_000, records=[Record(bytes(size))])]
+    for i in range(n):
+        now = 1_700_000_001_000 + 5 * i
+        value = i.to_bytes(4, "big") * (size // 4)
+        states.append(queue2.commit(states[-1], OWNER, now_ms=now, records=[Record(value, timestamp=now)]))
+    return states
+
+
+def _pair(held: QueueState2) -> tuple[Core2Link, Core2Link]:
+    left, right = Core2Link(), Core2Link()
+    for link in (left, right):
+        link.agree(FEATURES)
+        link.start({KEY: link_summary(held)})
+    for sender, receiver in ((left, right), (right, left)):
+        for m in sender.messages_to_send():
+            receiver.receive(unpack_message(m))
+    return left, right
+
+
+def _job() -> Job:
+    job = Job()
+    job.done = threading.Event()
+    return job
+
+
+def turn(states: list[QueueState2], warmup: int, every: int) -> dict[str, float]:
+    """One round over ``states``: µs a record per part, past the first ``warmup`` records."""
+    clock: Callable[[], int] = time.perf_counter_ns
+    a, b_up = _pair(states[0])
+    b_down, d = _pair(states[0])
+    ahead, loaded, q = AheadPushes(), states[0], 1
+    spent = dict.fromkeys(PARTS, 0)
+    waiting: list[tuple[int, Job]] = []
+    counted = 0
+    for i in range(1, len(states)):
+        after = states[i]
+        a.local_update(KEY, link_summary(after))  # the owner's push (not the relay's work)
+        need = a.next_event()
+        assert isinstance(need, NeedDelta2)
+        a.provide_delta(KEY, outgoing(after, need.since, need.max_records, MAX_BYTES))
+        (wire,) = a.messages_to_send()
+        t0 = clock()
+        b_up.receive(unpack_message(wire), size=len(wire))
+        got = b_up.next_event()
+        assert isinstance(got, Delta2Received)
+        t1 = clock()
+        push = ahead.check(q, loaded, got.delta, got.steps)
+        assert push is not None, "a live push the relay's event loop verifies"
+        job = _job()
+        summary = ahead.note_push(q, push, job, got.delta, got.steps)
+        waiting.append((got.seq, job))
+        t2 = clock()
+        b_down.local_update(KEY, summary)
+        ask = b_down.next_event()
+        assert isinstance(ask, NeedDelta2)
+        out = ahead.relay(q, ask.since, ask.max_records, MAX_BYTES)
+        if out is None:
+            value = ahead.value(q, loaded)
+            assert value is not None
+            out = outgoing(value, ask.since, ask.max_records, MAX_BYTES)
+        b_down.provide_delta(KEY, out)
+        (passed,) = b_down.messages_to_send()
+        t3 = clock()
+        took = [t1 - t0, t2 - t1, t3 - t2, 0, 0]
+        d.receive(unpack_message(passed), size=len(passed))  # D (not timed): holds it at once
+        arrived = d.next_event()
+        assert isinstance(arrived, Delta2Received)
+        d.delta_applied(arrived.seq, link_summary(after), True)
+        acks = d.messages_to_send()
+        t4 = clock()
+        for m in acks:
+            b_down.receive(unpack_message(m))
+        took[3] = clock() - t4
+        if len(waiting) == every or i == len(states) - 1:
+            t5 = clock()
+            stored = push.value
+            for _, j in waiting:
+                j.done.set()
+            loaded = stored
+            summary = link_summary(stored)
+            for seq, _ in waiting:
+                b_up.delta_applied(seq, summary, True)
+            b_up.local_update(KEY, summary)
+            b_down.local_update(KEY, summary)
+            up = b_up.messages_to_send()
+            down = b_down.messages_to_send()
+            took[4] = clock() - t5
+            for m in up:
+                a.receive(unpack_message(m))
+            assert not down and b_down.next_event() is None
+            waiting.clear()
+        if i > warmup:
+            counted += 1
+            for part, ns in zip(PARTS, took, strict=True):
+                spent[part] += ns
+    return {part: ns / counted / 1000 for part, ns in spent.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--commit-every", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    states = line(args.records + args.warmup)
+    rounds = [turn(states, args.warmup, args.commit_every) for _ in range(args.rounds)]
+    total = [sum(r.values()) for r in rounds]
+    for part in PARTS:
+        print(f"{part:10s} {statistics.median(r[part] for r in rounds):7.1f} us a record")
+    print(f"{'total':10s} {statistics.median(total):7.1f} us a record ({args.rounds} rounds)")
+
+
+if __name__ == "__main__":
+    main()
