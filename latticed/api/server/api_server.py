@@ -273,9 +273,8 @@ class _Pipeline:
 
     def _committed(self) -> None:
         """Called on the event loop when one of our jobs finished. While the task waits for the next
-        request, the finished replies are written here and now, so one pass over a group commit's jobs
-        answers every client of it and each task wakes only for its next request; whatever cannot be
-        written at once (or built: the task raises it) wakes the task instead."""
+        request, the finished replies are written here, so one pass over a group commit answers all its
+        clients and each task wakes only for its next request; what cannot be written (or built) wakes it."""
         waiting = self._waiting
         if waiting is None:
             return  # the task waits for the commit itself (or runs): it answers
