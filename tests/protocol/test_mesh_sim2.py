@@ -350,3 +350,43 @@ def test_a_batch_waits_for_as_many_writers_as_the_last_ones_held() -> None:
 
     assert began_after(GROUP_COMMIT_S) >= GROUP_COMMIT_S - 1e-9 and GROUP_COMMIT_S == 0.002
     assert began_after(0.0) <= 0.0001
+
+
+def test_a_bulks_have2s_are_its_lazy_links_announcing_once_a_linger() -> None:
+    """What the daemons do in bench_mesh's bulk (each daemon's sent messages logged per link, two runs;
+    bench/RESULTS.md, "HAVE2s at N = 8 ... branch sim19"): the warm-up's record prunes links off its
+    spanning tree; during the bulk each pruned pair carries one end's HAVE2 once a HAVE linger (the end
+    whose incarnation is higher waits, and the other's word covers what it had to say: its HAVE2s are
+    held back), and no link the bulk flows on carries one. So the bulk's HAVE2s are the lazy pairs times
+    the lingers it lasts, a count that follows the part's time (the daemons: 6-7 pairs a linger)."""
+    sim = MeshSim2(8, draws=0)
+    haves: list[tuple[float, int, int]] = []
+    send = sim._send
+
+    def spy(x: int, y: int, messages: list[bytes], at: float) -> None:
+        haves.extend((at, x, y) for m in messages if counted_name(m) == "have2")
+        send(x, y, messages, at)
+
+    warm_up(sim)
+    sim.run_for(1.0)
+    lazy = {
+        frozenset((x, y))
+        for x, node in enumerate(sim.nodes)
+        for y, session in node.sessions.items()
+        if session.core2 is not None and not session.core2._links[sim.key].eager
+    }
+    sim._send = spy  # type: ignore[method-assign]
+    part = bulk(sim, 50_000, 100)
+    start = sim.now - part.elapsed
+    during = [(at - start, x, y) for at, x, y in haves if start <= at <= sim.now]
+    links = {(x, y) for _, x, y in during}
+    assert len(lazy) >= 5, lazy
+    assert all(frozenset(link) in lazy for link in links), (links, lazy)  # none where the bulk flows
+    assert len({frozenset(link) for link in links}) == len(links)  # one end of a pair announces
+    for x, y in links:
+        assert sim.nodes[x].sessions[y].incarnation < sim.nodes[y].sessions[x].incarnation  # x: not waiting
+        times = sorted(t for t, a, b in during if (a, b) == (x, y))
+        assert all(b - a >= HAVE_LINGER_S * 0.9 for a, b in zip(times, times[1:], strict=False)), times
+        assert len(times) <= part.elapsed // HAVE_LINGER_S + 1, times
+    assert len(during) >= len(links) * (part.elapsed // HAVE_LINGER_S - 1)
+    assert round(part.per_record("have2") * 7 * 50_000) == len(during)  # sent within the part, all received
