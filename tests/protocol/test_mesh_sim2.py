@@ -4,6 +4,7 @@ messages counted as the daemons count them, and the figures it was calibrated on
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -386,7 +387,7 @@ def test_a_bulks_have2s_are_its_lazy_links_announcing_once_a_linger() -> None:
     for x, y in links:
         assert sim.nodes[x].sessions[y].incarnation < sim.nodes[y].sessions[x].incarnation  # x: not waiting
         times = sorted(t for t, a, b in during if (a, b) == (x, y))
-        assert all(b - a >= HAVE_LINGER_S * 0.9 for a, b in zip(times, times[1:], strict=False)), times
+        assert all(b - a >= HAVE_LINGER_S * 0.9 for a, b in itertools.pairwise(times)), times
         assert len(times) <= part.elapsed // HAVE_LINGER_S + 1, times
     assert len(during) >= len(links) * (part.elapsed // HAVE_LINGER_S - 1)
     assert round(part.per_record("have2") * 7 * 50_000) == len(during)  # sent within the part, all received
