@@ -355,11 +355,12 @@ def test_a_batch_waits_for_as_many_writers_as_the_last_ones_held() -> None:
 
 def test_a_bulks_have2s_are_its_lazy_links_announcing_once_a_linger() -> None:
     """What the daemons do in bench_mesh's bulk (each daemon's sent messages logged per link, two runs;
-    bench/RESULTS.md, "HAVE2s at N = 8 ... branch sim19"): the warm-up's record prunes links off its
+    bench/RESULTS.md, "... where a bulk's HAVE2s come from"): the warm-up's record prunes links off its
     spanning tree; during the bulk each pruned pair carries one end's HAVE2 once a HAVE linger (the end
     whose incarnation is higher waits, and the other's word covers what it had to say: its HAVE2s are
     held back), and no link the bulk flows on carries one. So the bulk's HAVE2s are the lazy pairs times
-    the lingers it lasts, a count that follows the part's time (the daemons: 6-7 pairs a linger)."""
+    the lingers with news it lasts, a count that follows the part's time (the daemons: 6-7 pairs a
+    linger, 1-3 lingers a run)."""
     sim = MeshSim2(8, draws=0)
     haves: list[tuple[float, int, int]] = []
     send = sim._send
