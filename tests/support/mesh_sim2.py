@@ -194,7 +194,7 @@ class MeshSim2(MeshSim):
 
         def call() -> None:
             self._busy(node, self.costs.offer + self.costs.offer_record * count)
-            self._at(node.cpu_free, handled)
+            self.box.then(node.cpu, handled)
 
         def handled() -> None:
             records = [Record(value=bytes(payload), timestamp=self.wall_ms()) for _ in range(count)]
@@ -297,11 +297,11 @@ class MeshSim2(MeshSim):
         sync = self.costs.commit + self.costs.sync_record * records  # the COMMIT's wait on the disk
         if self.gil:  # the storage thread's Python work holds the interpreter the event loop needs
             self._busy(node, work)
-            node.disk_free = max(node.cpu_free, node.disk_free) + sync
+            thread = node.cpu
         else:
             node.cpu_work += work
-            node.disk_cpu_until = max(self.now, node.disk_free) + self._scaled(work)
-            node.disk_free = node.disk_cpu_until + sync
+            thread = node.disk_cpu
+            self.box.work(thread, self._scaled(work))
 
         def committed() -> None:
             node.commits += 1
@@ -321,7 +321,11 @@ class MeshSim2(MeshSim):
             if node.waiting:
                 self._next_commit(y)
 
-        self._at(node.disk_free, committed)
+        def synced() -> None:  # its records' work done, the COMMIT waits on the disk
+            node.disk_free = max(self.now, node.disk_free) + sync
+            self._at(node.disk_free, committed)
+
+        self.box.then(thread, synced)
 
     # ------------------------------------------------------------------ a node as the daemon is one
     def _run_driver(self, y: int, x: int) -> None:
@@ -345,7 +349,7 @@ class MeshSim2(MeshSim):
             elif isinstance(event, Delta2Received):
                 node.received["copies"] += len(event.delta.records)
                 self._submit2(y, x, event)
-        self._flush(y, x, max(self.now, node.cpu_free))
+        self._flush_after(y, x)
         deadline = session.next_deadline()
         if deadline is not None and node.deadlines.get(x) != deadline:
             node.deadlines[x] = deadline
@@ -397,13 +401,12 @@ class MeshSim2(MeshSim):
                 self._interpreter(y, "reader", read)
             else:
                 node.cpu_work += work
-                node.read_free = max(self.now, node.read_free) + self._scaled(work)
-                self._at(node.read_free, ended)
+                self.box.work(node.reader, self._scaled(work))
+                self.box.then(node.reader, ended)
 
         def read() -> None:  # a reader thread builds the records holding the interpreter
             self._busy(node, work)
-            node.read_free = max(self.now, node.read_free, node.cpu_free)
-            self._at(node.read_free, ended)
+            self.box.then(node.cpu, ended)
 
         def ended() -> None:  # trio's to_thread: the limiter released (its next waiter woken) first
             if node.read_queue:
@@ -482,7 +485,7 @@ class MeshSim2(MeshSim):
 
         if ahead is None:  # verified and joined on the storage thread
             job = _Job2(count, apply, committed, cpu=costs.verify + costs.verify_record * count, origin=x)
-            self._at(max(self.now, node.cpu_free), lambda: self._store(y, job))
+            self.box.then(node.cpu, lambda: self._store(y, job))
             return
         self._busy(node, costs.verify + costs.verify_record * count)
         against, value = ahead
@@ -495,7 +498,7 @@ class MeshSim2(MeshSim):
             self._store(y, job)
             self._changed2(y, after, x)
 
-        self._at(max(self.now, node.cpu_free), relayed)
+        self.box.then(node.cpu, relayed)
 
     @staticmethod
     def _note_recent(node: MeshNode2, key: QueueKey, lo: int, hi: int) -> None:
