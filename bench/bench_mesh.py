@@ -255,14 +255,24 @@ class Meter:
 
     def by_thread(self, index: int, records: int) -> str:
         """Daemon ``index``'s CPU per record since the start in us to 0.01, by thread: its event loop
-        (the main thread), storage thread, worker threads (store reads, trio's) and threads gone since
+        (the main thread), storage thread, trio's worker threads (store reads), others (the checkpointer)
+        and threads gone since
         (the process's CPU clock less its live threads'): what the mesh simulator's costs are per role."""
         pid = self.nodes[index].proc.pid
         total0, before = self.threads_before[index]
         total, after = cpu_ns_s(pid), thread_cpu_s(pid)
-        roles = {"loop": 0.0, "storage": 0.0, "workers": 0.0}
+        roles = {"loop": 0.0, "storage": 0.0, "readers": 0.0, "other": 0.0}
         for tid, (name, seconds) in after.items():
-            role = "loop" if tid == pid else "storage" if name.startswith("latticed-stor") else "workers"
+            # the storage thread names itself ``ld-storage``; store reads run on trio's worker threads
+            role = (
+                "loop"
+                if tid == pid
+                else "storage"
+                if name == "ld-storage"
+                else "readers"
+                if name.startswith("Trio thread")
+                else "other"
+            )
             roles[role] += seconds - before.get(tid, (name, 0.0))[1]
         roles["gone"] = total - total0 - sum(roles.values())
         parts = " + ".join(f"{role} {cpu / records * 1e6:.2f}" for role, cpu in roles.items())
