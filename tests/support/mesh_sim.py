@@ -296,6 +296,13 @@ class Costs:
     cut_record: float = 0.000001  # ... and per record
     commit: float = 0.001  # a transaction on the storage thread: its fsync (waits on the disk) ...
     commit_record: float = 0.000002  # ... and per record (merged and written first: uses a core)
+    #: The storage thread's work per delta it verifies and merges itself (one not checked ahead on the
+    #: event loop), besides ``verify``: the store's reads of the rows the delta follows, its statements,
+    #: the change hook. 0: none (core 1's had none).
+    merge: float = 0.0
+    #: The writer's storage thread per record of an API call on top of ``commit_record``: chaining and
+    #: signing them (``queue2.commit``) where a replica's joins a verified delta. 0: none (core 1's).
+    sign_record: float = 0.0
     #: The fsync's wait per record of the transaction on top of ``commit`` (a bulk chunk's WAL frames
     #: take longer to reach the disk than a live record's). 0: none (the core-1 calibration had none).
     sync_record: float = 0.0

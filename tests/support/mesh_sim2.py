@@ -58,16 +58,6 @@ from support.mesh_sim import Costs, MeshNode, MeshSim, _Job
 
 __all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 
-#: :class:`Costs` as calibrated on core 1, with the stalls bench_mesh's core-2 daemons showed at N = 8 on
-#: the shared box (2026-11-29, load 2.2-3.3), fitted to their live 100/s part: without them the simulated
-#: relays never missed a push's turn (1.00 DELTA2 and 0.57 ACK2 per record per replica, last-node p99
-#: 9 ms, against the daemons' 0.91-0.98, 0.52-0.56 and 37-81 ms). bench/RESULTS.md has the comparison.
-#: A bulk chunk's per-size costs measured (2026-11-30, "bulk at N = 8 against the daemons"): a transaction's
-#: COMMIT waits 5.5 us more per record (the daemons' ``latticed_storage_fsync_seconds`` at N = 8: 5-12 ms
-#: for a chunk's transaction, 1-2 ms for a live record's); decoding a received DELTA2 costs 6.2 ns a byte
-#: on top of ``message`` (0.72 ms for 1,000 records, 0.06 ms for one) and encoding one 0.04 ms and 0.32 us
-#: a record (0.36 ms for 1,000): this build's codec, timed in the simulator's own process. With them the
-#: writer's CPU is 8 us a record, as bench_mesh measures it (7-8 us), not core 1's 10 (``cut`` was 1 ms).
 #: ``group_commit_ms`` as a daemon has it unless configured (``storage/writer.py`` ``_collect``).
 GROUP_COMMIT_S = {f.name: f.default for f in dataclasses.fields(DaemonConfig)}["group_commit_ms"] / 1000
 #: How long a thread waiting for the interpreter lets the thread holding it run: the switch interval a
@@ -77,13 +67,39 @@ SWITCH_INTERVAL_S = GIL_SWITCH_INTERVAL_S
 #: opens it; ``bridge.read`` holds one per read): a node's link drivers read two deltas at a time.
 READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connections"].default
 
+#: Each daemon's CPU per operation as measured, not fitted to the outcome (bench/RESULTS.md, "per-message
+#: CPU costs measured from the daemons"); the stalls and ``wake`` are core 1's fit as before.
+#: Sans IO, the real functions on the bulk's real messages (/tmp/sim19/ops2.py in that section: the
+#: simulator's draws 0-3 at N = 8, bulk 50k, each call's ``time.thread_time``, the daemon's GC settings):
+#: ``message``/``message_byte`` a received message's ``SecureChannel`` open and ``receive_message`` (a
+#: small one's median; the rest per byte), ``cut``/``cut_record`` an outgoing one's ``_encode`` and
+#: ``seal`` (per record at the bulk's 106 B of DELTA2 a record), ``verify``/``verify_record``
+#: ``unpack_steps`` and ``queue2.verify_delta`` (the fixed part: one batch's signature), ``sign_record``
+#: the writer's ``queue2.commit``. From the daemons' threads (bench_mesh ``--metrics``, CPU by thread,
+#: four bulk runs on main's code): ``merge`` and ``commit_record`` the replicas' storage threads, their CPU
+#: over the deltas and records they merged (least squares over the replicas), less the check above;
+#: ``read_record`` the writer's reader threads per record read (every read a bulk chunk: no fixed part
+#: separable). ``sync_record`` the COMMIT's wait as before (not CPU: the daemons'
+#: ``latticed_storage_fsync_seconds``). The stalls (a process descheduled) are the fit to the daemons'
+#: live 100/s part of 2026-11-29 and ``wake`` core 1's, as before. Until this these per-operation costs
+#: were core 1's fit (0.1 ms a message, 0.5 ms + 2 us a record to verify, 2 us a record to commit, 0.5 ms
+#: + 0.5 us a record to read), and the codec timed without the daemon's GC settings: 50 us of CPU a bulk
+#: record over the nodes against the daemons' 38, the storage threads' work 1.7 times theirs.
 CORE2_COSTS = Costs(
     stall_chance=0.015,
     stall=0.01,
     sync_record=0.0000055,
-    message_byte=0.0000000062,
-    cut=0.00004,
-    cut_record=0.00000032,
+    message=0.0000215,
+    message_byte=0.0000000076,
+    cut=0.00001,
+    cut_record=0.00000037,
+    verify=0.000087,
+    verify_record=0.00000053,
+    merge=0.00123,
+    commit_record=0.00000073,
+    sign_record=0.00000087,
+    read=0.0,
+    read_record=0.00000049,
 )
 
 
@@ -215,7 +231,7 @@ class MeshSim2(MeshSim):
                 if then is not None:
                     then()
 
-            self._store(0, _Job2(count, apply, committed))
+            self._store(0, _Job2(count, apply, committed, cpu=self.costs.sign_record * count))
 
         self._calls += 1
         self._wake(0, ("call", self._calls), call)
@@ -484,7 +500,8 @@ class MeshSim2(MeshSim):
             self._drive(y, x)
 
         if ahead is None:  # verified and joined on the storage thread
-            job = _Job2(count, apply, committed, cpu=costs.verify + costs.verify_record * count, origin=x)
+            cpu = costs.merge + costs.verify + costs.verify_record * count
+            job = _Job2(count, apply, committed, cpu=cpu, origin=x)
             self.box.then(node.cpu, lambda: self._store(y, job))
             return
         self._busy(node, costs.verify + costs.verify_record * count)
