@@ -162,7 +162,7 @@ def daemons(logs: list[Path]) -> dict[str, float]:
     for log in logs:
         text = log.read_text()
         threads = re.search(r"CPU/record by thread \(the writer first\): (.*)", text)
-        if threads is None or "storage" not in threads.group(1):
+        if threads is None or "readers" not in threads.group(1):  # the split by thread names
             continue
         records = int(
             re.search(r"bulk \([\d.]+ s until every replica held them\): ([\d,]+) records", text)[1].replace(

@@ -69,14 +69,15 @@ READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connecti
 
 #: Each daemon's CPU per operation as measured, not fitted to the outcome (bench/RESULTS.md, "per-message
 #: CPU costs measured from the daemons"); the stalls and ``wake`` are core 1's fit as before.
-#: Sans IO, the real functions on the bulk's real messages (/tmp/sim19/ops2.py in that section: the
-#: simulator's draws 0-3 at N = 8, bulk 50k, each call's ``time.thread_time``, the daemon's GC settings):
+#: ``bench/bench_sim_costs.py --draws 0,1,2,3 --daemons <bench_mesh logs>`` measures them (the means of
+#: its output, 2026-11-30). Sans IO, the real functions on the bulk's real messages (the simulator's bulk
+#: at N = 8, each call's ``time.thread_time``, with the daemon's GC settings):
 #: ``message``/``message_byte`` a received message's ``SecureChannel`` open and ``receive_message`` (a
 #: small one's median; the rest per byte), ``cut``/``cut_record`` an outgoing one's ``_encode`` and
 #: ``seal`` (per record at the bulk's 106 B of DELTA2 a record), ``verify``/``verify_record``
 #: ``unpack_steps`` and ``queue2.verify_delta`` (the fixed part: one batch's signature), ``sign_record``
 #: the writer's ``queue2.commit``. From the daemons' threads (bench_mesh ``--metrics``, CPU by thread,
-#: four bulk runs on main's code): ``merge`` and ``commit_record`` the replicas' storage threads, their CPU
+#: three bulk runs on main's code): ``merge`` and ``commit_record`` the replicas' storage threads, their CPU
 #: over the deltas and records they merged (least squares over the replicas), less the check above;
 #: ``read_record`` the writer's reader threads per record read (every read a bulk chunk: no fixed part
 #: separable). ``sync_record`` the COMMIT's wait as before (not CPU: the daemons'
@@ -89,17 +90,17 @@ CORE2_COSTS = Costs(
     stall_chance=0.015,
     stall=0.01,
     sync_record=0.0000055,
-    message=0.0000215,
-    message_byte=0.0000000076,
-    cut=0.00001,
-    cut_record=0.00000037,
-    verify=0.000087,
-    verify_record=0.00000053,
-    merge=0.00123,
-    commit_record=0.00000073,
-    sign_record=0.00000087,
+    message=0.0000183,  # receive_message + open: a small message's median, 18.3 us
+    message_byte=0.00000000628,  # ... and the rest per byte: 6.28 ns
+    cut=0.0000078,  # _encode + seal: 7.8 us ...
+    cut_record=0.000000322,  # ... and 3.0 ns a byte, 0.322 us a bulk record
+    verify=0.0000914,  # verify_delta's part independent of size: one batch's signature
+    verify_record=0.000000486,  # unpack_steps + verify_delta, the rest per record
+    merge=0.00118,  # the replicas' storage threads: 1.27 ms a delta, less ``verify``
+    commit_record=0.00000083,  # ... 1.32 us a record, less ``verify_record`` (a join 0.41 us of it)
+    sign_record=0.000000835,  # queue2.commit per record of an API call
     read=0.0,
-    read_record=0.00000049,
+    read_record=0.00000056,  # the writer's reader threads per record read
 )
 
 
