@@ -146,7 +146,7 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
 
     Since ``CORE2_COSTS`` are measured per operation (sim19, bench/RESULTS.md "per-operation CPU costs
     measured"), the simulated nodes need 32.7 us a record between them (the writer 5.0-5.8) against
-    34.5 us for three runs of main's daemons measured by thread (31.9-39.5; the writer 4.9-6.5): within
+    35.9 us for four runs of main's daemons measured by thread (31.9-39.9; the writer 4.9-6.5): within
     10 %. The bulk then takes 0.95 s (-13 % against the ten runs' 1.10), and the relays keep up with the
     writer: about one DELTA2 a chunk per replica (0.96, +27 %) and 0.54 ACK2s (+54 %), where the
     daemons' relays fall behind and carry several chunks in one. Pinned, not met."""
@@ -164,7 +164,7 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
         counts = (part.per_record("delta2") * 1000, part.per_record("ack2") * 1000)
         figures.append((*counts, cpu_per_record, per_txn, part.elapsed, all_per_record))
     deltas, acks, _, _, elapsed, every_node = (sum(f[i] for f in figures) / len(figures) for i in range(6))
-    assert abs(every_node / 0.0000345 - 1) <= 0.1, figures  # met
+    assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met
     assert 0.756 < deltas <= 1.0, figures  # not met: at most a DELTA2 a chunk, the daemons' 0.756 fewer
     assert 0.351 * 1.3 < acks <= 0.351 * 1.8, figures  # not met
     assert 1.10 * 0.8 <= elapsed <= 1.10, figures  # not met: the daemons' 1.10 s (0.96-1.50 a run)

@@ -77,7 +77,7 @@ READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connecti
 #: ``seal`` (per record at the bulk's 106 B of DELTA2 a record), ``verify``/``verify_record``
 #: ``unpack_steps`` and ``queue2.verify_delta`` (the fixed part: one batch's signature), ``sign_record``
 #: the writer's ``queue2.commit``. From the daemons' threads (bench_mesh ``--metrics``, CPU by thread,
-#: three bulk runs on main's code): ``merge`` and ``commit_record`` the replicas' storage threads, their CPU
+#: four bulk runs on main's code): ``merge`` and ``commit_record`` the replicas' storage threads, their CPU
 #: over the deltas and records they merged (least squares over the replicas), less the check above;
 #: ``read_record`` the writer's reader threads per record read (every read a bulk chunk: no fixed part
 #: separable). ``sync_record`` the COMMIT's wait as before (not CPU: the daemons'
@@ -96,11 +96,11 @@ CORE2_COSTS = Costs(
     cut_record=0.000000322,  # ... and 3.0 ns a byte, 0.322 us a bulk record
     verify=0.0000914,  # verify_delta's part independent of size: one batch's signature
     verify_record=0.000000486,  # unpack_steps + verify_delta, the rest per record
-    merge=0.00118,  # the replicas' storage threads: 1.27 ms a delta, less ``verify``
-    commit_record=0.00000083,  # ... 1.32 us a record, less ``verify_record`` (a join 0.41 us of it)
+    merge=0.00131,  # the replicas' storage threads: 1.40 ms a delta, less ``verify``
+    commit_record=0.00000081,  # ... 1.29 us a record, less ``verify_record`` (a join 0.41 us of it)
     sign_record=0.000000835,  # queue2.commit per record of an API call
     read=0.0,
-    read_record=0.00000056,  # the writer's reader threads per record read
+    read_record=0.00000055,  # the writer's reader threads per record read
 )
 
 
