@@ -145,10 +145,10 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     needed ~50 us of CPU a record between them against the daemons' ~38.
 
     Since ``CORE2_COSTS`` are measured per operation (sim19, bench/RESULTS.md "per-operation CPU costs
-    measured"), the simulated nodes need 32.7 us a record between them (the writer 5.0-5.8) against
+    measured"), the simulated nodes need 33.1 us a record between them (the writer 5.8) against
     35.9 us for four runs of main's daemons measured by thread (31.9-39.9; the writer 4.9-6.5): within
     10 %. The bulk then takes 0.95 s (-13 % against the ten runs' 1.10), and the relays keep up with the
-    writer: about one DELTA2 a chunk per replica (0.96, +27 %) and 0.54 ACK2s (+54 %), where the
+    writer: about one DELTA2 a chunk per replica (0.94, +25 %) and 0.52 ACK2s (+47 %), where the
     daemons' relays fall behind and carry several chunks in one. Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float]] = []
     for draw in range(8):
@@ -273,24 +273,13 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
     record per replica (a relay's pushes of one commit acked by one run): a relay whose event loop is held
     up (the process descheduled, a collection) passes the pushes that came meanwhile on as one. Without
     stalls the simulated relays never missed a turn (p99 9 ms); with :data:`CORE2_COSTS`' within 10 % of
-    the daemons' means, and a tail of tens of ms (the stalls were fitted at load 3: 37-81 ms then).
-
-    With the per-operation costs measured (sim19, bench/RESULTS.md "per-operation CPU costs measured")
-    the default draw (seed 28) moved to 0.898 DELTA2s (-10.1 %) and a p99 of 0.80 s: the far node gets
-    most records by a HAVE2 after the linger, as draws 2 and 3 did with the costs before (0.81 and 0.80 s).
-    So the figures are the means of draws 0-3 (0.941 DELTA2s, 0.215 ACK2s) and the tail the median
-    draw's (26-35 ms in draws 0-2)."""
-    parts = []
-    for draw in range(4):
-        sim = MeshSim2(8, draws=draw)
-        warm_up(sim)
-        parts.append(live(sim, 100, 150))
-    deltas = sum(part.per_record("delta2") for part in parts) / len(parts)
-    acks = sum(part.per_record("ack2") for part in parts) / len(parts)
-    assert abs(deltas / 0.999 - 1) <= 0.1, deltas
-    assert abs(acks / 0.198 - 1) <= 0.1, acks
-    tails = sorted(sorted(part.last_latency)[148] for part in parts)
-    assert 0.015 < tails[1] < 0.1, tails
+    the daemons' means, and a tail of tens of ms (the stalls were fitted at load 3: 37-81 ms then)."""
+    sim = MeshSim2(8)
+    warm_up(sim)
+    part = live(sim, 100, 150)
+    assert abs(part.per_record("delta2") / 0.999 - 1) <= 0.1, part.per_record("delta2")
+    assert abs(part.per_record("ack2") / 0.198 - 1) <= 0.1, part.per_record("ack2")
+    assert 0.015 < sorted(part.last_latency)[148] < 0.1
 
 
 def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
