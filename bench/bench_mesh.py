@@ -45,7 +45,18 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from _daemons import cpu_s, listen_address, rss_mb, run_argv, scratch, start, stop, wait_end
+from _daemons import (
+    cpu_ns_s,
+    cpu_s,
+    listen_address,
+    rss_mb,
+    run_argv,
+    scratch,
+    start,
+    stop,
+    thread_cpu_s,
+    wait_end,
+)
 
 from latticed.api.client.blocking_client import Client
 from latticed.host.netkey import write_network_key
@@ -240,6 +251,32 @@ class Meter:
     def __init__(self, nodes: list[Node]) -> None:
         self.nodes = nodes
         self.before = [(node.counters(), cpu_s(node.proc.pid)) for node in nodes]
+        self.threads_before = [(cpu_ns_s(node.proc.pid), thread_cpu_s(node.proc.pid)) for node in nodes]
+
+    def by_thread(self, index: int, records: int) -> str:
+        """Daemon ``index``'s CPU per record since the start in us to 0.01, by thread: its event loop
+        (the main thread), storage thread, trio's worker threads (store reads), others (the checkpointer)
+        and threads gone since
+        (the process's CPU clock less its live threads'): what the mesh simulator's costs are per role."""
+        pid = self.nodes[index].proc.pid
+        total0, before = self.threads_before[index]
+        total, after = cpu_ns_s(pid), thread_cpu_s(pid)
+        roles = {"loop": 0.0, "storage": 0.0, "readers": 0.0, "other": 0.0}
+        for tid, (name, seconds) in after.items():
+            # the storage thread names itself ``ld-storage``; store reads run on trio's worker threads
+            role = (
+                "loop"
+                if tid == pid
+                else "storage"
+                if name == "ld-storage"
+                else "readers"
+                if name.startswith("Trio thread")
+                else "other"
+            )
+            roles[role] += seconds - before.get(tid, (name, 0.0))[1]
+        roles["gone"] = total - total0 - sum(roles.values())
+        parts = " + ".join(f"{role} {cpu / records * 1e6:.2f}" for role, cpu in roles.items())
+        return f"{(total - total0) / records * 1e6:.2f} us = {parts}"
 
     def report(self, label: str, records: int, payload: int) -> None:
         n = len(self.nodes)
@@ -276,6 +313,8 @@ class Meter:
             )
         writer_cpu = cpu_s(self.nodes[0].proc.pid) - self.before[0][1]
         print(f"    the writer's CPU/record {writer_cpu / records * 1e3:.3f} ms")
+        threads = "; ".join(f"{node.name} {self.by_thread(i, records)}" for i, node in enumerate(self.nodes))
+        print(f"    CPU/record by thread (the writer first): {threads}")
         sent, timing = [], []
         for node, (before, _) in zip(self.nodes, self.before, strict=True):
             after = node.counters()

@@ -45,7 +45,9 @@ from latticed.storage.ahead import AHEAD_DELTA_RECORDS, AHEAD_MAX_RECORDS
 from latticed.storage.batch import thin_checkpoints
 
 __all__ = [
+    "Box",
     "Costs",
+    "CpuThread",
     "MeshNode",
     "MeshSim",
     "PartResult",
@@ -60,6 +62,178 @@ __all__ = [
 
 #: Unix milliseconds at the simulation's time 0 (2026-11-29): records and heads carry such timestamps.
 EPOCH_MS = 1_796_000_000_000
+
+
+#: Work left on a thread below this many CPU seconds is done (the sum of float steps).
+_DONE_S = 1e-12
+
+
+@dataclass(eq=False)
+class _Segment:
+    """A stretch of a thread's time: ``work`` CPU seconds to run on a core, or a ``pause`` (seconds off
+    the cores: the process descheduled), with what waits for its end."""
+
+    work: float = 0.0
+    pause: float | None = None
+    waiters: list[Callable[[], None]] = field(default_factory=list)
+    #: A machine per node: which of its planned ends counts (work added to it plans another).
+    stamp: int = 0
+    #: A pause begun: when it ends.
+    ends: float = 0.0
+
+
+@dataclass(eq=False)
+class CpuThread:
+    """A thread of a node that needs a core: its event loop (with what holds its interpreter), or a
+    storage or reader thread running on its own. Its work in order, and when it last ran out of it."""
+
+    segments: deque[_Segment] = field(default_factory=deque)
+    idle_since: float = 0.0
+    #: Until when the progress of its current work was counted.
+    since: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.segments)
+
+
+class Box:
+    """The cores the nodes' threads share, as Linux's scheduler shares them between processes: at each
+    moment every runnable thread (one with work: a thread waiting on its socket, its fsync or a timer
+    is not) advances at ``min(1, cores / runnable)`` (processor sharing), recomputed whenever a thread
+    starts or stops. So a thread alone runs at a full core, and an idle node takes nothing: an even
+    split over every node stretched the bulk writer's storage work up to 4.5x (bench/RESULTS.md, sim19).
+    ``cores`` None: each node has a machine of its own (every thread at a full core).
+
+    Events go through ``at`` (the simulation's queue), time through ``clock``: a thread's waiters run as
+    events of their own once what it had to do when they came is done."""
+
+    def __init__(
+        self, cores: int | None, clock: Callable[[], float], at: Callable[[float, Callable[[], None]], None]
+    ) -> None:
+        self.cores = cores
+        self._clock, self._at = clock, at
+        #: Threads whose current segment is work, in the order they became so (deterministic).
+        self.running: dict[CpuThread, None] = {}
+        self._stamp = 0
+
+    def share(self) -> float:
+        """The part of a core each runnable thread gets now."""
+        n = len(self.running)
+        return 1.0 if self.cores is None or n <= self.cores else self.cores / n
+
+    def work(self, thread: CpuThread, seconds: float) -> None:
+        """``thread`` has ``seconds`` of CPU work to do after what it has."""
+        tail = thread.segments[-1] if thread.segments else None
+        if tail is not None and tail.pause is None and not tail.waiters:  # the same stretch, longer
+            if tail is thread.segments[0]:
+                self._count(thread)
+                tail.work += seconds
+                self._plan(thread)
+            else:
+                tail.work += seconds
+            return
+        thread.segments.append(_Segment(work=seconds))
+        if len(thread.segments) == 1:
+            self._begin(thread)
+
+    def pause(self, thread: CpuThread, seconds: float) -> None:
+        """``thread`` is off the cores for ``seconds`` after what it has (it takes no share meanwhile)."""
+        thread.segments.append(_Segment(pause=seconds))
+        if len(thread.segments) == 1:
+            self._begin(thread)
+
+    def then(self, thread: CpuThread, action: Callable[[], None]) -> None:
+        """Run ``action`` once ``thread`` has done what it has now (at once if nothing)."""
+        if thread.segments:
+            thread.segments[-1].waiters.append(action)
+        else:
+            self._at(self._clock(), action)
+
+    def free_at(self, thread: CpuThread) -> float:
+        """When ``thread`` would be done with what it has if the runnable set stayed as it is."""
+        now, share = self._clock(), self.share()
+        free = now
+        for i, segment in enumerate(thread.segments):
+            if segment.pause is not None:
+                free = max(free, segment.ends) if i == 0 else free + segment.pause
+            else:
+                left = segment.work - ((now - thread.since) * share if i == 0 else 0.0)
+                free += max(0.0, left) / (share if i == 0 else self._share_with(thread))
+        return free
+
+    def _share_with(self, thread: CpuThread) -> float:
+        n = len(self.running) + (thread not in self.running)
+        return 1.0 if self.cores is None or n <= self.cores else self.cores / n
+
+    # the scheduler
+    def _count(self, thread: CpuThread) -> None:
+        """Count the progress made until now: every runnable thread's on a shared box (their share is
+        about to change), ``thread``'s alone on a machine of its own."""
+        now, share = self._clock(), self.share()
+        for t in self.running if self.cores is not None else (thread,):
+            if t in self.running:
+                t.segments[0].work -= (now - t.since) * share
+            t.since = now
+
+    def _begin(self, thread: CpuThread) -> None:
+        """``thread``'s first segment starts: a pause ends by the clock, work makes it runnable."""
+        segment = thread.segments[0]
+        if segment.pause is not None:
+            segment.ends = self._clock() + segment.pause
+            self._at(segment.ends, lambda: self._end(thread, segment))
+            return
+        self._count(thread)
+        self.running[thread] = None
+        thread.since = self._clock()
+        self._plan(thread)
+
+    def _plan(self, thread: CpuThread) -> None:
+        """Plan the next end of work: ``thread``'s on a machine of its own, the first of all on a shared
+        box (the earlier plan then no longer counts)."""
+        if self.cores is not None:
+            self._plan_shared()
+            return
+        segment = thread.segments[0]
+        segment.stamp += 1
+        stamp = segment.stamp
+        self._at(thread.since + max(0.0, segment.work), lambda: self._due(thread, segment, stamp))
+
+    def _plan_shared(self) -> None:
+        self._stamp += 1
+        stamp = self._stamp
+        if self.running:
+            first = min(t.segments[0].work for t in self.running)
+            self._at(self._clock() + max(0.0, first) / self.share(), lambda: self._due_shared(stamp))
+
+    def _due(self, thread: CpuThread, segment: _Segment, stamp: int) -> None:
+        if segment.stamp == stamp:
+            segment.work = 0.0
+            self._end(thread, segment)
+
+    def _due_shared(self, stamp: int) -> None:
+        if stamp != self._stamp:
+            return
+        for thread in list(self.running):
+            self._count(thread)
+            if thread.segments[0].work <= _DONE_S:
+                self._end(thread, thread.segments[0])
+        self._plan_shared()
+
+    def _end(self, thread: CpuThread, segment: _Segment) -> None:
+        now = self._clock()
+        if segment.pause is None:
+            self._count(thread)
+            del self.running[thread]
+        thread.segments.popleft()
+        for action in segment.waiters:
+            self._at(now, action)
+        if thread.segments:
+            self._begin(thread)
+        else:
+            thread.idle_since = now
+        if self.cores is not None and segment.pause is None:
+            self._plan_shared()
 
 
 def counted_name(message: bytes) -> str:
@@ -122,6 +296,13 @@ class Costs:
     cut_record: float = 0.000001  # ... and per record
     commit: float = 0.001  # a transaction on the storage thread: its fsync (waits on the disk) ...
     commit_record: float = 0.000002  # ... and per record (merged and written first: uses a core)
+    #: The storage thread's work per delta it verifies and merges itself (one not checked ahead on the
+    #: event loop), besides ``verify``: the store's reads of the rows the delta follows, its statements,
+    #: the change hook. 0: none (core 1's had none).
+    merge: float = 0.0
+    #: The writer's storage thread per record of an API call on top of ``commit_record``: chaining and
+    #: signing them (``queue2.commit``) where a replica's joins a verified delta. 0: none (core 1's).
+    sign_record: float = 0.0
     #: The fsync's wait per record of the transaction on top of ``commit`` (a bulk chunk's WAL frames
     #: take longer to reach the disk than a live record's). 0: none (the core-1 calibration had none).
     sync_record: float = 0.0
@@ -138,8 +319,9 @@ class Costs:
     #: what the same record costs it inside a 100/s stream.
     wake: float = 0.0012
     warm_for: float = 0.02
-    #: Cores the nodes share (bench_mesh runs every daemon on one box); a step takes longer by the number
-    #: of nodes busy at its start over this. None: each node has its own machine.
+    #: Cores the nodes share (bench_mesh runs every daemon on one box), as the scheduler shares them: the
+    #: threads with work now each advance at ``min(1, cores / runnable)`` (:class:`Box`). None: each node
+    #: has its own machine.
     cores: int | None = 2
     #: The writer's event loop per API call of its client, and per record offered in it (``api/server``:
     #: the call decoded, records built); the rest of a call is its commit on the storage thread (chain
@@ -149,7 +331,8 @@ class Costs:
     #: the relays work (bench_mesh's bulk calls take 10-19 ms each; ~4 ms on an idle box without peers).
     offer: float = 0.0001
     offer_record: float = 0.0000013
-    #: The writer's client between two calls (bench_mesh's loop builds and encodes the next batch).
+    #: The writer's client between two calls (bench_mesh's loop builds and encodes the next batch): a
+    #: process of its own on the box's cores (``MeshSim.client``).
     client: float = 0.0005
     #: With this chance a step of an event loop is held up for a time drawn from [0, 2 x ``stall``]:
     #: the process descheduled (N daemons and the box's other work on its cores), a garbage collection.
@@ -175,18 +358,20 @@ class MeshNode:
     latest: dict[QueueKey, QueueState] = field(default_factory=dict)
     #: Those pushes as they came, in order (storage/ahead.py relays each as it came, never a batch of them).
     ahead: dict[QueueKey, list[QueueDelta]] = field(default_factory=dict)
-    cpu_free: float = 0.0
+    #: Its event loop's thread on the box's cores (with what holds its interpreter: ``MeshSim2.gil``).
+    cpu: CpuThread = field(default_factory=CpuThread)
+    #: Until when its last transaction's fsync waits on the disk.
     disk_free: float = 0.0
-    #: Until when the reader thread is busy with reads for link drivers.
-    read_free: float = 0.0
+    #: The reader thread's reads for link drivers, and the storage thread's per-record work of commits,
+    #: when they run on cores of their own (not under the event loop's interpreter).
+    reader: CpuThread = field(default_factory=CpuThread)
+    disk_cpu: CpuThread = field(default_factory=CpuThread)
     #: Peers whose driver waits for a read from the store.
     reading: set[int] = field(default_factory=set)
     #: Where the last transaction's appended records start (the store's in-memory ``LiveCache``).
     last_first: int = 0
-    #: Until when the storage thread uses a core (a commit's per-record work; its fsync waits on the disk).
-    disk_cpu_until: float = 0.0
     received: Counter[str] = field(default_factory=Counter)
-    #: CPU seconds its steps cost, before the jitter and the shared cores (bench_mesh's CPU/record).
+    #: CPU seconds its steps cost, before the jitter (bench_mesh's CPU/record).
     cpu_work: float = 0.0
     #: Per offset of the measured queue: hops of the copy that brought it first.
     hops: dict[int, int] = field(default_factory=dict)
@@ -238,10 +423,13 @@ class MeshSim:
     _calls: int = 0
     _arrival: dict[tuple[int, int], float] = field(default_factory=dict)
     _inbox: dict[tuple[int, int], deque[bytes]] = field(default_factory=dict)
+    #: The writer's client (bench_mesh's process), a thread on the box's cores as the daemons' are.
+    client: CpuThread = field(default_factory=CpuThread)
     #: DELTAs delivered per link (sender, receiver), since start.
     link_deltas: Counter[tuple[int, int]] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
+        self.box = Box(self.costs.cores, lambda: self.now, self._at)
         self.owner = Identity.from_seed(b"w" * 32)
         self.key: QueueKey = (self.owner.public_key, "mesh", 0)
         self.edges = mesh_topology(self.n, self.degree, self.seed)
@@ -320,7 +508,7 @@ class MeshSim:
 
         def call() -> None:  # the API's task for the call, its turn come on the event loop
             self._busy(node, self.costs.offer + self.costs.offer_record * count)
-            self._at(node.cpu_free, handled)
+            self.box.then(node.cpu, handled)
 
         def handled() -> None:
             records = [Record(value=bytes(payload), timestamp=self.wall_ms()) for _ in range(count)]
@@ -363,9 +551,7 @@ class MeshSim:
         jobs, node.waiting = node.waiting, []
         node.committing = True
         records = sum(job.records for job in jobs)
-        start = max(self.now, node.disk_free)
-        node.disk_cpu_until = start + self.costs.commit_record * records
-        node.disk_free = node.disk_cpu_until + self.costs.commit + self.costs.sync_record * records
+        self.box.work(node.disk_cpu, self.costs.commit_record * records)
 
         def committed() -> None:
             node.commits += 1
@@ -381,7 +567,11 @@ class MeshSim:
             if node.waiting:
                 self._commit(y)
 
-        self._at(node.disk_free, committed)
+        def synced() -> None:  # its records' work done, the COMMIT waits on the disk
+            node.disk_free = self.now + self.costs.commit + self.costs.sync_record * records
+            self._at(node.disk_free, committed)
+
+        self.box.then(node.disk_cpu, synced)
 
     # ------------------------------------------------------------------ links
     def _send(self, x: int, y: int, messages: list[bytes], at: float) -> None:
@@ -391,10 +581,16 @@ class MeshSim:
             self._arrival[link] = arrival
             self._at(arrival, lambda m=message: self._arrive(x, y, m))  # type: ignore[misc]
 
-    def _flush(self, x: int, y: int, at: float | None = None) -> None:
+    def _flush(self, x: int, y: int) -> None:
         messages = self.nodes[x].sessions[y].messages_to_send()
         if messages:
-            self._send(x, y, messages, self.now if at is None else at)
+            self._send(x, y, messages, self.now)
+
+    def _flush_after(self, x: int, y: int) -> None:
+        """What the session queued goes out once ``x``'s event loop has done the work of producing it."""
+        messages = self.nodes[x].sessions[y].messages_to_send()
+        if messages:
+            self.box.then(self.nodes[x].cpu, lambda: self._send(x, y, messages, self.now))
 
     def _arrive(self, x: int, y: int, message: bytes) -> None:
         """A message reaches ``y``'s socket for ``x``; read in order once ``y``'s CPU is free."""
@@ -411,18 +607,18 @@ class MeshSim:
         node.runq.append((task, run))
         if not node.turn_pending:
             node.turn_pending = True
-            self._at(max(self.now, node.cpu_free), lambda: self._turn(y))
+            self.box.then(node.cpu, lambda: self._turn(y))
 
     def _turn(self, y: int) -> None:
         node = self.nodes[y]
-        if node.cpu_free > self.now:
-            self._at(node.cpu_free, lambda: self._turn(y))
+        if node.cpu.busy:
+            self.box.then(node.cpu, lambda: self._turn(y))
             return
         task, run = node.runq.popleft()
         node.queued.discard(task)
         run()
         if node.runq:
-            self._at(max(self.now, node.cpu_free), lambda: self._turn(y))
+            self.box.then(node.cpu, lambda: self._turn(y))
         else:
             node.turn_pending = False
 
@@ -445,28 +641,25 @@ class MeshSim:
         self._drive(y, x)
 
     def _busy(self, node: MeshNode, cost: float) -> None:
-        """``node``'s CPU works ``cost`` (times the jitter draw) after what it is doing now."""
-        if node.cpu_free < self.now - self.costs.warm_for:
+        """``node``'s event loop works ``cost`` (times the jitter draw) after what it has to do now, on
+        the box's cores; with ``stall_chance`` it is then descheduled a while."""
+        if not node.cpu.busy and node.cpu.idle_since < self.now - self.costs.warm_for:
             cost += self.costs.wake
         node.cpu_work += cost
-        node.cpu_free = max(node.cpu_free, self.now) + self._scaled(cost, node.cpu_free <= self.now)
+        self.box.work(node.cpu, self._scaled(cost))
         if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
-            node.cpu_free += self._rng.uniform(0, 2 * self.costs.stall)
+            self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
 
-    def _scaled(self, cost: float, idle: bool = True) -> float:
-        """``cost`` times the jitter draw and, on a shared box, the nodes busy now (threads using a core:
-        event loops, readers, the per-record work of commits) over the cores."""
-        jitter, cores, now = self.costs.jitter, self.costs.cores, self.now
+    def _scaled(self, cost: float) -> float:
+        """``cost`` times the jitter draw (how long a step takes on a core; the box shares the cores)."""
+        jitter = self.costs.jitter
         if jitter:
             cost *= self._rng.uniform(1 - jitter, 1 + jitter)
-        if cores is not None:
-            busy = sum(
-                1
-                for other in self.nodes
-                if other.cpu_free > now or other.disk_cpu_until > now or other.read_free > now
-            )
-            cost *= max(1.0, (busy + idle) / cores)
         return cost
+
+    def cpu_free(self, node: MeshNode) -> float:
+        """When ``node``'s event loop would be done with its work if the box's runnable set stayed."""
+        return self.box.free_at(node.cpu)
 
     def _ping(self, a: int, b: int) -> None:
         """The dialler's keep-alive: a PING unless the link carried messages both ways lately."""
@@ -506,7 +699,7 @@ class MeshSim:
                 node.received["copies"] += len(event.delta.records)
                 self._busy(node, costs.verify + costs.verify_record * len(event.delta.records))
                 self._verified(y, x, event)
-        self._flush(y, x, max(self.now, node.cpu_free))
+        self._flush_after(y, x)
         deadline = session.next_deadline()
         if deadline is not None and node.deadlines.get(x) != deadline:
             node.deadlines[x] = deadline
@@ -525,8 +718,9 @@ class MeshSim:
         then encodes it and carries on with its events."""
         node = self.nodes[y]
         node.reading.add(x)
-        cost = self._scaled(self.costs.read + self.costs.read_record * len(delta.records))
-        node.read_free = max(self.now, node.read_free) + cost
+        self.box.work(
+            node.reader, self._scaled(self.costs.read + self.costs.read_record * len(delta.records))
+        )
 
         def encode() -> None:
             node.reading.discard(x)
@@ -534,7 +728,7 @@ class MeshSim:
             node.sessions[x].provide_delta(key, delta)
             self._run_driver(y, x)
 
-        self._at(node.read_free, lambda: self._wake(y, ("read done", x), encode))
+        self.box.then(node.reader, lambda: self._wake(y, ("read done", x), encode))
 
     def _delta_for(self, node: MeshNode, event: NeedDelta) -> QueueDelta | None:
         durable = node.durable.get(event.key)
@@ -556,7 +750,6 @@ class MeshSim:
         and relayed at once (before its commit), the ACK waits for the commit."""
         node = self.nodes[y]
         key, delta = event.key, event.delta
-        verified_at = max(self.now, node.cpu_free)
         latest = node.latest.get(key)
         pushes = node.ahead.setdefault(key, [])
         if (
@@ -575,7 +768,7 @@ class MeshSim:
                     self._note_arrival(y, x, delta)
                     self._changed(y, ahead.summary(), x)
 
-                self._at(verified_at, relay)
+                self.box.then(node.cpu, relay)
         merged: list[tuple[QueueState, bool]] = []
 
         def apply() -> None:
@@ -601,7 +794,7 @@ class MeshSim:
             if changed:
                 self._changed(y, after.summary(), x)
 
-        self._at(verified_at, lambda: self._store(y, _Job(len(delta.records), apply, committed)))
+        self.box.then(node.cpu, lambda: self._store(y, _Job(len(delta.records), apply, committed)))
 
     def _note_arrival(self, y: int, x: int, delta: QueueDelta) -> None:
         if not self.track:
@@ -710,8 +903,9 @@ def bulk(sim: MeshSim, records: int, payload: int, batch: int = 1000) -> PartRes
             left[0] -= size
             sim.offer(size, payload, then=replied if left[0] > 0 else None)
 
-        def replied() -> None:
-            sim._at(sim.now + client, call)
+        def replied() -> None:  # the client builds the next batch on the box's cores
+            sim.box.work(sim.client, client)
+            sim.box.then(sim.client, call)
 
         call()
 

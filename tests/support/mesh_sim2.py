@@ -58,16 +58,6 @@ from support.mesh_sim import Costs, MeshNode, MeshSim, _Job
 
 __all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 
-#: :class:`Costs` as calibrated on core 1, with the stalls bench_mesh's core-2 daemons showed at N = 8 on
-#: the shared box (2026-11-29, load 2.2-3.3), fitted to their live 100/s part: without them the simulated
-#: relays never missed a push's turn (1.00 DELTA2 and 0.57 ACK2 per record per replica, last-node p99
-#: 9 ms, against the daemons' 0.91-0.98, 0.52-0.56 and 37-81 ms). bench/RESULTS.md has the comparison.
-#: A bulk chunk's per-size costs measured (2026-11-30, "bulk at N = 8 against the daemons"): a transaction's
-#: COMMIT waits 5.5 us more per record (the daemons' ``latticed_storage_fsync_seconds`` at N = 8: 5-12 ms
-#: for a chunk's transaction, 1-2 ms for a live record's); decoding a received DELTA2 costs 6.2 ns a byte
-#: on top of ``message`` (0.72 ms for 1,000 records, 0.06 ms for one) and encoding one 0.04 ms and 0.32 us
-#: a record (0.36 ms for 1,000): this build's codec, timed in the simulator's own process. With them the
-#: writer's CPU is 8 us a record, as bench_mesh measures it (7-8 us), not core 1's 10 (``cut`` was 1 ms).
 #: ``group_commit_ms`` as a daemon has it unless configured (``storage/writer.py`` ``_collect``).
 GROUP_COMMIT_S = {f.name: f.default for f in dataclasses.fields(DaemonConfig)}["group_commit_ms"] / 1000
 #: How long a thread waiting for the interpreter lets the thread holding it run: the switch interval a
@@ -77,13 +67,40 @@ SWITCH_INTERVAL_S = GIL_SWITCH_INTERVAL_S
 #: opens it; ``bridge.read`` holds one per read): a node's link drivers read two deltas at a time.
 READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connections"].default
 
+#: Each daemon's CPU per operation as measured, not fitted to the outcome (bench/RESULTS.md, "per-message
+#: CPU costs measured from the daemons"); the stalls and ``wake`` are core 1's fit as before.
+#: ``bench/bench_sim_costs.py --draws 0,1,2,3 --daemons <bench_mesh logs>`` measures them (the means of
+#: its output, 2026-11-30). Sans IO, the real functions on the bulk's real messages (the simulator's bulk
+#: at N = 8, each call's ``time.thread_time``, with the daemon's GC settings):
+#: ``message``/``message_byte`` a received message's ``SecureChannel`` open and ``receive_message`` (a
+#: small one's median; the rest per byte), ``cut``/``cut_record`` an outgoing one's ``_encode`` and
+#: ``seal`` (per record at the bulk's 106 B of DELTA2 a record), ``verify``/``verify_record``
+#: ``unpack_steps`` and ``queue2.verify_delta`` (the fixed part: one batch's signature), ``sign_record``
+#: the writer's ``queue2.commit``. From the daemons' threads (bench_mesh ``--metrics``, CPU by thread,
+#: four bulk runs on main's code): ``merge`` and ``commit_record`` the replicas' storage threads, their CPU
+#: over the deltas and records they merged (least squares over the replicas), less the check above;
+#: ``read_record`` the writer's reader threads per record read (every read a bulk chunk: no fixed part
+#: separable). ``sync_record`` the COMMIT's wait as before (not CPU: the daemons'
+#: ``latticed_storage_fsync_seconds``). The stalls (a process descheduled) are the fit to the daemons'
+#: live 100/s part of 2026-11-29 and ``wake`` core 1's, as before. Until this these per-operation costs
+#: were core 1's fit (0.1 ms a message, 0.5 ms + 2 us a record to verify, 2 us a record to commit, 0.5 ms
+#: + 0.5 us a record to read), and the codec timed without the daemon's GC settings: 50 us of CPU a bulk
+#: record over the nodes against the daemons' 38, the storage threads' work 1.7 times theirs.
 CORE2_COSTS = Costs(
     stall_chance=0.015,
     stall=0.01,
     sync_record=0.0000055,
-    message_byte=0.0000000062,
-    cut=0.00004,
-    cut_record=0.00000032,
+    message=0.0000183,  # receive_message + open: a small message's median, 18.3 us
+    message_byte=0.00000000628,  # ... and the rest per byte: 6.28 ns
+    cut=0.0000078,  # _encode + seal: 7.8 us ...
+    cut_record=0.000000322,  # ... and 3.0 ns a byte, 0.322 us a bulk record
+    verify=0.0000914,  # verify_delta's part independent of size: one batch's signature
+    verify_record=0.000000486,  # unpack_steps + verify_delta, the rest per record
+    merge=0.00131,  # the replicas' storage threads: 1.40 ms a delta, less ``verify``
+    commit_record=0.00000081,  # ... 1.29 us a record, less ``verify_record`` (a join 0.41 us of it)
+    sign_record=0.000000835,  # queue2.commit per record of an API call
+    read=0.0,
+    read_record=0.00000055,  # the writer's reader threads per record read
 )
 
 
@@ -194,7 +211,7 @@ class MeshSim2(MeshSim):
 
         def call() -> None:
             self._busy(node, self.costs.offer + self.costs.offer_record * count)
-            self._at(node.cpu_free, handled)
+            self.box.then(node.cpu, handled)
 
         def handled() -> None:
             records = [Record(value=bytes(payload), timestamp=self.wall_ms()) for _ in range(count)]
@@ -215,7 +232,7 @@ class MeshSim2(MeshSim):
                 if then is not None:
                     then()
 
-            self._store(0, _Job2(count, apply, committed))
+            self._store(0, _Job2(count, apply, committed, cpu=self.costs.sign_record * count))
 
         self._calls += 1
         self._wake(0, ("call", self._calls), call)
@@ -297,11 +314,11 @@ class MeshSim2(MeshSim):
         sync = self.costs.commit + self.costs.sync_record * records  # the COMMIT's wait on the disk
         if self.gil:  # the storage thread's Python work holds the interpreter the event loop needs
             self._busy(node, work)
-            node.disk_free = max(node.cpu_free, node.disk_free) + sync
+            thread = node.cpu
         else:
             node.cpu_work += work
-            node.disk_cpu_until = max(self.now, node.disk_free) + self._scaled(work)
-            node.disk_free = node.disk_cpu_until + sync
+            thread = node.disk_cpu
+            self.box.work(thread, self._scaled(work))
 
         def committed() -> None:
             node.commits += 1
@@ -321,7 +338,11 @@ class MeshSim2(MeshSim):
             if node.waiting:
                 self._next_commit(y)
 
-        self._at(node.disk_free, committed)
+        def synced() -> None:  # its records' work done, the COMMIT waits on the disk
+            node.disk_free = max(self.now, node.disk_free) + sync
+            self._at(node.disk_free, committed)
+
+        self.box.then(thread, synced)
 
     # ------------------------------------------------------------------ a node as the daemon is one
     def _run_driver(self, y: int, x: int) -> None:
@@ -345,7 +366,7 @@ class MeshSim2(MeshSim):
             elif isinstance(event, Delta2Received):
                 node.received["copies"] += len(event.delta.records)
                 self._submit2(y, x, event)
-        self._flush(y, x, max(self.now, node.cpu_free))
+        self._flush_after(y, x)
         deadline = session.next_deadline()
         if deadline is not None and node.deadlines.get(x) != deadline:
             node.deadlines[x] = deadline
@@ -397,13 +418,12 @@ class MeshSim2(MeshSim):
                 self._interpreter(y, "reader", read)
             else:
                 node.cpu_work += work
-                node.read_free = max(self.now, node.read_free) + self._scaled(work)
-                self._at(node.read_free, ended)
+                self.box.work(node.reader, self._scaled(work))
+                self.box.then(node.reader, ended)
 
         def read() -> None:  # a reader thread builds the records holding the interpreter
             self._busy(node, work)
-            node.read_free = max(self.now, node.read_free, node.cpu_free)
-            self._at(node.read_free, ended)
+            self.box.then(node.cpu, ended)
 
         def ended() -> None:  # trio's to_thread: the limiter released (its next waiter woken) first
             if node.read_queue:
@@ -481,8 +501,9 @@ class MeshSim2(MeshSim):
             self._drive(y, x)
 
         if ahead is None:  # verified and joined on the storage thread
-            job = _Job2(count, apply, committed, cpu=costs.verify + costs.verify_record * count, origin=x)
-            self._at(max(self.now, node.cpu_free), lambda: self._store(y, job))
+            cpu = costs.merge + costs.verify + costs.verify_record * count
+            job = _Job2(count, apply, committed, cpu=cpu, origin=x)
+            self.box.then(node.cpu, lambda: self._store(y, job))
             return
         self._busy(node, costs.verify + costs.verify_record * count)
         against, value = ahead
@@ -495,7 +516,7 @@ class MeshSim2(MeshSim):
             self._store(y, job)
             self._changed2(y, after, x)
 
-        self._at(max(self.now, node.cpu_free), relayed)
+        self.box.then(node.cpu, relayed)
 
     @staticmethod
     def _note_recent(node: MeshNode2, key: QueueKey, lo: int, hi: int) -> None:
