@@ -324,7 +324,8 @@ static PyObject *same_int(PyObject *self, PyObject *column)
     return PyBool_FromLong(same);
 }
 
-/* versions(head_type, blake2b, persons, namespace, prev, log, raw, base, first, chain) -> list or None.
+/* versions(head_type, blake2b, persons, namespace, prev, log, raw, base, first, chain[, leaves, logs])
+   -> list or None.
 
    The hot loop of latticed.crdt.leaf_bodies.decode_versions: the versions after prev that the log steps
    raw encode, each a head_type body (its leaf computed) or a (digest, end) leaf, folded into the log as
@@ -334,7 +335,9 @@ static PyObject *same_int(PyObject *self, PyObject *column)
    timestamp) of the trusted body; log: its next log. The chain values known are those of offsets
    first .. first + len(chain): base, then chain's items. Anything this does not handle plainly (a
    malformed or truncated step, a counter out of range, an offset outside that window, a value of
-   another type): None, and the Python path reads raw and says what is wrong. */
+   another type): None, and the Python path reads raw and says what is wrong. leaves, logs (empty
+   lists, optional): filled with each version's leaf, and the log before each version then the last
+   log, so the caller need not walk the bodies for them again (on None their contents mean nothing). */
 typedef int (*blake2b_fn)(unsigned char *out, size_t outlen, const unsigned char *in,
                           unsigned long long inlen, const unsigned char *key, size_t keylen,
                           const unsigned char *salt, const unsigned char *personal);
@@ -424,6 +427,7 @@ static int v_offsets(PyTypeObject *type, Py_ssize_t offsets[13])
 static PyObject *versions(PyObject *self, PyObject *args)
 {
     PyObject *head_type, *persons, *namespace, *prev, *log, *raw_obj, *base, *chain, *out = NULL;
+    PyObject *leaves_out = NULL, *logs_out = NULL;
     PyObject *queue_id, *epoch, *base_hash, *meta_hash, *empty = NULL;
     PyObject *start_obj = NULL, *meta_version_obj = NULL; /* the last ones made: most versions repeat them */
     unsigned long long blake2b, first, version, start, end, meta_version, timestamp;
@@ -435,10 +439,15 @@ static PyObject *versions(PyObject *self, PyObject *args)
     PyTypeObject *type;
     int i, direct;
     (void) self;
-    if (!PyArg_ParseTuple(args, "OKO!O!O!O!O!OKO!", &head_type, &blake2b, &PyBytes_Type, &persons,
+    if (!PyArg_ParseTuple(args, "OKO!O!O!O!O!OKO!|O!O!", &head_type, &blake2b, &PyBytes_Type, &persons,
                           &PyBytes_Type, &namespace, &PyTuple_Type, &prev, &PyBytes_Type, &log,
-                          &PyBytes_Type, &raw_obj, &base, &first, &PyList_Type, &chain)) {
+                          &PyBytes_Type, &raw_obj, &base, &first, &PyList_Type, &chain, &PyList_Type,
+                          &leaves_out, &PyList_Type, &logs_out)) {
         return NULL;
+    }
+    if ((leaves_out != NULL && PyList_GET_SIZE(leaves_out) != 0)
+        || (logs_out != NULL && PyList_GET_SIZE(logs_out) != 0)) {
+        Py_RETURN_NONE;  /* filled from empty only: what is in them is this pass's */
     }
     for (i = 0; i < 13; i++) {
         if (v_names[i] == NULL && (v_names[i] = PyUnicode_InternFromString(v_name_strings[i])) == NULL) {
@@ -512,7 +521,8 @@ static PyObject *versions(PyObject *self, PyObject *args)
             Py_DECREF(digest_obj);
             Py_DECREF(end_obj);
             v_untrack(leaf);
-            if (leaf == NULL || PyList_Append(out, leaf) < 0) {
+            if (leaf == NULL || PyList_Append(out, leaf) < 0
+                || (leaves_out != NULL && PyList_Append(leaves_out, leaf) < 0)) {
                 Py_XDECREF(leaf);
                 goto fail_log;
             }
@@ -628,15 +638,20 @@ static PyObject *versions(PyObject *self, PyObject *args)
                 Py_XDECREF(values[2]);
                 Py_XDECREF(values[10]);
                 Py_DECREF(end_obj);
-                Py_DECREF(leaf);
-                if (!ok || PyList_Append(out, item) < 0) {
+                if (!ok || PyList_Append(out, item) < 0
+                    || (leaves_out != NULL && PyList_Append(leaves_out, leaf) < 0)) {
+                    Py_DECREF(leaf);
                     Py_DECREF(item);
                     goto fail_log;
                 }
+                Py_DECREF(leaf);
                 Py_DECREF(item);
             }
         }
         /* log = H_log(log | digest | end) */
+        if (logs_out != NULL && PyList_Append(logs_out, log) < 0) {
+            goto fail_log;
+        }
         memcpy(link, PyBytes_AS_STRING(log), 32);
         v_put_u64(digest, end);
         {
@@ -656,6 +671,9 @@ static PyObject *versions(PyObject *self, PyObject *args)
             Py_DECREF(log);
             log = next;
         }
+    }
+    if (logs_out != NULL && PyList_Append(logs_out, log) < 0) {
+        goto fail_log;
     }
     Py_DECREF(log);
     Py_DECREF(meta_hash);

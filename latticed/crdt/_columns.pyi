@@ -27,6 +27,8 @@ def versions(
     base: bytes,
     first: int,
     chain: list[bytes],
+    leaves: list[Any] = ...,
+    logs: list[bytes] = ...,
     /,
 ) -> list[Any] | None: ...
 def are_leaves(items: Sequence[object], /) -> bool | None: ...

@@ -46,26 +46,36 @@ def decode_versions(
     raw: bytes,
     chain_at: Callable[[int], bytes | None],
     window: tuple[int, bytes, Sequence[bytes]] | None = None,
+    out: tuple[list[Leaf], list[bytes]] | None = None,
 ) -> list[HeadV2 | Leaf]:
     """The versions after ``prev`` (a body this replica trusts) in ``raw``: an unsigned body for each
     stepped version (rebuilt from the chain values ``chain_at`` gives), the leaf for each sent as is.
     ``window``: ``(first, base, chain)``, the values ``chain_at`` gives for offsets ``first ..
-    first + len(chain)`` (``base``, then ``chain``'s), which the compiled loop reads directly."""
+    first + len(chain)`` (``base``, then ``chain``'s), which the compiled loop reads directly.
+    ``out``: two empty lists filled in the same pass with each version's leaf, and the log before each
+    version then the last log (the caller's fold index takes them: no second walk over the bodies)."""
     if not isinstance(raw, bytes):
         raise MalformedError("a log's steps are bytes")
+    if out is not None and (out[0] or out[1]):
+        raise ValueError("decode_versions fills empty lists")
     log = next_log(prev)
     compiled = leaf_compiled.load() if window is not None else None
     if compiled is not None and window is not None:
-        found = leaf_compiled.decode(compiled, prev, log, raw, window)
+        found = leaf_compiled.decode(compiled, prev, log, raw, window, out=out)
         if found is not None:
             return found
-    return _decode(prev, log, raw, chain_at)
+    return _decode(prev, log, raw, chain_at, out)
 
 
 def _decode(
-    prev: HeadV2, log: bytes, raw: bytes, chain_at: Callable[[int], bytes | None]
+    prev: HeadV2,
+    log: bytes,
+    raw: bytes,
+    chain_at: Callable[[int], bytes | None],
+    lists: tuple[list[Leaf], list[bytes]] | None = None,
 ) -> list[HeadV2 | Leaf]:
     out: list[HeadV2 | Leaf] = []
+    leaves, logs = lists if lists is not None else ([], [])
     at, size = 0, len(raw)
     version, start, end, base = prev.version, prev.start, prev.end, prev.base_hash
     timestamp, meta_version, meta_hash = prev.timestamp, prev.meta_version, prev.meta_hash
@@ -86,6 +96,8 @@ def _decode(
             leaf = (_take(raw, at, 32), end)
             at += 32
             append(leaf)
+            leaves.append(leaf)
+            logs.append(log)
             log = fold_one(log, *leaf)
             continue
         if zigzag < 0:
@@ -109,5 +121,8 @@ def _decode(
             queue_id, epoch, version, log, start, end, base, top, meta_version, meta_hash, timestamp
         )
         append(body)
-        log = fold_one(log, *body.leaf())
+        leaves.append(body.leaf())
+        logs.append(log)
+        log = fold_one(log, *leaves[-1])
+    logs.append(log)
     return out

@@ -106,11 +106,18 @@ def unvouched(
 
 
 def decode(
-    c: Compiled, prev: HeadV2, log: bytes, raw: bytes, window: tuple[int, bytes, Sequence[bytes]]
+    c: Compiled,
+    prev: HeadV2,
+    log: bytes,
+    raw: bytes,
+    window: tuple[int, bytes, Sequence[bytes]],
+    *,
+    out: tuple[list[Leaf], list[bytes]] | None = None,
 ) -> list[HeadV2 | Leaf] | None:
     """The versions after ``prev`` (whose next log is ``log``) in ``raw``, or None (the Python path then
     reads them). ``window``: ``(first, base, chain)``, the chain values of offsets ``first ..
-    first + len(chain)`` (``base``, then ``chain``'s)."""
+    first + len(chain)`` (``base``, then ``chain``'s). ``out``: two empty lists the same pass fills with
+    each version's leaf and the log before each version then the last (on None: cleared)."""
     first, base, chain = window
     if type(chain) is not list or not 0 <= first < 2**64:
         return None
@@ -125,9 +132,11 @@ def decode(
         prev.meta_hash,
         prev.timestamp,
     )
-    found: list[HeadV2 | Leaf] | None = c.versions(
-        HeadV2, c.blake2b, _PERSONS, HEAD2_NAMESPACE, fields, log, raw, base, first, chain
-    )
+    args = (HeadV2, c.blake2b, _PERSONS, HEAD2_NAMESPACE, fields, log, raw, base, first, chain)
+    found: list[HeadV2 | Leaf] | None = c.versions(*args) if out is None else c.versions(*args, *out)
+    if found is None and out is not None:
+        out[0].clear()
+        out[1].clear()
     return found
 
 

@@ -208,3 +208,30 @@ def test_without_the_extension_the_python_loop_reads_the_same(monkeypatch: pytes
     monkeypatch.setattr(leaf_compiled, "load", lambda: None)
     assert leaf_bodies.decode_versions(heads[0], raw, state.chain_at, window) == either
     assert [b.leaf() for b in either if isinstance(b, HeadV2)] == [h.leaf() for h in heads[1:]]
+
+
+def test_the_leaves_and_logs_it_fills_are_the_pythons_and_the_folds_of_the_log(
+    built: leaf_compiled.Compiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lists the same pass fills (so the replica need not walk the bodies again) are each version's
+    leaf and the log before it, then the last: on both paths, leaves carried whole among them too, and
+    emptied where the compiled loop refuses the steps."""
+    state, heads = history([("offer", 1)] * 6 + [("meta", 0), ("offer", 1)])
+    window = window_of(state.chain_at, 0, state.known_end)
+    mixed = [heads[2].leaf(), *heads[3:]]
+    raw = leaf_codec.encode(heads[1], mixed)
+    want_leaves = [h.leaf() for h in heads[2:]]
+    want_logs = [h.log for h in heads[2:]] + [next_log(heads[-1])]
+    filled: list[tuple[list[Leaf], list[bytes]]] = []
+    for load in (leaf_compiled.load, lambda: None):
+        monkeypatch.setattr(leaf_compiled, "load", load)
+        out: tuple[list[Leaf], list[bytes]] = ([], [])
+        found = leaf_bodies.decode_versions(heads[1], raw, state.chain_at, window, out)
+        assert [v if isinstance(v, tuple) else v.leaf() for v in found] == want_leaves
+        filled.append(out)
+    assert filled == [(want_leaves, want_logs)] * 2
+    out = ([], [])
+    assert leaf_compiled.decode(built, heads[1], next_log(heads[1]), raw[:-1], window, out=out) is None
+    assert out == ([], [])
+    with pytest.raises(ValueError, match="empty"):
+        leaf_bodies.decode_versions(heads[1], raw, state.chain_at, window, ([heads[0].leaf()], []))
