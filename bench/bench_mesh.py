@@ -505,7 +505,8 @@ def main() -> None:
     parser.add_argument(
         "--metrics",
         action="store_true",
-        help="serve each daemon's metrics and print its transactions' mean time until durable and fsync",
+        help="serve each daemon's metrics and print its transactions' mean time until durable and fsync, "
+        "and each thread role's CPU and run-queue wait (schedstat)",
     )
     args = parser.parse_args()
     for n in (int(s) for s in args.sizes.split(",")):
