@@ -8,7 +8,7 @@ from pathlib import Path
 
 from support.paths import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))  # the benches run as scripts: bench/ is not a package
+sys.path.append(str(ROOT / "bench"))  # bench/ is no package (its benches are scripts); last: shadows nothing
 import _daemons
 
 
