@@ -226,3 +226,65 @@ class CpuSplit:
         """(event-loop CPU s, other threads' CPU s, wake-ups) since this was made."""
         loop, rest, wakeups = self._read()
         return loop - self._start[0], rest - self._start[1], wakeups - self._start[2]
+
+
+#: A daemon thread's role, by its name: the event loop is the main thread, the storage thread names itself
+#: ``ld-storage``, store reads run on trio's worker threads; anything else (the checkpointer) is "other".
+ROLES = ("loop", "storage", "readers", "other")
+
+
+def thread_role(pid: int, tid: int, name: str) -> str:
+    """Which of :data:`ROLES` thread ``tid`` (named ``name``) of daemon ``pid`` plays."""
+    if tid == pid:
+        return "loop"
+    if name == "ld-storage":
+        return "storage"
+    return "readers" if name.startswith("Trio thread") else "other"
+
+
+def parse_schedstat(text: str) -> tuple[int, int, int]:
+    """/proc/.../schedstat's three fields: ns on a CPU, ns runnable but waiting for one, times run."""
+    cpu, wait, slices = (int(field) for field in text.split()[:3])
+    return cpu, wait, slices
+
+
+def thread_schedstat(pid: int, proc: Path = Path("/proc")) -> dict[int, tuple[str, int, int, int]] | None:
+    """Each live thread of ``pid``: (name, CPU ns, run-queue wait ns, times run), or None where the kernel
+    keeps no schedstat (no CONFIG_SCHED_INFO: no file, or all zeros). The wait is what a thread hop costs
+    on a busy box (bench/RESULTS.md, sim19b's diagnosis), which CPU alone does not show."""
+    threads: dict[int, tuple[str, int, int, int]] = {}
+    with contextlib.suppress(OSError):
+        for task in (proc / str(pid) / "task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                stat = parse_schedstat((task / "schedstat").read_text())
+                threads[int(task.name)] = ((task / "comm").read_text().strip(), *stat)
+    if not any(cpu or slices for _, cpu, _, slices in threads.values()):
+        return None
+    return threads
+
+
+def sched_by_role(
+    pid: int, before: Mapping[int, tuple[str, int, int, int]], after: Mapping[int, tuple[str, int, int, int]]
+) -> dict[str, tuple[float, float, int]]:
+    """(CPU s, run-queue wait s, times run) per role between two :func:`thread_schedstat` reads: threads
+    started since count from zero; threads gone since are not in it (their CPU is by_thread's "gone")."""
+    roles = {role: (0.0, 0.0, 0) for role in ROLES}
+    for tid, (name, cpu, wait, slices) in after.items():
+        _, cpu0, wait0, slices0 = before.get(tid, (name, 0, 0, 0))
+        role = thread_role(pid, tid, name)
+        c, w, s = roles[role]
+        roles[role] = (c + (cpu - cpu0) / 1e9, w + (wait - wait0) / 1e9, s + slices - slices0)
+    return roles
+
+
+def sched_report(name: str, roles: Mapping[str, tuple[float, float, int]], records: int) -> str:
+    """One daemon's roles as ``role CPU/wait ms in N runs (wait a run ms; CPU/wait us a record)``."""
+    parts = []
+    for role, (cpu, wait, slices) in roles.items():
+        if slices:
+            parts.append(
+                f"{role} {cpu * 1e3:.0f}/{wait * 1e3:.0f} ms in {slices} "
+                f"({wait / slices * 1e3:.2f} ms a run; "
+                f"{cpu / records * 1e6:.2f}/{wait / records * 1e6:.2f} us a record)"
+            )
+    return f"{name}: {', '.join(parts) or 'no thread ran'}"

@@ -51,10 +51,14 @@ from _daemons import (
     listen_address,
     rss_mb,
     run_argv,
+    sched_by_role,
+    sched_report,
     scratch,
     start,
     stop,
     thread_cpu_s,
+    thread_role,
+    thread_schedstat,
     wait_end,
 )
 
@@ -88,6 +92,7 @@ class Node:
         metrics: bool = False,
     ) -> None:
         self.name = name
+        self.metrics = metrics
         self.socket = root / f"{name}.sock"
         address = host.address if host is not None else "127.0.0.1"
         listen = f"{address}:{LAN_PORT}" if host is not None else "127.0.0.1:0"
@@ -252,6 +257,9 @@ class Meter:
         self.nodes = nodes
         self.before = [(node.counters(), cpu_s(node.proc.pid)) for node in nodes]
         self.threads_before = [(cpu_ns_s(node.proc.pid), thread_cpu_s(node.proc.pid)) for node in nodes]
+        # --metrics: each thread's run-queue wait too (the hops a relayed chunk waits for a core)
+        self.sched_before = [thread_schedstat(node.proc.pid) if node.metrics else None for node in nodes]
+        self.started = time.perf_counter()
 
     def by_thread(self, index: int, records: int) -> str:
         """Daemon ``index``'s CPU per record since the start in us to 0.01, by thread: its event loop
@@ -263,20 +271,31 @@ class Meter:
         total, after = cpu_ns_s(pid), thread_cpu_s(pid)
         roles = {"loop": 0.0, "storage": 0.0, "readers": 0.0, "other": 0.0}
         for tid, (name, seconds) in after.items():
-            # the storage thread names itself ``ld-storage``; store reads run on trio's worker threads
-            role = (
-                "loop"
-                if tid == pid
-                else "storage"
-                if name == "ld-storage"
-                else "readers"
-                if name.startswith("Trio thread")
-                else "other"
-            )
-            roles[role] += seconds - before.get(tid, (name, 0.0))[1]
+            roles[thread_role(pid, tid, name)] += seconds - before.get(tid, (name, 0.0))[1]
         roles["gone"] = total - total0 - sum(roles.values())
         parts = " + ".join(f"{role} {cpu / records * 1e6:.2f}" for role, cpu in roles.items())
         return f"{(total - total0) / records * 1e6:.2f} us = {parts}"
+
+    def report_sched(self, records: int) -> None:
+        """Per daemon and thread role: CPU and run-queue wait (runnable, not running) and times run since
+        the start, and the box's mean of threads waiting for a core; a line saying so where the kernel
+        keeps no schedstat."""
+        elapsed = time.perf_counter() - self.started
+        lines, waited = [], 0.0
+        for node, before in zip(self.nodes, self.sched_before, strict=True):
+            after = thread_schedstat(node.proc.pid)
+            if before is None or after is None:
+                print("    run-queue waits: no /proc/PID/task/TID/schedstat here (CONFIG_SCHED_INFO)")
+                return
+            roles = sched_by_role(node.proc.pid, before, after)
+            waited += sum(wait for _, wait, _ in roles.values())
+            lines.append(sched_report(node.name, roles, records))
+        print(
+            f"    CPU/run-queue wait by thread (the writer first; {waited:.2f} s waiting over "
+            f"{elapsed:.2f} s: {waited / elapsed:.1f} threads waiting for a core on average):"
+        )
+        for line in lines:
+            print(f"      {line}")
 
     def report(self, label: str, records: int, payload: int) -> None:
         n = len(self.nodes)
@@ -315,6 +334,8 @@ class Meter:
         print(f"    the writer's CPU/record {writer_cpu / records * 1e3:.3f} ms")
         threads = "; ".join(f"{node.name} {self.by_thread(i, records)}" for i, node in enumerate(self.nodes))
         print(f"    CPU/record by thread (the writer first): {threads}")
+        if self.nodes[0].metrics:
+            self.report_sched(records)
         sent, timing = [], []
         for node, (before, _) in zip(self.nodes, self.before, strict=True):
             after = node.counters()
@@ -484,7 +505,8 @@ def main() -> None:
     parser.add_argument(
         "--metrics",
         action="store_true",
-        help="serve each daemon's metrics and print its transactions' mean time until durable and fsync",
+        help="serve each daemon's metrics and print its transactions' mean time until durable and fsync, "
+        "and each thread role's CPU and run-queue wait (schedstat)",
     )
     args = parser.parse_args()
     for n in (int(s) for s in args.sizes.split(",")):
