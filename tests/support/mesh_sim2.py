@@ -66,6 +66,10 @@ SWITCH_INTERVAL_S = GIL_SWITCH_INTERVAL_S
 #: The reader threads a daemon's store reads on (``Engine.open``'s ``read_connections``, as the daemon
 #: opens it; ``bridge.read`` holds one per read): a node's link drivers read two deltas at a time.
 READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connections"].default
+#: The storage thread's work runs in slices this long, each a hand-off of the interpreter that waits for
+#: a core (``MeshSim2._storage_work``): the daemon's switch interval, what a thread wanting the
+#: interpreter lets the one holding it run.
+STORAGE_SLICE_S = GIL_SWITCH_INTERVAL_S
 
 #: Each daemon's CPU per operation as measured, not fitted to the outcome (bench/RESULTS.md, "per-message
 #: CPU costs measured from the daemons"); the stalls and ``wake`` are core 1's fit as before.
@@ -313,11 +317,11 @@ class MeshSim2(MeshSim):
         work = self.costs.commit_record * records + sum(job.cpu for job in jobs if isinstance(job, _Job2))
         sync = self.costs.commit + self.costs.sync_record * records  # the COMMIT's wait on the disk
         if self.gil:  # the storage thread's Python work holds the interpreter the event loop needs
-            self._busy(node, work)
             thread = node.cpu
         else:
             node.cpu_work += work
             thread = node.disk_cpu
+            self.box.wake(thread)
             self.box.work(thread, self._scaled(work))
 
         def committed() -> None:
@@ -338,11 +342,51 @@ class MeshSim2(MeshSim):
             if node.waiting:
                 self._next_commit(y)
 
+        def woken() -> None:  # the fsync returned: the storage thread wakes (and wants the interpreter)
+            if self.gil:
+                node.role = "storage"
+            self.box.wake(thread)
+            self.box.then(thread, committed)
+
+        def durable() -> None:
+            if self.gil:
+                self._interpreter(y, "storage", woken)
+            else:
+                woken()
+
         def synced() -> None:  # its records' work done, the COMMIT waits on the disk
             node.disk_free = max(self.now, node.disk_free) + sync
-            self._at(node.disk_free, committed)
+            self._at(node.disk_free, durable)
 
-        self.box.then(thread, synced)
+        if self.gil:
+            self._storage_work(y, work, synced)
+        else:
+            self.box.then(thread, synced)
+
+    def _storage_work(self, y: int, work: float, then: Callable[[], None]) -> None:
+        """The storage thread's ``work`` (times one jitter draw) under the node's interpreter, in slices
+        of the switch interval: each slice is a hand-off (the loop takes the interpreter between two, and
+        its work queued meanwhile goes first) and waits for a core (:meth:`Box.wake`), as the daemons'
+        storage threads ran ~8 times a transaction of ~3 ms (bench/RESULTS.md, schedstat19). One stall
+        draw a transaction, as one step before."""
+        node = self.node2(y)
+        node.cpu_work += work
+        left = [self._scaled(work)]
+
+        def piece() -> None:
+            size = min(left[0], STORAGE_SLICE_S)
+            left[0] -= size
+            self.box.wake(node.cpu)
+            node.role = "storage"
+            self.box.work(node.cpu, size)
+            if left[0] > 1e-12:
+                self.box.then(node.cpu, piece)
+                return
+            if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
+                self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
+            self.box.then(node.cpu, then)
+
+        piece()
 
     # ------------------------------------------------------------------ a node as the daemon is one
     def _run_driver(self, y: int, x: int) -> None:
@@ -418,11 +462,12 @@ class MeshSim2(MeshSim):
                 self._interpreter(y, "reader", read)
             else:
                 node.cpu_work += work
+                self.box.wake(node.reader)
                 self.box.work(node.reader, self._scaled(work))
                 self.box.then(node.reader, ended)
 
         def read() -> None:  # a reader thread builds the records holding the interpreter
-            self._busy(node, work)
+            self._busy(node, work, role="reader")
             self.box.then(node.cpu, ended)
 
         def ended() -> None:  # trio's to_thread: the limiter released (its next waiter woken) first
