@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 from support.mesh_sim import Box, Costs, CpuThread
-from support.mesh_sim2 import MeshSim2
+from support.mesh_sim2 import STORAGE_SLICE_S, MeshSim2
 
 
 class _Clock:
@@ -170,9 +170,7 @@ def test_a_nodes_storage_work_is_sliced_and_hands_the_interpreter_to_its_loop() 
     thread, and the loop's work queued meanwhile goes between two slices (never beside one), each slice
     a wake-up that waits for a core when the box is full. The storage work took the loop's thread for
     its whole length before: the loop's 0.1 ms task waited 2 ms."""
-    from support.mesh_sim2 import STORAGE_SLICE_S
-
-    def run(hop: float, others: int) -> tuple[float, float, float]:
+    def run(hop: float, others: int) -> tuple[float, float]:
         costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, hop=hop)
         sim = MeshSim2(8, costs=costs)
         sim.run_for(1.0)
@@ -180,6 +178,7 @@ def test_a_nodes_storage_work_is_sliced_and_hands_the_interpreter_to_its_loop() 
             sim._busy(sim.nodes[y], 1.0)
         node, start, ends = sim.node2(1), sim.now, {}
         sim._storage_work(1, 4 * STORAGE_SLICE_S, lambda: ends.__setitem__("storage", sim.now - start))
+
         def task() -> None:  # the loop's, woken during the first slice
             sim._busy(node, 0.0001)
             sim.box.then(node.cpu, lambda: ends.__setitem__("loop", sim.now - start))

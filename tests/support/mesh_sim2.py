@@ -90,6 +90,11 @@ STORAGE_SLICE_S = GIL_SWITCH_INTERVAL_S
 #: were core 1's fit (0.1 ms a message, 0.5 ms + 2 us a record to verify, 2 us a record to commit, 0.5 ms
 #: + 0.5 us a record to read), and the codec timed without the daemon's GC settings: 50 us of CPU a bulk
 #: record over the nodes against the daemons' 38, the storage threads' work 1.7 times theirs.
+#: ``hop`` (:meth:`Box.wake`) from the daemons' schedstat (bench_mesh ``--metrics``, bulk at N = 8, three
+#: runs: sim20's two and schedstat19's; bench/RESULTS.md sim20): each run's run-queue wait a run (all
+#: threads' waits over their times run) over the box's mean of threads runnable beyond the 2 cores (all
+#: waits and CPU over the part's window, less 2): 0.244, 0.327, 0.270 ms; their mean. At N = 4 the same
+#: reads 0.16-0.20 ms (the wait grows faster than the runnable count): not the N = 8 figure's to use.
 CORE2_COSTS = Costs(
     stall_chance=0.015,
     stall=0.01,
@@ -105,6 +110,7 @@ CORE2_COSTS = Costs(
     sign_record=0.000000835,  # queue2.commit per record of an API call
     read=0.0,
     read_record=0.00000055,  # the writer's reader threads per record read
+    hop=0.00028,  # a woken thread's run-queue wait per thread runnable beyond the cores (schedstat, N = 8)
 )
 
 
