@@ -170,6 +170,7 @@ def test_a_nodes_storage_work_is_sliced_and_hands_the_interpreter_to_its_loop() 
     thread, and the loop's work queued meanwhile goes between two slices (never beside one), each slice
     a wake-up that waits for a core when the box is full. The storage work took the loop's thread for
     its whole length before: the loop's 0.1 ms task waited 2 ms."""
+
     def run(hop: float, others: int) -> tuple[float, float]:
         costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, hop=hop)
         sim = MeshSim2(8, costs=costs)
