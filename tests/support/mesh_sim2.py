@@ -21,7 +21,10 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   (``gil``): a relay busy committing a chunk of a bulk is late cutting the next, and sends two at once.
   A thread wanting the lock waits for the loop's ready tasks, at most the switch interval
   (:meth:`MeshSim2._interpreter`); the storage thread takes what waits once it holds it; reads take one
-  of the daemon's two reader connections, so the writer's next API call goes before its third link's.
+  of the daemon's two reader connections, so the writer's next API call goes before its third link's;
+* on the box's full cores a thread woken waits for one (``Costs.hop``, measured from the daemons'
+  schedstat): at each hand-off of the interpreter between a node's threads, the storage thread's wake
+  after its fsync, and each switch-interval slice of its work (the loop's work goes between two slices).
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
 
