@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 from support.mesh_sim import Box, Costs, CpuThread
-from support.mesh_sim2 import MeshSim2
+from support.mesh_sim2 import STORAGE_SLICE_S, MeshSim2
 
 
 class _Clock:
@@ -118,3 +118,79 @@ def test_a_nodes_work_in_the_simulator_takes_the_share_of_the_threads_runnable()
     sim.box.then(sim.nodes[1].cpu, lambda: ends.__setitem__(0, sim.now - start))
     sim.run_for(1.0)
     assert ends[0] == pytest.approx(0.3)
+
+
+def _woken_after(busy: int, hop: float = 0.001) -> float:
+    """When a thread woken with 1 s of work is done, ``busy`` threads of 10 s each already running on
+    two cores (its wait, then its share of the cores)."""
+    clock, box = _box(2)
+    box.hop = hop
+    for _ in range(busy):
+        box.work(CpuThread(), 10.0)
+    woken, done = CpuThread(), []
+    box.wake(woken)
+    box.work(woken, 1.0)
+    box.then(woken, lambda: done.append(clock.now))
+    clock.run()
+    return done[0]
+
+
+def test_a_woken_thread_waits_longer_the_more_threads_are_runnable() -> None:
+    """A thread woken waits for a core ``hop`` per thread runnable beyond the cores (the scheduler's
+    run-queue wait, bench/RESULTS.md sim20), then takes its share: none with a core free, one hop
+    with two running, four with five; processor sharing alone started it at once."""
+    assert _woken_after(0) == pytest.approx(1.0)
+    assert _woken_after(1) == pytest.approx(1.0)
+    with_two, with_five = _woken_after(2), _woken_after(5)
+    assert with_two == pytest.approx(0.001 + 1.5)  # one hop, then 2/3 of a core among three
+    assert with_five == pytest.approx(0.004 + 3.0)  # four hops, then 1/3 of a core among six
+    assert _woken_after(5, hop=0.0) == pytest.approx(3.0)
+
+
+def test_threads_waiting_for_a_core_count_as_runnable_and_take_no_share() -> None:
+    """Two running and one woken waiting: a second woken waits two hops, and the running two keep a
+    full core each meanwhile (a thread waiting is runnable, not running)."""
+    clock, box = _box(2)
+    box.hop = 0.5
+    running = [CpuThread(), CpuThread()]
+    for thread in running:
+        box.work(thread, 0.6)
+    first, second = CpuThread(), CpuThread()
+    box.wake(first)
+    box.wake(second)
+    assert box.runnable() == 4 and box.waking == 2
+    assert box.waited == pytest.approx(0.5 + 1.0)
+    assert box.free_at(running[0]) == pytest.approx(0.6)
+    clock.run()
+    assert box.waking == 0 and box.wakes == 2
+
+
+def test_a_nodes_storage_work_is_sliced_and_hands_the_interpreter_to_its_loop() -> None:
+    """One interpreter a daemon: its storage thread's work runs in switch-interval slices on the node's
+    thread, and the loop's work queued meanwhile goes between two slices (never beside one), each slice
+    a wake-up that waits for a core when the box is full. The storage work took the loop's thread for
+    its whole length before: the loop's 0.1 ms task waited 2 ms."""
+
+    def run(hop: float, others: int) -> tuple[float, float]:
+        costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, hop=hop)
+        sim = MeshSim2(8, costs=costs)
+        sim.run_for(1.0)
+        for y in range(2, 2 + others):  # other nodes' loops busy meanwhile
+            sim._busy(sim.nodes[y], 1.0)
+        node, start, ends = sim.node2(1), sim.now, {}
+        sim._storage_work(1, 4 * STORAGE_SLICE_S, lambda: ends.__setitem__("storage", sim.now - start))
+
+        def task() -> None:  # the loop's, woken during the first slice
+            sim._busy(node, 0.0001)
+            sim.box.then(node.cpu, lambda: ends.__setitem__("loop", sim.now - start))
+
+        sim._at(sim.now + STORAGE_SLICE_S / 5, task)
+        sim.run_for(0.5)
+        return ends["loop"], ends["storage"]
+
+    loop, storage = run(0.0, 0)
+    assert loop == pytest.approx(STORAGE_SLICE_S + 0.0001)  # after the first slice, not the fourth
+    assert storage == pytest.approx(4 * STORAGE_SLICE_S + 0.0001)  # one after the other: no overlap
+    loop, storage = run(0.001, 3)  # three others running: a slice woken waits (3 + 1 - 2) hops
+    assert storage >= 4 * (STORAGE_SLICE_S * 2 + 2 * 0.001)  # each at half a core, after its wait
+    assert loop >= STORAGE_SLICE_S * 2 + 2 * 0.001

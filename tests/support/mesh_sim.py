@@ -80,6 +80,8 @@ class _Segment:
     stamp: int = 0
     #: A pause begun: when it ends.
     ends: float = 0.0
+    #: A run-queue wait (``Box.wake``): a pause whose length the box sets when it begins.
+    wake: bool = False
 
 
 @dataclass(eq=False)
@@ -105,17 +107,49 @@ class Box:
     split over every node stretched the bulk writer's storage work up to 4.5x (bench/RESULTS.md, sim19).
     ``cores`` None: each node has a machine of its own (every thread at a full core).
 
+    A thread woken (``wake``: a hop from one thread to another, a wake after its fsync, a hand-off of the
+    interpreter) first waits for a core, as the scheduler makes a woken thread wait behind those runnable:
+    ``hop`` seconds per thread runnable (running or itself waiting so) beyond the cores when it wakes, so
+    nothing while a core is free. Processor sharing alone started a woken thread at once, so a hop of
+    little work was free, where the daemons' threads waited ~1.3 ms a wake-up on a full box (bench/
+    RESULTS.md, sim19b). 0: no wait.
     Events go through ``at`` (the simulation's queue), time through ``clock``: a thread's waiters run as
     events of their own once what it had to do when they came is done."""
 
     def __init__(
-        self, cores: int | None, clock: Callable[[], float], at: Callable[[float, Callable[[], None]], None]
+        self,
+        cores: int | None,
+        clock: Callable[[], float],
+        at: Callable[[float, Callable[[], None]], None],
+        hop: float = 0.0,
     ) -> None:
         self.cores = cores
         self._clock, self._at = clock, at
+        self.hop = hop if cores is not None else 0.0
         #: Threads whose current segment is work, in the order they became so (deterministic).
         self.running: dict[CpuThread, None] = {}
+        #: Threads in a run-queue wait now (runnable, not running), and every such wait begun and summed.
+        self.waking = 0
+        self.wakes = 0
+        self.waited = 0.0
         self._stamp = 0
+
+    def runnable(self) -> int:
+        """Threads that want a core now: running, or woken and waiting for one."""
+        return len(self.running) + self.waking
+
+    def wake_wait(self, runnable: int) -> float:
+        """How long a thread woken with ``runnable`` others wanting a core waits for one."""
+        return 0.0 if self.cores is None else self.hop * max(0, runnable + 1 - self.cores)
+
+    def wake(self, thread: CpuThread) -> None:
+        """``thread`` is woken after what it has: it waits for a core (``wake_wait`` of the threads
+        runnable when it wakes) before its next work. Nothing without ``hop``."""
+        if not self.hop:
+            return
+        thread.segments.append(_Segment(wake=True))
+        if len(thread.segments) == 1:
+            self._begin(thread)
 
     def share(self) -> float:
         """The part of a core each runnable thread gets now."""
@@ -125,7 +159,7 @@ class Box:
     def work(self, thread: CpuThread, seconds: float) -> None:
         """``thread`` has ``seconds`` of CPU work to do after what it has."""
         tail = thread.segments[-1] if thread.segments else None
-        if tail is not None and tail.pause is None and not tail.waiters:  # the same stretch, longer
+        if tail is not None and tail.pause is None and not tail.wake and not tail.waiters:  # longer
             if tail is thread.segments[0]:
                 self._count(thread)
                 tail.work += seconds
@@ -155,7 +189,9 @@ class Box:
         now, share = self._clock(), self.share()
         free = now
         for i, segment in enumerate(thread.segments):
-            if segment.pause is not None:
+            if segment.wake and i > 0:  # not begun: as long as one begun now would wait
+                free += self.wake_wait(self.runnable())
+            elif segment.pause is not None:
                 free = max(free, segment.ends) if i == 0 else free + segment.pause
             else:
                 left = segment.work - ((now - thread.since) * share if i == 0 else 0.0)
@@ -179,6 +215,11 @@ class Box:
     def _begin(self, thread: CpuThread) -> None:
         """``thread``'s first segment starts: a pause ends by the clock, work makes it runnable."""
         segment = thread.segments[0]
+        if segment.wake:
+            segment.pause = self.wake_wait(self.runnable())
+            self.waking += 1
+            self.wakes += 1
+            self.waited += segment.pause
         if segment.pause is not None:
             segment.ends = self._clock() + segment.pause
             self._at(segment.ends, lambda: self._end(thread, segment))
@@ -225,6 +266,8 @@ class Box:
         if segment.pause is None:
             self._count(thread)
             del self.running[thread]
+        elif segment.wake:
+            self.waking -= 1
         thread.segments.popleft()
         for action in segment.waiters:
             self._at(now, action)
@@ -323,6 +366,10 @@ class Costs:
     #: threads with work now each advance at ``min(1, cores / runnable)`` (:class:`Box`). None: each node
     #: has its own machine.
     cores: int | None = 2
+    #: A woken thread's wait for a core per thread runnable beyond the cores (:meth:`Box.wake`): paid
+    #: at each hop between a node's threads and each slice of its storage thread's work (``MeshSim2``).
+    #: 0: a woken thread runs at once (core 1's calibration had no such wait).
+    hop: float = 0.0
     #: The writer's event loop per API call of its client, and per record offered in it (``api/server``:
     #: the call decoded, records built); the rest of a call is its commit on the storage thread (chain
     #: hashed, batch signed, written: ``storage/writer.py``, ``commit`` and ``commit_record``). Together
@@ -360,6 +407,9 @@ class MeshNode:
     ahead: dict[QueueKey, list[QueueDelta]] = field(default_factory=dict)
     #: Its event loop's thread on the box's cores (with what holds its interpreter: ``MeshSim2.gil``).
     cpu: CpuThread = field(default_factory=CpuThread)
+    #: Which of its threads queued the last work on ``cpu`` (``loop``, ``storage``, ``reader``): work of
+    #: another is a hand-off of the interpreter, a wake-up (:meth:`Box.wake`).
+    role: str = "loop"
     #: Until when its last transaction's fsync waits on the disk.
     disk_free: float = 0.0
     #: The reader thread's reads for link drivers, and the storage thread's per-record work of commits,
@@ -429,7 +479,7 @@ class MeshSim:
     link_deltas: Counter[tuple[int, int]] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self.box = Box(self.costs.cores, lambda: self.now, self._at)
+        self.box = Box(self.costs.cores, lambda: self.now, self._at, self.costs.hop)
         self.owner = Identity.from_seed(b"w" * 32)
         self.key: QueueKey = (self.owner.public_key, "mesh", 0)
         self.edges = mesh_topology(self.n, self.degree, self.seed)
@@ -640,10 +690,16 @@ class MeshSim:
         node.sessions[x].receive_message(message, self.now)
         self._drive(y, x)
 
-    def _busy(self, node: MeshNode, cost: float) -> None:
-        """``node``'s event loop works ``cost`` (times the jitter draw) after what it has to do now, on
-        the box's cores; with ``stall_chance`` it is then descheduled a while."""
-        if not node.cpu.busy and node.cpu.idle_since < self.now - self.costs.warm_for:
+    def _busy(self, node: MeshNode, cost: float, role: str = "loop") -> None:
+        """``node``'s event loop (or ``role``, a thread holding its interpreter) works ``cost`` (times the
+        jitter draw) after what it has to do now, on the box's cores; with ``stall_chance`` it is then
+        descheduled a while. Woken (idle before now) or taking the interpreter from another of the node's
+        threads, it first waits for a core (:meth:`Box.wake`)."""
+        idle = not node.cpu.busy
+        if (idle and node.cpu.idle_since < self.now) or node.role != role:
+            self.box.wake(node.cpu)
+        node.role = role
+        if idle and node.cpu.idle_since < self.now - self.costs.warm_for:
             cost += self.costs.wake
         node.cpu_work += cost
         self.box.work(node.cpu, self._scaled(cost))
@@ -903,7 +959,8 @@ def bulk(sim: MeshSim, records: int, payload: int, batch: int = 1000) -> PartRes
             left[0] -= size
             sim.offer(size, payload, then=replied if left[0] > 0 else None)
 
-        def replied() -> None:  # the client builds the next batch on the box's cores
+        def replied() -> None:  # the client, woken, builds the next batch on the box's cores
+            sim.box.wake(sim.client)
             sim.box.work(sim.client, client)
             sim.box.then(sim.client, call)
 

@@ -21,7 +21,10 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   (``gil``): a relay busy committing a chunk of a bulk is late cutting the next, and sends two at once.
   A thread wanting the lock waits for the loop's ready tasks, at most the switch interval
   (:meth:`MeshSim2._interpreter`); the storage thread takes what waits once it holds it; reads take one
-  of the daemon's two reader connections, so the writer's next API call goes before its third link's.
+  of the daemon's two reader connections, so the writer's next API call goes before its third link's;
+* on the box's full cores a thread woken waits for one (``Costs.hop``, measured from the daemons'
+  schedstat): at each hand-off of the interpreter between a node's threads, the storage thread's wake
+  after its fsync, and each switch-interval slice of its work (the loop's work goes between two slices).
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
 
@@ -66,6 +69,10 @@ SWITCH_INTERVAL_S = GIL_SWITCH_INTERVAL_S
 #: The reader threads a daemon's store reads on (``Engine.open``'s ``read_connections``, as the daemon
 #: opens it; ``bridge.read`` holds one per read): a node's link drivers read two deltas at a time.
 READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connections"].default
+#: The storage thread's work runs in slices this long, each a hand-off of the interpreter that waits for
+#: a core (``MeshSim2._storage_work``): the daemon's switch interval, what a thread wanting the
+#: interpreter lets the one holding it run.
+STORAGE_SLICE_S = GIL_SWITCH_INTERVAL_S
 
 #: Each daemon's CPU per operation as measured, not fitted to the outcome (bench/RESULTS.md, "per-message
 #: CPU costs measured from the daemons"); the stalls and ``wake`` are core 1's fit as before.
@@ -86,6 +93,11 @@ READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connecti
 #: were core 1's fit (0.1 ms a message, 0.5 ms + 2 us a record to verify, 2 us a record to commit, 0.5 ms
 #: + 0.5 us a record to read), and the codec timed without the daemon's GC settings: 50 us of CPU a bulk
 #: record over the nodes against the daemons' 38, the storage threads' work 1.7 times theirs.
+#: ``hop`` (:meth:`Box.wake`) from the daemons' schedstat (bench_mesh ``--metrics``, bulk at N = 8, three
+#: runs: sim20's two and schedstat19's; bench/RESULTS.md sim20): each run's run-queue wait a run (all
+#: threads' waits over their times run) over the box's mean of threads runnable beyond the 2 cores (all
+#: waits and CPU over the part's window, less 2): 0.244, 0.327, 0.270 ms; their mean. At N = 4 the same
+#: reads 0.16-0.20 ms (the wait grows faster than the runnable count): not the N = 8 figure's to use.
 CORE2_COSTS = Costs(
     stall_chance=0.015,
     stall=0.01,
@@ -101,6 +113,7 @@ CORE2_COSTS = Costs(
     sign_record=0.000000835,  # queue2.commit per record of an API call
     read=0.0,
     read_record=0.00000055,  # the writer's reader threads per record read
+    hop=0.00028,  # a woken thread's run-queue wait per thread runnable beyond the cores (schedstat, N = 8)
 )
 
 
@@ -313,11 +326,11 @@ class MeshSim2(MeshSim):
         work = self.costs.commit_record * records + sum(job.cpu for job in jobs if isinstance(job, _Job2))
         sync = self.costs.commit + self.costs.sync_record * records  # the COMMIT's wait on the disk
         if self.gil:  # the storage thread's Python work holds the interpreter the event loop needs
-            self._busy(node, work)
             thread = node.cpu
         else:
             node.cpu_work += work
             thread = node.disk_cpu
+            self.box.wake(thread)
             self.box.work(thread, self._scaled(work))
 
         def committed() -> None:
@@ -338,11 +351,51 @@ class MeshSim2(MeshSim):
             if node.waiting:
                 self._next_commit(y)
 
+        def woken() -> None:  # the fsync returned: the storage thread wakes (and wants the interpreter)
+            if self.gil:
+                node.role = "storage"
+            self.box.wake(thread)
+            self.box.then(thread, committed)
+
+        def durable() -> None:
+            if self.gil:
+                self._interpreter(y, "storage", woken)
+            else:
+                woken()
+
         def synced() -> None:  # its records' work done, the COMMIT waits on the disk
             node.disk_free = max(self.now, node.disk_free) + sync
-            self._at(node.disk_free, committed)
+            self._at(node.disk_free, durable)
 
-        self.box.then(thread, synced)
+        if self.gil:
+            self._storage_work(y, work, synced)
+        else:
+            self.box.then(thread, synced)
+
+    def _storage_work(self, y: int, work: float, then: Callable[[], None]) -> None:
+        """The storage thread's ``work`` (times one jitter draw) under the node's interpreter, in slices
+        of the switch interval: each slice is a hand-off (the loop takes the interpreter between two, and
+        its work queued meanwhile goes first) and waits for a core (:meth:`Box.wake`), as the daemons'
+        storage threads ran ~8 times a transaction of ~3 ms (bench/RESULTS.md, schedstat19). One stall
+        draw a transaction, as one step before."""
+        node = self.node2(y)
+        node.cpu_work += work
+        left = [self._scaled(work)]
+
+        def piece() -> None:
+            size = min(left[0], STORAGE_SLICE_S)
+            left[0] -= size
+            self.box.wake(node.cpu)
+            node.role = "storage"
+            self.box.work(node.cpu, size)
+            if left[0] > 1e-12:
+                self.box.then(node.cpu, piece)
+                return
+            if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
+                self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
+            self.box.then(node.cpu, then)
+
+        piece()
 
     # ------------------------------------------------------------------ a node as the daemon is one
     def _run_driver(self, y: int, x: int) -> None:
@@ -418,11 +471,12 @@ class MeshSim2(MeshSim):
                 self._interpreter(y, "reader", read)
             else:
                 node.cpu_work += work
+                self.box.wake(node.reader)
                 self.box.work(node.reader, self._scaled(work))
                 self.box.then(node.reader, ended)
 
         def read() -> None:  # a reader thread builds the records holding the interpreter
-            self._busy(node, work)
+            self._busy(node, work, role="reader")
             self.box.then(node.cpu, ended)
 
         def ended() -> None:  # trio's to_thread: the limiter released (its next waiter woken) first
