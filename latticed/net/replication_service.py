@@ -132,8 +132,8 @@ class EngineHost:
                 # A truncation committed between the value's load and the read took rows it promised: no
                 # fault of the peer's (raising closed its link). Read again from the newer value; if it
                 # is not published yet, send nothing now, as that commit's change asks again.
-                if q is None or self.engine.state(q) is value:
-                    return None
+                if q is None or self.engine.find(owner, name, kind) != q or self.engine.state(q) is value:
+                    return None  # (or the queue went meanwhile, to core 2 or away: its change says so)
 
     async def verify_delta(self, delta: QueueDelta) -> VerifiedDelta:
         return await self.engine.verify_delta(delta)
