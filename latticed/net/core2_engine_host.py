@@ -325,7 +325,23 @@ class EngineCore2Host:
             now = self._from_recent(q, state, since, max_records, max_bytes)
         if now is not None:
             return now
+        while True:
+            try:
+                return await self._read2(state, since, max_records, max_bytes)
+            except GapError:
+                # The rows ``state`` promised left the store before the read began: a commit meanwhile
+                # froze the queue at a fork point (its rows past it kept aside) or truncated it. No
+                # fault of the peer's (raising closed its link, which the other run of a copied
+                # identity then lacked until it redialled): build it again from the newer value; if
+                # that is not published yet, send nothing now, as that commit's change asks again.
+                newer = core2.loaded(q)
+                if newer is None or newer is state:
+                    return None
+                state = newer
 
+    async def _read2(
+        self, state: QueueState2, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2:
         def read(reader: StoreReader) -> Outgoing2:
             return outgoing(reading_through(state, reader.rows), since, max_records, max_bytes)
 

@@ -658,15 +658,17 @@ class Gossip:
             session.release()
             if remembered is not None and twin_of is None:
                 self._remember(peer, remembered)
-            if self.links.get(peer) is link:
+            first_run_gone = self.links.get(peer) is link
+            if first_run_gone:
                 del self.links[peer]
                 self._changed()
             elif self.twins.get(peer) is link:
                 del self.twins[peer]
                 self._changed()
-            if twin_of is None and (second := self.twins.pop(peer, None)) is not None:
+            if first_run_gone and (second := self.twins.pop(peer, None)) is not None:
                 # The first run's link ended: the second one reconnects and becomes the first (its
-                # link carries no lease forwarding), so it is closed now.
+                # link carries no lease forwarding), so it is closed now. Not when a newer link of the
+                # first run replaced this one: that run is still connected, and so is the second.
                 second.kick()
                 self._changed()
             with trio.CancelScope(shield=True):

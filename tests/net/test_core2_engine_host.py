@@ -1,11 +1,13 @@
 """The daemon's store as replication's core-2 host: deltas as a link sends them (their bodies as steps)
 merged into another store, a delta that no longer fits storing nothing, a forged one raising, and a
-core-2 delta of a queue held here on core 1 refused without closing anything."""
+core-2 delta of a queue held here on core 1 refused without closing anything, and a delta whose rows a
+fork freeze moved aside during its read built again from the frozen value."""
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +212,53 @@ async def test_a_relay_builds_the_next_links_delta_from_the_merged_records_witho
         reads.clear()
         out = await relay.delta2_for(key, to_leaf.core, 100, 1 << 20)
         assert out is not None and list(out.delta.records) == [rec("v", 6)] and len(reads) == 1
+
+
+async def test_a_fork_frozen_while_a_delta_is_read_answers_from_the_frozen_value_without_raising(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay reads the delta the copy of an identity lacks while the copy's own records arrive and
+    freeze the queue at its fork point, moving the rows past it aside: the read finds them gone. That is
+    no fault of the peer, and raising closed the link (the copied-identity test saw the copy's row
+    missing until it redialled); the delta is built again from the frozen value instead."""
+    for name in ("owner", "relay"):
+        (tmp_path / name).mkdir()
+    async with Engine.open(tmp_path / "owner", ALICE) as e:
+        q = await e.core2.create("q")
+        await e.core2.commit(q, [rec("s", i) for i in range(10)])
+    shutil.copytree(tmp_path / "owner", tmp_path / "copy")
+    async with (
+        Engine.open(tmp_path / "owner", ALICE) as a,
+        Engine.open(tmp_path / "copy", ALICE) as c,
+        Engine.open(tmp_path / "relay", BOB) as b,
+    ):
+        owner, copy, relay = EngineCore2Host(a), EngineCore2Host(c), EngineCore2Host(b)
+        await a.core2.commit(q, [rec("o", i) for i in range(5)])
+        await c.core2.commit(q, [rec("c", i) for i in range(3)])
+        key = (ALICE.public_key, "q", 0)
+        whole = await owner.delta2_for(key, None, 100, 1 << 20)
+        assert whole is not None
+        await relay.submit_merge2(whole.delta, whole.steps, b"o" * 32).result()
+        theirs = await copy.delta2_for(key, None, 100, 1 << 20)
+        assert theirs is not None
+        since = copy.summaries2()[key].core
+        read = b.bridge.read
+        raced: list[bool] = []
+
+        async def after_the_copys_merge(fn: Any) -> Any:
+            if not raced:  # the copy's records commit between the value's load and the read
+                raced.append(True)
+                summary, changed = await relay.submit_merge2(theirs.delta, theirs.steps, b"c" * 32).result()
+                assert changed and summary is not None and summary.core.held_end == 10
+            return await read(fn)
+
+        monkeypatch.setattr(b.bridge, "read", after_the_copys_merge)
+        out = await EngineCore2Host(b).delta2_for(key, since, 100, 1 << 20)  # no recent rows: a read
+        assert raced == [True]
+        frozen = await b.core2.value(q)
+        assert frozen.forked and frozen.held == (0, 10)
+        # Answered from the frozen value: both signed histories (the fork proof), no record past the
+        # fork point (the read found them gone), and what a read now gives.
+        assert out is not None and out.delta.records == ()
+        assert out.delta.log is not None and len(out.delta.log.value.tips) == 2
+        assert await EngineCore2Host(b).delta2_for(key, since, 100, 1 << 20) == out

@@ -19,7 +19,7 @@ from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
-from latticed.net.gossip import Gossip, PeerLink
+from latticed.net.gossip import STALE_AFTER_S, Gossip, PeerLink
 from latticed.net.leasing import LeaseLinks
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.net.twin_link import TwinRequests
@@ -268,4 +268,31 @@ async def test_a_run_that_reconnects_while_its_old_link_is_half_open_is_not_a_du
         await old.aclose()
         await settle(lambda: OWNER.public_key not in relay.gossip.twins)
         assert relay.gossip.counters["duplicate_identities"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_first_runs_link_replaced_by_its_own_newer_link_keeps_the_second_runs_link() -> None:
+    """The first run of a copied identity dials the relay again while its old link looks dead (both ends
+    heard nothing for two ping intervals): the newer link takes the old one's place. The identity's first
+    run is still connected, so the other run's link stays; closing it (as when the first run goes away)
+    left the relay listing one of the two runs until the other redialled."""
+    first = daemon(OWNER)
+    first.write(10, now_ms=1_000)
+    copy = daemon(OWNER, first.host.states)
+    first.write(5, now_ms=2_000)
+    copy.write(3, now_ms=3_000)
+    relay = daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        await connect(nursery, first, relay, "10.0.0.1:5001")
+        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
+        await connect(nursery, copy, relay, "10.0.0.2:5002")
+        await settle(lambda: _forked(relay) and _forked(copy) and _forked(first))
+        second = relay.gossip.twins[OWNER.public_key]
+        old = relay.gossip.links[OWNER.public_key]
+        for link in (old, first.gossip.links[RELAY.public_key]):
+            link.last_heard -= STALE_AFTER_S + 1  # silent for longer than two ping intervals
+        await connect(nursery, first, relay, "10.0.0.1:5003")
+        await settle(lambda: old.ended and relay.gossip.links.get(OWNER.public_key) not in (None, old))
+        assert relay.gossip.links[OWNER.public_key].address == "10.0.0.1:5003"
+        assert relay.gossip.twins.get(OWNER.public_key) is second and not second.ended
         nursery.cancel_scope.cancel()
