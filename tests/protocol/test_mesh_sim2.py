@@ -25,7 +25,7 @@ from support.queue2_histories import OWNER
 
 from latticed.crdt import queue2
 from latticed.crdt.records import Record
-from latticed.net.core2_engine_host import RecentRows
+from latticed.net.core2_recent import RecentRows
 from latticed.net.gossip import GRAFT_TIMEOUT_S, HAVE_LINGER_S
 from latticed.protocol.compact import COMPACT_FEATURE
 from latticed.protocol.core2_session import Core2Link

@@ -48,7 +48,7 @@ from latticed.daemon import GIL_SWITCH_INTERVAL_S
 from latticed.errors import LatticedError
 from latticed.host.config import DaemonConfig
 from latticed.net.core2_ahead import Relay
-from latticed.net.core2_engine_host import RECENT_RECORDS
+from latticed.net.core2_recent import RECENT_RECORDS
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
 from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
 from latticed.protocol.core2_wire import Summary2, link_summary
