@@ -1,6 +1,7 @@
 """A relay's whole turn for one live one-record core-2 push, sans IO: where the event loop's Python goes.
 
 Usage: python bench/bench_relay_turn.py [--records N] [--warmup W] [--commit-every K] [--rounds R]
+                                         [--pause MS] [--wire]
 
 Three real :class:`~latticed.protocol.core2_session.Core2Link` pairs on the daemon's features (compact,
 repeat-headers, window2): the owner A's link to the relay B, B's upstream link, B's downstream link and
@@ -16,12 +17,20 @@ D's. For each of A's commits (built before timing: the owner's work) the relay's
   change told to both links (``local_update``), the ACK encoded (no storage thread: its work is another
   budget).
 
+Two options bring the turn closer to the daemon's: ``--wire`` carries every message as the transport
+does (sealed by a :class:`~latticed.protocol.secure.SecureChannel`, written to a socketpair, read and
+opened: B's side of each in B's parts), and ``--pause MS`` sleeps before each push, as a relay waits
+for the next live record (the parts are then timed on the thread's CPU clock: what runs meanwhile, other
+processes or an idle CPU, leaves the caches cold, and the same Python costs 2-4 times as much).
+
 Prints µs a record per part, the median of ``R`` rounds over fresh links.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import statistics
 import threading
 import time
@@ -36,7 +45,9 @@ from latticed.protocol.core2_compact import REPEAT_HEADERS
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
 from latticed.protocol.core2_steps import outgoing
 from latticed.protocol.core2_wire import link_summary
+from latticed.protocol.handshake import Initiator, Responder
 from latticed.protocol.replication_messages import QueueKey, unpack_message
+from latticed.protocol.secure import SecureChannel
 from latticed.protocol.versions import HEADS_V2, WINDOW2
 from latticed.storage.jobs import Job
 
@@ -58,6 +69,41 @@ def line(n: int, size: int = 100) -> list[QueueState2]:
     return states
 
 
+class Wire:
+    """One direction of a link as the daemon carries it: the sender's :class:`SecureChannel` seals a
+    message into a frame written to a socketpair; the receiver reads it, buffers it and opens it. None
+    (``--wire`` off): the message is passed as it is."""
+
+    def __init__(self) -> None:
+        key, now = bytes(range(32)), 1_700_000_000_000
+        initiator = Initiator(seed=b"\x11" * 32, network_key=key, now_ms=now)
+        responder = Responder(seed=b"\x22" * 32, network_key=key, now_ms=now)
+        initiator.receive_data(
+            responder.receive_data(initiator.receive_data(responder.receive_data(initiator.initiate())))
+        )
+        self.tx, self.rx = SecureChannel(initiator.result), SecureChannel(responder.result)
+        self.socks = socket.socketpair()
+        for sock in self.socks:
+            sock.setblocking(False)
+
+    def send(self, message: bytes) -> None:
+        frame = self.tx.seal(message)
+        assert os.write(self.socks[0].fileno(), frame) == len(frame)
+
+    def receive(self) -> bytes:
+        """The next message: one already read, else what one read of the socket brings (written before)."""
+        message = self.rx.next_message()
+        if message is None:
+            self.rx.receive_data(os.read(self.socks[1].fileno(), 65536))
+            message = self.rx.next_message()
+        assert message is not None
+        return message
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close()
+
+
 def _pair(held: QueueState2) -> tuple[Core2Link, Core2Link]:
     left, right = Core2Link(), Core2Link()
     for link in (left, right):
@@ -75,11 +121,18 @@ def _job() -> Job:
     return job
 
 
-def turn(states: list[QueueState2], warmup: int, every: int) -> dict[str, float]:
-    """One round over ``states``: µs a record per part, past the first ``warmup`` records."""
-    clock: Callable[[], int] = time.perf_counter_ns
+def turn(
+    states: list[QueueState2], warmup: int, every: int, pause: float = 0.0, wire: bool = False
+) -> dict[str, float]:
+    """One round over ``states``: µs a record per part, past the first ``warmup`` records; ``pause``:
+    seconds slept before each push (the daemon's pace: what other processes run meanwhile evicts the
+    caches, so each part is timed on the thread's CPU clock, not the wall); ``wire``: every message
+    sealed, written, read and opened as the transport does (B's side of it timed in B's parts)."""
+    clock: Callable[[], int] = time.thread_time_ns if pause else time.perf_counter_ns
     a, b_up = _pair(states[0])
     b_down, d = _pair(states[0])
+    # A -> B, B -> D, D -> B, B -> A
+    ab, bd, db, ba = (Wire() for _ in range(4)) if wire else (None, None, None, None)
     ahead, loaded, q = AheadPushes(), states[0], 1
     spent = dict.fromkeys(PARTS, 0)
     waiting: list[tuple[int, Job]] = []
@@ -90,9 +143,15 @@ def turn(states: list[QueueState2], warmup: int, every: int) -> dict[str, float]
         need = a.next_event()
         assert isinstance(need, NeedDelta2)
         a.provide_delta(KEY, outgoing(after, need.since, need.max_records, MAX_BYTES))
-        (wire,) = a.messages_to_send()
+        (pushed,) = a.messages_to_send()
+        if ab is not None:
+            ab.send(pushed)
+        if pause:
+            time.sleep(pause)
         t0 = clock()
-        b_up.receive(unpack_message(wire), size=len(wire))
+        if ab is not None:
+            pushed = ab.receive()
+        b_up.receive(unpack_message(pushed), size=len(pushed))
         got = b_up.next_event()
         assert isinstance(got, Delta2Received)
         t1 = clock()
@@ -112,14 +171,23 @@ def turn(states: list[QueueState2], warmup: int, every: int) -> dict[str, float]
             out = outgoing(value, ask.since, ask.max_records, MAX_BYTES)
         b_down.provide_delta(KEY, out)
         (passed,) = b_down.messages_to_send()
+        if bd is not None:
+            bd.send(passed)
         t3 = clock()
         took = [t1 - t0, t2 - t1, t3 - t2, 0, 0]
+        if bd is not None:
+            passed = bd.receive()
         d.receive(unpack_message(passed), size=len(passed))  # D (not timed): holds it at once
         arrived = d.next_event()
         assert isinstance(arrived, Delta2Received)
         d.delta_applied(arrived.seq, link_summary(after), True)
         acks = d.messages_to_send()
+        if db is not None:
+            for m in acks:
+                db.send(m)
         t4 = clock()
+        if db is not None:
+            acks = [db.receive() for _ in acks]
         for m in acks:
             b_down.receive(unpack_message(m))
         took[3] = clock() - t4
@@ -136,7 +204,12 @@ def turn(states: list[QueueState2], warmup: int, every: int) -> dict[str, float]
             b_down.local_update(KEY, summary)
             up = b_up.messages_to_send()
             down = b_down.messages_to_send()
+            if ba is not None:
+                for m in up:
+                    ba.send(m)
             took[4] = clock() - t5
+            if ba is not None:
+                up = [ba.receive() for _ in up]
             for m in up:
                 a.receive(unpack_message(m))
             assert not down and b_down.next_event() is None
@@ -145,6 +218,9 @@ def turn(states: list[QueueState2], warmup: int, every: int) -> dict[str, float]
             counted += 1
             for part, ns in zip(PARTS, took, strict=True):
                 spent[part] += ns
+    for w in (ab, bd, db, ba):
+        if w is not None:
+            w.close()
     return {part: ns / counted / 1000 for part, ns in spent.items()}
 
 
@@ -154,9 +230,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--commit-every", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pause", type=float, default=0.0, help="ms slept before each push (0: none)")
+    parser.add_argument("--wire", action="store_true", help="seal, write, read and open every message")
     args = parser.parse_args()
     states = line(args.records + args.warmup)
-    rounds = [turn(states, args.warmup, args.commit_every) for _ in range(args.rounds)]
+    rounds = [
+        turn(states, args.warmup, args.commit_every, args.pause / 1000, args.wire) for _ in range(args.rounds)
+    ]
     total = [sum(r.values()) for r in rounds]
     for part in PARTS:
         print(f"{part:10s} {statistics.median(r[part] for r in rounds):7.1f} us a record")
