@@ -536,7 +536,12 @@ class Gossip:
             incarnation = _hello_incarnation(first)
             old = self.links.get(peer)
             if old is not None and incarnation is not None and incarnation != old.session.peer_incarnation:
-                if peer in self.twins:
+                second = self.twins.get(peer)
+                if second is not None and second.session.peer_incarnation == incarnation:
+                    # The second run again (its old link half-open, or both sides dialled): a reconnect
+                    # of that run, decided below as the first run's would be, against its old link.
+                    twin_of, old = old, second
+                elif second is not None:
                     log_event(
                         log,
                         "peer.duplicate_identity_third",
@@ -547,8 +552,8 @@ class Gossip:
                     )
                     await stream.aclose()
                     return
-                twin_of = old
-                old = None
+                else:
+                    twin_of, old = old, None
         if old is not None:
             # Both sides dialled, or the old link died without either side noticing yet. A link that has
             # been silent for two ping intervals is stale (a fresh handshake just proved the path works, and
@@ -598,8 +603,16 @@ class Gossip:
             session.core2.start(self.host2.summaries2())
         if twin_of is not None:
             self._twin_up(twin_of, link, first)
-        elif self.extension is not None:
-            self.extension.link_up(link)
+        else:
+            if self.extension is not None:
+                self.extension.link_up(link)
+            if old is not None and old.pending_twin is not None:
+                # The first run's link was replaced before it answered the PING that confirms a second
+                # run: ask again on this one, or the duplicate would never be logged or told.
+                second, incarnation, _ = old.pending_twin
+                old.pending_twin = None
+                if self.twins.get(peer) is second:
+                    self._ask_live(link, second, incarnation)
         reason = "closed"
         # The session admits at most ``window`` unacknowledged deltas (a peer sending more breaks the
         # protocol), and each is in one of these channels or in the hands of the task between them.
@@ -740,8 +753,13 @@ class Gossip:
         link.twin = TwinRequests(
             link, None, lambda body: self.identity_notice(link, body), self.max_message_bytes
         )
+        self._ask_live(live, link, incarnation)
+
+    def _ask_live(self, live: PeerLink, second: PeerLink, incarnation: bytes) -> None:
+        """PING ``live``, the first run's link: its PONG confirms ``second`` (run ``incarnation``) as a
+        duplicate identity (a newer PING on it, or on a link that replaced it, supersedes this one)."""
         nonce = next(self._nonces)
-        live.pending_twin = (link, incarnation, nonce)
+        live.pending_twin = (second, incarnation, nonce)
         live.session.ping(nonce)
         live.kick()
 
@@ -752,7 +770,12 @@ class Gossip:
         link, incarnation, _ = live.pending_twin
         live.pending_twin = None
         theirs = live.session.peer_incarnation
-        if self.twins.get(link.public_key) is not link or link.twin is None or theirs is None:
+        if (
+            self.twins.get(link.public_key) is not link
+            or link.twin is None
+            or theirs is None
+            or theirs == incarnation  # a stale first link replaced by the second run itself: one run
+        ):
             return
         sighting = self.duplicates.observe(
             link.public_key,
