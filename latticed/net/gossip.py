@@ -33,9 +33,9 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -44,10 +44,12 @@ from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueDelta, Summary, VerifiedDelta
 from latticed.errors import (
     ConnectionClosedError,
+    GapError,
     IncompatiblePeerError,
     IntegrityError,
     LatticedError,
     LocalProtocolError,
+    NotFoundError,
     ProtocolError,
 )
 from latticed.net.core2_host import Core2Host, PendingMerge2
@@ -127,6 +129,12 @@ OWN_CATCH_UP_S = 30.0
 #: A second connection of an identity that has a live link says within this long which run it is (its
 #: HELLO), or is closed.
 HELLO_WAIT_S = 10.0
+#: Reads of a delta for a peer that lost their rows or queue to a commit of ours meanwhile, before that
+#: delta is left for the commit's change to ask again (see :meth:`Gossip._read_again`).
+READ_TRIES = 3
+#: What such a read raises (the peer's deltas never get here: they fail verification or the protocol).
+_OWN_RACES = (GapError, NotFoundError)
+_Read = TypeVar("_Read")
 _IGNORED = -1
 #: The traffic counters' names by direction and message type (built once, not per message).
 _COUNTER_NAMES: dict[tuple[str, str], tuple[str, str]] = {}
@@ -841,9 +849,17 @@ class Gossip:
                             await trio.lowlevel.checkpoint()
                             if link.extra_out and link.opened:
                                 await self._send(stream, link, self._take_extra(link))
-                        delta = await self.host.delta_for(
-                            event.key, event.since, event.max_records, self.max_message_bytes // 2
+                        read = functools.partial(
+                            self.host.delta_for,
+                            event.key,
+                            event.since,
+                            event.max_records,
+                            self.max_message_bytes // 2,
                         )
+                        try:
+                            delta = await read()
+                        except _OWN_RACES as exc:
+                            delta = await self._read_again(link, event.key, read, exc)
                     session.provide_delta(event.key, delta)
                     if delta is not None:
                         self.counters["deltas_out"] += 1
@@ -882,12 +898,41 @@ class Gossip:
     async def _provide2(self, link: PeerLink, event: NeedDelta2) -> None:
         core2 = link.session.core2
         assert core2 is not None and self.host2 is not None
-        out = await self.host2.delta2_for(
-            event.key, event.since, event.max_records, self.max_message_bytes // 2
+        read = functools.partial(
+            self.host2.delta2_for, event.key, event.since, event.max_records, self.max_message_bytes // 2
         )
+        try:
+            out = await read()
+        except _OWN_RACES as exc:
+            out = await self._read_again(link, event.key, read, exc)
         core2.provide_delta(event.key, out)
         if out is not None:
             self.counters["deltas_out"] += 1
+
+    async def _read_again(
+        self, link: PeerLink, key: QueueKey, read: Callable[[], Awaitable[_Read | None]], exc: Exception
+    ) -> _Read | None:
+        """``read``, a delta for ``link`` from our own store, lost its rows (``GapError``) or its queue
+        (``NotFoundError``) to a commit of ours in between (``exc``): no fault of the peer's, so not a
+        reason to end its link (a peer's faults, a forged or malformed delta or a broken protocol, and any
+        other error of ours still end it). Read again from the newer value; after :data:`READ_TRIES`,
+        send nothing now (the commit's change asks again)."""
+        for _ in range(READ_TRIES - 1):
+            await trio.lowlevel.checkpoint()  # the commit that took them publishes its value
+            try:
+                return await read()
+            except _OWN_RACES as again:
+                exc = again
+        log_event(
+            log,
+            "peer.delta_read_raced",
+            peer=link.public_key.hex(),
+            queue=key_label(key),
+            tries=READ_TRIES,
+            reason=str(exc),
+            hint="the rows or queue left our store during each read; it is sent on the queue's next change",
+        )
+        return None
 
     def _submit2(
         self,
