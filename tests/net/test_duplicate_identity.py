@@ -388,3 +388,26 @@ async def test_the_second_run_reconnecting_while_its_old_link_is_half_open_is_th
         (sighting,) = relay.gossip.duplicates.recent()
         assert sighting.earlier.incarnation == first.gossip.incarnation and sighting.count == 2
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stale_first_link_replaced_by_the_second_run_itself_is_no_duplicate_of_that_run() -> None:
+    """The first run's link is stale with a check pending when the second run redials: its new link takes
+    the first link's place (a stale link's successor is not asked which run it is), and the check asked
+    again there is answered by the second run itself. One run answering for both is no duplicate."""
+    relay, copy = daemon(RELAY), daemon(OWNER)
+    first = daemon(OWNER)  # its run only said hello on a link that went half-open
+    async with trio.open_nursery() as nursery:
+        old = await half_open(nursery, relay, first, "10.0.0.1:5001")
+        await half_open(nursery, relay, copy, "10.0.0.2:5002")
+        assert old.pending_twin is not None
+        old.last_heard -= STALE_AFTER_S + 1
+        await connect(nursery, copy, relay, "10.0.0.2:5003")
+
+        def asked_and_answered() -> bool:
+            live = relay.gossip.links.get(OWNER.public_key)
+            return live is not None and live is not old and live.pending_twin is None and not old.pending_twin
+
+        await settle(asked_and_answered)
+        assert relay.gossip.links[OWNER.public_key].session.peer_incarnation == copy.gossip.incarnation
+        assert relay.gossip.counters["duplicate_identities"] == 0 and not relay.gossip.duplicates.recent()
+        nursery.cancel_scope.cancel()
