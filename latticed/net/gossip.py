@@ -33,9 +33,9 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -44,10 +44,12 @@ from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueDelta, Summary, VerifiedDelta
 from latticed.errors import (
     ConnectionClosedError,
+    GapError,
     IncompatiblePeerError,
     IntegrityError,
     LatticedError,
     LocalProtocolError,
+    NotFoundError,
     ProtocolError,
 )
 from latticed.net.core2_host import Core2Host, PendingMerge2
@@ -127,6 +129,12 @@ OWN_CATCH_UP_S = 30.0
 #: A second connection of an identity that has a live link says within this long which run it is (its
 #: HELLO), or is closed.
 HELLO_WAIT_S = 10.0
+#: Reads of a delta for a peer that lost their rows or queue to a commit of ours meanwhile, before that
+#: delta is left for the commit's change to ask again (see :meth:`Gossip._read_again`).
+READ_TRIES = 3
+#: What such a read raises (the peer's deltas never get here: they fail verification or the protocol).
+_OWN_RACES = (GapError, NotFoundError)
+_Read = TypeVar("_Read")
 _IGNORED = -1
 #: The traffic counters' names by direction and message type (built once, not per message).
 _COUNTER_NAMES: dict[tuple[str, str], tuple[str, str]] = {}
@@ -536,7 +544,12 @@ class Gossip:
             incarnation = _hello_incarnation(first)
             old = self.links.get(peer)
             if old is not None and incarnation is not None and incarnation != old.session.peer_incarnation:
-                if peer in self.twins:
+                second = self.twins.get(peer)
+                if second is not None and second.session.peer_incarnation == incarnation:
+                    # The second run again (its old link half-open, or both sides dialled): a reconnect
+                    # of that run, decided below as the first run's would be, against its old link.
+                    twin_of, old = old, second
+                elif second is not None:
                     log_event(
                         log,
                         "peer.duplicate_identity_third",
@@ -547,8 +560,8 @@ class Gossip:
                     )
                     await stream.aclose()
                     return
-                twin_of = old
-                old = None
+                else:
+                    twin_of, old = old, None
         if old is not None:
             # Both sides dialled, or the old link died without either side noticing yet. A link that has
             # been silent for two ping intervals is stale (a fresh handshake just proved the path works, and
@@ -598,8 +611,16 @@ class Gossip:
             session.core2.start(self.host2.summaries2())
         if twin_of is not None:
             self._twin_up(twin_of, link, first)
-        elif self.extension is not None:
-            self.extension.link_up(link)
+        else:
+            if self.extension is not None:
+                self.extension.link_up(link)
+            if old is not None and old.pending_twin is not None:
+                # The first run's link was replaced before it answered the PING that confirms a second
+                # run: ask again on this one, or the duplicate would never be logged or told.
+                second, incarnation, _ = old.pending_twin
+                old.pending_twin = None
+                if self.twins.get(peer) is second:
+                    self._ask_live(link, second, incarnation)
         reason = "closed"
         # The session admits at most ``window`` unacknowledged deltas (a peer sending more breaks the
         # protocol), and each is in one of these channels or in the hands of the task between them.
@@ -740,8 +761,13 @@ class Gossip:
         link.twin = TwinRequests(
             link, None, lambda body: self.identity_notice(link, body), self.max_message_bytes
         )
+        self._ask_live(live, link, incarnation)
+
+    def _ask_live(self, live: PeerLink, second: PeerLink, incarnation: bytes) -> None:
+        """PING ``live``, the first run's link: its PONG confirms ``second`` (run ``incarnation``) as a
+        duplicate identity (a newer PING on it, or on a link that replaced it, supersedes this one)."""
         nonce = next(self._nonces)
-        live.pending_twin = (link, incarnation, nonce)
+        live.pending_twin = (second, incarnation, nonce)
         live.session.ping(nonce)
         live.kick()
 
@@ -752,7 +778,12 @@ class Gossip:
         link, incarnation, _ = live.pending_twin
         live.pending_twin = None
         theirs = live.session.peer_incarnation
-        if self.twins.get(link.public_key) is not link or link.twin is None or theirs is None:
+        if (
+            self.twins.get(link.public_key) is not link
+            or link.twin is None
+            or theirs is None
+            or theirs == incarnation  # a stale first link replaced by the second run itself: one run
+        ):
             return
         sighting = self.duplicates.observe(
             link.public_key,
@@ -818,9 +849,17 @@ class Gossip:
                             await trio.lowlevel.checkpoint()
                             if link.extra_out and link.opened:
                                 await self._send(stream, link, self._take_extra(link))
-                        delta = await self.host.delta_for(
-                            event.key, event.since, event.max_records, self.max_message_bytes // 2
+                        read = functools.partial(
+                            self.host.delta_for,
+                            event.key,
+                            event.since,
+                            event.max_records,
+                            self.max_message_bytes // 2,
                         )
+                        try:
+                            delta = await read()
+                        except _OWN_RACES as exc:
+                            delta = await self._read_again(link, event.key, read, exc)
                     session.provide_delta(event.key, delta)
                     if delta is not None:
                         self.counters["deltas_out"] += 1
@@ -859,12 +898,41 @@ class Gossip:
     async def _provide2(self, link: PeerLink, event: NeedDelta2) -> None:
         core2 = link.session.core2
         assert core2 is not None and self.host2 is not None
-        out = await self.host2.delta2_for(
-            event.key, event.since, event.max_records, self.max_message_bytes // 2
+        read = functools.partial(
+            self.host2.delta2_for, event.key, event.since, event.max_records, self.max_message_bytes // 2
         )
+        try:
+            out = await read()
+        except _OWN_RACES as exc:
+            out = await self._read_again(link, event.key, read, exc)
         core2.provide_delta(event.key, out)
         if out is not None:
             self.counters["deltas_out"] += 1
+
+    async def _read_again(
+        self, link: PeerLink, key: QueueKey, read: Callable[[], Awaitable[_Read | None]], exc: Exception
+    ) -> _Read | None:
+        """``read``, a delta for ``link`` from our own store, lost its rows (``GapError``) or its queue
+        (``NotFoundError``) to a commit of ours in between (``exc``): no fault of the peer's, so not a
+        reason to end its link (a peer's faults, a forged or malformed delta or a broken protocol, and any
+        other error of ours still end it). Read again from the newer value; after :data:`READ_TRIES`,
+        send nothing now (the commit's change asks again)."""
+        for _ in range(READ_TRIES - 1):
+            await trio.lowlevel.checkpoint()  # the commit that took them publishes its value
+            try:
+                return await read()
+            except _OWN_RACES as again:
+                exc = again
+        log_event(
+            log,
+            "peer.delta_read_raced",
+            peer=link.public_key.hex(),
+            queue=key_label(key),
+            tries=READ_TRIES,
+            reason=str(exc),
+            hint="the rows or queue left our store during each read; it is sent on the queue's next change",
+        )
+        return None
 
     def _submit2(
         self,

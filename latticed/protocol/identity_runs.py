@@ -279,8 +279,11 @@ class IdentityGuard:
         return self._refusal
 
     def _decide(self) -> None:
+        """From everything heard so far, whichever order it came in (a foreign head, then the notice
+        that this is the earlier run: it signs again)."""
         if self.claimed_at is not None:
             return
+        self._refusal = None
         later = [run for run in self.others.values() if run.later]
         if later:
             run = later[-1]

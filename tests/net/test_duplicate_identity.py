@@ -23,7 +23,7 @@ from latticed.net.gossip import STALE_AFTER_S, Gossip, PeerLink
 from latticed.net.leasing import LeaseLinks
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.net.twin_link import TwinRequests
-from latticed.protocol.identity_runs import IDENTITY_FEATURE, IDENTITY_OP, Notice
+from latticed.protocol.identity_runs import IDENTITY_FEATURE, IDENTITY_OP, Notice, RunSeen
 from latticed.protocol.lease_forwarding import LeasingSession, Refusal, Request
 from latticed.protocol.replication import PROTOCOL_VERSION, QueueKey, ReplicationSession
 from latticed.protocol.replication_messages import Digest, Hello, encode_message
@@ -295,4 +295,119 @@ async def test_the_first_runs_link_replaced_by_its_own_newer_link_keeps_the_seco
         await settle(lambda: old.ended and relay.gossip.links.get(OWNER.public_key) not in (None, old))
         assert relay.gossip.links[OWNER.public_key].address == "10.0.0.1:5003"
         assert relay.gossip.twins.get(OWNER.public_key) is second and not second.ended
+        nursery.cancel_scope.cancel()
+
+
+async def half_open(nursery: trio.Nursery, relay: Daemon, run: Daemon, address: str) -> PeerLink:
+    """A link of ``run`` on the relay that said hello and what it held, then went silent (its host froze,
+    or the path broke one way): the relay's end looks alive until it is stale."""
+    left, right = trio.testing.memory_stream_pair()
+
+    async def accept() -> None:
+        stream = await secure_accept(right, seed=RELAY.seed, network_key=DEFAULT_NETWORK_KEY)
+        await relay.gossip.run_peer(stream, address, "incoming")
+
+    nursery.start_soon(accept)
+    stream = await secure_connect(left, seed=OWNER.seed, network_key=DEFAULT_NETWORK_KEY)
+    hello = Hello(PROTOCOL_VERSION, None, run.gossip.incarnation)
+    await stream.send_many([encode_message(hello), encode_message(Digest(()))])
+
+    def up() -> PeerLink | None:
+        for link in (relay.gossip.links.get(OWNER.public_key), relay.gossip.twins.get(OWNER.public_key)):
+            if link is not None and link.address == address and link.session.peer_incarnation is not None:
+                return link
+        return None
+
+    await settle(lambda: up() is not None)
+    link = up()
+    assert link is not None
+    return link
+
+
+async def test_a_first_runs_link_replaced_before_it_answers_the_ping_is_asked_again() -> None:
+    """The second run connects; the relay PINGs the first run's link to confirm it is alive, but that link
+    is half-open and is replaced (once stale) by the first run's new link before any PONG. The PING is
+    asked again on the new link: the duplicate is logged, counted and told to both (before, the pending
+    confirmation went with the old link, and both runs were served with nobody told)."""
+    first = daemon(OWNER)
+    first.write(10, now_ms=1_000)
+    copy = daemon(OWNER, first.host.states)
+    first.write(5, now_ms=2_000)
+    copy.write(3, now_ms=3_000)
+    relay = daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        old = await half_open(nursery, relay, first, "10.0.0.1:5001")
+        await connect(nursery, copy, relay, "10.0.0.2:5002")
+        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 13)
+        assert old.pending_twin is not None and relay.gossip.counters["duplicate_identities"] == 0
+        old.last_heard -= STALE_AFTER_S + 1
+        await connect(nursery, first, relay, "10.0.0.1:5003")
+        await settle(
+            lambda: (
+                relay.gossip.counters["duplicate_identities"] == 1
+                and copy.gossip.identity.refusal() is not None
+                and bool(first.gossip.identity.others)
+            )
+        )
+        assert old.ended and relay.gossip.links[OWNER.public_key].address == "10.0.0.1:5003"
+        (sighting,) = relay.gossip.duplicates.recent()
+        assert sighting.earlier.incarnation == first.gossip.incarnation
+        assert sighting.later == RunSeen(copy.gossip.incarnation, "10.0.0.2:5002")
+        assert first.gossip.identity.refusal() is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_second_run_reconnecting_while_its_old_link_is_half_open_is_that_run() -> None:
+    """The second run's link goes half-open and the run dials again: the same incarnation is that run
+    reconnecting, not a third run. Its new link takes the old one's place once that is stale (as the first
+    run's would; before, it was refused as a third run until the old link timed out, the run in the dark
+    meanwhile), and the duplicate is confirmed on it. A run of a third incarnation is still refused."""
+    first = daemon(OWNER)
+    first.write(10, now_ms=1_000)
+    copy = daemon(OWNER, first.host.states)
+    first.write(5, now_ms=2_000)
+    copy.write(3, now_ms=3_000)
+    relay = daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        await connect(nursery, first, relay, "10.0.0.1:5001")
+        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
+        old = await half_open(nursery, relay, copy, "10.0.0.2:5002")
+        await settle(lambda: relay.gossip.counters["duplicate_identities"] == 1)
+        assert relay.gossip.twins[OWNER.public_key] is old
+        third = daemon(OWNER, first.host.states)
+        await connect(nursery, third, relay, "10.0.0.3:5003")
+        await settle(lambda: not third.gossip.links)
+        assert relay.gossip.twins[OWNER.public_key] is old  # a third run: refused, as before
+        old.last_heard -= STALE_AFTER_S + 1
+        await connect(nursery, copy, relay, "10.0.0.2:5004")
+        await settle(lambda: old.ended and copy.gossip.identity.refusal() is not None and _forked(relay))
+        new = relay.gossip.twins[OWNER.public_key]
+        assert new.address == "10.0.0.2:5004" and not new.ended
+        assert relay.gossip.links[OWNER.public_key].address == "10.0.0.1:5001"
+        assert relay.gossip.counters["duplicate_identities"] == 2  # seen again, on the new link
+        (sighting,) = relay.gossip.duplicates.recent()
+        assert sighting.earlier.incarnation == first.gossip.incarnation and sighting.count == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stale_first_link_replaced_by_the_second_run_itself_is_no_duplicate_of_that_run() -> None:
+    """The first run's link is stale with a check pending when the second run redials: its new link takes
+    the first link's place (a stale link's successor is not asked which run it is), and the check asked
+    again there is answered by the second run itself. One run answering for both is no duplicate."""
+    relay, copy = daemon(RELAY), daemon(OWNER)
+    first = daemon(OWNER)  # its run only said hello on a link that went half-open
+    async with trio.open_nursery() as nursery:
+        old = await half_open(nursery, relay, first, "10.0.0.1:5001")
+        await half_open(nursery, relay, copy, "10.0.0.2:5002")
+        assert old.pending_twin is not None
+        old.last_heard -= STALE_AFTER_S + 1
+        await connect(nursery, copy, relay, "10.0.0.2:5003")
+
+        def asked_and_answered() -> bool:
+            live = relay.gossip.links.get(OWNER.public_key)
+            return live is not None and live is not old and live.pending_twin is None and not old.pending_twin
+
+        await settle(asked_and_answered)
+        assert relay.gossip.links[OWNER.public_key].session.peer_incarnation == copy.gossip.incarnation
+        assert relay.gossip.counters["duplicate_identities"] == 0 and not relay.gossip.duplicates.recent()
         nursery.cancel_scope.cancel()

@@ -135,6 +135,18 @@ def test_the_earlier_run_keeps_writing_and_notices_for_another_run_are_ignored()
     assert len(guard.status()["foreign_heads"]) == 1
 
 
+def test_a_run_that_saw_a_foreign_head_then_is_told_it_is_the_earlier_one_signs_again() -> None:
+    """The other run's head may come back before a peer's notice does (it did on a relay whose link to
+    this run was replaced before the duplicate was confirmed): the notice decides, in either order."""
+    guard = IdentityGuard(FIRST)
+    guard.foreign_head(ForeignHead("o/q", b"r" * 32, "another head at version 3", 2.0))
+    assert guard.refusal() is not None
+    guard.notice(Notice(FIRST, SECOND, "10.0.0.2:7000", later=False), b"r" * 32, 3.0)
+    assert guard.refusal() is None
+    guard.foreign_head(ForeignHead("o/q", b"r" * 32, "again", 4.0))
+    assert guard.refusal() is None
+
+
 def test_a_foreign_head_alone_stops_signing_until_the_operator_claims() -> None:
     guard = IdentityGuard(FIRST)
     guard.foreign_head(ForeignHead("o/q", b"r" * 32, "another head at version 3", 2.0))
