@@ -53,21 +53,53 @@ _BACKFILL_AT: Final = 96
 def wal_frames(db: Path) -> tuple[int, int] | None:
     """(frames in the WAL, frames of them already copied into the database), read from the wal-index;
     None if it cannot be read. A cheap read of a page the kernel holds: no SQL, no lock."""
-    try:
-        fd = os.open(f"{db}-shm", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    index = WalIndex.open(db)
+    if index is None:
         return None
     try:
-        header = os.pread(fd, _BACKFILL_AT + 4, 0)
-    except OSError:
-        return None
+        return index.frames()
     finally:
-        os.close(fd)
-    if len(header) < _BACKFILL_AT + 4:
-        return None
-    (frames,) = _MX_FRAME.unpack_from(header, _MX_FRAME_AT)
-    (copied,) = _MX_FRAME.unpack_from(header, _BACKFILL_AT)
-    return frames, copied
+        index.close()
+
+
+class WalIndex:
+    """The wal-index (``-shm``) of one store held open, so that reading its header after each commit is
+    one ``pread``, not an open, a read and a close.
+
+    Why held: besides two syscalls a commit, closing a descriptor of a file drops every POSIX lock the
+    process holds on it (fcntl(2)), SQLite's own locks on the ``-shm`` among them; this one is closed
+    once, at shutdown. The file stays while the store is open (the writer's connection keeps it)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    @classmethod
+    def open(cls, db: Path) -> WalIndex | None:
+        """``db``'s wal-index, or None if it cannot be opened."""
+        try:
+            return cls(os.open(f"{db}-shm", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            return None
+
+    def frames(self) -> tuple[int, int] | None:
+        """(frames in the WAL, frames copied into the database), or None if unreadable (or closed)."""
+        fd = self._fd
+        if fd is None:
+            return None
+        try:
+            header = os.pread(fd, _BACKFILL_AT + 4, 0)
+        except OSError:
+            return None
+        if len(header) < _BACKFILL_AT + 4:
+            return None
+        (frames,) = _MX_FRAME.unpack_from(header, _MX_FRAME_AT)
+        (copied,) = _MX_FRAME.unpack_from(header, _BACKFILL_AT)
+        return frames, copied
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class Checkpointer:
@@ -94,19 +126,26 @@ class Checkpointer:
         self.passes = 0
         self.failures = 0
         self.fallbacks = 0
+        #: Times a commit woke the thread (once per pass it asks for, not once per commit).
+        self.wakeups = 0
+        self._index: WalIndex | None = None
 
     def start(self, writer: sqlite3.Connection) -> bool:
         """Open the thread's connection, turn the writer's automatic checkpoints off and start; False
         (automatic checkpoints stay on) if the WAL index cannot be read or the connection not opened."""
-        if wal_frames(self.db) is None:
+        index = WalIndex.open(self.db)
+        if index is None or index.frames() is None:
+            if index is not None:
+                index.close()
             return False
         try:
             conn = sqlite3.connect(str(self.db), isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA synchronous = FULL")  # a checkpoint fsyncs the WAL, then the database
         except sqlite3.Error as exc:
+            index.close()
             log_event(log, "storage.checkpointer_failed", level=30, error=str(exc))
             return False
-        self._conn = conn
+        self._conn, self._index = conn, index
         writer.execute("PRAGMA wal_autocheckpoint = 0")
         self._thread = threading.Thread(target=self._main, name="latticed-checkpoint", daemon=True)
         self._thread.start()
@@ -116,7 +155,7 @@ class Checkpointer:
         """On the storage thread after a commit: wake the thread if the WAL is long and not all copied;
         checkpoint here if it has fallen far behind. Never raises."""
         self._last_commit = time.monotonic()
-        frames = wal_frames(self.db)
+        frames = None if self._index is None else self._index.frames()
         if frames is None or self._paused:
             return
         total, copied = frames
@@ -136,8 +175,15 @@ class Checkpointer:
                 self._run.release()
             return
         with self._cond:
+            # A pass already asked for and not served: the thread re-reads the WAL and the last commit's
+            # time on its own (its wait ends at the pause it waits for), so it is woken again only if
+            # the WAL reached the busy size, not at every commit of a steady stream (a thread wake-up
+            # and a turn of the GIL each).
+            idle = self._served >= self._requested
             self._requested += 1
-            self._cond.notify_all()
+            if idle or total >= BUSY_FACTOR * self.pages:
+                self.wakeups += 1
+                self._cond.notify_all()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -174,6 +220,9 @@ class Checkpointer:
             except sqlite3.Error as exc:  # pragma: no cover - close of a healthy connection
                 log_event(log, "storage.checkpointer_close_failed", error=str(exc))
             self._conn = None
+        if self._index is not None:
+            self._index.close()
+            self._index = None
 
     def _main(self) -> None:
         name_os_thread("ld-checkpoint")
@@ -206,7 +255,7 @@ class Checkpointer:
                 wait = self._last_commit + self.quiet_s - time.monotonic()
                 if wait <= 0:
                     return
-                frames = wal_frames(self.db)
+                frames = None if self._index is None else self._index.frames()
                 if frames is None or frames[0] >= BUSY_FACTOR * self.pages:
                     return
                 self._cond.wait(wait)
@@ -216,4 +265,4 @@ class Checkpointer:
         self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
 
 
-__all__ = ["BUSY_FACTOR", "FALLBACK_FACTOR", "QUIET_S", "Checkpointer", "wal_frames"]
+__all__ = ["BUSY_FACTOR", "FALLBACK_FACTOR", "QUIET_S", "Checkpointer", "WalIndex", "wal_frames"]

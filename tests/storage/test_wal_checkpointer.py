@@ -302,3 +302,53 @@ def test_the_thread_stays_paused_while_the_disk_full_reserve_is_used(tmp_path: P
     finally:
         other.close()
         writer.stop()
+
+
+def test_a_steady_stream_wakes_the_thread_once_per_pass_not_per_commit(tmp_path: Path) -> None:
+    """Past the working size, short of the busy size, with no pause: the first commit asks for a pass
+    and wakes the thread; the commits after it do not wake it again (it re-reads the WAL itself)."""
+    writer, q = new_writer(tmp_path, 64, quiet_s=3600.0)
+    checkpointer = writer.checkpointer
+    assert checkpointer is not None
+    try:
+        i = 0
+        while frames(writer)[0] < 64:
+            append(writer, q, i)
+            i += 1
+        assert checkpointer.wakeups <= 1
+        past = 0
+        while frames(writer)[0] < (BUSY_FACTOR - 1) * 64:
+            append(writer, q, i)
+            i += 1
+            past += 1
+        assert past >= 10, "enough commits between the working and the busy size to tell"
+        assert checkpointer.wakeups == 1, checkpointer.wakeups
+        assert checkpointer.passes == 0, "still waiting for a pause or the busy size"
+    finally:
+        writer.stop()
+
+
+def test_commits_read_the_wal_index_without_opening_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``-shm`` is held open from the start: a commit reads its header with one pread (no open and
+    close, which would also drop the process's POSIX locks on it)."""
+    writer, q = new_writer(tmp_path, 16, quiet_s=3600.0)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting(path: str, *args: int, **kwargs: int) -> int:
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    try:
+        monkeypatch.setattr(os, "open", counting)
+        for i in range(40):
+            append(writer, q, i)
+        monkeypatch.setattr(os, "open", real_open)
+        assert not [path for path in opened if path.endswith("-shm")], opened
+        checkpointer = writer.checkpointer
+        assert checkpointer is not None and checkpointer.wakeups >= 1, "the index was read and acted on"
+    finally:
+        monkeypatch.setattr(os, "open", real_open)
+        writer.stop()
