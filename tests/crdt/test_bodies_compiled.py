@@ -205,3 +205,17 @@ def test_the_passes_keep_no_reference_they_do_not_own(built: Any) -> None:
         leaf_compiled.unvouched(bodies, value.shared, value.queue_id, value.epoch, chain=chain, first=0)
         leaf_compiled.packed(bodies)
     assert [sys.getrefcount(o) for o in shared] == before
+
+
+def test_a_head_with_an_empty_slot_raises_as_getattr_does(built: Any) -> None:
+    # unvouched reads a head's slots in place; an empty one (a head never initialised) goes through
+    # getattr, which raises, as the pass did before it read slots in place.
+    value, bodies, chain = signed_log(4)
+    empty = object.__new__(HeadV2)
+    with pytest.raises(AttributeError):
+        leaf_compiled.unvouched(
+            [*bodies[:2], empty], value.shared, value.queue_id, value.epoch, chain=chain, first=0
+        )
+    assert leaf_compiled.unvouched(
+        bodies, value.shared, value.queue_id, value.epoch, chain=chain, first=0
+    ) == [3]
