@@ -914,11 +914,40 @@ fail:
    exactly of head_type, of queue_id and epoch, its leaf (already computed) is shared[version - 1], and its
    head_hash is the chain value at its end (chain holds offsets first + 1 ...). Anything else (a leaf not
    computed yet, a version on a tip, a mismatch) is left to the caller's Python check, which decides. */
+/* a == b for unvouched: bytes compared in place (the usual case), anything else as Python compares it
+   (1, 0, or -1 with an exception set). */
+static int u_same(PyObject *a, PyObject *b)
+{
+    if (a == b) {
+        return 1;
+    }
+    if (PyBytes_CheckExact(a) && PyBytes_CheckExact(b)) {
+        return PyBytes_GET_SIZE(a) == PyBytes_GET_SIZE(b)
+               && memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), (size_t) PyBytes_GET_SIZE(a)) == 0;
+    }
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* Two leaves equal, as tuples compare: a pair of exact tuples item by item (u_same), else Python's ==. */
+static int u_same_leaf(PyObject *a, PyObject *b)
+{
+    int same;
+    if (a == b) {
+        return 1;
+    }
+    if (!PyTuple_CheckExact(a) || !PyTuple_CheckExact(b) || PyTuple_GET_SIZE(a) != 2 || PyTuple_GET_SIZE(b) != 2) {
+        return PyObject_RichCompareBool(a, b, Py_EQ);
+    }
+    same = u_same(PyTuple_GET_ITEM(a, 0), PyTuple_GET_ITEM(b, 0));
+    return same == 1 ? u_same(PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(b, 1)) : same;
+}
+
 static PyObject *unvouched(PyObject *self, PyObject *args)
 {
     PyObject *head_type, *bodies, *shared, *queue_id, *epoch, *chain, *out;
     unsigned long long first;
-    Py_ssize_t i, n, held, length;
+    Py_ssize_t i, n, held, length, offsets[13];
+    int direct;
     (void) self;
     if (!PyArg_ParseTuple(args, "OOO!O!OO!K", &head_type, &bodies, &PyTuple_Type, &shared, &PyBytes_Type,
                           &queue_id, &epoch, &PyList_Type, &chain, &first)) {
@@ -931,6 +960,9 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
         }
         Py_RETURN_NONE;
     }
+    /* Where the slots are plain object slots, each is read in place (as its descriptor would read it),
+       not looked up by name six times a body; an empty slot is read through getattr, which raises. */
+    direct = v_offsets((PyTypeObject *) head_type, offsets) == 0;
     n = PySequence_Fast_GET_SIZE(bodies);
     held = PyTuple_GET_SIZE(shared);
     length = PyList_GET_SIZE(chain);
@@ -944,7 +976,13 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
         static const int slots[6] = {0, 1, 2, 5, 7, 12}; /* queue_id, epoch, version, end, head_hash, _leaf */
         if (Py_TYPE(body) == (PyTypeObject *) head_type) {
             for (k = 0; k < 6 && !failed; k++) {
-                values[k] = PyObject_GetAttr(body, v_names[slots[k]]);
+                PyObject *slot = direct ? *(PyObject **) ((char *) body + offsets[slots[k]]) : NULL;
+                if (slot != NULL) {
+                    Py_INCREF(slot);
+                    values[k] = slot;
+                } else {
+                    values[k] = PyObject_GetAttr(body, v_names[slots[k]]);
+                }
                 failed = values[k] == NULL;
             }
             if (failed) {
@@ -965,15 +1003,15 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
                     PyObject *top = PyList_GET_ITEM(chain, (Py_ssize_t) (end - first - 1));
                     int same;
                     Py_INCREF(top); /* held across the comparisons, whatever they run */
-                    same = PyObject_RichCompareBool(values[0], queue_id, Py_EQ);
+                    same = u_same(values[0], queue_id);
                     if (same == 1) {
-                        same = PyObject_RichCompareBool(values[1], epoch, Py_EQ);
+                        same = u_same(values[1], epoch);
                     }
                     if (same == 1) {
-                        same = PyObject_RichCompareBool(PyTuple_GET_ITEM(shared, version - 1), values[5], Py_EQ);
+                        same = u_same_leaf(PyTuple_GET_ITEM(shared, version - 1), values[5]);
                     }
                     if (same == 1) {
-                        same = PyObject_RichCompareBool(values[4], top, Py_EQ);
+                        same = u_same(values[4], top);
                     }
                     Py_DECREF(top);
                     if (same < 0) {

@@ -145,6 +145,17 @@ def test_verify_delta_refuses_a_changed_body_or_record_on_both_paths(
         queue2.verify_delta(empty, dataclasses.replace(d, records=tuple(records)))
 
 
+def test_verify_delta_refuses_a_chunk_without_a_body_that_ends_inside_it(built: Any) -> None:
+    # The usual chunk's path (every body ends inside the records) reads the bodies' ends once, as a set,
+    # and tests the log's ends against it: a body left out anywhere, the last included, is refused.
+    empty, d = catch_up_chunk(30)
+    assert len(queue2.verify_delta(empty, d).bodies) == len(d.bodies)
+    for at in (0, 11, len(d.bodies) - 1):
+        without = dataclasses.replace(d, bodies=d.bodies[:at] + d.bodies[at + 1 :])
+        with pytest.raises(TamperedError):
+            queue2.verify_delta(empty, without)
+
+
 heads_of = st.builds(
     lambda end, version, ts: HeadV2(
         b"q" * 32, 0, version, b"l" * 32, 0, end, b"b" * 32, b"h" * 32, 0, b"m" * 32, ts
@@ -205,3 +216,17 @@ def test_the_passes_keep_no_reference_they_do_not_own(built: Any) -> None:
         leaf_compiled.unvouched(bodies, value.shared, value.queue_id, value.epoch, chain=chain, first=0)
         leaf_compiled.packed(bodies)
     assert [sys.getrefcount(o) for o in shared] == before
+
+
+def test_a_head_with_an_empty_slot_raises_as_getattr_does(built: Any) -> None:
+    # unvouched reads a head's slots in place; an empty one (a head never initialised) goes through
+    # getattr, which raises, as the pass did before it read slots in place.
+    value, bodies, chain = signed_log(4)
+    empty = object.__new__(HeadV2)
+    with pytest.raises(AttributeError):
+        leaf_compiled.unvouched(
+            [*bodies[:2], empty], value.shared, value.queue_id, value.epoch, chain=chain, first=0
+        )
+    assert leaf_compiled.unvouched(
+        bodies, value.shared, value.queue_id, value.epoch, chain=chain, first=0
+    ) == [3]

@@ -16,7 +16,7 @@ to the merged value and appends the new ones: neither compares whole logs or who
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter, itemgetter
 from typing import Protocol, cast
@@ -205,8 +205,9 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     assert base is not None
     records = d.records[first - d.from_offset : end - d.from_offset]
     chain = chain_memo.take(base, first, records) or chain_extend(base, first, records)
-    body_ends = list(map(_BODY_END, d.bodies))  # a catch-up of single offers carries a body per record
-    if body_ends and first < min(body_ends) and max(body_ends) <= end:
+    # A catch-up of single offers carries a body per record: their ends are read once, as a set.
+    ends = set(map(_BODY_END, d.bodies))
+    if ends and first < min(ends) and max(ends) <= end:
         bodies = d.bodies  # all of them end inside the records: the usual chunk
     else:
         bodies = tuple(b for b in d.bodies if first < b.end <= end)
@@ -215,8 +216,9 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     for body in _unconfirmed(chains, bodies, chain, first):
         if not epoch_delta.vouches(chains, body) or body.head_hash != chain[body.end - first - 1]:
             raise TamperedError("records that do not hash to the heads on the log")
-    ends = set(body_ends) if bodies is d.bodies else {b.end for b in bodies}
-    if end not in ends or not _every_end(chains, first, end) <= ends:
+    if bodies is not d.bodies:
+        ends = {b.end for b in bodies}
+    if end not in ends or not ends.issuperset(_every_end(chains, first, end)):
         raise TamperedError("a chunk of records without the head bodies that end inside it")
     return Verified(chains, meta, first, records, tuple(chain), bodies)
 
@@ -250,12 +252,13 @@ def _base(chains: Chains, state: QueueState2) -> bytes | None:
     return state.base_hash if head is None else head.base_hash
 
 
-def _every_end(chains: Chains, lo: int, hi: int) -> set[int]:
-    """The ends of the log's heads in ``(lo, hi)``, one chain below the fork point."""
+def _every_end(chains: Chains, lo: int, hi: int) -> Iterator[int]:
+    """The ends of the log's heads in ``(lo, hi)``, one chain below the fork point (an iterator: the
+    caller tests them against a set it holds, without building a second one)."""
     leaves = chains.shared
     first = shared_prefix.bisect_right(leaves, lo, key=_LEAF_END)
     last = shared_prefix.bisect_left(leaves, hi, key=_LEAF_END)
-    return set(map(itemgetter(1), leaves[first:last]))
+    return map(_LEAF_END, leaves[first:last])
 
 
 def join_verified(state: QueueState2, v: Verified) -> Merged:
