@@ -157,7 +157,12 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     simulated wake-up waits 0.79 ms (the daemons' 0.93-1.07 ms a run on an idle box), but the relays
     still pass each chunk on alone: DELTA2 0.940 (+24 %), ACK2 0.561 (+60 %); the writer's transaction
     12.6-15.9 ms a draw (the daemons' 5.6-10). Pinned, not met; draws 3 and 7 push on fewer links
-    from the writer (its CPU 4.0 and 5.0 us a record)."""
+    from the writer (its CPU 4.0 and 5.0 us a record).
+
+    Since the storage thread takes its next batch at its COMMIT and the commit's callback waits on the
+    loop (sim20b, bench/RESULTS.md: the relays' callback 3.5-4.0 ms after the COMMIT, the daemons'
+    4.0-6.2): DELTA2 0.892 (+18 %), ACK2 0.485 (+38 %), the bulk 1.22 s (+11 %, from +7.5 %), the
+    writer's transaction 10.8-14.0 ms a draw. Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float]] = []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -173,9 +178,9 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
         figures.append((*counts, cpu_per_record, per_txn, part.elapsed, all_per_record))
     deltas, acks, _, _, elapsed, every_node = (sum(f[i] for f in figures) / len(figures) for i in range(6))
     assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met
-    assert 0.756 * 1.1 < deltas <= 0.756 * 1.3, figures  # not met: +24 %, about a DELTA2 a chunk
-    assert 0.351 * 1.4 < acks <= 0.351 * 1.8, figures  # not met: +60 %
-    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: +7.5 % (the daemons' 0.96-1.50 s a run)
+    assert 0.756 * 1.1 < deltas <= 0.756 * 1.25, figures  # not met: +18 %
+    assert 0.351 * 1.3 < acks <= 0.351 * 1.5, figures  # not met: +38 %
+    assert 1.05 < elapsed / 1.10 <= 1.15, figures  # not met: +11 % (the daemons' 0.96-1.50 s a run)
     assert 0.0000048 <= sum(f[2] for f in figures) / len(figures) <= 0.0000066, figures
     for _, _, cpu_per_record, per_txn, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
@@ -289,7 +294,12 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
     are draws 0-7, measured with the waits (sim20, bench/RESULTS.md): DELTA2 0.908-0.985, mean 0.960
     (-3.9 %, met); ACK2 0.196-0.310, median 0.205 (+3.4 %), mean 0.222 (+12 %, not met: draws 3 and 7,
     0.310 and 0.250, acknowledge on more eager links); p99 21-35 ms but two draws (1 seed run) at 0.80 s
-    (the linger)."""
+    (the linger).
+
+    Since the commit's callback waits on the loop behind the storage thread's next batch (sim20b): DELTA2
+    0.804-0.983, mean 0.918 (-8.1 %, met); ACK2 0.150-0.208, median 0.201 (+1.5 %), mean 0.192 (-2.9 %,
+    met); p99 24-31 ms in four draws, 0.80 s (the linger) in four (not met: the daemons' tail is tens of
+    ms)."""
     delta2, ack2, p99 = [], [], []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -300,8 +310,8 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
         p99.append(sorted(part.last_latency)[148])
     assert abs(sum(delta2) / 8 / 0.999 - 1) <= 0.1, delta2  # met
     assert all(abs(a / 0.198 - 1) <= 0.1 for a in sorted(ack2)[3:5]), ack2  # the median's two: met
-    assert 1.1 < sum(ack2) / 8 / 0.198 <= 1.15, ack2  # the mean: not met, +12 %
-    assert sum(0.015 < p < 0.1 for p in p99) >= 6 and max(p99) < 1.0, p99
+    assert abs(sum(ack2) / 8 / 0.198 - 1) <= 0.1, ack2  # the mean: met, -2.9 %
+    assert sum(0.015 < p < 0.1 for p in p99) >= 4 and max(p99) < 1.0, p99  # four at the linger
 
 
 def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
@@ -435,3 +445,30 @@ def test_a_bulks_have2s_are_its_lazy_links_announcing_once_a_linger() -> None:
         assert len(times) <= part.elapsed // HAVE_LINGER_S + 1, times
     assert len(during) >= len(links) * (part.elapsed // HAVE_LINGER_S - 1)
     assert round(part.per_record("have2") * 7 * 50_000) == len(during)  # sent within the part, all received
+
+
+def test_the_storage_thread_takes_its_next_batch_at_its_commit_and_the_loop_runs_the_callback() -> None:
+    """``Writer._main``: the COMMIT returns, ``process`` hands the completion to the loop
+    (``run_sync_soon``) and the thread takes its next batch at once, holding the interpreter; so the
+    loop's callback waits for its work. The daemons' relays took their next batch 0.05 ms after the
+    COMMIT and ran the callback 4.0-6.2 ms after it (sim19b's traces, bench/RESULTS.md sim20b); the
+    simulated relays ran the callback first (1.0-1.25 ms) and began the next batch only then."""
+    costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, commit=0.001, commit_record=0.0)
+    sim = MeshSim2(2, costs=costs, group_linger=0.0)
+    sim.run_for(1.0)
+    node = sim.node2(1)
+    done: list[float] = []
+    work = 2 * SWITCH_INTERVAL_S  # each transaction's CPU: two slices
+
+    def job() -> _Job2:
+        return _Job2(1, lambda: None, lambda: done.append(sim.now), cpu=work, origin=0)
+
+    start = sim.now
+    sim._store(1, job())
+    sim._at(start + 0.0001, lambda: sim._store(1, job()))  # waits for the first's commit
+    sim.run_for(0.1)
+    durable = start + work + costs.commit
+    assert node.commits == 2 and len(done) == 2
+    assert node.commit_seconds == pytest.approx(2 * (work + costs.commit))  # the second began at once
+    assert done[0] == pytest.approx(durable + work)  # after the second's slices, before its COMMIT
+    assert done[1] == pytest.approx(durable + work + costs.commit)  # the loop idle: at its COMMIT

@@ -23,8 +23,10 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   (:meth:`MeshSim2._interpreter`); the storage thread takes what waits once it holds it; reads take one
   of the daemon's two reader connections, so the writer's next API call goes before its third link's;
 * on the box's full cores a thread woken waits for one (``Costs.hop``, measured from the daemons'
-  schedstat): at each hand-off of the interpreter between a node's threads, the storage thread's wake
-  after its fsync, and each switch-interval slice of its work (the loop's work goes between two slices).
+  schedstat): at each hand-off of the interpreter between a node's threads and each switch-interval
+  slice of the storage thread's work; not after its COMMIT, whose measured wait (``sync``) ends with the
+  thread running again: it takes its next batch at once, and the commit's callback (the change hook,
+  the ACK2s) is a task of the loop (``run_sync_soon``), behind that batch's work, as the daemons' was.
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
 
@@ -277,14 +279,16 @@ class MeshSim2(MeshSim):
             seen.popleft()
         return max((n for _, n in seen), default=1)
 
-    def _next_commit(self, y: int) -> None:
+    def _next_commit(self, y: int, held: bool = False) -> None:
+        """The storage thread's next batch (``_collect``); ``held``: it runs on from the last COMMIT,
+        holding the interpreter (no wake-up), as ``Writer._main`` loops straight into ``_collect``."""
         node = self.node2(y)
         lingers = all(isinstance(j, _Job2) and j.may_linger for j in node.waiting)
         if not lingers or self.merge_linger <= 0 or len(node.waiting) >= MERGE_LINGER_JOBS:
             node.lingering = False
             target = self._writers_seen(node)
             if lingers or self.group_linger <= 0 or self._writers(node.waiting) >= target:
-                self._commit(y)
+                self._commit(y, held)
                 return
             node.gathering = turn = node.commits + 1  # writers seen together: wait a while for as many
 
@@ -306,17 +310,18 @@ class MeshSim2(MeshSim):
 
             self._at(max(self.now, node.disk_free) + self.merge_linger, due)
 
-    def _commit(self, y: int) -> None:
+    def _commit(self, y: int, held: bool = False) -> None:
         """The storage thread takes what waits once it holds the interpreter (``_collect`` drains the
-        queue running Python): jobs handed over meanwhile go into this transaction."""
+        queue running Python): jobs handed over meanwhile go into this transaction. ``held``: it holds
+        the interpreter already (it ran on from its last COMMIT)."""
         node = self.node2(y)
         node.committing = True
-        if self.gil:
+        if self.gil and not held:
             self._interpreter(y, "storage", lambda: self._transaction(y))
         else:
-            self._transaction(y)
+            self._transaction(y, held)
 
-    def _transaction(self, y: int) -> None:
+    def _transaction(self, y: int, held: bool = False) -> None:
         node = self.node2(y)
         jobs, node.waiting = node.waiting, []
         began = self.now  # the daemon's commit seconds count from here (``Writer._attempt``)
@@ -333,10 +338,7 @@ class MeshSim2(MeshSim):
             self.box.wake(thread)
             self.box.work(thread, self._scaled(work))
 
-        def committed() -> None:
-            node.commits += 1
-            node.committed_jobs += len(jobs)
-            node.commit_seconds += self.now - began
+        def completed() -> None:  # ``StorageBridge._complete``: the commit's callback on the loop
             before = node.durable2.get(self.key)
             for job in jobs:
                 job.apply()
@@ -347,45 +349,60 @@ class MeshSim2(MeshSim):
                 self._changed2(y, link_summary(after), None)
             for job in jobs:
                 job.done()
+
+        def committed() -> None:  # without ``gil``: the storage thread's own core, then the next batch
+            completed()
             node.committing = False
             if node.waiting:
                 self._next_commit(y)
 
-        def woken() -> None:  # the fsync returned: the storage thread wakes (and wants the interpreter)
-            if self.gil:
-                node.role = "storage"
-            self.box.wake(thread)
-            self.box.then(thread, committed)
-
         def durable() -> None:
-            if self.gil:
-                self._interpreter(y, "storage", woken)
-            else:
-                woken()
+            node.commits += 1
+            node.committed_jobs += len(jobs)
+            node.commit_seconds += self.now - began
+            if not self.gil:  # the fsync returned: the storage thread wakes
+                self.box.wake(thread)
+                self.box.then(thread, committed)
+                return
+            # ``Writer._main``: the COMMIT returned holding the interpreter again (its measured wait,
+            # ``sync``, ends there: the wake after the fsync is in it); ``process`` hands the completion
+            # to the loop (``run_sync_soon``: a task woken) and the thread takes its next batch at once.
+            # So the loop's callback waits for the interpreter, a slice (bench/RESULTS.md, sim20b).
+            self._wake(y, ("commit", self._seq), completed)
+            node.committing = False
+            if node.waiting:
+                self._next_commit(y, held=True)
 
         def synced() -> None:  # its records' work done, the COMMIT waits on the disk
             node.disk_free = max(self.now, node.disk_free) + sync
             self._at(node.disk_free, durable)
 
         if self.gil:
-            self._storage_work(y, work, synced)
+            self._storage_work(y, work, synced, held)
         else:
             self.box.then(thread, synced)
 
-    def _storage_work(self, y: int, work: float, then: Callable[[], None]) -> None:
+    def _storage_work(self, y: int, work: float, then: Callable[[], None], held: bool = False) -> None:
         """The storage thread's ``work`` (times one jitter draw) under the node's interpreter, in slices
-        of the switch interval: each slice is a hand-off (the loop takes the interpreter between two, and
-        its work queued meanwhile goes first) and waits for a core (:meth:`Box.wake`), as the daemons'
-        storage threads ran ~8 times a transaction of ~3 ms (bench/RESULTS.md, schedstat19). One stall
-        draw a transaction, as one step before."""
+        of the switch interval: each slice is a hand-off (work queued on the node's thread meanwhile goes
+        first) and waits for a core (:meth:`Box.wake`), as the daemons' storage threads ran ~8 times a
+        transaction of ~3 ms (bench/RESULTS.md, schedstat19); but the first not when ``held`` (the thread
+        ran on from its COMMIT, whose measured wait ends once it holds the interpreter again). A loop
+        task woken meanwhile waits for the slices queued before its turn: the daemons' relays ran a
+        commit's callback 4.0-6.2 ms after the COMMIT while their storage threads worked on the next
+        batch, not one switch interval (sim19b's traces; bench/RESULTS.md sim20b). One stall draw a
+        transaction, as one step before."""
         node = self.node2(y)
         node.cpu_work += work
         left = [self._scaled(work)]
+        woken = [not held]
 
         def piece() -> None:
             size = min(left[0], STORAGE_SLICE_S)
             left[0] -= size
-            self.box.wake(node.cpu)
+            if woken[0] or node.role != "storage":
+                self.box.wake(node.cpu)
+            woken[0] = True
             node.role = "storage"
             self.box.work(node.cpu, size)
             if left[0] > 1e-12:
