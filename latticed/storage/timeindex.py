@@ -115,6 +115,17 @@ def _top_before(conn: sqlite3.Connection, q: int, first: int) -> int | None:
     return None if row is None else int(row[0])
 
 
+def _past_the_end(tails: Tails | None, q: int, first: int) -> tuple[bool, int | None]:
+    """Whether ``tails`` knows that no row of ``q`` starts at or after ``first``, and if so the top of
+    the rows below it (None: there are none)."""
+    if tails is None or q not in tails:
+        return False, None
+    last = tails.last(q)
+    if last is None:
+        return True, None
+    return last[0] < first, last[1]
+
+
 def added(
     conn: sqlite3.Connection, q: int, parts: Sequence[tuple[int, Sequence[int]]], tails: Tails | None = None
 ) -> None:
@@ -124,13 +135,8 @@ def added(
     parts = [(first, timestamps) for first, timestamps in parts if timestamps]
     if not parts:
         return
-    at_end = False
-    if tails is not None and q in tails:
-        last = tails.last(q)
-        at_end = last is None or last[0] < parts[0][0]
-    if at_end:
-        top = None if last is None else last[1]
-    else:
+    at_end, top = _past_the_end(tails, q, parts[0][0])
+    if not at_end:
         top = _top_before(conn, q, parts[0][0])
     rows = []
     for first, timestamps in parts:
