@@ -201,9 +201,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
         "a Protocol only (the queue lookups the groups and retention ports share): checked by mypy; "
         "tests/services/test_metrics.py"
     ),
-    "latticed.storage.timeindex": (
-        "the time index's SQL, behind storage/timeseek.py: tests/storage/test_time_index.py"
-    ),
     "latticed.storage.upgrade": (
         "the upgrade plan of `latticed migrate`: tests/storage/test_store_upgrade.py"
     ),

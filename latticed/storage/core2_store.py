@@ -251,7 +251,9 @@ def persist(store: Store, q: int, old: QueueState2, new: QueueState2) -> tuple[Q
         )
     used: core2_bodies.Used = []  # bodies stored as steps: their leaves too
     if changed is not None:
-        _persist_bodies(conn, q, old.bodies, new.bodies, written.chain_at, used=used, changed=changed)
+        # ``new``'s chain is what was just stored, and answers the records it appended from memory (its
+        # overlay), where ``written``'s would read each back from the segment row (a SELECT a body).
+        _persist_bodies(conn, q, old.bodies, new.bodies, new.chain_at, used=used, changed=changed)
     if a.shared is not b.shared:
         _persist_leaves(conn, q, a, b, common=common, used=used)
     return written, deleted

@@ -327,19 +327,29 @@ def bounds(conn: sqlite3.Connection, q: int) -> tuple[int, int] | None:
     return int(lo[0]), int(hi[0])
 
 
-def insert(conn: sqlite3.Connection, q: int, segment: Segment, *, timed: bool = True) -> None:
+def insert(
+    conn: sqlite3.Connection,
+    q: int,
+    segment: Segment,
+    *,
+    timed: bool = True,
+    tails: timeindex.Tails | None = None,
+) -> None:
     """Store ``segment`` (split into full-size rows); ``timed``: the store has the time index (the
-    functions here take it from the store, which looks once when it opens, not on every write)."""
+    functions here take it from the store, which looks once when it opens, not on every write);
+    ``tails``: the writer's memory of the index's last rows (:class:`timeindex.Tails`), kept in step."""
     parts = list(split(segment))
     conn.executemany(
         "INSERT INTO segments (q, first, count, chains, data) VALUES (?, ?, ?, ?, ?)",
         ((q, part.first, *part.encode()) for part in parts),
     )
     if timed:
-        timeindex.added(conn, q, [(part.first, part.timestamps) for part in parts])
+        timeindex.added(conn, q, [(part.first, part.timestamps) for part in parts], tails)
 
 
-def compact(conn: sqlite3.Connection, q: int, lo: int, *, timed: bool = True) -> None:
+def compact(
+    conn: sqlite3.Connection, q: int, lo: int, *, timed: bool = True, tails: timeindex.Tails | None = None
+) -> None:
     """Merge the queue's segments from offset ``lo`` on (a run of small ones) into as few as fit."""
     rows = conn.execute(f"{_SELECT} WHERE q = ? AND first >= ? ORDER BY first", (q, lo)).fetchall()
     if len(rows) < 2:
@@ -349,36 +359,42 @@ def compact(conn: sqlite3.Connection, q: int, lo: int, *, timed: bool = True) ->
         merged.extend(Segment.decode(*row))
     conn.execute("DELETE FROM segments WHERE q = ? AND first >= ?", (q, lo))
     if timed:
-        timeindex.removed_from(conn, q, lo)
-    insert(conn, q, merged, timed=timed)
+        timeindex.removed_from(conn, q, lo, tails)
+    insert(conn, q, merged, timed=timed, tails=tails)
 
 
-def delete_below(conn: sqlite3.Connection, q: int, lo: int, *, timed: bool = True) -> None:
+def delete_below(
+    conn: sqlite3.Connection, q: int, lo: int, *, timed: bool = True, tails: timeindex.Tails | None = None
+) -> None:
     """Remove every record below ``lo``; the segment cut in two keeps only its upper part."""
     cut = containing(conn, q, lo)
     conn.execute("DELETE FROM segments WHERE q = ? AND first < ?", (q, lo))
     if timed:
-        timeindex.removed_below(conn, q, lo)
+        timeindex.removed_below(conn, q, lo, tails)
     if cut is not None and cut.first < lo:
-        insert(conn, q, cut.slice(lo, cut.end), timed=timed)
+        insert(conn, q, cut.slice(lo, cut.end), timed=timed, tails=tails)
     elif timed:
-        timeindex.retop(conn, q, lo, None)
+        timeindex.retop(conn, q, lo, None, tails)
 
 
-def delete_from(conn: sqlite3.Connection, q: int, hi: int, *, timed: bool = True) -> None:
+def delete_from(
+    conn: sqlite3.Connection, q: int, hi: int, *, timed: bool = True, tails: timeindex.Tails | None = None
+) -> None:
     """Remove every record at or above ``hi`` (a join that kept a shorter run)."""
     cut = containing(conn, q, hi - 1) if hi > 0 else None
     conn.execute("DELETE FROM segments WHERE q = ? AND first + count > ?", (q, hi))
     if timed:
-        timeindex.removed_from(conn, q, cut.first if cut is not None and cut.end > hi else hi)
+        timeindex.removed_from(conn, q, cut.first if cut is not None and cut.end > hi else hi, tails)
     if cut is not None and cut.end > hi:
-        insert(conn, q, cut.slice(cut.first, hi), timed=timed)
+        insert(conn, q, cut.slice(cut.first, hi), timed=timed, tails=tails)
 
 
-def delete_all(conn: sqlite3.Connection, q: int, *, timed: bool = True) -> None:
+def delete_all(
+    conn: sqlite3.Connection, q: int, *, timed: bool = True, tails: timeindex.Tails | None = None
+) -> None:
     conn.execute("DELETE FROM segments WHERE q = ?", (q,))
     if timed:
-        timeindex.removed_from(conn, q, -1)
+        timeindex.removed_from(conn, q, -1, tails)
 
 
 __all__ = [

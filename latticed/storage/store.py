@@ -84,6 +84,8 @@ class Store:
         self.rows = SqlRows(self._conn)
         #: Whether the file has the time index, looked up once (only an older schema's lacks it).
         self._timed = timeindex.present(self._conn)
+        #: The time index's last row of each queue this connection wrote (an append reads none).
+        self._tails = timeindex.Tails()
         #: Whether queues have a fork core column (schema 5 on; an older schema's queues are all core 1).
         self.has_cores = any(row[1] == "core" for row in self._conn.execute("PRAGMA table_info(queues)"))
         #: Per queue, the run of small segments written since its last compaction: (first offset, count).
@@ -120,6 +122,7 @@ class Store:
 
     def rollback(self) -> None:
         self._small.clear()  # it may describe rows that were just rolled back
+        self._tails.clear()  # and so may this
         if self._conn.in_transaction:
             try:
                 self._conn.execute("ROLLBACK")
@@ -263,10 +266,10 @@ class Store:
         if isinstance(after, StoredEntries) and after.source is self.rows and after.q == q:
             keep_lo, keep_hi = after.lo, after.lo + after.stored
             if disk_hi > disk_lo and keep_lo > disk_lo:
-                segments.delete_below(conn, q, keep_lo, timed=self._timed)
+                segments.delete_below(conn, q, keep_lo, timed=self._timed, tails=self._tails)
                 deleted = True
             if disk_hi > keep_hi and disk_hi > disk_lo:
-                segments.delete_from(conn, q, keep_hi, timed=self._timed)
+                segments.delete_from(conn, q, keep_hi, timed=self._timed, tails=self._tails)
                 deleted = True
             records, chains = after.overlay
             if records:
@@ -276,25 +279,25 @@ class Store:
         # truncation emptied the queue: replace the records.
         self._small.pop(q, None)
         if disk_hi > disk_lo:
-            segments.delete_all(conn, q, timed=self._timed)
+            segments.delete_all(conn, q, timed=self._timed, tails=self._tails)
             deleted = True
         n = len(after)
         if n:
             all_chains = [after.chain(i) for i in range(n)]
             run = segments.Segment.from_records(at, after.records(), all_chains)
-            segments.insert(conn, q, run, timed=self._timed)
+            segments.insert(conn, q, run, timed=self._timed, tails=self._tails)
         return StoredEntries(self.rows, q, at, n, after.chain(n - 1) if n else None), deleted
 
     def _append(self, q: int, segment: segments.Segment) -> None:
         """Insert appended records; every COMPACT_EVERY small segments in a row are merged into one, so
         single-record commits cost one small insert each and still end up in full-size rows."""
-        segments.insert(self._conn, q, segment, timed=self._timed)
+        segments.insert(self._conn, q, segment, timed=self._timed, tails=self._tails)
         if len(segment) >= segments.SMALL_SEGMENT_RECORDS:
             self._small.pop(q, None)
             return
         first, count = self._small.get(q, (segment.first, 0))
         if count + 1 >= segments.COMPACT_EVERY:
-            segments.compact(self._conn, q, first, timed=self._timed)
+            segments.compact(self._conn, q, first, timed=self._timed, tails=self._tails)
             self._small.pop(q, None)
         else:
             self._small[q] = (first, count + 1)

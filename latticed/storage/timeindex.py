@@ -17,6 +17,10 @@ rows (:mod:`latticed.storage.segments` calls in here on every insert and delete,
 transaction), so owners and replicas, whatever they hold, answer from the records they hold. When the
 oldest records go (truncation, a replica's cap) the ``top`` of the rows after them is recomputed until it
 agrees with what was stored (with rising timestamps: one row).
+
+An append at the end of a queue (every commit of an owner or a relay) needs the ``top`` of the queue's
+last row, and finds no row after its own: :class:`Tails` remembers that last row per queue, as this
+connection's own writes left it, so such an append is one INSERT instead of two SELECTs around it.
 """
 
 from __future__ import annotations
@@ -74,6 +78,36 @@ def present(conn: sqlite3.Connection) -> bool:
     )
 
 
+class Tails:
+    """The last row ``(first, top)`` of each queue's index as the writer connection's own statements
+    left it (None: the queue has no row), so an append at the end reads nothing.
+
+    Exact by construction: only :func:`added` sets an entry, and only with the row it just wrote when no
+    row follows it; every other change to a queue's rows forgets its entry, and the store forgets them
+    all when a transaction rolls back (:meth:`clear`). A queue not known here is read from the table."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[int, int] | None] = {}
+
+    def __contains__(self, q: object) -> bool:
+        return q in self._last
+
+    def last(self, q: int) -> tuple[int, int] | None:
+        """``q``'s last row (None: it has none); only for a queue known here."""
+        return self._last[q]
+
+    def note(self, q: int, last: tuple[int, int] | None) -> None:
+        self._last[q] = last
+
+    def forget(self, q: int) -> None:
+        self._last.pop(q, None)
+
+    def clear(self) -> None:
+        self._last.clear()
+
+
 def _top_before(conn: sqlite3.Connection, q: int, first: int) -> int | None:
     row = conn.execute(
         "SELECT top FROM times WHERE q = ? AND first < ? ORDER BY first DESC LIMIT 1", (q, first)
@@ -81,45 +115,83 @@ def _top_before(conn: sqlite3.Connection, q: int, first: int) -> int | None:
     return None if row is None else int(row[0])
 
 
-def added(conn: sqlite3.Connection, q: int, parts: Sequence[tuple[int, Sequence[int]]]) -> None:
+def _past_the_end(tails: Tails | None, q: int, first: int) -> tuple[bool, int | None]:
+    """Whether ``tails`` knows that no row of ``q`` starts at or after ``first``, and if so the top of
+    the rows below it (None: there are none)."""
+    if tails is None or q not in tails:
+        return False, None
+    last = tails.last(q)
+    if last is None:
+        return True, None
+    return last[0] < first, last[1]
+
+
+def added(
+    conn: sqlite3.Connection, q: int, parts: Sequence[tuple[int, Sequence[int]]], tails: Tails | None = None
+) -> None:
     """Index new segments, given as ``(first, timestamps)`` in offset order, and bring the rows after
-    them (a cut segment's upper part reinserted below the rest) up to date."""
+    them (a cut segment's upper part reinserted below the rest) up to date. With ``tails`` (the
+    writer's), an append past the queue's known last row reads nothing."""
     parts = [(first, timestamps) for first, timestamps in parts if timestamps]
     if not parts:
         return
-    top = _top_before(conn, q, parts[0][0])
+    at_end, top = _past_the_end(tails, q, parts[0][0])
+    if not at_end:
+        top = _top_before(conn, q, parts[0][0])
     rows = []
     for first, timestamps in parts:
         peak = max(timestamps)
         top = peak if top is None else max(top, peak)
         rows.append((q, first, peak, top))
     conn.executemany("INSERT OR REPLACE INTO times (q, first, peak, top) VALUES (?, ?, ?, ?)", rows)
-    retop(conn, q, parts[-1][0] + 1, top)
+    # Past the last row: no row after the new ones to bring up to date.
+    after = 0 if at_end else _retop(conn, q, parts[-1][0] + 1, top)
+    if tails is not None:
+        if after:
+            tails.forget(q)
+        else:
+            assert top is not None
+            tails.note(q, (parts[-1][0], top))
 
 
-def retop(conn: sqlite3.Connection, q: int, lo: int, top: int | None) -> None:
+def retop(conn: sqlite3.Connection, q: int, lo: int, top: int | None, tails: Tails | None = None) -> None:
     """Recompute ``top`` of the rows from offset ``lo`` on, given the running maximum below ``lo``
     (None: no held record below it); stops at the first row that already agrees."""
+    if tails is not None:
+        tails.forget(q)
+    _retop(conn, q, lo, top)
+
+
+def _retop(conn: sqlite3.Connection, q: int, lo: int, top: int | None) -> int:
+    """:func:`retop`; returns how many rows from ``lo`` on it read (0: none is there)."""
     cursor = conn.execute(
         "SELECT first, peak, top FROM times WHERE q = ? AND first >= ? ORDER BY first", (q, lo)
     )
     updates = []
+    seen = 0
     for first, peak, stored in cursor:
+        seen += 1
         top = peak if top is None else max(top, peak)
         if top == stored:
             break
         updates.append((top, q, first))
     cursor.close()
-    conn.executemany("UPDATE times SET top = ? WHERE q = ? AND first = ?", updates)
+    if updates:
+        conn.executemany("UPDATE times SET top = ? WHERE q = ? AND first = ?", updates)
+    return seen
 
 
-def removed_below(conn: sqlite3.Connection, q: int, lo: int) -> None:
+def removed_below(conn: sqlite3.Connection, q: int, lo: int, tails: Tails | None = None) -> None:
     """The segments starting below ``lo`` are gone."""
+    if tails is not None:
+        tails.forget(q)
     conn.execute("DELETE FROM times WHERE q = ? AND first < ?", (q, lo))
 
 
-def removed_from(conn: sqlite3.Connection, q: int, first: int) -> None:
+def removed_from(conn: sqlite3.Connection, q: int, first: int, tails: Tails | None = None) -> None:
     """The segments starting at or above ``first`` are gone."""
+    if tails is not None:
+        tails.forget(q)
     conn.execute("DELETE FROM times WHERE q = ? AND first >= ?", (q, first))
 
 
@@ -133,6 +205,7 @@ def segment_reaching(conn: sqlite3.Connection, q: int, timestamp: int) -> int | 
 
 
 __all__ = [
+    "Tails",
     "added",
     "backfill",
     "create",

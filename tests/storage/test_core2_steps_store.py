@@ -359,3 +359,39 @@ async def test_leaves_as_steps_and_whole_share_rows_of_at_most_a_run(
     whole = core2_leaves.rows(0, held.chains.shared)
     assert all(lo is None and hi is None for _, lo, hi, _ in whole)
     assert [idx for idx, *_ in whole] == list(range(0, len(held.chains.shared), 64))
+
+
+def test_a_relays_live_pushes_store_their_steps_without_reading_the_records_back(tmp_path: Path) -> None:
+    """One-record pushes merged four to a commit (a relay's linger): their steps are checked against
+    the chain the commit writes, from memory, not read back from the segment rows just written (the
+    steps are still stored, and load to the same value)."""
+    owner = single_offers(60)
+    w = Writer(db_path(tmp_path), REPLICA)
+    w.open()
+    try:
+        first = on_the_wire(owner, None, 4096)
+        w.process([first])
+        assert first.error is None, first.error
+        q = first.result.q
+        statements: list[str] = []
+        w.store.connection.set_trace_callback(statements.append)
+        try:
+            for _ in range(5):
+                jobs = []
+                for _ in range(4):
+                    before = queue2.summary(owner)
+                    owner = queue2.commit(
+                        owner, OWNER, now_ms=NOW + 100, records=[make_record(b"live", timestamp=100)]
+                    )
+                    jobs.append(on_the_wire(owner, before, 4096))
+                w.process(jobs)
+                assert all(job.error is None for job in jobs), [job.error for job in jobs]
+        finally:
+            w.store.connection.set_trace_callback(None)
+        held = w.core2.committed(q)
+    finally:
+        w.stop()
+    assert value(held)[:2] == value(owner)[:2]
+    assert not [sql for sql in statements if "FROM segments" in sql], statements
+    assert sum(steps_from is not None for steps_from, _ in runs(tmp_path)) == 1 + 5  # a run a commit
+    assert value(loaded(tmp_path)) == value(held)
