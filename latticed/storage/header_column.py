@@ -11,19 +11,23 @@ list (never mutated).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any, Final
 
 import msgpack
 
-__all__ = ["pack_headers", "unpack_headers"]
+from latticed.crdt.records import MIXED, Headers, uniform
+
+__all__ = ["array_head", "headers_nbytes", "pack_headers", "pack_item", "stored_headers", "unpack_headers"]
 
 #: What a stored entry equal to the one before is written as.
 SAME: Final = True
 _TRUE: Final = b"\xc3"  # msgpack's true
 
 
-def _array_head(n: int) -> bytes:
+def array_head(n: int) -> bytes:
+    """msgpack's header of an array of ``n`` items."""
     if n < 16:
         return bytes((0x90 | n,))
     return b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
@@ -34,15 +38,15 @@ def pack_headers(column: list[Any]) -> bytes:
     equals the one before it (and is not None) written as ``true``."""
     first = column[0] if column else None
     if first is None and column.count(None) == len(column):
-        return _array_head(len(column)) + b"\xc0" * len(column)  # no record has headers
+        return array_head(len(column)) + b"\xc0" * len(column)  # no record has headers
     if type(first) is list and column.count(first) == len(column):  # a producer's stamp on each
-        return _array_head(len(column)) + _pack(first) + _TRUE * (len(column) - 1)
+        return array_head(len(column)) + pack_item(first) + _TRUE * (len(column) - 1)
     out: list[Any] = [first]
     out += [SAME if h is not None and h == before else h for before, h in pairwise(column)]
-    return _pack(out)
+    return pack_item(out)
 
 
-def _pack(item: Any) -> bytes:
+def pack_item(item: Any) -> bytes:
     return msgpack.packb(item, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -65,3 +69,24 @@ def unpack_headers(column: list[Any]) -> list[Any]:
             before = entry
         out.append(before)
     return out
+
+
+def stored_headers(headers: Sequence[Headers] | None, n: int) -> list[list[list[Any]] | None]:
+    """A run's header column as a segment stores it (``[[name, value], ...]``, None for none): headers
+    every record shares (a producer's stamp) are converted once, the lists shared (never mutated)."""
+    if headers is None:
+        return [None] * n
+    same = uniform(headers)
+    if same is not MIXED:
+        return [[[k, v] for k, v in same] if same else None] * n
+    return [[[k, v] for k, v in h] if h else None for h in headers]
+
+
+def headers_nbytes(headers: Sequence[Any]) -> int:
+    """Bytes of a segment's header column as :meth:`Segment.nbytes` counts them (names and values)."""
+    if not any(headers):
+        return 0
+    same = uniform(headers)
+    if same is not MIXED:
+        return len(headers) * sum(len(k) + len(v) for k, v in same)
+    return sum(len(k) + len(v) for h in headers if h for k, v in h)

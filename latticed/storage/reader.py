@@ -16,7 +16,7 @@ from typing import Any
 
 from latticed.crdt import kv
 from latticed.crdt.records import Record, RecordRun
-from latticed.storage import segments
+from latticed.storage import header_column, segments
 from latticed.storage.codec import decode_kv_entry
 from latticed.storage.entries import SqlRows
 from latticed.storage.sqlite import connect, storage_error
@@ -136,7 +136,7 @@ def columns_of(
         keys=list(run.keys),
         values=list(run.values),
         timestamps=list(run.timestamps),
-        headers=segments.stored_headers(run.headers, len(run)),
+        headers=header_column.stored_headers(run.headers, len(run)),
         nbytes=size,
     )
 
@@ -149,7 +149,7 @@ def _nbytes(part: segments.Segment) -> int:
         size += sum(map(len, part.keys))  # type: ignore[arg-type]
     except TypeError:  # some records have no key
         size += sum(len(k) for k in part.keys if k)
-    return size + segments.headers_nbytes(part.headers)
+    return size + header_column.headers_nbytes(part.headers)
 
 
 def _add(out: Columns, part: segments.Segment) -> None:

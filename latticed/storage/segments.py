@@ -29,9 +29,11 @@ from typing import Any, Final, cast
 import msgpack
 
 from latticed.crdt import columns_compiled
-from latticed.crdt.records import MIXED, Headers, Record, RecordRun, uniform
+from latticed.crdt.records import MIXED, Record, RecordRun, uniform
 from latticed.storage import timeindex
-from latticed.storage.header_column import pack_headers, unpack_headers
+from latticed.storage.header_column import array_head as _array_head
+from latticed.storage.header_column import headers_nbytes, pack_headers, stored_headers, unpack_headers
+from latticed.storage.header_column import pack_item as _pack
 
 SEGMENT_MAX_RECORDS: Final = 2048
 SEGMENT_MAX_BYTES: Final = 1 << 20
@@ -169,17 +171,6 @@ class Segment:
 _FOUR: Final = b"\x94"  # msgpack: an array of four items
 
 
-def _pack(column: Any) -> bytes:
-    return msgpack.packb(column, use_bin_type=True)  # type: ignore[no-any-return]
-
-
-def _array_head(n: int) -> bytes:
-    """msgpack's header of an array of ``n`` items."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    return b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
-
-
 def _pack_same(column: list[Any]) -> bytes:
     """msgpack of ``column``; one whose items are all the same (a producer's header on every record, the
     owner's clock on every timestamp) is packed by packing the item once: msgpack writes equal items of
@@ -189,27 +180,6 @@ def _pack_same(column: list[Any]) -> bytes:
     if same_int or (type(first) is list and column.count(first) == len(column)):
         return _array_head(len(column)) + _pack(first) * len(column)
     return _pack(column)
-
-
-def stored_headers(headers: Sequence[Headers] | None, n: int) -> list[list[list[Any]] | None]:
-    """A run's header column as a segment stores it (``[[name, value], ...]``, None for none): headers
-    every record shares (a producer's stamp) are converted once, the lists shared (never mutated)."""
-    if headers is None:
-        return [None] * n
-    same = uniform(headers)
-    if same is not MIXED:
-        return [[[k, v] for k, v in same] if same else None] * n
-    return [[[k, v] for k, v in h] if h else None for h in headers]
-
-
-def headers_nbytes(headers: Sequence[Any]) -> int:
-    """Bytes of a segment's header column as :meth:`Segment.nbytes` counts them (names and values)."""
-    if not any(headers):
-        return 0
-    same = uniform(headers)
-    if same is not MIXED:
-        return len(headers) * sum(len(k) + len(v) for k, v in same)
-    return sum(len(k) + len(v) for h in headers if h for k, v in h)
 
 
 def split(segment: Segment) -> Iterator[Segment]:
