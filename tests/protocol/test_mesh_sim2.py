@@ -162,7 +162,13 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     Since the storage thread takes its next batch at its COMMIT and the commit's callback waits on the
     loop (sim20b, bench/RESULTS.md: the relays' callback 3.5-4.0 ms after the COMMIT, the daemons'
     4.0-6.2): DELTA2 0.892 (+18 %), ACK2 0.485 (+38 %), the bulk 1.22 s (+11 %, from +7.5 %), the
-    writer's transaction 10.8-14.0 ms a draw. Pinned, not met."""
+    writer's transaction 10.8-14.0 ms a draw. Pinned, not met.
+
+    With a fifth of the writer's storage CPU (chain hash, signature, SQLite's statements) run with the
+    interpreter released, beside its loop (sim20c, bench/RESULTS.md: ``WRITER_GIL_FREE`` from py-spy
+    --native): DELTA2 0.903 (+19 %), ACK2 0.491 (+40 %), the bulk 1.20 s (+9.1 %), the writer's
+    transaction 10.9-13.4 ms a draw (mean 12.2, from 12.5: its COMMIT 6.5 ms, the daemons' 4.2-7.8, and
+    ~5.7 ms before it, the daemons' 1.4-2.4). Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float]] = []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -178,13 +184,13 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
         figures.append((*counts, cpu_per_record, per_txn, part.elapsed, all_per_record))
     deltas, acks, _, _, elapsed, every_node = (sum(f[i] for f in figures) / len(figures) for i in range(6))
     assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met
-    assert 0.756 * 1.1 < deltas <= 0.756 * 1.25, figures  # not met: +18 %
-    assert 0.351 * 1.3 < acks <= 0.351 * 1.5, figures  # not met: +38 %
-    assert 1.05 < elapsed / 1.10 <= 1.15, figures  # not met: +11 % (the daemons' 0.96-1.50 s a run)
+    assert 0.756 * 1.1 < deltas <= 0.756 * 1.25, figures  # not met: +19 %
+    assert 0.351 * 1.3 < acks <= 0.351 * 1.5, figures  # not met: +40 %
+    assert 1.05 < elapsed / 1.10 <= 1.15, figures  # +9.1 % (the daemons' 0.96-1.50 s a run)
     assert 0.0000048 <= sum(f[2] for f in figures) / len(figures) <= 0.0000066, figures
     for _, _, cpu_per_record, per_txn, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
-        assert 0.010 <= per_txn <= 0.018, figures  # the daemons' 5.6-10 ms: not met
+        assert 0.010 <= per_txn <= 0.0145, figures  # the daemons' 5.6-10 ms: not met
 
 
 def test_reads_take_one_of_the_daemons_two_reader_connections() -> None:
