@@ -15,6 +15,7 @@ from support.mesh_sim2 import (
     GROUP_COMMIT_S,
     READ_CONNECTIONS,
     SWITCH_INTERVAL_S,
+    WRITER_GIL_FREE,
     MeshNode2,
     MeshSim2,
     _Job2,
@@ -162,7 +163,13 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     Since the storage thread takes its next batch at its COMMIT and the commit's callback waits on the
     loop (sim20b, bench/RESULTS.md: the relays' callback 3.5-4.0 ms after the COMMIT, the daemons'
     4.0-6.2): DELTA2 0.892 (+18 %), ACK2 0.485 (+38 %), the bulk 1.22 s (+11 %, from +7.5 %), the
-    writer's transaction 10.8-14.0 ms a draw. Pinned, not met."""
+    writer's transaction 10.8-14.0 ms a draw. Pinned, not met.
+
+    With a fifth of the writer's storage CPU (chain hash, signature, SQLite's statements) run with the
+    interpreter released, beside its loop (sim20c, bench/RESULTS.md: ``WRITER_GIL_FREE`` from py-spy
+    --native): DELTA2 0.903 (+19 %), ACK2 0.491 (+40 %), the bulk 1.20 s (+9.1 %), the writer's
+    transaction 10.9-13.4 ms a draw (mean 12.2, from 12.5: its COMMIT 6.5 ms, the daemons' 4.2-7.8, and
+    ~5.7 ms before it, the daemons' 1.4-2.4). Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float]] = []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -178,13 +185,13 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
         figures.append((*counts, cpu_per_record, per_txn, part.elapsed, all_per_record))
     deltas, acks, _, _, elapsed, every_node = (sum(f[i] for f in figures) / len(figures) for i in range(6))
     assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met
-    assert 0.756 * 1.1 < deltas <= 0.756 * 1.25, figures  # not met: +18 %
-    assert 0.351 * 1.3 < acks <= 0.351 * 1.5, figures  # not met: +38 %
-    assert 1.05 < elapsed / 1.10 <= 1.15, figures  # not met: +11 % (the daemons' 0.96-1.50 s a run)
+    assert 0.756 * 1.1 < deltas <= 0.756 * 1.25, figures  # not met: +19 %
+    assert 0.351 * 1.3 < acks <= 0.351 * 1.5, figures  # not met: +40 %
+    assert 1.05 < elapsed / 1.10 <= 1.15, figures  # +9.1 % (the daemons' 0.96-1.50 s a run)
     assert 0.0000048 <= sum(f[2] for f in figures) / len(figures) <= 0.0000066, figures
     for _, _, cpu_per_record, per_txn, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
-        assert 0.010 <= per_txn <= 0.018, figures  # the daemons' 5.6-10 ms: not met
+        assert 0.010 <= per_txn <= 0.0145, figures  # the daemons' 5.6-10 ms: not met
 
 
 def test_reads_take_one_of_the_daemons_two_reader_connections() -> None:
@@ -318,22 +325,27 @@ def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
     """A daemon's storage thread and readers run Python under the interpreter lock its event loop needs:
     while a commit does its records' work, the node's one interpreter is taken (its loop's work goes
     between the storage thread's slices, never beside them). The simulator gave each its own core, so a
-    relay of a bulk never fell behind its sender (more DELTA2s and ACK2s than the daemons')."""
+    relay of a bulk never fell behind its sender (more DELTA2s and ACK2s than the daemons'). The writer's
+    part that releases it (``WRITER_GIL_FREE``: py-spy --native, bench/RESULTS.md sim20c) runs beside."""
 
-    def interpreter_taken(gil: bool) -> list[bool]:
+    def interpreter_taken(gil: bool) -> list[tuple[bool, bool]]:
         costs = Costs(commit_record=0.001, jitter=0.0, cores=None, wake=0.0, stall_chance=0.0)
         sim = MeshSim2(2, costs=costs, gil=gil)
         warm_up(sim)
         sim.run_for(1.0)
         sim.offer(100, 100)  # 0.1 s of the storage thread's work
         taken = []
-        for _ in range(9):  # every 10 ms while it works
+        for _ in range(9):  # every 10 ms while it works: (the interpreter taken, the storage thread busy)
             sim.run_for(0.01)
-            taken.append(sim.nodes[0].cpu.busy)
+            taken.append((sim.nodes[0].cpu.busy, sim.nodes[0].disk_cpu.busy))
         return taken
 
-    assert all(interpreter_taken(True))
-    assert not any(interpreter_taken(False))
+    with_gil = interpreter_taken(True)
+    held = 1 - WRITER_GIL_FREE  # the writer's part that holds it comes first: 79 ms of the 100
+    assert all(cpu for cpu, _ in with_gil[: int(held * 10)]), with_gil
+    # its last part (the chain hash, signature, SQLite's statements) runs with it released, beside the loop
+    assert with_gil[-1] == (False, True), with_gil
+    assert not any(cpu for cpu, _ in interpreter_taken(False))
 
 
 def test_recent_rows_as_the_daemons_note_them() -> None:

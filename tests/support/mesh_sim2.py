@@ -75,6 +75,13 @@ READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connecti
 #: a core (``MeshSim2._storage_work``): the daemon's switch interval, what a thread wanting the
 #: interpreter lets the one holding it run.
 STORAGE_SLICE_S = GIL_SWITCH_INTERVAL_S
+#: The part of the writer's storage CPU outside its COMMIT that runs with the interpreter released, beside
+#: the event loop: the chain hash (``latticed_chain_extend``, 12 %), SQLite's statements (``sqlite3_step``,
+#: 8 %) and the signature (``crypto_sign_ed25519``, 2 %). Measured, not fitted: py-spy ``--native`` on the
+#: writer's bulk transaction alone (1,000 records of 100 B a ``Commit2``, as the API hands it over;
+#: 0.221 and 0.196 of the samples outside ``Store.commit`` in two runs; bench/RESULTS.md sim20c). The
+#: COMMIT releases it throughout (its wait is ``sync_record``).
+WRITER_GIL_FREE = 0.21
 
 #: Each daemon's CPU per operation as measured, not fitted to the outcome (bench/RESULTS.md, "per-message
 #: CPU costs measured from the daemons"); the stalls and ``wake`` are core 1's fit as before.
@@ -151,6 +158,8 @@ class _Job2(_Job):
     cpu: float = 0.0
     #: The peer whose delta it merges (``Job.origin``); None: an API call of the writer's.
     origin: int | None = None
+    #: Of its storage CPU (``cpu`` and the commit's per record), what runs with the interpreter released.
+    free: float = 0.0
 
 
 @dataclass
@@ -247,7 +256,9 @@ class MeshSim2(MeshSim):
                 if then is not None:
                     then()
 
-            self._store(0, _Job2(count, apply, committed, cpu=self.costs.sign_record * count))
+            cpu = self.costs.sign_record * count
+            free = WRITER_GIL_FREE * (cpu + self.costs.commit_record * count)
+            self._store(0, _Job2(count, apply, committed, cpu=cpu, free=free))
 
         self._calls += 1
         self._wake(0, ("call", self._calls), call)
@@ -378,11 +389,14 @@ class MeshSim2(MeshSim):
             self._at(node.disk_free, durable)
 
         if self.gil:
-            self._storage_work(y, work, synced, held)
+            free = sum(job.free for job in jobs if isinstance(job, _Job2))
+            self._storage_work(y, work, synced, held, free)
         else:
             self.box.then(thread, synced)
 
-    def _storage_work(self, y: int, work: float, then: Callable[[], None], held: bool = False) -> None:
+    def _storage_work(
+        self, y: int, work: float, then: Callable[[], None], held: bool = False, free: float = 0.0
+    ) -> None:
         """The storage thread's ``work`` (times one jitter draw) under the node's interpreter, in slices
         of the switch interval: each slice is a hand-off (work queued on the node's thread meanwhile goes
         first) and waits for a core (:meth:`Box.wake`), as the daemons' storage threads ran ~8 times a
@@ -391,10 +405,14 @@ class MeshSim2(MeshSim):
         task woken meanwhile waits for the slices queued before its turn: the daemons' relays ran a
         commit's callback 4.0-6.2 ms after the COMMIT while their storage threads worked on the next
         batch, not one switch interval (sim19b's traces; bench/RESULTS.md sim20b). One stall draw a
-        transaction, as one step before."""
+        transaction, as one step before. ``free`` of ``work`` runs with the interpreter released
+        (``WRITER_GIL_FREE``): after the slices, on the storage thread's own core beside the loop (it was
+        running: no wake-up), before ``then`` (bench/RESULTS.md sim20c)."""
         node = self.node2(y)
         node.cpu_work += work
-        left = [self._scaled(work)]
+        scaled = self._scaled(work)
+        beside = scaled * free / work if work > 0 else 0.0
+        left = [scaled - beside]
         woken = [not held]
 
         def piece() -> None:
@@ -410,7 +428,11 @@ class MeshSim2(MeshSim):
                 return
             if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
                 self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
-            self.box.then(node.cpu, then)
+            self.box.then(node.cpu, released if beside > 0 else then)
+
+        def released() -> None:
+            self.box.work(node.disk_cpu, beside)
+            self.box.then(node.disk_cpu, then)
 
         piece()
 
