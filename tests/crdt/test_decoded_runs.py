@@ -82,6 +82,7 @@ def test_a_run_whose_claims_do_not_hold_here_is_walked() -> None:
         Decoded(run, run.leaves, run.first, run.base, tuple(d.records)),  # other records (equal)
         Decoded(run, (*run.leaves[:5], (bytes(32), 6), *run.leaves[6:]), run.first, run.base, run.records),
         Decoded(run[:-1], run.leaves[:-1], run.first, run.base, run.records),  # not up to the end
+        Decoded(run[1:], run.leaves[1:], run.first, run.base, run.records),  # a body ending inside left out
     ]
     want = walked(replica, d)
     first, end = want.from_offset, want.from_offset + len(want.records)
@@ -91,8 +92,9 @@ def test_a_run_whose_claims_do_not_hold_here_is_walked() -> None:
             other, want.chains, dataclasses.replace(d, bodies=other), first=first, base=run.base, end=end
         )
         assert queue2.verify_delta(replica, dataclasses.replace(d, bodies=other)) == want
-    with pytest.raises(TamperedError):
-        queue2.verify_delta(replica, dataclasses.replace(d, bodies=odd[3]))
+    for other in odd[3:]:
+        with pytest.raises(TamperedError):
+            queue2.verify_delta(replica, dataclasses.replace(d, bodies=other))
 
 
 def test_a_changed_body_or_record_in_a_decoded_run_is_refused() -> None:
