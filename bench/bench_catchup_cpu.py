@@ -3,6 +3,8 @@
     PYTHONPATH=$PWD .venv/bin/python bench/bench_catchup_cpu.py --singles 5000 --rounds 5
     PYTHONPATH=$PWD .venv/bin/python bench/bench_catchup_cpu.py --singles 5000 --profile 2
     PYTHONPATH=$PWD .venv/bin/python bench/bench_catchup_cpu.py --records 50000 --batch 1000   # batches
+    PYTHONPATH=$PWD valgrind --tool=callgrind --instr-atstart=no .venv/bin/python \
+        bench/bench_catchup_cpu.py --singles 5000 --callgrind 2   # instructions of core 2's catch-up
 
 Why it exists: ``bench_replication.py --parts cores`` measures the same between daemons, but reads a
 daemon's CPU in 10 ms clock ticks, ±2 us a record at 5,000 records, and less a daemon's start: too coarse
@@ -14,6 +16,13 @@ process's CPU clock (the storage thread's included), the owner's part left out. 
 frozen first, as the daemon does. Cores are alternated (1, 2, 1, 2...); printed: the replica's CPU per
 record of each, and the median (min, max) of each pair's ratio 2 ÷ 1. ``--profile 1|2``: one round of
 that core under cProfile (the event loop's and the storage thread's calls), top entries by own time.
+
+``--callgrind 1|2``: one round of that core with callgrind's instrumentation switched on for exactly the
+timed part (every thread's, the storage thread's commits too; not the owner's writes), under
+``valgrind --tool=callgrind --instr-atstart=no``. The clock on a shared 2-core box cannot tell 5 %; the
+instruction count (``Ir`` in the callgrind.out file, or ``callgrind_annotate``) repeats within ~1 %.
+The switch is callgrind.h's client requests, compiled here with cffi (needs a C compiler and
+valgrind's headers); they are no-ops outside valgrind.
 """
 
 from __future__ import annotations
@@ -21,11 +30,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import importlib.util
 import pstats
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Protocol
 
 import trio
 
@@ -43,12 +54,18 @@ OWNER = Identity.from_seed(b"a" * 32)
 REPLICA = Identity.from_seed(b"b" * 32)
 MAX_RECORDS, MAX_BYTES = 4096, 512 * 1024  # a link's chunk bounds
 #: The profile the storage thread's group commits run under while the replica's part is timed.
-_ACTIVE: list[cProfile.Profile | None] = [None]
+_ACTIVE: list[Switch | None] = [None]
 
 
-async def catchup(
-    root: Path, core: int, count: int, profile: cProfile.Profile | None, per_offer: int = 1
-) -> float:
+class Switch(Protocol):
+    """What :func:`catchup` switches on for the replica's timed part only (a cProfile profile, or
+    callgrind's instrumentation)."""
+
+    def enable(self) -> None: ...
+    def disable(self) -> None: ...
+
+
+async def catchup(root: Path, core: int, count: int, profile: Switch | None, per_offer: int = 1) -> float:
     """The replica's CPU seconds for catching up ``count`` records of a core-``core`` queue offered
     ``per_offer`` at a time (1: single offers)."""
     (root / "a").mkdir()
@@ -120,6 +137,29 @@ def _profiled_writer() -> None:
     writer.Writer._process_guarded = guarded  # type: ignore[method-assign]
 
 
+class _Instrumented:
+    """A ``profile`` for :func:`catchup` whose ``enable``/``disable`` switch callgrind's instrumentation
+    (``CALLGRIND_START_INSTRUMENTATION`` / ``STOP``), built with cffi into ``scratch``."""
+
+    def __init__(self, scratch: Path) -> None:
+        from cffi import FFI  # noqa: PLC0415 (only this mode compiles)
+
+        ffi = FFI()
+        ffi.cdef("void cg_on(void); void cg_off(void);")
+        ffi.set_source(
+            "_cg_toggle",
+            "#include <valgrind/callgrind.h>\n"
+            "static void cg_on(void) { CALLGRIND_START_INSTRUMENTATION; }\n"
+            "static void cg_off(void) { CALLGRIND_STOP_INSTRUMENTATION; }\n",
+        )
+        built = ffi.compile(tmpdir=str(scratch))
+        spec = importlib.util.spec_from_file_location("_cg_toggle", built)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        self.enable, self.disable = module.lib.cg_on, module.lib.cg_off
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,7 +168,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", type=int, choices=(1, 2), default=None)
     parser.add_argument("--batch", type=int, default=1, help="records per offer (1: single offers)")
+    parser.add_argument("--callgrind", type=int, choices=(1, 2), default=None)
     args = parser.parse_args()
+    if args.callgrind is not None:
+        with tempfile.TemporaryDirectory() as scratch:
+            toggle = _Instrumented(Path(scratch) / "cg")
+            (Path(scratch) / "q").mkdir()
+            spent = trio.run(catchup, Path(scratch) / "q", args.callgrind, args.records, toggle, args.batch)
+        print(f"core {args.callgrind}: {spent / args.records * 1e6:.2f} us/record (instrumented part only)")
+        return
     if args.profile is not None:
         profile = cProfile.Profile()
         _profiled_writer()

@@ -27,7 +27,7 @@ from latticed.crdt.core_errors import GapError, MalformedError
 from latticed.crdt.epoch_delta import LogDelta, vouches
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head2 import HeadV2, Leaf
-from latticed.crdt.leaf_bodies import decode_versions, in_order
+from latticed.crdt.leaf_bodies import Decoded, decode_versions, in_order
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import chain_extend
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
@@ -164,18 +164,25 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
     logs: list[bytes] = []
     items = decode_versions(prev, raw, chain_at, (frm, base, chain), (leaves, logs))
     rebuilt = _bodies(items)
+    run: Decoded | None = None
     if rebuilt and len(rebuilt) == len(items):
         steps_memo.remember(prev, raw, frm, rebuilt)  # the store keeps these bodies as these steps
+        alone = own and len(d.bodies) == 1  # the delta carries prev only: the run starts with it
+        run_leaves = () if alone or d.bodies else tuple(leaves)
         # Verifying the log folds these leaves again: the decode's folds are each body's log.
         leaves.insert(0, prev.leaf())
-        fold_index.folded_run(prev.log, leaves, logs)
+        if alone:
+            run_leaves = tuple(leaves)
+        fold_index.folded_run(prev.log, run_leaves if alone else leaves, logs)
         del leaves[0]
+        if run_leaves:  # bodies of consecutive versions, all this decode's: verify_delta reads its claims
+            run = Decoded([prev, *rebuilt] if alone else rebuilt, run_leaves, frm, base, records)
     # The leaves of versions base+1 .. up to the tip's (which is in the log as a head) go into the log.
     top = min(version + len(leaves), log.value.tips[0].head.version - 1)
     skip = max(0, log.base - version)
     full = log.value.shared
     shared = (*full[:keep], *leaves[skip : max(skip, top - version)], *full[keep:])
-    bodies = in_order(d.bodies, rebuilt)
+    bodies = in_order(d.bodies, rebuilt) if run is None else run
     v = log.value  # built directly, not by ``replace`` (three a relayed push, a third of this function)
     value = Chains(v.owner, v.queue_id, v.epoch, shared, v.tips, v.start_head, v.held_end)
     piece = LogDelta(log.base, log.base_fold, value)

@@ -27,6 +27,7 @@ from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2
+from latticed.crdt.leaf_bodies import Decoded
 from latticed.crdt.queue.state import Meta
 from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies, nothing_at
 from latticed.crdt.records import Record, RecordRun, chain_extend, check_records
@@ -161,7 +162,7 @@ def _check_shape(d: Delta) -> None:
         raise MalformedError("a delta's first offset is a non-negative integer")
     if type(d.records) not in (tuple, RecordRun) or not isinstance(d.bodies, tuple):
         raise MalformedError("a delta's records are a tuple or a run, its bodies a tuple")
-    if not all(map(isinstance, d.bodies, itertools.repeat(HeadV2))):  # one per version: no Python frame
+    if type(d.bodies) is not Decoded and not all(map(isinstance, d.bodies, itertools.repeat(HeadV2))):
         raise MalformedError("a delta's bodies are v2 heads")
     if d.meta is not None and (
         not isinstance(d.meta, tuple)
@@ -205,6 +206,8 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     assert base is not None
     records = d.records[first - d.from_offset : end - d.from_offset]
     chain = chain_memo.take(base, first, records) or chain_extend(base, first, records)
+    if type(d.bodies) is Decoded and _holds(d.bodies, chains, d, first=first, base=base, end=end):
+        return Verified(chains, meta, first, records, tuple(chain), d.bodies)
     # A catch-up of single offers carries a body per record: their ends are read once, as a set.
     ends = set(map(_BODY_END, d.bodies))
     if ends and first < min(ends) and max(ends) <= end:
@@ -221,6 +224,29 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     if end not in ends or not ends.issuperset(_every_end(chains, first, end)):
         raise TamperedError("a chunk of records without the head bodies that end inside it")
     return Verified(chains, meta, first, records, tuple(chain), bodies)
+
+
+def _holds(run: Decoded, chains: Chains, d: Delta, *, first: int, base: bytes, end: int) -> bool:
+    """Whether a decode's ``run`` (all of ``d``'s bodies) is what the walk below would accept, from its
+    claims: rebuilt over ``d``'s very records from our ``base`` at ``first`` (so each head hash is our
+    chain value at its end), ending inside ``(first, end]`` with the last at ``end``, and its leaves the
+    merged log's of those versions (one tuple comparison; the version past the shared leaves, a tip's,
+    checked as the walk does). Its versions are consecutive and its ends ordered, so the log's ends in
+    ``(first, end)`` are all its ones when the leaf before its first ends at or below ``first``."""
+    if run.records is not d.records or run.first != first or first != d.from_offset or run.base != base:
+        return False
+    if chains.forked or not run or run[0].end <= first or run[-1].end != end:
+        return False
+    head = run[0]
+    if head.queue_id != chains.queue_id or head.epoch != chains.epoch or head.version < 1:
+        return False
+    shared, at = chains.shared, head.version - 1
+    held = max(0, min(len(run), len(shared) - at))
+    if shared[at : at + held] != run.leaves[:held] or len(run.leaves) != len(run):
+        return False
+    if not all(epoch_delta.vouches(chains, body) for body in run[held:]):
+        return False
+    return at == 0 or at > len(shared) or shared[at - 1][1] <= first
 
 
 def _unconfirmed(

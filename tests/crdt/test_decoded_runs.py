@@ -1,0 +1,116 @@
+"""A catch-up's bodies as one decode rebuilt them (:class:`latticed.crdt.leaf_bodies.Decoded`): what
+``queue2.verify_delta`` accepts from their claims is what its walk over the bodies accepts, and a run
+whose claims do not hold here (another base, other records, leaves the log does not have) is walked,
+so a changed body or record is still refused. Both chunk shapes: the first (its first body carried
+whole) and the next ones (steps after the body the replica holds)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from latticed.crdt import leaf_compiled, queue2, wire
+from latticed.crdt.core_errors import TamperedError
+from latticed.crdt.leaf_bodies import Decoded
+from latticed.crdt.queue2 import replica_deltas
+from latticed.crdt.records import make_record
+from latticed.crdt.signing import Identity
+from latticed.protocol import core2_wire
+from latticed.protocol.core2_steps import outgoing, unpack_steps
+
+OWNER = Identity.from_seed(b"o" * 32)
+
+
+def owner_state(count: int) -> queue2.QueueState2:
+    state = queue2.commit(queue2.empty_state(OWNER.public_key, "q"), OWNER, now_ms=1)
+    for i in range(count):
+        state = queue2.commit(state, OWNER, now_ms=10 + i, records=[make_record(b"v%d" % i, timestamp=i)])
+    return state
+
+
+def chunk(owner: queue2.QueueState2, replica: queue2.QueueState2, size: int) -> queue2.Delta:
+    """The next chunk of ``size`` records the owner sends the replica, through the wire, unpacked."""
+    since = queue2.summary(replica) if replica.held[1] else None
+    out = outgoing(owner, since, size, 1 << 20)
+    assert out.steps is not None
+    d, steps = core2_wire.delta_from_wire(
+        wire.unpack(wire.pack(core2_wire.delta_to_wire(out.delta, out.steps)))
+    )
+    return unpack_steps(replica, d, steps)
+
+
+def walked(state: queue2.QueueState2, d: queue2.Delta) -> queue2.Verified:
+    """``verify_delta`` of ``d`` with its bodies as a plain tuple: the walk."""
+    plain = dataclasses.replace(d, bodies=tuple(d.bodies))
+    assert type(plain.bodies) is tuple
+    return queue2.verify_delta(state, plain)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_each_chunk_is_a_decoded_run_verified_as_the_walk_verifies_it(
+    monkeypatch: pytest.MonkeyPatch, compiled: bool
+) -> None:
+    if not compiled:
+        monkeypatch.setattr(leaf_compiled, "load", lambda: None)  # the Python decode's runs
+    owner = owner_state(70)
+    replica = queue2.empty_state(OWNER.public_key, "q")
+    held = []
+    spy = replica_deltas._holds
+    monkeypatch.setattr(replica_deltas, "_holds", lambda *a, **k: held.append(spy(*a, **k)) or held[-1])
+    for _ in range(3):
+        d = chunk(owner, replica, 30)
+        assert type(d.bodies) is Decoded and len(d.bodies.leaves) == len(d.bodies)
+        assert [b.leaf() for b in d.bodies] == list(d.bodies.leaves)
+        versions = [b.version for b in d.bodies]
+        assert versions == list(range(versions[0], versions[0] + len(versions)))
+        fast = queue2.verify_delta(replica, d)
+        assert held[-1] is True and fast.bodies is d.bodies
+        assert fast == walked(replica, d)
+        replica = queue2.join_verified(replica, fast).state
+    assert replica.held == owner.held and replica.records() == owner.records()
+
+
+def test_a_run_whose_claims_do_not_hold_here_is_walked() -> None:
+    owner = owner_state(40)
+    replica = queue2.empty_state(OWNER.public_key, "q")
+    d = chunk(owner, replica, 4096)
+    run = d.bodies
+    assert isinstance(run, Decoded)
+    odd = [
+        Decoded(run, run.leaves, run.first, bytes(32), run.records),  # another base
+        Decoded(run, run.leaves, run.first, run.base, tuple(d.records)),  # other records (equal)
+        Decoded(run, (*run.leaves[:5], (bytes(32), 6), *run.leaves[6:]), run.first, run.base, run.records),
+        Decoded(run[:-1], run.leaves[:-1], run.first, run.base, run.records),  # not up to the end
+        Decoded(run[1:], run.leaves[1:], run.first, run.base, run.records),  # a body ending inside left out
+    ]
+    want = walked(replica, d)
+    first, end = want.from_offset, want.from_offset + len(want.records)
+    assert replica_deltas._holds(run, want.chains, d, first=first, base=run.base, end=end)
+    for other in odd[:3]:
+        assert not replica_deltas._holds(
+            other, want.chains, dataclasses.replace(d, bodies=other), first=first, base=run.base, end=end
+        )
+        assert queue2.verify_delta(replica, dataclasses.replace(d, bodies=other)) == want
+    for other in odd[3:]:
+        with pytest.raises(TamperedError):
+            queue2.verify_delta(replica, dataclasses.replace(d, bodies=other))
+
+
+def test_a_changed_body_or_record_in_a_decoded_run_is_refused() -> None:
+    owner = owner_state(40)
+    replica = queue2.empty_state(OWNER.public_key, "q")
+    d = chunk(owner, replica, 4096)
+    run = d.bodies
+    assert isinstance(run, Decoded)
+    for at in (0, 9, len(run) - 1):
+        bodies = list(run)
+        bodies[at] = dataclasses.replace(bodies[at], head_hash=bytes(32))
+        leaves = tuple(b.leaf() for b in bodies)  # claims consistent with the changed body
+        changed = Decoded(bodies, leaves, run.first, run.base, run.records)
+        with pytest.raises(TamperedError):
+            queue2.verify_delta(replica, dataclasses.replace(d, bodies=changed))
+    records = list(d.records)
+    records[5] = make_record(b"another", timestamp=5)
+    with pytest.raises(TamperedError):
+        queue2.verify_delta(replica, dataclasses.replace(d, records=tuple(records)))
