@@ -372,7 +372,7 @@ class Gossip:
         # And on a core-2 host: ``delta2_now(...)``, ``delta2_for``'s answer when it needs no read (None:
         # ask ``delta2_for``), so a relayed push goes on from the task that learnt of its commit.
         self._delta2_now = getattr(self.host2, "delta2_now", None)
-        for name in ("duplicate_identities", "identity_notices", "foreign_heads"):
+        for name in ("duplicate_identities", "identity_notices", "foreign_heads", "delta_reads_raced"):
             self.counters.setdefault(name, 0)
         if self.extension is not None:
             self.extension.hear_notices(self.identity_notice)
@@ -916,13 +916,16 @@ class Gossip:
         (``NotFoundError``) to a commit of ours in between (``exc``): no fault of the peer's, so not a
         reason to end its link (a peer's faults, a forged or malformed delta or a broken protocol, and any
         other error of ours still end it). Read again from the newer value; after :data:`READ_TRIES`,
-        send nothing now (the commit's change asks again)."""
+        send nothing now (the commit's change asks again). Each raced read is counted
+        (``delta_reads_raced``): many mean our commits outrun our reads, not that a peer misbehaves."""
+        self.counters["delta_reads_raced"] += 1
         for _ in range(READ_TRIES - 1):
             await trio.lowlevel.checkpoint()  # the commit that took them publishes its value
             try:
                 return await read()
             except _OWN_RACES as again:
                 exc = again
+                self.counters["delta_reads_raced"] += 1
         log_event(
             log,
             "peer.delta_read_raced",

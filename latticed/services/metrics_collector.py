@@ -41,6 +41,12 @@ _GOSSIP_COUNTERS = {
         "latticed_foreign_heads",
         "Heads of this daemon's own queues that came back signed by another run of its identity.",
     ),
+    "delta_reads_raced": (
+        "latticed_delta_reads_raced",
+        "Reads of a delta for a peer that lost their rows or queue to a commit of this daemon's meanwhile "
+        "(read again; after the last try the delta waits for the queue's next change, logged as "
+        "peer.delta_read_raced). Not a peer's fault: its link is kept.",
+    ),
 }
 #: Consumer-group counts exported, as :class:`~latticed.leases.outcomes.GroupStats` names them.
 _GROUP_STATES = ("available", "leased", "failed", "dead")

@@ -143,7 +143,7 @@ async def test_a_read_that_raced_a_commit_of_ours_is_read_again_and_the_link_kep
     async with trio.open_nursery() as nursery:
         await link(nursery, a, b)
         await wait_for(b[1], 3)
-        assert a[1].races == 0
+        assert a[1].races == 0 and a[2].counters["delta_reads_raced"] == READ_TRIES - 1
         assert b[0].public_key in a[2].links and a[0].public_key in b[2].links
         nursery.cancel_scope.cancel()
 
@@ -159,6 +159,7 @@ async def test_a_read_that_keeps_racing_sends_nothing_now_and_the_next_change_se
                 await trio.testing.wait_all_tasks_blocked(cushion=0.001)
         await trio.testing.wait_all_tasks_blocked(cushion=0.01)
         assert (ALICE.public_key, "q", 0) not in b[1].states
+        assert a[2].counters["delta_reads_raced"] == 1_000 - a[1].races >= READ_TRIES
         assert b[0].public_key in a[2].links and a[0].public_key in b[2].links  # the link stays
         a[1].races = 0
         a[1].write(2)

@@ -17,10 +17,10 @@ from latticed.crdt import queue2
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.errors import IntegrityError
+from latticed.errors import GapError, IntegrityError, NotFoundError
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.core2_host import PendingMerge2
-from latticed.net.gossip import Gossip, PeerLink
+from latticed.net.gossip import READ_TRIES, Gossip, PeerLink
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
@@ -49,6 +49,17 @@ class Host2(AsyncCore2Host):
         super().__init__(MemoryCore2Host())
         self.gossip: Gossip | None = None
         self.changed = trio.Event()
+        #: Reads left that lose their rows or queue to a commit of ours meanwhile, as the store's can.
+        self.races = 0
+        self.race: type[GapError | NotFoundError] = GapError
+
+    async def delta2_for(
+        self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
+    ) -> Outgoing2 | None:
+        if self.races:
+            self.races -= 1
+            raise self.race("the rows of queue #1 left the store meanwhile (a commit of ours); retry")
+        return await super().delta2_for(key, since, max_records, max_bytes)
 
     def submit_merge2(self, delta: queue2.Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:
         pending = super().submit_merge2(delta, steps, peer)
@@ -136,6 +147,44 @@ async def test_core2_and_core1_queues_replicate_side_by_side_and_live() -> None:
     assert received["received_digest2"] == sent["sent_digest2"] == 1
     assert received["received_delta2"] == sent["sent_delta2"] >= 2
     assert sent["received_ack2"] >= 1 and "received_other" not in sent
+
+
+async def test_a_core2_read_that_raced_a_commit_of_ours_is_read_again_and_the_link_kept() -> None:
+    """Core 2 shares core 1's retry (``Gossip._read_again``): our own race is no fault of the peer's."""
+    a, b = make(b"1" * 32), make(b"2" * 32)
+    a[2].races = READ_TRIES - 1
+    a[2].memory.states2[KEY2] = queue2.commit(
+        queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"x", 3)
+    )
+    async with trio.open_nursery() as nursery:
+        await link(nursery, a, b)
+        state = await held2(b, 3)
+        assert a[2].races == 0 and a[3].counters["delta_reads_raced"] == READ_TRIES - 1
+        assert b[0].public_key in a[3].links and a[0].public_key in b[3].links
+        nursery.cancel_scope.cancel()
+    assert state == a[2].memory.states2[KEY2]
+
+
+async def test_a_core2_read_that_keeps_racing_sends_nothing_now_and_the_next_change_sends_it() -> None:
+    a, b = make(b"1" * 32), make(b"2" * 32)
+    a[2].races, a[2].race = 1_000, NotFoundError
+    a[2].memory.states2[KEY2] = queue2.commit(
+        queue2.empty_state(*KEY2), ALICE, now_ms=1, records=records(b"x", 3)
+    )
+    async with trio.open_nursery() as nursery:
+        await link(nursery, a, b)
+        with trio.fail_after(10):
+            while a[2].races > 1_000 - READ_TRIES:
+                await trio.testing.wait_all_tasks_blocked(cushion=0.001)
+        await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+        assert KEY2 not in b[2].memory.states2 and b[3].stats().get("received_delta2", 0) == 0
+        assert a[3].counters["delta_reads_raced"] == 1_000 - a[2].races >= READ_TRIES
+        assert b[0].public_key in a[3].links and a[0].public_key in b[3].links  # the link stays
+        a[2].races = 0
+        a[2].put(queue2.commit(a[2].memory.states2[KEY2], ALICE, now_ms=2, records=records(b"y", 2)))
+        state = await held2(b, 5)
+        nursery.cancel_scope.cancel()
+    assert state == a[2].memory.states2[KEY2]
 
 
 async def test_a_fork_of_a_core2_queue_meets_and_freezes_on_both_sides() -> None:

@@ -80,6 +80,7 @@ class FakeReplication:
             "identity_notices": 1,
             "foreign_heads": 3,
             "identity_refusing_writes": 1,
+            "delta_reads_raced": 4,
         }
 
     def peers(self) -> list[dict[str, Any]]:
@@ -155,6 +156,8 @@ async def test_commits_merges_and_state_read_through_the_text_parser(tmp_path: P
     assert value(samples, "latticed_identity_notices_total") == 1
     assert value(samples, "latticed_foreign_heads_total") == 3
     assert value(samples, "latticed_identity_refusing_writes") == 1
+    # Our reads of deltas that lost their rows to our own commits (the link kept, read again).
+    assert value(samples, "latticed_delta_reads_raced_total") == 4
     assert value(samples, "latticed_peers_connected") == 1
     assert value(samples, "latticed_peer_lag_records", peer=PEER.hex()) == 5
     assert value(samples, "latticed_peer_connected", peer=PEER.hex()) == 1
