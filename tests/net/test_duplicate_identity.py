@@ -63,6 +63,17 @@ def daemon(identity: Identity, states: Mapping[QueueKey, QueueState] | None = No
     return Daemon(identity, host, gossip)
 
 
+def copied_owner() -> tuple[Daemon, Daemon, Daemon]:
+    """The owner's run, a copy of its data directory started on a second machine (the two share 10
+    records, then the first writes 5 more and the copy 3 of its own) and a relay for both to dial."""
+    first = daemon(OWNER)
+    first.write(10, now_ms=1_000)
+    copy = daemon(OWNER, first.host.states)
+    first.write(5, now_ms=2_000)
+    copy.write(3, now_ms=3_000)
+    return first, copy, daemon(RELAY)
+
+
 async def connect(nursery: trio.Nursery, dialler: Daemon, relay: Daemon, address: str) -> None:
     left, right = trio.testing.memory_stream_pair()
 
@@ -90,12 +101,7 @@ def _forked(d: Daemon) -> bool:
 
 
 async def test_a_relay_serves_both_runs_of_an_identity_tells_both_and_their_histories_meet() -> None:
-    first = daemon(OWNER)
-    first.write(10, now_ms=1_000)
-    copy = daemon(OWNER, first.host.states)  # the data directory copied to a second machine
-    first.write(5, now_ms=2_000)
-    copy.write(3, now_ms=3_000)
-    relay = daemon(RELAY)
+    first, copy, relay = copied_owner()
     async with trio.open_nursery() as nursery:
         await connect(nursery, first, relay, "10.0.0.1:5001")
         await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
@@ -276,12 +282,7 @@ async def test_the_first_runs_link_replaced_by_its_own_newer_link_keeps_the_seco
     heard nothing for two ping intervals): the newer link takes the old one's place. The identity's first
     run is still connected, so the other run's link stays; closing it (as when the first run goes away)
     left the relay listing one of the two runs until the other redialled."""
-    first = daemon(OWNER)
-    first.write(10, now_ms=1_000)
-    copy = daemon(OWNER, first.host.states)
-    first.write(5, now_ms=2_000)
-    copy.write(3, now_ms=3_000)
-    relay = daemon(RELAY)
+    first, copy, relay = copied_owner()
     async with trio.open_nursery() as nursery:
         await connect(nursery, first, relay, "10.0.0.1:5001")
         await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
@@ -329,12 +330,7 @@ async def test_a_first_runs_link_replaced_before_it_answers_the_ping_is_asked_ag
     is half-open and is replaced (once stale) by the first run's new link before any PONG. The PING is
     asked again on the new link: the duplicate is logged, counted and told to both (before, the pending
     confirmation went with the old link, and both runs were served with nobody told)."""
-    first = daemon(OWNER)
-    first.write(10, now_ms=1_000)
-    copy = daemon(OWNER, first.host.states)
-    first.write(5, now_ms=2_000)
-    copy.write(3, now_ms=3_000)
-    relay = daemon(RELAY)
+    first, copy, relay = copied_owner()
     async with trio.open_nursery() as nursery:
         old = await half_open(nursery, relay, first, "10.0.0.1:5001")
         await connect(nursery, copy, relay, "10.0.0.2:5002")
@@ -362,12 +358,7 @@ async def test_the_second_run_reconnecting_while_its_old_link_is_half_open_is_th
     reconnecting, not a third run. Its new link takes the old one's place once that is stale (as the first
     run's would; before, it was refused as a third run until the old link timed out, the run in the dark
     meanwhile), and the duplicate is confirmed on it. A run of a third incarnation is still refused."""
-    first = daemon(OWNER)
-    first.write(10, now_ms=1_000)
-    copy = daemon(OWNER, first.host.states)
-    first.write(5, now_ms=2_000)
-    copy.write(3, now_ms=3_000)
-    relay = daemon(RELAY)
+    first, copy, relay = copied_owner()
     async with trio.open_nursery() as nursery:
         await connect(nursery, first, relay, "10.0.0.1:5001")
         await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
