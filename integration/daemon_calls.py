@@ -1,16 +1,16 @@
-"""What the integration tests ask a running daemon process (integration/conftest.py's handle) through its
+"""What the integration tests ask a running daemon process (integration/daemons.py's handle) through its
 socket: a client, a `latticectl` call, the address peers dial, a queue's info."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from daemons import LatticedProcess
 from typer.testing import CliRunner, Result
 
 import cli.ctl
 from latticed.api.client.blocking_client import Client
 
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 runner = CliRunner()
 
 

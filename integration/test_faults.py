@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+from daemons import LatticedProcess
 from polling import wait_until
 from typer.testing import CliRunner, Result
 
@@ -26,7 +27,6 @@ from latticed.host.diskspace import disk_is_low, disk_usage
 from latticed.host.netkey import DEFAULT_NETWORK_KEY, write_network_key
 from latticed.protocol.handshake import Initiator
 
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
 
 runner = CliRunner()

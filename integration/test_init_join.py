@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import START_TIMEOUT_S, socket_accepts
+from daemons import START_TIMEOUT_S, socket_accepts
 from polling import wait_until
 
 from latticed.api.client.blocking_client import Client

@@ -7,12 +7,12 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from daemons import LatticedProcess
 from polling import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from latticed.api.client.blocking_client import Client
 
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+from daemons import LatticedProcess
 from polling import wait_until
 from releases import previous_release, run_as
 
@@ -27,7 +28,6 @@ from latticed.net.transport import open_peer
 from latticed.protocol.replication import HELLO
 from latticed.version import PROTOCOL_VERSIONS, RELEASE
 
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
 OLD = previous_release()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+from daemons import LatticedProcess
 from polling import wait_until
 
 from latticed.api.client.blocking_client import Client
@@ -25,7 +26,6 @@ from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.transport import open_peer
 from latticed.protocol.replication import DELTA, HELLO, PROTOCOL_VERSION
 
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
 
 

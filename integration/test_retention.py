@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from daemons import LatticedProcess
 from polling import wait_until
 
 from latticed.api.client.blocking_client import Client
 from latticed.host.retention_policy import RetentionPolicy
 
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
 LATTICECTL = str(Path(sys.executable).parent / "latticectl")
 FAST = ["--retention-interval", "0.2"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from daemons import LatticedProcess
 from polling import wait_until
 from typer.testing import CliRunner
 
@@ -21,7 +22,6 @@ from latticed.api.client.blocking_client import Client
 from latticed.errors import ConnectionClosedError, NotReaderError
 from latticed.privacy import crypto
 
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
 
 pytestmark = pytest.mark.timeout(240)

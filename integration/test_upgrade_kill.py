@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemons import LatticedProcess
 from polling import wait_until
 from releases import previous_release, run_as
 
@@ -30,7 +31,6 @@ from latticed.storage.precopy import PAUSE_ENV, copy_path
 from latticed.storage.schema import MIGRATIONS, SCHEMA_VERSION
 from latticed.storage.store import Store, db_path
 
-LatticedProcess = Any  # integration/conftest.py's daemon handle
 Factory = Callable[..., LatticedProcess]
 ALICE = Identity.from_seed(b"m" * 32)
 NOW = 1_700_000_000_000

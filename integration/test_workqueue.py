@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemons import LatticedProcess
 from polling import wait_until
 
 from cli.boundary import ExitCode
@@ -24,7 +25,7 @@ from latticed.errors import LeaseError
 
 WAIT_S = 30.0
 LATTICECTL = str(Path(sys.executable).parent / "latticectl")
-LatticedProcess = Any  # integration/conftest.py's daemon handle
+
 Factory = Callable[..., LatticedProcess]
 
 

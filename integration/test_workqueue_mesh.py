@@ -14,9 +14,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from daemons import LatticedProcess
 from polling import wait_until
 
 from cli.boundary import ExitCode
@@ -24,7 +24,7 @@ from latticed.api.client.blocking_client import Client
 from latticed.errors import LatticedError, NotAllowedError
 
 LATTICECTL = str(Path(sys.executable).parent / "latticectl")
-LatticedProcess = Any  # integration/conftest.py's daemon handle
+
 Factory = Callable[..., LatticedProcess]
 
 

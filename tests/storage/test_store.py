@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,14 +54,6 @@ NOW = 1_700_000_000_000
 
 def rec(i: int, size: int = 20) -> Record:
     return make_record(f"v{i}".encode().ljust(size, b"."), key=f"k{i}".encode(), timestamp=NOW + i)
-
-
-@pytest.fixture
-def writer(tmp_path: Path) -> Iterator[Writer]:
-    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW))
-    w.open()
-    yield w
-    w.stop()
 
 
 def run(w: Writer, *jobs: Job) -> list[Job]:

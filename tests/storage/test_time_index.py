@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-
-import pytest
-from support.clocks import TickingClock
 
 from latticed.crdt import queue as core
 from latticed.crdt.records import Record, make_record
@@ -25,14 +22,6 @@ from latticed.storage.writer import Writer
 ALICE = Identity.from_seed(b"a" * 32)
 BOB = Identity.from_seed(b"b" * 32)
 NOW = 1_700_000_000_000
-
-
-@pytest.fixture
-def writer(tmp_path: Path) -> Iterator[Writer]:
-    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW))
-    w.open()
-    yield w
-    w.stop()
 
 
 def ok(w: Writer, job: Job) -> object:

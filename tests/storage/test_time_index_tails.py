@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sqlite3
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -140,14 +139,6 @@ def test_the_index_equals_the_reading_paths_after_any_history(steps: list[tuple[
         finally:
             for w in writers:
                 w.stop()
-
-
-@pytest.fixture
-def writer(tmp_path: Path) -> Iterator[Writer]:
-    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW))
-    w.open()
-    yield w
-    w.stop()
 
 
 def test_single_offers_read_nothing_of_the_index_after_the_first(writer: Writer) -> None:
