@@ -15,7 +15,6 @@ from support.mesh_sim2 import (
     GROUP_COMMIT_S,
     READ_CONNECTIONS,
     SWITCH_INTERVAL_S,
-    WRITER_GIL_FREE,
     MeshNode2,
     MeshSim2,
     _Job2,
@@ -169,8 +168,14 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     interpreter released, beside its loop (sim20c, bench/RESULTS.md: ``WRITER_GIL_FREE`` from py-spy
     --native): DELTA2 0.903 (+19 %), ACK2 0.491 (+40 %), the bulk 1.20 s (+9.1 %), the writer's
     transaction 10.9-13.4 ms a draw (mean 12.2, from 12.5: its COMMIT 6.5 ms, the daemons' 4.2-7.8, and
-    ~5.7 ms before it, the daemons' 1.4-2.4). Pinned, not met."""
-    figures: list[tuple[float, float, float, float, float, float]] = []
+    ~5.7 ms before it, the daemons' 1.4-2.4). Pinned, not met.
+
+    With the interpreter handed over as CPython 3.11 hands it (sim21, bench/RESULTS.md: the holder
+    runs on until a blocking call releases it or the other asks after a switch interval; no slice
+    queued behind the loop's whole ready batch): DELTA2 0.854 (+13 %), ACK2 0.448 (+28 %), HAVE2
+    0.0264 (-5.6 %: met), the bulk 1.13 s (+2.3 %: met), the writer's transaction 8.8-13.7 ms a draw
+    (mean 12.3: ~5.8 ms before its COMMIT against the daemons' 1.2-1.6 median). Pinned, not met."""
+    figures: list[tuple[float, float, float, float, float, float, float]] = []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
         warm_up(sim)
@@ -182,16 +187,20 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
         cpu_per_record = (writer.cpu_work - cpu) / 50_000
         all_per_record = (sum(node.cpu_work for node in sim.nodes) - every) / 50_000
         counts = (part.per_record("delta2") * 1000, part.per_record("ack2") * 1000)
-        figures.append((*counts, cpu_per_record, per_txn, part.elapsed, all_per_record))
-    deltas, acks, _, _, elapsed, every_node = (sum(f[i] for f in figures) / len(figures) for i in range(6))
+        haves = part.per_record("have2") * 1000
+        figures.append((*counts, cpu_per_record, per_txn, part.elapsed, all_per_record, haves))
+    deltas, acks, _, _, elapsed, every_node, have2s = (
+        sum(f[i] for f in figures) / len(figures) for i in range(7)
+    )
     assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met
-    assert 0.756 * 1.1 < deltas <= 0.756 * 1.25, figures  # not met: +19 %
-    assert 0.351 * 1.3 < acks <= 0.351 * 1.5, figures  # not met: +40 %
-    assert 1.05 < elapsed / 1.10 <= 1.15, figures  # +9.1 % (the daemons' 0.96-1.50 s a run)
+    assert 0.756 * 1.1 < deltas <= 0.756 * 1.2, figures  # not met: +13 %
+    assert 0.351 * 1.2 < acks <= 0.351 * 1.35, figures  # not met: +28 %
+    assert abs(have2s / 0.0280 - 1) <= 0.1, figures  # met: -5.6 %
+    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: +2.3 % (the daemons' 0.96-1.50 s a run)
     assert 0.0000048 <= sum(f[2] for f in figures) / len(figures) <= 0.0000066, figures
-    for _, _, cpu_per_record, per_txn, _, _ in figures:
+    for _, _, cpu_per_record, per_txn, _, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
-        assert 0.010 <= per_txn <= 0.0145, figures  # the daemons' 5.6-10 ms: not met
+        assert 0.008 <= per_txn <= 0.014, figures  # the daemons' 5.6-10 ms: not met
 
 
 def test_reads_take_one_of_the_daemons_two_reader_connections() -> None:
@@ -326,7 +335,8 @@ def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
     while a commit does its records' work, the node's one interpreter is taken (its loop's work goes
     between the storage thread's slices, never beside them). The simulator gave each its own core, so a
     relay of a bulk never fell behind its sender (more DELTA2s and ACK2s than the daemons'). The writer's
-    part that releases it (``WRITER_GIL_FREE``: py-spy --native, bench/RESULTS.md sim20c) runs beside."""
+    part that releases it (``WRITER_GIL_FREE``: py-spy --native, bench/RESULTS.md sim20c) comes in
+    releases between its held slices; with nobody waiting, the thread takes it back at once."""
 
     def interpreter_taken(gil: bool) -> list[tuple[bool, bool]]:
         costs = Costs(commit_record=0.001, jitter=0.0, cores=None, wake=0.0, stall_chance=0.0)
@@ -341,10 +351,7 @@ def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
         return taken
 
     with_gil = interpreter_taken(True)
-    held = 1 - WRITER_GIL_FREE  # the writer's part that holds it comes first: 79 ms of the 100
-    assert all(cpu for cpu, _ in with_gil[: int(held * 10)]), with_gil
-    # its last part (the chain hash, signature, SQLite's statements) runs with it released, beside the loop
-    assert with_gil[-1] == (False, True), with_gil
+    assert all(cpu and not disk for cpu, disk in with_gil), with_gil
     assert not any(cpu for cpu, _ in interpreter_taken(False))
 
 
@@ -464,7 +471,8 @@ def test_the_storage_thread_takes_its_next_batch_at_its_commit_and_the_loop_runs
     (``run_sync_soon``) and the thread takes its next batch at once, holding the interpreter; so the
     loop's callback waits for its work. The daemons' relays took their next batch 0.05 ms after the
     COMMIT and ran the callback 4.0-6.2 ms after it (sim19b's traces, bench/RESULTS.md sim20b); the
-    simulated relays ran the callback first (1.0-1.25 ms) and began the next batch only then."""
+    simulated relays ran the callback first (1.0-1.25 ms) and began the next batch only then. The loop
+    then takes the interpreter as CPython hands it over: after asking, a switch interval on."""
     costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, commit=0.001, commit_record=0.0)
     sim = MeshSim2(2, costs=costs, group_linger=0.0)
     sim.run_for(1.0)
@@ -482,5 +490,8 @@ def test_the_storage_thread_takes_its_next_batch_at_its_commit_and_the_loop_runs
     durable = start + work + costs.commit
     assert node.commits == 2 and len(done) == 2
     assert node.commit_seconds == pytest.approx(2 * (work + costs.commit))  # the second began at once
-    assert done[0] == pytest.approx(durable + work)  # after the second's slices, before its COMMIT
+    # the loop, woken at the COMMIT, asks for the interpreter a switch interval later: in the middle of
+    # the second's work, not after it
+    assert done[0] == pytest.approx(durable + SWITCH_INTERVAL_S)
+    assert node.storage_hand_offs == 1
     assert done[1] == pytest.approx(durable + work + costs.commit)  # the loop idle: at its COMMIT

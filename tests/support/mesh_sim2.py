@@ -22,11 +22,16 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   A thread wanting the lock waits for the loop's ready tasks, at most the switch interval
   (:meth:`MeshSim2._interpreter`); the storage thread takes what waits once it holds it; reads take one
   of the daemon's two reader connections, so the writer's next API call goes before its third link's;
+* the interpreter passes between the storage thread and the loop as CPython 3.11 passes it
+  (:meth:`MeshSim2._storage_work`): the holder runs on until a blocking call releases it (the writer's
+  chain hash, signature, SQLite statements: ``WRITER_GIL_FREE``) or the other, after waiting a switch
+  interval, asks it to drop it; so the loop runs in the storage thread's released stretches and at
+  most a switch interval after it asked, and the storage thread's work is not cut while the loop is idle;
 * on the box's full cores a thread woken waits for one (``Costs.hop``, measured from the daemons'
-  schedstat): at each hand-off of the interpreter between a node's threads and each switch-interval
-  slice of the storage thread's work; not after its COMMIT, whose measured wait (``sync``) ends with the
-  thread running again: it takes its next batch at once, and the commit's callback (the change hook,
-  the ACK2s) is a task of the loop (``run_sync_soon``), behind that batch's work, as the daemons' was.
+  schedstat): at each hand-off of the interpreter between a node's threads; not after its COMMIT, whose
+  measured wait (``sync``) ends with the thread running again: it takes its next batch at once, and the
+  commit's callback (the change hook, the ACK2s) is a task of the loop (``run_sync_soon``), as the
+  daemons' was.
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
 
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,9 +77,10 @@ SWITCH_INTERVAL_S = GIL_SWITCH_INTERVAL_S
 #: The reader threads a daemon's store reads on (``Engine.open``'s ``read_connections``, as the daemon
 #: opens it; ``bridge.read`` holds one per read): a node's link drivers read two deltas at a time.
 READ_CONNECTIONS: int = inspect.signature(Engine.open).parameters["read_connections"].default
-#: The storage thread's work runs in slices this long, each a hand-off of the interpreter that waits for
-#: a core (``MeshSim2._storage_work``): the daemon's switch interval, what a thread wanting the
-#: interpreter lets the one holding it run.
+#: The held work between two of the storage thread's releases of the interpreter when some of its work
+#: releases it (``MeshSim2._storage_work``): the daemon's switch interval, as the py-spy samples give no
+#: finer order of its calls (bench/RESULTS.md sim21). A thread wanting the interpreter asks for it after
+#: waiting this long (``SWITCH_INTERVAL_S``, the same).
 STORAGE_SLICE_S = GIL_SWITCH_INTERVAL_S
 #: The part of the writer's storage CPU outside its COMMIT that runs with the interpreter released, beside
 #: the event loop: the chain hash (``latticed_chain_extend``, 12 %), SQLite's statements (``sqlite3_step``,
@@ -82,6 +89,9 @@ STORAGE_SLICE_S = GIL_SWITCH_INTERVAL_S
 #: 0.221 and 0.196 of the samples outside ``Store.commit`` in two runs; bench/RESULTS.md sim20c). The
 #: COMMIT releases it throughout (its wait is ``sync_record``).
 WRITER_GIL_FREE = 0.21
+#: The least held work the storage thread does between two hand-offs of the interpreter (an event's
+#: length floor, not a cost: CPython checks for a drop request every few bytecodes).
+_MIN_PIECE_S = 0.00001
 
 #: Each daemon's CPU per operation as measured, not fitted to the outcome (bench/RESULTS.md, "per-message
 #: CPU costs measured from the daemons"); the stalls and ``wake`` are core 1's fit as before.
@@ -180,6 +190,16 @@ class MeshNode2(MeshNode):
     gathering: int = 0
     #: Reads under way (each holds one of :data:`READ_CONNECTIONS`), and the drivers waiting for one.
     readers: int = 0
+    #: The interpreter between the storage thread and the loop (:meth:`MeshSim2._storage_work`): whether
+    #: the storage thread holds it; since when the loop waits for it; since when the storage thread waits
+    #: for it back, and what it then runs; how often it was handed over inside a transaction.
+    storage_holds: bool = False
+    loop_wants: float | None = None
+    storage_wants: float = 0.0
+    storage_resume: Callable[[], None] | None = None
+    storage_hand_offs: int = 0
+    #: Seconds its transactions took from their jobs taken until their COMMIT began (its wait excluded).
+    pre_commit_seconds: float = 0.0
     read_queue: deque[tuple[int, Callable[[], None]]] = field(default_factory=deque)
 
     def held_end(self, key: QueueKey) -> int:
@@ -385,6 +405,7 @@ class MeshSim2(MeshSim):
                 self._next_commit(y, held=True)
 
         def synced() -> None:  # its records' work done, the COMMIT waits on the disk
+            node.pre_commit_seconds += self.now - began
             node.disk_free = max(self.now, node.disk_free) + sync
             self._at(node.disk_free, durable)
 
@@ -397,44 +418,134 @@ class MeshSim2(MeshSim):
     def _storage_work(
         self, y: int, work: float, then: Callable[[], None], held: bool = False, free: float = 0.0
     ) -> None:
-        """The storage thread's ``work`` (times one jitter draw) under the node's interpreter, in slices
-        of the switch interval: each slice is a hand-off (work queued on the node's thread meanwhile goes
-        first) and waits for a core (:meth:`Box.wake`), as the daemons' storage threads ran ~8 times a
-        transaction of ~3 ms (bench/RESULTS.md, schedstat19); but the first not when ``held`` (the thread
-        ran on from its COMMIT, whose measured wait ends once it holds the interpreter again). A loop
-        task woken meanwhile waits for the slices queued before its turn: the daemons' relays ran a
-        commit's callback 4.0-6.2 ms after the COMMIT while their storage threads worked on the next
-        batch, not one switch interval (sim19b's traces; bench/RESULTS.md sim20b). One stall draw a
-        transaction, as one step before. ``free`` of ``work`` runs with the interpreter released
-        (``WRITER_GIL_FREE``): after the slices, on the storage thread's own core beside the loop (it was
-        running: no wake-up), before ``then`` (bench/RESULTS.md sim20c)."""
+        """The storage thread's ``work`` (times one jitter draw) under the node's interpreter, handed over
+        as CPython 3.11 hands it (``Python/ceval_gil.h``; bench/RESULTS.md sim21): the thread holding it
+        runs on until it releases it at a blocking call, or until a thread that has waited a switch
+        interval for it asks it to drop it (``gil_drop_request``: the holder drops it and waits until the
+        asker took it). So the loop's tasks woken meanwhile wait at most a switch interval, then run (a
+        wake-up first) while the storage thread waits in turn: it takes the interpreter back once the
+        loop is idle, or at the end of the loop's task during which it has waited a switch interval. A
+        loop with nothing ready leaves the storage work unsliced: no wake-up between its parts.
+
+        ``free`` of ``work`` runs with the interpreter released (``WRITER_GIL_FREE``: the chain hash,
+        SQLite's statements, the signature), spread over it: a release after each switch interval of
+        held work, as long as its share. A loop waiting then takes the interpreter if it asked already,
+        or if it is scheduled before the call returns (its wake-up on the box, :meth:`Box.wake_wait`,
+        shorter than the release); the released work runs on the storage thread's own core beside it,
+        and the storage thread then waits for the interpreter as above. Otherwise the holder takes it
+        back at once. ``held``: the thread ran on from its COMMIT holding the interpreter (the COMMIT's
+        measured wait ends once it holds it again): no wake-up first. One stall draw a transaction."""
         node = self.node2(y)
         node.cpu_work += work
         scaled = self._scaled(work)
         beside = scaled * free / work if work > 0 else 0.0
-        left = [scaled - beside]
+        held_left = [scaled - beside]
+        releases = max(1, math.ceil(held_left[0] / STORAGE_SLICE_S - 1e-9))
+        release = beside / releases
+        run = [0.0]  # held work since the last release
         woken = [not held]
 
-        def piece() -> None:
-            size = min(left[0], STORAGE_SLICE_S)
-            left[0] -= size
+        def piece() -> None:  # the storage thread holds the interpreter
             if woken[0] or node.role != "storage":
                 self.box.wake(node.cpu)
-            woken[0] = True
+            woken[0] = False
             node.role = "storage"
+            node.storage_holds = True
+            if node.runq and node.loop_wants is None:
+                node.loop_wants = self.now
+            size = min(held_left[0], STORAGE_SLICE_S - run[0])
+            if node.loop_wants is not None:  # it asks for the interpreter a switch interval after it began
+                size = min(size, max(_MIN_PIECE_S, node.loop_wants + SWITCH_INTERVAL_S - self.now))
+            held_left[0] -= size
+            run[0] += size
             self.box.work(node.cpu, size)
-            if left[0] > 1e-12:
-                self.box.then(node.cpu, piece)
-                return
-            if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
-                self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
-            self.box.then(node.cpu, released if beside > 0 else then)
+            self.box.then(node.cpu, after)
 
-        def released() -> None:
-            self.box.work(node.disk_cpu, beside)
+        def after() -> None:
+            if held_left[0] <= _MIN_PIECE_S / 10:
+                held_left[0] = 0.0
+                node.storage_holds = False
+                node.loop_wants = None
+                if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
+                    self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
+                self.box.then(node.cpu, last if beside > 0 else then)
+                return
+            if run[0] >= STORAGE_SLICE_S - 1e-12:  # a switch interval of held work: a release
+                run[0] = 0.0
+                if release > 0:
+                    released()
+                    return
+            if node.loop_wants is not None and self.now >= node.loop_wants + SWITCH_INTERVAL_S - 1e-12:
+                node.storage_holds = False  # dropped at the loop's request: it waits for it to take it
+                node.loop_wants = None
+                node.storage_hand_offs += 1
+                wait_back(self.now + self.box.wake_wait(self.box.runnable()))
+            else:
+                piece()
+
+        def last() -> None:  # the last release, beside the loop; the COMMIT's own follows (``then``)
+            self.box.work(node.disk_cpu, release)
             self.box.then(node.disk_cpu, then)
 
+        def released() -> None:  # a blocking call: the interpreter is free until it returns
+            asked = node.loop_wants is not None and self.now >= node.loop_wants + SWITCH_INTERVAL_S - 1e-12
+            if node.runq and (asked or self.box.wake_wait(self.box.runnable()) < release):
+                node.storage_holds = False
+                node.loop_wants = None
+                node.storage_hand_offs += 1
+                self.box.work(node.disk_cpu, release)
+                self.box.then(node.disk_cpu, lambda: wait_back(self.now, asleep=False))
+                return
+            self.box.work(node.cpu, release)  # returned before anyone took it: held on
+            self.box.then(node.cpu, piece)
+
+        def wait_back(since: float, asleep: bool = True) -> None:  # it wants the interpreter again
+            if not node.cpu.busy and not node.runq and node.storage_resume is None:
+                woken[0] = asleep  # free: a thread back from its call takes it running
+                piece()
+                return
+            woken[0] = True
+            node.storage_wants = since
+            node.storage_resume = piece
+            if not node.turn_pending:
+                node.turn_pending = True
+                self.box.then(node.cpu, lambda: self._turn(y))
+
         piece()
+
+    def _wake(self, y: int, task: tuple[str, int], run: Callable[[], None]) -> None:
+        """A task of the loop woken while the storage thread holds the interpreter: the loop waits for
+        it from now (it asks a switch interval later: :meth:`_storage_work`)."""
+        node = self.node2(y)
+        if node.storage_holds and node.loop_wants is None:
+            node.loop_wants = self.now
+        super()._wake(y, task, run)
+
+    def _turn(self, y: int) -> None:
+        """The loop's next task, unless the storage thread waits for the interpreter and the loop is
+        idle, or it has waited a switch interval (it asked: the loop drops it after this task)."""
+        node = self.node2(y)
+        if node.cpu.busy:
+            self.box.then(node.cpu, lambda: self._turn(y))
+            return
+        resume = node.storage_resume
+        if resume is not None and (
+            not node.runq or self.now >= node.storage_wants + SWITCH_INTERVAL_S - 1e-12
+        ):
+            node.storage_resume = None
+            resume()
+            if node.runq:
+                self.box.then(node.cpu, lambda: self._turn(y))
+            else:
+                node.turn_pending = False
+            return
+        if not node.runq:
+            node.turn_pending = False
+            return
+        super()._turn(y)
+        if node.storage_resume is not None and not node.turn_pending:
+            node.turn_pending = True
+            self.box.then(node.cpu, lambda: self._turn(y))
 
     # ------------------------------------------------------------------ a node as the daemon is one
     def _run_driver(self, y: int, x: int) -> None:
@@ -546,7 +657,7 @@ class MeshSim2(MeshSim):
         call in it), so the thread waits for them, but no longer than the interpreter's switch interval
         (the daemon sets it at start: then CPython has the loop drop it)."""
         node = self.node2(y)
-        if not node.runq:
+        if not node.runq and not node.storage_holds:
             run()
             return
         done: list[bool] = []
