@@ -169,7 +169,11 @@ class ReplicaHost(Protocol):
 
     async def delta_for(
         self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
-    ) -> QueueDelta | None: ...
+    ) -> QueueDelta | None:
+        """What ``since`` lacks (None: nothing to send). Rows or a queue a commit of ours took between the
+        value's load and the read raise ``GapError`` or ``NotFoundError``: :meth:`Gossip._read_again`
+        reads again, the host does not."""
+        ...
 
     async def verify_delta(self, delta: QueueDelta) -> VerifiedDelta:
         """Check the owner's signatures and the hash chain (IntegrityError if forged); stores nothing."""
