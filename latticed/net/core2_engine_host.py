@@ -236,19 +236,10 @@ class EngineCore2Host:
             now = self._from_recent(q, state, since, max_records, max_bytes)
         if now is not None:
             return now
-        while True:
-            try:
-                return await self._read2(state, since, max_records, max_bytes)
-            except GapError:
-                # The rows ``state`` promised left the store before the read began: a commit meanwhile
-                # froze the queue at a fork point (its rows past it kept aside) or truncated it. No
-                # fault of the peer's (raising closed its link, which the other run of a copied
-                # identity then lacked until it redialled): build it again from the newer value; if
-                # that is not published yet, send nothing now, as that commit's change asks again.
-                newer = core2.loaded(q)
-                if newer is None or newer is state:
-                    return None
-                state = newer
+        # A commit of ours between the value's load and the read (a fork freeze moving rows aside, a
+        # truncation) raises GapError here: the caller's to handle (gossip reads again, from the newer
+        # value, or leaves it to that commit's change), as for any host.
+        return await self._read2(state, since, max_records, max_bytes)
 
     async def _read2(
         self, state: QueueState2, since: queue2.Summary | None, max_records: int, max_bytes: int

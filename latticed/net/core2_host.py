@@ -37,7 +37,9 @@ class Core2Host(Protocol):
     async def delta2_for(
         self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
     ) -> Outgoing2 | None:
-        """``core2_steps.outgoing(state, since, max_records, max_bytes)`` (None: the queue is not held)."""
+        """``core2_steps.outgoing(state, since, max_records, max_bytes)`` (None: the queue is not held).
+        Rows or a queue a commit of ours took between the value's load and the read raise ``GapError`` or
+        ``NotFoundError``: the link driver reads again (``Gossip._read_again``), the host does not."""
         ...
 
     def submit_merge2(self, delta: queue2.Delta, steps: Steps | None, peer: bytes) -> PendingMerge2:

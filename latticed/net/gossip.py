@@ -169,7 +169,11 @@ class ReplicaHost(Protocol):
 
     async def delta_for(
         self, key: QueueKey, since: Summary | None, max_records: int, max_bytes: int
-    ) -> QueueDelta | None: ...
+    ) -> QueueDelta | None:
+        """What ``since`` lacks (None: nothing to send). Rows or a queue a commit of ours took between the
+        value's load and the read raise ``GapError`` or ``NotFoundError``: :meth:`Gossip._read_again`
+        reads again, the host does not."""
+        ...
 
     async def verify_delta(self, delta: QueueDelta) -> VerifiedDelta:
         """Check the owner's signatures and the hash chain (IntegrityError if forged); stores nothing."""
@@ -565,17 +569,27 @@ class Gossip:
         if old is not None:
             # Both sides dialled, or the old link died without either side noticing yet. A link that has
             # been silent for two ping intervals is stale (a fresh handshake just proved the path works, and
-            # both ends see the same silence, so they agree); otherwise keep the connection opened by the
-            # smaller key, so both sides pick the same one.
+            # both ends see the same silence, so they agree). Two links the same run of the peer dialled are
+            # its redial: it said hello on the new one, which it does only on a link it took (it closes a
+            # dial that finds a live link), so it let the old one go; the later handshake is the newer
+            # link. Otherwise (one link dialled by each side) keep the connection opened by the smaller
+            # key, so both sides pick the same one.
             stale = self._is_stale(old)
-            initiator_is_us = via != "incoming"
-            keep_new = stale or (self.local_public_key < peer) == initiator_is_us
+            redial = not stale and _redial(old, via, first)
+            if stale:
+                keep_new = True
+            elif redial:
+                keep_new = stream.handshake.opening_ms > _opening_ms(old)
+            else:
+                keep_new = (self.local_public_key < peer) == (via != "incoming")
             if not keep_new:
-                log_event(log, "peer.duplicate", peer=peer_hex, address=address)
+                log_event(log, "peer.duplicate", peer=peer_hex, address=address, redial=redial)
                 await stream.aclose()
                 return
             if stale:
                 log_event(log, "peer.replaced_stale", peer=peer_hex, address=address)
+            elif redial:
+                log_event(log, "peer.replaced_redial", peer=peer_hex, address=address, old=old.address)
         stream.send_timeout = self.send_timeout
         session = ReplicationSession(
             subscription=self.subscription,
@@ -1340,6 +1354,20 @@ async def _first_message(stream: SecureStream) -> bytes | None:
         except LatticedError:  # closed, or a frame that does not open: the link is not worth keeping
             return None
     return None
+
+
+def _redial(old: PeerLink, via: str, first: bytes | None) -> bool:
+    """Whether a new link whose first message is ``first`` and ``old`` were both dialled by the same run
+    of the peer (its HELLO names ``old``'s incarnation)."""
+    if via != "incoming" or old.via != "incoming" or first is None:
+        return False
+    incarnation = _hello_incarnation(first)
+    return incarnation is not None and incarnation == old.session.peer_incarnation
+
+
+def _opening_ms(link: PeerLink) -> int:
+    """When the peer opened ``link``'s handshake (its clock, ms); a link without a stream never loses."""
+    return link.stream.handshake.opening_ms if link.stream is not None else 2**64
 
 
 def _hello_incarnation(message: bytes) -> bytes | None:

@@ -30,7 +30,7 @@ from latticed.crdt.head import QueueKind, SignedHead
 from latticed.crdt.queue import QueueDelta, QueueState, Summary, VerifiedDelta
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.signing import Identity, parse_public_key
-from latticed.errors import ConnectionClosedError, GapError, LatticedError, NotFoundError
+from latticed.errors import ConnectionClosedError, LatticedError, NotFoundError
 from latticed.host.config import DaemonConfig
 from latticed.host.listen_probe import listen_error
 from latticed.host.netkey import DEFAULT_NETWORK_KEY, load_network_key, network_key_fingerprint
@@ -121,19 +121,12 @@ class EngineHost:
         if ahead is not None and since is not None:
             # Relayed as it came, before our own commit; None: wait for the commit (it pushes again).
             return ahead.delta_from(since)
-        while True:
-            q = self.engine.find(owner, name, kind)
-            value = None if q is None else self.engine.state(q)
-            try:
-                return await self.engine.delta_for(owner, name, since, max_records, kind, max_bytes=max_bytes)
-            except NotFoundError:
-                return None
-            except GapError:
-                # A truncation committed between the value's load and the read took rows it promised: no
-                # fault of the peer's (raising closed its link). Read again from the newer value; if it
-                # is not published yet, send nothing now, as that commit's change asks again.
-                if q is None or self.engine.find(owner, name, kind) != q or self.engine.state(q) is value:
-                    return None  # (or the queue went meanwhile, to core 2 or away: its change says so)
+        # A truncation of ours between the value's load and the read raises GapError: the caller's to
+        # handle (gossip reads again, from the newer value, or leaves it to that commit's change).
+        try:
+            return await self.engine.delta_for(owner, name, since, max_records, kind, max_bytes=max_bytes)
+        except NotFoundError:
+            return None
 
     async def verify_delta(self, delta: QueueDelta) -> VerifiedDelta:
         return await self.engine.verify_delta(delta)

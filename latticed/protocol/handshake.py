@@ -187,6 +187,9 @@ class HandshakeResult:
     receive_header: bytes = field(repr=False)
     #: Responder only: the initiator's clock (sealed in msg1) minus ours, in ms; None on the initiator.
     peer_clock_offset_ms: int | None = None
+    #: msg1's time (the initiator's clock, Unix ms), the same on both ends: of two links one initiator
+    #: opened, the later one is the newer (a recorded opening cannot complete a handshake again).
+    opening_ms: int = 0
 
 
 class Handshake:
@@ -450,6 +453,7 @@ class Handshake:
             receive_key=receive[:KEY_SIZE],
             receive_header=receive[KEY_SIZE : KEY_SIZE + _HEADER_SIZE],
             peer_clock_offset_ms=self._peer_clock_offset_ms,
+            opening_ms=_TIME.unpack_from(self._opening, KEY_SIZE)[0],
         )
         self._state = HandshakeState.DONE
         # Nothing secret needs to outlive the handshake.

@@ -1,11 +1,13 @@
 """The daemon's store as replication's core-2 host: deltas as a link sends them (their bodies as steps)
 merged into another store, a delta that no longer fits storing nothing, a forged one raising, and a
 core-2 delta of a queue held here on core 1 refused without closing anything, and a delta whose rows a
-fork freeze moved aside during its read built again from the frozen value."""
+fork freeze moved aside during its read raising GapError, read again by the link driver from the frozen
+value."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 import shutil
 from pathlib import Path
@@ -16,8 +18,10 @@ import pytest
 from latticed.crdt import queue2
 from latticed.crdt.records import Record, RecordRun, make_record
 from latticed.crdt.signing import Identity
-from latticed.errors import IntegrityError
+from latticed.errors import GapError, IntegrityError
 from latticed.net.core2_engine_host import EngineCore2Host
+from latticed.net.gossip import Gossip, PeerLink
+from latticed.net.replication_service import EngineHost
 from latticed.protocol.core2_wire import Delta2, Summary2, encode2, link_summary
 from latticed.storage.engine import Engine
 from latticed.storage.entries import SqlRows
@@ -214,13 +218,14 @@ async def test_a_relay_builds_the_next_links_delta_from_the_merged_records_witho
         assert out is not None and list(out.delta.records) == [rec("v", 6)] and len(reads) == 1
 
 
-async def test_a_fork_frozen_while_a_delta_is_read_answers_from_the_frozen_value_without_raising(
+async def test_a_fork_frozen_while_a_delta_is_read_is_read_again_from_the_frozen_value(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A relay reads the delta the copy of an identity lacks while the copy's own records arrive and
     freeze the queue at its fork point, moving the rows past it aside: the read finds them gone. That is
     no fault of the peer, and raising closed the link (the copied-identity test saw the copy's row
-    missing until it redialled); the delta is built again from the frozen value instead."""
+    missing until it redialled). The host raises GapError, as every host may; the link driver's read
+    again (the one mechanism, ``Gossip._read_again``) builds the delta from the frozen value."""
     for name in ("owner", "relay"):
         (tmp_path / name).mkdir()
     async with Engine.open(tmp_path / "owner", ALICE) as e:
@@ -253,8 +258,15 @@ async def test_a_fork_frozen_while_a_delta_is_read_answers_from_the_frozen_value
             return await read(fn)
 
         monkeypatch.setattr(b.bridge, "read", after_the_copys_merge)
-        out = await EngineCore2Host(b).delta2_for(key, since, 100, 1 << 20)  # no recent rows: a read
+        host = EngineCore2Host(b)
+        delta2_for = functools.partial(host.delta2_for, key, since, 100, 1 << 20)  # no recent rows: a read
+        with pytest.raises(GapError) as raised:
+            await delta2_for()  # the host leaves the race to its caller: the link driver reads again
         assert raced == [True]
+        gossip = Gossip(EngineHost(b), BOB.public_key, host2=host)
+        peer = PeerLink(b"c" * 32, "10.0.0.2:7000", "incoming", None)  # type: ignore[arg-type]  # for logs
+        out = await gossip._read_again(peer, key, delta2_for, raised.value)
+        assert gossip.counters["delta_reads_raced"] == 1
         frozen = await b.core2.value(q)
         assert frozen.forked and frozen.held == (0, 10)
         # Answered from the frozen value: both signed histories (the fork proof), no record past the

@@ -19,6 +19,7 @@ from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
+from latticed.net import transport
 from latticed.net.gossip import STALE_AFTER_S, Gossip, PeerLink
 from latticed.net.leasing import LeaseLinks
 from latticed.net.transport import secure_accept, secure_connect
@@ -74,12 +75,17 @@ def copied_owner() -> tuple[Daemon, Daemon, Daemon]:
     return first, copy, daemon(RELAY)
 
 
-async def connect(nursery: trio.Nursery, dialler: Daemon, relay: Daemon, address: str) -> None:
+async def connect(nursery: trio.Nursery, dialler: Daemon, relay: Daemon, address: str) -> trio.Event:
+    """``dialler`` dials ``relay`` (from ``address``); the event is set when the dialler's link ends."""
     left, right = trio.testing.memory_stream_pair()
+    ended = trio.Event()
 
     async def dial() -> None:
         stream = await secure_connect(left, seed=dialler.identity.seed, network_key=DEFAULT_NETWORK_KEY)
-        await dialler.gossip.run_peer(stream, "relay:7000", "static")
+        try:
+            await dialler.gossip.run_peer(stream, "relay:7000", "static")
+        finally:
+            ended.set()
 
     async def accept() -> None:
         stream = await secure_accept(right, seed=relay.identity.seed, network_key=DEFAULT_NETWORK_KEY)
@@ -87,6 +93,7 @@ async def connect(nursery: trio.Nursery, dialler: Daemon, relay: Daemon, address
 
     nursery.start_soon(dial)
     nursery.start_soon(accept)
+    return ended
 
 
 async def settle(done: Callable[[], bool]) -> None:
@@ -401,4 +408,103 @@ async def test_a_stale_first_link_replaced_by_the_second_run_itself_is_no_duplic
         await settle(asked_and_answered)
         assert relay.gossip.links[OWNER.public_key].session.peer_incarnation == copy.gossip.incarnation
         assert relay.gossip.counters["duplicate_identities"] == 0 and not relay.gossip.duplicates.recent()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def handshake_clock(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The wall clock every handshake reads (msg1's time, the freshness check): a second later at each
+    read unless a test sets it, so each dial's opening is newer than the one before."""
+    now = [1_800_000_000_000]
+
+    def clock() -> int:
+        now[0] += 1_000
+        return now[0]
+
+    monkeypatch.setattr(transport, "_wall_clock_ms", clock)
+    return now
+
+
+async def test_a_run_that_redials_while_its_old_link_looks_alive_takes_its_place_at_once(
+    handshake_clock: list[int],
+) -> None:
+    """The owner's link went half-open (the owner saw it end, the relay did not) and the owner dials
+    again. Both links were dialled by the same run, the new one later (its handshake's time): the new one
+    takes the old one's place at once whatever the key order (before, the relay kept the old one, and
+    refused each redial, until it was stale: 20 s with the owner in the dark)."""
+    assert RELAY.public_key < OWNER.public_key  # the key order keeps the relay's old incoming link
+    first, relay = daemon(OWNER), daemon(RELAY)
+    first.write(2, now_ms=1_000)
+    async with trio.open_nursery() as nursery:
+        old = await half_open(nursery, relay, first, "10.0.0.1:5001")
+        await connect(nursery, first, relay, "10.0.0.1:5002")
+        await settle(lambda: old.ended and KEY in relay.host.states and relay.state.held_end == 2)
+        assert relay.gossip.links[OWNER.public_key].address == "10.0.0.1:5002"
+        assert not relay.gossip.twins and relay.gossip.counters["duplicate_identities"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_second_run_redialling_while_its_old_link_looks_alive_takes_its_place_at_once(
+    handshake_clock: list[int],
+) -> None:
+    """The same for the second run of a copied identity: its newer link replaces its half-open one at once
+    (it is that run), and the duplicate is confirmed again on it."""
+    first, copy, relay = copied_owner()
+    async with trio.open_nursery() as nursery:
+        await connect(nursery, first, relay, "10.0.0.1:5001")
+        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
+        old = await half_open(nursery, relay, copy, "10.0.0.2:5002")
+        await settle(lambda: relay.gossip.counters["duplicate_identities"] == 1)
+        await connect(nursery, copy, relay, "10.0.0.2:5003")
+        await settle(lambda: old.ended and copy.gossip.identity.refusal() is not None and _forked(relay))
+        assert relay.gossip.twins[OWNER.public_key].address == "10.0.0.2:5003"
+        assert relay.gossip.links[OWNER.public_key].address == "10.0.0.1:5001"
+        assert relay.gossip.counters["duplicate_identities"] == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_link_of_the_same_run_opened_before_the_live_one_does_not_replace_it(
+    handshake_clock: list[int],
+) -> None:
+    """A link whose handshake is older than the live link's (held back on the way, or its packets
+    replayed by someone on the path: a recorded handshake itself cannot complete again) loses to it:
+    the handshake's freshness decides, not the order the relay finished them in."""
+    first, relay = daemon(OWNER), daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        live = await half_open(nursery, relay, first, "10.0.0.1:5001")
+        handshake_clock[0] -= 30_000  # the next opening is dated before the live link's
+        refused = await connect(nursery, first, relay, "10.0.0.1:5002")
+        with trio.fail_after(10):
+            await refused.wait()  # the relay closed it
+        assert relay.gossip.links[OWNER.public_key] is live and not live.ended
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_link_each_side_dialled_is_decided_by_the_key_order(handshake_clock: list[int]) -> None:
+    """One link dialled by each side is a simultaneous dial, not a redial: the owner said hello on both
+    (it may have taken either, its own dial first), so only the key order makes both ends pick the same
+    one, and the handshakes' times (two clocks) do not decide. Here it keeps the relay's own link."""
+    first, relay = daemon(OWNER), daemon(RELAY)
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+
+        async def dial() -> None:
+            stream = await secure_connect(left, seed=RELAY.seed, network_key=DEFAULT_NETWORK_KEY)
+            await relay.gossip.run_peer(stream, "10.0.0.1:7000", "static")
+
+        nursery.start_soon(dial)
+        owner_end = await secure_accept(right, seed=OWNER.seed, network_key=DEFAULT_NETWORK_KEY)
+        hello = Hello(PROTOCOL_VERSION, None, first.gossip.incarnation)
+        await owner_end.send_many([encode_message(hello), encode_message(Digest(()))])
+        await settle(
+            lambda: (
+                (ours := relay.gossip.links.get(OWNER.public_key)) is not None
+                and ours.session.peer_incarnation is not None
+            )
+        )
+        ours = relay.gossip.links[OWNER.public_key]
+        refused = await connect(nursery, first, relay, "10.0.0.1:5002")  # newer, a hello of the same run
+        with trio.fail_after(10):
+            await refused.wait()  # the relay closed it
+        assert relay.gossip.links[OWNER.public_key] is ours and not ours.ended
         nursery.cancel_scope.cancel()

@@ -303,6 +303,8 @@ def test_clocks_within_the_window_complete(skew: int) -> None:
     initiator, responder = make_pair(i_now_ms=NOW + skew, r_replay_cache=ReplayCache())
     run(initiator, responder)
     assert initiator.done and responder.done
+    # Both ends know when the initiator opened the link (its clock): what orders one initiator's links.
+    assert initiator.result.opening_ms == responder.result.opening_ms == NOW + skew
 
 
 def test_msg2_is_bound_to_the_opening_time() -> None:
