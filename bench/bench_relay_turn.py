@@ -225,6 +225,11 @@ def turn(
         del waiting[:n]
         return stored, took
 
+    def committed(loaded: QueueState2) -> tuple[QueueState2, int]:
+        """The waiting pushes the storage thread committed so far, completed (the loaded value then)."""
+        done = next((n for n, (_, j) in enumerate(waiting) if not j.done.is_set()), len(waiting))
+        return complete(loaded, loaded, done) if done else (loaded, 0)
+
     for i in range(1, len(states)):
         if i == warmup + 1 and store is not None:
             storage_from = store.cpu_ns()
@@ -240,9 +245,7 @@ def turn(
             time.sleep(pause)
         early = 0
         if store is not None:  # the linger ran out before K pushes: the daemon learns it from the commit
-            done = next((n for n, (_, j) in enumerate(waiting) if not j.done.is_set()), len(waiting))
-            if done:
-                loaded, early = complete(loaded, loaded, done)
+            loaded, early = committed(loaded)
         t0 = clock()
         if ab is not None:
             pushed = ab.receive()
@@ -251,6 +254,12 @@ def turn(
         assert isinstance(got, Delta2Received)
         t1 = clock()
         push = ahead.check(q, loaded, got.delta, got.steps)
+        if push is None and store is not None:  # a commit ended meanwhile: learnt first, as the daemon does
+            t = clock()
+            loaded, ns = committed(loaded)
+            early += ns
+            t1 += clock() - t  # (the completion counts as such, not as the check)
+            push = ahead.check(q, loaded, got.delta, got.steps)
         assert push is not None, "a live push the relay's event loop verifies"
         if store is None:
             job = _job()
