@@ -199,6 +199,7 @@ def turn(
     waiting: list[tuple[int, Job]] = []
     counted = 0
     storage_from = 0
+
     def complete(loaded: QueueState2, value: QueueState2, n: int) -> tuple[QueueState2, int]:
         """The first ``n`` waiting pushes committed: acknowledged upstream, the links told (the value
         loaded then, and the ns it took on B's side)."""

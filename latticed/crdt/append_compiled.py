@@ -50,6 +50,7 @@ def load() -> Compiled | None:
 
 def checked(
     head: HeadV2,
+    *,
     owner: bytes,
     queue_id: bytes,
     epoch: int,
@@ -67,7 +68,18 @@ def checked(
     if c is None:
         return False
     found = c.columns.appended_head(
-        HeadV2, c.blake2b, c.sign_open, _PERSONS, HEAD2_NAMESPACE, head, owner, queue_id, epoch, base,
-        base_fold, leaves, ours_end,
+        HeadV2,
+        c.blake2b,
+        c.sign_open,
+        _PERSONS,
+        HEAD2_NAMESPACE,
+        head,
+        owner,
+        queue_id,
+        epoch,
+        base,
+        base_fold,
+        leaves,
+        ours_end,
     )
     return found is not None

@@ -116,7 +116,14 @@ def _append(value: Chains, piece: LogDelta) -> Chains | None:
     # A live push's one head, also its start head, is checked in one C pass where built; whatever it
     # does not confirm is checked below (the same checks), which decides.
     if new.start_head is head and append_compiled.checked(
-        head, value.owner, value.queue_id, value.epoch, piece.base, piece.base_fold, leaves, ours.end
+        head,
+        owner=value.owner,
+        queue_id=value.queue_id,
+        epoch=value.epoch,
+        base=piece.base,
+        base_fold=piece.base_fold,
+        leaves=leaves,
+        ours_end=ours.end,
     ):
         return _appended(value, new, ours, leaves)
     # The newest head is usually the start head too (the newest of the highest start): checked once.

@@ -75,7 +75,7 @@ class Bytes(bytes):
 def _outcome(call: Any) -> tuple[str, Any]:
     try:
         return "value", call()
-    except Exception as exc:  # noqa: BLE001 - the type and text are what is compared
+    except Exception as exc:  # the type and text are what is compared
         return type(exc).__name__, str(exc)
 
 
@@ -83,7 +83,7 @@ def _both(value: Chains, piece: epoch_delta.LogDelta) -> tuple[Any, Any]:
     """merge's outcome with the compiled pass, then with it off (the reference), on copies."""
     compiled = _outcome(lambda: epoch_delta.merge(value, _fresh(piece)))
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(append_compiled, "checked", lambda *_: False)
+        m.setattr(append_compiled, "checked", lambda *_, **__: False)
         reference = _outcome(lambda: epoch_delta.merge(value, _fresh(piece)))
     return compiled, reference
 
@@ -113,19 +113,18 @@ def built() -> append_compiled.Compiled:
     pytest.skip(message)
 
 
-def _args(value: Chains, piece: epoch_delta.LogDelta) -> tuple[Any, ...]:
-    ours = value.tips[0].head
-    head = piece.value.tips[0].head
-    return (
-        head,
-        value.owner,
-        value.queue_id,
-        value.epoch,
-        piece.base,
-        piece.base_fold,
-        piece.value.shared,
-        ours.end,
-    )
+def _args(value: Chains, piece: epoch_delta.LogDelta) -> dict[str, Any]:
+    """What ``_append`` passes the compiled check, the head under ``head``."""
+    return {
+        "head": piece.value.tips[0].head,
+        "owner": value.owner,
+        "queue_id": value.queue_id,
+        "epoch": value.epoch,
+        "base": piece.base,
+        "base_fold": piece.base_fold,
+        "leaves": piece.value.shared,
+        "ours_end": value.tips[0].head.end,
+    }
 
 
 @pytest.mark.parametrize(("behind", "ahead"), [(0, 1), (2, 3), (1, 4), (0, 6)])
@@ -134,7 +133,7 @@ def test_a_valid_push_is_confirmed_with_the_leaf_python_computes(
 ) -> None:
     value, piece = _piece(behind, ahead)
     assert len(piece.value.shared) == ahead - behind - 1
-    assert append_compiled.checked(*_args(value, piece))
+    assert append_compiled.checked(**_args(value, piece))
     head = piece.value.tips[0].head
     assert head._leaf == (body_digest(head.body()), head.end)
     assert head._leaf[1] is head.end
@@ -163,10 +162,12 @@ def test_any_head_field_altered_answers_as_python_does(
     if as_subclass and type(replacement) is bytes:
         replacement = Bytes(replacement)
     head = dataclasses.replace(piece.value.tips[0].head, **{field: replacement})
-    altered = dataclasses.replace(piece, value=dataclasses.replace(piece.value, tips=(Tip(head),), start_head=head))
+    altered = dataclasses.replace(
+        piece, value=dataclasses.replace(piece.value, tips=(Tip(head),), start_head=head)
+    )
     compiled, reference = _both(value, altered)
     assert compiled == reference
-    if append_compiled.checked(*_args(value, _fresh(altered))):
+    if append_compiled.checked(**_args(value, _fresh(altered))):
         assert reference[0] == "value"  # confirmed only where Python accepts
 
 
@@ -207,10 +208,12 @@ def test_a_piece_or_our_value_altered_answers_as_python_does(
         signer = OTHER if index % 2 else OWNER
         log = head.log if index % 2 else bytes(32)
         forged = dataclasses.replace(head, log=log).signed(signer)
-        piece = dataclasses.replace(piece, value=dataclasses.replace(new, tips=(Tip(forged),), start_head=forged))
+        piece = dataclasses.replace(
+            piece, value=dataclasses.replace(new, tips=(Tip(forged),), start_head=forged)
+        )
     compiled, reference = _both(value, piece)
     assert compiled == reference
-    if append_compiled.checked(*_args(value, _fresh(piece))):
+    if append_compiled.checked(**_args(value, _fresh(piece))):
         assert reference[0] == "value"
 
 
@@ -219,8 +222,10 @@ def test_a_forged_signature_is_refused_on_both_paths(built: append_compiled.Comp
     head = piece.value.tips[0].head
     flipped = bytes([head.signature[0] ^ 1]) + head.signature[1:]
     forged = dataclasses.replace(head, signature=flipped)
-    bad = dataclasses.replace(piece, value=dataclasses.replace(piece.value, tips=(Tip(forged),), start_head=forged))
-    assert not append_compiled.checked(*_args(value, bad))
+    bad = dataclasses.replace(
+        piece, value=dataclasses.replace(piece.value, tips=(Tip(forged),), start_head=forged)
+    )
+    assert not append_compiled.checked(**_args(value, bad))
     assert forged._leaf is None  # nothing set on what it does not confirm
     compiled, reference = _both(value, bad)
     assert compiled == reference == ("BadSignatureError", "signature does not verify under the owner's key")
@@ -229,5 +234,5 @@ def test_a_forged_signature_is_refused_on_both_paths(built: append_compiled.Comp
 def test_without_the_extension_the_python_path_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     value, piece = _piece(2, 3)
     monkeypatch.setattr(append_compiled, "load", lambda: None)
-    assert not append_compiled.checked(*_args(value, piece))
+    assert not append_compiled.checked(**_args(value, piece))
     assert epoch_delta.merge(value, piece).tips[0].head == LINE[3].tips[0].head

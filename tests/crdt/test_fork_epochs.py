@@ -283,7 +283,7 @@ def test_a_newest_head_that_is_also_the_start_head_is_checked_once(monkeypatch: 
     signature is checked once, and refused when forged; a start head other than the newest is still
     checked. (The Python path: where the compiled pass is built it checks such a head first,
     tests/crdt/test_append_compiled.py.)"""
-    monkeypatch.setattr(append_compiled, "checked", lambda *_: False)
+    monkeypatch.setattr(append_compiled, "checked", lambda *_, **__: False)
     line = extend(ROOT, [("offer", 2), ("offer", 1), ("truncate", 1), ("offer", 1)], b"s")
     checked: list[bytes] = []
     real = head2_module.verify
