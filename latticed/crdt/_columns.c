@@ -1,6 +1,7 @@
 /* latticed.crdt._columns: the column passes of the owner's bulk append, and a core-2 replica's passes
    per version of a catch-up (head bodies rebuilt from log steps, the log folded and its leaves checked,
-   bodies checked against the log and the chain, bodies packed for the store), in C (optional extension).
+   bodies checked against the log and the chain, bodies packed for the store), and a relay's check of a
+   live push's head (appended_head), in C (optional extension).
 
    Each function does in one pass over Python objects what the pure-Python path does with several
    (latticed/crdt/columns_compiled.py and leaf_compiled.py say which, and tests pin the results equal). None of them decides
