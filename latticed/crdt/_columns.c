@@ -1349,7 +1349,7 @@ static PyObject *appended_head(PyObject *self, PyObject *args)
     const unsigned char *person_body, *person_log;
     PyObject **all;
     Py_ssize_t n, i;
-    int k;
+    int k, opened;
     (void) self;
     if (!PyArg_ParseTuple(args, "OKKOOOOOOOOOO", &head_type, &blake2b, &sign_open, &persons, &namespace,
                           &head, &owner, &queue_id, &epoch_obj, &base_obj, &base_fold, &leaves,
@@ -1367,7 +1367,11 @@ static PyObject *appended_head(PyObject *self, PyObject *args)
     }
     for (k = 0; k < 12; k++) {
         if ((fields[k] = PyObject_GetAttr(head, v_names[k])) == NULL) {
-            goto fail;
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                goto fail;
+            }
+            PyErr_Clear();  /* an empty slot: the Python path reads it and raises as it does */
+            goto plain;
         }
     }
     /* The signed layout (HeadV2.check), packed as HeadV2.body does. */
@@ -1424,8 +1428,13 @@ static PyObject *appended_head(PyObject *self, PyObject *args)
     if (values[3] < previous || memcmp(log, PyBytes_AS_STRING(fields[3]), 32) != 0) {
         goto plain;
     }
-    /* The owner's signature over the 232 signed bytes. */
-    if (((sign_open_fn) (uintptr_t) sign_open)(m, &mlen, sm, sizeof sm, (const unsigned char *) PyBytes_AS_STRING(owner)) != 0) {
+    /* The owner's signature over the 232 signed bytes (the GIL released, as cffi's call releases it: sm
+       and m are this frame's, owner an immutable bytes the arguments hold). */
+    Py_BEGIN_ALLOW_THREADS
+    opened = ((sign_open_fn) (uintptr_t) sign_open)(m, &mlen, sm, sizeof sm,
+                                                     (const unsigned char *) PyBytes_AS_STRING(owner));
+    Py_END_ALLOW_THREADS
+    if (opened != 0) {
         goto plain;
     }
     if (((blake2b_fn) (uintptr_t) blake2b)(next, 32, sm + 64, 232, NULL, 0, NULL, person_body) != 0) {

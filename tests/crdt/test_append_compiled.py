@@ -236,3 +236,17 @@ def test_without_the_extension_the_python_path_decides(monkeypatch: pytest.Monke
     monkeypatch.setattr(append_compiled, "load", lambda: None)
     assert not append_compiled.checked(**_args(value, piece))
     assert epoch_delta.merge(value, piece).tips[0].head == LINE[3].tips[0].head
+
+
+@pytest.mark.parametrize("slot", HEAD_FIELDS)
+def test_a_head_with_an_empty_slot_is_left_to_python(built: append_compiled.Compiled, slot: str) -> None:
+    value, piece = _piece(2, 3)
+    head = piece.value.tips[0].head
+    object.__delattr__(head, slot)
+    assert not append_compiled.checked(**_args(value, piece))  # no exception from the pass
+    compiled = _outcome(lambda: epoch_delta.merge(value, piece))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(append_compiled, "checked", lambda *_, **__: False)
+        reference = _outcome(lambda: epoch_delta.merge(value, piece))
+    assert compiled == reference
+    assert compiled[0] == "AttributeError"
