@@ -50,3 +50,12 @@ def test_the_storage_thread_commits_what_it_is_given() -> None:
         assert store.loaded().held == states[2].held
     finally:
         store.close()
+
+
+def test_a_turn_paced_past_the_linger_learns_each_commit_before_the_next_push() -> None:
+    """Paced slower than the storage thread's merge linger, each push commits alone before the next:
+    the relay learns it first (as the daemon does from the commit), and checks the next push against
+    the committed value."""
+    states = bench_relay_turn.line(6)
+    spent = bench_relay_turn.turn(states, warmup=1, every=4, pause=0.025, storage=True)
+    assert spent["storage"] > 0 and spent["complete"] > 0, spent

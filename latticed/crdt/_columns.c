@@ -1,6 +1,7 @@
 /* latticed.crdt._columns: the column passes of the owner's bulk append, and a core-2 replica's passes
    per version of a catch-up (head bodies rebuilt from log steps, the log folded and its leaves checked,
-   bodies checked against the log and the chain, bodies packed for the store), in C (optional extension).
+   bodies checked against the log and the chain, bodies packed for the store), and a relay's check of a
+   live push's head (appended_head), in C (optional extension).
 
    Each function does in one pass over Python objects what the pure-Python path does with several
    (latticed/crdt/columns_compiled.py and leaf_compiled.py say which, and tests pin the results equal). None of them decides
@@ -1297,6 +1298,172 @@ static PyObject *segment_data(PyObject *self, PyObject *args)
     return out;
 }
 
+/* appended_head(head_type, blake2b, sign_open, persons, namespace, head, owner, queue_id, epoch, base,
+   base_fold, leaves, ours_end) -> the head's leaf (digest, end), or None.
+
+   A live push's check in one pass (latticed.crdt.epoch_delta._append, where the piece's one tip's head is
+   also its start head; append_compiled.py): head exactly of head_type with every field of the signed
+   layout (hashes exact bytes of 32, counters exact ints below 2^64, 1 <= version, start <= end <=
+   2^63-1, a signature of exact bytes and 64 long), of queue_id and epoch; leaves a list or tuple of
+   leaves (f_leaf) that fold from base_fold (32 bytes) to the head's log; version == base + len(leaves) +
+   1; ours_end, the leaves' ends and the head's end never going back; and the signature libsodium's
+   crypto_sign_open (by address, as PyNaCl's) accepts over namespace and the packed fields under owner (32
+   bytes). Then the head's leaf (BLAKE2b of the 232 signed bytes, the body's personalisation) is set in
+   its _leaf slot and returned. Reads only the head's slots, the leaves' items and the arguments, each
+   type- and size-checked before use; writes only a 296-byte stack buffer, the libsodium output buffer
+   of the same size and the _leaf slot. It decides no refusal: anything that does not hold answers None
+   and the caller's Python path checks again and raises what it raises. */
+typedef int (*sign_open_fn)(unsigned char *m, unsigned long long *mlen, const unsigned char *sm,
+                            unsigned long long smlen, const unsigned char *pk);
+
+/* An exact int below 2^64 through *out (1), or 0 (another type, negative, too big). */
+static int a_u64(PyObject *obj, unsigned long long *out)
+{
+    if (!PyLong_CheckExact(obj)) {
+        return 0;
+    }
+    *out = PyLong_AsUnsignedLongLong(obj);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether obj is exact bytes of size bytes. */
+static int a_bytes(PyObject *obj, Py_ssize_t size)
+{
+    return PyBytes_CheckExact(obj) && PyBytes_GET_SIZE(obj) == size;
+}
+
+static PyObject *appended_head(PyObject *self, PyObject *args)
+{
+    static const int hashes[5] = {0, 3, 6, 7, 9};      /* 32-byte fields, by slot */
+    static const int numbers[6] = {1, 2, 4, 5, 8, 10}; /* unsigned 64-bit fields, by slot */
+    static const int hash_at[5] = {24, 72, 120, 152, 192};
+    static const int number_at[6] = {56, 64, 104, 112, 184, 224};
+    PyObject *head_type, *persons, *namespace, *head, *owner, *queue_id, *epoch_obj, *base_obj, *base_fold;
+    PyObject *leaves, *ours_end_obj, *fields[12] = {NULL}, *digest_obj = NULL, *leaf = NULL;
+    unsigned long long blake2b, sign_open, epoch, base, ours_end, values[6], previous, mlen;
+    unsigned char sm[64 + 232], m[64 + 232], log[72], next[32];
+    const unsigned char *person_body, *person_log;
+    PyObject **all;
+    Py_ssize_t n, i;
+    int k, opened;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OKKOOOOOOOOOO", &head_type, &blake2b, &sign_open, &persons, &namespace,
+                          &head, &owner, &queue_id, &epoch_obj, &base_obj, &base_fold, &leaves,
+                          &ours_end_obj)) {
+        return NULL;
+    }
+    if (!PyType_Check(head_type) || Py_TYPE(head) != (PyTypeObject *) head_type || blake2b == 0
+        || sign_open == 0 || !a_bytes(persons, 32) || !a_bytes(namespace, 24) || !a_bytes(owner, 32)
+        || !a_bytes(queue_id, 32) || !a_bytes(base_fold, 32) || !a_u64(epoch_obj, &epoch) || !a_u64(base_obj, &base)
+        || !a_u64(ours_end_obj, &ours_end) || (!PyList_CheckExact(leaves) && !PyTuple_CheckExact(leaves))) {
+        Py_RETURN_NONE;
+    }
+    if (v_names_ready() < 0) {
+        return NULL;
+    }
+    for (k = 0; k < 12; k++) {
+        if ((fields[k] = PyObject_GetAttr(head, v_names[k])) == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                goto fail;
+            }
+            PyErr_Clear();  /* an empty slot: the Python path reads it and raises as it does */
+            goto plain;
+        }
+    }
+    /* The signed layout (HeadV2.check), packed as HeadV2.body does. */
+    memcpy(sm + 64, PyBytes_AS_STRING(namespace), 24);
+    for (k = 0; k < 5; k++) {
+        PyObject *field = fields[hashes[k]];
+        if (!PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) != 32) {
+            goto plain;
+        }
+        memcpy(sm + 64 + hash_at[k], PyBytes_AS_STRING(field), 32);
+    }
+    for (k = 0; k < 6; k++) {
+        if (!a_u64(fields[numbers[k]], &values[k])) {
+            goto plain;
+        }
+        v_put_u64(sm + 64 + number_at[k], values[k]);
+    }
+    /* values: epoch, version, start, end, meta_version, timestamp */
+    if (values[1] < 1 || values[2] > values[3] || values[3] > V_MAX_OFFSET) {
+        goto plain;
+    }
+    if (!PyBytes_CheckExact(fields[11]) || PyBytes_GET_SIZE(fields[11]) != 64) {
+        goto plain;
+    }
+    memcpy(sm, PyBytes_AS_STRING(fields[11]), 64);
+    /* This queue's and epoch's, and the version right after the leaves the piece carries. */
+    if (memcmp(PyBytes_AS_STRING(fields[0]), PyBytes_AS_STRING(queue_id), 32) != 0 || values[0] != epoch) {
+        goto plain;
+    }
+    n = PySequence_Fast_GET_SIZE(leaves);
+    all = PySequence_Fast_ITEMS(leaves);
+    if ((unsigned long long) n >= values[1] || values[1] - 1 - (unsigned long long) n != base) {
+        goto plain;
+    }
+    /* The leaves fold from base_fold to the head's log, their ends (after ours) never going back. */
+    person_body = (const unsigned char *) PyBytes_AS_STRING(persons);
+    person_log = person_body + 16;
+    memcpy(log, PyBytes_AS_STRING(base_fold), 32);
+    previous = ours_end;
+    for (i = 0; i < n; i++) {
+        const char *digest;
+        unsigned long long end;
+        if (!f_leaf(all[i], &digest, &end) || end < previous) {
+            goto plain;
+        }
+        previous = end;
+        memcpy(log + 32, digest, 32);
+        v_put_u64(log + 64, end);
+        if (((blake2b_fn) (uintptr_t) blake2b)(next, 32, log, sizeof log, NULL, 0, NULL, person_log) != 0) {
+            goto plain;
+        }
+        memcpy(log, next, 32);
+    }
+    if (values[3] < previous || memcmp(log, PyBytes_AS_STRING(fields[3]), 32) != 0) {
+        goto plain;
+    }
+    /* The owner's signature over the 232 signed bytes (the GIL released, as cffi's call releases it: sm
+       and m are this frame's, owner an immutable bytes the arguments hold). */
+    Py_BEGIN_ALLOW_THREADS
+    opened = ((sign_open_fn) (uintptr_t) sign_open)(m, &mlen, sm, sizeof sm,
+                                                     (const unsigned char *) PyBytes_AS_STRING(owner));
+    Py_END_ALLOW_THREADS
+    if (opened != 0) {
+        goto plain;
+    }
+    if (((blake2b_fn) (uintptr_t) blake2b)(next, 32, sm + 64, 232, NULL, 0, NULL, person_body) != 0) {
+        goto plain;
+    }
+    if ((digest_obj = PyBytes_FromStringAndSize((const char *) next, 32)) == NULL
+        || (leaf = PyTuple_Pack(2, digest_obj, fields[5])) == NULL
+        || PyObject_GenericSetAttr(head, v_names[12], leaf) < 0) {
+        goto fail;
+    }
+    Py_DECREF(digest_obj);
+    for (k = 0; k < 12; k++) {
+        Py_DECREF(fields[k]);
+    }
+    return leaf;
+plain:
+    for (k = 0; k < 12; k++) {
+        Py_XDECREF(fields[k]);
+    }
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(digest_obj);
+    Py_XDECREF(leaf);
+    for (k = 0; k < 12; k++) {
+        Py_XDECREF(fields[k]);
+    }
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"offered", offered, METH_VARARGS, "An offer's records as value and key columns, and their packed size."},
     {"packed", packed, METH_VARARGS, "Value and key columns as the compiled chain hasher takes them."},
@@ -1311,6 +1478,7 @@ static PyMethodDef methods[] = {
     {"packed_bodies", packed_bodies, METH_VARARGS, "Each v2 head's signed bytes and signature."},
     {"unvouched", unvouched, METH_VARARGS, "The bodies a pass over the log and the chain does not confirm."},
     {"fold", fold, METH_VARARGS, "The log folded over leaves, and its value after every stride of them."},
+    {"appended_head", appended_head, METH_VARARGS, "A live push's head, leaves and signature checked in one pass."},
     {NULL, NULL, 0, NULL},
 };
 

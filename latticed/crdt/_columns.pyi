@@ -35,3 +35,19 @@ def are_leaves(items: Sequence[object], /) -> bool | None: ...
 def fold(
     blake2b: int, person: bytes, log: bytes, leaves: Sequence[object], stride: int, /
 ) -> tuple[bytes, list[bytes]] | None: ...
+def appended_head(
+    head_type: type,
+    blake2b: int,
+    sign_open: int,
+    persons: bytes,
+    namespace: bytes,
+    head: object,
+    owner: bytes,
+    queue_id: bytes,
+    epoch: int,
+    base: int,
+    base_fold: bytes,
+    leaves: Sequence[Any],
+    ours_end: int,
+    /,
+) -> tuple[bytes, int] | None: ...

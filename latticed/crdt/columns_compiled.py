@@ -6,7 +6,8 @@ result (tests/crdt/test_columns_compiled.py): ``offered`` splits an offer's deco
 (:func:`latticed.produce.owner.produced_run`), ``packed`` and ``pieces`` lay columns out for the compiled
 chain hasher and cut its answer (:mod:`.chain_compiled`), ``cuts`` finds the owner's signed slices
 (:func:`latticed.crdt.queue.commit.checkpoint_cuts`); ``versions``, ``packed_bodies`` and ``unvouched``
-are :mod:`.leaf_compiled`'s, ``fold`` and ``are_leaves`` :mod:`.fold_compiled`'s. None of
+are :mod:`.leaf_compiled`'s, ``fold`` and ``are_leaves`` :mod:`.fold_compiled`'s, ``appended_head``
+:mod:`.append_compiled`'s. None of
 them decides a verdict: given anything but the plain shape they handle they return None, and the Python
 path checks the input.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from latticed.crdt import append_compiled
 from latticed.crdt.core_errors import EquivocationError, MalformedError
 from latticed.crdt.epochs import Chains, Tip, are_leaves, join, start_rank, verify
 from latticed.crdt.fold_index import prefix_fold
@@ -112,6 +113,19 @@ def _append(value: Chains, piece: LogDelta) -> Chains | None:
     head, leaves = new.tips[0].head, new.shared
     if new.start_head is None:
         raise EquivocationError("tips that do not branch at the shared leaves")
+    # A live push's one head, also its start head, is checked in one C pass where built; whatever it
+    # does not confirm is checked below (the same checks), which decides.
+    if new.start_head is head and append_compiled.checked(
+        head,
+        owner=value.owner,
+        queue_id=value.queue_id,
+        epoch=value.epoch,
+        base=piece.base,
+        base_fold=piece.base_fold,
+        leaves=leaves,
+        ours_end=ours.end,
+    ):
+        return _appended(value, new, ours, leaves)
     # The newest head is usually the start head too (the newest of the highest start): checked once.
     for signed in (head,) if new.start_head == head else (head, new.start_head):
         if signed == value.start_head:
@@ -126,8 +140,16 @@ def _append(value: Chains, piece: LogDelta) -> Chains | None:
     ends = [ours.end, *(end for _, end in leaves), head.end]
     if ends != sorted(ends):
         raise EquivocationError("a chain of heads whose end goes back")
+    return _appended(value, new, ours, leaves)
+
+
+def _appended(value: Chains, new: Chains, ours: HeadV2, leaves: Sequence[Leaf]) -> Chains:
+    """``value`` with the checked piece ``new`` (its ``leaves`` after ``ours``) appended: what
+    :func:`join` gives."""
+    assert new.start_head is not None  # checked by the caller
     start_head = max(value.start_head, new.start_head, key=start_rank)
     shared = grown(value.shared, (ours.leaf(),), leaves)  # our leaves' list, appended to: O(the push)
+    head = new.tips[0].head
     return Chains(value.owner, value.queue_id, value.epoch, shared, (Tip(head),), start_head, value.held_end)
 
 
