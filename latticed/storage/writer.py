@@ -335,6 +335,20 @@ class Writer:
         return None
 
     def _collect(self) -> list[object]:
+        items: list[object] = []
+        target = self._recent_writers()
+        if self._linger > 0 and target > 1:
+            # Several writers lately (a lock-step cohort of clients, each waiting for its ack): wait for
+            # that many jobs at once, at most the linger from now, so the thread wakes once a commit
+            # and not also at the cohort's first job (a wake-up and a turn of the GIL in the middle of
+            # the event loop reading the cohort's requests). A job queued meanwhile waits at most the
+            # linger, as it would have from its own arrival; none queued: wait as below.
+            deadline = time.monotonic() + self._linger
+            self._wait_for_more(items, target, self._linger)
+            if items:
+                if self._merge_linger > 0 and _all_may_linger(items):
+                    return self._linger_merges(items)
+                return self._linger_for(items, target, deadline)
         if self._reclaim or self._kv_compacting:
             try:
                 first = self._queue.get(timeout=_IDLE_S)
@@ -342,27 +356,34 @@ class Writer:
                 return []
         else:
             first = self._queue.get()
-        items = [first]
+        items.append(first)
         self._drain(items)
         if self._merge_linger > 0 and _all_may_linger(items):
             return self._linger_merges(items)
         # Writers seen together recently: a batch may wait (at most the linger) for that many.
+        target = self._recent_writers() if self._linger > 0 else 1
+        return self._linger_for(items, target, time.monotonic() + self._linger)
+
+    def _linger_for(self, items: list[object], target: int, deadline: float) -> list[object]:
+        """Wait until ``items`` hold ``target`` writers or ``deadline`` (``time.monotonic``) passes, and
+        note how many writers the batch has."""
+        writers = _writers(items)
+        while writers < target:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._wait_for_more(items, target - writers, remaining)
+            writers = _writers(items)
+        self._recent_sizes.append((time.monotonic(), writers))
+        return items
+
+    def _recent_writers(self) -> int:
+        """The most writers a batch of the last :data:`_RECENT_S` held (1 if none)."""
         now = time.monotonic()
         recent = self._recent_sizes
         while recent and recent[0][0] < now - _RECENT_S:
             recent.popleft()
-        target = max((size for _, size in recent), default=1)
-        writers = _writers(items)
-        if self._linger > 0 and target > 1 and writers < target:
-            deadline = time.monotonic() + self._linger
-            while writers < target:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._wait_for_more(items, target - writers, remaining)
-                writers = _writers(items)
-        recent.append((time.monotonic(), writers))
-        return items
+        return max((size for _, size in recent), default=1)
 
     def _linger_merges(self, items: list[object]) -> list[object]:
         """Wait for more pushes to join ``items`` (all of them lingering merges), up to the linger; any

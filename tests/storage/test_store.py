@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
 import shutil
 import sqlite3
 import subprocess
@@ -808,3 +809,48 @@ def test_a_lingering_batch_goes_as_soon_as_the_writers_it_waits_for_are_queued(
     t0 = time.monotonic()
     assert len(w._collect()) == 10
     assert time.monotonic() - t0 < 10  # far less than the 30 s linger: the last submit woke it
+
+
+class _CountingQueue(queue.SimpleQueue[object]):
+    """The writer's job queue, counting its blocking gets (each one a wake-up at the next job)."""
+
+    def __init__(self) -> None:
+        self.blocking_gets = 0
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object:
+        if block:
+            self.blocking_gets += 1
+        return super().get(block, timeout)
+
+
+def test_a_cohort_of_writers_seen_lately_is_waited_for_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a batch of ten writers the storage thread waits for the next ten in one wait: it is not
+    also woken by the first of them (a blocking ``get``, a turn of the GIL while the event loop reads the
+    cohort's requests), and a job that comes alone still waits at most the linger."""
+    monkeypatch.setattr("latticed.storage.writer._RECENT_S", 60.0)
+    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW), linger_ms=30_000)
+    jobs = w._queue = _CountingQueue()
+    for _ in range(10):
+        jobs.put(Call(lambda b, wr: None))
+    assert len(w._collect()) == 10
+    gets = jobs.blocking_gets  # the first batch: no writers seen before it, so it waited for its first
+
+    def one_then_nine() -> None:
+        w.submit(Call(lambda b, wr: None))
+        time.sleep(0.05)  # a cohort's requests arrive spread out; the thread must not wake in between
+        for _ in range(9):
+            w.submit(Call(lambda b, wr: None))
+
+    threading.Timer(0.05, one_then_nine).start()
+    t0 = time.monotonic()
+    assert len(w._collect()) == 10
+    assert time.monotonic() - t0 < 10  # woken by the tenth job, not at the end of the 30 s linger
+    assert jobs.blocking_gets == gets  # and not by the first one
+
+    w._linger = 0.2
+    threading.Timer(0.05, w.submit, args=(Call(lambda b, wr: None),)).start()
+    t0 = time.monotonic()
+    assert len(w._collect()) == 1
+    assert 0.15 <= time.monotonic() - t0 < 5  # alone: committed once the linger ran out
