@@ -117,6 +117,12 @@ _MIN_PIECE_S = 0.00001
 #: threads' waits over their times run) over the box's mean of threads runnable beyond the 2 cores (all
 #: waits and CPU over the part's window, less 2): 0.244, 0.327, 0.270 ms; their mean. At N = 4 the same
 #: reads 0.16-0.20 ms (the wait grows faster than the runnable count): not the N = 8 figure's to use.
+#: How long a thread on a core runs on while others wait for one (``Costs.core_slice``): the kernel's
+#: base slice, ``sysctl_sched_base_slice`` (``sched_min_granularity`` before EEVDF), 0.75 ms scaled by
+#: 1 + log2 of the cores (``sched_tunable_scaling`` logarithmic, its default) for bench_mesh's box of 2:
+#: 1.5 ms. Not read from the box (debugfs is not mounted there), not fitted: the daemons' threads run
+#: 0.26-0.35 ms a run (bench/RESULTS.md sim20), so nearly every run ends by blocking, not by the slice.
+BASE_SLICE_S = 0.00075 * (1 + 1)
 CORE2_COSTS = Costs(
     stall_chance=0.015,
     stall=0.01,
@@ -133,6 +139,7 @@ CORE2_COSTS = Costs(
     read=0.0,
     read_record=0.00000055,  # the writer's reader threads per record read
     hop=0.00028,  # a woken thread's run-queue wait per thread runnable beyond the cores (schedstat, N = 8)
+    core_slice=BASE_SLICE_S,  # a core held for a burst: the run-queue wait is the queue's, not ``hop``
 )
 
 
@@ -430,7 +437,7 @@ class MeshSim2(MeshSim):
         ``free`` of ``work`` runs with the interpreter released (``WRITER_GIL_FREE``: the chain hash,
         SQLite's statements, the signature), spread over it: a release after each switch interval of
         held work, as long as its share. A loop waiting then takes the interpreter if it asked already,
-        or if it is scheduled before the call returns (its wake-up on the box, :meth:`Box.wake_wait`,
+        or if it is scheduled before the call returns (its wake-up on the box, :meth:`Box.wait_now`,
         shorter than the release); the released work runs on the storage thread's own core beside it,
         and the storage thread then waits for the interpreter as above. Otherwise the holder takes it
         back at once. ``held``: the thread ran on from its COMMIT holding the interpreter (the COMMIT's
@@ -444,8 +451,13 @@ class MeshSim2(MeshSim):
         release = beside / releases
         run = [0.0]  # held work since the last release
         woken = [not held]
+        beside_core = [False]  # back from a release run on its own core, not asleep meanwhile
 
         def piece() -> None:  # the storage thread holds the interpreter
+            if beside_core[0] and not woken[0] and self.box.slice is not None:
+                self.box.move(node.disk_cpu, node.cpu)  # the same thread: it keeps its core
+                node.role = "storage"
+            beside_core[0] = False
             if woken[0] or node.role != "storage":
                 self.box.wake(node.cpu)
             woken[0] = False
@@ -479,20 +491,22 @@ class MeshSim2(MeshSim):
                 node.storage_holds = False  # dropped at the loop's request: it waits for it to take it
                 node.loop_wants = None
                 node.storage_hand_offs += 1
-                wait_back(self.now + self.box.wake_wait(self.box.runnable()))
+                wait_back(self.now + self.box.wait_now())
             else:
                 piece()
 
         def last() -> None:  # the last release, beside the loop; the COMMIT's own follows (``then``)
+            self.box.move(node.cpu, node.disk_cpu)  # on the storage thread's core, not a new run
             self.box.work(node.disk_cpu, release)
             self.box.then(node.disk_cpu, then)
 
         def released() -> None:  # a blocking call: the interpreter is free until it returns
             asked = node.loop_wants is not None and self.now >= node.loop_wants + SWITCH_INTERVAL_S - 1e-12
-            if node.runq and (asked or self.box.wake_wait(self.box.runnable()) < release):
+            if node.runq and (asked or self.box.wait_now() < release):
                 node.storage_holds = False
                 node.loop_wants = None
                 node.storage_hand_offs += 1
+                self.box.move(node.cpu, node.disk_cpu)
                 self.box.work(node.disk_cpu, release)
                 self.box.then(node.disk_cpu, lambda: wait_back(self.now, asleep=False))
                 return
@@ -502,6 +516,7 @@ class MeshSim2(MeshSim):
         def wait_back(since: float, asleep: bool = True) -> None:  # it wants the interpreter again
             if not node.cpu.busy and not node.runq and node.storage_resume is None:
                 woken[0] = asleep  # free: a thread back from its call takes it running
+                beside_core[0] = not asleep
                 piece()
                 return
             woken[0] = True
