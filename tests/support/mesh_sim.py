@@ -171,7 +171,9 @@ class Box:
         now = self._clock()
         if len(self.running) < self.cores and not self.queue:
             return 0.0
-        frees = [now + min(self._burst_left(t), max(0.0, t.slice_from + self.slice - now)) for t in self.running]
+        frees = [
+            now + min(self._burst_left(t), max(0.0, t.slice_from + self.slice - now)) for t in self.running
+        ]
         frees += [now] * (self.cores - len(frees))
         heapq.heapify(frees)
         for t in self.queue:
@@ -351,7 +353,9 @@ class Box:
             elif segment.wake and i > 0:
                 free += self.wait_now()
             else:
-                free += max(0.0, segment.work - (now - thread.since if i == 0 and thread in self.running else 0.0))
+                free += max(
+                    0.0, segment.work - (now - thread.since if i == 0 and thread in self.running else 0.0)
+                )
         return free
 
     def _held_count(self, thread: CpuThread) -> None:
@@ -430,7 +434,12 @@ class Box:
         self._at(thread.slice_from + self.slice, lambda: self._slice_end(thread))
 
     def _held_due(self, thread: CpuThread, segment: _Segment, stamp: int) -> None:
-        if stamp == thread.stamp and thread in self.running and thread.segments and thread.segments[0] is segment:
+        if (
+            stamp == thread.stamp
+            and thread in self.running
+            and thread.segments
+            and thread.segments[0] is segment
+        ):
             segment.work = 0.0
             self._pop(thread)
 

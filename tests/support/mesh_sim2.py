@@ -27,8 +27,11 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   chain hash, signature, SQLite statements: ``WRITER_GIL_FREE``) or the other, after waiting a switch
   interval, asks it to drop it; so the loop runs in the storage thread's released stretches and at
   most a switch interval after it asked, and the storage thread's work is not cut while the loop is idle;
-* on the box's full cores a thread woken waits for one (``Costs.hop``, measured from the daemons'
-  schedstat): at each hand-off of the interpreter between a node's threads; not after its COMMIT, whose
+* on the box's full cores a thread woken waits for one, in the run queue, and once on a core keeps it
+  for its burst (until it blocks or has run the kernel's base slice while others wait: ``BASE_SLICE_S``,
+  :class:`Box` ``slice_s``; ``Costs.hop``'s even share and wait a wake-up are the processor-sharing
+  box's, sim20): at each hand-off of the interpreter between a node's threads (the storage thread's
+  released work keeps the core it held the interpreter on: ``Box.move``); not after its COMMIT, whose
   measured wait (``sync``) ends with the thread running again: it takes its next batch at once, and the
   commit's callback (the change hook, the ACK2s) is a task of the loop (``run_sync_soon``), as the
   daemons' was.
@@ -138,7 +141,7 @@ CORE2_COSTS = Costs(
     sign_record=0.000000835,  # queue2.commit per record of an API call
     read=0.0,
     read_record=0.00000055,  # the writer's reader threads per record read
-    hop=0.00028,  # a woken thread's run-queue wait per thread runnable beyond the cores (schedstat, N = 8)
+    hop=0.00028,  # processor sharing's wait a wake-up per thread beyond the cores (unused with a slice)
     core_slice=BASE_SLICE_S,  # a core held for a burst: the run-queue wait is the queue's, not ``hop``
 )
 
