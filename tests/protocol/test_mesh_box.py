@@ -230,3 +230,123 @@ def test_storage_work_with_the_interpreter_released_runs_beside_the_loop() -> No
     assert ends["storage"] == pytest.approx(5 * slice_)
     assert sim.node2(1).storage_hand_offs == 1
     assert 0.15 < WRITER_GIL_FREE < 0.3  # as measured: 0.196-0.221 of the writer's storage samples
+
+
+def _slot_box(slice_s: float = 0.0015) -> tuple[_Clock, Box]:
+    clock = _Clock()
+    return clock, Box(2, lambda: clock.now, clock.at, hop=0.001, slice_s=slice_s)
+
+
+def test_a_thread_on_a_core_keeps_it_for_its_burst_until_its_slice_ends() -> None:
+    """With a slice (the kernel's base slice, ``BASE_SLICE_S``; bench/RESULTS.md sim21b) a thread on a
+    core runs its burst at a full core: a thread woken at 0.5 ms behind two 10 ms bursts waits in the
+    run queue (no ``hop``) until the first's slice ends at 1.5 ms, then runs its 1 ms through, done at
+    2.5 ms; processor sharing had it at a third of a core among three. The thread it took the core from
+    goes behind the queue (the one still waiting then), not beside it."""
+    clock, box = _slot_box()
+    first, second, woken = CpuThread(), CpuThread(), CpuThread()
+    ends: dict[str, float] = {}
+    for name, thread in (("first", first), ("second", second)):
+        box.work(thread, 0.010)
+        box.then(thread, lambda name=name: ends.__setitem__(name, clock.now))  # type: ignore[misc]
+
+    def wake() -> None:
+        box.wake(woken)
+        box.work(woken, 0.001)
+        box.then(woken, lambda: ends.__setitem__("woken", clock.now))
+
+    clock.at(0.0005, wake)
+    clock.run()
+    assert ends["woken"] == pytest.approx(0.0025)
+    assert sorted(ends.values())[1:] == [pytest.approx(0.010), pytest.approx(0.011)]
+    assert box.wakes == 1 and box.runs == 5  # two, the woken one, the two taken off and back
+    assert box.waited == pytest.approx(0.001 + 0.0 + 0.001)  # the woken 1 ms; one back at once, one 1 ms
+
+
+def test_a_woken_thread_waits_until_a_thread_on_a_core_blocks() -> None:
+    """Runs shorter than the slice end by blocking (the daemons' threads run 0.26-0.35 ms a run): a
+    thread woken behind two 0.3 ms bursts (each then off the cores, waiting on a socket or its fsync)
+    waits 0.3 ms, the queue's wait, and ``wait_now`` says so before; with a core free it waits none."""
+    clock, box = _slot_box()
+    for _ in range(2):
+        thread = CpuThread()
+        box.work(thread, 0.0003)
+        box.pause(thread, 0.005)
+    assert box.wait_now() == pytest.approx(0.0003)
+    woken, done = CpuThread(), []
+    box.wake(woken)
+    box.work(woken, 0.001)
+    box.then(woken, lambda: done.append(clock.now))
+    assert box.runnable() == 3 and len(box.queue) == 1
+    clock.run()
+    assert done == [pytest.approx(0.0013)]
+    assert box.waited == pytest.approx(0.0003) and box.runs == 3
+    assert box.wait_now() == 0.0
+
+
+def test_three_busy_threads_on_two_cores_take_turns_a_slice_at_a_time() -> None:
+    """Three 1 s threads on two cores end together at ~1.5 s (as an even share would have them), but
+    taking turns of a slice: ~2,000 runs, each waiting about half a slice on average."""
+    clock, box = _slot_box()
+    assert max(_ends(clock, box, [1.0, 1.0, 1.0])) == pytest.approx(1.5, abs=0.002)
+    assert 1990 <= box.runs <= 2010
+    assert box.waited / box.runs == pytest.approx(0.00075, rel=0.01)
+
+
+def test_a_thread_given_work_as_it_ends_a_burst_keeps_its_core() -> None:
+    """Work a thread's waiter gives it at the moment it is done runs on its core (no new run, no
+    wait), though another thread waits for one; the thread done and given nothing gives its core up.
+    (A slice longer than the runs: none is cut.)"""
+    clock, box = _slot_box(slice_s=0.1)
+    other, chained, waiting = CpuThread(), CpuThread(), CpuThread()
+    box.work(other, 0.010)
+    box.work(chained, 0.001)
+    box.then(chained, lambda: box.work(chained, 0.001))
+    box.work(waiting, 0.001)
+    done: list[float] = []
+    box.then(waiting, lambda: done.append(clock.now))
+    clock.run()
+    assert done == [pytest.approx(0.003)]  # after both of the chained thread's bursts, 2 ms together
+    assert box.runs == 3 and box.waited == pytest.approx(0.002)
+
+
+def test_the_storage_thread_keeps_its_core_from_its_held_work_to_its_released_work() -> None:
+    """``Box.move``: the node's thread done with the storage thread's held work, its released part
+    (``disk_cpu``) runs on the same core at once, though threads wait; a thread that took that core at
+    the same moment (the node's loop woken for the interpreter, say) is put back at the queue's head.
+    (A slice longer than the runs: none is cut.)"""
+    clock, box = _slot_box(slice_s=0.1)
+    node, disk, other, loop = CpuThread(), CpuThread(), CpuThread(), CpuThread()
+    box.work(other, 0.010)
+    box.work(node, 0.001)
+    box.work(loop, 0.001)  # queued behind the two
+    ends: dict[str, float] = {}
+
+    def released() -> None:
+        box.move(node, disk)
+        box.work(disk, 0.002)
+        box.then(disk, lambda: ends.__setitem__("disk", clock.now))
+
+    box.then(node, released)
+    box.then(loop, lambda: ends.__setitem__("loop", clock.now))
+    clock.run()
+    assert ends == {"disk": pytest.approx(0.003), "loop": pytest.approx(0.004)}
+    # the node's thread gave its core to another of the node's threads queued (a wake-up) as it ended
+    clock, box = _slot_box(slice_s=0.1)
+    node, disk, other, waiting = CpuThread(), CpuThread(), CpuThread(), CpuThread()
+    box.work(other, 0.010)
+    box.work(node, 0.001)
+    box.work(waiting, 0.001)
+
+    def released_late() -> None:  # the node's thread had queued for the loop when this ran
+        box.move(node, disk)
+        box.work(disk, 0.002)
+        box.then(disk, lambda: ends.__setitem__("disk2", clock.now))
+
+    box.then(node, released_late)
+    box.wake(node)  # the loop, after the storage thread: queues behind ``waiting``
+    box.work(node, 0.001)
+    box.then(waiting, lambda: ends.__setitem__("waiting", clock.now))
+    clock.run()
+    assert ends["disk2"] == pytest.approx(0.003)
+    assert ends["waiting"] == pytest.approx(0.004)  # it took the core at 1 ms, gave it back, then next

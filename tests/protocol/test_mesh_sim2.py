@@ -174,7 +174,13 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     runs on until a blocking call releases it or the other asks after a switch interval; no slice
     queued behind the loop's whole ready batch): DELTA2 0.854 (+13 %), ACK2 0.448 (+28 %), HAVE2
     0.0264 (-5.6 %: met), the bulk 1.13 s (+2.3 %: met), the writer's transaction 8.8-13.7 ms a draw
-    (mean 12.3: ~5.8 ms before its COMMIT against the daemons' 1.2-1.6 median). Pinned, not met."""
+    (mean 12.3: ~5.8 ms before its COMMIT against the daemons' 1.2-1.6 median). Pinned, not met.
+
+    On a box whose threads keep their core for a burst (sim21b, bench/RESULTS.md: ``Costs.core_slice``,
+    the kernel's base slice; no even share, the run-queue wait the queue's): DELTA2 0.768 (+1.6 %: met),
+    ACK2 0.419 (+19 %), HAVE2 0.0239 (-15 %: one linger round in six draws of eight), the bulk 0.997 s
+    (-9.4 %: met), the nodes' CPU 31.6 us a record (-12 %: fewer DELTA2s to cut and verify), the
+    writer's transaction 9.3-13.5 ms a draw (mean 11.8: 5.3 ms before its COMMIT). Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float, float]] = []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -192,11 +198,11 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     deltas, acks, _, _, elapsed, every_node, have2s = (
         sum(f[i] for f in figures) / len(figures) for i in range(7)
     )
-    assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met
-    assert 0.756 * 1.1 < deltas <= 0.756 * 1.2, figures  # not met: +13 %
-    assert 0.351 * 1.2 < acks <= 0.351 * 1.35, figures  # not met: +28 %
-    assert abs(have2s / 0.0280 - 1) <= 0.1, figures  # met: -5.6 %
-    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: +2.3 % (the daemons' 0.96-1.50 s a run)
+    assert 0.85 <= every_node / 0.0000359 < 0.9, figures  # not met: -12 %
+    assert abs(deltas / 0.756 - 1) <= 0.1, figures  # met: +1.6 %
+    assert 0.351 * 1.1 < acks <= 0.351 * 1.25, figures  # not met: +19 %
+    assert 0.0280 * 0.8 <= have2s < 0.0280 * 0.9, figures  # not met: -15 %
+    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: -9.4 % (the daemons' 0.96-1.50 s a run)
     assert 0.0000048 <= sum(f[2] for f in figures) / len(figures) <= 0.0000066, figures
     for _, _, cpu_per_record, per_txn, _, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
@@ -315,7 +321,12 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
     Since the commit's callback waits on the loop behind the storage thread's next batch (sim20b): DELTA2
     0.804-0.983, mean 0.918 (-8.1 %, met); ACK2 0.150-0.208, median 0.201 (+1.5 %), mean 0.192 (-2.9 %,
     met); p99 24-31 ms in four draws, 0.80 s (the linger) in four (not met: the daemons' tail is tens of
-    ms)."""
+    ms).
+
+    On a box whose threads keep their core for a burst (sim21b): DELTA2 0.900-0.982, mean 0.965 (-3.5 %,
+    met); ACK2 0.200-0.315, median 0.204-0.207 (met), mean 0.225 (+13 %, not met: draws 0 and 3, 0.259
+    and 0.315, acknowledge on more eager links); p99 20-38 ms in seven draws, 0.78 s (the linger) in
+    one."""
     delta2, ack2, p99 = [], [], []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -326,8 +337,8 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
         p99.append(sorted(part.last_latency)[148])
     assert abs(sum(delta2) / 8 / 0.999 - 1) <= 0.1, delta2  # met
     assert all(abs(a / 0.198 - 1) <= 0.1 for a in sorted(ack2)[3:5]), ack2  # the median's two: met
-    assert abs(sum(ack2) / 8 / 0.198 - 1) <= 0.1, ack2  # the mean: met, -2.9 %
-    assert sum(0.015 < p < 0.1 for p in p99) >= 4 and max(p99) < 1.0, p99  # four at the linger
+    assert 1.1 < sum(ack2) / 8 / 0.198 <= 1.15, ack2  # the mean: not met, +13 %
+    assert sum(0.015 < p < 0.1 for p in p99) >= 7 and max(p99) < 1.0, p99  # one at the linger
 
 
 def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:

@@ -93,6 +93,14 @@ class CpuThread:
     idle_since: float = 0.0
     #: Until when the progress of its current work was counted.
     since: float = 0.0
+    #: A box of cores held for a burst (``Box.slice``): when it got its core, when it joined the run
+    #: queue, and which of its planned ends and slice ends count.
+    slice_from: float = 0.0
+    queued_at: float = 0.0
+    stamp: int = 0
+    #: When it last gave its core up, and the thread queued that took it then (``Box.move``).
+    left_at: float = -1.0
+    successor: CpuThread | None = None
 
     @property
     def busy(self) -> bool:
@@ -113,6 +121,14 @@ class Box:
     nothing while a core is free. Processor sharing alone started a woken thread at once, so a hop of
     little work was free, where the daemons' threads waited ~1.3 ms a wake-up on a full box (bench/
     RESULTS.md, sim19b). 0: no wait.
+    ``slice_s`` set (and ``cores``): no processor sharing. A thread runnable takes a free core, or joins
+    the run queue (first come first served) until one frees; once on a core it keeps it for its whole
+    burst, at a full core, until it blocks (its work done, a pause, a wake-up of another of its node's
+    threads: ``wake`` then gives the core up and queues again) or it has run ``slice_s`` while another
+    waits (then it goes behind them). So a woken thread's run-queue wait is the queue's, not ``hop``:
+    Linux's scheduler (EEVDF since 6.6; CFS before) lets the running task run to its slice
+    (``RUN_TO_PARITY``) rather than share it evenly; bench/RESULTS.md sim21 found the daemons' writer's
+    storage thread running its 1.2 ms before the COMMIT through, where the even share stretched it.
     Events go through ``at`` (the simulation's queue), time through ``clock``: a thread's waiters run as
     events of their own once what it had to do when they came is done."""
 
@@ -122,10 +138,17 @@ class Box:
         clock: Callable[[], float],
         at: Callable[[float, Callable[[], None]], None],
         hop: float = 0.0,
+        slice_s: float | None = None,
     ) -> None:
         self.cores = cores
         self._clock, self._at = clock, at
-        self.hop = hop if cores is not None else 0.0
+        #: Held for a burst (see :class:`Box`'s ``slice_s``): the run-queue wait is the queue's, no ``hop``.
+        self.slice = slice_s if cores is not None else None
+        self.hop = hop if cores is not None and self.slice is None else 0.0
+        #: With ``slice``: the threads runnable without a core, first come first served.
+        self.queue: deque[CpuThread] = deque()
+        #: With ``slice``: times a thread got a core, as schedstat's "times run" counts them.
+        self.runs = 0
         #: Threads whose current segment is work, in the order they became so (deterministic).
         self.running: dict[CpuThread, None] = {}
         #: Threads in a run-queue wait now (runnable, not running), and every such wait begun and summed.
@@ -136,7 +159,36 @@ class Box:
 
     def runnable(self) -> int:
         """Threads that want a core now: running, or woken and waiting for one."""
-        return len(self.running) + self.waking
+        return len(self.running) + self.waking + len(self.queue)
+
+    def wait_now(self) -> float:
+        """How long a thread woken now would wait for a core: ``wake_wait`` of the threads runnable; with
+        ``slice``, until the queue ahead of it has had its turns (each thread's current work, at most a
+        slice; a running thread's as planned now)."""
+        if self.slice is None:
+            return self.wake_wait(self.runnable())
+        assert self.cores is not None
+        now = self._clock()
+        if len(self.running) < self.cores and not self.queue:
+            return 0.0
+        frees = [
+            now + min(self._burst_left(t), max(0.0, t.slice_from + self.slice - now)) for t in self.running
+        ]
+        frees += [now] * (self.cores - len(frees))
+        heapq.heapify(frees)
+        for t in self.queue:
+            heapq.heappush(frees, heapq.heappop(frees) + min(self._burst_left(t), self.slice))
+        return frees[0] - now
+
+    def _burst_left(self, thread: CpuThread) -> float:
+        """The CPU ``thread`` has before it blocks, as far as it is known now."""
+        left, now = 0.0, self._clock()
+        for i, segment in enumerate(thread.segments):
+            if segment.pause is not None or (segment.wake and i > 0):
+                break
+            done = now - thread.since if i == 0 and thread in self.running else 0.0
+            left += max(0.0, segment.work - done)
+        return left
 
     def wake_wait(self, runnable: int) -> float:
         """How long a thread woken with ``runnable`` others wanting a core waits for one."""
@@ -144,8 +196,9 @@ class Box:
 
     def wake(self, thread: CpuThread) -> None:
         """``thread`` is woken after what it has: it waits for a core (``wake_wait`` of the threads
-        runnable when it wakes) before its next work. Nothing without ``hop``."""
-        if not self.hop:
+        runnable when it wakes) before its next work. Nothing without ``hop``. With ``slice``: it gives
+        up its core if it has one and queues for one (its wait the queue's)."""
+        if not self.hop and self.slice is None:
             return
         thread.segments.append(_Segment(wake=True))
         if len(thread.segments) == 1:
@@ -160,7 +213,14 @@ class Box:
         """``thread`` has ``seconds`` of CPU work to do after what it has."""
         tail = thread.segments[-1] if thread.segments else None
         if tail is not None and tail.pause is None and not tail.wake and not tail.waiters:  # longer
-            if tail is thread.segments[0]:
+            if tail is thread.segments[0] and self.slice is not None:
+                if thread in self.running:
+                    self._held_count(thread)
+                    tail.work += seconds
+                    self._held_plan(thread)
+                else:
+                    tail.work += seconds
+            elif tail is thread.segments[0]:
                 self._count(thread)
                 tail.work += seconds
                 self._plan(thread)
@@ -186,6 +246,8 @@ class Box:
 
     def free_at(self, thread: CpuThread) -> float:
         """When ``thread`` would be done with what it has if the runnable set stayed as it is."""
+        if self.slice is not None:
+            return self._held_free_at(thread)
         now, share = self._clock(), self.share()
         free = now
         for i, segment in enumerate(thread.segments):
@@ -214,6 +276,9 @@ class Box:
 
     def _begin(self, thread: CpuThread) -> None:
         """``thread``'s first segment starts: a pause ends by the clock, work makes it runnable."""
+        if self.slice is not None:
+            self._held_begin(thread)
+            return
         segment = thread.segments[0]
         if segment.wake:
             segment.pause = self.wake_wait(self.runnable())
@@ -277,6 +342,170 @@ class Box:
             thread.idle_since = now
         if self.cores is not None and segment.pause is None:
             self._plan_shared()
+
+    # the scheduler with ``slice``: a core held for a burst
+    def _held_free_at(self, thread: CpuThread) -> float:
+        now = self._clock()
+        free = now if thread in self.running or not thread.busy else now + self.wait_now()
+        for i, segment in enumerate(thread.segments):
+            if segment.pause is not None:
+                free = max(free, segment.ends) if i == 0 else free + segment.pause
+            elif segment.wake and i > 0:
+                free += self.wait_now()
+            else:
+                free += max(
+                    0.0, segment.work - (now - thread.since if i == 0 and thread in self.running else 0.0)
+                )
+        return free
+
+    def _held_count(self, thread: CpuThread) -> None:
+        now = self._clock()
+        thread.segments[0].work -= now - thread.since
+        thread.since = now
+
+    def _held_plan(self, thread: CpuThread) -> None:
+        """Plan the end of the running ``thread``'s current work (a full core: its work from now)."""
+        thread.stamp += 1
+        stamp, segment = thread.stamp, thread.segments[0]
+        self._at(thread.since + max(0.0, segment.work), lambda: self._held_due(thread, segment, stamp))
+
+    def _held_begin(self, thread: CpuThread) -> None:
+        """``thread``'s first segment starts: work runs on its core or queues for one; a wake-up gives
+        the core up and queues; a pause gives it up until it ends."""
+        segment = thread.segments[0]
+        if segment.wake:
+            self.wakes += 1
+            if thread in self.running:
+                self._leave(thread)
+            self._enqueue(thread)
+        elif segment.pause is not None:
+            if thread in self.running:
+                self._leave(thread)
+            segment.ends = self._clock() + segment.pause
+            self._at(segment.ends, lambda: self._held_paused(thread, segment))
+        elif thread in self.running:
+            thread.since = self._clock()
+            self._held_plan(thread)
+        else:
+            self._enqueue(thread)
+
+    def _enqueue(self, thread: CpuThread) -> None:
+        thread.queued_at = self._clock()
+        self.queue.append(thread)
+        self._dispatch()
+
+    def _leave(self, thread: CpuThread) -> None:
+        thread.stamp += 1  # its planned ends no longer count
+        del self.running[thread]
+        queued = self.queue[0] if self.queue else None
+        self._dispatch()
+        thread.left_at = self._clock()
+        thread.successor = queued if queued is not None and queued in self.running else None
+
+    def _dispatch(self) -> None:
+        """Free cores to the threads queued longest; a woken thread's wake-up ends on its core."""
+        assert self.cores is not None and self.slice is not None
+        while self.queue and len(self.running) < self.cores:
+            thread = self.queue.popleft()
+            now = self._clock()
+            self.runs += 1
+            self.waited += now - thread.queued_at
+            self.running[thread] = None
+            thread.since = thread.slice_from = now
+            self._at(now + self.slice, lambda t=thread: self._slice_end(t))  # type: ignore[misc]
+            if thread.segments[0].wake:
+                self._pop(thread)
+            else:
+                self._held_plan(thread)
+
+    def _slice_end(self, thread: CpuThread) -> None:
+        """``thread`` has run a slice: behind those waiting, if any; else on for another. (A run that
+        ended since, or began later, has its own.)"""
+        assert self.slice is not None
+        if thread not in self.running or thread.slice_from + self.slice - self._clock() > _DONE_S:
+            return
+        head = thread.segments[0] if thread.segments else None
+        if self.queue and head is not None and not head.wake and head.pause is None:
+            self._held_count(thread)
+            self._leave(thread)
+            self._enqueue(thread)
+            return
+        thread.slice_from = self._clock()
+        self._at(thread.slice_from + self.slice, lambda: self._slice_end(thread))
+
+    def _held_due(self, thread: CpuThread, segment: _Segment, stamp: int) -> None:
+        if (
+            stamp == thread.stamp
+            and thread in self.running
+            and thread.segments
+            and thread.segments[0] is segment
+        ):
+            segment.work = 0.0
+            self._pop(thread)
+
+    def _pop(self, thread: CpuThread) -> None:
+        """The running ``thread``'s first segment is done: its waiters run, it goes on to the next."""
+        now = self._clock()
+        segment = thread.segments.popleft()
+        for action in segment.waiters:
+            self._at(now, action)
+        if thread.segments:
+            self._held_begin(thread)
+        else:
+            thread.idle_since = now
+            self._at(now, lambda: self._idle(thread))  # after its waiters: work they give it runs on
+
+    def move(self, src: CpuThread, dst: CpuThread) -> None:
+        """The thread that ran as ``src`` goes on as ``dst`` (the simulator's node thread stands for
+        whichever of a daemon's threads holds its interpreter; its storage thread's released work runs
+        on ``disk_cpu``): with ``slice``, ``dst`` keeps the core ``src`` has if it is done with its work,
+        no new run and no queue. Nothing otherwise (processor sharing has no cores to keep)."""
+        if self.slice is None or dst in self.running:
+            return
+        now = self._clock()
+        if src in self.running and not src.segments:
+            src.stamp += 1
+            del self.running[src]
+        elif src.left_at == now and (src.successor is None or src.successor.since == now):
+            # it gave its core up at this moment (another of the node's threads queued for the
+            # interpreter, or it went idle): it has it still, the thread that took it queues again
+            taker = src.successor
+            src.left_at = -1.0
+            if taker is not None and taker in self.running:
+                taker.stamp += 1
+                del self.running[taker]
+                self.runs -= 1
+                self.waited -= now - taker.queued_at
+                self.queue.appendleft(taker)
+            elif len(self.running) >= (self.cores or 0):
+                return
+        else:
+            return
+        if dst in self.queue:
+            self.queue.remove(dst)
+            self.waited += self._clock() - dst.queued_at
+        self.running[dst] = None
+        dst.since, dst.slice_from = self._clock(), src.slice_from
+        self._at(dst.slice_from + self.slice, lambda: self._slice_end(dst))
+        if dst.segments:
+            if dst.segments[0].wake:
+                self._pop(dst)
+            elif dst.segments[0].pause is None:
+                self._held_plan(dst)
+
+    def _idle(self, thread: CpuThread) -> None:
+        if thread in self.running and not thread.segments:
+            self._leave(thread)
+
+    def _held_paused(self, thread: CpuThread, segment: _Segment) -> None:
+        now = self._clock()
+        thread.segments.popleft()
+        for action in segment.waiters:
+            self._at(now, action)
+        if thread.segments:
+            self._held_begin(thread)
+        else:
+            thread.idle_since = now
 
 
 def counted_name(message: bytes) -> str:
@@ -370,6 +599,10 @@ class Costs:
     #: at each hop between a node's threads and each slice of its storage thread's work (``MeshSim2``).
     #: 0: a woken thread runs at once (core 1's calibration had no such wait).
     hop: float = 0.0
+    #: How long a thread on a core keeps it while others wait (:class:`Box` ``slice_s``): set, a thread
+    #: runs its burst at a full core once it has one and a woken thread waits in the run queue (``hop``
+    #: unused); None: processor sharing with ``hop``'s wait a wake-up.
+    core_slice: float | None = None
     #: The writer's event loop per API call of its client, and per record offered in it (``api/server``:
     #: the call decoded, records built); the rest of a call is its commit on the storage thread (chain
     #: hashed, batch signed, written: ``storage/writer.py``, ``commit`` and ``commit_record``). Together
@@ -479,7 +712,7 @@ class MeshSim:
     link_deltas: Counter[tuple[int, int]] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self.box = Box(self.costs.cores, lambda: self.now, self._at, self.costs.hop)
+        self.box = Box(self.costs.cores, lambda: self.now, self._at, self.costs.hop, self.costs.core_slice)
         self.owner = Identity.from_seed(b"w" * 32)
         self.key: QueueKey = (self.owner.public_key, "mesh", 0)
         self.edges = mesh_topology(self.n, self.degree, self.seed)

@@ -27,8 +27,11 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   chain hash, signature, SQLite statements: ``WRITER_GIL_FREE``) or the other, after waiting a switch
   interval, asks it to drop it; so the loop runs in the storage thread's released stretches and at
   most a switch interval after it asked, and the storage thread's work is not cut while the loop is idle;
-* on the box's full cores a thread woken waits for one (``Costs.hop``, measured from the daemons'
-  schedstat): at each hand-off of the interpreter between a node's threads; not after its COMMIT, whose
+* on the box's full cores a thread woken waits for one, in the run queue, and once on a core keeps it
+  for its burst (until it blocks or has run the kernel's base slice while others wait: ``BASE_SLICE_S``,
+  :class:`Box` ``slice_s``; ``Costs.hop``'s even share and wait a wake-up are the processor-sharing
+  box's, sim20): at each hand-off of the interpreter between a node's threads (the storage thread's
+  released work keeps the core it held the interpreter on: ``Box.move``); not after its COMMIT, whose
   measured wait (``sync``) ends with the thread running again: it takes its next batch at once, and the
   commit's callback (the change hook, the ACK2s) is a task of the loop (``run_sync_soon``), as the
   daemons' was.
@@ -117,6 +120,12 @@ _MIN_PIECE_S = 0.00001
 #: threads' waits over their times run) over the box's mean of threads runnable beyond the 2 cores (all
 #: waits and CPU over the part's window, less 2): 0.244, 0.327, 0.270 ms; their mean. At N = 4 the same
 #: reads 0.16-0.20 ms (the wait grows faster than the runnable count): not the N = 8 figure's to use.
+#: How long a thread on a core runs on while others wait for one (``Costs.core_slice``): the kernel's
+#: base slice, ``sysctl_sched_base_slice`` (``sched_min_granularity`` before EEVDF), 0.75 ms scaled by
+#: 1 + log2 of the cores (``sched_tunable_scaling`` logarithmic, its default) for bench_mesh's box of 2:
+#: 1.5 ms. Not read from the box (debugfs is not mounted there), not fitted: the daemons' threads run
+#: 0.26-0.35 ms a run (bench/RESULTS.md sim20), so nearly every run ends by blocking, not by the slice.
+BASE_SLICE_S = 0.00075 * (1 + 1)
 CORE2_COSTS = Costs(
     stall_chance=0.015,
     stall=0.01,
@@ -132,7 +141,8 @@ CORE2_COSTS = Costs(
     sign_record=0.000000835,  # queue2.commit per record of an API call
     read=0.0,
     read_record=0.00000055,  # the writer's reader threads per record read
-    hop=0.00028,  # a woken thread's run-queue wait per thread runnable beyond the cores (schedstat, N = 8)
+    hop=0.00028,  # processor sharing's wait a wake-up per thread beyond the cores (unused with a slice)
+    core_slice=BASE_SLICE_S,  # a core held for a burst: the run-queue wait is the queue's, not ``hop``
 )
 
 
@@ -430,7 +440,7 @@ class MeshSim2(MeshSim):
         ``free`` of ``work`` runs with the interpreter released (``WRITER_GIL_FREE``: the chain hash,
         SQLite's statements, the signature), spread over it: a release after each switch interval of
         held work, as long as its share. A loop waiting then takes the interpreter if it asked already,
-        or if it is scheduled before the call returns (its wake-up on the box, :meth:`Box.wake_wait`,
+        or if it is scheduled before the call returns (its wake-up on the box, :meth:`Box.wait_now`,
         shorter than the release); the released work runs on the storage thread's own core beside it,
         and the storage thread then waits for the interpreter as above. Otherwise the holder takes it
         back at once. ``held``: the thread ran on from its COMMIT holding the interpreter (the COMMIT's
@@ -444,8 +454,13 @@ class MeshSim2(MeshSim):
         release = beside / releases
         run = [0.0]  # held work since the last release
         woken = [not held]
+        beside_core = [False]  # back from a release run on its own core, not asleep meanwhile
 
         def piece() -> None:  # the storage thread holds the interpreter
+            if beside_core[0] and not woken[0] and self.box.slice is not None:
+                self.box.move(node.disk_cpu, node.cpu)  # the same thread: it keeps its core
+                node.role = "storage"
+            beside_core[0] = False
             if woken[0] or node.role != "storage":
                 self.box.wake(node.cpu)
             woken[0] = False
@@ -479,20 +494,22 @@ class MeshSim2(MeshSim):
                 node.storage_holds = False  # dropped at the loop's request: it waits for it to take it
                 node.loop_wants = None
                 node.storage_hand_offs += 1
-                wait_back(self.now + self.box.wake_wait(self.box.runnable()))
+                wait_back(self.now + self.box.wait_now())
             else:
                 piece()
 
         def last() -> None:  # the last release, beside the loop; the COMMIT's own follows (``then``)
+            self.box.move(node.cpu, node.disk_cpu)  # on the storage thread's core, not a new run
             self.box.work(node.disk_cpu, release)
             self.box.then(node.disk_cpu, then)
 
         def released() -> None:  # a blocking call: the interpreter is free until it returns
             asked = node.loop_wants is not None and self.now >= node.loop_wants + SWITCH_INTERVAL_S - 1e-12
-            if node.runq and (asked or self.box.wake_wait(self.box.runnable()) < release):
+            if node.runq and (asked or self.box.wait_now() < release):
                 node.storage_holds = False
                 node.loop_wants = None
                 node.storage_hand_offs += 1
+                self.box.move(node.cpu, node.disk_cpu)
                 self.box.work(node.disk_cpu, release)
                 self.box.then(node.disk_cpu, lambda: wait_back(self.now, asleep=False))
                 return
@@ -502,6 +519,7 @@ class MeshSim2(MeshSim):
         def wait_back(since: float, asleep: bool = True) -> None:  # it wants the interpreter again
             if not node.cpu.busy and not node.runq and node.storage_resume is None:
                 woken[0] = asleep  # free: a thread back from its call takes it running
+                beside_core[0] = not asleep
                 piece()
                 return
             woken[0] = True
