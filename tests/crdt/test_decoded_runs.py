@@ -18,8 +18,7 @@ from latticed.crdt.leaf_bodies import Decoded
 from latticed.crdt.queue2 import replica_deltas
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
-from latticed.protocol import core2_wire
-from latticed.protocol import core2_steps
+from latticed.protocol import core2_steps, core2_wire
 from latticed.protocol.core2_steps import outgoing, unpack_steps
 
 OWNER = Identity.from_seed(b"o" * 32)
