@@ -207,3 +207,30 @@ def test_a_slice_of_runs_keeps_a_run_covered_whole() -> None:
         runs[len(runs)]
     with pytest.raises(ValueError, match="lengths"):
         StepRun(lazy[0].prev, lazy[0].leaves, (), b"", (0, b"", []))
+
+
+def test_a_fork_met_after_a_lazy_catch_up_cuts_and_keeps_evidence_as_with_bodies_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The owner's copy signs another history from version 21 on: a replica caught up on the first one
+    (runs not built, or bodies built) freezes at the fork point with the same records, bodies and
+    evidence."""
+    shared = owner_state(list(range(10, 30)))
+    mine = shared
+    for i in range(15):
+        mine = queue2.commit(mine, OWNER, now_ms=100 + i, records=[make_record(b"m%d" % i, timestamp=i)])
+    other = queue2.commit(shared, OWNER, now_ms=500, records=[make_record(b"copy", timestamp=1)])
+    lazy, _ = catch_up(mine, 8)
+    with monkeypatch.context() as m:
+        m.setattr(core2_steps, "_lazy", lambda *a, **k: None)
+        built, _ = catch_up(mine, 8)
+    assert type(lazy.bodies) is Runs and type(built.bodies) is not Runs
+    assert lazy.records() == mine.records()
+    merged = []
+    for state in (lazy, built):
+        d = queue2.delta(other, queue2.summary(state))
+        merged.append(queue2.join_verified(state, queue2.verify_delta(state, d)))
+    (a, b) = merged
+    assert a.state.forked and b.state.forked and a.state.held == b.state.held
+    assert a.state.records() == b.state.records() and a.evidence == b.evidence and a.evidence
+    assert len(a.state.bodies) == len(b.state.bodies) and all(map(same, a.state.bodies, b.state.bodies))
