@@ -435,10 +435,10 @@ static PyObject *versions(PyObject *self, PyObject *args)
     unsigned long long start_made = 0, meta_version_made = 0;
     const unsigned char *raw, *person_body, *person_log;
     unsigned char body[232], link[72], digest[32];
-    Py_ssize_t at = 0, size, ns, offsets[13];
+    Py_ssize_t at = 0, size, ns, offsets[13], made = 0;
     blake2b_fn hash;
     PyTypeObject *type;
-    int i, direct;
+    int i, direct, compact;
     (void) self;
     if (!PyArg_ParseTuple(args, "OKO!O!O!O!O!OKO!|O!O!", &head_type, &blake2b, &PyBytes_Type, &persons,
                           &PyBytes_Type, &namespace, &PyTuple_Type, &prev, &PyBytes_Type, &log,
@@ -455,12 +455,17 @@ static PyObject *versions(PyObject *self, PyObject *args)
             return NULL;
         }
     }
-    if (!PyType_Check(head_type) || PyBytes_GET_SIZE(persons) != 32 || PyTuple_GET_SIZE(prev) != 9
+    /* head_type None: the compact form. No body object is built: each version's timestamp goes into
+       the bytes returned (native unsigned 64-bit, one a version) beside the leaves and logs, which it
+       needs; steps that move the start or the metadata, or send a leaf, are left to the full form. */
+    compact = head_type == Py_None;
+    if ((!compact && !PyType_Check(head_type)) || (compact && (leaves_out == NULL || logs_out == NULL))
+        || PyBytes_GET_SIZE(persons) != 32 || PyTuple_GET_SIZE(prev) != 9
         || PyBytes_GET_SIZE(log) != 32 || (ns = PyBytes_GET_SIZE(namespace)) != 24) {
         Py_RETURN_NONE;
     }
-    type = (PyTypeObject *) head_type;
-    direct = v_offsets(type, offsets) == 0;
+    type = compact ? NULL : (PyTypeObject *) head_type;
+    direct = compact ? 0 : v_offsets(type, offsets) == 0;
     hash = (blake2b_fn) (uintptr_t) blake2b;
     person_body = (const unsigned char *) PyBytes_AS_STRING(persons);
     person_log = person_body + 16;
@@ -490,7 +495,8 @@ static PyObject *versions(PyObject *self, PyObject *args)
     }
     raw = (const unsigned char *) PyBytes_AS_STRING(raw_obj);
     size = PyBytes_GET_SIZE(raw_obj);
-    out = PyList_New(0);
+    /* A version takes at least two bytes of steps: at most size / 2 timestamps. */
+    out = compact ? PyBytes_FromStringAndSize(NULL, (size / 2 + 1) * 8) : PyList_New(0);
     empty = PyBytes_FromStringAndSize(NULL, 0);
     if (out == NULL || empty == NULL) {
         goto fail;
@@ -505,6 +511,9 @@ static PyObject *versions(PyObject *self, PyObject *args)
         }
         end += step;
         version += 1;
+        if (compact && flags != 0) {
+            goto plain;
+        }
         if (flags & V_LEAF) {
             if (flags != V_LEAF || at + 32 > size) {
                 goto plain;
@@ -583,6 +592,25 @@ static PyObject *versions(PyObject *self, PyObject *args)
             if (hash(link + 32, 32, body, sizeof body, NULL, 0, NULL, person_body) != 0) {
                 goto plain;
             }
+            if (compact) {
+                memcpy(PyBytes_AS_STRING(out) + 8 * made, &timestamp, 8);
+                made += 1;
+                digest_obj = PyBytes_FromStringAndSize((const char *) link + 32, 32);
+                end_obj = PyLong_FromUnsignedLongLong(end);
+                leaf = digest_obj && end_obj ? PyTuple_Pack(2, digest_obj, end_obj) : NULL;
+                Py_XDECREF(digest_obj);
+                Py_XDECREF(end_obj);
+                if (leaf == NULL) {
+                    goto fail_log;
+                }
+                v_untrack(leaf);
+                if (PyList_Append(leaves_out, leaf) < 0) {
+                    Py_DECREF(leaf);
+                    goto fail_log;
+                }
+                Py_DECREF(leaf);
+                goto folded;
+            }
             item = type->tp_alloc(type, 0);
             digest_obj = PyBytes_FromStringAndSize((const char *) link + 32, 32);
             end_obj = PyLong_FromUnsignedLongLong(end);
@@ -649,6 +677,7 @@ static PyObject *versions(PyObject *self, PyObject *args)
                 Py_DECREF(item);
             }
         }
+    folded:
         /* log = H_log(log | digest | end) */
         if (logs_out != NULL && PyList_Append(logs_out, log) < 0) {
             goto fail_log;
@@ -674,6 +703,9 @@ static PyObject *versions(PyObject *self, PyObject *args)
         }
     }
     if (logs_out != NULL && PyList_Append(logs_out, log) < 0) {
+        goto fail_log;
+    }
+    if (compact && _PyBytes_Resize(&out, 8 * made) < 0) {
         goto fail_log;
     }
     Py_DECREF(log);

@@ -17,7 +17,7 @@ def segment_data(
     keys: Sequence[bytes | None], values: Sequence[bytes], tail: bytes | bytearray | memoryview, /
 ) -> bytes | None: ...
 def versions(
-    head_type: type,
+    head_type: type | None,
     blake2b: int,
     persons: bytes,
     namespace: bytes,
@@ -30,7 +30,7 @@ def versions(
     leaves: list[Any] = ...,
     logs: list[bytes] = ...,
     /,
-) -> list[Any] | None: ...
+) -> list[Any] | bytes | None: ...
 def are_leaves(items: Sequence[object], /) -> bool | None: ...
 def fold(
     blake2b: int, person: bytes, log: bytes, leaves: Sequence[object], stride: int, /

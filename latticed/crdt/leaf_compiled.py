@@ -140,4 +140,38 @@ def decode(
     return found
 
 
-__all__ = ["Compiled", "decode", "load", "packed", "unvouched"]
+def decode_compact(
+    c: Compiled,
+    prev: HeadV2,
+    log: bytes,
+    raw: bytes,
+    window: tuple[int, bytes, Sequence[bytes]],
+    *,
+    out: tuple[list[Leaf], list[bytes]],
+) -> bytes | None:
+    """:func:`decode` without building a body: each version's timestamp (native unsigned 64-bit, one a
+    version), with ``out`` filled as there; None (``out`` cleared) where the steps are not all plain
+    bodies over the window at ``prev``'s start and metadata (then :func:`decode` reads them)."""
+    first, base, chain = window
+    if type(chain) is not list or not 0 <= first < 2**64 or out[0] or out[1]:
+        return None
+    fields = (
+        prev.queue_id,
+        prev.epoch,
+        prev.version,
+        prev.start,
+        prev.end,
+        prev.base_hash,
+        prev.meta_version,
+        prev.meta_hash,
+        prev.timestamp,
+    )
+    args = (None, c.blake2b, _PERSONS, HEAD2_NAMESPACE, fields, log, raw, base, first, chain, *out)
+    found: bytes | None = c.versions(*args)
+    if found is None:
+        out[0].clear()
+        out[1].clear()
+    return found
+
+
+__all__ = ["Compiled", "decode", "decode_compact", "load", "packed", "unvouched"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from latticed.crdt.head2 import HeadV2
+from latticed.crdt.lazy_bodies import Runs, StepRun
 
 __all__ = ["Stepped", "remember", "take"]
 
@@ -34,7 +35,7 @@ class Stepped:
     prev: HeadV2
     steps: bytes
     first: int
-    bodies: tuple[HeadV2, ...]
+    bodies: Sequence[HeadV2]  #: a tuple, or the decode's :class:`~latticed.crdt.lazy_bodies.StepRun`
 
 
 #: The entries, read and replaced whole (threads may share them: a lost entry only means bodies stored
@@ -45,7 +46,8 @@ _slot: list[tuple[Stepped, ...]] = [()]
 def remember(prev: HeadV2, steps: bytes, first: int, bodies: Sequence[HeadV2]) -> None:
     """Keep that ``steps`` after ``prev`` rebuild ``bodies`` (every one a body, none a leaf)."""
     if bodies and type(steps) is bytes:
-        _slot[0] = (*_slot[0], Stepped(prev, steps, first, tuple(bodies)))[-KEEP:]
+        kept = bodies if type(bodies) is StepRun else tuple(bodies)  # a run is not built to be kept
+        _slot[0] = (*_slot[0], Stepped(prev, steps, first, kept))[-KEEP:]
 
 
 def take(bodies: Sequence[HeadV2]) -> list[tuple[int, Stepped]]:
@@ -54,6 +56,8 @@ def take(bodies: Sequence[HeadV2]) -> list[tuple[int, Stepped]]:
     entries = _slot[0]
     if not entries or not bodies:
         return []
+    if type(bodies) is Runs:  # a value's bodies holding runs not built: found as those very runs
+        return _taken([(bodies.start_of(e.bodies), e) for e in entries if bodies.start_of(e.bodies) >= 0])
     ids = list(map(id, bodies))
     found: list[tuple[int, Stepped]] = []
     for entry in entries:
@@ -64,6 +68,11 @@ def take(bodies: Sequence[HeadV2]) -> list[tuple[int, Stepped]]:
             continue
         if len(run) <= len(bodies) - at and all(map(operator.is_, bodies[at : at + len(run)], run)):
             found.append((at, entry))
+    return _taken(found)
+
+
+def _taken(found: list[tuple[int, Stepped]]) -> list[tuple[int, Stepped]]:
+    """``found`` in index order, forgotten."""
     if found:
         taken = {id(entry) for _, entry in found}
         _slot[0] = tuple(e for e in _slot[0] if id(e) not in taken)

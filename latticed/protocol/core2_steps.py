@@ -19,14 +19,16 @@ steps are a :class:`MalformedError`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
-from latticed.crdt import chain_memo, fold_index, leaf_codec, queue2, steps_memo
+from latticed.crdt import chain_memo, fold_index, leaf_codec, leaf_compiled, queue2, steps_memo
 from latticed.crdt.core_errors import GapError, MalformedError
 from latticed.crdt.epoch_delta import LogDelta, vouches
 from latticed.crdt.epochs import Chains
-from latticed.crdt.head2 import HeadV2, Leaf
+from latticed.crdt.head2 import HeadV2, Leaf, next_log
+from latticed.crdt.lazy_bodies import LazyDecoded, StepRun
 from latticed.crdt.leaf_bodies import Decoded, decode_versions, in_order
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import chain_extend
@@ -97,7 +99,7 @@ def pack_steps(
     if [b.version for b in bodies] != list(range(first, last + 1)):
         return d, None  # not one run of versions
     prev = _trusted(state, first - 1) if known is not None and first - 1 <= log.base else None
-    own: tuple[HeadV2, ...] = ()
+    own: Sequence[HeadV2] = ()
     if prev is None:
         start = log.value.start_head
         if len(bodies) < 2 or start is None or d.from_offset != start.start:
@@ -162,20 +164,27 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
 
     leaves: list[Leaf] = []
     logs: list[bytes] = []
-    items = decode_versions(prev, raw, chain_at, (frm, base, chain), (leaves, logs))
-    rebuilt = _bodies(items)
-    run: Decoded | None = None
+    alone = own and len(d.bodies) == 1  # the delta carries prev only: the run starts with it
+    lazy = _lazy(prev, raw, (frm, base, chain), (leaves, logs)) if alone or not d.bodies else None
+    items = (
+        lazy if lazy is not None else decode_versions(prev, raw, chain_at, (frm, base, chain), (leaves, logs))
+    )
+    rebuilt = lazy if lazy is not None else _bodies(cast(list[HeadV2 | Leaf], items))
+    run: Decoded | LazyDecoded | None = None
     if rebuilt and len(rebuilt) == len(items):
         steps_memo.remember(prev, raw, frm, rebuilt)  # the store keeps these bodies as these steps
-        alone = own and len(d.bodies) == 1  # the delta carries prev only: the run starts with it
-        run_leaves = () if alone or d.bodies else tuple(leaves)
+        run_leaves = () if alone or d.bodies else (lazy.leaves if lazy is not None else tuple(leaves))
         # Verifying the log folds these leaves again: the decode's folds are each body's log.
         leaves.insert(0, prev.leaf())
         if alone:
             run_leaves = tuple(leaves)
         fold_index.folded_run(prev.log, run_leaves if alone else leaves, logs)
         del leaves[0]
-        if run_leaves:  # bodies of consecutive versions, all this decode's: verify_delta reads its claims
+        if run_leaves and lazy is not None:  # not built as bodies: read as one when read
+            run = LazyDecoded(
+                (prev,) if alone else (), lazy, run_leaves, first=frm, base=base, records=records
+            )
+        elif run_leaves:  # bodies of consecutive versions, all this decode's: verify_delta reads its claims
             run = Decoded([prev, *rebuilt] if alone else rebuilt, run_leaves, frm, base, records)
     # The leaves of versions base+1 .. up to the tip's (which is in the log as a head) go into the log.
     top = min(version + len(leaves), log.value.tips[0].head.version - 1)
@@ -187,6 +196,22 @@ def unpack_steps(state: QueueState2, d: queue2.Delta, steps: Steps | None) -> qu
     value = Chains(v.owner, v.queue_id, v.epoch, shared, v.tips, v.start_head, v.held_end)
     piece = LogDelta(log.base, log.base_fold, value)
     return queue2.Delta(d.owner, d.name, d.kind, piece, d.meta, d.from_offset, d.records, bodies)
+
+
+def _lazy(
+    prev: HeadV2, raw: bytes, window: tuple[int, bytes, Sequence[bytes]], out: tuple[list[Leaf], list[bytes]]
+) -> StepRun | None:
+    """The versions after ``prev`` as a run not built as bodies (``out`` filled as the full decode fills
+    it), where the compiled decode reads them all as plain steps; else None."""
+    compiled = leaf_compiled.load()
+    if compiled is None or not isinstance(raw, bytes):
+        return None
+    stamps = leaf_compiled.decode_compact(compiled, prev, next_log(prev), raw, window, out=out)
+    if stamps is None or not stamps:
+        out[0].clear()
+        out[1].clear()
+        return None
+    return StepRun(prev, tuple(out[0]), out[1], stamps, window)
 
 
 def _bodies(items: list[HeadV2 | Leaf]) -> list[HeadV2]:

@@ -31,6 +31,7 @@ from typing import Any, Final
 from latticed.crdt import leaf_compiled, steps_memo
 from latticed.crdt.core_errors import GapError
 from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HEAD2_SIZE, HeadV2
+from latticed.crdt.lazy_bodies import StepRun
 from latticed.crdt.leaf_bodies import decode_versions
 from latticed.crdt.queue2 import QueueState2
 from latticed.errors import MalformedError
@@ -135,6 +136,8 @@ def _certain(entry: steps_memo.Stepped, lowest: int, chain_at: Callable[[int], b
 def reads_from(entry: steps_memo.Stepped) -> int:
     """The lowest offset the steps read a chain value at: the first body's end, or a start they move to
     (counted whenever a start differs from the one the steps began with)."""
+    if type(entry.bodies) is StepRun:  # plain steps: every start is the one they began with
+        return entry.bodies.leaves[0][1]
     starts: list[int] = list(map(_start, entry.bodies))
     first_end = entry.bodies[0].end
     if starts.count(entry.prev.start) == len(starts):

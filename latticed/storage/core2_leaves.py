@@ -34,6 +34,7 @@ from typing import Any, Final
 from latticed.crdt import shared_prefix, steps_memo
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head2 import Leaf
+from latticed.crdt.lazy_bodies import StepRun
 from latticed.crdt.queue2 import QueueState2
 from latticed.errors import MalformedError
 from latticed.storage import core2_bodies, core2_runs
@@ -130,7 +131,8 @@ def _piece(entry: steps_memo.Stepped, low: int, first: int, leaves: Sequence[Lea
     skip, stop = max(0, -at), min(len(bodies), len(leaves) - at)
     if stop - skip < MIN_STEPPED or stop - skip > core2_runs.RUN_MAX:
         return None
-    mine = tuple(map(_leaf_slot, bodies[skip:stop]))
+    # (a run not built as bodies: its leaves as the decode gave them)
+    mine = bodies.leaves[skip:stop] if type(bodies) is StepRun else tuple(map(_leaf_slot, bodies[skip:stop]))
     if None in mine:
         mine = tuple(b.leaf() for b in bodies[skip:stop])
     if mine != tuple(leaves[at + skip : at + stop]):

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, cast
 
-from latticed.crdt import shared_prefix
+from latticed.crdt import lazy_bodies
 from latticed.crdt.epochs import Chains, Tip
 from latticed.crdt.head import genesis_hash
 from latticed.crdt.head2 import HEAD2_BODY, HEAD2_NAMESPACE, HeadV2
@@ -298,7 +298,7 @@ def _changed_bodies(old: Sequence[HeadV2], new: Sequence[HeadV2]) -> tuple[list[
     added or cut at the back (a commit, a merge, a fork point); anything else compares keys. ``new``
     extending ``old``'s very list (:func:`shared_prefix.extends`: a commit's or a live push's bodies)
     is answered without reading what both hold."""
-    if shared_prefix.extends(old, new):
+    if lazy_bodies.extends(old, new):  # (a value holding runs not built: a slice keeps them so)
         return [], new[len(old) :]
     at = bisect.bisect_left(old, _key(new[0]), key=_key) if new else len(old)
     m = min(len(old) - at, len(new))

@@ -10,6 +10,7 @@ continues a frozen core-2 queue.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Final
 
@@ -99,7 +100,7 @@ def converted(
     return value, rest
 
 
-def seeded(state: QueueState, chains: Chains, meta: Meta, bodies: tuple[HeadV2, ...] = ()) -> QueueState2:
+def seeded(state: QueueState, chains: Chains, meta: Meta, bodies: Sequence[HeadV2] = ()) -> QueueState2:
     """A replica's core-1 ``state`` as a core-2 value under ``chains`` (verified, of a later epoch):
     its records from the signed start up to the furthest head on the log (a tip, the start head, or one
     of ``bodies``) whose chain value they reach; none if they do not pass through the start's."""

@@ -27,15 +27,17 @@ from latticed.crdt.epoch_delta import LogDelta, LogSummary
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2
+from latticed.crdt.lazy_bodies import LazyDecoded, appended
 from latticed.crdt.leaf_bodies import Decoded
 from latticed.crdt.queue.state import Meta
 from latticed.crdt.queue2.chain_state import QueueState2, bodies_between, cut, keep_bodies, nothing_at
 from latticed.crdt.records import Record, RecordRun, chain_extend, check_records
-from latticed.crdt.shared_prefix import grown
 
 __all__ = ["Delta", "Merged", "Summary", "Verified", "delta", "join_verified", "summary", "verify_delta"]
 
 _BODY_END = attrgetter("end")
+#: A decode's runs, whose claims ``verify_delta`` checks instead of walking the bodies.
+_RUNS = (Decoded, LazyDecoded)
 _LEAF_END = itemgetter(1)
 #: A value's shared leaves that are no tuple are copied into one for the compiled check of more bodies
 #: than this (a catch-up chunk); fewer are checked in Python.
@@ -63,7 +65,8 @@ class Delta:
     meta: Meta | None = None
     from_offset: int = 0
     records: Sequence[Record] = ()
-    bodies: tuple[HeadV2, ...] = ()
+    #: A tuple, or a decode's run of them (``leaf_bodies.Decoded``, ``lazy_bodies.LazyDecoded``).
+    bodies: Sequence[HeadV2] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +79,7 @@ class Verified:
     from_offset: int
     records: Sequence[Record]  #: a slice of the delta's records (a run stays a run)
     chain: tuple[bytes, ...]
-    bodies: tuple[HeadV2, ...]
+    bodies: Sequence[HeadV2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +163,9 @@ def _check_shape(d: Delta) -> None:
         raise MalformedError("a delta's log is a LogDelta")
     if type(d.from_offset) is not int or d.from_offset < 0:
         raise MalformedError("a delta's first offset is a non-negative integer")
-    if type(d.records) not in (tuple, RecordRun) or not isinstance(d.bodies, tuple):
+    if type(d.records) not in (tuple, RecordRun) or not isinstance(d.bodies, tuple | LazyDecoded):
         raise MalformedError("a delta's records are a tuple or a run, its bodies a tuple")
-    if type(d.bodies) is not Decoded and not all(map(isinstance, d.bodies, itertools.repeat(HeadV2))):
+    if type(d.bodies) not in _RUNS and not all(map(isinstance, d.bodies, itertools.repeat(HeadV2))):
         raise MalformedError("a delta's bodies are v2 heads")
     if d.meta is not None and (
         not isinstance(d.meta, tuple)
@@ -206,27 +209,31 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     assert base is not None
     records = d.records[first - d.from_offset : end - d.from_offset]
     chain = chain_memo.take(base, first, records) or chain_extend(base, first, records)
-    if type(d.bodies) is Decoded and _holds(d.bodies, chains, d, first=first, base=base, end=end):
-        return Verified(chains, meta, first, records, tuple(chain), d.bodies)
+    run = d.bodies
+    if type(run) in _RUNS and _holds(cast(Decoded, run), chains, d, first=first, base=base, end=end):
+        return Verified(chains, meta, first, records, tuple(chain), run)
+    carried = tuple(run)  # (a run not built as bodies is built here: the walk reads each one)
     # A catch-up of single offers carries a body per record: their ends are read once, as a set.
-    ends = set(map(_BODY_END, d.bodies))
+    ends = set(map(_BODY_END, carried))
     if ends and first < min(ends) and max(ends) <= end:
-        bodies = d.bodies  # all of them end inside the records: the usual chunk
+        bodies = carried  # all of them end inside the records: the usual chunk
     else:
-        bodies = tuple(b for b in d.bodies if first < b.end <= end)
+        bodies = tuple(b for b in carried if first < b.end <= end)
     if chains.forked:  # heads past the first branching of a branch the frozen value does not keep
         bodies = tuple(b for b in bodies if epoch_delta.vouches(chains, b))
     for body in _unconfirmed(chains, bodies, chain, first):
         if not epoch_delta.vouches(chains, body) or body.head_hash != chain[body.end - first - 1]:
             raise TamperedError("records that do not hash to the heads on the log")
-    if bodies is not d.bodies:
+    if bodies is not carried:
         ends = {b.end for b in bodies}
     if end not in ends or not ends.issuperset(_every_end(chains, first, end)):
         raise TamperedError("a chunk of records without the head bodies that end inside it")
     return Verified(chains, meta, first, records, tuple(chain), bodies)
 
 
-def _holds(run: Decoded, chains: Chains, d: Delta, *, first: int, base: bytes, end: int) -> bool:
+def _holds(
+    run: Decoded | LazyDecoded, chains: Chains, d: Delta, *, first: int, base: bytes, end: int
+) -> bool:
     """Whether a decode's ``run`` (all of ``d``'s bodies) is what the walk below would accept, from its
     claims: rebuilt over ``d``'s very records from our ``base`` at ``first`` (so each head hash is our
     chain value at its end), ending inside ``(first, end]`` with the last at ``end``, and its leaves the
@@ -321,6 +328,13 @@ def _joined(state: QueueState2, v: Verified) -> Merged:
     return Merged(replace(kept, meta=v.meta, bodies=bodies), evidence)
 
 
+def _between(bodies: Sequence[HeadV2], lo: int, hi: int) -> Sequence[HeadV2]:
+    """:func:`bodies_between`, a decode's run that lies inside ``(lo, hi]`` kept whole (not built)."""
+    if type(bodies) is LazyDecoded and len(bodies) and bodies[0].end > lo and bodies[-1].end <= hi:
+        return bodies
+    return bodies_between(bodies, lo, hi)
+
+
 def _appended(state: QueueState2, v: Verified) -> QueueState2 | None:
     """:func:`join_verified` of a plain append, built at once (None: not one). A live push's usual case:
     neither value forked, the same epoch and start, and records past all we hold, so nothing of ours is
@@ -337,7 +351,7 @@ def _appended(state: QueueState2, v: Verified) -> QueueState2 | None:
     skip = hi - first
     kept = state.entries if hi > lo else nothing_at(state, lo)
     entries = kept.extend(v.records[skip:], v.chain[skip:])
-    bodies = grown(state.bodies, bodies_between(v.bodies, hi, end))  # our bodies' list, appended to
+    bodies = appended(state.bodies, _between(v.bodies, hi, end))  # our bodies' list, appended to
     extended = Chains(
         chains.owner, chains.queue_id, chains.epoch, chains.shared, chains.tips, chains.start_head, end
     )
