@@ -250,3 +250,32 @@ def test_a_head_with_an_empty_slot_is_left_to_python(built: append_compiled.Comp
         reference = _outcome(lambda: epoch_delta.merge(value, piece))
     assert compiled == reference
     assert compiled[0] == "AttributeError"
+
+
+class _LyingLeaf(tuple):  # type: ignore[type-arg]
+    """A leaf whose items, iterated, are not the ones it stores (only code in this process makes one)."""
+
+    def __iter__(self) -> Any:
+        return iter((bytes(32), self[1]))
+
+
+class _LyingDigest(bytes):
+    """A digest that, added to a log, is another one."""
+
+    def __radd__(self, other: bytes) -> bytes:
+        return other + bytes(32)
+
+
+@pytest.mark.parametrize("kind", ["tuple", "bytes"])
+def test_a_leaf_of_a_subclass_is_left_to_python(built: append_compiled.Compiled, kind: str) -> None:
+    # The C reads a tuple's and a bytes' storage; Python's fold and ends iterate and add them, which a
+    # subclass may answer otherwise: the C confirms exact leaves only (merge refused one such leaf).
+    value, piece = _piece(1, 4)  # two leaves: Python folds them one by one, as fold_one
+    digest, end = piece.value.shared[0]
+    odd = _LyingLeaf((digest, end)) if kind == "tuple" else (_LyingDigest(digest), end)
+    shared = (odd, *piece.value.shared[1:])
+    piece = dataclasses.replace(piece, value=dataclasses.replace(piece.value, shared=shared))
+    assert not append_compiled.checked(**_args(value, _fresh(piece)))
+    compiled, reference = _both(value, piece)
+    assert compiled == reference
+    assert reference[0] == "EquivocationError"
