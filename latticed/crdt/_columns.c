@@ -1337,7 +1337,7 @@ static PyObject *segment_data(PyObject *self, PyObject *args)
    also its start head; append_compiled.py): head exactly of head_type with every field of the signed
    layout (hashes exact bytes of 32, counters exact ints below 2^64, 1 <= version, start <= end <=
    2^63-1, a signature of exact bytes and 64 long), of queue_id and epoch; leaves a list or tuple of
-   leaves (f_leaf) that fold from base_fold (32 bytes) to the head's log; version == base + len(leaves) +
+   leaves (f_leaf, each an exact tuple whose digest is exact bytes) that fold from base_fold (32 bytes) to the head's log; version == base + len(leaves) +
    1; ours_end, the leaves' ends and the head's end never going back; and the signature libsodium's
    crypto_sign_open (by address, as PyNaCl's) accepts over namespace and the packed fields under owner (32
    bytes). Then the head's leaf (BLAKE2b of the 232 signed bytes, the body's personalisation) is set in
@@ -1446,7 +1446,11 @@ static PyObject *appended_head(PyObject *self, PyObject *args)
     for (i = 0; i < n; i++) {
         const char *digest;
         unsigned long long end;
-        if (!f_leaf(all[i], &digest, &end) || end < previous) {
+        /* Exact tuples of exact bytes only: f_leaf reads their storage, while Python's fold and the
+           ends' order iterate and add them, which a subclass may answer otherwise. */
+        if (!PyTuple_CheckExact(all[i]) || PyTuple_GET_SIZE(all[i]) != 2
+            || !PyBytes_CheckExact(PyTuple_GET_ITEM(all[i], 0)) || !f_leaf(all[i], &digest, &end)
+            || end < previous) {
             goto plain;
         }
         previous = end;

@@ -16,12 +16,12 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from latticed.crdt import append_compiled, epoch_delta, queue2
 from latticed.crdt.epochs import Chains, Tip
-from latticed.crdt.head2 import HeadV2, body_digest, next_log
+from latticed.crdt.head2 import HeadV2, body_digest, fold, next_log
 from latticed.crdt.records import MAX_OFFSET, Record
 from latticed.crdt.signing import Identity
 
@@ -217,6 +217,72 @@ def test_a_piece_or_our_value_altered_answers_as_python_does(
         assert reference[0] == "value"
 
 
+#: Ends and counters the owner might sign: small ones near our chain's (one record a commit), the bounds.
+_u64s = st.one_of(
+    st.integers(0, 12),
+    st.sampled_from([MAX_OFFSET - 1, MAX_OFFSET, MAX_OFFSET + 1, 2**64 - 1]),
+    st.integers(0, 2**64 - 1),
+)
+
+
+_FAULTS = ["ends", "count", "digests", "version", "start", "end", "epoch", "queue", "log", "signer"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    span=st.sampled_from([(0, 1), (2, 3), (1, 4), (0, 6)]),
+    faults=st.sets(st.sampled_from(_FAULTS), max_size=2),
+    data=st.data(),
+)
+def test_a_head_the_owner_signs_over_altered_leaves_answers_as_python_does(
+    built: append_compiled.Compiled, span: tuple[int, int], faults: set[str], data: st.DataObject
+) -> None:
+    # Re-signed, so the signature no longer refuses what the layout, epoch, queue, fold, version and
+    # ends' checks must: each is then the only check standing (an owner's key signs what it is given).
+    value, piece = _piece(*span)
+    head = piece.value.tips[0].head
+    leaves = piece.value.shared
+    if "count" in faults:
+        size = data.draw(st.integers(0, 6), "count")
+        pool = leaves or ((head.leaf()[0], head.end),)
+        leaves = tuple(pool[i % len(pool)] for i in range(size))
+    if "ends" in faults:
+        ends = data.draw(st.lists(st.one_of(_u64s, st.just(-1)), min_size=len(leaves), max_size=len(leaves)))
+        leaves = tuple((digest, e) for (digest, _), e in zip(leaves, ends, strict=True))
+    if "digests" in faults:
+        leaves = tuple((bytes(32), e) for _, e in leaves)
+    try:
+        folded = fold(piece.base_fold, leaves)
+    except Exception:  # a leaf that does not fold (a negative end): any log
+        folded = bytes(32)
+    changes: dict[str, Any] = {"log": folded}
+    if "log" in faults:
+        changes["log"] = data.draw(st.sampled_from([head.log, bytes(32)]), "log")
+    if "version" in faults:
+        step = data.draw(st.sampled_from([-2, -1, 1, 2]) | _u64s, "version")
+        changes["version"] = head.version + step if step in (-2, -1, 1, 2) else step
+    for field in ("start", "end", "epoch"):
+        if field in faults:
+            changes[field] = data.draw(_u64s, field)
+    if "queue" in faults:
+        changes["queue_id"] = bytes(32)
+    body = dataclasses.replace(head, **changes)
+    signer = OTHER if "signer" in faults else OWNER
+    try:
+        signed = dataclasses.replace(body, signature=signer.sign(body.body()))
+    except Exception:  # not packable (a version below 0 or past 2^64): the layout's check refuses it
+        signed = body
+    altered = dataclasses.replace(
+        piece,
+        value=dataclasses.replace(piece.value, shared=leaves, tips=(Tip(signed),), start_head=signed),
+    )
+    compiled, reference = _both(value, altered)
+    event(f"{reference[0]}: {reference[1]}" if reference[0] != "value" else "value")
+    assert compiled == reference
+    if append_compiled.checked(**_args(value, _fresh(altered))):
+        assert reference[0] == "value"
+
+
 def test_a_forged_signature_is_refused_on_both_paths(built: append_compiled.Compiled) -> None:
     value, piece = _piece(2, 3)
     head = piece.value.tips[0].head
@@ -250,3 +316,32 @@ def test_a_head_with_an_empty_slot_is_left_to_python(built: append_compiled.Comp
         reference = _outcome(lambda: epoch_delta.merge(value, piece))
     assert compiled == reference
     assert compiled[0] == "AttributeError"
+
+
+class _LyingLeaf(tuple):  # type: ignore[type-arg]
+    """A leaf whose items, iterated, are not the ones it stores (only code in this process makes one)."""
+
+    def __iter__(self) -> Any:
+        return iter((bytes(32), self[1]))
+
+
+class _LyingDigest(bytes):
+    """A digest that, added to a log, is another one."""
+
+    def __radd__(self, other: bytes) -> bytes:
+        return other + bytes(32)
+
+
+@pytest.mark.parametrize("kind", ["tuple", "bytes"])
+def test_a_leaf_of_a_subclass_is_left_to_python(built: append_compiled.Compiled, kind: str) -> None:
+    # The C reads a tuple's and a bytes' storage; Python's fold and ends iterate and add them, which a
+    # subclass may answer otherwise: the C confirms exact leaves only (merge refused one such leaf).
+    value, piece = _piece(1, 4)  # two leaves: Python folds them one by one, as fold_one
+    digest, end = piece.value.shared[0]
+    odd = _LyingLeaf((digest, end)) if kind == "tuple" else (_LyingDigest(digest), end)
+    shared = (odd, *piece.value.shared[1:])
+    piece = dataclasses.replace(piece, value=dataclasses.replace(piece.value, shared=shared))
+    assert not append_compiled.checked(**_args(value, _fresh(piece)))
+    compiled, reference = _both(value, piece)
+    assert compiled == reference
+    assert reference[0] == "EquivocationError"
