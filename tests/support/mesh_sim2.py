@@ -31,10 +31,11 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   for its burst (until it blocks or has run the kernel's base slice while others wait: ``BASE_SLICE_S``,
   :class:`Box` ``slice_s``; ``Costs.hop``'s even share and wait a wake-up are the processor-sharing
   box's, sim20): at each hand-off of the interpreter between a node's threads (the storage thread's
-  released work keeps the core it held the interpreter on: ``Box.move``); not after its COMMIT, whose
-  measured wait (``sync``) ends with the thread running again: it takes its next batch at once, and the
-  commit's callback (the change hook, the ACK2s) is a task of the loop (``run_sync_soon``), as the
-  daemons' was.
+  released work keeps the core it held the interpreter on: ``Box.move``); the COMMIT releases the
+  interpreter and runs its CPU on the box as the daemons' storage threads run it (a burst, then 3 runs
+  each after a sleep, the fsync's, off the box: ``Costs.commit_runs``); the thread then takes the
+  interpreter back and its next batch at once, and the commit's callback (the change hook, the ACK2s) is
+  a task of the loop (``run_sync_soon``), as the daemons' was.
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
 
@@ -90,7 +91,7 @@ STORAGE_SLICE_S = GIL_SWITCH_INTERVAL_S
 #: 8 %) and the signature (``crypto_sign_ed25519``, 2 %). Measured, not fitted: py-spy ``--native`` on the
 #: writer's bulk transaction alone (1,000 records of 100 B a ``Commit2``, as the API hands it over;
 #: 0.221 and 0.196 of the samples outside ``Store.commit`` in two runs; bench/RESULTS.md sim20c). The
-#: COMMIT releases it throughout (its wait is ``sync_record``).
+#: COMMIT releases it throughout (its CPU ``commit_cpu``, its sleep ``sync_record``).
 WRITER_GIL_FREE = 0.21
 #: The least held work the storage thread does between two hand-offs of the interpreter (an event's
 #: length floor, not a cost: CPython checks for a drop request every few bytecodes).
@@ -109,8 +110,13 @@ _MIN_PIECE_S = 0.00001
 #: four bulk runs on main's code): ``merge`` and ``commit_record`` the replicas' storage threads, their CPU
 #: over the deltas and records they merged (least squares over the replicas), less the check above;
 #: ``read_record`` the writer's reader threads per record read (every read a bulk chunk: no fixed part
-#: separable). ``sync_record`` the COMMIT's wait as before (not CPU: the daemons'
-#: ``latticed_storage_fsync_seconds``). The stalls (a process descheduled) are the fit to the daemons'
+#: separable). The COMMIT (bench/RESULTS.md sim21c; the daemons' storage threads' schedstat and
+#: ``thread_time`` around ``Store.commit``, sim21's probe runs d1 (bulk) and d2 (mostly live records)):
+#: ``commit_cpu``/``commit_cpu_record`` its CPU (0.24 ms a live record's, 0.42 ms the writer's 1,000),
+#: ``commit_runs`` the runs it takes (3, the median of every node in both runs), ``commit``/``sync_record``
+#: the rest of its wall less its run-queue wait (0.19 ms, 0.62 ms): the fsync's sleep, off the box (its
+#: run-queue waits are the box's own). Until sim21c the whole COMMIT was a wait off the box (1 ms + 5.5 us a
+#: record, the daemons' ``latticed_storage_fsync_seconds``, which hold those waits). The stalls (a process descheduled) are the fit to the daemons'
 #: live 100/s part of 2026-11-29 and ``wake`` core 1's, as before. Until this these per-operation costs
 #: were core 1's fit (0.1 ms a message, 0.5 ms + 2 us a record to verify, 2 us a record to commit, 0.5 ms
 #: + 0.5 us a record to read), and the codec timed without the daemon's GC settings: 50 us of CPU a bulk
