@@ -116,7 +116,8 @@ _MIN_PIECE_S = 0.00001
 #: ``commit_runs`` the runs it takes (3, the median of every node in both runs), ``commit``/``sync_record``
 #: the rest of its wall less its run-queue wait (0.19 ms, 0.62 ms): the fsync's sleep, off the box (its
 #: run-queue waits are the box's own). Until sim21c the whole COMMIT was a wait off the box (1 ms + 5.5 us a
-#: record, the daemons' ``latticed_storage_fsync_seconds``, which hold those waits). The stalls (a process descheduled) are the fit to the daemons'
+#: record, the daemons' ``latticed_storage_fsync_seconds``, which hold those waits). The stalls (a
+#: process descheduled) are the fit to the daemons'
 #: live 100/s part of 2026-11-29 and ``wake`` core 1's, as before. Until this these per-operation costs
 #: were core 1's fit (0.1 ms a message, 0.5 ms + 2 us a record to verify, 2 us a record to commit, 0.5 ms
 #: + 0.5 us a record to read), and the codec timed without the daemon's GC settings: 50 us of CPU a bulk
@@ -211,8 +212,8 @@ class MeshNode2(MeshNode):
     #: Reads under way (each holds one of :data:`READ_CONNECTIONS`), and the drivers waiting for one.
     readers: int = 0
     #: The interpreter between the storage thread and the loop (:meth:`MeshSim2._storage_work`): whether
-    #: the storage thread holds it; since when the loop waits for it; since when the storage thread waits
-    #: for it back, and what it then runs; how often it was handed over inside a transaction.
+    #: the storage thread holds it; when the loop, waiting for it, asks for it; since when the storage
+    #: thread waits for it back, and what it then runs; how often it was handed over inside a transaction.
     storage_holds: bool = False
     loop_wants: float | None = None
     storage_wants: float = 0.0
@@ -504,10 +505,10 @@ class MeshSim2(MeshSim):
             node.role = "storage"
             node.storage_holds = True
             if node.runq and node.loop_wants is None:
-                node.loop_wants = self.now
+                node.loop_wants = self._asks_at()
             size = min(held_left[0], STORAGE_SLICE_S - run[0])
-            if node.loop_wants is not None:  # it asks for the interpreter a switch interval after it began
-                size = min(size, max(_MIN_PIECE_S, node.loop_wants + SWITCH_INTERVAL_S - self.now))
+            if node.loop_wants is not None:  # it asks for the interpreter then
+                size = min(size, max(_MIN_PIECE_S, node.loop_wants - self.now))
             held_left[0] -= size
             run[0] += size
             self.box.work(node.cpu, size)
@@ -527,7 +528,7 @@ class MeshSim2(MeshSim):
                 if release > 0:
                     released()
                     return
-            if node.loop_wants is not None and self.now >= node.loop_wants + SWITCH_INTERVAL_S - 1e-12:
+            if node.loop_wants is not None and self.now >= node.loop_wants - 1e-12:
                 node.storage_holds = False  # dropped at the loop's request: it waits for it to take it
                 node.loop_wants = None
                 node.storage_hand_offs += 1
@@ -541,7 +542,7 @@ class MeshSim2(MeshSim):
             self.box.then(node.disk_cpu, then)
 
         def released() -> None:  # a blocking call: the interpreter is free until it returns
-            asked = node.loop_wants is not None and self.now >= node.loop_wants + SWITCH_INTERVAL_S - 1e-12
+            asked = node.loop_wants is not None and self.now >= node.loop_wants - 1e-12
             if node.runq and (asked or self.box.wait_now() < release):
                 node.storage_holds = False
                 node.loop_wants = None
@@ -573,8 +574,19 @@ class MeshSim2(MeshSim):
         it from now (it asks a switch interval later: :meth:`_storage_work`)."""
         node = self.node2(y)
         if node.storage_holds and node.loop_wants is None:
-            node.loop_wants = self.now
+            node.loop_wants = self._asks_at()
         super()._wake(y, task, run)
+
+    def _asks_at(self) -> float:
+        """When a thread of the node woken now, wanting the interpreter another of its threads holds, asks
+        for it (``take_gil``, ``Python/ceval_gil.h``): it must run to begin its timed wait, a switch
+        interval, and run again at its timeout to set the drop request. On a box whose threads keep
+        their core for a burst both runs wait in the run queue (:meth:`Box.wait_now`, the queue as it is
+        now, twice): on a full box a thread waiting for the interpreter rarely asks before a short
+        holder's burst ends (the daemons' writer's storage thread is not descheduled before its COMMIT in
+        its median transaction while its readers wait, bench/RESULTS.md sim21c)."""
+        queue = 2 * self.box.wait_now() if self.box.slice is not None else 0.0
+        return self.now + queue + SWITCH_INTERVAL_S
 
     def _turn(self, y: int) -> None:
         """The loop's next task, unless the storage thread waits for the interpreter and the loop is
