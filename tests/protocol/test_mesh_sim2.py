@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from support import core2_sim
 from support.core2_sim import Core2Network
-from support.mesh_sim import Costs, bulk, counted_name, live
+from support.mesh_sim import Costs, CpuThread, bulk, counted_name, live
 from support.mesh_sim2 import (
     GROUP_COMMIT_S,
     READ_CONNECTIONS,
@@ -180,7 +180,13 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     the kernel's base slice; no even share, the run-queue wait the queue's): DELTA2 0.768 (+1.6 %: met),
     ACK2 0.419 (+19 %), HAVE2 0.0239 (-15 %: one linger round in six draws of eight), the bulk 0.997 s
     (-9.4 %: met), the nodes' CPU 31.6 us a record (-12 %: fewer DELTA2s to cut and verify), the
-    writer's transaction 9.3-13.5 ms a draw (mean 11.8: 5.3 ms before its COMMIT). Pinned, not met."""
+    writer's transaction 9.3-13.5 ms a draw (mean 11.8: 5.3 ms before its COMMIT). Pinned, not met.
+
+    With the COMMIT's CPU on the box in the storage thread's runs, only its fsync's sleep off it, and a
+    thread waiting for the interpreter asking for it only once it has run twice (sim21c, bench/RESULTS.md):
+    DELTA2 0.785 (+3.8 %: met), ACK2 0.406 (+16 %), HAVE2 0.0239 (-15 %), the bulk 1.03 s (-6.6 %: met),
+    the nodes' CPU 35.3 us a record (-1.6 %: met), bytes 110 a record, the writer's transaction 6.7-13.0
+    ms a draw (mean 10.0: 6.7 ms before its COMMIT, the daemons' 2.4-3.1). Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float, float]] = []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -198,15 +204,16 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     deltas, acks, _, _, elapsed, every_node, have2s = (
         sum(f[i] for f in figures) / len(figures) for i in range(7)
     )
-    assert 0.85 <= every_node / 0.0000359 < 0.9, figures  # not met: -12 %
-    assert abs(deltas / 0.756 - 1) <= 0.1, figures  # met: +1.6 %
-    assert 0.351 * 1.1 < acks <= 0.351 * 1.25, figures  # not met: +19 %
+    assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met: -1.6 %
+    assert abs(deltas / 0.756 - 1) <= 0.1, figures  # met: +3.8 %
+    assert 0.351 * 1.1 < acks <= 0.351 * 1.2, figures  # not met: +16 %
     assert 0.0280 * 0.8 <= have2s < 0.0280 * 0.9, figures  # not met: -15 %
-    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: -9.4 % (the daemons' 0.96-1.50 s a run)
+    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: -6.6 % (the daemons' 0.96-1.50 s a run)
     assert 0.0000048 <= sum(f[2] for f in figures) / len(figures) <= 0.0000066, figures
+    assert 0.009 <= sum(f[3] for f in figures) / len(figures) <= 0.011, figures  # the daemons' 7.2: not met
     for _, _, cpu_per_record, per_txn, _, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
-        assert 0.008 <= per_txn <= 0.014, figures  # the daemons' 5.6-10 ms: not met
+        assert 0.006 <= per_txn <= 0.014, figures  # the daemons' 5.6-10 ms
 
 
 def test_reads_take_one_of_the_daemons_two_reader_connections() -> None:
@@ -326,7 +333,12 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
     On a box whose threads keep their core for a burst (sim21b): DELTA2 0.900-0.982, mean 0.965 (-3.5 %,
     met); ACK2 0.200-0.315, median 0.204-0.207 (met), mean 0.225 (+13 %, not met: draws 0 and 3, 0.259
     and 0.315, acknowledge on more eager links); p99 20-38 ms in seven draws, 0.78 s (the linger) in
-    one."""
+    one.
+
+    With the COMMIT's CPU on the box in its runs and only its fsync's sleep off it, and a thread waiting
+    for the interpreter asking only once it has run twice (sim21c): DELTA2 0.649-0.993, mean 0.901 (-9.8 %,
+    met by 0.2 %); ACK2 0.101-0.262, median 0.205 (met), mean 0.195 (-1.8 %, met); p99 20-36 ms in four
+    draws, 0.79-0.81 s (the linger) in four (not met: was one)."""
     delta2, ack2, p99 = [], [], []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -337,8 +349,8 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
         p99.append(sorted(part.last_latency)[148])
     assert abs(sum(delta2) / 8 / 0.999 - 1) <= 0.1, delta2  # met
     assert all(abs(a / 0.198 - 1) <= 0.1 for a in sorted(ack2)[3:5]), ack2  # the median's two: met
-    assert 1.1 < sum(ack2) / 8 / 0.198 <= 1.15, ack2  # the mean: not met, +13 %
-    assert sum(0.015 < p < 0.1 for p in p99) >= 7 and max(p99) < 1.0, p99  # one at the linger
+    assert abs(sum(ack2) / 8 / 0.198 - 1) <= 0.1, ack2  # the mean: met, -1.8 %
+    assert sum(0.015 < p < 0.1 for p in p99) >= 4 and max(p99) < 1.0, p99  # four at the linger
 
 
 def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
@@ -506,3 +518,67 @@ def test_the_storage_thread_takes_its_next_batch_at_its_commit_and_the_loop_runs
     assert done[0] == pytest.approx(durable + SWITCH_INTERVAL_S)
     assert node.storage_hand_offs == 1
     assert done[1] == pytest.approx(durable + work + costs.commit)  # the loop idle: at its COMMIT
+
+
+def test_the_commits_cpu_runs_on_the_box_in_its_runs_and_its_fsync_off_it() -> None:
+    """The daemons' storage threads run 3 times inside a COMMIT (median; 0.42 ms of CPU for the writer's
+    1,000 records, 0.21-0.24 ms for a live record's), and the rest of its wall is run-queue wait and the
+    fsync's sleep (bench/RESULTS.md sim21c): so the COMMIT's CPU is a burst in the run it began in and
+    one in each of ``commit_runs`` runs after a sleep, on the storage thread's own core, counted in the
+    node's CPU. On an idle box the transaction takes its work, the COMMIT's CPU and its sleeps; with both
+    cores busy its runs wait in the run queue for the others' slices to end, as the daemons' did."""
+    costs = Costs(
+        jitter=0.0,
+        cores=2,
+        wake=0.0,
+        stall_chance=0.0,
+        commit=0.0003,
+        commit_record=0.0,
+        commit_cpu=0.0004,
+        commit_runs=3,
+        core_slice=0.0015,
+    )
+    took: list[float] = []
+    queued: list[float] = []
+    for busy in (False, True):
+        sim = MeshSim2(2, costs=costs, group_linger=0.0)
+        sim.run_for(1.0)
+        node = sim.node2(1)
+        if busy:  # two threads of another process keep both cores a while
+            for _ in range(2):
+                other = CpuThread()
+                sim.box.work(other, 0.05)
+        cpu, runs, waited = node.cpu_work, sim.box.runs, sim.box.waited
+        start = sim.now
+        sim._store(1, _Job2(1, lambda: None, lambda: None, cpu=0.001, origin=0))
+        sim.run_for(0.1)
+        assert node.commits == 1
+        assert node.cpu_work - cpu == pytest.approx(0.001 + 0.0004)
+        took.append(node.commit_seconds)
+        if not busy:
+            assert node.commit_seconds == pytest.approx(0.001 + 0.0004 + 0.0003)
+            assert sim.box.waited == pytest.approx(waited)
+        else:
+            assert sim.box.runs - runs >= 4  # its work's run and the COMMIT's three
+            queued.append(sim.box.waited - waited)
+        assert start < sim.now
+    # the busy box adds run-queue waits (its threads' and the two others'), two slices' ends of them
+    assert took[1] - took[0] == pytest.approx(2 * 0.0015), took
+    assert queued[0] > took[1] - took[0]
+
+
+def test_a_thread_waiting_for_the_interpreter_asks_for_it_once_it_has_run_twice() -> None:
+    """``take_gil``: a thread wanting the interpreter must run to begin its timed wait (a switch interval)
+    and run again at its timeout to ask the holder to drop it. On an idle box it asks a switch interval
+    after it was woken; with both cores busy for a slice, each of its two runs waits in the run queue
+    first (the daemons' writer's readers waited for a core and did not cut its held work, bench/RESULTS.md
+    sim21c)."""
+    costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015)
+    sim = MeshSim2(2, costs=costs)
+    sim.run_for(1.0)
+    assert sim._asks_at() == pytest.approx(sim.now + SWITCH_INTERVAL_S)
+    for _ in range(2):
+        sim.box.work(CpuThread(), 0.05)
+    wait = sim.box.wait_now()
+    assert wait == pytest.approx(0.0015)  # until a slice ends
+    assert sim._asks_at() == pytest.approx(sim.now + 2 * wait + SWITCH_INTERVAL_S)

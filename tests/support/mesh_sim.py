@@ -603,6 +603,13 @@ class Costs:
     #: runs its burst at a full core once it has one and a woken thread waits in the run queue (``hop``
     #: unused); None: processor sharing with ``hop``'s wait a wake-up.
     core_slice: float | None = None
+    #: The COMMIT's own CPU (its WAL frames written, the WAL index updated) per transaction and per record,
+    #: run on the box by the storage thread in ``commit_runs`` runs after the one it is in (each after a
+    #: sleep of ``commit`` + ``sync_record`` per record over ``commit_runs``, the fsync off the box).
+    #: ``commit_runs`` 0: the COMMIT is all wait off the box (core 1's calibration, and sim21b's).
+    commit_cpu: float = 0.0
+    commit_cpu_record: float = 0.0
+    commit_runs: int = 0
     #: The writer's event loop per API call of its client, and per record offered in it (``api/server``:
     #: the call decoded, records built); the rest of a call is its commit on the storage thread (chain
     #: hashed, batch signed, written: ``storage/writer.py``, ``commit`` and ``commit_record``). Together

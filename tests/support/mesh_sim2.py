@@ -31,10 +31,11 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   for its burst (until it blocks or has run the kernel's base slice while others wait: ``BASE_SLICE_S``,
   :class:`Box` ``slice_s``; ``Costs.hop``'s even share and wait a wake-up are the processor-sharing
   box's, sim20): at each hand-off of the interpreter between a node's threads (the storage thread's
-  released work keeps the core it held the interpreter on: ``Box.move``); not after its COMMIT, whose
-  measured wait (``sync``) ends with the thread running again: it takes its next batch at once, and the
-  commit's callback (the change hook, the ACK2s) is a task of the loop (``run_sync_soon``), as the
-  daemons' was.
+  released work keeps the core it held the interpreter on: ``Box.move``); the COMMIT releases the
+  interpreter and runs its CPU on the box as the daemons' storage threads run it (a burst, then 3 runs
+  each after a sleep, the fsync's, off the box: ``Costs.commit_runs``); the thread then takes the
+  interpreter back and its next batch at once, and the commit's callback (the change hook, the ACK2s) is
+  a task of the loop (``run_sync_soon``), as the daemons' was.
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
 
@@ -90,7 +91,7 @@ STORAGE_SLICE_S = GIL_SWITCH_INTERVAL_S
 #: 8 %) and the signature (``crypto_sign_ed25519``, 2 %). Measured, not fitted: py-spy ``--native`` on the
 #: writer's bulk transaction alone (1,000 records of 100 B a ``Commit2``, as the API hands it over;
 #: 0.221 and 0.196 of the samples outside ``Store.commit`` in two runs; bench/RESULTS.md sim20c). The
-#: COMMIT releases it throughout (its wait is ``sync_record``).
+#: COMMIT releases it throughout (its CPU ``commit_cpu``, its sleep ``sync_record``).
 WRITER_GIL_FREE = 0.21
 #: The least held work the storage thread does between two hand-offs of the interpreter (an event's
 #: length floor, not a cost: CPython checks for a drop request every few bytecodes).
@@ -109,8 +110,14 @@ _MIN_PIECE_S = 0.00001
 #: four bulk runs on main's code): ``merge`` and ``commit_record`` the replicas' storage threads, their CPU
 #: over the deltas and records they merged (least squares over the replicas), less the check above;
 #: ``read_record`` the writer's reader threads per record read (every read a bulk chunk: no fixed part
-#: separable). ``sync_record`` the COMMIT's wait as before (not CPU: the daemons'
-#: ``latticed_storage_fsync_seconds``). The stalls (a process descheduled) are the fit to the daemons'
+#: separable). The COMMIT (bench/RESULTS.md sim21c; the daemons' storage threads' schedstat and
+#: ``thread_time`` around ``Store.commit``, sim21's probe runs d1 (bulk) and d2 (mostly live records)):
+#: ``commit_cpu``/``commit_cpu_record`` its CPU (0.24 ms a live record's, 0.42 ms the writer's 1,000),
+#: ``commit_runs`` the runs it takes (3, the median of every node in both runs), ``commit``/``sync_record``
+#: the rest of its wall less its run-queue wait (0.19 ms, 0.62 ms): the fsync's sleep, off the box (its
+#: run-queue waits are the box's own). Until sim21c the whole COMMIT was a wait off the box (1 ms + 5.5 us a
+#: record, the daemons' ``latticed_storage_fsync_seconds``, which hold those waits). The stalls (a
+#: process descheduled) are the fit to the daemons'
 #: live 100/s part of 2026-11-29 and ``wake`` core 1's, as before. Until this these per-operation costs
 #: were core 1's fit (0.1 ms a message, 0.5 ms + 2 us a record to verify, 2 us a record to commit, 0.5 ms
 #: + 0.5 us a record to read), and the codec timed without the daemon's GC settings: 50 us of CPU a bulk
@@ -129,7 +136,6 @@ BASE_SLICE_S = 0.00075 * (1 + 1)
 CORE2_COSTS = Costs(
     stall_chance=0.015,
     stall=0.01,
-    sync_record=0.0000055,
     message=0.0000183,  # receive_message + open: a small message's median, 18.3 us
     message_byte=0.00000000628,  # ... and the rest per byte: 6.28 ns
     cut=0.0000078,  # _encode + seal: 7.8 us ...
@@ -143,6 +149,11 @@ CORE2_COSTS = Costs(
     read_record=0.00000055,  # the writer's reader threads per record read
     hop=0.00028,  # processor sharing's wait a wake-up per thread beyond the cores (unused with a slice)
     core_slice=BASE_SLICE_S,  # a core held for a burst: the run-queue wait is the queue's, not ``hop``
+    commit=0.00019,  # the COMMIT off the box (its wall less its CPU and run-queue wait): 0.19 ms ...
+    sync_record=0.00000043,  # ... and 0.43 us a record
+    commit_cpu=0.00024,  # the COMMIT's CPU: 0.24 ms ...
+    commit_cpu_record=0.00000018,  # ... and 0.18 us a record
+    commit_runs=3,  # in 3 runs of the storage thread after the one it began in
 )
 
 
@@ -201,8 +212,8 @@ class MeshNode2(MeshNode):
     #: Reads under way (each holds one of :data:`READ_CONNECTIONS`), and the drivers waiting for one.
     readers: int = 0
     #: The interpreter between the storage thread and the loop (:meth:`MeshSim2._storage_work`): whether
-    #: the storage thread holds it; since when the loop waits for it; since when the storage thread waits
-    #: for it back, and what it then runs; how often it was handed over inside a transaction.
+    #: the storage thread holds it; when the loop, waiting for it, asks for it; since when the storage
+    #: thread waits for it back, and what it then runs; how often it was handed over inside a transaction.
     storage_holds: bool = False
     loop_wants: float | None = None
     storage_wants: float = 0.0
@@ -409,6 +420,17 @@ class MeshSim2(MeshSim):
             # ``sync``, ends there: the wake after the fsync is in it); ``process`` hands the completion
             # to the loop (``run_sync_soon``: a task woken) and the thread takes its next batch at once.
             # So the loop's callback waits for the interpreter, a slice (bench/RESULTS.md, sim20b).
+            if self.costs.commit_runs <= 0:
+                resumed()
+                return
+            # The COMMIT's runs on the box: it returns once the storage thread holds the interpreter again
+            # (it waits for the loop's ready tasks if the loop holds it, as any thread of the node does).
+            if not node.runq and not node.storage_holds and not node.cpu.busy:
+                resumed()
+            else:
+                self._interpreter(y, "storage", resumed)
+
+        def resumed() -> None:  # holding the interpreter after the COMMIT
             self._wake(y, ("commit", self._seq), completed)
             node.committing = False
             if node.waiting:
@@ -416,11 +438,27 @@ class MeshSim2(MeshSim):
 
         def synced() -> None:  # its records' work done, the COMMIT waits on the disk
             node.pre_commit_seconds += self.now - began
-            node.disk_free = max(self.now, node.disk_free) + sync
-            self._at(node.disk_free, durable)
+            runs = self.costs.commit_runs
+            if not self.gil or runs <= 0:
+                node.disk_free = max(self.now, node.disk_free) + sync
+                self._at(node.disk_free, durable)
+                return
+            # The COMMIT releases the interpreter: its CPU runs on the storage thread's own core, a burst
+            # in the run it is in and one in each of ``runs`` runs after a sleep (the fsync), the box's.
+            cpu = self._scaled(self.costs.commit_cpu + self.costs.commit_cpu_record * records)
+            node.cpu_work += cpu
+            if not (work > 0 and free > 0):  # it held the interpreter to its end: the same thread goes on
+                self.box.move(node.cpu, node.disk_cpu)
+            burst, sleep = cpu / (runs + 1), sync / runs
+            self.box.work(node.disk_cpu, burst)
+            for _ in range(runs):
+                self.box.pause(node.disk_cpu, sleep)
+                self.box.wake(node.disk_cpu)
+                self.box.work(node.disk_cpu, burst)
+            self.box.then(node.disk_cpu, durable)
 
+        free = sum(job.free for job in jobs if isinstance(job, _Job2))
         if self.gil:
-            free = sum(job.free for job in jobs if isinstance(job, _Job2))
             self._storage_work(y, work, synced, held, free)
         else:
             self.box.then(thread, synced)
@@ -467,10 +505,10 @@ class MeshSim2(MeshSim):
             node.role = "storage"
             node.storage_holds = True
             if node.runq and node.loop_wants is None:
-                node.loop_wants = self.now
+                node.loop_wants = self._asks_at()
             size = min(held_left[0], STORAGE_SLICE_S - run[0])
-            if node.loop_wants is not None:  # it asks for the interpreter a switch interval after it began
-                size = min(size, max(_MIN_PIECE_S, node.loop_wants + SWITCH_INTERVAL_S - self.now))
+            if node.loop_wants is not None:  # it asks for the interpreter then
+                size = min(size, max(_MIN_PIECE_S, node.loop_wants - self.now))
             held_left[0] -= size
             run[0] += size
             self.box.work(node.cpu, size)
@@ -490,7 +528,7 @@ class MeshSim2(MeshSim):
                 if release > 0:
                     released()
                     return
-            if node.loop_wants is not None and self.now >= node.loop_wants + SWITCH_INTERVAL_S - 1e-12:
+            if node.loop_wants is not None and self.now >= node.loop_wants - 1e-12:
                 node.storage_holds = False  # dropped at the loop's request: it waits for it to take it
                 node.loop_wants = None
                 node.storage_hand_offs += 1
@@ -504,7 +542,7 @@ class MeshSim2(MeshSim):
             self.box.then(node.disk_cpu, then)
 
         def released() -> None:  # a blocking call: the interpreter is free until it returns
-            asked = node.loop_wants is not None and self.now >= node.loop_wants + SWITCH_INTERVAL_S - 1e-12
+            asked = node.loop_wants is not None and self.now >= node.loop_wants - 1e-12
             if node.runq and (asked or self.box.wait_now() < release):
                 node.storage_holds = False
                 node.loop_wants = None
@@ -536,8 +574,19 @@ class MeshSim2(MeshSim):
         it from now (it asks a switch interval later: :meth:`_storage_work`)."""
         node = self.node2(y)
         if node.storage_holds and node.loop_wants is None:
-            node.loop_wants = self.now
+            node.loop_wants = self._asks_at()
         super()._wake(y, task, run)
+
+    def _asks_at(self) -> float:
+        """When a thread of the node woken now, wanting the interpreter another of its threads holds, asks
+        for it (``take_gil``, ``Python/ceval_gil.h``): it must run to begin its timed wait, a switch
+        interval, and run again at its timeout to set the drop request. On a box whose threads keep
+        their core for a burst both runs wait in the run queue (:meth:`Box.wait_now`, the queue as it is
+        now, twice): on a full box a thread waiting for the interpreter rarely asks before a short
+        holder's burst ends (the daemons' writer's storage thread is not descheduled before its COMMIT in
+        its median transaction while its readers wait, bench/RESULTS.md sim21c)."""
+        queue = 2 * self.box.wait_now() if self.box.slice is not None else 0.0
+        return self.now + queue + SWITCH_INTERVAL_S
 
     def _turn(self, y: int) -> None:
         """The loop's next task, unless the storage thread waits for the interpreter and the loop is
