@@ -56,6 +56,7 @@ from latticed.net.core2_engine_host import MergeSteps2
 from latticed.protocol import core2_wire
 from latticed.protocol.core2_steps import outgoing
 from latticed.storage import writer
+from latticed.storage.batch import Batch
 from latticed.storage.core2_engine import reading_through
 from latticed.storage.engine import Engine
 
@@ -186,7 +187,7 @@ def _counted_commits() -> None:
     """Count the storage thread's transactions and the rows they change, for ``--split``."""
     write = writer.Writer._write
 
-    def counted(self: writer.Writer, batch: writer.Batch, started: float) -> list[writer.Change]:
+    def counted(self: writer.Writer, batch: Batch, started: float) -> list[writer.Change]:
         conn = self.store.connection
         changes = conn.total_changes
         try:
