@@ -23,6 +23,12 @@ timed part (every thread's, the storage thread's commits too; not the owner's wr
 instruction count (``Ir`` in the callgrind.out file, or ``callgrind_annotate``) repeats within ~1 %.
 The switch is callgrind.h's client requests, compiled here with cffi (needs a C compiler and
 valgrind's headers); they are no-ops outside valgrind.
+
+``--split``: callgrind counts no kernel time, so per core (medians over the rounds) the timed part is
+split into the process's user and system time, each thread's CPU (``/proc/self/task/*/schedstat``, ns:
+the event loop's, the storage thread's, the checkpointer's, by thread name), minor faults, bytes written
+(``wchar``, ``write_bytes``), write and read syscalls, the commits with the rows they changed
+(``total_changes``), and the garbage collector's passes by generation and their CPU (``gc_s``).
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ import argparse
 import cProfile
 import gc
 import importlib.util
+import os
 import pstats
+import resource
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Protocol
@@ -47,6 +56,7 @@ from latticed.net.core2_engine_host import MergeSteps2
 from latticed.protocol import core2_wire
 from latticed.protocol.core2_steps import outgoing
 from latticed.storage import writer
+from latticed.storage.batch import Batch
 from latticed.storage.core2_engine import reading_through
 from latticed.storage.engine import Engine
 
@@ -55,6 +65,8 @@ REPLICA = Identity.from_seed(b"b" * 32)
 MAX_RECORDS, MAX_BYTES = 4096, 512 * 1024  # a link's chunk bounds
 #: The profile the storage thread's group commits run under while the replica's part is timed.
 _ACTIVE: list[Switch | None] = [None]
+#: ``--split``'s counters for the timed part, summed over a catch-up (None: not splitting).
+_SPLIT: list[dict[str, float] | None] = [None]
 
 
 class Switch(Protocol):
@@ -92,6 +104,8 @@ async def catchup(root: Path, core: int, count: int, profile: Switch | None, per
                     )
                 )
                 raw = wire.pack(core2_wire.delta_to_wire(out.delta, out.steps))
+            split = _SPLIT[0]
+            before = _snapshot() if split is not None else None
             started = time.process_time()
             if profile is not None:
                 _ACTIVE[0] = profile
@@ -104,6 +118,9 @@ async def catchup(root: Path, core: int, count: int, profile: Switch | None, per
                 profile.disable()
                 _ACTIVE[0] = None
             spent += time.process_time() - started
+            if split is not None and before is not None:
+                for key, value in _snapshot().items():
+                    split[key] = split.get(key, 0.0) + value - before.get(key, 0.0)
             if core == 1:
                 since1 = b.summary(OWNER.public_key, "backlog")
                 held = 0 if since1 is None else since1.held_end
@@ -116,6 +133,85 @@ async def catchup(root: Path, core: int, count: int, profile: Switch | None, per
                 break
         gc.unfreeze()
         return spent
+
+
+def _snapshot() -> dict[str, float]:
+    """The counters ``--split`` reads: the process's rusage, its I/O counters, each thread's CPU by name,
+    and the replica's commits (counted by :func:`_counted_commits`)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out: dict[str, float] = {
+        "user_s": usage.ru_utime,
+        "sys_s": usage.ru_stime,
+        "minflt": usage.ru_minflt,
+        "majflt": usage.ru_majflt,
+        "nvcsw": usage.ru_nvcsw,
+        "nivcsw": usage.ru_nivcsw,
+    }
+    main = resource.getrusage(resource.RUSAGE_THREAD)  # called on the event loop's thread
+    out["loop_user_s"], out["loop_sys_s"] = main.ru_utime, main.ru_stime
+    for line in Path("/proc/self/io").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("rchar", "wchar", "syscr", "syscw", "write_bytes"):
+            out[key] = float(value)
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            ns = int(Path(f"/proc/self/task/{task}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended
+        name = names.get(int(task), "other")
+        key = f"cpu[{name.split('-')[0] if name.startswith('Thread') else name}]_s"
+        out[key] = out.get(key, 0.0) + ns / 1e9
+    out.update(_COMMITS)
+    return out
+
+
+def _gc_timed(phase: str, info: dict[str, int]) -> None:
+    """A ``gc.callbacks`` entry: count each generation's collections and their thread CPU time
+    (``--split``)."""
+    if phase == "start":
+        _GC_STARTED[0] = time.thread_time()
+        return
+    _COMMITS[f"gc{info['generation']}"] += 1
+    _COMMITS["gc_s"] += time.thread_time() - _GC_STARTED[0]
+
+
+_GC_STARTED = [0.0]
+
+
+#: The storage threads' transactions so far (the owner's and the replica's) and the rows they changed.
+_COMMITS: dict[str, float] = {"commits": 0.0, "rows": 0.0, "gc0": 0.0, "gc1": 0.0, "gc2": 0.0, "gc_s": 0.0}
+
+
+def _counted_commits() -> None:
+    """Count the storage thread's transactions and the rows they change, for ``--split``."""
+    write = writer.Writer._write
+
+    def counted(self: writer.Writer, batch: Batch, started: float) -> list[writer.Change]:
+        conn = self.store.connection
+        changes = conn.total_changes
+        try:
+            return write(self, batch, started)
+        finally:
+            _COMMITS["commits"] += 1
+            _COMMITS["rows"] += conn.total_changes - changes
+
+    writer.Writer._write = counted  # type: ignore[method-assign]
+
+
+def _print_split(core: int, splits: list[dict[str, float]], records: int) -> None:
+    """Medians over the rounds of each ``--split`` counter, per record where that reads better."""
+    keys = sorted({k for split in splits for k in split})
+    fields = []
+    for key in keys:
+        value = statistics.median(split.get(key, 0.0) for split in splits)
+        if key.endswith("_s"):
+            fields.append(f"{key} {value / records * 1e6:.3f} us/rec")
+        elif key in ("minflt", "majflt", "nvcsw", "nivcsw", "commits", "syscr", "syscw", "gc0", "gc1", "gc2"):
+            fields.append(f"{key} {value:.0f}")
+        else:
+            fields.append(f"{key} {value / records:.1f}/rec")
+    print(f"split core {core}: " + "; ".join(fields))
 
 
 def _profiled_writer() -> None:
@@ -169,7 +265,12 @@ def main() -> None:
     parser.add_argument("--profile", type=int, choices=(1, 2), default=None)
     parser.add_argument("--batch", type=int, default=1, help="records per offer (1: single offers)")
     parser.add_argument("--callgrind", type=int, choices=(1, 2), default=None)
+    parser.add_argument("--split", action="store_true", help="user/system time, faults, bytes per core")
     args = parser.parse_args()
+    if args.split:
+        _counted_commits()
+        gc.callbacks.append(_gc_timed)
+    splits: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     if args.callgrind is not None:
         with tempfile.TemporaryDirectory() as scratch:
             toggle = _Instrumented(Path(scratch) / "cg")
@@ -188,12 +289,19 @@ def main() -> None:
     runs: dict[int, list[float]] = {1: [], 2: []}
     for round_no in range(args.rounds):
         for core in (1, 2):
+            _SPLIT[0] = {} if args.split else None
             with tempfile.TemporaryDirectory() as scratch:
                 spent = trio.run(catchup, Path(scratch), core, args.records, None, args.batch)
             runs[core].append(spent)
+            split = _SPLIT[0]
+            if split is not None:
+                splits[core].append(split)
             print(
                 f"round {round_no + 1}, core {core}: replica CPU {spent / args.records * 1e6:.2f} us/record"
             )
+    if args.split:
+        for core in (1, 2):
+            _print_split(core, splits[core], args.records)
     one, two = (statistics.median(runs[c]) / args.records * 1e6 for c in (1, 2))
     ratios = [b / a for a, b in zip(runs[1], runs[2], strict=True)]
     print(
