@@ -22,6 +22,9 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   A thread wanting the lock waits for the loop's ready tasks, at most the switch interval
   (:meth:`MeshSim2._interpreter`); the storage thread takes what waits once it holds it; reads take one
   of the daemon's two reader connections, so the writer's next API call goes before its third link's;
+  a read's worker thread (``trio.to_thread``) is woken and runs on the box of its own first: only once
+  it has a core does it want the interpreter (taking it on that core if free), so a read waiting for a
+  core leaves the interpreter to the node's loop and storage thread, as the daemons' reads did (sim21d);
 * the interpreter passes between the storage thread and the loop as CPython 3.11 passes it
   (:meth:`MeshSim2._storage_work`): the holder runs on until a blocking call releases it (the writer's
   chain hash, signature, SQLite statements: ``WRITER_GIL_FREE``) or the other, after waiting a switch
