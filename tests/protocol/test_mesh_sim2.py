@@ -591,8 +591,8 @@ def test_a_read_takes_the_interpreter_only_once_its_reader_thread_is_on_a_core()
     1.7) from their request to their body, then ran it 0.39 ms of CPU mostly in one run (bench/RESULTS.md
     sim21d). So on an idle box the read's CPU follows its request at once, on the core its thread was
     given (no second run), and with both cores busy its thread waits in the run queue (a slice's end)
-    while the node's interpreter stays free for its loop and storage thread; the simulator had the read
-    hold the interpreter from its request."""
+    while the node's interpreter stays free for its loop and storage thread. Without ``reader_threads``
+    (the default, main's model) the read holds the interpreter from its request."""
     costs = Costs(
         jitter=0.0,
         cores=2,
@@ -605,8 +605,8 @@ def test_a_read_takes_the_interpreter_only_once_its_reader_thread_is_on_a_core()
         cut_record=0.0,
     )
     took: list[float] = []
-    for busy in (False, True):
-        sim = MeshSim2(2, costs=costs)
+    for busy, threads in ((False, True), (True, True), (True, False)):
+        sim = MeshSim2(2, costs=costs, reader_threads=threads)
         warm_up(sim)
         sim.run_for(1.0)
         node = sim.node2(0)
@@ -620,9 +620,10 @@ def test_a_read_takes_the_interpreter_only_once_its_reader_thread_is_on_a_core()
                 sim.box.work(CpuThread(), 0.05)
         runs, start = sim.box.runs, sim.now
         sim._read2_then(0, 1, sim.key, out)
-        assert node.readers == 1 and len(node.read_threads) == READ_CONNECTIONS - 1
+        assert node.readers == 1 and len(node.read_threads) == READ_CONNECTIONS - threads
         sim.run_for(0.00025)  # half its CPU on an idle box; on the busy one it waits for a core
-        assert node.cpu.busy is not busy  # waiting for a core, the reader does not hold the interpreter
+        # waiting for a core, the reader does not hold the interpreter (without ``reader_threads`` it did)
+        assert node.cpu.busy is (not busy or not threads)
         sim.run_for(0.1)
         assert len(provided) == 1 and node.readers == 0
         assert len(node.read_threads) == READ_CONNECTIONS
@@ -631,3 +632,4 @@ def test_a_read_takes_the_interpreter_only_once_its_reader_thread_is_on_a_core()
             assert took[0] == pytest.approx(0.0005)  # its CPU on the core it was woken on
             assert sim.box.runs - runs == 2  # the reader's run, the loop's for the delta
     assert took[1] >= 0.0015 + 0.0005  # a slice's end, then its CPU
+    assert took[2] >= 0.0015 + 0.0005  # held from its request: the node's thread waits for a core

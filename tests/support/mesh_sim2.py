@@ -22,9 +22,10 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   A thread wanting the lock waits for the loop's ready tasks, at most the switch interval
   (:meth:`MeshSim2._interpreter`); the storage thread takes what waits once it holds it; reads take one
   of the daemon's two reader connections, so the writer's next API call goes before its third link's;
-  a read's worker thread (``trio.to_thread``) is woken and runs on the box of its own first: only once
-  it has a core does it want the interpreter (taking it on that core if free), so a read waiting for a
-  core leaves the interpreter to the node's loop and storage thread, as the daemons' reads did (sim21d);
+  with ``reader_threads`` (off by default), a read's worker thread (``trio.to_thread``) is woken and runs
+  on the box of its own first: only once it has a core does it want the interpreter (taking it on that
+  core if free), so a read waiting for a core leaves the interpreter to the node's loop and storage
+  thread, as the daemons' reads did (bench/RESULTS.md sim21d);
 * the interpreter passes between the storage thread and the loop as CPython 3.11 passes it
   (:meth:`MeshSim2._storage_work`): the holder runs on until a blocking call releases it (the writer's
   chain hash, signature, SQLite statements: ``WRITER_GIL_FREE``) or the other, after waiting a switch
@@ -254,6 +255,10 @@ class MeshSim2(MeshSim):
     #: Whether a node's storage and reader threads share one interpreter lock with its event loop (a
     #: Python daemon's do: their record work runs one at a time with the loop's); False: each its own core.
     gil: bool = True
+    #: Whether a read's worker thread runs on the box of its own before it wants the interpreter (with
+    #: ``gil``; :meth:`_read2_then`). Off by default: at N = 8 it moved the writer's reads into its next
+    #: transaction's held work and the bulk's counts away from the daemons' (bench/RESULTS.md sim21d).
+    reader_threads: bool = False
     #: How long a batch waits for as many writers as the last ones held (``group_commit_ms``).
     group_linger: float = GROUP_COMMIT_S
 
@@ -694,10 +699,12 @@ class MeshSim2(MeshSim):
         thread: list[CpuThread] = []
 
         def start() -> None:
-            if self.gil:  # the reader thread is woken: it runs on the box before it wants the interpreter
+            if self.gil and self.reader_threads:  # woken, it runs on the box before it wants the interpreter
                 thread.append(node.read_threads.pop())
                 self.box.wake(thread[0])
                 self.box.then(thread[0], scheduled)
+            elif self.gil:  # the reader thread waits for the interpreter with the loop's runnable tasks
+                self._interpreter(y, "reader", read)
             else:
                 node.cpu_work += work
                 self.box.wake(node.reader)
