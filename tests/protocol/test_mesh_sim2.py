@@ -5,6 +5,7 @@ messages counted as the daemons count them, and the figures it was calibrated on
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -582,3 +583,53 @@ def test_a_thread_waiting_for_the_interpreter_asks_for_it_once_it_has_run_twice(
     wait = sim.box.wait_now()
     assert wait == pytest.approx(0.0015)  # until a slice ends
     assert sim._asks_at() == pytest.approx(sim.now + 2 * wait + SWITCH_INTERVAL_S)
+
+
+def test_a_read_takes_the_interpreter_only_once_its_reader_thread_is_on_a_core() -> None:
+    """A daemon's read runs on a worker thread (``bridge.read``: ``trio.to_thread``) that is woken and
+    must get a core before it can take the interpreter: the daemons' writer's reads waited 2.8 ms (median
+    1.7) from their request to their body, then ran it 0.39 ms of CPU mostly in one run (bench/RESULTS.md
+    sim21d). So on an idle box the read's CPU follows its request at once, on the core its thread was
+    given (no second run), and with both cores busy its thread waits in the run queue (a slice's end)
+    while the node's interpreter stays free for its loop and storage thread. Without ``reader_threads``
+    (the default, main's model) the read holds the interpreter from its request."""
+    costs = Costs(
+        jitter=0.0,
+        cores=2,
+        wake=0.0,
+        stall_chance=0.0,
+        core_slice=0.0015,
+        read=0.0005,
+        read_record=0.0,
+        cut=0.0,
+        cut_record=0.0,
+    )
+    took: list[float] = []
+    for busy, threads in ((False, True), (True, True), (True, False)):
+        sim = MeshSim2(2, costs=costs, reader_threads=threads)
+        warm_up(sim)
+        sim.run_for(1.0)
+        node = sim.node2(0)
+        out = outgoing(node.durable2[sim.key], None, 4096, sim.max_bytes)
+        provided: list[float] = []  # when the delta reached link 1's session (a stub here)
+        stub = SimpleNamespace(provide_delta=lambda key, delta: provided.append(sim.now))
+        node.sessions[1] = SimpleNamespace(core2=stub)  # type: ignore[assignment]
+        sim._run_driver = lambda y, x: None  # type: ignore[method-assign]
+        if busy:  # two threads of another process keep both cores a while
+            for _ in range(2):
+                sim.box.work(CpuThread(), 0.05)
+        runs, start = sim.box.runs, sim.now
+        sim._read2_then(0, 1, sim.key, out)
+        assert node.readers == 1 and len(node.read_threads) == READ_CONNECTIONS - threads
+        sim.run_for(0.00025)  # half its CPU on an idle box; on the busy one it waits for a core
+        # waiting for a core, the reader does not hold the interpreter (without ``reader_threads`` it did)
+        assert node.cpu.busy is (not busy or not threads)
+        sim.run_for(0.1)
+        assert len(provided) == 1 and node.readers == 0
+        assert len(node.read_threads) == READ_CONNECTIONS
+        took.append(provided[0] - start)
+        if not busy:
+            assert took[0] == pytest.approx(0.0005)  # its CPU on the core it was woken on
+            assert sim.box.runs - runs == 2  # the reader's run, the loop's for the delta
+    assert took[1] >= 0.0015 + 0.0005  # a slice's end, then its CPU
+    assert took[2] >= 0.0015 + 0.0005  # held from its request: the node's thread waits for a core

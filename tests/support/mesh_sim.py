@@ -471,7 +471,7 @@ class Box:
             # interpreter, or it went idle): it has it still, the thread that took it queues again
             taker = src.successor
             src.left_at = -1.0
-            if taker is not None and taker in self.running:
+            if taker is not None and taker in self.running and taker.segments:
                 taker.stamp += 1
                 del self.running[taker]
                 self.runs -= 1

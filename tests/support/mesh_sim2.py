@@ -22,6 +22,10 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   A thread wanting the lock waits for the loop's ready tasks, at most the switch interval
   (:meth:`MeshSim2._interpreter`); the storage thread takes what waits once it holds it; reads take one
   of the daemon's two reader connections, so the writer's next API call goes before its third link's;
+  with ``reader_threads`` (off by default), a read's worker thread (``trio.to_thread``) is woken and runs
+  on the box of its own first: only once it has a core does it want the interpreter (taking it on that
+  core if free), so a read waiting for a core leaves the interpreter to the node's loop and storage
+  thread, as the daemons' reads did (bench/RESULTS.md sim21d);
 * the interpreter passes between the storage thread and the loop as CPython 3.11 passes it
   (:meth:`MeshSim2._storage_work`): the holder runs on until a blocking call releases it (the writer's
   chain hash, signature, SQLite statements: ``WRITER_GIL_FREE``) or the other, after waiting a switch
@@ -69,7 +73,7 @@ from latticed.storage.ahead import AHEAD_DELTA_RECORDS
 from latticed.storage.engine import Engine
 from latticed.storage.writer import _RECENT_S as WRITERS_SEEN_S
 from latticed.storage.writer import MERGE_LINGER_JOBS, MERGE_LINGER_S
-from support.mesh_sim import Costs, MeshNode, MeshSim, _Job
+from support.mesh_sim import Costs, CpuThread, MeshNode, MeshSim, _Job
 
 __all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 
@@ -222,6 +226,11 @@ class MeshNode2(MeshNode):
     #: Seconds its transactions took from their jobs taken until their COMMIT began (its wait excluded).
     pre_commit_seconds: float = 0.0
     read_queue: deque[tuple[int, Callable[[], None]]] = field(default_factory=deque)
+    #: The reader threads free for a read (one a read connection: ``trio.to_thread``'s thread for
+    #: ``bridge.read``): with ``gil`` each runs on the box of its own before it wants the interpreter.
+    read_threads: list[CpuThread] = field(
+        default_factory=lambda: [CpuThread() for _ in range(READ_CONNECTIONS)]
+    )
 
     def held_end(self, key: QueueKey) -> int:
         state = self.durable2.get(key)
@@ -246,6 +255,10 @@ class MeshSim2(MeshSim):
     #: Whether a node's storage and reader threads share one interpreter lock with its event loop (a
     #: Python daemon's do: their record work runs one at a time with the loop's); False: each its own core.
     gil: bool = True
+    #: Whether a read's worker thread runs on the box of its own before it wants the interpreter (with
+    #: ``gil``; :meth:`_read2_then`). Off by default: at N = 8 it moved the writer's reads into its next
+    #: transaction's held work and the bulk's counts away from the daemons' (bench/RESULTS.md sim21d).
+    reader_threads: bool = False
     #: How long a batch waits for as many writers as the last ones held (``group_commit_ms``).
     group_linger: float = GROUP_COMMIT_S
 
@@ -683,8 +696,14 @@ class MeshSim2(MeshSim):
         count = len(out.delta.records)
         work = self.costs.read + self.costs.read_record * count
 
+        thread: list[CpuThread] = []
+
         def start() -> None:
-            if self.gil:  # the reader thread waits for the interpreter with the loop's runnable tasks
+            if self.gil and self.reader_threads:  # woken, it runs on the box before it wants the interpreter
+                thread.append(node.read_threads.pop())
+                self.box.wake(thread[0])
+                self.box.then(thread[0], scheduled)
+            elif self.gil:  # the reader thread waits for the interpreter with the loop's runnable tasks
                 self._interpreter(y, "reader", read)
             else:
                 node.cpu_work += work
@@ -692,11 +711,26 @@ class MeshSim2(MeshSim):
                 self.box.work(node.reader, self._scaled(work))
                 self.box.then(node.reader, ended)
 
+        def scheduled() -> None:  # on a core: it takes the interpreter if free, or waits for it
+            free = not node.cpu.busy and not node.runq and not node.storage_holds
+            if free and node.storage_resume is None:
+                self.box.move(thread[0], node.cpu)  # the same thread: it keeps its core, no new run
+                node.role = "reader"
+                node.cpu_work += work
+                self.box.work(node.cpu, self._scaled(work))
+                self.box.then(node.cpu, ended)
+                return
+            if node.storage_holds and node.loop_wants is None:  # it ran once: it asks at its timeout
+                node.loop_wants = self.now + self.box.wait_now() + SWITCH_INTERVAL_S
+            self._interpreter(y, "reader", read)
+
         def read() -> None:  # a reader thread builds the records holding the interpreter
             self._busy(node, work, role="reader")
             self.box.then(node.cpu, ended)
 
         def ended() -> None:  # trio's to_thread: the limiter released (its next waiter woken) first
+            if thread:
+                node.read_threads.append(thread.pop())
             if node.read_queue:
                 waiter, begin = node.read_queue.popleft()
                 self._wake(y, ("read start", waiter), begin)
