@@ -1474,14 +1474,15 @@ fail:
    five counters exact ints (each within a signed 64-bit range) added to ref's (ref None: to 0), every
    sum within 0 .. 2^64-1, 1 <= version, start <= end <= 2^63-1; a hash sent exact bytes of 32, the
    signature exact bytes of 64. A left-out field only by the live case of its rule: the log folded from
-   shared_fold (32 bytes) over tail (a list or tuple of at most 64 leaves, f_leaf) with libsodium's
-   BLAKE2b (by address, as fold()); the base hash ref's where start is ref's; the head hash chained (the
-   chain value after the records, which the caller hashed from ref's head hash at ref's end) where end is
-   records_end; the meta hash ref's where the metadata version is ref's, else empty_meta (bytes, passed
-   only when the delta carries no metadata) for version 0. ref exactly of head_type with exact-int
-   counters and 32-byte hashes; queue_id exact bytes of 32, epoch an exact int below 2^64. Reads only
-   those objects' items and slots, each type- and size-checked before use, with the GIL held; writes
-   only a 72-byte stack buffer and the new head's slots. It decides no refusal: anything else (another
+   shared_fold (32 bytes) over tail (a list or tuple of at most 64 leaves, f_leaf, each an exact tuple
+   whose digest is exact bytes) with libsodium's BLAKE2b (by address, as fold()); the base hash ref's
+   where start is ref's; the head hash chained (the chain value after the records, which the caller
+   hashed from ref's head hash at ref's end) where end is records_end; the meta hash ref's where the
+   metadata version is ref's, else empty_meta (bytes, passed only when the delta carries no metadata)
+   for version 0. ref exactly of head_type with exact-int counters and 32-byte hashes; queue_id exact
+   bytes of 32, epoch an exact int below 2^64. Reads only those objects' items and slots, each type- and
+   size-checked before use, with the GIL held; writes only a 72-byte stack buffer and the new head's
+   slots. It decides no refusal: anything else (another
    rule, a value out of range, a type not plain) answers None and the caller's Python path reads the
    head and raises what it raises. */
 static PyObject *c_names[9];
@@ -1603,7 +1604,11 @@ static PyObject *compact_head(PyObject *self, PyObject *args)
                 for (i = 0; i < n; i++) {
                     const char *digest;
                     unsigned long long end;
-                    if (!f_leaf(leaves[i], &digest, &end)) {
+                    /* Exact tuples of exact bytes only (as appended_head): f_leaf reads their storage,
+                       while Python's fold iterates and adds them, which a subclass may answer otherwise. */
+                    if (!PyTuple_CheckExact(leaves[i]) || PyTuple_GET_SIZE(leaves[i]) != 2
+                        || !PyBytes_CheckExact(PyTuple_GET_ITEM(leaves[i], 0))
+                        || !f_leaf(leaves[i], &digest, &end)) {
                         goto plain;
                     }
                     memcpy(joined + 32, digest, 32);

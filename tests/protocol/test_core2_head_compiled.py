@@ -34,6 +34,20 @@ class Ints(list[Any]):
     """A list subclass (the C pass takes an exact list only)."""
 
 
+class Added(bytes):
+    """A digest whose joining to a log answers other bytes (Python's fold adds it; C reads its storage)."""
+
+    def __radd__(self, other: bytes) -> bytes:
+        return other + b"\x01" * 32
+
+
+class Pair(tuple[Any, ...]):
+    """A leaf whose iteration answers other items than its storage holds."""
+
+    def __iter__(self) -> Any:
+        return iter((b"\x06" * 32, 40))
+
+
 #: Values a field off the wire may hold: other types, sizes, ranges (the valid ones among them too).
 ODD: list[Any] = [
     0, 1, -1, 2, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64 - 1, 2**64, -(2**64), True, False, 1.0,
@@ -213,6 +227,9 @@ TAILS: dict[str, Any] = {
     "a short leaf": ((b"\x03" * 31, 40),),
     "a leaf past the offsets": ((b"\x03" * 32, 2**63),),
     "a list": [(b"\x03" * 32, 40)],
+    "a digest subclass": ((Added(b"\x03" * 32), 40),),
+    "a tuple subclass": (Pair((b"\x03" * 32, 40)),),
+    "a bool end": ((b"\x03" * 32, True),),
 }
 
 
