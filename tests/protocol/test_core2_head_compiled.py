@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.queue2_histories import OWNER, empty
 
-from latticed.crdt import queue2
+from latticed.crdt import chain_memo, queue2
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.records import Record
 from latticed.protocol import core2_compact, core2_head_compiled
@@ -122,8 +122,18 @@ def _outcome(call: Any) -> tuple[str, Any]:
         return type(exc).__name__, str(exc)
 
 
-def _both(raw: Any, c: Any, tail: Any) -> tuple[tuple[str, Any], tuple[str, Any], bool]:
-    """``_head_in``'s outcome with the pass, without it (the reference), and whether the pass answered."""
+def _memo() -> Any:
+    """What the chain memo holds (a head hash rebuilt from the records keeps their chain): its base,
+    first offset and chain."""
+    entry = chain_memo._slot[0]
+    return None if entry is None else (entry[0][0], entry[0][1], entry[1])
+
+
+def _both(raw: Any, c: Any, tail: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], bool]:
+    """``_head_in``'s outcome with the pass, without it (the reference), and whether the pass answered;
+    each outcome with what the chain memo holds after it. The reference is ``_head_in`` without
+    ``_compiled_head`` at all (as before the pass): its chain hashed ahead of the Python checks must
+    change neither the outcome nor the memo."""
     answered = []
     real = core2_head_compiled.compact_head
 
@@ -134,9 +144,11 @@ def _both(raw: Any, c: Any, tail: Any) -> tuple[tuple[str, Any], tuple[str, Any]
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(core2_head_compiled, "compact_head", counted)
-        compiled = _outcome(lambda: core2_compact._head_in(_copy(raw), c, tail))
-        m.setattr(core2_head_compiled, "compact_head", lambda *_, **__: None)
-        reference = _outcome(lambda: core2_compact._head_in(_copy(raw), c, tail))
+        m.setattr(chain_memo, "_slot", [None])
+        compiled = (*_outcome(lambda: core2_compact._head_in(_copy(raw), c, tail)), _memo())
+        m.setattr(core2_compact, "_compiled_head", lambda *_: None)
+        m.setattr(chain_memo, "_slot", [None])
+        reference = (*_outcome(lambda: core2_compact._head_in(_copy(raw), c, tail)), _memo())
     return compiled, reference, any(answered)
 
 
@@ -194,6 +206,25 @@ def test_a_head_of_another_shape_reads_as_python_reads_it(shape: str) -> None:
     assert compiled == reference and compiled[0] != "value" and not answered
 
 
+class SubHead(HeadV2):
+    """A head of a subclass (the pass takes a ref exactly of ``HeadV2`` only)."""
+
+    __slots__ = ()
+
+
+def _as(cls: type[HeadV2], head: HeadV2) -> HeadV2:
+    return cls(*(getattr(head, f.name) for f in dataclasses.fields(HeadV2) if f.init))
+
+
+def _without(head: HeadV2, name: str) -> HeadV2:
+    """``head`` with the slot ``name`` empty (reading it raises AttributeError)."""
+    out = object.__new__(HeadV2)
+    for f in dataclasses.fields(HeadV2):
+        if f.name != name:
+            object.__setattr__(out, f.name, getattr(head, f.name))
+    return out
+
+
 def _other_head(c: Any, **changes: Any) -> HeadV2:
     return dataclasses.replace(c.ref, **changes)
 
@@ -219,6 +250,11 @@ CONTEXTS: dict[str, Any] = {
     "no records": lambda c: dataclasses.replace(c, records=()),
     "another first offset": lambda c: dataclasses.replace(c, from_offset=c.from_offset + 1),
     "metadata": lambda c: dataclasses.replace(c, meta=(("a", "b"),)),
+    "ref of a subclass": lambda c: dataclasses.replace(c, ref=_as(SubHead, c.ref)),
+    "ref without a timestamp": lambda c: dataclasses.replace(c, ref=_without(c.ref, "timestamp")),
+    "ref without a base hash": lambda c: dataclasses.replace(c, ref=_without(c.ref, "base_hash")),
+    "ref without a head hash": lambda c: dataclasses.replace(c, ref=_without(c.ref, "head_hash")),
+    "ref without a meta hash": lambda c: dataclasses.replace(c, ref=_without(c.ref, "meta_hash")),
 }
 TAILS: dict[str, Any] = {
     "a leaf": ((b"\x03" * 32, 40),),
@@ -230,6 +266,14 @@ TAILS: dict[str, Any] = {
     "a digest subclass": ((Added(b"\x03" * 32), 40),),
     "a tuple subclass": (Pair((b"\x03" * 32, 40)),),
     "a bool end": ((b"\x03" * 32, True),),
+    "three leaves": tuple((bytes([i]) * 32, 40 + i) for i in range(3)),
+    "64 leaves": tuple((bytes([i]) * 32, 40) for i in range(64)),
+    "a leaf at 0": ((b"\x03" * 32, 0),),
+    "a leaf at the last offset": ((b"\x03" * 32, 2**63 - 1),),
+    "a leaf past 2^64": ((b"\x03" * 32, 2**64),),
+    "a negative leaf end": ((b"\x03" * 32, -1),),
+    "a leaf of 3": ((b"\x03" * 32, 40, 0),),
+    "a leaf list": ([b"\x03" * 32, 40],),
 }
 
 
@@ -256,7 +300,7 @@ def _decoded(raws: list[Any], compiled: bool) -> list[tuple[str, Any]]:
     receiver, out = Compact2Link(), []
     with pytest.MonkeyPatch.context() as m:
         if not compiled:
-            m.setattr(core2_head_compiled, "compact_head", lambda *_, **__: None)
+            m.setattr(core2_compact, "_compiled_head", lambda *_: None)
         for raw in raws:
             out.append(_outcome(lambda raw=raw: receiver.decode(_copy(raw))))
     return out
@@ -336,3 +380,55 @@ def test_each_counter_range_is_the_checks(index: int, value: str) -> None:
     }[value]
     compiled, reference, answered = _both(changed, c, tail)
     assert compiled == reference and reference[0] == "MalformedError" and not answered
+
+
+EXTREMES = [0, 1, 2**63 - 1, 2**63, 2**64 - 1]
+DELTAS = [-(2**63) - 1, -(2**63), -(2**63) + 1, -1, 0, 1, 2**63 - 1, 2**63, 2**64 - 1]
+
+
+@pytest.mark.parametrize("name", ["meta_version", "timestamp"])
+@pytest.mark.parametrize("at", EXTREMES)
+def test_a_counter_added_to_a_ref_at_its_extremes_reads_as_python_reads_it(name: str, at: int) -> None:
+    """The sums at their edges: a difference of -2^63 (whose magnitude C takes without negating it) or
+    2^63-1 onto a ref's counter at 0, 2^63 or 2^64-1; the pass answers exactly where Python accepts and
+    the difference fits a signed 64-bit int."""
+    call = LIVE[-1]
+    whole = _sent_whole(call)  # every hash sent: no rule reads the metadata version
+    c = dataclasses.replace(call[1], ref=_other_head(call[1], **{name: at}))
+    index = {"meta_version": 6, "timestamp": 8}[name]
+    seen = set()
+    for delta in DELTAS:
+        changed = list(whole)
+        changed[index] = delta
+        compiled, reference, answered = _both(changed, c, call[2])
+        assert compiled == reference, delta
+        accepted = reference[0] == "value"
+        assert answered == (accepted and -(2**63) <= delta < 2**63), delta
+        if accepted:
+            assert getattr(core2_compact._head_in(changed, c, call[2]), name) == at + delta
+        seen.add(accepted)
+    assert seen == {True, False}
+
+
+@pytest.mark.parametrize("end", [0, 2, 2**63, "1", None])
+def test_the_records_are_hashed_only_where_python_hashes_them(end: Any) -> None:
+    """A head whose end is not the records' (or not an int): the pass's caller hashes no records for a
+    head hash that Python's rule would not rebuild from them (a peer's bad head costs no hashing)."""
+    raw, c, tail = LIVE[-1]
+    assert len(c.records) == 1 and raw[3] == 1
+    changed = list(raw)
+    changed[3] = end
+    hashed = {True: 0, False: 0}
+    real = core2_compact.chain_extend
+    for compiled in (True, False):
+
+        def counting(*args: Any, compiled: bool = compiled) -> list[bytes]:
+            hashed[compiled] += 1
+            return real(*args)
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(core2_compact, "chain_extend", counting)
+            if not compiled:
+                m.setattr(core2_compact, "_compiled_head", lambda *_: None)
+            _outcome(lambda: core2_compact._head_in(_copy(changed), c, tail))
+    assert hashed == {True: 0, False: 0}
