@@ -361,10 +361,23 @@ def _head_out(h: HeadV2, c: _Context, tail: tuple[Leaf, ...]) -> bytes | list[An
 def _compiled_head(raw: list[Any], c: _Context, tail: tuple[Leaf, ...]) -> HeadV2 | None:
     """The live case of :func:`_head_in` in one C pass (None: not built or not that case). A left-out
     head hash is the records' chain from the ref's end, hashed here (the pass parses nothing) and kept
-    for the steps and the verification, as :func:`_head_hash` keeps it."""
+    for the steps and the verification, as :func:`_head_hash` keeps it. Nothing is read or hashed here
+    that the Python path would not read and hash for the same head: a ref exactly of ``HeadV2`` (the
+    pass reads no other), and the records hashed only where the head's end is theirs (a sent end
+    difference of exactly their count from the ref's end), as :func:`_head_hash` hashes them."""
     ref, records, frm = c.ref, c.records, c.from_offset
+    if ref is not None and type(ref) is not HeadV2:
+        return None
     chain = None
-    if raw[5] is None and ref is not None and records and len(records) <= CHAIN_LIMIT and ref.end == frm:
+    if (
+        raw[5] is None
+        and ref is not None
+        and records
+        and len(records) <= CHAIN_LIMIT
+        and ref.end == frm
+        and type(raw[3]) is int
+        and raw[3] == len(records)
+    ):
         chain = chain_extend(ref.head_hash, frm, records)
     head = core2_head_compiled.compact_head(
         raw,
