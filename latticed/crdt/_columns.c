@@ -1,7 +1,8 @@
 /* latticed.crdt._columns: the column passes of the owner's bulk append, and a core-2 replica's passes
    per version of a catch-up (head bodies rebuilt from log steps, the log folded and its leaves checked,
    bodies checked against the log and the chain, bodies packed for the store), and a relay's check of a
-   live push's head (appended_head), in C (optional extension).
+   live push's head (appended_head) and a compact DELTA2's head read (compact_head), in C (optional
+   extension).
 
    Each function does in one pass over Python objects what the pure-Python path does with several
    (latticed/crdt/columns_compiled.py and leaf_compiled.py say which, and tests pin the results equal). None of them decides
@@ -1500,6 +1501,248 @@ fail:
     return NULL;
 }
 
+/* compact_head(head_type, blake2b, person_log, raw, ref, queue_id, epoch, shared_fold, tail, chained,
+   records_end, empty_meta) -> a head of head_type, or None.
+
+   A compact DELTA2's head as latticed.protocol.core2_compact._head_in reads it, in one pass over the
+   list msgpack decoded (core2_head_compiled.py): raw exactly a list of 10 items, [version, log | nil,
+   start, end, base_hash | nil, head_hash | nil, meta_version, meta_hash | nil, timestamp, signature]; the
+   five counters exact ints (each within a signed 64-bit range) added to ref's (ref None: to 0), every
+   sum within 0 .. 2^64-1, 1 <= version, start <= end <= 2^63-1; a hash sent exact bytes of 32, the
+   signature exact bytes of 64. A left-out field only by the live case of its rule: the log folded from
+   shared_fold (32 bytes) over tail (a list or tuple of at most 64 leaves, f_leaf, each an exact tuple
+   whose digest is exact bytes) with libsodium's BLAKE2b (by address, as fold()); the base hash ref's
+   where start is ref's; the head hash chained (the chain value after the records, which the caller
+   hashed from ref's head hash at ref's end) where end is records_end; the meta hash ref's where the
+   metadata version is ref's, else empty_meta (bytes, passed only when the delta carries no metadata)
+   for version 0. ref exactly of head_type with exact-int counters and 32-byte hashes; queue_id exact
+   bytes of 32, epoch an exact int below 2^64. Reads only those objects' items and slots, each type- and
+   size-checked before use, with the GIL held; writes only a 72-byte stack buffer and the new head's
+   slots. It decides no refusal: anything else (another
+   rule, a value out of range, a type not plain) answers None and the caller's Python path reads the
+   head and raises what it raises. */
+static PyObject *c_names[9];
+static const char *c_name_strings[9] = {
+    "version", "start", "end", "meta_version", "timestamp", "base_hash", "head_hash", "meta_hash", "_leaf",
+};
+
+/* An exact int within a signed 64-bit range through *out (1), or 0. */
+static int c_i64(PyObject *obj, long long *out)
+{
+    int overflow = 0;
+    if (!PyLong_CheckExact(obj)) {
+        return 0;
+    }
+    *out = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0 || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *compact_head(PyObject *self, PyObject *args)
+{
+    /* raw's counters by index, and ref's counter of each (c_names) */
+    static const int counter_at[5] = {0, 2, 3, 6, 8};
+    PyObject *head_type, *person, *raw, *ref, *queue_id, *epoch_obj, *shared_fold, *tail, *chained;
+    PyObject *records_end_obj, *empty_meta, *item = NULL, *values[13] = {NULL};
+    PyObject *ref_hashes[3] = {NULL, NULL, NULL}, **fields, **leaves;
+    unsigned long long blake2b, epoch, records_end, sums[5], ref_counters[5] = {0, 0, 0, 0, 0};
+    unsigned char joined[72], next[32];
+    Py_ssize_t i, n, offsets[13];
+    PyTypeObject *type;
+    int k, direct;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OKOOOOOOOOOO", &head_type, &blake2b, &person, &raw, &ref, &queue_id,
+                          &epoch_obj, &shared_fold, &tail, &chained, &records_end_obj, &empty_meta)) {
+        return NULL;
+    }
+    if (!PyType_Check(head_type) || blake2b == 0 || !a_bytes(person, 16) || !PyList_CheckExact(raw)
+        || PyList_GET_SIZE(raw) != 10 || (ref != Py_None && Py_TYPE(ref) != (PyTypeObject *) head_type)
+        || !a_bytes(queue_id, 32) || !a_u64(epoch_obj, &epoch) || !a_u64(records_end_obj, &records_end)) {
+        Py_RETURN_NONE;
+    }
+    type = (PyTypeObject *) head_type;
+    if (v_names_ready() < 0) {
+        return NULL;
+    }
+    for (k = 0; k < 9; k++) {
+        if (c_names[k] == NULL && (c_names[k] = PyUnicode_InternFromString(c_name_strings[k])) == NULL) {
+            return NULL;
+        }
+    }
+    fields = PySequence_Fast_ITEMS(raw);
+    /* The counters, each the sent difference plus ref's. */
+    for (k = 0; k < 5; k++) {
+        long long delta;
+        if (!c_i64(fields[counter_at[k]], &delta)) {
+            goto plain;
+        }
+        if (ref != Py_None) {
+            PyObject *got = PyObject_GetAttr(ref, c_names[k]);
+            int ok;
+            if (got == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                    goto fail;
+                }
+                PyErr_Clear();
+                goto plain;
+            }
+            ok = a_u64(got, &ref_counters[k]);
+            Py_DECREF(got);
+            if (!ok) {
+                goto plain;
+            }
+        }
+        if (delta < 0 ? (unsigned long long) -(delta + 1) + 1ULL > ref_counters[k]
+                      : (unsigned long long) delta > ~0ULL - ref_counters[k]) {
+            goto plain;  /* below 0 or past 2^64-1: Python's check says so */
+        }
+        sums[k] = delta < 0 ? ref_counters[k] - ((unsigned long long) -(delta + 1) + 1ULL)
+                            : ref_counters[k] + (unsigned long long) delta;
+    }
+    /* sums: version, start, end, meta_version, timestamp */
+    if (sums[0] < 1 || sums[1] > sums[2] || sums[2] > V_MAX_OFFSET) {
+        goto plain;
+    }
+    if (ref != Py_None) {
+        for (k = 0; k < 3; k++) {
+            if ((ref_hashes[k] = PyObject_GetAttr(ref, c_names[5 + k])) == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                    goto fail;
+                }
+                PyErr_Clear();
+                goto plain;
+            }
+        }
+    }
+    /* The hashes: sent, or the live case of each rule. */
+    for (k = 0; k < 4; k++) {
+        static const int at[4] = {1, 4, 5, 7};
+        static const int slot[4] = {3, 6, 7, 9};
+        PyObject *sent = fields[at[k]], *value = NULL;
+        if (sent != Py_None) {
+            value = sent;
+        } else if (k == 0) {  /* the log: shared_fold folded over the tip's tail */
+            if (!a_bytes(shared_fold, 32) || (!PyList_CheckExact(tail) && !PyTuple_CheckExact(tail))) {
+                goto plain;
+            }
+            n = PySequence_Fast_GET_SIZE(tail);
+            leaves = PySequence_Fast_ITEMS(tail);
+            if (n > 64) {
+                goto plain;
+            }
+            if (n == 0) {
+                value = shared_fold;
+            } else {
+                memcpy(joined, PyBytes_AS_STRING(shared_fold), 32);
+                for (i = 0; i < n; i++) {
+                    const char *digest;
+                    unsigned long long end;
+                    /* Exact tuples of exact bytes only (as appended_head): f_leaf reads their storage,
+                       while Python's fold iterates and adds them, which a subclass may answer otherwise. */
+                    if (!PyTuple_CheckExact(leaves[i]) || PyTuple_GET_SIZE(leaves[i]) != 2
+                        || !PyBytes_CheckExact(PyTuple_GET_ITEM(leaves[i], 0))
+                        || !f_leaf(leaves[i], &digest, &end)) {
+                        goto plain;
+                    }
+                    memcpy(joined + 32, digest, 32);
+                    v_put_u64(joined + 64, end);
+                    if (((blake2b_fn) (uintptr_t) blake2b)(next, 32, joined, sizeof joined, NULL, 0, NULL,
+                                                           (const unsigned char *) PyBytes_AS_STRING(person))
+                        != 0) {
+                        goto plain;
+                    }
+                    memcpy(joined, next, 32);
+                }
+                if ((values[3] = PyBytes_FromStringAndSize((const char *) joined, 32)) == NULL) {
+                    goto fail;
+                }
+                continue;
+            }
+        } else if (k == 1) {  /* the base hash: ref's, where the head starts where ref does */
+            if (ref == Py_None || ref_counters[1] != sums[1]) {
+                goto plain;
+            }
+            value = ref_hashes[0];
+        } else if (k == 2) {  /* the head hash: the records' chain, where they end at the head's end */
+            if (chained == Py_None || records_end != sums[2]) {
+                goto plain;
+            }
+            value = chained;
+        } else if (ref != Py_None && ref_counters[3] == sums[3]) {  /* the meta hash: ref's */
+            value = ref_hashes[2];
+        } else if (empty_meta != Py_None && sums[3] == 0) {  /* no metadata, version 0 */
+            value = empty_meta;
+        } else {
+            goto plain;
+        }
+        if (!a_bytes(value, 32)) {
+            goto plain;
+        }
+        Py_INCREF(value);
+        values[slot[k]] = value;
+    }
+    if (!a_bytes(values[3], 32) || !a_bytes(fields[9], 64)) {
+        goto plain;
+    }
+    /* The head, its slots set as the dataclass's __init__ sets them (_leaf None). */
+    Py_INCREF(queue_id);
+    values[0] = queue_id;
+    Py_INCREF(epoch_obj);
+    values[1] = epoch_obj;
+    Py_INCREF(fields[9]);
+    values[11] = fields[9];
+    Py_INCREF(Py_None);
+    values[12] = Py_None;
+    if ((values[2] = PyLong_FromUnsignedLongLong(sums[0])) == NULL
+        || (values[4] = PyLong_FromUnsignedLongLong(sums[1])) == NULL
+        || (values[5] = PyLong_FromUnsignedLongLong(sums[2])) == NULL
+        || (values[8] = PyLong_FromUnsignedLongLong(sums[3])) == NULL
+        || (values[10] = PyLong_FromUnsignedLongLong(sums[4])) == NULL) {
+        goto fail;
+    }
+    direct = v_offsets(type, offsets) == 0;
+    if (direct) {
+        if ((item = type->tp_alloc(type, 0)) == NULL) {
+            goto fail;
+        }
+        for (k = 0; k < 13; k++) {
+            *(PyObject **) ((char *) item + offsets[k]) = values[k];  /* the reference moves in */
+            values[k] = NULL;
+        }
+        v_untrack(item);  /* atoms only, as versions() says */
+    } else {
+        if ((item = PyObject_Vectorcall(head_type, values, 12, NULL)) == NULL) {
+            goto fail;
+        }
+    }
+    for (k = 0; k < 13; k++) {
+        Py_XDECREF(values[k]);
+    }
+    for (k = 0; k < 3; k++) {
+        Py_XDECREF(ref_hashes[k]);
+    }
+    return item;
+plain:
+    for (k = 0; k < 13; k++) {
+        Py_XDECREF(values[k]);
+    }
+    for (k = 0; k < 3; k++) {
+        Py_XDECREF(ref_hashes[k]);
+    }
+    Py_RETURN_NONE;
+fail:
+    for (k = 0; k < 13; k++) {
+        Py_XDECREF(values[k]);
+    }
+    for (k = 0; k < 3; k++) {
+        Py_XDECREF(ref_hashes[k]);
+    }
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"offered", offered, METH_VARARGS, "An offer's records as value and key columns, and their packed size."},
     {"packed", packed, METH_VARARGS, "Value and key columns as the compiled chain hasher takes them."},
@@ -1515,6 +1758,7 @@ static PyMethodDef methods[] = {
     {"unvouched", unvouched, METH_VARARGS, "The bodies a pass over the log and the chain does not confirm."},
     {"fold", fold, METH_VARARGS, "The log folded over leaves, and its value after every stride of them."},
     {"appended_head", appended_head, METH_VARARGS, "A live push's head, leaves and signature checked in one pass."},
+    {"compact_head", compact_head, METH_VARARGS, "A compact DELTA2's head read from its decoded list in one pass."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -51,3 +51,18 @@ def appended_head(
     ours_end: int,
     /,
 ) -> tuple[bytes, int] | None: ...
+def compact_head(
+    head_type: type,
+    blake2b: int,
+    person_log: bytes,
+    raw: Any,
+    ref: object,
+    queue_id: bytes,
+    epoch: int,
+    shared_fold: bytes | None,
+    tail: Sequence[Any],
+    chained: bytes | None,
+    records_end: int,
+    empty_meta: bytes | None,
+    /,
+) -> Any: ...

@@ -73,6 +73,7 @@ from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, next_log
 from latticed.crdt.records import MIXED, Headers, Record, RecordRun, chain_extend, uniform
 from latticed.crdt.wire import pack, records_from_wire, records_to_wire
 from latticed.errors import RemoteProtocolError
+from latticed.protocol import core2_head_compiled
 from latticed.protocol.core2_wire import (  # the full forms' field decoders, shared
     CACK2,
     CACKS2,
@@ -357,10 +358,50 @@ def _head_out(h: HeadV2, c: _Context, tail: tuple[Leaf, ...]) -> bytes | list[An
     ]
 
 
+def _compiled_head(raw: list[Any], c: _Context, tail: tuple[Leaf, ...]) -> HeadV2 | None:
+    """The live case of :func:`_head_in` in one C pass (None: not built or not that case). A left-out
+    head hash is the records' chain from the ref's end, hashed here (the pass parses nothing) and kept
+    for the steps and the verification, as :func:`_head_hash` keeps it. Nothing is read or hashed here
+    that the Python path would not read and hash for the same head: a ref exactly of ``HeadV2`` (the
+    pass reads no other), and the records hashed only where the head's end is theirs (a sent end
+    difference of exactly their count from the ref's end), as :func:`_head_hash` hashes them."""
+    ref, records, frm = c.ref, c.records, c.from_offset
+    if ref is not None and type(ref) is not HeadV2:
+        return None
+    chain = None
+    if (
+        raw[5] is None
+        and ref is not None
+        and records
+        and len(records) <= CHAIN_LIMIT
+        and ref.end == frm
+        and type(raw[3]) is int
+        and raw[3] == len(records)
+    ):
+        chain = chain_extend(ref.head_hash, frm, records)
+    head = core2_head_compiled.compact_head(
+        raw,
+        ref,
+        queue_id=c.qid,
+        epoch=c.epoch,
+        shared_fold=c.shared_fold,
+        tail=tail,
+        chained=None if chain is None else chain[-1],
+        records_end=frm + len(records),
+        empty_meta=_EMPTY_META_HASH if c.meta is None else None,
+    )
+    if head is not None and chain is not None and ref is not None:
+        chain_memo.remember(ref.head_hash, frm, records, chain)
+    return head
+
+
 def _head_in(raw: Any, c: _Context, tail: tuple[Leaf, ...]) -> HeadV2:
     if type(raw) is bytes:
         return _head(raw)
     fields = _list(raw, 10, "a compact head")
+    head = _compiled_head(fields, c, tail)
+    if head is not None:
+        return head
     ref = c.ref
     version = _int(fields[0], "a head's version") + (ref.version if ref else 0)
     start = _int(fields[2], "a head's start") + (ref.start if ref else 0)
