@@ -105,6 +105,22 @@ def unvouched(
     return left
 
 
+def _fields(prev: HeadV2) -> tuple[object, ...]:
+    """``prev``'s fields in the order the compiled ``versions`` pass takes them (one place for both of
+    its callers)."""
+    return (
+        prev.queue_id,
+        prev.epoch,
+        prev.version,
+        prev.start,
+        prev.end,
+        prev.base_hash,
+        prev.meta_version,
+        prev.meta_hash,
+        prev.timestamp,
+    )
+
+
 def decode(
     c: Compiled,
     prev: HeadV2,
@@ -121,17 +137,7 @@ def decode(
     first, base, chain = window
     if type(chain) is not list or not 0 <= first < 2**64:
         return None
-    fields = (
-        prev.queue_id,
-        prev.epoch,
-        prev.version,
-        prev.start,
-        prev.end,
-        prev.base_hash,
-        prev.meta_version,
-        prev.meta_hash,
-        prev.timestamp,
-    )
+    fields = _fields(prev)
     args = (HeadV2, c.blake2b, _PERSONS, HEAD2_NAMESPACE, fields, log, raw, base, first, chain)
     found: list[HeadV2 | Leaf] | None = c.versions(*args) if out is None else c.versions(*args, *out)
     if found is None and out is not None:
@@ -155,17 +161,7 @@ def decode_compact(
     first, base, chain = window
     if type(chain) is not list or not 0 <= first < 2**64 or out[0] or out[1]:
         return None
-    fields = (
-        prev.queue_id,
-        prev.epoch,
-        prev.version,
-        prev.start,
-        prev.end,
-        prev.base_hash,
-        prev.meta_version,
-        prev.meta_hash,
-        prev.timestamp,
-    )
+    fields = _fields(prev)
     args = (None, c.blake2b, _PERSONS, HEAD2_NAMESPACE, fields, log, raw, base, first, chain, *out)
     found: bytes | None = c.versions(*args)
     if found is None:
