@@ -19,15 +19,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.single_offers import chunk, single_offers
 from support.v2_histories import OWNER, history
 
-from latticed.crdt import epoch_delta, epochs, leaf_bodies, leaf_compiled, queue2, wire
+from latticed.crdt import epoch_delta, epochs, leaf_bodies, leaf_compiled, queue2
 from latticed.crdt.core_errors import TamperedError
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
-from latticed.protocol import core2_wire
-from latticed.protocol.core2_steps import outgoing, unpack_steps
 
 
 @pytest.fixture(scope="module")
@@ -112,16 +111,8 @@ def test_arguments_of_another_shape_are_left_to_python(built: Any) -> None:
 def catch_up_chunk(count: int) -> tuple[queue2.QueueState2, queue2.Delta]:
     """A fresh replica and the first chunk of ``count`` single offers, rebuilt from its steps."""
     owner = Identity.from_seed(b"o" * 32)
-    state = queue2.commit(queue2.empty_state(owner.public_key, "q"), owner, now_ms=1)
-    for i in range(count):
-        state = queue2.commit(state, owner, now_ms=10 + i, records=[make_record(b"v%d" % i, timestamp=i)])
-    out = outgoing(state, None, 4096, 1 << 20)
-    assert out.steps is not None
-    d, steps = core2_wire.delta_from_wire(
-        wire.unpack(wire.pack(core2_wire.delta_to_wire(out.delta, out.steps)))
-    )
     empty = queue2.empty_state(owner.public_key, "q")
-    return empty, unpack_steps(empty, d, steps)
+    return empty, chunk(single_offers(owner, range(10, 10 + count)), empty, 4096)
 
 
 @pytest.mark.parametrize("compiled", [True, False])
