@@ -11,7 +11,6 @@ Where the extension is missing the tests that need it skip, unless ``LATTICED_RE
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.accel import required
 from support.single_offers import chunk, single_offers
 from support.v2_histories import OWNER, history
 
@@ -31,13 +31,7 @@ from latticed.crdt.signing import Identity
 
 @pytest.fixture(scope="module")
 def built() -> Any:
-    found = leaf_compiled._packs()
-    if found is not None:
-        return found
-    message = "the compiled body passes in latticed.crdt._columns are not built (no C compiler at install?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    return required(leaf_compiled._packs(), "the compiled body passes in latticed.crdt._columns")
 
 
 def signed_log(count: int) -> tuple[epochs.Chains, list[HeadV2], list[bytes]]:

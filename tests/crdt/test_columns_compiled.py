@@ -9,7 +9,6 @@ installs with a compiler) makes them fail instead.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,6 +16,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.accel import required
 
 from latticed.crdt import chain_compiled, columns_compiled
 from latticed.crdt import queue as core
@@ -37,13 +37,7 @@ T = TypeVar("T")
 @pytest.fixture(scope="module")
 def built() -> Any:
     """The compiled module; skip where it was not built, unless it is required there."""
-    module = columns_compiled.load()
-    if module is not None:
-        return module
-    message = "the compiled column passes latticed.crdt._columns are not built (no C compiler at install?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    return required(columns_compiled.load(), "the compiled column passes latticed.crdt._columns")
 
 
 def python_only(call: Callable[[], T]) -> T:

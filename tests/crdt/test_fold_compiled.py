@@ -10,13 +10,13 @@ Where the extension is missing the tests that need it skip, unless ``LATTICED_RE
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.accel import required
 from support.v2_histories import OWNER, history
 
 from latticed.crdt import epochs, fold_compiled, fold_index, head2
@@ -46,13 +46,7 @@ odd_items: list[Any] = [
 
 @pytest.fixture(scope="module")
 def built() -> fold_compiled.Compiled:
-    found = fold_compiled.load()
-    if found is not None:
-        return found
-    message = "the compiled fold latticed.crdt._columns.fold is not built (no C compiler at install?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    return required(fold_compiled.load(), "the compiled fold latticed.crdt._columns.fold")
 
 
 def python_fold(log: bytes, leaves: list[Any], stride: int = 0) -> tuple[bytes, list[bytes]]:
