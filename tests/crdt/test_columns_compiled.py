@@ -9,6 +9,7 @@ installs with a compiler) makes them fail instead.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -329,3 +330,15 @@ def test_a_producers_requests_share_one_headers_tuple() -> None:
         first, second = build(), build()
         assert first.headers is not None and second.headers is not None
         assert first.headers[0] is second.headers[0] == (("lattice.producer", PRODUCER.encode()),)
+
+
+def test_a_pass_is_handed_pynacls_libsodium_function_or_none_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nacl._sodium import ffi, lib  # noqa: PLC0415
+
+    for name in (columns_compiled.BLAKE2B, "crypto_sign_open"):
+        want = int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+        assert columns_compiled.sodium_address(name) == want != 0
+    monkeypatch.setitem(sys.modules, "nacl._sodium", None)  # PyNaCl's libsodium not at hand
+    assert columns_compiled.sodium_address(columns_compiled.BLAKE2B) is None

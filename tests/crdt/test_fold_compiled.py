@@ -10,6 +10,7 @@ Where the extension is missing the tests that need it skip, unless ``LATTICED_RE
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import sys
 from typing import Any
 
@@ -139,3 +140,17 @@ def test_the_fold_keeps_no_reference_it_does_not_own(built: fold_compiled.Compil
         fold_compiled.fold(log, [*leaves, None], 7)
         fold_compiled.all_leaves(leaves)
     assert [sys.getrefcount(o) for o in (log, *leaves)] == before
+
+
+def test_the_compiled_passes_personalisations_are_head2s() -> None:
+    data = b"a body or two logs"
+    for person, python in (
+        (fold_compiled.BODY_PERSON, head2._BODY_HASHER),
+        (fold_compiled.LOG_PERSON, head2._LOG_HASHER),
+    ):
+        hasher = python.copy()
+        hasher.update(data)
+        assert (
+            len(person) == 16
+            and hashlib.blake2b(data, digest_size=32, person=person).digest() == hasher.digest()
+        )
