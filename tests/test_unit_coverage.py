@@ -204,9 +204,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "latticed.storage.upgrade": (
         "the upgrade plan of `latticed migrate`: tests/storage/test_store_upgrade.py"
     ),
-    "latticed.storage.verify": (
-        "a stored queue's verification, behind the store: tests/storage/test_store.py"
-    ),
 }
 
 

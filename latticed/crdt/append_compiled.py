@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
-from latticed.crdt import fold_compiled
+from latticed.crdt import columns_compiled, fold_compiled
 from latticed.crdt.head2 import HEAD2_NAMESPACE, HeadV2, Leaf
 
 __all__ = ["checked", "load"]
 
-#: The body's and the log's BLAKE2b personalisations (:mod:`.head2`'s), each padded to 16 bytes.
-_PERSONS = b"latticed.hd2.v1".ljust(16, b"\0") + b"latticed.log.v1".ljust(16, b"\0")
+#: The body's and the log's BLAKE2b personalisations, as the pass takes them.
+_PERSONS = fold_compiled.BODY_PERSON + fold_compiled.LOG_PERSON
 
 
 class Compiled(NamedTuple):
@@ -42,10 +42,8 @@ def load() -> Compiled | None:
     folding = fold_compiled.load()
     if folding is None or not hasattr(folding.columns, "appended_head"):
         return None
-    from nacl._sodium import ffi, lib  # noqa: PLC0415 - fold_compiled.load found it
-
-    address = int(ffi.cast("uintptr_t", ffi.addressof(lib, "crypto_sign_open")))
-    return Compiled(folding.columns, folding.blake2b, address)
+    address = columns_compiled.sodium_address("crypto_sign_open")
+    return None if address is None else Compiled(folding.columns, folding.blake2b, address)
 
 
 def checked(

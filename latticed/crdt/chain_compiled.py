@@ -33,14 +33,11 @@ def load() -> Compiled | None:
     """The compiled chain hasher bound to PyNaCl's libsodium, or None if it was not built (no C compiler
     at install) or does not load. Loaded once, on first use: importing records stays cheap."""
     try:
-        from nacl._sodium import ffi as sodium_ffi  # noqa: PLC0415
-        from nacl._sodium import lib as sodium_lib  # noqa: PLC0415
-
         from latticed.crdt import _chainhash  # noqa: PLC0415
     except ImportError:
         return None
-    address = sodium_ffi.addressof(sodium_lib, "crypto_generichash_blake2b_salt_personal")
-    return Compiled(_chainhash.ffi, _chainhash.lib, int(sodium_ffi.cast("uintptr_t", address)))
+    address = columns_compiled.sodium_address(columns_compiled.BLAKE2B)
+    return None if address is None else Compiled(_chainhash.ffi, _chainhash.lib, address)
 
 
 def extend(

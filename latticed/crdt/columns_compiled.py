@@ -10,6 +10,9 @@ are :mod:`.leaf_compiled`'s, ``fold`` and ``are_leaves`` :mod:`.fold_compiled`'s
 :mod:`.append_compiled`'s. None of
 them decides a verdict: given anything but the plain shape they handle they return None, and the Python
 path checks the input.
+
+The compiled passes link no libsodium of their own: :func:`sodium_address` hands them PyNaCl's functions
+by address, the ones the Python path calls.
 """
 
 from __future__ import annotations
@@ -28,6 +31,21 @@ def load() -> ModuleType | None:
     except ImportError:
         return None
     return _columns
+
+
+#: libsodium's personalised BLAKE2b, which every compiled pass that hashes calls.
+BLAKE2B = "crypto_generichash_blake2b_salt_personal"
+
+
+def sodium_address(name: str) -> int | None:
+    """The address of libsodium's function ``name`` in PyNaCl's build, for a compiled pass to call (so
+    it hashes and verifies with the same code as the Python path), or None if PyNaCl's libsodium is not
+    at hand. Imported on first use: importing the callers stays cheap."""
+    try:
+        from nacl._sodium import ffi, lib  # noqa: PLC0415
+    except ImportError:
+        return None
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 
 
 def widest(values: Sequence[bytes], keys: Sequence[bytes | None]) -> tuple[int, int]:
@@ -50,4 +68,4 @@ def same_int(column: Sequence[Any]) -> bool:
     return type(first) is int and column.count(first) == len(column) and set(map(type, column)) == {int}
 
 
-__all__ = ["load", "same_int", "widest"]
+__all__ = ["BLAKE2B", "load", "same_int", "sodium_address", "widest"]

@@ -17,10 +17,12 @@ from typing import Any, NamedTuple
 
 from latticed.crdt import columns_compiled
 
-__all__ = ["Compiled", "all_leaves", "fold", "load"]
+__all__ = ["BODY_PERSON", "LOG_PERSON", "Compiled", "all_leaves", "fold", "load"]
 
-#: The log's BLAKE2b personalisation (:mod:`.head2`'s), padded to 16 bytes as hashlib does.
-_PERSON = b"latticed.log.v1".ljust(16, b"\0")
+#: A head body's and the log's BLAKE2b personalisations (:mod:`.head2`'s), padded to 16 bytes as hashlib
+#: does: what every compiled pass over heads hashes with.
+BODY_PERSON = b"latticed.hd2.v1".ljust(16, b"\0")
+LOG_PERSON = b"latticed.log.v1".ljust(16, b"\0")
 
 
 class Compiled(NamedTuple):
@@ -37,12 +39,8 @@ def load() -> Compiled | None:
     columns = columns_compiled.load()
     if columns is None or not hasattr(columns, "fold"):
         return None
-    try:
-        from nacl._sodium import ffi, lib  # noqa: PLC0415
-    except ImportError:
-        return None
-    address = ffi.addressof(lib, "crypto_generichash_blake2b_salt_personal")
-    return Compiled(columns, int(ffi.cast("uintptr_t", address)))
+    address = columns_compiled.sodium_address(columns_compiled.BLAKE2B)
+    return None if address is None else Compiled(columns, address)
 
 
 def fold(log: bytes, leaves: Iterable[Any], stride: int = 0) -> tuple[bytes, list[bytes]] | None:
@@ -51,7 +49,7 @@ def fold(log: bytes, leaves: Iterable[Any], stride: int = 0) -> tuple[bytes, lis
     c = load()
     if c is None or type(leaves) not in (list, tuple) or type(log) is not bytes or len(log) != 32:
         return None
-    found: tuple[bytes, list[bytes]] | None = c.columns.fold(c.blake2b, _PERSON, log, leaves, stride)
+    found: tuple[bytes, list[bytes]] | None = c.columns.fold(c.blake2b, LOG_PERSON, log, leaves, stride)
     return found
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
-from latticed.crdt import columns_compiled
+from latticed.crdt import columns_compiled, fold_compiled
 from latticed.crdt.head2 import HEAD2_NAMESPACE, HeadV2, Leaf
 
 #: The slots the C loop sets on each body, in this order (it is not used if ``HeadV2`` has others).
@@ -35,8 +35,8 @@ _FIELDS = (
     "signature",
     "_leaf",
 )
-#: The body's and the log's BLAKE2b personalisations (:mod:`.head2`'s), padded to 16 bytes as hashlib does.
-_PERSONS = b"latticed.hd2.v1".ljust(16, b"\0") + b"latticed.log.v1".ljust(16, b"\0")
+#: The body's and the log's BLAKE2b personalisations, as the loop takes them.
+_PERSONS = fold_compiled.BODY_PERSON + fold_compiled.LOG_PERSON
 
 
 class Compiled(NamedTuple):
@@ -55,12 +55,8 @@ def load() -> Compiled | None:
         return None
     if tuple(f.name for f in dataclasses.fields(HeadV2)) != _FIELDS:
         return None
-    try:
-        from nacl._sodium import ffi, lib  # noqa: PLC0415
-    except ImportError:
-        return None
-    address = ffi.addressof(lib, "crypto_generichash_blake2b_salt_personal")
-    return Compiled(columns.versions, int(ffi.cast("uintptr_t", address)))
+    address = columns_compiled.sodium_address(columns_compiled.BLAKE2B)
+    return None if address is None else Compiled(columns.versions, address)
 
 
 @cache

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -49,6 +49,7 @@ from latticed.errors import (
 )
 from latticed.groups.group_ports import GroupStore
 from latticed.groups.group_sources import find_source, held
+from latticed.net.background import Background
 from latticed.net.leasing import LeaseLinks, LinkLostError
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.reader import Columns
@@ -132,7 +133,7 @@ class RemoteGroup:
         return f"{self.owner.hex()}/{self.name}"
 
 
-class RemoteGroups:
+class RemoteGroups(Background):
     """Forwards lease operations on other daemons' groups to their owners (see the module docstring).
     Run :meth:`run` in a nursery: leases granted to callers that left are given back from there."""
 
@@ -144,19 +145,7 @@ class RemoteGroups:
         self._spec_versions: dict[str, int] = {}
         #: Per source, the last records read ahead: (first offset, records; None where unreadable).
         self._ahead: dict[str, tuple[int, list[list[Any] | None]]] = {}
-        self._nursery: trio.Nursery | None = None
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
-
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Run ``fn(*args)`` in the background, beyond the caller's lifetime."""
-        if self._nursery is None:
-            raise LatticedError("lease forwarding is not running")
-        self._nursery.start_soon(fn, *args)
+        super().__init__("lease forwarding is not running")
 
     def target(self, address: str) -> RemoteGroup | None:
         """The group named ``address`` if another daemon owns it (None: ours)."""

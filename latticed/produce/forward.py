@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import trio
 
-from latticed.errors import IncompatiblePeerError, LatticedError, MalformedError, OwnerUnreachableError
+from latticed.errors import IncompatiblePeerError, MalformedError, OwnerUnreachableError
+from latticed.net.background import Background
 from latticed.net.leasing import LeaseLinks
 from latticed.produce.offered_columns import LINK_FIELDS, PACKED_LAYOUT, OfferedColumns
 from latticed.produce.owner import PRODUCE_OP, OfferServer
@@ -57,7 +58,7 @@ def new_producer_id() -> str:
     return os.urandom(12).hex()
 
 
-class RemoteOffers:
+class RemoteOffers(Background):
     """Forwards offers to the owners of other daemons' queues (see the module docstring). Run
     :meth:`run` in a nursery: forwarded offers of pipelining clients run there."""
 
@@ -68,7 +69,7 @@ class RemoteOffers:
         self.answer_within = answer_within
         #: Offers with a producer id into this daemon's own queues are committed here.
         self.local = local
-        self._nursery: trio.Nursery | None = None
+        super().__init__("remote offers are not running")
         self.counters = {"offers": 0, "retries": 0}
         self._own_producer = new_producer_id()
         self._own_sequences = itertools.count()
@@ -76,17 +77,6 @@ class RemoteOffers:
     def next_own(self) -> tuple[str, int]:
         """This daemon's producer id and its next sequence, for an offer whose client named no producer."""
         return self._own_producer, next(self._own_sequences)
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
-
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        if self._nursery is None:
-            raise LatticedError("remote offers are not running")
-        self._nursery.start_soon(fn, *args)
 
     async def offer(
         self,

@@ -23,9 +23,6 @@ from latticed.crdt.head2 import HeadV2, Leaf
 
 __all__ = ["compact_head"]
 
-#: The log's BLAKE2b personalisation (:mod:`latticed.crdt.head2`'s), padded to 16 bytes.
-_PERSON = b"latticed.log.v1".ljust(16, b"\0")
-
 
 def compact_head(
     raw: Any,
@@ -50,7 +47,7 @@ def compact_head(
     head: HeadV2 | None = c.columns.compact_head(
         HeadV2,
         c.blake2b,
-        _PERSON,
+        fold_compiled.LOG_PERSON,
         raw,
         ref,
         queue_id,

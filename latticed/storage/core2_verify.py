@@ -9,9 +9,8 @@ import sqlite3
 from latticed.crdt import epochs
 from latticed.crdt.epoch_delta import vouches
 from latticed.crdt.queue2 import QueueState2
-from latticed.crdt.records import Record, chain_extend
 from latticed.errors import StorageError
-from latticed.storage import segments
+from latticed.storage.verify import chain_walk
 
 __all__ = ["verify_queue2"]
 
@@ -29,20 +28,8 @@ def verify_queue2(conn: sqlite3.Connection, q: int, state: QueueState2, chunk: i
             raise StorageError(f"{label}: a stored head body (version {body.version}) is not on its log")
         ends[body.end] = body.head_hash
     offset, end = state.held
-    current = state.base_hash
-    while offset < end:
-        hi = min(offset + chunk, end)
-        batch: list[Record] = []
-        stored: list[bytes] = []
-        for segment in segments.scan(conn, q, offset, hi):
-            part = segment.slice(offset, hi)
-            batch.extend(part.records(part.first, part.end))
-            stored.extend(part.chain(o) for o in range(part.first, part.end))
-        chain = chain_extend(current, offset, batch)
-        if len(batch) != hi - offset or chain != stored:
-            raise StorageError(f"{label}: records [{offset}, {hi}) do not match their stored chain values")
-        for i, value in enumerate(chain):
-            if ends.get(offset + i + 1, value) != value:
-                raise StorageError(f"{label}: records do not hash to the head ending at {offset + i + 1}")
-        current, offset = chain[-1], hi
-    return end - state.held[0]
+    missed = "records do not hash to the head ending at {}"
+    chain_walk(
+        conn, q, label=label, held=(state.base_hash, offset, end), ends=ends, chunk=chunk, missed=missed
+    )
+    return end - offset

@@ -12,12 +12,12 @@ Where the extension is missing the tests that need it skip, unless ``LATTICED_RE
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from support.accel import required
 
 from latticed.crdt import append_compiled, epoch_delta, queue2
 from latticed.crdt.epochs import Chains, Tip
@@ -104,13 +104,7 @@ def _piece(behind: int, ahead: int) -> tuple[Chains, epoch_delta.LogDelta]:
 
 @pytest.fixture(scope="module")
 def built() -> append_compiled.Compiled:
-    found = append_compiled.load()
-    if found is not None:
-        return found
-    message = "the compiled check latticed.crdt._columns.appended_head is not built (no C compiler?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    return required(append_compiled.load(), "the compiled check latticed.crdt._columns.appended_head")
 
 
 def _args(value: Chains, piece: epoch_delta.LogDelta) -> dict[str, Any]:

@@ -11,7 +11,6 @@ Where the extension is missing the tests that need it skip, unless ``LATTICED_RE
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -19,26 +18,20 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.accel import required
+from support.single_offers import chunk, single_offers
 from support.v2_histories import OWNER, history
 
-from latticed.crdt import epoch_delta, epochs, leaf_bodies, leaf_compiled, queue2, wire
+from latticed.crdt import epoch_delta, epochs, leaf_bodies, leaf_compiled, queue2
 from latticed.crdt.core_errors import TamperedError
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
-from latticed.protocol import core2_wire
-from latticed.protocol.core2_steps import outgoing, unpack_steps
 
 
 @pytest.fixture(scope="module")
 def built() -> Any:
-    found = leaf_compiled._packs()
-    if found is not None:
-        return found
-    message = "the compiled body passes in latticed.crdt._columns are not built (no C compiler at install?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    return required(leaf_compiled._packs(), "the compiled body passes in latticed.crdt._columns")
 
 
 def signed_log(count: int) -> tuple[epochs.Chains, list[HeadV2], list[bytes]]:
@@ -112,16 +105,8 @@ def test_arguments_of_another_shape_are_left_to_python(built: Any) -> None:
 def catch_up_chunk(count: int) -> tuple[queue2.QueueState2, queue2.Delta]:
     """A fresh replica and the first chunk of ``count`` single offers, rebuilt from its steps."""
     owner = Identity.from_seed(b"o" * 32)
-    state = queue2.commit(queue2.empty_state(owner.public_key, "q"), owner, now_ms=1)
-    for i in range(count):
-        state = queue2.commit(state, owner, now_ms=10 + i, records=[make_record(b"v%d" % i, timestamp=i)])
-    out = outgoing(state, None, 4096, 1 << 20)
-    assert out.steps is not None
-    d, steps = core2_wire.delta_from_wire(
-        wire.unpack(wire.pack(core2_wire.delta_to_wire(out.delta, out.steps)))
-    )
     empty = queue2.empty_state(owner.public_key, "q")
-    return empty, unpack_steps(empty, d, steps)
+    return empty, chunk(single_offers(owner, range(10, 10 + count)), empty, 4096)
 
 
 @pytest.mark.parametrize("compiled", [True, False])

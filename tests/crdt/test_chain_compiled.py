@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.accel import required
 from support.paths import ROOT
 
 from latticed.crdt import chain_compiled
@@ -27,12 +28,7 @@ from latticed.crdt.records import Record, RecordRun, chain_extend, chain_next, r
 @pytest.fixture(scope="module")
 def built() -> None:
     """Skip where the compiled chain hasher was not built, unless it is required there."""
-    if chain_compiled.load() is not None:
-        return
-    message = "the compiled chain hasher latticed.crdt._chainhash is not built (no C compiler at install?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    required(chain_compiled.load(), "the compiled chain hasher latticed.crdt._chainhash")
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ installs with a compiler) makes them fail instead.
 
 from __future__ import annotations
 
-import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.accel import required
 
 from latticed.crdt import chain_compiled, columns_compiled
 from latticed.crdt import queue as core
@@ -37,13 +38,7 @@ T = TypeVar("T")
 @pytest.fixture(scope="module")
 def built() -> Any:
     """The compiled module; skip where it was not built, unless it is required there."""
-    module = columns_compiled.load()
-    if module is not None:
-        return module
-    message = "the compiled column passes latticed.crdt._columns are not built (no C compiler at install?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    return required(columns_compiled.load(), "the compiled column passes latticed.crdt._columns")
 
 
 def python_only(call: Callable[[], T]) -> T:
@@ -335,3 +330,15 @@ def test_a_producers_requests_share_one_headers_tuple() -> None:
         first, second = build(), build()
         assert first.headers is not None and second.headers is not None
         assert first.headers[0] is second.headers[0] == (("lattice.producer", PRODUCER.encode()),)
+
+
+def test_a_pass_is_handed_pynacls_libsodium_function_or_none_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nacl._sodium import ffi, lib  # noqa: PLC0415
+
+    for name in (columns_compiled.BLAKE2B, "crypto_sign_open"):
+        want = int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+        assert columns_compiled.sodium_address(name) == want != 0
+    monkeypatch.setitem(sys.modules, "nacl._sodium", None)  # PyNaCl's libsodium not at hand
+    assert columns_compiled.sodium_address(columns_compiled.BLAKE2B) is None

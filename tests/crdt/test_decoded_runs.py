@@ -10,36 +10,18 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from support.single_offers import chunk, single_offers
 
-from latticed.crdt import leaf_compiled, queue2, wire
+from latticed.crdt import leaf_compiled, queue2
 from latticed.crdt.core_errors import TamperedError
 from latticed.crdt.lazy_bodies import LazyDecoded
 from latticed.crdt.leaf_bodies import Decoded
 from latticed.crdt.queue2 import replica_deltas
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
-from latticed.protocol import core2_steps, core2_wire
-from latticed.protocol.core2_steps import outgoing, unpack_steps
+from latticed.protocol import core2_steps
 
 OWNER = Identity.from_seed(b"o" * 32)
-
-
-def owner_state(count: int) -> queue2.QueueState2:
-    state = queue2.commit(queue2.empty_state(OWNER.public_key, "q"), OWNER, now_ms=1)
-    for i in range(count):
-        state = queue2.commit(state, OWNER, now_ms=10 + i, records=[make_record(b"v%d" % i, timestamp=i)])
-    return state
-
-
-def chunk(owner: queue2.QueueState2, replica: queue2.QueueState2, size: int) -> queue2.Delta:
-    """The next chunk of ``size`` records the owner sends the replica, through the wire, unpacked."""
-    since = queue2.summary(replica) if replica.held[1] else None
-    out = outgoing(owner, since, size, 1 << 20)
-    assert out.steps is not None
-    d, steps = core2_wire.delta_from_wire(
-        wire.unpack(wire.pack(core2_wire.delta_to_wire(out.delta, out.steps)))
-    )
-    return unpack_steps(replica, d, steps)
 
 
 def walked(state: queue2.QueueState2, d: queue2.Delta) -> queue2.Verified:
@@ -63,8 +45,18 @@ def use(form: str, monkeypatch: pytest.MonkeyPatch) -> type:
 
 
 @pytest.fixture(params=["lazy", "built"])
-def compiled_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> type:
-    return use(request.param, monkeypatch)
+def compiled_chunk(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> tuple[queue2.QueueState2, queue2.Delta, Decoded | LazyDecoded]:
+    """A fresh replica, the owner's 40 single offers in one chunk to it, and the chunk's run as each
+    compiled form of the decode gives it (checked to be of that form)."""
+    kind = use(request.param, monkeypatch)
+    replica = queue2.empty_state(OWNER.public_key, "q")
+    d = chunk(single_offers(OWNER, range(10, 50)), replica, 4096)
+    run = d.bodies
+    assert isinstance(run, kind)
+    assert isinstance(run, Decoded | LazyDecoded)
+    return replica, d, run
 
 
 def decoded(run: object, leaves: object, first: int, base: bytes, records: object) -> Decoded:
@@ -76,7 +68,7 @@ def test_each_chunk_is_a_decoded_run_verified_as_the_walk_verifies_it(
     monkeypatch: pytest.MonkeyPatch, form: str
 ) -> None:
     kind = use(form, monkeypatch)
-    owner = owner_state(70)
+    owner = single_offers(OWNER, range(10, 80))
     replica = queue2.empty_state(OWNER.public_key, "q")
     held = []
     spy = replica_deltas._holds
@@ -94,13 +86,10 @@ def test_each_chunk_is_a_decoded_run_verified_as_the_walk_verifies_it(
     assert replica.held == owner.held and replica.records() == owner.records()
 
 
-def test_a_run_whose_claims_do_not_hold_here_is_walked(compiled_form: type) -> None:
-    owner = owner_state(40)
-    replica = queue2.empty_state(OWNER.public_key, "q")
-    d = chunk(owner, replica, 4096)
-    run = d.bodies
-    assert isinstance(run, compiled_form)
-    assert isinstance(run, Decoded | LazyDecoded)
+def test_a_run_whose_claims_do_not_hold_here_is_walked(
+    compiled_chunk: tuple[queue2.QueueState2, queue2.Delta, Decoded | LazyDecoded],
+) -> None:
+    replica, d, run = compiled_chunk
     odd: list[Decoded | LazyDecoded] = [
         decoded(run, run.leaves, run.first, bytes(32), run.records),  # another base
         decoded(run, run.leaves, run.first, run.base, tuple(d.records)),  # other records (equal)
@@ -128,13 +117,10 @@ def test_a_run_whose_claims_do_not_hold_here_is_walked(compiled_form: type) -> N
             queue2.verify_delta(replica, dataclasses.replace(d, bodies=other))
 
 
-def test_a_changed_body_or_record_in_a_decoded_run_is_refused(compiled_form: type) -> None:
-    owner = owner_state(40)
-    replica = queue2.empty_state(OWNER.public_key, "q")
-    d = chunk(owner, replica, 4096)
-    run = d.bodies
-    assert isinstance(run, compiled_form)
-    assert isinstance(run, Decoded | LazyDecoded)
+def test_a_changed_body_or_record_in_a_decoded_run_is_refused(
+    compiled_chunk: tuple[queue2.QueueState2, queue2.Delta, Decoded | LazyDecoded],
+) -> None:
+    replica, d, run = compiled_chunk
     for at in (0, 9, len(run) - 1):
         bodies = list(run)
         bodies[at] = dataclasses.replace(bodies[at], head_hash=bytes(32))

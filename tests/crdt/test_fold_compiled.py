@@ -10,13 +10,14 @@ Where the extension is missing the tests that need it skip, unless ``LATTICED_RE
 from __future__ import annotations
 
 import dataclasses
-import os
+import hashlib
 import sys
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.accel import required
 from support.v2_histories import OWNER, history
 
 from latticed.crdt import epochs, fold_compiled, fold_index, head2
@@ -46,13 +47,7 @@ odd_items: list[Any] = [
 
 @pytest.fixture(scope="module")
 def built() -> fold_compiled.Compiled:
-    found = fold_compiled.load()
-    if found is not None:
-        return found
-    message = "the compiled fold latticed.crdt._columns.fold is not built (no C compiler at install?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    return required(fold_compiled.load(), "the compiled fold latticed.crdt._columns.fold")
 
 
 def python_fold(log: bytes, leaves: list[Any], stride: int = 0) -> tuple[bytes, list[bytes]]:
@@ -145,3 +140,17 @@ def test_the_fold_keeps_no_reference_it_does_not_own(built: fold_compiled.Compil
         fold_compiled.fold(log, [*leaves, None], 7)
         fold_compiled.all_leaves(leaves)
     assert [sys.getrefcount(o) for o in (log, *leaves)] == before
+
+
+def test_the_compiled_passes_personalisations_are_head2s() -> None:
+    data = b"a body or two logs"
+    for person, python in (
+        (fold_compiled.BODY_PERSON, head2._BODY_HASHER),
+        (fold_compiled.LOG_PERSON, head2._LOG_HASHER),
+    ):
+        hasher = python.copy()
+        hasher.update(data)
+        assert (
+            len(person) == 16
+            and hashlib.blake2b(data, digest_size=32, person=person).digest() == hasher.digest()
+        )

@@ -11,35 +11,19 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.single_offers import chunk, single_offers
 
-from latticed.crdt import leaf_codec, leaf_compiled, queue2, steps_memo, wire
+from latticed.crdt import leaf_codec, leaf_compiled, queue2, steps_memo
 from latticed.crdt.head2 import HeadV2, next_log
 from latticed.crdt.lazy_bodies import LazyDecoded, Runs, StepRun, appended, extends
 from latticed.crdt.queue2 import replica_deltas
 from latticed.crdt.queue2.chain_state import bodies_between, keep_bodies
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
-from latticed.protocol import core2_steps, core2_wire
-from latticed.protocol.core2_steps import outgoing, unpack_steps
+from latticed.protocol import core2_steps
 from latticed.storage import core2_bodies
 
 OWNER = Identity.from_seed(b"l" * 32)
-
-
-def owner_state(stamps: list[int]) -> queue2.QueueState2:
-    state = queue2.commit(queue2.empty_state(OWNER.public_key, "q"), OWNER, now_ms=1)
-    for i, at in enumerate(stamps):
-        state = queue2.commit(state, OWNER, now_ms=at, records=[make_record(b"v%d" % i, timestamp=i)])
-    return state
-
-
-def chunk(owner: queue2.QueueState2, replica: queue2.QueueState2, size: int) -> queue2.Delta:
-    since = queue2.summary(replica) if replica.held[1] else None
-    out = outgoing(owner, since, size, 1 << 20)
-    d, steps = core2_wire.delta_from_wire(
-        wire.unpack(wire.pack(core2_wire.delta_to_wire(out.delta, out.steps)))
-    )
-    return unpack_steps(replica, d, steps)
 
 
 def catch_up(owner: queue2.QueueState2, size: int) -> tuple[queue2.QueueState2, list[queue2.Delta]]:
@@ -56,7 +40,7 @@ def both(
     stamps: list[int], size: int, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[queue2.QueueState2, queue2.QueueState2, queue2.QueueState2]:
     """The owner, a replica caught up with runs not built, one caught up with bodies built."""
-    owner = owner_state(stamps)
+    owner = single_offers(OWNER, stamps)
     lazy, deltas = catch_up(owner, size)
     assert all(type(d.bodies) is LazyDecoded for d in deltas)
     with monkeypatch.context() as m:
@@ -108,7 +92,7 @@ def test_every_reader_sees_the_bodies_the_full_decode_builds(
 
 
 def test_the_next_chunk_after_a_lazy_one_follows_its_newest_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    owner = owner_state(list(range(10, 50)))
+    owner = single_offers(OWNER, range(10, 50))
     replica, deltas = catch_up(owner, 15)
     assert len(deltas) == 3
     prev = core2_steps._trusted(replica, replica.bodies[-1].version)
@@ -123,7 +107,7 @@ def test_the_next_chunk_after_a_lazy_one_follows_its_newest_body(monkeypatch: py
 
 
 def test_a_changed_record_under_a_lazy_run_is_refused() -> None:
-    owner = owner_state(list(range(10, 40)))
+    owner = single_offers(OWNER, range(10, 40))
     replica = queue2.empty_state(OWNER.public_key, "q")
     d = chunk(owner, replica, 100)
     assert type(d.bodies) is LazyDecoded
@@ -137,7 +121,7 @@ def test_steps_the_compact_decode_does_not_read_go_to_the_full_one() -> None:
     """A step moving the start (a truncation) or sending a leaf: None, its lists emptied."""
     compiled = leaf_compiled.load()
     assert compiled is not None
-    owner = owner_state(list(range(10, 30)))
+    owner = single_offers(OWNER, range(10, 30))
     prev = owner.bodies[3]
     moved = dataclasses.replace(prev, start=prev.start + 1)
     window = (
@@ -176,7 +160,7 @@ def test_the_store_keeps_a_lazy_run_as_its_steps_and_rebuilds_the_same_bodies(
 @settings_
 @given(cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=5), data=st.data())
 def test_runs_read_as_the_tuple_of_their_parts(cuts: list[int], data: st.DataObject) -> None:
-    owner = owner_state(list(range(10, 50)))
+    owner = single_offers(OWNER, range(10, 50))
     replica, _ = catch_up(owner, 9)
     full = tuple(replica.bodies)
     edges = sorted({0, len(full), *(min(c, len(full)) for c in cuts)})
@@ -193,7 +177,7 @@ def test_runs_read_as_the_tuple_of_their_parts(cuts: list[int], data: st.DataObj
 
 
 def test_a_slice_of_runs_keeps_a_run_covered_whole() -> None:
-    owner = owner_state(list(range(10, 50)))
+    owner = single_offers(OWNER, range(10, 50))
     replica, _ = catch_up(owner, 15)
     runs = replica.bodies
     assert type(runs) is Runs
@@ -215,7 +199,7 @@ def test_a_fork_met_after_a_lazy_catch_up_cuts_and_keeps_evidence_as_with_bodies
     """The owner's copy signs another history from version 21 on: a replica caught up on the first one
     (runs not built, or bodies built) freezes at the fork point with the same records, bodies and
     evidence."""
-    shared = owner_state(list(range(10, 30)))
+    shared = single_offers(OWNER, range(10, 30))
     mine = shared
     for i in range(15):
         mine = queue2.commit(mine, OWNER, now_ms=100 + i, records=[make_record(b"m%d" % i, timestamp=i)])

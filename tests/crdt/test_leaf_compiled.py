@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 import sys
 from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.accel import required
 from support.v2_histories import OWNER, history, step
 
 from latticed.crdt import epochs, leaf_bodies, leaf_codec, leaf_compiled
@@ -32,13 +32,7 @@ Window = tuple[int, bytes, list[bytes]]
 @pytest.fixture(scope="module")
 def built() -> leaf_compiled.Compiled:
     """The compiled loop; skip where it was not built, unless it is required there."""
-    found = leaf_compiled.load()
-    if found is not None:
-        return found
-    message = "the compiled loop latticed.crdt._columns.versions is not built (no C compiler at install?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    return required(leaf_compiled.load(), "the compiled loop latticed.crdt._columns.versions")
 
 
 def window_of(chain_at: Callable[[int], bytes | None], first: int, last: int) -> Window:

@@ -22,7 +22,7 @@ from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net import transport
 from latticed.net.gossip import STALE_AFTER_S, Gossip, PeerLink
 from latticed.net.leasing import LeaseLinks
-from latticed.net.transport import secure_accept, secure_connect
+from latticed.net.transport import SecureStream, secure_accept, secure_connect
 from latticed.net.twin_link import TwinRequests
 from latticed.protocol.identity_runs import IDENTITY_FEATURE, IDENTITY_OP, Notice, RunSeen
 from latticed.protocol.lease_forwarding import LeasingSession, Refusal, Request
@@ -75,15 +75,18 @@ def copied_owner() -> tuple[Daemon, Daemon, Daemon]:
     return first, copy, daemon(RELAY)
 
 
-async def connect(nursery: trio.Nursery, dialler: Daemon, relay: Daemon, address: str) -> trio.Event:
-    """``dialler`` dials ``relay`` (from ``address``); the event is set when the dialler's link ends."""
+async def connect(
+    nursery: trio.Nursery, dialler: Daemon, relay: Daemon, address: str, at: str = "relay:7000"
+) -> trio.Event:
+    """``dialler`` dials ``relay`` (from ``address``, to the relay's address ``at``); the event is set when
+    the dialler's link ends."""
     left, right = trio.testing.memory_stream_pair()
     ended = trio.Event()
 
     async def dial() -> None:
         stream = await secure_connect(left, seed=dialler.identity.seed, network_key=DEFAULT_NETWORK_KEY)
         try:
-            await dialler.gossip.run_peer(stream, "relay:7000", "static")
+            await dialler.gossip.run_peer(stream, at, "static")
         finally:
             ended.set()
 
@@ -96,11 +99,43 @@ async def connect(nursery: trio.Nursery, dialler: Daemon, relay: Daemon, address
     return ended
 
 
+async def silent_owner(
+    nursery: trio.Nursery, relay: Daemon, incarnation: bytes, address: str, *, relay_dials: bool = False
+) -> SecureStream:
+    """The owner's end of a link to ``relay`` on which a run of ``incarnation`` said hello and what it
+    held, then nothing: no gossip runs on it, so the test decides when it goes. The relay accepts it from
+    ``address``, or (``relay_dials``) dialled it itself, at ``address``."""
+    left, right = trio.testing.memory_stream_pair()
+
+    async def relay_end() -> None:
+        if relay_dials:
+            stream = await secure_connect(left, seed=RELAY.seed, network_key=DEFAULT_NETWORK_KEY)
+        else:
+            stream = await secure_accept(right, seed=RELAY.seed, network_key=DEFAULT_NETWORK_KEY)
+        await relay.gossip.run_peer(stream, address, "static" if relay_dials else "incoming")
+
+    nursery.start_soon(relay_end)
+    if relay_dials:
+        owner_end = await secure_accept(right, seed=OWNER.seed, network_key=DEFAULT_NETWORK_KEY)
+    else:
+        owner_end = await secure_connect(left, seed=OWNER.seed, network_key=DEFAULT_NETWORK_KEY)
+    hello = Hello(PROTOCOL_VERSION, None, incarnation)
+    await owner_end.send_many([encode_message(hello), encode_message(Digest(()))])
+    return owner_end
+
+
 async def settle(done: Callable[[], bool]) -> None:
     """Let every task run until ``done`` holds (memory streams: nothing waits on the outside world)."""
     with trio.fail_after(10):
         while not done():
             await trio.testing.wait_all_tasks_blocked(cushion=0.001)
+
+
+async def served(nursery: trio.Nursery, run: Daemon, relay: Daemon, address: str, held_end: int) -> None:
+    """``run`` dials ``relay`` (from ``address``) and is served: the relay holds the queue up to
+    ``held_end``."""
+    await connect(nursery, run, relay, address)
+    await settle(lambda: KEY in relay.host.states and relay.state.held_end == held_end)
 
 
 def _forked(d: Daemon) -> bool:
@@ -110,8 +145,7 @@ def _forked(d: Daemon) -> bool:
 async def test_a_relay_serves_both_runs_of_an_identity_tells_both_and_their_histories_meet() -> None:
     first, copy, relay = copied_owner()
     async with trio.open_nursery() as nursery:
-        await connect(nursery, first, relay, "10.0.0.1:5001")
-        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
+        await served(nursery, first, relay, "10.0.0.1:5001", 15)
         await connect(nursery, copy, relay, "10.0.0.2:5002")
         await settle(
             lambda: (
@@ -147,21 +181,9 @@ async def test_the_same_run_connecting_twice_is_not_a_duplicate() -> None:
     owner, relay = daemon(OWNER), daemon(RELAY)
     owner.write(2, now_ms=1_000)
     async with trio.open_nursery() as nursery:
-        await connect(nursery, owner, relay, "10.0.0.1:5001")
-        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 2)
+        await served(nursery, owner, relay, "10.0.0.1:5001", 2)
         # The owner dials again (a second address of the relay): its HELLO names the same run.
-        left, right = trio.testing.memory_stream_pair()
-
-        async def dial() -> None:
-            stream = await secure_connect(left, seed=owner.identity.seed, network_key=DEFAULT_NETWORK_KEY)
-            await owner.gossip.run_peer(stream, "relay:7001", "static")
-
-        async def accept() -> None:
-            stream = await secure_accept(right, seed=relay.identity.seed, network_key=DEFAULT_NETWORK_KEY)
-            await relay.gossip.run_peer(stream, "10.0.0.1:5003", "incoming")
-
-        nursery.start_soon(dial)
-        nursery.start_soon(accept)
+        await connect(nursery, owner, relay, "10.0.0.1:5003", at="relay:7001")
         await trio.testing.wait_all_tasks_blocked(cushion=0.01)
         assert not relay.gossip.twins
         assert relay.gossip.counters["duplicate_identities"] == 0
@@ -259,22 +281,11 @@ async def test_a_run_that_reconnects_while_its_old_link_is_half_open_is_not_a_du
     relay = daemon(RELAY)
     restarted = daemon(OWNER)
     restarted.write(1, now_ms=1_000)
-    left, right = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
-
-        async def accept_old() -> None:
-            stream = await secure_accept(right, seed=RELAY.seed, network_key=DEFAULT_NETWORK_KEY)
-            await relay.gossip.run_peer(stream, "10.0.0.1:5001", "incoming")
-
-        nursery.start_soon(accept_old)
-        old = await secure_connect(left, seed=OWNER.seed, network_key=DEFAULT_NETWORK_KEY)
         # The old run said hello and what it held, then went silent (its host froze).
-        await old.send_many(
-            [encode_message(Hello(PROTOCOL_VERSION, None, b"\x09" * 16)), encode_message(Digest(()))]
-        )
+        old = await silent_owner(nursery, relay, b"\x09" * 16, "10.0.0.1:5001")
         await settle(lambda: OWNER.public_key in relay.gossip.links)
-        await connect(nursery, restarted, relay, "10.0.0.1:5002")
-        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 1)
+        await served(nursery, restarted, relay, "10.0.0.1:5002", 1)
         assert OWNER.public_key in relay.gossip.twins  # served at once
         assert relay.gossip.counters["duplicate_identities"] == 0
         assert restarted.gossip.identity.refusal() is None and not restarted.gossip.identity.others
@@ -291,8 +302,7 @@ async def test_the_first_runs_link_replaced_by_its_own_newer_link_keeps_the_seco
     left the relay listing one of the two runs until the other redialled."""
     first, copy, relay = copied_owner()
     async with trio.open_nursery() as nursery:
-        await connect(nursery, first, relay, "10.0.0.1:5001")
-        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
+        await served(nursery, first, relay, "10.0.0.1:5001", 15)
         await connect(nursery, copy, relay, "10.0.0.2:5002")
         await settle(lambda: _forked(relay) and _forked(copy) and _forked(first))
         second = relay.gossip.twins[OWNER.public_key]
@@ -309,16 +319,7 @@ async def test_the_first_runs_link_replaced_by_its_own_newer_link_keeps_the_seco
 async def half_open(nursery: trio.Nursery, relay: Daemon, run: Daemon, address: str) -> PeerLink:
     """A link of ``run`` on the relay that said hello and what it held, then went silent (its host froze,
     or the path broke one way): the relay's end looks alive until it is stale."""
-    left, right = trio.testing.memory_stream_pair()
-
-    async def accept() -> None:
-        stream = await secure_accept(right, seed=RELAY.seed, network_key=DEFAULT_NETWORK_KEY)
-        await relay.gossip.run_peer(stream, address, "incoming")
-
-    nursery.start_soon(accept)
-    stream = await secure_connect(left, seed=OWNER.seed, network_key=DEFAULT_NETWORK_KEY)
-    hello = Hello(PROTOCOL_VERSION, None, run.gossip.incarnation)
-    await stream.send_many([encode_message(hello), encode_message(Digest(()))])
+    await silent_owner(nursery, relay, run.gossip.incarnation, address)
 
     def up() -> PeerLink | None:
         for link in (relay.gossip.links.get(OWNER.public_key), relay.gossip.twins.get(OWNER.public_key)):
@@ -340,8 +341,7 @@ async def test_a_first_runs_link_replaced_before_it_answers_the_ping_is_asked_ag
     first, copy, relay = copied_owner()
     async with trio.open_nursery() as nursery:
         old = await half_open(nursery, relay, first, "10.0.0.1:5001")
-        await connect(nursery, copy, relay, "10.0.0.2:5002")
-        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 13)
+        await served(nursery, copy, relay, "10.0.0.2:5002", 13)
         assert old.pending_twin is not None and relay.gossip.counters["duplicate_identities"] == 0
         old.last_heard -= STALE_AFTER_S + 1
         await connect(nursery, first, relay, "10.0.0.1:5003")
@@ -367,8 +367,7 @@ async def test_the_second_run_reconnecting_while_its_old_link_is_half_open_is_th
     meanwhile), and the duplicate is confirmed on it. A run of a third incarnation is still refused."""
     first, copy, relay = copied_owner()
     async with trio.open_nursery() as nursery:
-        await connect(nursery, first, relay, "10.0.0.1:5001")
-        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
+        await served(nursery, first, relay, "10.0.0.1:5001", 15)
         old = await half_open(nursery, relay, copy, "10.0.0.2:5002")
         await settle(lambda: relay.gossip.counters["duplicate_identities"] == 1)
         assert relay.gossip.twins[OWNER.public_key] is old
@@ -451,8 +450,7 @@ async def test_the_second_run_redialling_while_its_old_link_looks_alive_takes_it
     (it is that run), and the duplicate is confirmed again on it."""
     first, copy, relay = copied_owner()
     async with trio.open_nursery() as nursery:
-        await connect(nursery, first, relay, "10.0.0.1:5001")
-        await settle(lambda: KEY in relay.host.states and relay.state.held_end == 15)
+        await served(nursery, first, relay, "10.0.0.1:5001", 15)
         old = await half_open(nursery, relay, copy, "10.0.0.2:5002")
         await settle(lambda: relay.gossip.counters["duplicate_identities"] == 1)
         await connect(nursery, copy, relay, "10.0.0.2:5003")
@@ -485,17 +483,8 @@ async def test_a_link_each_side_dialled_is_decided_by_the_key_order(handshake_cl
     (it may have taken either, its own dial first), so only the key order makes both ends pick the same
     one, and the handshakes' times (two clocks) do not decide. Here it keeps the relay's own link."""
     first, relay = daemon(OWNER), daemon(RELAY)
-    left, right = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
-
-        async def dial() -> None:
-            stream = await secure_connect(left, seed=RELAY.seed, network_key=DEFAULT_NETWORK_KEY)
-            await relay.gossip.run_peer(stream, "10.0.0.1:7000", "static")
-
-        nursery.start_soon(dial)
-        owner_end = await secure_accept(right, seed=OWNER.seed, network_key=DEFAULT_NETWORK_KEY)
-        hello = Hello(PROTOCOL_VERSION, None, first.gossip.incarnation)
-        await owner_end.send_many([encode_message(hello), encode_message(Digest(()))])
+        await silent_owner(nursery, relay, first.gossip.incarnation, "10.0.0.1:7000", relay_dials=True)
         await settle(
             lambda: (
                 (ours := relay.gossip.links.get(OWNER.public_key)) is not None

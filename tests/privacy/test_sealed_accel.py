@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.accel import not_built
 from support.paths import ROOT
 
 from latticed.crdt.core_errors import MalformedError, NotReaderError, TamperedError
@@ -37,12 +38,8 @@ QID = hashlib.blake2b(b"some queue", digest_size=32).digest()
 @pytest.fixture(scope="module")
 def built() -> None:
     """Skip where the compiled sealer was not built, unless it is required there."""
-    if crypto.accelerated():
-        return
-    message = "the compiled sealer latticed.privacy._sealbatch is not built (no C compiler at install?)"
-    if os.environ.get("LATTICED_REQUIRE_ACCEL") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    if not crypto.accelerated():
+        not_built("the compiled sealer latticed.privacy._sealbatch")
 
 
 @contextmanager

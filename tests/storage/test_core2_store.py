@@ -4,6 +4,7 @@ recovery superseding the fork there, and the same values in memory and through t
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -43,6 +44,7 @@ from latticed.storage.core2_queues import Core2Queues, core2_of
 from latticed.storage.core2_verify import verify_queue2
 from latticed.storage.jobs import CreateQueue, Job, Merge
 from latticed.storage.store import Store, db_path
+from latticed.storage.verify import chain_walk
 from latticed.storage.writer import Writer
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -393,3 +395,23 @@ def test_a_stored_core2_queue_verifies_and_a_changed_record_is_caught(alice: Wri
     segments.insert(conn, q, segment)
     with pytest.raises(StorageError, match="stored chain values"):
         verify_queue2(conn, q, alice.core2.committed(q))
+
+
+def test_the_chain_walk_checks_every_signed_end_whatever_its_chunk(alice: Writer) -> None:
+    """The walk both queue versions' verify share: each head's end is checked (a wrong value there is
+    named), across chunk bounds, and the chain value at the end is returned."""
+    [q] = ok(alice, CreateQueue2("q"))
+    for i in range(6):
+        ok(alice, Commit2(q, [rec("a", i * 5 + j) for j in range(5)]))
+    state = alice.core2.committed(q)
+    ends = {body.end: body.head_hash for body in state.bodies}
+    held = (state.base_hash, *state.held)
+    assert held[1:] == (0, 30) and set(ends) >= {5, 30}
+    for chunk in (1, 4, 30):
+        walk = functools.partial(
+            chain_walk, alice.store.connection, q, label="q", held=held, chunk=chunk, missed="at {}"
+        )
+        assert walk(ends=ends) == ends[30]
+        for end in ends:
+            with pytest.raises(StorageError, match=f"^q: at {end}$"):
+                walk(ends={**ends, end: bytes(32)})
