@@ -734,17 +734,19 @@ fail:
     return NULL;
 }
 
-/* Whether item is a leaf as head2.is_leaf says: a tuple of a 32-byte bytes and an int (not a subclass)
-   from 0 to 2^63-1; its digest and end through the pointers. */
+/* Whether item is a leaf as head2.is_leaf says: an exact tuple of an exact 32-byte bytes and an exact
+   int (no subclass of any: this reads their storage, which a subclass's len or iteration, what Python
+   reads, may contradict; bool is an int subclass) from 0 to 2^63-1; its digest and end through the
+   pointers. */
 static int f_leaf(PyObject *item, const char **digest, unsigned long long *end)
 {
     PyObject *d, *e;
-    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) {
         return 0;
     }
     d = PyTuple_GET_ITEM(item, 0);
     e = PyTuple_GET_ITEM(item, 1);
-    if (!PyBytes_Check(d) || PyBytes_GET_SIZE(d) != 32 || !PyLong_CheckExact(e)) {
+    if (!PyBytes_CheckExact(d) || PyBytes_GET_SIZE(d) != 32 || !PyLong_CheckExact(e)) {
         return 0;
     }
     *end = PyLong_AsUnsignedLongLong(e);
@@ -1027,7 +1029,7 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
                 return NULL;
             }
             if (PyBytes_CheckExact(values[0]) && PyLong_CheckExact(values[1]) && PyLong_CheckExact(values[2])
-                && PyLong_CheckExact(values[3]) && PyBytes_CheckExact(values[4]) && PyTuple_Check(values[5])) {
+                && PyLong_CheckExact(values[3]) && PyBytes_CheckExact(values[4]) && PyTuple_CheckExact(values[5])) {
                 long long version = PyLong_AsLongLong(values[2]);
                 unsigned long long end = PyLong_AsUnsignedLongLong(values[3]);
                 if (PyErr_Occurred()) {
@@ -1447,11 +1449,9 @@ static PyObject *appended_head(PyObject *self, PyObject *args)
     for (i = 0; i < n; i++) {
         const char *digest;
         unsigned long long end;
-        /* Exact tuples of exact bytes only: f_leaf reads their storage, while Python's fold and the
-           ends' order iterate and add them, which a subclass may answer otherwise. */
-        if (!PyTuple_CheckExact(all[i]) || PyTuple_GET_SIZE(all[i]) != 2
-            || !PyBytes_CheckExact(PyTuple_GET_ITEM(all[i], 0)) || !f_leaf(all[i], &digest, &end)
-            || end < previous) {
+        /* Exact tuples of exact bytes only (f_leaf): it reads their storage, while Python's fold and
+           the ends' order iterate and add them, which a subclass may answer otherwise. */
+        if (!f_leaf(all[i], &digest, &end) || end < previous) {
             goto plain;
         }
         previous = end;
@@ -1640,11 +1640,10 @@ static PyObject *compact_head(PyObject *self, PyObject *args)
                 for (i = 0; i < n; i++) {
                     const char *digest;
                     unsigned long long end;
-                    /* Exact tuples of exact bytes only (as appended_head): f_leaf reads their storage,
-                       while Python's fold iterates and adds them, which a subclass may answer otherwise. */
-                    if (!PyTuple_CheckExact(leaves[i]) || PyTuple_GET_SIZE(leaves[i]) != 2
-                        || !PyBytes_CheckExact(PyTuple_GET_ITEM(leaves[i], 0))
-                        || !f_leaf(leaves[i], &digest, &end)) {
+                    /* Exact tuples of exact bytes only (f_leaf, as appended_head): it reads their
+                       storage, while Python's fold iterates and adds them, which a subclass may answer
+                       otherwise. */
+                    if (!f_leaf(leaves[i], &digest, &end)) {
                         goto plain;
                     }
                     memcpy(joined + 32, digest, 32);
