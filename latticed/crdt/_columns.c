@@ -399,11 +399,19 @@ static void v_untrack(PyObject *obj)
     }
 }
 
+/* HeadV2's slots, in its fields' order (the signed body's, then the signature and the cached leaf):
+   the passes below build and read heads slot by slot, so this table must be exactly HeadV2.__slots__
+   (exported as HEAD_SLOTS, and tests/crdt/test_head2_slots_compiled.py pins it): a slot it lacks would
+   be left empty in every head versions() or compact_head() builds from a peer's push. */
 static PyObject *v_names[13];
 static const char *v_name_strings[13] = {
     "queue_id", "epoch", "version", "log", "start", "end", "base_hash", "head_hash", "meta_version",
     "meta_hash", "timestamp", "signature", "_leaf",
 };
+/* The signed fields by slot: the 32-byte hashes and the unsigned 64-bit counters (HEAD_HASH_SLOTS,
+   HEAD_COUNTER_SLOTS). */
+static const int v_hashes[5] = {0, 3, 6, 7, 9};
+static const int v_numbers[6] = {1, 2, 4, 5, 8, 10};
 
 /* Where type keeps each of v_names' slots, if each is a plain writable object slot (0; else -1, and the
    slots are set through the attribute protocol). A new instance's slots are NULL: stored directly, as
@@ -861,8 +869,6 @@ static int v_names_ready(void)
    layout (the Python path then packs, and raises what it raises). */
 static PyObject *packed_bodies(PyObject *self, PyObject *args)
 {
-    static const int hashes[5] = {0, 3, 6, 7, 9};      /* 32-byte fields, by slot */
-    static const int numbers[6] = {1, 2, 4, 5, 8, 10}; /* unsigned 64-bit fields, by slot */
     static const int hash_at[5] = {24, 72, 120, 152, 192};
     static const int number_at[6] = {56, 64, 104, 112, 184, 224};
     PyObject *head_type, *namespace, *heads, *out;
@@ -909,7 +915,7 @@ static PyObject *packed_bodies(PyObject *self, PyObject *args)
         Py_DECREF(signature);
         PyList_SET_ITEM(out, i, packed);  /* owned by out from here on */
         for (k = 0; k < 5 && fits; k++) {
-            if ((field = PyObject_GetAttr(head, v_names[hashes[k]])) == NULL) {
+            if ((field = PyObject_GetAttr(head, v_names[v_hashes[k]])) == NULL) {
                 goto fail;
             }
             fits = PyBytes_CheckExact(field) && PyBytes_GET_SIZE(field) == 32;
@@ -920,7 +926,7 @@ static PyObject *packed_bodies(PyObject *self, PyObject *args)
         }
         for (k = 0; k < 6 && fits; k++) {
             unsigned long long value;
-            if ((field = PyObject_GetAttr(head, v_names[numbers[k]])) == NULL) {
+            if ((field = PyObject_GetAttr(head, v_names[v_numbers[k]])) == NULL) {
                 goto fail;
             }
             fits = PyLong_CheckExact(field);
@@ -1373,8 +1379,6 @@ static int a_bytes(PyObject *obj, Py_ssize_t size)
 
 static PyObject *appended_head(PyObject *self, PyObject *args)
 {
-    static const int hashes[5] = {0, 3, 6, 7, 9};      /* 32-byte fields, by slot */
-    static const int numbers[6] = {1, 2, 4, 5, 8, 10}; /* unsigned 64-bit fields, by slot */
     static const int hash_at[5] = {24, 72, 120, 152, 192};
     static const int number_at[6] = {56, 64, 104, 112, 184, 224};
     PyObject *head_type, *persons, *namespace, *head, *owner, *queue_id, *epoch_obj, *base_obj, *base_fold;
@@ -1412,14 +1416,14 @@ static PyObject *appended_head(PyObject *self, PyObject *args)
     /* The signed layout (HeadV2.check), packed as HeadV2.body does. */
     memcpy(sm + 64, PyBytes_AS_STRING(namespace), 24);
     for (k = 0; k < 5; k++) {
-        PyObject *field = fields[hashes[k]];
+        PyObject *field = fields[v_hashes[k]];
         if (!PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) != 32) {
             goto plain;
         }
         memcpy(sm + 64 + hash_at[k], PyBytes_AS_STRING(field), 32);
     }
     for (k = 0; k < 6; k++) {
-        if (!a_u64(fields[numbers[k]], &values[k])) {
+        if (!a_u64(fields[v_numbers[k]], &values[k])) {
             goto plain;
         }
         v_put_u64(sm + 64 + number_at[k], values[k]);
@@ -1766,7 +1770,43 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
+/* A tuple of n strings, or of n ints (strings NULL), new. */
+static PyObject *m_tuple(const char *const *strings, const int *ints, int n)
+{
+    PyObject *out = PyTuple_New(n);
+    int i;
+    for (i = 0; out != NULL && i < n; i++) {
+        PyObject *item = strings != NULL ? PyUnicode_FromString(strings[i]) : PyLong_FromLong(ints[i]);
+        if (item == NULL) {
+            Py_CLEAR(out);
+        } else {
+            PyTuple_SET_ITEM(out, i, item);
+        }
+    }
+    return out;
+}
+
+/* PyModule_Add (3.13) by hand: value (new, or NULL on an error) added as name, its reference released. */
+static int m_add(PyObject *m, const char *name, PyObject *value)
+{
+    int failed = value == NULL || PyModule_AddObjectRef(m, name, value) < 0;
+    Py_XDECREF(value);
+    return failed ? -1 : 0;
+}
+
+/* The module, with the tables above that must match HeadV2 (tests compare them with its slots). */
 PyMODINIT_FUNC PyInit__columns(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (m_add(m, "HEAD_SLOTS", m_tuple(v_name_strings, NULL, 13)) < 0
+        || m_add(m, "HEAD_HASH_SLOTS", m_tuple(NULL, v_hashes, 5)) < 0
+        || m_add(m, "HEAD_COUNTER_SLOTS", m_tuple(NULL, v_numbers, 6)) < 0
+        || m_add(m, "REF_SLOTS", m_tuple(c_name_strings, NULL, 9)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

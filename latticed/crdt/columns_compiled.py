@@ -30,6 +30,14 @@ def load() -> ModuleType | None:
     return _columns
 
 
+def knows_slots(slots: tuple[str, ...]) -> bool:
+    """Whether the compiled passes' table of ``HeadV2``'s slots (``HEAD_SLOTS``) is ``slots``: those that
+    build or read heads slot by slot are used only then, since a slot the table lacks would be left
+    empty in every head they build from a peer's push."""
+    columns = load()
+    return columns is not None and getattr(columns, "HEAD_SLOTS", None) == slots
+
+
 def widest(values: Sequence[bytes], keys: Sequence[bytes | None]) -> tuple[int, int]:
     """The longest value's and the longest key's lengths (0 where there are none): the segment cut's
     bound (:func:`latticed.storage.segments.split`)."""
