@@ -399,11 +399,19 @@ static void v_untrack(PyObject *obj)
     }
 }
 
+/* HeadV2's slots, in its fields' order (the signed body's, then the signature and the cached leaf):
+   the passes below build and read heads slot by slot, so this table must be exactly HeadV2.__slots__
+   (exported as HEAD_SLOTS, and tests/crdt/test_head2_slots_compiled.py pins it): a slot it lacks would
+   be left empty in every head versions() or compact_head() builds from a peer's push. */
 static PyObject *v_names[13];
 static const char *v_name_strings[13] = {
     "queue_id", "epoch", "version", "log", "start", "end", "base_hash", "head_hash", "meta_version",
     "meta_hash", "timestamp", "signature", "_leaf",
 };
+/* The signed fields by slot: the 32-byte hashes and the unsigned 64-bit counters (HEAD_HASH_SLOTS,
+   HEAD_COUNTER_SLOTS). */
+static const int v_hashes[5] = {0, 3, 6, 7, 9};
+static const int v_numbers[6] = {1, 2, 4, 5, 8, 10};
 
 /* Where type keeps each of v_names' slots, if each is a plain writable object slot (0; else -1, and the
    slots are set through the attribute protocol). A new instance's slots are NULL: stored directly, as
@@ -734,17 +742,19 @@ fail:
     return NULL;
 }
 
-/* Whether item is a leaf as head2.is_leaf says: a tuple of a 32-byte bytes and an int (not a subclass)
-   from 0 to 2^63-1; its digest and end through the pointers. */
+/* Whether item is a leaf as head2.is_leaf says: an exact tuple of an exact 32-byte bytes and an exact
+   int (no subclass of any: this reads their storage, which a subclass's len or iteration, what Python
+   reads, may contradict; bool is an int subclass) from 0 to 2^63-1; its digest and end through the
+   pointers. */
 static int f_leaf(PyObject *item, const char **digest, unsigned long long *end)
 {
     PyObject *d, *e;
-    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) {
         return 0;
     }
     d = PyTuple_GET_ITEM(item, 0);
     e = PyTuple_GET_ITEM(item, 1);
-    if (!PyBytes_Check(d) || PyBytes_GET_SIZE(d) != 32 || !PyLong_CheckExact(e)) {
+    if (!PyBytes_CheckExact(d) || PyBytes_GET_SIZE(d) != 32 || !PyLong_CheckExact(e)) {
         return 0;
     }
     *end = PyLong_AsUnsignedLongLong(e);
@@ -859,8 +869,6 @@ static int v_names_ready(void)
    layout (the Python path then packs, and raises what it raises). */
 static PyObject *packed_bodies(PyObject *self, PyObject *args)
 {
-    static const int hashes[5] = {0, 3, 6, 7, 9};      /* 32-byte fields, by slot */
-    static const int numbers[6] = {1, 2, 4, 5, 8, 10}; /* unsigned 64-bit fields, by slot */
     static const int hash_at[5] = {24, 72, 120, 152, 192};
     static const int number_at[6] = {56, 64, 104, 112, 184, 224};
     PyObject *head_type, *namespace, *heads, *out;
@@ -907,7 +915,7 @@ static PyObject *packed_bodies(PyObject *self, PyObject *args)
         Py_DECREF(signature);
         PyList_SET_ITEM(out, i, packed);  /* owned by out from here on */
         for (k = 0; k < 5 && fits; k++) {
-            if ((field = PyObject_GetAttr(head, v_names[hashes[k]])) == NULL) {
+            if ((field = PyObject_GetAttr(head, v_names[v_hashes[k]])) == NULL) {
                 goto fail;
             }
             fits = PyBytes_CheckExact(field) && PyBytes_GET_SIZE(field) == 32;
@@ -918,7 +926,7 @@ static PyObject *packed_bodies(PyObject *self, PyObject *args)
         }
         for (k = 0; k < 6 && fits; k++) {
             unsigned long long value;
-            if ((field = PyObject_GetAttr(head, v_names[numbers[k]])) == NULL) {
+            if ((field = PyObject_GetAttr(head, v_names[v_numbers[k]])) == NULL) {
                 goto fail;
             }
             fits = PyLong_CheckExact(field);
@@ -1027,7 +1035,7 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
                 return NULL;
             }
             if (PyBytes_CheckExact(values[0]) && PyLong_CheckExact(values[1]) && PyLong_CheckExact(values[2])
-                && PyLong_CheckExact(values[3]) && PyBytes_CheckExact(values[4]) && PyTuple_Check(values[5])) {
+                && PyLong_CheckExact(values[3]) && PyBytes_CheckExact(values[4]) && PyTuple_CheckExact(values[5])) {
                 long long version = PyLong_AsLongLong(values[2]);
                 unsigned long long end = PyLong_AsUnsignedLongLong(values[3]);
                 if (PyErr_Occurred()) {
@@ -1371,8 +1379,6 @@ static int a_bytes(PyObject *obj, Py_ssize_t size)
 
 static PyObject *appended_head(PyObject *self, PyObject *args)
 {
-    static const int hashes[5] = {0, 3, 6, 7, 9};      /* 32-byte fields, by slot */
-    static const int numbers[6] = {1, 2, 4, 5, 8, 10}; /* unsigned 64-bit fields, by slot */
     static const int hash_at[5] = {24, 72, 120, 152, 192};
     static const int number_at[6] = {56, 64, 104, 112, 184, 224};
     PyObject *head_type, *persons, *namespace, *head, *owner, *queue_id, *epoch_obj, *base_obj, *base_fold;
@@ -1410,14 +1416,14 @@ static PyObject *appended_head(PyObject *self, PyObject *args)
     /* The signed layout (HeadV2.check), packed as HeadV2.body does. */
     memcpy(sm + 64, PyBytes_AS_STRING(namespace), 24);
     for (k = 0; k < 5; k++) {
-        PyObject *field = fields[hashes[k]];
+        PyObject *field = fields[v_hashes[k]];
         if (!PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) != 32) {
             goto plain;
         }
         memcpy(sm + 64 + hash_at[k], PyBytes_AS_STRING(field), 32);
     }
     for (k = 0; k < 6; k++) {
-        if (!a_u64(fields[numbers[k]], &values[k])) {
+        if (!a_u64(fields[v_numbers[k]], &values[k])) {
             goto plain;
         }
         v_put_u64(sm + 64 + number_at[k], values[k]);
@@ -1447,11 +1453,9 @@ static PyObject *appended_head(PyObject *self, PyObject *args)
     for (i = 0; i < n; i++) {
         const char *digest;
         unsigned long long end;
-        /* Exact tuples of exact bytes only: f_leaf reads their storage, while Python's fold and the
-           ends' order iterate and add them, which a subclass may answer otherwise. */
-        if (!PyTuple_CheckExact(all[i]) || PyTuple_GET_SIZE(all[i]) != 2
-            || !PyBytes_CheckExact(PyTuple_GET_ITEM(all[i], 0)) || !f_leaf(all[i], &digest, &end)
-            || end < previous) {
+        /* Exact tuples of exact bytes only (f_leaf): it reads their storage, while Python's fold and
+           the ends' order iterate and add them, which a subclass may answer otherwise. */
+        if (!f_leaf(all[i], &digest, &end) || end < previous) {
             goto plain;
         }
         previous = end;
@@ -1640,11 +1644,10 @@ static PyObject *compact_head(PyObject *self, PyObject *args)
                 for (i = 0; i < n; i++) {
                     const char *digest;
                     unsigned long long end;
-                    /* Exact tuples of exact bytes only (as appended_head): f_leaf reads their storage,
-                       while Python's fold iterates and adds them, which a subclass may answer otherwise. */
-                    if (!PyTuple_CheckExact(leaves[i]) || PyTuple_GET_SIZE(leaves[i]) != 2
-                        || !PyBytes_CheckExact(PyTuple_GET_ITEM(leaves[i], 0))
-                        || !f_leaf(leaves[i], &digest, &end)) {
+                    /* Exact tuples of exact bytes only (f_leaf, as appended_head): it reads their
+                       storage, while Python's fold iterates and adds them, which a subclass may answer
+                       otherwise. */
+                    if (!f_leaf(leaves[i], &digest, &end)) {
                         goto plain;
                     }
                     memcpy(joined + 32, digest, 32);
@@ -1767,7 +1770,43 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
+/* A tuple of n strings, or of n ints (strings NULL), new. */
+static PyObject *m_tuple(const char *const *strings, const int *ints, int n)
+{
+    PyObject *out = PyTuple_New(n);
+    int i;
+    for (i = 0; out != NULL && i < n; i++) {
+        PyObject *item = strings != NULL ? PyUnicode_FromString(strings[i]) : PyLong_FromLong(ints[i]);
+        if (item == NULL) {
+            Py_CLEAR(out);
+        } else {
+            PyTuple_SET_ITEM(out, i, item);
+        }
+    }
+    return out;
+}
+
+/* PyModule_Add (3.13) by hand: value (new, or NULL on an error) added as name, its reference released. */
+static int m_add(PyObject *m, const char *name, PyObject *value)
+{
+    int failed = value == NULL || PyModule_AddObjectRef(m, name, value) < 0;
+    Py_XDECREF(value);
+    return failed ? -1 : 0;
+}
+
+/* The module, with the tables above that must match HeadV2 (tests compare them with its slots). */
 PyMODINIT_FUNC PyInit__columns(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (m_add(m, "HEAD_SLOTS", m_tuple(v_name_strings, NULL, 13)) < 0
+        || m_add(m, "HEAD_HASH_SLOTS", m_tuple(NULL, v_hashes, 5)) < 0
+        || m_add(m, "HEAD_COUNTER_SLOTS", m_tuple(NULL, v_numbers, 6)) < 0
+        || m_add(m, "REF_SLOTS", m_tuple(c_name_strings, NULL, 9)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -66,3 +66,8 @@ def compact_head(
     empty_meta: bytes | None,
     /,
 ) -> Any: ...
+
+HEAD_SLOTS: tuple[str, ...]
+HEAD_HASH_SLOTS: tuple[int, ...]
+HEAD_COUNTER_SLOTS: tuple[int, ...]
+REF_SLOTS: tuple[str, ...]

@@ -48,6 +48,14 @@ def sodium_address(name: str) -> int | None:
     return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 
 
+def knows_slots(slots: tuple[str, ...]) -> bool:
+    """Whether the compiled passes' table of ``HeadV2``'s slots (``HEAD_SLOTS``) is ``slots``: those that
+    build or read heads slot by slot are used only then, since a slot the table lacks would be left
+    empty in every head they build from a peer's push."""
+    columns = load()
+    return columns is not None and getattr(columns, "HEAD_SLOTS", None) == slots
+
+
 def widest(values: Sequence[bytes], keys: Sequence[bytes | None]) -> tuple[int, int]:
     """The longest value's and the longest key's lengths (0 where there are none): the segment cut's
     bound (:func:`latticed.storage.segments.split`)."""

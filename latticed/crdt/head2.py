@@ -49,11 +49,13 @@ def genesis(queue_id: bytes, epoch: int) -> bytes:
 
 
 def is_leaf(leaf: object) -> bool:
-    """A 32-byte digest and an offset (anything else off the wire must not reach :func:`fold`)."""
-    if not isinstance(leaf, tuple) or len(leaf) != 2:
+    """A 32-byte digest and an offset (anything else off the wire must not reach :func:`fold`), of exactly
+    these types: a subclass may answer ``len`` and unpacking otherwise than its storage, which the C
+    passes read (``_columns.c``'s ``f_leaf``), so both refuse it and decide alike."""
+    if type(leaf) is not tuple or len(leaf) != 2:
         return False
     digest, end = leaf
-    return isinstance(digest, bytes) and len(digest) == 32 and type(end) is int and 0 <= end <= MAX_OFFSET
+    return type(digest) is bytes and len(digest) == 32 and type(end) is int and 0 <= end <= MAX_OFFSET
 
 
 # Personalised once and copied per use (as records.py does): a catch-up hashes twice per version.

@@ -11,7 +11,6 @@ it was given, it answers None and the Python path reads the steps and says what 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from functools import cache
 from typing import Any, NamedTuple
@@ -19,22 +18,6 @@ from typing import Any, NamedTuple
 from latticed.crdt import columns_compiled, fold_compiled
 from latticed.crdt.head2 import HEAD2_NAMESPACE, HeadV2, Leaf
 
-#: The slots the C loop sets on each body, in this order (it is not used if ``HeadV2`` has others).
-_FIELDS = (
-    "queue_id",
-    "epoch",
-    "version",
-    "log",
-    "start",
-    "end",
-    "base_hash",
-    "head_hash",
-    "meta_version",
-    "meta_hash",
-    "timestamp",
-    "signature",
-    "_leaf",
-)
 #: The body's and the log's BLAKE2b personalisations, as the loop takes them.
 _PERSONS = fold_compiled.BODY_PERSON + fold_compiled.LOG_PERSON
 
@@ -49,11 +32,11 @@ class Compiled(NamedTuple):
 @cache
 def load() -> Compiled | None:
     """The compiled loop, or None if ``_columns`` was not built (or is older than the loop), PyNaCl's
-    libsodium is not at hand, or ``HeadV2``'s fields are not the ones the loop sets."""
+    libsodium is not at hand, or ``HeadV2``'s slots are not the ones the loop sets (``HEAD_SLOTS``)."""
     columns = columns_compiled.load()
     if columns is None or not hasattr(columns, "versions"):
         return None
-    if tuple(f.name for f in dataclasses.fields(HeadV2)) != _FIELDS:
+    if not columns_compiled.knows_slots(HeadV2.__slots__):
         return None
     address = columns_compiled.sodium_address(columns_compiled.BLAKE2B)
     return None if address is None else Compiled(columns.versions, address)
@@ -63,7 +46,7 @@ def load() -> Compiled | None:
 def _packs() -> Any:
     """``_columns.packed_bodies``, or None (not built, or ``HeadV2``'s fields are not the ones it reads)."""
     columns = columns_compiled.load()
-    if columns is None or tuple(f.name for f in dataclasses.fields(HeadV2)) != _FIELDS:
+    if columns is None or not columns_compiled.knows_slots(HeadV2.__slots__):
         return None
     return getattr(columns, "packed_bodies", None)
 

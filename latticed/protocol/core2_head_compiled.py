@@ -16,12 +16,19 @@ no bytes and decides no refusal.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
-from latticed.crdt import fold_compiled
+from latticed.crdt import columns_compiled, fold_compiled
 from latticed.crdt.head2 import HeadV2, Leaf
 
 __all__ = ["compact_head"]
+
+
+@cache
+def _slots_known() -> bool:
+    """Whether the pass sets every slot of ``HeadV2`` (else a head it built would lack one: sec22)."""
+    return columns_compiled.knows_slots(HeadV2.__slots__)
 
 
 def compact_head(
@@ -42,7 +49,7 @@ def compact_head(
     case), ``records_end`` where they end; ``empty_meta``: the empty metadata's hash when the delta
     carries no metadata (else None)."""
     c = fold_compiled.load()
-    if c is None or not hasattr(c.columns, "compact_head"):
+    if c is None or not hasattr(c.columns, "compact_head") or not _slots_known():
         return None
     head: HeadV2 | None = c.columns.compact_head(
         HeadV2,

@@ -86,13 +86,55 @@ def test_anything_but_leaves_is_left_to_python(
     assert fold_compiled.fold(b"l" * 31, leaves) is None  # a log of another size
 
 
-def test_a_bytes_subclass_digest_is_a_leaf_on_both_paths(built: fold_compiled.Compiled) -> None:
-    class Digest(bytes):
-        pass
+class _Digest(bytes):
+    """A digest whose storage is 32 bytes but whose ``len`` says otherwise (or agrees)."""
 
-    leaves = [(Digest(b"d" * 32), 5), (b"e" * 32, 6)]
-    assert fold_compiled.all_leaves(leaves) is True and all(map(is_leaf, leaves))
-    assert fold_compiled.fold(b"l" * 32, leaves) == python_fold(b"l" * 32, leaves)
+    def __len__(self) -> int:
+        return 31
+
+
+class _Leaf(tuple):  # type: ignore[type-arg]
+    """A leaf whose storage is a good leaf but whose ``len`` and iteration say otherwise."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __iter__(self) -> Any:
+        return iter((b"z" * 32, 7))
+
+
+class _End(int):
+    pass
+
+
+#: Subclasses of each part, each with the storage of a leaf: the C reads storage, Python calls
+#: ``len`` and unpacks, so only exact types can be decided alike (review21's next).
+subclassed: list[Any] = [
+    (_Digest(b"d" * 32), 5),
+    (type("Plain", (bytes,), {})(b"d" * 32), 5),
+    _Leaf((b"d" * 32, 5)),
+    type("PlainLeaf", (tuple,), {})((b"d" * 32, 5)),
+    (b"d" * 32, _End(5)),
+    (b"d" * 32, True),
+    (b"d" * 32, False),
+]
+
+
+@pytest.mark.parametrize(
+    "item",
+    subclassed,
+    ids=lambda item: (
+        type(item).__name__ + "/" + "-".join(type(part).__name__ for part in tuple.__iter__(item))
+    ),
+)
+def test_a_subclassed_leaf_is_refused_by_both_paths(built: fold_compiled.Compiled, item: Any) -> None:
+    assert is_leaf(item) is False
+    assert fold_compiled.all_leaves([item]) is False
+    assert fold_compiled.fold(b"l" * 32, [item, (b"e" * 32, 6), (b"f" * 32, 7)]) is None
+    with pytest.raises(MalformedError):
+        _, heads = history([("offer", 1)] * 4)
+        shared = [h.leaf() for h in heads[:-1]]
+        epochs.verify(epochs.replica(OWNER.public_key, heads[-1], (shared[0], item, *shared[2:]), 0))
 
 
 def test_prefix_folds_and_verify_answer_alike_without_the_extension(
