@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, SupportsIndex, overload
 
@@ -182,16 +183,32 @@ class LazyDecoded(_Bodies):
 class Runs(_Bodies):
     """Bodies sorted by ``(end, version)`` as consecutive parts, each plain (a tuple or ``Grown``) or a
     :class:`StepRun`, none empty. A slice (step 1) is a ``Runs`` of the parts it covers, a part covered
-    whole kept as that very object (the store finds a run of steps by it)."""
+    whole kept as that very object (the store finds a run of steps by it).
 
-    __slots__ = ("_starts", "parts")
+    The parts are the first ``n`` of an append-only list, as a :class:`~latticed.crdt.shared_prefix.Grown`
+    holds its items: a relay's live pushes each append a one-body run, so a value built by copying the
+    parts cost O(pushes since the start) a push (~350 µs at 1,000, the relay's largest non-essential
+    stage: bench/RESULTS.md, relay22); :func:`appended` extends the very list instead, and the offsets
+    and an index of the parts by identity grow with it, so the store finds a run in O(1)."""
+
+    __slots__ = ("_free", "_ids", "_n", "_parts", "_starts")
 
     def __init__(self, parts: Iterable[Sequence[HeadV2]]) -> None:
-        self.parts = tuple(p for p in parts if len(p))
-        self._starts = list(itertools.accumulate(map(len, self.parts), initial=0))
+        self._parts: list[Sequence[HeadV2]] = [p for p in parts if len(p)]
+        self._n = len(self._parts)
+        self._starts = list(itertools.accumulate(map(len, self._parts), initial=0))
+        self._ids = {id(p): k for k, p in enumerate(self._parts)}
+        #: Holds one item until an :func:`appended` claims the right to extend the lists after this view
+        #: (one atomic ``list.pop``, as ``Grown``: of two threads extending one value, one copies).
+        self._free = [True]
+
+    @property
+    def parts(self) -> tuple[Sequence[HeadV2], ...]:
+        """The parts, oldest first."""
+        return tuple(self._parts[: self._n])
 
     def __len__(self) -> int:
-        return self._starts[-1]
+        return self._starts[self._n]
 
     @overload
     def __getitem__(self, index: SupportsIndex) -> HeadV2: ...
@@ -211,29 +228,58 @@ class Runs(_Bodies):
             i += n
         if not 0 <= i < n:
             raise IndexError("Runs index out of range")
-        k = bisect.bisect_right(self._starts, i) - 1
-        return self.parts[k][i - self._starts[k]]
+        k = bisect.bisect_right(self._starts, i, 0, self._n + 1) - 1
+        return self._parts[k][i - self._starts[k]]
 
     def _cut(self, lo: int, hi: int) -> Iterator[Sequence[HeadV2]]:
-        for part, at in zip(self.parts, self._starts, strict=False):
+        """The parts covering ``[lo, hi)``, cut at the ends: found by bisection, so a slice of the newest
+        bodies (what a commit writes) reads only the parts it covers."""
+        if lo >= hi:
+            return
+        starts, parts = self._starts, self._parts
+        for k in range(bisect.bisect_right(starts, lo, 0, self._n + 1) - 1, self._n):
+            at = starts[k]
+            if at >= hi:
+                return
+            part = parts[k]
             a, b = max(lo, at) - at, min(hi, at + len(part)) - at
-            if a >= b:
-                continue
-            yield part if (a, b) == (0, len(part)) else part[a:b]
+            if a < b:
+                yield part if (a, b) == (0, len(part)) else part[a:b]
 
     def __iter__(self) -> Iterator[HeadV2]:
-        return itertools.chain.from_iterable(self.parts)
+        return itertools.chain.from_iterable(itertools.islice(self._parts, self._n))
 
     def __reversed__(self) -> Iterator[HeadV2]:
-        return itertools.chain.from_iterable(map(reversed, reversed(self.parts)))
+        newest = reversed(self._parts)  # from the list's end when made (it may grow after, never shrink)
+        mine = itertools.islice(newest, operator.length_hint(newest) - self._n, None)
+        return itertools.chain.from_iterable(map(reversed, mine))
 
     def start_of(self, part: Sequence[HeadV2]) -> int:
         """The index of the first body of ``part`` if it is one of :attr:`parts` (that very object),
         else -1."""
-        for at, mine in zip(self._starts, self.parts, strict=False):
-            if mine is part:
-                return at
-        return -1
+        k = self._ids.get(id(part))
+        if k is None or k >= self._n or self._parts[k] is not part:
+            return -1
+        return self._starts[k]
+
+    def _extended(self, more: list[Sequence[HeadV2]]) -> Runs | None:
+        """This view with ``more`` (non-empty parts) after it, in its own lists when it ends where they
+        do and nobody extended it before (None: copy)."""
+        try:
+            self._free.pop()
+        except IndexError:
+            return None
+        parts, starts, ids = self._parts, self._starts, self._ids
+        if self._n != len(parts):
+            return None
+        for part in more:
+            ids[id(part)] = len(parts)
+            parts.append(part)
+            starts.append(starts[-1] + len(part))
+        view = Runs.__new__(Runs)
+        view._parts, view._starts, view._ids, view._n = parts, starts, ids, len(parts)
+        view._free = [True]
+        return view
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (tuple, (tuple(self),))
@@ -247,10 +293,10 @@ def is_lazy(bodies: Sequence[HeadV2]) -> bool:
 def appended(base: Sequence[HeadV2], more: Sequence[HeadV2]) -> Sequence[HeadV2]:
     """``base`` followed by ``more`` (both sorted, ``more`` after): :func:`shared_prefix.grown` unless
     either holds a run not built, whose parts are then kept as they are (plain bodies after plain ones
-    are grown into them)."""
+    are grown into them). A ``Runs`` base is extended in its own lists where it can be (the usual live
+    push: a run after a run), so an append costs the parts it adds."""
     if not is_lazy(base) and not is_lazy(more):
         return grown(base, more)
-    parts = list(base.parts) if type(base) is Runs else [base]
     new: Iterable[Sequence[HeadV2]]
     if type(more) is Runs:
         new = more.parts
@@ -258,9 +304,26 @@ def appended(base: Sequence[HeadV2], more: Sequence[HeadV2]) -> Sequence[HeadV2]
         new = more.parts()
     else:
         new = (more,)
+    add: list[Sequence[HeadV2]] = []
     for part in new:
         if not len(part):
             continue
+        if type(part) is not StepRun and add and type(add[-1]) is not StepRun:
+            add[-1] = grown(add[-1], part)
+        else:
+            add.append(part)
+    if type(base) is Runs:
+        last = base._parts[base._n - 1] if base._n else None
+        if not add:
+            return base
+        if last is None or type(last) is StepRun or type(add[0]) is StepRun:  # nothing of base's regrown
+            view = base._extended(add)
+            if view is not None:
+                return view
+        parts = list(base.parts)
+    else:
+        parts = [base]
+    for part in add:
         if type(part) is not StepRun and parts and len(parts[-1]) and type(parts[-1]) is not StepRun:
             parts[-1] = grown(parts[-1], part)
         else:
@@ -275,6 +338,8 @@ def extends(old: Sequence[HeadV2], new: Sequence[HeadV2]) -> bool:
         return list_extends(old, new)
     if not len(old):
         return True
+    if type(old) is Runs and old._parts is new._parts:  # views of one list of parts: a prefix
+        return old._n <= new._n
     ours = old.parts if type(old) is Runs else (old,)
     theirs = new.parts
     k = len(ours)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -218,3 +219,61 @@ def test_a_fork_met_after_a_lazy_catch_up_cuts_and_keeps_evidence_as_with_bodies
     assert a.state.forked and b.state.forked and a.state.held == b.state.held
     assert a.state.records() == b.state.records() and a.evidence == b.evidence and a.evidence
     assert len(a.state.bodies) == len(b.state.bodies) and all(map(same, a.state.bodies, b.state.bodies))
+
+
+def one_run(prev: HeadV2, n: int) -> StepRun:
+    """A run of ``n`` plain bodies after ``prev`` (one record each), as a live push's steps rebuild."""
+    leaves = tuple((bytes([n, i]) * 16, prev.end + i + 1) for i in range(n))
+    logs = [bytes([i]) * 32 for i in range(n)]
+    chain = [bytes([i, n]) * 16 for i in range(n)]
+    return StepRun(prev, leaves, logs, bytes(8 * n), (prev.end, prev.head_hash, chain))
+
+
+def as_runs(bodies: Sequence[HeadV2]) -> Runs:
+    assert type(bodies) is Runs
+    return bodies
+
+
+def test_live_pushes_extend_one_list_of_parts_and_every_earlier_value_stays_as_it_was() -> None:
+    """A relay appends a one-body run a push: the parts are appended to in place (a push's append does
+    not grow with the queue), each earlier value keeps reading its own bodies, and a value extended a
+    second time (two joins of one value) copies instead of overwriting what the first one added."""
+    owner = owner_state(list(range(10, 30)))
+    replica, _ = catch_up(owner, 7)
+    values: list[Sequence[HeadV2]] = [replica.bodies]
+    runs: list[StepRun] = []
+    for k in range(60):
+        prev = values[-1][-1]
+        run = one_run(prev, 1 + k % 3)
+        runs.append(run)
+        values.append(appended(values[-1], run))
+    last = as_runs(values[-1])
+    assert all(as_runs(v)._parts is last._parts for v in values[1:])
+    for before, after, run in zip(values[:-1], values[1:], runs, strict=True):
+        assert len(after) == len(before) + len(run)
+        assert tuple(after) == (*before, *run) and tuple(reversed(after)) == tuple(reversed((*before, *run)))
+        assert extends(before, after) and not extends(after, before)
+        assert as_runs(after).start_of(run) == len(before)
+        assert type(before) is not Runs or before.start_of(run) == -1
+    assert tuple(last[len(values[30]) :]) == tuple(itertools.chain(*runs[30:]))
+    assert as_runs(last[len(values[30]) :]).parts[0] is runs[30]
+    # A second append to a value already extended: a copy, and the first extension is untouched.
+    other = one_run(values[30][-1], 2)
+    forked = as_runs(appended(values[30], other))
+    assert forked._parts is not last._parts
+    assert tuple(forked) == (*values[30], *other) and forked.start_of(other) == len(values[30])
+    assert last.start_of(other) == -1 and tuple(last) == (*values[30], *itertools.chain(*runs[30:]))
+    assert not extends(last, forked) and extends(values[30], forked)
+
+
+def test_plain_bodies_after_plain_ones_are_grown_into_them_without_touching_the_earlier_value() -> None:
+    owner = owner_state(list(range(10, 30)))
+    replica, _ = catch_up(owner, 7)
+    runs = appended(replica.bodies, one_run(replica.bodies[-1], 2))
+    plain = tuple(one_run(runs[-1], 2))
+    once = appended(runs, plain)
+    twice = as_runs(appended(once, tuple(one_run(once[-1], 1))))
+    assert type(twice.parts[-1]) is not StepRun
+    assert len(twice.parts) == len(as_runs(once).parts)  # grown into the plain part, not a new one
+    assert tuple(once) == (*runs, *plain) and len(twice) == len(once) + 1
+    assert extends(runs, once) and tuple(twice)[: len(once)] == tuple(once)
