@@ -238,7 +238,7 @@ def test_live_pushes_extend_one_list_of_parts_and_every_earlier_value_stays_as_i
     """A relay appends a one-body run a push: the parts are appended to in place (a push's append does
     not grow with the queue), each earlier value keeps reading its own bodies, and a value extended a
     second time (two joins of one value) copies instead of overwriting what the first one added."""
-    owner = owner_state(list(range(10, 30)))
+    owner = single_offers(OWNER, range(10, 30))
     replica, _ = catch_up(owner, 7)
     values: list[Sequence[HeadV2]] = [replica.bodies]
     runs: list[StepRun] = []
@@ -267,7 +267,7 @@ def test_live_pushes_extend_one_list_of_parts_and_every_earlier_value_stays_as_i
 
 
 def test_plain_bodies_after_plain_ones_are_grown_into_them_without_touching_the_earlier_value() -> None:
-    owner = owner_state(list(range(10, 30)))
+    owner = single_offers(OWNER, range(10, 30))
     replica, _ = catch_up(owner, 7)
     runs = appended(replica.bodies, one_run(replica.bodies[-1], 2))
     plain = tuple(one_run(runs[-1], 2))
