@@ -564,6 +564,11 @@ class Costs:
     #: The writer's storage thread per record of an API call on top of ``commit_record``: chaining and
     #: signing them (``queue2.commit``) where a replica's joins a verified delta. 0: none (core 1's).
     sign_record: float = 0.0
+    #: The writer's storage thread per record of an API call from its transaction's start to its COMMIT,
+    #: measured whole (the daemons' ``Writer.process`` to ``Store.commit``, ``thread_time``): set, it
+    #: stands for ``commit_record`` + ``sign_record`` on an API call's records (``commit_record`` is a
+    #: replica's, a verified delta's join in it). None: those two.
+    offer_store_record: float | None = None
     #: The fsync's wait per record of the transaction on top of ``commit`` (a bulk chunk's WAL frames
     #: take longer to reach the disk than a live record's). 0: none (the core-1 calibration had none).
     sync_record: float = 0.0
