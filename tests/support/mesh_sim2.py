@@ -272,7 +272,8 @@ class MeshSim2(MeshSim):
     gil: bool = True
     #: Whether a read's worker thread runs on the box of its own before it wants the interpreter (with
     #: ``gil``; :meth:`_read2_then`). Off by default: at N = 8 it moved the writer's reads into its next
-    #: transaction's held work and the bulk's counts away from the daemons' (bench/RESULTS.md sim21d).
+    #: transaction's held work and the bulk's counts away from the daemons' (bench/RESULTS.md sim21d; again
+    #: with sim22's writer: DELTA2 +18 %, ACK2 +32 % against +10 % and +16 % without).
     reader_threads: bool = False
     #: How long a batch waits for as many writers as the last ones held (``group_commit_ms``).
     group_linger: float = GROUP_COMMIT_S
