@@ -187,34 +187,46 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     thread waiting for the interpreter asking for it only once it has run twice (sim21c, bench/RESULTS.md):
     DELTA2 0.785 (+3.8 %: met), ACK2 0.406 (+16 %), HAVE2 0.0239 (-15 %), the bulk 1.03 s (-6.6 %: met),
     the nodes' CPU 35.3 us a record (-1.6 %: met), bytes 110 a record, the writer's transaction 6.7-13.0
-    ms a draw (mean 10.0: 6.7 ms before its COMMIT, the daemons' 2.4-3.1). Pinned, not met."""
-    figures: list[tuple[float, float, float, float, float, float, float]] = []
+    ms a draw (mean 10.0: 6.7 ms before its COMMIT, the daemons' 2.4-3.1). Pinned, not met.
+
+    With the writer's storage CPU until its COMMIT as the daemons' probe measures it (1.19 us a record,
+    ``offer_store_record``, was 1.645), a thread waiting behind the loop's ready tasks asking as late as
+    any waiter and not at all once the storage thread took the interpreter, its wake-up no longer left to
+    the loop once it took it, and the transaction timed from its work's start as the daemons time it
+    (sim22, bench/RESULTS.md): the writer's transaction 5.8-9.6 ms a draw, mean 7.74 (+7.5 % against
+    7.2: met; 3.83 ms before its COMMIT, the daemons' means 2.0-3.3, medians 1.1-1.24: not met), HAVE2
+    0.0268 (-4.3 %: met), the bulk 1.02 s (-7.7 %), the nodes' CPU 35.5 us (-1.2 %); DELTA2 0.834
+    (+10.4 %: not met, was +3.8 %), ACK2 0.406 (+15.6 %). Pinned, not met."""
+    figures: list[tuple[float, float, float, float, float, float, float, float]] = []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
         warm_up(sim)
         writer = sim.node2(0)
         cpu, commits, took = writer.cpu_work, writer.commits, writer.commit_seconds
+        before_commit = writer.pre_commit_seconds
         every = sum(node.cpu_work for node in sim.nodes)
         part = bulk(sim, 50_000, 100)
         per_txn = (writer.commit_seconds - took) / (writer.commits - commits)
+        pre_commit = (writer.pre_commit_seconds - before_commit) / (writer.commits - commits)
         cpu_per_record = (writer.cpu_work - cpu) / 50_000
         all_per_record = (sum(node.cpu_work for node in sim.nodes) - every) / 50_000
         counts = (part.per_record("delta2") * 1000, part.per_record("ack2") * 1000)
         haves = part.per_record("have2") * 1000
-        figures.append((*counts, cpu_per_record, per_txn, part.elapsed, all_per_record, haves))
-    deltas, acks, _, _, elapsed, every_node, have2s = (
-        sum(f[i] for f in figures) / len(figures) for i in range(7)
+        figures.append((*counts, cpu_per_record, per_txn, part.elapsed, all_per_record, haves, pre_commit))
+    deltas, acks, writer_cpu, txn, elapsed, every_node, have2s, pre = (
+        sum(f[i] for f in figures) / len(figures) for i in range(8)
     )
-    assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met: -1.6 %
-    assert abs(deltas / 0.756 - 1) <= 0.1, figures  # met: +3.8 %
-    assert 0.351 * 1.1 < acks <= 0.351 * 1.2, figures  # not met: +16 %
-    assert 0.0280 * 0.8 <= have2s < 0.0280 * 0.9, figures  # not met: -15 %
-    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: -6.6 % (the daemons' 0.96-1.50 s a run)
-    assert 0.0000048 <= sum(f[2] for f in figures) / len(figures) <= 0.0000066, figures
-    assert 0.009 <= sum(f[3] for f in figures) / len(figures) <= 0.011, figures  # the daemons' 7.2: not met
-    for _, _, cpu_per_record, per_txn, _, _, _ in figures:
+    assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met: -1.2 %
+    assert 0.756 * 1.1 < deltas <= 0.756 * 1.15, figures  # not met: +10.4 %
+    assert 0.351 * 1.1 < acks <= 0.351 * 1.2, figures  # not met: +15.6 %
+    assert abs(have2s / 0.0280 - 1) <= 0.1, figures  # met: -4.3 %
+    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: -7.7 % (the daemons' 0.96-1.50 s a run)
+    assert 0.0000048 <= writer_cpu <= 0.0000066, figures  # 5.7 us, the daemons' 5.8 (4.9-6.5)
+    assert abs(txn / 0.0072 - 1) <= 0.1, figures  # met: +7.5 %
+    assert 0.0033 <= pre <= 0.0045, figures  # before its COMMIT 3.83 ms: the daemons' 2.0-3.3, not met
+    for _, _, cpu_per_record, per_txn, _, _, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
-        assert 0.006 <= per_txn <= 0.014, figures  # the daemons' 5.6-10 ms
+        assert 0.005 <= per_txn <= 0.011, figures  # the daemons' 5.6-10 ms
 
 
 def test_reads_take_one_of_the_daemons_two_reader_connections() -> None:
@@ -339,7 +351,12 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
     With the COMMIT's CPU on the box in its runs and only its fsync's sleep off it, and a thread waiting
     for the interpreter asking only once it has run twice (sim21c): DELTA2 0.649-0.993, mean 0.901 (-9.8 %,
     met by 0.2 %); ACK2 0.101-0.262, median 0.205 (met), mean 0.195 (-1.8 %, met); p99 20-36 ms in four
-    draws, 0.79-0.81 s (the linger) in four (not met: was one)."""
+    draws, 0.79-0.81 s (the linger) in four (not met: was one).
+
+    With the writer's measured storage CPU and the interpreter's waiters asking as any waiter asks
+    (sim22): DELTA2 0.679-1.000, mean 0.894 (-10.5 %, not met by 0.5 %: draws 5 and 7, 0.68 and 0.71,
+    settle on eager links); ACK2 0.112-0.209, median 0.1995 (met), mean 0.180 (-9.2 %, met); p99 21-36
+    ms in five draws, 0.79-0.80 s (the linger) in three."""
     delta2, ack2, p99 = [], [], []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -348,10 +365,10 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
         delta2.append(part.per_record("delta2"))
         ack2.append(part.per_record("ack2"))
         p99.append(sorted(part.last_latency)[148])
-    assert abs(sum(delta2) / 8 / 0.999 - 1) <= 0.1, delta2  # met
+    assert 0.999 * 0.85 <= sum(delta2) / 8 < 0.999 * 0.9, delta2  # not met: -10.5 %
     assert all(abs(a / 0.198 - 1) <= 0.1 for a in sorted(ack2)[3:5]), ack2  # the median's two: met
-    assert abs(sum(ack2) / 8 / 0.198 - 1) <= 0.1, ack2  # the mean: met, -1.8 %
-    assert sum(0.015 < p < 0.1 for p in p99) >= 4 and max(p99) < 1.0, p99  # four at the linger
+    assert abs(sum(ack2) / 8 / 0.198 - 1) <= 0.1, ack2  # the mean: met, -9.2 %
+    assert sum(0.015 < p < 0.1 for p in p99) >= 5 and max(p99) < 1.0, p99  # three at the linger
 
 
 def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
@@ -527,7 +544,8 @@ def test_the_commits_cpu_runs_on_the_box_in_its_runs_and_its_fsync_off_it() -> N
     fsync's sleep (bench/RESULTS.md sim21c): so the COMMIT's CPU is a burst in the run it began in and
     one in each of ``commit_runs`` runs after a sleep, on the storage thread's own core, counted in the
     node's CPU. On an idle box the transaction takes its work, the COMMIT's CPU and its sleeps; with both
-    cores busy its runs wait in the run queue for the others' slices to end, as the daemons' did."""
+    cores busy its runs wait in the run queue for the others' slices to end, as the daemons' did (the
+    first, before its work, outside the transaction's time, as the daemons count it)."""
     costs = Costs(
         jitter=0.0,
         cores=2,
@@ -563,8 +581,10 @@ def test_the_commits_cpu_runs_on_the_box_in_its_runs_and_its_fsync_off_it() -> N
             assert sim.box.runs - runs >= 4  # its work's run and the COMMIT's three
             queued.append(sim.box.waited - waited)
         assert start < sim.now
-    # the busy box adds run-queue waits (its threads' and the two others'), two slices' ends of them
-    assert took[1] - took[0] == pytest.approx(2 * 0.0015), took
+    # the busy box adds run-queue waits (its threads' and the two others'): its wait for a core before
+    # its work is not the transaction's (the daemons' commit seconds count from ``Writer._attempt``, its
+    # thread running; sim22), a slice's end inside its COMMIT's runs is
+    assert took[1] - took[0] == pytest.approx(0.0015), took
     assert queued[0] > took[1] - took[0]
 
 
@@ -583,6 +603,100 @@ def test_a_thread_waiting_for_the_interpreter_asks_for_it_once_it_has_run_twice(
     wait = sim.box.wait_now()
     assert wait == pytest.approx(0.0015)  # until a slice ends
     assert sim._asks_at() == pytest.approx(sim.now + 2 * wait + SWITCH_INTERVAL_S)
+
+
+def test_a_thread_behind_the_loops_ready_tasks_asks_as_late_as_any_waiter_on_a_full_box() -> None:
+    """The storage thread or a reader waiting behind the loop's ready tasks asks for the interpreter as the
+    loop asks the storage thread for it (``take_gil``: it runs to begin its timed wait and again at its
+    timeout, each run after a wait for a core): with both cores busy, two slices' ends and a switch
+    interval after it began waiting, not the switch interval alone (sim22: the storage thread took the
+    interpreter ahead of the loop's backlog, which then cut its held work)."""
+    costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015)
+    sim = MeshSim2(2, costs=costs)
+    sim.run_for(1.0)
+    node = sim.node2(1)
+    for _ in range(2):  # two threads of another process keep both cores a while
+        sim.box.work(CpuThread(), 0.05)
+    for i in range(20):  # the loop's ready tasks, 0.4 switch intervals each
+        sim._wake(1, ("task", i), lambda: sim._busy(node, SWITCH_INTERVAL_S * 0.4))
+    start = sim.now
+    ran: list[float] = []
+    sim._interpreter(1, "reader", lambda: ran.append(sim.now))
+    sim.run_for(0.1)
+    assert ran == [pytest.approx(start + 2 * 0.0015 + SWITCH_INTERVAL_S)]
+
+
+def test_a_thread_that_took_the_interpreter_at_its_timeout_leaves_the_loop_nothing_to_ask_for() -> None:
+    """A storage thread waiting behind the loop's long task takes the interpreter at its switch interval's
+    timeout; its wake-up task is then no longer the loop's, so nothing asks it to drop the interpreter:
+    its work runs through (sim22: the simulated writer dropped it for that task, a no-op, 0.4-0.7 times
+    a transaction, each a hand-off and two run-queue waits; the daemons' writer runs its median
+    transaction without a run). Its transaction counts from its work's start, as ``Writer._attempt``
+    counts the daemons' commit seconds, not from its wait for the loop."""
+    costs = Costs(jitter=0.0, cores=None, wake=0.0, stall_chance=0.0, commit=0.001, commit_record=0.0)
+    sim = MeshSim2(2, costs=costs, group_linger=0.0)
+    sim.run_for(1.0)
+    node = sim.node2(1)
+    sim._wake(1, ("task", 0), lambda: sim._busy(node, 2 * SWITCH_INTERVAL_S))
+    sim.run_for(0.0001)  # the loop's task has begun
+    sim._store(1, _Job2(1, lambda: None, lambda: None, cpu=4 * SWITCH_INTERVAL_S, origin=0))
+    sim.run_for(0.1)
+    assert node.commits == 1 and not node.runq and node.storage_hand_offs == 0
+    # its work alone until its COMMIT (the simulator gave the loop a switch interval for the no-op)
+    assert node.pre_commit_seconds == pytest.approx(4 * SWITCH_INTERVAL_S)
+    assert node.commit_seconds == pytest.approx(4 * SWITCH_INTERVAL_S + costs.commit)
+
+
+def test_a_thread_whose_timeout_comes_after_the_storage_thread_took_the_interpreter_asks_it() -> None:
+    """``take_gil`` asks the holder to drop the interpreter only after a switch interval with no switch
+    of holder: a reader that began waiting behind the loop, the storage thread taking the interpreter
+    meanwhile, runs only once the storage thread dropped it at the loop's request (a hand-off), not at
+    its own timeout beside the storage thread's held work (sim22; the simulator ran it then)."""
+    costs = Costs(jitter=0.0, cores=None, wake=0.0, stall_chance=0.0, commit=0.001, commit_record=0.0)
+    sim = MeshSim2(2, costs=costs, group_linger=0.0)
+    sim.run_for(1.0)
+    node = sim.node2(1)
+    sim._store(1, _Job2(1, lambda: None, lambda: None, cpu=4 * SWITCH_INTERVAL_S, origin=0))
+    assert node.storage_holds
+    sim.run_for(0.0001)
+    ran: list[tuple[bool, int]] = []
+    sim._interpreter(1, "reader", lambda: ran.append((node.storage_holds, node.storage_hand_offs)))
+    sim.run_for(0.1)
+    assert ran == [(False, 1)]
+    assert node.commits == 1
+
+
+def test_the_writers_transaction_costs_its_measured_cpu_until_its_commit() -> None:
+    """The daemons' writer spends 1.12-1.29 ms of CPU a 1,000-record call from ``Writer.process`` to
+    ``Store.commit`` (four probe runs, bench/RESULTS.md sim22); the simulator charged ``queue2.commit``'s
+    0.835 us a record plus a replica's ``commit_record`` (a verified delta's join in it): 1.645 ms. With
+    ``offer_store_record`` an API call's records cost that alone; without it, the two as before."""
+    for whole in (None, 0.000001):
+        costs = Costs(
+            jitter=0.0,
+            cores=None,
+            wake=0.0,
+            stall_chance=0.0,
+            offer=0.0,
+            offer_record=0.0,
+            message=0.0,
+            cut=0.0,
+            cut_record=0.0,
+            read=0.0,
+            read_record=0.0,
+            sign_record=0.000002,
+            commit_record=0.000003,
+            offer_store_record=whole,
+        )
+        sim = MeshSim2(2, costs=costs, group_linger=0.0)
+        warm_up(sim)
+        sim.run_for(1.0)
+        writer = sim.node2(0)
+        cpu, commits = writer.cpu_work, writer.commits
+        sim.offer(1000, 100)
+        sim.run_for(0.1)
+        assert writer.commits == commits + 1
+        assert writer.cpu_work - cpu == pytest.approx(0.001 if whole else 0.005)
 
 
 def test_a_read_takes_the_interpreter_only_once_its_reader_thread_is_on_a_core() -> None:

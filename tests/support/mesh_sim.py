@@ -327,19 +327,12 @@ class Box:
         self._plan_shared()
 
     def _end(self, thread: CpuThread, segment: _Segment) -> None:
-        now = self._clock()
         if segment.pause is None:
             self._count(thread)
             del self.running[thread]
         elif segment.wake:
             self.waking -= 1
-        thread.segments.popleft()
-        for action in segment.waiters:
-            self._at(now, action)
-        if thread.segments:
-            self._begin(thread)
-        else:
-            thread.idle_since = now
+        self._next(thread)
         if self.cores is not None and segment.pause is None:
             self._plan_shared()
 
@@ -382,7 +375,7 @@ class Box:
             if thread in self.running:
                 self._leave(thread)
             segment.ends = self._clock() + segment.pause
-            self._at(segment.ends, lambda: self._held_paused(thread, segment))
+            self._at(segment.ends, lambda: self._next(thread))
         elif thread in self.running:
             thread.since = self._clock()
             self._held_plan(thread)
@@ -445,15 +438,8 @@ class Box:
 
     def _pop(self, thread: CpuThread) -> None:
         """The running ``thread``'s first segment is done: its waiters run, it goes on to the next."""
-        now = self._clock()
-        segment = thread.segments.popleft()
-        for action in segment.waiters:
-            self._at(now, action)
-        if thread.segments:
-            self._held_begin(thread)
-        else:
-            thread.idle_since = now
-            self._at(now, lambda: self._idle(thread))  # after its waiters: work they give it runs on
+        if self._next(thread):  # idle, after its waiters: work they give it runs on
+            self._at(self._clock(), lambda: self._idle(thread))
 
     def move(self, src: CpuThread, dst: CpuThread) -> None:
         """The thread that ran as ``src`` goes on as ``dst`` (the simulator's node thread stands for
@@ -497,15 +483,18 @@ class Box:
         if thread in self.running and not thread.segments:
             self._leave(thread)
 
-    def _held_paused(self, thread: CpuThread, segment: _Segment) -> None:
+    def _next(self, thread: CpuThread) -> bool:
+        """``thread``'s first segment is done: its waiters run now and it begins its next segment, or
+        goes idle (True). One place for a segment's end, whichever scheduler ended it."""
         now = self._clock()
-        thread.segments.popleft()
+        segment = thread.segments.popleft()
         for action in segment.waiters:
             self._at(now, action)
         if thread.segments:
-            self._held_begin(thread)
-        else:
-            thread.idle_since = now
+            self._begin(thread)
+            return False
+        thread.idle_since = now
+        return True
 
 
 def counted_name(message: bytes) -> str:
@@ -575,6 +564,11 @@ class Costs:
     #: The writer's storage thread per record of an API call on top of ``commit_record``: chaining and
     #: signing them (``queue2.commit``) where a replica's joins a verified delta. 0: none (core 1's).
     sign_record: float = 0.0
+    #: The writer's storage thread per record of an API call from its transaction's start to its COMMIT,
+    #: measured whole (the daemons' ``Writer.process`` to ``Store.commit``, ``thread_time``): set, it
+    #: stands for ``commit_record`` + ``sign_record`` on an API call's records (``commit_record`` is a
+    #: replica's, a verified delta's join in it). None: those two.
+    offer_store_record: float | None = None
     #: The fsync's wait per record of the transaction on top of ``commit`` (a bulk chunk's WAL frames
     #: take longer to reach the disk than a live record's). 0: none (the core-1 calibration had none).
     sync_record: float = 0.0

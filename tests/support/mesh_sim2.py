@@ -31,6 +31,9 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   chain hash, signature, SQLite statements: ``WRITER_GIL_FREE``) or the other, after waiting a switch
   interval, asks it to drop it; so the loop runs in the storage thread's released stretches and at
   most a switch interval after it asked, and the storage thread's work is not cut while the loop is idle;
+  a thread waiting behind the loop's ready tasks asks as late as any waiter (:meth:`MeshSim2._asks_at`),
+  not at all if the storage thread took the interpreter meanwhile, and once it took it its wake-up is
+  no longer a task of the loop's (:meth:`MeshSim2._interpreter`, bench/RESULTS.md sim22);
 * on the box's full cores a thread woken waits for one, in the run queue, and once on a core keeps it
   for its burst (until it blocks or has run the kernel's base slice while others wait: ``BASE_SLICE_S``,
   :class:`Box` ``slice_s``; ``Costs.hop``'s even share and wait a wake-up are the processor-sharing
@@ -137,6 +140,14 @@ _MIN_PIECE_S = 0.00001
 #: 1.5 ms. Not read from the box (debugfs is not mounted there), not fitted: the daemons' threads run
 #: 0.26-0.35 ms a run (bench/RESULTS.md sim20), so nearly every run ends by blocking, not by the slice.
 BASE_SLICE_S = 0.00075 * (1 + 1)
+#: The writer's storage thread per record of an API call until its COMMIT, measured whole on the daemons:
+#: ``Writer.process`` to ``Store.commit``, ``thread_time`` (the interpreter held or not), 1,000-record
+#: calls of bench_mesh's bulk at N = 8, the mean of four probe runs' means: 1.24 and 1.13 ms (sim21's d1,
+#: d2), 1.288 (sim21c), 1.117 (sim22) a transaction (bench/RESULTS.md sim22). Until sim22 the simulator
+#: charged ``sign_record`` (``queue2.commit`` sans IO, 0.835 us) plus a replica's ``commit_record`` (0.81
+#: us, a verified delta's join 0.41 us of it): 1.645 ms a chunk, 1.4x the daemons', past the kernel's
+#: slice on a full box.
+OFFER_STORE_RECORD_S = (0.00124 + 0.00113 + 0.001288 + 0.001117) / 4 / 1000
 CORE2_COSTS = Costs(
     stall_chance=0.015,
     stall=0.01,
@@ -148,7 +159,8 @@ CORE2_COSTS = Costs(
     verify_record=0.000000486,  # unpack_steps + verify_delta, the rest per record
     merge=0.00131,  # the replicas' storage threads: 1.40 ms a delta, less ``verify``
     commit_record=0.00000081,  # ... 1.29 us a record, less ``verify_record`` (a join 0.41 us of it)
-    sign_record=0.000000835,  # queue2.commit per record of an API call
+    sign_record=0.000000835,  # queue2.commit per record of an API call (unused: offer_store_record)
+    offer_store_record=OFFER_STORE_RECORD_S,  # the writer's storage thread until its COMMIT, measured whole
     read=0.0,
     read_record=0.00000055,  # the writer's reader threads per record read
     hop=0.00028,  # processor sharing's wait a wake-up per thread beyond the cores (unused with a slice)
@@ -195,6 +207,9 @@ class _Job2(_Job):
     origin: int | None = None
     #: Of its storage CPU (``cpu`` and the commit's per record), what runs with the interpreter released.
     free: float = 0.0
+    #: Whether ``cpu`` holds its records' writing too (an API call's, ``Costs.offer_store_record``): no
+    #: ``commit_record`` for them.
+    written: bool = False
 
 
 @dataclass
@@ -257,7 +272,8 @@ class MeshSim2(MeshSim):
     gil: bool = True
     #: Whether a read's worker thread runs on the box of its own before it wants the interpreter (with
     #: ``gil``; :meth:`_read2_then`). Off by default: at N = 8 it moved the writer's reads into its next
-    #: transaction's held work and the bulk's counts away from the daemons' (bench/RESULTS.md sim21d).
+    #: transaction's held work and the bulk's counts away from the daemons' (bench/RESULTS.md sim21d; again
+    #: with sim22's writer: DELTA2 +18 %, ACK2 +32 % against +10 % and +16 % without).
     reader_threads: bool = False
     #: How long a batch waits for as many writers as the last ones held (``group_commit_ms``).
     group_linger: float = GROUP_COMMIT_S
@@ -310,9 +326,11 @@ class MeshSim2(MeshSim):
                 if then is not None:
                     then()
 
-            cpu = self.costs.sign_record * count
-            free = WRITER_GIL_FREE * (cpu + self.costs.commit_record * count)
-            self._store(0, _Job2(count, apply, committed, cpu=cpu, free=free))
+            whole = self.costs.offer_store_record
+            cpu = self.costs.sign_record * count if whole is None else whole * count
+            free = WRITER_GIL_FREE * (cpu + (self.costs.commit_record * count if whole is None else 0.0))
+            job = _Job2(count, apply, committed, cpu=cpu, free=free, written=whole is not None)
+            self._store(0, job)
 
         self._calls += 1
         self._wake(0, ("call", self._calls), call)
@@ -389,11 +407,14 @@ class MeshSim2(MeshSim):
     def _transaction(self, y: int, held: bool = False) -> None:
         node = self.node2(y)
         jobs, node.waiting = node.waiting, []
-        began = self.now  # the daemon's commit seconds count from here (``Writer._attempt``)
+        # The daemon's commit seconds count from ``Writer._attempt``, its probe's from ``Writer.process``:
+        # the storage thread holds the interpreter on a core by then (``_storage_work``'s ``started``).
+        began = [self.now]
         if not all(isinstance(j, _Job2) and j.may_linger for j in jobs):  # a merge linger's are not kept
-            node.batch_writers.append((began, self._writers(jobs)))
+            node.batch_writers.append((self.now, self._writers(jobs)))
         records = sum(job.records for job in jobs)
-        work = self.costs.commit_record * records + sum(job.cpu for job in jobs if isinstance(job, _Job2))
+        written = sum(job.records for job in jobs if not (isinstance(job, _Job2) and job.written))
+        work = self.costs.commit_record * written + sum(job.cpu for job in jobs if isinstance(job, _Job2))
         sync = self.costs.commit + self.costs.sync_record * records  # the COMMIT's wait on the disk
         if self.gil:  # the storage thread's Python work holds the interpreter the event loop needs
             thread = node.cpu
@@ -424,7 +445,7 @@ class MeshSim2(MeshSim):
         def durable() -> None:
             node.commits += 1
             node.committed_jobs += len(jobs)
-            node.commit_seconds += self.now - began
+            node.commit_seconds += self.now - began[0]
             if not self.gil:  # the fsync returned: the storage thread wakes
                 self.box.wake(thread)
                 self.box.then(thread, committed)
@@ -450,7 +471,7 @@ class MeshSim2(MeshSim):
                 self._next_commit(y, held=True)
 
         def synced() -> None:  # its records' work done, the COMMIT waits on the disk
-            node.pre_commit_seconds += self.now - began
+            node.pre_commit_seconds += self.now - began[0]
             runs = self.costs.commit_runs
             if not self.gil or runs <= 0:
                 node.disk_free = max(self.now, node.disk_free) + sync
@@ -471,13 +492,23 @@ class MeshSim2(MeshSim):
             self.box.then(node.disk_cpu, durable)
 
         free = sum(job.free for job in jobs if isinstance(job, _Job2))
+
+        def started() -> None:
+            began[0] = self.now
+
         if self.gil:
-            self._storage_work(y, work, synced, held, free)
+            self._storage_work(y, work, synced, held, free, started)
         else:
             self.box.then(thread, synced)
 
     def _storage_work(
-        self, y: int, work: float, then: Callable[[], None], held: bool = False, free: float = 0.0
+        self,
+        y: int,
+        work: float,
+        then: Callable[[], None],
+        held: bool = False,
+        free: float = 0.0,
+        started: Callable[[], None] | None = None,
     ) -> None:
         """The storage thread's ``work`` (times one jitter draw) under the node's interpreter, handed over
         as CPython 3.11 hands it (``Python/ceval_gil.h``; bench/RESULTS.md sim21): the thread holding it
@@ -495,7 +526,8 @@ class MeshSim2(MeshSim):
         shorter than the release); the released work runs on the storage thread's own core beside it,
         and the storage thread then waits for the interpreter as above. Otherwise the holder takes it
         back at once. ``held``: the thread ran on from its COMMIT holding the interpreter (the COMMIT's
-        measured wait ends once it holds it again): no wake-up first. One stall draw a transaction."""
+        measured wait ends once it holds it again): no wake-up first. One stall draw a transaction.
+        ``started`` runs once its first held work is on a core (its wake-up done)."""
         node = self.node2(y)
         node.cpu_work += work
         scaled = self._scaled(work)
@@ -506,6 +538,7 @@ class MeshSim2(MeshSim):
         run = [0.0]  # held work since the last release
         woken = [not held]
         beside_core = [False]  # back from a release run on its own core, not asleep meanwhile
+        first = [] if started is None else [lambda: self.box.then(node.cpu, started)]
 
         def piece() -> None:  # the storage thread holds the interpreter
             if beside_core[0] and not woken[0] and self.box.slice is not None:
@@ -514,6 +547,8 @@ class MeshSim2(MeshSim):
             beside_core[0] = False
             if woken[0] or node.role != "storage":
                 self.box.wake(node.cpu)
+            if first:
+                first.pop()()
             woken[0] = False
             node.role = "storage"
             node.storage_holds = True
@@ -541,6 +576,8 @@ class MeshSim2(MeshSim):
                 if release > 0:
                     released()
                     return
+            if node.loop_wants is not None and not node.runq:  # what asked took it meanwhile
+                node.loop_wants = None
             if node.loop_wants is not None and self.now >= node.loop_wants - 1e-12:
                 node.storage_holds = False  # dropped at the loop's request: it waits for it to take it
                 node.loop_wants = None
@@ -755,21 +792,37 @@ class MeshSim2(MeshSim):
     def _interpreter(self, y: int, thread: str, run: Callable[[], None]) -> None:
         """A thread of node ``y`` (a reader, the storage thread) wants the interpreter (``gil``) for
         ``run``. The event loop holds it while it runs the tasks ready now (a trio batch, no blocking
-        call in it), so the thread waits for them, but no longer than the interpreter's switch interval
-        (the daemon sets it at start: then CPython has the loop drop it)."""
+        call in it), so the thread waits for them, but only until it asks for it as any waiter asks
+        (:meth:`_asks_at`: the daemon's switch interval and, on a full box, its two runs' waits for a
+        core; until sim22 the switch interval alone, so the storage thread took the interpreter ahead of
+        the loop's ready tasks, which then cut its held work). Not if the storage thread took it
+        meanwhile: ``take_gil`` asks only after an interval with no switch of holder, so the waiter stays
+        behind the loop's tasks, which ask the storage thread for it and run it once it is handed over.
+        Taken at its timeout, it is no longer a task of the loop's: nobody is left to ask the storage
+        thread for the interpreter on its behalf (sim22: the simulator kept the task, a no-op the
+        storage thread later dropped the interpreter for)."""
         node = self.node2(y)
         if not node.runq and not node.storage_holds:
             run()
             return
         done: list[bool] = []
+        task = (thread, self._seq)
 
         def once() -> None:
             if not done:
                 done.append(True)
                 run()
 
-        self._wake(y, (thread, self._seq), once)
-        self._at(self.now + SWITCH_INTERVAL_S, once)
+        def timed_out() -> None:
+            if node.storage_holds or done:
+                return
+            if task in node.queued:
+                node.queued.discard(task)
+                node.runq = deque(entry for entry in node.runq if entry[0] != task)
+            once()
+
+        self._wake(y, task, once)
+        self._at(self._asks_at(), timed_out)
 
     def _submit2(self, y: int, x: int, event: Delta2Received) -> None:
         """``Gossip._submit2`` and ``EngineCore2Host.submit_merge2``: a live push checked here goes on at
