@@ -113,6 +113,16 @@ def main() -> None:
             f"daemon median {statistics.median(r.daemon_us for r in runs):.0f} us, clients "
             f"{statistics.median(r.clients_us for r in runs):.0f} us"
         )
+    # The floor run moves more between runs than latticed's own rate (RESULTS, singles22): the pairs'
+    # ratio of offers/s, and each run over the median floor of the whole sitting, beside it.
+    raw = [p["after"].offers / p["before"].offers for p in pairs]
+    floor = statistics.median(r.floor for p in pairs for r in p.values())
+    print("pair ratios, after ÷ before of offers/s: " + ", ".join(f"{x:.2f}" for x in raw))
+    for label in ("before", "after"):
+        of_median = [p[label].offers / floor for p in pairs]
+        median = statistics.median(of_median)
+        print(f"{label}: ÷ the sitting's median floor ({floor:,.0f}/s): median {median:.2f}")
+    print(f"median pair ratio of offers/s {statistics.median(raw):.2f}")
     ahead = sum(x > 1 for x in ratios)
     print(f"median pair ratio {statistics.median(ratios):.2f}; after ahead in {ahead} of {len(ratios)} pairs")
 
