@@ -54,11 +54,26 @@ class StorageBridge:
         self._limiter = trio.CapacityLimiter(pool.size)
         self._closed = False
         writer.on_done = self._on_done
+        writer.on_committing = self._on_committing
 
     # ------------------------------------------------------------------ writes
     def _on_done(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         """Runs on the storage thread after each batch: hand completion to trio in one callback."""
         self._token.run_sync_soon(self._complete, jobs, changes, changes2)
+
+    def _on_committing(self, jobs: list[Job]) -> None:
+        """Runs on the storage thread right before a batch's ``COMMIT``: while the fsync runs the event
+        loop is idle, so the jobs' waiters build their replies then (``Job.prepare``), and what is left
+        for the loop once the commit returns is to send them."""
+        if any(job.prepare is not None for job in jobs):
+            self._token.run_sync_soon(self._prepare, jobs)
+
+    @staticmethod
+    def _prepare(jobs: list[Job]) -> None:
+        # Queued before the batch's _complete (run_sync_soon keeps the order): it always runs first.
+        for job in jobs:
+            if job.prepare is not None:
+                job.prepare()
 
     def _complete(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         self._on_commit(jobs, changes, changes2)

@@ -61,7 +61,7 @@ class WriterView(Protocol):
 class Job:
     """Base of every write job; ``done`` is called (on the writer thread) after commit or failure."""
 
-    __slots__ = ("done", "error", "may_linger", "notify", "origin", "result")
+    __slots__ = ("done", "error", "may_linger", "notify", "origin", "prepare", "result")
 
     def __init__(self) -> None:
         self.result: Any = None
@@ -70,6 +70,11 @@ class Job:
         #: Called (on the event loop) right after ``done`` is set, for a waiter that waits on more than
         #: this job (an API connection waits for its next request or any of its commits).
         self.notify: Callable[[], None] | None = None
+        #: Called (on the event loop) while the job's batch is being committed (its ``COMMIT``, the
+        #: fsync, under way), before it is known to succeed: a waiter may build its reply from ``result``
+        #: meanwhile, the event loop being idle then, but sends it only after ``done`` (the commit may
+        #: still fail: ``error`` is set then, and a retried batch sets a new ``result``).
+        self.prepare: Callable[[], None] | None = None
         #: Who submitted it (a connection, a peer), if it may have more jobs in flight: the group commit
         #: counts concurrent writers, and one that pipelines is still one writer.
         self.origin: object = None

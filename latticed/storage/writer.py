@@ -134,6 +134,8 @@ class Writer:
         self._merge_linger = merge_linger_s
         self._max_page_count = max_page_count
         self.on_done = on_done
+        #: Told (on this thread) a batch's jobs right before its ``COMMIT``: see ``Job.prepare``.
+        self.on_committing: Callable[[list[Job]], None] | None = None
         self._metrics = metrics
         self.states: dict[int, QueueState] = {}
         #: Core-2 queues (latticed/storage/core2_queues.py): staged and written with each group commit.
@@ -537,7 +539,7 @@ class Writer:
             if batch.staged or self.core2.pending:
                 batch.commit_pending()
                 self.core2.sign_pending()
-                changes = self._write(batch, started)
+                changes = self._write(batch, started, jobs)
                 self.transactions += 1
                 self.jobs_committed += len(jobs)
         except LatticedError as exc:
@@ -556,14 +558,22 @@ class Writer:
                     job.error = type(failure)(str(failure))
         return None, changes
 
+    def _committing(self, jobs: list[Job]) -> None:
+        """``on_committing``, which must not fail the batch (e.g. the event loop is gone at shutdown)."""
+        assert self.on_committing is not None
+        try:
+            self.on_committing(jobs)
+        except Exception as exc:
+            log_event(log, "storage.notify_failed", error=repr(exc))
+
     def _allocate_q(self) -> int:
         q = self._next_q
         self._next_q += 1
         return q
 
-    def _write(self, batch: Batch, started: float) -> list[Change]:
-        """Write ``batch`` in one transaction; ``started`` (``perf_counter``) is when the batch began, for
-        the commit latency metric."""
+    def _write(self, batch: Batch, started: float, jobs: list[Job]) -> list[Change]:
+        """Write ``batch`` (of ``jobs``) in one transaction; ``started`` (``perf_counter``) is when the
+        batch began, for the commit latency metric."""
         store = self.store
         results: list[Change] = []
         reclaim = False
@@ -603,6 +613,8 @@ class Writer:
                     "INSERT OR REPLACE INTO settings (name, value) VALUES (?, ?)", batch.settings.items()
                 )
             syncing = time.perf_counter()
+            if self.on_committing is not None:
+                self._committing(jobs)
             store.commit()  # WAL mode, synchronous=FULL: the WAL frames are written and fsynced here
             done = time.perf_counter()
         except BaseException:

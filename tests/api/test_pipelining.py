@@ -22,7 +22,13 @@ from latticed.api.server import api_server as server_module
 from latticed.api.server.api_server import MAX_IN_FLIGHT
 from latticed.api.server.connection import Connection
 from latticed.crdt.signing import Identity
-from latticed.errors import ConnectionClosedError, MalformedError, NotFoundError, OwnerUnreachableError
+from latticed.errors import (
+    ConnectionClosedError,
+    MalformedError,
+    NotFoundError,
+    OwnerUnreachableError,
+    StorageError,
+)
 from latticed.protocol.framing import FrameDecoder
 from latticed.storage.bridge import StorageHold
 from latticed.storage.jobs import Job
@@ -310,8 +316,13 @@ async def test_pipelined_requests_in_flight_are_bounded_in_bytes(monkeypatch: py
         def __init__(self) -> None:
             self.sent: list[dict[str, Any]] = []
 
-        async def send_many(self, replies: list[dict[str, Any]]) -> None:
-            self.sent.extend(replies)
+        def encode(self, message: dict[str, Any]) -> bytes:
+            return msgpack.packb(message)  # type: ignore[no-any-return]
+
+        async def send_encoded(self, data: bytes) -> None:
+            unpacker = msgpack.Unpacker()
+            unpacker.feed(data)
+            self.sent.extend(unpacker)
 
     conn = Replies()
     pipeline = server_module._Pipeline(None, conn)  # type: ignore[arg-type]
@@ -394,6 +405,58 @@ async def test_a_commit_answers_a_waiting_connection_in_order_without_waking_its
         assert got == []  # still waiting for the next request
         peer.send(struct.pack(">I", 3) + b"abc")
     assert got == [b"abc"]
+
+
+async def test_replies_built_while_their_batch_commits_are_sent_once_done_as_built() -> None:
+    """While the batch commits (the fsync under way, the event loop idle) the bridge calls each job's
+    ``prepare``: the replies are encoded then and nothing is sent; once the commit is done, its callback
+    writes those very bytes without encoding again."""
+    pipeline, peer, jobs, conn = await _waiting_pipeline()
+    encoded: list[int] = []
+    encode = conn.encode
+
+    def counting(message: dict[str, Any]) -> bytes:
+        encoded.append(message["id"])
+        return encode(message)
+
+    conn.encode = counting
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.next_frame)
+        await trio.testing.wait_all_tasks_blocked()
+        jobs[0].result, jobs[1].result = 7, 8  # applied on the storage thread; its COMMIT runs
+        for job in jobs:
+            assert job.prepare is not None
+            job.prepare()
+        assert encoded == [1, 2] and _replies_now(peer) == []  # built once each, nothing sent yet
+        for job in jobs:
+            job.done.set()
+        assert jobs[0].notify is not None
+        jobs[0].notify()
+        assert [(r["id"], r["offset"], r["ok"]) for r in _replies_now(peer)] == [(1, 7, True), (2, 8, True)]
+        assert encoded == [1, 2] and pipeline._prepared == {} and pipeline.in_flight == (0, 0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reply_built_before_the_commit_is_not_sent_if_it_failed_or_was_retried() -> None:
+    """A reply built while the batch committed answers only the result the job ended with: a failed
+    COMMIT answers its error, a batch retried (a new result) answers the new one."""
+    pipeline, peer, jobs, _ = await _waiting_pipeline()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.next_frame)
+        await trio.testing.wait_all_tasks_blocked()
+        jobs[0].result, jobs[1].result = 7, 8
+        assert jobs[0].prepare is not None
+        jobs[0].prepare()
+        jobs[0].error = StorageError("cannot write: the disk is full")  # that COMMIT failed
+        jobs[1].result = 9  # ... and this job's batch was retried after it
+        for job in jobs:
+            job.done.set()
+        assert jobs[1].notify is not None
+        jobs[1].notify()
+        replies = _replies_now(peer)
+        assert [(r["id"], r["ok"]) for r in replies] == [(1, False), (2, True)]
+        assert replies[0]["error"]["code"] == "storage" and replies[1]["offset"] == 9
+        nursery.cancel_scope.cancel()
 
 
 async def test_replies_the_socket_cannot_take_at_once_are_sent_by_the_task_first() -> None:

@@ -17,8 +17,8 @@ import trio
 import trio.testing
 
 from latticed import daemon as daemon_module
-from latticed.api.server.api_server import MemoryGiveBack
 from latticed.api.server.connection import LARGE_FRAME_BYTES
+from latticed.api.server.give_back import MemoryGiveBack
 from latticed.api.server.op_table import build_op_table
 from latticed.api.server.request_router import parse_request
 from latticed.daemon import GC_GEN0_THRESHOLD, run_daemon

@@ -854,3 +854,36 @@ def test_a_cohort_of_writers_seen_lately_is_waited_for_at_once(
     t0 = time.monotonic()
     assert len(w._collect()) == 1
     assert 0.15 <= time.monotonic() - t0 < 5  # alone: committed once the linger ran out
+
+
+def test_a_batchs_jobs_are_told_before_its_commit_and_a_failing_hook_fails_nothing(tmp_path: Path) -> None:
+    """``on_committing`` hears each batch's jobs inside its open transaction (the written rows not yet
+    committed: another connection does not see them), with the results the jobs will be answered with;
+    a hook that raises (the event loop gone at shutdown) costs the batch nothing."""
+    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW))
+    w.open()
+    try:
+        q = create(w)
+        heard: list[tuple[list[Job], list[object], bool, bool]] = []
+
+        def hook(jobs: list[Job]) -> None:
+            reader = StoreReader(w.path)
+            try:  # what another connection sees right now
+                visible = reader.row(q, 0) is not None
+            finally:
+                reader.close()
+            heard.append((jobs, [job.result for job in jobs], w.store.connection.in_transaction, visible))
+
+        w.on_committing = hook
+        a, b = Append(q, [rec(1)]), Append(q, [rec(2)])
+        run(w, a, b)
+        assert [(jobs, results, open_) for jobs, results, open_, _ in heard] == [([a, b], [0, 1], True)]
+        assert heard[0][3] is False and w.states[q].held_end == 2  # not visible before the commit, then both
+
+        def broken(jobs: list[Job]) -> None:
+            raise RuntimeError("the event loop is gone")
+
+        w.on_committing = broken
+        assert ok(w, Append(q, [rec(3)])) == 2 and w.states[q].held_end == 3
+    finally:
+        w.stop()

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import trio
 
 from latticed.api.messages import error_reply
-from latticed.api.server.connection import LARGE_FRAME_BYTES, Connection
+from latticed.api.server.connection import Connection
 from latticed.api.server.consumer_id import CONSUMER, new_consumer_id
 from latticed.api.server.context import Context, PipelinedHandler
+from latticed.api.server.give_back import BURST_BYTES, MemoryGiveBack
 from latticed.api.server.listener import bind_unix_socket, remove_socket
 from latticed.api.server.request_router import dispatch, parse_request
 from latticed.errors import (
@@ -36,7 +36,6 @@ from latticed.errors import (
 )
 from latticed.net.accept import serve_listeners
 from latticed.process.logs import get_logger, log_event
-from latticed.process.malloc import give_back_after_spike, give_back_when_idle
 from latticed.storage.jobs import Job
 
 log = get_logger(__name__)
@@ -46,85 +45,7 @@ MAX_IN_FLIGHT: Final = 64
 #: ... and their frames' bytes together: a client pipelining large batches has the next one read only
 #: once earlier ones are answered (its socket pushes back meanwhile).
 MAX_IN_FLIGHT_BYTES: Final = 32 << 20
-#: How long after a large request the heap is checked for memory to give back (one check per burst), and
-#: how long the API must stay quiet after a burst of requests before the idle check.
-GIVE_BACK_DELAY_S: Final = 1.0
-#: Request bytes (any number of requests, errors included) that make a burst: once the API goes quiet
-#: after one, free heap memory beyond what is kept on purpose is handed back.
-BURST_BYTES: Final = 4 << 20
-
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosedError)
-
-
-class MemoryGiveBack:
-    """Hands idle heap memory back to the system after bursts of requests (latticed/process/malloc.py).
-
-    Connections report every request frame (:meth:`received`). A large one (or a large frame cut off with
-    its connection: :meth:`note`) is followed :data:`GIVE_BACK_DELAY_S` later by a check, one for all the
-    notes of a burst, that releases memory only if much more than the amount kept on purpose lies free:
-    steady bulk traffic keeps its warm pages. Many requests of any size (a flood of errors, say) leave
-    memory behind without any one being large: once they add up to :data:`BURST_BYTES` and the API then
-    stays quiet for :data:`GIVE_BACK_DELAY_S`, everything free beyond the amount kept is released."""
-
-    def __init__(
-        self,
-        release: Callable[[], bool] = give_back_after_spike,
-        *,
-        release_idle: Callable[[], bool] = give_back_when_idle,
-        delay: float = GIVE_BACK_DELAY_S,
-        burst_bytes: int = BURST_BYTES,
-    ) -> None:
-        self._release = release
-        self._release_idle = release_idle
-        self._delay = delay
-        self._burst_bytes = burst_bytes
-        self._noted = trio.Event()
-        #: Request bytes received since the last idle check.
-        self._received = 0
-        self._burst = trio.Event()
-        #: How many checks released memory.
-        self.released = 0
-
-    def note(self) -> None:
-        self._noted.set()
-
-    def received(self, size: int) -> None:
-        """A request frame of ``size`` bytes was read (called for every frame: keep it cheap)."""
-        if size >= LARGE_FRAME_BYTES:
-            self._noted.set()
-        self._received += size
-        if self._received >= self._burst_bytes:
-            self._burst.set()
-
-    async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._after_large_requests)
-            nursery.start_soon(self._when_quiet)
-
-    async def _after_large_requests(self) -> None:
-        while True:
-            await self._noted.wait()
-            await trio.sleep(self._delay)  # let the burst end: the notes meanwhile share this check
-            self._noted = trio.Event()
-            self._check(self._release)
-
-    async def _when_quiet(self) -> None:
-        while True:
-            await self._burst.wait()
-            while True:  # until a whole delay passes without a request
-                seen = self._received
-                await trio.sleep(self._delay)
-                if self._received == seen:
-                    break
-            self._received = 0
-            self._burst = trio.Event()
-            self._check(self._release_idle)
-
-    def _check(self, release: Callable[[], bool]) -> None:
-        # On the event loop: ~10 ms per 100 MB released, and at most once per burst.
-        if release():
-            self.released += 1
-            log_event(log, "api.memory_released")
 
 
 async def serve_api(
@@ -270,6 +191,26 @@ class _Pipeline:
         #: Replies encoded by :meth:`_committed` that the socket did not take at once: the task sends them
         #: before anything else.
         self._unsent = b""
+        #: Replies encoded by :meth:`_prepare` while their jobs' batch was committing: id(job) -> (the
+        #: result they were built from, the framed reply). Sent only once the job is done, and only if
+        #: it ended with that very result and no error.
+        self._prepared: dict[int, tuple[Any, bytes]] = {}
+
+    def _prepare(self) -> None:
+        """Called on the event loop while a batch holding our jobs commits (its fsync under way, the loop
+        otherwise idle): encode their replies now, so that the commit's callback only writes them. Sends
+        nothing: the commit may yet fail (the job's error is answered then) or be retried (a new result)."""
+        prepared, encode = self._prepared, self._conn.encode
+        for rid, job, build, _ in self._pending:
+            if isinstance(job, LatticedError) or job.done.is_set() or job.error is not None:
+                continue
+            result = job.result  # read once: a retried batch on the storage thread may set another
+            if result is None or ((entry := prepared.get(id(job))) is not None and entry[0] is result):
+                continue
+            try:
+                prepared[id(job)] = (result, encode(_ok_reply(rid, result, build)))
+            except Exception:
+                prepared.pop(id(job), None)  # built again once it is done, and failing as it would have
 
     def _committed(self) -> None:
         """Called on the event loop when one of our jobs finished. While the task waits for the next
@@ -281,7 +222,7 @@ class _Pipeline:
         if not self._unsent:
             conn = self._conn
             try:
-                data = b"".join(map(conn.encode, self._finished_replies()))
+                data = self._finished_data()
             except Exception:
                 waiting.cancel()  # the task builds them again and fails as it would have
                 return
@@ -308,6 +249,7 @@ class _Pipeline:
             self._pending.append((rid, LatticedError(f"internal error: {type(exc).__name__}"), None, size))
         else:
             job.notify = self._committed  # no checkpoint since it started: it cannot have finished yet
+            job.prepare = self._prepare
             job.origin = self
             self._pending.append((rid, job, build, size))
         self._pending_bytes += size
@@ -351,19 +293,28 @@ class _Pipeline:
         if self._unsent:
             data, self._unsent = self._unsent, b""
             await self._conn.send_encoded(data)
-        replies = self._finished_replies()
+        data = self._finished_data()
         self._take_finished()
-        if replies:
-            await self._conn.send_many(replies)
+        if data:
+            await self._conn.send_encoded(data)
 
-    def _finished_replies(self) -> list[dict[str, Any]]:
-        """The replies of the finished requests at the head, in order (they stay pending)."""
-        replies = []
+    def _finished_data(self) -> bytes:
+        """The framed replies of the finished requests at the head, in order (they stay pending): those
+        :meth:`_prepare` encoded from the result the job ended with, the others encoded now."""
+        parts = []
+        prepared, encode = self._prepared, self._conn.encode
         for rid, job, build, _ in self._pending:
-            if not isinstance(job, LatticedError) and not job.done.is_set():
+            if isinstance(job, LatticedError):
+                parts.append(encode(error_reply(rid, job)))
+                continue
+            if not job.done.is_set():
                 break
-            replies.append(_reply(rid, job, build))
-        return replies
+            entry = prepared.get(id(job)) if prepared else None
+            if entry is not None and job.error is None and entry[0] is job.result:
+                parts.append(entry[1])
+            else:
+                parts.append(encode(_reply(rid, job, build)))
+        return b"".join(parts)
 
     def _take_finished(self) -> None:
         """Drop the finished requests at the head (their replies were built)."""
@@ -374,6 +325,8 @@ class _Pipeline:
                 break
             pending.popleft()
             self._pending_bytes -= size
+            if self._prepared:
+                self._prepared.pop(id(job), None)
 
 
 def _reply(rid: Any, job: Job | LatticedError, build: Any) -> dict[str, Any]:
@@ -382,7 +335,11 @@ def _reply(rid: Any, job: Job | LatticedError, build: Any) -> dict[str, Any]:
         return error_reply(rid, job)
     if job.error is not None:
         return error_reply(rid, job.error)
-    reply: dict[str, Any] = build(job.result)
+    return _ok_reply(rid, job.result, build)
+
+
+def _ok_reply(rid: Any, result: Any, build: Any) -> dict[str, Any]:
+    reply: dict[str, Any] = build(result)
     reply["id"] = rid
     reply["ok"] = True
     return reply
