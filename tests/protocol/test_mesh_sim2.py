@@ -365,7 +365,11 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
     With the writer's measured storage CPU and the interpreter's waiters asking as any waiter asks
     (sim22): DELTA2 0.679-1.000, mean 0.894 (-10.5 %, not met by 0.5 %: draws 5 and 7, 0.68 and 0.71,
     settle on eager links); ACK2 0.112-0.209, median 0.1995 (met), mean 0.180 (-9.2 %, met); p99 21-36
-    ms in five draws, 0.79-0.80 s (the linger) in three."""
+    ms in five draws, 0.79-0.80 s (the linger) in three.
+
+    With a waiter's two runs waiting as the box's runs have waited (sim22b): DELTA2 0.830-0.989, mean
+    0.945 (-5.4 %, met); ACK2 0.150-0.210, median 0.2045 (met), mean 0.196 (-1.2 %, met); p99 23-41 ms in
+    six draws, 0.79-0.80 s (the linger) in two."""
     delta2, ack2, p99 = [], [], []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -374,10 +378,10 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
         delta2.append(part.per_record("delta2"))
         ack2.append(part.per_record("ack2"))
         p99.append(sorted(part.last_latency)[148])
-    assert 0.999 * 0.85 <= sum(delta2) / 8 < 0.999 * 0.9, delta2  # not met: -10.5 %
+    assert abs(sum(delta2) / 8 / 0.999 - 1) <= 0.1, delta2  # met: -5.4 %
     assert all(abs(a / 0.198 - 1) <= 0.1 for a in sorted(ack2)[3:5]), ack2  # the median's two: met
-    assert abs(sum(ack2) / 8 / 0.198 - 1) <= 0.1, ack2  # the mean: met, -9.2 %
-    assert sum(0.015 < p < 0.1 for p in p99) >= 5 and max(p99) < 1.0, p99  # three at the linger
+    assert abs(sum(ack2) / 8 / 0.198 - 1) <= 0.1, ack2  # the mean: met, -1.2 %
+    assert sum(0.015 < p < 0.1 for p in p99) >= 6 and max(p99) < 1.0, p99  # two at the linger
 
 
 def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
