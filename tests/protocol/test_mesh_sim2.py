@@ -649,7 +649,7 @@ def test_a_waiter_asks_after_two_runs_that_wait_as_the_boxs_runs_have() -> None:
     had on this box (:meth:`Box.wait_a_run`, schedstat's measure), or the queue's now if longer: so on a
     box whose runs have waited, it does not ask a bare switch interval after it began waiting though no
     thread is queued at this instant (sim22b: with the queue now alone, twice, waiters asked inside the
-    writer's held work 2.0-2.9 times a transaction and its reads ended there 0.62 times a transaction,
+    writer's held work 2.0-3.2 times a transaction and its reads ended there 0.62 times a transaction,
     the daemons' 0.31)."""
     costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015)
     sim = MeshSim2(2, costs=costs)

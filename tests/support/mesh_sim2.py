@@ -637,7 +637,7 @@ class MeshSim2(MeshSim):
         writer's storage thread is not descheduled before its COMMIT in its median transaction while
         its readers wait, bench/RESULTS.md sim21c). Until sim22b the queue now alone, twice: it reads
         half the wait a woken thread then has (a queued burst grows once it runs), so waiters asked
-        inside the writer's held work before its COMMIT 2.0-2.9 times a transaction and its reads ended
+        inside the writer's held work before its COMMIT 2.0-3.2 times a transaction and its reads ended
         there twice as often as the daemons' (bench/RESULTS.md sim22b)."""
         box = self.box
         queue = 2 * max(box.wait_now(), box.wait_a_run()) if box.slice is not None else 0.0
