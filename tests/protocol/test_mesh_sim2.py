@@ -196,7 +196,16 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     (sim22, bench/RESULTS.md): the writer's transaction 5.8-9.6 ms a draw, mean 7.74 (+7.5 % against
     7.2: met; 3.83 ms before its COMMIT, the daemons' means 2.0-3.3, medians 1.1-1.24: not met), HAVE2
     0.0268 (-4.3 %: met), the bulk 1.02 s (-7.7 %), the nodes' CPU 35.5 us (-1.2 %); DELTA2 0.834
-    (+10.4 %: not met, was +3.8 %), ACK2 0.406 (+15.6 %). Pinned, not met."""
+    (+10.4 %: not met, was +3.8 %), ACK2 0.406 (+15.6 %). Pinned, not met.
+
+    With a waiter's two runs each waiting as long as the box's runs have waited (``Box.wait_a_run``; the
+    queue now, which it asked by until then, reads half of it: sim22b, bench/RESULTS.md): the writer's
+    held work before its COMMIT 2.68 ms (2.0-3.1 a draw; the daemons' means 2.0-3.3: met), its reads
+    ending inside it 0.33 times a transaction (the daemons' 0.31; was 0.62), its transaction 7.42 ms
+    (+3.1 %: met), the bulk 1.02 s (-7.0 %), the nodes' CPU 35.2 us (-1.8 %); but DELTA2 0.846 (+11.9
+    %), ACK2 0.423 (+20.5 %) and HAVE2 0.0232 (-17 %): not met. The relays pass 159 DELTA2s on against
+    the daemons' 135 and commit 1.01 deltas a transaction against their 1.15 (their transactions 10.7 ms
+    until durable, the daemons' 15.9): an ACK2 a transaction. Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float, float, float]] = []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -216,14 +225,14 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     deltas, acks, writer_cpu, txn, elapsed, every_node, have2s, pre = (
         sum(f[i] for f in figures) / len(figures) for i in range(8)
     )
-    assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met: -1.2 %
-    assert 0.756 * 1.1 < deltas <= 0.756 * 1.15, figures  # not met: +10.4 %
-    assert 0.351 * 1.1 < acks <= 0.351 * 1.2, figures  # not met: +15.6 %
-    assert abs(have2s / 0.0280 - 1) <= 0.1, figures  # met: -4.3 %
-    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: -7.7 % (the daemons' 0.96-1.50 s a run)
+    assert abs(every_node / 0.0000359 - 1) <= 0.1, figures  # met: -1.8 %
+    assert 0.756 * 1.1 < deltas <= 0.756 * 1.15, figures  # not met: +11.9 %
+    assert 0.351 * 1.15 < acks <= 0.351 * 1.25, figures  # not met: +20.5 %
+    assert 0.0280 * 0.75 <= have2s < 0.0280 * 0.9, figures  # not met: -17 %
+    assert abs(elapsed / 1.10 - 1) <= 0.1, figures  # met: -7.0 % (the daemons' 0.96-1.50 s a run)
     assert 0.0000048 <= writer_cpu <= 0.0000066, figures  # 5.7 us, the daemons' 5.8 (4.9-6.5)
-    assert abs(txn / 0.0072 - 1) <= 0.1, figures  # met: +7.5 %
-    assert 0.0033 <= pre <= 0.0045, figures  # before its COMMIT 3.83 ms: the daemons' 2.0-3.3, not met
+    assert abs(txn / 0.0072 - 1) <= 0.1, figures  # met: +3.1 %
+    assert 0.0020 <= pre <= 0.0033, figures  # before its COMMIT 2.68 ms: the daemons' means 2.0-3.3, met
     for _, _, cpu_per_record, per_txn, _, _, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
         assert 0.005 <= per_txn <= 0.011, figures  # the daemons' 5.6-10 ms
@@ -356,7 +365,11 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
     With the writer's measured storage CPU and the interpreter's waiters asking as any waiter asks
     (sim22): DELTA2 0.679-1.000, mean 0.894 (-10.5 %, not met by 0.5 %: draws 5 and 7, 0.68 and 0.71,
     settle on eager links); ACK2 0.112-0.209, median 0.1995 (met), mean 0.180 (-9.2 %, met); p99 21-36
-    ms in five draws, 0.79-0.80 s (the linger) in three."""
+    ms in five draws, 0.79-0.80 s (the linger) in three.
+
+    With a waiter's two runs waiting as the box's runs have waited (sim22b): DELTA2 0.830-0.989, mean
+    0.945 (-5.4 %, met); ACK2 0.150-0.210, median 0.2045 (met), mean 0.196 (-1.2 %, met); p99 23-41 ms in
+    six draws, 0.79-0.80 s (the linger) in two."""
     delta2, ack2, p99 = [], [], []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -365,10 +378,10 @@ def test_stalls_make_relays_send_the_pushes_they_missed_together_as_the_daemons_
         delta2.append(part.per_record("delta2"))
         ack2.append(part.per_record("ack2"))
         p99.append(sorted(part.last_latency)[148])
-    assert 0.999 * 0.85 <= sum(delta2) / 8 < 0.999 * 0.9, delta2  # not met: -10.5 %
+    assert abs(sum(delta2) / 8 / 0.999 - 1) <= 0.1, delta2  # met: -5.4 %
     assert all(abs(a / 0.198 - 1) <= 0.1 for a in sorted(ack2)[3:5]), ack2  # the median's two: met
-    assert abs(sum(ack2) / 8 / 0.198 - 1) <= 0.1, ack2  # the mean: met, -9.2 %
-    assert sum(0.015 < p < 0.1 for p in p99) >= 5 and max(p99) < 1.0, p99  # three at the linger
+    assert abs(sum(ack2) / 8 / 0.198 - 1) <= 0.1, ack2  # the mean: met, -1.2 %
+    assert sum(0.015 < p < 0.1 for p in p99) >= 6 and max(p99) < 1.0, p99  # two at the linger
 
 
 def test_a_nodes_storage_and_reader_threads_hold_its_interpreter() -> None:
@@ -603,6 +616,53 @@ def test_a_thread_waiting_for_the_interpreter_asks_for_it_once_it_has_run_twice(
     wait = sim.box.wait_now()
     assert wait == pytest.approx(0.0015)  # until a slice ends
     assert sim._asks_at() == pytest.approx(sim.now + 2 * wait + SWITCH_INTERVAL_S)
+
+
+def test_a_queued_threads_wait_grows_with_the_burst_ahead_of_it_after_it_was_queued() -> None:
+    """What :meth:`Box.wait_now` cannot see: a thread running when another is queued gets more work in the
+    same run (the loop's next task), so the queued thread waits for the slice's end, not for the work
+    that was planned when it was queued (sim22b: at the bulk's wake-ups the queue then read 0.43-0.57 ms,
+    the waits were 0.82-1.11 ms)."""
+    costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015)
+    sim = MeshSim2(2, costs=costs)
+    sim.run_for(1.0)
+    box = sim.box
+    first, second, queued = CpuThread(), CpuThread(), CpuThread()
+    for thread in (first, second):
+        box.work(thread, 0.0005)
+    box.then(first, lambda: box.work(first, 0.005))  # its next task, in the same run
+    box.then(second, lambda: box.work(second, 0.005))
+    expected = box.wait_now()
+    runs, waited = box.runs, box.waited
+    began: list[float] = []
+    start = sim.now
+    box.work(queued, 0.0001)
+    box.then(queued, lambda: began.append(sim.now))
+    sim.run_for(0.1)
+    assert expected == pytest.approx(0.0005)
+    assert began == [pytest.approx(start + 0.0015 + 0.0001)]  # its work, after the slice's end
+    assert box.waited - waited >= 0.0015 - 1e-9 and box.runs > runs
+
+
+def test_a_waiter_asks_after_two_runs_that_wait_as_the_boxs_runs_have() -> None:
+    """A thread wanting the interpreter asks once it has run twice, each run after the wait a run has
+    had on this box (:meth:`Box.wait_a_run`, schedstat's measure), or the queue's now if longer: so on a
+    box whose runs have waited, it does not ask a bare switch interval after it began waiting though no
+    thread is queued at this instant (sim22b: with the queue now alone, twice, waiters asked inside the
+    writer's held work 2.0-3.2 times a transaction and its reads ended there 0.62 times a transaction,
+    the daemons' 0.31)."""
+    costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015)
+    sim = MeshSim2(2, costs=costs)
+    sim.run_for(1.0)
+    box = sim.box
+    runs, waited = box.runs, box.waited
+    for _ in range(3):  # three threads on two cores: one waits a burst
+        box.work(CpuThread(), 0.001)
+    sim.run_for(0.1)
+    assert box.wait_now() == 0.0 and box.runs == runs + 3
+    assert box.waited == pytest.approx(waited + 0.001)
+    assert box.wait_a_run() == pytest.approx(box.waited / box.runs) and box.wait_a_run() > 0
+    assert sim._asks_at() == pytest.approx(sim.now + 2 * box.wait_a_run() + SWITCH_INTERVAL_S)
 
 
 def test_a_thread_behind_the_loops_ready_tasks_asks_as_late_as_any_waiter_on_a_full_box() -> None:

@@ -161,6 +161,13 @@ class Box:
         """Threads that want a core now: running, or woken and waiting for one."""
         return len(self.running) + self.waking + len(self.queue)
 
+    def wait_a_run(self) -> float:
+        """The run-queue wait a run has had on this box so far (``waited`` over ``runs``, schedstat's
+        measure); 0 before any run. Unlike :meth:`wait_now` it holds what a queued thread's burst grew
+        by after it was queued (the loop's next tasks), which :meth:`wait_now` cannot see: at the bulk's
+        wake-ups it reads about half the wait they then had (bench/RESULTS.md sim22b)."""
+        return self.waited / self.runs if self.runs else 0.0
+
     def wait_now(self) -> float:
         """How long a thread woken now would wait for a core: ``wake_wait`` of the threads runnable; with
         ``slice``, until the queue ahead of it has had its turns (each thread's current work, at most a

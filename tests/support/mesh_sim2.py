@@ -631,11 +631,16 @@ class MeshSim2(MeshSim):
         """When a thread of the node woken now, wanting the interpreter another of its threads holds, asks
         for it (``take_gil``, ``Python/ceval_gil.h``): it must run to begin its timed wait, a switch
         interval, and run again at its timeout to set the drop request. On a box whose threads keep
-        their core for a burst both runs wait in the run queue (:meth:`Box.wait_now`, the queue as it is
-        now, twice): on a full box a thread waiting for the interpreter rarely asks before a short
-        holder's burst ends (the daemons' writer's storage thread is not descheduled before its COMMIT in
-        its median transaction while its readers wait, bench/RESULTS.md sim21c)."""
-        queue = 2 * self.box.wait_now() if self.box.slice is not None else 0.0
+        their core for a burst both runs wait in the run queue, each as long as a run waits on this box
+        (:meth:`Box.wait_a_run`), or as the queue now says if longer (:meth:`Box.wait_now`): on a full box
+        a thread waiting for the interpreter rarely asks before a short holder's burst ends (the daemons'
+        writer's storage thread is not descheduled before its COMMIT in its median transaction while
+        its readers wait, bench/RESULTS.md sim21c). Until sim22b the queue now alone, twice: it reads
+        half the wait a woken thread then has (a queued burst grows once it runs), so waiters asked
+        inside the writer's held work before its COMMIT 2.0-3.2 times a transaction and its reads ended
+        there twice as often as the daemons' (bench/RESULTS.md sim22b)."""
+        box = self.box
+        queue = 2 * max(box.wait_now(), box.wait_a_run()) if box.slice is not None else 0.0
         return self.now + queue + SWITCH_INTERVAL_S
 
     def _turn(self, y: int) -> None:
