@@ -16,6 +16,7 @@ from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import LatticedError, StorageError
 from latticed.storage.batch import Batch
+from latticed.storage.bridge import StorageBridge
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Append, Call, CreateQueue, Job, Truncate, WriterView
 from latticed.storage.store import db_path
@@ -151,3 +152,20 @@ def test_a_job_that_raises_is_shown_with_its_error_and_the_others_commit(tmp_pat
         assert (first.error, last.error, w.states[q].held_end) == (None, None, 2)
     finally:
         w.stop()
+
+
+def test_each_distinct_prepare_runs_once_per_batch() -> None:
+    """A connection's ``prepare`` builds all its jobs' replies in one pass: the bridge calls it once per
+    batch however many of its jobs the batch holds (once per job walked its pending jobs n times)."""
+    calls: list[object] = []
+
+    class Waiter:
+        def prepare(self) -> None:
+            calls.append(self)
+
+    one, two = Waiter(), Waiter()
+    jobs = [Job() for _ in range(5)]
+    for job, waiter in zip(jobs, [one, one, two, None, one], strict=True):
+        job.prepare = None if waiter is None else waiter.prepare
+    StorageBridge._prepare(jobs)
+    assert calls == [one, two]
