@@ -71,9 +71,14 @@ class StorageBridge:
     @staticmethod
     def _prepare(jobs: list[Job]) -> None:
         # Queued before the batch's _complete (run_sync_soon keeps the order): it always runs first.
+        # Once per distinct callback: a connection's prepares all its jobs in one pass, and calling it
+        # for each of its 63 jobs in the batch walked them 63 times (O(n^2): ~0.4 ms of the loop per batch).
+        called: set[Callable[[], None]] = set()
         for job in jobs:
-            if job.prepare is not None:
-                job.prepare()
+            prepare = job.prepare
+            if prepare is not None and prepare not in called:
+                called.add(prepare)
+                prepare()
 
     def _complete(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         self._on_commit(jobs, changes, changes2)

@@ -73,7 +73,8 @@ class Job:
         #: Called (on the event loop) while the job's batch is being committed (its ``COMMIT``, the
         #: fsync, under way), before it is known to succeed: a waiter may build its reply from ``result``
         #: meanwhile, the event loop being idle then, but sends it only after ``done`` (the commit may
-        #: still fail: ``error`` is set then, and a retried batch sets a new ``result``).
+        #: still fail: ``error`` is set then, and a retried batch sets a new ``result``). Called once per
+        #: batch for each distinct callback: one shared by several jobs prepares all of them.
         self.prepare: Callable[[], None] | None = None
         #: Who submitted it (a connection, a peer), if it may have more jobs in flight: the group commit
         #: counts concurrent writers, and one that pipelines is still one writer.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sqlite3
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -475,3 +476,45 @@ async def test_replies_the_socket_cannot_take_at_once_are_sent_by_the_task_first
         _finish(jobs[1], 8)
         assert [r["id"] for r in _replies_now(peer)] == [2]
         nursery.cancel_scope.cancel()
+
+
+def test_pipelined_offers_whose_commit_fails_are_answered_with_its_error_not_the_prepared_reply(
+    client: Client, daemon: InProcessDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adversarial (singles22): each offer's success reply is built while its batch's COMMIT runs; the
+    COMMITs fail, so those replies are dropped and every offer is answered, in order, with the storage
+    error; nothing was written (the next offer gets offset 0)."""
+    client.queue_create("commit-fails")
+    store = daemon.handle.engine._writer.store
+    commit = store.commit
+    failing = [True]
+
+    def failing_commit() -> None:
+        if failing[0]:
+            # A slow fsync: the event loop runs what was queued before it (the batch's prepare) first.
+            trio.from_thread.run_sync(lambda: None, trio_token=daemon.token)
+            raise sqlite3.OperationalError("disk I/O error")
+        commit()
+
+    built: list[Any] = []
+    ok_reply = server_module._ok_reply
+
+    def counting(rid: Any, result: Any, build: Any) -> dict[str, Any]:
+        built.append(rid)
+        return ok_reply(rid, result, build)
+
+    monkeypatch.setattr(server_module, "_ok_reply", counting)
+    monkeypatch.setattr(store, "commit", failing_commit)
+    pipe = Pipe(daemon)
+    with storage_held(daemon):  # the offers wait together behind the held batch
+        ids = pipe.send(*({"op": "offer", "queue": "commit-fails", "value": b"%d" % i} for i in range(5)))
+    replies = pipe.replies(5)
+    failing[0] = False
+    assert sorted(built) == ids  # each success was built (before its COMMIT), once
+    assert [r["id"] for r in replies] == ids
+    assert [(r["ok"], r["error"]["code"]) for r in replies] == [(False, StorageError.code)] * 5
+    pipe.send({"op": "offer", "queue": "commit-fails", "value": b"after"})
+    (after,) = pipe.replies(1)
+    pipe.close()
+    assert (after["ok"], after["offset"]) == (True, 0)
+    assert [e.value for e in client.range("commit-fails", 0, 10)] == [b"after"]
