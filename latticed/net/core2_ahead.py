@@ -110,6 +110,16 @@ class Relay:
         return Outgoing2(d, self.steps, self.after) if size <= max_bytes else None
 
 
+def _stored_as(entry: _Pending, loaded: QueueState2 | None) -> bool:
+    """Whether ``entry``'s push committed and ``loaded`` is the value it brought (whose summary, an
+    unforked value's, is that of every value with the same newest head, metadata and end)."""
+    job, relay = entry.job, entry.relay
+    done = job.done
+    if loaded is None or relay is None or done is None or not done.is_set() or job.error is not None:
+        return False
+    return not loaded.forked and link_summary(loaded) == relay.after
+
+
 @dataclass(frozen=True, slots=True)
 class _Pending:
     value: QueueState2
@@ -158,12 +168,22 @@ class AheadPushes:
         return AheadPush(d, verified, against, merged.state)
 
     def relay(
-        self, q: int, since: queue2.Summary | None, max_records: int, max_bytes: int
+        self,
+        q: int,
+        since: queue2.Summary | None,
+        max_records: int,
+        max_bytes: int,
+        loaded: QueueState2 | None = None,
     ) -> Outgoing2 | None:
-        """The newest pending push of ``q`` as it came, for a peer that holds ``since`` (None: it does
-        not start there; a peer further behind is sent the value ahead, all it lacks at once)."""
+        """The newest push of ``q`` checked here, as it came, for a peer that holds ``since`` (None: it
+        does not start there; a peer further behind is sent the value ahead, all it lacks at once).
+        Pending, or committed when the ``loaded`` value is the one it brought (the same summary: the
+        same log, start head, metadata and end), so that a link asking after the commit (its window was
+        full, its driver slept) is passed the push as it came too, not one rebuilt from the value."""
         entry = self._by_q.get(q)
-        if entry is None or entry.relay is None or since is None or not _pending(entry.job):
+        if entry is None or entry.relay is None or since is None:
+            return None
+        if not _pending(entry.job) and not _stored_as(entry, loaded):
             return None
         return entry.relay.answer(since, max_records, max_bytes)
 

@@ -268,7 +268,7 @@ class EngineCore2Host:
     ) -> Outgoing2 | None:
         """The delta from the value ahead of its commit (pushes verified here): their records are in
         memory, and older ones come from :class:`RecentRows` when they are ``loaded``'s."""
-        if (relayed := self.ahead.relay(q, since, max_records, max_bytes)) is not None:
+        if (relayed := self.ahead.relay(q, since, max_records, max_bytes, loaded)) is not None:
             return relayed  # the peer holds what the newest pending push was checked against: as it came
         ahead = self.ahead.value(q, loaded)
         if ahead is None or since is None:

@@ -214,6 +214,10 @@ async def test_a_relay_builds_the_next_links_delta_from_the_merged_records_witho
         to_leaf = held[leaf]
         assert to_leaf is not None and state.held[1] == 7
         reads.clear()
+        # The push itself, committed and the newest, goes on as it came (its records, no read)...
+        out = await relay.delta2_for(key, to_leaf.core, 100, 1 << 20)
+        assert out is not None and out.delta is push.delta and reads == []
+        assert relay.ahead.value(rq) is None  # ...until the value ahead is let go (the next push does)
         out = await relay.delta2_for(key, to_leaf.core, 100, 1 << 20)
         assert out is not None and list(out.delta.records) == [rec("v", 6)] and len(reads) == 1
 

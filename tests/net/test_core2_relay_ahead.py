@@ -27,7 +27,7 @@ from latticed.errors import IntegrityError
 from latticed.net.core2_ahead import AHEAD_QUEUES, AheadPushes
 from latticed.net.core2_engine_host import EngineCore2Host, MergeSteps2
 from latticed.net.gossip import Gossip
-from latticed.protocol.core2_steps import Outgoing2
+from latticed.protocol.core2_steps import Outgoing2, outgoing
 from latticed.protocol.core2_wire import link_summary
 from latticed.protocol.replication import QueueKey
 from latticed.storage.batch import Batch
@@ -230,8 +230,12 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         assert joined_on == [main] * 3  # and as joined: written without a second join
         rq = b.core2.lookup(*KEY)
         assert rq is not None and link_summary(await b.core2.value(rq)) == owner.summaries2()[KEY]
+        # Committed, the newest push is still passed on as it came to a link that asks only now.
+        late = relay.delta2_now(KEY, befores[-1], 100, 1 << 20)
+        assert late is not None and late.delta is pushes[-1].delta and late.steps is pushes[-1].steps
+        assert relay.ahead.relay(rq, befores[-1], 100, 1 << 20) is None  # (not without the loaded value)
         assert relay.ahead.value(rq) is None  # committed: the loaded value is the one
-        assert relay.ahead.relay(rq, befores[-1], 100, 1 << 20) is None  # nor is the push kept
+        assert relay.ahead.relay(rq, befores[-1], 100, 1 << 20, b.core2.loaded(rq)) is None  # nor is it kept
 
         # A forged push is not taken ahead: the storage thread refuses it as before.
         await a.core2.commit(q, [Record(value=b"v-4")])
@@ -265,3 +269,38 @@ def test_values_ahead_are_kept_while_their_merge_is_pending_and_for_a_bounded_nu
     assert ahead.value(AHEAD_QUEUES, state) is None  # the loaded value is as far: it serves
     jobs[1].done.set()  # committed (or failed): the loaded value decides again
     assert ahead.value(1) is None and ahead.value(2) is state
+
+
+def test_a_committed_push_is_passed_on_as_it_came_only_while_the_loaded_value_is_the_one_it_brought() -> None:
+    """After its commit, the newest push checked here still goes out as it came to a peer holding what
+    it was checked against, if the loaded value is the one it brought; not if that value moved on or
+    the merge failed (then a delta is built from the value, as before)."""
+
+    class Started(Job):
+        def __init__(self) -> None:
+            super().__init__()
+            self.done = threading.Event()
+
+    owner = queue2.commit(queue2.empty_state(*KEY), ALICE, now_ms=1, records=[Record(value=b"a")])
+    before = owner
+    owner = queue2.commit(owner, ALICE, now_ms=2, records=[Record(value=b"b")])
+    later = queue2.commit(owner, ALICE, now_ms=3, records=[Record(value=b"c")])
+    since = queue2.summary(before)
+    push = outgoing(owner, since, 100)
+    for failed in (False, True):
+        ahead, job = AheadPushes(), Started()
+        checked = ahead.check(7, before, push.delta, push.steps)
+        assert checked is not None and checked.value == owner
+        ahead.note_push(7, checked, job, push.delta, push.steps)
+        pending = ahead.relay(7, since, 100, 1 << 20)
+        assert pending is not None and pending.delta is push.delta
+        job.done.set()
+        if failed:
+            job.error = IntegrityError("the merge failed")
+        late = ahead.relay(7, since, 100, 1 << 20, owner)
+        assert (late is None) is failed
+        if not failed:
+            assert late is not None and late.delta is push.delta and late.steps is push.steps
+        assert ahead.relay(7, since, 100, 1 << 20, later) is None  # the loaded value moved on
+        assert ahead.relay(7, since, 100, 1 << 20, before) is None  # or is not the push's
+        assert ahead.relay(7, queue2.summary(owner), 100, 1 << 20, owner) is None  # the peer has it
