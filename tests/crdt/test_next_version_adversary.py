@@ -17,6 +17,7 @@ from latticed.crdt.core_errors import GapError, TamperedError
 from latticed.crdt.epoch_delta import LogDelta
 from latticed.crdt.lazy_bodies import LazyDecoded
 from latticed.crdt.queue2 import QueueState2, replica_deltas
+from latticed.crdt.queue2.chain_state import cut
 from latticed.crdt.records import Record
 from latticed.crdt.wire import pack, unpack
 from latticed.errors import LatticedError
@@ -197,11 +198,37 @@ def test_a_start_head_above_the_push_keeps_the_push_off_the_direct_path() -> Non
     """A value whose start head (the highest signed start) is not its newest head: the owner once signed
     a lower start after a higher one. A plain next version keeps the newest head's start, so it ranks
     below that start head, which stays: the direct path, which would make the new head the start head,
-    must leave it to the full path (which refuses this value's push: its records start below the held
-    end that start head leaves)."""
+    must leave it to the full path (one verdict and value: accepted, that start head kept)."""
     _, relay, out = relayed([("offer", 3), ("truncate", 1), ("offer", 1)])
     ours = relay.chains.tips[0].head
-    higher = dataclasses.replace(ours, start=ours.start + 1, signature=b"").signed(OWNER)
-    value = dataclasses.replace(relay, chains=dataclasses.replace(relay.chains, start_head=higher))
+    higher = dataclasses.replace(ours, version=ours.version - 1, start=ours.start + 1, signature=b"")
+    higher = higher.signed(OWNER)
+    value = cut(relay, dataclasses.replace(relay.chains, start_head=higher))  # its records from there
     d = wired(value, out)
-    assert refused_alike(value, d) is not None
+    assert replica_deltas._next_version(value, d) is None
+    verdict, joined = both(value, d)
+    assert verdict == "accepted" and isinstance(joined, tuple)
+    assert joined[1].chains.start_head == higher
+
+
+def test_a_log_of_another_epoch_around_our_next_head_is_not_taken() -> None:
+    """Our valid next head under a log that names another epoch (the wire's steps refuse it before
+    verification; a delta built otherwise reaches ``verify_delta``): the full path merges no records
+    of another epoch's log, so the direct path must not take it."""
+    _, relay, out = relayed([("offer", 2)])
+    d = wired(relay, out)
+    assert d.log is not None and replica_deltas._next_version(relay, d) is not None
+    log = dataclasses.replace(d.log, value=dataclasses.replace(d.log.value, epoch=d.log.value.epoch + 1))
+    assert refused_alike(relay, dataclasses.replace(d, log=log)) is not None
+
+
+def test_leaves_added_beside_our_next_head_are_not_taken() -> None:
+    """An honest push with leaves added to its log on the wire (the head's signed log does not fold
+    them): the direct path, which folds none, must leave it to the full path, which refuses it."""
+    _, relay, out = relayed([("offer", 2)])
+    raw = unpack(pack(delta_to_wire(out.delta, out.steps)))
+    ours = relay.chains.tips[0].head
+    raw[3][3] = ours.leaf()[0] + ours.end.to_bytes(8, "big")
+    rebuilt = unpack_steps(relay, *delta_from_wire(raw))
+    assert rebuilt.log is not None and rebuilt.log.value.shared
+    assert refused_alike(relay, rebuilt) is not None
