@@ -18,7 +18,8 @@ from latticed.crdt import queue2
 from latticed.crdt.core_errors import TamperedError
 from latticed.crdt.epoch_delta import LogDelta
 from latticed.crdt.lazy_bodies import LazyDecoded
-from latticed.crdt.queue2 import QueueState2, replica_deltas
+from latticed.crdt.queue2 import QueueState2, next_version, replica_deltas
+from latticed.crdt.queue2.delta_values import Verified
 from latticed.crdt.records import Record
 from latticed.errors import LatticedError
 from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
@@ -184,11 +185,12 @@ def test_a_relays_live_push_takes_the_direct_path_and_a_forged_one_does_not() ->
     owner, relay, out = relayed([("offer", 2), ("meta", 0), ("offer", 1)])
     d = unpack_steps(relay, out.delta, out.steps)
     assert type(d.bodies) is LazyDecoded and isinstance(d.log, LogDelta)
-    direct = replica_deltas._next_version(relay, d)
-    assert direct is not None
+    direct = next_version.next_version(relay, d)
+    assert type(direct) is Verified  # the values' own module's class, as queue2 exports it
+    assert Verified is queue2.Verified
     with full_path_only():
         assert direct == queue2.verify_delta(relay, d)
     assert queue2.join_verified(relay, direct).state == owner
     forged = unpack_steps(relay, FORGE["signature"](out.delta, 7), out.steps)
-    assert replica_deltas._next_version(relay, forged) is None
+    assert next_version.next_version(relay, forged) is None
     assert both(relay, forged)[0] == "refused"
