@@ -202,9 +202,6 @@ class _Connection:
         self.decoder = FrameDecoder(CLIENT_MAX_FRAME)
         #: A whole reply taken from the decoder by :meth:`reply_ready`, for the next :meth:`receive`.
         self._ready: bytes | None = None
-        # Kept per connection (a Packer is not thread-safe; a connection is used by one thread): making
-        # one per request, as ``msgpack.packb`` does, is a real share of a small request's CPU.
-        self._pack = msgpack.Packer(use_bin_type=True).pack
 
     def close(self) -> None:
         if self.sock is not None:
@@ -217,8 +214,7 @@ class _Connection:
         if sock is None:
             raise ConnectionClosedError("connection to latticed is closed")
         try:
-            # The same bytes as messages.pack: a request from this library holds no pre-packed values.
-            body = self._pack(message)
+            body = pack(message)
             data = frame_header(len(body), CLIENT_MAX_FRAME) + body
         except (TypeError, ValueError, OverflowError) as exc:
             raise MalformedError(f"cannot encode request: {exc}") from exc
