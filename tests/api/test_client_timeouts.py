@@ -16,7 +16,8 @@ import msgpack
 import pytest
 
 from latticed.api.client.blocking_client import Client, set_timeout
-from latticed.errors import ConnectionClosedError
+from latticed.api.messages import API_VERSION, pack
+from latticed.errors import ConnectionClosedError, RemoteProtocolError
 from latticed.protocol.framing import FrameDecoder
 
 _TIMEVAL = struct.Struct("@ll")
@@ -170,3 +171,107 @@ def test_no_timeout_waits_for_ever_and_tiny_ones_are_not_for_ever() -> None:
         assert a.gettimeout() == 0.0
         with pytest.raises(BlockingIOError):
             a.recv(1)
+
+
+class _Scripted:
+    """Stands in for the client's socket: ``recv`` hands out the given pieces in turn, then end of stream."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+        self.sent: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.sent.append(bytes(data))
+
+    def recv(self, size: int) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
+
+    def close(self) -> None:
+        pass
+
+
+def _reply(rid: int, offset: int) -> bytes:
+    body = msgpack.packb({"ok": True, "id": rid, "offset": offset, "pad": b"p" * 300})
+    return struct.pack(">I", len(body)) + body
+
+
+def test_replies_in_pieces_or_with_more_behind_them_are_read_as_before(
+    serve: Callable[[Handler], tuple[Path, list[dict[str, object]]]],
+) -> None:
+    """The client reads a reply that came whole in one read without its frame decoder; every other shape
+    still goes through the decoder: a reply cut anywhere, and a reply with bytes behind it."""
+    path, _ = serve(_silent)
+    with Client(path, timeout=3.0) as client:
+        client._conn = conn = client.open_stream(3.0)
+        real = conn.sock
+        assert real is not None
+        pieces = [_reply(1, 41)]  # whole in one read
+        pieces += [(r := _reply(2, 42))[:1], r[1:]]  # the header cut
+        pieces += [(r := _reply(3, 43))[:100], r[100:200], r[200:]]  # the body cut twice
+        pieces += [_reply(4, 44) + _reply(5, 45)[:3], _reply(5, 45)[3:]]  # the next reply begun behind it
+        pieces += [_reply(6, 46) + _reply(6, 46)]  # a whole second reply behind it
+        conn.sock = fake = _Scripted(pieces)  # type: ignore[assignment]
+        assert [client.offer("q", b"v") for _ in range(6)] == [41, 42, 43, 44, 45, 46]
+        with pytest.raises(RemoteProtocolError, match="reply for request 6 while waiting for 7"):
+            client.offer("q", b"v")  # the second one was kept in the decoder and is taken next
+        assert [msgpack.unpackb(frame[4:])["id"] for frame in fake.sent] == [1, 2, 3, 4, 5, 6, 7]
+        assert fake.pieces == []
+        real.close()
+
+
+def test_a_request_is_packed_as_messages_pack_packs_it(
+    serve: Callable[[Handler], tuple[Path, list[dict[str, object]]]],
+) -> None:
+    raw: list[bytes] = []
+
+    def recording(conn: socket.socket, seen: list[dict[str, object]]) -> None:
+        decoder = FrameDecoder(1 << 24)
+        while data := conn.recv(1 << 16):
+            for frame in decoder.feed(data):
+                raw.append(bytes(frame))
+                request = msgpack.unpackb(frame)
+                body = msgpack.packb({"ok": True, "id": request["id"], "offset": len(raw)})
+                conn.sendall(struct.pack(">I", len(body)) + body)
+
+    path, _ = serve(recording)
+    with Client(path, timeout=3.0) as client:
+        client.offer("q", b"v")  # opens the connection through ``call``
+        client.offer("q", b"w", key=b"k", headers={"h": b"1"})  # the single offer's own path
+        client.offer("q", b"x", producer="p", seq=3)
+    assert raw == [
+        pack(
+            {
+                "v": API_VERSION,
+                "id": 1,
+                "op": "offer",
+                "queue": "q",
+                "value": b"v",
+                "key": None,
+                "headers": None,
+            }
+        ),
+        pack(
+            {
+                "v": API_VERSION,
+                "id": 2,
+                "op": "offer",
+                "queue": "q",
+                "value": b"w",
+                "key": b"k",
+                "headers": [["h", b"1"]],
+            }
+        ),
+        pack(
+            {
+                "v": API_VERSION,
+                "id": 3,
+                "op": "offer",
+                "producer": "p",
+                "seq": 3,
+                "queue": "q",
+                "value": b"x",
+                "key": None,
+                "headers": None,
+            }
+        ),
+    ]
