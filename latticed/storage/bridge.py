@@ -26,7 +26,7 @@ from latticed.errors import LatticedError, StorageError
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
 from latticed.storage.core2_queues import Change2
-from latticed.storage.jobs import Call, Job, WriterView
+from latticed.storage.jobs import SUBMITTER, Call, Job, WriterView
 from latticed.storage.reader import ReadPool, StoreReader
 from latticed.storage.sqlite import wal_path
 from latticed.storage.writer import Change, Writer
@@ -112,6 +112,9 @@ class StorageBridge:
         if self._closed:
             raise LatticedError("latticed is shutting down")
         job.done = trio.Event()
+        submitter = SUBMITTER.get()
+        if submitter is not None:  # a pipelining connection's job (see latticed.storage.jobs.submitting)
+            job.notify, job.prepare, job.origin = submitter.notify, submitter.prepare, submitter.origin
         self._writer.submit(job)
         return job
 

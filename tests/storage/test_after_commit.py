@@ -20,7 +20,7 @@ from latticed.crdt.signing import Identity
 from latticed.errors import StorageError
 from latticed.process.logs import EVENT_ATTR
 from latticed.storage.engine import Engine
-from latticed.storage.jobs import Append, CreateQueue, Job
+from latticed.storage.jobs import SUBMITTER, Append, CreateQueue, Job, Submitter, submitting
 from latticed.storage.store import Store, db_path
 from latticed.storage.writer import Writer
 
@@ -205,3 +205,37 @@ async def test_a_notify_that_raises_does_not_keep_the_others_from_theirs(tmp_pat
         hold.release()
         assert [await e.outcome(job) for job in jobs] == [0, 1]
         assert heard == [1]
+
+
+async def test_a_submitters_fields_are_on_the_job_before_the_storage_thread_sees_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs started inside ``submitting`` carry its notify, prepare and origin when they reach
+    ``Writer.submit`` (assigned after the start, the storage thread could read ``prepare`` or ``origin``
+    first); jobs started outside it carry none, and the variable is restored on leaving."""
+    async with Engine.open(tmp_path, ALICE) as e:
+        q = await e.create_queue("q")
+        seen: list[tuple[object, object, object]] = []
+        submit = e._writer.submit
+
+        def watching(job: Job) -> None:
+            seen.append((job.notify, job.prepare, job.origin))
+            submit(job)
+
+        monkeypatch.setattr(e._writer, "submit", watching)
+        heard: list[str] = []
+
+        def notify() -> None:
+            heard.append("notify")
+
+        def prepare() -> None:
+            heard.append("prepare")
+
+        origin = object()
+        with submitting(Submitter(notify, prepare, origin)):
+            inside = e.start_append(q, [rec(0)])
+        assert SUBMITTER.get() is None
+        outside = e.start_append(q, [rec(1)])
+        assert seen == [(notify, prepare, origin), (None, None, None)]
+        assert [await e.outcome(inside), await e.outcome(outside)] == [0, 1]
+        assert "notify" in heard
