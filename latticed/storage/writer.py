@@ -456,6 +456,7 @@ class Writer:
                     f"cannot write to {self.path}: its queues could not be read back after an internal "
                     "error (see the log); retry, or restart latticed"
                 )
+            self.changes2 = []
             self._done(jobs, [])
             return []
         remaining = self._keep_reserve(jobs)
