@@ -23,12 +23,15 @@ from typing import Any, Final, TypeVar
 import trio
 
 from latticed.errors import LatticedError, StorageError
+from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
 from latticed.storage.core2_queues import Change2
-from latticed.storage.jobs import Call, Job, WriterView
+from latticed.storage.jobs import SUBMITTER, Call, Job, WriterView
 from latticed.storage.reader import ReadPool, StoreReader
 from latticed.storage.sqlite import wal_path
 from latticed.storage.writer import Change, Writer
+
+log = get_logger(__name__)
 
 AnyJob = TypeVar("AnyJob", bound=Job)
 T = TypeVar("T")
@@ -78,10 +81,19 @@ class StorageBridge:
             prepare = job.prepare
             if prepare is not None and prepare not in called:
                 called.add(prepare)
-                prepare()
+                try:
+                    prepare()
+                except Exception as exc:  # the reply is then built once the job is done, as without it
+                    log_event(log, "storage.prepare_failed", level=40, exc_info=exc, job=type(job).__name__)
 
     def _complete(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
-        self._on_commit(jobs, changes, changes2)
+        # A callback of run_sync_soon that raises ends the whole trio run, and the waiters below would
+        # never wake: whatever the owner's handler or a job's callback does, each job is completed with
+        # what its commit did (its result or error was settled on the storage thread).
+        try:
+            self._on_commit(jobs, changes, changes2)
+        except Exception as exc:
+            log_event(log, "storage.on_commit_failed", level=50, exc_info=exc, jobs=len(jobs))
         for job in jobs:
             if job.done is not None:
                 job.done.set()
@@ -89,7 +101,10 @@ class StorageBridge:
         # jobs in order sees all of this commit's (one message for them all, not one per job).
         for job in jobs:
             if job.done is not None and job.notify is not None:
-                job.notify()
+                try:
+                    job.notify()
+                except Exception as exc:
+                    log_event(log, "storage.notify_failed", level=40, exc_info=exc, job=type(job).__name__)
 
     def start(self, job: AnyJob) -> AnyJob:
         """Hand ``job`` to the storage thread now; :meth:`outcome` waits for it. Jobs commit in the order
@@ -97,6 +112,9 @@ class StorageBridge:
         if self._closed:
             raise LatticedError("latticed is shutting down")
         job.done = trio.Event()
+        submitter = SUBMITTER.get()
+        if submitter is not None:  # a pipelining connection's job (see latticed.storage.jobs.submitting)
+            job.notify, job.prepare, job.origin = submitter.notify, submitter.prepare, submitter.origin
         self._writer.submit(job)
         return job
 

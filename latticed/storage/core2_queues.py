@@ -114,6 +114,18 @@ class Core2Queues:
             self._rows[row.q] = row
             self._by_qid[row.queue_id] = row.q
 
+    def reload(self, store: Store) -> None:
+        """Forget every value and staged change and read the index again (the writer's repair after
+        publishing a commit failed halfway). Readers elsewhere see the rows swapped in whole, and values
+        not loaded (None: they are loaded on the storage thread), never a stale one."""
+        rows = {row.q: row for row in core2_store.index(store)}
+        self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
+        self._converting, self.converted = {}, []
+        self._values.clear()  # in place: ``loaded_lookup`` hands out its ``get``
+        self._rows = rows
+        self._by_qid = {row.queue_id: q for q, row in rows.items()}
+        self._store = store
+
     @property
     def store(self) -> Store:
         assert self._store is not None, "core-2 queues are not open"

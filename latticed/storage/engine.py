@@ -74,6 +74,15 @@ T = TypeVar("T")
 AnyJob = TypeVar("AnyJob", bound=Job)
 
 
+def _tell(listener: Callable[..., object], *args: object) -> None:
+    """Hand a commit to one listener: one that raises is logged, and the others (and the commit's
+    waiters, woken after) still hear of it: the commit is durable whatever a listener does."""
+    try:
+        listener(*args)
+    except Exception as exc:
+        log_event(log, "storage.listener_failed", level=40, exc_info=exc, listener=repr(listener))
+
+
 class Engine(ReplicaView):
     """Queues and KV namespaces of one node, backed by the store. Use :meth:`open`."""
 
@@ -165,17 +174,17 @@ class Engine(ReplicaView):
 
     def _committed(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         """After each group commit, on the event loop, before any of its jobs' waiters wakes."""
-        live, listener = self.live, self._changes
+        live, listener, tell = self.live, self._changes, _tell
         for change in changes:
             live.committed(change)
             if listener is not None:
-                listener(change.state)
+                tell(listener, change.state)
         for change2 in changes2:  # core-2 tails read from the store: waking them is all
             live.wake(change2.q)
             if self.core2.on_change is not None:
-                self.core2.on_change(change2.q, change2.state)
+                tell(self.core2.on_change, change2.q, change2.state)
             for listener2 in self.core2.listeners:
-                listener2(change2.q, change2.state)
+                tell(listener2, change2.q, change2.state)
         if live.any_ahead:
             for job in jobs:
                 if job.error is not None and isinstance(job, Merge):
@@ -184,9 +193,9 @@ class Engine(ReplicaView):
                     if failed is not None:
                         live.merge_failed(failed)
         if self._metrics is not None:
-            self._metrics.committed(jobs, changes)
+            tell(self._metrics.committed, jobs, changes)
         if self.on_storage_error is not None and any(isinstance(job.error, StorageError) for job in jobs):
-            self.on_storage_error()
+            tell(self.on_storage_error)
 
     # ------------------------------------------------------------------ the storage thread
     async def outcome(self, job: Job) -> Any:

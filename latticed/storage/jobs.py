@@ -7,7 +7,10 @@ transaction committed (the writer then sets ``error`` to None and signals comple
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from latticed.crdt import kv
@@ -56,6 +59,31 @@ class WriterView(Protocol):
     def lookup(self, qid: bytes) -> int | None:
         """The local number of the queue with this id, if we hold it."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Submitter:
+    """A job's waiter-side fields (see :class:`Job`), given to every job started while
+    :func:`submitting` holds it: they are then set before the storage thread can see the job, where
+    assigned after its start the storage thread might read ``prepare`` or ``origin`` before them."""
+
+    notify: Callable[[], None] | None = None
+    prepare: Callable[[], None] | None = None
+    origin: object = None
+
+
+#: Read by ``StorageBridge.start``; per task (a context variable), so no other task's jobs get it.
+SUBMITTER: ContextVar[Submitter | None] = ContextVar("latticed_submitter", default=None)
+
+
+@contextlib.contextmanager
+def submitting(submitter: Submitter) -> Iterator[None]:
+    """Jobs started in this block (by this task) carry ``submitter``'s fields from their start."""
+    token = SUBMITTER.set(submitter)
+    try:
+        yield
+    finally:
+        SUBMITTER.reset(token)
 
 
 class Job:
@@ -304,6 +332,7 @@ class Call(Job):
 
 __all__ = [
     "KV_NAMESPACE",
+    "SUBMITTER",
     "Append",
     "AppendMany",
     "Call",
@@ -314,5 +343,7 @@ __all__ = [
     "KvWrite",
     "Merge",
     "SetMeta",
+    "Submitter",
     "Truncate",
+    "submitting",
 ]

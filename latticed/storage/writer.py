@@ -168,6 +168,13 @@ class Writer:
         self._kv_qid = queue_id(identity.public_key, KV_NAMESPACE, KIND_KV)
         self._kv_next_check = 0
         self._kv_compacting = False
+        #: The jobs (and changes) of this batch's COMMIT once it returned: whatever fails after it, they
+        #: are reported done with their results.
+        self._committed: list[Job] = []
+        self._committed_changes: list[Change] = []
+        #: Publishing a commit failed and reading the store back did too: batches are refused until it
+        #: works (see :meth:`_repair`).
+        self._stale = False
         #: Statistics: transactions committed and jobs they carried.
         self.transactions = 0
         self.jobs_committed = 0
@@ -432,17 +439,26 @@ class Writer:
             self.process(jobs)
         except Exception as exc:
             log_event(log, "storage.batch_crashed", level=50, exc_info=exc, jobs=len(jobs))
+            committed = {id(job) for job in self._committed}  # durable: they keep their results
             for job in jobs:
-                if job.error is None:
+                if job.error is None and id(job) not in committed:
                     job.error = StorageError(f"internal error in the storage thread: {exc!r}")
-            if self.on_done is not None:
-                try:
-                    self.on_done(jobs, [], [])
-                except Exception as notify_exc:
-                    log_event(log, "storage.notify_failed", error=repr(notify_exc))
+            if not committed:
+                self.changes2 = []
+            self._done(jobs, self._committed_changes if committed else [])
 
     def process(self, jobs: list[Job]) -> list[Change]:
         """Apply ``jobs`` in one transaction; every job ends with ``result`` or ``error`` set."""
+        self._committed = []
+        if self._stale and not self._repair():
+            for job in jobs:
+                job.error = StorageError(
+                    f"cannot write to {self.path}: its queues could not be read back after an internal "
+                    "error (see the log); retry, or restart latticed"
+                )
+            self.changes2 = []
+            self._done(jobs, [])
+            return []
         remaining = self._keep_reserve(jobs)
         changes: list[Change] = []
         rescued = False
@@ -459,13 +475,20 @@ class Writer:
                 job.error = None
                 job.result = None
         if rescued or (self.space.used and self._reclaim):  # room made while the reserve is used up
-            self._recover()
+            try:
+                self._recover()
+            except Exception as exc:  # after the COMMIT: its jobs stay committed
+                log_event(log, "storage.after_commit_failed", level=50, exc_info=exc, step="recover")
+        self._done(jobs, changes)
+        return changes
+
+    def _done(self, jobs: list[Job], changes: list[Change]) -> None:
+        """``on_done``, which must not fail the batch (e.g. the event loop is gone at shutdown)."""
         if self.on_done is not None:
             try:
                 self.on_done(jobs, changes, self.changes2)
-            except Exception as exc:  # e.g. the event loop is gone at shutdown
+            except Exception as exc:
                 log_event(log, "storage.notify_failed", error=repr(exc))
-        return changes
 
     # ------------------------------------------------------------------ a full disk
     def _keep_reserve(self, jobs: list[Job]) -> list[Job]:
@@ -540,6 +563,7 @@ class Writer:
                 batch.commit_pending()
                 self.core2.sign_pending()
                 changes = self._write(batch, started, jobs)
+                self._committed, self._committed_changes = jobs, changes
                 self.transactions += 1
                 self.jobs_committed += len(jobs)
         except LatticedError as exc:
@@ -620,7 +644,29 @@ class Writer:
         except BaseException:
             store.rollback()
             raise
+        # The COMMIT returned: the batch is durable and its jobs get their results whatever happens now.
+        # Nothing below may raise out of here (the caller would report durable writes as failed).
         self._reclaim = self._reclaim or reclaim
+        try:
+            self._publish(batch, results)
+        except Exception as exc:
+            log_event(
+                log, "storage.after_commit_failed", level=50, exc_info=exc, step="publish", jobs=len(jobs)
+            )
+            self._repair()
+        try:
+            if self._metrics is not None:  # last, once everything is published
+                self._metrics.observe_commit(done - started, done - syncing)
+            if self.checkpointer is not None:
+                self.checkpointer.after_commit(store.connection)
+        except Exception as exc:  # nothing in memory depends on these: logging is all
+            log_event(
+                log, "storage.after_commit_failed", level=50, exc_info=exc, step="report", jobs=len(jobs)
+            )
+        return results
+
+    def _publish(self, batch: Batch, results: list[Change]) -> None:
+        """After the COMMIT: the batch's values become the committed ones in memory."""
         self.changes2 = self.core2.publish()
         for change in results:
             self.states[change.q] = change.state
@@ -630,11 +676,34 @@ class Writer:
             self._by_qid[state.queue_id] = new.q
         for q in self.core2.converted:  # now core-2 queues (latticed/storage/core1_convert.py)
             self._by_qid.pop(self.states.pop(q).queue_id, None)
-        if self._metrics is not None:  # last, once everything is published (it must not raise anyway)
-            self._metrics.observe_commit(done - started, done - syncing)
-        if self.checkpointer is not None:
-            self.checkpointer.after_commit(store.connection)
-        return results
+
+    def _repair(self) -> bool:
+        """Read every queue's committed value back from the store, after publishing a commit failed
+        halfway (memory may then hold some of its values and not others). Until this succeeds the writer
+        is stale and refuses batches: signing from a stale state would fork our own queues."""
+        try:
+            self._reload()
+        except Exception as exc:
+            self._stale = True
+            log_event(log, "storage.reload_failed", level=50, exc_info=exc)
+            return False
+        self._stale = False
+        log_event(log, "storage.reloaded", level=30, queues=len(self.states))
+        return True
+
+    def _reload(self) -> None:
+        """What :meth:`open` reads, again, into the same dicts (readers on other threads hold them):
+        keys are replaced or dropped, never missing in between."""
+        store = self.store
+        loaded = list(store.load())
+        states = {item.q: item.state for item in loaded}
+        self.core2.reload(store)
+        self.states.update(states)
+        for q in [q for q in self.states if q not in states]:
+            del self.states[q]
+        self.created_ms = {item.q: item.created_ms for item in loaded}
+        self._by_qid = {state.queue_id: q for q, state in states.items()}
+        self._next_q = store.next_queue_number()
 
 
 def _all_may_linger(items: list[object]) -> bool:

@@ -32,7 +32,7 @@ from latticed.errors import (
 )
 from latticed.protocol.framing import FrameDecoder
 from latticed.storage.bridge import StorageHold
-from latticed.storage.jobs import Job
+from latticed.storage.jobs import SUBMITTER, Job
 
 
 @pytest.fixture(scope="module")
@@ -518,3 +518,30 @@ def test_pipelined_offers_whose_commit_fails_are_answered_with_its_error_not_the
     pipe.close()
     assert (after["ok"], after["offset"]) == (True, 0)
     assert [e.value for e in client.range("commit-fails", 0, 10)] == [b"after"]
+
+
+async def test_a_pipelined_job_is_started_with_its_connections_callbacks() -> None:
+    """The handler starts its job under the connection's submitter, so the bridge gives the job its
+    ``notify``, ``prepare`` and ``origin`` before the storage thread can see it (not after its start)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn = Connection(trio.SocketStream(trio.socket.from_stdlib_socket(a)), 1 << 24)
+    pipeline = server_module._Pipeline(None, conn)  # type: ignore[arg-type]
+    during: list[Any] = []
+
+    def begin(ctx: Any, request: dict[str, Any]) -> tuple[Job, Any]:
+        during.append(SUBMITTER.get())
+        job = Job()
+        job.done = trio.Event()
+        return job, lambda result: {"offset": result}
+
+    await pipeline.start(1, begin, {}, 10)
+    (submitter,) = during
+    assert submitter is not None
+    assert (submitter.notify, submitter.prepare, submitter.origin) == (
+        pipeline._committed,
+        pipeline._prepare,
+        pipeline,
+    )
+    assert SUBMITTER.get() is None
+    b.close()
+    a.close()

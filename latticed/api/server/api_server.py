@@ -36,7 +36,7 @@ from latticed.errors import (
 )
 from latticed.net.accept import serve_listeners
 from latticed.process.logs import get_logger, log_event
-from latticed.storage.jobs import Job
+from latticed.storage.jobs import Job, Submitter, submitting
 
 log = get_logger(__name__)
 
@@ -195,6 +195,9 @@ class _Pipeline:
         #: result they were built from, the framed reply). Sent only once the job is done, and only if
         #: it ended with that very result and no error.
         self._prepared: dict[int, tuple[Any, bytes]] = {}
+        #: What our jobs carry from their start (not assigned after it: the storage thread may already
+        #: be reading them).
+        self._submitter = Submitter(self._committed, self._prepare, self)
 
     def _prepare(self) -> None:
         """Called on the event loop while a batch holding our jobs commits (its fsync under way, the loop
@@ -241,16 +244,17 @@ class _Pipeline:
         """Start one pipelined request (``size``: its frame's length); waits for earlier ones while the
         connection has :data:`MAX_IN_FLIGHT` requests or :data:`MAX_IN_FLIGHT_BYTES` in flight."""
         try:
-            job, build = begin(self._ctx, request)
+            with submitting(self._submitter):
+                job, build = begin(self._ctx, request)
         except LatticedError as exc:
             self._pending.append((rid, exc, None, size))
         except Exception as exc:
             log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
             self._pending.append((rid, LatticedError(f"internal error: {type(exc).__name__}"), None, size))
         else:
-            job.notify = self._committed  # no checkpoint since it started: it cannot have finished yet
-            job.prepare = self._prepare
-            job.origin = self
+            # Set at its start if it went through the bridge; a job completed elsewhere (an offer
+            # forwarded to another daemon) gets them here: no checkpoint since, it cannot have finished.
+            job.notify, job.prepare, job.origin = self._committed, self._prepare, self
             self._pending.append((rid, job, build, size))
         self._pending_bytes += size
         while self._pending and (
