@@ -44,6 +44,15 @@ CommitHandler = Callable[[list[Job], list[Change], list[Change2]], None]
 HOLD_TIMEOUT_S: Final = 30.0
 
 
+def tell(listener: Callable[..., object], *args: object) -> None:
+    """Hand a commit to one listener: one that raises is logged, and the others (and the commit's
+    waiters, woken after) still hear of it: the commit is durable whatever a listener does."""
+    try:
+        listener(*args)
+    except Exception as exc:
+        log_event(log, "storage.listener_failed", level=40, exc_info=exc, listener=repr(listener))
+
+
 class StorageBridge:
     """Job submission to the storage thread and its completion on the event loop; reads on the pool.
 
@@ -214,4 +223,4 @@ class StorageHold:
         self.release()
 
 
-__all__ = ["HOLD_TIMEOUT_S", "CommitHandler", "StorageBridge", "StorageHold"]
+__all__ = ["HOLD_TIMEOUT_S", "CommitHandler", "StorageBridge", "StorageHold", "tell"]

@@ -41,7 +41,7 @@ from latticed.errors import (
 from latticed.process.clock import wall_ms
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
-from latticed.storage.bridge import StorageBridge
+from latticed.storage.bridge import StorageBridge, tell
 from latticed.storage.core2_many import AppendManyCores
 from latticed.storage.core2_queues import Change2
 from latticed.storage.core2_view import Core2View
@@ -72,15 +72,6 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 AnyJob = TypeVar("AnyJob", bound=Job)
-
-
-def _tell(listener: Callable[..., object], *args: object) -> None:
-    """Hand a commit to one listener: one that raises is logged, and the others (and the commit's
-    waiters, woken after) still hear of it: the commit is durable whatever a listener does."""
-    try:
-        listener(*args)
-    except Exception as exc:
-        log_event(log, "storage.listener_failed", level=40, exc_info=exc, listener=repr(listener))
 
 
 class Engine(ReplicaView):
@@ -174,7 +165,7 @@ class Engine(ReplicaView):
 
     def _committed(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         """After each group commit, on the event loop, before any of its jobs' waiters wakes."""
-        live, listener, tell = self.live, self._changes, _tell
+        live, listener = self.live, self._changes
         for change in changes:
             live.committed(change)
             if listener is not None:
