@@ -10,7 +10,9 @@ closing the link would stop every other queue.
 
 A relay answers the next link's ``NeedDelta2`` for a push it just merged from the records that merge
 appended (:class:`RecentRows`), on the event loop, instead of a reader thread's read transaction per relayed
-record; they are used only while the held value's chain at its end is the one they end with.
+record; they are used only while the held value's chain at its end is the one they end with. The reads
+it does issue are shared by the links that ask for the same rows of the same value at once
+(:class:`~latticed.net.shared_reads.SharedReads`): a chunk passed on to several links is read once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from latticed.net.core2_ahead import AheadPushes
 from latticed.net.core2_ahead import Miss as _Miss
 from latticed.net.core2_host import PendingMerge2
 from latticed.net.core2_recent import RecentRows
+from latticed.net.shared_reads import SharedReads
 from latticed.process.logs import get_logger, log_event
 from latticed.protocol.core2_steps import Outgoing2, outgoing, unpack_steps
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
@@ -185,6 +188,10 @@ class _Merging:
         return self._host.summary2(self._key), bool(job.result.changed)
 
 
+#: A delta read's request: the value's identity, the peer's summary, the bounds.
+_ReadKey = tuple[int, queue2.Summary | None, int, int]
+
+
 class EngineCore2Host:
     """The engine's core-2 queues as replication sees them (see the module docstring)."""
 
@@ -195,6 +202,9 @@ class EngineCore2Host:
         #: Live pushes verified on the event loop, their merge pending: relayed and shown to tails now.
         self.ahead = AheadPushes()
         store.core2.ahead = self.ahead
+        #: Deltas being read, by value (its identity: the read holds it), summary and bounds: links
+        #: asking for the same rows of the same value at once share one read.
+        self.reads: SharedReads[_ReadKey, Outgoing2] = SharedReads()
 
     async def load(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that
@@ -247,8 +257,12 @@ class EngineCore2Host:
         def read(reader: StoreReader) -> Outgoing2:
             return outgoing(reading_through(state, reader.rows), since, max_records, max_bytes)
 
-        result: Outgoing2 = await self.store.bridge.read(read)
-        return result
+        async def run() -> Outgoing2:
+            result: Outgoing2 = await self.store.bridge.read(read)
+            return result
+
+        # id(state) names the value while the read runs: ``read`` holds it, so the id is not reused.
+        return await self.reads.read((id(state), since, max_records, max_bytes), run)
 
     def delta2_now(
         self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int
