@@ -666,8 +666,11 @@ class Writer:
         return results
 
     def _publish(self, batch: Batch, results: list[Change]) -> None:
-        """After the COMMIT: the batch's values become the committed ones in memory."""
-        self.changes2 = self.core2.publish()
+        """After the COMMIT: the batch's values become the committed ones in memory. The core-2 changes
+        are taken first: if publishing fails, the read-back repairs memory, and the listeners (replication,
+        tails) must still hear of what was committed."""
+        self.changes2 = self.core2.changes()
+        self.core2.publish()
         for change in results:
             self.states[change.q] = change.state
         for new in batch.new_queues.values():
