@@ -706,7 +706,9 @@ class Writer:
             del self.states[q]
         self.created_ms = {item.q: item.created_ms for item in loaded}
         self._by_qid = {state.queue_id: q for q, state in states.items()}
-        self._next_q = store.next_queue_number()
+        # Never back: the store's max(q) + 1 forgets a dropped last queue, and the event loop keys caches
+        # by number (an address's, live tails'), so a number handed out again would alias the dropped one.
+        self._next_q = max(self._next_q, store.next_queue_number())
 
 
 def _all_may_linger(items: list[object]) -> bool:

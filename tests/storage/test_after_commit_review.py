@@ -22,8 +22,9 @@ from latticed.crdt.signing import Identity
 from latticed.errors import AlreadyExistsError, StorageError
 from latticed.process.logs import EVENT_ATTR
 from latticed.storage import core2_store
-from latticed.storage.core2_jobs import Commit2, CreateQueue2, Merge2, Merged2
+from latticed.storage.core2_jobs import Commit2, CreateQueue2, DropQueue2, Merge2, Merged2
 from latticed.storage.core2_queues import Change2
+from latticed.storage.engine import Engine
 from latticed.storage.jobs import KV_NAMESPACE, Append, CreateQueue, Job, KvWrite, Truncate
 from latticed.storage.store import Store, db_path
 from latticed.storage.writer import Change, Writer
@@ -269,3 +270,37 @@ def test_a_refused_batch_while_stale_changes_nothing_and_tells_no_change(
         w.process([job])
         assert isinstance(job.error, StorageError) and heard[-1] == ([], [])
     assert _stored(w.path)[q][:2] == (0, 1)
+
+
+def test_a_read_back_never_hands_out_the_number_of_a_queue_dropped_while_running(w: Writer) -> None:
+    """A dropped core-2 queue's number must not come back while the daemon runs: the event loop keys
+    caches by it (an address's number, live tails, pushes ahead), so an offer to the dropped queue's
+    cached address would land in the new one. The store's ``max(q) + 1`` forgets a dropped last queue:
+    the read-back after a failed publish must not take the number back to it."""
+    (a,) = run(w, CreateQueue2("a"))
+    (x,) = run(w, CreateQueue2("x"))
+    run(w, DropQueue2(x))
+    w.core2.publish = _publish_then_raise(w.core2.publish)  # type: ignore[method-assign]
+    assert run(w, Commit2(a, [rec(0)])) == [0]
+    (y,) = run(w, CreateQueue2("y"))
+    (z,) = run(w, CreateQueue("z", None))
+    assert x not in (y, z) and y != z
+    _memory_is_the_store(w)
+
+
+async def test_after_a_read_back_the_dropped_queues_address_does_not_reach_a_new_queue(
+    tmp_path: Path,
+) -> None:
+    """Through the engine: the address of a dropped queue, resolved (and cached) before its drop, must
+    not resolve to the queue created after a read-back (an offer to "x" would be written into "y")."""
+    async with Engine.open(tmp_path, ALICE) as e:
+        a = await e.create_queue("a", core=2)
+        x = await e.create_queue("x", core=2)
+        assert e.resolve("x") == x
+        await e.core2.drop(x)
+        e._writer.core2.publish = _publish_then_raise(e._writer.core2.publish)  # type: ignore[method-assign]
+        assert await e.outcome(e.core2.start_commit(a, [rec(0)])) == 0
+        y = await e.create_queue("y", core=2)
+        assert e.resolve("x") != y  # the cached number of the dropped queue, which nothing holds now
+        assert e.resolve("y") == y
+        assert await e.outcome(e.core2.start_commit(y, [rec(1)])) == 0
