@@ -22,6 +22,7 @@ from latticed.crdt.signing import Identity
 from latticed.errors import AlreadyExistsError, StorageError
 from latticed.process.logs import EVENT_ATTR
 from latticed.storage import core2_store
+from latticed.storage.core1_convert import UpgradeQueue
 from latticed.storage.core2_jobs import Commit2, CreateQueue2, DropQueue2, Merge2, Merged2
 from latticed.storage.core2_queues import Change2
 from latticed.storage.engine import Engine
@@ -304,3 +305,20 @@ async def test_after_a_read_back_the_dropped_queues_address_does_not_reach_a_new
         assert e.resolve("x") != y  # the cached number of the dropped queue, which nothing holds now
         assert e.resolve("y") == y
         assert await e.outcome(e.core2.start_commit(y, [rec(1)])) == 0
+
+
+def test_a_conversion_to_core2_whose_publish_fails_leaves_no_core1_queue_behind(w: Writer) -> None:
+    """Our core-1 queue converted to core 2; core-2's publish raises before the writer forgets the
+    core-1 value. After the read-back the queue is core-2 only (the old core-1 value, were it kept, would
+    take appends again from its old head: a second history), and it goes on at offset 3."""
+    (q,) = run(w, CreateQueue("q", None))
+    run(w, Append(q, [rec(i) for i in range(3)]))
+    qid = w.states[q].queue_id
+    w.core2.publish = _publish_then_raise(w.core2.publish)  # type: ignore[method-assign]
+    assert run(w, UpgradeQueue(q)) == [(0, 3)]
+    assert q not in w.states and w.lookup(qid) is None and w.core2.committed_q(qid) == q
+    assert run(w, Commit2(q, [rec(3)])) == [3]
+    stale = Append(q, [rec(4)])
+    w.process([stale])
+    assert stale.error is not None
+    _memory_is_the_store(w)
