@@ -322,3 +322,31 @@ def test_a_conversion_to_core2_whose_publish_fails_leaves_no_core1_queue_behind(
     w.process([stale])
     assert stale.error is not None
     _memory_is_the_store(w)
+
+
+def test_a_failed_read_back_is_retried_while_idle(w: Writer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create whose registration and read-back both fail is acked, but its name finds nothing until
+    memory is read back; a client that only resolves that name (an offer to it) starts no batch, so the
+    idle thread must retry the read-back itself, and not block waiting for jobs meanwhile."""
+    w.created_ms = _Flaky(w.created_ms)
+    real_load = w.store.load
+    fails = [2]
+
+    def load() -> Any:
+        if fails[0]:
+            fails[0] -= 1
+            raise OSError("read failed")
+        return real_load()
+
+    monkeypatch.setattr(w.store, "load", load)
+    (q,) = run(w, CreateQueue("q", None))
+    qid = w.states[q].queue_id
+    assert w._stale and w.lookup(qid) is None
+    assert w._collect() == []  # returns while idle (a bounded wait), no job needed
+    assert w.maintain(idle=True)  # the retry fails: still stale, come back
+    assert w.maintain(idle=True)  # within the retry interval: not tried again
+    assert fails == [0]
+    w._repair_at = 0.0
+    assert not w.maintain(idle=True)
+    assert not w._stale and w.lookup(qid) == q
+    _memory_is_the_store(w)
