@@ -23,7 +23,7 @@ from latticed.errors import AlreadyExistsError, StorageError
 from latticed.process.logs import EVENT_ATTR
 from latticed.storage import core2_store
 from latticed.storage.core1_convert import UpgradeQueue
-from latticed.storage.core2_jobs import Commit2, CreateQueue2, DropQueue2, Merge2, Merged2
+from latticed.storage.core2_jobs import Commit2, CreateQueue2, DropQueue2, Merge2, Merged2, Truncate2
 from latticed.storage.core2_queues import Change2
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import KV_NAMESPACE, Append, CreateQueue, Job, KvWrite, Truncate
@@ -349,4 +349,19 @@ def test_a_failed_read_back_is_retried_while_idle(w: Writer, monkeypatch: pytest
     w._repair_at = 0.0
     assert not w.maintain(idle=True)
     assert not w._stale and w.lookup(qid) == q
+    _memory_is_the_store(w)
+
+
+def test_a_core2_truncate_whose_publish_fails_is_acked_and_the_next_commit_follows_it(w: Writer) -> None:
+    """Our core-2 queue truncated, its publish raising after the work: acked with the new start, read
+    back, and the next commit is offset 4 at the next version (one version each, not forked)."""
+    (q,) = run(w, CreateQueue2("t"))
+    run(w, Commit2(q, [rec(i) for i in range(4)]))
+    version = _facts2(w.core2.committed(q))[2]
+    w.core2.publish = _publish_then_raise(w.core2.publish)  # type: ignore[method-assign]
+    truncate = Truncate2(q, 2)
+    w.process([truncate])
+    assert truncate.error is None
+    assert run(w, Commit2(q, [rec(4)])) == [4]
+    assert _stored2(w.path)[q] == (2, 5, version + 2, False)
     _memory_is_the_store(w)
