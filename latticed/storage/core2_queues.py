@@ -305,11 +305,17 @@ class Core2Queues:
             core2_store.drop(store, q, self.committed(q))
             self.deleted = True
 
+    def changes(self) -> list[Change2]:
+        """The queues this batch's write changed (their written values; None: dropped). Taken before
+        :meth:`publish`, so that listeners hear of a committed batch even if publishing it fails."""
+        return [Change2(q, value) for q, value in self._written.items()] + [
+            Change2(q, None) for q in self._drops
+        ]
+
     def publish(self) -> list[Change2]:
         """After the transaction committed: the written values become the committed ones; returns the
         queues that changed."""
-        changes = [Change2(q, value) for q, value in self._written.items()]
-        changes += [Change2(q, None) for q in self._drops]
+        changes = self.changes()
         for q, row in self._new.items():
             self._rows[q] = row
             self._by_qid[row.queue_id] = q

@@ -60,6 +60,8 @@ RECLAIM_KEEP_PAGES: Final = 2048
 #: The share of the file's pages left free (for the next writes) while writes keep coming.
 RECLAIM_SLACK: Final = 0.125
 _IDLE_S: Final = 0.05
+#: While memory is stale (see ``Writer._repair``): seconds between read-backs tried while idle.
+_REPAIR_RETRY_S: Final = 1.0
 #: How far back (seconds) the estimate of concurrent writers looks: after a burst ends, a lone writer
 #: stops waiting for company this soon.
 _RECENT_S: Final = 0.02
@@ -175,6 +177,8 @@ class Writer:
         #: Publishing a commit failed and reading the store back did too: batches are refused until it
         #: works (see :meth:`_repair`).
         self._stale = False
+        #: While stale: when (``time.monotonic``) the idle thread may try the read-back again.
+        self._repair_at = 0.0
         #: Statistics: transactions committed and jobs they carried.
         self.transactions = 0
         self.jobs_committed = 0
@@ -296,6 +300,14 @@ class Writer:
         While writes keep coming (``idle`` False) up to :data:`RECLAIM_SLACK` of the file stays free: under
         retention's steady state, space freed by one truncation is soon written again, and handing it to
         the file system only to grow the file back would cost writes I/O for nothing."""
+        if self._stale:
+            # The read-back is retried while idle too (at most once a second): readers on other threads
+            # see memory as the failed publish left it (an acked create not found by its name), and a
+            # quiet daemon may get no batch to retry it at.
+            now = time.monotonic()
+            if now >= self._repair_at and not self._repair():
+                self._repair_at = now + _REPAIR_RETRY_S
+            return self._stale
         ns = self._kv_compaction_due()
         if ns is not None:
             job = CompactKv(ns)
@@ -358,7 +370,7 @@ class Writer:
                 if self._merge_linger > 0 and _all_may_linger(items):
                     return self._linger_merges(items)
                 return self._linger_for(items, target, deadline)
-        if self._reclaim or self._kv_compacting:
+        if self._reclaim or self._kv_compacting or self._stale:
             try:
                 first = self._queue.get(timeout=_IDLE_S)
             except queue.Empty:
@@ -666,8 +678,11 @@ class Writer:
         return results
 
     def _publish(self, batch: Batch, results: list[Change]) -> None:
-        """After the COMMIT: the batch's values become the committed ones in memory."""
-        self.changes2 = self.core2.publish()
+        """After the COMMIT: the batch's values become the committed ones in memory. The core-2 changes
+        are taken first: if publishing fails, the read-back repairs memory, and the listeners (replication,
+        tails) must still hear of what was committed."""
+        self.changes2 = self.core2.changes()
+        self.core2.publish()
         for change in results:
             self.states[change.q] = change.state
         for new in batch.new_queues.values():
@@ -703,7 +718,9 @@ class Writer:
             del self.states[q]
         self.created_ms = {item.q: item.created_ms for item in loaded}
         self._by_qid = {state.queue_id: q for q, state in states.items()}
-        self._next_q = store.next_queue_number()
+        # Never back: the store's max(q) + 1 forgets a dropped last queue, and the event loop keys caches
+        # by number (an address's, live tails'), so a number handed out again would alias the dropped one.
+        self._next_q = max(self._next_q, store.next_queue_number())
 
 
 def _all_may_linger(items: list[object]) -> bool:
