@@ -1,0 +1,37 @@
+"""fix22: the small follow-ups of ack22's and review22d's storage reviews. A dropped queue's address
+leaves the engine's cache (a stale number is never handed out) and its number is not found (not an
+AssertionError); one raising live-cache update does not skip the rest of a commit's changes; a bug in
+the storage thread's upkeep is logged and the thread goes on taking writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from latticed.crdt.records import Record, make_record
+from latticed.crdt.signing import Identity
+from latticed.errors import NotFoundError
+from latticed.storage.engine import Engine
+
+ALICE = Identity.from_seed(b"a" * 32)
+NOW = 1_700_000_000_000
+
+
+def rec(i: int) -> Record:
+    return make_record(f"v{i}".encode(), timestamp=NOW + i)
+
+
+async def test_a_dropped_queues_address_no_longer_resolves(tmp_path: Path) -> None:
+    """The address was resolved (and cached) before the drop: after it, the name finds nothing."""
+    async with Engine.open(tmp_path, ALICE) as e:
+        x = await e.create_queue("x", core=2)
+        assert e.resolve("x") == x
+        assert e.resolve(f"{ALICE.public_key.hex()}/x") == x
+        await e.core2.drop(x)
+        with pytest.raises(NotFoundError):
+            e.resolve("x")
+        with pytest.raises(NotFoundError):
+            e.resolve(f"{ALICE.public_key.hex()}/x")
+        y = await e.create_queue("x", core=2)  # the name again: a new queue, found by it
+        assert e.resolve("x") == y != x
