@@ -35,3 +35,14 @@ async def test_a_dropped_queues_address_no_longer_resolves(tmp_path: Path) -> No
             e.resolve(f"{ALICE.public_key.hex()}/x")
         y = await e.create_queue("x", core=2)  # the name again: a new queue, found by it
         assert e.resolve("x") == y != x
+
+
+async def test_a_commit_to_a_dropped_queues_number_is_not_found(tmp_path: Path) -> None:
+    """A number taken before the drop (a request in flight) gets the API's not-found error."""
+    async with Engine.open(tmp_path, ALICE) as e:
+        x = await e.create_queue("x", core=2)
+        await e.core2.drop(x)
+        with pytest.raises(NotFoundError, match=f"#{x}"):
+            e.core2.start_commit(x, [rec(0)])
+        with pytest.raises(NotFoundError):
+            e.core2.address(x)
