@@ -161,7 +161,7 @@ class Engine(ReplicaView):
         """After each group commit, on the event loop, before any of its jobs' waiters wakes."""
         live, listener = self.live, self._changes
         for change in changes:
-            live.committed(change)
+            tell(live.committed, change)  # guarded too: the remaining changes still reach cache and listeners
             if listener is not None:
                 tell(listener, change.state)
         for change2 in changes2:  # core-2 tails read from the store: waking them is all

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import NotFoundError
 from latticed.storage.engine import Engine
+from latticed.storage.writer import Change
 
 ALICE = Identity.from_seed(b"a" * 32)
 NOW = 1_700_000_000_000
@@ -46,3 +48,31 @@ async def test_a_commit_to_a_dropped_queues_number_is_not_found(tmp_path: Path) 
             e.core2.start_commit(x, [rec(0)])
         with pytest.raises(NotFoundError):
             e.core2.address(x)
+
+
+async def test_a_raising_live_cache_update_does_not_skip_the_other_changes(tmp_path: Path) -> None:
+    """One batch changes two queues; the live cache raises on the first. The second still reaches the
+    live cache, and the change listener hears both."""
+    heard: list[str] = []
+
+    def listener(state: QueueState) -> None:
+        heard.append(state.name)
+
+    async with Engine.open(tmp_path, ALICE, changes=listener) as e:
+        a = await e.create_queue("a")
+        b = await e.create_queue("b")
+        real = e.live.committed
+        reached: list[int] = []
+
+        def committed(change: Change) -> None:
+            if change.q == a:
+                raise RuntimeError("live cache bug")
+            reached.append(change.q)
+            real(change)
+
+        e.live.committed = committed  # type: ignore[method-assign]
+        heard.clear()
+        assert await e.append_many([(a, [rec(0)]), (b, [rec(1)])]) == [0, 0]
+        assert reached == [b]
+        assert sorted(heard) == ["a", "b"]
+        assert await e.append(b, [rec(2)]) == 1
