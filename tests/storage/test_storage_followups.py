@@ -5,14 +5,17 @@ the storage thread's upkeep is logged and the thread goes on taking writes."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
+import trio
 
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.errors import NotFoundError
+from latticed.process.logs import EVENT_ATTR
 from latticed.storage.engine import Engine
 from latticed.storage.writer import Change
 
@@ -76,3 +79,25 @@ async def test_a_raising_live_cache_update_does_not_skip_the_other_changes(tmp_p
         assert reached == [b]
         assert sorted(heard) == ["a", "b"]
         assert await e.append(b, [rec(2)]) == 1
+
+
+async def test_a_raising_upkeep_step_is_logged_and_the_thread_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Upkeep runs after every batch on the storage thread: an exception there used to end the thread,
+    and every later write waited for ever."""
+    caplog.set_level(logging.INFO, logger="latticed")
+    async with Engine.open(tmp_path, ALICE) as e:
+        calls = [0]
+
+        def maintain(idle: bool = True) -> bool:
+            calls[0] += 1
+            raise RuntimeError("upkeep bug")
+
+        e._writer.maintain = maintain  # type: ignore[method-assign]
+        with trio.fail_after(10):  # a dead storage thread never answers
+            q = await e.create_queue("q")
+            assert calls[0] >= 1
+            assert await e.append(q, [rec(0)]) == 0
+    events = [r for r in caplog.records if getattr(r, EVENT_ATTR, "") == "storage.maintain_failed"]
+    assert events and events[0].exc_info is not None
