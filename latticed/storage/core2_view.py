@@ -20,7 +20,7 @@ from latticed.crdt.head import KIND_QUEUE, QueueKind, queue_id
 from latticed.crdt.queue.state import QueueState
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
-from latticed.errors import BehindPeersError, NotOwnerError
+from latticed.errors import BehindPeersError, NotFoundError, NotOwnerError
 from latticed.storage.core1_convert import ConversionBusyError, UpgradeQueue
 from latticed.storage.core2_engine import Core2Engine, Core2Host, reading_through
 from latticed.storage.core2_jobs import Commit2
@@ -118,8 +118,10 @@ class Core2View(Core2Engine):
         return self._queues.committed_q(queue_id(owner, name, kind))
 
     def row(self, q: int) -> Queue2Row:
+        """``q``'s committed row; NotFoundError if it is not on core 2 (dropped while a request held it)."""
         row = self._queues.committed_row(q)
-        assert row is not None, f"queue #{q} is not on core 2"
+        if row is None:
+            raise NotFoundError(f"queue #{q} is not on core 2")
         return row
 
     def address(self, q: int) -> str:

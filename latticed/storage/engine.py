@@ -31,13 +31,7 @@ from latticed.crdt.head import KIND_GROUP, KIND_KV, KIND_QUEUE, check_name
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.errors import (
-    AlreadyExistsError,
-    BehindPeersError,
-    MalformedError,
-    NotOwnerError,
-    StorageError,
-)
+from latticed.errors import AlreadyExistsError, BehindPeersError, MalformedError, NotOwnerError, StorageError
 from latticed.process.clock import wall_ms
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
@@ -167,11 +161,13 @@ class Engine(ReplicaView):
         """After each group commit, on the event loop, before any of its jobs' waiters wakes."""
         live, listener = self.live, self._changes
         for change in changes:
-            live.committed(change)
+            tell(live.committed, change)  # guarded too: the remaining changes still reach cache and listeners
             if listener is not None:
                 tell(listener, change.state)
         for change2 in changes2:  # core-2 tails read from the store: waking them is all
             live.wake(change2.q)
+            if change2.state is None:  # dropped: a cached number of it must not be handed out
+                self.forget(change2.q)
             if self.core2.on_change is not None:
                 tell(self.core2.on_change, change2.q, change2.state)
             for listener2 in self.core2.listeners:

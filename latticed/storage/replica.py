@@ -63,8 +63,8 @@ class ReplicaView:
         #: The live-push cache this view and the engine feed (tests look at it through its methods).
         self.live = live
         self.identity = identity
-        #: Resolved addresses (a queue's number never changes once it exists), so hot requests skip the
-        #: parsing and hashing of ``resolve``.
+        #: Resolved addresses (a queue's number never changes once it exists; a drop takes its entries
+        #: out: :meth:`forget`), so hot requests skip the parsing and hashing of ``resolve``.
         self._addresses: dict[tuple[str, int], int] = {}
         #: Re-checks a stored queue on fork core 2 (the engine's core-2 view sets it).
         self._verify2: Callable[[int], Awaitable[int]] | None = None
@@ -94,6 +94,11 @@ class ReplicaView:
             self._addresses.clear()
         self._addresses[(address, kind)] = q
         return q
+
+    def forget(self, q: int) -> None:
+        """Take dropped queue ``q``'s addresses out of the cache (their names find nothing now, or a queue
+        created again by the name, under a new number)."""
+        self._addresses = {key: n for key, n in self._addresses.items() if n != q}
 
     def parse_address(self, address: str) -> tuple[bytes, str]:
         if not isinstance(address, str):

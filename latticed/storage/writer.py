@@ -289,7 +289,11 @@ class Writer:
                     self._process_guarded(jobs)
                 if stop:
                     break
-                self.maintain(idle=not jobs)
+                try:
+                    self.maintain(idle=not jobs)
+                except Exception as exc:  # a bug in upkeep must not end the thread that takes the writes
+                    self._reclaim = self._kv_compacting = False  # not retried at each idle wake-up
+                    log_event(log, "storage.maintain_failed", level=50, exc_info=exc)
         finally:
             self._close()
 
