@@ -96,6 +96,23 @@ def run(w: Writer, *jobs: Job) -> list[Any]:
     return [job.result for job in jobs]
 
 
+def _load_fails(w: Writer, monkeypatch: pytest.MonkeyPatch, times: int | None) -> list[int | None]:
+    """The store's read-back raises its first ``times`` calls (every call where None), then reads; the
+    list returned holds the failures still to come."""
+    real_load = w.store.load
+    left = [times]
+
+    def load() -> Any:
+        if left[0] is None or left[0] > 0:
+            if left[0] is not None:
+                left[0] -= 1
+            raise OSError("read failed")
+        return real_load()
+
+    monkeypatch.setattr(w.store, "load", load)
+    return left
+
+
 def _events(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [str(getattr(r, EVENT_ATTR, "")) for r in caplog.records]
 
@@ -234,16 +251,7 @@ def test_a_read_back_that_fails_then_a_publish_failing_on_the_repaired_batch(
     caplog.set_level(logging.INFO, logger="latticed")
     (q,) = run(w, CreateQueue("q", None))
     w.states = _Flaky(w.states, times=2)
-    real_load = w.store.load
-    fails = [1]
-
-    def load() -> Any:
-        if fails[0]:
-            fails[0] -= 1
-            raise OSError("read failed")
-        return real_load()
-
-    monkeypatch.setattr(w.store, "load", load)
+    _load_fails(w, monkeypatch, 1)
     assert run(w, Append(q, [rec(0)])) == [0]  # publish fails, the read-back too: stale
     assert w._stale
     assert run(w, Append(q, [rec(1)])) == [1]  # read back first, then its own publish fails: read back
@@ -260,11 +268,7 @@ def test_a_refused_batch_while_stale_changes_nothing_and_tells_no_change(
     change; the store is as the last committed batch left it."""
     (q,) = run(w, CreateQueue("q", None))
     w.states = _Flaky(w.states)
-
-    def load() -> Any:
-        raise OSError("read failed")
-
-    monkeypatch.setattr(w.store, "load", load)
+    _load_fails(w, monkeypatch, None)
     assert run(w, Append(q, [rec(0)])) == [0]
     for i in (1, 2):
         job = Append(q, [rec(i)])
@@ -330,16 +334,7 @@ def test_a_failed_read_back_is_retried_while_idle(w: Writer, monkeypatch: pytest
     memory is read back; a client that only resolves that name (an offer to it) starts no batch, so the
     idle thread must retry the read-back itself, and not block waiting for jobs meanwhile."""
     w.created_ms = _Flaky(w.created_ms)
-    real_load = w.store.load
-    fails = [2]
-
-    def load() -> Any:
-        if fails[0]:
-            fails[0] -= 1
-            raise OSError("read failed")
-        return real_load()
-
-    monkeypatch.setattr(w.store, "load", load)
+    fails = _load_fails(w, monkeypatch, 2)
     (q,) = run(w, CreateQueue("q", None))
     qid = w.states[q].queue_id
     assert w._stale and w.lookup(qid) is None
