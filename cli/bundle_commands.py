@@ -46,8 +46,8 @@ def want(
         Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
     ] = None,
 ) -> None:
-    """Write a summary of everything this daemon holds (give it to the other daemon's ``bundle export
-    --want``, so its bundle carries only what is missing here)."""
+    """Write a summary of everything this daemon holds (give it to the other daemon's `bundle export
+    --want`, so its bundle carries only what is missing here)."""
     data = _client(ctx).bundle_want()
     if output is not None:
         output.write_bytes(data)

@@ -91,6 +91,14 @@ def _socket_option() -> Any:
     return param
 
 
+def _listed_in_one_paragraph(command: Any) -> None:
+    """Give ``command`` its docstring's first paragraph, its lines joined, as the line its group's
+    ``--help`` lists it by: typer's listing keeps a docstring's line breaks (its own page joins them), so
+    a summary longer than the column came out as a ragged line and a stub."""
+    if command.short_help is None and command.help:
+        command.short_help = " ".join(command.help.split("\n\n")[0].split())
+
+
 class _CtlGroup(BoundaryGroup):
     """The root group: its commands are built on first use (:mod:`cli.lazy`), and each of them also takes
     ``--socket`` after its own name."""
@@ -114,6 +122,7 @@ class _CtlGroup(BoundaryGroup):
             if not isinstance(sub, TyperGroup) and all(p.name != "socket" for p in sub.params):
                 sub.params.append(self._socket_param)
             lazy.lighten_command(sub, help_names)
+            _listed_in_one_paragraph(sub)
 
 
 app = typer.Typer(

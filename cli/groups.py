@@ -480,7 +480,7 @@ def claim(
 
 def ack(ctx: typer.Context, group: GroupArg, lease: LeaseArg, as_json: JsonFlag = False) -> None:
     """Settle a leased record as done; prints its correlation id (exit 9 if the lease is stale).
-    Removes the payload file ``dequeue --env`` wrote for the lease."""
+    Removes the payload file `dequeue --env` wrote for the lease."""
     with _settling(lease):
         correlation = _client(ctx).ack(group, lease)
     emit({"correlation_id": correlation}, correlation, as_json=as_json)
@@ -503,7 +503,7 @@ def nack(
     as_json: JsonFlag = False,
 ) -> None:
     """Give a leased record back for a retry (or to the DLQ on its last attempt). Removes the payload
-    file ``dequeue --env`` wrote for the lease."""
+    file `dequeue --env` wrote for the lease."""
     with _settling(lease):
         reply = _client(ctx).nack(group, lease, delay, reason)
     text = "dead-lettered" if reply.get("dead_lettered") else f"retry at {_when(reply.get('retry_at'))}"

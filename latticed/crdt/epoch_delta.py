@@ -19,7 +19,7 @@ from latticed.crdt.fold_index import prefix_fold
 from latticed.crdt.head2 import HeadV2, Leaf, fold, genesis, next_log
 from latticed.crdt.shared_prefix import grown
 
-__all__ = ["LogDelta", "LogSummary", "delta", "merge", "summary", "vouches"]
+__all__ = ["LogDelta", "LogSummary", "compiled_append", "delta", "merge", "summary", "vouches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,16 +115,7 @@ def _append(value: Chains, piece: LogDelta) -> Chains | None:
         raise EquivocationError("tips that do not branch at the shared leaves")
     # A live push's one head, also its start head, is checked in one C pass where built; whatever it
     # does not confirm is checked below (the same checks), which decides.
-    if new.start_head is head and append_compiled.checked(
-        head,
-        owner=value.owner,
-        queue_id=value.queue_id,
-        epoch=value.epoch,
-        base=piece.base,
-        base_fold=piece.base_fold,
-        leaves=leaves,
-        ours_end=ours.end,
-    ):
+    if new.start_head is head and compiled_append(value, piece, head, leaves, ours):
         return _appended(value, new, ours, leaves)
     # The newest head is usually the start head too (the newest of the highest start): checked once.
     for signed in (head,) if new.start_head == head else (head, new.start_head):
@@ -141,6 +132,25 @@ def _append(value: Chains, piece: LogDelta) -> Chains | None:
     if ends != sorted(ends):
         raise EquivocationError("a chain of heads whose end goes back")
     return _appended(value, new, ours, leaves)
+
+
+def compiled_append(
+    value: Chains, piece: LogDelta, head: HeadV2, leaves: Sequence[Leaf], ours: HeadV2
+) -> bool:
+    """Whether the compiled pass confirms ``piece``'s one head ``head`` (also its start head) with
+    ``leaves`` going on from ``ours``, our newest head of ``value``: :func:`merge`'s append path and a
+    relay's next version (:mod:`.queue2.next_version`) ask it here, so both check the same fields. False:
+    not built, or not confirmed (the caller's own checks decide)."""
+    return append_compiled.checked(
+        head,
+        owner=value.owner,
+        queue_id=value.queue_id,
+        epoch=value.epoch,
+        base=piece.base,
+        base_fold=piece.base_fold,
+        leaves=leaves,
+        ours_end=ours.end,
+    )
 
 
 def _appended(value: Chains, new: Chains, ours: HeadV2, leaves: Sequence[Leaf]) -> Chains:

@@ -26,6 +26,7 @@ import cli.ctl
 import cli.groups
 import cli.latticed_command
 import cli.peers
+from cli import lazy
 from cli.boundary import ExitCode, exit_code_for
 from cli.output import entry_text, text_of_bytes, to_json
 from latticed.api.client.blocking_client import Entry
@@ -589,6 +590,24 @@ def test_run_help_shows_the_defaults() -> None:
     for default in ("INFO", "json", "--mdns", "none (local only)", "every queue"):
         assert f"[default: ({default})]" in text, default
     assert str(cli.latticed_command.default_data_dir()) in text
+
+
+def test_a_groups_help_lists_each_command_by_its_summary_in_one_paragraph() -> None:
+    """Typer's listing kept a docstring's line breaks (the command's own page joins them), so a summary
+    longer than the column came out as a ragged line and a stub: each is listed by its first paragraph,
+    lines joined."""
+    root = typer.main.get_command(cli.ctl.app)
+    listed = [sub for name in list(root.commands) for sub in lazy.subcommands(root.commands[name])]
+    assert len(listed) > 60
+    for command in listed:
+        first = " ".join((command.help or "").split("\n\n")[0].split())
+        assert command.short_help == first and "\n" not in command.short_help, command.name
+    lines = ctl("--help", env=WIDE).stdout.splitlines()
+    [range_line] = [line for line in lines if line.startswith("│ range ")]
+    assert "or those stamped --from-time..--to-time" in range_line
+    lines = ctl("queue", "--help", env=WIDE).stdout.splitlines()
+    [why_line] = [line for line in lines if line.startswith("│ why ")]
+    assert "behind (and who holds the rest), owner offline" in why_line
 
 
 # --- what commands say ----------------------------------------------------------------------------

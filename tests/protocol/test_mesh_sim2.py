@@ -601,15 +601,21 @@ def test_the_commits_cpu_runs_on_the_box_in_its_runs_and_its_fsync_off_it() -> N
     assert queued[0] > took[1] - took[0]
 
 
+def _sliced_pair() -> MeshSim2:
+    """Two nodes a second in, on two cores whose runs end at 1.5 ms slices (no jitter, wake-up or
+    stall): the box the interpreter-asking tests below share."""
+    sim = MeshSim2(2, costs=Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015))
+    sim.run_for(1.0)
+    return sim
+
+
 def test_a_thread_waiting_for_the_interpreter_asks_for_it_once_it_has_run_twice() -> None:
     """``take_gil``: a thread wanting the interpreter must run to begin its timed wait (a switch interval)
     and run again at its timeout to ask the holder to drop it. On an idle box it asks a switch interval
     after it was woken; with both cores busy for a slice, each of its two runs waits in the run queue
     first (the daemons' writer's readers waited for a core and did not cut its held work, bench/RESULTS.md
     sim21c)."""
-    costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015)
-    sim = MeshSim2(2, costs=costs)
-    sim.run_for(1.0)
+    sim = _sliced_pair()
     assert sim._asks_at() == pytest.approx(sim.now + SWITCH_INTERVAL_S)
     for _ in range(2):
         sim.box.work(CpuThread(), 0.05)
@@ -623,9 +629,7 @@ def test_a_queued_threads_wait_grows_with_the_burst_ahead_of_it_after_it_was_que
     same run (the loop's next task), so the queued thread waits for the slice's end, not for the work
     that was planned when it was queued (sim22b: at the bulk's wake-ups the queue then read 0.43-0.57 ms,
     the waits were 0.82-1.11 ms)."""
-    costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015)
-    sim = MeshSim2(2, costs=costs)
-    sim.run_for(1.0)
+    sim = _sliced_pair()
     box = sim.box
     first, second, queued = CpuThread(), CpuThread(), CpuThread()
     for thread in (first, second):
@@ -651,9 +655,7 @@ def test_a_waiter_asks_after_two_runs_that_wait_as_the_boxs_runs_have() -> None:
     thread is queued at this instant (sim22b: with the queue now alone, twice, waiters asked inside the
     writer's held work 2.0-3.2 times a transaction and its reads ended there 0.62 times a transaction,
     the daemons' 0.31)."""
-    costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015)
-    sim = MeshSim2(2, costs=costs)
-    sim.run_for(1.0)
+    sim = _sliced_pair()
     box = sim.box
     runs, waited = box.runs, box.waited
     for _ in range(3):  # three threads on two cores: one waits a burst
@@ -671,9 +673,7 @@ def test_a_thread_behind_the_loops_ready_tasks_asks_as_late_as_any_waiter_on_a_f
     timeout, each run after a wait for a core): with both cores busy, two slices' ends and a switch
     interval after it began waiting, not the switch interval alone (sim22: the storage thread took the
     interpreter ahead of the loop's backlog, which then cut its held work)."""
-    costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, core_slice=0.0015)
-    sim = MeshSim2(2, costs=costs)
-    sim.run_for(1.0)
+    sim = _sliced_pair()
     node = sim.node2(1)
     for _ in range(2):  # two threads of another process keep both cores a while
         sim.box.work(CpuThread(), 0.05)

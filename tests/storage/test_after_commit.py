@@ -75,11 +75,17 @@ class _RaisingMetrics:
 
 
 @pytest.fixture
-def writer(tmp_path: Path) -> Any:
-    w = Writer(db_path(tmp_path), ALICE, clock=TickingClock(NOW))
-    w.open()
-    yield w
-    w.stop()
+def q(writer: Writer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Queue ``q`` on the shared ``writer`` (tests/storage/conftest.py), whose next publish of committed
+    values raises once (a bug after the COMMIT returned), with the daemon's log captured."""
+    caplog.set_level(logging.INFO, logger="latticed")
+    create = CreateQueue("q", None)
+    writer.process([create])
+    monkeypatch.setattr(
+        writer.core2, "publish", _raises_once(writer.core2.publish, RuntimeError("publish bug"))
+    )
+    assert isinstance(create.result, int)
+    return create.result
 
 
 def test_a_hook_that_raises_after_the_commit_leaves_the_jobs_committed(
@@ -110,19 +116,12 @@ def test_a_hook_that_raises_after_the_commit_leaves_the_jobs_committed(
 
 
 def test_publishing_that_fails_after_the_commit_is_repaired_from_the_store(
-    writer: Writer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    writer: Writer, q: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Publishing the committed values fails halfway (core-2's publish raises, so no core-1 state was
     published): the append is still done with its offset, memory is read back from the store (logged),
     and the next append continues after it. The old code failed the append and kept the old state, so
     the next append signed offset 0 again: a fork of our own queue."""
-    caplog.set_level(logging.INFO, logger="latticed")
-    create = CreateQueue("q", None)
-    writer.process([create])
-    q = create.result
-    monkeypatch.setattr(
-        writer.core2, "publish", _raises_once(writer.core2.publish, RuntimeError("publish bug"))
-    )
     first = Append(q, [rec(0)])
     writer.process([first])
     assert (first.error, first.result) == (None, 0)
@@ -135,18 +134,11 @@ def test_publishing_that_fails_after_the_commit_is_repaired_from_the_store(
 
 
 def test_a_failed_read_back_holds_writes_until_it_succeeds(
-    writer: Writer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    writer: Writer, q: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If reading the store back fails too, memory may be stale: the next batch fails with a
     StorageError (nothing is signed from a stale state) and tries the read again first; once it works,
     writes go on from the committed values."""
-    caplog.set_level(logging.INFO, logger="latticed")
-    create = CreateQueue("q", None)
-    writer.process([create])
-    q = create.result
-    monkeypatch.setattr(
-        writer.core2, "publish", _raises_once(writer.core2.publish, RuntimeError("publish bug"))
-    )
     monkeypatch.setattr(writer.store, "load", _raises_once(writer.store.load, OSError("read failed")))
     first = Append(q, [rec(0)])
     writer.process([first])

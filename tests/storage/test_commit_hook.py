@@ -19,7 +19,6 @@ from latticed.storage.batch import Batch
 from latticed.storage.bridge import StorageBridge
 from latticed.storage.engine import Engine
 from latticed.storage.jobs import Append, Call, CreateQueue, Job, Truncate, WriterView
-from latticed.storage.store import db_path
 from latticed.storage.writer import Writer
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -49,6 +48,15 @@ class FailingCommits:
                 trio.from_thread.run_sync(lambda: None, trio_token=self._token)
             raise self._error
         self._commit()
+
+
+@pytest.fixture
+def q(writer: Writer) -> int:
+    """Queue ``q``, created on the shared ``writer`` (tests/storage/conftest.py)."""
+    create = CreateQueue("q", None)
+    writer.process([create])
+    assert isinstance(create.result, int)
+    return create.result
 
 
 def _full() -> sqlite3.OperationalError:
@@ -98,60 +106,44 @@ async def test_a_failed_commit_is_answered_by_its_error_though_prepare_saw_resul
 
 
 def test_a_batch_retried_on_a_full_disk_shows_each_try_and_the_dropped_job_keeps_its_error(
-    tmp_path: Path,
+    writer: Writer, q: int
 ) -> None:
     """A COMMIT failing on a full disk is tried again with the jobs that free space alone: the hook hears
     both tries, the first with a result for the append that then fails. The append ends with the error
     and (still) that stale result: a waiter that trusted a result prepared before the COMMIT would ack a
     record that is not on disk, which is why the reply is chosen only once ``done``, by ``error`` first."""
-    w = Writer(db_path(tmp_path), ALICE, clock=lambda: NOW)
-    w.open()
-    try:
-        create = CreateQueue("q", None)
-        w.process([create])
-        q = create.result
-        seed = Append(q, [rec(0), rec(1)])
-        w.process([seed])
-        assert seed.error is None
-        heard: list[list[tuple[str, object, object]]] = []
-        w.on_committing = lambda jobs: heard.append(
-            [(type(job).__name__, job.result, job.error) for job in jobs]
-        )
-        failing = FailingCommits(w.store.commit, _full())
-        w.store.commit = failing  # type: ignore[method-assign]
-        append, truncate = Append(q, [rec(2)]), Truncate(q, 1)
-        w.process([append, truncate])
-        # The first try (then its COMMIT failed), and the second, alone: the truncation frees space.
-        assert heard[0] == [("Append", 2, None), ("Truncate", None, None)]
-        assert heard[1:] == [[("Truncate", None, None)]]
-        assert isinstance(append.error, StorageError) and append.result == 2  # stale, with its error
-        assert truncate.error is None and w.states[q].start == 1 and w.states[q].held_end == 2
-    finally:
-        w.stop()
+    seed = Append(q, [rec(0), rec(1)])
+    writer.process([seed])
+    assert seed.error is None
+    heard: list[list[tuple[str, object, object]]] = []
+    writer.on_committing = lambda jobs: heard.append(
+        [(type(job).__name__, job.result, job.error) for job in jobs]
+    )
+    failing = FailingCommits(writer.store.commit, _full())
+    writer.store.commit = failing  # type: ignore[method-assign]
+    append, truncate = Append(q, [rec(2)]), Truncate(q, 1)
+    writer.process([append, truncate])
+    # The first try (then its COMMIT failed), and the second, alone: the truncation frees space.
+    assert heard[0] == [("Append", 2, None), ("Truncate", None, None)]
+    assert heard[1:] == [[("Truncate", None, None)]]
+    assert isinstance(append.error, StorageError) and append.result == 2  # stale, with its error
+    assert truncate.error is None and writer.states[q].start == 1 and writer.states[q].held_end == 2
 
 
-def test_a_job_that_raises_is_shown_with_its_error_and_the_others_commit(tmp_path: Path) -> None:
+def test_a_job_that_raises_is_shown_with_its_error_and_the_others_commit(writer: Writer, q: int) -> None:
     """A job that raises without changing the batch fails alone: the hook sees it with its error (a
     waiter must not build a success for it) and the others with their results, which then commit."""
-    w = Writer(db_path(tmp_path), ALICE, clock=lambda: NOW)
-    w.open()
-    try:
-        create = CreateQueue("q", None)
-        w.process([create])
-        q = create.result
 
-        def broken(batch: Batch, writer: WriterView) -> None:
-            raise RuntimeError("a bug in a job")
+    def broken(batch: Batch, view: WriterView) -> None:
+        raise RuntimeError("a bug in a job")
 
-        heard: list[list[tuple[object, bool]]] = []
-        w.on_committing = lambda jobs: heard.append([(job.result, job.error is not None) for job in jobs])
-        first, bad, last = Append(q, [rec(0)]), Call(broken), Append(q, [rec(1)])
-        w.process([first, bad, last])
-        assert heard == [[(0, False), (None, True), (1, False)]]
-        assert isinstance(bad.error, LatticedError) and "a bug in a job" in str(bad.error)
-        assert (first.error, last.error, w.states[q].held_end) == (None, None, 2)
-    finally:
-        w.stop()
+    heard: list[list[tuple[object, bool]]] = []
+    writer.on_committing = lambda jobs: heard.append([(job.result, job.error is not None) for job in jobs])
+    first, bad, last = Append(q, [rec(0)]), Call(broken), Append(q, [rec(1)])
+    writer.process([first, bad, last])
+    assert heard == [[(0, False), (None, True), (1, False)]]
+    assert isinstance(bad.error, LatticedError) and "a bug in a job" in str(bad.error)
+    assert (first.error, last.error, writer.states[q].held_end) == (None, None, 2)
 
 
 def test_each_distinct_prepare_runs_once_per_batch() -> None:

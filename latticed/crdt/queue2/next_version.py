@@ -4,8 +4,8 @@ left to :func:`.replica_deltas.verify_delta`'s full path, which decides."""
 
 from __future__ import annotations
 
-from latticed.crdt import append_compiled, chain_memo, shared_prefix
-from latticed.crdt.epoch_delta import LogDelta
+from latticed.crdt import chain_memo, shared_prefix
+from latticed.crdt.epoch_delta import LogDelta, compiled_append
 from latticed.crdt.epochs import Chains
 from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import next_log
@@ -53,16 +53,7 @@ def next_version(state: QueueState2, d: Delta) -> Verified | None:
     start = ours_c.start_head
     if start is not None and (head.start, head.version) <= (start.start, start.version):
         return None  # the start head stays ours, or a rank by bytes decides: the full path's
-    if log.base_fold != next_log(ours) or not append_compiled.checked(
-        head,
-        owner=ours_c.owner,
-        queue_id=ours_c.queue_id,
-        epoch=ours_c.epoch,
-        base=log.base,
-        base_fold=log.base_fold,
-        leaves=(),
-        ours_end=ours.end,
-    ):
+    if log.base_fold != next_log(ours) or not compiled_append(ours_c, log, head, (), ours):
         return None
     ours_meta = start is not None and head.meta_hash == start.meta_hash and meta == state.meta
     if not ours_meta and meta_hash(dict(meta)) != head.meta_hash:
