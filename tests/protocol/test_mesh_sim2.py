@@ -255,6 +255,37 @@ def test_reads_take_one_of_the_daemons_two_reader_connections() -> None:
     assert node.reading == set(node.sessions)
 
 
+def test_links_asking_for_the_same_rows_at_once_share_one_read() -> None:
+    """``EngineCore2Host._read2`` through ``SharedReads`` (reads22): the writer's three links asking for
+    the same rows of the same value at once issue one read, on one connection; the others await it and
+    each gets the answer once that read's asker ran again. A different request, or the same one after
+    the read ended, reads (nothing is cached)."""
+    sim = MeshSim2(8, draws=0)
+    warm_up(sim)
+    sim.run_for(1.0)
+    node = sim.node2(0)
+    state = node.durable2[sim.key]
+    out = outgoing(state, None, 4096, sim.max_bytes)
+    provided: list[tuple[int, float]] = []
+    for peer in list(node.sessions):
+        stub = SimpleNamespace(provide_delta=lambda key, delta, p=peer: provided.append((p, sim.now)))
+        node.sessions[peer] = SimpleNamespace(core2=stub)  # type: ignore[assignment]
+    sim._run_driver = lambda y, x: None  # type: ignore[method-assign]
+    first, *others = node.sessions
+    issued, shared = node.reads_issued, node.reads_shared
+    for peer in node.sessions:
+        sim._read2_then(0, peer, sim.key, out, (state, None, 4096))
+    assert node.readers == 1 and not node.read_queue  # one connection for the three asks
+    assert node.reads_issued - issued == 1
+    sim.run_for(0.1)
+    assert node.reads_shared - shared == 2 and node.readers == 0 and not node.shared_reads
+    assert [p for p, _ in provided] == [first, *others]  # the read's asker first, then its waiters
+    assert not node.reading
+    sim._read2_then(0, first, sim.key, out, (state, None, 4096))  # the read ended: this one reads
+    sim._read2_then(0, others[0], sim.key, out, (state, None, 2048))  # another request: its own read
+    assert node.reads_issued - issued == 3 and node.readers == 2
+
+
 def test_a_thread_waits_for_the_loops_ready_tasks_at_most_a_switch_interval() -> None:
     """A reader or the storage thread wanting the interpreter while the event loop has tasks ready gets
     it once they ran, or after the daemon's switch interval before those not begun yet; the simulator
