@@ -53,6 +53,7 @@ per-node state, each step the daemon's counterpart read side by side with it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from collections import deque
@@ -241,6 +242,12 @@ class MeshNode2(MeshNode):
     #: Seconds its transactions took from their jobs taken until their COMMIT began (its wait excluded).
     pre_commit_seconds: float = 0.0
     read_queue: deque[tuple[int, Callable[[], None]]] = field(default_factory=deque)
+    #: Reads in flight by their request (``EngineCore2Host.reads``, ``SharedReads``): the value read (held,
+    #: so its id names it while the read runs) and the links awaiting that read's answer; and how many
+    #: reads were issued and how many asks another's read answered (``SharedReads.issued``/``shared``).
+    shared_reads: dict[tuple[int, object, int], tuple[QueueState2, list[int]]] = field(default_factory=dict)
+    reads_issued: int = 0
+    reads_shared: int = 0
     #: The reader threads free for a read (one a read connection: ``trio.to_thread``'s thread for
     #: ``bridge.read``): with ``gil`` each runs on the box of its own before it wants the interpreter.
     read_threads: list[CpuThread] = field(
@@ -683,7 +690,8 @@ class MeshSim2(MeshSim):
             if isinstance(event, NeedDelta2):
                 out, read = self._delta2_for(node, event)
                 if out is not None and read:
-                    self._read2_then(y, x, event.key, out)
+                    loaded = node.durable2[event.key]  # the value ``_delta2_for`` read from
+                    self._read2_then(y, x, event.key, out, (loaded, event.since, event.max_records))
                     break
                 if out is not None:
                     self._busy(node, costs.cut + costs.cut_record * len(out.delta.records))
@@ -728,14 +736,35 @@ class MeshSim2(MeshSim):
             return False
         return run.rows_lo == run.lo and (run.lo < since_end or since_end == lo)
 
-    def _read2_then(self, y: int, x: int, key: QueueKey, out: Outgoing2) -> None:
+    def _read2_then(
+        self,
+        y: int,
+        x: int,
+        key: QueueKey,
+        out: Outgoing2,
+        request: tuple[QueueState2, object, int] | None = None,
+    ) -> None:
         """The link's driver waits while a reader thread reads the delta, then carries on. Reads take one
         of :data:`READ_CONNECTIONS` (``bridge.read``'s limiter): a driver finding none free waits until a
         read ends and hands its connection on, which wakes that driver as a task of the event loop, behind
-        the tasks woken before it (the writer's next API call, say)."""
+        the tasks woken before it (the writer's next API call, say).
+
+        With ``request`` (the value, the peer's summary, the records asked for: ``EngineCore2Host._read2``'s
+        key, ``max_bytes`` being the mesh's), an ask of a request already being read awaits that read
+        (``SharedReads``, reads22): no connection, no reader run; woken as a task of the loop once the
+        read's own asker runs again (its ``done.set()``, before it passes its delta on), it cuts its
+        link's message from the shared answer. Without ``request`` (a test's direct call) every ask reads."""
         node = self.node2(y)
         node.reading.add(x)
         count = len(out.delta.records)
+        shared_key = None if request is None else (id(request[0]), request[1], request[2])
+        if shared_key is not None:
+            pending = node.shared_reads.get(shared_key)
+            if pending is not None:
+                pending[1].append(x)
+                return
+            node.shared_reads[shared_key] = (request[0], [])  # type: ignore[index]
+        node.reads_issued += 1
         work = self.costs.read + self.costs.read_record * count
 
         thread: list[CpuThread] = []
@@ -781,12 +810,20 @@ class MeshSim2(MeshSim):
             self._wake(y, ("read done", x), encode)
 
         def encode() -> None:
-            node.reading.discard(x)
+            if shared_key is not None:  # SharedReads.read's finally: the entry dropped, its waiters woken
+                _, waiters = node.shared_reads.pop(shared_key)
+                for waiter in waiters:
+                    node.reads_shared += 1
+                    self._wake(y, ("read shared", waiter), functools.partial(provide, waiter))
+            provide(x)
+
+        def provide(link: int) -> None:
+            node.reading.discard(link)
             self._busy(node, self.costs.cut + self.costs.cut_record * count)
-            core2 = node.sessions[x].core2
+            core2 = node.sessions[link].core2
             assert core2 is not None
             core2.provide_delta(key, out)
-            self._run_driver(y, x)
+            self._run_driver(y, link)
 
         if node.readers < READ_CONNECTIONS:
             node.readers += 1
