@@ -79,8 +79,13 @@ def pack_array(items: list[bytes]) -> PackedArray:
     return PackedArray(items)
 
 
+def holds_packed(obj: Any) -> bool:
+    """Whether :func:`pack` splices pre-packed values into ``obj`` (else its bytes are ``packb``'s)."""
+    return type(obj) is dict and any(type(v) in _SPLICED for v in obj.values())
+
+
 def pack(obj: Any) -> bytes:
-    if type(obj) is dict and any(type(v) in _SPLICED for v in obj.values()):
+    if holds_packed(obj):
         return b"".join(_map_parts(obj))
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
 
@@ -336,6 +341,7 @@ __all__ = [
     "arg_str",
     "error_body",
     "error_reply",
+    "holds_packed",
     "Packed",
     "PackedArray",
     "pack",

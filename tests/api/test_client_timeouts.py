@@ -15,8 +15,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from latticed.api.client.blocking_client import Client, set_timeout
-from latticed.api.messages import API_VERSION, pack
+from latticed.api.client.blocking_client import _FIRST_READ, Client, set_timeout
+from latticed.api.messages import API_VERSION, Packed, pack
 from latticed.errors import ConnectionClosedError, RemoteProtocolError
 from latticed.protocol.framing import FrameDecoder
 
@@ -275,3 +275,30 @@ def test_a_request_is_packed_as_messages_pack_packs_it(
             }
         ),
     ]
+
+
+def test_a_reply_larger_than_the_first_read_and_a_pre_packed_value_go_through_as_before(
+    serve: Callable[[Handler], tuple[Path, list[dict[str, object]]]],
+) -> None:
+    """The first read for a reply is short (its buffer from the heap, not an ``mmap`` a reply): a reply
+    several times its size is read whole; a request holding a pre-packed value goes out spliced, as
+    ``messages.pack`` sends it, not as the connection's kept ``Packer`` would pack a ``bytes``."""
+    raw: list[bytes] = []
+    big = b"b" * (3 * _FIRST_READ + 5)
+
+    def large(conn: socket.socket, seen: list[dict[str, object]]) -> None:
+        decoder = FrameDecoder(1 << 24)
+        while data := conn.recv(1 << 16):
+            for frame in decoder.feed(data):
+                raw.append(bytes(frame))
+                request = msgpack.unpackb(frame)
+                body = msgpack.packb({"ok": True, "id": request["id"], "value": big})
+                conn.sendall(struct.pack(">I", len(body)) + body)
+
+    path, _ = serve(large)
+    spliced = Packed.of([1, 2])
+    with Client(path, timeout=3.0) as client:
+        assert client.call("echo")["value"] == big
+        assert client.call("echo", items=spliced)["value"] == big
+    assert raw[1] == pack({"v": API_VERSION, "id": 2, "op": "echo", "items": spliced})
+    assert msgpack.unpackb(raw[1])["items"] == [1, 2]  # spliced in as packed, not a bin of its bytes

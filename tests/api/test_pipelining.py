@@ -5,6 +5,8 @@ offers, and a client that leaves with offers in flight harms nothing."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import socket
 import sqlite3
 import struct
@@ -365,6 +367,16 @@ async def _waiting_pipeline() -> tuple[Any, socket.socket, list[Job], Any]:
     return pipeline, b, jobs, conn
 
 
+def _serving(pipeline: Any, got: list[bytes], until: int = 1 << 30) -> Any:
+    """``pipeline.serve`` with a handler that records each request (the connection ends after ``until``)."""
+
+    async def handle(frame: bytes) -> bool:
+        got.append(frame)
+        return len(got) < until
+
+    return functools.partial(pipeline.serve, handle)
+
+
 def _finish(job: Job, result: int) -> None:
     """What the bridge does on the event loop once the job's transaction committed."""
     job.result = result
@@ -388,13 +400,9 @@ async def test_a_commit_answers_a_waiting_connection_in_order_without_waking_its
     """The commit's callback writes the finished replies itself, in request order (a later offer that
     finished first waits for the earlier one), and the task keeps waiting for the next request."""
     pipeline, peer, jobs, _ = await _waiting_pipeline()
-    got: list[bytes | None] = []
-
-    async def reader() -> None:
-        got.append(await pipeline.next_frame())
-
+    got: list[bytes] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(reader)
+        nursery.start_soon(_serving(pipeline, got, until=1))
         await trio.testing.wait_all_tasks_blocked()
         _finish(jobs[1], 8)
         assert _replies_now(peer) == [] and pipeline.in_flight == (2, 20)  # the first is not done yet
@@ -422,7 +430,7 @@ async def test_replies_built_while_their_batch_commits_are_sent_once_done_as_bui
 
     conn.encode = counting
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(pipeline.next_frame)
+        nursery.start_soon(_serving(pipeline, []))
         await trio.testing.wait_all_tasks_blocked()
         jobs[0].result, jobs[1].result = 7, 8  # applied on the storage thread; its COMMIT runs
         for job in jobs:
@@ -443,7 +451,7 @@ async def test_a_reply_built_before_the_commit_is_not_sent_if_it_failed_or_was_r
     COMMIT answers its error, a batch retried (a new result) answers the new one."""
     pipeline, peer, jobs, _ = await _waiting_pipeline()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(pipeline.next_frame)
+        nursery.start_soon(_serving(pipeline, []))
         await trio.testing.wait_all_tasks_blocked()
         jobs[0].result, jobs[1].result = 7, 8
         assert jobs[0].prepare is not None
@@ -465,7 +473,7 @@ async def test_replies_the_socket_cannot_take_at_once_are_sent_by_the_task_first
     the replies (before anything later) and goes back to waiting."""
     pipeline, peer, jobs, conn = await _waiting_pipeline()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(pipeline.next_frame)
+        nursery.start_soon(_serving(pipeline, []))
         await trio.testing.wait_all_tasks_blocked()
         conn.writing = True
         _finish(jobs[0], 7)
@@ -545,3 +553,54 @@ async def test_a_pipelined_job_is_started_with_its_connections_callbacks() -> No
     assert SUBMITTER.get() is None
     b.close()
     a.close()
+
+
+@pytest.mark.parametrize("point", ["in the wait", "after the read", "in the handler", "at the end of stream"])
+async def test_a_cancel_landing_at_any_point_loses_no_request_and_reads_none_twice(point: str) -> None:
+    """One cancel scope spans the connection's requests; a commit's callback cancels it only while the task
+    waits for the next request. Wherever the cancel lands (in the wait; after the read woke the task but
+    before it ran; while a request is handled, where it must not cancel at all; with the end of the
+    stream read), every request is handled once, in order, never inside a cancelled scope, and the task
+    takes a new scope only after a cancel."""
+    pipeline, peer, jobs, conn = await _waiting_pipeline()
+    got: list[bytes] = []
+    scopes: list[Any] = []  # the scope each wait ran in
+    receive = conn.receive_frame
+
+    async def receive_frame() -> bytes | None:
+        scopes.append(pipeline._waiting)
+        frame = await receive()
+        if (point, frame) in (("after the read", b"b"), ("at the end of stream", None)):
+            pipeline._waiting.cancel()  # the callback ran between the task's wake-up and its resuming
+        return frame
+
+    async def handle(frame: bytes) -> bool:
+        assert trio.current_effective_deadline() != -math.inf  # not inside a cancelled scope
+        await trio.lowlevel.checkpoint()  # would raise Cancelled there, and the request would be lost
+        got.append(frame)
+        if point == "in the handler" and frame == b"b":
+            conn.writing = True  # the reply could not be written: a waiting task would be cancelled
+            _finish(jobs[0], 7)
+            conn.writing = False
+        return True
+
+    conn.receive_frame = receive_frame
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipeline.serve, handle)
+        for body in (b"a", b"b", b"c"):
+            await trio.testing.wait_all_tasks_blocked()
+            if point == "in the wait" and body == b"b":
+                pipeline._waiting.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+            peer.send(struct.pack(">I", 1) + body)
+        await trio.testing.wait_all_tasks_blocked()
+        peer.shutdown(socket.SHUT_WR)
+        await trio.testing.wait_all_tasks_blocked()
+        for job in jobs:
+            if not job.done.is_set():
+                _finish(job, 9)  # the end of stream: the task answers what is left, then returns
+    assert got == [b"a", b"b", b"c"]
+    assert [r["id"] for r in _replies_now(peer)] == [1, 2] and pipeline.in_flight == (0, 0)
+    # A new scope after a cancel that a later request's wait runs in (none is left after the last read).
+    waits = [s for s in scopes if s is not None]
+    assert len(set(map(id, waits))) == (2 if point in ("in the wait", "after the read") else 1)

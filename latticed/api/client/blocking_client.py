@@ -27,7 +27,14 @@ from latticed.api.client.bundle_client import BundleOps
 from latticed.api.client.group_client import GroupOps, Lease, Subscription
 from latticed.api.client.packed_offer import batch_fields
 from latticed.api.client.peer_client import PeerOps
-from latticed.api.messages import API_VERSION, error_from_reply, is_unknown_op, pack, version_gap
+from latticed.api.messages import (
+    API_VERSION,
+    error_from_reply,
+    holds_packed,
+    is_unknown_op,
+    pack,
+    version_gap,
+)
 from latticed.errors import (
     ConnectionClosedError,
     LatticedError,
@@ -44,6 +51,11 @@ CLIENT_MAX_FRAME: Final = 1 << 30
 #: Buffers given to one ``sendmsg`` (Linux takes at most 1,024).
 _IOV_MAX: Final = 512
 _RECEIVE_SIZE: Final = 1 << 18
+#: The first read for a reply: under glibc's default ``mmap`` threshold (128 KiB), so that its buffer comes
+#: from the heap. A 256 KiB read's buffer is an ``mmap`` and ``munmap`` each reply (~10 us) in a process
+#: where nothing has raised that threshold (``msgpack.packb``'s own 256 KiB buffer per call did, by chance).
+#: A larger reply's rest is read in :data:`_RECEIVE_SIZE` pieces.
+_FIRST_READ: Final = 1 << 16
 _FRAME_HEADER: Final = struct.Struct(">I")
 _HEADER_SIZE: Final = _FRAME_HEADER.size
 
@@ -202,6 +214,9 @@ class _Connection:
         self.decoder = FrameDecoder(CLIENT_MAX_FRAME)
         #: A whole reply taken from the decoder by :meth:`reply_ready`, for the next :meth:`receive`.
         self._ready: bytes | None = None
+        # Kept per connection (a Packer is not thread-safe; a connection is used by one thread): making
+        # one per request, as ``msgpack.packb`` does, costs a 256 KiB buffer's malloc and free each time.
+        self._pack = msgpack.Packer(use_bin_type=True).pack
 
     def close(self) -> None:
         if self.sock is not None:
@@ -214,7 +229,8 @@ class _Connection:
         if sock is None:
             raise ConnectionClosedError("connection to latticed is closed")
         try:
-            body = pack(message)
+            # messages.pack's bytes: its own packb unless a value is spliced in pre-packed.
+            body = pack(message) if holds_packed(message) else self._pack(message)
             data = frame_header(len(body), CLIENT_MAX_FRAME) + body
         except (TypeError, ValueError, OverflowError) as exc:
             raise MalformedError(f"cannot encode request: {exc}") from exc
@@ -298,7 +314,7 @@ class _Connection:
             try:
                 if not select.select([sock], [], [], 0)[0]:
                     return False
-                data = sock.recv(_RECEIVE_SIZE)
+                data = sock.recv(_FIRST_READ)
             except OSError:
                 return True  # receive() meets it again and reports it
             decoder.receive_data(data)
@@ -314,7 +330,7 @@ class _Connection:
             # The usual reply: one read brings exactly one whole frame, decoded in place without the
             # decoder's copy and bookkeeping (anything else goes through the decoder, as before).
             try:
-                data = sock.recv(_RECEIVE_SIZE)
+                data = sock.recv(_FIRST_READ)
             except OSError as exc:
                 self._recv_failed(exc)
             if len(data) > _HEADER_SIZE and _FRAME_HEADER.unpack_from(data)[0] == len(data) - _HEADER_SIZE:

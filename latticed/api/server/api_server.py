@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -127,17 +128,7 @@ def _first_leaf(exc: BaseException) -> BaseException:
 
 async def _serve(ctx: Context, conn: Connection) -> None:
     pipeline = _Pipeline(ctx, conn)
-    while True:
-        frame = await pipeline.next_frame()
-        if frame is None:
-            await pipeline.drain()
-            return
-        go_on = await _serve_one(ctx, conn, pipeline, frame)
-        # Not kept while waiting for the next request: an idle client must not hold its last large
-        # frame (or, through _serve_one's locals, its decoded request) for as long as it stays connected.
-        del frame
-        if not go_on:
-            return
+    await pipeline.serve(functools.partial(_serve_one, ctx, conn, pipeline))
 
 
 async def _serve_one(ctx: Context, conn: Connection, pipeline: _Pipeline, frame: bytes) -> bool:
@@ -262,21 +253,50 @@ class _Pipeline:
         ):
             await self._answer_head()
 
-    async def next_frame(self) -> bytes | None:
-        """The next request, answering finished ones meanwhile."""
-        conn = self._conn
+    async def serve(self, handle: Callable[[bytes], Awaitable[bool]]) -> None:
+        """Hand each request to ``handle`` (False: the connection is done) until the client ends the
+        stream, answering finished ones meanwhile; then answer the rest.
+
+        One cancel scope spans many requests (entering one costs more than the wait's own bookkeeping):
+        ``_committed`` cancels it only while the task waits in :meth:`_next_frame`, and the task leaves it
+        after any cancel, for a new one. A cancel that lands after the wait was already over (the task
+        woken by the read, not yet run) finds the frame read: it is carried into the next scope and handled
+        there, never inside a cancelled one, never lost (``receive_frame`` only waits before a read)."""
+        frame: bytes | None = None
+        late = False  # ``frame`` was read as a cancel landed: handled in the next scope
         while True:
-            await self._answer_finished()
-            if not self._pending or conn.frame_ready():
-                return await conn.receive_frame()
-            # Wait for the next request; a commit answers what it finished meanwhile (``_committed``)
-            # and cancels the wait only if something is left for the task to send.
-            with trio.CancelScope() as waiting:
-                self._waiting = waiting
-                try:
-                    return await conn.receive_frame()
-                finally:
-                    self._waiting = None
+            with trio.CancelScope() as scope:
+                while True:
+                    if late:
+                        late = False
+                    else:
+                        frame = await self._next_frame(scope)
+                        if scope.cancel_called:
+                            late = True
+                            break
+                    if frame is None:
+                        await self.drain()
+                        return
+                    if not await handle(frame):
+                        return
+                    # Not kept while waiting for the next request: an idle client must not hold its last
+                    # large frame (or, through the handler's locals, its decoded request).
+                    frame = None
+
+    async def _next_frame(self, scope: trio.CancelScope) -> bytes | None:
+        """The next request, answering finished ones meanwhile; ``scope`` (not cancelled) is the one
+        ``_committed`` may cancel while the task waits here."""
+        conn = self._conn
+        await self._answer_finished()
+        if not self._pending or conn.frame_ready():
+            return await conn.receive_frame()
+        # Wait for the next request; a commit answers what it finished meanwhile (``_committed``)
+        # and cancels the wait only if something is left for the task to send.
+        self._waiting = scope
+        try:
+            return await conn.receive_frame()
+        finally:
+            self._waiting = None
 
     async def drain(self) -> None:
         """Answer every pipelined request so far."""
