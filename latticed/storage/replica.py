@@ -62,6 +62,7 @@ class ReplicaView:
         self.bridge = bridge
         #: The live-push cache this view and the engine feed (tests look at it through its methods).
         self.live = live
+        bridge.on_reload = live.reset  # after a stale spell: wake every waiter, keep nothing cached
         self.identity = identity
         #: Resolved addresses (a queue's number never changes once it exists; a drop takes its entries
         #: out: :meth:`forget`), so hot requests skip the parsing and hashing of ``resolve``.
