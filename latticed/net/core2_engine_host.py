@@ -209,10 +209,7 @@ class EngineCore2Host:
     async def load(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that
         :meth:`summaries2` names them all; later ones load as they commit."""
-        core2 = self.store.core2
-        for kind in QueueKind:
-            for q in core2.queues(kind):
-                await core2.value(q)
+        await self.store.core2.load_all()  # a corrupt queue left out: never named, never served
 
     def _value(self, key: QueueKey) -> QueueState2 | None:
         core2 = self.store.core2

@@ -27,6 +27,7 @@ from latticed.crdt.signing import Identity
 from latticed.errors import NotFoundError
 from latticed.storage import core2_store
 from latticed.storage.core2_store import Queue2Row
+from latticed.storage.corruption import CorruptQueueError, CorruptQueues
 from latticed.storage.entries import StoredEntries
 from latticed.storage.store import Store
 
@@ -105,6 +106,8 @@ class Core2Queues:
         self.converted: list[int] = []
         #: Whether the last write deleted rows (the writer then gives space back).
         self.deleted = False
+        #: Queues whose stored value was found not to be what their owner signed (kept across reloads).
+        self.corrupt = CorruptQueues()
 
     # ------------------------------------------------------------------ committed values
     def open(self, store: Store) -> None:
@@ -168,13 +171,21 @@ class Core2Queues:
         return row
 
     def committed(self, q: int) -> QueueState2:
-        """The newest committed value of ``q`` (loaded from the store on first use)."""
+        """The newest committed value of ``q`` (loaded from the store on first use). CorruptQueueError
+        for a queue whose stored value is not what its owner signed (found at its load, raised again at
+        each use: it is neither served nor merged into)."""
         value = self._values.get(q)
         if value is None:
             row = self._rows.get(q)
             if row is None:
                 raise NotFoundError(f"no core-2 queue #{q} (committed)")
-            value = self._values[q] = core2_store.load(self.store, row)
+            if (corrupt := self.corrupt.error(q)) is not None:
+                raise corrupt
+            try:
+                value = self._values[q] = core2_store.load(self.store, row)
+            except CorruptQueueError as exc:
+                self.corrupt.found(q, f"{row.owner.hex()}/{row.name}", exc)
+                raise
         return value
 
     # ------------------------------------------------------------------ one group commit
