@@ -9,6 +9,8 @@ from pathlib import Path
 
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
+from latticed.net.core2_engine_host import ConvertMerge2
+from latticed.net.core2_recent import RecentRows
 from latticed.storage.engine import Engine
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -51,9 +53,12 @@ async def test_owner_and_replica_reload_every_changed_queue_as_healthy(tmp_path:
         await _sync(a, b, x)
         y = await a.create_queue("y", {"k": "v"})  # core 1, converted
         await a.append(y, _records("y", 2))
+        await b.merge_delta(await a.delta_for(ALICE.public_key, "y", None))  # bob holds it on core 1
         await a.core2.upgrade_core1(y, a.state(y))
         await a.core2.commit(y, [], {"k": "w"})
-        await _sync(a, b, y)
+        d = await a.core2.delta_for(y, None)
+        await b.bridge.run(ConvertMerge2(d, None, RecentRows()))  # bob converts his copy, as a peer's push
+        assert b.find(ALICE.public_key, "y") is None
         values = {q: await a.core2.value(q) for q in (x, y)}
         expected = {q: (v.meta, v.chains.epoch, v.held) for q, v in values.items()}
         assert expected[x][1] == 1  # recovered: a new epoch
