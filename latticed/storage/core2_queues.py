@@ -15,6 +15,7 @@ connection).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, cast
@@ -276,7 +277,10 @@ class Core2Queues:
             self._evidence.append((q, epoch, first, tuple(records)))
 
     def drop(self, q: int) -> None:
-        self.committed(q)  # NotFoundError for a queue that is not committed
+        """Stage ``q``'s deletion: NotFoundError if it is not committed. A queue found corrupt may be
+        dropped (its peers send it again whole): the way out that keeps the store's other queues."""
+        with contextlib.suppress(CorruptQueueError):
+            self.committed(q)
         self._staged.pop(q, None)
         self._drops.add(q)
 
@@ -313,7 +317,7 @@ class Core2Queues:
         for q, epoch, first, records in self._evidence:
             core2_store.add_evidence(store, q, epoch, first, records)
         for q in self._drops:
-            core2_store.drop(store, q, self.committed(q))
+            core2_store.drop(store, q, None if self.corrupt.error(q) is not None else self.committed(q))
             self.deleted = True
 
     def changes(self) -> list[Change2]:
@@ -341,6 +345,7 @@ class Core2Queues:
             row = self._rows.pop(q)
             self._by_qid.pop(row.queue_id, None)
             self._values.pop(q, None)
+            self.corrupt.forget(q)  # dropped: no longer named by doctor
         self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
         self._converting = {}
         return changes

@@ -388,10 +388,14 @@ def add_evidence(store: Store, q: int, epoch: int, first: int, records: Sequence
     return kept
 
 
-def drop(store: Store, q: int, state: QueueState2) -> None:
-    """Delete core-2 queue ``q`` (stored as ``state``) and everything of it: records, leaves, bodies,
-    evidence."""
+def drop(store: Store, q: int, state: QueueState2 | None) -> None:
+    """Delete core-2 queue ``q`` (stored as ``state``; None: found corrupt, its records as they lie) and
+    everything of it: records, leaves, bodies, evidence."""
     conn = store.connection
-    store.write_entries(q, state.entries, empty_entries(), state.held[0])
+    if state is None:
+        lo, hi = segments.bounds(conn, q) or (0, 0)
+        store.write_entries(q, StoredEntries(store.rows, q, lo, hi - lo), empty_entries(), lo)
+    else:
+        store.write_entries(q, state.entries, empty_entries(), state.held[0])
     for table in ("leaves2", "bodies2", "evidence2", "queue2", "queues"):
         conn.execute(f"DELETE FROM {table} WHERE q = ?", (q,))

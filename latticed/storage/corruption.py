@@ -53,8 +53,8 @@ def check_held(stored: tuple[int, int] | None, held: tuple[int, int], label: str
 
 
 class CorruptQueues:
-    """The queues found corrupt in this run, by number: written on the storage thread (one key added
-    at a time), read anywhere."""
+    """The queues found corrupt in this run, by number: written on the storage thread (one key added or
+    removed at a time), read anywhere."""
 
     def __init__(self) -> None:
         self._found: dict[int, tuple[str, str]] = {}
@@ -64,6 +64,10 @@ class CorruptQueues:
         if q not in self._found:
             self._found[q] = (address, str(error))
             log_event(log, "store.queue_corrupt", level=50, q=q, queue=address, error=str(error))
+
+    def forget(self, q: int) -> None:
+        """``q`` was dropped (its data deleted): no longer corrupt."""
+        self._found.pop(q, None)
 
     def error(self, q: int) -> CorruptQueueError | None:
         """The error to raise for ``q`` again (None: not found corrupt)."""
