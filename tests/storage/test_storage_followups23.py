@@ -184,3 +184,16 @@ async def test_a_read_back_that_works_only_later_wakes_the_changed_queues_waiter
                 await woken.wait()
         assert e.state(q).held_end == 1
         assert await e.append(q, [rec(1)]) == 1
+
+
+async def test_live_cache_reset_keeps_nothing_and_wakes_every_waiter(tmp_path: Path) -> None:
+    """review23 (a mutant of fix23's reset that kept the recent records survived the tests above):
+    after a stale spell nothing cached is served, and every queue's waiter looks again."""
+    async with Engine.open(tmp_path, ALICE) as e:
+        q, r = await e.create_queue("q"), await e.create_queue("r")
+        assert await e.append(q, [rec(0)]) == 0
+        assert e.live.recent_row(q, 0) is not None  # served from the cache until the reset
+        waiting = [e.live.changed(q), e.live.changed(r)]
+        e.live.reset()
+        assert e.live.recent_row(q, 0) is None and all(event.is_set() for event in waiting)
+        assert await e.row(q, 0) is not None  # the store still answers
