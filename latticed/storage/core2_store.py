@@ -392,10 +392,8 @@ def drop(store: Store, q: int, state: QueueState2 | None) -> None:
     """Delete core-2 queue ``q`` (stored as ``state``; None: found corrupt, its records as they lie) and
     everything of it: records, leaves, bodies, evidence."""
     conn = store.connection
-    if state is None:
-        lo, hi = segments.bounds(conn, q) or (0, 0)
-        store.write_entries(q, StoredEntries(store.rows, q, lo, hi - lo), empty_entries(), lo)
-    else:
-        store.write_entries(q, state.entries, empty_entries(), state.held[0])
+    lo, hi = segments.bounds(conn, q) or (0, 0) if state is None else state.held
+    entries = StoredEntries(store.rows, q, lo, hi - lo) if state is None else state.entries
+    store.write_entries(q, entries, empty_entries(), lo)
     for table in ("leaves2", "bodies2", "evidence2", "queue2", "queues"):
         conn.execute(f"DELETE FROM {table} WHERE q = ?", (q,))
