@@ -18,7 +18,7 @@ Layout (big-endian, 248 bytes signed)::
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache
@@ -78,6 +78,13 @@ def meta_hash(meta: Mapping[str, str]) -> bytes:
             raise MalformedError("metadata key or value too long")
         parts.append(struct.pack(">HI", len(k), len(v)) + k + v)
     return blake2b(b"".join(parts), b"latticed.meta.v1")
+
+
+def canonical_meta(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """Metadata pairs as the owner signs them: sorted by key, each key once (a repeated key keeps its
+    last value, as the dict :func:`meta_hash` hashes does). A peer's pairs are stored and passed on in
+    this form once their hash checked: docs/protocol.md, "Metadata"."""
+    return tuple(sorted(dict(pairs).items()))
 
 
 @dataclass(frozen=True, slots=True)

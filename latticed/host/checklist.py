@@ -490,6 +490,13 @@ def check_sealer(accelerated: bool) -> Check:
 # --- the two lists -------------------------------------------------------------------------------------
 
 
+#: What to do about a queue found corrupt (``store.queue_corrupt``).
+CORRUPT_FIX = (
+    "latticed neither serves this queue nor merges into it, and keeps its data as it is: restore the data "
+    "directory from a backup (its peers still hold their copies); do not edit the store by hand"
+)
+
+
 def daemon_checks(
     config: DaemonConfig,
     *,
@@ -505,10 +512,12 @@ def daemon_checks(
     other_networks: int | None = None,
     identity: Mapping[str, Any] | None = None,
     core2_queues: int = 0,
+    corrupt: Sequence[Mapping[str, Any]] = (),
 ) -> list[Check]:
     """What the running daemon checks of itself (from a worker thread: it stats files and interfaces);
     ``other_networks``: daemons of other networks mDNS hears (None: mDNS off); ``core2_queues``: how many
-    core-2 queues it holds (a connected peer without ``heads-v2`` receives none of them)."""
+    core-2 queues it holds (a connected peer without ``heads-v2`` receives none of them); ``corrupt``:
+    the queues found not to be what their owner signed when they loaded (``store.queue_corrupt``)."""
     checks = [
         check_data_dir(config.data_dir),
         check_secret_file("identity key", identity_key_path(config.data_dir), required=True),
@@ -526,6 +535,7 @@ def daemon_checks(
         checks.append(lan)
     checks += check_clock(skew)
     checks += check_forks(forks)
+    checks += [Check("store", False, str(c["error"]), CORRUPT_FIX) for c in corrupt]
     checks += check_identity(identity)
     if sealer_accelerated is not None:
         checks.append(check_sealer(sealer_accelerated))

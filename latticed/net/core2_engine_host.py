@@ -43,6 +43,7 @@ from latticed.storage.core2_engine import reading_through
 from latticed.storage.core2_jobs import Merge2, Merged2
 from latticed.storage.core2_queues import core2_of
 from latticed.storage.core2_view import Core2View
+from latticed.storage.corruption import CorruptQueueError
 from latticed.storage.jobs import WriterView
 from latticed.storage.reader import StoreReader
 
@@ -164,8 +165,8 @@ class _Merging:
     async def result(self) -> tuple[Summary2 | None, bool]:
         try:
             await self._host.store.bridge.outcome(self._job)
-        except GapError:  # it no longer fits what we hold: nothing stored
-            return self._host.summary2(self._key), False
+        except (GapError, CorruptQueueError):  # it no longer fits what we hold, or our copy is found
+            return self._host.summary2(self._key), False  # corrupt (the peer is not at fault): nothing stored
         return self._host.summary2(self._key), bool(self._job.result.changed)
 
     def when_settled(self, callback: Callable[[], None]) -> bool:
@@ -181,7 +182,7 @@ class _Merging:
         job = self._job
         if job.done is None or not job.done.is_set():
             return None
-        if isinstance(job.error, GapError):
+        if isinstance(job.error, GapError | CorruptQueueError):
             return self._host.summary2(self._key), False
         if job.error is not None:
             return None
@@ -209,10 +210,7 @@ class EngineCore2Host:
     async def load(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that
         :meth:`summaries2` names them all; later ones load as they commit."""
-        core2 = self.store.core2
-        for kind in QueueKind:
-            for q in core2.queues(kind):
-                await core2.value(q)
+        await self.store.core2.load_all()  # a corrupt queue left out: never named, never served
 
     def _value(self, key: QueueKey) -> QueueState2 | None:
         core2 = self.store.core2
@@ -240,7 +238,10 @@ class EngineCore2Host:
         q = core2.lookup(*key)
         if q is None:
             return None
-        state = await core2.value(q)
+        try:
+            state = await core2.value(q)
+        except CorruptQueueError:  # never named to a peer (summaries2), so not served if asked for
+            return None
         now = self._from_ahead(q, state, since, max_records, max_bytes)
         if now is None:
             now = self._from_recent(q, state, since, max_records, max_bytes)

@@ -16,7 +16,8 @@ import datetime as dt
 import json
 import logging
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Literal, TextIO
 
@@ -55,6 +56,29 @@ def log_event(
         logger.log(
             level, event, exc_info=exc_info, stacklevel=2, extra={EVENT_ATTR: event, FIELDS_ATTR: fields}
         )
+
+
+class EveryInterval:
+    """Lets an event that may repeat without end (a bug hit at every idle tick) into the log at most once
+    an interval: the first at once, then the first after each interval, told how many were held back, so
+    that the log keeps its other events and still says how often it happened. Not thread-safe: one per
+    thread that logs the event. ``clock``: seconds, monotonic (injected by tests)."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last: float | None = None
+        self._held = 0
+
+    def allow(self) -> int | None:
+        """None: hold this one back (counted); else log it, with the returned count of those held back
+        since the last one let through."""
+        now = self._clock()
+        if self._last is not None and now - self._last < self.interval_s:
+            self._held += 1
+            return None
+        held, self._last, self._held = self._held, now, 0
+        return held
 
 
 def record_fields(record: logging.LogRecord) -> dict[str, object]:
@@ -172,6 +196,7 @@ def configure_logging(
 
 
 __all__ = [
+    "EveryInterval",
     "JsonFormatter",
     "TextFormatter",
     "configure_logging",

@@ -44,13 +44,16 @@ CommitHandler = Callable[[list[Job], list[Change], list[Change2]], None]
 HOLD_TIMEOUT_S: Final = 30.0
 
 
-def tell(listener: Callable[..., object], *args: object) -> None:
+def tell(listener: Callable[..., object], *args: object) -> bool:
     """Hand a commit to one listener: one that raises is logged, and the others (and the commit's
-    waiters, woken after) still hear of it: the commit is durable whatever a listener does."""
+    waiters, woken after) still hear of it: the commit is durable whatever a listener does. False if it
+    raised (the caller may have to undo what it left halfway)."""
     try:
         listener(*args)
     except Exception as exc:
         log_event(log, "storage.listener_failed", level=40, exc_info=exc, listener=repr(listener))
+        return False
+    return True
 
 
 class StorageBridge:
@@ -65,13 +68,25 @@ class StorageBridge:
         self._token = trio.lowlevel.current_trio_token()
         self._limiter = trio.CapacityLimiter(pool.size)
         self._closed = False
+        #: Called on the event loop once the storage thread read the store back after a failed read-back
+        #: (memory was stale until then): the owner wakes whatever waited and looked at stale values.
+        self.on_reload: Callable[[], None] | None = None
         writer.on_done = self._on_done
         writer.on_committing = self._on_committing
+        writer.on_reloaded = self._on_reloaded
 
     # ------------------------------------------------------------------ writes
     def _on_done(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         """Runs on the storage thread after each batch: hand completion to trio in one callback."""
         self._token.run_sync_soon(self._complete, jobs, changes, changes2)
+
+    def _on_reloaded(self) -> None:
+        """Runs on the storage thread after a read-back that ended a stale spell: tell the event loop."""
+        self._token.run_sync_soon(self._reloaded)
+
+    def _reloaded(self) -> None:
+        if self.on_reload is not None:
+            tell(self.on_reload)
 
     def _on_committing(self, jobs: list[Job]) -> None:
         """Runs on the storage thread right before a batch's ``COMMIT``: while the fsync runs the event

@@ -329,7 +329,6 @@ class DropQueue2(Job):
 
     def apply(self, batch: Batch, writer: WriterView) -> None:
         core2 = core2_of(writer)
-        core2.committed(self.q)  # NotFoundError before anything is staged
+        core2.drop(self.q)  # NotFoundError before anything is staged
         batch.mutations += 1
-        core2.drop(self.q)
         self.result = self.q

@@ -15,6 +15,7 @@ connection).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, cast
@@ -27,6 +28,7 @@ from latticed.crdt.signing import Identity
 from latticed.errors import NotFoundError
 from latticed.storage import core2_store
 from latticed.storage.core2_store import Queue2Row
+from latticed.storage.corruption import CorruptQueueError, CorruptQueues
 from latticed.storage.entries import StoredEntries
 from latticed.storage.store import Store
 
@@ -105,6 +107,8 @@ class Core2Queues:
         self.converted: list[int] = []
         #: Whether the last write deleted rows (the writer then gives space back).
         self.deleted = False
+        #: Queues whose stored value was found not to be what their owner signed (kept across reloads).
+        self.corrupt = CorruptQueues()
 
     # ------------------------------------------------------------------ committed values
     def open(self, store: Store) -> None:
@@ -168,13 +172,21 @@ class Core2Queues:
         return row
 
     def committed(self, q: int) -> QueueState2:
-        """The newest committed value of ``q`` (loaded from the store on first use)."""
+        """The newest committed value of ``q`` (loaded from the store on first use). CorruptQueueError
+        for a queue whose stored value is not what its owner signed (found at its load, raised again at
+        each use: it is neither served nor merged into)."""
         value = self._values.get(q)
         if value is None:
             row = self._rows.get(q)
             if row is None:
                 raise NotFoundError(f"no core-2 queue #{q} (committed)")
-            value = self._values[q] = core2_store.load(self.store, row)
+            if (corrupt := self.corrupt.error(q)) is not None:
+                raise corrupt
+            try:
+                value = self._values[q] = core2_store.load(self.store, row)
+            except CorruptQueueError as exc:
+                self.corrupt.found(q, f"{row.owner.hex()}/{row.name}", exc)
+                raise
         return value
 
     # ------------------------------------------------------------------ one group commit
@@ -265,7 +277,10 @@ class Core2Queues:
             self._evidence.append((q, epoch, first, tuple(records)))
 
     def drop(self, q: int) -> None:
-        self.committed(q)  # NotFoundError for a queue that is not committed
+        """Stage ``q``'s deletion: NotFoundError if it is not committed. A queue found corrupt may be
+        dropped (its peers send it again whole): the way out that keeps the store's other queues."""
+        with contextlib.suppress(CorruptQueueError):
+            self.committed(q)
         self._staged.pop(q, None)
         self._drops.add(q)
 
@@ -302,7 +317,7 @@ class Core2Queues:
         for q, epoch, first, records in self._evidence:
             core2_store.add_evidence(store, q, epoch, first, records)
         for q in self._drops:
-            core2_store.drop(store, q, self.committed(q))
+            core2_store.drop(store, q, None if self.corrupt.error(q) is not None else self.committed(q))
             self.deleted = True
 
     def changes(self) -> list[Change2]:
@@ -330,6 +345,7 @@ class Core2Queues:
             row = self._rows.pop(q)
             self._by_qid.pop(row.queue_id, None)
             self._values.pop(q, None)
+            self.corrupt.forget(q)  # dropped: no longer named by doctor
         self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
         self._converting = {}
         return changes

@@ -46,8 +46,9 @@ from latticed.crdt.records import Record
 from latticed.crdt.wire import records_from_wire, records_to_wire
 from latticed.errors import StorageError
 from latticed.storage import core2_bodies, core2_leaves, core2_runs, segments
-from latticed.storage.codec import decode_meta, encode_meta, pack, unpack
+from latticed.storage.codec import encode_meta, pack, unpack
 from latticed.storage.core2_bodies import decode_body
+from latticed.storage.corruption import check_held, decode_signed_meta
 from latticed.storage.entries import StoredEntries
 from latticed.storage.store import Store
 
@@ -148,6 +149,8 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
     except sqlite3.Error as exc:
         raise store.error(exc, "load a core-2 queue from") from exc
     start_head = None if start_raw is None else HeadV2.from_bytes(bytes(start_raw))
+    label = f"store {store.path}: queue {row.owner.hex()}/{row.name}"
+    stored_meta = decode_signed_meta(meta, start_head, label)
     lo = start_head.start if start_head is not None else 0
     base_hash = start_head.base_hash if start_head is not None else genesis_hash(row.queue_id)
     window = core2_bodies.chain_window(conn, q, lo, base_hash)
@@ -160,15 +163,11 @@ def load(store: Store, row: Queue2Row) -> QueueState2:
         row.owner, row.queue_id, epoch, shared, _decode_tips(bytes(tips_raw)), start_head, held_end
     )
     lo, hi = chains.held
-    if (stored or (lo, lo)) != (lo, hi):
-        raise StorageError(
-            f"store {store.path}: queue {row.owner.hex()}/{row.name} holds records {stored} but its heads "
-            f"say [{lo}, {hi}); the file was changed behind latticed's back"
-        )
+    check_held(stored, (lo, hi), label)
     last = store.rows.chain(q, hi - 1) if hi > lo else None
     entries = StoredEntries(store.rows, q, lo, hi - lo, last)
     # QueueState2 names the in-memory EntryView; the stored view answers the same Entries protocol.
-    state = QueueState2(row.owner, row.name, row.kind, chains, decode_meta(meta), cast(EntryView, entries))
+    state = QueueState2(row.owner, row.name, row.kind, chains, stored_meta, cast(EntryView, entries))
     bodies: list[HeadV2] = []
     try:
         for raw, steps_from, last_end in runs:
@@ -389,10 +388,12 @@ def add_evidence(store: Store, q: int, epoch: int, first: int, records: Sequence
     return kept
 
 
-def drop(store: Store, q: int, state: QueueState2) -> None:
-    """Delete core-2 queue ``q`` (stored as ``state``) and everything of it: records, leaves, bodies,
-    evidence."""
+def drop(store: Store, q: int, state: QueueState2 | None) -> None:
+    """Delete core-2 queue ``q`` (stored as ``state``; None: found corrupt, its records as they lie) and
+    everything of it: records, leaves, bodies, evidence."""
     conn = store.connection
-    store.write_entries(q, state.entries, empty_entries(), state.held[0])
+    lo, hi = segments.bounds(conn, q) or (0, 0) if state is None else state.held
+    entries = StoredEntries(store.rows, q, lo, hi - lo) if state is None else state.entries
+    store.write_entries(q, entries, empty_entries(), lo)
     for table in ("leaves2", "bodies2", "evidence2", "queue2", "queues"):
         conn.execute(f"DELETE FROM {table} WHERE q = ?", (q,))

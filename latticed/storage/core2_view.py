@@ -10,6 +10,7 @@ waiter got; a value not loaded yet is loaded on the storage thread on first use.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Protocol, cast
@@ -27,6 +28,7 @@ from latticed.storage.core2_jobs import Commit2
 from latticed.storage.core2_queues import Core2Queues
 from latticed.storage.core2_store import Queue2Row
 from latticed.storage.core2_verify import verify_queue2
+from latticed.storage.corruption import CorruptQueueError
 from latticed.storage.entries import StoredEntries
 from latticed.storage.live import LiveCache
 from latticed.storage.reader import Columns, RawRow, StoreReader, columns_of
@@ -144,10 +146,16 @@ class Core2View(Core2Engine):
 
     async def load_all(self) -> None:
         """Load every core-2 queue's committed value (on the storage thread), so that what reads loaded
-        values only (:meth:`forked_entries`, a scrape) sees them all; later ones load as they commit."""
+        values only (:meth:`forked_entries`, a scrape) sees them all; later ones load as they commit.
+        A queue found corrupt is left out (logged, and listed by :meth:`corrupt_entries`)."""
         for kind in QueueKind:
             for q in self.queues(kind):
-                await self.value(q)
+                with contextlib.suppress(CorruptQueueError):
+                    await self.value(q)
+
+    def corrupt_entries(self) -> list[dict[str, Any]]:
+        """``doctor``'s facts: the queues whose stored value was found not to be what its owner signed."""
+        return self._queues.corrupt.entries()
 
     def forked_entries(self) -> list[dict[str, Any]]:
         """``status``'s ``forked_queues`` entries of the frozen core-2 queues among the loaded values

@@ -160,8 +160,9 @@ class Engine(ReplicaView):
     def _committed(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         """After each group commit, on the event loop, before any of its jobs' waiters wakes."""
         live, listener = self.live, self._changes
-        for change in changes:
-            tell(live.committed, change)  # guarded too: the remaining changes still reach cache and listeners
+        for change in changes:  # guarded: the other changes still reach cache and listeners; this one's
+            if not tell(live.committed, change):  # waiters are woken, and nothing stale is kept of it
+                live.lost(change.q)
             if listener is not None:
                 tell(listener, change.state)
         for change2 in changes2:  # core-2 tails read from the store: waking them is all

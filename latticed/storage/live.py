@@ -61,6 +61,24 @@ class LiveCache:
             self._recent.pop(q, None)
         self.wake(q)
 
+    def lost(self, q: int) -> None:
+        """Handing a commit of ``q`` to this cache failed halfway: keep nothing of ``q`` (the records
+        of the commit before it, records ahead, chain values: reads go to the store) and wake its
+        waiters, who look at the committed value themselves."""
+        self._recent.pop(q, None)
+        self._ahead.pop(q, None)
+        self._known_chains.pop(q, None)
+        self.wake(q)
+
+    def reset(self) -> None:
+        """Memory was read back from the store after a stale spell: :meth:`lost` for every queue."""
+        self._recent.clear()
+        self._ahead.clear()
+        self._known_chains.clear()
+        waiters, self._waiters = self._waiters, {}
+        for event in waiters.values():
+            event.set()
+
     def merge_failed(self, q: int) -> None:
         """A merge of ``q`` failed: what it showed ahead is taken back (a tail waiting on it looks again)."""
         if self._ahead.pop(q, None) is not None:

@@ -62,6 +62,7 @@ class ReplicaView:
         self.bridge = bridge
         #: The live-push cache this view and the engine feed (tests look at it through its methods).
         self.live = live
+        bridge.on_reload = live.reset  # after a stale spell: wake every waiter, keep nothing cached
         self.identity = identity
         #: Resolved addresses (a queue's number never changes once it exists; a drop takes its entries
         #: out: :meth:`forget`), so hot requests skip the parsing and hashing of ``resolve``.
@@ -117,13 +118,14 @@ class ReplicaView:
         Its heads, metadata, bounds and ``summary()`` are in memory; its records are not, and its entries
         read rows through the storage thread's connection, so do not read records from it here: use the
         engine's ``read`` or ``row``, or :meth:`delta_for`. OtherCoreError for a queue on fork core 2
-        (its value is the engine's ``core2.value``)."""
+        (its value is the engine's ``core2.value``); NotFoundError for a number on neither core (one
+        taken before its queue was dropped: the client gets ``not_found``, not an internal error)."""
         try:
             return self._writer.states[q]
         except KeyError:
             row = self._writer.core2.committed_row(q)
             if row is None:
-                raise
+                raise NotFoundError(f"no queue #{q} (dropped?)") from None
             raise OtherCoreError(
                 f"queue {row.owner.hex()}/{row.name} is on fork core 2, which this operation does not reach"
             ) from None

@@ -36,7 +36,7 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import LatticedError, MalformedError, StorageError
 from latticed.process.clock import wall_ms
-from latticed.process.logs import get_logger, log_event
+from latticed.process.logs import EveryInterval, get_logger, log_event
 from latticed.process.threadname import name_os_thread
 from latticed.storage.batch import Batch, Staged, appended_since
 from latticed.storage.checkpointer import QUIET_S, Checkpointer
@@ -62,6 +62,8 @@ RECLAIM_SLACK: Final = 0.125
 _IDLE_S: Final = 0.05
 #: While memory is stale (see ``Writer._repair``): seconds between read-backs tried while idle.
 _REPAIR_RETRY_S: Final = 1.0
+#: An upkeep error repeating (after every batch, at every idle tick) is logged at most this often.
+MAINTAIN_LOG_INTERVAL_S: Final = 60.0
 #: How far back (seconds) the estimate of concurrent writers looks: after a burst ends, a lone writer
 #: stops waiting for company this soon.
 _RECENT_S: Final = 0.02
@@ -138,6 +140,8 @@ class Writer:
         self.on_done = on_done
         #: Told (on this thread) a batch's jobs right before its ``COMMIT``: see ``Job.prepare``.
         self.on_committing: Callable[[list[Job]], None] | None = None
+        #: Told (on this thread) that a read-back ended a stale spell: values read meanwhile were old.
+        self.on_reloaded: Callable[[], None] | None = None
         self._metrics = metrics
         self.states: dict[int, QueueState] = {}
         #: Core-2 queues (latticed/storage/core2_queues.py): staged and written with each group commit.
@@ -179,6 +183,8 @@ class Writer:
         self._stale = False
         #: While stale: when (``time.monotonic``) the idle thread may try the read-back again.
         self._repair_at = 0.0
+        #: Lets ``storage.maintain_failed`` into the log at most once an interval (its clock: tests').
+        self.maintain_log = EveryInterval(MAINTAIN_LOG_INTERVAL_S)
         #: Statistics: transactions committed and jobs they carried.
         self.transactions = 0
         self.jobs_committed = 0
@@ -293,7 +299,9 @@ class Writer:
                     self.maintain(idle=not jobs)
                 except Exception as exc:  # a bug in upkeep must not end the thread that takes the writes
                     self._reclaim = self._kv_compacting = False  # not retried at each idle wake-up
-                    log_event(log, "storage.maintain_failed", level=50, exc_info=exc)
+                    # ... but it runs after every batch too: logged at most once a minute
+                    if (held := self.maintain_log.allow()) is not None:
+                        log_event(log, "storage.maintain_failed", level=50, exc_info=exc, suppressed=held)
         finally:
             self._close()
 
@@ -706,8 +714,14 @@ class Writer:
             self._stale = True
             log_event(log, "storage.reload_failed", level=50, exc_info=exc)
             return False
-        self._stale = False
+        was_stale, self._stale = self._stale, False
         log_event(log, "storage.reloaded", level=30, queues=len(self.states))
+        if was_stale and self.on_reloaded is not None:
+            # Waiters woken by the stale spell's commits read the old values and wait again: wake them.
+            try:
+                self.on_reloaded()
+            except Exception as exc:
+                log_event(log, "storage.notify_failed", error=repr(exc))
         return True
 
     def _reload(self) -> None:
@@ -772,4 +786,4 @@ def _fold_ops(batch: Batch, ns: int, records: Sequence[Record]) -> None:
         batch.put_kv(ns, op.key, entry if current is None else kv.join_entry(current, entry))
 
 
-__all__ = ["Change", "DoneCallback", "Writer"]
+__all__ = ["MAINTAIN_LOG_INTERVAL_S", "Change", "DoneCallback", "Writer"]

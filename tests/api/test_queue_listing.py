@@ -15,6 +15,7 @@ from latticed.api.server.queue_listing import CHUNK, Listed, QueueListing
 from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueState
 from latticed.crdt.signing import Identity
+from latticed.errors import NotFoundError
 
 OWNER = Identity.from_seed(b"o" * 32)
 
@@ -199,6 +200,27 @@ def test_a_queue_gone_between_the_list_of_numbers_and_its_state_is_left_out() ->
 
     names = [e["name"] for e in msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]]
     assert len(names) == CHUNK + 8 + 5 and "q000003" not in names and f"q{CHUNK + 4:06d}" not in names
+
+
+def test_a_queue_whose_state_is_not_found_is_left_out() -> None:
+    """The engine's ``state`` raises NotFoundError for a number on neither core (a queue dropped after
+    the numbers were taken): left out, as a KeyError is, and the listing goes on."""
+    held = states(CHUNK + 10)
+    listing = QueueListing()
+    listed(listing, held)
+    numbers = list(held)
+    del held[3], held[CHUNK + 4]
+
+    def state(q: int) -> QueueState:
+        if q not in held:
+            raise NotFoundError(f"no queue #{q}")
+        return held[q]
+
+    async def main() -> PackedArray:
+        return await listing.reply(numbers, state, info)
+
+    names = [e["name"] for e in msgpack.unpackb(pack({"queues": trio.run(main)}))["queues"]]
+    assert len(names) == CHUNK + 8 and "q000003" not in names and f"q{CHUNK + 4:06d}" not in names
 
 
 class _Name(str):

@@ -116,14 +116,20 @@ def test_metadata_of_another_head_with_its_valid_hash_is_refused(history: list[S
 
 
 def test_metadata_with_a_repeated_key_gets_one_verdict_on_both_paths() -> None:
-    """Pairs whose dict is the signed metadata but which repeat a key: both paths take the hash of the
-    dict (a pre-existing property of the wire, not of the direct path): one verdict, one value."""
+    """Pairs whose dict is the signed metadata but which repeat a key: accepted on
+    both paths, as 0.2.0 accepts them (the signature covers the hash of the dict), and kept in the
+    owner's form, sorted and each key once (fix23: docs/protocol.md, "Metadata"); a repeated key whose
+    last value is not the signed one is refused."""
     owner, relay, out = relayed([("meta", 1)])
     pairs = [list(p) for p in owner.meta]
-    d = wired(relay, out, meta=[[pairs[0][0], "shadowed"], *pairs])
-    verdict, value = both(relay, d)
-    assert verdict == "accepted" and isinstance(value, tuple)
-    assert dict(value[1].meta) == dict(owner.meta)
+    for sent in ([[pairs[0][0], "shadowed"], *pairs], [*pairs, *pairs]):
+        d = wired(relay, out, meta=sent)
+        direct = replica_deltas._next_version(relay, d)
+        assert direct is not None and direct.meta == owner.meta
+        verdict, value = both(relay, d)
+        assert verdict == "accepted" and isinstance(value, tuple)
+        assert value[1].meta == owner.meta
+    assert refused_alike(relay, wired(relay, out, meta=[*pairs, [pairs[0][0], "shadowed"]])) is TamperedError
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

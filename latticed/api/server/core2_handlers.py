@@ -28,6 +28,11 @@ async def forks(ctx: Context) -> list[dict[str, Any]]:
     return ctx.engine.core2.forked_entries()
 
 
+def corrupt(ctx: Context) -> list[dict[str, Any]]:
+    """The queues found corrupt when they loaded (``doctor``): load every one first (:func:`forks`)."""
+    return ctx.engine.core2.corrupt_entries()
+
+
 def core2_count(ctx: Context) -> int:
     """How many core-2 queues (of every kind) this daemon holds: what a peer without ``heads-v2`` misses."""
     return sum(len(ctx.engine.core2.queues(kind)) for kind in QueueKind)

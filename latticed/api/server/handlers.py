@@ -52,6 +52,7 @@ from latticed.host.core2_reach import core2_blind_peers
 from latticed.host.retention_policy import check_meta, check_meta_entry
 from latticed.produce.offered_columns import OfferedColumns
 from latticed.storage.core2_view import Core2View
+from latticed.storage.corruption import CorruptQueueError
 from latticed.storage.jobs import Job
 from latticed.storage.reader import Columns, RawRow
 from latticed.storage.sealer import check_user_meta
@@ -262,8 +263,8 @@ def _load2(core2: Core2View) -> Callable[[int], Awaitable[QueueState2]]:
     async def load(q: int) -> QueueState2:
         try:
             return await core2.value(q)
-        except NotFoundError:
-            raise KeyError(q) from None  # dropped meanwhile: left out of the list
+        except (NotFoundError, CorruptQueueError):
+            raise KeyError(q) from None  # dropped meanwhile, or corrupt (doctor lists it): left out
 
     return load
 

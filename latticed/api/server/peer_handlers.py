@@ -110,7 +110,8 @@ async def doctor(ctx: Context, request: Request) -> Reply:
         "other_networks": others,
         "listen": service.listen if service is not None else None,
         "peers": service.peers() if service is not None else [],
-        "forks": await core2_handlers.forks(ctx),
+        "forks": await core2_handlers.forks(ctx),  # loads every core-2 queue: the corrupt ones found
+        "corrupt": core2_handlers.corrupt(ctx),
         "skew": service.clock_skew() if service is not None else [],
         "sealer_accelerated": accelerated(),
         "identity": service.identity_status() if service is not None else None,

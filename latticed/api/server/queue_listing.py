@@ -35,6 +35,7 @@ import trio
 
 from latticed.api.messages import Packed, PackedArray, pack_array
 from latticed.crdt.queue import QueueState
+from latticed.errors import NotFoundError
 
 #: Queues looked at between two checkpoints (a few ms of work on this box at most).
 CHUNK: Final = 2000
@@ -55,9 +56,10 @@ S = TypeVar("S")
 class Listed(Generic[S]):
     """Queues to list whose values are of one type (each fork core's): ``state`` gives a queue's
     committed value if at hand (None: ``load`` it), ``info`` its entry as a map; any of them raises
-    KeyError for a queue gone meanwhile (left out). ``queues`` may be a callable, called only when the
-    part is scanned. ``followed``: every commit of the part's queues (a new queue, a new value, a drop)
-    reaches :meth:`QueueListing.changed` while :meth:`QueueListing.following` runs."""
+    KeyError or NotFoundError for a queue gone meanwhile (left out). ``queues`` may be a callable,
+    called only when the part is scanned. ``followed``: every commit of the part's queues (a new
+    queue, a new value, a drop) reaches :meth:`QueueListing.changed` while
+    :meth:`QueueListing.following` runs."""
 
     queues: Sequence[int] | Callable[[], Sequence[int]]
     state: Callable[[int], S | None]
@@ -259,7 +261,7 @@ class QueueListing:
             looked += len(chunk)
             try:
                 currents: list[Any] = list(map(part.state, chunk))
-            except KeyError:  # one is gone: look at each
+            except (KeyError, NotFoundError):  # one is gone: look at each
                 currents = [_GONE] * len(chunk)
             cached = list(map(entries.get, chunk))
             stale = [
@@ -290,7 +292,7 @@ class QueueListing:
             if entry is not None and entry[0] is current:
                 return True
             built = part.info(q, current)
-        except KeyError:  # gone while we were away from the loop
+        except (KeyError, NotFoundError):  # gone while we were away from the loop
             return False
         owner = self._owners.setdefault(built["owner"], built["owner"])  # one object: compared by identity
         place = ((not built["owned"], owner, built["name"]), q)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from latticed.crdt import chain_memo, shared_prefix
 from latticed.crdt.epoch_delta import LogDelta, compiled_append
 from latticed.crdt.epochs import Chains
-from latticed.crdt.head import meta_hash
+from latticed.crdt.head import canonical_meta, meta_hash
 from latticed.crdt.head2 import next_log
 from latticed.crdt.lazy_bodies import LazyDecoded, StepRun
 from latticed.crdt.queue2.chain_state import QueueState2
@@ -56,8 +56,10 @@ def next_version(state: QueueState2, d: Delta) -> Verified | None:
     if log.base_fold != next_log(ours) or not compiled_append(ours_c, log, head, (), ours):
         return None
     ours_meta = start is not None and head.meta_hash == start.meta_hash and meta == state.meta
-    if not ours_meta and meta_hash(dict(meta)) != head.meta_hash:
-        return None
+    if not ours_meta:
+        if meta_hash(dict(meta)) != head.meta_hash:
+            return None
+        meta = canonical_meta(meta)  # as the full path stores it
     check_records(records)
     base = state.chain_at(hi)
     if base is None or run.records is not records or run.first != hi or run.base != base:

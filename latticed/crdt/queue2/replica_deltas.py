@@ -25,7 +25,7 @@ from latticed.crdt import chain_memo, epoch_delta, leaf_compiled, shared_prefix
 from latticed.crdt.core_errors import GapError, MalformedError, TamperedError, WrongOwnerError
 from latticed.crdt.epoch_delta import LogDelta
 from latticed.crdt.epochs import Chains
-from latticed.crdt.head import meta_hash
+from latticed.crdt.head import canonical_meta, meta_hash
 from latticed.crdt.head2 import HeadV2
 from latticed.crdt.lazy_bodies import LazyDecoded, appended
 from latticed.crdt.leaf_bodies import Decoded
@@ -150,7 +150,7 @@ def verify_delta(state: QueueState2, d: Delta) -> Verified:
     if chains.start_head is not None and chains.start_head != state.chains.start_head:
         if d.meta is None or meta_hash(dict(d.meta)) != chains.start_head.meta_hash:
             raise TamperedError("metadata does not match the signed start head")
-        meta = d.meta
+        meta = canonical_meta(d.meta)  # the pairs may repeat a key (0.2.0 peers send them on as they came)
     empty = Verified(chains, meta, d.from_offset, (), (), ())
     if not d.records or (d.log is not None and d.log.value.epoch != chains.epoch):
         return empty  # a sender of a superseded epoch: its bodies cannot vouch for records of ours
