@@ -267,13 +267,24 @@ def _meta_hash(c: _Context, meta_version: int) -> bytes | None:
     return _EMPTY_META_HASH if meta_version == 0 else None
 
 
+#: The last delta :func:`_implied` answered for, and its answer (held, so compared by identity): a relay
+#: asks it of each live push twice, reading it and passing it on as it came. One slot read and written
+#: as one tuple, so a reader in another thread sees a delta with its own answer.
+_last_implied: list[tuple[object, Summary2 | None]] = [(None, None)]
+
+
 def _implied(d: queue2.Delta) -> Summary2 | None:
     """What a receiver holds once it joined ``d`` along its only tip (None: a forked log, or none)."""
+    known, answer = _last_implied[0]
+    if known is d:
+        return answer
     if d.log is None or len(d.log.value.tips) != 1:
         return None
     head = d.log.value.tips[0].head
     log = LogSummary(head.epoch, head.version, next_log(head))
-    return Summary2(queue2.Summary(log, head.end, head.head_hash))
+    implied = Summary2(queue2.Summary(log, head.end, head.head_hash))
+    _last_implied[0] = (d, implied)  # a delta, its log and its tips are frozen: the answer holds
+    return implied
 
 
 # ------------------------------------------------------------------------------------ field helpers

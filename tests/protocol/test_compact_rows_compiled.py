@@ -87,7 +87,8 @@ def _live_rows() -> list[tuple[list[Any], int, tuple[int, ...]]]:
     link, out = Compact2Link(), []
     for i in range(4):
         before, now = state, 1_700_000_001_000 + 7 * i
-        records = [Record(bytes([i]) * 50, key=b"k%d" % j if i == 3 else None, timestamp=now) for j in range(i + 1)]
+        keys = [b"k%d" % j if i == 3 else None for j in range(i + 1)]
+        records = [Record(bytes([i]) * 50, key=key, timestamp=now) for key in keys]
         state = queue2.commit(state, OWNER, now_ms=now, records=records)
         sent = outgoing(state, queue2.summary(before) if i else None, 4096)
         ref = link._out.ref((OWNER.public_key, "rows", 0))
