@@ -43,6 +43,9 @@ static PyObject *offered(PyObject *self, PyObject *args)
     if (values == NULL || keys == NULL) {
         goto fail;
     }
+    if (PyList_GET_SIZE(raw) != n) { /* see compact_rows: a collection in PyTuple_New may run Python */
+        goto plain;
+    }
     for (i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(raw, i), *value, *key, *headers;
         Py_ssize_t vlen, klen;
@@ -1777,6 +1780,12 @@ static PyObject *compact_rows(PyObject *self, PyObject *args)
     stamps = PyTuple_New(n);
     if (values == NULL || keys == NULL || stamps == NULL) {
         goto fail;
+    }
+    /* PyTuple_New may run a garbage collection, and with it any finalizer, which may shrink raw: its
+       size is read again after the last allocation of a GC-tracked object (nothing in the loop below
+       runs Python code: exact types only, PyLong_FromLongLong allocates an untracked int). */
+    if (PyList_GET_SIZE(raw) != n) {
+        goto plain;
     }
     for (i = 0; i < n; i++) {
         PyObject *row = PyList_GET_ITEM(raw, i), *key, *value, *headers, *when;
