@@ -169,7 +169,6 @@ def test_random_rows_read_as_python_reads_them(raw: list[list[Any]], base: int) 
     _same(raw, base)
 
 
-
 def _collected_inside(read: Callable[..., Any], row: list[Any], *rest: Any) -> tuple[list[int], Any]:
     """``read(rows, *rest)``, 64 copies of ``row``, with a garbage collection due at one of its first
     allocations of a tracked object, whose finalizer empties the rows. Returns the sizes of the rows
