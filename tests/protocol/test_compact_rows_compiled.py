@@ -123,6 +123,8 @@ def test_the_pass_reads_every_live_push_as_python_does() -> None:
         ([[None, b"v", 1, [["h", b"x"]]]], 0),  # headers: Python's
         ([[None, b"v", 1, []], [None, b"w", 1, [["h", b"x"]]], [None, b"u", 1, None]], 0),
         ([[b"k" * (MAX_KEY_BYTES + 1), b"v", 1, []]], 0),  # a key past its limit
+        ([[None, b"v" * (MAX_VALUE_BYTES + 1), 1, []]], 0),  # a value past its limit
+        ([[None, b"v", 1, []], [None, b"w", -(2**63) - 1, []]], 2**63 - 1),  # a step below 64 bits
         ([[None, Big(b"v"), 1, []]], 0),  # a subclass claiming another length
         ((), 0),  # not a list
         (Rows([[None, b"v", 1, []]]), 0),
@@ -146,8 +148,8 @@ def test_any_row_field_replaced_reads_as_python_reads_it(
     raw, ref_stamp, _ = copy.deepcopy(LIVE[which])
     for row, index, value in edits:
         target = raw[row % len(raw)]
-        if index == 4 or type(target) is not list:
-            raw[row % len(raw)] = value  # the whole row replaced
+        if index == 4 or type(target) is not list or index >= len(target):
+            raw[row % len(raw)] = value  # the whole row replaced (also a row too short for that field)
         else:
             target[index] = value
     _same(raw, ref_stamp if type(base) is not int else base)
