@@ -129,6 +129,7 @@ def test_the_pass_reads_every_live_push_as_python_does() -> None:
         ((), 0),  # not a list
         (Rows([[None, b"v", 1, []]]), 0),
         ([(None, b"v", 1, [])], 0),  # a row that is a tuple
+        ([Rows([None, b"v", 1, []])], 0),  # a row that is a list subclass
         ([[None, b"v", True, []]], 0),  # a bool step
     ],
 )
