@@ -147,7 +147,8 @@ def test_any_row_field_replaced_reads_as_python_reads_it(
     which: int, edits: list[tuple[int, int, Any]], base: Any
 ) -> None:
     raw, ref_stamp, _ = copy.deepcopy(LIVE[which])
-    for row, index, value in edits:
+    for row, index, field in edits:
+        value = copy.deepcopy(field)  # ODD's lists are shared: an edit into one must not change it
         target = raw[row % len(raw)]
         if index == 4 or type(target) is not list or index >= len(target):
             raw[row % len(raw)] = value  # the whole row replaced (also a row too short for that field)
