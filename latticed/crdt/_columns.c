@@ -43,6 +43,9 @@ static PyObject *offered(PyObject *self, PyObject *args)
     if (values == NULL || keys == NULL) {
         goto fail;
     }
+    if (PyList_GET_SIZE(raw) != n) { /* see compact_rows: a collection in PyTuple_New may run Python */
+        goto plain;
+    }
     for (i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(raw, i), *value, *key, *headers;
         Py_ssize_t vlen, klen;
@@ -1746,6 +1749,88 @@ fail:
     return NULL;
 }
 
+/* compact_rows(raw, base, max_value, max_key) -> (values, keys, timestamps) or None.
+
+   raw: a compact DELTA2's decoded records (protocol/core2_compact.py, ``_restamped`` then
+   wire.records_from_wire). Accepted only when it is a list of at least one item, each an exact list
+   [key, value, step, headers]: key None or bytes of at most max_key, value bytes of at most max_value,
+   step an int, headers an empty list (on every row) or None (on any row but the first: it repeats the
+   empty list before it). The timestamps are base plus the steps so far, each sum within a signed 64-bit
+   integer (base too). values/keys: tuples of those items (the same objects); timestamps: new ints.
+   Anything else (headers that are not empty, a row of another shape, a sum past 64 bits): None, and the
+   Python path reads the rows and raises or accepts as it does. Reads raw without changing it. */
+static PyObject *compact_rows(PyObject *self, PyObject *args)
+{
+    PyObject *raw, *base_obj, *values = NULL, *keys = NULL, *stamps = NULL;
+    Py_ssize_t max_value, max_key, n, i;
+    long long stamp;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OOnn", &raw, &base_obj, &max_value, &max_key)) {
+        return NULL;
+    }
+    if (!PyList_CheckExact(raw) || !c_i64(base_obj, &stamp)) {
+        Py_RETURN_NONE;
+    }
+    n = PyList_GET_SIZE(raw);
+    if (n < 1) {
+        Py_RETURN_NONE;
+    }
+    values = PyTuple_New(n);
+    keys = PyTuple_New(n);
+    stamps = PyTuple_New(n);
+    if (values == NULL || keys == NULL || stamps == NULL) {
+        goto fail;
+    }
+    /* PyTuple_New may run a garbage collection, and with it any finalizer, which may shrink raw: its
+       size is read again after the last allocation of a GC-tracked object (nothing in the loop below
+       runs Python code: exact types only, PyLong_FromLongLong allocates an untracked int). */
+    if (PyList_GET_SIZE(raw) != n) {
+        goto plain;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(raw, i), *key, *value, *headers, *when;
+        long long step;
+        if (!PyList_CheckExact(row) || PyList_GET_SIZE(row) != 4) {
+            goto plain;
+        }
+        key = PyList_GET_ITEM(row, 0);
+        value = PyList_GET_ITEM(row, 1);
+        headers = PyList_GET_ITEM(row, 3);
+        if (!PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > max_value) {
+            goto plain;
+        }
+        if (key != Py_None && !(PyBytes_CheckExact(key) && PyBytes_GET_SIZE(key) <= max_key)) {
+            goto plain;
+        }
+        if (!(PyList_CheckExact(headers) && PyList_GET_SIZE(headers) == 0) && !(headers == Py_None && i > 0)) {
+            goto plain;
+        }
+        if (!c_i64(PyList_GET_ITEM(row, 2), &step) || __builtin_add_overflow(stamp, step, &stamp)) {
+            goto plain;
+        }
+        when = PyLong_FromLongLong(stamp);
+        if (when == NULL) {
+            goto fail;
+        }
+        PyTuple_SET_ITEM(stamps, i, when);
+        Py_INCREF(value);
+        PyTuple_SET_ITEM(values, i, value);
+        Py_INCREF(key);
+        PyTuple_SET_ITEM(keys, i, key);
+    }
+    return Py_BuildValue("(NNN)", values, keys, stamps);
+plain:
+    Py_DECREF(values);
+    Py_DECREF(keys);
+    Py_DECREF(stamps);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(values);
+    Py_XDECREF(keys);
+    Py_XDECREF(stamps);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"offered", offered, METH_VARARGS, "An offer's records as value and key columns, and their packed size."},
     {"packed", packed, METH_VARARGS, "Value and key columns as the compiled chain hasher takes them."},
@@ -1762,6 +1847,7 @@ static PyMethodDef methods[] = {
     {"fold", fold, METH_VARARGS, "The log folded over leaves, and its value after every stride of them."},
     {"appended_head", appended_head, METH_VARARGS, "A live push's head, leaves and signature checked in one pass."},
     {"compact_head", compact_head, METH_VARARGS, "A compact DELTA2's head read from its decoded list in one pass."},
+    {"compact_rows", compact_rows, METH_VARARGS, "A compact DELTA2's plain records as columns, restamped."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -51,6 +51,9 @@ def appended_head(
     ours_end: int,
     /,
 ) -> tuple[bytes, int] | None: ...
+def compact_rows(
+    raw: Any, base: int, max_value: int, max_key: int, /
+) -> tuple[tuple[bytes, ...], tuple[bytes | None, ...], tuple[int, ...]] | None: ...
 def compact_head(
     head_type: type,
     blake2b: int,
