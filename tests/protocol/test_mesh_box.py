@@ -170,9 +170,11 @@ def _storage_and_loop(
 ) -> tuple[dict[str, float], MeshSim2, int]:
     """Node 1's storage thread given ``work`` (``free`` of it released) at once, and a loop task of
     0.1 ms woken (as trio wakes one) ``woken_at`` later; with ``others`` nodes' loops busy meanwhile.
-    When each was done, from the start, and the wake-ups (waits for a core) since."""
+    When each was done, from the start, and the wake-ups (waits for a core) since. The loop's thread
+    takes no runs of its own while it waits (``loop_thread_runs``: test_mesh_sim2 tests those): the
+    hand-over alone."""
     costs = Costs(jitter=0.0, cores=2, wake=0.0, stall_chance=0.0, hop=hop)
-    sim = MeshSim2(8, costs=costs)
+    sim = MeshSim2(8, costs=costs, loop_thread_runs=False)
     sim.run_for(1.0)
     for y in range(2, 2 + others):
         sim._busy(sim.nodes[y], 1.0)

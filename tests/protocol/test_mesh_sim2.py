@@ -15,6 +15,7 @@ from support.mesh_sim import Costs, CpuThread, bulk, counted_name, live
 from support.mesh_sim2 import (
     GROUP_COMMIT_S,
     READ_CONNECTIONS,
+    STALL_PER_CPU_S,
     SWITCH_INTERVAL_S,
     MeshNode2,
     MeshSim2,
@@ -119,12 +120,18 @@ def test_merges_of_pushes_served_ahead_linger_for_company() -> None:
 
 
 def test_a_bulk_on_core_2_crosses_the_mesh_about_once() -> None:
-    """bench_mesh's bulk on core 2 gives 1.06-1.16 x (N - 1) x payload at N = 8."""
-    sim = MeshSim2(8, draws=0)
-    warm_up(sim)
-    part = bulk(sim, 20_000, 100)
-    assert sim.all_hold(20_001)
-    assert part.total_bytes_ratio() <= 1.2
+    """bench_mesh's bulk on core 2 gives 1.06-1.16 x (N - 1) x payload at N = 8 (the daemons' eight runs
+    of sim23: 1.119 at 50k). Since the warm-up's stalls are drawn per unit of core time (sim23c) the
+    writer keeps its three links eager into the bulk in more draws and prunes one in the bulk's first
+    chunks: draws 0-3 at 20k give 1.213, 1.061, 1.061, 1.061 (draw 0 alone was 1.122 before)."""
+    ratios = []
+    for draw in range(4):
+        sim = MeshSim2(8, draws=draw)
+        warm_up(sim)
+        part = bulk(sim, 20_000, 100)
+        assert sim.all_hold(20_001)
+        ratios.append(part.total_bytes_ratio())
+    assert sum(ratios) / len(ratios) <= 1.15 and max(ratios) <= 1.25, ratios
 
 
 def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
@@ -214,7 +221,16 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     transaction 7.05 ms (5.1-9.6). With the simulated relays sharing their reads as the daemons' do
     (``MeshSim2._read2_then``'s ``request``): DELTA2 0.786 (+8.6 %: met), the nodes' CPU 32.5 us (-2.7
     %), the writer's 4.82 (-1.2 %), its transaction 6.99 ms (-0.8 %), 2.37 ms before its COMMIT; not met:
-    ACK2 0.438 (+37 %), HAVE2 0.0218 (-24 %), the bulk 0.91 s (-28 %). Pinned, not met."""
+    ACK2 0.438 (+37 %), HAVE2 0.0218 (-24 %), the bulk 0.91 s (-28 %). Pinned, not met.
+
+    With the loop's thread taking runs of its own when woken while another thread holds the interpreter
+    (``MeshSim2.loop_thread_runs``) and the loop's stalls drawn per unit of core time
+    (``Costs.stall_per_cpu_s``; sim23c, bench/RESULTS.md): the writer keeps its three links in seven
+    draws of eight (its DELTA2s 133.5 a bulk, the daemons' 133.1); DELTA2 0.790 (+9.1 %: met), HAVE2
+    0.0314 (+9.9 %: met), the nodes' CPU 32.8 us (-1.9 %), the writer's 4.89 (+0.3 %), its transaction
+    6.59 ms (-6.5 %); not met: ACK2 0.384 (+20 %), the bulk 1.06 s (-16 %), the writer's held work
+    before its COMMIT 3.58 ms (the daemons' means 2.0-3.3; draw 6, whose writer feeds one link, 1.9) and
+    draw 6's transaction 3.9 ms (the daemons' 5.6-10 a run). Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float, float, float]] = []
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
@@ -235,17 +251,17 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
         sum(f[i] for f in figures) / len(figures) for i in range(8)
     )
     # the daemons: the means of eight runs of a92aa6b (sim23)
-    assert abs(every_node / 0.0000334 - 1) <= 0.1, figures  # met: -2.7 %
-    assert abs(deltas / 0.724 - 1) <= 0.1, figures  # met: +8.6 %
-    assert 0.320 * 1.3 < acks <= 0.320 * 1.45, figures  # not met: +37 %
-    assert 0.0286 * 0.7 <= have2s < 0.0286 * 0.85, figures  # not met: -24 %
-    assert 1.26 * 0.65 <= elapsed < 1.26 * 0.8, figures  # not met: -28 % (the daemons' 0.94-1.63 s a run)
-    assert abs(writer_cpu / 0.00000488 - 1) <= 0.1, figures  # met: -1.2 %
-    assert abs(txn / 0.00705 - 1) <= 0.1, figures  # met: -0.8 %
-    assert 0.0020 <= pre <= 0.0033, figures  # before its COMMIT 2.37 ms: the daemons' means 2.0-3.3, met
+    assert abs(every_node / 0.0000334 - 1) <= 0.1, figures  # met: -1.9 %
+    assert abs(deltas / 0.724 - 1) <= 0.1, figures  # met: +9.1 %
+    assert 0.320 * 1.15 < acks <= 0.320 * 1.25, figures  # not met: +20 %
+    assert abs(have2s / 0.0286 - 1) <= 0.1, figures  # met: +9.9 %
+    assert 1.26 * 0.8 <= elapsed < 1.26 * 0.9, figures  # not met: -16 % (the daemons' 0.94-1.63 s a run)
+    assert abs(writer_cpu / 0.00000488 - 1) <= 0.1, figures  # met: +0.3 %
+    assert abs(txn / 0.00705 - 1) <= 0.1, figures  # met: -6.5 %
+    assert 0.0033 < pre <= 0.0040, figures  # before its COMMIT 3.58 ms: the daemons' means 2.0-3.3, not met
     for _, _, cpu_per_record, per_txn, _, _, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
-        assert 0.005 <= per_txn <= 0.011, figures  # the daemons' 5.6-10 ms
+        assert 0.0035 <= per_txn <= 0.011, figures  # the daemons' 5.6-10 ms; draw 6's writer (one link) 3.9
 
 
 def test_reads_take_one_of_the_daemons_two_reader_connections() -> None:
@@ -667,6 +683,56 @@ def test_a_thread_waiting_for_the_interpreter_asks_for_it_once_it_has_run_twice(
     wait = sim.box.wait_now()
     assert wait == pytest.approx(0.0015)  # until a slice ends
     assert sim._asks_at() == pytest.approx(sim.now + 2 * wait + SWITCH_INTERVAL_S)
+
+
+def test_a_loop_woken_while_the_storage_thread_holds_the_interpreter_runs_to_find_it_held() -> None:
+    """The daemon's loop thread, woken from epoll while its storage thread holds the interpreter, is a run
+    of its own on the box (it blocks in ``take_gil``), and another at its timeout if the interpreter is
+    held still (it asks); a task woken while one waits already is not a wake-up from epoll (bench/RESULTS.md
+    sim23c: the daemons' leaf relays' loops ran 1.1 times a chunk to find it held). Without
+    ``loop_thread_runs`` the wait was a wait only."""
+
+    def waits(runs: bool) -> tuple[int, int, int]:
+        sim = _sliced_pair()
+        sim.loop_thread_runs = runs
+        node = sim.node2(1)
+        sim._storage_work(1, 0.01, lambda: None)  # 10 ms held, nothing released
+        before = sim.box.runs
+        sim._wake(1, ("read", 0), lambda: None)
+        sim._wake(1, ("drive", 0), lambda: None)  # the loop waits for the interpreter already
+        at_once = node.loop_thread_waits
+        sim.run_for(0.1)
+        return at_once, node.loop_thread_waits, sim.box.runs - before
+
+    assert waits(True)[:2] == (1, 2)
+    assert waits(False)[:2] == (0, 0)
+    assert waits(True)[2] == waits(False)[2] + 2  # two runs more on the box
+
+
+def test_a_loop_step_stalls_with_a_chance_per_unit_of_its_core_time() -> None:
+    """A process is descheduled per time on a core: with ``stall_per_cpu_s`` a step of 8 us (one of a
+    loop pass's sends) stalls ~0.3 % of the time, one of 400 us ~14 %; per step both stalled 1.5 %, so
+    the warm-up's stall fell between the writer's sends to its links as often as anywhere (sim23b)."""
+
+    def stalls(step: float, rate: float | None) -> int:
+        costs = Costs(jitter=0.0, cores=None, wake=0.0, stall_chance=0.015, stall=0.01, stall_per_cpu_s=rate)
+        sim = MeshSim2(2, costs=costs)
+        node = sim.node2(1)
+        paused = [0]
+        pause = sim.box.pause
+
+        def counted(thread: CpuThread, seconds: float) -> None:
+            paused[0] += thread is node.cpu
+            pause(thread, seconds)
+
+        sim.box.pause = counted  # type: ignore[method-assign]
+        for _ in range(2000):
+            sim._busy(node, step)
+        return paused[0]
+
+    assert stalls(0.000008, STALL_PER_CPU_S) < 15  # expected 6
+    assert 220 < stalls(0.0004, STALL_PER_CPU_S) < 340  # expected 277
+    assert 15 < stalls(0.000008, None) < 50 and 15 < stalls(0.0004, None) < 50  # expected 30 each
 
 
 def test_a_queued_threads_wait_grows_with_the_burst_ahead_of_it_after_it_was_queued() -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import random
 from collections import Counter, deque
 from collections.abc import Callable
@@ -628,6 +629,10 @@ class Costs:
     #: the next one with it. 0: never (the calibration of core 1 had none).
     stall_chance: float = 0.0
     stall: float = 0.0
+    #: Set: an event loop's step is held up with a chance per second of its CPU instead (``1 - exp(-cpu x
+    #: rate)``, ``stall_chance`` unused there): a process is descheduled per time on a core, so a step of a
+    #: few us (one of a loop pass's sends) rarely has one where a step of ms often does. None: per step.
+    stall_per_cpu_s: float | None = None
     graft_timeout: float = GRAFT_TIMEOUT_S
     graft_timeout_max: float | None = GRAFT_TIMEOUT_MAX_S
     #: How long HAVEs wait to go out together, as on daemon links (0: with the next send).
@@ -943,8 +948,11 @@ class MeshSim:
         if idle and node.cpu.idle_since < self.now - self.costs.warm_for:
             cost += self.costs.wake
         node.cpu_work += cost
-        self.box.work(node.cpu, self._scaled(cost))
-        if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
+        scaled = self._scaled(cost)
+        self.box.work(node.cpu, scaled)
+        rate = self.costs.stall_per_cpu_s
+        chance = self.costs.stall_chance if rate is None else -math.expm1(-scaled * rate)
+        if chance and self._rng.random() < chance:
             self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
 
     def _scaled(self, cost: float) -> float:

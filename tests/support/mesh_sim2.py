@@ -149,9 +149,17 @@ BASE_SLICE_S = 0.00075 * (1 + 1)
 #: us, a verified delta's join 0.41 us of it): 1.645 ms a chunk, 1.4x the daemons', past the kernel's
 #: slice on a full box.
 OFFER_STORE_RECORD_S = (0.00124 + 0.00113 + 0.001288 + 0.001117) / 4 / 1000
+#: The loop's stalls per second of its CPU (``Costs.stall_per_cpu_s``): ``stall_chance``'s fitted 1.5 % a
+#: step over the simulated loop steps' mean scaled CPU in the part it was fitted to, live 100/s (150
+#: records after the warm-up, draws 0-7 on sim23b's model: 28,754 steps, 40.4 us a step; bench/RESULTS.md
+#: sim23c). A rate a unit of core time, not a new fit: the live part's stalls stay as many, the warm-up's
+#: few-us steps between one loop pass's sends rarely stall (the daemons' writer sent its first head on its
+#: three links within 0.2 ms, sim23b).
+STALL_PER_CPU_S = 0.015 / 0.0000404
 CORE2_COSTS = Costs(
-    stall_chance=0.015,
+    stall_chance=0.015,  # the storage thread's draw a transaction (:meth:`MeshSim2._storage_work`)
     stall=0.01,
+    stall_per_cpu_s=STALL_PER_CPU_S,
     message=0.0000183,  # receive_message + open: a small message's median, 18.3 us
     message_byte=0.00000000628,  # ... and the rest per byte: 6.28 ns
     cut=0.0000078,  # _encode + seal: 7.8 us ...
@@ -239,6 +247,10 @@ class MeshNode2(MeshNode):
     storage_wants: float = 0.0
     storage_resume: Callable[[], None] | None = None
     storage_hand_offs: int = 0
+    #: The event loop's own thread while another holds the interpreter (``MeshSim2.loop_thread_runs``): its
+    #: runs on the box (woken by epoll, then at its ``take_gil`` timeout), and how many it took.
+    loop_thread: CpuThread = field(default_factory=CpuThread)
+    loop_thread_waits: int = 0
     #: Seconds its transactions took from their jobs taken until their COMMIT began (its wait excluded).
     pre_commit_seconds: float = 0.0
     read_queue: deque[tuple[int, Callable[[], None]]] = field(default_factory=deque)
@@ -284,6 +296,11 @@ class MeshSim2(MeshSim):
     reader_threads: bool = False
     #: How long a batch waits for as many writers as the last ones held (``group_commit_ms``).
     group_linger: float = GROUP_COMMIT_S
+    #: Whether the loop's thread, woken (epoll returned) while the storage thread holds the interpreter,
+    #: takes runs of its own on the box before the hand-off (:meth:`_loop_waits`): the daemons' leaf relays'
+    #: loops ran 1.1 times a chunk to find the interpreter held (bench/RESULTS.md sim23b, sim23c). False:
+    #: the wait is a wait only (sim23b's model).
+    loop_thread_runs: bool = True
 
     def _new_node(self, name: int) -> MeshNode:
         return MeshNode2(name)
@@ -630,9 +647,37 @@ class MeshSim2(MeshSim):
         """A task of the loop woken while the storage thread holds the interpreter: the loop waits for
         it from now (it asks a switch interval later: :meth:`_storage_work`)."""
         node = self.node2(y)
+        # the loop is in epoll (no task ready) and another of the node's threads holds the interpreter
+        held = node.storage_holds or (node.cpu.busy and node.role != "loop")
+        waits = held and not node.runq and task not in node.queued
         if node.storage_holds and node.loop_wants is None:
             node.loop_wants = self._asks_at()
         super()._wake(y, task, run)
+        if waits and self.loop_thread_runs and task[0] not in ("storage", "reader"):
+            self._loop_waits(node)
+
+    def _loop_waits(self, node: MeshNode2) -> None:
+        """The loop's thread, woken from epoll while the storage thread holds the interpreter, runs to find
+        it held and blocks in ``take_gil`` (a run of its own on the box: a dispatch, its wait for a core),
+        and runs again at its timeout to ask for it (``loop_wants``) if it is held still; the hand-off
+        that follows is the node's thread's (:meth:`_storage_work`). Each run is ``_MIN_PIECE_S`` of CPU,
+        an event's floor (the switch and ``take_gil``'s check), not a measured cost. Tasks of the node's
+        other threads (``storage``, ``reader``) are not the loop's: they do not wake it."""
+        asks = node.loop_wants if node.storage_holds else None
+
+        def run() -> None:
+            node.loop_thread_waits += 1
+            node.cpu_work += _MIN_PIECE_S
+            self.box.wake(node.loop_thread)
+            self.box.work(node.loop_thread, _MIN_PIECE_S)
+
+        def ask() -> None:
+            if node.storage_holds and node.loop_wants == asks:
+                run()
+
+        run()
+        if asks is not None:
+            self._at(asks, ask)
 
     def _asks_at(self) -> float:
         """When a thread of the node woken now, wanting the interpreter another of its threads holds, asks
