@@ -123,10 +123,15 @@ class StorageBridge:
                 job.done.set()
         # Every job of the batch is done before any callback runs: one that acknowledges its caller's
         # jobs in order sees all of this commit's (one message for them all, not one per job).
+        # Each callback is dropped as it is called: it is one-shot, and one that holds what holds the job
+        # (a link's partial over its pending merge) would else leave a reference cycle per merge behind,
+        # garbage only the cyclic collector frees (~25 objects a relayed push; issue 28, gc23).
         for job in jobs:
-            if job.done is not None and job.notify is not None:
+            notify = job.notify
+            if job.done is not None and notify is not None:
+                job.notify = None
                 try:
-                    job.notify()
+                    notify()
                 except Exception as exc:
                     log_event(log, "storage.notify_failed", level=40, exc_info=exc, job=type(job).__name__)
 
