@@ -84,10 +84,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
         "runs inside every in-process daemon (tests/support/inprocess.py); subscriptions in "
         "tests/api/test_workqueue_api.py"
     ),
-    "latticed.api.server.handlers": (
-        "runs inside every in-process daemon (tests/support/inprocess.py); every op in "
-        "tests/api/test_api_server.py"
-    ),
     "latticed.storage.core2_many": (
         "the job behind Engine.append_many: tests/storage/test_core2_engine.py::"
         "test_append_many_writes_parts_on_both_cores_together_or_not_at_all"

@@ -441,7 +441,7 @@ static PyObject *versions(PyObject *self, PyObject *args)
 {
     PyObject *head_type, *persons, *namespace, *prev, *log, *raw_obj, *base, *chain, *out = NULL;
     PyObject *leaves_out = NULL, *logs_out = NULL;
-    PyObject *queue_id, *epoch, *base_hash, *meta_hash, *empty = NULL;
+    PyObject *queue_id, *epoch, *base_hash, *meta_hash, *empty = NULL, *top = NULL;
     PyObject *start_obj = NULL, *meta_version_obj = NULL; /* the last ones made: most versions repeat them */
     unsigned long long blake2b, first, version, start, end, meta_version, timestamp;
     unsigned long long start_made = 0, meta_version_made = 0;
@@ -515,9 +515,12 @@ static PyObject *versions(PyObject *self, PyObject *args)
     }
     Py_INCREF(log);
     Py_INCREF(meta_hash);  /* owned from here on: prev's, then each new one's */
+    /* Held, as top is, while it is in use: they may be chain's items, and the allocations below (a body,
+       a leaf) may run a garbage collection, and with it any finalizer, which may empty chain. */
+    Py_INCREF(base_hash);
     while (at < size) {
         unsigned long long flags = raw[at++], step, value;
-        PyObject *top, *item, *leaf, *digest_obj, *end_obj;
+        PyObject *item, *leaf, *digest_obj, *end_obj, *found;
         if (v_varint(raw, size, &at, &step) < 0 || step > V_MAX_OFFSET - end || version == UINT64_MAX) {
             goto plain;
         }
@@ -571,10 +574,11 @@ static PyObject *versions(PyObject *self, PyObject *args)
                     goto plain;  /* past the end: the Python path says which */
                 }
                 start += step;
-                base_hash = v_chain_at(base, first, chain, start);
-                if (base_hash == NULL) {
+                if ((found = v_chain_at(base, first, chain, start)) == NULL) {
                     goto plain;
                 }
+                Py_INCREF(found);
+                Py_SETREF(base_hash, found);
             }
             if (flags & V_META) {
                 if (v_varint(raw, size, &at, &meta_version) < 0 || at + 32 > size) {
@@ -592,6 +596,7 @@ static PyObject *versions(PyObject *self, PyObject *args)
             if (start > end || (top = v_chain_at(base, first, chain, end)) == NULL) {
                 goto plain;
             }
+            Py_INCREF(top);
             v_put_u64(body + 64, version);
             memcpy(body + 72, PyBytes_AS_STRING(log), 32);
             v_put_u64(body + 104, start);
@@ -690,6 +695,7 @@ static PyObject *versions(PyObject *self, PyObject *args)
             }
         }
     folded:
+        Py_CLEAR(top);
         /* log = H_log(log | digest | end) */
         if (logs_out != NULL && PyList_Append(logs_out, log) < 0) {
             goto fail_log;
@@ -722,6 +728,7 @@ static PyObject *versions(PyObject *self, PyObject *args)
     }
     Py_DECREF(log);
     Py_DECREF(meta_hash);
+    Py_DECREF(base_hash);
     Py_DECREF(empty);
     Py_XDECREF(start_obj);
     Py_XDECREF(meta_version_obj);
@@ -729,6 +736,8 @@ static PyObject *versions(PyObject *self, PyObject *args)
 plain:
     Py_DECREF(log);
     Py_DECREF(meta_hash);
+    Py_DECREF(base_hash);
+    Py_XDECREF(top);
     Py_DECREF(out);
     Py_DECREF(empty);
     Py_XDECREF(start_obj);
@@ -737,6 +746,8 @@ plain:
 fail_log:
     Py_DECREF(log);
     Py_DECREF(meta_hash);
+    Py_DECREF(base_hash);
+    Py_XDECREF(top);
 fail:
     Py_XDECREF(out);
     Py_XDECREF(empty);
@@ -812,20 +823,26 @@ static PyObject *fold(PyObject *self, PyObject *args)
         Py_RETURN_NONE;
     }
     hash = (blake2b_fn) (uintptr_t) blake2b;
-    n = PySequence_Fast_GET_SIZE(leaves);
-    all = PySequence_Fast_ITEMS(leaves);
-    for (i = 0; i < n; i++) {  /* checked whole first: a list may change once the GIL is released */
-        if (!f_leaf(all[i], &digest, &end)) {
-            Py_RETURN_NONE;
-        }
-    }
+    /* Made before leaves is read: PyList_New may run a garbage collection, and with it any finalizer,
+       which may change leaves. Nothing after it runs Python (bytes and a list's growth do not collect). */
     folds = PyList_New(0);
     if (folds == NULL) {
         return NULL;
     }
+    n = PySequence_Fast_GET_SIZE(leaves);
+    all = PySequence_Fast_ITEMS(leaves);
+    for (i = 0; i < n; i++) {  /* all checked first: none folded unless all are leaves */
+        if (!f_leaf(all[i], &digest, &end)) {
+            Py_DECREF(folds);
+            Py_RETURN_NONE;
+        }
+    }
     memcpy(joined, PyBytes_AS_STRING(log), 32);
     for (i = 0; i < n; i++) {
-        f_leaf(all[i], &digest, &end);
+        if (!f_leaf(all[i], &digest, &end)) {
+            Py_DECREF(folds);
+            Py_RETURN_NONE;
+        }
         memcpy(joined + 32, digest, 32);
         v_put_u64(joined + 64, end);
         if (hash(next, 32, joined, sizeof joined, NULL, 0, NULL,
@@ -874,7 +891,7 @@ static PyObject *packed_bodies(PyObject *self, PyObject *args)
 {
     static const int hash_at[5] = {24, 72, 120, 152, 192};
     static const int number_at[6] = {56, 64, 104, 112, 184, 224};
-    PyObject *head_type, *namespace, *heads, *out;
+    PyObject *head_type, *namespace, *heads, *out, *head;
     Py_ssize_t i, n;
     (void) self;
     if (!PyArg_ParseTuple(args, "OO!O", &head_type, &PyBytes_Type, &namespace, &heads)) {
@@ -893,24 +910,32 @@ static PyObject *packed_bodies(PyObject *self, PyObject *args)
         return NULL;
     }
     for (i = 0; i < n; i++) {
-        PyObject *head = PySequence_Fast_GET_ITEM(heads, i), *field, *signature, *packed;
+        PyObject *field, *signature, *packed;
         unsigned char *p;
         int k, fits = 1;
+        /* PyList_New may run a garbage collection, and with it any finalizer, which may shrink heads (as
+           may a getattr that runs Python): its size is read again before each item, and the item held
+           while its fields are read. */
+        if (PySequence_Fast_GET_SIZE(heads) != n) {
+            goto plain;
+        }
+        head = PySequence_Fast_GET_ITEM(heads, i);
         if (Py_TYPE(head) != (PyTypeObject *) head_type) {
             goto plain;
         }
+        Py_INCREF(head);
         signature = PyObject_GetAttr(head, v_names[11]);
         if (signature == NULL) {
-            goto fail;
+            goto fail_head;
         }
         if (!PyBytes_CheckExact(signature)) {
             Py_DECREF(signature);
-            goto plain;
+            goto plain_head;
         }
         packed = PyBytes_FromStringAndSize(NULL, 232 + PyBytes_GET_SIZE(signature));
         if (packed == NULL) {
             Py_DECREF(signature);
-            goto fail;
+            goto fail_head;
         }
         p = (unsigned char *) PyBytes_AS_STRING(packed);
         memcpy(p, PyBytes_AS_STRING(namespace), 24);
@@ -919,7 +944,7 @@ static PyObject *packed_bodies(PyObject *self, PyObject *args)
         PyList_SET_ITEM(out, i, packed);  /* owned by out from here on */
         for (k = 0; k < 5 && fits; k++) {
             if ((field = PyObject_GetAttr(head, v_names[v_hashes[k]])) == NULL) {
-                goto fail;
+                goto fail_head;
             }
             fits = PyBytes_CheckExact(field) && PyBytes_GET_SIZE(field) == 32;
             if (fits) {
@@ -930,7 +955,7 @@ static PyObject *packed_bodies(PyObject *self, PyObject *args)
         for (k = 0; k < 6 && fits; k++) {
             unsigned long long value;
             if ((field = PyObject_GetAttr(head, v_names[v_numbers[k]])) == NULL) {
-                goto fail;
+                goto fail_head;
             }
             fits = PyLong_CheckExact(field);
             value = fits ? PyLong_AsUnsignedLongLong(field) : 0;
@@ -941,15 +966,22 @@ static PyObject *packed_bodies(PyObject *self, PyObject *args)
             }
             v_put_u64(p + number_at[k], value);
         }
+        Py_DECREF(head);
         if (!fits) {
             goto plain;
         }
     }
+    if (PySequence_Fast_GET_SIZE(heads) != n) {  /* grown by a getattr: not the heads asked of */
+        goto plain;
+    }
     return out;
+plain_head:
+    Py_DECREF(head);
 plain:
     Py_DECREF(out);
     Py_RETURN_NONE;
-fail:
+fail_head:
+    Py_DECREF(head);
     Py_DECREF(out);
     return NULL;
 }
@@ -1008,18 +1040,27 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
     /* Where the slots are plain object slots, each is read in place (as its descriptor would read it),
        not looked up by name six times a body; an empty slot is read through getattr, which raises. */
     direct = v_offsets((PyTypeObject *) head_type, offsets) == 0;
-    n = PySequence_Fast_GET_SIZE(bodies);
     held = PyTuple_GET_SIZE(shared);
-    length = PyList_GET_SIZE(chain);
     out = PyList_New(0);
     if (out == NULL) {
         return NULL;
     }
+    /* PyList_New may run a garbage collection, and with it any finalizer, as may a getattr or a
+       comparison run Python: bodies' and chain's sizes are read after it, and again at each body (a
+       change hands the whole call to the Python check). */
+    n = PySequence_Fast_GET_SIZE(bodies);
+    length = PyList_GET_SIZE(chain);
     for (i = 0; i < n; i++) {
-        PyObject *body = PySequence_Fast_GET_ITEM(bodies, i), *values[6] = {NULL};
+        PyObject *body, *values[6] = {NULL};
         int confirmed = 0, k, failed = 0;
         static const int slots[6] = {0, 1, 2, 5, 7, 12}; /* queue_id, epoch, version, end, head_hash, _leaf */
+        if (PySequence_Fast_GET_SIZE(bodies) != n || PyList_GET_SIZE(chain) != length) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        body = PySequence_Fast_GET_ITEM(bodies, i);
         if (Py_TYPE(body) == (PyTypeObject *) head_type) {
+            Py_INCREF(body); /* held while its slots are read, whatever a getattr runs */
             for (k = 0; k < 6 && !failed; k++) {
                 PyObject *slot = direct ? *(PyObject **) ((char *) body + offsets[slots[k]]) : NULL;
                 if (slot != NULL) {
@@ -1030,6 +1071,7 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
                 }
                 failed = values[k] == NULL;
             }
+            Py_DECREF(body);
             if (failed) {
                 for (k = 0; k < 6; k++) {
                     Py_XDECREF(values[k]);
@@ -1044,7 +1086,7 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
                 if (PyErr_Occurred()) {
                     PyErr_Clear();
                 } else if (version >= 1 && version <= held && end > first
-                           && end - first <= (unsigned long long) length) {
+                           && end - first <= (unsigned long long) PyList_GET_SIZE(chain)) {
                     PyObject *top = PyList_GET_ITEM(chain, (Py_ssize_t) (end - first - 1));
                     int same;
                     Py_INCREF(top); /* held across the comparisons, whatever they run */
@@ -1082,6 +1124,10 @@ static PyObject *unvouched(PyObject *self, PyObject *args)
             }
             Py_DECREF(index);
         }
+    }
+    if (PySequence_Fast_GET_SIZE(bodies) != n || PyList_GET_SIZE(chain) != length) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
     }
     return out;
 }

@@ -50,6 +50,7 @@ from latticed.process.ticks import sleep_until_tick
 from latticed.services.retention_core2 import enforce_core2
 from latticed.services.service_ports import RetentionStore
 from latticed.storage import prune
+from latticed.storage.corruption import CorruptQueueError
 from latticed.storage.kvcompact import worth_compacting
 from latticed.storage.wiring import ChangeFanout
 
@@ -350,6 +351,12 @@ class RetentionService:
         before = core2.loaded(q)
         try:
             cut = await enforce_core2(self.engine, core2, q, self.unsettled_floor)
+        except CorruptQueueError:
+            # Logged once by the store when found (store.queue_corrupt) and named by doctor: not a
+            # failure of this pass, and nothing to cut until it is dropped and sent again whole (a
+            # commit, which brings it back here through on_change2).
+            self._limited2.discard(q)
+            return 0
         except Exception as exc:  # a full disk, a fenced write, or a bug: never the daemon's end
             self._limited2.add(q)  # not known to be unlimited: checked again at the next round
             self._failed(core2.address(q), exc)

@@ -4,6 +4,8 @@ replica floor on core 2), nor is a frozen one."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +16,13 @@ from latticed.crdt import queue2
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
 from latticed.host.retention_policy import MAX_AGE_KEY, MAX_RECORDS_KEY, ReplicaCaps
+from latticed.process.logs import EVENT_ATTR
 from latticed.services import retention_service
 from latticed.services.retention_core2 import Cut2, enforce_core2
 from latticed.services.retention_service import RetentionService
+from latticed.storage.codec import pack
 from latticed.storage.engine import Engine
+from latticed.storage.store import db_path
 from latticed.storage.wiring import ChangeFanout
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -134,3 +139,33 @@ async def test_a_running_service_checks_only_the_limited_core2_queues_after_its_
         await service.upkeep()
         assert checked == []
         nursery.cancel_scope.cancel()
+
+
+async def test_a_corrupt_core2_queue_is_skipped_without_a_failure_at_each_round(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A queue found corrupt (logged once as store.queue_corrupt, named by doctor) was logged again as
+    # retention.failed, and counted a failure, at every round of the timer.
+    caplog.set_level(logging.DEBUG, logger="latticed")
+    async with Engine.open(tmp_path, ALICE) as engine:
+        bad = await engine.core2.create("bad", {MAX_RECORDS_KEY: "50"})
+        good = await engine.core2.create("good", {MAX_RECORDS_KEY: "50"})
+        for q in (bad, good):
+            await engine.core2.commit(q, [rec(i) for i in range(200)])
+    conn = sqlite3.connect(db_path(tmp_path))
+    try:  # other metadata than the owner signed, written behind latticed's back
+        conn.execute(
+            "UPDATE queue2 SET meta = ? WHERE q = ?", (pack([[MAX_RECORDS_KEY, "50"], ["team", "evil"]]), bad)
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    async with Engine.open(tmp_path, ALICE) as engine:
+        service = RetentionService(engine, interval_s=3600.0)
+        for _ in range(3):
+            await service.upkeep()
+        assert (await engine.core2.value(good)).held == (200 - 47, 200)
+        assert service.counters.failures == 0 and service.counters.truncations == 1
+        assert [e["queue"] for e in engine.core2.corrupt_entries()] == [f"{ALICE.public_key.hex()}/bad"]
+    events = [getattr(r, EVENT_ATTR, "") for r in caplog.records]
+    assert events.count("store.queue_corrupt") == 1 and "retention.failed" not in events

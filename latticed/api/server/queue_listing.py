@@ -35,7 +35,7 @@ import trio
 
 from latticed.api.messages import Packed, PackedArray, pack_array
 from latticed.crdt.queue import QueueState
-from latticed.errors import NotFoundError
+from latticed.errors import NotFoundError, OtherCoreError
 
 #: Queues looked at between two checkpoints (a few ms of work on this box at most).
 CHUNK: Final = 2000
@@ -51,12 +51,17 @@ _ENCODED: Final = operator.itemgetter(2)
 
 S = TypeVar("S")
 
+#: What a part's getters raise for a queue to leave out of that part (:class:`Listed`).
+_LEFT_OUT: Final = (KeyError, NotFoundError, OtherCoreError)
+
 
 @dataclass(frozen=True, slots=True)
 class Listed(Generic[S]):
     """Queues to list whose values are of one type (each fork core's): ``state`` gives a queue's
     committed value if at hand (None: ``load`` it), ``info`` its entry as a map; any of them raises
-    KeyError or NotFoundError for a queue gone meanwhile (left out). ``queues`` may be a callable,
+    KeyError or NotFoundError for a queue gone meanwhile, or OtherCoreError for one moved to another
+    core's part (a core-1 queue converted to core 2 while the listing waited: that part lists it), and
+    the queue is left out of this part. ``queues`` may be a callable,
     called only when the part is scanned. ``followed``: every commit of the part's queues (a new
     queue, a new value, a drop) reaches :meth:`QueueListing.changed` while
     :meth:`QueueListing.following` runs."""
@@ -261,7 +266,7 @@ class QueueListing:
             looked += len(chunk)
             try:
                 currents: list[Any] = list(map(part.state, chunk))
-            except (KeyError, NotFoundError):  # one is gone: look at each
+            except _LEFT_OUT:  # one is gone (or on the other core now): look at each
                 currents = [_GONE] * len(chunk)
             cached = list(map(entries.get, chunk))
             stale = [
@@ -292,7 +297,7 @@ class QueueListing:
             if entry is not None and entry[0] is current:
                 return True
             built = part.info(q, current)
-        except (KeyError, NotFoundError):  # gone while we were away from the loop
+        except _LEFT_OUT:  # gone (or converted) while we were away from the loop
             return False
         owner = self._owners.setdefault(built["owner"], built["owner"])  # one object: compared by identity
         place = ((not built["owned"], owner, built["name"]), q)
