@@ -56,6 +56,10 @@ _RECEIVE_SIZE: Final = 1 << 18
 #: where nothing has raised that threshold (``msgpack.packb``'s own 256 KiB buffer per call did, by chance).
 #: A larger reply's rest is read in :data:`_RECEIVE_SIZE` pieces.
 _FIRST_READ: Final = 1 << 16
+#: A whole reply up to this size is decoded from a copy of its body: a small reply's copy costs less than
+#: the ``memoryview`` made, sliced and released to decode it in place (~0.1 us against ~0.5, of a ~10 us
+#: offer); a larger one's copy would cost more.
+_SLICE_MAX: Final = 4096
 _FRAME_HEADER: Final = struct.Struct(">I")
 _HEADER_SIZE: Final = _FRAME_HEADER.size
 
@@ -333,7 +337,10 @@ class _Connection:
                 data = sock.recv(_FIRST_READ)
             except OSError as exc:
                 self._recv_failed(exc)
-            if len(data) > _HEADER_SIZE and _FRAME_HEADER.unpack_from(data)[0] == len(data) - _HEADER_SIZE:
+            size = len(data)
+            if size > _HEADER_SIZE and _FRAME_HEADER.unpack_from(data)[0] == size - _HEADER_SIZE:
+                if size <= _SLICE_MAX:
+                    return self._decode(data[_HEADER_SIZE:])
                 with memoryview(data) as view:
                     return self._decode(view[_HEADER_SIZE:])
             decoder.receive_data(data)
