@@ -8,6 +8,7 @@ the pass never changes its input. Sans-IO, no sockets."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -176,10 +177,11 @@ def test_a_finalizer_that_empties_the_rows_during_the_pass_is_seen() -> None:
     read the list's size: they read it again after them, else they read items past a cleared list."""
     columns = required(columns_compiled.load(), "latticed.crdt._columns")
     limits = (MAX_VALUE_BYTES, MAX_KEY_BYTES)
-    for read, row, rest in [
+    cases: list[tuple[Callable[..., Any], list[Any], tuple[Any, ...]]] = [
         (columns.compact_rows, [None, b"v", 1, []], (0, *limits)),
         (columns.offered, [b"v", None, []], (99, *limits)),
-    ]:
+    ]
+    for read, row, rest in cases:
 
         def make(row: list[Any] = row, rest: tuple[Any, ...] = rest) -> tuple[tuple[Any, ...], list[Any]]:
             rows = [list(row) for _ in range(64)]
