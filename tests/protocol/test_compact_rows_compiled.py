@@ -188,6 +188,7 @@ def test_a_finalizer_that_empties_the_rows_during_the_pass_is_seen() -> None:
             return (rows, *rest), rows
 
         runs = collected_inside(read, make)
-        assert runs, read
-        for run in runs:
-            assert run.sizes == [64] and run.victim == [] and run.answer is None
+        assert runs and runs[0].answer is None, read  # the first due: a collection at the first tuple
+        for run in runs:  # a later one may land on the answer's tuple, after every row was read
+            assert run.sizes == [64] and run.victim == [], read
+            assert run.answer is None or len(run.answer[0]) == 64, read
