@@ -6,75 +6,27 @@ collect, or again after it, and holds an item it still uses: it answers what Pyt
 list as the finalizer left it, or None (the Python path then reads it). Before, each read past an
 emptied list or a freed item (a crash, or bytes of another object).
 
-The finalizer also refills the freed memory with other bytes, so a pass that kept a freed item's
-address reads those instead of failing only under .ci/sanitize. Sans-IO.
+The finalizer (tests/support/gc_inside.py) also refills the freed memory with other bytes, so a pass
+that kept a freed item's address reads those instead of failing only under .ci/sanitize. Sans-IO.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
-import sys
-from collections.abc import Callable
 from typing import Any
 
 from support.accel import required
+from support.gc_inside import collected_inside
 from support.v2_histories import OWNER, history
 
 from latticed.crdt import epoch_delta, epochs, fold_compiled, leaf_codec, leaf_compiled
 from latticed.crdt.head2 import HEAD2_NAMESPACE, HeadV2, fold_one, next_log
 
-#: One try per position of the collection among the pass's first allocations of tracked objects.
-DUES = range(1, 9)
-
 
 def _copy(value: bytes) -> bytes:
     """An equal bytes object of its own, held by nothing else (freed when the list that holds it is)."""
     return bytes(bytearray(value))
-
-
-def collected_inside(
-    read: Callable[..., Any], make: Callable[[], tuple[tuple[Any, ...], list[Any]]]
-) -> list[tuple[Any, list[Any]]]:
-    """``read(*args)`` for each of ``DUES``, ``make()`` giving fresh ``(args, victim)`` each time, with a
-    garbage collection due at that tracked allocation whose finalizer empties ``victim`` (then
-    allocates bytes into the memory it freed). Returns ``(answer, victim after)`` of the calls in which
-    the finalizer ran inside the pass."""
-    here, found = sys._getframe().f_code, []
-    keep: list[list[bytes]] = []
-    threshold = gc.get_threshold()
-    gc.collect()
-    gc.disable()
-    try:
-        for due in DUES:
-            args, victim = make()
-            inside: list[int] = []
-
-            class Finalized:
-                def __del__(self) -> None:
-                    caller = sys._getframe(1)
-                    if caller.f_code is here and caller.f_lineno == line:
-                        inside.append(len(victim))
-                    victim.clear()
-                    keep.append([os.urandom(32) for _ in range(512)])
-
-            bomb = Finalized()
-            bomb.cycle = bomb  # type: ignore[attr-defined]
-            del bomb
-            gc.set_threshold(gc.get_count()[0] + due)
-            gc.enable()
-            line = sys._getframe().f_lineno + 1
-            answer = read(*args)  # an exact tuple: passed on as it is, nothing allocated before the pass
-            gc.disable()
-            gc.set_threshold(*threshold)
-            gc.collect()  # the bomb, if it was not collected inside
-            if inside:
-                found.append((answer, victim))
-    finally:
-        gc.set_threshold(*threshold)
-        gc.enable()
-    return found
 
 
 def _log(count: int) -> tuple[epochs.Chains, list[HeadV2], list[bytes]]:
@@ -99,8 +51,8 @@ def test_packed_bodies_of_heads_emptied_during_the_pass() -> None:
 
     runs = collected_inside(packs, make)
     assert runs
-    for answer, heads in runs:
-        assert heads == [] and answer in (None, [])
+    for run in runs:
+        assert run.victim == [] and run.answer in (None, [])
 
 
 def test_unvouched_of_bodies_or_a_chain_emptied_during_the_pass() -> None:
@@ -128,27 +80,38 @@ def test_unvouched_of_bodies_or_a_chain_emptied_during_the_pass() -> None:
 
         runs = collected_inside(columns.unvouched, make)
         assert runs, emptied
-        for answer, victim in runs:
-            assert victim == []
-            now = (victim, chain) if emptied == "bodies" else (bodies, victim)
-            assert answer is None or answer == python(*now), emptied
+        for run in runs:
+            assert run.victim == []
+            now = (run.victim, chain) if emptied == "bodies" else (bodies, run.victim)
+            assert run.answer is None or run.answer == python(*now), emptied
 
 
 def test_fold_of_leaves_emptied_during_the_pass() -> None:
+    """A collection at the pass's first allocation (before it reads the leaves) must be seen: the fold of
+    the emptied list, or None. One at its last (the answer's tuple, after every read) leaves the answer
+    the fold of the whole list, which is what the pass read."""
     c = required(fold_compiled.load(), "the compiled fold latticed.crdt._columns.fold")
     log = bytes(range(32))
+    whole: dict[int, tuple[bytes, list[bytes]]] = {}
+
+    def folds(leaves: list[tuple[bytes, int]]) -> tuple[bytes, list[bytes]]:
+        folded, steps = log, []
+        for count, (digest, end) in enumerate(leaves, 1):
+            folded = fold_one(folded, digest, end)
+            if count % 8 == 0:
+                steps.append(folded)
+        return folded, steps
 
     def make() -> tuple[tuple[Any, ...], list[Any]]:
         leaves = [(os.urandom(32), end) for end in range(64)]
+        whole[id(leaves)] = folds(leaves)  # no leaf kept: the finalizer frees them
         return (c.blake2b, fold_compiled.LOG_PERSON, log, leaves, 8), leaves
 
     runs = collected_inside(c.columns.fold, make)
     assert runs
-    for answer, leaves in runs:
-        folded = log
-        for digest, end in leaves:
-            folded = fold_one(folded, digest, end)
-        assert leaves == [] and answer in (None, (folded, []))
+    for run in runs:
+        assert run.victim == [] and run.answer in (None, folds(run.victim), whole[id(run.victim)])
+    assert any(run.answer != whole[id(run.victim)] for run in runs)  # a collection before the reads
 
 
 def test_versions_over_a_chain_emptied_during_the_pass() -> None:
@@ -168,6 +131,6 @@ def test_versions_over_a_chain_emptied_during_the_pass() -> None:
 
     runs = collected_inside(c.versions, make)
     assert len(runs) >= 2  # emptied before the first body, and at bodies' allocations
-    for answer, chain in runs:
-        assert chain == []
-        assert answer is None or [b.head_hash for b in answer] == expected
+    for run in runs:
+        assert run.victim == []
+        assert run.answer is None or [b.head_hash for b in run.answer] == expected

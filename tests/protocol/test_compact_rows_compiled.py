@@ -8,8 +8,6 @@ the pass never changes its input. Sans-IO, no sockets."""
 from __future__ import annotations
 
 import copy
-import gc
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.accel import required
+from support.gc_inside import collected_inside
 
 from latticed.crdt import columns_compiled, queue2
 from latticed.crdt.core_errors import MalformedError
@@ -173,50 +172,23 @@ def test_random_rows_read_as_python_reads_them(raw: list[list[Any]], base: int) 
     _same(raw, base)
 
 
-def _collected_inside(read: Callable[..., Any], row: list[Any], *rest: Any) -> tuple[list[int], Any]:
-    """``read(rows, *rest)``, 64 copies of ``row``, with a garbage collection due at one of its first
-    allocations of a tracked object, whose finalizer empties the rows. Returns the sizes of the rows
-    each time the finalizer ran inside the call (none: it ran elsewhere) and what the pass answered."""
-    here, inside, rows = sys._getframe().f_code, [], [[]]
-
-    class Finalized:
-        def __del__(self) -> None:
-            caller = sys._getframe(1)
-            if caller.f_code is here and caller.f_lineno == line:
-                inside.append(len(rows[0]))
-            rows[0].clear()
-
-    threshold, found = gc.get_threshold(), None
-    gc.collect()
-    gc.disable()
-    try:
-        for due in range(1, 6):
-            rows[0] = [list(row) for _ in range(64)]
-            args = (rows[0], *rest)
-            bomb = Finalized()
-            bomb.cycle = bomb  # type: ignore[attr-defined]
-            del bomb
-            gc.set_threshold(gc.get_count()[0] + due)
-            gc.enable()
-            line = sys._getframe().f_lineno + 1
-            found = read(*args)  # an exact tuple: passed on as it is, nothing allocated before the pass
-            gc.disable()
-            if inside:
-                return inside, (found, rows[0])
-    finally:
-        gc.set_threshold(*threshold)
-        gc.enable()
-    return inside, (found, rows[0])
-
-
 def test_a_finalizer_that_empties_the_rows_during_the_pass_is_seen() -> None:
     """The passes allocate their tuples (which may collect garbage, and so run a finalizer) after they
     read the list's size: they read it again after them, else they read items past a cleared list."""
     columns = required(columns_compiled.load(), "latticed.crdt._columns")
     limits = (MAX_VALUE_BYTES, MAX_KEY_BYTES)
-    for read, row, rest in [
+    cases: list[tuple[Callable[..., Any], list[Any], tuple[Any, ...]]] = [
         (columns.compact_rows, [None, b"v", 1, []], (0, *limits)),
         (columns.offered, [b"v", None, []], (99, *limits)),
-    ]:
-        inside, (found, rows) = _collected_inside(read, row, *rest)
-        assert inside == [64] and rows == [] and found is None
+    ]
+    for read, row, rest in cases:
+
+        def make(row: list[Any] = row, rest: tuple[Any, ...] = rest) -> tuple[tuple[Any, ...], list[Any]]:
+            rows = [list(row) for _ in range(64)]
+            return (rows, *rest), rows
+
+        runs = collected_inside(read, make)
+        assert runs and runs[0].answer is None, read  # the first due: a collection at the first tuple
+        for run in runs:  # a later one may land on the answer's tuple, after every row was read
+            assert run.sizes == [64] and run.victim == [], read
+            assert run.answer is None or len(run.answer[0]) == 64, read

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,25 @@ async def test_a_repeating_upkeep_error_is_logged_once_an_interval(
 
 
 # ---------------------------------------------------------------------- (3) the live cache after a failure
+@asynccontextmanager
+async def woken_past(e: Engine, q: int, end: int, *, seconds: float) -> AsyncIterator[trio.Event]:
+    """A task blocked in ``e.wait_past(q, end)`` before the body runs; the event is set once it returns.
+    Leaving waits for it (within ``seconds``): the tests here check that a commit that went wrong still
+    wakes the queue's waiters, and a waiter never woken would otherwise hang."""
+    woken = trio.Event()
+
+    async def waiter() -> None:
+        await e.wait_past(q, end)
+        woken.set()
+
+    with trio.fail_after(seconds):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            yield woken
+            await woken.wait()
+
+
 async def test_a_raising_live_cache_update_still_forgets_and_wakes_the_queue(tmp_path: Path) -> None:
     """The live cache's ``committed`` raises for a commit: the queue's waiter is still woken (it sees
     the new end) and the cache no longer serves the commit before it (reads go to the store)."""
@@ -125,18 +146,8 @@ async def test_a_raising_live_cache_update_still_forgets_and_wakes_the_queue(tmp
             real(change)
 
         e.live.committed = committed  # type: ignore[method-assign]
-        woken = trio.Event()
-
-        async def waiter() -> None:
-            await e.wait_past(q, 1)
-            woken.set()
-
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(waiter)
-                await trio.testing.wait_all_tasks_blocked()
-                assert await e.append(q, [rec(1)]) == 1
-                await woken.wait()
+        async with woken_past(e, q, 1, seconds=10):
+            assert await e.append(q, [rec(1)]) == 1
         assert e.live.recent_row(q, 0) is None
         assert await e.row(q, 0) is not None and await e.row(q, 1) is not None
 
@@ -167,21 +178,11 @@ async def test_a_read_back_that_works_only_later_wakes_the_changed_queues_waiter
 
         monkeypatch.setattr(writer.store, "load", load)
         monkeypatch.setattr(writer.core2, "publish", publish)
-        woken = trio.Event()
-
-        async def waiter() -> None:
-            await e.wait_past(q, 0)
-            woken.set()
-
-        with trio.fail_after(5):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(waiter)
-                await trio.testing.wait_all_tasks_blocked()
-                assert await e.append(q, [rec(0)]) == 0  # acked: the COMMIT returned
-                await trio.testing.wait_all_tasks_blocked()
-                assert e.state(q).held_end == 0 and not woken.is_set()  # stale: it waits again
-                allowed.set()
-                await woken.wait()
+        async with woken_past(e, q, 0, seconds=5) as woken:
+            assert await e.append(q, [rec(0)]) == 0  # acked: the COMMIT returned
+            await trio.testing.wait_all_tasks_blocked()
+            assert e.state(q).held_end == 0 and not woken.is_set()  # stale: it waits again
+            allowed.set()
         assert e.state(q).held_end == 1
         assert await e.append(q, [rec(1)]) == 1
 
