@@ -219,21 +219,25 @@ def test_replies_in_pieces_or_with_more_behind_them_are_read_as_before(
         real.close()
 
 
-def test_a_request_is_packed_as_messages_pack_packs_it(
-    serve: Callable[[Handler], tuple[Path, list[dict[str, object]]]],
-) -> None:
-    raw: list[bytes] = []
+def _recording(raw: list[bytes], answer: Callable[[], dict[str, object]]) -> Handler:
+    """A server keeping each request's frame in ``raw`` and answering it ok with ``answer()``'s fields."""
 
-    def recording(conn: socket.socket, seen: list[dict[str, object]]) -> None:
+    def handler(conn: socket.socket, seen: list[dict[str, object]]) -> None:
         decoder = FrameDecoder(1 << 24)
         while data := conn.recv(1 << 16):
             for frame in decoder.feed(data):
                 raw.append(bytes(frame))
-                request = msgpack.unpackb(frame)
-                body = msgpack.packb({"ok": True, "id": request["id"], "offset": len(raw)})
+                body = msgpack.packb({"ok": True, "id": msgpack.unpackb(frame)["id"], **answer()})
                 conn.sendall(struct.pack(">I", len(body)) + body)
 
-    path, _ = serve(recording)
+    return handler
+
+
+def test_a_request_is_packed_as_messages_pack_packs_it(
+    serve: Callable[[Handler], tuple[Path, list[dict[str, object]]]],
+) -> None:
+    raw: list[bytes] = []
+    path, _ = serve(_recording(raw, lambda: {"offset": len(raw)}))
     with Client(path, timeout=3.0) as client:
         client.offer("q", b"v")  # opens the connection through ``call``
         client.offer("q", b"w", key=b"k", headers={"h": b"1"})  # the single offer's own path
@@ -285,17 +289,7 @@ def test_a_reply_larger_than_the_first_read_and_a_pre_packed_value_go_through_as
     ``messages.pack`` sends it, not as the connection's kept ``Packer`` would pack a ``bytes``."""
     raw: list[bytes] = []
     big = b"b" * (3 * _FIRST_READ + 5)
-
-    def large(conn: socket.socket, seen: list[dict[str, object]]) -> None:
-        decoder = FrameDecoder(1 << 24)
-        while data := conn.recv(1 << 16):
-            for frame in decoder.feed(data):
-                raw.append(bytes(frame))
-                request = msgpack.unpackb(frame)
-                body = msgpack.packb({"ok": True, "id": request["id"], "value": big})
-                conn.sendall(struct.pack(">I", len(body)) + body)
-
-    path, _ = serve(large)
+    path, _ = serve(_recording(raw, lambda: {"value": big}))
     spliced = Packed.of([1, 2])
     with Client(path, timeout=3.0) as client:
         assert client.call("echo")["value"] == big
