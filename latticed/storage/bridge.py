@@ -1,10 +1,9 @@
 """The bridge between trio and the storage thread: jobs go out, completions come back, reads run on a pool.
 
 Writes become jobs for the :class:`~latticed.storage.writer.Writer`; the calling task waits on a
-``trio.Event`` that the event loop sets when the job's transaction committed (one call handed to the
-loop per group commit, not per job, through a :class:`~latticed.storage.handover.LoopHandover`). Before
-it does, the owner of the bridge hears of the batch's changes (``on_commit``), so whatever a woken waiter
-looks at already shows them. Reads run on a small pool of read
+``trio.Event`` that the event loop sets when the job's transaction committed (one call handed to the loop
+per group commit, not per job, through a :class:`~latticed.storage.handover.LoopHandover`). Before it does, the owner of the bridge hears of the batch's changes
+(``on_commit``), so whatever a woken waiter looks at already shows them. Reads run on a small pool of read
 connections through ``trio.to_thread``, so neither kind ever blocks the event loop.
 
 This module knows nothing of queues, caches or replication; it changes only if the way trio talks to the
@@ -119,9 +118,8 @@ class StorageBridge:
                     log_event(log, "storage.prepare_failed", level=40, exc_info=exc, job=type(job).__name__)
 
     def _complete(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
-        # A call that raises is only logged by the hand-over, and the waiters below would never wake:
-        # whatever the owner's handler or a job's callback does, each job is completed with what its
-        # commit did (its result or error was settled on the storage thread).
+        # A call that raises is logged by the hand-over, and the waiters below would never wake: whatever the owner's handler or a job's callback does, each job is completed with
+        # what its commit did (its result or error was settled on the storage thread).
         try:
             self._on_commit(jobs, changes, changes2)
         except Exception as exc:

@@ -17,7 +17,6 @@ write that finds the socket's buffer full (``EAGAIN``) has bytes unread ahead of
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import errno
 import os
@@ -125,7 +124,7 @@ class LoopHandover:
         """Run the posted calls as their bytes arrive; on leaving (cancelled at the run's end, or
         :meth:`close`), close and run what is left."""
         try:
-            while not self._closed:  # closed before its first turn: its socket is gone
+            while True:
                 try:
                     await trio.lowlevel.wait_readable(self._read)
                 except trio.ClosedResourceError:
@@ -162,8 +161,10 @@ class LoopHandover:
                 return
             self._closed = True
         self._run()
-        with contextlib.suppress(RuntimeError):  # outside the run: nobody waits on it
+        try:
             trio.lowlevel.notify_closing(self._read)
+        except RuntimeError:  # outside the run: nobody waits on it
+            pass
         self._read.close()
         self._write.close()
 
