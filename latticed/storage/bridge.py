@@ -1,8 +1,8 @@
 """The bridge between trio and the storage thread: jobs go out, completions come back, reads run on a pool.
 
 Writes become jobs for the :class:`~latticed.storage.writer.Writer`; the calling task waits on a
-``trio.Event`` that the event loop sets when the job's transaction committed (one call handed to the loop
-per group commit, not per job, through a :class:`~latticed.storage.handover.LoopHandover`). Before it does, the owner of the bridge hears of the batch's changes
+``trio.Event`` that the event loop sets when the job's transaction committed (one ``run_sync_soon`` per
+group commit, not per job). Before it does, the owner of the bridge hears of the batch's changes
 (``on_commit``), so whatever a woken waiter looks at already shows them. Reads run on a small pool of read
 connections through ``trio.to_thread``, so neither kind ever blocks the event loop.
 
@@ -26,7 +26,6 @@ from latticed.errors import LatticedError, StorageError
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
 from latticed.storage.core2_queues import Change2
-from latticed.storage.handover import LoopHandover
 from latticed.storage.jobs import SUBMITTER, Call, Job, WriterView
 from latticed.storage.reader import ReadPool, StoreReader
 from latticed.storage.sqlite import wal_path
@@ -66,8 +65,7 @@ class StorageBridge:
         self._writer = writer
         self._pool = pool
         self._on_commit = on_commit
-        #: The storage thread's calls to the loop, in order (a batch's prepare before its completion).
-        self._handover = LoopHandover()
+        self._token = trio.lowlevel.current_trio_token()
         self._limiter = trio.CapacityLimiter(pool.size)
         self._closed = False
         #: Called on the event loop once the storage thread read the store back after a failed read-back
@@ -77,19 +75,14 @@ class StorageBridge:
         writer.on_committing = self._on_committing
         writer.on_reloaded = self._on_reloaded
 
-    @property
-    def handover(self) -> LoopHandover:
-        """The storage thread's calls to the loop (tests wait on it: see :meth:`LoopHandover.wait_run`)."""
-        return self._handover
-
     # ------------------------------------------------------------------ writes
     def _on_done(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
         """Runs on the storage thread after each batch: hand completion to trio in one callback."""
-        self._handover.post(self._complete, jobs, changes, changes2)
+        self._token.run_sync_soon(self._complete, jobs, changes, changes2)
 
     def _on_reloaded(self) -> None:
         """Runs on the storage thread after a read-back that ended a stale spell: tell the event loop."""
-        self._handover.post(self._reloaded)
+        self._token.run_sync_soon(self._reloaded)
 
     def _reloaded(self) -> None:
         if self.on_reload is not None:
@@ -100,11 +93,11 @@ class StorageBridge:
         loop is idle, so the jobs' waiters build their replies then (``Job.prepare``), and what is left
         for the loop once the commit returns is to send them."""
         if any(job.prepare is not None for job in jobs):
-            self._handover.post(self._prepare, jobs)
+            self._token.run_sync_soon(self._prepare, jobs)
 
     @staticmethod
     def _prepare(jobs: list[Job]) -> None:
-        # Posted before the batch's _complete (the hand-over keeps the order): it always runs first.
+        # Queued before the batch's _complete (run_sync_soon keeps the order): it always runs first.
         # Once per distinct callback: a connection's prepares all its jobs in one pass, and calling it
         # for each of its 63 jobs in the batch walked them 63 times (O(n^2): ~0.4 ms of the loop per batch).
         called: set[Callable[[], None]] = set()
@@ -118,7 +111,8 @@ class StorageBridge:
                     log_event(log, "storage.prepare_failed", level=40, exc_info=exc, job=type(job).__name__)
 
     def _complete(self, jobs: list[Job], changes: list[Change], changes2: list[Change2]) -> None:
-        # A call that raises is logged by the hand-over, and the waiters below would never wake: whatever the owner's handler or a job's callback does, each job is completed with
+        # A callback of run_sync_soon that raises ends the whole trio run, and the waiters below would
+        # never wake: whatever the owner's handler or a job's callback does, each job is completed with
         # what its commit did (its result or error was settled on the storage thread).
         try:
             self._on_commit(jobs, changes, changes2)
@@ -208,7 +202,6 @@ class StorageBridge:
         self._closed = True
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(self._writer.stop)
-            self._handover.close()  # after the thread's last batch: its calls run now
             self._pool.close()
 
 

@@ -500,7 +500,7 @@ def test_pipelined_offers_whose_commit_fails_are_answered_with_its_error_not_the
     def failing_commit() -> None:
         if failing[0]:
             # A slow fsync: the event loop runs what was queued before it (the batch's prepare) first.
-            assert daemon.handle.engine.bridge.handover.wait_run(10.0)
+            trio.from_thread.run_sync(lambda: None, trio_token=daemon.token)
             raise sqlite3.OperationalError("disk I/O error")
         commit()
 

@@ -18,7 +18,6 @@ from latticed.errors import LatticedError, StorageError
 from latticed.storage.batch import Batch
 from latticed.storage.bridge import StorageBridge
 from latticed.storage.engine import Engine
-from latticed.storage.handover import LoopHandover
 from latticed.storage.jobs import Append, Call, CreateQueue, Job, Truncate, WriterView
 from latticed.storage.writer import Writer
 
@@ -32,22 +31,21 @@ def rec(i: int) -> Record:
 
 class FailingCommits:
     """Wraps a store's ``commit``: the next ``count`` COMMITs raise ``error`` (the transaction is then
-    rolled back by the writer, as after a real failure) instead of committing. With ``handover``, a
-    failing COMMIT first lets the event loop run what the storage thread handed it before (as a real
-    fsync's time does)."""
+    rolled back by the writer, as after a real failure) instead of committing. With ``token``, a failing
+    COMMIT first lets that event loop run what was queued before it (as a real fsync's time does)."""
 
     def __init__(
-        self, commit: Any, error: Exception, count: int = 1, handover: LoopHandover | None = None
+        self, commit: Any, error: Exception, count: int = 1, token: trio.lowlevel.TrioToken | None = None
     ) -> None:
-        self._commit, self._error, self.left, self._handover = commit, error, count, handover
+        self._commit, self._error, self.left, self._token = commit, error, count, token
         self.failed = 0
 
     def __call__(self) -> None:
         if self.left > 0:
             self.left -= 1
             self.failed += 1
-            if self._handover is not None:
-                assert self._handover.wait_run(10.0)
+            if self._token is not None:
+                trio.from_thread.run_sync(lambda: None, trio_token=self._token)
             raise self._error
         self._commit()
 
@@ -77,7 +75,7 @@ async def test_a_failed_commit_is_answered_by_its_error_though_prepare_saw_resul
         q = await e.create_queue("q")
         store = e._writer.store
         failing = FailingCommits(
-            store.commit, sqlite3.OperationalError("disk I/O error"), handover=e.bridge.handover
+            store.commit, sqlite3.OperationalError("disk I/O error"), token=trio.lowlevel.current_trio_token()
         )
         monkeypatch.setattr(store, "commit", failing)
         seen: list[tuple[int, bool, object, object]] = []
