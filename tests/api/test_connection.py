@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from latticed.api.messages import pack_array
-from latticed.api.server.connection import LARGE_FRAME_BYTES, Connection
+from latticed.api.server.connection import LARGE_FRAME_BYTES, PACKER_KEEP_BYTES, Connection
 from latticed.errors import ConnectionClosedError
 from latticed.protocol.framing import FrameDecoder, encode_frame
 
@@ -154,3 +154,23 @@ async def test_a_reply_with_a_spliced_array_is_framed_as_the_plain_map_or_refuse
     assert frame is not None
     reply = msgpack.unpackb(frame)
     assert reply["id"] == 3 and reply["ok"] is False and "frame limit" in reply["error"]["message"]
+
+
+async def test_the_kept_packer_gives_packb_bytes_and_is_renewed_after_a_reply_past_its_cap() -> None:
+    """Replies without pre-packed values go through the connection's kept Packer: the same bytes as
+    ``packb`` for small, mid-sized and large replies and after one that failed to pack; the Packer is
+    kept after replies up to half its cap and replaced (its grown buffer freed) after a larger one."""
+    server, _peer = await pair()
+    kept = server._pack
+    small = {"id": 7, "ok": True, "offset": 123_456}
+    mid = {"id": 8, "ok": True, "names": ["q" * 100] * ((PACKER_KEEP_BYTES // 2 - 64) // 102)}
+    big = {"id": 9, "ok": True, "blob": b"x" * PACKER_KEEP_BYTES}
+    for message in (small, mid):
+        assert server.encode(message) == encode_frame(msgpack.packb(message, use_bin_type=True), LIMIT)
+    assert server._pack is kept  # at most half the cap: kept
+    assert len(msgpack.packb(mid, use_bin_type=True)) <= PACKER_KEEP_BYTES // 2
+    assert server.encode(big) == encode_frame(msgpack.packb(big, use_bin_type=True), LIMIT)
+    assert server._pack is not kept  # past it: a fresh Packer, the grown buffer dropped
+    with pytest.raises(TypeError):
+        server.encode({"id": 10, "ok": True, "bad": object()})
+    assert server.encode(small) == encode_frame(msgpack.packb(small, use_bin_type=True), LIMIT)

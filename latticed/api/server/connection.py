@@ -14,9 +14,10 @@ import os
 from collections.abc import Callable
 from typing import Any, Final
 
+import msgpack
 import trio
 
-from latticed.api.messages import error_reply, pack, pack_parts
+from latticed.api.messages import error_reply, holds_packed, pack, pack_parts
 from latticed.errors import LatticedError, MalformedError
 from latticed.protocol.framing import FrameDecoder, encode_frame, frame_header
 
@@ -27,6 +28,16 @@ READ_AT_MOST: Final = 1 << 20
 #: A frame this large being buffered is remembered (``held_large_frame``): the server gives memory back
 #: once such requests are over (latticed/process/malloc.py).
 LARGE_FRAME_BYTES: Final = 1 << 20
+#: A connection's kept ``msgpack.Packer`` starts with a buffer this large (msgpack's default, 256 KiB, a
+#: connection is too much to keep for replies of ~40 bytes)...
+PACKER_START_BYTES: Final = 4096
+#: ... and keeps it while it is at most this large: msgpack grows its buffer to twice what it needed, so
+#: after a reply longer than half of it the Packer is dropped (its buffer with it) for a fresh one.
+PACKER_KEEP_BYTES: Final = 64 << 10
+
+
+def _packer() -> Callable[[Any], bytes]:
+    return msgpack.Packer(use_bin_type=True, buf_size=PACKER_START_BYTES).pack  # type: ignore[no-any-return]
 
 
 class Connection:
@@ -51,6 +62,9 @@ class Connection:
         self.writing = False
         #: The socket's descriptor when ``stream`` is a trio SocketStream (else the stream's own methods).
         self._fd: int | None = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+        #: Packs replies without pre-packed values: kept, a reply costs ~0.3 us less than ``packb``'s
+        #: Packer made and freed each time (one task sends at a time: it is never used concurrently).
+        self._pack = _packer()
 
     async def receive_frame(self) -> bytes | None:
         """The next frame body, or None at a clean end of stream. Safe to cancel: it only ever waits before
@@ -122,7 +136,13 @@ class Connection:
     def encode(self, message: dict[str, Any]) -> bytes:
         """One framed message (an error reply instead if it would exceed the frame limit), joined from
         its parts once (a large reply's spliced values are not copied on the way)."""
-        parts = pack_parts(message)
+        if not holds_packed(message):
+            body = self._pack(message)
+            if len(body) > PACKER_KEEP_BYTES // 2:  # its buffer grew past the cap: not kept
+                self._pack = _packer()
+            parts = [body]
+        else:
+            parts = pack_parts(message)
         size = sum(map(len, parts)) if len(parts) > 1 else len(parts[0])
         if size > self.max_frame_bytes:
             failure: LatticedError = MalformedError(
