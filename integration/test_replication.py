@@ -115,7 +115,7 @@ def test_a_restored_stale_store_may_not_write_until_it_caught_up(latticed_proces
 
     The laptop reaches home through a relay that lets home's bytes through only as the test allows: after
     the restore, a kilobyte at a time until the laptop says home is ahead, then none until the write was
-    refused. The catch-up (~0.25 s on this box, most of it before the socket accepted) is thus held open
+    refused. The catch-up (~0.27 s here, often half over when `start()` returned) is thus held open
     rather than raced by polling, which missed it 1 in 4-6 runs."""
     home = start_peer(latticed_process)
     relay = HeldRelay(listen_port(home))
