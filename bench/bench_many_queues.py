@@ -127,7 +127,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     cores: list[int | None] = [int(c) for c in args.core.split(",")] if args.core else [None]
-    if any(c not in (1, 2) for c in cores):
+    if any(c not in (1, 2, None) for c in cores):
         parser.error("--core is 1, 2 or 1,2")
     figures: dict[tuple[int | None, int], dict[str, float]] = {}
     with scratch("bench-many-queues-", remove=True) as (root, nodes):

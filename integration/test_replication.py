@@ -7,13 +7,13 @@ import contextlib
 import dataclasses
 import shutil
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import trio
 from daemons import LatticedProcess
+from held_relay import HeldRelay
 from polling import wait_until
 
 from latticed.api.client.blocking_client import Client
@@ -111,9 +111,16 @@ def test_offline_laptop_catches_up_both_ways(latticed_process: Factory) -> None:
 def test_a_restored_stale_store_may_not_write_until_it_caught_up(latticed_process: Factory) -> None:
     """A daemon restored from an old copy of its data directory holds less of its own queue than its peer.
     A write then would sign a second history at offsets the peer holds (a fork for good): it is refused
-    while the catch-up runs, and lands after the true end once it is done."""
+    while the catch-up runs, and lands after the true end once it is done.
+
+    The laptop reaches home through a relay that lets home's bytes through only as the test allows: after
+    the restore, a kilobyte at a time until the laptop says home is ahead, then none until the write was
+    refused. The catch-up (~0.27 s here, often half over when `start()` returned) is thus held open
+    rather than raced by polling, which missed it 1 in 4-6 runs."""
     home = start_peer(latticed_process)
-    laptop = start_peer(latticed_process, home)
+    relay = HeldRelay(listen_port(home))
+    # Not listening: home cannot dial it back around the relay.
+    laptop = latticed_process(args=["--no-mdns", "--peer", f"127.0.0.1:{relay.port}"])
     with client(laptop) as c:
         queue = c.queue_create("diary")
         c.offer_batch("diary", [(b"old%d" % i, None, ()) for i in range(10)])
@@ -122,49 +129,39 @@ def test_a_restored_stale_store_may_not_write_until_it_caught_up(latticed_proces
     backup = laptop.data_dir.with_name(laptop.data_dir.name + "-backup")
     shutil.copytree(laptop.data_dir, backup)
     laptop.start()
-    end = 10 + 100 * 1000  # a catch-up that takes a while (~0.5 s here), so a write can come during it
+    end = 10 + 100 * 1000  # a catch-up of ~1 MB: far more than the few kB that tell the laptop home is ahead
     with client(laptop) as c:
         for batch in range(100):
             c.offer_batch("diary", [(b"new%d" % (batch * 1000 + i), None, ()) for i in range(1000)])
     wait_until(lambda: holds(home, queue, end), "the later records at home")
+    laptop.stop()
+    shutil.rmtree(laptop.data_dir)
+    shutil.copytree(backup, laptop.data_dir)
+    relay.hold()
+    laptop.start()
 
     def sees_home_ahead() -> bool:
         with client(laptop) as c:
             return any(lag < 0 for peer in c.peers() for lag in (peer.get("lag") or {}).values())
 
-    def restored_and_seen_behind() -> bool:
-        """The stale restore, then polled tightly for the window (the catch-up's duration): False if the
-        catch-up ended before a poll saw the laptop behind (a busy box can run it between two polls)."""
-        laptop.stop()
-        shutil.rmtree(laptop.data_dir)
-        shutil.copytree(backup, laptop.data_dir)
-        laptop.start()
-        deadline = time.monotonic() + 30
-        while not sees_home_ahead():
-            if holds(laptop, queue, end):
-                return False
-            assert time.monotonic() < deadline, "the laptop never heard from home"
-            time.sleep(0.002)
-        return True
-
-    assert any(restored_and_seen_behind() for _ in range(4)), "caught up before the laptop was seen behind"
+    while not sees_home_ahead():  # home's handshake, HELLO and digest, a kilobyte at a time
+        assert relay.passed < 256 * 1024, "the laptop never heard what home holds"
+        relay.allow(1024)
+        wait_until(lambda: relay.spent() or sees_home_ahead(), "home's next kilobyte at the laptop")
+    assert not holds(laptop, queue, end), "the catch-up is held at the relay"
     with client(laptop) as c:
-        refused = 0
-        while True:
-            try:
-                offset = c.offer("diary", b"after the restore")
-                break
-            except BehindPeersError as exc:
-                assert "restored from an older copy" in str(exc)
-                refused += 1
-                wait_until(lambda: holds(laptop, queue, end), "the catch-up")
+        with pytest.raises(BehindPeersError, match="restored from an older copy"):
+            c.offer("diary", b"after the restore")
+        relay.release()
+        wait_until(lambda: holds(laptop, queue, end), "the catch-up")
+        offset = c.offer("diary", b"after the restore")
         assert offset == end, "the write continues the one true history"
         assert not c.queue_info(queue)["forked"]
-    assert refused == 1, "the write came while the laptop was behind, and was refused"
     wait_until(lambda: holds(home, queue, end + 1), "the new record at home")
     with client(home) as c:
         assert not c.queue_info(queue)["forked"]
         assert c.peek(queue, end) == b"after the restore"
+    relay.close()
 
 
 def test_kill9_mid_transfer_then_converge(latticed_process: Factory) -> None:
