@@ -69,7 +69,7 @@ class LatticedProcess:
                     f"latticed did not accept on {self.socket} within {START_TIMEOUT_S}s:\n{self.log_text()}"
                 )
             time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+            delay = min(delay * 2, 0.05)  # a connect attempt is cheap; a long step only delays every test
 
     @property
     def pid(self) -> int:
