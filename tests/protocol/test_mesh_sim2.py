@@ -128,7 +128,8 @@ def test_a_bulk_on_core_2_crosses_the_mesh_about_once() -> None:
     """bench_mesh's bulk on core 2 gives 1.06-1.16 x (N - 1) x payload at N = 8 (the daemons' eight runs
     of sim23: 1.119 at 50k). Since the warm-up's stalls are drawn per unit of core time (sim23c) the
     writer keeps its three links eager into the bulk in more draws and prunes one in the bulk's first
-    chunks: draws 0-3 at 20k give 1.213, 1.061, 1.061, 1.061 (draw 0 alone was 1.122 before)."""
+    chunks: draws 0-3 at 20k give 1.213, 1.061, 1.061, 1.061 (draw 0 alone was 1.122 before); with the
+    costs measured again and the interpreter's hand-offs as runs (sim24b) 1.061 each."""
     ratios = []
     for draw in range(4):
         sim = MeshSim2(8, draws=draw)
@@ -244,8 +245,19 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     sim23's (a92aa6b) since relay23 and gc23, and their writer offers faster (50 calls in 0.40-0.72 s, was
     0.50-1.02), so the simulator's costs, measured on the older daemons, are over: the nodes' CPU +13 %,
     the writer's +15 %, its transaction +20 %, DELTA2 +20 %, ACK2 +25 %, HAVE2 +29 %; the bulk's time
-    -9.8 % (met). Pinned, not met: the costs want measuring again on this tree."""
+    -9.8 % (met). Pinned, not met: the costs want measuring again on this tree.
+
+    With the costs measured again on that tree (``bench_sim_costs.py``: the received byte 3.84 ns, was
+    6.28; the signature check 45 us, was 91) and the interpreter's hand-off as a short run of the wakee
+    on its waker's core (``MeshSim2.hand_offs``, ``Box.hand_off``: sim24's sched_switch measurements, the
+    chance by waker and wakee, the burst and the waker's wait; sim24b, bench/RESULTS.md): the nodes' CPU
+    29.6 us a record (+2.0 %), the writer's 4.45 (+4.4 %), its transaction 5.86 ms (+6.8 %), HAVE2 0.0232
+    (-4.5 %): met; the writer's held work before its COMMIT 3.14 ms (the daemons' means 2.0-3.3); not met:
+    DELTA2 0.893 (+36 %), ACK2 0.454 (+48 %), the bulk 1.00 s (-15 %). The simulated nodes take 38 such
+    hand-offs a bulk against the daemons' loops' ~250-280 by their own storage thread or reader: the
+    simulated relays, as cheap as the daemons', keep up with the writer. Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float, float, float]] = []
+    hand_offs = 0
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
         warm_up(sim)
@@ -253,7 +265,9 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
         cpu, commits, took = writer.cpu_work, writer.commits, writer.commit_seconds
         before_commit = writer.pre_commit_seconds
         every = sum(node.cpu_work for node in sim.nodes)
+        handed = sim.box.hand_offs
         part = bulk(sim, 50_000, 100)
+        hand_offs += sim.box.hand_offs - handed
         per_txn = (writer.commit_seconds - took) / (writer.commits - commits)
         pre_commit = (writer.pre_commit_seconds - before_commit) / (writer.commits - commits)
         cpu_per_record = (writer.cpu_work - cpu) / 50_000
@@ -264,15 +278,16 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     deltas, acks, writer_cpu, txn, elapsed, every_node, have2s, pre = (
         sum(f[i] for f in figures) / len(figures) for i in range(8)
     )
-    # the daemons: the means of eight runs of 5ff9f90 (sim24); the costs are the older daemons' (above)
-    assert 1.10 < every_node / 0.0000290 <= 1.16, figures  # not met: +13 %
-    assert 1.15 < deltas / 0.656 <= 1.25, figures  # not met: +20 %
-    assert 1.20 < acks / 0.3075 <= 1.30, figures  # not met: +25 %
-    assert 1.25 < have2s / 0.0243 <= 1.35, figures  # not met: +29 %
-    assert abs(elapsed / 1.176 - 1) <= 0.1, figures  # met: -9.8 % (the daemons' 0.70-1.78 s a run)
-    assert 1.10 < writer_cpu / 0.00000426 <= 1.20, figures  # not met: +15 %
-    assert 1.15 < txn / 0.00549 <= 1.25, figures  # not met: +20 %
-    assert 0.0033 < pre <= 0.0040, figures  # before its COMMIT 3.58 ms: the daemons' means 2.0-3.3, not met
+    # the daemons: the means of eight runs of 5ff9f90 (sim24); the costs measured on that tree (sim24b)
+    assert abs(every_node / 0.0000290 - 1) <= 0.1, figures  # met: +2.0 %
+    assert 1.30 < deltas / 0.656 <= 1.42, figures  # not met: +36 %
+    assert 1.42 < acks / 0.3075 <= 1.53, figures  # not met: +48 %
+    assert abs(have2s / 0.0243 - 1) <= 0.1, figures  # met: -4.5 %
+    assert 0.80 < elapsed / 1.176 <= 0.90, figures  # not met: -15 % (the daemons' 0.70-1.78 s a run)
+    assert abs(writer_cpu / 0.00000426 - 1) <= 0.1, figures  # met: +4.4 %
+    assert abs(txn / 0.00549 - 1) <= 0.1, figures  # met: +6.8 %
+    assert 0.0028 < pre <= 0.0035, figures  # before its COMMIT 3.14 ms: the daemons' means 2.0-3.3
+    assert 25 * 8 <= hand_offs <= 50 * 8, hand_offs  # 38 a bulk (26-48 a draw)
     for _, _, cpu_per_record, per_txn, _, _, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
         assert 0.0035 <= per_txn <= 0.011, figures  # the daemons' 5.6-10 ms; draw 6's writer (one link) 3.9
