@@ -339,22 +339,28 @@ class MeshSim2(MeshSim):
         # its own stream: the jitter and stall draws stay as they were
         self._hand_rng = random.Random(f"hand-off {self.seed if self.draws is None else self.draws}")
 
-    def _hand_off(self, y: int, role: str, wakee: str) -> None:
-        """Node ``y``'s thread in ``role``, holding the interpreter on a core, has just woken its ``wakee``
-        thread: with both cores busy the wakee takes its core with ``HAND_OFF_CHANCE``, runs a
-        measured burst and blocks on the interpreter; the waker waits a measured while for its core
-        back, and the node's next work (the wakee's own included) after it (:meth:`Box.hand_off`)."""
+    def _hand_off(self, y: int, role: str, wakee: str, thread: CpuThread | None = None) -> float:
+        """Node ``y``'s thread in ``role`` (``thread``, or the node's thread in that role), holding the
+        interpreter on a core, has just woken its ``wakee`` thread: with both cores busy the wakee takes
+        its core with ``HAND_OFF_CHANCE``, runs a measured burst and blocks on the interpreter; the waker
+        waits a measured while for its core back, and what it has (or is given meanwhile) after it
+        (:meth:`Box.hand_off`). Returns that wait (0: no take)."""
         box = self.box
         node = self.node2(y)
-        if not (self.gil and self.hand_offs) or node.role != role or not box.can_hand_off(node.cpu):
-            return
-        if self._hand_rng.random() >= HAND_OFF_CHANCE[(role, wakee)]:
-            return
+        if not (self.gil and self.hand_offs):
+            return 0.0
+        if thread is None and node.role != role:
+            return 0.0
+        waker = node.cpu if thread is None else thread
+        if not box.can_hand_off(waker) or self._hand_rng.random() >= HAND_OFF_CHANCE[(role, wakee)]:
+            return 0.0
         burst = self._hand_rng.choice(HAND_OFF_BURST_US) * 1e-6
         back = self._hand_rng.choice(HAND_OFF_BACK_US) * 1e-6
-        if box.hand_off(node.cpu, burst, back):
-            node.cpu_work += burst
-            node.hand_offs += 1
+        if not box.hand_off(waker, burst, back):
+            return 0.0
+        node.cpu_work += burst
+        node.hand_offs += 1
+        return back
 
     def _new_node(self, name: int) -> MeshNode:
         return MeshNode2(name)
@@ -545,12 +551,22 @@ class MeshSim2(MeshSim):
                 self._interpreter(y, "storage", resumed)
 
         def resumed() -> None:  # holding the interpreter after the COMMIT
-            self._wake(y, ("commit", self._seq), completed)
-            node.committing = False
-            if node.waiting:
-                self._next_commit(y, held=True)
-                # it holds the interpreter on: the loop it woke may take its core
-                self._hand_off(y, "storage", "loop")
+            # ``process`` wakes the loop (``run_sync_soon``) on the core the COMMIT's last run had: the
+            # loop may take that core (``_hand_off``), and the storage thread, holding the interpreter
+            # off the cores, then goes on (its callback handed over, its next batch) once it is back
+            task = ("commit", self._seq)
+            back = self._hand_off(y, "storage", "loop", node.disk_cpu)
+
+            def go_on() -> None:
+                self._wake(y, task, completed)
+                node.committing = False
+                if node.waiting:
+                    self._next_commit(y, held=True)
+
+            if back:
+                self._at(self.now + back, go_on)
+            else:
+                go_on()
 
         def synced() -> None:  # its records' work done, the COMMIT waits on the disk
             node.pre_commit_seconds += self.now - began[0]
