@@ -352,3 +352,61 @@ def test_the_storage_thread_keeps_its_core_from_its_held_work_to_its_released_wo
     clock.run()
     assert ends["disk2"] == pytest.approx(0.003)
     assert ends["waiting"] == pytest.approx(0.004)  # it took the core at 1 ms, gave it back, then next
+
+
+def test_a_wakee_takes_its_wakers_core_for_a_burst_and_the_waker_waits_its_while_then_first() -> None:
+    """``Box.hand_off`` (bench/RESULTS.md sim24b): on a full box the wakee runs its burst on its waker's
+    core at once and blocks; the waker is off the cores its wait, then first in the queue, its work
+    (and work given meanwhile) after. A thread queued before takes the core the burst frees, so the
+    waker waits for it too (the daemons' long waits). With a core free there is no take."""
+    clock, box = _slot_box(slice_s=0.1)
+    other, waker = CpuThread(), CpuThread()
+    box.work(other, 0.010)
+    box.work(waker, 0.001)
+    ends: dict[str, float] = {}
+    box.then(waker, lambda: ends.__setitem__("waker", clock.now))
+    clock.at(0.0002, lambda: ends.__setitem__("took", float(box.hand_off(waker, 0.00002, 0.00005))))
+    clock.run()
+    assert ends == {"took": 1.0, "waker": pytest.approx(0.00025 + 0.0008)}
+    assert box.hand_offs == 1 and box.runs == 4  # the two, the burst, the waker back
+
+    clock, box = _slot_box(slice_s=0.1)
+    other, waker, queued = CpuThread(), CpuThread(), CpuThread()
+    box.work(other, 0.010)
+    box.work(waker, 0.001)
+    box.work(queued, 0.001)  # waits for a core from 0
+    box.then(waker, lambda: ends.__setitem__("waker2", clock.now))
+    box.then(queued, lambda: ends.__setitem__("queued", clock.now))
+    clock.at(0.0002, lambda: box.hand_off(waker, 0.00002, 0.00005))
+    clock.run()
+    assert ends["queued"] == pytest.approx(0.00022 + 0.001)  # on the core the burst freed
+    assert ends["waker2"] == pytest.approx(0.00122 + 0.0008)  # first in the queue once back, behind it
+
+    clock, box = _slot_box(slice_s=0.1)
+    alone = CpuThread()
+    box.work(alone, 0.001)
+    assert not box.can_hand_off(alone) and not box.hand_off(alone, 0.00002, 0.00005)
+    clock.run()
+    assert box.hand_offs == 0 and box.runs == 1
+
+
+def test_a_waker_that_gave_its_core_up_at_this_moment_still_had_it_for_a_hand_off() -> None:
+    """A thread done at this instant, whose core went to a thread queued (the events' order: it blocks
+    an event later in the daemon), is taken as still on it: the queued thread goes back to the queue's
+    front behind the burst, and the waker's wait holds up nothing of its own (it has no work)."""
+    clock, box = _slot_box(slice_s=0.1)
+    other, waker, queued = CpuThread(), CpuThread(), CpuThread()
+    box.work(other, 0.010)
+    box.work(waker, 0.001)
+    box.work(queued, 0.0005)
+    done: dict[str, float] = {}
+    box.then(queued, lambda: done.__setitem__("queued", clock.now))
+
+    def woke() -> None:  # after the waker's ``_idle``: it left its core to ``queued`` at this moment
+        assert waker not in box.running and queued in box.running
+        done["took"] = float(box.hand_off(waker, 0.00002, 0.00005))
+
+    box.then(waker, lambda: clock.at(clock.now, woke))
+    clock.run()
+    assert done == {"took": 1.0, "queued": pytest.approx(0.001 + 0.00002 + 0.0005)}
+    assert box.runs == 4 and box.hand_offs == 1 and not waker.busy

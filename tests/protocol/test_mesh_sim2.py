@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +16,9 @@ from support.core2_sim import Core2Network
 from support.mesh_sim import Costs, CpuThread, bulk, counted_name, live
 from support.mesh_sim2 import (
     GROUP_COMMIT_S,
+    HAND_OFF_BACK_US,
+    HAND_OFF_BURST_US,
+    HAND_OFF_CHANCE,
     READ_CONNECTIONS,
     STALL_PER_CPU_S,
     SWITCH_INTERVAL_S,
@@ -124,7 +128,8 @@ def test_a_bulk_on_core_2_crosses_the_mesh_about_once() -> None:
     """bench_mesh's bulk on core 2 gives 1.06-1.16 x (N - 1) x payload at N = 8 (the daemons' eight runs
     of sim23: 1.119 at 50k). Since the warm-up's stalls are drawn per unit of core time (sim23c) the
     writer keeps its three links eager into the bulk in more draws and prunes one in the bulk's first
-    chunks: draws 0-3 at 20k give 1.213, 1.061, 1.061, 1.061 (draw 0 alone was 1.122 before)."""
+    chunks: draws 0-3 at 20k give 1.213, 1.061, 1.061, 1.061 (draw 0 alone was 1.122 before); with the
+    costs measured again and the interpreter's hand-offs as runs (sim24b) 1.061 each."""
     ratios = []
     for draw in range(4):
         sim = MeshSim2(8, draws=draw)
@@ -240,8 +245,19 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     sim23's (a92aa6b) since relay23 and gc23, and their writer offers faster (50 calls in 0.40-0.72 s, was
     0.50-1.02), so the simulator's costs, measured on the older daemons, are over: the nodes' CPU +13 %,
     the writer's +15 %, its transaction +20 %, DELTA2 +20 %, ACK2 +25 %, HAVE2 +29 %; the bulk's time
-    -9.8 % (met). Pinned, not met: the costs want measuring again on this tree."""
+    -9.8 % (met). Pinned, not met: the costs want measuring again on this tree.
+
+    With the costs measured again on that tree (``bench_sim_costs.py``: the received byte 3.84 ns, was
+    6.28; the signature check 45 us, was 91) and the interpreter's hand-off as a short run of the wakee
+    on its waker's core (``MeshSim2.hand_offs``, ``Box.hand_off``: sim24's sched_switch measurements, the
+    chance by waker and wakee, the burst and the waker's wait; sim24b, bench/RESULTS.md): the nodes' CPU
+    29.3 us a record (+1.1 %), the writer's 4.42 (+3.7 %), its transaction 5.99 ms (+9.1 %), HAVE2 0.0229
+    (-5.9 %): met; the writer's held work before its COMMIT 3.12 ms (the daemons' means 2.0-3.3); not met:
+    DELTA2 0.901 (+37 %), ACK2 0.454 (+48 %), the bulk 0.94 s (-20 %). The simulated nodes take 98 such
+    hand-offs a bulk (the daemons' ~300, ~215 of them short) and their relays, as cheap as the daemons',
+    still commit a chunk a transaction (296 transactions, the daemons' 184). Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float, float, float]] = []
+    hand_offs = 0
     for draw in range(8):
         sim = MeshSim2(8, draws=draw)
         warm_up(sim)
@@ -249,7 +265,9 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
         cpu, commits, took = writer.cpu_work, writer.commits, writer.commit_seconds
         before_commit = writer.pre_commit_seconds
         every = sum(node.cpu_work for node in sim.nodes)
+        handed = sim.box.hand_offs
         part = bulk(sim, 50_000, 100)
+        hand_offs += sim.box.hand_offs - handed
         per_txn = (writer.commit_seconds - took) / (writer.commits - commits)
         pre_commit = (writer.pre_commit_seconds - before_commit) / (writer.commits - commits)
         cpu_per_record = (writer.cpu_work - cpu) / 50_000
@@ -260,15 +278,16 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     deltas, acks, writer_cpu, txn, elapsed, every_node, have2s, pre = (
         sum(f[i] for f in figures) / len(figures) for i in range(8)
     )
-    # the daemons: the means of eight runs of 5ff9f90 (sim24); the costs are the older daemons' (above)
-    assert 1.10 < every_node / 0.0000290 <= 1.16, figures  # not met: +13 %
-    assert 1.15 < deltas / 0.656 <= 1.25, figures  # not met: +20 %
-    assert 1.20 < acks / 0.3075 <= 1.30, figures  # not met: +25 %
-    assert 1.25 < have2s / 0.0243 <= 1.35, figures  # not met: +29 %
-    assert abs(elapsed / 1.176 - 1) <= 0.1, figures  # met: -9.8 % (the daemons' 0.70-1.78 s a run)
-    assert 1.10 < writer_cpu / 0.00000426 <= 1.20, figures  # not met: +15 %
-    assert 1.15 < txn / 0.00549 <= 1.25, figures  # not met: +20 %
-    assert 0.0033 < pre <= 0.0040, figures  # before its COMMIT 3.58 ms: the daemons' means 2.0-3.3, not met
+    # the daemons: the means of eight runs of 5ff9f90 (sim24); the costs measured on that tree (sim24b)
+    assert abs(every_node / 0.0000290 - 1) <= 0.1, figures  # met: +1.1 %
+    assert 1.30 < deltas / 0.656 <= 1.45, figures  # not met: +37 %
+    assert 1.40 < acks / 0.3075 <= 1.55, figures  # not met: +48 %
+    assert abs(have2s / 0.0243 - 1) <= 0.1, figures  # met: -5.9 %
+    assert 0.75 < elapsed / 1.176 <= 0.85, figures  # not met: -20 % (the daemons' 0.70-1.78 s a run)
+    assert abs(writer_cpu / 0.00000426 - 1) <= 0.1, figures  # met: +3.7 %
+    assert abs(txn / 0.00549 - 1) <= 0.1, figures  # met: +9.1 %
+    assert 0.0028 < pre <= 0.0035, figures  # before its COMMIT 3.12 ms: the daemons' means 2.0-3.3
+    assert 80 * 8 <= hand_offs <= 120 * 8, hand_offs  # 98 a bulk (85-116 a draw)
     for _, _, cpu_per_record, per_txn, _, _, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
         assert 0.0035 <= per_txn <= 0.011, figures  # the daemons' 5.6-10 ms; draw 6's writer (one link) 3.9
@@ -720,6 +739,77 @@ def test_a_loop_woken_while_the_storage_thread_holds_the_interpreter_runs_to_fin
     assert waits(True)[:2] == (1, 2)
     assert waits(False)[:2] == (0, 0)
     assert waits(True)[2] == waits(False)[2] + 2  # two runs more on the box
+
+
+class _HandDraws:
+    """The hand-off's draws: every uniform ``u``, every pick the last (the longest burst and wait)."""
+
+    def __init__(self, u: float) -> None:
+        self.u, self.calls = u, 0
+
+    def random(self) -> float:
+        self.calls += 1
+        return self.u
+
+    def choice(self, seq: Sequence[float]) -> float:
+        return seq[-1]
+
+
+def test_a_thread_its_nodes_loop_wakes_on_a_full_box_may_take_the_loops_core_for_a_burst() -> None:
+    """sim24's sched_switch records (bench/RESULTS.md sim24, sim24b): a daemon's loop waking its storage
+    thread with the other core busy lost its core to it 27 % of the times, the taker mostly running a
+    burst of ~10-20 us and blocking on the interpreter the loop holds, the loop back on a core after a
+    measured wait. So the node's thread gives its core to the burst and resumes its work after the
+    wait; no take (and no draw) with a core free or in another role; none on a miss."""
+
+    def run(u: float, busy: bool = True, role: str = "loop") -> tuple[float, int, float, int]:
+        sim = _sliced_pair()
+        node = sim.node2(1)
+        draws = _HandDraws(u)
+        sim._hand_rng = draws  # type: ignore[assignment]
+        if busy:
+            sim.box.work(CpuThread(), 0.05)
+        sim._busy(node, 0.001)
+        ends: list[float] = []
+        sim.box.then(node.cpu, lambda: ends.append(sim.now))
+        start, cpu = sim.now, node.cpu_work
+        sim._hand_off(1, role, "storage" if role == "loop" else "loop")
+        sim.run_for(0.1)
+        return ends[0] - start, node.hand_offs, node.cpu_work - cpu, draws.calls
+
+    back, burst = HAND_OFF_BACK_US[-1] * 1e-6, HAND_OFF_BURST_US[-1] * 1e-6
+    took = run(0.0)
+    assert took[0] == pytest.approx(0.001 + back) and took[1:] == (1, pytest.approx(burst), 1)
+    assert run(HAND_OFF_CHANCE[("loop", "storage")])[:2] == (pytest.approx(0.001), 0)  # a miss
+    assert run(0.0, busy=False) == (pytest.approx(0.001), 0, 0.0, 0)  # a core free: no take
+    assert run(0.0, role="storage") == (pytest.approx(0.001), 0, 0.0, 0)  # the loop is not the storage
+    assert 0.15 < HAND_OFF_CHANCE[("loop", "storage")] < 0.25 and HAND_OFF_CHANCE[("loop", "reader")] < 0.2
+
+
+def test_the_loop_a_commit_wakes_may_take_the_storage_threads_core_and_wait_for_it_back() -> None:
+    """sim24's records (bench/RESULTS.md sim24b): a daemon's storage thread waking its loop with the other
+    core busy (the COMMIT returned, ``run_sync_soon``) lost its core to it 33 % of the times; holding the
+    interpreter off the cores, it hands the callback over (and takes its next batch) only once back. So
+    a take delays the loop's callback by the waker's wait, and counts the burst in the node's CPU."""
+
+    def callback_at(u: float) -> tuple[float, int, float]:
+        costs = _sliced_costs(commit=0.0003, commit_record=0.0, commit_cpu=0.0004, commit_runs=3)
+        sim = MeshSim2(2, costs=costs, group_linger=0.0)
+        sim.run_for(1.0)
+        node = sim.node2(1)
+        sim._hand_rng = _HandDraws(u)  # type: ignore[assignment]
+        sim.box.work(CpuThread(), 0.05)  # another process's thread keeps one core
+        done: list[float] = []
+        start, cpu = sim.now, node.cpu_work
+        sim._store(1, _Job2(1, lambda: None, lambda: done.append(sim.now), cpu=0.001, origin=0))
+        sim.run_for(0.1)
+        assert node.commits == 1 and len(done) == 1
+        return done[0] - start, node.hand_offs, node.cpu_work - cpu
+
+    missed, taken = callback_at(1.0), callback_at(0.0)
+    assert missed[1] == 0 and taken[1] == 1
+    assert taken[0] - missed[0] == pytest.approx(HAND_OFF_BACK_US[-1] * 1e-6)
+    assert taken[2] - missed[2] == pytest.approx(HAND_OFF_BURST_US[-1] * 1e-6)
 
 
 def test_a_loop_step_stalls_with_a_chance_per_unit_of_its_core_time() -> None:

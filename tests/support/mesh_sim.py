@@ -157,6 +157,8 @@ class Box:
         self.wakes = 0
         self.waited = 0.0
         self._stamp = 0
+        #: Interpreter hand-offs run as a thread of their own (:meth:`hand_off`): how many took a core.
+        self.hand_offs = 0
 
     def runnable(self) -> int:
         """Threads that want a core now: running, or woken and waiting for one."""
@@ -456,6 +458,8 @@ class Box:
         no new run and no queue. Nothing otherwise (processor sharing has no cores to keep)."""
         if self.slice is None or dst in self.running:
             return
+        if dst.segments and dst.segments[0].pause is not None:  # off the cores (``hand_off``'s wait)
+            return
         now = self._clock()
         if src in self.running and not src.segments:
             src.stamp += 1
@@ -486,6 +490,80 @@ class Box:
                 self._pop(dst)
             elif dst.segments[0].pause is None:
                 self._held_plan(dst)
+
+    def can_hand_off(self, waker: CpuThread) -> bool:
+        """Whether :meth:`hand_off` would take ``waker``'s core now: on a full box with ``slice``, it on a
+        core (its work may be done: it holds the core until it blocks, an event later), or having given
+        it up at this very moment to a thread queued (the events' order, as in :meth:`move`), and its
+        next segment no wake-up or pause."""
+        if self.slice is None or self.cores is None or len(self.running) < self.cores:
+            return False
+        head = waker.segments[0] if waker.segments else None
+        if head is not None and (head.wake or head.pause is not None):
+            return False
+        return waker in self.running or self._just_left(waker)
+
+    def _just_left(self, thread: CpuThread) -> bool:
+        successor = thread.successor
+        return (
+            not thread.segments
+            and thread.left_at == self._clock()
+            and successor is not None
+            and successor in self.running
+            and successor.since == thread.left_at
+        )
+
+    def hand_off(self, waker: CpuThread, burst: float, back: float) -> bool:
+        """A thread ``waker`` has just woken takes ``waker``'s core (the kernel's wake-up preemption) for
+        ``burst`` seconds of CPU and blocks (it wants the interpreter ``waker`` holds); ``waker`` is off
+        the cores for ``back`` seconds, then first in the queue, and what it has (or is given meanwhile)
+        waits for that. Why: the daemons' loops lost their core so to their own storage thread or reader
+        three times in four of their preemptions, where the simulator's node thread, one thread whatever
+        its role, had a wait and no run (bench/RESULTS.md sim24, sim24b). False, and nothing done, unless
+        :meth:`can_hand_off`."""
+        if not self.can_hand_off(waker):
+            return False
+        now = self._clock()
+        successor = waker.successor
+        if waker not in self.running and successor is not None:  # it had the core: the taker queues again
+            successor.stamp += 1
+            del self.running[successor]
+            self.runs -= 1
+            self.waited -= now - successor.queued_at
+            self.queue.appendleft(successor)
+            self.running[waker] = None
+            waker.since = now
+        if waker.segments:
+            self._held_count(waker)
+        taker = CpuThread()
+        taker.segments.append(_Segment(work=burst))
+        taker.queued_at = now
+        self.queue.appendleft(taker)
+        self._leave(waker)  # the taker has its core
+        waker.left_at, waker.successor = -1.0, None  # not a core it keeps (``move``)
+        pause = _Segment(pause=back, ends=now + back)
+        waker.segments.appendleft(pause)
+        self._at(pause.ends, lambda: self._handed_back(waker))
+        self.hand_offs += 1
+        return True
+
+    def _handed_back(self, thread: CpuThread) -> None:
+        """``thread``'s wait after a :meth:`hand_off` is over: first in the queue for a core for its work
+        (a wake-up or a pause next begins as any does; nothing: it is idle)."""
+        pause = thread.segments.popleft()
+        now = self._clock()
+        for action in pause.waiters:
+            self._at(now, action)
+        if not thread.segments:
+            thread.idle_since = now
+            return
+        head = thread.segments[0]
+        if head.wake or head.pause is not None:
+            self._begin(thread)
+            return
+        thread.queued_at = now
+        self.queue.appendleft(thread)
+        self._dispatch()
 
     def _idle(self, thread: CpuThread) -> None:
         if thread in self.running and not thread.segments:

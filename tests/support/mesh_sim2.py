@@ -56,6 +56,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,7 +109,10 @@ _MIN_PIECE_S = 0.00001
 #: Each daemon's CPU per operation as measured, not fitted to the outcome (bench/RESULTS.md, "per-message
 #: CPU costs measured from the daemons"); the stalls and ``wake`` are core 1's fit as before.
 #: ``bench/bench_sim_costs.py --draws 0,1,2,3 --daemons <bench_mesh logs>`` measures them (the means of
-#: its output, 2026-11-30). Sans IO, the real functions on the bulk's real messages (the simulator's bulk
+#: its output, 2026-11-30; measured again on main 5ff9f90 with sim24's eight bulk runs' logs, the costs
+#: below since sim24b: the received byte 39 % cheaper, the signature check half, bench/RESULTS.md sim24
+#: and sim24b; the COMMIT's, the writer's store and ``hop`` as before).
+#: Sans IO, the real functions on the bulk's real messages (the simulator's bulk
 #: at N = 8, each call's ``time.thread_time``, with the daemon's GC settings):
 #: ``message``/``message_byte`` a received message's ``SecureChannel`` open and ``receive_message`` (a
 #: small one's median; the rest per byte), ``cut``/``cut_record`` an outgoing one's ``_encode`` and
@@ -156,22 +160,44 @@ OFFER_STORE_RECORD_S = (0.00124 + 0.00113 + 0.001288 + 0.001117) / 4 / 1000
 #: few-us steps between one loop pass's sends rarely stall (the daemons' writer sent its first head on its
 #: three links within 0.2 ms, sim23b).
 STALL_PER_CPU_S = 0.015 / 0.0000404
+#: A thread of a node woken by another of its threads that holds the node's interpreter, with the other
+#: core busy, takes its waker's core (``MeshSim2.hand_offs``, :meth:`Box.hand_off`) with the chance
+#: measured for that waker and wakee (sim24's two recorded bulks, sched_switch and sched_waking, pooled;
+#: /tmp/sim24b/sw3own.py, sim24's ``sw3.py`` split by wakee: the loop waking its storage thread 212 of
+#: 777 times, a reader 100 of 415, the storage thread waking its loop 258 of 788), times the part of
+#: such takes (a loop's by its own storage thread or reader) in which the taker ran a short burst and
+#: blocked (< 100 us, blocked: 246 of 343, 0.717; the rest ran ~1.2 ms of their own work, which the
+#: node's thread runs here as before). bench/RESULTS.md sim24, sim24b.
+HAND_OFF_SHORT = 246 / 343
+HAND_OFF_CHANCE = {
+    ("loop", "storage"): 212 / 777 * HAND_OFF_SHORT,
+    ("loop", "reader"): 100 / 415 * HAND_OFF_SHORT,
+    ("storage", "loop"): 258 / 788 * HAND_OFF_SHORT,
+}
+#: The taker's burst in those short takes (us, the 10 deciles' midpoints of 246: median 11.5, mean 14.4)
+#: and its waker's wait for a core again from the take (20 ventiles' midpoints: median 16.5, mean 285),
+#: both from the same takes (sim24's p1 and p2, /tmp/sim24b/sw4pair.py; bench/RESULTS.md sim24b).
+HAND_OFF_BURST_US = (3.0, 4.0, 8.0, 10.0, 11.0, 13.0, 17.0, 19.0, 22.0, 27.0)
+HAND_OFF_BACK_US = (
+    *(3.0, 3.0, 4.0, 8.0, 10.0, 10.0, 10.0, 11.0, 12.0, 14.0),
+    *(17.0, 19.0, 20.0, 23.0, 29.0, 45.0, 124.0, 595.0, 1200.0, 2373.0),
+)
 CORE2_COSTS = Costs(
     stall_chance=0.015,  # the storage thread's draw a transaction (:meth:`MeshSim2._storage_work`)
     stall=0.01,
     stall_per_cpu_s=STALL_PER_CPU_S,
-    message=0.0000183,  # receive_message + open: a small message's median, 18.3 us
-    message_byte=0.00000000628,  # ... and the rest per byte: 6.28 ns
-    cut=0.0000078,  # _encode + seal: 7.8 us ...
-    cut_record=0.000000322,  # ... and 3.0 ns a byte, 0.322 us a bulk record
-    verify=0.0000914,  # verify_delta's part independent of size: one batch's signature
-    verify_record=0.000000486,  # unpack_steps + verify_delta, the rest per record
-    merge=0.00131,  # the replicas' storage threads: 1.40 ms a delta, less ``verify``
-    commit_record=0.00000081,  # ... 1.29 us a record, less ``verify_record`` (a join 0.41 us of it)
+    message=0.0000189,  # receive_message + open: a small message's median, 18.9 us
+    message_byte=0.00000000384,  # ... and the rest per byte: 3.84 ns
+    cut=0.0000087,  # _encode + seal: 8.7 us ...
+    cut_record=0.000000319,  # ... and 3.0 ns a byte, 0.319 us a bulk record
+    verify=0.0000451,  # verify_delta's part independent of size: one batch's signature
+    verify_record=0.000000527,  # unpack_steps + verify_delta, the rest per record
+    merge=0.001081,  # the replicas' storage threads: 1.13 ms a delta, less ``verify``
+    commit_record=0.000000739,  # ... 1.27 us a record, less ``verify_record``
     sign_record=0.000000835,  # queue2.commit per record of an API call (unused: offer_store_record)
     offer_store_record=OFFER_STORE_RECORD_S,  # the writer's storage thread until its COMMIT, measured whole
     read=0.0,
-    read_record=0.00000055,  # the writer's reader threads per record read
+    read_record=0.00000033,  # the writer's reader threads per record read
     hop=0.00028,  # processor sharing's wait a wake-up per thread beyond the cores (unused with a slice)
     core_slice=BASE_SLICE_S,  # a core held for a burst: the run-queue wait is the queue's, not ``hop``
     commit=0.00019,  # the COMMIT off the box (its wall less its CPU and run-queue wait): 0.19 ms ...
@@ -251,6 +277,8 @@ class MeshNode2(MeshNode):
     #: runs on the box (woken by epoll, then at its ``take_gil`` timeout), and how many it took.
     loop_thread: CpuThread = field(default_factory=CpuThread)
     loop_thread_waits: int = 0
+    #: Its threads' wake-ups of another of its threads that took the waker's core (``MeshSim2._hand_off``).
+    hand_offs: int = 0
     #: Seconds its transactions took from their jobs taken until their COMMIT began (its wait excluded).
     pre_commit_seconds: float = 0.0
     read_queue: deque[tuple[int, Callable[[], None]]] = field(default_factory=deque)
@@ -301,6 +329,38 @@ class MeshSim2(MeshSim):
     #: loops ran 1.1 times a chunk to find the interpreter held (bench/RESULTS.md sim23b, sim23c). False:
     #: the wait is a wait only (sim23b's model).
     loop_thread_runs: bool = True
+    #: Whether a thread woken by another of its node's threads holding the interpreter may take its
+    #: waker's core for a short burst before it blocks (:meth:`_hand_off`, ``HAND_OFF_CHANCE``): the
+    #: daemons' loops' preemptions were mostly those (bench/RESULTS.md sim24). False: sim24's model.
+    hand_offs: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # its own stream: the jitter and stall draws stay as they were
+        self._hand_rng = random.Random(f"hand-off {self.seed if self.draws is None else self.draws}")
+
+    def _hand_off(self, y: int, role: str, wakee: str, thread: CpuThread | None = None) -> float:
+        """Node ``y``'s thread in ``role`` (``thread``, or the node's thread in that role), holding the
+        interpreter on a core, has just woken its ``wakee`` thread: with both cores busy the wakee takes
+        its core with ``HAND_OFF_CHANCE``, runs a measured burst and blocks on the interpreter; the waker
+        waits a measured while for its core back, and what it has (or is given meanwhile) after it
+        (:meth:`Box.hand_off`). Returns that wait (0: no take)."""
+        box = self.box
+        node = self.node2(y)
+        if not (self.gil and self.hand_offs):
+            return 0.0
+        if thread is None and node.role != role:
+            return 0.0
+        waker = node.cpu if thread is None else thread
+        if not box.can_hand_off(waker) or self._hand_rng.random() >= HAND_OFF_CHANCE[(role, wakee)]:
+            return 0.0
+        burst = self._hand_rng.choice(HAND_OFF_BURST_US) * 1e-6
+        back = self._hand_rng.choice(HAND_OFF_BACK_US) * 1e-6
+        if not box.hand_off(waker, burst, back):
+            return 0.0
+        node.cpu_work += burst
+        node.hand_offs += 1
+        return back
 
     def _new_node(self, name: int) -> MeshNode:
         return MeshNode2(name)
@@ -367,6 +427,8 @@ class MeshSim2(MeshSim):
         waits up to ``group_linger`` for as many (``_collect``): a relay fed a bulk by two peers stores
         their chunks together, and acknowledges them with one ACK2 run."""
         node = self.node2(y)
+        if not node.committing:  # the storage thread waits for jobs: the loop's hand-over wakes it
+            self._hand_off(y, "loop", "storage")
         node.waiting.append(job)
         if node.gathering and self._writers(node.waiting) >= self._writers_seen(node):
             node.gathering = 0
@@ -489,10 +551,22 @@ class MeshSim2(MeshSim):
                 self._interpreter(y, "storage", resumed)
 
         def resumed() -> None:  # holding the interpreter after the COMMIT
-            self._wake(y, ("commit", self._seq), completed)
-            node.committing = False
-            if node.waiting:
-                self._next_commit(y, held=True)
+            # ``process`` wakes the loop (``run_sync_soon``) on the core the COMMIT's last run had: the
+            # loop may take that core (``_hand_off``), and the storage thread, holding the interpreter
+            # off the cores, then goes on (its callback handed over, its next batch) once it is back
+            task = ("commit", self._seq)
+            back = self._hand_off(y, "storage", "loop", node.disk_cpu)
+
+            def go_on() -> None:
+                self._wake(y, task, completed)
+                node.committing = False
+                if node.waiting:
+                    self._next_commit(y, held=True)
+
+            if back:
+                self._at(self.now + back, go_on)
+            else:
+                go_on()
 
         def synced() -> None:  # its records' work done, the COMMIT waits on the disk
             node.pre_commit_seconds += self.now - began[0]
@@ -820,6 +894,7 @@ class MeshSim2(MeshSim):
                 self.box.wake(thread[0])
                 self.box.then(thread[0], scheduled)
             elif self.gil:  # the reader thread waits for the interpreter with the loop's runnable tasks
+                self._hand_off(y, "loop", "reader")
                 self._interpreter(y, "reader", read)
             else:
                 node.cpu_work += work
