@@ -567,9 +567,9 @@ async def test_a_cancel_landing_at_any_point_loses_no_request_and_reads_none_twi
     scopes: list[Any] = []  # the scope each wait ran in
     receive = conn.receive_frame
 
-    async def receive_frame() -> bytes | None:
+    async def receive_frame(*, nothing_buffered: bool = False) -> bytes | None:
         scopes.append(pipeline._waiting)
-        frame = await receive()
+        frame = await receive(nothing_buffered=nothing_buffered)
         if (point, frame) in (("after the read", b"b"), ("at the end of stream", None)):
             pipeline._waiting.cancel()  # the callback ran between the task's wake-up and its resuming
         return frame
