@@ -8,6 +8,7 @@ import socket
 import msgpack
 import pytest
 import trio
+import trio.testing
 
 from latticed.api.messages import pack_array
 from latticed.api.server.connection import LARGE_FRAME_BYTES, PACKER_KEEP_BYTES, Connection
@@ -174,3 +175,35 @@ async def test_the_kept_packer_gives_packb_bytes_and_is_renewed_after_a_reply_pa
     with pytest.raises(TypeError):
         server.encode({"id": 10, "ok": True, "bad": object()})
     assert server.encode(small) == encode_frame(msgpack.packb(small, use_bin_type=True), LIMIT)
+
+
+async def test_after_frame_ready_says_no_the_next_frame_is_read_without_looking_again() -> None:
+    """``receive_frame(nothing_buffered=True)`` (the pipeline's wait, right after ``frame_ready`` said
+    False) goes straight to the read: a frame sent whole, and one whose first part was already buffered,
+    both come out once and whole."""
+    server, peer = await pair()
+    first, second = encode_frame(b"first", LIMIT), encode_frame(b"second" * 10, LIMIT)
+    await peer.send_all(first + first)
+    assert not server.frame_ready()  # no I/O: nothing read yet
+    assert await server.receive_frame() == b"first"  # one read brought both
+    assert server.frame_ready()  # kept for receive_frame
+    assert await server.receive_frame() == b"first"
+    assert not server.frame_ready()
+    await peer.send_all(second)
+    assert await server.receive_frame(nothing_buffered=True) == b"second" * 10
+    got: list[bytes | None] = []
+
+    async def receive() -> None:
+        got.append(await server.receive_frame(nothing_buffered=True))
+
+    async with trio.open_nursery() as nursery:
+        await peer.send_all(second[:7])  # a header and part of the body
+        nursery.start_soon(receive)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [] and server.decoder.buffered == 7  # read, kept, waiting for the rest
+        await peer.send_all(second[7:] + first)
+    assert got == [b"second" * 10]
+    assert server.frame_ready() and await server.receive_frame() == b"first"
+    await peer.send_eof()
+    assert not server.frame_ready()
+    assert await server.receive_frame(nothing_buffered=True) is None

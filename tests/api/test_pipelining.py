@@ -567,9 +567,9 @@ async def test_a_cancel_landing_at_any_point_loses_no_request_and_reads_none_twi
     scopes: list[Any] = []  # the scope each wait ran in
     receive = conn.receive_frame
 
-    async def receive_frame() -> bytes | None:
+    async def receive_frame(*, nothing_buffered: bool = False) -> bytes | None:
         scopes.append(pipeline._waiting)
-        frame = await receive()
+        frame = await receive(nothing_buffered=nothing_buffered)
         if (point, frame) in (("after the read", b"b"), ("at the end of stream", None)):
             pipeline._waiting.cancel()  # the callback ran between the task's wake-up and its resuming
         return frame
@@ -604,3 +604,32 @@ async def test_a_cancel_landing_at_any_point_loses_no_request_and_reads_none_twi
     # A new scope after a cancel that a later request's wait runs in (none is left after the last read).
     waits = [s for s in scopes if s is not None]
     assert len(set(map(id, waits))) == (2 if point in ("in the wait", "after the read") else 1)
+
+
+async def test_a_reply_that_fails_to_build_in_the_callback_drops_no_request() -> None:
+    """The callback takes the finished requests and builds their replies in one pass; if building one
+    raises, none of them is dropped: the task is woken, builds them again and sends them all in order."""
+    pipeline, peer, jobs, _ = await _waiting_pipeline()
+    failures = [RuntimeError("once")]
+
+    def build_failing_once(result: int) -> dict[str, Any]:
+        if failures:
+            raise failures.pop()
+        return {"offset": result}
+
+    rid, job, _, size = pipeline._pending[1]
+    pipeline._pending[1] = (rid, job, build_failing_once, size)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_serving(pipeline, []))
+        await trio.testing.wait_all_tasks_blocked()
+        jobs[0].result, jobs[1].result = 7, 8
+        for job in jobs:
+            job.done.set()
+        assert jobs[0].notify is not None
+        jobs[0].notify()  # the first reply builds, the second raises: both stay pending
+        assert _replies_now(peer) == [] and pipeline.in_flight == (2, 20) and not failures
+        await trio.testing.wait_all_tasks_blocked()  # the woken task builds and sends both
+        replies = _replies_now(peer)
+        assert [(r["id"], r["offset"]) for r in replies] == [(1, 7), (2, 8)]
+        assert pipeline.in_flight == (0, 0)
+        nursery.cancel_scope.cancel()

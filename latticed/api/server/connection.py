@@ -66,20 +66,23 @@ class Connection:
         #: Packer made and freed each time (one task sends at a time: it is never used concurrently).
         self._pack = _packer()
 
-    async def receive_frame(self) -> bytes | None:
+    async def receive_frame(self, *, nothing_buffered: bool = False) -> bytes | None:
         """The next frame body, or None at a clean end of stream. Safe to cancel: it only ever waits before
-        a read, and whatever a read brought stays in the decoder for the next call.
+        a read, and whatever a read brought stays in the decoder for the next call. ``nothing_buffered``:
+        the caller's :meth:`frame_ready` just said False (nothing ran since), so the buffer is not
+        looked at again before the read.
 
         Raises RemoteProtocolError (oversized frame) or ConnectionClosedError (cut inside a frame)."""
-        if self._pending:
-            return self._pending.pop(0)
         decoder = self.decoder
-        frame = self._next_frame()
-        if frame is not None:
-            # Pipelined requests come out of the buffer without a scheduler round each: at most one read's
-            # worth (RECEIVE_SIZE) is taken this way before the next real wait, and yielding per frame
-            # would split the burst (a group of acks, of offers) over many group commits.
-            return frame
+        if not nothing_buffered:
+            if self._pending:
+                return self._pending.pop(0)
+            frame = self._next_frame()
+            if frame is not None:
+                # Pipelined requests come out of the buffer without a scheduler round each: at most one
+                # read's worth (RECEIVE_SIZE) is taken this way before the next real wait, and yielding per
+                # frame would split the burst (a group of acks, of offers) over many group commits.
+                return frame
         while not decoder.eof:
             decoder.receive_data(await self._receive_some())
             frame = self._next_frame()

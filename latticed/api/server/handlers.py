@@ -293,9 +293,15 @@ def offer(ctx: Context, request: Request) -> Begun:
     if produce_handlers.produced(ctx, request):  # another daemon's queue, or a producer id and sequence
         return produce_handlers.begin_offer(ctx, request)
     q = ctx.queue(request)
-    _not_a_dlq(ctx, q)
+    # ``_not_a_dlq`` then ``_start_append``, with the core-2 question asked once (an offer's hot path).
+    core2 = ctx.engine.core2
+    on_core2 = core2.holds(q)
+    if not on_core2:
+        _not_a_dlq(ctx, q)
     record = _record(request.get("value"), request.get("key"), request.get("headers"), ctx.engine.clock())
-    return _start_append(ctx, q, (record,)), _offset_reply
+    if on_core2:
+        return core2.start_commit(q, (record,), checked=True), _offset_reply
+    return ctx.sealer.start_append(q, (record,)), _offset_reply
 
 
 def _start_append(ctx: Context, q: int, records: Sequence[Record]) -> Job:
