@@ -22,6 +22,7 @@ from latticed.crdt.queue.state import QueueState
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.errors import BehindPeersError, NotFoundError, NotOwnerError
+from latticed.storage import segments
 from latticed.storage.core1_convert import ConversionBusyError, UpgradeQueue
 from latticed.storage.core2_engine import Core2Engine, Core2Host, reading_through
 from latticed.storage.core2_jobs import Commit2
@@ -155,7 +156,23 @@ class Core2View(Core2Engine):
 
     def corrupt_entries(self) -> list[dict[str, Any]]:
         """``doctor``'s facts: the queues whose stored value was found not to be what its owner signed."""
-        return self._queues.corrupt.entries()
+        return self._queues.corrupt.entries(self._public_key)
+
+    async def corrupt_error(self, q: int) -> CorruptQueueError | None:
+        """Why ``q`` is corrupt (loading it first if it was not loaded yet); None if it is not."""
+        try:
+            await self.value(q)
+        except CorruptQueueError as exc:
+            return exc
+        return None
+
+    async def stored_bounds(self, q: int) -> tuple[int, int] | None:
+        """The records stored for ``q`` as they lie, whatever its heads say: first and end offset (None:
+        none). What dropping a corrupt queue deletes."""
+        found: tuple[int, int] | None = await self._engine.bridge.read(
+            lambda reader: segments.bounds(reader.conn, q)
+        )
+        return found
 
     def forked_entries(self) -> list[dict[str, Any]]:
         """``status``'s ``forked_queues`` entries of the frozen core-2 queues among the loaded values

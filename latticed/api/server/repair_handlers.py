@@ -1,0 +1,85 @@
+"""``queue_repair``: the way out for a core-2 queue found corrupt at load (its stored value is not what its
+owner signed: :mod:`latticed.storage.corruption`), short of restoring the whole data directory.
+
+A replica's copy is dropped, and the links that speak ``heads-v2`` restart so that peers send the queue
+again whole (nothing is lost: the owner and the other replicas hold it, and every byte is verified as it
+arrives). Our own queue is dropped only when asked with ``drop`` (peers send back what they hold; records
+no peer holds are lost), and the refusal says what would be lost. A queue that is not corrupt is never
+dropped. Local API 1, additive: a daemon without the op answers "unknown op", which the client turns into
+one line naming both releases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from latticed.api.messages import arg_bool
+from latticed.api.server.context import Context, Handler, Reply, Request
+
+__all__ = ["OPS", "queue_repair"]
+
+
+def _refused(address: str, owned: bool, message: str) -> Reply:
+    return {"queue": address, "owned": owned, "repaired": False, "message": message}
+
+
+def _records(bounds: tuple[int, int] | None) -> str:
+    if bounds is None:
+        return "no records"
+    lo, hi = bounds
+    return f"{hi - lo} record{'' if hi - lo == 1 else 's'} (offsets {lo}..{hi}, end exclusive)"
+
+
+async def queue_repair(ctx: Context, request: Request) -> Reply:
+    """Drop a corrupt core-2 queue here so replication fetches it again (see the module docstring).
+    Replies ``repaired`` (false: refused, ``message`` says why), ``owned``, ``records`` (how many were
+    dropped), ``links_restarted`` and a one-line ``message``."""
+    q = ctx.queue(request)
+    drop = arg_bool(request, "drop", False)
+    engine = ctx.engine
+    address = engine.address(q)
+    core2 = engine.core2
+    if not core2.holds(q):
+        return _refused(
+            address,
+            engine.owned(q),
+            f"{address} is on fork core 1, whose queues are checked as each delta arrives, not found corrupt "
+            "at load: nothing to repair",
+        )
+    owned = core2.owned(q)
+    corrupt = await core2.corrupt_error(q)
+    if corrupt is None:
+        return _refused(
+            address, owned, f"{address} is not corrupt (it is what its owner signed): nothing to repair"
+        )
+    bounds = await core2.stored_bounds(q)
+    if owned and not drop:
+        return _refused(
+            address,
+            owned,
+            f"{address} is this daemon's own queue: repairing it drops its {_records(bounds)} and metadata "
+            "here; peers send back what they hold, and records no peer holds are lost. Run it again with "
+            "--drop to do that (or restore the data directory from a backup)",
+        )
+    await core2.drop(q)
+    replication = ctx.replication
+    restarted = 0 if replication is None else replication.restart_core2_links(f"queue repair {address}")
+    count = 0 if bounds is None else bounds[1] - bounds[0]
+    refetch = (
+        f"its {restarted} peer link(s) that carry core-2 queues restarted to fetch it again"
+        if restarted
+        else "it is fetched again when a peer that holds it connects"
+    )
+    reply: dict[str, Any] = {
+        "queue": address,
+        "owned": owned,
+        "repaired": True,
+        "records": count,
+        "links_restarted": restarted,
+        "message": f"dropped the corrupt copy of {address} ({_records(bounds)}); {refetch}",
+    }
+    return reply
+
+
+#: This module's ops, for the op table (:mod:`latticed.api.server.op_table`).
+OPS: dict[str, Handler] = {"queue_repair": queue_repair}
