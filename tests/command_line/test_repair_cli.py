@@ -12,7 +12,9 @@ from support.inprocess import daemon_at
 from typer.testing import CliRunner, Result
 
 import cli.ctl
+from cli import repair_commands
 from cli.boundary import ExitCode
+from cli.offline_store import store_checks
 from latticed.crdt.signing import Identity
 from latticed.host.paths import identity_key_path
 
@@ -67,3 +69,10 @@ def test_doctor_without_the_daemon_names_the_corrupt_queues_and_their_repair(tmp
     result = runner.invoke(cli.ctl.app, ["doctor", "--json", "--config", str(config)], prog_name="latticectl")
     store = [c for c in json.loads(result.stdout)["checks"] if c["check"] == "store"]
     assert [(c["ok"], "1 core-2 queue(s) read" in c["detail"]) for c in store] == [(True, True)]
+
+
+def test_the_offline_store_check_of_a_data_dir_without_a_store_is_not_applicable(tmp_path: Path) -> None:
+    (check,) = store_checks(tmp_path)
+    assert check.check == "store" and check.ok is None and "no store at" in check.detail
+    help_text = runner.invoke(cli.ctl.app, ["queue", "repair", "--help"], prog_name="latticectl").stdout
+    assert "--drop" in help_text and repair_commands.repair.__doc__ is not None

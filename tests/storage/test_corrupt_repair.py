@@ -10,9 +10,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from test_corrupt_queue import ALICE, BOB, NOW, _tamper
+from support.corrupt_daemon import ALICE, BOB, replica_store
 
-from latticed.crdt.records import make_record
 from latticed.errors import NotFoundError
 from latticed.storage.corruption import corrupt_entry
 from latticed.storage.engine import Engine
@@ -20,28 +19,8 @@ from latticed.storage.store import db_path
 from latticed.storage.store_check import check_store
 
 
-async def _replica_with_corrupt_queues(tmp_path: Path) -> Path:
-    """Bob's store: Alice's ``x`` (3 records) and his own ``own`` (2) tampered, his ``good`` not."""
-    owner_dir, replica_dir = tmp_path / "alice", tmp_path / "bob"
-    owner_dir.mkdir()
-    replica_dir.mkdir()
-    async with Engine.open(owner_dir, ALICE) as alice:
-        x = await alice.create_queue("x", {"team": "x"}, core=2)
-        await alice.append(x, [make_record(b"v%d" % i, timestamp=NOW + i) for i in range(3)])
-        whole = await alice.core2.delta_for(x, None)
-    async with Engine.open(replica_dir, BOB) as bob:
-        await bob.core2.merge(whole)
-        own = await bob.create_queue("own", {"team": "b"}, core=2)
-        await bob.append(own, [make_record(b"o%d" % i, timestamp=NOW + i) for i in range(2)])
-        good = await bob.create_queue("good", core=2)
-        await bob.append(good, [make_record(b"g", timestamp=NOW)])
-    _tamper(replica_dir, "x", {"team": "evil"})
-    _tamper(replica_dir, "own", {"team": "evil"})
-    return replica_dir
-
-
 async def test_the_engine_names_why_what_a_drop_deletes_and_whose_queue_it_is(tmp_path: Path) -> None:
-    replica_dir = await _replica_with_corrupt_queues(tmp_path)
+    replica_dir = await replica_store(tmp_path)
     async with Engine.open(replica_dir, BOB) as bob:
         x, own, good = (
             bob.core2.lookup(o, n)
@@ -72,7 +51,7 @@ def test_corrupt_entries_say_whose_queue_only_when_the_key_is_known() -> None:
 
 
 async def test_the_offline_check_finds_what_the_daemon_finds_and_writes_nothing(tmp_path: Path) -> None:
-    replica_dir = await _replica_with_corrupt_queues(tmp_path)
+    replica_dir = await replica_store(tmp_path)
     before = hashlib.sha256(db_path(replica_dir).read_bytes()).hexdigest()
     found = check_store(replica_dir, BOB.public_key)
     assert found.current and found.checked == 3

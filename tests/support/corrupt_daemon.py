@@ -1,6 +1,8 @@
-"""A daemon's data directory holding two queues found corrupt at its next start: Alice's ``x`` (3 records,
-held as a replica) and its own ``own`` (2 records), both with metadata changed behind its back, and its
-own ``good`` (1 record) as it was. For the ``queue repair`` and ``doctor`` tests (API and CLI)."""
+"""Stores holding core-2 queues found corrupt at load, for the ``queue repair`` and ``doctor`` tests.
+
+:func:`make_corrupt`: a daemon's data directory where Alice's ``x`` (3 records, held as a replica) and
+the daemon's own ``own`` (2 records) have metadata changed behind its back, its own ``good`` (1 record)
+not. :func:`replica_store`: the same in a store Bob's engine opens (no daemon)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from latticed.storage.store import db_path
 from support.inprocess import daemon_at
 
 ALICE = Identity.from_seed(b"a" * 32)
+BOB = Identity.from_seed(b"b" * 32)
 NOW = 1_700_000_000_000
 
 
@@ -61,3 +64,23 @@ def make_corrupt(root: Path) -> str:
     tamper(root / "data", "x")
     tamper(root / "data", "own")
     return f"{owner.hex()}/x"
+
+
+async def replica_store(tmp_path: Path) -> Path:
+    """Bob's store: Alice's ``x`` (3 records) and his own ``own`` (2) tampered, his ``good`` not."""
+    owner_dir, replica_dir = tmp_path / "alice", tmp_path / "bob"
+    owner_dir.mkdir()
+    replica_dir.mkdir()
+    async with Engine.open(owner_dir, ALICE) as alice:
+        x = await alice.create_queue("x", {"team": "x"}, core=2)
+        await alice.append(x, [make_record(b"v%d" % i, timestamp=NOW + i) for i in range(3)])
+        whole = await alice.core2.delta_for(x, None)
+    async with Engine.open(replica_dir, BOB) as bob:
+        await bob.core2.merge(whole)
+        own = await bob.create_queue("own", {"team": "b"}, core=2)
+        await bob.append(own, [make_record(b"o%d" % i, timestamp=NOW + i) for i in range(2)])
+        good = await bob.create_queue("good", core=2)
+        await bob.append(good, [make_record(b"g", timestamp=NOW)])
+    tamper(replica_dir, "x")
+    tamper(replica_dir, "own")
+    return replica_dir
