@@ -7,6 +7,7 @@ Apart from the modules that reach the daemon only through its socket (pyproject'
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from latticed.errors import LatticedError, NotFoundError
@@ -33,8 +34,12 @@ def _own_key(data_dir: Path) -> bytes | None:
 
 def store_checks(data_dir: Path) -> list[Check]:
     """The ``store`` lines of the offline checklist: a failing one for each core-2 queue found corrupt."""
+    from latticed.storage.store import db_path  # noqa: PLC0415
     from latticed.storage.store_check import check_store  # noqa: PLC0415 - the store only offline
 
+    path = db_path(data_dir)
+    if path.exists() and not os.access(path, os.R_OK):
+        return [Check("store", None, f"{path} is not readable by this user: run doctor as the daemon's user")]
     try:
         found = check_store(data_dir, _own_key(data_dir))
     except NotFoundError as exc:

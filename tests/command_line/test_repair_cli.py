@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from support.corrupt_daemon import make_corrupt
 from support.inprocess import daemon_at
 from typer.testing import CliRunner, Result
@@ -76,3 +77,12 @@ def test_the_offline_store_check_of_a_data_dir_without_a_store_is_not_applicable
     assert check.check == "store" and check.ok is None and "no store at" in check.detail
     help_text = runner.invoke(cli.ctl.app, ["queue", "repair", "--help"], prog_name="latticectl").stdout
     assert "--drop" in help_text and repair_commands.repair.__doc__ is not None
+
+
+def test_a_store_this_user_may_not_read_is_not_a_failure_but_says_whose_doctor_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "latticed.db").write_bytes(b"")
+    monkeypatch.setattr("cli.offline_store.os.access", lambda path, mode: False)  # as a user other than root
+    (check,) = store_checks(tmp_path)
+    assert check.ok is None and "run doctor as the daemon's user" in check.detail

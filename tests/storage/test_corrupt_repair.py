@@ -10,8 +10,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from support.corrupt_daemon import ALICE, BOB, replica_store
+from support.corrupt_daemon import ALICE, BOB, NOW, replica_store, tamper
 
+from latticed.crdt.records import make_record
 from latticed.errors import NotFoundError
 from latticed.storage.corruption import corrupt_entry
 from latticed.storage.engine import Engine
@@ -74,3 +75,28 @@ def test_the_offline_check_of_no_store_or_an_older_schema_reads_no_queue(tmp_pat
     conn.close()
     found = check_store(tmp_path)
     assert not found.current and found.schema == 4 and found.checked == 0 and found.corrupt == []
+
+
+async def test_our_own_queue_dropped_comes_back_from_a_peer_and_takes_writes(tmp_path: Path) -> None:
+    """What ``queue repair --drop`` promises of our own queue: a peer's copy is merged back (it carries
+    our signatures), identical, and we go on writing after it."""
+    mine, peer = tmp_path / "bob", tmp_path / "alice"
+    mine.mkdir()
+    peer.mkdir()
+    async with Engine.open(mine, BOB) as bob:
+        own = await bob.create_queue("own", {"team": "b"}, core=2)
+        await bob.append(own, [make_record(b"o%d" % i, timestamp=NOW + i) for i in range(2)])
+        whole = await bob.core2.delta_for(own, None)
+    async with Engine.open(peer, ALICE) as alice:
+        await alice.core2.merge(whole)
+    tamper(mine, "own")
+    async with Engine.open(mine, BOB) as bob, Engine.open(peer, ALICE) as alice:
+        q = bob.core2.lookup(BOB.public_key, "own")
+        assert q is not None and await bob.core2.corrupt_error(q) is not None
+        await bob.core2.drop(q)
+        held = alice.core2.lookup(BOB.public_key, "own")
+        assert held is not None
+        back = (await bob.core2.merge(await alice.core2.delta_for(held, None))).q
+        value = await bob.core2.value(back)
+        assert value.held == (0, 2) and dict(value.meta) == {"team": "b"}
+        assert await bob.append(back, [make_record(b"o2", timestamp=NOW + 2)]) == 2
