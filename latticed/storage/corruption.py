@@ -1,7 +1,8 @@
 """Queues whose stored value does not match what its owner signed: found when a core-2 queue loads
 (records the heads do not cover, metadata that is not what the start head signs), that queue is neither
 served nor merged into and its data is kept as it is; the others go on. Each is logged once
-(``store.queue_corrupt``) and listed by ``latticectl doctor``.
+(``store.queue_corrupt``) and listed by ``latticectl doctor``, which advises ``latticectl queue repair``
+(it drops the queue here, and replication fetches it again: ``latticed/api/server/repair_handlers.py``).
 
 A replica trusts its loaded value where a peer's push leaves part of it as it was (a relay's direct path
 for a next version takes the value's metadata when the push's is the same), so what the file holds is
