@@ -29,12 +29,20 @@ def repair(
             help="Also drop your own queue (peers send back what they hold; records no peer holds are lost).",
         ),
     ] = False,
+    release: Annotated[
+        bool,
+        typer.Option(
+            "--release",
+            help="Your own queue dropped with --drop that no peer holds: let it be written again (its "
+            "writes are refused until a peer sends it back).",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Drop a queue found corrupt here (`doctor` names it) so that peers send it again: another daemon's
-    queue is fetched again whole and verified; your own needs --drop. A queue that is not corrupt is left
-    alone (exit code 1)."""
-    done = _factory[0](ctx).queue_repair(queue, drop=drop)
+    queue is fetched again whole and verified; your own needs --drop, and then takes no write until a
+    peer sent it back (or --release). A queue that is not corrupt is left alone (exit code 1)."""
+    done = _factory[0](ctx).queue_repair(queue, drop=drop, release=release)
     message = str(done.get("message") or "")
     if done.get("repaired"):
         emit(done, message, as_json=as_json)

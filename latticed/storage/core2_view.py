@@ -174,6 +174,20 @@ class Core2View(Core2Engine):
         )
         return found
 
+    async def drop_corrupt(self, q: int, end: int) -> None:
+        """``queue repair``'s drop of corrupt ``q``; our own is first remembered durably as dropped at
+        ``end`` (:mod:`latticed.storage.dropped_own`), so that it takes no write until it is back."""
+        row = self.row(q)
+        if row.owner == self._public_key:
+            await trio.to_thread.run_sync(self._fence.dropped.remember, row.name, row.kind, end)
+        await self.drop(q)
+
+    async def release_dropped(self, name: str) -> int | None:
+        """``queue repair NAME --release``: our dropped queue ``name`` may be written again (no peer
+        holds it); the end it was dropped at, None if it was not."""
+        end: int | None = await trio.to_thread.run_sync(self._fence.dropped.release, name)
+        return end
+
     def forked_entries(self) -> list[dict[str, Any]]:
         """``status``'s ``forked_queues`` entries of the frozen core-2 queues among the loaded values
         (every one once :meth:`load_all` ran): the one list status, doctor and metrics read."""
@@ -263,6 +277,8 @@ class Core2View(Core2Engine):
         self._check_fence(row.owner, row.name, row.kind, 0 if loaded is None else loaded.held[1], what)
 
     async def create_queue(self, name: str, meta: Mapping[str, str] | None, kind: int = KIND_QUEUE) -> int:
+        if (gone := self._fence.creating(name, kind)) is not None:
+            raise BehindPeersError(f"cannot create {self._public_key.hex()}/{name} yet: {gone}")
         self._check_fence(self._public_key, name, kind, 0, "create")
         return await self.create(name, meta, kind)
 

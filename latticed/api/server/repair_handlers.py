@@ -7,13 +7,17 @@ arrives). Our own queue is dropped only when asked with ``drop`` (peers send bac
 no peer holds are lost), and the refusal says what would be lost. A queue that is not corrupt is never
 dropped. Local API 1, additive: a daemon without the op answers "unknown op", which the client turns into
 one line naming both releases.
+
+Our own queue, once dropped, takes no write (nor is it created again) until a peer's copy as long as the
+one dropped merged back, across restarts (:mod:`latticed.storage.dropped_own`): writing before would sign
+a second history at offsets peers hold. ``release`` is the operator saying no peer holds it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from latticed.api.messages import arg_bool
+from latticed.api.messages import arg_bool, arg_str
 from latticed.api.server.context import Context, Handler, Reply, Request
 
 __all__ = ["OPS", "queue_repair"]
@@ -30,13 +34,39 @@ def _records(bounds: tuple[int, int] | None) -> str:
     return f"{hi - lo} record{'' if hi - lo == 1 else 's'} (offsets {lo}..{hi}, end exclusive)"
 
 
+async def _release(ctx: Context, queue: str) -> Reply:
+    """``--release``: the operator says no peer holds our dropped queue; it may be written again."""
+    own = ctx.engine.public_key.hex()
+    owner, _, name = queue.rpartition("/")
+    if owner not in ("", own):
+        return _refused(queue, False, f"{queue} is not this daemon's queue: only its owner releases it")
+    end = await ctx.engine.core2.release_dropped(name)
+    address = f"{own}/{name}"
+    if end is None:
+        return _refused(
+            address, True, f"{address} was not dropped by `queue repair --drop`: nothing to release"
+        )
+    return {
+        "queue": address,
+        "owned": True,
+        "repaired": True,
+        "records": end,
+        "links_restarted": 0,
+        "message": f"{address} may be written again from what is here; the {end} record(s) it had before "
+        "`queue repair --drop` that no peer sent back are given up (a peer that still holds them would "
+        "see a fork)",
+    }
+
+
 async def queue_repair(ctx: Context, request: Request) -> Reply:
     """Drop a corrupt core-2 queue here so replication fetches it again (see the module docstring).
     Replies ``repaired`` (false: refused, ``message`` says why), ``owned``, ``records`` (how many were
     dropped), ``links_restarted`` and a one-line ``message``."""
-    q = ctx.queue(request)
     drop = arg_bool(request, "drop", False)
     engine = ctx.engine
+    if arg_bool(request, "release", False):
+        return await _release(ctx, arg_str(request, "queue"))
+    q = ctx.queue(request)
     address = engine.address(q)
     core2 = engine.core2
     if not core2.holds(q):
@@ -61,7 +91,7 @@ async def queue_repair(ctx: Context, request: Request) -> Reply:
             "here; peers send back what they hold, and records no peer holds are lost. Run it again with "
             "--drop to do that (or restore the data directory from a backup)",
         )
-    await core2.drop(q)
+    await core2.drop_corrupt(q, 0 if bounds is None else bounds[1])
     replication = ctx.replication
     restarted = 0 if replication is None else replication.restart_core2_links(f"queue repair {address}")
     count = 0 if bounds is None else bounds[1] - bounds[0]
