@@ -46,6 +46,15 @@ def store_checks(data_dir: Path) -> list[Check]:
         return [Check("store", None, str(exc))]
     except (LatticedError, OSError) as exc:
         return [Check("store", False, str(exc), "check the data directory's permissions and disk")]
+    if found.newer:
+        return [
+            Check(
+                "store",
+                None,
+                f"{found.path} is of schema {found.schema}, written by a newer release than this latticectl: "
+                "run that release's doctor",
+            )
+        ]
     if not found.current:
         return [
             Check(

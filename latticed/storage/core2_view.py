@@ -92,11 +92,13 @@ class Core2View(Core2Engine):
         self._queues = queues
         self._fence = fence
         self._public_key = engine.public_key
+        self._repairing = trio.Lock()  # ``queue repair``'s drops, one at a time (:meth:`drop_corrupt`)
         #: Called on the event loop with each committed core-2 value (None: dropped), after the queue's
         #: waiters were woken: replication's pushes subscribe here.
         self.on_change: Callable[[int, QueueState2 | None], None] | None = None
-        #: Further listeners of core-2 commits (the groups service: new records in a source).
-        self.listeners: tuple[Callable[[int, QueueState2 | None], None], ...] = ()
+        #: Further listeners of core-2 commits (the groups service: new records in a source; our queue dropped
+        #: by `queue repair --drop` coming back).
+        self.listeners: tuple[Callable[[int, QueueState2 | None], None], ...] = (self._maybe_back,)
         #: Live pushes verified on the event loop whose merge is pending (set by replication): a live
         #: tail shows their records before the commit (:meth:`ahead_columns`).
         self.ahead: AheadValues | None = None
@@ -174,13 +176,26 @@ class Core2View(Core2Engine):
         )
         return found
 
-    async def drop_corrupt(self, q: int, end: int) -> None:
-        """``queue repair``'s drop of corrupt ``q``; our own is first remembered durably as dropped at
-        ``end`` (:mod:`latticed.storage.dropped_own`), so that it takes no write until it is back."""
-        row = self.row(q)
-        if row.owner == self._public_key:
-            await trio.to_thread.run_sync(self._fence.dropped.remember, row.name, row.kind, end)
-        await self.drop(q)
+    def _maybe_back(self, _q: int, state: QueueState2 | None) -> None:
+        """A commit of our queue dropped by ``queue repair --drop``: remembered no more once it is back."""
+        if self._fence.dropped and state is not None and state.owner == self._public_key:
+            self._fence.dropped.back(state.name, state.kind, state.held[1])
+
+    async def drop_corrupt(self, q: int, end: int) -> bool:
+        """``queue repair``'s drop of ``q`` if it is still there and corrupt (False: it is not, two
+        repairs raced); our own is first remembered durably as dropped at ``end``
+        (:mod:`latticed.storage.dropped_own`), so that it takes no write until it is back. One at a time."""
+        async with self._repairing:
+            try:
+                row = self.row(q)
+                if await self.corrupt_error(q) is None:
+                    return False
+            except NotFoundError:
+                return False
+            if row.owner == self._public_key:
+                await trio.to_thread.run_sync(self._fence.dropped.remember, row.name, row.kind, end)
+            await self.drop(q)
+            return True
 
     async def release_dropped(self, name: str) -> int | None:
         """``queue repair NAME --release``: our dropped queue ``name`` may be written again (no peer

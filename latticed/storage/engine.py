@@ -39,7 +39,6 @@ from latticed.storage.bridge import StorageBridge, tell
 from latticed.storage.core2_many import AppendManyCores
 from latticed.storage.core2_queues import Change2
 from latticed.storage.core2_view import Core2View
-from latticed.storage.dropped_own import DroppedOwn
 from latticed.storage.jobs import (
     KV_NAMESPACE,
     Append,
@@ -116,7 +115,8 @@ class Engine(ReplicaView):
         in the daemon); ``fence`` is asked before every write to our own data (none: never fenced);
         ``metrics`` (off when None) hears of every group commit and verification failure."""
         path = db_path(data_dir)
-        dropped = DroppedOwn.load(data_dir)  # before anything starts: a file not ours stops the open
+        fence = fence if fence is not None else OwnerFence()
+        fence.load_dropped(data_dir)  # before anything starts: a file not ours stops the open
         writer = Writer(
             path,
             identity,
@@ -133,7 +133,6 @@ class Engine(ReplicaView):
                 await trio.to_thread.run_sync(writer.stop)
             raise
         engine = cls(writer, pool, identity, clock, changes=changes, fence=fence, metrics=metrics)
-        engine._fence.dropped = dropped
         if 0 < writer.store.migrated_from < SCHEMA_VERSION:  # an older store was upgraded (0: a new one)
             log_event(
                 log,
@@ -172,9 +171,6 @@ class Engine(ReplicaView):
             live.wake(change2.q)
             if change2.state is None:  # dropped: a cached number of it must not be handed out
                 self.forget(change2.q)
-            elif self._fence.dropped and change2.state.owner == self.public_key:  # ours dropped, back?
-                state2 = change2.state
-                tell(self._fence.dropped.back, state2.name, state2.kind, state2.held[1])
             if self.core2.on_change is not None:
                 tell(self.core2.on_change, change2.q, change2.state)
             for listener2 in self.core2.listeners:
@@ -239,8 +235,6 @@ class Engine(ReplicaView):
 
     def _check_new(self, name: str, kind: int, what: str) -> None:
         """The fence for one of our queues that does not exist here (yet)."""
-        if (gone := self._fence.creating(name, kind)) is not None:
-            raise BehindPeersError(f"cannot {what} {self.public_key.hex()}/{name} yet: {gone}")
         if (reason := self._fence.reason(core.empty_state(self.public_key, name, kind))) is not None:
             raise BehindPeersError(f"cannot {what} {self.public_key.hex()}/{name} yet: {reason}")
 

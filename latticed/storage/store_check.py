@@ -3,8 +3,11 @@ not what their owners signed (:mod:`latticed.storage.corruption`). ``latticectl 
 the daemon does not answer, so a store found corrupt at the last start (``store.queue_corrupt``) is named
 before the daemon starts again, by the same code the daemon loads queues with.
 
-The file is opened with SQLite's ``mode=ro`` and ``query_only``: nothing is written, no lock is taken,
-so it is safe beside a daemon too (it then reads the last committed state)."""
+The file is opened with SQLite's ``mode=ro`` and ``query_only``: nothing is written, no write lock is
+taken, so it is safe beside a daemon too (one that does not answer its socket). It reads in one read
+transaction, a single snapshot: read in separate ones, a commit landing between a queue's reads (its head
+in one, its records in the next) would make a good queue look corrupt, and doctor would advise dropping
+it. In WAL mode the daemon's commits go on meanwhile (only its checkpoints wait for the read)."""
 
 from __future__ import annotations
 
@@ -65,6 +68,11 @@ class StoreFindings:
         daemon's next start: its queues are not read here)."""
         return self.schema == len(MIGRATIONS)
 
+    @property
+    def newer(self) -> bool:
+        """Whether a newer release wrote the store (this release's daemon refuses it: not checked here)."""
+        return self.schema > len(MIGRATIONS)
+
 
 def check_store(data_dir: Path, own: bytes | None = None) -> StoreFindings:
     """Read every core-2 queue of the store in ``data_dir`` as the daemon loads it; ``own``: this daemon's
@@ -75,7 +83,8 @@ def check_store(data_dir: Path, own: bytes | None = None) -> StoreFindings:
         raise NotFoundError(f"no store at {path} (the daemon has not run with this data directory)")
     store = _ReadOnlyFile(path)
     try:
-        try:
+        try:  # one read transaction: one snapshot, whatever a daemon beside commits meanwhile
+            store.connection.execute("BEGIN")
             schema = user_version(store.connection)
         except sqlite3.Error as exc:
             raise store.error(exc, "read the schema version of") from exc

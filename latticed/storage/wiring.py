@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 from latticed.crdt.queue import QueueState
@@ -63,8 +64,10 @@ class OwnerFence:
 
     def reason(self, state: QueueState) -> str | None:
         """Why ``state``'s queue must not be written now, or None (also when nobody holds the fence)."""
-        if self.dropped and (gone := self.dropped.reason(state.name, state.kind, state.held_end)) is not None:
-            return gone
+        if self.dropped:  # a value with no head: a queue of ours about to be created
+            held = None if state.head is None else state.held_end
+            if (gone := self.dropped.reason(state.name, state.kind, held)) is not None:
+                return gone
         reason = self._reason
         return None if reason is None else reason(state)
 
@@ -78,6 +81,10 @@ class OwnerFence:
         if reason is None:
             return None
         return reason(cast(QueueState, _FencedQueue(owner, name, kind, held_end)))
+
+    def load_dropped(self, data_dir: Path) -> None:
+        """Read the dropped queues of the store in ``data_dir`` (the engine, as it opens)."""
+        self.dropped = DroppedOwn.load(data_dir)
 
     def creating(self, name: str, kind: int) -> str | None:
         """Why our queue ``name`` must not be created now: one we dropped that is not back yet."""

@@ -11,7 +11,7 @@ import pytest
 from support.corrupt_daemon import make_corrupt
 from support.inprocess import daemon_at
 
-from latticed.errors import NotFoundError, StorageError
+from latticed.errors import BehindPeersError, NotFoundError, StorageError
 
 
 def _store_checks(client: object) -> dict[str, dict[str, object]]:
@@ -55,5 +55,9 @@ def test_repair_drops_a_replica_copy_and_refuses_our_own_without_drop(tmp_path: 
         assert dropped["repaired"] is True and dropped["records"] == 2
         assert _store_checks(client) == {}
         assert [q["name"] for q in client.queue_list()] == ["good", "one"]
-        client.queue_create("own", core=2)  # the name is free again
+        with pytest.raises(BehindPeersError, match="--release"):  # peers hold its records: a fork
+            client.queue_create("own", core=2)
+        released = client.queue_repair("own", release=True)
+        assert released["repaired"] is True and released["records"] == 2
+        client.queue_create("own", core=2)  # no peer holds it, says the operator: the name is free again
         assert client.offer("own", b"new") == 0

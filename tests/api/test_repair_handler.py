@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+import trio
 from support.corrupt_daemon import ALICE, BOB, replica_store
 
 from latticed.api.server import repair_handlers
@@ -71,3 +72,23 @@ async def test_without_replication_the_queue_comes_back_when_a_peer_connects(tmp
         done = await _repair(_context(engine, path, None), "own", drop=True)
     assert done["repaired"] is True and done["owned"] is True and done["links_restarted"] == 0
     assert done["message"].endswith("it is fetched again when a peer that holds it connects")
+
+
+async def test_two_repairs_at_once_drop_once_and_restart_links_once(tmp_path: Path) -> None:
+    path = await replica_store(tmp_path)
+    replication = _Replication()
+    x = f"{ALICE.public_key.hex()}/x"
+    async with Engine.open(path, BOB) as engine:
+        ctx = _context(engine, path, replication)
+        replies: list[dict[str, Any]] = []
+
+        async def repair() -> None:
+            replies.append(await _repair(ctx, x))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(repair)
+            nursery.start_soon(repair)
+    assert sorted(r["repaired"] for r in replies) == [False, True]
+    (refused,) = [r for r in replies if not r["repaired"]]
+    assert "not corrupt" in refused["message"] and refused["owned"] is False
+    assert replication.restarts == [f"queue repair {x}"]

@@ -44,6 +44,14 @@ def test_queue_repair_says_what_it_did_or_why_not_in_one_line(tmp_path: Path) ->
         assert json.loads(dropped.stdout)["records"] == 2
         again = _ctl(d.socket, "queue", "repair", "own", "--json")
         assert again.exit_code == ExitCode.NOT_FOUND
+        fork = _ctl(d.socket, "queue", "create", "own")  # peers hold what it had: refused, one line
+        assert fork.exit_code == ExitCode.INTEGRITY and fork.stderr.count("\n") == 1, fork.output
+        assert "Traceback" not in fork.stderr and "queue repair own --release" in fork.stderr
+        released = _ctl(d.socket, "queue", "repair", "own", "--release")
+        assert released.exit_code == 0 and released.stdout.count("\n") == 1, released.output
+        assert _ctl(d.socket, "queue", "create", "own").exit_code == 0
+        twice = _ctl(d.socket, "queue", "repair", "own", "--release")
+        assert twice.exit_code == ExitCode.ERROR and "nothing to release" in twice.stderr
 
 
 def test_doctor_without_the_daemon_names_the_corrupt_queues_and_their_repair(tmp_path: Path) -> None:

@@ -91,7 +91,8 @@ async def queue_repair(ctx: Context, request: Request) -> Reply:
             "here; peers send back what they hold, and records no peer holds are lost. Run it again with "
             "--drop to do that (or restore the data directory from a backup)",
         )
-    await core2.drop_corrupt(q, 0 if bounds is None else bounds[1])
+    if not await core2.drop_corrupt(q, 0 if bounds is None else bounds[1]):  # another repair dropped it
+        return _refused(address, owned, f"{address} is not corrupt any more (another repair dropped it)")
     replication = ctx.replication
     restarted = 0 if replication is None else replication.restart_core2_links(f"queue repair {address}")
     count = 0 if bounds is None else bounds[1] - bounds[0]
