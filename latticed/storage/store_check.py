@@ -7,7 +7,13 @@ The file is opened with SQLite's ``mode=ro`` and ``query_only``: nothing is writ
 taken, so it is safe beside a daemon too (one that does not answer its socket). It reads in one read
 transaction, a single snapshot: read in separate ones, a commit landing between a queue's reads (its head
 in one, its records in the next) would make a good queue look corrupt, and doctor would advise dropping
-it. In WAL mode the daemon's commits go on meanwhile (only its checkpoints wait for the read)."""
+it; in WAL mode the daemon's commits go on meanwhile (only its checkpoints wait for the read).
+
+Nor is a file created beside it (SQLite would create ``-wal`` and ``-shm``, and after ``sudo latticectl
+doctor`` they would be root's, which the daemon's user then cannot open): a store closed cleanly has no
+``-wal`` and is opened ``immutable``, its time, size and ``-wal`` compared after the read (a daemon that
+started on it meanwhile: not checked); with a ``-wal`` the daemon's own ``-shm`` is used, and without
+one nothing is read."""
 
 from __future__ import annotations
 
@@ -33,8 +39,22 @@ class _ReadOnlyFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        wal, shm = (path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
+        #: Opened without locks: a writer starting meanwhile is found by the file's stamp after the read.
+        self.immutable = not wal.exists()
+        if self.immutable:  # closed cleanly: nothing beside it to read, and no -wal/-shm to create
+            mode = "ro&immutable=1"
+        elif shm.exists():  # a daemon's (running, or stopped uncleanly): read through its files, as they are
+            mode = "ro"
+        else:  # reading would create the -shm file, which a daemon of another user could then not open
+            raise NotFoundError(
+                f"{path}'s write-ahead log is not checkpointed and has no -shm file (the daemon stopped "
+                "uncleanly?): not read here, to create nothing beside it; start the daemon and run doctor"
+            )
         try:
-            self._conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+            self._conn = sqlite3.connect(
+                f"{path.resolve().as_uri()}?mode={mode}", uri=True, isolation_level=None
+            )
             self._conn.execute("PRAGMA query_only = 1")
             self.has_cores = any(row[1] == "core" for row in self._conn.execute("PRAGMA table_info(queues)"))
         except sqlite3.Error as exc:
@@ -81,6 +101,7 @@ def check_store(data_dir: Path, own: bytes | None = None) -> StoreFindings:
     path = db_path(data_dir)
     if not path.is_file():
         raise NotFoundError(f"no store at {path} (the daemon has not run with this data directory)")
+    before = _stamp(path)
     store = _ReadOnlyFile(path)
     try:
         try:  # one read transaction: one snapshot, whatever a daemon beside commits meanwhile
@@ -97,6 +118,16 @@ def check_store(data_dir: Path, own: bytes | None = None) -> StoreFindings:
                 core2_store.load(store, row)
             except CorruptQueueError as exc:
                 corrupt.append(corrupt_entry(f"{row.owner.hex()}/{row.name}", str(exc), own))
+        if store.immutable and _stamp(path) != before:  # a daemon started on it: what was read may be torn
+            raise NotFoundError(
+                f"{path} changed while it was read (a daemon started on it?): not checked; run doctor again"
+            )
         return StoreFindings(path, schema, len(rows), corrupt)
     finally:
         store.close()
+
+
+def _stamp(path: Path) -> tuple[int, int, bool]:
+    """What a writer's start or checkpoint changes: the file's time and size, and whether it has a WAL."""
+    found = path.stat()
+    return found.st_mtime_ns, found.st_size, path.with_name(path.name + "-wal").exists()
