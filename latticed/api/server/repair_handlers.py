@@ -101,13 +101,15 @@ async def queue_repair(ctx: Context, request: Request) -> Reply:
         if restarted
         else "it is fetched again when a peer that holds it connects"
     )
+    name = address.rpartition("/")[2]
+    wait = f"it takes no write until it is back (or `queue repair {name} --release`); " if owned else ""
     reply: dict[str, Any] = {
         "queue": address,
         "owned": owned,
         "repaired": True,
         "records": count,
         "links_restarted": restarted,
-        "message": f"dropped the corrupt copy of {address} ({_records(bounds)}); {refetch}",
+        "message": f"dropped the corrupt copy of {address} ({_records(bounds)}); {wait}{refetch}",
     }
     return reply
 
