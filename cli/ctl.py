@@ -44,6 +44,7 @@ from cli.output import (
     text_of_bytes,
     write_bytes,
 )
+from cli.repair_commands import register as register_repair
 from cli.retention_commands import (
     KeepUnsettled,
     MaxAge,
@@ -837,6 +838,7 @@ _COMMANDS = lazy.CommandTable(app, _ELSEWHERE)
 register_retention(queue_app, _client)
 register_why(queue_app, _client)
 register_fork(queue_app, _client)
+register_repair(queue_app, _client)
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """``latticectl doctor``: a checklist, ✔ or ✘, with one line on how to fix each ✘ (- : not applicable).
 
 With the daemon running it checks itself (:mod:`latticed.host.checklist`, through the ``doctor`` API op);
-without it, this checks what it can from the config (``--config FILE`` as for ``latticed run``, else the one
-``latticed init`` wrote, else the defaults; its socket is the one tried unless ``--socket`` is given).
+without it, this checks what it can from the config (``--config FILE`` as for ``latticed run``, else the
+one ``latticed init`` wrote, else the defaults; its socket is the one tried unless ``--socket`` is given)
+and reads the store read-only, naming each queue the daemon would find corrupt at its start
+(:mod:`cli.offline_store`), with the ``queue repair`` for it.
 Either way the Spark extra is checked here, in the environment ``latticectl`` runs in. Exit code 1 when
 any check fails (a daemon that is not running is one of them).
 """
@@ -15,6 +17,7 @@ from typing import Annotated
 import typer
 
 from cli.common import JsonFlag, settings
+from cli.offline_store import store_checks
 from cli.output import emit
 from latticed.api.client.blocking_client import Client
 from latticed.errors import ConnectionClosedError, LatticedError, MalformedError
@@ -89,6 +92,7 @@ def run_checks(socket: Path | None, config_file: Path | None) -> tuple[bool, lis
         )
     checks.append(Check("config", None, f"the daemon is not running: checking the config from {source}"))
     checks += offline_checks(config)
+    checks += store_checks(config.data_dir)
     checks.append(check_spark())
     return False, checks
 

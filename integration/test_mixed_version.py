@@ -435,3 +435,32 @@ def test_an_offer_into_the_previous_releases_queue_says_its_owner_is_too_old(
     with client(new) as c, pytest.raises(LatticedError, match="does not take remote offers"):
         c.offer(feed, b"x", wait=5)
     assert held_end(old, feed) == 0
+
+
+def test_queue_repair_against_the_previous_release_says_it_does_not_know_it(
+    latticed_process: Factory,
+) -> None:
+    """A daemon of the previous release has no ``queue_repair`` (local API 1, additive): the client names
+    both releases, and latticectl says so in one line (exit code 1) with nothing changed; doctor works."""
+    old = start(latticed_process, OLD)
+    with client(old) as c:
+        c.queue_create("q")
+        with pytest.raises(VersionGapError, match="does not know 'queue_repair'"):
+            c.queue_repair("q")
+        assert c.offer("q", b"v") == 0  # the connection is still good, the queue untouched
+    cli = [
+        sys.executable,
+        "-c",
+        "from cli.entry import latticectl; latticectl()",
+        "--socket",
+        str(old.socket),
+    ]
+    repair = subprocess.run(
+        [*cli, "queue", "repair", "q"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert repair.returncode == 1 and "Traceback" not in repair.stderr, repair.stderr
+    assert len(repair.stderr.strip().splitlines()) == 1 and "queue_repair" in repair.stderr
+    doctor = subprocess.run(
+        [*cli, "doctor", "--json"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert '"daemon_running": true' in doctor.stdout, doctor.stderr

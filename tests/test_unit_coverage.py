@@ -73,10 +73,6 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "latticed.api.client.bundle_client": (
         "the client's bundle streams, reached through the blocking client: tests/test_bundles.py"
     ),
-    "latticed.api.server.api_ports": (
-        "Protocols only (the API server's view of the daemon): checked by mypy; runs inside every "
-        "in-process daemon (tests/support/inprocess.py)"
-    ),
     "latticed.api.server.bundle_handlers": (
         "runs inside every in-process daemon (tests/support/inprocess.py); its ops in tests/test_bundles.py"
     ),

@@ -52,6 +52,7 @@ __all__ = [
     "check_disk",
     "check_forks",
     "check_clock",
+    "check_corrupt",
     "check_mdns",
     "check_other_networks",
     "check_network_key",
@@ -61,6 +62,7 @@ __all__ = [
     "check_spark",
     "daemon_checks",
     "offline_checks",
+    "repair_fix",
 ]
 
 #: Seconds to wait for a peer's TCP port when the daemon is not running.
@@ -490,11 +492,28 @@ def check_sealer(accelerated: bool) -> Check:
 # --- the two lists -------------------------------------------------------------------------------------
 
 
-#: What to do about a queue found corrupt (``store.queue_corrupt``).
-CORRUPT_FIX = (
-    "latticed neither serves this queue nor merges into it, and keeps its data as it is: restore the data "
-    "directory from a backup (its peers still hold their copies); do not edit the store by hand"
-)
+def repair_fix(entry: Mapping[str, Any]) -> str:
+    """What to do about a queue found corrupt (``store.queue_corrupt``; ``entry``: ``queue``, ``owned``):
+    the ``queue repair`` command for it, by name."""
+    address = str(entry.get("queue"))
+    owned = entry.get("owned")
+    kept = "latticed neither serves nor merges into it and keeps its data as it is until then"
+    if owned is True:
+        return (
+            f"`latticectl queue repair {address.rpartition('/')[2]} --drop`: it is your own queue, so that "
+            "drops this copy and peers send back what they hold (records no peer holds are lost; a backup "
+            f"of the data directory keeps them); {kept}"
+        )
+    either = "" if owned is False else " (add --drop if it is this daemon's own queue: see its refusal)"
+    return (
+        f"`latticectl queue repair {address}`{either}: drops this copy and peers send the queue again, "
+        f"verified; {kept}"
+    )
+
+
+def check_corrupt(corrupt: Sequence[Mapping[str, Any]]) -> list[Check]:
+    """A failing ``store`` check for each queue found not to be what its owner signed, with its repair."""
+    return [Check("store", False, str(c.get("error")), repair_fix(c)) for c in corrupt]
 
 
 def daemon_checks(
@@ -535,7 +554,7 @@ def daemon_checks(
         checks.append(lan)
     checks += check_clock(skew)
     checks += check_forks(forks)
-    checks += [Check("store", False, str(c["error"]), CORRUPT_FIX) for c in corrupt]
+    checks += check_corrupt(corrupt)
     checks += check_identity(identity)
     if sealer_accelerated is not None:
         checks.append(check_sealer(sealer_accelerated))

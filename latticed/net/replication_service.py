@@ -459,6 +459,24 @@ class Replication:
         self.wake_dialer.set()
         return True
 
+    def restart_core2_links(self, reason: str) -> int:
+        """Close every link that agreed on ``heads-v2`` and dial its peer again at once; returns how many
+        closed. A link remembers what its peer holds of ours and we of its, for this connection only: a new
+        one starts with whole digests, so the peer sends again a core-2 queue we no longer hold (one
+        ``queue repair`` dropped: the old link took it as held). No wire change, any peer release."""
+        closed = 0
+        for key, link in list(self.gossip.links.items()):
+            core2 = link.session.core2
+            if core2 is None or not core2.agreed:
+                continue
+            self._close_link(key)
+            self.book.hurry(key, time.time())  # a peer that dialled us (no address known) dials again
+            closed += 1
+        if closed:
+            log_event(log, "replication.links_restarted", links=closed, reason=reason)
+            self.wake_dialer.set()
+        return closed
+
     # ------------------------------------------------------------------ the operator's peer management
     def add_peer(self, address: HostPort) -> dict[str, Any]:
         """Dial ``address`` now and for ever (kept in the rules file across restarts)."""

@@ -48,7 +48,7 @@ from latticed.errors import StorageError
 from latticed.storage import core2_bodies, core2_leaves, core2_runs, segments
 from latticed.storage.codec import encode_meta, pack, unpack
 from latticed.storage.core2_bodies import decode_body
-from latticed.storage.corruption import check_held, decode_signed_meta
+from latticed.storage.corruption import StoreFile, check_held, decode_signed_meta
 from latticed.storage.entries import StoredEntries
 from latticed.storage.store import Store
 
@@ -119,7 +119,7 @@ def _decode_tips(raw: bytes) -> tuple[Tip, ...]:
 
 
 # ---------------------------------------------------------------------- reading
-def index(store: Store) -> list[Queue2Row]:
+def index(store: StoreFile) -> list[Queue2Row]:
     """Every core-2 queue's row (none before schema 5)."""
     if not store.has_cores:
         return []
@@ -132,7 +132,7 @@ def index(store: Store) -> list[Queue2Row]:
     return [Queue2Row(r[0], bytes(r[1]), bytes(r[2]), r[3], r[4], r[5]) for r in rows]
 
 
-def load(store: Store, row: Queue2Row) -> QueueState2:
+def load(store: StoreFile, row: Queue2Row) -> QueueState2:
     """Queue ``row``'s value as stored, its records read lazily from the store."""
     conn, q = store.connection, row.q
     try:

@@ -22,6 +22,7 @@ from latticed.crdt.queue.state import QueueState
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.errors import BehindPeersError, NotFoundError, NotOwnerError
+from latticed.storage import segments
 from latticed.storage.core1_convert import ConversionBusyError, UpgradeQueue
 from latticed.storage.core2_engine import Core2Engine, Core2Host, reading_through
 from latticed.storage.core2_jobs import Commit2
@@ -91,11 +92,13 @@ class Core2View(Core2Engine):
         self._queues = queues
         self._fence = fence
         self._public_key = engine.public_key
+        self._repairing = trio.Lock()  # ``queue repair``'s drops, one at a time (:meth:`drop_corrupt`)
         #: Called on the event loop with each committed core-2 value (None: dropped), after the queue's
         #: waiters were woken: replication's pushes subscribe here.
         self.on_change: Callable[[int, QueueState2 | None], None] | None = None
-        #: Further listeners of core-2 commits (the groups service: new records in a source).
-        self.listeners: tuple[Callable[[int, QueueState2 | None], None], ...] = ()
+        #: Further listeners of core-2 commits (the groups service: new records in a source; our queue dropped
+        #: by `queue repair --drop` coming back).
+        self.listeners: tuple[Callable[[int, QueueState2 | None], None], ...] = (self._maybe_back,)
         #: Live pushes verified on the event loop whose merge is pending (set by replication): a live
         #: tail shows their records before the commit (:meth:`ahead_columns`).
         self.ahead: AheadValues | None = None
@@ -155,7 +158,50 @@ class Core2View(Core2Engine):
 
     def corrupt_entries(self) -> list[dict[str, Any]]:
         """``doctor``'s facts: the queues whose stored value was found not to be what its owner signed."""
-        return self._queues.corrupt.entries()
+        return self._queues.corrupt.entries(self._public_key)
+
+    async def corrupt_error(self, q: int) -> CorruptQueueError | None:
+        """Why ``q`` is corrupt (loading it first if it was not loaded yet); None if it is not."""
+        try:
+            await self.value(q)
+        except CorruptQueueError as exc:
+            return exc
+        return None
+
+    async def stored_bounds(self, q: int) -> tuple[int, int] | None:
+        """The records stored for ``q`` as they lie, whatever its heads say: first and end offset (None:
+        none). What dropping a corrupt queue deletes."""
+        found: tuple[int, int] | None = await self._engine.bridge.read(
+            lambda reader: segments.bounds(reader.conn, q)
+        )
+        return found
+
+    def _maybe_back(self, _q: int, state: QueueState2 | None) -> None:
+        """A commit of our queue dropped by ``queue repair --drop``: remembered no more once it is back."""
+        if self._fence.dropped and state is not None and state.owner == self._public_key:
+            self._fence.dropped.back(state.name, state.kind, state.held[1])
+
+    async def drop_corrupt(self, q: int, end: int) -> bool:
+        """``queue repair``'s drop of ``q`` if it is still there and corrupt (False: it is not, two
+        repairs raced); our own is first remembered durably as dropped at ``end``
+        (:mod:`latticed.storage.dropped_own`), so that it takes no write until it is back. One at a time."""
+        async with self._repairing:
+            try:
+                row = self.row(q)
+                if await self.corrupt_error(q) is None:
+                    return False
+            except NotFoundError:
+                return False
+            if row.owner == self._public_key:
+                await trio.to_thread.run_sync(self._fence.dropped.remember, row.name, row.kind, end)
+            await self.drop(q)
+            return True
+
+    async def release_dropped(self, name: str) -> int | None:
+        """``queue repair NAME --release``: our dropped queue ``name`` may be written again (no peer
+        holds it); the end it was dropped at, None if it was not."""
+        end: int | None = await trio.to_thread.run_sync(self._fence.dropped.release, name)
+        return end
 
     def forked_entries(self) -> list[dict[str, Any]]:
         """``status``'s ``forked_queues`` entries of the frozen core-2 queues among the loaded values
@@ -246,6 +292,8 @@ class Core2View(Core2Engine):
         self._check_fence(row.owner, row.name, row.kind, 0 if loaded is None else loaded.held[1], what)
 
     async def create_queue(self, name: str, meta: Mapping[str, str] | None, kind: int = KIND_QUEUE) -> int:
+        if (gone := self._fence.creating(name, kind)) is not None:
+            raise BehindPeersError(f"cannot create {self._public_key.hex()}/{name} yet: {gone}")
         self._check_fence(self._public_key, name, kind, 0, "create")
         return await self.create(name, meta, kind)
 

@@ -1,7 +1,8 @@
 """Queues whose stored value does not match what its owner signed: found when a core-2 queue loads
 (records the heads do not cover, metadata that is not what the start head signs), that queue is neither
 served nor merged into and its data is kept as it is; the others go on. Each is logged once
-(``store.queue_corrupt``) and listed by ``latticectl doctor``.
+(``store.queue_corrupt``) and listed by ``latticectl doctor``, which advises ``latticectl queue repair``
+(it drops the queue here, and replication fetches it again: ``latticed/api/server/repair_handlers.py``).
 
 A replica trusts its loaded value where a peer's push leaves part of it as it was (a relay's direct path
 for a next version takes the value's metadata when the push's is the same), so what the file holds is
@@ -9,7 +10,9 @@ checked against the signatures when it is read, not only when it was received.""
 
 from __future__ import annotations
 
-from typing import Any
+import sqlite3
+from pathlib import Path
+from typing import Any, Protocol
 
 from latticed.crdt.head import meta_hash
 from latticed.crdt.head2 import HeadV2
@@ -17,8 +20,24 @@ from latticed.crdt.queue import Meta
 from latticed.errors import LatticedError, StorageError
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.codec import decode_meta
+from latticed.storage.entries import SqlRows
 
 log = get_logger(__name__)
+
+
+class StoreFile(Protocol):
+    """What reading a core-2 queue needs of a store (:func:`~latticed.storage.core2_store.load`): the
+    daemon's writer :class:`~latticed.storage.store.Store`, or the offline doctor's read-only file
+    (:mod:`latticed.storage.store_check`), so both check a queue by the same code."""
+
+    path: Path
+    rows: SqlRows
+    has_cores: bool
+
+    @property
+    def connection(self) -> sqlite3.Connection: ...
+
+    def error(self, exc: BaseException, what: str) -> StorageError: ...
 
 
 class CorruptQueueError(StorageError):
@@ -74,9 +93,23 @@ class CorruptQueues:
         found = self._found.get(q)
         return None if found is None else CorruptQueueError(found[1])
 
-    def entries(self) -> list[dict[str, Any]]:
-        """``doctor``'s facts: one ``{"queue", "error"}`` a corrupt queue."""
-        return [{"queue": address, "error": error} for address, error in list(self._found.values())]
+    def entries(self, own: bytes | None = None) -> list[dict[str, Any]]:
+        """``doctor``'s facts: one ``{"queue", "error", "owned"}`` a corrupt queue (``owned``: whether
+        ``own``, this daemon's public key, signs it; None if not given)."""
+        return [corrupt_entry(address, error, own) for address, error in list(self._found.values())]
 
 
-__all__ = ["CorruptQueueError", "CorruptQueues", "check_held", "decode_signed_meta"]
+def corrupt_entry(address: str, error: str, own: bytes | None) -> dict[str, Any]:
+    """One corrupt queue as ``doctor`` and ``queue repair`` name it (``address``: ``OWNER_HEX/NAME``)."""
+    owned = None if own is None else address.startswith(own.hex() + "/")
+    return {"queue": address, "error": error, "owned": owned}
+
+
+__all__ = [
+    "CorruptQueueError",
+    "CorruptQueues",
+    "StoreFile",
+    "check_held",
+    "corrupt_entry",
+    "decode_signed_meta",
+]

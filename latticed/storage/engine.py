@@ -115,6 +115,8 @@ class Engine(ReplicaView):
         in the daemon); ``fence`` is asked before every write to our own data (none: never fenced);
         ``metrics`` (off when None) hears of every group commit and verification failure."""
         path = db_path(data_dir)
+        fence = fence if fence is not None else OwnerFence()
+        fence.load_dropped(data_dir)  # before anything starts: a file not ours stops the open
         writer = Writer(
             path,
             identity,

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 from latticed.crdt.queue import QueueState
+from latticed.storage.dropped_own import DroppedOwn
 
 ChangeListener = Callable[[QueueState], None]
 #: Why our own queue (its committed value given) must not be written right now, or None. It reads only
@@ -56,9 +58,16 @@ class OwnerFence:
 
     def __init__(self) -> None:
         self._reason: FenceReason | None = None
+        #: Our queues dropped by ``queue repair --drop`` and not back yet: refused whoever holds the fence
+        #: (the engine loads them from its data directory when it opens).
+        self.dropped = DroppedOwn(None)
 
     def reason(self, state: QueueState) -> str | None:
         """Why ``state``'s queue must not be written now, or None (also when nobody holds the fence)."""
+        if self.dropped:  # a value with no head: a queue of ours about to be created
+            held = None if state.head is None else state.held_end
+            if (gone := self.dropped.reason(state.name, state.kind, held)) is not None:
+                return gone
         reason = self._reason
         return None if reason is None else reason(state)
 
@@ -66,10 +75,20 @@ class OwnerFence:
         """:meth:`reason` for a queue given by its address and held end (a core-2 queue, which has no
         core-1 value): the holder's reason is asked with a stand-in carrying only these four fields, so a
         :data:`FenceReason` must read nothing else of the value it is given."""
+        if self.dropped and (gone := self.dropped.reason(name, kind, held_end)) is not None:
+            return gone
         reason = self._reason
         if reason is None:
             return None
         return reason(cast(QueueState, _FencedQueue(owner, name, kind, held_end)))
+
+    def load_dropped(self, data_dir: Path) -> None:
+        """Read the dropped queues of the store in ``data_dir`` (the engine, as it opens)."""
+        self.dropped = DroppedOwn.load(data_dir)
+
+    def creating(self, name: str, kind: int) -> str | None:
+        """Why our queue ``name`` must not be created now: one we dropped that is not back yet."""
+        return self.dropped.reason(name, kind, None) if self.dropped else None
 
     @contextmanager
     def held_by(self, reason: FenceReason) -> Iterator[None]:

@@ -1,4 +1,4 @@
-"""review23: a queue found corrupt can be dropped (the engine's DropQueue2; no command exposes it yet):
+"""review23: a queue found corrupt can be dropped (the engine's DropQueue2; `latticectl queue repair`):
 its rows go, doctor no longer names it, and its owner's delta then replicates it again whole. Before,
 the drop job refused it (it loaded the value first): restoring the whole data directory was the only
 way out."""

@@ -545,6 +545,16 @@ class Client(GroupOps, PeerOps, BundleOps):
         reply = self.call("queue_recover", queue=queue, keep_mine=keep_mine)
         return {k: reply.get(k) for k in ("queue", "epoch", "start_offset", "end_offset")}
 
+    def queue_repair(self, queue: str, *, drop: bool = False, release: bool = False) -> dict[str, Any]:
+        """Drop a corrupt core-2 queue here so that replication fetches it again (``drop``: also our own
+        queue, whose records no peer holds are lost; ``release``: our queue dropped so may be written again,
+        no peer holding it); returns ``queue``, ``owned``, ``repaired`` (false:
+        refused, nothing changed), ``records``, ``links_restarted`` and a one-line ``message``."""
+        args: dict[str, Any] = {"release": True} if release else {}
+        reply = self.call("queue_repair", queue=queue, drop=drop, **args)
+        keys = ("queue", "owned", "repaired", "records", "links_restarted", "message")
+        return {k: reply.get(k) for k in keys}
+
     def queue_upgrade(self, queue: str | None = None, *, all_queues: bool = False) -> list[dict[str, Any]]:
         """Convert our core-1 queue (or with ``all_queues`` every one we own) to fork core 2; one entry
         per queue: ``queue``, ``converted``, ``epoch``, ``start_offset``, ``end_offset`` (or ``error``)."""

@@ -103,7 +103,7 @@ class ApiStore(TailStore, Protocol):
 
 class ReplicationView(Protocol):
     """What the API shows of replication (the service itself is
-    :mod:`latticed.net.replication_service`)."""
+    :mod:`latticed.net.replication_service`), and its links restarted after ``queue repair``."""
 
     @property
     def listen(self) -> str | None: ...
@@ -128,6 +128,8 @@ class ReplicationView(Protocol):
     def identity_status(self) -> dict[str, Any]: ...
 
     async def wait_start_gate(self) -> bool: ...
+
+    def restart_core2_links(self, reason: str) -> int: ...
 
 
 class PeerControl(ReplicationView, Protocol):
