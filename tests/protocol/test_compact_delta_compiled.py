@@ -147,6 +147,7 @@ def test_a_push_not_the_live_shape_is_left_to_python() -> None:
     live = PUSHES[1]
     assert columns.compact_delta(copy.deepcopy(live), 0, *limits) is not None
     for edit in (
+        lambda r: r.__setitem__(0, 40),  # another message (decode reads its code first)
         lambda r: r.__setitem__(3, []),  # a summary sent
         lambda r: r[4].__setitem__(3, b"\x00" * 40),  # a shared leaf
         lambda r: r[4][4].append(r[4][4][0]),  # two tips
