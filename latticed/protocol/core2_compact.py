@@ -365,7 +365,8 @@ def _records_in(raw: Any, base: int) -> RecordRun:
     ~15 Python calls a live push), anything else, or no compiled module, by :func:`_restamped` and
     ``records_from_wire``, which decide (tests/protocol/test_compact_rows_compiled.py pins the two)."""
     columns = columns_compiled.load()
-    found = None if columns is None else columns.compact_rows(raw, base, MAX_VALUE_BYTES, MAX_KEY_BYTES)
+    read = None if columns is None else getattr(columns, "compact_rows", None)  # None: a stale build
+    found = None if read is None else read(raw, base, MAX_VALUE_BYTES, MAX_KEY_BYTES)
     if found is not None:
         return RecordRun.checked(*found)
     return records_from_wire(_restamped(raw, base))
@@ -682,14 +683,16 @@ class Compact2Link:
         None: not built, or not that case, and the Python path reads ``raw`` (which the passes leave as
         it was) and decides (tests/protocol/test_compact_delta_compiled.py pins the two)."""
         columns, side, number = columns_compiled.load(), self._in, raw[2]
-        if columns is None or type(number) is not int or not 0 <= number < len(side.keys):
+        # A module built before the pass existed (a stale build beside newer sources) lacks it: Python's.
+        read = None if columns is None else getattr(columns, "compact_delta", None)
+        if read is None or type(number) is not int or not 0 <= number < len(side.keys):
             return None
         key = side.keys[number]
         known = side.queues.get(key)
         ref = None if known is None else known.ref
         if type(ref) is not HeadV2:  # a first push, or no ref kept: the rules need more than the ref
             return None
-        found = columns.compact_delta(raw, ref.timestamp, MAX_VALUE_BYTES, MAX_KEY_BYTES)
+        found = read(raw, ref.timestamp, MAX_VALUE_BYTES, MAX_KEY_BYTES)
         if found is None:
             return None
         seq, base_d, epoch, head_raw, no_meta, from_raw, rows, steps_d, packed = found
