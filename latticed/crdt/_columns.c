@@ -1795,31 +1795,18 @@ fail:
     return NULL;
 }
 
-/* compact_rows(raw, base, max_value, max_key) -> (values, keys, timestamps) or None.
-
-   raw: a compact DELTA2's decoded records (protocol/core2_compact.py, ``_restamped`` then
-   wire.records_from_wire). Accepted only when it is a list of at least one item, each an exact list
-   [key, value, step, headers]: key None or bytes of at most max_key, value bytes of at most max_value,
-   step an int, headers an empty list (on every row) or None (on any row but the first: it repeats the
-   empty list before it). The timestamps are base plus the steps so far, each sum within a signed 64-bit
-   integer (base too). values/keys: tuples of those items (the same objects); timestamps: new ints.
-   Anything else (headers that are not empty, a row of another shape, a sum past 64 bits): None, and the
-   Python path reads the rows and raises or accepts as it does. Reads raw without changing it. */
-static PyObject *compact_rows(PyObject *self, PyObject *args)
+/* compact_rows's pass: 1 and *out the (values, keys, timestamps) tuple, 0 (not the plain shape: None),
+   or -1 (an error set). raw is held by the caller. */
+static int r_columns(PyObject *raw, long long stamp, Py_ssize_t max_value, Py_ssize_t max_key, PyObject **out)
 {
-    PyObject *raw, *base_obj, *values = NULL, *keys = NULL, *stamps = NULL;
-    Py_ssize_t max_value, max_key, n, i;
-    long long stamp;
-    (void) self;
-    if (!PyArg_ParseTuple(args, "OOnn", &raw, &base_obj, &max_value, &max_key)) {
-        return NULL;
-    }
-    if (!PyList_CheckExact(raw) || !c_i64(base_obj, &stamp)) {
-        Py_RETURN_NONE;
+    PyObject *values = NULL, *keys = NULL, *stamps = NULL;
+    Py_ssize_t n, i;
+    if (!PyList_CheckExact(raw)) {
+        return 0;
     }
     n = PyList_GET_SIZE(raw);
     if (n < 1) {
-        Py_RETURN_NONE;
+        return 0;
     }
     values = PyTuple_New(n);
     keys = PyTuple_New(n);
@@ -1864,17 +1851,159 @@ static PyObject *compact_rows(PyObject *self, PyObject *args)
         Py_INCREF(key);
         PyTuple_SET_ITEM(keys, i, key);
     }
-    return Py_BuildValue("(NNN)", values, keys, stamps);
+    if ((*out = PyTuple_Pack(3, values, keys, stamps)) == NULL) {
+        goto fail;
+    }
+    Py_DECREF(values);
+    Py_DECREF(keys);
+    Py_DECREF(stamps);
+    return 1;
 plain:
     Py_DECREF(values);
     Py_DECREF(keys);
     Py_DECREF(stamps);
-    Py_RETURN_NONE;
+    return 0;
 fail:
     Py_XDECREF(values);
     Py_XDECREF(keys);
     Py_XDECREF(stamps);
-    return NULL;
+    return -1;
+}
+
+/* compact_rows(raw, base, max_value, max_key) -> (values, keys, timestamps) or None.
+
+   raw: a compact DELTA2's decoded records (protocol/core2_compact.py, ``_restamped`` then
+   wire.records_from_wire). Accepted only when it is a list of at least one item, each an exact list
+   [key, value, step, headers]: key None or bytes of at most max_key, value bytes of at most max_value,
+   step an int, headers an empty list (on every row) or None (on any row but the first: it repeats the
+   empty list before it). The timestamps are base plus the steps so far, each sum within a signed 64-bit
+   integer (base too). values/keys: tuples of those items (the same objects); timestamps: new ints.
+   Anything else (headers that are not empty, a row of another shape, a sum past 64 bits): None, and the
+   Python path reads the rows and raises or accepts as it does. Reads raw without changing it. */
+static PyObject *compact_rows(PyObject *self, PyObject *args)
+{
+    PyObject *raw, *base_obj, *out = NULL;
+    Py_ssize_t max_value, max_key;
+    long long stamp;
+    int found;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OOnn", &raw, &base_obj, &max_value, &max_key)) {
+        return NULL;
+    }
+    if (!c_i64(base_obj, &stamp)) {
+        Py_RETURN_NONE;
+    }
+    found = r_columns(raw, stamp, max_value, max_key, &out);
+    if (found < 0) {
+        return NULL;
+    }
+    if (found == 0) {
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+/* compact_delta(raw, base, max_value, max_key) -> (seq, base_diff, epoch, head, meta, from_offset,
+   (values, keys, timestamps), steps_diff, packed) or None.
+
+   raw: a compact DELTA2 as msgpack decoded it (protocol/core2_compact.py, ``Compact2Link._decode_delta``),
+   read in one pass when it is exactly a live push's shape: an exact list of 10, [39, seq, queue, nil,
+   log, meta, from_offset, records, bodies, steps] with seq an int below 2^64, queue an int, the summary
+   nil, log [base_diff (an int within 64 bits), nil, epoch (below 2^64), b"" (no shared leaves), [[head,
+   b""]] (one tip, no tail), 0 (the start head is that tip's)], meta [] or nil, from_offset nil or an int
+   0 to 2^63-1, records as compact_rows reads them (timestamps from base), bodies [], steps nil or
+   [steps_diff (an int within 64 bits), bytes]. head is the tip's compact head, a list of 10 returned
+   unread (compact_head reads it); meta True where raw carried [] (no metadata pairs), False for nil; the ints
+   and bytes returned are raw's own objects. Anything else: None, and the Python path reads the message
+   and raises or accepts as it does. Reads raw without changing it. */
+static PyObject *compact_delta(PyObject *self, PyObject *args)
+{
+    PyObject *raw, *base_obj, *log, *tips, *tip, *meta, *from, *bodies, *steps, *rows, *columns = NULL;
+    PyObject *steps_diff = Py_None, *packed = Py_None, *held[9] = {NULL}, *out;
+    PyObject **f, **g;
+    Py_ssize_t max_value, max_key;
+    unsigned long long u;
+    long long stamp, s;
+    int found, k;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "OOnn", &raw, &base_obj, &max_value, &max_key)) {
+        return NULL;
+    }
+    if (!c_i64(base_obj, &stamp) || !PyList_CheckExact(raw) || PyList_GET_SIZE(raw) != 10) {
+        Py_RETURN_NONE;
+    }
+    /* Every check below reads exact types only and allocates nothing (no Python code runs, raw cannot
+       change) until each object kept is held; r_columns then allocates and reads its rows again. */
+    f = PySequence_Fast_ITEMS(raw);
+    if (!c_i64(f[0], &s) || s != 39 || !a_u64(f[1], &u) || !PyLong_CheckExact(f[2]) || f[3] != Py_None) {
+        Py_RETURN_NONE;
+    }
+    log = f[4];
+    meta = f[5];
+    from = f[6];
+    rows = f[7];
+    bodies = f[8];
+    steps = f[9];
+    if (!PyList_CheckExact(log) || PyList_GET_SIZE(log) != 6) {
+        Py_RETURN_NONE;
+    }
+    g = PySequence_Fast_ITEMS(log);
+    tips = g[4];
+    if (!c_i64(g[0], &s) || g[1] != Py_None || !a_u64(g[2], &u) || !a_bytes(g[3], 0)
+        || !PyList_CheckExact(tips) || PyList_GET_SIZE(tips) != 1 || !c_i64(g[5], &s) || s != 0) {
+        Py_RETURN_NONE;
+    }
+    tip = PyList_GET_ITEM(tips, 0);
+    if (!PyList_CheckExact(tip) || PyList_GET_SIZE(tip) != 2 || !PyList_CheckExact(PyList_GET_ITEM(tip, 0))
+        || PyList_GET_SIZE(PyList_GET_ITEM(tip, 0)) != 10 || !a_bytes(PyList_GET_ITEM(tip, 1), 0)) {
+        Py_RETURN_NONE;
+    }
+    if (!(meta == Py_None || (PyList_CheckExact(meta) && PyList_GET_SIZE(meta) == 0))) {
+        Py_RETURN_NONE;
+    }
+    if (from != Py_None && !(c_i64(from, &s) && s >= 0)) {
+        Py_RETURN_NONE;  /* an offset: 0 to 2^63-1 */
+    }
+    if (!PyList_CheckExact(bodies) || PyList_GET_SIZE(bodies) != 0) {
+        Py_RETURN_NONE;
+    }
+    if (steps != Py_None) {
+        if (!PyList_CheckExact(steps) || PyList_GET_SIZE(steps) != 2 || !c_i64(PyList_GET_ITEM(steps, 0), &s)
+            || !PyBytes_CheckExact(PyList_GET_ITEM(steps, 1))) {
+            Py_RETURN_NONE;
+        }
+        steps_diff = PyList_GET_ITEM(steps, 0);
+        packed = PyList_GET_ITEM(steps, 1);
+    }
+    /* Held: what is returned, and the rows' list (a collection inside r_columns may empty raw). */
+    held[0] = f[1];
+    held[1] = g[0];
+    held[2] = g[2];
+    held[3] = PyList_GET_ITEM(tip, 0);
+    held[4] = meta == Py_None ? Py_False : Py_True;
+    held[5] = from;
+    held[6] = steps_diff;
+    held[7] = packed;
+    held[8] = rows;
+    for (k = 0; k < 9; k++) {
+        Py_INCREF(held[k]);
+    }
+    found = r_columns(rows, stamp, max_value, max_key, &columns);
+    if (found <= 0) {
+        for (k = 0; k < 9; k++) {
+            Py_DECREF(held[k]);
+        }
+        if (found < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    out = PyTuple_Pack(9, held[0], held[1], held[2], held[3], held[4], held[5], columns, held[6], held[7]);
+    for (k = 0; k < 9; k++) {
+        Py_DECREF(held[k]);
+    }
+    Py_DECREF(columns);
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -1894,6 +2023,7 @@ static PyMethodDef methods[] = {
     {"appended_head", appended_head, METH_VARARGS, "A live push's head, leaves and signature checked in one pass."},
     {"compact_head", compact_head, METH_VARARGS, "A compact DELTA2's head read from its decoded list in one pass."},
     {"compact_rows", compact_rows, METH_VARARGS, "A compact DELTA2's plain records as columns, restamped."},
+    {"compact_delta", compact_delta, METH_VARARGS, "A live compact DELTA2's fields and records in one pass."},
     {NULL, NULL, 0, NULL},
 };
 

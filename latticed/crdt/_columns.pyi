@@ -54,6 +54,22 @@ def appended_head(
 def compact_rows(
     raw: Any, base: int, max_value: int, max_key: int, /
 ) -> tuple[tuple[bytes, ...], tuple[bytes | None, ...], tuple[int, ...]] | None: ...
+def compact_delta(
+    raw: Any, base: int, max_value: int, max_key: int, /
+) -> (
+    tuple[
+        int,
+        int,
+        int,
+        list[Any],
+        bool,
+        int | None,
+        tuple[tuple[bytes, ...], tuple[bytes | None, ...], tuple[int, ...]],
+        int | None,
+        bytes | None,
+    ]
+    | None
+): ...
 def compact_head(
     head_type: type,
     blake2b: int,

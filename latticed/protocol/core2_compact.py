@@ -365,7 +365,8 @@ def _records_in(raw: Any, base: int) -> RecordRun:
     ~15 Python calls a live push), anything else, or no compiled module, by :func:`_restamped` and
     ``records_from_wire``, which decide (tests/protocol/test_compact_rows_compiled.py pins the two)."""
     columns = columns_compiled.load()
-    found = None if columns is None else columns.compact_rows(raw, base, MAX_VALUE_BYTES, MAX_KEY_BYTES)
+    read = None if columns is None else getattr(columns, "compact_rows", None)  # None: a stale build
+    found = None if read is None else read(raw, base, MAX_VALUE_BYTES, MAX_KEY_BYTES)
     if found is not None:
         return RecordRun.checked(*found)
     return records_from_wire(_restamped(raw, base))
@@ -622,6 +623,9 @@ class Compact2Link:
     def _decode_delta(self, raw: list[Any]) -> Delta2:
         if len(raw) != 10:
             raise RemoteProtocolError(f"compact core-2 message {raw[0]} with {len(raw)} items")
+        live = self._live_delta(raw)
+        if live is not None:
+            return live
         side = self._in
         seq = _u64(raw[1], "a sequence number")
         key = named_queue(side, raw[2])
@@ -668,6 +672,51 @@ class Compact2Link:
                 raise MalformedError("it leaves out a summary its delta does not imply")
         else:
             summary = summary_from_wire(raw[3])
+        side.carried(key, delta)
+        _as_received[0] = _Received(delta, steps, ref, (raw[4], raw[5], raw[6], raw[8], raw[9]))
+        return Delta2(seq, summary, delta, steps)
+
+    def _live_delta(self, raw: list[Any]) -> Delta2 | None:
+        """A live push (one record or a few, the next version of the link's ref, one tip, the summary
+        implied) read in one C pass (``compact_delta``: every field's type and bounds, the rows
+        restamped) and the head in another (:func:`_compiled_head`), in place of ~60 Python calls;
+        None: not built, or not that case, and the Python path reads ``raw`` (which the passes leave as
+        it was) and decides (tests/protocol/test_compact_delta_compiled.py pins the two)."""
+        columns, side, number = columns_compiled.load(), self._in, raw[2]
+        # A module built before the pass existed (a stale build beside newer sources) lacks it: Python's.
+        read = None if columns is None else getattr(columns, "compact_delta", None)
+        if read is None or type(number) is not int or not 0 <= number < len(side.keys):
+            return None
+        key = side.keys[number]
+        known = side.queues.get(key)
+        ref = None if known is None else known.ref
+        if type(ref) is not HeadV2:  # a first push, or no ref kept: the rules need more than the ref
+            return None
+        found = read(raw, ref.timestamp, MAX_VALUE_BYTES, MAX_KEY_BYTES)
+        if found is None:
+            return None
+        seq, base_d, epoch, head_raw, no_meta, from_raw, rows, steps_d, packed = found
+        if base_d != 0 or epoch != ref.epoch:  # the base fold is the ref's next log only then
+            return None
+        steps: Steps | None = None
+        if steps_d is not None:
+            version = steps_d + ref.version
+            if not 0 <= version < 2**64 or packed is None:
+                return None
+            steps = (version, packed)
+        check_name(key[1])
+        qid, base_fold = side.qid(key), next_log(ref)
+        from_offset = ref.end if from_raw is None else from_raw
+        records = RecordRun.checked(*rows)
+        meta: tuple[tuple[str, str], ...] | None = () if no_meta else None
+        head = _compiled_head(head_raw, _Context(qid, ref, epoch, base_fold, from_offset, records, meta), ())
+        if head is None:
+            return None
+        log = LogDelta(ref.version, base_fold, Chains(key[0], qid, epoch, (), (Tip(head, ()),), head))
+        delta = queue2.Delta(key[0], key[1], key[2], log, meta, from_offset, records, ())
+        summary = _implied(delta)
+        if summary is None:  # one tip: always implied
+            return None
         side.carried(key, delta)
         _as_received[0] = _Received(delta, steps, ref, (raw[4], raw[5], raw[6], raw[8], raw[9]))
         return Delta2(seq, summary, delta, steps)
