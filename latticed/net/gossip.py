@@ -130,6 +130,10 @@ OWN_CATCH_UP_S = 30.0
 #: A second connection of an identity that has a live link says within this long which run it is (its
 #: HELLO), or is closed.
 HELLO_WAIT_S = 10.0
+#: How long a link we would refuse is read past its HELLO for the redial's word (protocol/link_gone.py):
+#: the word goes in the HELLO's own write, so it comes with it or right after it; a peer with nothing to
+#: name may say nothing more until our HELLO, which we would then wait for in vain.
+GONE_WAIT_S = 2.0
 #: Reads of a delta for a peer that lost their rows or queue to a commit of ours meanwhile, before that
 #: delta is left for the commit's change to ask again (see :meth:`Gossip._read_again`).
 READ_TRIES = 3
@@ -593,7 +597,7 @@ class Gossip:
                 # The peer may say, right after its HELLO, that the old link is gone on its side (it
                 # names it by that link's secret session id, so only the peer can, and only of a link
                 # it lost): then this is its redial, not a simultaneous dial, and the old link is dead.
-                word = await _first_message(stream)
+                word = await _first_message(stream, GONE_WAIT_S)
                 old_now = self.links.get(peer) if twin_of is None else self.twins.get(peer)
                 gone = (
                     word is not None
@@ -1378,9 +1382,10 @@ class Gossip:
             self.on_peer_change()
 
 
-async def _first_message(stream: SecureStream) -> bytes | None:
-    """The peer's first message (its HELLO), or None if it closes or says nothing in time."""
-    with trio.move_on_after(HELLO_WAIT_S):
+async def _first_message(stream: SecureStream, wait: float = HELLO_WAIT_S) -> bytes | None:
+    """The peer's first message (its HELLO; or the next one), or None if it closes or says nothing within
+    ``wait`` seconds."""
+    with trio.move_on_after(wait):
         try:
             return await stream.receive()
         except LatticedError:  # closed, or a frame that does not open: the link is not worth keeping

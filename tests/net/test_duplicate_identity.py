@@ -21,13 +21,13 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net import leasing, transport
-from latticed.net.gossip import STALE_AFTER_S, Gossip, PeerLink
+from latticed.net.gossip import HELLO_WAIT_S, STALE_AFTER_S, Gossip, PeerLink
 from latticed.net.leasing import LeaseLinks
 from latticed.net.transport import SecureStream, secure_accept, secure_connect
 from latticed.net.twin_link import TwinRequests
 from latticed.protocol.identity_runs import IDENTITY_FEATURE, IDENTITY_OP, Notice, RunSeen
 from latticed.protocol.lease_forwarding import LeasingSession, Refusal, Request
-from latticed.protocol.link_gone import LINK_GONE_FEATURE, gone_message
+from latticed.protocol.link_gone import LINK_GONE_FEATURE, LostLinks, gone_message
 from latticed.protocol.replication import PROTOCOL_VERSION, QueueKey, ReplicationSession
 from latticed.protocol.replication_messages import Digest, Hello, encode_message
 from latticed.protocol.versions import UNSTATED, VERSIONS_OP, Agreement, LinkVersions, ours
@@ -710,4 +710,28 @@ async def test_only_the_word_naming_the_live_link_for_this_very_link_replaces_it
             with trio.fail_after(10):
                 await ended.wait()  # the relay closed it
             assert relay.gossip.links[OWNER.public_key] is live and not live.ended
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_redial_with_nothing_to_name_is_refused_without_waiting_out_the_hello_wait(
+    handshake_clock: list[int],
+) -> None:
+    """Both ends speak ``link-gone`` but the owner has nothing to name (its record of the lost link was
+    forgotten: more peers lost than it keeps). It says hello and then waits for the relay's, so no second
+    message comes: the relay, which reads one after the HELLO where it would refuse, must give up on it
+    as soon as the word would have come with the HELLO, not hold the refused link for the whole
+    ``HELLO_WAIT_S`` (the word goes in the HELLO's own write). A daemon's lease links happen to send
+    a request right after the HELLO, which ends the wait early; a bare :class:`Gossip` sends nothing."""
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        old = await relay_link_gone_on_the_owners_side(nursery, owner, relay)
+        assert old.agreement is not None and LINK_GONE_FEATURE in old.agreement.features
+        owner.gossip.lost_links = LostLinks()  # nothing to name
+        owner.gossip.extension = None  # nor anything else to say before the relay's HELLO (a bare Gossip)
+        start = trio.current_time()
+        refused = await connect(nursery, owner, relay, "10.0.0.1:5002")
+        with trio.fail_after(HELLO_WAIT_S):
+            await refused.wait()  # the relay closed it
+        assert trio.current_time() - start < HELLO_WAIT_S / 2
+        assert relay.gossip.links[OWNER.public_key] is old and not old.ended
         nursery.cancel_scope.cancel()
