@@ -638,7 +638,7 @@ class Gossip:
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now, stream=stream)
         if twin_of is None:
-            link.after_hello = self.lost_links.word_for(peer, stream.handshake.session_id)
+            link.after_hello = self.lost_links.word_for(peer, stream.handshake.session_id, now=now)
             self.links[peer] = link
         else:
             self.twins[peer] = link
@@ -727,6 +727,7 @@ class Gossip:
                     stream.handshake.session_id,
                     said_hello=session.peer_incarnation is not None,
                     agreed=_speaks_gone(link),
+                    now=trio.current_time(),
                 )
                 del self.links[peer]
                 self._changed()

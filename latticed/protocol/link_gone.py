@@ -43,6 +43,11 @@ _TAG_SIZE: Final = 32
 _PERSON: Final = b"latticed/v2/gone"  # 16 bytes, as the handshake's personalizations
 #: Peers whose last lost link we remember (oldest forgotten first): one entry each, 32 bytes.
 MAX_LOST_LINKS: Final = 256
+#: How long a lost link is named (s): twice the silence after which the peer's end of it is stale anyway
+#: (net/gossip.py's ``STALE_AFTER_S``, 20 s) and any redial replaces it. Later the word would do nothing
+#: but reach a peer that may no longer speak the feature (restarted on an older build, or another run of
+#: the identity), which refuses an unknown message by dropping the link.
+LOST_LINK_TTL_S: Final = 40.0
 
 
 def gone_tag(old_session_id: bytes, new_session_id: bytes) -> bytes:
@@ -80,22 +85,32 @@ class LostLinks:
     """Per peer, the session id of the last link to it that ended on our side after the peer said hello
     on it, if that link agreed on the feature (the peer then reads the word)."""
 
-    def __init__(self, capacity: int = MAX_LOST_LINKS) -> None:
+    def __init__(self, capacity: int = MAX_LOST_LINKS, ttl: float = LOST_LINK_TTL_S) -> None:
         self.capacity = capacity
-        self._lost: OrderedDict[bytes, bytes] = OrderedDict()
+        self.ttl = ttl
+        #: Per peer, the lost link's session id and when it ended (the caller's clock).
+        self._lost: OrderedDict[bytes, tuple[bytes, float]] = OrderedDict()
 
-    def ended(self, peer: bytes, session_id: bytes, *, said_hello: bool, agreed: bool) -> None:
-        """A link to ``peer`` ended here. One the peer never said hello on was never its link (it refused
-        it): the link named before stays named. One that did not agree on the feature forgets it."""
+    def ended(self, peer: bytes, session_id: bytes, *, said_hello: bool, agreed: bool, now: float) -> None:
+        """A link to ``peer`` ended here at ``now``. One the peer never said hello on was never its link
+        (it refused it): the link named before stays named. One that did not agree on the feature forgets
+        it."""
         if not said_hello:
             return
         self._lost.pop(peer, None)
         if agreed:
-            self._lost[peer] = session_id
+            self._lost[peer] = (session_id, now)
             while len(self._lost) > self.capacity:
                 self._lost.popitem(last=False)
 
-    def word_for(self, peer: bytes, new_session_id: bytes) -> bytes | None:
-        """The GONE to send right after the HELLO on a new link to ``peer`` (None: none to name)."""
-        old = self._lost.get(peer)
-        return None if old is None else gone_message(old, new_session_id)
+    def word_for(self, peer: bytes, new_session_id: bytes, *, now: float) -> bytes | None:
+        """The GONE to send right after the HELLO on a new link to ``peer`` at ``now`` (None: none to
+        name, or the lost link ended so long ago that the peer's end of it is stale by now)."""
+        lost = self._lost.get(peer)
+        if lost is None:
+            return None
+        old, ended_at = lost
+        if now - ended_at > self.ttl:
+            del self._lost[peer]
+            return None
+        return gone_message(old, new_session_id)

@@ -600,7 +600,9 @@ async def test_a_redial_without_the_feature_waits_for_the_half_open_link_as_befo
     async with trio.open_nursery() as nursery:
         old = await relay_link_gone_on_the_owners_side(nursery, owner, relay)
         assert old.agreement is not None and LINK_GONE_FEATURE not in old.agreement.features
-        assert owner.gossip.lost_links.word_for(RELAY.public_key, b"\x01" * 32) is None
+        assert (
+            owner.gossip.lost_links.word_for(RELAY.public_key, b"\x01" * 32, now=trio.current_time()) is None
+        )
         refused = await connect(nursery, owner, relay, "10.0.0.1:5002")
         with trio.fail_after(10):
             await refused.wait()  # the relay closed it
@@ -648,8 +650,14 @@ async def test_a_simultaneous_dial_after_a_lost_link_is_still_decided_by_the_key
             lambda: OWNER.public_key in relay.gossip.links and RELAY.public_key in owner.gossip.links
         )
         # Each end names the lost link on its own dial (its word went out after its HELLO).
-        assert owner.gossip.lost_links.word_for(RELAY.public_key, b"\x01" * 32) is not None
-        assert relay.gossip.lost_links.word_for(OWNER.public_key, b"\x01" * 32) is not None
+        assert (
+            owner.gossip.lost_links.word_for(RELAY.public_key, b"\x01" * 32, now=trio.current_time())
+            is not None
+        )
+        assert (
+            relay.gossip.lost_links.word_for(OWNER.public_key, b"\x01" * 32, now=trio.current_time())
+            is not None
+        )
         nursery.start_soon(owner.gossip.run_peer, owner_accepts, "10.0.0.9:7001", "incoming")
         kept = relay.gossip.links[OWNER.public_key]
         await settle(lambda: agreed(owner, relay) and owner.gossip.links[RELAY.public_key].via == "incoming")
@@ -734,4 +742,25 @@ async def test_a_redial_with_nothing_to_name_is_refused_without_waiting_out_the_
             await refused.wait()  # the relay closed it
         assert trio.current_time() - start < HELLO_WAIT_S / 2
         assert relay.gossip.links[OWNER.public_key] is old and not old.ended
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_link_lost_longer_ago_than_the_peer_could_think_it_alive_is_not_named(
+    handshake_clock: list[int],
+) -> None:
+    """The owner names its lost link only while the relay's end of it may still look alive (twice the
+    stale bound): later the word does nothing but reach a peer that may have restarted on a build without
+    the feature, which drops a link on an unknown message. Here the bound is cut to nothing: the redial
+    carries no word and is refused by the key order."""
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        old = await relay_link_gone_on_the_owners_side(nursery, owner, relay)
+        owner.gossip.lost_links.ttl = 0.0  # every lost link is "long ago" by the redial
+        refused = await connect(nursery, owner, relay, "10.0.0.1:5002")
+        with trio.fail_after(HELLO_WAIT_S):
+            await refused.wait()  # the relay closed it
+        assert relay.gossip.links[OWNER.public_key] is old and not old.ended
+        assert (
+            owner.gossip.lost_links.word_for(RELAY.public_key, b"\x01" * 32, now=trio.current_time()) is None
+        )
         nursery.cancel_scope.cancel()
