@@ -37,8 +37,19 @@ PROTOCOL_VERSIONS: Final = (1,)
 #: ``packed`` layout of ``offer_batch``; produce/owner.py).
 #: ``repeat-headers``: with ``compact`` and ``heads-v2``, it reads compact DELTA2 rows whose headers equal
 #: the row's before as nil (protocol/core2_compact.py).
+#: ``link-gone``: it reads a redial's word that names the link it replaces as gone on the peer's side
+#: (protocol/link_gone.py), and sends it to peers whose lost link agreed on it.
 PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset(
-    {"compact", "heads-v2", "identity-notice", "produce", "produce-columns", "repeat-headers", "window2-32"}
+    {
+        "compact",
+        "heads-v2",
+        "identity-notice",
+        "link-gone",
+        "produce",
+        "produce-columns",
+        "repeat-headers",
+        "window2-32",
+    }
 )
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
 STORE_SCHEMA: Final = 9

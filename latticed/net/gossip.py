@@ -74,6 +74,7 @@ from latticed.protocol.identity_runs import (
     notices_for,
 )
 from latticed.protocol.lease_forwarding import is_leasing_message
+from latticed.protocol.link_gone import LINK_GONE_FEATURE, LostLinks, names
 from latticed.protocol.replication import (
     DEFAULT_MAX_PEER_KEYS,
     DeltaReceived,
@@ -129,6 +130,10 @@ OWN_CATCH_UP_S = 30.0
 #: A second connection of an identity that has a live link says within this long which run it is (its
 #: HELLO), or is closed.
 HELLO_WAIT_S = 10.0
+#: How long a link we would refuse is read past its HELLO for the redial's word (protocol/link_gone.py):
+#: the word goes in the HELLO's own write, so it comes with it or right after it; a peer with nothing to
+#: name may say nothing more until our HELLO, which we would then wait for in vain.
+GONE_WAIT_S = 2.0
 #: Reads of a delta for a peer that lost their rows or queue to a commit of ours meanwhile, before that
 #: delta is left for the commit's change to ask again (see :meth:`Gossip._read_again`).
 READ_TRIES = 3
@@ -230,6 +235,8 @@ class PeerLink:
     extra_out: list[bytes] = field(default_factory=list)
     #: Whether the session's opening messages went out (until then, extension messages follow them).
     opened: bool = False
+    #: The redial's word (protocol/link_gone.py): sent right after the HELLO, in the opening's write.
+    after_hello: bytes | None = None
     #: The protocol version and features this link settled on (None: the peer has not answered yet).
     agreement: Agreement | None = None
     #: A second link of the identity, from another run of it (see :meth:`Gossip.run_peer`): its requests
@@ -348,6 +355,8 @@ class Gossip:
     twins: dict[bytes, PeerLink] = field(default_factory=dict)
     #: Identities seen running twice on our links, and which run came first.
     duplicates: DuplicateIdentities = field(default_factory=DuplicateIdentities)
+    #: Per peer, the last link to it that ended here: a redial names it (protocol/link_gone.py).
+    lost_links: LostLinks = field(default_factory=LostLinks)
     #: Whether this run may sign (another run of our identity, told of by a peer or seen in a head).
     identity: IdentityGuard = field(init=False)
     #: When this run started (Unix ms): a head of ours signed later, that we did not sign, is foreign.
@@ -573,15 +582,30 @@ class Gossip:
             # its redial: it said hello on the new one, which it does only on a link it took (it closes a
             # dial that finds a live link), so it let the old one go; the later handshake is the newer
             # link. Otherwise (one link dialled by each side) keep the connection opened by the smaller
-            # key, so both sides pick the same one.
+            # key, so both sides pick the same one, unless the peer's word names the old link as gone on
+            # its side (protocol/link_gone.py).
             stale = self._is_stale(old)
             redial = not stale and _redial(old, via, first)
+            gone = False
             if stale:
                 keep_new = True
             elif redial:
                 keep_new = stream.handshake.opening_ms > _opening_ms(old)
             else:
                 keep_new = (self.local_public_key < peer) == (via != "incoming")
+            if not keep_new and first is not None and _speaks_gone(old):
+                # The peer may say, right after its HELLO, that the old link is gone on its side (it
+                # names it by that link's secret session id, so only the peer can, and only of a link
+                # it lost): then this is its redial, not a simultaneous dial, and the old link is dead.
+                word = await _first_message(stream, GONE_WAIT_S)
+                old_now = self.links.get(peer) if twin_of is None else self.twins.get(peer)
+                gone = (
+                    word is not None
+                    and old_now is old
+                    and old.stream is not None
+                    and names(word, old.stream.handshake.session_id, stream.handshake.session_id)
+                )
+                keep_new = gone
             if not keep_new:
                 log_event(log, "peer.duplicate", peer=peer_hex, address=address, redial=redial)
                 await stream.aclose()
@@ -590,6 +614,8 @@ class Gossip:
                 log_event(log, "peer.replaced_stale", peer=peer_hex, address=address)
             elif redial:
                 log_event(log, "peer.replaced_redial", peer=peer_hex, address=address, old=old.address)
+            elif gone:
+                log_event(log, "peer.replaced_gone", peer=peer_hex, address=address, old=old.address)
         stream.send_timeout = self.send_timeout
         session = ReplicationSession(
             subscription=self.subscription,
@@ -612,6 +638,7 @@ class Gossip:
         now = trio.current_time()
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now, stream=stream)
         if twin_of is None:
+            link.after_hello = self.lost_links.word_for(peer, stream.handshake.session_id, now=now)
             self.links[peer] = link
         else:
             self.twins[peer] = link
@@ -695,6 +722,13 @@ class Gossip:
                 self._remember(peer, remembered)
             first_run_gone = self.links.get(peer) is link
             if first_run_gone:
+                self.lost_links.ended(
+                    peer,
+                    stream.handshake.session_id,
+                    said_hello=session.peer_incarnation is not None,
+                    agreed=_speaks_gone(link),
+                    now=trio.current_time(),
+                )
                 del self.links[peer]
                 self._changed()
             elif self.twins.get(peer) is link:
@@ -1051,6 +1085,9 @@ class Gossip:
         if link.extra_out:
             extra = self._take_extra(link)
             messages = extra + messages if link.opened else messages + extra
+        if link.after_hello is not None and messages and not link.opened:
+            messages.insert(1, link.after_hello)  # the first write starts with the HELLO
+            link.after_hello = None
         link.drained.set()
         await self._send(stream, link, messages)
 
@@ -1346,9 +1383,10 @@ class Gossip:
             self.on_peer_change()
 
 
-async def _first_message(stream: SecureStream) -> bytes | None:
-    """The peer's first message (its HELLO), or None if it closes or says nothing in time."""
-    with trio.move_on_after(HELLO_WAIT_S):
+async def _first_message(stream: SecureStream, wait: float = HELLO_WAIT_S) -> bytes | None:
+    """The peer's first message (its HELLO; or the next one), or None if it closes or says nothing within
+    ``wait`` seconds."""
+    with trio.move_on_after(wait):
         try:
             return await stream.receive()
         except LatticedError:  # closed, or a frame that does not open: the link is not worth keeping
@@ -1363,6 +1401,11 @@ def _redial(old: PeerLink, via: str, first: bytes | None) -> bool:
         return False
     incarnation = _hello_incarnation(first)
     return incarnation is not None and incarnation == old.session.peer_incarnation
+
+
+def _speaks_gone(link: PeerLink) -> bool:
+    """Whether ``link`` agreed on the redial's word (its peer sends it, and only then do we wait for it)."""
+    return link.agreement is not None and LINK_GONE_FEATURE in link.agreement.features
 
 
 def _opening_ms(link: PeerLink) -> int:

@@ -174,13 +174,14 @@ class HandshakeResult:
     """What an authenticated handshake yields: who the peer is and the secretstream keys for each direction.
 
     ``session_id`` is a per-session value both sides share and outsiders cannot compute (channel binding).
-    Keys are excluded from ``repr`` so they do not end up in logs.
+    Keys, and the session id (it keys the redial's word, protocol/link_gone.py), are excluded from
+    ``repr`` so they do not end up in logs.
     """
 
     role: Role
     local_public_key: bytes
     remote_public_key: bytes
-    session_id: bytes
+    session_id: bytes = field(repr=False)
     send_key: bytes = field(repr=False)
     send_header: bytes = field(repr=False)
     receive_key: bytes = field(repr=False)

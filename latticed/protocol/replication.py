@@ -65,6 +65,7 @@ from latticed.protocol.compact import COMPACT_FEATURE, CompactLink
 from latticed.protocol.core2_session import Core2Event, Core2Link
 from latticed.protocol.core2_wire import CORE2_CODES
 from latticed.protocol.graft import Arrivals, GraftClock
+from latticed.protocol.link_gone import GONE, is_gone
 from latticed.protocol.replication_messages import (
     ACK,
     COMPACT_NAMES,
@@ -554,6 +555,8 @@ class ReplicationSession:
                 return
             message = decoded
         else:
+            if raw[0] == GONE and is_gone(raw):
+                return  # a redial's word on a link taken anyway: it names nothing to replace here
             message = decode_raw(raw)
             if type(message) is Ack:
                 self._compact.acked(message.seq)

@@ -5,6 +5,7 @@ queue it did not sign, sent back by a peer."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,16 +20,17 @@ from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
-from latticed.net import transport
-from latticed.net.gossip import STALE_AFTER_S, Gossip, PeerLink
+from latticed.net import leasing, transport
+from latticed.net.gossip import HELLO_WAIT_S, STALE_AFTER_S, Gossip, PeerLink
 from latticed.net.leasing import LeaseLinks
 from latticed.net.transport import SecureStream, secure_accept, secure_connect
 from latticed.net.twin_link import TwinRequests
 from latticed.protocol.identity_runs import IDENTITY_FEATURE, IDENTITY_OP, Notice, RunSeen
 from latticed.protocol.lease_forwarding import LeasingSession, Refusal, Request
+from latticed.protocol.link_gone import LINK_GONE_FEATURE, LostLinks, gone_message
 from latticed.protocol.replication import PROTOCOL_VERSION, QueueKey, ReplicationSession
 from latticed.protocol.replication_messages import Digest, Hello, encode_message
-from latticed.protocol.versions import UNSTATED, VERSIONS_OP, Agreement, ours
+from latticed.protocol.versions import UNSTATED, VERSIONS_OP, Agreement, LinkVersions, ours
 
 OWNER = Identity.from_seed(b"o" * 32)
 RELAY = Identity.from_seed(b"r" * 32)
@@ -76,11 +78,16 @@ def copied_owner() -> tuple[Daemon, Daemon, Daemon]:
 
 
 async def connect(
-    nursery: trio.Nursery, dialler: Daemon, relay: Daemon, address: str, at: str = "relay:7000"
+    nursery: trio.Nursery,
+    dialler: Daemon,
+    relay: Daemon,
+    address: str,
+    at: str = "relay:7000",
+    pair: tuple[trio.abc.Stream, trio.abc.Stream] | None = None,
 ) -> trio.Event:
-    """``dialler`` dials ``relay`` (from ``address``, to the relay's address ``at``); the event is set when
-    the dialler's link ends."""
-    left, right = trio.testing.memory_stream_pair()
+    """``dialler`` dials ``relay`` (from ``address``, to the relay's address ``at``; over ``pair``, else a
+    memory stream pair); the event is set when the dialler's link ends."""
+    left, right = pair or trio.testing.memory_stream_pair()
     ended = trio.Event()
 
     async def dial() -> None:
@@ -496,4 +503,264 @@ async def test_a_link_each_side_dialled_is_decided_by_the_key_order(handshake_cl
         with trio.fail_after(10):
             await refused.wait()  # the relay closed it
         assert relay.gossip.links[OWNER.public_key] is ours and not ours.ended
+        nursery.cancel_scope.cancel()
+
+
+def cuttable_pair() -> tuple[
+    trio.StapledStream[Any, Any], trio.StapledStream[Any, Any], Callable[[bool], None]
+]:
+    """A memory link whose second end can die alone: ``cut(False)`` ends what that end reads (it sees its
+    link end, as after a reset that reached only its host) and from then on nothing passes either way, so
+    the first end hears nothing and its link looks alive (half-open) until it is stale; ``cut(True)``
+    ends both ends' links."""
+    cut = [False]
+
+    def one_way() -> tuple[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream]:
+        send, receive = trio.testing.MemorySendStream(), trio.testing.MemoryReceiveStream()
+
+        def pump() -> None:
+            if cut[0]:
+                with contextlib.suppress(trio.WouldBlock):
+                    send.get_data_nowait()  # lost on the way
+            else:
+                trio.testing.memory_stream_pump(send, receive)
+
+        async def pump_async() -> None:
+            pump()
+
+        send.send_all_hook, send.close_hook = pump_async, pump
+        return send, receive
+
+    to_second, second_reads = one_way()
+    to_first, first_reads = one_way()
+
+    def do_cut(both: bool) -> None:
+        cut[0] = True
+        second_reads.put_eof()
+        if both:
+            first_reads.put_eof()
+
+    return trio.StapledStream(to_second, first_reads), trio.StapledStream(to_first, second_reads), do_cut
+
+
+def agreed(a: Daemon, b: Daemon) -> bool:
+    """Whether ``a`` and ``b`` are linked and each end settled what the link speaks."""
+    ab, ba = a.gossip.links.get(b.identity.public_key), b.gossip.links.get(a.identity.public_key)
+    return ab is not None and ba is not None and ab.agreement is not None and ba.agreement is not None
+
+
+async def relay_link_gone_on_the_owners_side(nursery: trio.Nursery, owner: Daemon, relay: Daemon) -> PeerLink:
+    """The relay dials the owner; both settle what the link speaks; then the owner's end of it dies alone:
+    the relay's end (returned) looks alive, the owner has no link."""
+    relays_end, owners_end, cut = cuttable_pair()
+    await connect(nursery, relay, owner, "10.0.0.9:7000", at="10.0.0.1:5001", pair=(relays_end, owners_end))
+    await settle(lambda: agreed(owner, relay))
+    old = relay.gossip.links[OWNER.public_key]
+    cut(False)
+    await settle(lambda: RELAY.public_key not in owner.gossip.links)
+    assert relay.gossip.links.get(OWNER.public_key) is old and not old.ended
+    return old
+
+
+async def test_a_redial_while_the_link_we_dialled_is_half_open_takes_its_place_at_once(
+    handshake_clock: list[int],
+) -> None:
+    """The relay dialled the owner; the owner's end of that link died, the relay's did not (half-open);
+    the owner dials again. The key order keeps the relay's own link, and two links dialled by different
+    ends look like a simultaneous dial, so the relay refused each redial until its link was stale (20 s,
+    the owner in the dark). The owner's redial now names the link it lost (``link-gone``): the relay
+    drops it and keeps the redial at once, and the two ends agree on it."""
+    assert RELAY.public_key < OWNER.public_key  # the key order keeps the relay's own link
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    owner.write(2, now_ms=1_000)
+    async with trio.open_nursery() as nursery:
+        old = await relay_link_gone_on_the_owners_side(nursery, owner, relay)
+        assert old.agreement is not None and LINK_GONE_FEATURE in old.agreement.features
+        owner.write(3, now_ms=2_000)  # while it has no link
+        await connect(nursery, owner, relay, "10.0.0.1:5002")
+        await settle(lambda: old.ended and relay.state.held_end == 5)
+        new = relay.gossip.links[OWNER.public_key]
+        assert new.address == "10.0.0.1:5002" and new.via == "incoming" and not new.ended
+        ours = owner.gossip.links[RELAY.public_key]
+        assert ours.stream is not None and new.stream is not None
+        assert ours.stream.handshake.session_id == new.stream.handshake.session_id  # one link, both ends
+        assert not relay.gossip.twins and relay.gossip.counters["duplicate_identities"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_redial_without_the_feature_waits_for_the_half_open_link_as_before(
+    handshake_clock: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Daemons of the previous feature set (or 0.2.0, which states none): the lost link did not agree on
+    ``link-gone``, so the owner names nothing and the relay reads nothing past the HELLO: the redial is
+    refused while the relay's own link looks alive, as before."""
+    older = LinkVersions(ours().release, ours().protocols, ours().features - {LINK_GONE_FEATURE})
+    monkeypatch.setattr(leasing, "ours", lambda: older)
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        old = await relay_link_gone_on_the_owners_side(nursery, owner, relay)
+        assert old.agreement is not None and LINK_GONE_FEATURE not in old.agreement.features
+        assert (
+            owner.gossip.lost_links.word_for(RELAY.public_key, b"\x01" * 32, now=trio.current_time()) is None
+        )
+        refused = await connect(nursery, owner, relay, "10.0.0.1:5002")
+        with trio.fail_after(10):
+            await refused.wait()  # the relay closed it
+        assert relay.gossip.links[OWNER.public_key] is old and not old.ended
+        nursery.cancel_scope.cancel()
+
+
+async def secure_pair(dialler: Identity, acceptor: Identity) -> tuple[SecureStream, SecureStream]:
+    """A completed handshake over memory streams: (the dialler's end, the acceptor's end)."""
+    left, right = trio.testing.memory_stream_pair()
+    ends: dict[str, SecureStream] = {}
+
+    async def accept() -> None:
+        ends["acceptor"] = await secure_accept(right, seed=acceptor.seed, network_key=DEFAULT_NETWORK_KEY)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept)
+        ends["dialler"] = await secure_connect(left, seed=dialler.seed, network_key=DEFAULT_NETWORK_KEY)
+    return ends["dialler"], ends["acceptor"]
+
+
+async def test_a_simultaneous_dial_after_a_lost_link_is_still_decided_by_the_key_order_on_both_ends(
+    handshake_clock: list[int],
+) -> None:
+    """Both ends lost their link (each names it on its next links), then each dials the other at once.
+    Each registers its own dial first; the owner then takes the relay's dial by the key order (before the
+    relay said hello on the owner's); the relay, holding its own dial with the owner's hello on it, gets
+    the owner's dial with its word. The word names the lost link, not the relay's live one: the key order
+    decides, and both ends keep the same link (a word taken as "any redial wins" would have the relay drop
+    the link the owner kept, for the one the owner dropped)."""
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        relays_end, owners_end, cut = cuttable_pair()
+        await connect(
+            nursery, relay, owner, "10.0.0.9:7000", at="10.0.0.1:5001", pair=(relays_end, owners_end)
+        )
+        await settle(lambda: agreed(owner, relay))
+        cut(True)
+        await settle(lambda: not owner.gossip.links and not relay.gossip.links)
+        relay_dial, owner_accepts = await secure_pair(RELAY, OWNER)
+        owner_dial, relay_accepts = await secure_pair(OWNER, RELAY)
+        nursery.start_soon(relay.gossip.run_peer, relay_dial, "10.0.0.1:5001", "static")
+        nursery.start_soon(owner.gossip.run_peer, owner_dial, "10.0.0.9:7000", "static")
+        await settle(
+            lambda: OWNER.public_key in relay.gossip.links and RELAY.public_key in owner.gossip.links
+        )
+        # Each end names the lost link on its own dial (its word went out after its HELLO).
+        assert (
+            owner.gossip.lost_links.word_for(RELAY.public_key, b"\x01" * 32, now=trio.current_time())
+            is not None
+        )
+        assert (
+            relay.gossip.lost_links.word_for(OWNER.public_key, b"\x01" * 32, now=trio.current_time())
+            is not None
+        )
+        nursery.start_soon(owner.gossip.run_peer, owner_accepts, "10.0.0.9:7001", "incoming")
+        kept = relay.gossip.links[OWNER.public_key]
+        await settle(lambda: agreed(owner, relay) and owner.gossip.links[RELAY.public_key].via == "incoming")
+        assert relay.gossip.links[OWNER.public_key] is kept  # the owner said hello on the relay's dial
+        refused = trio.Event()
+
+        async def relay_takes_the_owners_dial() -> None:
+            await relay.gossip.run_peer(relay_accepts, "10.0.0.1:5002", "incoming")
+            refused.set()
+
+        nursery.start_soon(relay_takes_the_owners_dial)
+        with trio.fail_after(10):
+            await refused.wait()
+        await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+        assert relay.gossip.links[OWNER.public_key] is kept and not kept.ended
+        theirs = owner.gossip.links[RELAY.public_key]
+        assert theirs.stream is not None and kept.stream is not None and not theirs.ended
+        assert theirs.stream.handshake.session_id == kept.stream.handshake.session_id
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("word", ["named", "replayed", "of_a_gone_link"])
+async def test_only_the_word_naming_the_live_link_for_this_very_link_replaces_it(
+    handshake_clock: list[int], word: str
+) -> None:
+    """A dialler with the owner's key (a copied identity, or the owner itself) says hello on a new link and
+    then a word. Only the word naming the relay's live link, bound to this very link, replaces it: that
+    takes the live link's session id, which only its other end knows. A word recorded on another link
+    (replayed), or naming a link already gone, evicts nothing: the key order refuses the dial as before."""
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        await connect(nursery, relay, owner, "10.0.0.9:7000", at="10.0.0.1:5001")
+        await settle(lambda: agreed(owner, relay))
+        live = relay.gossip.links[OWNER.public_key]
+        assert live.stream is not None
+        live_id = live.stream.handshake.session_id
+        dialler, relays_end = await secure_pair(OWNER, RELAY)
+        new_id = dialler.handshake.session_id
+        message = {
+            "named": gone_message(live_id, new_id),
+            "replayed": gone_message(live_id, b"\x07" * 32),  # what was sent on another link
+            "of_a_gone_link": gone_message(b"\x05" * 32, new_id),
+        }[word]
+        ended = trio.Event()
+
+        async def relay_end() -> None:
+            await relay.gossip.run_peer(relays_end, "10.0.0.1:5002", "incoming")
+            ended.set()
+
+        nursery.start_soon(relay_end)
+        hello = Hello(PROTOCOL_VERSION, None, owner.gossip.incarnation)
+        await dialler.send_many([encode_message(hello), message, encode_message(Digest(()))])
+        if word == "named":
+            await settle(
+                lambda: live.ended and relay.gossip.links[OWNER.public_key].address == "10.0.0.1:5002"
+            )
+        else:
+            with trio.fail_after(10):
+                await ended.wait()  # the relay closed it
+            assert relay.gossip.links[OWNER.public_key] is live and not live.ended
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_redial_with_nothing_to_name_is_refused_without_waiting_out_the_hello_wait(
+    handshake_clock: list[int],
+) -> None:
+    """Both ends speak ``link-gone`` but the owner has nothing to name (its record of the lost link was
+    forgotten: more peers lost than it keeps). It says hello and then waits for the relay's, so no second
+    message comes: the relay, which reads one after the HELLO where it would refuse, must give up on it
+    as soon as the word would have come with the HELLO, not hold the refused link for the whole
+    ``HELLO_WAIT_S`` (the word goes in the HELLO's own write). A daemon's lease links happen to send
+    a request right after the HELLO, which ends the wait early; a bare :class:`Gossip` sends nothing."""
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        old = await relay_link_gone_on_the_owners_side(nursery, owner, relay)
+        assert old.agreement is not None and LINK_GONE_FEATURE in old.agreement.features
+        owner.gossip.lost_links = LostLinks()  # nothing to name
+        owner.gossip.extension = None  # nor anything else to say before the relay's HELLO (a bare Gossip)
+        start = trio.current_time()
+        refused = await connect(nursery, owner, relay, "10.0.0.1:5002")
+        with trio.fail_after(HELLO_WAIT_S):
+            await refused.wait()  # the relay closed it
+        assert trio.current_time() - start < HELLO_WAIT_S / 2
+        assert relay.gossip.links[OWNER.public_key] is old and not old.ended
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_link_lost_longer_ago_than_the_peer_could_think_it_alive_is_not_named(
+    handshake_clock: list[int],
+) -> None:
+    """The owner names its lost link only while the relay's end of it may still look alive (twice the
+    stale bound): later the word does nothing but reach a peer that may have restarted on a build without
+    the feature, which drops a link on an unknown message. Here the bound is cut to nothing: the redial
+    carries no word and is refused by the key order."""
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        old = await relay_link_gone_on_the_owners_side(nursery, owner, relay)
+        owner.gossip.lost_links.ttl = 0.0  # every lost link is "long ago" by the redial
+        refused = await connect(nursery, owner, relay, "10.0.0.1:5002")
+        with trio.fail_after(HELLO_WAIT_S):
+            await refused.wait()  # the relay closed it
+        assert relay.gossip.links[OWNER.public_key] is old and not old.ended
+        assert (
+            owner.gossip.lost_links.word_for(RELAY.public_key, b"\x01" * 32, now=trio.current_time()) is None
+        )
         nursery.cancel_scope.cancel()

@@ -125,6 +125,16 @@ def test_keys_are_not_in_repr() -> None:
         initiator.result.remote_public_key = b""  # type: ignore[misc]
 
 
+def test_the_session_id_is_not_in_repr() -> None:
+    """The session id keys the redial's word (``link-gone``): a logged handshake must not let a reader of
+    the log name the link."""
+    initiator, responder = make_pair()
+    run(initiator, responder)
+    for result in (initiator.result, responder.result):
+        text = repr(result)
+        assert "session_id" not in text and repr(result.session_id) not in text
+
+
 def test_byte_at_a_time_and_trailing_data() -> None:
     initiator, responder = make_pair()
     msg1 = initiator.initiate()
