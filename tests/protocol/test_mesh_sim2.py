@@ -255,7 +255,14 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     (-5.9 %): met; the writer's held work before its COMMIT 3.12 ms (the daemons' means 2.0-3.3); not met:
     DELTA2 0.901 (+37 %), ACK2 0.454 (+48 %), the bulk 0.94 s (-20 %). The simulated nodes take 98 such
     hand-offs a bulk (the daemons' ~300, ~215 of them short) and their relays, as cheap as the daemons',
-    still commit a chunk a transaction (296 transactions, the daemons' 184). Pinned, not met."""
+    still commit a chunk a transaction (296 transactions, the daemons' 184). Pinned, not met.
+
+    With the idle storage thread waking on a core of its own before it takes its batch, the loop reading
+    on meanwhile (``MeshSim2.storage_wakes``; the daemons' relays took a chunk handed to an idle storage
+    thread a median 0.9-2.4 ms later, the simulator's at once; sim24c, bench/RESULTS.md): the bulk 1.20 s
+    (+2.1 %), the nodes' CPU 29.3 us (+1.1 %), the writer's 4.61 (+8.2 %): met; DELTA2 0.785 (+20 %),
+    ACK2 0.390 (+27 %), HAVE2 0.0386 (+59 %), the writer's transaction 4.53 ms (-17 %): not met; its held
+    work before its COMMIT 2.19 ms (the daemons' means 2.0-3.3). Pinned, not met."""
     figures: list[tuple[float, float, float, float, float, float, float, float]] = []
     hand_offs = 0
     for draw in range(8):
@@ -280,14 +287,14 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     )
     # the daemons: the means of eight runs of 5ff9f90 (sim24); the costs measured on that tree (sim24b)
     assert abs(every_node / 0.0000290 - 1) <= 0.1, figures  # met: +1.1 %
-    assert 1.30 < deltas / 0.656 <= 1.45, figures  # not met: +37 %
-    assert 1.40 < acks / 0.3075 <= 1.55, figures  # not met: +48 %
-    assert abs(have2s / 0.0243 - 1) <= 0.1, figures  # met: -5.9 %
-    assert 0.75 < elapsed / 1.176 <= 0.85, figures  # not met: -20 % (the daemons' 0.70-1.78 s a run)
-    assert abs(writer_cpu / 0.00000426 - 1) <= 0.1, figures  # met: +3.7 %
-    assert abs(txn / 0.00549 - 1) <= 0.1, figures  # met: +9.1 %
-    assert 0.0028 < pre <= 0.0035, figures  # before its COMMIT 3.12 ms: the daemons' means 2.0-3.3
-    assert 80 * 8 <= hand_offs <= 120 * 8, hand_offs  # 98 a bulk (85-116 a draw)
+    assert 1.15 < deltas / 0.656 <= 1.25, figures  # not met: +20 %
+    assert 1.20 < acks / 0.3075 <= 1.35, figures  # not met: +27 %
+    assert 1.45 < have2s / 0.0243 <= 1.70, figures  # not met: +59 % (the daemons' 0.017-0.034 a run)
+    assert abs(elapsed / 1.176 - 1) <= 0.1, figures  # met: +2.1 % (the daemons' 0.70-1.78 s a run)
+    assert abs(writer_cpu / 0.00000426 - 1) <= 0.1, figures  # met: +8.2 %
+    assert 0.78 < txn / 0.00549 <= 0.87, figures  # not met: -17 %
+    assert 0.0019 < pre <= 0.0025, figures  # before its COMMIT 2.19 ms: the daemons' means 2.0-3.3
+    assert 70 * 8 <= hand_offs <= 95 * 8, hand_offs  # 81.5 a bulk
     for _, _, cpu_per_record, per_txn, _, _, _, _ in figures:
         assert 0.0000035 <= cpu_per_record <= 0.0000066, figures
         assert 0.0035 <= per_txn <= 0.011, figures  # the daemons' 5.6-10 ms; draw 6's writer (one link) 3.9
@@ -1009,3 +1016,24 @@ def test_a_read_takes_the_interpreter_only_once_its_reader_thread_is_on_a_core()
             assert sim.box.runs - runs == 2  # the reader's run, the loop's for the delta
     assert took[1] >= 0.0015 + 0.0005  # a slice's end, then its CPU
     assert took[2] >= 0.0015 + 0.0005  # held from its request: the node's thread waits for a core
+
+
+@pytest.mark.parametrize("wakes", [True, False])
+def test_an_idle_storage_thread_takes_its_batch_once_it_has_a_core(wakes: bool) -> None:
+    """``Writer._collect`` drains the queue once its ``get`` returned, running: a chunk the loop hands to
+    the idle storage thread waits for that thread's wake-up (its core) while the loop reads on, and what
+    the loop hands over meanwhile joins the same transaction (the daemons' relays took a chunk handed to
+    an idle storage thread a median 0.9-2.4 ms later; sim24c, bench/RESULTS.md). sim24b's model took the
+    batch as the interpreter was granted: the second chunk waited for a transaction of its own."""
+    sim = _sliced_pair()
+    sim.hand_offs, sim.storage_wakes, sim.group_linger = False, wakes, 0.0
+    node = sim.node2(1)
+    _keep_both_cores_busy(sim)  # the woken storage thread waits for a slice's end (1.5 ms)
+    commits = node.commits
+    sim._store(1, _Job2(1, lambda: None, lambda: None, cpu=0.0001, origin=0))
+    sim._at(
+        sim.now + 0.0005, lambda: sim._store(1, _Job2(1, lambda: None, lambda: None, cpu=0.0001, origin=0))
+    )
+    sim.run_for(0.1)
+    assert node.committed_jobs >= 2 and not node.waiting
+    assert node.commits - commits == (1 if wakes else 2)
