@@ -464,7 +464,7 @@ class MeshSim2(MeshSim):
                 self._next_commit(y)
                 node.storage_awake = False
 
-        node.cpu_work += _MIN_PIECE_S
+        node.cpu_work += _MIN_PIECE_S  # its run until it asks for the interpreter: an event's floor
         self.box.wake(thread)
         self.box.work(thread, _MIN_PIECE_S)
         self.box.then(thread, woke)
