@@ -340,9 +340,10 @@ class MeshSim2(MeshSim):
     #: Whether the idle storage thread the loop hands a job to wakes on a core of its own before it takes
     #: the batch (``Writer._collect`` drains the queue once its ``get`` returned, running), the loop
     #: reading on meanwhile: the daemons' relays took a chunk handed to an idle storage thread a median
-    #: 0.9-2.4 ms later, with what came meanwhile (bench/RESULTS.md sim24c). False: sim24b's model, the
-    #: batch taken as the interpreter is granted, its wake-up after.
-    storage_wakes: bool = True
+    #: 0.9-2.4 ms later, with what came meanwhile (bench/RESULTS.md sim24c). Off by default: at N = 8 it
+    #: moved the bulk's DELTA2s and ACK2s toward the daemons' (+37/+48 % -> +20/+27 %) but the live parts
+    #: away (5/s PRUNE2s and WANT2s, 100/s DELTA2s -10.6 %) and the 20k bulk's copies (1.06 -> 1.36).
+    storage_wakes: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
