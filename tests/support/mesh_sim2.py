@@ -281,6 +281,10 @@ class MeshNode2(MeshNode):
     hand_offs: int = 0
     #: Seconds its transactions took from their jobs taken until their COMMIT began (its wait excluded).
     pre_commit_seconds: float = 0.0
+    #: Its idle storage thread, woken by the loop's hand-over, waits for a core beside the loop
+    #: (``MeshSim2.storage_wakes``); then whether it is on that core as it asks for the interpreter.
+    storage_waking: bool = False
+    storage_awake: bool = False
     read_queue: deque[tuple[int, Callable[[], None]]] = field(default_factory=deque)
     #: Reads in flight by their request (``EngineCore2Host.reads``, ``SharedReads``): the value read (held,
     #: so its id names it while the read runs) and the links awaiting that read's answer; and how many
@@ -333,6 +337,13 @@ class MeshSim2(MeshSim):
     #: waker's core for a short burst before it blocks (:meth:`_hand_off`, ``HAND_OFF_CHANCE``): the
     #: daemons' loops' preemptions were mostly those (bench/RESULTS.md sim24). False: sim24's model.
     hand_offs: bool = True
+    #: Whether the idle storage thread the loop hands a job to wakes on a core of its own before it takes
+    #: the batch (``Writer._collect`` drains the queue once its ``get`` returned, running), the loop
+    #: reading on meanwhile: the daemons' relays took a chunk handed to an idle storage thread a median
+    #: 0.9-2.4 ms later, with what came meanwhile (bench/RESULTS.md sim24c). Off by default: at N = 8 it
+    #: moved the bulk's DELTA2s and ACK2s toward the daemons' (+37/+48 % -> +20/+27 %) but the live parts
+    #: away (5/s PRUNE2s and WANT2s, 100/s DELTA2s -10.6 %) and the 20k bulk's copies (1.06 -> 1.36).
+    storage_wakes: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -427,14 +438,37 @@ class MeshSim2(MeshSim):
         waits up to ``group_linger`` for as many (``_collect``): a relay fed a bulk by two peers stores
         their chunks together, and acknowledges them with one ACK2 run."""
         node = self.node2(y)
-        if not node.committing:  # the storage thread waits for jobs: the loop's hand-over wakes it
-            self._hand_off(y, "loop", "storage")
+        took = 0.0
+        if not node.committing and not node.storage_waking:  # it waits for jobs: the hand-over wakes it
+            took = self._hand_off(y, "loop", "storage")
         node.waiting.append(job)
         if node.gathering and self._writers(node.waiting) >= self._writers_seen(node):
             node.gathering = 0
             self._commit(y)
-        elif not node.committing and not node.gathering:
-            self._next_commit(y)
+        elif not node.committing and not node.gathering and not node.storage_waking:
+            if self.storage_wakes and self.gil and not took and not node.lingering:  # (a take: woken)
+                self._storage_wake(y)
+            else:
+                self._next_commit(y)
+
+    def _storage_wake(self, y: int) -> None:
+        """The idle storage thread, woken by a hand-over, waits for a core of its own (``storage_wakes``)
+        while the loop goes on; then it collects what was handed over meanwhile too."""
+        node = self.node2(y)
+        node.storage_waking = True
+        thread = node.disk_cpu
+
+        def woke() -> None:
+            node.storage_waking = False
+            if node.waiting and not node.committing and not node.gathering:
+                node.storage_awake = True
+                self._next_commit(y)
+                node.storage_awake = False
+
+        node.cpu_work += _MIN_PIECE_S  # its run until it asks for the interpreter: an event's floor
+        self.box.wake(thread)
+        self.box.work(thread, _MIN_PIECE_S)
+        self.box.then(thread, woke)
 
     @staticmethod
     def _writers(jobs: list[_Job]) -> int:
@@ -486,7 +520,17 @@ class MeshSim2(MeshSim):
         node = self.node2(y)
         node.committing = True
         if self.gil and not held:
-            self._interpreter(y, "storage", lambda: self._transaction(y))
+            awake, asked = node.storage_awake, self.now
+
+            def take() -> None:  # on its own core still if the interpreter was free at once
+                if awake and self.now == asked and not node.cpu.busy:
+                    self.box.move(node.disk_cpu, node.cpu)
+                    node.role = "storage"
+                    self._transaction(y, True)
+                else:
+                    self._transaction(y)
+
+            self._interpreter(y, "storage", take)
         else:
             self._transaction(y, held)
 
