@@ -207,6 +207,10 @@ def test_odd_input_gives_none_or_the_reference(
         "too many",
         "lengths differ",
         "short person",
+        "short chain person",
+        "long person",
+        "short base",
+        "long base",
         "no address",
     ],
 )
@@ -217,6 +221,7 @@ def test_shapes_the_pass_does_not_take(change: str) -> None:
     values: Any = (b"a", b"b")
     keys_: Any = (None, None)
     stamps_: Any = (1, 2)
+    base = b"\x05" * 32
     if change == "list values":
         values = list(values)
     elif change == "tuple subclass":
@@ -229,12 +234,15 @@ def test_shapes_the_pass_does_not_take(change: str) -> None:
         keys_ = (None,)
     elif change == "short person":
         record_person = record_person[:15]
+    elif change == "short chain person":
+        chain_person = chain_person[:15]
+    elif change == "long person":
+        record_person = record_person + b"\0"
+    elif change in ("short base", "long base"):
+        base = b"\x05" * (31 if change == "short base" else 33)
     else:
         address = 0
-    assert (
-        run(address, record_person, chain_person, b"\x05" * 32, 0, values, keys_, stamps_, b"\x00\x00")
-        is None
-    )
+    assert run(address, record_person, chain_person, base, 0, values, keys_, stamps_, b"\x00\x00") is None
     # the same columns, plain: taken, and equal to the reference
     plain = run(hasher[1], *records_module._PERSONS, b"\x05" * 32, 0, (b"a",), (None,), (1,), b"\x00\x00")
     assert plain == records_module._chain_records(b"\x05" * 32, 0, [Record(b"a", None, 1, ())])

@@ -207,6 +207,17 @@ def test_short_frame() -> None:
         b.next_message()
 
 
+@pytest.mark.parametrize("length", [0, ABYTES - 1, ABYTES])
+def test_a_frame_at_the_macs_length(length: int) -> None:
+    """next_message's own length check (inlined) refuses a frame one byte short of the MAC, before
+    libsodium sees it; a frame of exactly the MAC's length reaches libsodium, which refuses a forgery."""
+    _, b = pair()
+    b.receive_data(length.to_bytes(4, "big") + b"\x01" * length)
+    expected = "shorter than its MAC" if length < ABYTES else "failed authentication"
+    with pytest.raises(RemoteProtocolError, match=expected):
+        b.next_message()
+
+
 def test_data_after_final_frame() -> None:
     a, b = pair()
     b.receive_data(a.close() + b"\x00")
