@@ -206,6 +206,9 @@ def test_odd_input_gives_none_or_the_reference(
         "no records",
         "too many",
         "lengths differ",
+        "more keys",
+        "fewer stamps",
+        "more stamps",
         "short person",
         "short chain person",
         "long person",
@@ -232,6 +235,10 @@ def test_shapes_the_pass_does_not_take(change: str) -> None:
         values, keys_, stamps_ = (b"a",) * 65, (None,) * 65, (1,) * 65
     elif change == "lengths differ":
         keys_ = (None,)
+    elif change == "more keys":  # a pass reading only values' count of keys would answer a chain
+        keys_ = (None, None, None)
+    elif change in ("fewer stamps", "more stamps"):
+        stamps_ = (1,) if change == "fewer stamps" else (1, 2, 3)
     elif change == "short person":
         record_person = record_person[:15]
     elif change == "short chain person":
