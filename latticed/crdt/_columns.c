@@ -872,6 +872,138 @@ static PyObject *fold(PyObject *self, PyObject *args)
     return result;
 }
 
+/* chain_run(blake2b, record_person, chain_person, base, first, values, keys, timestamps, tail) -> the
+   chain values after each record (a list of 32-byte bytes), or None.
+
+   records.chain_extend of a few records held as columns (a RecordRun without headers: a relay's live
+   push, a single offer), hashed straight from the columns, not through a Record and encode_record:
+   record i's canonical bytes are offset u64 | timestamp i64 | has_key u8 | key length u32 | value length
+   u32 | key | value | tail (encode_record's layout; tail: the encoded headers, b"\x00\x00" for none), its
+   digest H(bytes, record_person), the chain value H(previous | digest, chain_person), from base. Taken
+   only when blake2b is an address, the persons 16 bytes, base 32 bytes, first an exact int with
+   first + n - 1 below 2^64, values, keys and timestamps exact tuples of n (1..CR_MAX) items, each value
+   exact bytes and each key exact bytes or None, both shorter than 2^32, each timestamp an exact int
+   within int64, tail exact bytes: anything else answers None, and records._chain_small hashes (and
+   raises what it raises). Every value is read and hashed before a Python object is made (no collection,
+   so no finalizer, runs while the borrowed items are read; the tuples and bytes cannot change anyway). */
+#define CR_MAX 64
+#define CR_FIXED 25
+#define CR_SMALL 2048
+
+static void cr_put_u32(unsigned char *p, unsigned long long v)
+{
+    p[0] = (unsigned char) (v >> 24);
+    p[1] = (unsigned char) (v >> 16);
+    p[2] = (unsigned char) (v >> 8);
+    p[3] = (unsigned char) v;
+}
+
+static PyObject *chain_run(PyObject *self, PyObject *args)
+{
+    PyObject *record_person, *chain_person, *base, *first_obj, *values, *keys, *timestamps, *tail, *out;
+    unsigned long long blake2b, first;
+    long long stamps[CR_MAX];
+    unsigned char chains[CR_MAX * 32], link[64], small[CR_SMALL], *scratch = small;
+    const unsigned char *previous;
+    size_t biggest = 0, tlen;
+    Py_ssize_t n, i;
+    blake2b_fn hash;
+    int failed = 0;
+    (void) self;
+    if (!PyArg_ParseTuple(args, "KOOOOOOOO", &blake2b, &record_person, &chain_person, &base, &first_obj,
+                          &values, &keys, &timestamps, &tail)) {
+        return NULL;
+    }
+    if (blake2b == 0 || !PyBytes_CheckExact(record_person) || PyBytes_GET_SIZE(record_person) != 16
+        || !PyBytes_CheckExact(chain_person) || PyBytes_GET_SIZE(chain_person) != 16
+        || !PyBytes_CheckExact(base) || PyBytes_GET_SIZE(base) != 32 || !PyBytes_CheckExact(tail)
+        || !PyLong_CheckExact(first_obj) || !PyTuple_CheckExact(values) || !PyTuple_CheckExact(keys)
+        || !PyTuple_CheckExact(timestamps)) {
+        Py_RETURN_NONE;
+    }
+    n = PyTuple_GET_SIZE(values);
+    if (n < 1 || n > CR_MAX || PyTuple_GET_SIZE(keys) != n || PyTuple_GET_SIZE(timestamps) != n) {
+        Py_RETURN_NONE;
+    }
+    first = PyLong_AsUnsignedLongLong(first_obj);
+    if (first == (unsigned long long) -1 && PyErr_Occurred()) {  /* negative, or past 64 bits */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (first > ~0ULL - (unsigned long long) (n - 1)) {
+        Py_RETURN_NONE;
+    }
+    tlen = (size_t) PyBytes_GET_SIZE(tail);
+    for (i = 0; i < n; i++) {  /* every column checked, and the biggest record's size, before hashing */
+        PyObject *value = PyTuple_GET_ITEM(values, i), *key = PyTuple_GET_ITEM(keys, i);
+        PyObject *stamp = PyTuple_GET_ITEM(timestamps, i);
+        size_t klen = 0, vlen, size;
+        int overflow = 0;
+        if (!PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key))
+            || !PyLong_CheckExact(stamp)) {
+            Py_RETURN_NONE;
+        }
+        vlen = (size_t) PyBytes_GET_SIZE(value);
+        if (key != Py_None) {
+            klen = (size_t) PyBytes_GET_SIZE(key);
+        }
+        stamps[i] = PyLong_AsLongLongAndOverflow(stamp, &overflow);
+        if (overflow || vlen > 0xffffffffULL || klen > 0xffffffffULL) {
+            Py_RETURN_NONE;
+        }
+        size = CR_FIXED + klen + vlen + tlen;
+        biggest = size > biggest ? size : biggest;
+    }
+    if (biggest > sizeof small && (scratch = PyMem_Malloc(biggest)) == NULL) {
+        return PyErr_NoMemory();
+    }
+    hash = (blake2b_fn) (uintptr_t) blake2b;
+    previous = (const unsigned char *) PyBytes_AS_STRING(base);
+    for (i = 0; i < n && !failed; i++) {
+        PyObject *value = PyTuple_GET_ITEM(values, i), *key = PyTuple_GET_ITEM(keys, i);
+        size_t klen = key == Py_None ? 0 : (size_t) PyBytes_GET_SIZE(key);
+        size_t vlen = (size_t) PyBytes_GET_SIZE(value);
+        unsigned char *p = scratch;
+        v_put_u64(p, first + (unsigned long long) i);
+        v_put_u64(p + 8, (unsigned long long) stamps[i]);
+        p[16] = key != Py_None;
+        cr_put_u32(p + 17, klen);
+        cr_put_u32(p + 21, vlen);
+        p += CR_FIXED;
+        if (klen) {
+            memcpy(p, PyBytes_AS_STRING(key), klen);
+            p += klen;
+        }
+        memcpy(p, PyBytes_AS_STRING(value), vlen);
+        p += vlen;
+        memcpy(p, PyBytes_AS_STRING(tail), tlen);
+        p += tlen;
+        memcpy(link, previous, 32);
+        failed = hash(link + 32, 32, scratch, (unsigned long long) (p - scratch), NULL, 0, NULL,
+                      (const unsigned char *) PyBytes_AS_STRING(record_person))
+                 || hash(chains + 32 * i, 32, link, sizeof link, NULL, 0, NULL,
+                         (const unsigned char *) PyBytes_AS_STRING(chain_person));
+        previous = chains + 32 * i;
+    }
+    if (scratch != small) {
+        PyMem_Free(scratch);
+    }
+    if (failed) {  /* libsodium refused: the Python path hashes */
+        Py_RETURN_NONE;
+    }
+    if ((out = PyList_New(n)) == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *value = PyBytes_FromStringAndSize((const char *) chains + 32 * i, 32);
+        if (value == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+    return out;
+}
 /* The interned names of the slots versions() sets and packed_bodies() reads (0: made, -1: failed). */
 static int v_names_ready(void)
 {
@@ -2020,6 +2152,7 @@ static PyMethodDef methods[] = {
     {"packed_bodies", packed_bodies, METH_VARARGS, "Each v2 head's signed bytes and signature."},
     {"unvouched", unvouched, METH_VARARGS, "The bodies a pass over the log and the chain does not confirm."},
     {"fold", fold, METH_VARARGS, "The log folded over leaves, and its value after every stride of them."},
+    {"chain_run", chain_run, METH_VARARGS, "The chain values after a few records, hashed from their columns."},
     {"appended_head", appended_head, METH_VARARGS, "A live push's head, leaves and signature checked in one pass."},
     {"compact_head", compact_head, METH_VARARGS, "A compact DELTA2's head read from its decoded list in one pass."},
     {"compact_rows", compact_rows, METH_VARARGS, "A compact DELTA2's plain records as columns, restamped."},

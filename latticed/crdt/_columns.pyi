@@ -35,6 +35,18 @@ def are_leaves(items: Sequence[object], /) -> bool | None: ...
 def fold(
     blake2b: int, person: bytes, log: bytes, leaves: Sequence[object], stride: int, /
 ) -> tuple[bytes, list[bytes]] | None: ...
+def chain_run(
+    blake2b: int,
+    record_person: bytes,
+    chain_person: bytes,
+    base: bytes,
+    first: int,
+    values: object,
+    keys: object,
+    timestamps: object,
+    tail: bytes,
+    /,
+) -> list[bytes] | None: ...
 def appended_head(
     head_type: type,
     blake2b: int,

@@ -17,10 +17,11 @@ import struct
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import chain, repeat
 from typing import Any, Final, cast, overload
 
-from latticed.crdt import chain_compiled
+from latticed.crdt import chain_compiled, columns_compiled
 from latticed.crdt.core_errors import MalformedError
 
 MAX_KEY_BYTES = 64 * 1024
@@ -495,8 +496,43 @@ def _chain_compiled(
     )
 
 
+@cache
+def _run_hasher() -> tuple[Any, int] | None:
+    """The compiled pass hashing a few records' chain from their columns (``_columns.chain_run``) and
+    libsodium's BLAKE2b's address, or None: not built, or PyNaCl's libsodium not at hand."""
+    columns = columns_compiled.load()
+    if columns is None or not hasattr(columns, "chain_run"):
+        return None
+    address = columns_compiled.sodium_address(columns_compiled.BLAKE2B)
+    return None if address is None else (columns.chain_run, address)
+
+
 def _chain_small(base: bytes, first_offset: int, records: Sequence[Record]) -> list[bytes]:
-    """A few records (single offers): one record at a time costs less than setting up the columns."""
+    """A few records (single offers, a relay's live push): one record at a time costs less than setting
+    up the columns. A run without headers is hashed from its columns in one C call where it was built
+    (``chain_run``: no Record built, no bytes joined in Python); it answers None for anything but the
+    plain shape, and the loop below, the reference, hashes and raises what it raises."""
+    if type(records) is RecordRun and records.headers is None:
+        hasher = _run_hasher()
+        if hasher is not None:
+            run, address = hasher
+            found: list[bytes] | None = run(
+                address,
+                *_PERSONS,
+                base,
+                first_offset,
+                records.values,
+                records.keys,
+                records.timestamps,
+                _NO_HEADERS,
+            )
+            if found is not None:
+                return found
+    return _chain_records(base, first_offset, records)
+
+
+def _chain_records(base: bytes, first_offset: int, records: Sequence[Record]) -> list[bytes]:
+    """:func:`_chain_small` in Python, a record at a time: the reference the compiled pass is held to."""
     out = []
     current = base
     for offset, record in enumerate(records, first_offset):

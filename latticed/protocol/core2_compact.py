@@ -200,6 +200,12 @@ class _Context:
     meta: tuple[tuple[str, str], ...] | None
 
 
+#: A :class:`_Context`'s fields in its order, as :func:`_compiled_head` takes them.
+_Fields = tuple[
+    bytes, HeadV2 | None, int, bytes | None, int, Sequence[Record], tuple[tuple[str, str], ...] | None
+]
+
+
 def _context(
     qid: bytes,
     ref: HeadV2 | None,
@@ -391,14 +397,16 @@ def _head_out(h: HeadV2, c: _Context, tail: tuple[Leaf, ...]) -> bytes | list[An
     ]
 
 
-def _compiled_head(raw: list[Any], c: _Context, tail: tuple[Leaf, ...]) -> HeadV2 | None:
+def _compiled_head(raw: list[Any], c: _Fields, tail: tuple[Leaf, ...]) -> HeadV2 | None:
     """The live case of :func:`_head_in` in one C pass (None: not built or not that case). A left-out
     head hash is the records' chain from the ref's end, hashed here (the pass parses nothing) and kept
     for the steps and the verification, as :func:`_head_hash` keeps it. Nothing is read or hashed here
     that the Python path would not read and hash for the same head: a ref exactly of ``HeadV2`` (the
     pass reads no other), and the records hashed only where the head's end is theirs (a sent end
-    difference of exactly their count from the ref's end), as :func:`_head_hash` hashes them."""
-    ref, records, frm = c.ref, c.records, c.from_offset
+    difference of exactly their count from the ref's end), as :func:`_head_hash` hashes them. It takes
+    a :class:`_Context`'s fields as a tuple (:data:`_Fields`): a live push
+    (:meth:`Compact2Link._live_delta`) builds no context, a frozen dataclass's seven setattrs."""
+    qid, ref, epoch, shared_fold, frm, records, meta = c
     if ref is not None and type(ref) is not HeadV2:
         return None
     chain = None
@@ -415,13 +423,13 @@ def _compiled_head(raw: list[Any], c: _Context, tail: tuple[Leaf, ...]) -> HeadV
     head = core2_head_compiled.compact_head(
         raw,
         ref,
-        queue_id=c.qid,
-        epoch=c.epoch,
-        shared_fold=c.shared_fold,
+        queue_id=qid,
+        epoch=epoch,
+        shared_fold=shared_fold,
         tail=tail,
         chained=None if chain is None else chain[-1],
         records_end=frm + len(records),
-        empty_meta=_EMPTY_META_HASH if c.meta is None else None,
+        empty_meta=_EMPTY_META_HASH if meta is None else None,
     )
     if head is not None and chain is not None and ref is not None:
         chain_memo.remember(ref.head_hash, frm, records, chain)
@@ -432,7 +440,9 @@ def _head_in(raw: Any, c: _Context, tail: tuple[Leaf, ...]) -> HeadV2:
     if type(raw) is bytes:
         return _head(raw)
     fields = _list(raw, 10, "a compact head")
-    head = _compiled_head(fields, c, tail)
+    head = _compiled_head(
+        fields, (c.qid, c.ref, c.epoch, c.shared_fold, c.from_offset, c.records, c.meta), tail
+    )
     if head is not None:
         return head
     ref = c.ref
@@ -709,7 +719,7 @@ class Compact2Link:
         from_offset = ref.end if from_raw is None else from_raw
         records = RecordRun.checked(*rows)
         meta: tuple[tuple[str, str], ...] | None = () if no_meta else None
-        head = _compiled_head(head_raw, _Context(qid, ref, epoch, base_fold, from_offset, records, meta), ())
+        head = _compiled_head(head_raw, (qid, ref, epoch, base_fold, from_offset, records, meta), ())
         if head is None:
             return None
         log = LogDelta(ref.version, base_fold, Chains(key[0], qid, epoch, (), (Tip(head, ()),), head))

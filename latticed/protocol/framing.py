@@ -143,7 +143,8 @@ class FrameDecoder:
             raise type(self._error)(f"frame decoder already failed: {self._error}")
         buf = self._buf
         pos = self._pos
-        available = len(buf) - pos
+        total = len(buf)
+        available = total - pos
         if available < HEADER_SIZE:
             if self._eof and available:
                 self._fail(
@@ -157,20 +158,20 @@ class FrameDecoder:
             self._fail(RemoteProtocolError(f"frame of {length} bytes exceeds the limit of {self._max} bytes"))
         start = pos + HEADER_SIZE
         end = start + length
-        if end > len(buf):
+        if end > total:
             if self._eof:
                 self._fail(
                     ConnectionClosedError(
-                        f"stream ended inside a frame ({len(buf) - start} of {length} body bytes)"
+                        f"stream ended inside a frame ({total - start} of {length} body bytes)"
                     )
                 )
             return None
-        if isinstance(buf, bytes):
+        if type(buf) is bytes:
             frame = buf[start:end]
         else:
             with memoryview(buf) as view:
                 frame = bytes(view[start:end])
-        if end == len(buf):
+        if end == total:
             self._buf = b""
             self._pos = 0
         elif end >= _COMPACT_AFTER and end * 2 >= len(buf) and isinstance(buf, bytearray):

@@ -44,6 +44,7 @@ _push = sodium.crypto_secretstream_xchacha20poly1305_push
 _NULL: Final = _ffi.NULL
 _c_push = _lib.crypto_secretstream_xchacha20poly1305_push
 _c_pull = _lib.crypto_secretstream_xchacha20poly1305_pull
+_unpack = _ffi.unpack
 #: Smallest buffer kept for one direction's frames (grown to the largest message seen, as PyNaCl's own
 #: wrapper grows its state's buffer).
 _MIN_BUFFER: Final = 4096
@@ -54,15 +55,18 @@ class _Buffer:
     Python (a dozen calls a message, two messages each way per relayed record); the libsodium calls
     below get arguments our own checks already hold to (bytes, at most the channel's limit)."""
 
-    __slots__ = ("c", "size")
+    __slots__ = ("c", "chars", "size")
 
     def __init__(self) -> None:
         self.c: Any = _ffi.new("unsigned char[]", _MIN_BUFFER)
+        #: The same memory as ``char *``: ``ffi.unpack`` copies it out as bytes in one call.
+        self.chars: Any = _ffi.cast("char *", self.c)
         self.size = _MIN_BUFFER
 
     def at_least(self, size: int) -> Any:
         if size > self.size:
             self.c = _ffi.new("unsigned char[]", size)
+            self.chars = _ffi.cast("char *", self.c)
             self.size = size
         return self.c
 
@@ -169,7 +173,8 @@ class SecureChannel:
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer bytes read from the peer; ``b""`` marks end of stream."""
-        self._check_usable()
+        if self._error is not None:  # _check_usable, inline: this runs for every read
+            self._check_usable()
         try:
             self._decoder.receive_data(data)
         except LatticedError as error:
@@ -180,8 +185,13 @@ class SecureChannel:
 
         Raises :class:`RemoteProtocolError` for an oversized, forged, replayed, reordered or otherwise
         invalid frame, and :class:`ConnectionClosedError` when the stream ended before the final frame.
+
+        It runs twice a message (the message, then None), so the checks of :meth:`_check_usable` and
+        :meth:`_Buffer.at_least` are inline and the plaintext is copied out in one call: the same checks,
+        the same frame pulled, ~6 fewer Python calls a message.
         """
-        self._check_usable()
+        if self._error is not None:
+            self._check_usable()
         decoder = self._decoder
         if self._remote_closed:
             if decoder.buffered:
@@ -202,18 +212,20 @@ class SecureChannel:
                     )
                 )
             return None
-        if len(frame) < ABYTES:
-            self._fail(RemoteProtocolError(f"frame of {len(frame)} bytes is shorter than its MAC"))
-        size = len(frame) - ABYTES
-        out = self._rx_buffer.at_least(size)
+        length = len(frame)
+        if length < ABYTES:
+            self._fail(RemoteProtocolError(f"frame of {length} bytes is shorter than its MAC"))
+        size = length - ABYTES
+        buffer = self._rx_buffer
+        out = buffer.c if size <= buffer.size else buffer.at_least(size)
         tag_out = self._tag
-        if _c_pull(self._rx.statebuf, out, _NULL, tag_out, frame, len(frame), _NULL, 0):
+        if _c_pull(self._rx.statebuf, out, _NULL, tag_out, frame, length, _NULL, 0):
             self._fail(
                 RemoteProtocolError(
                     "frame failed authentication: tampered, replayed, reordered, or from another session"
                 )
             )
-        plaintext: bytes = _ffi.buffer(out, size)[:]
+        plaintext: bytes = _unpack(buffer.chars, size)
         tag: int = tag_out[0]
         if tag == _TAG_MESSAGE:
             return plaintext

@@ -207,6 +207,17 @@ def test_short_frame() -> None:
         b.next_message()
 
 
+@pytest.mark.parametrize("length", [0, ABYTES - 1, ABYTES])
+def test_a_frame_at_the_macs_length(length: int) -> None:
+    """next_message's own length check (inlined) refuses a frame one byte short of the MAC, before
+    libsodium sees it; a frame of exactly the MAC's length reaches libsodium, which refuses a forgery."""
+    _, b = pair()
+    b.receive_data(length.to_bytes(4, "big") + b"\x01" * length)
+    expected = "shorter than its MAC" if length < ABYTES else "failed authentication"
+    with pytest.raises(RemoteProtocolError, match=expected):
+        b.next_message()
+
+
 def test_data_after_final_frame() -> None:
     a, b = pair()
     b.receive_data(a.close() + b"\x00")
@@ -303,3 +314,20 @@ def test_frames_equal_pynacl_secretstream(messages: list[bytes]) -> None:
         assert b2.next_message() == message
     b.receive_data(b"".join(frames))
     assert drain(b) == messages
+
+
+class _Chunk(bytes):
+    pass
+
+
+def test_messages_after_the_buffer_grew_and_from_a_bytes_subclass() -> None:
+    """The receive buffer grows past its first size and its ``char *`` view with it: every message after
+    is whole; a read that is a subclass of bytes is cut into the same frames."""
+    a, b = pair()
+    messages = [b"a" * 100, bytes(range(256)) * 40, b"b" * 3, b"", b"c" * 70_000, b"d" * 5]
+    for message in messages:
+        b.receive_data(_Chunk(a.seal(message)))
+        got = drain(b)
+        assert got == [message] and type(got[0]) is bytes
+    b.receive_data(_Chunk(a.seal(b"x") + a.seal(b"y" * 5000) + a.close()))
+    assert drain(b) == [b"x", b"y" * 5000] and b.remote_closed
