@@ -824,7 +824,8 @@ static PyObject *fold(PyObject *self, PyObject *args)
     }
     hash = (blake2b_fn) (uintptr_t) blake2b;
     /* Made before leaves is read: PyList_New may run a garbage collection, and with it any finalizer,
-       which may change leaves. Nothing after it runs Python (bytes and a list's growth do not collect). */
+       which may change leaves. Nothing in the loop below collects (bytes and a list's growth do not);
+       the closing PyTuple_Pack may, but leaves is not read after it. */
     folds = PyList_New(0);
     if (folds == NULL) {
         return NULL;
