@@ -21,7 +21,7 @@ from polling import wait_until
 
 from cli.boundary import ExitCode
 from latticed.errors import NotFoundError
-from latticed.protocol.core2_session import HEADS_V2
+from latticed.protocol.versions import HEADS_V2
 from latticed.storage.codec import pack
 from latticed.storage.dropped_own import DROPPED_FILE
 from latticed.storage.store import db_path
@@ -141,28 +141,32 @@ def _owner_dropped_its_queue(
     its records as the peer holds them."""
     peer = latticed_process(args=LOCAL)
     relay = HeldRelay(int(dial_address(peer).rsplit(":", 1)[1]))
-    owner = latticed_process(args=[*LOCAL, "--peer", f"127.0.0.1:{relay.port}"])
-    with client(owner) as c:
-        address = c.queue_create("events", {"team": "a"}, core=2)
-        c.offer_batch("events", [(b"v%d" % i, b"k%d" % (i % 3), ()) for i in range(20)])
-    wanted = _entries(owner, address)
-    assert wanted is not None and len(wanted) == 20
-    wait_until(lambda: _entries(peer, address) == wanted, "the peer's copy of the owner's queue")
+    try:
+        owner = latticed_process(args=[*LOCAL, "--peer", f"127.0.0.1:{relay.port}"])
+        with client(owner) as c:
+            address = c.queue_create("events", {"team": "a"}, core=2)
+            c.offer_batch("events", [(b"v%d" % i, b"k%d" % (i % 3), ()) for i in range(20)])
+        wanted = _entries(owner, address)
+        assert wanted is not None and len(wanted) == 20
+        wait_until(lambda: _entries(peer, address) == wanted, "the peer's copy of the owner's queue")
 
-    owner.stop()
-    _tamper(owner.data_dir, "events")
-    owner.start()
-    assert ctl(owner, "range", "events", "0", "10").exit_code == 7  # StorageError: corrupt, not served
-    # A link that settled its features (heads-v2) is restarted by the repair; one still settling would
-    # send its first whole digest after the drop anyway, but the reply would count no link.
-    wait_until(lambda: _agreed_core2(owner), "the owner's link to the peer, settled on heads-v2")
+        owner.stop()
+        _tamper(owner.data_dir, "events")
+        owner.start()
+        assert ctl(owner, "range", "events", "0", "10").exit_code == 7  # StorageError: corrupt, not served
+        # A link that settled its features (heads-v2) is restarted by the repair; one still settling would
+        # send its first whole digest after the drop anyway, but the reply would count no link.
+        wait_until(lambda: _agreed_core2(owner), "the owner's link to the peer, settled on heads-v2")
 
-    relay.hold()
-    dropped = ctl(owner, "queue", "repair", "events", "--drop", "--json")
-    assert dropped.exit_code == 0, dropped.output
-    reply = json.loads(dropped.stdout)
-    assert reply["owned"] is True and reply["records"] == 20 and reply["links_restarted"] >= 1
-    assert _dropped(owner) == {"events 0": 20}
+        relay.hold()
+        dropped = ctl(owner, "queue", "repair", "events", "--drop", "--json")
+        assert dropped.exit_code == 0, dropped.output
+        reply = json.loads(dropped.stdout)
+        assert reply["owned"] is True and reply["records"] == 20 and reply["links_restarted"] >= 1
+        assert _dropped(owner) == {"events 0": 20}
+    except BaseException:
+        relay.close()  # the caller closes it once it has it
+        raise
     return owner, peer, relay, address, wanted
 
 
