@@ -6,16 +6,19 @@ duplicates nothing. Every wire change keeps these passing (CHANGELOG.md, docs/op
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import trio
 from daemons import LatticedProcess
+from half_open_relay import HalfOpenRelay
 from polling import wait_until
 from releases import previous_release, run_as
 
@@ -24,7 +27,9 @@ from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
 from latticed.errors import ConnectionClosedError, LatticedError, VersionGapError
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
+from latticed.net.gossip import STALE_AFTER_S
 from latticed.net.transport import open_peer
+from latticed.protocol.link_gone import LINK_GONE_FEATURE, LOST_LINK_TTL_S
 from latticed.protocol.replication import HELLO
 from latticed.version import PROTOCOL_VERSIONS, RELEASE
 
@@ -464,3 +469,108 @@ def test_queue_repair_against_the_previous_release_says_it_does_not_know_it(
         [*cli, "doctor", "--json"], capture_output=True, text=True, timeout=60, check=False
     )
     assert '"daemon_running": true' in doctor.stdout, doctor.stderr
+
+
+def _events(daemon: LatticedProcess, event: str, peer: str) -> int:
+    """How many times ``daemon`` logged ``event`` about ``peer`` (its log, every run)."""
+    return sum(
+        1 for line in daemon.log.read_text(errors="replace").splitlines() if event in line and peer in line
+    )
+
+
+def test_a_peer_back_as_the_previous_release_within_the_lost_links_memory_costs_at_most_one_link(
+    latticed_process: Factory,
+) -> None:
+    """``link-gone``: a daemon whose link to a featureful peer ended names that link (for 40 s) in its next
+    dial. A peer rolled back to 0.2.0 meanwhile (its store from before the upgrade, same identity and
+    address) does not know the word: at most that one link is dropped, then they sync both ways."""
+    port = free_port()
+    listen = ["--listen", f"127.0.0.1:{port}", "--no-mdns"]
+    rolled = latticed_process(args=listen, start=False)
+    run_as(rolled, OLD).start()  # its 0.2.0 store, kept for the rollback (as an upgrade keeps a copy)
+    rolled_id = identity(rolled)
+    rolled.stop()
+    kept = latticed_process(args=listen, start=False)
+    shutil.copytree(rolled.data_dir, kept.data_dir)
+    run_as(rolled, None).start()  # upgraded to this build
+    dialler = start(latticed_process, None, rolled)
+    dialler_id = identity(dialler)
+    wait_until(
+        lambda: LINK_GONE_FEATURE in (peer_row(dialler, rolled_id).get("features") or ()),
+        "the link between two builds with link-gone",
+    )
+
+    rolled.stop()  # the link ends on the dialler's side: it names it in its next dial, for 40 s
+    wait_until(lambda: not connected(dialler, rolled_id), "the dialler to see the link end")
+    lost = time.monotonic()
+    dropped_before = _events(dialler, "peer.disconnected", rolled_id)
+    run_as(kept, OLD).start()  # the same identity on 0.2.0, at the same address
+    assert identity(kept) == rolled_id
+    wait_until(
+        lambda: connected(dialler, rolled_id) and connected(kept, dialler_id),
+        "the link to the rolled-back peer",
+    )
+    with client(dialler) as c:
+        from_new = c.queue_create("after-new", core=1)
+        c.offer_batch("after-new", [(b"n%d" % i, None, ()) for i in range(5)])
+    with client(kept) as c:
+        from_old = c.queue_create("after-old")
+        c.offer_batch("after-old", [(b"o%d" % i, None, ()) for i in range(5)])
+    wait_until(lambda: held_end(kept, from_new) == 5, "this build's records on the rolled-back peer")
+    wait_until(lambda: held_end(dialler, from_old) == 5, "the rolled-back peer's records on this build")
+    assert values(kept, from_new) == [b"n%d" % i for i in range(5)]
+    assert values(dialler, from_old) == [b"o%d" % i for i in range(5)]
+    assert time.monotonic() - lost < LOST_LINK_TTL_S  # the word was still due when it redialled
+    # The one link 0.2.0 may drop is the first, for the word it does not know; the next dial names nothing.
+    assert _events(dialler, "peer.disconnected", rolled_id) - dropped_before <= 1
+    assert _events(kept, "peer.protocol_error", dialler_id) <= 1  # "unknown message type 9"
+    assert connected(dialler, rolled_id) and peer_row(dialler, rolled_id)["protocol"] == 1
+
+
+def test_a_redial_after_a_half_open_link_is_kept_at_once_between_two_builds(
+    latticed_process: Factory,
+) -> None:
+    """``link-gone`` between two daemons of this build: the one with the smaller key dialled the other
+    (the key order keeps that link over any dial back); the other's end of it closes while the dialler's
+    stays half-open. Its redial names the lost link and is kept at once, not after the dialler's end goes
+    stale (``STALE_AFTER_S``, 20 s), and records written on both sides afterwards reach the other."""
+    first, second = start(latticed_process, None), start(latticed_process, None)
+    relay, owner = sorted((first, second), key=lambda d: bytes.fromhex(identity(d)))
+    relay_id, owner_id = identity(relay), identity(owner)
+    middle = HalfOpenRelay(listen_port(owner))
+    try:
+        with client(relay) as c:
+            c.peers_add(f"127.0.0.1:{middle.port}")
+        wait_until(
+            lambda: (
+                LINK_GONE_FEATURE in (peer_row(relay, owner_id).get("features") or ())
+                and LINK_GONE_FEATURE in (peer_row(owner, relay_id).get("features") or ())
+            ),
+            "the relay's link to the owner, settled on link-gone",
+        )
+        with client(owner) as c:  # where the owner redials: the relay's own address
+            c.peers_add(f"127.0.0.1:{listen_port(relay)}")
+
+        middle.cut()  # the owner's end closes; the relay's stays open, hearing nothing
+        cut_at = time.monotonic()
+        wait_until(
+            lambda: _events(relay, "peer.replaced_gone", owner_id) >= 1,
+            "the relay to keep the owner's redial",
+            timeout=STALE_AFTER_S / 2,  # before the stale rule could replace it
+        )
+        kept_after = time.monotonic() - cut_at
+        assert kept_after < STALE_AFTER_S / 2, kept_after  # not the stale wait
+        assert _events(relay, "peer.replaced_stale", owner_id) == 0
+        wait_until(lambda: connected(relay, owner_id) and connected(owner, relay_id), "the new link")
+        with client(owner) as c:
+            from_owner = c.queue_create("after-owner", core=2)
+            c.offer_batch("after-owner", [(b"o%d" % i, None, ()) for i in range(3)])
+        with client(relay) as c:
+            from_relay = c.queue_create("after-relay", core=2)
+            c.offer_batch("after-relay", [(b"r%d" % i, None, ()) for i in range(3)])
+        wait_until(lambda: held_end(relay, from_owner) == 3, "the owner's records on the relay")
+        wait_until(lambda: held_end(owner, from_relay) == 3, "the relay's records on the owner")
+        assert values(relay, from_owner) == [b"o%d" % i for i in range(3)]
+        assert values(owner, from_relay) == [b"r%d" % i for i in range(3)]
+    finally:
+        middle.close()

@@ -1,20 +1,29 @@
 """``latticectl queue repair`` between real daemon processes: a replica's copy of a core-2 queue changed on
 disk while the replica was stopped is found corrupt at its restart (not served, doctor advises the
 command), repaired, and fetched again from the owner, which wrote nothing meanwhile: it ends identical
-to the owner's, records and metadata, and doctor no longer names it."""
+to the owner's, records and metadata, and doctor no longer names it.
+
+The owner's own queue changed on disk and dropped with ``--drop``: until a peer's copy as long as the one
+dropped merged back, creating it or offering to it is refused (exit 6), across a restart of the owner too;
+then the fence lifts by itself and the next write lands at the end the peer holds (no fork anywhere)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from daemon_calls import LatticedProcess, client, ctl, dial_address
+from held_relay import HeldRelay
 from polling import wait_until
 
+from cli.boundary import ExitCode
 from latticed.errors import NotFoundError
+from latticed.protocol.versions import HEADS_V2
 from latticed.storage.codec import pack
+from latticed.storage.dropped_own import DROPPED_FILE
 from latticed.storage.store import db_path
 
 Factory = Callable[..., LatticedProcess]
@@ -28,6 +37,19 @@ def _entries(daemon: LatticedProcess, queue: str) -> list[tuple[Any, ...]] | Non
             return [(e.offset, e.key, e.value, e.timestamp, e.headers) for e in c.range(queue, 0, 1 << 40)]
         except NotFoundError:
             return None
+
+
+def _tamper(data_dir: Path, name: str) -> None:
+    """Other metadata in core-2 queue ``name``'s row, written behind the (stopped) daemon's back."""
+    conn = sqlite3.connect(db_path(data_dir))
+    try:
+        conn.execute(
+            "UPDATE queue2 SET meta = ? WHERE q = (SELECT q FROM queues WHERE name = ?)",
+            (pack([["team", "evil"]]), name),
+        )
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def _store_checks(daemon: LatticedProcess) -> list[dict[str, Any]]:
@@ -56,15 +78,7 @@ def test_a_replica_copy_changed_on_disk_is_repaired_and_fetched_again_identical(
     wait_until(lambda: _entries(replica, address) == wanted, "the replica's copy of the owner's queue")
 
     replica.stop()
-    conn = sqlite3.connect(db_path(replica.data_dir))
-    try:
-        conn.execute(
-            "UPDATE queue2 SET meta = ? WHERE q = (SELECT q FROM queues WHERE name = 'events')",
-            (pack([["team", "evil"]]),),
-        )
-        conn.commit()
-    finally:
-        conn.close()
+    _tamper(replica.data_dir, "events")
     replica.start()
 
     refused = ctl(replica, "range", address, "0", "10")
@@ -86,3 +100,116 @@ def test_a_replica_copy_changed_on_disk_is_repaired_and_fetched_again_identical(
     assert _store_checks(replica) == []
     with client(owner) as c:
         assert c.queue_info("events")["end_offset"] == 20  # the owner wrote nothing meanwhile
+
+
+def _agreed_core2(daemon: LatticedProcess) -> bool:
+    with client(daemon) as c:
+        return any(HEADS_V2 in (row.get("features") or ()) for row in c.peers())
+
+
+def _dropped(daemon: LatticedProcess) -> dict[str, int]:
+    """The owner's record of its queues dropped by ``queue repair --drop`` and not back yet."""
+    try:
+        return dict(json.loads((daemon.data_dir / DROPPED_FILE).read_text()))
+    except FileNotFoundError:
+        return {}
+
+
+def _status_forks(daemon: LatticedProcess) -> list[Any]:
+    with client(daemon) as c:
+        return list(c.status()["forked_queues"])
+
+
+def _assert_fenced(owner: LatticedProcess) -> None:
+    """Creating the dropped queue again is refused, in one line naming ``--release``; an offer to it finds
+    no queue (it is not here to write to) and writes nothing."""
+    refused = ctl(owner, "queue", "create", "events")
+    assert refused.exit_code == ExitCode.INTEGRITY, refused.output  # BehindPeersError
+    assert refused.stderr.count("\n") == 1 and "queue repair events --release" in refused.stderr
+    offered = ctl(owner, "offer", "events", "fork?")
+    assert offered.exit_code == ExitCode.NOT_FOUND and "no queue" in offered.stderr, offered.output
+    with client(owner) as c:
+        assert all(q.get("name") != "events" for q in c.queue_list())
+
+
+def _owner_dropped_its_queue(
+    latticed_process: Factory,
+) -> tuple[LatticedProcess, LatticedProcess, HeldRelay, str, list[tuple[Any, ...]]]:
+    """An owner whose core-2 ``events`` (20 records, held by a peer it dials through a relay) was changed
+    on disk while it was stopped, dropped with ``queue repair --drop`` while the relay holds back the
+    peer's bytes (so the copy cannot come back yet): the two daemons, the relay, the queue's address and
+    its records as the peer holds them."""
+    peer = latticed_process(args=LOCAL)
+    relay = HeldRelay(int(dial_address(peer).rsplit(":", 1)[1]))
+    try:
+        owner = latticed_process(args=[*LOCAL, "--peer", f"127.0.0.1:{relay.port}"])
+        with client(owner) as c:
+            address = c.queue_create("events", {"team": "a"}, core=2)
+            c.offer_batch("events", [(b"v%d" % i, b"k%d" % (i % 3), ()) for i in range(20)])
+        wanted = _entries(owner, address)
+        assert wanted is not None and len(wanted) == 20
+        wait_until(lambda: _entries(peer, address) == wanted, "the peer's copy of the owner's queue")
+
+        owner.stop()
+        _tamper(owner.data_dir, "events")
+        owner.start()
+        assert ctl(owner, "range", "events", "0", "10").exit_code == 7  # StorageError: corrupt, not served
+        # A link that settled its features (heads-v2) is restarted by the repair; one still settling would
+        # send its first whole digest after the drop anyway, but the reply would count no link.
+        wait_until(lambda: _agreed_core2(owner), "the owner's link to the peer, settled on heads-v2")
+
+        relay.hold()
+        dropped = ctl(owner, "queue", "repair", "events", "--drop", "--json")
+        assert dropped.exit_code == 0, dropped.output
+        reply = json.loads(dropped.stdout)
+        assert reply["owned"] is True and reply["records"] == 20 and reply["links_restarted"] >= 1
+        assert _dropped(owner) == {"events 0": 20}
+    except BaseException:
+        relay.close()  # the caller closes it once it has it
+        raise
+    return owner, peer, relay, address, wanted
+
+
+def _back_and_written(owner: LatticedProcess, peer: LatticedProcess, address: str, wanted: list[Any]) -> None:
+    """The peer's copy merges back, the fence lifts by itself, and the next write lands at the end the
+    peer holds, on both daemons, neither seeing a fork."""
+    wait_until(lambda: _entries(owner, address) == wanted, "the peer's copy merged back into the owner")
+    wait_until(lambda: _dropped(owner) == {}, "the fence lifted once the copy is back whole")
+    written = ctl(owner, "offer", "events", "after")
+    assert written.exit_code == 0, written.output
+    with client(owner) as c:
+        assert c.queue_info("events")["end_offset"] == 21
+    after = _entries(owner, address)
+    assert after is not None and after[:20] == wanted and after[20][0] == 20 and after[20][2] == b"after"
+    wait_until(lambda: _entries(peer, address) == after, "the write after the repair on the peer")
+    assert _status_forks(owner) == [] and _status_forks(peer) == []
+    assert _store_checks(owner) == []
+
+
+def test_our_own_queue_dropped_is_fenced_until_a_peer_copy_is_back_then_written_at_its_end(
+    latticed_process: Factory,
+) -> None:
+    owner, peer, relay, address, wanted = _owner_dropped_its_queue(latticed_process)
+    try:
+        _assert_fenced(owner)  # the links restarting, the peer's bytes held back
+        assert _entries(owner, address) is None  # nothing came back another way meanwhile
+        relay.release()
+        _back_and_written(owner, peer, address, wanted)
+    finally:
+        relay.close()
+
+
+def test_the_fence_outlives_a_restart_of_the_owner_before_the_copy_is_back(latticed_process: Factory) -> None:
+    owner, peer, relay, address, wanted = _owner_dropped_its_queue(latticed_process)
+    try:
+        peer.stop()
+        owner.stop()
+        owner.start()
+        assert _dropped(owner) == {"events 0": 20}
+        _assert_fenced(owner)  # no peer connected, no link to ask: the file says
+        peer.start()
+        relay.target_port = int(dial_address(peer).rsplit(":", 1)[1])  # the peer listens on a new port
+        relay.release()
+        _back_and_written(owner, peer, address, wanted)
+    finally:
+        relay.close()
