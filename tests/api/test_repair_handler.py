@@ -5,17 +5,14 @@ back when a peer that holds it connects."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import trio
-from support.corrupt_daemon import ALICE, BOB, replica_store
+from support.corrupt_daemon import ALICE, BOB, repair_context, replica_store
 
 from latticed.api.server import repair_handlers
-from latticed.api.server.api_ports import MembershipView
 from latticed.api.server.context import Context
-from latticed.api.server.op_table import build_op_table
 from latticed.storage.engine import Engine
-from latticed.storage.sealer import Sealer
 
 
 class _Replication:
@@ -27,24 +24,6 @@ class _Replication:
         return 2
 
 
-class _Membership:
-    def __init__(self, service: _Replication | None) -> None:
-        self.service = service
-
-
-def _context(engine: Engine, path: Path, replication: _Replication | None) -> Context:
-    membership = cast(MembershipView, _Membership(replication))
-    return Context(
-        engine,
-        path,
-        path / "sock",
-        1 << 20,
-        sealer=Sealer(engine),
-        ops=build_op_table(),
-        membership=membership,
-    )
-
-
 async def _repair(ctx: Context, queue: str, **args: Any) -> dict[str, Any]:
     return await repair_handlers.queue_repair(ctx, {"queue": queue, **args})
 
@@ -54,7 +33,7 @@ async def test_links_restart_only_after_a_drop(tmp_path: Path) -> None:
     replication = _Replication()
     x = f"{ALICE.public_key.hex()}/x"
     async with Engine.open(path, BOB) as engine:
-        ctx = _context(engine, path, replication)
+        ctx = repair_context(engine, path, replication)
         assert ctx.ops.handlers["queue_repair"] is repair_handlers.queue_repair
         assert (await _repair(ctx, "own"))["repaired"] is False
         assert (await _repair(ctx, "good"))["repaired"] is False
@@ -69,7 +48,7 @@ async def test_links_restart_only_after_a_drop(tmp_path: Path) -> None:
 async def test_without_replication_the_queue_comes_back_when_a_peer_connects(tmp_path: Path) -> None:
     path = await replica_store(tmp_path)
     async with Engine.open(path, BOB) as engine:
-        done = await _repair(_context(engine, path, None), "own", drop=True)
+        done = await _repair(repair_context(engine, path, None), "own", drop=True)
     assert done["repaired"] is True and done["owned"] is True and done["links_restarted"] == 0
     assert done["message"].endswith("it is fetched again when a peer that holds it connects")
 
@@ -79,7 +58,7 @@ async def test_two_repairs_at_once_drop_once_and_restart_links_once(tmp_path: Pa
     replication = _Replication()
     x = f"{ALICE.public_key.hex()}/x"
     async with Engine.open(path, BOB) as engine:
-        ctx = _context(engine, path, replication)
+        ctx = repair_context(engine, path, replication)
         replies: list[dict[str, Any]] = []
 
         async def repair() -> None:

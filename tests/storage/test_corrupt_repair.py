@@ -10,7 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from support.corrupt_daemon import ALICE, BOB, NOW, replica_store, tamper
+from support.corrupt_daemon import ALICE, BOB, NOW, own_queue_with_a_peer_copy, replica_store
 
 from latticed.crdt.records import make_record
 from latticed.errors import NotFoundError
@@ -80,16 +80,7 @@ def test_the_offline_check_of_no_store_or_an_older_schema_reads_no_queue(tmp_pat
 async def test_our_own_queue_dropped_comes_back_from_a_peer_and_takes_writes(tmp_path: Path) -> None:
     """What ``queue repair --drop`` promises of our own queue: a peer's copy is merged back (it carries
     our signatures), identical, and we go on writing after it."""
-    mine, peer = tmp_path / "bob", tmp_path / "alice"
-    mine.mkdir()
-    peer.mkdir()
-    async with Engine.open(mine, BOB) as bob:
-        own = await bob.create_queue("own", {"team": "b"}, core=2)
-        await bob.append(own, [make_record(b"o%d" % i, timestamp=NOW + i) for i in range(2)])
-        whole = await bob.core2.delta_for(own, None)
-    async with Engine.open(peer, ALICE) as alice:
-        await alice.core2.merge(whole)
-    tamper(mine, "own")
+    mine, peer = await own_queue_with_a_peer_copy(tmp_path)
     async with Engine.open(mine, BOB) as bob, Engine.open(peer, ALICE) as alice:
         q = bob.core2.lookup(BOB.public_key, "own")
         assert q is not None and await bob.core2.corrupt_error(q) is not None

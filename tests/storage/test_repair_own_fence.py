@@ -5,61 +5,26 @@ peer's copy as long as the one dropped has merged back (or the operator says no 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
-from support.corrupt_daemon import ALICE, BOB, NOW, tamper
+from support.corrupt_daemon import ALICE, BOB, NOW, own_queue_with_a_peer_copy, repair_context
 
 from latticed.api.server import repair_handlers
-from latticed.api.server.api_ports import MembershipView
-from latticed.api.server.context import Context
-from latticed.api.server.op_table import build_op_table
 from latticed.crdt.records import make_record
 from latticed.errors import BehindPeersError
 from latticed.storage.dropped_own import DroppedOwn
 from latticed.storage.engine import Engine
-from latticed.storage.sealer import Sealer
-
-
-class _Membership:
-    service = None
-
-
-def _context(engine: Engine, path: Path) -> Context:
-    membership = cast(MembershipView, _Membership())
-    return Context(
-        engine,
-        path,
-        path / "sock",
-        1 << 20,
-        sealer=Sealer(engine),
-        ops=build_op_table(),
-        membership=membership,
-    )
 
 
 async def _repair(engine: Engine, path: Path, queue: str, **args: Any) -> dict[str, Any]:
-    return await repair_handlers.queue_repair(_context(engine, path), {"queue": queue, **args})
-
-
-async def _own_and_a_peer_copy(tmp_path: Path) -> tuple[Path, Path]:
-    mine, peer = tmp_path / "bob", tmp_path / "alice"
-    mine.mkdir()
-    peer.mkdir()
-    async with Engine.open(mine, BOB) as bob:
-        own = await bob.create_queue("own", {"team": "b"}, core=2)
-        await bob.append(own, [make_record(b"o%d" % i, timestamp=NOW + i) for i in range(2)])
-        whole = await bob.core2.delta_for(own, None)
-    async with Engine.open(peer, ALICE) as alice:
-        await alice.core2.merge(whole)
-    tamper(mine, "own")
-    return mine, peer
+    return await repair_handlers.queue_repair(repair_context(engine, path), {"queue": queue, **args})
 
 
 async def test_our_dropped_queue_takes_no_write_until_a_peer_copy_is_back_across_a_restart(
     tmp_path: Path,
 ) -> None:
-    mine, peer = await _own_and_a_peer_copy(tmp_path)
+    mine, peer = await own_queue_with_a_peer_copy(tmp_path)
     async with Engine.open(mine, BOB) as bob:
         assert (await _repair(bob, mine, "own", drop=True))["repaired"] is True
         with pytest.raises(BehindPeersError, match="queue repair own --release"):
@@ -80,7 +45,7 @@ async def test_our_dropped_queue_takes_no_write_until_a_peer_copy_is_back_across
 
 
 async def test_release_says_no_peer_holds_it_and_lets_the_owner_write_again(tmp_path: Path) -> None:
-    mine, _peer = await _own_and_a_peer_copy(tmp_path)
+    mine, _peer = await own_queue_with_a_peer_copy(tmp_path)
     async with Engine.open(mine, BOB) as bob:
         assert (await _repair(bob, mine, "own", release=True))["repaired"] is False  # nothing dropped yet
         await _repair(bob, mine, "own", drop=True)

@@ -2,18 +2,25 @@
 
 :func:`make_corrupt`: a daemon's data directory where Alice's ``x`` (3 records, held as a replica) and
 the daemon's own ``own`` (2 records) have metadata changed behind its back, its own ``good`` (1 record)
-not. :func:`replica_store`: the same in a store Bob's engine opens (no daemon)."""
+not. :func:`replica_store`: the same in a store Bob's engine opens (no daemon).
+:func:`own_queue_with_a_peer_copy`: Bob's own ``own`` tampered, Alice holding a good copy.
+:func:`repair_context`: the API context ``queue_repair`` runs in, replication stood in for."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any, cast
 
+from latticed.api.server.api_ports import MembershipView
+from latticed.api.server.context import Context
+from latticed.api.server.op_table import build_op_table
 from latticed.crdt.queue2 import Delta
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
 from latticed.storage.codec import pack
 from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 from latticed.storage.store import db_path
 from support.inprocess import daemon_at
 
@@ -84,3 +91,37 @@ async def replica_store(tmp_path: Path) -> Path:
     tamper(replica_dir, "x")
     tamper(replica_dir, "own")
     return replica_dir
+
+
+async def own_queue_with_a_peer_copy(tmp_path: Path) -> tuple[Path, Path]:
+    """Bob's store with his own ``own`` (2 records) tampered, and Alice's holding a good copy of it."""
+    mine, peer = tmp_path / "bob", tmp_path / "alice"
+    mine.mkdir()
+    peer.mkdir()
+    async with Engine.open(mine, BOB) as bob:
+        own = await bob.create_queue("own", {"team": "b"}, core=2)
+        await bob.append(own, [make_record(b"o%d" % i, timestamp=NOW + i) for i in range(2)])
+        whole = await bob.core2.delta_for(own, None)
+    async with Engine.open(peer, ALICE) as alice:
+        await alice.core2.merge(whole)
+    tamper(mine, "own")
+    return mine, peer
+
+
+class _Membership:
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+
+def repair_context(engine: Engine, path: Path, replication: Any = None) -> Context:
+    """An API context over ``engine``; ``replication`` (None: a daemon without it) stands in for the
+    service ``queue_repair`` restarts links through."""
+    return Context(
+        engine,
+        path,
+        path / "sock",
+        1 << 20,
+        sealer=Sealer(engine),
+        ops=build_op_table(),
+        membership=cast(MembershipView, _Membership(replication)),
+    )
