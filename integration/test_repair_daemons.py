@@ -10,21 +10,18 @@ then the fence lifts by itself and the next write lands at the end the peer hold
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from daemon_calls import LatticedProcess, client, ctl, dial_address
 from held_relay import HeldRelay
 from polling import wait_until
+from support.corrupt_daemon import tamper
 
 from cli.boundary import ExitCode
 from latticed.errors import NotFoundError
 from latticed.protocol.versions import HEADS_V2
-from latticed.storage.codec import pack
 from latticed.storage.dropped_own import DROPPED_FILE
-from latticed.storage.store import db_path
 
 Factory = Callable[..., LatticedProcess]
 LOCAL = ["--listen", "127.0.0.1:0", "--no-mdns"]
@@ -37,19 +34,6 @@ def _entries(daemon: LatticedProcess, queue: str) -> list[tuple[Any, ...]] | Non
             return [(e.offset, e.key, e.value, e.timestamp, e.headers) for e in c.range(queue, 0, 1 << 40)]
         except NotFoundError:
             return None
-
-
-def _tamper(data_dir: Path, name: str) -> None:
-    """Other metadata in core-2 queue ``name``'s row, written behind the (stopped) daemon's back."""
-    conn = sqlite3.connect(db_path(data_dir))
-    try:
-        conn.execute(
-            "UPDATE queue2 SET meta = ? WHERE q = (SELECT q FROM queues WHERE name = ?)",
-            (pack([["team", "evil"]]), name),
-        )
-        conn.commit()
-    finally:
-        conn.close()
 
 
 def _store_checks(daemon: LatticedProcess) -> list[dict[str, Any]]:
@@ -78,7 +62,7 @@ def test_a_replica_copy_changed_on_disk_is_repaired_and_fetched_again_identical(
     wait_until(lambda: _entries(replica, address) == wanted, "the replica's copy of the owner's queue")
 
     replica.stop()
-    _tamper(replica.data_dir, "events")
+    tamper(replica.data_dir, "events")
     replica.start()
 
     refused = ctl(replica, "range", address, "0", "10")
@@ -151,7 +135,7 @@ def _owner_dropped_its_queue(
         wait_until(lambda: _entries(peer, address) == wanted, "the peer's copy of the owner's queue")
 
         owner.stop()
-        _tamper(owner.data_dir, "events")
+        tamper(owner.data_dir, "events")
         owner.start()
         assert ctl(owner, "range", "events", "0", "10").exit_code == 7  # StorageError: corrupt, not served
         # A link that settled its features (heads-v2) is restarted by the repair; one still settling would
