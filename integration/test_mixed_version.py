@@ -25,7 +25,7 @@ from releases import previous_release, run_as
 from latticed.api.client.blocking_client import Client
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
-from latticed.errors import ConnectionClosedError, LatticedError, VersionGapError
+from latticed.errors import BehindPeersError, ConnectionClosedError, LatticedError, VersionGapError
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
 from latticed.net.gossip import STALE_AFTER_S
 from latticed.net.transport import open_peer
@@ -351,8 +351,14 @@ class Stream:
             while not self.done.is_set():
                 with self.lock, client(self.daemon) as c:
                     batch = [(b"%s-%d" % (self.name.encode(), self.written + i), None, ()) for i in range(5)]
-                    c.offer_batch(self.name, batch)
-                    self.written += len(batch)
+                    try:
+                        c.offer_batch(self.name, batch)
+                    except BehindPeersError:
+                        # A daemon just restarted signs nothing until it heard from its peers (at most
+                        # 12 s): refused whole, so the same batch is offered again, as a producer would.
+                        pass
+                    else:
+                        self.written += len(batch)
                 self.done.wait(0.01)
         except BaseException as exc:
             self.error = exc
