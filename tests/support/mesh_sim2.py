@@ -362,8 +362,8 @@ class MeshSim2(MeshSim):
     storage_wakes: bool = False
     #: Whether a thread woken with both cores busy may take the core of another node's thread running
     #: there, with ``WAKE_PREEMPT_CHANCE`` by that thread's role (:meth:`_wake_victim`, ``Box.preempt``):
-    #: the daemons' relays' storage threads lost their core ~4.4 times a transaction before its COMMIT and
-    #: waited for it back, most of its 19-30 ms (bench/RESULTS.md sim25).
+    #: the daemons' relays' storage threads lost their core 4.25 times a transaction before its COMMIT,
+    #: and waited for a core 20 ms of its 26 (bench/RESULTS.md sim25).
     wake_preempts: bool = True
 
     def __post_init__(self) -> None:
