@@ -410,3 +410,31 @@ def test_a_waker_that_gave_its_core_up_at_this_moment_still_had_it_for_a_hand_of
     clock.run()
     assert done == {"took": 1.0, "queued": pytest.approx(0.001 + 0.00002 + 0.0005)}
     assert box.runs == 4 and box.hand_offs == 1 and not waker.busy
+
+
+def test_a_woken_thread_may_take_a_running_threads_core_which_queues_behind() -> None:
+    """``Box.preempt`` (the kernel's wake-up preemption; bench/RESULTS.md sim25): a thread woken on a full
+    box that ``preempt`` gives a running thread for runs on that thread's core at once, and the thread
+    taken off it queues behind the others with the work it had left. Without it (or given None) the
+    woken thread waits in the run queue for a core."""
+    ends: dict[str, float] = {}
+    for take in (True, False):
+        clock, box = _slot_box(slice_s=0.1)
+        long, short, woken = CpuThread(), CpuThread(), CpuThread()
+        box.preempt = lambda thread, short=short, take=take: short if take else None
+        box.work(long, 0.010)
+        box.work(short, 0.001)
+        box.then(short, lambda take=take: ends.__setitem__(f"short {take}", clock.now))
+
+        def wake(box: Box = box, woken: CpuThread = woken, clock: _Clock = clock, take: bool = take) -> None:
+            box.wake(woken)
+            box.work(woken, 0.0001)
+            box.then(woken, lambda: ends.__setitem__(f"woken {take}", clock.now))
+
+        clock.at(0.0002, wake)
+        clock.run()
+        assert box.wake_preemptions == (1 if take else 0)
+    assert ends["woken True"] == pytest.approx(0.0003)  # at once, on the short one's core
+    assert ends["short True"] == pytest.approx(0.0011)  # its 0.8 ms left once the core is free again
+    assert ends["woken False"] == pytest.approx(0.0011)  # behind the short one's burst
+    assert ends["short False"] == pytest.approx(0.001)

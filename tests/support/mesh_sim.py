@@ -159,6 +159,12 @@ class Box:
         self._stamp = 0
         #: Interpreter hand-offs run as a thread of their own (:meth:`hand_off`): how many took a core.
         self.hand_offs = 0
+        #: With ``slice``: given a thread just woken with no core free, the running thread it takes the
+        #: core of (the kernel's wake-up preemption; the taken one queues behind the others), or None to
+        #: queue as any. None: a woken thread always queues (bench/RESULTS.md sim25).
+        self.preempt: Callable[[CpuThread], CpuThread | None] | None = None
+        #: Threads taken off their core so (``preempt``).
+        self.wake_preemptions = 0
 
     def runnable(self) -> int:
         """Threads that want a core now: running, or woken and waiting for one."""
@@ -394,8 +400,28 @@ class Box:
 
     def _enqueue(self, thread: CpuThread) -> None:
         thread.queued_at = self._clock()
+        if (
+            self.preempt is not None
+            and thread.segments
+            and thread.segments[0].wake
+            and len(self.running) >= (self.cores or 0)
+            and (victim := self.preempt(thread)) is not None
+            and self._preemptible(victim)
+        ):
+            self.wake_preemptions += 1
+            self.queue.appendleft(thread)
+            self._held_count(victim)
+            self._leave(victim)  # the woken thread has its core
+            victim.queued_at = self._clock()
+            self.queue.append(victim)
+            return
         self.queue.append(thread)
         self._dispatch()
+
+    def _preemptible(self, thread: CpuThread) -> bool:
+        """Whether ``thread`` runs work on a core now (not a wake-up's or a pause's turn)."""
+        head = thread.segments[0] if thread.segments else None
+        return thread in self.running and head is not None and not head.wake and head.pause is None
 
     def _leave(self, thread: CpuThread) -> None:
         thread.stamp += 1  # its planned ends no longer count

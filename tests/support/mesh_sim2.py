@@ -43,6 +43,9 @@ host does (``net/core2_engine_host.py``, ``net/core2_ahead.py``, ``net/gossip.py
   each after a sleep, the fsync's, off the box: ``Costs.commit_runs``); the thread then takes the
   interpreter back and its next batch at once, and the commit's callback (the change hook, the ACK2s) is
   a task of the loop (``run_sync_soon``), as the daemons' was.
+* a thread woken on the full box takes the core of another node's thread running there with the chance
+  the daemons' recorded scheduler gave that thread's role (``wake_preempts``, ``WAKE_PREEMPT_CHANCE``,
+  ``Box.preempt``); the thread taken off it queues behind the others (bench/RESULTS.md sim25).
 
 Messages are counted under the daemons' names (``delta2``, ``ack2``, ``have2``...).
 
@@ -182,6 +185,19 @@ HAND_OFF_BACK_US = (
     *(3.0, 3.0, 4.0, 8.0, 10.0, 10.0, 10.0, 11.0, 12.0, 14.0),
     *(17.0, 19.0, 20.0, 23.0, 29.0, 45.0, 124.0, 595.0, 1200.0, 2373.0),
 )
+#: The chance that a thread woken while both cores run another's work takes the core of the thread running
+#: there (the kernel's wake-up preemption, ``MeshSim2.wake_preempts``), by that thread's role: sim24's two
+#: recorded bulks (sched_switch and sched_waking, pooled; /tmp/sim25/wk_pre2.py), every wake-up of a
+#: daemon's thread with both cores busy whose target core ran another daemon's thread (or the client, an
+#: outside process), and whether the wakee was switched in there at once, the other switched out runnable:
+#: a storage thread 601 of 1,540 times, an event loop 381 of 1,415, a reader 73 of 221, an outside task
+#: 17 of 117. A node's own threads are the hand-off's (``HAND_OFF_CHANCE``). bench/RESULTS.md sim25.
+WAKE_PREEMPT_CHANCE = {
+    "storage": 601 / 1540,
+    "loop": 381 / 1415,
+    "reader": 73 / 221,
+    "outside": 17 / 117,
+}
 CORE2_COSTS = Costs(
     stall_chance=0.015,  # the storage thread's draw a transaction (:meth:`MeshSim2._storage_work`)
     stall=0.01,
@@ -344,11 +360,45 @@ class MeshSim2(MeshSim):
     #: moved the bulk's DELTA2s and ACK2s toward the daemons' (+37/+48 % -> +20/+27 %) but the live parts
     #: away (5/s PRUNE2s and WANT2s, 100/s DELTA2s -10.6 %) and the 20k bulk's copies (1.06 -> 1.36).
     storage_wakes: bool = False
+    #: Whether a thread woken with both cores busy may take the core of another node's thread running
+    #: there, with ``WAKE_PREEMPT_CHANCE`` by that thread's role (:meth:`_wake_victim`, ``Box.preempt``):
+    #: the daemons' relays' storage threads lost their core 4.25 times a transaction before its COMMIT,
+    #: and waited for a core 20 ms of its 26 (bench/RESULTS.md sim25).
+    wake_preempts: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         # its own stream: the jitter and stall draws stay as they were
         self._hand_rng = random.Random(f"hand-off {self.seed if self.draws is None else self.draws}")
+        self._preempt_rng = random.Random(f"wake-preempt {self.seed if self.draws is None else self.draws}")
+        if self.wake_preempts and self.box.slice is not None:
+            self.box.preempt = self._wake_victim
+
+    def _thread_of(self, thread: CpuThread) -> tuple[int, str] | None:
+        """``thread``'s node and role now (-1: the client, an outside process); None: a hand-off's burst."""
+        if thread is self.client:
+            return -1, "outside"
+        for y, node in enumerate(self.nodes):
+            assert isinstance(node, MeshNode2)
+            if thread is node.cpu:
+                return y, "storage" if node.role == "storage" else "loop"
+            if thread is node.disk_cpu:
+                return y, "storage"
+            if thread is node.loop_thread:
+                return y, "loop"
+            if any(thread is t for t in node.read_threads):
+                return y, "reader"
+        return None
+
+    def _wake_victim(self, woken: CpuThread) -> CpuThread | None:
+        """``Box.preempt``: the woken thread's target core is either running one (a draw); its thread,
+        of another node (or the client), loses it with ``WAKE_PREEMPT_CHANCE`` for its role."""
+        running = list(self.box.running)
+        victim = running[int(self._preempt_rng.random() * len(running))]
+        mine, theirs = self._thread_of(woken), self._thread_of(victim)
+        if mine is None or theirs is None or (mine[0] == theirs[0] and mine[0] >= 0):
+            return None
+        return victim if self._preempt_rng.random() < WAKE_PREEMPT_CHANCE[theirs[1]] else None
 
     def _hand_off(self, y: int, role: str, wakee: str, thread: CpuThread | None = None) -> float:
         """Node ``y``'s thread in ``role`` (``thread``, or the node's thread in that role), holding the
