@@ -4,8 +4,9 @@ command), repaired, and fetched again from the owner, which wrote nothing meanwh
 to the owner's, records and metadata, and doctor no longer names it.
 
 The owner's own queue changed on disk and dropped with ``--drop``: until a peer's copy as long as the one
-dropped merged back, creating it or offering to it is refused (exit 6), across a restart of the owner too;
-then the fence lifts by itself and the next write lands at the end the peer holds (no fork anywhere)."""
+dropped merged back, creating it or offering to it is refused (exit 6), across a restart of the owner too,
+and while only a shorter copy is back; then the fence lifts by itself and the next write lands at the end
+the peer holds (no fork anywhere)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from daemon_calls import LatticedProcess, client, ctl, dial_address
 from held_relay import HeldRelay
 from polling import wait_until
 from support.corrupt_daemon import tamper
+from typer.testing import Result
 
 from cli.boundary import ExitCode
 from latticed.errors import NotFoundError
@@ -104,14 +106,21 @@ def _status_forks(daemon: LatticedProcess) -> list[Any]:
         return list(c.status()["forked_queues"])
 
 
+def _assert_refused_by_the_fence(result: Result, back: int) -> None:
+    """One line, exit 6 (BehindPeersError), naming ``--release`` and how many records are back."""
+    assert result.exit_code == ExitCode.INTEGRITY, result.output
+    assert result.stderr.count("\n") == 1 and "queue repair events --release" in result.stderr
+    assert ("it is not here yet" if back == 0 else f"{back} of them are back") in result.stderr
+
+
 def _assert_fenced(owner: LatticedProcess) -> None:
-    """Creating the dropped queue again is refused, in one line naming ``--release``; an offer to it finds
-    no queue (it is not here to write to) and writes nothing."""
-    refused = ctl(owner, "queue", "create", "events")
-    assert refused.exit_code == ExitCode.INTEGRITY, refused.output  # BehindPeersError
-    assert refused.stderr.count("\n") == 1 and "queue repair events --release" in refused.stderr
-    offered = ctl(owner, "offer", "events", "fork?")
-    assert offered.exit_code == ExitCode.NOT_FOUND and "no queue" in offered.stderr, offered.output
+    """Creating the dropped queue again, or offering to it, is refused by the fence (one line naming
+    ``--release``); nothing is written; a read says it was dropped and is fetched back."""
+    _assert_refused_by_the_fence(ctl(owner, "queue", "create", "events"), 0)
+    _assert_refused_by_the_fence(ctl(owner, "offer", "events", "fork?"), 0)
+    read = ctl(owner, "queue", "info", "events")
+    assert read.exit_code == ExitCode.NOT_FOUND, read.output
+    assert "dropped by `queue repair --drop`" in read.stderr, read.output
     with client(owner) as c:
         assert all(q.get("name") != "events" for q in c.queue_list())
 
@@ -197,3 +206,65 @@ def test_the_fence_outlives_a_restart_of_the_owner_before_the_copy_is_back(latti
         _back_and_written(owner, peer, address, wanted)
     finally:
         relay.close()
+
+
+def _links_on_heads_v2(daemon: LatticedProcess) -> int:
+    with client(daemon) as c:
+        return sum(HEADS_V2 in (row.get("features") or ()) for row in c.peers())
+
+
+def test_a_shorter_peer_copy_back_keeps_the_fence_until_a_whole_one_arrives(
+    latticed_process: Factory,
+) -> None:
+    """``short`` held only the first 10 of the 20 records when the owner dropped its queue, ``whole`` all
+    20: ``short``'s copy merges back first and the fence holds (offer refused saying 10 are back, create
+    refused, the file still names the queue); once ``whole``'s bytes pass, the copy is 20 long, the
+    fence lifts by itself, and the next write lands at 20 on all three, none seeing a fork."""
+    short, whole = latticed_process(args=LOCAL), latticed_process(args=LOCAL)
+    relays = [HeldRelay(int(dial_address(d).rsplit(":", 1)[1])) for d in (short, whole)]
+    to_short, to_whole = relays
+    try:
+        peers = [arg for relay in relays for arg in ("--peer", f"127.0.0.1:{relay.port}")]
+        owner = latticed_process(args=[*LOCAL, *peers])
+        records = [(b"v%d" % i, b"k%d" % (i % 3), ()) for i in range(20)]
+        with client(owner) as c:
+            address = c.queue_create("events", {"team": "a"}, core=2)
+            c.offer_batch("events", records[:10])
+        first = _entries(owner, address)
+        for peer in (short, whole):
+            wait_until(lambda peer=peer: _entries(peer, address) == first, "each peer's copy of the first 10")
+        short.stop()
+        with client(owner) as c:
+            c.offer_batch("events", records[10:])
+        wanted = _entries(owner, address)
+        assert wanted is not None and len(wanted) == 20 and wanted[:10] == first
+        wait_until(lambda: _entries(whole, address) == wanted, "the whole copy on the other peer")
+
+        owner.stop()
+        tamper(owner.data_dir, "events")
+        short.start()
+        to_short.target_port = int(dial_address(short).rsplit(":", 1)[1])  # it listens on a new port
+        owner.start()
+        assert _entries(short, address) == first  # it heard nothing of records 10-19
+        wait_until(lambda: _links_on_heads_v2(owner) == 2, "the owner's links to both peers, on heads-v2")
+
+        to_whole.hold()  # the whole copy cannot come back yet; the short one can
+        dropped = ctl(owner, "queue", "repair", "events", "--drop", "--json")
+        assert dropped.exit_code == 0, dropped.output
+        assert json.loads(dropped.stdout)["records"] == 20 and _dropped(owner) == {"events 0": 20}
+        wait_until(lambda: _entries(owner, address) == first, "the short copy merged back into the owner")
+
+        _assert_refused_by_the_fence(ctl(owner, "offer", "events", "fork?"), 10)
+        created = ctl(owner, "queue", "create", "events")
+        assert created.exit_code == ExitCode.EXISTS, created.output  # the 10 back are the queue
+        assert _dropped(owner) == {"events 0": 20}  # the file still names it
+        assert _entries(owner, address) == first and _entries(short, address) == first  # nothing written
+
+        to_whole.release()
+        _back_and_written(owner, whole, address, wanted)
+        after = _entries(owner, address)
+        wait_until(lambda: _entries(short, address) == after, "the rest and the write on the short peer")
+        assert _status_forks(short) == []
+    finally:
+        for relay in relays:
+            relay.close()

@@ -31,7 +31,13 @@ from latticed.crdt.group import DLQ_META_KEY, is_dlq_name
 from latticed.crdt.head import KIND_QUEUE, queue_id
 from latticed.crdt.queue import QueueState
 from latticed.crdt.records import MAX_KEY_BYTES, MAX_VALUE_BYTES, Headers, RecordRun, check_records
-from latticed.errors import MalformedError, NotAllowedError, NotFoundError, NotOwnerError, RemoteProtocolError
+from latticed.errors import (
+    LatticedError,
+    MalformedError,
+    NotAllowedError,
+    NotOwnerError,
+    RemoteProtocolError,
+)
 from latticed.net.leasing import LeaseServer
 from latticed.process.logs import get_logger, log_event
 from latticed.produce.dedup import (
@@ -73,6 +79,8 @@ class ProduceStore(SealableStore, Protocol):
     core2: Core2View
 
     def find(self, owner: bytes, name: str, kind: int = KIND_QUEUE) -> int | None: ...
+
+    def not_held(self, owner: bytes, name: str, kind: int, *, writing: bool = False) -> LatticedError: ...
 
 
 def produced_run(raw: Any, producer_hex: str, now: int) -> RecordRun:
@@ -218,14 +226,15 @@ class OfferServer:
         self.sealer = sealer
 
     def own_queue(self, name: Any) -> int:
-        """Our queue ``name`` (NotFoundError if we have none of that name)."""
+        """Our queue ``name``; if we have none of that name, NotFoundError (or the owner fence's
+        BehindPeersError: one we dropped with ``queue repair --drop``, not back yet)."""
         if not isinstance(name, str) or not name or len(name) > 256:
             raise MalformedError("'queue' is the name of one of the owner's queues")
         q = self.engine.find(self.engine.public_key, name)
         if q is None:
             q = self.engine.core2.lookup(self.engine.public_key, name)
         if q is None:
-            raise NotFoundError(f"no queue {self.engine.public_key.hex()}/{name}")
+            raise self.engine.not_held(self.engine.public_key, name, KIND_QUEUE, writing=True)
         return q
 
     def start(

@@ -31,7 +31,15 @@ from latticed.crdt.head import KIND_GROUP, KIND_KV, KIND_QUEUE, check_name
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
-from latticed.errors import AlreadyExistsError, BehindPeersError, MalformedError, NotOwnerError, StorageError
+from latticed.errors import (
+    AlreadyExistsError,
+    BehindPeersError,
+    LatticedError,
+    MalformedError,
+    NotFoundError,
+    NotOwnerError,
+    StorageError,
+)
 from latticed.process.clock import wall_ms
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
@@ -237,6 +245,20 @@ class Engine(ReplicaView):
         """The fence for one of our queues that does not exist here (yet)."""
         if (reason := self._fence.reason(core.empty_state(self.public_key, name, kind))) is not None:
             raise BehindPeersError(f"cannot {what} {self.public_key.hex()}/{name} yet: {reason}")
+
+    def not_held(self, owner: bytes, name: str, kind: int, *, writing: bool = False) -> LatticedError:
+        """A queue we hold none of. Ours dropped by ``queue repair --drop`` and not back yet: a write is
+        the owner fence's BehindPeersError (as creating it is: peers hold its records, a write would
+        fork it), a read NotFoundError saying it comes back. Asked only when the name finds nothing."""
+        address = f"{owner.hex()}/{name}"
+        if owner == self.public_key and (gone := self._fence.creating(name, kind)) is not None:
+            if writing:
+                return BehindPeersError(f"cannot write to {address} yet: {gone}")
+            return NotFoundError(
+                f"no queue {address} here: it was dropped by `queue repair --drop` and is fetched back "
+                "from a peer that holds it"
+            )
+        return NotFoundError(f"no queue {address}")
 
     def check_fence(self, q: int, what: str) -> None:
         """BehindPeersError while the owner fence holds our queue ``q`` back (see :class:`OwnerFence`)."""

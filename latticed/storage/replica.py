@@ -24,6 +24,7 @@ from latticed.crdt.signing import Identity, parse_public_key
 from latticed.errors import (
     GapError,
     IntegrityError,
+    LatticedError,
     MalformedError,
     NotFoundError,
     OtherCoreError,
@@ -75,8 +76,9 @@ class ReplicaView:
     def public_key(self) -> bytes:
         return self.identity.public_key
 
-    def resolve(self, address: str, kind: int = KIND_QUEUE) -> int:
-        """``NAME`` (ours) or ``OWNER_HEX/NAME`` to the queue's number; NotFoundError if we hold none."""
+    def resolve(self, address: str, kind: int = KIND_QUEUE, *, writing: bool = False) -> int:
+        """``NAME`` (ours) or ``OWNER_HEX/NAME`` to the queue's number; if we hold none, the error
+        :meth:`not_held` gives (``writing``: the caller is about to write to it)."""
         if not isinstance(address, str):
             raise MalformedError("a queue is addressed as NAME or OWNER_HEX/NAME")
         q = self._addresses.get((address, kind))
@@ -90,11 +92,15 @@ class ReplicaView:
         if q is None:
             q = self._writer.core2.committed_q(qid)  # a queue on fork core 2
         if q is None:
-            raise NotFoundError(f"no queue {owner.hex()}/{name}")
+            raise self.not_held(owner, name, kind, writing=writing)
         if len(self._addresses) >= ADDRESS_CACHE_SIZE:
             self._addresses.clear()
         self._addresses[(address, kind)] = q
         return q
+
+    def not_held(self, owner: bytes, name: str, kind: int, *, writing: bool = False) -> LatticedError:
+        """What a request naming a queue we hold none of is answered (the engine says more of ours)."""
+        return NotFoundError(f"no queue {owner.hex()}/{name}")
 
     def forget(self, q: int) -> None:
         """Take dropped queue ``q``'s addresses out of the cache (their names find nothing now, or a queue

@@ -108,8 +108,11 @@ class Context:
     def max_reply_bytes(self) -> int:
         return max(self.max_frame_bytes - FRAME_OVERHEAD, 1024)
 
-    def queue(self, request: Request) -> int:
-        return self.engine.resolve(arg_str(request, "queue"))
+    def queue(self, request: Request, *, writing: bool = False) -> int:
+        """The request's ``queue``; ``writing``: the op writes to it, so our own queue dropped by
+        ``queue repair --drop`` and not back yet is refused as the owner fence refuses it (exit 6 naming
+        ``--release``), not as a queue that does not exist."""
+        return self.engine.resolve(arg_str(request, "queue"), writing=writing)
 
 
 __all__ = [

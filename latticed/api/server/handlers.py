@@ -292,7 +292,7 @@ def _record(value: Any, key: Any, headers: Any, now: int) -> Record:
 def offer(ctx: Context, request: Request) -> Begun:
     if produce_handlers.produced(ctx, request):  # another daemon's queue, or a producer id and sequence
         return produce_handlers.begin_offer(ctx, request)
-    q = ctx.queue(request)
+    q = ctx.queue(request, writing=True)
     # ``_not_a_dlq`` then ``_start_append``, with the core-2 question asked once (an offer's hot path).
     core2 = ctx.engine.core2
     on_core2 = core2.holds(q)
@@ -320,7 +320,7 @@ def _offset_reply(offset: int) -> Reply:
 def offer_batch(ctx: Context, request: Request) -> Begun:
     if produce_handlers.produced(ctx, request):
         return produce_handlers.begin_offer_batch(ctx, request)
-    q = ctx.queue(request)
+    q = ctx.queue(request, writing=True)
     _not_a_dlq(ctx, q)
     raw = offer_records(request)
     now = ctx.engine.clock()
@@ -490,7 +490,7 @@ async def read(ctx: Context, request: Request) -> Reply:
 
 async def truncate(ctx: Context, request: Request) -> Reply:
     """Drop records before ``new_start``; answers how many went and the offsets the queue has after."""
-    q = ctx.queue(request)
+    q = ctx.queue(request, writing=True)
     _not_a_dlq(ctx, q)
     before = await ctx.engine.bounds(q)
     new_start = arg_int(request, "new_start")
@@ -517,7 +517,7 @@ async def meta_list(ctx: Context, request: Request) -> Reply:
 
 async def meta_del(ctx: Context, request: Request) -> Reply:
     """Delete one metadata key of our own queue; a key that is not set signs nothing."""
-    q = ctx.queue(request)
+    q = ctx.queue(request, writing=True)
     key = arg_str(request, "key")
     check_user_meta({key: None})
     _not_reserved(None, {key: None})
@@ -531,7 +531,7 @@ async def meta_del(ctx: Context, request: Request) -> Reply:
 
 
 async def meta_set(ctx: Context, request: Request) -> Reply:
-    q = ctx.queue(request)
+    q = ctx.queue(request, writing=True)
     key = arg_str(request, "key")
     if not key:
         raise MalformedError("metadata keys are non-empty")

@@ -95,7 +95,7 @@ def _begin(ctx: Context, request: Request, raw: Any, build: Any) -> Begun:
     shared = request.get("shared")
     producer_scope(ctx.engine.public_key, producer, shared)  # 'shared' is checked before anything runs
     if owner is None:
-        q = ctx.queue(request)
+        q = ctx.queue(request, writing=True)
         packed = getattr(request, "packed_records", None) if raw is request.get("records") else None
         job = producers.local.start(
             ctx.engine.public_key, q, producer, seq, raw, shared=shared, packed=packed

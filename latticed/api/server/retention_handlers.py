@@ -39,7 +39,7 @@ def _flag(request: Request, name: str) -> bool | Unchanged:
 
 async def retention_set(ctx: Context, request: Request) -> Reply:
     """Change parts of one of our queues' policy (arguments left out stay as they are)."""
-    q = ctx.queue(request)
+    q = ctx.queue(request, writing=True)
     if not ctx.engine.owned(q):
         raise NotOwnerError(
             f"cannot set the retention of {ctx.engine.address(q)}: its owner does (a replica may keep "
