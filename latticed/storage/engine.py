@@ -1,9 +1,10 @@
 """The store as the daemon's services use it: this node's replica view plus what only the owner does.
 
 :class:`Engine` is a :class:`~latticed.storage.replica.ReplicaView` (states, addressing, a peer's deltas)
-with the owner's signed writes (each checked against the :class:`~latticed.storage.wiring.OwnerFence`
-first) and the reads of the local API and the groups service. It is built from three parts, each in its
-own module: the :class:`~latticed.storage.bridge.StorageBridge` to the storage thread, the
+with the owner's signed writes (each checked first by :class:`~latticed.storage.owner_view.OwnerView`
+against the :class:`~latticed.storage.wiring.OwnerFence`) and the reads of the local API and the groups
+service. It is built from three parts, each in its own module: the
+:class:`~latticed.storage.bridge.StorageBridge` to the storage thread, the
 :class:`~latticed.storage.live.LiveCache` (recent commits and records ahead of theirs, for live tails and
 replication's pushes), and the replica view. After each group commit it feeds the live cache (which wakes
 the tails of the queues that changed) and then hands each changed queue to the ``changes`` listener the
@@ -26,17 +27,13 @@ from typing import Any, TypeVar
 import trio
 
 from latticed.crdt import kv
-from latticed.crdt import queue as core
 from latticed.crdt.head import KIND_GROUP, KIND_KV, KIND_QUEUE, check_name
 from latticed.crdt.kvplan import KvRequest
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import (
     AlreadyExistsError,
-    BehindPeersError,
-    LatticedError,
     MalformedError,
-    NotFoundError,
     NotOwnerError,
     StorageError,
 )
@@ -62,8 +59,8 @@ from latticed.storage.jobs import (
 )
 from latticed.storage.kv_upkeep import compact_step, purge_expired
 from latticed.storage.live import LiveCache
+from latticed.storage.owner_view import OwnerView
 from latticed.storage.reader import Columns, RawRow, ReadPool, StoreReader
-from latticed.storage.replica import ReplicaView
 from latticed.storage.schema import SCHEMA_VERSION
 from latticed.storage.space import CompactStore
 from latticed.storage.store import db_path
@@ -76,7 +73,7 @@ T = TypeVar("T")
 AnyJob = TypeVar("AnyJob", bound=Job)
 
 
-class Engine(ReplicaView):
+class Engine(OwnerView):
     """Queues and KV namespaces of one node, backed by the store. Use :meth:`open`."""
 
     def __init__(
@@ -235,36 +232,6 @@ class Engine(ReplicaView):
         return result
 
     # ------------------------------------------------------------------ the owner's writes
-    def require_owner(self, q: int, what: str) -> None:
-        """NotOwnerError unless we own ``q``; BehindPeersError while the owner fence holds it."""
-        if not self.owned(q):
-            raise NotOwnerError(f"cannot {what}: not the owner of {self.address(q)}")
-        self.check_fence(q, what)
-
-    def _check_new(self, name: str, kind: int, what: str) -> None:
-        """The fence for one of our queues that does not exist here (yet)."""
-        if (reason := self._fence.reason(core.empty_state(self.public_key, name, kind))) is not None:
-            raise BehindPeersError(f"cannot {what} {self.public_key.hex()}/{name} yet: {reason}")
-
-    def not_held(self, owner: bytes, name: str, kind: int, *, writing: bool = False) -> LatticedError:
-        """A queue we hold none of. Ours dropped by ``queue repair --drop`` and not back yet: a write is
-        the owner fence's BehindPeersError (as creating it is: peers hold its records, a write would
-        fork it), a read NotFoundError saying it comes back. Asked only when the name finds nothing."""
-        address = f"{owner.hex()}/{name}"
-        if owner == self.public_key and (gone := self._fence.creating(name, kind)) is not None:
-            if writing:
-                return BehindPeersError(f"cannot write to {address} yet: {gone}")
-            return NotFoundError(
-                f"no queue {address} here: it was dropped by `queue repair --drop` and is fetched back "
-                "from a peer that holds it"
-            )
-        return NotFoundError(f"no queue {address}")
-
-    def check_fence(self, q: int, what: str) -> None:
-        """BehindPeersError while the owner fence holds our queue ``q`` back (see :class:`OwnerFence`)."""
-        if (reason := self._fence.reason(self.state(q))) is not None:
-            raise BehindPeersError(f"cannot {what} {self.address(q)} yet: {reason}")
-
     def start_job(self, job: AnyJob) -> AnyJob:
         """Start an owner's write job built elsewhere (sealed writes): the caller checked
         :meth:`require_owner` or :meth:`check_fence` first; ``await outcome(job)`` for its result."""

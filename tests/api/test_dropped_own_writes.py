@@ -16,8 +16,10 @@ from support.inprocess import InProcessDaemon, daemon_at
 
 from latticed.api.client.blocking_client import Client
 from latticed.api.client.producer import Producer
+from latticed.crdt.head import KIND_QUEUE
 from latticed.errors import BehindPeersError, NotFoundError
 from latticed.produce.owner import OfferServer
+from latticed.storage.owner_view import OwnerView
 from latticed.storage.sealer import Sealer
 
 FENCE = r"cannot write to [0-9a-f]{64}/own yet: it was dropped by `queue repair --drop`.*own --release"
@@ -99,3 +101,15 @@ def test_a_queue_never_dropped_is_just_not_found(dropped: tuple[InProcessDaemon,
             write()
         assert str(raised.value).endswith("/nope"), raised.value  # no word of a repair
     assert client.offer("good", b"g1") == 1  # the daemon's other queues take writes as before
+
+
+def test_the_owner_view_alone_decides_what_a_missing_name_answers(
+    dropped: tuple[InProcessDaemon, Client],
+) -> None:
+    d, _ = dropped
+    engine = d.handle.engine
+    assert isinstance(engine, OwnerView)
+    ours, stranger = engine.public_key, bytes(32)
+    assert isinstance(engine.not_held(ours, "own", KIND_QUEUE, writing=True), BehindPeersError)
+    assert str(engine.not_held(stranger, "own", KIND_QUEUE, writing=True)) == f"no queue {stranger.hex()}/own"
+    assert "fetched back" in str(engine.not_held(ours, "own", KIND_QUEUE))
