@@ -106,6 +106,8 @@ class SecureStream(trio.abc.AsyncResource):
         #: The rest of frames :meth:`send_now` sealed that the socket did not take: written first by the
         #: next send (frames must reach the wire whole and in the order they were sealed).
         self._unsent: bytes | memoryview | None = None
+        #: When the send under way began waiting for the peer to take its piece (trio time), else None.
+        self._blocked_since: float | None = None
 
     @property
     def remote_public_key(self) -> bytes:
@@ -126,6 +128,40 @@ class SecureStream(trio.abc.AsyncResource):
     def transport_stream(self) -> trio.abc.Stream:
         """The underlying byte stream."""
         return self._stream
+
+    @property
+    def blocked_since(self) -> float | None:
+        """When the send under way began waiting for the peer to take a piece of it (trio time; None:
+        no send waits). A link whose writer waits long while its peer dials again is dead on that side."""
+        return self._blocked_since
+
+    def peer_ended(self) -> bool:
+        """Whether the peer closed on purpose: its final frame is among what was read, or what the socket
+        holds now (read without waiting; messages before it are dropped). For a link already ending
+        (the receiver no longer reads): a send that failed on a peer that had just closed is still its
+        clean end, not a lost link."""
+        channel = self._channel
+        if channel.remote_closed:
+            return True
+        lock = self._receive_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        try:
+            while True:
+                while channel.next_message() is not None:
+                    pass
+                if channel.remote_closed:
+                    return True
+                data = self._read_now()
+                if data is None:
+                    return False
+                channel.receive_data(data)
+        except (LatticedError, trio.ClosedResourceError, OSError):
+            return channel.remote_closed
+        finally:
+            lock.release()
 
     @property
     def send_stalled(self) -> bool:
@@ -338,17 +374,22 @@ class SecureStream(trio.abc.AsyncResource):
                 return
             if written:
                 frame = memoryview(frame)[written:]
-            if timeout is None:
-                await self._stream.send_all(frame)
-                return
-            for piece in _pieces(frame):
-                with trio.move_on_after(timeout) as waited:
-                    await self._stream.send_all(piece)
-                if waited.cancelled_caught:
-                    self._send_stalled = True
-                    raise ConnectionClosedError(
-                        f"peer stopped reading: nothing could be sent to it for {timeout:g} s"
-                    )
+            try:
+                if timeout is None:
+                    self._blocked_since = trio.current_time()
+                    await self._stream.send_all(frame)
+                    return
+                for piece in _pieces(frame):
+                    self._blocked_since = trio.current_time()
+                    with trio.move_on_after(timeout) as waited:
+                        await self._stream.send_all(piece)
+                    if waited.cancelled_caught:
+                        self._send_stalled = True
+                        raise ConnectionClosedError(
+                            f"peer stopped reading: nothing could be sent to it for {timeout:g} s"
+                        )
+            finally:
+                self._blocked_since = None
         except trio.ClosedResourceError as error:
             self._send_broken = True
             raise ConnectionClosedError("secure stream was closed locally") from error
