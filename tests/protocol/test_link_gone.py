@@ -84,7 +84,8 @@ def test_a_daemon_names_the_last_link_its_peer_took_and_spoke_the_feature_on() -
     assert lost.word_for(peer, NEW, now=1.0) is None  # names nothing, nor the link lost before it
     lost.ended(peer, OLD, said_hello=True, agreed=True, closed=False, now=0.0)
     lost.ended(b"q" * 32, OLD, said_hello=True, agreed=True, closed=False, now=0.0)
-    lost.ended(b"r" * 32, OLD, said_hello=True, agreed=True, closed=False, now=0.0)  # over capacity: the oldest forgotten
+    # Over capacity: the oldest forgotten.
+    lost.ended(b"r" * 32, OLD, said_hello=True, agreed=True, closed=False, now=0.0)
     assert lost.word_for(peer, NEW, now=1.0) is None and lost.word_for(b"r" * 32, NEW, now=1.0) is not None
 
 
