@@ -53,6 +53,9 @@ _RECEIVE_SIZE: Final = 1 << 16
 _CLOSE_TIMEOUT: Final = 1.0
 # Reads that found data at once, one after the other, before one yields to the scheduler anyway.
 _MAX_READS_UNYIELDED: Final = 16
+# Reads :meth:`SecureStream.peer_ended` makes at most (it runs on the loop without yielding: a peer that
+# floods a link it stopped reading must not hold the daemon there).
+_MAX_END_READS: Final = 4
 # With a send timeout, a frame goes out in pieces of this size, each of which must get through in time.
 _SEND_CHUNK: Final = 1 << 16
 #: :meth:`SecureStream.send_many` joins frames into writes of about this size.
@@ -137,9 +140,9 @@ class SecureStream(trio.abc.AsyncResource):
 
     def peer_ended(self) -> bool:
         """Whether the peer closed on purpose: its final frame is among what was read, or what the socket
-        holds now (read without waiting; messages before it are dropped). For a link already ending
-        (the receiver no longer reads): a send that failed on a peer that had just closed is still its
-        clean end, not a lost link."""
+        holds now (at most :data:`_MAX_END_READS` reads, without waiting; messages before it are
+        dropped). For a link already ending (the receiver no longer reads): a send that failed on a peer
+        that had just closed is still its clean end, not a lost link."""
         channel = self._channel
         if channel.remote_closed:
             return True
@@ -149,15 +152,16 @@ class SecureStream(trio.abc.AsyncResource):
         except trio.WouldBlock:
             return False
         try:
-            while True:
-                while channel.next_message() is not None:
-                    pass
-                if channel.remote_closed:
-                    return True
+            for _ in range(_MAX_END_READS):
                 data = self._read_now()
                 if data is None:
-                    return False
+                    break
                 channel.receive_data(data)
+                if not data:
+                    break
+            while channel.next_message() is not None:
+                pass
+            return channel.remote_closed
         except (LatticedError, trio.ClosedResourceError, OSError):
             return channel.remote_closed
         finally:
