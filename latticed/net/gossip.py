@@ -134,6 +134,9 @@ HELLO_WAIT_S = 10.0
 #: the word goes in the HELLO's own write, so it comes with it or right after it; a peer with nothing to
 #: name may say nothing more until our HELLO, which we would then wait for in vain.
 GONE_WAIT_S = 2.0
+#: A link whose send has waited this long for the peer to take a piece of it is dead on that side when
+#: the peer dials again meanwhile (it said hello on a new link: it is alive, and reads what it keeps).
+WRITER_BLOCKED_S = PING_INTERVAL_S
 #: Reads of a delta for a peer that lost their rows or queue to a commit of ours meanwhile, before that
 #: delta is left for the commit's change to ask again (see :meth:`Gossip._read_again`).
 READ_TRIES = 3
@@ -268,6 +271,9 @@ class PeerLink:
     previous: PendingMerge | None = None
     #: Whether the verifier has deltas to check (the reader then leaves the next ones to it).
     verifier_busy: bool = False
+    #: The scope of the link's tasks (None until they start): a link whose driver is stuck in a send
+    #: cannot see that it was replaced, so the replacing link cancels it.
+    scope: trio.CancelScope | None = None
     #: Whether a task is doing the sleeping driver's work now (:meth:`Gossip._drive_now`): what that
     #: work causes on this link (a store's hook telling every link) is left to the driver.
     relaying: bool = False
@@ -605,7 +611,10 @@ class Gossip:
                     and old.stream is not None
                     and names(word, old.stream.handshake.session_id, stream.handshake.session_id)
                 )
-                keep_new = gone
+                # No word (the peer forgot the link, or never settled it), but the old link died while
+                # we waited: keeping it would leave the peer in the dark until its next dial.
+                stale = not gone and old_now is old and self._is_dead(old)
+                keep_new = gone or stale
             if not keep_new:
                 log_event(log, "peer.duplicate", peer=peer_hex, address=address, redial=redial)
                 await stream.aclose()
@@ -644,6 +653,8 @@ class Gossip:
             self.twins[peer] = link
         if old is not None:
             old.kick()
+            if old.scope is not None and _writer_blocked(old, now):
+                old.scope.cancel()  # its driver waits in a send and would not see the kick
         self._changed()
         log_event(log, "peer.connected", peer=peer_hex, address=address, via=via)
         # A second run's link remembers nothing: the memory of the identity is its first run's.
@@ -663,6 +674,9 @@ class Gossip:
                 if self.twins.get(peer) is second:
                     self._ask_live(link, second, incarnation)
         reason = "closed"
+        # Whether the link died rather than being closed on purpose by either end (the peer's final frame;
+        # our shutdown, replacement or answer to an error): only a lost link is named on a redial.
+        lost = False
         # The session admits at most ``window`` unacknowledged deltas (a peer sending more breaks the
         # protocol), and each is in one of these channels or in the hands of the task between them.
         to_verify, verify_queue = trio.open_memory_channel[DeltaReceived](self.window)
@@ -676,6 +690,7 @@ class Gossip:
         try:
             try:
                 async with trio.open_nursery() as nursery:
+                    link.scope = nursery.cancel_scope
                     nursery.start_soon(self._reader, stream, link, nursery.cancel_scope, to_verify, first)
                     nursery.start_soon(self._driver, stream, link, nursery.cancel_scope, to_verify, to_ack2)
                     nursery.start_soon(self._verifier, link, verify_queue, to_ack)
@@ -700,6 +715,8 @@ class Gossip:
             log_event(log, "peer.protocol_error", level=logging.WARNING, peer=peer_hex, reason=str(exc))
         except ConnectionClosedError as exc:
             reason = str(exc)
+            # Lost, unless a send failed just as the peer's final frame came: its end may look alive.
+            lost = not stream.peer_ended()
             if stream.send_stalled:
                 self.counters["stalled_peers"] += 1
                 log_event(log, "peer.stalled", level=logging.WARNING, peer=peer_hex, reason=reason)
@@ -727,6 +744,7 @@ class Gossip:
                     stream.handshake.session_id,
                     said_hello=session.peer_incarnation is not None,
                     agreed=_speaks_gone(link),
+                    closed=not lost,
                     now=trio.current_time(),
                 )
                 del self.links[peer]
@@ -795,6 +813,11 @@ class Gossip:
 
     def _is_stale(self, link: PeerLink) -> bool:
         return trio.current_time() - link.last_heard > STALE_AFTER_S
+
+    def _is_dead(self, link: PeerLink) -> bool:
+        """Whether ``link`` is stale, or its writer waits on a peer that takes nothing (the peer's new
+        dial shows it alive: it would read a link it kept)."""
+        return self._is_stale(link) or _writer_blocked(link, trio.current_time())
 
     def _current(self, link: PeerLink) -> bool:
         """Whether ``link`` is still the link (or the second run's link) of its peer."""
@@ -1401,6 +1424,16 @@ def _redial(old: PeerLink, via: str, first: bytes | None) -> bool:
         return False
     incarnation = _hello_incarnation(first)
     return incarnation is not None and incarnation == old.session.peer_incarnation
+
+
+def _writer_blocked(link: PeerLink, now: float) -> bool:
+    """Whether ``link``'s send has waited :data:`WRITER_BLOCKED_S` for the peer to take anything, or
+    failed for it."""
+    stream = link.stream
+    if stream is None:
+        return False
+    since = stream.blocked_since
+    return stream.send_stalled or (since is not None and now - since > WRITER_BLOCKED_S)
 
 
 def _speaks_gone(link: PeerLink) -> bool:

@@ -53,6 +53,9 @@ _RECEIVE_SIZE: Final = 1 << 16
 _CLOSE_TIMEOUT: Final = 1.0
 # Reads that found data at once, one after the other, before one yields to the scheduler anyway.
 _MAX_READS_UNYIELDED: Final = 16
+# Reads :meth:`SecureStream.peer_ended` makes at most (it runs on the loop without yielding: a peer that
+# floods a link it stopped reading must not hold the daemon there).
+_MAX_END_READS: Final = 4
 # With a send timeout, a frame goes out in pieces of this size, each of which must get through in time.
 _SEND_CHUNK: Final = 1 << 16
 #: :meth:`SecureStream.send_many` joins frames into writes of about this size.
@@ -106,6 +109,8 @@ class SecureStream(trio.abc.AsyncResource):
         #: The rest of frames :meth:`send_now` sealed that the socket did not take: written first by the
         #: next send (frames must reach the wire whole and in the order they were sealed).
         self._unsent: bytes | memoryview | None = None
+        #: When the send under way began waiting for the peer to take its piece (trio time), else None.
+        self._blocked_since: float | None = None
 
     @property
     def remote_public_key(self) -> bytes:
@@ -126,6 +131,41 @@ class SecureStream(trio.abc.AsyncResource):
     def transport_stream(self) -> trio.abc.Stream:
         """The underlying byte stream."""
         return self._stream
+
+    @property
+    def blocked_since(self) -> float | None:
+        """When the send under way began waiting for the peer to take a piece of it (trio time; None:
+        no send waits). A link whose writer waits long while its peer dials again is dead on that side."""
+        return self._blocked_since
+
+    def peer_ended(self) -> bool:
+        """Whether the peer closed on purpose: its final frame is among what was read, or what the socket
+        holds now (at most :data:`_MAX_END_READS` reads, without waiting; messages before it are
+        dropped). For a link already ending (the receiver no longer reads): a send that failed on a peer
+        that had just closed is still its clean end, not a lost link."""
+        channel = self._channel
+        if channel.remote_closed:
+            return True
+        lock = self._receive_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        try:
+            for _ in range(_MAX_END_READS):
+                data = self._read_now()
+                if data is None:
+                    break
+                channel.receive_data(data)
+                if not data:
+                    break
+            while channel.next_message() is not None:
+                pass
+            return channel.remote_closed
+        except (LatticedError, trio.ClosedResourceError, OSError):
+            return channel.remote_closed
+        finally:
+            lock.release()
 
     @property
     def send_stalled(self) -> bool:
@@ -338,17 +378,22 @@ class SecureStream(trio.abc.AsyncResource):
                 return
             if written:
                 frame = memoryview(frame)[written:]
-            if timeout is None:
-                await self._stream.send_all(frame)
-                return
-            for piece in _pieces(frame):
-                with trio.move_on_after(timeout) as waited:
-                    await self._stream.send_all(piece)
-                if waited.cancelled_caught:
-                    self._send_stalled = True
-                    raise ConnectionClosedError(
-                        f"peer stopped reading: nothing could be sent to it for {timeout:g} s"
-                    )
+            try:
+                if timeout is None:
+                    self._blocked_since = trio.current_time()
+                    await self._stream.send_all(frame)
+                    return
+                for piece in _pieces(frame):
+                    self._blocked_since = trio.current_time()
+                    with trio.move_on_after(timeout) as waited:
+                        await self._stream.send_all(piece)
+                    if waited.cancelled_caught:
+                        self._send_stalled = True
+                        raise ConnectionClosedError(
+                            f"peer stopped reading: nothing could be sent to it for {timeout:g} s"
+                        )
+            finally:
+                self._blocked_since = None
         except trio.ClosedResourceError as error:
             self._send_broken = True
             raise ConnectionClosedError("secure stream was closed locally") from error

@@ -19,9 +19,11 @@ tag is bound to the new link, so:
 * a simultaneous dial is decided by the key order on both ends as ever: neither link there was lost by
   anyone, so no word names either.
 
-A peer sends the word only when the link it lost had agreed on the feature (a 0.2.0 peer, or one without
-it, is never sent it, and never sends one); a receiver reads it only where it would refuse the new link,
-and ignores it on a link it took anyway (:func:`is_gone`).
+A peer names only a link it *lost* (it died without the other end's final frame: EOF, reset, silence),
+never one either end closed on purpose (the other end knows that one ended), and only when the link it
+lost had agreed on the feature (a 0.2.0 peer, or one without it, is never sent it, and never sends one);
+a receiver reads it only where it would refuse the new link, and ignores it on a link it took anyway
+(:func:`is_gone`).
 """
 
 from __future__ import annotations
@@ -82,8 +84,12 @@ def names(message: bytes, old_session_id: bytes, new_session_id: bytes) -> bool:
 
 
 class LostLinks:
-    """Per peer, the session id of the last link to it that ended on our side after the peer said hello
-    on it, if that link agreed on the feature (the peer then reads the word)."""
+    """Per peer, the session id of the last link to it that was lost on our side (it died: end of stream
+    or reset without the peer's final frame, silence, a peer that stopped reading) after the peer said
+    hello on it, if that link agreed on the feature (the peer then reads the word). A link either end
+    closed on purpose (a daemon stopping, a duplicate replaced, an error answered) is not lost: its other
+    end knows it ended, so there is nothing to name, and naming it would only cost a link if the peer
+    came back on a build without the feature (a rollback)."""
 
     def __init__(self, capacity: int = MAX_LOST_LINKS, ttl: float = LOST_LINK_TTL_S) -> None:
         self.capacity = capacity
@@ -91,14 +97,16 @@ class LostLinks:
         #: Per peer, the lost link's session id and when it ended (the caller's clock).
         self._lost: OrderedDict[bytes, tuple[bytes, float]] = OrderedDict()
 
-    def ended(self, peer: bytes, session_id: bytes, *, said_hello: bool, agreed: bool, now: float) -> None:
-        """A link to ``peer`` ended here at ``now``. One the peer never said hello on was never its link
-        (it refused it): the link named before stays named. One that did not agree on the feature forgets
-        it."""
+    def ended(
+        self, peer: bytes, session_id: bytes, *, said_hello: bool, agreed: bool, closed: bool, now: float
+    ) -> None:
+        """A link to ``peer`` ended here at ``now`` (``closed``: on purpose, by either end). One the peer
+        never said hello on was never its link (it refused it): the link named before stays named. One
+        closed on purpose, or that did not agree on the feature, forgets it and names nothing."""
         if not said_hello:
             return
         self._lost.pop(peer, None)
-        if agreed:
+        if agreed and not closed:
             self._lost[peer] = (session_id, now)
             while len(self._lost) > self.capacity:
                 self._lost.popitem(last=False)

@@ -20,8 +20,9 @@ from latticed.crdt.queue import QueueState
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
+from latticed.net import gossip as gossip_module
 from latticed.net import leasing, transport
-from latticed.net.gossip import HELLO_WAIT_S, STALE_AFTER_S, Gossip, PeerLink
+from latticed.net.gossip import GONE_WAIT_S, HELLO_WAIT_S, STALE_AFTER_S, Gossip, PeerLink
 from latticed.net.leasing import LeaseLinks
 from latticed.net.transport import SecureStream, secure_accept, secure_connect
 from latticed.net.twin_link import TwinRequests
@@ -610,9 +611,12 @@ async def test_a_redial_without_the_feature_waits_for_the_half_open_link_as_befo
         nursery.cancel_scope.cancel()
 
 
-async def secure_pair(dialler: Identity, acceptor: Identity) -> tuple[SecureStream, SecureStream]:
-    """A completed handshake over memory streams: (the dialler's end, the acceptor's end)."""
-    left, right = trio.testing.memory_stream_pair()
+async def secure_pair(
+    dialler: Identity, acceptor: Identity, pair: tuple[trio.abc.Stream, trio.abc.Stream] | None = None
+) -> tuple[SecureStream, SecureStream]:
+    """A completed handshake over memory streams (``pair``, else a new pair): (the dialler's end, the
+    acceptor's end)."""
+    left, right = pair or trio.testing.memory_stream_pair()
     ends: dict[str, SecureStream] = {}
 
     async def accept() -> None:
@@ -763,4 +767,125 @@ async def test_a_link_lost_longer_ago_than_the_peer_could_think_it_alive_is_not_
         assert (
             owner.gossip.lost_links.word_for(RELAY.public_key, b"\x01" * 32, now=trio.current_time()) is None
         )
+        nursery.cancel_scope.cancel()
+
+
+def no_word(word_for: Callable[..., bytes | None], peer: bytes) -> bool:
+    """Whether a daemon whose ``lost_links.word_for`` this is names nothing to ``peer`` now."""
+    return word_for(peer, b"\x01" * 32, now=trio.current_time()) is None
+
+
+@pytest.mark.parametrize("ending", ["closed", "lost"])
+async def test_only_a_link_that_died_is_named_not_one_an_end_closed_on_purpose(
+    handshake_clock: list[int], ending: str
+) -> None:
+    """A link the owner closed on purpose (its daemon stopping: the final frame goes out) is known ended on
+    both ends: neither names it on its next dial. Naming it would only cost a link if the owner came back
+    on a build without the feature (a rollback within ``LOST_LINK_TTL_S``). A link that died (each end
+    read the end of the stream without that frame) is named by both."""
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    async with trio.open_nursery() as nursery:
+        relays_end, owners_end, cut = cuttable_pair()
+        relay_dial, owner_accepts = await secure_pair(RELAY, OWNER, (relays_end, owners_end))
+        stopping = trio.CancelScope()
+
+        async def owner_daemon() -> None:
+            with stopping:
+                await owner.gossip.run_peer(owner_accepts, "10.0.0.9:7000", "incoming")
+
+        nursery.start_soon(relay.gossip.run_peer, relay_dial, "10.0.0.1:5001", "static")
+        nursery.start_soon(owner_daemon)
+        await settle(lambda: agreed(owner, relay))
+        assert no_word(owner.gossip.lost_links.word_for, RELAY.public_key)
+        if ending == "closed":
+            stopping.cancel()
+        else:
+            cut(True)
+        await settle(lambda: not owner.gossip.links and not relay.gossip.links)
+        named = ending == "lost"
+        assert no_word(owner.gossip.lost_links.word_for, RELAY.public_key) is not named
+        assert no_word(relay.gossip.lost_links.word_for, OWNER.public_key) is not named
+        nursery.cancel_scope.cancel()
+
+
+class JammableSend(trio.abc.SendStream):
+    """A send stream that takes nothing once ``jammed`` (a send waits, as to a peer that stopped reading)."""
+
+    def __init__(self, inner: trio.abc.SendStream) -> None:
+        self.inner = inner
+        self.jammed = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.jammed:
+            await trio.sleep_forever()
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.parametrize("old_link", ["alive", "silent", "writer_blocked"])
+@pytest.mark.parametrize("decider", ["the_peer_redials", "we_redial"])
+async def test_a_dial_with_no_word_takes_the_place_of_a_link_that_died_during_the_wait_for_it(
+    handshake_clock: list[int], monkeypatch: pytest.MonkeyPatch, decider: str, old_link: str
+) -> None:
+    """The relay dialled the owner; one end of that link died alone, and a new link comes from that end
+    (the owner redials, and the relay decides: the peer redials; or the relay dials again, and the owner
+    decides: we redial). The key order keeps the old link, and the new one carries no word (its sender
+    forgot the lost link, or never settled it), so the decider waits ``GONE_WAIT_S`` for one in vain.
+    If the old link died meanwhile (silent for ``STALE_AFTER_S``, or its send waiting on a peer that takes
+    nothing), the new link takes its place then, not at the peer's next dial; a live one is kept."""
+    monkeypatch.setattr(gossip_module, "WRITER_BLOCKED_S", GONE_WAIT_S / 2)
+    owner, relay = daemon(OWNER), daemon(RELAY)
+    first_end, second_end, cut = cuttable_pair()
+    jam = JammableSend(first_end.send_stream)
+    # The decider's end of the old link is the first (it can jam), the other the second (it dies alone).
+    deciders_end = trio.StapledStream(jam, first_end.receive_stream)
+    we_redial = decider == "we_redial"
+    deciding, other = (owner, relay) if we_redial else (relay, owner)
+    async with trio.open_nursery() as nursery:
+        pair = (second_end, deciders_end) if we_redial else (deciders_end, second_end)
+        await connect(nursery, relay, owner, "10.0.0.9:7000", at="10.0.0.1:5001", pair=pair)
+        await settle(lambda: agreed(owner, relay))
+        old = deciding.gossip.links[other.identity.public_key]
+        cut(False)
+        await settle(lambda: deciding.identity.public_key not in other.gossip.links)
+        assert deciding.gossip.links.get(other.identity.public_key) is old and not old.ended
+        assert old.agreement is not None and LINK_GONE_FEATURE in old.agreement.features
+        if old_link == "silent":  # stale halfway through the wait for the word
+            old.last_heard = trio.current_time() - STALE_AFTER_S + GONE_WAIT_S / 2
+        elif old_link == "writer_blocked":  # its send waits from now on: blocked halfway through the wait
+            jam.jammed = True
+            old.session.ping(1)
+            old.kick()
+            await settle(lambda: old.stream is not None and old.stream.blocked_since is not None)
+        # The new link: the other end says hello (the same run) and nothing more.
+        if we_redial:
+            deciders_dial, others_end = await secure_pair(OWNER, RELAY)
+            deciders_stream, new_address, via = deciders_dial, "10.0.0.1:5002", "static"
+        else:
+            others_end, deciders_accepts = await secure_pair(OWNER, RELAY)
+            deciders_stream, new_address, via = deciders_accepts, "10.0.0.9:7001", "incoming"
+        refused = trio.Event()
+
+        async def decide() -> None:
+            await deciding.gossip.run_peer(deciders_stream, new_address, via)
+            refused.set()
+
+        start = trio.current_time()
+        nursery.start_soon(decide)
+        await others_end.send(encode_message(Hello(PROTOCOL_VERSION, None, other.gossip.incarnation)))
+        if old_link == "alive":
+            with trio.fail_after(HELLO_WAIT_S):
+                await refused.wait()  # closed after the wait
+            assert deciding.gossip.links[other.identity.public_key] is old and not old.ended
+        else:
+            await settle(
+                lambda: old.ended and deciding.gossip.links[other.identity.public_key].address == new_address
+            )
+            assert not refused.is_set()
+        assert trio.current_time() - start >= GONE_WAIT_S  # the wait for the word, in vain
         nursery.cancel_scope.cancel()

@@ -655,3 +655,48 @@ def test_send_timeout_gives_up_on_a_stalled_peer_not_on_a_slow_one() -> None:
             await client.send(b"more")
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@trio_test
+async def test_over_tcp_a_final_frame_not_yet_read_still_tells_a_clean_end_and_a_cut_does_not() -> None:
+    """A link that ends on a failed send while the peer's final frame waits unread in the socket was
+    closed on purpose by the peer (``link-gone`` names only a link that died): ``peer_ended`` reads what
+    the socket holds for it, without waiting. A stream cut off without the frame is no clean end."""
+    client, server, listener = await tcp_pair()
+    await client.send_many([b"unread", b"also unread"])
+    await client.aclose()  # its final frame follows them
+    await trio.testing.wait_all_tasks_blocked()
+    assert server.peer_ended() and server.peer_ended()  # read once, then known
+    await server.aclose()
+    client, server, _ = await tcp_pair()
+    await client.send_many([b"unread"])
+    await trio.aclose_forcefully(client.transport_stream)  # the connection dies: no final frame
+    await trio.testing.wait_all_tasks_blocked()
+    assert not server.peer_ended()
+    await server.aclose()
+    await listener.aclose()
+
+
+@trio_test
+async def test_a_send_the_peer_does_not_take_says_since_when_it_waits() -> None:
+    """``blocked_since`` is set while a send waits for the peer to take it, and cleared once it went:
+    a link whose writer waits long is dead on that side when its peer dials again (``link-gone``)."""
+    left, right = trio.testing.lockstep_stream_pair()  # a send returns once the other side read it
+    streams: dict[str, SecureStream] = {}
+
+    async def side(name: str, fn: Callable[..., Awaitable[SecureStream]], stream: Any, seed: bytes) -> None:
+        streams[name] = await fn(stream, seed=seed, network_key=K)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(side, "client", secure_connect, left, SEED_A)
+        nursery.start_soon(side, "server", secure_accept, right, SEED_B)
+    client, server = streams["client"], streams["server"]
+    assert client.blocked_since is None
+    async with trio.open_nursery() as nursery:
+        before = trio.current_time()
+        nursery.start_soon(client.send, b"nobody reads this yet")
+        await trio.testing.wait_all_tasks_blocked()
+        since = client.blocked_since
+        assert since is not None and before <= since <= trio.current_time()
+        assert await server.receive() == b"nobody reads this yet"
+    assert client.blocked_since is None

@@ -69,19 +69,23 @@ def test_a_daemon_names_the_last_link_its_peer_took_and_spoke_the_feature_on() -
     lost = LostLinks(capacity=2)
     peer = b"p" * 32
     assert lost.word_for(peer, NEW, now=1.0) is None
-    lost.ended(peer, OLD, said_hello=True, agreed=True, now=0.0)
+    lost.ended(peer, OLD, said_hello=True, agreed=True, closed=False, now=0.0)
     assert lost.word_for(peer, NEW, now=1.0) == gone_message(OLD, NEW)
     lost.ended(
-        peer, OTHER, said_hello=False, agreed=False, now=0.0
+        peer, OTHER, said_hello=False, agreed=False, closed=False, now=0.0
     )  # a redial it refused: OLD is still the one
     assert lost.word_for(peer, NEW, now=1.0) == gone_message(OLD, NEW)
     lost.ended(
-        peer, OTHER, said_hello=True, agreed=False, now=0.0
+        peer, OTHER, said_hello=True, agreed=False, closed=False, now=0.0
     )  # a link without the feature: name nothing
     assert lost.word_for(peer, NEW, now=1.0) is None
-    lost.ended(peer, OLD, said_hello=True, agreed=True, now=0.0)
-    lost.ended(b"q" * 32, OLD, said_hello=True, agreed=True, now=0.0)
-    lost.ended(b"r" * 32, OLD, said_hello=True, agreed=True, now=0.0)  # over capacity: the oldest forgotten
+    lost.ended(peer, OLD, said_hello=True, agreed=True, closed=False, now=0.0)
+    lost.ended(peer, OTHER, said_hello=True, agreed=True, closed=True, now=0.0)  # closed on purpose
+    assert lost.word_for(peer, NEW, now=1.0) is None  # names nothing, nor the link lost before it
+    lost.ended(peer, OLD, said_hello=True, agreed=True, closed=False, now=0.0)
+    lost.ended(b"q" * 32, OLD, said_hello=True, agreed=True, closed=False, now=0.0)
+    # Over capacity: the oldest forgotten.
+    lost.ended(b"r" * 32, OLD, said_hello=True, agreed=True, closed=False, now=0.0)
     assert lost.word_for(peer, NEW, now=1.0) is None and lost.word_for(b"r" * 32, NEW, now=1.0) is not None
 
 
@@ -91,7 +95,7 @@ def test_a_lost_link_is_named_only_while_the_peers_end_of_it_may_still_look_aliv
     on a message it does not know. So a daemon stops naming the link then (and forgets it)."""
     lost = LostLinks()
     peer = b"p" * 32
-    lost.ended(peer, OLD, said_hello=True, agreed=True, now=100.0)
+    lost.ended(peer, OLD, said_hello=True, agreed=True, closed=False, now=100.0)
     assert lost.word_for(peer, NEW, now=100.0 + LOST_LINK_TTL_S) == gone_message(OLD, NEW)
     assert lost.word_for(peer, NEW, now=100.1 + LOST_LINK_TTL_S) is None
     assert lost.word_for(peer, NEW, now=100.0) is None  # forgotten, not only silent
