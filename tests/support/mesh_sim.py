@@ -184,7 +184,7 @@ class Box:
         self.wake_preemptions = 0
         #: With ``slice``: a run queue per core (:class:`PerCore`); None: one queue the cores share. Per
         #: core, ``takes`` (not ``preempt``) decides a wake-up preemption: the woken thread, the thread
-        #: running on its core.
+        #: running on its core. (:meth:`wait_now` still reads the queue as one: an estimate.)
         self.per_core: PerCore | None = None
         self.takes: Callable[[CpuThread, CpuThread], bool] | None = None
         #: Per core: an idle spell's pull drawn (a token; None: no spell drawn); threads pulled so.

@@ -393,7 +393,11 @@ class MeshSim2(MeshSim):
     #: Whether the box keeps a run queue per core (``Box.per_core``: ``WAKE_IDLE_CHANCE``,
     #: ``PULL_SURVIVAL``): the daemons' threads waited 0.64-3.66 ms a run where the one shared queue gave
     #: ~0.4, and a core sat idle while a daemon thread waited 10-18 % of the recorded bulks (bench/
-    #: RESULTS.md sim25, sim25b). A woken thread then may take only its own core's thread's.
+    #: RESULTS.md sim25, sim25b). A woken thread then may take only its own core's thread's. Off by
+    #: default: at N = 8 it idles a core while a thread waits 8-12 % of the bulk (the daemons' 10-18 %) but
+    #: lengthens a run's wait only 0.41 -> 0.49 ms (theirs 1.2), and in 2 of 8 draws the mesh never prunes
+    #: (bytes +20 %; the 20k bulk 1.24-1.85 copies in 3 of 12), which the daemons' sixteen runs never did;
+    #: without those two draws every count moved less than 0.06.
     per_core_queues: bool = False
 
     def __post_init__(self) -> None:
