@@ -5,11 +5,12 @@ threads; an even split over every node stretched a lone writer's storage work up
 from __future__ import annotations
 
 import heapq
+import random
 from collections.abc import Callable
 
 import pytest
-from support.mesh_sim import Box, Costs, CpuThread
-from support.mesh_sim2 import STORAGE_SLICE_S, WRITER_GIL_FREE, MeshSim2
+from support.mesh_sim import Box, Costs, CpuThread, PerCore
+from support.mesh_sim2 import STORAGE_SLICE_S, WAKE_IDLE_CHANCE, WRITER_GIL_FREE, MeshSim2, pull_delay
 
 
 class _Clock:
@@ -438,3 +439,89 @@ def test_a_woken_thread_may_take_a_running_threads_core_which_queues_behind() ->
     assert ends["short True"] == pytest.approx(0.0011)  # its 0.8 ms left once the core is free again
     assert ends["woken False"] == pytest.approx(0.0011)  # behind the short one's burst
     assert ends["short False"] == pytest.approx(0.001)
+
+
+def _per_core_box(idle_chance: float, pull: float | None) -> tuple[_Clock, Box]:
+    clock, box = _slot_box(slice_s=0.1)
+    box.per_core = PerCore(idle_chance, lambda: pull, random.Random(0))
+    return clock, box
+
+
+def test_a_woken_thread_queues_on_its_last_core_until_an_idle_core_pulls_it_or_takes_it_idle() -> None:
+    """``Box.per_core`` (bench/RESULTS.md sim25b): a thread woken joins the queue of the core it last ran
+    on, though the other core is idle, and waits there until the idle core's balance pulls it
+    (``pull_delay``) or its own core frees; with ``idle_chance`` it goes to the idle core at once. The
+    one shared queue never left a core idle while a thread waited."""
+    ends: dict[str, float] = {}
+    for name, chance, pull in (("pulled", 0.0, 0.002), ("own", 0.0, None), ("idle", 1.0, None)):
+        clock, box = _per_core_box(chance, pull)
+        busy, woken = CpuThread(core=0), CpuThread(core=0)
+        box.work(busy, 0.010)
+
+        def wake(box: Box = box, woken: CpuThread = woken, clock: _Clock = clock, name: str = name) -> None:
+            box.work(woken, 0.001)
+            box.then(woken, lambda: ends.__setitem__(name, clock.now))
+
+        clock.at(0.0005, wake)
+        clock.run()
+        assert box.pulls == (1 if name == "pulled" else 0)
+        assert woken.core == (0 if name == "own" else 1)
+    assert ends["pulled"] == pytest.approx(0.0035)  # queued at 0.5 ms, pulled 2 ms later, 1 ms of work
+    assert ends["own"] == pytest.approx(0.011)  # behind the busy thread's 10 ms on core 0
+    assert ends["idle"] == pytest.approx(0.0015)  # on core 1 at once
+
+
+def test_per_core_a_slice_ends_only_for_a_thread_queued_on_that_core() -> None:
+    """With a queue per core a thread's slice ends only if a thread waits on its own core: the one on
+    core 0 runs its 3 ms through, the one on core 1 lets the thread queued there run after its slice."""
+    clock = _Clock()
+    box = Box(2, lambda: clock.now, clock.at, slice_s=0.001)
+    box.per_core = PerCore(0.0, lambda: None, random.Random(0))
+    first, second, queued = CpuThread(core=0), CpuThread(core=1), CpuThread(core=1)
+    ends: dict[str, float] = {}
+    for name, thread in (("first", first), ("second", second), ("queued", queued)):
+        box.work(thread, 0.003 if thread is not queued else 0.0005)
+        box.then(thread, lambda name=name: ends.__setitem__(name, clock.now))  # type: ignore[misc]
+    clock.run()
+    assert ends["first"] == pytest.approx(0.003)
+    assert ends["queued"] == pytest.approx(0.0015)  # after the second's 1 ms slice
+    assert ends["second"] == pytest.approx(0.0035)
+
+
+def test_per_core_a_woken_thread_may_take_only_its_own_cores_thread() -> None:
+    """With a queue per core the wake-up preemption (``Box.takes``) is asked about the thread on the
+    woken thread's core, and a yes runs it there at once, the thread taken off queued on that core."""
+    clock = _Clock()
+    box = Box(2, lambda: clock.now, clock.at, slice_s=0.1)
+    box.per_core = PerCore(0.0, lambda: None, random.Random(0))
+    asked: list[CpuThread] = []
+    box.takes = lambda woken, victim: asked.append(victim) is None
+    on0, on1, woken = CpuThread(core=0), CpuThread(core=1), CpuThread(core=1)
+    box.work(on0, 0.010)
+    box.work(on1, 0.010)
+    ends: dict[str, float] = {}
+    box.then(on1, lambda: ends.__setitem__("on1", clock.now))
+
+    def wake() -> None:
+        box.wake(woken)
+        box.work(woken, 0.001)
+        box.then(woken, lambda: ends.__setitem__("woken", clock.now))
+
+    clock.at(0.002, wake)
+    clock.run()
+    assert asked == [on1] and box.wake_preemptions == 1
+    assert ends["woken"] == pytest.approx(0.003)
+    assert ends["on1"] == pytest.approx(0.011) and on1.core == 1
+
+
+def test_the_idle_balance_pull_is_drawn_from_the_measured_survival() -> None:
+    """``pull_delay`` draws from ``PULL_SURVIVAL`` (sim24's records): 64 % of spells have no pull, about
+    10 % one within 1 ms; ``MeshSim2.per_core_queues`` gives the box those rules."""
+    rng = random.Random(1)
+    draws = [pull_delay(rng) for _ in range(20000)]
+    assert sum(d is None for d in draws) / len(draws) == pytest.approx(0.64, abs=0.015)
+    assert sum(d is not None and d <= 0.001 for d in draws) / len(draws) == pytest.approx(0.103, abs=0.01)
+    sim = MeshSim2(8, draws=0, per_core_queues=True)
+    assert sim.box.per_core is not None and sim.box.per_core.idle_chance == WAKE_IDLE_CHANCE
+    assert sim.box.takes is not None and sim.box.preempt is None
+    assert MeshSim2(8, draws=0).box.per_core is None

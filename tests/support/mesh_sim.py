@@ -52,6 +52,7 @@ __all__ = [
     "MeshNode",
     "MeshSim",
     "PartResult",
+    "PerCore",
     "bulk",
     "counted_name",
     "farthest",
@@ -85,6 +86,20 @@ class _Segment:
     wake: bool = False
 
 
+@dataclass
+class PerCore:
+    """``Box.per_core``: a run queue per core, as Linux keeps them (bench/RESULTS.md sim25b, from sim24's
+    sched records). A thread woken goes to a core idle (none running, none queued) with ``idle_chance``
+    if there is one, else to the core it last ran on (the records: 100 % with both busy); one that loses
+    its core (a slice's end, a wake-up preemption) queues on that core. A core runs only its own queue;
+    a core left idle while another's queue waits pulls that queue's first thread after ``pull_delay()``
+    seconds (None: not in this idle spell), drawn per spell: the kernel's idle balance."""
+
+    idle_chance: float
+    pull_delay: Callable[[], float | None]
+    rng: random.Random
+
+
 @dataclass(eq=False)
 class CpuThread:
     """A thread of a node that needs a core: its event loop (with what holds its interpreter), or a
@@ -102,6 +117,8 @@ class CpuThread:
     #: When it last gave its core up, and the thread queued that took it then (``Box.move``).
     left_at: float = -1.0
     successor: CpuThread | None = None
+    #: With ``Box.per_core``: the core it runs on, is queued on, or last ran on (-1: none yet).
+    core: int = -1
 
     @property
     def busy(self) -> bool:
@@ -165,6 +182,14 @@ class Box:
         self.preempt: Callable[[CpuThread], CpuThread | None] | None = None
         #: Threads taken off their core so (``preempt``).
         self.wake_preemptions = 0
+        #: With ``slice``: a run queue per core (:class:`PerCore`); None: one queue the cores share. Per
+        #: core, ``takes`` (not ``preempt``) decides a wake-up preemption: the woken thread, the thread
+        #: running on its core. (:meth:`wait_now` still reads the queue as one: an estimate.)
+        self.per_core: PerCore | None = None
+        self.takes: Callable[[CpuThread, CpuThread], bool] | None = None
+        #: Per core: an idle spell's pull drawn (a token; None: no spell drawn); threads pulled so.
+        self._spell: dict[int, object] = {}
+        self.pulls = 0
 
     def runnable(self) -> int:
         """Threads that want a core now: running, or woken and waiting for one."""
@@ -386,6 +411,7 @@ class Box:
             self.wakes += 1
             if thread in self.running:
                 self._leave(thread)
+            self._place(thread)
             self._enqueue(thread)
         elif segment.pause is not None:
             if thread in self.running:
@@ -396,10 +422,30 @@ class Box:
             thread.since = self._clock()
             self._held_plan(thread)
         else:
+            self._place(thread)
             self._enqueue(thread)
+
+    def _place(self, thread: CpuThread) -> None:
+        """A thread woken: which core's queue it joins (:class:`PerCore`); nothing with one queue."""
+        pc = self.per_core
+        if pc is None:
+            return
+        assert self.cores is not None
+        if thread.core < 0:
+            thread.core = pc.rng.randrange(self.cores)
+        busy = {t.core for t in self.running} | {t.core for t in self.queue}
+        idle = [c for c in range(self.cores) if c not in busy]
+        if idle and thread.core not in idle and pc.rng.random() < pc.idle_chance:
+            thread.core = idle[0]
+
+    def _on_core(self, core: int) -> CpuThread | None:
+        return next((t for t in self.running if t.core == core), None)
 
     def _enqueue(self, thread: CpuThread) -> None:
         thread.queued_at = self._clock()
+        if self.per_core is not None:
+            self._enqueue_on_core(thread)
+            return
         if (
             self.preempt is not None
             and thread.segments
@@ -407,6 +453,28 @@ class Box:
             and len(self.running) >= (self.cores or 0)
             and (victim := self.preempt(thread)) is not None
             and self._preemptible(victim)
+        ):
+            self.wake_preemptions += 1
+            self.queue.appendleft(thread)
+            self._held_count(victim)
+            self._leave(victim)  # the woken thread has its core
+            victim.queued_at = self._clock()
+            self.queue.append(victim)
+            return
+        self.queue.append(thread)
+        self._dispatch()
+
+    def _enqueue_on_core(self, thread: CpuThread) -> None:
+        """:meth:`_enqueue` with a queue per core: a woken thread whose core runs another may take it
+        (``takes``); else it queues on its core."""
+        victim = self._on_core(thread.core)
+        if (
+            self.takes is not None
+            and victim is not None
+            and thread.segments
+            and thread.segments[0].wake
+            and self._preemptible(victim)
+            and self.takes(thread, victim)
         ):
             self.wake_preemptions += 1
             self.queue.appendleft(thread)
@@ -426,7 +494,10 @@ class Box:
     def _leave(self, thread: CpuThread) -> None:
         thread.stamp += 1  # its planned ends no longer count
         del self.running[thread]
-        queued = self.queue[0] if self.queue else None
+        if self.per_core is None:
+            queued = self.queue[0] if self.queue else None
+        else:
+            queued = next((t for t in self.queue if t.core == thread.core), None)
         self._dispatch()
         thread.left_at = self._clock()
         thread.successor = queued if queued is not None and queued in self.running else None
@@ -434,18 +505,59 @@ class Box:
     def _dispatch(self) -> None:
         """Free cores to the threads queued longest; a woken thread's wake-up ends on its core."""
         assert self.cores is not None and self.slice is not None
+        if self.per_core is not None:
+            self._dispatch_per_core()
+            return
         while self.queue and len(self.running) < self.cores:
             thread = self.queue.popleft()
-            now = self._clock()
-            self.runs += 1
-            self.waited += now - thread.queued_at
-            self.running[thread] = None
-            thread.since = thread.slice_from = now
-            self._at(now + self.slice, lambda t=thread: self._slice_end(t))  # type: ignore[misc]
-            if thread.segments[0].wake:
-                self._pop(thread)
-            else:
-                self._held_plan(thread)
+            self._run(thread)
+
+    def _dispatch_per_core(self) -> None:
+        """:meth:`_dispatch` with a queue per core: each free core runs its own queue's first thread; a
+        core left idle while another's queue waits draws its idle balance's pull for the spell."""
+        assert self.cores is not None and self.per_core is not None
+        busy = {t.core for t in self.running}
+        for c in range(self.cores):
+            if c in busy:
+                self._spell.pop(c, None)
+                continue
+            thread = next((t for t in self.queue if t.core == c), None)
+            if thread is not None:
+                self.queue.remove(thread)
+                self._spell.pop(c, None)
+                self._run(thread)
+                continue
+            if not self.queue:
+                self._spell.pop(c, None)  # no waiter: the spell is over
+            elif c not in self._spell:
+                token = self._spell[c] = object()
+                delay = self.per_core.pull_delay()
+                if delay is not None:
+                    self._at(self._clock() + delay, lambda c=c, k=token: self._pull(c, k))  # type: ignore[misc]
+
+    def _pull(self, c: int, token: object) -> None:
+        """The idle balance: core ``c``, idle since the spell ``token`` began, takes the first thread queued
+        on another core."""
+        if self._spell.get(c) is not token or self._on_core(c) is not None or not self.queue:
+            return
+        del self._spell[c]
+        self.pulls += 1
+        self.queue[0].core = c
+        self._dispatch()
+
+    def _run(self, thread: CpuThread) -> None:
+        """``thread``, taken off the queue, gets a core (with a queue per core, its own)."""
+        assert self.slice is not None
+        now = self._clock()
+        self.runs += 1
+        self.waited += now - thread.queued_at
+        self.running[thread] = None
+        thread.since = thread.slice_from = now
+        self._at(now + self.slice, lambda t=thread: self._slice_end(t))  # type: ignore[misc]
+        if thread.segments[0].wake:
+            self._pop(thread)
+        else:
+            self._held_plan(thread)
 
     def _slice_end(self, thread: CpuThread) -> None:
         """``thread`` has run a slice: behind those waiting, if any; else on for another. (A run that
@@ -454,7 +566,8 @@ class Box:
         if thread not in self.running or thread.slice_from + self.slice - self._clock() > _DONE_S:
             return
         head = thread.segments[0] if thread.segments else None
-        if self.queue and head is not None and not head.wake and head.pause is None:
+        waiting = self.queue if self.per_core is None else any(t.core == thread.core for t in self.queue)
+        if waiting and head is not None and not head.wake and head.pause is None:
             self._held_count(thread)
             self._leave(thread)
             self._enqueue(thread)
@@ -508,6 +621,7 @@ class Box:
         if dst in self.queue:
             self.queue.remove(dst)
             self.waited += self._clock() - dst.queued_at
+        dst.core = src.core
         self.running[dst] = None
         dst.since, dst.slice_from = self._clock(), src.slice_from
         self._at(dst.slice_from + self.slice, lambda: self._slice_end(dst))
@@ -557,11 +671,12 @@ class Box:
             self.runs -= 1
             self.waited -= now - successor.queued_at
             self.queue.appendleft(successor)
+            waker.core = successor.core
             self.running[waker] = None
             waker.since = now
         if waker.segments:
             self._held_count(waker)
-        taker = CpuThread()
+        taker = CpuThread(core=waker.core)
         taker.segments.append(_Segment(work=burst))
         taker.queued_at = now
         self.queue.appendleft(taker)

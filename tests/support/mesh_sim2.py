@@ -81,7 +81,7 @@ from latticed.storage.ahead import AHEAD_DELTA_RECORDS
 from latticed.storage.engine import Engine
 from latticed.storage.writer import _RECENT_S as WRITERS_SEEN_S
 from latticed.storage.writer import MERGE_LINGER_JOBS, MERGE_LINGER_S
-from support.mesh_sim import Costs, CpuThread, MeshNode, MeshSim, _Job
+from support.mesh_sim import Costs, CpuThread, MeshNode, MeshSim, PerCore, _Job
 
 __all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 
@@ -198,6 +198,31 @@ WAKE_PREEMPT_CHANCE = {
     "reader": 73 / 221,
     "outside": 17 / 117,
 }
+#: ``MeshSim2.per_core_queues`` (``Box.per_core``), from sim24's two recorded bulks (sched_waking and
+#: sched_switch; /tmp/sim25b/place.py, bench/RESULTS.md sim25b): a daemon thread woken while a core was
+#: idle (nothing running or queued there) was queued on it 161 of 242 times, else on its previous core
+#: (81 of 81); with both cores busy on its previous core 5,197 of 5,201 times (the waker's 67 %).
+WAKE_IDLE_CHANCE = 161 / 242
+#: The idle balance: of 584 spells a core sat idle while a daemon thread waited queued on the other, 40
+#: ended with that thread pulled over, the rest otherwise (a thread woken onto the idle core, the waiters
+#: run on their own): the chance that no pull came by each delay (us), Kaplan-Meier with the other ends
+#: censored; beyond the last, no pull in the spell (64 %).
+PULL_SURVIVAL = (
+    *((3, 0.998), (6, 0.997), (42, 0.994), (60, 0.992), (63, 0.989), (72, 0.987), (98, 0.984)),
+    *((116, 0.981), (133, 0.977), (165, 0.973), (236, 0.969), (239, 0.964), (245, 0.96), (375, 0.955)),
+    *((412, 0.95), (503, 0.944), (592, 0.937), (611, 0.93), (615, 0.923), (862, 0.914), (926, 0.906)),
+    *((966, 0.897), (1136, 0.887), (1202, 0.877), (1227, 0.866), (1259, 0.855), (1344, 0.844)),
+    *((1349, 0.833), (1530, 0.821), (1662, 0.809), (1667, 0.797), (1923, 0.784), (1987, 0.77)),
+    *((1999, 0.757), (2025, 0.743), (2173, 0.729), (3199, 0.71), (3676, 0.69), (4280, 0.665), (4430, 0.64)),
+)
+
+
+def pull_delay(rng: random.Random) -> float | None:
+    """An idle spell's pull (seconds), drawn from ``PULL_SURVIVAL``; None: no pull in it."""
+    u = rng.random()
+    return next((us * 1e-6 for us, survive in PULL_SURVIVAL if 1.0 - survive >= u), None)
+
+
 CORE2_COSTS = Costs(
     stall_chance=0.015,  # the storage thread's draw a transaction (:meth:`MeshSim2._storage_work`)
     stall=0.01,
@@ -365,13 +390,28 @@ class MeshSim2(MeshSim):
     #: the daemons' relays' storage threads lost their core 4.25 times a transaction before its COMMIT,
     #: and waited for a core 20 ms of its 26 (bench/RESULTS.md sim25).
     wake_preempts: bool = True
+    #: Whether the box keeps a run queue per core (``Box.per_core``: ``WAKE_IDLE_CHANCE``,
+    #: ``PULL_SURVIVAL``): the daemons' threads waited 0.64-3.66 ms a run where the one shared queue gave
+    #: ~0.4, and a core sat idle while a daemon thread waited 10-18 % of the recorded bulks (bench/
+    #: RESULTS.md sim25, sim25b). A woken thread then may take only its own core's thread's. Off by
+    #: default: at N = 8 it idles a core while a thread waits 8-12 % of the bulk (the daemons' 10-18 %) but
+    #: lengthens a run's wait only 0.41 -> 0.49 ms (theirs 1.2), and in 2 of 8 draws the mesh never prunes
+    #: (bytes +20 %; the 20k bulk 1.24-1.85 copies in 3 of 12), which the daemons' sixteen runs never did;
+    #: without those two draws every count moved less than 0.06.
+    per_core_queues: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         # its own stream: the jitter and stall draws stay as they were
         self._hand_rng = random.Random(f"hand-off {self.seed if self.draws is None else self.draws}")
         self._preempt_rng = random.Random(f"wake-preempt {self.seed if self.draws is None else self.draws}")
-        if self.wake_preempts and self.box.slice is not None:
+        self._core_rng = random.Random(f"per-core {self.seed if self.draws is None else self.draws}")
+        if self.per_core_queues and self.box.slice is not None:
+            rng = self._core_rng
+            self.box.per_core = PerCore(WAKE_IDLE_CHANCE, lambda: pull_delay(rng), rng)
+            if self.wake_preempts:
+                self.box.takes = self._takes
+        elif self.wake_preempts and self.box.slice is not None:
             self.box.preempt = self._wake_victim
 
     def _thread_of(self, thread: CpuThread) -> tuple[int, str] | None:
@@ -395,10 +435,15 @@ class MeshSim2(MeshSim):
         of another node (or the client), loses it with ``WAKE_PREEMPT_CHANCE`` for its role."""
         running = list(self.box.running)
         victim = running[int(self._preempt_rng.random() * len(running))]
+        return victim if self._takes(woken, victim) else None
+
+    def _takes(self, woken: CpuThread, victim: CpuThread) -> bool:
+        """``Box.takes``: ``woken`` takes ``victim``'s core if that is another node's (or the client's)
+        with ``WAKE_PREEMPT_CHANCE`` for its role."""
         mine, theirs = self._thread_of(woken), self._thread_of(victim)
         if mine is None or theirs is None or (mine[0] == theirs[0] and mine[0] >= 0):
-            return None
-        return victim if self._preempt_rng.random() < WAKE_PREEMPT_CHANCE[theirs[1]] else None
+            return False
+        return self._preempt_rng.random() < WAKE_PREEMPT_CHANCE[theirs[1]]
 
     def _hand_off(self, y: int, role: str, wakee: str, thread: CpuThread | None = None) -> float:
         """Node ``y``'s thread in ``role`` (``thread``, or the node's thread in that role), holding the
