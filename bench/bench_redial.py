@@ -13,7 +13,6 @@ of every tree since 0.2.0's, so it runs on the tree it is given (``PYTHONPATH=TR
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import trio.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support.gossip_hosts import MemoryReplicaHost
+from support.memory_links import cuttable_pair
 
 from latticed.crdt.signing import Identity
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
@@ -39,36 +39,6 @@ Pair = tuple[trio.StapledStream[Any, Any], trio.StapledStream[Any, Any]]
 
 def gossip(identity: Identity) -> Gossip:
     return Gossip(MemoryReplicaHost(None), identity.public_key, extension=LeaseLinks(dial=lambda p: False))
-
-
-def cuttable() -> tuple[trio.StapledStream[Any, Any], trio.StapledStream[Any, Any], Callable[[], None]]:
-    """Memory streams whose second end alone sees the link end when cut; nothing passes after."""
-    cut = [False]
-
-    def one_way() -> tuple[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream]:
-        send, receive = trio.testing.MemorySendStream(), trio.testing.MemoryReceiveStream()
-
-        def pump() -> None:
-            if cut[0]:
-                with contextlib.suppress(trio.WouldBlock):
-                    send.get_data_nowait()
-            else:
-                trio.testing.memory_stream_pump(send, receive)
-
-        async def pump_async() -> None:
-            pump()
-
-        send.send_all_hook, send.close_hook = pump_async, pump
-        return send, receive
-
-    to_second, second_reads = one_way()
-    to_first, first_reads = one_way()
-
-    def do_cut() -> None:
-        cut[0] = True
-        second_reads.put_eof()
-
-    return trio.StapledStream(to_second, first_reads), trio.StapledStream(to_first, second_reads), do_cut
 
 
 def link(
@@ -106,11 +76,11 @@ async def without_link() -> float:
         return ours is not None and theirs is not None and None not in (ours.agreement, theirs.agreement)
 
     async with trio.open_nursery() as nursery:
-        relays_end, owners_end, cut = cuttable()
+        relays_end, owners_end, cut = cuttable_pair()
         link(nursery, (relay, RELAY), (owner, OWNER), "10.0.0.9:7000", (relays_end, owners_end))
         await until(settled)
         old = relay.links[OWNER.public_key]
-        cut()
+        cut(False)
         await until(lambda: RELAY.public_key not in owner.links)
         start = trio.current_time()
 

@@ -18,11 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.accel import required
+from support.chains import by_definition
 from support.paths import ROOT
 
 from latticed.crdt import chain_compiled
 from latticed.crdt import records as records_module
-from latticed.crdt.records import Record, RecordRun, chain_extend, chain_next, record_digest
+from latticed.crdt.records import Record, RecordRun, chain_extend
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +37,6 @@ def python_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Make ``chain_extend`` take its pure-Python path, as where the extension was not built."""
     monkeypatch.setattr(chain_compiled, "load", lambda: None)
     yield
-
-
-def by_definition(base: bytes, first: int, records: list[Record]) -> list[bytes]:
-    out, current = [], base
-    for offset, record in enumerate(records, first):
-        current = chain_next(current, record_digest(record, offset))
-        out.append(current)
-    return out
 
 
 def python_chain(base: bytes, first: int, records: object) -> list[bytes]:

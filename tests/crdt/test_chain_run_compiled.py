@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.accel import required
+from support.chains import by_definition
 
 from latticed.crdt import records as records_module
-from latticed.crdt.records import Record, RecordRun, chain_extend, chain_next, record_digest
+from latticed.crdt.records import Record, RecordRun, chain_extend, chain_next
 
 U64 = 2**64
 I64 = 2**63
@@ -33,14 +34,6 @@ def run_pass() -> Callable[..., Any]:
         return run(address, *records_module._PERSONS, base, first, values, keys, stamps, tail)
 
     return call
-
-
-def by_definition(base: bytes, first: int, records: list[Record]) -> list[bytes]:
-    out, current = [], base
-    for offset, record in enumerate(records, first):
-        current = chain_next(current, record_digest(record, offset))
-        out.append(current)
-    return out
 
 
 def by_columns(base: bytes, first: int, values: Any, keys_: Any, stamps_: Any, tail: bytes) -> list[bytes]:

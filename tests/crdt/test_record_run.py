@@ -8,6 +8,7 @@ import itertools
 from typing import Any
 
 import pytest
+from support.chains import by_definition
 
 from latticed.crdt import queue as core
 from latticed.crdt.core_errors import MalformedError
@@ -20,11 +21,9 @@ from latticed.crdt.records import (
     Record,
     RecordRun,
     chain_extend,
-    chain_next,
     check_record,
     check_records,
     join_records,
-    record_digest,
 )
 from latticed.crdt.signing import Identity
 
@@ -41,15 +40,6 @@ def sample(n: int, *, keys: bool = True, headers: bool = True) -> list[Record]:
         )
         for i in range(n)
     ]
-
-
-def reference_chain(base: bytes, first: int, records: list[Record]) -> list[bytes]:
-    """The chain as the module docstring defines it, one record at a time."""
-    out, current = [], base
-    for i, record in enumerate(records):
-        current = chain_next(current, record_digest(record, first + i))
-        out.append(current)
-    return out
 
 
 def test_a_run_is_the_sequence_of_its_records() -> None:
@@ -112,7 +102,7 @@ def test_joining_runs_and_records() -> None:
 def test_the_chain_of_a_run_is_the_chain_of_its_records(n: int, keys: bool, headers: bool) -> None:
     records = sample(n, keys=keys, headers=headers)
     base = hashlib.blake2b(b"base", digest_size=32).digest()
-    expected = reference_chain(base, 42, records)
+    expected = by_definition(base, 42, records)
     assert chain_extend(base, 42, records) == expected
     assert chain_extend(base, 42, tuple(records)) == expected
     assert chain_extend(base, 42, RecordRun.of(records)) == expected
@@ -124,7 +114,7 @@ def test_a_run_whose_records_share_their_headers_chains_as_its_records(keys: boo
     stamp = (("lattice.producer", b"ab" * 32), ("h", b""))
     records = [Record(b"v%d" % i, b"k%d" % i if keys else None, 1_700 + i, stamp) for i in range(40)]
     base = hashlib.blake2b(b"base", digest_size=32).digest()
-    expected = reference_chain(base, 3, records)
+    expected = by_definition(base, 3, records)
     shared = RecordRun(
         [r.value for r in records], [r.key for r in records], [r.timestamp for r in records], [stamp] * 40
     )

@@ -5,7 +5,6 @@ queue it did not sign, sent back by a peer."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 from support.gossip_hosts import MemoryReplicaHost
+from support.memory_links import cuttable_pair
 
 from latticed.crdt import queue as core
 from latticed.crdt.queue import QueueState
@@ -505,43 +505,6 @@ async def test_a_link_each_side_dialled_is_decided_by_the_key_order(handshake_cl
             await refused.wait()  # the relay closed it
         assert relay.gossip.links[OWNER.public_key] is ours and not ours.ended
         nursery.cancel_scope.cancel()
-
-
-def cuttable_pair() -> tuple[
-    trio.StapledStream[Any, Any], trio.StapledStream[Any, Any], Callable[[bool], None]
-]:
-    """A memory link whose second end can die alone: ``cut(False)`` ends what that end reads (it sees its
-    link end, as after a reset that reached only its host) and from then on nothing passes either way, so
-    the first end hears nothing and its link looks alive (half-open) until it is stale; ``cut(True)``
-    ends both ends' links."""
-    cut = [False]
-
-    def one_way() -> tuple[trio.testing.MemorySendStream, trio.testing.MemoryReceiveStream]:
-        send, receive = trio.testing.MemorySendStream(), trio.testing.MemoryReceiveStream()
-
-        def pump() -> None:
-            if cut[0]:
-                with contextlib.suppress(trio.WouldBlock):
-                    send.get_data_nowait()  # lost on the way
-            else:
-                trio.testing.memory_stream_pump(send, receive)
-
-        async def pump_async() -> None:
-            pump()
-
-        send.send_all_hook, send.close_hook = pump_async, pump
-        return send, receive
-
-    to_second, second_reads = one_way()
-    to_first, first_reads = one_way()
-
-    def do_cut(both: bool) -> None:
-        cut[0] = True
-        second_reads.put_eof()
-        if both:
-            first_reads.put_eof()
-
-    return trio.StapledStream(to_second, first_reads), trio.StapledStream(to_first, second_reads), do_cut
 
 
 def agreed(a: Daemon, b: Daemon) -> bool:

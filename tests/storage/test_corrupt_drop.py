@@ -9,25 +9,17 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from test_corrupt_queue import ALICE, BOB, NOW, _tamper
+from support.corrupt_daemon import ALICE, BOB, alice_x, copied, tamper
 
-from latticed.crdt.records import make_record
 from latticed.storage.corruption import CorruptQueueError
 from latticed.storage.engine import Engine
 from latticed.storage.store import db_path
 
 
 async def test_a_corrupt_queue_is_dropped_and_replicated_again(tmp_path: Path) -> None:
-    owner_dir, replica_dir = tmp_path / "alice", tmp_path / "bob"
-    owner_dir.mkdir()
-    replica_dir.mkdir()
-    async with Engine.open(owner_dir, ALICE) as alice:
-        x = await alice.create_queue("x", {"team": "x"}, core=2)
-        await alice.append(x, [make_record(b"v%d" % i, timestamp=NOW + i) for i in range(3)])
-        whole = await alice.core2.delta_for(x, None)
-    async with Engine.open(replica_dir, BOB) as bob:
-        await bob.core2.merge(whole)
-    _tamper(replica_dir, "x", {"team": "evil"})
+    _, whole = await alice_x(tmp_path / "alice")
+    replica_dir = await copied(tmp_path / "bob", BOB, whole)
+    tamper(replica_dir, "x")
     async with Engine.open(replica_dir, BOB) as bob:
         q = bob.core2.lookup(ALICE.public_key, "x")
         assert q is not None

@@ -4,11 +4,14 @@
 the daemon's own ``own`` (2 records) have metadata changed behind its back, its own ``good`` (1 record)
 not. :func:`replica_store`: the same in a store Bob's engine opens (no daemon).
 :func:`own_queue_with_a_peer_copy`: Bob's own ``own`` tampered, Alice holding a good copy.
-:func:`repair_context`: the API context ``queue_repair`` runs in, replication stood in for."""
+:func:`repair_context`: the API context ``queue_repair`` runs in, replication stood in for.
+:func:`written`, :func:`fill`, :func:`copied`: what they are made of (a queue written in a new store, a
+queue filled in an open one, a queue's delta copied into a new store), for stores of the same kind."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,6 +30,8 @@ from support.inprocess import daemon_at
 ALICE = Identity.from_seed(b"a" * 32)
 BOB = Identity.from_seed(b"b" * 32)
 NOW = 1_700_000_000_000
+#: The values of Alice's ``x`` and of Bob's own ``own``.
+X_VALUES, OWN_VALUES = [b"v0", b"v1", b"v2"], [b"o0", b"o1"]
 
 
 def tamper(data_dir: Path, name: str) -> None:
@@ -42,14 +47,33 @@ def tamper(data_dir: Path, name: str) -> None:
         conn.close()
 
 
+async def written(
+    directory: Path,
+    identity: Identity,
+    name: str,
+    values: Sequence[bytes],
+    meta: Mapping[str, str] | None = None,
+) -> Delta:
+    """``identity``'s core-2 queue ``name`` holding ``values``, written in a new store at ``directory``:
+    the delta of the whole queue, to merge into another store."""
+    directory.mkdir()
+    async with Engine.open(directory, identity) as engine:
+        return await engine.core2.delta_for(await fill(engine, name, values, meta), None)
+
+
+async def fill(
+    engine: Engine, name: str, values: Sequence[bytes], meta: Mapping[str, str] | None = None
+) -> int:
+    """A new core-2 queue ``name`` of ``engine``'s owner holding ``values``, stamped from ``NOW`` on."""
+    q = await engine.create_queue(name, meta, core=2)
+    await engine.append(q, [make_record(value, timestamp=NOW + i) for i, value in enumerate(values)])
+    return q
+
+
 async def alice_x(directory: Path) -> tuple[bytes, Delta]:
     """Alice's queue ``x`` with 3 records, written in her own store at ``directory``: her key and the
     delta of the whole queue."""
-    directory.mkdir()
-    async with Engine.open(directory, ALICE) as alice:
-        x = await alice.create_queue("x", {"team": "x"}, core=2)
-        await alice.append(x, [make_record(b"v%d" % i, timestamp=NOW + i) for i in range(3)])
-        return ALICE.public_key, await alice.core2.delta_for(x, None)
+    return ALICE.public_key, await written(directory, ALICE, "x", X_VALUES, {"team": "x"})
 
 
 def make_corrupt(root: Path) -> str:
@@ -64,7 +88,7 @@ def make_corrupt(root: Path) -> str:
             await engine.core2.merge(whole)
 
         d.call(merge)
-        for name, values in (("own", [b"o0", b"o1"]), ("good", [b"g0"])):
+        for name, values in (("own", OWN_VALUES), ("good", [b"g0"])):
             client.queue_create(name, {"team": name}, core=2)
             for value in values:
                 client.offer(name, value)
@@ -75,19 +99,13 @@ def make_corrupt(root: Path) -> str:
 
 async def replica_store(tmp_path: Path) -> Path:
     """Bob's store: Alice's ``x`` (3 records) and his own ``own`` (2) tampered, his ``good`` not."""
-    owner_dir, replica_dir = tmp_path / "alice", tmp_path / "bob"
-    owner_dir.mkdir()
+    _, whole = await alice_x(tmp_path / "alice")
+    replica_dir = tmp_path / "bob"
     replica_dir.mkdir()
-    async with Engine.open(owner_dir, ALICE) as alice:
-        x = await alice.create_queue("x", {"team": "x"}, core=2)
-        await alice.append(x, [make_record(b"v%d" % i, timestamp=NOW + i) for i in range(3)])
-        whole = await alice.core2.delta_for(x, None)
     async with Engine.open(replica_dir, BOB) as bob:
         await bob.core2.merge(whole)
-        own = await bob.create_queue("own", {"team": "b"}, core=2)
-        await bob.append(own, [make_record(b"o%d" % i, timestamp=NOW + i) for i in range(2)])
-        good = await bob.create_queue("good", core=2)
-        await bob.append(good, [make_record(b"g", timestamp=NOW)])
+        await fill(bob, "own", OWN_VALUES, {"team": "b"})
+        await fill(bob, "good", [b"g"])
     tamper(replica_dir, "x")
     tamper(replica_dir, "own")
     return replica_dir
@@ -95,17 +113,19 @@ async def replica_store(tmp_path: Path) -> Path:
 
 async def own_queue_with_a_peer_copy(tmp_path: Path) -> tuple[Path, Path]:
     """Bob's store with his own ``own`` (2 records) tampered, and Alice's holding a good copy of it."""
-    mine, peer = tmp_path / "bob", tmp_path / "alice"
-    mine.mkdir()
-    peer.mkdir()
-    async with Engine.open(mine, BOB) as bob:
-        own = await bob.create_queue("own", {"team": "b"}, core=2)
-        await bob.append(own, [make_record(b"o%d" % i, timestamp=NOW + i) for i in range(2)])
-        whole = await bob.core2.delta_for(own, None)
-    async with Engine.open(peer, ALICE) as alice:
-        await alice.core2.merge(whole)
+    mine = tmp_path / "bob"
+    whole = await written(mine, BOB, "own", OWN_VALUES, {"team": "b"})
+    peer = await copied(tmp_path / "alice", ALICE, whole)
     tamper(mine, "own")
     return mine, peer
+
+
+async def copied(directory: Path, identity: Identity, whole: Delta) -> Path:
+    """A new store of ``identity``'s at ``directory`` holding a copy of ``whole`` (a queue's delta)."""
+    directory.mkdir()
+    async with Engine.open(directory, identity) as engine:
+        await engine.core2.merge(whole)
+    return directory
 
 
 class _Membership:
