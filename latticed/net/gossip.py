@@ -612,8 +612,11 @@ class Gossip:
                     and names(word, old.stream.handshake.session_id, stream.handshake.session_id)
                 )
                 # No word (the peer forgot the link, or never settled it), but the old link died while
-                # we waited: keeping it would leave the peer in the dark until its next dial.
-                stale = not gone and old_now is old and self._is_dead(old)
+                # we waited, or ended (no link of the peer's is left): refusing would leave the peer in
+                # the dark until its next dial. (A second run's link that ended is not taken here: its
+                # first run's link may have ended too.)
+                ended = old_now is None and twin_of is None
+                stale = not gone and (ended or (old_now is old and self._is_dead(old)))
                 keep_new = gone or stale
             if not keep_new:
                 log_event(log, "peer.duplicate", peer=peer_hex, address=address, redial=redial)

@@ -790,7 +790,13 @@ class JammableSend(trio.abc.SendStream):
         await self.inner.aclose()
 
 
-@pytest.mark.parametrize("old_link", ["alive", "silent", "writer_blocked"])
+def kept(deciding: Daemon, other: Daemon, address: str) -> bool:
+    """Whether ``deciding``'s link to ``other`` now is the one from (or to) ``address``."""
+    link = deciding.gossip.links.get(other.identity.public_key)
+    return link is not None and link.address == address
+
+
+@pytest.mark.parametrize("old_link", ["alive", "silent", "writer_blocked", "ended"])
 @pytest.mark.parametrize("decider", ["the_peer_redials", "we_redial"])
 async def test_a_dial_with_no_word_takes_the_place_of_a_link_that_died_during_the_wait_for_it(
     handshake_clock: list[int], monkeypatch: pytest.MonkeyPatch, decider: str, old_link: str
@@ -800,7 +806,8 @@ async def test_a_dial_with_no_word_takes_the_place_of_a_link_that_died_during_th
     decides: we redial). The key order keeps the old link, and the new one carries no word (its sender
     forgot the lost link, or never settled it), so the decider waits ``GONE_WAIT_S`` for one in vain.
     If the old link died meanwhile (silent for ``STALE_AFTER_S``, or its send waiting on a peer that takes
-    nothing), the new link takes its place then, not at the peer's next dial; a live one is kept."""
+    nothing, or it ended: its end of the stream came without the final frame), the new link takes its
+    place then, not at the peer's next dial; a live one is kept."""
     monkeypatch.setattr(gossip_module, "WRITER_BLOCKED_S", GONE_WAIT_S / 2)
     owner, relay = daemon(OWNER), daemon(RELAY)
     first_end, second_end, cut = cuttable_pair()
@@ -841,14 +848,17 @@ async def test_a_dial_with_no_word_takes_the_place_of_a_link_that_died_during_th
         start = trio.current_time()
         nursery.start_soon(decide)
         await others_end.send(encode_message(Hello(PROTOCOL_VERSION, None, other.gossip.incarnation)))
+        if old_link == "ended":  # the decider read the HELLO and waits for the word: the old link ends now
+            await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+            cut(True)
+            await settle(lambda: old.ended and other.identity.public_key not in deciding.gossip.links)
+            assert not refused.is_set() and trio.current_time() - start < GONE_WAIT_S
         if old_link == "alive":
             with trio.fail_after(HELLO_WAIT_S):
                 await refused.wait()  # closed after the wait
             assert deciding.gossip.links[other.identity.public_key] is old and not old.ended
         else:
-            await settle(
-                lambda: old.ended and deciding.gossip.links[other.identity.public_key].address == new_address
-            )
-            assert not refused.is_set()
+            await settle(lambda: refused.is_set() or kept(deciding, other, new_address))
+            assert old.ended and kept(deciding, other, new_address) and not refused.is_set()
         assert trio.current_time() - start >= GONE_WAIT_S  # the wait for the word, in vain
         nursery.cancel_scope.cancel()

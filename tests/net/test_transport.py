@@ -23,6 +23,7 @@ from latticed.errors import (
     MalformedError,
     RemoteProtocolError,
 )
+from latticed.net import transport
 from latticed.net.transport import SecureStream, open_peer, secure_accept, secure_connect
 from latticed.protocol.handshake import MSG1_SIZE, MSG2_SIZE, ReplayCache, public_key_from_seed
 
@@ -700,3 +701,45 @@ async def test_a_send_the_peer_does_not_take_says_since_when_it_waits() -> None:
         assert since is not None and before <= since <= trio.current_time()
         assert await server.receive() == b"nobody reads this yet"
     assert client.blocked_since is None
+
+
+@trio_test
+async def test_over_tcp_only_the_peers_own_final_frame_tells_a_clean_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``peer_ended`` decrypts what the socket holds: bytes someone in the middle wrote (a forged frame, or
+    the final frame of another session of the same two identities) fail authentication, so the link counts
+    as lost (it is named on a redial), and nothing is raised into the link's task. What the peer floods is
+    read at most ``_MAX_END_READS`` times (no loop held); a stream closed here reads nothing."""
+    client, server, listener = await tcp_pair()
+    other_client, other_server, other_listener = await tcp_pair()
+    await other_client.send(b"x")
+    replayed = other_client._channel.close()  # a genuine final frame, of another session
+    forged = replayed[:4] + bytes(len(replayed) - 4)
+    assert forged != replayed  # the same length prefix: only the cipher text tells them apart
+    for injected in (replayed, forged):
+        client2, server2, listener2 = await tcp_pair()
+        await client2.transport_stream.send_all(injected)  # under the channel: as if on the path
+        await trio.testing.wait_all_tasks_blocked()
+        assert not server2.peer_ended()
+        assert not server2.peer_ended()  # the failed channel raises nothing the second time either
+        await server2.aclose()
+        await trio.aclose_forcefully(client2.transport_stream)
+        await listener2.aclose()
+    monkeypatch.setattr(transport, "_MAX_END_READS", 1)
+    async with trio.open_nursery() as nursery:  # (the kernel may not take it all while no one reads)
+
+        async def flood() -> None:
+            await client.send_many([bytes(40_000), bytes(40_000)])  # two reads of 64 KiB
+            await client.send_eof()  # the final frame, past them
+
+        nursery.start_soon(flood)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not server.peer_ended()  # bounded: anything past its one read is left unread
+        nursery.cancel_scope.cancel()
+    await server.aclose()
+    assert not server.peer_ended()  # closed here: nothing read, nothing raised
+    for stream in (other_client, other_server):
+        await stream.aclose()
+    await listener.aclose()
+    await other_listener.aclose()
