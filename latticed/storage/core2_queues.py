@@ -23,7 +23,7 @@ from typing import Protocol, cast
 from latticed.crdt import queue2
 from latticed.crdt.queue.state import EntryView
 from latticed.crdt.queue2 import QueueState2
-from latticed.crdt.records import Record, RecordRun
+from latticed.crdt.records import MAX_OFFSET, Record, RecordRun
 from latticed.crdt.signing import Identity
 from latticed.errors import NotFoundError
 from latticed.storage import core2_store
@@ -266,6 +266,22 @@ class Core2Queues:
             staged.appends.append(records)
             staged.appended += len(records)
         staged.meta.update(meta)
+        return first
+
+    def append_vouched(self, q: int, records: Sequence[Record]) -> int | None:
+        """Stage the owner's checked records on ``q`` if the batch already vouched for its staged value
+        and they fit below ``MAX_OFFSET``; returns the first offset, or None (nothing staged:
+        take :meth:`append`'s path, which checks and raises). A batch of single offers then costs one dict
+        lookup an offer here instead of three stagings (``vouched``, ``end``, ``append``)."""
+        staged = self._staged.get(q)
+        if staged is None or staged.owned is not staged.state:
+            return None
+        first = staged.end()
+        if first + len(records) > MAX_OFFSET:
+            return None
+        if records:
+            staged.appends.append(records)
+            staged.appended += len(records)
         return first
 
     def set(self, q: int, state: QueueState2) -> None:

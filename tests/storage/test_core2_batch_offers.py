@@ -4,7 +4,7 @@ metadata change) between them is still seen."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ from support.writer_jobs import ok
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
+from latticed.storage import core2_queues
 from latticed.storage.core2_jobs import Commit2, CreateQueue2, Truncate2
 from latticed.storage.core2_queues import Core2Queues
 from latticed.storage.jobs import Job
@@ -71,3 +72,51 @@ def test_offers_around_a_truncation_in_one_batch_see_its_value(alice: Writer) ->
     state = alice.core2.committed(q)
     assert state.held == (2, 5) and dict(state.meta) == {"k": "v"}
     assert [r.value for r in state.records()] == [b"v2", b"v3", b"v4"]
+
+
+def test_checked_single_offers_take_the_vouched_path_and_leave_it_when_the_value_changes(
+    alice: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [q] = ok(alice, CreateQueue2("q"))
+    assert isinstance(q, int)
+    taken: list[int | None] = []
+    append_vouched = Core2Queues.append_vouched
+
+    def counted(self: Core2Queues, q: int, records: Sequence[Record]) -> int | None:
+        first = append_vouched(self, q, records)
+        taken.append(first)
+        return first
+
+    monkeypatch.setattr(Core2Queues, "append_vouched", counted)
+    jobs: list[Job] = [
+        Commit2(q, [rec(0)], checked=True),  # not vouched yet: the full path, which vouches
+        Commit2(q, [rec(1)], checked=True),  # vouched: 1
+        Truncate2(q, 1),  # a new staged value: no longer vouched
+        Commit2(q, [rec(2)], checked=True),  # the full path again
+        Commit2(q, [rec(3)], checked=True),  # vouched: 3
+        Commit2(q, [], {"k": "v"}, checked=True),  # metadata: the full path, never the vouched one
+        Commit2(q, [rec(4)], checked=True),  # vouched (metadata stays pending on the same value): 4
+    ]
+    assert ok(alice, *jobs) == [0, 1, 1, 2, 3, 4, 4]
+    assert taken == [None, 1, None, 3, 4]
+    state = alice.core2.committed(q)
+    assert state.held == (1, 5) and dict(state.meta) == {"k": "v"}
+    assert [r.value for r in state.records()] == [b"v1", b"v2", b"v3", b"v4"]
+
+
+def test_the_vouched_path_leaves_a_full_queue_to_the_checks(
+    alice: Writer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [q] = ok(alice, CreateQueue2("q"))
+    monkeypatch.setattr(core2_queues, "MAX_OFFSET", 2)
+    assert isinstance(q, int)
+    core2 = alice.core2
+    core2.begin(ALICE, NOW, lambda: 99)
+    assert core2.append_vouched(q, [rec(0)]) is None  # nothing staged yet
+    state = core2.peek(q)
+    core2.vouch(q, state)
+    assert core2.append_vouched(q, [rec(0)]) == 0
+    assert core2.append_vouched(q, [rec(1), rec(2)]) is None  # past the last offset: not staged
+    assert core2.end(q) == 1
+    assert core2.append_vouched(q, [rec(1)]) == 1  # up to it: staged
+    assert core2.end(q) == 2
