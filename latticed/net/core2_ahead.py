@@ -26,6 +26,7 @@ from latticed.crdt.queue.state import EntryView
 from latticed.crdt.queue2 import Delta, QueueState2, Verified
 from latticed.crdt.records import Record, RecordRun
 from latticed.errors import LatticedError
+from latticed.protocol.core2_live import next_push
 from latticed.protocol.core2_steps import Outgoing2, unpack_steps
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 from latticed.storage.ahead import AHEAD_DELTA_RECORDS
@@ -154,6 +155,12 @@ class AheadPushes:
         if not 0 < len(delta.records) <= AHEAD_DELTA_RECORDS:
             return None
         against = self.value(q, loaded) or unbound(loaded)
+        try:  # a relay's usual push in one pass; anything else (or raised) takes the generic path below
+            fast = next_push(against, delta, steps)
+        except Exception:  # refusals and odd input are the generic path's to decide
+            fast = None
+        if fast is not None:
+            return AheadPush(fast[0], fast[1], against, fast[2])
         try:
             d = unpack_steps(against, delta, steps)
             verified = queue2.verify_delta(against, d)
