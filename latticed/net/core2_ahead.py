@@ -151,7 +151,9 @@ class AheadPushes:
     def check(self, q: int, loaded: QueueState2, delta: Delta, steps: Steps | None) -> AheadPush | None:
         """``delta`` verified and joined here, against the value ahead or else ``loaded`` (None: the
         storage thread's to verify: it is not a small push that adds records and joins plainly, it needs
-        a read, or it does not verify here, in which case the storage thread refuses it)."""
+        a read, or it does not verify here, in which case the storage thread refuses it). A relay's usual
+        push (one version, our next) is checked in one pass (``core2_live.next_push``: the same checks
+        and results); anything else, or anything that pass raises, takes the generic path, which decides."""
         if not 0 < len(delta.records) <= AHEAD_DELTA_RECORDS:
             return None
         against = self.value(q, loaded) or unbound(loaded)
