@@ -11,9 +11,9 @@ Invariants (each one a condition below; any other input is answered None, never 
 
 - Accepted only: ``steps`` is ``(version, bytes)``; the delta carries no bodies, records as a
   :class:`RecordRun`, a log of one tip with no tail and no shared leaves whose start head is that tip's
-  head, at base ``version``, our newest head's version, that head being version ``version + 1``; our
-  value is unforked (one tip, no tail), of the same epoch, and holds records up to our head's end, where
-  the delta's records start.
+  head, at base ``version``, our newest head's version, that head being version ``version + 1`` and
+  starting at our held start (a truncation is the generic path's); our value is unforked (one tip, no
+  tail), of the same epoch, and holds records up to our head's end, where the delta's records start.
 - The same checks as the generic path, by the same code where it verifies: the body the steps follow is
   ``core2_steps._trusted``'s; the records' chain from our chain value at our end (``chain_memo`` or
   ``chain_extend``); the steps rebuilt by the same compiled decode (``leaf_compiled.decode_compact``),
@@ -28,7 +28,9 @@ Invariants (each one a condition below; any other input is answered None, never 
   empty, ``steps_memo`` told the run; ``fold_index.folded_run``, which the generic path calls with
   the run's leaves and logs, keeps nothing below ``fold_index.STRIDE`` of them, checked here).
 - Anything raised here (a malformed record, a row not at hand) is the caller's cue to run the generic
-  path, which decides; nothing is kept or passed on before this returns.
+  path, which decides; nothing is kept or passed on before this returns (the steps memo is told last;
+  ``chain_memo``'s slot, taken, only costs the generic path a rehash; our leaves' list may be appended
+  to past our value's length, which no view of it reads).
 """
 
 from __future__ import annotations
@@ -80,8 +82,10 @@ def next_push(
         state.queue_id,
     ):
         return None
-    first = d.from_offset
+    first, lo = d.from_offset, state.held[0]
     if type(first) is not int or first != hi or ours.end != hi or head.end != hi + n or head.start >= hi:
+        return None
+    if head.start != lo:  # the merged value's start is the new head's: a truncation is the generic path's
         return None
     start = ours_c.start_head
     if start is not None and (head.start, head.version) <= (start.start, start.version):
@@ -116,14 +120,11 @@ def next_push(
     shared = shared_prefix.grown(ours_c.shared, (ours.leaf(),))  # our leaves' list, appended to
     chains = Chains(ours_c.owner, ours_c.queue_id, ours_c.epoch, shared, new.tips, head, ours_c.held_end)
     verified = Verified(chains, meta, hi, records[0:n], tuple(chain), run)
-    lo = state.held[0]
-    if chains.start != lo:
-        return None
-    steps_memo.remember(prev, raw, hi, step)  # the store keeps these bodies as these steps
     end = hi + n
     entries = (state.entries if hi > lo else nothing_at(state, lo)).extend(verified.records, verified.chain)
     extended = Chains(chains.owner, chains.queue_id, chains.epoch, chains.shared, chains.tips, head, end)
     joined = QueueState2(
         state.owner, state.name, state.kind, extended, meta, entries, appended(state.bodies, run)
     )
+    steps_memo.remember(prev, raw, hi, step)  # the store keeps these bodies as these steps (kept last)
     return out, verified, joined
