@@ -17,6 +17,7 @@ from support.queue2_histories import OWNER, catch_up, empty
 
 from latticed.crdt import core_errors as queue2_errors
 from latticed.crdt import queue2, steps_memo
+from latticed.crdt.epochs import Tip
 from latticed.crdt.queue2 import QueueState2, owner_changes, replica_deltas
 from latticed.crdt.records import MAX_HEADER_VALUE_BYTES, MAX_KEY_BYTES, Record, RecordRun
 from latticed.errors import LatticedError, MalformedError
@@ -342,3 +343,59 @@ def test_a_one_pass_that_raises_at_its_last_step_keeps_nothing_and_the_generic_p
     assert push is not None
     _agrees((push.delta, push.verified, push.value), _generic(before, d, steps))
     assert link_summary(push.value) == link_summary(after)
+
+
+def _value(d: queue2.Delta, **fields: Any) -> queue2.Delta:
+    """``d`` with its log's value changed (what a hostile relay may send: no signature covers it)."""
+    assert d.log is not None
+    return dataclasses.replace(
+        d, log=dataclasses.replace(d.log, value=dataclasses.replace(d.log.value, **fields))
+    )
+
+
+#: A relay's forgeries of the unsigned parts of a valid push's log: ``(delta, our value) -> delta``.
+UNSIGNED: dict[str, Any] = {
+    "a shared leaf": lambda d, s: _value(d, shared=(s.chains.tips[0].head.leaf(),)),
+    "a second tip (ours)": lambda d, s: _value(d, tips=(*d.log.value.tips, Tip(s.chains.tips[0].head))),
+    "a tip's tail": lambda d, s: _value(
+        d, tips=(Tip(d.log.value.tips[0].head, (s.chains.tips[0].head.leaf(),)),)
+    ),
+    "our start head": lambda d, s: _value(d, start_head=s.chains.start_head),
+    "an equal start head": lambda d, s: _value(d, start_head=dataclasses.replace(d.log.value.start_head)),
+    "no start head": lambda d, s: _value(d, start_head=None),
+    "held end": lambda d, s: _value(d, held_end=d.log.value.held_end + 1_000),
+    "epoch": lambda d, s: _value(d, epoch=d.log.value.epoch + 1),
+    "queue id": lambda d, s: _value(d, queue_id=bytes(32)),
+    "owner": lambda d, s: _value(d, owner=bytes(32)),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(UNSIGNED))
+def test_a_relays_forgery_of_the_logs_unsigned_parts_is_not_the_one_passes(forgery: str) -> None:
+    before = _owner()
+    after = queue2.commit(before, OWNER, now_ms=2_000, records=[Record(b"n")])
+    d, steps = _push(before, after)
+    assert core2_live.next_push(before, d, steps) is not None  # the push itself takes the one pass
+    forged = UNSIGNED[forgery](d, before)
+    accepted = _check(before, forged, steps)
+    if forgery == "held end":  # the merged value keeps our held end: the generic path's too
+        assert accepted
+    else:
+        assert not accepted
+
+
+def test_a_forked_replica_takes_a_branchs_next_version_by_the_generic_path() -> None:
+    """A replica frozen at a fork (two tips) is never the one pass's: its value keeps both branches."""
+    shared = _owner()
+    a1 = queue2.commit(shared, OWNER, now_ms=3_000, records=[Record(b"a1")])
+    b1 = queue2.commit(shared, OWNER, now_ms=3_001, records=[Record(b"b1")])
+    a2 = queue2.commit(a1, OWNER, now_ms=3_002, records=[Record(b"a2")])
+    forked = queue2.join(a1, b1)
+    assert forked.forked
+    d, steps = _push(a1, a2)
+    assert core2_live.next_push(a1, d, steps) is not None  # to branch a's replica: the one pass
+    assert core2_live.next_push(forked, d, steps) is None
+    assert not _check(forked, d, steps)
+    same_height = _push(shared, b1)  # the second version at b1's height, to a replica holding a1
+    assert core2_live.next_push(a1, *same_height) is None
+    assert not _check(a1, *same_height)
