@@ -343,6 +343,12 @@ def test_a_one_pass_that_raises_at_its_last_step_keeps_nothing_and_the_generic_p
     assert push is not None
     _agrees((push.delta, push.verified, push.value), _generic(before, d, steps))
     assert link_summary(push.value) == link_summary(after)
+    steps_memo._slot[0] = ()
+    fast = core2_live.next_push(before, d, steps)
+    assert (
+        fast is not None
+    )  # the store is told the steps of bodies it will keep, as the generic path tells it
+    assert [(e.steps, e.bodies) for e in steps_memo._slot[0]] == [(steps[1], fast[1].bodies.run)]
 
 
 def _value(d: queue2.Delta, **fields: Any) -> queue2.Delta:
