@@ -405,3 +405,22 @@ def test_a_forked_replica_takes_a_branchs_next_version_by_the_generic_path() -> 
     same_height = _push(shared, b1)  # the second version at b1's height, to a replica holding a1
     assert core2_live.next_push(a1, *same_height) is None
     assert not _check(a1, *same_height)
+
+
+def test_a_replica_short_of_its_heads_end_is_not_the_one_passs() -> None:
+    """A replica caught up to below its newest head's end, sent the records from its end through the next
+    version with that version's log and steps (a relay's splice; every record genuine): the generic path
+    refuses it (the body ending at our head's end is missing), so the one pass must answer None. Without
+    its ``ours.end == hi`` check it accepted this."""
+    before = queue2.commit(_owner(), OWNER, now_ms=5_000, records=[Record(b"a"), Record(b"b"), Record(b"c")])
+    after = queue2.commit(before, OWNER, now_ms=6_000, records=[Record(b"n")])
+    d, steps = _push(before, after)
+    partial = catch_up(empty(), before, 1, 5)
+    hi = partial.held[1]
+    assert hi < partial.chains.tips[0].head.end == before.held[1]
+    rows = [*before.records()[hi:], *after.records()[before.held[1] :]]
+    run = RecordRun([r.value for r in rows], [r.key for r in rows], [r.timestamp for r in rows])
+    spliced = dataclasses.replace(d, from_offset=hi, records=run)
+    assert core2_live.next_push(partial, spliced, steps) is None
+    assert _generic(partial, spliced, steps) is queue2_errors.TamperedError
+    assert not _check(partial, spliced, steps)
