@@ -424,3 +424,17 @@ def test_a_replica_short_of_its_heads_end_is_not_the_one_passs() -> None:
     assert core2_live.next_push(partial, spliced, steps) is None
     assert _generic(partial, spliced, steps) is queue2_errors.TamperedError
     assert not _check(partial, spliced, steps)
+
+
+def test_records_past_the_signed_heads_end_are_not_the_one_passs() -> None:
+    """A relay appends a record past the signed head's end: the full path keeps the records up to the
+    head only, so the one pass (which would keep them all) must answer None."""
+    before = _owner()
+    after = queue2.commit(before, OWNER, now_ms=2_000, records=[Record(b"n")])
+    d, steps = _push(before, after)
+    records = d.records
+    assert type(records) is RecordRun
+    more = RecordRun((*records.values, b"extra"), (*records.keys, None), (*records.timestamps, 1))
+    longer = dataclasses.replace(d, records=more)
+    assert core2_live.next_push(before, longer, steps) is None
+    _check(before, longer, steps)
