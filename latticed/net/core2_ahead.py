@@ -26,6 +26,7 @@ from latticed.crdt.queue.state import EntryView
 from latticed.crdt.queue2 import Delta, QueueState2, Verified
 from latticed.crdt.records import Record, RecordRun
 from latticed.errors import LatticedError
+from latticed.protocol.core2_live import next_push
 from latticed.protocol.core2_steps import Outgoing2, unpack_steps
 from latticed.protocol.core2_wire import Steps, Summary2, link_summary
 from latticed.storage.ahead import AHEAD_DELTA_RECORDS
@@ -150,10 +151,18 @@ class AheadPushes:
     def check(self, q: int, loaded: QueueState2, delta: Delta, steps: Steps | None) -> AheadPush | None:
         """``delta`` verified and joined here, against the value ahead or else ``loaded`` (None: the
         storage thread's to verify: it is not a small push that adds records and joins plainly, it needs
-        a read, or it does not verify here, in which case the storage thread refuses it)."""
+        a read, or it does not verify here, in which case the storage thread refuses it). A relay's usual
+        push (one version, our next) is checked in one pass (``core2_live.next_push``: the same checks
+        and results); anything else, or anything that pass raises, takes the generic path, which decides."""
         if not 0 < len(delta.records) <= AHEAD_DELTA_RECORDS:
             return None
         against = self.value(q, loaded) or unbound(loaded)
+        try:  # a relay's usual push in one pass; anything else (or raised) takes the generic path below
+            fast = next_push(against, delta, steps)
+        except Exception:  # refusals and odd input are the generic path's to decide
+            fast = None
+        if fast is not None:
+            return AheadPush(fast[0], fast[1], against, fast[2])
         try:
             d = unpack_steps(against, delta, steps)
             verified = queue2.verify_delta(against, d)

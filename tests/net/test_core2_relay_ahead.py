@@ -24,6 +24,7 @@ from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import IntegrityError
+from latticed.net import core2_ahead
 from latticed.net.core2_ahead import AHEAD_QUEUES, AheadPushes
 from latticed.net.core2_engine_host import EngineCore2Host, MergeSteps2
 from latticed.net.gossip import Gossip
@@ -193,6 +194,16 @@ async def test_the_storage_thread_takes_the_event_loops_verification_and_pushes_
         return join(state, v)
 
     monkeypatch.setattr(queue2, "join_verified", counted_join)
+    one_pass = core2_ahead.next_push
+
+    def counted_pass(state: QueueState2, d: queue2.Delta, steps: Any) -> object:
+        done = one_pass(state, d, steps)
+        if done is not None:  # verified and joined in one pass (core2_live)
+            verified_on.append(threading.current_thread().name)
+            joined_on.append(threading.current_thread().name)
+        return done
+
+    monkeypatch.setattr(core2_ahead, "next_push", counted_pass)
     main = threading.current_thread().name
     async with Engine.open(tmp_path / "a", ALICE) as a, Engine.open(tmp_path / "b", BOB) as b:
         owner, relay = EngineCore2Host(a), EngineCore2Host(b)
