@@ -86,11 +86,24 @@ class HeldRelay:
                 chunk = source.recv(min(room, 65536))
                 if not chunk:
                     break
-                sink.sendall(chunk)
-                with self._cond:
-                    self.passed += len(chunk)
-                    self._cond.notify_all()
+                if not self._pass(chunk, sink, done):
+                    break
         self._end(source, sink, done)
+
+    def _pass(self, chunk: bytes, sink: socket.socket, done: threading.Event) -> bool:
+        """Send ``chunk`` as the allowance lets it: a :meth:`hold` while the read waited holds what it
+        read (else a hold would let up to 64 KiB through after it). False: the relay or link ended."""
+        while chunk:
+            with self._cond:
+                self._cond.wait_for(lambda: self._room() > 0 or done.is_set() or self._closed)
+                if done.is_set() or self._closed:
+                    return False
+                part, chunk = chunk[: self._room()], chunk[self._room() :]
+            sink.sendall(part)
+            with self._cond:
+                self.passed += len(part)
+                self._cond.notify_all()
+        return True
 
     def _room(self) -> int:
         return 65536 if self.allowance is None else self.allowance - self.passed
