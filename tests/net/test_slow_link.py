@@ -4,6 +4,7 @@ message's bytes arrive, and a trickle of bytes that never makes a message still 
 
 from __future__ import annotations
 
+import logging
 import struct
 
 import pytest
@@ -16,9 +17,9 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
-from latticed.net import gossip as gossip_module
 from latticed.net.gossip import PEER_TIMEOUT_S, PING_INTERVAL_S
-from latticed.net.transport import MIN_PROGRESS_RATE, secure_accept, secure_connect
+from latticed.net.transport import MIN_PROGRESS_RATE, SecureStream, secure_accept, secure_connect
+from latticed.process.logs import FIELDS_ATTR
 from latticed.protocol.replication import HELLO, PROTOCOL_VERSION
 from latticed.protocol.secure import ABYTES
 
@@ -102,16 +103,15 @@ async def test_a_large_delta_over_a_slow_link_arrives_and_the_link_is_kept(
     assert took > PEER_TIMEOUT_S + PING_INTERVAL_S  # silence this long would have ended the link
 
 
-async def _trickle(rate: int, declared: int) -> tuple[float, float, str]:
+async def _trickle(rate: int, declared: int, caplog: pytest.LogCaptureFixture) -> tuple[float, str]:
     """A peer (or someone on its path) that says HELLO, then writes a frame header declaring ``declared``
-    bytes and garbage after it at ``rate`` bytes a second, forever. How long the daemon kept the link
-    after the header, the time at which the last of the garbage went out, and why the link ended."""
+    bytes and garbage after it at ``rate`` bytes a second, forever: how long the daemon kept the link
+    after the header, and why it ended the link."""
+    caplog.set_level(logging.INFO, logger="latticed")
     identity, _, daemon = make(b"1" * 32)
     peer = Identity.from_seed(b"8" * 32)
     ours, theirs = trio.testing.memory_stream_pair()
     began: list[float] = []
-    last: list[float] = []
-    reasons: list[str] = []
 
     async def attacker() -> None:
         stream = await secure_accept(theirs, seed=peer.seed, network_key=DEFAULT_NETWORK_KEY)
@@ -121,55 +121,87 @@ async def _trickle(rate: int, declared: int) -> tuple[float, float, str]:
         await theirs.send_all(struct.pack(">I", declared))
         while True:
             await theirs.send_all(b"\x00" * (rate // 10))
-            last.append(trio.current_time())
             await trio.sleep(0.1)
-
-    def disconnected(event: str, **fields: object) -> None:
-        if event == "peer.disconnected":
-            reasons.append(str(fields["reason"]))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(attacker)
         stream = await secure_connect(ours, seed=identity.seed, network_key=DEFAULT_NETWORK_KEY)
-        with pytest.MonkeyPatch.context() as patch:
-            real = gossip_module.log_event
-            patch.setattr(
-                gossip_module,
-                "log_event",
-                lambda log, event, **f: (disconnected(event, **f), real(log, event, **f)),
-            )
-            await daemon.run_peer(stream, "mem", "static")  # until given up
+        await daemon.run_peer(stream, "mem", "static")  # until given up
         nursery.cancel_scope.cancel()
     assert not daemon.links
-    return trio.current_time() - began[0], last[-1] - began[0], reasons[0]
+    [record] = [r for r in caplog.records if r.getMessage() == "peer.disconnected"]
+    return trio.current_time() - began[0], str(getattr(record, FIELDS_ATTR)["reason"])
 
 
 async def test_a_trickle_below_the_floor_rate_is_given_up_as_silent(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Garbage at a quarter of MIN_PROGRESS_RATE: each byte buys 1/MIN_PROGRESS_RATE s, so the credit
     falls behind the clock and the silence bound ends the link (here within 40 s plus a tick),
     long before the frame could complete."""
-    kept, _, reason = await _trickle(MIN_PROGRESS_RATE // 4, 1 << 20)
+    kept, reason = await _trickle(MIN_PROGRESS_RATE // 4, 1 << 20, caplog)
     assert "silent" in reason
     assert kept <= PEER_TIMEOUT_S / (1 - 1 / 4) + PING_INTERVAL_S + 1.0
 
 
 async def test_a_trickle_at_the_floor_rate_ends_when_its_frame_fails_authentication(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Garbage fast enough to count as heard holds the link only until the frame's declared length,
     at most the message-size bound, has arrived: then it fails authentication."""
     declared = 256 * 1024
-    kept, _, reason = await _trickle(2 * MIN_PROGRESS_RATE, declared)
+    kept, reason = await _trickle(2 * MIN_PROGRESS_RATE, declared, caplog)
     assert "authentication" in reason
     assert declared / (2 * MIN_PROGRESS_RATE) - 1.0 <= kept <= declared / (2 * MIN_PROGRESS_RATE) + 1.0
 
 
 async def test_a_frame_declared_past_the_message_size_bound_is_refused_at_once(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An endless frame cannot be declared: a length past max_message_size ends the link at its header."""
-    kept, _, reason = await _trickle(MIN_PROGRESS_RATE, (1 << 20) + ABYTES + 1)
+    kept, reason = await _trickle(MIN_PROGRESS_RATE, (1 << 20) + ABYTES + 1, caplog)
     assert "exceeds the limit" in reason
     assert kept <= 0.2
+
+
+async def test_progress_is_credited_at_most_at_the_floor_rate(autojump_clock: trio.testing.MockClock) -> None:
+    """SecureStream.progress_at follows a frame arriving at twice the floor rate to its last read, lags
+    one arriving at a quarter of it by all but the bytes' worth at the floor rate, and a whole message
+    ends the frame's credit (the next frame's counts from its own first bytes)."""
+    a, b = Identity.from_seed(b"1" * 32), Identity.from_seed(b"2" * 32)
+    left, right = trio.testing.memory_stream_pair()
+    paced = Paced(left, 2 * MIN_PROGRESS_RATE)
+    received: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        dialled: list[SecureStream] = []
+        done = trio.Event()
+
+        async def dial() -> None:
+            dialled.append(await secure_connect(paced, seed=a.seed, network_key=DEFAULT_NETWORK_KEY))
+            done.set()
+
+        nursery.start_soon(dial)
+        ours = await secure_accept(right, seed=b.seed, network_key=DEFAULT_NETWORK_KEY)
+        await done.wait()
+        theirs = dialled[0]
+        assert ours.progress_at == float("-inf")
+
+        async def receive() -> None:
+            while (message := await ours.receive()) is not None:
+                received.append(message)
+
+        nursery.start_soon(receive)
+        start = trio.current_time()
+        nursery.start_soon(theirs.send, b"x" * 64 * 1024)  # 8 s at twice the floor rate
+        await trio.sleep(4.05)
+        assert trio.current_time() - 0.2 <= ours.progress_at <= trio.current_time()
+        await trio.sleep(5.0)
+        assert received == [b"x" * 64 * 1024]
+        assert ours.progress_at <= start + 8.2
+        paced.rate = MIN_PROGRESS_RATE // 4
+        begun = trio.current_time()
+        nursery.start_soon(theirs.send, b"y" * 64 * 1024)  # 64 s at a quarter of the floor rate
+        await trio.sleep(40.0)
+        credit = ours.progress_at - begun
+        assert 40.0 / 4 - 0.5 <= credit <= 40.0 / 4 + 0.1  # 10 KiB's worth: 2.5 s at the floor rate each KiB
+        nursery.cancel_scope.cancel()
