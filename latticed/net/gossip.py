@@ -278,6 +278,13 @@ class PeerLink:
     #: work causes on this link (a store's hook telling every link) is left to the driver.
     relaying: bool = False
 
+    def heard(self) -> float:
+        """When the peer was last heard (trio time): its last whole message, or later bytes of one still
+        arriving at the transport's floor rate (:attr:`SecureStream.progress_at`): a large message over a
+        slow link takes longer than the silence bounds, and its peer is not silent meanwhile."""
+        stream = self.stream
+        return self.last_heard if stream is None else max(self.last_heard, stream.progress_at)
+
     def kick(self) -> None:
         """Wake the driver whatever the session holds (a replaced link, an extension's messages)."""
         self.wakeup.set()
@@ -815,7 +822,7 @@ class Gossip:
             self._drive_now(link)
 
     def _is_stale(self, link: PeerLink) -> bool:
-        return trio.current_time() - link.last_heard > STALE_AFTER_S
+        return trio.current_time() - link.heard() > STALE_AFTER_S
 
     def _is_dead(self, link: PeerLink) -> bool:
         """Whether ``link`` is stale, or its writer waits on a peer that takes nothing (the peer's new
@@ -1366,10 +1373,14 @@ class Gossip:
         while True:
             await sleep_until_tick(PING_INTERVAL_S)
             now = trio.current_time()
-            if now - link.last_heard > PEER_TIMEOUT_S:
+            heard = link.heard()
+            if now - heard > PEER_TIMEOUT_S:
                 raise ConnectionClosedError(f"peer silent for over {PEER_TIMEOUT_S:.0f} s")
             quiet = PING_INTERVAL_S / 2
-            if dialled and (now - link.last_sent >= quiet or now - link.last_heard >= quiet):
+            # The accepting side pings too while the peer's message is still arriving: the peer's own PINGs
+            # wait behind it, and it hears nothing else from us meanwhile.
+            arriving = heard > link.last_heard and now - link.last_heard >= quiet
+            if (dialled or arriving) and (now - link.last_sent >= quiet or now - link.last_heard >= quiet):
                 link.session.ping(next(self._nonces))
                 link.kick()
 

@@ -712,7 +712,7 @@ def _lags(gossip: Gossip, link: PeerLink) -> dict[str, int]:
 
 def _is_stale(service: Replication, peer: bytes) -> bool:
     link = service.gossip.links.get(peer)
-    return link is None or trio.current_time() - link.last_heard > STALE_AFTER_S
+    return link is None or trio.current_time() - link.heard() > STALE_AFTER_S
 
 
 def _fmt(address: HostPort | None) -> str | None:

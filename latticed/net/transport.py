@@ -60,6 +60,11 @@ _MAX_END_READS: Final = 4
 _SEND_CHUNK: Final = 1 << 16
 #: :meth:`SecureStream.send_many` joins frames into writes of about this size.
 _SEND_BATCH: Final = 1 << 20
+#: Bytes a second below which a frame still arriving no longer counts as hearing its peer
+#: (:attr:`SecureStream.progress_at`): a slow honest link (4 KiB/s is 32 kbit/s) stays up while a large
+#: message arrives; a trickle that never makes a message holds a link at most ``max_message_size`` bytes'
+#: worth of this (256 s for 1 MiB) past its first byte, and then fails authentication.
+MIN_PROGRESS_RATE: Final = 4096
 # Openings already answered, for responders not given a cache of their own (one per process).
 _SHARED_REPLAY_CACHE: Final = ReplayCache()
 # The message a hang-up interrupted (HandshakeError.waiting_for).
@@ -111,6 +116,9 @@ class SecureStream(trio.abc.AsyncResource):
         self._unsent: bytes | memoryview | None = None
         #: When the send under way began waiting for the peer to take its piece (trio time), else None.
         self._blocked_since: float | None = None
+        #: When the first bytes of the frame being received arrived (trio time), None between frames.
+        self._frame_since: float | None = None
+        self._progress_at = -math.inf
 
     @property
     def remote_public_key(self) -> bytes:
@@ -137,6 +145,15 @@ class SecureStream(trio.abc.AsyncResource):
         """When the send under way began waiting for the peer to take a piece of it (trio time; None:
         no send waits). A link whose writer waits long while its peer dials again is dead on that side."""
         return self._blocked_since
+
+    @property
+    def progress_at(self) -> float:
+        """When the peer was last heard from short of a whole message (trio time; ``-inf``: never): bytes
+        of a frame still arriving, credited at most ``1 / MIN_PROGRESS_RATE`` seconds a byte since the
+        frame's first bytes. So a link whose large message takes longer than the silence bound is not
+        given up while the message arrives at :data:`MIN_PROGRESS_RATE` or faster, and bytes trickled
+        slower (or an endless run of them: a frame ends at ``max_message_size``) stop counting."""
+        return self._progress_at
 
     def peer_ended(self) -> bool:
         """Whether the peer closed on purpose: its final frame is among what was read, or what the socket
@@ -281,10 +298,14 @@ class SecureStream(trio.abc.AsyncResource):
             await lock.acquire()
         try:
             channel = self._channel
+            fresh = False
             while True:
                 message = channel.next_message()
                 if message is not None:
+                    self._frame_since = None
                     return message
+                if fresh:
+                    self._progress(channel.pending)
                 if channel.remote_closed:
                     return None
                 if self._closed:
@@ -305,6 +326,7 @@ class SecureStream(trio.abc.AsyncResource):
                 except (trio.BrokenResourceError, OSError) as error:
                     raise ConnectionClosedError(f"connection to peer lost: {error}") from error
                 channel.receive_data(data)
+                fresh = bool(data)
                 if now is None:
                     self._reads_unyielded = 0
                 elif self._reads_unyielded >= _MAX_READS_UNYIELDED:
@@ -312,6 +334,16 @@ class SecureStream(trio.abc.AsyncResource):
                     await trio.lowlevel.checkpoint()  # a peer that never lets up starves no one
         finally:
             lock.release()
+
+    def _progress(self, pending: int) -> None:
+        """Credit ``pending`` bytes of the frame in progress, just read (see :attr:`progress_at`)."""
+        if not pending:
+            return
+        now = trio.current_time()
+        since = self._frame_since
+        if since is None:
+            self._frame_since = since = now
+        self._progress_at = max(self._progress_at, min(now, since + pending / MIN_PROGRESS_RATE))
 
     def _read_now(self) -> bytes | None:
         """What the TCP socket holds already (``b""``: the peer's end), None if it holds nothing (or this

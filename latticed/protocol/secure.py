@@ -134,6 +134,12 @@ class SecureChannel:
         return self._local_closed
 
     @property
+    def pending(self) -> int:
+        """Bytes received but not yet returned as messages (after :meth:`next_message` returned None:
+        the part of the frame still arriving)."""
+        return self._decoder.buffered
+
+    @property
     def remote_closed(self) -> bool:
         """Whether the peer's final frame arrived: it will send nothing more."""
         return self._remote_closed
