@@ -125,13 +125,32 @@ def _assert_fenced(owner: LatticedProcess) -> None:
         assert all(q.get("name") != "events" for q in c.queue_list())
 
 
+def _pushes_answered(daemon: LatticedProcess) -> tuple[int, int]:
+    """How many core-2 deltas ``daemon`` sent, and how many ACK2 messages it received, since it started
+    (its ``status`` counters: the owner's own ``status`` fails while its queue is corrupt)."""
+    with client(daemon) as c:
+        counters = c.status()["replication"] or {}
+    return int(counters.get("sent_delta2", 0)), int(counters.get("received_ack2", 0))
+
+
+def _explain_one(owner: LatticedProcess, peer: LatticedProcess, address: str) -> str:
+    """For a wait's failure in the one-peer drop tests: the records each holds, the fence file, the
+    owner's links, the peer's pushes and the ACKs it heard, and both logs' tails."""
+    return _describe(owner, {"owner": owner, "peer": peer}, address, pushes=peer)
+
+
 def _owner_dropped_its_queue(
     latticed_process: Factory,
 ) -> tuple[LatticedProcess, LatticedProcess, HeldRelay, str, list[tuple[Any, ...]]]:
     """An owner whose core-2 ``events`` (20 records, held by a peer it dials through a relay) was changed
     on disk while it was stopped, dropped with ``queue repair --drop`` while the relay holds back the
     peer's bytes (so the copy cannot come back yet): the two daemons, the relay, the queue's address and
-    its records as the peer holds them."""
+    its records as the peer holds them.
+
+    The restarted owner's digest names no corrupt queue, so the peer pushes its whole copy at once and
+    again after the owner refuses it; the relay is held only once the owner answered both. A push still
+    queued in the owner at the drop would be merged after it (legitimately) and bring the 20 back before
+    the fence could be seen (flaky25's race, on a loaded machine)."""
     peer = latticed_process(args=LOCAL)
     relay = HeldRelay(int(dial_address(peer).rsplit(":", 1)[1]))
     try:
@@ -141,7 +160,16 @@ def _owner_dropped_its_queue(
             c.offer_batch("events", [(b"v%d" % i, b"k%d" % (i % 3), ()) for i in range(20)])
         wanted = _entries(owner, address)
         assert wanted is not None and len(wanted) == 20
-        wait_until(lambda: _entries(peer, address) == wanted, "the peer's copy of the owner's queue")
+
+        def explain() -> str:
+            return _explain_one(owner, peer, address)
+
+        wait_until(
+            lambda: _entries(peer, address) == wanted,
+            "the peer's copy of the owner's queue",
+            diagnose=explain,
+        )
+        sent, acked = _pushes_answered(peer)  # the owner was ahead: the peer pushed it nothing yet
 
         owner.stop()
         tamper(owner.data_dir, "events")
@@ -149,7 +177,20 @@ def _owner_dropped_its_queue(
         assert ctl(owner, "range", "events", "0", "10").exit_code == 7  # StorageError: corrupt, not served
         # A link that settled its features (heads-v2) is restarted by the repair; one still settling would
         # send its first whole digest after the drop anyway, but the reply would count no link.
-        wait_until(lambda: _agreed_core2(owner), "the owner's link to the peer, settled on heads-v2")
+        wait_until(
+            lambda: _agreed_core2(owner),
+            "the owner's link to the peer, settled on heads-v2",
+            diagnose=explain,
+        )
+
+        def answered() -> bool:
+            # The resend follows the first refusal's ACK2, so the two answers are two messages.
+            now_sent, now_acked = _pushes_answered(peer)
+            return now_sent - sent >= 2 and now_acked - acked >= now_sent - sent
+
+        wait_until(
+            answered, "the owner's answers (refusals) to the peer's push and its resend", diagnose=explain
+        )
 
         relay.hold()
         dropped = ctl(owner, "queue", "repair", "events", "--drop", "--json")
@@ -201,7 +242,7 @@ def test_our_own_queue_dropped_is_fenced_until_a_peer_copy_is_back_then_written_
         _assert_fenced(owner)  # the links restarting, the peer's bytes held back
         assert _entries(owner, address) is None  # nothing came back another way meanwhile
         relay.release()
-        _back_and_written(owner, peer, address, wanted)
+        _back_and_written(owner, peer, address, wanted, diagnose=lambda: _explain_one(owner, peer, address))
     finally:
         relay.close()
 
@@ -217,7 +258,7 @@ def test_the_fence_outlives_a_restart_of_the_owner_before_the_copy_is_back(latti
         peer.start()
         relay.target_port = int(dial_address(peer).rsplit(":", 1)[1])  # the peer listens on a new port
         relay.release()
-        _back_and_written(owner, peer, address, wanted)
+        _back_and_written(owner, peer, address, wanted, diagnose=lambda: _explain_one(owner, peer, address))
     finally:
         relay.close()
 
@@ -227,14 +268,20 @@ def _links_on_heads_v2(daemon: LatticedProcess) -> int:
         return sum(HEADS_V2 in (row.get("features") or ()) for row in c.peers())
 
 
-def _explain(owner: LatticedProcess, short: LatticedProcess, whole: LatticedProcess, address: str) -> str:
+def _describe(
+    owner: LatticedProcess,
+    daemons: dict[str, LatticedProcess],
+    address: str,
+    pushes: LatticedProcess | None = None,
+) -> str:
     """For a wait's failure: how much of the queue each daemon holds, the owner's fence file and links,
-    and the daemons' logs' tails (what each link did around the drop)."""
+    ``pushes``' core-2 deltas sent and ACK2s heard, and the daemons' logs' tails (what each link did
+    around the drop). A daemon that died or hangs is itself the explanation: said, never raised."""
 
     def held(daemon: LatticedProcess) -> str:
         try:
             entries = _entries(daemon, address)
-        except Exception as exc:  # a daemon that died or hangs is itself the explanation
+        except Exception as exc:
             return f"unreadable ({type(exc).__name__}: {exc})"
         return "none" if entries is None else f"{len(entries)} records"
 
@@ -245,13 +292,22 @@ def _explain(owner: LatticedProcess, short: LatticedProcess, whole: LatticedProc
             ]
     except Exception as exc:
         links = [{"error": f"{type(exc).__name__}: {exc}"}]
-    lines = [
-        f"owner holds {held(owner)}, short {held(short)}, whole {held(whole)}; fence file {_dropped(owner)}",
-        f"owner's peers: {links}",
-    ]
-    for name, daemon in (("owner", owner), ("short", short), ("whole", whole)):
+    holds = ", ".join(f"{name} {held(daemon)}" for name, daemon in daemons.items())
+    lines = [f"holds: {holds}; fence file {_dropped(owner)}", f"owner's peers: {links}"]
+    if pushes is not None:
+        try:
+            sent, acked = _pushes_answered(pushes)
+            lines.append(f"peer's core-2 deltas sent {sent}, ACK2s received {acked} (since its start)")
+        except Exception as exc:
+            lines.append(f"peer's counters unreadable ({type(exc).__name__}: {exc})")
+    for name, daemon in daemons.items():
         lines += [f"--- {name}'s log (tail)", daemon.log_text()]
     return "\n".join(lines)
+
+
+def _explain(owner: LatticedProcess, short: LatticedProcess, whole: LatticedProcess, address: str) -> str:
+    """:func:`_describe` for the three-daemon test."""
+    return _describe(owner, {"owner": owner, "short": short, "whole": whole}, address)
 
 
 def test_a_shorter_peer_copy_back_keeps_the_fence_until_a_whole_one_arrives(
