@@ -131,8 +131,20 @@ def test_a_restored_stale_store_may_not_write_until_it_caught_up(latticed_proces
     laptop.start()
     end = 10 + 100 * 1000  # a catch-up of ~1 MB: far more than the few kB that tell the laptop home is ahead
     with client(laptop) as c:
-        for batch in range(100):
-            c.offer_batch("diary", [(b"new%d" % (batch * 1000 + i), None, ()) for i in range(1000)])
+
+        def batch_written(batch: int) -> bool:
+            """False while the just-started laptop's start gate refuses the batch whole (it hears what home
+            holds before it signs anything: "retry in a moment"); it writes nothing then."""
+            try:
+                c.offer_batch("diary", [(b"new%d" % (batch * 1000 + i), None, ()) for i in range(1000)])
+            except BehindPeersError as refused:
+                assert "before it signs anything" in str(refused), refused
+                return False
+            return True
+
+        wait_until(lambda: batch_written(0), "the first batch past the laptop's start gate")
+        for batch in range(1, 100):
+            assert batch_written(batch), "the start gate, once open, stays open"
     wait_until(lambda: holds(home, queue, end), "the later records at home")
     laptop.stop()
     shutil.rmtree(laptop.data_dir)
