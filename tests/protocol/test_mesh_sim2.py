@@ -15,9 +15,9 @@ from support import core2_sim
 from support.core2_sim import Core2Network
 from support.mesh_sim import Costs, CpuThread, bulk, counted_name, live
 from support.mesh_sim2 import (
-    GROUP_COMMIT_S,
     FSYNC_SLEEP_US,
     FSYNC_WAIT_US,
+    GROUP_COMMIT_S,
     HAND_OFF_BACK_US,
     HAND_OFF_BURST_US,
     HAND_OFF_CHANCE,
