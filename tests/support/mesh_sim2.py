@@ -189,8 +189,8 @@ HAND_OFF_BACK_US = (
 #: (its wake-up to its switch-in), in us, 20 ventiles' midpoints of 4,320 such sleeps of the daemons'
 #: storage threads in six recorded bulks at N = 8 (sim24's p1, p2 and sim25c's q11-q22, sched_switch and
 #: sched_wakeup; /tmp/sim26/dvent.py; bench/RESULTS.md sim26): the sleep a median 51 us, mean 70 (the
-#: COMMIT's modelled sleep ``sync`` over its runs: ~0.2 ms), the wait a median 76 us, mean 1.2 ms, p95 8.3
-#: ms (the box's one queue: ~0.4 ms a run). ``MeshSim2.fsync_waits`` draws both a COMMIT run.
+#: COMMIT's modelled sleep ``sync`` over its runs: ~0.2 ms), the wait a median 76 us, mean 1.2 ms, p97.5
+#: 8.3 ms (the box's one queue: ~0.4 ms a run). ``MeshSim2.fsync_waits`` draws both a COMMIT run.
 FSYNC_SLEEP_US = (
     *(21.0, 22.0, 23.0, 26.0, 31.0, 35.0, 39.0, 43.0, 47.0, 51.0),
     *(56.0, 61.0, 68.0, 76.0, 85.0, 95.0, 106.0, 121.0, 144.0, 202.0),
@@ -404,7 +404,10 @@ class MeshSim2(MeshSim):
     #: give it, the fsync's sleep and the run-queue wait after it drawn (``FSYNC_SLEEP_US``,
     #: ``FSYNC_WAIT_US``), off the box (the run after it then queues as any), in place of ``Costs.commit``
     #: and ``sync_record`` spread over the runs and the box's wake-up (bench/RESULTS.md sim26). Off by
-    #: default: see sim26 for what it moves at N = 8.
+    #: default: at N = 8 it brings the writer's transaction (-38 % -> -3.5 %), HAVE2 (-24 % -> -8 %) and
+    #: the relays' COMMIT (2.4 -> 5.3 ms, the daemons' 9.3) toward the daemons' but not their whole
+    #: transaction (7.6 -> 10.0 ms, theirs 19.4), and DELTA2 and ACK2 a few points away (+17/+26 % ->
+    #: +22/+29 %); the live parts not measured with it.
     fsync_waits: bool = False
     #: Whether a thread woken with both cores busy may take the core of another node's thread running
     #: there, with ``WAKE_PREEMPT_CHANCE`` by that thread's role (:meth:`_wake_victim`, ``Box.preempt``):
