@@ -185,6 +185,20 @@ HAND_OFF_BACK_US = (
     *(3.0, 3.0, 4.0, 8.0, 10.0, 10.0, 10.0, 11.0, 12.0, 14.0),
     *(17.0, 19.0, 20.0, 23.0, 29.0, 45.0, 124.0, 595.0, 1200.0, 2373.0),
 )
+#: The storage thread's sleeps in the disk (``D``: the COMMIT's fsync) and its run-queue wait after each
+#: (its wake-up to its switch-in), in us, 20 ventiles' midpoints of 4,320 such sleeps of the daemons'
+#: storage threads in six recorded bulks at N = 8 (sim24's p1, p2 and sim25c's q11-q22, sched_switch and
+#: sched_wakeup; /tmp/sim26/dvent.py; bench/RESULTS.md sim26): the sleep a median 51 us, mean 70 (the
+#: COMMIT's modelled sleep ``sync`` over its runs: ~0.2 ms), the wait a median 76 us, mean 1.2 ms, p97.5
+#: 8.3 ms (the box's one queue: ~0.4 ms a run). ``MeshSim2.fsync_waits`` draws both a COMMIT run.
+FSYNC_SLEEP_US = (
+    *(21.0, 22.0, 23.0, 26.0, 31.0, 35.0, 39.0, 43.0, 47.0, 51.0),
+    *(56.0, 61.0, 68.0, 76.0, 85.0, 95.0, 106.0, 121.0, 144.0, 202.0),
+)
+FSYNC_WAIT_US = (
+    *(2.0, 2.0, 3.0, 3.0, 4.0, 6.0, 8.0, 17.0, 28.0, 76.0),
+    *(224.0, 436.0, 601.0, 809.0, 1146.0, 1598.0, 2184.0, 3038.0, 4491.0, 8311.0),
+)
 #: The chance that a thread woken while both cores run another's work takes the core of the thread running
 #: there (the kernel's wake-up preemption, ``MeshSim2.wake_preempts``), by that thread's role: sim24's two
 #: recorded bulks (sched_switch and sched_waking, pooled; /tmp/sim25/wk_pre2.py), every wake-up of a
@@ -297,8 +311,9 @@ class MeshNode2(MeshNode):
     #: Whether a lingering transaction is waiting for company on the storage thread, and how many did.
     lingering: bool = False
     lingers: int = 0
-    #: Seconds its transactions took from their jobs taken to durable, summed (the daemon's
-    #: ``latticed_storage_commit_seconds``: a batch's apply, write and COMMIT).
+    #: Seconds its transactions took from their jobs taken until the COMMIT returned holding the
+    #: interpreter again, summed (the daemon's ``latticed_storage_commit_seconds``: a batch's apply, write
+    #: and COMMIT; without ``gil``, until durable).
     commit_seconds: float = 0.0
     #: When its last transactions began, with how many writers (origins) each held (``_recent_sizes``),
     #: and whether a batch waits for as many writers as those held (``gathering``: which wait).
@@ -385,6 +400,15 @@ class MeshSim2(MeshSim):
     #: moved the bulk's DELTA2s and ACK2s toward the daemons' (+37/+48 % -> +20/+27 %) but the live parts
     #: away (5/s PRUNE2s and WANT2s, 100/s DELTA2s -10.6 %) and the 20k bulk's copies (1.06 -> 1.36).
     storage_wakes: bool = False
+    #: Whether each of the COMMIT's sleeps (``Costs.commit_runs``) is the daemons' as their sched records
+    #: give it, the fsync's sleep and the run-queue wait after it drawn (``FSYNC_SLEEP_US``,
+    #: ``FSYNC_WAIT_US``), off the box (the run after it then queues as any), in place of ``Costs.commit``
+    #: and ``sync_record`` spread over the runs and the box's wake-up (bench/RESULTS.md sim26). Off by
+    #: default: at N = 8 it brings the writer's transaction (-38 % -> -3.5 %), HAVE2 (-24 % -> -8 %) and
+    #: the relays' COMMIT (2.4 -> 5.3 ms, the daemons' 9.3) toward the daemons' but not their whole
+    #: transaction (7.6 -> 10.0 ms, theirs 19.4), and DELTA2 and ACK2 a few points away (+17/+26 % ->
+    #: +22/+29 %); the live parts' counts move less than 5 % with it (100/s ACK2s -4 %).
+    fsync_waits: bool = False
     #: Whether a thread woken with both cores busy may take the core of another node's thread running
     #: there, with ``WAKE_PREEMPT_CHANCE`` by that thread's role (:meth:`_wake_victim`, ``Box.preempt``):
     #: the daemons' relays' storage threads lost their core 4.25 times a transaction before its COMMIT,
@@ -406,6 +430,7 @@ class MeshSim2(MeshSim):
         self._hand_rng = random.Random(f"hand-off {self.seed if self.draws is None else self.draws}")
         self._preempt_rng = random.Random(f"wake-preempt {self.seed if self.draws is None else self.draws}")
         self._core_rng = random.Random(f"per-core {self.seed if self.draws is None else self.draws}")
+        self._fsync_rng = random.Random(f"fsync {self.seed if self.draws is None else self.draws}")
         if self.per_core_queues and self.box.slice is not None:
             rng = self._core_rng
             self.box.per_core = PerCore(WAKE_IDLE_CHANCE, lambda: pull_delay(rng), rng)
@@ -670,8 +695,8 @@ class MeshSim2(MeshSim):
         def durable() -> None:
             node.commits += 1
             node.committed_jobs += len(jobs)
-            node.commit_seconds += self.now - began[0]
             if not self.gil:  # the fsync returned: the storage thread wakes
+                node.commit_seconds += self.now - began[0]
                 self.box.wake(thread)
                 self.box.then(thread, committed)
                 return
@@ -690,6 +715,9 @@ class MeshSim2(MeshSim):
                 self._interpreter(y, "storage", resumed)
 
         def resumed() -> None:  # holding the interpreter after the COMMIT
+            # the daemon's commit seconds end here (``Writer._attempt``'s ``done``: ``store.commit()``
+            # returned, which needs the interpreter back), not at the fsync's end (bench/RESULTS.md sim26)
+            node.commit_seconds += self.now - began[0]
             # ``process`` wakes the loop (``run_sync_soon``) on the core the COMMIT's last run had: the
             # loop may take that core (``_hand_off``), and the storage thread, holding the interpreter
             # off the cores, then goes on (its callback handed over, its next batch) once it is back
@@ -723,8 +751,12 @@ class MeshSim2(MeshSim):
             burst, sleep = cpu / (runs + 1), sync / runs
             self.box.work(node.disk_cpu, burst)
             for _ in range(runs):
-                self.box.pause(node.disk_cpu, sleep)
-                self.box.wake(node.disk_cpu)
+                if self.fsync_waits:  # the daemons' sleep and wait after it, drawn: off the box
+                    drawn = self._fsync_rng.choice(FSYNC_SLEEP_US) + self._fsync_rng.choice(FSYNC_WAIT_US)
+                    self.box.pause(node.disk_cpu, drawn * 1e-6)
+                else:
+                    self.box.pause(node.disk_cpu, sleep)
+                    self.box.wake(node.disk_cpu)
                 self.box.work(node.disk_cpu, burst)
             self.box.then(node.disk_cpu, durable)
 
