@@ -12,6 +12,7 @@ storage thread does.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -25,6 +26,7 @@ import trio
 from latticed.errors import LatticedError, StorageError
 from latticed.process.logs import get_logger, log_event
 from latticed.storage.batch import Batch
+from latticed.storage.bell import Bell
 from latticed.storage.core2_queues import Change2
 from latticed.storage.jobs import SUBMITTER, Call, Job, WriterView
 from latticed.storage.reader import ReadPool, StoreReader
@@ -71,6 +73,11 @@ class StorageBridge:
         #: Called on the event loop once the storage thread read the store back after a failed read-back
         #: (memory was stale until then): the owner wakes whatever waited and looked at stale values.
         self.on_reload: Callable[[], None] | None = None
+        #: Batches told by ``on_committing`` whose replies the loop has not built yet (appended on the
+        #: storage thread, taken on the loop), and the bell it rings for them (see latticed/storage/bell.py).
+        self._preparing: collections.deque[list[Job]] = collections.deque()
+        self._bell = Bell()
+        trio.lowlevel.spawn_system_task(self._preparer, name="latticed-storage-prepare")
         writer.on_done = self._on_done
         writer.on_committing = self._on_committing
         writer.on_reloaded = self._on_reloaded
@@ -91,15 +98,34 @@ class StorageBridge:
     def _on_committing(self, jobs: list[Job]) -> None:
         """Runs on the storage thread right before a batch's ``COMMIT``: while the fsync runs the event
         loop is idle, so the jobs' waiters build their replies then (``Job.prepare``), and what is left
-        for the loop once the commit returns is to send them."""
+        for the loop once the commit returns is to send them. The bell keeps the GIL on this thread until
+        the ``COMMIT`` releases it: the loop builds the replies during the fsync, not before it while
+        this thread waits (trio's ``run_sync_soon`` handed the GIL over in its ``send``; wake26)."""
         if any(job.prepare is not None for job in jobs):
-            self._token.run_sync_soon(self._prepare, jobs)
+            self._preparing.append(jobs)
+            self._bell.ring()
+
+    async def _preparer(self) -> None:
+        """The loop's side of the bell: each ring builds the replies of the batches told since."""
+        try:
+            while True:
+                await self._bell.wait()
+                self._prepare_told()
+        except trio.ClosedResourceError:  # stop() closed the bell
+            return
+
+    def _prepare_told(self) -> None:
+        """Build the replies of every batch told and not yet prepared, in the order told."""
+        preparing = self._preparing
+        while preparing:
+            self._prepare(preparing.popleft())
 
     @staticmethod
     def _prepare(jobs: list[Job]) -> None:
-        # Queued before the batch's _complete (run_sync_soon keeps the order): it always runs first.
-        # Once per distinct callback: a connection's prepares all its jobs in one pass, and calling it
-        # for each of its 63 jobs in the batch walked them 63 times (O(n^2): ~0.4 ms of the loop per batch).
+        # Taken by _complete first if the bell's task has not run yet: it always runs before the batch's
+        # jobs are done. Once per distinct callback: a connection's prepares all its jobs in one pass, and
+        # calling it for each of its 63 jobs in the batch walked them 63 times (O(n^2): ~0.4 ms of the
+        # loop per batch).
         called: set[Callable[[], None]] = set()
         for job in jobs:
             prepare = job.prepare
@@ -114,6 +140,7 @@ class StorageBridge:
         # A callback of run_sync_soon that raises ends the whole trio run, and the waiters below would
         # never wake: whatever the owner's handler or a job's callback does, each job is completed with
         # what its commit did (its result or error was settled on the storage thread).
+        self._prepare_told()  # the replies of this batch (and any later one told) before anything is done
         try:
             self._on_commit(jobs, changes, changes2)
         except Exception as exc:
@@ -203,6 +230,7 @@ class StorageBridge:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(self._writer.stop)
             self._pool.close()
+        self._bell.close()  # the storage thread has ended: nothing rings it any more
 
 
 class StorageHold:

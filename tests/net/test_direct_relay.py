@@ -258,6 +258,7 @@ def test_a_commits_callbacks_run_once_every_job_of_it_is_done() -> None:
     """So the first callback of a commit sees all of it: one ACK message for the link's pushes in it."""
     bridge = StorageBridge.__new__(StorageBridge)
     bridge._on_commit = lambda jobs, changes, changes2: None
+    bridge._preparing = deque()  # no batch told before its COMMIT
     jobs = [Job(), Job()]
     seen: list[list[bool]] = []
 
