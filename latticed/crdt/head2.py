@@ -147,7 +147,21 @@ class HeadV2:
     def signed(self, identity: Identity) -> HeadV2:
         """This body under ``identity``'s signature (the owner's commit is the only caller)."""
         self.check()
-        return dataclasses.replace(self, signature=identity.sign(self.body()))
+        # The constructor, not dataclasses.replace (~1.3 µs more, once a batch): the same fields.
+        return HeadV2(
+            self.queue_id,
+            self.epoch,
+            self.version,
+            self.log,
+            self.start,
+            self.end,
+            self.base_hash,
+            self.head_hash,
+            self.meta_version,
+            self.meta_hash,
+            self.timestamp,
+            identity.sign(self.body()),
+        )
 
     def check(self) -> None:
         """Raise :class:`MalformedError` unless every field fits the signed layout exactly."""

@@ -130,7 +130,8 @@ def _sign(
         if kept and (kept[0].end <= start or kept[-1].end > end):  # sorted by end: a truncation cut some
             kept = bodies_between(kept, start, end)
         bodies = grown(kept, (head,))
-    return replace(state, chains=value, meta=meta, entries=entries, bodies=bodies)
+    # The constructor, not dataclasses.replace (~0.8 µs more, a head a batch); ``memo`` starts afresh.
+    return QueueState2(state.owner, state.name, state.kind, value, meta, entries, bodies)
 
 
 def recover(
