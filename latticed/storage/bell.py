@@ -3,14 +3,15 @@
 Why it exists: the storage thread tells the loop a batch's jobs right before the batch's ``COMMIT``, so
 that the loop builds their replies while the fsync runs (``Job.prepare``, singles22). Through trio's
 ``run_sync_soon`` that wake-up is a ``socket.send``, which releases the GIL for the syscall: the woken
-loop thread could take the GIL first and run the replies *before* the ``COMMIT`` starts, while the storage
-thread waited for the GIL back (wake26's trace: 1 batch in 6, ~40-70 µs each). The bell's write is a
-libc ``write`` called through ``ctypes.PyDLL``, which keeps the GIL: the woken loop waits for it until the
-storage thread enters the ``COMMIT`` (``sqlite3`` releases the GIL around the statement), and runs the
-replies during the fsync. An eventfd where there is one (Linux), else a pipe: a pipe's and a socket's
-writes wake their reader as a "sync" wake-up (the kernel's hint that the writer is about to sleep), which
-puts the loop thread on the storage thread's core, where it then waits the ``COMMIT``'s CPU work out
-(wake26's trace: the replies started ~120 µs into the ``COMMIT`` in half the runs); an eventfd's does not.
+loop thread could take the GIL first and run the replies *before* the ``COMMIT`` starts, while the
+storage thread waited for the GIL back (wake26's trace: 4-89 % of batches by run, ~55-90 µs each). The
+bell's write is a libc ``write`` called through ``ctypes.PyDLL``, which keeps the GIL: the woken loop
+waits for it until the storage thread enters the ``COMMIT`` (``sqlite3`` releases the GIL around the
+statement), and runs the replies during the fsync. An eventfd where there is one (Linux; one fd, a
+write as cheap as a pipe's, ~4-5 µs against a socket's ~5-7 in a micro-benchmark), else a pipe. Where the
+kernel puts the woken loop thread on the storage thread's core, it runs once the ``COMMIT`` sleeps in its
+fsync (~130 µs into it), still well before the ``COMMIT`` returns (wake26's trace, with a pipe and with
+an eventfd alike).
 
 Where ``ctypes`` cannot reach libc's ``write`` it falls back to ``os.write`` (the GIL is then released
 around the write, as trio's wake-up does): the order of things is the same, only the hand-off may come
