@@ -52,7 +52,7 @@ PROTOCOL_FEATURES: Final[frozenset[str]] = frozenset(
     }
 )
 #: The store's schema version (PRAGMA user_version: migrations applied) this build writes.
-STORE_SCHEMA: Final = 9
+STORE_SCHEMA: Final = 10
 #: Local API versions the daemon answers (a request names its version in ``v``). 2: ``offer_batch``
 #: takes its records as columns (``layout: "packed"``); everything of 1 stays as it was.
 API_VERSIONS: Final = (1, 2)

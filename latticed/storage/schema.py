@@ -30,8 +30,9 @@ Layout notes (why it looks like this):
   expiry, else NULL) is indexed so expired keys are purged without reading the others.
 * ``queues.floor``/``floor_hash``: a replica's own low-watermark after it dropped its oldest records
   (retention's replica cap; 0 when it dropped none) and the chain value there.
-* ``times`` is the time index: per segment, the running maximum of the record timestamps, indexed, so
-  "the first offset at or after T" is a seek (:mod:`latticed.storage.timeindex`).
+* ``times`` is the time index: per segment, the running maximum of the record timestamps, so "the first
+  offset at or after T" is a bisection of its key (:mod:`latticed.storage.timeindex`; until schema 10
+  an index on the maximum was seeked, one more page every commit wrote).
 * ``queues.core`` is a queue's fork core (1: v1 heads, 2: v2 heads; fixed per queue). A core-2 queue keeps
   its records in ``segments`` like any other and the rest of its value in ``queue2`` (one row: epoch,
   tips, start head, metadata, held end), ``leaves2`` (its shared leaves) and ``bodies2`` (the unsigned
@@ -279,6 +280,27 @@ def _v9_header_runs(conn: sqlite3.Connection) -> None:
     read the byte as a record's headers, from opening the store."""
 
 
+def _v10_time_index_keyed(conn: sqlite3.Connection) -> None:
+    """Drop the time index's own index on (q, top): a lookup by time bisects the table's key instead.
+
+    Why: every commit of records wrote a page of that b-tree (one of the ~12 WAL pages a batch of single
+    offers writes, for a lookup a reader makes once a read by time). The tops only rise with the offset,
+    so a bisection of ``times``'s own key ``(q, first)`` finds the row the index was seeked for
+    (:func:`latticed.storage.timeindex.segment_reaching`). No row of any table is read or rewritten.
+
+    Crash safety: the step is one ``DROP INDEX``, which :func:`migrate` runs inside the same ``BEGIN
+    IMMEDIATE`` transaction as ``PRAGMA user_version = 10``, in WAL mode with the writer's
+    ``synchronous`` setting, after the copy of the schema-9 file was kept. SQLite's DDL is
+    transactional: the freed pages, the root pages ``auto_vacuum`` moves into the dropped b-tree's place
+    and the ``sqlite_schema`` rows naming them are all frames of that one transaction, so after a
+    ``kill -9`` or a power cut at any point the file opens either as schema 9 as it was (no commit frame
+    reached the disk: the index is there and this build runs the step again) or as schema 10 complete
+    (the commit frame is durable), never between. A schema-9 build would read the result correctly but
+    look times up in a scan of a queue's rows; it refuses it as newer (:func:`newer_store_message`, by
+    ``user_version``), and its operator restores the ``.pre-9`` copy."""
+    conn.execute("DROP INDEX times_top")
+
+
 def entry_expiry(entry: kv.Entry) -> int | None:
     """When a key's joined entry stops being visible by itself (a plain value with a TTL), else None."""
     return entry.expires_ms if entry.kind == kv.PLAIN else None
@@ -294,6 +316,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v7_core2_steps,
     _v8_segments_rowid,
     _v9_header_runs,
+    _v10_time_index_keyed,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -9,9 +9,10 @@ rises, so it can be searched in O(log n). That is what this table holds, per seg
 
 * ``peak``: the segment's own highest timestamp;
 * ``top``: the highest timestamp of every held record of the queue up to the segment's end (the running
-  maximum), indexed with the queue as ``(q, top)``.
+  maximum).
 
-The first segment whose ``top`` reaches ``T`` holds the answer (an index seek); the offset inside it is a
+The first segment whose ``top`` reaches ``T`` holds the answer (a bisection of the table's key: the tops
+only rise with the offset; until schema 10 an index on ``(q, top)`` was seeked); the offset inside it is a
 scan of that one segment's timestamps (:mod:`latticed.storage.timeseek`). The rows follow the segment
 rows (:mod:`latticed.storage.segments` calls in here on every insert and delete, inside the same
 transaction), so owners and replicas, whatever they hold, answer from the records they hold. When the
@@ -25,8 +26,9 @@ connection's own writes left it, so such an append is one INSERT instead of two 
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 import msgpack
@@ -47,7 +49,7 @@ def create(conn: sqlite3.Connection) -> None:
             PRIMARY KEY (q, first)
         ) WITHOUT ROWID"""
     )
-    conn.execute("CREATE INDEX times_top ON times (q, top)")
+    conn.execute("CREATE INDEX times_top ON times (q, top)")  # dropped by schema 10
 
 
 def backfill(conn: sqlite3.Connection) -> None:
@@ -196,12 +198,59 @@ def removed_from(conn: sqlite3.Connection, q: int, first: int, tails: Tails | No
 
 
 def segment_reaching(conn: sqlite3.Connection, q: int, timestamp: int) -> int | None:
-    """The first offset of the first segment whose running maximum reaches ``timestamp`` (an index seek
-    on ``(q, top)``: the tops only rise with the offset), or None when no held record reaches it."""
-    row = conn.execute(
-        "SELECT first FROM times WHERE q = ? AND top >= ? ORDER BY top, first LIMIT 1", (q, timestamp)
-    ).fetchone()
-    return None if row is None else int(row[0])
+    """The first offset of the first segment whose running maximum reaches ``timestamp``, or None when
+    no held record reaches it.
+
+    A bisection over the offsets with seeks of the table's own key ``(q, first)`` (at most ~64, ~27 for
+    10^8 held records): the tops only rise with the offset, so the rows at or below an offset whose last
+    row falls short all fall short. Since schema 10 there is no index on ``(q, top)`` to seek instead:
+    it was one more b-tree page every commit writes, for a lookup a reader makes once. The seeks read one
+    snapshot (:func:`snapshot`), as the index's one statement did."""
+    with snapshot(conn):
+        return _bisect(conn, q, timestamp)
+
+
+@contextlib.contextmanager
+def snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """Run the statements inside in one read transaction (the caller's, if it is in one), so a commit
+    between two of them (a truncation deleting rows) is not seen half."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+
+
+def _bisect(conn: sqlite3.Connection, q: int, timestamp: int) -> int | None:
+    row = conn.execute(_FIRST_ROW, (q,)).fetchone()
+    if row is None:
+        return None
+    if row[1] >= timestamp:
+        return int(row[0])
+    last = conn.execute(_LAST_ROW, (q,)).fetchone()
+    if last[1] < timestamp:
+        return None
+    # Every row starting at or below ``lo`` falls short; the row starting at ``hi`` reaches.
+    lo, hi = int(row[0]), int(last[0])
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        first, top = conn.execute(_ROW_AT_OR_BELOW, (q, mid)).fetchone()
+        if top >= timestamp:
+            hi = int(first)
+        else:
+            lo = mid
+    return hi
+
+
+_FIRST_ROW: Final = "SELECT first, top FROM times WHERE q = ? ORDER BY first LIMIT 1"
+_LAST_ROW: Final = "SELECT first, top FROM times WHERE q = ? ORDER BY first DESC LIMIT 1"
+_ROW_AT_OR_BELOW: Final = (
+    "SELECT first, top FROM times WHERE q = ? AND first <= ? ORDER BY first DESC LIMIT 1"
+)
 
 
 __all__ = [
@@ -214,4 +263,5 @@ __all__ = [
     "removed_from",
     "retop",
     "segment_reaching",
+    "snapshot",
 ]

@@ -119,12 +119,28 @@ def test_a_replica_answers_the_same_and_after_dropping_its_oldest_records(writer
     check(conn, q)
 
 
-def test_the_answer_is_an_index_seek(writer: Writer) -> None:
-    plan = writer.store.connection.execute(
-        "EXPLAIN QUERY PLAN SELECT first FROM times WHERE q = 1 AND top >= 5 ORDER BY top, first LIMIT 1"
-    ).fetchall()
-    detail = " ".join(str(row[-1]) for row in plan)
-    assert "times_top" in detail and "TEMP B-TREE" not in detail, detail
+def test_the_answer_is_a_bisection_of_the_key_seeks(writer: Writer) -> None:
+    """Since schema 10 no index on ``(q, top)``: each statement of the lookup is a seek of ``times``'s
+    key, and there are about log2(the offsets held) of them."""
+    q = ok(writer, CreateQueue("q"))
+    assert isinstance(q, int)
+    for i in range(40):  # 40 segments of 256 records (too big to be compacted), rising by 10 ms
+        ok(writer, Append(q, records([NOW + 10 * (256 * i + j) for j in range(256)])))
+    conn = writer.store.connection
+    assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'times_top'").fetchone() is None
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        assert offset_for_time(conn, q, NOW + 10 * 7777 + 1) == (7778, NOW + 77780)
+    finally:
+        conn.set_trace_callback(None)
+    assert statements[0] == "BEGIN" and statements[-1] == "COMMIT"  # one snapshot: a truncation between
+    looked_up = [sql for sql in statements if "FROM times" in sql]  # two seeks is not seen half
+    assert 2 < len(looked_up) <= 2 + 14, looked_up  # the first and last rows, then log2(10,240) seeks
+    for sql in looked_up:
+        plan = " ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+        assert "SEARCH times USING PRIMARY KEY" in plan and "TEMP B-TREE" not in plan, plan
+    check(conn, q)
 
 
 def test_writes_keep_the_index_without_looking_up_the_schema(writer: Writer) -> None:
