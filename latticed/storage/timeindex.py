@@ -26,9 +26,8 @@ connection's own writes left it, so such an append is one INSERT instead of two 
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import msgpack
@@ -201,56 +200,43 @@ def segment_reaching(conn: sqlite3.Connection, q: int, timestamp: int) -> int | 
     """The first offset of the first segment whose running maximum reaches ``timestamp``, or None when
     no held record reaches it.
 
-    A bisection over the offsets with seeks of the table's own key ``(q, first)`` (at most ~64, ~27 for
-    10^8 held records): the tops only rise with the offset, so the rows at or below an offset whose last
-    row falls short all fall short. Since schema 10 there is no index on ``(q, top)`` to seek instead:
-    it was one more b-tree page every commit writes, for a lookup a reader makes once. The seeks read one
-    snapshot (:func:`snapshot`), as the index's one statement did."""
-    with snapshot(conn):
-        return _bisect(conn, q, timestamp)
+    A bisection over the offsets, each step a seek of the table's own key ``(q, first)`` (at most ~64,
+    ~27 for 10^8 held records): the tops only rise with the offset, so when the last row at or below an
+    offset falls short, every row below it does. Since schema 10 there is no index on ``(q, top)`` to
+    seek instead: it was one more b-tree page every commit writes, for a lookup a reader makes once. One
+    statement (a recursive query), so one snapshot, as the index's seek was."""
+    row = conn.execute(_BISECT, (q, timestamp)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
-@contextlib.contextmanager
-def snapshot(conn: sqlite3.Connection) -> Iterator[None]:
-    """Run the statements inside in one read transaction (the caller's, if it is in one), so a commit
-    between two of them (a truncation deleting rows) is not seen half."""
-    if conn.in_transaction:
-        yield
-        return
-    conn.execute("BEGIN")
-    try:
-        yield
-    finally:
-        if conn.in_transaction:
-            conn.execute("COMMIT")
-
-
-def _bisect(conn: sqlite3.Connection, q: int, timestamp: int) -> int | None:
-    row = conn.execute(_FIRST_ROW, (q,)).fetchone()
-    if row is None:
-        return None
-    if row[1] >= timestamp:
-        return int(row[0])
-    last = conn.execute(_LAST_ROW, (q,)).fetchone()
-    if last[1] < timestamp:
-        return None
-    # Every row starting at or below ``lo`` falls short; the row starting at ``hi`` reaches.
-    lo, hi = int(row[0]), int(last[0])
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        first, top = conn.execute(_ROW_AT_OR_BELOW, (q, mid)).fetchone()
-        if top >= timestamp:
-            hi = int(first)
-        else:
-            lo = mid
-    return hi
-
-
-_FIRST_ROW: Final = "SELECT first, top FROM times WHERE q = ? ORDER BY first LIMIT 1"
-_LAST_ROW: Final = "SELECT first, top FROM times WHERE q = ? ORDER BY first DESC LIMIT 1"
-_ROW_AT_OR_BELOW: Final = (
-    "SELECT first, top FROM times WHERE q = ? AND first <= ? ORDER BY first DESC LIMIT 1"
-)
+#: ``lo``: every row starting at or below it falls short (the first row's offset, when it does);
+#: ``hi``: a row starting there reaches (the last row's, when it does). Each step seeks the last row at
+#: or below the midpoint: reaching, it is the new ``hi``, else the midpoint is the new ``lo``; ``hi``
+#: only falls, so the least is the answer once no offset is left between them. (``lo + (hi - lo) / 2``:
+#: offsets go to 2**63 - 1, where ``lo + hi`` would leave SQLite's integers.)
+_BISECT: Final = """
+WITH RECURSIVE
+    ends(lo_first, lo_top, hi_first, hi_top) AS (
+        SELECT
+            (SELECT first FROM times WHERE q = ?1 ORDER BY first LIMIT 1),
+            (SELECT top FROM times WHERE q = ?1 ORDER BY first LIMIT 1),
+            (SELECT first FROM times WHERE q = ?1 ORDER BY first DESC LIMIT 1),
+            (SELECT top FROM times WHERE q = ?1 ORDER BY first DESC LIMIT 1)
+    ),
+    step(lo, hi) AS (
+        SELECT lo_first, hi_first FROM ends WHERE lo_top < ?2 AND hi_top >= ?2
+        UNION ALL
+        SELECT
+            CASE WHEN t.top >= ?2 THEN step.lo ELSE step.lo + (step.hi - step.lo) / 2 END,
+            CASE WHEN t.top >= ?2 THEN t.first ELSE step.hi END
+        FROM step JOIN times AS t ON t.q = ?1 AND t.first = (
+            SELECT first FROM times
+            WHERE q = ?1 AND first <= step.lo + (step.hi - step.lo) / 2 ORDER BY first DESC LIMIT 1
+        )
+        WHERE step.hi - step.lo > 1
+    )
+SELECT CASE WHEN lo_top >= ?2 THEN lo_first ELSE (SELECT min(hi) FROM step) END FROM ends
+"""
 
 
 __all__ = [
@@ -263,5 +249,4 @@ __all__ = [
     "removed_from",
     "retop",
     "segment_reaching",
-    "snapshot",
 ]

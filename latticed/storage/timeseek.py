@@ -1,8 +1,8 @@
 """Look an offset up by time: the first held record whose timestamp is at or after ``T``.
 
-A bisection of the time index's key (:func:`latticed.storage.timeindex.segment_reaching`) finds the
-segment, one segment read finds the record in it. What a timestamp is and what timestamps that go back do: see
-:mod:`latticed.storage.timeindex`.
+One statement, a bisection of the time index's key (:func:`latticed.storage.timeindex.segment_reaching`),
+finds the segment, one segment read finds the record in it. What a timestamp is and what timestamps that
+go back do: see :mod:`latticed.storage.timeindex`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from latticed.storage import segments, timeindex
 def offset_for_time(conn: sqlite3.Connection, q: int, timestamp: int) -> tuple[int, int] | None:
     """``(offset, its timestamp)`` of the first held record of queue ``q`` whose timestamp is at or after
     ``timestamp``, or None when no held record's is (Kafka's ``offsetsForTimes``)."""
-    with timeindex.snapshot(conn):  # the segment found is read in the same snapshot
-        first = timeindex.segment_reaching(conn, q, timestamp)
-        segment = None if first is None else segments.containing(conn, q, first)
+    first = timeindex.segment_reaching(conn, q, timestamp)
+    if first is None:
+        return None
+    segment = segments.containing(conn, q, first)
     if segment is None:
         return None
     for i, ts in enumerate(segment.timestamps):
