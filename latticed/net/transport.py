@@ -62,7 +62,7 @@ _SEND_CHUNK: Final = 1 << 16
 _SEND_BATCH: Final = 1 << 20
 #: The one floor of a slow honest link, in bytes a second, for both ends of it: below it a frame still
 #: arriving no longer counts as hearing its peer (:attr:`SecureStream.progress_at`), and a send whose
-#: peer takes its bytes slower falls behind its credit until ``send_timeout`` gives it up (:meth:`_write`).
+#: peer takes its bytes slower falls behind its credit until ``slow_timeout`` gives it up (:meth:`_write`).
 #: A link moving at this rate or faster is kept by both ends (4 KiB/s is 32 kbit/s), however large its
 #: messages; a trickle that never makes a message holds a link at most ``max_message_size`` bytes' worth
 #: of this (256 s for 1 MiB) past its first byte, and then fails authentication.
@@ -90,9 +90,9 @@ class SecureStream(trio.abc.AsyncResource):
     hit the wire in the order they were sealed. For a graceful end call
     :meth:`send_eof`, read until :meth:`receive` returns ``None``, then :meth:`aclose`.
 
-    With a ``send_timeout`` (seconds), a send whose peer takes its bytes slower than
-    :data:`MIN_PROGRESS_RATE` (the receiving end's floor too) until it is ``send_timeout`` behind that
-    rate, or takes nothing for ``send_timeout`` (it stopped reading), fails with
+    With a ``send_timeout`` (seconds), a send whose peer takes nothing for ``send_timeout`` (it stopped
+    reading), or takes its bytes slower than :data:`MIN_PROGRESS_RATE` (the receiving end's floor too)
+    until it is ``slow_timeout`` behind that rate, fails with
     :class:`ConnectionClosedError` and leaves the stream unusable (:attr:`send_stalled`); a peer taking
     them at the floor rate or faster is not cut off, however long a large message takes.
     """
@@ -109,6 +109,9 @@ class SecureStream(trio.abc.AsyncResource):
         self._closed = False
         #: Seconds a send may go without progress before the peer is given up (None: forever).
         self.send_timeout = send_timeout
+        #: Seconds a moving send may fall behind :data:`MIN_PROGRESS_RATE` before the peer is given up
+        #: (None: ``send_timeout``); the gossip layer sets its receiving end's silence bound here.
+        self.slow_timeout: float | None = None
         #: A TCP stream's (non-blocking) socket, written and read directly while that does not block.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._reads_unyielded = 0
@@ -421,16 +424,17 @@ class SecureStream(trio.abc.AsyncResource):
                 # Credit for the bytes through, as the receiver counts them (progress_at): at most
                 # 1 / MIN_PROGRESS_RATE s a byte since the wait began, never past the clock.
                 start = credit = trio.current_time()
+                behind = timeout if self.slow_timeout is None else max(timeout, self.slow_timeout)
                 through = 0
                 for piece in _pieces(frame, timeout):
-                    self._blocked_since = trio.current_time()
-                    with trio.move_on_at(credit + timeout) as waited:
+                    self._blocked_since = now = trio.current_time()
+                    with trio.move_on_at(min(now + timeout, credit + behind)) as waited:
                         await self._stream.send_all(piece)
                     if waited.cancelled_caught:
                         self._send_stalled = True
                         raise ConnectionClosedError(
-                            f"peer stopped reading: it took nothing, or less than {MIN_PROGRESS_RATE} B/s, "
-                            f"for {timeout:g} s"
+                            f"peer stopped reading: it took nothing for {timeout:g} s, or less than "
+                            f"{MIN_PROGRESS_RATE} B/s until {behind:g} s behind"
                         )
                     through += len(piece)
                     credit = min(trio.current_time(), start + through / MIN_PROGRESS_RATE)
