@@ -1,8 +1,11 @@
 """What the integration tests ask a running daemon process (integration/daemons.py's handle) through its
-socket: a client, a `latticectl` call, the address peers dial, a queue's info."""
+socket: a client, a `latticectl` call, the address peers dial, a queue's info; and the copied identity
+several tests start from."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from typing import Any
 
 from daemons import LatticedProcess
@@ -12,6 +15,8 @@ import cli.ctl
 from latticed.api.client.blocking_client import Client
 
 runner = CliRunner()
+#: A daemon on loopback only: an ephemeral port, no mDNS.
+LOCAL = ["--listen", "127.0.0.1:0", "--no-mdns"]
 
 
 def client(daemon: LatticedProcess) -> Client:
@@ -41,3 +46,19 @@ def info(daemon: LatticedProcess, queue: str) -> dict[str, Any]:
 
 
 __all__ = ["LatticedProcess", "client", "ctl", "dial_address", "info", "runner"]
+
+
+def copied_owner(factory: Callable[..., LatticedProcess], owner: LatticedProcess) -> LatticedProcess:
+    """A second daemon on a copy of ``owner``'s data directory (its identity copied to another machine),
+    both running, each having written its own records to ``events`` since: ``owner-0..4`` on the owner,
+    ``copy-0..2`` on the copy. ``owner`` is stopped for the copy and restarted."""
+    owner.stop()
+    copy = factory(start=False, args=LOCAL)
+    shutil.copytree(owner.data_dir, copy.data_dir)
+    owner.start()
+    copy.start()
+    with client(owner) as c:
+        c.offer_batch("events", [(b"owner-%d" % i, None, ()) for i in range(5)])
+    with client(copy) as c:
+        c.offer_batch("events", [(b"copy-%d" % i, None, ()) for i in range(3)])
+    return copy

@@ -10,19 +10,18 @@ import contextlib
 import socket
 import threading
 
+from loopback_relay import LoopbackRelay, copy
 
-class HalfOpenRelay:
+
+class HalfOpenRelay(LoopbackRelay):
     """Accepts on ``127.0.0.1:port`` and relays each connection to ``127.0.0.1:target_port``, both ways,
     until :meth:`cut` (see the module docstring) or :meth:`close`."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self.cut_done = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target_port)
 
     def cut(self) -> None:
         """Close every relayed connection's target side; the diallers' sides stay open and silent."""
@@ -44,30 +43,17 @@ class HalfOpenRelay:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                dialler, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            if self.cut_done:
-                dialler.close()
-                continue
-            try:
-                target = socket.create_connection(("127.0.0.1", self.target_port))
-            except OSError:
-                dialler.close()
-                continue
-            with self._lock:
-                self._pairs.append((dialler, target))
-            threading.Thread(target=self._pump, args=(dialler, target), daemon=True).start()
-            threading.Thread(target=self._pump, args=(target, dialler), daemon=True).start()
+    def _admit(self) -> bool:
+        return not self.cut_done
+
+    def _relay(self, dialler: socket.socket, target: socket.socket) -> None:
+        with self._lock:
+            self._pairs.append((dialler, target))
+        threading.Thread(target=self._pump, args=(dialler, target), daemon=True).start()
+        threading.Thread(target=self._pump, args=(target, dialler), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := source.recv(65536):
-                if not self.cut_done:
-                    sink.sendall(chunk)  # after the cut the dialler's bytes are read and dropped
+        copy(source, sink, drop=lambda: self.cut_done)  # after the cut the dialler's bytes are dropped
         if not self.cut_done:  # an end closed before any cut: close the other as a plain relay does
             for sock in (source, sink):
                 with contextlib.suppress(OSError):

@@ -8,23 +8,22 @@ import contextlib
 import socket
 import threading
 
+from loopback_relay import LoopbackRelay, copy
 
-class HeldRelay:
+
+class HeldRelay(LoopbackRelay):
     """Accepts on ``127.0.0.1:port`` and relays each connection to ``127.0.0.1:target_port``. The dialler's
     bytes pass freely; the target's pass while :attr:`allowance` (bytes in all, over every connection) is
     None or not yet reached. Bytes not let through stay in the kernel's buffers (the sender sees a slow
     reader), so nothing is dropped and nothing is reordered."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
         self._cond = threading.Condition()
         self.allowance: int | None = None
         #: Bytes passed back from the target, over every connection.
         self.passed = 0
         self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target_port)
 
     def hold(self) -> None:
         """Let nothing more through from the target until :meth:`allow` or :meth:`release`."""
@@ -54,25 +53,13 @@ class HeldRelay:
             self._cond.notify_all()
         self._listener.close()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                dialler, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            try:
-                target = socket.create_connection(("127.0.0.1", self.target_port))
-            except OSError:
-                dialler.close()
-                continue
-            done = threading.Event()
-            threading.Thread(target=self._forward, args=(dialler, target, done), daemon=True).start()
-            threading.Thread(target=self._back, args=(target, dialler, done), daemon=True).start()
+    def _relay(self, dialler: socket.socket, target: socket.socket) -> None:
+        done = threading.Event()
+        threading.Thread(target=self._forward, args=(dialler, target, done), daemon=True).start()
+        threading.Thread(target=self._back, args=(target, dialler, done), daemon=True).start()
 
     def _forward(self, source: socket.socket, sink: socket.socket, done: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := source.recv(65536):
-                sink.sendall(chunk)
+        copy(source, sink)
         self._end(source, sink, done)
 
     def _back(self, source: socket.socket, sink: socket.socket, done: threading.Event) -> None:

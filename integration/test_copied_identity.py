@@ -6,15 +6,13 @@ relay (the queue is flagged forked there)."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from typing import Any
 
-from daemon_calls import LatticedProcess, client, ctl, dial_address, info
+from daemon_calls import LOCAL, LatticedProcess, client, copied_owner, ctl, dial_address, info
 from polling import wait_until
 
 Factory = Callable[..., LatticedProcess]
-LOCAL = ["--listen", "127.0.0.1:0", "--no-mdns"]
 
 
 def identity(daemon: LatticedProcess) -> dict[str, Any]:
@@ -32,15 +30,7 @@ def test_a_copied_identity_is_flagged_the_later_daemon_stops_writing_and_both_hi
     with client(owner) as c:
         queue = c.queue_create("events")
         c.offer_batch("events", [(b"shared-%d" % i, None, ()) for i in range(10)])
-    owner.stop()
-    copy = latticed_process(start=False, args=LOCAL)
-    shutil.copytree(owner.data_dir, copy.data_dir)
-    owner.start()
-    copy.start()
-    with client(owner) as c:
-        c.offer_batch("events", [(b"owner-%d" % i, None, ()) for i in range(5)])
-    with client(copy) as c:
-        c.offer_batch("events", [(b"copy-%d" % i, None, ()) for i in range(3)])
+    copy = copied_owner(latticed_process, owner)
 
     # The owner meets the relay first, then the copy does.
     hub = dial_address(relay)

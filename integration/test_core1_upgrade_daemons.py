@@ -6,18 +6,16 @@ becomes writable again everywhere."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Callable
 
-from daemon_calls import LatticedProcess, client, ctl, dial_address, info
+from daemon_calls import LOCAL, LatticedProcess, client, copied_owner, ctl, dial_address, info
 from polling import wait_until
 from test_core2_daemons import BIN, Lines, values
 
 from latticed.errors import BehindPeersError
 
 Factory = Callable[..., LatticedProcess]
-LOCAL = ["--listen", "127.0.0.1:0", "--no-mdns"]
 
 
 def offered(daemon: LatticedProcess, value: bytes) -> bool:
@@ -88,15 +86,7 @@ def test_a_forked_core1_queue_recovered_by_its_owner_is_writable_everywhere(
 
     # The owner's data directory copied to a second machine; both write while the relay is away.
     relay.stop()
-    owner.stop()
-    copy = latticed_process(start=False, args=LOCAL)
-    shutil.copytree(owner.data_dir, copy.data_dir)
-    owner.start()
-    copy.start()
-    with client(owner) as c:
-        c.offer_batch("events", [(b"owner-%d" % i, None, ()) for i in range(5)])
-    with client(copy) as c:
-        c.offer_batch("events", [(b"copy-%d" % i, None, ()) for i in range(3)])
+    copy = copied_owner(latticed_process, owner)
     relay.start()
     hub = dial_address(relay)
     with client(owner) as c:

@@ -6,7 +6,6 @@ writable again everywhere, the tail going on with the new records. And core 2 be
 from __future__ import annotations
 
 import queue as queue_mod
-import shutil
 import subprocess
 import sys
 import threading
@@ -14,11 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from daemon_calls import LatticedProcess, client, ctl, dial_address, info
+from daemon_calls import LOCAL, LatticedProcess, client, copied_owner, ctl, dial_address, info
 from polling import wait_until
 
 Factory = Callable[..., LatticedProcess]
-LOCAL = ["--listen", "127.0.0.1:0", "--no-mdns"]
 BIN = Path(sys.executable).parent
 WAIT_S = 30.0
 
@@ -56,15 +54,7 @@ def test_a_copied_core2_store_forks_every_replica_meets_frozen_and_the_owner_rec
 
     # The owner's data directory copied to a second machine; both write while the relay is away.
     relay.stop()
-    owner.stop()
-    copy = latticed_process(start=False, args=LOCAL)
-    shutil.copytree(owner.data_dir, copy.data_dir)
-    owner.start()
-    copy.start()
-    with client(owner) as c:
-        c.offer_batch("events", [(b"owner-%d" % i, None, ()) for i in range(5)])
-    with client(copy) as c:
-        c.offer_batch("events", [(b"copy-%d" % i, None, ()) for i in range(3)])
+    copy = copied_owner(latticed_process, owner)
     relay.start()
     hub = dial_address(relay)
     with client(owner) as c:

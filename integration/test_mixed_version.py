@@ -89,6 +89,16 @@ def connected(daemon: LatticedProcess, peer: str) -> bool:
         return any(p.get("public_key") == peer and p.get("status") == "connected" for p in c.peers())
 
 
+def linked(factory: Factory) -> tuple[LatticedProcess, LatticedProcess, str, str]:
+    """A daemon of the previous release and one of this build dialling it, once each says the link is up:
+    the two and their identities."""
+    old = start(factory, OLD)
+    new = start(factory, None, old)  # the new one dials the old one
+    old_id, new_id = identity(old), identity(new)
+    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    return old, new, old_id, new_id
+
+
 def test_the_previous_release_runs_its_own_code(latticed_process: Factory) -> None:
     old = start(latticed_process, OLD)
     with client(old) as c:
@@ -97,10 +107,7 @@ def test_the_previous_release_runs_its_own_code(latticed_process: Factory) -> No
 
 
 def test_previous_release_and_this_build_replicate_both_ways(latticed_process: Factory) -> None:
-    old = start(latticed_process, OLD)
-    new = start(latticed_process, None, old)  # the new one dials the old one
-    old_id, new_id = identity(old), identity(new)
-    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    old, new, old_id, new_id = linked(latticed_process)
     with client(old) as c:
         from_old = c.queue_create("from-old")
         c.offer_batch("from-old", [(b"o%d" % i, b"k%d" % (i % 7), ()) for i in range(500)])
@@ -142,10 +149,7 @@ def test_previous_release_and_this_build_replicate_both_ways(latticed_process: F
 def test_the_previous_release_is_sent_nothing_of_a_core2_queue_and_core1_still_syncs(
     latticed_process: Factory,
 ) -> None:
-    old = start(latticed_process, OLD)
-    new = start(latticed_process, None, old)
-    old_id, new_id = identity(old), identity(new)
-    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    old, new, old_id, _new_id = linked(latticed_process)
     with client(new) as c:
         two = c.queue_create("two", core=2)
         c.offer_batch("two", [(b"t%d" % i, None, ()) for i in range(5)])
@@ -168,10 +172,7 @@ def test_the_previous_release_is_sent_nothing_of_a_core2_queue_and_core1_still_s
 def test_a_queue_the_previous_release_holds_moved_to_core2_stays_there_and_the_rest_syncs(
     latticed_process: Factory,
 ) -> None:
-    old = start(latticed_process, OLD)
-    new = start(latticed_process, None, old)
-    old_id, new_id = identity(old), identity(new)
-    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    old, new, old_id, new_id = linked(latticed_process)
     with client(new) as c:
         moved = c.queue_create("moved", core=1)  # a core-1 queue the old release receives
         c.offer_batch("moved", [(b"m%d" % i, None, ()) for i in range(5)])
@@ -410,10 +411,7 @@ def test_a_rolling_upgrade_under_live_streams_loses_and_duplicates_nothing(latti
 
 
 def test_remote_work_queue_consumers_across_the_releases_both_ways(latticed_process: Factory) -> None:
-    old = start(latticed_process, OLD)
-    new = start(latticed_process, None, old)
-    old_id, new_id = identity(old), identity(new)
-    wait_until(lambda: connected(new, old_id) and connected(old, new_id), "the link between the releases")
+    old, new, old_id, new_id = linked(latticed_process)
     for owner, owner_id, worker in ((old, old_id, new), (new, new_id, old)):
         with client(owner) as c:
             c.queue_create("jobs", core=1)  # the worker on the previous release reads it

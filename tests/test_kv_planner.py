@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import pytest
 import trio
 import typer
+from support.inprocess import engine_context
 from typer.core import TyperArgument, TyperGroup
 
 import cli.ctl
@@ -28,7 +29,6 @@ from latticed.crdt.signing import Identity
 from latticed.errors import MalformedError, WrongTypeError
 from latticed.facades.kv_namespace import KvNamespace
 from latticed.storage.engine import Engine
-from latticed.storage.sealer import Sealer
 
 HANDLERS = build_op_table().handlers
 ALICE = Identity.from_seed(b"a" * 32)
@@ -88,14 +88,7 @@ class DaemonKv:
 
         async def main() -> None:
             async with Engine.open(data_dir, ALICE, clock=self.clock) as engine:
-                box["ctx"] = Context(
-                    engine,
-                    data_dir,
-                    data_dir / "unused.sock",
-                    1 << 20,
-                    sealer=Sealer(engine),
-                    ops=build_op_table(),
-                )
+                box["ctx"] = engine_context(engine, data_dir)
                 box["token"] = trio.lowlevel.current_trio_token()
                 box["done"] = trio.Event()
                 started.set()

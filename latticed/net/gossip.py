@@ -99,7 +99,9 @@ log = get_logger(__name__)
 PING_INTERVAL_S = TICK_S
 #: A link silent for longer is closed at the next tick: a dead peer is noticed 30-40 s after its last word.
 PEER_TIMEOUT_S = 30.0
-#: A peer that takes none of what we send for this long is dropped (see :class:`SecureStream`).
+#: A peer that takes none of what we send for this long, or takes it slower than the receiving end's floor
+#: (:data:`~latticed.net.transport.MIN_PROGRESS_RATE`) until :data:`PEER_TIMEOUT_S` behind it, is dropped
+#: (see :class:`SecureStream`).
 SEND_TIMEOUT_S = 20.0
 #: The reader stops reading a peer while this much of our answers to it waits to be sent.
 MAX_OUTBOX_BYTES = 1 << 20
@@ -636,6 +638,7 @@ class Gossip:
             elif gone:
                 log_event(log, "peer.replaced_gone", peer=peer_hex, address=address, old=old.address)
         stream.send_timeout = self.send_timeout
+        stream.slow_timeout = PEER_TIMEOUT_S  # behind the floor as long as our silence rule allows
         session = ReplicationSession(
             subscription=self.subscription,
             window=self.window,

@@ -56,14 +56,16 @@ _MAX_READS_UNYIELDED: Final = 16
 # Reads :meth:`SecureStream.peer_ended` makes at most (it runs on the loop without yielding: a peer that
 # floods a link it stopped reading must not hold the daemon there).
 _MAX_END_READS: Final = 4
-# With a send timeout, a frame goes out in pieces of this size, each of which must get through in time.
+# With a send timeout, a frame goes out in pieces of at most this size (see :func:`_pieces`).
 _SEND_CHUNK: Final = 1 << 16
 #: :meth:`SecureStream.send_many` joins frames into writes of about this size.
 _SEND_BATCH: Final = 1 << 20
-#: Bytes a second below which a frame still arriving no longer counts as hearing its peer
-#: (:attr:`SecureStream.progress_at`): a slow honest link (4 KiB/s is 32 kbit/s) stays up while a large
-#: message arrives; a trickle that never makes a message holds a link at most ``max_message_size`` bytes'
-#: worth of this (256 s for 1 MiB) past its first byte, and then fails authentication.
+#: The one floor of a slow honest link, in bytes a second, for both ends of it: below it a frame still
+#: arriving no longer counts as hearing its peer (:attr:`SecureStream.progress_at`), and a send whose
+#: peer takes its bytes slower falls behind its credit until ``slow_timeout`` gives it up (:meth:`_write`).
+#: A link moving at this rate or faster is kept by both ends (4 KiB/s is 32 kbit/s), however large its
+#: messages; a trickle that never makes a message holds a link at most ``max_message_size`` bytes' worth
+#: of this (256 s for 1 MiB) past its first byte, and then fails authentication.
 MIN_PROGRESS_RATE: Final = 4096
 # Openings already answered, for responders not given a cache of their own (one per process).
 _SHARED_REPLAY_CACHE: Final = ReplayCache()
@@ -88,10 +90,11 @@ class SecureStream(trio.abc.AsyncResource):
     hit the wire in the order they were sealed. For a graceful end call
     :meth:`send_eof`, read until :meth:`receive` returns ``None``, then :meth:`aclose`.
 
-    With a ``send_timeout`` (seconds), a send that makes no progress for that long (not one piece of
-    :data:`_SEND_CHUNK` bytes got through: the peer stopped reading) fails with
-    :class:`ConnectionClosedError` and leaves the stream unusable (:attr:`send_stalled`); a slow but moving
-    peer is not cut off, however long a large message takes.
+    With a ``send_timeout`` (seconds), a send whose peer takes nothing for ``send_timeout`` (it stopped
+    reading), or takes its bytes slower than :data:`MIN_PROGRESS_RATE` (the receiving end's floor too)
+    until it is ``slow_timeout`` behind that rate, fails with
+    :class:`ConnectionClosedError` and leaves the stream unusable (:attr:`send_stalled`); a peer taking
+    them at the floor rate or faster is not cut off, however long a large message takes.
     """
 
     def __init__(
@@ -106,6 +109,9 @@ class SecureStream(trio.abc.AsyncResource):
         self._closed = False
         #: Seconds a send may go without progress before the peer is given up (None: forever).
         self.send_timeout = send_timeout
+        #: Seconds a moving send may fall behind :data:`MIN_PROGRESS_RATE` before the peer is given up
+        #: (None: ``send_timeout``); the gossip layer sets its receiving end's silence bound here.
+        self.slow_timeout: float | None = None
         #: A TCP stream's (non-blocking) socket, written and read directly while that does not block.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._reads_unyielded = 0
@@ -415,15 +421,23 @@ class SecureStream(trio.abc.AsyncResource):
                     self._blocked_since = trio.current_time()
                     await self._stream.send_all(frame)
                     return
-                for piece in _pieces(frame):
-                    self._blocked_since = trio.current_time()
-                    with trio.move_on_after(timeout) as waited:
+                # Credit for the bytes through, as the receiver counts them (progress_at): at most
+                # 1 / MIN_PROGRESS_RATE s a byte since the wait began, never past the clock.
+                start = credit = trio.current_time()
+                behind = timeout if self.slow_timeout is None else max(timeout, self.slow_timeout)
+                through = 0
+                for piece in _pieces(frame, timeout):
+                    self._blocked_since = now = trio.current_time()
+                    with trio.move_on_at(min(now + timeout, credit + behind)) as waited:
                         await self._stream.send_all(piece)
                     if waited.cancelled_caught:
                         self._send_stalled = True
                         raise ConnectionClosedError(
-                            f"peer stopped reading: nothing could be sent to it for {timeout:g} s"
+                            f"peer stopped reading: it took nothing for {timeout:g} s, or less than "
+                            f"{MIN_PROGRESS_RATE} B/s until {behind:g} s behind"
                         )
+                    through += len(piece)
+                    credit = min(trio.current_time(), start + through / MIN_PROGRESS_RATE)
             finally:
                 self._blocked_since = None
         except trio.ClosedResourceError as error:
@@ -437,11 +451,14 @@ class SecureStream(trio.abc.AsyncResource):
             raise
 
 
-def _pieces(frame: bytes | memoryview) -> list[bytes | memoryview]:
-    if len(frame) <= _SEND_CHUNK:
+def _pieces(frame: bytes | memoryview, timeout: float) -> list[bytes | memoryview]:
+    """``frame`` in pieces that take at most half of ``timeout`` at the floor rate: a peer taking them at
+    :data:`MIN_PROGRESS_RATE` never waits a whole timeout for one piece's credit."""
+    size = max(1, min(_SEND_CHUNK, int(timeout * MIN_PROGRESS_RATE) // 2))
+    if len(frame) <= size:
         return [frame]
     view = memoryview(frame)
-    return [view[start : start + _SEND_CHUNK] for start in range(0, len(view), _SEND_CHUNK)]
+    return [view[start : start + size] for start in range(0, len(view), size)]
 
 
 async def _run_handshake(

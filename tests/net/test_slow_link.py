@@ -16,12 +16,13 @@ from latticed.crdt import queue as core
 from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.crdt.wire import pack
+from latticed.errors import ConnectionClosedError
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
-from latticed.net.gossip import PEER_TIMEOUT_S, PING_INTERVAL_S
+from latticed.net.gossip import PEER_TIMEOUT_S, PING_INTERVAL_S, SEND_TIMEOUT_S
 from latticed.net.transport import MIN_PROGRESS_RATE, SecureStream, secure_accept, secure_connect
 from latticed.process.logs import FIELDS_ATTR
 from latticed.protocol.replication import HELLO, PROTOCOL_VERSION
-from latticed.protocol.secure import ABYTES
+from latticed.protocol.secure import ABYTES, DEFAULT_MAX_MESSAGE_SIZE
 
 #: Below the ~17 KB/s at which a 512 KiB message fits in the 30 s silence bound.
 SLOW_RATE = 8 * 1024
@@ -205,3 +206,81 @@ async def test_progress_is_credited_at_most_at_the_floor_rate(autojump_clock: tr
         credit = ours.progress_at - begun
         assert 40.0 / 4 - 0.5 <= credit <= 40.0 / 4 + 0.1  # 10 KiB's worth: 2.5 s at the floor rate each KiB
         nursery.cancel_scope.cancel()
+
+
+async def _one_message(rate: int, dialler_sends: bool, send_timeout: float | None) -> tuple[bool, float]:
+    """One message of ``max_message_size`` bytes sent over a link whose sender's stream takes ``rate``
+    bytes a second: whether the send went through (``send_timeout`` on the sender), and how far the
+    receiver's ``progress_at`` fell behind the clock while the bytes arrived (the silence check's
+    measure: past PEER_TIMEOUT_S it gives the link up)."""
+    a, b = Identity.from_seed(b"1" * 32), Identity.from_seed(b"2" * 32)
+    left, right = trio.testing.memory_stream_pair()
+    ends: dict[str, SecureStream] = {}
+    lags: list[float] = []
+    arrived = trio.Event()
+
+    async def dial() -> None:
+        stream = Paced(left, rate) if dialler_sends else left
+        ends["dialler"] = await secure_connect(stream, seed=a.seed, network_key=DEFAULT_NETWORK_KEY)
+
+    async def accept() -> None:
+        stream = right if dialler_sends else Paced(right, rate)
+        ends["acceptor"] = await secure_accept(stream, seed=b.seed, network_key=DEFAULT_NETWORK_KEY)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dial)
+        nursery.start_soon(accept)
+    sender, receiver = (
+        (ends["dialler"], ends["acceptor"]) if dialler_sends else (ends["acceptor"], ends["dialler"])
+    )
+    sender.send_timeout = send_timeout
+    sender.slow_timeout = PEER_TIMEOUT_S  # as the gossip layer sets it: the receiver's silence bound
+    message = b"m" * DEFAULT_MAX_MESSAGE_SIZE
+
+    async def receive() -> None:
+        assert await receiver.receive() == message
+        arrived.set()
+
+    async def watch() -> None:
+        while not arrived.is_set():
+            await trio.sleep(0.5)
+            if receiver.progress_at > float("-inf"):
+                lags.append(trio.current_time() - receiver.progress_at)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive)
+        nursery.start_soon(watch)
+        try:
+            await sender.send(message)
+        except ConnectionClosedError:
+            assert sender.send_stalled
+            nursery.cancel_scope.cancel()
+            return False, max(lags)
+    return True, max(lags)
+
+
+@pytest.mark.parametrize("dialler_sends", [True, False], ids=["dialler sends", "acceptor sends"])
+@pytest.mark.parametrize(
+    ("rate", "kept"),
+    [
+        (MIN_PROGRESS_RATE * 21 // 20, True),
+        (MIN_PROGRESS_RATE * 19 // 20, True),
+        (MIN_PROGRESS_RATE * 17 // 20, False),
+    ],
+)
+async def test_a_link_either_end_keeps_the_other_end_keeps_too(
+    autojump_clock: trio.testing.MockClock, rate: int, kept: bool, dialler_sends: bool
+) -> None:
+    """One floor and one bound for both ends: a message moving 5 % above MIN_PROGRESS_RATE is kept by the
+    sender's stalled-send rule and by the receiver's silence check; one 5 % below it is kept by both too
+    (a 1 MiB message ends before either end falls PEER_TIMEOUT_S behind the floor); one 15 % below it
+    (above the ~3.2 KiB/s a 64 KiB piece in 20 s once kept) is given up by both: the sender's send fails
+    as stalled, and, with no send timeout, the receiver's credit falls more than PEER_TIMEOUT_S behind
+    the clock."""
+    sent, _ = await _one_message(rate, dialler_sends, SEND_TIMEOUT_S)
+    whole, lag = await _one_message(rate, dialler_sends, None)
+    assert whole  # without a send timeout the message arrives whatever the rate
+    assert sent is kept
+    assert (lag <= PEER_TIMEOUT_S) is kept
+    if rate >= MIN_PROGRESS_RATE:
+        assert lag <= 1.0  # the receiver hears it all along

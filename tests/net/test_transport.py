@@ -24,7 +24,7 @@ from latticed.errors import (
     RemoteProtocolError,
 )
 from latticed.net import transport
-from latticed.net.transport import SecureStream, open_peer, secure_accept, secure_connect
+from latticed.net.transport import MIN_PROGRESS_RATE, SecureStream, open_peer, secure_accept, secure_connect
 from latticed.protocol.handshake import MSG1_SIZE, MSG2_SIZE, ReplayCache, public_key_from_seed
 
 K = bytes(range(32))
@@ -638,14 +638,14 @@ def test_send_timeout_gives_up_on_a_stalled_peer_not_on_a_slow_one() -> None:
             with trio.CancelScope() as scope:
                 task_status.started(scope)
                 while True:
-                    await trio.sleep(4)  # one piece every 4 s: slow, but within the 5 s timeout
-                    await raw.receive_some(1 << 16)
+                    await trio.sleep(0.8)  # 5 KiB/s: slow, but above the floor rate
+                    await raw.receive_some(4096)
 
         async with trio.open_nursery() as nursery:
             reader = await nursery.start(slow_reader)
             start = trio.current_time()
-            await client.send(b"x" * 300_000)  # five pieces, ~4 s each: slow, never stalled
-            assert trio.current_time() - start >= 16
+            await client.send(b"x" * 300_000)  # ~60 s at 5 KiB/s: slow, never stalled
+            assert trio.current_time() - start >= 300_000 / MIN_PROGRESS_RATE / 2
             reader.cancel()
         start = trio.current_time()
         with pytest.raises(ConnectionClosedError, match="stopped reading"):

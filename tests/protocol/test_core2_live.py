@@ -9,9 +9,9 @@ import dataclasses
 import functools
 from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.core2_push import ahead_alike, generic_push, same_push
 from support.queue2_histories import OWNER, empty
 
 from latticed.crdt import queue2
@@ -19,11 +19,9 @@ from latticed.crdt.epochs import Tip
 from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record, RecordRun
 from latticed.errors import LatticedError
-from latticed.net import core2_ahead
-from latticed.net.core2_ahead import AheadPushes
 from latticed.protocol import core2_live
 from latticed.protocol.core2_compact import Compact2Link
-from latticed.protocol.core2_steps import outgoing, unpack_steps
+from latticed.protocol.core2_steps import outgoing
 from latticed.protocol.core2_wire import Delta2, link_summary
 from latticed.protocol.replication_messages import unpack_message
 
@@ -111,57 +109,12 @@ BAD: dict[str, Any] = {
 AGAINST = st.sampled_from([0, 0, -1, 1, -2])
 
 
-def _reference(state: QueueState2, d: queue2.Delta, steps: Any) -> object:
-    """The generic path: the rebuilt delta, verification and joined value, or the refusal's type."""
-    try:
-        whole = unpack_steps(state, d, steps)
-        verified = queue2.verify_delta(state, whole)
-        return whole, verified, queue2.join_verified(state, verified).state
-    except LatticedError as exc:
-        return type(exc)
-    except (TypeError, ValueError, AttributeError, IndexError) as exc:  # odd types: refused too
-        return type(exc)
-
-
-def _same_value(a: QueueState2, b: QueueState2) -> None:
-    assert a == b
-    assert tuple(a.bodies) == tuple(b.bodies)
-    assert a.entries.records() == b.entries.records()
-    assert [a.chain_at(o) for o in range(*a.held)] == [b.chain_at(o) for o in range(*b.held)]
-
-
-def _same(fast: tuple[queue2.Delta, queue2.Verified, QueueState2], ref: object) -> None:
-    assert isinstance(ref, tuple), ref
-    (d, v, value), (rd, rv, rvalue) = fast, ref
-    assert (d.owner, d.name, d.kind, d.log, d.meta, d.from_offset) == (
-        rd.owner,
-        rd.name,
-        rd.kind,
-        rd.log,
-        rd.meta,
-        rd.from_offset,
-    )
-    assert tuple(d.records) == tuple(rd.records) and tuple(d.bodies) == tuple(rd.bodies)
-    assert (v.chains, v.meta, v.from_offset, v.chain) == (rv.chains, rv.meta, rv.from_offset, rv.chain)
-    assert tuple(v.records) == tuple(rv.records) and tuple(v.bodies) == tuple(rv.bodies)
-    _same_value(value, rvalue)
-
-
-def _outcome(state: QueueState2, d: queue2.Delta, steps: Any) -> object:
-    """``AheadPushes.check``'s answer: its values, None (the storage thread's), or what it raised."""
-    try:
-        push = AheadPushes().check(1, state, d, steps)
-    except Exception as exc:  # odd types: both paths must raise alike
-        return type(exc)
-    return None if push is None else (push.delta, push.verified, push.value)
-
-
 def test_a_live_push_takes_the_one_pass_and_gives_the_generic_paths_values() -> None:
     states, pushes = _pushes()
     for i, message in enumerate(pushes):
         fast = core2_live.next_push(states[i], message.delta, message.steps)
         assert fast is not None, i  # the usual push is the fast path's
-        _same(fast, _reference(states[i], message.delta, message.steps))
+        same_push(fast, generic_push(states[i], message.delta, message.steps))
         assert fast[2].held == states[i + 1].held
         assert link_summary(fast[2]) == link_summary(states[i + 1])
 
@@ -180,27 +133,10 @@ def test_bad_input_is_accepted_by_neither_path_or_by_both_alike(index: int, shif
         fast = core2_live.next_push(state, d, steps)
     except Exception:  # anything raised sends the push to the generic path
         fast = None
-    ref = _reference(state, d, steps)
-    if fast is not None:
-        _same(fast, ref)
+    same_push(fast, generic_push(state, d, steps))
     if bad != "none" or state is not states[index]:
         assert fast is None, (bad, shift)
-    _alike(_checked_generic(state, d, steps), _outcome(state, d, steps))
-
-
-def _alike(generic: object, both: object) -> None:
-    """The check's answer with the one-pass path as without it: the same values, None or raise."""
-    if isinstance(both, tuple):
-        _same(both, generic)  # type: ignore[arg-type]
-    else:
-        assert both == generic
-
-
-def _checked_generic(state: QueueState2, d: queue2.Delta, steps: Any) -> object:
-    """``AheadPushes.check`` with the one-pass path answering None (the generic path alone)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(core2_ahead, "next_push", lambda *_: None)
-        return _outcome(state, d, steps)
+    ahead_alike(state, d, steps)
 
 
 @settings(max_examples=200, deadline=None)
@@ -216,9 +152,5 @@ def test_steps_with_any_bytes_changed_are_refused_by_both_or_accepted_alike(
         changed[(at + k) % len(changed)] ^= byte
     steps = (version, bytes(changed))
     fast = core2_live.next_push(states[index], message.delta, steps)
-    ref = _reference(states[index], message.delta, steps)
-    if fast is not None:
-        _same(fast, ref)
-    _alike(
-        _checked_generic(states[index], message.delta, steps), _outcome(states[index], message.delta, steps)
-    )
+    same_push(fast, generic_push(states[index], message.delta, steps))
+    ahead_alike(states[index], message.delta, steps)

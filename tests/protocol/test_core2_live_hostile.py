@@ -13,19 +13,19 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.core2_push import ahead_alike, ahead_check, generic_push, same_push
 from support.queue2_histories import OWNER, catch_up, empty
 
 from latticed.crdt import core_errors as queue2_errors
 from latticed.crdt import queue2, steps_memo
 from latticed.crdt.epochs import Tip
-from latticed.crdt.queue2 import QueueState2, owner_changes, replica_deltas
+from latticed.crdt.queue2 import QueueState2, owner_changes
 from latticed.crdt.records import MAX_HEADER_VALUE_BYTES, MAX_KEY_BYTES, Record, RecordRun
 from latticed.errors import LatticedError, MalformedError
-from latticed.net import core2_ahead
 from latticed.net.core2_ahead import AheadPushes
 from latticed.protocol import core2_live
 from latticed.protocol.core2_compact import Compact2Link
-from latticed.protocol.core2_steps import outgoing, unpack_steps
+from latticed.protocol.core2_steps import outgoing
 from latticed.protocol.core2_wire import Delta2, link_summary
 from latticed.protocol.replication_messages import unpack_message
 
@@ -41,22 +41,6 @@ def _push(before: QueueState2, after: QueueState2) -> Push:
     return decoded.delta, decoded.steps
 
 
-def _generic(state: QueueState2, d: queue2.Delta, steps: Any, *, full: bool = False) -> object:
-    """The generic path's delta, verification and joined value, or its refusal's type; ``full``: with
-    ``verify_delta``'s next-version shortcut answering None (its full path decides)."""
-    with pytest.MonkeyPatch.context() as patch:
-        if full:
-            patch.setattr(replica_deltas, "_next_version", lambda *_: None)
-        try:
-            whole = unpack_steps(state, d, steps)
-            verified = queue2.verify_delta(state, whole)
-            return whole, verified, queue2.join_verified(state, verified).state
-        except LatticedError as exc:
-            return type(exc)
-        except (TypeError, ValueError, AttributeError, IndexError) as exc:
-            return type(exc)
-
-
 def _fast(state: QueueState2, d: queue2.Delta, steps: Any) -> object:
     try:
         return core2_live.next_push(state, d, steps)
@@ -64,59 +48,14 @@ def _fast(state: QueueState2, d: queue2.Delta, steps: Any) -> object:
         return type(exc)
 
 
-def _same_value(a: QueueState2, b: QueueState2) -> None:
-    assert a == b
-    assert tuple(a.bodies) == tuple(b.bodies)
-    assert a.meta == b.meta and a.held == b.held
-    assert a.entries.records() == b.entries.records()
-    assert [a.chain_at(o) for o in range(a.held[0], a.held[1] + 1)] == [
-        b.chain_at(o) for o in range(b.held[0], b.held[1] + 1)
-    ]
-
-
-def _agrees(fast: object, ref: object) -> None:
-    """A one-pass acceptance is the reference's, field for field; anything else is no acceptance."""
-    if not isinstance(fast, tuple):
-        return
-    assert isinstance(ref, tuple), ("accepted by the one pass, refused by the generic path", ref)
-    (d, v, value), (rd, rv, rvalue) = fast, ref
-    assert (d.owner, d.name, d.kind, d.log, d.meta, d.from_offset) == (
-        rd.owner,
-        rd.name,
-        rd.kind,
-        rd.log,
-        rd.meta,
-        rd.from_offset,
-    )
-    assert tuple(d.records) == tuple(rd.records) and tuple(d.bodies) == tuple(rd.bodies)
-    assert (v.chains, v.meta, v.from_offset, v.chain) == (rv.chains, rv.meta, rv.from_offset, rv.chain)
-    assert tuple(v.records) == tuple(rv.records) and tuple(v.bodies) == tuple(rv.bodies)
-    _same_value(value, rvalue)
-
-
 def _check(state: QueueState2, d: queue2.Delta, steps: Any) -> bool:
     """Both paths compared on one input, and ``AheadPushes.check`` with and without the one pass;
     whether the one pass accepted it."""
     fast = _fast(state, d, steps)
-    _agrees(fast, _generic(state, d, steps))
-    _agrees(fast, _generic(state, d, steps, full=True))
-    with pytest.MonkeyPatch.context() as patch:
-        alone = _ahead(state, d, steps)
-        patch.setattr(core2_ahead, "next_push", lambda *_: None)
-        generic = _ahead(state, d, steps)
-    if isinstance(alone, tuple):
-        _agrees(alone, generic)
-    else:
-        assert alone == generic
+    same_push(fast, generic_push(state, d, steps))
+    same_push(fast, generic_push(state, d, steps, full=True))
+    ahead_alike(state, d, steps)
     return isinstance(fast, tuple)
-
-
-def _ahead(state: QueueState2, d: queue2.Delta, steps: Any) -> object:
-    try:
-        push = AheadPushes().check(1, state, d, steps)
-    except Exception as exc:
-        return type(exc)
-    return None if push is None else (push.delta, push.verified, push.value)
 
 
 # ---------------------------------------------------------------- a hostile owner's histories
@@ -268,13 +207,13 @@ def test_a_signed_record_past_the_limits_reaches_check_records_and_is_refused(re
         [r.headers for r in records],
     )
     d = dataclasses.replace(sent.delta, records=run)
-    assert _generic(state, d, sent.steps) is MalformedError
+    assert generic_push(state, d, sent.steps) is MalformedError
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(core2_live, "check_records", lambda _: None)
         assert isinstance(_fast(state, d, sent.steps), tuple)  # every other check of the one pass holds
     assert not isinstance(_fast(state, d, sent.steps), tuple)
     assert not _check(state, d, sent.steps)
-    assert _ahead(state, d, sent.steps) is None  # the storage thread's to refuse
+    assert ahead_check(state, d, sent.steps) is None  # the storage thread's to refuse
 
 
 # ---------------------------------------------------------------- deterministic cases
@@ -297,7 +236,7 @@ def test_records_signed_with_new_metadata_are_the_generic_paths() -> None:
     assert d.meta is not None and d.meta != before.meta
     assert core2_live.next_push(before, d, steps) is None
     assert not _check(before, d, steps)
-    assert isinstance(_generic(before, d, steps), tuple)
+    assert isinstance(generic_push(before, d, steps), tuple)
 
 
 def test_unchanged_metadata_other_than_ours_is_checked_against_the_hash() -> None:
@@ -317,7 +256,7 @@ def test_unchanged_metadata_other_than_ours_is_checked_against_the_hash() -> Non
     for pairs in ((("x", "y"),), (("k", "w"),), ()):
         forged = dataclasses.replace(d, meta=pairs)
         assert not _check(before, forged, steps)
-        assert _generic(before, forged, steps) is queue2_errors.TamperedError
+        assert generic_push(before, forged, steps) is queue2_errors.TamperedError
 
 
 def test_a_one_pass_that_raises_at_its_last_step_keeps_nothing_and_the_generic_path_decides(
@@ -341,7 +280,7 @@ def test_a_one_pass_that_raises_at_its_last_step_keeps_nothing_and_the_generic_p
         assert tuple(before.chains.shared) == shared and tuple(before.bodies) == bodies
         push = AheadPushes().check(1, before, d, steps)  # the generic path's, after the raise
     assert push is not None
-    _agrees((push.delta, push.verified, push.value), _generic(before, d, steps))
+    same_push((push.delta, push.verified, push.value), generic_push(before, d, steps))
     assert link_summary(push.value) == link_summary(after)
     steps_memo._slot[0] = ()
     fast = core2_live.next_push(before, d, steps)
@@ -422,7 +361,7 @@ def test_a_replica_short_of_its_heads_end_is_not_the_one_passs() -> None:
     run = RecordRun([r.value for r in rows], [r.key for r in rows], [r.timestamp for r in rows])
     spliced = dataclasses.replace(d, from_offset=hi, records=run)
     assert core2_live.next_push(partial, spliced, steps) is None
-    assert _generic(partial, spliced, steps) is queue2_errors.TamperedError
+    assert generic_push(partial, spliced, steps) is queue2_errors.TamperedError
     assert not _check(partial, spliced, steps)
 
 

@@ -17,15 +17,13 @@ from typing import Any, cast
 
 from latticed.api.server.api_ports import MembershipView
 from latticed.api.server.context import Context
-from latticed.api.server.op_table import build_op_table
 from latticed.crdt.queue2 import Delta
 from latticed.crdt.records import make_record
 from latticed.crdt.signing import Identity
 from latticed.storage.codec import pack
 from latticed.storage.engine import Engine
-from latticed.storage.sealer import Sealer
 from latticed.storage.store import db_path
-from support.inprocess import daemon_at
+from support.inprocess import daemon_at, engine_context
 
 ALICE = Identity.from_seed(b"a" * 32)
 BOB = Identity.from_seed(b"b" * 32)
@@ -136,12 +134,4 @@ class _Membership:
 def repair_context(engine: Engine, path: Path, replication: Any = None) -> Context:
     """An API context over ``engine``; ``replication`` (None: a daemon without it) stands in for the
     service ``queue_repair`` restarts links through."""
-    return Context(
-        engine,
-        path,
-        path / "sock",
-        1 << 20,
-        sealer=Sealer(engine),
-        ops=build_op_table(),
-        membership=cast(MembershipView, _Membership(replication)),
-    )
+    return engine_context(engine, path, cast(MembershipView, _Membership(replication)))

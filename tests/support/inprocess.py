@@ -13,8 +13,13 @@ from typing import Any
 import trio
 
 from latticed.api.client.blocking_client import Client
+from latticed.api.server.api_ports import MembershipView
+from latticed.api.server.context import Context
+from latticed.api.server.op_table import build_op_table
 from latticed.daemon import RunningDaemon, run_daemon
 from latticed.host.config import DaemonConfig
+from latticed.storage.engine import Engine
+from latticed.storage.sealer import Sealer
 
 
 @dataclass
@@ -78,3 +83,17 @@ def daemon_at(root: Path) -> Iterator[InProcessDaemon]:
         yield d
     finally:
         d.stop()
+
+
+def engine_context(engine: Engine, path: Path, membership: MembershipView | None = None) -> Context:
+    """The local API's context over an open ``engine`` (every op, its own sealer; no socket is opened):
+    handlers called directly, without a daemon around them."""
+    return Context(
+        engine,
+        path,
+        path / "sock",
+        1 << 20,
+        sealer=Sealer(engine),
+        ops=build_op_table(),
+        membership=membership,
+    )

@@ -443,48 +443,33 @@ class Box:
 
     def _enqueue(self, thread: CpuThread) -> None:
         thread.queued_at = self._clock()
-        if self.per_core is not None:
-            self._enqueue_on_core(thread)
-            return
-        if (
-            self.preempt is not None
-            and thread.segments
-            and thread.segments[0].wake
-            and len(self.running) >= (self.cores or 0)
-            and (victim := self.preempt(thread)) is not None
-            and self._preemptible(victim)
-        ):
+        victim = self._victim(thread)
+        if victim is not None:  # the woken thread has its core; the victim queues behind it
             self.wake_preemptions += 1
             self.queue.appendleft(thread)
             self._held_count(victim)
-            self._leave(victim)  # the woken thread has its core
+            self._leave(victim)
             victim.queued_at = self._clock()
             self.queue.append(victim)
             return
         self.queue.append(thread)
         self._dispatch()
 
-    def _enqueue_on_core(self, thread: CpuThread) -> None:
-        """:meth:`_enqueue` with a queue per core: a woken thread whose core runs another may take it
-        (``takes``); else it queues on its core."""
-        victim = self._on_core(thread.core)
-        if (
-            self.takes is not None
-            and victim is not None
-            and thread.segments
-            and thread.segments[0].wake
-            and self._preemptible(victim)
-            and self.takes(thread, victim)
-        ):
-            self.wake_preemptions += 1
-            self.queue.appendleft(thread)
-            self._held_count(victim)
-            self._leave(victim)  # the woken thread has its core
-            victim.queued_at = self._clock()
-            self.queue.append(victim)
-            return
-        self.queue.append(thread)
-        self._dispatch()
+    def _victim(self, thread: CpuThread) -> CpuThread | None:
+        """The running thread a woken ``thread`` takes the core of, if any: with one queue, any thread
+        ``preempt`` names once all cores are busy; with a queue per core (``per_core``), the one on its
+        core if ``takes`` lets it. Only a thread running work is taken (:meth:`_preemptible`)."""
+        if not (thread.segments and thread.segments[0].wake):
+            return None
+        if self.per_core is not None:
+            victim = self._on_core(thread.core)
+            if self.takes is None or victim is None or not self._preemptible(victim):
+                return None
+            return victim if self.takes(thread, victim) else None
+        if self.preempt is None or len(self.running) < (self.cores or 0):
+            return None
+        victim = self.preempt(thread)
+        return victim if victim is not None and self._preemptible(victim) else None
 
     def _preemptible(self, thread: CpuThread) -> bool:
         """Whether ``thread`` runs work on a core now (not a wake-up's or a pause's turn)."""
