@@ -96,7 +96,7 @@ def test_a_store_this_user_may_not_read_is_not_a_failure_but_says_whose_doctor_t
     assert check.ok is None and "run doctor as the daemon's user" in check.detail
 
 
-def test_status_stays_readable_while_queues_are_corrupt_and_names_each_with_its_repair(tmp_path: Path) -> None:
+def test_status_stays_readable_while_queues_are_corrupt_naming_each_with_its_repair(tmp_path: Path) -> None:
     x = make_corrupt(tmp_path)
     with daemon_at(tmp_path) as d:
         shown = _ctl(d.socket, "status")
