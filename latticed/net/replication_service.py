@@ -202,6 +202,8 @@ class Replication:
     start_gate: StartGate = field(default_factory=lambda: StartGate(trio.current_time(), None))
     #: Set once the start gate opens: writes it refused wait for it (:meth:`wait_start_gate`).
     gate_opened: trio.Event = field(default_factory=trio.Event)
+    #: Writes waiting for the start gate now (``identity_runs``' ``writes_waiting``).
+    writes_waiting: int = 0
     #: The gossip of each link, by identity: cancelled when the active view drops that link.
     #: Several while both sides dial at once (gossip keeps one link and closes the other): all of them.
     link_scopes: dict[bytes, list[trio.CancelScope]] = field(default_factory=dict)
@@ -241,18 +243,23 @@ class Replication:
         instead of failing."""
         if self.update_gate() is None:
             return False
-        with trio.move_on_at(self.start_gate.deadline + 1.0):
-            await self.gate_opened.wait()
+        self.writes_waiting += 1
+        try:
+            with trio.move_on_at(self.start_gate.deadline + 1.0):
+                await self.gate_opened.wait()
+        finally:
+            self.writes_waiting -= 1
         return self.start_gate.opened_at is not None
 
     def identity_status(self) -> dict[str, Any]:
         """Another run of our identity (told of, or seen in a head), identities seen running twice on our
-        links, and whether writes wait for the catch-up after the start."""
+        links, and whether writes wait for the catch-up after the start (why, and how many wait now)."""
         return {
             **self.gossip.identity.status(),
             "incarnation": self.gossip.incarnation.hex(),
             "seen_twice": [s.to_wire() for s in self.gossip.duplicates.recent()],
             "catching_up": self.write_refusal() if self.gossip.identity.refusal() is None else None,
+            "writes_waiting": self.writes_waiting,
         }
 
     def claim_identity(self) -> dict[str, Any]:
