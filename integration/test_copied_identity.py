@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from daemon_calls import LatticedProcess, client, ctl, dial_address, info
+from daemon_calls import LatticedProcess, client, ctl, dial_address, info, write_after_start
 from polling import wait_until
 
 Factory = Callable[..., LatticedProcess]
@@ -37,10 +37,11 @@ def test_a_copied_identity_is_flagged_the_later_daemon_stops_writing_and_both_hi
     shutil.copytree(owner.data_dir, copy.data_dir)
     owner.start()
     copy.start()
-    with client(owner) as c:
-        c.offer_batch("events", [(b"owner-%d" % i, None, ()) for i in range(5)])
-    with client(copy) as c:
-        c.offer_batch("events", [(b"copy-%d" % i, None, ()) for i in range(3)])
+    # Each signs once it heard what the peers it knew of hold, or found them gone (its start gate).
+    owner_batch = [(b"owner-%d" % i, None, ()) for i in range(5)]
+    write_after_start(owner, lambda c: c.offer_batch("events", owner_batch), "the owner's 5 records")
+    copy_batch = [(b"copy-%d" % i, None, ()) for i in range(3)]
+    write_after_start(copy, lambda c: c.offer_batch("events", copy_batch), "the copy's 3 records")
 
     # The owner meets the relay first, then the copy does.
     hub = dial_address(relay)

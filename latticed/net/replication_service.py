@@ -56,7 +56,7 @@ from latticed.protocol.core2_wire import link_summary
 from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
-from latticed.protocol.replication import QueueKey
+from latticed.protocol.replication import QueueKey, ReplicationSession
 from latticed.protocol.start_gate import StartGate
 from latticed.protocol.why_verdict import PeerFacts
 from latticed.storage.jobs import Merge
@@ -417,6 +417,7 @@ class Replication:
             features=sorted(agreement.features) if agreement is not None else None,
             peer_release=agreement.peer.release if agreement is not None else None,
             withheld=link.session.withheld if link is not None else 0,
+            **_delta_counts(link.session if link is not None else None),
         )
         return row
 
@@ -720,6 +721,17 @@ def _lags(gossip: Gossip, link: PeerLink) -> dict[str, int]:
 def _is_stale(service: Replication, peer: bytes) -> bool:
     link = service.gossip.links.get(peer)
     return link is None or trio.current_time() - link.heard() > STALE_AFTER_S
+
+
+def _delta_counts(session: ReplicationSession | None) -> dict[str, int | None]:
+    """A link's deltas sent and those the peer acknowledged (merged, or refused: every delta is answered),
+    on both cores, since the link came up (None: not connected): equal once every push was answered."""
+    if session is None:
+        return {"deltas_sent": None, "deltas_acked": None}
+    sent, acked = session.stats["deltas_sent"], session.stats["deltas_acked"]
+    if (core2 := session.core2) is not None:
+        sent, acked = sent + core2.stats["deltas_sent"], acked + core2.stats["deltas_acked"]
+    return {"deltas_sent": sent, "deltas_acked": acked}
 
 
 def _fmt(address: HostPort | None) -> str | None:
