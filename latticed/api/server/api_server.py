@@ -29,7 +29,7 @@ from latticed.api.server.consumer_id import CONSUMER, new_consumer_id
 from latticed.api.server.context import Context, PipelinedHandler
 from latticed.api.server.give_back import BURST_BYTES, MemoryGiveBack
 from latticed.api.server.listener import bind_unix_socket, remove_socket
-from latticed.api.server.request_router import dispatch, parse_request
+from latticed.api.server.request_router import begin_pipelined, dispatch, parse_request, waited_for_start_gate
 from latticed.errors import (
     BehindPeersError,
     ConnectionClosedError,
@@ -38,7 +38,7 @@ from latticed.errors import (
 )
 from latticed.net.accept import serve_listeners
 from latticed.process.logs import get_logger, log_event
-from latticed.storage.jobs import SUBMITTER, Job, Submitter
+from latticed.storage.jobs import Job, Submitter
 
 log = get_logger(__name__)
 
@@ -233,16 +233,11 @@ class _Pipeline:
     async def start(self, rid: Any, begin: PipelinedHandler, request: dict[str, Any], size: int) -> None:
         """Start one pipelined request (``size``: its frame's length); waits for earlier ones while the
         connection has :data:`MAX_IN_FLIGHT` requests or :data:`MAX_IN_FLIGHT_BYTES` in flight."""
-        begun = self._begin(begin, request)
-        # Refused by the catch-up after a start (as :func:`dispatch` does for a request run alone): wait
-        # for it, bounded, and begin once more; any other cause stands. Later requests of this connection
-        # wait meanwhile, so their order holds.
-        if (
-            isinstance(begun, BehindPeersError)
-            and (view := self._ctx.replication) is not None
-            and await view.wait_start_gate()
-        ):
-            begun = self._begin(begin, request)
+        begun = begin_pipelined(self._ctx, begin, request, self._submitter)
+        # Refused by the catch-up after a start? Then begun once more once it is over, as :func:`dispatch`
+        # does; later requests of this connection wait meanwhile, so their order holds.
+        if isinstance(begun, BehindPeersError) and await waited_for_start_gate(self._ctx):
+            begun = begin_pipelined(self._ctx, begin, request, self._submitter)
         if isinstance(begun, LatticedError):
             self._pending.append((rid, begun, None, size))
         else:
@@ -256,21 +251,6 @@ class _Pipeline:
             len(self._pending) >= MAX_IN_FLIGHT or self._pending_bytes >= MAX_IN_FLIGHT_BYTES
         ):
             await self._answer_head()
-
-    def _begin(self, begin: PipelinedHandler, request: dict[str, Any]) -> tuple[Job, Any] | LatticedError:
-        """``begin``'s job and reply builder, or why it could not start."""
-        # ``submitting(self._submitter)`` spelled out: a generator context manager is ~8 calls a request.
-        token = SUBMITTER.set(self._submitter)
-        try:
-            try:
-                return begin(self._ctx, request)
-            finally:
-                SUBMITTER.reset(token)
-        except LatticedError as exc:
-            return exc
-        except Exception as exc:
-            log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
-            return LatticedError(f"internal error: {type(exc).__name__}")
 
     async def serve(self, handle: Callable[[bytes], Awaitable[bool]]) -> None:
         """Hand each request to ``handle`` (False: the connection is done) until the client ends the
