@@ -217,6 +217,7 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "replication lag": info.get("replication_lag") or "none",
         "disk": _disk_text(info.get("disk")),
         "forked queues": [_forked_text(f) for f in info.get("forked_queues") or []] or "none",
+        "corrupt queues": [_corrupt_text(c) for c in info.get("corrupt_queues") or []] or "none",
         "clock skew": [_skew_text(r) for r in info.get("clock_skew") or []] or "none",
         "incompatible peers": [
             f"{r.get('peer', '?')[:16]} at {r.get('address')}: {r.get('reason')}"
@@ -234,6 +235,13 @@ def _forked_text(fork: dict[str, Any]) -> str:
     """A ``status`` line of a forked queue: core 2's fork point and what to do, core 1's proof."""
     text = fork_text({**fork, "forked": True}) or f"proof {str(fork.get('proof') or '?')[:16]}"
     return f"{fork.get('queue')} ({text})"
+
+
+def _corrupt_text(entry: dict[str, Any]) -> str:
+    """A ``status`` line of a queue found corrupt at load (``doctor`` says why, at length)."""
+    address = str(entry.get("queue"))
+    repair = f"{address.rpartition('/')[2]} --drop" if entry.get("owned") else address
+    return f"{address}: not what its owner signed, not served; `latticectl queue repair {repair}`"
 
 
 def _identity_lines(facts: object) -> list[str] | str:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from daemon_calls import LatticedProcess, client, ctl, dial_address
+from daemon_calls import LatticedProcess, client, ctl, dial_address, wait_gate_open
 from held_relay import HeldRelay
 from polling import wait_until
 from support.corrupt_daemon import tamper
@@ -125,18 +125,20 @@ def _assert_fenced(owner: LatticedProcess) -> None:
         assert all(q.get("name") != "events" for q in c.queue_list())
 
 
-def _pushes_answered(daemon: LatticedProcess) -> tuple[int, int]:
-    """How many core-2 deltas ``daemon`` sent, and how many ACK2 messages it received, since it started
-    (its ``status`` counters: the owner's own ``status`` fails while its queue is corrupt)."""
+def _pushes_answered(daemon: LatticedProcess, to: LatticedProcess) -> tuple[int, int]:
+    """How many deltas ``daemon`` sent to ``to`` on their link now, and how many ``to`` answered (its
+    ``peers()`` row's per-link counts, which start with the link; (0, 0) while it is not connected)."""
+    with client(to) as c:
+        key = c.identity()
     with client(daemon) as c:
-        counters = c.status()["replication"] or {}
-    return int(counters.get("sent_delta2", 0)), int(counters.get("received_ack2", 0))
+        row = next((r for r in c.peers() if r.get("public_key") == key and r.get("connected")), {})
+    return int(row.get("deltas_sent") or 0), int(row.get("deltas_acked") or 0)
 
 
 def _explain_one(owner: LatticedProcess, peer: LatticedProcess, address: str) -> str:
     """For a wait's failure in the one-peer drop tests: the records each holds, the fence file, the
-    owner's links, the peer's pushes and the ACKs it heard, and both logs' tails."""
-    return _describe(owner, {"owner": owner, "peer": peer}, address, pushes=peer)
+    owner's links, the peer's deltas on their link and the owner's answers, and both logs' tails."""
+    return _describe(owner, {"owner": owner, "peer": peer}, address, pushes=(peer, owner))
 
 
 def _owner_dropped_its_queue(
@@ -169,12 +171,13 @@ def _owner_dropped_its_queue(
             "the peer's copy of the owner's queue",
             diagnose=explain,
         )
-        sent, acked = _pushes_answered(peer)  # the owner was ahead: the peer pushed it nothing yet
 
         owner.stop()
         tamper(owner.data_dir, "events")
         owner.start()
         assert ctl(owner, "range", "events", "0", "10").exit_code == 7  # StorageError: corrupt, not served
+        shown = ctl(owner, "status")  # readable all the same (it failed with exit 7 too), the queue named
+        assert shown.exit_code == 0 and "/events: not what its owner signed" in shown.stdout, shown.output
         # A link that settled its features (heads-v2) is restarted by the repair; one still settling would
         # send its first whole digest after the drop anyway, but the reply would count no link.
         wait_until(
@@ -184,9 +187,10 @@ def _owner_dropped_its_queue(
         )
 
         def answered() -> bool:
-            # The resend follows the first refusal's ACK2, so the two answers are two messages.
-            now_sent, now_acked = _pushes_answered(peer)
-            return now_sent - sent >= 2 and now_acked - acked >= now_sent - sent
+            # On the link since the owner's restart: the whole copy and, after its refusal, the resend;
+            # every one answered, so nothing of the peer's is still queued in the owner.
+            sent, acked = _pushes_answered(peer, owner)
+            return sent >= 2 and acked == sent
 
         wait_until(
             answered, "the owner's answers (refusals) to the peer's push and its resend", diagnose=explain
@@ -254,6 +258,7 @@ def test_the_fence_outlives_a_restart_of_the_owner_before_the_copy_is_back(latti
         owner.stop()
         owner.start()
         assert _dropped(owner) == {"events 0": 20}
+        wait_gate_open(owner, "the fence's refusals after the owner's restart")
         _assert_fenced(owner)  # no peer connected, no link to ask: the file says
         peer.start()
         relay.target_port = int(dial_address(peer).rsplit(":", 1)[1])  # the peer listens on a new port
@@ -272,11 +277,12 @@ def _describe(
     owner: LatticedProcess,
     daemons: dict[str, LatticedProcess],
     address: str,
-    pushes: LatticedProcess | None = None,
+    pushes: tuple[LatticedProcess, LatticedProcess] | None = None,
 ) -> str:
     """For a wait's failure: how much of the queue each daemon holds, the owner's fence file and links,
-    ``pushes``' core-2 deltas sent and ACK2s heard, and the daemons' logs' tails (what each link did
-    around the drop). A daemon that died or hangs is itself the explanation: said, never raised."""
+    the deltas ``pushes[0]`` sent ``pushes[1]`` on their link and the answers, and the daemons' logs'
+    tails (what each link did around the drop). A daemon that died or hangs is itself the explanation:
+    said, never raised."""
 
     def held(daemon: LatticedProcess) -> str:
         try:
@@ -296,8 +302,8 @@ def _describe(
     lines = [f"holds: {holds}; fence file {_dropped(owner)}", f"owner's peers: {links}"]
     if pushes is not None:
         try:
-            sent, acked = _pushes_answered(pushes)
-            lines.append(f"peer's core-2 deltas sent {sent}, ACK2s received {acked} (since its start)")
+            sent, acked = _pushes_answered(*pushes)
+            lines.append(f"peer's deltas sent the owner {sent}, answered {acked} (on the link now)")
         except Exception as exc:
             lines.append(f"peer's counters unreadable ({type(exc).__name__}: {exc})")
     for name, daemon in daemons.items():

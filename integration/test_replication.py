@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from daemon_calls import write_after_start
 from daemons import LatticedProcess
 from held_relay import HeldRelay
 from polling import wait_until
@@ -130,21 +131,15 @@ def test_a_restored_stale_store_may_not_write_until_it_caught_up(latticed_proces
     shutil.copytree(laptop.data_dir, backup)
     laptop.start()
     end = 10 + 100 * 1000  # a catch-up of ~1 MB: far more than the few kB that tell the laptop home is ahead
+
+    def batch(c: Client, n: int) -> list[int]:
+        return c.offer_batch("diary", [(b"new%d" % (n * 1000 + i), None, ()) for i in range(1000)])
+
+    # The just-started laptop signs nothing until it heard what home holds (its start gate).
+    write_after_start(laptop, lambda c: batch(c, 0), "the first batch after the laptop's restart")
     with client(laptop) as c:
-
-        def batch_written(batch: int) -> bool:
-            """False while the just-started laptop's start gate refuses the batch whole (it hears what home
-            holds before it signs anything: "retry in a moment"); it writes nothing then."""
-            try:
-                c.offer_batch("diary", [(b"new%d" % (batch * 1000 + i), None, ()) for i in range(1000)])
-            except BehindPeersError as refused:
-                assert "before it signs anything" in str(refused), refused
-                return False
-            return True
-
-        wait_until(lambda: batch_written(0), "the first batch past the laptop's start gate")
-        for batch in range(1, 100):
-            assert batch_written(batch), "the start gate, once open, stays open"
+        for n in range(1, 100):
+            batch(c, n)
     wait_until(lambda: holds(home, queue, end), "the later records at home")
     laptop.stop()
     shutil.rmtree(laptop.data_dir)

@@ -56,7 +56,7 @@ from latticed.protocol.core2_wire import link_summary
 from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
-from latticed.protocol.replication import QueueKey
+from latticed.protocol.replication import QueueKey, ReplicationSession
 from latticed.protocol.start_gate import StartGate
 from latticed.protocol.why_verdict import PeerFacts
 from latticed.storage.jobs import Merge
@@ -202,6 +202,8 @@ class Replication:
     start_gate: StartGate = field(default_factory=lambda: StartGate(trio.current_time(), None))
     #: Set once the start gate opens: writes it refused wait for it (:meth:`wait_start_gate`).
     gate_opened: trio.Event = field(default_factory=trio.Event)
+    #: Writes waiting for the start gate now (``identity_runs``' ``writes_waiting``).
+    writes_waiting: int = 0
     #: The gossip of each link, by identity: cancelled when the active view drops that link.
     #: Several while both sides dial at once (gossip keeps one link and closes the other): all of them.
     link_scopes: dict[bytes, list[trio.CancelScope]] = field(default_factory=dict)
@@ -241,18 +243,23 @@ class Replication:
         instead of failing."""
         if self.update_gate() is None:
             return False
-        with trio.move_on_at(self.start_gate.deadline + 1.0):
-            await self.gate_opened.wait()
+        self.writes_waiting += 1
+        try:
+            with trio.move_on_at(self.start_gate.deadline + 1.0):
+                await self.gate_opened.wait()
+        finally:
+            self.writes_waiting -= 1
         return self.start_gate.opened_at is not None
 
     def identity_status(self) -> dict[str, Any]:
         """Another run of our identity (told of, or seen in a head), identities seen running twice on our
-        links, and whether writes wait for the catch-up after the start."""
+        links, and whether writes wait for the catch-up after the start (why, and how many wait now)."""
         return {
             **self.gossip.identity.status(),
             "incarnation": self.gossip.incarnation.hex(),
             "seen_twice": [s.to_wire() for s in self.gossip.duplicates.recent()],
             "catching_up": self.write_refusal() if self.gossip.identity.refusal() is None else None,
+            "writes_waiting": self.writes_waiting,
         }
 
     def claim_identity(self) -> dict[str, Any]:
@@ -410,6 +417,7 @@ class Replication:
             features=sorted(agreement.features) if agreement is not None else None,
             peer_release=agreement.peer.release if agreement is not None else None,
             withheld=link.session.withheld if link is not None else 0,
+            **_delta_counts(link.session if link is not None else None),
         )
         return row
 
@@ -713,6 +721,17 @@ def _lags(gossip: Gossip, link: PeerLink) -> dict[str, int]:
 def _is_stale(service: Replication, peer: bytes) -> bool:
     link = service.gossip.links.get(peer)
     return link is None or trio.current_time() - link.heard() > STALE_AFTER_S
+
+
+def _delta_counts(session: ReplicationSession | None) -> dict[str, int | None]:
+    """A link's deltas sent and those the peer acknowledged (merged, or refused: every delta is answered),
+    on both cores, since the link came up (None: not connected): equal once every push was answered."""
+    if session is None:
+        return {"deltas_sent": None, "deltas_acked": None}
+    sent, acked = session.stats["deltas_sent"], session.stats["deltas_acked"]
+    if (core2 := session.core2) is not None:
+        sent, acked = sent + core2.stats["deltas_sent"], acked + core2.stats["deltas_acked"]
+    return {"deltas_sent": sent, "deltas_acked": acked}
 
 
 def _fmt(address: HostPort | None) -> str | None:

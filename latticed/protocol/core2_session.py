@@ -247,11 +247,13 @@ class Core2Link:
     #: acked (the wider window admits more of the first kind only).
     _small_out: set[int] = field(default_factory=set)
     _big_in: set[int] = field(default_factory=set)
-    #: Deltas sent and received; records received, and of those how many we held as they came (their
-    #: copy from another link was first: what pruning and lazy links are there to avoid).
+    #: Deltas sent, acked by the peer (an ACK2 or one of an AckRun2) and received; records received, and
+    #: of those how many we held as they came (their copy from another link was first: what pruning and
+    #: lazy links are there to avoid).
     stats: dict[str, int] = field(
         default_factory=lambda: {
             "deltas_sent": 0,
+            "deltas_acked": 0,
             "deltas_received": 0,
             "records_received": 0,
             "records_held": 0,
@@ -488,6 +490,7 @@ class Core2Link:
 
     def _acked(self, seq: int, key: QueueKey, pair: _Pair, held: Summary2 | None) -> None:
         ours, peer = pair
+        self.stats["deltas_acked"] += 1
         link = self._link(key)
         link.inflight -= 1
         self._busy -= 1

@@ -359,7 +359,12 @@ class ReplicationSession:
     _memory: PeerMemory | None = None
     _announced: dict[QueueKey, Summary] = field(default_factory=dict)
     stats: dict[str, int] = field(
-        default_factory=lambda: {"deltas_sent": 0, "deltas_received": 0, "peer_keys_refused": 0}
+        default_factory=lambda: {
+            "deltas_sent": 0,
+            "deltas_acked": 0,
+            "deltas_received": 0,
+            "peer_keys_refused": 0,
+        }
     )
     #: The optional protocol features the peer shares with us (None: not agreed yet, so only what needs
     #: none is sent), and the queue kinds that need one (see :mod:`latticed.protocol.versions`).
@@ -650,6 +655,7 @@ class ReplicationSession:
         link = self._links.get(key)
         if link is None or link.inflight <= 0:
             raise RemoteProtocolError("ACK for a delta we did not send")
+        self.stats["deltas_acked"] += 1
         link.inflight -= 1
         self._inflight_total -= 1
         brings = self._brings.pop(ack.seq, None)

@@ -94,3 +94,19 @@ def test_a_store_this_user_may_not_read_is_not_a_failure_but_says_whose_doctor_t
     monkeypatch.setattr("cli.offline_store.os.access", lambda path, mode: False)  # as a user other than root
     (check,) = store_checks(tmp_path)
     assert check.ok is None and "run doctor as the daemon's user" in check.detail
+
+
+def test_status_stays_readable_while_queues_are_corrupt_naming_each_with_its_repair(tmp_path: Path) -> None:
+    x = make_corrupt(tmp_path)
+    with daemon_at(tmp_path) as d:
+        shown = _ctl(d.socket, "status")
+        assert shown.exit_code == 0, shown.output  # was exit 7: the first corrupt queue's StorageError
+        [line] = [line for line in shown.stdout.splitlines() if line.startswith("corrupt queues:")]
+        assert f"{x}: not what its owner signed, not served; `latticectl queue repair {x}`" in line, line
+        assert "/own: not what its owner signed, not served; `latticectl queue repair own --drop`" in line
+        facts = json.loads(_ctl(d.socket, "status", "--json").stdout)
+        assert sorted(c["queue"].rpartition("/")[2] for c in facts["corrupt_queues"]) == ["own", "x"]
+        assert facts["queues"] == 3 and facts["records"] == 1  # only ``good`` is counted
+        assert _ctl(d.socket, "queue", "repair", x).exit_code == 0
+        after = json.loads(_ctl(d.socket, "status", "--json").stdout)
+        assert [c["queue"].rpartition("/")[2] for c in after["corrupt_queues"]] == ["own"]

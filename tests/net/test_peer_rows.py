@@ -12,7 +12,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -231,3 +231,53 @@ def test_a_daemon_that_does_not_count_other_networks_still_lists_its_peers() -> 
 
     report = OlderDaemon().peer_report()
     assert report == {"peers": [{"public_key": PK_B.hex(), "status": "connected"}], "other_networks": None}
+
+
+def test_each_link_counts_the_deltas_it_sent_and_those_the_peer_answered(tmp_path: Path) -> None:
+    """``peers()``' ``deltas_sent`` / ``deltas_acked`` per link (both cores), so a test or an operator can
+    wait until a peer answered every push instead of reading the daemon-wide traffic counters."""
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        d.mkdir(mode=0o700)
+    a = start_in_process(
+        DaemonConfig(data_dir=dirs[0], socket_path=tmp_path / "a.sock", listen=("127.0.0.1", 0), mdns=False)
+    )
+    try:
+        with a.client() as ca:
+            port = int(str(ca.status()["listen"]).rsplit(":", 1)[1])
+            ca.queue_create("one", core=1)
+            ca.queue_create("two", core=2)
+        b_config = DaemonConfig(
+            data_dir=dirs[1], socket_path=tmp_path / "b.sock", peers=(("127.0.0.1", port),), mdns=False
+        )
+        b = start_in_process(b_config)
+        try:
+            with a.client() as ca, b.client() as cb:
+                b_key = cb.identity()
+
+                def row() -> dict[str, Any]:
+                    return next((r for r in ca.peers() if r.get("public_key") == b_key), {})
+
+                _until(lambda: row().get("status") == "connected", "the link between a and b", row)
+                ca.offer_batch("one", [(b"x%d" % i, None, ()) for i in range(3)])
+                ca.offer_batch("two", [(b"y%d" % i, None, ()) for i in range(3)])
+                _until(lambda: (row().get("deltas_sent") or 0) >= 2, "a's pushes of both queues", row)
+                _until(lambda: row()["deltas_acked"] == row()["deltas_sent"], "b's answers to all", row)
+                shown = ctl(a, "peers", "--json")
+                [listed] = [r for r in json.loads(shown.stdout) if r["public_key"] == b_key]
+                assert listed["deltas_acked"] == listed["deltas_sent"] >= 2
+        finally:
+            b.stop()
+        with a.client() as ca:
+            # Not connected: nothing to count (a link's counts start with it).
+            _until(lambda: all(r.get("deltas_sent") is None for r in ca.peers()), "b's link gone", ca.peers)
+    finally:
+        a.stop()
+
+
+def _until(check: Callable[[], bool], what: str, diagnose: Callable[[], object], timeout: float = 20) -> None:
+    """Poll an in-process daemon's API (another thread's) for ``check``; fail with ``what`` and the facts."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {diagnose()}"
+        time.sleep(0.02)

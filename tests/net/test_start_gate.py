@@ -5,13 +5,18 @@ hangs up on it."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from support.inprocess import start_in_process
 
+from latticed.api.client.blocking_client import Client
 from latticed.host.config import DaemonConfig
 from latticed.process.logs import EVENT_ATTR, FIELDS_ATTR
 
@@ -84,3 +89,64 @@ def test_a_write_waits_until_the_first_peers_said_what_they_hold(tmp_path: Path)
         silent.close()
         logger.removeHandler(caught_up)
         logger.setLevel(level)
+
+
+def test_pipelined_offers_to_a_queue_held_before_the_start_wait_for_the_catch_up_too(tmp_path: Path) -> None:
+    """``offer`` and ``offer_batch`` run pipelined on the client's connection, not through the router
+    that waits for the gate: refused whole at once until they waited too (CI: a batch right after a
+    restart failed with "retry in a moment")."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    alone = DaemonConfig(data_dir=data, socket_path=tmp_path / "d.sock", mdns=False)
+    first = start_in_process(alone)
+    try:
+        with first.client() as c:
+            c.queue_create("q")
+            c.offer("q", b"before the restart")
+    finally:
+        first.stop()
+    silent = socket.create_server(("127.0.0.1", 0))
+    silent.settimeout(10)
+    daemon = start_in_process(dataclasses.replace(alone, peers=(("127.0.0.1", silent.getsockname()[1]),)))
+    try:
+        conn, _ = silent.accept()  # the first dial waits for the handshake's answer: the gate is closed
+        with daemon.client() as client, daemon.client() as writer:
+            written: dict[str, object] = {}
+
+            def write() -> None:
+                try:
+                    written["batch"] = writer.offer_batch("q", [(b"a", None, ()), (b"b", None, ())])
+                    written["offset"] = writer.offer("q", b"c")
+                except Exception as exc:  # surfaced by the asserts below
+                    written["error"] = exc
+
+            waiting = threading.Thread(target=write)
+            waiting.start()
+            try:
+                wait_for(lambda: _facts(client)["writes_waiting"] == 1, "the batch waiting for the gate")
+                assert "1 to reach" in str(_facts(client)["catching_up"])
+                assert client.queue_info("q")["end_offset"] == 1  # nothing signed yet
+                conn.close()  # the peer hangs up: nothing is awaited any more
+                waiting.join(20)
+                assert not waiting.is_alive()
+                assert "error" not in written, written
+                assert written == {"batch": [1, 2], "offset": 3}
+            finally:
+                waiting.join(20)
+    finally:
+        daemon.stop()
+        silent.close()
+
+
+def _facts(client: Client) -> dict[str, Any]:
+    facts = client.identity_runs()
+    assert facts is not None
+    return facts
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll another thread's daemon for ``check`` (what only its API tells), failing with ``what``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)

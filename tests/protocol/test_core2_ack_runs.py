@@ -93,11 +93,13 @@ def test_pushes_stored_in_one_commit_are_acked_by_one_short_run_that_leaves_the_
     out = relay.messages_to_send()
     assert len(out) == 1 and unpack_message(out[0]) == [CACKS2, seqs[0], 4]
     assert len(out[0]) <= 8  # against 4 x 56 bytes
+    assert (writer.stats["deltas_sent"], writer.stats["deltas_acked"]) == (4, 0)
     writer.receive(unpack_message(out[0]))
     for seq in seqs[:-1]:
         twin.receive(unpack_message(encode2(Ack2(seq, KEY, stored))))
     twin.receive([ACK2, seqs[-1]])
     assert _view(writer) == _view(twin) == (stored, 0, False)
+    assert writer.stats["deltas_acked"] == twin.stats["deltas_acked"] == 4  # the run counts each delta
     line2 = _line(5)[-1]
     for link in (writer, twin):
         link.local_update(KEY, link_summary(line2))

@@ -78,6 +78,7 @@ def test_backlog_streams_in_chunks_within_the_window() -> None:
     assert b.states[KEY] == a.states[KEY]
     assert max_inflight <= 2
     assert a.sessions[1].stats["deltas_sent"] >= 15  # 1500 records in chunks of <= 100
+    assert a.sessions[1].stats["deltas_acked"] == a.sessions[1].stats["deltas_sent"]  # quiet: all answered
 
 
 def test_interrupted_transfer_resumes_where_it_stopped() -> None:

@@ -29,15 +29,16 @@ from latticed.api.server.consumer_id import CONSUMER, new_consumer_id
 from latticed.api.server.context import Context, PipelinedHandler
 from latticed.api.server.give_back import BURST_BYTES, MemoryGiveBack
 from latticed.api.server.listener import bind_unix_socket, remove_socket
-from latticed.api.server.request_router import dispatch, parse_request
+from latticed.api.server.request_router import begin_pipelined, dispatch, parse_request, waited_for_start_gate
 from latticed.errors import (
+    BehindPeersError,
     ConnectionClosedError,
     LatticedError,
     RemoteProtocolError,
 )
 from latticed.net.accept import serve_listeners
 from latticed.process.logs import get_logger, log_event
-from latticed.storage.jobs import SUBMITTER, Job, Submitter
+from latticed.storage.jobs import Job, Submitter
 
 log = get_logger(__name__)
 
@@ -232,19 +233,15 @@ class _Pipeline:
     async def start(self, rid: Any, begin: PipelinedHandler, request: dict[str, Any], size: int) -> None:
         """Start one pipelined request (``size``: its frame's length); waits for earlier ones while the
         connection has :data:`MAX_IN_FLIGHT` requests or :data:`MAX_IN_FLIGHT_BYTES` in flight."""
-        # ``submitting(self._submitter)`` spelled out: a generator context manager is ~8 calls a request.
-        token = SUBMITTER.set(self._submitter)
-        try:
-            try:
-                job, build = begin(self._ctx, request)
-            finally:
-                SUBMITTER.reset(token)
-        except LatticedError as exc:
-            self._pending.append((rid, exc, None, size))
-        except Exception as exc:
-            log_event(log, "api.handler_failed", level=40, exc_info=exc, op=request.get("op"))
-            self._pending.append((rid, LatticedError(f"internal error: {type(exc).__name__}"), None, size))
+        begun = begin_pipelined(self._ctx, begin, request, self._submitter)
+        # Refused by the catch-up after a start? Then begun once more once it is over, as :func:`dispatch`
+        # does; later requests of this connection wait meanwhile, so their order holds.
+        if isinstance(begun, BehindPeersError) and await waited_for_start_gate(self._ctx):
+            begun = begin_pipelined(self._ctx, begin, request, self._submitter)
+        if isinstance(begun, LatticedError):
+            self._pending.append((rid, begun, None, size))
         else:
+            job, build = begun
             # Set at its start if it went through the bridge; a job completed elsewhere (an offer
             # forwarded to another daemon) gets them here: no checkpoint since, it cannot have finished.
             job.notify, job.prepare, job.origin = self._committed, self._prepare, self

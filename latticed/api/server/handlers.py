@@ -135,7 +135,10 @@ async def status(ctx: Context, request: Request) -> Reply:
         state = engine.state(q)
         records += state.held_end - state.start
     for q in engine.core2.queues():
-        start, end = (await engine.core2.value(q)).held
+        try:
+            start, end = (await engine.core2.value(q)).held
+        except CorruptQueueError:
+            continue  # named in ``corrupt_queues``: one bad queue must not hide the rest of the status
         records += end - start
     queues = [*queues, *engine.core2.queues()]
     return {
@@ -154,6 +157,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "replication_lag": ctx.replication.lag() if ctx.replication else {},
             "replication": ctx.replication.counters() if ctx.replication else None,
             "forked_queues": await core2_handlers.forks(ctx),
+            "corrupt_queues": core2_handlers.corrupt(ctx),
             "disk": ctx.health.disk_status() if ctx.health else None,
             "clock_skew": ctx.replication.clock_skew() if ctx.replication else [],
             "incompatible_peers": ctx.replication.incompatible_peers() if ctx.replication else [],
