@@ -577,13 +577,13 @@ class Compact2Link:
         d, side = message.delta, self._out
         key = (d.owner, d.name, d.kind)
         queue = name_queue(side, key)
-        ref, qid = side.ref(key), side.qid(key)
+        ref = side.ref(key)
         records = RecordRun.of(d.records)
         came = _as_received[0]
         if came is not None and came.delta is d and came.steps is message.steps and came.ref == ref:
             fields = came.fields  # as it came: what the peer rebuilds the same signed bytes from
-        else:
-            fields = _fields_out(d, message.steps, ref, qid, records)
+        else:  # (the queue id only here: a pure function of the key, kept on the link once asked)
+            fields = _fields_out(d, message.steps, ref, side.qid(key), records)
         side.carried(key, d)
         log, meta, from_offset, bodies, steps = fields
         return [
