@@ -317,7 +317,16 @@ class Core2Link:
             self._announce(key, summary)
 
     def provide_delta(self, key: QueueKey, out: Outgoing2 | None) -> None:
-        """The answer to a :class:`NeedDelta2` (``core2_steps.outgoing``; None: nothing to send)."""
+        """The answer to a :class:`NeedDelta2` (``core2_steps.outgoing``; None: nothing to send).
+
+        On a relay this and :meth:`local_update` run once a push and downstream link (the pass-on), so
+        their helpers are written out (relay26). Invariants, each pinned by a test: the messages and
+        their order are :meth:`_send`'s (held ACKs flushed first, then the DELTA2 as
+        :meth:`Compact2Link.encode` or ``encode2`` packs it: tests/protocol/test_core2_pass_on_bytes.py
+        pins the bytes per feature set against main's); the link state changed is the same (seq,
+        ``_brings``, ``_busy``, ``inflight``, ``sent``, ``_small_out`` by the packed size); nothing
+        here verifies or decides what is sent, which the caller's delta (verified before it is passed
+        on) and ``has_news`` decide, as before."""
         link = self._links.get(key)
         if link is None or not link.asked:
             raise LocalProtocolError(f"no delta of {key[1]} was asked for")
