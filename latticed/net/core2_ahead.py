@@ -100,13 +100,17 @@ class Relay:
 
     def answer(self, since: queue2.Summary | None, max_records: int, max_bytes: int) -> Outgoing2 | None:
         """The push for a peer holding ``since`` (None: it is not where the push starts, or too big)."""
-        d = self.delta
-        if since != self.before or d.from_offset != since.held_end or len(d.records) > max_records:
+        d, before = self.delta, self.before
+        if since is not before and since != before:  # (the peer's summary is often ours, as we sent it)
             return None
         records = d.records
-        if type(records) is RecordRun:
-            size = sum(map(len, records.values)) + sum(len(k) for k in records.keys if k)
+        if type(records) is RecordRun:  # (its columns' lengths: no ``__len__`` call)
+            if d.from_offset != since.held_end or len(records.values) > max_records:
+                return None
+            size = sum(map(len, records.values)) + sum(map(len, filter(None, records.keys)))
         else:
+            if d.from_offset != since.held_end or len(records) > max_records:
+                return None
             size = sum(len(r.value) + len(r.key or b"") for r in records)
         return Outgoing2(d, self.steps, self.after) if size <= max_bytes else None
 

@@ -148,6 +148,8 @@ _Read = TypeVar("_Read")
 _IGNORED = -1
 #: The traffic counters' names by direction and message type (built once, not per message).
 _COUNTER_NAMES: dict[tuple[str, str], tuple[str, str]] = {}
+#: The same names by a message's direction and first two bytes, a short array's (at most 7,680 entries).
+_NAMES_BY_BYTES: dict[tuple[str, bytes], tuple[str, str]] = {}
 
 
 class PendingMerge(Protocol):
@@ -1104,12 +1106,19 @@ class Gossip:
             self._drive_now(link)  # the ACK goes out from here when the driver sleeps
 
     def _count(self, direction: str, message: bytes) -> None:
-        kind = message_type_name(message)
-        if kind == "other" and len(message) >= 2 and message[1] in CORE2_NAMES:
-            kind = CORE2_NAMES[message[1]]
-        names = _COUNTER_NAMES.get((direction, kind))
+        # The counters' names by the first two bytes (the array's and the type's, which name the kind):
+        # one look-up a message on a busy link.
+        first = message[:2]
+        names = _NAMES_BY_BYTES.get((direction, first))
         if names is None:
-            names = _COUNTER_NAMES[direction, kind] = (f"{direction}_{kind}", f"{direction}_{kind}_bytes")
+            kind = message_type_name(message)
+            if kind == "other" and len(message) >= 2 and message[1] in CORE2_NAMES:
+                kind = CORE2_NAMES[message[1]]
+            names = _COUNTER_NAMES.get((direction, kind))
+            if names is None:
+                names = _COUNTER_NAMES[direction, kind] = (f"{direction}_{kind}", f"{direction}_{kind}_bytes")
+            if len(first) == 2 and 0x91 <= first[0] <= 0x9F:  # an array: at most 2 x 15 x 256 entries
+                _NAMES_BY_BYTES[direction, first] = names
         traffic = self.traffic
         traffic[names[0]] = traffic.get(names[0], 0) + 1
         traffic[names[1]] = traffic.get(names[1], 0) + len(message)

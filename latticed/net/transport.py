@@ -235,26 +235,23 @@ class SecureStream(trio.abc.AsyncResource):
         stream, and the next :meth:`send_many` (with or without messages) writes it first. False: nothing
         was sent (the caller sends them the usual way). A failed write marks the stream broken, raises
         nothing: the next send raises :class:`ConnectionClosedError` in the task that owns the link."""
-        lock = self._send_lock
         if self._socket is None or self._unsent is not None or self._send_broken or self._closed:
             return False
-        try:
-            lock.acquire_nowait()
-        except trio.WouldBlock:
+        # A send under way (``send_many`` holds the lock across its waits) goes first. This method does
+        # not wait, so no other task runs before it returns: it need not take the lock itself to keep
+        # frames whole and in order, only find it free (trio's lock has no waiters when it has no owner).
+        if self._send_lock.locked():
             return False
+        seal = self._channel.seal
+        frame = seal(messages[0]) if len(messages) == 1 else b"".join([seal(m) for m in messages])
         try:
-            seal = self._channel.seal
-            frame = seal(messages[0]) if len(messages) == 1 else b"".join([seal(m) for m in messages])
-            try:
-                written = self._write_now(frame)
-            except (trio.ClosedResourceError, OSError):
-                self._send_broken = True
-                return True
-            if written < len(frame):
-                self._unsent = memoryview(frame)[written:]
+            written = self._write_now(frame)
+        except (trio.ClosedResourceError, OSError):
+            self._send_broken = True
             return True
-        finally:
-            lock.release()
+        if written < len(frame):
+            self._unsent = memoryview(frame)[written:]
+        return True
 
     def can_send_now(self) -> bool:
         """Whether :meth:`send_now` would send (a TCP stream, no send under way, nothing left unsent)."""

@@ -330,7 +330,9 @@ def _records_out(records: RecordRun, base: int, repeat: bool) -> list[Any]:
     row's before go as nil."""
     stamps = records.timestamps
     steps = tuple(map(sub, stamps, (base, *stamps[:-1])))
-    if not repeat or records.headers is None:
+    if records.headers is None:  # ``records_to_wire`` of the run with these stamps, with no run built
+        return list(zip(records.keys, records.values, steps, ((),) * len(steps), strict=True))
+    if not repeat:
         return records_to_wire(RecordRun(records.values, records.keys, steps, records.headers))
     return list(zip(records.keys, records.values, steps, _header_runs(records.headers), strict=True))
 
@@ -549,7 +551,7 @@ class Compact2Link:
         side = self._out
         match message:
             case Delta2():
-                return pack(self._encode_delta(message))
+                return self.encode_delta(message)
             case Digest2():
                 rows = [[name_queue(side, k), summary_to_wire(s)] for k, s in message.entries]
                 return pack([CDIGEST2, rows])
@@ -567,17 +569,21 @@ class Compact2Link:
                 return pack([CACKS2, message.seq, message.count])
         return encode2(message)  # AckHeld2: two items already
 
+    def encode_delta(self, message: Delta2) -> bytes:
+        """A DELTA2's wire bytes (:meth:`encode` of a :class:`Delta2`, for a caller that knows the type)."""
+        return pack(self._encode_delta(message))
+
     def _encode_delta(self, message: Delta2) -> list[Any]:
         d, side = message.delta, self._out
         key = (d.owner, d.name, d.kind)
         queue = name_queue(side, key)
-        ref, qid = side.ref(key), side.qid(key)
+        ref = side.ref(key)
         records = RecordRun.of(d.records)
         came = _as_received[0]
         if came is not None and came.delta is d and came.steps is message.steps and came.ref == ref:
             fields = came.fields  # as it came: what the peer rebuilds the same signed bytes from
-        else:
-            fields = _fields_out(d, message.steps, ref, qid, records)
+        else:  # (the queue id only here: a pure function of the key, kept on the link once asked)
+            fields = _fields_out(d, message.steps, ref, side.qid(key), records)
         side.carried(key, d)
         log, meta, from_offset, bodies, steps = fields
         return [

@@ -297,22 +297,38 @@ class Core2Link:
         return sum(1 for key in self._local if not self.expressible(key))
 
     def local_update(self, key: QueueKey, summary: Summary2) -> None:
-        """We changed a core-2 queue (own write, recovery, or a merge from another link)."""
+        """We changed a core-2 queue (own write, recovery, or a merge from another link). On a relay this
+        runs once a push and link, so ``_sending``, ``_for_peer``, ``_link`` and ``_schedule`` are
+        written out here (the same checks, in the same order)."""
         self._local[key] = summary
         if self._grafts:
             self._arrived(key, summary)
-        if not self._sending() or not self._for_peer(key):
+        if not (self.agreed and self._started and self._peer_digest):
             return
-        link = self._link(key)
+        if not (self.peer_wants(key) and self.expressible(key)):
+            return
+        link = self._links.get(key)
+        if link is None:
+            link = self._links[key] = _Link2()
         if not has_news(summary, link.peer):
             return
         if link.eager:
-            self._schedule(key)
+            self._pending.setdefault(key)  # ``_schedule``: sending, checked above
+            self._pump()
         else:
             self._announce(key, summary)
 
     def provide_delta(self, key: QueueKey, out: Outgoing2 | None) -> None:
-        """The answer to a :class:`NeedDelta2` (``core2_steps.outgoing``; None: nothing to send)."""
+        """The answer to a :class:`NeedDelta2` (``core2_steps.outgoing``; None: nothing to send).
+
+        On a relay this and :meth:`local_update` run once a push and downstream link (the pass-on), so
+        their helpers are written out (relay26). Invariants, each pinned by a test: the messages and
+        their order are :meth:`_send`'s (held ACKs flushed first, then the DELTA2 as
+        :meth:`Compact2Link.encode` or ``encode2`` packs it: tests/protocol/test_core2_pass_on_bytes.py
+        pins the bytes per feature set against main's); the link state changed is the same (seq,
+        ``_brings``, ``_busy``, ``inflight``, ``sent``, ``_small_out`` by the packed size); nothing
+        here verifies or decides what is sent, which the caller's delta (verified before it is passed
+        on) and ``has_news`` decide, as before."""
         link = self._links.get(key)
         if link is None or not link.asked:
             raise LocalProtocolError(f"no delta of {key[1]} was asked for")
@@ -330,7 +346,14 @@ class Core2Link:
         carried = _carried(ours, out.implied)
         self._brings[self._seq] = (key, pair, carried)
         self.stats["deltas_sent"] += 1
-        if self._send(Delta2(self._seq, carried, out.delta, out.steps)) <= SMALL_DELTA2_BYTES:
+        # ``_send`` written out, the compact codec's DELTA2 encoder called directly (the same bytes)
+        if self._ack_run:
+            self._flush_acks()  # what was held back goes first: the peer reads them in order
+        message = Delta2(self._seq, carried, out.delta, out.steps)
+        packed = self._codec.encode_delta(message) if self._compact_out else encode2(message)
+        self._outbox.append(packed)
+        self._outbox_bytes += len(packed)
+        if len(packed) <= SMALL_DELTA2_BYTES:
             self._small_out.add(self._seq)
         if out.implied is not None and has_news(ours, out.implied):
             self._schedule(key)  # the next chunk of a backlog, ahead of this one's ACK
@@ -665,11 +688,16 @@ class Core2Link:
         while self._pending and rounds > 0 and self._busy < out and self._busy - len(small) < window:
             rounds -= 1
             key, _ = self._pending.popitem(last=False)
-            link = self._link(key)
+            link = self._links.get(key)  # ``_link`` and ``_since`` written out (once a relayed push)
+            if link is None:
+                link = self._links[key] = _Link2()
             if link.asked or link.inflight >= self.depth or (link.inflight and link.sent is None):
                 self._pending[key] = None  # its ACK schedules it again
                 continue
-            ours, peer = self._local.get(key), self._since(link)
+            sent, peer = link.sent, link.peer
+            if link.inflight and sent is not None and (peer is None or has_news(sent, peer)):
+                peer = sent
+            ours = self._local.get(key)
             if not has_news(ours, peer):
                 continue
             if not link.eager and not has_news(link.peer, ours):

@@ -130,6 +130,8 @@ __all__ = [
 DEFAULT_MAX_PEER_KEYS = 16_384
 #: ... and all peers together (see :class:`KeyBudget`).
 DEFAULT_MAX_PEER_KEYS_TOTAL = 65_536
+#: Queue kinds whose core-2 expressibility a session keeps (kinds come from peers too: bounded).
+_KINDS_KEPT = 16
 
 
 def key_label(key: QueueKey) -> str:
@@ -370,6 +372,9 @@ class ReplicationSession:
     #: none is sent), and the queue kinds that need one (see :mod:`latticed.protocol.versions`).
     peer_features: frozenset[str] | None = None
     kind_features: Mapping[int, str] = field(default_factory=lambda: FEATURE_OF_KIND)
+    #: :meth:`_core2_expressible`'s answers per kind, for these features and kinds' table.
+    _expressible_kinds: dict[int, bool] = field(default_factory=dict)
+    _expressible_for: tuple[frozenset[str] | None, Mapping[int, str] | None] = (None, None)
     #: Queues we hold that the peer's version cannot express: not sent to it.
     _withheld: set[QueueKey] = field(default_factory=set)
     #: The link's memory for the ``compact`` encodings (read whenever the peer sends them; ours go out
@@ -938,7 +943,7 @@ class ReplicationSession:
             self._peer_subscription is None or _matches(self._peer_subscription, key)
         )
         core2.we_want = self._wants_key
-        core2.expressible = lambda key: queue_expressible(key[2], 2, self.peer_features, self.kind_features)
+        core2.expressible = self._core2_expressible
         core2.window, core2.depth, core2.max_records = self.window, self.depth, self.max_records
         core2.graft_delay = lambda: self.graft_delay
         core2.graft_hold = self.graft_timeout_max or self.graft_timeout
@@ -952,6 +957,21 @@ class ReplicationSession:
         if self.peer_features is not None:
             core2.agree(self.peer_features)
         self.core2 = core2
+
+    def _core2_expressible(self, key: QueueKey) -> bool:
+        """``queue_expressible`` of a core-2 queue to this peer, kept per kind while the agreed features
+        and the kinds' table are the same objects (a relay asks on every push and link; a peer's odd
+        kinds are answered, not kept, past :data:`_KINDS_KEPT`)."""
+        features, kinds, known = self.peer_features, self.kind_features, self._expressible_kinds
+        if features is not self._expressible_for[0] or kinds is not self._expressible_for[1]:
+            known.clear()
+            self._expressible_for = (features, kinds)
+        answer = known.get(key[2])
+        if answer is None:
+            answer = queue_expressible(key[2], 2, features, kinds)
+            if len(known) < _KINDS_KEPT:
+                known[key[2]] = answer
+        return answer
 
     def _core2_receive(self, raw: list[Any], size: int) -> None:
         if self._state is not SessionState.OPEN:

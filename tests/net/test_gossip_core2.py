@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.core2_sim import AsyncCore2Host, MemoryCore2Host
 from support.gossip_hosts import MemoryReplicaHost
 from support.gossip_tcp import link_gossips_tcp
@@ -19,12 +21,14 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.errors import GapError, IntegrityError, NotFoundError
 from latticed.host.netkey import DEFAULT_NETWORK_KEY
+from latticed.net import gossip as gossip_module
 from latticed.net.core2_host import PendingMerge2
 from latticed.net.gossip import READ_TRIES, Gossip, PeerLink
 from latticed.net.transport import secure_accept, secure_connect
 from latticed.protocol.core2_steps import Outgoing2
-from latticed.protocol.core2_wire import Steps, Summary2, link_summary
+from latticed.protocol.core2_wire import CORE2_NAMES, Steps, Summary2, link_summary
 from latticed.protocol.replication import QueueKey
+from latticed.protocol.replication_messages import message_type_name
 from latticed.protocol.versions import ours
 
 ALICE = Identity.from_seed(b"a" * 32)
@@ -392,3 +396,28 @@ async def test_core2_acks_go_out_from_the_commits_callback_and_a_failed_merge_en
     assert b[3].traffic["sent_ack2"] == acks + 1
     error = b[3].queue_errors.last(a[0].public_key, KEY2)
     assert error is not None and "forged" in error[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=4) | st.sampled_from([b"\x94\x10", b"\x9a\x61xx", b"\x93\x01", b"\x80"])))
+def test_traffic_counters_are_named_by_the_messages_type_as_before_the_names_were_kept(
+    messages: list[bytes],
+) -> None:
+    """``Gossip._count`` keeps the counters' names by a message's first two bytes: each message counts
+    under the name its type gives (``message_type_name``, then the core-2 codes), as it did, and only
+    short arrays' prefixes are kept (a peer's garbage is counted, not remembered)."""
+    counted: dict[str, int] = {}
+    expected: dict[str, int] = {}
+    holder = type("Holder", (), {"traffic": counted})()
+    for direction in ("sent", "received"):
+        for message in messages:
+            Gossip._count(holder, direction, message)  # type: ignore[arg-type]
+            kind = message_type_name(message)
+            if kind == "other" and len(message) >= 2 and message[1] in CORE2_NAMES:
+                kind = CORE2_NAMES[message[1]]
+            expected[f"{direction}_{kind}"] = expected.get(f"{direction}_{kind}", 0) + 1
+            expected[f"{direction}_{kind}_bytes"] = expected.get(f"{direction}_{kind}_bytes", 0) + len(
+                message
+            )
+    assert counted == expected
+    assert all(len(first) == 2 and 0x91 <= first[0] <= 0x9F for _, first in gossip_module._NAMES_BY_BYTES)

@@ -7,8 +7,18 @@ import pytest
 
 from latticed.crdt.queue import Summary
 from latticed.errors import IncompatiblePeerError, RemoteProtocolError
+from latticed.protocol import replication
+from latticed.protocol.core2_session import Core2Link
 from latticed.protocol.replication import NeedDelta, ReplicationSession
-from latticed.protocol.versions import UNSTATED, LinkVersions, agree, expressible, ours
+from latticed.protocol.versions import (
+    HEADS_V2,
+    UNSTATED,
+    LinkVersions,
+    agree,
+    expressible,
+    ours,
+    queue_expressible,
+)
 from latticed.version import PROTOCOL_VERSIONS, RELEASE
 
 OWNER = b"o" * 32
@@ -105,3 +115,22 @@ def test_without_gated_kinds_nothing_is_held_back() -> None:
     for message in peer.messages_to_send():
         session.receive_message(message)
     assert _asked(session) == {NEWER} and session.withheld == 0
+
+
+def test_a_core2_links_expressibility_follows_the_agreed_features_and_keeps_few_kinds() -> None:
+    """The session answers its core-2 link per kind from a small table (a relay asks on every push): the
+    answer is ``queue_expressible``'s for the features agreed at the time, and a peer's odd kinds are
+    answered without being kept past the bound."""
+    session = ReplicationSession(kind_features=KINDS)
+    core2 = Core2Link()
+    session.attach_core2(core2)
+    key0, key7 = (b"o" * 32, "q", 0), (b"o" * 32, "q", 7)
+    assert not core2.expressible(key0)  # no features yet: core 2 needs heads-v2
+    session.agree_features(frozenset({HEADS_V2}))
+    assert core2.expressible(key0) and not core2.expressible(key7)
+    session.peer_features = frozenset({HEADS_V2, "newer-kind"})
+    assert core2.expressible(key7)
+    for kind in range(1000, 1100):  # a peer's many odd kinds: answered, few kept
+        key = (b"o" * 32, "q", kind)
+        assert core2.expressible(key) == queue_expressible(kind, 2, session.peer_features, KINDS)
+    assert len(session._expressible_kinds) <= replication._KINDS_KEPT
