@@ -357,6 +357,12 @@ class Core2Link:
         if not changed and not link.pruned:
             link.pruned = True
             self._send(Prune2(key))
+        elif changed and link.pruned:
+            # The first copy came on a link we pruned (its push crossed our PRUNE2): as Plumtree keeps
+            # a first copy's sender eager, graft it back. Else the copies that follow on the links
+            # still eager prune them too, and this node is left with no eager in-link until a HAVE2
+            # and a graft timer mend it (the warm-up's empty delta did that to 11 of 26 bulks).
+            self._graft(key)
         if self._for_peer(key) and has_news(summary, link.peer):
             self._schedule(key)  # the sender lacks something we hold (the other branch of a fork)
 
