@@ -77,8 +77,7 @@ def state_text(row: dict[str, Any]) -> str:
     if status == "connected" and isinstance(pruned, int) and isinstance(lazy, int) and (pruned or lazy):
         # Plumtree's lazy links: announced (HAVE) rather than pushed, per queue, each way.
         eager = row.get("queues_eager_in") or 0
-        details.append(f"{_plural(eager, 'queue')} pushed to us, {pruned} announced")
-        details.append(f"{lazy} announced to it")
+        details.append(f"{eager} of {_plural(eager + pruned, 'queue')} pushed to us, {lazy} announced to it")
     if status == "blocked":
         return "blocked"
     shown = ", ".join(details)

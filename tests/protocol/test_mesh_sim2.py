@@ -270,7 +270,11 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     DELTA2 0.750 (0.623-0.891, a run's standard error 3.2 %), ACK2 0.331 (0.217-0.494), HAVE2 0.0293
     (0.020-0.037), all held after 1.24 s (0.89-1.54), the nodes' CPU 31.1 us a record, the writer's 4.64,
     its transaction 7.17 ms (4.0-10.0). Met: the nodes' CPU (-7.5 %), the writer's (-3.4 %); not met:
-    DELTA2 +17 %, ACK2 +36 %, HAVE2 -13 %, the bulk's time -21 %, the writer's transaction -25 %."""
+    DELTA2 +17 %, ACK2 +36 %, HAVE2 -13 %, the bulk's time -21 %, the writer's transaction -25 %.
+
+    A first copy on a link just pruned grafts it back (prune26): draw 2's node 3, cut off from the eager
+    tree by the warm-up's empty delta (its HAVE2s and grafts 0.043 a record, 1.17 s), is no longer, so
+    HAVE2 0.0225 (-23 %), DELTA2 +17.5 %, ACK2 +38 %, the bulk -24 %, the writer's transaction -24 %."""
     figures: list[tuple[float, float, float, float, float, float, float, float]] = []
     hand_offs = preempted = 0
     for draw in range(8):
@@ -298,7 +302,7 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     assert abs(every_node / 0.0000311 - 1) <= 0.1, figures  # met: -7.5 %
     assert 1.12 < deltas / 0.750 <= 1.22, figures  # not met: +17 %
     assert 1.30 < acks / 0.331 <= 1.42, figures  # not met: +36 %
-    assert 0.82 < have2s / 0.0293 <= 0.91, figures  # not met: -13 %
+    assert 0.72 < have2s / 0.0293 <= 0.82, figures  # not met: -23 % (-13 % while draw 2 was cut off)
     assert 0.74 < elapsed / 1.239 <= 0.83, figures  # not met: -21 % (the daemons' 0.89-1.54 s a run)
     assert abs(writer_cpu / 0.00000464 - 1) <= 0.1, figures  # met: -3.4 %
     assert 0.70 < txn / 0.00717 <= 0.80, figures  # not met: -25 % (the daemons' 4.0-10.0 ms a run)
