@@ -240,6 +240,23 @@ def report_links(nodes: list[Node], label: str) -> None:
     )
 
 
+def report_trees(nodes: list[Node], label: str) -> None:
+    """Each daemon's place in the queues' eager trees (``status``): the queues no link pushes to it (cut
+    off: each record then waits for a HAVE and a graft timer), and its links' pruned (link, queue) pairs
+    each way, in / out."""
+    parts, cut = [], []
+    for node in nodes:
+        with node.client() as c:
+            counters = c.status().get("replication") or {}
+        off = int(counters.get("queues_cut_off", 0))
+        if off:
+            cut.append(node.name)
+        pruned, lazy = counters.get("queue_links_pruned_in", 0), counters.get("queue_links_lazy_out", 0)
+        parts.append(f"{node.name} {pruned}/{lazy}" + (f" CUT OFF {off}" if off else ""))
+    shown = ", ".join(cut) or "none"
+    print(f"    eager trees {label}: cut off: {shown}; pruned in/out per daemon {', '.join(parts)}")
+
+
 @contextlib.contextmanager
 def lan(hosts: int, net: str) -> Iterator[netns.Lan | None]:
     """A LAN of ``hosts`` namespaces for ``--net netns`` (deleted on the way out), else None."""
@@ -336,7 +353,7 @@ class Meter:
         print(f"    CPU/record by thread (the writer first): {threads}")
         if self.nodes[0].metrics:
             self.report_sched(records)
-        sent, timing = [], []
+        sent, timing, grafts, wants = [], [], [], 0
         for node, (before, _) in zip(self.nodes, self.before, strict=True):
             after = node.counters()
 
@@ -345,6 +362,8 @@ class Meter:
 
             commits = int(after.get("transactions", 0) - before.get("transactions", 0))
             sent.append(f"{node.name} {sent_of('delta')}/{sent_of('ack')}/{commits}")
+            grafts.append(f"{node.name} {sent_of('want')}/{sent_of('prune')}")
+            wants += sent_of("want")
             if "commit_s" in after and commits:
                 took = (after["commit_s"] - before.get("commit_s", 0)) / commits * 1e3
                 synced = (after["fsync_s"] - before.get("fsync_s", 0)) / commits * 1e3
@@ -352,6 +371,7 @@ class Meter:
         print(f"    DELTAs/ACKs sent/transactions committed per daemon (the writer first): {', '.join(sent)}")
         if timing:
             print(f"    ms per transaction until durable/in its COMMIT (fsync): {', '.join(timing)}")
+        print(f"    WANTs/PRUNEs sent per daemon (both cores): {', '.join(grafts)}; WANTs {wants}")
         total = sum(r[2] for r in rows)
         print(
             f"    mean per replica: deltas/record {statistics.mean(r[1] for r in rows) / records:.2f}, "
@@ -472,9 +492,11 @@ def run(n: int, args: argparse.Namespace) -> None:
             far, hops = farthest(n, open_links(nodes))
             print(f"    writer 0, farthest {far} ({hops} hops over the links open now)")
         report_links(nodes, "at start")
+        report_trees(nodes, "at start")
         if "bulk" in parts:
             bulk(nodes, queue, "mesh", args.bulk, args.payload)
             report_links(nodes, "after bulk")
+            report_trees(nodes, "after bulk")
         if "live" in parts:
             for rate in (float(r) for r in args.rates.split(",")):
                 count = max(args.live, int(rate * args.live_seconds))

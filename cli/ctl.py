@@ -215,6 +215,8 @@ def status(ctx: typer.Context, as_json: JsonFlag = False) -> None:
         "replication": _counters_text(info.get("replication"), "not running"),
         "retention": _counters_text(info.get("retention"), "not running"),
         "replication lag": info.get("replication_lag") or "none",
+        # Queues no link pushes to us (every one pruned): records come after a HAVE and a graft timer.
+        "off the eager tree": info.get("cut_off_queues") or "none",
         "disk": _disk_text(info.get("disk")),
         "forked queues": [_forked_text(f) for f in info.get("forked_queues") or []] or "none",
         "corrupt queues": [_corrupt_text(c) for c in info.get("corrupt_queues") or []] or "none",

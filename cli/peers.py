@@ -73,6 +73,11 @@ def state_text(row: dict[str, Any]) -> str:
     withheld = row.get("withheld")
     if status == "connected" and isinstance(withheld, int) and withheld:
         details.append(f"{_plural(withheld, 'queue')} its version cannot express held back")
+    pruned, lazy = row.get("queues_pruned_in"), row.get("queues_lazy_out")
+    if status == "connected" and isinstance(pruned, int) and isinstance(lazy, int) and (pruned or lazy):
+        # Plumtree's lazy links: announced (HAVE) rather than pushed, per queue, each way.
+        eager = row.get("queues_eager_in") or 0
+        details.append(f"{eager} of {_plural(eager + pruned, 'queue')} pushed to us, {lazy} announced to it")
     if status == "blocked":
         return "blocked"
     shown = ", ".join(details)

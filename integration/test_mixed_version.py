@@ -164,8 +164,12 @@ def test_the_previous_release_is_sent_nothing_of_a_core2_queue_and_core1_still_s
     assert values(old, one) == [*(b"o%d" % i for i in range(5)), b"live"]
     assert held_end(old, two) == -1  # it cannot express the queue: it never sees it
     assert peer_row(new, old_id)["withheld"] >= 1  # and the new daemon says it holds it back
+    row = peer_row(new, old_id)  # the core-1 queue the link carries, pushed both ways (nothing pruned)
+    assert (row["queues_eager_in"], row["queues_pruned_in"], row["queues_lazy_out"]) == (1, 0, 0)
     with client(new) as c:
-        (blind,) = c.status()["core2_blind_peers"]  # status names the peer that misses it
+        status = c.status()
+        assert status["cut_off_queues"] == [] and status["replication"]["queues_cut_off"] == 0
+        (blind,) = status["core2_blind_peers"]  # status names the peer that misses it
     assert blind["peer"] == old_id and blind["core2_queues"] == 1
     assert "receives none of 1 core-2 queue; upgrade it, or create queues with --core 1" in blind["message"]
 

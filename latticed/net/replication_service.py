@@ -56,7 +56,7 @@ from latticed.protocol.core2_wire import link_summary
 from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
-from latticed.protocol.replication import QueueKey, ReplicationSession
+from latticed.protocol.replication import QueueKey, ReplicationSession, key_label
 from latticed.protocol.start_gate import StartGate
 from latticed.protocol.why_verdict import PeerFacts
 from latticed.storage.jobs import Merge
@@ -277,12 +277,24 @@ class Replication:
         return self.others_on_lan.count if self.others_on_lan is not None else None
 
     def counters(self) -> dict[str, int]:
+        """Since start, and gauges of now: ``connected`` links, and the eager trees' (``queues_cut_off``:
+        queues no link pushes to us, :meth:`cut_off_queues`; ``queue_links_pruned_in`` / ``_lazy_out``:
+        (link, queue) pairs we pruned / the peer pruned)."""
+        trees, cut = self.gossip.trees()
         return {
             **self.gossip.stats(),
+            "queues_cut_off": len(cut),
+            "queue_links_pruned_in": sum(len(t.pruned_in) for t in trees.values()),
+            "queue_links_lazy_out": sum(t.lazy_out for t in trees.values()),
             "connected": len(self.gossip.links),
             "second_runs_connected": len(self.gossip.twins),
             "identity_refusing_writes": int(self.gossip.identity.refusal() is not None),
         }
+
+    def cut_off_queues(self, limit: int = 20) -> list[str]:
+        """Queues of other owners that every link carrying them pruned (each record then waits for a
+        HAVE and a graft timer: the replica is off the eager tree), the first ``limit``."""
+        return [key_label(key) for key in self.gossip.trees()[1][:limit]]
 
     def peers(self) -> list[dict[str, Any]]:
         """Every known peer: identity, address, how found, its state (connected, dialling, refused,
@@ -418,6 +430,14 @@ class Replication:
             peer_release=agreement.peer.release if agreement is not None else None,
             withheld=link.session.withheld if link is not None else 0,
             **_delta_counts(link.session if link is not None else None),
+        )
+        # The link's place in the eager trees: queues it pushes to us, those we pruned (it announces
+        # them), those it pruned (we announce them to it). None when not connected.
+        tree = link.session.tree() if link is not None else None
+        row.update(
+            queues_eager_in=tree.eager_in if tree is not None else None,
+            queues_pruned_in=len(tree.pruned_in) if tree is not None else None,
+            queues_lazy_out=tree.lazy_out if tree is not None else None,
         )
         return row
 

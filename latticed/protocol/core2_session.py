@@ -382,6 +382,12 @@ class Core2Link:
         if not changed and not link.pruned:
             link.pruned = True
             self._send(Prune2(key))
+        elif changed and link.pruned:
+            # The first copy came on a link we pruned (its push crossed our PRUNE2): as Plumtree keeps
+            # a first copy's sender eager, graft it back. Else the copies that follow on the links
+            # still eager prune them too, and this node is left with no eager in-link until a HAVE2
+            # and a graft timer mend it (the warm-up's empty delta did that to 11 of 26 bulks).
+            self._graft(key)
         if self._for_peer(key) and has_news(summary, link.peer):
             self._schedule(key)  # the sender lacks something we hold (the other branch of a fork)
 
@@ -645,6 +651,23 @@ class Core2Link:
     def peer_summary(self, key: QueueKey) -> Summary2 | None:
         link = self._links.get(key)
         return None if link is None else link.peer
+
+    def carries(self, key: QueueKey) -> bool:
+        """Whether this link would bring us news of ``key``, a queue we hold."""
+        return bool(self.agreed) and key in self._local and self.expressible(key) and self.we_want(key)
+
+    def tree(self) -> tuple[int, list[QueueKey], int]:
+        """Where this link stands in each queue's eager tree, for operators: how many queues we hold it
+        carries, those of them we pruned (the peer announces them with HAVE2s, pushes nothing until we
+        graft), and how many the peer pruned (we announce rather than push). A queue pruned on every
+        link it comes in by is cut off from its eager tree until a HAVE2 and a graft timer mend it."""
+        if not self.agreed:
+            return 0, [], 0
+        local, links = self._local, self._links
+        carried = sum(1 for key in local if self.expressible(key) and self.we_want(key))
+        pruned = [key for key, link in links.items() if link.pruned and key in local]
+        lazy = sum(1 for key, link in links.items() if not link.eager and key in local)
+        return carried, pruned, lazy
 
     @property
     def inflight(self) -> int:

@@ -112,6 +112,7 @@ __all__ = [
     "DeltaReceived",
     "Event",
     "KeyBudget",
+    "LinkTree",
     "NeedDelta",
     "PeerHello",
     "PeerMemory",
@@ -259,6 +260,21 @@ class _Waiting:
     summary: Summary
     held: Summary | None
     since: float
+
+
+@dataclass(frozen=True, slots=True)
+class LinkTree:
+    """One link's place in the eager (Plumtree) trees of the queues we hold: ``carried`` queues, of
+    which we pruned ``pruned_in`` (the peer sends HAVEs of them, no deltas, until we graft) and the peer
+    pruned ``lazy_out`` of (we announce them). What an operator reads to see a replica cut off."""
+
+    carried: int
+    pruned_in: frozenset[QueueKey]
+    lazy_out: int
+
+    @property
+    def eager_in(self) -> int:
+        return self.carried - len(self.pruned_in)
 
 
 @dataclass(slots=True)
@@ -850,6 +866,24 @@ class ReplicationSession:
         """What the peer last told us it holds of ``key`` (None: nothing yet)."""
         link = self._links.get(key)
         return None if link is None else link.peer
+
+    def tree(self) -> LinkTree:
+        """This link's place in the eager trees of the queues we hold, both cores (see :class:`LinkTree`)."""
+        local, links = self._local, self._links
+        carried = sum(1 for key in local if key not in self._withheld and self._wants_key(key))
+        pruned = [key for key, link in links.items() if link.pruned and key in local]
+        lazy = sum(1 for key, link in links.items() if not link.eager and key in local)
+        if self.core2 is not None:
+            carried2, pruned2, lazy2 = self.core2.tree()
+            carried, lazy = carried + carried2, lazy + lazy2
+            pruned.extend(pruned2)
+        return LinkTree(carried, frozenset(pruned), lazy)
+
+    def carries(self, key: QueueKey) -> bool:
+        """Whether this link would bring us news of ``key``, a queue we hold (on either core)."""
+        if key in self._local:
+            return key not in self._withheld and self._wants_key(key)
+        return self.core2 is not None and self.core2.carries(key)
 
     def key_traffic(self, key: QueueKey) -> tuple[int, bool]:
         """For ``key``: our DELTAs in flight to the peer (unacknowledged), and whether we asked it for one."""

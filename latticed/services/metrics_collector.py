@@ -227,6 +227,14 @@ class StateCollector:
             "Connected peers that receive none of this daemon's core-2 queues (no heads-v2: 0.2.x).",
             value=len(core2_blind_peers(rows, core2)),
         )
+        if "queues_cut_off" in counters:
+            yield GaugeMetricFamily(
+                "latticed_queues_cut_off",
+                "Queues of other owners that every link carrying them pruned: no peer pushes them to this "
+                "daemon, each record waits for a HAVE and a graft timer (off the eager tree).",
+                value=counters["queues_cut_off"],
+            )
+        yield from _trees(rows)
         addresses: Counter[str] = Counter(str(row.get("state", "unknown")) for row in rows)
         connected: dict[str, int] = {}
         lag: dict[str, int] = {}
@@ -294,6 +302,37 @@ class StateCollector:
         yield records
         yield consumers
         yield oldest
+
+
+def _trees(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Per connected peer, its link's place in the queues' eager trees (Plumtree): the queues it pushes
+    to us, those we pruned (it announces them), those it pruned (we announce them to it)."""
+    families = {
+        "queues_eager_in": GaugeMetricFamily(
+            "latticed_peer_queues_eager_in",
+            "Queues this connected peer pushes to us (eager).",
+            labels=["peer"],
+        ),
+        "queues_pruned_in": GaugeMetricFamily(
+            "latticed_peer_queues_pruned_in",
+            "Queues we pruned on this peer's link: it announces them (HAVE) until we graft.",
+            labels=["peer"],
+        ),
+        "queues_lazy_out": GaugeMetricFamily(
+            "latticed_peer_queues_lazy_out",
+            "Queues this peer pruned on its link: we announce them to it rather than push.",
+            labels=["peer"],
+        ),
+    }
+    seen: set[str] = set()
+    for row in rows:
+        key = row.get("public_key")
+        if not isinstance(key, str) or key in seen or row.get("queues_eager_in") is None:
+            continue
+        seen.add(key)  # a twin's row repeats the identity: its first link stands for it
+        for field_name, family in families.items():
+            family.add_metric([key], int(row[field_name]))
+    yield from families.values()
 
 
 def _retention(counters: dict[str, int]) -> Iterator[Metric]:

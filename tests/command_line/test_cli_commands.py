@@ -114,6 +114,7 @@ def test_status_text_shows_the_counters_the_docs_list(daemon: InProcessDaemon) -
     assert int(lines["transactions"]) >= 1
     replication = dict(pair.split("=", 1) for pair in lines["replication"].split(", "))
     assert set(replication) == set(info["replication"]) and replication["connected"] == "0"
+    assert replication["queues_cut_off"] == "0" and lines["off the eager tree"] == "none"
     retention = dict(pair.split("=", 1) for pair in lines["retention"].split(", "))
     assert set(retention) == set(info["retention"])
     assert retention["records_truncated"] == "0" and retention["bytes_truncated"] == "0 B"

@@ -144,6 +144,13 @@ def test_state_text_says_when_and_why() -> None:
     }
     assert cli.peers.state_text(refused) == f"refused ({NO_ANSWER_REASON}; next try in 2 s, 1 failure so far)"
     assert cli.peers.state_text({"status": "connected", "reason": None}) == "connected"
+    # A link's place in the eager trees: shown once some queue on it is announced rather than pushed.
+    tree = {"queues_eager_in": 1, "queues_pruned_in": 2, "queues_lazy_out": 3}
+    assert cli.peers.state_text({"status": "connected", "reason": None, **tree}) == (
+        "connected (1 of 3 queues pushed to us, 3 announced to it)"
+    )
+    all_eager = {"queues_eager_in": 4, "queues_pruned_in": 0, "queues_lazy_out": 0}
+    assert cli.peers.state_text({"status": "connected", "reason": None, **all_eager}) == "connected"
     assert cli.peers.state_text({"status": "blocked", "reason": "on our block list"}) == "blocked"
     # An older daemon's row, with the book's state only.
     assert cli.peers.state_text({"connected": False, "state": "idle"}) == "idle"

@@ -276,7 +276,11 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
 
     With a transaction's seconds ending where the daemon's do, once the COMMIT returned holding the
     interpreter again (sim26, bench/RESULTS.md): the writer's transaction 5.48 ms (-24 %), 0.08 ms more;
-    nothing else moves. (``fsync_waits``, off, is sim26's: see its test.)"""
+    nothing else moves. (``fsync_waits``, off, is sim26's: see its test.)
+
+    A first copy on a link just pruned grafts it back (prune26): draw 2's node 3, cut off from the eager
+    tree by the warm-up's empty delta (its HAVE2s and grafts 0.043 a record, 1.17 s), is no longer, so
+    HAVE2 0.0225 (-23 %), DELTA2 +17.5 %, ACK2 +38 %, the bulk -24 %, the writer's transaction -24 %."""
     figures: list[tuple[float, float, float, float, float, float, float, float]] = []
     hand_offs = preempted = 0
     for draw in range(8):
@@ -304,7 +308,7 @@ def test_a_bulk_at_n_8_as_the_daemons_run_and_count_it() -> None:
     assert abs(every_node / 0.0000311 - 1) <= 0.1, figures  # met: -7.5 %
     assert 1.12 < deltas / 0.750 <= 1.22, figures  # not met: +17 %
     assert 1.30 < acks / 0.331 <= 1.42, figures  # not met: +36 %
-    assert 0.82 < have2s / 0.0293 <= 0.91, figures  # not met: -13 %
+    assert 0.72 < have2s / 0.0293 <= 0.82, figures  # not met: -23 % (-13 % while draw 2 was cut off)
     assert 0.74 < elapsed / 1.239 <= 0.83, figures  # not met: -21 % (the daemons' 0.89-1.54 s a run)
     assert abs(writer_cpu / 0.00000464 - 1) <= 0.1, figures  # met: -3.4 %
     assert 0.70 < txn / 0.00717 <= 0.80, figures  # not met: -25 % (the daemons' 4.0-10.0 ms a run)

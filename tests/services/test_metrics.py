@@ -81,11 +81,20 @@ class FakeReplication:
             "foreign_heads": 3,
             "identity_refusing_writes": 1,
             "delta_reads_raced": 4,
+            "queues_cut_off": 2,
         }
 
     def peers(self) -> list[dict[str, Any]]:
         return [
-            {"public_key": PEER.hex(), "state": "connected", "connected": True, "lag": {"x/a": 5, "x/b": -3}},
+            {
+                "public_key": PEER.hex(),
+                "state": "connected",
+                "connected": True,
+                "lag": {"x/a": 5, "x/b": -3},
+                "queues_eager_in": 3,
+                "queues_pruned_in": 1,
+                "queues_lazy_out": 2,
+            },
             {"public_key": OTHER.hex(), "state": "dialing", "connected": False, "lag": {}},
             {"public_key": None, "state": "idle", "connected": False, "lag": {}},
         ]
@@ -163,6 +172,12 @@ async def test_commits_merges_and_state_read_through_the_text_parser(tmp_path: P
     assert value(samples, "latticed_peer_connected", peer=PEER.hex()) == 1
     assert value(samples, "latticed_peer_connected", peer=OTHER.hex()) == 0
     assert ("latticed_peer_lag_records", frozenset({("peer", OTHER.hex())})) not in samples
+    # Each connected link's place in the eager trees, and the queues no link pushes to us.
+    assert value(samples, "latticed_peer_queues_eager_in", peer=PEER.hex()) == 3
+    assert value(samples, "latticed_peer_queues_pruned_in", peer=PEER.hex()) == 1
+    assert value(samples, "latticed_peer_queues_lazy_out", peer=PEER.hex()) == 2
+    assert ("latticed_peer_queues_eager_in", frozenset({("peer", OTHER.hex())})) not in samples
+    assert value(samples, "latticed_queues_cut_off") == 2
     assert value(samples, "latticed_peer_addresses", state="idle") == 1
     assert value(samples, "latticed_peer_messages_total", direction="received", type="delta") == 31
     assert value(samples, "latticed_peer_message_bytes_total", direction="received", type="delta") == 6200

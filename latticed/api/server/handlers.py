@@ -156,6 +156,7 @@ async def status(ctx: Context, request: Request) -> Reply:
             "transactions": engine.transactions,
             "replication_lag": ctx.replication.lag() if ctx.replication else {},
             "replication": ctx.replication.counters() if ctx.replication else None,
+            "cut_off_queues": ctx.replication.cut_off_queues() if ctx.replication else [],
             "forked_queues": await core2_handlers.forks(ctx),
             "corrupt_queues": core2_handlers.corrupt(ctx),
             "disk": ctx.health.disk_status() if ctx.health else None,

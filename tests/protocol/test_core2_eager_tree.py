@@ -1,0 +1,171 @@
+"""Each node stays on a queue's eager tree: a first copy that comes on a link we pruned (its push crossed
+our PRUNE2, as the warm-up's empty delta and the record after it do) grafts that link back, so no node
+is left with every in-link pruned; and what operators read of it (``tree``, ``Gossip.trees``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.core2_sim import Core2Network
+from support.queue2_histories import OWNER, empty
+
+from latticed.crdt import queue2
+from latticed.crdt.records import Record
+from latticed.net.gossip import Gossip, PeerLink
+from latticed.protocol.replication import LinkTree, QueueKey
+from latticed.protocol.versions import HEADS_V2
+
+KEY: QueueKey = (OWNER.public_key, "q", 0)
+#: A small mesh: the writer 0 and three relays, every pair of relays linked, 3 to the writer only by 1
+#: and 2 (two hops), so copies cross on every relay's in-links.
+EDGES = ((0, 1), (0, 2), (1, 2), (1, 3), (2, 3))
+
+
+def _mesh() -> Core2Network:
+    # A graft timer that never runs out (no tick here): a node cut off stays cut off, as the daemons'
+    # would for a graft timer's wait.
+    net = Core2Network(features=frozenset({HEADS_V2}), graft_timeout=1.0)
+    for n in range(4):
+        net.add(n)
+    for a, b in EDGES:
+        net.connect(a, b)
+    net.run_until_quiet()
+    return net
+
+
+def _created() -> queue2.QueueState2:
+    """The queue as the daemon creates it: a signed version of no records (pushed as a delta [0, 0))."""
+    return queue2.commit(empty(), OWNER, now_ms=1, records=[])
+
+
+def _eager_from_writer(net: Core2Network) -> set[int]:
+    """The nodes the writer reaches by links that push ``KEY`` (the sender's link eager, the receiver's
+    not pruned): what ``tree`` reports at each end."""
+    reached, todo = {0}, [0]
+    while todo:
+        x = todo.pop()
+        for y, session in net.nodes[x].sessions.items():
+            ours = session.core2
+            theirs = net.nodes[y].sessions[x].core2
+            assert ours is not None and theirs is not None
+            lazy_out = ours.tree()[2]  # one queue: 1 if the peer pruned us
+            pruned_in = KEY in theirs.tree()[1]
+            if y not in reached and not lazy_out and not pruned_in:
+                reached.add(y)
+                todo.append(y)
+    return reached
+
+
+def _step(net: Core2Network, x: int, y: int | None = None) -> None:
+    """Deliver the next message from ``x`` to ``y``, or (``y`` None) node ``x`` acts on what its links
+    asked of it (a relay pushes what it merged on to its other links)."""
+    acting = x
+    if y is not None:
+        net.deliver(x, y)
+        acting = y
+    for peer in net.nodes[acting].sessions:
+        net.handle(acting, peer)
+
+
+def _deliver_in_order(net: Core2Network, picks: st.DataObject) -> None:
+    """One message delivered, or one node acting, at a time, as the test draws, until nothing is left."""
+    while True:
+        busy: list[tuple[int, int | None]] = sorted(link for link, wire in net.wires.items() if wire)
+        busy += [
+            (n, None) for n, node in net.nodes.items() if any(s.has_work() for s in node.sessions.values())
+        ]
+        if not busy:
+            return
+        _step(net, *picks.draw(st.sampled_from(busy)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), st.integers(min_value=1, max_value=3))
+def test_every_node_keeps_an_eager_path_from_the_writer_whatever_the_order_of_deliveries(
+    picks: st.DataObject, records: int
+) -> None:
+    """The warm-up as the daemons run it: the queue created (an empty delta, [0, 0)), then records, each
+    pushed as it commits; whatever order the copies arrive in, once nothing is in flight every node
+    holds them all and the writer reaches it over eager links (no HAVE2 or graft timer needed)."""
+    net = _mesh()
+    state = _created()
+    net.node2(0).put2(state)
+    net.settle()
+    for i in range(records):
+        state = queue2.commit(state, OWNER, now_ms=2 + i, records=[Record(value=b"r%d" % i)])
+        net.node2(0).put2(state)
+        net.settle()
+    _deliver_in_order(net, picks)
+    assert all(net.node2(n).states2[KEY] == state for n in range(4))
+    assert _eager_from_writer(net) == {0, 1, 2, 3}
+
+
+#: An order of deliveries (sender, receiver) that left node 2 with every in-link pruned before the rule:
+#: 2 took [0, 0) from 1 first and pruned 0's copy; 0's record then came first on the link just pruned,
+#: and 1's copy second pruned 1 too. Found by the test above.
+CUT_OFF_ORDER = (
+    (0, 1), (1, 2), (0, 2), (1, 0), (0, 1), (1, 0), (1, 3), (2, 0), (0, 2), (0, 2),
+    (2, 0), (0, 2), (2, 0), (2, 0), (2, 1), (1, 2), (2, 1), (1, 2), (1, 2), (2, 1),
+    (2, 1), (3, 1), (1, 3), (2, 3), (3, 1), (3, 2), (2, 3), (2, 3), (3, 2), (3, 2),
+)  # fmt: skip
+
+
+def test_a_first_copy_on_a_pruned_link_grafts_it_back() -> None:
+    """That order again: node 2's first copy of the record comes on the link it pruned for the empty
+    delta's duplicate, and grafts it back (WANT2); both ends report where the link stands."""
+    net = _mesh()
+    state = _created()
+    net.node2(0).put2(state)
+    net.settle()
+    state = queue2.commit(state, OWNER, now_ms=2, records=[Record(value=b"r")])
+    net.node2(0).put2(state)
+    net.settle()
+    for x, y in CUT_OFF_ORDER:
+        if net.wires[(x, y)]:
+            _step(net, x, y)
+    net.run_until_quiet()
+    assert net.quiet() and net.node2(2).states2[KEY] == state
+    assert _eager_from_writer(net) == {0, 1, 2, 3}
+    trees = {peer: session.tree() for peer, session in net.nodes[2].sessions.items()}
+    assert sum(tree.eager_in for tree in trees.values()) >= 1
+    assert all(tree.carried == 1 for tree in trees.values())
+    for peer, tree in trees.items():  # what 2 pruned, the peer announces to it
+        peer_tree = net.nodes[peer].sessions[2].tree()
+        assert (KEY in tree.pruned_in) == (peer_tree.lazy_out == 1)
+
+
+@dataclass
+class _Session:
+    """What ``Gossip.trees`` reads of a link's session."""
+
+    held: frozenset[QueueKey]
+    pruned: frozenset[QueueKey]
+
+    def tree(self) -> LinkTree:
+        return LinkTree(len(self.held), self.pruned, 0)
+
+    def carries(self, key: QueueKey) -> bool:
+        return key in self.held
+
+
+def test_gossip_names_the_queues_every_carrying_link_pruned_and_never_our_own() -> None:
+    ours: QueueKey = (b"m" * 32, "mine", 0)
+    other: QueueKey = (b"o" * 32, "other", 0)
+    both = frozenset({KEY, other, ours})
+    gossip = Gossip(host=None, local_public_key=b"m" * 32)  # type: ignore[arg-type]
+    sessions = {
+        b"a" * 32: _Session(both, frozenset({KEY, other, ours})),
+        b"b" * 32: _Session(frozenset({KEY, ours}), frozenset({KEY, ours})),  # does not carry ``other``
+        b"c" * 32: _Session(both, frozenset({KEY})),
+    }
+    for peer, session in sessions.items():
+        gossip.links[peer] = PeerLink(peer, "peer", "static", session)  # type: ignore[arg-type]
+    trees, cut = gossip.trees()
+    assert cut == [KEY]  # ``other`` still comes from c; our own queue needs no in-link
+    assert trees[b"c" * 32].eager_in == 2
+    del gossip.links[b"a" * 32]
+    assert gossip.trees()[1] == [KEY]
+    gossip.links[b"d" * 32] = PeerLink(b"d" * 32, "peer", "static", _Session(both, frozenset()))  # type: ignore[arg-type]
+    assert gossip.trees()[1] == []
