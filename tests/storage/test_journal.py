@@ -4,7 +4,12 @@ entry, and an entry whose signature fails is refused and reported, never replaye
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +176,66 @@ def test_a_gap_a_short_entry_or_an_unknown_queue_is_refused_not_replayed() -> No
 def test_a_salt_is_sixteen_bytes(salt: bytes) -> None:
     with pytest.raises(ValueError):
         journal.header(salt)
+
+
+def test_a_journal_file_appends_in_preallocated_space_and_reopens_where_it_ended(tmp_path: Path) -> None:
+    entries = _batches("q", [1, 16, 2, 5, 3])
+    path = str(tmp_path / "journal")
+    file, found = journal.JournalFile.open(path, salt=SALT, chunk=100)  # a chunk smaller than a frame
+    assert found.salt is None and found.entries == []
+    file.append(entries[:2])
+    file.append(entries[2:3])
+    size = os.path.getsize(path)
+    assert size >= file.end and size % 100 == 0 and size - file.end < 100
+    file.close()
+    again, found = journal.JournalFile.open(path, salt=b"\xee" * 16)
+    assert found.salt == SALT and found.entries == entries[:3] and not found.torn
+    again.append(entries[3:])  # numbered after the three already there
+    again.close()
+    assert journal.scan(Path(path).read_bytes()).entries == entries
+
+
+def test_starting_over_forgets_every_entry_and_the_old_ones_past_the_tail_stay_out(tmp_path: Path) -> None:
+    old, new = _batches("q", [4, 4, 4]), _batches("r", [1])
+    path = str(tmp_path / "journal")
+    file, _ = journal.JournalFile.open(path, salt=SALT)
+    file.append(old)
+    file.start_over(b"\x01" * 16)
+    file.append(new)  # shorter than the old entries it overwrites
+    file.close()
+    found = journal.scan(Path(path).read_bytes())
+    assert found.salt == b"\x01" * 16 and found.entries == new and found.torn
+
+
+_CHILD = """
+import sys
+from latticed.storage import journal
+from tests_journal_entries import entries
+file, _ = journal.JournalFile.open(sys.argv[1], salt=bytes(range(16)), chunk=512)
+for n, entry in enumerate(entries, 1):
+    file.append([entry])
+    sys.stdout.write(f"{n}\\n")  # the ack: only after the append's fdatasync returned
+    sys.stdout.flush()
+"""
+
+
+def test_a_process_killed_while_appending_keeps_every_acked_entry(tmp_path: Path) -> None:
+    entries = _batches("q", [3] * 400)
+    (tmp_path / "tests_journal_entries.py").write_text(
+        "from latticed.crdt.records import Record\nfrom latticed.storage.journal import Entry\n"
+        f"entries = {entries!r}\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    for stop_after in (1, 57, 233):
+        path = str(tmp_path / f"journal{stop_after}")
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, path], stdout=subprocess.PIPE, env=env, text=True
+        )
+        assert child.stdout is not None
+        acked = 0
+        while acked < stop_after:
+            acked = int(child.stdout.readline())
+        child.send_signal(signal.SIGKILL)  # while it appends the next entries
+        assert child.wait() == -signal.SIGKILL  # killed, not finished
+        found = journal.scan(Path(path).read_bytes())
+        assert len(found.entries) >= acked and found.entries == entries[: len(found.entries)], stop_after
