@@ -128,11 +128,11 @@ def scan(data: bytes | bytearray | memoryview) -> Scan:
     """Every whole entry of a journal file's ``data``, in order; never raises on any bytes."""
     view = memoryview(data)
     if len(view) < HEADER_SIZE:
-        return Scan(None, torn=any(view))
+        return Scan(None, torn=_nonzero(view))
     magic, version, salt = _HEADER.unpack_from(view)
     (crc,) = _HEADER_CRC.unpack_from(view, _HEADER.size)
     if magic != MAGIC or version != VERSION or crc != zlib.crc32(view[: _HEADER.size]):
-        return Scan(None, torn=any(view))
+        return Scan(None, torn=_nonzero(view))
     result = Scan(salt, end=HEADER_SIZE)
     offset, seq = HEADER_SIZE, 1
     while offset + _FRAME.size <= len(view):
@@ -151,8 +151,13 @@ def scan(data: bytes | bytearray | memoryview) -> Scan:
         result.entries.append(entry)
         offset, seq = start + length, seq + 1
         result.end = offset
-    result.torn = any(view[result.end :])
+    result.torn = _nonzero(view[result.end :])
     return result
+
+
+def _nonzero(view: memoryview) -> bool:
+    """Whether any byte is not zero (in C: the preallocated rest of a file is megabytes)."""
+    return bytes(view).count(0) != len(view)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +229,9 @@ class JournalFile:
     file size to log (on this box ~100 µs against ~140 for an append, bench/RESULTS.md journal26).
 
     The space is written ahead in :attr:`chunk`-byte steps of zeros, each fsynced before a frame lands in
-    it. :meth:`append` returns only once its frames are on disk: the caller acks after it, never before."""
+    it. :meth:`append` returns only once its frames are on disk: the caller acks after it, never before.
+    After an ``OSError`` from it the file must not be appended to again (a failed ``fdatasync`` may have
+    dropped the pages it did not write, and a retry can report success): the caller stops journaling."""
 
     def __init__(self, fd: int, salt: bytes, *, end: int, seq: int, size: int, chunk: int) -> None:
         self._fd, self.salt, self.end, self._seq, self._size, self.chunk = fd, salt, end, seq, size, chunk
@@ -232,7 +239,10 @@ class JournalFile:
     @classmethod
     def open(cls, path: str, *, salt: bytes, chunk: int = 4 << 20) -> tuple[JournalFile, Scan]:
         """Open (or create) the journal at ``path``; returns it, positioned after its last whole entry,
-        and what it holds. ``salt`` (16 fresh bytes) starts a file with no valid header."""
+        and what it holds. ``salt`` (16 fresh bytes) starts a file with no valid header: a new file, or
+        one whose header a power loss tore while it was started over (its entries were all in the store
+        by then); the returned scan says ``torn`` when such a file held bytes, for the caller to report
+        (damage cannot be told from that case)."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             size = os.fstat(fd).st_size

@@ -239,3 +239,20 @@ def test_a_process_killed_while_appending_keeps_every_acked_entry(tmp_path: Path
         assert child.wait() == -signal.SIGKILL  # killed, not finished
         found = journal.scan(Path(path).read_bytes())
         assert len(found.entries) >= acked and found.entries == entries[: len(found.entries)], stop_after
+
+
+def test_a_file_whose_header_was_torn_is_reported_and_started_over(tmp_path: Path) -> None:
+    entries = _batches("q", [2, 2])
+    path = tmp_path / "journal"
+    file, _ = journal.JournalFile.open(str(path), salt=SALT)
+    file.append(entries)
+    file.close()
+    damaged = bytearray(path.read_bytes())
+    damaged[20] ^= 0xFF  # inside the salt: as a power loss tearing a start-over's header
+    path.write_bytes(bytes(damaged))
+    again, found = journal.JournalFile.open(str(path), salt=b"\x02" * 16)
+    assert found.salt is None and found.entries == [] and found.torn  # for the caller to report
+    again.append(entries[1:])
+    again.close()
+    after = journal.scan(path.read_bytes())
+    assert after.salt == b"\x02" * 16 and after.entries == entries[1:]
