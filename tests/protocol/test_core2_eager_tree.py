@@ -217,3 +217,33 @@ def test_the_graft_rule_makes_no_loop_and_the_tree_settles_to_one_copy_a_record(
         net.run_until_quiet()
         assert all(net.node2(n).states2[KEY] == state for n in range(4))
         assert {n: _received(net, n) - before[n] for n in (1, 2, 3)} == {1: 1, 2: 1, 3: 1}
+
+
+def test_tree_counts_follow_new_queues_prunes_and_grafts() -> None:
+    """review26: ``tree`` keeps its counts as queues come and links are pruned and grafted (it no longer
+    reads every queue each call), and agrees with the links' flags."""
+    net = _mesh()
+    state = _created()
+    net.node2(0).put2(state)
+    net.settle()
+    net.run_until_quiet()
+    session = net.nodes[3].sessions[1]
+    core2 = session.core2
+    assert core2 is not None
+    assert session.tree().carried == 1
+    other = queue2.commit(queue2.empty_state(OWNER.public_key, "other"), OWNER, now_ms=1, records=[])
+    net.node2(0).put2(other)
+    net.settle()
+    net.run_until_quiet()
+    for node in net.nodes.values():
+        for link in node.sessions.values():
+            c2 = link.core2
+            assert c2 is not None
+            carried, pruned, lazy = c2.tree()
+            assert carried == 2
+            assert set(pruned) == {k for k, lk in c2._links.items() if lk.pruned}
+            assert lazy == sum(1 for lk in c2._links.values() if not lk.eager)
+    pruned_keys = core2.tree()[1]
+    if pruned_keys:
+        core2._graft(pruned_keys[0])
+        assert pruned_keys[0] not in core2.tree()[1]
