@@ -526,26 +526,16 @@ class Gossip:
         queues of other owners that every link carrying them pruned: no peer pushes them to us, so each
         record waits for a HAVE and a graft timer (a replica cut off from the eager tree)."""
         trees = {key: link.session.tree() for key, link in self.links.items()}
-        counted: dict[QueueKey, int] = {}
-        for tree in trees.values():
-            for key in tree.pruned_in:
-                counted[key] = counted.get(key, 0) + 1
-        if not counted:
-            return trees, []
-        carrying = self._carriers(counted, trees)
-        cut = [key for key, n in counted.items() if n == carrying[key] and key[0] != self.local_public_key]
-        return trees, sorted(cut)
-
-    def _carriers(self, keys: Mapping[QueueKey, int], trees: Mapping[bytes, LinkTree]) -> dict[QueueKey, int]:
-        """How many links carry each of ``keys``: every link that pruned it, and those that would push
-        it to us (they agreed on its core and the link does not withhold it)."""
-        carrying = dict.fromkeys(keys, 0)
+        # Cut off: pruned on some link, and no link carries it unpruned. Set differences per link and a
+        # ``carries`` call only where a link did not prune it (review26: not links x queues calls).
+        cut = {key for tree in trees.values() for key in tree.pruned_in if key[0] != self.local_public_key}
         for public_key, link in self.links.items():
-            pruned = trees[public_key].pruned_in
-            for key in keys:
-                if key in pruned or link.session.carries(key):
-                    carrying[key] += 1
-        return carrying
+            if not cut:
+                break
+            for key in cut - trees[public_key].pruned_in:
+                if link.session.carries(key):
+                    cut.discard(key)
+        return trees, sorted(cut)
 
     def peer_lag(self) -> dict[str, dict[str, int]]:
         """Per peer, per queue: how many records the peer is behind us (negative: ahead)."""

@@ -52,6 +52,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from latticed.crdt import queue2
@@ -247,6 +248,12 @@ class Core2Link:
     #: acked (the wider window admits more of the first kind only).
     _small_out: set[int] = field(default_factory=set)
     _big_in: set[int] = field(default_factory=set)
+    #: Queues whose link we pruned, and those the peer pruned (kept as the flags change: :meth:`tree`
+    #: reads them for ``status``, never all queues); the count of ``_local``'s first ``[1]`` keys this
+    #: link carries (``_local`` only grows, the features and subscriptions are fixed once agreed).
+    _pruned: set[QueueKey] = field(default_factory=set)
+    _lazy: set[QueueKey] = field(default_factory=set)
+    _carried: tuple[dict[QueueKey, Summary2] | None, int, int] = (None, 0, 0)
     #: Deltas sent, acked by the peer (an ACK2 or one of an AckRun2) and received; records received, and
     #: of those how many we held as they came (their copy from another link was first: what pruning and
     #: lazy links are there to avoid).
@@ -373,6 +380,7 @@ class Core2Link:
             self._send(Ack2(seq, key, None))
             if key not in self._local and all(k != key for k, _ in self._received.values()):
                 self._links.pop(key, None)  # a peer's made-up queues cost nothing once answered
+                self._lazy.discard(key)
             return
         self._local[key] = summary
         if self._grafts:
@@ -381,6 +389,7 @@ class Core2Link:
         self._ack(seq, key, theirs, summary)
         if not changed and not link.pruned:
             link.pruned = True
+            self._pruned.add(key)
             self._send(Prune2(key))
         elif changed and link.pruned:
             # The first copy came on a link we pruned (its push crossed our PRUNE2): as Plumtree keeps
@@ -454,6 +463,7 @@ class Core2Link:
                 link = self._links.get(message.key)
                 if link is not None:
                     link.eager = False
+                    self._lazy.add(message.key)
 
     def _on_digest(self, digest: Digest2) -> None:
         if self._peer_digest:
@@ -551,6 +561,7 @@ class Core2Link:
         link = self._links.get(key)
         if link is not None:
             link.pruned = False
+            self._pruned.discard(key)
         self._send(Want2(key, self._local.get(key)))
 
     def tick(self, now: float) -> None:
@@ -596,6 +607,7 @@ class Core2Link:
             return  # nothing to send
         link = self._link(key)
         link.eager = True
+        self._lazy.discard(key)
         link.peer = heard(link.peer, want.summary)
         if self._for_peer(key) and has_news(self._local[key], want.summary):
             self._schedule(key)
@@ -660,14 +672,21 @@ class Core2Link:
         """Where this link stands in each queue's eager tree, for operators: how many queues we hold it
         carries, those of them we pruned (the peer announces them with HAVE2s, pushes nothing until we
         graft), and how many the peer pruned (we announce rather than push). A queue pruned on every
-        link it comes in by is cut off from its eager tree until a HAVE2 and a graft timer mend it."""
+        link it comes in by is cut off from its eager tree until a HAVE2 and a graft timer mend it.
+        Counted from the pruned and lazy sets and the queues new since the last call (review26: not
+        every queue on every link each ``status``)."""
         if not self.agreed:
             return 0, [], 0
-        local, links = self._local, self._links
-        carried = sum(1 for key in local if self.expressible(key) and self.we_want(key))
-        pruned = [key for key, link in links.items() if link.pruned and key in local]
-        lazy = sum(1 for key, link in links.items() if not link.eager and key in local)
-        return carried, pruned, lazy
+        local = self._local
+        counted_of, seen, carried = self._carried
+        if counted_of is not local:
+            seen = carried = 0
+        if len(local) > seen:
+            new = islice(local, seen, None)
+            carried += sum(1 for key in new if self.expressible(key) and self.we_want(key))
+            self._carried = (local, len(local), carried)
+        lazy = sum(1 for key in self._lazy if key in local)
+        return carried, list(self._pruned), lazy
 
     @property
     def inflight(self) -> int:

@@ -14,6 +14,7 @@ from support.queue2_histories import OWNER, empty
 from latticed.crdt import queue2
 from latticed.crdt.records import Record
 from latticed.net.gossip import Gossip, PeerLink
+from latticed.protocol.core2_session import Core2Link
 from latticed.protocol.replication import LinkTree, QueueKey
 from latticed.protocol.versions import HEADS_V2
 
@@ -169,3 +170,80 @@ def test_gossip_names_the_queues_every_carrying_link_pruned_and_never_our_own() 
     assert gossip.trees()[1] == [KEY]
     gossip.links[b"d" * 32] = PeerLink(b"d" * 32, "peer", "static", _Session(both, frozenset()))  # type: ignore[arg-type]
     assert gossip.trees()[1] == []
+
+
+def _received(net: Core2Network, n: int) -> int:
+    """Core-2 deltas node ``n`` received on all its links."""
+    return sum(s.core2.stats["deltas_received"] for s in net.nodes[n].sessions.values() if s.core2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), st.integers(min_value=2, max_value=6))
+def test_the_graft_rule_makes_no_loop_and_the_tree_settles_to_one_copy_a_record(
+    picks: st.DataObject, stream: int
+) -> None:
+    """review26, attack (1): a stream of records, each delivered in an order hypothesis draws (copies
+    crossing PRUNE2s and WANT2s anywhere), then records delivered as they come. No graft/prune loop: a
+    node's WANT2s are at most one per record that reached it (a graft needs a first copy, and each record
+    has one), and once the stream ends every node takes exactly one copy of each later record."""
+    wants: dict[int, int] = {}
+    graft = Core2Link._graft
+
+    def counted(self: Core2Link, key: QueueKey) -> None:
+        node = next(n for n, node in net.nodes.items() for s in node.sessions.values() if s.core2 is self)
+        wants[node] = wants.get(node, 0) + 1
+        graft(self, key)
+
+    net = _mesh()
+    state = _created()
+    Core2Link._graft = counted  # type: ignore[method-assign]
+    try:
+        net.node2(0).put2(state)
+        net.settle()
+        for i in range(stream):
+            state = queue2.commit(state, OWNER, now_ms=2 + i, records=[Record(value=b"r%d" % i)])
+            net.node2(0).put2(state)
+            net.settle()
+            _deliver_in_order(net, picks)
+    finally:
+        Core2Link._graft = graft  # type: ignore[method-assign]
+    assert all(count <= stream + 1 for count in wants.values()), wants  # [0, 0) and each record
+    assert _eager_from_writer(net) == {0, 1, 2, 3}
+    for i in range(3):  # settled: one copy a record at every node
+        before = {n: _received(net, n) for n in (1, 2, 3)}
+        state = queue2.commit(state, OWNER, now_ms=100 + i, records=[Record(value=b"s%d" % i)])
+        net.node2(0).put2(state)
+        net.settle()
+        net.run_until_quiet()
+        assert all(net.node2(n).states2[KEY] == state for n in range(4))
+        assert {n: _received(net, n) - before[n] for n in (1, 2, 3)} == {1: 1, 2: 1, 3: 1}
+
+
+def test_tree_counts_follow_new_queues_prunes_and_grafts() -> None:
+    """review26: ``tree`` keeps its counts as queues come and links are pruned and grafted (it no longer
+    reads every queue each call), and agrees with the links' flags."""
+    net = _mesh()
+    state = _created()
+    net.node2(0).put2(state)
+    net.settle()
+    net.run_until_quiet()
+    session = net.nodes[3].sessions[1]
+    core2 = session.core2
+    assert core2 is not None
+    assert session.tree().carried == 1
+    other = queue2.commit(queue2.empty_state(OWNER.public_key, "other"), OWNER, now_ms=1, records=[])
+    net.node2(0).put2(other)
+    net.settle()
+    net.run_until_quiet()
+    for node in net.nodes.values():
+        for link in node.sessions.values():
+            c2 = link.core2
+            assert c2 is not None
+            carried, pruned, lazy = c2.tree()
+            assert carried == 2
+            assert set(pruned) == {k for k, lk in c2._links.items() if lk.pruned}
+            assert lazy == sum(1 for lk in c2._links.values() if not lk.eager)
+    pruned_keys = core2.tree()[1]
+    if pruned_keys:
+        core2._graft(pruned_keys[0])
+        assert pruned_keys[0] not in core2.tree()[1]
