@@ -23,8 +23,8 @@ RECENT_QUEUES = 256
 
 class _Recent:
     """Rows ``[lo, lo + len(records))`` of one queue as a merge staged them; ``chains[i]`` is row
-    ``lo + i``'s chain value (which binds every record up to it). Immutable: ``records`` is a tuple or a
-    :class:`RecordRun` (a slice of the merge's overlay, kept as columns: no Record built a row)."""
+    ``lo + i``'s chain value (which binds every record up to it). Immutable: ``records`` is a tuple, or a
+    :class:`RecordRun` (a large merge's slice of its overlay, kept as columns: no Record built a row)."""
 
     __slots__ = ("chains", "lo", "records")
 
@@ -66,6 +66,10 @@ class RecentRows:
         if lo >= hi:
             return
         records, chains = _appended(state, lo - state.held[0], hi - state.held[0])
+        if len(records) < RECENT_RECORDS:
+            # a live push's few rows: their Records cost less than a run's slice and join (columns pay
+            # for a merge's thousands of rows, whose older run the cap drops anyway)
+            records = tuple(records)
         old = self._runs.get(q)
         if old is not None and old.hi == lo and old.chains and old.chains[-1] == state.chain_at(lo):
             keep = max(0, len(old.records) + len(records) - RECENT_RECORDS)

@@ -146,7 +146,7 @@ def test_note_keeps_and_serves_what_building_the_rows_kept(
     before, after = _Before(), RecentRows()
     starts: dict[int, int] = {}
     with (
-        mock.patch.object(core2_recent, "RECENT_RECORDS", 8),
+        mock.patch.object(core2_recent, "RECENT_RECORDS", 4),
         mock.patch.object(core2_recent, "RECENT_QUEUES", 3),
     ):
         for kind, q, n, stored, as_run, extra in ops:
@@ -176,16 +176,16 @@ def test_note_keeps_and_serves_what_building_the_rows_kept(
 
 
 def test_note_keeps_a_merged_run_as_columns() -> None:
-    """A merge's overlay that is a run is kept as a run: its values are the same objects, none built."""
+    """A merge's overlay that is a run is kept as a run (a live push's few rows as Records)."""
     disk = _Disk()
     rows = disk.rows.setdefault(0, [])
-    _grow(rows, 40, "r")
+    _grow(rows, 300, "r")
     recent = RecentRows()
-    recent.note(0, _state(disk, 0, 0, 30, as_run=True), 10)
+    recent.note(0, _state(disk, 0, 0, 100, as_run=True), 200)
     kept = recent._runs[0].records
     assert type(kept) is RecordRun
-    assert kept.values == tuple(r.value for r, _ in rows[30:])
-    assert type(recent.run(0, 32, 40)) is RecordRun
+    assert kept.values == tuple(r.value for r, _ in rows[100:])
+    assert type(recent.run(0, 132, 300)) is RecordRun
 
 
 def test_a_kept_slice_does_not_keep_a_large_overlay_alive() -> None:
