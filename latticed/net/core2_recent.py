@@ -4,8 +4,10 @@ per relayed record (used by :mod:`latticed.net.core2_engine_host`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from latticed.crdt.queue2 import QueueState2
-from latticed.crdt.records import Record, RecordRun
+from latticed.crdt.records import Record, RecordRun, join_records
 from latticed.net.core2_ahead import NO_ROWS as _NO_ROWS
 from latticed.net.core2_ahead import Miss as _Miss
 from latticed.storage.entries import StoredEntries
@@ -21,16 +23,31 @@ RECENT_QUEUES = 256
 
 class _Recent:
     """Rows ``[lo, lo + len(records))`` of one queue as a merge staged them; ``chains[i]`` is row
-    ``lo + i``'s chain value (which binds every record up to it). Immutable."""
+    ``lo + i``'s chain value (which binds every record up to it). Immutable: ``records`` is a tuple, or a
+    :class:`RecordRun` (a large merge's slice of its overlay, kept as columns: no Record built a row)."""
 
     __slots__ = ("chains", "lo", "records")
 
-    def __init__(self, lo: int, records: tuple[Record, ...], chains: tuple[bytes, ...]) -> None:
+    def __init__(self, lo: int, records: Sequence[Record], chains: tuple[bytes, ...]) -> None:
         self.lo, self.records, self.chains = lo, records, chains
 
     @property
     def hi(self) -> int:
         return self.lo + len(self.records)
+
+
+def _appended(state: QueueState2, a: int, b: int) -> tuple[Sequence[Record], tuple[bytes, ...]]:
+    """Entries ``[a, b)`` of ``state`` and their chain values. The rows a merge just appended are its
+    staged value's overlay, not written yet: their slices are taken as they are (a run's columns, the
+    chain tuple), since building a Record and reading a chain value a row was most of a relay's CPU
+    before its COMMIT. Slices copy references only, so the rest of the overlay is not kept alive. Rows
+    already stored (or another view of the entries) are read as before."""
+    entries = state.entries
+    if isinstance(entries, StoredEntries) and a >= entries.stored:
+        overlay_records, overlay_chains = entries.overlay
+        s = entries.stored
+        return overlay_records[a - s : b - s], overlay_chains[a - s : b - s]
+    return tuple(entries.records(a, b)), tuple(entries.chain(i) for i in range(a, b))
 
 
 class RecentRows:
@@ -48,12 +65,15 @@ class RecentRows:
         lo = max(hi - count, state.held[0])
         if lo >= hi:
             return
-        records = tuple(state.entries.records(lo - state.held[0], hi - state.held[0]))
-        chains = tuple(state.entries.chain(o - state.held[0]) for o in range(lo, hi))
+        records, chains = _appended(state, lo - state.held[0], hi - state.held[0])
+        if len(records) < RECENT_RECORDS:
+            # a live push's few rows: their Records cost less than a run's slice and join (columns pay
+            # for a merge's thousands of rows, whose older run the cap drops anyway)
+            records = tuple(records)
         old = self._runs.get(q)
         if old is not None and old.hi == lo and old.chains and old.chains[-1] == state.chain_at(lo):
             keep = max(0, len(old.records) + len(records) - RECENT_RECORDS)
-            records, chains = old.records[keep:] + records, old.chains[keep:] + chains
+            records, chains = join_records(old.records[keep:], records), old.chains[keep:] + chains
             lo = old.lo + keep
         runs = self._runs
         runs.pop(q, None)
@@ -78,14 +98,17 @@ class RecentRows:
         return end_chain == run.chains[hi - run.lo - 1]
 
     # ------------------------------------------------------------------ the RowSource protocol
-    def _run(self, q: int, lo: int, hi: int) -> tuple[Record, ...]:
+    def _run(self, q: int, lo: int, hi: int) -> Sequence[Record]:
         run = self._runs.get(q)
         if run is None or lo < run.lo or hi > run.hi or lo > hi:
             raise _Miss
         return run.records[lo - run.lo : hi - run.lo]
 
     def record(self, q: int, off: int) -> Record | None:
-        return self._run(q, off, off + 1)[0]
+        run = self._runs.get(q)
+        if run is None or not run.lo <= off < run.hi:
+            raise _Miss
+        return run.records[off - run.lo]
 
     def chain(self, q: int, off: int) -> bytes | None:
         run = self._runs.get(q)
