@@ -157,18 +157,23 @@ def _done(jobs: Sequence[Job], *_: object) -> None:
         job.done.set()
 
 
-def _pair(held: QueueState2) -> tuple[Core2Link, Core2Link]:
+def linked_pair(
+    held: QueueState2, features: frozenset[str] = FEATURES, key: QueueKey = KEY
+) -> tuple[Core2Link, Core2Link]:
+    """Two core-2 links agreed on ``features`` that have exchanged their summaries of queue ``key`` at
+    ``held``: as a relay's upstream or downstream link is once connected."""
     left, right = Core2Link(), Core2Link()
     for link in (left, right):
-        link.agree(FEATURES)
-        link.start({KEY: link_summary(held)})
+        link.agree(features)
+        link.start({key: link_summary(held)})
     for sender, receiver in ((left, right), (right, left)):
         for m in sender.messages_to_send():
             receiver.receive(unpack_message(m))
     return left, right
 
 
-def _job() -> Job:
+def waitable_job() -> Job:
+    """A storage job whose completion a thread can wait for."""
     job = Job()
     job.done = threading.Event()
     return job
@@ -189,8 +194,8 @@ def turn(
     ``storage``: a real storage thread commits the pushes (``every`` is then its linger's), its CPU a
     record in ``storage``."""
     clock: Callable[[], int] = time.thread_time_ns if pause else time.perf_counter_ns
-    a, b_up = _pair(states[0])
-    b_down, d = _pair(states[0])
+    a, b_up = linked_pair(states[0])
+    b_down, d = linked_pair(states[0])
     # A -> B, B -> D, D -> B, B -> A
     ab, bd, db, ba = (Wire() for _ in range(4)) if wire else (None, None, None, None)
     store = Storage(states[0]) if storage else None
@@ -263,7 +268,7 @@ def turn(
             push = ahead.check(q, loaded, got.delta, got.steps)
         assert push is not None, "a live push the relay's event loop verifies"
         if store is None:
-            job = _job()
+            job = waitable_job()
         else:
             job = MergeSteps2(
                 push.delta, None, verified=push.verified, against=push.against, joined=push.value

@@ -8,9 +8,10 @@ late, so pushes go out both as they came and rebuilt from the value ahead."""
 from __future__ import annotations
 
 import hashlib
-import threading
+import sys
 
 import pytest
+from support.paths import ROOT
 
 from latticed.crdt import queue2
 from latticed.crdt.queue2 import QueueState2
@@ -18,12 +19,15 @@ from latticed.crdt.records import Record
 from latticed.crdt.signing import Identity
 from latticed.net.core2_ahead import AheadPushes
 from latticed.protocol.core2_compact import REPEAT_HEADERS
-from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
+from latticed.protocol.core2_session import Delta2Received, NeedDelta2
 from latticed.protocol.core2_steps import outgoing
 from latticed.protocol.core2_wire import link_summary
 from latticed.protocol.replication_messages import QueueKey, unpack_message
 from latticed.protocol.versions import HEADS_V2, WINDOW2
 from latticed.storage.jobs import Job
+
+sys.path.append(str(ROOT / "bench"))  # bench/ is no package (its benches are scripts); last: shadows nothing
+import bench_relay_turn
 
 OWNER = Identity.from_seed(b"p" * 32)
 KEY: QueueKey = (OWNER.public_key, "pass-on", 0)
@@ -73,23 +77,6 @@ def _states() -> list[QueueState2]:
     return states
 
 
-def _pair(held: QueueState2, features: frozenset[str]) -> tuple[Core2Link, Core2Link]:
-    left, right = Core2Link(), Core2Link()
-    for link in (left, right):
-        link.agree(features)
-        link.start({KEY: link_summary(held)})
-    for sender, receiver in ((left, right), (right, left)):
-        for m in sender.messages_to_send():
-            receiver.receive(unpack_message(m))
-    return left, right
-
-
-def _job() -> Job:
-    job = Job()
-    job.done = threading.Event()
-    return job
-
-
 def passed_on(features: frozenset[str], depth: int = 4) -> tuple[list[bytes], int]:
     """Every message the relay's downstream link sends D as the owner's pushes come in (the relay's
     pass-on as ``bench_relay_turn`` and the daemon run it), commits every third push; and how many went
@@ -97,8 +84,8 @@ def passed_on(features: frozenset[str], depth: int = 4) -> tuple[list[bytes], in
     back, which then goes rebuilt from the value ahead)."""
     states = _states()
     up_features = frozenset({HEADS_V2, "compact", REPEAT_HEADERS, WINDOW2})
-    a, b_up = _pair(states[0], up_features)
-    b_down, d = _pair(states[0], features)
+    a, b_up = bench_relay_turn.linked_pair(states[0], up_features, KEY)
+    b_down, d = bench_relay_turn.linked_pair(states[0], features, KEY)
     b_down.depth = depth
     relayed = 0
     ahead, loaded, q = AheadPushes(), states[0], 1
@@ -139,7 +126,7 @@ def passed_on(features: frozenset[str], depth: int = 4) -> tuple[list[bytes], in
         b_up.delta_applied(got.seq, link_summary(after), True)  # (upstream's ACK: not what D gets)
         for m in b_up.messages_to_send():
             a.receive(unpack_message(m))
-        job = _job()
+        job = bench_relay_turn.waitable_job()
         jobs.append(job)
         summary = ahead.note_push(q, push, job, got.delta, got.steps)
         b_down.local_update(KEY, summary)
