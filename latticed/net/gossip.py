@@ -58,7 +58,7 @@ from latticed.net.transport import SecureStream
 from latticed.net.twin_link import TwinRequests
 from latticed.process.logs import get_logger, log_event
 from latticed.process.ticks import TICK_S, sleep_until_tick
-from latticed.protocol.core2_session import Core2Event, Core2Link, Delta2Received, NeedDelta2
+from latticed.protocol.core2_session import Core2Event, Core2Link, Delta2Received, EagerCounts, NeedDelta2
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import CORE2_NAMES, Summary2
 from latticed.protocol.graft import Arrivals
@@ -387,6 +387,8 @@ class Gossip:
     #: them). Each link's :class:`Core2Link` is sent nothing before both sides agreed on ``heads-v2``.
     host2: Core2Host | None = None
     _foreign_logged: set[QueueKey] = field(default_factory=set)
+    #: The core-2 links in :attr:`links` count their eager and pruned queues here (cut-off queues).
+    eager2: EagerCounts = field(default_factory=EagerCounts)
     _relayed: Callable[[QueueKey, Summary | None], QueueDelta | None] | None = field(init=False, default=None)
     _verify_now: Callable[[QueueDelta], VerifiedDelta | None] | None = field(init=False, default=None)
     _delta2_now: Callable[[QueueKey, queue2.Summary | None, int, int], Outgoing2 | None] | None = field(
@@ -526,16 +528,20 @@ class Gossip:
         queues of other owners that every link carrying them pruned: no peer pushes them to us, so each
         record waits for a HAVE and a graft timer (a replica cut off from the eager tree)."""
         trees = {key: link.session.tree() for key, link in self.links.items()}
-        # Cut off: pruned on some link, and no link carries it unpruned. Set differences per link and a
-        # ``carries`` call only where a link did not prune it (review26: not links x queues calls).
-        cut = {key for tree in trees.values() for key in tree.pruned_in if key[0] != self.local_public_key}
+        # Cut off: pruned on some link, and no link carries it unpruned. Core 2: counted as the links
+        # prune, graft, open and close (:class:`EagerCounts`, trees26: O(cut) here). Core 1 (few
+        # queues): its pruned keys, and a ``carries`` call where a link did not prune one.
+        own = self.local_public_key
+        cut = {key for key in self.eager2.cut if key[0] != own}
+        pruned1 = {key: set(link.session.pruned_in1()) for key, link in self.links.items()}
+        cut1 = {key for keys in pruned1.values() for key in keys if key[0] != own}
         for public_key, link in self.links.items():
-            if not cut:
+            if not cut1:
                 break
-            for key in cut - trees[public_key].pruned_in:
+            for key in cut1 - pruned1[public_key]:
                 if link.session.carries(key):
-                    cut.discard(key)
-        return trees, sorted(cut)
+                    cut1.discard(key)
+        return trees, sorted(cut | cut1)
 
     def peer_lag(self) -> dict[str, dict[str, int]]:
         """Per peer, per queue: how many records the peer is behind us (negative: ahead)."""
@@ -680,7 +686,12 @@ class Gossip:
         link = PeerLink(peer, address, via, session, last_heard=now, connected_at=now, stream=stream)
         if twin_of is None:
             link.after_hello = self.lost_links.word_for(peer, stream.handshake.session_id, now=now)
+            replaced = self.links.get(peer)
+            if replaced is not None and replaced.session.core2 is not None:
+                replaced.session.core2.unshare()  # it counts no more (it may run a while yet)
             self.links[peer] = link
+            if session.core2 is not None:
+                session.core2.share(self.eager2)
         else:
             self.twins[peer] = link
         if old is not None:
@@ -780,6 +791,8 @@ class Gossip:
                     now=trio.current_time(),
                 )
                 del self.links[peer]
+                if session.core2 is not None:
+                    session.core2.unshare()
                 self._changed()
             elif self.twins.get(peer) is link:
                 del self.twins[peer]

@@ -284,7 +284,7 @@ class Replication:
         return {
             **self.gossip.stats(),
             "queues_cut_off": len(cut),
-            "queue_links_pruned_in": sum(len(t.pruned_in) for t in trees.values()),
+            "queue_links_pruned_in": sum(t.pruned_in for t in trees.values()),
             "queue_links_lazy_out": sum(t.lazy_out for t in trees.values()),
             "connected": len(self.gossip.links),
             "second_runs_connected": len(self.gossip.twins),
@@ -436,7 +436,7 @@ class Replication:
         tree = link.session.tree() if link is not None else None
         row.update(
             queues_eager_in=tree.eager_in if tree is not None else None,
-            queues_pruned_in=len(tree.pruned_in) if tree is not None else None,
+            queues_pruned_in=tree.pruned_in if tree is not None else None,
             queues_lazy_out=tree.lazy_out if tree is not None else None,
         )
         return row

@@ -79,7 +79,7 @@ from latticed.protocol.graft import Arrivals
 from latticed.protocol.replication_messages import QueueKey
 from latticed.protocol.versions import HEADS_V2, SMALL_DELTA2_BYTES, WIDE_WINDOW2, WINDOW2
 
-__all__ = ["Core2Event", "Core2Link", "Delta2Received", "NeedDelta2", "has_news", "heard"]
+__all__ = ["Core2Event", "Core2Link", "Delta2Received", "EagerCounts", "NeedDelta2", "has_news", "heard"]
 
 
 def has_news(ours: Summary2 | None, theirs: Summary2 | None) -> bool:
@@ -175,6 +175,35 @@ def _always(key: QueueKey) -> bool:
 
 
 @dataclass(slots=True)
+class EagerCounts:
+    """Per queue, over the links that report here (:meth:`Core2Link.share`): how many carry it to us
+    unpruned (eager in-links) and how many we pruned it on, and the queues pruned somewhere and eager
+    nowhere (cut off). Kept as links open, prune, graft and close, so ``status`` reads the cut-off
+    queues in O(cut), not queues x links each call (trees26)."""
+
+    eager: dict[QueueKey, int] = field(default_factory=dict)
+    pruned: dict[QueueKey, int] = field(default_factory=dict)
+    cut: set[QueueKey] = field(default_factory=set)
+
+    def move(self, key: QueueKey, eager: int, pruned: int) -> None:
+        """A link's ``key`` counts ``eager`` / ``pruned`` more (or fewer, negative)."""
+        e = self.eager.get(key, 0) + eager
+        p = self.pruned.get(key, 0) + pruned
+        if e:
+            self.eager[key] = e
+        else:
+            self.eager.pop(key, None)
+        if p:
+            self.pruned[key] = p
+        else:
+            self.pruned.pop(key, None)
+        if p and not e:
+            self.cut.add(key)
+        else:
+            self.cut.discard(key)
+
+
+@dataclass(slots=True)
 class Core2Link:
     """The core-2 part of one peer link (see the module docstring)."""
 
@@ -254,6 +283,9 @@ class Core2Link:
     _pruned: set[QueueKey] = field(default_factory=set)
     _lazy: set[QueueKey] = field(default_factory=set)
     _carried: tuple[dict[QueueKey, Summary2] | None, int, int] = (None, 0, 0)
+    _lazy_held: int = 0  #: how many of ``_lazy`` we hold (in ``_local``), kept as both change
+    #: Where this link counts its eager and pruned queues for the cut-off ones (:meth:`share`).
+    ledger: EagerCounts | None = None
     #: Deltas sent, acked by the peer (an ACK2 or one of an AckRun2) and received; records received, and
     #: of those how many we held as they came (their copy from another link was first: what pruning and
     #: lazy links are there to avoid).
@@ -272,7 +304,13 @@ class Core2Link:
         """What we hold of core-2 queues as the link starts (before or after the agreement)."""
         if self._started:
             raise LocalProtocolError("core-2 link already started")
+        ledger = self.ledger
+        if ledger is not None:
+            self.unshare()
         self._local, self._started = dict(local), True
+        self._lazy_held = sum(1 for key in self._lazy if key in self._local)
+        if ledger is not None:
+            self.share(ledger)
         if self.agreed:
             self._send_digest()
             self._start_pushing()
@@ -286,6 +324,9 @@ class Core2Link:
         self._codec.repeat_headers = self._compact_out and REPEAT_HEADERS in features
         if self.agreed and WINDOW2 in features:
             self.window_out = self.window_in = max(WIDE_WINDOW2, self.window)
+        if self.agreed and self.ledger is not None:
+            for key in self._local:  # not counted before the agreement (``_count``)
+                self._count(key, 1)
         if self.agreed and self._started:
             self._send_digest()
             self._start_pushing()
@@ -307,7 +348,10 @@ class Core2Link:
         """We changed a core-2 queue (own write, recovery, or a merge from another link). On a relay this
         runs once a push and link, so ``_sending``, ``_for_peer``, ``_link`` and ``_schedule`` are
         written out here (the same checks, in the same order)."""
-        self._local[key] = summary
+        if key not in self._local:
+            self._new_key(key, summary)
+        else:
+            self._local[key] = summary
         if self._grafts:
             self._arrived(key, summary)
         if not (self.agreed and self._started and self._peer_digest):
@@ -382,14 +426,19 @@ class Core2Link:
                 self._links.pop(key, None)  # a peer's made-up queues cost nothing once answered
                 self._lazy.discard(key)
             return
-        self._local[key] = summary
+        if key not in self._local:
+            self._new_key(key, summary)
+        else:
+            self._local[key] = summary
         if self._grafts:
             self._arrived(key, summary)
         link = self._link(key)
         self._ack(seq, key, theirs, summary)
         if not changed and not link.pruned:
             link.pruned = True
+            self._count(key, -1)
             self._pruned.add(key)
+            self._count(key, 1)
             self._send(Prune2(key))
         elif changed and link.pruned:
             # The first copy came on a link we pruned (its push crossed our PRUNE2): as Plumtree keeps
@@ -463,7 +512,9 @@ class Core2Link:
                 link = self._links.get(message.key)
                 if link is not None:
                     link.eager = False
-                    self._lazy.add(message.key)
+                    if message.key not in self._lazy:
+                        self._lazy.add(message.key)
+                        self._lazy_held += message.key in self._local
 
     def _on_digest(self, digest: Digest2) -> None:
         if self._peer_digest:
@@ -561,7 +612,10 @@ class Core2Link:
         link = self._links.get(key)
         if link is not None:
             link.pruned = False
-            self._pruned.discard(key)
+            if key in self._pruned:
+                self._count(key, -1)
+                self._pruned.discard(key)
+                self._count(key, 1)
         self._send(Want2(key, self._local.get(key)))
 
     def tick(self, now: float) -> None:
@@ -607,7 +661,9 @@ class Core2Link:
             return  # nothing to send
         link = self._link(key)
         link.eager = True
-        self._lazy.discard(key)
+        if key in self._lazy:  # a queue we hold (checked above)
+            self._lazy.discard(key)
+            self._lazy_held -= 1
         link.peer = heard(link.peer, want.summary)
         if self._for_peer(key) and has_news(self._local[key], want.summary):
             self._schedule(key)
@@ -668,15 +724,46 @@ class Core2Link:
         """Whether this link would bring us news of ``key``, a queue we hold."""
         return bool(self.agreed) and key in self._local and self.expressible(key) and self.we_want(key)
 
-    def tree(self) -> tuple[int, list[QueueKey], int]:
+    def share(self, ledger: EagerCounts) -> None:
+        """Count this link's eager and pruned queues in ``ledger`` from now on (until :meth:`unshare`):
+        the links a :class:`~latticed.net.gossip.Gossip` lists share one, for its cut-off queues."""
+        if self.ledger is not None:
+            self.unshare()
+        self.ledger = ledger
+        for key in self._local:
+            self._count(key, 1)
+
+    def unshare(self) -> None:
+        """Take this link's counts out of its ledger (it closed, or a newer link replaced it)."""
+        for key in self._local:
+            self._count(key, -1)
+        self.ledger = None
+
+    def _count(self, key: QueueKey, sign: int) -> None:
+        """Add (1) or take out (-1) ``key``'s part in the ledger: eager, pruned or none, as now."""
+        ledger = self.ledger
+        if ledger is None or not self.agreed:
+            return
+        if key in self._pruned:
+            ledger.move(key, 0, sign)
+        elif self.expressible(key) and self.we_want(key):  # ``carries``: key in _local (callers)
+            ledger.move(key, sign, 0)
+
+    def _new_key(self, key: QueueKey, summary: Summary2) -> None:
+        """A queue we did not hold: its lazy flag and ledger part start counting."""
+        self._local[key] = summary
+        self._lazy_held += key in self._lazy
+        self._count(key, 1)
+
+    def tree(self) -> tuple[int, int, int]:
         """Where this link stands in each queue's eager tree, for operators: how many queues we hold it
         carries, those of them we pruned (the peer announces them with HAVE2s, pushes nothing until we
         graft), and how many the peer pruned (we announce rather than push). A queue pruned on every
         link it comes in by is cut off from its eager tree until a HAVE2 and a graft timer mend it.
-        Counted from the pruned and lazy sets and the queues new since the last call (review26: not
-        every queue on every link each ``status``)."""
+        Counted from the queues new since the last call and counts kept as the flags change (trees26:
+        O(1) but for new queues, not every queue on every link each ``status``)."""
         if not self.agreed:
-            return 0, [], 0
+            return 0, 0, 0
         local = self._local
         counted_of, seen, carried = self._carried
         if counted_of is not local:
@@ -685,8 +772,7 @@ class Core2Link:
             new = islice(local, seen, None)
             carried += sum(1 for key in new if self.expressible(key) and self.we_want(key))
             self._carried = (local, len(local), carried)
-        lazy = sum(1 for key in self._lazy if key in local)
-        return carried, list(self._pruned), lazy
+        return carried, len(self._pruned), self._lazy_held
 
     @property
     def inflight(self) -> int:

@@ -269,12 +269,12 @@ class LinkTree:
     pruned ``lazy_out`` of (we announce them). What an operator reads to see a replica cut off."""
 
     carried: int
-    pruned_in: frozenset[QueueKey]
+    pruned_in: int
     lazy_out: int
 
     @property
     def eager_in(self) -> int:
-        return self.carried - len(self.pruned_in)
+        return self.carried - self.pruned_in
 
 
 @dataclass(slots=True)
@@ -871,13 +871,18 @@ class ReplicationSession:
         """This link's place in the eager trees of the queues we hold, both cores (see :class:`LinkTree`)."""
         local, links = self._local, self._links
         carried = sum(1 for key in local if key not in self._withheld and self._wants_key(key))
-        pruned = [key for key, link in links.items() if link.pruned and key in local]
+        pruned = len(self.pruned_in1())
         lazy = sum(1 for key, link in links.items() if not link.eager and key in local)
         if self.core2 is not None:
             carried2, pruned2, lazy2 = self.core2.tree()
-            carried, lazy = carried + carried2, lazy + lazy2
-            pruned.extend(pruned2)
-        return LinkTree(carried, frozenset(pruned), lazy)
+            carried, pruned, lazy = carried + carried2, pruned + pruned2, lazy + lazy2
+        return LinkTree(carried, pruned, lazy)
+
+    def pruned_in1(self) -> list[QueueKey]:
+        """The core-1 queues we hold whose link we pruned (core-2's are counted in the links' shared
+        :class:`~latticed.protocol.core2_session.EagerCounts`)."""
+        local = self._local
+        return [key for key, link in self._links.items() if link.pruned and key in local]
 
     def carries(self, key: QueueKey) -> bool:
         """Whether this link would bring us news of ``key``, a queue we hold (on either core)."""
