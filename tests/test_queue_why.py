@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from support.inprocess import InProcessDaemon, start_in_process
+from support.polling import wait_for
 from typer.testing import CliRunner, Result
 
 import cli.ctl
@@ -119,13 +119,6 @@ def why(daemon: InProcessDaemon, queue: str) -> dict[str, object]:
     assert result.exit_code == 0, result.output
     answer: dict[str, object] = json.loads(result.stdout)
     return answer
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_up_to_date_then_blocked_peer(daemons: Callable[..., InProcessDaemon]) -> None:

@@ -9,12 +9,11 @@ import dataclasses
 import logging
 import socket
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from support.inprocess import start_in_process
+from support.polling import wait_for
 
 from latticed.api.client.blocking_client import Client
 from latticed.host.config import DaemonConfig
@@ -142,11 +141,3 @@ def _facts(client: Client) -> dict[str, Any]:
     facts = client.identity_runs()
     assert facts is not None
     return facts
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Poll another thread's daemon for ``check`` (what only its API tells), failing with ``what``."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)

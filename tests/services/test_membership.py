@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import stat
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from support.inprocess import InProcessDaemon, start_in_process
+from support.polling import wait_for
 from typer.testing import CliRunner
 
 import cli.ctl
@@ -152,13 +152,6 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., InProcessDaemon]]:
     yield start
     for daemon in started:
         daemon.stop()
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def holds(client: Client, queue: str, end: int) -> bool:
