@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from support.api_polling import wait_for
 from support.inprocess import start_in_process
-from support.polling import wait_for
 
 from latticed.api.client.blocking_client import Client
 from latticed.host.config import DaemonConfig

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.api_polling import wait_for
 from support.inprocess import InProcessDaemon, start_in_process
-from support.polling import wait_for
 from typer.testing import CliRunner
 
 import cli.ctl
