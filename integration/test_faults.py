@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 import trio
+from daemon_calls import client
 from daemons import LatticedProcess
 from polling import wait_until
 from typer.testing import CliRunner, Result
 
 import cli.ctl
 from cli.boundary import ExitCode
-from latticed.api.client.blocking_client import Client
 from latticed.crdt.signing import Identity
 from latticed.errors import HandshakeError
 from latticed.host.diskspace import disk_is_low, disk_usage
@@ -34,10 +34,6 @@ runner = CliRunner()
 
 def ctl(daemon: LatticedProcess, *args: str) -> Result:
     return runner.invoke(cli.ctl.app, ["--socket", str(daemon.socket), *args], prog_name="latticectl")
-
-
-def client(daemon: LatticedProcess) -> Client:
-    return Client(daemon.socket, timeout=10)
 
 
 def identity(daemon: LatticedProcess) -> str:
