@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import trio
-from daemon_calls import client
+from daemon_calls import client, ctl, runner
 from daemons import LatticedProcess
 from polling import wait_until
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
 import cli.ctl
 from cli.boundary import ExitCode
@@ -28,12 +28,6 @@ from latticed.host.netkey import DEFAULT_NETWORK_KEY, write_network_key
 from latticed.protocol.handshake import Initiator
 
 Factory = Callable[..., LatticedProcess]
-
-runner = CliRunner()
-
-
-def ctl(daemon: LatticedProcess, *args: str) -> Result:
-    return runner.invoke(cli.ctl.app, ["--socket", str(daemon.socket), *args], prog_name="latticectl")
 
 
 def identity(daemon: LatticedProcess) -> str:
