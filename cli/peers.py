@@ -30,6 +30,7 @@ _PEER_COLUMNS = {
     "address": "ADDRESS",
     "sources": "FOUND",
     "lag": "LAG",
+    "deltas": "SENT/ACKED",
     "state_text": "STATE",
 }
 
@@ -45,6 +46,16 @@ def lag_text(lags: dict[str, int]) -> str:
     ahead = -sum(lag for lag in lags.values() if lag < 0)
     parts = [f"{count} records {word}" for count, word in ((behind, "behind"), (ahead, "ahead")) if count]
     return ", ".join(parts) or "in sync"
+
+
+def deltas_text(row: dict[str, Any]) -> str:
+    """The SENT/ACKED column: deltas this daemon sent on the link since it came up / those the peer
+    answered (merged or refused), equal once it answered every push; ``-`` without a link (or from a
+    daemon too old to count)."""
+    sent, acked = row.get("deltas_sent"), row.get("deltas_acked")
+    if not isinstance(sent, int) or not isinstance(acked, int):
+        return "-"
+    return f"{sent}/{acked}"
 
 
 def _plural(count: int, word: str) -> str:
@@ -93,6 +104,7 @@ def _row_text(row: dict[str, Any]) -> dict[str, Any]:
     return {
         **row,
         "lag": lag_text(row.get("lag") or {}) if connected else "-",
+        "deltas": deltas_text(row),
         "state_text": state_text(row),
     }
 
@@ -103,9 +115,9 @@ def peers(
     socket: Annotated[Path | None, typer.Option("--socket", metavar="PATH", help=SOCKET_HELP)] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """List known peers: identity, address, how found, lag, and state (connected, dialling, refused with
-    the reason, blocked); on stderr, how many daemons of another network mDNS hears on this LAN, if any
-    (`doctor --json` has the count)."""
+    """List known peers: identity, address, how found, lag, deltas sent/acked on the link, and state
+    (connected, dialling, refused with the reason, blocked); on stderr, how many daemons of another
+    network mDNS hears on this LAN, if any (`doctor --json` has the count)."""
     if socket is not None:
         settings(ctx).socket_path = socket
     if ctx.invoked_subcommand is not None:

@@ -15,15 +15,20 @@ from typer.testing import CliRunner, Result
 import cli.ctl
 from latticed.api.client.blocking_client import Client
 from latticed.errors import VersionGapError
+from latticed.protocol.start_gate import WRITE_HOLD_S
 
 runner = CliRunner()
 _T = TypeVar("_T")
 #: A daemon on loopback only: an ephemeral port, no mDNS.
 LOCAL = ["--listen", "127.0.0.1:0", "--no-mdns"]
+#: A call's timeout: the longest the start gate holds a write, plus the 10 s any answer may take on a
+#: loaded CI box, so a write just after a start is never failed while the daemon would still answer it.
+CALL_TIMEOUT_S = WRITE_HOLD_S + 10.0
 
 
 def client(daemon: LatticedProcess) -> Client:
-    return Client(daemon.socket, timeout=10)
+    """A client whose timeout outlasts the start gate's hold on a write (:data:`CALL_TIMEOUT_S`)."""
+    return Client(daemon.socket, timeout=CALL_TIMEOUT_S)
 
 
 def ctl(daemon: LatticedProcess, *args: str) -> Result:
@@ -64,9 +69,10 @@ def write_after_start(daemon: LatticedProcess, write: Callable[[Client], _T], wh
     """``write`` (one call: no retry) on a daemon just started with peers, once its start gate is open.
 
     The daemon refuses to sign until it heard what its peers hold (latticed/protocol/start_gate.py). A write
-    meanwhile waits in the daemon since this session, but a test of what comes *after* the catch-up must not
-    depend on that wait's bound (12 s): it waits for the gate itself, by the status the daemon exposes, and a
-    ``BehindPeersError`` after that is a failure of the test, not a moment to retry."""
+    meanwhile waits in the daemon (up to ``WRITE_HOLD_S``, which the client's timeout outlasts), but a test
+    of what comes *after* the catch-up must not depend on that wait: it waits for the gate itself, by the
+    status the daemon exposes, and a ``BehindPeersError`` after that is a failure of the test, not a moment
+    to retry."""
     wait_gate_open(daemon, what)
     with client(daemon) as c:
         return write(c)
@@ -111,6 +117,7 @@ def copied_owner(factory: Callable[..., LatticedProcess], owner: LatticedProcess
 
 
 __all__ = [
+    "CALL_TIMEOUT_S",
     "LatticedProcess",
     "client",
     "copied_owner",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from daemon_calls import CALL_TIMEOUT_S
 from daemons import START_TIMEOUT_S, socket_accepts
 from polling import wait_until
 
@@ -99,7 +100,7 @@ class Home:
         return self.proc.wait(30)
 
     def client(self) -> Client:
-        return Client(self.socket, timeout=10)
+        return Client(self.socket, timeout=CALL_TIMEOUT_S)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of this home's daemon log, for a failure report."""
@@ -204,7 +205,7 @@ def test_public_key_beyond_loopback_is_refused_unless_opted_in(tmp_path: Path) -
             lambda: socket_accepts(sock) or proc.poll() is not None, "the opted-in daemon", START_TIMEOUT_S
         )
         assert proc.poll() is None
-        with Client(sock, timeout=10) as c:
+        with Client(sock, timeout=CALL_TIMEOUT_S) as c:
             assert c.status()["listen"].startswith("0.0.0.0:")
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -7,20 +7,15 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from daemon_calls import client
 from daemons import LatticedProcess
 from polling import wait_until
 from prometheus_client.parser import text_string_to_metric_families
-
-from latticed.api.client.blocking_client import Client
 
 Factory = Callable[..., LatticedProcess]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 METRICS = ["--metrics-listen", "127.0.0.1:0"]
-
-
-def client(daemon: LatticedProcess) -> Client:
-    return Client(daemon.socket, timeout=10)
 
 
 def status(daemon: LatticedProcess) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from latticed.protocol.handshake import ReplayCache
 from latticed.protocol.peerbook import Backoff, PeerBook, Source
 from latticed.protocol.peerstate import format_host_port, peer_status
 from latticed.protocol.replication import QueueKey, ReplicationSession, key_label
-from latticed.protocol.start_gate import StartGate
+from latticed.protocol.start_gate import GATE_GRACE_S, StartGate
 from latticed.protocol.why_verdict import PeerFacts
 from latticed.storage.jobs import Merge
 from latticed.storage.wiring import ChangeFanout, OwnerFence
@@ -245,7 +245,7 @@ class Replication:
             return False
         self.writes_waiting += 1
         try:
-            with trio.move_on_at(self.start_gate.deadline + 1.0):
+            with trio.move_on_at(self.start_gate.deadline + GATE_GRACE_S):
                 await self.gate_opened.wait()
         finally:
             self.writes_waiting -= 1

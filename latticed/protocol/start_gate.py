@@ -13,10 +13,15 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Final
 
-__all__ = ["START_CATCH_UP_S", "StartGate"]
+__all__ = ["GATE_GRACE_S", "START_CATCH_UP_S", "StartGate", "WRITE_HOLD_S"]
 
 #: At most this long after a start writes wait for peers (a dial times out after 10 s).
 START_CATCH_UP_S: Final = 12.0
+#: A write the gate refused waits this much past the gate's deadline (the opening must reach it).
+GATE_GRACE_S: Final = 1.0
+#: The longest the daemon holds a write after a start before it answers: a client's timeout (the
+#: integration tests') must exceed it, or it fails a write the daemon would still answer.
+WRITE_HOLD_S: Final = START_CATCH_UP_S + GATE_GRACE_S
 
 
 class StartGate:

@@ -504,6 +504,19 @@ def test_peer_lag_says_which_side_lacks_records(lags: dict[str, int], text: str)
     assert cli.peers.lag_text(lags) == text
 
 
+@pytest.mark.parametrize(
+    ("row", "text"),
+    [
+        ({"deltas_sent": 7, "deltas_acked": 5}, "7/5"),  # two pushes not answered yet
+        ({"deltas_sent": 0, "deltas_acked": 0}, "0/0"),
+        ({"deltas_sent": None, "deltas_acked": None}, "-"),  # no link: nothing counted
+        ({"status": "connected"}, "-"),  # a daemon too old to count
+    ],
+)
+def test_peer_deltas_column_is_sent_then_acked(row: dict[str, Any], text: str) -> None:
+    assert cli.peers.deltas_text(row) == text
+
+
 # --- --socket and --json before or after the command ----------------------------------------------
 
 

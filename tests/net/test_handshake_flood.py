@@ -23,6 +23,7 @@ import pytest
 import trio
 import trio.testing
 from support.inprocess import InProcessDaemon, start_in_process
+from support.passthrough_stream import PassThrough
 
 from latticed.crdt.signing import Identity
 from latticed.host.config import DaemonConfig
@@ -82,22 +83,10 @@ def _honest_connect(port: int, source: str = "127.0.0.1") -> bytes:
     sent (recorded, as an eavesdropper would)."""
     recorded: list[bytes] = []
 
-    class Tap(trio.abc.Stream):
-        def __init__(self, inner: trio.SocketStream) -> None:
-            self.inner = inner
-
+    class Tap(PassThrough):
         async def send_all(self, data: bytes | bytearray | memoryview) -> None:
             recorded.append(bytes(data))
             await self.inner.send_all(data)
-
-        async def wait_send_all_might_not_block(self) -> None:
-            await self.inner.wait_send_all_might_not_block()
-
-        async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-            return await self.inner.receive_some(max_bytes)
-
-        async def aclose(self) -> None:
-            await self.inner.aclose()
 
     async def main() -> bytes:
         sock = trio.socket.socket()

@@ -266,13 +266,37 @@ def test_each_link_counts_the_deltas_it_sent_and_those_the_peer_answered(tmp_pat
                 shown = ctl(a, "peers", "--json")
                 [listed] = [r for r in json.loads(shown.stdout) if r["public_key"] == b_key]
                 assert listed["deltas_acked"] == listed["deltas_sent"] >= 2
+                assert set(listed) >= {"deltas_sent", "deltas_acked"} and "deltas" not in listed  # raw rows
+
+                def cells() -> list[str]:
+                    return _sent_acked_cells(ctl(a, "peers"), b_key)
+
+                def settled() -> bool:  # polled: a later push may be unanswered yet
+                    shown = cells()
+                    return len(shown) == 1 and re.fullmatch(r"(\d+)/\1", shown[0]) is not None
+
+                # The table's column says what the JSON does: all of a's pushes sent, all answered.
+                _until(settled, "b's row in the table, its SENT/ACKED equal", cells)
+                [cell] = cells()
+                assert int(cell.split("/")[1]) >= listed["deltas_acked"], cell
         finally:
             b.stop()
         with a.client() as ca:
             # Not connected: nothing to count (a link's counts start with it).
             _until(lambda: all(r.get("deltas_sent") is None for r in ca.peers()), "b's link gone", ca.peers)
+        assert set(_sent_acked_cells(ctl(a, "peers"), b_key)) <= {"-"}
     finally:
         a.stop()
+
+
+def _sent_acked_cells(table: Result, identity: str) -> list[str]:
+    """The SENT/ACKED cells of ``identity``'s rows in ``latticectl peers``' table (cut at the headings)."""
+    assert table.exit_code == 0, table.output
+    if table.stdout == "no peers\n":
+        return []
+    heading, *lines = table.stdout.splitlines()
+    start, end = heading.index("SENT/ACKED"), heading.index("STATE")
+    return [line[start:end].strip() for line in lines if line.startswith(identity)]
 
 
 def _until(check: Callable[[], bool], what: str, diagnose: Callable[[], object], timeout: float = 20) -> None:

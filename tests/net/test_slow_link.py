@@ -10,6 +10,7 @@ import struct
 import pytest
 import trio
 import trio.testing
+from support.passthrough_stream import PassThrough
 from test_gossip import ALICE, MemoryHost, make
 
 from latticed.crdt import queue as core
@@ -30,11 +31,11 @@ SLOW_RATE = 8 * 1024
 VALUE = 48 * 1024
 
 
-class Paced(trio.abc.HalfCloseableStream):
+class Paced(PassThrough):
     """A stream whose sends go out at ``rate`` bytes a second, a piece a tenth of a second."""
 
     def __init__(self, inner: trio.abc.HalfCloseableStream, rate: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.rate = rate
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -43,18 +44,6 @@ class Paced(trio.abc.HalfCloseableStream):
         for start in range(0, len(view), step):
             await self.inner.send_all(view[start : start + step])
             await trio.sleep(0.1)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def send_eof(self) -> None:
-        await self.inner.send_eof()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def _write_big(host: MemoryHost, records: int) -> None:

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,24 @@ class _Logged(logging.Handler):
             self.event.set()
 
 
+def waiting_writer(*writes: tuple[str, Callable[[], object]]) -> tuple[threading.Thread, dict[str, object]]:
+    """A started thread making ``writes`` in order, as a client would right after the start (each waits
+    for the gate in the daemon), and what they returned by name; an exception stops it and is kept as
+    ``"error"`` for the test's asserts (a thread's own would go unseen)."""
+    written: dict[str, object] = {}
+
+    def write() -> None:
+        try:
+            for name, call in writes:
+                written[name] = call()
+        except Exception as exc:
+            written["error"] = exc
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    return thread, written
+
+
 def test_a_write_waits_until_the_first_peers_said_what_they_hold(tmp_path: Path) -> None:
     silent = socket.create_server(("127.0.0.1", 0))
     silent.settimeout(10)
@@ -54,17 +73,10 @@ def test_a_write_waits_until_the_first_peers_said_what_they_hold(tmp_path: Path)
         conn, _ = silent.accept()  # the daemon dialled: its handshake waits for an answer
         client = daemon.client()
         writer = daemon.client()
-        written: dict[str, object] = {}
-
-        def write() -> None:
-            try:
-                written["queue"] = writer.queue_create("q")  # waits for the catch-up, then goes ahead
-                written["offset"] = writer.offer("q", b"signed after the catch-up")
-            except Exception as exc:  # surfaced by the asserts below
-                written["error"] = exc
-
-        waiting = threading.Thread(target=write)
-        waiting.start()
+        waiting, written = waiting_writer(
+            ("queue", lambda: writer.queue_create("q")),  # waits for the catch-up, then goes ahead
+            ("offset", lambda: writer.offer("q", b"signed after the catch-up")),
+        )
         try:
             facts = client.identity_runs()
             assert facts is not None and "1 to reach" in str(facts["catching_up"])
@@ -110,17 +122,10 @@ def test_pipelined_offers_to_a_queue_held_before_the_start_wait_for_the_catch_up
     try:
         conn, _ = silent.accept()  # the first dial waits for the handshake's answer: the gate is closed
         with daemon.client() as client, daemon.client() as writer:
-            written: dict[str, object] = {}
-
-            def write() -> None:
-                try:
-                    written["batch"] = writer.offer_batch("q", [(b"a", None, ()), (b"b", None, ())])
-                    written["offset"] = writer.offer("q", b"c")
-                except Exception as exc:  # surfaced by the asserts below
-                    written["error"] = exc
-
-            waiting = threading.Thread(target=write)
-            waiting.start()
+            waiting, written = waiting_writer(
+                ("batch", lambda: writer.offer_batch("q", [(b"a", None, ()), (b"b", None, ())])),
+                ("offset", lambda: writer.offer("q", b"c")),
+            )
             try:
                 wait_for(lambda: _facts(client)["writes_waiting"] == 1, "the batch waiting for the gate")
                 assert "1 to reach" in str(_facts(client)["catching_up"])

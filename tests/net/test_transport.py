@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from support.passthrough_stream import PassThrough
 from support.secure_pair import tcp_pair
 
 from latticed.errors import (
@@ -41,11 +42,11 @@ def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     return wrapper
 
 
-class TapStream(trio.abc.HalfCloseableStream):
+class TapStream(PassThrough):
     """Wraps a stream: records every ``send_all`` and lets a test rewrite outgoing bytes."""
 
     def __init__(self, inner: trio.abc.HalfCloseableStream) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.sent: list[bytes] = []
         self.hook: Callable[[bytes], bytes] | None = None
 
@@ -56,18 +57,6 @@ class TapStream(trio.abc.HalfCloseableStream):
         self.sent.append(data)
         if data:
             await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def send_eof(self) -> None:
-        await self.inner.send_eof()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        return bytes(await self.inner.receive_some(max_bytes))
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def connect_pair(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.core2_push import push_delta2
 from support.queue2_histories import OWNER, empty, states
 
 from latticed.crdt import queue2
@@ -94,8 +95,7 @@ def _live(n: int, gap_ms: int = 200) -> tuple[QueueState2, list[tuple[QueueState
         state = queue2.commit(
             state, OWNER, now_ms=now, records=[Record(bytes([i % 256]) * 100, timestamp=now)]
         )
-        sent = outgoing(state, queue2.summary(before), 4096)
-        out.append((before, Delta2(300 + i, link_summary(state), sent.delta, sent.steps)))
+        out.append((before, push_delta2(before, state, 300 + i)))
     return start, out
 
 

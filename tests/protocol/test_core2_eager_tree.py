@@ -90,6 +90,22 @@ def _deliver_in_order(net: Core2Network, picks: st.DataObject, max_steps: int = 
     raise AssertionError(f"still busy after {max_steps} steps: a graft/prune loop?")
 
 
+def _stream(net: Core2Network, records: int, picks: st.DataObject | None = None) -> queue2.QueueState2:
+    """The warm-up as the daemons run it: the writer creates the queue (an empty delta, [0, 0)), then
+    commits ``records`` records, each pushed as it commits; with ``picks``, each push's copies are
+    delivered in an order hypothesis draws before the next commit. Returns the writer's last state."""
+    state = _created()
+    net.node2(0).put2(state)
+    net.settle()
+    for i in range(records):
+        state = queue2.commit(state, OWNER, now_ms=2 + i, records=[Record(value=b"r%d" % i)])
+        net.node2(0).put2(state)
+        net.settle()
+        if picks is not None:
+            _deliver_in_order(net, picks)
+    return state
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.integers(min_value=1, max_value=3))
 def test_every_node_keeps_an_eager_path_from_the_writer_whatever_the_order_of_deliveries(
@@ -99,13 +115,7 @@ def test_every_node_keeps_an_eager_path_from_the_writer_whatever_the_order_of_de
     pushed as it commits; whatever order the copies arrive in, once nothing is in flight every node
     holds them all and the writer reaches it over eager links (no HAVE2 or graft timer needed)."""
     net = _mesh()
-    state = _created()
-    net.node2(0).put2(state)
-    net.settle()
-    for i in range(records):
-        state = queue2.commit(state, OWNER, now_ms=2 + i, records=[Record(value=b"r%d" % i)])
-        net.node2(0).put2(state)
-        net.settle()
+    state = _stream(net, records)
     _deliver_in_order(net, picks)
     assert all(net.node2(n).states2[KEY] == state for n in range(4))
     assert _eager_from_writer(net) == {0, 1, 2, 3}
@@ -206,16 +216,9 @@ def test_the_graft_rule_makes_no_loop_and_the_tree_settles_to_one_copy_a_record(
         graft(self, key)
 
     net = _mesh()
-    state = _created()
     Core2Link._graft = counted  # type: ignore[method-assign]
     try:
-        net.node2(0).put2(state)
-        net.settle()
-        for i in range(stream):
-            state = queue2.commit(state, OWNER, now_ms=2 + i, records=[Record(value=b"r%d" % i)])
-            net.node2(0).put2(state)
-            net.settle()
-            _deliver_in_order(net, picks)
+        state = _stream(net, stream, picks)
     finally:
         Core2Link._graft = graft  # type: ignore[method-assign]
     assert all(count <= stream + 1 for count in wants.values()), wants  # [0, 0) and each record

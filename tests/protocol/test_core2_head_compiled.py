@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.core2_push import push_delta2
 from support.queue2_histories import OWNER, empty
 
 from latticed.crdt import chain_memo, queue2
@@ -21,8 +22,7 @@ from latticed.crdt.head2 import HeadV2
 from latticed.crdt.records import Record
 from latticed.protocol import core2_compact, core2_head_compiled
 from latticed.protocol.core2_compact import Compact2Link
-from latticed.protocol.core2_steps import outgoing
-from latticed.protocol.core2_wire import Delta2, link_summary
+from latticed.protocol.core2_wire import Delta2
 from latticed.protocol.replication_messages import unpack_message
 
 
@@ -72,8 +72,7 @@ def _live(n: int) -> list[Delta2]:
         before = state
         now = 1_700_000_001_000 + 200 * i
         state = queue2.commit(state, OWNER, now_ms=now, records=[Record(bytes([i]) * 100, timestamp=now)])
-        sent = outgoing(state, queue2.summary(before), 4096)
-        out.append(Delta2(300 + i, link_summary(state), sent.delta, sent.steps))
+        out.append(push_delta2(before, state, 300 + i))
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.core2_push import ahead_alike, generic_push, same_push
+from support.core2_push import ahead_alike, generic_push, push_delta2, same_push
 from support.queue2_histories import OWNER, empty
 
 from latticed.crdt import queue2
@@ -21,7 +21,6 @@ from latticed.crdt.records import Record, RecordRun
 from latticed.errors import LatticedError
 from latticed.protocol import core2_live
 from latticed.protocol.core2_compact import Compact2Link
-from latticed.protocol.core2_steps import outgoing
 from latticed.protocol.core2_wire import Delta2, link_summary
 from latticed.protocol.replication_messages import unpack_message
 
@@ -40,8 +39,7 @@ def _pushes() -> tuple[tuple[QueueState2, ...], tuple[Delta2, ...]]:
     for i in range(N):
         before, now = state, 1_700_000_001_000 + 200 * i
         state = queue2.commit(state, OWNER, now_ms=now, records=[Record(bytes([i]) * 100, timestamp=now)])
-        sent = outgoing(state, queue2.summary(before), 4096)
-        message = Delta2(300 + i, link_summary(state), sent.delta, sent.steps)
+        message = push_delta2(before, state, 300 + i)
         decoded = receiver.decode(unpack_message(sender.encode(message)))
         assert isinstance(decoded, Delta2)
         states.append(state)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.core2_push import ahead_alike, ahead_check, generic_push, same_push
+from support.core2_push import ahead_alike, ahead_check, generic_push, push_delta2, same_push
 from support.queue2_histories import OWNER, catch_up, empty
 
 from latticed.crdt import core_errors as queue2_errors
@@ -34,8 +34,7 @@ Push = tuple[queue2.Delta, Any]
 
 def _push(before: QueueState2, after: QueueState2) -> Push:
     """``after``'s push to a replica summarised as ``before``, as a relay decodes it on a compact link."""
-    sent = outgoing(after, queue2.summary(before), 4096)
-    message = Delta2(7, link_summary(after), sent.delta, sent.steps)
+    message = push_delta2(before, after, 7)
     decoded = Compact2Link().decode(unpack_message(Compact2Link().encode(message)))
     assert isinstance(decoded, Delta2)
     return decoded.delta, decoded.steps

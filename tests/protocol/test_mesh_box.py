@@ -240,6 +240,26 @@ def _slot_box(slice_s: float = 0.0015) -> tuple[_Clock, Box]:
     return clock, Box(2, lambda: clock.now, clock.at, hop=0.001, slice_s=slice_s)
 
 
+def _wake_at(
+    clock: _Clock,
+    box: Box,
+    thread: CpuThread,
+    at: float,
+    burst: float,
+    ends: dict[str, float],
+    name: str = "woken",
+) -> None:
+    """At ``at``, ``thread`` wakes with ``burst`` seconds of work; when it is done, ``ends[name]`` is the
+    time (the tests' one woken thread, beside those busy from the start)."""
+
+    def wake() -> None:
+        box.wake(thread)
+        box.work(thread, burst)
+        box.then(thread, lambda: ends.__setitem__(name, clock.now))
+
+    clock.at(at, wake)
+
+
 def test_a_thread_on_a_core_keeps_it_for_its_burst_until_its_slice_ends() -> None:
     """With a slice (the kernel's base slice, ``BASE_SLICE_S``; bench/RESULTS.md sim21b) a thread on a
     core runs its burst at a full core: a thread woken at 0.5 ms behind two 10 ms bursts waits in the
@@ -252,13 +272,7 @@ def test_a_thread_on_a_core_keeps_it_for_its_burst_until_its_slice_ends() -> Non
     for name, thread in (("first", first), ("second", second)):
         box.work(thread, 0.010)
         box.then(thread, lambda name=name: ends.__setitem__(name, clock.now))  # type: ignore[misc]
-
-    def wake() -> None:
-        box.wake(woken)
-        box.work(woken, 0.001)
-        box.then(woken, lambda: ends.__setitem__("woken", clock.now))
-
-    clock.at(0.0005, wake)
+    _wake_at(clock, box, woken, 0.0005, 0.001, ends)
     clock.run()
     assert ends["woken"] == pytest.approx(0.0025)
     assert sorted(ends.values())[1:] == [pytest.approx(0.010), pytest.approx(0.011)]
@@ -426,13 +440,7 @@ def test_a_woken_thread_may_take_a_running_threads_core_which_queues_behind() ->
         box.work(long, 0.010)
         box.work(short, 0.001)
         box.then(short, lambda take=take: ends.__setitem__(f"short {take}", clock.now))
-
-        def wake(box: Box = box, woken: CpuThread = woken, clock: _Clock = clock, take: bool = take) -> None:
-            box.wake(woken)
-            box.work(woken, 0.0001)
-            box.then(woken, lambda: ends.__setitem__(f"woken {take}", clock.now))
-
-        clock.at(0.0002, wake)
+        _wake_at(clock, box, woken, 0.0002, 0.0001, ends, f"woken {take}")
         clock.run()
         assert box.wake_preemptions == (1 if take else 0)
     assert ends["woken True"] == pytest.approx(0.0003)  # at once, on the short one's core
@@ -501,13 +509,7 @@ def test_per_core_a_woken_thread_may_take_only_its_own_cores_thread() -> None:
     box.work(on1, 0.010)
     ends: dict[str, float] = {}
     box.then(on1, lambda: ends.__setitem__("on1", clock.now))
-
-    def wake() -> None:
-        box.wake(woken)
-        box.work(woken, 0.001)
-        box.then(woken, lambda: ends.__setitem__("woken", clock.now))
-
-    clock.at(0.002, wake)
+    _wake_at(clock, box, woken, 0.002, 0.001, ends)
     clock.run()
     assert asked == [on1] and box.wake_preemptions == 1
     assert ends["woken"] == pytest.approx(0.003)

@@ -13,7 +13,16 @@ from latticed.crdt.queue2 import QueueState2, replica_deltas
 from latticed.errors import LatticedError
 from latticed.net import core2_ahead
 from latticed.net.core2_ahead import AheadPushes
-from latticed.protocol.core2_steps import unpack_steps
+from latticed.protocol.core2_steps import outgoing, unpack_steps
+from latticed.protocol.core2_wire import Delta2, link_summary
+
+
+def push_delta2(before: QueueState2, after: QueueState2, number: int) -> Delta2:
+    """The DELTA2 (numbered ``number``) that pushes ``after`` to a replica summarised as ``before``, as a
+    live stream's link sends it: the pushes the one pass and the compact forms are tested on."""
+    sent = outgoing(after, queue2.summary(before), 4096)
+    return Delta2(number, link_summary(after), sent.delta, sent.steps)
+
 
 #: The one pass's (or ``AheadPushes.check``'s) acceptance: the delta, its verification, the joined value.
 Accepted = tuple[queue2.Delta, queue2.Verified, QueueState2]
