@@ -13,6 +13,7 @@ is what :func:`~latticed.crdt.records.chain_extend` would compute.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import is_
 
 from latticed.crdt.records import Record, RecordRun
 
@@ -31,14 +32,21 @@ def _key(base: bytes, first: int, records: Sequence[Record]) -> _Key | None:
     return None  # a list may change: not remembered
 
 
+def _count(records: Sequence[Record]) -> int:
+    """``len(records)``; a run's by its column (no ``RecordRun.__len__`` frame)."""
+    return len(records.values) if type(records) is RecordRun else len(records)
+
+
 def _same(a: _Key, b: _Key) -> bool:
-    return a[0] == b[0] and a[1] == b[1] and all(x is y for x, y in zip(a[2], b[2], strict=True))
+    # (``map(is_, ...)``: the columns compared by identity with no generator frame resumed per column)
+    x, y = a[2], b[2]
+    return a[0] == b[0] and a[1] == b[1] and len(x) == len(y) and all(map(is_, x, y))
 
 
 def remember(base: bytes, first: int, records: Sequence[Record], chain: list[bytes]) -> None:
     """Keep ``chain`` (``chain_extend(base, first, records)``) for the next :func:`take` of the same."""
     key = _key(base, first, records)
-    if key is not None and len(chain) == len(records):
+    if key is not None and len(chain) == _count(records):
         _slot[0] = (key, list(chain))
 
 
@@ -46,7 +54,7 @@ def take(base: bytes, first: int, records: Sequence[Record]) -> list[bytes] | No
     """``chain_extend(base, first, records)`` if it was remembered (and forget it), else None."""
     key = _key(base, first, records)
     entry = _slot[0]
-    if key is None or entry is None or len(entry[1]) != len(records) or not _same(entry[0], key):
+    if key is None or entry is None or len(entry[1]) != _count(records) or not _same(entry[0], key):
         return None
     _slot[0] = None
     return entry[1]

@@ -121,6 +121,12 @@ class RecordRun(Sequence[Record]):
         """The runs one after the other."""
         if len(runs) == 1:
             return runs[0]
+        if len(runs) == 2 and cls is RecordRun:  # (a store's append: its overlay and a push, no generators)
+            a, b = runs
+            if type(a) is RecordRun and type(b) is RecordRun and a.headers is None and b.headers is None:
+                return _columns(
+                    a.values + b.values, a.keys + b.keys, a.timestamps + b.timestamps, a._checked and b._checked
+                )
         headers: list[Headers] | None = None
         if any(run.headers is not None for run in runs):
             headers = []
@@ -146,6 +152,15 @@ class RecordRun(Sequence[Record]):
     ) -> RecordRun:
         """A run whose columns the caller has checked already, as :func:`check_records` would (the
         compiled column passes, :mod:`.columns_compiled`): marked checked without a second pass."""
+        if (
+            cls is RecordRun
+            and headers is None
+            and type(values) is tuple
+            and type(keys) is tuple
+            and type(timestamps) is tuple
+            and len(values) == len(keys) == len(timestamps)
+        ):
+            return _columns(values, keys, timestamps, True)  # (a compiled decode's columns as they are)
         run = cls(values, keys, timestamps, headers)
         object.__setattr__(run, "_checked", True)
         return run
@@ -230,9 +245,30 @@ class RecordRun(Sequence[Record]):
         return size
 
 
+def _columns(
+    values: tuple[bytes, ...], keys: tuple[bytes | None, ...], timestamps: tuple[int, ...], checked: bool
+) -> RecordRun:
+    """The run ``RecordRun(values, keys, timestamps)`` builds (with ``_checked``), for columns that are
+    already exact tuples of one length and no headers: nothing to copy or compare again."""
+    run = object.__new__(RecordRun)
+    setter = object.__setattr__
+    setter(run, "values", values)
+    setter(run, "keys", keys)
+    setter(run, "timestamps", timestamps)
+    setter(run, "headers", None)
+    setter(run, "_checked", checked)
+    return run
+
+
 def join_records(first: Sequence[Record], second: Sequence[Record]) -> Sequence[Record]:
     """``first`` then ``second`` as one immutable sequence: a run when both are runs (or one is empty),
     else a tuple of records."""
+    if type(first) is RecordRun and type(second) is RecordRun:  # (their columns' lengths: no frames)
+        if not first.values:
+            return second
+        if not second.values:
+            return first
+        return RecordRun.join((first, second))
     if not first:
         return second if type(second) is RecordRun else tuple(second)
     if not second:
@@ -454,7 +490,7 @@ def chain_extend(base: bytes, first_offset: int, records: Sequence[Record]) -> l
     digest); only the chain itself is a Python loop, two hash calls per record. Where the compiled chain
     hasher was built (:mod:`.chain_compiled`), a batch is hashed in one C call instead: the same values."""
     out: list[bytes] = []
-    n = len(records)
+    n = len(records.values) if type(records) is RecordRun else len(records)  # (no ``__len__`` frame)
     if n <= _CHAIN_SMALL:
         return _chain_small(base, first_offset, records) if n else out
     compiled = chain_compiled.load()

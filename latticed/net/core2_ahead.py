@@ -158,7 +158,9 @@ class AheadPushes:
         a read, or it does not verify here, in which case the storage thread refuses it). A relay's usual
         push (one version, our next) is checked in one pass (``core2_live.next_push``: the same checks
         and results); anything else, or anything that pass raises, takes the generic path, which decides."""
-        if not 0 < len(delta.records) <= AHEAD_DELTA_RECORDS:
+        records = delta.records
+        n = len(records.values) if type(records) is RecordRun else len(records)  # (no ``__len__`` frame)
+        if not 0 < n <= AHEAD_DELTA_RECORDS:
             return None
         against = self.value(q, loaded) or unbound(loaded)
         try:  # a relay's usual push in one pass; anything else (or raised) takes the generic path below

@@ -412,14 +412,15 @@ def _compiled_head(raw: list[Any], c: _Fields, tail: tuple[Leaf, ...]) -> HeadV2
     if ref is not None and type(ref) is not HeadV2:
         return None
     chain = None
+    n = len(records.values) if type(records) is RecordRun else len(records)  # (no ``__len__`` frame)
     if (
         raw[5] is None
         and ref is not None
-        and records
-        and len(records) <= CHAIN_LIMIT
+        and n
+        and n <= CHAIN_LIMIT
         and ref.end == frm
         and type(raw[3]) is int
-        and raw[3] == len(records)
+        and raw[3] == n
     ):
         chain = chain_extend(ref.head_hash, frm, records)
     head = core2_head_compiled.compact_head(
@@ -430,7 +431,7 @@ def _compiled_head(raw: list[Any], c: _Fields, tail: tuple[Leaf, ...]) -> HeadV2
         shared_fold=shared_fold,
         tail=tail,
         chained=None if chain is None else chain[-1],
-        records_end=frm + len(records),
+        records_end=frm + n,
         empty_meta=_EMPTY_META_HASH if meta is None else None,
     )
     if head is not None and chain is not None and ref is not None:

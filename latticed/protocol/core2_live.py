@@ -72,7 +72,8 @@ def next_push(
     if len(tips) != 1 or tips[0].tail or new.tips[0].tail:
         return None
     ours, head = tips[0].head, new.tips[0].head
-    n, hi = len(records), state.held[1]
+    lo, hi = ours_c.held  # (``state.held`` is its chains': one property frame, asked once)
+    n = len(records.values)  # (a run's column: no ``__len__`` frame)
     if not n or new.start_head is not head or version != log.base or log.base != ours.version:
         return None
     if head.version != version + 1 or new.epoch != ours_c.epoch:
@@ -82,7 +83,7 @@ def next_push(
         state.queue_id,
     ):
         return None
-    first, lo = d.from_offset, state.held[0]
+    first = d.from_offset
     if type(first) is not int or first != hi or ours.end != hi or head.end != hi + n or head.start >= hi:
         return None
     if head.start != lo:  # the merged value's start is the new head's: a truncation is the generic path's
@@ -91,7 +92,7 @@ def next_push(
     if start is not None and (head.start, head.version) <= (start.start, start.version):
         return None  # the start head stays ours, or a rank by bytes decides: the generic path's
     prev = _trusted(state, version)
-    base = state.chain_at(hi)
+    base = state.entries.chain(hi - lo - 1)  # ``state.chain_at(hi)``: ``lo < hi`` here (head.start)
     compiled = leaf_compiled.load()
     if prev is None or base is None or compiled is None or prev.version != ours.version:
         return None
@@ -119,7 +120,7 @@ def next_push(
     check_records(records)
     shared = shared_prefix.grown(ours_c.shared, (ours.leaf(),))  # our leaves' list, appended to
     chains = Chains(ours_c.owner, ours_c.queue_id, ours_c.epoch, shared, new.tips, head, ours_c.held_end)
-    verified = Verified(chains, meta, hi, records[0:n], tuple(chain), run)
+    verified = Verified(chains, meta, hi, records, tuple(chain), run)  # (``records[0:n]``: equal, immutable)
     end = hi + n
     entries = (state.entries if hi > lo else nothing_at(state, lo)).extend(verified.records, verified.chain)
     extended = Chains(chains.owner, chains.queue_id, chains.epoch, chains.shared, chains.tips, head, end)
