@@ -28,6 +28,11 @@ def test_a_remembered_chain_is_taken_once_and_only_for_the_same_records() -> Non
     assert chain_memo.take(b"\x02" * 32, 7, run) is None  # another base
     assert chain_memo.take(BASE, 7, _run(5)) is None  # equal records, other objects: not assumed
     assert chain_memo.take(BASE, 7, run[0:5]) == chain  # a whole slice shares the run's columns
+    as_tuple = tuple(_run(1))
+    chain_memo.remember(BASE, 7, as_tuple, chain_extend(BASE, 7, as_tuple))
+    one = RecordRun((as_tuple[0].value,), (None,), (as_tuple[0].timestamp,))
+    assert chain_memo.take(BASE, 7, one) is None  # a tuple's key (one item) and a run's (four): a miss
+    assert chain_memo.take(BASE, 7, as_tuple) == chain_extend(BASE, 7, as_tuple)
     assert chain_memo.take(BASE, 7, run) is None  # taken already
     records = list(run)
     chain_memo.remember(BASE, 7, records, chain)  # a list may change: never remembered

@@ -8,6 +8,8 @@ import itertools
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.chains import by_definition
 
 from latticed.crdt import queue as core
@@ -235,3 +237,51 @@ def test_payload_bytes_counts_each_records_value_and_key(keys: list[bytes | None
     values = [b"v", b"", b"value" * 60]
     run = RecordRun(values, keys, [0, 1, 2])
     assert run.payload_bytes() == sum(len(v) + len(k or b"") for v, k in zip(values, keys, strict=True))
+
+
+_ROWS = st.lists(
+    st.tuples(st.binary(max_size=8), st.none() | st.binary(max_size=4), st.integers(0, 2**63 - 1)),
+    max_size=6,
+)
+
+
+def _generic(values: Any, keys: Any, timestamps: Any, checked: bool) -> RecordRun:
+    run = RecordRun(list(values), list(keys), list(timestamps))  # lists: the constructor's own copy
+    if checked:
+        object.__setattr__(run, "_checked", True)
+    return run
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ROWS, _ROWS, st.booleans(), st.booleans())
+def test_runs_joined_and_checked_from_tuple_columns_are_the_generic_ones(
+    first: list[tuple[bytes, bytes | None, int]],
+    second: list[tuple[bytes, bytes | None, int]],
+    checked_a: bool,
+    checked_b: bool,
+) -> None:
+    """relay27's shortcuts (two header-less runs joined by their columns' concatenation, ``checked`` on
+    exact tuple columns, ``join_records`` reading lengths off columns) give what the generic
+    constructor gives: the same columns, records, headers (None) and checked flag."""
+    cols_a, cols_b = (tuple(zip(*rows, strict=True)) or ((), (), ()) for rows in (first, second))
+    a, b = _generic(*cols_a, checked_a), _generic(*cols_b, checked_b)
+    fast = RecordRun.join([a, b])
+    slow = _generic(a.values + b.values, a.keys + b.keys, a.timestamps + b.timestamps, checked_a and checked_b)
+    assert (fast.values, fast.keys, fast.timestamps, fast.headers) == (
+        slow.values,
+        slow.keys,
+        slow.timestamps,
+        slow.headers,
+    )
+    assert fast._checked == slow._checked and list(fast) == list(slow)
+    joined = join_records(a, b)
+    assert list(joined) == list(a) + list(b) and type(joined) is RecordRun
+    assert joined is (b if not a.values else a if not b.values else joined)
+    if first:
+        run = RecordRun.checked(*cols_a)
+        assert run == _generic(*cols_a, True) and run._checked and run.headers is None
+        assert type(run.values) is tuple and run.values is cols_a[0]  # the columns as they came
+    with pytest.raises(MalformedError):
+        RecordRun.checked((b"v",), (None, None), (1,))  # columns of two lengths: still refused
+    with pytest.raises(AttributeError):
+        fast._checked = False  # type: ignore[misc]
