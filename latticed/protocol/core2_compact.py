@@ -698,7 +698,16 @@ class Compact2Link:
         implied) read in one C pass (``compact_delta``: every field's type and bounds, the rows
         restamped) and the head in another (:func:`_compiled_head`), in place of ~60 Python calls;
         None: not built, or not that case, and the Python path reads ``raw`` (which the passes leave as
-        it was) and decides (tests/protocol/test_compact_delta_compiled.py pins the two)."""
+        it was) and decides (tests/protocol/test_compact_delta_compiled.py pins the two).
+
+        Invariants of the shortcuts (relay27): the name is not checked again, because this direction's
+        ref is set only by ``_Direction.carried``-equivalents in this method and :meth:`_decode_delta`,
+        each after ``check_name`` of the same immutable key (no ref: not this path); the queue id and
+        the new ref are read and written on the key's ``_Queue`` entry at hand, exactly as
+        ``side.qid`` and ``side.carried`` would (one tip: its head is the ref); the rows' columns are
+        the compiled pass's exact tuples, taken as the run's columns (``RecordRun.checked``). Nothing
+        here verifies a signature or a chain: the delta is checked before any merge or relay
+        (``AheadPushes.check`` / the storage thread), as on the Python path."""
         columns, side, number = columns_compiled.load(), self._in, raw[2]
         # A module built before the pass existed (a stale build beside newer sources) lacks it: Python's.
         read = None if columns is None else getattr(columns, "compact_delta", None)
@@ -706,9 +715,9 @@ class Compact2Link:
             return None
         key = side.keys[number]
         known = side.queues.get(key)
-        ref = None if known is None else known.ref
-        if type(ref) is not HeadV2:  # a first push, or no ref kept: the rules need more than the ref
-            return None
+        if known is None or type(known.ref) is not HeadV2:  # a first push, or no ref kept: the rules
+            return None  # need more than the ref
+        ref = known.ref
         found = read(raw, ref.timestamp, MAX_VALUE_BYTES, MAX_KEY_BYTES)
         if found is None:
             return None
@@ -721,8 +730,12 @@ class Compact2Link:
             if not 0 <= version < 2**64 or packed is None:
                 return None
             steps = (version, packed)
-        check_name(key[1])
-        qid, base_fold = side.qid(key), next_log(ref)
+        # (``check_name(key[1])`` passed already: this direction's ref is set only by ``carried``, and
+        # both decodes call it after checking the name of the same, immutable key)
+        qid = known.qid
+        if qid is None:  # ``side.qid(key)``, with the entry at hand
+            qid = known.qid = fresh_queue_id(*key)
+        base_fold = next_log(ref)
         from_offset = ref.end if from_raw is None else from_raw
         records = RecordRun.checked(*rows)
         meta: tuple[tuple[str, str], ...] | None = () if no_meta else None
@@ -734,7 +747,7 @@ class Compact2Link:
         summary = _implied(delta)
         if summary is None:  # one tip: always implied
             return None
-        side.carried(key, delta)
+        known.ref = head  # ``side.carried(key, delta)``: its one tip's head
         _as_received[0] = _Received(delta, steps, ref, (raw[4], raw[5], raw[6], raw[8], raw[9]))
         return Delta2(seq, summary, delta, steps)
 
