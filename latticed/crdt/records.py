@@ -124,9 +124,8 @@ class RecordRun(Sequence[Record]):
         if len(runs) == 2 and cls is RecordRun:  # (a store's append: its overlay and a push, no generators)
             a, b = runs
             if type(a) is RecordRun and type(b) is RecordRun and a.headers is None and b.headers is None:
-                return _columns(
-                    a.values + b.values, a.keys + b.keys, a.timestamps + b.timestamps, a._checked and b._checked
-                )
+                checked = a._checked and b._checked
+                return _columns(a.values + b.values, a.keys + b.keys, a.timestamps + b.timestamps, checked)
         headers: list[Headers] | None = None
         if any(run.headers is not None for run in runs):
             headers = []

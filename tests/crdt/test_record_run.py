@@ -266,7 +266,8 @@ def test_runs_joined_and_checked_from_tuple_columns_are_the_generic_ones(
     cols_a, cols_b = (tuple(zip(*rows, strict=True)) or ((), (), ()) for rows in (first, second))
     a, b = _generic(*cols_a, checked_a), _generic(*cols_b, checked_b)
     fast = RecordRun.join([a, b])
-    slow = _generic(a.values + b.values, a.keys + b.keys, a.timestamps + b.timestamps, checked_a and checked_b)
+    both = checked_a and checked_b
+    slow = _generic(a.values + b.values, a.keys + b.keys, a.timestamps + b.timestamps, both)
     assert (fast.values, fast.keys, fast.timestamps, fast.headers) == (
         slow.values,
         slow.keys,
