@@ -7,6 +7,7 @@ never changes its input and survives a collection inside it that empties what it
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import replace
 from types import ModuleType
@@ -295,3 +296,21 @@ def test_a_push_edited_anywhere_reads_as_python_reads_it(case: tuple[int, list[A
         _as_received[0] and (_as_received[0].fields, _as_received[0].steps, _as_received[0].ref)
     )
     assert mine._in.ref(KEY) == theirs._in.ref(KEY)
+
+
+def test_a_queue_whose_name_is_refused_never_gets_a_ref_so_the_pass_never_skips_its_check() -> None:
+    """relay27: ``_live_delta`` does not check the name again because a ref is set only after the name
+    passed ``check_name``. A peer that names a queue ``li/ve`` (learnt by the numbering, refused by the
+    decode) has every later push of that number refused by both paths, and no ref is ever kept."""
+    bad_key = (OWNER.public_key, "li/ve", 0)
+    for live in (True, False):
+        link = Compact2Link()
+        python_only = mock.patch.object(Compact2Link, "_live_delta", return_value=None)
+        with contextlib.nullcontext() if live else python_only:
+            for i, sent in enumerate(PUSHES):
+                raw = copy.deepcopy(sent)
+                if i == 0:
+                    raw[2] = [OWNER.public_key, "li/ve", 0]
+                outcome = _outcome(link, raw)
+                assert outcome[0] == "error" and outcome[1][0] is RemoteProtocolError, (live, i, outcome)
+                assert link._in.keys == [bad_key] and link._in.ref(bad_key) is None
