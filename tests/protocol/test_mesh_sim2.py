@@ -898,6 +898,37 @@ def test_a_loop_step_stalls_with_a_chance_per_unit_of_its_core_time() -> None:
     assert 15 < stalls(0.000008, None) < 50 and 15 < stalls(0.0004, None) < 50  # expected 30 each
 
 
+def test_with_stalls_on_full_box_off_a_step_stalls_only_where_the_box_has_a_core_for_it() -> None:
+    """``stalls_on_full_box`` off: a loop step (and a storage transaction) of a node whose box is filled by
+    other threads draws no stall - it waits in the box's run queue, which models its descheduling - and
+    stalls as before while a core is free for it (the live parts the stalls were fitted to; sim27). On,
+    as before: it stalls either way."""
+
+    def stalls(full: bool, on_full: bool) -> int:
+        costs = _sliced_costs(stall_per_cpu_s=STALL_PER_CPU_S, stall=0.01)
+        sim = MeshSim2(2, costs=costs, stalls_on_full_box=on_full)
+        sim.run_for(1.0)
+        node = sim.node2(1)
+        if full:
+            _keep_both_cores_busy(sim)
+        assert sim._box_full_without(node.cpu) is full
+        paused = [0]
+        pause = sim.box.pause
+
+        def counted(thread: CpuThread, seconds: float) -> None:
+            paused[0] += thread is node.cpu
+            pause(thread, seconds)
+
+        sim.box.pause = counted  # type: ignore[method-assign]
+        for _ in range(2000):
+            sim._busy(node, 0.0004)
+        return paused[0]
+
+    assert 220 < stalls(full=False, on_full=False) < 340  # expected 277, as on
+    assert stalls(full=True, on_full=False) == 0
+    assert 220 < stalls(full=True, on_full=True) < 340
+
+
 def test_a_queued_threads_wait_grows_with_the_burst_ahead_of_it_after_it_was_queued() -> None:
     """What :meth:`Box.wait_now` cannot see: a thread running when another is queued gets more work in the
     same run (the loop's next task), so the queued thread waits for the slice's end, not for the work

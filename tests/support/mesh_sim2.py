@@ -423,6 +423,12 @@ class MeshSim2(MeshSim):
     #: (bytes +20 %; the 20k bulk 1.24-1.85 copies in 3 of 12), which the daemons' sixteen runs never did;
     #: without those two draws every count moved less than 0.06.
     per_core_queues: bool = False
+    #: Whether a node's loop step (or storage transaction) is held up by a stall (``Costs.stall_per_cpu_s``,
+    #: ``stall_chance``: the process descheduled) while the box's other threads alone fill its cores.
+    #: False: on such a full box the node's thread waits in the box's run queue, which models its
+    #: descheduling (its wake-up preemptions, slices), and no stall is drawn; the fitted stalls then act
+    #: where the box has a core free (the live parts they were fitted to). bench/RESULTS.md sim27.
+    stalls_on_full_box: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -438,6 +444,19 @@ class MeshSim2(MeshSim):
                 self.box.takes = self._takes
         elif self.wake_preempts and self.box.slice is not None:
             self.box.preempt = self._wake_victim
+
+    def _box_full_without(self, thread: CpuThread) -> bool:
+        """Whether the box's threads other than ``thread`` fill its cores (running or queued for one)."""
+        box = self.box
+        if box.cores is None or box.slice is None:
+            return False
+        others = sum(1 for t in box.running if t is not thread) + sum(1 for t in box.queue if t is not thread)
+        return others >= box.cores
+
+    def _stall_chance(self, node: MeshNode, scaled: float) -> float:
+        if not self.stalls_on_full_box and self._box_full_without(node.cpu):
+            return 0.0
+        return super()._stall_chance(node, scaled)
 
     def _thread_of(self, thread: CpuThread) -> tuple[int, str] | None:
         """``thread``'s node and role now (-1: the client, an outside process); None: a hand-off's burst."""
@@ -836,7 +855,8 @@ class MeshSim2(MeshSim):
                 held_left[0] = 0.0
                 node.storage_holds = False
                 node.loop_wants = None
-                if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
+                stalls = self.stalls_on_full_box or not self._box_full_without(node.cpu)
+                if stalls and self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
                     self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
                 self.box.then(node.cpu, last if beside > 0 else then)
                 return
