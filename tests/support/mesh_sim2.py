@@ -403,12 +403,14 @@ class MeshSim2(MeshSim):
     #: Whether each of the COMMIT's sleeps (``Costs.commit_runs``) is the daemons' as their sched records
     #: give it, the fsync's sleep and the run-queue wait after it drawn (``FSYNC_SLEEP_US``,
     #: ``FSYNC_WAIT_US``), off the box (the run after it then queues as any), in place of ``Costs.commit``
-    #: and ``sync_record`` spread over the runs and the box's wake-up (bench/RESULTS.md sim26). Off by
-    #: default: at N = 8 it brings the writer's transaction (-38 % -> -3.5 %), HAVE2 (-24 % -> -8 %) and
-    #: the relays' COMMIT (2.4 -> 5.3 ms, the daemons' 9.3) toward the daemons' but not their whole
-    #: transaction (7.6 -> 10.0 ms, theirs 19.4), and DELTA2 and ACK2 a few points away (+17/+26 % ->
-    #: +22/+29 %); the live parts' counts move less than 5 % with it (100/s ACK2s -4 %).
-    fsync_waits: bool = False
+    #: and ``sync_record`` spread over the runs and the box's wake-up (bench/RESULTS.md sim26). On by
+    #: default since sim27, with ``stalls_on_full_box`` off: together at N = 8 they bring the relays'
+    #: COMMIT from 0.32 to 0.89 of the daemons', the writer's transaction from 0.65 to 1.06 and the bulk
+    #: from 1.10 to 0.95, the message counts within 5 % (bench/RESULTS.md sim27). Alone (sim26) it
+    #: lengthened the bulk: the loops' stalls on a full box then held the writer's calls up as well.
+    #: With a machine per node (``Costs.cores`` None) there is no run queue to wait in: bench_gossip's
+    #: N = 1,000 turns it off.
+    fsync_waits: bool = True
     #: Whether a thread woken with both cores busy may take the core of another node's thread running
     #: there, with ``WAKE_PREEMPT_CHANCE`` by that thread's role (:meth:`_wake_victim`, ``Box.preempt``):
     #: the daemons' relays' storage threads lost their core 4.25 times a transaction before its COMMIT,
@@ -425,10 +427,13 @@ class MeshSim2(MeshSim):
     per_core_queues: bool = False
     #: Whether a node's loop step (or storage transaction) is held up by a stall (``Costs.stall_per_cpu_s``,
     #: ``stall_chance``: the process descheduled) while the box's other threads alone fill its cores.
-    #: False: on such a full box the node's thread waits in the box's run queue, which models its
-    #: descheduling (its wake-up preemptions, slices), and no stall is drawn; the fitted stalls then act
-    #: where the box has a core free (the live parts they were fitted to). bench/RESULTS.md sim27.
-    stalls_on_full_box: bool = True
+    #: False (the default since sim27): on such a full box the node's thread waits in the box's run queue,
+    #: which models its descheduling (wake-up preemptions, slices: sim25), and no stall is drawn; the
+    #: stalls, fitted to the live 100/s part before the box modelled those (sim23c), act where a core is
+    #: free for it (the live parts: their counts and latencies move < 3 %). On a full box they were a
+    #: double count: the writer's calls 17 ms against the daemons' 15-16, the bulk +10 %, and one draw's
+    #: bulk past the HAVE linger (its lazy links' two HAVE2 rounds: HAVE2 +17 %). bench/RESULTS.md sim27.
+    stalls_on_full_box: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
