@@ -405,8 +405,8 @@ class MeshSim2(MeshSim):
     #: ``FSYNC_WAIT_US``), off the box (the run after it then queues as any), in place of ``Costs.commit``
     #: and ``sync_record`` spread over the runs and the box's wake-up (bench/RESULTS.md sim26). On by
     #: default since sim27, with ``stalls_on_full_box`` off: together at N = 8 they bring the relays'
-    #: COMMIT from 0.32 to 0.89 of the daemons', the writer's transaction from 0.65 to 1.06 and the bulk
-    #: from 1.10 to 0.95, the message counts within 5 % (bench/RESULTS.md sim27). Alone (sim26) it
+    #: COMMIT from 0.30 to 0.84 of the daemons', the writer's transaction from 0.64 to 1.05 and the bulk
+    #: from 1.08 to 0.93, the message counts within 6 % (bench/RESULTS.md sim27). Alone (sim26) it
     #: lengthened the bulk: the loops' stalls on a full box then held the writer's calls up as well.
     #: With a machine per node (``Costs.cores`` None) there is no run queue to wait in: bench_gossip's
     #: N = 1,000 turns it off.
@@ -431,7 +431,7 @@ class MeshSim2(MeshSim):
     #: which models its descheduling (wake-up preemptions, slices: sim25), and no stall is drawn; the
     #: stalls, fitted to the live 100/s part before the box modelled those (sim23c), act where a core is
     #: free for it (the live parts: their counts and latencies move < 3 %). On a full box they were a
-    #: double count: the writer's calls 17 ms against the daemons' 15-16, the bulk +10 %, and one draw's
+    #: double count: the writer's calls 17 ms against the daemons' 15-16, the bulk +8 %, and one draw's
     #: bulk past the HAVE linger (its lazy links' two HAVE2 rounds: HAVE2 +17 %). bench/RESULTS.md sim27.
     stalls_on_full_box: bool = False
 
