@@ -118,9 +118,12 @@ def run_mesh(size: int, args: argparse.Namespace) -> None:
         costs = dataclasses.replace(costs, have_linger=0.0)
         features = frozenset[str]()
     kind = mesh_sim2.MeshSim2 if args.core == 2 else mesh_sim.MeshSim
-    sim = kind(size, degree=3, seed=args.seed, draws=args.draws, costs=costs)
+    extra: dict[str, bool] = {}
+    if args.core == 2 and not args.cores:  # no shared run queue: the COMMIT's sleeps are modelled, not drawn
+        extra["fsync_waits"] = False
+    sim = kind(size, degree=3, seed=args.seed, draws=args.draws, costs=costs, **extra)
     if features is not None:
-        sim = kind(size, degree=3, seed=args.seed, draws=args.draws, costs=costs, features=features)
+        sim = kind(size, degree=3, seed=args.seed, draws=args.draws, costs=costs, features=features, **extra)
     far, hops = mesh_sim.farthest(size, sim.edges)
     print(
         f"N = {size}: {len(sim.edges)} links (bench_mesh's graph, seed {args.seed}), draws {args.draws}, "

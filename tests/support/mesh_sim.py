@@ -1154,10 +1154,15 @@ class MeshSim:
         node.cpu_work += cost
         scaled = self._scaled(cost)
         self.box.work(node.cpu, scaled)
-        rate = self.costs.stall_per_cpu_s
-        chance = self.costs.stall_chance if rate is None else -math.expm1(-scaled * rate)
+        chance = self._stall_chance(node, scaled)
         if chance and self._rng.random() < chance:
             self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
+
+    def _stall_chance(self, node: MeshNode, scaled: float) -> float:
+        """The chance that a loop step of ``scaled`` seconds on ``node`` is held up (``Costs.stall_chance``
+        a step, or ``stall_per_cpu_s`` a second of its CPU)."""
+        rate = self.costs.stall_per_cpu_s
+        return self.costs.stall_chance if rate is None else -math.expm1(-scaled * rate)
 
     def _scaled(self, cost: float) -> float:
         """``cost`` times the jitter draw (how long a step takes on a core; the box shares the cores)."""

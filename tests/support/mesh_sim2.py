@@ -403,12 +403,14 @@ class MeshSim2(MeshSim):
     #: Whether each of the COMMIT's sleeps (``Costs.commit_runs``) is the daemons' as their sched records
     #: give it, the fsync's sleep and the run-queue wait after it drawn (``FSYNC_SLEEP_US``,
     #: ``FSYNC_WAIT_US``), off the box (the run after it then queues as any), in place of ``Costs.commit``
-    #: and ``sync_record`` spread over the runs and the box's wake-up (bench/RESULTS.md sim26). Off by
-    #: default: at N = 8 it brings the writer's transaction (-38 % -> -3.5 %), HAVE2 (-24 % -> -8 %) and
-    #: the relays' COMMIT (2.4 -> 5.3 ms, the daemons' 9.3) toward the daemons' but not their whole
-    #: transaction (7.6 -> 10.0 ms, theirs 19.4), and DELTA2 and ACK2 a few points away (+17/+26 % ->
-    #: +22/+29 %); the live parts' counts move less than 5 % with it (100/s ACK2s -4 %).
-    fsync_waits: bool = False
+    #: and ``sync_record`` spread over the runs and the box's wake-up (bench/RESULTS.md sim26). On by
+    #: default since sim27, with ``stalls_on_full_box`` off: together at N = 8 they bring the relays'
+    #: COMMIT from 0.30 to 0.84 of the daemons', the writer's transaction from 0.64 to 1.05 and the bulk
+    #: from 1.08 to 0.93, the message counts within 6 % (bench/RESULTS.md sim27). Alone (sim26) it
+    #: lengthened the bulk: the loops' stalls on a full box then held the writer's calls up as well.
+    #: With a machine per node (``Costs.cores`` None) there is no run queue to wait in: bench_gossip's
+    #: N = 1,000 turns it off.
+    fsync_waits: bool = True
     #: Whether a thread woken with both cores busy may take the core of another node's thread running
     #: there, with ``WAKE_PREEMPT_CHANCE`` by that thread's role (:meth:`_wake_victim`, ``Box.preempt``):
     #: the daemons' relays' storage threads lost their core 4.25 times a transaction before its COMMIT,
@@ -423,6 +425,15 @@ class MeshSim2(MeshSim):
     #: (bytes +20 %; the 20k bulk 1.24-1.85 copies in 3 of 12), which the daemons' sixteen runs never did;
     #: without those two draws every count moved less than 0.06.
     per_core_queues: bool = False
+    #: Whether a node's loop step (or storage transaction) is held up by a stall (``Costs.stall_per_cpu_s``,
+    #: ``stall_chance``: the process descheduled) while the box's other threads alone fill its cores.
+    #: False (the default since sim27): on such a full box the node's thread waits in the box's run queue,
+    #: which models its descheduling (wake-up preemptions, slices: sim25), and no stall is drawn; the
+    #: stalls, fitted to the live 100/s part before the box modelled those (sim23c), act where a core is
+    #: free for it (the live parts: their counts and latencies move < 3 %). On a full box they were a
+    #: double count: the writer's calls 17 ms against the daemons' 15-16, the bulk +8 %, and one draw's
+    #: bulk past the HAVE linger (its lazy links' two HAVE2 rounds: HAVE2 +17 %). bench/RESULTS.md sim27.
+    stalls_on_full_box: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -438,6 +449,19 @@ class MeshSim2(MeshSim):
                 self.box.takes = self._takes
         elif self.wake_preempts and self.box.slice is not None:
             self.box.preempt = self._wake_victim
+
+    def _box_full_without(self, thread: CpuThread) -> bool:
+        """Whether the box's threads other than ``thread`` fill its cores (running or queued for one)."""
+        box = self.box
+        if box.cores is None or box.slice is None:
+            return False
+        others = sum(1 for t in box.running if t is not thread) + sum(1 for t in box.queue if t is not thread)
+        return others >= box.cores
+
+    def _stall_chance(self, node: MeshNode, scaled: float) -> float:
+        if not self.stalls_on_full_box and self._box_full_without(node.cpu):
+            return 0.0
+        return super()._stall_chance(node, scaled)
 
     def _thread_of(self, thread: CpuThread) -> tuple[int, str] | None:
         """``thread``'s node and role now (-1: the client, an outside process); None: a hand-off's burst."""
@@ -836,7 +860,8 @@ class MeshSim2(MeshSim):
                 held_left[0] = 0.0
                 node.storage_holds = False
                 node.loop_wants = None
-                if self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
+                stalls = self.stalls_on_full_box or not self._box_full_without(node.cpu)
+                if stalls and self.costs.stall_chance and self._rng.random() < self.costs.stall_chance:
                     self.box.pause(node.cpu, self._rng.uniform(0, 2 * self.costs.stall))
                 self.box.then(node.cpu, last if beside > 0 else then)
                 return
