@@ -109,9 +109,8 @@ def test_the_driver_takes_the_asks_in_a_row_and_leaves_the_next_event_for_its_ne
     asks = [NeedDelta2(key(f"q{i}"), None, 100) for i in range(40)]
     other = Delta2Received(key("x"), 1, None)  # type: ignore[arg-type]  # only its place matters
     events: deque[Any] = deque([*asks[1:3], other, asks[3]])
-    link = PeerLink(
-        b"p" * 32, "a", "incoming", SimpleNamespace(next_event=lambda: events.popleft() if events else None)
-    )  # type: ignore[arg-type]
+    session: Any = SimpleNamespace(next_event=lambda: events.popleft() if events else None)
+    link = PeerLink(b"p" * 32, "a", "incoming", session)
     assert _asks2(link, asks[0]) == asks[:3]
     assert link.held is other and list(events) == [asks[3]]
     link.held = None
