@@ -18,7 +18,7 @@ it does issue are shared by the links that ask for the same rows of the same val
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from latticed.crdt import queue2
@@ -26,7 +26,7 @@ from latticed.crdt.core_errors import GapError
 from latticed.crdt.head import QueueKind, queue_id
 from latticed.crdt.queue2 import Delta, QueueState2
 from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, seeded
-from latticed.errors import MalformedError
+from latticed.errors import MalformedError, NotFoundError
 from latticed.net.core2_ahead import AheadPushes
 from latticed.net.core2_ahead import Miss as _Miss
 from latticed.net.core2_host import PendingMerge2
@@ -50,6 +50,9 @@ from latticed.storage.reader import StoreReader
 __all__ = ["ConvertMerge2", "EngineCore2Host", "MergeSteps2"]
 
 log = get_logger(__name__)
+
+#: What a read of our own store raises when a commit of ours took its rows or queue meanwhile.
+_OWN_RACES = (GapError, NotFoundError)
 
 
 class Core2Store(Protocol):
@@ -264,6 +267,52 @@ class EngineCore2Host:
 
         # id(state) names the value while the read runs: ``read`` holds it, so the id is not reused.
         return await self.reads.read((id(state), since, max_records, max_bytes), run)
+
+    async def delta2_many(
+        self, asks: Sequence[tuple[QueueKey, queue2.Summary | None, int]], max_bytes: int
+    ) -> list[Outgoing2 | Exception | None]:
+        """:meth:`delta2_for` of several queues (``(key, since, max_records)``), in order, with one read
+        transaction on one reader thread for those that need a read: a fresh replica of many small
+        queues asks a window of them at once, and a thread hand-off and transaction per queue was the
+        writer's serve cost that grew past the queue count (the window pass's profile). A queue whose
+        rows a commit of ours took meanwhile answers its ``GapError`` / ``NotFoundError`` in its place
+        (the caller reads it again alone); a read shared with another link, or a value not loaded,
+        goes :meth:`delta2_for`'s way."""
+        core2 = self.store.core2
+        answers: list[Outgoing2 | Exception | None] = [None] * len(asks)
+        reads: list[tuple[int, QueueState2, queue2.Summary | None, int]] = []
+        for i, (key, since, max_records) in enumerate(asks):
+            q = core2.lookup(*key)
+            state = None if q is None else core2.loaded(q)
+            if q is None or state is None or self.reads.reading((id(state), since, max_records, max_bytes)):
+                try:
+                    answers[i] = await self.delta2_for(key, since, max_records, max_bytes)
+                except _OWN_RACES as exc:
+                    answers[i] = exc
+                continue
+            now = self._from_ahead(q, state, since, max_records, max_bytes)
+            if now is None:
+                now = self._from_recent(q, state, since, max_records, max_bytes)
+            if now is not None:
+                answers[i] = now
+            else:
+                reads.append((i, state, since, max_records))
+        if not reads:
+            return answers
+
+        def read(reader: StoreReader) -> list[Outgoing2 | Exception]:
+            out: list[Outgoing2 | Exception] = []
+            for _, state, since, max_records in reads:
+                try:
+                    out.append(outgoing(reading_through(state, reader.rows), since, max_records, max_bytes))
+                except _OWN_RACES as exc:
+                    out.append(exc)
+            return out
+
+        got: list[Outgoing2 | Exception] = await self.store.bridge.read(read)
+        for (i, *_), answer in zip(reads, got, strict=True):
+            answers[i] = answer
+        return answers
 
     def delta2_now(
         self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int

@@ -983,7 +983,7 @@ class Gossip:
                     link.verifier_busy = True
                     to_verify.send_nowait(event)
                 elif isinstance(event, NeedDelta2):
-                    await self._provide2(link, event)
+                    await self._provide2(link, _asks2(link, event))
                 elif isinstance(event, Delta2Received):
                     if self.host2 is None or to_ack2 is None:
                         raise LocalProtocolError("a core-2 delta on a link without a core-2 host")
@@ -1011,19 +1011,33 @@ class Gossip:
                     await link.wakeup.wait()
             link.sleeping_until = -math.inf
 
-    async def _provide2(self, link: PeerLink, event: NeedDelta2) -> None:
+    async def _provide2(self, link: PeerLink, events: list[NeedDelta2]) -> None:
+        """Answer the link's asks ``events`` (the session's, in its order): with one read of the store
+        for all of them when the host reads several at once (``delta2_many``), else one at a time."""
         core2 = link.session.core2
         assert core2 is not None and self.host2 is not None
-        read = functools.partial(
-            self.host2.delta2_for, event.key, event.since, event.max_records, self.max_message_bytes // 2
-        )
-        try:
-            out = await read()
-        except _OWN_RACES as exc:
-            out = await self._read_again(link, event.key, read, exc)
-        core2.provide_delta(event.key, out)
-        if out is not None:
-            self.counters["deltas_out"] += 1
+        max_bytes = self.max_message_bytes // 2
+        many = getattr(self.host2, "delta2_many", None)
+        answers: list[Outgoing2 | Exception | None] | None = None
+        if many is not None and len(events) > 1:
+            with contextlib.suppress(*_OWN_RACES):  # then one at a time, each read again as it races
+                answers = await many([(e.key, e.since, e.max_records) for e in events], max_bytes)
+        for i, event in enumerate(events):
+            read = functools.partial(
+                self.host2.delta2_for, event.key, event.since, event.max_records, max_bytes
+            )
+            try:
+                if answers is None:
+                    out = await read()
+                elif isinstance(answer := answers[i], Exception):
+                    raise answer
+                else:
+                    out = answer
+            except _OWN_RACES as exc:
+                out = await self._read_again(link, event.key, read, exc)
+            core2.provide_delta(event.key, out)
+            if out is not None:
+                self.counters["deltas_out"] += 1
 
     async def _read_again(
         self, link: PeerLink, key: QueueKey, read: Callable[[], Awaitable[_Read | None]], exc: Exception
@@ -1514,6 +1528,26 @@ def _hello_incarnation(message: bytes) -> bytes | None:
 def _waits_for(previous: PendingMerge, event: DeltaReceived) -> bool:
     """Whether ``event``'s merge goes in only once ``previous`` is stored (see :meth:`Gossip._verifier`)."""
     return previous.ahead is None and len(event.delta.records) <= SERIAL_MERGE_RECORDS
+
+
+#: Asks for core-2 deltas answered with one read at most (the session asks at most ``window`` at once).
+ASKS2_AT_ONCE = 32
+
+
+def _asks2(link: PeerLink, first: NeedDelta2) -> list[NeedDelta2]:
+    """``first`` and the asks for deltas that follow it in the session's events, in order (at most
+    :data:`ASKS2_AT_ONCE`): answered together, with one read. The first other event is left for the
+    driver's next turn (``link.held``), so the events are handled in the order they came."""
+    asks = [first]
+    while len(asks) < ASKS2_AT_ONCE and link.held is None:
+        event = link.session.next_event()
+        if event is None:
+            break
+        if type(event) is not NeedDelta2:
+            link.held = event
+            break
+        asks.append(event)
+    return asks
 
 
 def _take_event(link: PeerLink) -> Event | Core2Event | None:

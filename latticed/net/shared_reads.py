@@ -45,6 +45,10 @@ class SharedReads(Generic[K, T]):
         """Reads running now (a test's and a probe's view: 0 once every read ended)."""
         return len(self._pending)
 
+    def reading(self, key: K) -> bool:
+        """Whether a read of ``key`` is in flight now (an asker would share it)."""
+        return key in self._pending
+
     async def read(self, key: K, read: Callable[[], Awaitable[T]]) -> T:
         """``read()``'s answer, or the one of the read of ``key`` in flight now."""
         while (pending := self._pending.get(key)) is not None:

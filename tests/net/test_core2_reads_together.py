@@ -1,0 +1,120 @@
+"""A window of asks for core-2 deltas answered with one read (issue 28, many queues): a fresh replica of
+many small queues asks a writer for a window of them at once, and a reader-thread hand-off and read
+transaction per queue was the writer's serve cost that grew past the queue count. The answers are the
+ones a read per queue gives, in the session's order; one whose rows a commit of ours took meanwhile is
+read again alone, as before."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from latticed.crdt.records import Record, make_record
+from latticed.crdt.signing import Identity
+from latticed.errors import GapError
+from latticed.net.core2_engine_host import EngineCore2Host
+from latticed.net.gossip import Gossip, PeerLink, _asks2
+from latticed.net.replication_service import EngineHost
+from latticed.protocol.core2_session import Delta2Received, NeedDelta2
+from latticed.protocol.core2_steps import Outgoing2
+from latticed.storage.engine import Engine
+
+ALICE = Identity.from_seed(b"a" * 32)
+NOW = 1_700_000_000_000
+
+
+def rec(tag: str, i: int) -> Record:
+    return make_record(f"{tag}{i}".encode(), timestamp=NOW + i)
+
+
+def key(name: str) -> tuple[bytes, str, int]:
+    return (ALICE.public_key, name, 0)
+
+
+async def test_a_window_of_asks_is_one_read_and_answers_as_a_read_per_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Engine.open(tmp_path, ALICE) as e:
+        names = [f"q{i:02d}" for i in range(20)]
+        for n, name in enumerate(names):
+            q = await e.core2.create(name)
+            await e.core2.commit(q, [rec(name, i) for i in range(5 + n % 3)])
+        host = EngineCore2Host(e)
+        reads: list[object] = []
+        read = e.bridge.read
+
+        async def counted(fn: Any) -> Any:
+            reads.append(fn)
+            return await read(fn)
+
+        monkeypatch.setattr(e.bridge, "read", counted)
+        held = host.summaries2()
+        asks = [(key(name), None, 4096) for name in names]  # from nothing: a fresh replica
+        answers = await host.delta2_many(asks, 1 << 20)
+        assert len(reads) == 1
+        reads.clear()
+        for (k, since, max_records), answer in zip(asks, answers, strict=True):
+            alone = await host.delta2_for(k, since, max_records, 1 << 20)
+            assert isinstance(answer, Outgoing2) and alone is not None
+            assert list(answer.delta.records) == list(alone.delta.records)
+            assert dataclasses.replace(answer.delta, records=()) == dataclasses.replace(
+                alone.delta, records=()
+            )
+            assert (answer.steps, answer.implied) == (alone.steps, alone.implied)
+        assert len(reads) == len(asks)
+        assert [len(a.delta.records) for a in answers if isinstance(a, Outgoing2)] == [
+            5 + n % 3 for n in range(20)
+        ]
+        unknown = await host.delta2_many(
+            [(key("nope"), None, 10), (key(names[0]), held[key(names[0])].core, 10)], 1
+        )
+        assert unknown[0] is None
+
+
+async def test_a_raced_answer_is_read_again_alone_and_the_others_go_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link driver (``Gossip._provide2``): a window's answers provided in the session's order; one that
+    raced a commit of ours (``GapError`` in its place) is read again alone (``_read_again``), not a
+    closed link."""
+    async with Engine.open(tmp_path, ALICE) as e:
+        for name in ("a", "b", "c"):
+            q = await e.core2.create(name)
+            await e.core2.commit(q, [rec(name, i) for i in range(3)])
+        host2 = EngineCore2Host(e)
+        many = host2.delta2_many
+
+        async def b_raced(asks: Any, max_bytes: int) -> list[Any]:
+            answers = await many(asks, max_bytes)
+            answers[1] = GapError("rows of b moved meanwhile")
+            return answers
+
+        monkeypatch.setattr(host2, "delta2_many", b_raced)
+        gossip = Gossip(EngineHost(e), ALICE.public_key, host2=host2)
+        provided: list[tuple[tuple[bytes, str, int], int]] = []
+        core2 = SimpleNamespace(provide_delta=lambda k, out: provided.append((k, len(out.delta.records))))
+        link = PeerLink(b"p" * 32, "10.0.0.2:7000", "incoming", SimpleNamespace(core2=core2))  # type: ignore[arg-type]
+        await gossip._provide2(link, [NeedDelta2(key(n), None, 100) for n in ("a", "b", "c")])
+        assert provided == [(key("a"), 3), (key("b"), 3), (key("c"), 3)]
+        assert gossip.counters["delta_reads_raced"] == 1
+        assert gossip.counters["deltas_out"] == 3
+
+
+def test_the_driver_takes_the_asks_in_a_row_and_leaves_the_next_event_for_its_next_turn() -> None:
+    asks = [NeedDelta2(key(f"q{i}"), None, 100) for i in range(40)]
+    other = Delta2Received(key("x"), 1, None)  # type: ignore[arg-type]  # only its place matters
+    events: deque[Any] = deque([*asks[1:3], other, asks[3]])
+    session: Any = SimpleNamespace(next_event=lambda: events.popleft() if events else None)
+    link = PeerLink(b"p" * 32, "a", "incoming", session)
+    assert _asks2(link, asks[0]) == asks[:3]
+    assert link.held is other and list(events) == [asks[3]]
+    link.held = None
+    events.clear()
+    events.extend(asks[1:])
+    taken = _asks2(link, asks[0])
+    assert taken == asks[:32] and link.held is None and len(events) == 8  # at most a window at once
