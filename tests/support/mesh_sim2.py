@@ -823,9 +823,8 @@ class MeshSim2(MeshSim):
         other threads fill its cores as the sleep ends (the bulks those waits were recorded in); with a
         core free the thread wakes on the box as any. Both draws are made as before (the streams stay)."""
         thread = node.disk_cpu
-        drawn = [
-            (self._fsync_rng.choice(FSYNC_SLEEP_US), self._fsync_rng.choice(FSYNC_WAIT_US)) for _ in range(runs)
-        ]
+        rng = self._fsync_rng
+        drawn = [(rng.choice(FSYNC_SLEEP_US), rng.choice(FSYNC_WAIT_US)) for _ in range(runs)]
 
         def run(i: int) -> None:
             if i == len(drawn):
