@@ -37,38 +37,50 @@ from support.mesh_sim import bulk
 
 from latticed.crdt import queue2
 from latticed.daemon import _tune_gc_threshold
-from latticed.protocol import core2_session, replication
+from latticed.protocol import core2_compact, core2_session, replication
 from latticed.protocol.handshake import Initiator, Responder
 from latticed.protocol.secure import SecureChannel
 
 #: Per operation, each timed call's (size, CPU seconds): size in bytes or records, as the cost is.
 Samples = dict[str, list[tuple[int, float]]]
+#: Per label, whether a timed call of it is running (the outermost call is the sample).
+_INSIDE: dict[str, list[bool]] = {}
 
 
 def _timed(
     samples: Samples, on: list[bool], owner: Any, name: str, label: str, size: Callable[..., int]
 ) -> None:
+    """Time each call of ``owner.name`` under ``label``; a call made inside another timed call of the same
+    label is that call's part, not a sample of its own (``_encode`` of a DELTA2 calls ``encode_delta``)."""
     fn = getattr(owner, name)
+    inside = _INSIDE.setdefault(label, [False])
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not on[0]:
+        if not on[0] or inside[0]:
             return fn(*args, **kwargs)
+        inside[0] = True
         began = time.thread_time()
-        out = fn(*args, **kwargs)
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            inside[0] = False
         samples[label].append((size(args, kwargs, out), time.thread_time() - began))
         return out
 
     setattr(owner, name, wrapper)
 
 
-def measure(draw: int) -> tuple[Samples, list[bytes]]:
-    """Every timed call of the simulator's bulk (draw ``draw``) and the messages its nodes received."""
+def measure(draw: int, records: int = 50_000) -> tuple[Samples, list[bytes]]:
+    """Every timed call of the simulator's bulk of ``records`` (draw ``draw``) and the messages its nodes
+    received."""
     samples: Samples = defaultdict(list)
     on = [False]
     received: list[bytes] = []
     originals = {
         (replication.ReplicationSession, "receive_message"): replication.ReplicationSession.receive_message,
         (core2_session.Core2Link, "_encode"): core2_session.Core2Link._encode,
+        (core2_compact.Compact2Link, "encode_delta"): core2_compact.Compact2Link.encode_delta,
+        (core2_session, "encode2"): core2_session.encode2,
         (mesh_sim2, "unpack_steps"): mesh_sim2.unpack_steps,
         (queue2, "verify_delta"): queue2.verify_delta,
         (queue2, "join_verified"): queue2.join_verified,
@@ -77,7 +89,11 @@ def measure(draw: int) -> tuple[Samples, list[bytes]]:
     _timed(
         samples, on, replication.ReplicationSession, "receive_message", "receive", lambda a, k, o: len(a[1])
     )
+    # every message sent: ``_send``'s ``_encode``, and a DELTA2 that ``provide_delta`` packs directly
+    # (relay27: the codec's ``encode_delta``, or ``encode2`` without the compact codec)
     _timed(samples, on, core2_session.Core2Link, "_encode", "encode", lambda a, k, o: len(o))
+    _timed(samples, on, core2_compact.Compact2Link, "encode_delta", "encode", lambda a, k, o: len(o))
+    _timed(samples, on, core2_session, "encode2", "encode", lambda a, k, o: len(o))
     _timed(samples, on, mesh_sim2, "unpack_steps", "unpack", lambda a, k, o: len(a[1].records))
     _timed(samples, on, queue2, "verify_delta", "verify", lambda a, k, o: len(a[1].records))
     _timed(samples, on, queue2, "join_verified", "join", lambda a, k, o: 0)
@@ -97,7 +113,7 @@ def measure(draw: int) -> tuple[Samples, list[bytes]]:
         _tune_gc_threshold()
         gc.freeze()
         on[0] = True
-        bulk(sim, 50_000, 100)
+        bulk(sim, records, 100)
         on[0] = False
     finally:
         for (owner, name), fn in originals.items():
@@ -132,7 +148,8 @@ def costs(samples: Samples) -> dict[str, float]:
     size = {k: sum(n for n, _ in v) for k, v in samples.items()}
     calls = {k: len(v) for k, v in samples.items()}
     message = _small(samples["receive"]) + _small(samples["open"])
-    cut = _small(samples["encode"]) + _small(samples["seal"])
+    small_encode, small_seal = _small(samples["encode"]), _small(samples["seal"])
+    cut = small_encode + small_seal
     records = size["verify"]
     per_record_bytes = size["receive"] / records  # the bulk's received bytes a record carried
     # the fixed part of a check: verify_delta's intercept over the deltas' sizes (one batch's signature)
@@ -144,8 +161,12 @@ def costs(samples: Samples) -> dict[str, float]:
         "message": message,
         "message_byte": (total["receive"] + total["open"] - calls["receive"] * message) / size["receive"],
         "cut": cut,
-        "cut_record": (total["encode"] + total["seal"] - calls["encode"] * cut)
-        / size["encode"]
+        # the rest of every sent message's encode and seal, per byte sent (the seals': every message once)
+        # at the bulk's bytes a record; each part's fixed cost by its own calls
+        "cut_record": (
+            total["encode"] + total["seal"] - calls["encode"] * small_encode - calls["seal"] * small_seal
+        )
+        / size["seal"]
         * per_record_bytes,
         "verify": verify,
         "verify_record": (total["unpack"] + total["verify"] - calls["verify"] * verify) / records,

@@ -527,3 +527,27 @@ def test_the_idle_balance_pull_is_drawn_from_the_measured_survival() -> None:
     assert sim.box.per_core is not None and sim.box.per_core.idle_chance == WAKE_IDLE_CHANCE
     assert sim.box.takes is not None and sim.box.preempt is None
     assert MeshSim2(8, draws=0).box.per_core is None
+
+
+def test_a_thread_woken_with_a_core_free_waits_its_idle_wake_first_and_not_on_a_full_box() -> None:
+    """``Box.idle_wake`` (``MeshSim2.idle_wake_wait``): a wake-up that finds a core free waits the drawn
+    time off the cores before it runs; one that finds both cores taken queues as before, no extra wait."""
+    clock, box = _slot_box(slice_s=0.1)
+    box.idle_wake = lambda: 0.002
+    woken = CpuThread()
+    box.wake(woken)
+    box.work(woken, 0.001)
+    done: list[float] = []
+    box.then(woken, lambda: done.append(clock.now))
+    clock.run()
+    assert done == [pytest.approx(0.003)]  # the 2-ms wait, then its 1 ms on a core
+
+    clock, box = _slot_box(slice_s=0.1)
+    box.idle_wake = lambda: 0.005  # (were it waited here: done at 7 ms)
+    first, second, late = CpuThread(), CpuThread(), CpuThread()
+    box.work(first, 0.004)
+    box.work(second, 0.004)
+    clock.at(0.001, lambda: (box.wake(late), box.work(late, 0.001)))
+    clock.at(0.001, lambda: box.then(late, lambda: done.append(clock.now)))
+    clock.run()
+    assert done[1:] == [pytest.approx(0.005)]  # queued behind the 4-ms runs, no idle wait on top

@@ -1150,3 +1150,36 @@ def test_a_woken_thread_takes_another_nodes_running_thread_with_its_roles_measur
     assert all(sim._wake_victim(CpuThread()) is None for _ in range(100))  # a burst's thread: no role
     off = MeshSim2(8, draws=0, wake_preempts=False)
     assert off.box.preempt is None
+
+
+def test_latency_from_the_call_adds_the_writers_call_and_commit_to_each_record() -> None:
+    """``latency_from_call``: bench_mesh times a record from its client's ``offer`` to the last daemon's
+    tail; the same draw measured so is each record's latency from its commit plus the writer's API call
+    and transaction (the draw is otherwise the same: the same records, hops and counts)."""
+    parts = []
+    for from_call in (False, True):
+        sim = MeshSim2(8, draws=0, latency_from_call=from_call)
+        warm_up(sim)
+        parts.append(live(sim, 5, 20))
+    committed, called = parts
+    assert committed.received == called.received
+    assert all(c > k for c, k in zip(called.last_latency, committed.last_latency, strict=True))
+    assert min(c - k for c, k in zip(called.last_latency, committed.last_latency, strict=True)) > 0.0003
+
+
+def test_with_fsync_waits_on_full_box_off_an_idle_boxs_commit_waits_no_drawn_run_queue_wait() -> None:
+    """``fsync_waits_on_full_box`` off: the drawn run-queue wait after each fsync sleep (recorded in
+    bulks, a mean of 1.2 ms) is waited only on a full box; at 5/s the writer's COMMIT is then its drawn
+    sleeps (at most 0.2 ms each) and CPU, with no wait of a full box in it."""
+    seconds = []
+    for on_full_box in (True, False):
+        sim = MeshSim2(8, draws=0, fsync_waits_on_full_box=on_full_box)
+        warm_up(sim)
+        writer = sim.node2(0)
+        began, commits = writer.commit_seconds - writer.pre_commit_seconds, writer.commits
+        live(sim, 5, 30)
+        took = writer.commit_seconds - writer.pre_commit_seconds - began
+        seconds.append(took / (writer.commits - commits))
+    always, full_only = seconds
+    assert full_only < 0.0015, seconds  # 3 sleeps of <= 0.2 ms, the COMMIT's CPU, wake-ups on a free box
+    assert always > full_only + 0.001, seconds  # three drawn waits, 1.2 ms each on average

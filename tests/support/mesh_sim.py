@@ -190,6 +190,10 @@ class Box:
         #: Per core: an idle spell's pull drawn (a token; None: no spell drawn); threads pulled so.
         self._spell: dict[int, object] = {}
         self.pulls = 0
+        #: With ``slice``: a thread woken while a core is free waits this (drawn) long before it queues
+        #: for one: what its wake-up costs beyond the simulated threads (an idle core's wake-up, others'
+        #: processes on the box). None: it runs at once.
+        self.idle_wake: Callable[[], float] | None = None
 
     def runnable(self) -> int:
         """Threads that want a core now: running, or woken and waiting for one."""
@@ -411,6 +415,11 @@ class Box:
             self.wakes += 1
             if thread in self.running:
                 self._leave(thread)
+            free = self.cores is not None and len(self.running) + len(self.queue) < self.cores
+            wait = self.idle_wake() if free and self.idle_wake is not None else 0.0
+            if wait > 0:
+                self._at(self._clock() + wait, lambda: self._woken(thread))
+                return
             self._place(thread)
             self._enqueue(thread)
         elif segment.pause is not None:
@@ -424,6 +433,11 @@ class Box:
         else:
             self._place(thread)
             self._enqueue(thread)
+
+    def _woken(self, thread: CpuThread) -> None:
+        """A thread woken on a box with a core free, its ``idle_wake`` wait over: it queues for a core."""
+        self._place(thread)
+        self._enqueue(thread)
 
     def _place(self, thread: CpuThread) -> None:
         """A thread woken: which core's queue it joins (:class:`PerCore`); nothing with one queue."""

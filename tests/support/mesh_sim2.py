@@ -434,6 +434,20 @@ class MeshSim2(MeshSim):
     #: double count: the writer's calls 17 ms against the daemons' 15-16, the bulk +8 %, and one draw's
     #: bulk past the HAVE linger (its lazy links' two HAVE2 rounds: HAVE2 +17 %). bench/RESULTS.md sim27.
     stalls_on_full_box: bool = False
+    #: With ``fsync_waits``, whether the run-queue wait drawn after each fsync sleep (``FSYNC_WAIT_US``,
+    #: recorded in bulks, on a full box) is waited on any box. False: only while the box's other threads
+    #: fill its cores as the sleep ends; with a core free the storage thread wakes on the box as any
+    #: thread (the live parts: the daemons' box mostly idle, a drawn wait's mean 1.2 ms three times a
+    #: COMMIT on the writer's path to every replica). bench/RESULTS.md sim27b.
+    fsync_waits_on_full_box: bool = True
+    #: Whether a record's latency (``PartResult.last_latency``) runs from the writer's API call, as
+    #: bench_mesh times it (the client's ``offer`` to the last daemon's tail), not from its commit there.
+    latency_from_call: bool = False
+    #: The mean run-queue wait of a thread woken while the box has a core free (seconds, drawn
+    #: exponentially a wake-up; ``Box.idle_wake``): the daemons' threads waited 0.33 ms a run in the live
+    #: 5/s part, their box mostly idle of them (bench_mesh ``--metrics``; bench/RESULTS.md sim27b), where
+    #: the simulated box runs such a thread at once. 0: none.
+    idle_wake_wait: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -442,6 +456,10 @@ class MeshSim2(MeshSim):
         self._preempt_rng = random.Random(f"wake-preempt {self.seed if self.draws is None else self.draws}")
         self._core_rng = random.Random(f"per-core {self.seed if self.draws is None else self.draws}")
         self._fsync_rng = random.Random(f"fsync {self.seed if self.draws is None else self.draws}")
+        if self.idle_wake_wait > 0 and self.box.slice is not None:
+            idle_rng = random.Random(f"idle wake {self.seed if self.draws is None else self.draws}")
+            mean = self.idle_wake_wait
+            self.box.idle_wake = lambda: idle_rng.expovariate(1.0 / mean)
         if self.per_core_queues and self.box.slice is not None:
             rng = self._core_rng
             self.box.per_core = PerCore(WAKE_IDLE_CHANCE, lambda: pull_delay(rng), rng)
@@ -542,6 +560,8 @@ class MeshSim2(MeshSim):
         with what waits, then told to every link by the store's change hook."""
         node = self.node2(0)
 
+        called = self.now
+
         def call() -> None:
             self._busy(node, self.costs.offer + self.costs.offer_record * count)
             self.box.then(node.cpu, handled)
@@ -561,7 +581,7 @@ class MeshSim2(MeshSim):
                 if self.track:
                     for offset in range(state.held[1] - count, state.held[1]):
                         node.hops[offset] = 0
-                        node.reached[offset] = self.now
+                        node.reached[offset] = called if self.latency_from_call else self.now
                 if then is not None:
                     then()
 
@@ -774,6 +794,9 @@ class MeshSim2(MeshSim):
                 self.box.move(node.cpu, node.disk_cpu)
             burst, sleep = cpu / (runs + 1), sync / runs
             self.box.work(node.disk_cpu, burst)
+            if self.fsync_waits and not self.fsync_waits_on_full_box:
+                self._fsync_runs(node, runs, burst, durable)
+                return
             for _ in range(runs):
                 if self.fsync_waits:  # the daemons' sleep and wait after it, drawn: off the box
                     drawn = self._fsync_rng.choice(FSYNC_SLEEP_US) + self._fsync_rng.choice(FSYNC_WAIT_US)
@@ -793,6 +816,34 @@ class MeshSim2(MeshSim):
             self._storage_work(y, work, synced, held, free, started)
         else:
             self.box.then(thread, synced)
+
+    def _fsync_runs(self, node: MeshNode2, runs: int, burst: float, durable: Callable[[], None]) -> None:
+        """The COMMIT's ``runs`` runs after a drawn fsync sleep each (``fsync_waits``), with
+        ``fsync_waits_on_full_box`` off: the drawn run-queue wait after the sleep only where the box's
+        other threads fill its cores as the sleep ends (the bulks those waits were recorded in); with a
+        core free the thread wakes on the box as any. Both draws are made as before (the streams stay)."""
+        thread = node.disk_cpu
+        rng = self._fsync_rng
+        drawn = [(rng.choice(FSYNC_SLEEP_US), rng.choice(FSYNC_WAIT_US)) for _ in range(runs)]
+
+        def run(i: int) -> None:
+            if i == len(drawn):
+                durable()
+                return
+            sleep_us, wait_us = drawn[i]
+            self.box.pause(thread, sleep_us * 1e-6)
+
+            def woke() -> None:
+                if self._box_full_without(thread):
+                    self.box.pause(thread, wait_us * 1e-6)
+                else:
+                    self.box.wake(thread)
+                self.box.work(thread, burst)
+                self.box.then(thread, lambda: run(i + 1))
+
+            self.box.then(thread, woke)
+
+        run(0)
 
     def _storage_work(
         self,
