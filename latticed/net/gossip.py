@@ -1027,13 +1027,13 @@ class Gossip:
             if many is not None and len(events) > 1:
                 with contextlib.suppress(*_OWN_RACES):  # then one at a time, each read again as it races
                     answers = await many([(e.key, e.since, e.max_records) for e in events], max_bytes)
-            answered = len(events) if answers is None else len(answers)
+            answered = len(events) if not answers else len(answers)  # (none: one at a time)
             for i, event in enumerate(events[:answered]):
                 read = functools.partial(
                     self.host2.delta2_for, event.key, event.since, event.max_records, max_bytes
                 )
                 try:
-                    if answers is None:
+                    if not answers:
                         out = await read()
                     elif isinstance(answer := answers[i], Exception):
                         raise answer
