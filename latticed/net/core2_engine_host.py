@@ -26,6 +26,7 @@ from latticed.crdt.core_errors import GapError
 from latticed.crdt.head import QueueKind, queue_id
 from latticed.crdt.queue2 import Delta, QueueState2
 from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, seeded
+from latticed.crdt.records import RecordRun
 from latticed.errors import MalformedError, NotFoundError
 from latticed.net.core2_ahead import AheadPushes
 from latticed.net.core2_ahead import Miss as _Miss
@@ -53,6 +54,14 @@ log = get_logger(__name__)
 
 #: What a read of our own store raises when a commit of ours took its rows or queue meanwhile.
 _OWN_RACES = (GapError, NotFoundError)
+
+
+def _payload_bytes(out: Outgoing2) -> int:
+    """The bytes of ``out``'s records as ``queue2.delta`` counts them against ``max_bytes``."""
+    records = out.delta.records
+    if type(records) is RecordRun:
+        return sum(map(len, records.values)) + sum(len(k) for k in records.keys if k is not None)
+    return sum(len(r.value) + len(r.key or b"") for r in records)
 
 
 class Core2Store(Protocol):
@@ -277,7 +286,9 @@ class EngineCore2Host:
         writer's serve cost that grew past the queue count (the window pass's profile). A queue whose
         rows a commit of ours took meanwhile answers its ``GapError`` / ``NotFoundError`` in its place
         (the caller reads it again alone); a read shared with another link, or a value not loaded,
-        goes :meth:`delta2_for`'s way."""
+        goes :meth:`delta2_for`'s way. The answers are those of a prefix of ``asks`` (at least one):
+        once the deltas read reach ``max_bytes`` (one ask's most) the rest are not read, and the caller
+        asks them again, so a batch holds at most about twice one delta, not one per ask (review27)."""
         core2 = self.store.core2
         answers: list[Outgoing2 | Exception | None] = [None] * len(asks)
         reads: list[tuple[int, QueueState2, queue2.Summary | None, int]] = []
@@ -302,17 +313,23 @@ class EngineCore2Host:
 
         def read(reader: StoreReader) -> list[Outgoing2 | Exception]:
             out: list[Outgoing2 | Exception] = []
+            size = 0
             for _, state, since, max_records in reads:
+                if out and size >= max_bytes:  # the byte budget of one batch: the rest asked again
+                    break
                 try:
-                    out.append(outgoing(reading_through(state, reader.rows), since, max_records, max_bytes))
+                    got = outgoing(reading_through(state, reader.rows), since, max_records, max_bytes)
                 except _OWN_RACES as exc:
                     out.append(exc)
+                    continue
+                size += _payload_bytes(got)
+                out.append(got)
             return out
 
         got: list[Outgoing2 | Exception] = await self.store.bridge.read(read)
-        for (i, *_), answer in zip(reads, got, strict=True):
+        for (i, *_), answer in zip(reads, got, strict=False):
             answers[i] = answer
-        return answers
+        return answers if len(got) == len(reads) else answers[: reads[len(got)][0]]
 
     def delta2_now(
         self, key: QueueKey, since: queue2.Summary | None, max_records: int, max_bytes: int

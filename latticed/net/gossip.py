@@ -983,7 +983,7 @@ class Gossip:
                     link.verifier_busy = True
                     to_verify.send_nowait(event)
                 elif isinstance(event, NeedDelta2):
-                    await self._provide2(link, _asks2(link, event))
+                    await self._provide2(link, _asks2(link, event), stream)
                 elif isinstance(event, Delta2Received):
                     if self.host2 is None or to_ack2 is None:
                         raise LocalProtocolError("a core-2 delta on a link without a core-2 host")
@@ -1011,33 +1011,42 @@ class Gossip:
                     await link.wakeup.wait()
             link.sleeping_until = -math.inf
 
-    async def _provide2(self, link: PeerLink, events: list[NeedDelta2]) -> None:
+    async def _provide2(
+        self, link: PeerLink, events: list[NeedDelta2], stream: SecureStream | None = None
+    ) -> None:
         """Answer the link's asks ``events`` (the session's, in its order): with one read of the store
-        for all of them when the host reads several at once (``delta2_many``), else one at a time."""
+        for all of them when the host reads several at once (``delta2_many``), else one at a time. A
+        read answers a prefix within its byte budget; the answers go out (``stream``) before the rest
+        are read, so a window of big deltas is not all held in memory at once, as one at a time."""
         core2 = link.session.core2
         assert core2 is not None and self.host2 is not None
         max_bytes = self.max_message_bytes // 2
         many = getattr(self.host2, "delta2_many", None)
-        answers: list[Outgoing2 | Exception | None] | None = None
-        if many is not None and len(events) > 1:
-            with contextlib.suppress(*_OWN_RACES):  # then one at a time, each read again as it races
-                answers = await many([(e.key, e.since, e.max_records) for e in events], max_bytes)
-        for i, event in enumerate(events):
-            read = functools.partial(
-                self.host2.delta2_for, event.key, event.since, event.max_records, max_bytes
-            )
-            try:
-                if answers is None:
-                    out = await read()
-                elif isinstance(answer := answers[i], Exception):
-                    raise answer
-                else:
-                    out = answer
-            except _OWN_RACES as exc:
-                out = await self._read_again(link, event.key, read, exc)
-            core2.provide_delta(event.key, out)
-            if out is not None:
-                self.counters["deltas_out"] += 1
+        while events:
+            answers: list[Outgoing2 | Exception | None] | None = None
+            if many is not None and len(events) > 1:
+                with contextlib.suppress(*_OWN_RACES):  # then one at a time, each read again as it races
+                    answers = await many([(e.key, e.since, e.max_records) for e in events], max_bytes)
+            answered = len(events) if not answers else len(answers)  # (none: one at a time)
+            for i, event in enumerate(events[:answered]):
+                read = functools.partial(
+                    self.host2.delta2_for, event.key, event.since, event.max_records, max_bytes
+                )
+                try:
+                    if not answers:
+                        out = await read()
+                    elif isinstance(answer := answers[i], Exception):
+                        raise answer
+                    else:
+                        out = answer
+                except _OWN_RACES as exc:
+                    out = await self._read_again(link, event.key, read, exc)
+                core2.provide_delta(event.key, out)
+                if out is not None:
+                    self.counters["deltas_out"] += 1
+            events = events[answered:]
+            if events and stream is not None:
+                await self._flush(stream, link)
 
     async def _read_again(
         self, link: PeerLink, key: QueueKey, read: Callable[[], Awaitable[_Read | None]], exc: Exception
