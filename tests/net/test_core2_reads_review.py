@@ -14,9 +14,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.alice_records import ALICE, NOW, key, rec
 
-from latticed.crdt.records import Record, make_record
-from latticed.crdt.signing import Identity
+from latticed.crdt.records import make_record
 from latticed.errors import GapError, MalformedError, NotFoundError
 from latticed.net.core2_engine_host import EngineCore2Host
 from latticed.net.gossip import Gossip, PeerLink
@@ -24,17 +24,6 @@ from latticed.net.replication_service import EngineHost
 from latticed.protocol.core2_session import NeedDelta2
 from latticed.protocol.core2_steps import Outgoing2, outgoing
 from latticed.storage.engine import Engine
-
-ALICE = Identity.from_seed(b"a" * 32)
-NOW = 1_700_000_000_000
-
-
-def rec(tag: str, i: int) -> Record:
-    return make_record(f"{tag}{i}".encode(), timestamp=NOW + i)
-
-
-def key(name: str) -> tuple[bytes, str, int]:
-    return (ALICE.public_key, name, 0)
 
 
 def same(a: Any, b: Any) -> bool:

@@ -13,9 +13,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.alice_records import ALICE, key, rec
 
-from latticed.crdt.records import Record, make_record
-from latticed.crdt.signing import Identity
 from latticed.errors import GapError
 from latticed.net.core2_engine_host import EngineCore2Host
 from latticed.net.gossip import Gossip, PeerLink, _asks2
@@ -23,17 +22,6 @@ from latticed.net.replication_service import EngineHost
 from latticed.protocol.core2_session import Delta2Received, NeedDelta2
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.storage.engine import Engine
-
-ALICE = Identity.from_seed(b"a" * 32)
-NOW = 1_700_000_000_000
-
-
-def rec(tag: str, i: int) -> Record:
-    return make_record(f"{tag}{i}".encode(), timestamp=NOW + i)
-
-
-def key(name: str) -> tuple[bytes, str, int]:
-    return (ALICE.public_key, name, 0)
 
 
 async def test_a_window_of_asks_is_one_read_and_answers_as_a_read_per_queue(
