@@ -24,7 +24,7 @@ from latticed.net.core2_ahead import AheadPushes
 from latticed.protocol.core2_compact import REPEAT_HEADERS
 from latticed.protocol.core2_session import Core2Link, Delta2Received, NeedDelta2
 from latticed.protocol.core2_steps import outgoing
-from latticed.protocol.core2_wire import CACKS2, CDELTA2, CORE2_NAMES, DELTA2, link_summary
+from latticed.protocol.core2_wire import CACKS2, CDELTA2, CORE2_NAMES, DELTA2, Summary2, link_summary
 from latticed.protocol.replication_messages import QueueKey, unpack_message
 from latticed.protocol.versions import HEADS_V2, WINDOW2
 from latticed.storage.jobs import Job
@@ -112,23 +112,23 @@ def relay(features: frozenset[str], per_commit: int) -> dict[str, list[str]]:
                 link.local_update(KEY, committed)
                 if not _quiet(link):
                     seen["noise"].append("commit")
-            for seq in held:  # then the commit's ACKs upstream, each once durable
-                b_up.delta_applied(seq, committed, True)
-            held.clear()
-            acks = b_up.messages_to_send()
-            seen["up_out"] += _kinds(acks)
-            for m in acks:
-                a.receive(unpack_message(m))
-            for seq in at_d:  # D's commit of the same pushes, its ACKs back to B
-                d.delta_applied(seq, committed, True)
-            at_d.clear()
-            back = d.messages_to_send()
-            seen["down_in"] += _kinds(back)
-            for m in back:
-                b_down.receive(unpack_message(m))
+            seen["up_out"] += _acked(b_up, a, held, committed)  # the commit's ACKs upstream, once durable
+            seen["down_in"] += _acked(d, b_down, at_d, committed)  # D's commit of them, its ACKs back to B
             pass_on()
             seen["noise"] += _kinds(b_up.messages_to_send())
     return seen
+
+
+def _acked(sender: Core2Link, receiver: Core2Link, seqs: list[int], committed: Summary2) -> list[str]:
+    """``sender`` acknowledges the deltas ``seqs`` as durable at ``committed`` (emptying ``seqs``),
+    ``receiver`` takes its messages; their kinds."""
+    for seq in seqs:
+        sender.delta_applied(seq, committed, True)
+    seqs.clear()
+    out = sender.messages_to_send()
+    for m in out:
+        receiver.receive(unpack_message(m))
+    return _kinds(out)
 
 
 @pytest.mark.parametrize("per_commit", [1, 3, 4])
