@@ -306,8 +306,9 @@ class Core2Queues:
     def write(self) -> None:
         """Write the staged changes in the writer's open transaction."""
         store = self.store
-        for q, row in self._new.items():
-            core2_store.insert(store, q, self._staged[q].before, row.created_ms)
+        if self._new:
+            new = [(q, self._staged[q].before, row.created_ms) for q, row in self._new.items()]
+            core2_store.insert_many(store, new)
         for q in self._converting:
             core2_store.adopt(store, q, self._staged[q].before)
         for q, staged in self._staged.items():
@@ -327,10 +328,10 @@ class Core2Queues:
             Change2(q, None) for q in self._drops
         ]
 
-    def publish(self) -> list[Change2]:
-        """After the transaction committed: the written values become the committed ones; returns the
-        queues that changed."""
-        changes = self.changes()
+    def publish(self) -> None:
+        """After the transaction committed: the written values become the committed ones. The changes
+        are the writer's to take first (:meth:`changes`), once a batch: built here again, they cost a
+        second object a queue written (a fresh replica's batches write thousands)."""
         for q, row in self._new.items():
             self._rows[q] = row
             self._by_qid[row.queue_id] = q
@@ -348,4 +349,3 @@ class Core2Queues:
             self.corrupt.forget(q)  # dropped: no longer named by doctor
         self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
         self._converting = {}
-        return changes

@@ -198,15 +198,23 @@ def evidence(conn: sqlite3.Connection, q: int) -> Evidence:
 # ---------------------------------------------------------------------- writing (caller's transaction)
 def insert(store: Store, q: int, state: QueueState2, created_ms: int) -> None:
     """Add a new core-2 queue's rows (``state`` empty); its value is then written by :func:`persist`."""
+    insert_many(store, [(q, state, created_ms)])
+
+
+def insert_many(store: Store, new: Sequence[tuple[int, QueueState2, int]]) -> None:
+    """:func:`insert` for each of ``new`` (q, empty state, created ms): one statement a table for the
+    batch, as a fresh replica's batch creates thousands of queues."""
     conn = store.connection
-    conn.execute(
+    conn.executemany(
         "INSERT INTO queues (q, qid, owner, name, kind, created_ms, core) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (q, state.queue_id, state.owner, state.name, state.kind, created_ms, CORE2),
+        [(q, s.queue_id, s.owner, s.name, s.kind, created_ms, CORE2) for q, s, created_ms in new],
     )
-    c = state.chains
-    conn.execute(
+    conn.executemany(
         "INSERT INTO queue2 (q, epoch, held_end, start_head, tips, meta) VALUES (?, ?, ?, ?, ?, ?)",
-        (q, c.epoch, c.held_end, None, _encode_tips(c.tips), encode_meta(state.meta)),
+        [
+            (q, s.chains.epoch, s.chains.held_end, None, _encode_tips(s.chains.tips), encode_meta(s.meta))
+            for q, s, _ in new
+        ],
     )
 
 
