@@ -63,7 +63,7 @@ __all__ = [
     "drop",
     "evidence",
     "index",
-    "insert",
+    "insert_many",
     "load",
     "persist",
 ]
@@ -196,25 +196,18 @@ def evidence(conn: sqlite3.Connection, q: int) -> Evidence:
 
 
 # ---------------------------------------------------------------------- writing (caller's transaction)
-def insert(store: Store, q: int, state: QueueState2, created_ms: int) -> None:
-    """Add a new core-2 queue's rows (``state`` empty); its value is then written by :func:`persist`."""
-    insert_many(store, [(q, state, created_ms)])
-
-
 def insert_many(store: Store, new: Sequence[tuple[int, QueueState2, int]]) -> None:
-    """:func:`insert` for each of ``new`` (q, empty state, created ms): one statement a table for the
-    batch, as a fresh replica's batch creates thousands of queues."""
+    """Add new core-2 queues' rows (``new``: q, empty state, created ms; each value is then written by
+    :func:`persist`): one statement a table for the batch, as a fresh replica's batch creates thousands."""
     conn = store.connection
     conn.executemany(
         "INSERT INTO queues (q, qid, owner, name, kind, created_ms, core) VALUES (?, ?, ?, ?, ?, ?, ?)",
         [(q, s.queue_id, s.owner, s.name, s.kind, created_ms, CORE2) for q, s, created_ms in new],
     )
+    rows = [(q, s.chains, encode_meta(s.meta)) for q, s, _ in new]
     conn.executemany(
         "INSERT INTO queue2 (q, epoch, held_end, start_head, tips, meta) VALUES (?, ?, ?, ?, ?, ?)",
-        [
-            (q, s.chains.epoch, s.chains.held_end, None, _encode_tips(s.chains.tips), encode_meta(s.meta))
-            for q, s, _ in new
-        ],
+        [(q, c.epoch, c.held_end, None, _encode_tips(c.tips), meta) for q, c, meta in rows],
     )
 
 

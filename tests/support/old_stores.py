@@ -15,7 +15,7 @@ def queue_rows(store: Store, q: int, state: QueueState2, now_ms: int) -> None:
     """Begin a transaction and write ``state``'s queue row (number ``q``) and entries into it."""
     empty = queue2.empty_state(state.owner, state.name, state.kind)
     store.begin()
-    core2_store.insert(store, q, empty, now_ms)
+    core2_store.insert_many(store, [(q, empty, now_ms)])
     store.write_entries(q, StoredEntries(store.rows, q, 0, 0), state.entries, state.held[0])
     c = state.chains
     assert c.start_head is not None
