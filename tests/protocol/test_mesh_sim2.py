@@ -1183,3 +1183,28 @@ def test_with_fsync_waits_on_full_box_off_an_idle_boxs_commit_waits_no_drawn_run
     always, full_only = seconds
     assert full_only < 0.0015, seconds  # 3 sleeps of <= 0.2 ms, the COMMIT's CPU, wake-ups on a free box
     assert always > full_only + 0.001, seconds  # three drawn waits, 1.2 ms each on average
+
+
+def test_the_loop_pays_its_own_work_a_delta2_received_and_sent_whatever_its_size() -> None:
+    """``Costs.delta_loop``/``send_loop``: a daemon's event loop spends about as much a DELTA2 around the
+    timed sans-IO parts (trio's wake-up and steps, the socket, the ahead check's and completion's Python)
+    whatever its records (bench/RESULTS.md sim27c). Each node's CPU over a live part then holds that much a
+    DELTA2 it received and sent; without them it does not."""
+    charge = 0.002
+    for cost in (0.0, charge):
+        costs = dataclasses.replace(MeshSim2(8).costs, delta_loop=cost, send_loop=cost)
+        sim = MeshSim2(8, draws=0, costs=costs)
+        warm_up(sim)
+        work = [node.cpu_work for node in sim.nodes]
+        got = [node.received["delta2"] for node in sim.nodes]
+        sent = dict(sim.link_deltas)
+        live(sim, 5, 20)
+        owed = []
+        for node, before, had in zip(sim.nodes, work, got, strict=True):
+            passed = sum(n - sent.get(link, 0) for link, n in sim.link_deltas.items() if link[0] == node.name)
+            owed.append((node.cpu_work - before, charge * (node.received["delta2"] - had + passed)))
+        assert all(delta2s > 0 for _, delta2s in owed), owed
+        if cost:
+            assert all(spent >= delta2s for spent, delta2s in owed), owed
+        else:
+            assert all(spent < delta2s for spent, delta2s in owed), owed

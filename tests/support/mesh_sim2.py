@@ -1060,7 +1060,7 @@ class MeshSim2(MeshSim):
                     self._read2_then(y, x, event.key, out, (loaded, event.since, event.max_records))
                     break
                 if out is not None:
-                    self._busy(node, costs.cut + costs.cut_record * len(out.delta.records))
+                    self._busy(node, costs.cut + costs.send_loop + costs.cut_record * len(out.delta.records))
                 core2.provide_delta(event.key, out)
             elif isinstance(event, Delta2Received):
                 node.received["copies"] += len(event.delta.records)
@@ -1186,7 +1186,7 @@ class MeshSim2(MeshSim):
 
         def provide(link: int) -> None:
             node.reading.discard(link)
-            self._busy(node, self.costs.cut + self.costs.cut_record * count)
+            self._busy(node, self.costs.cut + self.costs.send_loop + self.costs.cut_record * count)
             core2 = node.sessions[link].core2
             assert core2 is not None
             core2.provide_delta(key, out)
