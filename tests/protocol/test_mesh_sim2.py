@@ -15,6 +15,8 @@ from support import core2_sim
 from support.core2_sim import Core2Network
 from support.mesh_sim import Costs, CpuThread, bulk, counted_name, live
 from support.mesh_sim2 import (
+    CORE2_COSTS,
+    CORE2_LOOP_COSTS,
     FSYNC_SLEEP_US,
     FSYNC_WAIT_US,
     GROUP_COMMIT_S,
@@ -1183,3 +1185,53 @@ def test_with_fsync_waits_on_full_box_off_an_idle_boxs_commit_waits_no_drawn_run
     always, full_only = seconds
     assert full_only < 0.0015, seconds  # 3 sleeps of <= 0.2 ms, the COMMIT's CPU, wake-ups on a free box
     assert always > full_only + 0.001, seconds  # three drawn waits, 1.2 ms each on average
+
+
+def test_the_loop_pays_its_own_work_a_delta2_received_and_sent_whatever_its_size() -> None:
+    """``Costs.delta_loop``/``send_loop``: a daemon's event loop spends about as much a DELTA2 around the
+    timed sans-IO parts (trio's wake-up and steps, the socket, the ahead check's and completion's Python)
+    whatever its records (bench/RESULTS.md sim27c). Each node's CPU over a live part then holds that much a
+    DELTA2 it received and sent; without them it does not."""
+    charge = 0.002
+    for cost in (0.0, charge):
+        costs = dataclasses.replace(CORE2_COSTS, delta_loop=cost, send_loop=cost)
+        sim = MeshSim2(8, draws=0, costs=costs)
+        warm_up(sim)
+        work = [node.cpu_work for node in sim.nodes]
+        got = [node.received["delta2"] for node in sim.nodes]
+        sent = dict(sim.link_deltas)
+        live(sim, 5, 20)
+        owed = []
+        for node, before, had in zip(sim.nodes, work, got, strict=True):
+            passed = sum(n - sent.get(link, 0) for link, n in sim.link_deltas.items() if link[0] == node.name)
+            owed.append((node.cpu_work - before, charge * (node.received["delta2"] - had + passed)))
+        assert all(delta2s > 0 for _, delta2s in owed), owed
+        if cost:
+            assert all(spent >= delta2s for spent, delta2s in owed), owed
+        else:
+            assert all(spent < delta2s for spent, delta2s in owed), owed
+
+
+def test_with_the_loops_costed_a_relays_loop_spends_what_the_daemons_do_a_live_record() -> None:
+    """bench_mesh ``--metrics`` at N = 8, live 100/s: a relay's event loop spent 0.77-1.14 ms of CPU a record
+    (bench/RESULTS.md sim27b, sim27c; eight runs), where ``CORE2_COSTS`` charge its steps ~0.07 ms. With
+    ``CORE2_LOOP_COSTS`` the simulated relays' loops spend 0.6-1.2 ms a record."""
+    means = []
+    for costs in (CORE2_COSTS, CORE2_LOOP_COSTS):
+        sim = MeshSim2(8, draws=0, costs=costs)
+        warm_up(sim)
+        spent = [0.0] * 8
+        busy = sim._busy
+
+        def counted(node: Any, cost: float, role: str = "loop", busy: Any = busy, spent: Any = spent) -> None:
+            before = node.cpu_work
+            busy(node, cost, role)
+            if role == "loop":
+                spent[node.name] += node.cpu_work - before
+
+        sim._busy = counted  # type: ignore[method-assign]
+        live(sim, 100, 200)
+        means.append(sum(spent[1:]) / 7 / 200)
+    sans_io, costed = means
+    assert sans_io < 0.00015, means
+    assert 0.0006 <= costed <= 0.0012, means

@@ -803,6 +803,12 @@ class Costs:
     #: for it; one of the last commit's records only is cut in memory (``storage/live.py`` ``pushed_delta``).
     read: float = 0.0005
     read_record: float = 0.0000005
+    #: The event loop's own work per DELTA2 received, whatever its size, beyond ``message`` and ``verify``
+    #: (the sans-IO parts timed in-process): trio's wake-up and task steps, the socket's read, the ahead
+    #: check's and the completion's Python around them. 0: none (core 1's calibration had none).
+    delta_loop: float = 0.0
+    #: ... and per DELTA2 sent, beyond ``cut`` (the pass-on's ``local_change2``, the write).
+    send_loop: float = 0.0
     #: Each CPU step takes its cost times a seeded draw from [1 - jitter, 1 + jitter]: N daemons share
     #: the box's cores, and the scheduler decides which relay's copy wins a race.
     jitter: float = 0.5
@@ -1150,7 +1156,8 @@ class MeshSim:
             self.link_deltas[(x, y)] += 1
         node.received[name] += 1
         node.received[name + "_bytes"] += len(message)
-        self._busy(node, self.costs.message + self.costs.message_byte * len(message))
+        cost = self.costs.message + self.costs.message_byte * len(message)
+        self._busy(node, cost + self.costs.delta_loop if name == "delta2" else cost)
         node.sessions[x].receive_message(message, self.now)
         self._drive(y, x)
 

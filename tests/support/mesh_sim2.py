@@ -83,7 +83,7 @@ from latticed.storage.writer import _RECENT_S as WRITERS_SEEN_S
 from latticed.storage.writer import MERGE_LINGER_JOBS, MERGE_LINGER_S
 from support.mesh_sim import Costs, CpuThread, MeshNode, MeshSim, PerCore, _Job
 
-__all__ = ["CORE2_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
+__all__ = ["CORE2_COSTS", "CORE2_LOOP_COSTS", "MeshNode2", "MeshSim2", "warm_up"]
 
 #: ``group_commit_ms`` as a daemon has it unless configured (``storage/writer.py`` ``_collect``).
 GROUP_COMMIT_S = {f.name: f.default for f in dataclasses.fields(DaemonConfig)}["group_commit_ms"] / 1000
@@ -260,6 +260,19 @@ CORE2_COSTS = Costs(
     commit_cpu=0.00024,  # the COMMIT's CPU: 0.24 ms ...
     commit_cpu_record=0.00000018,  # ... and 0.18 us a record
     commit_runs=3,  # in 3 runs of the storage thread after the one it began in
+)
+
+#: :data:`CORE2_COSTS` with the event loops' own work a DELTA2 (bench/RESULTS.md sim27c): a relay's live
+#: turn in-process (``bench_relay_turn --wire --storage --pause 10``: decode 197, check 264, complete 90,
+#: pass-on 87 and D's ACK 23 us a record, where ``message`` + ``verify`` and ``cut`` charge ~65 and ~9) and
+#: the daemons' loops (bench_mesh ``--metrics``: 0.77-1.14 ms a live record at a relay at 100/s, 53-119
+#: ms a 50k bulk where the model charged ~44): ``delta_loop`` 0.7 ms a DELTA2 received, ``send_loop`` 0.1 ms
+#: one sent; with them sim27's storage fit of the twelve bulks (``merge`` 0.754 ms, ``commit_record``
+#: 0.405 us), which the loops' CPU had stood in for. Not the default: with the old loop stalls (per CPU
+#: second, fitted to sim23c's 37-81 ms tail) a 0.7-ms step stalls often and the live latency triples;
+#: without them the bulk is 10 % short (sim27c's table).
+CORE2_LOOP_COSTS = dataclasses.replace(
+    CORE2_COSTS, delta_loop=0.0007, send_loop=0.0001, merge=0.000754, commit_record=0.000000405
 )
 
 
@@ -1060,7 +1073,7 @@ class MeshSim2(MeshSim):
                     self._read2_then(y, x, event.key, out, (loaded, event.since, event.max_records))
                     break
                 if out is not None:
-                    self._busy(node, costs.cut + costs.cut_record * len(out.delta.records))
+                    self._busy(node, costs.cut + costs.send_loop + costs.cut_record * len(out.delta.records))
                 core2.provide_delta(event.key, out)
             elif isinstance(event, Delta2Received):
                 node.received["copies"] += len(event.delta.records)
@@ -1186,7 +1199,7 @@ class MeshSim2(MeshSim):
 
         def provide(link: int) -> None:
             node.reading.discard(link)
-            self._busy(node, self.costs.cut + self.costs.cut_record * count)
+            self._busy(node, self.costs.cut + self.costs.send_loop + self.costs.cut_record * count)
             core2 = node.sessions[link].core2
             assert core2 is not None
             core2.provide_delta(key, out)
