@@ -688,6 +688,21 @@ def _sliced_costs(**costs: float) -> Costs:
     )
 
 
+def _pauses_of_busy_steps(sim: MeshSim2, node: MeshNode2, step: float, steps: int = 2000) -> int:
+    """How many of ``steps`` loop steps of ``step`` s on ``node`` the box pauses (a drawn stall each)."""
+    paused = [0]
+    pause = sim.box.pause
+
+    def counted(thread: CpuThread, seconds: float) -> None:
+        paused[0] += thread is node.cpu
+        pause(thread, seconds)
+
+    sim.box.pause = counted  # type: ignore[method-assign]
+    for _ in range(steps):
+        sim._busy(node, step)
+    return paused[0]
+
+
 def _keep_both_cores_busy(sim: MeshSim2) -> None:
     """Two threads of another process keep both of ``sim``'s cores 50 ms: what the node asks for next
     waits in the run queue for a slice's end."""
@@ -892,18 +907,7 @@ def test_a_loop_step_stalls_with_a_chance_per_unit_of_its_core_time() -> None:
     def stalls(step: float, rate: float | None) -> int:
         costs = Costs(jitter=0.0, cores=None, wake=0.0, stall_chance=0.015, stall=0.01, stall_per_cpu_s=rate)
         sim = MeshSim2(2, costs=costs)
-        node = sim.node2(1)
-        paused = [0]
-        pause = sim.box.pause
-
-        def counted(thread: CpuThread, seconds: float) -> None:
-            paused[0] += thread is node.cpu
-            pause(thread, seconds)
-
-        sim.box.pause = counted  # type: ignore[method-assign]
-        for _ in range(2000):
-            sim._busy(node, step)
-        return paused[0]
+        return _pauses_of_busy_steps(sim, sim.node2(1), step)
 
     assert stalls(0.000008, STALL_PER_CPU_S) < 15  # expected 6
     assert 220 < stalls(0.0004, STALL_PER_CPU_S) < 340  # expected 277
@@ -924,17 +928,7 @@ def test_with_stalls_on_full_box_off_a_step_stalls_only_where_the_box_has_a_core
         if full:
             _keep_both_cores_busy(sim)
         assert sim._box_full_without(node.cpu) is full
-        paused = [0]
-        pause = sim.box.pause
-
-        def counted(thread: CpuThread, seconds: float) -> None:
-            paused[0] += thread is node.cpu
-            pause(thread, seconds)
-
-        sim.box.pause = counted  # type: ignore[method-assign]
-        for _ in range(2000):
-            sim._busy(node, 0.0004)
-        return paused[0]
+        return _pauses_of_busy_steps(sim, node, 0.0004)
 
     assert 220 < stalls(full=False, on_full=False) < 340  # expected 277, as on
     assert stalls(full=True, on_full=False) == 0
