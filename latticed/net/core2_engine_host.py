@@ -24,9 +24,9 @@ from typing import Protocol
 from latticed.crdt import queue2
 from latticed.crdt.core_errors import GapError
 from latticed.crdt.head import QueueKind, queue_id
+from latticed.crdt.queue.deltas import payload_bytes
 from latticed.crdt.queue2 import Delta, QueueState2
 from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, seeded
-from latticed.crdt.records import RecordRun
 from latticed.errors import MalformedError, NotFoundError
 from latticed.net.core2_ahead import AheadPushes
 from latticed.net.core2_ahead import Miss as _Miss
@@ -54,14 +54,6 @@ log = get_logger(__name__)
 
 #: What a read of our own store raises when a commit of ours took its rows or queue meanwhile.
 _OWN_RACES = (GapError, NotFoundError)
-
-
-def _payload_bytes(out: Outgoing2) -> int:
-    """The bytes of ``out``'s records as ``queue2.delta`` counts them against ``max_bytes``."""
-    records = out.delta.records
-    if type(records) is RecordRun:
-        return sum(map(len, records.values)) + sum(len(k) for k in records.keys if k is not None)
-    return sum(len(r.value) + len(r.key or b"") for r in records)
 
 
 class Core2Store(Protocol):
@@ -322,7 +314,7 @@ class EngineCore2Host:
                 except _OWN_RACES as exc:
                     out.append(exc)
                     continue
-                size += _payload_bytes(got)
+                size += payload_bytes(got.delta.records)
                 out.append(got)
             return out
 
