@@ -27,10 +27,10 @@ from latticed.crdt.head import QueueKind, queue_id
 from latticed.crdt.queue.deltas import payload_bytes
 from latticed.crdt.queue2 import Delta, QueueState2
 from latticed.crdt.queue2.from_core1 import CONVERTED_EPOCH, seeded
-from latticed.errors import MalformedError, NotFoundError
+from latticed.errors import MalformedError
 from latticed.net.core2_ahead import AheadPushes
 from latticed.net.core2_ahead import Miss as _Miss
-from latticed.net.core2_host import PendingMerge2
+from latticed.net.core2_host import OWN_RACES, PendingMerge2
 from latticed.net.core2_recent import RecentRows
 from latticed.net.shared_reads import SharedReads
 from latticed.process.logs import get_logger, log_event
@@ -51,9 +51,6 @@ from latticed.storage.reader import StoreReader
 __all__ = ["ConvertMerge2", "EngineCore2Host", "MergeSteps2"]
 
 log = get_logger(__name__)
-
-#: What a read of our own store raises when a commit of ours took its rows or queue meanwhile.
-_OWN_RACES = (GapError, NotFoundError)
 
 
 class Core2Store(Protocol):
@@ -290,7 +287,7 @@ class EngineCore2Host:
             if q is None or state is None or self.reads.reading((id(state), since, max_records, max_bytes)):
                 try:
                     answers[i] = await self.delta2_for(key, since, max_records, max_bytes)
-                except _OWN_RACES as exc:
+                except OWN_RACES as exc:
                     answers[i] = exc
                 continue
             now = self._from_ahead(q, state, since, max_records, max_bytes)
@@ -311,7 +308,7 @@ class EngineCore2Host:
                     break
                 try:
                     got = outgoing(reading_through(state, reader.rows), since, max_records, max_bytes)
-                except _OWN_RACES as exc:
+                except OWN_RACES as exc:
                     out.append(exc)
                     continue
                 size += payload_bytes(got.delta.records)

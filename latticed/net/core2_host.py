@@ -13,11 +13,18 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from latticed.crdt import queue2
+from latticed.crdt.core_errors import GapError
+from latticed.errors import NotFoundError
 from latticed.protocol.core2_steps import Outgoing2
 from latticed.protocol.core2_wire import Steps, Summary2
 from latticed.protocol.replication_messages import QueueKey
 
-__all__ = ["Core2Host", "PendingMerge2"]
+__all__ = ["OWN_RACES", "Core2Host", "PendingMerge2"]
+
+#: What a read of our own store raises when a commit of ours took its rows (``GapError``) or its queue
+#: (``NotFoundError``) meanwhile: no fault of the peer's, so the reader reads again. A peer's deltas never
+#: raise these here (they fail verification or the protocol instead).
+OWN_RACES = (GapError, NotFoundError)
 
 
 class PendingMerge2(Protocol):

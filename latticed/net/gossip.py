@@ -44,15 +44,13 @@ from latticed.crdt.head import SignedHead
 from latticed.crdt.queue import QueueDelta, Summary, VerifiedDelta
 from latticed.errors import (
     ConnectionClosedError,
-    GapError,
     IncompatiblePeerError,
     IntegrityError,
     LatticedError,
     LocalProtocolError,
-    NotFoundError,
     ProtocolError,
 )
-from latticed.net.core2_host import Core2Host, PendingMerge2
+from latticed.net.core2_host import OWN_RACES, Core2Host, PendingMerge2
 from latticed.net.queue_errors import QueueErrors
 from latticed.net.transport import SecureStream
 from latticed.net.twin_link import TwinRequests
@@ -143,8 +141,6 @@ WRITER_BLOCKED_S = PING_INTERVAL_S
 #: Reads of a delta for a peer that lost their rows or queue to a commit of ours meanwhile, before that
 #: delta is left for the commit's change to ask again (see :meth:`Gossip._read_again`).
 READ_TRIES = 3
-#: What such a read raises (the peer's deltas never get here: they fail verification or the protocol).
-_OWN_RACES = (GapError, NotFoundError)
 _Read = TypeVar("_Read")
 _IGNORED = -1
 #: The traffic counters' names by direction and message type (built once, not per message).
@@ -974,7 +970,7 @@ class Gossip:
                         )
                         try:
                             delta = await read()
-                        except _OWN_RACES as exc:
+                        except OWN_RACES as exc:
                             delta = await self._read_again(link, event.key, read, exc)
                     session.provide_delta(event.key, delta)
                     if delta is not None:
@@ -1025,7 +1021,7 @@ class Gossip:
         while events:
             answers: list[Outgoing2 | Exception | None] | None = None
             if many is not None and len(events) > 1:
-                with contextlib.suppress(*_OWN_RACES):  # then one at a time, each read again as it races
+                with contextlib.suppress(*OWN_RACES):  # then one at a time, each read again as it races
                     answers = await many([(e.key, e.since, e.max_records) for e in events], max_bytes)
             answered = len(events) if not answers else len(answers)  # (none: one at a time)
             for i, event in enumerate(events[:answered]):
@@ -1039,13 +1035,15 @@ class Gossip:
                         raise answer
                     else:
                         out = answer
-                except _OWN_RACES as exc:
+                except OWN_RACES as exc:
                     out = await self._read_again(link, event.key, read, exc)
                 core2.provide_delta(event.key, out)
                 if out is not None:
                     self.counters["deltas_out"] += 1
             events = events[answered:]
             if events and stream is not None:
+                # The outbox holds them encoded now: the decoded deltas must not outlive the send too.
+                answers = answer = out = None
                 await self._flush(stream, link)
 
     async def _read_again(
@@ -1062,7 +1060,7 @@ class Gossip:
             await trio.lowlevel.checkpoint()  # the commit that took them publishes its value
             try:
                 return await read()
-            except _OWN_RACES as again:
+            except OWN_RACES as again:
                 exc = again
                 self.counters["delta_reads_raced"] += 1
         log_event(
@@ -1539,16 +1537,16 @@ def _waits_for(previous: PendingMerge, event: DeltaReceived) -> bool:
     return previous.ahead is None and len(event.delta.records) <= SERIAL_MERGE_RECORDS
 
 
-#: Asks for core-2 deltas answered with one read at most (the session asks at most ``window`` at once).
-ASKS2_AT_ONCE = 32
-
-
 def _asks2(link: PeerLink, first: NeedDelta2) -> list[NeedDelta2]:
-    """``first`` and the asks for deltas that follow it in the session's events, in order (at most
-    :data:`ASKS2_AT_ONCE`): answered together, with one read. The first other event is left for the
-    driver's next turn (``link.held``), so the events are handled in the order they came."""
+    """``first`` and the asks for deltas that follow it in the session's events, in order: answered
+    together, with one read. At most as many as the link keeps in flight (``window_out``, or ``window``
+    before the wide window is agreed), so a batch never outgrows what the peer agreed to take. The first
+    other event is left for the driver's next turn (``link.held``), so the events are handled in the
+    order they came."""
+    core2 = link.session.core2
+    most = 1 if core2 is None else max(1, core2.window_out or core2.window)
     asks = [first]
-    while len(asks) < ASKS2_AT_ONCE and link.held is None:
+    while len(asks) < most and link.held is None:
         event = link.session.next_event()
         if event is None:
             break

@@ -7,6 +7,8 @@ read again alone, as before."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
@@ -93,16 +95,70 @@ async def test_a_raced_answer_is_read_again_alone_and_the_others_go_in_order(
         assert gossip.counters["deltas_out"] == 3
 
 
+def _session_of(events: deque[Any], window: int, window_out: int) -> Any:
+    core2 = SimpleNamespace(window=window, window_out=window_out)
+    return SimpleNamespace(next_event=lambda: events.popleft() if events else None, core2=core2)
+
+
 def test_the_driver_takes_the_asks_in_a_row_and_leaves_the_next_event_for_its_next_turn() -> None:
     asks = [NeedDelta2(key(f"q{i}"), None, 100) for i in range(40)]
     other = Delta2Received(key("x"), 1, None)  # type: ignore[arg-type]  # only its place matters
     events: deque[Any] = deque([*asks[1:3], other, asks[3]])
-    session: Any = SimpleNamespace(next_event=lambda: events.popleft() if events else None)
-    link = PeerLink(b"p" * 32, "a", "incoming", session)
+    link = PeerLink(b"p" * 32, "a", "incoming", _session_of(events, 8, 32))
     assert _asks2(link, asks[0]) == asks[:3]
     assert link.held is other and list(events) == [asks[3]]
-    link.held = None
-    events.clear()
-    events.extend(asks[1:])
-    taken = _asks2(link, asks[0])
-    assert taken == asks[:32] and link.held is None and len(events) == 8  # at most a window at once
+
+
+@pytest.mark.parametrize(("window", "window_out", "most"), [(1, 0, 1), (3, 0, 3), (8, 0, 8), (8, 32, 32)])
+def test_a_batch_gathers_up_to_the_links_window_and_never_more(
+    window: int, window_out: int, most: int
+) -> None:
+    """The bound is what the link keeps in flight (``window_out`` once the wide window is agreed, else
+    ``window``), not a constant: a narrow link's batch stays narrow, a wide one's is not cut short."""
+    asks = [NeedDelta2(key(f"q{i}"), None, 100) for i in range(40)]
+    events: deque[Any] = deque(asks[1:])
+    link = PeerLink(b"p" * 32, "a", "incoming", _session_of(events, window, window_out))
+    assert _asks2(link, asks[0]) == asks[:most]
+    assert link.held is None and len(events) == 40 - most
+
+
+class _Tracked(Outgoing2):
+    """An answer a weak reference can follow (Outgoing2 has slots)."""
+
+
+async def test_a_batchs_decoded_deltas_are_let_go_before_its_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once provided, a batch's answers are in the outbox as bytes: the send of a window of big deltas
+    must not hold them decoded as well (the peak would be the window twice over)."""
+    async with Engine.open(tmp_path, ALICE) as e:
+        for name in ("a", "b", "c"):
+            q = await e.core2.create(name)
+            await e.core2.commit(q, [rec(name, i) for i in range(3)])
+        host2 = EngineCore2Host(e)
+        many = host2.delta2_many
+        alive: list[weakref.ref[Any]] = []
+
+        async def one_at_a_time(asks: Any, max_bytes: int) -> list[Any]:
+            first = (await many(asks, max_bytes))[0]  # a prefix, as a read over its byte budget
+            answers = [_Tracked(first.delta, first.steps, first.implied)]
+            alive.extend(weakref.ref(a) for a in answers)
+            return answers
+
+        monkeypatch.setattr(host2, "delta2_many", one_at_a_time)
+        gossip = Gossip(EngineHost(e), ALICE.public_key, host2=host2)
+        at_send: list[int] = []
+
+        async def flush(stream: Any, link: Any) -> None:
+            gc.collect()
+            at_send.append(sum(ref() is not None for ref in alive))
+
+        monkeypatch.setattr(gossip, "_flush", flush)
+        provided: list[tuple[bytes, str, int]] = []
+        core2 = SimpleNamespace(provide_delta=lambda k, out: provided.append(k))
+        link = PeerLink(b"p" * 32, "10.0.0.2:7000", "incoming", SimpleNamespace(core2=core2))  # type: ignore[arg-type]
+        await gossip._provide2(
+            link, [NeedDelta2(key(n), None, 100) for n in ("a", "b", "c")], stream=object()
+        )  # type: ignore[arg-type]
+        assert provided == [key("a"), key("b"), key("c")]
+        assert len(alive) >= 2 and at_send == [0, 0]
