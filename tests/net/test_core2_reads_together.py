@@ -66,6 +66,14 @@ async def test_a_window_of_asks_is_one_read_and_answers_as_a_read_per_queue(
         assert unknown[0] is None
 
 
+async def _three_queues(e: Engine) -> EngineCore2Host:
+    """Queues a, b and c of three records each, and the host that reads them."""
+    for name in ("a", "b", "c"):
+        q = await e.core2.create(name)
+        await e.core2.commit(q, [rec(name, i) for i in range(3)])
+    return EngineCore2Host(e)
+
+
 async def test_a_raced_answer_is_read_again_alone_and_the_others_go_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -73,10 +81,7 @@ async def test_a_raced_answer_is_read_again_alone_and_the_others_go_in_order(
     raced a commit of ours (``GapError`` in its place) is read again alone (``_read_again``), not a
     closed link."""
     async with Engine.open(tmp_path, ALICE) as e:
-        for name in ("a", "b", "c"):
-            q = await e.core2.create(name)
-            await e.core2.commit(q, [rec(name, i) for i in range(3)])
-        host2 = EngineCore2Host(e)
+        host2 = await _three_queues(e)
         many = host2.delta2_many
 
         async def b_raced(asks: Any, max_bytes: int) -> list[Any]:
@@ -132,10 +137,7 @@ async def test_a_batchs_decoded_deltas_are_let_go_before_its_send(
     """Once provided, a batch's answers are in the outbox as bytes: the send of a window of big deltas
     must not hold them decoded as well (the peak would be the window twice over)."""
     async with Engine.open(tmp_path, ALICE) as e:
-        for name in ("a", "b", "c"):
-            q = await e.core2.create(name)
-            await e.core2.commit(q, [rec(name, i) for i in range(3)])
-        host2 = EngineCore2Host(e)
+        host2 = await _three_queues(e)
         many = host2.delta2_many
         alive: list[weakref.ref[Any]] = []
 
