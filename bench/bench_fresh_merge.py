@@ -8,12 +8,12 @@ An owner's ``--queues`` queues of ``--records`` 100-byte records (a create head,
 what bench_many_queues.py fills) are encoded as a link sends a replica that holds none of them (bodies as
 steps), once. Each round a fresh replica store takes their decoded deltas in group commits of ``--batch``
 merges, once with ``Core2Queues.fresh_batched`` off (the old path: join, create, join again, persist each)
-and once with it on, in alternating order (old, new; new, old; ...). Timed per queue, with the process's
-clock: merge+commit (``Writer.process``: the jobs' verification, joins and the group commit, fsync
-included), ``Core2Queues.write`` (what it writes in the batch's transaction) and the whole group commit
-(``Writer._write``: from BEGIN to the COMMIT and the values published). Printed: each round's figures and
-the new ÷ old ratio of each, then the median ratios over the rounds. Both stores are checked to hold every
-queue's records.
+and once with it on, in alternating order (old, new; new, old; ...). Timed per queue, wall clock
+(``perf_counter``; the wire decode is not timed): merge+commit (``Writer.process``: the jobs'
+verification, joins and the group commit, fsync included), ``Core2Queues.write`` (what it writes in the
+batch's transaction) and the whole group commit (``Writer._write``: from BEGIN to the COMMIT and the
+values published). Printed: each round's figures and the new / old ratio of each, then the median ratios
+over the rounds. Both stores are checked to hold every queue's records.
 """
 
 from __future__ import annotations
@@ -133,10 +133,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--queues", type=int, default=10_000)
-    parser.add_argument("--records", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=256, help="merges a group commit")
+    for name, default in (("queues", 10_000), ("records", 5), ("rounds", 3), ("batch", 256)):
+        parser.add_argument(f"--{name}", type=int, default=default)  # --batch: merges a group commit
     args = parser.parse_args(argv)
     if min(args.queues, args.records, args.rounds, args.batch) < 1:
         parser.error("--queues, --records, --rounds and --batch are at least 1")

@@ -190,8 +190,9 @@ class Merge2(Job):
     ``verified`` (checked against ``against``) is used when the queue is still at that value, or at one
     that verifies it alike (:func:`_verified_for`); otherwise the delta is verified again here. ``joined``,
     the event loop's join of ``verified`` into ``against``, is taken too when the queue here is that very
-    value (:func:`_joined_for`), so a live push is joined once; otherwise it is joined again here.
-    Whatever fails verification changes nothing."""
+    value (:func:`_joined_for`), so a live push is joined once; otherwise it is joined again here. A
+    fresh replica's first delta of a queue, verified, is placed as the new queue's value without a join
+    where it can be (:meth:`_merge_fresh`). Whatever fails verification changes nothing."""
 
     __slots__ = ("added", "against", "delta", "joined", "verified")
 

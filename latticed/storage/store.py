@@ -302,10 +302,12 @@ class Store:
             parts = list(segments.split(segment))
             rows += [(q, part.first, *part.encode()) for part in parts]
             times.append((q, [(part.first, part.timestamps) for part in parts]))
-            if len(segment) >= segments.SMALL_SEGMENT_RECORDS:  # as _append counts small segments
-                self._small.pop(q, None)
-            else:
+            # As the generic path wrote them: records from 0 appended to the queue's empty run begin a
+            # run of small segments (_append), records past 0 (its owner truncated) replaced it: none.
+            if first == 0 and len(segment) < segments.SMALL_SEGMENT_RECORDS:
                 self._small[q] = (first, 1)
+            else:
+                self._small.pop(q, None)
         self._conn.executemany(
             "INSERT INTO segments (q, first, count, chains, data) VALUES (?, ?, ?, ?, ?)", rows
         )

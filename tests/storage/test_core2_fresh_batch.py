@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from support.no_rows import NoRows
 from support.writer_jobs import ok
 
 from latticed.crdt import queue2, wire
@@ -161,7 +162,7 @@ def test_placeable_takes_a_first_delta_from_the_owners_start_only() -> None:
         empty = queue2.empty_state(owner.owner, owner.name)
         v = queue2.verify_delta(empty, queue2.delta(owner, None))
         assert core2_fresh.placeable(empty, v)
-        placed = core2_fresh.as_queue(_NoRows(), 7, empty, v)
+        placed = core2_fresh.as_queue(NoRows("a new queue's run reads no row"), 7, empty, v)
         joined = queue2.join_verified(empty, v).state
         assert (placed.chains, placed.meta, placed.held, placed.records()) == (
             joined.chains,
@@ -175,18 +176,6 @@ def test_placeable_takes_a_first_delta_from_the_owners_start_only() -> None:
     empty = queue2.empty_state(OWNER.public_key, "x")
     v = queue2.verify_delta(empty, dataclasses.replace(leaves, records=(), bodies=()))
     assert not core2_fresh.placeable(empty, v)
-
-
-class _NoRows:
-    def record(self, q: int, off: int) -> Record | None:
-        raise AssertionError("a new queue's run reads no row")
-
-    chain = record
-
-    def records(self, q: int, lo: int, hi: int) -> list[Record]:
-        raise AssertionError("a new queue's run reads no row")
-
-    run = records  # type: ignore[assignment]
 
 
 def test_the_same_deltas_leave_the_same_store_on_both_paths(
@@ -332,3 +321,17 @@ def test_the_flag_is_the_class_default_and_switches_per_instance() -> None:
     c = Core2Queues()
     c.fresh_batched = False
     assert Core2Queues.fresh_batched is True and Core2Queues().fresh_batched
+
+
+def test_later_small_appends_are_compacted_alike(pair: tuple[Writer, Writer], tmp_path: Path) -> None:
+    """The owner's single offers merged one a group commit after the first delta: the runs of small
+    segments the store merges (every 32) start where they did on the old path, from 0 or past it."""
+    states = [single_offers("zero", 3), truncated("cut")]
+    merge_both(pair, [[Merge2(queue2.delta(s, None)) for s in states]])
+    for i in range(40):
+        grown = [queue2.commit(s, OWNER, now_ms=100 + i, records=[rec(200 + i)]) for s in states]
+        merge_both(
+            pair, [[Merge2(queue2.delta(g, queue2.summary(s))) for g, s in zip(grown, states, strict=True)]]
+        )
+        states = grown
+    assert_same(pair, tmp_path)
