@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_many_queues.py                       # 10,000 then 30,000 queues
     .venv/bin/python bench/bench_many_queues.py --sizes 3000,9000 --records 5
     .venv/bin/python bench/bench_many_queues.py --core 1,2             # both fork cores, one after the other
+    .venv/bin/python bench/bench_many_queues.py --sizes 10000 --rounds 3   # 3 catch-ups: each, the median
 
 Per size: a writer daemon creates ``--records``-record queues (many clients at once, so creates and
 offers share group commits), then a fresh replica dials it. Printed: the seconds from the dial until the
@@ -11,8 +12,10 @@ the latency of ``queue list`` on the replica during the catch-up, called again `
 each answer (max, p99, p50; its answers also tell when the replica holds everything, so nothing else
 polls the daemon). Then the ratio of the time at each size to the first size's, against the ratio of the
 sizes. ``--core``: the queues' fork core (default: the daemon's ``default_queue_core``; the core that ran
-is printed), or several (``1,2``): every size on each, so both cores are compared in one sitting. Figures
-are printed, never asserted.
+is printed), or several (``1,2``): every size on each, so both cores are compared in one sitting.
+``--rounds K``: each catch-up K times (a new writer and replica each time), each printed, then the median
+of its time and CPU (which the ratios between sizes are then taken of). Figures are printed, never
+asserted.
 """
 
 from __future__ import annotations
@@ -82,14 +85,14 @@ class ListSampler:
 
 
 def catch_up(
-    root: Path, nodes: list[Node], queues: int, records: int, sample: float, core: int | None
+    root: Path, nodes: list[Node], queues: int, records: int, sample: float, core: int | None, tag: str = ""
 ) -> dict[str, float]:
-    writer = Node(root, f"w{queues}-{core}")
+    writer = Node(root, f"w{queues}-{core}{tag}")
     nodes.append(writer)
     filled = fill(writer, queues, records, core)
     with writer.client() as c:
         ran = c.queue_info("q000000").get("core")
-    replica = Node(root, f"r{queues}-{core}")
+    replica = Node(root, f"r{queues}-{core}{tag}")
     nodes.append(replica)
     cpu0, writer_cpu0 = cpu_s(replica.proc.pid), cpu_s(writer.proc.pid)
     with replica.client() as c:
@@ -116,7 +119,8 @@ def catch_up(
     return {"took": took, "cpu": cpu}
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[int], list[int | None]]:
+    """The arguments, the sizes and the cores."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -124,16 +128,44 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=5)
     parser.add_argument("--sample", type=float, default=0.2, help="seconds between queue list calls")
     parser.add_argument("--core", help="the queues' fork core, 1 or 2, or both (1,2) (default: the daemon's)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="catch-ups a size (each printed, then the median)"
+    )
+    args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     cores: list[int | None] = [int(c) for c in args.core.split(",")] if args.core else [None]
     if any(c not in (1, 2, None) for c in cores):
         parser.error("--core is 1, 2 or 1,2")
+    if args.rounds < 1:
+        parser.error("--rounds is at least 1")
+    return args, sizes, cores
+
+
+def median_of(queues: int, core: int | None, runs: list[dict[str, float]]) -> dict[str, float]:
+    """The median time and CPU of ``runs`` (one catch-up each), printed with each run's when there are
+    several."""
+    median = {key: statistics.median(run[key] for run in runs) for key in ("took", "cpu")}
+    if len(runs) > 1:
+        took, cpu = (", ".join(f"{run[key]:.1f}" for run in runs) for key in ("took", "cpu"))
+        print(
+            f"  {'' if core is None else f'core {core}: '}{queues:,} queues, median of {len(runs)} rounds: "
+            f"holds all after {median['took']:.1f} s ({took}), CPU {median['cpu']:.1f} s ({cpu})",
+            flush=True,
+        )
+    return median
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, sizes, cores = parse(argv)
     figures: dict[tuple[int | None, int], dict[str, float]] = {}
     with scratch("bench-many-queues-", remove=True) as (root, nodes):
         for core in cores:
             for n in sizes:
-                figures[core, n] = catch_up(root, nodes, n, args.records, args.sample, core)
+                runs = [
+                    catch_up(root, nodes, n, args.records, args.sample, core, f"-{k}" if k else "")
+                    for k in range(args.rounds)
+                ]
+                figures[core, n] = median_of(n, core, runs)
     first = sizes[0]
     for core in cores:
         for n in sizes[1:]:

@@ -25,6 +25,7 @@ from latticed.errors import (
     NotOwnerError,
 )
 from latticed.host.retention_policy import KEYS as RETENTION_KEYS
+from latticed.storage import core2_fresh
 from latticed.storage.batch import Batch
 from latticed.storage.core2_queues import Core2Queues, core2_of
 from latticed.storage.core2_store import evidence
@@ -189,8 +190,9 @@ class Merge2(Job):
     ``verified`` (checked against ``against``) is used when the queue is still at that value, or at one
     that verifies it alike (:func:`_verified_for`); otherwise the delta is verified again here. ``joined``,
     the event loop's join of ``verified`` into ``against``, is taken too when the queue here is that very
-    value (:func:`_joined_for`), so a live push is joined once; otherwise it is joined again here.
-    Whatever fails verification changes nothing."""
+    value (:func:`_joined_for`), so a live push is joined once; otherwise it is joined again here. A
+    fresh replica's first delta of a queue, verified, is placed as the new queue's value without a join
+    where it can be (:meth:`_merge_fresh`). Whatever fails verification changes nothing."""
 
     __slots__ = ("added", "against", "delta", "joined", "verified")
 
@@ -224,6 +226,8 @@ class Merge2(Job):
             verified = queue2.verify_delta(state, d)
         elif q is not None:
             joined = _joined_for(state, self.against, verified, self.joined)
+        if q is None and self._merge_fresh(batch, core2, state, verified):
+            return
         # pure: raises before anything is staged
         merged = queue2.join_verified(state, verified) if joined is None else queue2.Merged(joined)
         superseded = _superseded(state, merged.state)
@@ -242,6 +246,20 @@ class Merge2(Job):
             core2.keep_evidence(q, state.chains.epoch, first, merged.evidence)
             core2.keep_evidence(q, state.chains.epoch, *superseded)
         self.result = Merged2(q if q is not None else -1, changed, len(merged.evidence) + len(superseded[1]))
+
+    def _merge_fresh(self, batch: Batch, core2: Core2Queues, state: QueueState2, verified: Verified) -> bool:
+        """A queue we hold none of (``state``: its empty value), ``verified`` against it, placed as the new
+        queue's value at once when it is :func:`core2_fresh.placeable` (no join, nor a second one against
+        the created value; the group commit writes it with the batch's other new queues). False: the
+        generic path joins it."""
+        if not core2.fresh_batched or not core2_fresh.placeable(state, verified):
+            return False
+        batch.mutations += 1
+        rows = core2.store.rows
+        q = core2.create(state, lambda q: core2_fresh.as_queue(rows, q, state, verified))
+        self.added = verified.records
+        self.result = Merged2(q, True, 0)
+        return True
 
 
 def _unborn(core2: Core2Queues, d: Delta) -> QueueState2:

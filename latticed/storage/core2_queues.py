@@ -26,7 +26,7 @@ from latticed.crdt.queue2 import QueueState2
 from latticed.crdt.records import Record, RecordRun
 from latticed.crdt.signing import Identity
 from latticed.errors import NotFoundError
-from latticed.storage import core2_store
+from latticed.storage import core2_fresh, core2_store
 from latticed.storage.core2_store import Queue2Row
 from latticed.storage.corruption import CorruptQueueError, CorruptQueues
 from latticed.storage.entries import StoredEntries
@@ -87,6 +87,11 @@ def core2_of(writer: object) -> Core2Queues:
 class Core2Queues:
     """Core-2 queues of one store, on the storage thread (see the module docstring)."""
 
+    #: Whether a merge places a fresh replica's new queue straight from its verified delta and the
+    #: group commit writes such queues together (:mod:`latticed.storage.core2_fresh`); off: the generic
+    #: path (tests and bench/bench_fresh_merge.py compare the two).
+    fresh_batched: bool = True
+
     def __init__(self) -> None:
         self._store: Store | None = None
         self._rows: dict[int, Queue2Row] = {}
@@ -98,6 +103,10 @@ class Core2Queues:
         self._allocate: Callable[[], int] | None = None
         self._staged: dict[int, _Staged] = {}
         self._new: dict[int, Queue2Row] = {}
+        #: The queues created (or converted) in this staging by id, so :meth:`find` does not scan them.
+        self._staged_qids: dict[bytes, int] = {}
+        #: New queues staged with their first value (:meth:`create`'s ``first``).
+        self._fresh: set[int] = set()
         self._evidence: list[tuple[int, int, int, tuple[Record, ...]]] = []
         self._drops: set[int] = set()
         self._written: dict[int, QueueState2] = {}
@@ -123,8 +132,8 @@ class Core2Queues:
         publishing a commit failed halfway). Readers elsewhere see the rows swapped in whole, and values
         not loaded (None: they are loaded on the storage thread), never a stale one."""
         rows = {row.q: row for row in core2_store.index(store)}
-        self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
-        self._converting, self.converted = {}, []
+        self.abort()
+        self.converted = []
         self._values.clear()  # in place: ``loaded_lookup`` hands out its ``get``
         self._rows = rows
         self._by_qid = {row.queue_id: q for q, row in rows.items()}
@@ -138,11 +147,7 @@ class Core2Queues:
     def find(self, qid: bytes) -> int | None:
         """The number of the core-2 queue with id ``qid`` (committed, or created in this batch)."""
         q = self._by_qid.get(qid)
-        if q is None:
-            q = next((n.q for n in self._new.values() if n.queue_id == qid), None)
-        if q is None:
-            q = next((n.q for n in self._converting.values() if n.queue_id == qid), None)
-        return q
+        return self._staged_qids.get(qid) if q is None else q
 
     def queues(self) -> list[int]:
         return sorted(self._rows)
@@ -192,8 +197,8 @@ class Core2Queues:
     # ------------------------------------------------------------------ one group commit
     def begin(self, identity: Identity, now_ms: int, allocate: Callable[[], int]) -> None:
         self._identity, self._now_ms, self._allocate = identity, now_ms, allocate
-        self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
-        self._converting, self.converted = {}, []
+        self.abort()
+        self.converted = []
         self.deleted = False
 
     @property
@@ -242,20 +247,26 @@ class Core2Queues:
         unsigned): they are not repeated for it in this batch."""
         self._stage(q).owned = state
 
-    def create(self, state: QueueState2) -> int:
-        """Stage a new queue (``state`` empty); returns its number."""
+    def create(self, state: QueueState2, first: Callable[[int], QueueState2] | None = None) -> int:
+        """Stage a new queue (``state`` empty); returns its number. ``first``: the queue's first value
+        given its number (a fresh replica's, placed from a verified delta: :func:`core2_fresh.as_queue`),
+        staged at once and written with the batch's other such queues (:meth:`_write_new`)."""
         assert self._allocate is not None
         q = self._allocate()
         row = Queue2Row(q, state.queue_id, state.owner, state.name, state.kind, self._now_ms)
         empty = replace(state, entries=cast(EntryView, StoredEntries(self.store.rows, q, state.held[0], 0)))
         self._new[q] = row
-        self._staged[q] = _Staged(empty, empty)
+        self._staged_qids[row.queue_id] = q
+        self._staged[q] = _Staged(empty, empty if first is None else first(q))
+        if first is not None:
+            self._fresh.add(q)
         return q
 
     def convert(self, row: Queue2Row, before: QueueState2, state: QueueState2) -> None:
         """Stage core-1 queue ``row.q`` as a core-2 one: ``before`` holds nothing but reads its core-1
         records as stored, ``state`` is its first core-2 value (records it keeps are cut from those)."""
         self._converting[row.q] = row
+        self._staged_qids[row.queue_id] = row.q
         self._staged[row.q] = _Staged(before, state)
 
     def append(self, q: int, records: Sequence[Record], meta: Mapping[str, str | None]) -> int:
@@ -306,13 +317,16 @@ class Core2Queues:
     def write(self) -> None:
         """Write the staged changes in the writer's open transaction."""
         store = self.store
-        if self._new:
-            new = [(q, self._staged[q].before, row.created_ms) for q, row in self._new.items()]
+        done = self._write_new(store) if self._fresh else frozenset()
+        if len(done) < len(self._new):
+            new = [
+                (q, self._staged[q].before, row.created_ms) for q, row in self._new.items() if q not in done
+            ]
             core2_store.insert_many(store, new)
         for q in self._converting:
             core2_store.adopt(store, q, self._staged[q].before)
         for q, staged in self._staged.items():
-            if staged.state is not staged.before:
+            if staged.state is not staged.before and q not in done:
                 self._written[q], deleted = core2_store.persist(store, q, staged.before, staged.state)
                 self.deleted = self.deleted or deleted
         for q, epoch, first, records in self._evidence:
@@ -320,6 +334,20 @@ class Core2Queues:
         for q in self._drops:
             core2_store.drop(store, q, None if self.corrupt.error(q) is not None else self.committed(q))
             self.deleted = True
+
+    def _write_new(self, store: Store) -> frozenset[int]:
+        """Write the new queues staged with their first value together (those still as
+        :func:`core2_fresh.writable` takes them: the rest go the generic way); returns their numbers."""
+        fresh = [
+            (q, state, self._new[q].created_ms)
+            for q in self._new
+            if q in self._fresh and core2_fresh.writable(store, q, state := self._staged[q].state)
+        ]
+        if not fresh:
+            return frozenset()
+        for (q, _, _), written in zip(fresh, core2_fresh.write_new(store, fresh), strict=True):
+            self._written[q] = written
+        return frozenset(q for q, _, _ in fresh)
 
     def changes(self) -> list[Change2]:
         """The queues this batch's write changed (their written values; None: dropped). Taken before
@@ -347,5 +375,10 @@ class Core2Queues:
             self._by_qid.pop(row.queue_id, None)
             self._values.pop(q, None)
             self.corrupt.forget(q)  # dropped: no longer named by doctor
+        self.abort()
+
+    def abort(self) -> None:
+        """Forget this batch's staging (its transaction did not commit: a failed batch; also once
+        published): the committed values stay as they were, and :meth:`find` no longer names its queues."""
         self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
-        self._converting = {}
+        self._converting, self._staged_qids, self._fresh = {}, {}, set()

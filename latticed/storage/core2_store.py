@@ -197,17 +197,17 @@ def evidence(conn: sqlite3.Connection, q: int) -> Evidence:
 
 # ---------------------------------------------------------------------- writing (caller's transaction)
 def insert_many(store: Store, new: Sequence[tuple[int, QueueState2, int]]) -> None:
-    """Add new core-2 queues' rows (``new``: q, empty state, created ms; each value is then written by
-    :func:`persist`): one statement a table for the batch, as a fresh replica's batch creates thousands."""
+    """Add new core-2 queues' rows (``new``: q, value, created ms; the rest written by :func:`persist` or
+    :func:`core2_fresh.write_new`): one statement a table, as a fresh replica's batch creates thousands."""
     conn = store.connection
     conn.executemany(
         "INSERT INTO queues (q, qid, owner, name, kind, created_ms, core) VALUES (?, ?, ?, ?, ?, ?, ?)",
         [(q, s.queue_id, s.owner, s.name, s.kind, created_ms, CORE2) for q, s, created_ms in new],
     )
-    rows = [(q, s.chains, encode_meta(s.meta)) for q, s, _ in new]
+    rows = [(q, s.chains, s.chains.start_head, encode_meta(s.meta)) for q, s, _ in new]
     conn.executemany(
         "INSERT INTO queue2 (q, epoch, held_end, start_head, tips, meta) VALUES (?, ?, ?, ?, ?, ?)",
-        [(q, c.epoch, c.held_end, None, _encode_tips(c.tips), meta) for q, c, meta in rows],
+        [(q, c.epoch, c.held_end, h and h.to_bytes(), _encode_tips(c.tips), m) for q, c, h, m in rows],
     )
 
 

@@ -154,6 +154,29 @@ def added(
             tails.note(q, (parts[-1][0], top))
 
 
+def added_new(
+    conn: sqlite3.Connection,
+    runs: Sequence[tuple[int, Sequence[tuple[int, Sequence[int]]]]],
+    tails: Tails | None = None,
+) -> None:
+    """:func:`added` for queues that have no row yet (``runs``: each queue's new segments as ``(first,
+    timestamps)`` in offset order): the same rows, one statement for all of them, and nothing read (a
+    fresh replica's batch writes thousands of new queues)."""
+    rows = []
+    for q, parts in runs:
+        top: int | None = None
+        last = None
+        for first, timestamps in parts:
+            if timestamps:
+                peak = max(timestamps)
+                top = peak if top is None else max(top, peak)
+                rows.append((q, first, peak, top))
+                last = first
+        if tails is not None and last is not None and top is not None:
+            tails.note(q, (last, top))
+    conn.executemany("INSERT INTO times (q, first, peak, top) VALUES (?, ?, ?, ?)", rows)
+
+
 def retop(conn: sqlite3.Connection, q: int, lo: int, top: int | None, tails: Tails | None = None) -> None:
     """Recompute ``top`` of the rows from offset ``lo`` on, given the running maximum below ``lo``
     (None: no held record below it); stops at the first row that already agrees."""
@@ -207,6 +230,7 @@ def segment_reaching(conn: sqlite3.Connection, q: int, timestamp: int) -> int | 
 __all__ = [
     "Tails",
     "added",
+    "added_new",
     "backfill",
     "create",
     "present",

@@ -579,6 +579,7 @@ class Writer:
                 job.error = LatticedError(f"internal error in {type(job).__name__}: {exc!r}")
             if job.error is not None and batch.mutations != before:
                 self._next_q = next_q
+                self.core2.abort()
                 return job, []
         failure: LatticedError | None = None
         self._full = False
@@ -601,6 +602,7 @@ class Writer:
             failure = StorageError(f"cannot write to {self.path}: internal error {exc!r}")
         if failure is not None:
             self._next_q = next_q
+            self.core2.abort()  # nothing it staged was committed
             for job in jobs:
                 if job.error is None:
                     job.error = type(failure)(str(failure))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+from support.no_rows import NoRows
 
 from latticed.crdt import queue2, wire
 from latticed.crdt.queue.state import EntryView
@@ -39,23 +40,10 @@ def on_the_wire(state: queue2.QueueState2, since: queue2.Summary | None, chunk: 
     return MergeSteps2(*core2_wire.delta_from_wire(wire.unpack(raw)))
 
 
-class _NoRows:
-    def record(self, q: int, off: int) -> Record | None:
-        raise AssertionError("an empty run reads no row")
-
-    chain = record
-
-    def records(self, q: int, lo: int, hi: int) -> list[Record]:
-        raise AssertionError("an empty run reads no row")
-
-    def run(self, q: int, lo: int, hi: int) -> RecordRun:
-        raise AssertionError("an empty run reads no row")
-
-
 def test_a_run_joined_to_an_empty_stored_run_stays_a_run() -> None:
     owner = single_offers(30)
     empty = queue2.empty_state(OWNER.public_key, "q")
-    stored = dataclasses.replace(empty, entries=cast(EntryView, StoredEntries(_NoRows(), 7, 0, 0)))
+    stored = dataclasses.replace(empty, entries=cast(EntryView, StoredEntries(NoRows(), 7, 0, 0)))
     job = on_the_wire(owner, None, 4096)
     d = unpack_steps(stored, job.delta, job.steps)
     merged = queue2.join_verified(stored, queue2.verify_delta(stored, d)).state
