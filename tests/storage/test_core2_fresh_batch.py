@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.no_rows import NoRows
 from support.writer_jobs import ok
 
@@ -23,7 +27,7 @@ from latticed.errors import LatticedError
 from latticed.net.core2_engine_host import MergeSteps2
 from latticed.protocol import core2_wire
 from latticed.protocol.core2_steps import outgoing
-from latticed.storage import core2_fresh, timeindex
+from latticed.storage import core2_fresh, core2_runs, timeindex
 from latticed.storage.core2_jobs import Merge2, Merged2
 from latticed.storage.core2_queues import Core2Queues
 from latticed.storage.jobs import Job
@@ -334,4 +338,70 @@ def test_later_small_appends_are_compacted_alike(pair: tuple[Writer, Writer], tm
             pair, [[Merge2(queue2.delta(g, queue2.summary(s))) for g, s in zip(grown, states, strict=True)]]
         )
         states = grown
+    assert_same(pair, tmp_path)
+
+
+@st.composite
+def catch_ups(draw: st.DrawFn) -> list[list[Merge2]]:
+    """Owners' queues of drawn shapes (commits of drawn sizes, maybe metadata, maybe truncated), each sent
+    in chunks of a drawn size as a catch-up sends them, the chunks of all queues interleaved (each queue's
+    in order) and cut into group commits at drawn points."""
+    per_queue: list[list[Merge2]] = []
+    for n in range(draw(st.integers(1, 3))):
+        meta = draw(st.sampled_from([None, {"team": "shop"}]))
+        state = queue2.commit(
+            queue2.empty_state(OWNER.public_key, f"q{n}"), OWNER, now_ms=1, meta_updates=meta
+        )
+        count = 0
+        for size in draw(st.lists(st.integers(1, 12), min_size=1, max_size=4)):
+            state = queue2.commit(
+                state, OWNER, now_ms=10 + count, records=[rec(count + i) for i in range(size)]
+            )
+            count += size
+        if draw(st.booleans()) and count > 1:
+            state = queue2.truncate(state, OWNER, draw(st.integers(1, count - 1)), now_ms=90)
+        chunk = draw(st.integers(1, count))
+        held = queue2.empty_state(OWNER.public_key, state.name)
+        jobs: list[Merge2] = []
+        while held.held[1] < state.held[1] or not jobs:
+            d = queue2.delta(state, queue2.summary(held) if jobs else None, max_records=chunk)
+            held = queue2.join_verified(held, queue2.verify_delta(held, d)).state
+            jobs.append(Merge2(d))
+        per_queue.append(jobs)
+    order = draw(st.permutations([i for i, jobs in enumerate(per_queue) for _ in jobs]))
+    taken = [iter(jobs) for jobs in per_queue]
+    flat = [next(taken[i]) for i in order]
+    cuts = sorted(draw(st.sets(st.integers(1, len(flat) - 1), max_size=3)) if len(flat) > 1 else [])
+    return [flat[a:b] for a, b in zip([0, *cuts], [*cuts, len(flat)], strict=True)]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(catch_ups())
+def test_any_catch_up_leaves_the_same_store_on_both_paths(jobs: list[list[Merge2]]) -> None:
+    """Whatever the queues' shapes, the chunking and the group commits they fall into, the batched path
+    leaves what the generic one does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        pair = (open_writer(root / "new", batched=True), open_writer(root / "old", batched=False))
+        try:
+            with mock.patch.object(core2_fresh, "write_new", wraps=core2_fresh.write_new) as placed:
+                merge_both(pair, jobs)
+            assert placed.called  # the first chunks took the batched path
+            assert_same(pair, root)
+        finally:
+            for w in pair:
+                w.stop()
+
+
+def test_queues_of_many_rows_a_table_are_written_alike(
+    pair: tuple[Writer, Writer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leaves and bodies go in rows of at most ``RUN_MAX`` (4,096: no test queue reaches it); made small,
+    a queue's leaves and bodies take several rows each, and both paths write the same ones."""
+    monkeypatch.setattr(core2_runs, "RUN_MAX", 3)
+    merge_both(pair, [[Merge2(queue2.delta(s, None)) for s in owners()[:7]], [as_wire(owners()[7])]])
+    rows = dump(pair[1])  # the generic path's
+    for table in ("leaves2", "bodies2"):
+        per_queue = [row[0] for row in rows[table]]
+        assert max(per_queue.count(q) for q in set(per_queue)) > 1, table
     assert_same(pair, tmp_path)
