@@ -138,11 +138,7 @@ def added(
     at_end, top = _past_the_end(tails, q, parts[0][0])
     if not at_end:
         top = _top_before(conn, q, parts[0][0])
-    rows = []
-    for first, timestamps in parts:
-        peak = max(timestamps)
-        top = peak if top is None else max(top, peak)
-        rows.append((q, first, peak, top))
+    rows, top = _rows(q, parts, top)
     conn.executemany("INSERT OR REPLACE INTO times (q, first, peak, top) VALUES (?, ?, ?, ?)", rows)
     # Past the last row: no row after the new ones to bring up to date.
     after = 0 if at_end else _retop(conn, q, parts[-1][0] + 1, top)
@@ -150,7 +146,6 @@ def added(
         if after:
             tails.forget(q)
         else:
-            assert top is not None
             tails.note(q, (parts[-1][0], top))
 
 
@@ -162,19 +157,29 @@ def added_new(
     """:func:`added` for queues that have no row yet (``runs``: each queue's new segments as ``(first,
     timestamps)`` in offset order): the same rows, one statement for all of them, and nothing read (a
     fresh replica's batch writes thousands of new queues)."""
-    rows = []
-    for q, parts in runs:
-        top: int | None = None
-        last = None
-        for first, timestamps in parts:
-            if timestamps:
-                peak = max(timestamps)
-                top = peak if top is None else max(top, peak)
-                rows.append((q, first, peak, top))
-                last = first
-        if tails is not None and last is not None and top is not None:
-            tails.note(q, (last, top))
+    rows: list[tuple[int, int, int, int]] = []
+    for q, all_parts in runs:
+        parts = [(first, timestamps) for first, timestamps in all_parts if timestamps]
+        if parts:
+            mine, top = _rows(q, parts, None)
+            rows += mine
+            if tails is not None:
+                tails.note(q, (parts[-1][0], top))
     conn.executemany("INSERT INTO times (q, first, peak, top) VALUES (?, ?, ?, ?)", rows)
+
+
+def _rows(
+    q: int, parts: Sequence[tuple[int, Sequence[int]]], top: int | None
+) -> tuple[list[tuple[int, int, int, int]], int]:
+    """The index rows of ``parts`` (each with timestamps), ``top`` the running maximum below them; and
+    the maximum after them."""
+    rows = []
+    for first, timestamps in parts:
+        peak = max(timestamps)
+        top = peak if top is None else max(top, peak)
+        rows.append((q, first, peak, top))
+    assert top is not None
+    return rows, top
 
 
 def retop(conn: sqlite3.Connection, q: int, lo: int, top: int | None, tails: Tails | None = None) -> None:
