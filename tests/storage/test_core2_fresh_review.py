@@ -115,6 +115,11 @@ def small(w: Writer) -> dict[int, tuple[int, int]]:
     return dict(w.store._small)
 
 
+def tails(w: Writer) -> dict[int, tuple[int, int] | None]:
+    """The time index's last rows the store remembers (what its next appends read instead)."""
+    return dict(w.store._tails._last)
+
+
 def copy(job: Job) -> Job:
     if isinstance(job, MergeSteps2):
         return MergeSteps2(job.delta, job.steps)
@@ -135,6 +140,7 @@ def assert_same(pair: tuple[Writer, Writer], tmp_path: Path, *, memory: bool = T
     assert dump(new) == dump(old)
     if memory:
         assert small(new) == small(old)
+    assert tails(new) == tails(old)
     for q in old.core2.queues():
         for ts in (0, 1000, 1014, 1021, 1035, 99_999):
             conns = (new.store.connection, old.store.connection)
