@@ -28,7 +28,7 @@ from latticed.net.core2_engine_host import MergeSteps2
 from latticed.protocol import core2_wire
 from latticed.protocol.core2_steps import outgoing
 from latticed.storage import core2_fresh, core2_store, timeindex
-from latticed.storage.core2_jobs import Merge2
+from latticed.storage.core2_jobs import Merge2, Merged2
 from latticed.storage.jobs import Job
 from latticed.storage.store import Store, db_path
 from latticed.storage.writer import Writer
@@ -387,4 +387,22 @@ def test_records_of_every_shape_off_the_wire_are_stored_alike(
             batches[max(0, i - 1)].append(as_wire(s, since, 3))
             held = queue2.join_verified(held, queue2.verify_delta(held, queue2.delta(s, since, 3))).state
     merge_both(pair, batches)
+    assert_same(pair, tmp_path)
+
+
+def test_the_same_first_delta_again_in_one_group_commit_changes_nothing_more(
+    pair: tuple[Writer, Writer], tmp_path: Path
+) -> None:
+    """Two peers send a fresh replica the same queue (whole, and a prefix of it) in one group commit: the
+    first is placed, the others join onto the staged value and change nothing; then the owner's next."""
+    owner = single_offers("twice", 6)
+    d = queue2.delta(owner, None)
+    for w in pair:
+        jobs = [Merge2(d), Merge2(d), Merge2(queue2.delta(owner, None, max_records=2))]
+        ok(w, *jobs)
+        results = [job.result for job in jobs]
+        assert isinstance(results[0], Merged2) and results[0].changed
+        assert all(isinstance(r, Merged2) and r.q == results[0].q and not r.changed for r in results[1:])
+        assert [len(job.added) for job in jobs] == [6, 0, 0]
+    grow(pair, owner, 2)
     assert_same(pair, tmp_path)
