@@ -23,13 +23,15 @@ from latticed.crdt.head2 import HeadV2
 from latticed.crdt.queue2 import Delta, QueueState2
 from latticed.crdt.records import Record, make_record
 from latticed.crdt.signing import Identity
-from latticed.errors import LatticedError
+from latticed.errors import LatticedError, NotFoundError
 from latticed.net.core2_engine_host import MergeSteps2
 from latticed.protocol import core2_wire
 from latticed.protocol.core2_steps import outgoing
 from latticed.storage import core2_fresh, core2_store, timeindex
-from latticed.storage.core2_jobs import Merge2, Merged2
-from latticed.storage.jobs import Job
+from latticed.storage.batch import Batch
+from latticed.storage.core2_jobs import DropQueue2, Merge2, Merged2
+from latticed.storage.core2_queues import core2_of
+from latticed.storage.jobs import Job, WriterView
 from latticed.storage.store import Store, db_path
 from latticed.storage.writer import Writer
 
@@ -406,3 +408,36 @@ def test_the_same_first_delta_again_in_one_group_commit_changes_nothing_more(
         assert [len(job.added) for job in jobs] == [6, 0, 0]
     grow(pair, owner, 2)
     assert_same(pair, tmp_path)
+
+
+class DropFound(DropQueue2):
+    """Drop the queue ``find`` names for ``qid`` when the job runs (one staged in this very batch)."""
+
+    __slots__ = ("qid",)
+
+    def __init__(self, qid: bytes) -> None:
+        super().__init__(-1)
+        self.qid = qid
+
+    def apply(self, batch: Batch, writer: WriterView) -> None:
+        found = core2_of(writer).find(self.qid)
+        assert found is not None
+        self.q = found
+        super().apply(batch, writer)
+
+
+def test_a_queue_placed_and_dropped_in_one_group_commit(pair: tuple[Writer, Writer], tmp_path: Path) -> None:
+    """A drop of a queue the same group commit placed is refused (it is not committed yet), on both paths
+    alike; the queue goes in, and a drop in the next group commit takes every row of it."""
+    owner = single_offers("gone", 4)
+    for w in pair:
+        placed, drop = Merge2(queue2.delta(owner, None)), DropFound(owner.queue_id)
+        w.process([placed, drop])
+        assert placed.error is None and isinstance(drop.error, NotFoundError)
+        assert w.core2.find(owner.queue_id) is not None
+    assert_same(pair, tmp_path)
+    for w in pair:
+        ok(w, DropFound(owner.queue_id))
+        assert w.core2.find(owner.queue_id) is None and w.core2.queues() == []
+        assert not any(dump(w).values())
+    assert small(pair[0]) == small(pair[1]) and tails(pair[0]) == tails(pair[1])
