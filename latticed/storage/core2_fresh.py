@@ -12,7 +12,7 @@ the generic path wrote each through :func:`core2_store.persist`. What is stored 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import replace
 from typing import cast
 
@@ -82,22 +82,26 @@ def writable(store: Store, q: int, state: QueueState2) -> bool:
     )
 
 
-def write_new(store: Store, new: Sequence[tuple[int, QueueState2, int]]) -> list[QueueState2]:
+def write_new(
+    store: Store, new: Sequence[tuple[int, QueueState2, int]], appended: Container[int]
+) -> list[QueueState2]:
     """Write new queues (``new``: q, a :func:`writable` value, created ms) in the caller's transaction:
     their rows, records (with the time index), bodies and leaves, one statement a table for all of them
     (the rows :func:`core2_store.persist` writes for each from an empty value); returns each value
-    reading its records from the store."""
+    reading its records from the store. ``appended``: the queues whose first value was placed from
+    where their empty run begins (:meth:`Store.append_new`: the generic path appended their records to
+    that run, and replaced it for the others: what the store compacts next depends on which)."""
     core2_store.insert_many(store, new)
     bodies: list[tuple[object, ...]] = []
     leaves: list[tuple[object, ...]] = []
-    runs: list[tuple[int, int, Sequence[Record], tuple[bytes, ...]]] = []
+    runs: list[tuple[int, int, Sequence[Record], tuple[bytes, ...], bool]] = []
     for q, state, _ in new:
         used: core2_bodies.Used = []  # bodies stored as steps: their leaves too
         # (slices from 0, as persist's diff against no bodies and no leaves hands them on)
         bodies += [(q, *row) for row in core2_bodies.runs(state.bodies[0:], state.chain_at, used)]
         leaves += [(q, *row) for row in core2_leaves.rows(0, state.chains.shared[0:], used)]
         entries = cast(StoredEntries, state.entries)
-        runs.append((q, entries.lo, *entries.overlay))
+        runs.append((q, entries.lo, *entries.overlay, q in appended))
     conn = store.connection
     conn.executemany(
         "INSERT INTO bodies2 (q, end_off, version, last_end, last_version, steps_from, bodies) "

@@ -105,8 +105,10 @@ class Core2Queues:
         self._new: dict[int, Queue2Row] = {}
         #: The queues created (or converted) in this staging by id, so :meth:`find` does not scan them.
         self._staged_qids: dict[bytes, int] = {}
-        #: New queues staged with their first value (:meth:`create`'s ``first``).
-        self._fresh: set[int] = set()
+        #: New queues staged with their first value (:meth:`create`'s ``first``), each with whether that
+        #: value's records begin where the queue's empty run does (the generic join appends them to the
+        #: stored run then, and replaces it otherwise: :meth:`Store.append_new` notes the runs alike).
+        self._fresh: dict[int, bool] = {}
         self._evidence: list[tuple[int, int, int, tuple[Record, ...]]] = []
         self._drops: set[int] = set()
         self._written: dict[int, QueueState2] = {}
@@ -257,9 +259,10 @@ class Core2Queues:
         empty = replace(state, entries=cast(EntryView, StoredEntries(self.store.rows, q, state.held[0], 0)))
         self._new[q] = row
         self._staged_qids[row.queue_id] = q
-        self._staged[q] = _Staged(empty, empty if first is None else first(q))
+        placed = empty if first is None else first(q)
+        self._staged[q] = _Staged(empty, placed)
         if first is not None:
-            self._fresh.add(q)
+            self._fresh[q] = placed.held[0] == empty.held[0]
         return q
 
     def convert(self, row: Queue2Row, before: QueueState2, state: QueueState2) -> None:
@@ -345,7 +348,8 @@ class Core2Queues:
         ]
         if not fresh:
             return frozenset()
-        for (q, _, _), written in zip(fresh, core2_fresh.write_new(store, fresh), strict=True):
+        appended = frozenset(q for q, _, _ in fresh if self._fresh[q])
+        for (q, _, _), written in zip(fresh, core2_fresh.write_new(store, fresh, appended), strict=True):
             self._written[q] = written
         return frozenset(q for q, _, _ in fresh)
 
@@ -381,4 +385,4 @@ class Core2Queues:
         """Forget this batch's staging (its transaction did not commit: a failed batch; also once
         published): the committed values stay as they were, and :meth:`find` no longer names its queues."""
         self._staged, self._new, self._evidence, self._drops, self._written = {}, {}, [], set(), {}
-        self._converting, self._staged_qids, self._fresh = {}, {}, set()
+        self._converting, self._staged_qids, self._fresh = {}, {}, {}

@@ -289,22 +289,24 @@ class Store:
             segments.insert(conn, q, run, timed=self._timed, tails=self._tails)
         return StoredEntries(self.rows, q, at, n, after.chain(n - 1) if n else None), deleted
 
-    def append_new(self, runs: Sequence[tuple[int, int, Sequence[Record], Sequence[bytes]]]) -> None:
+    def append_new(self, runs: Sequence[tuple[int, int, Sequence[Record], Sequence[bytes], bool]]) -> None:
         """Write the records of queues that hold none yet (``runs``: q, first offset, records, their chain
-        values) in the caller's transaction: the rows :meth:`write_entries` appends for each (and their
-        time index rows), one statement for all of them (a fresh replica's batch writes thousands)."""
+        values, and whether they are appended to the queue's stored empty run) in the caller's
+        transaction: the rows :meth:`write_entries` writes for each (and their time index rows), one
+        statement for all of them (a fresh replica's batch writes thousands)."""
         rows: list[tuple[int, int, int, bytes, bytes]] = []
         times: list[tuple[int, list[tuple[int, list[int]]]]] = []
-        for q, first, records, chains in runs:
+        for q, first, records, chains, appended in runs:
             if not records:
                 continue
             segment = segments.Segment.from_records(first, records, chains)
             parts = list(segments.split(segment))
             rows += [(q, part.first, *part.encode()) for part in parts]
             times.append((q, [(part.first, part.timestamps) for part in parts]))
-            # As the generic path wrote them: records from 0 appended to the queue's empty run begin a
-            # run of small segments (_append), records past 0 (its owner truncated) replaced it: none.
-            if first == 0 and len(segment) < segments.SMALL_SEGMENT_RECORDS:
+            # As the generic path wrote them: records appended to the queue's empty run begin a run of
+            # small segments (_append: from wherever they start, a truncation in the same batch may have
+            # moved it past 0), records that replaced it (placed past its start) none.
+            if appended and len(segment) < segments.SMALL_SEGMENT_RECORDS:
                 self._small[q] = (first, 1)
             else:
                 self._small.pop(q, None)

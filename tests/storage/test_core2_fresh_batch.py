@@ -11,6 +11,7 @@ import sqlite3
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -189,9 +190,9 @@ def test_the_same_deltas_leave_the_same_store_on_both_paths(
     written: list[int] = []
     real = core2_fresh.write_new
 
-    def spy(store: Store, new: Sequence[tuple[int, QueueState2, int]]) -> list[QueueState2]:
+    def spy(store: Store, new: Sequence[tuple[int, QueueState2, int]], *rest: Any) -> list[QueueState2]:
         written.append(len(new))
-        return real(store, new)
+        return real(store, new, *rest)
 
     monkeypatch.setattr(core2_fresh, "write_new", spy)
     merge_both(pair, [[Merge2(queue2.delta(s, None)) for s in states]])
