@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.clocks import TickingClock
+from support.fresh_paths import open_pair
 
 from latticed.crdt.signing import Identity
 from latticed.storage.store import db_path
@@ -24,3 +25,11 @@ def writer(tmp_path: Path) -> Iterator[Writer]:
     w.open()
     yield w
     w.stop()
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[Writer, Writer]]:
+    """A replica store merging with the batched fresh path and one with the generic path
+    (:func:`support.fresh_paths.open_pair`), for the tests of :mod:`latticed.storage.core2_fresh`."""
+    with open_pair(tmp_path) as both:
+        yield both
